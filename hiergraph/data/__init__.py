@@ -1,0 +1,1 @@
+"""Signal hierarchies as PyG data, and their builders."""
