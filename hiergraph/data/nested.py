@@ -1,0 +1,204 @@
+"""Build a :class:`SignalHierarchy` from nested Python objects."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from hiergraph.data.domain import Domain
+from hiergraph.data.signal_hierarchy import SignalHierarchy
+
+
+@dataclass
+class Family:
+    """An internal node whose children form a family on an explicit domain.
+
+    Args:
+        children: the child specs (ints, lists, dicts or further ``Family``).
+        domain: the domain of the children (``'1d'``, ``'2d'``, ``'set'``,
+            ``'kv'``, ``'graph'`` or a :class:`Domain`).
+        pos: optional raw positions, one per child: ints (1-D grid, key ids,
+            graph node ids) or ``(row, col)`` pairs (2-D grid). Default: the
+            child index for ordered domains, 0 for sets.
+        node_type: the type of this internal node (default 0).
+    """
+
+    children: Sequence[Any]
+    domain: Domain | str | int = Domain.GRID1D
+    pos: Sequence[Any] | None = None
+    node_type: int = 0
+    _domain: Domain = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self._domain = Domain.parse(self.domain)
+        if self.pos is not None and len(self.pos) != len(self.children):
+            raise ValueError(
+                f"Family has {len(self.children)} children but {len(self.pos)} positions"
+            )
+
+
+def from_nested(
+    spec: Any,
+    x: Tensor | None = None,
+    *,
+    leaf_type: Tensor | Sequence[int] | None = None,
+    keys: Mapping[str, int] | None = None,
+    default_domain: Domain | str = Domain.GRID1D,
+) -> SignalHierarchy:
+    """Build a signal hierarchy from a nested Python structure.
+
+    * an ``int`` is a leaf: the row of ``x`` it carries;
+    * a ``list``/``tuple`` is an internal node whose children lie on
+      ``default_domain`` (a 1-D grid by default) at positions 0, 1, …;
+    * a ``dict`` is a key–value family: its keys are key ids (ints), or
+      strings looked up in ``keys``;
+    * a :class:`Family` gives the domain and positions explicitly.
+
+    Example::
+
+        # document -> 2 sentences -> tokens; x holds 5 token vectors
+        h = from_nested([[0, 1, 2], [3, 4]], x=torch.randn(5, 16))
+        # a record with a 2-D image grid and a text field
+        h = from_nested({"image": Family([0, 1, 2, 3], "2d", pos=[(0, 0), (0, 1), (1, 0), (1, 1)]),
+                         "title": [4, 5]}, x=x, keys={"image": 0, "title": 1})
+
+    Args:
+        spec: the nested structure.
+        x: ``[L, F]`` leaf features; every row must be used by exactly one leaf.
+            If omitted, the leaf ints must be exactly ``0 .. L-1``.
+        leaf_type: optional ``[L]`` node type of each leaf row (modality).
+        keys: name → key id for string keys of dict families.
+        default_domain: the domain of plain lists.
+
+    Raises:
+        ValueError: an empty family (an internal node with no leaves below
+            it), a leaf index out of range or repeated, rows of ``x`` that no
+            leaf uses, non-finite features, an unknown key.
+    """
+    builder = _Builder(Domain.parse(default_domain), keys)
+    builder.visit(spec, parent=-1, slot=0, domain=Domain.NONE, pos=(0, 0), depth=0)
+    num_leaves = len(builder.leaf_rows)
+    rows = torch.tensor(builder.leaf_rows, dtype=torch.long)
+    if x is not None and not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    limit = x.size(0) if x is not None else num_leaves
+    if int(rows.min()) < 0 or int(rows.max()) >= limit:
+        bad = rows[(rows < 0) | (rows >= limit)]
+        raise ValueError(f"leaf index {int(bad[0])} is out of range for {limit} feature rows")
+    counts = torch.bincount(rows, minlength=limit)
+    if bool((counts > 1).any()):
+        dup = (counts > 1).nonzero().view(-1)
+        raise ValueError(f"leaf index {dup[:5].tolist()} is used by more than one leaf")
+    if x is not None and num_leaves != x.size(0):
+        unused = (counts == 0).nonzero().view(-1)
+        raise ValueError(
+            f"x has {x.size(0)} rows but the spec has {num_leaves} leaves; rows "
+            f"{unused[:5].tolist()} are not used by any leaf"
+        )
+
+    # Node ids: leaf with row r -> r; internal nodes follow in visiting order.
+    kinds = builder.nodes
+    is_leaf = torch.tensor([k["row"] is not None for k in kinds])
+    new_id = torch.empty(len(kinds), dtype=torch.long)
+    new_id[is_leaf] = rows
+    new_id[~is_leaf] = torch.arange(num_leaves, len(kinds))
+
+    def column(key: str) -> Tensor:
+        out = torch.empty(len(kinds), dtype=torch.long)
+        out[new_id] = torch.tensor([k[key] for k in kinds], dtype=torch.long)
+        return out
+
+    old_parent = torch.tensor([k["parent"] for k in kinds], dtype=torch.long)
+    parent = torch.empty(len(kinds), dtype=torch.long)
+    parent[new_id] = torch.where(old_parent >= 0, new_id[old_parent.clamp(min=0)], new_id)
+    pos = torch.empty(len(kinds), 2, dtype=torch.long)
+    pos[new_id] = torch.tensor([k["pos"] for k in kinds], dtype=torch.long)
+    node_type = column("node_type")
+    if leaf_type is not None:
+        leaf_type = torch.as_tensor(leaf_type, dtype=torch.long)
+        if leaf_type.shape != (num_leaves,):
+            raise ValueError(
+                f"leaf_type must have shape [{num_leaves}], got {tuple(leaf_type.shape)}"
+            )
+        node_type[:num_leaves] = leaf_type
+    return SignalHierarchy._assemble(
+        parent=parent,
+        is_leaf=is_leaf[torch.argsort(new_id)],
+        depth=column("depth"),
+        slot=column("slot"),
+        node_type=node_type,
+        domain=column("domain"),
+        pos=pos,
+        x=x,
+    )
+
+
+class _Builder:
+    """Depth-first walk that records one dict per node."""
+
+    def __init__(self, default_domain: Domain, keys: Mapping[str, int] | None):
+        self.default_domain = default_domain
+        self.keys = keys
+        self.nodes: list[dict] = []
+        self.leaf_rows: list[int] = []
+
+    def visit(self, spec, parent, slot, domain, pos, depth) -> None:
+        node = {"parent": parent, "slot": slot, "domain": int(domain), "pos": pos, "depth": depth}
+        node_id = len(self.nodes)
+        self.nodes.append(node)
+        if isinstance(spec, bool) or not isinstance(spec, (int, Sequence, Mapping, Family)):
+            if hasattr(spec, "__index__") and not isinstance(spec, bool):
+                spec = int(spec)
+            else:
+                raise TypeError(
+                    f"a nested spec holds ints (leaves), lists, dicts or Family objects; got "
+                    f"{type(spec).__name__}"
+                )
+        if isinstance(spec, int):
+            node.update(row=spec, node_type=0)
+            self.leaf_rows.append(spec)
+            return
+        node.update(row=None, node_type=spec.node_type if isinstance(spec, Family) else 0)
+        children, child_domain, child_pos = self._family(spec)
+        if len(children) == 0:
+            raise ValueError(
+                f"an internal node at depth {depth} has no children, so no leaves below it; "
+                "remove the empty family"
+            )
+        for i, (child, p) in enumerate(zip(children, child_pos, strict=True)):
+            self.visit(child, node_id, i, child_domain, p, depth + 1)
+
+    def _family(self, spec):
+        if isinstance(spec, Family):
+            children, domain = list(spec.children), spec._domain
+            raw = spec.pos
+        elif isinstance(spec, Mapping):
+            children, domain = list(spec.values()), Domain.KEY_VALUE
+            raw = [self._key_id(k) for k in spec]
+        else:
+            children, domain, raw = list(spec), self.default_domain, None
+        if raw is None:
+            raw = [0 if domain == Domain.SET else i for i in range(len(children))]
+        return children, domain, [_pair(p) for p in raw]
+
+    def _key_id(self, key) -> int:
+        if isinstance(key, int) and not isinstance(key, bool):
+            return key
+        if self.keys is None or key not in self.keys:
+            raise ValueError(
+                f"unknown key {key!r} in a key-value family; pass keys={{name: id, ...}} "
+                "(shared by all trees you batch together) or use int keys"
+            )
+        return int(self.keys[key])
+
+
+def _pair(p) -> tuple[int, int]:
+    if isinstance(p, Sequence):
+        if len(p) != 2:
+            raise ValueError(f"a 2-D position must be a (row, col) pair, got {p!r}")
+        return int(p[0]), int(p[1])
+    return int(p), 0

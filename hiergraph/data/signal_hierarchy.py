@@ -1,0 +1,285 @@
+"""Signal hierarchies (trees of nested signals) as PyG ``Data`` objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from hiergraph.data.domain import Domain
+
+
+class SignalHierarchy(Data):
+    r"""A signal hierarchy (Def. 2.2 of Amizadeh et al., *Hierarchical
+    Self-Attention*): a tree whose leaves carry vectors and whose families of
+    siblings live on a domain of their own.
+
+    *Every* tree node, leaf or internal, is a graph node. Nodes are numbered
+    **leaves first**: nodes ``0 .. num_leaves - 1`` are the leaves, and leaf
+    ``i`` carries feature row ``x[i]`` (this is the *leaf order* used by all
+    attention ops); internal nodes follow.
+
+    Attributes (``N`` tree nodes, ``L`` leaves):
+
+    * ``x`` — ``[L, F]`` leaf features (optional: structure-only hierarchies
+      such as :func:`~hiergraph.data.window_hierarchy` have none).
+    * ``edge_index`` — ``[2, N - 1]`` tree edges, child :math:`\to` parent,
+      ordered by parent and then by child order.
+    * ``parent`` — ``[N]`` parent of every node; a root is its own parent (so
+      that PyG batching can shift it like any other index).
+    * ``is_leaf`` — ``[N]`` bool; ``depth`` — ``[N]`` (roots have depth 0).
+    * ``slot`` — ``[N]`` position of a node in its parent's child list (the
+      child order; it defines "left" for causal attention).
+    * ``node_type`` — ``[N]`` node/modality type (per-type input projections).
+    * ``domain`` — ``[N]`` :class:`~hiergraph.data.Domain` of the family the
+      node belongs to, i.e. of its parent (``Domain.NONE`` for roots).
+    * ``pos`` — ``[N, 2]`` raw position of the node within that domain.
+
+    Batching is plain PyG batching: ``Batch.from_data_list(trees)`` (or a
+    :class:`~torch_geometric.loader.DataLoader`) concatenates trees into one
+    forest. Roots have no family, so different trees never attend to each
+    other: a batched attention result equals the per-tree results exactly.
+
+    Build hierarchies with :meth:`from_parent`,
+    :func:`~hiergraph.data.from_nested` or
+    :func:`~hiergraph.data.window_hierarchy` rather than by hand; they
+    validate the structure.
+    """
+
+    def __inc__(self, key: str, value: Any, *args, **kwargs) -> Any:
+        if key == "parent":
+            return self.num_nodes
+        return super().__inc__(key, value, *args, **kwargs)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def num_leaves(self) -> int:
+        """Number of leaves (summed over the trees of a batch)."""
+        return int(self.is_leaf.sum())
+
+    @property
+    def num_trees(self) -> int:
+        """Number of trees (roots) in this hierarchy or batch."""
+        return int((self.parent == torch.arange(self.num_nodes, device=self.parent.device)).sum())
+
+    def tree_index(self):
+        """The :class:`~hiergraph.ops.TreeIndex` of this hierarchy (cached).
+
+        It is the structural plan all attention ops share (level layout,
+        families, size buckets); it is computed once and reused across layers
+        and heads. The cache is invalidated if ``parent`` or ``slot`` is
+        modified in place or replaced.
+        """
+        from hiergraph.ops.tree_index import TreeIndex
+
+        key = (id(self.parent), self.parent._version, id(self.slot), self.slot._version)
+        cached = self.__dict__.get("_tree_index_cache")
+        if cached is None or cached[0] != key:
+            cached = (key, TreeIndex.from_hierarchy(self))
+            self.__dict__["_tree_index_cache"] = cached
+        return cached[1]
+
+    # ---------------------------------------------------------- constructors
+    @classmethod
+    def from_parent(
+        cls,
+        parent: Tensor | list[int],
+        *,
+        x: Tensor | None = None,
+        is_leaf: Tensor | None = None,
+        slot: Tensor | None = None,
+        node_type: Tensor | None = None,
+        domain: Tensor | None = None,
+        pos: Tensor | None = None,
+    ) -> SignalHierarchy:
+        r"""Build a single tree from a parent vector.
+
+        Args:
+            parent: ``[N]`` parent of every node, ``-1`` for the (single) root.
+            x: ``[L, F]`` leaf features, one row per leaf. Leaves are taken in
+                increasing node id: the leaf with the smallest id gets ``x[0]``.
+            is_leaf: optional ``[N]`` bool. Leaves are the nodes without
+                children; if given, it is checked against that (an internal
+                node must have a leaf below it).
+            slot: optional ``[N]`` child order within each family (default:
+                increasing node id among siblings).
+            node_type, domain, pos: optional ``[N]``, ``[N]``, ``[N, 2]``
+                per-node attributes (see the class docstring); default zeros,
+                with ``domain`` defaulting to ``Domain.GRID1D`` for non-roots
+                and ``pos`` to ``(slot, 0)``.
+
+        The nodes are renumbered leaves first (keeping the relative order of
+        leaves and of internal nodes); every per-node argument is permuted
+        accordingly.
+
+        Raises:
+            ValueError: on a cycle, zero or several roots, a parent id out of
+                range, an ``is_leaf`` that contradicts the structure, or
+                ``x`` rows that do not match the leaves / are not finite.
+        """
+        parent = _as_long(parent, "parent")
+        if parent.dim() != 1 or parent.numel() == 0:
+            raise ValueError(
+                f"parent must be a non-empty 1-D tensor, got shape {tuple(parent.shape)}"
+            )
+        n = parent.numel()
+        if int(parent.min()) < -1 or int(parent.max()) >= n:
+            raise ValueError(f"parent ids must lie in [-1, {n - 1}] (-1 marks the root)")
+        roots = (parent == -1).nonzero().view(-1)
+        if roots.numel() != 1:
+            raise ValueError(
+                f"a SignalHierarchy is one tree and needs exactly one root (parent == -1), "
+                f"found {roots.numel()}; batch several trees with Batch.from_data_list"
+            )
+        depth = _depths(parent, int(roots[0]))
+        num_children = torch.bincount(parent[parent >= 0], minlength=n)
+        leaf = num_children == 0
+        if is_leaf is not None:
+            is_leaf = torch.as_tensor(is_leaf, dtype=torch.bool)
+            bad = (~is_leaf & leaf).nonzero().view(-1)
+            if bad.numel():
+                raise ValueError(
+                    f"internal node(s) {bad[:5].tolist()} have no children, so no leaves below "
+                    "them; remove them or mark them as leaves"
+                )
+            bad = (is_leaf & ~leaf).nonzero().view(-1)
+            if bad.numel():
+                raise ValueError(
+                    f"node(s) {bad[:5].tolist()} are marked as leaves but have children"
+                )
+
+        if slot is None:
+            slot = _default_slot(parent)
+        else:
+            slot = _as_long(slot, "slot")
+            _check_len(slot, n, "slot")
+        if domain is None:
+            domain = torch.full((n,), int(Domain.GRID1D), dtype=torch.long)
+        domain = _as_long(domain, "domain")
+        _check_len(domain, n, "domain")
+        domain = domain.masked_fill(parent == -1, int(Domain.NONE))
+        if pos is None:
+            pos = torch.stack([slot, torch.zeros_like(slot)], dim=1)
+        pos = _as_long(pos, "pos")
+        if pos.shape != (n, 2):
+            raise ValueError(f"pos must have shape [{n}, 2], got {tuple(pos.shape)}")
+        node_type = (
+            torch.zeros(n, dtype=torch.long)
+            if node_type is None
+            else _as_long(node_type, "node_type")
+        )
+        _check_len(node_type, n, "node_type")
+
+        # Renumber leaves first: perm[new] = old.
+        perm = torch.cat([leaf.nonzero().view(-1), (~leaf).nonzero().view(-1)])
+        new_id = torch.empty_like(perm)
+        new_id[perm] = torch.arange(n)
+        old_parent = parent[perm]
+        new_parent = torch.where(old_parent >= 0, new_id[old_parent.clamp(min=0)], torch.arange(n))
+        return cls._assemble(
+            parent=new_parent,
+            is_leaf=leaf[perm],
+            depth=depth[perm],
+            slot=slot[perm],
+            node_type=node_type[perm],
+            domain=domain[perm],
+            pos=pos[perm],
+            x=x,
+        )
+
+    @classmethod
+    def _assemble(cls, *, parent, is_leaf, depth, slot, node_type, domain, pos, x):
+        """Create the object from leaves-first attributes and validate ``x`` and slots."""
+        n = parent.numel()
+        num_leaves = int(is_leaf.sum())
+        if x is not None:
+            if not isinstance(x, Tensor):
+                raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+            if x.dim() < 1 or x.size(0) != num_leaves:
+                raise ValueError(
+                    f"x has {x.size(0) if x.dim() else 0} rows but the tree has {num_leaves} "
+                    "leaves; give exactly one feature row per leaf"
+                )
+            if x.is_floating_point() and not torch.isfinite(x).all():
+                rows = (~torch.isfinite(x.reshape(num_leaves, -1))).any(1).nonzero().view(-1)
+                raise ValueError(f"x has non-finite values (NaN/Inf) in row(s) {rows[:5].tolist()}")
+        nodes = torch.arange(n)
+        child = nodes[parent != nodes]
+        order = torch.argsort(parent[child] * (n + 1) + slot[child])
+        child = child[order]
+        keys = parent[child] * (n + 1) + slot[child]
+        if child.numel() > 1 and bool((keys[1:] == keys[:-1]).any()):
+            raise ValueError("two children of the same parent share a slot; slots must be distinct")
+        data = cls(
+            x=x,
+            edge_index=torch.stack([child, parent[child]]),
+            parent=parent,
+            is_leaf=is_leaf,
+            depth=depth,
+            slot=slot,
+            node_type=node_type,
+            domain=domain,
+            pos=pos,
+        )
+        data.num_nodes = n
+        return data
+
+    def __repr__(self) -> str:  # PyG's repr plus the tree summary
+        base = super().__repr__()
+        if "parent" not in self:
+            return base
+        return (
+            f"{base[:-1]}, trees={self.num_trees}, leaves={self.num_leaves}, "
+            f"max_depth={int(self.depth.max())})"
+        )
+
+
+def _as_long(value: Any, name: str) -> Tensor:
+    t = torch.as_tensor(value)
+    if t.is_floating_point() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")
+    return t.long()
+
+
+def _check_len(t: Tensor, n: int, name: str) -> None:
+    if t.dim() != 1 or t.numel() != n:
+        raise ValueError(f"{name} must have shape [{n}], got {tuple(t.shape)}")
+
+
+def _depths(parent: Tensor, root: int) -> Tensor:
+    """Depth of every node by breadth-first search from the root; raises on cycles."""
+    n = parent.numel()
+    depth = torch.full((n,), -1, dtype=torch.long)
+    depth[root] = 0
+    frontier = torch.zeros(n, dtype=torch.bool)
+    frontier[root] = True
+    d = 0
+    valid = parent >= 0
+    while bool(frontier.any()):
+        d += 1
+        nxt = valid & frontier[parent.clamp(min=0)] & (depth < 0)
+        depth[nxt] = d
+        frontier = nxt
+    unreachable = (depth < 0).nonzero().view(-1)
+    if unreachable.numel():
+        raise ValueError(
+            f"the parent vector has a cycle: node(s) {unreachable[:5].tolist()} "
+            "never reach the root"
+        )
+    return depth
+
+
+def _default_slot(parent: Tensor) -> Tensor:
+    """Rank of each node among its siblings by node id (roots get 0)."""
+    n = parent.numel()
+    group = parent + 1  # roots form their own group
+    order = torch.argsort(group * n + torch.arange(n))
+    sorted_parent = group[order]
+    start = torch.ones(n, dtype=torch.bool)
+    start[1:] = sorted_parent[1:] != sorted_parent[:-1]
+    run_start = torch.cummax(torch.where(start, torch.arange(n), 0), 0).values
+    slot = torch.empty(n, dtype=torch.long)
+    slot[order] = torch.arange(n) - run_start
+    return slot.masked_fill(parent < 0, 0)

@@ -1,0 +1,181 @@
+r"""Dense reference for HSA: the attention matrix :math:`\hat\Theta` and the energy :math:`\varphi`.
+
+Written independently of the fast path (explicit leaf sets, plain
+exponentials, one root-to-leaf walk per row) for small trees in tests and
+debugging. Cost :math:`O(H L^2 \cdot \text{depth})` in Python loops: keep
+``L`` below a few hundred.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class _Tree:
+    """Children lists (in slot order), leaf sets and paths of a forest."""
+
+    def __init__(self, hierarchy, leaf_mask: Tensor | None):
+        parent = hierarchy.parent.tolist()
+        slot = hierarchy.slot.tolist()
+        is_leaf = hierarchy.is_leaf.tolist()
+        n = len(parent)
+        self.roots = [i for i in range(n) if parent[i] == i]
+        self.parent = parent
+        children = [[] for _ in range(n)]
+        for c in sorted((c for c in range(n) if parent[c] != c), key=lambda c: slot[c]):
+            children[parent[c]].append(c)
+        self.children = children
+        leaf_nodes = [i for i in range(n) if is_leaf[i]]
+        self.leaf_of_node = {node: i for i, node in enumerate(leaf_nodes)}
+        self.leaf_nodes = leaf_nodes
+        valid = [True] * len(leaf_nodes) if leaf_mask is None else leaf_mask.tolist()
+        self.valid = valid
+        self.leaves_below = [[] for _ in range(n)]
+        for node, i in self.leaf_of_node.items():
+            if not valid[i]:
+                continue
+            a = node
+            while True:
+                self.leaves_below[a].append(i)
+                if parent[a] == a:
+                    break
+                a = parent[a]
+
+    def path(self, node: int) -> list[int]:
+        """Nodes from the root down to ``node``."""
+        out = [node]
+        while self.parent[out[-1]] != out[-1]:
+            out.append(self.parent[out[-1]])
+        return out[::-1]
+
+
+def _head_stats(tree, q, k, eps, tau, include_self, causal):
+    """Per node: leaf count, logits to siblings, and a = -phi (eq. 8), for one head."""
+    n = [len(s) for s in tree.leaves_below]
+    rho_q = [q[s].mean(0) if s else None for s in tree.leaves_below]
+    rho_k = [k[s].mean(0) if s else None for s in tree.leaves_below]
+    sib_logits = {}  # node -> {sibling: s(node, sibling)}
+    for fam in tree.children:
+        for c in fam:
+            if n[c] == 0:
+                continue
+            keys = fam[: fam.index(c)] if causal else [b for b in fam if b != c]
+            logits = {}
+            for b in keys:
+                if n[b] == 0:
+                    continue
+                s = tau * rho_q[c] @ rho_k[b] + torch.log(torch.tensor(float(n[b]), dtype=q.dtype))
+                if eps is not None:
+                    s = s + eps[c] @ eps[b]
+                logits[b] = s
+            sib_logits[c] = logits
+
+    a = {}
+
+    def energy(node):  # a(node) = -phi(node)
+        if node in tree.leaf_of_node:
+            i = tree.leaf_of_node[node]
+            if not include_self:
+                return torch.tensor(float("-inf"), dtype=q.dtype)
+            e = tau * q[i] @ k[i]
+            return e + eps[node] @ eps[node] if eps is not None else e
+        total = torch.zeros((), dtype=q.dtype)
+        for c in tree.children[node]:
+            if n[c] == 0:
+                continue
+            terms = [energy(c), *sib_logits[c].values()]
+            total = total + n[c] / n[node] * torch.logsumexp(torch.stack(terms), 0)
+        return total
+
+    for node in range(len(n)):
+        if n[node] > 0:
+            a[node] = energy(node)
+    return n, sib_logits, a
+
+
+def _gate(a_node, logits):
+    """(mu, 1 - mu, softmax over siblings) with plain exponentials."""
+    self_term = torch.exp(a_node)
+    sib = {b: torch.exp(s) for b, s in logits.items()}
+    denom = self_term + sum(sib.values(), torch.zeros((), dtype=a_node.dtype))
+    if denom == 0:
+        return 0.0, 0.0, {}
+    z = sum(sib.values(), torch.zeros((), dtype=a_node.dtype))
+    soft = {b: e / z for b, e in sib.items()} if z > 0 else {}
+    return self_term / denom, z / denom, soft
+
+
+def hierarchical_attention_matrix(
+    q: Tensor,
+    k: Tensor,
+    hierarchy,
+    *,
+    pos_emb: Tensor | None = None,
+    include_self: bool = False,
+    causal: bool = False,
+    leaf_mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    r"""The dense HSA matrix :math:`\hat\Theta` (``[H, L, L]``); HSA returns :math:`\hat\Theta V`.
+
+    Entry :math:`(i, j)` with :math:`A_t = \mathrm{ica}(i, j)` and
+    :math:`A_{t+1} \ni i`, :math:`D \ni j` siblings:
+    :math:`\hat\Theta_{ij} = \prod_{s=1}^{t}\mu(A_s)\,(1-\mu(A_{t+1}))\,
+    \mathrm{softmax}_D\,s(A_{t+1},\cdot)\,/\,n(D)` (notes/hsa.md §2.5);
+    with ``include_self`` the diagonal is :math:`\prod_{s=1}^{m}\mu(A_s)`.
+    Arguments are those of :func:`~hiergraph.ops.hierarchical_attention`.
+    """
+    if q.dim() == 2:
+        q, k = q.unsqueeze(1), k.unsqueeze(1)
+    num_leaves, heads, dim = q.shape
+    tau = dim**-0.5 if scale is None else scale
+    tree = _Tree(hierarchy, leaf_mask)
+    out = q.new_zeros(heads, num_leaves, num_leaves)
+    for h in range(heads):
+        eps = None if pos_emb is None else (pos_emb[:, h] if pos_emb.dim() == 3 else pos_emb)
+        n, sib_logits, a = _head_stats(tree, q[:, h], k[:, h], eps, tau, include_self, causal)
+        for i, node in enumerate(tree.leaf_nodes):
+            if not tree.valid[i]:
+                continue
+            mass = torch.ones((), dtype=q.dtype)
+            for c in tree.path(node)[1:]:
+                mu, one_minus_mu, soft = _gate(a[c], sib_logits[c])
+                for b, p in soft.items():
+                    out[h, i, tree.leaves_below[b]] += mass * one_minus_mu * p / n[b]
+                mass = mass * mu
+            if include_self:
+                out[h, i, i] += mass
+    return out
+
+
+def hierarchy_energy(
+    q: Tensor,
+    k: Tensor,
+    hierarchy,
+    *,
+    pos_emb: Tensor | None = None,
+    include_self: bool = False,
+    scale: float | None = None,
+) -> Tensor:
+    r"""Energy :math:`\varphi(R)` of every root (eq. 8 with the dot-product energy of eq. 16).
+
+    Constants (the :math:`\sqrt d` of eq. 16) are dropped; they cancel in
+    HSA. With :math:`V = K`, HSA satisfies
+    :math:`\mathrm{out}_i = -\frac{|\ell(R)|}{\tau}\,\partial\varphi(R)/\partial q_i`
+    (notes §10.3), which the tests check with autograd.
+
+    Returns:
+        ``[num_trees, H]``.
+    """
+    if q.dim() == 2:
+        q, k = q.unsqueeze(1), k.unsqueeze(1)
+    num_leaves, heads, dim = q.shape
+    tau = dim**-0.5 if scale is None else scale
+    tree = _Tree(hierarchy, None)
+    rows = []
+    for h in range(heads):
+        eps = None if pos_emb is None else (pos_emb[:, h] if pos_emb.dim() == 3 else pos_emb)
+        _, _, a = _head_stats(tree, q[:, h], k[:, h], eps, tau, include_self, False)
+        rows.append(torch.stack([-a[r] for r in tree.roots]))
+    return torch.stack(rows, dim=1)

@@ -1,0 +1,68 @@
+"""NaN-safe log-space primitives with explicit conventions for ``-inf``.
+
+Every function here returns exact ``-inf`` where the mathematical value is
+:math:`\\log 0`, and never produces NaN in the forward *or* the backward pass
+(masked branches are fed safe values before the non-linearity: the
+"double where" pattern).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def masked_softmax(logits: Tensor, mask: Tensor, dim: int = -1) -> tuple[Tensor, Tensor]:
+    r"""Softmax and log-partition over the entries where ``mask`` is true.
+
+    .. math::
+        \mathrm{lse} = \log \sum_{j:\,m_j} e^{x_j}, \qquad
+        a_j = m_j\, e^{x_j - \mathrm{lse}}
+
+    Rows with no unmasked entry get ``lse = -inf`` and all-zero weights.
+
+    Args:
+        logits: any shape.
+        mask: bool, broadcastable to ``logits``.
+        dim: the reduction dimension.
+
+    Returns:
+        ``(lse, weights)`` with ``lse`` reduced over ``dim`` (dimension
+        removed) and ``weights`` shaped like ``logits``.
+    """
+    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    x = torch.where(mask, logits, neg_inf)
+    m = x.amax(dim=dim, keepdim=True).detach()
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(x - m)
+    s = e.sum(dim=dim, keepdim=True)
+    has = s > 0
+    s_safe = torch.where(has, s, torch.ones_like(s))
+    lse = torch.where(has, m + torch.log(s_safe), neg_inf).squeeze(dim)
+    return lse, e / s_safe
+
+
+def logaddexp(a: Tensor, b: Tensor) -> Tensor:
+    """``log(exp(a) + exp(b))`` that is ``-inf`` (with zero gradient) when both are ``-inf``."""
+    both = torch.isneginf(a) & torch.isneginf(b)
+    zero = torch.zeros((), dtype=a.dtype, device=a.device)
+    out = torch.logaddexp(torch.where(both, zero, a), torch.where(both, zero, b))
+    return torch.where(both, torch.full_like(out, float("-inf")), out)
+
+
+def log_gates(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Log of the gate :math:`\mu = e^a / (e^a + e^b)` and of :math:`1 - \mu`.
+
+    Conventions for infinite arguments (``a`` and ``b`` are never ``+inf``):
+    ``a = -inf`` gives :math:`(\log\mu, \log(1-\mu)) = (-\infty, 0)`;
+    ``b = -inf`` gives :math:`(0, -\infty)`; both give :math:`(-\infty, -\infty)`
+    (no mass anywhere).
+    """
+    a_inf, b_inf = torch.isneginf(a), torch.isneginf(b)
+    diff = torch.where(a_inf | b_inf, torch.zeros_like(a), a - b)
+    neg_inf = torch.full_like(diff, float("-inf"))
+    zero = torch.zeros_like(diff)
+    log_mu = torch.where(a_inf, neg_inf, torch.where(b_inf, zero, F.logsigmoid(diff)))
+    log_one_minus_mu = torch.where(b_inf, neg_inf, torch.where(a_inf, zero, F.logsigmoid(-diff)))
+    return log_mu, log_one_minus_mu
