@@ -150,7 +150,9 @@ class _Builder:
         node = {"parent": parent, "slot": slot, "domain": int(domain), "pos": pos, "depth": depth}
         node_id = len(self.nodes)
         self.nodes.append(node)
-        if isinstance(spec, bool) or not isinstance(spec, (int, Sequence, Mapping, Family)):
+        if isinstance(spec, (bool, str, bytes)) or not isinstance(
+            spec, (int, Sequence, Mapping, Family)
+        ):
             if hasattr(spec, "__index__") and not isinstance(spec, bool):
                 spec = int(spec)
             else:

@@ -128,7 +128,7 @@ def hierarchical_attention(
     if include_self:
         self_energy = tau * (q * k).sum(-1)
         if eps is not None:
-            self_energy = self_energy + (eps[:num_leaves] ** 2).sum(-1)
+            self_energy = self_energy + (eps_bfs[index.leaf_pos] ** 2).sum(-1)
     else:
         self_energy = torch.full((num_leaves, heads), float("-inf"), dtype=q.dtype, device=q.device)
     a = _bottom_up_energy(index, self_energy, lse, n)

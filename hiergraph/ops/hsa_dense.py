@@ -73,7 +73,12 @@ def _head_stats(tree, q, k, eps, tau, include_self, causal):
 
     a = {}
 
-    def energy(node):  # a(node) = -phi(node)
+    def energy(node):  # a(node) = -phi(node), memoised in ``a``
+        if node not in a:
+            a[node] = _energy(node)
+        return a[node]
+
+    def _energy(node):
         if node in tree.leaf_of_node:
             i = tree.leaf_of_node[node]
             if not include_self:
@@ -90,7 +95,7 @@ def _head_stats(tree, q, k, eps, tau, include_self, causal):
 
     for node in range(len(n)):
         if n[node] > 0:
-            a[node] = energy(node)
+            energy(node)
     return n, sib_logits, a
 
 

@@ -1,0 +1,45 @@
+"""Shared test helpers: random signal hierarchies of mixed depth."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+
+def random_spec(rng: random.Random, num_leaves: int, max_depth: int = 4, max_branch: int = 5):
+    """A random nested spec with exactly ``num_leaves`` leaves (ints 0..L-1, shuffled).
+
+    Families have 1..``max_branch`` children, leaves sit at mixed depths, and
+    unary (single-child) nodes occur.
+    """
+    ids = list(range(num_leaves))
+    rng.shuffle(ids)
+
+    def build(leaves: list[int], depth: int):
+        if len(leaves) == 1 and (depth >= max_depth or rng.random() < 0.7):
+            return leaves[0]
+        if depth >= max_depth:
+            return list(leaves)
+        branch = rng.randint(1, min(max_branch, len(leaves)))
+        if branch == 1 and rng.random() < 0.5:
+            branch = min(2, len(leaves))
+        cuts = sorted(rng.sample(range(1, len(leaves)), branch - 1)) if branch > 1 else []
+        parts = [leaves[a:b] for a, b in zip([0, *cuts], [*cuts, len(leaves)], strict=True)]
+        return [build(p, depth + 1) for p in parts]
+
+    return build(ids, 0)
+
+
+def random_qkv(num_leaves: int, heads: int = 2, dim: int = 4, dv: int = 3, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(num_leaves, heads, dim, generator=gen, dtype=torch.float64)
+    k = torch.randn(num_leaves, heads, dim, generator=gen, dtype=torch.float64)
+    v = torch.randn(num_leaves, heads, dv, generator=gen, dtype=torch.float64)
+    return q, k, v
+
+
+@pytest.fixture
+def rng():
+    return random.Random(1234)

@@ -1,0 +1,141 @@
+import pytest
+import torch
+from torch_geometric.data import Batch
+from torch_geometric.loader import DataLoader
+
+from hiergraph.data import Domain, Family, SignalHierarchy, from_nested, window_hierarchy
+
+
+def children_of(h, node):
+    kids = (h.parent == node).nonzero().view(-1)
+    kids = kids[kids != node]
+    return kids[torch.argsort(h.slot[kids])].tolist()
+
+
+def test_from_nested_structure():
+    x = torch.randn(5, 3)
+    h = from_nested([[2, 0], [1, Family([3, 4], "set")]], x=x)
+    assert h.num_nodes == 9 and h.num_leaves == 5 and h.num_trees == 1
+    assert h.is_leaf[:5].all() and not h.is_leaf[5:].any()  # leaves first
+    assert torch.equal(h.x, x)
+    root = int((h.parent == torch.arange(9)).nonzero())
+    first, second = children_of(h, root)
+    assert children_of(h, first) == [2, 0]  # child order kept, leaf i = x row i
+    set_family = children_of(h, second)[1]
+    assert children_of(h, set_family) == [3, 4]
+    assert h.domain[3] == Domain.SET and h.domain[2] == Domain.GRID1D
+    assert h.domain[root] == Domain.NONE
+    assert h.depth[[2, 0, 1, 3]].tolist() == [2, 2, 2, 3]
+    assert h.edge_index.shape == (2, 8)
+    assert torch.equal(h.parent[h.edge_index[0]], h.edge_index[1])
+
+
+def test_from_nested_annotations():
+    grid = Family([0, 1, 2, 3], "2d", pos=[(0, 0), (0, 1), (1, 0), (1, 1)], node_type=2)
+    h = from_nested({"image": grid, "title": [4, 5]}, keys={"image": 0, "title": 1},
+                    leaf_type=[1, 1, 1, 1, 0, 0])
+    assert h.pos[:4].tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert (h.domain[:4] == Domain.GRID2D).all() and (h.domain[4:6] == Domain.GRID1D).all()
+    assert h.node_type[:6].tolist() == [1, 1, 1, 1, 0, 0]
+    image = int(h.parent[0])
+    assert h.node_type[image] == 2 and h.domain[image] == Domain.KEY_VALUE
+    assert h.pos[int(h.parent[4])].tolist() == [1, 0]  # key id of "title"
+
+
+def test_single_leaf_tree():
+    h = from_nested(0, x=torch.ones(1, 2))
+    assert h.num_nodes == 1 and h.num_leaves == 1 and h.parent.tolist() == [0]
+    assert h.edge_index.shape == (2, 0)
+
+
+@pytest.mark.parametrize(
+    "n, branching, level_sizes",
+    [(10, (2, 4), [10, 5, 2, 1]), (16, (2, 4, 8), [16, 8, 2, 1]), (1, (2,), [1]),
+     (2, (2, 4, 8), [2, 1]), (7, (8,), [7, 1]), (100, (2, 4), [100, 50, 13, 1])],
+)
+def test_window_hierarchy(n, branching, level_sizes):
+    h = window_hierarchy(n, branching)
+    depth_max = len(level_sizes) - 1
+    assert h.num_leaves == n and h.num_nodes == sum(level_sizes)
+    counts = torch.bincount(depth_max - h.depth, minlength=len(level_sizes))
+    assert counts.tolist() == level_sizes
+    for level, b in enumerate(branching[: len(level_sizes) - 2]):
+        nodes = (h.depth == depth_max - level - 1).nonzero().view(-1)
+        sizes = [len(children_of(h, int(a))) for a in nodes]
+        assert max(sizes) == b and all(s == b for s in sizes[:-1])
+    if n > 1:  # leaves in sequence order inside windows
+        assert children_of(h, int(h.parent[0]))[:2] == [0, 1]
+
+
+def test_from_parent_relabels_leaves_first():
+    # 0 root, 1 internal, 2..4 leaves
+    h = SignalHierarchy.from_parent([-1, 0, 1, 1, 0], x=torch.arange(3.0)[:, None])
+    assert h.is_leaf.tolist() == [True, True, True, False, False]
+    assert h.num_trees == 1 and h.depth.tolist() == [2, 2, 1, 0, 1]
+    assert children_of(h, 3) == [4, 2]  # old (1, 4) in id order
+    assert children_of(h, 4) == [0, 1]
+
+
+def test_batching_shifts_structure():
+    trees = [from_nested([[0, 1], 2], x=torch.randn(3, 4)), window_hierarchy(5, (2,), x=torch.randn(5, 4))]
+    batch = Batch.from_data_list(trees)
+    assert batch.num_trees == 2 and batch.num_leaves == 8
+    offset = trees[0].num_nodes
+    assert torch.equal(batch.parent[offset:], trees[1].parent + offset)
+    assert torch.equal(batch.x, torch.cat([t.x for t in trees]))
+    loader = DataLoader(trees * 3, batch_size=4)
+    sizes = [b.num_trees for b in loader]
+    assert sizes == [4, 2]
+    assert isinstance(batch.to_data_list()[1], SignalHierarchy)
+    assert torch.equal(batch.to_data_list()[1].parent, trees[1].parent)
+
+
+@pytest.mark.parametrize(
+    "parent, match",
+    [([1, 0], "exactly one root"), ([-1, 0, 3, 2], "cycle"), ([-1, -1, 0], "exactly one root"),
+     ([-1, 5], r"parent ids must lie"), ([-1, 1], "cycle")],
+)
+def test_from_parent_bad_structure(parent, match):
+    with pytest.raises(ValueError, match=match):
+        SignalHierarchy.from_parent(parent)
+
+
+def test_from_parent_internal_without_leaves():
+    with pytest.raises(ValueError, match="no children, so no leaves below"):
+        SignalHierarchy.from_parent([-1, 0, 0], is_leaf=[False, True, False])
+
+
+@pytest.mark.parametrize(
+    "spec, x, match",
+    [([[0, 1], []], torch.randn(2, 2), "no children"),
+     ([0, 5], torch.randn(2, 2), "out of range"),
+     ([0, 0, 1], torch.randn(3, 2), "more than one leaf"),
+     ([0, 1], torch.randn(3, 2), "rows .* not used"),
+     ([0, -1], torch.randn(2, 2), "out of range"),
+     ({"a": 0}, torch.randn(1, 2), "unknown key")],
+)
+def test_from_nested_bad_input(spec, x, match):
+    with pytest.raises(ValueError, match=match):
+        from_nested(spec, x=x)
+
+
+def test_non_finite_features():
+    x = torch.randn(3, 2)
+    x[1, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"non-finite .* row\(s\) \[1\]"):
+        from_nested([0, 1, 2], x=x)
+    with pytest.raises(ValueError, match="non-finite"):
+        window_hierarchy(3, (2,), x=torch.tensor([[1.0], [float("inf")], [0.0]]))
+
+
+def test_bad_types_and_windows():
+    with pytest.raises(TypeError, match="nested spec"):
+        from_nested([0, "a"])
+    with pytest.raises(ValueError, match="branching"):
+        window_hierarchy(8, (1, 2))
+    with pytest.raises(ValueError, match="positive int"):
+        window_hierarchy(0)
+    with pytest.raises(ValueError, match="x has 3 rows but the tree has 4 leaves"):
+        window_hierarchy(4, (2,), x=torch.randn(3, 2))
+    with pytest.raises(ValueError, match="unknown domain"):
+        Family([0], "sphere")

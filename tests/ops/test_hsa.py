@@ -1,0 +1,429 @@
+"""HSA invariants (notes/hsa.md §10) and the fast path against the dense reference."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch_geometric.data import Batch
+
+from hiergraph.data import SignalHierarchy, from_nested, window_hierarchy
+from hiergraph.ops import hierarchical_attention, hierarchical_attention_matrix, hierarchy_energy
+from tests.conftest import random_qkv, random_spec
+
+F64 = dict(dtype=torch.float64)
+
+
+def theta_fast(q, k, h, **kw):
+    """Attention matrix from the fast path with one-hot values (V = I)."""
+    num_leaves, heads, _ = q.shape
+    eye = torch.eye(num_leaves, **F64).unsqueeze(1).expand(-1, heads, -1)
+    return hierarchical_attention(q, k, eye, h, **kw).permute(1, 0, 2)
+
+
+def apply(theta, v):
+    return torch.einsum("hij,jhd->ihd", theta, v)
+
+
+# ----------------------------------------------------------- fast == reference
+def test_fast_equals_dense_reference_on_200_random_trees():
+    """Done criterion of the foundation issue: <= 1e-10 on >= 200 mixed-depth trees."""
+    rng = random.Random(0)
+    worst = 0.0
+    trees, refs, qkvs = [], {False: [], True: []}, []
+    for t in range(200):
+        h = from_nested(random_spec(rng, rng.randint(1, 14)))
+        q, k, v = random_qkv(h.num_leaves, seed=t)
+        pe = torch.randn(h.num_nodes, 3, generator=torch.Generator().manual_seed(t), **F64)
+        for inc in (False, True):
+            ref = apply(hierarchical_attention_matrix(q, k, h, include_self=inc, pos_emb=pe), v)
+            refs[inc].append(ref)
+            for kernel in ("dense", "edge"):
+                out = hierarchical_attention(q, k, v, h, include_self=inc, pos_emb=pe, kernel=kernel)
+                worst = max(worst, (out - ref).abs().max().item())
+        trees.append(h)
+        qkvs.append((q, k, v, pe))
+    assert worst <= 1e-10
+    # the same 200 trees batched 20 at a time
+    for start in range(0, 200, 20):
+        batch = Batch.from_data_list(trees[start : start + 20])
+        q, k, v, pe = (torch.cat(t) for t in zip(*qkvs[start : start + 20], strict=True))
+        for inc, kernel in ((False, "dense"), (True, "dense"), (False, "edge"), (True, "edge")):
+            out = hierarchical_attention(q, k, v, batch, include_self=inc, pos_emb=pe, kernel=kernel)
+            ref = torch.cat(refs[inc][start : start + 20])
+            assert (out - ref).abs().max().item() <= 1e-10
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    num_leaves=st.integers(1, 24),
+    max_depth=st.integers(1, 5),
+    max_branch=st.integers(1, 7),
+    include_self=st.booleans(),
+    heads=st.integers(1, 3),
+)
+def test_property_fast_equals_reference(seed, num_leaves, max_depth, max_branch, include_self, heads):
+    rng = random.Random(seed)
+    h = from_nested(random_spec(rng, num_leaves, max_depth, max_branch))
+    q, k, v = random_qkv(num_leaves, heads=heads, seed=seed)
+    theta = hierarchical_attention_matrix(q, k, h, include_self=include_self)
+    for kernel in ("dense", "edge"):
+        out = hierarchical_attention(q, k, v, h, include_self=include_self, kernel=kernel)
+        assert torch.allclose(out, apply(theta, v), atol=1e-12, rtol=0)
+    rows = theta.sum(-1)
+    if num_leaves > 1 or include_self:
+        assert torch.allclose(rows, torch.ones_like(rows), atol=1e-12)
+    assert torch.all(theta >= 0)
+
+
+# ------------------------------------------------------------- flat reduction
+def test_flat_tree_is_softmax_without_diagonal():
+    n = 9
+    q, k, v = random_qkv(n, heads=3, dim=8, dv=5)
+    h = from_nested(list(range(n)))
+    pe = torch.randn(h.num_nodes, 4, **F64)
+    logits = torch.einsum("ihd,jhd->hij", q, k) / 8**0.5 + (pe[:n] @ pe[:n].T)
+    masked = logits.masked_fill(torch.eye(n, dtype=torch.bool), float("-inf"))
+    expected = apply(torch.softmax(masked, -1), v)
+    assert torch.allclose(hierarchical_attention(q, k, v, h, pos_emb=pe), expected, atol=1e-13)
+
+
+def test_flat_tree_include_self_is_standard_sdpa():
+    n = 12
+    q, k, v = random_qkv(n, heads=2, dim=8, dv=8)
+    out = hierarchical_attention(q, k, v, window_hierarchy(n, ()), include_self=True)
+    ref = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1))
+    assert torch.allclose(out, ref.transpose(0, 1), atol=1e-13)
+
+
+# ---------------------------------------------------- structure of the matrix
+@pytest.mark.parametrize("seed", range(6))
+def test_row_stochastic_and_block_constraint(seed):
+    rng = random.Random(seed)
+    h = from_nested(random_spec(rng, 16, max_depth=4, max_branch=4))
+    q, k, v = random_qkv(16, seed=seed)
+    theta = theta_fast(q, k, h)
+    assert torch.allclose(theta.sum(-1), torch.ones(2, 16, **F64), atol=1e-12)
+    assert torch.all(theta >= 0) and torch.all(torch.diagonal(theta, dim1=1, dim2=2) == 0)
+    const = torch.full((16, 2, 3), 2.5, **F64)
+    assert torch.allclose(hierarchical_attention(q, k, const, h), const, atol=1e-12)
+    # block constraint: theta[:, i, j] constant over i in l(A), j in l(B) for siblings A != B
+    leaves_below = {a: [] for a in range(h.num_nodes)}
+    for leaf in range(16):
+        a = leaf
+        while True:
+            leaves_below[a].append(leaf)
+            if h.parent[a] == a:
+                break
+            a = int(h.parent[a])
+    idx = h.tree_index()
+    free_values = 0
+    for start, size in zip(idx.family_start.tolist(), idx.family_size.tolist(), strict=True):
+        members = idx.order[start : start + size].tolist()
+        free_values += size * (size - 1)
+        for a in members:
+            for b in members:
+                if a != b:
+                    block = theta[:, leaves_below[a]][:, :, leaves_below[b]]
+                    spread = block.amax((1, 2)) - block.amin((1, 2))
+                    assert torch.all(spread <= 1e-14)
+    for head in theta:
+        off = head[~torch.eye(16, dtype=torch.bool)]
+        assert len(torch.unique(off.round(decimals=12))) <= free_values
+
+
+def test_uniform_case_any_tree():
+    rng = random.Random(3)
+    for _ in range(5):
+        n = rng.randint(2, 20)
+        h = from_nested(random_spec(rng, n))
+        zero = torch.zeros(n, 1, 4, **F64)
+        theta = theta_fast(zero, zero, h)[0]
+        expected = (torch.ones(n, n, **F64) - torch.eye(n, **F64)) / (n - 1)
+        assert torch.allclose(theta, expected, atol=1e-14)
+
+
+def test_shift_invariance_not_scale_invariance():
+    rng = random.Random(5)
+    h = from_nested(random_spec(rng, 15))
+    q, k, v = random_qkv(15)
+    base = hierarchical_attention(q, k, v, h, scale=0.5)
+    # a constant extra coordinate adds 0.5 * 3 * 2 = 3 to every energy (self energies too)
+    q3 = torch.cat([q, torch.full((15, 2, 1), 3.0, **F64)], -1)
+    k3 = torch.cat([k, torch.full((15, 2, 1), 2.0, **F64)], -1)
+    for inc in (False, True):
+        base = hierarchical_attention(q, k, v, h, scale=0.5, include_self=inc)
+        shifted = hierarchical_attention(q3, k3, v, h, scale=0.5, include_self=inc)
+        assert torch.allclose(base, shifted, atol=1e-12)
+    scaled = hierarchical_attention(q, k, v, h, scale=1.0)
+    assert not torch.allclose(base, scaled, atol=1e-3)
+
+
+def test_unary_node_transparency():
+    """Wrapping a sub-tree or a leaf in a single-child node that takes over its PE changes nothing."""
+    # leaves 0..3 first, then internal nodes (ids are kept): root 4, node 5 over leaves 0 and 1
+    plain = SignalHierarchy.from_parent([5, 5, 4, 4, -1, 4])
+    # the same tree with node 5 wrapped by 6 and leaf 2 wrapped by 7
+    wrapped = SignalHierarchy.from_parent([5, 5, 7, 4, -1, 6, 4, 4])
+    assert plain.parent.tolist() == [5, 5, 4, 4, 4, 4]
+    pe_plain = torch.randn(6, 3, **F64)
+    pe_wrapped = torch.cat([pe_plain, pe_plain[[5, 2]]])  # wrappers copy their child's PE
+    q, k, v = random_qkv(4, seed=7)
+    for inc in (False, True):
+        a = hierarchical_attention(q, k, v, plain, pos_emb=pe_plain, include_self=inc)
+        b = hierarchical_attention(q, k, v, wrapped, pos_emb=pe_wrapped, include_self=inc)
+        assert torch.allclose(a, b, atol=1e-14)
+
+
+def test_child_permutation_and_leaf_relabelling_equivariance():
+    rng = random.Random(11)
+    spec = random_spec(rng, 12, max_depth=3, max_branch=4)
+    h = from_nested(spec)
+    q, k, v = random_qkv(12, seed=2)
+    base = hierarchical_attention(q, k, v, h)
+
+    def reverse(s):
+        return s if isinstance(s, int) else [reverse(c) for c in reversed(s)]
+
+    assert torch.allclose(hierarchical_attention(q, k, v, from_nested(reverse(spec))), base, atol=1e-13)
+    sigma = list(range(12))
+    rng.shuffle(sigma)  # leaf r becomes leaf sigma[r]
+
+    def relabel(s):
+        return sigma[s] if isinstance(s, int) else [relabel(c) for c in s]
+
+    inv = torch.argsort(torch.tensor(sigma))
+    out = hierarchical_attention(q[inv], k[inv], v[inv], from_nested(relabel(spec)))
+    assert torch.allclose(out, base[inv], atol=1e-13)
+
+
+# ---------------------------------------------------------------- batching
+def test_batch_equals_per_example_and_dummy_root_leaks():
+    rng = random.Random(21)
+    specs = [random_spec(rng, n) for n in (5, 9, 1, 7)]
+    trees = [from_nested(s) for s in specs]
+    q, k, v = random_qkv(22, seed=3)
+    out = hierarchical_attention(q, k, v, Batch.from_data_list(trees))
+    start = 0
+    for t in trees:
+        part = slice(start, start + t.num_leaves)
+        assert torch.allclose(out[part], hierarchical_attention(q[part], k[part], v[part], t), atol=1e-14)
+        start += t.num_leaves
+
+    def shift(s, off):
+        return s + off if isinstance(s, int) else [shift(c, off) for c in s]
+
+    offsets = [0, 5, 14, 15]
+    joint = from_nested([shift(s, o) for s, o in zip(specs, offsets, strict=True)])  # unmasked root
+    leaked = hierarchical_attention(q, k, v, joint)
+    assert (leaked - out).abs().max() > 1e-3
+
+
+def test_padding_invariance():
+    q, k, v = random_qkv(32, seed=4)
+    n = 21
+    ref = hierarchical_attention(q[:n], k[:n], v[:n], window_hierarchy(n, (2, 4)))
+    mask = torch.arange(32) < n
+    for inc in (False, True):
+        ref = hierarchical_attention(q[:n], k[:n], v[:n], window_hierarchy(n, (2, 4)), include_self=inc)
+        for kernel in ("dense", "edge"):
+            out = hierarchical_attention(
+                q, k, v, window_hierarchy(32, (2, 4)), leaf_mask=mask, include_self=inc, kernel=kernel
+            )
+            assert torch.allclose(out[:n], ref, atol=1e-14) and torch.all(out[n:] == 0)
+    # masked leaves anywhere in a ragged tree = the tree without them
+    h = from_nested([[0, 1, 2], [3, [4, 5]], 6])
+    mask = torch.tensor([1, 0, 1, 1, 0, 0, 1], dtype=torch.bool)
+    small = from_nested([[0, 1], [2], 3])  # leaves 0, 2, 3, 6 of the padded tree
+    keep = mask.nonzero().view(-1)
+    qs, ks, vs = random_qkv(7, seed=8)
+    out = hierarchical_attention(qs, ks, vs, h, leaf_mask=mask, include_self=True)
+    ref = hierarchical_attention(qs[keep], ks[keep], vs[keep], small, include_self=True)
+    assert torch.allclose(out[keep], ref, atol=1e-14)
+
+
+# ------------------------------------------------------- optimality, gradient
+def test_gradient_identity_with_energy():
+    """With V = K: out_i = -(N / tau) dphi(R)/dq_i (notes §10.3)."""
+    rng = random.Random(8)
+    for inc in (False, True):
+        h = from_nested(random_spec(rng, 10, max_depth=3))
+        q, k, _ = random_qkv(10, heads=2, dim=4, seed=9)
+        pe = torch.randn(h.num_nodes, 2, **F64)
+        q.requires_grad_(True)
+        phi = hierarchy_energy(q, k, h, pos_emb=pe, include_self=inc, scale=0.5)
+        (grad,) = torch.autograd.grad(phi.sum(), q)
+        out = hierarchical_attention(q.detach(), k, k, h, pos_emb=pe, include_self=inc, scale=0.5)
+        assert torch.allclose(out, -10 / 0.5 * grad, atol=1e-12)
+
+
+def _kl(theta, target):
+    mask = theta > 0
+    return (theta[mask] * (theta[mask].log() - target[mask].log())).sum()
+
+
+def _feasible(h, gate_logits, sibling_logits, n):
+    """A block-constrained row-stochastic matrix from free gates and sibling distributions."""
+    pairs = h.tree_index().sibling_pairs
+    order = h.tree_index().order
+    q_node, k_node = order[pairs[0]], order[pairs[1]]
+    theta = torch.zeros(n, n, **F64)
+    leaves_below = [[] for _ in range(h.num_nodes)]
+    for leaf in range(n):
+        a = leaf
+        while True:
+            leaves_below[a].append(leaf)
+            if h.parent[a] == a:
+                break
+            a = int(h.parent[a])
+    for leaf in range(n):
+        path, a = [], leaf
+        while h.parent[a] != a:
+            path.append(a)
+            a = int(h.parent[a])
+        mass = torch.ones((), **F64)
+        for c in reversed(path):
+            keys = k_node[q_node == c]
+            mu = torch.zeros((), **F64) if h.is_leaf[c] else torch.sigmoid(gate_logits[c])
+            if keys.numel() == 0:
+                mu = torch.ones((), **F64)
+            probs = torch.softmax(sibling_logits[c][: keys.numel()], 0)
+            for b, p in zip(keys.tolist(), probs, strict=True):
+                theta[leaf, leaves_below[b]] = mass * (1 - mu) * p / len(leaves_below[b])
+            mass = mass * mu
+    return theta
+
+
+def test_kl_optimality():
+    """HSA's matrix is the KL-closest block-constrained stochastic matrix to flat attention."""
+    h = from_nested([[0, 1, [2, 3]], [4, 5], 6])
+    n = 7
+    q, k, _ = random_qkv(n, heads=1, dim=3, seed=12)
+    pe = torch.randn(h.num_nodes, 2, **F64)
+    theta = hierarchical_attention_matrix(q, k, h, pos_emb=pe)[0]
+    # flat target (eq. 13): energies of leaf pairs with highest-distinct-ancestor PEs
+    anc = [[leaf] for leaf in range(n)]
+    for path in anc:
+        while h.parent[path[-1]] != path[-1]:
+            path.append(int(h.parent[path[-1]]))
+    logits = torch.full((n, n), float("-inf"), **F64)
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                common = set(anc[i]) & set(anc[j])
+                a = next(x for x in anc[i] if int(h.parent[x]) in common)
+                b = next(x for x in anc[j] if int(h.parent[x]) in common)
+                logits[i, j] = q[i, 0] @ k[j, 0] / 3**0.5 + pe[a] @ pe[b]
+    target = torch.softmax(logits, -1)
+    best = _kl(theta, target)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):  # random feasible matrices are never better
+        cand = _feasible(h, torch.randn(h.num_nodes, generator=gen, **F64) * 3,
+                         torch.randn(h.num_nodes, n, generator=gen, **F64) * 3, n)
+        assert torch.allclose(cand.sum(1), torch.ones(n, **F64))
+        assert _kl(cand, target) >= best - 1e-12
+    # and a generic optimiser over the feasible set converges to HSA's matrix
+    gate = torch.zeros(h.num_nodes, **F64, requires_grad=True)
+    sib = torch.zeros(h.num_nodes, n, **F64, requires_grad=True)
+    opt = torch.optim.LBFGS([gate, sib], max_iter=500, tolerance_grad=1e-12,
+                            tolerance_change=1e-14, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = _kl(_feasible(h, gate, sib, n), target)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    found = _feasible(h, gate, sib, n).detach()
+    assert abs(_kl(found, target) - best) < 1e-9
+    assert torch.allclose(found, theta, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["dense", "edge"])
+@pytest.mark.parametrize("include_self", [False, True])
+def test_gradcheck(kernel, include_self):
+    h = Batch.from_data_list([from_nested([[0, 1, [2, 3]], 4]), from_nested([[0], [1, 2]])])
+    q, k, v = random_qkv(8, heads=2, dim=3, dv=2, seed=13)
+    pe = torch.randn(h.num_nodes, 2, **F64)
+    mask = torch.tensor([1, 1, 0, 1, 1, 1, 1, 0], dtype=torch.bool)
+    inputs = tuple(t.requires_grad_(True) for t in (q, k, v, pe))
+
+    def fn(q, k, v, pe):
+        return hierarchical_attention(
+            q, k, v, h, pos_emb=pe, include_self=include_self, leaf_mask=mask, kernel=kernel
+        )
+
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize(
+    "spec", [0, [0], [[0], [1, 2]], [[[0]], 1], [[0, 1], [[2]]], list(range(5))]
+)
+def test_degenerate_trees_are_nan_free(spec):
+    h = from_nested(spec)
+    n = h.num_leaves
+    for inc, causal in ((False, False), (True, False), (True, True)):
+        for mask in (None, torch.zeros(n, dtype=torch.bool)):
+            q, k, v = (t.requires_grad_(True) for t in random_qkv(n, seed=1))
+            out = hierarchical_attention(q, k, v, h, include_self=inc, causal=causal, leaf_mask=mask)
+            if out.requires_grad:  # a lone leaf without self-attention outputs a constant 0
+                out.square().sum().backward()
+            for t in (out, q.grad, k.grad, v.grad):
+                assert t is None or torch.isfinite(t).all()
+
+
+def test_float32_large_logits_stable():
+    h = window_hierarchy(64, (4, 4))
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(64, 2, 8, generator=gen) * 40
+    k = torch.randn(64, 2, 8, generator=gen) * 40
+    v = torch.randn(64, 2, 8, generator=gen)
+    out = hierarchical_attention(q, k, v, h)
+    ref = hierarchical_attention(q.double(), k.double(), v.double(), h)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert torch.allclose(out.double(), ref, atol=1e-4)
+
+
+# ------------------------------------------------------------------ causal
+def test_causal_masks_future_values_and_documents_leak():
+    n = 12
+    h = window_hierarchy(n, (2, 3))
+    q, k, v = random_qkv(n, seed=6)
+    theta = theta_fast(q, k, h, include_self=True, causal=True)
+    ref = hierarchical_attention_matrix(q, k, h, include_self=True, causal=True)
+    assert torch.allclose(theta, ref, atol=1e-13)
+    assert torch.all(theta.triu(1) == 0)
+    assert torch.allclose(theta.sum(-1), torch.ones(2, n, **F64), atol=1e-12)
+    # the documented leak: the last token's query moves earlier rows through ancestor means
+    q2 = q.clone()
+    q2[-1] += 5.0
+    theta2 = theta_fast(q2, k, h, include_self=True, causal=True)
+    assert (theta2[:, :-1] - theta[:, :-1]).abs().max() > 1e-6
+    with pytest.raises(ValueError, match="include_self"):
+        hierarchical_attention(q, k, v, h, causal=True)
+
+
+# ---------------------------------------------------------------- bad input
+def test_bad_inputs():
+    h = window_hierarchy(6, (2,))
+    q, k, v = random_qkv(6)
+    with pytest.raises(ValueError, match="6 leaves"):
+        hierarchical_attention(q[:5], k[:5], v[:5], h)
+    with pytest.raises(ValueError, match="same shape"):
+        hierarchical_attention(q, k[..., :3], v, h)
+    with pytest.raises(ValueError, match=r"\[num_leaves, heads, dim\]"):
+        hierarchical_attention(q[None], k[None], v[None], h)
+    with pytest.raises(TypeError, match="floating dtype"):
+        hierarchical_attention(q, k, v.float(), h)
+    with pytest.raises(ValueError, match="pos_emb"):
+        hierarchical_attention(q, k, v, h, pos_emb=torch.randn(6, 2, **F64))
+    with pytest.raises(ValueError, match="leaf_mask"):
+        hierarchical_attention(q, k, v, h, leaf_mask=torch.ones(5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="kernel"):
+        hierarchical_attention(q, k, v, h, kernel="flash")
+    two_d = hierarchical_attention(q[:, 0], k[:, 0], v[:, 0], h)
+    assert torch.allclose(two_d, hierarchical_attention(q[:, :1], k[:, :1], v[:, :1], h)[:, 0])

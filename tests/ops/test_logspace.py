@@ -1,0 +1,39 @@
+import math
+
+import torch
+
+from hiergraph.ops import log_gates, logaddexp, masked_softmax
+
+INF = float("inf")
+
+
+def test_masked_softmax_matches_softmax_and_handles_empty_rows():
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    lse, w = masked_softmax(x, mask)
+    ref = torch.softmax(x[0, [0, 1, 3]], 0)
+    assert torch.allclose(w[0, [0, 1, 3]], ref) and torch.all(w[0, [2, 4]] == 0)
+    assert torch.allclose(lse[0], torch.logsumexp(x[0, [0, 1, 3]], 0))
+    assert lse[1] == -INF and torch.all(w[1] == 0)
+    (lse[[0, 2]].sum() + w.sum()).backward()
+    assert torch.isfinite(x.grad).all() and torch.all(x.grad[1] == 0)
+
+
+def test_logaddexp_both_neg_inf_has_zero_grad():
+    a = torch.tensor([-INF, -INF, 0.5], requires_grad=True)
+    b = torch.tensor([-INF, 1.0, 2.0], requires_grad=True)
+    out = logaddexp(a, b)
+    assert out[0] == -INF and out[1] == 1.0
+    assert math.isclose(out[2].item(), math.log(math.exp(0.5) + math.exp(2.0)), rel_tol=1e-6)
+    out[1:].sum().backward()
+    assert torch.isfinite(a.grad).all() and torch.isfinite(b.grad).all()
+
+
+def test_log_gates_conventions():
+    a = torch.tensor([-INF, 0.3, -INF, 1.0], requires_grad=True)
+    b = torch.tensor([0.2, -INF, -INF, 1.0], requires_grad=True)
+    log_mu, log_not = log_gates(a, b)
+    assert log_mu.tolist()[:3] == [-INF, 0.0, -INF] and log_not.tolist()[:3] == [0.0, -INF, -INF]
+    assert math.isclose(log_mu[3].exp().item(), 0.5) and math.isclose(log_not[3].exp().item(), 0.5)
+    (log_mu.exp().sum() + log_not.exp().sum()).backward()
+    assert torch.isfinite(a.grad).all() and torch.isfinite(b.grad).all()
