@@ -113,12 +113,14 @@ def hierarchical_attention(
     count = valid.to(q.dtype)
 
     # ---- bottom-up: leaf counts n and mean query/key/value rho of every node
-    stacked = torch.cat([q, k, v], dim=-1) * count[:, None, None]
+    stacked = torch.cat([q, k, v], dim=-1)
+    if leaf_mask is not None:
+        stacked = stacked * count[:, None, None]
     sums, counts = _bottom_up_sums(index, stacked, count)
     n = counts  # [N] in BFS order
     rho = sums / n.clamp(min=1)[:, None, None]
     rho_q, rho_k, rho_v = rho.split([dim, dim, v.size(-1)], dim=-1)
-    eps_bfs = None if eps is None else eps[index.order]
+    eps_bfs = None if eps is None else eps.index_select(0, index.order)
 
     # ---- family attention among siblings over pooled means
     family = _family_dense if kernel == "dense" else _family_edge
@@ -128,7 +130,7 @@ def hierarchical_attention(
     if include_self:
         self_energy = tau * (q * k).sum(-1)
         if eps is not None:
-            self_energy = self_energy + (eps_bfs[index.leaf_pos] ** 2).sum(-1)
+            self_energy = self_energy + (index.leaf_pos.take(eps_bfs) ** 2).sum(-1)
     else:
         self_energy = torch.full((num_leaves, heads), float("-inf"), dtype=q.dtype, device=q.device)
     a = _bottom_up_energy(index, self_energy, lse, n)
@@ -136,11 +138,11 @@ def hierarchical_attention(
     # ---- top-down: gates along root paths and the output accumulator
     n0 = index.level_ptr[1]
     log_mu, log_one_minus_mu = log_gates(a[n0:], lse)
-    u, acc = _top_down(index, log_mu, log_one_minus_mu, theta)
-    out = acc[index.leaf_pos]
+    u, out = _top_down(index, log_mu, log_one_minus_mu, theta)
     if include_self:
-        out = out + torch.exp(u[index.leaf_pos]).unsqueeze(-1) * v
-    out = out * count[:, None, None]
+        out = out + torch.exp(u).unsqueeze(-1) * v
+    if leaf_mask is not None:
+        out = out * count[:, None, None]
     return out.squeeze(1) if squeeze else out
 
 
@@ -204,8 +206,11 @@ def _bottom_up_sums(index: TreeIndex, leaf_values: Tensor, leaf_count: Tensor):
             s = scatter(child_sum, pl, dim=0, dim_size=size, reduce="sum")
             c = scatter(child_count, pl, dim=0, dim_size=size, reduce="sum")
         local, ids = index.level_leaf_local[d], index.level_leaf_id[d]
-        s = s.index_add(0, local, leaf_values[ids])
-        c = c.index_add(0, local, leaf_count[ids])
+        if local.numel() == size:  # a level of leaves only
+            s, c = ids.take(leaf_values), ids.take(leaf_count)
+        elif local.numel():
+            s = s.index_add(0, local, ids.take(leaf_values))
+            c = c.index_add(0, local, ids.take(leaf_count))
         sums.append(s)
         counts.append(c)
         child_sum, child_count = s, c
@@ -226,7 +231,7 @@ def _bottom_up_energy(index: TreeIndex, self_energy: Tensor, lse: Tensor, n: Ten
             pl = index.parent_local[d + 1]
             a = scatter(child_g, pl, dim=0, dim_size=hi - lo, reduce="sum")
         local, ids = index.level_leaf_local[d], index.level_leaf_id[d]
-        a = a.index_put((local,), self_energy[ids])
+        a = a.index_put((local,), ids.take(self_energy))
         levels.append(a)
         if d > 0:  # weighted log-partition each node hands to its parent
             n_child = n[lo:hi]
@@ -239,53 +244,68 @@ def _bottom_up_energy(index: TreeIndex, self_energy: Tensor, lse: Tensor, n: Ten
 
 
 def _top_down(index: TreeIndex, log_mu: Tensor, log_one_minus_mu: Tensor, theta: Tensor):
-    """Path sums ``u`` (log of the mass passed down) and output accumulators, BFS order."""
+    """Path sums ``u`` (log of the mass passed down) and output accumulators ``acc``.
+
+    Returns both at the leaves only, in leaf order: ``[L, H]`` and ``[L, H, d_v]``.
+    """
     n0 = index.level_ptr[1]
+    sizes = [index.level_ptr[d + 1] - index.level_ptr[d] for d in range(1, index.num_levels)]
+    levels = zip(
+        log_mu.split(sizes), log_one_minus_mu.split(sizes), theta.split(sizes), strict=True
+    )
     u = log_mu.new_zeros((n0, log_mu.size(1)))
     acc = theta.new_zeros((n0, *theta.shape[1:]))
     us, accs = [u], [acc]
-    for d in range(1, index.num_levels):
-        lo, hi = index.level_ptr[d] - n0, index.level_ptr[d + 1] - n0
+    for d, (lm, l1m, th) in enumerate(levels, start=1):
         pl = index.parent_local[d]
-        u_parent = u[pl]
-        weight = torch.exp(u_parent + log_one_minus_mu[lo:hi])
-        acc = acc[pl] + weight.unsqueeze(-1) * theta[lo:hi]
-        u = u_parent + log_mu[lo:hi]
+        u_parent = u.index_select(0, pl)
+        acc = acc.index_select(0, pl) + torch.exp(u_parent + l1m).unsqueeze(-1) * th
+        u = u_parent + lm
         us.append(u)
         accs.append(acc)
-    return torch.cat(us), torch.cat(accs)
+    return index.leaves_of_levels(us), index.leaves_of_levels(accs)
 
 
 def _family_dense(index, rho_q, rho_k, rho_v, n, eps, tau, causal):
-    """Sibling attention with every family size bucket as one batched matmul.
+    """Sibling attention with every :class:`~hiergraph.ops.tree_index.FamilyBlock` as one
+    batched matmul ``[F, H, W, d] @ [F, H, d, W]``.
 
     Returns ``lse [N - n0, H]`` and ``theta [N - n0, H, d_v]`` for the
     non-root nodes in BFS order.
     """
-    pad = lambda t: torch.cat([t, t.new_zeros((1, *t.shape[1:]))])  # noqa: E731
-    rq, rk, rv = pad(rho_q), pad(rho_k), pad(rho_v)
-    re = None if eps is None else pad(eps)
-    key_ok = torch.cat([n > 0, n.new_zeros(1, dtype=torch.bool)])
-    log_n = torch.log(torch.cat([n, n.new_ones(1)]).clamp(min=1))
+
+    members = index.family_members
+    blocks = zip(
+        index.blocks,
+        members(rho_q),
+        members(rho_k),
+        members(rho_v),
+        members(torch.log(n.clamp(min=1))),
+        members(n > 0),
+        members(eps) if eps is not None else [None] * len(index.blocks),
+        strict=True,
+    )
     lses = [rho_q.new_zeros((0, rho_q.size(1)))]
     thetas = [rho_v.new_zeros((0, *rho_v.shape[1:]))]
-    for idx, _ in index.buckets:
-        f, w = idx.shape
-        qb = rq[idx].transpose(1, 2)  # [F, H, W, d]
-        kb = rk[idx].transpose(1, 2)
-        logits = tau * (qb @ kb.transpose(-1, -2))
-        if re is not None:
-            eb = re[idx].transpose(1, 2)
+    for block, qb, kb, vb, log_n, key_ok, eb in blocks:
+        f, w = block.count, block.width
+        qb, kb, vb = qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2)  # [F, H, W, d]
+        logits = tau * (qb @ kb.transpose(-1, -2)) + log_n[:, None, None, :]
+        if eb is not None:
+            eb = eb.transpose(1, 2)
             logits = logits + eb @ eb.transpose(-1, -2)
-        logits = logits + log_n[idx][:, None, None, :]
-        ar = torch.arange(w, device=idx.device)
+        ar = torch.arange(w, device=n.device)
         pair_ok = ar[None, :] < ar[:, None] if causal else ar[None, :] != ar[:, None]
-        mask = key_ok[idx][:, None, None, :] & pair_ok
-        lse, attn = masked_softmax(logits, mask)
-        theta = attn @ rv[idx].transpose(1, 2)  # [F, H, W, d_v]
+        if block.valid is not None:
+            key_ok = key_ok & block.valid
+        lse, attn = masked_softmax(logits, key_ok[:, None, None, :] & pair_ok)
+        theta = attn @ vb  # [F, H, W, d_v]
         lses.append(lse.transpose(1, 2).reshape(f * w, -1))
         thetas.append(theta.transpose(1, 2).reshape(f * w, *theta.shape[1:2], -1))
-    return torch.cat(lses)[index.bucket_back], torch.cat(thetas)[index.bucket_back]
+    lse, theta = torch.cat(lses), torch.cat(thetas)
+    if index.block_back is not None:
+        lse, theta = lse.index_select(0, index.block_back), theta.index_select(0, index.block_back)
+    return lse, theta
 
 
 def _family_edge(index, rho_q, rho_k, rho_v, n, eps, tau, causal):

@@ -32,8 +32,11 @@ def test_from_nested_structure():
 
 def test_from_nested_annotations():
     grid = Family([0, 1, 2, 3], "2d", pos=[(0, 0), (0, 1), (1, 0), (1, 1)], node_type=2)
-    h = from_nested({"image": grid, "title": [4, 5]}, keys={"image": 0, "title": 1},
-                    leaf_type=[1, 1, 1, 1, 0, 0])
+    h = from_nested(
+        {"image": grid, "title": [4, 5]},
+        keys={"image": 0, "title": 1},
+        leaf_type=[1, 1, 1, 1, 0, 0],
+    )
     assert h.pos[:4].tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
     assert (h.domain[:4] == Domain.GRID2D).all() and (h.domain[4:6] == Domain.GRID1D).all()
     assert h.node_type[:6].tolist() == [1, 1, 1, 1, 0, 0]
@@ -50,8 +53,14 @@ def test_single_leaf_tree():
 
 @pytest.mark.parametrize(
     "n, branching, level_sizes",
-    [(10, (2, 4), [10, 5, 2, 1]), (16, (2, 4, 8), [16, 8, 2, 1]), (1, (2,), [1]),
-     (2, (2, 4, 8), [2, 1]), (7, (8,), [7, 1]), (100, (2, 4), [100, 50, 13, 1])],
+    [
+        (10, (2, 4), [10, 5, 2, 1]),
+        (16, (2, 4, 8), [16, 8, 2, 1]),
+        (1, (2,), [1]),
+        (2, (2, 4, 8), [2, 1]),
+        (7, (8,), [7, 1]),
+        (100, (2, 4), [100, 50, 13, 1]),
+    ],
 )
 def test_window_hierarchy(n, branching, level_sizes):
     h = window_hierarchy(n, branching)
@@ -77,7 +86,10 @@ def test_from_parent_relabels_leaves_first():
 
 
 def test_batching_shifts_structure():
-    trees = [from_nested([[0, 1], 2], x=torch.randn(3, 4)), window_hierarchy(5, (2,), x=torch.randn(5, 4))]
+    trees = [
+        from_nested([[0, 1], 2], x=torch.randn(3, 4)),
+        window_hierarchy(5, (2,), x=torch.randn(5, 4)),
+    ]
     batch = Batch.from_data_list(trees)
     assert batch.num_trees == 2 and batch.num_leaves == 8
     offset = trees[0].num_nodes
@@ -92,8 +104,13 @@ def test_batching_shifts_structure():
 
 @pytest.mark.parametrize(
     "parent, match",
-    [([1, 0], "exactly one root"), ([-1, 0, 3, 2], "cycle"), ([-1, -1, 0], "exactly one root"),
-     ([-1, 5], r"parent ids must lie"), ([-1, 1], "cycle")],
+    [
+        ([1, 0], "exactly one root"),
+        ([-1, 0, 3, 2], "cycle"),
+        ([-1, -1, 0], "exactly one root"),
+        ([-1, 5], r"parent ids must lie"),
+        ([-1, 1], "cycle"),
+    ],
 )
 def test_from_parent_bad_structure(parent, match):
     with pytest.raises(ValueError, match=match):
@@ -107,12 +124,14 @@ def test_from_parent_internal_without_leaves():
 
 @pytest.mark.parametrize(
     "spec, x, match",
-    [([[0, 1], []], torch.randn(2, 2), "no children"),
-     ([0, 5], torch.randn(2, 2), "out of range"),
-     ([0, 0, 1], torch.randn(3, 2), "more than one leaf"),
-     ([0, 1], torch.randn(3, 2), "rows .* not used"),
-     ([0, -1], torch.randn(2, 2), "out of range"),
-     ({"a": 0}, torch.randn(1, 2), "unknown key")],
+    [
+        ([[0, 1], []], torch.randn(2, 2), "no children"),
+        ([0, 5], torch.randn(2, 2), "out of range"),
+        ([0, 0, 1], torch.randn(3, 2), "more than one leaf"),
+        ([0, 1], torch.randn(3, 2), "rows .* not used"),
+        ([0, -1], torch.randn(2, 2), "out of range"),
+        ({"a": 0}, torch.randn(1, 2), "unknown key"),
+    ],
 )
 def test_from_nested_bad_input(spec, x, match):
     with pytest.raises(ValueError, match=match):

@@ -41,7 +41,9 @@ def test_fast_equals_dense_reference_on_200_random_trees():
             ref = apply(hierarchical_attention_matrix(q, k, h, include_self=inc, pos_emb=pe), v)
             refs[inc].append(ref)
             for kernel in ("dense", "edge"):
-                out = hierarchical_attention(q, k, v, h, include_self=inc, pos_emb=pe, kernel=kernel)
+                out = hierarchical_attention(
+                    q, k, v, h, include_self=inc, pos_emb=pe, kernel=kernel
+                )
                 worst = max(worst, (out - ref).abs().max().item())
         trees.append(h)
         qkvs.append((q, k, v, pe))
@@ -51,7 +53,9 @@ def test_fast_equals_dense_reference_on_200_random_trees():
         batch = Batch.from_data_list(trees[start : start + 20])
         q, k, v, pe = (torch.cat(t) for t in zip(*qkvs[start : start + 20], strict=True))
         for inc, kernel in ((False, "dense"), (True, "dense"), (False, "edge"), (True, "edge")):
-            out = hierarchical_attention(q, k, v, batch, include_self=inc, pos_emb=pe, kernel=kernel)
+            out = hierarchical_attention(
+                q, k, v, batch, include_self=inc, pos_emb=pe, kernel=kernel
+            )
             ref = torch.cat(refs[inc][start : start + 20])
             assert (out - ref).abs().max().item() <= 1e-10
 
@@ -65,7 +69,9 @@ def test_fast_equals_dense_reference_on_200_random_trees():
     include_self=st.booleans(),
     heads=st.integers(1, 3),
 )
-def test_property_fast_equals_reference(seed, num_leaves, max_depth, max_branch, include_self, heads):
+def test_property_fast_equals_reference(
+    seed, num_leaves, max_depth, max_branch, include_self, heads
+):
     rng = random.Random(seed)
     h = from_nested(random_spec(rng, num_leaves, max_depth, max_branch))
     q, k, v = random_qkv(num_leaves, heads=heads, seed=seed)
@@ -163,7 +169,7 @@ def test_shift_invariance_not_scale_invariance():
 
 
 def test_unary_node_transparency():
-    """Wrapping a sub-tree or a leaf in a single-child node that takes over its PE changes nothing."""
+    """Wrapping a sub-tree or leaf in a single-child node that takes over its PE changes nothing."""
     # leaves 0..3 first, then internal nodes (ids are kept): root 4, node 5 over leaves 0 and 1
     plain = SignalHierarchy.from_parent([5, 5, 4, 4, -1, 4])
     # the same tree with node 5 wrapped by 6 and leaf 2 wrapped by 7
@@ -188,7 +194,9 @@ def test_child_permutation_and_leaf_relabelling_equivariance():
     def reverse(s):
         return s if isinstance(s, int) else [reverse(c) for c in reversed(s)]
 
-    assert torch.allclose(hierarchical_attention(q, k, v, from_nested(reverse(spec))), base, atol=1e-13)
+    assert torch.allclose(
+        hierarchical_attention(q, k, v, from_nested(reverse(spec))), base, atol=1e-13
+    )
     sigma = list(range(12))
     rng.shuffle(sigma)  # leaf r becomes leaf sigma[r]
 
@@ -210,7 +218,9 @@ def test_batch_equals_per_example_and_dummy_root_leaks():
     start = 0
     for t in trees:
         part = slice(start, start + t.num_leaves)
-        assert torch.allclose(out[part], hierarchical_attention(q[part], k[part], v[part], t), atol=1e-14)
+        assert torch.allclose(
+            out[part], hierarchical_attention(q[part], k[part], v[part], t), atol=1e-14
+        )
         start += t.num_leaves
 
     def shift(s, off):
@@ -228,10 +238,18 @@ def test_padding_invariance():
     ref = hierarchical_attention(q[:n], k[:n], v[:n], window_hierarchy(n, (2, 4)))
     mask = torch.arange(32) < n
     for inc in (False, True):
-        ref = hierarchical_attention(q[:n], k[:n], v[:n], window_hierarchy(n, (2, 4)), include_self=inc)
+        ref = hierarchical_attention(
+            q[:n], k[:n], v[:n], window_hierarchy(n, (2, 4)), include_self=inc
+        )
         for kernel in ("dense", "edge"):
             out = hierarchical_attention(
-                q, k, v, window_hierarchy(32, (2, 4)), leaf_mask=mask, include_self=inc, kernel=kernel
+                q,
+                k,
+                v,
+                window_hierarchy(32, (2, 4)),
+                leaf_mask=mask,
+                include_self=inc,
+                kernel=kernel,
             )
             assert torch.allclose(out[:n], ref, atol=1e-14) and torch.all(out[n:] == 0)
     # masked leaves anywhere in a ragged tree = the tree without them
@@ -321,15 +339,24 @@ def test_kl_optimality():
     best = _kl(theta, target)
     gen = torch.Generator().manual_seed(0)
     for _ in range(50):  # random feasible matrices are never better
-        cand = _feasible(h, torch.randn(h.num_nodes, generator=gen, **F64) * 3,
-                         torch.randn(h.num_nodes, n, generator=gen, **F64) * 3, n)
+        cand = _feasible(
+            h,
+            torch.randn(h.num_nodes, generator=gen, **F64) * 3,
+            torch.randn(h.num_nodes, n, generator=gen, **F64) * 3,
+            n,
+        )
         assert torch.allclose(cand.sum(1), torch.ones(n, **F64))
         assert _kl(cand, target) >= best - 1e-12
     # and a generic optimiser over the feasible set converges to HSA's matrix
     gate = torch.zeros(h.num_nodes, **F64, requires_grad=True)
     sib = torch.zeros(h.num_nodes, n, **F64, requires_grad=True)
-    opt = torch.optim.LBFGS([gate, sib], max_iter=500, tolerance_grad=1e-12,
-                            tolerance_change=1e-14, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [gate, sib],
+        max_iter=500,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-14,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()
@@ -369,7 +396,9 @@ def test_degenerate_trees_are_nan_free(spec):
     for inc, causal in ((False, False), (True, False), (True, True)):
         for mask in (None, torch.zeros(n, dtype=torch.bool)):
             q, k, v = (t.requires_grad_(True) for t in random_qkv(n, seed=1))
-            out = hierarchical_attention(q, k, v, h, include_self=inc, causal=causal, leaf_mask=mask)
+            out = hierarchical_attention(
+                q, k, v, h, include_self=inc, causal=causal, leaf_mask=mask
+            )
             if out.requires_grad:  # a lone leaf without self-attention outputs a constant 0
                 out.square().sum().backward()
             for t in (out, q.grad, k.grad, v.grad):

@@ -35,23 +35,42 @@ def test_bfs_layout_invariants(seed):
         assert torch.all(h.slot[members][1:] > h.slot[members][:-1])
         covered[start : start + size] += 1
     assert torch.all(covered[idx.level_ptr[1] :] == 1)
-    assert torch.equal(order[idx.leaf_pos], h.is_leaf.nonzero().view(-1))
+    assert torch.equal(order[idx.leaf_pos.index], h.is_leaf.nonzero().view(-1))
 
 
-def test_buckets_cover_families():
-    h = Batch.from_data_list([window_hierarchy(37, (3, 5)), from_nested([[0, 1, 2, 3, 4, 5, 6], 7])])
+def test_blocks_cover_families():
+    trees = [window_hierarchy(37, (3, 5)), from_nested([[0, 1, 2, 3, 4, 5, 6], 7, [8, 9]])]
+    h = Batch.from_data_list(trees)
     idx = h.tree_index()
-    flat = torch.cat([index.reshape(-1) for index, _ in idx.buckets])
+    positions = torch.arange(h.num_nodes)
+    flat = torch.cat([rows.reshape(-1) for rows in idx.family_members(positions)])
     n0 = idx.level_ptr[1]
-    assert torch.equal(flat[idx.bucket_back], torch.arange(n0, h.num_nodes))
-    for index, valid in idx.buckets:
-        assert index.size(1) == bucket_width(int(valid.sum(1).max()))
-        assert torch.all(index[~valid] == h.num_nodes)
+    assert torch.equal(flat[idx.block_back], torch.arange(n0, h.num_nodes))
+    assert any(b.start is not None for b in idx.blocks)  # the 12 full windows of 3
+    for block in idx.blocks:
+        if block.start is None:
+            assert block.width == bucket_width(int(block.valid.sum(1).max()))
+            assert torch.all(
+                block.index[~block.valid] == block.index[:, :1].expand_as(block.index)[~block.valid]
+            )
+    full = window_hierarchy(64, (4, 4)).tree_index()
+    assert full.block_back is None and all(b.start is not None for b in full.blocks)
 
 
 def test_bucket_width():
     assert [bucket_width(s) for s in (1, 2, 3, 4, 5, 6, 7, 9, 13, 17, 25, 100)] == [
-        1, 2, 3, 4, 6, 6, 8, 12, 16, 24, 32, 128
+        1,
+        2,
+        3,
+        4,
+        6,
+        6,
+        8,
+        12,
+        16,
+        24,
+        32,
+        128,
     ]
 
 
