@@ -3,6 +3,16 @@
 from hiergraph.data.domain import Domain
 from hiergraph.data.nested import Family, from_nested
 from hiergraph.data.signal_hierarchy import SignalHierarchy
-from hiergraph.data.windows import window_hierarchy
+from hiergraph.data.transforms import coarsen_hierarchy, flatten_hierarchy
+from hiergraph.data.windows import random_window_hierarchy, window_hierarchy
 
-__all__ = ["Domain", "Family", "SignalHierarchy", "from_nested", "window_hierarchy"]
+__all__ = [
+    "Domain",
+    "Family",
+    "SignalHierarchy",
+    "coarsen_hierarchy",
+    "flatten_hierarchy",
+    "from_nested",
+    "random_window_hierarchy",
+    "window_hierarchy",
+]

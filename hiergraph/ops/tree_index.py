@@ -89,6 +89,7 @@ class TreeIndex:
         level_ptr: ``D + 1`` Python ints.
         parent_local: per level ``d >= 1``, ``[n_d]`` index of each node's
             parent inside level ``d - 1``; ``parent_local[0]`` is empty.
+        leaf_node: ``[L]`` node id of each leaf, in leaf order.
         leaf_pos: ``[L]`` BFS position of each leaf, in leaf order (as :class:`Rows`).
         level_leaf_local / level_leaf_id: per level, the in-level positions
             of the leaves on that level and their leaf-order indices (the
@@ -114,6 +115,7 @@ class TreeIndex:
     rank: Tensor
     level_ptr: list[int]
     parent_local: list[Tensor]
+    leaf_node: Tensor
     leaf_pos: Rows
     level_leaf_local: list[Tensor]
     level_leaf_id: list[Rows]
@@ -206,6 +208,7 @@ class TreeIndex:
             rank=rank,
             level_ptr=level_ptr,
             parent_local=parent_local,
+            leaf_node=leaf_nodes,
             leaf_pos=Rows.of(leaf_pos),
             level_leaf_local=level_leaf_local,
             level_leaf_id=level_leaf_id,

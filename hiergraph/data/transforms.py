@@ -1,0 +1,93 @@
+"""Structural views of a signal hierarchy: the flat (one-level) view and local coarsening."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hiergraph.data.domain import Domain
+from hiergraph.data.signal_hierarchy import SignalHierarchy
+
+
+def tree_of_nodes(hierarchy) -> Tensor:
+    """``[N]`` tree id of every node (``hierarchy.batch`` for a batch, zeros for one tree)."""
+    if "batch" in hierarchy and hierarchy.batch is not None:
+        return hierarchy.batch
+    return torch.zeros(hierarchy.num_nodes, dtype=torch.long, device=hierarchy.parent.device)
+
+
+def flatten_hierarchy(hierarchy) -> SignalHierarchy:
+    """The one-level view of every tree: its leaves become children of its root.
+
+    HSA on the flat view is softmax attention among each tree's leaves (the
+    "FSA" baseline of the HSA paper). Leaves keep their order, features,
+    node types; their position becomes their index in the tree's leaf
+    sequence (a 1-D grid). Works on one tree or a batch; the result carries
+    ``batch`` (tree id per node) but is meant for computation, not for
+    ``to_data_list``.
+    """
+    leaf_node = hierarchy.tree_index().leaf_node
+    tree = tree_of_nodes(hierarchy)
+    leaf_tree = tree.index_select(0, leaf_node)
+    num_trees = int(tree.max()) + 1 if tree.numel() else 0
+    num_leaves = leaf_node.numel()
+    device = leaf_node.device
+    first = torch.cumsum(torch.bincount(leaf_tree, minlength=num_trees), 0)
+    first = torch.cat([first.new_zeros(1), first[:-1]])
+    slot = torch.arange(num_leaves, device=device) - first[leaf_tree]
+    roots = torch.arange(num_trees, device=device)
+    parent = torch.cat([num_leaves + leaf_tree, num_leaves + roots])
+    zeros = torch.zeros(num_trees, dtype=torch.long, device=device)
+    out = SignalHierarchy._assemble(
+        parent=parent,
+        is_leaf=torch.cat([torch.ones(num_leaves, dtype=torch.bool, device=device), zeros.bool()]),
+        depth=torch.cat([torch.ones_like(slot), zeros]),
+        slot=torch.cat([slot, zeros]),
+        node_type=torch.cat([hierarchy.node_type.index_select(0, leaf_node), zeros]),
+        domain=torch.cat([torch.full_like(slot, int(Domain.GRID1D)), zeros]),
+        pos=torch.stack([torch.cat([slot, zeros]), torch.cat([torch.zeros_like(slot), zeros])], 1),
+        x=hierarchy.x if "x" in hierarchy else None,
+    )
+    out.batch = torch.cat([leaf_tree, roots])
+    return out
+
+
+def coarsen_hierarchy(hierarchy) -> tuple[SignalHierarchy, Tensor]:
+    """Local coarsening: every internal node whose children are all leaves becomes a leaf.
+
+    Returns the coarser hierarchy (one tree or a batch, with ``batch`` set)
+    and ``cluster [L_old]``: the new leaf each old leaf is pooled into (a
+    leaf that is kept maps to itself). New leaves are ordered per tree: the
+    kept old leaves first (in their old order), then the collapsed nodes.
+    """
+    parent, is_leaf = hierarchy.parent, hierarchy.is_leaf
+    n = parent.numel()
+    nodes = torch.arange(n, device=parent.device)
+    non_root = parent != nodes
+    internal_children = torch.zeros(n, dtype=torch.long, device=parent.device).index_add_(
+        0, parent[non_root], (~is_leaf[non_root]).long()
+    )
+    collapse = ~is_leaf & (internal_children == 0)
+    removed = is_leaf & non_root & collapse[parent]
+    new_leaf = (is_leaf & ~removed) | collapse
+    tree = tree_of_nodes(hierarchy)
+    kept = (~removed).nonzero().view(-1)
+    key = tree[kept] * (2 * n) + (~new_leaf[kept]).long() * n + kept
+    order = kept[torch.argsort(key)]
+    new_id = torch.full((n,), -1, dtype=torch.long, device=parent.device)
+    new_id[order] = torch.arange(order.numel(), device=parent.device)
+    coarse = SignalHierarchy._assemble(
+        parent=new_id[parent[order]],
+        is_leaf=new_leaf[order],
+        depth=hierarchy.depth[order],
+        slot=hierarchy.slot[order],
+        node_type=hierarchy.node_type[order],
+        domain=hierarchy.domain[order],
+        pos=hierarchy.pos[order],
+        x=None,
+    )
+    coarse.batch = tree[order]
+    leaf_node = hierarchy.tree_index().leaf_node
+    target = torch.where(removed[leaf_node], parent[leaf_node], leaf_node)
+    leaf_rank = torch.cumsum(coarse.is_leaf.long(), 0) - 1  # node id -> leaf-order index
+    return coarse, leaf_rank[new_id[target]]

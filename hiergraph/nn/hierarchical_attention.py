@@ -1,0 +1,159 @@
+"""Multi-head Hierarchical Self-Attention as a module."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from hiergraph.data.domain import Domain
+from hiergraph.nn.typed_linear import TypedLinear
+from hiergraph.ops.hsa import hierarchical_attention
+from hiergraph.ops.hsa_dense import hierarchical_attention_matrix
+
+MAX_DENSE_LEAVES = 4096
+
+
+class HierarchicalSelfAttention(nn.Module):
+    r"""Multi-head Hierarchical Self-Attention (Amizadeh et al., App. D–F).
+
+    For leaf features :math:`x_i` of node type :math:`t_i` and family
+    position embeddings :math:`\varepsilon` (domain type :math:`\omega`):
+
+    .. math::
+        q_i^h = \mathrm{LN}(W^{Q,h}_{t_i} x_i),\quad
+        k_i^h = \mathrm{LN}(W^{K,h}_{t_i} x_i),\quad
+        v_i^h = W^{V,h}_{t_i} x_i,\quad
+        \varepsilon^h(A) = P^h_{\omega(A)}\,\varepsilon(A)
+
+    .. math::
+        \mathrm{out}_i = W^O \big\|_{h} \big(\hat\Theta^h V^h\big)_i
+
+    where :math:`\hat\Theta^h` is the HSA matrix of head :math:`h`
+    (:func:`~hiergraph.ops.hierarchical_attention`) with logits
+    :math:`\rho_q(A)^\top\rho_k(B)/\sqrt{d} + \varepsilon^h(A)^\top
+    \varepsilon^h(B) + \log n(B)` among siblings. The tree is shared by the
+    heads; heads are one tensor dimension.
+
+    Args:
+        in_channels: size of the leaf features.
+        out_channels: output size (default ``in_channels``).
+        heads: number of heads.
+        head_channels: size of each head's query/key/value (default
+            ``in_channels // heads``).
+        num_node_types: leaves of different types get their own Q/K/V maps.
+        qk_norm: LayerNorm (no affine) on each head's queries and keys, the
+            paper's choice (Prop. 3.1); switch off for raw dot products.
+        pos_channels: size of the incoming position embeddings (0: no
+            position bias).
+        pos_head_channels: per-head size of the projected embeddings
+            (default ``head_channels``).
+        include_self: leaves attend to themselves (notes/hsa.md §2.8.9).
+        causal: left-to-right within families (needs ``include_self``).
+        dropout: dropout on the output.
+        kernel: family kernel, ``'dense'`` or ``'edge'``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int | None = None,
+        heads: int = 4,
+        head_channels: int | None = None,
+        num_node_types: int = 1,
+        qk_norm: bool = True,
+        pos_channels: int = 0,
+        pos_head_channels: int | None = None,
+        include_self: bool = False,
+        causal: bool = False,
+        dropout: float = 0.0,
+        kernel: str = "dense",
+    ):
+        super().__init__()
+        out_channels = in_channels if out_channels is None else out_channels
+        head_channels = head_channels or max(in_channels // heads, 1)
+        if causal and not include_self:
+            raise ValueError("causal=True needs include_self=True (notes/hsa.md §7.11a)")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.heads, self.head_channels = heads, head_channels
+        self.include_self, self.causal, self.kernel = include_self, causal, kernel
+        inner = heads * head_channels
+        self.query = TypedLinear(in_channels, inner, num_node_types)
+        self.key = TypedLinear(in_channels, inner, num_node_types)
+        self.value = TypedLinear(in_channels, inner, num_node_types)
+        self.q_norm = nn.LayerNorm(head_channels, elementwise_affine=False) if qk_norm else None
+        self.k_norm = nn.LayerNorm(head_channels, elementwise_affine=False) if qk_norm else None
+        self.pos_head_channels = pos_head_channels or head_channels
+        self.pos = (
+            TypedLinear(pos_channels, heads * self.pos_head_channels, len(Domain), bias=False)
+            if pos_channels
+            else None
+        )
+        self.out = nn.Linear(inner, out_channels)
+        self.dropout = nn.Dropout(dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for lin in (self.query, self.key, self.value, self.out):
+            lin.reset_parameters()
+        if self.pos is not None:
+            self.pos.reset_parameters()
+
+    def forward(
+        self,
+        x: Tensor,
+        hierarchy,
+        pos_emb: Tensor | None = None,
+        leaf_mask: Tensor | None = None,
+        return_attention: bool = False,
+    ):
+        r"""
+        Args:
+            x: ``[L, in_channels]`` leaf features in leaf order.
+            hierarchy: a :class:`~hiergraph.data.SignalHierarchy` or a batch.
+            pos_emb: ``[N, pos_channels]`` position embeddings of all nodes,
+                e.g. from :class:`~hiergraph.nn.FamilyPositionEncoder`.
+            leaf_mask: ``[L]`` bool, ``False`` for padding leaves.
+            return_attention: also return :math:`\hat\Theta` ``[H, L, L]``
+                (dense; only for ``L <= 4096``).
+
+        Returns:
+            ``[L, out_channels]`` (and the attention matrix if asked).
+        """
+        index = hierarchy.tree_index()
+        if x.dim() != 2 or x.size(0) != index.num_leaves:
+            raise ValueError(
+                f"x must be [num_leaves={index.num_leaves}, {self.in_channels}], "
+                f"got {tuple(x.shape)}"
+            )
+        types = hierarchy.node_type.index_select(0, index.leaf_node)
+        shape = (x.size(0), self.heads, self.head_channels)
+        q = self.query(x, types).view(shape)
+        k = self.key(x, types).view(shape)
+        v = self.value(x, types).view(shape)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        eps = None
+        if self.pos is not None:
+            if pos_emb is None:
+                raise ValueError("this layer was built with pos_channels > 0: pass pos_emb")
+            eps = self.pos(pos_emb, hierarchy.domain).view(-1, self.heads, self.pos_head_channels)
+        options = dict(pos_emb=eps, include_self=self.include_self, causal=self.causal)
+        out = hierarchical_attention(
+            q, k, v, index, leaf_mask=leaf_mask, kernel=self.kernel, **options
+        )
+        out = self.dropout(self.out(out.reshape(x.size(0), -1)))
+        if not return_attention:
+            return out
+        if x.size(0) > MAX_DENSE_LEAVES:
+            raise ValueError(
+                f"return_attention builds a dense [H, L, L] matrix; L={x.size(0)} is above "
+                f"{MAX_DENSE_LEAVES}"
+            )
+        theta = hierarchical_attention_matrix(q, k, hierarchy, leaf_mask=leaf_mask, **options)
+        return out, theta
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, "
+            f"heads={self.heads}, "
+            f"include_self={self.include_self}, causal={self.causal})"
+        )

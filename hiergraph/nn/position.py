@@ -1,0 +1,127 @@
+"""Position encoders for the families of a signal hierarchy (notes/hsa.md §1.1, §6.2)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from hiergraph.data.domain import Domain
+
+
+class LearnableFourierFeatures(nn.Module):
+    r"""Learnable Fourier features (Li et al., NeurIPS 2021) of an ``m``-D position.
+
+    .. math::
+        r_x = \tfrac{1}{\sqrt{F}}\,[\cos(W_r x) \,\|\, \sin(W_r x)], \qquad
+        \mathrm{PE}(x) = \mathrm{MLP}(r_x)
+
+    with :math:`W_r \in \mathbb{R}^{F/2 \times m}` initialised from
+    :math:`\mathcal{N}(0, \gamma^{-2})` and learned.
+
+    Args:
+        pos_dim: ``m`` (1 for sequences, 2 for grids).
+        out_channels: size of the embedding.
+        num_features: ``F`` (even).
+        hidden_channels: width of the MLP.
+        gamma: initial length scale in position units.
+    """
+
+    def __init__(
+        self,
+        pos_dim: int,
+        out_channels: int,
+        num_features: int = 64,
+        hidden_channels: int = 64,
+        gamma: float = 10.0,
+    ):
+        super().__init__()
+        if num_features % 2:
+            raise ValueError(f"num_features must be even, got {num_features}")
+        self.gamma = gamma
+        self.freq = nn.Linear(pos_dim, num_features // 2, bias=False)
+        self.mlp = nn.Sequential(
+            nn.Linear(num_features, hidden_channels),
+            nn.GELU(),
+            nn.Linear(hidden_channels, out_channels),
+        )
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.freq.weight, std=1.0 / self.gamma)
+        for layer in self.mlp:
+            if isinstance(layer, nn.Linear):
+                layer.reset_parameters()
+
+    def forward(self, pos: Tensor) -> Tensor:
+        """``pos: [n, m]`` → ``[n, out_channels]``."""
+        proj = self.freq(pos)
+        feats = torch.cat([proj.cos(), proj.sin()], dim=-1) / math.sqrt(2 * proj.size(-1))
+        return self.mlp(feats)
+
+
+class FamilyPositionEncoder(nn.Module):
+    r"""Position embedding :math:`\varepsilon_\Omega(u)` of every node in its parent's domain.
+
+    Each node is embedded by the encoder of its family's
+    :class:`~hiergraph.data.Domain`, from its raw ``pos``:
+
+    * ``GRID1D`` / ``GRID2D``: :class:`LearnableFourierFeatures` of the
+      1-D index / ``(row, col)``;
+    * ``SET`` and roots (``NONE``): zero (no positional information);
+    * ``KEY_VALUE``: a learned embedding per key id (``pos[:, 0]``);
+    * ``GRAPH``: a linear map of the per-node spectral features
+      ``hierarchy.graph_pe`` (``[N, k]``, e.g. Laplacian eigenvectors of the
+      family's graph); zero if the hierarchy has none.
+
+    The sibling bias of HSA is :math:`\varepsilon(A)^\top\varepsilon(B)` (eq. 7);
+    :class:`~hiergraph.nn.HierarchicalSelfAttention` projects these
+    embeddings per layer and per domain type before using them.
+
+    Args:
+        channels: ``c``, the embedding size.
+        num_keys: size of the key vocabulary of key–value families.
+        graph_pe_dim: ``k``, the size of ``graph_pe`` (0: no graph families).
+    """
+
+    def __init__(self, channels: int, num_keys: int = 64, graph_pe_dim: int = 0):
+        super().__init__()
+        self.channels = channels
+        self.grid1d = LearnableFourierFeatures(1, channels)
+        self.grid2d = LearnableFourierFeatures(2, channels)
+        self.keys = nn.Embedding(num_keys, channels)
+        self.graph = nn.Linear(graph_pe_dim, channels) if graph_pe_dim else None
+
+    def reset_parameters(self) -> None:
+        self.grid1d.reset_parameters()
+        self.grid2d.reset_parameters()
+        self.keys.reset_parameters()
+        if self.graph is not None:
+            self.graph.reset_parameters()
+
+    def forward(self, hierarchy) -> Tensor:
+        """``[N, channels]`` embeddings of all nodes of ``hierarchy`` (a tree or a batch)."""
+        domain, pos = hierarchy.domain, hierarchy.pos.to(self.keys.weight.dtype)
+        out = pos.new_zeros(domain.numel(), self.channels)
+        for kind, fn in (
+            (Domain.GRID1D, lambda p: self.grid1d(p[:, :1])),
+            (Domain.GRID2D, self.grid2d),
+            (Domain.KEY_VALUE, self._keys),
+        ):
+            rows = (domain == kind).nonzero().view(-1)
+            if rows.numel():
+                out = out.index_copy(0, rows, fn(pos.index_select(0, rows)))
+        rows = (domain == Domain.GRAPH).nonzero().view(-1)
+        if rows.numel() and self.graph is not None and "graph_pe" in hierarchy:
+            feats = hierarchy.graph_pe.index_select(0, rows).to(out.dtype)
+            out = out.index_copy(0, rows, self.graph(feats))
+        return out
+
+    def _keys(self, pos: Tensor) -> Tensor:
+        ids = pos[:, 0].long()
+        if ids.numel() and int(ids.max()) >= self.keys.num_embeddings:
+            raise ValueError(
+                f"key id {int(ids.max())} out of range for num_keys={self.keys.num_embeddings}"
+            )
+        return self.keys(ids)

@@ -1,0 +1,47 @@
+import pytest
+import torch
+from torch_geometric.data import Batch
+
+from hiergraph.data import from_nested, window_hierarchy
+from hiergraph.nn import coarsen_leaves, global_leaf_mean_pool, select_leaf
+from hiergraph.ops import hierarchical_attention
+
+
+def _batch():
+    trees = [
+        from_nested([[0, 1], [2, [3, 4]], 5], x=torch.randn(6, 3)),
+        window_hierarchy(5, (2,), x=torch.randn(5, 3)),
+    ]
+    return trees, Batch.from_data_list(trees)
+
+
+def test_global_mean_and_select():
+    trees, b = _batch()
+    pooled = global_leaf_mean_pool(b.x, b)
+    assert torch.allclose(pooled, torch.stack([t.x.mean(0) for t in trees]))
+    assert torch.equal(select_leaf(b.x, b, 0), torch.stack([t.x[0] for t in trees]))
+    assert torch.equal(select_leaf(b.x, b, -1), torch.stack([t.x[-1] for t in trees]))
+    mask = torch.ones(11, dtype=torch.bool)
+    mask[0] = False
+    assert torch.allclose(global_leaf_mean_pool(b.x, b, mask)[0], trees[0].x[1:].mean(0))
+    with pytest.raises(ValueError, match="out of range"):
+        select_leaf(b.x, b, 5)
+
+
+def test_coarsen_pools_leaf_families_into_parents():
+    trees, b = _batch()
+    x, coarse, cluster = coarsen_leaves(b.x, b)
+    # tree 0: leaves 2 and 5 stay, (0 1) and (3 4) collapse; tree 1: windows (0 1) (2 3) (4)
+    assert cluster.tolist() == [2, 2, 0, 3, 3, 1, 4, 4, 5, 5, 6]
+    t0, t1 = trees[0].x, trees[1].x
+    expected = torch.stack(
+        [t0[2], t0[5], t0[:2].mean(0), t0[3:5].mean(0), t1[:2].mean(0), t1[2:4].mean(0), t1[4]]
+    )
+    assert torch.allclose(x, expected)
+    assert coarse.num_leaves == 7 and coarse.num_trees == 2
+    out = hierarchical_attention(x.unsqueeze(1), x.unsqueeze(1), x.unsqueeze(1), coarse)
+    assert out.shape == (7, 1, 3) and torch.isfinite(out).all()
+    x2, coarser, _ = coarsen_leaves(x, coarse)  # climbing again
+    # tree 0 keeps two leaves and collapses the node over (2, (3 4)); tree 1 collapses to its root
+    assert coarser.num_leaves == 4 and coarser.num_trees == 2
+    assert torch.allclose(x2, torch.stack([x[1], x[2], x[[0, 3]].mean(0), x[4:].mean(0)]))
