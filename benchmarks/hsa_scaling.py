@@ -1,0 +1,221 @@
+"""HSA vs flat softmax attention vs the per-level SDPA bound, CPU, float32.
+
+    python benchmarks/hsa_scaling.py            # N = 1K .. 256K (about 10 minutes on 2 cores)
+    python benchmarks/hsa_scaling.py --quick    # N = 1K, 4K
+
+For every N it times, in one process and side by side (medians of repeated
+runs), forward and forward+backward of
+
+* ``hsa-window``: HSA over a window hierarchy (16, 8, 4, 2, 2, …) bottom-up,
+  extra 2s until the remainder root has at most 16 children;
+* ``hsa-ragged``: HSA over a random ragged window hierarchy with the same
+  mean branching (window sizes uniform in [1, 2b-1]);
+* ``flat-sdpa``: ``scaled_dot_product_attention`` over all N leaves (up to
+  ``--max-flat``);
+* ``bound``: one batched SDPA call per level of the window hierarchy over
+  that level's families: the FLOPs of HSA's family attention with no
+  pooling, gating or scatter overhead.
+
+Peak memory of each forward+backward is measured in a fresh subprocess as
+the growth of the maximum resident set size. Results go to
+``benchmarks/results/hsa_scaling.json`` and ``hsa_scaling.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hiergraph.data import random_window_hierarchy, window_hierarchy
+from hiergraph.ops import hierarchical_attention
+
+HEADS, DIM = 4, 64
+RESULTS = Path(__file__).parent / "results"
+
+
+def branching_for(n: int) -> tuple[int, ...]:
+    """(16, 8, 4, 2) then 2s until at most 16 nodes remain below the root."""
+    branching, remaining = [16, 8, 4, 2], n / (16 * 8 * 4 * 2)
+    while remaining > 16:
+        branching.append(2)
+        remaining /= 2
+    return tuple(branching)
+
+
+def make_case(method: str, n: int, seed: int = 0):
+    """A closure running forward (and backward) of ``method`` at size ``n``."""
+    gen = torch.Generator().manual_seed(seed)
+    branching = branching_for(n)
+
+    def leaf_qkv(*shape):
+        return [torch.randn(*shape, generator=gen).requires_grad_() for _ in range(3)]
+
+    if method.startswith("hsa"):
+        if method == "hsa-window":
+            h = window_hierarchy(n, branching)
+        else:
+            h = random_window_hierarchy(n, branching, generator=gen)
+        index = h.tree_index()
+        q, k, v = leaf_qkv(n, HEADS, DIM)
+        return lambda: hierarchical_attention(q, k, v, index), (q, k, v)
+    if method == "flat-sdpa":
+        q, k, v = leaf_qkv(1, HEADS, n, DIM)
+        return lambda: F.scaled_dot_product_attention(q, k, v), (q, k, v)
+    if method == "bound":
+        blocks, count = [], n
+        for b in (*branching, None):
+            families, width = (-(-count // b), b) if b else (1, count)
+            blocks.append(leaf_qkv(families, HEADS, width, DIM))
+            count = families
+            if b is None or count == 1:
+                break
+        tensors = [t for blk in blocks for t in blk]
+
+        def run():
+            return torch.cat([F.scaled_dot_product_attention(*blk).reshape(-1) for blk in blocks])
+
+        return run, tensors
+    raise ValueError(method)
+
+
+def time_case(fn, tensors, reps: int) -> tuple[float, float]:
+    """Median seconds of forward and of forward+backward."""
+    fwd, both = [], []
+    fn().sum().backward()  # warm-up
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            fn()
+        fwd.append(time.perf_counter() - t0)
+        for t in tensors:
+            t.grad = None
+        t0 = time.perf_counter()
+        fn().sum().backward()
+        both.append(time.perf_counter() - t0)
+    return statistics.median(fwd), statistics.median(both)
+
+
+def peak_memory_mb(method: str, n: int) -> float:
+    """Growth of max RSS during one forward+backward, in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-of", method, str(n)],
+        capture_output=True, text=True, check=True,
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _memory_child(method: str, n: int) -> None:
+    fn, _ = make_case(method, n)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fn().sum().backward()
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print((after - before) / 1024)  # ru_maxrss is in KiB on Linux
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="only N = 1K and 4K")
+    parser.add_argument("--sizes", type=int, nargs="*", help="leaf counts (default 1K..256K)")
+    parser.add_argument("--max-flat", type=int, default=16384, help="largest N for flat SDPA")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    parser.add_argument("--memory-of", nargs=2, metavar=("METHOD", "N"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_of:
+        _memory_child(args.memory_of[0], int(args.memory_of[1]))
+        return
+    sizes = args.sizes or ([1024, 4096] if args.quick else [1024, 4096, 16384, 65536, 262144])
+    rows = []
+    for n in sizes:
+        reps = 5 if n <= 16384 else 3
+        for method in ("hsa-window", "hsa-ragged", "bound", "flat-sdpa"):
+            if method == "flat-sdpa" and n > args.max_flat:
+                continue
+            fn, tensors = make_case(method, n)
+            fwd, both = time_case(fn, tensors, reps if method != "flat-sdpa" else 3)
+            del fn, tensors
+            mem = None if args.no_memory else peak_memory_mb(method, n)
+            rows.append(
+                dict(n=n, method=method, forward_s=fwd, forward_backward_s=both, peak_mb=mem)
+            )
+            print(f"N={n:>7} {method:<11} fwd {fwd * 1e3:9.1f} ms  fwd+bwd {both * 1e3:9.1f} ms"
+                  + (f"  peak {mem:8.1f} MB" if mem is not None else ""), flush=True)
+    summary = summarize(rows)
+    RESULTS.mkdir(exist_ok=True)
+    meta = dict(heads=HEADS, dim=DIM, dtype="float32", threads=torch.get_num_threads(),
+                torch=torch.__version__, branching={n: branching_for(n) for n in sizes})
+    (RESULTS / "hsa_scaling.json").write_text(
+        json.dumps(dict(meta=meta, rows=rows, summary=summary), indent=2)
+    )
+    plot(rows, RESULTS / "hsa_scaling.png")
+    print(markdown(rows, summary))
+
+
+def summarize(rows):
+    by = {(r["n"], r["method"]): r for r in rows}
+    out = {}
+    for n in sorted({r["n"] for r in rows}):
+        hsa = by[(n, "hsa-window")]["forward_backward_s"]
+        entry = dict(hsa_over_bound=hsa / by[(n, "bound")]["forward_backward_s"])
+        if (n, "flat-sdpa") in by:
+            entry["flat_over_hsa"] = by[(n, "flat-sdpa")]["forward_backward_s"] / hsa
+        out[n] = entry
+    return out
+
+
+def markdown(rows, summary) -> str:
+    by = {(r["n"], r["method"]): r for r in rows}
+    lines = [
+        "| N | HSA window fwd / fwd+bwd | HSA ragged fwd+bwd | bound fwd+bwd "
+        "| flat SDPA fwd / fwd+bwd | flat ÷ HSA | HSA ÷ bound | HSA peak MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n in sorted(summary):
+        w, r, b = by[(n, "hsa-window")], by[(n, "hsa-ragged")], by[(n, "bound")]
+        f = by.get((n, "flat-sdpa"))
+        ms = lambda s: f"{s * 1e3:.0f} ms" if s < 10 else f"{s:.1f} s"  # noqa: E731
+        flat = f"{ms(f['forward_s'])} / {ms(f['forward_backward_s'])}" if f else "—"
+        ratio = f"{summary[n]['flat_over_hsa']:.0f}×" if f else "—"
+        mem = f"{w['peak_mb']:.0f}" if w["peak_mb"] is not None else "—"
+        lines.append(
+            f"| {n:,} | {ms(w['forward_s'])} / {ms(w['forward_backward_s'])} | "
+            f"{ms(r['forward_backward_s'])} | {ms(b['forward_backward_s'])} | {flat} | {ratio} | "
+            f"{summary[n]['hsa_over_bound']:.1f}× | {mem} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for method in ("hsa-window", "hsa-ragged", "bound", "flat-sdpa"):
+        pts = [r for r in rows if r["method"] == method]
+        if not pts:
+            continue
+        ns = [r["n"] for r in pts]
+        ax_t.loglog(ns, [r["forward_backward_s"] for r in pts], "o-", label=method)
+        if all(r["peak_mb"] is not None for r in pts):
+            ax_m.loglog(ns, [max(r["peak_mb"], 1e-1) for r in pts], "o-", label=method)
+    ax_t.set(xlabel="leaves N", ylabel="forward+backward (s, median)", title="Time, 4 heads, d=64")
+    ax_m.set(xlabel="leaves N", ylabel="peak extra RSS (MB)", title="Peak memory")
+    for ax in (ax_t, ax_m):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

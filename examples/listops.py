@@ -1,0 +1,213 @@
+"""ListOps (Long Range Arena style): flat vs H-matrix Transformer encoders on an equal CPU budget.
+
+A ListOps example is a nested prefix expression over the digits 0-9, e.g.
+``[MAX 4 3 [MIN 2 3 ] 1 0 [MED 1 5 8 9 2 ] ]`` (= 8); the label is its value
+(10 classes). Operators: MAX, MIN, MED (lower median) and SM (sum modulo 10).
+Solving it needs the tree structure of the whole sequence, up to 2K tokens.
+
+Every encoder has the same width, depth, heads and parameter count, differs only
+in its attention, and trains for the same wall-clock budget:
+
+    python examples/listops.py --quick                       # < 1 minute
+    python examples/listops.py --budget-seconds 600 --max-len 2000
+
+To add an encoder, add one entry to ``ENCODERS``: a function of the parsed
+arguments returning a module that maps ``(tokens [B, L], padding_mask [B, L])``
+to hidden states ``[B, L, dim]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hiergraph.nn.hmatrix_attention import HMatrixAttention
+from hiergraph.nn.htransformer1d import HTransformer1D
+
+# ------------------------------------------------------------------------------------- data
+
+PAD, CLOSE = 0, 15
+DIGITS = list(range(1, 11))  # token of digit d is d + 1
+OPERATORS = {
+    11: ("MAX", max),
+    12: ("MIN", min),
+    13: ("MED", lambda xs: sorted(xs)[(len(xs) - 1) // 2]),
+    14: ("SM", lambda xs: sum(xs) % 10),
+}
+VOCAB = 16
+
+
+def _expression(rng: random.Random, depth: int, budget: list[int], max_depth: int, max_args: int):
+    """Random expression tree → (tokens, value); ``budget[0]`` tokens left, then only digits."""
+    if depth >= max_depth or budget[0] <= 2 or (depth > 0 and rng.random() < 0.3):
+        budget[0] -= 1
+        digit = rng.randrange(10)
+        return [digit + 1], digit
+    op = rng.choice(list(OPERATORS))
+    budget[0] -= 2  # operator and closing bracket
+    tokens, values = [op], []
+    for _ in range(rng.randint(2, max_args)):
+        sub_tokens, sub_value = _expression(rng, depth + 1, budget, max_depth, max_args)
+        tokens += sub_tokens
+        values.append(sub_value)
+    return tokens + [CLOSE], OPERATORS[op][1](values)
+
+
+def listops(num: int, min_len: int, max_len: int, seed: int) -> list[tuple[list[int], int]]:
+    """``num`` (tokens, label) pairs with ``min_len <= len(tokens) <= max_len``.
+
+    Each tree is grown towards a target length drawn uniformly from the range
+    (after the budget runs out, open operators get digit arguments only);
+    trees outside the range are rejected.
+    """
+    rng = random.Random(seed)
+    data = []
+    while len(data) < num:
+        budget = [rng.randint(min_len, max_len) - 10]
+        tokens, value = _expression(rng, 0, budget, max_depth=10, max_args=10)
+        if min_len <= len(tokens) <= max_len:
+            data.append((tokens, value))
+    return data
+
+
+def render(tokens: list[int]) -> str:
+    names = {op: f"[{name}" for op, (name, _) in OPERATORS.items()} | {CLOSE: "]"}
+    return " ".join(names.get(t, str(t - 1)) for t in tokens)
+
+
+def collate(batch: list[tuple[list[int], int]]) -> tuple[Tensor, Tensor, Tensor]:
+    """→ tokens ``[B, L]`` (PAD-filled), padding mask ``[B, L]`` (True = pad), labels ``[B]``."""
+    length = max(len(tokens) for tokens, _ in batch)
+    tokens = torch.full((len(batch), length), PAD, dtype=torch.long)
+    for row, (seq, _) in enumerate(batch):
+        tokens[row, : len(seq)] = torch.tensor(seq)
+    return tokens, tokens == PAD, torch.tensor([label for _, label in batch])
+
+
+# ------------------------------------------------------------------------------------- models
+
+
+class FlatAttention(HMatrixAttention):
+    """Same projections as :class:`HMatrixAttention`, exact softmax attention (SDPA)."""
+
+    def attend(self, q, k, v, key_padding_mask):
+        mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _transformer(args, attention=None) -> nn.Module:
+    return HTransformer1D(VOCAB, args.dim, args.depth, args.heads, block_size=args.block_size,
+                          lm_head=False, attention=attention)  # fmt: skip
+
+
+ENCODERS = {
+    "flat": lambda args: _transformer(args, attention=FlatAttention),
+    "hmatrix": lambda args: _transformer(args),
+}
+
+
+class Classifier(nn.Module):
+    """Encoder → masked mean over tokens → linear map to the 10 classes."""
+
+    def __init__(self, encoder: nn.Module, dim: int):
+        super().__init__()
+        self.encoder, self.head = encoder, nn.Linear(dim, 10)
+
+    def forward(self, tokens: Tensor, padding_mask: Tensor) -> Tensor:
+        hidden = self.encoder(tokens, padding_mask)
+        keep = (~padding_mask).unsqueeze(-1).to(hidden.dtype)
+        return self.head((hidden * keep).sum(1) / keep.sum(1))
+
+
+# ------------------------------------------------------------------------------------- training
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, data, batch_size: int) -> float:
+    model.eval()
+    correct = 0
+    for start in range(0, len(data), batch_size):
+        tokens, mask, labels = collate(data[start : start + batch_size])
+        correct += (model(tokens, mask).argmax(-1) == labels).sum().item()
+    model.train()
+    return correct / len(data)
+
+
+def train(name: str, args, train_data, test_data) -> dict:
+    torch.manual_seed(args.seed)
+    model = Classifier(ENCODERS[name](args), args.dim)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    rng = random.Random(args.seed)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < args.budget_seconds:
+        tokens, mask, labels = collate(rng.sample(train_data, args.batch_size))
+        loss = F.cross_entropy(model(tokens, mask), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        steps += 1
+    seconds = time.perf_counter() - start
+    return {
+        "encoder": name,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "steps": steps,
+        "train_seconds": round(seconds, 1),
+        "seconds_per_step": round(seconds / max(steps, 1), 3),
+        "last_loss": round(loss.item(), 3) if steps else None,
+        "test_accuracy": accuracy(model, test_data, args.batch_size),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny lengths/model; < 1 minute")
+    parser.add_argument(
+        "--budget-seconds", type=float, default=300.0, help="training time per encoder"
+    )
+    parser.add_argument("--min-len", type=int, default=500)
+    parser.add_argument("--max-len", type=int, default=2000)
+    parser.add_argument("--train-size", type=int, default=4000)
+    parser.add_argument("--test-size", type=int, default=500)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--block-size", type=int, default=16, help="Nr of the H-matrix encoder")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=list(ENCODERS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=str, default=None, help="optional JSON file for the results")
+    args = parser.parse_args()
+    if args.quick:
+        args.budget_seconds = min(args.budget_seconds, 5.0)
+        args.min_len, args.max_len, args.train_size, args.test_size = 20, 120, 1000, 200
+        args.dim, args.depth, args.heads, args.block_size, args.batch_size = 32, 1, 2, 8, 32
+
+    start = time.perf_counter()
+    train_data = listops(args.train_size, args.min_len, args.max_len, seed=args.seed)
+    test_data = listops(args.test_size, args.min_len, args.max_len, seed=args.seed + 1)
+    lengths = [len(tokens) for tokens, _ in train_data]
+    counts = torch.bincount(torch.tensor([label for _, label in test_data]), minlength=10)
+    print(f"example: {render(min(train_data, key=lambda x: len(x[0]))[0])}")
+    print(f"data: {len(train_data)} train / {len(test_data)} test, lengths {min(lengths)}-"
+          f"{max(lengths)} (mean {sum(lengths) / len(lengths):.0f}), generated in "
+          f"{time.perf_counter() - start:.1f} s; majority-class test accuracy "
+          f"{counts.max().item() / len(test_data):.3f}")  # fmt: skip
+    results = []
+    for name in args.encoders:
+        results.append(train(name, args, train_data, test_data))
+        print(json.dumps(results[-1]), flush=True)
+    if args.out:
+        with open(args.out, "w") as out:
+            json.dump({"args": vars(args), "results": results}, out, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""A batch of masked sequences of different lengths as one PyG ``Batch``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Batch, Data
+
+
+def sequence_batch(
+    lengths: Sequence[int],
+    mask: Callable[..., Tensor],
+    x: Tensor | None = None,
+    **params,
+) -> Batch:
+    """One ``Data(edge_index=mask(n, **params), pos=arange(n))`` per length, batched.
+
+    PyG batching shifts each sequence's ``edge_index`` by its offset, so no
+    edge crosses sequences and variable lengths need no padding mask. The
+    result has ``batch``, ``ptr``, and ``pos`` (the position of every node in
+    its own sequence).
+
+    Args:
+        lengths: sequence lengths.
+        mask: a builder ``(n, **params) -> edge_index``, e.g.
+            :func:`~hiergraph.masks.window_mask`.
+        x: optional ``[sum(lengths), F]`` node features, split by ``lengths``.
+        **params: passed on to ``mask``.
+
+    Example::
+
+        batch = sequence_batch([5, 3], window_mask, p=1, causal=True)
+    """
+    lengths = [int(n) for n in lengths]
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"lengths must be >= 0, got {lengths}")
+    if x is not None and x.size(0) != sum(lengths):
+        raise ValueError(f"x has {x.size(0)} rows but the lengths sum to {sum(lengths)}")
+    features = x.split(lengths) if x is not None else [None] * len(lengths)
+    data = [
+        Data(x=feat, edge_index=mask(n, **params), pos=torch.arange(n), num_nodes=n)
+        for n, feat in zip(lengths, features, strict=True)
+    ]
+    return Batch.from_data_list(data)

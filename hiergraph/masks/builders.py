@@ -1,0 +1,225 @@
+r"""Relational masks as ``edge_index``.
+
+Convention (notes/relational_masks.md §0): a mask :math:`M` with
+:math:`M_{ij} = 1` meaning *query* :math:`i` may attend *key* :math:`j` is the
+graph with one edge :math:`j \to i` per allowed pair, i.e. a column
+``[j, i]`` of ``edge_index``: **row 0 = source = key/value, row 1 = target =
+query** (PyG's ``flow="source_to_target"``; the softmax is over the incoming
+edges of each target). Every builder returns a ``LongTensor [2, E]`` sorted by
+target and then by source, without duplicates, and states :math:`E` in its
+docstring. Self-loops are explicit: a builder includes the diagonal only where
+its docstring says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from hiergraph.masks.band import BandMask
+
+
+def _check_count(name: str, value, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
+    if not isinstance(edge_index, Tensor) or edge_index.dtype != torch.long:
+        raise TypeError("edge_index must be a LongTensor of shape [2, E]")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
+    if edge_index.numel() and (edge_index.min() < 0 or edge_index.max() >= num_nodes):
+        raise ValueError(f"edge_index has node ids outside [0, num_nodes = {num_nodes})")
+
+
+def _canonical(src: Tensor, dst: Tensor, num_nodes: int) -> Tensor:
+    """Distinct edges ``[2, E]``, sorted by target and then by source."""
+    key = torch.unique(dst * num_nodes + src)
+    return torch.stack([key % num_nodes, key // num_nodes])
+
+
+def full_mask(n: int, self_loops: bool = True) -> Tensor:
+    r"""Self-attention: every query attends every key.
+
+    :math:`E = n^2` (:math:`n(n-1)` without self-loops).
+    """
+    edge_index = BandMask((_check_count("n", n),), max(n - 1, 0), max(n - 1, 0)).edge_index()
+    return edge_index if self_loops else edge_index[:, edge_index[0] != edge_index[1]]
+
+
+def causal_mask(n: int) -> Tensor:
+    r"""Masked (autoregressive) attention: :math:`j \le i`, diagonal included.
+
+    :math:`E = n(n+1)/2`; every edge has ``source <= target``.
+    """
+    return BandMask((_check_count("n", n),), max(n - 1, 0), 0).edge_index()
+
+
+def window_mask(n: int, p: int, causal: bool = False) -> Tensor:
+    r"""Sliding window of width :math:`p`: :math:`|i - j| \le p`, or
+    :math:`i - p \le j \le i` when ``causal`` (the paper's "strided" attention,
+    Def. 8, whose code's ``stride`` is :math:`p + 1`).
+
+    With :math:`q = \min(p, n - 1)`:
+    :math:`E = (2q+1)\,n - q(q+1)` (bidirectional),
+    :math:`E = (q+1)\,n - q(q+1)/2` (causal).
+    """
+    _check_count("n", n)
+    _check_count("p", p)
+    return BandMask((n,), p, 0 if causal else p).edge_index()
+
+
+def dilated_mask(n: int, p: int, dilation: int, causal: bool = False) -> Tensor:
+    r"""Dilated (strided, Child et al.) window: :math:`j \equiv i \pmod s` and
+    :math:`|i - j| \le p\,s` (:math:`0 \le i - j \le p\,s` when ``causal``).
+
+    Each residue class :math:`r < s` is a plain window of width :math:`p` on
+    :math:`n_r = \lceil (n - r)/s \rceil` positions, so :math:`E = \sum_{r}
+    E_{\text{window}}(n_r, p)` with :math:`E_{\text{window}}` from
+    :func:`window_mask`.
+    """
+    _check_count("n", n)
+    _check_count("p", p)
+    _check_count("dilation", dilation, 1)
+    return BandMask((n,), p, 0 if causal else p, dilation).edge_index()
+
+
+def block_diagonal_mask(sizes: Sequence[int]) -> Tensor:
+    r"""Full attention inside consecutive blocks (segments) of the given sizes.
+
+    :math:`E = \sum_k b_k^2`.
+    """
+    sizes = [_check_count("block size", b) for b in sizes]
+    reach = max(sizes, default=1) - 1
+    return BandMask(tuple(sizes), max(reach, 0), max(reach, 0)).edge_index()
+
+
+def cross_mask(num_src: int, num_dst: int, joint: bool = True) -> Tensor:
+    r"""Encoder-decoder (cross) attention: every decoder query attends every
+    encoder key, and nothing else.
+
+    With ``joint=True`` both node sets share one index space: encoder nodes are
+    ``0 .. num_src - 1``, decoder nodes ``num_src .. num_src + num_dst - 1``
+    (encoder rows get no incoming edge). With ``joint=False`` the indices are
+    bipartite, for ``layer((x_src, x_dst), edge_index)``.
+
+    :math:`E = m\,n` with :math:`m` = ``num_src``, :math:`n` = ``num_dst``.
+    """
+    _check_count("num_src", num_src)
+    _check_count("num_dst", num_dst)
+    src = torch.arange(num_src).repeat(num_dst)
+    dst = torch.arange(num_dst).repeat_interleave(num_src)
+    return torch.stack([src, dst + num_src if joint else dst])
+
+
+def global_tokens_mask(
+    edge_index: Tensor, num_nodes: int, num_global: int, read_only: bool = False
+) -> Tensor:
+    r"""Add :math:`g` global tokens, numbered ``num_nodes .. num_nodes + g - 1``,
+    to a base mask over :math:`n` tokens.
+
+    Global tokens attend each other and every token; every token attends them.
+    With ``read_only=True`` they are *memory* tokens: every token attends them,
+    but they attend only each other.
+
+    :math:`E = E_{\text{base}} + 2gn + g^2` (:math:`E_{\text{base}} + gn + g^2`
+    when ``read_only``), :math:`E_{\text{base}}` counting distinct edges.
+    """
+    _check_count("num_nodes", num_nodes)
+    _check_count("num_global", num_global)
+    _check_edge_index(edge_index, num_nodes)
+    tokens = torch.arange(num_nodes)
+    glob = torch.arange(num_nodes, num_nodes + num_global)
+    pairs = [
+        (edge_index[0], edge_index[1]),
+        (glob.repeat(num_nodes), tokens.repeat_interleave(num_global)),  # tokens read globals
+        (glob.repeat(num_global), glob.repeat_interleave(num_global)),  # globals read globals
+    ]
+    if not read_only:
+        pairs.append((tokens.repeat(num_global), glob.repeat_interleave(num_nodes)))
+    src, dst = (torch.cat(side) for side in zip(*pairs, strict=True))
+    return _canonical(src, dst, num_nodes + num_global)
+
+
+def random_mask(n: int, num_edges: int, seed: int = 0, self_loops: bool = True) -> Tensor:
+    r"""Uniformly random sparse mask with exactly ``num_edges`` distinct edges.
+
+    With ``self_loops`` all :math:`n` self-loops are included (so no query is
+    isolated) and the other ``num_edges - n`` edges are drawn uniformly without
+    replacement among the :math:`n(n-1)` off-diagonal pairs; otherwise all
+    ``num_edges`` are off-diagonal. The same ``seed`` gives the same mask.
+
+    :math:`E` = ``num_edges``.
+    """
+    _check_count("n", n)
+    _check_count("num_edges", num_edges)
+    loops = n if self_loops else 0
+    if not loops <= num_edges <= loops + n * (n - 1):
+        raise ValueError(
+            f"num_edges must lie in [{loops}, {loops + n * (n - 1)}] for n = {n} "
+            f"(self_loops={self_loops}), got {num_edges}"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    want, pairs = num_edges - loops, n * (n - 1)
+    if pairs <= 4 * want + 1024:  # dense enough: shuffle all off-diagonal pair ids
+        picked = torch.randperm(pairs, generator=generator)[:want]
+    else:  # sparse: rejection sampling of pair ids, then a uniform subset
+        picked = torch.empty(0, dtype=torch.long)
+        while picked.numel() < want:
+            draw = torch.randint(pairs, (2 * (want - picked.numel()),), generator=generator)
+            picked = torch.unique(torch.cat([picked, draw]))
+            picked = picked[torch.randperm(picked.numel(), generator=generator)[:want]]
+    dst, rest = picked // max(n - 1, 1), picked % max(n - 1, 1)
+    src = rest + (rest >= dst).long()  # skip the diagonal
+    diag = torch.arange(loops)
+    return _canonical(torch.cat([src, diag]), torch.cat([dst, diag]), n)
+
+
+def graph_mask(edge_index: Tensor, num_nodes: int, self_loops: bool = True) -> Tensor:
+    r"""A given graph (PyG direction: ``edge_index[0]`` sends to ``edge_index[1]``)
+    as a mask: duplicates removed, self-loops added (``self_loops=True``) or
+    removed.
+
+    :math:`E = |\{\text{distinct non-loop edges}\}| + n` (without the :math:`n`
+    when ``self_loops=False``).
+    """
+    _check_count("num_nodes", num_nodes)
+    _check_edge_index(edge_index, num_nodes)
+    src, dst = edge_index[:, edge_index[0] != edge_index[1]]
+    if self_loops:
+        loop = torch.arange(num_nodes)
+        src, dst = torch.cat([src, loop]), torch.cat([dst, loop])
+    return _canonical(src, dst, num_nodes)
+
+
+def sibling_mask(parent: Tensor, self_loops: bool = True) -> Tensor:
+    r"""Family structure of a signal hierarchy: siblings attend siblings.
+
+    ``parent`` is ``[num_nodes]``; a root has ``parent = -1`` (or is its own
+    parent, as in :class:`~hiergraph.data.SignalHierarchy`). Nodes :math:`i, j`
+    are siblings iff they share a parent; roots have no family, so they attend
+    only themselves (with ``self_loops``) and never each other, which keeps
+    the trees of a batch apart.
+
+    With families of sizes :math:`b_f` and :math:`R` roots:
+    :math:`E = \sum_f b_f^2 + R` (:math:`\sum_f b_f(b_f - 1)` without self-loops).
+    """
+    if not isinstance(parent, Tensor) or parent.dtype != torch.long or parent.dim() != 1:
+        raise TypeError("parent must be a 1-D LongTensor [num_nodes] (-1 for roots)")
+    n = parent.numel()
+    if parent.numel() and (parent.min() < -1 or parent.max() >= n):
+        raise ValueError(f"parent ids must lie in [-1, {n}), got [{parent.min()}, {parent.max()}]")
+    node = torch.arange(n)
+    family = torch.where((parent < 0) | (parent == node), -1 - node, parent)  # roots: own family
+    order = torch.argsort(family, stable=True)
+    sizes = torch.unique_consecutive(family[order], return_counts=True)[1]
+    src_rank, dst_rank = block_diagonal_mask(sizes.tolist())
+    src, dst = order[src_rank], order[dst_rank]
+    keep = (src != dst) | self_loops
+    return _canonical(src[keep], dst[keep], n)

@@ -1,0 +1,110 @@
+r"""Which permutations a masked attention layer is equivariant to.
+
+Conventions (notes/relational_masks.md §0): a permutation is an index tensor
+``perm`` acting by ``x_new = x[perm]``. A mask :math:`M` (``M[query, key]``)
+is relabelled as ``M[perm][:, perm]``, an ``edge_index`` as
+``argsort(perm)[edge_index]``. A layer :math:`f` is equivariant to ``perm``
+when :math:`f(x[\pi]) = f(x)[\pi]`.
+
+For a fixed mask and generic weights, dot-product attention without positional
+encodings is equivariant exactly to :math:`\operatorname{Aut}(M) = \{\pi :
+M[\pi][:, \pi] = M\}` (note §2); relabelling the graph together with the
+features (graph attention) makes every :math:`\pi \in S_n` work.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import networkx as nx
+import torch
+from torch import Tensor
+
+from hiergraph.masks.dense import edge_index_to_mask
+
+Perm = Tensor | tuple[Tensor, Tensor]
+
+
+def relabel(edge_index: Tensor, perm: Perm) -> Tensor:
+    """``edge_index`` of the graph whose node ``a`` is the old node ``perm[a]``.
+
+    ``perm`` may be a pair ``(perm_src, perm_dst)`` for a bipartite graph.
+    """
+    perm_src, perm_dst = perm if isinstance(perm, tuple) else (perm, perm)
+    return torch.stack(
+        [torch.argsort(perm_src)[edge_index[0]], torch.argsort(perm_dst)[edge_index[1]]]
+    )
+
+
+def is_automorphism(edge_index: Tensor, num_nodes: int, perm: Tensor) -> bool:
+    """Whether ``M[perm][:, perm] == M`` for the mask of ``edge_index``."""
+    mask = edge_index_to_mask(edge_index, num_nodes, rows="query")
+    return bool((mask[perm][:, perm] == mask).all())
+
+
+def automorphisms(edge_index: Tensor, num_nodes: int, brute_force_up_to: int = 7) -> Tensor:
+    r"""All permutations ``perm`` with ``M[perm][:, perm] == M``, ``[|Aut|, n]``,
+    in lexicographic order.
+
+    Brute force over all :math:`n!` permutations for ``n <= brute_force_up_to``
+    (vectorised), otherwise networkx's VF2 matcher on the directed graph with
+    its self-loops. :math:`|\operatorname{Aut}|` can be as large as :math:`n!`
+    (the full mask), so keep ``n`` small for highly symmetric masks.
+    """
+    mask = edge_index_to_mask(edge_index, num_nodes, rows="query")
+    if num_nodes <= brute_force_up_to:
+        perms = torch.tensor(list(itertools.permutations(range(num_nodes))), dtype=torch.long)
+        perms = perms.view(-1, num_nodes)
+        same = (mask[perms[:, :, None], perms[:, None, :]] == mask).flatten(1).all(dim=1)
+        return perms[same]
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(num_nodes))
+    graph.add_edges_from(edge_index.t().tolist())
+    matcher = nx.algorithms.isomorphism.DiGraphMatcher(graph, graph)
+    found = [[m[a] for a in range(num_nodes)] for m in matcher.isomorphisms_iter()]
+    return torch.tensor(sorted(found), dtype=torch.long).view(-1, num_nodes)
+
+
+def equivariance_error(
+    layer: Callable,
+    x: Tensor | tuple[Tensor, Tensor],
+    edge_index: Tensor,
+    perm: Perm,
+    relabel_graph: bool = False,
+) -> float:
+    r""":math:`\max |f(x[\pi], E') - f(x, E)[\pi]|`, with :math:`E' = E` (a fixed
+    mask) or the relabelled graph (``relabel_graph=True``).
+
+    For a bipartite layer pass ``x = (x_src, x_dst)`` and
+    ``perm = (perm_src, perm_dst)``; the output is indexed by the targets, so
+    it is compared with ``f(x, E)[perm_dst]`` (invariance in the sources).
+
+    ``layer`` must be deterministic: call ``.eval()`` on modules with dropout.
+    """
+    if isinstance(layer, torch.nn.Module) and layer.training:
+        raise ValueError("layer is in training mode (dropout makes it random); call layer.eval()")
+    bipartite = isinstance(x, tuple)
+    if bipartite != isinstance(perm, tuple):
+        raise TypeError("pass a pair of permutations exactly when x is a pair (x_src, x_dst)")
+    x_perm = (x[0][perm[0]], x[1][perm[1]]) if bipartite else x[perm]
+    out_perm = perm[1] if bipartite else perm
+    with torch.no_grad():
+        reference = layer(x, edge_index)[out_perm]
+        permuted = layer(x_perm, relabel(edge_index, perm) if relabel_graph else edge_index)
+    return float((permuted - reference).abs().max()) if reference.numel() else 0.0
+
+
+def check_equivariance(
+    layer: Callable,
+    x: Tensor | tuple[Tensor, Tensor],
+    edge_index: Tensor,
+    perm: Perm,
+    relabel_graph: bool = False,
+    atol: float | None = None,
+) -> bool:
+    """Whether :math:`f(x[\\pi]) = f(x)[\\pi]` up to ``atol`` (default ``1e-9``
+    in float64, ``1e-4`` otherwise); see :func:`equivariance_error`."""
+    dtype = (x[0] if isinstance(x, tuple) else x).dtype
+    atol = (1e-9 if dtype == torch.float64 else 1e-4) if atol is None else atol
+    return equivariance_error(layer, x, edge_index, perm, relabel_graph) <= atol

@@ -1,0 +1,217 @@
+r"""``ConeConv``: GAT-style message passing with cone-attention scores."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn import Parameter
+from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.nn.inits import zeros
+from torch_geometric.typing import Adj, SparseTensor, torch_sparse
+from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
+
+from hiergraph.ops.cone import DEFAULT_RADIUS, cone_geometry
+
+#: Score variants: the two cone attentions and the dot-product baseline of the paper.
+VARIANTS = (*DEFAULT_RADIUS, "dot")
+
+
+class ConeConv(MessagePassing):
+    r"""Graph attention with cone-attention scores (Tseng et al., "Coneheads: Hierarchy
+    Aware Attention", NeurIPS 2023, https://arxiv.org/abs/2306.00392).
+
+    The GAT layer of Veličković et al. with its concatenation score replaced by
+    minus the height of the lowest common ancestor of query and key in the
+    Poincaré half-space (``hiergraph.ops.cone``):
+
+    .. math::
+        \mathbf{x}'_i = \mathop{\Big\Vert}_{h=1}^{H} \sum_{j \in \mathcal{N}(i) \cup \{i\}}
+            \alpha^{h}_{ij}\, \mathbf{W}^{h} \mathbf{x}_j, \qquad
+        \alpha^{h}_{ij} = \operatorname{softmax}_{j \in \mathcal{N}(i) \cup \{i\}}
+            \big(-\gamma\, H(\phi(\mathbf{q}^{h}_i), \phi(\mathbf{k}^{h}_j))\big),
+
+    where :math:`\phi` is ξ (penumbral) or ψ (umbral) and the last coordinate of
+    each per-head query/key vector becomes its height. The mean over heads
+    replaces the concatenation when ``concat=False``.
+
+    Queries and keys: by default (``share_qk=True``) both are the projected
+    features, :math:`\mathbf{q}^h_j = \mathbf{k}^h_j = \mathbf{W}^h \mathbf{x}_j`
+    (per-head dimension ``out_channels``), reusing GAT's single projection; the
+    paper does not say how it formed them. ``share_qk=False`` adds separate
+    projections :math:`\mathbf{W}_q, \mathbf{W}_k` of ``qk_channels`` per head.
+
+    ``variant="dot"`` scores :math:`\langle \mathbf{q}_i, \mathbf{k}_j \rangle/\sqrt{d}`
+    with everything else unchanged: the paper's dot-product baseline.
+
+    Args:
+        in_channels: input feature size.
+        out_channels: output size per head.
+        heads: number of attention heads :math:`H`.
+        concat: concatenate heads (``[N, H * out_channels]``) or average them
+            (``[N, out_channels]``).
+        dropout: dropout on the attention coefficients.
+        add_self_loops: add a self loop to every node (existing ones are replaced).
+        variant: ``"penumbral"``, ``"umbral"`` or ``"dot"``.
+        r: penumbral light-source height / umbral ball radius; ``None`` takes the
+            paper's 1.0 / 0.1.
+        gamma: score temperature :math:`\gamma > 0` (unused by ``"dot"``).
+        squared: penumbral: score :math:`-\gamma H^2` (authors' code) instead of :math:`-\gamma H`.
+        height_scale: umbral: ψ height :math:`e^{c x_d}` with ``c = height_scale``;
+            ``None`` for ``1/d`` per head (authors' code).
+        share_qk: use the value projection as query and key.
+        qk_channels: per-head query/key size when ``share_qk=False`` (default ``out_channels``).
+        bias: learn an additive output bias.
+        **kwargs: passed to :class:`~torch_geometric.nn.conv.MessagePassing`.
+
+    Shapes:
+        - **input:** ``x [N, in_channels]``, ``edge_index [2, E]`` (row 0 = source
+          ``j``, row 1 = target ``i``) or a ``SparseTensor`` adjacency ``adj_t``
+          (needs ``torch-sparse``).
+        - **output:** ``[N, H * out_channels]`` or ``[N, out_channels]``; with
+          ``return_attention_weights`` also ``(edge_index [2, E'], alpha [E', H])``
+          (or a ``SparseTensor`` holding ``alpha``), ``E'`` counting the self loops.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        dropout: float = 0.0,
+        add_self_loops: bool = True,
+        variant: str = "penumbral",
+        r: float | None = None,
+        gamma: float = 1.0,
+        squared: bool = False,
+        height_scale: float | None = 1.0,
+        share_qk: bool = True,
+        qk_channels: int | None = None,
+        bias: bool = True,
+        **kwargs,
+    ) -> None:
+        kwargs.setdefault("aggr", "add")
+        super().__init__(node_dim=0, **kwargs)
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        if not gamma > 0:
+            raise ValueError(f"gamma must be > 0, got {gamma}")
+        qk_channels = out_channels if share_qk or qk_channels is None else qk_channels
+        if variant != "dot" and qk_channels < 2:
+            raise ValueError(
+                f"cone attention needs >= 2 query/key channels per head (d-1 horizontal "
+                f"coordinates and a height), got {qk_channels}; raise out_channels or "
+                f"set share_qk=False with qk_channels >= 2"
+            )
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.dropout = dropout
+        self.add_self_loops = add_self_loops
+        self.variant = variant
+        self.r = None if variant == "dot" else DEFAULT_RADIUS[variant] if r is None else r
+        self.gamma = gamma
+        self.squared = squared
+        self.height_scale = height_scale
+        self.share_qk = share_qk
+        self.qk_channels = qk_channels
+        if variant != "dot":
+            self._to_halfspace, self._lca_height = cone_geometry(
+                variant, self.r, squared=squared, height_scale=height_scale
+            )
+
+        glorot_linear = partial(Linear, bias=False, weight_initializer="glorot")
+        self.lin = glorot_linear(in_channels, heads * out_channels)
+        self.lin_qk = None if share_qk else glorot_linear(in_channels, 2 * heads * qk_channels)
+        bias_size = heads * out_channels if concat else out_channels
+        self.bias = Parameter(torch.empty(bias_size)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        self.lin.reset_parameters()
+        if self.lin_qk is not None:
+            self.lin_qk.reset_parameters()
+        zeros(self.bias)
+
+    def forward(self, x: Tensor, edge_index: Adj, return_attention_weights: bool | None = None):
+        r"""Runs the layer.
+
+        Args:
+            x: node features ``[N, in_channels]``.
+            edge_index: ``[2, E]`` edge indices or a ``SparseTensor`` ``adj_t``.
+            return_attention_weights: when set (to any value, as in PyG's GATConv),
+                also return ``(edge_index, alpha)``, ``alpha [E', heads]``.
+        """
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            raise ValueError(
+                f"x must be a [num_nodes, in_channels] tensor, got "
+                f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}"
+            )
+        H, C = self.heads, self.out_channels
+        value = self.lin(x).view(-1, H, C)
+        if self.lin_qk is None:
+            query = key = value
+        else:
+            query, key = self.lin_qk(x).view(-1, 2, H, self.qk_channels).unbind(dim=1)
+
+        if self.add_self_loops:
+            if isinstance(edge_index, SparseTensor):
+                edge_index = torch_sparse.set_diag(edge_index)
+            else:
+                edge_index, _ = remove_self_loops(edge_index)
+                edge_index, _ = add_self_loops(edge_index, num_nodes=x.size(0))
+
+        # scores in float32 (or wider) even under autocast
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            query_points = self._points(query)
+            key_points = query_points if key is query else self._points(key)
+            alpha = self.edge_updater(edge_index, query=query_points, key=key_points)
+        out = self.propagate(edge_index, x=value, alpha=alpha)
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if self.bias is not None:
+            out = out + self.bias
+
+        if return_attention_weights is None:
+            return out
+        if isinstance(edge_index, SparseTensor):
+            return out, edge_index.set_value(alpha, layout="coo")
+        return out, (edge_index, alpha)
+
+    def _points(self, x: Tensor) -> Tensor:
+        """Per-node scoring inputs ``[N, H, d]`` in float32 or wider.
+
+        Cone variants: half-space points, horizontal coordinates then height
+        (the map is applied once per node, not once per edge).
+        """
+        x = x.to(torch.promote_types(x.dtype, torch.float32))
+        if self.variant == "dot":
+            return x
+        horizontal, height = self._to_halfspace(x)
+        return torch.cat([horizontal, height.unsqueeze(-1)], dim=-1)
+
+    def edge_update(
+        self, query_i: Tensor, key_j: Tensor, index: Tensor, ptr: Tensor | None, size_i: int | None
+    ) -> Tensor:
+        if self.variant == "dot":
+            score = (query_i * key_j).sum(dim=-1) / math.sqrt(query_i.size(-1))
+        else:
+            dist = torch.linalg.vector_norm(query_i[..., :-1] - key_j[..., :-1], dim=-1)
+            score = -self.gamma * self._lca_height(dist, query_i[..., -1], key_j[..., -1])
+        alpha = softmax(score, index, ptr, size_i)
+        return F.dropout(alpha, p=self.dropout, training=self.training)
+
+    def message(self, x_j: Tensor, alpha: Tensor) -> Tensor:
+        return alpha.unsqueeze(-1).to(x_j.dtype) * x_j
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, "
+            f"heads={self.heads}, variant={self.variant!r})"
+        )

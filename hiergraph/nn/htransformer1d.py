@@ -1,0 +1,119 @@
+r"""H-Transformer-1D: a pre-LN Transformer encoder / language model with H-matrix attention."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from hiergraph.nn.hmatrix_attention import HMatrixAttention
+
+
+def sinusoidal_positions(length: int, dim: int, device=None, dtype=None) -> Tensor:
+    r"""``[length, dim]`` sinusoidal encoding: :math:`PE_{p,2i} = \sin(p\,\omega_i)`,
+    :math:`PE_{p,2i+1} = \cos(p\,\omega_i)`, :math:`\omega_i = 10000^{-2i/\mathrm{dim}}`."""
+    position = torch.arange(length, device=device, dtype=torch.float32).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, dim, 2, device=device) * (-math.log(10000.0) / dim))
+    pe = torch.zeros(length, dim, device=device)
+    pe[:, 0::2] = torch.sin(position * freq)
+    pe[:, 1::2] = torch.cos(position * freq[: dim // 2])
+    return pe.to(dtype) if dtype is not None else pe
+
+
+class TransformerBlock(nn.Module):
+    r"""Pre-LN block: :math:`x \leftarrow x + \mathrm{Attn}(\mathrm{LN}(x))`,
+    :math:`x \leftarrow x + \mathrm{FFN}(\mathrm{LN}(x))` with a GELU FFN of width
+    ``ff_mult * embed_dim``. ``attention`` maps ``([B, L, E], key_padding_mask)`` to ``[B, L, E]``.
+    """
+
+    def __init__(
+        self, attention: nn.Module, embed_dim: int, ff_mult: int = 4, dropout: float = 0.0
+    ):
+        super().__init__()
+        self.attn_norm, self.attn = nn.LayerNorm(embed_dim), attention
+        self.ff_norm = nn.LayerNorm(embed_dim)
+        self.ff = nn.Sequential(
+            nn.Linear(embed_dim, ff_mult * embed_dim),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(ff_mult * embed_dim, embed_dim),
+        )
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        x = x + self.dropout(self.attn(self.attn_norm(x), key_padding_mask))
+        return x + self.dropout(self.ff(self.ff_norm(x)))
+
+
+class HTransformer1D(nn.Module):
+    r"""Token embedding + sinusoidal positions + ``depth`` pre-LN blocks of H-matrix attention.
+
+    Zhu & Soricut, *H-Transformer-1D* (ACL 2021): a standard Transformer whose
+    attention is replaced by :class:`~hiergraph.nn.HMatrixAttention`, so a layer
+    costs :math:`O(L \cdot \text{block\_size})` instead of :math:`O(L^2)`. With
+    ``causal=True`` and ``lm_head=True`` it is a decoder-only language model
+    (position :math:`i` never sees tokens :math:`> i`); with ``causal=False`` it
+    is a bidirectional encoder.
+
+    Args:
+        num_tokens: vocabulary size.
+        embed_dim, depth, num_heads: width, number of blocks, heads per block.
+        block_size: :math:`N_r` of the H-matrix attention (even).
+        causal: causal attention (language modelling).
+        ff_mult: feed-forward width multiplier.
+        dropout: dropout on the residual branches and inside the FFN.
+        lm_head: end with a linear map to ``num_tokens`` logits; otherwise
+            return the final (layer-normalised) hidden states.
+        attention: optional factory ``(embed_dim, num_heads) -> module`` to use
+            another attention with the same call signature (e.g. a flat
+            baseline of equal size); defaults to :class:`HMatrixAttention`.
+
+    Shapes:
+        - **tokens**: ``[B, L]`` int64.
+        - **key_padding_mask**: optional bool ``[B, L]``, ``True`` = padding.
+        - **output**: ``[B, L, num_tokens]`` logits, or ``[B, L, embed_dim]``.
+    """
+
+    def __init__(
+        self,
+        num_tokens: int,
+        embed_dim: int = 256,
+        depth: int = 4,
+        num_heads: int = 8,
+        block_size: int = 16,
+        causal: bool = False,
+        ff_mult: int = 4,
+        dropout: float = 0.0,
+        lm_head: bool = True,
+        attention: Callable[[int, int], nn.Module] | None = None,
+    ) -> None:
+        super().__init__()
+        if attention is None:
+
+            def attention(dim: int, heads: int) -> nn.Module:
+                return HMatrixAttention(dim, heads, block_size=block_size, causal=causal)
+
+        self.embed = nn.Embedding(num_tokens, embed_dim)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(attention(embed_dim, num_heads), embed_dim, ff_mult, dropout)
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(embed_dim)
+        self.head = nn.Linear(embed_dim, num_tokens) if lm_head else None
+
+    def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        if tokens.dim() != 2 or tokens.dtype != torch.long:
+            raise ValueError(
+                f"tokens must be an int64 tensor [batch, length], got {tokens.dtype} "
+                f"{tuple(tokens.shape)}"
+            )
+        x = self.embed(tokens)
+        x = x * math.sqrt(x.shape[-1]) + sinusoidal_positions(
+            tokens.shape[1], x.shape[-1], x.device, x.dtype
+        )
+        for block in self.blocks:
+            x = block(x, key_padding_mask)
+        x = self.norm(x)
+        return self.head(x) if self.head is not None else x

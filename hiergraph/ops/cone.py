@@ -1,0 +1,382 @@
+r"""Cone attention scores: penumbral and umbral (Tseng et al., "Coneheads", NeurIPS 2023).
+
+A score between a query ``q`` and a key ``k`` is minus the Euclidean height of
+the lowest common ancestor :math:`\sup_2(u, v)` of their images ``u``, ``v`` in
+the Poincaré half-space :math:`\{x \in \mathbb{R}^d : x_d > 0\}`:
+
+.. math::
+    s(q, k) = -\gamma \, H(u, v), \qquad u = \mathrm{map}(q),\ v = \mathrm{map}(k).
+
+A deeper (lower) common ancestor gives a larger score; the softmax over keys is
+left to the caller, as for dot-product logits. Only three numbers per pair
+matter (Theorem 2 of the paper): the horizontal distance
+:math:`D = \lVert u_{:-1} - v_{:-1} \rVert` and the heights :math:`u_d, v_d`.
+
+Layout of this module:
+
+* maps to the half-space: :func:`xi_map` (sigmoid, penumbral) and :func:`psi_map`
+  (exp, umbral); each returns ``(horizontal [..., d-1], height [...])``;
+* LCA heights from ``(D, u_d, v_d)``: :func:`penumbral_lca_height`,
+  :func:`umbral_lca_height` (elementwise, broadcasting);
+* scores on raw Euclidean vectors, dense ``[..., n, m]``: :func:`penumbral`,
+  :func:`umbral`; and per ``edge_index`` column ``[E, ...]``:
+  :func:`penumbral_edge`, :func:`umbral_edge`.
+
+Conventions where the paper and the authors' code differ (defaults follow the
+paper's equations; the reference-code setting is one argument away):
+
+=====================  ===========================  ===============================
+choice                 default (paper)              authors' code
+=====================  ===========================  ===============================
+penumbral score        :math:`-\gamma H`            ``squared=True``: :math:`-\gamma H^2`
+umbral map height      :math:`e^{x_d}`              ``height_scale=None``: :math:`e^{x_d/d}`
+umbral radius ``r``    0.1 (the paper's runs)       1.0 (code default): pass ``r=1.0``
+=====================  ===========================  ===============================
+
+The paper's ξ (sigmoid) is called ``map_psi`` in the authors' code and its ψ
+(exp) is called ``map_xi``; names here follow the paper.
+
+Numerics: every function computes in float32 or wider, with autocast disabled
+(half-precision overflows in the out-of-cone branch), and is finite in the
+forward and backward pass at ``D = 0`` (``q == k``, self loops), at heights next
+to the light source, and for large inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from torch import Tensor
+
+#: Upper clamp on the log-height of :func:`psi_map`; ``exp(20) ~ 4.9e8`` keeps
+#: squared horizontal distances far from float32 overflow.
+MAX_LOG_HEIGHT = 20.0
+
+#: The paper's experimental setting: penumbral light source at height 1, umbral radius 0.1.
+DEFAULT_RADIUS = {"penumbral": 1.0, "umbral": 0.1}
+
+HalfSpaceMap = Callable[[Tensor], tuple[Tensor, Tensor]]
+HeightFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def _safe_sqrt(x: Tensor) -> Tensor:
+    """``sqrt(x)`` with ``x`` floored at ``eps**2`` of its dtype.
+
+    Exact for ``x >= eps**2``; below the floor the value is ``eps`` and the
+    gradient is zero, so the infinite slope of ``sqrt`` at 0 never appears.
+    """
+    return torch.sqrt(x.clamp_min(torch.finfo(x.dtype).eps ** 2))
+
+
+def _check_points(name: str, x: Tensor) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.dim() < 1 or x.size(-1) < 2:
+        raise ValueError(
+            f"{name} must have a last (feature) dimension of size >= 2 (d-1 horizontal "
+            f"coordinates plus one height), got shape {tuple(x.shape)}"
+        )
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def _compute_dtype(*tensors: Tensor) -> torch.dtype:
+    """float64 if any input is float64, else float32 (half precision is promoted)."""
+    dtype = torch.float32
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+# ---------------------------------------------------------------------------
+# Maps from R^d to the Poincaré half-space
+# ---------------------------------------------------------------------------
+
+
+def xi_map(x: Tensor, r: float = 1.0) -> tuple[Tensor, Tensor]:
+    r"""The paper's ξ map (eq. 11) onto the half-space below a light source at height ``r``.
+
+    .. math::
+        \xi(x)_d = r\,\sigma(x_d) \in (0, r), \qquad \xi(x)_{:-1} = x_{:-1}\, \xi(x)_d.
+
+    Args:
+        x: ``[..., d]`` with ``d >= 2``; the last coordinate becomes the height.
+        r: light-source height (the paper's ``h``; 1 in its experiments).
+
+    Returns:
+        ``(horizontal [..., d-1], height [...])``.
+    """
+    height = r * torch.sigmoid(x[..., -1])
+    return x[..., :-1] * height.unsqueeze(-1), height
+
+
+def psi_map(
+    x: Tensor, height_scale: float | None = 1.0, max_log_height: float = MAX_LOG_HEIGHT
+) -> tuple[Tensor, Tensor]:
+    r"""The paper's ψ map (eq. 10) onto the half-space, with an optional height temperature.
+
+    .. math::
+        \psi(x)_d = \exp\!\big(\min(c\,x_d,\ L)\big) > 0, \qquad
+        \psi(x)_{:-1} = x_{:-1}\, \psi(x)_d,
+
+    with ``c = height_scale`` (paper: 1; ``None`` means ``1/d``, as in the authors' code) and
+    ``L = max_log_height`` guarding float32 overflow.
+
+    Args:
+        x: ``[..., d]`` with ``d >= 2``.
+
+    Returns:
+        ``(horizontal [..., d-1], height [...])``.
+    """
+    c = 1.0 / x.size(-1) if height_scale is None else height_scale
+    height = torch.exp((c * x[..., -1]).clamp_max(max_log_height))
+    return x[..., :-1] * height.unsqueeze(-1), height
+
+
+# ---------------------------------------------------------------------------
+# Height of the lowest common ancestor, from (D, u_d, v_d)
+# ---------------------------------------------------------------------------
+
+
+def penumbral_lca_height(
+    dist: Tensor, y_u: Tensor, y_v: Tensor, r: float = 1.0, squared: bool = False
+) -> Tensor:
+    r"""Height of :math:`\sup_2(u, v)` for penumbral cones (paper Def. 1, eqs. 21-23).
+
+    With :math:`s_u = \sqrt{r^2 - u_d^2}`, :math:`s_v = \sqrt{r^2 - v_d^2}`:
+
+    .. math::
+        H^2 = \begin{cases}
+            \max\!\big(u_d^2,\ v_d^2,\ r^2 - \tfrac14 (s_u + s_v - D)^2\big)
+                & D < s_u + s_v \ \text{(a common cone exists)} \\
+            \Big(\dfrac{D^2 + u_d^2 - v_d^2}{2D}\Big)^2 + v_d^2 & \text{otherwise.}
+        \end{cases}
+
+    ``D < s_u + s_v`` is the symmetric form of the paper's eq. 23 (the main
+    text's eq. 7 drops a clause). Both branches equal ``r`` on the boundary.
+
+    Args:
+        dist: horizontal distances ``D >= 0``; any shape broadcastable with the heights.
+        y_u, y_v: heights in ``(0, r)``.
+        r: light-source height.
+        squared: return :math:`H^2` (authors' code) instead of :math:`H` (paper).
+
+    Returns:
+        ``H`` (or ``H**2``) with the broadcast shape of the inputs.
+    """
+    yu2, yv2 = y_u * y_u, y_v * y_v
+    s_u = _safe_sqrt((r - y_u) * (r + y_u))
+    s_v = _safe_sqrt((r - y_v) * (r + y_v))
+    in_cone = dist < s_u + s_v
+    h2_in = torch.maximum(torch.maximum(yu2, yv2), r * r - 0.25 * (s_u + s_v - dist) ** 2)
+    # ``where`` differentiates both branches: keep the unused one finite at D = 0.
+    dist_out = torch.where(in_cone, torch.ones_like(dist), dist)
+    h2_out = ((dist_out * dist_out + yu2 - yv2) / (2 * dist_out)) ** 2 + yv2
+    h2 = torch.where(in_cone, h2_in, h2_out)
+    return h2 if squared else _safe_sqrt(h2)
+
+
+def umbral_lca_height(dist: Tensor, y_u: Tensor, y_v: Tensor, r: float = 0.1) -> Tensor:
+    r"""Height of :math:`\sup_2(u, v)` for umbral cones of ball radius ``r`` (paper eq. 38).
+
+    .. math::
+        H = \max\!\Big(u_d,\ v_d,\ \frac{D}{2\sinh r} + \frac{u_d + v_d}{2}\Big)
+
+    Args:
+        dist: horizontal distances ``D >= 0``, broadcastable with the heights.
+        y_u, y_v: heights ``> 0``.
+        r: hyperbolic radius of the ball around each point (0.1 in the paper's runs).
+    """
+    apex = dist / (2 * math.sinh(r)) + 0.5 * (y_u + y_v)
+    return torch.maximum(torch.maximum(y_u, y_v), apex)
+
+
+# ---------------------------------------------------------------------------
+# Scores on raw vectors: dense and edge forms
+# ---------------------------------------------------------------------------
+
+
+def _dense_pairs(u: tuple[Tensor, Tensor], v: tuple[Tensor, Tensor]):
+    """All pairs: ``D [..., n, m]``, ``u_d [..., n, 1]``, ``v_d [..., 1, m]``."""
+    (ux, uy), (vx, vy) = u, v
+    return torch.cdist(ux, vx), uy.unsqueeze(-1), vy.unsqueeze(-2)
+
+
+def _edge_pairs(u: tuple[Tensor, Tensor], v: tuple[Tensor, Tensor], edge_index: Tensor):
+    """One pair per edge ``j -> i`` (query ``i`` = target, key ``j`` = source): ``[E, ...]``."""
+    (ux, uy), (vx, vy) = u, v
+    src, dst = edge_index[0], edge_index[1]
+    # vector_norm has a zero subgradient at 0 (self loops with q == k).
+    dist = torch.linalg.vector_norm(ux[dst] - vx[src], dim=-1)
+    return dist, uy[dst], vy[src]
+
+
+def _check_edges(q: Tensor, k: Tensor, edge_index: Tensor) -> None:
+    if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.size(0) != 2:
+        shape = tuple(edge_index.shape) if isinstance(edge_index, Tensor) else type(edge_index)
+        raise ValueError(f"edge_index must be a [2, E] tensor, got {shape}")
+    if edge_index.dtype not in (torch.long, torch.int32):
+        raise TypeError(f"edge_index must be an integer tensor, got dtype {edge_index.dtype}")
+    if q.shape[1:] != k.shape[1:]:
+        raise ValueError(
+            f"q [N_dst, ..., d] and k [N_src, ..., d] must agree after the node dimension, "
+            f"got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    if edge_index.numel() > 0:
+        if int(edge_index.min()) < 0:
+            raise ValueError("edge_index has negative entries")
+        if int(edge_index[0].max()) >= k.size(0) or int(edge_index[1].max()) >= q.size(0):
+            raise ValueError(
+                f"edge_index out of range: sources must be < k.size(0) = {k.size(0)} and "
+                f"targets < q.size(0) = {q.size(0)}"
+            )
+
+
+def _cone_scores(
+    q: Tensor,
+    k: Tensor,
+    to_halfspace: HalfSpaceMap,
+    lca_height: HeightFn,
+    gamma: float,
+    pairs: Callable,
+) -> Tensor:
+    """``-gamma * H(map(q), map(k))`` over the pairs chosen by ``pairs``, in float32 or wider.
+
+    ``pairs(u, v) -> (D, u_d, v_d)`` takes the mapped points ``(horizontal, height)``.
+    """
+    _check_points("q", q)
+    _check_points("k", k)
+    if q.size(-1) != k.size(-1):
+        raise ValueError(
+            f"q and k must have the same feature size, got {q.size(-1)} and {k.size(-1)}"
+        )
+    _check_positive(gamma=gamma)
+    dtype = _compute_dtype(q, k)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        u, v = to_halfspace(q.to(dtype)), to_halfspace(k.to(dtype))
+        return -gamma * lca_height(*pairs(u, v))
+
+
+def cone_geometry(
+    variant: str,
+    r: float | None = None,
+    squared: bool = False,
+    height_scale: float | None = 1.0,
+) -> tuple[HalfSpaceMap, HeightFn]:
+    """The ``(map, lca_height)`` pair of a variant, with its parameters bound.
+
+    Args:
+        variant: ``"penumbral"`` (ξ map, :func:`penumbral_lca_height`) or
+            ``"umbral"`` (ψ map, :func:`umbral_lca_height`).
+        r: light-source height (penumbral) or ball radius (umbral); ``None``
+            takes the paper's value from :data:`DEFAULT_RADIUS`.
+        squared: penumbral only, see :func:`penumbral_lca_height`.
+        height_scale: umbral only, see :func:`psi_map`.
+
+    Returns:
+        ``to_halfspace(x [..., d]) -> (horizontal, height)`` and
+        ``lca_height(D, u_d, v_d) -> H``; both picklable.
+    """
+    if variant not in DEFAULT_RADIUS:
+        raise ValueError(f"variant must be one of {sorted(DEFAULT_RADIUS)}, got {variant!r}")
+    r = DEFAULT_RADIUS[variant] if r is None else float(r)
+    _check_positive(r=r)
+    if height_scale is not None:
+        _check_positive(height_scale=height_scale)
+    if variant == "penumbral":
+        return partial(xi_map, r=r), partial(penumbral_lca_height, r=r, squared=squared)
+    return partial(psi_map, height_scale=height_scale), partial(umbral_lca_height, r=r)
+
+
+def penumbral(
+    q: Tensor, k: Tensor, r: float = 1.0, gamma: float = 1.0, squared: bool = False
+) -> Tensor:
+    r"""Dense penumbral logits :math:`-\gamma H(\xi(q_i), \xi(k_j))` (or :math:`-\gamma H^2`).
+
+    Args:
+        q: queries ``[..., n, d]`` (``d >= 2``).
+        k: keys ``[..., m, d]``; leading dimensions broadcast with ``q``'s.
+        r: light-source height of the ξ map (1 in the paper).
+        gamma: softmax temperature :math:`\gamma > 0` (not given in the paper; code uses 1).
+        squared: score :math:`-\gamma H^2` as in the authors' code.
+
+    Returns:
+        Logits ``[..., n, m]`` in float32 (float64 for float64 inputs).
+    """
+    geometry = cone_geometry("penumbral", r, squared=squared)
+    return _cone_scores(q, k, *geometry, gamma, _dense_pairs)
+
+
+def umbral(
+    q: Tensor,
+    k: Tensor,
+    r: float = 0.1,
+    gamma: float = 1.0,
+    height_scale: float | None = 1.0,
+) -> Tensor:
+    r"""Dense umbral logits :math:`-\gamma H(\psi(q_i), \psi(k_j))`.
+
+    Args:
+        q: queries ``[..., n, d]`` (``d >= 2``).
+        k: keys ``[..., m, d]``.
+        r: hyperbolic ball radius (0.1 in the paper's runs, 1 in the authors' code).
+        gamma: softmax temperature :math:`\gamma > 0`.
+        height_scale: ψ height temperature ``c`` in :math:`e^{c x_d}`: paper 1;
+            ``None`` for ``1/d`` as in the authors' code.
+
+    Returns:
+        Logits ``[..., n, m]``.
+    """
+    geometry = cone_geometry("umbral", r, height_scale=height_scale)
+    return _cone_scores(q, k, *geometry, gamma, _dense_pairs)
+
+
+def penumbral_edge(
+    q: Tensor,
+    k: Tensor,
+    edge_index: Tensor,
+    r: float = 1.0,
+    gamma: float = 1.0,
+    squared: bool = False,
+) -> Tensor:
+    r"""Penumbral logit of every edge ``j -> i``: :math:`-\gamma H(\xi(q_i), \xi(k_j))`.
+
+    Equal to :func:`penumbral` on all pairs, read off at ``[i, j]`` for each edge.
+
+    Args:
+        q: target-node queries ``[N_dst, ..., d]``.
+        k: source-node keys ``[N_src, ..., d]`` (same trailing shape as ``q``).
+        edge_index: ``[2, E]``, row 0 = source ``j``, row 1 = target ``i`` (PyG).
+
+    Returns:
+        Logits ``[E, ...]`` (e.g. ``[E, heads]`` for ``[N, heads, d]`` inputs).
+    """
+    _check_edges(q, k, edge_index)
+    geometry = cone_geometry("penumbral", r, squared=squared)
+    return _cone_scores(q, k, *geometry, gamma, partial(_edge_pairs, edge_index=edge_index))
+
+
+def umbral_edge(
+    q: Tensor,
+    k: Tensor,
+    edge_index: Tensor,
+    r: float = 0.1,
+    gamma: float = 1.0,
+    height_scale: float | None = 1.0,
+) -> Tensor:
+    r"""Umbral logit of every edge ``j -> i``: :math:`-\gamma H(\psi(q_i), \psi(k_j))`.
+
+    Shapes as in :func:`penumbral_edge`; parameters as in :func:`umbral`.
+    """
+    _check_edges(q, k, edge_index)
+    geometry = cone_geometry("umbral", r, height_scale=height_scale)
+    return _cone_scores(q, k, *geometry, gamma, partial(_edge_pairs, edge_index=edge_index))

@@ -1,0 +1,128 @@
+"""Offline Planetoid/PPI loaders, the synthetic PPI fixture, and the two example scripts."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from torch_geometric.datasets import Planetoid
+
+from hiergraph.datasets import planetoid as hp
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_CORA = REPO.parent / "shared" / "datasets" / "Cora" / "raw"
+
+
+def cora_raw_source() -> Path | None:
+    """A folder with real Cora raw files: ``$HIERGRAPH_DATA/Cora/raw`` or the shared copy."""
+    candidates = [SHARED_CORA]
+    if os.environ.get(hp.DATA_ENV):
+        candidates.insert(0, Path(os.environ[hp.DATA_ENV]) / "Cora" / "raw")
+    for folder in candidates:
+        if all((folder / f).exists() for f in hp.planetoid_raw_files("Cora")):
+            return folder
+    return None
+
+
+@pytest.fixture
+def no_env(monkeypatch):
+    monkeypatch.delenv(hp.DATA_ENV, raising=False)
+    monkeypatch.delenv(hp.RAW_ENV, raising=False)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("a loader tried to download")
+
+    monkeypatch.setattr(Planetoid, "download", fail)
+    monkeypatch.setattr(hp.PPI, "download", fail)
+
+
+@pytest.fixture(scope="module")
+def synthetic_ppi_raw(tmp_path_factory):
+    """A tiny SYNTHETIC PPI (not real data) in PyG's raw layout."""
+    return hp.write_synthetic_ppi(tmp_path_factory.mktemp("synthetic_ppi") / "raw")
+
+
+def test_data_root_precedence(no_env, monkeypatch, tmp_path):
+    assert hp.data_root() == REPO / "datasets"
+    monkeypatch.setenv(hp.DATA_ENV, str(tmp_path))
+    assert hp.data_root() == tmp_path
+    assert hp.data_root(tmp_path / "x") == tmp_path / "x"
+
+
+def test_missing_files_raise_a_clear_error(no_env, no_network, tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        hp.load_planetoid("CiteSeer", root=tmp_path)
+    message = str(info.value)
+    assert str(tmp_path / "CiteSeer" / "raw") in message
+    assert "ind.citeseer.graph" in message and hp.RAW_ENV in message and "raw_dir" in message
+    with pytest.raises(FileNotFoundError, match="ppi.zip"):
+        hp.load_ppi(root=tmp_path, raw_dir=tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="Cora, CiteSeer or PubMed"):
+        hp.load_planetoid("Karate", root=tmp_path)
+
+
+def test_synthetic_ppi_layout_and_loading(no_env, no_network, synthetic_ppi_raw, tmp_path):
+    assert sorted(p.name for p in synthetic_ppi_raw.iterdir()) == sorted(hp.ppi_raw_files())
+    train, val, test = hp.load_ppi(root=tmp_path, raw_dir=synthetic_ppi_raw)
+    assert (len(train), len(val), len(test)) == (20, 2, 2)
+    data = train[0]
+    assert data.x.shape == (30, 50) and data.y.shape == (30, 121)
+    assert int(data.edge_index.max()) == 29 and data.is_undirected()
+    assert (tmp_path / "PPI" / "raw" / "train_graph.json").is_symlink()
+
+
+def test_raw_env_links_from_a_read_only_collection(no_env, no_network, monkeypatch, tmp_path):
+    collection = tmp_path / "shared"
+    hp.write_synthetic_ppi(collection / "PPI" / "raw", graphs=(2, 1, 1), nodes_per_graph=8)
+    collection.chmod(0o555)
+    try:
+        monkeypatch.setenv(hp.RAW_ENV, str(collection))
+        monkeypatch.setenv(hp.DATA_ENV, str(tmp_path / "data"))
+        train, _, _ = hp.load_ppi()
+        assert len(train) == 2
+        assert (tmp_path / "data" / "PPI" / "processed").is_dir()
+    finally:
+        collection.chmod(0o755)
+
+
+@pytest.mark.skipif(cora_raw_source() is None, reason="real Cora raw files not available")
+def test_real_cora_public_split(no_env, no_network, tmp_path):
+    data = hp.load_planetoid("Cora", root=tmp_path, raw_dir=cora_raw_source())[0]
+    assert data.num_nodes == 2708 and data.num_edges == 10556 and data.num_features == 1433
+    assert [int(m.sum()) for m in (data.train_mask, data.val_mask, data.test_mask)] == [
+        140,
+        500,
+        1000,
+    ]
+
+
+@pytest.fixture
+def examples_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    yield
+    for name in ("cora_cone_gat", "ppi_cone_gat"):
+        sys.modules.pop(name, None)
+
+
+def test_ppi_example_runs_on_synthetic_fixture(no_env, no_network, examples_on_path, tmp_path):
+    import ppi_cone_gat
+
+    raw = hp.write_synthetic_ppi(tmp_path / "raw", graphs=(4, 2, 2), nodes_per_graph=12)
+    argv = ["--root", str(tmp_path), "--raw-dir", str(raw), "--epochs", "2", "--hidden", "8"]
+    scores = ppi_cone_gat.main([*argv, "--attention", "umbral"])
+    assert len(scores) == 1 and 0.0 <= scores[0] <= 1.0
+
+
+@pytest.mark.skipif(cora_raw_source() is None, reason="real Cora raw files not available")
+def test_cora_example_smoke(no_env, no_network, examples_on_path, tmp_path, capsys):
+    import cora_cone_gat
+
+    argv = ["--root", str(tmp_path), "--raw-dir", str(cora_raw_source())]
+    accs = cora_cone_gat.main([*argv, "--epochs", "2", "--seeds", "1", "--attention", "dot"])
+    assert len(accs) == 1 and 0.0 <= accs[0] <= 1.0
+    assert "±" in capsys.readouterr().out

@@ -1,0 +1,158 @@
+"""ConeConv against a dense masked reference (float64), PyG conventions, sparse adjacency."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
+from torch_geometric.utils import coalesce, to_dense_adj
+
+from hiergraph.nn.cone_conv import ConeConv
+from hiergraph.ops.cone import penumbral, umbral
+
+N, F_IN = 9, 6
+
+
+def graph(seed=0, num_edges=25):
+    """A coalesced random graph with some existing self loops and an isolated node."""
+    gen = torch.Generator().manual_seed(seed)
+    edge_index = torch.randint(0, N - 1, (2, num_edges), generator=gen)  # node N-1 isolated
+    edge_index = torch.cat([edge_index, torch.tensor([[0, 3], [0, 3]])], dim=1)
+    x = torch.randn(N, F_IN, generator=gen, dtype=torch.float64)
+    return x, coalesce(edge_index, num_nodes=N)
+
+
+def dense_scores(variant, q, k, conv):
+    """Scores ``[heads, N, N]`` (query i, key j) from dense references."""
+    q, k = q.transpose(0, 1), k.transpose(0, 1)
+    if variant == "dot":
+        return q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+    if variant == "penumbral":
+        return penumbral(q, k, r=conv.r, gamma=conv.gamma, squared=conv.squared)
+    return umbral(q, k, r=conv.r, gamma=conv.gamma, height_scale=conv.height_scale)
+
+
+def dense_reference(conv, x, edge_index):
+    """Masked dense softmax attention over ``A + I``; returns output and weights ``[H, N, N]``."""
+    H, C = conv.heads, conv.out_channels
+    value = conv.lin(x).view(N, H, C)
+    if conv.share_qk:
+        query = key = value
+    else:
+        query, key = conv.lin_qk(x).view(N, 2, H, conv.qk_channels).unbind(1)
+    allowed = to_dense_adj(edge_index, max_num_nodes=N)[0].T.bool() | torch.eye(N, dtype=torch.bool)
+    scores = dense_scores(conv.variant, query, key, conv).masked_fill(~allowed, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    out = (weights @ value.transpose(0, 1)).transpose(0, 1)  # [N, H, C]
+    out = out.reshape(N, H * C) if conv.concat else out.mean(dim=1)
+    return out + conv.bias, weights
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral", "dot"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"heads": 3, "concat": True},
+        {"heads": 2, "concat": False, "gamma": 2.5, "r": 0.6},
+        {"heads": 2, "share_qk": False, "qk_channels": 5},
+        {"heads": 1, "squared": True, "height_scale": 0.25},
+        {"heads": 2, "squared": True, "height_scale": None},  # the authors' conventions
+    ],
+)
+def test_matches_dense_masked_reference(variant, kwargs):
+    torch.manual_seed(0)
+    x, edge_index = graph()
+    conv = ConeConv(F_IN, 4, variant=variant, **kwargs).double()
+    out, (ei, alpha) = conv(x, edge_index, return_attention_weights=True)
+    ref, weights = dense_reference(conv, x, edge_index)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(alpha, weights[:, ei[1], ei[0]].T)
+    sums = torch.zeros(N, conv.heads, dtype=alpha.dtype).index_add_(0, ei[1], alpha)
+    torch.testing.assert_close(sums, torch.ones_like(sums))
+
+
+def test_without_self_loops_isolated_node_gets_zero_message():
+    torch.manual_seed(1)
+    x, edge_index = graph()
+    conv = ConeConv(F_IN, 4, heads=2, add_self_loops=False).double()
+    out = conv(x, edge_index)
+    torch.testing.assert_close(out[N - 1], conv.bias)
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_gradcheck(variant):
+    torch.manual_seed(2)
+    x, edge_index = graph(num_edges=12)
+    conv = ConeConv(F_IN, 3, heads=2, variant=variant).double()
+    x.requires_grad_()
+    assert torch.autograd.gradcheck(lambda inp: conv(inp, edge_index), (x,))
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_finite_gradients_with_self_loops_float32(variant):
+    torch.manual_seed(3)
+    x, edge_index = graph()
+    x = (x.float() * 50).requires_grad_()
+    conv = ConeConv(F_IN, 4, heads=2, variant=variant)
+    conv(x, edge_index).square().sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in conv.parameters())
+
+
+def test_autocast_scores_in_float32():
+    torch.manual_seed(4)
+    x, edge_index = graph()
+    conv = ConeConv(F_IN, 4, heads=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, (_, alpha) = conv(x.float(), edge_index, return_attention_weights=True)
+    assert alpha.dtype == torch.float32
+    assert torch.isfinite(out).all()
+
+
+def test_reset_parameters_repr_and_shapes():
+    conv = ConeConv(F_IN, 4, heads=3, variant="umbral")
+    assert repr(conv) == "ConeConv(6, 4, heads=3, variant='umbral')"
+    assert conv.r == 0.1 and ConeConv(F_IN, 4).r == 1.0
+    x, edge_index = graph()
+    assert conv(x.float(), edge_index).shape == (N, 12)
+    assert ConeConv(F_IN, 4, heads=3, concat=False)(x.float(), edge_index).shape == (N, 4)
+    torch.manual_seed(5)
+    conv.reset_parameters()
+    first = conv.lin.weight.detach().clone()
+    torch.manual_seed(5)
+    conv.reset_parameters()
+    torch.testing.assert_close(conv.lin.weight, first)
+
+
+def test_dropout_only_in_training():
+    torch.manual_seed(6)
+    x, edge_index = graph()
+    conv = ConeConv(F_IN, 4, heads=2, dropout=0.5).double().eval()
+    torch.testing.assert_close(conv(x, edge_index), conv(x, edge_index))
+
+
+@pytest.mark.skipif(not WITH_TORCH_SPARSE, reason="torch-sparse is not installed")
+def test_sparse_tensor_adjacency_matches_edge_index():
+    torch.manual_seed(7)
+    x, edge_index = graph()
+    conv = ConeConv(F_IN, 4, heads=2).double()
+    adj_t = SparseTensor.from_edge_index(edge_index, sparse_sizes=(N, N)).t()
+    out, adj_alpha = conv(x, adj_t, return_attention_weights=True)
+    torch.testing.assert_close(out, conv(x, edge_index))
+    assert adj_alpha.storage.value().shape[-1] == 2
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="variant must be one of"):
+        ConeConv(F_IN, 4, variant="hyperbolic")
+    with pytest.raises(ValueError, match=">= 2 query/key channels"):
+        ConeConv(F_IN, 1)
+    with pytest.raises(ValueError, match="gamma must be > 0"):
+        ConeConv(F_IN, 4, gamma=-1.0)
+    with pytest.raises(ValueError, match="r must be > 0"):
+        ConeConv(F_IN, 4, r=0.0)
+    with pytest.raises(ValueError, match=r"\[num_nodes, in_channels\]"):
+        ConeConv(F_IN, 4)(torch.randn(2, N, F_IN), graph()[1])
+    ConeConv(F_IN, 1, variant="dot")  # a 1-d dot product is fine

@@ -1,0 +1,413 @@
+"""MaskedAttentionConv: Lemma 1 (masked SDPA == message passing), both paths,
+the stochastic-relation invariants and the equivariance classification
+(notes/relational_masks.md §7)."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch_geometric.nn import TransformerConv
+from torch_geometric.utils import scatter
+
+import hiergraph.nn.masked_attention_conv as conv_module
+from hiergraph.masks import (
+    BandMask,
+    automorphisms,
+    block_diagonal_mask,
+    causal_mask,
+    check_equivariance,
+    cross_mask,
+    dilated_mask,
+    edge_index_to_mask,
+    equivariance_error,
+    full_mask,
+    global_tokens_mask,
+    graph_mask,
+    random_mask,
+    relabel,
+    sequence_batch,
+    sibling_mask,
+    window_mask,
+)
+from hiergraph.nn.masked_attention_conv import MaskedAttentionConv
+
+N = 24
+MASKS = {
+    "full": full_mask(N),
+    "causal": causal_mask(N),
+    "window": window_mask(N, 3),
+    "causal_window": window_mask(N, 3, causal=True),
+    "dilated": dilated_mask(N, 2, 3),
+    "block_diagonal": block_diagonal_mask([5, 11, 8]),
+    "cross": cross_mask(10, 14),
+    "global_tokens": global_tokens_mask(window_mask(N - 2, 1), N - 2, 2),
+    "memory_tokens": global_tokens_mask(window_mask(N - 2, 1), N - 2, 2, read_only=True),
+    "random": random_mask(N, 90, seed=0),
+    "graph": graph_mask(random_mask(N, 60, seed=1, self_loops=False), N, self_loops=False),
+    "siblings": sibling_mask(torch.tensor([-1, 0, 0, 0, 1, 1, 2, 2, 2, 2] + [-1] * 14)),
+}
+BANDED = {"full", "causal", "window", "causal_window", "dilated", "block_diagonal"}
+
+
+def make_conv(dtype=torch.float64, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    params = {"in_channels": 6, "out_channels": 4, "heads": 2} | kwargs
+    return MaskedAttentionConv(**params).to(dtype).eval()
+
+
+def features(n=N, dim=6, dtype=torch.float64, seed=1):
+    return torch.randn(n, dim, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def dense_sdpa(conv, x, edge_index):
+    """The same layer with a dense mask and scaled_dot_product_attention (rows
+    with no incoming edge are returned as NaN-free garbage; callers mask them)."""
+    n, H, C = x.size(0), conv.heads, conv.out_channels
+    q, k, v = (
+        lin(x).view(n, H, C).transpose(0, 1)
+        for lin in (conv.lin_query, conv.lin_key, conv.lin_value)
+    )
+    mask = edge_index_to_mask(edge_index, n, rows="query")
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~mask.any(1, keepdim=True))
+    out = out.transpose(0, 1)
+    return out.reshape(n, H * C) if conv.concat else out.mean(1)
+
+
+# ---------------------------------------------------------------- Lemma 1 (T7)
+@pytest.mark.parametrize("name", list(MASKS))
+@pytest.mark.parametrize("structured", [True, False])
+def test_equals_dense_masked_sdpa_float32(name, structured):
+    edge_index = MASKS[name]
+    conv = make_conv(torch.float32, root_weight=False, structured=structured)
+    x = features(dtype=torch.float32)
+    out = conv(x, edge_index)
+    has_in = torch.zeros(N, dtype=torch.bool)
+    has_in[edge_index[1]] = True
+    torch.testing.assert_close(
+        out[has_in], dense_sdpa(conv, x, edge_index)[has_in], atol=1e-6, rtol=0
+    )
+    assert torch.equal(out[~has_in], torch.zeros_like(out[~has_in]))  # documented: zero
+
+
+@pytest.mark.parametrize("name", sorted(BANDED))
+def test_fast_path_is_taken_and_matches_edge_path(name, monkeypatch):
+    calls = []
+    real = conv_module.banded_attention
+    monkeypatch.setattr(
+        conv_module, "banded_attention", lambda *a, **k: calls.append(a[3:]) or real(*a, **k)
+    )
+    edge_index = MASKS[name]
+    x = features().requires_grad_()
+    fast = make_conv()
+    out_fast = fast(x, edge_index)
+    assert len(calls) == 1
+    (grad_fast,) = torch.autograd.grad(out_fast.square().sum(), x)
+    slow = make_conv(structured=False)
+    out_slow = slow(x, edge_index)
+    (grad_slow,) = torch.autograd.grad(out_slow.square().sum(), x)
+    assert len(calls) == 1
+    torch.testing.assert_close(out_fast, out_slow, atol=1e-12, rtol=0)
+    torch.testing.assert_close(grad_fast, grad_slow, atol=1e-12, rtol=0)
+    for g_fast, g_slow in zip(
+        torch.autograd.grad(fast(x, edge_index).sum(), list(fast.parameters())),
+        torch.autograd.grad(slow(x, edge_index).sum(), list(slow.parameters())),
+        strict=True,
+    ):
+        torch.testing.assert_close(g_fast, g_slow, atol=1e-12, rtol=0)
+
+
+def test_edge_path_for_unstructured_inputs(monkeypatch):
+    calls = []
+    real = conv_module.banded_attention
+    monkeypatch.setattr(
+        conv_module, "banded_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    conv = make_conv()
+    conv(features(), MASKS["random"])
+    conv(features(), MASKS["window"], return_attention_weights=True)
+    conv(features(), MASKS["window"], edge_attr=torch.zeros(MASKS["window"].size(1)))
+    assert not calls
+
+
+def test_band_descriptor_in_place_of_edge_index():
+    band = BandMask((9, 15), 2, 1, 2)
+    conv, x = make_conv(), features()
+    expected = make_conv(structured=False)(x, band.edge_index())
+    torch.testing.assert_close(conv(x, band), expected, atol=1e-12, rtol=0)
+    out, (edge_index, alpha) = conv(x, band, return_attention_weights=True)
+    assert torch.equal(edge_index, band.edge_index()) and alpha.shape == (band.num_edges, 2)
+    with pytest.raises(ValueError, match="BandMask over 24 nodes"):
+        conv(features(n=10), band)
+
+
+# ---------------------------------------------------------------- PyG TransformerConv
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"concat": False},
+        {"root_weight": False, "heads": 3},
+        {"edge_dim": 3},
+        {"bias": False, "heads": 1},
+    ],
+)
+def test_equals_transformer_conv(kwargs):
+    conv = make_conv(**kwargs)
+    reference = TransformerConv(**({"in_channels": 6, "out_channels": 4, "heads": 2} | kwargs))
+    reference = reference.double().eval()
+    reference.load_state_dict(conv.state_dict(), strict=False)  # its lin_skip exists regardless
+    x, edge_index = features(), MASKS["random"]
+    edge_attr = (
+        torch.randn(edge_index.size(1), 3, dtype=torch.float64) if "edge_dim" in kwargs else None
+    )
+    out, (_, alpha) = conv(x, edge_index, edge_attr, return_attention_weights=True)
+    ref, (_, ref_alpha) = reference(x, edge_index, edge_attr, return_attention_weights=True)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    torch.testing.assert_close(alpha, ref_alpha, atol=1e-12, rtol=0)
+
+
+def test_bipartite_input_equals_transformer_conv():
+    conv = make_conv(in_channels=(5, 6))
+    reference = TransformerConv((5, 6), 4, heads=2).double().eval()
+    reference.load_state_dict(conv.state_dict())
+    x = (features(n=7, dim=5), features(n=9))
+    edge_index = cross_mask(7, 9, joint=False)
+    torch.testing.assert_close(conv(x, edge_index), reference(x, edge_index), atol=1e-12, rtol=0)
+
+
+# ---------------------------------------------------------------- Prop. 1 / Def. 10 (T8)
+@pytest.mark.parametrize("name", ["full", "causal", "random", "graph", "cross", "siblings"])
+def test_attention_is_stochastic_and_convex(name):
+    edge_index = MASKS[name]
+    conv = make_conv(root_weight=False, heads=1)
+    x = features()
+    out, (_, alpha) = conv(x, edge_index, return_attention_weights=True)
+    assert bool((alpha > 0).all())
+    sums = scatter(alpha, edge_index[1], dim=0, dim_size=N, reduce="sum")
+    has_in = torch.zeros(N, dtype=torch.bool)
+    has_in[edge_index[1]] = True
+    torch.testing.assert_close(sums[has_in], torch.ones_like(sums[has_in]), atol=1e-12, rtol=0)
+    values = conv.lin_value(x)
+    low = scatter(values[edge_index[0]], edge_index[1], dim=0, dim_size=N, reduce="min")
+    high = scatter(values[edge_index[0]], edge_index[1], dim=0, dim_size=N, reduce="max")
+    assert bool((out[has_in] >= low[has_in] - 1e-12).all())
+    assert bool((out[has_in] <= high[has_in] + 1e-12).all())
+
+
+@pytest.mark.parametrize("structured", [True, False])
+def test_constant_values_give_constant_output(structured):
+    conv = make_conv(root_weight=False, structured=structured)
+    with torch.no_grad():
+        conv.lin_value.weight.zero_()
+        conv.lin_value.bias.fill_(0.7)
+    out = conv(features(), MASKS["window"])
+    torch.testing.assert_close(out, torch.full_like(out, 0.7), atol=1e-12, rtol=0)
+
+
+def test_isolated_targets_get_root_term_only_and_no_nan():
+    """Encoder rows of the joint cross graph have no incoming edge."""
+    edge_index = cross_mask(4, 5)
+    conv = make_conv()
+    x = features(n=9).requires_grad_()
+    out = conv(x, edge_index)
+    torch.testing.assert_close(out[:4], conv.lin_skip(x[:4]), atol=1e-12, rtol=0)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    assert torch.isfinite(out).all() and torch.isfinite(grad).all()
+    empty = conv(x, torch.empty(2, 0, dtype=torch.long))
+    torch.testing.assert_close(empty, conv.lin_skip(x), atol=1e-12, rtol=0)
+
+
+def test_additive_logit_bias_equals_dense_float_mask():
+    edge_index = MASKS["random"]
+    conv = make_conv(root_weight=False)
+    x = features()
+    bias = torch.randn(edge_index.size(1), 2, dtype=torch.float64)
+    attn_bias = torch.full((2, N, N), float("-inf"), dtype=torch.float64)
+    attn_bias[:, edge_index[1], edge_index[0]] = bias.T
+    q, k, v = (
+        lin(x).view(N, 2, 4).transpose(0, 1)
+        for lin in (conv.lin_query, conv.lin_key, conv.lin_value)
+    )
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias).transpose(0, 1).reshape(N, 8)
+    torch.testing.assert_close(conv(x, edge_index, bias), ref, atol=1e-12, rtol=0)
+    shared = conv(x, edge_index, bias[:, 0])  # [E]: one bias for all heads
+    torch.testing.assert_close(shared, conv(x, edge_index, bias[:, :1].expand(-1, 2).contiguous()))
+
+
+# ---------------------------------------------------------------- locality (T2, T3, T4)
+@pytest.mark.parametrize("structured", [True, False])
+def test_causality_and_prefix_consistency(structured):
+    conv = make_conv(structured=structured)
+    x = features()
+    out = conv(x, causal_mask(N))
+    changed = x.clone()
+    changed[15:] += 1.0
+    torch.testing.assert_close(conv(changed, causal_mask(N))[:15], out[:15], atol=0, rtol=0)
+    torch.testing.assert_close(conv(x[:10], causal_mask(10)), out[:10], atol=1e-12, rtol=0)
+    prepended = torch.cat([features(n=3, seed=9), x])
+    assert not torch.allclose(conv(prepended, causal_mask(N + 3))[3:], out)
+
+
+@pytest.mark.parametrize("structured", [True, False])
+def test_causal_window_locality_and_local_shift_equivariance(structured):
+    p, m = 3, 5
+    conv = make_conv(structured=structured)
+    x = features().requires_grad_()
+    out = conv(x, window_mask(N, p, causal=True))
+    probe = torch.randn_like(out)  # generic weights: no accidental cancellation
+    rows = [
+        torch.autograd.grad((out[i] * probe[i]).sum(), x, retain_graph=True)[0] for i in range(N)
+    ]
+    reach = torch.stack(rows).abs().sum(dim=-1) > 0  # [query, key]: d out_i / d x_k != 0
+    i, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
+    assert torch.equal(reach, (j <= i) & (j >= i - p))
+    shifted = conv(torch.cat([features(n=m, seed=5), x]), window_mask(N + m, p, causal=True))
+    torch.testing.assert_close(shifted[m + p :], out[p:], atol=1e-12, rtol=0)
+    assert not torch.allclose(shifted[m : m + p], out[:p])
+
+
+def test_window_zero_is_pointwise_value():
+    conv = make_conv(root_weight=False)
+    x = features()
+    torch.testing.assert_close(conv(x, window_mask(N, 0)), conv.lin_value(x), atol=1e-12, rtol=0)
+
+
+# ---------------------------------------------------------------- batches (T10)
+@pytest.mark.parametrize("structured", [True, False])
+def test_batch_equals_separate_sequences(structured):
+    lengths = [7, 3, 12, 1]
+    x = features(n=sum(lengths))
+    conv = make_conv(structured=structured)
+    batch = sequence_batch(lengths, window_mask, x=x, p=2, causal=True)
+    out = conv(batch.x, batch.edge_index)
+    for g, n in enumerate(lengths):
+        start = int(batch.ptr[g])
+        alone = conv(x[start : start + n], window_mask(n, 2, causal=True))
+        torch.testing.assert_close(out[start : start + n], alone, atol=1e-12, rtol=0)
+    order = [2, 0, 3, 1]
+    reordered = sequence_batch(
+        [lengths[g] for g in order],
+        window_mask,
+        x=torch.cat([batch.get_example(g).x for g in order]),
+        p=2,
+        causal=True,
+    )
+    expected = torch.cat([out[int(batch.ptr[g]) : int(batch.ptr[g + 1])] for g in order])
+    torch.testing.assert_close(
+        conv(reordered.x, reordered.edge_index), expected, atol=1e-12, rtol=0
+    )
+
+
+# ---------------------------------------------------------------- equivariance (T1, T2, T5, T6)
+ALL_PERMS_6 = torch.tensor(list(itertools.permutations(range(6))))
+
+
+def equivariant_perms(conv, x, edge_index, relabel_graph=False):
+    """Every permutation of S_6 that passes, as a [k, 6] tensor (float64, generic).
+
+    Callers use the edge path (``structured=False``), which is cheaper on 6 nodes;
+    the banded path equals it (``test_fast_path_is_taken_and_matches_edge_path``).
+    """
+    passed = []
+    for perm in ALL_PERMS_6:
+        error = equivariance_error(conv, x, edge_index, perm, relabel_graph)
+        assert error <= 1e-10 or error > 1e-6  # no borderline cases on generic inputs
+        passed.append(error <= 1e-10)
+    return ALL_PERMS_6[torch.tensor(passed)]
+
+
+@pytest.mark.parametrize(
+    "edge_index",
+    [
+        full_mask(6),
+        causal_mask(6),
+        window_mask(6, 1, causal=True),
+        window_mask(6, 3),
+        block_diagonal_mask([2, 2, 2]),
+        random_mask(6, 14, seed=2),
+    ],
+    ids=["full", "causal", "causal_window", "window3", "blocks", "random"],
+)
+def test_equivariant_set_is_exactly_aut(edge_index):
+    """Brute force over the 720 permutations of n = 6: the layer is equivariant
+    exactly to Aut(mask) (full: S_6; causal and causal window: identity)."""
+    conv = make_conv(root_weight=False, structured=False)
+    passed = equivariant_perms(conv, features(n=6), edge_index)
+    assert torch.equal(passed, automorphisms(edge_index, 6))
+
+
+def test_graph_attention_is_equivariant_under_joint_relabelling():
+    edge_index = random_mask(6, 14, seed=3)
+    conv = make_conv(structured=False)
+    assert equivariant_perms(conv, features(n=6), edge_index, relabel_graph=True).size(0) == 720
+
+
+def test_cross_attention_block_equivariance():
+    """f(X[pX], Y[pY]) = f(X, Y)[pY] for all pX, pY (m = n = 3): equivariant in the
+    decoder queries, invariant in the encoder keys/values."""
+    conv = make_conv(in_channels=(5, 6))
+    x = (features(n=3, dim=5), features(n=3))
+    edge_index = cross_mask(3, 3, joint=False)
+    perms = list(itertools.permutations(range(3)))
+    for p_src, p_dst in itertools.product(perms, perms):
+        assert check_equivariance(conv, x, edge_index, (torch.tensor(p_src), torch.tensor(p_dst)))
+
+
+def test_check_equivariance_detects_failures_and_bad_use():
+    conv, x = make_conv(), features(n=6)
+    shift = torch.roll(torch.arange(6), 1)
+    assert not check_equivariance(conv, x, causal_mask(6), shift)  # T3: shift fails
+    assert check_equivariance(conv, x, full_mask(6), shift)
+    conv.train()
+    with pytest.raises(ValueError, match="training mode"):
+        check_equivariance(conv, x, full_mask(6), shift)
+    conv.eval()
+    with pytest.raises(TypeError, match="pair of permutations"):
+        check_equivariance(conv, x, full_mask(6), (shift, shift))
+    assert torch.equal(relabel(full_mask(6), shift).sort(dim=1)[0], full_mask(6).sort(dim=1)[0])
+
+
+# ---------------------------------------------------------------- dropout and training
+@pytest.mark.parametrize("name", ["window", "random"])
+def test_dropout_only_in_training(name):
+    conv = make_conv(dropout=0.5)
+    x = features()
+    eval_out = conv(x, MASKS[name])
+    torch.testing.assert_close(conv(x, MASKS[name]), eval_out)
+    conv.train()
+    out = conv(x, MASKS[name])
+    assert torch.isfinite(out).all() and not torch.allclose(out, eval_out)
+
+
+# ---------------------------------------------------------------- bad inputs and repr
+@pytest.mark.parametrize(
+    "call,error,message",
+    [
+        (lambda c, x: c(x, MASKS["window"].float()), TypeError, "LongTensor"),
+        (lambda c, x: c(x, MASKS["window"][:1]), ValueError, r"shape \[2, E\]"),
+        (lambda c, x: c(x, MASKS["window"] + N), ValueError, "out of range"),
+        (lambda c, x: c(x, MASKS["random"], torch.zeros(3)), ValueError, "logit bias of shape"),
+    ],
+)
+def test_bad_inputs(call, error, message):
+    with pytest.raises(error, match=message):
+        call(make_conv(), features())
+
+
+def test_bad_edge_features_and_arguments():
+    conv = make_conv(edge_dim=3)
+    with pytest.raises(ValueError, match="pass edge_attr"):
+        conv(features(), MASKS["random"])
+    with pytest.raises(ValueError, match=r"\[E, edge_dim\]"):
+        conv(features(), MASKS["random"], torch.zeros(90, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="dropout must lie"):
+        MaskedAttentionConv(6, 4, dropout=1.0)
+
+
+def test_repr_and_reset():
+    conv = MaskedAttentionConv(6, 4, heads=2)
+    assert repr(conv) == "MaskedAttentionConv(6, 4, heads=2)"
+    before = conv.lin_query.weight.clone()
+    conv.reset_parameters()
+    assert not torch.equal(before, conv.lin_query.weight)

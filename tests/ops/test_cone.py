@@ -1,0 +1,330 @@
+"""Cone-attention scores: the invariants of notes/cone_attention.md §7, dense vs edge forms,
+gradients, autocast and bad inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hiergraph.ops.cone import (
+    cone_geometry,
+    penumbral,
+    penumbral_edge,
+    penumbral_lca_height,
+    psi_map,
+    umbral,
+    umbral_edge,
+    umbral_lca_height,
+    xi_map,
+)
+
+DENSE = {"penumbral": penumbral, "umbral": umbral}
+EDGE = {"penumbral": penumbral_edge, "umbral": umbral_edge}
+
+
+def t(*values):
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def half_space_points(n, d, r=1.0, seed=0):
+    """Random half-space points: horizontal ``[n, d-1]`` and heights in ``(0, r)``."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d - 1, generator=gen, dtype=torch.float64) * 0.6
+    y = torch.rand(n, generator=gen, dtype=torch.float64) * 0.98 * r + 0.01 * r
+    return x, y
+
+
+def height(variant, u, v, r, **kw):
+    """H(u, v) for half-space points ``u = (x, y)``, all pairs ``[n, m]``."""
+    dist = torch.cdist(u[0], v[0], compute_mode="donot_use_mm_for_euclid_dist")
+    fn = penumbral_lca_height if variant == "penumbral" else umbral_lca_height
+    return fn(dist, u[1][:, None], v[1][None, :], r, **kw)
+
+
+def in_cone(variant, u, v, r):
+    """Is ``v`` in the cone of ``u`` (``u`` an ancestor of ``v``)? Note §1.4."""
+    dist = torch.linalg.vector_norm(u[0] - v[0], dim=-1)
+    if variant == "penumbral":
+        bound = torch.sqrt(r**2 - v[1] ** 2) - torch.sqrt(r**2 - u[1] ** 2)
+        return (v[1] <= u[1]) & (dist <= bound)
+    return dist <= math.sinh(r) * (u[1] - v[1])
+
+
+# ---------------------------------------------------------------------------
+# Golden values (note §7.3, §7.4, §7.8)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dist", "yu", "yv", "expected", "squared"),
+    [
+        (0.1, 0.5, 0.2, 0.5, False),  # ancestor
+        (0.3, 0.5, 0.4, 0.671207, False),  # in-cone
+        (0.3, 0.5, 0.4, 0.450518, True),
+        (2.0, 0.5, 0.4, 1.097955, False),  # out of cone
+        (2.0, 0.5, 0.4, 1.205506, True),
+        (0.8 + 0.916515, 0.6, 0.4, 1.0, False),  # on the boundary
+    ],
+)
+def test_penumbral_golden(dist, yu, yv, expected, squared):
+    h = penumbral_lca_height(t(dist), t(yu), t(yv), r=1.0, squared=squared)
+    assert h.item() == pytest.approx(expected, abs=2e-6)
+
+
+@pytest.mark.parametrize(("dist", "expected"), [(0.02, 0.5), (0.1, 0.849168)])
+def test_umbral_golden(dist, expected):
+    assert umbral_lca_height(t(dist), t(0.5), t(0.2), r=0.1).item() == pytest.approx(
+        expected, abs=1e-6
+    )
+
+
+def test_reference_code_parity_golden():
+    q, k = t(0.5, -1.0, 0.2)[None], t(-0.3, 0.4, -0.7)[None]
+    (qx, qy), (kx, ky) = xi_map(q), xi_map(k)
+    assert qy.item() == pytest.approx(0.549834, abs=1e-6)
+    assert ky.item() == pytest.approx(0.331812, abs=1e-6)
+    assert torch.linalg.vector_norm(qx - kx).item() == pytest.approx(0.778529, abs=1e-6)
+    assert penumbral(q, k, squared=True).item() == pytest.approx(-0.749954, abs=1e-6)
+    assert penumbral(q, k).item() == pytest.approx(-0.865999, abs=1e-6)
+    d = q.size(-1)
+    assert umbral(q, k, r=1.0, height_scale=1 / d).item() == pytest.approx(-1.605299, abs=1e-6)
+    assert umbral(q, k, r=0.1, height_scale=1 / d).item() == pytest.approx(-8.848464, abs=1e-6)
+    assert umbral(q, k, r=0.1).item() == pytest.approx(-8.897939, abs=1e-6)
+    assert umbral(q, k, r=0.1, height_scale=None).item() == pytest.approx(-8.848464, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Invariants
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_symmetry(variant):
+    u, v = half_space_points(40, 4, seed=1), half_space_points(30, 4, seed=2)
+    torch.testing.assert_close(height(variant, u, v, 1.0), height(variant, v, u, 1.0).T)
+    q, k = torch.randn(2, 7, 5, dtype=torch.float64), torch.randn(2, 6, 5, dtype=torch.float64)
+    torch.testing.assert_close(DENSE[variant](q, k), DENSE[variant](k, q).transpose(-1, -2))
+
+
+def test_penumbral_symmetry_spans_both_branches():
+    h = height("penumbral", *[half_space_points(60, 3, seed=s) for s in (3, 4)], 1.0)
+    assert (h < 1).any() and (h > 1).any()
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_self_similarity_and_zero_distance(variant):
+    u = half_space_points(25, 3, seed=5)
+    torch.testing.assert_close(height(variant, u, u, 1.0).diagonal(), u[1])
+    y_u, y_v = u[1][:, None], u[1][None, :]
+    fn = penumbral_lca_height if variant == "penumbral" else umbral_lca_height
+    torch.testing.assert_close(
+        fn(torch.zeros(25, 25, dtype=torch.float64), y_u, y_v, 1.0), torch.maximum(y_u, y_v)
+    )
+    q = torch.randn(4, 25, 6, dtype=torch.float64)
+    gamma = 0.7
+    mapped_height = (xi_map(q) if variant == "penumbral" else psi_map(q))[1]
+    torch.testing.assert_close(
+        DENSE[variant](q, q, gamma=gamma).diagonal(dim1=-2, dim2=-1), -gamma * mapped_height
+    )
+
+
+@pytest.mark.parametrize(("variant", "r"), [("penumbral", 1.0), ("umbral", 0.1), ("umbral", 1.0)])
+def test_ancestor_height_is_the_row_maximum(variant, r):
+    u = half_space_points(50, 3, r=r if variant == "penumbral" else 1.0, seed=6)
+    v = half_space_points(80, 3, r=r if variant == "penumbral" else 1.0, seed=7)
+    h = height(variant, u, v, r)
+    assert (h >= torch.maximum(u[1][:, None], v[1][None, :]) - 1e-12).all()
+    members = in_cone(variant, (u[0][:, None], u[1][:, None]), (v[0][None], v[1][None]), r)
+    assert members.any()
+    torch.testing.assert_close(h[members], u[1][:, None].expand_as(h)[members])
+    assert (h[~members] > u[1][:, None].expand_as(h)[~members]).all()
+
+
+def test_penumbral_branch_test_and_boundary_continuity():
+    r = 1.0
+    u, v = half_space_points(200, 2, seed=8), half_space_points(200, 2, seed=9)
+    dist = torch.cdist(u[0], v[0])
+    s_u, s_v = torch.sqrt(r**2 - u[1] ** 2)[:, None], torch.sqrt(r**2 - v[1] ** 2)[None, :]
+    eq23 = ((dist - s_u) ** 2 + v[1][None, :] ** 2 < r**2) | (dist <= s_u)
+    symmetric = dist < s_u + s_v
+    assert (eq23 == symmetric).float().mean() > 0.999  # ties only on the measure-zero boundary
+    h = penumbral_lca_height(dist, u[1][:, None], v[1][None, :], r)
+    assert (h[symmetric] <= r + 1e-12).all() and (h[~symmetric] >= r - 1e-12).all()
+    boundary = (s_u + s_v).expand_as(dist)
+    for delta in (-1e-9, 0.0, 1e-9):
+        hb = penumbral_lca_height(boundary + delta, u[1][:, None], v[1][None, :], r)
+        torch.testing.assert_close(hb, torch.full_like(hb, r), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_monotone_in_horizontal_distance(variant):
+    y_u, y_v = torch.rand(30, 1, dtype=torch.float64) * 0.9 + 0.05, torch.rand(30, 1).double() * 0.9
+    dist = torch.linspace(0, 4, 400, dtype=torch.float64)[None, :]
+    fn = penumbral_lca_height if variant == "penumbral" else umbral_lca_height
+    h = fn(dist, y_u, y_v + 0.05, 1.0)
+    assert (h.diff(dim=-1) >= -1e-12).all()
+
+
+def test_umbral_laplacian_reduction_and_homogeneity():
+    r, gamma = 0.1, 1.3
+    x = torch.randn(20, 3, dtype=torch.float64)
+    y = torch.full((20,), 0.4, dtype=torch.float64)
+    scores = -gamma * height("umbral", (x, y), (x, y), r)
+    laplace = -gamma / (2 * math.sinh(r)) * torch.cdist(x, x)
+    torch.testing.assert_close(scores.softmax(-1), laplace.softmax(-1))
+    u, v = half_space_points(15, 4, seed=10), half_space_points(12, 4, seed=11)
+    lam = 3.7
+    torch.testing.assert_close(
+        height("umbral", (lam * u[0], lam * u[1]), (lam * v[0], lam * v[1]), r),
+        lam * height("umbral", u, v, r),
+    )
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_rotation_and_translation_invariance(variant):
+    q, k = torch.randn(9, 5, dtype=torch.float64), torch.randn(11, 5, dtype=torch.float64)
+    rot, _ = torch.linalg.qr(torch.randn(4, 4, dtype=torch.float64))
+    rotate = lambda x: torch.cat([x[:, :-1] @ rot, x[:, -1:]], dim=-1)  # noqa: E731
+    torch.testing.assert_close(DENSE[variant](rotate(q), rotate(k)), DENSE[variant](q, k))
+    u, v = half_space_points(9, 5, seed=12), half_space_points(11, 5, seed=13)
+    shift = torch.randn(4, dtype=torch.float64)
+    torch.testing.assert_close(
+        height(variant, (u[0] + shift, u[1]), (v[0] + shift, v[1]), 1.0), height(variant, u, v, 1.0)
+    )
+
+
+@pytest.mark.parametrize(("variant", "r"), [("penumbral", 1.0), ("umbral", 0.5)])
+def test_cone_relation_is_transitive(variant, r):
+    # shrink horizontal spread so that many random triples are nested
+    u, v, w = [(x * 0.3, y) for x, y in (half_space_points(20000, 3, seed=s) for s in (15, 16, 17))]
+    chain = in_cone(variant, u, v, r) & in_cone(variant, v, w, r)
+    assert chain.sum() > 10
+    assert in_cone(variant, u, w, r)[chain].all()
+
+
+def test_map_ranges():
+    x = torch.randn(1000, 4) * 10
+    r = 0.7
+    _, y_xi = xi_map(x, r)
+    assert ((y_xi > 0) & (y_xi <= r)).all()  # == r only where float32 sigmoid saturates
+    moderate = x[:, -1].abs() < 10
+    assert (y_xi[moderate] < r).all()
+    _, y_psi = psi_map(x)
+    assert (y_psi > 0).all()
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_attention_rows_sum_to_one_under_masks(variant):
+    q, k = torch.randn(2, 6, 4), torch.randn(2, 5, 4)
+    mask = torch.rand(2, 6, 5) > 0.5
+    mask[..., 0] = True
+    weights = DENSE[variant](q, k).masked_fill(~mask, float("-inf")).softmax(-1)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 6))
+
+
+# ---------------------------------------------------------------------------
+# Dense vs edge form, gradients, numerics
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+@pytest.mark.parametrize("kwargs", [{}, {"r": 0.5, "gamma": 2.0}])
+def test_edge_form_equals_dense(variant, kwargs):
+    heads, d = 3, 4
+    q, k = torch.randn(8, heads, d, dtype=torch.float64), torch.randn(6, heads, d).double()
+    edge_index = torch.stack([torch.randint(0, 6, (30,)), torch.randint(0, 8, (30,))])
+    edge = EDGE[variant](q, k, edge_index, **kwargs)  # [E, heads]
+    dense = DENSE[variant](q.transpose(0, 1), k.transpose(0, 1), **kwargs)  # [heads, 8, 6]
+    assert edge.shape == (30, heads)
+    torch.testing.assert_close(edge, dense[:, edge_index[1], edge_index[0]].T)
+
+
+def test_squared_option_matches_dense_and_edge():
+    q = torch.randn(5, 2, 3, dtype=torch.float64)
+    edge_index = torch.stack([torch.arange(5), torch.arange(5).roll(1)])
+    dense = penumbral(q.transpose(0, 1), q.transpose(0, 1), squared=True)
+    torch.testing.assert_close(
+        penumbral_edge(q, q, edge_index, squared=True), dense[:, edge_index[1], edge_index[0]].T
+    )
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_gradcheck(variant):
+    q = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: DENSE[variant](a, b, gamma=0.8), (q, k))
+    edge_index = torch.tensor([[0, 1, 3, 2, 0], [4, 0, 1, 2, 3]])
+    qe = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    ke = torch.randn(4, 2, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: EDGE[variant](a, b, edge_index), (qe, ke))
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+@pytest.mark.parametrize("squared", [False, True])
+@pytest.mark.parametrize("case", ["extreme", "zeros", "light_source", "huge"])
+def test_finite_forward_and_backward_float32(variant, squared, case):
+    x = torch.randn(6, 4)
+    if case == "extreme":
+        x[:, -1] = torch.tensor([30.0, -30.0, 100.0, -100.0, 0.0, 17.0])
+    elif case == "zeros":
+        x = torch.zeros(6, 4)
+    elif case == "light_source":
+        x[:, -1] = 17.0 + torch.arange(6.0)  # sigmoid == 1 in float32
+    else:
+        x = x * 1e4
+    x.requires_grad_()
+    kw = {"squared": squared} if variant == "penumbral" else {}
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5, 0], [0, 1, 2, 3, 4, 5, 5]])  # self loops
+    for scores in (DENSE[variant](x, x, **kw), EDGE[variant](x, x, edge_index, **kw)):
+        assert torch.isfinite(scores).all()
+        (grad,) = torch.autograd.grad(scores.softmax(0).square().sum() + scores.sum(), x)
+        assert torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_float32_under_autocast(variant):
+    q, k = torch.randn(3, 7, 8), torch.randn(3, 5, 8)
+    expected = DENSE[variant](q, k)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = DENSE[variant](q.bfloat16(), k.bfloat16())
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, DENSE[variant](q.bfloat16().float(), k.bfloat16().float()))
+    assert out.shape == expected.shape
+
+
+# ---------------------------------------------------------------------------
+# Bad inputs
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_bad_inputs(variant):
+    fn, edge_fn = DENSE[variant], EDGE[variant]
+    with pytest.raises(ValueError, match="size >= 2"):
+        fn(torch.randn(3, 1), torch.randn(3, 1))
+    with pytest.raises(TypeError, match="floating-point"):
+        fn(torch.ones(3, 2, dtype=torch.long), torch.ones(3, 2, dtype=torch.long))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        fn([[0.0, 1.0]], torch.randn(1, 2))
+    with pytest.raises(ValueError, match="same feature size"):
+        fn(torch.randn(3, 4), torch.randn(3, 5))
+    with pytest.raises(ValueError, match="gamma must be > 0"):
+        fn(torch.randn(3, 4), torch.randn(3, 4), gamma=0.0)
+    with pytest.raises(ValueError, match="r must be > 0"):
+        fn(torch.randn(3, 4), torch.randn(3, 4), r=-1.0)
+    x = torch.randn(4, 2, 3)
+    with pytest.raises(ValueError, match=r"\[2, E\]"):
+        edge_fn(x, x, torch.zeros(3, 5, dtype=torch.long))
+    with pytest.raises(TypeError, match="integer"):
+        edge_fn(x, x, torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="out of range"):
+        edge_fn(x, x, torch.tensor([[0, 4], [1, 1]]))
+    with pytest.raises(ValueError, match="must agree"):
+        edge_fn(x, torch.randn(4, 3, 3), torch.tensor([[0], [1]]))
+
+
+def test_cone_geometry_rejects_unknown_variant():
+    with pytest.raises(ValueError, match="variant must be one of"):
+        cone_geometry("hyperboloid")

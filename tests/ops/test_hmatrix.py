@@ -1,0 +1,241 @@
+"""H-matrix attention: the invariants of notes/h_transformer_1d.md §9."""
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from hiergraph.ops.hmatrix import (
+    hmatrix_attention,
+    hmatrix_attention_dense,
+    hmatrix_attention_matrix,
+    hmatrix_layout,
+    hmatrix_level_masks,
+    hmatrix_logits,
+)
+
+CASES = [(16, 2), (64, 4), (128, 8), (256, 16), (100, 8), (37, 2), (5, 4)]
+
+
+def _qkv(length, dim=4, batch=2, heads=3, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, heads, length, dim, generator=gen, dtype=dtype) for _ in range(3)]
+
+
+def _softmax_attention(q, k, v, causal):
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        length = q.shape[2]
+        logits = logits.masked_fill(torch.ones(length, length).triu(1).bool(), -math.inf)
+    return torch.softmax(logits, -1) @ v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length, block_size", [(8, 4), (10, 6), (7, 8), (1, 2)])
+def test_single_level_is_exact_softmax(length, block_size, causal):
+    q, k, v = _qkv(length)
+    assert hmatrix_layout(length, block_size).num_levels == 1
+    expected = _softmax_attention(q, k, v, causal)
+    torch.testing.assert_close(hmatrix_attention(q, k, v, block_size, causal), expected)
+
+
+def test_golden_example_of_the_authors():
+    """Authors' 8x8 unit test (Nr = 2, d = 2): three coarse values, everything else exact."""
+    x = torch.tensor(
+        [[0.08482573, 1.9097669], [0.29561728, 1.1209449], [0.33432317, -0.8260815],
+         [0.6481298, 1.0434877], [-0.7824855, -0.453946], [0.6298023, 0.8152592],
+         [-0.3278767, -1.1234418], [-1.6607414, 0.2729053]],
+        dtype=torch.float64,
+    )  # fmt: skip
+    a, b, c = 0.2592372306, -0.8335717156, -0.5346589167
+    expected = x @ x.T
+    for rows, cols, value in [
+        ((0, 2), (4, 6), a), ((0, 2), (6, 8), b), ((2, 4), (6, 8), c),
+    ]:  # fmt: skip
+        expected[slice(*rows), slice(*cols)] = value
+        expected[slice(*cols), slice(*rows)] = value
+    x4 = x[None, None]
+    logits = hmatrix_logits(x4, x4, block_size=2)[0, 0] * math.sqrt(2)
+    torch.testing.assert_close(logits, expected, atol=1e-8, rtol=0)
+    out = hmatrix_attention(x4, x4, x4, block_size=2)[0, 0]
+    torch.testing.assert_close(out, torch.softmax(expected / math.sqrt(2), -1) @ x)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length, block_size", [(16, 2), (64, 4), (96, 8), (256, 16), (37, 2)])
+def test_levels_partition_the_matrix(length, block_size, causal):
+    masks = hmatrix_level_masks(length, block_size, causal)
+    padded = hmatrix_layout(length, block_size).padded_length
+    full = torch.ones(padded, padded, dtype=torch.long)
+    assert torch.equal(masks.sum(0), full.tril() if causal else full)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length, block_size", [(64, 4), (100, 8)])
+def test_partition_of_unity_with_zero_queries_and_keys(length, block_size, causal):
+    _, _, v = _qkv(length)
+    zeros = torch.zeros_like(v)
+    out = hmatrix_attention(zeros, zeros, v, block_size, causal)
+    if causal:
+        counts = torch.arange(1, length + 1, dtype=v.dtype).view(length, 1)
+        expected = v.cumsum(2) / counts
+    else:
+        expected = v.mean(2, keepdim=True).expand_as(v)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length, block_size", CASES)
+def test_fast_matches_implied_dense(length, block_size, causal):
+    q, k, v = _qkv(length)
+    fast = hmatrix_attention(q, k, v, block_size, causal)
+    dense = hmatrix_attention_dense(q, k, v, block_size, causal)
+    torch.testing.assert_close(fast, dense, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fast_matches_dense_with_padding_and_gradients(causal):
+    q, k, v = (x.requires_grad_() for x in _qkv(45, batch=2))
+    mask = torch.zeros(2, 45, dtype=torch.bool)
+    mask[0, 40:], mask[1, 3:7] = True, True
+    fast = hmatrix_attention(q, k, v, 4, causal, mask)
+    dense = hmatrix_attention_dense(q, k, v, 4, causal, mask)
+    torch.testing.assert_close(fast, dense, atol=1e-12, rtol=0)
+    weight = torch.randn_like(fast)
+    grads_fast = torch.autograd.grad((fast * weight).sum(), (q, k, v))
+    grads_dense = torch.autograd.grad((dense * weight).sum(), (q, k, v))
+    for a, b in zip(grads_fast, grads_dense, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-11, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck(causal):
+    q, k, v = (x.requires_grad_() for x in _qkv(11, dim=2, batch=1, heads=2))
+    mask = torch.zeros(1, 11, dtype=torch.bool)
+    mask[0, 2] = True
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: hmatrix_attention(a, b, c, 2, causal, mask), (q, k, v)
+    )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_exact_for_piecewise_constant_queries_and_keys(causal):
+    length, block_size = 64, 4  # M = 4 levels, chunks of 2^(M-1) = 8 tokens
+    q, k, v = _qkv(length // 8)
+    q, k = q.repeat_interleave(8, 2), k.repeat_interleave(8, 2)
+    v = torch.randn(2, 3, length, 4, dtype=torch.float64)
+    expected = _softmax_attention(q, k, v, causal)
+    torch.testing.assert_close(hmatrix_attention(q, k, v, block_size, causal), expected)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_stochastic_and_convex(causal):
+    q, k, v = _qkv(100)
+    matrix = hmatrix_attention_matrix(q, k, 8, causal)
+    torch.testing.assert_close(matrix.sum(-1), torch.ones(2, 3, 100, dtype=torch.float64))
+    constant = torch.tensor([1.5, -2.0, 0.0, 3.0], dtype=torch.float64).expand_as(v)
+    torch.testing.assert_close(hmatrix_attention(q, k, constant, 8, causal), constant)
+    out = hmatrix_attention(q, k, v, 8, causal)
+    assert (out <= v.amax(2, keepdim=True) + 1e-12).all()
+    assert (out >= v.amin(2, keepdim=True) - 1e-12).all()
+
+
+def test_causal_never_sees_the_future():
+    q, k, v = _qkv(96)
+    t = 41
+    q2, k2, v2 = (x.clone() for x in (q, k, v))
+    for x in (q2, k2, v2):
+        x[:, :, t + 1 :] = torch.randn_like(x[:, :, t + 1 :]) * 10
+    before = hmatrix_attention(q, k, v, 4, causal=True)[:, :, : t + 1]
+    after = hmatrix_attention(q2, k2, v2, 4, causal=True)[:, :, : t + 1]
+    torch.testing.assert_close(before, after, atol=1e-13, rtol=0)
+
+    # Negative control: mean-coarsened queries (non-causal coarsening, causal level map) leak.
+    def mean_query_causal(q, k, v):
+        logits = hmatrix_logits(q, k, 4).masked_fill(torch.ones(96, 96).triu(1).bool(), -math.inf)
+        return (torch.softmax(logits, -1) @ v)[:, :, : t + 1]
+
+    assert (mean_query_causal(q, k, v) - mean_query_causal(q2, k2, v2)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_stable_at_large_logits(causal):
+    q, k, v = _qkv(128, dim=8, dtype=torch.float32, seed=3)
+    q, k = q * 30, k * 30  # logits ~ 1e3
+    out = hmatrix_attention(q, k, v, 8, causal)
+    assert torch.isfinite(out).all()
+    reference = hmatrix_attention_dense(q.double(), k.double(), v.double(), 8, causal)
+    assert hmatrix_logits(q.double(), k.double(), 8, causal).nan_to_num(0, 0, 0).abs().max() > 500
+    torch.testing.assert_close(out.double(), reference, atol=2e-3, rtol=0)
+
+
+def test_padding_contents_do_not_matter():
+    q, k, v = _qkv(50)
+    mask = torch.zeros(2, 50, dtype=torch.bool)
+    mask[:, 10:13], mask[1, 44:] = True, True
+    q2, k2, v2 = (x.masked_fill(mask[:, None, :, None], 1e3) for x in (q, k, v))
+    out = hmatrix_attention(q, k, v, 4, key_padding_mask=mask)
+    torch.testing.assert_close(out, hmatrix_attention(q2, k2, v2, 4, key_padding_mask=mask))
+    assert (out[mask[:, None, :, None].expand_as(out)] == 0).all()
+
+
+def test_heads_and_batch_are_independent():
+    q, k, v = _qkv(40)
+    out = hmatrix_attention(q, k, v, 4)
+    perm = torch.tensor([2, 0, 1])
+    torch.testing.assert_close(
+        hmatrix_attention(q[:, perm], k[:, perm], v[:, perm], 4), out[:, perm]
+    )
+    torch.testing.assert_close(hmatrix_attention(q[1:], k[1:], v[1:], 4), out[1:])
+
+
+class _LargestTensor(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for x in out if isinstance(out, tuple | list) else [out]:
+            if isinstance(x, torch.Tensor):
+                self.largest = max(self.largest, x.numel())
+        return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_cost(causal):
+    dim, block_size, flops = 8, 8, {}
+    for length in (512, 1024, 2048):
+        q, k, v = _qkv(length, dim=dim, batch=1, heads=1, dtype=torch.float32)
+        counter, largest = FlopCounterMode(display=False), _LargestTensor()
+        with counter, largest:
+            hmatrix_attention(q, k, v, block_size, causal)
+        nr, levels, padded = hmatrix_layout(length, block_size)
+        logits = 3 * nr * nr * (2 * padded // nr + levels - 3)  # documented closed form
+        assert counter.get_total_flops() == 2 * (dim + dim + 1) * logits
+        assert largest.largest <= 4 * length * (3 * nr + dim)  # never O(L^2)
+        flops[length] = counter.get_total_flops()
+    assert 1.9 < flops[1024] / flops[512] < 2.1 and 1.9 < flops[2048] / flops[1024] < 2.1
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"block_size": 3}, ValueError, "even"),
+        ({"block_size": 0}, ValueError, "even"),
+        ({"block_size": 4.0}, TypeError, "int"),
+        ({"q": torch.randn(2, 10, 4)}, ValueError, r"\[batch, heads, length, dim\]"),
+        ({"k": torch.randn(1, 2, 9, 4)}, ValueError, "same shape"),
+        ({"v": torch.randn(1, 2, 9, 4)}, ValueError, "must match q"),
+        ({"v": torch.ones(1, 2, 10, 4, dtype=torch.long)}, TypeError, "floating"),
+        ({"key_padding_mask": torch.zeros(1, 10)}, ValueError, "bool"),
+        ({"key_padding_mask": torch.zeros(1, 9, dtype=torch.bool)}, ValueError, "shape"),
+    ],
+)
+def test_bad_inputs(kwargs, error, match):
+    args = {"q": torch.randn(1, 2, 10, 4), "k": torch.randn(1, 2, 10, 4),
+            "v": torch.randn(1, 2, 10, 4), "block_size": 4} | kwargs  # fmt: skip
+    with pytest.raises(error, match=match):
+        hmatrix_attention(**args)
