@@ -1,0 +1,147 @@
+"""Leaf-budget batch samplers: budget, coverage, oversized trees, DDP lock step, PyG loaders."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+from torch_geometric.data import Data, InMemoryDataset
+from torch_geometric.loader import DataLoader
+
+from hiergraph.data import window_hierarchy
+from hiergraph.loader import (
+    DistributedLeafBudgetBatchSampler,
+    LeafBudgetBatchSampler,
+    leaf_counts,
+    pack_by_budget,
+)
+
+
+def mixed_sizes(n=60, seed=0):
+    """Leaf counts from 1 to 200, with a few far above the budgets used below."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 40, (n,), generator=gen)
+    sizes[::17] = 200
+    return sizes
+
+
+def check_batches(batches, sizes, budget):
+    for batch in batches:
+        total = int(sizes[batch].sum())
+        assert total <= budget or len(batch) == 1, (batch, total)
+
+
+@pytest.mark.parametrize("budget", [1, 37, 64, 500])
+def test_pack_respects_budget_covers_once_and_keeps_order(budget):
+    sizes = mixed_sizes()
+    order = torch.randperm(sizes.numel(), generator=torch.Generator().manual_seed(1)).tolist()
+    batches = pack_by_budget(order, sizes, budget)
+    check_batches(batches, sizes, budget)
+    assert [i for b in batches for i in b] == order
+    # greedy: a closed batch could not take the next tree
+    for batch, nxt in zip(batches[:-1], batches[1:], strict=True):
+        assert int(sizes[batch].sum()) + int(sizes[nxt[0]]) > budget
+
+
+def test_oversized_tree_gets_its_own_batch():
+    sizes = torch.tensor([3, 2, 50, 4, 100, 1])
+    assert pack_by_budget(range(6), sizes, 10) == [[0, 1], [2], [3], [4], [5]]
+
+
+def trees(sizes):
+    return [window_hierarchy(int(n), (4, 4), x=torch.randn(int(n), 3)) for n in sizes]
+
+
+def test_with_pyg_dataloader_and_inmemory_dataset():
+    sizes = mixed_sizes(30)
+    data = trees(sizes)
+
+    class Trees(InMemoryDataset):
+        def __init__(self):
+            super().__init__()
+            self.data, self.slices = self.collate(data)
+
+    dataset = Trees()
+    counts = leaf_counts(dataset)
+    assert torch.equal(counts, sizes)
+    assert torch.equal(leaf_counts(data), sizes)
+    assert torch.equal(leaf_counts(dataset[torch.arange(5, 12)]), sizes[5:12])
+    sampler = LeafBudgetBatchSampler(counts, max_leaves=80, shuffle=True, seed=3)
+    leaves = []
+    for batch, ids in zip(DataLoader(dataset, batch_sampler=sampler), sampler, strict=True):
+        assert batch.num_leaves <= 80 or batch.num_graphs == 1
+        assert batch.num_trees == batch.num_graphs == len(ids)
+        assert batch.num_leaves == int(sizes[ids].sum())
+        leaves.append(batch.num_leaves)
+    assert sum(leaves) == int(sizes.sum())
+    assert len(sampler) == len(sampler.batches())
+
+
+def test_shuffle_is_seeded_per_epoch():
+    sizes = mixed_sizes()
+    sampler = LeafBudgetBatchSampler(sizes, 64, shuffle=True, seed=5)
+    first = sampler.batches()
+    assert sampler.batches() == first
+    sampler.set_epoch(1)
+    assert sampler.batches() != first
+    assert LeafBudgetBatchSampler(sizes, 64).batches() == pack_by_budget(range(60), sizes, 64)
+
+
+def test_composes_with_distributed_sampler():
+    sizes = mixed_sizes()
+    shards = []
+    for rank in range(2):
+        inner = DistributedSampler(range(60), num_replicas=2, rank=rank, shuffle=True, seed=7)
+        sampler = LeafBudgetBatchSampler(sizes, 64, sampler=inner)
+        sampler.set_epoch(2)
+        assert inner.epoch == 2
+        batches = sampler.batches()
+        check_batches(batches, sizes, 64)
+        shards.append({i for b in batches for i in b})
+    assert shards[0].isdisjoint(shards[1])
+    assert shards[0] | shards[1] == set(range(60))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("budget", [16, 64, 300])
+def test_distributed_lock_step_and_coverage(world, drop_last, budget):
+    sizes = mixed_sizes(45)
+    per_rank = []
+    for rank in range(world):
+        sampler = DistributedLeafBudgetBatchSampler(
+            sizes, budget, num_replicas=world, rank=rank, seed=11, drop_last=drop_last
+        )
+        sampler.set_epoch(4)
+        per_rank.append(list(sampler))
+        assert len(sampler) == len(per_rank[-1])
+    counts = {len(b) for b in per_rank}
+    assert len(counts) == 1, "every rank must get the same number of batches"
+    flat = [i for batches in per_rank for b in batches for i in b]
+    for batches in per_rank:
+        check_batches(batches, sizes, budget)
+    if drop_last:
+        assert len(flat) == len(set(flat))
+    else:
+        assert set(flat) == set(range(45))
+    # the union of one step's batches is a run of the global packing
+    glob = LeafBudgetBatchSampler(sizes, budget, shuffle=True, seed=11)
+    glob.set_epoch(4)
+    assert per_rank[0][0] == glob.batches()[0]
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="max_leaves"):
+        LeafBudgetBatchSampler([3, 4], 0)
+    with pytest.raises(TypeError, match="integer"):
+        LeafBudgetBatchSampler(torch.tensor([1.0, 2.0]), 8)
+    with pytest.raises(ValueError, match="at least one leaf"):
+        LeafBudgetBatchSampler([3, 0], 8)
+    with pytest.raises(ValueError, match="not both"):
+        LeafBudgetBatchSampler([3], 8, sampler=range(1), shuffle=True)
+    with pytest.raises(ValueError, match="process group"):
+        DistributedLeafBudgetBatchSampler([3], 8)
+    with pytest.raises(ValueError, match="rank"):
+        DistributedLeafBudgetBatchSampler([3], 8, num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match="is_leaf"):
+        leaf_counts([Data(x=torch.zeros(2, 1))])
