@@ -96,8 +96,9 @@ class TreeClassifier(nn.Module):
 def tree_task(args, ctx, dtype):
     """Model, per-rank training loader, step and evaluation functions of the HTE task."""
     channels = 8
-    train = synthetic_trees(args.num_trees, args.tree_leaves, channels, args.classes, args.seed)
-    test = synthetic_trees(args.num_trees // 4, args.tree_leaves, channels, args.classes, ~args.seed)
+    sizes = (args.tree_leaves, channels, args.classes)
+    train = synthetic_trees(args.num_trees, *sizes, seed=args.seed)
+    test = synthetic_trees(args.num_trees // 4, *sizes, seed=~args.seed)  # a disjoint stream
     model = TreeClassifier(channels, args.hidden, args.classes, args.layers, args.heads)
     if args.leaf_budget:
         sampler = DistributedLeafBudgetBatchSampler(
