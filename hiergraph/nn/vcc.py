@@ -1,0 +1,245 @@
+r"""VCC encoder: a stack of ordinary pre-LN transformer layers run on compressed sequences."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from hiergraph.ops.segment_tree import (
+    SegmentTree,
+    build_tree_state,
+    materialize,
+    two_resolution_budgets,
+)
+from hiergraph.ops.vcc import (
+    check_vip_inputs,
+    vcc_layer,
+    vip_partition,
+    vip_restore,
+    vip_score_fn,
+)
+
+
+@contextmanager
+def _no_mha_fastpath() -> Iterator[None]:
+    """PyTorch's inference fast path of ``nn.TransformerEncoderLayer`` drops float key
+    biases; the slow path adds them to the logits, which VCC needs."""
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
+
+
+def run_layer(layer: nn.Module, z: Tensor, key_bias: Tensor) -> Tensor:
+    r"""``z + gamma(z)`` for ``z`` ``[B, r, d]`` with ``key_bias`` ``[B, r]`` added to every
+    attention logit of each key (all queries, all heads)."""
+    if isinstance(layer, nn.TransformerEncoderLayer):
+        with _no_mha_fastpath():
+            return layer(z, src_key_padding_mask=key_bias)
+    return layer(z, key_bias)
+
+
+def query_key(layer: nn.Module, x: Tensor, which: str) -> Tensor:
+    r"""The layer's own attention queries (scaled by :math:`1/\sqrt{d_h}`) or keys of rows
+    ``x`` ``[M, d]``, ``[M, H, d_h]``: LayerNorm then :math:`W_Q` / :math:`W_K`."""
+    if isinstance(layer, nn.TransformerEncoderLayer):
+        attn = layer.self_attn
+        heads, dim = attn.num_heads, attn.embed_dim
+        part = 0 if which == "q" else 1
+        weight = attn.in_proj_weight[part * dim : (part + 1) * dim]
+        bias = (
+            attn.in_proj_bias[part * dim : (part + 1) * dim]
+            if attn.in_proj_bias is not None
+            else None
+        )
+        out = nn.functional.linear(layer.norm1(x), weight, bias).unflatten(-1, (heads, -1))
+        return out / math.sqrt(dim // heads) if which == "q" else out
+    return layer.query_key(x)[0 if which == "q" else 1]
+
+
+def _check_layer(layer: nn.Module, where: str) -> None:
+    if isinstance(layer, nn.TransformerEncoderLayer):
+        if not (layer.norm_first and layer.self_attn.batch_first):
+            raise ValueError(
+                f"{where}: nn.TransformerEncoderLayer must be built with norm_first=True and "
+                "batch_first=True (VCC applies the pre-LN layer to compressed rows)"
+            )
+        if not layer.self_attn._qkv_same_embed_dim:
+            raise ValueError(f"{where}: kdim/vdim different from embed_dim are not supported")
+    elif not callable(getattr(layer, "query_key", None)):
+        raise TypeError(
+            f"{where}: a custom layer must define forward(z, key_bias) -> z + gamma(z) and "
+            "query_key(x) -> (q, k) of shape [M, H, d_h] (q scaled); or use "
+            "nn.TransformerEncoderLayer(norm_first=True, batch_first=True)"
+        )
+
+
+class VCCEncoder(nn.Module):
+    r"""VIP-token-centric compression around a stack of transformer layers.
+
+    Zeng et al., *VCC: Scaling Transformers to 128K Tokens or More by Prioritizing
+    Important Tokens* (notes/vcc.md §2.1). The VIP tokens :math:`P` (e.g. the
+    question of a QA task) are moved to the front by a stable permutation;
+    the other tokens :math:`C` go into a segment tree. Each layer then runs on
+    the compressed sequence :math:`[P; S_c C]` of length
+    :math:`r = n_p + n_c/k + h(k-1)` (two resolutions) with a
+    :math:`\log s_j` bias on every key (the multiplicity :math:`D`), and
+
+    .. math::
+        X_{\text{new}} = S^\dagger \gamma(S X) + X,
+
+    where :math:`S_c` keeps the ``num_refined`` (:math:`h`) blocks of size
+    ``block_size`` (:math:`k`) that the VIP tokens attend to most as exact
+    tokens and averages every other block. Tokens keep their own residual
+    state; an unrefined block's tokens share one update. The permutation is
+    undone at the end. Optional vanilla ``local_layers`` run first on the
+    original order, within windows of ``local_size`` tokens (the paper's first
+    4–6 layers on 512-token segments).
+
+    Layers are ``nn.TransformerEncoderLayer(..., norm_first=True, batch_first=True)``
+    (built in when ``layers`` is an int) or custom modules with
+    ``forward(z, key_bias) -> z + gamma(z)`` and ``query_key(x) -> (q, k)``.
+    The selection uses each layer's own LayerNorm, :math:`W_Q`, :math:`W_K`
+    (:func:`~hiergraph.ops.vcc.vip_attention_scores`); it is discrete and gets
+    no gradient. Inputs carry their own (absolute) position information:
+    positions travel with the tokens; relative position biases are not supported.
+
+    Args:
+        layers: the VCC layers, or their number (built in, from ``embed_dim``,
+            ``num_heads``, ``ff_dim``, ``dropout``).
+        embed_dim, num_heads, ff_dim, dropout: for built-in layers (GELU FFN).
+        block_size: :math:`k`, the coarse block size (two-resolution scheme).
+        num_refined: :math:`h`, the blocks refined to tokens per sequence and layer.
+        branching, budgets: a general tree instead (Algorithm 1): bottom-up
+            window sizes, and ``len(branching) + 1`` per-level budgets, root
+            first (``None`` = refine all). Override ``block_size``/``num_refined``.
+        local_layers: vanilla layers (same kinds as ``layers``) or their number.
+        local_size: window of the local layers.
+
+    Shapes:
+        - **x**: ``[B, n, d]``; **vip_mask**: ``[B, n]`` bool; **mask**: optional
+          ``[B, n]`` bool, ``True`` = real token.
+        - **output**: ``[B, n, d]``, zero at padded positions.
+    """
+
+    def __init__(
+        self,
+        layers: int | Sequence[nn.Module],
+        embed_dim: int | None = None,
+        num_heads: int = 4,
+        ff_dim: int | None = None,
+        dropout: float = 0.0,
+        *,
+        block_size: int = 16,
+        num_refined: int = 90,
+        branching: Sequence[int] | None = None,
+        budgets: Sequence[int | None] | None = None,
+        local_layers: int | Sequence[nn.Module] = 0,
+        local_size: int = 512,
+    ):
+        super().__init__()
+        build = dict(embed_dim=embed_dim, num_heads=num_heads, ff_dim=ff_dim, dropout=dropout)
+        self.layers = self._layers(layers, "layers", **build)
+        self.local_layers = self._layers(local_layers, "local_layers", **build)
+        if branching is None:
+            branching, budgets = (block_size,), two_resolution_budgets(num_refined)
+        elif budgets is None or len(budgets) != len(branching) + 1:
+            raise ValueError(
+                "with branching=..., give budgets with len(branching) + 1 entries "
+                "(root level first; None = refine all)"
+            )
+        SegmentTree.from_ptr(torch.zeros(1, dtype=torch.long), branching)  # validates branching
+        for h in budgets:
+            if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 0):
+                raise ValueError(f"budgets/num_refined must be ints >= 0 or None, got {h!r}")
+        if isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 1:
+            raise ValueError(f"local_size must be a positive int, got {local_size!r}")
+        self.branching, self.budgets, self.local_size = tuple(branching), tuple(budgets), local_size
+
+    @staticmethod
+    def _layers(layers, where: str, embed_dim, num_heads, ff_dim, dropout) -> nn.ModuleList:
+        if isinstance(layers, int) and not isinstance(layers, bool):
+            if layers < 0:
+                raise ValueError(f"{where} must be >= 0, got {layers}")
+            if layers and (embed_dim is None or embed_dim % num_heads):
+                raise ValueError(
+                    f"built-in {where} need embed_dim divisible by num_heads, "
+                    f"got embed_dim={embed_dim}, num_heads={num_heads}"
+                )
+            layers = [
+                nn.TransformerEncoderLayer(
+                    embed_dim,
+                    num_heads,
+                    ff_dim or 4 * embed_dim,
+                    dropout,
+                    activation="gelu",
+                    batch_first=True,
+                    norm_first=True,
+                )
+                for _ in range(layers)
+            ]
+        layers = nn.ModuleList(layers)
+        for i, layer in enumerate(layers):
+            _check_layer(layer, f"{where}[{i}]")
+        return layers
+
+    def reset_parameters(self) -> None:
+        for layer in [*self.layers, *self.local_layers]:
+            for module in layer.modules():
+                if module is not layer and hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+            if isinstance(layer, nn.TransformerEncoderLayer):
+                layer.self_attn._reset_parameters()
+
+    def forward(self, x: Tensor, vip_mask: Tensor, mask: Tensor | None = None) -> Tensor:
+        vip_mask, mask = check_vip_inputs(x, vip_mask, mask)
+        x = self._local(x, mask)
+        p, p_ptr, c, c_ptr = vip_partition(x, vip_mask, mask)
+        tree = SegmentTree.from_ptr(c_ptr, self.branching)
+        state = build_tree_state(c, tree)
+        for layer in self.layers:
+            score_fn = vip_score_fn(
+                query_key(layer, p, "q"),
+                p_ptr,
+                lambda mean, layer=layer: query_key(layer, mean, "k"),
+            )
+            p, state, _ = vcc_layer(
+                lambda z, b, layer=layer: run_layer(layer, z, b),
+                p,
+                p_ptr,
+                state,
+                tree,
+                self.budgets,
+                score_fn,
+            )
+        return vip_restore(p, materialize(state, tree), vip_mask, mask)
+
+    def _local(self, x: Tensor, mask: Tensor) -> Tensor:
+        """Vanilla layers within windows of ``local_size`` tokens, original order."""
+        if not len(self.local_layers):
+            return x
+        batch, length, dim = x.shape
+        pad = -length % self.local_size
+        windows = nn.functional.pad(x, (0, 0, 0, pad)).reshape(-1, self.local_size, dim)
+        real = nn.functional.pad(mask, (0, pad)).reshape(-1, self.local_size)
+        used = real.any(1)
+        z = windows[used]
+        key_bias = torch.zeros(real[used].shape, dtype=x.dtype, device=x.device)
+        key_bias = key_bias.masked_fill(~real[used], float("-inf"))
+        for layer in self.local_layers:
+            z = run_layer(layer, z, key_bias)
+        windows = windows.index_put((used,), z) * real.unsqueeze(-1)
+        return windows.reshape(batch, length + pad, dim)[:, :length]
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(layers={len(self.layers)}, "
+            f"local_layers={len(self.local_layers)}, branching={self.branching}, "
+            f"budgets={self.budgets})"
+        )

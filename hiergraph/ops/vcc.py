@@ -1,0 +1,230 @@
+r"""VIP-token-centric compression (VCC) of one transformer layer, batched and flat.
+
+Zeng et al., *VCC: Scaling Transformers to 128K Tokens or More by Prioritizing
+Important Tokens* (notes/vcc.md). With the VIP tokens :math:`P` moved to the front,
+:math:`X = [P; C]`, one layer :math:`X \mapsto X + \gamma(X)` is replaced by
+
+.. math::
+    X_{\text{new}} = S^\dagger \gamma(S X) + X, \qquad
+    S = \begin{bmatrix} I & 0 \\ 0 & S_c \end{bmatrix}, \qquad
+    S^\dagger = \begin{bmatrix} I & 0 \\ 0 & S_c^\top D \end{bmatrix}
+
+(eq. 7/9, Claim 6.3), where the rows of :math:`S_c` average the segments of a
+partition :math:`\mathcal{J}` of :math:`C` chosen by the VIP tokens
+(:func:`~hiergraph.ops.segment_tree.select_segments`), and
+:math:`D = \mathrm{diag}(s_1, \dots, s_{|\mathcal{J}|})` holds the segment sizes.
+Inside :math:`\gamma`, :math:`D` enters every softmax as a key bias
+:math:`\log s_j` (a mean row counts as :math:`s_j` identical keys). :math:`S X`
+is a segment mean and :math:`S^\dagger Y` a pure gather; in the tree form
+(:func:`vcc_layer`) neither is formed: rows come from the tree and the new rows
+go back into it (Algorithm 2).
+
+Shapes: ``B`` sequences, ``d`` features; flat VIP rows ``p`` ``[N_p, d]`` with
+pointer ``p_ptr`` ``[B + 1]``; the non-VIP tokens live in a
+:class:`~hiergraph.ops.segment_tree.SegmentTree`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+from torch_geometric.utils import segment, to_dense_batch
+
+from hiergraph.ops.segment_tree import (
+    ScoreFn,
+    SegmentTree,
+    Selection,
+    TreeState,
+    select_segments,
+    take_rows,
+    update_tree,
+)
+
+LayerFn = Callable[[Tensor, Tensor], Tensor]
+"""``layer_fn(z [B, r, d], key_bias [B, r]) -> z + gamma(z)``; ``key_bias`` is added to
+every attention logit of key ``j`` (``log s_j``, ``-inf`` for padding)."""
+
+
+def _ptr(sizes: Tensor) -> Tensor:
+    return torch.cat([sizes.new_zeros(1), torch.cumsum(sizes, 0)])
+
+
+def _batch(ptr: Tensor) -> Tensor:
+    sizes = ptr.diff()
+    return torch.arange(sizes.numel(), device=ptr.device).repeat_interleave(sizes)
+
+
+def vip_partition(
+    x: Tensor, vip_mask: Tensor, mask: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""The stable permutation :math:`X \mapsto [P; C]` of eq. (6), flattened over the batch.
+
+    VIP rows keep their relative order, and so do the other rows (the stable
+    order that keeps segments contiguous, notes/vcc.md §5.5); padded rows are
+    dropped. Inverse: :func:`vip_restore`.
+
+    Args:
+        x: ``[B, n, d]``.
+        vip_mask: ``[B, n]`` bool, ``True`` = VIP token.
+        mask: optional ``[B, n]`` bool, ``True`` = real token (default: all real).
+
+    Returns:
+        ``(p [N_p, d], p_ptr [B + 1], c [N_c, d], c_ptr [B + 1])``.
+    """
+    vip_mask, mask = check_vip_inputs(x, vip_mask, mask)
+    other = mask & ~vip_mask
+    flat = x.reshape(-1, x.size(-1))
+    p = take_rows(flat, vip_mask.flatten().nonzero().squeeze(1))
+    c = take_rows(flat, other.flatten().nonzero().squeeze(1))
+    return p, _ptr(vip_mask.sum(1)), c, _ptr(other.sum(1))
+
+
+def vip_restore(p: Tensor, c: Tensor, vip_mask: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Inverse of :func:`vip_partition`: ``[B, n, d]`` with zeros at padded positions."""
+    if mask is None:
+        mask = torch.ones_like(vip_mask)
+    index = torch.cat([vip_mask.flatten().nonzero(), (mask & ~vip_mask).flatten().nonzero()])
+    out = p.new_zeros(vip_mask.numel(), p.size(-1)).index_copy(
+        0, index.squeeze(1), torch.cat([p, c])
+    )
+    return out.view(*vip_mask.shape, p.size(-1))
+
+
+def vip_attention_scores(
+    q: Tensor, q_ptr: Tensor, k: Tensor, k_batch: Tensor, log_count: Tensor
+) -> Tensor:
+    r"""Selection score of each candidate segment: its attention probability from the
+    VIP tokens of its sequence, averaged over VIP tokens and heads.
+
+    .. math::
+        \mu_x = \frac{1}{H n_p}\sum_{h,i}
+                \operatorname{softmax}_{x' \in \text{cand}}
+                \big(q_{ih}^\top k_{x'h} + \log s_{x'}\big)_x
+
+    This is eq. (53) with the layer's own projections and per-VIP
+    normalisation (as in the authors' code, notes/vcc.md §5.8), plus the
+    multiplicity :math:`\log s` so that a short last segment weighs what it
+    holds. Sequences without VIP tokens score 0 everywhere.
+
+    Args:
+        q: ``[N_p, H, d_h]`` VIP queries (already scaled), pointer ``q_ptr`` ``[B + 1]``.
+        k: ``[M, H, d_h]`` keys of the candidate segment means, ``k_batch`` ``[M]`` (sorted).
+        log_count: ``[M]`` :math:`\log s` of each candidate.
+    """
+    num_seq = q_ptr.numel() - 1
+    heads = q.size(1)
+    qd, qmask = to_dense_batch(q.flatten(1), _batch(q_ptr), batch_size=num_seq)
+    kd, kmask = to_dense_batch(k.flatten(1), k_batch, batch_size=num_seq)
+    qd = qd.unflatten(-1, (heads, -1)).transpose(1, 2)  # [B, H, P, d_h]
+    kd = kd.unflatten(-1, (heads, -1)).transpose(1, 2)  # [B, H, M, d_h]
+    bias = torch.full(kmask.shape, float("-inf"), dtype=k.dtype, device=k.device)
+    bias[kmask] = log_count.to(k.dtype)
+    prob = torch.softmax(qd @ kd.transpose(-1, -2) + bias[:, None, None, :], dim=-1)
+    prob = (prob * qmask[:, None, :, None]).sum((1, 2))  # [B, M_max]
+    num_vip = (q_ptr.diff() * heads).clamp(min=1).to(prob.dtype)
+    return (prob / num_vip[:, None])[kmask]
+
+
+def vip_score_fn(q: Tensor, q_ptr: Tensor, key_fn: Callable[[Tensor], Tensor]) -> ScoreFn:
+    """A :data:`~hiergraph.ops.segment_tree.ScoreFn` for :func:`select_segments` from VIP
+    queries ``q`` ``[N_p, H, d_h]`` and a map ``key_fn`` from means ``[M, d]`` to keys
+    ``[M, H, d_h]`` (see :func:`vip_attention_scores`)."""
+
+    def score(mean: Tensor, batch: Tensor, count: Tensor) -> Tensor:
+        return vip_attention_scores(q, q_ptr, key_fn(mean), batch, count.to(mean.dtype).log())
+
+    return score
+
+
+def compress(c: Tensor, sel: Selection) -> Tensor:
+    r""":math:`S_c C` from the tokens ``c`` ``[N, d]``: one segment mean per row of
+    :math:`\mathcal{J}`, ``[R, d]``."""
+    return segment(c, sel.token_ptr, reduce="mean")
+
+
+def decompress(rows: Tensor, sel: Selection) -> Tensor:
+    r""":math:`S_c^\dagger Y = S_c^\top D\, Y` for ``rows`` ``[R, d]``: every token copies its
+    segment's row (a gather), ``[N, d]``."""
+    return rows[sel.token_to_row]
+
+
+def pack_compressed(
+    p: Tensor, p_ptr: Tensor, rows: Tensor, sel: Selection
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""Stack :math:`[P; S_c C]` of every sequence into a padded batch.
+
+    Returns:
+        ``z`` ``[B, r_max, d]``; ``key_bias`` ``[B, r_max]`` (0 for VIP rows,
+        :math:`\log s` for segment rows, ``-inf`` for padding); ``real``
+        ``[B, r_max]`` bool; ``order`` ``[N_p + R]`` (the flat row order, for
+        :func:`unpack_compressed`).
+    """
+    num_seq = p_ptr.numel() - 1
+    batch = torch.cat([_batch(p_ptr), sel.batch])
+    order = torch.sort(batch, stable=True).indices  # VIP rows first within each sequence
+    log_s = torch.cat([p.new_zeros(p.size(0)), sel.count.to(rows.dtype).log()])
+    z, real = to_dense_batch(torch.cat([p, rows])[order], batch[order], batch_size=num_seq)
+    key_bias = torch.full(real.shape, float("-inf"), dtype=z.dtype, device=z.device)
+    key_bias[real] = log_s[order]
+    return z, key_bias, real, order
+
+
+def unpack_compressed(
+    out: Tensor, real: Tensor, order: Tensor, num_vip: int
+) -> tuple[Tensor, Tensor]:
+    """Inverse of :func:`pack_compressed`: ``(p [N_p, d], rows [R, d])`` from
+    ``out [B, r_max, d]``."""
+    flat = out[real]
+    flat = flat.new_empty(flat.shape).index_copy(0, order, flat)
+    return flat[:num_vip], flat[num_vip:]
+
+
+def vcc_layer(
+    layer_fn: LayerFn,
+    p: Tensor,
+    p_ptr: Tensor,
+    state: TreeState,
+    tree: SegmentTree,
+    budgets: Sequence[int | None],
+    score_fn: ScoreFn | None = None,
+) -> tuple[Tensor, TreeState, Selection]:
+    r"""One VCC layer on the tree (Algorithm 2 with Algorithm 1's selection).
+
+    1. :math:`\mathcal{J}` and :math:`S_c C` from the tree by VIP priority.
+    2. ``layer_fn`` on :math:`[P; S_c C]` with the :math:`\log s` key bias
+       (eq. 54): :math:`[P_{\text{new}}; S_c C_{\text{new}}] = [P; S_c C] + \gamma([P; S_c C])`.
+    3. The new rows go back into the tree (Claim 6.5); no ``n``-length tensor is formed
+       besides the out-of-place copy of the token deviations.
+
+    Returns:
+        ``(p_new [N_p, d], state_new, selection)``.
+    """
+    sel = select_segments(state, tree, budgets, score_fn)
+    z, key_bias, real, order = pack_compressed(p, p_ptr, sel.value, sel)
+    out = layer_fn(z, key_bias)
+    if out.shape != z.shape:
+        raise ValueError(
+            f"layer_fn must return its input's shape {tuple(z.shape)}, got {tuple(out.shape)}"
+        )
+    p_new, rows_new = unpack_compressed(out, real, order, p.size(0))
+    return p_new, update_tree(state, tree, sel, rows_new), sel
+
+
+def check_vip_inputs(x: Tensor, vip_mask: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Validate ``x [B, n, d]``, ``vip_mask`` and ``mask`` (``[B, n]`` bool); returns the masks."""
+    if not isinstance(x, Tensor) or x.dim() != 3:
+        raise ValueError(f"x must be a [B, n, d] tensor, got shape {getattr(x, 'shape', None)}")
+    if mask is None:
+        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    for name, m in (("vip_mask", vip_mask), ("mask", mask)):
+        if not isinstance(m, Tensor) or m.dtype != torch.bool:
+            raise TypeError(f"{name} must be a bool tensor [B, n]; convert with .bool()")
+        if m.shape != x.shape[:2]:
+            raise ValueError(
+                f"{name} must have shape {tuple(x.shape[:2])} (x's [B, n]), got {tuple(m.shape)}"
+            )
+    if bool((vip_mask & ~mask).any()):
+        raise ValueError("vip_mask marks padded positions as VIP; use vip_mask & mask")
+    return vip_mask, mask
