@@ -1,0 +1,399 @@
+r"""Strictly causal Hierarchical Self-Attention with prefix statistics.
+
+The paper's hierarchical causal masking (App. G.1: each family attends only to
+its *left* siblings, :math:`\mathrm{sib}_L`) is not causal as an operator on
+sequences: the statistics of an ancestor (its mean query and its energy
+:math:`\varphi`) include the leaves to the right of a token, so future tokens
+change earlier rows (notes/hsa.md §7.11b). Here every row is computed from
+the statistics of the *prefix* it may see, exactly what an incremental decoder
+with a hierarchical cache computes (App. G.2, :mod:`hiergraph.nn.kv_cache`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch_geometric.utils import scatter
+
+from hiergraph.ops.logspace import log_gates, logaddexp
+
+
+@dataclass
+class CausalPlan:
+    r"""Structure of a forest for causal HSA: root paths, prefix counts and left siblings.
+
+    Leaves are taken in *leaf order* (increasing node id, as everywhere in
+    hiergraph); this order must be a depth-first order of the forest: the
+    leaves of every node are consecutive and sibling sub-trees follow their
+    ``slot`` order (what :func:`~hiergraph.data.from_nested` gives when the leaf
+    ints are numbered in reading order). Depth ``s`` runs from 0 (roots) to
+    ``D``.
+
+    Attributes (``L`` leaves, ``N`` nodes, per depth ``s = 1 .. D`` the
+    ``P_s`` leaves at depth ``>= s``):
+        num_nodes, num_leaves, max_depth: sizes.
+        leaf_node: ``[L]`` node id of each leaf.
+        leaf_depth: ``[L]`` depth of each leaf.
+        ancestors: ``[L, D + 1]`` node id of the depth-``s`` ancestor of each
+            leaf (``-1`` below the leaf).
+        first_leaf, last_leaf: ``[N]`` first and last leaf (leaf order) below each node.
+        count: ``[N]`` number of leaves below each node.
+        anc_leaf, anc_node: the ``(leaf, ancestor)`` pairs, for one-scatter node sums.
+        pair_leaf[s]: ``[P_s]`` leaves with depth ``>= s`` (ascending).
+        pair_node[s]: ``[P_s]`` their depth-``s`` ancestor :math:`A_s`.
+        pair_count[s]: ``[P_s]`` leaves of :math:`A_s` up to the pair's leaf.
+        pair_is_leaf[s]: ``[P_s]`` whether :math:`A_s` is the leaf itself.
+        pair_child[s]: ``[P_s]`` position of the same leaf among the depth
+            ``s + 1`` pairs (0 where the pair is a leaf pair).
+        last_pair[s]: ``[n_s]`` for each depth-``s`` node, its pair with its own last leaf.
+        depth_nodes[s]: ``[n_s]`` the nodes at depth ``s``.
+        key_pair[s], key_node[s]: ``[E_s]`` (pair, left sibling of the pair's node) edges.
+        sib_query, sib_key: ``[S]`` (node, left sibling) edges of all non-root nodes.
+    """
+
+    num_nodes: int
+    num_leaves: int
+    max_depth: int
+    leaf_node: Tensor
+    leaf_depth: Tensor
+    ancestors: Tensor
+    first_leaf: Tensor
+    last_leaf: Tensor
+    count: Tensor
+    anc_leaf: Tensor
+    anc_node: Tensor
+    pair_leaf: list[Tensor]
+    pair_node: list[Tensor]
+    pair_count: list[Tensor]
+    pair_is_leaf: list[Tensor]
+    pair_child: list[Tensor]
+    last_pair: list[Tensor]
+    depth_nodes: list[Tensor]
+    key_pair: list[Tensor]
+    key_node: list[Tensor]
+    sib_query: Tensor
+    sib_key: Tensor
+
+    @classmethod
+    def from_hierarchy(cls, hierarchy) -> CausalPlan:
+        """Plan of a :class:`~hiergraph.data.SignalHierarchy` or a PyG batch of them."""
+        for name in ("parent", "slot", "is_leaf", "depth"):
+            if getattr(hierarchy, name, None) is None:
+                raise TypeError(
+                    f"hierarchy has no '{name}' attribute; pass a SignalHierarchy (or a batch)"
+                )
+        return cls.from_parent(hierarchy.parent, hierarchy.slot, hierarchy.is_leaf, hierarchy.depth)
+
+    @classmethod
+    def from_parent(cls, parent: Tensor, slot: Tensor, is_leaf: Tensor, depth: Tensor):
+        """Plan from ``[N]`` ``parent`` (roots point at themselves), ``slot``, ``is_leaf``, ``depth``."""
+        device = parent.device
+        n = parent.numel()
+        nodes = torch.arange(n, device=device)
+        leaf_node = nodes[is_leaf]
+        num_leaves = leaf_node.numel()
+        leaf_depth = depth[leaf_node]
+        max_depth = int(depth.max()) if n else 0
+        leaves = torch.arange(num_leaves, device=device)
+
+        ancestors = torch.full((num_leaves, max_depth + 1), -1, dtype=torch.long, device=device)
+        cur = leaf_node
+        for _ in range(max_depth + 1):
+            ancestors[leaves, depth[cur]] = cur
+            cur = parent[cur]
+        valid = ancestors >= 0
+        anc_leaf = leaves[:, None].expand_as(ancestors)[valid]
+        anc_node = ancestors[valid]
+        first_leaf = torch.full((n,), num_leaves, dtype=torch.long, device=device)
+        first_leaf = first_leaf.scatter_reduce(0, anc_node, anc_leaf, "amin")
+        last_leaf = torch.full((n,), -1, dtype=torch.long, device=device)
+        last_leaf = last_leaf.scatter_reduce(0, anc_node, anc_leaf, "amax")
+        count = torch.bincount(anc_node, minlength=n)
+
+        # families: non-root nodes sorted by (parent, slot)
+        child = nodes[parent != nodes]
+        child = child[torch.argsort(parent[child] * (int(slot.max()) + 1 if n else 1) + slot[child])]
+        fam_new = torch.ones_like(child, dtype=torch.bool)
+        fam_new[1:] = parent[child[1:]] != parent[child[:-1]]
+        pos = torch.arange(child.numel(), device=device)
+        fam_start = torch.cummax(torch.where(fam_new, pos, 0), 0).values
+        rank = torch.zeros(n, dtype=torch.long, device=device)
+        rank[child] = pos - fam_start
+        start = torch.zeros(n, dtype=torch.long, device=device)
+        start[child] = fam_start
+
+        contiguous = bool((last_leaf - first_leaf + 1 == count).all())
+        ordered = bool((last_leaf[child[:-1]] + 1 == first_leaf[child[1:]])[~fam_new[1:]].all())
+        if not (contiguous and ordered):
+            raise ValueError(
+                "causal attention needs the leaf order to be a depth-first order of the tree "
+                "(the leaves of every node consecutive, sibling sub-trees in slot order); "
+                "number the leaves left to right, e.g. from_nested([[0, 1], [2, 3, 4]])"
+            )
+
+        def left_siblings(query: Tensor) -> tuple[Tensor, Tensor]:
+            """(row in ``query``, left sibling) for every left sibling of every node in ``query``."""
+            r = rank[query]
+            row = torch.arange(query.numel(), device=device).repeat_interleave(r)
+            offset = torch.arange(row.numel(), device=device) - (torch.cumsum(r, 0) - r)[row]
+            return row, child[start[query][row] + offset]
+
+        row, sib_key = left_siblings(child)
+        sib_query = child[row]
+
+        pair_leaf, pair_node, pair_count, pair_is_leaf, pair_child = [], [], [], [], []
+        last_pair, depth_nodes, key_pair, key_node = [], [], [], []
+        for s in range(max_depth + 1):
+            pl = (leaf_depth >= s).nonzero().view(-1)
+            pn = ancestors[pl, s]
+            pair_leaf.append(pl)
+            pair_node.append(pn)
+            pair_count.append(pl - first_leaf[pn] + 1)
+            pair_is_leaf.append(leaf_depth[pl] == s)
+            dn = (depth == s).nonzero().view(-1)
+            depth_nodes.append(dn)
+            last_pair.append(torch.searchsorted(pl, last_leaf[dn]))
+            kp, kn = left_siblings(pn) if s > 0 else (pl[:0], pl[:0])
+            key_pair.append(kp)
+            key_node.append(kn)
+        for s in range(max_depth + 1):
+            if s < max_depth:
+                nxt = pair_leaf[s + 1]
+                ch = torch.searchsorted(nxt, pair_leaf[s]).clamp(max=max(nxt.numel() - 1, 0))
+                pair_child.append(torch.where(pair_is_leaf[s], 0, ch))
+            else:
+                pair_child.append(torch.zeros_like(pair_leaf[s]))
+        return cls(
+            num_nodes=n,
+            num_leaves=num_leaves,
+            max_depth=max_depth,
+            leaf_node=leaf_node,
+            leaf_depth=leaf_depth,
+            ancestors=ancestors,
+            first_leaf=first_leaf,
+            last_leaf=last_leaf,
+            count=count,
+            anc_leaf=anc_leaf,
+            anc_node=anc_node,
+            pair_leaf=pair_leaf,
+            pair_node=pair_node,
+            pair_count=pair_count,
+            pair_is_leaf=pair_is_leaf,
+            pair_child=pair_child,
+            last_pair=last_pair,
+            depth_nodes=depth_nodes,
+            key_pair=key_pair,
+            key_node=key_node,
+            sib_query=sib_query,
+            sib_key=sib_key,
+        )
+
+
+def causal_hierarchical_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    hierarchy,
+    *,
+    pos_emb: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    r"""Strictly causal HSA: the output of leaf :math:`i` depends on leaves :math:`j \le i` only.
+
+    **Semantics.** Let :math:`T_{\le i}` be the hierarchy restricted to the
+    leaves :math:`j \le i` (leaf order, a depth-first order of the tree), and
+    :math:`\hat\Theta^{L}(T)` the HSA matrix with leaf self-energies and
+    left-sibling masking (App. G.1; ``hierarchical_attention(...,
+    include_self=True, causal=True)``). Then
+
+    .. math::
+        \mathrm{out}_i = \big(\hat\Theta^{L}(T_{\le i})\, V\big)_i ,
+
+    i.e. row :math:`i` of the KL-closest block-constrained row-stochastic
+    matrix on the prefix tree :math:`T_{\le i}` to the causal
+    (diagonal-including) flat softmax on :math:`j \le i`. The stacked rows
+    :math:`\hat\Theta^{c}` are lower-triangular and row-stochastic; within a row, all
+    leaves of a left sibling sub-tree get equal weight. It is what
+    incremental decoding computes (:class:`~hiergraph.nn.HierarchicalKVCache`).
+    For the last leaf of a tree it equals the paper's causal HSA row.
+
+    **Recurrence.** For leaf :math:`i` on the path :math:`R = A_0 \supset A_1
+    \supset\dots\supset A_m = L_i`, with :math:`\mathrm{sib}_L(A)` the left
+    siblings of :math:`A` (complete, since the order is depth-first),
+    :math:`n,\ \Sigma_\bullet` complete leaf counts and sums, the prefix
+    statistics are (:math:`s = m, \dots, 1`)
+
+    .. math::
+        n_i(A_s) &= n_i(A_{s+1}) + \textstyle\sum_{B\in\mathrm{sib}_L(A_{s+1})} n(B),
+        \qquad n_i(A_m) = 1 \\
+        \rho^{(i)}_q(A_s) &= \big(q_i + \textstyle\sum_{r>s}\sum_{B\in\mathrm{sib}_L(A_r)}
+                             \Sigma_q(B)\big) / n_i(A_s) \\
+        s_i(A_s, B) &= \tau\,\rho^{(i)}_q(A_s)^\top\rho_k(B)
+                       + \varepsilon(A_s)^\top\varepsilon(B) + \log n(B),
+                       \quad B\in\mathrm{sib}_L(A_s) \\
+        \mathrm{lse}_i(A_s) &= \log\textstyle\sum_B e^{s_i(A_s,B)}, \qquad
+        \vartheta_i(A_s) = \textstyle\sum_B \mathrm{softmax}_B\, s_i(A_s,\cdot)\,\rho_v(B) \\
+        a_i(A_s) &= \Big(\textstyle\sum_{B\in\mathrm{sib}_L(A_{s+1})} n(B)\,g(B)
+                    + n_i(A_{s+1})\,g_i(A_{s+1})\Big) / n_i(A_s),
+        \quad a_i(L_i) = \tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i \\
+        g_i(A) &= \log\big(e^{a_i(A)} + e^{\mathrm{lse}_i(A)}\big), \qquad
+        \mu_i(A) = \sigma\big(a_i(A) - \mathrm{lse}_i(A)\big)
+
+    where :math:`g(B)` is :math:`g_j(B)` at the last leaf :math:`j` of
+    :math:`B` (its complete value), and the output is
+
+    .. math::
+        \mathrm{out}_i = \sum_{s=1}^{m}\Big[\prod_{r<s}\mu_i(A_r)\Big]
+            \big(1-\mu_i(A_s)\big)\,\vartheta_i(A_s)
+            + \prod_{r=1}^{m}\mu_i(A_r)\, v_i .
+
+    There are :math:`L \cdot \mathrm{depth}` prefix statistics, each an attention
+    over at most :math:`b` left siblings: :math:`O(L\, b\, \mathrm{depth}\, d)`
+    time (one edge list per depth level; the non-causal HSA is
+    :math:`O(L\, b\, d)`). Only the leaf self-energy variant is defined
+    (without it, rows collapse: notes/hsa.md §7.11a).
+
+    Args:
+        q, k: ``[L, H, d]`` queries and keys in leaf order (``[L, d]``: one head).
+        v: ``[L, H, d_v]`` values.
+        hierarchy: a :class:`~hiergraph.data.SignalHierarchy`, a PyG batch of
+            them (trees are independent), or a :class:`CausalPlan`.
+        pos_emb: optional ``[N, c]`` or ``[N, H, c]`` position embedding of
+            every node (node order); siblings get the bias
+            :math:`\varepsilon(A)^\top\varepsilon(B)`, leaves the self term
+            :math:`\varepsilon_i^\top\varepsilon_i`.
+        scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
+
+    Returns:
+        ``[L, H, d_v]`` (``[L, d_v]`` for 2-D inputs).
+    """
+    squeeze = q.dim() == 2
+    if squeeze:
+        q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+    plan = hierarchy if isinstance(hierarchy, CausalPlan) else CausalPlan.from_hierarchy(hierarchy)
+    eps = _check_inputs(q, k, v, plan, pos_emb)
+    tau = q.size(-1) ** -0.5 if scale is None else scale
+    num_nodes = plan.num_nodes
+
+    # complete sums and counts of every node (one scatter over (leaf, ancestor) pairs)
+    dq, dk = q.size(-1), k.size(-1)
+    sums = _sum_rows(torch.cat([q, k, v], -1)[plan.anc_leaf], plan.anc_node, num_nodes)
+    n = plan.count.to(q.dtype)
+    rho_k = sums[..., dq : dq + dk] / n[:, None, None]
+    rho_v = sums[..., dq + dk :] / n[:, None, None]
+    log_n = torch.log(n)[:, None]
+    # sum of the queries of each node's left siblings
+    left_q = _sum_rows(sums[plan.sib_key, :, :dq], plan.sib_query, num_nodes)
+    self_energy = tau * (q * k).sum(-1)
+    if eps is not None:
+        self_energy = self_energy + (eps[plan.leaf_node] ** 2).sum(-1)
+
+    # ---- bottom-up over depth: prefix statistics of every (leaf, ancestor) pair
+    lses, thetas, energies = {}, {}, {}
+    sq_child = g_child = left_g = None
+    for s in range(plan.max_depth, 0, -1):
+        pl, pn = plan.pair_leaf[s], plan.pair_node[s]
+        is_leaf = plan.pair_is_leaf[s][:, None]
+        count = plan.pair_count[s].to(q.dtype)[:, None]
+        if sq_child is None:  # deepest level: leaves only
+            sq, a = q[pl], self_energy[pl]
+        else:
+            ch, child_node = plan.pair_child[s], plan.ancestors[pl, s + 1]
+            child_count = plan.pair_count[s + 1].to(q.dtype)[ch][:, None]
+            inner = sq_child[ch] + left_q[child_node]
+            sq = torch.where(is_leaf[..., None], q[pl], inner)
+            inner_a = (left_g[child_node] + child_count * g_child[ch]) / count
+            a = torch.where(is_leaf, self_energy[pl], inner_a)
+        lse, theta = _left_attention(
+            sq / count[..., None], plan.key_pair[s], plan.key_node[s], pn,
+            rho_k, rho_v, log_n, eps, tau,
+        )  # fmt: skip
+        g = logaddexp(a, lse)
+        lses[s], thetas[s], energies[s] = lse, theta, a
+        # complete g of the depth-s nodes, and its n-weighted sums over left siblings
+        g_node = g.new_zeros((num_nodes, g.size(1)))
+        g_node = g_node.index_copy(0, plan.depth_nodes[s], g[plan.last_pair[s]])
+        left_g = _sum_rows(n[plan.sib_key, None] * g_node[plan.sib_key], plan.sib_query, num_nodes)
+        sq_child, g_child = sq, g
+
+    # ---- top-down: gates along each root path, output accumulation
+    u = q.new_zeros(q.shape[:2])
+    out = v.new_zeros(v.shape)
+    for s in range(1, plan.max_depth + 1):
+        pl = plan.pair_leaf[s]
+        log_mu, log_one_minus_mu = log_gates(energies[s], lses[s])
+        weight = torch.exp(u[pl] + log_one_minus_mu)
+        out = out.index_add(0, pl, weight[..., None] * thetas[s])
+        u = u.index_add(0, pl, log_mu)
+    out = out + torch.exp(u)[..., None] * v
+    return out.squeeze(1) if squeeze else out
+
+
+def _left_attention(rho_q, key_pair, key_node, pair_node, rho_k, rho_v, log_n, eps, tau):
+    """Softmax of every pair's prefix query over the left siblings of its node.
+
+    Returns ``lse [P, H]`` (``-inf`` without left siblings) and ``theta [P, H, d_v]``.
+    """
+    num_pairs = rho_q.size(0)
+    logits = tau * (rho_q[key_pair] * rho_k[key_node]).sum(-1) + log_n[key_node]
+    if eps is not None:
+        logits = logits + (eps[pair_node[key_pair]] * eps[key_node]).sum(-1)
+    m = scatter(logits.detach(), key_pair, 0, num_pairs, "max")
+    e = torch.exp(logits - m[key_pair])
+    total = _sum_rows(e, key_pair, num_pairs)
+    has = total > 0
+    safe = torch.where(has, total, torch.ones_like(total))
+    lse = torch.where(has, m + torch.log(safe), torch.full_like(m, float("-inf")))
+    weights = e / safe[key_pair]
+    theta = _sum_rows(weights[..., None] * rho_v[key_node], key_pair, num_pairs)
+    return lse, theta
+
+
+def _sum_rows(src: Tensor, index: Tensor, size: int) -> Tensor:
+    """``out[index[e]] += src[e]`` in edge order (so a row's sum never depends on other rows)."""
+    return src.new_zeros((size, *src.shape[1:])).index_add(0, index, src)
+
+
+def _check_inputs(q, k, v, plan: CausalPlan, pos_emb) -> Tensor | None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be [num_leaves, heads, dim], got shape {tuple(t.shape)}")
+    if q.shape != k.shape:
+        raise ValueError(
+            f"q and k must have the same shape, got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    if v.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"v must be [num_leaves, heads, d_v] = [{q.size(0)}, {q.size(1)}, *], "
+            f"got {tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise TypeError(
+            f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if q.size(0) != plan.num_leaves:
+        raise ValueError(
+            f"q has {q.size(0)} rows but the hierarchy has {plan.num_leaves} leaves; "
+            "pass one row per leaf, in leaf order"
+        )
+    if plan.leaf_node.device != q.device:
+        raise ValueError(
+            f"the hierarchy is on {plan.leaf_node.device} but q is on {q.device}; "
+            "move the hierarchy (hierarchy.to(device)) first"
+        )
+    if pos_emb is None:
+        return None
+    ok = pos_emb.dim() in (2, 3) and pos_emb.size(0) == plan.num_nodes
+    if pos_emb.dim() == 3:
+        ok = ok and pos_emb.size(1) in (1, q.size(1))
+    if not ok:
+        raise ValueError(
+            f"pos_emb must be [num_nodes={plan.num_nodes}, c] or [num_nodes, heads, c], "
+            f"got {tuple(pos_emb.shape)}"
+        )
+    eps = pos_emb if pos_emb.dim() == 3 else pos_emb.unsqueeze(1)
+    return eps.expand(-1, q.size(1), -1)

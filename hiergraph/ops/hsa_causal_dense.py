@@ -1,0 +1,37 @@
+r"""Dense reference for strictly causal HSA (:func:`~hiergraph.ops.causal_hierarchical_attention`).
+
+Row :math:`i` is row :math:`i` of the dense left-masked, self-including HSA
+matrix of the tree restricted to the leaves :math:`j \le i`
+(:func:`~hiergraph.ops.hierarchical_attention_matrix` with a leaf mask): one
+independent dense evaluation per row, :math:`O(H L^3 \cdot \text{depth})` in
+Python loops. For tests on small trees only.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hiergraph.ops.hsa_dense import hierarchical_attention_matrix
+
+
+def causal_hierarchical_attention_matrix(
+    q: Tensor, k: Tensor, hierarchy, *, pos_emb: Tensor | None = None, scale: float | None = None
+) -> Tensor:
+    r"""The dense causal HSA matrix :math:`\hat\Theta^{c}` (``[H, L, L]``).
+
+    :math:`\hat\Theta^{c}_{i\cdot} = \hat\Theta^{L}(T_{\le i})_{i\cdot}`: the
+    prefix tree's causal HSA row, built by masking out the leaves after ``i``.
+    """
+    if q.dim() == 2:
+        q, k = q.unsqueeze(1), k.unsqueeze(1)
+    num_leaves = q.size(0)
+    ar = torch.arange(num_leaves)
+    rows = []
+    for i in range(num_leaves):
+        theta = hierarchical_attention_matrix(
+            q, k, hierarchy, pos_emb=pos_emb, include_self=True, causal=True,
+            leaf_mask=ar <= i, scale=scale,
+        )  # fmt: skip
+        rows.append(theta[:, i])
+    return torch.stack(rows, dim=1)

@@ -1,0 +1,189 @@
+"""Strictly causal HSA: dense reference, causality by perturbation, reductions, bad input."""
+
+import itertools
+import random
+
+import pytest
+import torch
+from torch_geometric.data import Batch
+
+from hiergraph.data import from_nested, window_hierarchy
+from hiergraph.ops import hierarchical_attention
+from hiergraph.ops.hsa_causal import CausalPlan, causal_hierarchical_attention
+from hiergraph.ops.hsa_causal_dense import causal_hierarchical_attention_matrix
+from tests.conftest import random_qkv, random_spec
+
+F64 = dict(dtype=torch.float64)
+
+
+def ordered_spec(rng, num_leaves, max_depth=4, max_branch=5):
+    """A random mixed-depth spec (tests/conftest.py) with leaves numbered left to right."""
+    counter = itertools.count()
+
+    def relabel(spec):
+        return next(counter) if isinstance(spec, int) else [relabel(c) for c in spec]
+
+    return relabel(random_spec(rng, num_leaves, max_depth, max_branch))
+
+
+def prefix_spec(spec, i):
+    """The spec restricted to leaves ``<= i`` (empty families dropped)."""
+    if isinstance(spec, int):
+        return spec if spec <= i else None
+    kept = [c for c in (prefix_spec(c, i) for c in spec) if c is not None]
+    return kept or None
+
+
+def random_case(rng, seed, num_leaves=None, heads=2):
+    num_leaves = num_leaves or rng.randint(1, 14)
+    spec = ordered_spec(rng, num_leaves)
+    h = from_nested(spec)
+    q, k, v = random_qkv(num_leaves, heads=heads, seed=seed)
+    pe = torch.randn(h.num_nodes, heads, 3, generator=torch.Generator().manual_seed(seed), **F64)
+    return spec, h, q, k, v, pe
+
+
+def test_equals_dense_reference_on_random_trees():
+    rng = random.Random(0)
+    worst = 0.0
+    for seed in range(15):
+        _, h, q, k, v, pe = random_case(rng, seed)
+        for emb in (None, pe):
+            out = causal_hierarchical_attention(q, k, v, h, pos_emb=emb)
+            theta = causal_hierarchical_attention_matrix(q, k, h, pos_emb=emb)
+            ref = torch.einsum("hij,jhd->ihd", theta, v)
+            worst = max(worst, (out - ref).abs().max().item())
+    assert worst <= 1e-12
+
+
+def test_reference_rows_are_causal_and_stochastic():
+    rng = random.Random(1)
+    for seed in range(5):
+        _, h, q, k, _, pe = random_case(rng, seed, num_leaves=10)
+        theta = causal_hierarchical_attention_matrix(q, k, h, pos_emb=pe)
+        assert torch.equal(theta, theta.tril())
+        assert torch.allclose(theta.sum(-1), torch.ones(2, 10, **F64), atol=1e-12)
+        assert (theta >= 0).all()
+
+
+def test_perturbing_the_future_leaves_rows_bit_identical():
+    """Change q, k, v of every leaf after i and the embeddings of the nodes that start after
+    i: rows 0..i do not change by a single bit. Cut the tree after leaf i: they do not change
+    beyond rounding."""
+    rng = random.Random(2)
+    for seed in range(25):
+        spec, h, q, k, v, pe = random_case(rng, seed, num_leaves=rng.randint(2, 24))
+        out = causal_hierarchical_attention(q, k, v, h, pos_emb=pe)
+        i = rng.randrange(h.num_leaves - 1)
+        future = torch.arange(h.num_leaves) > i
+        gen = torch.Generator().manual_seed(seed + 1000)
+        q2, k2, v2 = (t.clone() for t in (q, k, v))
+        for t in (q2, k2, v2):
+            t[future] = torch.randn(t[future].shape, generator=gen, **F64)
+        pe2 = pe.clone()
+        starts_later = CausalPlan.from_hierarchy(h).first_leaf > i
+        pe2[starts_later] = torch.randn(pe2[starts_later].shape, generator=gen, **F64)
+        out2 = causal_hierarchical_attention(q2, k2, v2, h, pos_emb=pe2)
+        assert torch.equal(out[: i + 1], out2[: i + 1])
+        assert not torch.equal(out[i + 1 :], out2[i + 1 :])
+        # the tree truncated after leaf i (a different structure for the future)
+        hp = from_nested(prefix_spec(spec, i))
+        plan_p = CausalPlan.from_hierarchy(hp)
+        # node ids differ between the trees: map embeddings through (first leaf, depth)
+        plan = CausalPlan.from_hierarchy(h)
+        key = {
+            (int(f), int(d)): n
+            for n, (f, d) in enumerate(zip(plan.first_leaf, h.depth, strict=True))
+        }
+        pick = [key[(int(f), int(d))] for f, d in zip(plan_p.first_leaf, hp.depth, strict=True)]
+        out3 = causal_hierarchical_attention(
+            q[: i + 1], k[: i + 1], v[: i + 1], hp, pos_emb=pe[pick]
+        )
+        # other tensor shapes in the batched kernels: equal up to one rounding step
+        assert (out[: i + 1] - out3).abs().max() <= 1e-15
+
+
+def test_paper_causal_masking_leaks_and_prefix_statistics_do_not():
+    """notes/hsa.md §7.11b: with sib_L masking alone, a future key changes earlier rows."""
+    h = window_hierarchy(12, (2, 3))
+    q, k, v = random_qkv(12, heads=1, seed=3)
+    k2 = k.clone()
+    k2[-1] += 1.0
+    paper = hierarchical_attention(q, k, v, h, include_self=True, causal=True)
+    paper2 = hierarchical_attention(q, k2, v, h, include_self=True, causal=True)
+    assert (paper[:-1] - paper2[:-1]).abs().max() > 1e-3  # the leak
+    ours = causal_hierarchical_attention(q, k, v, h)
+    ours2 = causal_hierarchical_attention(q, k2, v, h)
+    assert torch.equal(ours[:-1], ours2[:-1])
+    # the last row sees the whole tree: both definitions agree there
+    assert torch.allclose(ours[-1], paper[-1], atol=1e-13)
+
+
+def test_last_row_of_every_tree_equals_paper_causal_hsa():
+    rng = random.Random(4)
+    for seed in range(30):
+        _, h, q, k, v, pe = random_case(rng, seed)
+        ours = causal_hierarchical_attention(q, k, v, h, pos_emb=pe)
+        paper = hierarchical_attention(q, k, v, h, pos_emb=pe, include_self=True, causal=True)
+        assert torch.allclose(ours[-1], paper[-1], atol=1e-12)
+
+
+def test_flat_tree_is_standard_causal_softmax():
+    h = window_hierarchy(9, ())  # a root over 9 leaves
+    q, k, v = random_qkv(9, heads=2, seed=5)
+    out = causal_hierarchical_attention(q, k, v, h)
+    logits = torch.einsum("ihd,jhd->hij", q, k) / 2.0
+    logits = logits.masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(), float("-inf"))
+    ref = torch.einsum("hij,jhd->ihd", logits.softmax(-1), v)
+    assert torch.allclose(out, ref, atol=1e-13)
+
+
+def test_batch_equals_per_tree_results():
+    rng = random.Random(6)
+    cases = [random_case(rng, seed) for seed in range(8)]
+    batch = Batch.from_data_list([c[1] for c in cases])
+    q, k, v, pe = (torch.cat([c[j] for c in cases]) for j in (2, 3, 4, 5))
+    out = causal_hierarchical_attention(q, k, v, batch, pos_emb=pe)
+    ref = torch.cat([causal_hierarchical_attention(*c[2:5], c[1], pos_emb=c[5]) for c in cases])
+    assert torch.allclose(out, ref, atol=1e-13)
+
+
+def test_gradients_are_causal_and_finite():
+    h = from_nested([[0, 1, [2, 3]], [4], [[5, 6], 7]])
+    q, k, v = (t.requires_grad_() for t in random_qkv(8, heads=2, seed=7))
+    out = causal_hierarchical_attention(q, k, v, h)
+    out[3].sum().backward()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+        assert t.grad[4:].abs().max() == 0
+        assert t.grad[:4].abs().max() > 0
+    small = from_nested([[0, 1], [2, 3]])
+    inputs = [t.requires_grad_() for t in random_qkv(4, heads=1, dim=2, dv=1, seed=7)]
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: causal_hierarchical_attention(q, k, v, small), inputs
+    )
+
+
+def test_float32_matches_float64():
+    h = window_hierarchy(200, (4, 4))
+    q, k, v = random_qkv(200, heads=2, dim=8, dv=8, seed=8)
+    out64 = causal_hierarchical_attention(q, k, v, h)
+    out32 = causal_hierarchical_attention(q.float(), k.float(), v.float(), h)
+    assert (out32.double() - out64).abs().max() < 1e-5
+
+
+def test_bad_inputs():
+    h = from_nested([[0, 1], [2]])
+    q, k, v = random_qkv(3, seed=9)
+    with pytest.raises(ValueError, match="depth-first order"):
+        causal_hierarchical_attention(q, k, v, from_nested([[0, 2], [1]]))
+    with pytest.raises(ValueError, match="3 leaves"):
+        causal_hierarchical_attention(q[:2], k[:2], v[:2], h)
+    with pytest.raises(ValueError, match="same shape"):
+        causal_hierarchical_attention(q, k[..., :2], v, h)
+    with pytest.raises(TypeError, match="floating"):
+        causal_hierarchical_attention(q.long(), k.long(), v.long(), h)
+    with pytest.raises(ValueError, match="pos_emb"):
+        causal_hierarchical_attention(q, k, v, h, pos_emb=torch.zeros(2, 3, **F64))
+    with pytest.raises(TypeError, match="SignalHierarchy"):
+        causal_hierarchical_attention(q, k, v, object())
