@@ -168,13 +168,16 @@ def hmatrix_attention(
     Outputs at valid positions do not depend on what padded positions hold,
     but they do depend on :math:`L'` (the hierarchy changes with it).
 
-    Cost per (batch, head): :math:`3 N_r^2 (2L'/N_r + M - 3)` logits
-    (:math:`\approx 6 L' N_r`), :math:`O(L' (N_r + d))` memory; no
+    Cost per (batch, head): :math:`w N_r^2 (2L'/N_r + M - w)` logits with
+    :math:`w = 3` (bidirectional, :math:`\approx 6 L' N_r`) or :math:`w = 2`
+    (causal, :math:`\approx 4 L' N_r`), :math:`O(L' (N_r + d))` memory; no
     :math:`L \times L` tensor is formed. All levels are packed into one
     sequence and computed by one banded block matmul (each block against its
-    left, own and right neighbour; at coarse levels the own-block third is
-    masked, a 20% overhead over the minimal :math:`5 L' N_r` that buys a
-    single BLAS-friendly kernel).
+    left, own and, if bidirectional, right neighbour; at coarse levels the
+    own block is masked, an overhead over the minimal :math:`5 L' N_r` that
+    buys a single BLAS-friendly kernel). Forward and backward are written by
+    hand (:class:`_HMatrixCore`): the backward reuses the forward's
+    exponentials and runs the coarse-to-fine recursion in reverse.
 
     Args:
         q, k: ``[B, H, L, d]`` queries and keys (scaled by :math:`1/\sqrt d` here).
@@ -195,33 +198,12 @@ def hmatrix_attention(
         ``[B, H, L, d_v]``.
     """
     _check_inputs(q, k, v, block_size, key_padding_mask)
-    length, d_v = q.shape[2], v.shape[-1]
-    layout = hmatrix_layout(length, block_size)
-    nr, num_levels = layout.block_size, layout.num_levels
-    qs, ks, vs, counts = _coarsen(q, k, v, layout, causal, key_padding_mask)
-    rows = [x.shape[2] for x in qs]
-
-    # All levels in one packed sequence, separated by blocks of zero rows.
-    q_pack, k_pack, v_pack = (_pack(xs, nr) for xs in (qs, ks, vs))
-    logits = band_scores(q_pack, k_pack, nr)  # [B, H, P, nr, 3nr]
-    logits.add_(_band_bias(counts, rows, nr, causal))  # in place: the band buffer is ours
-
-    # One shift per fine row: the running max over levels >= l, top-down.
-    row_max = _unpack(logits.detach().amax(-1).flatten(-2).unsqueeze(-1), rows, nr)
-    shifts = [row_max[-1]]
-    for level in range(num_levels - 2, -1, -1):
-        shifts.insert(0, torch.maximum(row_max[level], _repeat2(shifts[0])))
-    finite = [s.masked_fill(s == -math.inf, 0.0) for s in shifts]
-    weights = logits.sub_(_pack(finite, nr).unflatten(-2, (-1, nr))).exp_()
-
-    # Y_l and R_l for all levels at once (the last value column is the count n_l).
-    sums = _unpack(band_apply(weights, v_pack, nr).flatten(-3, -2), rows, nr)
-    acc = sums[-1]
-    for level in range(num_levels - 2, -1, -1):
-        acc = _repeat2(acc) * torch.exp(_repeat2(shifts[level + 1]) - finite[level]) + sums[level]
-    acc = acc[:, :, :length]
-    num, den = acc[..., :d_v], acc[..., d_v:]
-    out = num / torch.where(den > 0, den, torch.ones_like(den))
+    length = q.shape[2]
+    nr, num_levels, padded = hmatrix_layout(length, block_size)
+    rows = tuple(padded >> level for level in range(num_levels))
+    plan = _Plan(nr, 2 if causal else 3, q.shape[-1] ** -0.5, rows, length)
+    valid = None if key_padding_mask is None else (~key_padding_mask).to(q.dtype)
+    out = _HMatrixCore.apply(q, k, v, valid, plan)
     if key_padding_mask is not None:
         out = out.masked_fill(key_padding_mask[:, None, :, None], 0.0)
     return out
@@ -242,11 +224,12 @@ def hmatrix_logits(
     _check_inputs(q, k, q[..., :0], block_size, key_padding_mask)
     length = q.shape[2]
     layout = hmatrix_layout(length, block_size)
-    qs, ks, _, counts = _coarsen(q, k, q[..., :0], layout, causal, key_padding_mask)
+    qs, ks, counts = _coarsen(q, k, layout, causal, key_padding_mask)
+    scale = q.shape[-1] ** -0.5
     masks = hmatrix_level_masks(length, block_size, causal).to(q.device)
     logits = q.new_full((*qs[0].shape[:3], layout.padded_length), -math.inf)
     for level, (q_l, k_l) in enumerate(zip(qs, ks, strict=True)):
-        coarse = q_l @ k_l.transpose(-1, -2)
+        coarse = q_l @ k_l.transpose(-1, -2) * scale
         fine = coarse.repeat_interleave(2**level, -2).repeat_interleave(2**level, -1)
         logits = torch.where(masks[level], fine, logits)
     key_ok = counts[0].transpose(-1, -2) > 0  # [B|1, 1, 1, L'] valid fine keys
@@ -289,123 +272,324 @@ def hmatrix_attention_dense(
     return hmatrix_attention_matrix(q, k, block_size, causal, key_padding_mask) @ v
 
 
-# --------------------------------------------------------------------------- banded block matmul
+# --------------------------------------------------------------------------- fast path
+#
+# Packed layout: per (batch, head) sequence, the levels are stacked along the
+# row axis as [n zero rows, level 0, n zero rows, level 1, ..., level M-1,
+# n zero rows] (P rows, T = P / n blocks of n = N_r rows). The zero
+# "separator" blocks give every level block a left and right neighbour, so
+# one banded block matmul over all sequences and levels computes every
+# level's logits; the bias masks what crosses a separator.
 
 
-def _band(x: Tensor, n: int) -> Tensor:
-    """``[T*n, c]`` → ``[T-2, c, 3n]``: blocks ``t, t+1, t+2`` side by side, for ``t < T-2``.
+class _Plan(NamedTuple):
+    """Static description of one call of :class:`_HMatrixCore`."""
 
-    A strided view (overlapping windows of one buffer), not a copy.
+    block_size: int  # n = N_r
+    width: int  # blocks per band: 3 (left, own, right) or 2 (causal: left, own)
+    scale: float  # 1 / sqrt(d)
+    rows: tuple[int, ...]  # L_l = L' / 2^l, coarse rows per level
+    length: int  # L, the unpadded length
+
+    def starts(self) -> list[int]:
+        """First packed row of every level."""
+        n, rows = self.block_size, self.rows
+        return [n * (level + 1) + sum(rows[:level]) for level in range(len(rows))]
+
+    @property
+    def packed_rows(self) -> int:
+        return sum(self.rows) + self.block_size * (len(self.rows) + 1)
+
+
+class _HMatrixCore(torch.autograd.Function):
+    r"""Fast H-matrix attention ``(q, k, v [B, H, L, ·], valid [B, L] | None) → Z [B, H, L, d_v]``.
+
+    Forward: coarsen q, k (means of valid tokens; causal queries: first
+    token) and :math:`v^+ = [v, 1]` (sums, so the last column is the count
+    :math:`n_l`) straight into the packed layout; band logits
+    :math:`\tilde S` plus the ``0/-inf`` structure bias; :math:`\mu_l` the
+    top-down running row maximum, :math:`E = \exp(\tilde S - \mu)`;
+    :math:`Y^+_l = E\,\tilde v^+_l` on every level (its last column is
+    :math:`R_l`); coarse to fine
+    :math:`\hat Y^+_l = Y^+_l + \alpha_l\,\mathrm{repeat}_2(\hat Y^+_{l+1})` with
+    :math:`\alpha_l = e^{\mathrm{repeat}_2(\mu_{l+1}) - \mu_l} \le 1`; and
+    :math:`Z = \hat Y / \hat R`.
+
+    Backward (:math:`\mu` is a constant: :math:`Z` does not depend on it):
+    :math:`G^+_0 = [\,dZ / \hat R,\; -(dZ \cdot Z) / \hat R\,]`, fine to coarse
+    :math:`G^+_{l+1} = \mathrm{pairsum}(\alpha_l G^+_l)`; then on all levels at
+    once :math:`dS = E \odot (G^+ \tilde v^{+\top})`, :math:`d\tilde v^+ = E^\top G^+`,
+    :math:`d\tilde q = dS\,\tilde k/\sqrt d`, :math:`d\tilde k = dS^\top \tilde q/\sqrt d`
+    in the forward's banded matmuls; finally the coarsening is undone coarse to fine.
     """
-    return x.unfold(0, 3 * n, n)
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, plan: _Plan) -> Tensor:
+        n, width = plan.block_size, plan.width
+        batch, heads, _, dim = q.shape
+        counts = _packed_counts(valid, q, plan)  # [B|1, 1, P, 1]
+        child = _child_weights(counts, plan)
+        mean_or_first = "first" if width == 2 else "mean"
+        q_pack = _coarse_pack(q, valid, plan, child, mean_or_first)
+        k_pack = _coarse_pack(k, valid, plan, child, "mean")
+        v_pack = _coarse_pack(v, valid, plan, child, "sum", counts)
+        q_flat, k_flat, v_flat = (x.view(-1, x.shape[-1]) for x in (q_pack, k_pack, v_pack))
+        blocks = q_flat.shape[0] // n
+
+        logits = _band_bmm(q_flat.view(blocks, n, dim), _band(k_flat, n, width), plan.scale)
+        bias = _band_bias(counts, plan)  # [B|1, 1, T_per, n, width * n]
+        logits.view(bias.shape[0], -1, *bias.shape[2:]).add_(bias)
+
+        # One shift per fine row: the running max over levels >= l, top-down.
+        shift = logits.amax(-1).view(batch * heads, -1)
+        levels = _levels(shift, plan)
+        for fine, coarse in zip(levels[-2::-1], levels[:0:-1], strict=True):
+            torch.maximum(fine, coarse.repeat_interleave(2, 1), out=fine)
+        weights = logits.sub_(_finite(shift).view(blocks, n, 1)).exp_()
+
+        # Y⁺_l of all levels at once, then interpolate and accumulate coarse → fine.
+        acc = _band_bmm(weights, _band(v_flat, n, width).transpose(1, 2))
+        sums = _levels(acc.view(batch * heads, -1, v_flat.shape[-1]), plan)
+        alphas = _alphas(shift, plan)
+        for level in range(len(plan.rows) - 2, -1, -1):
+            fine = sums[level].unflatten(1, (-1, 2))
+            fine.addcmul_(sums[level + 1].unsqueeze(2), alphas[level].unflatten(1, (-1, 2, 1)))
+        num, den = sums[0][:, : plan.length].split([v.shape[-1], 1], dim=-1)
+        den = torch.where(den > 0, den, 1.0)
+        out = (num / den).view(batch, heads, plan.length, -1)
+        ctx.save_for_backward(q_pack, k_pack, v_pack, weights, shift, out, den, valid, child)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        q_pack, k_pack, v_pack, weights, shift, out, den, valid, child = ctx.saved_tensors
+        plan = ctx.plan
+        n, width = plan.block_size, plan.width
+        batch, heads, _, dim = q_pack.shape
+        blocks = weights.shape[0]
+
+        # G⁺ on every level, fine → coarse (separator rows stay zero).
+        grad_acc = v_pack.new_zeros(batch * heads, plan.packed_rows, v_pack.shape[-1])
+        grads, alphas = _levels(grad_acc, plan), _alphas(shift, plan)
+        grad_out = grad_out.reshape(batch * heads, plan.length, -1)
+        grads[0][:, : plan.length, :-1] = grad_out / den
+        dot = (grad_out * out.view_as(grad_out)).sum(-1, keepdim=True)
+        grads[0][:, : plan.length, -1:] = dot.div_(den).neg_()
+        for level in range(len(plan.rows) - 1):
+            fine = grads[level] * alphas[level].unsqueeze(-1)
+            torch.sum(fine.unflatten(1, (-1, 2)), 2, out=grads[level + 1])
+
+        # Band matmuls of the backward, all levels at once.
+        q_flat, k_flat, v_flat = (x.view(-1, x.shape[-1]) for x in (q_pack, k_pack, v_pack))
+        grad_acc = grad_acc.view(blocks, n, -1)
+        inner = slice(1, blocks - width + 2)  # query blocks with a full band
+        grad_v = _unband(weights[inner].transpose(1, 2) @ grad_acc[inner], n, width)
+        # dS / sqrt(d): the scale goes into the matmul, and from there into dq and dk.
+        grad_logits = _band_bmm(grad_acc, _band(v_flat, n, width), plan.scale).mul_(weights)
+        grad_q = _band_bmm(grad_logits, _band(k_flat, n, width).transpose(1, 2))
+        q_blocks = q_flat.view(blocks, n, dim)
+        grad_k = _unband(grad_logits[inner].transpose(1, 2) @ q_blocks[inner], n, width)
+
+        # Undo the coarsening (adjoint of _coarse_pack).
+        mean_or_first = "first" if width == 2 else "mean"
+        grads_in = [
+            _coarse_unpack(grad.view(batch, heads, -1, grad.shape[-1]), valid, plan, child, mode)
+            for grad, mode in ((grad_q, mean_or_first), (grad_k, "mean"), (grad_v, "sum"))
+        ]
+        grads_in[2] = grads_in[2][..., :-1]
+        return *grads_in, None, None
 
 
-def _inner_bmm(a: Tensor, b: Tensor) -> Tensor:
-    """``a[1:-1] @ b`` written into blocks ``1 .. T-2`` of a ``[T, ·, ·]`` output with zero ends."""
-    out = a.new_empty(a.shape[0], a.shape[1], b.shape[-1])
-    out[0], out[-1] = 0.0, 0.0
-    torch.bmm(a[1:-1], b, out=out[1:-1])
-    return out
+def _band(x: Tensor, n: int, width: int) -> Tensor:
+    """``[T*n, c]`` → ``[T-w+1, c, w*n]``: blocks ``s .. s+w-1`` side by side (``w = width``).
+
+    A strided view (overlapping windows of one buffer), not a copy; ``bmm``
+    consumes it as is.
+    """
+    return x.unfold(0, width * n, n)
 
 
-def _unband(g: Tensor, n: int) -> Tensor:
-    """Adjoint of :func:`_band`: ``[T-2, 3n, c]`` → ``[T*n, c]`` (overlaps summed)."""
-    out = g.new_empty(g.shape[0] + 2, n, g.shape[-1])
-    out[0], out[-1] = 0.0, 0.0
-    out[1:-1] = g[:, n : 2 * n]
-    out[:-2] += g[:, :n]
-    out[2:] += g[:, 2 * n :]
+def _unband(g: Tensor, n: int, width: int) -> Tensor:
+    """Adjoint of :func:`_band`: ``[T-w+1, w*n, c]`` → ``[T*n, c]`` (overlaps summed)."""
+    inner = g.shape[0]
+    out = g.new_empty(inner + width - 1, n, g.shape[-1])
+    out[: width - 1].zero_()
+    out[width - 1 :].copy_(g[:, (width - 1) * n :])
+    for offset in range(width - 1):
+        out[offset : offset + inner] += g[:, offset * n : (offset + 1) * n]
     return out.flatten(0, 1)
 
 
-class _BandScores(torch.autograd.Function):
-    """``S[t] = A[t] @ band(B)[t-1]`` (inner ``t``): ``[T, n, c] x [T*n, c] → [T, n, 3n]``."""
+def _band_bmm(a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
+    """``alpha * a[1:1+S] @ b`` for the ``S = len(b)`` query blocks that have a full band.
 
-    @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor, n: int) -> Tensor:
-        ctx.save_for_backward(a, b)
-        ctx.n = n
-        return _inner_bmm(a, _band(b, n))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor):
-        a, b = ctx.saved_tensors
-        grad_a = _inner_bmm(grad, _band(b, ctx.n).transpose(1, 2))
-        grad_b = _unband(grad[1:-1].transpose(1, 2) @ a[1:-1], ctx.n)
-        return grad_a, grad_b, None
-
-
-class _BandApply(torch.autograd.Function):
-    """``Y[t] = E[t] @ band(B)[t-1]ᵀ`` (inner ``t``): ``[T, n, 3n] x [T*n, c] → [T, n, c]``."""
-
-    @staticmethod
-    def forward(ctx, e: Tensor, b: Tensor, n: int) -> Tensor:
-        ctx.save_for_backward(e, b)
-        ctx.n = n
-        return _inner_bmm(e, _band(b, n).transpose(1, 2))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor):
-        e, b = ctx.saved_tensors
-        grad_e = _inner_bmm(grad, _band(b, ctx.n))
-        grad_b = _unband(e[1:-1].transpose(1, 2) @ grad[1:-1], ctx.n)
-        return grad_e, grad_b, None
-
-
-def band_scores(q: Tensor, k: Tensor, n: int) -> Tensor:
-    r"""Block tri-diagonal logits: ``[..., T*n, d] x [..., T*n, d] → [..., T, n, 3n]``.
-
-    With all blocks of all leading dims flattened in memory order, entry
-    ``[t, r, o*n + c]`` is :math:`q_{tn+r}^\top k_{(t+o-1)n+c}` for
-    ``0 < t < T-1``; the first and last block rows are zero (they have no
-    two neighbours, so callers put padding there). Differentiable (once).
+    ``a`` is ``[T, n, ·]``, ``b`` is ``[S, ·, ·]``; blocks without a band (the
+    first, and the last when ``S = T - 2``) are zero in the ``[T, n, ·]`` output.
     """
-    lead, d = q.shape[:-2], q.shape[-1]
-    out = _BandScores.apply(q.reshape(-1, n, d), k.reshape(-1, d), n)
-    return out.reshape(*lead, -1, n, 3 * n)
+    out = a.new_empty(a.shape[0], a.shape[1], b.shape[-1])
+    inner = out[1 : 1 + b.shape[0]]
+    out[0] = 0.0
+    out[1 + b.shape[0] :] = 0.0
+    torch.baddbmm(inner, a[1 : 1 + b.shape[0]], b, beta=0.0, alpha=alpha, out=inner)
+    return out
 
 
-def band_apply(weights: Tensor, v: Tensor, n: int) -> Tensor:
-    """Partner of :func:`band_scores`: ``[..., T, n, 3n] x [..., T*n, c] → [..., T, n, c]``."""
-    lead, c = weights.shape[:-2], v.shape[-1]
-    out = _BandApply.apply(weights.reshape(-1, n, 3 * n), v.reshape(-1, c), n)
-    return out.reshape(*lead, n, c)
+def _levels(packed: Tensor, plan: _Plan, dim: int = 1) -> list[Tensor]:
+    """Views of the levels (``L_l`` rows each) of a tensor packed along ``dim``."""
+    starts = plan.starts()
+    return [packed.narrow(dim, start, size) for start, size in zip(starts, plan.rows, strict=True)]
 
 
-# --------------------------------------------------------------------------- hierarchy helpers
+def _alphas(shift: Tensor, plan: _Plan) -> list[Tensor]:
+    r""":math:`\alpha_l = e^{\mathrm{repeat}_2(\mu_{l+1}) - \mu_l}` for ``l < M - 1``, ``[S, L_l]``.
+
+    :math:`\alpha = 0` where the coarser row has no key (:math:`\mu_{l+1} = -\infty`).
+    """
+    levels = _levels(shift, plan)
+    return [
+        torch.exp(coarse.repeat_interleave(2, 1) - _finite(fine))
+        for fine, coarse in zip(levels[:-1], levels[1:], strict=True)
+    ]
+
+
+def _finite(shift: Tensor) -> Tensor:
+    """Row shifts with ``-inf`` (rows without any key) replaced by 0."""
+    return shift.masked_fill(shift == -math.inf, 0.0)
+
+
+def _packed_counts(valid: Tensor | None, like: Tensor, plan: _Plan) -> Tensor:
+    """Valid tokens below every packed row, ``[B|1, 1, P, 1]`` (0 on separators and padding)."""
+    counts = like.new_zeros(1 if valid is None else valid.shape[0], 1, plan.packed_rows, 1)
+    levels = _levels(counts, plan, dim=2)
+    if valid is None:
+        levels[0][:, :, : plan.length] = 1.0
+    else:
+        levels[0][:, 0, : plan.length, 0] = valid
+    for fine, coarse in zip(levels[:-1], levels[1:], strict=True):
+        torch.sum(fine.unflatten(2, (-1, 2)), 3, out=coarse)
+    return counts
+
+
+def _child_weights(counts: Tensor, plan: _Plan) -> Tensor:
+    r"""Packed :math:`n_l(i) / n_{l+1}(\lfloor i/2 \rfloor)`: a child's weight in its parent's mean.
+
+    ``[B|1, 1, P, 1]``; 0 where the parent has no valid token.
+    """
+    weights = torch.zeros_like(counts)
+    levels, fines = _levels(counts, plan, dim=2), _levels(weights, plan, dim=2)
+    for fine, coarse, out in zip(levels[:-1], levels[1:], fines[:-1], strict=True):
+        torch.div(fine, coarse.clamp_min(1.0).repeat_interleave(2, 2), out=out)
+    return weights
+
+
+def _coarse_pack(
+    x: Tensor, valid: Tensor | None, plan: _Plan, child: Tensor, mode: str, counts=None
+) -> Tensor:
+    """Coarsen ``x [B, H, L, c]`` into the packed layout ``[B, H, P, c (+1)]``.
+
+    ``mode``: ``"mean"`` (of valid tokens), ``"first"`` (first token of the
+    group) or ``"sum"``; with ``counts``, a last column carries the valid-token
+    counts (summed like the values).
+    """
+    batch, heads, length, dim = x.shape
+    extra = 0 if counts is None else 1
+    out = x.new_empty(batch, heads, plan.packed_rows, dim + extra)
+    for start in [0, *(s + r for s, r in zip(plan.starts(), plan.rows, strict=True))]:
+        out[:, :, start : start + plan.block_size] = 0.0  # separators
+    levels, weights = _levels(out, plan, dim=2), _levels(child, plan, dim=2)
+    first = levels[0]
+    if valid is None:
+        first[:, :, :length, :dim] = x
+    else:
+        torch.mul(x, valid[:, None, :, None], out=first[:, :, :length, :dim])
+    first[:, :, length:] = 0.0
+    if counts is not None:
+        first[..., dim:] = _levels(counts, plan, dim=2)[0]
+    for level in range(len(plan.rows) - 1):
+        fine, coarse = levels[level], levels[level + 1]
+        even, odd = fine[:, :, 0::2], fine[:, :, 1::2]
+        if mode == "sum":
+            torch.add(even, odd, out=coarse)
+        elif mode == "first":
+            coarse.copy_(even)
+        else:
+            torch.mul(even, weights[level][:, :, 0::2], out=coarse)
+            coarse.addcmul_(odd, weights[level][:, :, 1::2])
+    return out
+
+
+def _coarse_unpack(grad: Tensor, valid: Tensor | None, plan: _Plan, child: Tensor, mode: str):
+    """Adjoint of :func:`_coarse_pack`: packed ``[B, H, P, c]`` gradient → ``[B, H, L, c]``.
+
+    Accumulates every level into its children, coarse to fine, in place.
+    """
+    levels, weights = _levels(grad, plan, dim=2), _levels(child, plan, dim=2)
+    for level in range(len(plan.rows) - 2, -1, -1):
+        fine, coarse = levels[level], levels[level + 1]
+        if mode == "sum":
+            fine.unflatten(2, (-1, 2)).add_(coarse.unsqueeze(3))
+        elif mode == "first":
+            fine[:, :, 0::2].add_(coarse)
+        else:
+            weight = weights[level].unflatten(2, (-1, 2))
+            fine.unflatten(2, (-1, 2)).addcmul_(coarse.unsqueeze(3), weight)
+    first = levels[0][:, :, : plan.length]
+    return first if valid is None else first * valid[:, None, :, None]
+
+
+def _band_bias(counts: Tensor, plan: _Plan) -> Tensor:
+    """Additive ``0 / -inf`` mask ``[B|1, 1, T, n, width*n]`` of one packed sequence's band logits.
+
+    A band entry is kept if its key holds a valid token (``count > 0``: not
+    padding, not a separator block) and the level structure allows it:
+    level-0 blocks keep their whole band (causal: left block + lower triangle
+    of the own block); coarse blocks drop their own block and the quarters
+    covered by the finer level (causal: keep the left block only); separator
+    blocks keep nothing.
+    """
+    n, width = plan.block_size, plan.width
+    padded = F.pad(counts.flatten(1), (n, n if width == 3 else 0))
+    key_ok = padded.unfold(1, width * n, n).unsqueeze(2) > 0  # [B|1, T, 1, width*n]
+    r = torch.arange(n, device=key_ok.device).view(n, 1)
+    col = torch.arange(width * n, device=key_ok.device).view(1, width * n)
+    side, c, half = col // n, col % n, n // 2
+    left = (side == 0) & ~((r < half) & (c >= half))
+    right = (side == 2) & ~((r >= half) & (c < half))
+    if width == 2:
+        near, far = (side == 0) | ((side == 1) & (c <= r)), left
+    else:
+        near, far = torch.ones_like(left), left | right
+    parts = [torch.zeros_like(left).expand(1, n, width * n)]  # leading separator
+    for level, size in enumerate(plan.rows):
+        parts += [(near if level == 0 else far).expand(size // n, n, width * n), parts[0]]
+    structure = torch.cat(parts)
+    zero = torch.zeros((), dtype=counts.dtype, device=key_ok.device)
+    return torch.where(structure & key_ok, zero, -math.inf).unsqueeze(1)
+
+
+# ----------------------------------------------------------------------- dense reference helpers
 
 
 def _coarsen(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    layout: HMatrixLayout,
-    causal: bool,
-    key_padding_mask: Tensor | None,
-) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]:
-    r"""Per-level coarse q, k, v ``[B, H, L'/2^l, ·]`` and counts ``[B|1, 1, L'/2^l, 1]``.
+    q: Tensor, k: Tensor, layout: HMatrixLayout, causal: bool, key_padding_mask: Tensor | None
+) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    r"""Reference coarsening: per-level q, k ``[B, H, L'/2^l, d]``, counts ``[B|1, 1, L'/2^l, 1]``.
 
-    Queries are pre-scaled by :math:`1/\sqrt d`. Values get an extra last
-    column, the valid-token count :math:`n_l` (1/0 at level 0); it is summed
-    like the values, so the same matmul that gives :math:`Y_l` gives :math:`R_l`.
+    Written level by level from the definitions (sums of valid tokens over
+    their counts), independently of the packed fast path (:func:`_coarse_pack`).
     """
-    batch, heads, length, d = q.shape
-    pad = layout.padded_length - length
+    length = q.shape[2]
     valid = q.new_ones(1, 1, length, 1)
     if key_padding_mask is not None:
         valid = (~key_padding_mask).to(q.dtype)[:, None, :, None]
-        q, k, v = q * valid, k * valid, v * valid
-    q = q * d**-0.5
-    v = torch.cat([v, valid.expand(batch, heads, length, 1)], dim=-1)
-    if pad:
-        q, k, v, valid = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v, valid))
-
-    qs, ks, vs, counts = [q], [k], [v], [valid]
+        q, k = q * valid, k * valid
+    pad = layout.padded_length - length
+    q, k, valid = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, valid))
+    qs, ks, counts = [q], [k], [valid]
     q_sum, k_sum = q, k
     for _ in range(1, layout.num_levels):
-        vs.append(_pairsum(vs[-1]))
         counts.append(_pairsum(counts[-1]))
         inverse = 1.0 / counts[-1].clamp_min(1.0)
         k_sum = _pairsum(k_sum)
@@ -415,57 +599,12 @@ def _coarsen(
         else:
             q_sum = _pairsum(q_sum)
             qs.append(q_sum * inverse)
-    return qs, ks, vs, counts
-
-
-def _band_bias(counts: list[Tensor], rows: list[int], n: int, causal: bool) -> Tensor:
-    """Additive ``0 / -inf`` mask ``[B|1, 1, P, n, 3n]`` of the packed band logits.
-
-    A band entry is kept if its key holds a valid token (``count > 0``: not
-    padding, not a zero block between levels) and the level structure allows
-    it: level-0 blocks keep their whole band (causal: left block + lower
-    triangle of the own block); coarse blocks drop their own block and the
-    quarters covered by the finer level (causal: keep the left block only).
-    """
-    count_pack = _pack(counts, n)
-    padded = F.pad(count_pack.flatten(), (n, n))
-    key_ok = padded.unfold(0, 3 * n, n).reshape(*count_pack.shape[:2], -1, 1, 3 * n) > 0
-    r = torch.arange(n, device=key_ok.device).view(n, 1)
-    col = torch.arange(3 * n, device=key_ok.device).view(1, 3 * n)
-    side, c, half = col // n, col % n, n // 2
-    left, own, right = side == 0, side == 1, side == 2
-    if causal:
-        near = left | (own & (c <= r))
-        far = left & ~((r < half) & (c >= half))
-    else:
-        near = torch.ones_like(left)
-        far = (left & ~((r < half) & (c >= half))) | (right & ~((r >= half) & (c < half)))
-    num_near = 1 + rows[0] // n  # the leading zero block and level 0
-    num_far = key_ok.shape[2] - num_near
-    structure = torch.cat([near.expand(num_near, n, 3 * n), far.expand(num_far, n, 3 * n)])
-    zero = torch.zeros((), dtype=counts[0].dtype, device=key_ok.device)
-    return torch.where(structure & key_ok, zero, -math.inf)
-
-
-def _pack(xs: list[Tensor], n: int) -> Tensor:
-    """Concatenate ``[B, H, L_l, c]`` levels along rows, ``n`` zero rows before, between, after."""
-    zeros = xs[0].new_zeros(*xs[0].shape[:2], n, xs[0].shape[-1])
-    return torch.cat([zeros, *(part for x in xs for part in (x, zeros))], dim=2)
-
-
-def _unpack(packed: Tensor, rows: list[int], n: int) -> list[Tensor]:
-    """Inverse of :func:`_pack`: split ``[B, H, Σ L_l + (M+1) n, c]`` back into levels."""
-    return list(packed.split([n, *(size for r in rows for size in (r, n))], dim=2)[1::2])
+    return qs, ks, counts
 
 
 def _pairsum(x: Tensor) -> Tensor:
     """Restriction: ``[B, H, 2m, c]`` → ``[B, H, m, c]``, sums of adjacent rows."""
     return x.unflatten(2, (-1, 2)).sum(3)
-
-
-def _repeat2(x: Tensor) -> Tensor:
-    """Prolongation (piecewise-constant interpolation): each row twice."""
-    return x.repeat_interleave(2, dim=2)
 
 
 def _check_block_size(block_size) -> None:

@@ -213,7 +213,8 @@ def test_linear_cost(causal):
         with counter, largest:
             hmatrix_attention(q, k, v, block_size, causal)
         nr, levels, padded = hmatrix_layout(length, block_size)
-        logits = 3 * nr * nr * (2 * padded // nr + levels - 3)  # documented closed form
+        width = 2 if causal else 3  # blocks per band: (left, own[, right])
+        logits = width * nr * nr * (2 * padded // nr + levels - width)  # documented closed form
         assert counter.get_total_flops() == 2 * (dim + dim + 1) * logits
         assert largest.largest <= 4 * length * (3 * nr + dim)  # never O(L^2)
         flops[length] = counter.get_total_flops()
