@@ -15,7 +15,7 @@ from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import Adj, SparseTensor, torch_sparse
 from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
-from hiergraph.ops.cone import DEFAULT_RADIUS, cone_geometry
+from hiergraph.ops.cone import DEFAULT_RADIUS, cone_geometry, edge_distance
 
 #: Score variants: the two cone attentions and the dot-product baseline of the paper.
 VARIANTS = (*DEFAULT_RADIUS, "dot")
@@ -170,9 +170,11 @@ class ConeConv(MessagePassing):
 
         # scores in float32 (or wider) even under autocast
         with torch.autocast(device_type=x.device.type, enabled=False):
-            query_points = self._points(query)
-            key_points = query_points if key is query else self._points(key)
-            alpha = self.edge_updater(edge_index, query=query_points, key=key_points)
+            query_x, query_y = self._points(query)
+            key_x, key_y = (query_x, query_y) if key is query else self._points(key)
+            alpha = self.edge_updater(
+                edge_index, query_x=query_x, query_y=query_y, key_x=key_x, key_y=key_y
+            )
         out = self.propagate(edge_index, x=value, alpha=alpha)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.bias is not None:
@@ -184,26 +186,36 @@ class ConeConv(MessagePassing):
             return out, edge_index.set_value(alpha, layout="coo")
         return out, (edge_index, alpha)
 
-    def _points(self, x: Tensor) -> Tensor:
-        """Per-node scoring inputs ``[N, H, d]`` in float32 or wider.
+    def _points(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Per-node scoring inputs in float32 or wider, from ``x [N, H, d]``.
 
-        Cone variants: half-space points, horizontal coordinates then height
-        (the map is applied once per node, not once per edge).
+        Cone variants: the half-space point as ``(horizontal [N, H, d-1], height [N, H])``,
+        mapped once per node rather than once per edge. ``"dot"``: ``(x, None)``.
         """
         x = x.to(torch.promote_types(x.dtype, torch.float32))
         if self.variant == "dot":
-            return x
-        horizontal, height = self._to_halfspace(x)
-        return torch.cat([horizontal, height.unsqueeze(-1)], dim=-1)
+            return x, None
+        return self._to_halfspace(x)
 
     def edge_update(
-        self, query_i: Tensor, key_j: Tensor, index: Tensor, ptr: Tensor | None, size_i: int | None
+        self,
+        query_x: Tensor,
+        key_x: Tensor,
+        query_y_i: Tensor | None,
+        key_y_j: Tensor | None,
+        edge_index_i: Tensor,
+        edge_index_j: Tensor,
+        index: Tensor,
+        ptr: Tensor | None,
+        size_i: int | None,
     ) -> Tensor:
         if self.variant == "dot":
+            query_i, key_j = query_x[edge_index_i], key_x[edge_index_j]
             score = (query_i * key_j).sum(dim=-1) / math.sqrt(query_i.size(-1))
         else:
-            dist = torch.linalg.vector_norm(query_i[..., :-1] - key_j[..., :-1], dim=-1)
-            score = -self.gamma * self._lca_height(dist, query_i[..., -1], key_j[..., -1])
+            edges = torch.stack([edge_index_j, edge_index_i])
+            dist = edge_distance(query_x, key_x, edges)
+            score = -self.gamma * self._lca_height(dist, query_y_i, key_y_j)
         alpha = softmax(score, index, ptr, size_i)
         return F.dropout(alpha, p=self.dropout, training=self.training)
 

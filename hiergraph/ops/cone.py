@@ -50,6 +50,7 @@ from functools import partial
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 #: Upper clamp on the log-height of :func:`psi_map`; ``exp(20) ~ 4.9e8`` keeps
 #: squared horizontal distances far from float32 overflow.
@@ -60,15 +61,6 @@ DEFAULT_RADIUS = {"penumbral": 1.0, "umbral": 0.1}
 
 HalfSpaceMap = Callable[[Tensor], tuple[Tensor, Tensor]]
 HeightFn = Callable[[Tensor, Tensor, Tensor], Tensor]
-
-
-def _safe_sqrt(x: Tensor) -> Tensor:
-    """``sqrt(x)`` with ``x`` floored at ``eps**2`` of its dtype.
-
-    Exact for ``x >= eps**2``; below the floor the value is ``eps`` and the
-    gradient is zero, so the infinite slope of ``sqrt`` at 0 never appears.
-    """
-    return torch.sqrt(x.clamp_min(torch.finfo(x.dtype).eps ** 2))
 
 
 def _check_points(name: str, x: Tensor) -> None:
@@ -147,6 +139,99 @@ def psi_map(
 # ---------------------------------------------------------------------------
 
 
+def _step(x: Tensor) -> Tensor:
+    """Heaviside step, 1/2 at 0, by arithmetic: ``torch.where`` and comparisons are an
+    order of magnitude slower than ``sign`` on CPU."""
+    return torch.sign(x).mul_(0.5).add_(0.5)
+
+
+def _grads_to_inputs(ctx, grads: tuple, inputs: tuple[Tensor, ...]) -> list:
+    """Reduce broadcast gradients to each input's shape; ``None`` where not needed."""
+    return [
+        g.sum_to_size(x.shape) if needed else None
+        for g, x, needed in zip(grads, inputs, ctx.needs_input_grad, strict=False)
+    ]
+
+
+class _PenumbralHeight(torch.autograd.Function):
+    """Branch-free forward and hand-written backward of :func:`penumbral_lca_height`.
+
+    Autograd through ``where``/``maximum`` costs ~10 slow mask ops per element on
+    CPU; here both branches are evaluated at clamped distances (in-cone at
+    ``min(D, s_u + s_v)``, out-of-cone at ``max(D, s_u + s_v)``, so neither can
+    divide by 0) and blended with a 0/1 step, which is exact because both
+    branches equal ``r`` on the boundary.
+    """
+
+    @staticmethod
+    def forward(ctx, dist: Tensor, y_u: Tensor, y_v: Tensor, r: float, squared: bool):
+        tiny = torch.finfo(dist.dtype).eps ** 2
+        yu2, yv2 = y_u * y_u, y_v * y_v
+        s2_u, s2_v = (r - y_u) * (r + y_u), (r - y_v) * (r + y_v)
+        s_u, s_v = s2_u.clamp_min(tiny).sqrt(), s2_v.clamp_min(tiny).sqrt()
+        span = s_u + s_v  # a common cone exists iff D < span (eq. 23)
+        d_in, d_out = torch.minimum(dist, span), torch.maximum(dist, span)
+        # r^2 - (span - D)^2 / 4 without cancellation: 2r - span = sum of y^2 / (r + s)
+        lower = yu2 / (r + s_u) + yv2 / (r + s_v) + d_in
+        third = 0.25 * lower * (2 * r + span - d_in)
+        top = torch.maximum(yu2, yv2)
+        h2_in = torch.maximum(top, third)
+        a = 0.5 * d_out + 0.5 * (yu2 - yv2) / d_out  # geodesic centre offset from v
+        h2_out = a * a + yv2
+        outside = _step(dist - span)
+        h2 = h2_in + outside * (h2_out - h2_in)
+        h = h2 if squared else h2.clamp_min(tiny).sqrt()
+        ctx.save_for_backward(dist, y_u, y_v, h)
+        ctx.intermediates = (s2_u, s2_v, s_u, s_v, span, d_in, d_out, top, third, a, outside, h2)
+        ctx.squared = squared
+        return h
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        dist, y_u, y_v, h = ctx.saved_tensors
+        s2_u, s2_v, s_u, s_v, span, d_in, d_out, top, third, a, outside, h2 = ctx.intermediates
+        tiny = torch.finfo(dist.dtype).eps ** 2
+        g = grad if ctx.squared else grad * _step(h2 - tiny) / (2 * h)
+        g_in, g_out = g * (1 - outside), g * outside
+        # in cone: max(y_u^2, y_v^2, third); d third/dD = -d third/d span = (span - D)/2
+        w_third = _step(third - top)
+        w_u = _step(y_u - y_v) * (1 - w_third)
+        w_v = (1 - w_third) - w_u
+        half_gap = 0.5 * (span - d_in) * w_third
+        ds_u = y_u / s_u * _step(s2_u - tiny)  # -d s_u / d y_u; 0 where the floor is active
+        ds_v = y_v / s_v * _step(s2_v - tiny)
+        # out of cone: a^2 + y_v^2 with a = D/2 + (y_u^2 - y_v^2) / (2D)
+        two_a = 2 * a / d_out
+        grad_dist = g_in * half_gap + g_out * a * (2 - two_a)
+        grad_u = g_in * (2 * y_u * w_u + half_gap * ds_u) + g_out * two_a * y_u
+        grad_v = g_in * (2 * y_v * w_v + half_gap * ds_v) + g_out * (2 - two_a) * y_v
+        return *_grads_to_inputs(ctx, (grad_dist, grad_u, grad_v), (dist, y_u, y_v)), None, None
+
+
+class _UmbralHeight(torch.autograd.Function):
+    """Forward and hand-written backward of :func:`umbral_lca_height` (see _PenumbralHeight)."""
+
+    @staticmethod
+    def forward(ctx, dist: Tensor, y_u: Tensor, y_v: Tensor, slope: float):
+        top = torch.maximum(y_u, y_v)
+        apex = dist * slope + 0.5 * (y_u + y_v)
+        w_apex = _step(apex - top)
+        w_u = _step(y_u - y_v) * (1 - w_apex)
+        ctx.save_for_backward(dist, y_u, y_v)
+        ctx.intermediates = (w_apex, w_u)
+        ctx.slope = slope
+        return torch.maximum(top, apex)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        w_apex, w_u = ctx.intermediates
+        half = 0.5 * grad * w_apex
+        grads = (grad * w_apex * ctx.slope, half + grad * w_u, grad - half - grad * w_u)
+        return *_grads_to_inputs(ctx, grads, ctx.saved_tensors), None
+
+
 def penumbral_lca_height(
     dist: Tensor, y_u: Tensor, y_v: Tensor, r: float = 1.0, squared: bool = False
 ) -> Tensor:
@@ -163,6 +248,9 @@ def penumbral_lca_height(
 
     ``D < s_u + s_v`` is the symmetric form of the paper's eq. 23 (the main
     text's eq. 7 drops a clause). Both branches equal ``r`` on the boundary.
+    :math:`s` is floored at float eps (with zero gradient there), so heights at
+    the light source stay finite. Differentiable once (hand-written backward;
+    ties in a max split the gradient evenly, as ``torch.maximum`` does).
 
     Args:
         dist: horizontal distances ``D >= 0``; any shape broadcastable with the heights.
@@ -173,16 +261,7 @@ def penumbral_lca_height(
     Returns:
         ``H`` (or ``H**2``) with the broadcast shape of the inputs.
     """
-    yu2, yv2 = y_u * y_u, y_v * y_v
-    s_u = _safe_sqrt((r - y_u) * (r + y_u))
-    s_v = _safe_sqrt((r - y_v) * (r + y_v))
-    in_cone = dist < s_u + s_v
-    h2_in = torch.maximum(torch.maximum(yu2, yv2), r * r - 0.25 * (s_u + s_v - dist) ** 2)
-    # ``where`` differentiates both branches: keep the unused one finite at D = 0.
-    dist_out = torch.where(in_cone, torch.ones_like(dist), dist)
-    h2_out = ((dist_out * dist_out + yu2 - yv2) / (2 * dist_out)) ** 2 + yv2
-    h2 = torch.where(in_cone, h2_in, h2_out)
-    return h2 if squared else _safe_sqrt(h2)
+    return _PenumbralHeight.apply(dist, y_u, y_v, float(r), squared)
 
 
 def umbral_lca_height(dist: Tensor, y_u: Tensor, y_v: Tensor, r: float = 0.1) -> Tensor:
@@ -191,13 +270,14 @@ def umbral_lca_height(dist: Tensor, y_u: Tensor, y_v: Tensor, r: float = 0.1) ->
     .. math::
         H = \max\!\Big(u_d,\ v_d,\ \frac{D}{2\sinh r} + \frac{u_d + v_d}{2}\Big)
 
+    Differentiable once (hand-written backward; ties split the gradient evenly).
+
     Args:
         dist: horizontal distances ``D >= 0``, broadcastable with the heights.
         y_u, y_v: heights ``> 0``.
         r: hyperbolic radius of the ball around each point (0.1 in the paper's runs).
     """
-    apex = dist / (2 * math.sinh(r)) + 0.5 * (y_u + y_v)
-    return torch.maximum(torch.maximum(y_u, y_v), apex)
+    return _UmbralHeight.apply(dist, y_u, y_v, 1.0 / (2 * math.sinh(r)))
 
 
 # ---------------------------------------------------------------------------
@@ -211,13 +291,63 @@ def _dense_pairs(u: tuple[Tensor, Tensor], v: tuple[Tensor, Tensor]):
     return torch.cdist(ux, vx), uy.unsqueeze(-1), vy.unsqueeze(-2)
 
 
+class _EdgeDistance(torch.autograd.Function):
+    """``||x_dst[dst] - x_src[src]||`` over the last dimension, with a fused backward.
+
+    Autograd through ``index_select``, ``sub`` and ``vector_norm`` materialises
+    several ``[E, ..., c]`` temporaries; here the backward forms one,
+    :math:`g_e (a_e - b_e) / D_e`, and scatter-adds it into both inputs. The
+    subgradient at ``D = 0`` is 0, as for ``torch.linalg.vector_norm``.
+    """
+
+    @staticmethod
+    def forward(ctx, x_dst: Tensor, x_src: Tensor, dst: Tensor, src: Tensor) -> Tensor:
+        diff = x_dst.index_select(0, dst) - x_src.index_select(0, src)
+        dist = torch.linalg.vector_norm(diff, dim=-1)
+        ctx.save_for_backward(diff, dist, dst, src)
+        ctx.num_nodes = (x_dst.size(0), x_src.size(0))
+        return dist
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        diff, dist, dst, src = ctx.saved_tensors
+        scale = grad * dist.sign() / dist.clamp_min(torch.finfo(dist.dtype).tiny)  # 0 at D = 0
+        grad_diff = diff * scale.unsqueeze(-1)
+        grads = []
+        for needed, index, num_nodes, sign in zip(
+            ctx.needs_input_grad[:2], (dst, src), ctx.num_nodes, (1, -1), strict=True
+        ):
+            if not needed:
+                grads.append(None)
+                continue
+            out = grad_diff.new_zeros(num_nodes, *grad_diff.shape[1:])
+            grads.append(out.index_add_(0, index, grad_diff, alpha=sign))
+        return grads[0], grads[1], None, None
+
+
+def edge_distance(x_dst: Tensor, x_src: Tensor, edge_index: Tensor) -> Tensor:
+    r"""Euclidean distance of every edge ``j -> i``: :math:`\lVert x^{dst}_i - x^{src}_j \rVert`.
+
+    Equal to ``torch.linalg.vector_norm(x_dst[i] - x_src[j], dim=-1)`` (same zero
+    subgradient at distance 0), with a cheaper backward. Differentiable once.
+
+    Args:
+        x_dst: target-node points ``[N_dst, ..., c]``.
+        x_src: source-node points ``[N_src, ..., c]`` (same trailing shape).
+        edge_index: ``[2, E]``, row 0 = source ``j``, row 1 = target ``i``.
+
+    Returns:
+        Distances ``[E, ...]``.
+    """
+    return _EdgeDistance.apply(x_dst, x_src, edge_index[1], edge_index[0])
+
+
 def _edge_pairs(u: tuple[Tensor, Tensor], v: tuple[Tensor, Tensor], edge_index: Tensor):
     """One pair per edge ``j -> i`` (query ``i`` = target, key ``j`` = source): ``[E, ...]``."""
     (ux, uy), (vx, vy) = u, v
     src, dst = edge_index[0], edge_index[1]
-    # vector_norm has a zero subgradient at 0 (self loops with q == k).
-    dist = torch.linalg.vector_norm(ux[dst] - vx[src], dim=-1)
-    return dist, uy[dst], vy[src]
+    return edge_distance(ux, vx, edge_index), uy.index_select(0, dst), vy.index_select(0, src)
 
 
 def _check_edges(q: Tensor, k: Tensor, edge_index: Tensor) -> None:

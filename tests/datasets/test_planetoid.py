@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -122,7 +123,18 @@ def test_ppi_example_runs_on_synthetic_fixture(no_env, no_network, examples_on_p
 def test_cora_example_smoke(no_env, no_network, examples_on_path, tmp_path, capsys):
     import cora_cone_gat
 
-    argv = ["--root", str(tmp_path), "--raw-dir", str(cora_raw_source())]
-    accs = cora_cone_gat.main([*argv, "--epochs", "2", "--seeds", "1", "--attention", "dot"])
-    assert len(accs) == 1 and 0.0 <= accs[0] <= 1.0
+    argv = ["--root", str(tmp_path), "--raw-dir", str(cora_raw_source()), "--epochs", "2"]
+    out_json = tmp_path / "acc.json"
+    results = cora_cone_gat.main(
+        [*argv, "--seeds", "2", "--attention", "dot", "umbral", "--json", str(out_json)]
+    )
+    assert sorted(results) == ["dot", "umbral"]
+    assert all(len(accs) == 2 and all(0.0 <= a <= 1.0 for a in accs) for accs in results.values())
     assert "±" in capsys.readouterr().out
+    cora_cone_gat.main(
+        [*argv, "--seeds", "1", "--attention", "penumbral", "--gamma", "2", "--json", str(out_json)]
+    )  # rows merge into the same file
+    rows = json.loads(out_json.read_text())["rows"]
+    assert sorted(rows) == ["dot", "penumbral[gamma=2]", "umbral"]
+    assert rows["umbral"]["budget"] == {"max_epochs": 2, "patience": 1000}
+    assert rows["penumbral[gamma=2]"]["cone_options"]["gamma"] == 2.0
