@@ -2,8 +2,8 @@
 
 Run from the repository root::
 
-    python benchmarks/masked_attention.py            # full run (N = 1K..64K), ~5 min on 2 cores
-    python benchmarks/masked_attention.py --quick --out /tmp/bench   # N = 1K, 2K, ~1 min
+    python benchmarks/masked_attention.py   # N = 1K..64K, about 30 min on a busy 2-core box
+    python benchmarks/masked_attention.py --quick --out /tmp/bench   # N = 1K, 2K, ~2 min
 
 Writes ``masked_attention.json`` and ``masked_attention.png`` into ``--out``
 (default ``benchmarks/results``; a ``--quick`` run there overwrites the full
@@ -14,24 +14,33 @@ per head, float32, forward + ``out.sum().backward()`` of one layer on ``x``
 ``[N, 64]``, one torch thread by default (``--threads``). Masks: a
 bidirectional sliding window ``|i - j| <= 64`` and a uniformly random mask with
 the same edge count (self-loops included), plus Cora's graph (2,708 nodes,
-self-loops added, random 64-d features) when its raw files are found.
+self-loops added, random 64-d features; loaded with
+``hiergraph.datasets.planetoid.load_planetoid`` from ``$HIERGRAPH_RAW``, default
+``../shared/datasets``) when its raw files are found.
 
 Methods, all given the same ``x`` and ``edge_index`` and the same weights:
 
-* ``ours`` - :class:`hiergraph.nn.MaskedAttentionConv`; it recognises the window
-  from ``edge_index`` (cost included) and runs the banded kernel; the random
-  mask and Cora take its general edge path.
+* ``ours`` - :class:`hiergraph.nn.masked_attention_conv.MaskedAttentionConv`; it
+  recognises the window from ``edge_index`` (cost included) and runs the banded
+  kernel; the random mask and Cora take its general (sparse-kernel) edge path.
 * ``transformer_conv`` - :class:`torch_geometric.nn.TransformerConv`.
 * ``dense_sdpa`` - the same projections, a dense ``[N, N]`` boolean mask built
   from ``edge_index`` (cost included) and
   :func:`torch.nn.functional.scaled_dot_product_attention`.
 
-Each (mask, N, method) runs in a fresh subprocess: one untimed-for-median
-warm-up run that also measures the peak resident memory above the level just
-before it (Linux ``VmHWM`` after resetting it through ``/proc/self/clear_refs``),
-then timed runs until a time budget; the median is reported. Runs that would not
-fit in memory (estimated from edge counts) are skipped and marked so. Because
-the machine is shared, compare the ratios, which are measured in the same run.
+Protocol, per (mask, N):
+
+1. **memory**: every method runs once in a fresh subprocess; its peak resident
+   memory is Linux ``VmHWM`` (reset through ``/proc/self/clear_refs``) minus the
+   resident size just before the run, its output is kept for the accuracy
+   check and its time is the first sample;
+2. **time**: one subprocess builds all methods and runs them **interleaved**
+   (round robin) until each has its repetitions (fewer for the slow
+   ``transformer_conv`` at large N); the reported time is the median of all
+   samples, so ratios are measured side by side under the same load.
+
+Runs that would not fit in memory (estimated from edge counts) are skipped and
+marked so. The machine is shared: compare the ratios, not absolute times.
 """
 
 from __future__ import annotations
@@ -40,7 +49,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -54,7 +62,7 @@ from torch import Tensor
 IN_CHANNELS, OUT_CHANNELS, HEADS, WINDOW = 64, 64, 4, 64
 METHODS = ("ours", "transformer_conv", "dense_sdpa")
 RESULTS = Path(__file__).resolve().parent / "results"
-CORA_RAW = Path(os.environ.get("HIERGRAPH_DATA", "../shared/datasets")) / "Cora" / "raw"
+RAW_ROOT = Path(os.environ.get("HIERGRAPH_RAW", "../shared/datasets"))
 
 
 # ------------------------------------------------------------------ worker side
@@ -76,17 +84,16 @@ def build_mask(kind: str, n: int) -> tuple[Tensor, int]:
     if kind == "random":
         return random_mask(n, window_mask(n, WINDOW).size(1), seed=0), n
     if kind == "cora":
-        from torch_geometric.datasets import Planetoid
+        from hiergraph.datasets.planetoid import load_planetoid
 
         with tempfile.TemporaryDirectory() as root:
-            shutil.copytree(CORA_RAW, Path(root) / "Cora" / "raw")
-            data = Planetoid(root, "Cora")[0]
+            data = load_planetoid("Cora", root=root, raw_dir=RAW_ROOT / "Cora" / "raw")[0]
         return graph_mask(data.edge_index, data.num_nodes), data.num_nodes
     raise ValueError(f"unknown mask {kind!r}")
 
 
-def make_step(method: str, x, edge_index):
-    """A closure running forward + backward, and the forward output function."""
+def make_step(method: str, x: Tensor, edge_index: Tensor):
+    """A closure running forward + backward and returning the detached output."""
     import torch.nn.functional as F
     from torch_geometric.nn import TransformerConv
 
@@ -114,6 +121,7 @@ def make_step(method: str, x, edge_index):
             return out.transpose(1, 2).reshape(n, HEADS * OUT_CHANNELS)
 
     def step():
+        x.grad = None
         out = forward()
         out.sum().backward()
         return out.detach()
@@ -121,26 +129,49 @@ def make_step(method: str, x, edge_index):
     return step
 
 
-def worker(kind: str, n: int, method: str, budget: float, out_path: str) -> None:
+def _setup(kind: str, n: int) -> tuple[Tensor, Tensor]:
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     edge_index, n = build_mask(kind, n)
     x = torch.randn(n, IN_CHANNELS, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    return x, edge_index
+
+
+def worker_memory(kind: str, n: int, method: str, out_path: str) -> None:
+    """One run in a fresh process: peak memory, time, output."""
+    x, edge_index = _setup(kind, n)
     step = make_step(method, x, edge_index)
     before = _status_mib("VmRSS")
     _reset_peak()
     start = time.perf_counter()
     out = step()
-    first = time.perf_counter() - start
+    elapsed = time.perf_counter() - start
     peak = _status_mib("VmHWM") - before
     torch.save(out, out_path)
-    samples = [first] if first > 2.0 else []  # long runs: warm-up overhead is negligible
-    while not samples or (sum(samples) < budget and len(samples) < 5):
-        x.grad = None
-        start = time.perf_counter()
-        step()
-        samples.append(time.perf_counter() - start)
-    print(json.dumps({"samples_s": samples, "peak_mib": peak, "num_nodes": n,
+    print(json.dumps({"first_s": elapsed, "peak_mib": peak, "num_nodes": x.size(0),
                       "num_edges": edge_index.size(1)}))  # fmt: skip
+
+
+def worker_time(kind: str, n: int, reps: dict[str, int]) -> None:
+    """All methods in one process, run round robin; ``reps[method]`` samples each.
+
+    A method's first run in this process is a warm-up (not a sample) unless it
+    takes over 20 s, where one-time costs are negligible.
+    """
+    x, edge_index = _setup(kind, n)
+    steps = {method: make_step(method, x, edge_index) for method in reps}
+    samples = {method: [] for method in reps}
+    warm = set()
+    while any(len(samples[m]) < reps[m] for m in reps):
+        for method, step in steps.items():
+            if len(samples[method]) >= reps[method]:
+                continue
+            start = time.perf_counter()
+            step()
+            elapsed = time.perf_counter() - start
+            if method in warm or elapsed > 20.0:
+                samples[method].append(elapsed)
+            warm.add(method)
+    print(json.dumps(samples))
 
 
 # ------------------------------------------------------------------ driver side
@@ -154,29 +185,49 @@ def estimated_mib(kind: str, method: str, n: int) -> float:
     num_edges = 13_264 if kind == "cora" else (2 * WINDOW + 1) * n - WINDOW * (WINDOW + 1)
     if method == "dense_sdpa":
         return n * n * 5.5 / 2**20  # bool mask + float mask + workspace
-    if method == "transformer_conv" or kind != "window":  # per-edge [E, H, C] tensors
+    if method == "transformer_conv":  # per-edge [E, H, C] tensors
         return num_edges * HEADS * OUT_CHANNELS * 4 * 6.2 / 2**20
+    if kind != "window":  # per-edge [E, H] tensors and the edge index copies
+        return num_edges * (HEADS * 4 * 10 + 8 * 6) / 2**20
     return num_edges * HEADS * OUT_CHANNELS * 4 * 0.5 / 2**20  # banded kernel
 
 
-def run_case(
-    kind: str, n: int, method: str, budget: float, tmp: str, max_mib: float, threads: int
-) -> dict:
-    need = estimated_mib(kind, method, n)
-    limit = min(max_mib, 0.65 * available_mib())
-    if need > limit:
-        return {"skipped": f"needs ~{need / 1024:.1f} GiB, limit {limit / 1024:.1f} GiB"}
-    out_path = str(Path(tmp) / f"{kind}_{n}_{method}.pt")
-    cmd = [sys.executable, __file__, "--worker", kind, str(n), method, str(budget), out_path]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=os.environ | {"BENCH_THREADS": str(threads)}
-    )
+def _run(args: list[str], threads: int) -> tuple[dict | None, str]:
+    cmd = [sys.executable, __file__, "--worker", *args]
+    env = os.environ | {"BENCH_THREADS": str(threads)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        return {"skipped": f"failed: {proc.stderr.strip().splitlines()[-1:]}"}
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["median_s"] = statistics.median(result["samples_s"])
-    result["output"] = out_path
-    return result
+        return None, f"failed: {proc.stderr.strip().splitlines()[-1:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1]), ""
+
+
+def run_case(kind: str, n: int, tmp: str, args: argparse.Namespace) -> dict:
+    """Memory runs, then the interleaved timing run, of one (mask, N)."""
+    methods = ("ours", "transformer_conv") if kind == "cora" else METHODS
+    limit = min(args.max_gib * 1024, 0.65 * available_mib())
+    results, reps = {}, {}
+    for method in methods:
+        need = estimated_mib(kind, method, n)
+        if need > limit:
+            results[method] = {"skipped": f"needs ~{need / 1024:.1f} GiB, limit {limit / 1024:.1f}"}
+            continue
+        out_path = str(Path(tmp) / f"{kind}_{n}_{method}.pt")
+        result, error = _run(["memory", kind, str(n), method, out_path], args.threads)
+        results[method] = result | {"output": out_path} if result else {"skipped": error}
+        if result:
+            slow = method == "transformer_conv" and n >= args.few_reps_from
+            reps[method] = args.reps_slow if slow else args.reps
+    timed, error = ({}, "")
+    if reps:
+        timed, error = _run(["time", kind, str(n), json.dumps(reps)], args.threads)
+    for method in reps:
+        result = results[method]
+        if timed is None:
+            result["skipped"] = error
+            continue
+        result["samples_s"] = [result["first_s"], *timed[method]]
+        result["median_s"] = statistics.median(result["samples_s"])
+    return results
 
 
 def max_diff(a: dict, b: dict) -> float | None:
@@ -189,15 +240,11 @@ def summarise(case: dict) -> dict:
     """Side-by-side ratios of one (mask, N) case."""
     ours, tc, dense = (case["methods"].get(m, {}) for m in METHODS)
     ratios = {}
-    if "median_s" in ours and "median_s" in tc:
-        ratios["transformer_conv_time_over_ours"] = tc["median_s"] / ours["median_s"]
-    if "median_s" in ours and "median_s" in dense:
-        ratios["dense_sdpa_time_over_ours"] = dense["median_s"] / ours["median_s"]
-        ratios["dense_sdpa_peak_over_ours"] = dense["peak_mib"] / max(ours["peak_mib"], 1.0)
-    if "median_s" in ours and "median_s" in tc:
-        ratios["transformer_conv_peak_over_ours"] = tc["peak_mib"] / max(ours["peak_mib"], 1.0)
-    ratios["max_abs_diff_ours_vs_transformer_conv"] = max_diff(ours, tc)
-    ratios["max_abs_diff_ours_vs_dense_sdpa"] = max_diff(ours, dense)
+    for name, other in (("transformer_conv", tc), ("dense_sdpa", dense)):
+        if "median_s" in ours and "median_s" in other:
+            ratios[f"{name}_time_over_ours"] = other["median_s"] / ours["median_s"]
+            ratios[f"{name}_peak_over_ours"] = other["peak_mib"] / max(ours["peak_mib"], 1.0)
+        ratios[f"max_abs_diff_ours_vs_{name}"] = max_diff(ours, other)
     for result in case["methods"].values():
         result.pop("output", None)
     return ratios
@@ -232,34 +279,41 @@ def plot(report: dict, path: Path) -> None:
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"masked attention, d={OUT_CHANNELS}/head, {HEADS} heads, window p={WINDOW}")
+    fig.suptitle(
+        f"masked attention, {HEADS} heads x {OUT_CHANNELS} channels, window p={WINDOW} "
+        "(random: same edge count); medians, interleaved"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="N = 1K, 2K only, short budgets")
+    parser.add_argument("--quick", action="store_true", help="N = 1K, 2K only, 3 repetitions")
     parser.add_argument("--sizes", type=int, nargs="*", help="override the sequence lengths")
-    parser.add_argument("--max-gib", type=float, default=14.0, help="skip runs estimated above")
+    parser.add_argument("--reps", type=int, default=3, help="interleaved samples per method")
     parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads per run (2-thread runs stall on a busy CPU)",
+        "--reps-slow", type=int, default=1, help="transformer_conv samples from --few-reps-from on"
     )
+    parser.add_argument("--few-reps-from", type=int, default=4096)
+    parser.add_argument("--max-gib", type=float, default=15.0, help="skip runs estimated above")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per run (the 2 cores are shared)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS, help="output folder")
-    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        kind, n, method, budget, out_path = args.worker
-        worker(kind, int(n), method, float(budget), out_path)
+        role, kind, n, *rest = args.worker
+        if role == "memory":
+            worker_memory(kind, int(n), rest[0], rest[1])
+        else:
+            worker_time(kind, int(n), json.loads(rest[0]))
         return
 
     sizes = args.sizes or ([1024, 2048] if args.quick else [1024, 4096, 16384, 65536])
-    budget = 1.0 if args.quick else 8.0
+    args.reps = 3 if args.quick else args.reps
     cases = [(kind, n) for kind in ("window", "random") for n in sizes]
-    if CORA_RAW.is_dir():
+    if (RAW_ROOT / "Cora" / "raw").is_dir():
         cases.append(("cora", 2708))
     report = {
         "command": "python " + " ".join(sys.argv),
@@ -269,22 +323,26 @@ def main() -> None:
             "heads": HEADS,
             "window_p": WINDOW,
             "threads": args.threads,
+            "reps": args.reps,
+            "reps_transformer_conv_from_n": [args.few_reps_from, args.reps_slow],
             "pass": "forward + out.sum().backward()",
             "dtype": "float32",
             "torch": torch.__version__,
-        },  # fmt: skip
+            "cpu_count": os.cpu_count(),
+            "load_average_at_start": os.getloadavg(),
+        },
         "cases": [],
     }
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for kind, n in cases:
-            methods = METHODS if kind != "cora" else ("ours", "transformer_conv")
-            case = {"mask": kind, "num_nodes": n, "methods": {}}
-            for method in methods:
-                result = run_case(kind, n, method, budget, tmp, args.max_gib * 1024, args.threads)
-                case["methods"][method] = result
-                shown = f"{result['median_s']:.3f} s, {result['peak_mib']:.0f} MiB" \
-                    if "median_s" in result else result["skipped"]  # fmt: skip
+            case = {"mask": kind, "num_nodes": n, "methods": run_case(kind, n, tmp, args)}
+            for method, result in case["methods"].items():
+                shown = (
+                    f"{result['median_s']:.3f} s, {result['peak_mib']:.0f} MiB"
+                    if "median_s" in result
+                    else result["skipped"]
+                )
                 print(f"{kind:>6} N={n:>6} {method:>16}: {shown}", flush=True)
             case["num_edges"] = next(
                 (r["num_edges"] for r in case["methods"].values() if "num_edges" in r), None
@@ -292,6 +350,7 @@ def main() -> None:
             case["ratios"] = summarise(case)
             print(f"{'':>6} {'':>8} {json.dumps(case['ratios'])}", flush=True)
             report["cases"].append(case)
+    report["setting"]["load_average_at_end"] = os.getloadavg()
     report["wall_s"] = time.time() - started
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "masked_attention.json").write_text(json.dumps(report, indent=2))

@@ -10,6 +10,7 @@ contiguous segments (see :mod:`hiergraph.ops.banded_attention`). A
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +57,14 @@ class BandMask:
     dilation: int = 1
 
     def __post_init__(self):
-        object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))
+        def as_int(value, what: str) -> int:
+            if isinstance(value, bool) or not hasattr(value, "__index__"):
+                raise TypeError(f"{what} must be ints, got {value!r}")
+            return operator.index(value)
+
+        object.__setattr__(self, "lengths", tuple(as_int(n, "lengths") for n in self.lengths))
+        for name in ("before", "after", "dilation"):
+            object.__setattr__(self, name, as_int(getattr(self, name), name))
         if any(n < 0 for n in self.lengths):
             raise ValueError(f"segment lengths must be >= 0, got {self.lengths}")
         if self.before < 0 or self.after < 0:

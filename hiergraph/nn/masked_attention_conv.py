@@ -13,6 +13,7 @@ from torch_geometric.utils import softmax
 
 from hiergraph.masks.band import BandMask
 from hiergraph.ops.banded_attention import banded_attention
+from hiergraph.ops.edge_products import EdgeCSR, edge_aggregate, edge_dot
 
 
 class MaskedAttentionConv(MessagePassing):
@@ -195,6 +196,28 @@ class MaskedAttentionConv(MessagePassing):
                 f"edge_index ids out of range for {num_src} source and {num_dst} target nodes"
             )
 
+    def _edge_terms(
+        self, edge_attr: Tensor | None, num_edges: int
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """``(edge_emb [E, H, C] or None, logit_bias [E, 1 or H] or None)``."""
+        if edge_attr is None:
+            if self.lin_edge is not None:
+                raise ValueError(f"this layer has edge_dim={self.edge_dim}: pass edge_attr")
+            return None, None
+        if self.lin_edge is not None:
+            if edge_attr.dim() != 2 or edge_attr.shape != (num_edges, self.edge_dim):
+                raise ValueError(
+                    f"edge_attr must be [E, edge_dim] = [{num_edges}, {self.edge_dim}], "
+                    f"got {tuple(edge_attr.shape)}"
+                )
+            return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels), None
+        if edge_attr.shape not in ((num_edges,), (num_edges, self.heads)):
+            raise ValueError(
+                f"without edge_dim, edge_attr is a logit bias of shape [E] or [E, heads] = "
+                f"[{num_edges}] or [{num_edges}, {self.heads}], got {tuple(edge_attr.shape)}"
+            )
+        return None, edge_attr.view(num_edges, -1)
+
     def _edge_attention(
         self,
         query: Tensor,
@@ -204,53 +227,44 @@ class MaskedAttentionConv(MessagePassing):
         edge_attr: Tensor | None,
         size: tuple[int, int],
     ) -> tuple[Tensor, Tensor]:
-        """The general path: per-edge logits, softmax per target, weighted sum."""
-        num_edges = edge_index.size(1)
-        edge_emb, logit_bias = None, None
-        if edge_attr is not None and self.lin_edge is not None:
-            if edge_attr.dim() != 2 or edge_attr.shape != (num_edges, self.edge_dim):
-                raise ValueError(
-                    f"edge_attr must be [E, edge_dim] = [{num_edges}, {self.edge_dim}], "
-                    f"got {tuple(edge_attr.shape)}"
-                )
-            edge_emb = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
-        elif edge_attr is not None:
-            if edge_attr.shape not in ((num_edges,), (num_edges, self.heads)):
-                raise ValueError(
-                    f"without edge_dim, edge_attr is a logit bias of shape [E] or [E, heads] = "
-                    f"[{num_edges}] or [{num_edges}, {self.heads}], got {tuple(edge_attr.shape)}"
-                )
-            logit_bias = edge_attr.view(num_edges, -1)
-        elif self.lin_edge is not None:
-            raise ValueError(f"this layer has edge_dim={self.edge_dim}: pass edge_attr")
-        alpha = self.edge_updater(
-            edge_index, query=query, key=key, edge_emb=edge_emb, logit_bias=logit_bias, size=size
-        )
-        weights = F.dropout(alpha, p=self.dropout, training=self.training)
-        out = self.propagate(edge_index, value=value, alpha=weights, edge_emb=edge_emb, size=size)
-        return out, alpha
+        """The general path: per-edge logits, softmax per target, weighted sum.
 
-    def edge_update(
-        self,
-        query_i: Tensor,
-        key_j: Tensor,
-        edge_emb: Tensor | None,
-        logit_bias: Tensor | None,
-        index: Tensor,
-        ptr: Tensor | None,
-        size_i: int | None,
-    ) -> Tensor:
+        The node-to-node products run as sparse kernels
+        (:mod:`hiergraph.ops.edge_products`), which never form per-edge
+        ``[E, H, C]`` tensors; only the edge-feature terms (``edge_dim``) are
+        per-edge, through :meth:`edge_updater` and :meth:`propagate`.
+        """
+        edge_emb, logit_bias = self._edge_terms(edge_attr, edge_index.size(1))
+        graph = EdgeCSR(edge_index, size)
+        if graph.perm is not None:  # work in target-sorted order, report in the caller's
+            edge_emb = edge_emb[graph.perm] if edge_emb is not None else None
+            logit_bias = logit_bias[graph.perm] if logit_bias is not None else None
+        logits = edge_dot(query, key, graph)
         if edge_emb is not None:
-            key_j = key_j + edge_emb
-        logits = (query_i * key_j).sum(dim=-1) / math.sqrt(self.out_channels)  # [E, H]
+            logits = logits + self.edge_updater(
+                graph.edge_index, query=query, edge_emb=edge_emb, size=size
+            )
+        logits = logits / math.sqrt(self.out_channels)
         if logit_bias is not None:
             logits = logits + logit_bias
-        return softmax(logits, index, ptr, size_i)
-
-    def message(self, value_j: Tensor, alpha: Tensor, edge_emb: Tensor | None) -> Tensor:
+        alpha = softmax(logits, graph.edge_index[1], graph.crow, size[1])
+        weights = F.dropout(alpha, p=self.dropout, training=self.training)
+        out = edge_aggregate(weights, value, graph)
         if edge_emb is not None:
-            value_j = value_j + edge_emb
-        return value_j * alpha.unsqueeze(-1)
+            out = out + self.propagate(
+                graph.edge_index, alpha=weights, edge_emb=edge_emb, size=size
+            )
+        if graph.perm is not None:
+            alpha = alpha[torch.argsort(graph.perm)]
+        return out, alpha
+
+    def edge_update(self, query_i: Tensor, edge_emb: Tensor) -> Tensor:
+        """The edge-feature part of the logits, :math:`q_i^\top W_e e_{ij}`, ``[E, H]``."""
+        return (query_i * edge_emb).sum(dim=-1)
+
+    def message(self, alpha: Tensor, edge_emb: Tensor) -> Tensor:
+        """The edge-feature part of the messages, :math:`\alpha_{ij} W_e e_{ij}`."""
+        return edge_emb * alpha.unsqueeze(-1)
 
     def __repr__(self) -> str:
         return (
