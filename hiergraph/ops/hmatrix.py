@@ -383,14 +383,12 @@ class _HMatrixCore(torch.autograd.Function):
 
         # Band matmuls of the backward, all levels at once.
         q_flat, k_flat, v_flat = (x.view(-1, x.shape[-1]) for x in (q_pack, k_pack, v_pack))
-        grad_acc = grad_acc.view(blocks, n, -1)
-        inner = slice(1, blocks - width + 2)  # query blocks with a full band
-        grad_v = _unband(weights[inner].transpose(1, 2) @ grad_acc[inner], n, width)
+        grad_blocks = grad_acc.view(blocks, n, -1)
+        grad_v = _key_grad(weights, grad_acc.view(-1, grad_acc.shape[-1]), n, width)
         # dS / sqrt(d): the scale goes into the matmul, and from there into dq and dk.
-        grad_logits = _band_bmm(grad_acc, _band(v_flat, n, width), plan.scale).mul_(weights)
+        grad_logits = _band_bmm(grad_blocks, _band(v_flat, n, width), plan.scale).mul_(weights)
         grad_q = _band_bmm(grad_logits, _band(k_flat, n, width).transpose(1, 2))
-        q_blocks = q_flat.view(blocks, n, dim)
-        grad_k = _unband(grad_logits[inner].transpose(1, 2) @ q_blocks[inner], n, width)
+        grad_k = _key_grad(grad_logits, q_flat, n, width)
 
         # Undo the coarsening (adjoint of _coarse_pack).
         mean_or_first = "first" if width == 2 else "mean"
@@ -411,15 +409,30 @@ def _band(x: Tensor, n: int, width: int) -> Tensor:
     return x.unfold(0, width * n, n)
 
 
-def _unband(g: Tensor, n: int, width: int) -> Tensor:
-    """Adjoint of :func:`_band`: ``[T-w+1, w*n, c]`` → ``[T*n, c]`` (overlaps summed)."""
-    inner = g.shape[0]
-    out = g.new_empty(inner + width - 1, n, g.shape[-1])
-    out[: width - 1].zero_()
-    out[width - 1 :].copy_(g[:, (width - 1) * n :])
-    for offset in range(width - 1):
-        out[offset : offset + inner] += g[:, offset * n : (offset + 1) * n]
-    return out.flatten(0, 1)
+def _key_grad(entries: Tensor, x: Tensor, n: int, width: int) -> Tensor:
+    """Per key block, the sum over the query blocks that see it: ``Σ_t entries[t, :, j]ᵀ x[t]``.
+
+    ``entries`` ``[T, n, w*n]`` are band entries in query-major order (row =
+    query, column = key, as from :func:`_band_bmm`), ``x`` is ``[T*n, c]``
+    (queries, or the gradients of the outputs); returns ``[T, n, c]``, zero on
+    the blocks that no full band reaches (separators). The entries are first
+    copied into key-major order, so the matmul contracts over all ``w*n``
+    query rows of a key block at once (no overlapping sums afterwards).
+    """
+    windows = entries.shape[0] - width + 1
+    # window s, query block s+p (p < w), key block s+w-2 ↔ entries[s+p, :, (w-1-p)*n : (w-p)*n]
+    stride = entries.stride()
+    key_major = entries.as_strided(
+        (windows, width, n, n),
+        (stride[0], stride[0] - n, stride[1], 1),
+        entries.storage_offset() + (width - 1) * n,
+    ).reshape(windows, width * n, n)
+    out = x.new_empty(entries.shape[0], n, x.shape[-1])
+    inner = out[width - 2 : width - 2 + windows]
+    out[: width - 2] = 0.0
+    out[width - 2 + windows :] = 0.0
+    torch.bmm(key_major.transpose(1, 2), _band(x, n, width).transpose(1, 2), out=inner)
+    return out
 
 
 def _band_bmm(a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
