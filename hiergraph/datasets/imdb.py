@@ -1,0 +1,67 @@
+"""IMDB Large Movie Review dataset (Maas et al., ACL 2011) as document hierarchies."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from hiergraph.datasets.text import (
+    TextClassificationDataset,
+    decode,
+    iter_raw_files,
+    stratified_split,
+)
+
+_REVIEW = re.compile(r"^(?:aclImdb/)?(train|val|test)/(pos|neg)/(\d+)_(\d+)\.txt$")
+#: Fraction of the official training set held out for validation (as in the HSA paper).
+VAL_FRACTION = 0.1
+
+
+class IMDB(TextClassificationDataset):
+    r"""IMDB sentiment (2 classes: ``neg`` = 0, ``pos`` = 1), one hierarchy per review.
+
+    Splits: ``test`` is the official test set (25,000 reviews); the official
+    training set (25,000) is cut into ``train`` (90%) and ``val`` (10%) by a
+    fixed seeded stratified split over reviews sorted by (label, file id), so
+    the split is the same whichever layout the files come in.
+
+    Paragraphs are separated by ``<br /><br />``. Accepted raw sources (in
+    ``root/raw``, ``raw_dir=`` or ``$HIERGRAPH_RAW``), tarballs read without
+    extracting:
+
+    * the official ``aclImdb_v1.tar.gz`` or its extracted ``aclImdb/`` folder
+      (``aclImdb/{train,test}/{pos,neg}/<id>_<rating>.txt``; ``unsup/`` ignored);
+    * the offline ``aclImdb_50k.tar.gz`` (no top-level folder; 5,000 official
+      training reviews moved to ``val/``), or a folder with its content.
+
+    See :class:`~hiergraph.datasets.text.TextClassificationDataset` for the arguments.
+    """
+
+    name = "IMDB"
+    sources = ("aclImdb_v1.tar.gz", "aclImdb_50k.tar.gz", "aclImdb")
+    classes = ("neg", "pos")
+    how_to_get = (
+        "The official archive is https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz."
+    )
+
+    def read_raw(self, source: Path) -> dict[str, list[tuple[str, int]]]:
+        train, test = [], []
+        for path, content in iter_raw_files(source):
+            match = _REVIEW.match(path)
+            if match is None:
+                continue
+            split, label, file_id = match[1], self.classes.index(match[2]), int(match[3])
+            (test if split == "test" else train).append((label, file_id, decode(content)))
+        if not train or not test:
+            raise FileNotFoundError(
+                f"{source} has no IMDB reviews in <train|val|test>/<pos|neg>/<id>_<rating>.txt "
+                f"(train: {len(train)}, test: {len(test)}); is it the right archive?"
+            )
+        train.sort(key=lambda r: r[:2])
+        test.sort(key=lambda r: r[:2])
+        fit, val = stratified_split([r[0] for r in train], (1 - VAL_FRACTION, VAL_FRACTION))
+        return {
+            "train": [(train[i][2], train[i][0]) for i in fit],
+            "val": [(train[i][2], train[i][0]) for i in val],
+            "test": [(r[2], r[0]) for r in test],
+        }

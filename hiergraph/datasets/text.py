@@ -1,0 +1,291 @@
+"""Base class for document-classification datasets that yield one signal hierarchy per document.
+
+Processing (once, cached under ``<root>/processed``) reads the raw archive or
+folder, segments every document into paragraphs and sentences and tokenizes
+it (:func:`~hiergraph.data.document.tokenize_documents`); only the compact
+form is stored (token ids, tokens per sentence, sentences per paragraph), so
+IMDB's 50k documents take tens of MB. On access, the dataset applies its
+length caps and depth and returns a :class:`~hiergraph.data.SignalHierarchy`
+with ``x`` (``[T]`` token ids), ``y`` (``[1]``) and ``truncation`` (``[1, 4]``:
+dropped paragraphs, sentences, tokens; raw token count). Different caps or
+depths therefore share one cache.
+
+Raw files are never downloaded: they are looked up in ``<root>/raw``, in the
+``raw_dir=`` argument and in ``$HIERGRAPH_RAW`` (also ``$HIERGRAPH_RAW/<name>/raw``);
+a missing dataset raises :class:`FileNotFoundError` naming these places.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch_geometric.data import Data, InMemoryDataset
+
+from hiergraph.data.document import (
+    DEPTHS,
+    SimpleTokenizer,
+    TokenizedDocument,
+    hierarchy_from_lengths,
+    tokenize_documents,
+)
+from hiergraph.datasets.planetoid import DATA_ENV, RAW_ENV, data_root
+
+SPLITS = ("train", "val", "test")
+_CHUNK = 2000  # documents per tokenizer call
+
+
+def iter_raw_files(source: Path) -> Iterator[tuple[str, bytes]]:
+    """``(relative path, content)`` of every regular file in a folder, ``.tar(.gz)`` or ``.zip``."""
+    if source.is_dir():
+        for path in sorted(source.rglob("*")):
+            if path.is_file():
+                yield path.relative_to(source).as_posix(), path.read_bytes()
+    elif source.name.endswith((".tar.gz", ".tgz", ".tar")):
+        with tarfile.open(source) as archive:
+            for member in archive:
+                if member.isfile():
+                    yield member.name.lstrip("./"), archive.extractfile(member).read()
+    elif source.suffix == ".zip":
+        with zipfile.ZipFile(source) as archive:
+            for name in archive.namelist():
+                if not name.endswith("/"):
+                    yield name, archive.read(name)
+    else:
+        raise ValueError(f"cannot read {source}: expected a folder, a .tar(.gz) or a .zip")
+
+
+def decode(content: bytes) -> str:
+    """UTF-8 text, falling back to Latin-1 (20 Newsgroups and BBC have Latin-1 files)."""
+    try:
+        return content.decode("utf-8")
+    except UnicodeDecodeError:
+        return content.decode("latin-1")
+
+
+def stratified_split(
+    labels: Sequence[int], fractions: Sequence[float], seed: int = 0
+) -> list[np.ndarray]:
+    """Seeded stratified split of ``range(len(labels))`` into parts of the given fractions.
+
+    Within each class, a seeded permutation is cut at the rounded cumulative
+    fractions (the last part takes the rest). Each part is sorted.
+    """
+    if abs(sum(fractions) - 1.0) > 1e-9:
+        raise ValueError(f"fractions must sum to 1, got {list(fractions)}")
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    parts: list[list[int]] = [[] for _ in fractions]
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        cuts = np.round(np.cumsum(fractions)[:-1] * idx.size).astype(int)
+        for part, chunk in zip(parts, np.split(idx, cuts), strict=True):
+            part.extend(chunk.tolist())
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+class TextClassificationDataset(InMemoryDataset):
+    r"""One split of a document-classification corpus as signal hierarchies.
+
+    Subclasses set ``name``, ``sources`` (raw archive/folder names, in
+    preference order), ``how_to_get`` and implement :meth:`read_raw`.
+
+    Args:
+        root: dataset folder (default ``$HIERGRAPH_DATA/<name>`` or
+            ``<repo>/datasets/<name>``); raw files in ``root/raw``, the cache
+            in ``root/processed``.
+        split: ``'train'``, ``'val'`` or ``'test'``.
+        tokenizer: ``'minilm'`` (the all-MiniLM-L6-v2 WordPiece tokenizer, for
+            its static vectors, :mod:`hiergraph.datasets.static_embeddings`),
+            ``'simple'`` (:class:`~hiergraph.data.document.SimpleTokenizer`
+            fitted on the training split, 30k words) or a tokenizer object
+            (then give ``tokenizer_key``, a name for its cache files).
+        depth: 3 (paragraphs → sentences → tokens), 2 or 1.
+        max_paragraphs, max_sentences, max_sentence_tokens, max_tokens: length
+            caps applied on access (see ``TokenizedDocument.truncate``).
+        raw_dir: another folder holding the raw archive/folder.
+        tokenizer_key: cache name of a tokenizer object.
+        transform, pre_filter, force_reload: as in PyG.
+    """
+
+    name: str = ""
+    sources: tuple[str, ...] = ()
+    how_to_get: str = ""
+    classes: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        root: str | os.PathLike | None = None,
+        split: str = "train",
+        tokenizer="minilm",
+        depth: int = 3,
+        max_paragraphs: int | None = None,
+        max_sentences: int | None = None,
+        max_sentence_tokens: int | None = None,
+        max_tokens: int | None = None,
+        raw_dir: str | os.PathLike | None = None,
+        tokenizer_key: str | None = None,
+        transform: Callable | None = None,
+        force_reload: bool = False,
+    ):
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if depth not in DEPTHS:
+            raise ValueError(f"depth must be one of {DEPTHS}, got {depth!r}")
+        if isinstance(tokenizer, str):
+            if tokenizer not in ("minilm", "simple"):
+                raise ValueError(
+                    f"tokenizer must be 'minilm', 'simple' or a tokenizer object, got {tokenizer!r}"
+                )
+            tokenizer_key = tokenizer
+        elif tokenizer_key is None:
+            raise ValueError("a tokenizer object needs tokenizer_key=<name> for its cache files")
+        self.split, self.depth, self.tokenizer_key = split, depth, tokenizer_key
+        self._tokenizer = tokenizer
+        self.caps = dict(
+            max_paragraphs=max_paragraphs,
+            max_sentences=max_sentences,
+            max_sentence_tokens=max_sentence_tokens,
+            max_tokens=max_tokens,
+        )
+        TokenizedDocument(torch.zeros(1), [1], [1]).truncate(**self.caps)  # validates the caps
+        self.extra_raw_dir = raw_dir
+        root = Path(root) if root is not None else data_root() / self.name
+        super().__init__(str(root), transform, force_reload=force_reload)
+        self.load(self.processed_paths[SPLITS.index(split)])
+        self.meta = json.loads(Path(self.processed_paths[-1]).read_text())
+
+    # ------------------------------------------------------------ PyG hooks
+    @property
+    def raw_file_names(self) -> list[str]:
+        return []  # one of several alternative sources; located in download()/process()
+
+    @property
+    def processed_file_names(self) -> list[str]:
+        return [f"{self.tokenizer_key}_{s}.pt" for s in SPLITS] + [f"{self.tokenizer_key}.json"]
+
+    def download(self) -> None:
+        """Never downloads: checks that a raw source exists when the cache must be built."""
+        if not all(Path(p).exists() for p in self.processed_paths):
+            self.locate_source()
+
+    def process(self) -> None:
+        source = self.locate_source()
+        documents = self.read_raw(source)
+        seen = {label for _, label in documents["train"]}
+        missing = [c for i, c in enumerate(self.classes) if i not in seen]
+        if missing:
+            raise ValueError(f"{source}: no training documents for class(es) {missing}")
+        tokenizer = self._tokenizer
+        if tokenizer == "minilm":
+            from hiergraph.datasets.static_embeddings import minilm_tokenizer
+
+            tokenizer = minilm_tokenizer()
+        elif tokenizer == "simple":
+            tokenizer = SimpleTokenizer.fit(text for text, _ in documents["train"])
+        meta = {"classes": list(self.classes), "tokenizer": self.tokenizer_key, "empty": {}}
+        if isinstance(tokenizer, SimpleTokenizer):
+            meta["vocab"] = tokenizer.vocab
+        for split, path in zip(SPLITS, self.processed_paths[:3], strict=True):
+            data_list, empty = [], 0
+            docs = documents[split]
+            for start in range(0, len(docs), _CHUNK):
+                chunk = docs[start : start + _CHUNK]
+                for doc, (_, label) in zip(
+                    tokenize_documents([t for t, _ in chunk], tokenizer), chunk, strict=True
+                ):
+                    if doc is None:
+                        empty += 1
+                        continue
+                    data_list.append(
+                        Data(
+                            x=doc.ids,
+                            sentence_lengths=doc.sentence_lengths,
+                            paragraph_sizes=doc.paragraph_sizes,
+                            y=torch.tensor([label]),
+                        )
+                    )
+            if not data_list:
+                raise ValueError(f"{source}: the {split!r} split has no documents")
+            meta["empty"][split] = empty
+            self.save(data_list, path)
+        Path(self.processed_paths[-1]).write_text(json.dumps(meta))
+
+    def get(self, idx: int):
+        data = super().get(idx)
+        doc, report = TokenizedDocument(
+            data.x, data.sentence_lengths, data.paragraph_sizes
+        ).truncate(**self.caps)
+        h = hierarchy_from_lengths(doc, self.depth)
+        h.y = data.y
+        h.truncation = report.as_tensor()
+        return h
+
+    # ------------------------------------------------------------- raw data
+    def read_raw(self, source: Path) -> dict[str, list[tuple[str, int]]]:
+        """``{split: [(text, label), ...]}`` for ``'train'``, ``'val'``, ``'test'``."""
+        raise NotImplementedError
+
+    def raw_locations(self) -> list[Path]:
+        """Folders searched for the raw sources, in order."""
+        places = [Path(self.raw_dir)]
+        for base in (self.extra_raw_dir, os.environ.get(RAW_ENV) or None):
+            if base is not None:
+                places += [Path(base), Path(base) / self.name / "raw"]
+        return places
+
+    def locate_source(self) -> Path:
+        """The first raw source found; raises :class:`FileNotFoundError` saying where to put it."""
+        places = self.raw_locations()
+        for place in places:
+            for source in self.sources:
+                if (place / source).exists():
+                    return place / source
+        searched = "".join(f"\n  - {p}" for p in places)
+        raise FileNotFoundError(
+            f"{self.name}: no raw data found. Expected one of {list(self.sources)} in:{searched}\n"
+            f"Fix: put it into {self.raw_dir}, or pass raw_dir=<folder holding it>, or set "
+            f"{RAW_ENV}=<folder holding it>, or set {DATA_ENV}/root= to a data root that has "
+            f"{self.name}/raw. {self.how_to_get}"
+        )
+
+    # -------------------------------------------------------------- reports
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def truncation_report(self) -> dict[str, int | float]:
+        """Totals over the split under this dataset's caps: documents and tokens cut."""
+        sizes = torch.tensor([self._data.x.numel()])
+        if self.slices is not None:
+            sizes = torch.diff(self.slices["x"])[self.indices()]
+        cap = self.caps["max_tokens"]
+        truncated = int((sizes > cap).sum()) if cap is not None else 0
+        if any(v is not None for k, v in self.caps.items() if k != "max_tokens"):
+            reports = [self.get(i).truncation for i in range(len(self))]
+            cut = torch.cat(reports)
+            truncated, dropped = int((cut[:, 2] > 0).sum()), int(cut[:, 2].sum())
+        else:
+            dropped = int((sizes - cap).clamp(min=0).sum()) if cap is not None else 0
+        total = int(sizes.sum())
+        return {
+            "documents": len(self),
+            "truncated_documents": truncated,
+            "tokens": total,
+            "dropped_tokens": dropped,
+            "dropped_fraction": dropped / max(total, 1),
+            "mean_tokens": total / max(len(self), 1),
+        }
+
+    def __repr__(self) -> str:
+        caps = ", ".join(f"{k}={v}" for k, v in self.caps.items() if v is not None)
+        return (
+            f"{self.__class__.__name__}({len(self)}, split={self.split!r}, "
+            f"tokenizer={self.tokenizer_key!r}, depth={self.depth}{', ' + caps if caps else ''})"
+        )

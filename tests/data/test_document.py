@@ -1,0 +1,158 @@
+import pytest
+import torch
+from torch_geometric.data import Batch
+
+from hiergraph.data import Domain
+from hiergraph.data.document import (
+    SimpleTokenizer,
+    TokenizedDocument,
+    as_encoder,
+    document_hierarchy,
+    hierarchy_from_lengths,
+    split_paragraphs,
+    split_sentences,
+    tokenize_document,
+)
+
+TEXT = "The cat sat. It was happy!\n\nA dog barked? Then it ran.<br /><br />The end."
+
+
+@pytest.fixture
+def tok():
+    return SimpleTokenizer.fit([TEXT])
+
+
+def test_segmentation():
+    assert split_paragraphs("a\n\n b \n \n\nc<br /><br/>d<br />e") == ["a", "b", "c", "d e"]
+    assert split_sentences('Hi there. "Yes!" he said? ok.') == [
+        "Hi there.",
+        '"Yes!"',
+        "he said?",
+        "ok.",
+    ]
+    assert split_sentences("e.g.x no break") == ["e.g.x no break"]
+
+
+def test_simple_tokenizer(tok):
+    assert SimpleTokenizer.split("Don't STOP, 42!") == ["don't", "stop", ",", "42", "!"]
+    ids = tok.encode("the cat zebra")
+    assert ids[2] == SimpleTokenizer.UNK and min(ids[:2]) >= 2
+    assert tok.vocab[0] == "." and len(tok) == len(tok.vocab) + 2  # most frequent first
+    small = SimpleTokenizer.fit(["a a b c"], max_size=1)
+    assert small.vocab == ["a"] and small.encode("b") == [1]
+    with pytest.raises(ValueError, match="repeated"):
+        SimpleTokenizer(["a", "a"])
+
+
+def test_builder_structure(tok):
+    h = document_hierarchy(TEXT, tok)
+    # 3 paragraphs with 2, 2, 1 sentences; tokens per sentence
+    expected_lengths = [4, 4, 4, 4, 3]
+    num_tokens = sum(expected_lengths)
+    assert h.num_leaves == num_tokens
+    assert h.num_nodes == num_tokens + 5 + 3 + 1
+    assert h.x.tolist() == tok.encode(TEXT.replace("<br /><br />", " "))
+    leaves, sents = torch.arange(num_tokens), torch.arange(num_tokens, num_tokens + 5)
+    paras, root = torch.arange(num_tokens + 5, num_tokens + 8), num_tokens + 8
+    # token -> sentence, sentence -> paragraph, paragraph -> root
+    sent_of_tok = torch.arange(5).repeat_interleave(torch.tensor(expected_lengths))
+    assert torch.equal(h.parent[leaves], sents[sent_of_tok])
+    assert torch.equal(h.parent[sents], paras[torch.tensor([0, 0, 1, 1, 2])])
+    assert torch.equal(h.parent[paras], torch.full((3,), root))
+    assert int(h.parent[root]) == root
+    assert torch.equal(h.depth, torch.tensor([3] * num_tokens + [2] * 5 + [1] * 3 + [0]))
+    # positions: index within the family on a 1-D grid
+    assert h.pos[:4, 0].tolist() == [0, 1, 2, 3] and h.pos[16:19, 0].tolist() == [0, 1, 2]
+    assert h.pos[sents, 0].tolist() == [0, 1, 0, 1, 0]
+    assert h.pos[paras, 0].tolist() == [0, 1, 2]
+    assert torch.equal(h.pos[:, 0], h.slot) and bool((h.pos[:, 1] == 0).all())
+    assert bool((h.domain[:-1] == int(Domain.GRID1D)).all()) and int(h.domain[-1]) == 0
+    assert h.truncation.tolist() == [[0, 0, 0, num_tokens]]
+    # the tree plan accepts it (structure is valid for HSA)
+    assert h.tree_index().num_leaves == num_tokens
+
+
+@pytest.mark.parametrize("depth, internal", [(2, 5 + 1), (1, 1)])
+def test_builder_depth(tok, depth, internal):
+    h = document_hierarchy(TEXT, tok, depth=depth)
+    assert h.num_nodes == h.num_leaves + internal
+    assert int(h.depth.max()) == depth
+    assert h.x.tolist() == document_hierarchy(TEXT, tok).x.tolist()
+    if depth == 1:
+        assert h.pos[: h.num_leaves, 0].tolist() == list(range(h.num_leaves))
+
+
+def test_truncation_reported(tok):
+    doc = tokenize_document(TEXT, tok)
+    capped, rep = doc.truncate(max_tokens=10)
+    assert capped.sentence_lengths.tolist() == [4, 4, 2]
+    assert capped.paragraph_sizes.tolist() == [2, 1]
+    assert (rep.paragraphs, rep.sentences, rep.tokens, rep.raw_tokens) == (1, 2, 9, 19)
+    assert torch.equal(capped.ids, doc.ids[:10])
+    _, rep = doc.truncate(max_paragraphs=1)
+    assert (rep.paragraphs, rep.sentences, rep.tokens) == (2, 3, 11)
+    capped, rep = doc.truncate(max_sentences=1, max_sentence_tokens=2)
+    assert capped.sentence_lengths.tolist() == [2, 2, 2] and rep.sentences == 2
+    assert rep.tokens == 19 - 6 and rep.truncated
+    same, rep = doc.truncate(max_tokens=100)
+    assert same is doc and not rep.truncated
+    h = document_hierarchy(TEXT, tok, max_tokens=10)
+    assert h.num_leaves == 10 and h.truncation.tolist() == [[1, 2, 9, 19]]
+    batch = Batch.from_data_list([h, document_hierarchy(TEXT, tok)])
+    assert batch.truncation.shape == (2, 4)
+
+
+def test_builder_bad_input(tok):
+    with pytest.raises(ValueError, match="no tokens"):
+        document_hierarchy(" \n\n <br /> ", tok)
+    with pytest.raises(ValueError, match="max_tokens must be a positive int"):
+        document_hierarchy(TEXT, tok, max_tokens=0)
+    with pytest.raises(ValueError, match="depth must be one of"):
+        document_hierarchy(TEXT, tok, depth=4)
+    with pytest.raises(TypeError, match="tokenizer must be"):
+        document_hierarchy(TEXT, object())
+    with pytest.raises(TypeError, match="documents must be str"):
+        document_hierarchy(b"bytes", tok)
+    with pytest.raises(ValueError, match="sentence_lengths sum"):
+        TokenizedDocument([1, 2, 3], [2], [1])
+    with pytest.raises(ValueError, match=">= 1"):
+        TokenizedDocument([1, 2], [2, 0], [2])
+
+
+def test_callable_and_hf_style_tokenizers(tok):
+    # a plain callable
+    h = document_hierarchy(TEXT, lambda s: [len(w) for w in s.split()])
+    assert h.num_leaves == len(TEXT.replace("<br /><br />", " ").split())
+
+    class FakeTransformersTokenizer:  # the part of the transformers API used
+        def convert_tokens_to_ids(self, tokens):
+            return tokens
+
+        def __call__(self, texts, add_special_tokens=True):
+            assert add_special_tokens is False
+            return {"input_ids": [tok.encode(t) for t in texts]}
+
+    h2 = document_hierarchy(TEXT, FakeTransformersTokenizer())
+    assert torch.equal(h2.x, document_hierarchy(TEXT, tok).x)
+    assert as_encoder(FakeTransformersTokenizer())([]) == []
+
+
+def test_real_wordpiece_tokenizer():
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "the": 1, "cat": 2, "sat": 3, ".": 4, "##s": 5}
+    wp = tokenizers.Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    wp.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    h = document_hierarchy("the cats sat. the cat.", wp)
+    assert h.x.tolist() == [1, 2, 5, 3, 4, 1, 2, 4]
+    assert h.num_nodes == 8 + 2 + 1 + 1
+
+
+def test_hierarchy_from_lengths_matches_batching(tok):
+    doc = tokenize_document(TEXT, tok)
+    x = torch.randn(doc.num_tokens, 4)
+    h = hierarchy_from_lengths(doc, 3, x=x)
+    assert torch.equal(h.x, x)
+    batch = Batch.from_data_list([h, h])
+    assert batch.num_leaves == 2 * doc.num_tokens and batch.num_trees == 2
