@@ -37,29 +37,40 @@ from torch import Tensor
 from torch.utils.data import Sampler
 
 
-def leaf_counts(dataset) -> Tensor:
-    """``[len(dataset)]`` number of leaves of every tree of a dataset.
+def leaf_counts(dataset, internal_weight: float = 0.0) -> Tensor:
+    r"""``[len(dataset)]`` size of every tree of a dataset in leaves (leaf-equivalents).
 
-    Reads the collated ``is_leaf`` column of an ``InMemoryDataset`` without
-    materialising the trees when it can; otherwise iterates the dataset once.
+    With ``internal_weight = w > 0`` a tree with :math:`L` leaves and :math:`I`
+    internal nodes counts :math:`L + \lceil w I \rceil`: a better memory proxy
+    when tree shapes vary (a binary tree has about one internal node per leaf,
+    a tree of branching 16 about 1/15). ``benchmarks/leaf_budget.py`` fits
+    :math:`w` from a probe.
+
+    Reads the collated columns of an ``InMemoryDataset`` without materialising
+    the trees when it can; otherwise iterates the dataset once.
     """
+    if internal_weight < 0:
+        raise ValueError(f"internal_weight must be >= 0, got {internal_weight}")
     slices = getattr(dataset, "slices", None)
     if slices is not None and "is_leaf" in slices and getattr(dataset, "_indices", None) is None:
-        data = dataset._data
         ptr = slices["is_leaf"]
-        counts = torch.zeros(ptr.numel(), dtype=torch.long)
-        counts[1:] = torch.cumsum(data.is_leaf.long(), 0)[ptr[1:] - 1]
-        return counts.diff()
-    out = []
-    for i in range(len(dataset)):
-        data = dataset[i]
-        if "is_leaf" not in data:
-            raise ValueError(
-                f"dataset item {i} has no 'is_leaf' attribute; leaf budgets need signal "
-                "hierarchies (hiergraph.data.SignalHierarchy) or explicit leaf counts"
-            )
-        out.append(int(data.is_leaf.sum()))
-    return torch.tensor(out, dtype=torch.long)
+        cum = torch.cat([torch.zeros(1, dtype=torch.long), dataset._data.is_leaf.long().cumsum(0)])
+        leaves, nodes = cum[ptr].diff(), ptr.diff()
+    else:
+        counts = [_leaves_and_nodes(dataset[i], i) for i in range(len(dataset))]
+        leaves, nodes = torch.tensor(counts, dtype=torch.long).view(-1, 2).unbind(1)
+    if internal_weight:
+        return leaves + torch.ceil(internal_weight * (nodes - leaves)).long()
+    return leaves
+
+
+def _leaves_and_nodes(data, i: int) -> tuple[int, int]:
+    if "is_leaf" not in data:
+        raise ValueError(
+            f"dataset item {i} has no 'is_leaf' attribute; leaf budgets need signal "
+            "hierarchies (hiergraph.data.SignalHierarchy) or explicit leaf counts"
+        )
+    return int(data.is_leaf.sum()), data.is_leaf.numel()
 
 
 def pack_by_budget(order: Sequence[int], sizes: Tensor, max_leaves: int) -> list[list[int]]:

@@ -66,6 +66,10 @@ def test_with_pyg_dataloader_and_inmemory_dataset():
     assert torch.equal(counts, sizes)
     assert torch.equal(leaf_counts(data), sizes)
     assert torch.equal(leaf_counts(dataset[torch.arange(5, 12)]), sizes[5:12])
+    internal = torch.tensor([t.num_nodes - int(n) for t, n in zip(data, sizes, strict=True)])
+    expected = sizes + torch.ceil(0.3 * internal).long()
+    assert torch.equal(leaf_counts(dataset, internal_weight=0.3), expected)
+    assert torch.equal(leaf_counts(data, internal_weight=0.3), expected)
     sampler = LeafBudgetBatchSampler(counts, max_leaves=80, shuffle=True, seed=3)
     leaves = []
     for batch, ids in zip(DataLoader(dataset, batch_sampler=sampler), sampler, strict=True):
@@ -145,3 +149,5 @@ def test_bad_input():
         DistributedLeafBudgetBatchSampler([3], 8, num_replicas=2, rank=2)
     with pytest.raises(ValueError, match="is_leaf"):
         leaf_counts([Data(x=torch.zeros(2, 1))])
+    with pytest.raises(ValueError, match="internal_weight"):
+        leaf_counts([], internal_weight=-1.0)

@@ -1,0 +1,207 @@
+"""The accelerator path of ``hiergraph.ops``: CUDA = CPU, no host synchronisation in the hot
+loop, bf16 autocast, and ``torch.compile`` without graph breaks.
+
+Every op runs from prepared structure: a hierarchy's :class:`~hiergraph.ops.TreeIndex` is
+built once on the CPU and moved to the device (``index.to(device)``), as a training loop
+would; building it is data-dependent host work and is not part of the hot loop.
+
+Without CUDA only the CPU checks run: bf16 autocast on CPU, the graph-break list of
+``torch._dynamo.explain``, and (marked slow) a full inductor compile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch_geometric.data import Batch
+
+from hiergraph.data import from_nested, random_window_hierarchy
+from hiergraph.ops import hierarchical_attention, masked_softmax
+from hiergraph.ops.banded_attention import banded_attention
+from hiergraph.ops.cone import penumbral, penumbral_edge, umbral
+from hiergraph.ops.hmatrix import hmatrix_attention
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+
+
+def forest():
+    """Two ragged trees and a small nested one, batched: mixed family sizes and depths."""
+    gen = torch.Generator().manual_seed(0)
+    trees = [
+        random_window_hierarchy(37, (4, 3), generator=gen),
+        from_nested([[0, 1, 2], [3, 4], [[5, 6], 7]]),
+        random_window_hierarchy(20, (2, 2, 2), generator=gen),
+    ]
+    return Batch.from_data_list(trees)
+
+
+def make_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, list[torch.Tensor]]:
+    """``(fn, inputs)``: ``fn(*inputs)`` runs op ``name``; inputs require grad."""
+    gen = torch.Generator().manual_seed(1)
+
+    def rand(*shape, positive=False):
+        t = torch.randn(*shape, generator=gen, dtype=torch.float64)
+        t = t.abs() * 0.5 + 0.1 if positive else t
+        return t.to(device, dtype).requires_grad_()
+
+    if name.startswith("hsa"):
+        batch = forest()
+        index = batch.tree_index().to(device)
+        leaves, nodes = index.num_leaves, index.num_nodes
+        q, k, v, eps = rand(leaves, 2, 8), rand(leaves, 2, 8), rand(leaves, 2, 4), rand(nodes, 4)
+        mask = (torch.arange(leaves) % 7 != 3).to(device)
+        options = {
+            "hsa-dense": {"pos_emb": eps},
+            "hsa-edge": {"pos_emb": eps, "kernel": "edge"},
+            "hsa-causal": {"include_self": True, "causal": True, "leaf_mask": mask},
+        }[name]
+        inputs = [q, k, v, eps] if "pos_emb" in options else [q, k, v]
+
+        def fn(q, k, v, *rest):
+            opts = dict(options, pos_emb=rest[0]) if rest else options
+            return hierarchical_attention(q, k, v, index, **opts)
+
+        return fn, inputs
+    if name == "hmatrix":
+        pad = torch.zeros(2, 24, dtype=torch.bool, device=device)
+        pad[1, 20:] = True
+        return (lambda q, k, v: hmatrix_attention(q, k, v, 4, key_padding_mask=pad)), [
+            rand(2, 2, 24, 8), rand(2, 2, 24, 8), rand(2, 2, 24, 4)
+        ]
+    if name == "banded":
+        return (lambda q, k, v: banded_attention(q, k, v, 3, 2, lengths=[30, 17])), [
+            rand(47, 2, 8), rand(47, 2, 8), rand(47, 2, 4)
+        ]
+    if name in ("penumbral", "umbral"):
+        fn = penumbral if name == "penumbral" else umbral
+        return fn, [rand(2, 12, 6) * 0.3, rand(2, 15, 6) * 0.3]
+    if name == "penumbral-edge":
+        edges = torch.randint(0, 12, (2, 40), generator=gen).to(device)
+        return (lambda q, k: penumbral_edge(q, k, edges)), [rand(12, 2, 6), rand(12, 2, 6)]
+    if name == "masked-softmax":
+        mask = (torch.rand(3, 5, 9, generator=gen) > 0.3).to(device)
+        return (lambda logits: masked_softmax(logits, mask)[1]), [rand(3, 5, 9)]
+    raise ValueError(name)
+
+
+OPS = [
+    "hsa-dense",
+    "hsa-edge",
+    "hsa-causal",
+    "hmatrix",
+    "banded",
+    "penumbral",
+    "umbral",
+    "penumbral-edge",
+    "masked-softmax",
+]
+
+
+def run_with_grads(fn, inputs):
+    out = fn(*inputs)
+    grads = torch.autograd.grad(out.square().sum(), inputs, allow_unused=True)
+    return out, grads
+
+
+# ------------------------------------------------------------------------------- CUDA
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", OPS)
+def test_cuda_matches_cpu(name):
+    out_cpu, grads_cpu = run_with_grads(*make_case(name, "cpu", torch.float64))
+    out_gpu, grads_gpu = run_with_grads(*make_case(name, "cuda", torch.float64))
+    torch.testing.assert_close(out_gpu.cpu(), out_cpu)
+    for g_gpu, g_cpu in zip(grads_gpu, grads_cpu, strict=True):
+        if g_cpu is not None:
+            torch.testing.assert_close(g_gpu.cpu(), g_cpu)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", OPS)
+def test_no_host_sync_in_hot_loop(name):
+    fn, inputs = make_case(name, "cuda", torch.float32)
+    run_with_grads(fn, inputs)  # warm-up: lazy initialisation may synchronise once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(2):  # forward and backward, twice
+            run_with_grads(fn, inputs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------- autocast
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", OPS)
+def test_autocast_bf16(name, device):
+    """Under bf16 autocast the ops run, stay finite and track float32 to bf16 accuracy."""
+    fn, inputs = make_case(name, device, torch.float32)
+    reference, _ = run_with_grads(fn, inputs)
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        out, grads = run_with_grads(fn, inputs)
+    assert torch.isfinite(out).all()
+    assert all(g is None or torch.isfinite(g).all() for g in grads)
+    torch.testing.assert_close(out.float(), reference, rtol=0.05, atol=0.05)
+
+
+# ------------------------------------------------------------------------------ compile
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hsa_compiles_as_one_graph(device):
+    """``hierarchical_attention`` from a prepared TreeIndex traces as a single graph.
+
+    ``fullgraph=True`` raises at the first graph break, naming it; the cheap ``eager``
+    backend checks the trace without running inductor (see the slow test for that).
+    """
+    fn, inputs = make_case("hsa-dense", device, torch.float32)
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="eager", fullgraph=True)(*inputs)
+    torch.testing.assert_close(out, fn(*inputs))
+
+
+def graph_breaks(fn, inputs) -> list[str]:
+    """``file:line reason`` of every graph break ``torch._dynamo.explain`` finds."""
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(fn)(*inputs)
+    out = []
+    for reason in explanation.break_reasons:
+        frame = reason.user_stack[-1] if reason.user_stack else None
+        where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" if frame else "?"
+        out.append(f"{where} {str(reason.reason).splitlines()[0]}")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", OPS)
+def test_no_graph_breaks(name, device):
+    breaks = graph_breaks(*make_case(name, device, torch.float32))
+    assert breaks == [], f"{len(breaks)} graph breaks in {name}: {sorted(set(breaks))}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["hsa-dense", "hsa-edge"])
+def test_compiled_matches_eager(name, device):
+    fn, inputs = make_case(name, device, torch.float32)
+    torch._dynamo.reset()
+    out, grads = run_with_grads(torch.compile(fn), inputs)
+    ref, ref_grads = run_with_grads(fn, inputs)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+
+
+if __name__ == "__main__":  # the graph-break table of the README
+    for op in OPS:
+        found = graph_breaks(*make_case(op, "cpu", torch.float32))
+        print(f"{op}: {len(found)} breaks", *sorted(set(found)), sep="\n    ")
