@@ -1,0 +1,301 @@
+"""VCC compression ops vs the dense reference (notes/vcc.md §6: T1, T3–T8, permutation)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hiergraph.ops.segment_tree import SegmentTree, build_tree_state, materialize, select_segments
+from hiergraph.ops.vcc import (
+    compress,
+    decompress,
+    pack_compressed,
+    unpack_compressed,
+    vcc_layer,
+    vip_attention_scores,
+    vip_partition,
+    vip_restore,
+    vip_score_fn,
+)
+from hiergraph.ops.vcc_dense import compression_matrices, vcc_layer_dense
+
+D, HEADS = 8, 2
+
+
+class Layer:
+    """A pre-LN transformer layer (ReLU FFN) as a pure function of ``(z, key_bias)``."""
+
+    def __init__(self, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        w = [torch.randn(D, D, generator=gen, dtype=torch.float64) / math.sqrt(D) for _ in range(6)]
+        self.wq, self.wk, self.wv, self.wo, self.w1, self.w2 = w
+
+    def heads(self, x, w):
+        return (F.layer_norm(x, (D,)) @ w).unflatten(-1, (HEADS, -1))
+
+    def query(self, x):
+        return self.heads(x, self.wq) / math.sqrt(D // HEADS)
+
+    def key(self, x):
+        return self.heads(x, self.wk)
+
+    def __call__(self, z, key_bias):
+        q, k, v = (self.heads(z, w).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        logits = q @ k.transpose(-1, -2) / math.sqrt(D // HEADS) + key_bias[:, None, None, :]
+        z = z + (torch.softmax(logits, -1) @ v).transpose(1, 2).flatten(2) @ self.wo
+        return z + torch.relu(F.layer_norm(z, (D,)) @ self.w1) @ self.w2
+
+
+def _batch(lengths=(21, 9, 14), num_vip=(3, 0, 2), seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    n = max(lengths)
+    x = torch.randn(len(lengths), n, D, generator=gen, dtype=torch.float64)
+    mask = torch.arange(n)[None] < torch.tensor(lengths)[:, None]
+    vip = torch.zeros_like(mask)
+    for b, (length, count) in enumerate(zip(lengths, num_vip, strict=True)):
+        vip[b, torch.randperm(length, generator=gen)[:count]] = True
+    return x, vip, mask
+
+
+def _run_tree(layers, x, vip, mask, branching, budgets):
+    """Tree path over several layers; returns the outputs and the selections."""
+    p, p_ptr, c, c_ptr = vip_partition(x, vip, mask)
+    tree = SegmentTree.from_ptr(c_ptr, branching)
+    state, selections = build_tree_state(c, tree), []
+    for layer in layers:
+        score = vip_score_fn(layer.query(p), p_ptr, layer.key)
+        p, state, sel = vcc_layer(layer, p, p_ptr, state, tree, budgets, score)
+        selections.append(sel)
+    return vip_restore(p, materialize(state, tree), vip, mask), selections
+
+
+def _run_dense(layers, x, vip, mask, selections):
+    """Explicit X <- S^dagger gamma(S X) + X per sequence, with the same partitions."""
+    out = torch.zeros_like(x)
+    for b in range(x.size(0)):
+        xb = torch.cat([x[b][vip[b]], x[b][mask[b] & ~vip[b]]])
+        num_vip = int(vip[b].sum())
+        for layer, sel in zip(layers, selections, strict=True):
+            xb = vcc_layer_dense(layer, xb, num_vip, sel.count[sel.batch == b])
+        out[b][vip[b]], out[b][mask[b] & ~vip[b]] = xb[:num_vip], xb[num_vip:]
+    return out
+
+
+def test_compression_matrices_structure():
+    """T4: J is a partition; S_c^dagger = pinv(S_c) = S_c^T D; S_c S_c^dagger = I; one-hot S^+."""
+    count = torch.tensor([4, 1, 1, 2, 4, 3])
+    s, s_pinv, log_d = compression_matrices(count, num_vip=3)
+    s_c = s[3:, 3:]
+    assert ((s_c != 0).sum(0) == 1).all()
+    torch.testing.assert_close(s_pinv, torch.linalg.pinv(s))
+    torch.testing.assert_close(s_pinv[3:, 3:], s_c.T * count.double())
+    torch.testing.assert_close(s @ s_pinv, torch.eye(s.size(0), dtype=torch.float64))
+    assert ((s_pinv == 1).sum(1) == 1).all() and ((s_pinv != 0).sum(1) == 1).all()
+    assert torch.equal(s[:3, :3], torch.eye(3, dtype=torch.float64)) and (s[:3, 3:] == 0).all()
+    torch.testing.assert_close(log_d.exp()[3:], count.double())
+
+
+def test_multiplicity_identity_eq43():
+    """T5: exp(P C^T S_c^T) D S_c has entries exp(<P_i, c_seg(j)>)."""
+    gen = torch.Generator().manual_seed(1)
+    p, c = (torch.randn(n, 4, generator=gen, dtype=torch.float64) * 0.5 for n in (3, 15))
+    count = torch.tensor([4, 1, 1, 2, 4, 3])
+    s_c = compression_matrices(count, 0)[0]
+    lhs = torch.exp(p @ c.T @ s_c.T) @ torch.diag(count.double()) @ s_c
+    means = (s_c @ c)[torch.arange(6).repeat_interleave(count)]
+    torch.testing.assert_close(lhs, torch.exp(p @ means.T))
+
+
+def test_squared_error_formula_eq51():
+    """T6: eq. (51) holds with exp(2 <P_i, c>) (the paper prints it without the square)."""
+    gen = torch.Generator().manual_seed(2)
+    p, c = (
+        torch.randn(2, 4, generator=gen, dtype=torch.float64),
+        torch.randn(12, 4, generator=gen, dtype=torch.float64),
+    )
+    count = torch.tensor([3, 1, 4, 4])
+    s_c = compression_matrices(count, 0)[0]
+    seg = torch.arange(4).repeat_interleave(count)
+    means = s_c @ c
+    error = ((torch.exp(p @ c.T) - torch.exp(p @ means[seg].T)) ** 2).sum(1)
+    inner = (torch.exp(p @ (c - means[seg]).T) - 1) ** 2
+    squared = (torch.exp(2 * p @ means[seg].T) * inner).sum(1)
+    printed = (torch.exp(p @ means[seg].T) * inner).sum(1)
+    torch.testing.assert_close(squared, error)
+    assert not torch.allclose(printed, error)
+
+
+def test_compress_decompress_are_the_matrices():
+    x, vip, mask = _batch()
+    p, p_ptr, c, c_ptr = vip_partition(x, vip, mask)
+    tree = SegmentTree.from_ptr(c_ptr, (3,))
+    layer = Layer(0)
+    sel = select_segments(
+        build_tree_state(c, tree), tree, (None, 1), vip_score_fn(layer.query(p), p_ptr, layer.key)
+    )
+    torch.testing.assert_close(compress(c, sel), sel.value)
+    y = torch.randn_like(sel.value)
+    for b in range(3):
+        rows, toks = sel.batch == b, slice(int(c_ptr[b]), int(c_ptr[b + 1]))
+        s, s_pinv, _ = compression_matrices(sel.count[rows], 0)
+        torch.testing.assert_close(s @ c[toks], sel.value[rows])
+        torch.testing.assert_close(decompress(y, sel)[toks], s_pinv @ y[rows])
+
+
+@pytest.mark.parametrize(
+    "branching, budgets", [((3,), (None, 2)), ((2, 2), (None, 1, 2)), ((4,), (None, 0))]
+)
+def test_tree_path_equals_explicit_path_over_layers(branching, budgets):
+    """T7: Alg. 1 + Alg. 2 over 3 layers == explicit S^dagger gamma(S X) + X, batched."""
+    x, vip, mask = _batch()
+    layers = [Layer(s) for s in range(3)]
+    out, selections = _run_tree(layers, x, vip, mask, branching, budgets)
+    torch.testing.assert_close(
+        out, _run_dense(layers, x, vip, mask, selections), rtol=0, atol=1e-12
+    )
+    assert (out[~mask] == 0).all()
+
+
+def test_no_compression_is_the_layer():
+    """T1/T2: refining everything gives the uncompressed layers on the original order."""
+    x, vip, mask = _batch()
+    layers = [Layer(s) for s in range(2)]
+    out, _ = _run_tree(layers, x, vip, mask, (2, 2), (None, None, None))
+    ref = x
+    key_bias = torch.zeros(mask.shape, dtype=x.dtype).masked_fill(~mask, -math.inf)
+    for layer in layers:
+        ref = layer(ref, key_bias)
+    torch.testing.assert_close(out, ref * mask[..., None], rtol=0, atol=1e-12)
+
+
+def test_identical_tokens_need_the_multiplicity_bias():
+    """T3: identical tokens inside each block => exact with h = 0, broken without log s."""
+    x, vip, mask = _batch(lengths=(19, 12), num_vip=(2, 1))
+    k = 3
+    for b in range(2):
+        other = (mask[b] & ~vip[b]).nonzero().squeeze(1)
+        blocks = torch.arange(other.numel()) // k
+        x[b, other] = x[b, other[blocks * k]]  # copy each block's first token
+    layer = Layer(0)
+    key_bias = torch.zeros(mask.shape, dtype=x.dtype).masked_fill(~mask, -math.inf)
+    ref = layer(x, key_bias) * mask[..., None]
+    out, _ = _run_tree([layer], x, vip, mask, (k,), (None, 0))
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+    class NoMultiplicity(Layer):
+        def __call__(self, z, key_bias):
+            return super().__call__(z, key_bias.clamp(max=0))  # drops log s, keeps padding
+
+    no_d = NoMultiplicity(0)
+    out, _ = _run_tree([no_d], x, vip, mask, (k,), (None, 0))
+    assert (out - ref).abs().max() > 1e-2
+
+
+def test_vip_outputs_see_unrefined_blocks_only_through_means():
+    x, vip, mask = _batch(lengths=(24,), num_vip=(2,))
+    layer = Layer(0)
+    out, (sel,) = _run_tree([layer], x, vip, mask, (4,), (None, 2))
+    coarse = int(((sel.count == 4) & (sel.level == 1)).nonzero()[0])
+    other = (mask[0] & ~vip[0]).nonzero().squeeze(1)
+    positions = other[int(sel.start[coarse]) : int(sel.start[coarse]) + 4]
+    bump = torch.randn(4, D, dtype=torch.float64)
+    bump = bump - bump.mean(0)
+    x2 = x.clone()
+    x2[0, positions] += bump
+    out2, (sel2,) = _run_tree([layer], x2, vip, mask, (4,), (None, 2))
+    assert torch.equal(sel2.node, sel.node)
+    torch.testing.assert_close(out2[vip], out[vip], rtol=0, atol=1e-13)
+    expected = out.clone()
+    expected[0, positions] += bump
+    torch.testing.assert_close(out2, expected, rtol=0, atol=1e-13)
+
+
+def test_vip_scores_and_hand_built_selection():
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(5, 2, 3, generator=gen, dtype=torch.float64)
+    k = torch.randn(7, 2, 3, generator=gen, dtype=torch.float64)
+    q_ptr, k_batch = torch.tensor([0, 3, 3, 5]), torch.tensor([0, 0, 0, 1, 1, 2, 2])
+    log_s = torch.rand(7, generator=gen, dtype=torch.float64)
+    scores = vip_attention_scores(q, q_ptr, k, k_batch, log_s)
+    for b, (qs, ks) in enumerate(
+        [(slice(0, 3), slice(0, 3)), (slice(3, 3), slice(3, 5)), (slice(3, 5), slice(5, 7))]
+    ):
+        logits = torch.einsum("phd,mhd->phm", q[qs], k[ks]) + log_s[ks]
+        expected = torch.softmax(logits, -1).mean((0, 1)) if b != 1 else torch.zeros(2)
+        torch.testing.assert_close(scores[ks], expected.double())
+    # W_Q = W_K = I: the block whose mean is a large multiple of the VIP direction is refined
+    n_c, k_size = 32, 4
+    c = torch.randn(n_c, 6, generator=gen, dtype=torch.float64) * 0.1
+    p = torch.randn(3, 6, generator=gen, dtype=torch.float64)
+    direction = p.mean(0) / p.mean(0).norm()
+    c[20:24] += 5 * direction
+    tree = SegmentTree.from_ptr(torch.tensor([0, n_c]), (k_size,))
+    score = vip_score_fn(p[:, None], torch.tensor([0, 3]), lambda m: m[:, None])
+    sel = select_segments(build_tree_state(c, tree), tree, (None, 1), score)
+    assert sel.split[0].tolist() == [5]
+
+
+def test_vip_error_falls_with_budget():
+    gen = torch.Generator().manual_seed(4)
+    n = 96
+    walk = torch.cumsum(torch.randn(1, n, D, generator=gen, dtype=torch.float64), 1) * 0.3
+    x = walk + 0.05 * torch.randn(1, n, D, generator=gen, dtype=torch.float64)
+    vip = torch.zeros(1, n, dtype=torch.bool)
+    vip[0, :4] = True
+    mask = torch.ones_like(vip)
+    layer = Layer(5)
+    layer.wq, layer.wk = layer.wq * 3, layer.wk * 3  # peaked attention
+    full = layer(x, torch.zeros(1, n, dtype=x.dtype))
+    errors = []
+    for h in (0, 4, 12, 23):
+        out, _ = _run_tree([layer], x, vip, mask, (4,), (None, h))
+        errors.append(((out - full)[vip].norm() / (full - x)[vip].norm()).item())
+    assert errors[0] > errors[1] > errors[2] > errors[3] and errors[3] < 1e-12
+
+
+def test_partition_restore_round_trip_and_pack():
+    x, vip, mask = _batch()
+    p, p_ptr, c, c_ptr = vip_partition(x, vip, mask)
+    assert p_ptr.tolist() == [0, 3, 3, 5] and c_ptr.tolist() == [0, 18, 27, 39]
+    torch.testing.assert_close(vip_restore(p, c, vip, mask), x * mask[..., None])
+    # stable: each sequence's VIP rows, then its other rows, in original order
+    order = torch.argsort((~vip).long() + 2 * (~mask).long(), dim=1, stable=True)
+    for b in range(3):
+        xb = x[b, order[b]]
+        torch.testing.assert_close(p[p_ptr[b] : p_ptr[b + 1]], xb[: p_ptr[b + 1] - p_ptr[b]])
+    tree = SegmentTree.from_ptr(c_ptr, (4,))
+    sel = select_segments(build_tree_state(c, tree), tree, (None, 0))
+    z, key_bias, real, order = pack_compressed(p, p_ptr, sel.value, sel)
+    assert z.shape[:2] == key_bias.shape == real.shape
+    assert torch.equal(real.sum(1), (p_ptr.diff() + sel.ptr.diff()))
+    assert torch.isinf(key_bias[~real]).all()
+    assert torch.allclose(key_bias[0, :3], torch.zeros(3, dtype=z.dtype))
+    p2, rows2 = unpack_compressed(z, real, order, p.size(0))
+    assert torch.equal(p2, p) and torch.equal(rows2, sel.value)
+
+
+def test_gradcheck_through_a_vcc_layer():
+    x, vip, mask = _batch(lengths=(9, 6), num_vip=(2, 1))
+    layer = Layer(0)
+    x.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x: _run_tree([layer], x, vip, mask, (2,), (None, 1))[0], (x,)
+    )
+
+
+def test_bad_inputs():
+    x, vip, mask = _batch()
+    with pytest.raises(TypeError, match="bool"):
+        vip_partition(x, vip.long(), mask)
+    with pytest.raises(ValueError, match="shape"):
+        vip_partition(x, vip[:, :-1], mask)
+    with pytest.raises(ValueError, match="padded positions"):
+        vip_partition(x, vip | ~mask, mask)
+    with pytest.raises(ValueError, match=r"\[B, n, d\]"):
+        vip_partition(x[0], vip, mask)
+    p, p_ptr, c, c_ptr = vip_partition(x, vip, mask)
+    tree = SegmentTree.from_ptr(c_ptr, (4,))
+    state = build_tree_state(c, tree)
+    with pytest.raises(ValueError, match="input's shape"):
+        vcc_layer(lambda z, b: z[:, :-1], p, p_ptr, state, tree, (None, 0))
