@@ -63,10 +63,13 @@ over the (padded) sequence with branching factor 2 at every level: node
 :math:`I` of level :math:`l` is the window :math:`[I 2^l, (I+1) 2^l)`, its
 children are the two windows of level :math:`l-1` it is made of, and
 :math:`\tilde q, \tilde k` are the mean leaf query/key below it while
-:math:`\tilde v` is the leaf value sum (``hiergraph.data.window_hierarchy``
-with ``branching=(2, 2, ...)`` builds this tree as a PyG graph). A level-:math:`l`
-block is the run of :math:`N_r` consecutive nodes covering
-:math:`N_r 2^l` tokens.
+:math:`\tilde v` is the leaf value sum. :func:`hmatrix_window_hierarchy`
+builds this tree as a ``SignalHierarchy`` (a PyG graph), on which
+:func:`~hiergraph.nn.coarsen_leaves` reproduces the coarse tokens. A
+level-:math:`l` block is the run of :math:`N_r` consecutive nodes covering
+:math:`N_r 2^l` tokens. The fast path does not walk that graph: the tree is
+implicit in the row index (node :math:`I` of level :math:`l` has children
+:math:`2I, 2I+1`), so coarsening is a reshape-and-sum per level.
 
 How H-matrix attention differs from HSA
 ---------------------------------------
@@ -104,6 +107,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hiergraph.data.signal_hierarchy import SignalHierarchy
+from hiergraph.data.windows import window_hierarchy
+
 
 class HMatrixLayout(NamedTuple):
     """Shape of the hierarchy for a sequence of ``length`` tokens.
@@ -130,16 +136,37 @@ def hmatrix_layout(length: int, block_size: int) -> HMatrixLayout:
     return HMatrixLayout(block_size, num_levels, block_size * 2**num_levels)
 
 
-def hmatrix_level_masks(length: int, block_size: int, causal: bool = False) -> Tensor:
+def hmatrix_window_hierarchy(length: int, block_size: int) -> SignalHierarchy:
+    r"""The coarsening levels of :func:`hmatrix_attention` as a window hierarchy (a PyG graph).
+
+    Binary hopping windows over the :math:`L'` padded tokens
+    (:func:`~hiergraph.data.window_hierarchy` with branching ``(2,) * (M-1)``)
+    plus one root: the nodes :math:`2^l` levels above the leaves are the
+    level-:math:`l` coarse tokens, so
+    :func:`~hiergraph.nn.coarsen_leaves` with ``reduce="mean"`` applied
+    :math:`l` times turns token queries/keys into :math:`\tilde q^{(l)},
+    \tilde k^{(l)}` (``"sum"``: values into :math:`\tilde v^{(l)}`). The same
+    tree drives :func:`~hiergraph.ops.hierarchical_attention`, which ties and
+    normalises its blocks differently (module docstring).
+    """
+    _check_block_size(block_size)
+    _, num_levels, padded = hmatrix_layout(length, block_size)
+    return window_hierarchy(padded, (2,) * (num_levels - 1))
+
+
+def hmatrix_level_masks(
+    length: int, block_size: int, causal: bool = False, rows: Tensor | None = None
+) -> Tensor:
     r"""Boolean ``[M, L', L']`` masks; mask ``l`` marks the pairs :math:`(i, j)` with level ``l``.
 
     Built densely from the closed form of the level assignment (module
     docstring), independently of the blocked fast path. The masks are
     disjoint and cover every pair (causal: every pair :math:`j \le i`).
+    With ``rows`` (int64 query indices), only those rows: ``[M, len(rows), L']``.
     """
     _check_block_size(block_size)
     nr, num_levels, padded = hmatrix_layout(length, block_size)
-    i = torch.arange(padded).unsqueeze(1)
+    i = (torch.arange(padded) if rows is None else rows.cpu()).unsqueeze(1)
     j = torch.arange(padded).unsqueeze(0)
     near = (i // nr - j // nr).abs() <= 1
     masks = [near & (j <= i) if causal else near]
@@ -215,26 +242,29 @@ def hmatrix_logits(
     block_size: int,
     causal: bool = False,
     key_padding_mask: Tensor | None = None,
+    rows: Tensor | None = None,
 ) -> Tensor:
     r"""The implied logit matrix :math:`\hat S` as a dense ``[B, H, L, L]`` tensor.
 
     Excluded pairs (other level, causally masked, padded key) are
-    :math:`-\infty`. Memory :math:`O(M L'^2)`: for tests and small ``L`` only.
+    :math:`-\infty`. Memory :math:`O(M L'^2)`: for tests and small ``L`` only,
+    or pass ``rows`` (int64 query indices) for the rows ``[B, H, len(rows), L]``
+    of any ``L`` (memory :math:`O(M L' \cdot` ``len(rows)``:math:`)`).
     """
     _check_inputs(q, k, q[..., :0], block_size, key_padding_mask)
     length = q.shape[2]
     layout = hmatrix_layout(length, block_size)
     qs, ks, counts = _coarsen(q, k, layout, causal, key_padding_mask)
     scale = q.shape[-1] ** -0.5
-    masks = hmatrix_level_masks(length, block_size, causal).to(q.device)
-    logits = q.new_full((*qs[0].shape[:3], layout.padded_length), -math.inf)
+    rows = torch.arange(length, device=q.device) if rows is None else rows.to(q.device)
+    masks = hmatrix_level_masks(length, block_size, causal, rows).to(q.device)
+    logits = q.new_full((*q.shape[:2], len(rows), layout.padded_length), -math.inf)
     for level, (q_l, k_l) in enumerate(zip(qs, ks, strict=True)):
-        coarse = q_l @ k_l.transpose(-1, -2) * scale
-        fine = coarse.repeat_interleave(2**level, -2).repeat_interleave(2**level, -1)
-        logits = torch.where(masks[level], fine, logits)
+        coarse = q_l[:, :, rows >> level] @ k_l.transpose(-1, -2) * scale
+        logits = torch.where(masks[level], coarse.repeat_interleave(2**level, -1), logits)
     key_ok = counts[0].transpose(-1, -2) > 0  # [B|1, 1, 1, L'] valid fine keys
     logits = logits.masked_fill(~key_ok, -math.inf)
-    return logits[:, :, :length, :length]
+    return logits[..., :length]
 
 
 def hmatrix_attention_matrix(
@@ -243,19 +273,22 @@ def hmatrix_attention_matrix(
     block_size: int,
     causal: bool = False,
     key_padding_mask: Tensor | None = None,
+    rows: Tensor | None = None,
 ) -> Tensor:
     r"""The implied attention matrix :math:`\operatorname{softmax}(\hat S)`, dense ``[B, H, L, L]``.
 
     Row-stochastic on valid rows; rows of padded queries (and rows with no
-    valid key) are zero, as in :func:`hmatrix_attention`.
+    valid key) are zero, as in :func:`hmatrix_attention`. ``rows``: as in
+    :func:`hmatrix_logits`.
     """
-    logits = hmatrix_logits(q, k, block_size, causal, key_padding_mask)
+    logits = hmatrix_logits(q, k, block_size, causal, key_padding_mask, rows)
     shift = logits.amax(-1, keepdim=True)
     weights = torch.exp(logits - shift.masked_fill(shift == -math.inf, 0.0))
     total = weights.sum(-1, keepdim=True)
     attn = weights / torch.where(total > 0, total, torch.ones_like(total))
     if key_padding_mask is not None:
-        attn = attn.masked_fill(key_padding_mask[:, None, :, None], 0.0)
+        padded_rows = key_padding_mask if rows is None else key_padding_mask[:, rows]
+        attn = attn.masked_fill(padded_rows[:, None, :, None], 0.0)
     return attn
 
 
@@ -266,10 +299,14 @@ def hmatrix_attention_dense(
     block_size: int,
     causal: bool = False,
     key_padding_mask: Tensor | None = None,
+    rows: Tensor | None = None,
 ) -> Tensor:
-    """Dense reference for :func:`hmatrix_attention`: ``hmatrix_attention_matrix(q, k) @ v``."""
+    """Dense reference for :func:`hmatrix_attention`: ``hmatrix_attention_matrix(q, k) @ v``.
+
+    With ``rows`` (int64 query indices), the output rows ``[B, H, len(rows), d_v]`` only.
+    """
     _check_inputs(q, k, v, block_size, key_padding_mask)
-    return hmatrix_attention_matrix(q, k, block_size, causal, key_padding_mask) @ v
+    return hmatrix_attention_matrix(q, k, block_size, causal, key_padding_mask, rows) @ v
 
 
 # --------------------------------------------------------------------------- fast path

@@ -7,13 +7,20 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from hiergraph.nn.pool import coarsen_leaves
 from hiergraph.ops.hmatrix import (
+    _child_weights,
+    _coarse_pack,
+    _levels,
+    _packed_counts,
+    _Plan,
     hmatrix_attention,
     hmatrix_attention_dense,
     hmatrix_attention_matrix,
     hmatrix_layout,
     hmatrix_level_masks,
     hmatrix_logits,
+    hmatrix_window_hierarchy,
 )
 
 CASES = [(16, 2), (64, 4), (128, 8), (256, 16), (100, 8), (37, 2), (5, 4)]
@@ -240,3 +247,37 @@ def test_bad_inputs(kwargs, error, match):
             "v": torch.randn(1, 2, 10, 4), "block_size": 4} | kwargs  # fmt: skip
     with pytest.raises(error, match=match):
         hmatrix_attention(**args)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_sampled_reference_matches_full_reference(causal):
+    q, k, v = _qkv(100)
+    mask = torch.zeros(2, 100, dtype=torch.bool)
+    mask[1, 90:] = True
+    rows = torch.tensor([0, 7, 31, 64, 95, 99])
+    full = hmatrix_attention_dense(q, k, v, 8, causal, mask)
+    sampled = hmatrix_attention_dense(q, k, v, 8, causal, mask, rows=rows)
+    torch.testing.assert_close(sampled, full[:, :, rows], atol=1e-14, rtol=0)
+
+
+def test_levels_are_the_window_hierarchy():
+    """Coarse tokens of the fast path = leaf means/sums of hmatrix_window_hierarchy's nodes."""
+    length, block_size = 64, 4
+    layout = hmatrix_layout(length, block_size)
+    x = torch.randn(1, 1, length, 3, dtype=torch.float64)
+    plan = _Plan(block_size, 3, 1.0, tuple(length >> l for l in range(layout.num_levels)), length)
+    child = _child_weights(_packed_counts(None, x, plan), plan)
+    means = _levels(_coarse_pack(x, None, plan, child, "mean"), plan, dim=2)
+    sums = _levels(_coarse_pack(x, None, plan, child, "sum"), plan, dim=2)
+    hierarchy, pooled_mean, pooled_sum = (
+        hmatrix_window_hierarchy(length, block_size),
+        x[0, 0],
+        x[0, 0],
+    )
+    assert int(hierarchy.is_leaf.sum()) == length
+    for level in range(layout.num_levels):
+        torch.testing.assert_close(means[level][0, 0], pooled_mean)
+        torch.testing.assert_close(sums[level][0, 0], pooled_sum)
+        pooled_mean, coarse, _ = coarsen_leaves(pooled_mean, hierarchy, "mean")
+        pooled_sum, _, _ = coarsen_leaves(pooled_sum, hierarchy, "sum")
+        hierarchy = coarse
