@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch_geometric.utils import scatter
 
-from hiergraph.ops.logspace import log_gates, logaddexp, masked_softmax
-from hiergraph.ops.tree_index import TreeIndex
+from hiergraph.ops.family_attention import family_attention_dense, family_attention_edge
+from hiergraph.ops.logspace import log_gates, logaddexp
+from hiergraph.ops.tree_index import TreeIndex, broadcast_to_children, sum_children
 
 KERNELS = ("dense", "edge")
 
@@ -100,49 +100,76 @@ def hierarchical_attention(
             f"the hierarchy is on {index.device} but q is on {q.device}; move the hierarchy "
             "(hierarchy.to(device)) before calling"
         )
-    num_leaves, heads, dim = q.shape
-    tau = dim**-0.5 if scale is None else scale
+    levels = index.levels
+    tau = q.size(-1) ** -0.5 if scale is None else scale
+    family = family_attention_dense if kernel == "dense" else family_attention_edge
     eps = None
     if pos_emb is not None:
-        eps = pos_emb if pos_emb.dim() == 3 else pos_emb.unsqueeze(1)
-        eps = eps.expand(-1, heads, -1)
+        eps = (pos_emb if pos_emb.dim() == 3 else pos_emb.unsqueeze(1)).to(q.dtype)
 
-    valid = torch.ones(num_leaves, dtype=torch.bool, device=q.device)
-    if leaf_mask is not None:
-        valid = leaf_mask.to(torch.bool)
-    count = valid.to(q.dtype)
-
-    # ---- bottom-up: leaf counts n and mean query/key/value rho of every node
-    stacked = torch.cat([q, k, v], dim=-1)
-    if leaf_mask is not None:
-        stacked = stacked * count[:, None, None]
-    sums, counts = _bottom_up_sums(index, stacked, count)
-    n = counts  # [N] in BFS order
-    rho = sums / n.clamp(min=1)[:, None, None]
-    rho_q, rho_k, rho_v = rho.split([dim, dim, v.size(-1)], dim=-1)
-    eps_bfs = None if eps is None else eps.index_select(0, index.order)
-
-    # ---- family attention among siblings over pooled means
-    family = _family_dense if kernel == "dense" else _family_edge
-    lse, theta = family(index, rho_q, rho_k, rho_v, n, eps_bfs, tau, causal)
-
-    # ---- bottom-up: a = -phi of every node, one step per depth level
+    # leaf statistics: padding leaves count 0 and carry zeros
+    weight = None if leaf_mask is None else leaf_mask.to(q.dtype)
+    stats = (q, k, v) if weight is None else tuple(t * weight[:, None, None] for t in (q, k, v))
+    counts = _leaf_counts(index, weight, q.dtype)
     if include_self:
         self_energy = tau * (q * k).sum(-1)
         if eps is not None:
-            self_energy = self_energy + (index.leaf_pos.take(eps_bfs) ** 2).sum(-1)
-    else:
-        self_energy = torch.full((num_leaves, heads), float("-inf"), dtype=q.dtype, device=q.device)
-    a = _bottom_up_energy(index, self_energy, lse, n)
+            self_energy = self_energy + (eps.index_select(0, index.leaf_node) ** 2).sum(-1)
 
-    # ---- top-down: gates along root paths and the output accumulator
+    # ---- bottom-up: pooled means, family attention and a = -phi, deepest level first
+    lses, thetas, energies = [None] * len(levels), [None] * len(levels), [None] * len(levels)
+    sums = g = None
+    for d in range(len(levels) - 1, 0, -1):
+        level, n = levels[d], counts[d]
+        if level.all_leaves:  # counts are 0/1 and padding leaves carry zeros: means = sums
+            rho = [level.leaf_id.take(t) for t in stats]
+        else:
+            rho = [
+                _level_rows(index, d, t, s) / n.clamp(min=1)[:, None, None]
+                for t, s in zip(stats, sums, strict=True)
+            ]
+        nodes = index.order[level.start : level.start + n.numel()]
+        eps_d = None if eps is None else eps.index_select(0, nodes)
+        lse, theta, *sums = family(level, *rho, eps_d, n, tau, causal, levels[d - 1])
+        child_energy = None if g is None else sum_children(g, levels[d + 1], level)
+        a = _level_rows(index, d, self_energy if include_self else None, child_energy)
+        # weighted log-partition each node hands to its parent (eq. 8)
+        share = (n / counts[d - 1].index_select(0, level.parent_local).clamp(min=1)).unsqueeze(-1)
+        total = lse if a is None else logaddexp(a, lse)
+        keep = (n > 0).unsqueeze(-1)
+        g = torch.where(keep, share * torch.where(keep, total, 0.0), 0.0)
+        lses[d], thetas[d], energies[d] = lse, theta, a
+
+    # ---- top-down: log mass u passed down each root path and output accumulator acc
     n0 = index.level_ptr[1]
-    log_mu, log_one_minus_mu = log_gates(a[n0:], lse)
-    u, out = _top_down(index, log_mu, log_one_minus_mu, theta)
+    u = q.new_zeros(n0, q.size(1))
+    acc = v.new_zeros(n0, *v.shape[1:])
+    us, accs = [u], [acc]
+    for d in range(1, len(levels)):
+        level, fanout = levels[d], levels[d - 1].fanout
+        if energies[d] is None and fanout:  # leaves below equal-size families: views only
+            # mu = 0 at leaves without self energy (theta is 0 where a leaf has no siblings)
+            shape = (-1, fanout, *thetas[d].shape[1:])
+            weight_down = torch.exp(u).view(-1, 1, u.size(1), 1)
+            acc = torch.addcmul(acc.unsqueeze(1), weight_down, thetas[d].view(shape))
+            acc, u = acc.flatten(0, 1), None
+        else:
+            u_parent = broadcast_to_children(u, level, levels[d - 1])
+            acc_parent = broadcast_to_children(acc, level, levels[d - 1])
+            if energies[d] is None:
+                log_mu, weight_down = None, torch.exp(u_parent)
+            else:
+                log_mu, log_one_minus_mu = log_gates(energies[d], lses[d])
+                weight_down = torch.exp(u_parent + log_one_minus_mu)
+            acc = torch.addcmul(acc_parent, weight_down.unsqueeze(-1), thetas[d])
+            u = None if log_mu is None else u_parent + log_mu
+        us.append(u)
+        accs.append(acc)
+    out = index.gather_leaves(accs)
     if include_self:
-        out = out + torch.exp(u).unsqueeze(-1) * v
-    if leaf_mask is not None:
-        out = out * count[:, None, None]
+        out = out + torch.exp(index.gather_leaves(us)).unsqueeze(-1) * v
+    if weight is not None:
+        out = out * weight[:, None, None]
     return out.squeeze(1) if squeeze else out
 
 
@@ -192,142 +219,31 @@ def _check_inputs(q, k, v, index, pos_emb, leaf_mask, causal, include_self, kern
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
 
 
-def _bottom_up_sums(index: TreeIndex, leaf_values: Tensor, leaf_count: Tensor):
-    """Sums of leaf values and leaf counts below every node, deepest level first (BFS order)."""
-    sums, counts = [], []
-    child_sum = child_count = None
+def _leaf_counts(index: TreeIndex, weight: Tensor | None, dtype) -> list[Tensor]:
+    """Per level, ``[n_d]`` number of (valid) leaves below every node."""
+    if weight is None:
+        return [level.count.to(dtype) for level in index.levels]
+    counts = [None] * index.num_levels
     for d in range(index.num_levels - 1, -1, -1):
-        size = index.level_ptr[d + 1] - index.level_ptr[d]
-        if child_sum is None:
-            s = leaf_values.new_zeros((size, *leaf_values.shape[1:]))
-            c = leaf_count.new_zeros(size)
-        else:
-            pl = index.parent_local[d + 1]
-            s = scatter(child_sum, pl, dim=0, dim_size=size, reduce="sum")
-            c = scatter(child_count, pl, dim=0, dim_size=size, reduce="sum")
-        local, ids = index.level_leaf_local[d], index.level_leaf_id[d]
-        if local.numel() == size:  # a level of leaves only
-            s, c = ids.take(leaf_values), ids.take(leaf_count)
-        elif local.numel():
-            s = s.index_add(0, local, ids.take(leaf_values))
-            c = c.index_add(0, local, ids.take(leaf_count))
-        sums.append(s)
-        counts.append(c)
-        child_sum, child_count = s, c
-    return torch.cat(sums[::-1]), torch.cat(counts[::-1])
+        child = None
+        if d + 1 < index.num_levels:
+            child = sum_children(counts[d + 1], index.levels[d + 1], index.levels[d])
+        counts[d] = _level_rows(index, d, weight, child)
+    return counts
 
 
-def _bottom_up_energy(index: TreeIndex, self_energy: Tensor, lse: Tensor, n: Tensor) -> Tensor:
-    """``a = -phi`` of every node in BFS order (eq. 8), one scatter per depth level."""
-    n0 = index.level_ptr[1]
-    levels = []
-    child_g = None
-    for d in range(index.num_levels - 1, -1, -1):
-        lo, hi = index.level_ptr[d], index.level_ptr[d + 1]
-        heads = self_energy.size(1)
-        if child_g is None:
-            a = self_energy.new_zeros((hi - lo, heads))
-        else:
-            pl = index.parent_local[d + 1]
-            a = scatter(child_g, pl, dim=0, dim_size=hi - lo, reduce="sum")
-        local, ids = index.level_leaf_local[d], index.level_leaf_id[d]
-        a = a.index_put((local,), ids.take(self_energy))
-        levels.append(a)
-        if d > 0:  # weighted log-partition each node hands to its parent
-            n_child = n[lo:hi]
-            n_parent = n[index.level_ptr[d - 1] : lo][index.parent_local[d]]
-            weight = (n_child / n_parent.clamp(min=1)).unsqueeze(-1)
-            g = logaddexp(a, lse[lo - n0 : hi - n0])
-            keep = (n_child > 0).unsqueeze(-1)
-            child_g = torch.where(keep, weight * torch.where(keep, g, torch.zeros_like(g)), 0.0)
-    return torch.cat(levels[::-1])
+def _level_rows(index: TreeIndex, d: int, leaf_values: Tensor | None, inner: Tensor | None):
+    """Rows ``[n_d, ...]`` of level ``d``: ``inner`` (rows of the level, ignored at leaves)
+    at internal nodes and ``leaf_values`` (leaf order) at the leaves.
 
-
-def _top_down(index: TreeIndex, log_mu: Tensor, log_one_minus_mu: Tensor, theta: Tensor):
-    """Path sums ``u`` (log of the mass passed down) and output accumulators ``acc``.
-
-    Returns both at the leaves only, in leaf order: ``[L, H]`` and ``[L, H, d_v]``.
+    Leaves without values get ``-inf`` (no self energy); ``None`` when an
+    all-leaf level has no values.
     """
-    n0 = index.level_ptr[1]
-    sizes = [index.level_ptr[d + 1] - index.level_ptr[d] for d in range(1, index.num_levels)]
-    levels = zip(
-        log_mu.split(sizes), log_one_minus_mu.split(sizes), theta.split(sizes), strict=True
-    )
-    u = log_mu.new_zeros((n0, log_mu.size(1)))
-    acc = theta.new_zeros((n0, *theta.shape[1:]))
-    us, accs = [u], [acc]
-    for d, (lm, l1m, th) in enumerate(levels, start=1):
-        pl = index.parent_local[d]
-        u_parent = u.index_select(0, pl)
-        acc = acc.index_select(0, pl) + torch.exp(u_parent + l1m).unsqueeze(-1) * th
-        u = u_parent + lm
-        us.append(u)
-        accs.append(acc)
-    return index.leaves_of_levels(us), index.leaves_of_levels(accs)
-
-
-def _family_dense(index, rho_q, rho_k, rho_v, n, eps, tau, causal):
-    """Sibling attention with every :class:`~hiergraph.ops.tree_index.FamilyBlock` as one
-    batched matmul ``[F, H, W, d] @ [F, H, d, W]``.
-
-    Returns ``lse [N - n0, H]`` and ``theta [N - n0, H, d_v]`` for the
-    non-root nodes in BFS order.
-    """
-
-    members = index.family_members
-    blocks = zip(
-        index.blocks,
-        members(rho_q),
-        members(rho_k),
-        members(rho_v),
-        members(torch.log(n.clamp(min=1))),
-        members(n > 0),
-        members(eps) if eps is not None else [None] * len(index.blocks),
-        strict=True,
-    )
-    lses = [rho_q.new_zeros((0, rho_q.size(1)))]
-    thetas = [rho_v.new_zeros((0, *rho_v.shape[1:]))]
-    for block, qb, kb, vb, log_n, key_ok, eb in blocks:
-        f, w = block.count, block.width
-        qb, kb, vb = qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2)  # [F, H, W, d]
-        logits = tau * (qb @ kb.transpose(-1, -2)) + log_n[:, None, None, :]
-        if eb is not None:
-            eb = eb.transpose(1, 2)
-            logits = logits + eb @ eb.transpose(-1, -2)
-        ar = torch.arange(w, device=n.device)
-        pair_ok = ar[None, :] < ar[:, None] if causal else ar[None, :] != ar[:, None]
-        if block.valid is not None:
-            key_ok = key_ok & block.valid
-        lse, attn = masked_softmax(logits, key_ok[:, None, None, :] & pair_ok)
-        theta = attn @ vb  # [F, H, W, d_v]
-        lses.append(lse.transpose(1, 2).reshape(f * w, -1))
-        thetas.append(theta.transpose(1, 2).reshape(f * w, *theta.shape[1:2], -1))
-    lse, theta = torch.cat(lses), torch.cat(thetas)
-    if index.block_back is not None:
-        lse, theta = lse.index_select(0, index.block_back), theta.index_select(0, index.block_back)
-    return lse, theta
-
-
-def _family_edge(index, rho_q, rho_k, rho_v, n, eps, tau, causal):
-    """Sibling attention as a scatter softmax over the list of sibling pairs."""
-    n0, total = index.level_ptr[1], index.num_nodes
-    query, key = index.sibling_pairs
-    logits = tau * (rho_q[query] * rho_k[key]).sum(-1)
-    if eps is not None:
-        logits = logits + (eps[query] * eps[key]).sum(-1)
-    logits = logits + torch.log(n[key].clamp(min=1)).unsqueeze(-1)
-    ok = n[key] > 0
-    if causal:
-        ok = ok & (key < query)
-    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
-    logits = torch.where(ok.unsqueeze(-1), logits, neg_inf)
-    m = scatter(logits.detach(), query, dim=0, dim_size=total, reduce="max")
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(logits - m[query])
-    s = scatter(e, query, dim=0, dim_size=total, reduce="sum")
-    has = s > 0
-    s_safe = torch.where(has, s, torch.ones_like(s))
-    lse = torch.where(has, m + torch.log(s_safe), neg_inf)
-    attn = e / s_safe[query]
-    theta = scatter(attn.unsqueeze(-1) * rho_v[key], query, dim=0, dim_size=total, reduce="sum")
-    return lse[n0:], theta[n0:]
+    level = index.levels[d]
+    if level.all_leaves:
+        return None if leaf_values is None else level.leaf_id.take(leaf_values)
+    if not level.leaf_local.numel():
+        return inner
+    if leaf_values is None:
+        return inner.index_fill(0, level.leaf_local, float("-inf"))
+    return inner.index_put((level.leaf_local,), level.leaf_id.take(leaf_values))

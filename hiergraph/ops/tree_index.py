@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 import torch
@@ -39,8 +39,13 @@ class Rows:
 
     def take(self, x: Tensor) -> Tensor:
         if self.start is not None:
+            if self.start == 0 and self.index.numel() == x.size(0):
+                return x
             return x.narrow(0, self.start, self.index.numel())
         return x.index_select(0, self.index)
+
+    def to(self, device) -> Rows:
+        return Rows(self.index.to(device), self.start)
 
 
 MIN_RUN = 4  # consecutive equal-size families that become one zero-copy slice block
@@ -48,23 +53,108 @@ MIN_RUN = 4  # consecutive equal-size families that become one zero-copy slice b
 
 @dataclass
 class FamilyBlock:
-    """``count`` families of (padded) width ``width``, run together by the dense family kernel.
+    """``count`` families of (padded) width ``width`` of one level, run as one dense batch.
 
-    A *slice* block (``start`` set) holds ``count`` consecutive families of
-    exactly ``width`` members at BFS positions ``start .. start + count *
-    width``: its members are a view, no gather. A *gather* block (``index``
-    set) lists the members' BFS positions ``[count, width]``; where ``valid``
-    is false the slot is padding and repeats the family's first member (mask
-    it out as a key; drop its output).
+    Positions are local to the level. A *slice* block (``start`` set) holds
+    ``count`` consecutive families of exactly ``width`` members at positions
+    ``start .. start + count * width``: its members are a view, no gather. A
+    *gather* block (``index`` set) lists the members' positions ``[count,
+    width]``; where ``valid`` is false the slot is padding and repeats the
+    family's first member (it is masked as a query and as a key). ``parents``
+    ``[count]`` are the families' parents, local to the previous level.
     """
 
     width: int
     count: int
+    parents: Tensor
     start: int | None = None
     index: Tensor | None = None
     valid: Tensor | None = None
 
-    piece: int | None = None  # slice blocks: the piece of ``TreeIndex.split_sizes``
+    def rows(self, x: Tensor) -> Tensor:
+        """The members' rows of ``x`` (``[n_level, ...]``) as ``[count, width, ...]``."""
+        if self.start is not None:
+            rows = x.narrow(0, self.start, self.count * self.width)
+        else:
+            rows = x.index_select(0, self.index.view(-1))
+        return rows.reshape(self.count, self.width, *x.shape[1:])
+
+    def write(self, out: Tensor, values: Tensor) -> None:
+        """Store ``values`` (``[count, width, ...]``) into the members' rows of ``out``."""
+        if self.start is not None:
+            out.narrow(0, self.start, self.count * self.width).view_as(values).copy_(values)
+        else:
+            out[self.index[self.valid]] = values[self.valid]
+
+    def to(self, device) -> FamilyBlock:
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("parents", "index", "valid"):
+            if moved[name] is not None:
+                moved[name] = moved[name].to(device)
+        return FamilyBlock(**moved)
+
+
+@dataclass
+class Level:
+    """One depth level of a :class:`TreeIndex` (all positions are local to the level).
+
+    Attributes (``n`` nodes on the level):
+        start: BFS position of the level's first node.
+        parent_local: ``[n]`` index of each node's parent in the previous
+            level (sorted: the level is grouped by parent); empty for level 0.
+        num_children: ``[n]`` number of children of each node (0 for leaves);
+            the children of node ``i`` are a contiguous run of the next level.
+        leaf_local: positions of the leaves on this level.
+        leaf_id: their indices in leaf order (:class:`Rows`).
+        count: ``[n]`` number of leaves below each node.
+        family_start, family_size: the families (children of one parent) of
+            this level, as local contiguous runs.
+        blocks: the families cut into :class:`FamilyBlock` s for the dense
+            kernel: runs of at least ``MIN_RUN`` consecutive families of equal
+            size (or a whole level of them) become slice blocks, the rest are
+            padded into gather blocks by :func:`bucket_width`.
+    """
+
+    start: int
+    parent_local: Tensor
+    num_children: Tensor
+    leaf_local: Tensor
+    leaf_id: Rows
+    count: Tensor
+    family_start: Tensor
+    family_size: Tensor
+    blocks: list[FamilyBlock] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return self.num_children.numel()
+
+    @property
+    def all_leaves(self) -> bool:
+        return self.leaf_local.numel() == self.size
+
+    @cached_property
+    def fanout(self) -> int | None:
+        """The number of children when every node of the level has the same number, else None."""
+        if not self.size or bool((self.num_children != self.num_children[0]).any()):
+            return None
+        return int(self.num_children[0])
+
+    @cached_property
+    def sibling_pairs(self) -> Tensor:
+        """``[2, S]`` local positions ``(query, key)`` of all ordered pairs of distinct siblings."""
+        return _pairs(self.family_start, self.family_size)
+
+    def to(self, device) -> Level:
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (Tensor, Rows)):
+                value = value.to(device)
+            elif f.name == "blocks":
+                value = [b.to(device) for b in value]
+            moved[f.name] = value
+        return Level(**moved)
 
 
 @dataclass
@@ -75,9 +165,9 @@ class TreeIndex:
     level, and inside a level grouped by parent (in the parent's BFS order)
     and then by ``slot``. In this order every *level* is a contiguous range
     ``level_ptr[d]:level_ptr[d+1]`` and every *family* (the children of one
-    node) is a contiguous run sorted by child order. All per-level passes of
-    HSA are then gathers/scatters between neighbouring ranges, and the
-    families can be cut into dense ``[F, b, ·]`` blocks without sorting.
+    node) is a contiguous run sorted by child order, so the passes of HSA are
+    segment sums and broadcasts between neighbouring levels, and families
+    are cut into dense ``[F, b, ·]`` blocks without sorting.
 
     Build it with :meth:`from_hierarchy` (or ``hierarchy.tree_index()``,
     which caches it); it depends on the structure only and is reused by
@@ -91,22 +181,10 @@ class TreeIndex:
             parent inside level ``d - 1``; ``parent_local[0]`` is empty.
         leaf_node: ``[L]`` node id of each leaf, in leaf order.
         leaf_pos: ``[L]`` BFS position of each leaf, in leaf order (as :class:`Rows`).
-        level_leaf_local / level_leaf_id: per level, the in-level positions
-            of the leaves on that level and their leaf-order indices (the
-            latter as :class:`Rows`).
-        leaf_level_perm: leaves listed level by level (in-level order) →
-            leaf order; ``None`` when that is already the leaf order.
         family_start, family_size: ``[F]`` BFS start and size of each family.
-        blocks: the families cut into :class:`FamilyBlock` s for the dense
-            family kernel: runs of at least ``MIN_RUN`` consecutive families
-            of equal size become zero-copy slice blocks (window hierarchies
-            are almost all slices); the other families are padded into gather
-            blocks by :func:`bucket_width`.
-        block_back: ``[N - n_0]`` for each non-root BFS position, its row in
-            the concatenation of all flattened blocks; ``None`` when that is
-            the identity (then no permutation is needed).
-        split_sizes: sizes that cut ``[0, N)`` into the slice blocks and the
-            gaps between them (one ``split`` reads every slice block).
+        levels: the per-level plan (:class:`Level`).
+        leaf_perm: leaves listed level by level (in-level order) → leaf
+            order; ``None`` when that is already the leaf order.
     """
 
     num_nodes: int
@@ -117,14 +195,10 @@ class TreeIndex:
     parent_local: list[Tensor]
     leaf_node: Tensor
     leaf_pos: Rows
-    level_leaf_local: list[Tensor]
-    level_leaf_id: list[Rows]
-    leaf_level_perm: Rows | None
     family_start: Tensor
     family_size: Tensor
-    blocks: list[FamilyBlock]
-    block_back: Tensor | None
-    split_sizes: list[int]
+    levels: list[Level]
+    leaf_perm: Rows | None
 
     @property
     def num_levels(self) -> int:
@@ -150,57 +224,75 @@ class TreeIndex:
 
         # BFS order, level by level: sort each level by (parent's BFS rank, slot).
         rank = torch.full((n,), -1, dtype=torch.long, device=device)
+        depth = torch.zeros(n, dtype=torch.long, device=device)
         level = nodes[is_root]
-        levels = []
+        sizes = []
         filled = 0
+        remaining = nodes[~is_root]
         while level.numel():
             rank[level] = torch.arange(filled, filled + level.numel(), device=device)
+            depth[level] = len(sizes)
             filled += level.numel()
-            levels.append(level)
-            children = nodes[~is_root & (rank[parent] >= 0) & (rank < 0)]
+            sizes.append(level.numel())
+            placed = rank[parent[remaining]] >= 0
+            children, remaining = remaining[placed], remaining[~placed]
             key = rank[parent[children]] * slot_range + slot[children]
             level = children[torch.argsort(key)]
         if filled != n:
             raise ValueError("parent does not describe a forest: some nodes never reach a root")
-        order = torch.cat(levels)
-        sizes = [lv.numel() for lv in levels]
+        order = torch.empty_like(rank)
+        order[rank] = nodes
         level_ptr = [0]
         for s in sizes:
             level_ptr.append(level_ptr[-1] + s)
 
         parent_pos = rank[parent[order]]  # BFS position of each position's parent
-        parent_local = [parent_pos.new_empty(0)]
-        for d in range(1, len(sizes)):
+        num_children = torch.bincount(parent_pos[level_ptr[1] if n else 0 :], minlength=n)
+        leaf_bfs = is_leaf[order]
+        count = leaf_bfs.long()
+        for d in range(len(sizes) - 1, 0, -1):  # leaves below every node, deepest level first
             lo, hi = level_ptr[d], level_ptr[d + 1]
-            parent_local.append(parent_pos[lo:hi] - level_ptr[d - 1])
+            below = torch.bincount(parent_pos[lo:hi], weights=count[lo:hi].double(), minlength=n)
+            count = count + below.long()
 
         leaf_nodes = nodes[is_leaf]
         leaf_pos = rank[leaf_nodes]
         leaf_id_at = torch.full((n,), -1, dtype=torch.long, device=device)
         leaf_id_at[leaf_pos] = torch.arange(leaf_nodes.numel(), device=device)
-        level_leaf_local, level_leaf_id = [], []
-        for d in range(len(sizes)):
-            ids = leaf_id_at[level_ptr[d] : level_ptr[d + 1]]
-            local = (ids >= 0).nonzero().view(-1)
-            level_leaf_local.append(local)
-            level_leaf_id.append(Rows.of(ids[local]))
-        by_level = torch.argsort(torch.cat([r.index for r in level_leaf_id]))
-        leaf_level_perm = Rows.of(by_level)
-        if leaf_level_perm.start == 0:
-            leaf_level_perm = None
 
         # Families: contiguous runs of equal parent among non-root positions.
         n0 = level_ptr[1] if len(level_ptr) > 1 else n
         fam_parent = parent_pos[n0:]
-        if fam_parent.numel():
-            is_start = torch.ones_like(fam_parent, dtype=torch.bool)
-            is_start[1:] = fam_parent[1:] != fam_parent[:-1]
-            family_start = is_start.nonzero().view(-1) + n0
-            family_size = torch.diff(family_start, append=family_start.new_tensor([n]))
-        else:
-            family_start = fam_parent.new_empty(0)
-            family_size = fam_parent.new_empty(0)
-        blocks, block_back, split_sizes = cls._make_blocks(family_start, family_size, n, n0)
+        is_start = torch.ones_like(fam_parent, dtype=torch.bool)
+        is_start[1:] = fam_parent[1:] != fam_parent[:-1]
+        family_start = is_start.nonzero().view(-1) + n0
+        family_size = torch.diff(family_start, append=family_start.new_tensor([n]))
+
+        levels, parent_local, leaf_ids = [], [], []
+        for d in range(len(sizes)):
+            lo, hi = level_ptr[d], level_ptr[d + 1]
+            pl = parent_pos[lo:hi] - level_ptr[d - 1] if d else parent_pos.new_empty(0)
+            in_level = (family_start >= lo) & (family_start < hi)
+            f_start, f_size = family_start[in_level] - lo, family_size[in_level]
+            ids = leaf_id_at[lo:hi]
+            local = (ids >= 0).nonzero().view(-1)
+            leaf_ids.append(ids[local])
+            parent_local.append(pl)
+            levels.append(
+                Level(
+                    start=lo,
+                    parent_local=pl,
+                    num_children=num_children[lo:hi],
+                    leaf_local=local,
+                    leaf_id=Rows.of(ids[local]),
+                    count=count[lo:hi],
+                    family_start=f_start,
+                    family_size=f_size,
+                    blocks=_make_blocks(f_start, f_size, pl),
+                )
+            )
+        by_level = torch.argsort(torch.cat(leaf_ids)) if leaf_ids else leaf_pos.new_empty(0)
+        leaf_perm = Rows.of(by_level)
         return cls(
             num_nodes=n,
             num_leaves=leaf_nodes.numel(),
@@ -210,136 +302,133 @@ class TreeIndex:
             parent_local=parent_local,
             leaf_node=leaf_nodes,
             leaf_pos=Rows.of(leaf_pos),
-            level_leaf_local=level_leaf_local,
-            level_leaf_id=level_leaf_id,
-            leaf_level_perm=leaf_level_perm,
             family_start=family_start,
             family_size=family_size,
-            blocks=blocks,
-            block_back=block_back,
-            split_sizes=split_sizes,
+            levels=levels,
+            leaf_perm=None if leaf_perm.start == 0 else leaf_perm,
         )
 
-    @staticmethod
-    def _make_blocks(family_start: Tensor, family_size: Tensor, n: int, n0: int):
-        device = family_start.device
-        num_families = family_size.numel()
-        blocks = []
-        in_run = torch.zeros(num_families, dtype=torch.bool, device=device)
-        if num_families:
-            new_run = torch.ones(num_families, dtype=torch.bool, device=device)
-            new_run[1:] = family_size[1:] != family_size[:-1]
-            run_id = torch.cumsum(new_run, 0) - 1
-            run_len = torch.bincount(run_id)
-            in_run = run_len[run_id] >= MIN_RUN
-            firsts = (new_run & in_run).nonzero().view(-1)
-            for first, length in zip(
-                firsts.tolist(), run_len[run_id[firsts]].tolist(), strict=True
-            ):
-                width = int(family_size[first])
-                blocks.append(FamilyBlock(width, length, start=int(family_start[first])))
-        rest = (~in_run).nonzero().view(-1)
-        if rest.numel():
-            sizes, inverse = family_size[rest].unique(return_inverse=True)
-            widths = torch.tensor([bucket_width(int(s)) for s in sizes.tolist()], dtype=torch.long)
-            fam_width = widths.to(device)[inverse]
-            for w in widths.unique().tolist():
-                fams = rest[fam_width == w]
-                local = torch.arange(w, device=device)
-                start, size = family_start[fams], family_size[fams]
-                valid = local < size[:, None]
-                index = start[:, None] + torch.where(valid, local, 0)
-                blocks.append(FamilyBlock(w, fams.numel(), index=index, valid=valid))
-        back = torch.empty(n - n0, dtype=torch.long, device=device)
-        offset = 0
-        for block in blocks:
-            positions = torch.arange(block.count * block.width, device=device) + offset
-            if block.start is not None:
-                back[block.start - n0 : block.start - n0 + positions.numel()] = positions
-            else:
-                flat_valid = block.valid.reshape(-1)
-                back[block.index.reshape(-1)[flat_valid] - n0] = positions[flat_valid]
-            offset += positions.numel()
-        identity = offset == n - n0 and torch.equal(back, torch.arange(n - n0, device=device))
-        split_sizes, cursor = [], 0
-        for block in blocks:
-            if block.start is not None:
-                if block.start > cursor:
-                    split_sizes.append(block.start - cursor)
-                block.piece = len(split_sizes)
-                split_sizes.append(block.count * block.width)
-                cursor = block.start + block.count * block.width
-        if cursor < n:
-            split_sizes.append(n - cursor)
-        return blocks, None if identity else back, split_sizes
-
-    def family_members(self, x: Tensor) -> list[Tensor]:
-        """For every block, its members' rows of ``x`` (``[N, ...]``, BFS order): ``[F, W, ...]``.
-
-        Slice blocks are views of one ``split`` (so their gradients are
-        joined by one concatenation); gather blocks use ``index_select``.
-        """
-        pieces = x.split(self.split_sizes)
-        out = []
-        for b in self.blocks:
-            rows = pieces[b.piece] if b.start is not None else x.index_select(0, b.index.view(-1))
-            out.append(rows.view(b.count, b.width, *x.shape[1:]))
-        return out
-
-    def leaves_of_levels(self, levels: list[Tensor]) -> Tensor:
-        """Leaf rows, in leaf order, of per-level tensors ``levels[d]: [n_d, ...]``."""
+    def gather_leaves(self, per_level: list[Tensor]) -> Tensor:
+        """Leaf rows, in leaf order, of per-level tensors ``per_level[d]: [n_d, ...]``."""
         parts = []
-        for level, local in zip(levels, self.level_leaf_local, strict=True):
-            if local.numel() == level.size(0):
-                parts.append(level)
-            elif local.numel():
-                parts.append(level.index_select(0, local))
+        for level, x in zip(self.levels, per_level, strict=True):
+            if level.all_leaves:
+                parts.append(x)
+            elif level.leaf_local.numel():
+                parts.append(x.index_select(0, level.leaf_local))
         out = torch.cat(parts) if len(parts) > 1 else parts[0]
-        return out if self.leaf_level_perm is None else self.leaf_level_perm.take(out)
+        return out if self.leaf_perm is None else self.leaf_perm.take(out)
 
     @cached_property
     def sibling_pairs(self) -> Tensor:
         """``[2, S]`` BFS positions ``(query, key)`` of every ordered pair of distinct siblings.
 
-        ``S = sum_f b_f (b_f - 1)``; used by the edge-list family kernel.
-        Pairs are grouped by query, keys in child order.
+        ``S = sum_f b_f (b_f - 1)``; pairs are grouped by query, keys in child order.
         """
-        size, start = self.family_size, self.family_start
-        # one row per (member, other member) including the diagonal, then drop it
-        member_size = size.repeat_interleave(size)
-        member_pos = torch.arange(int(size.sum()), device=self.device) + int(self.level_ptr[1])
-        member_start = start.repeat_interleave(size)
-        query = member_pos.repeat_interleave(member_size)
-        first = torch.cumsum(member_size, 0) - member_size
-        offset = torch.arange(query.numel(), device=self.device) - first.repeat_interleave(
-            member_size
-        )
-        key = member_start.repeat_interleave(member_size) + offset
-        keep = query != key
-        return torch.stack([query[keep], key[keep]])
+        return _pairs(self.family_start, self.family_size)
 
     def to(self, device) -> TreeIndex:
         """A copy with every tensor moved to ``device``."""
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, Tensor):
+            if isinstance(value, (Tensor, Rows, Level)):
                 value = value.to(device)
-            elif isinstance(value, Rows):
-                value = Rows(value.index.to(device), value.start)
-            elif isinstance(value, list) and value and isinstance(value[0], Tensor):
+            elif isinstance(value, list) and value and not isinstance(value[0], int):
                 value = [v.to(device) for v in value]
-            elif isinstance(value, list) and value and isinstance(value[0], Rows):
-                value = [Rows(r.index.to(device), r.start) for r in value]
-            elif isinstance(value, list) and value and isinstance(value[0], FamilyBlock):
-                value = [_block_to(b, device) for b in value]
             moved[f.name] = value
         return TreeIndex(**moved)
 
 
-def _block_to(block: FamilyBlock, device) -> FamilyBlock:
-    if block.index is None:
-        return block
-    return FamilyBlock(
-        block.width, block.count, index=block.index.to(device), valid=block.valid.to(device)
-    )
+def _pairs(family_start: Tensor, family_size: Tensor) -> Tensor:
+    """All ordered pairs of distinct members of every family, grouped by query."""
+    device = family_start.device
+    member_size = family_size.repeat_interleave(family_size)
+    member_start = family_start.repeat_interleave(family_size)
+    member_pos = member_start + _ramp(family_size)
+    query = member_pos.repeat_interleave(member_size)
+    key = member_start.repeat_interleave(member_size) + _ramp(member_size)
+    keep = query != key
+    return torch.stack([query[keep], key[keep]]).to(device)
+
+
+def _ramp(sizes: Tensor) -> Tensor:
+    """``0, 1, …, s - 1`` for every ``s`` in ``sizes``, concatenated."""
+    total = int(sizes.sum())
+    first = torch.cumsum(sizes, 0) - sizes
+    return torch.arange(total, device=sizes.device) - first.repeat_interleave(sizes)
+
+
+def _make_blocks(
+    family_start: Tensor, family_size: Tensor, parent_local: Tensor
+) -> list[FamilyBlock]:
+    """Cut one level's families into slice blocks (runs of equal size) and size buckets."""
+    device = family_start.device
+    num_families = family_size.numel()
+    if not num_families:
+        return []
+    blocks = []
+    new_run = torch.ones(num_families, dtype=torch.bool, device=device)
+    new_run[1:] = family_size[1:] != family_size[:-1]
+    run_id = torch.cumsum(new_run, 0) - 1
+    run_len = torch.bincount(run_id)
+    # a run of one size becomes a slice block if long enough or if it is the whole level
+    in_run = (run_len[run_id] >= MIN_RUN) | (run_len.numel() == 1)
+    firsts = (new_run & in_run).nonzero().view(-1)
+    for first, length in zip(firsts.tolist(), run_len[run_id[firsts]].tolist(), strict=True):
+        width, start = int(family_size[first]), int(family_start[first])
+        parents = parent_local[family_start[first : first + length]]
+        blocks.append(FamilyBlock(width, length, parents, start=start))
+    rest = (~in_run).nonzero().view(-1)
+    if rest.numel():
+        sizes, inverse = family_size[rest].unique(return_inverse=True)
+        widths = torch.tensor([bucket_width(int(s)) for s in sizes.tolist()], dtype=torch.long)
+        fam_width = widths.to(device)[inverse]
+        for w in widths.unique().tolist():
+            fams = rest[fam_width == w]
+            local = torch.arange(w, device=device)
+            start, size = family_start[fams], family_size[fams]
+            valid = local < size[:, None]
+            index = start[:, None] + torch.where(valid, local, 0)
+            parents = parent_local[start]
+            blocks.append(FamilyBlock(w, fams.numel(), parents, index=index, valid=valid))
+    return blocks
+
+
+def sum_children(x: Tensor, level: Level, parent_level: Level) -> Tensor:
+    """``[n_{d-1}, ...]`` sums of the rows ``x: [n_d, ...]`` of level ``d`` over each node's
+    children in level ``d - 1`` (0 for leaves). Its adjoint is :func:`broadcast_to_children`."""
+    return _SumChildren.apply(x, parent_level.num_children, level.parent_local)
+
+
+def broadcast_to_children(x: Tensor, level: Level, parent_level: Level) -> Tensor:
+    """``[n_d, ...]`` row of each node's parent, from ``x: [n_{d-1}, ...]``."""
+    return _Broadcast.apply(x, level.parent_local, parent_level.num_children)
+
+
+class _SumChildren(torch.autograd.Function):
+    """Sums of consecutive runs of rows (one run per parent); the backward is a gather."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, lengths: Tensor, parent: Tensor) -> Tensor:
+        ctx.save_for_backward(parent)
+        return torch.segment_reduce(x, "sum", lengths=lengths, axis=0, unsafe=True)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (parent,) = ctx.saved_tensors
+        return grad.index_select(0, parent), None, None
+
+
+class _Broadcast(torch.autograd.Function):
+    """A gather of parent rows; the backward is a run-wise segment sum (no scatter)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, parent: Tensor, lengths: Tensor) -> Tensor:
+        ctx.save_for_backward(lengths)
+        return x.index_select(0, parent)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (lengths,) = ctx.saved_tensors
+        return torch.segment_reduce(grad, "sum", lengths=lengths, axis=0, unsafe=True), None, None

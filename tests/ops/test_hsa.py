@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch_geometric.data import Batch
 
-from hiergraph.data import SignalHierarchy, from_nested, window_hierarchy
+from hiergraph.data import SignalHierarchy, from_nested, random_window_hierarchy, window_hierarchy
 from hiergraph.ops import hierarchical_attention, hierarchical_attention_matrix, hierarchy_energy
 from tests.conftest import random_qkv, random_spec
 
@@ -83,6 +83,39 @@ def test_property_fast_equals_reference(
     if num_leaves > 1 or include_self:
         assert torch.allclose(rows, torch.ones_like(rows), atol=1e-12)
     assert torch.all(theta >= 0)
+
+
+@pytest.mark.parametrize("branching", [(2, 3), (4, 2, 2), (8,), (2, 4, 8), (2, 2, 2, 2)])
+def test_window_hierarchies_equal_reference(branching):
+    """Fixed windows (slice blocks, broadcast views) = the dense reference (notes §10.13),
+    with partial last windows, padding, positions, with and without include-self."""
+    for n in (37, 64):
+        h = window_hierarchy(n, branching)
+        q, k, v = random_qkv(n, heads=2, seed=n)
+        pe = torch.randn(h.num_nodes, 3, generator=torch.Generator().manual_seed(1), **F64)
+        mask = torch.rand(n, generator=torch.Generator().manual_seed(2)) > 0.2
+        for inc in (False, True):
+            opts = dict(include_self=inc, pos_emb=pe, leaf_mask=mask)
+            ref = apply(hierarchical_attention_matrix(q, k, h, **opts), v) * mask[:, None, None]
+            for kernel in ("dense", "edge"):
+                out = hierarchical_attention(q, k, v, h, kernel=kernel, **opts)
+                assert (out - ref).abs().max() <= 1e-12
+
+
+def test_kernels_agree_on_large_ragged_batch_with_gradients():
+    gen = torch.Generator().manual_seed(4)
+    trees = [random_window_hierarchy(n, (5, 3, 2), generator=gen) for n in (300, 1, 77, 150)]
+    h = Batch.from_data_list(trees)
+    q, k, v = random_qkv(h.num_leaves, heads=3, dim=5, dv=4, seed=5)
+    pe = torch.randn(h.num_nodes, 1, 2, **F64)
+    results = []
+    for kernel in ("dense", "edge"):
+        inputs = [t.clone().requires_grad_(True) for t in (q, k, v, pe)]
+        out = hierarchical_attention(*inputs[:3], h, pos_emb=inputs[3], kernel=kernel)
+        out.sin().sum().backward()
+        results.append([out, *(t.grad for t in inputs)])
+    for a, b in zip(*results, strict=True):
+        assert torch.allclose(a, b, atol=1e-12, rtol=0)
 
 
 # ------------------------------------------------------------- flat reduction

@@ -6,7 +6,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, window_hierarchy
 from hiergraph.ops import TreeIndex
-from hiergraph.ops.tree_index import bucket_width
+from hiergraph.ops.tree_index import broadcast_to_children, bucket_width, sum_children
 from tests.conftest import random_spec
 
 
@@ -42,19 +42,54 @@ def test_blocks_cover_families():
     trees = [window_hierarchy(37, (3, 5)), from_nested([[0, 1, 2, 3, 4, 5, 6], 7, [8, 9]])]
     h = Batch.from_data_list(trees)
     idx = h.tree_index()
-    positions = torch.arange(h.num_nodes)
-    flat = torch.cat([rows.reshape(-1) for rows in idx.family_members(positions)])
-    n0 = idx.level_ptr[1]
-    assert torch.equal(flat[idx.block_back], torch.arange(n0, h.num_nodes))
-    assert any(b.start is not None for b in idx.blocks)  # the 12 full windows of 3
-    for block in idx.blocks:
-        if block.start is None:
-            assert block.width == bucket_width(int(block.valid.sum(1).max()))
-            assert torch.all(
-                block.index[~block.valid] == block.index[:, :1].expand_as(block.index)[~block.valid]
-            )
+    assert idx.levels[0].blocks == []
+    for level in idx.levels[1:]:
+        positions = torch.arange(level.size)
+        seen = []
+        for block in level.blocks:
+            rows = block.rows(positions)
+            assert rows.shape == (block.count, block.width)
+            valid = block.valid if block.valid is not None else torch.ones_like(rows, dtype=bool)
+            seen.append(rows[valid])
+            # every family's members share the parent the block names
+            parent = level.parent_local[rows]
+            assert torch.all(parent[valid] == block.parents[:, None].expand_as(rows)[valid])
+            if block.start is None:
+                assert block.width == bucket_width(int(block.valid.sum(1).max()))
+                assert torch.all(rows[~valid] == rows[:, :1].expand_as(rows)[~valid])
+        assert torch.equal(torch.cat(seen).sort().values, positions)  # each node exactly once
+    assert any(b.start is not None for lv in idx.levels for b in lv.blocks)  # windows of 3
     full = window_hierarchy(64, (4, 4)).tree_index()
-    assert full.block_back is None and all(b.start is not None for b in full.blocks)
+    assert all(b.start is not None for lv in full.levels for b in lv.blocks)
+    assert [lv.fanout for lv in full.levels] == [4, 4, 4, 0]
+
+
+def test_sum_children_and_broadcast_are_adjoint():
+    h = Batch.from_data_list([from_nested([[0, 1, 2], 3, [[4], 5]]), window_hierarchy(7, (3,))])
+    idx = h.tree_index()
+    gen = torch.Generator().manual_seed(0)
+    for d in range(1, idx.num_levels):
+        child, parent = idx.levels[d], idx.levels[d - 1]
+        x = torch.randn(child.size, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+        y = torch.randn(parent.size, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+        summed = sum_children(x, child, parent)
+        expected = torch.zeros(parent.size, 2, dtype=torch.float64)
+        expected.index_add_(0, child.parent_local, x.detach())
+        assert torch.allclose(summed, expected)
+        spread = broadcast_to_children(y, child, parent)
+        assert torch.equal(spread, y[child.parent_local])
+        assert torch.allclose((summed * y).sum(), (x * spread).sum())  # <Sx, y> = <x, S^T y>
+        assert torch.autograd.gradcheck(sum_children, (x, child, parent))
+        assert torch.autograd.gradcheck(broadcast_to_children, (y, child, parent))
+
+
+def test_gather_leaves_restores_leaf_order():
+    rng = random.Random(3)
+    h = Batch.from_data_list([from_nested(random_spec(rng, 12)) for _ in range(3)])
+    idx = h.tree_index()
+    bfs = torch.arange(h.num_nodes)
+    per_level = [bfs[lo:hi] for lo, hi in zip(idx.level_ptr[:-1], idx.level_ptr[1:], strict=True)]
+    assert torch.equal(idx.gather_leaves(per_level), idx.leaf_pos.index)
 
 
 def test_bucket_width():

@@ -1,0 +1,222 @@
+r"""Sibling ("family") attention over pooled node statistics: the black box of HSA (App. E.3).
+
+Every node :math:`C` of a level attends to its siblings :math:`B` (the other
+children of its parent) with logits
+
+.. math::
+    s(C, B) = \tau\,\rho_q(C)^\top\rho_k(B) + \varepsilon(C)^\top\varepsilon(B) + \log n(B),
+
+over the keys with :math:`n(B) > 0` (and :math:`B` left of :math:`C` if
+causal). Both kernels return the log-partition
+:math:`\mathrm{lse}(C) = \log\sum_B e^{s(C,B)}` (``-inf`` without keys) and
+:math:`\vartheta(C) = \sum_B \mathrm{softmax}_B\,s(C,\cdot)\,\rho_v(B)` (0
+without keys):
+
+* :func:`family_attention_dense` runs every :class:`~hiergraph.ops.tree_index.FamilyBlock`
+  as batched matrix products ``[F, H, W, d] @ [F, H, d, W]`` with a
+  hand-written backward (one autograd node per level);
+* :func:`family_attention_edge` is a scatter softmax over the list of
+  sibling pairs: the general reference path.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+from torch_geometric.utils import scatter
+
+from hiergraph.ops.tree_index import Level, sum_children
+
+
+def family_attention_dense(
+    level: Level,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    eps: Tensor | None,
+    count: Tensor,
+    tau: float,
+    causal: bool,
+    parent_level: Level,
+) -> tuple[Tensor, ...]:
+    r"""Family attention of one level with dense blocks.
+
+    Args:
+        level: the level's plan.
+        q, k: ``[n, H, d]`` pooled (mean) queries/keys of the level's nodes.
+        v: ``[n, H, d_v]`` pooled values.
+        eps: optional ``[n, H or 1, c]`` position embeddings.
+        count: ``[n]`` leaf counts :math:`n(\cdot)` (no gradient).
+        parent_level: the previous level.
+
+    Returns:
+        ``lse [n, H]``, ``theta [n, H, d_v]`` and the sums
+        :math:`\sum_{C \in \mathrm{chd}(A)} n(C)\rho_\bullet(C)` of the
+        pooled queries, keys and values over the children of every node
+        :math:`A` of the previous level (``[n_{d-1}, H, ·]``; 0 for
+        leaves), i.e. the previous level's leaf sums. They come from the same
+        blocks and share the backward pass.
+    """
+    num_parents = parent_level.size
+    return _DenseFamilyAttention.apply(q, k, v, eps, count, level, tau, causal, num_parents)
+
+
+class _DenseFamilyAttention(torch.autograd.Function):
+    r"""Masked softmax attention per block, with the backward of flash-attention style:
+
+    .. math::
+        dV = P^\top dO,\quad dS = P \odot \big(dO\,V^\top - \mathrm{rowsum}(P \odot dO\,V^\top)
+        + d\mathrm{lse}\big),\quad dQ = \tau\, dS\, K,\quad dK = \tau\, dS^\top Q,
+        \quad dE = dS\,E + dS^\top E,
+
+    plus the gradients of the parents' sums, broadcast over each family.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, eps, count, level, tau, causal, num_parents):
+        n, heads = q.shape[:2]
+        lse_out = q.new_empty(n, heads)
+        theta_out = v.new_empty(n, heads, v.size(-1))
+        sums = [t.new_zeros(num_parents, *t.shape[1:]) for t in (q, k, v)]
+        log_n, key_ok = torch.log(count.clamp(min=1)), count > 0
+        weighted = not level.all_leaves  # leaves: n is 0/1 and padded leaves carry zeros
+        saved = []
+        for block in level.blocks:
+            # heads-first contiguous copies, reused by the backward
+            qb, kb, vb = (_heads_first(block.rows(t)) for t in (q, k, v))
+            weight = _member_weight(block, count) if weighted else None
+            for total, xb in zip(sums, (qb, kb, vb), strict=True):
+                xb = xb if weight is None else xb * weight
+                total[block.parents] = xb.sum(2) if block.valid is None else _valid_sum(xb, block)
+            logits = torch.matmul(qb, kb.transpose(-1, -2)).mul_(tau)
+            eb = None
+            if eps is not None:
+                eb = _heads_first(block.rows(eps))
+                logits += eb @ eb.transpose(-1, -2)
+            logits += block.rows(log_n)[:, None, None, :]
+            logits.masked_fill_(~_pair_mask(block, key_ok, causal), float("-inf"))
+            lse = torch.logsumexp(logits, -1)
+            p = logits.sub_(torch.where(torch.isfinite(lse), lse, 0).unsqueeze(-1)).exp_()
+            block.write(lse_out, lse.transpose(1, 2))
+            block.write(theta_out, (p @ vb).transpose(1, 2))
+            saved += [qb, kb, vb, p, eb, weight]
+        ctx.save_for_backward(*saved)
+        ctx.level, ctx.tau = level, tau
+        ctx.shapes = [t.shape if t is not None else None for t in (q, k, v, eps)]
+        return lse_out, theta_out, *sums
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_lse, grad_theta, *grad_sums):
+        level, tau = ctx.level, ctx.tau
+        saved = ctx.saved_tensors
+        # every node of a level is in exactly one block: no zero fill when slices cover it
+        covered = all(b.start is not None for b in level.blocks)
+        new = torch.empty if covered else torch.zeros
+        grads = [
+            new(shape, dtype=grad_theta.dtype, device=grad_theta.device)
+            if shape is not None and need
+            else None
+            for shape, need in zip(ctx.shapes, ctx.needs_input_grad[:4], strict=True)
+        ]
+        dq, dk, dv, de = grads
+        for i, block in enumerate(level.blocks):
+            qb, kb, vb, p, eb, weight = saved[6 * i : 6 * i + 6]
+            # d(parent sum) reaches every member, times its count
+            g_q, g_k, g_v = (
+                g.index_select(0, block.parents).unsqueeze(2) * (1 if weight is None else weight)
+                for g in grad_sums
+            )
+            d_out = _heads_first(block.rows(grad_theta))
+            d_s = d_out @ vb.transpose(-1, -2)
+            d_s -= (p * d_s).sum(-1, keepdim=True)
+            d_s += _heads_first(block.rows(grad_lse)).unsqueeze(-1)
+            d_s *= p
+            if dq is not None:
+                block.write(dq, _bmm_add(g_q, d_s, kb, tau).transpose(1, 2))
+            if dk is not None:
+                block.write(dk, _bmm_add(g_k, d_s.transpose(-1, -2), qb, tau).transpose(1, 2))
+            if dv is not None:
+                block.write(dv, _bmm_add(g_v, p.transpose(-1, -2), d_out, 1.0).transpose(1, 2))
+            if de is not None:
+                d_e = d_s if eb.size(1) == d_s.size(1) else d_s.sum(1, keepdim=True)
+                block.write(de, (d_e @ eb + d_e.transpose(-1, -2) @ eb).transpose(1, 2))
+        return (*grads, None, None, None, None, None)
+
+
+def _bmm_add(base: Tensor, a: Tensor, b: Tensor, alpha: float) -> Tensor:
+    """``base + alpha * a @ b`` for ``[F, H, W, ·]`` operands (``base`` broadcasts)."""
+    f, h, w, _ = a.shape
+    base = base.expand(f, h, -1, b.size(-1)).reshape(f * h, -1, b.size(-1))
+    out = torch.baddbmm(
+        base, a.reshape(f * h, w, -1), b.reshape(f * h, -1, b.size(-1)), alpha=alpha
+    )
+    return out.view(f, h, w, -1)
+
+
+def _member_weight(block, count: Tensor) -> Tensor:
+    """``[F, 1, W, 1]`` leaf count of every member (0 for padding slots)."""
+    weight = block.rows(count)
+    if block.valid is not None:
+        weight = weight * block.valid
+    return weight[:, None, :, None]
+
+
+def _valid_sum(xb: Tensor, block) -> Tensor:
+    """Sum over the valid members of every family of a gather block: ``[F, H, ·]``."""
+    return (xb * block.valid[:, None, :, None]).sum(2)
+
+
+def _heads_first(x: Tensor) -> Tensor:
+    """``[F, W, H, ...]`` → contiguous ``[F, H, W, ...]`` (the layout of batched matmul)."""
+    return x.transpose(1, 2).contiguous()
+
+
+def _pair_mask(block, key_ok: Tensor, causal: bool) -> Tensor:
+    """``[F, 1, W, W]`` true where query slot ``a`` may attend to key slot ``b``."""
+    w = block.width
+    ar = torch.arange(w, device=key_ok.device)
+    pair = ar[None, :] < ar[:, None] if causal else ar[None, :] != ar[:, None]
+    ok = block.rows(key_ok)[:, None, None, :] & pair
+    if block.valid is not None:  # padding slots attend to nothing and are never attended
+        ok = ok & block.valid[:, None, None, :] & block.valid[:, None, :, None]
+    return ok
+
+
+def family_attention_edge(
+    level: Level,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    eps: Tensor | None,
+    count: Tensor,
+    tau: float,
+    causal: bool,
+    parent_level: Level,
+) -> tuple[Tensor, ...]:
+    """Family attention of one level as a scatter softmax over sibling pairs (same contract
+    as :func:`family_attention_dense`)."""
+    n = count.numel()
+    query, key = level.sibling_pairs
+    logits = tau * (q[query] * k[key]).sum(-1)
+    if eps is not None:
+        logits = logits + (eps[query] * eps[key]).sum(-1)
+    logits = logits + torch.log(count[key].clamp(min=1)).unsqueeze(-1)
+    ok = count[key] > 0
+    if causal:
+        ok = ok & (key < query)
+    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    logits = torch.where(ok.unsqueeze(-1), logits, neg_inf)
+    m = scatter(logits.detach(), query, dim=0, dim_size=n, reduce="max")
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(logits - m[query])
+    s = scatter(e, query, dim=0, dim_size=n, reduce="sum")
+    has = s > 0
+    s_safe = torch.where(has, s, torch.ones_like(s))
+    lse = torch.where(has, m + torch.log(s_safe), neg_inf)
+    attn = e / s_safe[query]
+    theta = scatter(attn.unsqueeze(-1) * v[key], query, dim=0, dim_size=n, reduce="sum")
+    weight = count[:, None, None]
+    sums = [sum_children(t * weight, level, parent_level) for t in (q, k, v)]
+    return lse, theta, *sums
