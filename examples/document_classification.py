@@ -170,7 +170,7 @@ def run_seed(args, seed: int, splits: dict) -> dict:
     scheduler = torch.optim.lr_scheduler.LinearLR(
         optimizer, start_factor=1.0, end_factor=0.05, total_iters=total_steps
     )
-    history, best = [], {"val_acc": -1.0}
+    history = []
     for epoch in range(args.epochs):
         model.train()
         start, losses, leaves = time.perf_counter(), [], 0
@@ -181,7 +181,7 @@ def run_seed(args, seed: int, splits: dict) -> dict:
             loss.backward()
             optimizer.step()
             scheduler.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
             leaves += batch.num_leaves
         epoch_time = time.perf_counter() - start
         val_acc, val_f1 = evaluate(model, eval_loaders["val"])
@@ -231,7 +231,26 @@ def tfidf_baseline(splits: dict) -> dict:
     return out
 
 
-def main(argv=None) -> dict:
+def load_splits(args) -> tuple[dict, dict]:
+    """The (subsetted) train/val/test datasets and the truncation report of each full split."""
+    caps = dict(
+        max_paragraphs=args.max_paragraphs,
+        max_sentences=args.max_sentences,
+        max_sentence_tokens=args.max_sentence_tokens,
+        max_tokens=args.max_tokens,
+    )
+    sizes = {"train": args.train_size, "val": args.val_size, "test": args.test_size}
+    splits, truncation = {}, {}
+    for split, size in sizes.items():
+        full = DATASETS[args.dataset](
+            args.root, split=split, tokenizer=args.tokenizer, depth=args.depth, **caps
+        )
+        splits[split] = subset(full, size, seed=1234)
+        truncation[split] = full.truncation_report()
+    return splits, truncation
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--dataset", choices=sorted(DATASETS), default="imdb")
     p.add_argument("--model", choices=sorted(ATTENTION), default="hsa")
@@ -267,26 +286,20 @@ def main(argv=None) -> dict:
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
+    if args.epochs < 1:
+        p.error("--epochs must be >= 1")
     if args.embedding == "static" and args.tokenizer != "minilm":
         p.error("--embedding static uses the MiniLM WordPiece table: use --tokenizer minilm")
     if args.max_tokens is None and args.model == "fsa":
         args.max_tokens = 512
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    caps = dict(
-        max_paragraphs=args.max_paragraphs,
-        max_sentences=args.max_sentences,
-        max_sentence_tokens=args.max_sentence_tokens,
-        max_tokens=args.max_tokens,
-    )
-    sizes = {"train": args.train_size, "val": args.val_size, "test": args.test_size}
-    splits, truncation = {}, {}
-    for split, size in sizes.items():
-        full = DATASETS[args.dataset](
-            args.root, split=split, tokenizer=args.tokenizer, depth=args.depth, **caps
-        )
-        splits[split] = subset(full, size, seed=1234)
-        truncation[split] = full.truncation_report()
+    splits, truncation = load_splits(args)
     print(json.dumps({"truncation": truncation}), flush=True)
 
     runs = [run_seed(args, seed, splits) for seed in args.seeds]

@@ -1,0 +1,190 @@
+"""HSA vs flat attention (FSA) vs DeepSet on real long-document classification (issue 6).
+
+Runs ``examples/document_classification.py`` (frozen all-MiniLM-L6-v2 WordPiece
+vectors, one HTE layer, mean pooling, MLP) for every seed and model, models
+interleaved within each seed so that all see the same machine load, with the
+same budget (training subset, epochs, batch size, learning rate) for all.
+
+    HIERGRAPH_RAW=../shared/datasets python benchmarks/documents.py run --dataset imdb
+    HIERGRAPH_RAW=../shared/datasets python benchmarks/documents.py run --dataset 20ng
+    python benchmarks/documents.py report   # -> results/documents.json + documents.png
+
+``run`` writes ``results/documents_<dataset>.json`` after every finished run,
+so an interrupted job keeps what it measured. ``report`` merges them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+#: (label, --model, --max-tokens) per dataset; FSA is always capped at 512 tokens.
+CONFIGS = {
+    "imdb": [
+        ("HSA", "hsa", None),
+        ("HSA-512", "hsa", 512),
+        ("FSA-512", "fsa", 512),
+        ("DeepSet", "deepset", None),
+    ],
+    "20ng": [("HSA", "hsa", None), ("FSA-512", "fsa", 512), ("DeepSet", "deepset", None)],
+    "bbc": [("HSA", "hsa", None), ("FSA-512", "fsa", 512), ("DeepSet", "deepset", None)],
+}
+
+
+def load_example():
+    path = HERE.parent / "examples" / "document_classification.py"
+    spec = importlib.util.spec_from_file_location("document_classification", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(args) -> None:
+    example = load_example()
+    out = RESULTS / f"documents_{args.dataset}.json"
+    budget = [
+        "--dataset", args.dataset, "--embedding", "static",
+        "--train-size", str(args.train_size), "--val-size", str(args.val_size),
+        "--test-size", str(args.test_size), "--epochs", str(args.epochs),
+        "--batch-size", str(args.batch_size), "--lr", str(args.lr),
+        "--threads", str(args.threads), "--no-progress",
+    ]  # fmt: skip
+    result = {
+        "dataset": args.dataset,
+        "budget": budget,
+        "command": "python benchmarks/documents.py " + " ".join(sys.argv[1:]),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "runs": [],
+    }  # fmt: skip
+    if args.append and out.exists():
+        previous = json.loads(out.read_text())
+        result["runs"], result["command"] = (
+            previous["runs"],
+            previous["command"] + " && " + result["command"],
+        )
+        result["tfidf_logreg"] = previous.get("tfidf_logreg")
+    if args.tfidf:
+        splits, _ = example.load_splits(example.parse_args(budget))
+        result["tfidf_logreg"] = example.tfidf_baseline(splits)
+    for seed in args.seeds:
+        for label, model, cap in CONFIGS[args.dataset]:
+            if args.configs and label not in args.configs:
+                continue
+            argv = [*budget, "--model", model, "--seeds", str(seed)]
+            if cap is not None:
+                argv += ["--max-tokens", str(cap)]
+            load = os.getloadavg()[0]
+            res = example.main(argv)
+            (run_,) = res["runs"]
+            result["runs"].append(
+                {
+                    "label": label,
+                    "model": model,
+                    "max_tokens": cap,
+                    "seed": seed,
+                    "load_average_1min_at_start": load,
+                    "test_acc": run_["test_acc"],
+                    "test_f1": run_["test_f1"],
+                    "val_acc": run_["val_acc"],
+                    "trainable_parameters": run_["trainable_parameters"],
+                    "history": run_["history"],
+                    "full_epoch_seconds_extrapolated": res["summary"][
+                        "full_epoch_seconds_extrapolated"
+                    ],
+                    "sizes": res["sizes"],
+                    "truncation_full_splits": res["truncation_full_splits"],
+                }
+            )
+            result["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+            out.write_text(json.dumps(result, indent=1))
+
+
+def summarize(result: dict) -> dict:
+    table = {}
+    for label in dict.fromkeys(r["label"] for r in result["runs"]):
+        runs = [r for r in result["runs"] if r["label"] == label]
+        acc = [r["test_acc"] for r in runs]
+        epoch = [h["epoch_seconds"] for r in runs for h in r["history"]]
+        full = [r["full_epoch_seconds_extrapolated"] for r in runs]
+        table[label] = {
+            "seeds": [r["seed"] for r in runs],
+            "test_acc_mean": float(np.mean(acc)),
+            "test_acc_std": float(np.std(acc)),
+            "test_f1_mean": float(np.mean([r["test_f1"] for r in runs])),
+            "subset_epoch_seconds_median": float(np.median(epoch)),
+            "full_epoch_seconds_extrapolated_median": float(np.median(full)),
+            "trainable_parameters": runs[0]["trainable_parameters"],
+        }
+    return table
+
+
+def report(args) -> None:
+    merged = {"benchmark": "documents", "datasets": {}}
+    for path in sorted(RESULTS.glob("documents_*.json")):
+        result = json.loads(path.read_text())
+        result["summary"] = summarize(result)
+        merged["datasets"][result["dataset"]] = result
+    (RESULTS / "documents.json").write_text(json.dumps(merged, indent=1))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(merged["datasets"])
+    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.6), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        summary = merged["datasets"][name]["summary"]
+        labels = list(summary)
+        means = [summary[k]["test_acc_mean"] for k in labels]
+        stds = [summary[k]["test_acc_std"] for k in labels]
+        ax.bar(labels, means, yerr=stds, capsize=4, color="tab:blue")
+        tfidf = merged["datasets"][name].get("tfidf_logreg")
+        if tfidf:
+            ax.axhline(tfidf["test_acc"], color="tab:red", ls="--", label="TF-IDF + LR")
+            ax.legend(loc="lower right")
+        n = len(summary[labels[0]]["seeds"])
+        ax.set_title(f"{name}: test accuracy (mean ± std, {n} seeds)")
+        ax.set_ylim(min(means) - 0.1, min(1.0, max(means) + 0.05))
+    fig.tight_layout()
+    fig.savefig(RESULTS / "documents.png", dpi=120)
+    print(json.dumps({k: v["summary"] for k, v in merged["datasets"].items()}, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="train and evaluate every model for every seed")
+    r.add_argument("--dataset", choices=sorted(CONFIGS), default="imdb")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("--train-size", type=int, default=1000)
+    r.add_argument("--val-size", type=int, default=300)
+    r.add_argument("--test-size", type=int, default=1000)
+    r.add_argument("--epochs", type=int, default=2)
+    r.add_argument("--batch-size", type=int, default=32)
+    r.add_argument("--lr", type=float, default=2e-3)
+    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--tfidf", action="store_true", help="also a TF-IDF + LR baseline")
+    r.add_argument("--configs", nargs="+", default=None, help="labels to run, e.g. HSA FSA-512")
+    r.add_argument("--append", action="store_true", help="add to the existing results file")
+    sub.add_parser("report", help="merge results into documents.json and documents.png")
+    args = parser.parse_args()
+    if args.command == "run":
+        run(args)
+    else:
+        report(args)
+
+
+if __name__ == "__main__":
+    main()
