@@ -1,16 +1,29 @@
 """H-matrix attention vs flat softmax attention (SDPA) vs the PyPI package `h-transformer-1d`.
 
-Forward+backward wall time (median over interleaved repetitions, so all methods
-see the same machine load), peak resident memory of one forward+backward, and
-errors: against the implied dense H-matrix (ours), against exact softmax
-attention (all methods, head 0), and the output for V = 1 (a row-normalised
-attention returns exactly 1). Batch 1, 8 heads, d = 64, block size Nr = 16, float32.
+Per sequence length L and mode (bidirectional, causal), batch 1, 8 heads, d = 64,
+block size Nr = 16, float32, 2 threads:
 
-    python benchmarks/hmatrix.py            # L = 1K, 4K, 16K, 64K (a few minutes)
+- forward+backward wall time: the methods run interleaved (one call of each per
+  round, so all see the same machine load) and the medians are compared; flat
+  SDPA at 16K gets 2 rounds (it is slow) and beyond 16K it is not run (its
+  time is projected as L^2 from 16K); at 64K every method gets 3 rounds;
+- peak resident memory of one forward+backward above the level before it
+  (VmHWM, Linux), next to the projected L^2 attention matrix of flat
+  attention (8 heads x L^2 x 4 bytes; torch's CPU SDPA is a flash-style kernel
+  that never stores it, so its measured peak is small);
+- errors on a fixed sample of query rows (all heads), in float64 references:
+  ours against the implied dense H-matrix (the same hierarchy, built densely
+  from the closed form of the level map, independently of the fast path),
+  every method against exact softmax attention, the deviation from 1 when
+  V = 1 (a row-normalised attention returns exactly 1), and, at L = 1K, the
+  fraction of the allowed keys (all, or j <= i) that reach a row at all
+  (nonzero gradient of the row's output with respect to the values).
+
+    python benchmarks/hmatrix.py            # L = 1K, 4K, 16K, 64K
     python benchmarks/hmatrix.py --quick    # L = 1K, 4K
 
 Writes benchmarks/results/hmatrix.json and benchmarks/results/hmatrix.png.
-The package is optional (`pip install h-transformer-1d --no-deps einops
+The package is optional (`pip install --no-deps h-transformer-1d einops
 rotary-embedding-torch`); its column is skipped when it is not importable. Its
 core attention is timed with its input/output projections replaced by identities.
 """
@@ -18,6 +31,8 @@ core attention is timed with its input/output projections replaced by identities
 from __future__ import annotations
 
 import argparse
+import ctypes
+import importlib.metadata
 import json
 import platform
 import statistics
@@ -30,10 +45,12 @@ from torch import nn
 
 from hiergraph.ops.hmatrix import hmatrix_attention, hmatrix_attention_dense
 
-HEADS, DIM, BLOCK = 8, 64, 16
+HEADS, DIM, BLOCK, THREADS = 8, 64, 16, 2
 SDPA_MAX_LENGTH = 16384  # flat attention beyond this is projected (O(L^2) time)
-DENSE_MAX_LENGTH = 4096  # implied dense matrix reference (O(L^2) memory)
-ERROR_MAX_LENGTH = 16384  # exact-softmax references
+SDPA_SLOW_LENGTH, SDPA_SLOW_REPEATS = 16384, 2  # flat SDPA from 16K on: 2 rounds
+LONG_LENGTH, LONG_REPEATS = 65536, 3  # every method at 64K: 3 rounds
+SAMPLED_ROWS = 64  # query rows of the error references
+RECEPTIVE_LENGTH = 1024  # where the fraction of keys seen is measured
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -45,8 +62,17 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+def _exact_rss() -> None:
+    """Make resident memory track live tensors (glibc): large blocks are always mmapped
+    (no adaptive threshold), so a freed tensor leaves RSS at once."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+    libc.malloc_trim(0)
+
+
 def _peak_mib(fn) -> float:
     """Peak resident memory above the current level while running ``fn`` (Linux)."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")  # reset VmHWM
     before = _rss_kib("VmRSS")
@@ -73,9 +99,8 @@ def _package_core(length: int, causal: bool, classes) -> nn.Module:
     return module
 
 
-def _methods(q, k, v, causal: bool, package) -> dict:
-    """name -> function of (q, k, v) returning ``[1, H, L, d]``."""
-    length = q.shape[2]
+def _methods(length: int, causal: bool, package) -> dict:
+    """name -> function of (q, k, v) ``[1, H, L, d]`` returning ``[1, H, L, d]``."""
     methods = {"hmatrix": lambda q, k, v: hmatrix_attention(q, k, v, BLOCK, causal)}
     if length <= SDPA_MAX_LENGTH:
         methods["sdpa"] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -90,49 +115,74 @@ def _methods(q, k, v, causal: bool, package) -> dict:
     return methods
 
 
-def _time_all(methods: dict, inputs, repeats: int, warmup: bool) -> tuple[dict, dict]:
+def _time_all(methods: dict, inputs, repeats: dict) -> tuple[dict, dict]:
+    """Interleaved rounds; ``repeats[name]`` rounds per method. Returns times and peaks."""
+
     def step(fn):
         for x in inputs:
             x.grad = None
         return _peak_mib(lambda: fn(*inputs).sum().backward())
 
-    peaks = {name: step(fn) for name, fn in methods.items() if warmup}
-    times = {name: [] for name in methods}
-    for _ in range(repeats):  # interleaved: every method sees the same load
+    times, peaks = {name: [] for name in methods}, {name: 0.0 for name in methods}
+    for round_ in range(max(repeats.values())):
         for name, fn in methods.items():
+            if round_ >= repeats[name]:
+                continue
             start = time.perf_counter()
             peak = step(fn)
             times[name].append(time.perf_counter() - start)
-            peaks[name] = max(peaks.get(name, 0.0), peak)
+            peaks[name] = max(peaks[name], peak)
     return times, peaks
+
+
+def _sample_rows(length: int) -> torch.Tensor:
+    """Fixed query rows: both ends and evenly spread ones in between."""
+    return torch.linspace(0, length - 1, SAMPLED_ROWS).round().long().unique()
 
 
 @torch.no_grad()
 def _errors(methods: dict, q, k, v, causal: bool) -> dict:
-    """Per method: max error vs exact softmax (head 0) and |out - 1| for V = 1."""
+    """Per method, on the sampled rows (all heads): errors against float64 references."""
     length = q.shape[2]
-    q64, k64, v64 = (x[:, :1].double() for x in (q, k, v))
-    softmax = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal)
+    rows = _sample_rows(length)
+    q64, k64, v64 = (x.double() for x in (q, k, v))
+    logits = q64[:, :, rows] @ k64.transpose(-1, -2) / DIM**0.5
+    if causal:
+        logits = logits.masked_fill(torch.arange(length) > rows[:, None], -float("inf"))
+    softmax = torch.softmax(logits, -1) @ v64
+    implied = hmatrix_attention_dense(q64, k64, v64, BLOCK, causal, rows=rows)
     errors = {}
     for name, fn in methods.items():
-        if name == "sdpa":
-            continue
-        out = fn(q, k, v)
+        out = fn(q, k, v)[:, :, rows].double()
         errors[name] = {
-            "max_err_vs_softmax": (out[:, :1].double() - softmax).abs().max().item(),
+            "max_err_vs_softmax": (out - softmax).abs().max().item(),
             "max_err_ones": (fn(q, k, torch.ones_like(v)) - 1).abs().max().item(),
         }
-    if length <= DENSE_MAX_LENGTH:
-        reference, kind = hmatrix_attention_dense(q64, k64, v64, BLOCK, causal), "dense float64"
-    else:
-        reference, kind = hmatrix_attention(q64, k64, v64, BLOCK, causal), "fast float64"
-    ours = methods["hmatrix"](q, k, v)[:, :1].double()
-    errors["hmatrix"]["max_err_vs_implied"] = (ours - reference).abs().max().item()
-    errors["hmatrix"]["implied_reference"] = kind
+        if name == "hmatrix":
+            errors[name]["max_err_vs_implied"] = (out - implied).abs().max().item()
+    errors["sampled_rows"] = len(rows)
     return errors
 
 
+def _keys_seen(methods: dict, q, k, v, causal: bool) -> dict:
+    """Mean fraction of the allowed keys whose value reaches a row's output (sampled rows)."""
+    seen = {}
+    v = v.detach().requires_grad_()
+    for name, fn in methods.items():
+        out = fn(q.detach(), k.detach(), v)
+        fractions = []
+        for row in _sample_rows(q.shape[2])[:: SAMPLED_ROWS // 8].tolist():
+            (grad,) = torch.autograd.grad(out[0, 0, row].sum(), v, retain_graph=True)
+            reached = grad[0, 0].abs().sum(-1) > 0
+            allowed = row + 1 if causal else q.shape[2]
+            fractions.append(reached[:allowed].sum().item() / allowed)
+        seen[name] = {"keys_seen_fraction": statistics.mean(fractions)}
+    return seen
+
+
 def run(lengths: list[int], repeats: int) -> dict:
+    torch.set_num_threads(THREADS)
+    _exact_rss()
     package = _package()
     rows = []
     for length in lengths:
@@ -141,9 +191,15 @@ def run(lengths: list[int], repeats: int) -> dict:
         for x in inputs:
             x.requires_grad_()
         for causal in (False, True):
-            methods = _methods(*inputs, causal, package)
-            times, peaks = _time_all(methods, inputs, repeats, warmup=length < SDPA_MAX_LENGTH)
-            errors = _errors(methods, *inputs, causal) if length <= ERROR_MAX_LENGTH else {}
+            methods = _methods(length, causal, package)
+            counts = {name: repeats if length < LONG_LENGTH else LONG_REPEATS for name in methods}
+            if "sdpa" in counts and length >= SDPA_SLOW_LENGTH:
+                counts["sdpa"] = min(repeats, SDPA_SLOW_REPEATS)
+            times, peaks = _time_all(methods, inputs, counts)
+            errors = _errors(methods, *inputs, causal)
+            if length == RECEPTIVE_LENGTH:
+                for name, values in _keys_seen(methods, *inputs, causal).items():
+                    errors[name] |= values
             for name in methods:
                 rows.append(
                     {
@@ -154,6 +210,7 @@ def run(lengths: list[int], repeats: int) -> dict:
                         "min_s": min(times[name]),
                         "times_s": times[name],
                         "peak_mib": peaks[name],
+                        "sampled_rows": errors["sampled_rows"],
                         **errors.get(name, {}),
                     }
                 )
@@ -169,16 +226,29 @@ def run(lengths: list[int], repeats: int) -> dict:
                 }
             )
     return {
-        "config": {"batch": 1, "heads": HEADS, "dim": DIM, "block_size": BLOCK, "dtype": "float32"},
-        "machine": {
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
+        "config": {
+            "batch": 1,
+            "heads": HEADS,
+            "dim": DIM,
+            "block_size": BLOCK,
+            "dtype": "float32",
+            "threads": THREADS,
+            "repeats": repeats,
+            "sdpa_repeats_from_16k": SDPA_SLOW_REPEATS,
+            "repeats_at_64k": LONG_REPEATS,
         },
-        "package_installed": package is not None,
+        "machine": {"platform": platform.platform(), "torch": torch.__version__},
+        "package_version": _package_version(),
         "rows": rows,
         "ratios": _ratios(rows),
     }
+
+
+def _package_version() -> str | None:
+    try:
+        return importlib.metadata.version("h-transformer-1d")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _project(rows: list[dict], length: int) -> float:
@@ -189,7 +259,7 @@ def _project(rows: list[dict], length: int) -> float:
 
 
 def _ratios(rows: list[dict]) -> dict:
-    """Side-by-side speed-ups of ours: other method's median (and min) / ours, per (L, causal)."""
+    """Speed-ups of ours (other method's median / ours) and memory vs the L^2 matrix."""
     ratios = {}
     for row in rows:
         if row["method"] != "hmatrix":
@@ -199,9 +269,7 @@ def _ratios(rows: list[dict]) -> dict:
             same = other["length"] == row["length"] and other["causal"] == row["causal"]
             if same and other is not row and "median_s" in other:
                 ratios.setdefault(key, {})[other["method"]] = other["median_s"] / row["median_s"]
-            if same and other is not row and "min_s" in other:
-                ratios[key][other["method"] + " (min)"] = other["min_s"] / row["min_s"]
-        ratios[key]["memory_fraction_of_L^2_matrix"] = row["peak_mib"] / (
+        ratios.setdefault(key, {})["memory_fraction_of_L^2_matrix"] = row["peak_mib"] / (
             HEADS * row["length"] ** 2 * 4 / 2**20
         )
     return ratios
@@ -229,8 +297,10 @@ def plot(result: dict, path: Path) -> None:
         ax.set(xscale="log", yscale="log", xlabel="sequence length L", title=title)
         ax.grid(True, which="both", alpha=0.3)
     ax_time.legend(fontsize=7)
+    config = result["config"]
     fig.suptitle(
-        f"B=1, H={HEADS}, d={DIM}, Nr={BLOCK}, float32, {result['machine']['threads']} threads"
+        f"B=1, H={HEADS}, d={DIM}, Nr={BLOCK}, float32, {config['threads']} threads "
+        "(SDPA beyond 16K: projected as L^2)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -239,12 +309,14 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="L = 1K and 4K only, 3 repeats")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repetitions (default 5)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="output folder")
     args = parser.parse_args()
     lengths = [1024, 4096] if args.quick else [1024, 4096, 16384, 65536]
     result = run(lengths, args.repeats or (3 if args.quick else 5))
     result["command"] = "python benchmarks/hmatrix.py" + (" --quick" if args.quick else "")
+    if args.repeats:
+        result["command"] += f" --repeats {args.repeats}"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "hmatrix.json").write_text(json.dumps(result, indent=2))
     plot(result, args.out / "hmatrix.png")
