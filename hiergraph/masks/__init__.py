@@ -21,6 +21,7 @@ from hiergraph.masks.equivariance import (
     automorphisms,
     check_equivariance,
     equivariance_error,
+    equivariance_errors,
     is_automorphism,
     relabel,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "dilated_mask",
     "edge_index_to_mask",
     "equivariance_error",
+    "equivariance_errors",
     "full_mask",
     "global_tokens_mask",
     "graph_mask",

@@ -95,6 +95,36 @@ def equivariance_error(
     return float((permuted - reference).abs().max()) if reference.numel() else 0.0
 
 
+def equivariance_errors(
+    layer: Callable, x: Tensor, edge_index: Tensor, perms: Tensor, relabel_graph: bool = False
+) -> Tensor:
+    r""":func:`equivariance_error` for many permutations ``perms [P, n]`` at once, ``[P]``.
+
+    All :math:`P` permuted inputs run as **one** call of ``layer`` on their
+    disjoint union (:math:`P n` nodes, :math:`P E` edges, PyG batching), so
+    brute force over :math:`S_6` (720 permutations) costs two layer calls.
+    This is exact for layers whose outputs depend only on each node's own
+    graph (message passing without global pooling or normalisation).
+    """
+    if isinstance(layer, torch.nn.Module) and layer.training:
+        raise ValueError("layer is in training mode (dropout makes it random); call layer.eval()")
+    n = x.size(0)
+    if perms.dim() != 2 or perms.size(1) != n:
+        raise ValueError(f"perms must be [P, n] = [P, {n}], got {tuple(perms.shape)}")
+    offsets = torch.arange(perms.size(0), device=x.device) * n
+    if relabel_graph:
+        local = torch.argsort(perms, dim=1)[:, edge_index]  # [P, 2, E]: inv[edge_index]
+    else:
+        local = edge_index.expand(perms.size(0), -1, -1)
+    union = (local + offsets[:, None, None]).transpose(0, 1).reshape(2, -1)
+    with torch.no_grad():
+        reference = layer(x, edge_index)[perms]  # [P, n, F]
+        permuted = layer(x[perms].flatten(0, 1), union).view_as(reference)
+    if reference.numel() == 0:
+        return reference.new_zeros(perms.size(0))
+    return (permuted - reference).abs().flatten(1).amax(dim=1)
+
+
 def check_equivariance(
     layer: Callable,
     x: Tensor | tuple[Tensor, Tensor],

@@ -55,6 +55,15 @@ class MaskedAttentionConv(MessagePassing):
     ``return_attention_weights``; otherwise (and with ``structured=False``) the
     general edge path runs. Both paths give the same result.
 
+    **General edge path.** Any other mask runs over its edges: per-edge logits
+    and the weighted sum of values are sparse kernels
+    (:func:`~hiergraph.ops.edge_products.edge_dot`,
+    :func:`~hiergraph.ops.edge_products.edge_aggregate`) that form only
+    ``[E, H]`` tensors, never the per-edge ``[E, H, C]`` gathers of
+    :class:`~torch_geometric.nn.conv.TransformerConv`; the softmax per target is
+    :func:`torch_geometric.utils.softmax`. Edge features (``edge_dim``) add
+    per-edge terms through :meth:`edge_updater` and :meth:`propagate`.
+
     Args:
         in_channels: size of each input sample, or a pair (source, target)
             for bipartite graphs.
@@ -97,6 +106,8 @@ class MaskedAttentionConv(MessagePassing):
         super().__init__(node_dim=0, **kwargs)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        if min(heads, out_channels) < 1:
+            raise ValueError(f"heads and out_channels must be >= 1, got {heads}, {out_channels}")
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -143,6 +154,7 @@ class MaskedAttentionConv(MessagePassing):
         """
         H, C = self.heads, self.out_channels
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
+        self._check_features(x_src, x_dst)
         band = edge_index if isinstance(edge_index, BandMask) else None
         if band is None:
             self._check_edge_index(edge_index, x_src.size(0), x_dst.size(0))
@@ -182,6 +194,15 @@ class MaskedAttentionConv(MessagePassing):
         if return_attention_weights is not None:
             return out, (edge_index, alpha)
         return out
+
+    def _check_features(self, x_src: Tensor, x_dst: Tensor) -> None:
+        for name, t, lin in (("x_src", x_src, self.lin_key), ("x_dst", x_dst, self.lin_query)):
+            if not isinstance(t, Tensor) or t.dim() != 2 or t.size(1) != lin.in_features:
+                shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(
+                    f"{name} must be a [num_nodes, {lin.in_features}] tensor (in_channels of "
+                    f"this layer), got {shape}; pass x or a pair (x_src, x_dst)"
+                )
 
     @staticmethod
     def _check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:

@@ -21,6 +21,7 @@ from hiergraph.masks import (
     dilated_mask,
     edge_index_to_mask,
     equivariance_error,
+    equivariance_errors,
     full_mask,
     global_tokens_mask,
     graph_mask,
@@ -31,8 +32,11 @@ from hiergraph.masks import (
     window_mask,
 )
 from hiergraph.nn.masked_attention_conv import MaskedAttentionConv
+from tests.masks.conftest import one_thread  # noqa: F401 (autouse: single-threaded module)
 
 N = 24
+
+
 MASKS = {
     "full": full_mask(N),
     "causal": causal_mask(N),
@@ -304,37 +308,39 @@ ALL_PERMS_6 = torch.tensor(list(itertools.permutations(range(6))))
 
 
 def equivariant_perms(conv, x, edge_index, relabel_graph=False):
-    """Every permutation of S_6 that passes, as a [k, 6] tensor (float64, generic).
-
-    Callers use the edge path (``structured=False``), which is cheaper on 6 nodes;
-    the banded path equals it (``test_fast_path_is_taken_and_matches_edge_path``).
-    """
-    passed = []
-    for perm in ALL_PERMS_6:
-        error = equivariance_error(conv, x, edge_index, perm, relabel_graph)
-        assert error <= 1e-10 or error > 1e-6  # no borderline cases on generic inputs
-        passed.append(error <= 1e-10)
-    return ALL_PERMS_6[torch.tensor(passed)]
+    """Every permutation of S_6 that passes, as a [k, 6] tensor (float64, generic):
+    all 720 in one batched call (``equivariance_errors``), checked against the
+    one-at-a-time ``equivariance_error`` on a few of them."""
+    errors = equivariance_errors(conv, x, edge_index, ALL_PERMS_6, relabel_graph)
+    for i in (0, 1, 100, 719):
+        one = equivariance_error(conv, x, edge_index, ALL_PERMS_6[i], relabel_graph)
+        assert abs(one - float(errors[i])) <= 1e-12
+    assert bool(((errors <= 1e-10) | (errors > 1e-6)).all())  # no borderline cases
+    return ALL_PERMS_6[errors <= 1e-10]
 
 
 @pytest.mark.parametrize(
-    "edge_index",
+    "edge_index,group_size",
     [
-        full_mask(6),
-        causal_mask(6),
-        window_mask(6, 1, causal=True),
-        window_mask(6, 3),
-        block_diagonal_mask([2, 2, 2]),
-        random_mask(6, 14, seed=2),
+        (full_mask(6), 720),  # S_6
+        (causal_mask(6), 1),  # identity only
+        (window_mask(6, 1, causal=True), 1),  # identity only
+        (window_mask(6, 3), 4),  # reversal and twins (note §4.4)
+        (block_diagonal_mask([2, 2, 2]), 48),  # S_2 wr S_3
+        (random_mask(6, 14, seed=2), None),  # Aut(mask), whatever it is
+        (cross_mask(3, 3), 36),  # S_3 x S_3, no swap of the sides
     ],
-    ids=["full", "causal", "causal_window", "window3", "blocks", "random"],
+    ids=["full", "causal", "causal_window", "window3", "blocks", "random", "cross_joint"],
 )
-def test_equivariant_set_is_exactly_aut(edge_index):
+def test_equivariant_set_is_exactly_aut(edge_index, group_size):
     """Brute force over the 720 permutations of n = 6: the layer is equivariant
-    exactly to Aut(mask) (full: S_6; causal and causal window: identity)."""
+    exactly to Aut(mask) (note §2 table)."""
     conv = make_conv(root_weight=False, structured=False)
     passed = equivariant_perms(conv, features(n=6), edge_index)
     assert torch.equal(passed, automorphisms(edge_index, 6))
+    assert group_size is None or passed.size(0) == group_size
+    if group_size == 36:
+        assert bool((passed[:, :3] < 3).all())  # encoders stay encoders
 
 
 def test_graph_attention_is_equivariant_under_joint_relabelling():

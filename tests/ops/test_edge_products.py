@@ -1,0 +1,88 @@
+"""hiergraph.ops.edge_products: the sparse per-edge products against gather/scatter
+references (float64), their gradients, and the edge cases of the layer's edge path."""
+
+import pytest
+import torch
+
+from hiergraph.ops.edge_products import EdgeCSR, edge_aggregate, edge_dot
+from tests.masks.conftest import one_thread  # noqa: F401 (autouse: single-threaded module)
+
+H, C = 2, 3
+
+
+def random_graph(num_src, num_dst, num_edges, seed=0):
+    """Unsorted edges with duplicates; target 0 never receives an edge."""
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(num_src, (num_edges,), generator=gen)
+    dst = torch.randint(1, num_dst, (num_edges,), generator=gen)
+    edge_index = torch.stack([src, dst])
+    return torch.cat([edge_index, edge_index[:, :3]], dim=1)  # 3 duplicate edges
+
+
+def feats(n, seed, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, H, C, generator=gen, dtype=dtype).requires_grad_()
+
+
+def reference_dot(a, b, edge_index):
+    return (a[edge_index[1]] * b[edge_index[0]]).sum(-1)
+
+
+def reference_aggregate(weight, b, edge_index, num_dst):
+    out = b.new_zeros(num_dst, *b.shape[1:])
+    return out.index_add(0, edge_index[1], weight[..., None] * b[edge_index[0]])
+
+
+def test_sorting_and_transpose():
+    edge_index = random_graph(5, 7, 20)
+    graph = EdgeCSR(edge_index, (5, 7))
+    key = graph.edge_index[1] * 5 + graph.edge_index[0]
+    assert graph.perm is not None and bool((key[1:] >= key[:-1]).all())
+    assert torch.equal(graph.edge_index, edge_index[:, graph.perm])
+    assert graph.crow.tolist() == [0, *torch.bincount(graph.edge_index[1], minlength=7).cumsum(0)]
+    crow_t, col_t, perm_t = graph.transpose()
+    assert torch.equal(col_t, graph.edge_index[1][perm_t])
+    assert bool((graph.edge_index[0][perm_t].diff() >= 0).all()) and crow_t[-1] == 23
+    already = EdgeCSR(graph.edge_index, (5, 7))
+    assert already.perm is None and already.edge_index is graph.edge_index  # no copy
+
+
+@pytest.mark.parametrize("num_src,num_dst", [(6, 6), (4, 9), (9, 4)])
+def test_products_match_references_and_gradcheck(num_src, num_dst):
+    graph = EdgeCSR(random_graph(num_src, num_dst, 25), (num_src, num_dst))
+    a, b = feats(num_dst, 1), feats(num_src, 2)
+    weight = torch.randn(graph.num_edges, H, dtype=torch.float64, requires_grad=True)
+    edges = graph.edge_index
+    torch.testing.assert_close(edge_dot(a, b, graph), reference_dot(a, b, edges))
+    out = edge_aggregate(weight, b, graph)
+    torch.testing.assert_close(out, reference_aggregate(weight, b, edges, num_dst))
+    assert torch.equal(out[0], torch.zeros_like(out[0]))  # no incoming edge: 0, not NaN
+    assert torch.autograd.gradcheck(lambda a, b: edge_dot(a, b, graph), (a, b))
+    assert torch.autograd.gradcheck(lambda w, b: edge_aggregate(w, b, graph), (weight, b))
+
+
+def test_float32_and_no_edges():
+    graph = EdgeCSR(random_graph(8, 8, 40), (8, 8))
+    a, b = feats(8, 3, torch.float32), feats(8, 4, torch.float32)
+    torch.testing.assert_close(
+        edge_dot(a, b, graph), reference_dot(a, b, graph.edge_index), atol=1e-6, rtol=0
+    )
+    empty = EdgeCSR(torch.empty(2, 0, dtype=torch.long), (8, 8))
+    assert edge_dot(a, b, empty).shape == (0, H)
+    weight = torch.empty(0, H, requires_grad=True)
+    out = edge_aggregate(weight, b, empty)
+    assert torch.equal(out, torch.zeros(8, H, C))
+    out.sum().backward()
+    assert torch.equal(b.grad, torch.zeros_like(b))
+
+
+def test_bad_shapes():
+    graph = EdgeCSR(random_graph(5, 7, 10), (5, 7))
+    with pytest.raises(ValueError, match=r"a must have shape \[7, H, C\]"):
+        edge_dot(feats(5, 0), feats(5, 1), graph)
+    with pytest.raises(ValueError, match=r"b must have shape \[5, 2, C\]"):
+        edge_dot(feats(7, 0), torch.randn(5, 3, C), graph)
+    with pytest.raises(ValueError, match="same channel size"):
+        edge_dot(feats(7, 0), torch.randn(5, H, C + 1), graph)
+    with pytest.raises(ValueError, match=r"weight must have shape \[E, H\] = \[13, 2\]"):
+        edge_aggregate(torch.randn(13, 3), feats(5, 1), graph)
