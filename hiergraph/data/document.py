@@ -173,6 +173,13 @@ class Truncation:
         return torch.tensor([[self.paragraphs, self.sentences, self.tokens, self.raw_tokens]])
 
 
+def check_caps(**caps: int | None) -> None:
+    """Raise :class:`ValueError` unless every cap is a positive int or ``None``."""
+    for name, cap in caps.items():
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"{name} must be a positive int or None, got {cap!r}")
+
+
 @dataclass
 class TokenizedDocument:
     """A tokenized document in compact form.
@@ -224,14 +231,12 @@ class TokenizedDocument:
         ``max_tokens`` tokens of the document (the sentence holding the cut
         keeps its head). Returns the capped document and a :class:`Truncation`.
         """
-        for name, cap in (
-            ("max_paragraphs", max_paragraphs),
-            ("max_sentences", max_sentences),
-            ("max_sentence_tokens", max_sentence_tokens),
-            ("max_tokens", max_tokens),
-        ):
-            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-                raise ValueError(f"{name} must be a positive int or None, got {cap!r}")
+        check_caps(
+            max_paragraphs=max_paragraphs,
+            max_sentences=max_sentences,
+            max_sentence_tokens=max_sentence_tokens,
+            max_tokens=max_tokens,
+        )
         sizes, lengths = self.paragraph_sizes, self.sentence_lengths
         para_of_sent = _group_ids(sizes, lengths.numel())
         first_sent = torch.cumsum(sizes, 0) - sizes

@@ -32,6 +32,7 @@ from hiergraph.data.document import (
     DEPTHS,
     SimpleTokenizer,
     TokenizedDocument,
+    check_caps,
     hierarchy_from_lengths,
     tokenize_documents,
 )
@@ -154,7 +155,7 @@ class TextClassificationDataset(InMemoryDataset):
             max_sentence_tokens=max_sentence_tokens,
             max_tokens=max_tokens,
         )
-        TokenizedDocument(torch.zeros(1), [1], [1]).truncate(**self.caps)  # validates the caps
+        check_caps(**self.caps)
         self.extra_raw_dir = raw_dir
         root = Path(root) if root is not None else data_root() / self.name
         super().__init__(str(root), transform, force_reload=force_reload)
@@ -183,11 +184,11 @@ class TextClassificationDataset(InMemoryDataset):
         if missing:
             raise ValueError(f"{source}: no training documents for class(es) {missing}")
         tokenizer = self._tokenizer
-        if tokenizer == "minilm":
+        if isinstance(tokenizer, str) and tokenizer == "minilm":
             from hiergraph.datasets.static_embeddings import minilm_tokenizer
 
             tokenizer = minilm_tokenizer()
-        elif tokenizer == "simple":
+        elif isinstance(tokenizer, str):  # "simple", fitted on the training split only
             tokenizer = SimpleTokenizer.fit(text for text, _ in documents["train"])
         meta = {"classes": list(self.classes), "tokenizer": self.tokenizer_key, "empty": {}}
         if isinstance(tokenizer, SimpleTokenizer):
