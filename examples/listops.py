@@ -1,4 +1,4 @@
-"""ListOps (Long Range Arena style): flat vs H-matrix Transformer encoders on an equal CPU budget.
+"""ListOps (Long Range Arena style): flat vs H-matrix vs HSA-window encoders, equal CPU budget.
 
 A ListOps example is a nested prefix expression over the digits 0-9, e.g.
 ``[MAX 4 3 [MIN 2 3 ] 1 0 [MED 1 5 8 9 2 ] ]`` (= 8); the label is its value
@@ -26,7 +26,10 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch_geometric.data import Batch
 
+from hiergraph.data.windows import window_hierarchy
+from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
 from hiergraph.nn.htransformer1d import HTransformer1D
 
@@ -101,6 +104,36 @@ class FlatAttention(HMatrixAttention):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+class HSAWindowAttention(nn.Module):
+    """Hierarchical self-attention (HSA) over a hopping-window hierarchy of every sequence.
+
+    Same call signature as :class:`HMatrixAttention`; the windows group 4
+    tokens, then 4 windows, and so on (``branching``), and the tree of each
+    sequence's valid tokens (padding sits at the end) is batched the PyG way.
+    """
+
+    def __init__(self, dim: int, heads: int, branching: tuple[int, ...] = (4, 4, 4, 4, 4)):
+        super().__init__()
+        self.attn = HierarchicalSelfAttention(dim, dim, heads, include_self=True)
+        self.branching, self.trees = branching, {}
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        valid = (
+            torch.ones(x.shape[:2], dtype=torch.bool)
+            if key_padding_mask is None
+            else ~key_padding_mask
+        )
+        trees = [self._tree(int(n)) for n in valid.sum(1)]
+        out = torch.zeros_like(x)
+        out[valid] = self.attn(x[valid], Batch.from_data_list(trees))
+        return out
+
+    def _tree(self, length: int):
+        if length not in self.trees:
+            self.trees[length] = window_hierarchy(length, self.branching)
+        return self.trees[length]
+
+
 def _transformer(args, attention=None) -> nn.Module:
     return HTransformer1D(VOCAB, args.dim, args.depth, args.heads, block_size=args.block_size,
                           lm_head=False, attention=attention)  # fmt: skip
@@ -109,6 +142,7 @@ def _transformer(args, attention=None) -> nn.Module:
 ENCODERS = {
     "flat": lambda args: _transformer(args, attention=FlatAttention),
     "hmatrix": lambda args: _transformer(args),
+    "hsa-window": lambda args: _transformer(args, attention=HSAWindowAttention),
 }
 
 

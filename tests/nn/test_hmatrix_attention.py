@@ -1,11 +1,10 @@
-"""HMatrixAttention module and the HTransformer1D encoder / language model."""
+"""HMatrixAttention: multi-head H-matrix attention layer."""
 
 import pytest
 import torch
 from torch import nn
 
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
-from hiergraph.nn.htransformer1d import HTransformer1D
 
 
 def _as_multihead(attn: HMatrixAttention) -> nn.MultiheadAttention:
@@ -38,32 +37,3 @@ def test_module_shapes_and_errors():
         HMatrixAttention(30, 4)
     with pytest.raises(ValueError, match=r"\[batch, length, 32\]"):
         attn(torch.randn(50, 32))
-
-
-def test_language_model_is_causal_and_trains():
-    torch.manual_seed(0)
-    model = HTransformer1D(20, embed_dim=32, depth=2, num_heads=4, block_size=4, causal=True)
-    tokens = torch.randint(0, 20, (2, 70))
-    logits = model(tokens)
-    assert logits.shape == (2, 70, 20)
-    changed = tokens.clone()
-    changed[:, 40:] = (changed[:, 40:] + 1) % 20
-    torch.testing.assert_close(model(changed)[:, :40], logits[:, :40])
-    loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 20), tokens[:, 1:].reshape(-1))
-    loss.backward()
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
-
-
-def test_encoder_ignores_padded_tokens():
-    torch.manual_seed(0)
-    model = HTransformer1D(10, embed_dim=16, depth=2, num_heads=2, block_size=4, lm_head=False)
-    tokens = torch.randint(0, 10, (1, 30))
-    mask = torch.zeros(1, 30, dtype=torch.bool)
-    mask[:, 25:] = True
-    out = model(tokens, mask)
-    assert out.shape == (1, 30, 16)
-    other = tokens.clone()
-    other[:, 25:] = (other[:, 25:] + 3) % 10
-    torch.testing.assert_close(model(other, mask)[:, :25], out[:, :25])
-    with pytest.raises(ValueError, match="int64"):
-        model(tokens.float())

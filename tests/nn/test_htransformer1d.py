@@ -1,0 +1,59 @@
+"""HTransformer1D encoder / language model."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from hiergraph.nn.hmatrix_attention import HMatrixAttention
+from hiergraph.nn.htransformer1d import HTransformer1D, sinusoidal_positions
+
+
+def test_language_model_is_causal_and_trains():
+    torch.manual_seed(0)
+    model = HTransformer1D(20, embed_dim=32, depth=2, num_heads=4, block_size=4, causal=True)
+    tokens = torch.randint(0, 20, (2, 70))
+    logits = model(tokens)
+    assert logits.shape == (2, 70, 20)
+    changed = tokens.clone()
+    changed[:, 40:] = (changed[:, 40:] + 1) % 20
+    torch.testing.assert_close(model(changed)[:, :40], logits[:, :40])
+    loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 20), tokens[:, 1:].reshape(-1))
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_encoder_ignores_padded_tokens():
+    torch.manual_seed(0)
+    model = HTransformer1D(10, embed_dim=16, depth=2, num_heads=2, block_size=4, lm_head=False)
+    tokens = torch.randint(0, 10, (1, 30))
+    mask = torch.zeros(1, 30, dtype=torch.bool)
+    mask[:, 25:] = True
+    out = model(tokens, mask)
+    assert out.shape == (1, 30, 16)
+    other = tokens.clone()
+    other[:, 25:] = (other[:, 25:] + 3) % 10
+    torch.testing.assert_close(model(other, mask)[:, :25], out[:, :25])
+    with pytest.raises(ValueError, match="int64"):
+        model(tokens.float())
+
+
+def test_sinusoidal_positions():
+    pe = sinusoidal_positions(5, 6, dtype=torch.float64)
+    assert pe.shape == (5, 6) and pe.dtype == torch.float64
+    torch.testing.assert_close(pe[:, 0], torch.sin(torch.arange(5.0)).double())
+    torch.testing.assert_close(pe[3, 3], torch.tensor(math.cos(3 * 10000 ** (-2 / 6))).double())
+
+
+def test_attention_factory_swaps_the_attention():
+    calls = []
+
+    class Recording(HMatrixAttention):
+        def attend(self, q, k, v, key_padding_mask):
+            calls.append(q.shape)
+            return super().attend(q, k, v, key_padding_mask)
+
+    model = HTransformer1D(7, embed_dim=8, depth=3, num_heads=2, attention=Recording)
+    assert model(torch.randint(0, 7, (2, 9))).shape == (2, 9, 7)
+    assert calls == [(2, 2, 9, 4)] * 3
