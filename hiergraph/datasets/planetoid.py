@@ -17,7 +17,9 @@ or a dataset collection holding ``<Name>/raw`` (``$HIERGRAPH_RAW``, e.g.
 ``HIERGRAPH_RAW=/path/to/shared/datasets``).
 
 :func:`write_synthetic_ppi` writes a tiny **synthetic** PPI (random graphs,
-features and labels) in PyG's raw layout, for tests and smoke runs only.
+features and labels) in PyG's raw layout, for tests and smoke runs only. It
+also writes a marker file, :data:`SYNTHETIC_MARKER`, that travels with the raw
+files, so that :func:`is_synthetic` can label any result computed from them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from torch_geometric.datasets import PPI, Planetoid
 DATA_ENV = "HIERGRAPH_DATA"
 #: Environment variable for a read-only source of raw files to link from.
 RAW_ENV = "HIERGRAPH_RAW"
+
+#: Marker file written next to synthetic raw files (never present in real data).
+SYNTHETIC_MARKER = "SYNTHETIC.txt"
 
 _PLANETOID_URL = "https://github.com/kimiyoung/planetoid/raw/master/data"
 _PPI_URL = PPI.url
@@ -83,7 +88,8 @@ def prepare_raw(
             break
         if all((source / f).exists() for f in missing):
             target.mkdir(parents=True, exist_ok=True)
-            for f in missing:
+            marker = [SYNTHETIC_MARKER] if (source / SYNTHETIC_MARKER).exists() else []
+            for f in missing + marker:
                 _link_or_copy(source / f, target / f)
             missing = []
     if missing:
@@ -112,6 +118,11 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         dst.symlink_to(src.resolve())
     except OSError:
         shutil.copyfile(src, dst)
+
+
+def is_synthetic(dataset) -> bool:
+    """Whether a loaded dataset was built from :func:`write_synthetic_ppi`'s files."""
+    return (Path(dataset.raw_dir) / SYNTHETIC_MARKER).exists()
 
 
 def load_planetoid(
@@ -179,6 +190,10 @@ def write_synthetic_ppi(
     rng = np.random.default_rng(seed)
     raw_dir = Path(raw_dir)
     raw_dir.mkdir(parents=True, exist_ok=True)
+    (raw_dir / SYNTHETIC_MARKER).write_text(
+        "SYNTHETIC stand-in for PPI written by hiergraph.datasets.planetoid."
+        "write_synthetic_ppi: random graphs, features and labels. NOT the real PPI dataset.\n"
+    )
     proj = rng.normal(size=(2 * num_features, num_labels))
     first_id = 1
     for split, count in zip(_PPI_SPLITS, graphs, strict=True):
