@@ -334,6 +334,11 @@ class _Plan(NamedTuple):
         return [n * (level + 1) + sum(rows[:level]) for level in range(len(rows))]
 
     @property
+    def query_reduce(self) -> str:
+        """Coarse queries: ``"first"`` token of the group (causal, no look-ahead) or ``"mean"``."""
+        return "first" if self.width == 2 else "mean"
+
+    @property
     def packed_rows(self) -> int:
         return sum(self.rows) + self.block_size * (len(self.rows) + 1)
 
@@ -366,8 +371,7 @@ class _HMatrixCore(torch.autograd.Function):
         batch, heads, _, dim = q.shape
         counts = _packed_counts(valid, q, plan)  # [B|1, 1, P, 1]
         child = _child_weights(counts, plan)
-        mean_or_first = "first" if width == 2 else "mean"
-        q_pack = _coarse_pack(q, valid, plan, child, mean_or_first)
+        q_pack = _coarse_pack(q, valid, plan, child, plan.query_reduce)
         k_pack = _coarse_pack(k, valid, plan, child, "mean")
         v_pack = _coarse_pack(v, valid, plan, child, "sum", counts)
         q_flat, k_flat, v_flat = (x.view(-1, x.shape[-1]) for x in (q_pack, k_pack, v_pack))
@@ -404,7 +408,7 @@ class _HMatrixCore(torch.autograd.Function):
         q_pack, k_pack, v_pack, weights, shift, out, den, valid, child = ctx.saved_tensors
         plan = ctx.plan
         n, width = plan.block_size, plan.width
-        batch, heads, _, dim = q_pack.shape
+        batch, heads = q_pack.shape[:2]
         blocks = weights.shape[0]
 
         # G⁺ on every level, fine → coarse (separator rows stay zero).
@@ -428,10 +432,9 @@ class _HMatrixCore(torch.autograd.Function):
         grad_k = _key_grad(grad_logits, q_flat, n, width)
 
         # Undo the coarsening (adjoint of _coarse_pack).
-        mean_or_first = "first" if width == 2 else "mean"
         grads_in = [
             _coarse_unpack(grad.view(batch, heads, -1, grad.shape[-1]), valid, plan, child, mode)
-            for grad, mode in ((grad_q, mean_or_first), (grad_k, "mean"), (grad_v, "sum"))
+            for grad, mode in ((grad_q, plan.query_reduce), (grad_k, "mean"), (grad_v, "sum"))
         ]
         grads_in[2] = grads_in[2][..., :-1]
         return *grads_in, None, None
