@@ -69,7 +69,8 @@ class ConeConv(MessagePassing):
         **kwargs: passed to :class:`~torch_geometric.nn.conv.MessagePassing`.
 
     Shapes:
-        - **input:** ``x [N, in_channels]``, ``edge_index [2, E]`` (row 0 = source
+        - **input:** ``x [N, in_channels]`` (dense, or sparse CSR such as bag-of-words
+          features: the projection is then a sparse matmul), ``edge_index [2, E]`` (row 0 = source
           ``j``, row 1 = target ``i``) or a ``SparseTensor`` adjacency ``adj_t``
           (needs ``torch-sparse``).
         - **output:** ``[N, H * out_channels]`` or ``[N, out_channels]``; with
@@ -210,7 +211,10 @@ class ConeConv(MessagePassing):
         size_i: int | None,
     ) -> Tensor:
         if self.variant == "dot":
-            query_i, key_j = query_x[edge_index_i], key_x[edge_index_j]
+            query_i, key_j = (
+                query_x.index_select(0, edge_index_i),
+                key_x.index_select(0, edge_index_j),
+            )
             score = (query_i * key_j).sum(dim=-1) / math.sqrt(query_i.size(-1))
         else:
             edges = torch.stack([edge_index_j, edge_index_i])

@@ -126,6 +126,21 @@ def test_reset_parameters_repr_and_shapes():
     torch.testing.assert_close(conv.lin.weight, first)
 
 
+def test_sparse_csr_features_match_dense():
+    torch.manual_seed(8)
+    x, edge_index = graph()
+    x = x * (torch.rand(x.shape) < 0.3)
+    conv = ConeConv(F_IN, 4, heads=2).double()
+    out = conv(x.to_sparse_csr(), edge_index)
+    out.square().sum().backward()
+    grad = conv.lin.weight.grad.clone()
+    conv.zero_grad()
+    ref = conv(x, edge_index)
+    ref.square().sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(grad, conv.lin.weight.grad)
+
+
 def test_dropout_only_in_training():
     torch.manual_seed(6)
     x, edge_index = graph()
