@@ -88,7 +88,8 @@ class CausalPlan:
 
     @classmethod
     def from_parent(cls, parent: Tensor, slot: Tensor, is_leaf: Tensor, depth: Tensor):
-        """Plan from ``[N]`` ``parent`` (roots point at themselves), ``slot``, ``is_leaf``, ``depth``."""
+        """Plan from ``[N]`` ``parent`` (roots point at themselves), ``slot``, ``is_leaf``
+        and ``depth``."""
         device = parent.device
         n = parent.numel()
         nodes = torch.arange(n, device=device)
@@ -114,7 +115,8 @@ class CausalPlan:
 
         # families: non-root nodes sorted by (parent, slot)
         child = nodes[parent != nodes]
-        child = child[torch.argsort(parent[child] * (int(slot.max()) + 1 if n else 1) + slot[child])]
+        slot_range = int(slot.max()) + 1 if n else 1
+        child = child[torch.argsort(parent[child] * slot_range + slot[child])]
         fam_new = torch.ones_like(child, dtype=torch.bool)
         fam_new[1:] = parent[child[1:]] != parent[child[:-1]]
         pos = torch.arange(child.numel(), device=device)
@@ -134,7 +136,7 @@ class CausalPlan:
             )
 
         def left_siblings(query: Tensor) -> tuple[Tensor, Tensor]:
-            """(row in ``query``, left sibling) for every left sibling of every node in ``query``."""
+            """(row in ``query``, left sibling) for each left sibling of each node in ``query``."""
             r = rank[query]
             row = torch.arange(query.numel(), device=device).repeat_interleave(r)
             offset = torch.arange(row.numel(), device=device) - (torch.cumsum(r, 0) - r)[row]

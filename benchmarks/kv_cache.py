@@ -1,0 +1,165 @@
+"""Per-token decode time and cache memory vs context length: hierarchical vs flat KV cache.
+
+    python benchmarks/kv_cache.py            # context 1K .. 64K (a few minutes on 1 core)
+    python benchmarks/kv_cache.py --quick    # 1K .. 4K
+
+One attention layer (4 heads of 32 channels, float32, one CPU thread) decodes
+one sequence of ``64K + 256`` tokens. The hierarchy is a 16-ary window tree
+deep enough for the whole sequence (``window_hierarchy(n, (16,) * 4)``), grown
+token by token with :func:`~hiergraph.nn.kv_cache.append_schedule`; its prefix
+at ``N`` tokens is the tree a decoder holds at context ``N``. After the cache
+holds ``N`` tokens (``N = 1K, 2K, …, 64K``), the next 256 tokens are timed one
+by one, interleaving the two caches token by token:
+
+* ``hierarchical``: :class:`~hiergraph.nn.HierarchicalKVCache` (the whole run is
+  real decoding: every token goes through ``append``);
+* ``flat``: :class:`~hiergraph.nn.FlatKVCache`, prefilled with ``extend`` between
+  the timed windows (its keys/values are the same random tokens).
+
+Per context length the JSON holds the mean and median time per token and the
+bytes held by each cache; ``summary`` has the 1K → 64K growth factors. Results
+go to ``benchmarks/results/kv_cache.json`` and ``kv_cache.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hiergraph.data import window_hierarchy
+from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_schedule
+
+HEADS, DIM, BRANCH, WINDOW = 4, 32, 16, 256
+RESULTS = Path(__file__).parent / "results"
+
+
+def run(contexts: list[int], seed: int = 0) -> list[dict]:
+    total = contexts[-1] + WINDOW
+    levels = 1
+    while BRANCH ** (levels + 1) < total:
+        levels += 1
+    schedule = append_schedule(window_hierarchy(total, (BRANCH,) * levels)).tolist()
+    hier = HierarchicalKVCache(HEADS, DIM)
+    flat = FlatKVCache(HEADS, DIM, capacity=total)
+    rows, pos = [], 0
+
+    def token(i: int):
+        g = torch.Generator().manual_seed(seed * 1_000_003 + i)
+        return torch.randn(3, HEADS, DIM, generator=g).unbind(0)
+
+    for n in contexts:
+        while pos < n:  # decode up to context n (untimed)
+            q, k, v = token(pos)
+            close, open_ = schedule[pos]
+            hier.append(q, k, v, close=close, open=open_)
+            pos += 1
+        chunk = torch.stack([torch.stack(token(i)[1:]) for i in range(flat.num_tokens, n)])
+        if chunk.numel():
+            flat.extend(chunk[:, 0], chunk[:, 1])
+        times = {"hierarchical": [], "flat": []}
+        memory = {"hierarchical": hier.nbytes(), "flat": flat.nbytes()}
+        for _ in range(WINDOW):
+            q, k, v = token(pos)
+            close, open_ = schedule[pos]
+            t0 = time.perf_counter()
+            hier.append(q, k, v, close=close, open=open_)
+            t1 = time.perf_counter()
+            flat.append(q, k, v)
+            t2 = time.perf_counter()
+            times["hierarchical"].append(t1 - t0)
+            times["flat"].append(t2 - t1)
+            pos += 1
+        for method, ts in times.items():
+            rows.append(
+                {
+                    "context": n,
+                    "method": method,
+                    "mean_us": 1e6 * statistics.fmean(ts),
+                    "median_us": 1e6 * statistics.median(ts),
+                    "bytes": memory[method],
+                }
+            )
+            print(
+                f"N={n:6d} {method:13s} mean {rows[-1]['mean_us']:9.1f} us  "
+                f"median {rows[-1]['median_us']:9.1f} us  {memory[method] / 1024:10.1f} KiB",
+                flush=True,
+            )
+    return rows, levels
+
+
+def plot(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for method, style in (("hierarchical", "o-"), ("flat", "s--")):
+        sel = [r for r in rows if r["method"] == method]
+        ns = [r["context"] for r in sel]
+        axes[0].plot(ns, [r["mean_us"] for r in sel], style, label=f"{method} (mean)")
+        axes[1].plot(ns, [r["bytes"] / 1024 for r in sel], style, label=method)
+    for ax, label in zip(axes, ("time per token [µs]", "cache size [KiB]"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context length N (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"decode step, {HEADS} heads x {DIM}, float32, 1 thread, 16-ary window tree")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="contexts 1K .. 4K only")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    contexts = [1024 * 2**i for i in range(3 if args.quick else 7)]
+    rows, levels = run(contexts)
+    lo, hi = contexts[0], contexts[-1]
+
+    def growth(method, key):
+        pick = {r["context"]: r[key] for r in rows if r["method"] == method}
+        return pick[hi] / pick[lo]
+
+    summary = {
+        f"{m}_{key}_growth_{lo}_to_{hi}": growth(m, key)
+        for m in ("hierarchical", "flat")
+        for key in ("mean_us", "median_us", "bytes")
+    }
+    result = {
+        "meta": {
+            "command": "python benchmarks/kv_cache.py" + (" --quick" if args.quick else ""),
+            "heads": HEADS,
+            "head_dim": DIM,
+            "dtype": "float32",
+            "threads": args.threads,
+            "tree": f"window_hierarchy(N_total, ({BRANCH},) * {levels})",
+            "timed_tokens_per_context": WINDOW,
+            "torch": torch.__version__,
+            "python": sys.version.split()[0],
+            "machine": platform.machine(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        },
+        "rows": rows,
+        "summary": summary,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    stem = "kv_cache_quick" if args.quick else "kv_cache"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    plot(rows, RESULTS / f"{stem}.png")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+r"""A causal language model on HSA: the Hierarchical Transformer *Decoder* (App. G).
+
+Training runs the strictly causal full pass
+(:func:`~hiergraph.ops.hsa_causal.causal_hierarchical_attention`) over a batch
+of token trees; generation feeds one token at a time through per-layer
+:class:`~hiergraph.nn.HierarchicalKVCache` s and gives the same outputs.
+``attention='flat'`` is the same model on the one-level view of every tree
+(standard causal softmax attention, with a :class:`~hiergraph.nn.FlatKVCache`),
+the baseline of equal size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.utils import to_dense_batch
+
+from hiergraph.data.signal_hierarchy import SignalHierarchy
+from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache
+from hiergraph.ops.hsa_causal import CausalPlan, causal_hierarchical_attention
+
+ATTENTION_MODES = ("hsa", "flat")
+
+
+def from_schedule(schedule) -> SignalHierarchy:
+    """The tree that a sequence of ``(close, open)`` appends builds (inverse of
+    :func:`~hiergraph.nn.kv_cache.append_schedule`); leaves in append order.
+
+    Args:
+        schedule: ``[L, 2]`` tensor or list of ``(close, open)`` pairs.
+    """
+    parent, slot, num_children, stack = [-1], [0], [0], [0]
+    for i, (close, open_) in enumerate(torch.as_tensor(schedule).tolist()):
+        if close < 0 or open_ < 0 or (i == 0 and close) or close > len(stack) - 1:
+            raise ValueError(f"invalid (close, open) = ({close}, {open_}) at token {i}")
+        if i:
+            del stack[len(stack) - close :]
+        for _ in range(open_ + 1):
+            node = len(parent)
+            parent.append(stack[-1])
+            slot.append(num_children[stack[-1]])
+            num_children[stack[-1]] += 1
+            num_children.append(0)
+            stack.append(node)
+        stack.pop()  # the leaf is never open
+    return SignalHierarchy.from_parent(torch.tensor(parent), slot=torch.tensor(slot))
+
+
+class CausalSelfAttention(nn.Module):
+    r"""Multi-head strictly causal attention: hierarchical (HSA) or flat.
+
+    .. math::
+        q_i = \mathrm{LN}(W_Q x_i),\ k_i = \mathrm{LN}(W_K x_i),\ v_i = W_V x_i,\
+        \varepsilon(A) = P\,e(A), \qquad
+        \mathrm{out}_i = W_O \big\|_h \big(\hat\Theta^{c,h} V^h\big)_i
+
+    with :math:`\hat\Theta^{c}` the causal HSA matrix over the tree
+    (logit bias :math:`\varepsilon(A)^\top\varepsilon(B)` among siblings) or,
+    for ``attention='flat'``, causal softmax of
+    :math:`\tau q_i^\top k_j + \varepsilon_i^\top\varepsilon_j` over the
+    tokens of each tree (:math:`\varepsilon` of the position in the tree).
+    The LayerNorms have no affine parameters (Prop. 3.1 of the HSA paper).
+
+    Args:
+        channels: model width; ``heads`` must divide it.
+        heads: attention heads.
+        pos_channels: size of the incoming node embeddings :math:`e` (0: none).
+        pos_head_channels: per-head size of :math:`\varepsilon` (default 16).
+        attention: ``'hsa'`` or ``'flat'``.
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        heads: int = 4,
+        pos_channels: int = 0,
+        pos_head_channels: int = 16,
+        attention: str = "hsa",
+    ):
+        super().__init__()
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+        if channels % heads:
+            raise ValueError(f"heads={heads} must divide channels={channels}")
+        self.channels, self.heads, self.head_channels = channels, heads, channels // heads
+        self.attention = attention
+        self.qkv = nn.Linear(channels, 3 * channels)
+        self.norm = nn.LayerNorm(self.head_channels, elementwise_affine=False)
+        self.pos_head_channels = pos_head_channels if pos_channels else 0
+        self.pos = (
+            nn.Linear(pos_channels, heads * pos_head_channels, bias=False) if pos_channels else None
+        )
+        self.out = nn.Linear(channels, channels)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.qkv.reset_parameters()
+        self.out.reset_parameters()
+        if self.pos is not None:
+            self.pos.reset_parameters()
+
+    def _project(self, x: Tensor, pos_emb: Tensor | None):
+        q, k, v = self.qkv(x).view(*x.shape[:-1], 3, self.heads, self.head_channels).unbind(-3)
+        eps = None
+        if self.pos is not None and pos_emb is not None:
+            eps = self.pos(pos_emb).view(*pos_emb.shape[:-1], self.heads, self.pos_head_channels)
+        return self.norm(q), self.norm(k), v, eps
+
+    def _augment(self, q: Tensor, k: Tensor, eps: Tensor | None, eps_q: Tensor | None = None):
+        """Fold the position bias into the dot product: :math:`\\tau q'^\\top k' = \\tau
+        q^\\top k + \\varepsilon_i^\\top\\varepsilon_j`."""
+        if eps is None:
+            return q, k
+        tau = self.head_channels**-0.5
+        eps_q = eps if eps_q is None else eps_q
+        return torch.cat([q, eps_q / tau], -1), torch.cat([k, eps], -1)
+
+    def forward(self, x: Tensor, plan: CausalPlan, pos_emb: Tensor | None, batch: Tensor):
+        r"""Full causal pass.
+
+        Args:
+            x: ``[L, channels]`` token features in leaf order.
+            plan: the :class:`~hiergraph.ops.hsa_causal.CausalPlan` of the trees.
+            pos_emb: ``[N, pos_channels]`` node embeddings (``hsa``), or
+                ``[L, pos_channels]`` token-position embeddings (``flat``).
+            batch: ``[L]`` tree of every token (``flat``: attention stays in a tree).
+        """
+        q, k, v, eps = self._project(x, pos_emb)
+        if self.attention == "hsa":
+            out = causal_hierarchical_attention(q, k, v, plan, pos_emb=eps)
+        else:
+            qa, ka = self._augment(q, k, eps)
+            dense = [to_dense_batch(t.flatten(1), batch)[0] for t in (qa, ka, v)]
+            mask = to_dense_batch(v[:, 0, :1], batch)[1]
+            b, t = mask.shape
+            qd, kd, vd = (d.view(b, t, self.heads, -1).transpose(1, 2) for d in dense)
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            attn_mask = (causal & mask[:, None, :])[:, None]
+            out = F.scaled_dot_product_attention(
+                qd, kd, vd, attn_mask=attn_mask, scale=self.head_channels**-0.5
+            )
+            out = out.transpose(1, 2).reshape(b * t, self.heads, -1)[mask.view(-1)]
+        return self.out(out.reshape(x.size(0), self.channels))
+
+    def step(self, x: Tensor, cache, pos_emb: Tensor | None, close: int = 0, open: int = 0):  # noqa: A002
+        """One decoding step: ``x [channels]`` → ``[channels]``; ``pos_emb`` holds the
+        embeddings of the new nodes (``hsa``, ``[open + 1, pos_channels]``) or of the
+        token's position (``flat``, ``[1, pos_channels]``)."""
+        q, k, v, _ = self._project(x[None], None)
+        q, k, v = q[0], k[0], v[0]
+        eps = None
+        if self.pos is not None:
+            eps = self.pos(pos_emb).view(-1, self.heads, self.pos_head_channels)
+        if self.attention == "hsa":
+            out = cache.append(q, k, v, close=close, open=open, pos_emb=eps)
+        else:
+            qa, ka = self._augment(q, k, None if eps is None else eps[-1])
+            out = cache.append(qa, ka, v)
+        return self.out(out.reshape(self.channels))
+
+    def new_cache(self, dtype=torch.float32, device=None):
+        """An empty cache for :meth:`step`."""
+        if self.attention == "hsa":
+            return HierarchicalKVCache(
+                self.heads, self.head_channels, pos_dim=self.pos_head_channels,
+                dtype=dtype, device=device,
+            )  # fmt: skip
+        return FlatKVCache(
+            self.heads, self.head_channels + self.pos_head_channels, self.head_channels,
+            scale=self.head_channels**-0.5, dtype=dtype, device=device,
+        )  # fmt: skip
+
+
+class HTEDecoderLayer(nn.Module):
+    """Pre-norm decoder block: ``x + Attn(LN x)``, then ``x + MLP(LN x)``."""
+
+    def __init__(self, channels, heads, mlp_channels, pos_channels, attention, dropout=0.0):
+        super().__init__()
+        self.attn = CausalSelfAttention(channels, heads, pos_channels, attention=attention)
+        self.norm1, self.norm2 = nn.LayerNorm(channels), nn.LayerNorm(channels)
+        self.mlp = nn.Sequential(
+            nn.Linear(channels, mlp_channels), nn.GELU(), nn.Linear(mlp_channels, channels)
+        )
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x, plan, pos_emb, batch):
+        x = x + self.dropout(self.attn(self.norm1(x), plan, pos_emb, batch))
+        return x + self.dropout(self.mlp(self.norm2(x)))
+
+    def step(self, x, cache, pos_emb, close, open):  # noqa: A002
+        x = x + self.attn.step(self.norm1(x), cache, pos_emb, close, open)
+        return x + self.mlp(self.norm2(x))
+
+
+class HTEDecoder(nn.Module):
+    r"""Causal language model over token hierarchies (HSA decoder, App. G of the HSA paper).
+
+    Tokens are the leaves of a signal hierarchy (e.g. document → sentences →
+    words → bytes) in depth-first order. Every node gets a learned embedding
+    of its ``(depth, slot)``; each layer projects it per head into the
+    sibling bias :math:`\varepsilon(A)^\top\varepsilon(B)`. Output logits are
+    tied to the token embedding.
+
+    ``attention='flat'`` is the baseline with exactly the same parameters:
+    causal softmax over all previous tokens of the tree, with the embedding
+    of ``(1, position)`` as :math:`\varepsilon` (slots run to ``max_slot``).
+
+    Args:
+        vocab_size: number of token ids.
+        channels: model width.
+        num_layers: decoder blocks.
+        heads: attention heads.
+        mlp_channels: MLP hidden size (default ``4 * channels``).
+        pos_channels: node embedding size (0: no position bias).
+        max_depth: deepest tree level with its own embeddings.
+        max_slot: slots ``>= max_slot`` share the last embedding.
+        attention: ``'hsa'`` or ``'flat'``.
+        dropout: residual dropout.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        channels: int = 128,
+        num_layers: int = 2,
+        heads: int = 4,
+        mlp_channels: int | None = None,
+        pos_channels: int = 32,
+        max_depth: int = 4,
+        max_slot: int = 512,
+        attention: str = "hsa",
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+        self.attention, self.max_depth, self.max_slot = attention, max_depth, max_slot
+        self.embed = nn.Embedding(vocab_size, channels)
+        self.pos = nn.Embedding((max_depth + 1) * max_slot, pos_channels) if pos_channels else None
+        self.layers = nn.ModuleList(
+            HTEDecoderLayer(
+                channels, heads, mlp_channels or 4 * channels, pos_channels, attention, dropout
+            )
+            for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(channels)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Token and node embeddings ~ N(0, 0.02²) (the tied output starts near uniform)."""
+        nn.init.normal_(self.embed.weight, std=0.02)
+        if self.pos is not None:
+            nn.init.normal_(self.pos.weight, std=0.02)
+        for layer in self.layers:
+            layer.attn.reset_parameters()
+            layer.norm1.reset_parameters()
+            layer.norm2.reset_parameters()
+            for lin in layer.mlp:
+                if isinstance(lin, nn.Linear):
+                    lin.reset_parameters()
+        self.norm.reset_parameters()
+
+    def _node_embedding(self, depth: Tensor, slot: Tensor) -> Tensor | None:
+        if self.pos is None:
+            return None
+        if int(depth.max()) > self.max_depth:
+            raise ValueError(
+                f"tree depth {int(depth.max())} exceeds max_depth={self.max_depth}; "
+                "build the model with a larger max_depth"
+            )
+        return self.pos(depth * self.max_slot + slot.clamp(max=self.max_slot - 1))
+
+    def forward(self, tokens: Tensor, hierarchy, plan: CausalPlan | None = None) -> Tensor:
+        """``tokens [L]`` (leaf order of ``hierarchy``, a tree or a batch) → logits ``[L, V]``.
+
+        ``plan``: the hierarchy's :class:`CausalPlan`, if already built.
+        """
+        if tokens.dim() != 1 or tokens.numel() != int(hierarchy.is_leaf.sum()):
+            raise ValueError(
+                f"tokens must be [num_leaves={int(hierarchy.is_leaf.sum())}], "
+                f"got {tuple(tokens.shape)}"
+            )
+        plan = plan or CausalPlan.from_hierarchy(hierarchy)
+        leaf_tree = plan.ancestors[:, 0]
+        batch = torch.unique_consecutive(leaf_tree, return_inverse=True)[1]
+        if self.attention == "hsa":
+            pos_emb = self._node_embedding(hierarchy.depth, hierarchy.slot)
+        else:
+            position = torch.arange(tokens.numel(), device=tokens.device)
+            position = position - plan.first_leaf[leaf_tree]
+            pos_emb = self._node_embedding(torch.ones_like(position), position)
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x, plan, pos_emb, batch)
+        return self.norm(x) @ self.embed.weight.T
+
+    def new_cache(self) -> list:
+        """Empty per-layer caches for :meth:`step`."""
+        like = self.embed.weight
+        return [layer.attn.new_cache(like.dtype, like.device) for layer in self.layers]
+
+    @torch.no_grad()
+    def step(self, token: int, caches: list, close: int = 0, open: int = 0) -> Tensor:  # noqa: A002
+        """Append one token (placed in the tree by ``close``/``open``, see
+        :meth:`HierarchicalKVCache.append`; ignored by ``'flat'``) → next-token logits ``[V]``."""
+        device = self.embed.weight.device
+        if self.attention == "hsa":
+            slots = caches[0].new_node_slots(close, open)
+            depth, slot = torch.tensor(slots, device=device).T
+        else:
+            depth = torch.ones(1, dtype=torch.long, device=device)
+            slot = torch.tensor([caches[0].num_tokens], device=device)
+        pos_emb = self._node_embedding(depth, slot)
+        x = self.embed.weight[token]
+        for layer, cache in zip(self.layers, caches, strict=True):
+            x = layer.step(x, cache, pos_emb, close, open)
+        return self.norm(x) @ self.embed.weight.T

@@ -1,0 +1,75 @@
+"""HTE decoder: cached decoding equals the full pass; the flat mode is softmax attention."""
+
+import random
+
+import pytest
+import torch
+from torch_geometric.data import Batch
+
+from hiergraph.data import window_hierarchy
+from hiergraph.nn.hte_decoder import HTEDecoder, from_schedule
+from hiergraph.nn.kv_cache import append_schedule
+
+
+def random_schedule(rng, length):
+    """document -> sentences -> words -> tokens, as (close, open) events."""
+    events = [(0, 2)]
+    for _ in range(length - 1):
+        r = rng.random()
+        events.append((2, 2) if r < 0.08 else (1, 1) if r < 0.35 else (0, 0))
+    return events
+
+
+def model(mode, **kw):
+    torch.manual_seed(0)
+    config = dict(vocab_size=20, channels=16, num_layers=2, heads=2, pos_channels=8, max_slot=64)
+    return HTEDecoder(**{**config, **kw}, attention=mode).double().eval()
+
+
+@pytest.mark.parametrize("mode", ["hsa", "flat"])
+def test_cached_decoding_equals_full_pass(mode):
+    rng = random.Random(0)
+    trees = [from_schedule(random_schedule(rng, n)) for n in (20, 12)]
+    batch = Batch.from_data_list(trees)
+    tokens = torch.randint(0, 20, (32,), generator=torch.Generator().manual_seed(1))
+    net = model(mode)
+    with torch.no_grad():
+        full = net(tokens, batch)
+    for tree, offset in ((trees[0], 0), (trees[1], 20)):
+        caches = net.new_cache()
+        steps = [
+            net.step(int(tokens[offset + i]), caches, close, open_)
+            for i, (close, open_) in enumerate(append_schedule(tree).tolist())
+        ]
+        assert (torch.stack(steps) - full[offset : offset + len(steps)]).abs().max() < 1e-10
+
+
+def test_flat_mode_is_hsa_on_the_flat_tree():
+    flat_tree = window_hierarchy(25, ())
+    tokens = torch.randint(0, 20, (25,), generator=torch.Generator().manual_seed(2))
+    hsa, flat = model("hsa"), model("flat")
+    with torch.no_grad():
+        assert torch.allclose(hsa(tokens, flat_tree), flat(tokens, flat_tree), atol=1e-10)
+
+
+def test_logits_do_not_see_the_future():
+    tree = from_schedule(random_schedule(random.Random(3), 40))
+    tokens = torch.randint(0, 20, (40,), generator=torch.Generator().manual_seed(3))
+    changed = tokens.clone()
+    changed[25:] = (changed[25:] + 7) % 20
+    net = model("hsa")
+    with torch.no_grad():
+        assert torch.equal(net(tokens, tree)[:25], net(changed, tree)[:25])
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="attention"):
+        HTEDecoder(10, attention="sparse")
+    net = model("hsa", max_depth=2)
+    tree = from_schedule(random_schedule(random.Random(4), 10))
+    with pytest.raises(ValueError, match="tokens must be"):
+        net(torch.zeros(9, dtype=torch.long), tree)
+    with pytest.raises(ValueError, match="max_depth"):
+        net(torch.zeros(10, dtype=torch.long), tree)
+    with pytest.raises(ValueError, match="invalid"):
+        from_schedule([(0, 1), (3, 0)])
