@@ -5,8 +5,8 @@ block size Nr = 16, float32, 2 threads:
 
 - forward+backward wall time: the methods run interleaved (one call of each per
   round, so all see the same machine load) and the medians are compared; flat
-  SDPA at 16K gets 2 rounds (it is slow) and beyond 16K it is not run (its
-  time is projected as L^2 from 16K); at 64K every method gets 3 rounds;
+  SDPA at 16K gets fewer rounds (it is slow) and beyond 16K it is not run (its
+  time is projected as L^2 from 16K); at 64K every method gets fewer rounds;
 - peak resident memory of one forward+backward above the level before it
   (VmHWM, Linux), next to the projected L^2 attention matrix of flat
   attention (8 heads x L^2 x 4 bytes; torch's CPU SDPA is a flash-style kernel
@@ -36,6 +36,7 @@ import importlib.metadata
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -47,8 +48,8 @@ from hiergraph.ops.hmatrix import hmatrix_attention, hmatrix_attention_dense
 
 HEADS, DIM, BLOCK, THREADS = 8, 64, 16, 2
 SDPA_MAX_LENGTH = 16384  # flat attention beyond this is projected (O(L^2) time)
-SDPA_SLOW_LENGTH, SDPA_SLOW_REPEATS = 16384, 2  # flat SDPA from 16K on: 2 rounds
-LONG_LENGTH, LONG_REPEATS = 65536, 3  # every method at 64K: 3 rounds
+SDPA_SLOW_LENGTH = 16384  # flat SDPA from here on: --sdpa-rounds rounds
+LONG_LENGTH = 65536  # every method from here on: --long-rounds rounds
 SAMPLED_ROWS = 64  # query rows of the error references
 RECEPTIVE_LENGTH = 1024  # where the fraction of keys seen is measured
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -171,7 +172,7 @@ def _keys_seen(methods: dict, q, k, v, causal: bool) -> dict:
     for name, fn in methods.items():
         out = fn(q.detach(), k.detach(), v)
         fractions = []
-        for row in _sample_rows(q.shape[2])[:: SAMPLED_ROWS // 8].tolist():
+        for row in _sample_rows(q.shape[2])[:: SAMPLED_ROWS // 4].tolist():
             (grad,) = torch.autograd.grad(out[0, 0, row].sum(), v, retain_graph=True)
             reached = grad[0, 0].abs().sum(-1) > 0
             allowed = row + 1 if causal else q.shape[2]
@@ -180,7 +181,7 @@ def _keys_seen(methods: dict, q, k, v, causal: bool) -> dict:
     return seen
 
 
-def run(lengths: list[int], repeats: int) -> dict:
+def run(lengths: list[int], repeats: int, sdpa_rounds: int, long_rounds: int) -> dict:
     torch.set_num_threads(THREADS)
     _exact_rss()
     package = _package()
@@ -192,9 +193,9 @@ def run(lengths: list[int], repeats: int) -> dict:
             x.requires_grad_()
         for causal in (False, True):
             methods = _methods(length, causal, package)
-            counts = {name: repeats if length < LONG_LENGTH else LONG_REPEATS for name in methods}
+            counts = {name: repeats if length < LONG_LENGTH else long_rounds for name in methods}
             if "sdpa" in counts and length >= SDPA_SLOW_LENGTH:
-                counts["sdpa"] = min(repeats, SDPA_SLOW_REPEATS)
+                counts["sdpa"] = min(repeats, sdpa_rounds)
             times, peaks = _time_all(methods, inputs, counts)
             errors = _errors(methods, *inputs, causal)
             if length == RECEPTIVE_LENGTH:
@@ -234,8 +235,8 @@ def run(lengths: list[int], repeats: int) -> dict:
             "dtype": "float32",
             "threads": THREADS,
             "repeats": repeats,
-            "sdpa_repeats_from_16k": SDPA_SLOW_REPEATS,
-            "repeats_at_64k": LONG_REPEATS,
+            "sdpa_rounds_from_16k": sdpa_rounds,
+            "rounds_at_64k": long_rounds,
         },
         "machine": {"platform": platform.platform(), "torch": torch.__version__},
         "package_version": _package_version(),
@@ -310,13 +311,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="L = 1K and 4K only, 3 repeats")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5)")
+    parser.add_argument("--sdpa-rounds", type=int, default=2, help="rounds of flat SDPA at 16K")
+    parser.add_argument("--long-rounds", type=int, default=3, help="rounds of every method at 64K")
     parser.add_argument("--out", type=Path, default=RESULTS, help="output folder")
     args = parser.parse_args()
     lengths = [1024, 4096] if args.quick else [1024, 4096, 16384, 65536]
-    result = run(lengths, args.repeats or (3 if args.quick else 5))
-    result["command"] = "python benchmarks/hmatrix.py" + (" --quick" if args.quick else "")
-    if args.repeats:
-        result["command"] += f" --repeats {args.repeats}"
+    repeats = args.repeats or (3 if args.quick else 5)
+    result = run(lengths, repeats, args.sdpa_rounds, args.long_rounds)
+    result["command"] = "python " + " ".join(["benchmarks/hmatrix.py", *sys.argv[1:]])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "hmatrix.json").write_text(json.dumps(result, indent=2))
     plot(result, args.out / "hmatrix.png")
