@@ -108,6 +108,8 @@ def equivariance_errors(
     """
     if isinstance(layer, torch.nn.Module) and layer.training:
         raise ValueError("layer is in training mode (dropout makes it random); call layer.eval()")
+    if not isinstance(x, Tensor):
+        raise TypeError("equivariance_errors takes a single x; use equivariance_error for pairs")
     n = x.size(0)
     if perms.dim() != 2 or perms.size(1) != n:
         raise ValueError(f"perms must be [P, n] = [P, {n}], got {tuple(perms.shape)}")

@@ -163,18 +163,17 @@ class MaskedAttentionConv(MessagePassing):
                 f"a BandMask over {band.num_nodes} nodes needs a single x with as many rows; "
                 f"got x of {x_dst.size(0)} rows"
             )
-        query = self.lin_query(x_dst).view(-1, H, C)
-        key = self.lin_key(x_src).view(-1, H, C)
-        value = self.lin_value(x_src).view(-1, H, C)
-
         fast = (
             self.structured
             and x_src is x_dst
             and edge_attr is None
             and return_attention_weights is None
         )
-        if fast and band is None:
+        if fast and band is None:  # before the projections: its O(E) temporaries die first
             band = BandMask.detect(edge_index, x_dst.size(0))
+        query = self.lin_query(x_dst).view(-1, H, C)
+        key = self.lin_key(x_src).view(-1, H, C)
+        value = self.lin_value(x_src).view(-1, H, C)
         if fast and band is not None:
             out = banded_attention(
                 query, key, value, band.before, band.after, band.lengths, band.dilation,

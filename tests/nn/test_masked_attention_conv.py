@@ -371,6 +371,10 @@ def test_check_equivariance_detects_failures_and_bad_use():
     conv.eval()
     with pytest.raises(TypeError, match="pair of permutations"):
         check_equivariance(conv, x, full_mask(6), (shift, shift))
+    with pytest.raises(ValueError, match=r"perms must be \[P, n\] = \[P, 6\]"):
+        equivariance_errors(conv, x, full_mask(6), shift)
+    with pytest.raises(TypeError, match="single x"):
+        equivariance_errors(conv, (x, x), full_mask(6), shift[None])
     assert torch.equal(relabel(full_mask(6), shift).sort(dim=1)[0], full_mask(6).sort(dim=1)[0])
 
 
