@@ -124,6 +124,19 @@ def test_drop_in_for_transformer_encoder_layer(variant):
     torch.testing.assert_close(y_eval, manual)
 
 
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_scores_in_float32_under_autocast(variant):
+    torch.manual_seed(3)
+    att = ConeAttention(E, HEADS, variant=variant)
+    query, key, value = (t.float().requires_grad_() for t in inputs())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, w = att(query, key, value, average_attn_weights=False)
+    assert w.dtype == torch.float32
+    torch.testing.assert_close(w.sum(-1), torch.ones(B, HEADS, L))
+    out.float().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (query, key, value))
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="not divisible"):
         ConeAttention(10, 3)
