@@ -1,10 +1,11 @@
 """HSA vs flat softmax attention vs the per-level SDPA bound, CPU, float32.
 
-    python benchmarks/hsa_scaling.py            # N = 1K .. 256K (about 10 minutes on 2 cores)
+    python benchmarks/hsa_scaling.py            # N = 1K .. 256K, 2 threads
     python benchmarks/hsa_scaling.py --quick    # N = 1K, 4K
 
-For every N it times, in one process and side by side (medians of repeated
-runs), forward and forward+backward of
+For every N it times, in one process and interleaved (every repetition runs
+each method once; medians of ``--reps`` repetitions, 2 fewer above 16K),
+forward and forward+backward of
 
 * ``hsa-window``: HSA over a window hierarchy (16, 8, 4, 2, 2, …) bottom-up,
   extra 2s until the remainder root has at most 16 children;
@@ -16,8 +17,11 @@ runs), forward and forward+backward of
   that level's families: the FLOPs of HSA's family attention with no
   pooling, gating or scatter overhead.
 
-Peak memory of each forward+backward is measured in a fresh subprocess as
-the growth of the maximum resident set size. Results go to
+Peak memory of a forward+backward is measured in a fresh subprocess (Linux)
+as the growth of the resident set's high-water mark over the resident set
+before it, after one warm-up run (not for flat SDPA). The 1-minute
+load average of the machine is recorded before and after each N, since the
+absolute times depend on it. Results go to
 ``benchmarks/results/hsa_scaling.json`` and ``hsa_scaling.png``.
 """
 
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import statistics
 import subprocess
 import sys
@@ -40,6 +44,7 @@ from hiergraph.ops import hierarchical_attention
 
 HEADS, DIM = 4, 64
 RESULTS = Path(__file__).parent / "results"
+METHODS = ("hsa-window", "hsa-ragged", "bound", "flat-sdpa")
 
 
 def branching_for(n: int) -> tuple[int, ...]:
@@ -87,38 +92,60 @@ def make_case(method: str, n: int, seed: int = 0):
     raise ValueError(method)
 
 
-def time_case(fn, tensors, reps: int) -> tuple[float, float]:
-    """Median seconds of forward and of forward+backward."""
-    fwd, both = [], []
-    fn().sum().backward()  # warm-up
+def time_cases(cases: dict, reps: int) -> dict:
+    """Median seconds of forward and of forward+backward of every case, interleaved: each
+    repetition runs every method once, so all methods see the same machine load."""
+    times = {m: ([], []) for m in cases}
+    for fn, _ in cases.values():
+        fn().sum().backward()  # warm-up
     for _ in range(reps):
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            fn()
-        fwd.append(time.perf_counter() - t0)
-        for t in tensors:
-            t.grad = None
-        t0 = time.perf_counter()
-        fn().sum().backward()
-        both.append(time.perf_counter() - t0)
-    return statistics.median(fwd), statistics.median(both)
+        for method, (fn, tensors) in cases.items():
+            fwd, both = times[method]
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                fn()
+            fwd.append(time.perf_counter() - t0)
+            for t in tensors:
+                t.grad = None
+            t0 = time.perf_counter()
+            fn().sum().backward()
+            both.append(time.perf_counter() - t0)
+    return {m: (statistics.median(f), statistics.median(b)) for m, (f, b) in times.items()}
 
 
 def peak_memory_mb(method: str, n: int) -> float:
     """Growth of max RSS during one forward+backward, in a fresh process."""
     out = subprocess.run(
-        [sys.executable, __file__, "--memory-of", method, str(n)],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            __file__,
+            "--memory-of",
+            method,
+            str(n),
+            "--threads",
+            str(torch.get_num_threads()),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return float(out.stdout.strip().splitlines()[-1])
 
 
 def _memory_child(method: str, n: int) -> None:
     fn, _ = make_case(method, n)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fn().sum().backward()  # warm-up (lazy initialisations), then reset the high-water mark
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_kib("VmRSS")
     fn().sum().backward()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print((after - before) / 1024)  # ru_maxrss is in KiB on Linux
+    print((_status_kib("VmHWM") - before) / 1024)
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def main() -> None:
@@ -127,36 +154,60 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", help="leaf counts (default 1K..256K)")
     parser.add_argument("--max-flat", type=int, default=16384, help="largest N for flat SDPA")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions (medians) up to 16K")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--memory-of", nargs=2, metavar=("METHOD", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     if args.memory_of:
         _memory_child(args.memory_of[0], int(args.memory_of[1]))
         return
     sizes = args.sizes or ([1024, 4096] if args.quick else [1024, 4096, 16384, 65536, 262144])
-    rows = []
+    rows, load = [], [os.getloadavg()[0]]
     for n in sizes:
-        reps = 5 if n <= 16384 else 3
-        for method in ("hsa-window", "hsa-ragged", "bound", "flat-sdpa"):
-            if method == "flat-sdpa" and n > args.max_flat:
-                continue
-            fn, tensors = make_case(method, n)
-            fwd, both = time_case(fn, tensors, reps if method != "flat-sdpa" else 3)
-            del fn, tensors
-            mem = None if args.no_memory else peak_memory_mb(method, n)
+        methods = [m for m in METHODS if m != "flat-sdpa" or n <= args.max_flat]
+        cases = {m: make_case(m, n) for m in methods}
+        reps = args.reps if n <= 16384 else max(args.reps - 2, 1)
+        medians = time_cases(cases, reps)
+        del cases
+        for method in methods:
+            fwd, both = medians[method]
+            mem = None
+            if not args.no_memory and method != "flat-sdpa":
+                mem = peak_memory_mb(method, n)
             rows.append(
                 dict(n=n, method=method, forward_s=fwd, forward_backward_s=both, peak_mb=mem)
             )
-            print(f"N={n:>7} {method:<11} fwd {fwd * 1e3:9.1f} ms  fwd+bwd {both * 1e3:9.1f} ms"
-                  + (f"  peak {mem:8.1f} MB" if mem is not None else ""), flush=True)
+            print(
+                f"N={n:>7} {method:<11} fwd {fwd * 1e3:9.1f} ms  fwd+bwd {both * 1e3:9.1f} ms"
+                + (f"  peak {mem:8.1f} MB" if mem is not None else ""),
+                flush=True,
+            )
+        load.append(os.getloadavg()[0])
+        write_results(rows, sizes, load, args)
+
+
+def write_results(rows, sizes, load, args) -> None:
+    """Write the JSON and the plot for the sizes done so far (a long run keeps partial results)."""
     summary = summarize(rows)
     RESULTS.mkdir(exist_ok=True)
-    meta = dict(heads=HEADS, dim=DIM, dtype="float32", threads=torch.get_num_threads(),
-                torch=torch.__version__, branching={n: branching_for(n) for n in sizes})
+    meta = dict(
+        heads=HEADS,
+        dim=DIM,
+        dtype="float32",
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        branching={n: branching_for(n) for n in sizes},
+        reps=args.reps,
+        cpu_count=os.cpu_count(),
+        load_average_1min=load,
+        command="python benchmarks/hsa_scaling.py " + " ".join(sys.argv[1:]),
+    )
     (RESULTS / "hsa_scaling.json").write_text(
         json.dumps(dict(meta=meta, rows=rows, summary=summary), indent=2)
     )
     plot(rows, RESULTS / "hsa_scaling.png")
-    print(markdown(rows, summary))
+    print(markdown(rows, summary), flush=True)
 
 
 def summarize(rows):

@@ -84,7 +84,14 @@ class FamilyBlock:
         if self.start is not None:
             out.narrow(0, self.start, self.count * self.width).view_as(values).copy_(values)
         else:
-            out[self.index[self.valid]] = values[self.valid]
+            slots, rows = self.valid_slots
+            out[rows] = values.flatten(0, 1).index_select(0, slots)
+
+    @cached_property
+    def valid_slots(self) -> tuple[Tensor, Tensor]:
+        """Gather blocks: flat slot ids of the real members and their level positions."""
+        slots = self.valid.view(-1).nonzero().view(-1)
+        return slots, self.index.view(-1).index_select(0, slots)
 
     def to(self, device) -> FamilyBlock:
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
