@@ -16,6 +16,15 @@ from tests.conftest import random_qkv, random_spec
 F64 = dict(dtype=torch.float64)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Token-by-token decoding is many tiny ops: run them on one thread (restored after)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def ordered_spec(rng, num_leaves, max_depth=4, max_branch=5):
     """A random mixed-depth spec (tests/conftest.py) with leaves numbered left to right."""
     counter = itertools.count()
@@ -46,7 +55,7 @@ def random_case(rng, seed, num_leaves=None, heads=2):
 def test_equals_dense_reference_on_random_trees():
     rng = random.Random(0)
     worst = 0.0
-    for seed in range(15):
+    for seed in range(10):
         _, h, q, k, v, pe = random_case(rng, seed)
         for emb in (None, pe):
             out = causal_hierarchical_attention(q, k, v, h, pos_emb=emb)
