@@ -84,7 +84,9 @@ def feature_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     if x.layout != torch.sparse_csr:
         return F.dropout(x, p=p, training=training)
     values = F.dropout(x.values(), p=p, training=training)
-    return torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), values, x.shape)
+    return torch.sparse_csr_tensor(
+        x.crow_indices(), x.col_indices(), values, x.shape, check_invariants=False
+    )
 
 
 class GAT(torch.nn.Module):
