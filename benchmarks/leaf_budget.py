@@ -1,6 +1,6 @@
 """Peak memory of leaf-budget batches vs the budget's prediction, on mixed-size synthetic trees.
 
-    python benchmarks/leaf_budget.py            # budget 2048 (~10 minutes on a busy 2-core box)
+    python benchmarks/leaf_budget.py            # budgets 1024, 4096 (~20 min on a busy 2-core box)
     python benchmarks/leaf_budget.py --quick    # budget 512, small trees (a smoke run)
 
 Dataset (**synthetic**): ragged window hierarchies whose leaf counts are
@@ -235,7 +235,7 @@ def plot(results: dict, path: Path) -> None:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="budget 512, 30 trees")
-    parser.add_argument("--budgets", type=int, nargs="+", default=[2048])
+    parser.add_argument("--budgets", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--trees", type=int, default=80, help="mixed-size trees")
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
