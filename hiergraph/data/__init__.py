@@ -1,6 +1,7 @@
 """Signal hierarchies as PyG data, and their builders."""
 
 from hiergraph.data.domain import Domain
+from hiergraph.data.graph_pe import laplacian_pe
 from hiergraph.data.nested import Family, from_nested
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.transforms import coarsen_hierarchy, flatten_hierarchy
@@ -13,6 +14,7 @@ __all__ = [
     "coarsen_hierarchy",
     "flatten_hierarchy",
     "from_nested",
+    "laplacian_pe",
     "random_window_hierarchy",
     "window_hierarchy",
 ]

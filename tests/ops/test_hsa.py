@@ -118,6 +118,53 @@ def test_kernels_agree_on_large_ragged_batch_with_gradients():
         assert torch.allclose(a, b, atol=1e-12, rtol=0)
 
 
+def _prune(spec, keep: set):
+    """``spec`` without the leaves outside ``keep`` (and the sub-trees left empty)."""
+    if isinstance(spec, int):
+        return spec if spec in keep else None
+    children = [c for c in (_prune(c, keep) for c in spec) if c is not None]
+    return children or None
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    sizes=st.lists(st.integers(1, 12), min_size=1, max_size=4),
+    include_self=st.booleans(),
+    kernel=st.sampled_from(["dense", "edge"]),
+)
+def test_property_batched_and_padded_equal_per_example(seed, sizes, include_self, kernel):
+    """Batched = per-example, and masked leaves = the tree without them (notes §10.11-12)."""
+    rng = random.Random(seed)
+    specs = [random_spec(rng, n) for n in sizes]
+    q, k, v = random_qkv(sum(sizes), seed=seed)
+    mask = torch.rand(sum(sizes), generator=torch.Generator().manual_seed(seed)) > 0.3
+    opts = dict(include_self=include_self, kernel=kernel)
+    batch = Batch.from_data_list([from_nested(s) for s in specs])
+    out = hierarchical_attention(q, k, v, batch, **opts)
+    padded = hierarchical_attention(q, k, v, batch, leaf_mask=mask, **opts)
+    assert torch.all(padded[~mask] == 0)
+    start = 0
+    for spec, n in zip(specs, sizes, strict=True):
+        part = slice(start, start + n)
+        alone = hierarchical_attention(q[part], k[part], v[part], from_nested(spec), **opts)
+        assert torch.allclose(out[part], alone, atol=1e-12, rtol=0)
+        kept = mask[part].nonzero().view(-1).tolist()
+        pruned = _prune(spec, set(kept))
+        if pruned is not None:
+            relabel = {old: new for new, old in enumerate(kept)}
+
+            def rename(s, relabel=relabel):
+                return relabel[s] if isinstance(s, int) else [rename(c) for c in s]
+
+            rows = torch.tensor(kept) + start
+            ref = hierarchical_attention(
+                q[rows], k[rows], v[rows], from_nested(rename(pruned)), **opts
+            )
+            assert torch.allclose(padded[rows], ref, atol=1e-12, rtol=0)
+        start += n
+
+
 # ------------------------------------------------------------- flat reduction
 def test_flat_tree_is_softmax_without_diagonal():
     n = 9
