@@ -28,6 +28,7 @@ import json
 import math
 import os
 import random
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -238,7 +239,9 @@ def main(argv=None) -> None:
         print(f"  sample: {text!r}")
     out = {
         "meta": {
-            "command": "python examples/hierarchical_lm.py " + " ".join(argv or []),
+            "command": " ".join(
+                ["python examples/hierarchical_lm.py", *(sys.argv[1:] if argv is None else argv)]
+            ),
             "args": {k: str(v) for k, v in vars(args).items()},
             "data": f"IMDB (aclImdb_50k) first {args.train_reviews} train reviews / "
             f"{len(test)} test chunks, byte level, tree document>sentences>words>bytes",
