@@ -8,8 +8,10 @@ question asks for (chance = 1 / ``--values``). The question token is the VIP tok
 
 Three models with the same architecture (token + sinusoidal position embeddings,
 ``--layers`` pre-LN transformer layers, a linear read-out of the question token's
-output) are each trained for ``--budget`` seconds of CPU wall time and evaluated on
-the same held-out sequences:
+output) are each trained for ``--budget`` seconds of CPU wall time, with the same
+curriculum (lengths doubling from ``--min-length``, equal time per stage: a
+needle in a 4K haystack is not learnt from scratch in minutes), and evaluated
+on the same held-out sequences of ``--length`` tokens:
 
 * ``full``: every layer attends over all tokens;
 * ``vcc``: :class:`hiergraph.nn.VCCEncoder` (block size ``--block-size``,
@@ -36,21 +38,30 @@ from torch import Tensor, nn
 from hiergraph.nn.vcc import VCCEncoder, run_layer
 
 
-def make_batch(batch: int, args, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+def make_batch(batch: int, length: int, args, gen: torch.Generator) -> tuple[Tensor, Tensor]:
     """Token ids ``[batch, length]`` and labels ``[batch]`` (see the module docstring).
 
     Ids: fillers ``0 .. F-1``; facts ``F + key * values + value``; questions after them.
     """
     num_facts = args.keys * args.values
-    tokens = torch.randint(0, args.fillers, (batch, args.length), generator=gen)
+    tokens = torch.randint(0, args.fillers, (batch, length), generator=gen)
     keys = torch.stack([torch.randperm(args.keys, generator=gen)[: 1 + args.distractors]
                         for _ in range(batch)])
     values = torch.randint(0, args.values, keys.shape, generator=gen)
     for b in range(batch):
-        where = 1 + torch.randperm(args.length - 1, generator=gen)[: keys.size(1)]
+        where = 1 + torch.randperm(length - 1, generator=gen)[: keys.size(1)]
         tokens[b, where] = args.fillers + keys[b] * args.values + values[b]
     tokens[:, 0] = args.fillers + num_facts + keys[:, 0]
     return tokens, values[:, 0]
+
+
+def curriculum(args) -> list[int]:
+    """Training lengths: ``--min-length`` doubling up to ``--length`` (just ``--length``
+    without a curriculum)."""
+    lengths = [args.length]
+    while lengths[0] // 2 >= args.min_length:
+        lengths.insert(0, lengths[0] // 2)
+    return lengths
 
 
 def sinusoidal(length: int, dim: int) -> Tensor:
@@ -93,20 +104,22 @@ def train(mode: str, args) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed + 1)
     steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < args.budget:
-        tokens, labels = make_batch(args.batch_size, args, gen)
-        loss = nn.functional.cross_entropy(model(tokens), labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        steps += 1
+    stages = curriculum(args)
+    for i, length in enumerate(stages):  # equal time per stage, lengths doubling
+        while time.perf_counter() - start < args.budget * (i + 1) / len(stages):
+            tokens, labels = make_batch(args.batch_size, length, args, gen)
+            loss = nn.functional.cross_entropy(model(tokens), labels)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            steps += 1
     seconds = time.perf_counter() - start
     model.eval()
     eval_gen = torch.Generator().manual_seed(12345)  # the same held-out set for every model
     correct = 0
     with torch.no_grad():
         for _ in range(args.eval_batches):
-            tokens, labels = make_batch(args.batch_size, args, eval_gen)
+            tokens, labels = make_batch(args.batch_size, args.length, args, eval_gen)
             correct += int((model(tokens).argmax(-1) == labels).sum())
     return {"model": mode, "length": args.length, "steps": steps, "train_seconds": seconds,
             "seconds_per_step": seconds / max(steps, 1), "last_loss": loss.item(),
@@ -120,6 +133,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=60.0, help="training seconds per model")
     parser.add_argument("--models", nargs="+", default=["vcc", "full", "truncate"],
                         choices=["vcc", "full", "truncate"])
+    parser.add_argument("--min-length", type=int, default=64,
+                        help="curriculum start (lengths double up to --length; equal time "
+                        "per stage); set to --length for no curriculum")
     parser.add_argument("--keys", type=int, default=8)
     parser.add_argument("--values", type=int, default=8)
     parser.add_argument("--fillers", type=int, default=64)
