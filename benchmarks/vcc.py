@@ -28,8 +28,12 @@ k = 16 and h = 90 refined blocks (the paper's 16K setting), float32.
     are PyTorch's default initialisation.
   - ``iid``: every token N(0, 1), default initialisation (near-uniform attention).
 
-    python benchmarks/vcc.py               # n = 4K, 16K, 64K, 128K (~15 min on 2 busy cores)
+    python benchmarks/vcc.py --threads 1   # n = 4K, 16K, 64K, 128K (~10 min; README table)
     python benchmarks/vcc.py --quick       # n = 4K, 16K with fewer repetitions
+
+On a shared, oversubscribed machine use ``--threads 1``: with 2 OpenMP threads per
+process, thread contention slows VCC's many medium-sized ops far more than the full
+layer's few large ones (the thread count is recorded in the JSON).
 
 Writes benchmarks/results/vcc.json and benchmarks/results/vcc.png.
 """
