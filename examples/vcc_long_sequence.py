@@ -9,9 +9,10 @@ question asks for (chance = 1 / ``--values``). The question token is the VIP tok
 Three models with the same architecture (token + sinusoidal position embeddings,
 ``--layers`` pre-LN transformer layers, a linear read-out of the question token's
 output) are each trained for ``--budget`` seconds of CPU wall time, with the same
-curriculum (lengths doubling from ``--min-length``, equal time per stage: a
-needle in a 4K haystack is not learnt from scratch in minutes), and evaluated
-on the same held-out sequences of ``--length`` tokens:
+curriculum (the length starts at ``--min-length`` and doubles whenever the last
+20 training batches reach ``--advance-at`` accuracy: a needle in a 4K haystack
+is not learnt from scratch in minutes), and evaluated on the same held-out
+sequences of ``--length`` tokens:
 
 * ``full``: every layer attends over all tokens;
 * ``vcc``: :class:`hiergraph.nn.VCCEncoder` (block size ``--block-size``,
@@ -45,8 +46,9 @@ def make_batch(batch: int, length: int, args, gen: torch.Generator) -> tuple[Ten
     """
     num_facts = args.keys * args.values
     tokens = torch.randint(0, args.fillers, (batch, length), generator=gen)
-    keys = torch.stack([torch.randperm(args.keys, generator=gen)[: 1 + args.distractors]
-                        for _ in range(batch)])
+    keys = torch.stack(
+        [torch.randperm(args.keys, generator=gen)[: 1 + args.distractors] for _ in range(batch)]
+    )
     values = torch.randint(0, args.values, keys.shape, generator=gen)
     for b in range(batch):
         where = 1 + torch.randperm(length - 1, generator=gen)[: keys.size(1)]
@@ -56,8 +58,7 @@ def make_batch(batch: int, length: int, args, gen: torch.Generator) -> tuple[Ten
 
 
 def curriculum(args) -> list[int]:
-    """Training lengths: ``--min-length`` doubling up to ``--length`` (just ``--length``
-    without a curriculum)."""
+    """Training lengths: ``--min-length`` doubling up to ``--length``."""
     lengths = [args.length]
     while lengths[0] // 2 >= args.min_length:
         lengths.insert(0, lengths[0] // 2)
@@ -79,8 +80,16 @@ class Retriever(nn.Module):
         self.mode, self.dim = mode, args.dim
         self.embed = nn.Embedding(vocab, args.dim)
         self.register_buffer("positions", sinusoidal(args.length, args.dim), persistent=False)
-        self.encoder = VCCEncoder(args.layers, args.dim, args.heads, 2 * args.dim,
-                                  block_size=args.block_size, num_refined=args.refined)
+        self.encoder = VCCEncoder(
+            args.layers,
+            args.dim,
+            args.heads,
+            2 * args.dim,
+            block_size=args.block_size,
+            num_refined=args.refined,
+            local_layers=args.local_layers,
+            local_size=args.local_size,
+        )
         self.keep = 1 + (args.length - 1) // args.block_size + args.refined * (args.block_size - 1)
         self.head = nn.Sequential(nn.LayerNorm(args.dim), nn.Linear(args.dim, args.values))
 
@@ -90,6 +99,8 @@ class Retriever(nn.Module):
             vip = torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device)
             vip[:, 0] = True
             return self.head(self.encoder(x, vip)[:, 0])
+        # full / truncated: the same local layers first, then attention over all kept tokens
+        x = self.encoder.apply_local(x, torch.ones(x.shape[:2], dtype=torch.bool))
         if self.mode == "truncate":
             x = x[:, : self.keep]
         key_bias = x.new_zeros(x.shape[:2])
@@ -104,15 +115,18 @@ def train(mode: str, args) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed + 1)
     steps, start = 0, time.perf_counter()
-    stages = curriculum(args)
-    for i, length in enumerate(stages):  # equal time per stage, lengths doubling
-        while time.perf_counter() - start < args.budget * (i + 1) / len(stages):
-            tokens, labels = make_batch(args.batch_size, length, args, gen)
-            loss = nn.functional.cross_entropy(model(tokens), labels)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            steps += 1
+    stages, stage, recent = curriculum(args), 0, []
+    while time.perf_counter() - start < args.budget:
+        tokens, labels = make_batch(args.batch_size, stages[stage], args, gen)
+        logits = model(tokens)
+        loss = nn.functional.cross_entropy(logits, labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        steps += 1
+        recent = [*recent[-19:], (logits.argmax(-1) == labels).float().mean().item()]
+        if stage + 1 < len(stages) and len(recent) == 20 and sum(recent) / 20 >= args.advance_at:
+            stage, recent = stage + 1, []  # mastered this length: double it
     seconds = time.perf_counter() - start
     model.eval()
     eval_gen = torch.Generator().manual_seed(12345)  # the same held-out set for every model
@@ -121,21 +135,43 @@ def train(mode: str, args) -> dict:
         for _ in range(args.eval_batches):
             tokens, labels = make_batch(args.batch_size, args.length, args, eval_gen)
             correct += int((model(tokens).argmax(-1) == labels).sum())
-    return {"model": mode, "length": args.length, "steps": steps, "train_seconds": seconds,
-            "seconds_per_step": seconds / max(steps, 1), "last_loss": loss.item(),
-            "accuracy": correct / (args.eval_batches * args.batch_size),
-            "chance": 1 / args.values, "synthetic": True}
+    return {
+        "model": mode,
+        "length": args.length,
+        "reached_length": stages[stage],
+        "steps": steps,
+        "train_seconds": seconds,
+        "seconds_per_step": seconds / max(steps, 1),
+        "last_loss": loss.item(),
+        "accuracy": correct / (args.eval_batches * args.batch_size),
+        "chance": 1 / args.values,
+        "synthetic": True,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--length", type=int, default=4096, help="tokens per sequence")
     parser.add_argument("--budget", type=float, default=60.0, help="training seconds per model")
-    parser.add_argument("--models", nargs="+", default=["vcc", "full", "truncate"],
-                        choices=["vcc", "full", "truncate"])
-    parser.add_argument("--min-length", type=int, default=64,
-                        help="curriculum start (lengths double up to --length; equal time "
-                        "per stage); set to --length for no curriculum")
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["vcc", "full", "truncate"],
+        choices=["vcc", "full", "truncate"],
+    )
+    parser.add_argument(
+        "--min-length",
+        type=int,
+        default=64,
+        help="curriculum start (lengths double up to --length); set to --length for no curriculum",
+    )
+    parser.add_argument(
+        "--advance-at",
+        type=float,
+        default=0.9,
+        help="double the length once the mean accuracy of the last 20 "
+        "training batches reaches this",
+    )
     parser.add_argument("--keys", type=int, default=8)
     parser.add_argument("--values", type=int, default=8)
     parser.add_argument("--fillers", type=int, default=64)
@@ -143,6 +179,13 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument(
+        "--local-layers",
+        type=int,
+        default=0,
+        help="vanilla layers over --local-size windows first (all models)",
+    )
+    parser.add_argument("--local-size", type=int, default=512)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--refined", type=int, default=8, help="blocks refined per layer (h)")
     parser.add_argument("--batch-size", type=int, default=8)

@@ -199,7 +199,7 @@ class VCCEncoder(nn.Module):
 
     def forward(self, x: Tensor, vip_mask: Tensor, mask: Tensor | None = None) -> Tensor:
         vip_mask, mask = check_vip_inputs(x, vip_mask, mask)
-        x = self._local(x, mask)
+        x = self.apply_local(x, mask)
         p, p_ptr, c, c_ptr = vip_partition(x, vip_mask, mask)
         tree = SegmentTree.from_ptr(c_ptr, self.branching)
         state = build_tree_state(c, tree)
@@ -220,8 +220,9 @@ class VCCEncoder(nn.Module):
             )
         return vip_restore(p, materialize(state, tree), vip_mask, mask)
 
-    def _local(self, x: Tensor, mask: Tensor) -> Tensor:
-        """Vanilla layers within windows of ``local_size`` tokens, original order."""
+    def apply_local(self, x: Tensor, mask: Tensor) -> Tensor:
+        """The vanilla ``local_layers`` within windows of ``local_size`` tokens, on the
+        original order; ``x`` ``[B, n, d]``, ``mask`` ``[B, n]`` bool (zero at padding)."""
         if not len(self.local_layers):
             return x
         batch, length, dim = x.shape
