@@ -1,0 +1,188 @@
+"""GPS-style hybrid layer: local message passing + HSA over a community tree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.nn.resolver import activation_resolver, normalization_resolver
+
+from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
+from hiergraph.nn.position import FamilyPositionEncoder
+
+
+class GraphHSAConv(nn.Module):
+    r"""A graph-transformer layer in the style of PyG's ``GPSConv`` (Rampášek et
+    al., 2022) whose global attention is Hierarchical Self-Attention over a
+    community tree of the graph (notes/hsa.md §1.1, §6):
+
+    .. math::
+        h_\ell &= \mathrm{Norm}_1\big(x + \mathrm{Drop}(\mathrm{Conv}(x, E))\big) \\
+        h_g &= \mathrm{Norm}_2\big(x + \mathrm{Drop}(\mathrm{HSA}(x, \mathcal{T}, \varepsilon))\big)
+            \\
+        \mathrm{out} &= \mathrm{Norm}_3\big(h + \mathrm{MLP}(h)\big), \qquad h = h_\ell + h_g
+
+    :math:`\mathcal{T}` is a tree whose leaves are the graph nodes (e.g. from
+    :class:`~hiergraph.transforms.GraphHierarchy`) and :math:`\varepsilon` the
+    family position embeddings. HSA costs :math:`O(M b^2)` for :math:`M` tree
+    nodes and families of at most :math:`b` members, instead of the
+    :math:`O(N^2)` of full attention.
+
+    Args:
+        channels: size of the node features (input and output).
+        conv: the local message-passing layer, ``channels → channels``
+            (e.g. ``GCNConv``, ``GATConv``, ``ConeConv``); ``None`` for none.
+        heads: HSA heads.
+        dropout: dropout after the local and global branches and in the MLP.
+        attn_dropout: dropout on the HSA output.
+        pos_channels: size of the position embeddings passed to
+            :meth:`forward` (0: no position bias).
+        include_self: leaves attend to themselves in HSA.
+        act: MLP activation; norm: normalisation (a PyG resolver name, or
+            ``None``).
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        conv: nn.Module | None,
+        heads: int = 1,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        pos_channels: int = 0,
+        include_self: bool = True,
+        act: str = "relu",
+        norm: str | None = "batch_norm",
+        norm_kwargs: dict[str, Any] | None = None,
+    ):
+        super().__init__()
+        self.channels, self.conv, self.dropout = channels, conv, dropout
+        self.attn = HierarchicalSelfAttention(
+            channels,
+            heads=heads,
+            pos_channels=pos_channels,
+            include_self=include_self,
+            dropout=attn_dropout,
+        )
+        self.mlp = nn.Sequential(
+            nn.Linear(channels, 2 * channels),
+            activation_resolver(act),
+            nn.Dropout(dropout),
+            nn.Linear(2 * channels, channels),
+            nn.Dropout(dropout),
+        )
+        norm_kwargs = norm_kwargs or {}
+        self.norms = nn.ModuleList(
+            [normalization_resolver(norm, channels, **norm_kwargs) for _ in range(3)]
+            if norm is not None
+            else [nn.Identity() for _ in range(3)]
+        )
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.conv is not None:
+            self.conv.reset_parameters()
+        self.attn.reset_parameters()
+        for module in (*self.mlp, *self.norms):
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+
+    def forward(
+        self, x: Tensor, edge_index: Tensor, hierarchy, pos_emb: Tensor | None = None, **kwargs
+    ) -> Tensor:
+        r"""
+        Args:
+            x: ``[N, channels]`` node features (= leaf features of ``hierarchy``).
+            edge_index: ``[2, E]`` graph edges (for the local conv).
+            hierarchy: a :class:`~hiergraph.data.SignalHierarchy` (or a batch)
+                whose leaves are the ``N`` nodes in order.
+            pos_emb: ``[T, pos_channels]`` embeddings of all tree nodes.
+            **kwargs: passed to the local conv (e.g. ``edge_weight``).
+
+        Returns:
+            ``[N, channels]``.
+        """
+        out = 0
+        if self.conv is not None:
+            h = F.dropout(self.conv(x, edge_index, **kwargs), self.dropout, self.training)
+            out = self.norms[0](h + x)
+        h = F.dropout(self.attn(x, hierarchy, pos_emb), self.dropout, self.training)
+        out = out + self.norms[1](h + x)
+        return self.norms[2](out + self.mlp(out))
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}({self.channels}, conv={self.conv}, heads={self.attn.heads})"
+        )
+
+
+class GraphHSANet(nn.Module):
+    r"""Node classifier: input projection, ``num_layers`` :class:`GraphHSAConv`
+    layers over a shared community tree and family position embeddings, and
+    a linear head.
+
+    Args:
+        in_channels, hidden_channels, out_channels: feature sizes.
+        conv_factory: ``hidden → hidden`` local conv builder, called once per
+            layer (e.g. ``lambda c: GCNConv(c, c)``); ``None`` for HSA only.
+        num_layers: number of hybrid layers.
+        heads: HSA heads.
+        graph_pe_dim: size of the tree's ``graph_pe`` features (0: no
+            position bias).
+        dropout: on the input features, between layers and before the head.
+        norm: normalisation in the layers (a PyG resolver name or ``None``).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        hidden_channels: int,
+        out_channels: int,
+        conv_factory=None,
+        num_layers: int = 2,
+        heads: int = 1,
+        graph_pe_dim: int = 0,
+        dropout: float = 0.5,
+        attn_dropout: float = 0.0,
+        norm: str | None = None,
+    ):
+        super().__init__()
+        self.dropout = dropout
+        self.lin_in = nn.Linear(in_channels, hidden_channels)
+        self.pos = (
+            FamilyPositionEncoder(hidden_channels, graph_pe_dim=graph_pe_dim)
+            if graph_pe_dim
+            else None
+        )
+        self.layers = nn.ModuleList(
+            GraphHSAConv(
+                hidden_channels,
+                conv_factory(hidden_channels) if conv_factory is not None else None,
+                heads=heads,
+                dropout=dropout,
+                attn_dropout=attn_dropout,
+                pos_channels=hidden_channels if graph_pe_dim else 0,
+                norm=norm,
+            )
+            for _ in range(num_layers)
+        )
+        self.lin_out = nn.Linear(hidden_channels, out_channels)
+
+    def reset_parameters(self) -> None:
+        self.lin_in.reset_parameters()
+        self.lin_out.reset_parameters()
+        if self.pos is not None:
+            self.pos.reset_parameters()
+        for layer in self.layers:
+            layer.reset_parameters()
+
+    def forward(self, x: Tensor, edge_index: Tensor, hierarchy) -> Tensor:
+        """``x: [N, in_channels]`` → ``[N, out_channels]`` logits."""
+        x = F.dropout(x, self.dropout, self.training)
+        x = self.lin_in(x)
+        pos_emb = self.pos(hierarchy) if self.pos is not None else None
+        for layer in self.layers:
+            x = layer(x, edge_index, hierarchy, pos_emb)
+        x = F.dropout(x, self.dropout, self.training)
+        return self.lin_out(x)

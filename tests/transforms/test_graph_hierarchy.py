@@ -1,0 +1,153 @@
+"""GraphHierarchy: community trees over graph nodes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_geometric.data import Batch, Data
+from torch_geometric.datasets.graph_generator import GridGraph
+from torch_geometric.loader import DataLoader
+from torch_geometric.utils import stochastic_blockmodel_graph
+
+from hiergraph.data.domain import Domain
+from hiergraph.transforms import (
+    GraphHierarchy,
+    HierarchicalGraph,
+    hierarchy_stats,
+    sibling_edges,
+)
+
+
+def sbm(blocks=(12, 12, 12, 12), p_in=0.5, p_out=0.02, seed=0, features=3):
+    torch.manual_seed(seed)
+    probs = torch.full((len(blocks), len(blocks)), p_out).fill_diagonal_(p_in)
+    edge_index = stochastic_blockmodel_graph(list(blocks), probs)
+    n = sum(blocks)
+    return Data(x=torch.randn(n, features), edge_index=edge_index, y=torch.arange(n), num_nodes=n)
+
+
+def family_sizes(tree):
+    nodes = torch.arange(tree.num_nodes)
+    return torch.bincount(tree.parent[tree.parent != nodes], minlength=tree.num_nodes)
+
+
+def test_leaves_are_nodes_in_order_and_graph_untouched():
+    data = sbm()
+    before = {k: v.clone() for k, v in data.items() if torch.is_tensor(v)}
+    out = GraphHierarchy(seed=1)(data)
+    tree = out.hierarchy()
+    assert tree.num_leaves == data.num_nodes
+    assert bool(tree.is_leaf[: data.num_nodes].all()) and not bool(
+        tree.is_leaf[data.num_nodes :].any()
+    )
+    for key, value in before.items():
+        assert torch.equal(out[key], value) and torch.equal(data[key], value)
+    assert out.num_nodes == data.num_nodes
+    # all non-roots are members of graph-domain families
+    assert bool(
+        (tree.domain[: tree.num_nodes - 1] == int(Domain.GRAPH)).sum() == tree.num_nodes - 1
+    )
+    assert tree.num_trees == 1
+
+
+def test_recovers_planted_blocks():
+    data = sbm(p_in=0.9, p_out=0.0)
+    tree = GraphHierarchy(levels=1)(data).hierarchy()
+    parent = tree.parent[: data.num_nodes]
+    for b in range(4):
+        assert parent[12 * b : 12 * (b + 1)].unique().numel() == 1
+    assert parent.unique().numel() == 4
+
+
+def test_deterministic_for_a_seed():
+    data = sbm(seed=3)
+    a, b = GraphHierarchy(seed=7)(data), GraphHierarchy(seed=7)(data)
+    for key in ("tree_parent", "tree_slot", "tree_graph_pe"):
+        assert torch.equal(a[key], b[key])
+
+
+@pytest.mark.parametrize("max_family", [2, 3, 5])
+def test_max_family_respected(max_family):
+    data = sbm(blocks=(20, 15, 9), p_in=0.6)
+    out = GraphHierarchy(max_family=max_family)(data)
+    sizes = family_sizes(out.hierarchy())
+    assert int(sizes.max()) <= max_family
+    stats = hierarchy_stats(out)
+    assert stats["family_max"] <= max_family and stats["num_leaves"] == 44
+
+
+def test_edgeless_and_single_node_graphs():
+    data = Data(x=torch.randn(10, 2), edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=10)
+    sizes = family_sizes(GraphHierarchy(max_family=4)(data).hierarchy())
+    assert int(sizes.max()) <= 4
+    one = GraphHierarchy()(
+        Data(x=torch.randn(1, 2), edge_index=torch.empty(2, 0).long(), num_nodes=1)
+    )
+    assert one.hierarchy().num_leaves == 1 and one.hierarchy().num_nodes == 2
+
+
+def test_sibling_edges_join_siblings_and_cover_graph_edges():
+    data = GridGraph(5, 6)()
+    tree = GraphHierarchy(max_family=4, pe_dim=0)(data).hierarchy()
+    pairs = sibling_edges(tree, data.edge_index)
+    assert bool((tree.parent[pairs[0]] == tree.parent[pairs[1]]).all())
+    # every non-self-loop graph edge maps to one sibling pair (dense reference: ancestor sets)
+    anc = {}
+    for leaf in range(data.num_nodes):
+        path, v = [leaf], leaf
+        while int(tree.parent[v]) != v:
+            v = int(tree.parent[v])
+            path.append(v)
+        anc[leaf] = path
+    expected = set()
+    for u, v in data.edge_index.t().tolist():
+        if u == v:
+            continue
+        common = set(anc[u]) & set(anc[v])
+        a = next(x for x in anc[u] if int(tree.parent[x]) in common and x not in common)
+        b = next(x for x in anc[v] if int(tree.parent[x]) in common and x not in common)
+        expected.add((a, b))
+    assert set(map(tuple, pairs.t().tolist())) == expected
+
+
+def test_graph_pe_shape_and_batching_of_small_graphs():
+    graphs = [
+        GraphHierarchy(max_family=4, pe_dim=3)(sbm(blocks=(5, 4 + i), seed=i)) for i in range(3)
+    ]
+    batch = Batch.from_data_list(graphs)
+    assert batch.tree_graph_pe.shape == (batch.tree_parent.numel(), 3)
+    forest = batch.hierarchy()
+    assert forest.num_trees == 3 and forest.num_leaves == batch.num_nodes
+    # the leaves of the forest, in leaf order, are the nodes of the batched graph
+    leaf_ids = forest.is_leaf.nonzero().view(-1)
+    offset, tree_offset = 0, 0
+    for g in graphs:
+        t = g.hierarchy()
+        own = leaf_ids[offset : offset + g.num_nodes] - tree_offset
+        assert torch.equal(own, torch.arange(g.num_nodes))
+        assert torch.equal(
+            forest.parent[tree_offset : tree_offset + t.num_nodes] - tree_offset, t.parent
+        )
+        offset, tree_offset = offset + g.num_nodes, tree_offset + t.num_nodes
+    loaded = next(iter(DataLoader(graphs, batch_size=3)))
+    assert torch.equal(loaded.tree_parent, batch.tree_parent)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="method"):
+        GraphHierarchy(method="spectral")
+    with pytest.raises(ValueError, match="max_family"):
+        GraphHierarchy(max_family=1)
+    with pytest.raises(ValueError, match="GraphHierarchy"):
+        HierarchicalGraph(x=torch.randn(2, 1)).hierarchy()
+
+
+def test_metis_needs_a_backend():
+    import torch_geometric.typing as pyg_typing
+
+    if pyg_typing.WITH_METIS:
+        out = GraphHierarchy(method="metis", max_family=4)(sbm())
+        assert int(family_sizes(out.hierarchy()).max()) <= 4
+    else:
+        with pytest.raises(ImportError, match="louvain"):
+            GraphHierarchy(method="metis")
