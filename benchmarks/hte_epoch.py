@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -116,6 +118,9 @@ def main() -> None:
         first_loss=losses[0],
         last_loss=losses[-1],
         data="synthetic random ragged window hierarchies (stand-in; speed only)",
+        load_average_1min=os.getloadavg()[0],
+        cpu_count=os.cpu_count(),
+        command="python benchmarks/hte_epoch.py " + " ".join(sys.argv[1:]),
         torch=torch.__version__,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)

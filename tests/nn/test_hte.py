@@ -1,4 +1,3 @@
-import time
 
 import pytest
 import torch
@@ -71,7 +70,6 @@ def test_tiny_training_learns():
     head = torch.nn.Linear(16, 2)
     opt = torch.optim.Adam([*enc.parameters(), *head.parameters()], lr=1e-2)
     losses = []
-    start = time.perf_counter()
     for _ in range(8):
         for batch in DataLoader(data, batch_size=16, shuffle=False):
             logits = head(global_leaf_mean_pool(enc(batch.x, batch), batch))
@@ -81,4 +79,3 @@ def test_tiny_training_learns():
             opt.step()
             losses.append(loss.item())
     assert sum(losses[-4:]) / 4 < 0.8 * sum(losses[:4]) / 4
-    assert time.perf_counter() - start < 60
