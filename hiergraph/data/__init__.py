@@ -1,5 +1,14 @@
 """Signal hierarchies as PyG data, and their builders."""
 
+from hiergraph.data.document import (
+    SimpleTokenizer,
+    TokenizedDocument,
+    Truncation,
+    document_hierarchy,
+    hierarchy_from_lengths,
+    tokenize_document,
+    tokenize_documents,
+)
 from hiergraph.data.domain import Domain
 from hiergraph.data.graph_pe import laplacian_pe
 from hiergraph.data.nested import Family, from_nested
@@ -11,10 +20,17 @@ __all__ = [
     "Domain",
     "Family",
     "SignalHierarchy",
+    "SimpleTokenizer",
+    "TokenizedDocument",
+    "Truncation",
     "coarsen_hierarchy",
+    "document_hierarchy",
     "flatten_hierarchy",
     "from_nested",
+    "hierarchy_from_lengths",
     "laplacian_pe",
     "random_window_hierarchy",
+    "tokenize_document",
+    "tokenize_documents",
     "window_hierarchy",
 ]
