@@ -80,12 +80,16 @@ class FamilyBlock:
         return rows.reshape(self.count, self.width, *x.shape[1:])
 
     def write(self, out: Tensor, values: Tensor) -> None:
-        """Store ``values`` (``[count, width, ...]``) into the members' rows of ``out``."""
+        """Store ``values`` (``[count, width, ...]``) into the members' rows of ``out``.
+
+        ``values`` is cast to ``out``'s dtype (under autocast the family products
+        come out in bf16/fp16 while the level buffers keep the input dtype).
+        """
         if self.start is not None:
             out.narrow(0, self.start, self.count * self.width).view_as(values).copy_(values)
         else:
             slots, rows = self.valid_slots
-            out[rows] = values.flatten(0, 1).index_select(0, slots)
+            out[rows] = values.flatten(0, 1).index_select(0, slots).to(out.dtype)
 
     @cached_property
     def valid_slots(self) -> tuple[Tensor, Tensor]:

@@ -145,17 +145,8 @@ def test_no_host_sync_in_hot_loop(name):
 # ----------------------------------------------------------------------------- autocast
 
 
-# FamilyBlock.write index-puts bf16 family outputs into a float32 buffer (known bug, README);
-# strict: the xfail turns into a failure as soon as it is fixed, so this mark gets removed.
-AUTOCAST_BROKEN = pytest.mark.xfail(strict=True, raises=RuntimeError, reason="dtype mismatch")
-
-
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=AUTOCAST_BROKEN) if n in ("hsa-dense", "hsa-causal") else n
-     for n in OPS],
-)
+@pytest.mark.parametrize("name", OPS)
 def test_autocast_bf16(name, device):
     """Under bf16 autocast the ops run, stay finite and track float32 to bf16 accuracy."""
     fn, inputs = make_case(name, device, torch.float32)
