@@ -91,6 +91,7 @@ def build_model(name: str, in_channels: int, out_channels: int, args) -> nn.Modu
         heads=args.heads,
         graph_pe_dim=args.pe_dim,
         dropout=args.dropout,
+        input_conv=GCNConv(in_channels, hidden) if args.input_conv else None,
     )
 
 
@@ -195,6 +196,9 @@ def main(argv=None) -> dict:
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--max-family", type=int, default=64)
     p.add_argument("--pe-dim", type=int, default=8)
+    p.add_argument(
+        "--input-conv", action="store_true", help="hsa_hybrid: GCNConv input layer, not Linear"
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--root", default=None, help="data root (default $HIERGRAPH_DATA)")
     p.add_argument("--synthetic-ppi", default=None, help="write a SYNTHETIC PPI here and use it")

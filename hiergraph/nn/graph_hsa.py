@@ -132,6 +132,9 @@ class GraphHSANet(nn.Module):
             position bias).
         dropout: on the input features, between layers and before the head.
         norm: normalisation in the layers (a PyG resolver name or ``None``).
+        input_conv: optional ``in → hidden`` conv used instead of the linear
+            input projection (e.g. ``GCNConv(in, hidden)``: on small
+            training sets, propagating the raw features first helps).
     """
 
     def __init__(
@@ -146,10 +149,12 @@ class GraphHSANet(nn.Module):
         dropout: float = 0.5,
         attn_dropout: float = 0.0,
         norm: str | None = None,
+        input_conv: nn.Module | None = None,
     ):
         super().__init__()
         self.dropout = dropout
-        self.lin_in = nn.Linear(in_channels, hidden_channels)
+        self.input_conv = input_conv
+        self.lin_in = nn.Linear(in_channels, hidden_channels) if input_conv is None else None
         self.pos = (
             FamilyPositionEncoder(hidden_channels, graph_pe_dim=graph_pe_dim)
             if graph_pe_dim
@@ -170,7 +175,9 @@ class GraphHSANet(nn.Module):
         self.lin_out = nn.Linear(hidden_channels, out_channels)
 
     def reset_parameters(self) -> None:
-        self.lin_in.reset_parameters()
+        for module in (self.lin_in, self.input_conv):
+            if module is not None:
+                module.reset_parameters()
         self.lin_out.reset_parameters()
         if self.pos is not None:
             self.pos.reset_parameters()
@@ -180,7 +187,7 @@ class GraphHSANet(nn.Module):
     def forward(self, x: Tensor, edge_index: Tensor, hierarchy) -> Tensor:
         """``x: [N, in_channels]`` → ``[N, out_channels]`` logits."""
         x = F.dropout(x, self.dropout, self.training)
-        x = self.lin_in(x)
+        x = self.lin_in(x) if self.input_conv is None else self.input_conv(x, edge_index)
         pos_emb = self.pos(hierarchy) if self.pos is not None else None
         for layer in self.layers:
             x = layer(x, edge_index, hierarchy, pos_emb)
