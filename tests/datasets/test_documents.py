@@ -199,16 +199,8 @@ def test_stratified_split_is_seeded_and_stratified():
         stratified_split(labels, (0.5, 0.4))
 
 
-@pytest.fixture
-def one_thread():
-    """Small-op heavy training is much faster on one intra-op thread when the CPU is shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
-
-def test_training_smoke_loss_decreases(tmp_path, one_thread):
+def test_training_smoke_loss_decreases(tmp_path):
     example = Path(__file__).resolve().parents[2] / "examples" / "document_classification.py"
     spec = importlib.util.spec_from_file_location("document_classification", example)
     mod = importlib.util.module_from_spec(spec)

@@ -11,15 +11,6 @@ from hiergraph.nn.hte_decoder import HTEDecoder, from_schedule
 from hiergraph.nn.kv_cache import append_schedule
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Token-by-token decoding is many tiny ops: run them on one thread (restored after)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def random_schedule(rng, length):
     """document -> sentences -> words -> tokens, as (close, open) events."""
     events = [(0, 2)]

@@ -12,15 +12,6 @@ from tests.conftest import random_qkv
 from tests.ops.test_hsa_causal import ordered_spec
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Token-by-token decoding is many tiny ops: run them on one thread (restored after)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def decode(h, q, k, v, pos_emb=None):
     """Feed the leaves of ``h`` one by one into a fresh cache; outputs stacked ``[L, H, d_v]``."""
     plan = CausalPlan.from_hierarchy(h)

@@ -16,14 +16,6 @@ from tests.conftest import random_qkv, random_spec
 F64 = dict(dtype=torch.float64)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Token-by-token decoding is many tiny ops: run them on one thread (restored after)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def ordered_spec(rng, num_leaves, max_depth=4, max_branch=5):
     """A random mixed-depth spec (tests/conftest.py) with leaves numbered left to right."""
