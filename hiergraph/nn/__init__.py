@@ -2,6 +2,7 @@
 
 from hiergraph.nn.cone_attention import ConeAttention
 from hiergraph.nn.cone_conv import ConeConv
+from hiergraph.nn.graph_hsa import GraphHSAConv, GraphHSANet
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
 from hiergraph.nn.hte import HierarchicalTransformerEncoder, HTELayer
@@ -19,6 +20,8 @@ __all__ = [
     "ConeConv",
     "FamilyPositionEncoder",
     "FlatKVCache",
+    "GraphHSAConv",
+    "GraphHSANet",
     "HMatrixAttention",
     "HTEDecoder",
     "HTEDecoderLayer",
