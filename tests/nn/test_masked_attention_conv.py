@@ -32,7 +32,6 @@ from hiergraph.masks import (
     window_mask,
 )
 from hiergraph.nn.masked_attention_conv import MaskedAttentionConv
-from tests.masks.conftest import one_thread  # noqa: F401 (autouse: single-threaded module)
 
 N = 24
 

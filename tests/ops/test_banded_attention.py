@@ -9,7 +9,6 @@ from hiergraph.ops.banded_attention import (
     banded_attention_reference,
     segment_ids,
 )
-from tests.masks.conftest import one_thread  # noqa: F401 (autouse: single-threaded module)
 
 # (n, before, after, lengths, dilation, block_size, chunk_size)
 BANDS = [

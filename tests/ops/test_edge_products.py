@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from hiergraph.ops.edge_products import EdgeCSR, edge_aggregate, edge_dot
-from tests.masks.conftest import one_thread  # noqa: F401 (autouse: single-threaded module)
 
 H, C = 2, 3
 
