@@ -173,7 +173,9 @@ def hierarchical_attention(
     return out.squeeze(1) if squeeze else out
 
 
-def _check_inputs(q, k, v, index, pos_emb, leaf_mask, causal, include_self, kernel) -> None:
+def check_qkv(q, k, v, num_leaves: int) -> None:
+    """Shared checks of HSA inputs: ``q, k [L, H, d]``, ``v [L, H, d_v]``, one floating
+    dtype, one row per leaf."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -192,11 +194,15 @@ def _check_inputs(q, k, v, index, pos_emb, leaf_mask, causal, include_self, kern
         raise TypeError(
             f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
         )
-    if q.size(0) != index.num_leaves:
+    if q.size(0) != num_leaves:
         raise ValueError(
-            f"q has {q.size(0)} rows but the hierarchy has {index.num_leaves} leaves; "
+            f"q has {q.size(0)} rows but the hierarchy has {num_leaves} leaves; "
             "pass one row per leaf, in leaf order"
         )
+
+
+def _check_inputs(q, k, v, index, pos_emb, leaf_mask, causal, include_self, kernel) -> None:
+    check_qkv(q, k, v, index.num_leaves)
     if pos_emb is not None:
         ok = pos_emb.dim() in (2, 3) and pos_emb.size(0) == index.num_nodes
         if pos_emb.dim() == 3:

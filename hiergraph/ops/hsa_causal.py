@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import scatter
 
+from hiergraph.ops.hsa import check_qkv
 from hiergraph.ops.logspace import log_gates, logaddexp
 
 
@@ -359,29 +360,7 @@ def _sum_rows(src: Tensor, index: Tensor, size: int) -> Tensor:
 
 
 def _check_inputs(q, k, v, plan: CausalPlan, pos_emb) -> Tensor | None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be [num_leaves, heads, dim], got shape {tuple(t.shape)}")
-    if q.shape != k.shape:
-        raise ValueError(
-            f"q and k must have the same shape, got {tuple(q.shape)} and {tuple(k.shape)}"
-        )
-    if v.shape[:2] != q.shape[:2]:
-        raise ValueError(
-            f"v must be [num_leaves, heads, d_v] = [{q.size(0)}, {q.size(1)}, *], "
-            f"got {tuple(v.shape)}"
-        )
-    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
-        raise TypeError(
-            f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
-        )
-    if q.size(0) != plan.num_leaves:
-        raise ValueError(
-            f"q has {q.size(0)} rows but the hierarchy has {plan.num_leaves} leaves; "
-            "pass one row per leaf, in leaf order"
-        )
+    check_qkv(q, k, v, plan.num_leaves)
     if plan.leaf_node.device != q.device:
         raise ValueError(
             f"the hierarchy is on {plan.leaf_node.device} but q is on {q.device}; "
