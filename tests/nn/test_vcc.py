@@ -5,19 +5,11 @@ import torch
 from torch import nn
 
 from hiergraph.nn.vcc import VCCEncoder, query_key, run_layer
-
-D, HEADS = 8, 2
+from tests.ops.test_vcc import HEADS, D, _batch
 
 
 def _inputs(lengths=(23, 11, 17), num_vip=(3, 1, 0), seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    n = max(lengths)
-    x = torch.randn(len(lengths), n, D, generator=gen, dtype=torch.float64)
-    mask = torch.arange(n)[None] < torch.tensor(lengths)[:, None]
-    vip = torch.zeros_like(mask)
-    for b, (length, count) in enumerate(zip(lengths, num_vip, strict=True)):
-        vip[b, torch.randperm(length, generator=gen)[:count]] = True
-    return x, vip, mask
+    return _batch(lengths, num_vip, seed)
 
 
 def _encoder(num_layers=2, seed=0, **kwargs):
