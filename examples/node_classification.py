@@ -102,28 +102,17 @@ def _forward(model, data):
     return model(data.x, data.edge_index, tree)
 
 
-def run_cora(args, seed: int, data) -> dict:
-    torch.manual_seed(seed)
-    model = build_model(args.model, data.num_features, int(data.y.max()) + 1, args)
-    lr, wd = (0.005, 5e-4) if args.model in ("gat", "cone") else (args.lr, args.weight_decay)
-    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=wd)
-    best_val, test_at_best, bad, epochs, times = -1.0, 0.0, 0, 0, []
+def early_stopping(args, seed: int, train_epoch, validate, score_test) -> dict:
+    """Train until ``args.patience`` epochs pass without a better validation score; the
+    test score is read at the best-validation epoch. Times cover training only."""
+    best_val, test_at_best, bad, times = -1.0, 0.0, 0, []
     for _ in range(args.epochs):
         t0 = time.perf_counter()
-        model.train()
-        opt.zero_grad()
-        out = _forward(model, data)
-        F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
-        opt.step()
+        train_epoch()
         times.append(time.perf_counter() - t0)
-        epochs += 1
-        model.eval()
-        with torch.no_grad():
-            pred = _forward(model, data).argmax(-1)
-        val = float((pred[data.val_mask] == data.y[data.val_mask]).float().mean())
-        test = float((pred[data.test_mask] == data.y[data.test_mask]).float().mean())
+        val = validate()
         if val > best_val:
-            best_val, test_at_best, bad = val, test, 0
+            best_val, test_at_best, bad = val, score_test(), 0
         else:
             bad += 1
             if bad >= args.patience:
@@ -132,9 +121,33 @@ def run_cora(args, seed: int, data) -> dict:
         "seed": seed,
         "val": best_val,
         "test": test_at_best,
-        "epochs": epochs,
+        "epochs": len(times),
         "sec_per_epoch": statistics.median(times),
     }
+
+
+def run_cora(args, seed: int, data) -> dict:
+    torch.manual_seed(seed)
+    model = build_model(args.model, data.num_features, int(data.y.max()) + 1, args)
+    lr, wd = (0.005, 5e-4) if args.model in ("gat", "cone") else (args.lr, args.weight_decay)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=wd)
+
+    def train_epoch():
+        model.train()
+        opt.zero_grad()
+        out = _forward(model, data)
+        F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
+        opt.step()
+
+    def accuracy(mask):
+        model.eval()
+        with torch.no_grad():
+            pred = _forward(model, data).argmax(-1)
+        return float((pred[mask] == data.y[mask]).float().mean())
+
+    return early_stopping(
+        args, seed, train_epoch, lambda: accuracy(data.val_mask), lambda: accuracy(data.test_mask)
+    )
 
 
 def _micro_f1(model, loader) -> float:
@@ -155,30 +168,17 @@ def run_ppi(args, seed: int, splits) -> dict:
     train, val, test = (DataLoader(s, batch_size=2, shuffle=i == 0) for i, s in enumerate(splits))
     model = build_model(args.model, splits[0].num_features, splits[0].num_classes, args)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    best_val, test_at_best, bad, epochs, times = -1.0, 0.0, 0, 0, []
-    for _ in range(args.epochs):
-        t0 = time.perf_counter()
+
+    def train_epoch():
         model.train()
         for batch in train:
             opt.zero_grad()
             F.binary_cross_entropy_with_logits(_forward(model, batch), batch.y).backward()
             opt.step()
-        times.append(time.perf_counter() - t0)
-        epochs += 1
-        v = _micro_f1(model, val)
-        if v > best_val:
-            best_val, test_at_best, bad = v, _micro_f1(model, test), 0
-        else:
-            bad += 1
-            if bad >= args.patience:
-                break
-    return {
-        "seed": seed,
-        "val": best_val,
-        "test": test_at_best,
-        "epochs": epochs,
-        "sec_per_epoch": statistics.median(times),
-    }
+
+    return early_stopping(
+        args, seed, train_epoch, lambda: _micro_f1(model, val), lambda: _micro_f1(model, test)
+    )
 
 
 def main(argv=None) -> dict:
