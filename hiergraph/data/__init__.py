@@ -11,6 +11,14 @@ from hiergraph.data.document import (
 )
 from hiergraph.data.domain import Domain
 from hiergraph.data.graph_pe import laplacian_pe
+from hiergraph.data.multimodal import (
+    ImageField,
+    MultimodalSchema,
+    SequenceField,
+    VectorField,
+    image_patches,
+    multimodal_hierarchy,
+)
 from hiergraph.data.nested import Family, from_nested
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.transforms import coarsen_hierarchy, flatten_hierarchy
@@ -19,16 +27,22 @@ from hiergraph.data.windows import random_window_hierarchy, window_hierarchy
 __all__ = [
     "Domain",
     "Family",
+    "ImageField",
+    "MultimodalSchema",
+    "SequenceField",
     "SignalHierarchy",
     "SimpleTokenizer",
     "TokenizedDocument",
     "Truncation",
+    "VectorField",
     "coarsen_hierarchy",
     "document_hierarchy",
     "flatten_hierarchy",
     "from_nested",
     "hierarchy_from_lengths",
+    "image_patches",
     "laplacian_pe",
+    "multimodal_hierarchy",
     "random_window_hierarchy",
     "tokenize_document",
     "tokenize_documents",
