@@ -56,20 +56,37 @@ def laplacian_pe(hierarchy, edge_index: Tensor, k: int) -> Tensor:
         )
     out = torch.zeros(n, k)
     members = (domain == int(Domain.GRAPH)).nonzero().view(-1)
-    for family_parent in parent[members].unique().tolist():
-        nodes = members[parent[members] == family_parent]
-        local = torch.full((n,), -1, dtype=torch.long)
-        local[nodes] = torch.arange(nodes.numel())
-        inside = local[src] >= 0
-        adj = torch.zeros(nodes.numel(), nodes.numel(), dtype=torch.float64)
-        adj[local[src[inside]], local[dst[inside]]] = 1.0
-        adj = ((adj + adj.T) > 0).double()
-        adj.fill_diagonal_(0)
-        deg = adj.sum(1)
+    if members.numel() == 0:
+        return out
+    # families grouped by size: one batched eigendecomposition per size
+    members = members[torch.argsort(parent[members], stable=True)]
+    _, fam_id, sizes = torch.unique_consecutive(
+        parent[members], return_inverse=True, return_counts=True
+    )
+    start = torch.cumsum(sizes, 0) - sizes
+    local = torch.full((n,), -1, dtype=torch.long)
+    local[members] = torch.arange(members.numel()) - start[fam_id]
+    fam_of = torch.full((n,), -1, dtype=torch.long)
+    fam_of[members] = fam_id
+    inside = local[src] >= 0
+    src, dst = src[inside], dst[inside]
+    for size in sizes.unique().tolist():
+        if size < 2:  # a single member has no non-trivial eigenvector
+            continue
+        fams = (sizes == size).nonzero().view(-1)
+        rank = torch.full((sizes.numel(),), -1, dtype=torch.long)
+        rank[fams] = torch.arange(fams.numel())
+        adj = torch.zeros(fams.numel(), size, size, dtype=torch.float64)
+        on = rank[fam_of[src]] >= 0
+        adj[rank[fam_of[src[on]]], local[src[on]], local[dst[on]]] = 1.0
+        adj = ((adj + adj.transpose(1, 2)) > 0).double()
+        adj.diagonal(dim1=1, dim2=2).zero_()
+        deg = adj.sum(2)
         inv_sqrt = torch.where(deg > 0, deg.clamp(min=1e-12).rsqrt(), torch.zeros_like(deg))
-        lap = torch.eye(nodes.numel(), dtype=torch.float64) - inv_sqrt[:, None] * adj * inv_sqrt
+        lap = torch.eye(size, dtype=torch.float64) - inv_sqrt[..., None] * adj * inv_sqrt[:, None]
         _, vecs = torch.linalg.eigh(lap)
-        vecs = vecs[:, 1 : k + 1]
-        sign = torch.sign(vecs.gather(0, vecs.abs().argmax(0, keepdim=True)))
-        out[nodes, : vecs.size(1)] = (vecs * sign).float()
+        vecs = vecs[:, :, 1 : k + 1]
+        sign = torch.sign(vecs.gather(1, vecs.abs().argmax(1, keepdim=True)))
+        nodes = members[rank[fam_id] >= 0]
+        out[nodes, : vecs.size(2)] = (vecs * sign).reshape(-1, vecs.size(2)).float()
     return out

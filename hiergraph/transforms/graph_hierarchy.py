@@ -15,8 +15,9 @@ from torch_geometric.transforms import BaseTransform
 from hiergraph.data.domain import Domain
 from hiergraph.data.graph_pe import laplacian_pe
 from hiergraph.data.signal_hierarchy import SignalHierarchy
+from hiergraph.transforms.graph_partition import label_propagation_tree
 
-METHODS = ("louvain", "metis")
+METHODS = ("louvain", "metis", "lp")
 
 #: The tree attributes that :class:`GraphHierarchy` adds (all ``[T, ...]``, ``T`` tree nodes).
 TREE_KEYS = ("parent", "slot", "is_leaf", "depth", "node_type", "domain", "pos", "graph_pe")
@@ -84,6 +85,10 @@ class GraphHierarchy(BaseTransform):
       ``levels`` of them), deterministic for a fixed ``seed``.
     * ``method='metis'``: METIS parts of about ``max_family`` nodes, grouped
       recursively (needs ``torch-sparse`` or ``pyg-lib`` with METIS).
+    * ``method='lp'``: size-capped label propagation, coarsened level by
+      level (:func:`~hiergraph.transforms.graph_partition.label_propagation_tree`);
+      sorts and scatters only, for big graphs (1M nodes) where Louvain is
+      too slow; deterministic for a fixed ``seed``.
 
     No family has more than ``max_family`` members: a larger one is split
     (Louvain on its quotient graph, or METIS, then small groups are packed
@@ -96,11 +101,12 @@ class GraphHierarchy(BaseTransform):
     family sizes.
 
     Args:
-        method: ``'louvain'`` or ``'metis'``.
-        levels: at most this many Louvain levels (``None``: all).
+        method: ``'louvain'``, ``'metis'`` or ``'lp'``.
+        levels: at most this many Louvain levels (``None``: all; Louvain only).
         max_family: the largest number of children of a node (``>= 2``).
         resolution: Louvain resolution (larger: smaller communities).
-        seed: Louvain seed.
+        seed: Louvain / label-propagation seed.
+        iterations: label-propagation rounds per level (``'lp'`` only).
         pe_dim: Laplacian eigenvectors per node (0: no ``tree_graph_pe``).
     """
 
@@ -112,6 +118,7 @@ class GraphHierarchy(BaseTransform):
         resolution: float = 1.0,
         seed: int = 0,
         pe_dim: int = 8,
+        iterations: int = 10,
     ):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -124,16 +131,23 @@ class GraphHierarchy(BaseTransform):
         if not isinstance(pe_dim, int) or pe_dim < 0:
             raise ValueError(f"pe_dim must be an int >= 0, got {pe_dim!r}")
         self.method, self.levels, self.max_family = method, levels, max_family
+        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+            raise ValueError(f"iterations must be an int >= 1, got {iterations!r}")
         self.resolution, self.seed, self.pe_dim = resolution, seed, pe_dim
+        self.iterations = iterations
 
     def forward(self, data: Data) -> HierarchicalGraph:
         if data.edge_index is None or data.num_nodes is None:
             raise ValueError("GraphHierarchy needs a graph with edge_index and num_nodes")
         n = data.num_nodes
-        edges = data.edge_index.cpu().numpy()
-        parent = _Builder(self, n, edges).build()
+        if self.method == "lp":
+            parent = label_propagation_tree(
+                n, data.edge_index, self.max_family, self.iterations, self.seed
+            )
+        else:
+            parent = torch.tensor(_Builder(self, n, data.edge_index.cpu().numpy()).build())
         tree = SignalHierarchy.from_parent(
-            torch.tensor(parent), domain=torch.full((len(parent),), int(Domain.GRAPH))
+            parent, domain=torch.full((parent.numel(),), int(Domain.GRAPH))
         )
         out = HierarchicalGraph(**{k: v for k, v in data.items()})
         out.num_nodes = n

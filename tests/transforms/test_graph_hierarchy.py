@@ -31,10 +31,11 @@ def family_sizes(tree):
     return torch.bincount(tree.parent[tree.parent != nodes], minlength=tree.num_nodes)
 
 
-def test_leaves_are_nodes_in_order_and_graph_untouched():
+@pytest.mark.parametrize("method", ["louvain", "lp"])
+def test_leaves_are_nodes_in_order_and_graph_untouched(method):
     data = sbm()
     before = {k: v.clone() for k, v in data.items() if torch.is_tensor(v)}
-    out = GraphHierarchy(seed=1)(data)
+    out = GraphHierarchy(method, seed=1)(data)
     tree = out.hierarchy()
     assert tree.num_leaves == data.num_nodes
     assert bool(tree.is_leaf[: data.num_nodes].all()) and not bool(
@@ -52,43 +53,47 @@ def test_leaves_are_nodes_in_order_and_graph_untouched():
 
 def test_recovers_planted_blocks():
     data = sbm(p_in=0.9, p_out=0.0)
-    tree = GraphHierarchy(levels=1)(data).hierarchy()
+    tree = GraphHierarchy(levels=1, max_family=16)(data).hierarchy()
     parent = tree.parent[: data.num_nodes]
     for b in range(4):
         assert parent[12 * b : 12 * (b + 1)].unique().numel() == 1
     assert parent.unique().numel() == 4
 
 
-def test_deterministic_for_a_seed():
+@pytest.mark.parametrize("method", ["louvain", "lp"])
+def test_deterministic_for_a_seed(method):
     data = sbm(seed=3)
-    a, b = GraphHierarchy(seed=7)(data), GraphHierarchy(seed=7)(data)
+    a, b = GraphHierarchy(method, seed=7)(data), GraphHierarchy(method, seed=7)(data)
     for key in ("tree_parent", "tree_slot", "tree_graph_pe"):
         assert torch.equal(a[key], b[key])
 
 
+@pytest.mark.parametrize("method", ["louvain", "lp"])
 @pytest.mark.parametrize("max_family", [2, 3, 5])
-def test_max_family_respected(max_family):
+def test_max_family_respected(method, max_family):
     data = sbm(blocks=(20, 15, 9), p_in=0.6)
-    out = GraphHierarchy(max_family=max_family)(data)
+    out = GraphHierarchy(method, max_family=max_family)(data)
     sizes = family_sizes(out.hierarchy())
     assert int(sizes.max()) <= max_family
     stats = hierarchy_stats(out)
     assert stats["family_max"] <= max_family and stats["num_leaves"] == 44
 
 
-def test_edgeless_and_single_node_graphs():
+@pytest.mark.parametrize("method", ["louvain", "lp"])
+def test_edgeless_and_single_node_graphs(method):
     data = Data(x=torch.randn(10, 2), edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=10)
-    sizes = family_sizes(GraphHierarchy(max_family=4)(data).hierarchy())
+    sizes = family_sizes(GraphHierarchy(method, max_family=4)(data).hierarchy())
     assert int(sizes.max()) <= 4
-    one = GraphHierarchy()(
+    one = GraphHierarchy(method)(
         Data(x=torch.randn(1, 2), edge_index=torch.empty(2, 0).long(), num_nodes=1)
     )
     assert one.hierarchy().num_leaves == 1 and one.hierarchy().num_nodes == 2
 
 
-def test_sibling_edges_join_siblings_and_cover_graph_edges():
+@pytest.mark.parametrize("method", ["louvain", "lp"])
+def test_sibling_edges_join_siblings_and_cover_graph_edges(method):
     data = GridGraph(5, 6)()
-    tree = GraphHierarchy(max_family=4, pe_dim=0)(data).hierarchy()
+    tree = GraphHierarchy(method, max_family=4, pe_dim=0)(data).hierarchy()
     pairs = sibling_edges(tree, data.edge_index)
     assert bool((tree.parent[pairs[0]] == tree.parent[pairs[1]]).all())
     # every non-self-loop graph edge maps to one sibling pair (dense reference: ancestor sets)
@@ -138,6 +143,8 @@ def test_bad_arguments():
         GraphHierarchy(method="spectral")
     with pytest.raises(ValueError, match="max_family"):
         GraphHierarchy(max_family=1)
+    with pytest.raises(ValueError, match="iterations"):
+        GraphHierarchy("lp", iterations=0)
     with pytest.raises(ValueError, match="GraphHierarchy"):
         HierarchicalGraph(x=torch.randn(2, 1)).hierarchy()
 
