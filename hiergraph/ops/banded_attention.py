@@ -46,8 +46,10 @@ from torch.autograd.function import once_differentiable
 
 def segment_ids(lengths: Sequence[int], device: torch.device | None = None) -> Tensor:
     """Segment id of every position, ``[sum(lengths)]`` (``0`` for the first segment)."""
-    counts = torch.as_tensor(list(lengths), dtype=torch.long, device=device)
-    return torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts)
+    lengths = [int(n) for n in lengths]
+    counts = torch.as_tensor(lengths, dtype=torch.long, device=device)
+    ids = torch.arange(len(lengths), device=device)
+    return torch.repeat_interleave(ids, counts, output_size=sum(lengths))  # no host sync
 
 
 def band_predicate(
@@ -118,35 +120,45 @@ class _Blocking:
         self.n, self.before, self.after = n, before, after
         self.block = min(n, block_size or min(128, max(32, (before + after) // 2)))
         self.window = min(n, self.block + before + after)
-        blocks = torch.arange(-(-n // self.block), device=device)
+        num_blocks = -(-n // self.block)
+        blocks = torch.arange(num_blocks, device=device)
         # the window of block b covers [b B - before, (b + 1) B - 1 + after], clamped into [0, n)
         self.key_start = (blocks * self.block - before).clamp(0, n - self.window)
         self.segment = segment_ids(lengths, device)
-        self.chunks = blocks.split(max(1, chunk_size // self.block))
+        per_chunk = max(1, chunk_size // self.block)
+        # chunk bounds stay Python ints: slicing outputs by them needs no host sync
+        self.chunks = [
+            range(b, min(b + per_chunk, num_blocks)) for b in range(0, num_blocks, per_chunk)
+        ]
 
-    def positions(self, blocks: Tensor) -> tuple[Tensor, Tensor, Tensor, slice]:
-        """For the blocks ``[G]``: query positions ``[G, B]`` (rows past the end
-        repeat the last query), key positions ``[G, W]``, the mask
+    def positions(self, chunk: range) -> tuple[Tensor, Tensor, Tensor, slice]:
+        """For the ``G`` blocks of ``chunk``: query positions ``[G, B]`` (rows past
+        the end repeat the last query), key positions ``[G, W]``, the mask
         ``[G, 1, B, W]`` and the output rows they fill."""
+        blocks = torch.arange(chunk.start, chunk.stop, device=self.key_start.device)
         offsets = torch.arange(self.block, device=blocks.device)
         qpos = (blocks[:, None] * self.block + offsets).clamp(max=self.n - 1)
         kpos = self.key_start[blocks, None] + torch.arange(self.window, device=blocks.device)
         allowed = band_predicate(qpos[:, :, None], kpos[:, None, :], self.segment, self.before,
                                  self.after)  # fmt: skip
-        rows = slice(int(blocks[0]) * self.block, min(self.n, (int(blocks[-1]) + 1) * self.block))
+        rows = slice(chunk.start * self.block, min(self.n, chunk.stop * self.block))
         return qpos, kpos, allowed[:, None], rows
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale, dropout_p, seed) -> Tensor:
     """Dense attention of gathered blocks: ``q [G, B, H, C]``, ``k, v [G, W, H, C]``
     -> ``[G * B, H, C_v]``; dropout draws from a generator seeded with ``seed``."""
-    with torch.random.fork_rng(enabled=dropout_p > 0):
-        torch.manual_seed(seed)
-        out = F.scaled_dot_product_attention(
+    def attend() -> Tensor:
+        return F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
             attn_mask=allowed, dropout_p=dropout_p, scale=scale,
         )  # fmt: skip
-    return out.transpose(1, 2).flatten(0, 1)
+
+    if dropout_p == 0:  # no RNG state to fork: keeps torch.compile's graph whole
+        return attend().transpose(1, 2).flatten(0, 1)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return attend().transpose(1, 2).flatten(0, 1)
 
 
 class _BandedAttention(torch.autograd.Function):

@@ -385,7 +385,7 @@ class _HMatrixCore(torch.autograd.Function):
         shift = logits.amax(-1).view(batch * heads, -1)
         levels = _levels(shift, plan)
         for fine, coarse in zip(levels[-2::-1], levels[:0:-1], strict=True):
-            torch.maximum(fine, coarse.repeat_interleave(2, 1), out=fine)
+            fine.clamp_min_(coarse.repeat_interleave(2, 1))
         weights = logits.sub_(_finite(shift).view(blocks, n, 1)).exp_()
 
         # Y⁺_l of all levels at once, then interpolate and accumulate coarse → fine.
@@ -419,8 +419,8 @@ class _HMatrixCore(torch.autograd.Function):
         dot = (grad_out * out.view_as(grad_out)).sum(-1, keepdim=True)
         grads[0][:, : plan.length, -1:] = dot.div_(den).neg_()
         for level in range(len(plan.rows) - 1):
-            fine = grads[level] * alphas[level].unsqueeze(-1)
-            torch.sum(fine.unflatten(1, (-1, 2)), 2, out=grads[level + 1])
+            fine = (grads[level] * alphas[level].unsqueeze(-1)).unflatten(1, (-1, 2))
+            grads[level + 1].copy_(fine[:, :, 0]).add_(fine[:, :, 1])
 
         # Band matmuls of the backward, all levels at once.
         q_flat, k_flat, v_flat = (x.view(-1, x.shape[-1]) for x in (q_pack, k_pack, v_pack))
@@ -465,7 +465,7 @@ def _key_grad(entries: Tensor, x: Tensor, n: int, width: int) -> Tensor:
     key_major = entries.as_strided(
         (windows, width, n, n),
         (stride[0], stride[0] - n, stride[1], 1),
-        entries.storage_offset() + (width - 1) * n,
+        (width - 1) * n,  # entries come from _band_bmm: contiguous, storage offset 0
     ).reshape(windows, width * n, n)
     out = x.new_empty(entries.shape[0], n, x.shape[-1])
     inner = out[width - 2 : width - 2 + windows]
@@ -521,7 +521,7 @@ def _packed_counts(valid: Tensor | None, like: Tensor, plan: _Plan) -> Tensor:
     else:
         levels[0][:, 0, : plan.length, 0] = valid
     for fine, coarse in zip(levels[:-1], levels[1:], strict=True):
-        torch.sum(fine.unflatten(2, (-1, 2)), 3, out=coarse)
+        coarse.copy_(fine.unflatten(2, (-1, 2)).sum(3))
     return counts
 
 
@@ -533,7 +533,7 @@ def _child_weights(counts: Tensor, plan: _Plan) -> Tensor:
     weights = torch.zeros_like(counts)
     levels, fines = _levels(counts, plan, dim=2), _levels(weights, plan, dim=2)
     for fine, coarse, out in zip(levels[:-1], levels[1:], fines[:-1], strict=True):
-        torch.div(fine, coarse.clamp_min(1.0).repeat_interleave(2, 2), out=out)
+        out.copy_(fine / coarse.clamp_min(1.0).repeat_interleave(2, 2))
     return weights
 
 
@@ -556,20 +556,19 @@ def _coarse_pack(
     if valid is None:
         first[:, :, :length, :dim] = x
     else:
-        torch.mul(x, valid[:, None, :, None], out=first[:, :, :length, :dim])
+        first[:, :, :length, :dim] = x * valid[:, None, :, None]
     first[:, :, length:] = 0.0
     if counts is not None:
         first[..., dim:] = _levels(counts, plan, dim=2)[0]
     for level in range(len(plan.rows) - 1):
         fine, coarse = levels[level], levels[level + 1]
         even, odd = fine[:, :, 0::2], fine[:, :, 1::2]
+        # in-place updates of the strided level views (no `out=`: torch.compile rejects it)
+        coarse.copy_(even)
         if mode == "sum":
-            torch.add(even, odd, out=coarse)
-        elif mode == "first":
-            coarse.copy_(even)
-        else:
-            torch.mul(even, weights[level][:, :, 0::2], out=coarse)
-            coarse.addcmul_(odd, weights[level][:, :, 1::2])
+            coarse.add_(odd)
+        elif mode == "mean":
+            coarse.mul_(weights[level][:, :, 0::2]).addcmul_(odd, weights[level][:, :, 1::2])
     return out
 
 
