@@ -1,5 +1,7 @@
 """Dataset loaders: offline wrappers of PyG's Planetoid and PPI, and a labelled synthetic PPI."""
 
+from hiergraph.datasets.emoji import GoogleEmoji
+from hiergraph.datasets.openclipart import OpenClipArt
 from hiergraph.datasets.planetoid import (
     SYNTHETIC_MARKER,
     data_root,
@@ -10,6 +12,8 @@ from hiergraph.datasets.planetoid import (
 )
 
 __all__ = [
+    "GoogleEmoji",
+    "OpenClipArt",
     "SYNTHETIC_MARKER",
     "data_root",
     "is_synthetic",

