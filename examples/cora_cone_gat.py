@@ -66,7 +66,15 @@ def make_conv(
 
 def cone_options(args) -> dict:
     """ConeConv score options from the command line."""
-    options = {"gamma": args.gamma, "r": args.r}
+    options = {
+        "gamma": args.gamma,
+        "learn_gamma": args.learn_gamma,
+        "r": args.r,
+        "squared": args.squared,
+        "height_scale": None if args.height_scale == "d" else float(args.height_scale),
+        "share_qk": args.qk_channels is None,
+        "qk_channels": args.qk_channels,
+    }
     if args.reference_convention:  # the authors' code: -gamma H^2, umbral height exp(x_d / d)
         options.update(squared=True, height_scale=None)
     return options
@@ -109,9 +117,9 @@ class GAT(torch.nn.Module):
         return self.conv2(x, edge_index)
 
 
-def run_seed(data, attention: str, seed: int, args) -> tuple[float, int]:
-    """Train one model; returns the test accuracy at the best validation epoch and the
-    number of epochs run."""
+def run_seed(data, attention: str, seed: int, args) -> tuple[float, int, float]:
+    """Train one model; returns the test accuracy at the best validation epoch, the
+    number of epochs run and the best validation accuracy."""
     torch.manual_seed(seed)
     model = GAT(attention, data.num_features, int(data.y.max()) + 1, cone=cone_options(args))
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -142,7 +150,7 @@ def run_seed(data, attention: str, seed: int, args) -> tuple[float, int]:
             if since_best >= args.patience:
                 break
         bar.set_postfix(val=f"{best[0]:.3f}", test=f"{test_at_best:.3f}", refresh=False)
-    return test_at_best, epochs_run
+    return test_at_best, epochs_run, best[0]
 
 
 def row_name(attention: str, args) -> str:
@@ -151,6 +159,10 @@ def row_name(attention: str, args) -> str:
         return attention
     extras = [f"r={args.r:g}"] if args.r is not None else []
     extras += [f"gamma={args.gamma:g}"] if args.gamma != 1.0 else []
+    extras += ["learn-gamma"] if args.learn_gamma else []
+    extras += ["squared"] if args.squared else []
+    extras += [f"height-scale={args.height_scale}"] if args.height_scale != "1" else []
+    extras += [f"qk={args.qk_channels}"] if args.qk_channels is not None else []
     extras += ["reference-convention"] if args.reference_convention else []
     return f"{attention}[{','.join(extras)}]" if extras else attention
 
@@ -183,6 +195,26 @@ def parse_args(argv=None):
         "--r", type=float, default=None, help="cone radius (default: penumbral 1, umbral 0.1)"
     )
     parser.add_argument(
+        "--learn-gamma",
+        action="store_true",
+        help="learn one temperature per head, initialised at --gamma",
+    )
+    parser.add_argument(
+        "--squared", action="store_true", help="penumbral score -gamma*H^2 instead of -gamma*H"
+    )
+    parser.add_argument(
+        "--height-scale",
+        default="1",
+        help="umbral height exp(c*x_d) with c = this number, or 'd' for c = 1/d (default 1)",
+    )
+    parser.add_argument(
+        "--qk-channels",
+        type=int,
+        default=None,
+        help="separate query/key projections of this size per head (default: share the "
+        "value projection)",
+    )
+    parser.add_argument(
         "--reference-convention",
         action="store_true",
         help="cone scores as in the authors' code: -gamma*H^2 (penumbral), exp(x_d/d) (umbral)",
@@ -206,11 +238,12 @@ def main(argv=None) -> dict[str, list[float]]:
             run_seed(data, attention, seed, args)
             for seed in tqdm(range(args.seeds), desc=attention)
         ]
-        accs = [acc for acc, _ in runs]
+        accs, val_accs = [acc for acc, _, _ in runs], [val for _, _, val in runs]
         mean, std = statistics.mean(accs), statistics.stdev(accs) if len(accs) > 1 else 0.0
         name = row_name(attention, args)
         print(
             f"Cora {name}: test accuracy {mean:.4f} ± {std:.4f} "
+            f"(best validation {statistics.mean(val_accs):.4f}) "
             f"over {len(accs)} seeds: {' '.join(f'{a:.3f}' for a in accs)}",
             flush=True,
         )
@@ -221,7 +254,9 @@ def main(argv=None) -> dict[str, list[float]]:
                 "mean": mean,
                 "std": std,
                 "test_accuracy": accs,
-                "epochs_run": [epochs for _, epochs in runs],
+                "mean_val": statistics.mean(val_accs),
+                "val_accuracy": val_accs,
+                "epochs_run": [epochs for _, epochs, _ in runs],
                 "seeds": list(range(args.seeds)),
                 "budget": {"max_epochs": args.epochs, "patience": args.patience},
                 "lr": args.lr,

@@ -59,7 +59,11 @@ class ConeConv(MessagePassing):
         variant: ``"penumbral"``, ``"umbral"`` or ``"dot"``.
         r: penumbral light-source height / umbral ball radius; ``None`` takes the
             paper's 1.0 / 0.1.
-        gamma: score temperature :math:`\gamma > 0` (unused by ``"dot"``).
+        gamma: score temperature :math:`\gamma > 0` (unused by ``"dot"``); with
+            ``learn_gamma`` the initial value of every head's temperature.
+        learn_gamma: learn one temperature per head, :math:`\gamma_h = e^{\theta_h}`
+            (positive by construction), initialised at ``gamma``. The paper gives no
+            :math:`\gamma`; this lets each head choose how peaked its attention is.
         squared: penumbral: score :math:`-\gamma H^2` (authors' code) instead of :math:`-\gamma H`.
         height_scale: umbral: ψ height :math:`e^{c x_d}` with ``c = height_scale``;
             ``None`` for ``1/d`` per head (authors' code).
@@ -89,6 +93,7 @@ class ConeConv(MessagePassing):
         variant: str = "penumbral",
         r: float | None = None,
         gamma: float = 1.0,
+        learn_gamma: bool = False,
         squared: bool = False,
         height_scale: float | None = 1.0,
         share_qk: bool = True,
@@ -102,6 +107,8 @@ class ConeConv(MessagePassing):
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if not gamma > 0:
             raise ValueError(f"gamma must be > 0, got {gamma}")
+        if learn_gamma and variant == "dot":
+            raise ValueError("learn_gamma applies to the cone variants only, not to 'dot'")
         qk_channels = out_channels if share_qk or qk_channels is None else qk_channels
         if variant != "dot" and qk_channels < 2:
             raise ValueError(
@@ -118,6 +125,7 @@ class ConeConv(MessagePassing):
         self.variant = variant
         self.r = None if variant == "dot" else DEFAULT_RADIUS[variant] if r is None else r
         self.gamma = gamma
+        self.learn_gamma = learn_gamma
         self.squared = squared
         self.height_scale = height_scale
         self.share_qk = share_qk
@@ -132,6 +140,7 @@ class ConeConv(MessagePassing):
         self.lin_qk = None if share_qk else glorot_linear(in_channels, 2 * heads * qk_channels)
         bias_size = heads * out_channels if concat else out_channels
         self.bias = Parameter(torch.empty(bias_size)) if bias else None
+        self.log_gamma = Parameter(torch.empty(heads)) if learn_gamma else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -140,6 +149,8 @@ class ConeConv(MessagePassing):
         if self.lin_qk is not None:
             self.lin_qk.reset_parameters()
         zeros(self.bias)
+        if self.log_gamma is not None:
+            self.log_gamma.data.fill_(math.log(self.gamma))
 
     def forward(self, x: Tensor, edge_index: Adj, return_attention_weights: bool | None = None):
         r"""Runs the layer.
@@ -208,7 +219,6 @@ class ConeConv(MessagePassing):
         edge_index_j: Tensor,
         index: Tensor,
         ptr: Tensor | None,
-        size_i: int | None,
     ) -> Tensor:
         if self.variant == "dot":
             query_i, key_j = (
@@ -219,8 +229,12 @@ class ConeConv(MessagePassing):
         else:
             edges = torch.stack([edge_index_j, edge_index_i])
             dist = edge_distance(query_x, key_x, edges)
-            score = -self.gamma * self._lca_height(dist, query_y_i, key_y_j)
-        alpha = softmax(score, index, ptr, size_i)
+            if self.log_gamma is None:
+                score = self._lca_height(dist, query_y_i, key_y_j, scale=-self.gamma)
+            else:  # per-head temperatures [H], broadcast over the edges
+                score = self._lca_height(dist, query_y_i, key_y_j) * -self.log_gamma.exp()
+        # the number of targets from a shape, never from index values (no host sync)
+        alpha = softmax(score, index, ptr, query_x.size(0))
         return F.dropout(alpha, p=self.dropout, training=self.training)
 
     def message(self, x_j: Tensor, alpha: Tensor) -> Tensor:

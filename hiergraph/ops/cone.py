@@ -145,95 +145,142 @@ def _step(x: Tensor) -> Tensor:
     return torch.sign(x).mul_(0.5).add_(0.5)
 
 
-def _grads_to_inputs(ctx, grads: tuple, inputs: tuple[Tensor, ...]) -> list:
-    """Reduce broadcast gradients to each input's shape; ``None`` where not needed."""
-    return [
-        g.sum_to_size(x.shape) if needed else None
-        for g, x, needed in zip(grads, inputs, ctx.needs_input_grad, strict=False)
-    ]
+Partials = tuple[Tensor, Tensor, Tensor] | None
 
 
-class _PenumbralHeight(torch.autograd.Function):
-    """Branch-free forward and hand-written backward of :func:`penumbral_lca_height`.
+def _expand_dist(dist: Tensor, y_u: Tensor, y_v: Tensor) -> Tensor:
+    """``dist`` expanded to the broadcast shape, so every tensor derived from it is full-size."""
+    return dist.expand(torch.broadcast_shapes(dist.shape, y_u.shape, y_v.shape))
 
-    Autograd through ``where``/``maximum`` costs ~10 slow mask ops per element on
-    CPU; here both branches are evaluated at clamped distances (in-cone at
-    ``min(D, s_u + s_v)``, out-of-cone at ``max(D, s_u + s_v)``, so neither can
-    divide by 0) and blended with a 0/1 step, which is exact because both
-    branches equal ``r`` on the boundary.
+
+def _penumbral_h2(
+    dist: Tensor, y_u: Tensor, y_v: Tensor, r: float, with_partials: bool
+) -> tuple[Tensor, Partials]:
+    """:math:`H^2` of :func:`penumbral_lca_height` and, optionally, its partial
+    derivatives in ``(D, u_d, v_d)``, all with the broadcast shape.
+
+    Branch-free: the in-cone branch is evaluated at ``min(D, s_u + s_v)`` and the
+    out-of-cone branch at ``max(D, s_u + s_v)`` (so neither divides by 0), then
+    blended with a 0/1 step, which is exact because both equal ``r^2`` on the
+    boundary. In-place operations only touch tensors derived from ``dist``
+    (expanded to the full broadcast shape), never the inputs.
+    """
+    tiny = torch.finfo(dist.dtype).eps ** 2
+    dist = _expand_dist(dist, y_u, y_v)
+    a2, b2 = y_u * y_u, y_v * y_v
+    s2_u, s2_v = (r - y_u).mul_(r + y_u), (r - y_v).mul_(r + y_v)  # r^2 - y^2, no cancellation
+    s_u, s_v = s2_u.clamp_min(tiny).sqrt_(), s2_v.clamp_min(tiny).sqrt_()
+    span = s_u + s_v  # a common cone exists iff D < span (eq. 23)
+    d_in = torch.minimum(dist, span)
+    gap = span - d_in
+    # r^2 - gap^2/4 = (2r - gap)(2r + gap)/4, with 2r - gap = D + sum y^2/(r + s) (no cancellation)
+    third = (gap + 2 * r).mul_((d_in + a2 / (r + s_u)).add_(b2 / (r + s_v))).mul_(0.25)
+    top = torch.maximum(a2, b2)
+    h2_in = torch.maximum(top, third)
+    d_out = torch.maximum(dist, span)
+    centre = ((a2 - b2) / d_out).add_(d_out).mul_(0.5)  # geodesic centre offset from v
+    h2_out = torch.addcmul(b2, centre, centre)
+    outside = _step(dist - span)
+    h2 = torch.lerp(h2_in, h2_out, outside)
+    if not with_partials:
+        return h2, None
+
+    # in cone: max(u_d^2, v_d^2, third); d third/dD = -d third/d span = gap / 2
+    w_third = _step(third.sub_(top))
+    w_top = 1 - w_third
+    w_u = w_top * _step(y_u - y_v)
+    w_v = w_top.sub_(w_u)
+    half_gap = gap.mul_(w_third).mul_(0.5)
+    ds_u = y_u / s_u * _step(s2_u - tiny)  # -d s_u / d u_d; 0 where the floor is active
+    ds_v = y_v / s_v * _step(s2_v - tiny)
+    du = torch.addcmul(half_gap * ds_u, w_u, y_u, value=2)
+    dv = torch.addcmul(half_gap * ds_v, w_v, y_v, value=2)
+    # out of cone: centre^2 + v_d^2 with centre = D/2 + (u_d^2 - v_d^2) / (2D)
+    two_c = (centre / d_out).mul_(2)
+    rest = 2 - two_c
+    partials = (
+        half_gap.lerp_(centre.mul_(rest), outside),
+        du.lerp_(two_c.mul_(y_u), outside),
+        dv.lerp_(rest.mul_(y_v), outside),
+    )
+    return h2, partials
+
+
+def _penumbral_h(
+    dist: Tensor, y_u: Tensor, y_v: Tensor, r: float, squared: bool, with_partials: bool
+) -> tuple[Tensor, Partials]:
+    """:math:`H` (or :math:`H^2`) and optional partials; see :func:`_penumbral_h2`."""
+    h2, partials = _penumbral_h2(dist, y_u, y_v, r, with_partials)
+    if squared:
+        return h2, partials
+    tiny = torch.finfo(dist.dtype).eps ** 2
+    h = h2.clamp_min(tiny).sqrt_()
+    if partials is None:
+        return h, None
+    factor = _step(h2.sub_(tiny)).div_(h).mul_(0.5)  # dH / dH^2; 0 where H^2 is floored
+    return h, tuple(p.mul_(factor) for p in partials)
+
+
+def _umbral_h(
+    dist: Tensor, y_u: Tensor, y_v: Tensor, slope: float, with_partials: bool
+) -> tuple[Tensor, Partials]:
+    """:math:`H` of :func:`umbral_lca_height` and optional partials in ``(D, u_d, v_d)``."""
+    dist = _expand_dist(dist, y_u, y_v)
+    top = torch.maximum(y_u, y_v)
+    apex = (dist * slope).add_(y_u + y_v, alpha=0.5)
+    h = torch.maximum(top, apex)
+    if not with_partials:
+        return h, None
+    w_apex = _step(apex.sub_(top))
+    du = ((1 - w_apex) * _step(y_u - y_v)).add_(w_apex, alpha=0.5)
+    return h, (w_apex.mul_(slope), du, 1 - du)
+
+
+class _LCAHeight(torch.autograd.Function):
+    """``scale * H(D, u_d, v_d)`` with the partial derivatives formed in the forward pass.
+
+    Autograd through ``where``/``maximum`` records ~10 slow mask operations per
+    element on CPU; here the forward computes the three partials with in-place
+    arithmetic and the backward is three products. Ties in a max split the
+    gradient evenly, as ``torch.maximum`` does.
     """
 
     @staticmethod
-    def forward(ctx, dist: Tensor, y_u: Tensor, y_v: Tensor, r: float, squared: bool):
-        tiny = torch.finfo(dist.dtype).eps ** 2
-        yu2, yv2 = y_u * y_u, y_v * y_v
-        s2_u, s2_v = (r - y_u) * (r + y_u), (r - y_v) * (r + y_v)
-        s_u, s_v = s2_u.clamp_min(tiny).sqrt(), s2_v.clamp_min(tiny).sqrt()
-        span = s_u + s_v  # a common cone exists iff D < span (eq. 23)
-        d_in, d_out = torch.minimum(dist, span), torch.maximum(dist, span)
-        # r^2 - (span - D)^2 / 4 without cancellation: 2r - span = sum of y^2 / (r + s)
-        lower = yu2 / (r + s_u) + yv2 / (r + s_v) + d_in
-        third = 0.25 * lower * (2 * r + span - d_in)
-        top = torch.maximum(yu2, yv2)
-        h2_in = torch.maximum(top, third)
-        a = 0.5 * d_out + 0.5 * (yu2 - yv2) / d_out  # geodesic centre offset from v
-        h2_out = a * a + yv2
-        outside = _step(dist - span)
-        h2 = h2_in + outside * (h2_out - h2_in)
-        h = h2 if squared else h2.clamp_min(tiny).sqrt()
-        ctx.save_for_backward(dist, y_u, y_v, h)
-        ctx.intermediates = (s2_u, s2_v, s_u, s_v, span, d_in, d_out, top, third, a, outside, h2)
-        ctx.squared = squared
-        return h
+    def forward(ctx, dist: Tensor, y_u: Tensor, y_v: Tensor, height_fn: Callable, scale: float):
+        h, partials = height_fn(dist, y_u, y_v, with_partials=True)
+        ctx.save_for_backward(*partials)
+        ctx.shapes = (dist.shape, y_u.shape, y_v.shape)
+        ctx.scale = scale
+        return h.mul_(scale) if scale != 1.0 else h
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor):
-        dist, y_u, y_v, h = ctx.saved_tensors
-        s2_u, s2_v, s_u, s_v, span, d_in, d_out, top, third, a, outside, h2 = ctx.intermediates
-        tiny = torch.finfo(dist.dtype).eps ** 2
-        g = grad if ctx.squared else grad * _step(h2 - tiny) / (2 * h)
-        g_in, g_out = g * (1 - outside), g * outside
-        # in cone: max(y_u^2, y_v^2, third); d third/dD = -d third/d span = (span - D)/2
-        w_third = _step(third - top)
-        w_u = _step(y_u - y_v) * (1 - w_third)
-        w_v = (1 - w_third) - w_u
-        half_gap = 0.5 * (span - d_in) * w_third
-        ds_u = y_u / s_u * _step(s2_u - tiny)  # -d s_u / d y_u; 0 where the floor is active
-        ds_v = y_v / s_v * _step(s2_v - tiny)
-        # out of cone: a^2 + y_v^2 with a = D/2 + (y_u^2 - y_v^2) / (2D)
-        two_a = 2 * a / d_out
-        grad_dist = g_in * half_gap + g_out * a * (2 - two_a)
-        grad_u = g_in * (2 * y_u * w_u + half_gap * ds_u) + g_out * two_a * y_u
-        grad_v = g_in * (2 * y_v * w_v + half_gap * ds_v) + g_out * (2 - two_a) * y_v
-        return *_grads_to_inputs(ctx, (grad_dist, grad_u, grad_v), (dist, y_u, y_v)), None, None
+        grad = grad * ctx.scale if ctx.scale != 1.0 else grad
+        grads = [
+            (grad * partial).sum_to_size(shape) if needed else None
+            for partial, shape, needed in zip(
+                ctx.saved_tensors, ctx.shapes, ctx.needs_input_grad, strict=False
+            )
+        ]
+        return *grads, None, None
 
 
-class _UmbralHeight(torch.autograd.Function):
-    """Forward and hand-written backward of :func:`umbral_lca_height` (see _PenumbralHeight)."""
-
-    @staticmethod
-    def forward(ctx, dist: Tensor, y_u: Tensor, y_v: Tensor, slope: float):
-        top = torch.maximum(y_u, y_v)
-        apex = dist * slope + 0.5 * (y_u + y_v)
-        w_apex = _step(apex - top)
-        w_u = _step(y_u - y_v) * (1 - w_apex)
-        ctx.save_for_backward(dist, y_u, y_v)
-        ctx.intermediates = (w_apex, w_u)
-        ctx.slope = slope
-        return torch.maximum(top, apex)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor):
-        w_apex, w_u = ctx.intermediates
-        half = 0.5 * grad * w_apex
-        grads = (grad * w_apex * ctx.slope, half + grad * w_u, grad - half - grad * w_u)
-        return *_grads_to_inputs(ctx, grads, ctx.saved_tensors), None
+def _lca_height(height_fn: Callable, dist: Tensor, y_u: Tensor, y_v: Tensor, scale: float):
+    """``scale * H``: through :class:`_LCAHeight` when a gradient is needed, else directly."""
+    if torch.is_grad_enabled() and (dist.requires_grad or y_u.requires_grad or y_v.requires_grad):
+        return _LCAHeight.apply(dist, y_u, y_v, height_fn, float(scale))
+    h, _ = height_fn(dist, y_u, y_v, with_partials=False)
+    return h.mul_(scale) if scale != 1.0 else h
 
 
 def penumbral_lca_height(
-    dist: Tensor, y_u: Tensor, y_v: Tensor, r: float = 1.0, squared: bool = False
+    dist: Tensor,
+    y_u: Tensor,
+    y_v: Tensor,
+    r: float = 1.0,
+    squared: bool = False,
+    scale: float = 1.0,
 ) -> Tensor:
     r"""Height of :math:`\sup_2(u, v)` for penumbral cones (paper Def. 1, eqs. 21-23).
 
@@ -257,14 +304,18 @@ def penumbral_lca_height(
         y_u, y_v: heights in ``(0, r)``.
         r: light-source height.
         squared: return :math:`H^2` (authors' code) instead of :math:`H` (paper).
+        scale: multiply the result by this inside the fused op (scores use :math:`-\gamma`).
 
     Returns:
-        ``H`` (or ``H**2``) with the broadcast shape of the inputs.
+        ``scale * H`` (or ``scale * H**2``) with the broadcast shape of the inputs.
     """
-    return _PenumbralHeight.apply(dist, y_u, y_v, float(r), squared)
+    height_fn = partial(_penumbral_h, r=float(r), squared=squared)
+    return _lca_height(height_fn, dist, y_u, y_v, scale)
 
 
-def umbral_lca_height(dist: Tensor, y_u: Tensor, y_v: Tensor, r: float = 0.1) -> Tensor:
+def umbral_lca_height(
+    dist: Tensor, y_u: Tensor, y_v: Tensor, r: float = 0.1, scale: float = 1.0
+) -> Tensor:
     r"""Height of :math:`\sup_2(u, v)` for umbral cones of ball radius ``r`` (paper eq. 38).
 
     .. math::
@@ -276,8 +327,10 @@ def umbral_lca_height(dist: Tensor, y_u: Tensor, y_v: Tensor, r: float = 0.1) ->
         dist: horizontal distances ``D >= 0``, broadcastable with the heights.
         y_u, y_v: heights ``> 0``.
         r: hyperbolic radius of the ball around each point (0.1 in the paper's runs).
+        scale: multiply the result by this inside the fused op.
     """
-    return _UmbralHeight.apply(dist, y_u, y_v, 1.0 / (2 * math.sinh(r)))
+    height_fn = partial(_umbral_h, slope=1.0 / (2 * math.sinh(r)))
+    return _lca_height(height_fn, dist, y_u, y_v, scale)
 
 
 # ---------------------------------------------------------------------------
@@ -296,16 +349,22 @@ class _EdgeDistance(torch.autograd.Function):
 
     Autograd through ``index_select``, ``sub`` and ``vector_norm`` materialises
     several ``[E, ..., c]`` temporaries; here the backward forms one,
-    :math:`g_e (a_e - b_e) / D_e`, and scatter-adds it into both inputs. The
-    subgradient at ``D = 0`` is 0, as for ``torch.linalg.vector_norm``.
+    :math:`g_e (a_e - b_e) / D_e`, and scatter-adds it into both inputs (into
+    one buffer when they are the same tensor, as for shared queries and keys).
+    The sum over the ``c`` channels is a matrix-vector product, several times
+    faster on CPU than a reduction over a short last dimension. The subgradient
+    at ``D = 0`` is 0, as for ``torch.linalg.vector_norm``.
     """
 
     @staticmethod
     def forward(ctx, x_dst: Tensor, x_src: Tensor, dst: Tensor, src: Tensor) -> Tensor:
         diff = x_dst.index_select(0, dst) - x_src.index_select(0, src)
-        dist = torch.linalg.vector_norm(diff, dim=-1)
+        channels = diff.size(-1)
+        squares = diff.square().view(-1, channels)
+        dist = torch.mv(squares, squares.new_ones(channels)).sqrt_().view(diff.shape[:-1])
         ctx.save_for_backward(diff, dist, dst, src)
         ctx.num_nodes = (x_dst.size(0), x_src.size(0))
+        ctx.same_input = x_dst is x_src
         return dist
 
     @staticmethod
@@ -314,6 +373,10 @@ class _EdgeDistance(torch.autograd.Function):
         diff, dist, dst, src = ctx.saved_tensors
         scale = grad * dist.sign() / dist.clamp_min(torch.finfo(dist.dtype).tiny)  # 0 at D = 0
         grad_diff = diff * scale.unsqueeze(-1)
+        if ctx.same_input:
+            out = grad_diff.new_zeros(ctx.num_nodes[0], *grad_diff.shape[1:])
+            out.index_add_(0, dst, grad_diff).index_add_(0, src, grad_diff, alpha=-1)
+            return out, None, None, None
         grads = []
         for needed, index, num_nodes, sign in zip(
             ctx.needs_input_grad[:2], (dst, src), ctx.num_nodes, (1, -1), strict=True
@@ -361,7 +424,10 @@ def _check_edges(q: Tensor, k: Tensor, edge_index: Tensor) -> None:
             f"q [N_dst, ..., d] and k [N_src, ..., d] must agree after the node dimension, "
             f"got {tuple(q.shape)} and {tuple(k.shape)}"
         )
-    if edge_index.numel() > 0:
+    # The range check reads index values, so it runs for CPU indices only: on an
+    # accelerator it would stall the forward pass on a device-to-host copy, and
+    # index_select there raises its own device-side error for an index out of range.
+    if edge_index.numel() > 0 and edge_index.device.type == "cpu":
         if int(edge_index.min()) < 0:
             raise ValueError("edge_index has negative entries")
         if int(edge_index[0].max()) >= k.size(0) or int(edge_index[1].max()) >= q.size(0):
@@ -393,7 +459,7 @@ def _cone_scores(
     dtype = _compute_dtype(q, k)
     with torch.autocast(device_type=q.device.type, enabled=False):
         u, v = to_halfspace(q.to(dtype)), to_halfspace(k.to(dtype))
-        return -gamma * lca_height(*pairs(u, v))
+        return lca_height(*pairs(u, v), scale=-gamma)
 
 
 def cone_geometry(

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
 from torch_geometric.utils import coalesce, to_dense_adj
 
@@ -99,6 +100,46 @@ def test_finite_gradients_with_self_loops_float32(variant):
     conv(x, edge_index).square().sum().backward()
     assert torch.isfinite(x.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in conv.parameters())
+
+
+def test_learned_per_head_temperature_matches_dense_reference():
+    torch.manual_seed(9)
+    x, edge_index = graph()
+    conv = ConeConv(F_IN, 4, heads=3, variant="umbral", gamma=2.0, learn_gamma=True).double()
+    torch.testing.assert_close(conv.log_gamma.exp(), torch.full((3,), 2.0, dtype=torch.float64))
+    with torch.no_grad():
+        conv.log_gamma.copy_(torch.tensor([-1.0, 0.0, 0.7]))
+    out, (ei, alpha) = conv(x, edge_index, return_attention_weights=True)
+    value = conv.lin(x).view(N, 3, 4).transpose(0, 1)
+    allowed = to_dense_adj(edge_index, max_num_nodes=N)[0].T.bool() | torch.eye(N, dtype=torch.bool)
+    scores = umbral(value, value, r=conv.r) * conv.log_gamma.exp().view(3, 1, 1)
+    weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+    torch.testing.assert_close(alpha, weights[:, ei[1], ei[0]].T)
+    out.square().sum().backward()
+    assert conv.log_gamma.grad.abs().min() > 0  # every head's temperature is trained
+    with pytest.raises(ValueError, match="learn_gamma"):
+        ConeConv(F_IN, 4, variant="dot", learn_gamma=True)
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral", "dot"])
+def test_forward_backward_read_no_tensor_values(variant):
+    """No ``.item()``/``int()`` on tensors (a host-device sync on accelerators) in the layer."""
+
+    class RecordOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, edge_index = graph()
+    conv = ConeConv(F_IN, 4, heads=2, variant=variant)
+    with RecordOps() as recorded:
+        conv(x.float(), edge_index).sum().backward()
+    assert "aten.index_select.default" in recorded.ops  # the mode does see the layer's ops
+    assert "aten._local_scalar_dense.default" not in recorded.ops
 
 
 def test_autocast_scores_in_float32():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hiergraph.ops.cone import (
+    _check_edges,
     cone_geometry,
     edge_distance,
     penumbral,
@@ -293,6 +294,53 @@ def test_edge_distance_matches_vector_norm():
     loops = torch.arange(7).repeat(2, 1)
     (grad,) = torch.autograd.grad(edge_distance(a, a, loops).sum(), a)
     assert (grad == 0).all()
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_scale_and_no_grad_path(variant):
+    """``scale`` multiplies value and gradients; without autograd the same values come back."""
+    gen = torch.Generator().manual_seed(23)
+    dist = (2 * torch.rand(60, generator=gen, dtype=torch.float64)).requires_grad_()
+    y_u = (0.01 + 0.98 * torch.rand(60, generator=gen, dtype=torch.float64)).requires_grad_()
+    y_v = (0.01 + 0.98 * torch.rand(60, generator=gen, dtype=torch.float64)).requires_grad_()
+    fn = penumbral_lca_height if variant == "penumbral" else umbral_lca_height
+    plain, scaled = fn(dist, y_u, y_v), fn(dist, y_u, y_v, scale=-2.5)
+    torch.testing.assert_close(scaled, -2.5 * plain)
+    grads = torch.autograd.grad(plain.sum(), (dist, y_u, y_v))
+    scaled_grads = torch.autograd.grad(scaled.sum(), (dist, y_u, y_v))
+    for grad, scaled_grad in zip(grads, scaled_grads, strict=True):
+        torch.testing.assert_close(scaled_grad, -2.5 * grad)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(dist, y_u, y_v, scale=-2.5), scaled.detach())
+    inputs = [x.detach().clone() for x in (dist, y_u, y_v)]
+    fn(*inputs, scale=-2.5)
+    for x, ref in zip(inputs, (dist, y_u, y_v), strict=True):
+        assert torch.equal(x, ref.detach())  # inputs are never modified in place
+
+
+def test_edge_distance_shared_points_gradient():
+    """Queries and keys that are one tensor (shared projections) take the one-buffer backward."""
+    gen = torch.Generator().manual_seed(24)
+    a = torch.randn(7, 2, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    edge_index = torch.randint(0, 7, (2, 50), generator=gen)
+    dist = edge_distance(a, a, edge_index)
+    ref = torch.linalg.vector_norm(a[edge_index[1]] - a[edge_index[0]], dim=-1)
+    torch.testing.assert_close(dist, ref)
+    weight = torch.randn(dist.shape, generator=gen, dtype=torch.float64)
+    (grad,) = torch.autograd.grad((dist * weight).sum(), a)
+    (ref_grad,) = torch.autograd.grad((ref * weight).sum(), a)
+    torch.testing.assert_close(grad, ref_grad)
+    assert torch.autograd.gradcheck(lambda x: edge_distance(x, x, edge_index), (a,))
+
+
+def test_edge_range_check_reads_values_on_cpu_only():
+    """Validation never reads index values off the CPU (no host sync in a GPU forward)."""
+    q = torch.empty(4, 2, 3, device="meta")  # reading a meta tensor's values raises
+    _check_edges(q, q, torch.empty(2, 5, dtype=torch.long, device="meta"))
+    with pytest.raises(ValueError, match=r"\[2, E\]"):
+        _check_edges(q, q, torch.empty(3, 5, dtype=torch.long, device="meta"))
+    with pytest.raises(ValueError, match="out of range"):
+        _check_edges(torch.zeros(4, 2, 3), torch.zeros(4, 2, 3), torch.tensor([[0], [4]]))
 
 
 def test_hand_written_backwards_refuse_double_backward():
