@@ -1,0 +1,277 @@
+"""Zero-shot HSA inside pretrained all-MiniLM-L6-v2 on real text (issue 11).
+
+For every layer set x branching tuple, three replacements of the chosen
+layers' softmax attention, measured on the same cached documents:
+
+* ``hsa``: HSA over the fixed window hierarchy (include-self, eps = 0);
+* ``block``: the same-FLOPs local baseline, softmax inside blocks of ``w`` tokens,
+  ``w`` the smallest block whose attention FLOPs at 256 tokens are >= HSA's (always
+  at least the leaf window);
+* ``hsa_no_size_bias``: HSA without the log n(B) sibling-size bias (notes §7.3).
+
+Reported per run: mean cosine to the original sentence embeddings, probe
+accuracies (see examples/zeroshot_minilm.py), attention FLOPs per replaced
+layer (mean over the documents at their real lengths, and at 256 tokens), and
+wall time. A separate timing section times the attention op alone (flat SDPA vs
+the three replacements) on one batch of 256-token documents, interleaved,
+medians.
+
+    HF_HUB_OFFLINE=1 HIERGRAPH_RAW=../shared/datasets nice -n 5 python benchmarks/zeroshot.py \\
+        run --dataset bbc --layer-sets last2 --branchings 2,4,8,16
+    python benchmarks/zeroshot.py report   # -> results/zeroshot.json + zeroshot.png
+
+``run`` appends to ``results/zeroshot_<dataset>[_n<limit>].json`` after every finished
+configuration (skipping ones already there), so the grid can be run in parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hiergraph.data import window_hierarchy
+from hiergraph.integrations import (
+    block_attention_flops,
+    flat_attention_flops,
+    hsa_attention_flops,
+    padded_block_attention,
+    padded_hsa,
+    window_hierarchies,
+)
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+CACHE = HERE.parent / "datasets" / "zeroshot_cache"  # git-ignored
+METHODS = ("hsa", "block", "hsa_no_size_bias")
+TIMING_REPEATS = 5
+
+
+def load_example():
+    path = HERE.parent / "examples" / "zeroshot_minilm.py"
+    spec = importlib.util.spec_from_file_location("zeroshot_minilm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def same_flops_block(branching, length: int, head_dim: int, heads: int) -> int:
+    """Smallest block size whose block attention at ``length`` tokens costs >= HSA's."""
+    target = hsa_attention_flops(window_hierarchy(length, branching), head_dim, heads)["total"]
+    block = branching[0] if branching else length
+    while block_attention_flops(length, block, head_dim, heads) < target:
+        block += 1
+    return block
+
+
+def load_cache(ex, model, tokenizer, dataset, args, starts):
+    """The original pass (embeddings + inputs of the layers in ``starts``), from disk if
+    there."""
+    path = CACHE / f"{dataset}_{args.max_tokens}_{args.limit or 'all'}.pt"
+    if path.exists():
+        cache = torch.load(path, weights_only=False)
+        if starts <= set(cache["batches"][0][1]):
+            return cache
+    texts, labels, split = ex.load_texts(dataset, args.limit)
+    start = time.perf_counter()
+    cache = ex.encode_original(model, tokenizer, texts, args.max_tokens, args.batch_size, starts)
+    cache.update(labels=labels, split=split, seconds=time.perf_counter() - start)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    torch.save(cache, path)
+    return cache
+
+
+@torch.no_grad()
+def time_attention(ex, model, cache, branching, block) -> dict[str, float]:
+    """Median seconds of the attention op of the last layer on the longest cached batch:
+    flat SDPA vs the replacements, interleaved."""
+    last = ex.NUM_LAYERS - 1
+    valid, kept = cache["batches"][-1]
+    hidden = kept[last] if last in kept else None
+    if hidden is None:
+        return {}
+    attn = ex.encoder_layers(model)[last].attention.self
+    b, t, _ = hidden.shape
+    q, k, v = (
+        p(hidden).view(b, t, attn.num_attention_heads, -1).transpose(1, 2)
+        for p in (attn.query, attn.key, attn.value)
+    )
+    key_valid = valid.bool()
+    mask = ex.additive_mask(valid)
+    ops = {
+        "flat_sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, mask),
+        "hsa": lambda: padded_hsa(
+            q, k, v, key_valid, window_hierarchies(key_valid.sum(1).tolist(), branching)
+        ),
+        "hsa_no_size_bias": lambda: padded_hsa(
+            q,
+            k,
+            v,
+            key_valid,
+            window_hierarchies(key_valid.sum(1).tolist(), branching),
+            size_bias=False,
+        ),
+        "block": lambda: padded_block_attention(q, k, v, key_valid, block),
+    }
+    times = {name: [] for name in ops}
+    for _ in range(TIMING_REPEATS):
+        for name, op in ops.items():
+            start = time.perf_counter()
+            op()
+            times[name].append(time.perf_counter() - start)
+    out = {name: float(np.median(t)) for name, t in times.items()}
+    out["batch"] = [b, t]
+    return out
+
+
+def run(args) -> None:
+    ex = load_example()
+    torch.set_num_threads(args.threads)
+    suffix = "" if args.limit is None else f"_n{args.limit}"
+    out = RESULTS / f"zeroshot_{args.dataset}{suffix}.json"
+    result = json.loads(out.read_text()) if out.exists() else {"runs": [], "commands": []}
+    result["commands"].append("python benchmarks/zeroshot.py " + " ".join(sys.argv[1:]))
+    model, tokenizer = ex.load_minilm()
+    cfg = model.config
+    heads, head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    layer_sets = {name: ex.LAYER_SETS[name] for name in args.layer_sets}
+    # cache every start layer of the grid once, so later parts reuse the original pass
+    starts = {min(layers) for layers in ex.LAYER_SETS.values()} | {ex.NUM_LAYERS - 1}
+    cache = load_cache(ex, model, tokenizer, args.dataset, args, starts)
+    labels, split = cache["labels"], cache["split"]
+    lengths = [int(n) for valid, _ in cache["batches"] for n in valid.sum(1)]
+    emb = cache["embedding"].numpy()
+    result.update(
+        dataset=args.dataset,
+        documents=len(labels),
+        mean_tokens=float(np.mean(lengths)),
+        max_tokens=args.max_tokens,
+        threads=args.threads,
+        original={"probe": ex.probe_accuracy(emb, emb, labels, split)},
+        original_pass_seconds=cache["seconds"],
+        machine={"platform": platform.platform(), "cpus": os.cpu_count()},
+    )
+    done = {(r["layers"], tuple(r["branching"]), r["method"]) for r in result["runs"]}
+    for branching in args.branchings:
+        block = same_flops_block(branching, args.max_tokens, head_dim, heads)
+        flops = ex.attention_flops(lengths, branching, head_dim, heads)
+        n = args.max_tokens
+        flops_at_n = {
+            "flat": flat_attention_flops(n, head_dim, heads),
+            "hsa": hsa_attention_flops(window_hierarchy(n, branching), head_dim, heads)["total"],
+            "block": block_attention_flops(n, block, head_dim, heads),
+        }
+        flops_at_n["hsa_no_size_bias"] = flops_at_n["hsa"]
+        flops["block"] = float(
+            np.mean([block_attention_flops(m, block, head_dim, heads) for m in lengths])
+        )
+        flops["hsa_no_size_bias"] = flops["hsa"]
+        timing = time_attention(ex, model, cache, branching, block)
+        result.setdefault("timing", {})[",".join(map(str, branching))] = {
+            **timing,
+            "load": os.getloadavg(),
+        }
+        for name, layers in layer_sets.items():
+            for method in METHODS:
+                if (name, branching, method) in done:
+                    continue
+                r = ex.evaluate(model, cache, labels, split, layers, branching, method, block)
+                r.update(
+                    layers=name,
+                    layer_ids=layers,
+                    branching=list(branching),
+                    method=method,
+                    block=block if method == "block" else None,
+                    flops_per_layer={"flat": flops["flat"], "method": flops[method]},
+                    flops_per_layer_at_max_tokens={
+                        "flat": flops_at_n["flat"],
+                        "method": flops_at_n[method],
+                    },
+                    load=os.getloadavg(),
+                )
+                print(
+                    f"{args.dataset} {name} {branching} {method}: cos {r['cosine']:.4f} "
+                    f"probe {r['probe']:.4f} frozen {r['frozen_probe']:.4f} "
+                    f"(orig {result['original']['probe']:.4f}) {r['seconds']:.0f}s",
+                    flush=True,
+                )
+                result["runs"].append(r)
+                out.write_text(json.dumps(result, indent=1))
+    out.write_text(json.dumps(result, indent=1))
+
+
+def report(args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = {}
+    for path in sorted(RESULTS.glob("zeroshot_*.json")):
+        parts[path.stem.removeprefix("zeroshot_")] = json.loads(path.read_text())
+    (RESULTS / "zeroshot.json").write_text(json.dumps(parts, indent=1))
+    fig, axes = plt.subplots(len(parts), 2, figsize=(11, 3.6 * len(parts)), squeeze=False)
+    colors = {"hsa": "C0", "block": "C1", "hsa_no_size_bias": "C2"}
+    for row, (dataset, res) in zip(axes, parts.items(), strict=True):
+        keys = sorted({(r["layers"], tuple(r["branching"])) for r in res["runs"]})
+        x = np.arange(len(keys))
+        for j, method in enumerate(METHODS):
+            by = {
+                (r["layers"], tuple(r["branching"])): r
+                for r in res["runs"]
+                if r["method"] == method
+            }
+            for ax, metric in zip(row, ("cosine", "probe"), strict=True):
+                vals = [by[k][metric] if k in by else np.nan for k in keys]
+                ax.bar(x + (j - 1) * 0.27, vals, 0.27, color=colors[method], label=method)
+        row[1].axhline(res["original"]["probe"], color="k", ls="--", label="original")
+        for ax, metric in zip(row, ("mean cosine to original", "probe accuracy"), strict=True):
+            ax.set_xticks(x, [f"{a}\n{','.join(map(str, b))}" for a, b in keys], fontsize=7)
+            ax.set_title(f"{dataset.upper()} ({res['documents']} docs): {metric}", fontsize=9)
+        row[0].set_ylim(0.5, 1.0)
+        row[1].set_ylim(max(0.0, res["original"]["probe"] - 0.15), 1.0)
+        row[1].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "zeroshot.png", dpi=120)
+    for dataset, res in parts.items():
+        print(f"\n{dataset}: original probe {res['original']['probe']:.4f}")
+        for r in res["runs"]:
+            f = r["flops_per_layer_at_max_tokens"]
+            print(
+                f"| {r['layers']} | {','.join(map(str, r['branching']))} | {r['method']} | "
+                f"{r['cosine']:.4f} | {r['probe']:.4f} | {r['frozen_probe']:.4f} | "
+                f"{f['flat'] / f['method']:.1f}x |"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run")
+    p.add_argument("--dataset", choices=("bbc", "imdb"), default="bbc")
+    p.add_argument("--layer-sets", nargs="+", default=["last1", "last2", "last3", "all"])
+    p.add_argument(
+        "--branchings",
+        nargs="+",
+        default=["2,4,8,16", "2,2,2,2", "8,4,2"],
+        type=lambda s: tuple(int(b) for b in s.split(",")),
+    )
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--limit", type=int, default=None, help="documents (default: all)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--threads", type=int, default=1)
+    sub.add_parser("report")
+    args = parser.parse_args()
+    run(args) if args.command == "run" else report(args)
+
+
+if __name__ == "__main__":
+    main()

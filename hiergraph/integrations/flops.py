@@ -1,0 +1,96 @@
+r"""Attention FLOP counter: flat softmax vs HSA vs local block attention, per layer.
+
+The accounting follows the reconstruction of the HSA paper's Table 3 in
+notes/hsa.md §5.3: every attention score costs :math:`2d` (query–key dot
+product) :math:`+\,2d_v` (weighting the value) :math:`+\,c` (scale, mask,
+exponential, sum, division; :data:`SCORE_FLOPS` :math:`= 12`), so flat
+attention over :math:`N` tokens costs
+
+.. math::
+    \mathrm{FL}_\text{flat} = H\,N^2\,(2d + 2d_v + c)
+
+per layer (:math:`H` heads of width :math:`d`), which reproduces the paper's
+flat numbers (``N = 264, d = 768``: 214.94 MFLOPs). HSA runs the same score
+computation inside every family :math:`f` of :math:`b_f` children (dense
+:math:`b_f \times b_f` blocks, as the dense family kernel computes them),
+plus the tree bookkeeping the paper's estimate leaves out: pooling the mean
+query/key/value into each parent (:math:`2(2d + d_v)` per non-root node),
+the gates (:math:`c` per non-root node) and the top-down accumulation
+(:math:`2 d_v` per non-root node, and per leaf with include-self):
+
+.. math::
+    \mathrm{FL}_\text{HSA} = H\Big[\sum_f b_f^2 (2d + 2d_v + c)
+        + M' \big(2(2d+d_v) + c + 2d_v\big) + [\text{self}]\,2 d_v N\Big]
+
+with :math:`M'` the number of non-root nodes. Only the attention itself is
+counted; the q/k/v/output projections are the same for every method.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: FLOPs per attention score besides the two dot products (notes/hsa.md §5.3).
+SCORE_FLOPS = 12
+
+
+def _per_score(head_dim: int, value_dim: int | None, score_flops: int) -> int:
+    value_dim = head_dim if value_dim is None else value_dim
+    return 2 * head_dim + 2 * value_dim + score_flops
+
+
+def flat_attention_flops(
+    num_tokens: int,
+    head_dim: int,
+    heads: int = 1,
+    value_dim: int | None = None,
+    score_flops: int = SCORE_FLOPS,
+) -> int:
+    r"""FLOPs of softmax attention over ``num_tokens`` tokens, :math:`H N^2 (2d + 2d_v + c)`."""
+    return heads * num_tokens**2 * _per_score(head_dim, value_dim, score_flops)
+
+
+def block_attention_flops(
+    num_tokens: int,
+    block: int,
+    head_dim: int,
+    heads: int = 1,
+    value_dim: int | None = None,
+    score_flops: int = SCORE_FLOPS,
+) -> int:
+    """FLOPs of softmax attention inside non-overlapping blocks of ``block`` tokens
+    (the last block may be partial)."""
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    full, rest = divmod(num_tokens, block)
+    scores = full * block**2 + rest**2
+    return heads * scores * _per_score(head_dim, value_dim, score_flops)
+
+
+def hsa_attention_flops(
+    hierarchy,
+    head_dim: int,
+    heads: int = 1,
+    value_dim: int | None = None,
+    include_self: bool = True,
+    score_flops: int = SCORE_FLOPS,
+) -> dict[str, int]:
+    r"""FLOPs of HSA over ``hierarchy`` (a :class:`~hiergraph.data.SignalHierarchy` or a
+    PyG batch of them; batches sum over their trees).
+
+    Returns:
+        ``{'family': ..., 'tree': ..., 'total': ...}``: the family softmax
+        attention (:math:`\sum_f b_f^2` scores), the pooling/gate/accumulation
+        bookkeeping, and their sum.
+    """
+    parent = hierarchy.parent
+    nodes = torch.arange(parent.numel(), device=parent.device)
+    non_root = parent != nodes
+    sizes = torch.bincount(parent[non_root], minlength=parent.numel())
+    value_dim = head_dim if value_dim is None else value_dim
+    family = int((sizes**2).sum()) * _per_score(head_dim, value_dim, score_flops)
+    num_edges = int(non_root.sum())
+    tree = num_edges * (2 * (2 * head_dim + value_dim) + score_flops + 2 * value_dim)
+    if include_self:
+        tree += 2 * value_dim * int(hierarchy.is_leaf.sum())
+    return {"family": heads * family, "tree": heads * tree, "total": heads * (family + tree)}

@@ -1,0 +1,268 @@
+r"""Zero-shot HSA inside pretrained Hugging Face BERT/RoBERTa-family encoders.
+
+:func:`inject_hsa` swaps the self-attention of chosen layers for
+Hierarchical Self-Attention over a fixed hopping-window hierarchy (or over
+hierarchies the caller passes, e.g. from sentence boundaries,
+:func:`hsa_hierarchies`), reusing each layer's own per-head
+:math:`q, k, v` projections and output projection, with no training
+(the HSA paper §4.3 / App. L; notes/hsa.md §4.3). Per head and example,
+
+.. math::
+    \mathrm{out} = \hat\Theta V, \qquad
+    \hat\Theta = \arg\min_{\Theta \in \mathcal{B}} \sum_i
+        D_\mathrm{KL}\big(\theta_{i\cdot} \,\|\,
+        \mathrm{softmax}_j(q_i^\top k_j / \sqrt{d})\big)
+
+over the block-constrained row-stochastic matrices :math:`\mathcal{B}` of the
+hierarchy: the KL-closest hierarchical approximation of the layer's own
+softmax attention (Thm. 3.2; diagonal included, §2.8.9). The padding mask is
+honoured (padding tokens are not in any tree; their rows are 0).
+:func:`remove_hsa` restores the original modules; the weights are shared, never
+copied, so the restored model is bit-identical.
+
+Works with any model whose layers are ``<encoder>.layer[i].attention.self``
+with ``query``/``key``/``value`` linears (``BertModel``, ``RobertaModel``, their
+task heads, a sentence-transformers ``Transformer`` module's ``auto_model``).
+Requires ``transformers`` (the ``hf`` extra) only to build such a model;
+this module itself imports nothing from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+from torch_geometric.data import Batch
+
+from hiergraph.integrations.padded_attention import (
+    key_padding_mask,
+    padded_block_attention,
+    padded_hsa,
+    window_hierarchies,
+)
+
+METHODS = ("hsa", "hsa_no_size_bias", "block")
+
+
+class _Hierarchies:
+    """Hierarchies shared by the replaced layers of one model: the trees of the last batch
+    (rebuilt only when the valid lengths change) or the caller's."""
+
+    def __init__(self, branching: tuple[int, ...]):
+        self.branching = branching
+        self.given: Batch | None = None
+        self._key: tuple[int, ...] | None = None
+        self._batch: Batch | None = None
+
+    def for_lengths(self, lengths: Tensor) -> Batch:
+        if self.given is not None:
+            return self.given
+        key = tuple(lengths.tolist())
+        if key != self._key:
+            self._key, self._batch = key, window_hierarchies(key, self.branching)
+        return self._batch
+
+
+class HSASelfAttention(nn.Module):
+    r"""Drop-in for a transformers ``*SelfAttention`` module (same ``query``/``key``/
+    ``value`` submodules, so the ``state_dict`` keys and weights are unchanged).
+
+    ``forward(hidden_states, attention_mask=None, ...)`` returns
+    ``(context [B, T, hidden], None)``: attention weights are never materialised.
+    Attention dropout is not applied (zero-shot inference).
+
+    Args:
+        attention: the module it replaces (kept for :func:`remove_hsa`).
+        method: ``'hsa'``; ``'hsa_no_size_bias'`` (HSA without the
+            :math:`\log n(B)` sibling bias, a baseline); ``'block'`` (softmax
+            inside blocks of ``block`` tokens, a baseline).
+        include_self: BERT-style diagonal in HSA (notes §2.8.9).
+        block: block size for ``method='block'``.
+        hierarchies: the shared hierarchy source of the model.
+    """
+
+    def __init__(
+        self,
+        attention: nn.Module,
+        method: str,
+        include_self: bool,
+        block: int,
+        hierarchies: _Hierarchies,
+    ):
+        super().__init__()
+        self.query, self.key, self.value = attention.query, attention.key, attention.value
+        self.heads = attention.num_attention_heads
+        self.head_dim = attention.attention_head_size
+        self.scale = getattr(attention, "scaling", self.head_dim**-0.5)
+        self.method, self.include_self, self.block = method, include_self, block
+        self.hierarchies = hierarchies
+        self.__dict__["original"] = attention  # not a submodule: no duplicate parameters
+
+    def forward(
+        self, hidden_states: Tensor, attention_mask: Tensor | None = None, *args, **kwargs
+    ) -> tuple[Tensor, None]:
+        if (
+            kwargs.get("past_key_values") is not None
+            or kwargs.get("encoder_hidden_states") is not None
+        ):
+            raise ValueError(
+                "HSA layers are encoder self-attention only: no KV cache, no cross-attention"
+            )
+        batch, length, _ = hidden_states.shape
+        q, k, v = (
+            proj(hidden_states).view(batch, length, self.heads, -1).transpose(1, 2)
+            for proj in (self.query, self.key, self.value)
+        )
+        key_valid = key_padding_mask(attention_mask, batch, length).to(q.device)
+        if self.method == "block":
+            out = padded_block_attention(q, k, v, key_valid, self.block, self.scale)
+        else:
+            tree = self.hierarchies.for_lengths(key_valid.sum(1).cpu()).to(q.device)
+            out = padded_hsa(
+                q,
+                k,
+                v,
+                key_valid,
+                tree,
+                include_self=self.include_self,
+                size_bias=self.method == "hsa",
+                scale=self.scale,
+            )
+        return out.reshape(batch, length, -1), None
+
+    def extra_repr(self) -> str:
+        branching = self.hierarchies.branching
+        detail = f"block={self.block}" if self.method == "block" else f"branching={branching}"
+        return f"method={self.method!r}, heads={self.heads}, {detail}"
+
+
+def encoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The transformer layers of a BERT/RoBERTa-family model (or its task/sentence wrapper)."""
+    for candidate in (
+        model,
+        getattr(model, "base_model", None),
+        getattr(model, "auto_model", None),
+    ):
+        layers = getattr(getattr(candidate, "encoder", None), "layer", None)
+        if isinstance(layers, nn.ModuleList):
+            return layers
+    raise TypeError(
+        f"{type(model).__name__} has no `encoder.layer` list: pass a Hugging Face BERT/RoBERTa-"
+        "family model (BertModel, RobertaModel, a *ForSequenceClassification, or a "
+        "sentence-transformers Transformer's `auto_model`)"
+    )
+
+
+def interleaved_layers(num_layers: int, count: int) -> list[int]:
+    """The last ``count`` layers of every other layer, ending at the last one (the paper's
+    interleaving, §4.3): ``interleaved_layers(6, 2) == [3, 5]``."""
+    if not 1 <= count <= (num_layers + 1) // 2:
+        raise ValueError(f"count must be in [1, {(num_layers + 1) // 2}], got {count}")
+    return sorted(num_layers - 1 - 2 * i for i in range(count))
+
+
+def inject_hsa(
+    model: nn.Module,
+    layers: Sequence[int],
+    branching: Sequence[int] = (2, 4, 8, 16),
+    include_self: bool = True,
+    method: str = "hsa",
+    block: int | None = None,
+) -> nn.Module:
+    r"""Replace the self-attention of ``layers`` by HSA (in place; returns ``model``).
+
+    Args:
+        model: a Hugging Face BERT/RoBERTa-family encoder (see module docstring).
+        layers: layer indices (negative counts from the end), e.g.
+            :func:`interleaved_layers`.
+        branching: bottom-up window sizes of the fixed hierarchy
+            (:func:`~hiergraph.data.window_hierarchy`); ``()`` is one flat family,
+            i.e. exactly the original softmax attention.
+        include_self: include the diagonal, as BERT's softmax does (§2.8.9).
+        method: ``'hsa'`` or one of the baselines ``'hsa_no_size_bias'``, ``'block'``.
+        block: block size for ``'block'`` (default ``branching[0]``: the leaf windows).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    branching = tuple(branching)
+    if any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in branching):
+        raise ValueError(f"branching factors must be ints >= 2, got {branching}")
+    if method == "block":
+        block = block if block is not None else (branching[0] if branching else None)
+        if block is None or block < 1:
+            raise ValueError("method='block' needs block >= 1 (or a non-empty branching)")
+    all_layers = encoder_layers(model)
+    n = len(all_layers)
+    chosen = sorted({i % n for i in _check_layers(layers, n)})
+    hierarchies = _Hierarchies(branching)
+    for i in chosen:
+        attention = all_layers[i].attention
+        if isinstance(attention.self, HSASelfAttention):
+            raise ValueError(f"layer {i} already has HSA; call remove_hsa(model) first")
+        attention.self = HSASelfAttention(attention.self, method, include_self, block, hierarchies)
+    return model
+
+
+def remove_hsa(model: nn.Module) -> nn.Module:
+    """Restore every replaced self-attention module (in place; returns ``model``)."""
+    for layer in encoder_layers(model):
+        if isinstance(layer.attention.self, HSASelfAttention):
+            layer.attention.self = layer.attention.self.original
+    return model
+
+
+@contextmanager
+def hsa_hierarchies(model: nn.Module, hierarchies) -> Iterator[None]:
+    """Use the caller's hierarchies (e.g. from sentence boundaries,
+    :func:`sentence_hierarchy`) instead of the fixed windows, inside the ``with`` block.
+
+    Args:
+        hierarchies: a list of :class:`~hiergraph.data.SignalHierarchy` (or their PyG
+            batch), one per example with valid tokens, in batch order; example
+            ``b``'s leaves are its valid (non-padding) tokens in order.
+    """
+    shared = {
+        id(m.hierarchies): m.hierarchies for m in model.modules() if isinstance(m, HSASelfAttention)
+    }
+    if not shared:
+        raise ValueError("the model has no HSA layers; call inject_hsa(model, ...) first")
+    batch = (
+        hierarchies if isinstance(hierarchies, Batch) else Batch.from_data_list(list(hierarchies))
+    )
+    for h in shared.values():
+        h.given = batch
+    try:
+        yield
+    finally:
+        for h in shared.values():
+            h.given = None
+
+
+def sentence_hierarchy(sentence_lengths: Sequence[int] | Tensor):
+    """Root → sentences → tokens over ``sum(sentence_lengths)`` tokens (a
+    :class:`~hiergraph.data.SignalHierarchy`); e.g. ``[CLS]`` joins the first sentence and
+    ``[SEP]`` the last."""
+    from hiergraph.data.signal_hierarchy import SignalHierarchy
+
+    sizes = torch.as_tensor(sentence_lengths, dtype=torch.long)
+    if sizes.dim() != 1 or sizes.numel() == 0 or bool((sizes < 1).any()):
+        raise ValueError(f"sentence_lengths must be positive ints, got {sizes.tolist()}")
+    tokens, sentences = int(sizes.sum()), sizes.numel()
+    token_parent = tokens + torch.arange(sentences).repeat_interleave(sizes)
+    sentence_parent = torch.full((sentences,), tokens + sentences)
+    parent = torch.cat([token_parent, sentence_parent, torch.tensor([-1])])
+    return SignalHierarchy.from_parent(parent)
+
+
+def _check_layers(layers: Sequence[int], n: int) -> list[int]:
+    layers = list(layers)
+    if not layers:
+        raise ValueError("layers is empty: name at least one layer index")
+    bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not -n <= i < n]
+    if bad:
+        raise ValueError(
+            f"layer indices must be ints in [-{n}, {n}) for this {n}-layer model: {bad}"
+        )
+    return layers

