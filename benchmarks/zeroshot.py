@@ -197,8 +197,9 @@ def run(args) -> None:
                     },
                     load=os.getloadavg(),
                 )
+                tok = "-" if r["token_cosine"] is None else f"{r['token_cosine']:.4f}"
                 print(
-                    f"{args.dataset} {name} {branching} {method}: cos {r['cosine']:.4f} "
+                    f"{args.dataset} {name} {branching} {method}: cos {r['cosine']:.4f} tok {tok} "
                     f"probe {r['probe']:.4f} frozen {r['frozen_probe']:.4f} "
                     f"(orig {result['original']['probe']:.4f}) {r['seconds']:.0f}s",
                     flush=True,
@@ -245,10 +246,11 @@ def report(args) -> None:
         print(f"\n{dataset}: original probe {res['original']['probe']:.4f}")
         for r in res["runs"]:
             f = r["flops_per_layer_at_max_tokens"]
+            tok = "–" if r.get("token_cosine") is None else f"{r['token_cosine']:.3f}"
             print(
                 f"| {r['layers']} | {','.join(map(str, r['branching']))} | {r['method']} | "
-                f"{r['cosine']:.4f} | {r['probe']:.4f} | {r['frozen_probe']:.4f} | "
-                f"{f['flat'] / f['method']:.1f}x |"
+                f"{r['cosine']:.3f} | {tok} | {r['probe']:.3f} | {r['frozen_probe']:.3f} | "
+                f"{f['flat'] / f['method']:.1f}× |"
             )
 
 

@@ -130,8 +130,8 @@ def sentence_embedding(hidden, valid):
 def encode_original(model, tokenizer, texts, max_tokens: int, batch_size: int, keep):
     """Original embeddings and the cached layer inputs, batches sorted by length.
 
-    Returns ``{'order', 'batches': [(valid, {layer: hidden})], 'embedding'}`` where
-    ``embedding`` is in ``texts`` order.
+    Returns ``{'order', 'batches': [(valid, {layer: hidden, 'final': last hidden})],
+    'embedding'}`` where ``embedding`` is in ``texts`` order.
     """
     enc = tokenizer(texts, truncation=True, max_length=max_tokens)
     ids = enc["input_ids"]
@@ -144,6 +144,7 @@ def encode_original(model, tokenizer, texts, max_tokens: int, batch_size: int, k
         valid = (torch.arange(length) < torch.tensor([len(x) for x in chunk])[:, None]).long()
         hidden = model.embeddings(input_ids=input_ids, token_type_ids=torch.zeros_like(input_ids))
         hidden, kept = run_layers(model, hidden, valid, 0, keep=keep)
+        kept["final"] = hidden
         batches.append((valid, kept))
         embs.append(sentence_embedding(hidden, valid))
     emb = torch.empty(len(texts), embs[0].size(1))
@@ -152,16 +153,20 @@ def encode_original(model, tokenizer, texts, max_tokens: int, batch_size: int, k
 
 
 @torch.no_grad()
-def encode_from_cache(model, cache, start: int) -> torch.Tensor:
+def encode_from_cache(model, cache, start: int):
     """Embeddings (``texts`` order) of the model as it is now, from the cached inputs of
-    layer ``start``."""
-    embs = [
-        sentence_embedding(run_layers(model, kept[start], valid, start)[0], valid)
-        for valid, kept in cache["batches"]
-    ]
+    layer ``start``, and the mean cosine of its last hidden states to the original ones
+    over all valid tokens (``None`` for caches without them)."""
+    embs, token_cos = [], []
+    for valid, kept in cache["batches"]:
+        hidden = run_layers(model, kept[start], valid, start)[0]
+        embs.append(sentence_embedding(hidden, valid))
+        if "final" in kept:
+            cos = torch.nn.functional.cosine_similarity(hidden, kept["final"], dim=-1)
+            token_cos.append(cos[valid.bool()])
     emb = torch.empty_like(cache["embedding"])
     emb[torch.as_tensor(cache["order"])] = torch.cat(embs)
-    return emb
+    return emb, float(torch.cat(token_cos).mean()) if token_cos else None
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -191,11 +196,12 @@ def attention_flops(lengths, branching, head_dim: int, heads: int) -> dict[str, 
 
 
 def evaluate(model, cache, labels, split, layers, branching, method="hsa", block=None):
-    """Cosine to the original embeddings and probe accuracies of one replacement."""
+    """Cosine to the original embeddings (and of the last hidden states, token by token)
+    and probe accuracies of one replacement."""
     inject_hsa(model, layers, branching, method=method, block=block)
     start = time.perf_counter()
     try:
-        emb = encode_from_cache(model, cache, min(layers))
+        emb, token_cosine = encode_from_cache(model, cache, min(layers))
     finally:
         remove_hsa(model)
     seconds = time.perf_counter() - start
@@ -203,6 +209,7 @@ def evaluate(model, cache, labels, split, layers, branching, method="hsa", block
     return {
         "cosine": float((emb * orig).sum(-1).mean()),
         "cosine_min": float((emb * orig).sum(-1).min()),
+        "token_cosine": token_cosine,
         "probe": probe_accuracy(emb.numpy(), emb.numpy(), labels, split),
         "frozen_probe": probe_accuracy(orig.numpy(), emb.numpy(), labels, split),
         "seconds": seconds,
