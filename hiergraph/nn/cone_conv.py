@@ -15,7 +15,7 @@ from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import Adj, SparseTensor, torch_sparse
 from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
-from hiergraph.ops.cone import DEFAULT_RADIUS, cone_geometry, edge_distance
+from hiergraph.ops.cone import DEFAULT_RADIUS, cone_geometry, edge_pairs
 
 #: Score variants: the two cone attentions and the dot-product baseline of the paper.
 VARIANTS = (*DEFAULT_RADIUS, "dot")
@@ -182,11 +182,9 @@ class ConeConv(MessagePassing):
 
         # scores in float32 (or wider) even under autocast
         with torch.autocast(device_type=x.device.type, enabled=False):
-            query_x, query_y = self._points(query)
-            key_x, key_y = (query_x, query_y) if key is query else self._points(key)
-            alpha = self.edge_updater(
-                edge_index, query_x=query_x, query_y=query_y, key_x=key_x, key_y=key_y
-            )
+            query_points = self._points(query)
+            key_points = query_points if key is query else self._points(key)
+            alpha = self.edge_updater(edge_index, query=query_points, key=key_points)
         out = self.propagate(edge_index, x=value, alpha=alpha)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.bias is not None:
@@ -198,43 +196,37 @@ class ConeConv(MessagePassing):
             return out, edge_index.set_value(alpha, layout="coo")
         return out, (edge_index, alpha)
 
-    def _points(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+    def _points(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         """Per-node scoring inputs in float32 or wider, from ``x [N, H, d]``.
 
-        Cone variants: the half-space point as ``(horizontal [N, H, d-1], height [N, H])``,
-        mapped once per node rather than once per edge. ``"dot"``: ``(x, None)``.
+        Cone variants: the half-space point ``(horizontal [N, H, d-1], height [N, H])``,
+        mapped once per node rather than once per edge. ``"dot"``: ``x`` itself.
         """
         x = x.to(torch.promote_types(x.dtype, torch.float32))
-        if self.variant == "dot":
-            return x, None
-        return self._to_halfspace(x)
+        return x if self.variant == "dot" else self._to_halfspace(x)
 
     def edge_update(
         self,
-        query_x: Tensor,
-        key_x: Tensor,
-        query_y_i: Tensor | None,
-        key_y_j: Tensor | None,
+        query: Tensor | tuple[Tensor, Tensor],
+        key: Tensor | tuple[Tensor, Tensor],
         edge_index_i: Tensor,
         edge_index_j: Tensor,
         index: Tensor,
         ptr: Tensor | None,
     ) -> Tensor:
         if self.variant == "dot":
-            query_i, key_j = (
-                query_x.index_select(0, edge_index_i),
-                key_x.index_select(0, edge_index_j),
-            )
+            query_i, key_j = query.index_select(0, edge_index_i), key.index_select(0, edge_index_j)
             score = (query_i * key_j).sum(dim=-1) / math.sqrt(query_i.size(-1))
+            num_targets = query.size(0)
         else:
-            edges = torch.stack([edge_index_j, edge_index_i])
-            dist = edge_distance(query_x, key_x, edges)
+            pairs = edge_pairs(query, key, torch.stack([edge_index_j, edge_index_i]))
             if self.log_gamma is None:
-                score = self._lca_height(dist, query_y_i, key_y_j, scale=-self.gamma)
+                score = self._lca_height(*pairs, scale=-self.gamma)
             else:  # per-head temperatures [H], broadcast over the edges
-                score = self._lca_height(dist, query_y_i, key_y_j) * -self.log_gamma.exp()
+                score = self._lca_height(*pairs) * -self.log_gamma.exp()
+            num_targets = query[1].size(0)
         # the number of targets from a shape, never from index values (no host sync)
-        alpha = softmax(score, index, ptr, query_x.size(0))
+        alpha = softmax(score, index, ptr, num_targets)
         return F.dropout(alpha, p=self.dropout, training=self.training)
 
     def message(self, x_j: Tensor, alpha: Tensor) -> Tensor:

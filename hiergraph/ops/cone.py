@@ -344,49 +344,81 @@ def _dense_pairs(u: tuple[Tensor, Tensor], v: tuple[Tensor, Tensor]):
     return torch.cdist(ux, vx), uy.unsqueeze(-1), vy.unsqueeze(-2)
 
 
-class _EdgeDistance(torch.autograd.Function):
-    """``||x_dst[dst] - x_src[src]||`` over the last dimension, with a fused backward.
+class _EdgeGeometry(torch.autograd.Function):
+    """Per-edge ``(D, u_d, v_d)`` from packed node points ``[N, ..., d]`` whose last
+    channel is the height and whose first ``d - 1`` channels are horizontal.
 
-    Autograd through ``index_select``, ``sub`` and ``vector_norm`` materialises
-    several ``[E, ..., c]`` temporaries; here the backward forms one,
-    :math:`g_e (a_e - b_e) / D_e`, and scatter-adds it into both inputs (into
-    one buffer when they are the same tensor, as for shared queries and keys).
-    The sum over the ``c`` channels is a matrix-vector product, several times
-    faster on CPU than a reduction over a short last dimension. The subgradient
-    at ``D = 0`` is 0, as for ``torch.linalg.vector_norm``.
+    One ``index_select`` per endpoint gathers both the horizontal coordinates and
+    the height, and the backward scatters both with one ``index_add_`` per
+    endpoint (into one buffer when the two point sets are the same tensor, as
+    for shared queries and keys): on CPU these calls cost about as much for
+    ``[E, H]`` as for ``[E, H, d]`` rows. The horizontal sum of squares is a
+    matrix-vector product with weights ``(1, ..., 1, 0)``, several times faster
+    than a reduction over a short last dimension. The subgradient of ``D`` at
+    ``D = 0`` is 0, as for ``torch.linalg.vector_norm``.
     """
 
     @staticmethod
-    def forward(ctx, x_dst: Tensor, x_src: Tensor, dst: Tensor, src: Tensor) -> Tensor:
-        diff = x_dst.index_select(0, dst) - x_src.index_select(0, src)
+    def forward(ctx, p_dst: Tensor, p_src: Tensor, dst: Tensor, src: Tensor):
+        diff = p_dst.index_select(0, dst)
+        gathered_src = p_src.index_select(0, src)
+        y_dst, y_src = diff[..., -1].contiguous(), gathered_src[..., -1].contiguous()
+        diff.sub_(gathered_src)
         channels = diff.size(-1)
+        weights = diff.new_ones(channels)
+        weights[-1] = 0.0
         squares = diff.square().view(-1, channels)
-        dist = torch.mv(squares, squares.new_ones(channels)).sqrt_().view(diff.shape[:-1])
+        dist = torch.mv(squares, weights).sqrt_().view(diff.shape[:-1])
         ctx.save_for_backward(diff, dist, dst, src)
-        ctx.num_nodes = (x_dst.size(0), x_src.size(0))
-        ctx.same_input = x_dst is x_src
-        return dist
+        ctx.num_nodes = (p_dst.size(0), p_src.size(0))
+        ctx.same_input = p_dst is p_src
+        return dist, y_dst, y_src
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad: Tensor):
+    def backward(ctx, grad_dist: Tensor, grad_y_dst: Tensor, grad_y_src: Tensor):
         diff, dist, dst, src = ctx.saved_tensors
-        scale = grad * dist.sign() / dist.clamp_min(torch.finfo(dist.dtype).tiny)  # 0 at D = 0
-        grad_diff = diff * scale.unsqueeze(-1)
-        if ctx.same_input:
-            out = grad_diff.new_zeros(ctx.num_nodes[0], *grad_diff.shape[1:])
-            out.index_add_(0, dst, grad_diff).index_add_(0, src, grad_diff, alpha=-1)
-            return out, None, None, None
-        grads = []
-        for needed, index, num_nodes, sign in zip(
-            ctx.needs_input_grad[:2], (dst, src), ctx.num_nodes, (1, -1), strict=True
-        ):
-            if not needed:
-                grads.append(None)
-                continue
-            out = grad_diff.new_zeros(num_nodes, *grad_diff.shape[1:])
-            grads.append(out.index_add_(0, index, grad_diff, alpha=sign))
-        return grads[0], grads[1], None, None
+        scale = grad_dist * dist.sign() / dist.clamp_min(torch.finfo(dist.dtype).tiny)
+        grad = diff * scale.unsqueeze(-1)  # dD / d(target points); height channel set below
+        grad[..., -1] = grad_y_dst
+        need_dst, need_src = ctx.needs_input_grad[:2]
+        out_dst = out_src = None
+        if need_dst:
+            out_dst = grad.new_zeros(ctx.num_nodes[0], *grad.shape[1:]).index_add_(0, dst, grad)
+        if need_src or ctx.same_input:
+            grad.neg_()  # dD / d(source points) = -dD / d(target points)
+            grad[..., -1] = grad_y_src
+            if ctx.same_input:
+                return out_dst.index_add_(0, src, grad), None, None, None
+            out_src = grad.new_zeros(ctx.num_nodes[1], *grad.shape[1:]).index_add_(0, src, grad)
+        return out_dst, out_src, None, None
+
+
+def _pack(points: tuple[Tensor, Tensor]) -> Tensor:
+    """``(horizontal [..., d-1], height [...])`` -> ``[..., d]`` with the height last."""
+    horizontal, height = points
+    return torch.cat([horizontal, height.unsqueeze(-1)], dim=-1)
+
+
+def edge_pairs(
+    u: tuple[Tensor, Tensor], v: tuple[Tensor, Tensor], edge_index: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""What an LCA height needs, for every edge ``j -> i``:
+    :math:`D = \lVert u_{i,:-1} - v_{j,:-1} \rVert`, :math:`u_{i,d}` and :math:`v_{j,d}`.
+
+    Args:
+        u: target-node points ``(horizontal [N_dst, ..., d-1], height [N_dst, ...])``,
+            as returned by :func:`xi_map` / :func:`psi_map`.
+        v: source-node points, same layout. Pass the same object as ``u`` for
+            shared queries and keys: the backward then fills one buffer.
+        edge_index: ``[2, E]``, row 0 = source ``j``, row 1 = target ``i``.
+
+    Returns:
+        ``(D, u_d, v_d)``, each ``[E, ...]``. Differentiable once.
+    """
+    packed_u = _pack(u)
+    packed_v = packed_u if v is u else _pack(v)
+    return _EdgeGeometry.apply(packed_u, packed_v, edge_index[1], edge_index[0])
 
 
 def edge_distance(x_dst: Tensor, x_src: Tensor, edge_index: Tensor) -> Tensor:
@@ -403,14 +435,9 @@ def edge_distance(x_dst: Tensor, x_src: Tensor, edge_index: Tensor) -> Tensor:
     Returns:
         Distances ``[E, ...]``.
     """
-    return _EdgeDistance.apply(x_dst, x_src, edge_index[1], edge_index[0])
-
-
-def _edge_pairs(u: tuple[Tensor, Tensor], v: tuple[Tensor, Tensor], edge_index: Tensor):
-    """One pair per edge ``j -> i`` (query ``i`` = target, key ``j`` = source): ``[E, ...]``."""
-    (ux, uy), (vx, vy) = u, v
-    src, dst = edge_index[0], edge_index[1]
-    return edge_distance(ux, vx, edge_index), uy.index_select(0, dst), vy.index_select(0, src)
+    u = (x_dst, x_dst.new_zeros(x_dst.shape[:-1]))  # a zero height channel, not used by D
+    v = u if x_src is x_dst else (x_src, x_src.new_zeros(x_src.shape[:-1]))
+    return edge_pairs(u, v, edge_index)[0]
 
 
 def _check_edges(q: Tensor, k: Tensor, edge_index: Tensor) -> None:
@@ -558,7 +585,7 @@ def penumbral_edge(
     """
     _check_edges(q, k, edge_index)
     geometry = cone_geometry("penumbral", r, squared=squared)
-    return _cone_scores(q, k, *geometry, gamma, partial(_edge_pairs, edge_index=edge_index))
+    return _cone_scores(q, k, *geometry, gamma, partial(edge_pairs, edge_index=edge_index))
 
 
 def umbral_edge(
@@ -575,4 +602,4 @@ def umbral_edge(
     """
     _check_edges(q, k, edge_index)
     geometry = cone_geometry("umbral", r, height_scale=height_scale)
-    return _cone_scores(q, k, *geometry, gamma, partial(_edge_pairs, edge_index=edge_index))
+    return _cone_scores(q, k, *geometry, gamma, partial(edge_pairs, edge_index=edge_index))

@@ -12,6 +12,7 @@ from hiergraph.ops.cone import (
     _check_edges,
     cone_geometry,
     edge_distance,
+    edge_pairs,
     penumbral,
     penumbral_edge,
     penumbral_lca_height,
@@ -331,6 +332,39 @@ def test_edge_distance_shared_points_gradient():
     (ref_grad,) = torch.autograd.grad((ref * weight).sum(), a)
     torch.testing.assert_close(grad, ref_grad)
     assert torch.autograd.gradcheck(lambda x: edge_distance(x, x, edge_index), (a,))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_edge_pairs_match_gathered_reference(shared):
+    """``edge_pairs`` = (distance, target height, source height) per edge, values and gradients."""
+    gen = torch.Generator().manual_seed(25)
+
+    def points(n):
+        return (
+            torch.randn(n, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True),
+            torch.rand(n, 2, generator=gen, dtype=torch.float64).requires_grad_(),
+        )
+
+    u = points(6)
+    v = u if shared else points(6)
+    edge_index = torch.randint(0, 6, (2, 40), generator=gen)
+    src, dst = edge_index
+    pairs = edge_pairs(u, v, edge_index)
+    ref = (
+        torch.linalg.vector_norm(u[0][dst] - v[0][src], dim=-1),
+        u[1][dst],
+        v[1][src],
+    )
+    inputs = [*u] if shared else [*u, *v]
+    weights = [torch.randn(40, 2, generator=gen, dtype=torch.float64) for _ in range(3)]
+
+    def loss(outputs):
+        return sum((w * x).sum() for w, x in zip(weights, outputs, strict=True))
+
+    grads = torch.autograd.grad(loss(pairs), inputs)
+    ref_grads = torch.autograd.grad(loss(ref), inputs)
+    for out, expected in zip((*pairs, *grads), (*ref, *ref_grads), strict=True):
+        torch.testing.assert_close(out, expected)
 
 
 def test_edge_range_check_reads_values_on_cpu_only():
