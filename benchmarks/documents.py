@@ -59,12 +59,13 @@ def run(args) -> None:
     example = load_example()
     out = RESULTS / f"documents_{args.dataset}.json"
     budget = [
-        "--dataset", args.dataset, "--embedding", "static",
-        "--train-size", str(args.train_size), "--val-size", str(args.val_size),
-        "--test-size", str(args.test_size), "--epochs", str(args.epochs),
+        "--dataset", args.dataset, "--embedding", "static", "--epochs", str(args.epochs),
         "--batch-size", str(args.batch_size), "--lr", str(args.lr),
         "--threads", str(args.threads), "--no-progress",
     ]  # fmt: skip
+    for split in ("train", "val", "test"):
+        size = getattr(args, f"{split}_size")
+        budget += [f"--{split}-size", str(size)] if size else []
     result = {
         "dataset": args.dataset,
         "budget": budget,
@@ -193,12 +194,12 @@ def main() -> None:
     r = sub.add_parser("run", help="train and evaluate every model for every seed")
     r.add_argument("--dataset", choices=sorted(CONFIGS), default="imdb")
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    r.add_argument("--train-size", type=int, default=1000)
-    r.add_argument("--val-size", type=int, default=300)
-    r.add_argument("--test-size", type=int, default=1000)
-    r.add_argument("--epochs", type=int, default=2)
-    r.add_argument("--batch-size", type=int, default=32)
-    r.add_argument("--lr", type=float, default=2e-3)
+    r.add_argument("--train-size", type=int, default=None, help="default: the whole split")
+    r.add_argument("--val-size", type=int, default=None)
+    r.add_argument("--test-size", type=int, default=None)
+    r.add_argument("--epochs", type=int, default=1)
+    r.add_argument("--batch-size", type=int, default=64)
+    r.add_argument("--lr", type=float, default=3e-3)
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--tfidf", action="store_true", help="also a TF-IDF + LR baseline")
     r.add_argument("--configs", nargs="+", default=None, help="labels to run, e.g. HSA FSA-512")

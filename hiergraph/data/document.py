@@ -237,6 +237,8 @@ class TokenizedDocument:
             max_sentence_tokens=max_sentence_tokens,
             max_tokens=max_tokens,
         )
+        if max_paragraphs is max_sentences is max_sentence_tokens is max_tokens is None:
+            return self, Truncation(raw_tokens=self.num_tokens)
         sizes, lengths = self.paragraph_sizes, self.sentence_lengths
         para_of_sent = _group_ids(sizes, lengths.numel())
         first_sent = torch.cumsum(sizes, 0) - sizes
@@ -353,28 +355,70 @@ def hierarchy_from_lengths(doc: TokenizedDocument, depth: int = 3, x: Tensor | N
     Returns:
         a :class:`SignalHierarchy` with ``T + S + P + 1`` nodes at depth 3.
     """
+    h = forest_from_lengths([doc], depth, x)
+    del h.batch
+    return h
+
+
+def forest_from_lengths(
+    docs: Sequence[TokenizedDocument], depth: int = 3, x: Tensor | None = None
+) -> SignalHierarchy:
+    r"""One forest of the hierarchies of many tokenized documents, built in one vectorised step.
+
+    The fast path of batching (no per-document tree, no PyG collation): node
+    ids are level by level over all documents — every document's tokens (in
+    document order), then all sentences, all paragraphs, and the ``B`` roots.
+    Each tree equals :func:`hierarchy_from_lengths` of its document, and the
+    leaf order is the documents' tokens concatenated, so the forest is
+    interchangeable with ``Batch.from_data_list`` of the single trees for
+    every hierarchical op (only internal nodes are numbered differently).
+
+    Args:
+        docs: ``B`` tokenized documents.
+        depth: 3, 2 or 1 levels below each root.
+        x: ``[sum T, F]`` leaf features; default the concatenated token ids.
+
+    Returns:
+        a :class:`SignalHierarchy` with ``batch`` (``[N]`` document of every node).
+    """
     if depth not in DEPTHS:
         raise ValueError(f"depth must be one of {DEPTHS}, got {depth!r}")
-    # group sizes per level, bottom-up: tokens per sentence, sentences per paragraph
-    groups = [doc.sentence_lengths, doc.paragraph_sizes][: depth - 1]
-    counts = [doc.num_tokens] + [g.numel() for g in groups]  # nodes per level, bottom-up
-    parents, slots, offset = [], [], 0
-    for level, sizes in enumerate(groups + [torch.tensor([counts[-1]])]):
+    if not docs:
+        raise ValueError("docs is empty: a forest needs at least one document")
+    per_doc = torch.tensor(
+        [[d.num_tokens, d.sentence_lengths.numel(), d.paragraph_sizes.numel()] for d in docs]
+    )
+    # group sizes per level, bottom-up; the top level is grouped by document
+    groups = [
+        torch.cat([d.sentence_lengths for d in docs]),
+        torch.cat([d.paragraph_sizes for d in docs]),
+    ][: depth - 1] + [per_doc[:, depth - 1]]
+    counts = [int(per_doc[:, level].sum()) for level in range(depth)] + [len(docs)]
+    parents, slots, trees, offset = [], [], [], 0
+    tree_of_item = torch.arange(len(docs))  # document of every item of the current top level
+    for level in range(depth, -1, -1):  # top-down, to carry each item's document
+        trees.insert(0, tree_of_item)
+        if level:
+            tree_of_item = tree_of_item.repeat_interleave(
+                groups[level - 1], output_size=counts[level - 1]
+            )
+    for level, sizes in enumerate(groups):
         first = torch.cumsum(sizes, 0) - sizes
         group = _group_ids(sizes, counts[level])
         parents.append(offset + counts[level] + group)
         slots.append(torch.arange(counts[level]) - first[group])
         offset += counts[level]
-    num_nodes = offset + 1
-    parent = torch.cat([*parents, torch.tensor([num_nodes - 1])])
-    slot = torch.cat([*slots, torch.tensor([0])])
+    num_nodes = offset + len(docs)
+    roots = torch.arange(offset, num_nodes)
+    parent = torch.cat([*parents, roots])
+    slot = torch.cat([*slots, torch.zeros(len(docs), dtype=torch.long)])
     level_depth = torch.arange(depth, -1, -1)
-    depths = level_depth.repeat_interleave(torch.tensor(counts + [1]), output_size=num_nodes)
+    depths = level_depth.repeat_interleave(torch.tensor(counts), output_size=num_nodes)
     domain = torch.full((num_nodes,), int(Domain.GRID1D), dtype=torch.long)
-    domain[-1] = int(Domain.NONE)
+    domain[offset:] = int(Domain.NONE)
     is_leaf = torch.zeros(num_nodes, dtype=torch.bool)
-    is_leaf[: doc.num_tokens] = True
-    return SignalHierarchy._assemble(
+    is_leaf[: counts[0]] = True
+    h = SignalHierarchy._assemble(
         parent=parent,
         is_leaf=is_leaf,
         depth=depths,
@@ -382,8 +426,10 @@ def hierarchy_from_lengths(doc: TokenizedDocument, depth: int = 3, x: Tensor | N
         node_type=torch.zeros(num_nodes, dtype=torch.long),
         domain=domain,
         pos=torch.stack([slot, torch.zeros_like(slot)], dim=1),
-        x=doc.ids if x is None else x,
+        x=torch.cat([d.ids for d in docs]) if x is None else x,
     )
+    h.batch = torch.cat(trees)
+    return h
 
 
 def document_hierarchy(

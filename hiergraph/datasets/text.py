@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
 from hiergraph.data.document import (
@@ -33,6 +34,7 @@ from hiergraph.data.document import (
     SimpleTokenizer,
     TokenizedDocument,
     check_caps,
+    forest_from_lengths,
     hierarchy_from_lengths,
     tokenize_documents,
 )
@@ -219,14 +221,27 @@ class TextClassificationDataset(InMemoryDataset):
         Path(self.processed_paths[-1]).write_text(json.dumps(meta))
 
     def get(self, idx: int):
-        data = super().get(idx)
-        doc, report = TokenizedDocument(
-            data.x, data.sentence_lengths, data.paragraph_sizes
-        ).truncate(**self.caps)
+        doc, y, truncation = self.document(idx)
         h = hierarchy_from_lengths(doc, self.depth)
-        h.y = data.y
-        h.truncation = report.as_tensor()
+        h.y, h.truncation = y, truncation
         return h
+
+    def document(self, idx: int) -> tuple[TokenizedDocument, Tensor, Tensor]:
+        """Document ``idx`` in compact form under this dataset's caps: ``(doc, y [1],
+        truncation [1, 4])`` (see :meth:`get`; used by :class:`DocumentLoader`)."""
+        ids, lengths, sizes, y = (
+            self._field(key, idx) for key in ("x", "sentence_lengths", "paragraph_sizes", "y")
+        )
+        doc, report = TokenizedDocument(ids, lengths, sizes).truncate(**self.caps)
+        return doc, y, report.as_tensor()
+
+    def _field(self, key: str, idx: int) -> Tensor:
+        """The rows of ``key`` of stored document ``idx`` (a view, no copy)."""
+        value = self._data[key]
+        if self.slices is None:  # a split of one document is stored unsliced
+            return value
+        start = int(self.slices[key][idx])
+        return value.narrow(0, start, int(self.slices[key][idx + 1]) - start)
 
     # ------------------------------------------------------------- raw data
     def read_raw(self, source: Path) -> dict[str, list[tuple[str, int]]]:
@@ -290,3 +305,50 @@ class TextClassificationDataset(InMemoryDataset):
             f"{self.__class__.__name__}({len(self)}, split={self.split!r}, "
             f"tokenizer={self.tokenizer_key!r}, depth={self.depth}{', ' + caps if caps else ''})"
         )
+
+
+class DocumentLoader:
+    r"""Shuffled mini-batches of a :class:`TextClassificationDataset`, each one forest.
+
+    The same batches as ``torch_geometric.loader.DataLoader(dataset, batch_size,
+    shuffle)`` (same documents, leaf order, trees, ``y`` and ``truncation``;
+    internal nodes are numbered level by level, see
+    :func:`~hiergraph.data.document.forest_from_lengths`), without the
+    per-document trees and PyG collation: the caps are applied to every
+    document once, here, and a batch is built by one vectorised call. On IMDB
+    this is ~50× faster than ``DataLoader`` (which builds a tree per document
+    on every access).
+
+    Args:
+        dataset: a dataset or a subset of one (``dataset[index]``).
+        batch_size: documents per batch.
+        shuffle: reshuffle the documents at every epoch (``torch`` global RNG,
+            or ``generator``).
+        generator: optional :class:`torch.Generator` for the shuffling.
+    """
+
+    def __init__(
+        self,
+        dataset: TextClassificationDataset,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        generator: torch.Generator | None = None,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.dataset, self.depth = dataset, dataset.depth
+        self.batch_size, self.shuffle, self.generator = batch_size, shuffle, generator
+        docs, ys, truncation = zip(*map(dataset.document, dataset.indices()), strict=True)
+        self.docs, self.y, self.truncation = list(docs), torch.cat(ys), torch.cat(truncation)
+
+    def __len__(self) -> int:
+        return -(-len(self.docs) // self.batch_size)
+
+    def __iter__(self):
+        n = len(self.docs)
+        order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+        for chunk in order.split(self.batch_size):
+            ids = chunk.tolist()
+            h = forest_from_lengths([self.docs[i] for i in ids], self.depth)
+            h.y, h.truncation = self.y[chunk], self.truncation[chunk]
+            yield h

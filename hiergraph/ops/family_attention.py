@@ -17,6 +17,14 @@ without keys):
   hand-written backward (one autograd node per level);
 * :func:`family_attention_edge` is a scatter softmax over the list of
   sibling pairs: the general reference path.
+
+Memory guard: a block whose logits ``[F, H, W, W]`` would exceed
+:data:`MAX_BLOCK_ELEMENTS` (a giant family, e.g. a 15k-token "sentence") is
+run in chunks of query rows, and its probabilities are recomputed chunk by
+chunk in the backward instead of being stored, so its memory is
+:math:`O(\text{MAX\_BLOCK\_ELEMENTS} + F H W d)` instead of
+:math:`O(F H W^2)`. The result is the same: each row's softmax only needs its
+own logits.
 """
 
 from __future__ import annotations
@@ -27,6 +35,10 @@ from torch.autograd.function import once_differentiable
 from torch_geometric.utils import scatter
 
 from hiergraph.ops.tree_index import Level, sum_children
+
+#: Most logits (``F * H * rows * W`` elements) one dense block builds at once (64 MiB in
+#: float32); larger blocks run in chunks of query rows (see the module docstring).
+MAX_BLOCK_ELEMENTS = 1 << 24
 
 
 def family_attention_dense(
@@ -70,7 +82,9 @@ class _DenseFamilyAttention(torch.autograd.Function):
         + d\mathrm{lse}\big),\quad dQ = \tau\, dS\, K,\quad dK = \tau\, dS^\top Q,
         \quad dE = dS\,E + dS^\top E,
 
-    plus the gradients of the parents' sums, broadcast over each family.
+    plus the gradients of the parents' sums, broadcast over each family. Blocks
+    above :data:`MAX_BLOCK_ELEMENTS` run in chunks of query rows and recompute
+    :math:`P` in the backward.
     """
 
     @staticmethod
@@ -79,9 +93,9 @@ class _DenseFamilyAttention(torch.autograd.Function):
         lse_out = q.new_empty(n, heads)
         theta_out = v.new_empty(n, heads, v.size(-1))
         sums = [t.new_zeros(num_parents, *t.shape[1:]) for t in (q, k, v)]
-        log_n, key_ok = torch.log(count.clamp(min=1)), count > 0
         weighted = not level.all_leaves  # leaves: n is 0/1 and padded leaves carry zeros
-        saved = []
+        keys = torch.log(count.clamp(min=1)), count > 0  # log n(B) and n(B) > 0
+        saved, ctx.chunks = [], []
         for block in level.blocks:
             # heads-first contiguous copies, reused by the backward
             qb, kb, vb = (_heads_first(block.rows(t)) for t in (q, k, v))
@@ -89,20 +103,20 @@ class _DenseFamilyAttention(torch.autograd.Function):
             for total, xb in zip(sums, (qb, kb, vb), strict=True):
                 xb = xb if weight is None else xb * weight
                 total[block.parents] = xb.sum(2) if block.valid is None else _valid_sum(xb, block)
-            logits = torch.matmul(qb, kb.transpose(-1, -2)).mul_(tau)
-            eb = None
-            if eps is not None:
-                eb = _heads_first(block.rows(eps))
-                logits += eb @ eb.transpose(-1, -2)
-            logits += block.rows(log_n)[:, None, None, :]
-            logits.masked_fill_(~_pair_mask(block, key_ok, causal), float("-inf"))
-            lse = torch.logsumexp(logits, -1)
-            p = logits.sub_(torch.where(torch.isfinite(lse), lse, 0).unsqueeze(-1)).exp_()
-            block.write(lse_out, lse.transpose(1, 2))
-            block.write(theta_out, (p @ vb).transpose(1, 2))
-            saved += [qb, kb, vb, p, eb, weight]
-        ctx.save_for_backward(*saved)
-        ctx.level, ctx.tau = level, tau
+            eb = None if eps is None else _heads_first(block.rows(eps))
+            chunks = _row_chunks(block, heads)
+            lse, theta = [], []
+            for rows in chunks:
+                p, lse_rows = _probabilities(block, qb, kb, eb, keys, tau, causal, rows)
+                lse.append(lse_rows)
+                theta.append(p @ vb)
+            block.write(lse_out, torch.cat(lse, 2).transpose(1, 2))
+            block.write(theta_out, torch.cat(theta, 2).transpose(1, 2))
+            # one chunk: keep P for the backward; several: recompute it there
+            saved += [qb, kb, vb, p if len(chunks) == 1 else None, eb, weight]
+            ctx.chunks.append(chunks)
+        ctx.save_for_backward(*saved, count)
+        ctx.level, ctx.tau, ctx.causal = level, tau, causal
         ctx.shapes = [t.shape if t is not None else None for t in (q, k, v, eps)]
         return lse_out, theta_out, *sums
 
@@ -110,7 +124,8 @@ class _DenseFamilyAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_lse, grad_theta, *grad_sums):
         level, tau = ctx.level, ctx.tau
-        saved = ctx.saved_tensors
+        *saved, count = ctx.saved_tensors
+        keys = torch.log(count.clamp(min=1)), count > 0
         # every node of a level is in exactly one block: no zero fill when slices cover it
         covered = all(b.start is not None for b in level.blocks)
         new = torch.empty if covered else torch.zeros
@@ -121,7 +136,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
             for shape, need in zip(ctx.shapes, ctx.needs_input_grad[:4], strict=True)
         ]
         dq, dk, dv, de = grads
-        for i, block in enumerate(level.blocks):
+        for i, (block, chunks) in enumerate(zip(level.blocks, ctx.chunks, strict=True)):
             qb, kb, vb, p, eb, weight = saved[6 * i : 6 * i + 6]
             # d(parent sum) reaches every member, times its count
             g_q, g_k, g_v = (
@@ -129,20 +144,61 @@ class _DenseFamilyAttention(torch.autograd.Function):
                 for g in grad_sums
             )
             d_out = _heads_first(block.rows(grad_theta))
-            d_s = d_out @ vb.transpose(-1, -2)
-            d_s -= (p * d_s).sum(-1, keepdim=True)
-            d_s += _heads_first(block.rows(grad_lse)).unsqueeze(-1)
-            d_s *= p
+            d_lse = _heads_first(block.rows(grad_lse)).unsqueeze(-1)
+            dq_rows, de_rows, dk_b, dv_b, de_cols = [], [], g_k, g_v, 0
+            for rows in chunks:
+                if p is None or len(chunks) > 1:
+                    p = _probabilities(block, qb, kb, eb, keys, tau, ctx.causal, rows)[0]
+                d_out_r = d_out[:, :, rows]
+                d_s = d_out_r @ vb.transpose(-1, -2)
+                d_s -= (p * d_s).sum(-1, keepdim=True)
+                d_s += d_lse[:, :, rows]
+                d_s *= p
+                if dq is not None:
+                    dq_rows.append(_bmm_add(_take_rows(g_q, rows), d_s, kb, tau))
+                if dk is not None:
+                    dk_b = _bmm_add(dk_b, d_s.transpose(-1, -2), qb[:, :, rows], tau)
+                if dv is not None:
+                    dv_b = _bmm_add(dv_b, p.transpose(-1, -2), d_out_r, 1.0)
+                if de is not None:
+                    d_e = d_s if eb.size(1) == d_s.size(1) else d_s.sum(1, keepdim=True)
+                    de_rows.append(d_e @ eb)
+                    de_cols = de_cols + d_e.transpose(-1, -2) @ eb[:, :, rows]
             if dq is not None:
-                block.write(dq, _bmm_add(g_q, d_s, kb, tau).transpose(1, 2))
+                block.write(dq, torch.cat(dq_rows, 2).transpose(1, 2))
             if dk is not None:
-                block.write(dk, _bmm_add(g_k, d_s.transpose(-1, -2), qb, tau).transpose(1, 2))
+                block.write(dk, dk_b.transpose(1, 2))
             if dv is not None:
-                block.write(dv, _bmm_add(g_v, p.transpose(-1, -2), d_out, 1.0).transpose(1, 2))
+                block.write(dv, dv_b.transpose(1, 2))
             if de is not None:
-                d_e = d_s if eb.size(1) == d_s.size(1) else d_s.sum(1, keepdim=True)
-                block.write(de, (d_e @ eb + d_e.transpose(-1, -2) @ eb).transpose(1, 2))
+                block.write(de, (torch.cat(de_rows, 2) + de_cols).transpose(1, 2))
         return (*grads, None, None, None, None, None)
+
+
+def _row_chunks(block, heads: int) -> list[slice]:
+    """Query-row ranges of a block such that each chunk's logits fit in ``MAX_BLOCK_ELEMENTS``."""
+    w = block.width
+    rows = max(1, min(w, MAX_BLOCK_ELEMENTS // max(block.count * heads * w, 1)))
+    return [slice(lo, min(lo + rows, w)) for lo in range(0, w, rows)]
+
+
+def _take_rows(x: Tensor, rows: slice) -> Tensor:
+    """Rows ``rows`` of dim 2 of ``x``, which may broadcast there (size 1)."""
+    return x if x.size(2) == 1 else x[:, :, rows]
+
+
+def _probabilities(block, qb, kb, eb, keys, tau, causal, rows: slice) -> tuple[Tensor, Tensor]:
+    """Softmax ``P [F, H, r, W]`` and ``lse [F, H, r]`` of the query rows ``rows`` of a block
+    (``keys``: the level's ``log n`` and ``n > 0``)."""
+    log_n, key_ok = keys
+    logits = torch.matmul(qb[:, :, rows], kb.transpose(-1, -2)).mul_(tau)
+    if eb is not None:
+        logits += eb[:, :, rows] @ eb.transpose(-1, -2)
+    logits += block.rows(log_n)[:, None, None, :]
+    logits.masked_fill_(~_pair_mask(block, key_ok, causal, rows), float("-inf"))
+    lse = torch.logsumexp(logits, -1)
+    p = logits.sub_(torch.where(torch.isfinite(lse), lse, 0).unsqueeze(-1)).exp_()
+    return p, lse
 
 
 def _bmm_add(base: Tensor, a: Tensor, b: Tensor, alpha: float) -> Tensor:
@@ -173,14 +229,14 @@ def _heads_first(x: Tensor) -> Tensor:
     return x.transpose(1, 2).contiguous()
 
 
-def _pair_mask(block, key_ok: Tensor, causal: bool) -> Tensor:
-    """``[F, 1, W, W]`` true where query slot ``a`` may attend to key slot ``b``."""
-    w = block.width
-    ar = torch.arange(w, device=key_ok.device)
-    pair = ar[None, :] < ar[:, None] if causal else ar[None, :] != ar[:, None]
+def _pair_mask(block, key_ok: Tensor, causal: bool, rows: slice) -> Tensor:
+    """``[F, 1, r, W]`` true where query slot ``a`` (in ``rows``) may attend to key slot ``b``."""
+    ar = torch.arange(block.width, device=key_ok.device)
+    query = ar[rows, None]
+    pair = ar[None, :] < query if causal else ar[None, :] != query
     ok = block.rows(key_ok)[:, None, None, :] & pair
     if block.valid is not None:  # padding slots attend to nothing and are never attended
-        ok = ok & block.valid[:, None, None, :] & block.valid[:, None, :, None]
+        ok = ok & block.valid[:, None, None, :] & block.valid[:, None, rows, None]
     return ok
 
 

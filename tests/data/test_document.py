@@ -8,12 +8,15 @@ from hiergraph.data.document import (
     TokenizedDocument,
     as_encoder,
     document_hierarchy,
+    forest_from_lengths,
     hierarchy_from_lengths,
     split_paragraphs,
     split_sentences,
     tokenize_document,
 )
+from hiergraph.ops import hierarchical_attention
 
+F64 = dict(dtype=torch.float64)
 TEXT = "The cat sat. It was happy!\n\nA dog barked? Then it ran.<br /><br />The end."
 
 
@@ -156,3 +159,34 @@ def test_hierarchy_from_lengths_matches_batching(tok):
     assert torch.equal(h.x, x)
     batch = Batch.from_data_list([h, h])
     assert batch.num_leaves == 2 * doc.num_tokens and batch.num_trees == 2
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_forest_equals_batched_trees(tok, depth):
+    """The one-step forest builder is the PyG batch of the single trees, up to node ids."""
+    texts = [TEXT, "Short one.", "A b c. D e!\n\nF g h i j k. L.", TEXT + " More words here."]
+    docs = [
+        tokenize_document(t, tok).truncate(max_tokens=cap)[0]
+        for t, cap in zip(texts, (None, None, 9, 14), strict=True)
+    ]
+    forest = forest_from_lengths(docs, depth)
+    batch = Batch.from_data_list([hierarchy_from_lengths(d, depth) for d in docs])
+    assert torch.equal(forest.x, batch.x) and forest.num_trees == batch.num_trees == 4
+    assert forest.num_nodes == batch.num_nodes
+
+    def node_keys(h):  # (tree, depth, slot, domain, pos, parent's depth and slot) per node
+        parent = h.parent
+        cols = (h.batch, h.depth, h.slot, h.domain, h.pos[:, 0], h.depth[parent], h.slot[parent])
+        return sorted(zip(*(c.tolist() for c in cols), strict=True))
+
+    assert node_keys(forest) == node_keys(batch)
+    gen = torch.Generator().manual_seed(depth)
+    q, k, v = (torch.randn(forest.num_leaves, 2, 3, generator=gen, **F64) for _ in range(3))
+    out = hierarchical_attention(q, k, v, forest)
+    assert (out - hierarchical_attention(q, k, v, batch)).abs().max() <= 1e-12
+    leaf_tree = forest.batch[forest.is_leaf]
+    assert torch.equal(leaf_tree, batch.batch[batch.is_leaf])
+    with pytest.raises(ValueError, match="docs is empty"):
+        forest_from_lengths([], depth)
+    with pytest.raises(ValueError, match="depth must be one of"):
+        forest_from_lengths(docs, 4)

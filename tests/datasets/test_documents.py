@@ -15,7 +15,7 @@ from hiergraph.data import SignalHierarchy
 from hiergraph.datasets.bbc import BBCNews
 from hiergraph.datasets.imdb import IMDB
 from hiergraph.datasets.newsgroups import NEWSGROUPS, TwentyNewsgroups, strip_headers
-from hiergraph.datasets.text import stratified_split
+from hiergraph.datasets.text import DocumentLoader, stratified_split
 
 REAL_RAW = os.environ.get("HIERGRAPH_RAW")  # read before the fixture below clears it
 GOOD = ["great", "wonderful", "superb", "loved"]
@@ -114,6 +114,27 @@ def test_imdb_roundtrip_through_dataloader(tmp_path):
     assert sent_capped.truncation_report()["truncated_documents"] == 18
 
 
+def test_document_loader_matches_dataloader(tmp_path):
+    write_tar(tmp_path / "aclImdb_v1.tar.gz", {f"aclImdb/{k}": v for k, v in imdb_files().items()})
+    full = IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path, max_tokens=7, depth=2)
+    ds = full[torch.tensor([0, 3, 4, 8, 9, 11, 12, 17])]  # a subset, as in the example
+    fast, slow = list(DocumentLoader(ds, batch_size=3)), list(DataLoader(ds, batch_size=3))
+    assert len(fast) == len(slow) == len(DocumentLoader(ds, batch_size=3)) == 3
+    for a, b in zip(fast, slow, strict=True):
+        for key in ("x", "y", "truncation"):
+            assert torch.equal(a[key], b[key]), key
+        assert a.num_trees == b.num_trees and a.num_nodes == b.num_nodes
+        assert int(a.depth.max()) == 2 and torch.equal(a.batch[a.is_leaf], b.batch[b.is_leaf])
+    # shuffling: every document once per epoch, reproducible with a generator
+    orders = []
+    for _ in range(2):
+        loader = DocumentLoader(ds, 3, shuffle=True, generator=torch.Generator().manual_seed(5))
+        orders.append(torch.cat([b.x for b in loader]))
+    assert torch.equal(*orders) and orders[0].numel() == sum(b.x.numel() for b in slow)
+    with pytest.raises(ValueError, match="batch_size"):
+        DocumentLoader(ds, 0)
+
+
 def test_missing_files_message(tmp_path):
     with pytest.raises(FileNotFoundError, match="aclImdb_v1.tar.gz") as err:
         IMDB(tmp_path / "imdb", tokenizer="simple")
@@ -197,7 +218,6 @@ def test_stratified_split_is_seeded_and_stratified():
     assert sum(labels[i] for i in a[1]) == 3
     with pytest.raises(ValueError, match="sum to 1"):
         stratified_split(labels, (0.5, 0.4))
-
 
 
 def test_training_smoke_loss_decreases(tmp_path):

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch_geometric.data import Batch
 
+import hiergraph.ops.family_attention as family_attention
 from hiergraph.data import SignalHierarchy, from_nested, random_window_hierarchy, window_hierarchy
 from hiergraph.ops import hierarchical_attention, hierarchical_attention_matrix, hierarchy_energy
 from tests.conftest import random_qkv, random_spec
@@ -116,6 +117,45 @@ def test_kernels_agree_on_large_ragged_batch_with_gradients():
         results.append([out, *(t.grad for t in inputs)])
     for a, b in zip(*results, strict=True):
         assert torch.allclose(a, b, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("limit", [1, 7, 60])
+@pytest.mark.parametrize("include_self,causal", [(False, False), (True, False), (True, True)])
+def test_memory_guard_chunked_blocks_equal_dense(monkeypatch, limit, include_self, causal):
+    """Blocks above MAX_BLOCK_ELEMENTS run in query-row chunks: same output and gradients."""
+    rng = random.Random(limit)
+    trees = [from_nested(random_spec(rng, rng.randint(1, 30), max_branch=9)) for _ in range(12)]
+    trees.append(window_hierarchy(40, (8, 5)))  # slice blocks too
+    h = Batch.from_data_list(trees)
+    q, k, v = random_qkv(h.num_leaves, heads=2, seed=limit)
+    pe = torch.randn(h.num_nodes, 2, 3, generator=torch.Generator().manual_seed(1), **F64)
+    opts = dict(include_self=include_self, causal=causal)
+    ref = apply(hierarchical_attention_matrix(q, k, h, pos_emb=pe, **opts), v)
+    results = []
+    for max_elements in (family_attention.MAX_BLOCK_ELEMENTS, limit):
+        monkeypatch.setattr(family_attention, "MAX_BLOCK_ELEMENTS", max_elements)
+        inputs = [t.clone().requires_grad_(True) for t in (q, k, v, pe)]
+        out = hierarchical_attention(*inputs[:3], h, pos_emb=inputs[3], **opts)
+        out.sin().sum().backward()
+        results.append([out, *(t.grad for t in inputs)])
+    assert (results[1][0] - ref).abs().max() <= 1e-12
+    for a, b in zip(*results, strict=True):
+        assert (a - b).abs().max() <= 1e-12
+
+
+def test_memory_guard_chunks_cover_a_giant_family(monkeypatch):
+    """A 3,000-leaf family (one block) is cut into row chunks of at most the limit."""
+    monkeypatch.setattr(family_attention, "MAX_BLOCK_ELEMENTS", 1 << 20)
+    h = window_hierarchy(3000, (3000,))
+    (block,) = h.tree_index().levels[-1].blocks
+    chunks = family_attention._row_chunks(block, heads=3)
+    assert len(chunks) == 26 and chunks[0].start == 0 and chunks[-1].stop == 3000  # 116 rows
+    assert all(a.stop == b.start for a, b in zip(chunks, chunks[1:], strict=False))
+    assert max(block.count * 3 * (c.stop - c.start) * 3000 for c in chunks) <= 1 << 20
+    q, k, v = random_qkv(3000, heads=3, seed=2)
+    out = hierarchical_attention(q.float(), k.float(), v.float(), h)
+    ref = hierarchical_attention(q, k, v, h, kernel="edge")
+    assert torch.allclose(out.double(), ref, atol=1e-5)
 
 
 def _prune(spec, keep: set):
