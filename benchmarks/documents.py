@@ -8,6 +8,12 @@ same budget (training subset, epochs, batch size, learning rate) for all.
     HIERGRAPH_RAW=../shared/datasets python benchmarks/documents.py run --dataset imdb
     HIERGRAPH_RAW=../shared/datasets python benchmarks/documents.py run --dataset 20ng
     python benchmarks/documents.py report   # -> results/documents.json + documents.png
+    python benchmarks/documents.py epoch --threads 2   # one IMDB HSA epoch, timed
+
+``epoch`` times one training epoch of the HSA model on the full IMDB training
+split (``--fraction`` < 1: its first batches, with the full-epoch time
+extrapolated and labelled as such) and writes ``results/documents-epoch.json``
+(wall and CPU seconds, threads, load average before and after).
 
 ``run`` writes ``results/documents_<dataset>.json`` after every finished run,
 so an interrupted job keeps what it measured. ``report`` merges them.
@@ -25,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -112,6 +119,45 @@ def run(args) -> None:
             )
             result["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
             out.write_text(json.dumps(result, indent=1))
+
+
+def epoch(args) -> None:
+    example = load_example()
+    argv = ["--dataset", "imdb", "--model", "hsa", "--threads", str(args.threads)]
+    ex_args = example.parse_args(argv + ["--epochs", "1", "--batch-size", str(args.batch_size)])
+    torch.set_num_threads(args.threads)
+    splits, _ = example.load_splits(ex_args)
+    start, cpu = time.perf_counter(), time.process_time()
+    loader = example.DocumentLoader(splits["train"], ex_args.batch_size, shuffle=True)
+    prepare, prepare_cpu = time.perf_counter() - start, time.process_time() - cpu
+    torch.manual_seed(0)
+    model = example.build_model(ex_args, splits["train"])
+    _, optimizer, scheduler = example.optimizer_and_schedule(ex_args, model, len(loader))
+    batches = round(args.fraction * len(loader))
+    record = example.train_epoch(model, loader, optimizer, scheduler, max_batches=batches)
+    scale = len(splits["train"]) / record["train_documents"]
+    result = {
+        "command": "python benchmarks/documents.py " + " ".join(sys.argv[1:]),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "torch_threads": torch.get_num_threads(),
+        "model": {k: getattr(ex_args, k) for k in ("proj", "hidden", "heads", "pos_channels")},
+        "train_split_documents": len(splits["train"]),
+        "loader_prepare_seconds": prepare,
+        "loader_prepare_cpu_seconds": prepare_cpu,
+        **record,
+        "measured_fraction": 1 / scale,
+        "full_epoch_seconds": record["epoch_seconds"] * scale + prepare,
+        "full_epoch_seconds_is_extrapolated": scale > 1,
+        "full_epoch_cpu_seconds": record["epoch_cpu_seconds"] * scale + prepare_cpu,
+    }
+    (RESULTS / "documents-epoch.json").write_text(json.dumps(result, indent=1))
+    label = "extrapolated from " * (scale > 1) + f"{record['train_documents']} documents"
+    print(
+        f"one IMDB HSA epoch ({len(splits['train'])} documents, {label}): "
+        f"{result['full_epoch_seconds'] / 60:.2f} min wall, "
+        f"{result['full_epoch_cpu_seconds'] / 60:.2f} min CPU, {args.threads} threads, "
+        f"load average {record['load_average_1min']}"
+    )
 
 
 def summarize(result: dict) -> dict:
@@ -205,11 +251,12 @@ def main() -> None:
     r.add_argument("--configs", nargs="+", default=None, help="labels to run, e.g. HSA FSA-512")
     r.add_argument("--append", action="store_true", help="add to the existing results file")
     sub.add_parser("report", help="merge results into documents.json and documents.png")
+    e = sub.add_parser("epoch", help="time one IMDB HSA training epoch")
+    e.add_argument("--threads", type=int, default=2)
+    e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--fraction", type=float, default=1.0, help="time only this share of it")
     args = parser.parse_args()
-    if args.command == "run":
-        run(args)
-    else:
-        report(args)
+    {"run": run, "report": report, "epoch": epoch}[args.command](args)
 
 
 if __name__ == "__main__":
