@@ -7,8 +7,13 @@ block size Nr = 16, float32, 2 threads:
   round, so all see the same machine load) and the medians are compared; flat
   SDPA at 16K gets fewer rounds (it is slow) and beyond 16K it is not run (its
   time is projected as L^2 from 16K); at 64K every method gets fewer rounds;
+- the allocator: by default every method runs after
+  ``hiergraph.runtime.reuse_freed_memory()`` (freed buffers are reused, not
+  page-faulted in again each step; ``--allocator default`` keeps glibc's
+  settings and writes ``hmatrix_default_allocator.json``);
 - peak resident memory of one forward+backward above the level before it
-  (VmHWM, Linux), next to the projected L^2 attention matrix of flat
+  (VmHWM, Linux; measured after all timings, with exact RSS accounting),
+  next to the projected L^2 attention matrix of flat
   attention (8 heads x L^2 x 4 bytes; torch's CPU SDPA is a flash-style kernel
   that never stores it, so its measured peak is small);
 - errors on a fixed sample of query rows (all heads), in float64 references:
@@ -45,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hiergraph.ops.hmatrix import hmatrix_attention, hmatrix_attention_dense
+from hiergraph.runtime import reuse_freed_memory
 
 HEADS, DIM, BLOCK, THREADS = 8, 64, 16, 2
 SDPA_MAX_LENGTH = 16384  # flat attention beyond this is projected (O(L^2) time)
@@ -116,24 +122,28 @@ def _methods(length: int, causal: bool, package) -> dict:
     return methods
 
 
-def _time_all(methods: dict, inputs, repeats: dict) -> tuple[dict, dict]:
-    """Interleaved rounds; ``repeats[name]`` rounds per method. Returns times and peaks."""
+def _step(fn, inputs) -> None:
+    """One forward+backward of ``fn`` on fresh gradients."""
+    for x in inputs:
+        x.grad = None
+    fn(*inputs).sum().backward()
 
-    def step(fn):
-        for x in inputs:
-            x.grad = None
-        return _peak_mib(lambda: fn(*inputs).sum().backward())
 
-    times, peaks = {name: [] for name in methods}, {name: 0.0 for name in methods}
+def _time_all(methods: dict, inputs, repeats: dict) -> dict:
+    """Interleaved rounds; ``repeats[name]`` rounds per method. Returns the times."""
+    times = {name: [] for name in methods}
     for round_ in range(max(repeats.values())):
         for name, fn in methods.items():
-            if round_ >= repeats[name]:
-                continue
-            start = time.perf_counter()
-            peak = step(fn)
-            times[name].append(time.perf_counter() - start)
-            peaks[name] = max(peaks[name], peak)
-    return times, peaks
+            if round_ < repeats[name]:
+                start = time.perf_counter()
+                _step(fn, inputs)
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def _inputs(length: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(length)
+    return [torch.randn(1, HEADS, length, DIM, generator=gen).requires_grad_() for _ in range(3)]
 
 
 def _sample_rows(length: int) -> torch.Tensor:
@@ -181,22 +191,22 @@ def _keys_seen(methods: dict, q, k, v, causal: bool) -> dict:
     return seen
 
 
-def run(lengths: list[int], repeats: int, sdpa_rounds: int, long_rounds: int) -> dict:
+def run(
+    lengths: list[int], repeats: int, sdpa_rounds: int, long_rounds: int, allocator: str
+) -> dict:
     torch.set_num_threads(THREADS)
-    _exact_rss()
+    if allocator == "reuse":
+        reuse_freed_memory()
     package = _package()
     rows = []
     for length in lengths:
-        gen = torch.Generator().manual_seed(length)
-        inputs = [torch.randn(1, HEADS, length, DIM, generator=gen) for _ in range(3)]
-        for x in inputs:
-            x.requires_grad_()
+        inputs = _inputs(length)
         for causal in (False, True):
             methods = _methods(length, causal, package)
             counts = {name: repeats if length < LONG_LENGTH else long_rounds for name in methods}
             if "sdpa" in counts and length >= SDPA_SLOW_LENGTH:
                 counts["sdpa"] = min(repeats, sdpa_rounds)
-            times, peaks = _time_all(methods, inputs, counts)
+            times = _time_all(methods, inputs, counts)
             errors = _errors(methods, *inputs, causal)
             if length == RECEPTIVE_LENGTH:
                 for name, values in _keys_seen(methods, *inputs, causal).items():
@@ -210,7 +220,6 @@ def run(lengths: list[int], repeats: int, sdpa_rounds: int, long_rounds: int) ->
                         "median_s": statistics.median(times[name]),
                         "min_s": min(times[name]),
                         "times_s": times[name],
-                        "peak_mib": peaks[name],
                         "sampled_rows": errors["sampled_rows"],
                         **errors.get(name, {}),
                     }
@@ -226,6 +235,17 @@ def run(lengths: list[int], repeats: int, sdpa_rounds: int, long_rounds: int) ->
                     **({} if length <= SDPA_MAX_LENGTH else {"median_s": _project(rows, length)}),
                 }
             )
+    # Memory last, in its own pass: exact RSS accounting changes the allocator for good.
+    _exact_rss()
+    for length in lengths:
+        inputs = _inputs(length)
+        for causal in (False, True):
+            for name, fn in _methods(length, causal, package).items():
+                row = next(
+                    r for r in rows
+                    if (r["length"], r["causal"], r["method"]) == (length, causal, name)
+                )  # fmt: skip
+                row["peak_mib"] = _peak_mib(lambda fn=fn, x=inputs: _step(fn, x))
     return {
         "config": {
             "batch": 1,
@@ -237,6 +257,7 @@ def run(lengths: list[int], repeats: int, sdpa_rounds: int, long_rounds: int) ->
             "repeats": repeats,
             "sdpa_rounds_from_16k": sdpa_rounds,
             "rounds_at_64k": long_rounds,
+            "allocator": allocator,
         },
         "machine": {"platform": platform.platform(), "torch": torch.__version__},
         "package_version": _package_version(),
@@ -313,15 +334,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5)")
     parser.add_argument("--sdpa-rounds", type=int, default=2, help="rounds of flat SDPA at 16K")
     parser.add_argument("--long-rounds", type=int, default=3, help="rounds of every method at 64K")
+    parser.add_argument(
+        "--allocator",
+        choices=["reuse", "default"],
+        default="reuse",
+        help="reuse: hiergraph.runtime.reuse_freed_memory() for every method (freed buffers are "
+        "reused, not re-faulted); default: glibc as configured",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="output folder")
     args = parser.parse_args()
     lengths = [1024, 4096] if args.quick else [1024, 4096, 16384, 65536]
     repeats = args.repeats or (3 if args.quick else 5)
-    result = run(lengths, repeats, args.sdpa_rounds, args.long_rounds)
+    result = run(lengths, repeats, args.sdpa_rounds, args.long_rounds, args.allocator)
     result["command"] = "python " + " ".join(["benchmarks/hmatrix.py", *sys.argv[1:]])
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hmatrix.json").write_text(json.dumps(result, indent=2))
-    plot(result, args.out / "hmatrix.png")
+    name = "hmatrix" if args.allocator == "reuse" else "hmatrix_default_allocator"
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
+    plot(result, args.out / f"{name}.png")
     print(json.dumps(result["ratios"], indent=2))
 
 
