@@ -11,7 +11,9 @@ Two tasks, one training loop:
   holds the whole graph; the *training nodes* are sharded across ranks.
 
 Batches come from PyG ``DataLoader`` s over a ``DistributedSampler`` (``--batch-size``
-trees or nodes per rank), or, for trees, from a
+trees or nodes per rank; for trees a :class:`~hiergraph.loader.HierarchyLoader`, which
+builds each batch's tree index at collation so it moves to the device with the batch), or,
+for trees, from a
 :class:`~hiergraph.loader.DistributedLeafBudgetBatchSampler` (``--leaf-budget``
 leaves per rank and step). Backend: ``gloo`` on CPU, ``nccl`` on GPUs (default:
 nccl when CUDA is available).
@@ -41,7 +43,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
-from torch_geometric.loader import DataLoader
 from torch_geometric.nn import GCN
 
 from hiergraph.data import random_window_hierarchy
@@ -53,7 +54,7 @@ from hiergraph.distributed import (
     save_checkpoint,
     seed_everything,
 )
-from hiergraph.loader import DistributedLeafBudgetBatchSampler, leaf_counts
+from hiergraph.loader import DistributedLeafBudgetBatchSampler, HierarchyLoader, leaf_counts
 from hiergraph.nn import HierarchicalTransformerEncoder, global_leaf_mean_pool
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -104,10 +105,12 @@ def tree_task(args, ctx, dtype):
         sampler = DistributedLeafBudgetBatchSampler(
             leaf_counts(train), args.leaf_budget, ctx.world_size, ctx.rank, seed=args.seed
         )
-        loader = DataLoader(train, batch_sampler=sampler)
+        loader = HierarchyLoader(train, batch_sampler=sampler)
     else:
         sampler = distributed_sampler(train, ctx, args.seed)
-        loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+        loader = HierarchyLoader(
+            train, batch_size=args.batch_size, sampler=sampler, drop_last=True
+        )
 
     def loss_fn(model, batch):
         batch = batch.to(ctx.device)
@@ -116,7 +119,7 @@ def tree_task(args, ctx, dtype):
     @torch.no_grad()
     def evaluate(model):
         correct = 0
-        for batch in DataLoader(test, batch_size=args.batch_size):
+        for batch in HierarchyLoader(test, batch_size=args.batch_size):
             batch = batch.to(ctx.device)
             correct += int((model(cast(batch, dtype)).argmax(-1) == batch.y).sum())
         return {"test_acc": correct / len(test)}

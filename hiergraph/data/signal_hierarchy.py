@@ -74,12 +74,64 @@ class SignalHierarchy(Data):
         """
         from hiergraph.ops.tree_index import TreeIndex
 
-        key = (id(self.parent), self.parent._version, id(self.slot), self.slot._version)
+        index = self._cached_tree_index()
+        if index is None:
+            index = TreeIndex.from_hierarchy(self)
+            self._cache_tree_index(index)
+        return index
+
+    def _cached_tree_index(self):
+        """The cached tree index if ``parent`` and ``slot`` are unchanged since it was built.
+
+        The cache remembers the two tensors and their in-place versions: it goes
+        stale when either is replaced or written in place.
+        """
         cached = self.__dict__.get("_tree_index_cache")
-        if cached is None or cached[0] != key:
-            cached = (key, TreeIndex.from_hierarchy(self))
-            self.__dict__["_tree_index_cache"] = cached
-        return cached[1]
+        if cached is None:
+            return None
+        parent, parent_version, slot, slot_version, index = cached
+        same = parent is self.parent and slot is self.slot
+        return index if same and (parent_version, slot_version) == self._versions() else None
+
+    def _versions(self) -> tuple[int, int]:
+        return self.parent._version, self.slot._version
+
+    def _cache_tree_index(self, index) -> None:
+        parent_version, slot_version = self._versions()
+        self.__dict__["_tree_index_cache"] = (
+            self.parent, parent_version, self.slot, slot_version, index
+        )
+
+    def apply(self, func, *args: str):
+        """PyG's :meth:`~torch_geometric.data.Data.apply`, keeping a built :meth:`tree_index`.
+
+        ``to(device)``, ``cuda()``, ``pin_memory()`` and the like go through
+        ``apply``: an index built before (say in a ``DataLoader`` worker, on the
+        CPU) moves along with the structure tensors (``TreeIndex.to``) instead of
+        being rebuilt from them, with host work, in the training loop.
+        """
+        index = self._cached_tree_index()
+        super().apply(func, *args)
+        if index is not None:
+            self._cache_tree_index(index.to(self.parent.device))
+        return self
+
+    def __reduce_ex__(self, protocol):
+        # A valid cached index is pickled with the batch (a DataLoader worker hands batches
+        # over by pickling) and re-attached to the unpickled tensors in __setstate__.
+        reduced = list(super().__reduce_ex__(protocol))
+        if isinstance(reduced[2], dict) and "_tree_index_cache" in reduced[2]:
+            state = reduced[2] = dict(reduced[2])  # Data's state is its live __dict__
+            index = self._cached_tree_index()
+            state["_tree_index_cache"] = None if index is None else ("pickled", index)
+        return tuple(reduced)
+
+    def __setstate__(self, mapping: dict[str, Any]) -> None:
+        mapping = dict(mapping)
+        cached = mapping.pop("_tree_index_cache", None)
+        super().__setstate__(mapping)
+        if cached is not None and cached[0] == "pickled":
+            self._cache_tree_index(cached[1])
 
     # ---------------------------------------------------------- constructors
     @classmethod

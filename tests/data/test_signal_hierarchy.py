@@ -158,3 +158,41 @@ def test_bad_types_and_windows():
         window_hierarchy(4, (2,), x=torch.randn(3, 2))
     with pytest.raises(ValueError, match="unknown domain"):
         Family([0], "sphere")
+
+
+def _count_index_builds(monkeypatch) -> list[int]:
+    from hiergraph.ops.tree_index import TreeIndex
+
+    builds, build = [], TreeIndex.from_hierarchy.__func__
+
+    def counted(cls, h):
+        builds.append(1)
+        return build(cls, h)
+
+    monkeypatch.setattr(TreeIndex, "from_hierarchy", classmethod(counted))
+    return builds
+
+
+def test_tree_index_travels_with_to_clone_and_pickle(monkeypatch):
+    import pickle
+
+    batch = Batch.from_data_list([window_hierarchy(9, (3,)), from_nested([[0, 1], [2]])])
+    builds = _count_index_builds(monkeypatch)
+    index = batch.tree_index()
+    assert batch.tree_index() is index and len(builds) == 1  # cached
+    moved = batch.to("cpu", non_blocking=True)  # what a training loop does with each batch
+    assert moved.tree_index() is not None and len(builds) == 1
+    loaded = pickle.loads(pickle.dumps(batch))  # how a DataLoader worker hands batches over
+    assert len(builds) == 1
+    assert torch.equal(loaded.tree_index().order, index.order)
+    assert len(builds) == 1
+    clone = batch.clone()
+    clone.tree_index()
+    assert len(builds) == 1
+    clone.parent[0] = clone.parent[0]  # an in-place write invalidates the cache
+    clone.tree_index()
+    assert len(builds) == 2
+    batch.slot = batch.slot.clone()  # so does replacing the tensor
+    batch.tree_index()
+    assert len(builds) == 3
+
