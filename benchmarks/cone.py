@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -143,10 +144,12 @@ def main(argv=None) -> dict:
     layer = {
         a: layer_step(make_conv(a, 64, 8, heads=8), hidden, data.edge_index) for a in ATTENTIONS
     }
+    load_before = os.getloadavg()
     results = {
         "epoch": summarize(measure(epoch, args.reps, args.warmup)),
         "layer": summarize(measure(layer, args.reps, args.warmup)),
     }
+    load = {"before": load_before, "after": os.getloadavg()}
     report = {
         "what": "forward+backward time on Cora (ms), median over reps, variants interleaved; "
         "median_ms/ratio_to_gat: CPU time of the timing thread, wall_*: wall clock",
@@ -154,6 +157,8 @@ def main(argv=None) -> dict:
         "machine": platform.processor() or platform.machine(),
         "threads": args.threads,
         "reps": args.reps,
+        "loadavg_1_5_15min": load,
+        "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "torch_geometric": torch_geometric.__version__,
         "results": results,
@@ -161,6 +166,7 @@ def main(argv=None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cone.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(results, args.out / "cone.png")
+    print(f"load average before {load['before']}, after {load['after']}")
     for kind, rows in results.items():
         for name, row in rows.items():
             print(

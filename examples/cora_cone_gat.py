@@ -12,8 +12,12 @@ validation loss).
 ``dot``, ``penumbral`` or ``umbral``. Cone scores follow the paper's equations
 (penumbral light source r = 1, umbral radius r = 0.1, gamma = 1);
 ``--reference-convention`` switches to the authors' code (penumbral -gamma H^2,
-umbral height exp(x_d / d)), ``--gamma`` sets the temperature and ``--r`` the
-radius.
+umbral height exp(x_d / d)). Cone options, one flag each: ``--gamma`` (temperature),
+``--learn-gamma`` (one learned temperature per head, starting at ``--gamma``), ``--r``
+(radius), ``--squared`` (penumbral -gamma H^2), ``--height-scale`` (umbral
+exp(c x_d); ``d`` for c = 1/d) and ``--qk-channels`` (separate query/key
+projections instead of the shared value projection). Every run also records the
+best validation accuracy, the number to tune these options by.
 
 Data: ``--root`` (default ``$HIERGRAPH_DATA``, else the repo's ``datasets/``);
 raw files are linked from ``--raw-dir`` or ``$HIERGRAPH_RAW`` when ``<root>/Cora/raw``
@@ -183,7 +187,8 @@ def write_json(path: Path, name: str, row: dict) -> None:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--attention", choices=ATTENTIONS, nargs="+", default=["penumbral"])
-    parser.add_argument("--seeds", type=int, default=10, help="number of seeds (0..N-1)")
+    parser.add_argument("--seeds", type=int, default=10, help="number of seeds")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds run from this one on")
     parser.add_argument("--root", default=None, help="data root (default: $HIERGRAPH_DATA)")
     parser.add_argument("--raw-dir", default=None, help="folder to link raw Cora files from")
     parser.add_argument("--epochs", type=int, default=10000, help="maximum epochs")
@@ -232,11 +237,12 @@ def main(argv=None) -> dict[str, list[float]]:
     dataset = load_planetoid("Cora", args.root, args.raw_dir, transform=T.NormalizeFeatures())
     data = dataset[0]
     results = {}
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     for attention in args.attention:
         start = time.perf_counter()
         runs = [
             run_seed(data, attention, seed, args)
-            for seed in tqdm(range(args.seeds), desc=attention)
+            for seed in tqdm(seeds, desc=attention)
         ]
         accs, val_accs = [acc for acc, _, _ in runs], [val for _, _, val in runs]
         mean, std = statistics.mean(accs), statistics.stdev(accs) if len(accs) > 1 else 0.0
@@ -257,7 +263,7 @@ def main(argv=None) -> dict[str, list[float]]:
                 "mean_val": statistics.mean(val_accs),
                 "val_accuracy": val_accs,
                 "epochs_run": [epochs for _, epochs, _ in runs],
-                "seeds": list(range(args.seeds)),
+                "seeds": seeds,
                 "budget": {"max_epochs": args.epochs, "patience": args.patience},
                 "lr": args.lr,
                 "weight_decay": args.weight_decay,
