@@ -70,15 +70,23 @@ def laplacian_pe(hierarchy, edge_index: Tensor, k: int) -> Tensor:
     fam_of[members] = fam_id
     inside = local[src] >= 0
     src, dst = src[inside], dst[inside]
-    for size in sizes.unique().tolist():
+    order = torch.argsort(sizes[fam_of[src]])  # edges grouped by the size of their family
+    src, dst = src[order], dst[order]
+    edge_end = torch.searchsorted(sizes[fam_of[src]], sizes.unique(), right=True)
+    # rank of every family among the families of its size
+    by_size = torch.argsort(sizes, stable=True)
+    rank = torch.empty_like(by_size)
+    sorted_sizes = sizes[by_size]
+    rank[by_size] = torch.arange(by_size.numel()) - torch.searchsorted(sorted_sizes, sorted_sizes)
+    edge_start = 0
+    for size, end in zip(sizes.unique().tolist(), edge_end.tolist(), strict=True):
+        e_src, e_dst = src[edge_start:end], dst[edge_start:end]
+        edge_start = end
         if size < 2:  # a single member has no non-trivial eigenvector
             continue
         fams = (sizes == size).nonzero().view(-1)
-        rank = torch.full((sizes.numel(),), -1, dtype=torch.long)
-        rank[fams] = torch.arange(fams.numel())
         adj = torch.zeros(fams.numel(), size, size, dtype=torch.float64)
-        on = rank[fam_of[src]] >= 0
-        adj[rank[fam_of[src[on]]], local[src[on]], local[dst[on]]] = 1.0
+        adj[rank[fam_of[e_src]], local[e_src], local[e_dst]] = 1.0
         adj = ((adj + adj.transpose(1, 2)) > 0).double()
         adj.diagonal(dim1=1, dim2=2).zero_()
         deg = adj.sum(2)
@@ -87,6 +95,6 @@ def laplacian_pe(hierarchy, edge_index: Tensor, k: int) -> Tensor:
         _, vecs = torch.linalg.eigh(lap)
         vecs = vecs[:, :, 1 : k + 1]
         sign = torch.sign(vecs.gather(1, vecs.abs().argmax(1, keepdim=True)))
-        nodes = members[rank[fam_id] >= 0]
+        nodes = members[sizes[fam_id] == size]
         out[nodes, : vecs.size(2)] = (vecs * sign).reshape(-1, vecs.size(2)).float()
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn.resolver import activation_resolver, normalization_resolver
@@ -23,6 +24,12 @@ class GraphHSAConv(nn.Module):
             \\
         \mathrm{out} &= \mathrm{Norm}_3\big(h + \mathrm{MLP}(h)\big), \qquad h = h_\ell + h_g
 
+With ``gate=True`` the global branch is scaled by a learned
+:math:`\tanh(\alpha)`, :math:`\alpha = 0` at the start (the layer starts
+as its local conv alone and lets the data decide how much global attention
+to add); with ``mlp=False`` the MLP block is left out
+(:math:`\mathrm{out} = h`).
+
     :math:`\mathcal{T}` is a tree whose leaves are the graph nodes (e.g. from
     :class:`~hiergraph.transforms.GraphHierarchy`) and :math:`\varepsilon` the
     family position embeddings. HSA costs :math:`O(M b^2)` for :math:`M` tree
@@ -41,6 +48,8 @@ class GraphHSAConv(nn.Module):
         include_self: leaves attend to themselves in HSA.
         act: MLP activation; norm: normalisation (a PyG resolver name, or
             ``None``).
+        gate: scale the global branch by a learned :math:`\tanh(\alpha)`.
+        mlp: add the MLP block.
     """
 
     def __init__(
@@ -55,6 +64,8 @@ class GraphHSAConv(nn.Module):
         act: str = "relu",
         norm: str | None = "batch_norm",
         norm_kwargs: dict[str, Any] | None = None,
+        gate: bool = False,
+        mlp: bool = True,
     ):
         super().__init__()
         self.channels, self.conv, self.dropout = channels, conv, dropout
@@ -65,12 +76,17 @@ class GraphHSAConv(nn.Module):
             include_self=include_self,
             dropout=attn_dropout,
         )
-        self.mlp = nn.Sequential(
-            nn.Linear(channels, 2 * channels),
-            activation_resolver(act),
-            nn.Dropout(dropout),
-            nn.Linear(2 * channels, channels),
-            nn.Dropout(dropout),
+        self.gate = nn.Parameter(torch.zeros(())) if gate else None
+        self.mlp = (
+            nn.Sequential(
+                nn.Linear(channels, 2 * channels),
+                activation_resolver(act),
+                nn.Dropout(dropout),
+                nn.Linear(2 * channels, channels),
+                nn.Dropout(dropout),
+            )
+            if mlp
+            else None
         )
         norm_kwargs = norm_kwargs or {}
         self.norms = nn.ModuleList(
@@ -84,7 +100,9 @@ class GraphHSAConv(nn.Module):
         if self.conv is not None:
             self.conv.reset_parameters()
         self.attn.reset_parameters()
-        for module in (*self.mlp, *self.norms):
+        if self.gate is not None:
+            nn.init.zeros_(self.gate)
+        for module in (*(self.mlp or ()), *self.norms):
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
 
@@ -108,8 +126,10 @@ class GraphHSAConv(nn.Module):
             h = F.dropout(self.conv(x, edge_index, **kwargs), self.dropout, self.training)
             out = self.norms[0](h + x)
         h = F.dropout(self.attn(x, hierarchy, pos_emb), self.dropout, self.training)
+        if self.gate is not None:
+            h = torch.tanh(self.gate) * h
         out = out + self.norms[1](h + x)
-        return self.norms[2](out + self.mlp(out))
+        return self.norms[2](out + self.mlp(out)) if self.mlp is not None else self.norms[2](out)
 
     def __repr__(self) -> str:
         return (
@@ -118,9 +138,21 @@ class GraphHSAConv(nn.Module):
 
 
 class GraphHSANet(nn.Module):
-    r"""Node classifier: input projection, ``num_layers`` :class:`GraphHSAConv`
+    r"""Node classifier: an input map, ``num_layers`` :class:`GraphHSAConv`
     layers over a shared community tree and family position embeddings, and
-    a linear head.
+    an output map.
+
+    .. math::
+        h_0 = \sigma\big(\mathrm{In}(\mathrm{Drop}(x))\big), \quad
+        h_{l} = \mathrm{GraphHSAConv}_l(h_{l-1}), \quad
+        \mathrm{logits} = \mathrm{Out}(\mathrm{Drop}(h_L))
+
+    ``In`` / ``Out`` are linear maps or, when given, convs: e.g. the two
+    layers of GAT with one gated HSA layer between them
+    (``input_conv=GATConv(in, 8, heads=8)``, ``act='elu'``,
+    ``output_conv=GATConv(64, classes, concat=False)``, ``conv_factory=None``,
+    ``gate=True``, ``mlp=False``): a GAT with a global, hierarchical residual
+    branch.
 
     Args:
         in_channels, hidden_channels, out_channels: feature sizes.
@@ -131,10 +163,17 @@ class GraphHSANet(nn.Module):
         graph_pe_dim: size of the tree's ``graph_pe`` features (0: no
             position bias).
         dropout: on the input features, between layers and before the head.
+        attn_dropout: dropout on the HSA output (inside the layers).
+        layer_dropout: dropout of the branches inside the layers (default
+            ``dropout``).
         norm: normalisation in the layers (a PyG resolver name or ``None``).
         input_conv: optional ``in → hidden`` conv used instead of the linear
             input projection (e.g. ``GCNConv(in, hidden)``: on small
             training sets, propagating the raw features first helps).
+        output_conv: optional ``hidden → out`` conv used instead of the
+            linear head.
+        act: activation after the input map (a PyG resolver name or ``None``).
+        gate, mlp: see :class:`GraphHSAConv`.
     """
 
     def __init__(
@@ -148,13 +187,20 @@ class GraphHSANet(nn.Module):
         graph_pe_dim: int = 0,
         dropout: float = 0.5,
         attn_dropout: float = 0.0,
+        layer_dropout: float | None = None,
         norm: str | None = None,
         input_conv: nn.Module | None = None,
+        output_conv: nn.Module | None = None,
+        act: str | None = None,
+        gate: bool = False,
+        mlp: bool = True,
     ):
         super().__init__()
         self.dropout = dropout
-        self.input_conv = input_conv
+        self.input_conv, self.output_conv = input_conv, output_conv
         self.lin_in = nn.Linear(in_channels, hidden_channels) if input_conv is None else None
+        self.lin_out = nn.Linear(hidden_channels, out_channels) if output_conv is None else None
+        self.act = activation_resolver(act) if act is not None else None
         self.pos = (
             FamilyPositionEncoder(hidden_channels, graph_pe_dim=graph_pe_dim)
             if graph_pe_dim
@@ -165,22 +211,20 @@ class GraphHSANet(nn.Module):
                 hidden_channels,
                 conv_factory(hidden_channels) if conv_factory is not None else None,
                 heads=heads,
-                dropout=dropout,
+                dropout=dropout if layer_dropout is None else layer_dropout,
                 attn_dropout=attn_dropout,
                 pos_channels=hidden_channels if graph_pe_dim else 0,
                 norm=norm,
+                gate=gate,
+                mlp=mlp,
             )
             for _ in range(num_layers)
         )
-        self.lin_out = nn.Linear(hidden_channels, out_channels)
 
     def reset_parameters(self) -> None:
-        for module in (self.lin_in, self.input_conv):
+        for module in (self.lin_in, self.input_conv, self.lin_out, self.output_conv, self.pos):
             if module is not None:
                 module.reset_parameters()
-        self.lin_out.reset_parameters()
-        if self.pos is not None:
-            self.pos.reset_parameters()
         for layer in self.layers:
             layer.reset_parameters()
 
@@ -188,8 +232,10 @@ class GraphHSANet(nn.Module):
         """``x: [N, in_channels]`` → ``[N, out_channels]`` logits."""
         x = F.dropout(x, self.dropout, self.training)
         x = self.lin_in(x) if self.input_conv is None else self.input_conv(x, edge_index)
+        if self.act is not None:
+            x = self.act(x)
         pos_emb = self.pos(hierarchy) if self.pos is not None else None
         for layer in self.layers:
             x = layer(x, edge_index, hierarchy, pos_emb)
         x = F.dropout(x, self.dropout, self.training)
-        return self.lin_out(x)
+        return self.lin_out(x) if self.output_conv is None else self.output_conv(x, edge_index)

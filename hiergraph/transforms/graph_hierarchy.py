@@ -185,8 +185,9 @@ def sibling_edges(tree: SignalHierarchy, edge_index: Tensor) -> Tensor:
         lift_b = ~done & (depth[b] >= depth[a])
         a = torch.where(lift_a, parent[a], a)
         b = torch.where(lift_b, parent[b], b)
-    pairs = torch.stack([a, b])[:, a != b]
-    return torch.unique(pairs, dim=1) if pairs.numel() else pairs
+    a, b = a[a != b], b[a != b]
+    key = torch.unique(a * parent.numel() + b)  # sorted, deduplicated pairs
+    return torch.stack([key // parent.numel(), key % parent.numel()])
 
 
 def hierarchy_stats(data: HierarchicalGraph | SignalHierarchy) -> dict[str, float]:

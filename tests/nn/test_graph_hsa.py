@@ -82,3 +82,34 @@ def test_wrong_leaf_count_is_rejected(graphs):
     layer = GraphHSAConv(6, None)
     with pytest.raises(ValueError, match="num_leaves"):
         layer(graphs[0].x[:-1], graphs[0].edge_index, graphs[0].hierarchy())
+
+
+def test_gate_starts_closed_and_learns(graphs):
+    g = graphs[0]
+    layer = GraphHSAConv(6, GCNConv(6, 6), heads=2, norm=None, gate=True, mlp=False).double()
+    x = g.x.double()
+    out = layer(x, g.edge_index, g.hierarchy())
+    # tanh(0) = 0: only the local branch and the two residuals (h_l + h_g)
+    torch.testing.assert_close(out, layer.conv(x, g.edge_index) + 2 * x)
+    out.square().sum().backward()
+    assert layer.gate.grad is not None and layer.gate.grad.abs() > 0
+    with torch.no_grad():
+        layer.gate.fill_(0.5)
+    assert not torch.allclose(layer(x, g.edge_index, g.hierarchy()), out)
+
+
+def test_gat_hybrid_net_batched_equals_per_graph(graphs):
+    from torch_geometric.nn import GATConv
+
+    torch.manual_seed(0)
+    model = GraphHSANet(
+        6, 8, 3, conv_factory=None, num_layers=1, heads=2, graph_pe_dim=4,
+        input_conv=GATConv(6, 4, heads=2), output_conv=GATConv(8, 3, concat=False),
+        act="elu", gate=True, mlp=False,
+    ).double().eval()
+    with torch.no_grad():
+        model.layers[0].gate.fill_(0.7)
+    batch = Batch.from_data_list(graphs)
+    together = model(batch.x.double(), batch.edge_index, batch.hierarchy())
+    apart = torch.cat([model(g.x.double(), g.edge_index, g.hierarchy()) for g in graphs])
+    torch.testing.assert_close(together, apart, rtol=1e-10, atol=1e-10)

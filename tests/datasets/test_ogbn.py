@@ -1,0 +1,81 @@
+"""ogbn-* wiring: OGB's dataset class and Evaluator on a tiny fixture in OGB's raw layout."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from hiergraph.datasets.ogbn import load_ogbn, ogbn_dir
+
+
+def _ogb_importable() -> bool:
+    if importlib.util.find_spec("ogb") is None:
+        return False
+    try:
+        import ogb.nodeproppred  # noqa: F401  (needs pandas)
+    except ImportError:
+        return False
+    return True
+
+
+needs_ogb = pytest.mark.skipif(
+    not _ogb_importable(), reason="ogb (or its dependency pandas) is not installed here"
+)
+
+
+def _write_csv(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        for row in np.atleast_2d(rows):
+            f.write(",".join(str(v) for v in np.atleast_1d(row)) + "\n")
+
+
+def write_tiny_arxiv(root, n=12, classes=3, seed=0):
+    """A tiny **synthetic** graph in ogbn-arxiv's raw layout (OGB's file names and split)."""
+    rng = np.random.default_rng(seed)
+    folder = ogbn_dir("ogbn-arxiv", root)
+    edges = np.stack([np.arange(n), (np.arange(n) + 1) % n], 1)
+    _write_csv(folder / "raw" / "edge.csv.gz", edges)
+    _write_csv(folder / "raw" / "node-feat.csv.gz", rng.normal(size=(n, 4)).round(3))
+    labels = rng.integers(0, classes, size=(n, 1))
+    _write_csv(folder / "raw" / "node-label.csv.gz", labels)
+    _write_csv(folder / "raw" / "node_year.csv.gz", np.full((n, 1), 2020))
+    _write_csv(folder / "raw" / "num-node-list.csv.gz", np.array([[n]]))
+    _write_csv(folder / "raw" / "num-edge-list.csv.gz", np.array([[len(edges)]]))
+    split = {"train": np.arange(0, 6), "valid": np.arange(6, 9), "test": np.arange(9, n)}
+    for part, idx in split.items():
+        _write_csv(folder / "split" / "time" / f"{part}.csv.gz", idx[:, None])
+    (folder / "RELEASE_v1.txt").write_text("tiny synthetic fixture\n")
+    return torch.from_numpy(labels.reshape(-1)), split
+
+
+def test_unsupported_name_and_missing_files(tmp_path):
+    with pytest.raises(ValueError, match="ogbn-arxiv"):
+        load_ogbn("ogbn-proteins", root=tmp_path)
+    with pytest.raises(FileNotFoundError, match="ogbn_arxiv"):
+        load_ogbn("ogbn-arxiv", root=tmp_path)
+
+
+@pytest.mark.skipif(_ogb_importable(), reason="ogb is installed: the message is not needed")
+def test_clear_error_without_ogb(tmp_path):
+    write_tiny_arxiv(tmp_path)
+    with pytest.raises(ImportError, match="pip install ogb"):
+        load_ogbn("ogbn-arxiv", root=tmp_path)
+
+
+@needs_ogb
+def test_tiny_fixture_through_ogb_dataset_and_evaluator(tmp_path):
+    labels, split = write_tiny_arxiv(tmp_path)
+    data, metric = load_ogbn("ogbn-arxiv", root=tmp_path)
+    assert data.num_nodes == 12 and torch.equal(data.y, labels)
+    for key, part in (("train_mask", "train"), ("val_mask", "valid"), ("test_mask", "test")):
+        assert torch.equal(data[key].nonzero().view(-1), torch.from_numpy(split[part]))
+    pred = labels.clone()
+    pred[9] = (pred[9] + 1) % 3  # one of the three test nodes is wrong
+    assert metric(pred, data.test_mask) == pytest.approx(2 / 3)
+    logits = torch.nn.functional.one_hot(labels, 3).float()
+    assert metric(logits, data.val_mask) == 1.0
