@@ -91,10 +91,10 @@ def load_cache(ex, model, tokenizer, dataset, args, starts):
 
 @torch.no_grad()
 def time_attention(ex, model, cache, branching, block) -> dict[str, float]:
-    """Median seconds of the attention op of the last layer on the longest cached batch:
-    flat SDPA vs the replacements, interleaved."""
+    """Median seconds of the attention op of the last layer on the largest cached batch
+    (most tokens): flat SDPA vs the replacements, interleaved."""
     last = ex.NUM_LAYERS - 1
-    valid, kept = cache["batches"][-1]
+    valid, kept = max(cache["batches"], key=lambda batch: batch[0].numel())
     hidden = kept[last] if last in kept else None
     if hidden is None:
         return {}
