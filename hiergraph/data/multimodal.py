@@ -25,11 +25,11 @@ Any field may be missing (``None`` or zero tokens): it is left out of the
 key–value family, and the other keys keep their ids, so records with
 different fields batch together. Leaves of different widths are zero-padded
 to the widest field (:attr:`MultimodalSchema.in_channels`); each field has
-its own node type, so a per-type input projection
+a node type (default: its own), so a per-type input projection
 (:class:`~hiergraph.nn.TypedLinear`, ``num_node_types`` of
 :class:`~hiergraph.nn.HierarchicalTransformerEncoder`) gives every modality
-its own linear map :math:`W_t x` (the zero padding meets zero columns of
-nothing: :math:`W_t [x; 0] = W_t^{(:F_t)} x`).
+its own linear map, and the padding adds nothing to it:
+:math:`W_t [x; 0] = W_t^{(:, :F_t)} x`.
 """
 
 from __future__ import annotations
