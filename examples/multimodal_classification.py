@@ -359,6 +359,12 @@ def plot(result: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def save(result: dict, path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=1))
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--dataset", choices=sorted(DATASETS), default="openclipart")
@@ -420,13 +426,12 @@ def main(argv=None) -> dict:
         runs = [train(args, name, seed, data, ds.schema, ds.num_classes) for seed in args.seeds]
         result["models"][name] = {"summary": summarize(runs), "runs": runs}
         print(json.dumps({name: result["models"][name]["summary"]}), flush=True)
+        save(result, args.json)  # after every model: a crash keeps what is done
     if args.baselines:
         result["baselines"] = logistic_baselines(args)
     result["loadavg_end"] = os.getloadavg()
     result["torch_threads"] = torch.get_num_threads()
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    save(result, args.json)
     if args.plot:
         plot(result, args.plot)
     return result

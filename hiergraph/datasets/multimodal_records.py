@@ -15,7 +15,9 @@ optionally grouped ``group_size × group_size``) and one 1-D grid of token
 leaves per text field, carrying the frozen MiniLM static token vectors
 (384-d; :mod:`hiergraph.datasets.static_embeddings`). ``fields`` selects the
 modalities that go into the tree (e.g. ``('image',)`` for an image-only
-model); the key ids stay those of the full schema.
+model); the key ids stay those of the full schema. A text-only tree of a
+record without any text gets one ``[PAD]`` token leaf in its first text
+field (the model sees "no text" rather than the record being dropped).
 
 Raw files are never downloaded; a missing dataset raises
 :class:`FileNotFoundError` saying where the files are expected and how to get them.
@@ -42,6 +44,8 @@ SPLITS = ("train", "val", "test")
 IMAGE = "image"
 #: Width of the MiniLM static token vectors.
 TOKEN_CHANNELS = 384
+#: The MiniLM ``[PAD]`` id: the one leaf of a text-only tree whose record has no text.
+PAD_ID = 0
 
 
 @dataclass
@@ -239,9 +243,12 @@ class MultimodalRecordDataset(InMemoryDataset):
     def get(self, idx: int):
         rec = super().get(idx)
         table = _token_table()
-        record = {f: table[rec[f]] for f in self.text_fields if f in self.fields}
+        texts = [f for f in self.text_fields if f in self.fields]
+        record = {f: table[rec[f]] for f in texts}
         if IMAGE in self.fields:
             record[IMAGE] = rec.image[0].float() / 255.0
+        elif all(rec[f].numel() == 0 for f in texts):  # no text at all: one padding token
+            record[texts[0]] = table[torch.tensor([PAD_ID])]
         h = self.schema.build(record)
         h.y = rec.y
         return h
