@@ -77,13 +77,18 @@ def load_image(path: Path, size: int, max_pixels: int) -> Tensor:
     The declared size is checked from the header *before* decoding.
 
     Raises:
-        ImageTooLarge: if width × height exceeds ``max_pixels``.
+        ImageTooLarge: if width × height exceeds ``max_pixels``, or Pillow's own
+            decompression-bomb guard fires (its warning is turned into this error).
     """
     from PIL import Image
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
-        with Image.open(path) as im:
+        try:
+            im = Image.open(path)
+        except (Image.DecompressionBombWarning, Image.DecompressionBombError) as err:
+            raise ImageTooLarge(f"{path}: {err}") from err
+        with im:
             w, h = im.size
             if w * h > max_pixels:
                 raise ImageTooLarge(
