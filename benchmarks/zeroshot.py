@@ -219,10 +219,16 @@ def report(args) -> None:
     for path in sorted(RESULTS.glob("zeroshot_*.json")):
         parts[path.stem.removeprefix("zeroshot_")] = json.loads(path.read_text())
     (RESULTS / "zeroshot.json").write_text(json.dumps(parts, indent=1))
-    fig, axes = plt.subplots(len(parts), 2, figsize=(11, 3.6 * len(parts)), squeeze=False)
+    order = ["last1", "last2", "last3", "all"]
+    panels = (("cosine", "sentence-embedding cosine"), ("token_cosine", "token-state cosine"),
+              ("probe", "probe accuracy"))  # fmt: skip
+    fig, axes = plt.subplots(len(parts), 3, figsize=(15, 3.6 * len(parts)), squeeze=False)
     colors = {"hsa": "C0", "block": "C1", "hsa_no_size_bias": "C2"}
     for row, (dataset, res) in zip(axes, parts.items(), strict=True):
-        keys = sorted({(r["layers"], tuple(r["branching"])) for r in res["runs"]})
+        keys = sorted(
+            {(r["layers"], tuple(r["branching"])) for r in res["runs"]},
+            key=lambda k: (k[1], order.index(k[0])),
+        )
         x = np.arange(len(keys))
         for j, method in enumerate(METHODS):
             by = {
@@ -230,28 +236,46 @@ def report(args) -> None:
                 for r in res["runs"]
                 if r["method"] == method
             }
-            for ax, metric in zip(row, ("cosine", "probe"), strict=True):
-                vals = [by[k][metric] if k in by else np.nan for k in keys]
+            for ax, (metric, _) in zip(row, panels, strict=True):
+                vals = [by[k].get(metric) if k in by else None for k in keys]
+                vals = [np.nan if v is None else v for v in vals]
                 ax.bar(x + (j - 1) * 0.27, vals, 0.27, color=colors[method], label=method)
-        row[1].axhline(res["original"]["probe"], color="k", ls="--", label="original")
-        for ax, metric in zip(row, ("mean cosine to original", "probe accuracy"), strict=True):
+        row[2].axhline(res["original"]["probe"], color="k", ls="--", label="original")
+        for ax, (_, title) in zip(row, panels, strict=True):
             ax.set_xticks(x, [f"{a}\n{','.join(map(str, b))}" for a, b in keys], fontsize=7)
-            ax.set_title(f"{dataset.upper()} ({res['documents']} docs): {metric}", fontsize=9)
-        row[0].set_ylim(0.5, 1.0)
-        row[1].set_ylim(max(0.0, res["original"]["probe"] - 0.15), 1.0)
-        row[1].legend(fontsize=7, loc="lower left")
+            ax.set_title(f"{dataset.upper()} ({res['documents']} docs): {title}", fontsize=9)
+            ax.set_ylim(0.3, 1.0)
+        row[2].set_ylim(max(0.0, res["original"]["probe"] - 0.2), 1.0)
+        row[2].legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(RESULTS / "zeroshot.png", dpi=120)
-    for dataset, res in parts.items():
-        print(f"\n{dataset}: original probe {res['original']['probe']:.4f}")
-        for r in res["runs"]:
-            f = r["flops_per_layer_at_max_tokens"]
-            tok = "–" if r.get("token_cosine") is None else f"{r['token_cosine']:.3f}"
+    for dataset, res in parts.items():  # the README tables: HSA / block / no-size-bias
+        print(f"\n{dataset}: {res['documents']} documents, original probe "
+              f"{res['original']['probe']:.3f}")  # fmt: skip
+        print("| layers | branching | cosine | token cosine | probe | frozen probe | fewer FLOPs |")
+        print("|---|---|---|---|---|---|---|")
+        by = {(r["layers"], tuple(r["branching"]), r["method"]): r for r in res["runs"]}
+        for layers, branching in sorted({k[:2] for k in by}, key=lambda k: (k[0], k[1])):
+            runs = [by.get((layers, branching, method)) for method in METHODS]
+            if None in runs:
+                continue
+            metrics = ("cosine", "token_cosine", "probe", "frozen_probe")
+            f = runs[0]["flops_per_layer_at_max_tokens"]
             print(
-                f"| {r['layers']} | {','.join(map(str, r['branching']))} | {r['method']} | "
-                f"{r['cosine']:.3f} | {tok} | {r['probe']:.3f} | {r['frozen_probe']:.3f} | "
-                f"{f['flat'] / f['method']:.1f}× |"
+                f"| {layers} | {','.join(map(str, branching))} | "
+                + " | ".join(_cells(runs, metric) for metric in metrics)
+                + f" | {f['flat'] / f['method']:.1f}× (block {runs[1]['block']}) |"
             )
+
+
+def _cells(runs, metric: str) -> str:
+    """``a / b / c`` for the three methods, the best (ties included) in bold."""
+    vals = [r.get(metric) for r in runs]
+    if None in vals:
+        return "–"
+    text = [f"{v:.3f}" for v in vals]
+    best = max(text)
+    return " / ".join(f"**{t}**" if t == best else t for t in text)
 
 
 def main() -> None:
@@ -263,7 +287,7 @@ def main() -> None:
     p.add_argument(
         "--branchings",
         nargs="+",
-        default=["2,4,8,16", "2,2,2,2", "8,4,2"],
+        default=[(2, 4, 8, 16), (2, 2, 2, 2), (8, 4, 2)],
         type=lambda s: tuple(int(b) for b in s.split(",")),
     )
     p.add_argument("--max-tokens", type=int, default=256)
