@@ -284,7 +284,7 @@ class TextClassificationDataset(InMemoryDataset):
         cap = self.caps["max_tokens"]
         truncated = int((sizes > cap).sum()) if cap is not None else 0
         if any(v is not None for k, v in self.caps.items() if k != "max_tokens"):
-            reports = [self.get(i).truncation for i in range(len(self))]
+            reports = [self.document(i)[2] for i in self.indices()]
             cut = torch.cat(reports)
             truncated, dropped = int((cut[:, 2] > 0).sum()), int(cut[:, 2].sum())
         else:
