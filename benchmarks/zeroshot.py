@@ -255,7 +255,9 @@ def report(args) -> None:
         print("| layers | branching | cosine | token cosine | probe | frozen probe | fewer FLOPs |")
         print("|---|---|---|---|---|---|---|")
         by = {(r["layers"], tuple(r["branching"]), r["method"]): r for r in res["runs"]}
-        for layers, branching in sorted({k[:2] for k in by}, key=lambda k: (k[0], k[1])):
+        for layers, branching in sorted(
+            {k[:2] for k in by}, key=lambda k: (order.index(k[0]), k[1])
+        ):
             runs = [by.get((layers, branching, method)) for method in METHODS]
             if None in runs:
                 continue
