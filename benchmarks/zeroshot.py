@@ -19,6 +19,7 @@ medians.
     HF_HUB_OFFLINE=1 HIERGRAPH_RAW=../shared/datasets nice -n 5 python benchmarks/zeroshot.py \\
         run --dataset bbc --layer-sets last2 --branchings 2,4,8,16
     python benchmarks/zeroshot.py report   # -> results/zeroshot.json + zeroshot.png
+    python benchmarks/zeroshot.py fidelity --limit 200   # -> results/zeroshot_fidelity.json
 
 ``run`` appends to ``results/zeroshot_<dataset>[_n<limit>].json`` after every finished
 configuration (skipping ones already there), so the grid can be run in parts.
@@ -209,6 +210,60 @@ def run(args) -> None:
     out.write_text(json.dumps(result, indent=1))
 
 
+@torch.no_grad()
+def fidelity(args) -> None:
+    """Attention-level diagnostic: for the last layer of ``--docs`` cached full-length
+    documents, the HSA / block / no-size-bias matrices (from identity values) against the
+    layer's softmax: mean row KL(theta || softmax), and the relative error of the attention
+    output after the output projection, per token and after mean pooling over tokens."""
+    ex = load_example()
+    torch.set_num_threads(args.threads)
+    model, _ = ex.load_minilm()
+    cache = torch.load(CACHE / f"{args.dataset}_{args.max_tokens}_{args.limit or 'all'}.pt",
+                       weights_only=False)  # fmt: skip
+    last = ex.NUM_LAYERS - 1
+    valid, kept = max(cache["batches"], key=lambda batch: batch[0].numel())
+    valid, hidden = valid[: args.docs].bool(), kept[last][: args.docs].double()
+    layer = ex.encoder_layers(model)[last].attention
+    attn, dense = layer.self.double(), layer.output.dense.double()
+    b, t, _ = hidden.shape
+    q, k, v = (
+        p(hidden).view(b, t, attn.num_attention_heads, -1).transpose(1, 2)
+        for p in (attn.query, attn.key, attn.value)
+    )
+    flat = torch.softmax(
+        q @ k.transpose(-1, -2) * attn.scaling + ex.additive_mask(valid).double(), -1
+    )
+    eye = torch.eye(t, dtype=q.dtype).expand(b, q.size(1), t, t)
+    tree = window_hierarchies(valid.sum(1).tolist(), args.branching)
+    block = same_flops_block(args.branching, args.max_tokens, q.size(-1), q.size(1))
+    mats = {
+        "hsa": padded_hsa(q, k, eye, valid, tree),
+        "block": padded_block_attention(q, k, eye, valid, block),
+        "hsa_no_size_bias": padded_hsa(q, k, eye, valid, tree, size_bias=False),
+    }
+
+    def project(x):  # [b, H, t, d] -> [b, t, hidden] through W_o (no bias)
+        return x.transpose(1, 2).reshape(b, t, -1) @ dense.weight.T
+
+    ref = project(flat @ v)
+    mask = valid[:, :, None].double()
+    out = {"documents": b, "tokens": t, "branching": list(args.branching), "block": block}
+    for name, theta in mats.items():
+        theta = theta.permute(0, 2, 1, 3)  # [b, H, t, t]
+        kl = (theta * (theta.clamp_min(1e-300).log() - flat.clamp_min(1e-300).log())).sum(-1)
+        err = project(theta @ v) - ref
+        out[name] = {
+            "row_kl": float(kl.transpose(1, 2)[valid].mean()),
+            "token_rel_error": float((err.norm(dim=-1) / ref.norm(dim=-1))[valid].mean()),
+            "pooled_rel_error": float(
+                ((err * mask).sum(1).norm(dim=-1) / (ref * mask).sum(1).norm(dim=-1)).mean()
+            ),
+        }
+        print(name, out[name])
+    (RESULTS / "zeroshot_fidelity.json").write_text(json.dumps(out, indent=1))
+
+
 def report(args) -> None:
     import matplotlib
 
@@ -296,9 +351,17 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None, help="documents (default: all)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
+    f = sub.add_parser("fidelity")
+    f.add_argument("--dataset", choices=("bbc", "imdb"), default="bbc")
+    f.add_argument("--limit", type=int, default=None, help="the cached run's --limit")
+    f.add_argument("--max-tokens", type=int, default=256)
+    f.add_argument("--docs", type=int, default=6)
+    f.add_argument("--branching", default=(2, 4, 8, 16),
+                   type=lambda s: tuple(int(b) for b in s.split(",")))  # fmt: skip
+    f.add_argument("--threads", type=int, default=1)
     sub.add_parser("report")
     args = parser.parse_args()
-    run(args) if args.command == "run" else report(args)
+    {"run": run, "fidelity": fidelity, "report": report}[args.command](args)
 
 
 if __name__ == "__main__":
