@@ -240,10 +240,7 @@ def main(argv=None) -> dict[str, list[float]]:
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     for attention in args.attention:
         start = time.perf_counter()
-        runs = [
-            run_seed(data, attention, seed, args)
-            for seed in tqdm(seeds, desc=attention)
-        ]
+        runs = [run_seed(data, attention, seed, args) for seed in tqdm(seeds, desc=attention)]
         accs, val_accs = [acc for acc, _, _ in runs], [val for _, _, val in runs]
         mean, std = statistics.mean(accs), statistics.stdev(accs) if len(accs) > 1 else 0.0
         name = row_name(attention, args)
