@@ -18,6 +18,8 @@ Layout of this module:
   (exp, umbral); each returns ``(horizontal [..., d-1], height [...])``;
 * LCA heights from ``(D, u_d, v_d)``: :func:`penumbral_lca_height`,
   :func:`umbral_lca_height` (elementwise, broadcasting);
+* per-edge inputs of a height: :func:`edge_pairs` ``(D, u_d, v_d)`` and
+  :func:`edge_distance`;
 * scores on raw Euclidean vectors, dense ``[..., n, m]``: :func:`penumbral`,
   :func:`umbral`; and per ``edge_index`` column ``[E, ...]``:
   :func:`penumbral_edge`, :func:`umbral_edge`.
