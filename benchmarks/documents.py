@@ -12,7 +12,7 @@ same budget (training subset, epochs, batch size, learning rate) for all.
 
 ``epoch`` times one training epoch of the HSA model on the full IMDB training
 split (``--fraction`` < 1: its first batches, with the full-epoch time
-extrapolated and labelled as such) and writes ``results/documents-epoch.json``
+extrapolated and labelled as such) and writes ``results/documents-epoch-<threads>t.json``
 (wall and CPU seconds, threads, load average before and after).
 
 ``run`` writes ``results/documents_<dataset>.json`` after every finished run,
@@ -150,7 +150,7 @@ def epoch(args) -> None:
         "full_epoch_seconds_is_extrapolated": scale > 1,
         "full_epoch_cpu_seconds": record["epoch_cpu_seconds"] * scale + prepare_cpu,
     }
-    (RESULTS / "documents-epoch.json").write_text(json.dumps(result, indent=1))
+    (RESULTS / f"documents-epoch-{args.threads}t.json").write_text(json.dumps(result, indent=1))
     label = "extrapolated from " * (scale > 1) + f"{record['train_documents']} documents"
     print(
         f"one IMDB HSA epoch ({len(splits['train'])} documents, {label}): "
