@@ -271,7 +271,8 @@ def report(args) -> None:
     import matplotlib.pyplot as plt
 
     parts = {}
-    for path in sorted(RESULTS.glob("zeroshot_*.json")):
+    paths = [*RESULTS.glob("zeroshot_bbc*.json"), *RESULTS.glob("zeroshot_imdb*.json")]
+    for path in sorted(paths):
         parts[path.stem.removeprefix("zeroshot_")] = json.loads(path.read_text())
     (RESULTS / "zeroshot.json").write_text(json.dumps(parts, indent=1))
     order = ["last1", "last2", "last3", "all"]
