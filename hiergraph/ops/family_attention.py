@@ -110,8 +110,8 @@ class _DenseFamilyAttention(torch.autograd.Function):
                 p, lse_rows = _probabilities(block, qb, kb, eb, keys, tau, causal, rows)
                 lse.append(lse_rows)
                 theta.append(p @ vb)
-            block.write(lse_out, torch.cat(lse, 2).transpose(1, 2))
-            block.write(theta_out, torch.cat(theta, 2).transpose(1, 2))
+            block.write(lse_out, _cat_rows(lse).transpose(1, 2))
+            block.write(theta_out, _cat_rows(theta).transpose(1, 2))
             # one chunk: keep P for the backward; several: recompute it there
             saved += [qb, kb, vb, p if len(chunks) == 1 else None, eb, weight]
             ctx.chunks.append(chunks)
@@ -165,13 +165,13 @@ class _DenseFamilyAttention(torch.autograd.Function):
                     de_rows.append(d_e @ eb)
                     de_cols = de_cols + d_e.transpose(-1, -2) @ eb[:, :, rows]
             if dq is not None:
-                block.write(dq, torch.cat(dq_rows, 2).transpose(1, 2))
+                block.write(dq, _cat_rows(dq_rows).transpose(1, 2))
             if dk is not None:
                 block.write(dk, dk_b.transpose(1, 2))
             if dv is not None:
                 block.write(dv, dv_b.transpose(1, 2))
             if de is not None:
-                block.write(de, (torch.cat(de_rows, 2) + de_cols).transpose(1, 2))
+                block.write(de, (_cat_rows(de_rows) + de_cols).transpose(1, 2))
         return (*grads, None, None, None, None, None)
 
 
@@ -180,6 +180,11 @@ def _row_chunks(block, heads: int) -> list[slice]:
     w = block.width
     rows = max(1, min(w, MAX_BLOCK_ELEMENTS // max(block.count * heads * w, 1)))
     return [slice(lo, min(lo + rows, w)) for lo in range(0, w, rows)]
+
+
+def _cat_rows(parts: list[Tensor]) -> Tensor:
+    """The row chunks ``[F, H, r, ...]`` of a block joined along dim 2 (no copy for one)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
 
 def _take_rows(x: Tensor, rows: slice) -> Tensor:
