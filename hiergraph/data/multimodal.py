@@ -72,8 +72,8 @@ class ImageField:
 
 
 @dataclass(frozen=True)
-class SequenceField:
-    """A sequence field (text tokens): ``[T, channels]`` → a 1-D grid of ``T`` leaves."""
+class _ChannelField:
+    """A field whose leaves carry its ``channels`` features as they are."""
 
     name: str
     channels: int
@@ -87,18 +87,13 @@ class SequenceField:
 
 
 @dataclass(frozen=True)
-class VectorField:
+class SequenceField(_ChannelField):
+    """A sequence field (text tokens): ``[T, channels]`` → a 1-D grid of ``T`` leaves."""
+
+
+@dataclass(frozen=True)
+class VectorField(_ChannelField):
     """A vector field: ``[channels]`` → one leaf directly under the root."""
-
-    name: str
-    channels: int
-
-    @property
-    def leaf_channels(self) -> int:
-        return self.channels
-
-    def __post_init__(self):
-        _check_positive(channels=self.channels)
 
 
 Field = ImageField | SequenceField | VectorField
