@@ -1,22 +1,13 @@
 """examples/node_classification.py: the hybrid runs end to end on the PPI and ogbn fixtures."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from tests.datasets.test_ogbn import needs_ogb, write_tiny_arxiv
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
 
 @pytest.fixture
-def nc(monkeypatch):
-    monkeypatch.syspath_prepend(str(EXAMPLES))
-    import node_classification
-
-    yield node_classification
-    sys.modules.pop("node_classification", None)
+def nc(load_example):
+    return load_example("node_classification")
 
 
 def test_hybrid_on_synthetic_ppi_is_labelled_and_scored(nc, tmp_path):

@@ -1,21 +1,12 @@
 """examples/vcc_long_qa.py: the synthetic haystack is what it claims, and all three models run."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
 
 @pytest.fixture
-def qa(monkeypatch):
-    monkeypatch.syspath_prepend(str(EXAMPLES))
-    import vcc_long_qa
-
-    yield vcc_long_qa
-    sys.modules.pop("vcc_long_qa", None)
+def qa(load_example):
+    return load_example("vcc_long_qa")
 
 
 def _args(*extra):
