@@ -22,11 +22,18 @@ growth of the resident set's high-water mark over the resident set before
 the warm-up (Linux ``ru_maxrss``; ``process_peak_mib`` is the whole
 process's high-water mark, graph and tree included). Methods run one after
 the other for each N (hybrid, GPS full, GPS Performer, hybrid again), so the
-hybrid's two runs bracket the others; the ratio uses their median. Full
-attention (PyTorch's CPU SDPA kernel, which does not materialise the
-``N × N`` scores, so memory is not what limits it) is run up to
-``--max-full`` nodes; above, its time is extrapolated as ``O(N²)`` from the
-largest size run, and marked as such. Writes ``benchmarks/results/graph_hsa.json``.
+hybrid's two runs bracket the others; the ratio uses their median.
+
+Full attention: ``GPSConv(attn_type='multihead')`` calls
+``nn.MultiheadAttention(..., need_weights=False)``, which runs PyTorch's
+``scaled_dot_product_attention``; on CPU that is a flash-style kernel that never
+holds the ``N × N`` scores (its backward recomputes them block by block), so
+its memory grows as ``O(N)``. Each row records what the scores *would* take if
+materialised (``full_scores_gib_per_head``: ``4 N²`` bytes per head in
+float32, e.g. 37.3 GiB per head at N = 100K), next to the measured peak. Full
+attention is run up to ``--max-full`` nodes; above, its time is extrapolated
+as ``O(N²)`` from the largest size run, and marked as such. Writes
+``benchmarks/results/graph_hsa.json`` (``--out`` to change).
 """
 
 from __future__ import annotations
@@ -198,7 +205,12 @@ def main() -> None:
                 found.setdefault(method, []).append(json.loads(run.stdout.splitlines()[-1]))
             print(n, method, found[method][-1], flush=True)
         load.append(os.getloadavg()[0])
-        row = {"n": n, "load_avg_1min": load, "methods": found}
+        row = {
+            "n": n,
+            "load_avg_1min": load,
+            "full_scores_gib_per_head": 4 * n * n / 2**30,
+            "methods": found,
+        }
         hybrid = [r["sec"] for r in found.get("hsa_hybrid", []) if "sec" in r]
         for other in ("gps_full", "gps_performer"):
             secs = [r["sec"] for r in found.get(other, []) if "sec" in r]

@@ -1,15 +1,25 @@
 """Node classification on Cora (public split) or PPI: GCN, GAT, ConeConv, GPS, HSA hybrid.
 
-The HSA hybrid (:class:`hiergraph.nn.graph_hsa.GraphHSANet`) is GAT (two
-``GATConv`` layers, 8 heads × 8, dropout 0.6, the GAT recipe) with one gated
-HSA layer between them: a global residual branch over a Louvain community tree
-(:class:`hiergraph.transforms.GraphHierarchy`) with Laplacian-eigenvector
-family positions. ``gps_full`` is PyG's ``GPSConv`` (GCN local conv + full
-multi-head attention). Test accuracy (Cora) or micro-F1 (PPI) is taken at the
-epoch of best validation score, over several seeds.
+``gat`` and ``cone`` are the model of ``examples/cora_cone_gat.py`` (two
+attention layers, 8 heads × 8, ELU, dropout 0.6 on inputs and attention; the
+GAT recipe: Adam lr 5e-3, weight decay 5e-4), imported from it, with the score
+picked by ``--attention`` (``gat``: PyG's ``GATConv``; ``dot``, ``penumbral``,
+``umbral``: ``ConeConv``). The HSA hybrid
+(:class:`hiergraph.nn.graph_hsa.GraphHSANet`) is that model with one HSA layer
+between its two attention layers: a global residual branch over a Louvain
+community tree (:class:`hiergraph.transforms.GraphHierarchy`) with
+Laplacian-eigenvector family positions, scaled by a learned gate that starts
+at 0 (so training starts from the plain two-layer model). ``gps_full`` is PyG's
+``GPSConv`` (GCN local conv + full multi-head attention).
+
+Model selection is that of ``cora_cone_gat.py``: after every epoch the model
+is scored on the validation set; the test score is read at the epoch with the
+best validation score (ties: lower validation loss); training stops after
+``--patience`` epochs without a better one. Cora features are row-normalised
+and fed as a sparse CSR matrix (the same numbers as dense, cheaper).
 
     HIERGRAPH_RAW=/path/to/shared/datasets python examples/node_classification.py \
-        --model hsa_hybrid --seeds 0 1 2 --epochs 200 --patience 50 --json out.json
+        --model hsa_hybrid --seeds 0 1 2 --epochs 1000 --patience 100 --json out.json
 
 ``--dataset ppi --synthetic-ppi DIR`` writes and uses a tiny **synthetic** PPI
 (random graphs and labels, labelled as such in the output): a smoke test only.
@@ -23,21 +33,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
+import warnings
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import torch_geometric.transforms as T
+from cora_cone_gat import ATTENTIONS, GAT, make_conv
 from torch import nn
 from torch_geometric.loader import DataLoader
-from torch_geometric.nn import GATConv, GCNConv, GPSConv
+from torch_geometric.nn import GCNConv, GPSConv
 from torch_geometric.utils import to_undirected
 
 from hiergraph.datasets.ogbn import OGBN_DATASETS, load_ogbn
 from hiergraph.datasets.planetoid import is_synthetic, load_planetoid, load_ppi, write_synthetic_ppi
-from hiergraph.nn.cone_conv import ConeConv
-from hiergraph.nn.graph_hsa import GraphHSANet
+from hiergraph.nn.graph_hsa import GraphHSANet, input_dropout
 from hiergraph.transforms import GraphHierarchy, hierarchy_stats
 
 MODELS = ("gcn", "gat", "cone", "gps_full", "hsa_hybrid")
@@ -51,7 +64,7 @@ class TwoLayer(nn.Module):
         self.first, self.second, self.dropout = first, second, dropout
 
     def forward(self, x, edge_index, hierarchy=None):
-        x = F.dropout(x, self.dropout, self.training)
+        x = input_dropout(x, self.dropout, self.training)
         x = F.elu(self.first(x, edge_index))
         x = F.dropout(x, self.dropout, self.training)
         return self.second(x, edge_index)
@@ -71,26 +84,28 @@ class GPSNet(nn.Module):
         self.lin_out = nn.Linear(hidden, out_channels)
 
     def forward(self, x, edge_index, hierarchy=None, batch=None):
-        x = self.lin_in(F.dropout(x, self.dropout, self.training))
+        x = self.lin_in(input_dropout(x, self.dropout, self.training))
         for layer in self.layers:
             x = layer(x, edge_index, batch)
         return self.lin_out(F.dropout(x, self.dropout, self.training))
 
 
 def build_model(name: str, in_channels: int, out_channels: int, args) -> nn.Module:
-    hidden = args.hidden
     if name == "gcn":
+        hidden = args.hidden
         return TwoLayer(GCNConv(in_channels, hidden), GCNConv(hidden, out_channels), 0.5)
-    if name in ("gat", "cone"):
-        conv = GATConv if name == "gat" else ConeConv
-        return TwoLayer(
-            conv(in_channels, 8, heads=8, dropout=0.6),
-            conv(64, out_channels, heads=1, concat=False, dropout=0.6),
-            0.6,
-        )
+    if name == "gat":
+        return _GraphModel(GAT("gat", in_channels, out_channels))
+    if name == "cone":
+        return _GraphModel(GAT(args.attention, in_channels, out_channels))
     if name == "gps_full":
-        return GPSNet(in_channels, hidden, out_channels, args.layers, args.heads, args.dropout)
-    return GraphHSANet(  # GAT with a gated HSA residual branch between its two layers
+        return GPSNet(
+            in_channels, args.hidden, out_channels, args.layers, args.heads, args.dropout
+        )
+    # the two attention layers first, so that they get the same initial weights as in `gat`
+    first = make_conv(args.attention, in_channels, 8, heads=8, dropout=0.6)
+    second = make_conv(args.attention, 64, out_channels, heads=1, concat=False, dropout=0.6)
+    return GraphHSANet(  # the GAT-style model with an HSA residual branch between its layers
         in_channels,
         64,
         out_channels,
@@ -100,13 +115,25 @@ def build_model(name: str, in_channels: int, out_channels: int, args) -> nn.Modu
         graph_pe_dim=args.pe_dim,
         dropout=0.6,
         attn_dropout=args.attn_dropout,
-        layer_dropout=0.0,
-        input_conv=GATConv(in_channels, 8, heads=8, dropout=0.6),
-        output_conv=GATConv(64, out_channels, heads=1, concat=False, dropout=0.6),
+        layer_dropout=args.hsa_dropout,
+        input_conv=first,
+        output_conv=second,
         act="elu",
-        gate=True,
+        gate=not args.no_gate,
         mlp=False,
+        kernel=args.kernel,
     )
+
+
+class _GraphModel(nn.Module):
+    """Adapts a ``model(x, edge_index)`` to the ``(x, edge_index, hierarchy)`` call used here."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, edge_index, hierarchy=None):
+        return self.model(x, edge_index)
 
 
 def _forward(model, data):
@@ -118,23 +145,25 @@ def _forward(model, data):
 
 def early_stopping(args, seed: int, train_epoch, validate, score_test) -> dict:
     """Train until ``args.patience`` epochs pass without a better validation score; the
-    test score is read at the best-validation epoch. Times cover training only."""
-    best_val, test_at_best, bad, times = -1.0, 0.0, 0, []
-    for _ in range(args.epochs):
+    test score is read at the best-validation epoch. ``validate() -> (score, loss)``:
+    equal scores are ranked by lower loss. Times cover the training step only."""
+    best, test_at_best, best_epoch, bad, times = (-1.0, float("inf")), 0.0, 0, 0, []
+    for epoch in range(args.epochs):
         t0 = time.perf_counter()
         train_epoch()
         times.append(time.perf_counter() - t0)
-        val = validate()
-        if val > best_val:
-            best_val, test_at_best, bad = val, score_test(), 0
+        val, loss = validate()
+        if val > best[0] or (val == best[0] and loss < best[1]):
+            best, test_at_best, best_epoch, bad = (val, loss), score_test(), epoch + 1, 0
         else:
             bad += 1
             if bad >= args.patience:
                 break
     return {
         "seed": seed,
-        "val": best_val,
+        "val": best[0],
         "test": test_at_best,
+        "best_epoch": best_epoch,
         "epochs": len(times),
         "sec_per_epoch": statistics.median(times),
     }
@@ -163,23 +192,28 @@ def run_full_batch(args, seed: int, data, metric) -> dict:
     def validate():
         model.eval()
         with torch.no_grad():
-            pred["last"] = _forward(model, data).argmax(-1)
-        return accuracy(data.val_mask)
+            out = _forward(model, data)
+        pred["last"] = out.argmax(-1)
+        loss = F.cross_entropy(out[data.val_mask], data.y[data.val_mask])
+        return accuracy(data.val_mask), float(loss)
 
     return early_stopping(args, seed, train_epoch, validate, lambda: accuracy(data.test_mask))
 
 
-def _micro_f1(model, loader) -> float:
+def _micro_f1(model, loader) -> tuple[float, float]:
+    """Micro-F1 and mean binary cross-entropy over the graphs of ``loader``."""
     model.eval()
     tp = fp = fn = 0
+    losses = []
     with torch.no_grad():
         for batch in loader:
-            pred = _forward(model, batch) > 0
-            true = batch.y > 0.5
+            out = _forward(model, batch)
+            losses.append(float(F.binary_cross_entropy_with_logits(out, batch.y)))
+            pred, true = out > 0, batch.y > 0.5
             tp += int((pred & true).sum())
             fp += int((pred & ~true).sum())
             fn += int((~pred & true).sum())
-    return 2 * tp / max(2 * tp + fp + fn, 1)
+    return 2 * tp / max(2 * tp + fp + fn, 1), statistics.mean(losses)
 
 
 def run_ppi(args, seed: int, splits) -> dict:
@@ -196,7 +230,7 @@ def run_ppi(args, seed: int, splits) -> dict:
             opt.step()
 
     return early_stopping(
-        args, seed, train_epoch, lambda: _micro_f1(model, val), lambda: _micro_f1(model, test)
+        args, seed, train_epoch, lambda: _micro_f1(model, val), lambda: _micro_f1(model, test)[0]
     )
 
 
@@ -205,13 +239,22 @@ def main(argv=None) -> dict:
     p.add_argument("--dataset", choices=("cora", "ppi", *OGBN_DATASETS), default="cora")
     p.add_argument("--model", choices=MODELS, default="hsa_hybrid")
     p.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
-    p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--patience", type=int, default=50)
+    p.add_argument("--epochs", type=int, default=1000)
+    p.add_argument("--patience", type=int, default=100)
     p.add_argument("--hidden", type=int, default=64, help="gcn, gps_full: hidden size")
     p.add_argument("--layers", type=int, default=2, help="gps_full: GPSConv layers")
     p.add_argument("--heads", type=int, default=4, help="gps_full, hsa_hybrid: attention heads")
     p.add_argument("--dropout", type=float, default=0.6, help="gps_full dropout")
+    p.add_argument(
+        "--attention", choices=ATTENTIONS, default=None,
+        help="cone: ConeConv score (default penumbral); hsa_hybrid: local layers (default gat)",
+    )
     p.add_argument("--attn-dropout", type=float, default=0.0, help="hsa_hybrid: on HSA output")
+    p.add_argument(
+        "--hsa-dropout", type=float, default=0.0, help="hsa_hybrid: on the HSA branch (after it)"
+    )
+    p.add_argument("--no-gate", action="store_true", help="hsa_hybrid: ungated HSA branch")
+    p.add_argument("--kernel", choices=("dense", "edge"), default="edge", help="HSA family kernel")
     p.add_argument("--lr", type=float, default=0.01, help="gcn, gps_full (GAT recipe: 0.005)")
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--max-family", type=int, default=64, help="hsa_hybrid: tree family size")
@@ -224,8 +267,16 @@ def main(argv=None) -> dict:
     p.add_argument("--root", default=None, help="data root (default $HIERGRAPH_DATA)")
     p.add_argument("--synthetic-ppi", default=None, help="write a SYNTHETIC PPI here and use it")
     p.add_argument("--json", default=None, help="merge the result into this JSON file")
+    p.add_argument("--name", default=None, help="JSON row key (default: dataset/model[attention])")
+    p.add_argument(
+        "--resume-from", default=None,
+        help="take the seeds already run from this JSON's row of the same key and settings",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.model == "gat" and args.attention not in (None, "gat"):
+        p.error("--model gat uses GATConv; pick a ConeConv score with --model cone")
+    args.attention = args.attention or {"cone": "penumbral"}.get(args.model, "gat")
 
     ogbn = args.dataset.startswith("ogbn-")
     args.tree = args.tree or ("lp" if ogbn else "louvain")
@@ -237,9 +288,12 @@ def main(argv=None) -> dict:
             data, metric = load_ogbn(args.dataset, root=args.root)
             data.edge_index = to_undirected(data.edge_index, num_nodes=data.num_nodes)
         else:
-            data = load_planetoid("Cora", root=args.root)[0]
+            data = load_planetoid("Cora", root=args.root, transform=T.NormalizeFeatures())[0]
             metric = _accuracy(data.y)
         data = transform(data) if needs_tree else data
+        if not ogbn:
+            warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
+            data.x = data.x.to_sparse_csr()
         stats = hierarchy_stats(data) if needs_tree else None
         synthetic = False
     else:
@@ -254,36 +308,75 @@ def main(argv=None) -> dict:
     prep = time.perf_counter() - t0
     if args.dataset == "ppi" and needs_tree:
         splits = [_ListDataset(s) for s in splits]
-    runs = []
+    runs = _resumed_runs(args)
+
+    def summary() -> dict:
+        tests = [r["test"] for r in runs]
+        return {
+            "dataset": args.dataset + (" (SYNTHETIC)" if synthetic else ""),
+            "model": args.model,
+            "metric": "micro-F1" if args.dataset == "ppi" else "accuracy"
+            + (" (OGB)" if ogbn else ""),
+            "mean": statistics.mean(tests),
+            "std": statistics.pstdev(tests),
+            "num_seeds": len(tests),
+            "mean_val": statistics.mean(r["val"] for r in runs),
+            "sec_per_epoch_median": statistics.median(r["sec_per_epoch"] for r in runs),
+            "hierarchy_sec": prep if needs_tree else None,
+            "loadavg": os.getloadavg(),
+            "hierarchy_stats": stats,
+            "runs": runs,
+            "args": vars(args),
+            "threads": args.threads,
+        }
+
     for seed in args.seeds:
+        if any(r["seed"] == seed for r in runs):
+            continue
         if args.dataset == "ppi":
             runs.append(run_ppi(args, seed, splits))
         else:
             runs.append(run_full_batch(args, seed, data, metric))
         print(json.dumps(runs[-1]), flush=True)
-    tests = [r["test"] for r in runs]
-    result = {
-        "dataset": args.dataset + (" (SYNTHETIC)" if synthetic else ""),
-        "model": args.model,
-        "metric": "micro-F1" if args.dataset == "ppi" else "accuracy" + (" (OGB)" if ogbn else ""),
-        "mean": statistics.mean(tests),
-        "std": statistics.pstdev(tests),
-        "num_seeds": len(tests),
-        "sec_per_epoch_median": statistics.median(r["sec_per_epoch"] for r in runs),
-        "hierarchy_sec": prep if needs_tree else None,
-        "hierarchy_stats": stats,
-        "runs": runs,
-        "args": vars(args),
-        "threads": args.threads,
-    }
+        if args.json:  # after every seed, so that a cut run leaves its finished seeds
+            _save(Path(args.json), args.name or _row_name(args), summary())
+    result = summary()
     print(json.dumps({k: result[k] for k in ("dataset", "model", "mean", "std", "num_seeds")}))
-    if args.json:
-        path = Path(args.json)
-        table = json.loads(path.read_text()) if path.exists() else {}
-        table[f"{args.dataset}/{args.model}"] = result
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(table, indent=1))
     return result
+
+
+#: Arguments that do not change a seed's result (``--resume-from`` ignores them).
+_NOT_SETTINGS = {"seeds", "json", "name", "resume_from", "root", "synthetic_ppi"}
+
+
+def _resumed_runs(args) -> list[dict]:
+    """Runs of ``args.seeds`` found in ``--resume-from`` (same row key, same settings)."""
+    if not args.resume_from:
+        return []
+    key = args.name or _row_name(args)
+    row = json.loads(Path(args.resume_from).read_text()).get(key)
+    if row is None:
+        raise ValueError(f"--resume-from {args.resume_from} has no row {key!r}")
+    mine = {k: v for k, v in vars(args).items() if k not in _NOT_SETTINGS}
+    theirs = {k: row["args"][k] for k in mine if k in row["args"]}
+    differ = sorted(k for k in theirs if theirs[k] != mine[k])
+    if differ:
+        raise ValueError(f"--resume-from: row {key!r} was run with other settings: {differ}")
+    runs = [dict(r, resumed_from=args.resume_from) for r in row["runs"] if r["seed"] in args.seeds]
+    print(f"resumed seeds {[r['seed'] for r in runs]} from {args.resume_from}", flush=True)
+    return runs
+
+
+def _save(path: Path, key: str, result: dict) -> None:
+    table = json.loads(path.read_text()) if path.exists() else {}
+    table[key] = result
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1))
+
+
+def _row_name(args) -> str:
+    score = f"[{args.attention}]" if args.model in ("cone", "hsa_hybrid") else ""
+    return f"{args.dataset}/{args.model}{score}"
 
 
 def _accuracy(y):

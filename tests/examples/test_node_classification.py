@@ -30,3 +30,59 @@ def test_hybrid_on_tiny_ogbn_fixture_uses_the_ogb_evaluator(nc, tmp_path):
     )
     assert out["metric"] == "accuracy (OGB)" and out["args"]["tree"] == "lp"
     assert out["runs"][0]["test"] in (0.0, 1 / 3, 2 / 3, 1.0)  # 3 test nodes
+
+
+def test_gated_hybrid_starts_as_the_gat_model_and_then_departs(nc):
+    # same seed: the attention layers get the same initial weights and, in training, the
+    # same dropout masks; with the gate at tanh(0) = 0 the HSA branch adds nothing
+    import torch
+    from torch_geometric.data import Data
+    from torch_geometric.utils import stochastic_blockmodel_graph
+
+    from hiergraph.transforms import GraphHierarchy
+
+    torch.manual_seed(0)
+    edge_index = stochastic_blockmodel_graph([12, 10], [[0.5, 0.05], [0.05, 0.5]])
+    data = GraphHierarchy(max_family=4, pe_dim=4)(
+        Data(x=torch.rand(22, 5), edge_index=edge_index, num_nodes=22)
+    )
+    args = nc.argparse.Namespace(
+        heads=2, pe_dim=4, attn_dropout=0.0, hsa_dropout=0.0, no_gate=False, kernel="edge",
+        attention="gat",
+    )
+    outs = {}
+    for name in ("gat", "hsa_hybrid"):
+        torch.manual_seed(1)
+        model = nc.build_model(name, 5, 3, args)
+        torch.manual_seed(2)
+        outs[name] = model(data.x, data.edge_index, data.hierarchy())  # training mode
+    torch.testing.assert_close(outs["hsa_hybrid"], outs["gat"], rtol=0, atol=0)
+    with torch.no_grad():
+        model.layers[0].gate.fill_(1.0)
+    model.eval()
+    assert not torch.allclose(model(data.x, data.edge_index, data.hierarchy()), outs["gat"])
+
+
+def test_early_stopping_reads_test_at_best_validation_ties_by_loss(nc):
+    # (val score, val loss) per epoch; epoch 3 ties epoch 2 on score with a lower loss
+    script = iter([(0.5, 1.0), (0.7, 0.9), (0.7, 0.8), (0.7, 0.85), (0.6, 0.5), (0.9, 0.1)])
+    epoch = {"n": 0}
+
+    def train():
+        epoch["n"] += 1
+
+    args = nc.argparse.Namespace(epochs=6, patience=2)
+    run = nc.early_stopping(args, 0, train, lambda: next(script), lambda: 10.0 * epoch["n"])
+    assert (run["best_epoch"], run["test"], run["val"], run["epochs"]) == (3, 30.0, 0.7, 5)
+
+
+def test_resume_from_reuses_finished_seeds_with_the_same_settings(nc, tmp_path):
+    first = tmp_path / "first.json"
+    common = ["--dataset", "ppi", "--synthetic-ppi", str(tmp_path), "--model", "gcn",
+              "--epochs", "2", "--name", "row"]
+    nc.main([*common, "--seeds", "0", "--json", str(first)])
+    out = nc.main([*common, "--seeds", "0", "1", "--resume-from", str(first)])
+    assert [r["seed"] for r in out["runs"]] == [0, 1]
+    assert out["runs"][0]["resumed_from"] == str(first) and "resumed_from" not in out["runs"][1]
+    with pytest.raises(ValueError, match="other settings.*epochs"):
+        nc.main([*common[:-4], "--epochs", "3", "--name", "row", "--resume-from", str(first)])

@@ -9,7 +9,7 @@ from torch_geometric.nn import GCNConv
 from torch_geometric.utils import stochastic_blockmodel_graph
 
 from hiergraph.nn.cone_conv import ConeConv
-from hiergraph.nn.graph_hsa import GraphHSAConv, GraphHSANet
+from hiergraph.nn.graph_hsa import GraphHSAConv, GraphHSANet, input_dropout
 from hiergraph.transforms import GraphHierarchy
 
 
@@ -113,3 +113,48 @@ def test_gat_hybrid_net_batched_equals_per_graph(graphs):
     together = model(batch.x.double(), batch.edge_index, batch.hierarchy())
     apart = torch.cat([model(g.x.double(), g.edge_index, g.hierarchy()) for g in graphs])
     torch.testing.assert_close(together, apart, rtol=1e-10, atol=1e-10)
+
+
+def test_edge_kernel_equals_dense_kernel(graphs):
+    g = graphs[1]
+    torch.manual_seed(0)
+    dense = GraphHSAConv(6, GCNConv(6, 6), heads=2, pos_channels=0, norm=None).double()
+    edge = GraphHSAConv(6, GCNConv(6, 6), heads=2, pos_channels=0, norm=None, kernel="edge")
+    edge.load_state_dict(dense.state_dict())
+    x = g.x.double()
+    torch.testing.assert_close(
+        edge.double()(x, g.edge_index, g.hierarchy()),
+        dense(x, g.edge_index, g.hierarchy()),
+        rtol=1e-10,
+        atol=1e-10,
+    )
+
+
+def test_input_dropout_on_csr_drops_stored_entries_only():
+    torch.manual_seed(0)
+    x = torch.rand(40, 30).double()
+    x[x < 0.8] = 0
+    csr = x.to_sparse_csr()
+    assert input_dropout(csr, 0.5, training=False) is csr
+    out = input_dropout(csr, 0.5, training=True).to_dense()
+    kept = out != 0
+    assert not kept[x == 0].any()  # zeros stay zero
+    torch.testing.assert_close(out[kept], 2 * x[kept])  # survivors scaled by 1 / (1 - p)
+    assert 0.3 < kept.sum() / (x != 0).sum() < 0.7
+
+
+def test_net_takes_sparse_csr_features(graphs):
+    from torch_geometric.nn import GATConv
+
+    g = graphs[0]
+    torch.manual_seed(0)
+    model = GraphHSANet(
+        6, 8, 3, conv_factory=None, num_layers=1, heads=2, graph_pe_dim=4,
+        input_conv=GATConv(6, 4, heads=2), output_conv=GATConv(8, 3, concat=False),
+        act="elu", gate=True, mlp=False,
+    ).double().eval()
+    x = g.x.double().relu()
+    torch.testing.assert_close(
+        model(x.to_sparse_csr(), g.edge_index, g.hierarchy()),
+        model(x, g.edge_index, g.hierarchy()),
+    )
