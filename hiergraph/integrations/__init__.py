@@ -16,6 +16,13 @@ from hiergraph.integrations.hf_bert import (
     remove_hsa,
     sentence_hierarchy,
 )
+from hiergraph.integrations.hubs import (
+    hub_scores,
+    hub_selection_flops,
+    hub_window_hierarchies,
+    hub_window_hierarchy,
+    select_hubs,
+)
 from hiergraph.integrations.padded_attention import (
     key_padding_mask,
     padded_block_attention,
@@ -32,12 +39,17 @@ __all__ = [
     "flat_attention_flops",
     "hsa_attention_flops",
     "hsa_hierarchies",
+    "hub_scores",
+    "hub_selection_flops",
+    "hub_window_hierarchies",
+    "hub_window_hierarchy",
     "inject_hsa",
     "interleaved_layers",
     "key_padding_mask",
     "padded_block_attention",
     "padded_hsa",
     "remove_hsa",
+    "select_hubs",
     "sentence_hierarchy",
     "size_free_pos_emb",
     "window_hierarchies",

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.data import Batch
 
+from hiergraph.integrations.hubs import hub_scores, hub_window_hierarchies, select_hubs
 from hiergraph.integrations.padded_attention import (
     key_padding_mask,
     padded_block_attention,
@@ -47,19 +48,24 @@ METHODS = ("hsa", "hsa_no_size_bias", "block")
 
 
 class _Hierarchies:
-    """Hierarchies shared by the replaced layers of one model: the trees of the last batch
-    (rebuilt only when the valid lengths change) or the caller's."""
+    """Hierarchies shared by the replaced layers of one model: the caller's, or hub
+    hierarchies chosen from each layer's own q, k, or the window trees of the last batch
+    (rebuilt only when the valid lengths change)."""
 
-    def __init__(self, branching: tuple[int, ...]):
-        self.branching = branching
+    def __init__(self, branching: tuple[int, ...], hubs: int):
+        self.branching, self.hubs = branching, hubs
         self.given: Batch | None = None
         self._key: tuple[int, ...] | None = None
         self._batch: Batch | None = None
 
-    def for_lengths(self, lengths: Tensor) -> Batch:
+    def tree(self, q: Tensor, k: Tensor, key_valid: Tensor, scale: float) -> Batch:
         if self.given is not None:
             return self.given
-        key = tuple(lengths.tolist())
+        lengths = key_valid.sum(1).tolist()
+        if self.hubs:
+            picked = select_hubs(hub_scores(q, k, key_valid, scale), key_valid, self.hubs)
+            return hub_window_hierarchies(lengths, self.branching, picked)
+        key = tuple(lengths)
         if key != self._key:
             self._key, self._batch = key, window_hierarchies(key, self.branching)
         return self._batch
@@ -119,7 +125,7 @@ class HSASelfAttention(nn.Module):
         if self.method == "block":
             out = padded_block_attention(q, k, v, key_valid, self.block, self.scale)
         else:
-            tree = self.hierarchies.for_lengths(key_valid.sum(1).cpu()).to(q.device)
+            tree = self.hierarchies.tree(q, k, key_valid, self.scale).to(q.device)
             out = padded_hsa(
                 q,
                 k,
@@ -133,8 +139,12 @@ class HSASelfAttention(nn.Module):
         return out.reshape(batch, length, -1), None
 
     def extra_repr(self) -> str:
-        branching = self.hierarchies.branching
-        detail = f"block={self.block}" if self.method == "block" else f"branching={branching}"
+        h = self.hierarchies
+        detail = (
+            f"block={self.block}"
+            if self.method == "block"
+            else f"branching={h.branching}, hubs={h.hubs}"
+        )
         return f"method={self.method!r}, heads={self.heads}, {detail}"
 
 
@@ -170,6 +180,7 @@ def inject_hsa(
     include_self: bool = True,
     method: str = "hsa",
     block: int | None = None,
+    hubs: int = 0,
 ) -> nn.Module:
     r"""Replace the self-attention of ``layers`` by HSA (in place; returns ``model``).
 
@@ -183,6 +194,9 @@ def inject_hsa(
         include_self: include the diagonal, as BERT's softmax does (§2.8.9).
         method: ``'hsa'`` or one of the baselines ``'hsa_no_size_bias'``, ``'block'``.
         block: block size for ``'block'`` (default ``branching[0]``: the leaf windows).
+        hubs: lift each example's ``hubs`` best keys by the root-level score, chosen per
+            layer from its own q, k, to leaves under the root (:mod:`~hiergraph.integrations.hubs`);
+            0 keeps the fixed windows.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -196,7 +210,11 @@ def inject_hsa(
     all_layers = encoder_layers(model)
     n = len(all_layers)
     chosen = sorted({i % n for i in _check_layers(layers, n)})
-    hierarchies = _Hierarchies(branching)
+    if isinstance(hubs, bool) or not isinstance(hubs, int) or hubs < 0:
+        raise ValueError(f"hubs must be an int >= 0, got {hubs!r}")
+    if hubs and method == "block":
+        raise ValueError("hubs apply to the HSA methods, not method='block'")
+    hierarchies = _Hierarchies(branching, hubs)
     for i in chosen:
         attention = all_layers[i].attention
         if isinstance(attention.self, HSASelfAttention):

@@ -62,8 +62,9 @@ def test_single_flat_family_reproduces_original(model_cls):
     torch.testing.assert_close(out[valid], ref[valid], atol=1e-12, rtol=0)
 
 
-def test_padding_is_honoured():
-    model = inject_hsa(tiny(), [1, 2], branching=(2, 3))
+@pytest.mark.parametrize("hubs", [0, 2])
+def test_padding_is_honoured(hubs):
+    model = inject_hsa(tiny(), [1, 2], branching=(2, 3), hubs=hubs)
     ids, mask = inputs()
     batched = encode(model, ids, mask)
     for b, n in enumerate(LENGTHS):
@@ -137,6 +138,10 @@ def test_bad_input():
         inject_hsa(model, [])
     with pytest.raises(ValueError, match="branching"):
         inject_hsa(model, [0], branching=(1, 2))
+    with pytest.raises(ValueError, match="hubs must be"):
+        inject_hsa(model, [0], hubs=-1)
+    with pytest.raises(ValueError, match="not method='block'"):
+        inject_hsa(model, [0], method="block", hubs=2)
     inject_hsa(model, [0])
     with pytest.raises(ValueError, match="already has HSA"):
         inject_hsa(model, [-3])
@@ -149,7 +154,7 @@ def test_bad_input():
         sentence_hierarchy([2, 0])
     causal = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]
     attention = HSASelfAttention(model.encoder.layer[0].attention.self, "hsa", True, 2,
-                                 inject_hsa.__globals__["_Hierarchies"]((2,)))  # fmt: skip
+                                 inject_hsa.__globals__["_Hierarchies"]((2,), 0))  # fmt: skip
     with pytest.raises(ValueError, match="key padding"):
         attention(torch.randn(1, 4, 16, dtype=torch.float64), causal)
 
@@ -188,3 +193,18 @@ def test_pretrained_minilm_path(monkeypatch):
     cos = torch.nn.functional.cosine_similarity(hsa[valid], ref[valid], dim=-1)
     assert torch.isfinite(hsa).all() and 0.3 < cos.mean() < 1 - 1e-4
     assert torch.equal(back, ref)
+
+
+def test_hubs_change_the_tree_and_follow_each_layers_keys():
+    model = tiny()
+    ids, mask = inputs()
+    valid = mask.bool()
+    windows = encode(inject_hsa(model, [1, 2], branching=(2, 2)), ids, mask)
+    remove_hsa(model)
+    hubs = encode(inject_hsa(model, [1, 2], branching=(2, 2), hubs=2), ids, mask)
+    assert "hubs=2" in repr(model.encoder.layer[1].attention.self)
+    assert (hubs[valid] - windows[valid]).abs().max() > 1e-4
+    remove_hsa(model)  # as many hubs as allowed (n - 1): one flat family, i.e. softmax
+    flat = encode(inject_hsa(model, [1, 2], branching=(2, 2), hubs=max(LENGTHS)), ids, mask)
+    torch.testing.assert_close(flat[valid], encode(remove_hsa(model), ids, mask)[valid],
+                               atol=1e-12, rtol=0)  # fmt: skip

@@ -1,0 +1,104 @@
+import pytest
+import torch
+
+from hiergraph.data import window_hierarchy
+from hiergraph.integrations import (
+    hub_scores,
+    hub_window_hierarchies,
+    hub_window_hierarchy,
+    padded_hsa,
+    select_hubs,
+)
+
+
+def children(tree, node):
+    return (tree.parent == node).nonzero().flatten().tolist()
+
+
+def root_of(tree):
+    return int((tree.parent == torch.arange(tree.parent.numel())).nonzero())
+
+
+def test_hubs_hang_under_the_root_and_the_rest_keeps_its_windows():
+    n, hubs = 11, [0, 4, 10]
+    tree = hub_window_hierarchy(n, (2, 2), hubs)
+    assert tree.num_leaves == n and bool(tree.is_leaf[:n].all())
+    root = root_of(tree)
+    assert set(hubs) <= set(children(tree, root))
+    # the other tokens, in order, form exactly window_hierarchy(8, (2, 2)) below the root
+    rest = [i for i in range(n) if i not in hubs]
+    ref = window_hierarchy(len(rest), (2, 2))
+    for i, token in enumerate(rest):
+        siblings = [rest[j] for j in children(ref, int(ref.parent[i]))]
+        assert children(tree, int(tree.parent[token])) == siblings
+    assert tree.depth[hubs].tolist() == [1, 1, 1]
+
+
+def test_no_hubs_is_the_window_hierarchy():
+    tree, ref = hub_window_hierarchy(9, (2, 4), []), window_hierarchy(9, (2, 4))
+    assert torch.equal(tree.parent, ref.parent)
+
+
+def test_one_other_token_gives_a_flat_family():
+    tree = hub_window_hierarchy(3, (2,), [0, 2])
+    assert tree.parent.tolist() == [3, 3, 3, 3]
+
+
+@pytest.mark.parametrize(
+    "hubs, match", [([5], r"in \[0, 5\)"), ([1, 1], "distinct"), ([0, 1, 2, 3, 4], "at most 4")]
+)
+def test_bad_hubs(hubs, match):
+    with pytest.raises(ValueError, match=match):
+        hub_window_hierarchy(5, (2,), hubs)
+
+
+def test_hub_scores_are_the_root_level_logits():
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 3, 6, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    valid = torch.tensor([[True] * 6, [False, True, True, True, True, False]])
+    scores = hub_scores(q, k, valid, scale=0.5)
+    for b in range(2):
+        q_mean = q[b][:, valid[b]].mean(1)  # [H, d]
+        ref = torch.logsumexp(0.5 * torch.einsum("hd,htd->ht", q_mean, k[b]), dim=0)
+        torch.testing.assert_close(scores[b][valid[b]], ref[valid[b]])
+    assert torch.isinf(scores[~valid]).all()
+
+
+def test_select_hubs_numbers_hubs_among_valid_tokens():
+    valid = torch.tensor([[False, False, True, True, True], [True, True, False, False, False]])
+    scores = torch.tensor([[0.0, 0.0, 3.0, 1.0, 2.0], [5.0, 4.0, 0.0, 0.0, 0.0]])
+    scores = scores.masked_fill(~valid, float("-inf"))
+    picked = select_hubs(scores, valid, 2)
+    assert [p.tolist() for p in picked] == [[0, 2], [0]]  # at most n - 1 hubs
+    with pytest.raises(ValueError, match=">= 0"):
+        select_hubs(scores, valid, -1)
+    assert hub_window_hierarchies([3, 2], (2,), picked).num_leaves == 5
+    with pytest.raises(ValueError, match="hub lists"):
+        hub_window_hierarchies([3, 2], (2,), picked[:1])
+
+
+def test_a_hub_every_query_attends_to_gets_its_mass_back():
+    """With windows a distant hub is seen through its window's mean value; lifted to the
+    root it keeps (almost) its softmax weight."""
+    torch.manual_seed(0)
+    n, d, hub = 32, 8, 27
+    common = torch.randn(d, dtype=torch.float64)  # shared by every query
+    q = common + 0.3 * torch.randn(1, 1, n, d, dtype=torch.float64)
+    k = 0.3 * torch.randn(1, 1, n, d, dtype=torch.float64)
+    k[0, 0, hub] = 4.0 * common / common.norm() ** 2  # q_i . k_hub ~ 4 for every query
+    valid = torch.ones(1, n, dtype=torch.bool)
+    eye = torch.eye(n, dtype=torch.float64).view(1, 1, n, n)
+    softmax = torch.softmax(q @ k.transpose(-1, -2), -1)[0, 0, :, hub]
+    picked = select_hubs(hub_scores(q, k, valid, scale=1.0), valid, 1)
+    assert picked[0].tolist() == [hub]
+    windows = window_hierarchy(n, (4, 4))
+    lifted = hub_window_hierarchy(n, (4, 4), picked[0])
+    far = torch.arange(n) // 16 != hub // 16  # queries in the other top-level block
+    weight = {
+        name: padded_hsa(q, k, eye, valid, tree, scale=1.0)[0, :, 0, hub]
+        for name, tree in (("windows", windows), ("hubs", lifted))
+    }
+    err = {name: (w - softmax)[far].abs().mean() for name, w in weight.items()}
+    assert float(softmax[far].mean()) > 0.5  # the hub takes half of every query's mass
+    assert float(weight["windows"][far].mean()) < 0.1  # lost in its window's mean
+    assert err["hubs"] < 0.4 * err["windows"]
