@@ -15,9 +15,10 @@ is not part of the timed forward+backward (it is done once per graph, like
 any preprocessing; networkx Louvain is far too slow at these sizes). The
 second hybrid run of each N reuses the tree of the first (``--tree-dir``).
 
-Every (method, N) runs in a fresh subprocess: one warm-up, then the median of
-``--reps`` forward+backward passes of one layer (64 channels, 2 heads, GCN
-local conv on a sparse CSR adjacency, the same for all methods), and the
+Every (method, N) runs in a fresh subprocess: ``--warmup`` untimed passes
+(default 1), then the median of ``--reps`` forward+backward passes of one
+layer (64 channels, 2 heads, GCN local conv on a sparse CSR adjacency, the
+same for all methods), and the
 growth of the resident set's high-water mark over the resident set before
 the warm-up (Linux ``ru_maxrss``; ``process_peak_mib`` is the whole
 process's high-water mark, graph and tree included). Methods run one after
@@ -111,10 +112,10 @@ def worker(method: str, n: int, args) -> dict:
 
     before = _rss_kib()
     times = []
-    for i in range(args.reps + 1):
+    for i in range(args.warmup + args.reps):
         t0 = time.perf_counter()
         step().square().mean().backward()
-        if i:  # the first run is the warm-up
+        if i >= args.warmup:
             times.append(time.perf_counter() - t0)
         layer.zero_grad(set_to_none=True)
         x.grad = None
@@ -155,6 +156,7 @@ def main() -> None:
     p.add_argument("--deg-in", type=int, default=4)
     p.add_argument("--deg-out", type=int, default=1)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1, help="untimed passes before the timed ones")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-full", type=int, default=20_000)
     p.add_argument("--max-performer", type=int, default=1_000_000)
@@ -170,7 +172,10 @@ def main() -> None:
     args.tree_dir = args.tree_dir or tmp.name
     passthrough = [
         f"--{k.replace('_', '-')}={getattr(args, k)}"
-        for k in ("channels", "heads", "block", "deg_in", "deg_out", "reps", "threads", "tree_dir")
+        for k in (
+            "channels", "heads", "block", "deg_in", "deg_out", "reps", "warmup", "threads",
+            "tree_dir",
+        )
     ]
     rows = []
     for n in args.sizes:

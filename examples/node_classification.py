@@ -197,7 +197,10 @@ def run_full_batch(args, seed: int, data, metric) -> dict:
         loss = F.cross_entropy(out[data.val_mask], data.y[data.val_mask])
         return accuracy(data.val_mask), float(loss)
 
-    return early_stopping(args, seed, train_epoch, validate, lambda: accuracy(data.test_mask))
+    run = early_stopping(args, seed, train_epoch, validate, lambda: accuracy(data.test_mask))
+    layers = getattr(model, "layers", [])
+    gates = [float(torch.tanh(g.gate)) for g in layers if getattr(g, "gate", None) is not None]
+    return dict(run, hsa_gate_at_end=gates) if gates else run
 
 
 def _micro_f1(model, loader) -> tuple[float, float]:
@@ -318,7 +321,7 @@ def main(argv=None) -> dict:
             "metric": "micro-F1" if args.dataset == "ppi" else "accuracy"
             + (" (OGB)" if ogbn else ""),
             "mean": statistics.mean(tests),
-            "std": statistics.pstdev(tests),
+            "std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
             "num_seeds": len(tests),
             "mean_val": statistics.mean(r["val"] for r in runs),
             "sec_per_epoch_median": statistics.median(r["sec_per_epoch"] for r in runs),
