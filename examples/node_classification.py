@@ -122,6 +122,7 @@ def build_model(name: str, in_channels: int, out_channels: int, args) -> nn.Modu
         gate=not args.no_gate,
         mlp=False,
         kernel=args.kernel,
+        smooth=args.smooth,
     )
 
 
@@ -257,6 +258,10 @@ def main(argv=None) -> dict:
         "--hsa-dropout", type=float, default=0.0, help="hsa_hybrid: on the HSA branch (after it)"
     )
     p.add_argument("--no-gate", action="store_true", help="hsa_hybrid: ungated HSA branch")
+    p.add_argument(
+        "--smooth", action="store_true",
+        help="hsa_hybrid: HSA smooths the features (no value/output maps)",
+    )
     p.add_argument("--kernel", choices=("dense", "edge"), default="edge", help="HSA family kernel")
     p.add_argument("--lr", type=float, default=0.01, help="gcn, gps_full (GAT recipe: 0.005)")
     p.add_argument("--weight-decay", type=float, default=5e-4)

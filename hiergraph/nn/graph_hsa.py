@@ -70,6 +70,12 @@ to add); with ``mlp=False`` the MLP block is left out
         kernel: HSA family kernel, ``'dense'`` (size-bucketed batched matmuls)
             or ``'edge'`` (scatters over sibling pairs; faster when most
             families are small, as in Louvain trees).
+        smooth: HSA as a learned smoothing operator: the values are the
+            input features themselves, with no value or output map,
+            :math:`\mathrm{HSA}(x)^h = \hat\Theta^h x^h` for the ``h``-th
+            slice of ``channels / heads`` features; only the queries, keys
+            and position maps are learned (far fewer weights to fit on a
+            small training set).
     """
 
     def __init__(
@@ -87,8 +93,14 @@ to add); with ``mlp=False`` the MLP block is left out
         gate: bool = False,
         mlp: bool = True,
         kernel: str = "dense",
+        smooth: bool = False,
     ):
         super().__init__()
+        if smooth and channels % heads:
+            raise ValueError(
+                f"smooth=True splits channels={channels} over heads={heads}: "
+                "make channels a multiple of heads"
+            )
         self.channels, self.conv, self.dropout = channels, conv, dropout
         self.attn = HierarchicalSelfAttention(
             channels,
@@ -98,6 +110,8 @@ to add); with ``mlp=False`` the MLP block is left out
             dropout=attn_dropout,
             kernel=kernel,
         )
+        if smooth:
+            self.attn.value, self.attn.out = _Identity(), _Identity()
         self.gate = nn.Parameter(torch.zeros(())) if gate else None
         self.mlp = (
             nn.Sequential(
@@ -159,6 +173,16 @@ to add); with ``mlp=False`` the MLP block is left out
         )
 
 
+class _Identity(nn.Module):
+    """``x ↦ x`` in place of HSA's value and output maps (``smooth=True``)."""
+
+    def forward(self, x: Tensor, *args) -> Tensor:
+        return x
+
+    def reset_parameters(self) -> None:
+        pass
+
+
 class GraphHSANet(nn.Module):
     r"""Node classifier: an input map, ``num_layers`` :class:`GraphHSAConv`
     layers over a shared community tree and family position embeddings, and
@@ -195,7 +219,7 @@ class GraphHSANet(nn.Module):
         output_conv: optional ``hidden → out`` conv used instead of the
             linear head.
         act: activation after the input map (a PyG resolver name or ``None``).
-        gate, mlp, kernel: see :class:`GraphHSAConv`.
+        gate, mlp, kernel, smooth: see :class:`GraphHSAConv`.
     """
 
     def __init__(
@@ -217,6 +241,7 @@ class GraphHSANet(nn.Module):
         gate: bool = False,
         mlp: bool = True,
         kernel: str = "dense",
+        smooth: bool = False,
     ):
         super().__init__()
         self.dropout = dropout
@@ -241,6 +266,7 @@ class GraphHSANet(nn.Module):
                 gate=gate,
                 mlp=mlp,
                 kernel=kernel,
+                smooth=smooth,
             )
             for _ in range(num_layers)
         )

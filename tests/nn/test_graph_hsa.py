@@ -158,3 +158,18 @@ def test_net_takes_sparse_csr_features(graphs):
         model(x.to_sparse_csr(), g.edge_index, g.hierarchy()),
         model(x, g.edge_index, g.hierarchy()),
     )
+
+
+def test_smooth_branch_is_the_hsa_matrix_times_the_features(graphs):
+    g = graphs[2]
+    torch.manual_seed(0)
+    layer = GraphHSAConv(6, None, heads=2, norm=None, mlp=False, smooth=True).double()
+    x = g.x.double()
+    out, theta = layer.attn(x, g.hierarchy(), return_attention=True)  # theta: [H, L, L]
+    expected = torch.einsum("hij,jhc->ihc", theta, x.view(-1, 2, 3)).reshape(-1, 6)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    assert {n for n, _ in layer.named_parameters()} == {
+        "attn.query.lin.weight", "attn.query.lin.bias", "attn.key.lin.weight", "attn.key.lin.bias"
+    }
+    with pytest.raises(ValueError, match="multiple of heads"):
+        GraphHSAConv(6, None, heads=4, smooth=True)
