@@ -4,9 +4,16 @@ The GAT recipe the cone-attention paper trained with (Tseng et al. 2023, Table 1
 Planetoid public split (140/500/1000), row-normalised features, 2 layers
 (8 heads x 8 hidden, ELU, then 1 head), dropout 0.6 on inputs and attention,
 Adam lr 5e-3, weight decay 5e-4, early stopping on validation accuracy (defaults:
-at most 10,000 epochs, patience 1,000, as in the paper's GAT code). The test
-accuracy is read at the epoch with the best validation accuracy (ties: lower
-validation loss).
+at most 10,000 epochs, patience 1,000, as in the paper's GAT code).
+
+Model selection: an epoch is the new best when its validation accuracy is higher
+than the best so far, or equal with a lower validation loss; the test accuracy
+reported is the one at the last such epoch, and training stops after
+``--patience`` epochs without one. (The paper's GAT code, pytorch-GAT, resets its
+patience on validation-accuracy gains only and tests the final model, i.e. the
+one ``patience`` epochs after its best; reading test accuracy at the best
+validation epoch is the usual checkpoint selection and uses no test labels.)
+Each seed's best epoch is printed and recorded in the JSON.
 
 ``--attention`` picks the score: ``gat`` (PyG's GATConv), or ``ConeConv`` with
 ``dot``, ``penumbral`` or ``umbral``. Cone scores follow the paper's equations
@@ -121,14 +128,14 @@ class GAT(torch.nn.Module):
         return self.conv2(x, edge_index)
 
 
-def run_seed(data, attention: str, seed: int, args) -> tuple[float, int, float]:
+def run_seed(data, attention: str, seed: int, args) -> tuple[float, int, float, int]:
     """Train one model; returns the test accuracy at the best validation epoch, the
-    number of epochs run and the best validation accuracy."""
+    number of epochs run, the best validation accuracy and the (1-based) best epoch."""
     torch.manual_seed(seed)
     model = GAT(attention, data.num_features, int(data.y.max()) + 1, cone=cone_options(args))
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     best = (-1.0, float("inf"))  # (val accuracy, val loss) at the best epoch
-    test_at_best, since_best, epochs_run = 0.0, 0, 0
+    test_at_best, since_best, epochs_run, best_epoch = 0.0, 0, 0, 0
     x = data.x.to_sparse_csr()
     bar = tqdm(range(args.epochs), desc=f"seed {seed}", leave=False, mininterval=1.0)
     for _ in bar:
@@ -146,7 +153,7 @@ def run_seed(data, attention: str, seed: int, args) -> tuple[float, int, float]:
         val_acc = (pred[data.val_mask] == data.y[data.val_mask]).float().mean().item()
         val_loss = F.cross_entropy(out[data.val_mask], data.y[data.val_mask]).item()
         if val_acc > best[0] or (val_acc == best[0] and val_loss < best[1]):
-            best = (val_acc, val_loss)
+            best, best_epoch = (val_acc, val_loss), epochs_run
             test_at_best = (pred[data.test_mask] == data.y[data.test_mask]).float().mean().item()
             since_best = 0
         else:
@@ -154,7 +161,11 @@ def run_seed(data, attention: str, seed: int, args) -> tuple[float, int, float]:
             if since_best >= args.patience:
                 break
         bar.set_postfix(val=f"{best[0]:.3f}", test=f"{test_at_best:.3f}", refresh=False)
-    return test_at_best, epochs_run, best[0]
+    tqdm.write(
+        f"seed {seed}: test {test_at_best:.3f} at best validation {best[0]:.3f} "
+        f"(epoch {best_epoch} of {epochs_run})"
+    )
+    return test_at_best, epochs_run, best[0], best_epoch
 
 
 def row_name(attention: str, args) -> str:
@@ -241,7 +252,7 @@ def main(argv=None) -> dict[str, list[float]]:
     for attention in args.attention:
         start = time.perf_counter()
         runs = [run_seed(data, attention, seed, args) for seed in tqdm(seeds, desc=attention)]
-        accs, val_accs = [acc for acc, _, _ in runs], [val for _, _, val in runs]
+        accs, val_accs = [run[0] for run in runs], [run[2] for run in runs]
         mean, std = statistics.mean(accs), statistics.stdev(accs) if len(accs) > 1 else 0.0
         name = row_name(attention, args)
         print(
@@ -259,7 +270,8 @@ def main(argv=None) -> dict[str, list[float]]:
                 "test_accuracy": accs,
                 "mean_val": statistics.mean(val_accs),
                 "val_accuracy": val_accs,
-                "epochs_run": [epochs for _, epochs, _ in runs],
+                "epochs_run": [run[1] for run in runs],
+                "best_epoch": [run[3] for run in runs],
                 "seeds": seeds,
                 "budget": {"max_epochs": args.epochs, "patience": args.patience},
                 "lr": args.lr,
