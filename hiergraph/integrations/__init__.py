@@ -27,7 +27,6 @@ from hiergraph.integrations.padded_attention import (
     key_padding_mask,
     padded_block_attention,
     padded_hsa,
-    size_free_pos_emb,
     window_hierarchies,
 )
 
@@ -51,6 +50,5 @@ __all__ = [
     "remove_hsa",
     "select_hubs",
     "sentence_hierarchy",
-    "size_free_pos_emb",
     "window_hierarchies",
 ]

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 from torch_geometric.data import Batch
-from torch_geometric.utils import scatter
 
 from hiergraph.data.windows import window_hierarchy
 from hiergraph.ops.hsa import hierarchical_attention
@@ -75,34 +74,6 @@ def window_hierarchies(lengths: Sequence[int], branching: Sequence[int]) -> Batc
     return Batch.from_data_list([window_hierarchy(int(n), branching) for n in lengths if n > 0])
 
 
-def leaf_counts(hierarchy) -> Tensor:
-    """``[N]`` number of leaves below every node of a hierarchy or batch (float64)."""
-    counts = hierarchy.is_leaf.to(torch.float64)
-    depth = hierarchy.depth
-    for d in range(int(depth.max()), 0, -1):
-        at = (depth == d).nonzero().flatten()
-        counts.index_add_(0, hierarchy.parent[at], counts[at])
-    return counts
-
-
-def size_free_pos_emb(hierarchy) -> Tensor:
-    r"""``[N, 1]`` position embedding that cancels HSA's :math:`\log n(B)` sibling bias.
-
-    With :math:`\varepsilon(C) = \sqrt{K - \log n(C)}`, :math:`K = \log n(\mathrm{root})` per tree,
-    a sibling pair gets :math:`\varepsilon(C)\varepsilon(B) + \log n(B) = K` when
-    :math:`n(C) = n(B)`, and every leaf's self energy gets the same :math:`+K`:
-    a constant shift of all energies, which HSA ignores (notes §2.8.5). So this is
-    exactly HSA without the size bias in every family of equal-size children
-    (all full windows), and the geometric mean of the two sizes in a family with a
-    partial last window.
-    """
-    log_n = leaf_counts(hierarchy).log()
-    tree = getattr(hierarchy, "batch", None)  # K per tree: no dependence on the other examples
-    tree = torch.zeros_like(hierarchy.parent) if tree is None else tree
-    top = scatter(log_n, tree, dim=0, reduce="max")
-    return (top[tree] - log_n).sqrt().unsqueeze(-1)
-
-
 def padded_hsa(
     q: Tensor,
     k: Tensor,
@@ -124,7 +95,7 @@ def padded_hsa(
             valid tokens in order (e.g. :func:`window_hierarchies`).
         include_self: BERT-style diagonal (notes §2.8.9).
         size_bias: keep the :math:`\log n(B)` sibling bias (HSA proper); ``False``
-            is the ablation baseline (:func:`size_free_pos_emb`).
+            is the ablation baseline (every sibling sub-tree weighs as one token).
         scale: logit scale, default :math:`1/\sqrt{d}`.
 
     Returns:
@@ -137,9 +108,8 @@ def padded_hsa(
             f"{int(key_valid.sum())} valid tokens; give each example a tree over its valid tokens"
         )
     pick = [t.transpose(1, 2)[key_valid] for t in (q, k, v)]  # [L, H, .] in example order
-    pos_emb = None if size_bias else size_free_pos_emb(hierarchy).to(q.dtype)
     out = hierarchical_attention(
-        *pick, hierarchy, pos_emb=pos_emb, include_self=include_self, scale=scale
+        *pick, hierarchy, include_self=include_self, scale=scale, size_bias=size_bias
     )
     full = v.new_zeros(v.size(0), v.size(2), v.size(1), v.size(3))
     full[key_valid] = out

@@ -7,7 +7,9 @@ children of its parent) with logits
     s(C, B) = \tau\,\rho_q(C)^\top\rho_k(B) + \varepsilon(C)^\top\varepsilon(B) + \log n(B),
 
 over the keys with :math:`n(B) > 0` (and :math:`B` left of :math:`C` if
-causal). Both kernels return the log-partition
+causal). With ``size_bias=False`` the :math:`\log n(B)` term is dropped: every
+sibling sub-tree weighs as one token (the ablation of notes/hsa.md §7.3).
+Both kernels return the log-partition
 :math:`\mathrm{lse}(C) = \log\sum_B e^{s(C,B)}` (``-inf`` without keys) and
 :math:`\vartheta(C) = \sum_B \mathrm{softmax}_B\,s(C,\cdot)\,\rho_v(B)` (0
 without keys):
@@ -41,6 +43,13 @@ from hiergraph.ops.tree_index import Level, sum_children
 MAX_BLOCK_ELEMENTS = 1 << 24
 
 
+def key_bias(count: Tensor, size_bias: bool = True) -> tuple[Tensor, Tensor]:
+    r"""The key terms of the sibling logits: :math:`\log n(B)` (0 without the size bias)
+    and the mask :math:`n(B) > 0`, for every node of a level (``count`` ``[n]``)."""
+    ok = count > 0
+    return (torch.log(count.clamp(min=1)) if size_bias else torch.zeros_like(count)), ok
+
+
 def family_attention_dense(
     level: Level,
     q: Tensor,
@@ -51,6 +60,7 @@ def family_attention_dense(
     tau: float,
     causal: bool,
     parent_level: Level,
+    size_bias: bool = True,
 ) -> tuple[Tensor, ...]:
     r"""Family attention of one level with dense blocks.
 
@@ -61,6 +71,7 @@ def family_attention_dense(
         eps: optional ``[n, H or 1, c]`` position embeddings.
         count: ``[n]`` leaf counts :math:`n(\cdot)` (no gradient).
         parent_level: the previous level.
+        size_bias: add :math:`\log n(B)` to the logits (HSA proper).
 
     Returns:
         ``lse [n, H]``, ``theta [n, H, d_v]`` and the sums
@@ -71,7 +82,9 @@ def family_attention_dense(
         blocks and share the backward pass.
     """
     num_parents = parent_level.size
-    return _DenseFamilyAttention.apply(q, k, v, eps, count, level, tau, causal, num_parents)
+    return _DenseFamilyAttention.apply(
+        q, k, v, eps, count, level, tau, causal, num_parents, size_bias
+    )
 
 
 class _DenseFamilyAttention(torch.autograd.Function):
@@ -88,13 +101,13 @@ class _DenseFamilyAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, eps, count, level, tau, causal, num_parents):
+    def forward(ctx, q, k, v, eps, count, level, tau, causal, num_parents, size_bias):
         n, heads = q.shape[:2]
         lse_out = q.new_empty(n, heads)
         theta_out = v.new_empty(n, heads, v.size(-1))
         sums = [t.new_zeros(num_parents, *t.shape[1:]) for t in (q, k, v)]
         weighted = not level.all_leaves  # leaves: n is 0/1 and padded leaves carry zeros
-        keys = torch.log(count.clamp(min=1)), count > 0  # log n(B) and n(B) > 0
+        keys = key_bias(count, size_bias)
         saved, ctx.chunks = [], []
         for block in level.blocks:
             # heads-first contiguous copies, reused by the backward
@@ -116,7 +129,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
             saved += [qb, kb, vb, p if len(chunks) == 1 else None, eb, weight]
             ctx.chunks.append(chunks)
         ctx.save_for_backward(*saved, count)
-        ctx.level, ctx.tau, ctx.causal = level, tau, causal
+        ctx.level, ctx.tau, ctx.causal, ctx.size_bias = level, tau, causal, size_bias
         ctx.shapes = [t.shape if t is not None else None for t in (q, k, v, eps)]
         return lse_out, theta_out, *sums
 
@@ -125,7 +138,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
     def backward(ctx, grad_lse, grad_theta, *grad_sums):
         level, tau = ctx.level, ctx.tau
         *saved, count = ctx.saved_tensors
-        keys = torch.log(count.clamp(min=1)), count > 0
+        keys = key_bias(count, ctx.size_bias)
         # every node of a level is in exactly one block: no zero fill when slices cover it
         covered = all(b.start is not None for b in level.blocks)
         new = torch.empty if covered else torch.zeros
@@ -172,7 +185,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
                 block.write(dv, dv_b.transpose(1, 2))
             if de is not None:
                 block.write(de, (_cat_rows(de_rows) + de_cols).transpose(1, 2))
-        return (*grads, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None)
 
 
 def _row_chunks(block, heads: int) -> list[slice]:
@@ -255,6 +268,7 @@ def family_attention_edge(
     tau: float,
     causal: bool,
     parent_level: Level,
+    size_bias: bool = True,
 ) -> tuple[Tensor, ...]:
     """Family attention of one level as a scatter softmax over sibling pairs (same contract
     as :func:`family_attention_dense`)."""
@@ -263,8 +277,8 @@ def family_attention_edge(
     logits = tau * (q[query] * k[key]).sum(-1)
     if eps is not None:
         logits = logits + (eps[query] * eps[key]).sum(-1)
-    logits = logits + torch.log(count[key].clamp(min=1)).unsqueeze(-1)
-    ok = count[key] > 0
+    bias, ok = (t[key] for t in key_bias(count, size_bias))
+    logits = logits + bias.unsqueeze(-1)
     if causal:
         ok = ok & (key < query)
     neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)

@@ -29,6 +29,7 @@ def hierarchical_attention(
     leaf_mask: Tensor | None = None,
     scale: float | None = None,
     kernel: str = "dense",
+    size_bias: bool = True,
 ) -> Tensor:
     r"""Hierarchical Self-Attention over a signal hierarchy (or a batch of them).
 
@@ -86,6 +87,9 @@ def hierarchical_attention(
         scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
         kernel: ``'dense'`` runs each family size bucket as batched matrix
             products; ``'edge'`` scatters over sibling pairs. Same result.
+        size_bias: keep the :math:`\log n(B)` term (HSA proper). ``False``
+            drops it, so every sibling sub-tree weighs as one token: the
+            ablation of notes §7.3, no longer KL-optimal.
 
     Returns:
         ``[L, H, d_v]`` (``[L, d_v]`` for 2-D inputs).
@@ -130,7 +134,7 @@ def hierarchical_attention(
             ]
         nodes = index.order[level.start : level.start + n.numel()]
         eps_d = None if eps is None else eps.index_select(0, nodes)
-        lse, theta, *sums = family(level, *rho, eps_d, n, tau, causal, levels[d - 1])
+        lse, theta, *sums = family(level, *rho, eps_d, n, tau, causal, levels[d - 1], size_bias)
         child_energy = None if g is None else sum_children(g, levels[d + 1], level)
         a = _level_rows(index, d, self_energy if include_self else None, child_energy)
         # weighted log-partition each node hands to its parent (eq. 8)

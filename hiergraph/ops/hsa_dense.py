@@ -50,7 +50,7 @@ class _Tree:
         return out[::-1]
 
 
-def _head_stats(tree, q, k, eps, tau, include_self, causal):
+def _head_stats(tree, q, k, eps, tau, include_self, causal, size_bias=True):
     """Per node: leaf count, logits to siblings, and a = -phi (eq. 8), for one head."""
     n = [len(s) for s in tree.leaves_below]
     rho_q = [q[s].mean(0) if s else None for s in tree.leaves_below]
@@ -65,7 +65,9 @@ def _head_stats(tree, q, k, eps, tau, include_self, causal):
             for b in keys:
                 if n[b] == 0:
                     continue
-                s = tau * rho_q[c] @ rho_k[b] + torch.log(torch.tensor(float(n[b]), dtype=q.dtype))
+                s = tau * rho_q[c] @ rho_k[b]
+                if size_bias:
+                    s = s + torch.log(torch.tensor(float(n[b]), dtype=q.dtype))
                 if eps is not None:
                     s = s + eps[c] @ eps[b]
                 logits[b] = s
@@ -121,6 +123,7 @@ def hierarchical_attention_matrix(
     causal: bool = False,
     leaf_mask: Tensor | None = None,
     scale: float | None = None,
+    size_bias: bool = True,
 ) -> Tensor:
     r"""The dense HSA matrix :math:`\hat\Theta` (``[H, L, L]``); HSA returns :math:`\hat\Theta V`.
 
@@ -139,7 +142,9 @@ def hierarchical_attention_matrix(
     out = q.new_zeros(heads, num_leaves, num_leaves)
     for h in range(heads):
         eps = None if pos_emb is None else (pos_emb[:, h] if pos_emb.dim() == 3 else pos_emb)
-        n, sib_logits, a = _head_stats(tree, q[:, h], k[:, h], eps, tau, include_self, causal)
+        n, sib_logits, a = _head_stats(
+            tree, q[:, h], k[:, h], eps, tau, include_self, causal, size_bias
+        )
         for i, node in enumerate(tree.leaf_nodes):
             if not tree.valid[i]:
                 continue

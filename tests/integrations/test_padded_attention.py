@@ -1,16 +1,13 @@
 import pytest
 import torch
-from torch_geometric.data import Batch
 
 from hiergraph.data import window_hierarchy
 from hiergraph.integrations import (
     key_padding_mask,
     padded_block_attention,
     padded_hsa,
-    size_free_pos_emb,
     window_hierarchies,
 )
-from hiergraph.integrations.padded_attention import leaf_counts
 from hiergraph.ops import hierarchical_attention_matrix
 
 LENGTHS = [11, 16, 5]
@@ -32,9 +29,8 @@ def test_padded_hsa_matches_dense_reference_per_example(size_bias):
     assert out.shape == (3, max(LENGTHS), 2, 4)
     for b, n in enumerate(LENGTHS):
         tree = window_hierarchy(n, branching)
-        eps = None if size_bias else size_free_pos_emb(tree).double()
         qb, kb, vb = (t[b, :, :n].transpose(0, 1) for t in (q, k, v))
-        theta = hierarchical_attention_matrix(qb, kb, tree, pos_emb=eps, include_self=True)
+        theta = hierarchical_attention_matrix(qb, kb, tree, include_self=True, size_bias=size_bias)
         expected = torch.einsum("hij,jhd->ihd", theta, vb)
         torch.testing.assert_close(out[b, :n], expected, atol=1e-12, rtol=0)
         assert (out[b, n:] == 0).all()
@@ -65,16 +61,6 @@ def test_no_size_bias_counts_each_sibling_subtree_as_one_token():
     torch.testing.assert_close(theta, expected, atol=1e-14, rtol=0)
     uniform = padded_hsa(zeros, zeros, eye, valid, tree)[0, :, 0]
     torch.testing.assert_close(uniform, torch.full((n, n), 1 / n, dtype=torch.float64))
-
-
-def test_leaf_counts_and_size_free_embedding():
-    tree = Batch.from_data_list([window_hierarchy(5, (2,)), window_hierarchy(4, (2,))])
-    counts = leaf_counts(tree)
-    assert counts[tree.is_leaf].eq(1).all()
-    assert sorted(counts[~tree.is_leaf].tolist()) == [1, 2, 2, 2, 2, 4, 5]
-    eps = size_free_pos_emb(tree).squeeze(1)
-    root_size = torch.tensor([5.0] * 9 + [4.0] * 7, dtype=torch.float64)  # K = log n(root)
-    torch.testing.assert_close(eps**2 + counts.log(), root_size.log())
 
 
 def test_block_attention_matches_masked_softmax():

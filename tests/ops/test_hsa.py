@@ -103,6 +103,29 @@ def test_window_hierarchies_equal_reference(branching):
                 assert (out - ref).abs().max() <= 1e-12
 
 
+@pytest.mark.parametrize("kernel", ["dense", "edge"])
+def test_without_size_bias_equals_reference(kernel):
+    """``size_bias=False`` (notes §7.3 ablation) = the reference without log n(B), on ragged
+    families, with padding and positions; gradients through the hand-written backward."""
+    gen = torch.Generator().manual_seed(3)
+    h = Batch.from_data_list([random_window_hierarchy(n, (3, 2), generator=gen) for n in (13, 6)])
+    q, k, v = random_qkv(h.num_leaves, heads=2, dim=3, dv=2, seed=7)
+    pe = torch.randn(h.num_nodes, 2, **F64)
+    mask = torch.rand(h.num_leaves, generator=gen) > 0.2
+    for inc in (False, True):
+        opts = dict(include_self=inc, pos_emb=pe, leaf_mask=mask)
+        ref = hierarchical_attention_matrix(q, k, h, size_bias=False, **opts)
+        out = hierarchical_attention(q, k, v, h, kernel=kernel, size_bias=False, **opts)
+        assert (out - apply(ref, v) * mask[:, None, None]).abs().max() <= 1e-12
+        biased = hierarchical_attention(q, k, v, h, kernel=kernel, **opts)
+        assert (out - biased).abs().max() > 1e-3
+
+    def fn(q, k, v):
+        return hierarchical_attention(q, k, v, h, kernel=kernel, size_bias=False, leaf_mask=mask)
+
+    assert torch.autograd.gradcheck(fn, tuple(t.requires_grad_(True) for t in (q, k, v)))
+
+
 def test_kernels_agree_on_large_ragged_batch_with_gradients():
     gen = torch.Generator().manual_seed(4)
     trees = [random_window_hierarchy(n, (5, 3, 2), generator=gen) for n in (300, 1, 77, 150)]
