@@ -42,8 +42,11 @@ import torch
 from hiergraph.integrations import (
     block_attention_flops,
     flat_attention_flops,
+    hub_scores,
+    hub_window_hierarchies,
     padded_block_attention,
     padded_hsa,
+    select_hubs,
     window_hierarchies,
 )
 
@@ -238,8 +241,13 @@ def fidelity(args) -> None:
         q @ k.transpose(-1, -2) * attn.scaling + ex.additive_mask(valid).double(), -1
     )
     eye = torch.eye(t, dtype=q.dtype).expand(b, q.size(1), t, t)
-    tree = window_hierarchies(valid.sum(1).tolist(), args.branching)
-    block = same_flops_block(ex, args.branching, args.max_tokens, q.size(-1), q.size(1))
+    lengths = valid.sum(1).tolist()
+    if args.hubs:
+        picked = select_hubs(hub_scores(q, k, valid, attn.scaling), valid, args.hubs)
+        tree = hub_window_hierarchies(lengths, args.branching, picked)
+    else:
+        tree = window_hierarchies(lengths, args.branching)
+    block = same_flops_block(ex, args.branching, args.max_tokens, q.size(-1), q.size(1), args.hubs)
     mats = {
         "hsa": padded_hsa(q, k, eye, valid, tree),
         "block": padded_block_attention(q, k, eye, valid, block),
@@ -260,6 +268,7 @@ def fidelity(args) -> None:
         return float((to_hubs / queries).mean())
 
     out = {"documents": b, "tokens": t, "branching": list(args.branching), "block": block,
+           "hubs": args.hubs,
            "softmax_hub_mass": hub_mass(flat)}  # fmt: skip
     for name, theta in mats.items():
         theta = theta.permute(0, 2, 1, 3)  # [b, H, t, t]
@@ -274,7 +283,8 @@ def fidelity(args) -> None:
             "hub_mass": hub_mass(theta),
         }
         print(name, out[name])
-    (RESULTS / "zeroshot_fidelity.json").write_text(json.dumps(out, indent=1))
+    suffix = f"_hubs{args.hubs}" if args.hubs else ""
+    (RESULTS / f"zeroshot_fidelity{suffix}.json").write_text(json.dumps(out, indent=1))
 
 
 def report(args) -> None:
@@ -376,6 +386,7 @@ def main() -> None:
     f.add_argument("--docs", type=int, default=6)
     f.add_argument("--branching", default=(2, 4, 8, 16),
                    type=lambda s: tuple(int(b) for b in s.split(",")))  # fmt: skip
+    f.add_argument("--hubs", type=int, default=0, help="-> zeroshot_fidelity_hubs<g>.json")
     f.add_argument("--threads", type=int, default=1)
     sub.add_parser("report")
     args = parser.parse_args()
