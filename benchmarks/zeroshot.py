@@ -92,9 +92,10 @@ def load_cache(ex, model, tokenizer, dataset, args, starts):
 
 
 @torch.no_grad()
-def time_attention(ex, model, cache, branching, block) -> dict[str, float]:
+def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, float]:
     """Median seconds of the attention op of the last layer on the largest cached batch
-    (most tokens): flat SDPA vs the replacements, interleaved."""
+    (most tokens): flat SDPA vs the replacements, interleaved. The HSA ops include building
+    their trees (and choosing the hubs)."""
     last = ex.NUM_LAYERS - 1
     valid, kept = max(cache["batches"], key=lambda batch: batch[0].numel())
     hidden = kept[last] if last in kept else None
@@ -108,19 +109,18 @@ def time_attention(ex, model, cache, branching, block) -> dict[str, float]:
     )
     key_valid = valid.bool()
     mask = ex.additive_mask(valid)
+
+    def tree():
+        lengths = key_valid.sum(1).tolist()
+        if not hubs:
+            return window_hierarchies(lengths, branching)
+        picked = select_hubs(hub_scores(q, k, key_valid, attn.scaling), key_valid, hubs)
+        return hub_window_hierarchies(lengths, branching, picked)
+
     ops = {
         "flat_sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, mask),
-        "hsa": lambda: padded_hsa(
-            q, k, v, key_valid, window_hierarchies(key_valid.sum(1).tolist(), branching)
-        ),
-        "hsa_no_size_bias": lambda: padded_hsa(
-            q,
-            k,
-            v,
-            key_valid,
-            window_hierarchies(key_valid.sum(1).tolist(), branching),
-            size_bias=False,
-        ),
+        "hsa": lambda: padded_hsa(q, k, v, key_valid, tree()),
+        "hsa_no_size_bias": lambda: padded_hsa(q, k, v, key_valid, tree(), size_bias=False),
         "block": lambda: padded_block_attention(q, k, v, key_valid, block),
     }
     times = {name: [] for name in ops}
@@ -176,11 +176,10 @@ def run(args) -> None:
             np.mean([block_attention_flops(m, block, head_dim, heads) for m in lengths])
         )
         flops["hsa_no_size_bias"] = flops["hsa"]
-        timing = time_attention(ex, model, cache, branching, block) if not args.hubs else {}
-        result.setdefault("timing", {})[",".join(map(str, branching))] = {
-            **timing,
-            "load": os.getloadavg(),
-        }
+        timing = time_attention(ex, model, cache, branching, block, args.hubs)
+        if timing:  # caches without the last layer's input have no timing
+            timing["load"] = os.getloadavg()
+            result.setdefault("timing", {})[_tree_label(branching, args.hubs)] = timing
         for name, layers in layer_sets.items():
             for method in METHODS:
                 if (name, branching, args.hubs, method) in done:

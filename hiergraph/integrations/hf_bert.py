@@ -16,7 +16,9 @@ hierarchies the caller passes, e.g. from sentence boundaries,
 over the block-constrained row-stochastic matrices :math:`\mathcal{B}` of the
 hierarchy: the KL-closest hierarchical approximation of the layer's own
 softmax attention (Thm. 3.2; diagonal included, §2.8.9). The padding mask is
-honoured (padding tokens are not in any tree; their rows are 0).
+honoured (padding tokens are not in any tree; their rows are 0). With
+``hubs=g`` each replaced layer lifts the :math:`g` keys with the largest
+root-level score to leaves under the root (:mod:`~hiergraph.integrations.hubs`).
 :func:`remove_hsa` restores the original modules; the weights are shared, never
 copied, so the restored model is bit-identical.
 
