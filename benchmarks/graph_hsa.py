@@ -173,7 +173,14 @@ def main() -> None:
     passthrough = [
         f"--{k.replace('_', '-')}={getattr(args, k)}"
         for k in (
-            "channels", "heads", "block", "deg_in", "deg_out", "reps", "warmup", "threads",
+            "channels",
+            "heads",
+            "block",
+            "deg_in",
+            "deg_out",
+            "reps",
+            "warmup",
+            "threads",
             "tree_dir",
         )
     ]
@@ -258,8 +265,14 @@ def plot(rows: list[dict], path: Path) -> None:
             ax_m.plot(*zip(*memory, strict=True), "o-", label=method, color=line.get_color())
             if guessed:
                 xs, ys = zip(*([measured[-1], *guessed]), strict=True)
-                ax_t.plot(xs, ys, "o--", mfc="none", color=line.get_color(),
-                          label=f"{method} (EXTRAPOLATED, O(N²))")
+                ax_t.plot(
+                    xs,
+                    ys,
+                    "o--",
+                    mfc="none",
+                    color=line.get_color(),
+                    label=f"{method} (EXTRAPOLATED, O(N²))",
+                )
     for ax, label in ((ax_t, "seconds per forward+backward"), (ax_m, "peak memory growth (MiB)")):
         ax.set(xscale="log", yscale="log", xlabel="nodes N", ylabel=label)
         ax.grid(True, which="both", alpha=0.3)

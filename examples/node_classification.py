@@ -99,9 +99,7 @@ def build_model(name: str, in_channels: int, out_channels: int, args) -> nn.Modu
     if name == "cone":
         return _GraphModel(GAT(args.attention, in_channels, out_channels))
     if name == "gps_full":
-        return GPSNet(
-            in_channels, args.hidden, out_channels, args.layers, args.heads, args.dropout
-        )
+        return GPSNet(in_channels, args.hidden, out_channels, args.layers, args.heads, args.dropout)
     # the two attention layers first, so that they get the same initial weights as in `gat`
     first = make_conv(args.attention, in_channels, 8, heads=8, dropout=0.6)
     second = make_conv(args.attention, 64, out_channels, heads=1, concat=False, dropout=0.6)
@@ -250,7 +248,9 @@ def main(argv=None) -> dict:
     p.add_argument("--heads", type=int, default=4, help="gps_full, hsa_hybrid: attention heads")
     p.add_argument("--dropout", type=float, default=0.6, help="gps_full dropout")
     p.add_argument(
-        "--attention", choices=ATTENTIONS, default=None,
+        "--attention",
+        choices=ATTENTIONS,
+        default=None,
         help="cone: ConeConv score (default penumbral); hsa_hybrid: local layers (default gat)",
     )
     p.add_argument("--attn-dropout", type=float, default=0.0, help="hsa_hybrid: on HSA output")
@@ -259,7 +259,8 @@ def main(argv=None) -> dict:
     )
     p.add_argument("--no-gate", action="store_true", help="hsa_hybrid: ungated HSA branch")
     p.add_argument(
-        "--smooth", action="store_true",
+        "--smooth",
+        action="store_true",
         help="hsa_hybrid: HSA smooths the features (no value/output maps)",
     )
     p.add_argument("--kernel", choices=("dense", "edge"), default="edge", help="HSA family kernel")
@@ -268,7 +269,9 @@ def main(argv=None) -> dict:
     p.add_argument("--max-family", type=int, default=64, help="hsa_hybrid: tree family size")
     p.add_argument("--pe-dim", type=int, default=8, help="hsa_hybrid: Laplacian PE size")
     p.add_argument(
-        "--tree", choices=("louvain", "lp"), default=None,
+        "--tree",
+        choices=("louvain", "lp"),
+        default=None,
         help="hsa_hybrid: tree builder (default: louvain; lp for ogbn-*)",
     )
     p.add_argument("--threads", type=int, default=1)
@@ -277,7 +280,8 @@ def main(argv=None) -> dict:
     p.add_argument("--json", default=None, help="merge the result into this JSON file")
     p.add_argument("--name", default=None, help="JSON row key (default: dataset/model[attention])")
     p.add_argument(
-        "--resume-from", default=None,
+        "--resume-from",
+        default=None,
         help="take the seeds already run from this JSON's row of the same key and settings",
     )
     args = p.parse_args(argv)
@@ -323,8 +327,9 @@ def main(argv=None) -> dict:
         return {
             "dataset": args.dataset + (" (SYNTHETIC)" if synthetic else ""),
             "model": args.model,
-            "metric": "micro-F1" if args.dataset == "ppi" else "accuracy"
-            + (" (OGB)" if ogbn else ""),
+            "metric": "micro-F1"
+            if args.dataset == "ppi"
+            else "accuracy" + (" (OGB)" if ogbn else ""),
             "mean": statistics.mean(tests),
             "std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
             "num_seeds": len(tests),
