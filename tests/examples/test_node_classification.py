@@ -48,7 +48,7 @@ def test_gated_hybrid_starts_as_the_gat_model_and_then_departs(nc):
     )
     args = nc.argparse.Namespace(
         heads=2, pe_dim=4, attn_dropout=0.0, hsa_dropout=0.0, no_gate=False, kernel="edge",
-        attention="gat",
+        smooth=False, attention="gat",
     )
     outs = {}
     for name in ("gat", "hsa_hybrid"):
