@@ -50,12 +50,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
-from torch import Tensor
 from torch_geometric.nn import GATConv
 from tqdm import tqdm
 
 from hiergraph.datasets.planetoid import load_planetoid
 from hiergraph.nn.cone_conv import ConeConv
+from hiergraph.nn.graph_hsa import input_dropout
 
 ATTENTIONS = ("gat", "dot", "penumbral", "umbral")
 CONE_VARIANTS = ("penumbral", "umbral")
@@ -91,23 +91,6 @@ def cone_options(args) -> dict:
     return options
 
 
-def feature_dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """``F.dropout`` that also takes a sparse CSR ``x``, dropping its stored entries.
-
-    Dropout keeps zeros at zero, so drawing the mask on the nonzero entries only
-    gives the same distribution as dense dropout. Cora's bag-of-words features
-    are 98.7% zeros: the CSR input makes the input dropout and the first
-    projection (which PyG's ``Linear`` runs as a sparse matmul) ~10x cheaper, so
-    an epoch's time is dominated by the attention layers being compared.
-    """
-    if x.layout != torch.sparse_csr:
-        return F.dropout(x, p=p, training=training)
-    values = F.dropout(x.values(), p=p, training=training)
-    return torch.sparse_csr_tensor(
-        x.crow_indices(), x.col_indices(), values, x.shape, check_invariants=False
-    )
-
-
 class GAT(torch.nn.Module):
     """Two attention layers: ``heads x hidden`` concatenated, ELU, then one averaged head."""
 
@@ -121,8 +104,11 @@ class GAT(torch.nn.Module):
         self.conv2 = conv(hidden * heads, num_classes, heads=1, concat=False)
 
     def forward(self, x, edge_index):
-        """``x``: ``[N, in_channels]``, dense or sparse CSR (see :func:`feature_dropout`)."""
-        x = feature_dropout(x, self.dropout, self.training)
+        """``x``: ``[N, in_channels]``, dense or sparse CSR: Cora's bag-of-words features are
+        98.7% zeros, so the CSR input makes the input dropout (on the stored entries only,
+        :func:`~hiergraph.nn.graph_hsa.input_dropout`) and the first projection ~10x cheaper
+        and an epoch's time is dominated by the attention layers being compared."""
+        x = input_dropout(x, self.dropout, self.training)
         x = F.elu(self.conv1(x, edge_index))
         x = F.dropout(x, p=self.dropout, training=self.training)
         return self.conv2(x, edge_index)

@@ -98,15 +98,20 @@ def test_gate_starts_closed_and_learns(graphs):
     assert not torch.allclose(layer(x, g.edge_index, g.hierarchy()), out)
 
 
-def test_gat_hybrid_net_batched_equals_per_graph(graphs):
+def _gat_hybrid_net():
+    """A gated GAT + HSA net on 6 input features (float64, eval mode)."""
     from torch_geometric.nn import GATConv
 
-    torch.manual_seed(0)
-    model = GraphHSANet(
+    return GraphHSANet(
         6, 8, 3, conv_factory=None, num_layers=1, heads=2, graph_pe_dim=4,
         input_conv=GATConv(6, 4, heads=2), output_conv=GATConv(8, 3, concat=False),
         act="elu", gate=True, mlp=False,
-    ).double().eval()
+    ).double().eval()  # fmt: skip
+
+
+def test_gat_hybrid_net_batched_equals_per_graph(graphs):
+    torch.manual_seed(0)
+    model = _gat_hybrid_net()
     with torch.no_grad():
         model.layers[0].gate.fill_(0.7)
     batch = Batch.from_data_list(graphs)
@@ -144,15 +149,9 @@ def test_input_dropout_on_csr_drops_stored_entries_only():
 
 
 def test_net_takes_sparse_csr_features(graphs):
-    from torch_geometric.nn import GATConv
-
     g = graphs[0]
     torch.manual_seed(0)
-    model = GraphHSANet(
-        6, 8, 3, conv_factory=None, num_layers=1, heads=2, graph_pe_dim=4,
-        input_conv=GATConv(6, 4, heads=2), output_conv=GATConv(8, 3, concat=False),
-        act="elu", gate=True, mlp=False,
-    ).double().eval()
+    model = _gat_hybrid_net()
     x = g.x.double().relu()
     torch.testing.assert_close(
         model(x.to_sparse_csr(), g.edge_index, g.hierarchy()),
