@@ -1,11 +1,18 @@
-"""Shared test helpers: random signal hierarchies of mixed depth."""
+"""Shared test helpers: random signal hierarchies of mixed depth, offline dataset guards."""
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
+from torch_geometric.datasets import Planetoid
+
+from hiergraph.datasets import planetoid as hp
+
+SHARED_CORA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "Cora" / "raw"
 
 
 def random_spec(rng: random.Random, num_leaves: int, max_depth: int = 4, max_branch: int = 5):
@@ -57,3 +64,32 @@ def one_thread():
 @pytest.fixture
 def rng():
     return random.Random(1234)
+
+
+def cora_raw_source() -> Path | None:
+    """A folder with real Cora raw files: ``$HIERGRAPH_DATA/Cora/raw`` or the shared copy."""
+    candidates = [SHARED_CORA]
+    if os.environ.get(hp.DATA_ENV):
+        candidates.insert(0, Path(os.environ[hp.DATA_ENV]) / "Cora" / "raw")
+    for folder in candidates:
+        if all((folder / f).exists() for f in hp.planetoid_raw_files("Cora")):
+            return folder
+    return None
+
+
+@pytest.fixture
+def no_env(monkeypatch):
+    """No dataset root or raw-folder environment variables."""
+    monkeypatch.delenv(hp.DATA_ENV, raising=False)
+    monkeypatch.delenv(hp.RAW_ENV, raising=False)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt of a Planetoid/PPI loader to download fails the test."""
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a loader tried to download")
+
+    monkeypatch.setattr(Planetoid, "download", fail)
+    monkeypatch.setattr(hp.PPI, "download", fail)

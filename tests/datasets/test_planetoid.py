@@ -1,45 +1,15 @@
-"""Offline Planetoid/PPI loaders, the synthetic PPI fixture, and the two example scripts."""
+"""Offline Planetoid/PPI loaders and the synthetic PPI fixture."""
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
-from torch_geometric.datasets import Planetoid
 
 from hiergraph.datasets import planetoid as hp
+from tests.conftest import cora_raw_source
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_CORA = REPO.parent / "shared" / "datasets" / "Cora" / "raw"
-
-
-def cora_raw_source() -> Path | None:
-    """A folder with real Cora raw files: ``$HIERGRAPH_DATA/Cora/raw`` or the shared copy."""
-    candidates = [SHARED_CORA]
-    if os.environ.get(hp.DATA_ENV):
-        candidates.insert(0, Path(os.environ[hp.DATA_ENV]) / "Cora" / "raw")
-    for folder in candidates:
-        if all((folder / f).exists() for f in hp.planetoid_raw_files("Cora")):
-            return folder
-    return None
-
-
-@pytest.fixture
-def no_env(monkeypatch):
-    monkeypatch.delenv(hp.DATA_ENV, raising=False)
-    monkeypatch.delenv(hp.RAW_ENV, raising=False)
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a loader tried to download")
-
-    monkeypatch.setattr(Planetoid, "download", fail)
-    monkeypatch.setattr(hp.PPI, "download", fail)
 
 
 @pytest.fixture(scope="module")
@@ -102,44 +72,3 @@ def test_real_cora_public_split(no_env, no_network, tmp_path):
         500,
         1000,
     ]
-
-
-@pytest.fixture
-def examples_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "examples"))
-    yield
-    for name in ("cora_cone_gat", "ppi_cone_gat"):
-        sys.modules.pop(name, None)
-
-
-def test_ppi_example_runs_on_synthetic_fixture(
-    no_env, no_network, examples_on_path, tmp_path, capsys
-):
-    import ppi_cone_gat
-
-    raw = hp.write_synthetic_ppi(tmp_path / "raw", graphs=(4, 2, 2), nodes_per_graph=12)
-    argv = ["--root", str(tmp_path), "--raw-dir", str(raw), "--epochs", "2", "--hidden", "8"]
-    scores = ppi_cone_gat.main([*argv, "--attention", "umbral"])
-    assert len(scores) == 1 and 0.0 <= scores[0] <= 1.0
-    assert "SYNTHETIC PPI stand-in (not the real dataset) umbral" in capsys.readouterr().out
-
-
-@pytest.mark.skipif(cora_raw_source() is None, reason="real Cora raw files not available")
-def test_cora_example_smoke(no_env, no_network, examples_on_path, tmp_path, capsys):
-    import cora_cone_gat
-
-    argv = ["--root", str(tmp_path), "--raw-dir", str(cora_raw_source()), "--epochs", "2"]
-    out_json = tmp_path / "acc.json"
-    results = cora_cone_gat.main(
-        [*argv, "--seeds", "1", "--attention", "dot", "umbral", "--json", str(out_json)]
-    )
-    assert sorted(results) == ["dot", "umbral"]
-    assert all(len(accs) == 1 and all(0.0 <= a <= 1.0 for a in accs) for accs in results.values())
-    assert "±" in capsys.readouterr().out
-    cora_cone_gat.main(
-        [*argv, "--seeds", "1", "--attention", "penumbral", "--gamma", "2", "--json", str(out_json)]
-    )  # rows merge into the same file
-    rows = json.loads(out_json.read_text())["rows"]
-    assert sorted(rows) == ["dot", "penumbral[gamma=2]", "umbral"]
-    assert rows["umbral"]["budget"] == {"max_epochs": 2, "patience": 1000}
-    assert rows["penumbral[gamma=2]"]["cone_options"]["gamma"] == 2.0

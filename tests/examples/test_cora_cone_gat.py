@@ -1,0 +1,28 @@
+"""examples/cora_cone_gat.py on the real Cora raw files (skipped where they are absent)."""
+
+import json
+
+import pytest
+
+from tests.conftest import cora_raw_source
+
+
+@pytest.mark.skipif(cora_raw_source() is None, reason="real Cora raw files not available")
+def test_cora_example_smoke(no_env, no_network, load_example, tmp_path, capsys):
+    cora_cone_gat = load_example("cora_cone_gat")
+
+    argv = ["--root", str(tmp_path), "--raw-dir", str(cora_raw_source()), "--epochs", "2"]
+    out_json = tmp_path / "acc.json"
+    results = cora_cone_gat.main(
+        [*argv, "--seeds", "1", "--attention", "dot", "umbral", "--json", str(out_json)]
+    )
+    assert sorted(results) == ["dot", "umbral"]
+    assert all(len(accs) == 1 and all(0.0 <= a <= 1.0 for a in accs) for accs in results.values())
+    assert "±" in capsys.readouterr().out
+    cora_cone_gat.main(
+        [*argv, "--seeds", "1", "--attention", "penumbral", "--gamma", "2", "--json", str(out_json)]
+    )  # rows merge into the same file
+    rows = json.loads(out_json.read_text())["rows"]
+    assert sorted(rows) == ["dot", "penumbral[gamma=2]", "umbral"]
+    assert rows["umbral"]["budget"] == {"max_epochs": 2, "patience": 1000}
+    assert rows["penumbral[gamma=2]"]["cone_options"]["gamma"] == 2.0
