@@ -41,11 +41,11 @@ class GraphHSAConv(nn.Module):
             \\
         \mathrm{out} &= \mathrm{Norm}_3\big(h + \mathrm{MLP}(h)\big), \qquad h = h_\ell + h_g
 
-With ``gate=True`` the global branch is scaled by a learned
-:math:`\tanh(\alpha)`, :math:`\alpha = 0` at the start (the layer starts
-as its local conv alone and lets the data decide how much global attention
-to add); with ``mlp=False`` the MLP block is left out
-(:math:`\mathrm{out} = h`).
+    With ``gate=True`` the global branch is scaled by a learned
+    :math:`\tanh(\alpha)`, :math:`\alpha = 0` at the start (the layer starts
+    as its local conv alone and lets the data decide how much global attention
+    to add); with ``mlp=False`` the MLP block is left out
+    (:math:`\mathrm{out} = h`).
 
     :math:`\mathcal{T}` is a tree whose leaves are the graph nodes (e.g. from
     :class:`~hiergraph.transforms.GraphHierarchy`) and :math:`\varepsilon` the
@@ -165,7 +165,9 @@ to add); with ``mlp=False`` the MLP block is left out
         if self.gate is not None:
             h = torch.tanh(self.gate) * h
         out = out + self.norms[1](h + x)
-        return self.norms[2](out + self.mlp(out)) if self.mlp is not None else self.norms[2](out)
+        if self.mlp is not None:
+            out = out + self.mlp(out)
+        return self.norms[2](out)
 
     def __repr__(self) -> str:
         return (
