@@ -114,44 +114,75 @@ class GAT(torch.nn.Module):
         return self.conv2(x, edge_index)
 
 
+def train_with_early_stopping(
+    epochs: int, patience: int, train_epoch, validate, score_test, desc: str = ""
+) -> dict:
+    """Train for at most ``epochs``, stopping after ``patience`` epochs without a new best.
+
+    ``validate() -> (score, loss)`` runs after every epoch: a higher score, or an equal
+    score with a lower loss, is a new best, and ``score_test()`` is read there.
+    Returns the test score at the best epoch, its validation score, the (1-based) best
+    epoch, the epochs run and the median seconds of a training step.
+    """
+    best, test_at_best, best_epoch, since_best, times = (-1.0, float("inf")), 0.0, 0, 0, []
+    bar = tqdm(range(epochs), desc=desc, leave=False, mininterval=1.0)
+    for epoch in bar:
+        start = time.perf_counter()
+        train_epoch()
+        times.append(time.perf_counter() - start)
+        score, loss = validate()
+        if score > best[0] or (score == best[0] and loss < best[1]):
+            best, test_at_best, best_epoch, since_best = (score, loss), score_test(), epoch + 1, 0
+        else:
+            since_best += 1
+            if since_best >= patience:
+                break
+        bar.set_postfix(val=f"{best[0]:.3f}", test=f"{test_at_best:.3f}", refresh=False)
+    return {
+        "val": best[0],
+        "test": test_at_best,
+        "best_epoch": best_epoch,
+        "epochs": len(times),
+        "sec_per_epoch": statistics.median(times),
+    }
+
+
 def run_seed(data, attention: str, seed: int, args) -> tuple[float, int, float, int]:
     """Train one model; returns the test accuracy at the best validation epoch, the
     number of epochs run, the best validation accuracy and the (1-based) best epoch."""
     torch.manual_seed(seed)
     model = GAT(attention, data.num_features, int(data.y.max()) + 1, cone=cone_options(args))
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    best = (-1.0, float("inf"))  # (val accuracy, val loss) at the best epoch
-    test_at_best, since_best, epochs_run, best_epoch = 0.0, 0, 0, 0
     x = data.x.to_sparse_csr()
-    bar = tqdm(range(args.epochs), desc=f"seed {seed}", leave=False, mininterval=1.0)
-    for _ in bar:
-        epochs_run += 1
+    pred = {}
+
+    def train_epoch():
         model.train()
         optimizer.zero_grad()
         out = model(x, data.edge_index)
         F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
         optimizer.step()
 
+    def accuracy(mask) -> float:
+        return (pred["last"][mask] == data.y[mask]).float().mean().item()
+
+    def validate():
         model.eval()
         with torch.no_grad():
             out = model(x, data.edge_index)
-        pred = out.argmax(dim=-1)
-        val_acc = (pred[data.val_mask] == data.y[data.val_mask]).float().mean().item()
-        val_loss = F.cross_entropy(out[data.val_mask], data.y[data.val_mask]).item()
-        if val_acc > best[0] or (val_acc == best[0] and val_loss < best[1]):
-            best, best_epoch = (val_acc, val_loss), epochs_run
-            test_at_best = (pred[data.test_mask] == data.y[data.test_mask]).float().mean().item()
-            since_best = 0
-        else:
-            since_best += 1
-            if since_best >= args.patience:
-                break
-        bar.set_postfix(val=f"{best[0]:.3f}", test=f"{test_at_best:.3f}", refresh=False)
+        pred["last"] = out.argmax(dim=-1)
+        loss = F.cross_entropy(out[data.val_mask], data.y[data.val_mask]).item()
+        return accuracy(data.val_mask), loss
+
+    run = train_with_early_stopping(
+        args.epochs, args.patience, train_epoch, validate, lambda: accuracy(data.test_mask),
+        desc=f"seed {seed}",
+    )  # fmt: skip
     tqdm.write(
-        f"seed {seed}: test {test_at_best:.3f} at best validation {best[0]:.3f} "
-        f"(epoch {best_epoch} of {epochs_run})"
+        f"seed {seed}: test {run['test']:.3f} at best validation {run['val']:.3f} "
+        f"(epoch {run['best_epoch']} of {run['epochs']})"
     )
-    return test_at_best, epochs_run, best[0], best_epoch
+    return run["test"], run["epochs"], run["val"], run["best_epoch"]
 
 
 def row_name(attention: str, args) -> str:

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
-from cora_cone_gat import ATTENTIONS, GAT, make_conv
+from cora_cone_gat import ATTENTIONS, GAT, make_conv, train_with_early_stopping
 from torch import nn
 from torch_geometric.loader import DataLoader
 from torch_geometric.nn import GCNConv, GPSConv
@@ -143,29 +143,11 @@ def _forward(model, data):
 
 
 def early_stopping(args, seed: int, train_epoch, validate, score_test) -> dict:
-    """Train until ``args.patience`` epochs pass without a better validation score; the
-    test score is read at the best-validation epoch. ``validate() -> (score, loss)``:
-    equal scores are ranked by lower loss. Times cover the training step only."""
-    best, test_at_best, best_epoch, bad, times = (-1.0, float("inf")), 0.0, 0, 0, []
-    for epoch in range(args.epochs):
-        t0 = time.perf_counter()
-        train_epoch()
-        times.append(time.perf_counter() - t0)
-        val, loss = validate()
-        if val > best[0] or (val == best[0] and loss < best[1]):
-            best, test_at_best, best_epoch, bad = (val, loss), score_test(), epoch + 1, 0
-        else:
-            bad += 1
-            if bad >= args.patience:
-                break
-    return {
-        "seed": seed,
-        "val": best[0],
-        "test": test_at_best,
-        "best_epoch": best_epoch,
-        "epochs": len(times),
-        "sec_per_epoch": statistics.median(times),
-    }
+    """One seed under the model selection of ``cora_cone_gat``
+    (:func:`cora_cone_gat.train_with_early_stopping`): ``validate() -> (score, loss)``;
+    the test score is read at the best-validation epoch, ties ranked by lower loss."""
+    run = train_with_early_stopping(args.epochs, args.patience, train_epoch, validate, score_test)
+    return {"seed": seed, **run}
 
 
 def run_full_batch(args, seed: int, data, metric) -> dict:
