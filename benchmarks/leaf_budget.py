@@ -122,8 +122,12 @@ def measure(model, trees, batches, device) -> list[dict]:
         n_leaves, n_nodes = int(leaves[batch].sum()), int(nodes[batch].sum())
         peak = step_peak_bytes(model, [trees[i] for i in batch], device)
         out.append(
-            {"trees": len(batch), "leaves": n_leaves, "internal": n_nodes - n_leaves,
-             "peak_bytes": peak}
+            {
+                "trees": len(batch),
+                "leaves": n_leaves,
+                "internal": n_nodes - n_leaves,
+                "peak_bytes": peak,
+            }
         )
     return out
 
@@ -214,7 +218,10 @@ def plot(results: dict, path: Path) -> None:
             ):
                 ax.scatter(
                     [r["predicted_bytes"] / mib for r in rows],
-                    [r["peak_bytes"] / mib for r in rows], s=12, c=color, label=label,
+                    [r["peak_bytes"] / mib for r in rows],
+                    s=12,
+                    c=color,
+                    label=label,
                 )
             budget_mib = model["summary"]["predicted_budget_bytes"] / mib
             top = max(r["peak_bytes"] for r in run["fixed"]["batches"]) / mib
@@ -264,8 +271,10 @@ def main(argv=None) -> dict:
         "giant_leaves": giant,
         "leaf_counts": leaf_counts(trees).tolist(),
         "target": "peak <= 1.3 x budget prediction for every batch within budget",
-        "memory": "peak live tensor bytes of one step" + (
-            " (torch.profiler allocation events)" if device.type == "cpu"
+        "memory": "peak live tensor bytes of one step"
+        + (
+            " (torch.profiler allocation events)"
+            if device.type == "cpu"
             else " (torch.cuda.max_memory_allocated)"
         ),
         "runs": runs,

@@ -150,22 +150,44 @@ def run(lengths: list[int], full_max: int, error_max: int, repeats: dict) -> dic
         errors = _errors(n) if n <= error_max else {}
         r = NUM_VIP + (n - NUM_VIP) // BLOCK + REFINED * (BLOCK - 1)
         for name in methods:
-            rows.append({"n": n, "method": name, "compressed_length": r if name == "vcc" else n,
-                         "median_s": statistics.median(times[name]), "times_s": times[name],
-                         "peak_mib": peaks[name], **({"errors": errors} if name == "vcc" else {})})
+            rows.append(
+                {
+                    "n": n,
+                    "method": name,
+                    "compressed_length": r if name == "vcc" else n,
+                    "median_s": statistics.median(times[name]),
+                    "times_s": times[name],
+                    "peak_mib": peaks[name],
+                    **({"errors": errors} if name == "vcc" else {}),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     _project_full(rows)
     return {
-        "config": {"batch": 1, "dim": DIM, "heads": HEADS, "ff_dim": FF, "num_vip": NUM_VIP,
-                   "block_size": BLOCK, "num_refined": REFINED, "dtype": "float32",
-                   "layer": "nn.TransformerEncoderLayer(norm_first=True, activation='gelu')"},
-        "machine": {"platform": platform.platform(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads()},
+        "config": {
+            "batch": 1,
+            "dim": DIM,
+            "heads": HEADS,
+            "ff_dim": FF,
+            "num_vip": NUM_VIP,
+            "block_size": BLOCK,
+            "num_refined": REFINED,
+            "dtype": "float32",
+            "layer": "nn.TransformerEncoderLayer(norm_first=True, activation='gelu')",
+        },
+        "machine": {
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
         "rows": rows,
         "speedup_full_over_vcc": {
-            str(row["n"]): next(f["median_s"] for f in rows if f["n"] == row["n"]
-                                and f["method"].startswith("full")) / row["median_s"]
-            for row in rows if row["method"] == "vcc"
+            str(row["n"]): next(
+                f["median_s"] for f in rows if f["n"] == row["n"] and f["method"].startswith("full")
+            )
+            / row["median_s"]
+            for row in rows
+            if row["method"] == "vcc"
         },
     }
 
@@ -176,8 +198,13 @@ def _project_full(rows: list[dict]) -> None:
         return
     last = max(measured, key=lambda r: r["n"])
     for n in sorted({r["n"] for r in rows} - {r["n"] for r in measured}):
-        rows.append({"n": n, "method": "full (projected n^2)",
-                     "median_s": last["median_s"] * (n / last["n"]) ** 2})
+        rows.append(
+            {
+                "n": n,
+                "method": "full (projected n^2)",
+                "median_s": last["median_s"] * (n / last["n"]) ** 2,
+            }
+        )
 
 
 def plot(result: dict, path: Path) -> None:
@@ -203,8 +230,10 @@ def plot(result: dict, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     ax_m.axhline(16, color="grey", ls="--", lw=1)
-    fig.suptitle(f"one layer, d={DIM}, {HEADS} heads, {NUM_VIP} VIP, k={BLOCK}, h={REFINED}, "
-                 f"{result['machine']['threads']} CPU threads")
+    fig.suptitle(
+        f"one layer, d={DIM}, {HEADS} heads, {NUM_VIP} VIP, k={BLOCK}, h={REFINED}, "
+        f"{result['machine']['threads']} CPU threads"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -212,8 +241,12 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="n = 4K, 16K; fewer repetitions")
-    parser.add_argument("--full-max", type=int, default=16384,
-                        help="largest n at which the full layer is run (default 16384)")
+    parser.add_argument(
+        "--full-max",
+        type=int,
+        default=16384,
+        help="largest n at which the full layer is run (default 16384)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     args = parser.parse_args()
     if args.threads:

@@ -108,9 +108,7 @@ def tree_task(args, ctx, dtype):
         loader = HierarchyLoader(train, batch_sampler=sampler)
     else:
         sampler = distributed_sampler(train, ctx, args.seed)
-        loader = HierarchyLoader(
-            train, batch_size=args.batch_size, sampler=sampler, drop_last=True
-        )
+        loader = HierarchyLoader(train, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
     def loss_fn(model, batch):
         batch = batch.to(ctx.device)

@@ -48,7 +48,11 @@ def run(args: list[str], tmp_path: Path) -> None:
     if sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
     proc = subprocess.run(
-        [sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+        [sys.executable, *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -99,7 +99,11 @@ class SignalHierarchy(Data):
     def _cache_tree_index(self, index) -> None:
         parent_version, slot_version = self._versions()
         self.__dict__["_tree_index_cache"] = (
-            self.parent, parent_version, self.slot, slot_version, index
+            self.parent,
+            parent_version,
+            self.slot,
+            slot_version,
+            index,
         )
 
     def apply(self, func, *args: str):

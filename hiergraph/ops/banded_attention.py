@@ -148,6 +148,7 @@ class _Blocking:
 def _attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale, dropout_p, seed) -> Tensor:
     """Dense attention of gathered blocks: ``q [G, B, H, C]``, ``k, v [G, W, H, C]``
     -> ``[G * B, H, C_v]``; dropout draws from a generator seeded with ``seed``."""
+
     def attend() -> Tensor:
         return F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),

@@ -195,4 +195,3 @@ def test_tree_index_travels_with_to_clone_and_pickle(monkeypatch):
     batch.slot = batch.slot.clone()  # so does replacing the tensor
     batch.tree_index()
     assert len(builds) == 3
-

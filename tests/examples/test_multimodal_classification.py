@@ -76,9 +76,24 @@ def test_patch_stem_gradients_and_bad_input(mm):
 def test_runs_end_to_end_on_a_generated_emoji_package(mm, fake_package, tmp_path, monkeypatch):  # noqa: F811
     monkeypatch.setenv("HIERGRAPH_EMOJI", str(fake_package))
     out = mm.main(
-        ["--dataset", "emoji", "--root", str(tmp_path / "cache"), "--models", "hsa", "fsa",
-         "image", "--seeds", "0", "--epochs", "2", "--image-stem", "conv",
-         "--json", str(tmp_path / "r.json")]
+        [
+            "--dataset",
+            "emoji",
+            "--root",
+            str(tmp_path / "cache"),
+            "--models",
+            "hsa",
+            "fsa",
+            "image",
+            "--seeds",
+            "0",
+            "--epochs",
+            "2",
+            "--image-stem",
+            "conv",
+            "--json",
+            str(tmp_path / "r.json"),
+        ]
     )
     assert set(out["models"]) == {"hsa", "fsa", "image"}
     sizes = {m: out["models"][m]["summary"]["parameters"] for m in out["models"]}

@@ -12,8 +12,22 @@ def nc(load_example):
 
 def test_hybrid_on_synthetic_ppi_is_labelled_and_scored(nc, tmp_path):
     out = nc.main(
-        ["--dataset", "ppi", "--synthetic-ppi", str(tmp_path), "--model", "hsa_hybrid",
-         "--seeds", "0", "--epochs", "2", "--max-family", "8", "--json", str(tmp_path / "r.json")]
+        [
+            "--dataset",
+            "ppi",
+            "--synthetic-ppi",
+            str(tmp_path),
+            "--model",
+            "hsa_hybrid",
+            "--seeds",
+            "0",
+            "--epochs",
+            "2",
+            "--max-family",
+            "8",
+            "--json",
+            str(tmp_path / "r.json"),
+        ]
     )
     assert out["dataset"] == "ppi (SYNTHETIC)" and out["metric"] == "micro-F1"
     assert 0.0 <= out["mean"] <= 1.0 and out["num_seeds"] == 1
@@ -25,8 +39,20 @@ def test_hybrid_on_synthetic_ppi_is_labelled_and_scored(nc, tmp_path):
 def test_hybrid_on_tiny_ogbn_fixture_uses_the_ogb_evaluator(nc, tmp_path):
     write_tiny_arxiv(tmp_path)
     out = nc.main(
-        ["--dataset", "ogbn-arxiv", "--root", str(tmp_path), "--model", "hsa_hybrid",
-         "--seeds", "0", "--epochs", "2", "--max-family", "4"]
+        [
+            "--dataset",
+            "ogbn-arxiv",
+            "--root",
+            str(tmp_path),
+            "--model",
+            "hsa_hybrid",
+            "--seeds",
+            "0",
+            "--epochs",
+            "2",
+            "--max-family",
+            "4",
+        ]
     )
     assert out["metric"] == "accuracy (OGB)" and out["args"]["tree"] == "lp"
     assert out["runs"][0]["test"] in (0.0, 1 / 3, 2 / 3, 1.0)  # 3 test nodes
@@ -47,8 +73,14 @@ def test_gated_hybrid_starts_as_the_gat_model_and_then_departs(nc):
         Data(x=torch.rand(22, 5), edge_index=edge_index, num_nodes=22)
     )
     args = nc.argparse.Namespace(
-        heads=2, pe_dim=4, attn_dropout=0.0, hsa_dropout=0.0, no_gate=False, kernel="edge",
-        smooth=False, attention="gat",
+        heads=2,
+        pe_dim=4,
+        attn_dropout=0.0,
+        hsa_dropout=0.0,
+        no_gate=False,
+        kernel="edge",
+        smooth=False,
+        attention="gat",
     )
     outs = {}
     for name in ("gat", "hsa_hybrid"):
@@ -78,8 +110,18 @@ def test_early_stopping_reads_test_at_best_validation_ties_by_loss(nc):
 
 def test_resume_from_reuses_finished_seeds_with_the_same_settings(nc, tmp_path):
     first = tmp_path / "first.json"
-    common = ["--dataset", "ppi", "--synthetic-ppi", str(tmp_path), "--model", "gcn",
-              "--epochs", "2", "--name", "row"]
+    common = [
+        "--dataset",
+        "ppi",
+        "--synthetic-ppi",
+        str(tmp_path),
+        "--model",
+        "gcn",
+        "--epochs",
+        "2",
+        "--name",
+        "row",
+    ]
     nc.main([*common, "--seeds", "0", "--json", str(first)])
     out = nc.main([*common, "--seeds", "0", "1", "--resume-from", str(first)])
     assert [r["seed"] for r in out["runs"]] == [0, 1]

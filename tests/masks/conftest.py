@@ -19,4 +19,3 @@ def assert_canonical(edge_index):
     """Sorted by target then source, no duplicates."""
     key = edge_index[1] * (int(edge_index.max()) + 1) + edge_index[0]
     assert bool((key[1:] > key[:-1]).all())
-

@@ -168,7 +168,10 @@ def test_smooth_branch_is_the_hsa_matrix_times_the_features(graphs):
     expected = torch.einsum("hij,jhc->ihc", theta, x.view(-1, 2, 3)).reshape(-1, 6)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
     assert {n for n, _ in layer.named_parameters()} == {
-        "attn.query.lin.weight", "attn.query.lin.bias", "attn.key.lin.weight", "attn.key.lin.bias"
+        "attn.query.lin.weight",
+        "attn.query.lin.bias",
+        "attn.key.lin.weight",
+        "attn.key.lin.bias",
     }
     with pytest.raises(ValueError, match="multiple of heads"):
         GraphHSAConv(6, None, heads=4, smooth=True)

@@ -1,4 +1,3 @@
-
 import pytest
 import torch
 from torch_geometric.data import Batch

@@ -73,11 +73,15 @@ def make_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, lis
         pad = torch.zeros(2, 24, dtype=torch.bool, device=device)
         pad[1, 20:] = True
         return (lambda q, k, v: hmatrix_attention(q, k, v, 4, key_padding_mask=pad)), [
-            rand(2, 2, 24, 8), rand(2, 2, 24, 8), rand(2, 2, 24, 4)
+            rand(2, 2, 24, 8),
+            rand(2, 2, 24, 8),
+            rand(2, 2, 24, 4),
         ]
     if name == "banded":
         return (lambda q, k, v: banded_attention(q, k, v, 3, 2, lengths=[30, 17])), [
-            rand(47, 2, 8), rand(47, 2, 8), rand(47, 2, 4)
+            rand(47, 2, 8),
+            rand(47, 2, 8),
+            rand(47, 2, 4),
         ]
     if name in ("penumbral", "umbral"):
         fn = penumbral if name == "penumbral" else umbral

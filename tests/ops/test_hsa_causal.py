@@ -16,7 +16,6 @@ from tests.conftest import random_qkv, random_spec
 F64 = dict(dtype=torch.float64)
 
 
-
 def ordered_spec(rng, num_leaves, max_depth=4, max_branch=5):
     """A random mixed-depth spec (tests/conftest.py) with leaves numbered left to right."""
     counter = itertools.count()
