@@ -54,6 +54,7 @@ CONFIGS = {
     ],
     "20ng": [
         ("HSA", "hsa", SENTENCE_CAP),
+        ("HSA+hubs32", "hsa", [*SENTENCE_CAP, "--hubs", "32"]),
         ("HSA-512", "hsa", ["--max-tokens", "512"]),
         ("FSA-512", "fsa", ["--max-tokens", "512"]),
         ("DeepSet", "deepset", SENTENCE_CAP),

@@ -77,6 +77,8 @@ class DocumentClassifier(nn.Module):
         model: ``'hsa'``, ``'fsa'`` or ``'deepset'``.
         proj: width of the projection (0: none; the HTE input map sees ``E[x]``).
         hidden, heads, pos_channels, mlp, layers, dropout: sizes (paper: 128, 3, 768, 128, 1).
+        hubs: HSA only: lift each document's ``hubs`` highest-scoring tokens to the root
+            in every layer (:class:`~hiergraph.nn.HierarchicalSelfAttention` ``hubs``).
     """
 
     def __init__(
@@ -91,8 +93,11 @@ class DocumentClassifier(nn.Module):
         mlp: int = 64,
         layers: int = 1,
         dropout: float = 0.0,
+        hubs: int = 0,
     ):
         super().__init__()
+        if hubs and model != "hsa":
+            raise ValueError(f"hubs are an option of the HSA model, not of {model!r}")
         self.embedding = embedding
         self.project = nn.Linear(embedding.embedding_dim, proj) if proj else None
         self.encoder = HierarchicalTransformerEncoder(
@@ -104,6 +109,7 @@ class DocumentClassifier(nn.Module):
             mlp_channels=mlp,
             dropout=dropout,
             attention=ATTENTION[model],
+            **({"hubs": hubs} if hubs else {}),
         )
         self.head = nn.Sequential(
             nn.Linear(hidden, mlp), nn.GELU(), nn.Dropout(dropout), nn.Linear(mlp, num_classes)
@@ -217,6 +223,7 @@ def build_model(args, train) -> DocumentClassifier:
         mlp=args.mlp,
         layers=args.layers,
         dropout=args.dropout,
+        hubs=args.hubs,
     )
 
 
@@ -328,6 +335,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mlp", type=int, default=64, help="MLP width (paper: 128)")
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--hubs", type=int, default=0, help="hsa: tokens lifted to the root, per doc")
     p.add_argument(
         "--threads", type=int, default=1, help="torch.set_num_threads (1 is fastest on a busy CPU)"
     )
@@ -339,6 +347,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--epochs must be >= 1")
     if args.embedding == "static" and args.tokenizer != "minilm":
         p.error("--embedding static uses the MiniLM WordPiece table: use --tokenizer minilm")
+    if args.hubs and args.model != "hsa":
+        p.error("--hubs is an option of --model hsa")
     if args.max_tokens is None and args.model == "fsa":
         args.max_tokens = 512
     return args

@@ -1,4 +1,5 @@
-"""Structural views of a signal hierarchy: the flat (one-level) view and local coarsening."""
+"""Structural views of a signal hierarchy: the flat (one-level) view, local coarsening, and
+leaves lifted to the root."""
 
 from __future__ import annotations
 
@@ -91,3 +92,79 @@ def coarsen_hierarchy(hierarchy) -> tuple[SignalHierarchy, Tensor]:
     target = torch.where(removed[leaf_node], parent[leaf_node], leaf_node)
     leaf_rank = torch.cumsum(coarse.is_leaf.long(), 0) - 1  # node id -> leaf-order index
     return coarse, leaf_rank[new_id[target]]
+
+
+def lift_leaves(hierarchy, leaves: Tensor) -> tuple[SignalHierarchy, Tensor]:
+    r"""Hang the chosen leaves directly under their tree's root ("hub" leaves).
+
+    Every chosen leaf becomes a child of its root, placed after the root's
+    other children, in a :attr:`~hiergraph.data.Domain.SET` position (no
+    position bias); internal nodes left without leaves are removed. The
+    leaf order (and so ``x``) is unchanged, so HSA on the result uses the same
+    leaf rows. Lifting every leaf of a tree gives its flat view: HSA becomes
+    softmax attention over the tree's leaves; lifting none returns the same
+    tree. With ``g`` hubs, every leaf attends to each hub through the hub's
+    own key and value, at the root level, instead of through the mean of the
+    block the hub sits in.
+
+    Args:
+        hierarchy: one tree or a batch/forest.
+        leaves: ``[L]`` bool (in leaf order), ``True`` for the leaves to lift.
+
+    Returns:
+        the new hierarchy (with ``batch``) and ``node [N']``: the old node id of
+        every new node, to carry per-node tensors over (``pos_emb[node]``).
+    """
+    parent, is_leaf = hierarchy.parent, hierarchy.is_leaf
+    n, device = parent.numel(), parent.device
+    leaf_node = hierarchy.tree_index().leaf_node
+    if leaves.dtype != torch.bool or leaves.shape != leaf_node.shape:
+        raise ValueError(
+            f"leaves must be a [{leaf_node.numel()}] bool mask in leaf order, got "
+            f"{leaves.dtype} {tuple(leaves.shape)}"
+        )
+    nodes = torch.arange(n, device=device)
+    tree = tree_of_nodes(hierarchy)
+    is_root = parent == nodes
+    root_of_tree = torch.empty(int(tree.max()) + 1, dtype=torch.long, device=device)
+    root_of_tree[tree[is_root]] = nodes[is_root]
+    lifted = torch.zeros(n, dtype=torch.bool, device=device)
+    lifted[leaf_node[leaves]] = True
+    # an internal node survives if a leaf that stays in place lies below it
+    alive = is_leaf | is_root
+    below = leaf_node[~leaves]
+    for _ in range(int(hierarchy.depth.max()) if n else 0):
+        below = parent[below]
+        alive[below] = True
+    # slots of the lifted leaves: after the root's other children, in leaf order
+    hubs = leaf_node[leaves]
+    hub_root = root_of_tree[tree[hubs]]
+    last = torch.full((n,), -1, dtype=torch.long, device=device)
+    stays = ~is_root & ~lifted & alive
+    last.scatter_reduce_(0, parent[stays], hierarchy.slot[stays], reduce="amax")
+    order = torch.sort(hub_root, stable=True).indices
+    first = torch.cumsum(torch.bincount(hub_root, minlength=n), 0) - torch.bincount(
+        hub_root, minlength=n
+    )
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=device) - first[hub_root[order]]
+    new_parent, slot = parent.clone(), hierarchy.slot.clone()
+    new_parent[hubs] = hub_root
+    slot[hubs] = last[hub_root] + 1 + rank
+    depth, domain, pos = hierarchy.depth.clone(), hierarchy.domain.clone(), hierarchy.pos.clone()
+    depth[hubs], domain[hubs], pos[hubs] = 1, int(Domain.SET), 0
+    keep = alive.nonzero().view(-1)
+    new_id = torch.full((n,), -1, dtype=torch.long, device=device)
+    new_id[keep] = torch.arange(keep.numel(), device=device)
+    out = SignalHierarchy._assemble(
+        parent=new_id[new_parent[keep]],
+        is_leaf=is_leaf[keep],
+        depth=depth[keep],
+        slot=slot[keep],
+        node_type=hierarchy.node_type[keep],
+        domain=domain[keep],
+        pos=pos[keep],
+        x=hierarchy.x if "x" in hierarchy else None,
+    )
+    out.batch = tree[keep]
+    return out, keep

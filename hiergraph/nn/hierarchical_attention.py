@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from hiergraph.data.domain import Domain
+from hiergraph.data.transforms import lift_leaves, tree_of_nodes
 from hiergraph.nn.typed_linear import TypedLinear
 from hiergraph.ops.hsa import hierarchical_attention
 from hiergraph.ops.hsa_dense import hierarchical_attention_matrix
+from hiergraph.ops.hubs import root_scores, top_per_tree
 
 MAX_DENSE_LEAVES = 4096
 
@@ -50,6 +53,13 @@ class HierarchicalSelfAttention(nn.Module):
         causal: left-to-right within families (needs ``include_self``).
         dropout: dropout on the output.
         kernel: family kernel, ``'dense'`` or ``'edge'``.
+        hubs: ``g > 0`` lifts the ``g`` leaves of every tree with the highest
+            root-level score (:mod:`hiergraph.ops.hubs`, from this layer's own
+            queries and keys, heads pooled) to the root, in a position-free
+            slot, before attending (:func:`~hiergraph.data.transforms.lift_leaves`):
+            every query then sees those keys one by one. Trees of at most ``g``
+            leaves get flat softmax attention. The choice is per forward pass
+            and not differentiable; the attention over the chosen tree is.
     """
 
     def __init__(
@@ -66,8 +76,11 @@ class HierarchicalSelfAttention(nn.Module):
         causal: bool = False,
         dropout: float = 0.0,
         kernel: str = "dense",
+        hubs: int = 0,
     ):
         super().__init__()
+        if hubs < 0:
+            raise ValueError(f"hubs must be >= 0, got {hubs}")
         out_channels = in_channels if out_channels is None else out_channels
         head_channels = head_channels or max(in_channels // heads, 1)
         if causal and not include_self:
@@ -75,6 +88,7 @@ class HierarchicalSelfAttention(nn.Module):
         self.in_channels, self.out_channels = in_channels, out_channels
         self.heads, self.head_channels = heads, head_channels
         self.include_self, self.causal, self.kernel = include_self, causal, kernel
+        self.hubs = hubs
         inner = heads * head_channels
         self.query = TypedLinear(in_channels, inner, num_node_types)
         self.key = TypedLinear(in_channels, inner, num_node_types)
@@ -131,10 +145,12 @@ class HierarchicalSelfAttention(nn.Module):
         v = self.value(x, types).view(shape)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.pos is not None and pos_emb is None:
+            raise ValueError("this layer was built with pos_channels > 0: pass pos_emb")
+        if self.hubs:
+            hierarchy, index, pos_emb = self._lift_hubs(q, k, hierarchy, index, pos_emb, leaf_mask)
         eps = None
         if self.pos is not None:
-            if pos_emb is None:
-                raise ValueError("this layer was built with pos_channels > 0: pass pos_emb")
             eps = self.pos(pos_emb, hierarchy.domain).view(-1, self.heads, self.pos_head_channels)
         options = dict(pos_emb=eps, include_self=self.include_self, causal=self.causal)
         out = hierarchical_attention(
@@ -151,9 +167,24 @@ class HierarchicalSelfAttention(nn.Module):
         theta = hierarchical_attention_matrix(q, k, hierarchy, leaf_mask=leaf_mask, **options)
         return out, theta
 
+    def _lift_hubs(self, q, k, hierarchy, index, pos_emb, leaf_mask):
+        """The tree with this pass's hub leaves under the root, its index, and ``pos_emb``
+        carried over (zero for the hubs, whose slot has no position)."""
+        leaf_tree = tree_of_nodes(hierarchy).index_select(0, index.leaf_node)
+        with torch.no_grad():
+            hubs = top_per_tree(root_scores(q, k, leaf_tree, leaf_mask), leaf_tree, self.hubs)
+        hierarchy, node = lift_leaves(hierarchy, hubs)
+        index = hierarchy.tree_index()
+        if pos_emb is not None:
+            lifted = torch.zeros(node.numel(), dtype=torch.bool, device=node.device)
+            lifted[index.leaf_node[hubs]] = True
+            pos_emb = pos_emb.index_select(0, node).masked_fill(lifted[:, None], 0.0)
+        return hierarchy, index, pos_emb
+
     def __repr__(self) -> str:
+        hubs = f", hubs={self.hubs}" if self.hubs else ""
         return (
             f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, "
             f"heads={self.heads}, "
-            f"include_self={self.include_self}, causal={self.causal})"
+            f"include_self={self.include_self}, causal={self.causal}{hubs})"
         )

@@ -1,7 +1,15 @@
+import pytest
 import torch
 from torch_geometric.data import Batch
 
-from hiergraph.data import flatten_hierarchy, from_nested, random_window_hierarchy, window_hierarchy
+from hiergraph.data import (
+    Domain,
+    flatten_hierarchy,
+    from_nested,
+    random_window_hierarchy,
+    window_hierarchy,
+)
+from hiergraph.data.transforms import lift_leaves
 from hiergraph.ops import hierarchical_attention
 
 
@@ -25,3 +33,49 @@ def test_random_window_hierarchy_is_ragged_with_mean_branching():
     assert h.num_leaves == 5000 and int(leaf_families.sum()) == 5000
     assert leaf_families.min() >= 1 and leaf_families.max() <= 15
     assert abs(leaf_families.float().mean().item() - 8) < 0.5
+
+
+def test_lift_leaves_moves_leaves_under_the_root_and_drops_empty_nodes():
+    h = from_nested([[0, 1, 2], [3, 4], [[5, 6], 7]], x=torch.arange(8.0)[:, None])
+    lift = torch.zeros(8, dtype=torch.bool)
+    lift[[3, 4, 5]] = True
+    out, node = lift_leaves(h, lift)
+    root = int((out.parent == torch.arange(out.num_nodes)).nonzero())
+    assert out.num_leaves == 8 and torch.equal(out.x, h.x)  # leaf order and rows unchanged
+    assert out.num_nodes == h.num_nodes - 1  # the family [3, 4] is gone
+    kept_in_place = node[out.parent[:8]] == h.parent[:8]  # old parent of each leaf
+    assert torch.equal(kept_in_place, ~lift)
+    for leaf in (3, 4, 5):
+        assert int(out.parent[leaf]) == root and int(out.depth[leaf]) == 1
+        assert int(out.domain[leaf]) == int(Domain.SET) and out.pos[leaf].tolist() == [0, 0]
+    children = (out.parent == root) & (torch.arange(out.num_nodes) != root)
+    slots = out.slot[children].tolist()
+    assert sorted(slots) == [0, 2, 3, 4, 5]  # [0, 1, 2] and [[5, 6], 7] keep 0 and 2
+    assert out.slot[[3, 4, 5]].tolist() == [3, 4, 5]  # after the others, in leaf order
+    assert int(out.parent[6]) != root  # 6 stays in what is left of [5, 6]
+    same, same_node = lift_leaves(h, torch.zeros(8, dtype=torch.bool))
+    assert torch.equal(same.parent, h.parent) and torch.equal(same_node, torch.arange(h.num_nodes))
+
+
+def test_lift_leaves_all_gives_the_flat_view_and_batches_tree_by_tree():
+    trees = [from_nested([[0, 1], [2, [3, 4]]]), window_hierarchy(6, (2, 3))]
+    batch = Batch.from_data_list(trees)
+    q, k, v = (torch.randn(11, 2, 4, dtype=torch.float64) for _ in range(3))
+    everything, _ = lift_leaves(batch, torch.ones(11, dtype=torch.bool))
+    flat = hierarchical_attention(q, k, v, flatten_hierarchy(batch))
+    assert torch.allclose(hierarchical_attention(q, k, v, everything), flat, atol=1e-13)
+    some = torch.tensor([0, 0, 1, 0, 1, 1, 0, 0, 0, 1, 0], dtype=torch.bool)
+    lifted, _ = lift_leaves(batch, some)
+    out = hierarchical_attention(q, k, v, lifted)
+    for tree, part in zip(trees, (slice(0, 5), slice(5, 11)), strict=True):
+        alone, _ = lift_leaves(tree, some[part])
+        ref = hierarchical_attention(q[part], k[part], v[part], alone)
+        assert torch.allclose(out[part], ref, atol=1e-13)
+
+
+def test_lift_leaves_rejects_a_bad_mask():
+    h = window_hierarchy(6, (2, 3))
+    with pytest.raises(ValueError, match="bool mask in leaf order"):
+        lift_leaves(h, torch.ones(5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="bool mask in leaf order"):
+        lift_leaves(h, torch.ones(6, dtype=torch.long))

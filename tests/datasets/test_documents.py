@@ -230,7 +230,7 @@ def test_training_smoke_loss_decreases(tmp_path):
     )
     ds = IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
     torch.manual_seed(0)
-    for model_name in ("hsa",):
+    for model_name, hubs in (("hsa", 0), ("hsa", 4)):  # 4: tokens lifted to the root
         model = mod.DocumentClassifier(
             torch.nn.Embedding(len(ds.meta["vocab"]) + 2, 16),
             2,
@@ -239,6 +239,7 @@ def test_training_smoke_loss_decreases(tmp_path):
             heads=2,
             pos_channels=8,
             mlp=16,
+            hubs=hubs,
         )
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         batch = next(iter(DataLoader(ds, batch_size=8, shuffle=False)))
@@ -249,7 +250,9 @@ def test_training_smoke_loss_decreases(tmp_path):
             loss.backward()
             opt.step()
             losses.append(float(loss))
-        assert losses[-1] < 0.5 * losses[0], (model_name, losses)
+        assert losses[-1] < 0.5 * losses[0], (model_name, hubs, losses)
+    with pytest.raises(ValueError, match="option of the HSA model"):
+        mod.DocumentClassifier(torch.nn.Embedding(10, 16), 2, "fsa", hubs=4)
 
 
 def test_minilm_static_embeddings():

@@ -2,9 +2,11 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
-from hiergraph.data import from_nested, window_hierarchy
+from hiergraph.data import flatten_hierarchy, from_nested, window_hierarchy
+from hiergraph.data.transforms import lift_leaves
 from hiergraph.nn import FamilyPositionEncoder, HierarchicalSelfAttention
 from hiergraph.ops import hierarchical_attention
+from hiergraph.ops.hubs import root_scores, top_per_tree
 
 
 def test_matches_manual_composition_with_types_and_positions():
@@ -75,3 +77,63 @@ def _with_types(h, leaf_types):
     h = h.clone()
     h.node_type[: len(leaf_types)] = torch.tensor(leaf_types)
     return h
+
+
+def _pair(**kwargs):
+    """A module with hubs and the same module without, sharing weights."""
+    torch.manual_seed(0)
+    hub = HierarchicalSelfAttention(6, heads=2, include_self=True, **kwargs).double()
+    plain_kwargs = {key: value for key, value in kwargs.items() if key != "hubs"}
+    plain = HierarchicalSelfAttention(6, heads=2, include_self=True, **plain_kwargs).double()
+    plain.load_state_dict(hub.state_dict())
+    return hub, plain
+
+
+def _forest():
+    torch.manual_seed(1)
+    trees = [
+        from_nested([[0, 1, 2], [3, 4], [[5, 6], 7]], x=torch.randn(8, 6, dtype=torch.float64)),
+        window_hierarchy(11, (2, 3), x=torch.randn(11, 6, dtype=torch.float64)),
+    ]
+    return Batch.from_data_list(trees)
+
+
+def test_hubs_attend_over_the_lifted_tree_of_the_best_scoring_leaves():
+    batch = _forest()
+    hub, plain = _pair(hubs=3, pos_channels=4)
+    pos = torch.randn(batch.num_nodes, 4, dtype=torch.float64)
+    out = hub(batch.x, batch, pos)
+    # the same choice by hand: this layer's normalised q, k, scored per tree
+    x, shape, types = batch.x, (19, 2, 3), torch.zeros(19, dtype=torch.long)
+    q = plain.q_norm(plain.query(x, types).view(shape))
+    k = plain.k_norm(plain.key(x, types).view(shape))
+    tree = torch.tensor([0] * 8 + [1] * 11)
+    chosen = top_per_tree(root_scores(q, k, tree), tree, 3)
+    assert chosen.sum() == 6
+    lifted, node = lift_leaves(batch, chosen)
+    lifted_pos = pos[node].clone()
+    lifted_pos[lifted.tree_index().leaf_node[chosen]] = 0.0
+    assert torch.allclose(out, plain(batch.x, lifted, lifted_pos), atol=1e-13)
+    out.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in hub.parameters())
+
+
+def test_hubs_cover_flat_attention_and_no_hubs():
+    batch = _forest()
+    everything, plain = _pair(hubs=100)
+    flat = plain(batch.x, flatten_hierarchy(batch))
+    assert torch.allclose(everything(batch.x, batch), flat, atol=1e-13)
+    none, plain = _pair(hubs=0)
+    assert torch.equal(none(batch.x, batch), plain(batch.x, batch))
+    with pytest.raises(ValueError, match="hubs must be >= 0"):
+        HierarchicalSelfAttention(6, hubs=-1)
+
+
+def test_hubs_never_choose_padding_leaves():
+    batch = _forest()
+    hub, _ = _pair(hubs=19)
+    mask = torch.ones(19, dtype=torch.bool)
+    mask[[2, 9]] = False
+    _, theta = hub(batch.x, batch, leaf_mask=mask, return_attention=True)
+    assert torch.all(theta[:, :, [2, 9]] == 0)
+    assert torch.allclose(theta[:, mask].sum(-1), torch.ones(2, 17, dtype=torch.float64))

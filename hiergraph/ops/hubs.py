@@ -1,0 +1,58 @@
+r"""Hub leaves: the keys a whole tree attends to, chosen per tree in :math:`O(L\,d)`.
+
+HSA sees a leaf outside a query's own family only through the mean key and
+value of the block it sits in (Thm. 3.2), so a single salient key far away (a
+topic word three sentences on) gets ``1 / n(B)`` of its block's mass. Lifting
+a few such leaves to the root (:func:`~hiergraph.data.transforms.lift_leaves`)
+lets every query weigh them one by one. The leaves are chosen by the score the
+root family would give them,
+
+.. math::
+    s_j = \operatorname{logsumexp}_h \big(\tau\, \bar q_{t(j),h}^\top k_{j,h}\big),
+    \qquad \bar q_{t,h} = \operatorname{mean}_{i \in t}\, q_{i,h},
+
+the logits of the tree's mean query (:math:`t(j)`: the tree of leaf :math:`j`),
+and the ``g`` best of every tree are lifted (all of them in trees of at most
+``g`` leaves, which then get flat softmax attention). The choice is a
+discrete step: no gradient flows through it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def root_scores(
+    q: Tensor, k: Tensor, tree: Tensor, leaf_mask: Tensor | None = None, scale=None
+) -> Tensor:
+    r"""``[L]`` scores :math:`s_j` of every leaf (``-inf`` at masked leaves).
+
+    Args:
+        q, k: ``[L, H, d]`` leaf queries and keys, in leaf order.
+        tree: ``[L]`` tree id of every leaf.
+        leaf_mask: ``[L]`` bool, ``False`` for padding leaves (not averaged, never chosen).
+        scale: :math:`\tau`, default :math:`1/\sqrt{d}`.
+    """
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    num_trees = int(tree.max()) + 1 if tree.numel() else 0
+    w = q.new_ones(q.size(0)) if leaf_mask is None else leaf_mask.to(q.dtype)
+    total = q.new_zeros(num_trees, *q.shape[1:]).index_add_(0, tree, q * w[:, None, None])
+    count = q.new_zeros(num_trees).index_add_(0, tree, w).clamp(min=1)
+    q_mean = total / count[:, None, None]  # [T, H, d]
+    s = (q_mean.index_select(0, tree) * k).sum(-1).mul(scale).logsumexp(-1)
+    return s if leaf_mask is None else s.masked_fill(~leaf_mask, float("-inf"))
+
+
+def top_per_tree(scores: Tensor, tree: Tensor, g: int) -> Tensor:
+    """``[L]`` bool: the ``g`` highest finite ``scores`` of every tree (ties: lower index)."""
+    if g < 0:
+        raise ValueError(f"the number of hubs must be >= 0, got {g}")
+    order = torch.sort(scores, descending=True, stable=True).indices
+    order = order[torch.sort(tree[order], stable=True).indices]  # by tree, then by score
+    sizes = torch.bincount(tree)
+    first = torch.cumsum(sizes, 0) - sizes
+    rank = torch.arange(order.numel(), device=scores.device) - first[tree[order]]
+    chosen = torch.zeros_like(scores, dtype=torch.bool)
+    chosen[order] = (rank < g) & torch.isfinite(scores[order])
+    return chosen
