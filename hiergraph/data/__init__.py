@@ -22,7 +22,7 @@ from hiergraph.data.multimodal import (
 )
 from hiergraph.data.nested import Family, from_nested
 from hiergraph.data.signal_hierarchy import SignalHierarchy
-from hiergraph.data.transforms import coarsen_hierarchy, flatten_hierarchy
+from hiergraph.data.transforms import coarsen_hierarchy, flatten_hierarchy, lift_leaves
 from hiergraph.data.windows import random_window_hierarchy, window_hierarchy
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "forest_from_lengths",
     "from_nested",
     "hierarchy_from_lengths",
+    "lift_leaves",
     "image_patches",
     "laplacian_pe",
     "multimodal_hierarchy",

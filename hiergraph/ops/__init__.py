@@ -25,6 +25,7 @@ from hiergraph.ops.hsa import hierarchical_attention
 from hiergraph.ops.hsa_causal import CausalPlan, causal_hierarchical_attention
 from hiergraph.ops.hsa_causal_dense import causal_hierarchical_attention_matrix
 from hiergraph.ops.hsa_dense import hierarchical_attention_matrix, hierarchy_energy
+from hiergraph.ops.hubs import root_scores, top_per_tree
 from hiergraph.ops.logspace import log_gates, logaddexp, masked_softmax
 from hiergraph.ops.segment_tree import SegmentTree, select_segments, update_tree
 from hiergraph.ops.tree_index import TreeIndex
@@ -61,7 +62,9 @@ __all__ = [
     "penumbral",
     "penumbral_edge",
     "psi_map",
+    "root_scores",
     "select_segments",
+    "top_per_tree",
     "umbral",
     "umbral_edge",
     "update_tree",
