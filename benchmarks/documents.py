@@ -54,7 +54,6 @@ CONFIGS = {
     ],
     "20ng": [
         ("HSA", "hsa", SENTENCE_CAP),
-        ("HSA+hubs32", "hsa", [*SENTENCE_CAP, "--hubs", "32"]),
         ("HSA-512", "hsa", ["--max-tokens", "512"]),
         ("FSA-512", "fsa", ["--max-tokens", "512"]),
         ("DeepSet", "deepset", SENTENCE_CAP),
@@ -103,8 +102,12 @@ def run(args) -> None:
         result["tfidf_logreg"] = example.tfidf_baseline(splits)
         result["tfidf_logreg"]["cpu_seconds"] = time.process_time() - start
         out.write_text(json.dumps(result, indent=1))
+    configs = list(CONFIGS[args.dataset])
+    hsa_caps = next(caps for label, _, caps in configs if label == "HSA")
+    for g in args.hubs:  # HSA with g hub tokens per document lifted to the root
+        configs.append((f"HSA+hubs{g}", "hsa", [*hsa_caps, "--hubs", str(g)]))
     for seed in args.seeds:
-        for label, model, caps in CONFIGS[args.dataset]:
+        for label, model, caps in configs:
             if args.configs is not None and label not in args.configs:
                 continue
             argv = [*budget, "--model", model, "--seeds", str(seed), *caps]
@@ -319,6 +322,9 @@ def main() -> None:
         nargs="*",
         default=None,
         help="labels to run, e.g. HSA FSA-512 (none: only --tfidf)",
+    )
+    r.add_argument(
+        "--hubs", type=int, nargs="*", default=[], help="also HSA with G hubs: label HSA+hubsG"
     )
     r.add_argument("--append", action="store_true", help="add to the existing results file")
     r.add_argument(
