@@ -143,6 +143,8 @@ class MultimodalClassifier(nn.Module):
         readout: ``'leaves'`` (mean over all leaves, the paper's) or ``'tree'``
             (:func:`tree_mean_pool`, on the record's tree for every model).
         stem: optional :class:`PatchStem` applied to the image leaves first.
+        hubs: HSA only: leaves per record lifted to the root in every layer
+            (:class:`~hiergraph.nn.HierarchicalSelfAttention` ``hubs``).
     """
 
     def __init__(
@@ -159,8 +161,11 @@ class MultimodalClassifier(nn.Module):
         dropout: float = 0.1,
         readout: str = "leaves",
         stem: PatchStem | None = None,
+        hubs: int = 0,
     ):
         super().__init__()
+        if hubs and attention != "hsa":
+            raise ValueError(f"hubs are an option of HSA, not of attention={attention!r}")
         self.readout, self.stem = readout, stem
         self.encoder = HierarchicalTransformerEncoder(
             in_channels,
@@ -172,6 +177,7 @@ class MultimodalClassifier(nn.Module):
             mlp_channels=mlp,
             dropout=dropout,
             attention=attention,
+            **({"hubs": hubs} if hubs else {}),
         )
         self.head = nn.Sequential(
             nn.Linear(hidden, mlp), nn.GELU(), nn.Dropout(dropout), nn.Linear(mlp, num_classes)
@@ -245,6 +251,7 @@ def train(args, model_name: str, seed: int, data: dict, schema, num_classes: int
         dropout=args.dropout,
         readout=args.readout,
         stem=make_stem(args, schema, data["pixel_stats"]),
+        hubs=args.hubs if attention == "hsa" else 0,
     )
     loader = DataLoader(data["train"], batch_size=args.batch_size, shuffle=True)
     val_loader = DataLoader(data["val"], batch_size=256)
@@ -499,6 +506,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="training records kept per title group (0: all)",
     )
     p.add_argument("--readout", choices=("leaves", "tree"), default="leaves")
+    p.add_argument("--hubs", type=int, default=0, help="HSA models: leaves lifted to the root")
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--patch-size", type=int, default=8)
     p.add_argument("--group-size", type=int, default=None, help="2-level patch grid")

@@ -91,6 +91,8 @@ def test_runs_end_to_end_on_a_generated_emoji_package(mm, fake_package, tmp_path
             "2",
             "--image-stem",
             "conv",
+            "--hubs",
+            "2",
             "--json",
             str(tmp_path / "r.json"),
         ]
@@ -106,4 +108,5 @@ def test_runs_end_to_end_on_a_generated_emoji_package(mm, fake_package, tmp_path
     assert set(pairs) == {"fsa", "image"} and pairs["fsa"]["acc"]["seeds"] == 1
     hsa, fsa = (out["models"][m]["runs"][0]["test"]["f1"] for m in ("hsa", "fsa"))
     assert pairs["fsa"]["f1"]["mean"] == pytest.approx(hsa - fsa)
-    assert json.loads((tmp_path / "r.json").read_text())["config"]["image_stem"] == "conv"
+    config = json.loads((tmp_path / "r.json").read_text())["config"]
+    assert config["image_stem"] == "conv" and config["hubs"] == 2
