@@ -261,7 +261,7 @@ class SignalHierarchy(Data):
             if x.is_floating_point() and not torch.isfinite(x).all():
                 rows = (~torch.isfinite(x.reshape(num_leaves, -1))).any(1).nonzero().view(-1)
                 raise ValueError(f"x has non-finite values (NaN/Inf) in row(s) {rows[:5].tolist()}")
-        nodes = torch.arange(n)
+        nodes = torch.arange(n, device=parent.device)
         child = nodes[parent != nodes]
         order = torch.argsort(parent[child] * (n + 1) + slot[child])
         child = child[order]

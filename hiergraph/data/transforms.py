@@ -126,6 +126,7 @@ def lift_leaves(hierarchy, leaves: Tensor) -> tuple[SignalHierarchy, Tensor]:
     nodes = torch.arange(n, device=device)
     tree = tree_of_nodes(hierarchy)
     is_root = parent == nodes
+    leaves = leaves & ~is_root[leaf_node]  # a one-node tree's leaf is its root: nothing to lift
     root_of_tree = torch.empty(int(tree.max()) + 1, dtype=torch.long, device=device)
     root_of_tree[tree[is_root]] = nodes[is_root]
     lifted = torch.zeros(n, dtype=torch.bool, device=device)
@@ -143,9 +144,8 @@ def lift_leaves(hierarchy, leaves: Tensor) -> tuple[SignalHierarchy, Tensor]:
     stays = ~is_root & ~lifted & alive
     last.scatter_reduce_(0, parent[stays], hierarchy.slot[stays], reduce="amax")
     order = torch.sort(hub_root, stable=True).indices
-    first = torch.cumsum(torch.bincount(hub_root, minlength=n), 0) - torch.bincount(
-        hub_root, minlength=n
-    )
+    per_root = torch.bincount(hub_root, minlength=n)
+    first = torch.cumsum(per_root, 0) - per_root
     rank = torch.empty_like(order)
     rank[order] = torch.arange(order.numel(), device=device) - first[hub_root[order]]
     new_parent, slot = parent.clone(), hierarchy.slot.clone()

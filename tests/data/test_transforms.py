@@ -4,6 +4,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import (
     Domain,
+    SignalHierarchy,
     flatten_hierarchy,
     from_nested,
     random_window_hierarchy,
@@ -71,6 +72,13 @@ def test_lift_leaves_all_gives_the_flat_view_and_batches_tree_by_tree():
         alone, _ = lift_leaves(tree, some[part])
         ref = hierarchical_attention(q[part], k[part], v[part], alone)
         assert torch.allclose(out[part], ref, atol=1e-13)
+
+
+def test_lift_leaves_leaves_a_one_node_tree_alone():
+    single = SignalHierarchy.from_parent([-1], x=torch.ones(1, 2))
+    batch = Batch.from_data_list([single, window_hierarchy(3, (3,), x=torch.ones(3, 2))])
+    out, node = lift_leaves(batch, torch.ones(4, dtype=torch.bool))
+    assert out.num_trees == 2 and int(out.depth[0]) == 0 and torch.equal(node, torch.arange(5))
 
 
 def test_lift_leaves_rejects_a_bad_mask():
