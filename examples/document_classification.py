@@ -109,7 +109,7 @@ class DocumentClassifier(nn.Module):
             mlp_channels=mlp,
             dropout=dropout,
             attention=ATTENTION[model],
-            **({"hubs": hubs} if hubs else {}),
+            hubs=hubs,
         )
         self.head = nn.Sequential(
             nn.Linear(hidden, mlp), nn.GELU(), nn.Dropout(dropout), nn.Linear(mlp, num_classes)

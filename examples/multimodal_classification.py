@@ -177,7 +177,7 @@ class MultimodalClassifier(nn.Module):
             mlp_channels=mlp,
             dropout=dropout,
             attention=attention,
-            **({"hubs": hubs} if hubs else {}),
+            hubs=hubs,
         )
         self.head = nn.Sequential(
             nn.Linear(hidden, mlp), nn.GELU(), nn.Dropout(dropout), nn.Linear(mlp, num_classes)

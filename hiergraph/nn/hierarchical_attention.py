@@ -85,6 +85,8 @@ class HierarchicalSelfAttention(nn.Module):
         head_channels = head_channels or max(in_channels // heads, 1)
         if causal and not include_self:
             raise ValueError("causal=True needs include_self=True (notes/hsa.md §7.11a)")
+        if causal and hubs:
+            raise ValueError("hubs are chosen among all leaves, later ones too: not with causal")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.heads, self.head_channels = heads, head_channels
         self.include_self, self.causal, self.kernel = include_self, causal, kernel

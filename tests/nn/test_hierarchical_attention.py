@@ -127,6 +127,8 @@ def test_hubs_cover_flat_attention_and_no_hubs():
     assert torch.equal(none(batch.x, batch), plain(batch.x, batch))
     with pytest.raises(ValueError, match="hubs must be >= 0"):
         HierarchicalSelfAttention(6, hubs=-1)
+    with pytest.raises(ValueError, match="not with causal"):
+        HierarchicalSelfAttention(6, hubs=2, include_self=True, causal=True)
 
 
 def test_hubs_never_choose_padding_leaves():
