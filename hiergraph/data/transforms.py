@@ -129,8 +129,9 @@ def lift_leaves(hierarchy, leaves: Tensor) -> tuple[SignalHierarchy, Tensor]:
     leaves = leaves & ~is_root[leaf_node]  # a one-node tree's leaf is its root: nothing to lift
     root_of_tree = torch.empty(int(tree.max()) + 1, dtype=torch.long, device=device)
     root_of_tree[tree[is_root]] = nodes[is_root]
+    hubs = leaf_node[leaves]
     lifted = torch.zeros(n, dtype=torch.bool, device=device)
-    lifted[leaf_node[leaves]] = True
+    lifted[hubs] = True
     # an internal node survives if a leaf that stays in place lies below it
     alive = is_leaf | is_root
     below = leaf_node[~leaves]
@@ -138,7 +139,6 @@ def lift_leaves(hierarchy, leaves: Tensor) -> tuple[SignalHierarchy, Tensor]:
         below = parent[below]
         alive[below] = True
     # slots of the lifted leaves: after the root's other children, in leaf order
-    hubs = leaf_node[leaves]
     hub_root = root_of_tree[tree[hubs]]
     last = torch.full((n,), -1, dtype=torch.long, device=device)
     stays = ~is_root & ~lifted & alive

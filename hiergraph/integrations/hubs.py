@@ -32,6 +32,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.windows import window_hierarchy
+from hiergraph.ops.hubs import root_scores
 
 
 def hub_scores(q: Tensor, k: Tensor, key_valid: Tensor, scale: float | None = None) -> Tensor:
@@ -42,11 +43,10 @@ def hub_scores(q: Tensor, k: Tensor, key_valid: Tensor, scale: float | None = No
         key_valid: ``[B, T]`` bool, ``True`` for real tokens.
         scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
     """
-    scale = q.size(-1) ** -0.5 if scale is None else scale
-    w = key_valid[:, None, :, None].to(q.dtype)
-    q_mean = (q * w).sum(2) / w.sum(2).clamp(min=1)  # [B, H, d]
-    logits = torch.einsum("bhd,bhtd->bht", q_mean, k) * scale
-    return logits.logsumexp(dim=1).masked_fill(~key_valid, float("-inf"))
+    b, h, t, d = q.shape
+    tree = torch.arange(b, device=q.device).repeat_interleave(t)
+    packed = [x.transpose(1, 2).reshape(b * t, h, d) for x in (q, k)]
+    return root_scores(*packed, tree, key_valid.reshape(-1), scale).view(b, t)
 
 
 def select_hubs(scores: Tensor, key_valid: Tensor, hubs: int) -> list[Tensor]:
