@@ -121,6 +121,7 @@ def build_model(name: str, in_channels: int, out_channels: int, args) -> nn.Modu
         mlp=False,
         kernel=args.kernel,
         smooth=args.smooth,
+        hubs=args.hubs,
     )
 
 
@@ -244,6 +245,9 @@ def main(argv=None) -> dict:
         "--smooth",
         action="store_true",
         help="hsa_hybrid: HSA smooths the features (no value/output maps)",
+    )
+    p.add_argument(
+        "--hubs", type=int, default=0, help="hsa_hybrid: nodes lifted to the root per tree"
     )
     p.add_argument("--kernel", choices=("dense", "edge"), default="edge", help="HSA family kernel")
     p.add_argument("--lr", type=float, default=0.01, help="gcn, gps_full (GAT recipe: 0.005)")

@@ -11,10 +11,18 @@ from hiergraph.data.signal_hierarchy import SignalHierarchy
 
 
 def tree_of_nodes(hierarchy) -> Tensor:
-    """``[N]`` tree id of every node (``hierarchy.batch`` for a batch, zeros for one tree)."""
+    r"""``[N]`` tree id of every node: ``hierarchy.batch`` when it is set, otherwise the rank
+    of the node's root among the roots (a forest assembled without ``batch``, e.g.
+    :meth:`~hiergraph.transforms.HierarchicalGraph.hierarchy` of a PyG batch), found by
+    pointer jumping in :math:`O(N \log \mathrm{depth})`."""
     if "batch" in hierarchy and hierarchy.batch is not None:
         return hierarchy.batch
-    return torch.zeros(hierarchy.num_nodes, dtype=torch.long, device=hierarchy.parent.device)
+    parent = hierarchy.parent
+    nodes = torch.arange(parent.numel(), device=parent.device)
+    root = parent
+    for _ in range(int(hierarchy.depth.max()).bit_length() if parent.numel() else 0):
+        root = root[root]  # the ancestor 2^i steps up (roots are their own parents)
+    return (torch.cumsum(parent == nodes, 0) - 1)[root]
 
 
 def flatten_hierarchy(hierarchy) -> SignalHierarchy:

@@ -70,6 +70,11 @@ class GraphHSAConv(nn.Module):
         kernel: HSA family kernel, ``'dense'`` (size-bucketed batched matmuls)
             or ``'edge'`` (scatters over sibling pairs; faster when most
             families are small, as in Louvain trees).
+        hubs: ``g > 0`` lifts the ``g`` nodes of every tree with the highest
+            root-level score to the root in every forward pass (see
+            :class:`~hiergraph.nn.HierarchicalSelfAttention`): every node
+            then weighs them one by one instead of through their
+            communities' means.
         smooth: HSA as a learned smoothing operator: the values are the
             input features themselves, with no value or output map,
             :math:`\mathrm{HSA}(x)^h = \hat\Theta^h x^h` for the ``h``-th
@@ -94,6 +99,7 @@ class GraphHSAConv(nn.Module):
         mlp: bool = True,
         kernel: str = "dense",
         smooth: bool = False,
+        hubs: int = 0,
     ):
         super().__init__()
         if smooth and channels % heads:
@@ -109,6 +115,7 @@ class GraphHSAConv(nn.Module):
             include_self=include_self,
             dropout=attn_dropout,
             kernel=kernel,
+            hubs=hubs,
         )
         if smooth:
             self.attn.value, self.attn.out = _Identity(), _Identity()
@@ -171,7 +178,8 @@ class GraphHSAConv(nn.Module):
 
     def __repr__(self) -> str:
         return (
-            f"{self.__class__.__name__}({self.channels}, conv={self.conv}, heads={self.attn.heads})"
+            f"{self.__class__.__name__}({self.channels}, conv={self.conv}, "
+            f"heads={self.attn.heads}, hubs={self.attn.hubs})"
         )
 
 
@@ -221,7 +229,7 @@ class GraphHSANet(nn.Module):
         output_conv: optional ``hidden → out`` conv used instead of the
             linear head.
         act: activation after the input map (a PyG resolver name or ``None``).
-        gate, mlp, kernel, smooth: see :class:`GraphHSAConv`.
+        gate, mlp, kernel, smooth, hubs: see :class:`GraphHSAConv`.
     """
 
     def __init__(
@@ -244,6 +252,7 @@ class GraphHSANet(nn.Module):
         mlp: bool = True,
         kernel: str = "dense",
         smooth: bool = False,
+        hubs: int = 0,
     ):
         super().__init__()
         self.dropout = dropout
@@ -269,6 +278,7 @@ class GraphHSANet(nn.Module):
                 mlp=mlp,
                 kernel=kernel,
                 smooth=smooth,
+                hubs=hubs,
             )
             for _ in range(num_layers)
         )

@@ -10,7 +10,7 @@ from hiergraph.data import (
     random_window_hierarchy,
     window_hierarchy,
 )
-from hiergraph.data.transforms import lift_leaves
+from hiergraph.data.transforms import lift_leaves, tree_of_nodes
 from hiergraph.ops import hierarchical_attention
 
 
@@ -87,3 +87,12 @@ def test_lift_leaves_rejects_a_bad_mask():
         lift_leaves(h, torch.ones(5, dtype=torch.bool))
     with pytest.raises(ValueError, match="bool mask in leaf order"):
         lift_leaves(h, torch.ones(6, dtype=torch.long))
+
+
+def test_tree_of_nodes_finds_the_trees_of_a_forest_without_batch():
+    trees = [from_nested([[0, 1], [2, [3, 4]]]), from_nested([0]), from_nested([[0], 1, 2])]
+    batch = Batch.from_data_list(trees)
+    forest = batch.clone()
+    del forest.batch
+    assert torch.equal(tree_of_nodes(forest), batch.batch)
+    assert torch.equal(tree_of_nodes(trees[0]), torch.zeros(trees[0].num_nodes, dtype=torch.long))

@@ -8,6 +8,7 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.nn import GCNConv
 from torch_geometric.utils import stochastic_blockmodel_graph
 
+from hiergraph.data import flatten_hierarchy
 from hiergraph.nn.cone_conv import ConeConv
 from hiergraph.nn.graph_hsa import GraphHSAConv, GraphHSANet, input_dropout
 from hiergraph.transforms import GraphHierarchy
@@ -175,3 +176,25 @@ def test_smooth_branch_is_the_hsa_matrix_times_the_features(graphs):
     }
     with pytest.raises(ValueError, match="multiple of heads"):
         GraphHSAConv(6, None, heads=4, smooth=True)
+
+
+def test_hubs_are_chosen_per_graph_and_all_hubs_give_flat_attention(graphs):
+    torch.manual_seed(0)
+    model = GraphHSANet(6, 8, 3, conv_factory=lambda c: GCNConv(c, c), heads=2, graph_pe_dim=4,
+                        hubs=2).double().eval()  # fmt: skip
+    batch = Batch.from_data_list(graphs)
+    together = model(batch.x.double(), batch.edge_index, batch.hierarchy())
+    apart = torch.cat([model(g.x.double(), g.edge_index, g.hierarchy()) for g in graphs])
+    torch.testing.assert_close(together, apart, rtol=1e-10, atol=1e-10)
+    for layer in model.layers:
+        layer.attn.hubs = 0
+    assert not torch.allclose(
+        model(batch.x.double(), batch.edge_index, batch.hierarchy()), together
+    )
+
+    conv = GraphHSAConv(6, None, heads=2, hubs=batch.num_nodes, norm=None).double().eval()
+    x = batch.x.double()
+    lifted = conv(x, batch.edge_index, batch.hierarchy())
+    conv.attn.hubs = 0
+    flat = conv(x, batch.edge_index, flatten_hierarchy(batch.hierarchy()))
+    torch.testing.assert_close(lifted, flat, rtol=1e-10, atol=1e-10)
