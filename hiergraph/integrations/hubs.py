@@ -55,15 +55,14 @@ def select_hubs(scores: Tensor, key_valid: Tensor, hubs: int) -> list[Tensor]:
     for ``n`` valid tokens, so the windows keep one token."""
     if hubs < 0:
         raise ValueError(f"hubs must be >= 0, got {hubs}")
+    n = key_valid.sum(1)
+    top = scores.topk(min(hubs, scores.size(1)), dim=1).indices  # [B, g], best first
+    keep = torch.arange(top.size(1), device=top.device) < (n - 1).clamp(min=0)[:, None]
     rank = key_valid.long().cumsum(1) - 1  # position among the valid tokens
-    out = []
-    for b in range(scores.size(0)):
-        n = int(key_valid[b].sum())
-        if n == 0:
-            continue
-        top = scores[b].topk(min(hubs, n - 1)).indices
-        out.append(rank[b, top].sort().values)
-    return out
+    picked = rank.gather(1, top).masked_fill(~keep, scores.size(1)).sort(1).values
+    nonempty = n > 0
+    counts = keep[nonempty].sum(1).tolist()
+    return [row[:c] for row, c in zip(picked[nonempty], counts, strict=True)]
 
 
 def hub_window_hierarchy(
