@@ -256,9 +256,9 @@ def main(argv=None) -> dict:
     p.add_argument("--pe-dim", type=int, default=8, help="hsa_hybrid: Laplacian PE size")
     p.add_argument(
         "--tree",
-        choices=("louvain", "lp"),
+        choices=("louvain", "lp", "metis"),
         default=None,
-        help="hsa_hybrid: tree builder (default: louvain; lp for ogbn-*)",
+        help="hsa_hybrid: tree builder (default: louvain; lp for ogbn-*; metis needs torch-sparse)",
     )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--root", default=None, help="data root (default $HIERGRAPH_DATA)")
