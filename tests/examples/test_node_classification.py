@@ -50,6 +50,7 @@ def test_gated_hybrid_starts_as_the_gat_model_and_then_departs(nc):
         no_gate=False,
         kernel="edge",
         smooth=False,
+        hubs=0,
         attention="gat",
     )
     outs = {}
