@@ -11,18 +11,13 @@ from hiergraph.data.signal_hierarchy import SignalHierarchy
 
 
 def tree_of_nodes(hierarchy) -> Tensor:
-    r"""``[N]`` tree id of every node: ``hierarchy.batch`` when it is set, otherwise the rank
-    of the node's root among the roots (a forest assembled without ``batch``, e.g.
-    :meth:`~hiergraph.transforms.HierarchicalGraph.hierarchy` of a PyG batch), found by
-    pointer jumping in :math:`O(N \log \mathrm{depth})`."""
+    """``[N]`` tree id of every node: ``hierarchy.batch`` when it is set, otherwise
+    :attr:`~hiergraph.ops.TreeIndex.node_tree` of the (cached) tree index, which also tells
+    apart the trees of a forest assembled without ``batch`` (e.g.
+    :meth:`~hiergraph.transforms.HierarchicalGraph.hierarchy` of a PyG batch)."""
     if "batch" in hierarchy and hierarchy.batch is not None:
         return hierarchy.batch
-    parent = hierarchy.parent
-    nodes = torch.arange(parent.numel(), device=parent.device)
-    root = parent
-    for _ in range(int(hierarchy.depth.max()).bit_length() if parent.numel() else 0):
-        root = root[root]  # the ancestor 2^i steps up (roots are their own parents)
-    return (torch.cumsum(parent == nodes, 0) - 1)[root]
+    return hierarchy.tree_index().node_tree
 
 
 def flatten_hierarchy(hierarchy) -> SignalHierarchy:
