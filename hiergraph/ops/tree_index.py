@@ -152,17 +152,6 @@ class Level:
         return int(self.num_children[0])
 
     @cached_property
-    def node_tree(self) -> Tensor:
-        """``[N]`` tree id of every node: the rank of its root among the roots, in node order
-        (for a PyG batch, the same as its ``batch`` vector)."""
-        tree = torch.arange(self.level_ptr[1] if self.num_nodes else 0, device=self.device)
-        per_level = [tree]
-        for parent_local in self.parent_local[1:]:  # each level inherits its parents' ids
-            tree = tree.index_select(0, parent_local)
-            per_level.append(tree)
-        return torch.cat(per_level).index_select(0, self.rank)
-
-    @cached_property
     def sibling_pairs(self) -> Tensor:
         """``[2, S]`` local positions ``(query, key)`` of all ordered pairs of distinct siblings."""
         return _pairs(self.family_start, self.family_size)
