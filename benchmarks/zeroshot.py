@@ -55,6 +55,7 @@ RESULTS = HERE / "results"
 CACHE = HERE.parent / "datasets" / "zeroshot_cache"  # git-ignored
 METHODS = ("hsa", "block", "hsa_no_size_bias")
 TIMING_REPEATS = 5
+LAYER_ORDER = ("last1", "last2", "last3", "all")
 
 
 def load_example():
@@ -151,17 +152,18 @@ def run(args) -> None:
     labels, split = cache["labels"], cache["split"]
     lengths = [int(n) for valid, _ in cache["batches"] for n in valid.sum(1)]
     emb = cache["embedding"].numpy()
+    original = ex.probe_correct(emb, emb, labels, split)
     result.update(
         dataset=args.dataset,
         documents=len(labels),
         mean_tokens=float(np.mean(lengths)),
         max_tokens=args.max_tokens,
         threads=args.threads,
-        original={"probe": ex.probe_accuracy(emb, emb, labels, split)},
+        original={"probe": float(original.mean()), "probe_correct": ex.bits(original)},
         original_pass_seconds=cache["seconds"],
         machine={"platform": platform.platform(), "cpus": os.cpu_count()},
     )
-    done = {_config(r) + (r["method"],) for r in result["runs"]}
+    done = {_config(r) + (r["method"],): i for i, r in enumerate(result["runs"])}
     for branching in args.branchings:
         block = same_flops_block(ex, branching, args.max_tokens, head_dim, heads, args.hubs)
         flops = ex.attention_flops(lengths, branching, head_dim, heads, args.hubs)
@@ -182,7 +184,8 @@ def run(args) -> None:
             result.setdefault("timing", {})[_tree_label(branching, args.hubs)] = timing
         for name, layers in layer_sets.items():
             for method in METHODS:
-                if (name, branching, args.hubs, method) in done:
+                key = (name, branching, args.hubs, method)
+                if key in done and not args.redo:
                     continue
                 hubs = 0 if method == "block" else args.hubs
                 r = ex.evaluate(model, cache, labels, split, layers, branching, method, block, hubs)
@@ -208,7 +211,11 @@ def run(args) -> None:
                     f"(orig {result['original']['probe']:.4f}) {r['seconds']:.0f}s",
                     flush=True,
                 )
-                result["runs"].append(r)
+                if key in done:  # --redo: the same numbers, now with per-document probes
+                    _check_reproduced(result["runs"][done[key]], r)
+                    result["runs"][done[key]] = r
+                else:
+                    result["runs"].append(r)
                 out.write_text(json.dumps(result, indent=1))
     out.write_text(json.dumps(result, indent=1))
 
@@ -297,13 +304,12 @@ def report(args) -> None:
     for path in sorted(paths):
         parts[path.stem.removeprefix("zeroshot_")] = json.loads(path.read_text())
     (RESULTS / "zeroshot.json").write_text(json.dumps(parts, indent=1))
-    order = ["last1", "last2", "last3", "all"]
     panels = (("cosine", "sentence-embedding cosine"), ("token_cosine", "token-state cosine"),
               ("probe", "probe accuracy"))  # fmt: skip
     fig, axes = plt.subplots(len(parts), 3, figsize=(15, 3.6 * len(parts)), squeeze=False)
     colors = {"hsa": "C0", "block": "C1", "hsa_no_size_bias": "C2"}
     for row, (dataset, res) in zip(axes, parts.items(), strict=True):
-        keys = sorted({_config(r) for r in res["runs"]}, key=lambda k: (k[1:], order.index(k[0])))
+        keys = sorted({_config(r) for r in res["runs"]}, key=lambda k: (k[1:], _row_order(k)))
         x = np.arange(len(keys))
         for j, method in enumerate(METHODS):
             by = {_config(r): r for r in res["runs"] if r["method"] == method}
@@ -320,6 +326,7 @@ def report(args) -> None:
         row[2].legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(RESULTS / "zeroshot.png", dpi=120)
+    ex = load_example()
     for dataset, res in parts.items():  # the README tables: HSA / block / no-size-bias
         print(f"\n{dataset}: {res['documents']} documents, original probe "
               f"{res['original']['probe']:.3f}")  # fmt: skip
@@ -327,9 +334,7 @@ def report(args) -> None:
               "| frozen probe | fewer FLOPs |")  # fmt: skip
         print("|---|---|---|---|---|---|---|---|")
         by = {_config(r) + (r["method"],): r for r in res["runs"]}
-        for layers, branching, hubs in sorted(
-            {k[:3] for k in by}, key=lambda k: (order.index(k[0]), k[1:])
-        ):
+        for layers, branching, hubs in sorted({k[:3] for k in by}, key=_row_order):
             runs = [by.get((layers, branching, hubs, method)) for method in METHODS]
             if None in runs:
                 continue
@@ -340,6 +345,41 @@ def report(args) -> None:
                 + " | ".join(_cells(runs, metric) for metric in metrics)
                 + f" | {f['flat'] / f['method']:.1f}× (block {runs[1]['block']}) |"
             )
+        _paired_tests(ex, res)
+
+
+def _check_reproduced(old: dict, new: dict) -> None:
+    """Warn when a re-run configuration does not reproduce its stored metrics."""
+    for metric in ("cosine", "self_retrieval", "probe", "frozen_probe"):
+        if abs(old[metric] - new[metric]) > 1e-6:
+            print(f"  WARNING: {metric} {old[metric]:.6f} stored, {new[metric]:.6f} now")
+
+
+def _paired_tests(ex, res) -> None:
+    """Exact McNemar tests of HSA's probes against the baselines' and the original's, for
+    the rows that store per-document probe results; cells are ``HSA only : other only``
+    (documents right by one of the two) and the two-sided p-value."""
+    original = res["original"].get("probe_correct")
+    by = {_config(r) + (r["method"],): r for r in res["runs"]}
+    lines = []
+    for layers, branching, hubs in sorted({k[:3] for k in by}, key=_row_order):
+        runs = [by.get((layers, branching, hubs, method)) for method in METHODS]
+        if original is None or None in runs or any("probe_correct" not in r for r in runs):
+            continue
+        for probe in ("probe", "frozen_probe"):  # the original's probe is both, unchanged
+            bits = [r[probe + "_correct"] for r in runs]
+            tests = [ex.mcnemar(bits[0], other) for other in (*bits[1:], original)]
+            cells = [f"{t['only_a']}:{t['only_b']}, p = {t['p']:.2f}" for t in tests]
+            lines.append(f"| {layers} | {_tree_label(branching, hubs)} | {probe} | "
+                         + " | ".join(cells) + " |")  # fmt: skip
+    if lines:
+        print("\n| layers | branching | probe | HSA vs block | HSA vs no log n(B) "
+              "| HSA vs original |\n|---|---|---|---|---|---|")  # fmt: skip
+        print("\n".join(lines))
+
+
+def _row_order(key: tuple) -> tuple:
+    return LAYER_ORDER.index(key[0]), key[1:]
 
 
 def _config(run: dict) -> tuple:
@@ -378,6 +418,9 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None, help="documents (default: all)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--redo", action="store_true", help="re-run stored configurations (per-document probes)"
+    )
     f = sub.add_parser("fidelity")
     f.add_argument("--dataset", choices=("bbc", "imdb"), default="bbc")
     f.add_argument("--limit", type=int, default=None, help="the cached run's --limit")

@@ -27,6 +27,7 @@ recomputes from its first replaced layer on.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 from pathlib import Path
@@ -174,9 +175,12 @@ def encode_from_cache(model, cache, start: int):
 
 
 # ----------------------------------------------------------------------------- metrics
-def probe_accuracy(train_emb, test_emb, labels, split) -> float:
-    """Logistic-regression accuracy: fit on ``train_emb``, score on ``test_emb`` (same
-    rows); CV over folds when ``split`` has more than 2 values, else train 0 / test 1."""
+def probe_correct(train_emb, test_emb, labels, split) -> np.ndarray:
+    """Logistic-regression probe: fit on ``train_emb``, predict ``test_emb`` (same rows); CV
+    over folds when ``split`` has more than 2 values, else train 0 / test 1. Returns ``[n]``
+    bool, whether each scored document is classified correctly (CV: every document; fixed
+    split: the test documents, in order), so two probes can be compared document by
+    document (:func:`mcnemar`)."""
     from sklearn.linear_model import LogisticRegression
 
     folds = (
@@ -184,11 +188,39 @@ def probe_accuracy(train_emb, test_emb, labels, split) -> float:
         if split.max() > 1
         else [(split == 0, split == 1)]
     )
-    correct = 0
+    correct = np.zeros(len(labels), dtype=bool)
     for fit, test in folds:
         clf = LogisticRegression(C=10.0, max_iter=3000).fit(train_emb[fit], labels[fit])
-        correct += int((clf.predict(test_emb[test]) == labels[test]).sum())
-    return correct / sum(int(t.sum()) for _, t in folds)
+        correct[test] = clf.predict(test_emb[test]) == labels[test]
+    return correct[np.logical_or.reduce([t for _, t in folds])]
+
+
+def probe_accuracy(train_emb, test_emb, labels, split) -> float:
+    """Accuracy of :func:`probe_correct`."""
+    return float(probe_correct(train_emb, test_emb, labels, split).mean())
+
+
+def mcnemar(a, b) -> dict:
+    r"""Exact McNemar test of two classifiers scored on the same documents.
+
+    ``a``, ``b``: per-document correctness (bool arrays, or ``'0'/'1'`` strings). Only the
+    discordant documents count: :math:`n_{10}` right by ``a`` only, :math:`n_{01}` right
+    by ``b`` only; under "equally accurate" :math:`n_{10} \sim \mathrm{Bin}(n_{10} +
+    n_{01}, 1/2)`, and the two-sided p-value is
+    :math:`\min\big(1, 2 \sum_{i \le \min(n_{10}, n_{01})} \binom{n}{i} 2^{-n}\big)`.
+    """
+    a, b = (np.array([c == "1" for c in x]) if isinstance(x, str) else x for x in (a, b))
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must score the same documents, got {a.shape} and {b.shape}")
+    only_a, only_b = int((a & ~b).sum()), int((b & ~a).sum())
+    n = only_a + only_b
+    tail = sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2**n if n else 1.0
+    return {"only_a": only_a, "only_b": only_b, "p": min(1.0, 2 * tail)}
+
+
+def bits(correct: np.ndarray) -> str:
+    """Per-document correctness as a ``'0'/'1'`` string (for JSON)."""
+    return "".join(np.where(correct, "1", "0"))
 
 
 def hsa_flops(length: int, branching, head_dim: int, heads: int, hubs: int = 0) -> int:
@@ -222,13 +254,17 @@ def evaluate(model, cache, labels, split, layers, branching, method="hsa", block
     orig = cache["embedding"]
     nearest = (emb @ orig.T).argmax(1)  # the original embedding closest to each new one
     found = (orig[nearest] * orig).sum(-1) > 1 - 1e-6  # itself, or a duplicate text's
+    probe = probe_correct(emb.numpy(), emb.numpy(), labels, split)
+    frozen = probe_correct(orig.numpy(), emb.numpy(), labels, split)
     return {
         "cosine": float((emb * orig).sum(-1).mean()),
         "cosine_min": float((emb * orig).sum(-1).min()),
         "self_retrieval": float(found.float().mean()),
         "token_cosine": token_cosine,
-        "probe": probe_accuracy(emb.numpy(), emb.numpy(), labels, split),
-        "frozen_probe": probe_accuracy(orig.numpy(), emb.numpy(), labels, split),
+        "probe": float(probe.mean()),
+        "frozen_probe": float(frozen.mean()),
+        "probe_correct": bits(probe),
+        "frozen_probe_correct": bits(frozen),
         "seconds": seconds,
     }
 
