@@ -115,8 +115,8 @@ def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, floa
         lengths = key_valid.sum(1).tolist()
         if not hubs:
             return window_hierarchies(lengths, branching)
-        picked = select_hubs(hub_scores(q, k, key_valid, attn.scaling), key_valid, hubs)
-        return hub_window_hierarchies(lengths, branching, picked)
+        lifted = select_hubs(hub_scores(q, k, key_valid, attn.scaling), key_valid, hubs)
+        return hub_window_hierarchies(lengths, branching, lifted)
 
     ops = {
         "flat_sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, mask),
@@ -249,8 +249,8 @@ def fidelity(args) -> None:
     eye = torch.eye(t, dtype=q.dtype).expand(b, q.size(1), t, t)
     lengths = valid.sum(1).tolist()
     if args.hubs:
-        picked = select_hubs(hub_scores(q, k, valid, attn.scaling), valid, args.hubs)
-        tree = hub_window_hierarchies(lengths, args.branching, picked)
+        lifted = select_hubs(hub_scores(q, k, valid, attn.scaling), valid, args.hubs)
+        tree = hub_window_hierarchies(lengths, args.branching, lifted)
     else:
         tree = window_hierarchies(lengths, args.branching)
     block = same_flops_block(ex, args.branching, args.max_tokens, q.size(-1), q.size(1), args.hubs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -31,14 +32,123 @@ def window_hierarchy(
         branching: bottom-up window sizes, each ``>= 2``.
         x: optional ``[n, F]`` token features.
     """
-    branching = _check(n, branching)
+    tree = window_forest([n], _check(n, branching), x=x)
+    del tree.batch
+    return tree
 
-    def sizes(level: int, count: int) -> Tensor:
-        width = branching[level]
-        full, rest = divmod(count, width)
-        return torch.tensor([width] * full + ([rest] if rest else []), dtype=torch.long)
 
-    return _hopping(n, len(branching), sizes, x)
+def window_forest(
+    lengths: Sequence[int] | Tensor,
+    branching: Sequence[int] = (2, 4, 8, 16),
+    lifted: Tensor | None = None,
+    x: Tensor | None = None,
+) -> SignalHierarchy:
+    r"""The window hierarchies of many sequences as one forest, built with tensor ops.
+
+    Tree ``b`` is :func:`window_hierarchy` ``(lengths[b], branching)``. With
+    ``lifted``, the marked tokens of a sequence are not windowed: windows are
+    built over its other tokens, and every lifted token hangs directly under the
+    root as a leaf (its slot: its rank among the sequence's lifted tokens, before
+    the windows' top nodes; when the other tokens form a single window or a single
+    token, the root is one flat family over all tokens, in order). Leaf ``i`` is
+    token ``i`` of the concatenated sequences either way.
+
+    Every level is cut for all sequences at once (a handful of tensor ops per
+    level instead of one tree per sequence and PyG collation). Internal nodes are
+    numbered level by level over all sequences, so the forest equals
+    ``Batch.from_data_list`` of the single trees up to the numbering of internal
+    nodes, which no hierarchical op depends on.
+
+    Args:
+        lengths: ``[B]`` tokens per sequence, each ``>= 1``.
+        branching: bottom-up window sizes, each ``>= 2``.
+        lifted: optional ``[sum(lengths)]`` bool; at most ``n - 1`` of a sequence's
+            ``n`` tokens.
+        x: optional ``[sum(lengths), F]`` token features.
+
+    Returns:
+        a :class:`SignalHierarchy` with ``batch`` (``[N]`` sequence of every node).
+    """
+    lengths = torch.as_tensor(lengths, dtype=torch.long).flatten()
+    if lengths.numel() == 0 or bool((lengths < 1).any()):
+        raise ValueError(f"lengths must be a non-empty list of ints >= 1, got {lengths.tolist()}")
+    branching = _check_branching(branching)
+    num, total = lengths.numel(), int(lengths.sum())
+    seq = torch.arange(num).repeat_interleave(lengths, output_size=total)
+    position = torch.arange(total) - (lengths.cumsum(0) - lengths)[seq]
+    if lifted is None:
+        lifted = torch.zeros(total, dtype=torch.bool)
+    elif lifted.dtype != torch.bool or lifted.shape != (total,):
+        raise ValueError(f"lifted must be a [{total}] bool tensor, got {lifted.dtype} "
+                         f"{tuple(lifted.shape)}")  # fmt: skip
+    num_lifted = torch.bincount(seq[lifted], minlength=num)
+    if bool((num_lifted >= lengths).any()):
+        raise ValueError("at most n - 1 of a sequence's n tokens can be lifted")
+
+    # bottom-up: cut the current nodes of every sequence with more than one into windows
+    items = (~lifted).nonzero().view(-1)
+    count = lengths - num_lifted  # current nodes per sequence
+    root = torch.empty(num, dtype=torch.long)
+    height = torch.zeros(num, dtype=torch.long)
+    records, next_id = [], total  # (children, their sequence, parents, slots) per level
+    for level in itertools.count():
+        item_seq = seq[items] if level == 0 else torch.arange(num).repeat_interleave(count)
+        single = count[item_seq] == 1  # a sequence's only node: its root
+        root[item_seq[single]] = items[single]
+        active = count > 1
+        if not bool(active.any()):
+            break
+        items, item_seq = items[~single], item_seq[~single]
+        live = count * active
+        local = torch.arange(items.numel()) - (live.cumsum(0) - live)[item_seq]
+        # window sizes per sequence; after the tuple, one root over what is left
+        width = torch.full_like(count, branching[level]) if level < len(branching) else count
+        width = width.clamp(min=1)
+        window = local // width[item_seq]
+        windows = torch.where(active, -(-count // width), 0)
+        parents = next_id + (windows.cumsum(0) - windows)[item_seq] + window
+        records.append((items, item_seq, parents, local - window * width[item_seq]))
+        height += active
+        items = next_id + torch.arange(int(windows.sum()))
+        next_id, count = next_id + int(windows.sum()), windows
+
+    # lifted tokens: one flat root family over all tokens, or leaves left of the top windows
+    flat = (num_lifted > 0) & (height <= 1)
+    new_roots = (flat & (height == 0)).nonzero().view(-1)  # the root was the only other token
+    root[new_roots] = next_id + torch.arange(new_roots.numel())
+    num_nodes = next_id + new_roots.numel()
+    parent, node_seq = torch.arange(num_nodes), torch.empty(num_nodes, dtype=torch.long)
+    slot, depth = torch.zeros_like(parent), torch.zeros_like(parent)
+    node_seq[:total], node_seq[root] = seq, torch.arange(num)
+    for children, child_seq, parents, slots in reversed(records):  # top-down
+        parent[children], slot[children], node_seq[parents] = parents, slots, child_seq
+        depth[children] = depth[parents] + 1
+    parent[root], slot[root], depth[root] = root, 0, 0
+    deep = (num_lifted > 0) & ~flat
+    top = (parent == root[node_seq]) & (parent != torch.arange(num_nodes)) & deep[node_seq]
+    slot[top] += num_lifted[node_seq[top]]
+    hub = lifted.nonzero().view(-1)
+    rank = torch.arange(hub.numel()) - (num_lifted.cumsum(0) - num_lifted)[seq[hub]]
+    parent[hub], slot[hub], depth[hub] = root[seq[hub]], rank, 1
+    tokens = flat[seq].nonzero().view(-1)
+    parent[tokens], slot[tokens], depth[tokens] = root[seq[tokens]], position[tokens], 1
+
+    is_leaf = torch.zeros(num_nodes, dtype=torch.bool)
+    is_leaf[:total] = True
+    is_root = parent == torch.arange(num_nodes)
+    domain = torch.where(is_root, int(Domain.NONE), int(Domain.GRID1D))
+    forest = SignalHierarchy._assemble(
+        parent=parent,
+        is_leaf=is_leaf,
+        depth=depth,
+        slot=slot,
+        node_type=torch.zeros(num_nodes, dtype=torch.long),
+        domain=domain,
+        pos=torch.stack([slot, torch.zeros_like(slot)], dim=1),
+        x=x,
+    )
+    forest.batch = node_seq
+    return forest
 
 
 def random_window_hierarchy(
@@ -69,6 +179,10 @@ def random_window_hierarchy(
 def _check(n, branching) -> tuple[int, ...]:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
+    return _check_branching(branching)
+
+
+def _check_branching(branching) -> tuple[int, ...]:
     branching = tuple(branching)
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in branching):
         raise ValueError(f"branching factors must be ints >= 2, got {branching}")

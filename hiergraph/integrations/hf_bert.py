@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.data import Batch
 
+from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.integrations.hubs import hub_scores, hub_window_hierarchies, select_hubs
 from hiergraph.integrations.padded_attention import (
     key_padding_mask,
@@ -58,19 +59,19 @@ class _Hierarchies:
         self.branching, self.hubs = branching, hubs
         self.given: Batch | None = None
         self._key: tuple[int, ...] | None = None
-        self._batch: Batch | None = None
+        self._forest: SignalHierarchy | None = None
 
-    def tree(self, q: Tensor, k: Tensor, key_valid: Tensor, scale: float) -> Batch:
+    def tree(self, q: Tensor, k: Tensor, key_valid: Tensor, scale: float):
         if self.given is not None:
             return self.given
         lengths = key_valid.sum(1).tolist()
         if self.hubs:
-            picked = select_hubs(hub_scores(q, k, key_valid, scale), key_valid, self.hubs)
-            return hub_window_hierarchies(lengths, self.branching, picked)
+            lifted = select_hubs(hub_scores(q, k, key_valid, scale), key_valid, self.hubs)
+            return hub_window_hierarchies(lengths, self.branching, lifted)
         key = tuple(lengths)
         if key != self._key:
-            self._key, self._batch = key, window_hierarchies(key, self.branching)
-        return self._batch
+            self._key, self._forest = key, window_hierarchies(key, self.branching)
+        return self._forest
 
 
 class HSASelfAttention(nn.Module):

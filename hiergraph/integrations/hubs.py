@@ -28,10 +28,9 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Batch
 
 from hiergraph.data.signal_hierarchy import SignalHierarchy
-from hiergraph.data.windows import window_hierarchy
+from hiergraph.data.windows import window_forest
 from hiergraph.ops.hubs import root_scores
 
 
@@ -49,20 +48,17 @@ def hub_scores(q: Tensor, k: Tensor, key_valid: Tensor, scale: float | None = No
     return root_scores(*packed, tree, key_valid.reshape(-1), scale).view(b, t)
 
 
-def select_hubs(scores: Tensor, key_valid: Tensor, hubs: int) -> list[Tensor]:
-    """The ``hubs`` best-scoring valid tokens of every example with valid tokens, as sorted
-    indices *among its valid tokens* (the leaf numbering of its tree); at most ``n - 1``
-    for ``n`` valid tokens, so the windows keep one token."""
+def select_hubs(scores: Tensor, key_valid: Tensor, hubs: int) -> Tensor:
+    """``[L]`` bool over the valid tokens of every example (in example order, the leaf order
+    of :func:`hub_window_hierarchies`): ``True`` for its ``hubs`` best-scoring tokens, at
+    most ``n - 1`` for ``n`` valid tokens, so the windows keep one token."""
     if hubs < 0:
         raise ValueError(f"hubs must be >= 0, got {hubs}")
     n = key_valid.sum(1)
     top = scores.topk(min(hubs, scores.size(1)), dim=1).indices  # [B, g], best first
     keep = torch.arange(top.size(1), device=top.device) < (n - 1).clamp(min=0)[:, None]
-    rank = key_valid.long().cumsum(1) - 1  # position among the valid tokens
-    picked = rank.gather(1, top).masked_fill(~keep, scores.size(1)).sort(1).values
-    nonempty = n > 0
-    counts = keep[nonempty].sum(1).tolist()
-    return [row[:c] for row, c in zip(picked[nonempty], counts, strict=True)]
+    lifted = torch.zeros_like(key_valid).scatter_(1, top, keep)
+    return lifted[key_valid]
 
 
 def hub_window_hierarchy(
@@ -72,7 +68,8 @@ def hub_window_hierarchy(
 
     Leaves stay in token order (leaf ``i`` is token ``i``), so the tree plugs into
     :func:`~hiergraph.integrations.padded_hsa` like :func:`~hiergraph.data.window_hierarchy`.
-    With no hubs it is exactly ``window_hierarchy(num_tokens, branching)``.
+    With no hubs it is exactly ``window_hierarchy(num_tokens, branching)``; the rules
+    for the root family are those of :func:`~hiergraph.data.windows.window_forest`.
 
     Args:
         num_tokens: ``n >= 1`` tokens.
@@ -80,43 +77,38 @@ def hub_window_hierarchy(
         hubs: ``g < n`` distinct token indices in ``[0, n)``.
     """
     hubs = torch.as_tensor(hubs, dtype=torch.long).flatten()
-    keep = torch.ones(num_tokens, dtype=torch.bool)
+    lifted = torch.zeros(num_tokens, dtype=torch.bool)
     if hubs.numel():
         if int(hubs.min()) < 0 or int(hubs.max()) >= num_tokens:
             raise ValueError(f"hub indices must be in [0, {num_tokens}), got {hubs.tolist()}")
-        keep[hubs] = False
-        if int(keep.sum()) != num_tokens - hubs.numel():
+        lifted[hubs] = True
+        if int(lifted.sum()) != hubs.numel():
             raise ValueError(f"hub indices must be distinct, got {hubs.tolist()}")
-        if not bool(keep.any()):
+        if bool(lifted.all()):
             raise ValueError(f"at most {num_tokens - 1} hubs for {num_tokens} tokens")
-    rest = keep.nonzero().flatten()
-    windows = window_hierarchy(rest.numel(), branching)
-    parent = windows.parent  # leaves first; the root is its own parent
-    size, m = parent.numel(), rest.numel()
-    if hubs.numel() == 0:
-        return windows
-    if size == 1:  # a single other token: root -> all n tokens (one flat family)
-        return SignalHierarchy.from_parent(torch.cat([torch.full((num_tokens,), num_tokens),
-                                                      torch.tensor([-1])]))  # fmt: skip
-    new_id = torch.cat([rest, num_tokens + torch.arange(size - m)])  # old node -> new node
-    root = int((parent == torch.arange(size)).nonzero())
-    new_parent = torch.empty(num_tokens + size - m, dtype=torch.long)
-    new_parent[new_id] = new_id[parent]
-    new_parent[new_id[root]] = -1
-    new_parent[hubs] = new_id[root]
-    return SignalHierarchy.from_parent(new_parent)
+    tree = window_forest([num_tokens], branching, lifted)
+    del tree.batch
+    return tree
 
 
 def hub_window_hierarchies(
-    lengths: Sequence[int], branching: Sequence[int], hubs: Sequence[Tensor]
-) -> Batch:
-    """A PyG batch of :func:`hub_window_hierarchy` trees, one per non-empty example
-    (``hubs`` as returned by :func:`select_hubs`)."""
+    lengths: Sequence[int], branching: Sequence[int], lifted: Tensor
+) -> SignalHierarchy:
+    """One forest of :func:`hub_window_hierarchy` trees, one per non-empty example, built
+    in one vectorised step (:func:`~hiergraph.data.windows.window_forest`).
+
+    Args:
+        lengths: valid tokens per example.
+        branching: bottom-up window sizes.
+        lifted: ``[sum(lengths)]`` bool, the hubs as :func:`select_hubs` returns them.
+    """
     lengths = [int(n) for n in lengths if n > 0]
-    if len(lengths) != len(hubs):
-        raise ValueError(f"{len(lengths)} non-empty examples but {len(hubs)} hub lists")
-    trees = [hub_window_hierarchy(n, branching, h) for n, h in zip(lengths, hubs, strict=True)]
-    return Batch.from_data_list(trees)
+    if lifted.shape != (sum(lengths),):
+        raise ValueError(
+            f"lifted must have one entry per valid token ({sum(lengths)}), got "
+            f"{tuple(lifted.shape)}"
+        )
+    return window_forest(lengths, branching, lifted.cpu())
 
 
 def hub_selection_flops(num_tokens: int, head_dim: int, heads: int = 1) -> int:

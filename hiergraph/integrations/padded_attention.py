@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Batch
 
-from hiergraph.data.windows import window_hierarchy
+from hiergraph.data.signal_hierarchy import SignalHierarchy
+from hiergraph.data.windows import window_forest
 from hiergraph.ops.hsa import hierarchical_attention
 
 
@@ -68,10 +68,11 @@ def key_padding_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
     return key_valid
 
 
-def window_hierarchies(lengths: Sequence[int], branching: Sequence[int]) -> Batch:
-    """A PyG batch of :func:`~hiergraph.data.window_hierarchy` trees, one per non-empty
-    example (``lengths`` = valid tokens per example)."""
-    return Batch.from_data_list([window_hierarchy(int(n), branching) for n in lengths if n > 0])
+def window_hierarchies(lengths: Sequence[int], branching: Sequence[int]) -> SignalHierarchy:
+    """One forest of :func:`~hiergraph.data.window_hierarchy` trees, one per non-empty
+    example (``lengths`` = valid tokens per example), built in one vectorised step
+    (:func:`~hiergraph.data.windows.window_forest`)."""
+    return window_forest([int(n) for n in lengths if n > 0], branching)
 
 
 def padded_hsa(
@@ -90,9 +91,10 @@ def padded_hsa(
     Args:
         q, k: ``[B, H, T, d]``; v: ``[B, H, T, d_v]``.
         key_valid: ``[B, T]`` bool, ``True`` for real tokens.
-        hierarchy: a PyG batch of one :class:`~hiergraph.data.SignalHierarchy` per
-            example with at least one valid token, whose leaves are that example's
-            valid tokens in order (e.g. :func:`window_hierarchies`).
+        hierarchy: a forest (a PyG batch of :class:`~hiergraph.data.SignalHierarchy`
+            trees, or :func:`window_hierarchies`) with one tree per example with at
+            least one valid token, whose leaves are that example's valid tokens in
+            order.
         include_self: BERT-style diagonal (notes §2.8.9).
         size_bias: keep the :math:`\log n(B)` sibling bias (HSA proper); ``False``
             is the ablation baseline (every sibling sub-tree weighs as one token).

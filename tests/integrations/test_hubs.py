@@ -64,17 +64,25 @@ def test_hub_scores_are_the_root_level_logits():
     assert torch.isinf(scores[~valid]).all()
 
 
-def test_select_hubs_numbers_hubs_among_valid_tokens():
-    valid = torch.tensor([[False, False, True, True, True], [True, True, False, False, False]])
-    scores = torch.tensor([[0.0, 0.0, 3.0, 1.0, 2.0], [5.0, 4.0, 0.0, 0.0, 0.0]])
+def test_select_hubs_marks_hubs_among_valid_tokens():
+    valid = torch.tensor(
+        [[False, False, True, True, True], [True, True, False, False, False], [False] * 5]
+    )
+    scores = torch.tensor([[0.0, 0.0, 3.0, 1.0, 2.0], [5.0, 4.0, 0.0, 0.0, 0.0], [0.0] * 5])
     scores = scores.masked_fill(~valid, float("-inf"))
-    picked = select_hubs(scores, valid, 2)
-    assert [p.tolist() for p in picked] == [[0, 2], [0]]  # at most n - 1 hubs
+    lifted = select_hubs(scores, valid, 2)
+    # valid tokens in example order; at most n - 1 hubs; the empty example has none
+    assert lifted.tolist() == [True, False, True, True, False]
+    assert not select_hubs(scores, valid, 0).any()
     with pytest.raises(ValueError, match=">= 0"):
         select_hubs(scores, valid, -1)
-    assert hub_window_hierarchies([3, 2], (2,), picked).num_leaves == 5
-    with pytest.raises(ValueError, match="hub lists"):
-        hub_window_hierarchies([3, 2], (2,), picked[:1])
+    forest = hub_window_hierarchies([3, 2, 0], (2,), lifted)
+    assert forest.num_leaves == 5 and forest.num_trees == 2
+    for tree, n, hubs in ((0, 3, [0, 2]), (1, 2, [0])):
+        ref = hub_window_hierarchy(n, (2,), hubs)
+        assert int((forest.batch == tree).sum()) == ref.num_nodes
+    with pytest.raises(ValueError, match="one entry per valid token"):
+        hub_window_hierarchies([3, 2], (2,), lifted[:4])
 
 
 def test_a_hub_every_query_attends_to_gets_its_mass_back():
@@ -90,9 +98,9 @@ def test_a_hub_every_query_attends_to_gets_its_mass_back():
     eye = torch.eye(n, dtype=torch.float64).view(1, 1, n, n)
     softmax = torch.softmax(q @ k.transpose(-1, -2), -1)[0, 0, :, hub]
     picked = select_hubs(hub_scores(q, k, valid, scale=1.0), valid, 1)
-    assert picked[0].tolist() == [hub]
+    assert picked.nonzero().flatten().tolist() == [hub]
     windows = window_hierarchy(n, (4, 4))
-    lifted = hub_window_hierarchy(n, (4, 4), picked[0])
+    lifted = hub_window_hierarchies([n], (4, 4), picked)
     far = torch.arange(n) // 16 != hub // 16  # queries in the other top-level block
     weight = {
         name: padded_hsa(q, k, eye, valid, tree, scale=1.0)[0, :, 0, hub]

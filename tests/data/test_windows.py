@@ -1,0 +1,127 @@
+"""``window_forest``: many window (and hub) hierarchies at once, against a per-tree
+reference built from nested Python lists."""
+
+import pytest
+import torch
+from torch_geometric.data import Batch
+
+from hiergraph.data import SignalHierarchy
+from hiergraph.data.windows import window_forest, window_hierarchy
+from hiergraph.ops.hsa import hierarchical_attention
+
+
+def reference_tree(n: int, branching, lifted=()) -> SignalHierarchy:
+    """Windows over the tokens not in ``lifted`` cut level by level with list slices; lifted
+    tokens under the root. Node ids: tokens, then internal nodes in creation order; siblings
+    ordered by id (``from_parent``'s default), so lifted tokens come before the top windows,
+    and a root over tokens only orders them as in the text."""
+    parent, nodes, next_id, level = {}, [t for t in range(n) if t not in lifted], n, 0
+    while len(nodes) > 1:
+        width = branching[level] if level < len(branching) else len(nodes)
+        groups = [nodes[i : i + width] for i in range(0, len(nodes), width)]
+        for offset, group in enumerate(groups):
+            parent.update({child: next_id + offset for child in group})
+        nodes, next_id, level = (
+            list(range(next_id, next_id + len(groups))),
+            next_id + len(groups),
+            level + 1,
+        )
+    root = nodes[0]
+    if lifted and root < n:  # the only other token: one flat root family
+        root, next_id = next_id, next_id + 1
+        parent.update({t: root for t in range(n)})
+    parent.update({t: root for t in lifted})
+    parent[root] = -1
+    return SignalHierarchy.from_parent([parent[i] for i in range(next_id)])
+
+
+def paths(parent, slot, nodes) -> list[tuple[int, ...]]:
+    """The slot path from the root of every node in ``nodes`` (an ordered tree, leaf by
+    leaf, independent of how internal nodes are numbered)."""
+    out = []
+    for node in nodes.tolist():
+        path = []
+        while int(parent[node]) not in (node, -1):
+            path.append(int(slot[node]))
+            node = int(parent[node])
+        out.append(tuple(reversed(path)))
+    return out
+
+
+def random_case(gen, with_lifted: bool):
+    num = int(torch.randint(1, 5, (1,), generator=gen))
+    lengths = torch.randint(1, 40, (num,), generator=gen).tolist()
+    depth = int(torch.randint(0, 4, (1,), generator=gen))
+    branching = tuple(torch.randint(2, 6, (depth,), generator=gen).tolist())
+    lifted = []
+    for n in lengths:
+        k = int(torch.randint(0, n, (1,), generator=gen)) if with_lifted else 0
+        lifted.append(sorted(torch.randperm(n, generator=gen)[:k].tolist()))
+    return lengths, branching, lifted
+
+
+@pytest.mark.parametrize("with_lifted", [False, True])
+def test_window_forest_equals_the_reference_trees(with_lifted):
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        lengths, branching, lifted = random_case(gen, with_lifted)
+        mask = torch.cat([torch.isin(torch.arange(n), torch.tensor(s, dtype=torch.long))
+                          for n, s in zip(lengths, lifted, strict=True)])  # fmt: skip
+        forest = window_forest(lengths, branching, mask)
+        trees = [reference_tree(n, branching, s) for n, s in zip(lengths, lifted, strict=True)]
+        assert forest.num_trees == len(lengths) and forest.num_leaves == sum(lengths)
+        assert bool(forest.is_leaf[: sum(lengths)].all())
+        for b, tree in enumerate(trees):
+            nodes = (forest.batch == b).nonzero().view(-1)
+            got = paths(forest.parent, forest.slot, nodes)
+            want = paths(tree.parent, tree.slot, torch.arange(tree.num_nodes))
+            leaves = forest.is_leaf[nodes]
+            assert [p for p, leaf in zip(got, leaves, strict=True) if leaf] == want[
+                : tree.num_leaves
+            ]
+            assert sorted(got) == sorted(want)
+            assert sorted(forest.depth[nodes].tolist()) == sorted(tree.depth.tolist())
+        # the same attention as PyG's batch of the reference trees, causal included
+        q, k, v = (torch.randn(sum(lengths), 2, 3, generator=gen, dtype=torch.float64)
+                   for _ in range(3))  # fmt: skip
+        batch = Batch.from_data_list(trees)
+        for causal in (False, True):
+            out = hierarchical_attention(q, k, v, forest, include_self=True, causal=causal)
+            ref = hierarchical_attention(q, k, v, batch, include_self=True, causal=causal)
+            assert (out - ref).abs().max() <= 1e-12
+
+
+def test_window_hierarchy_is_a_one_tree_forest():
+    tree = window_hierarchy(10, (2, 4), x=torch.arange(10.0)[:, None])
+    assert "batch" not in tree and tree.x.shape == (10, 1)
+    ref = reference_tree(10, (2, 4))  # the same numbering; only the root's parent differs
+    assert torch.equal(tree.parent[:-1], ref.parent[:-1]) and torch.equal(tree.slot, ref.slot)
+
+
+def test_lifted_tokens_sit_left_of_the_top_windows():
+    # 6 tokens, token 4 lifted: windows of 2 over 0 1 2 3 5 -> root family [4, w01, w23, w5]
+    forest = window_forest([6], (2,), torch.tensor([False] * 4 + [True, False]))
+    nodes = torch.arange(forest.num_nodes)
+    root = int(nodes[forest.parent == nodes])
+    family = nodes[(forest.parent == root) & (nodes != root)]
+    family = family[forest.slot[family].argsort()]
+    assert int(family[0]) == 4 and int(forest.depth[4]) == 1
+    windows = [sorted(nodes[forest.parent == w].tolist()) for w in family[1:].tolist()]
+    assert windows == [[0, 1], [2, 3], [5]]
+
+
+@pytest.mark.parametrize(
+    "lengths, lifted, match",
+    [
+        ([], None, "non-empty"),
+        ([3, 0], None, ">= 1"),
+        ([2], torch.tensor([True, True]), "n - 1"),
+        ([2], torch.tensor([True]), r"\[2\] bool"),
+        ([2], torch.tensor([1, 0]), r"\[2\] bool"),
+    ],
+)
+def test_bad_input(lengths, lifted, match):
+    with pytest.raises(ValueError, match=match):
+        window_forest(lengths, (2,), lifted)
+    with pytest.raises(ValueError, match="branching"):
+        window_forest([3], (1,))
