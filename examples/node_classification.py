@@ -258,7 +258,7 @@ def main(argv=None) -> dict:
         "--tree",
         choices=("louvain", "lp", "metis"),
         default=None,
-        help="hsa_hybrid: tree builder (default: louvain; lp for ogbn-*; metis needs torch-sparse)",
+        help="hsa_hybrid: tree builder (default: louvain; lp for ogbn-*; metis: the metis extra)",
     )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--root", default=None, help="data root (default $HIERGRAPH_DATA)")

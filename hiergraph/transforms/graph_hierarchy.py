@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from typing import Any
 
@@ -84,7 +85,8 @@ class GraphHierarchy(BaseTransform):
       :func:`networkx.community.louvain_partitions` (finest first, at most
       ``levels`` of them), deterministic for a fixed ``seed``.
     * ``method='metis'``: METIS parts of about ``max_family`` nodes, grouped
-      recursively (needs ``torch-sparse`` or ``pyg-lib`` with METIS).
+      recursively (needs pymetis, the ``metis`` extra, or ``torch-sparse`` /
+      ``pyg-lib`` with METIS).
     * ``method='lp'``: size-capped label propagation, coarsened level by
       level (:func:`~hiergraph.transforms.graph_partition.label_propagation_tree`);
       sorts and scatters only, for big graphs (1M nodes) where Louvain is
@@ -105,7 +107,7 @@ class GraphHierarchy(BaseTransform):
         levels: at most this many Louvain levels (``None``: all; Louvain only).
         max_family: the largest number of children of a node (``>= 2``).
         resolution: Louvain resolution (larger: smaller communities).
-        seed: Louvain / label-propagation seed.
+        seed: Louvain / label-propagation / METIS (pymetis) seed.
         iterations: label-propagation rounds per level (``'lp'`` only).
         pe_dim: Laplacian eigenvectors per node (0: no ``tree_graph_pe``).
     """
@@ -211,15 +213,18 @@ def hierarchy_stats(data: HierarchicalGraph | SignalHierarchy) -> dict[str, floa
 def _require_metis() -> None:
     import torch_geometric.typing as pyg_typing
 
-    if not pyg_typing.WITH_METIS:
+    if not (pyg_typing.WITH_METIS or importlib.util.find_spec("pymetis")):
         raise ImportError(
-            "method='metis' needs METIS from torch-sparse or pyg-lib, which are not installed; "
-            "install one of them (see the PyG installation guide) or use method='louvain'"
+            "method='metis' needs METIS from pymetis (pip install hiergraph[metis]), "
+            "torch-sparse or pyg-lib, and none is installed; install one or use "
+            "method='louvain'"
         )
 
 
-def _metis_parts(num_nodes: int, edges: np.ndarray, num_parts: int) -> np.ndarray:
-    """METIS part of every node of a graph given as ``[2, E]`` edges (as PyG's ClusterData)."""
+def _metis_parts(num_nodes: int, edges: np.ndarray, num_parts: int, seed: int) -> np.ndarray:
+    """METIS k-way part of every node of a graph given as ``[2, E]`` edges (as PyG's
+    ClusterData): torch-sparse's or pyg-lib's METIS when PyG has one, else pymetis's
+    (seeded with ``seed``)."""
     import torch_geometric.typing as pyg_typing
     from torch_geometric.utils import index_sort, to_undirected
 
@@ -229,6 +234,13 @@ def _metis_parts(num_nodes: int, edges: np.ndarray, num_parts: int) -> np.ndarra
     col = col[perm]
     rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
     rowptr[1:] = torch.bincount(row, minlength=num_nodes).cumsum(0)
+    if not pyg_typing.WITH_METIS:
+        import pymetis
+
+        graph = pymetis.CSRAdjacency(rowptr.numpy(), col.numpy())
+        options = pymetis.Options(seed=seed)
+        part = pymetis.part_graph(num_parts, graph, recursive=False, options=options).vertex_part
+        return np.asarray(part, dtype=np.int64)
     if pyg_typing.WITH_TORCH_SPARSE:
         part = torch.ops.torch_sparse.partition(rowptr, col, None, num_parts, False)
     else:
@@ -301,24 +313,24 @@ class _Builder:
         src, dst = unit_of[self.edges[0]], unit_of[self.edges[1]]
         inside = (src >= 0) & (dst >= 0) & (src != dst)
         src, dst = src[inside], dst[inside]
+        k = math.ceil(len(units) / m)
+        quotient = nx.Graph()
+        quotient.add_nodes_from(range(len(units)))
+        quotient.add_edges_from(zip(src.tolist(), dst.tolist(), strict=True))
         if self.t.method == "metis":
-            part = _metis_parts(len(units), np.stack([src, dst]), math.ceil(len(units) / m))
+            part = _metis_parts(len(units), np.stack([src, dst]), k, self.t.seed)
             communities = [np.nonzero(part == p)[0].tolist() for p in np.unique(part)]
         else:
-            quotient = nx.Graph()
-            quotient.add_nodes_from(range(len(units)))
-            quotient.add_edges_from(zip(src.tolist(), dst.tolist(), strict=True))
             communities = nx.community.louvain_communities(
                 quotient, resolution=self.t.resolution, seed=self.t.seed
             )
             communities = sorted((sorted(c) for c in communities), key=lambda c: c[0])
-            if len(communities) == 1:  # no community structure: chunk in BFS order
-                order = [v for c in nx.connected_components(quotient) for v in sorted(c)]
-                order = list(nx.bfs_tree(quotient, order[0])) if order else order
-                seen = set(order)
-                order += [v for v in range(len(units)) if v not in seen]
-                k = math.ceil(len(units) / m)
-                communities = [c.tolist() for c in np.array_split(np.array(order), k)]
+        if len(communities) == 1:  # no split (no community structure): chunk in BFS order
+            order = [v for c in nx.connected_components(quotient) for v in sorted(c)]
+            order = list(nx.bfs_tree(quotient, order[0])) if order else order
+            seen = set(order)
+            order += [v for v in range(len(units)) if v not in seen]
+            communities = [c.tolist() for c in np.array_split(np.array(order), k)]
         groups: list[list[int]] = []
         for c in communities:
             members = [units[i] for i in c]

@@ -31,7 +31,22 @@ def family_sizes(tree):
     return torch.bincount(tree.parent[tree.parent != nodes], minlength=tree.num_nodes)
 
 
-@pytest.mark.parametrize("method", ["louvain", "lp"])
+def has_metis() -> bool:
+    import importlib.util
+
+    import torch_geometric.typing as pyg_typing
+
+    return pyg_typing.WITH_METIS or importlib.util.find_spec("pymetis") is not None
+
+
+METHODS = [
+    "louvain",
+    "lp",
+    pytest.param("metis", marks=pytest.mark.skipif(not has_metis(), reason="no METIS backend")),
+]
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_leaves_are_nodes_in_order_and_graph_untouched(method):
     data = sbm()
     before = {k: v.clone() for k, v in data.items() if torch.is_tensor(v)}
@@ -60,7 +75,7 @@ def test_recovers_planted_blocks():
     assert parent.unique().numel() == 4
 
 
-@pytest.mark.parametrize("method", ["louvain", "lp"])
+@pytest.mark.parametrize("method", METHODS)
 def test_deterministic_for_a_seed(method):
     data = sbm(seed=3)
     a, b = GraphHierarchy(method, seed=7)(data), GraphHierarchy(method, seed=7)(data)
@@ -68,7 +83,7 @@ def test_deterministic_for_a_seed(method):
         assert torch.equal(a[key], b[key])
 
 
-@pytest.mark.parametrize("method", ["louvain", "lp"])
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("max_family", [2, 3, 5])
 def test_max_family_respected(method, max_family):
     data = sbm(blocks=(20, 15, 9), p_in=0.6)
@@ -149,12 +164,27 @@ def test_bad_arguments():
         HierarchicalGraph(x=torch.randn(2, 1)).hierarchy()
 
 
-def test_metis_needs_a_backend():
+def test_metis_needs_a_backend(monkeypatch):
+    import importlib.util
+
     import torch_geometric.typing as pyg_typing
 
-    if pyg_typing.WITH_METIS:
-        out = GraphHierarchy(method="metis", max_family=4)(sbm())
-        assert int(family_sizes(out.hierarchy()).max()) <= 4
-    else:
-        with pytest.raises(ImportError, match="louvain"):
-            GraphHierarchy(method="metis")
+    monkeypatch.setattr(pyg_typing, "WITH_METIS", False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pymetis" else real(name, *a)
+    )
+    with pytest.raises(ImportError, match="louvain"):
+        GraphHierarchy(method="metis")
+
+
+@pytest.mark.skipif(not has_metis(), reason="no METIS backend")
+def test_metis_families_follow_the_planted_blocks():
+    data = sbm(blocks=(16,) * 8, p_in=0.6, p_out=0.01)
+    tree = GraphHierarchy("metis", max_family=16, seed=0)(data).hierarchy()
+    parent = tree.parent[: data.num_nodes]
+    block = torch.arange(data.num_nodes) // 16
+    # most leaf families lie inside one planted block (METIS cuts few edges)
+    inside = [block[parent == p].unique().numel() == 1 for p in parent.unique()]
+    assert sum(inside) >= 0.75 * len(inside)
+    assert int(family_sizes(tree).max()) <= 16
