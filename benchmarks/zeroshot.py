@@ -369,7 +369,7 @@ def _paired_tests(ex, res) -> None:
         for probe in ("probe", "frozen_probe"):  # the original's probe is both, unchanged
             bits = [r[probe + "_correct"] for r in runs]
             tests = [ex.mcnemar(bits[0], other) for other in (*bits[1:], original)]
-            cells = [f"{t['only_a']}:{t['only_b']}, p = {t['p']:.2f}" for t in tests]
+            cells = [f"{t['only_a']}:{t['only_b']}, p = {t['p']:.2g}" for t in tests]
             lines.append(f"| {layers} | {_tree_label(branching, hubs)} | {probe} | "
                          + " | ".join(cells) + " |")  # fmt: skip
     if lines:
