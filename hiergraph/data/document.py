@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hiergraph.data.domain import Domain
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 
 #: Paragraph breaks: a blank line, or HTML line breaks (``<br />``) repeated.
@@ -414,18 +413,11 @@ def forest_from_lengths(
     slot = torch.cat([*slots, torch.zeros(len(docs), dtype=torch.long)])
     level_depth = torch.arange(depth, -1, -1)
     depths = level_depth.repeat_interleave(torch.tensor(counts), output_size=num_nodes)
-    domain = torch.full((num_nodes,), int(Domain.GRID1D), dtype=torch.long)
-    domain[offset:] = int(Domain.NONE)
-    is_leaf = torch.zeros(num_nodes, dtype=torch.bool)
-    is_leaf[: counts[0]] = True
-    h = SignalHierarchy._assemble(
+    h = SignalHierarchy._assemble_grid1d(
         parent=parent,
-        is_leaf=is_leaf,
         depth=depths,
         slot=slot,
-        node_type=torch.zeros(num_nodes, dtype=torch.long),
-        domain=domain,
-        pos=torch.stack([slot, torch.zeros_like(slot)], dim=1),
+        num_leaves=counts[0],
         x=torch.cat([d.ids for d in docs]) if x is None else x,
     )
     h.batch = torch.cat(trees)

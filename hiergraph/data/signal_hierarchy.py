@@ -246,6 +246,25 @@ class SignalHierarchy(Data):
         )
 
     @classmethod
+    def _assemble_grid1d(cls, *, parent, depth, slot, num_leaves, x):
+        """A forest whose families are all 1-D grids (positions ``(slot, 0)``), from
+        leaves-first ``parent`` (a root is its own parent), ``depth`` and ``slot``."""
+        n = parent.numel()
+        is_leaf = torch.zeros(n, dtype=torch.bool, device=parent.device)
+        is_leaf[:num_leaves] = True
+        is_root = parent == torch.arange(n, device=parent.device)
+        return cls._assemble(
+            parent=parent,
+            is_leaf=is_leaf,
+            depth=depth,
+            slot=slot,
+            node_type=torch.zeros_like(parent),
+            domain=torch.where(is_root, int(Domain.NONE), int(Domain.GRID1D)),
+            pos=torch.stack([slot, torch.zeros_like(slot)], dim=1),
+            x=x,
+        )
+
+    @classmethod
     def _assemble(cls, *, parent, is_leaf, depth, slot, node_type, domain, pos, x):
         """Create the object from leaves-first attributes and validate ``x`` and slots."""
         n = parent.numel()

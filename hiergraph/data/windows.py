@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from hiergraph.data.domain import Domain
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 
 
@@ -133,19 +132,8 @@ def window_forest(
     tokens = flat[seq].nonzero().view(-1)
     parent[tokens], slot[tokens], depth[tokens] = root[seq[tokens]], position[tokens], 1
 
-    is_leaf = torch.zeros(num_nodes, dtype=torch.bool)
-    is_leaf[:total] = True
-    is_root = parent == torch.arange(num_nodes)
-    domain = torch.where(is_root, int(Domain.NONE), int(Domain.GRID1D))
-    forest = SignalHierarchy._assemble(
-        parent=parent,
-        is_leaf=is_leaf,
-        depth=depth,
-        slot=slot,
-        node_type=torch.zeros(num_nodes, dtype=torch.long),
-        domain=domain,
-        pos=torch.stack([slot, torch.zeros_like(slot)], dim=1),
-        x=x,
+    forest = SignalHierarchy._assemble_grid1d(
+        parent=parent, depth=depth, slot=slot, num_leaves=total, x=x
     )
     forest.batch = node_seq
     return forest
@@ -210,17 +198,6 @@ def _hopping(
     slot = torch.cat([*slots, torch.tensor([0])])
     # level l (bottom-up, leaves = 0) sits at depth len(counts) - 1 - l
     depth = torch.arange(len(counts) - 1, -1, -1).repeat_interleave(torch.tensor(counts))
-    is_leaf = torch.zeros(num_nodes, dtype=torch.bool)
-    is_leaf[:n] = True
-    domain = torch.full((num_nodes,), int(Domain.GRID1D), dtype=torch.long)
-    domain[-1] = int(Domain.NONE)
-    return SignalHierarchy._assemble(
-        parent=parent,
-        is_leaf=is_leaf,
-        depth=depth,
-        slot=slot,
-        node_type=torch.zeros(num_nodes, dtype=torch.long),
-        domain=domain,
-        pos=torch.stack([slot, torch.zeros_like(slot)], dim=1),
-        x=x,
+    return SignalHierarchy._assemble_grid1d(
+        parent=parent, depth=depth, slot=slot, num_leaves=n, x=x
     )
