@@ -75,29 +75,31 @@ def window_forest(
     num, total = lengths.numel(), int(lengths.sum())
     seq = torch.arange(num).repeat_interleave(lengths, output_size=total)
     position = torch.arange(total) - (lengths.cumsum(0) - lengths)[seq]
-    if lifted is None:
-        lifted = torch.zeros(total, dtype=torch.bool)
-    elif lifted.dtype != torch.bool or lifted.shape != (total,):
-        raise ValueError(f"lifted must be a [{total}] bool tensor, got {lifted.dtype} "
-                         f"{tuple(lifted.shape)}")  # fmt: skip
-    num_lifted = torch.bincount(seq[lifted], minlength=num)
-    if bool((num_lifted >= lengths).any()):
-        raise ValueError("at most n - 1 of a sequence's n tokens can be lifted")
+    num_lifted = torch.zeros_like(lengths)
+    if lifted is not None:
+        if lifted.dtype != torch.bool or lifted.shape != (total,):
+            raise ValueError(f"lifted must be a [{total}] bool tensor, got {lifted.dtype} "
+                             f"{tuple(lifted.shape)}")  # fmt: skip
+        num_lifted = torch.bincount(seq[lifted], minlength=num)
+        if bool((num_lifted >= lengths).any()):
+            raise ValueError("at most n - 1 of a sequence's n tokens can be lifted")
+        lifted = lifted if bool(lifted.any()) else None
 
     # bottom-up: cut the current nodes of every sequence with more than one into windows
-    items = (~lifted).nonzero().view(-1)
+    items = torch.arange(total) if lifted is None else (~lifted).nonzero().view(-1)
+    item_seq = seq if lifted is None else seq[items]
     count = lengths - num_lifted  # current nodes per sequence
     root = torch.empty(num, dtype=torch.long)
     height = torch.zeros(num, dtype=torch.long)
     records, next_id = [], total  # (children, their sequence, parents, slots) per level
     for level in itertools.count():
-        item_seq = seq[items] if level == 0 else torch.arange(num).repeat_interleave(count)
-        single = count[item_seq] == 1  # a sequence's only node: its root
-        root[item_seq[single]] = items[single]
+        if bool((count == 1).any()):  # a sequence down to one node: that node is its root
+            done = count[item_seq] == 1
+            root[item_seq[done]] = items[done]
+            items, item_seq = items[~done], item_seq[~done]
         active = count > 1
         if not bool(active.any()):
             break
-        items, item_seq = items[~single], item_seq[~single]
         live = count * active
         local = torch.arange(items.numel()) - (live.cumsum(0) - live)[item_seq]
         # window sizes per sequence; after the tuple, one root over what is left
@@ -109,28 +111,31 @@ def window_forest(
         records.append((items, item_seq, parents, local - window * width[item_seq]))
         height += active
         items = next_id + torch.arange(int(windows.sum()))
+        item_seq = torch.arange(num).repeat_interleave(windows)
         next_id, count = next_id + int(windows.sum()), windows
 
     # lifted tokens: one flat root family over all tokens, or leaves left of the top windows
     flat = (num_lifted > 0) & (height <= 1)
-    new_roots = (flat & (height == 0)).nonzero().view(-1)  # the root was the only other token
-    root[new_roots] = next_id + torch.arange(new_roots.numel())
-    num_nodes = next_id + new_roots.numel()
-    parent, node_seq = torch.arange(num_nodes), torch.empty(num_nodes, dtype=torch.long)
+    if lifted is not None:
+        new_roots = (flat & (height == 0)).nonzero().view(-1)  # the root was the only token
+        root[new_roots] = next_id + torch.arange(new_roots.numel())
+        next_id += new_roots.numel()
+    parent, node_seq = torch.arange(next_id), torch.empty(next_id, dtype=torch.long)
     slot, depth = torch.zeros_like(parent), torch.zeros_like(parent)
     node_seq[:total], node_seq[root] = seq, torch.arange(num)
     for children, child_seq, parents, slots in reversed(records):  # top-down
         parent[children], slot[children], node_seq[parents] = parents, slots, child_seq
         depth[children] = depth[parents] + 1
     parent[root], slot[root], depth[root] = root, 0, 0
-    deep = (num_lifted > 0) & ~flat
-    top = (parent == root[node_seq]) & (parent != torch.arange(num_nodes)) & deep[node_seq]
-    slot[top] += num_lifted[node_seq[top]]
-    hub = lifted.nonzero().view(-1)
-    rank = torch.arange(hub.numel()) - (num_lifted.cumsum(0) - num_lifted)[seq[hub]]
-    parent[hub], slot[hub], depth[hub] = root[seq[hub]], rank, 1
-    tokens = flat[seq].nonzero().view(-1)
-    parent[tokens], slot[tokens], depth[tokens] = root[seq[tokens]], position[tokens], 1
+    if lifted is not None:
+        deep = (num_lifted > 0) & ~flat
+        top = (parent == root[node_seq]) & (parent != torch.arange(next_id)) & deep[node_seq]
+        slot[top] += num_lifted[node_seq[top]]
+        hub = lifted.nonzero().view(-1)
+        rank = torch.arange(hub.numel()) - (num_lifted.cumsum(0) - num_lifted)[seq[hub]]
+        parent[hub], slot[hub], depth[hub] = root[seq[hub]], rank, 1
+        tokens = flat[seq].nonzero().view(-1)
+        parent[tokens], slot[tokens], depth[tokens] = root[seq[tokens]], position[tokens], 1
 
     forest = SignalHierarchy._assemble_grid1d(
         parent=parent, depth=depth, slot=slot, num_leaves=total, x=x
