@@ -360,11 +360,13 @@ def _paired_tests(ex, res) -> None:
     the rows that store per-document probe results; cells are ``HSA only : other only``
     (documents right by one of the two) and the two-sided p-value."""
     original = res["original"].get("probe_correct")
+    if original is None:  # runs from before per-document probes
+        return
     by = {_config(r) + (r["method"],): r for r in res["runs"]}
     lines = []
     for layers, branching, hubs in sorted({k[:3] for k in by}, key=_row_order):
         runs = [by.get((layers, branching, hubs, method)) for method in METHODS]
-        if original is None or None in runs or any("probe_correct" not in r for r in runs):
+        if None in runs or any("probe_correct" not in r for r in runs):
             continue
         for probe in ("probe", "frozen_probe"):  # the original's probe is both, unchanged
             bits = [r[probe + "_correct"] for r in runs]

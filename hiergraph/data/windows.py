@@ -12,7 +12,10 @@ from hiergraph.data.signal_hierarchy import SignalHierarchy
 
 
 def window_hierarchy(
-    n: int, branching: Sequence[int] = (2, 4, 8, 16), x: Tensor | None = None
+    n: int,
+    branching: Sequence[int] = (2, 4, 8, 16),
+    x: Tensor | None = None,
+    lifted: Tensor | None = None,
 ) -> SignalHierarchy:
     r"""Non-overlapping hopping windows over ``n`` tokens, built bottom-up.
 
@@ -30,8 +33,10 @@ def window_hierarchy(
         n: number of tokens (leaves), ``n >= 1``.
         branching: bottom-up window sizes, each ``>= 2``.
         x: optional ``[n, F]`` token features.
+        lifted: optional ``[n]`` bool, tokens hung directly under the root instead of
+            windowed (see :func:`window_forest`).
     """
-    tree = window_forest([n], _check(n, branching), x=x)
+    tree = window_forest([n], _check(n, branching), lifted, x)
     del tree.batch
     return tree
 
@@ -74,7 +79,6 @@ def window_forest(
     branching = _check_branching(branching)
     num, total = lengths.numel(), int(lengths.sum())
     seq = torch.arange(num).repeat_interleave(lengths, output_size=total)
-    position = torch.arange(total) - (lengths.cumsum(0) - lengths)[seq]
     num_lifted = torch.zeros_like(lengths)
     if lifted is not None:
         if lifted.dtype != torch.bool or lifted.shape != (total,):
@@ -135,7 +139,8 @@ def window_forest(
         rank = torch.arange(hub.numel()) - (num_lifted.cumsum(0) - num_lifted)[seq[hub]]
         parent[hub], slot[hub], depth[hub] = root[seq[hub]], rank, 1
         tokens = flat[seq].nonzero().view(-1)
-        parent[tokens], slot[tokens], depth[tokens] = root[seq[tokens]], position[tokens], 1
+        position = tokens - (lengths.cumsum(0) - lengths)[seq[tokens]]
+        parent[tokens], slot[tokens], depth[tokens] = root[seq[tokens]], position, 1
 
     forest = SignalHierarchy._assemble_grid1d(
         parent=parent, depth=depth, slot=slot, num_leaves=total, x=x

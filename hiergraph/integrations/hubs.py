@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from hiergraph.data.signal_hierarchy import SignalHierarchy
-from hiergraph.data.windows import window_forest
+from hiergraph.data.windows import window_forest, window_hierarchy
 from hiergraph.ops.hubs import root_scores
 
 
@@ -86,9 +86,7 @@ def hub_window_hierarchy(
             raise ValueError(f"hub indices must be distinct, got {hubs.tolist()}")
         if bool(lifted.all()):
             raise ValueError(f"at most {num_tokens - 1} hubs for {num_tokens} tokens")
-    tree = window_forest([num_tokens], branching, lifted)
-    del tree.batch
-    return tree
+    return window_hierarchy(num_tokens, branching, lifted=lifted)
 
 
 def hub_window_hierarchies(

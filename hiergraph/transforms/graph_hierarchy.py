@@ -250,6 +250,14 @@ def _metis_parts(num_nodes: int, edges: np.ndarray, num_parts: int, seed: int) -
     return part.numpy()
 
 
+def _unit_graph(num_units: int, src: np.ndarray, dst: np.ndarray) -> nx.Graph:
+    """The quotient graph of ``num_units`` units linked by the edges ``src -> dst``."""
+    graph = nx.Graph()
+    graph.add_nodes_from(range(num_units))
+    graph.add_edges_from(zip(src.tolist(), dst.tolist(), strict=True))
+    return graph
+
+
 class _Builder:
     """Bottom-up construction of the parent vector (``-1`` for the root)."""
 
@@ -277,9 +285,7 @@ class _Builder:
         return self.parent
 
     def _louvain_levels(self) -> list:
-        graph = nx.Graph()
-        graph.add_nodes_from(range(self.n))
-        graph.add_edges_from(self.edges.T.tolist())
+        graph = _unit_graph(self.n, *self.edges)
         levels = []
         parts = nx.community.louvain_partitions(
             graph, resolution=self.t.resolution, seed=self.t.seed
@@ -314,18 +320,19 @@ class _Builder:
         inside = (src >= 0) & (dst >= 0) & (src != dst)
         src, dst = src[inside], dst[inside]
         k = math.ceil(len(units) / m)
-        quotient = nx.Graph()
-        quotient.add_nodes_from(range(len(units)))
-        quotient.add_edges_from(zip(src.tolist(), dst.tolist(), strict=True))
+        quotient = None  # networkx graph of the units, built only where it is needed
         if self.t.method == "metis":
             part = _metis_parts(len(units), np.stack([src, dst]), k, self.t.seed)
             communities = [np.nonzero(part == p)[0].tolist() for p in np.unique(part)]
         else:
+            quotient = _unit_graph(len(units), src, dst)
             communities = nx.community.louvain_communities(
                 quotient, resolution=self.t.resolution, seed=self.t.seed
             )
             communities = sorted((sorted(c) for c in communities), key=lambda c: c[0])
         if len(communities) == 1:  # no split (no community structure): chunk in BFS order
+            if quotient is None:
+                quotient = _unit_graph(len(units), src, dst)
             order = [v for c in nx.connected_components(quotient) for v in sorted(c)]
             order = list(nx.bfs_tree(quotient, order[0])) if order else order
             seen = set(order)
