@@ -96,13 +96,16 @@ def build_model(name: str, in_channels: int, out_channels: int, args) -> nn.Modu
         return TwoLayer(GCNConv(in_channels, hidden), GCNConv(hidden, out_channels), 0.5)
     if name == "gat":
         return _GraphModel(GAT("gat", in_channels, out_channels))
+    cone = None if args.r is None else {"r": args.r}
     if name == "cone":
-        return _GraphModel(GAT(args.attention, in_channels, out_channels))
+        return _GraphModel(GAT(args.attention, in_channels, out_channels, cone=cone))
     if name == "gps_full":
         return GPSNet(in_channels, args.hidden, out_channels, args.layers, args.heads, args.dropout)
     # the two attention layers first, so that they get the same initial weights as in `gat`
-    first = make_conv(args.attention, in_channels, 8, heads=8, dropout=0.6)
-    second = make_conv(args.attention, 64, out_channels, heads=1, concat=False, dropout=0.6)
+    first = make_conv(args.attention, in_channels, 8, cone=cone, heads=8, dropout=0.6)
+    second = make_conv(
+        args.attention, 64, out_channels, cone=cone, heads=1, concat=False, dropout=0.6
+    )
     return GraphHSANet(  # the GAT-style model with an HSA residual branch between its layers
         in_channels,
         64,
@@ -235,6 +238,12 @@ def main(argv=None) -> dict:
         choices=ATTENTIONS,
         default=None,
         help="cone: ConeConv score (default penumbral); hsa_hybrid: local layers (default gat)",
+    )
+    p.add_argument(
+        "--r",
+        type=float,
+        default=None,
+        help="cone, hsa_hybrid with a cone --attention: ConeConv radius (default: its own)",
     )
     p.add_argument("--attn-dropout", type=float, default=0.0, help="hsa_hybrid: on HSA output")
     p.add_argument(
