@@ -18,7 +18,7 @@ cache-vs-full-pass agreement, and a generated sample. Results go to
 
 The reviews are read straight from ``aclImdb_50k.tar.gz`` (``--tar``, default
 ``$HIERGRAPH_RAW/aclImdb_50k.tar.gz``, else ``../shared/datasets``); the chosen
-texts are cached in the git-ignored ``datasets/imdb_lm/``.
+texts are cached in the git-ignored ``datasets/imdb_lm/`` (``--cache-dir``).
 """
 
 from __future__ import annotations
@@ -153,15 +153,19 @@ def main(argv=None) -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--train-reviews", type=int, default=3000)
     parser.add_argument("--eval-chunks", type=int, default=128)
+    parser.add_argument("--sample-bytes", type=int, default=128, help="bytes generated per model")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "hierarchical_lm.json")
+    parser.add_argument(
+        "--cache-dir", type=Path, default=ROOT / "datasets" / "imdb_lm", help="chosen reviews"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
 
-    texts = read_reviews(args.tar, args.train_reviews, 400, ROOT / "datasets" / "imdb_lm")
+    texts = read_reviews(args.tar, args.train_reviews, 400, args.cache_dir)
     train, test = chunks(texts["train"], args.seq_len), chunks(texts["test"], args.seq_len)
     test = test[: args.eval_chunks]
     print(f"{len(train)} train chunks, {len(test)} test chunks of <= {args.seq_len} bytes")
@@ -216,7 +220,7 @@ def main(argv=None) -> None:
     for mode, model in models.items():
         model.eval()
         nll = evaluate(model, test, args.batch_size)
-        text, times, cached = decode(model, prompt, 128, args.seed)
+        text, times, cached = decode(model, prompt, args.sample_bytes, args.seed)
         tokens, batch, plan = make_batch([prompt])
         with torch.no_grad():
             full = model(tokens, batch, plan)

@@ -26,9 +26,8 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.data import Batch
 
-from hiergraph.data.windows import window_hierarchy
+from hiergraph.data.windows import window_forest
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
 from hiergraph.nn.htransformer1d import HTransformer1D
@@ -108,14 +107,15 @@ class HSAWindowAttention(nn.Module):
     """Hierarchical self-attention (HSA) over a hopping-window hierarchy of every sequence.
 
     Same call signature as :class:`HMatrixAttention`; the windows group 4
-    tokens, then 4 windows, and so on (``branching``), and the tree of each
-    sequence's valid tokens (padding sits at the end) is batched the PyG way.
+    tokens, then 4 windows, and so on (``branching``), over each sequence's
+    valid tokens (padding sits at the end); the trees of a batch are built as
+    one forest (:func:`~hiergraph.data.windows.window_forest`).
     """
 
     def __init__(self, dim: int, heads: int, branching: tuple[int, ...] = (4, 4, 4, 4, 4)):
         super().__init__()
         self.attn = HierarchicalSelfAttention(dim, dim, heads, include_self=True)
-        self.branching, self.trees = branching, {}
+        self.branching = branching
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         valid = (
@@ -123,15 +123,9 @@ class HSAWindowAttention(nn.Module):
             if key_padding_mask is None
             else ~key_padding_mask
         )
-        trees = [self._tree(int(n)) for n in valid.sum(1)]
         out = torch.zeros_like(x)
-        out[valid] = self.attn(x[valid], Batch.from_data_list(trees))
+        out[valid] = self.attn(x[valid], window_forest(valid.sum(1), self.branching))
         return out
-
-    def _tree(self, length: int):
-        if length not in self.trees:
-            self.trees[length] = window_hierarchy(length, self.branching)
-        return self.trees[length]
 
 
 def _transformer(args, attention=None) -> nn.Module:
@@ -199,7 +193,7 @@ def train(name: str, args, train_data, test_data) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny lengths/model; < 1 minute")
     parser.add_argument(
@@ -218,7 +212,7 @@ def main() -> None:
     parser.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=list(ENCODERS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=str, default=None, help="optional JSON file for the results")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.budget_seconds = min(args.budget_seconds, 5.0)
         args.min_len, args.max_len, args.train_size, args.test_size = 20, 120, 1000, 200
@@ -241,6 +235,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as out:
             json.dump({"args": vars(args), "results": results}, out, indent=2)
+    return results
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+"""``examples/listops.py``: data labels, the HSA-window encoder under padding, a quick run."""
+
+import json
+
+import torch
+
+
+def _evaluate(tokens: list[int], listops) -> int:
+    """The value of a prefix expression, parsed from its tokens (an independent reference)."""
+    stack = []
+    for token in tokens:
+        if token in listops.OPERATORS:
+            stack.append([token])
+        elif token == listops.CLOSE:
+            op, *args = stack.pop()
+            value = listops.OPERATORS[op][1](args)
+            if not stack:
+                return value
+            stack[-1].append(value)
+        elif stack:
+            stack[-1].append(token - 1)
+        else:
+            return token - 1
+    raise ValueError("unbalanced expression")
+
+
+def test_labels_are_the_expression_values(load_example):
+    listops = load_example("listops")
+    data = listops.listops(200, 5, 80, seed=3)
+    assert all(5 <= len(tokens) <= 80 for tokens, _ in data)
+    assert [label for _, label in data] == [_evaluate(tokens, listops) for tokens, _ in data]
+    assert len({label for _, label in data}) > 5
+
+
+def test_hsa_window_attention_ignores_padding(load_example):
+    listops = load_example("listops")
+    torch.manual_seed(0)
+    attn = listops.HSAWindowAttention(8, 2, branching=(2, 4)).double()
+    x = torch.randn(3, 37, 8, dtype=torch.float64)
+    lengths = [37, 5, 20]
+    pad = torch.arange(37)[None, :] >= torch.tensor(lengths)[:, None]
+    out = attn(x, pad)
+    assert (out[pad] == 0).all()
+    for row, n in enumerate(lengths):
+        alone = attn(x[row : row + 1, :n])
+        torch.testing.assert_close(out[row, :n], alone[0], rtol=0, atol=1e-12)
+
+
+def test_quick_run_trains_every_encoder(load_example, tmp_path):
+    listops = load_example("listops")
+    out = tmp_path / "listops.json"
+    results = listops.main(["--quick", "--budget-seconds", "0.5", "--out", str(out)])
+    assert [r["encoder"] for r in results] == list(listops.ENCODERS)
+    assert len({r["parameters"] for r in results}) == 1  # only the attention differs
+    assert all(r["steps"] >= 1 and 0.0 <= r["test_accuracy"] <= 1.0 for r in results)
+    assert json.loads(out.read_text())["results"] == results
