@@ -85,6 +85,7 @@ def cone_options(args) -> dict:
         "height_scale": None if args.height_scale == "d" else float(args.height_scale),
         "share_qk": args.qk_channels is None,
         "qk_channels": args.qk_channels,
+        "feature_dropout": args.feature_dropout,
     }
     if args.reference_convention:  # the authors' code: -gamma H^2, umbral height exp(x_d / d)
         options.update(squared=True, height_scale=None)
@@ -196,6 +197,7 @@ def row_name(attention: str, args) -> str:
     extras += [f"height-scale={args.height_scale}"] if args.height_scale != "1" else []
     extras += [f"qk={args.qk_channels}"] if args.qk_channels is not None else []
     extras += ["reference-convention"] if args.reference_convention else []
+    extras += [f"feature-dropout={args.feature_dropout:g}"] if args.feature_dropout else []
     return f"{attention}[{','.join(extras)}]" if extras else attention
 
 
@@ -251,6 +253,12 @@ def parse_args(argv=None):
         "--reference-convention",
         action="store_true",
         help="cone scores as in the authors' code: -gamma*H^2 (penumbral), exp(x_d/d) (umbral)",
+    )
+    parser.add_argument(
+        "--feature-dropout",
+        type=float,
+        default=0.0,
+        help="ConeConv: dropout on the projected features as well (pytorch-GAT's recipe)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--json", type=Path, default=None, help="merge results into this file")

@@ -55,6 +55,10 @@ class ConeConv(MessagePassing):
         concat: concatenate heads (``[N, H * out_channels]``) or average them
             (``[N, out_channels]``).
         dropout: dropout on the attention coefficients.
+        feature_dropout: dropout on the projected features :math:`\mathbf{W}\mathbf{x}`
+            (and on separate query/key projections), before scoring and aggregation: the
+            recipe of pytorch-GAT, the code of the paper's GAT runs (notes §6.7), which
+            drops the projected features as well as the layer input and the coefficients.
         add_self_loops: add a self loop to every node (existing ones are replaced).
         variant: ``"penumbral"``, ``"umbral"`` or ``"dot"``.
         r: penumbral light-source height / umbral ball radius; ``None`` takes the
@@ -99,6 +103,7 @@ class ConeConv(MessagePassing):
         share_qk: bool = True,
         qk_channels: int | None = None,
         bias: bool = True,
+        feature_dropout: float = 0.0,
         **kwargs,
     ) -> None:
         kwargs.setdefault("aggr", "add")
@@ -107,6 +112,8 @@ class ConeConv(MessagePassing):
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if not gamma > 0:
             raise ValueError(f"gamma must be > 0, got {gamma}")
+        if not 0.0 <= feature_dropout < 1.0:
+            raise ValueError(f"feature_dropout must be in [0, 1), got {feature_dropout}")
         if learn_gamma and variant == "dot":
             raise ValueError("learn_gamma applies to the cone variants only, not to 'dot'")
         qk_channels = out_channels if share_qk or qk_channels is None else qk_channels
@@ -121,6 +128,7 @@ class ConeConv(MessagePassing):
         self.heads = heads
         self.concat = concat
         self.dropout = dropout
+        self.feature_dropout = feature_dropout
         self.add_self_loops = add_self_loops
         self.variant = variant
         self.r = None if variant == "dot" else DEFAULT_RADIUS[variant] if r is None else r
@@ -167,11 +175,12 @@ class ConeConv(MessagePassing):
                 f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}"
             )
         H, C = self.heads, self.out_channels
-        value = self.lin(x).view(-1, H, C)
+        drop = partial(F.dropout, p=self.feature_dropout, training=self.training)
+        value = drop(self.lin(x).view(-1, H, C))
         if self.lin_qk is None:
             query = key = value
         else:
-            query, key = self.lin_qk(x).view(-1, 2, H, self.qk_channels).unbind(dim=1)
+            query, key = drop(self.lin_qk(x)).view(-1, 2, H, self.qk_channels).unbind(dim=1)
 
         if self.add_self_loops:
             if isinstance(edge_index, SparseTensor):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -35,14 +36,16 @@ def dense_scores(variant, q, k, conv):
     return umbral(q, k, r=conv.r, gamma=conv.gamma, height_scale=conv.height_scale)
 
 
-def dense_reference(conv, x, edge_index):
-    """Masked dense softmax attention over ``A + I``; returns output and weights ``[H, N, N]``."""
+def dense_reference(conv, x, edge_index, drop=lambda projected: projected):
+    """Masked dense softmax attention over ``A + I``; returns output and weights ``[H, N, N]``.
+
+    ``drop`` is applied to the projected features (values, then separate queries/keys)."""
     H, C = conv.heads, conv.out_channels
-    value = conv.lin(x).view(N, H, C)
+    value = drop(conv.lin(x).view(N, H, C))
     if conv.share_qk:
         query = key = value
     else:
-        query, key = conv.lin_qk(x).view(N, 2, H, conv.qk_channels).unbind(1)
+        query, key = drop(conv.lin_qk(x)).view(N, 2, H, conv.qk_channels).unbind(1)
     allowed = to_dense_adj(edge_index, max_num_nodes=N)[0].T.bool() | torch.eye(N, dtype=torch.bool)
     scores = dense_scores(conv.variant, query, key, conv).masked_fill(~allowed, float("-inf"))
     weights = scores.softmax(dim=-1)
@@ -189,6 +192,23 @@ def test_dropout_only_in_training():
     torch.testing.assert_close(conv(x, edge_index), conv(x, edge_index))
 
 
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+@pytest.mark.parametrize("share_qk", [True, False])
+def test_feature_dropout_drops_the_projections_before_scoring(variant, share_qk):
+    torch.manual_seed(8)
+    x, edge_index = graph()
+    conv = ConeConv(F_IN, 4, heads=2, variant=variant, share_qk=share_qk, feature_dropout=0.5)
+    conv = conv.double()
+    torch.manual_seed(9)
+    out = conv(x, edge_index)
+    torch.manual_seed(9)  # the same dropout masks, drawn in the same order
+    ref, _ = dense_reference(conv, x, edge_index, partial(torch.nn.functional.dropout, p=0.5))
+    torch.testing.assert_close(out, ref)
+    assert not torch.allclose(out, dense_reference(conv, x, edge_index)[0])
+    conv.eval()
+    torch.testing.assert_close(conv(x, edge_index), dense_reference(conv, x, edge_index)[0])
+
+
 @pytest.mark.skipif(not WITH_TORCH_SPARSE, reason="torch-sparse is not installed")
 def test_sparse_tensor_adjacency_matches_edge_index():
     torch.manual_seed(7)
@@ -207,6 +227,8 @@ def test_bad_arguments():
         ConeConv(F_IN, 1)
     with pytest.raises(ValueError, match="gamma must be > 0"):
         ConeConv(F_IN, 4, gamma=-1.0)
+    with pytest.raises(ValueError, match="feature_dropout must be in"):
+        ConeConv(F_IN, 4, feature_dropout=1.0)
     with pytest.raises(ValueError, match="r must be > 0"):
         ConeConv(F_IN, 4, r=0.0)
     with pytest.raises(ValueError, match=r"\[num_nodes, in_channels\]"):
