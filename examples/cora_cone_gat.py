@@ -265,6 +265,29 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def _row(attention: str, runs: list[tuple], seeds: list[int], start: float, args) -> dict:
+    """The JSON row of the seeds run so far (``runs``: :func:`run_seed` results)."""
+    accs, val_accs = [run[0] for run in runs], [run[2] for run in runs]
+    return {
+        "attention": attention,
+        "cone_options": cone_options(args) if attention in CONE_VARIANTS else None,
+        "mean": statistics.mean(accs),
+        "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+        "test_accuracy": accs,
+        "mean_val": statistics.mean(val_accs),
+        "val_accuracy": val_accs,
+        "epochs_run": [run[1] for run in runs],
+        "best_epoch": [run[3] for run in runs],
+        "seeds": seeds[: len(runs)],
+        "budget": {"max_epochs": args.epochs, "patience": args.patience},
+        "lr": args.lr,
+        "weight_decay": args.weight_decay,
+        "threads": torch.get_num_threads(),
+        "wall_s": time.perf_counter() - start,
+        "torch": torch.__version__,
+    }
+
+
 def main(argv=None) -> dict[str, list[float]]:
     """Runs every ``--attention``; returns the test accuracies of each."""
     args = parse_args(argv)
@@ -275,38 +298,19 @@ def main(argv=None) -> dict[str, list[float]]:
     results = {}
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     for attention in args.attention:
-        start = time.perf_counter()
-        runs = [run_seed(data, attention, seed, args) for seed in tqdm(seeds, desc=attention)]
-        accs, val_accs = [run[0] for run in runs], [run[2] for run in runs]
-        mean, std = statistics.mean(accs), statistics.stdev(accs) if len(accs) > 1 else 0.0
-        name = row_name(attention, args)
+        start, runs, name = time.perf_counter(), [], row_name(attention, args)
+        for seed in tqdm(seeds, desc=attention):
+            runs.append(run_seed(data, attention, seed, args))
+            if args.json is not None:  # after every seed: a cut run keeps its finished seeds
+                write_json(args.json, name, _row(attention, runs, seeds, start, args))
+        row = _row(attention, runs, seeds, start, args)
         print(
-            f"Cora {name}: test accuracy {mean:.4f} ± {std:.4f} "
-            f"(best validation {statistics.mean(val_accs):.4f}) "
-            f"over {len(accs)} seeds: {' '.join(f'{a:.3f}' for a in accs)}",
+            f"Cora {name}: test accuracy {row['mean']:.4f} ± {row['std']:.4f} "
+            f"(best validation {row['mean_val']:.4f}) over {len(runs)} seeds: "
+            f"{' '.join(f'{a:.3f}' for a in row['test_accuracy'])}",
             flush=True,
         )
-        if args.json is not None:
-            row = {
-                "attention": attention,
-                "cone_options": cone_options(args) if attention in CONE_VARIANTS else None,
-                "mean": mean,
-                "std": std,
-                "test_accuracy": accs,
-                "mean_val": statistics.mean(val_accs),
-                "val_accuracy": val_accs,
-                "epochs_run": [run[1] for run in runs],
-                "best_epoch": [run[3] for run in runs],
-                "seeds": seeds,
-                "budget": {"max_epochs": args.epochs, "patience": args.patience},
-                "lr": args.lr,
-                "weight_decay": args.weight_decay,
-                "threads": torch.get_num_threads(),
-                "wall_s": time.perf_counter() - start,
-                "torch": torch.__version__,
-            }
-            write_json(args.json, name, row)
-        results[name] = accs
+        results[name] = row["test_accuracy"]
     return results
 
 

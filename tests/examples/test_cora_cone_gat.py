@@ -26,3 +26,23 @@ def test_cora_example_smoke(no_env, no_network, load_example, tmp_path, capsys):
     assert sorted(rows) == ["dot", "penumbral[gamma=2]", "umbral"]
     assert rows["umbral"]["budget"] == {"max_epochs": 2, "patience": 1000}
     assert rows["penumbral[gamma=2]"]["cone_options"]["gamma"] == 2.0
+
+
+@pytest.mark.skipif(cora_raw_source() is None, reason="real Cora raw files not available")
+def test_cut_run_keeps_its_finished_seeds(no_env, no_network, load_example, tmp_path, monkeypatch):
+    cora_cone_gat = load_example("cora_cone_gat")
+    run_seed, calls = cora_cone_gat.run_seed, []
+
+    def cut_after_first(data, attention, seed, args):
+        calls.append(seed)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return run_seed(data, attention, seed, args)
+
+    monkeypatch.setattr(cora_cone_gat, "run_seed", cut_after_first)
+    out_json = tmp_path / "acc.json"
+    argv = ["--root", str(tmp_path), "--raw-dir", str(cora_raw_source()), "--epochs", "2"]
+    with pytest.raises(KeyboardInterrupt):
+        cora_cone_gat.main([*argv, "--seeds", "3", "--attention", "dot", "--json", str(out_json)])
+    row = json.loads(out_json.read_text())["rows"]["dot"]
+    assert row["seeds"] == [0] and len(row["test_accuracy"]) == 1
