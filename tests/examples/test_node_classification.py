@@ -52,6 +52,7 @@ def test_gated_hybrid_starts_as_the_gat_model_and_then_departs(nc):
         smooth=False,
         hubs=0,
         attention="gat",
+        r=None,
     )
     outs = {}
     for name in ("gat", "hsa_hybrid"):
