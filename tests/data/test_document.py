@@ -152,11 +152,14 @@ def test_real_wordpiece_tokenizer():
     assert h.num_nodes == 8 + 2 + 1 + 1
 
 
-def test_hierarchy_from_lengths_matches_batching(tok):
+def test_hierarchy_from_lengths_matches_text_builder_and_batches(tok):
     doc = tokenize_document(TEXT, tok)
     x = torch.randn(doc.num_tokens, 4)
     h = hierarchy_from_lengths(doc, 3, x=x)
     assert torch.equal(h.x, x)
+    ref = document_hierarchy(TEXT, tok, depth=3)  # the same tree as building from the text
+    for key in ("parent", "slot", "pos", "depth", "domain", "node_type", "edge_index"):
+        assert torch.equal(getattr(h, key), getattr(ref, key)), key
     batch = Batch.from_data_list([h, h])
     assert batch.num_leaves == 2 * doc.num_tokens and batch.num_trees == 2
 

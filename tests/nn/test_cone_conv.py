@@ -189,7 +189,10 @@ def test_dropout_only_in_training():
     torch.manual_seed(6)
     x, edge_index = graph()
     conv = ConeConv(F_IN, 4, heads=2, dropout=0.5).double().eval()
-    torch.testing.assert_close(conv(x, edge_index), conv(x, edge_index))
+    evaluated = conv(x, edge_index)
+    torch.testing.assert_close(conv(x, edge_index), evaluated)
+    conv.train()
+    assert not torch.allclose(conv(x, edge_index), evaluated)
 
 
 @pytest.mark.parametrize("variant", ["penumbral", "umbral"])

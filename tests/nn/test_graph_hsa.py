@@ -50,15 +50,21 @@ def test_global_branch_reaches_unlinked_nodes(graphs):
     assert x.grad[1:].abs().sum() > 0
 
 
+def assert_batched_equals_per_graph(model, graphs):
+    """The model on a PyG batch of ``graphs`` equals it on each graph alone; returns the batch's."""
+    batch = Batch.from_data_list(graphs)
+    together = model(batch.x.double(), batch.edge_index, batch.hierarchy())
+    apart = torch.cat([model(g.x.double(), g.edge_index, g.hierarchy()) for g in graphs])
+    torch.testing.assert_close(together, apart, rtol=1e-10, atol=1e-10)
+    return together
+
+
 def test_batched_small_graphs_equal_per_graph(graphs):
     torch.manual_seed(0)
     model = GraphHSANet(6, 8, 3, conv_factory=lambda c: GCNConv(c, c), heads=2, graph_pe_dim=4)
     model = model.double().eval()
-    batch = Batch.from_data_list(graphs)
-    together = model(batch.x.double(), batch.edge_index, batch.hierarchy())
-    apart = torch.cat([model(g.x.double(), g.edge_index, g.hierarchy()) for g in graphs])
-    assert together.shape == (batch.num_nodes, 3)
-    torch.testing.assert_close(together, apart, rtol=1e-10, atol=1e-10)
+    together = assert_batched_equals_per_graph(model, graphs)
+    assert together.shape == (sum(g.num_nodes for g in graphs), 3)
 
 
 def test_net_trains_a_step(graphs):
@@ -115,10 +121,7 @@ def test_gat_hybrid_net_batched_equals_per_graph(graphs):
     model = _gat_hybrid_net()
     with torch.no_grad():
         model.layers[0].gate.fill_(0.7)
-    batch = Batch.from_data_list(graphs)
-    together = model(batch.x.double(), batch.edge_index, batch.hierarchy())
-    apart = torch.cat([model(g.x.double(), g.edge_index, g.hierarchy()) for g in graphs])
-    torch.testing.assert_close(together, apart, rtol=1e-10, atol=1e-10)
+    assert_batched_equals_per_graph(model, graphs)
 
 
 def test_edge_kernel_equals_dense_kernel(graphs):
@@ -182,10 +185,8 @@ def test_hubs_are_chosen_per_graph_and_all_hubs_give_flat_attention(graphs):
     torch.manual_seed(0)
     model = GraphHSANet(6, 8, 3, conv_factory=lambda c: GCNConv(c, c), heads=2, graph_pe_dim=4,
                         hubs=2).double().eval()  # fmt: skip
+    together = assert_batched_equals_per_graph(model, graphs)
     batch = Batch.from_data_list(graphs)
-    together = model(batch.x.double(), batch.edge_index, batch.hierarchy())
-    apart = torch.cat([model(g.x.double(), g.edge_index, g.hierarchy()) for g in graphs])
-    torch.testing.assert_close(together, apart, rtol=1e-10, atol=1e-10)
     for layer in model.layers:
         layer.attn.hubs = 0
     assert not torch.allclose(

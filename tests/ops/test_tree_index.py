@@ -123,7 +123,11 @@ def test_sibling_pairs():
 def test_cached_and_movable():
     h = window_hierarchy(20, (4,))
     assert h.tree_index() is h.tree_index()
-    moved = h.tree_index().to("cpu")
-    assert isinstance(moved, TreeIndex) and torch.equal(moved.order, h.tree_index().order)
+    cached = h.tree_index()
+    moved = cached.to("cpu")
+    assert isinstance(moved, TreeIndex) and torch.equal(moved.order, cached.order)
     h.slot = h.slot.flip(0)  # replacing the structure invalidates the cache
-    assert h.tree_index() is not moved
+    assert h.tree_index() is not cached
+    assert torch.equal(h.tree_index().order, TreeIndex.from_hierarchy(h).order)
+    h.slot.copy_(h.slot.flip(0))  # so does writing it in place
+    assert torch.equal(h.tree_index().order, cached.order) and h.tree_index() is not cached

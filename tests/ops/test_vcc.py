@@ -263,7 +263,9 @@ def test_partition_restore_round_trip_and_pack():
     order = torch.argsort((~vip).long() + 2 * (~mask).long(), dim=1, stable=True)
     for b in range(3):
         xb = x[b, order[b]]
-        torch.testing.assert_close(p[p_ptr[b] : p_ptr[b + 1]], xb[: p_ptr[b + 1] - p_ptr[b]])
+        n_vip, n_other = p_ptr[b + 1] - p_ptr[b], c_ptr[b + 1] - c_ptr[b]
+        torch.testing.assert_close(p[p_ptr[b] : p_ptr[b + 1]], xb[:n_vip])
+        torch.testing.assert_close(c[c_ptr[b] : c_ptr[b + 1]], xb[n_vip : n_vip + n_other])
     tree = SegmentTree.from_ptr(c_ptr, (4,))
     sel = select_segments(build_tree_state(c, tree), tree, (None, 0))
     z, key_bias, real, order = pack_compressed(p, p_ptr, sel.value, sel)
