@@ -97,13 +97,17 @@ def main_process_first(context: DistributedContext):
 
     For work with side effects on shared storage, such as a PyG dataset
     writing its ``processed/`` files on first use: rank 0 does it while the
-    others wait, then they read the finished files.
+    others wait, then they read the finished files. If the body fails on rank 0,
+    the others are released all the same (and fail on their own) instead of
+    waiting out the collective timeout.
     """
     if context.distributed and not context.is_main:
         dist.barrier()
-    yield
-    if context.distributed and context.is_main:
-        dist.barrier()
+    try:
+        yield
+    finally:
+        if context.distributed and context.is_main:
+            dist.barrier()
 
 
 def seed_everything(seed: int, epoch: int = 0, rank: int = 0) -> None:

@@ -114,7 +114,7 @@ class TextClassificationDataset(InMemoryDataset):
             caps applied on access (see ``TokenizedDocument.truncate``).
         raw_dir: another folder holding the raw archive/folder.
         tokenizer_key: cache name of a tokenizer object.
-        transform, pre_filter, force_reload: as in PyG.
+        transform, force_reload: as in PyG.
     """
 
     name: str = ""

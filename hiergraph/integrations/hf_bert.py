@@ -265,8 +265,6 @@ def sentence_hierarchy(sentence_lengths: Sequence[int] | Tensor):
     """Root → sentences → tokens over ``sum(sentence_lengths)`` tokens (a
     :class:`~hiergraph.data.SignalHierarchy`); e.g. ``[CLS]`` joins the first sentence and
     ``[SEP]`` the last."""
-    from hiergraph.data.signal_hierarchy import SignalHierarchy
-
     sizes = torch.as_tensor(sentence_lengths, dtype=torch.long)
     if sizes.dim() != 1 or sizes.numel() == 0 or bool((sizes < 1).any()):
         raise ValueError(f"sentence_lengths must be positive ints, got {sizes.tolist()}")

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.windows import window_forest
+from hiergraph.nn.pool import leaf_batch
 from hiergraph.ops.hsa import hierarchical_attention
 
 
@@ -104,10 +105,14 @@ def padded_hsa(
         ``[B, T, H, d_v]`` (the layout transformers' attention functions return),
         zero at padding tokens.
     """
-    if hierarchy.num_leaves != int(key_valid.sum()):
+    lengths = key_valid.sum(1)
+    lengths = lengths[lengths > 0]
+    leaves = torch.bincount(leaf_batch(hierarchy), minlength=lengths.numel())
+    if not torch.equal(leaves.to(lengths.device), lengths):
         raise ValueError(
-            f"the hierarchies have {hierarchy.num_leaves} leaves but the batch has "
-            f"{int(key_valid.sum())} valid tokens; give each example a tree over its valid tokens"
+            f"the hierarchies' trees have {leaves.tolist()} leaves but the examples have "
+            f"{lengths.tolist()} valid tokens; give each example (with at least one valid "
+            f"token) a tree over its valid tokens, in order"
         )
     pick = [t.transpose(1, 2)[key_valid] for t in (q, k, v)]  # [L, H, .] in example order
     out = hierarchical_attention(

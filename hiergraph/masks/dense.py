@@ -66,10 +66,13 @@ def edge_index_to_mask(
         raise ValueError(f"edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
     num_keys, num_queries = (num_nodes, num_nodes) if isinstance(num_nodes, int) else num_nodes
     key, query = edge_index
-    if edge_index.numel() and (key.max() >= num_keys or query.max() >= num_queries):
+    if edge_index.numel() and (
+        edge_index.min() < 0 or key.max() >= num_keys or query.max() >= num_queries
+    ):
         raise ValueError(
-            f"edge_index has ids outside the mask: max key {int(key.max())} "
-            f"(num_keys = {num_keys}), max query {int(query.max())} (num_queries = {num_queries})"
+            f"edge_index has ids outside the mask: keys {int(key.min())}..{int(key.max())} "
+            f"(num_keys = {num_keys}), queries {int(query.min())}..{int(query.max())} "
+            f"(num_queries = {num_queries})"
         )
     mask = torch.zeros(num_queries, num_keys, dtype=torch.bool, device=edge_index.device)
     mask[query, key] = True

@@ -218,7 +218,8 @@ class GraphHSANet(nn.Module):
         heads: HSA heads.
         graph_pe_dim: size of the tree's ``graph_pe`` features (0: no
             position bias).
-        dropout: on the input features, between layers and before the head.
+        dropout: on the input features and before the output map (inside the
+            layers, ``layer_dropout`` and ``attn_dropout`` apply).
         attn_dropout: dropout on the HSA output (inside the layers).
         layer_dropout: dropout of the branches inside the layers (default
             ``dropout``).

@@ -306,9 +306,9 @@ class FlatKVCache:
     def extend(self, k: Tensor, v: Tensor) -> None:
         """Store the keys ``[T, H, d]`` and values ``[T, H, d_v]`` of ``T`` tokens (a prompt)."""
         n, t = self.num_tokens, k.size(0)
-        while n + t > self.keys.size(1):
-            self.keys = torch.cat([self.keys, torch.empty_like(self.keys)], 1)
-            self.values = torch.cat([self.values, torch.empty_like(self.values)], 1)
+        if n + t > self.keys.size(1):  # at least double: amortised O(1) per token
+            size = max(2 * self.keys.size(1), n + t)
+            self.keys, self.values = _grown(self.keys, size), _grown(self.values, size)
         self.keys[:, n : n + t] = k.transpose(0, 1)
         self.values[:, n : n + t] = v.transpose(0, 1)
         self.num_tokens = n + t
@@ -325,3 +325,10 @@ class FlatKVCache:
         """Bytes of the cached keys and values (the used part)."""
         per_token = self.keys[:, 0].numel() + self.values[:, 0].numel()
         return self.num_tokens * per_token * self.keys.element_size()
+
+
+def _grown(buffer: Tensor, size: int) -> Tensor:
+    """``buffer`` ``[H, S, c]`` with its token axis grown to ``size`` slots (new slots unset)."""
+    out = buffer.new_empty(buffer.size(0), size, buffer.size(2))
+    out[:, : buffer.size(1)] = buffer
+    return out

@@ -141,8 +141,8 @@ def hmatrix_window_hierarchy(length: int, block_size: int) -> SignalHierarchy:
 
     Binary hopping windows over the :math:`L'` padded tokens
     (:func:`~hiergraph.data.window_hierarchy` with branching ``(2,) * (M-1)``)
-    plus one root: the nodes :math:`2^l` levels above the leaves are the
-    level-:math:`l` coarse tokens, so
+    plus one root: the nodes :math:`l` levels above the leaves (each covering
+    :math:`2^l` tokens) are the level-:math:`l` coarse tokens, so
     :func:`~hiergraph.nn.coarsen_leaves` with ``reduce="mean"`` applied
     :math:`l` times turns token queries/keys into :math:`\tilde q^{(l)},
     \tilde k^{(l)}` (``"sum"``: values into :math:`\tilde v^{(l)}`). The same

@@ -107,9 +107,7 @@ def hierarchical_attention(
     levels = index.levels
     tau = q.size(-1) ** -0.5 if scale is None else scale
     family = family_attention_dense if kernel == "dense" else family_attention_edge
-    eps = None
-    if pos_emb is not None:
-        eps = (pos_emb if pos_emb.dim() == 3 else pos_emb.unsqueeze(1)).to(q.dtype)
+    eps = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
 
     # leaf statistics: padding leaves count 0 and carry zeros
     weight = None if leaf_mask is None else leaf_mask.to(q.dtype)
@@ -177,6 +175,20 @@ def hierarchical_attention(
     return out.squeeze(1) if squeeze else out
 
 
+def head_pos_emb(pos_emb: Tensor, q: Tensor, num_nodes: int) -> Tensor:
+    """``pos_emb`` ``[N, c]`` or ``[N, 1 | H, c]`` checked and viewed as ``[N, 1 | H, c]``
+    in ``q``'s dtype (a float64 table with float32 ``q`` computes in float32)."""
+    ok = pos_emb.dim() in (2, 3) and pos_emb.size(0) == num_nodes
+    if pos_emb.dim() == 3:
+        ok = ok and pos_emb.size(1) in (1, q.size(1))
+    if not ok:
+        raise ValueError(
+            f"pos_emb must be [num_nodes={num_nodes}, c] or [num_nodes, heads, c], "
+            f"got {tuple(pos_emb.shape)}"
+        )
+    return (pos_emb if pos_emb.dim() == 3 else pos_emb.unsqueeze(1)).to(q.dtype)
+
+
 def check_qkv(q, k, v, num_leaves: int) -> None:
     """Shared checks of HSA inputs: ``q, k [L, H, d]``, ``v [L, H, d_v]``, one floating
     dtype, one row per leaf."""
@@ -208,14 +220,7 @@ def check_qkv(q, k, v, num_leaves: int) -> None:
 def _check_inputs(q, k, v, index, pos_emb, leaf_mask, causal, include_self, kernel) -> None:
     check_qkv(q, k, v, index.num_leaves)
     if pos_emb is not None:
-        ok = pos_emb.dim() in (2, 3) and pos_emb.size(0) == index.num_nodes
-        if pos_emb.dim() == 3:
-            ok = ok and pos_emb.size(1) in (1, q.size(1))
-        if not ok:
-            raise ValueError(
-                f"pos_emb must be [num_nodes={index.num_nodes}, c] or [num_nodes, heads, c], "
-                f"got {tuple(pos_emb.shape)}"
-            )
+        head_pos_emb(pos_emb, q, index.num_nodes)
     if leaf_mask is not None and leaf_mask.shape != (index.num_leaves,):
         raise ValueError(
             f"leaf_mask must have shape [{index.num_leaves}], got {tuple(leaf_mask.shape)}"

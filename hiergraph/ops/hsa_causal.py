@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import scatter
 
-from hiergraph.ops.hsa import check_qkv
+from hiergraph.ops.hsa import check_qkv, head_pos_emb
 from hiergraph.ops.logspace import log_gates, logaddexp
 
 
@@ -368,13 +368,4 @@ def _check_inputs(q, k, v, plan: CausalPlan, pos_emb) -> Tensor | None:
         )
     if pos_emb is None:
         return None
-    ok = pos_emb.dim() in (2, 3) and pos_emb.size(0) == plan.num_nodes
-    if pos_emb.dim() == 3:
-        ok = ok and pos_emb.size(1) in (1, q.size(1))
-    if not ok:
-        raise ValueError(
-            f"pos_emb must be [num_nodes={plan.num_nodes}, c] or [num_nodes, heads, c], "
-            f"got {tuple(pos_emb.shape)}"
-        )
-    eps = pos_emb if pos_emb.dim() == 3 else pos_emb.unsqueeze(1)
-    return eps.expand(-1, q.size(1), -1)
+    return head_pos_emb(pos_emb, q, plan.num_nodes).expand(-1, q.size(1), -1)

@@ -173,7 +173,8 @@ def sibling_edges(tree: SignalHierarchy, edge_index: Tensor) -> Tensor:
     :math:`u \ne v`, the pair of children of their lowest common ancestor that
     contain :math:`u` and :math:`v` (deduplicated, ``[2, E']``).
 
-    ``edge_index`` holds leaf ids (graph node ids) of ``tree``.
+    ``edge_index`` holds leaf ids (graph node ids) of ``tree``; both ends of an
+    edge must lie in the same tree of a forest.
     """
     parent, depth = tree.parent, tree.depth
     a, b = edge_index.cpu()
@@ -183,6 +184,8 @@ def sibling_edges(tree: SignalHierarchy, edge_index: Tensor) -> Tensor:
         done = parent[a] == parent[b]
         if bool(done.all()):
             break
+        if bool((~done & (parent[a] == a) & (parent[b] == b)).any()):
+            raise ValueError("edge_index has edges between different trees of the forest")
         lift_a = ~done & (depth[a] >= depth[b])
         lift_b = ~done & (depth[b] >= depth[a])
         a = torch.where(lift_a, parent[a], a)

@@ -106,3 +106,5 @@ def test_wrong_hierarchy_size_raises():
     q, k, v, valid = padded_inputs()
     with pytest.raises(ValueError, match="leaves"):
         padded_hsa(q, k, v, valid, window_hierarchies([11, 16, 4], (2,)))
+    with pytest.raises(ValueError, match=r"\[12, 15, 5\] leaves"):  # same total, wrong split
+        padded_hsa(q, k, v, valid, window_hierarchies([12, 15, 5], (2,)))

@@ -49,5 +49,7 @@ def test_converter_bad_inputs():
         mask_to_edge_index(mask.float(), rows="query")
     with pytest.raises(ValueError, match="outside the mask"):
         edge_index_to_mask(torch.tensor([[0], [3]]), 3, rows="query")
+    with pytest.raises(ValueError, match="outside the mask"):  # not wrapped to the last row
+        edge_index_to_mask(torch.tensor([[0], [-1]]), 3, rows="query")
     with pytest.raises(ValueError, match=r"shape \[2, E\]"):
         edge_index_to_mask(torch.zeros(3, 2, dtype=torch.long), 3, rows="query")

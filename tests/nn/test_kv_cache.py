@@ -91,14 +91,16 @@ def test_append_schedule_of_a_small_tree():
         append_schedule(Batch.from_data_list([h, h]))
 
 
-def test_flat_cache_is_causal_softmax():
+@pytest.mark.parametrize("capacity", [0, 1, 8])
+def test_flat_cache_is_causal_softmax(capacity):
     q, k, v = (t.float() for t in random_qkv(50, heads=3, dim=4, dv=5, seed=3))
-    cache = FlatKVCache(3, 4, 5, capacity=8)
-    out = torch.stack([cache.append(q[i], k[i], v[i]) for i in range(50)])
+    cache = FlatKVCache(3, 4, 5, capacity=capacity)
+    cache.extend(k[:20], v[:20])  # a prompt longer than the initial capacity, then decoding
+    out = torch.stack([cache.append(q[i], k[i], v[i]) for i in range(20, 50)])
     logits = torch.einsum("ihd,jhd->hij", q, k) / 2.0
     logits = logits.masked_fill(~torch.ones(50, 50, dtype=torch.bool).tril(), float("-inf"))
     ref = torch.einsum("hij,jhd->ihd", logits.softmax(-1), v)
-    assert (out - ref).abs().max() <= 1e-6
+    assert (out - ref[20:]).abs().max() <= 1e-6
     assert cache.nbytes() == 50 * 3 * 9 * 4
 
 

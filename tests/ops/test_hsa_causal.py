@@ -56,6 +56,15 @@ def test_equals_dense_reference_on_random_trees():
     assert worst <= 1e-12
 
 
+def test_float32_inputs_with_a_float64_position_table():
+    """The position table is cast to q's dtype, as in the non-causal op."""
+    _, h, q, k, v, pe = random_case(random.Random(2), 2)
+    out = causal_hierarchical_attention(q.float(), k.float(), v.float(), h, pos_emb=pe)
+    ref = causal_hierarchical_attention(q, k, v, h, pos_emb=pe)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref.float(), rtol=1e-4, atol=1e-5)
+
+
 def test_reference_rows_are_causal_and_stochastic():
     rng = random.Random(1)
     for seed in range(5):

@@ -9,6 +9,7 @@ from torch_geometric.datasets.graph_generator import GridGraph
 from torch_geometric.loader import DataLoader
 from torch_geometric.utils import stochastic_blockmodel_graph
 
+from hiergraph.data import from_nested
 from hiergraph.data.domain import Domain
 from hiergraph.transforms import (
     GraphHierarchy,
@@ -188,3 +189,13 @@ def test_metis_families_follow_the_planted_blocks():
     inside = [block[parent == p].unique().numel() == 1 for p in parent.unique()]
     assert sum(inside) >= 0.75 * len(inside)
     assert int(family_sizes(tree).max()) <= 16
+
+
+def test_sibling_edges_reject_edges_between_trees():
+    forest = Batch.from_data_list([from_nested([0, 1, 2]), from_nested([0, 1])])
+    leaves = forest.is_leaf.nonzero().view(-1)
+    first, last = leaves[forest.batch[leaves] == 0][0], leaves[forest.batch[leaves] == 1][0]
+    inside = torch.stack([leaves[:2], leaves[1:3]])
+    assert sibling_edges(forest, inside).size(1) == 2
+    with pytest.raises(ValueError, match="different trees"):
+        sibling_edges(forest, torch.tensor([[first], [last]]))
