@@ -98,7 +98,7 @@ def hierarchical_attention(
     if squeeze:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
     index = hierarchy if isinstance(hierarchy, TreeIndex) else hierarchy.tree_index()
-    _check_inputs(q, k, v, index, pos_emb, leaf_mask, causal, include_self, kernel)
+    eps = _check_inputs(q, k, v, index, pos_emb, leaf_mask, causal, include_self, kernel)
     if index.device != q.device:
         raise ValueError(
             f"the hierarchy is on {index.device} but q is on {q.device}; move the hierarchy "
@@ -107,7 +107,6 @@ def hierarchical_attention(
     levels = index.levels
     tau = q.size(-1) ** -0.5 if scale is None else scale
     family = family_attention_dense if kernel == "dense" else family_attention_edge
-    eps = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
 
     # leaf statistics: padding leaves count 0 and carry zeros
     weight = None if leaf_mask is None else leaf_mask.to(q.dtype)
@@ -217,10 +216,12 @@ def check_qkv(q, k, v, num_leaves: int) -> None:
         )
 
 
-def _check_inputs(q, k, v, index, pos_emb, leaf_mask, causal, include_self, kernel) -> None:
+def _check_inputs(
+    q, k, v, index, pos_emb, leaf_mask, causal, include_self, kernel
+) -> Tensor | None:
+    """Checks the inputs; returns ``pos_emb`` as :func:`head_pos_emb` views it (or ``None``)."""
     check_qkv(q, k, v, index.num_leaves)
-    if pos_emb is not None:
-        head_pos_emb(pos_emb, q, index.num_nodes)
+    eps = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
     if leaf_mask is not None and leaf_mask.shape != (index.num_leaves,):
         raise ValueError(
             f"leaf_mask must have shape [{index.num_leaves}], got {tuple(leaf_mask.shape)}"
@@ -232,6 +233,7 @@ def _check_inputs(q, k, v, index, pos_emb, leaf_mask, causal, include_self, kern
         )
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    return eps
 
 
 def _leaf_counts(index: TreeIndex, weight: Tensor | None, dtype) -> list[Tensor]:
