@@ -36,7 +36,8 @@ def laplacian_pe(hierarchy, edge_index: Tensor, k: int) -> Tensor:
         k: number of features per node.
 
     Returns:
-        ``[N, k]`` features (zero for nodes outside graph-domain families).
+        ``[N, k]`` float32 features on the hierarchy's device (zero for nodes
+        outside graph-domain families).
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
@@ -54,7 +55,8 @@ def laplacian_pe(hierarchy, edge_index: Tensor, k: int) -> Tensor:
             "edges must lie in families whose domain is Domain.GRAPH; build them with "
             "Family(children, 'graph')"
         )
-    out = torch.zeros(n, k)
+    device = parent.device
+    out = torch.zeros(n, k, device=device)
     members = (domain == int(Domain.GRAPH)).nonzero().view(-1)
     if members.numel() == 0:
         return out
@@ -64,9 +66,9 @@ def laplacian_pe(hierarchy, edge_index: Tensor, k: int) -> Tensor:
         parent[members], return_inverse=True, return_counts=True
     )
     start = torch.cumsum(sizes, 0) - sizes
-    local = torch.full((n,), -1, dtype=torch.long)
-    local[members] = torch.arange(members.numel()) - start[fam_id]
-    fam_of = torch.full((n,), -1, dtype=torch.long)
+    local = torch.full((n,), -1, dtype=torch.long, device=device)
+    local[members] = torch.arange(members.numel(), device=device) - start[fam_id]
+    fam_of = torch.full((n,), -1, dtype=torch.long, device=device)
     fam_of[members] = fam_id
     inside = local[src] >= 0
     src, dst = src[inside], dst[inside]
@@ -77,7 +79,8 @@ def laplacian_pe(hierarchy, edge_index: Tensor, k: int) -> Tensor:
     by_size = torch.argsort(sizes, stable=True)
     rank = torch.empty_like(by_size)
     sorted_sizes = sizes[by_size]
-    rank[by_size] = torch.arange(by_size.numel()) - torch.searchsorted(sorted_sizes, sorted_sizes)
+    first_of_size = torch.searchsorted(sorted_sizes, sorted_sizes)
+    rank[by_size] = torch.arange(by_size.numel(), device=device) - first_of_size
     edge_start = 0
     for size, end in zip(sizes.unique().tolist(), edge_end.tolist(), strict=True):
         e_src, e_dst = src[edge_start:end], dst[edge_start:end]
@@ -85,13 +88,14 @@ def laplacian_pe(hierarchy, edge_index: Tensor, k: int) -> Tensor:
         if size < 2:  # a single member has no non-trivial eigenvector
             continue
         fams = (sizes == size).nonzero().view(-1)
-        adj = torch.zeros(fams.numel(), size, size, dtype=torch.float64)
+        adj = torch.zeros(fams.numel(), size, size, dtype=torch.float64, device=device)
         adj[rank[fam_of[e_src]], local[e_src], local[e_dst]] = 1.0
         adj = ((adj + adj.transpose(1, 2)) > 0).double()
         adj.diagonal(dim1=1, dim2=2).zero_()
         deg = adj.sum(2)
         inv_sqrt = torch.where(deg > 0, deg.clamp(min=1e-12).rsqrt(), torch.zeros_like(deg))
-        lap = torch.eye(size, dtype=torch.float64) - inv_sqrt[..., None] * adj * inv_sqrt[:, None]
+        eye = torch.eye(size, dtype=torch.float64, device=device)
+        lap = eye - inv_sqrt[..., None] * adj * inv_sqrt[:, None]
         _, vecs = torch.linalg.eigh(lap)
         vecs = vecs[:, :, 1 : k + 1]
         sign = torch.sign(vecs.gather(1, vecs.abs().argmax(1, keepdim=True)))

@@ -144,10 +144,11 @@ class LeafBudgetBatchSampler(Sampler[list[int]]):
         if sampler is not None and shuffle:
             raise ValueError("pass either sampler= or shuffle=True, not both (shuffle the sampler)")
         self.sampler, self.shuffle, self.seed, self.epoch = sampler, shuffle, seed, 0
+        self._pending: list[list[int]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for ``epoch`` (forwarded to the wrapped sampler if it has ``set_epoch``)."""
-        self.epoch = epoch
+        self.epoch, self._pending = epoch, None
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
@@ -160,12 +161,24 @@ class LeafBudgetBatchSampler(Sampler[list[int]]):
             return torch.randperm(n, generator=gen).tolist()
         return list(range(n))
 
-    def batches(self) -> list[list[int]]:
-        """The batches of the current epoch (what iterating yields)."""
+    def _pack(self) -> list[list[int]]:
         return pack_by_budget(self._order(), self.leaf_counts, self.max_leaves)
 
+    def batches(self) -> list[list[int]]:
+        """The batches the next iteration yields.
+
+        They are packed once and kept until an iteration consumes them (or
+        :meth:`set_epoch` is called), so ``len(sampler)`` and the batches
+        agree even when the wrapped sampler draws a new order on every pass
+        (an unseeded ``RandomSampler``).
+        """
+        if self._pending is None:
+            self._pending = self._pack()
+        return self._pending
+
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches())
+        batches, self._pending = self.batches(), None
+        return iter(batches)
 
     def __len__(self) -> int:
         return len(self.batches())
@@ -227,8 +240,8 @@ class DistributedLeafBudgetBatchSampler(LeafBudgetBatchSampler):
             raise ValueError(f"need 0 <= rank < num_replicas, got rank={rank}, {num_replicas=}")
         self.num_replicas, self.rank, self.drop_last = num_replicas, rank, drop_last
 
-    def batches(self) -> list[list[int]]:
-        batches = super().batches()
+    def _pack(self) -> list[list[int]]:
+        batches = super()._pack()
         world = self.num_replicas
         if self.drop_last:
             batches = batches[: len(batches) // world * world]

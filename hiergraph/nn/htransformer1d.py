@@ -13,13 +13,17 @@ from hiergraph.nn.hmatrix_attention import HMatrixAttention
 
 def sinusoidal_positions(length: int, dim: int, device=None, dtype=None) -> Tensor:
     r"""``[length, dim]`` sinusoidal encoding: :math:`PE_{p,2i} = \sin(p\,\omega_i)`,
-    :math:`PE_{p,2i+1} = \cos(p\,\omega_i)`, :math:`\omega_i = 10000^{-2i/\mathrm{dim}}`."""
-    position = torch.arange(length, device=device, dtype=torch.float32).unsqueeze(1)
-    freq = torch.exp(torch.arange(0, dim, 2, device=device) * (-math.log(10000.0) / dim))
-    pe = torch.zeros(length, dim, device=device)
-    pe[:, 0::2] = torch.sin(position * freq)
-    pe[:, 1::2] = torch.cos(position * freq[: dim // 2])
-    return pe.to(dtype) if dtype is not None else pe
+    :math:`PE_{p,2i+1} = \cos(p\,\omega_i)`, :math:`\omega_i = 10000^{-2i/\mathrm{dim}}`,
+    returned in ``dtype`` (default: the default dtype),
+    computed in float64 for float64 and in float32 otherwise."""
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    work = torch.float64 if dtype == torch.float64 else torch.float32  # exact positions
+    position = torch.arange(length, device=device, dtype=work).unsqueeze(1)
+    freq = torch.arange(0, dim, 2, device=device, dtype=work) * (-math.log(10000.0) / dim)
+    pe = torch.empty(length, dim, device=device, dtype=work)
+    pe[:, 0::2] = torch.sin(position * freq.exp())
+    pe[:, 1::2] = torch.cos(position * freq[: dim // 2].exp())
+    return pe.to(dtype)
 
 
 class TransformerBlock(nn.Module):

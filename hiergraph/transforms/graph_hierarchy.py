@@ -199,7 +199,7 @@ def hierarchy_stats(data: HierarchicalGraph | SignalHierarchy) -> dict[str, floa
     """Family-size statistics: number of families, min/mean/median/max size, height."""
     tree = data.hierarchy() if isinstance(data, HierarchicalGraph) else data
     parent = tree.parent
-    nodes = torch.arange(parent.numel())
+    nodes = torch.arange(parent.numel(), device=parent.device)
     sizes = torch.bincount(parent[parent != nodes], minlength=parent.numel())
     sizes = sizes[~tree.is_leaf].float()
     return {

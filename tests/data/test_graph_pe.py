@@ -82,7 +82,18 @@ def test_batched_families_match_per_family_reference():
     sib.fill_diagonal_(False)
     edges = sib.nonzero().T
     pe = laplacian_pe(h, edges, k=3)
+    assert pe.dtype == torch.float32 and pe.device == h.parent.device
     ref, unique = _per_family_reference(h, edges, 3)
     assert unique.sum() > 50 and unique[h.is_leaf].sum() > 30  # leaf families are covered
     assert torch.allclose(pe.double()[unique], ref[unique], atol=1e-5)
     assert torch.all(pe[~h.is_leaf & (h.parent == torch.arange(h.num_nodes))] == 0)  # the root
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu():
+    h = from_nested([Family([0, 1, 2, 3], "graph"), Family([4, 5, 6], "graph")])
+    h.domain[h.parent != torch.arange(h.num_nodes)] = int(Domain.GRAPH)
+    edges = torch.tensor([[0, 1, 2, 4, 5], [1, 2, 3, 5, 6]])
+    pe = laplacian_pe(h.to("cuda"), edges.cuda(), k=2)
+    assert pe.is_cuda
+    torch.testing.assert_close(pe.cpu(), laplacian_pe(h, edges, k=2), atol=1e-5, rtol=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, RandomSampler
 from torch_geometric.data import Data, InMemoryDataset
 from torch_geometric.loader import DataLoader
 
@@ -89,6 +89,22 @@ def test_shuffle_is_seeded_per_epoch():
     sampler.set_epoch(1)
     assert sampler.batches() != first
     assert LeafBudgetBatchSampler(sizes, 64).batches() == pack_by_budget(range(60), sizes, 64)
+
+
+def test_len_matches_the_next_pass_of_an_unseeded_random_sampler():
+    # RandomSampler draws a new order on every pass; len() must describe the pass
+    # that follows it, and the next pass must reshuffle
+    sizes = mixed_sizes()
+    sampler = LeafBudgetBatchSampler(sizes, 64, sampler=RandomSampler(range(60)))
+    passes = []
+    for _ in range(5):
+        announced, length = sampler.batches(), len(sampler)
+        passes.append(list(sampler))
+        assert passes[-1] == announced
+        assert len(passes[-1]) == length
+        check_batches(passes[-1], sizes, 64)
+        assert sorted(i for b in passes[-1] for i in b) == list(range(60))
+    assert len({str(p) for p in passes}) > 1
 
 
 def test_composes_with_distributed_sampler():

@@ -44,6 +44,17 @@ def test_sinusoidal_positions():
     assert pe.shape == (5, 6) and pe.dtype == torch.float64
     torch.testing.assert_close(pe[:, 0], torch.sin(torch.arange(5.0)).double())
     torch.testing.assert_close(pe[3, 3], torch.tensor(math.cos(3 * 10000 ** (-2 / 6))).double())
+    # float64 is computed in float64: exact far out, where float32 arguments are off by ~1e-3
+    far = sinusoidal_positions(20000, 8, dtype=torch.float64)[19999]
+    for i in range(4):
+        angle = 19999 * 10000 ** (-2 * i / 8)
+        assert abs(float(far[2 * i]) - math.sin(angle)) < 1e-9
+        assert abs(float(far[2 * i + 1]) - math.cos(angle)) < 1e-9
+    # half precision is only the output: positions are not rounded to bfloat16 first
+    half = sinusoidal_positions(3000, 8, dtype=torch.bfloat16)
+    assert half.dtype == torch.bfloat16
+    assert torch.equal(half, sinusoidal_positions(3000, 8, dtype=torch.float32).bfloat16())
+    assert sinusoidal_positions(4, 8).dtype == torch.get_default_dtype()
 
 
 def test_attention_factory_swaps_the_attention():
