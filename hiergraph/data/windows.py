@@ -76,7 +76,7 @@ def window_forest(
     lengths = torch.as_tensor(lengths, dtype=torch.long).flatten()
     if lengths.numel() == 0 or bool((lengths < 1).any()):
         raise ValueError(f"lengths must be a non-empty list of ints >= 1, got {lengths.tolist()}")
-    branching = _check_branching(branching)
+    branching = check_branching(branching)
     num, total = lengths.numel(), int(lengths.sum())
     seq = torch.arange(num).repeat_interleave(lengths, output_size=total)
     num_lifted = torch.zeros_like(lengths)
@@ -177,10 +177,11 @@ def random_window_hierarchy(
 def _check(n, branching) -> tuple[int, ...]:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
-    return _check_branching(branching)
+    return check_branching(branching)
 
 
-def _check_branching(branching) -> tuple[int, ...]:
+def check_branching(branching) -> tuple[int, ...]:
+    """``branching`` as a tuple of window sizes, each an int ``>= 2`` (else ``ValueError``)."""
     branching = tuple(branching)
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in branching):
         raise ValueError(f"branching factors must be ints >= 2, got {branching}")

@@ -36,6 +36,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch_geometric.utils import scatter
 
+from hiergraph.ops.logspace import scatter_softmax
 from hiergraph.ops.tree_index import Level, sum_children
 
 #: Most logits (``F * H * rows * W`` elements) one dense block builds at once (64 MiB in
@@ -281,16 +282,7 @@ def family_attention_edge(
     logits = logits + bias.unsqueeze(-1)
     if causal:
         ok = ok & (key < query)
-    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
-    logits = torch.where(ok.unsqueeze(-1), logits, neg_inf)
-    m = scatter(logits.detach(), query, dim=0, dim_size=n, reduce="max")
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(logits - m[query])
-    s = scatter(e, query, dim=0, dim_size=n, reduce="sum")
-    has = s > 0
-    s_safe = torch.where(has, s, torch.ones_like(s))
-    lse = torch.where(has, m + torch.log(s_safe), neg_inf)
-    attn = e / s_safe[query]
+    lse, attn = scatter_softmax(logits, query, n, mask=ok.unsqueeze(-1))
     theta = scatter(attn.unsqueeze(-1) * v[key], query, dim=0, dim_size=n, reduce="sum")
     weight = count[:, None, None]
     sums = [sum_children(t * weight, level, parent_level) for t in (q, k, v)]

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch_geometric.utils import scatter
 
 from hiergraph.ops.hsa import check_qkv, head_pos_emb
-from hiergraph.ops.logspace import log_gates, logaddexp
+from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
 
 
 @dataclass
@@ -343,13 +342,7 @@ def _left_attention(rho_q, key_pair, key_node, pair_node, rho_k, rho_v, log_n, e
     logits = tau * (rho_q[key_pair] * rho_k[key_node]).sum(-1) + log_n[key_node]
     if eps is not None:
         logits = logits + (eps[pair_node[key_pair]] * eps[key_node]).sum(-1)
-    m = scatter(logits.detach(), key_pair, 0, num_pairs, "max")
-    e = torch.exp(logits - m[key_pair])
-    total = _sum_rows(e, key_pair, num_pairs)
-    has = total > 0
-    safe = torch.where(has, total, torch.ones_like(total))
-    lse = torch.where(has, m + torch.log(safe), torch.full_like(m, float("-inf")))
-    weights = e / safe[key_pair]
+    lse, weights = scatter_softmax(logits, key_pair, num_pairs)
     theta = _sum_rows(weights[..., None] * rho_v[key_node], key_pair, num_pairs)
     return lse, theta
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph.ops.topk import top_k_per_group
+
 
 def root_scores(
     q: Tensor, k: Tensor, tree: Tensor, leaf_mask: Tensor | None = None, scale=None
@@ -48,11 +50,4 @@ def top_per_tree(scores: Tensor, tree: Tensor, g: int) -> Tensor:
     """``[L]`` bool: the ``g`` highest finite ``scores`` of every tree (ties: lower index)."""
     if g < 0:
         raise ValueError(f"the number of hubs must be >= 0, got {g}")
-    order = torch.sort(scores, descending=True, stable=True).indices
-    order = order[torch.sort(tree[order], stable=True).indices]  # by tree, then by score
-    sizes = torch.bincount(tree)
-    first = torch.cumsum(sizes, 0) - sizes
-    rank = torch.arange(order.numel(), device=scores.device) - first[tree[order]]
-    chosen = torch.zeros_like(scores, dtype=torch.bool)
-    chosen[order] = (rank < g) & torch.isfinite(scores[order])
-    return chosen
+    return top_k_per_group(scores, tree, g) & torch.isfinite(scores)

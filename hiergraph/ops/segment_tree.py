@@ -45,6 +45,9 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import segment
 
+from hiergraph.data.windows import check_branching
+from hiergraph.ops.topk import top_k_per_group
+
 ScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 """``score_fn(means [M, d], batch [M], count [M]) -> [M]``: larger = refine first."""
 
@@ -112,7 +115,6 @@ class SegmentTree:
     Attributes:
         branching: window sizes :math:`k_1, \dots, k_m` (bottom-up), each ``>= 2``.
         ptr: ``[B + 1]`` token pointer.
-        level_ptr: per level, ``[B + 1]`` node pointer.
         batch: per level, ``[M_l]`` sequence of each node.
         start: per level, ``[M_l]`` flat index of the first token of each node.
         count: per level, ``[M_l]`` number of tokens below each node (:math:`s`).
@@ -123,7 +125,6 @@ class SegmentTree:
 
     branching: tuple[int, ...]
     ptr: Tensor
-    level_ptr: tuple[Tensor, ...]
     batch: tuple[Tensor, ...]
     start: tuple[Tensor, ...]
     count: tuple[Tensor, ...]
@@ -154,7 +155,7 @@ class SegmentTree:
                 tree of the paper's experiments (tokens, ``k``-blocks, root);
                 ``(k,) * m`` gives a ``k``-ary tree of height ``m + 1``.
         """
-        branching = _check_branching(branching)
+        branching = check_branching(branching)
         if not isinstance(ptr, Tensor) or ptr.dim() != 1 or ptr.numel() < 1:
             raise ValueError("ptr must be a 1-D tensor [B + 1] of sequence boundaries")
         if ptr.dtype != torch.long or int(ptr[0]) != 0 or bool((ptr.diff() < 0).any()):
@@ -193,7 +194,7 @@ class SegmentTree:
             )
             children = torch.bincount(parent[-1], minlength=batch[level + 1].numel())
             child_ptr.append(torch.cat([children.new_zeros(1), torch.cumsum(children, 0)]))
-        return cls(branching, ptr, *map(tuple, (level_ptr, batch, start, count, parent, child_ptr)))
+        return cls(branching, ptr, *map(tuple, (batch, start, count, parent, child_ptr)))
 
 
 class TreeState(tuple):
@@ -288,18 +289,6 @@ class Selection:
         return rows.repeat_interleave(self.count, output_size=int(self.count.sum()))
 
 
-def _top_per_sequence(score: Tensor, batch: Tensor, budget: int, num_seq: int) -> Tensor:
-    """Boolean mask of the ``budget`` highest scores of each sequence (ties: lower index first)."""
-    order = torch.sort(score, descending=True, stable=True).indices
-    order = order[torch.sort(batch[order], stable=True).indices]
-    sizes = torch.bincount(batch, minlength=num_seq)
-    first = torch.cumsum(sizes, 0) - sizes
-    rank = torch.arange(order.numel(), device=score.device) - first[batch[order]]
-    chosen = torch.zeros_like(batch, dtype=torch.bool)
-    chosen[order[rank < budget]] = True
-    return chosen
-
-
 def select_segments(
     state: TreeState,
     tree: SegmentTree,
@@ -354,7 +343,7 @@ def select_segments(
         else:
             with torch.no_grad():
                 score = score_fn(mean.detach(), batch, tree.count[level][node])
-            chosen = _top_per_sequence(score, batch, h, tree.num_sequences)
+            chosen = top_k_per_group(score, batch, h)
         keep, chosen = (~chosen).nonzero().squeeze(1), chosen.nonzero().squeeze(1)
         parts.append((level, node[keep], take_rows(mean, keep)))
         split = node[chosen]
@@ -440,10 +429,3 @@ def full_tree_branching(max_length: int, k: int) -> tuple[int, ...]:
     for sequences of up to ``max_length`` tokens (a ``k``-ary tree, Alg. 1's setting)."""
     m = max(1, math.ceil(math.log(max(max_length, 2)) / math.log(k) - 1e-9))
     return (k,) * m
-
-
-def _check_branching(branching) -> tuple[int, ...]:
-    branching = tuple(branching)
-    if any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in branching):
-        raise ValueError(f"branching factors must be ints >= 2, got {branching}")
-    return branching

@@ -191,7 +191,6 @@ class TreeIndex:
         parent_local: per level ``d >= 1``, ``[n_d]`` index of each node's
             parent inside level ``d - 1``; ``parent_local[0]`` is empty.
         leaf_node: ``[L]`` node id of each leaf, in leaf order.
-        leaf_pos: ``[L]`` BFS position of each leaf, in leaf order (as :class:`Rows`).
         family_start, family_size: ``[F]`` BFS start and size of each family.
         levels: the per-level plan (:class:`Level`).
         leaf_perm: leaves listed level by level (in-level order) → leaf
@@ -205,7 +204,6 @@ class TreeIndex:
     level_ptr: list[int]
     parent_local: list[Tensor]
     leaf_node: Tensor
-    leaf_pos: Rows
     family_start: Tensor
     family_size: Tensor
     levels: list[Level]
@@ -312,7 +310,6 @@ class TreeIndex:
             level_ptr=level_ptr,
             parent_local=parent_local,
             leaf_node=leaf_nodes,
-            leaf_pos=Rows.of(leaf_pos),
             family_start=family_start,
             family_size=family_size,
             levels=levels,

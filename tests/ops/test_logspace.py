@@ -3,6 +3,7 @@ import math
 import torch
 
 from hiergraph.ops import log_gates, logaddexp, masked_softmax
+from hiergraph.ops.logspace import scatter_softmax
 
 INF = float("inf")
 
@@ -17,6 +18,23 @@ def test_masked_softmax_matches_softmax_and_handles_empty_rows():
     assert lse[1] == -INF and torch.all(w[1] == 0)
     (lse[[0, 2]].sum() + w.sum()).backward()
     assert torch.isfinite(x.grad).all() and torch.all(x.grad[1] == 0)
+
+
+def test_scatter_softmax_matches_masked_softmax_on_padded_rows():
+    # rows 0..3 hold entries (row 2 none, row 3 only masked ones), entries out of row order
+    index = torch.tensor([1, 0, 3, 1, 0, 1, 3, 0])
+    mask = torch.tensor([1, 1, 0, 1, 0, 1, 0, 1], dtype=torch.bool)[:, None].expand(-1, 2)
+    x = torch.randn(8, 2, dtype=torch.float64, requires_grad=True)
+    lse, w = scatter_softmax(x, index, 4, mask=mask)
+    # dense reference: row r's entries in slots, padded with masked-out slots
+    slots = torch.zeros(4, 8, dtype=torch.bool)
+    slots[index, torch.arange(8)] = True
+    dense = torch.where(slots[:, :, None], x[None], 0.0)  # [R, E, H]
+    ref_lse, ref_w = masked_softmax(dense, slots[:, :, None] & mask[None], dim=1)
+    assert torch.allclose(lse, ref_lse) and lse[2:].eq(-INF).all()
+    assert torch.allclose(w, ref_w[index, torch.arange(8)]) and torch.all(w[~mask] == 0)
+    (lse[:2].sum() + (w * torch.randn(8, 2, dtype=torch.float64)).sum()).backward()
+    assert torch.isfinite(x.grad).all() and torch.all(x.grad[~mask[:, 0]] == 0)
 
 
 def test_logaddexp_both_neg_inf_has_zero_grad():

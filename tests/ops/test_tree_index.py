@@ -35,7 +35,7 @@ def test_bfs_layout_invariants(seed):
         assert torch.all(h.slot[members][1:] > h.slot[members][:-1])
         covered[start : start + size] += 1
     assert torch.all(covered[idx.level_ptr[1] :] == 1)
-    assert torch.equal(order[idx.leaf_pos.index], h.is_leaf.nonzero().view(-1))
+    assert torch.equal(idx.leaf_node, h.is_leaf.nonzero().view(-1))  # leaf order
 
 
 def test_blocks_cover_families():
@@ -89,7 +89,7 @@ def test_gather_leaves_restores_leaf_order():
     idx = h.tree_index()
     bfs = torch.arange(h.num_nodes)
     per_level = [bfs[lo:hi] for lo, hi in zip(idx.level_ptr[:-1], idx.level_ptr[1:], strict=True)]
-    assert torch.equal(idx.gather_leaves(per_level), idx.leaf_pos.index)
+    assert torch.equal(idx.gather_leaves(per_level), idx.rank[idx.leaf_node])  # leaf BFS positions
 
 
 def test_bucket_width():
