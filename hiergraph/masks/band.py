@@ -80,8 +80,8 @@ class BandMask:
 
     @property
     def num_edges(self) -> int:
-        """The edge count of the class docstring, in closed form."""
-        lengths = torch.tensor(self.lengths, dtype=torch.long)
+        """The edge count of the class docstring, in closed form (computed on the CPU)."""
+        lengths = torch.tensor(self.lengths, dtype=torch.long, device="cpu")
         classes = [torch.clamp(lengths - r, min=0) for r in range(self.dilation)]
         return sum(
             int(_band_size(-(-c // self.dilation), self.before, self.after).sum()) for c in classes

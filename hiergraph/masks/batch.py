@@ -20,14 +20,20 @@ def sequence_batch(
     PyG batching shifts each sequence's ``edge_index`` by its offset, so no
     edge crosses sequences and variable lengths need no padding mask. The
     result has ``batch``, ``ptr``, and ``pos`` (the position of every node in
-    its own sequence).
+    its own sequence). Its tensors lie on ``x``'s device (each mask is moved
+    there if ``mask`` built it elsewhere), or without ``x`` on
+    ``params["device"]`` (PyTorch's default device when not given).
 
     Args:
         lengths: sequence lengths.
-        mask: a builder ``(n, **params) -> edge_index``, e.g.
+        mask: a builder ``(n, **params) -> edge_index [2, E_n]``, e.g.
             :func:`~hiergraph.masks.window_mask`.
         x: optional ``[sum(lengths), F]`` node features, split by ``lengths``.
-        **params: passed on to ``mask``.
+        **params: passed on to ``mask`` (e.g. ``device=`` for the builders of
+            :mod:`hiergraph.masks`).
+
+    Returns:
+        A ``Batch`` of ``sum(lengths)`` nodes and ``sum(E_n)`` edges.
 
     Example::
 
@@ -39,8 +45,14 @@ def sequence_batch(
     if x is not None and x.size(0) != sum(lengths):
         raise ValueError(f"x has {x.size(0)} rows but the lengths sum to {sum(lengths)}")
     features = x.split(lengths) if x is not None else [None] * len(lengths)
+    device = x.device if x is not None else params.get("device")
     data = [
-        Data(x=feat, edge_index=mask(n, **params), pos=torch.arange(n), num_nodes=n)
+        Data(
+            x=feat,
+            edge_index=mask(n, **params).to(device),
+            pos=torch.arange(n, device=device),
+            num_nodes=n,
+        )
         for n, feat in zip(lengths, features, strict=True)
     ]
     return Batch.from_data_list(data)

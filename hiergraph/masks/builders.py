@@ -9,6 +9,11 @@ edges of each target). Every builder returns a ``LongTensor [2, E]`` sorted by
 target and then by source, without duplicates, and states :math:`E` in its
 docstring. Self-loops are explicit: a builder includes the diagonal only where
 its docstring says so.
+
+Devices: a builder that takes a tensor (``edge_index``, ``parent``) returns
+its edges on that tensor's device; the others take a keyword-only
+``device`` (``None``, the default, keeps PyTorch's default device) and
+give the same edges on every device.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch.types import Device
 
 from hiergraph.masks.band import BandMask
 
@@ -29,13 +35,52 @@ def _check_count(name: str, value, minimum: int = 0) -> int:
     return value
 
 
-def _check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
+def check_edge_index(
+    edge_index: Tensor,
+    num_src: int,
+    num_dst: int | None = None,
+    *,
+    alternative: str | None = None,
+) -> None:
+    r"""Raise unless ``edge_index`` is a LongTensor ``[2, E]`` whose ids fit the node sets.
+
+    The one input check of every mask builder, of
+    :func:`~hiergraph.masks.edge_index_to_mask` and of
+    :class:`~hiergraph.nn.MaskedAttentionConv`.
+
+    Args:
+        edge_index: ``[2, E]``, row 0 = source = key, row 1 = target = query.
+        num_src: row 0 must lie in ``[0, num_src)``.
+        num_dst: row 1 must lie in ``[0, num_dst)``; ``None`` for ``num_src``
+            (a square mask over one node set).
+        alternative: another accepted input, named in the ``TypeError``
+            (e.g. ``"a BandMask"``).
+
+    Raises:
+        TypeError: ``edge_index`` is not a LongTensor.
+        ValueError: its shape is not ``[2, E]``, or an id lies out of range
+            (the message gives the range of each row).
+
+    The range check reads four numbers back to the host: one sync on CUDA.
+    """
+    num_dst = num_src if num_dst is None else num_dst
     if not isinstance(edge_index, Tensor) or edge_index.dtype != torch.long:
-        raise TypeError("edge_index must be a LongTensor of shape [2, E]")
+        is_tensor = isinstance(edge_index, Tensor)
+        got = f"a {edge_index.dtype} tensor" if is_tensor else type(edge_index).__name__
+        accepted = "a LongTensor of shape [2, E]" + (f" or {alternative}" if alternative else "")
+        raise TypeError(f"edge_index must be {accepted}, got {got}")
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
         raise ValueError(f"edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
-    if edge_index.numel() and (edge_index.min() < 0 or edge_index.max() >= num_nodes):
-        raise ValueError(f"edge_index has node ids outside [0, num_nodes = {num_nodes})")
+    if not edge_index.numel():
+        return
+    low, high = torch.aminmax(edge_index, dim=1)
+    (src_low, dst_low), (src_high, dst_high) = torch.stack([low, high]).tolist()
+    if min(src_low, dst_low) < 0 or src_high >= num_src or dst_high >= num_dst:
+        raise ValueError(
+            f"edge_index has ids out of range (outside the mask): sources (row 0, keys) span "
+            f"{src_low}..{src_high} for num_src = {num_src}, targets (row 1, queries) span "
+            f"{dst_low}..{dst_high} for num_dst = {num_dst}"
+        )
 
 
 def _canonical(src: Tensor, dst: Tensor, num_nodes: int) -> Tensor:
@@ -44,63 +89,68 @@ def _canonical(src: Tensor, dst: Tensor, num_nodes: int) -> Tensor:
     return torch.stack([key % num_nodes, key // num_nodes])
 
 
-def full_mask(n: int, self_loops: bool = True) -> Tensor:
+def full_mask(n: int, self_loops: bool = True, *, device: Device = None) -> Tensor:
     r"""Self-attention: every query attends every key.
 
-    :math:`E = n^2` (:math:`n(n-1)` without self-loops).
+    Returns ``[2, E]`` on ``device``, :math:`E = n^2` (:math:`n(n-1)` without
+    self-loops).
     """
-    edge_index = BandMask((_check_count("n", n),), max(n - 1, 0), max(n - 1, 0)).edge_index()
+    band = BandMask((_check_count("n", n),), max(n - 1, 0), max(n - 1, 0))
+    edge_index = band.edge_index(device)
     return edge_index if self_loops else edge_index[:, edge_index[0] != edge_index[1]]
 
 
-def causal_mask(n: int) -> Tensor:
+def causal_mask(n: int, *, device: Device = None) -> Tensor:
     r"""Masked (autoregressive) attention: :math:`j \le i`, diagonal included.
 
-    :math:`E = n(n+1)/2`; every edge has ``source <= target``.
+    Returns ``[2, E]`` on ``device``, :math:`E = n(n+1)/2`; every edge has
+    ``source <= target``.
     """
-    return BandMask((_check_count("n", n),), max(n - 1, 0), 0).edge_index()
+    return BandMask((_check_count("n", n),), max(n - 1, 0), 0).edge_index(device)
 
 
-def window_mask(n: int, p: int, causal: bool = False) -> Tensor:
+def window_mask(n: int, p: int, causal: bool = False, *, device: Device = None) -> Tensor:
     r"""Sliding window of width :math:`p`: :math:`|i - j| \le p`, or
     :math:`i - p \le j \le i` when ``causal`` (the paper's "strided" attention,
     Def. 8, whose code's ``stride`` is :math:`p + 1`).
 
-    With :math:`q = \min(p, n - 1)`:
+    Returns ``[2, E]`` on ``device``; with :math:`q = \min(p, n - 1)`:
     :math:`E = (2q+1)\,n - q(q+1)` (bidirectional),
     :math:`E = (q+1)\,n - q(q+1)/2` (causal).
     """
     _check_count("n", n)
     _check_count("p", p)
-    return BandMask((n,), p, 0 if causal else p).edge_index()
+    return BandMask((n,), p, 0 if causal else p).edge_index(device)
 
 
-def dilated_mask(n: int, p: int, dilation: int, causal: bool = False) -> Tensor:
+def dilated_mask(
+    n: int, p: int, dilation: int, causal: bool = False, *, device: Device = None
+) -> Tensor:
     r"""Dilated (strided, Child et al.) window: :math:`j \equiv i \pmod s` and
     :math:`|i - j| \le p\,s` (:math:`0 \le i - j \le p\,s` when ``causal``).
 
-    Each residue class :math:`r < s` is a plain window of width :math:`p` on
-    :math:`n_r = \lceil (n - r)/s \rceil` positions, so :math:`E = \sum_{r}
-    E_{\text{window}}(n_r, p)` with :math:`E_{\text{window}}` from
-    :func:`window_mask`.
+    Returns ``[2, E]`` on ``device``. Each residue class :math:`r < s` is a
+    plain window of width :math:`p` on :math:`n_r = \lceil (n - r)/s \rceil`
+    positions, so :math:`E = \sum_{r} E_{\text{window}}(n_r, p)` with
+    :math:`E_{\text{window}}` from :func:`window_mask`.
     """
     _check_count("n", n)
     _check_count("p", p)
     _check_count("dilation", dilation, 1)
-    return BandMask((n,), p, 0 if causal else p, dilation).edge_index()
+    return BandMask((n,), p, 0 if causal else p, dilation).edge_index(device)
 
 
-def block_diagonal_mask(sizes: Sequence[int]) -> Tensor:
+def block_diagonal_mask(sizes: Sequence[int], *, device: Device = None) -> Tensor:
     r"""Full attention inside consecutive blocks (segments) of the given sizes.
 
-    :math:`E = \sum_k b_k^2`.
+    Returns ``[2, E]`` on ``device``, :math:`E = \sum_k b_k^2`.
     """
     sizes = [_check_count("block size", b) for b in sizes]
     reach = max(sizes, default=1) - 1
-    return BandMask(tuple(sizes), max(reach, 0), max(reach, 0)).edge_index()
+    return BandMask(tuple(sizes), max(reach, 0), max(reach, 0)).edge_index(device)
 
 
-def cross_mask(num_src: int, num_dst: int, joint: bool = True) -> Tensor:
+def cross_mask(num_src: int, num_dst: int, joint: bool = True, *, device: Device = None) -> Tensor:
     r"""Encoder-decoder (cross) attention: every decoder query attends every
     encoder key, and nothing else.
 
@@ -109,12 +159,13 @@ def cross_mask(num_src: int, num_dst: int, joint: bool = True) -> Tensor:
     (encoder rows get no incoming edge). With ``joint=False`` the indices are
     bipartite, for ``layer((x_src, x_dst), edge_index)``.
 
-    :math:`E = m\,n` with :math:`m` = ``num_src``, :math:`n` = ``num_dst``.
+    Returns ``[2, E]`` on ``device``, :math:`E = m\,n` with :math:`m` =
+    ``num_src``, :math:`n` = ``num_dst``.
     """
     _check_count("num_src", num_src)
     _check_count("num_dst", num_dst)
-    src = torch.arange(num_src).repeat(num_dst)
-    dst = torch.arange(num_dst).repeat_interleave(num_src)
+    src = torch.arange(num_src, device=device).repeat(num_dst)
+    dst = torch.arange(num_dst, device=device).repeat_interleave(num_src)
     return torch.stack([src, dst + num_src if joint else dst])
 
 
@@ -122,20 +173,21 @@ def global_tokens_mask(
     edge_index: Tensor, num_nodes: int, num_global: int, read_only: bool = False
 ) -> Tensor:
     r"""Add :math:`g` global tokens, numbered ``num_nodes .. num_nodes + g - 1``,
-    to a base mask over :math:`n` tokens.
+    to a base mask ``edge_index [2, E_base]`` over :math:`n` tokens.
 
     Global tokens attend each other and every token; every token attends them.
     With ``read_only=True`` they are *memory* tokens: every token attends them,
     but they attend only each other.
 
+    Returns ``[2, E]`` on ``edge_index``'s device,
     :math:`E = E_{\text{base}} + 2gn + g^2` (:math:`E_{\text{base}} + gn + g^2`
     when ``read_only``), :math:`E_{\text{base}}` counting distinct edges.
     """
     _check_count("num_nodes", num_nodes)
     _check_count("num_global", num_global)
-    _check_edge_index(edge_index, num_nodes)
-    tokens = torch.arange(num_nodes)
-    glob = torch.arange(num_nodes, num_nodes + num_global)
+    check_edge_index(edge_index, num_nodes)
+    tokens = torch.arange(num_nodes, device=edge_index.device)
+    glob = torch.arange(num_nodes, num_nodes + num_global, device=edge_index.device)
     pairs = [
         (edge_index[0], edge_index[1]),
         (glob.repeat(num_nodes), tokens.repeat_interleave(num_global)),  # tokens read globals
@@ -147,15 +199,18 @@ def global_tokens_mask(
     return _canonical(src, dst, num_nodes + num_global)
 
 
-def random_mask(n: int, num_edges: int, seed: int = 0, self_loops: bool = True) -> Tensor:
+def random_mask(
+    n: int, num_edges: int, seed: int = 0, self_loops: bool = True, *, device: Device = None
+) -> Tensor:
     r"""Uniformly random sparse mask with exactly ``num_edges`` distinct edges.
 
     With ``self_loops`` all :math:`n` self-loops are included (so no query is
     isolated) and the other ``num_edges - n`` edges are drawn uniformly without
     replacement among the :math:`n(n-1)` off-diagonal pairs; otherwise all
-    ``num_edges`` are off-diagonal. The same ``seed`` gives the same mask.
+    ``num_edges`` are off-diagonal. The same ``seed`` gives the same mask, on
+    every ``device``: the edges are drawn on the CPU and then moved.
 
-    :math:`E` = ``num_edges``.
+    Returns ``[2, E]`` on ``device``, :math:`E` = ``num_edges``.
     """
     _check_count("n", n)
     _check_count("num_edges", num_edges)
@@ -165,35 +220,39 @@ def random_mask(n: int, num_edges: int, seed: int = 0, self_loops: bool = True) 
             f"num_edges must lie in [{loops}, {loops + n * (n - 1)}] for n = {n} "
             f"(self_loops={self_loops}), got {num_edges}"
         )
-    generator = torch.Generator().manual_seed(seed)
+    cpu = torch.device("cpu")  # draw on the CPU: one seed, one mask, on every device
+    generator = torch.Generator(cpu).manual_seed(seed)
     want, pairs = num_edges - loops, n * (n - 1)
     if pairs <= 4 * want + 1024:  # dense enough: shuffle all off-diagonal pair ids
-        picked = torch.randperm(pairs, generator=generator)[:want]
+        picked = torch.randperm(pairs, generator=generator, device=cpu)[:want]
     else:  # sparse: rejection sampling of pair ids, then a uniform subset
-        picked = torch.empty(0, dtype=torch.long)
+        picked = torch.empty(0, dtype=torch.long, device=cpu)
         while picked.numel() < want:
-            draw = torch.randint(pairs, (2 * (want - picked.numel()),), generator=generator)
+            size = (2 * (want - picked.numel()),)
+            draw = torch.randint(pairs, size, generator=generator, device=cpu)
             picked = torch.unique(torch.cat([picked, draw]))
-            picked = picked[torch.randperm(picked.numel(), generator=generator)[:want]]
+            picked = picked[torch.randperm(picked.numel(), generator=generator, device=cpu)[:want]]
     dst, rest = picked // max(n - 1, 1), picked % max(n - 1, 1)
     src = rest + (rest >= dst).long()  # skip the diagonal
-    diag = torch.arange(loops)
-    return _canonical(torch.cat([src, diag]), torch.cat([dst, diag]), n)
+    diag = torch.arange(loops, device=cpu)
+    edge_index = _canonical(torch.cat([src, diag]), torch.cat([dst, diag]), n)
+    return edge_index.to(torch.empty(0, device=device).device)  # None: the default device
 
 
 def graph_mask(edge_index: Tensor, num_nodes: int, self_loops: bool = True) -> Tensor:
-    r"""A given graph (PyG direction: ``edge_index[0]`` sends to ``edge_index[1]``)
-    as a mask: duplicates removed, self-loops added (``self_loops=True``) or
-    removed.
+    r"""A given graph ``edge_index [2, E_in]`` (PyG direction: ``edge_index[0]``
+    sends to ``edge_index[1]``) as a mask: duplicates removed, self-loops added
+    (``self_loops=True``) or removed.
 
+    Returns ``[2, E]`` on ``edge_index``'s device,
     :math:`E = |\{\text{distinct non-loop edges}\}| + n` (without the :math:`n`
     when ``self_loops=False``).
     """
     _check_count("num_nodes", num_nodes)
-    _check_edge_index(edge_index, num_nodes)
+    check_edge_index(edge_index, num_nodes)
     src, dst = edge_index[:, edge_index[0] != edge_index[1]]
     if self_loops:
-        loop = torch.arange(num_nodes)
+        loop = torch.arange(num_nodes, device=edge_index.device)
         src, dst = torch.cat([src, loop]), torch.cat([dst, loop])
     return _canonical(src, dst, num_nodes)
 
@@ -207,19 +266,22 @@ def sibling_mask(parent: Tensor, self_loops: bool = True) -> Tensor:
     only themselves (with ``self_loops``) and never each other, which keeps
     the trees of a batch apart.
 
-    With families of sizes :math:`b_f` and :math:`R` roots:
-    :math:`E = \sum_f b_f^2 + R` (:math:`\sum_f b_f(b_f - 1)` without self-loops).
+    Returns ``[2, E]`` on ``parent``'s device; with families of sizes
+    :math:`b_f` and :math:`R` roots: :math:`E = \sum_f b_f^2 + R`
+    (:math:`\sum_f b_f(b_f - 1)` without self-loops).
     """
     if not isinstance(parent, Tensor) or parent.dtype != torch.long or parent.dim() != 1:
         raise TypeError("parent must be a 1-D LongTensor [num_nodes] (-1 for roots)")
     n = parent.numel()
     if parent.numel() and (parent.min() < -1 or parent.max() >= n):
-        raise ValueError(f"parent ids must lie in [-1, {n}), got [{parent.min()}, {parent.max()}]")
-    node = torch.arange(n)
+        raise ValueError(
+            f"parent ids must lie in [-1, {n}), got [{int(parent.min())}, {int(parent.max())}]"
+        )
+    node = torch.arange(n, device=parent.device)
     family = torch.where((parent < 0) | (parent == node), -1 - node, parent)  # roots: own family
     order = torch.argsort(family, stable=True)
     sizes = torch.unique_consecutive(family[order], return_counts=True)[1]
-    src_rank, dst_rank = block_diagonal_mask(sizes.tolist())
+    src_rank, dst_rank = block_diagonal_mask(sizes.tolist(), device=parent.device)
     src, dst = order[src_rank], order[dst_rank]
     keep = (src != dst) | self_loops
     return _canonical(src[keep], dst[keep], n)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph.masks.builders import check_edge_index
+
 _ROWS = ("query", "key")
 
 
@@ -57,23 +59,16 @@ def edge_index_to_mask(
         rows: ``"query"`` for ``mask[query, key]``, ``"key"`` for ``A[key, query]``.
 
     Returns:
-        BoolTensor ``[num_queries, num_keys]`` (``rows="query"``) or its transpose.
+        BoolTensor ``[num_queries, num_keys]`` (``rows="query"``) or its
+        transpose, on ``edge_index``'s device.
+
+    Raises:
+        TypeError, ValueError: from :func:`~hiergraph.masks.builders.check_edge_index`.
     """
     _check_rows(rows)
-    if not isinstance(edge_index, Tensor) or edge_index.dtype != torch.long:
-        raise TypeError("edge_index must be a LongTensor of shape [2, E]")
-    if edge_index.dim() != 2 or edge_index.size(0) != 2:
-        raise ValueError(f"edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
     num_keys, num_queries = (num_nodes, num_nodes) if isinstance(num_nodes, int) else num_nodes
+    check_edge_index(edge_index, num_keys, num_queries)
     key, query = edge_index
-    if edge_index.numel() and (
-        edge_index.min() < 0 or key.max() >= num_keys or query.max() >= num_queries
-    ):
-        raise ValueError(
-            f"edge_index has ids outside the mask: keys {int(key.min())}..{int(key.max())} "
-            f"(num_keys = {num_keys}), queries {int(query.min())}..{int(query.max())} "
-            f"(num_queries = {num_queries})"
-        )
     mask = torch.zeros(num_queries, num_keys, dtype=torch.bool, device=edge_index.device)
     mask[query, key] = True
     return mask if rows == "query" else mask.T

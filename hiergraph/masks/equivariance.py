@@ -26,6 +26,12 @@ from hiergraph.masks.dense import edge_index_to_mask
 Perm = Tensor | tuple[Tensor, Tensor]
 
 
+def _check_eval(layer: Callable) -> None:
+    """Raise unless ``layer`` is deterministic: a module in training mode is not."""
+    if isinstance(layer, torch.nn.Module) and layer.training:
+        raise ValueError("layer is in training mode (dropout makes it random); call layer.eval()")
+
+
 def relabel(edge_index: Tensor, perm: Perm) -> Tensor:
     """``edge_index`` of the graph whose node ``a`` is the old node ``perm[a]``.
 
@@ -51,11 +57,14 @@ def automorphisms(edge_index: Tensor, num_nodes: int, brute_force_up_to: int = 7
     (vectorised), otherwise networkx's VF2 matcher on the directed graph with
     its self-loops. :math:`|\operatorname{Aut}|` can be as large as :math:`n!`
     (the full mask), so keep ``n`` small for highly symmetric masks.
+
+    The result lies on ``edge_index``'s device.
     """
+    device = edge_index.device
     mask = edge_index_to_mask(edge_index, num_nodes, rows="query")
     if num_nodes <= brute_force_up_to:
-        perms = torch.tensor(list(itertools.permutations(range(num_nodes))), dtype=torch.long)
-        perms = perms.view(-1, num_nodes)
+        perms = list(itertools.permutations(range(num_nodes)))
+        perms = torch.tensor(perms, dtype=torch.long, device=device).view(-1, num_nodes)
         same = (mask[perms[:, :, None], perms[:, None, :]] == mask).flatten(1).all(dim=1)
         return perms[same]
     graph = nx.DiGraph()
@@ -63,7 +72,7 @@ def automorphisms(edge_index: Tensor, num_nodes: int, brute_force_up_to: int = 7
     graph.add_edges_from(edge_index.t().tolist())
     matcher = nx.algorithms.isomorphism.DiGraphMatcher(graph, graph)
     found = [[m[a] for a in range(num_nodes)] for m in matcher.isomorphisms_iter()]
-    return torch.tensor(sorted(found), dtype=torch.long).view(-1, num_nodes)
+    return torch.tensor(sorted(found), dtype=torch.long, device=device).view(-1, num_nodes)
 
 
 def equivariance_error(
@@ -82,8 +91,7 @@ def equivariance_error(
 
     ``layer`` must be deterministic: call ``.eval()`` on modules with dropout.
     """
-    if isinstance(layer, torch.nn.Module) and layer.training:
-        raise ValueError("layer is in training mode (dropout makes it random); call layer.eval()")
+    _check_eval(layer)
     bipartite = isinstance(x, tuple)
     if bipartite != isinstance(perm, tuple):
         raise TypeError("pass a pair of permutations exactly when x is a pair (x_src, x_dst)")
@@ -106,8 +114,7 @@ def equivariance_errors(
     This is exact for layers whose outputs depend only on each node's own
     graph (message passing without global pooling or normalisation).
     """
-    if isinstance(layer, torch.nn.Module) and layer.training:
-        raise ValueError("layer is in training mode (dropout makes it random); call layer.eval()")
+    _check_eval(layer)
     if not isinstance(x, Tensor):
         raise TypeError("equivariance_errors takes a single x; use equivariance_error for pairs")
     n = x.size(0)

@@ -12,6 +12,7 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.utils import softmax
 
 from hiergraph.masks.band import BandMask
+from hiergraph.masks.builders import check_edge_index
 from hiergraph.ops.banded_attention import banded_attention
 from hiergraph.ops.edge_products import EdgeCSR, edge_aggregate, edge_dot
 
@@ -157,7 +158,7 @@ class MaskedAttentionConv(MessagePassing):
         self._check_features(x_src, x_dst)
         band = edge_index if isinstance(edge_index, BandMask) else None
         if band is None:
-            self._check_edge_index(edge_index, x_src.size(0), x_dst.size(0))
+            check_edge_index(edge_index, x_src.size(0), x_dst.size(0), alternative="a BandMask")
         elif x_src is not x_dst or band.num_nodes != x_dst.size(0):
             raise ValueError(
                 f"a BandMask over {band.num_nodes} nodes needs a single x with as many rows; "
@@ -202,19 +203,6 @@ class MaskedAttentionConv(MessagePassing):
                     f"{name} must be a [num_nodes, {lin.in_features}] tensor (in_channels of "
                     f"this layer), got {shape}; pass x or a pair (x_src, x_dst)"
                 )
-
-    @staticmethod
-    def _check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
-        if not isinstance(edge_index, Tensor) or edge_index.dtype != torch.long:
-            raise TypeError("edge_index must be a LongTensor [2, E] or a BandMask")
-        if edge_index.dim() != 2 or edge_index.size(0) != 2:
-            raise ValueError(f"edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
-        if edge_index.numel() and (
-            edge_index.min() < 0 or edge_index[0].max() >= num_src or edge_index[1].max() >= num_dst
-        ):
-            raise ValueError(
-                f"edge_index ids out of range for {num_src} source and {num_dst} target nodes"
-            )
 
     def _edge_terms(
         self, edge_attr: Tensor | None, num_edges: int

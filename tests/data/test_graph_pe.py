@@ -83,6 +83,8 @@ def test_batched_families_match_per_family_reference():
     edges = sib.nonzero().T
     pe = laplacian_pe(h, edges, k=3)
     assert pe.dtype == torch.float32 and pe.device == h.parent.device
+    with torch.device("meta"):  # every tensor is made on the inputs' device, not the default
+        assert torch.equal(laplacian_pe(h, edges, k=3), pe)
     ref, unique = _per_family_reference(h, edges, 3)
     assert unique.sum() > 50 and unique[h.is_leaf].sum() > 30  # leaf families are covered
     assert torch.allclose(pe.double()[unique], ref[unique], atol=1e-5)

@@ -20,6 +20,7 @@ from hiergraph.masks import (
     sibling_mask,
     window_mask,
 )
+from hiergraph.masks.builders import check_edge_index
 from tests.masks.conftest import assert_canonical, brute_mask, dense
 
 
@@ -189,3 +190,20 @@ def test_sibling_mask(root_value):
 def test_builder_bad_inputs(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_check_edge_index():
+    """One check for builders, dense converters and MaskedAttentionConv: each row
+    against its own node set, and messages that say which row is out of range."""
+    check_edge_index(torch.tensor([[0, 2], [1, 0]]), 3, 2)  # bipartite: 3 sources, 2 targets
+    check_edge_index(torch.zeros(2, 0, dtype=torch.long), 0)  # no edges, no nodes
+    with pytest.raises(ValueError, match=r"targets \(row 1, queries\) span 0\.\.2 for num_dst = 2"):
+        check_edge_index(torch.tensor([[0, 2], [2, 0]]), 3, 2)
+    with pytest.raises(ValueError, match=r"sources \(row 0, keys\) span -1\.\.0 for num_src = 3"):
+        check_edge_index(torch.tensor([[-1, 0], [0, 0]]), 3)
+    with pytest.raises(TypeError, match=r"LongTensor of shape \[2, E\] or a BandMask, got a"):
+        check_edge_index(torch.zeros(2, 1), 3, alternative="a BandMask")
+    with pytest.raises(TypeError, match="got list"):
+        check_edge_index([[0], [1]], 3)
+    with pytest.raises(ValueError, match=r"shape \[2, E\], got \(3, 1\)"):
+        check_edge_index(torch.zeros(3, 1, dtype=torch.long), 3)

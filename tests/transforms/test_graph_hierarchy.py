@@ -93,6 +93,8 @@ def test_max_family_respected(method, max_family):
     assert int(sizes.max()) <= max_family
     stats = hierarchy_stats(out)
     assert stats["family_max"] <= max_family and stats["num_leaves"] == 44
+    with torch.device("meta"):  # made on the tree's device, not the default one
+        assert hierarchy_stats(out) == stats
     if torch.cuda.is_available():
         assert hierarchy_stats(out.to("cuda")) == stats
 
