@@ -20,11 +20,16 @@ def global_leaf_mean_pool(x: Tensor, hierarchy, leaf_mask: Tensor | None = None)
 
     .. math:: \mathbf{r}_T = \frac{1}{|\ell(T)|}\sum_{i \in \ell(T)} \mathbf{x}_i
 
-    Padding leaves (``leaf_mask`` false) are left out.
+    Padding leaves (``leaf_mask`` false; a ``[L]`` bool tensor) are left out.
     """
     batch = leaf_batch(hierarchy)
     size = int(tree_of_nodes(hierarchy).max()) + 1
     if leaf_mask is not None:
+        if leaf_mask.dtype != torch.bool or leaf_mask.shape != batch.shape:
+            raise ValueError(
+                f"leaf_mask must be a bool tensor of shape [{batch.numel()}] (one flag per "
+                f"leaf), got {leaf_mask.dtype} of shape {tuple(leaf_mask.shape)}"
+            )
         return global_mean_pool(x[leaf_mask], batch[leaf_mask], size=size)
     return global_mean_pool(x, batch, size=size)
 

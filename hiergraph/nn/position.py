@@ -18,7 +18,10 @@ class LearnableFourierFeatures(nn.Module):
         \mathrm{PE}(x) = \mathrm{MLP}(r_x)
 
     with :math:`W_r \in \mathbb{R}^{F/2 \times m}` initialised from
-    :math:`\mathcal{N}(0, \gamma^{-2})` and learned.
+    :math:`\mathcal{N}(0, \gamma^{-2})` and learned. :math:`W_r x` and the
+    cosines are computed in float32 (float64 for a float64 module), also
+    under autocast and for a half-precision module: positions in the
+    thousands are not representable in bfloat16/float16.
 
     Args:
         pos_dim: ``m`` (1 for sequences, 2 for grids).
@@ -55,10 +58,13 @@ class LearnableFourierFeatures(nn.Module):
                 layer.reset_parameters()
 
     def forward(self, pos: Tensor) -> Tensor:
-        """``pos: [n, m]`` → ``[n, out_channels]``."""
-        proj = self.freq(pos)
-        feats = torch.cat([proj.cos(), proj.sin()], dim=-1) / math.sqrt(2 * proj.size(-1))
-        return self.mlp(feats)
+        """``pos: [n, m]`` (any real or integer dtype) → ``[n, out_channels]``."""
+        weight = self.freq.weight
+        work = torch.promote_types(weight.dtype, torch.float32)
+        with torch.autocast(pos.device.type, enabled=False):
+            proj = pos.to(work) @ weight.to(work).T
+            feats = torch.cat([proj.cos(), proj.sin()], dim=-1) / math.sqrt(2 * proj.size(-1))
+        return self.mlp(feats.to(weight.dtype))
 
 
 class FamilyPositionEncoder(nn.Module):
@@ -102,8 +108,8 @@ class FamilyPositionEncoder(nn.Module):
 
     def forward(self, hierarchy) -> Tensor:
         """``[N, channels]`` embeddings of all nodes of ``hierarchy`` (a tree or a batch)."""
-        domain, pos = hierarchy.domain, hierarchy.pos.to(self.keys.weight.dtype)
-        out = pos.new_zeros(domain.numel(), self.channels)
+        domain, pos = hierarchy.domain, hierarchy.pos  # raw: exact key ids and indices
+        out = self.keys.weight.new_zeros(domain.numel(), self.channels)
         for kind, fn in (
             (Domain.GRID1D, lambda p: self.grid1d(p[:, :1])),
             (Domain.GRID2D, self.grid2d),
@@ -120,8 +126,11 @@ class FamilyPositionEncoder(nn.Module):
 
     def _keys(self, pos: Tensor) -> Tensor:
         ids = pos[:, 0].long()
-        if ids.numel() and int(ids.max()) >= self.keys.num_embeddings:
-            raise ValueError(
-                f"key id {int(ids.max())} out of range for num_keys={self.keys.num_embeddings}"
-            )
+        if ids.numel():
+            low, high = (int(i) for i in torch.aminmax(ids))
+            if low < 0 or high >= self.keys.num_embeddings:
+                raise ValueError(
+                    f"key ids span {low}..{high}; they must lie in [0, num_keys = "
+                    f"{self.keys.num_embeddings})"
+                )
         return self.keys(ids)

@@ -227,15 +227,16 @@ class VCCEncoder(nn.Module):
             return x
         batch, length, dim = x.shape
         pad = -length % self.local_size
-        windows = nn.functional.pad(x, (0, 0, 0, pad)).reshape(-1, self.local_size, dim)
         real = nn.functional.pad(mask, (0, pad)).reshape(-1, self.local_size)
+        windows = nn.functional.pad(x, (0, 0, 0, pad)).reshape(-1, self.local_size, dim)
+        windows = windows.masked_fill(~real.unsqueeze(-1), 0.0)  # NaN at padding stays out
         used = real.any(1)
         z = windows[used]
         key_bias = torch.zeros(real[used].shape, dtype=x.dtype, device=x.device)
         key_bias = key_bias.masked_fill(~real[used], float("-inf"))
         for layer in self.local_layers:
             z = run_layer(layer, z, key_bias)
-        windows = windows.index_put((used,), z) * real.unsqueeze(-1)
+        windows = windows.index_put((used,), z).masked_fill(~real.unsqueeze(-1), 0.0)
         return windows.reshape(batch, length + pad, dim)[:, :length]
 
     def __repr__(self) -> str:

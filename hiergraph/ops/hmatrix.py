@@ -556,7 +556,8 @@ def _coarse_pack(
     if valid is None:
         first[:, :, :length, :dim] = x
     else:
-        first[:, :, :length, :dim] = x * valid[:, None, :, None]
+        # masked_fill, not a product: NaN/inf at padded positions must not leak
+        first[:, :, :length, :dim] = x.masked_fill(valid[:, None, :, None] == 0, 0.0)
     first[:, :, length:] = 0.0
     if counts is not None:
         first[..., dim:] = _levels(counts, plan, dim=2)[0]

@@ -24,6 +24,10 @@ def test_global_mean_and_select():
     mask = torch.ones(11, dtype=torch.bool)
     mask[0] = False
     assert torch.allclose(global_leaf_mean_pool(b.x, b, mask)[0], trees[0].x[1:].mean(0))
+    with pytest.raises(ValueError, match="bool tensor of shape"):  # not indices
+        global_leaf_mean_pool(b.x, b, mask.long())
+    with pytest.raises(ValueError, match=r"shape \[11\]"):
+        global_leaf_mean_pool(b.x, b, mask[:5])
     with pytest.raises(ValueError, match="out of range"):
         select_leaf(b.x, b, 5)
 

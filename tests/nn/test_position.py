@@ -31,8 +31,45 @@ def test_family_encoder_by_domain():
     assert torch.allclose(eps[title_nodes], enc.grid1d(h.pos[title_nodes, :1].float()))
     keys = h.parent[[0, 4, 6]]
     assert torch.allclose(eps[keys], enc.keys.weight)  # one embedding per key id 0, 1, 2
-    with pytest.raises(ValueError, match="key id 2 out of range"):
+    with pytest.raises(ValueError, match=r"key ids span 0\.\.2; .* num_keys = 2"):
         FamilyPositionEncoder(8, num_keys=2)(h)
+    negative = from_nested({-1: [0], 1: [1]})
+    with pytest.raises(ValueError, match=r"key ids span -1\.\.1"):
+        FamilyPositionEncoder(8, num_keys=3)(negative)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_keeps_exact_key_ids_and_positions(dtype):
+    # key ids and grid indices above 256 (bfloat16) / 2048 (float16) are not representable
+    h = from_nested({257: [0], 1001: [1], 3: list(range(2, 3002))})
+    enc = FamilyPositionEncoder(8, num_keys=2000)
+    half = FamilyPositionEncoder(8, num_keys=2000).to(dtype)
+    half.load_state_dict(enc.state_dict())
+    out = half(h)
+    assert out.dtype == dtype
+    keys = h.parent[[0, 1]]
+    assert torch.equal(out[keys], half.keys.weight[[257, 1001]])
+    # grid positions: only the MLP runs in half precision, the cosines are float32 ones
+    grid = torch.arange(2, 3002)
+    assert torch.equal(out[grid], half.grid1d.mlp(ref_features(half.grid1d, h.pos[grid, :1])))
+    assert out[grid].unique(dim=0).size(0) > 2900  # distinct positions stay distinct
+
+
+def ref_features(lff, pos):
+    """The Fourier features of ``lff`` computed in float32, cast to its dtype."""
+    proj = pos.float() @ lff.freq.weight.float().T
+    feats = torch.cat([proj.cos(), proj.sin()], dim=-1) / (2 * proj.size(-1)) ** 0.5
+    return feats.to(lff.freq.weight.dtype)
+
+
+def test_fourier_features_run_in_float32_under_autocast():
+    lff = LearnableFourierFeatures(1, 4, num_features=8)
+    pos = torch.arange(3000.0).view(-1, 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = lff(pos)
+    ref = lff(pos)
+    # the MLP runs under autocast (bfloat16 matmuls); the features themselves are exact
+    assert (out.float() - ref).abs().max() < 0.05
 
 
 def test_graph_domain_uses_graph_pe():

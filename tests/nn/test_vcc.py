@@ -79,9 +79,10 @@ def test_batch_equals_single_sequences_and_padding_is_inert():
         n = int(mask[b].sum())
         single = enc(x[b : b + 1, :n], vip[b : b + 1, :n])
         torch.testing.assert_close(out[b : b + 1, :n], single, rtol=0, atol=1e-12)
-    x2 = x.clone()
-    x2[~mask] = 100.0
-    torch.testing.assert_close(enc(x2, vip, mask), out, rtol=0, atol=1e-12)
+    for fill in (100.0, float("nan"), float("inf")):  # padding never reaches real tokens
+        x2 = x.clone()
+        x2[~mask] = fill
+        torch.testing.assert_close(enc(x2, vip, mask), out, rtol=0, atol=1e-12)
 
 
 def test_local_layers_run_per_window_on_the_original_order():

@@ -180,13 +180,15 @@ def test_stable_at_large_logits(causal):
     torch.testing.assert_close(out64, reference, atol=1e-10, rtol=0)
 
 
-def test_padding_contents_do_not_matter():
+@pytest.mark.parametrize("fill", [1e3, float("nan"), float("inf")])
+@pytest.mark.parametrize("causal", [False, True])
+def test_padding_contents_do_not_matter(fill, causal):
     q, k, v = _qkv(50)
     mask = torch.zeros(2, 50, dtype=torch.bool)
     mask[:, 10:13], mask[1, 44:] = True, True
-    q2, k2, v2 = (x.masked_fill(mask[:, None, :, None], 1e3) for x in (q, k, v))
-    out = hmatrix_attention(q, k, v, 4, key_padding_mask=mask)
-    torch.testing.assert_close(out, hmatrix_attention(q2, k2, v2, 4, key_padding_mask=mask))
+    q2, k2, v2 = (x.masked_fill(mask[:, None, :, None], fill) for x in (q, k, v))
+    out = hmatrix_attention(q, k, v, 4, causal, key_padding_mask=mask)
+    torch.testing.assert_close(out, hmatrix_attention(q2, k2, v2, 4, causal, key_padding_mask=mask))
     assert (out[mask[:, None, :, None].expand_as(out)] == 0).all()
 
 
