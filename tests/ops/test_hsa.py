@@ -167,15 +167,15 @@ def test_memory_guard_chunked_blocks_equal_dense(monkeypatch, limit, include_sel
 
 
 def test_memory_guard_chunks_cover_a_giant_family(monkeypatch):
-    """A 3,000-leaf family (one block) is cut into row chunks of at most the limit."""
-    monkeypatch.setattr(family_attention, "MAX_BLOCK_ELEMENTS", 1 << 20)
-    h = window_hierarchy(3000, (3000,))
+    """A 1,500-leaf family (one block) is cut into row chunks of at most the limit."""
+    monkeypatch.setattr(family_attention, "MAX_BLOCK_ELEMENTS", 1 << 18)
+    h = window_hierarchy(1500, (1500,))
     (block,) = h.tree_index().levels[-1].blocks
     chunks = family_attention._row_chunks(block, heads=3)
-    assert len(chunks) == 26 and chunks[0].start == 0 and chunks[-1].stop == 3000  # 116 rows
+    assert len(chunks) == 26 and chunks[0].start == 0 and chunks[-1].stop == 1500  # 58 rows
     assert all(a.stop == b.start for a, b in zip(chunks, chunks[1:], strict=False))
-    assert max(block.count * 3 * (c.stop - c.start) * 3000 for c in chunks) <= 1 << 20
-    q, k, v = random_qkv(3000, heads=3, seed=2)
+    assert max(block.count * 3 * (c.stop - c.start) * 1500 for c in chunks) <= 1 << 18
+    q, k, v = random_qkv(1500, heads=3, seed=2)
     out = hierarchical_attention(q.float(), k.float(), v.float(), h)
     ref = hierarchical_attention(q, k, v, h, kernel="edge")
     assert torch.allclose(out.double(), ref, atol=1e-5)
