@@ -223,7 +223,11 @@ def multimodal_hierarchy(
         schema: the fields.
 
     Returns:
-        a :class:`SignalHierarchy` with ``x`` ``[L, schema.in_channels]``.
+        a :class:`SignalHierarchy` with ``x`` ``[L, schema.in_channels]``, of
+        the dtype that :func:`torch.promote_types` gives over the present
+        fields and :func:`torch.get_default_dtype` (a ``float64`` field makes
+        all of ``x`` ``float64``, whatever the field order; integer fields
+        become floats).
 
     Raises:
         ValueError: an unknown field, a tensor of the wrong shape or width,
@@ -366,7 +370,9 @@ def _assemble(parts: list[tuple[int, int, _Part]], width: int) -> SignalHierarch
     """Number the parts' nodes globally (leaves first, then DFS pre-order) and build the tree."""
     num_leaves = sum(p.x.size(0) for _, _, p in parts)
     root = num_leaves
-    dtype = torch.promote_types(torch.get_default_dtype(), parts[0][2].x.dtype)
+    dtype = torch.get_default_dtype()
+    for _, _, p in parts:  # one dtype for x: no field is silently rounded
+        dtype = torch.promote_types(dtype, p.x.dtype)
     leaves: dict[str, list[Tensor]] = {k: [] for k in _COLUMNS}
     inner: dict[str, list[Tensor]] = {k: [] for k in _COLUMNS}
     xs, offset = [], root + 1  # global id of the part's first internal node

@@ -160,11 +160,14 @@ class SignalHierarchy(Data):
                 children; if given, it is checked against that (an internal
                 node must have a leaf below it).
             slot: optional ``[N]`` child order within each family (default:
-                increasing node id among siblings).
+                increasing node id among siblings): distinct non-negative ints
+                among siblings, gaps allowed (only their order matters).
             node_type, domain, pos: optional ``[N]``, ``[N]``, ``[N, 2]``
                 per-node attributes (see the class docstring); default zeros,
                 with ``domain`` defaulting to ``Domain.GRID1D`` for non-roots
-                and ``pos`` to ``(slot, 0)``.
+                and ``pos`` to ``(slot, 0)``. Every ``domain`` value must be a
+                :class:`~hiergraph.data.Domain` value; it is overwritten with
+                ``Domain.NONE`` at the root.
 
         The nodes are renumbered leaves first (keeping the relative order of
         leaves and of internal nodes); every per-node argument is permuted
@@ -172,7 +175,9 @@ class SignalHierarchy(Data):
 
         Raises:
             ValueError: on a cycle, zero or several roots, a parent id out of
-                range, an ``is_leaf`` that contradicts the structure, or
+                range, an ``is_leaf`` that contradicts the structure, a
+                negative slot or two siblings sharing a slot, a ``domain``
+                value that is not a :class:`~hiergraph.data.Domain`, or
                 ``x`` rows that do not match the leaves / are not finite.
         """
         parent = _as_long(parent, "parent")
@@ -211,10 +216,24 @@ class SignalHierarchy(Data):
         else:
             slot = _as_long(slot, "slot")
             _check_len(slot, n, "slot")
+            bad = (slot < 0).nonzero().view(-1)
+            if bad.numel():
+                raise ValueError(
+                    f"slots must be >= 0 (they order the children of a node), got "
+                    f"{slot[bad[:5]].tolist()} at node(s) {bad[:5].tolist()}"
+                )
         if domain is None:
             domain = torch.full((n,), int(Domain.GRID1D), dtype=torch.long)
         domain = _as_long(domain, "domain")
         _check_len(domain, n, "domain")
+        valid = torch.tensor([int(d) for d in Domain], device=domain.device)
+        bad = ~torch.isin(domain, valid)
+        if bool(bad.any()):
+            raise ValueError(
+                f"domain values must be hiergraph.data.Domain members "
+                f"({', '.join(f'{d.name}={int(d)}' for d in Domain)}), got "
+                f"{domain[bad][:5].tolist()} at node(s) {bad.nonzero().view(-1)[:5].tolist()}"
+            )
         domain = domain.masked_fill(parent == -1, int(Domain.NONE))
         if pos is None:
             pos = torch.stack([slot, torch.zeros_like(slot)], dim=1)
@@ -266,7 +285,8 @@ class SignalHierarchy(Data):
 
     @classmethod
     def _assemble(cls, *, parent, is_leaf, depth, slot, node_type, domain, pos, x):
-        """Create the object from leaves-first attributes and validate ``x`` and slots."""
+        """Create the object from leaves-first attributes and validate ``x`` and slots
+        (``slot`` must be ``>= 0``; distinct among siblings is checked here)."""
         n = parent.numel()
         num_leaves = int(is_leaf.sum())
         if x is not None:
@@ -282,9 +302,10 @@ class SignalHierarchy(Data):
                 raise ValueError(f"x has non-finite values (NaN/Inf) in row(s) {rows[:5].tolist()}")
         nodes = torch.arange(n, device=parent.device)
         child = nodes[parent != nodes]
-        order = torch.argsort(parent[child] * (n + 1) + slot[child])
-        child = child[order]
-        keys = parent[child] * (n + 1) + slot[child]
+        slot_range = int(slot.max()) + 1 if n else 1  # (parent, slot) -> one sort key
+        keys = parent[child] * slot_range + slot[child]
+        order = torch.argsort(keys)
+        child, keys = child[order], keys[order]
         if child.numel() > 1 and bool((keys[1:] == keys[:-1]).any()):
             raise ValueError("two children of the same parent share a slot; slots must be distinct")
         data = cls(

@@ -198,9 +198,12 @@ class HTEDecoder(nn.Module):
 
     Tokens are the leaves of a signal hierarchy (e.g. document → sentences →
     words → bytes) in depth-first order. Every node gets a learned embedding
-    of its ``(depth, slot)``; each layer projects it per head into the
-    sibling bias :math:`\varepsilon(A)^\top\varepsilon(B)`. Output logits are
-    tied to the token embedding.
+    of its ``(depth, rank)``, ``rank`` its position ``0, 1, 2, …`` among its
+    siblings in ``slot`` order (gaps in the slots are ignored, as in
+    generation, where children are numbered as they come); each layer
+    projects it per head into the sibling bias
+    :math:`\varepsilon(A)^\top\varepsilon(B)`. Output logits are tied to the
+    token embedding.
 
     ``attention='flat'`` is the baseline with exactly the same parameters:
     causal softmax over all previous tokens of the tree, with the embedding
@@ -214,7 +217,7 @@ class HTEDecoder(nn.Module):
         mlp_channels: MLP hidden size (default ``4 * channels``).
         pos_channels: node embedding size (0: no position bias).
         max_depth: deepest tree level with its own embeddings.
-        max_slot: slots ``>= max_slot`` share the last embedding.
+        max_slot: ranks ``>= max_slot`` share the last embedding.
         attention: ``'hsa'`` or ``'flat'``.
         dropout: residual dropout.
     """
@@ -285,7 +288,10 @@ class HTEDecoder(nn.Module):
         leaf_tree = plan.ancestors[:, 0]
         batch = torch.unique_consecutive(leaf_tree, return_inverse=True)[1]
         if self.attention == "hsa":
-            pos_emb = self._node_embedding(hierarchy.depth, hierarchy.slot)
+            # rank among siblings (the number of left siblings), not the raw slot: slots may
+            # have gaps, and a cache numbers the children of a node 0, 1, 2, ... as they come
+            rank = torch.bincount(plan.sib_query, minlength=plan.num_nodes)
+            pos_emb = self._node_embedding(hierarchy.depth, rank)
         else:
             position = torch.arange(tokens.numel(), device=tokens.device)
             position = position - plan.first_leaf[leaf_tree]

@@ -53,6 +53,24 @@ def append_schedule(hierarchy) -> Tensor:
     return torch.stack([close, open_], 1)
 
 
+def _check_token_shapes(cache, q: Tensor | None, k: Tensor, v: Tensor, tokens: bool = False):
+    """Raise a ``ValueError`` unless ``q, k`` are ``[H, d]`` and ``v`` ``[H, d_v]`` for the
+    ``heads, dim, dim_v`` of ``cache`` (``tokens=True``: ``k [T, H, d]``, ``v [T, H, d_v]``)."""
+    lead = (k.size(0) if k.dim() else 0,) if tokens else ()
+    qk = (k,) if q is None else (q, k)
+    if any(x.shape != (*lead, cache.heads, cache.dim) for x in qk):
+        raise ValueError(
+            f"{'k' if q is None else 'q and k'} must be [{'T, ' if tokens else ''}"
+            f"heads={cache.heads}, dim={cache.dim}], "
+            f"got {' and '.join(str(tuple(x.shape)) for x in qk)}"
+        )
+    if v.shape != (*lead, cache.heads, cache.dim_v):
+        raise ValueError(
+            f"v must be [{f'T={lead[0]}, ' if tokens else ''}{cache.heads}, {cache.dim_v}], "
+            f"got {tuple(v.shape)}"
+        )
+
+
 class _Level:
     """One open node: its closed children (keys) and the latest prefix stats of its open child.
 
@@ -156,7 +174,11 @@ class HierarchicalKVCache:
 
     def new_node_slots(self, close: int = 0, open: int = 0) -> list[tuple[int, int]]:  # noqa: A002
         """``(depth, slot)`` of the nodes an ``append(close=, open=)`` would create, top-down
-        (the ``open`` new internal nodes, then the leaf): to compute their position embeddings."""
+        (the ``open`` new internal nodes, then the leaf): to compute their position embeddings.
+
+        Children are numbered as they come, so ``slot`` is a node's rank ``0, 1, 2, …``
+        among its siblings (equal to :attr:`SignalHierarchy.slot` when a family's slots
+        have no gaps)."""
         self._check_event(close, open)
         if self.num_tokens == 0:
             top_depth, first_slot = 0, 0
@@ -203,13 +225,7 @@ class HierarchicalKVCache:
             ``[H, d_v]``.
         """
         self._check_event(close, open)
-        if q.shape != (self.heads, self.dim) or k.shape != q.shape:
-            raise ValueError(
-                f"q and k must be [heads={self.heads}, dim={self.dim}], "
-                f"got {tuple(q.shape)} and {tuple(k.shape)}"
-            )
-        if v.shape != (self.heads, self.dim_v):
-            raise ValueError(f"v must be [{self.heads}, {self.dim_v}], got {tuple(v.shape)}")
+        _check_token_shapes(self, q, k, v)
         if (pos_emb is None) != (self.pos_dim == 0) or (
             pos_emb is not None and pos_emb.shape != (open + 1, self.heads, self.pos_dim)
         ):
@@ -298,13 +314,19 @@ class FlatKVCache:
         capacity: int = 1024,
     ):
         dim_v = dim if dim_v is None else dim_v
+        self.heads, self.dim, self.dim_v = heads, dim, dim_v
         self.tau = dim**-0.5 if scale is None else scale
         self.keys = torch.empty((heads, capacity, dim), dtype=dtype, device=device)
         self.values = torch.empty((heads, capacity, dim_v), dtype=dtype, device=device)
         self.num_tokens = 0
 
     def extend(self, k: Tensor, v: Tensor) -> None:
-        """Store the keys ``[T, H, d]`` and values ``[T, H, d_v]`` of ``T`` tokens (a prompt)."""
+        """Store the keys ``[T, H, d]`` and values ``[T, H, d_v]`` of ``T`` tokens (a prompt).
+
+        Raises:
+            ValueError: if the shapes do not match the cache's ``heads, dim, dim_v``.
+        """
+        _check_token_shapes(self, None, k, v, tokens=True)
         n, t = self.num_tokens, k.size(0)
         if n + t > self.keys.size(1):  # at least double: amortised O(1) per token
             size = max(2 * self.keys.size(1), n + t)
@@ -314,7 +336,12 @@ class FlatKVCache:
         self.num_tokens = n + t
 
     def append(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """``q, k: [H, d]``, ``v: [H, d_v]`` → ``[H, d_v]``."""
+        """``q, k: [H, d]``, ``v: [H, d_v]`` → ``[H, d_v]``.
+
+        Raises:
+            ValueError: if the shapes do not match the cache's ``heads, dim, dim_v``.
+        """
+        _check_token_shapes(self, q, k, v)
         self.extend(k[None], v[None])
         n = self.num_tokens - 1
         keys, values = self.keys[:, : n + 1], self.values[:, : n + 1]

@@ -137,6 +137,21 @@ def test_batching_records_with_different_fields():
     assert torch.equal(b.modality, torch.cat([t.modality for t in trees]))
 
 
+@pytest.mark.parametrize("swap", [False, True])
+def test_dtype_is_promoted_over_all_fields(swap):
+    fields = [VectorField("a", 3), SequenceField("b", 2)]
+    s = MultimodalSchema(fields[::-1] if swap else fields)
+    a = torch.tensor([1.0, 2.0, 3.0])  # float32
+    b = torch.tensor([[1 + 1e-12, 2.0]], dtype=torch.float64)
+    h = s.build({"a": a, "b": b})
+    assert h.x.dtype == torch.float64
+    assert h.x[h.modality[h.is_leaf] == s.keys["b"]][0, 0].item() == 1 + 1e-12
+    assert s.build({"a": a, "b": b.float()}).x.dtype == torch.float32
+    # integer fields alone still give the default float dtype
+    ints = s.build({"a": torch.tensor([1, 2, 3]), "b": torch.tensor([[4, 5]])})
+    assert ints.x.dtype == torch.get_default_dtype()
+
+
 def test_image_patches_layout():
     img = torch.arange(2 * 4 * 6).reshape(2, 4, 6)
     patches, grid = image_patches(img, 2)

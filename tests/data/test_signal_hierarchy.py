@@ -117,6 +117,33 @@ def test_from_parent_bad_structure(parent, match):
         SignalHierarchy.from_parent(parent)
 
 
+def test_from_parent_large_slots_keep_parent_order():
+    # slots may be any distinct non-negative ints; they only order the siblings
+    for big in (5, 6, 100):
+        h = SignalHierarchy.from_parent([-1, 0, 0, 1], slot=[0, 0, big, 0])
+        # leaves first: old 2 -> 0, old 3 -> 1; internal old 0 -> 2 (root), old 1 -> 3
+        assert h.edge_index.tolist() == [[3, 0, 1], [2, 2, 3]]
+        assert children_of(h, 2) == [3, 0]
+        parents = h.edge_index[1]
+        assert bool((parents[1:] >= parents[:-1]).all())  # ordered by parent
+
+
+def test_from_parent_bad_slots():
+    with pytest.raises(ValueError, match=r"slot.* >= 0.*-1"):
+        SignalHierarchy.from_parent([-1, 0, 0, 1, 1], slot=[0, 0, 1, -1, 0])
+    with pytest.raises(ValueError, match="share a slot"):
+        SignalHierarchy.from_parent([-1, 0, 0], slot=[0, 7, 7])
+
+
+def test_from_parent_bad_domain():
+    with pytest.raises(ValueError, match=r"Domain members .*GRAPH=5.*got \[9\]"):
+        SignalHierarchy.from_parent([-1, 0, 0], domain=[0, 9, 2])
+    with pytest.raises(ValueError, match=r"got \[-1\] at node\(s\) \[1\]"):
+        SignalHierarchy.from_parent([-1, 0, 0], domain=[0, -1, 2])
+    h = SignalHierarchy.from_parent([-1, 0, 0], domain=[0, int(Domain.GRAPH), 1])
+    assert h.domain.tolist() == [5, 1, 0]
+
+
 def test_from_parent_internal_without_leaves():
     with pytest.raises(ValueError, match="no children, so no leaves below"):
         SignalHierarchy.from_parent([-1, 0, 0], is_leaf=[False, True, False])

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
-from hiergraph.data import window_hierarchy
+from hiergraph.data import SignalHierarchy, window_hierarchy
 from hiergraph.nn.hte_decoder import HTEDecoder, from_schedule
 from hiergraph.nn.kv_cache import append_schedule
 
@@ -42,6 +42,28 @@ def test_cached_decoding_equals_full_pass(mode):
             for i, (close, open_) in enumerate(append_schedule(tree).tolist())
         ]
         assert (torch.stack(steps) - full[offset : offset + len(steps)]).abs().max() < 1e-10
+
+
+def test_gapped_slots_decode_like_the_full_pass():
+    # slots only order siblings: gaps (root slots [0, 3], ...) must not change the model
+    parent = [-1, 0, 0, 1, 1, 2, 2, 2]
+    gapped = SignalHierarchy.from_parent(parent, slot=[0, 0, 3, 2, 5, 0, 4, 9])
+    dense = SignalHierarchy.from_parent(parent)
+    assert not torch.equal(gapped.slot, dense.slot)
+    other = from_schedule(random_schedule(random.Random(6), 7))
+    tokens = torch.randint(0, 20, (12,), generator=torch.Generator().manual_seed(6))
+    net = model("hsa")
+    with torch.no_grad():
+        full = net(tokens[:5], gapped)
+        assert (full - net(tokens[:5], dense)).abs().max() < 1e-12
+        batched = net(tokens, Batch.from_data_list([gapped, other]))
+    assert (batched[:5] - full).abs().max() < 1e-12
+    caches = net.new_cache()
+    steps = [
+        net.step(int(tokens[i]), caches, close, open_)
+        for i, (close, open_) in enumerate(append_schedule(gapped).tolist())
+    ]
+    assert (torch.stack(steps) - full).abs().max() < 1e-10
 
 
 def test_flat_mode_is_hsa_on_the_flat_tree():
