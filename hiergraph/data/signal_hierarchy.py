@@ -198,7 +198,7 @@ class SignalHierarchy(Data):
         num_children = torch.bincount(parent[parent >= 0], minlength=n)
         leaf = num_children == 0
         if is_leaf is not None:
-            is_leaf = torch.as_tensor(is_leaf, dtype=torch.bool)
+            is_leaf = torch.as_tensor(is_leaf, dtype=torch.bool, device=parent.device)
             bad = (~is_leaf & leaf).nonzero().view(-1)
             if bad.numel():
                 raise ValueError(
@@ -223,7 +223,7 @@ class SignalHierarchy(Data):
                     f"{slot[bad[:5]].tolist()} at node(s) {bad[:5].tolist()}"
                 )
         if domain is None:
-            domain = torch.full((n,), int(Domain.GRID1D), dtype=torch.long)
+            domain = torch.full((n,), int(Domain.GRID1D), dtype=torch.long, device=parent.device)
         domain = _as_long(domain, "domain")
         _check_len(domain, n, "domain")
         valid = torch.tensor([int(d) for d in Domain], device=domain.device)
@@ -241,7 +241,7 @@ class SignalHierarchy(Data):
         if pos.shape != (n, 2):
             raise ValueError(f"pos must have shape [{n}, 2], got {tuple(pos.shape)}")
         node_type = (
-            torch.zeros(n, dtype=torch.long)
+            torch.zeros(n, dtype=torch.long, device=parent.device)
             if node_type is None
             else _as_long(node_type, "node_type")
         )
@@ -250,9 +250,10 @@ class SignalHierarchy(Data):
         # Renumber leaves first: perm[new] = old.
         perm = torch.cat([leaf.nonzero().view(-1), (~leaf).nonzero().view(-1)])
         new_id = torch.empty_like(perm)
-        new_id[perm] = torch.arange(n)
+        nodes = torch.arange(n, device=parent.device)
+        new_id[perm] = nodes
         old_parent = parent[perm]
-        new_parent = torch.where(old_parent >= 0, new_id[old_parent.clamp(min=0)], torch.arange(n))
+        new_parent = torch.where(old_parent >= 0, new_id[old_parent.clamp(min=0)], nodes)
         return cls._assemble(
             parent=new_parent,
             is_leaf=leaf[perm],
@@ -333,7 +334,8 @@ class SignalHierarchy(Data):
 
 
 def _as_long(value: Any, name: str) -> Tensor:
-    t = torch.as_tensor(value)
+    """``value`` as a LongTensor; a tensor stays on its device (lists: the default device)."""
+    t = torch.as_tensor(value, device=value.device if isinstance(value, Tensor) else None)
     if t.is_floating_point() or t.dtype == torch.bool:
         raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")
     return t.long()
@@ -347,9 +349,9 @@ def _check_len(t: Tensor, n: int, name: str) -> None:
 def _depths(parent: Tensor, root: int) -> Tensor:
     """Depth of every node by breadth-first search from the root; raises on cycles."""
     n = parent.numel()
-    depth = torch.full((n,), -1, dtype=torch.long)
+    depth = torch.full((n,), -1, dtype=torch.long, device=parent.device)
     depth[root] = 0
-    frontier = torch.zeros(n, dtype=torch.bool)
+    frontier = torch.zeros(n, dtype=torch.bool, device=parent.device)
     frontier[root] = True
     d = 0
     valid = parent >= 0
@@ -371,11 +373,12 @@ def _default_slot(parent: Tensor) -> Tensor:
     """Rank of each node among its siblings by node id (roots get 0)."""
     n = parent.numel()
     group = parent + 1  # roots form their own group
-    order = torch.argsort(group * n + torch.arange(n))
+    nodes = torch.arange(n, device=parent.device)
+    order = torch.argsort(group * n + nodes)
     sorted_parent = group[order]
-    start = torch.ones(n, dtype=torch.bool)
+    start = torch.ones(n, dtype=torch.bool, device=parent.device)
     start[1:] = sorted_parent[1:] != sorted_parent[:-1]
-    run_start = torch.cummax(torch.where(start, torch.arange(n), 0), 0).values
-    slot = torch.empty(n, dtype=torch.long)
-    slot[order] = torch.arange(n) - run_start
+    run_start = torch.cummax(torch.where(start, nodes, 0), 0).values
+    slot = torch.empty(n, dtype=torch.long, device=parent.device)
+    slot[order] = nodes - run_start
     return slot.masked_fill(parent < 0, 0)

@@ -222,3 +222,17 @@ def test_tree_index_travels_with_to_clone_and_pickle(monkeypatch):
     batch.slot = batch.slot.clone()  # so does replacing the tensor
     batch.tree_index()
     assert len(builds) == 3
+
+
+def test_from_parent_builds_on_the_parent_device():
+    """Every tensor is made on ``parent``'s device, not the default one (meta here)."""
+    parent = torch.tensor([4, 4, 5, 5, -1, 4])
+    x = torch.randn(4, 2)
+    ref = SignalHierarchy.from_parent(parent, x=x)
+    with torch.device("meta"):
+        h = SignalHierarchy.from_parent(parent, x=x)
+    for key in ("parent", "slot", "depth", "domain", "pos", "node_type", "edge_index"):
+        assert h[key].device.type == "cpu" and torch.equal(h[key], ref[key]), key
+    if torch.cuda.is_available():
+        on_cuda = SignalHierarchy.from_parent(parent.cuda(), x=x.cuda())
+        assert torch.equal(on_cuda.parent.cpu(), ref.parent)
