@@ -7,6 +7,7 @@ from hiergraph.masks.batch import sequence_batch
 from hiergraph.masks.builders import (
     block_diagonal_mask,
     causal_mask,
+    check_edge_index,
     cross_mask,
     dilated_mask,
     full_mask,
@@ -31,6 +32,7 @@ __all__ = [
     "automorphisms",
     "block_diagonal_mask",
     "causal_mask",
+    "check_edge_index",
     "check_equivariance",
     "cross_mask",
     "dilated_mask",
