@@ -320,7 +320,9 @@ class DocumentLoader:
     on every access).
 
     Args:
-        dataset: a dataset or a subset of one (``dataset[index]``).
+        dataset: a dataset or a subset of one (``dataset[index]``), without a
+            ``transform`` (raises ``ValueError``: nothing here builds the
+            per-document objects a transform would take).
         batch_size: documents per batch.
         shuffle: reshuffle the documents at every epoch (``torch`` global RNG,
             or ``generator``).
@@ -336,6 +338,12 @@ class DocumentLoader:
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if dataset.transform is not None:  # there is no per-document object to apply it to
+            raise ValueError(
+                "DocumentLoader builds each batch directly from the cached token ids, so it "
+                "cannot apply dataset.transform; use torch_geometric.loader.DataLoader for a "
+                "dataset with a transform"
+            )
         self.dataset, self.depth = dataset, dataset.depth
         self.batch_size, self.shuffle, self.generator = batch_size, shuffle, generator
         docs, ys, truncation = zip(*map(dataset.document, dataset.indices()), strict=True)

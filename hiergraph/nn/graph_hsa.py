@@ -42,9 +42,10 @@ class GraphHSAConv(nn.Module):
         \mathrm{out} &= \mathrm{Norm}_3\big(h + \mathrm{MLP}(h)\big), \qquad h = h_\ell + h_g
 
     With ``gate=True`` the global branch is scaled by a learned
-    :math:`\tanh(\alpha)`, :math:`\alpha = 0` at the start (the layer starts
-    as its local conv alone and lets the data decide how much global attention
-    to add); with ``mlp=False`` the MLP block is left out
+    :math:`\tanh(\alpha)`, :math:`\alpha = 0` at the start (inside
+    :math:`\mathrm{Norm}_2`, so the layer starts as its local branch plus
+    :math:`\mathrm{Norm}_2(x)`, with no attention, and lets the data decide how
+    much global attention to add); with ``mlp=False`` the MLP block is left out
     (:math:`\mathrm{out} = h`).
 
     :math:`\mathcal{T}` is a tree whose leaves are the graph nodes (e.g. from

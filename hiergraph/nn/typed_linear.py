@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 from torch_geometric.nn import HeteroLinear
 
@@ -38,8 +39,16 @@ class TypedLinear(nn.Module):
             return self.lin(x)
         if type_vec is None:
             raise ValueError(f"this layer has {self.num_types} types: pass type_vec")
-        if type_vec.numel() and int(type_vec.max()) >= self.num_types:
+        if type_vec.shape != (x.size(0),):
             raise ValueError(
-                f"type id {int(type_vec.max())} out of range for num_types={self.num_types}"
+                f"type_vec must have shape [{x.size(0)}] (one type per row of x), "
+                f"got {tuple(type_vec.shape)}"
             )
+        if type_vec.numel():
+            low, high = (int(t) for t in torch.aminmax(type_vec))
+            if low < 0 or high >= self.num_types:
+                raise ValueError(
+                    f"type ids span {low}..{high}; they must lie in [0, num_types = "
+                    f"{self.num_types})"
+                )
         return self.lin(x, type_vec)

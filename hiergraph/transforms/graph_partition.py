@@ -30,6 +30,13 @@ def label_propagation(
     counted before anyone leaves, so the cap always holds). All steps are
     sorts and scatters over the ``E`` edges: :math:`O(E \log E)` per iteration.
 
+    A known weakness: two neighbours in the *same* half that each prefer the
+    other's label swap labels in the same round instead of merging, and may
+    keep doing so (e.g. two isolated edges stay four singletons for most
+    seeds); :func:`label_propagation_tree` then packs such leftover singles
+    by node id. Cluster quality on sparse, pair-like graphs suffers; the
+    trees remain valid and size-capped.
+
     Args:
         num_nodes: ``n``.
         edge_index: ``[2, E]`` edges, both directions of every undirected
@@ -109,6 +116,8 @@ def label_propagation_tree(
         ``[T]`` parent of every tree node (``-1`` for the root); leaves are
         ``0..n-1``, internal nodes follow, each after its children.
     """
+    if isinstance(max_family, bool) or not isinstance(max_family, int) or max_family < 2:
+        raise ValueError(f"max_family must be an int >= 2, got {max_family!r}")
     src, dst = edge_index.cpu()
     keep = src != dst
     src, dst = torch.cat([src[keep], dst[keep]]), torch.cat([dst[keep], src[keep]])

@@ -133,6 +133,9 @@ def test_document_loader_matches_dataloader(tmp_path):
     assert torch.equal(*orders) and orders[0].numel() == sum(b.x.numel() for b in slow)
     with pytest.raises(ValueError, match="batch_size"):
         DocumentLoader(ds, 0)
+    full.transform = lambda data: data
+    with pytest.raises(ValueError, match="cannot apply dataset.transform"):
+        DocumentLoader(full, 3)
 
 
 def test_missing_files_message(tmp_path):

@@ -157,3 +157,6 @@ def test_bad_arguments():
         att(query, key, value, key_padding_mask=torch.zeros(B, L, dtype=torch.bool))
     with pytest.raises(ValueError, match="share the batch size"):
         att(query, key[:1], value[:1])
+    for bad in (torch.uint8, torch.long):  # a 0/1 integer mask must not be added to the logits
+        with pytest.raises(TypeError, match="key_padding_mask must be bool .* or floating"):
+            att(query, key, value, key_padding_mask=torch.zeros(B, S, dtype=bad))

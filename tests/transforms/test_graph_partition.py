@@ -79,3 +79,10 @@ def test_edgeless_and_tiny_graphs():
     assert int(children.max()) <= 3 and int((parent == -1).sum()) == 1
     assert label_propagation_tree(1, torch.empty(2, 0, dtype=torch.long), 4).tolist() == [1, -1]
     assert label_propagation_tree(3, torch.tensor([[0], [1]]), 4).tolist() == [3, 3, 3, -1]
+
+
+@pytest.mark.parametrize("bad", [1, 0, 2.5, True])
+def test_tree_rejects_families_below_two(bad):
+    # max_family = 1 could never merge anything: it used to loop forever
+    with pytest.raises(ValueError, match="max_family must be an int >= 2"):
+        label_propagation_tree(4, torch.tensor([[0, 2], [1, 3]]), bad)
