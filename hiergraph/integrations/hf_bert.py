@@ -90,6 +90,12 @@ class HSASelfAttention(nn.Module):
         include_self: BERT-style diagonal in HSA (notes §2.8.9).
         block: block size for ``method='block'``.
         hierarchies: the shared hierarchy source of the model.
+
+    Raises:
+        ValueError: if ``attention`` is causal (``is_causal`` or ``is_decoder``, e.g. a
+            BERT built with ``is_decoder=True``): HSA here is bidirectional, and under
+            SDPA such a layer may get no mask at all (only ``is_causal``), so it would
+            silently attend to future tokens.
     """
 
     def __init__(
@@ -101,6 +107,7 @@ class HSASelfAttention(nn.Module):
         hierarchies: _Hierarchies,
     ):
         super().__init__()
+        _refuse_causal(attention)
         self.query, self.key, self.value = attention.query, attention.key, attention.value
         self.heads = attention.num_attention_heads
         self.head_dim = attention.attention_head_size
@@ -200,6 +207,10 @@ def inject_hsa(
         hubs: lift each example's ``hubs`` best keys by the root-level score, chosen per
             layer from its own q, k, to leaves under the root (:mod:`~hiergraph.integrations.hubs`);
             0 keeps the fixed windows.
+
+    Raises:
+        ValueError: for bad arguments, a layer that already has HSA, or a causal
+            (decoder, ``is_decoder=True``) layer; nothing is replaced then.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -217,11 +228,13 @@ def inject_hsa(
         raise ValueError(f"hubs must be an int >= 0, got {hubs!r}")
     if hubs and method == "block":
         raise ValueError("hubs apply to the HSA methods, not method='block'")
+    for i in chosen:  # check every layer before replacing any
+        if isinstance(all_layers[i].attention.self, HSASelfAttention):
+            raise ValueError(f"layer {i} already has HSA; call remove_hsa(model) first")
+        _refuse_causal(all_layers[i].attention.self, f"layer {i}")
     hierarchies = _Hierarchies(branching, hubs)
     for i in chosen:
         attention = all_layers[i].attention
-        if isinstance(attention.self, HSASelfAttention):
-            raise ValueError(f"layer {i} already has HSA; call remove_hsa(model) first")
         attention.self = HSASelfAttention(attention.self, method, include_self, block, hierarchies)
     return model
 
@@ -273,6 +286,18 @@ def sentence_hierarchy(sentence_lengths: Sequence[int] | Tensor):
     sentence_parent = torch.full((sentences,), tokens + sentences)
     parent = torch.cat([token_parent, sentence_parent, torch.tensor([-1])])
     return SignalHierarchy.from_parent(parent)
+
+
+def _refuse_causal(attention: nn.Module, name: str = "this attention module") -> None:
+    """The rule :func:`~hiergraph.integrations.padded_attention.key_padding_mask` applies to
+    causal masks, applied to the module: decoder layers (``is_causal``/``is_decoder``) may get
+    ``attention_mask=None`` with ``is_causal`` under SDPA, which no mask check can see."""
+    if getattr(attention, "is_causal", False) or getattr(attention, "is_decoder", False):
+        raise ValueError(
+            f"{name} is causal (a decoder, is_decoder=True): HSA replaces attention under a "
+            "key padding mask only (every query of an example attends to the same keys). "
+            "Use HSA on encoder layers, or the causal HSA op."
+        )
 
 
 def _check_layers(layers: Sequence[int], n: int) -> list[int]:

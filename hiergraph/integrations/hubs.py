@@ -35,7 +35,8 @@ from hiergraph.ops.hubs import root_scores
 
 
 def hub_scores(q: Tensor, k: Tensor, key_valid: Tensor, scale: float | None = None) -> Tensor:
-    r"""``[B, T]`` root-level scores :math:`s_j` of every key (``-inf`` at padding).
+    r"""``[B, T]`` root-level scores :math:`s_j` of every key (``-inf`` at padding), in float32
+    for half-precision ``q, k`` (:func:`~hiergraph.ops.hubs.root_scores`).
 
     Args:
         q, k: ``[B, H, T, d]``.

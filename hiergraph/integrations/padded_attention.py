@@ -27,19 +27,31 @@ from hiergraph.data.windows import window_forest
 from hiergraph.nn.pool import leaf_batch
 from hiergraph.ops.hsa import hierarchical_attention
 
+ADDITIVE_MASKED = -50.0
+"""Additive mask entries at or below this value mask their key (:func:`key_padding_mask`)."""
+
 
 def key_padding_mask(attention_mask: Tensor | None, batch: int, length: int) -> Tensor:
     r"""``[B, T]`` bool, ``True`` for tokens that may be attended to, from the mask a
     transformers attention layer receives.
 
     Accepts ``None`` (no padding), ``[B, T]`` 0/1 masks, and 4-D masks
-    ``[B, 1 or H, 1 or T, T]``: boolean (``True`` = attend) or additive float
-    (0 = attend, a large negative number = masked). HSA needs a *key padding*
-    mask: every valid query must see the same keys.
+    ``[B, 1 or H, 1 or T, T]``: boolean (``True`` = attend) or additive float,
+    whose entries are added to the logits: exactly 0 = attend, and any value
+    :math:`\le` :data:`ADDITIVE_MASKED` (:math:`-50`) = masked, which covers the
+    conventions in use (``-inf``, ``finfo(dtype).min``, BERT's ``-10000``,
+    ``-1e4``, ``-1e9``). An entry :math:`m` scales a key's softmax weight by
+    :math:`e^{m}`; at :math:`m \le -50` that is below :math:`2 \cdot 10^{-22}`,
+    under the resolution of every float dtype, so the key is masked in the
+    original softmax too. Entries in between (soft biases) cannot be honoured
+    and raise. HSA needs a *key padding* mask: every valid query of an example,
+    in every head, must see the same keys.
 
     Raises:
-        ValueError: for any other shape, or a mask that differs between the
-            queries of an example (causal or custom masks).
+        ValueError: for any other shape, an additive mask with entries that are
+            neither 0 nor :math:`\le -50`, or a mask that differs between the
+            queries or the heads of an example (causal, per-head or custom
+            masks).
     """
     if attention_mask is None:
         return torch.ones(batch, length, dtype=torch.bool)
@@ -47,7 +59,15 @@ def key_padding_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
     if mask.dtype == torch.bool:
         allowed = mask
     elif mask.dim() == 4 and mask.is_floating_point():  # additive: 0 or a large negative
-        allowed = mask > torch.finfo(mask.dtype).min / 2
+        allowed = mask == 0
+        soft = ~(allowed | (mask <= ADDITIVE_MASKED))  # NaN included
+        if soft.any():
+            bad = mask[soft]
+            raise ValueError(
+                f"an additive attention mask may hold only 0 (attend) and values <= "
+                f"{ADDITIVE_MASKED:g} (masked, e.g. -inf, finfo.min, -10000); got "
+                f"{bad[:5].tolist()}: HSA cannot honour soft attention biases"
+            )
     else:  # [B, T] 0/1
         allowed = mask > 0
     if allowed.dim() == 2:
@@ -58,13 +78,16 @@ def key_padding_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
             f"shape {tuple(mask.shape)}"
         )
     key_valid = allowed.any(dim=2).any(dim=1)
-    if allowed.size(2) > 1:
-        query_valid = key_valid[:, None, :, None]
-        if ((allowed != key_valid[:, None, None, :]) & query_valid).any():
+    if allowed.size(1) > 1 or allowed.size(2) > 1:
+        differs = allowed != key_valid[:, None, None, :]  # [B, 1|H, 1|T, T]
+        if allowed.size(2) > 1:  # rows of padding queries are free
+            differs = differs & key_valid[:, None, :, None]
+        if differs.any():
             raise ValueError(
                 "HSA replaces attention under a key padding mask only (every query of an "
-                "example attends to the same keys); this mask differs between queries (causal "
-                "or custom). Use HSA on encoder layers with padding masks, or the causal HSA op."
+                "example, in every head, attends to the same keys); this mask differs between "
+                "queries or heads (causal, per-head or custom). Use HSA on encoder layers with "
+                "padding masks, or the causal HSA op."
             )
     return key_valid
 

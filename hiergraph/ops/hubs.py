@@ -30,15 +30,25 @@ def root_scores(
 ) -> Tensor:
     r"""``[L]`` scores :math:`s_j` of every leaf (``-inf`` at masked leaves).
 
+    The mean query and the scores are computed, and returned, in float32 for
+    half-precision inputs (float64 stays float64): in bf16 a leaf count stops at
+    256 and in fp16 a sum of queries overflows, which would change or NaN the
+    hub choice.
+
     Args:
         q, k: ``[L, H, d]`` leaf queries and keys, in leaf order.
         tree: ``[L]`` tree id of every leaf.
         leaf_mask: ``[L]`` bool, ``False`` for padding leaves (not averaged, never chosen).
         scale: :math:`\tau`, default :math:`1/\sqrt{d}`.
+
+    Returns:
+        ``[L]`` in ``torch.promote_types(q.dtype, torch.float32)``.
     """
     scale = q.size(-1) ** -0.5 if scale is None else scale
     num_trees = int(tree.max()) + 1 if tree.numel() else 0
-    w = q.new_ones(q.size(0)) if leaf_mask is None else leaf_mask.to(q.dtype)
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    q, k = q.to(dtype), k.to(dtype)
+    w = q.new_ones(q.size(0)) if leaf_mask is None else leaf_mask.to(dtype)
     total = q.new_zeros(num_trees, *q.shape[1:]).index_add_(0, tree, q * w[:, None, None])
     count = q.new_zeros(num_trees).index_add_(0, tree, w).clamp(min=1)
     q_mean = total / count[:, None, None]  # [T, H, d]

@@ -20,7 +20,7 @@ from hiergraph.integrations import (  # noqa: E402
 LENGTHS = [12, 7, 3]
 
 
-def tiny(model_cls="BertModel", layers=3, seed=0):
+def tiny(model_cls="BertModel", layers=3, seed=0, **overrides):
     torch.manual_seed(seed)
     config_cls = (
         transformers.RobertaConfig if model_cls == "RobertaModel" else transformers.BertConfig
@@ -35,6 +35,7 @@ def tiny(model_cls="BertModel", layers=3, seed=0):
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
         initializer_range=0.5,  # peaked attention, so that HSA differs from softmax
+        **overrides,
     )
     return getattr(transformers, model_cls)(config).double().eval()
 
@@ -157,6 +158,19 @@ def test_bad_input():
                                  inject_hsa.__globals__["_Hierarchies"]((2,), 0))  # fmt: skip
     with pytest.raises(ValueError, match="key padding"):
         attention(torch.randn(1, 4, 16, dtype=torch.float64), causal)
+
+
+@pytest.mark.parametrize("model_cls", ["BertModel", "RobertaModel"])
+def test_causal_decoder_layers_are_refused(model_cls):
+    # under SDPA without padding a decoder gets attention_mask=None and is_causal=True, so
+    # HSA would silently attend both ways: refuse the causal layers at injection
+    model = tiny(model_cls, is_decoder=True, attn_implementation="sdpa")
+    with pytest.raises(ValueError, match="causal"):
+        inject_hsa(model, [0])
+    assert not any(isinstance(m, HSASelfAttention) for m in model.modules())  # nothing replaced
+    hierarchies = inject_hsa.__globals__["_Hierarchies"]((2,), 0)
+    with pytest.raises(ValueError, match="causal"):
+        HSASelfAttention(model.encoder.layer[0].attention.self, "hsa", True, 2, hierarchies)
 
 
 def test_interleaved_layers():

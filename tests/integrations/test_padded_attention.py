@@ -108,3 +108,43 @@ def test_wrong_hierarchy_size_raises():
         padded_hsa(q, k, v, valid, window_hierarchies([11, 16, 4], (2,)))
     with pytest.raises(ValueError, match=r"\[12, 15, 5\] leaves"):  # same total, wrong split
         padded_hsa(q, k, v, valid, window_hierarchies([12, 15, 5], (2,)))
+
+
+@pytest.mark.parametrize(
+    "dtype, masked_value",
+    [
+        (torch.float32, -10000.0),  # BERT's classic extended attention mask
+        (torch.float16, -1e4),
+        (torch.bfloat16, -1e9),
+        (torch.float32, float("-inf")),
+        (torch.float64, torch.finfo(torch.float64).min),
+    ],
+)
+def test_additive_masks_with_any_large_negative_value_mask_keys(dtype, masked_value):
+    valid = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    additive = torch.zeros(2, 1, 1, 4, dtype=dtype).masked_fill(~valid[:, None, None], masked_value)
+    assert torch.equal(key_padding_mask(additive, 2, 4), valid)
+    square = additive.expand(2, 1, 4, 4)
+    assert torch.equal(key_padding_mask(square, 2, 4), valid)
+
+
+@pytest.mark.parametrize("bias", [-1.0, -20.0, 0.5, float("nan")])
+def test_additive_masks_with_soft_biases_raise(bias):
+    additive = torch.zeros(2, 1, 1, 4)
+    additive[0, 0, 0, 1] = bias  # neither 0 (attend) nor a large negative (masked)
+    with pytest.raises(ValueError, match="additive attention mask"):
+        key_padding_mask(additive, 2, 4)
+
+
+@pytest.mark.parametrize("as_bool", [True, False])
+def test_masks_that_differ_between_heads_raise(as_bool):
+    allowed = torch.ones(2, 2, 1, 3, dtype=torch.bool)
+    allowed[0, 1, 0, 2] = False  # head 1 of example 0 masks key 2, head 0 does not
+    mask = allowed if as_bool else torch.zeros(2, 2, 1, 3).masked_fill(~allowed, -1e9)
+    with pytest.raises(ValueError, match="key padding mask only.*heads"):
+        key_padding_mask(mask, 2, 3)
+    square = allowed.expand(2, 2, 3, 3) if as_bool else mask.expand(2, 2, 3, 3)
+    with pytest.raises(ValueError, match="key padding mask only"):
+        key_padding_mask(square, 2, 3)
+    same = allowed[:, :1].expand(2, 2, 1, 3)  # identical per-head copies are a padding mask
+    assert torch.equal(key_padding_mask(same, 2, 3), allowed[:, 0, 0])

@@ -29,3 +29,30 @@ def test_top_per_tree_takes_the_best_finite_scores_of_every_tree():
     assert not top_per_tree(s, tree, 0).any()
     with pytest.raises(ValueError, match=">= 0"):
         top_per_tree(s, tree, -1)
+
+
+def test_root_scores_in_bfloat16_pick_the_float32_hubs():
+    # 512 leaves: a bf16 leaf count stops at 256, which doubled the mean query and, with two
+    # heads, made leaf 2 outrank leaf 1 (logsumexp is not scale invariant)
+    q, k = torch.zeros(512, 2, 1), torch.full((512, 2, 1), -10.0)
+    q[0] = 512.0  # mean query (1, 1); the total is exact in bf16
+    k[1], k[2] = torch.tensor([[0.5], [0.5]]), torch.tensor([[1.0], [-20.0]])
+    tree = torch.zeros(512, dtype=torch.long)
+    ref = root_scores(q, k, tree, scale=1.0)
+    half = root_scores(q.bfloat16(), k.bfloat16(), tree, scale=1.0)
+    assert top_per_tree(half, tree, 1).nonzero().view(-1).tolist() == [1]
+    assert torch.equal(top_per_tree(half, tree, 5), top_per_tree(ref, tree, 5))
+    assert half.dtype == torch.float32
+    torch.testing.assert_close(half, ref)
+
+
+def test_root_scores_in_float16_stay_finite_on_long_trees():
+    torch.manual_seed(0)
+    q = torch.full((8192, 2, 4), 20.0, dtype=torch.float16)  # the sum overflows fp16
+    k = torch.randn(8192, 2, 4).half()
+    tree, mask = torch.zeros(8192, dtype=torch.long), torch.ones(8192, dtype=torch.bool)
+    mask[-1] = False
+    s = root_scores(q, k, tree, mask)
+    assert torch.isfinite(s[:-1]).all() and s[-1] == float("-inf") and s.dtype == torch.float32
+    torch.testing.assert_close(s, root_scores(q.float(), k.float(), tree, mask))
+    assert root_scores(q.double(), k.double(), tree).dtype == torch.float64
