@@ -341,9 +341,15 @@ def umbral_lca_height(
 
 
 def _dense_pairs(u: tuple[Tensor, Tensor], v: tuple[Tensor, Tensor]):
-    """All pairs: ``D [..., n, m]``, ``u_d [..., n, 1]``, ``v_d [..., 1, m]``."""
+    """All pairs: ``D [..., n, m]``, ``u_d [..., n, 1]``, ``v_d [..., 1, m]``.
+
+    ``D`` from coordinate differences, never from ``|u|^2 + |v|^2 - 2 u.v``
+    (which ``cdist`` would use above 25 rows and which cancels to ~1e-2 where
+    ``D = 0``): the dense scores equal the edge scores, self-pairs included.
+    """
     (ux, uy), (vx, vy) = u, v
-    return torch.cdist(ux, vx), uy.unsqueeze(-1), vy.unsqueeze(-2)
+    dist = torch.cdist(ux, vx, compute_mode="donot_use_mm_for_euclid_dist")
+    return dist, uy.unsqueeze(-1), vy.unsqueeze(-2)
 
 
 class _EdgeGeometry(torch.autograd.Function):
@@ -364,7 +370,9 @@ class _EdgeGeometry(torch.autograd.Function):
     def forward(ctx, p_dst: Tensor, p_src: Tensor, dst: Tensor, src: Tensor):
         diff = p_dst.index_select(0, dst)
         gathered_src = p_src.index_select(0, src)
-        y_dst, y_src = diff[..., -1].contiguous(), gathered_src[..., -1].contiguous()
+        # clone, not contiguous(): for one edge and one head the height column is already
+        # contiguous, and contiguous() would return a view that sub_ below overwrites
+        y_dst, y_src = diff[..., -1].clone(), gathered_src[..., -1].contiguous()
         diff.sub_(gathered_src)
         channels = diff.size(-1)
         weights = diff.new_ones(channels)

@@ -393,6 +393,32 @@ def test_edge_form_equals_dense(variant, kwargs):
     torch.testing.assert_close(edge, dense[:, edge_index[1], edge_index[0]].T)
 
 
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_a_single_edge_and_head(variant):
+    # one edge, one head: the gathered height column is contiguous by itself (it was
+    # aliased and overwritten by the in-place difference)
+    q, k = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    dense = DENSE[variant](q, k)
+    for edges in ([[1], [0]], [[1, 2], [0, 0]]):
+        edge_index = torch.tensor(edges)
+        got = EDGE[variant](q, k, edge_index)
+        torch.testing.assert_close(got, dense[edge_index[1], edge_index[0]], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral"])
+def test_dense_equals_edge_for_many_points_and_self_pairs(variant):
+    # above 25 rows cdist's default switches to |u|^2 + |v|^2 - 2u.v, which cancels to
+    # D ~ 1e-2 at u = v in float32; the dense form must keep the exact zero
+    q = 2 * torch.randn(100, 64)
+    dense = DENSE[variant](q, q)
+    loops = torch.arange(100).repeat(2, 1)
+    torch.testing.assert_close(dense.diagonal(), EDGE[variant](q, q, loops), rtol=1e-6, atol=1e-6)
+    edges = torch.randint(0, 100, (2, 300), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(
+        dense[edges[1], edges[0]], EDGE[variant](q, q, edges), rtol=1e-5, atol=1e-5
+    )
+
+
 def test_squared_option_matches_dense_and_edge():
     q = torch.randn(5, 2, 3, dtype=torch.float64)
     edge_index = torch.stack([torch.arange(5), torch.arange(5).roll(1)])
