@@ -7,7 +7,6 @@ from hiergraph.masks.batch import sequence_batch
 from hiergraph.masks.builders import (
     block_diagonal_mask,
     causal_mask,
-    check_edge_index,
     cross_mask,
     dilated_mask,
     full_mask,
@@ -26,6 +25,7 @@ from hiergraph.masks.equivariance import (
     is_automorphism,
     relabel,
 )
+from hiergraph.ops.edge_index import check_edge_index  # re-exported: the masks' input check
 
 __all__ = [
     "BandMask",

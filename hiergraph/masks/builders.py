@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.types import Device
 
 from hiergraph.masks.band import BandMask
+from hiergraph.ops.edge_index import check_edge_index
 
 
 def _check_count(name: str, value, minimum: int = 0) -> int:
@@ -33,54 +34,6 @@ def _check_count(name: str, value, minimum: int = 0) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
-
-
-def check_edge_index(
-    edge_index: Tensor,
-    num_src: int,
-    num_dst: int | None = None,
-    *,
-    alternative: str | None = None,
-) -> None:
-    r"""Raise unless ``edge_index`` is a LongTensor ``[2, E]`` whose ids fit the node sets.
-
-    The one input check of every mask builder, of
-    :func:`~hiergraph.masks.edge_index_to_mask` and of
-    :class:`~hiergraph.nn.MaskedAttentionConv`.
-
-    Args:
-        edge_index: ``[2, E]``, row 0 = source = key, row 1 = target = query.
-        num_src: row 0 must lie in ``[0, num_src)``.
-        num_dst: row 1 must lie in ``[0, num_dst)``; ``None`` for ``num_src``
-            (a square mask over one node set).
-        alternative: another accepted input, named in the ``TypeError``
-            (e.g. ``"a BandMask"``).
-
-    Raises:
-        TypeError: ``edge_index`` is not a LongTensor.
-        ValueError: its shape is not ``[2, E]``, or an id lies out of range
-            (the message gives the range of each row).
-
-    The range check reads four numbers back to the host: one sync on CUDA.
-    """
-    num_dst = num_src if num_dst is None else num_dst
-    if not isinstance(edge_index, Tensor) or edge_index.dtype != torch.long:
-        is_tensor = isinstance(edge_index, Tensor)
-        got = f"a {edge_index.dtype} tensor" if is_tensor else type(edge_index).__name__
-        accepted = "a LongTensor of shape [2, E]" + (f" or {alternative}" if alternative else "")
-        raise TypeError(f"edge_index must be {accepted}, got {got}")
-    if edge_index.dim() != 2 or edge_index.size(0) != 2:
-        raise ValueError(f"edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
-    if not edge_index.numel():
-        return
-    low, high = torch.aminmax(edge_index, dim=1)
-    (src_low, dst_low), (src_high, dst_high) = torch.stack([low, high]).tolist()
-    if min(src_low, dst_low) < 0 or src_high >= num_src or dst_high >= num_dst:
-        raise ValueError(
-            f"edge_index has ids out of range (outside the mask): sources (row 0, keys) span "
-            f"{src_low}..{src_high} for num_src = {num_src}, targets (row 1, queries) span "
-            f"{dst_low}..{dst_high} for num_dst = {num_dst}"
-        )
 
 
 def _canonical(src: Tensor, dst: Tensor, num_nodes: int) -> Tensor:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hiergraph.masks.builders import check_edge_index
+from hiergraph.ops.edge_index import check_edge_index
 
 _ROWS = ("query", "key")
 

@@ -12,8 +12,8 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.utils import softmax
 
 from hiergraph.masks.band import BandMask
-from hiergraph.masks.builders import check_edge_index
 from hiergraph.ops.banded_attention import banded_attention
+from hiergraph.ops.edge_index import check_edge_index
 from hiergraph.ops.edge_products import EdgeCSR, edge_aggregate, edge_dot
 
 

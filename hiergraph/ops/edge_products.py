@@ -39,6 +39,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hiergraph.ops.edge_index import check_edge_index
+
 
 def _csr(crow: Tensor, col: Tensor, values: Tensor, shape: tuple[int, int]) -> Tensor:
     with warnings.catch_warnings():
@@ -51,7 +53,9 @@ class EdgeCSR:
     and those of its transpose.
 
     Args:
-        edge_index: ``[2, E]``, row 0 = source :math:`j`, row 1 = target :math:`i`.
+        edge_index: ``[2, E]``, row 0 = source :math:`j`, row 1 = target :math:`i`,
+            ids in ``[0, num_src)`` and ``[0, num_dst)`` (checked for CPU tensors:
+            the kernels index memory with them unchecked).
         size: ``(num_src, num_dst)``.
 
     Attributes:
@@ -63,6 +67,10 @@ class EdgeCSR:
 
     def __init__(self, edge_index: Tensor, size: tuple[int, int]):
         self.num_src, self.num_dst = size
+        if not (edge_index.is_floating_point() or edge_index.dtype == torch.bool):
+            edge_index = edge_index.long()  # an int32 key dst * num_src + src could overflow
+        if edge_index.device.type == "cpu":  # ids index memory directly below: check them
+            check_edge_index(edge_index, self.num_src, self.num_dst)  # (no host sync on GPUs)
         src, dst = edge_index
         key = dst * self.num_src + src
         self.perm = None

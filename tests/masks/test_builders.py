@@ -10,6 +10,7 @@ import torch
 from hiergraph.masks import (
     block_diagonal_mask,
     causal_mask,
+    check_edge_index,
     cross_mask,
     dilated_mask,
     edge_index_to_mask,
@@ -20,7 +21,6 @@ from hiergraph.masks import (
     sibling_mask,
     window_mask,
 )
-from hiergraph.masks.builders import check_edge_index
 from tests.masks.conftest import assert_canonical, brute_mask, dense
 
 

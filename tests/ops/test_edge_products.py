@@ -85,3 +85,22 @@ def test_bad_shapes():
         edge_dot(feats(7, 0), torch.randn(5, H, C + 1), graph)
     with pytest.raises(ValueError, match=r"weight must have shape \[E, H\] = \[13, 2\]"):
         edge_aggregate(torch.randn(13, 3), feats(5, 1), graph)
+
+
+@pytest.mark.parametrize(
+    "edges", [[[5], [0]], [[-1], [0]], [[0], [7]], [[0], [-1]]], ids=["src", "-src", "dst", "-dst"]
+)
+def test_ids_out_of_range_raise(edges):
+    # the kernels read memory with these ids unchecked (garbage or a crash before the check)
+    with pytest.raises(ValueError, match="out of range"):
+        EdgeCSR(torch.tensor(edges), (5, 7))
+
+
+def test_int32_edge_index_equals_int64():
+    edge_index = random_graph(5, 7, 10)
+    a, b = feats(7, 0), feats(5, 1)
+    narrow = EdgeCSR(edge_index.int(), (5, 7))
+    assert narrow.edge_index.dtype == torch.long  # the sort key dst * num_src + src is int64
+    torch.testing.assert_close(
+        edge_dot(a, b, narrow), edge_dot(a, b, EdgeCSR(edge_index, (5, 7))), rtol=0, atol=0
+    )
