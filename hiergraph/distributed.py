@@ -146,9 +146,16 @@ def save_checkpoint(
     The model is unwrapped (the checkpoint loads into a plain module), the
     file is written to a temporary name and renamed, so a crash never leaves
     a truncated checkpoint, and all ranks wait for the write (a barrier) so
-    none reads a stale file afterwards.
+    none reads a stale file afterwards. Without ``context`` the rank and the
+    barrier come from the initialised process group, if there is one (so
+    ranks never race on the same temporary file).
     """
-    if context is None or context.is_main:
+    if context is None:
+        grouped = dist.is_available() and dist.is_initialized()
+        is_main, distributed = (dist.get_rank() == 0 if grouped else True), grouped
+    else:
+        is_main, distributed = context.is_main, context.distributed
+    if is_main:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"model": unwrap(model).state_dict(), **state}
@@ -157,7 +164,7 @@ def save_checkpoint(
         tmp = path.with_name(path.name + ".tmp")
         torch.save(payload, tmp)
         os.replace(tmp, path)
-    if context is not None and context.distributed:
+    if distributed:
         dist.barrier()
 
 

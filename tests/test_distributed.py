@@ -118,6 +118,19 @@ def test_seed_everything_is_a_function_of_seed_epoch_rank():
     assert not torch.equal(draw(1, 2, 0), draw(1, 3, 0))
 
 
+def test_checkpoint_without_context_follows_the_process_group(tmp_path, monkeypatch):
+    # under DDP without a context, only rank 0 writes, and every rank waits at the barrier
+    barriers = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", lambda: barriers.append(1))
+    model = nn.Linear(2, 2)
+    for rank, written in ((1, False), (0, True)):
+        monkeypatch.setattr(dist, "get_rank", lambda rank=rank: rank)
+        save_checkpoint(tmp_path / f"rank{rank}.pt", model)
+        assert (tmp_path / f"rank{rank}.pt").exists() == written
+    assert len(barriers) == 2
+
+
 def test_checkpoint_round_trip(tmp_path):
     model = nn.Linear(3, 2)
     opt = torch.optim.Adam(model.parameters())
