@@ -4,9 +4,11 @@
 own ``PygNodePropPredDataset`` (so the splits and features are exactly OGB's),
 turns the official split into boolean ``train_mask`` / ``val_mask`` /
 ``test_mask`` on the graph, and returns the metric of ``ogb``'s ``Evaluator``
-for that dataset. It never downloads: when the raw files are not under
-``<root>/<name with _>/`` it raises :class:`FileNotFoundError` saying where
-they are expected (``ogb`` would otherwise ask on stdin and download).
+for that dataset. It never downloads and never asks on stdin: when the
+folder ``<root>/<name with _>/``, its ``RELEASE_v<version>.txt`` (without it
+``ogb`` asks whether to delete the folder) or both its raw and processed
+files are missing, it raises :class:`FileNotFoundError` saying what is
+expected where.
 
 Only single-task, multi-class datasets with an accuracy metric (e.g.
 ``ogbn-arxiv``, ``ogbn-products``, ``ogbn-papers100M``) are supported.
@@ -43,6 +45,15 @@ def _require_ogb():
     return PygNodePropPredDataset, Evaluator
 
 
+def _ogb_version(name: str) -> str:
+    """The release ``ogb`` expects for ``name`` (its ``master.csv``)."""
+    import ogb.nodeproppred
+    import pandas as pd
+
+    master = Path(ogb.nodeproppred.__file__).parent / "master.csv"
+    return str(pd.read_csv(master, index_col=0, keep_default_na=False)[name]["version"])
+
+
 def ogbn_dir(name: str, root: str | os.PathLike | None = None) -> Path:
     """Where ``ogb`` keeps ``name``: ``<root>/<name with '-' → '_'>``."""
     return data_root(root) / name.replace("-", "_")
@@ -75,8 +86,24 @@ def load_ogbn(
             "folder there (or point root / $HIERGRAPH_DATA at its parent)"
         )
     dataset_cls, evaluator_cls = _require_ogb()
+    release = folder / f"RELEASE_v{_ogb_version(name)}.txt"
+    if not release.is_file():  # ogb would ask on stdin, and rmtree the folder on 'y'
+        raise FileNotFoundError(
+            f"{release} not found: it marks the OGB release of the files in {folder}; copy "
+            "the whole folder as ogb downloaded it (this loader never asks to re-download)"
+        )
+
+    class OfflineDataset(dataset_cls):
+        def download(self):  # PyG calls it when raw files are missing, even if processed
+            if not all(Path(p).is_file() for p in self.processed_paths):
+                raise FileNotFoundError(
+                    f"{name}: neither OGB's raw files ({', '.join(self.raw_file_names)}) "
+                    f"under {self.raw_dir} nor its processed files under "
+                    f"{self.processed_dir}; this loader never downloads"
+                )
+
     with torch.serialization.safe_globals(_PYG_PICKLED):  # ogb's torch.load of a PyG Data
-        dataset = dataset_cls(name, root=str(folder.parent))
+        dataset = OfflineDataset(name, root=str(folder.parent))
     data = dataset[0]
     split = dataset.get_idx_split()
     out = Data(x=data.x, edge_index=data.edge_index, y=data.y.view(-1), num_nodes=data.num_nodes)

@@ -79,3 +79,28 @@ def test_tiny_fixture_through_ogb_dataset_and_evaluator(tmp_path):
     assert metric(pred, data.test_mask) == pytest.approx(2 / 3)
     logits = torch.nn.functional.one_hot(labels, 3).float()
     assert metric(logits, data.val_mask) == 1.0
+
+
+@needs_ogb
+def test_never_downloads_or_asks(tmp_path, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("ogb tried to download or to ask on stdin")
+
+    import ogb.nodeproppred.dataset_pyg as ogb_pyg
+
+    monkeypatch.setattr(ogb_pyg, "download_url", no_network)
+    monkeypatch.setattr("builtins.input", no_network)
+    labels, _ = write_tiny_arxiv(tmp_path)
+    folder = ogbn_dir("ogbn-arxiv", tmp_path)
+    load_ogbn("ogbn-arxiv", root=tmp_path)  # processes the raw files
+    for raw in (folder / "raw").iterdir():  # processed files alone are enough
+        raw.unlink()
+    data, _ = load_ogbn("ogbn-arxiv", root=tmp_path)
+    assert torch.equal(data.y, labels)
+    for processed in (folder / "processed").iterdir():  # neither raw nor processed files
+        processed.unlink()
+    with pytest.raises(FileNotFoundError, match="never downloads"):
+        load_ogbn("ogbn-arxiv", root=tmp_path)
+    (folder / "RELEASE_v1.txt").unlink()  # ogb would ask whether to delete the folder
+    with pytest.raises(FileNotFoundError, match="RELEASE_v1.txt not found"):
+        load_ogbn("ogbn-arxiv", root=tmp_path)
