@@ -35,6 +35,9 @@ def window_hierarchy(
         x: optional ``[n, F]`` token features.
         lifted: optional ``[n]`` bool, tokens hung directly under the root instead of
             windowed (see :func:`window_forest`).
+
+    The tree is built on the device of ``x`` / ``lifted`` (PyTorch's default device
+    without them), as in :func:`window_forest`.
     """
     tree = window_forest([n], _check(n, branching), lifted, x)
     del tree.batch
@@ -71,14 +74,17 @@ def window_forest(
         x: optional ``[sum(lengths), F]`` token features.
 
     Returns:
-        a :class:`SignalHierarchy` with ``batch`` (``[N]`` sequence of every node).
+        a :class:`SignalHierarchy` with ``batch`` (``[N]`` sequence of every node), on
+        the device of the tensor inputs (``x``, ``lifted``, ``lengths``; they must
+        share it), or on PyTorch's default device when all are absent or Python ints.
     """
-    lengths = torch.as_tensor(lengths, dtype=torch.long).flatten()
+    device = _input_device(lengths, lifted, x)
+    lengths = torch.as_tensor(lengths, dtype=torch.long, device=device).flatten()
     if lengths.numel() == 0 or bool((lengths < 1).any()):
         raise ValueError(f"lengths must be a non-empty list of ints >= 1, got {lengths.tolist()}")
     branching = check_branching(branching)
     num, total = lengths.numel(), int(lengths.sum())
-    seq = torch.arange(num).repeat_interleave(lengths, output_size=total)
+    seq = torch.arange(num, device=device).repeat_interleave(lengths, output_size=total)
     num_lifted = torch.zeros_like(lengths)
     if lifted is not None:
         if lifted.dtype != torch.bool or lifted.shape != (total,):
@@ -90,11 +96,11 @@ def window_forest(
         lifted = lifted if bool(lifted.any()) else None
 
     # bottom-up: cut the current nodes of every sequence with more than one into windows
-    items = torch.arange(total) if lifted is None else (~lifted).nonzero().view(-1)
+    items = torch.arange(total, device=device) if lifted is None else (~lifted).nonzero().view(-1)
     item_seq = seq if lifted is None else seq[items]
     count = lengths - num_lifted  # current nodes per sequence
-    root = torch.empty(num, dtype=torch.long)
-    height = torch.zeros(num, dtype=torch.long)
+    root = torch.empty(num, dtype=torch.long, device=device)
+    height = torch.zeros(num, dtype=torch.long, device=device)
     records, next_id = [], total  # (children, their sequence, parents, slots) per level
     for level in itertools.count():
         if bool((count == 1).any()):  # a sequence down to one node: that node is its root
@@ -105,7 +111,7 @@ def window_forest(
         if not bool(active.any()):
             break
         live = count * active
-        local = torch.arange(items.numel()) - (live.cumsum(0) - live)[item_seq]
+        local = torch.arange(items.numel(), device=device) - (live.cumsum(0) - live)[item_seq]
         # window sizes per sequence; after the tuple, one root over what is left
         width = torch.full_like(count, branching[level]) if level < len(branching) else count
         width = width.clamp(min=1)
@@ -114,29 +120,32 @@ def window_forest(
         parents = next_id + (windows.cumsum(0) - windows)[item_seq] + window
         records.append((items, item_seq, parents, local - window * width[item_seq]))
         height += active
-        items = next_id + torch.arange(int(windows.sum()))
-        item_seq = torch.arange(num).repeat_interleave(windows)
+        items = next_id + torch.arange(int(windows.sum()), device=device)
+        item_seq = torch.arange(num, device=device).repeat_interleave(windows)
         next_id, count = next_id + int(windows.sum()), windows
 
     # lifted tokens: one flat root family over all tokens, or leaves left of the top windows
     flat = (num_lifted > 0) & (height <= 1)
     if lifted is not None:
         new_roots = (flat & (height == 0)).nonzero().view(-1)  # the root was the only token
-        root[new_roots] = next_id + torch.arange(new_roots.numel())
+        root[new_roots] = next_id + torch.arange(new_roots.numel(), device=device)
         next_id += new_roots.numel()
-    parent, node_seq = torch.arange(next_id), torch.empty(next_id, dtype=torch.long)
+    parent = torch.arange(next_id, device=device)
+    node_seq = torch.empty(next_id, dtype=torch.long, device=device)
     slot, depth = torch.zeros_like(parent), torch.zeros_like(parent)
-    node_seq[:total], node_seq[root] = seq, torch.arange(num)
+    node_seq[:total], node_seq[root] = seq, torch.arange(num, device=device)
     for children, child_seq, parents, slots in reversed(records):  # top-down
         parent[children], slot[children], node_seq[parents] = parents, slots, child_seq
         depth[children] = depth[parents] + 1
     parent[root], slot[root], depth[root] = root, 0, 0
     if lifted is not None:
         deep = (num_lifted > 0) & ~flat
-        top = (parent == root[node_seq]) & (parent != torch.arange(next_id)) & deep[node_seq]
+        top = (parent == root[node_seq]) & (parent != torch.arange(next_id, device=device))
+        top &= deep[node_seq]
         slot[top] += num_lifted[node_seq[top]]
         hub = lifted.nonzero().view(-1)
-        rank = torch.arange(hub.numel()) - (num_lifted.cumsum(0) - num_lifted)[seq[hub]]
+        rank = torch.arange(hub.numel(), device=device)
+        rank -= (num_lifted.cumsum(0) - num_lifted)[seq[hub]]
         parent[hub], slot[hub], depth[hub] = root[seq[hub]], rank, 1
         tokens = flat[seq].nonzero().view(-1)
         position = tokens - (lengths.cumsum(0) - lengths)[seq[tokens]]
@@ -147,6 +156,16 @@ def window_forest(
     )
     forest.batch = node_seq
     return forest
+
+
+def _input_device(*inputs) -> torch.device | None:
+    """The device shared by the tensors among ``inputs`` (``None`` without any tensor)."""
+    devices = {t.device for t in inputs if isinstance(t, Tensor)}
+    if len(devices) > 1:
+        raise ValueError(
+            f"lengths, lifted and x must be on one device, got {sorted(map(str, devices))}"
+        )
+    return devices.pop() if devices else None
 
 
 def random_window_hierarchy(

@@ -44,11 +44,18 @@ from hiergraph.ops.tree_index import Level, sum_children
 MAX_BLOCK_ELEMENTS = 1 << 24
 
 
-def key_bias(count: Tensor, size_bias: bool = True) -> tuple[Tensor, Tensor]:
+def key_bias(
+    count: Tensor, size_bias: bool = True, dtype: torch.dtype | None = None
+) -> tuple[Tensor, Tensor]:
     r"""The key terms of the sibling logits: :math:`\log n(B)` (0 without the size bias)
-    and the mask :math:`n(B) > 0`, for every node of a level (``count`` ``[n]``)."""
+    and the mask :math:`n(B) > 0`, for every node of a level (``count`` ``[n]``).
+
+    The log is taken in ``count``'s dtype (float32 for half-precision inputs, see
+    :func:`~hiergraph.ops.hsa.hierarchical_attention`) and only then cast to ``dtype``
+    (default: ``count``'s), so counts past the half-precision range stay exact."""
     ok = count > 0
-    return (torch.log(count.clamp(min=1)) if size_bias else torch.zeros_like(count)), ok
+    bias = torch.log(count.clamp(min=1)) if size_bias else torch.zeros_like(count)
+    return (bias if dtype is None else bias.to(dtype)), ok
 
 
 def family_attention_dense(
@@ -70,7 +77,9 @@ def family_attention_dense(
         q, k: ``[n, H, d]`` pooled (mean) queries/keys of the level's nodes.
         v: ``[n, H, d_v]`` pooled values.
         eps: optional ``[n, H or 1, c]`` position embeddings.
-        count: ``[n]`` leaf counts :math:`n(\cdot)` (no gradient).
+        count: ``[n]`` leaf counts :math:`n(\cdot)` (no gradient), in float32 for
+            bf16/fp16 inputs (else in their dtype): :math:`\log n` and the weighted sums
+            :math:`n(C)\rho(C)` are taken in that dtype and rounded to the inputs' dtype.
         parent_level: the previous level.
         size_bias: add :math:`\log n(B)` to the logits (HSA proper).
 
@@ -108,7 +117,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
         theta_out = v.new_empty(n, heads, v.size(-1))
         sums = [t.new_zeros(num_parents, *t.shape[1:]) for t in (q, k, v)]
         weighted = not level.all_leaves  # leaves: n is 0/1 and padded leaves carry zeros
-        keys = key_bias(count, size_bias)
+        keys = key_bias(count, size_bias, q.dtype)
         saved, ctx.chunks = [], []
         for block in level.blocks:
             # heads-first contiguous copies, reused by the backward
@@ -116,7 +125,8 @@ class _DenseFamilyAttention(torch.autograd.Function):
             weight = _member_weight(block, count) if weighted else None
             for total, xb in zip(sums, (qb, kb, vb), strict=True):
                 xb = xb if weight is None else xb * weight
-                total[block.parents] = xb.sum(2) if block.valid is None else _valid_sum(xb, block)
+                xsum = xb.sum(2) if block.valid is None else _valid_sum(xb, block)
+                total[block.parents] = xsum.to(total.dtype)  # float32 sums of half rows
             eb = None if eps is None else _heads_first(block.rows(eps))
             chunks = _row_chunks(block, heads)
             lse, theta = [], []
@@ -131,6 +141,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
             ctx.chunks.append(chunks)
         ctx.save_for_backward(*saved, count)
         ctx.level, ctx.tau, ctx.causal, ctx.size_bias = level, tau, causal, size_bias
+        ctx.dtype = q.dtype
         ctx.shapes = [t.shape if t is not None else None for t in (q, k, v, eps)]
         return lse_out, theta_out, *sums
 
@@ -139,7 +150,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
     def backward(ctx, grad_lse, grad_theta, *grad_sums):
         level, tau = ctx.level, ctx.tau
         *saved, count = ctx.saved_tensors
-        keys = key_bias(count, ctx.size_bias)
+        keys = key_bias(count, ctx.size_bias, ctx.dtype)
         # every node of a level is in exactly one block: no zero fill when slices cover it
         covered = all(b.start is not None for b in level.blocks)
         new = torch.empty if covered else torch.zeros
@@ -154,8 +165,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
             qb, kb, vb, p, eb, weight = saved[6 * i : 6 * i + 6]
             # d(parent sum) reaches every member, times its count
             g_q, g_k, g_v = (
-                g.index_select(0, block.parents).unsqueeze(2) * (1 if weight is None else weight)
-                for g in grad_sums
+                _weigh(g.index_select(0, block.parents).unsqueeze(2), weight) for g in grad_sums
             )
             d_out = _heads_first(block.rows(grad_theta))
             d_lse = _heads_first(block.rows(grad_lse)).unsqueeze(-1)
@@ -230,8 +240,15 @@ def _bmm_add(base: Tensor, a: Tensor, b: Tensor, alpha: float) -> Tensor:
     return out.view(f, h, w, -1)
 
 
+def _weigh(g: Tensor, weight: Tensor | None) -> Tensor:
+    """``g * weight`` in ``g``'s dtype (the product of half rows and float32 counts is
+    rounded once)."""
+    return g if weight is None else (g * weight).to(g.dtype)
+
+
 def _member_weight(block, count: Tensor) -> Tensor:
-    """``[F, 1, W, 1]`` leaf count of every member (0 for padding slots)."""
+    """``[F, 1, W, 1]`` leaf count of every member (0 for padding slots), in ``count``'s
+    dtype."""
     weight = block.rows(count)
     if block.valid is not None:
         weight = weight * block.valid
@@ -278,12 +295,12 @@ def family_attention_edge(
     logits = tau * (q[query] * k[key]).sum(-1)
     if eps is not None:
         logits = logits + (eps[query] * eps[key]).sum(-1)
-    bias, ok = (t[key] for t in key_bias(count, size_bias))
+    bias, ok = (t[key] for t in key_bias(count, size_bias, logits.dtype))
     logits = logits + bias.unsqueeze(-1)
     if causal:
         ok = ok & (key < query)
     lse, attn = scatter_softmax(logits, query, n, mask=ok.unsqueeze(-1))
     theta = scatter(attn.unsqueeze(-1) * v[key], query, dim=0, dim_size=n, reduce="sum")
-    weight = count[:, None, None]
-    sums = [sum_children(t * weight, level, parent_level) for t in (q, k, v)]
+    weight = count[:, None, None]  # float32 for half inputs: n(C) rho(C) summed in float32
+    sums = [sum_children(t * weight, level, parent_level).to(t.dtype) for t in (q, k, v)]
     return lse, theta, *sums

@@ -64,6 +64,11 @@ def hierarchical_attention(
     over families :math:`f`, plus one scatter per depth level; all
     quantities are kept in log space and the backward pass is NaN-free.
 
+    Everything runs in the inputs' dtype except the leaf counts :math:`n(\cdot)`, their
+    logs and ratios, the count-weighted sums and the child sums, which bf16/fp16 inputs
+    accumulate in float32 before one rounding to their dtype (float32 and float64 inputs
+    run in their own dtype throughout).
+
     Args:
         q, k: ``[L, H, d]`` queries and keys in leaf order (``[L, d]`` is
             treated as one head).
@@ -126,7 +131,7 @@ def hierarchical_attention(
             rho = [level.leaf_id.take(t) for t in stats]
         else:
             rho = [
-                _level_rows(index, d, t, s) / n.clamp(min=1)[:, None, None]
+                (_level_rows(index, d, t, s) / n.clamp(min=1)[:, None, None]).to(q.dtype)
                 for t, s in zip(stats, sums, strict=True)
             ]
         nodes = index.order[level.start : level.start + n.numel()]
@@ -135,7 +140,8 @@ def hierarchical_attention(
         child_energy = None if g is None else sum_children(g, levels[d + 1], level)
         a = _level_rows(index, d, self_energy if include_self else None, child_energy)
         # weighted log-partition each node hands to its parent (eq. 8)
-        share = (n / counts[d - 1].index_select(0, level.parent_local).clamp(min=1)).unsqueeze(-1)
+        share = n / counts[d - 1].index_select(0, level.parent_local).clamp(min=1)
+        share = share.to(q.dtype).unsqueeze(-1)
         total = lse if a is None else logaddexp(a, lse)
         keep = (n > 0).unsqueeze(-1)
         g = torch.where(keep, share * torch.where(keep, total, 0.0), 0.0)
@@ -237,9 +243,15 @@ def _check_inputs(
 
 
 def _leaf_counts(index: TreeIndex, weight: Tensor | None, dtype) -> list[Tensor]:
-    """Per level, ``[n_d]`` number of (valid) leaves below every node."""
+    """Per level, ``[n_d]`` number of (valid) leaves below every node, in float32 for
+    bf16/fp16 inputs ``dtype`` (in ``dtype`` otherwise): a bf16 count rounds 257 to 256
+    and an fp16 one overflows past 65504, so counts, ``log n`` and the count ratios are
+    computed in this dtype and only their results are cast to ``dtype``."""
+    if dtype in (torch.float16, torch.bfloat16):
+        dtype = torch.float32
     if weight is None:
         return [level.count.to(dtype) for level in index.levels]
+    weight = weight.to(dtype)
     counts = [None] * index.num_levels
     for d in range(index.num_levels - 1, -1, -1):
         child = None

@@ -388,7 +388,8 @@ def update_tree(state: TreeState, tree: SegmentTree, sel: Selection, value: Tens
     :math:`\Delta c_x = c_{\text{parent}} - c_x`. Deviations below a
     :math:`\mathcal{J}` leaf are left as they are, so materialising adds the
     same vector to every token of an unrefined segment (Claim 6.4). Touches
-    :math:`O(r)` nodes; out-of-place, so it is differentiable.
+    :math:`O(r)` nodes; out-of-place, so it is differentiable. The weighted means are
+    taken in ``value``'s dtype, or in float32 (then rounded) for bf16/fp16 ``value``.
     """
     if value.shape != sel.value.shape:
         raise ValueError(
@@ -397,6 +398,8 @@ def update_tree(state: TreeState, tree: SegmentTree, sel: Selection, value: Tens
         )
     leaf = (sel.level == 0).nonzero().squeeze(1)
     nodes, vals = sel.node[leaf], take_rows(value, leaf)
+    # size-weighted means of half rows: counts and sums in float32, means rounded once
+    work = torch.float32 if value.dtype in (torch.float16, torch.bfloat16) else value.dtype
     delta = list(state.delta)
     for level in range(tree.num_levels):
         # the touched nodes are exactly the children of the refined nodes one level up:
@@ -406,10 +409,11 @@ def update_tree(state: TreeState, tree: SegmentTree, sel: Selection, value: Tens
         sizes = tree.child_ptr[level + 1][split + 1] - first
         order = torch.argsort(nodes)
         nodes, vals = nodes[order], take_rows(vals, order)
-        count = tree.count[level].index_select(0, nodes).unsqueeze(1).to(vals.dtype)
+        count = tree.count[level].index_select(0, nodes).unsqueeze(1).to(work)
         run_ptr = torch.cat([sizes.new_zeros(1), torch.cumsum(sizes, 0)])
-        parent_vals = segment(vals * count, run_ptr)
-        parent_vals = parent_vals / tree.count[level + 1][split].unsqueeze(1).to(vals.dtype)
+        parent_vals = segment(vals.to(work) * count, run_ptr)
+        parent_vals = parent_vals / tree.count[level + 1][split].unsqueeze(1).to(work)
+        parent_vals = parent_vals.to(vals.dtype)
         expanded = expand_to_children(parent_vals, run_ptr)
         delta[level] = delta[level].index_copy(0, nodes, expanded - vals)
         leaf = (sel.level == level + 1).nonzero().squeeze(1)

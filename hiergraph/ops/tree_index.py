@@ -416,13 +416,30 @@ def _make_blocks(
 
 def sum_children(x: Tensor, level: Level, parent_level: Level) -> Tensor:
     """``[n_{d-1}, ...]`` sums of the rows ``x: [n_d, ...]`` of level ``d`` over each node's
-    children in level ``d - 1`` (0 for leaves). Its adjoint is :func:`broadcast_to_children`."""
+    children in level ``d - 1`` (0 for leaves). Its adjoint is :func:`broadcast_to_children`.
+
+    The sums are in ``x``'s dtype; bf16/fp16 rows are accumulated in float32 and rounded
+    once (see :func:`_run_sums`)."""
     return _SumChildren.apply(x, parent_level.num_children, level.parent_local)
 
 
 def broadcast_to_children(x: Tensor, level: Level, parent_level: Level) -> Tensor:
-    """``[n_d, ...]`` row of each node's parent, from ``x: [n_{d-1}, ...]``."""
+    """``[n_d, ...]`` row of each node's parent, from ``x: [n_{d-1}, ...]``. The backward's
+    child sums of bf16/fp16 gradients are accumulated in float32."""
     return _Broadcast.apply(x, level.parent_local, parent_level.num_children)
+
+
+def _run_sums(x: Tensor, lengths: Tensor) -> Tensor:
+    """Sums of consecutive runs of rows of ``x`` (``lengths`` rows each), in ``x``'s dtype.
+
+    bf16/fp16 rows are summed in float32 and the sums rounded once to ``x``'s dtype (a
+    half-precision running sum stalls: bf16 ones add up to 256); float32/float64 rows are
+    summed in their own dtype. The dtype test is static: no host sync, no graph break.
+    """
+    if x.dtype in (torch.float16, torch.bfloat16):
+        sums = torch.segment_reduce(x.float(), "sum", lengths=lengths, axis=0, unsafe=True)
+        return sums.to(x.dtype)
+    return torch.segment_reduce(x, "sum", lengths=lengths, axis=0, unsafe=True)
 
 
 class _SumChildren(torch.autograd.Function):
@@ -431,7 +448,7 @@ class _SumChildren(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, lengths: Tensor, parent: Tensor) -> Tensor:
         ctx.save_for_backward(parent)
-        return torch.segment_reduce(x, "sum", lengths=lengths, axis=0, unsafe=True)
+        return _run_sums(x, lengths)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -450,4 +467,4 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         (lengths,) = ctx.saved_tensors
-        return torch.segment_reduce(grad, "sum", lengths=lengths, axis=0, unsafe=True), None, None
+        return _run_sums(grad, lengths), None, None

@@ -133,14 +133,25 @@ def vip_score_fn(q: Tensor, q_ptr: Tensor, key_fn: Callable[[Tensor], Tensor]) -
     ``[M, H, d_h]`` (see :func:`vip_attention_scores`)."""
 
     def score(mean: Tensor, batch: Tensor, count: Tensor) -> Tensor:
-        return vip_attention_scores(q, q_ptr, key_fn(mean), batch, count.to(mean.dtype).log())
+        return vip_attention_scores(q, q_ptr, key_fn(mean), batch, log_count(count, mean.dtype))
 
     return score
 
 
+def log_count(count: Tensor, dtype: torch.dtype) -> Tensor:
+    r""":math:`\log s` of the segment sizes ``count`` as ``dtype``: the log is taken in
+    float32 (float64 for float64) and only the result is cast, so sizes past the fp16
+    range (65504) or bf16's 8-bit mantissa stay exact."""
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    return count.to(work).log().to(dtype)
+
+
 def compress(c: Tensor, sel: Selection) -> Tensor:
     r""":math:`S_c C` from the tokens ``c`` ``[N, d]``: one segment mean per row of
-    :math:`\mathcal{J}`, ``[R, d]``."""
+    :math:`\mathcal{J}`, ``[R, d]``, in ``c``'s dtype. bf16/fp16 tokens are averaged in
+    float32 and the means rounded once (a half-precision running sum stalls)."""
+    if c.dtype in (torch.float16, torch.bfloat16):
+        return segment(c.float(), sel.token_ptr, reduce="mean").to(c.dtype)
     return segment(c, sel.token_ptr, reduce="mean")
 
 
@@ -157,14 +168,15 @@ def pack_compressed(
 
     Returns:
         ``z`` ``[B, r_max, d]``; ``key_bias`` ``[B, r_max]`` (0 for VIP rows,
-        :math:`\log s` for segment rows, ``-inf`` for padding); ``real``
+        :math:`\log s` for segment rows, taken in float32 then cast to ``rows``'
+        dtype (:func:`log_count`), ``-inf`` for padding); ``real``
         ``[B, r_max]`` bool; ``order`` ``[N_p + R]`` (the flat row order, for
         :func:`unpack_compressed`).
     """
     num_seq = p_ptr.numel() - 1
     batch = torch.cat([_batch(p_ptr), sel.batch])
     order = torch.sort(batch, stable=True).indices  # VIP rows first within each sequence
-    log_s = torch.cat([p.new_zeros(p.size(0)), sel.count.to(rows.dtype).log()])
+    log_s = torch.cat([p.new_zeros(p.size(0)), log_count(sel.count, rows.dtype)])
     z, real = to_dense_batch(torch.cat([p, rows])[order], batch[order], batch_size=num_seq)
     key_bias = torch.full(real.shape, float("-inf"), dtype=z.dtype, device=z.device)
     key_bias[real] = log_s[order]

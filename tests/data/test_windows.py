@@ -125,3 +125,47 @@ def test_bad_input(lengths, lifted, match):
         window_forest(lengths, (2,), lifted)
     with pytest.raises(ValueError, match="branching"):
         window_forest([3], (1,))
+
+
+def test_tensors_are_made_on_the_inputs_device():
+    """With the default device set elsewhere (``meta``), CPU inputs still give the CPU
+    result: every tensor is made on the device of ``lengths``/``lifted``/``x``."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([5, 1, 12, 30])
+    lifted = torch.rand(48, generator=gen) < 0.2
+    lifted[[0, 6, 18]] = False  # at most n - 1 lifted per sequence
+    x = torch.randn(48, 3, generator=gen)
+    for build in (
+        lambda: window_forest(lengths, (2, 3), lifted=lifted, x=x),
+        lambda: window_forest(lengths.tolist(), (4,), lifted=lifted),
+        lambda: window_forest(lengths, (3, 2)),
+        lambda: window_hierarchy(30, (2, 4), x=x[:30], lifted=lifted[:30]),
+    ):
+        ref = build()
+        with torch.device("meta"):
+            out = build()
+        for key in ("parent", "slot", "depth", "x", "batch"):
+            if key in ref:
+                assert out[key].device.type == "cpu", key
+                assert torch.equal(out[key], ref[key]), key
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_inputs_give_a_cuda_forest_equal_to_cpu():
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([5, 1, 12, 30])
+    lifted = torch.rand(48, generator=gen) < 0.2
+    lifted[[0, 6, 18]] = False
+    x = torch.randn(48, 3, generator=gen)
+    ref = window_forest(lengths, (2, 3), lifted=lifted, x=x)
+    for args in (
+        (lengths.cuda(), lifted.cuda(), x.cuda()),
+        (lengths.tolist(), lifted.cuda(), None),
+    ):
+        out = window_forest(args[0], (2, 3), lifted=args[1], x=args[2])
+        for key in ("parent", "slot", "depth", "batch"):
+            assert out[key].device.type == "cuda", key
+            assert torch.equal(out[key].cpu(), ref[key]), key
+    h = window_hierarchy(30, (2, 4), x=x[:30].cuda())
+    assert h.parent.device.type == "cuda"
+    assert torch.equal(h.parent.cpu(), window_hierarchy(30, (2, 4)).parent)

@@ -202,3 +202,24 @@ def test_bad_inputs():
     sel = select_segments(state, tree, (None, 0))
     with pytest.raises(ValueError, match="selection's shape"):
         update_tree(state, tree, sel, sel.value[:-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_update_weighs_counts_in_float32(dtype):
+    """Alg. 2 on half inputs: the size-weighted means of refined nodes (segments of 3000
+    and 65536 tokens, counts past fp16's 65504) are taken in float32 and rounded once, so
+    the update matches the float32 one within half rounding."""
+    ptr = torch.tensor([0, 3000, 73000])
+    tree = SegmentTree.from_ptr(ptr, (16, 16, 16, 16))
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.rand(73000, 2, generator=gen) + 0.5).to(dtype)
+    state = build_tree_state(x, tree)
+    sel = select_segments(state, tree, (None, 2, 2, 2, 2), _first_dim_score)
+    assert int(tree.count[4].max()) == 65536 and int(sel.count.max()) >= 3000
+    value = sel.value + torch.rand(sel.value.shape, generator=gen).to(dtype)
+    out = update_tree(state, tree, sel, value)
+    ref = update_tree(build_tree_state(x.float(), tree), tree, sel, value.float())
+    assert out.root.dtype == dtype
+    torch.testing.assert_close(out.root.float(), ref.root, rtol=8e-3, atol=0)
+    for ours, full in zip(out.delta, ref.delta, strict=True):
+        torch.testing.assert_close(ours.float(), full, rtol=0, atol=0.02)

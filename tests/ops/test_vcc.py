@@ -304,3 +304,40 @@ def test_bad_inputs():
     state = build_tree_state(c, tree)
     with pytest.raises(ValueError, match="input's shape"):
         vcc_layer(lambda z, b: z[:, :-1], p, p_ptr, state, tree, (None, 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_means_and_log_counts(dtype):
+    """Segment means are taken in float32 and rounded once (a bf16 running mean of 3000
+    ones gave 0.085); log s is taken of float32 counts (fp16 counts above 65504 are inf)."""
+    import types
+
+    gen = torch.Generator().manual_seed(0)
+    c = torch.rand(3007, 4, generator=gen) + 0.5
+    sel = types.SimpleNamespace(
+        token_ptr=torch.tensor([0, 7, 3007]),
+        batch=torch.tensor([0, 0]),
+        count=torch.tensor([7, 70000]),  # a count past fp16's range
+    )
+    ref = compress(c.to(dtype).float(), sel)
+    out = compress(c.to(dtype), sel)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, rtol=8e-3, atol=0)
+    ones = compress(torch.ones(3007, 4, dtype=dtype), sel)
+    assert torch.equal(ones, torch.ones(2, 4, dtype=dtype))
+
+    p, rows = torch.zeros(1, 4, dtype=dtype), torch.zeros(2, 4, dtype=dtype)
+    _, key_bias, real, _ = pack_compressed(p, torch.tensor([0, 1]), rows, sel)
+    assert key_bias.dtype == dtype
+    torch.testing.assert_close(
+        key_bias[real].float(), torch.tensor([0.0, math.log(7), math.log(70000)]), rtol=8e-3, atol=0
+    )
+    q = torch.randn(3, 1, 4, generator=gen)
+    score = vip_score_fn(q.to(dtype), torch.tensor([0, 3]), lambda mean: mean[:, None, :])
+    mean = torch.randn(2, 4, generator=gen)
+    out = score(mean.to(dtype), sel.batch, sel.count)
+    assert torch.isfinite(out).all()
+    ref = vip_score_fn(q.to(dtype).float(), torch.tensor([0, 3]), lambda m: m[:, None, :])
+    torch.testing.assert_close(
+        out.float(), ref(mean.to(dtype).float(), sel.batch, sel.count), rtol=0, atol=0.02
+    )
