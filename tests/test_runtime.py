@@ -6,21 +6,15 @@ import textwrap
 
 import pytest
 
-from hiergraph import runtime
 from hiergraph.runtime import _glibc, reuse_freed_memory
 
-# Minor page faults of 8 rounds (after 4 warm-up rounds) of allocating, touching and freeing
-# a 64 MiB tensor. The module is loaded from its file: importing the package (torch_geometric)
-# takes up to a minute on a slow machine, and runtime.py depends on nothing else.
+# Minor page faults of 8 rounds of allocating, touching and freeing a 64 MiB tensor.
 FAULTS = textwrap.dedent(
     """
-    import importlib.util, resource, sys, torch
-    spec = importlib.util.spec_from_file_location("runtime", sys.argv[2])
-    runtime = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(runtime)
-    applied = runtime.reuse_freed_memory() if sys.argv[1] == "reuse" else None
-    for _ in range(4):  # warm-up (first touch, allocator and thread-pool set-up): not counted
-        torch.ones(2**24).sum()
+    import resource, sys, torch
+    from hiergraph.runtime import reuse_freed_memory
+    applied = reuse_freed_memory() if sys.argv[1] == "reuse" else None
+    torch.ones(2**24).sum()  # first touch, counted in neither run
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(8):
         torch.ones(2**24).sum()
@@ -31,10 +25,7 @@ FAULTS = textwrap.dedent(
 
 def _faults(mode: str) -> tuple[str, int]:
     out = subprocess.run(
-        [sys.executable, "-c", FAULTS, mode, runtime.__file__],
-        capture_output=True,
-        text=True,
-        check=True,
+        [sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True
     ).stdout.split()
     return out[0], int(out[1])
 
