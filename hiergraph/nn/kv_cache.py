@@ -53,22 +53,16 @@ def append_schedule(hierarchy) -> Tensor:
     return torch.stack([close, open_], 1)
 
 
-def _check_token_shapes(cache, q: Tensor | None, k: Tensor, v: Tensor, tokens: bool = False):
-    """Raise a ``ValueError`` unless ``q, k`` are ``[H, d]`` and ``v`` ``[H, d_v]`` for the
-    ``heads, dim, dim_v`` of ``cache`` (``tokens=True``: ``k [T, H, d]``, ``v [T, H, d_v]``)."""
-    lead = (k.size(0) if k.dim() else 0,) if tokens else ()
-    qk = (k,) if q is None else (q, k)
-    if any(x.shape != (*lead, cache.heads, cache.dim) for x in qk):
-        raise ValueError(
-            f"{'k' if q is None else 'q and k'} must be [{'T, ' if tokens else ''}"
-            f"heads={cache.heads}, dim={cache.dim}], "
-            f"got {' and '.join(str(tuple(x.shape)) for x in qk)}"
-        )
-    if v.shape != (*lead, cache.heads, cache.dim_v):
-        raise ValueError(
-            f"v must be [{f'T={lead[0]}, ' if tokens else ''}{cache.heads}, {cache.dim_v}], "
-            f"got {tuple(v.shape)}"
-        )
+def _check_shapes(cache, lead: tuple[int, ...], **tensors: Tensor) -> None:
+    """Raise a ``ValueError`` unless each tensor is ``[*lead, heads, dim]`` (``v``: ``dim_v``)
+    for the ``heads, dim, dim_v`` of ``cache``; ``lead`` is ``()`` or ``(T,)``."""
+    for name, x in tensors.items():
+        last, size = ("dim_v", cache.dim_v) if name == "v" else ("dim", cache.dim)
+        if x.shape != (*lead, cache.heads, size):
+            token = f"T={lead[0]}, " if lead else ""
+            raise ValueError(
+                f"{name} must be [{token}heads={cache.heads}, {last}={size}], got {tuple(x.shape)}"
+            )
 
 
 class _Level:
@@ -225,7 +219,7 @@ class HierarchicalKVCache:
             ``[H, d_v]``.
         """
         self._check_event(close, open)
-        _check_token_shapes(self, q, k, v)
+        _check_shapes(self, (), q=q, k=k, v=v)
         if (pos_emb is None) != (self.pos_dim == 0) or (
             pos_emb is not None and pos_emb.shape != (open + 1, self.heads, self.pos_dim)
         ):
@@ -326,7 +320,11 @@ class FlatKVCache:
         Raises:
             ValueError: if the shapes do not match the cache's ``heads, dim, dim_v``.
         """
-        _check_token_shapes(self, None, k, v, tokens=True)
+        _check_shapes(self, k.shape[:1], k=k, v=v)
+        self._store(k, v)
+
+    def _store(self, k: Tensor, v: Tensor) -> None:
+        """:meth:`extend` without its check."""
         n, t = self.num_tokens, k.size(0)
         if n + t > self.keys.size(1):  # at least double: amortised O(1) per token
             size = max(2 * self.keys.size(1), n + t)
@@ -341,8 +339,8 @@ class FlatKVCache:
         Raises:
             ValueError: if the shapes do not match the cache's ``heads, dim, dim_v``.
         """
-        _check_token_shapes(self, q, k, v)
-        self.extend(k[None], v[None])
+        _check_shapes(self, (), q=q, k=k, v=v)
+        self._store(k[None], v[None])
         n = self.num_tokens - 1
         keys, values = self.keys[:, : n + 1], self.values[:, : n + 1]
         weights = torch.softmax(self.tau * torch.einsum("hd,hnd->hn", q, keys), -1)

@@ -243,7 +243,7 @@ class MaskedAttentionConv(MessagePassing):
         per-edge, through :meth:`edge_updater` and :meth:`propagate`.
         """
         edge_emb, logit_bias = self._edge_terms(edge_attr, edge_index.size(1))
-        graph = EdgeCSR(edge_index, size)
+        graph = EdgeCSR(edge_index, size, check=False)  # forward() checked the ids
         if graph.perm is not None:  # work in target-sorted order, report in the caller's
             edge_emb = edge_emb[graph.perm] if edge_emb is not None else None
             logit_bias = logit_bias[graph.perm] if logit_bias is not None else None

@@ -57,6 +57,8 @@ class EdgeCSR:
             ids in ``[0, num_src)`` and ``[0, num_dst)`` (checked for CPU tensors:
             the kernels index memory with them unchecked).
         size: ``(num_src, num_dst)``.
+        check: run :func:`~hiergraph.ops.edge_index.check_edge_index` on CPU ids;
+            ``False`` only for a caller that has just checked them itself.
 
     Attributes:
         edge_index: the sorted ``[2, E]`` edges.
@@ -65,11 +67,11 @@ class EdgeCSR:
         crow: ``[num_dst + 1]`` CSR row pointers of the targets.
     """
 
-    def __init__(self, edge_index: Tensor, size: tuple[int, int]):
+    def __init__(self, edge_index: Tensor, size: tuple[int, int], *, check: bool = True):
         self.num_src, self.num_dst = size
         if not (edge_index.is_floating_point() or edge_index.dtype == torch.bool):
             edge_index = edge_index.long()  # an int32 key dst * num_src + src could overflow
-        if edge_index.device.type == "cpu":  # ids index memory directly below: check them
+        if check and edge_index.device.type == "cpu":  # the kernels index memory with the ids
             check_edge_index(edge_index, self.num_src, self.num_dst)  # (no host sync on GPUs)
         src, dst = edge_index
         key = dst * self.num_src + src

@@ -127,11 +127,11 @@ def test_flat_cache_bad_shapes():
         cache.append(q, k[:1], v)  # one head for an H=4 cache: no silent broadcast
     with pytest.raises(ValueError, match=r"\[heads=4, dim=8\]"):
         cache.append(q[:, :4], k, v)
-    with pytest.raises(ValueError, match=r"v must be \[4, 6\]"):
+    with pytest.raises(ValueError, match=r"v must be \[heads=4, dim_v=6\]"):
         cache.append(q, k, v[:1])
-    with pytest.raises(ValueError, match=r"k must be \[T, heads=4, dim=8\]"):
+    with pytest.raises(ValueError, match=r"k must be \[T=3, heads=4, dim=8\]"):
         cache.extend(torch.randn(3, 1, 8), torch.randn(3, 4, 6))
-    with pytest.raises(ValueError, match=r"v must be \[T=3, 4, 6\]"):
+    with pytest.raises(ValueError, match=r"v must be \[T=3, heads=4, dim_v=6\]"):
         cache.extend(torch.randn(3, 4, 8), torch.randn(2, 4, 6))
     assert cache.num_tokens == 0  # nothing was stored by the failed calls
     cache.append(q, k, v)

@@ -133,6 +133,19 @@ def test_edge_path_for_unstructured_inputs(monkeypatch):
     assert not calls
 
 
+def test_edge_path_checks_the_ids_once(monkeypatch):
+    import hiergraph.ops.edge_products as products
+
+    calls = []
+    for module in (conv_module, products):
+        real = module.check_edge_index
+        monkeypatch.setattr(
+            module, "check_edge_index", lambda *a, real=real, **k: calls.append(1) or real(*a, **k)
+        )
+    make_conv()(features(), MASKS["random"])
+    assert len(calls) == 1
+
+
 def test_band_descriptor_in_place_of_edge_index():
     band = BandMask((9, 15), 2, 1, 2)
     conv, x = make_conv(), features()
