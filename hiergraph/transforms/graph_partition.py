@@ -30,12 +30,11 @@ def label_propagation(
     counted before anyone leaves, so the cap always holds). All steps are
     sorts and scatters over the ``E`` edges: :math:`O(E \log E)` per iteration.
 
-    A known weakness: two neighbours in the *same* half that each prefer the
-    other's label swap labels in the same round instead of merging, and may
-    keep doing so (e.g. two isolated edges stay four singletons for most
-    seeds); :func:`label_propagation_tree` then packs such leftover singles
-    by node id. Cluster quality on sparse, pair-like graphs suffers; the
-    trees remain valid and size-capped.
+    Two clusters that would trade members in one round (label :math:`a \to b`
+    and :math:`b \to a`; e.g. two linked singletons, each preferring the
+    other) would only swap labels, and could keep swapping: of such a pair of
+    moves only the one toward the label of higher priority goes ahead, so the
+    two merge.
 
     Args:
         num_nodes: ``n``.
@@ -74,6 +73,12 @@ def label_propagation(
         top = scatter(torch.where(is_best, priority[lab] + 1, 0), node, 0, num_nodes, reduce="max")
         target = torch.where(top > 0, label_of_priority[(top - 1).clamp(min=0)], num_nodes)
         movers = (target < num_nodes).nonzero().view(-1)
+        # two clusters trading members in one round would only swap labels (two linked
+        # singletons would change places): of each such pair of moves, the one toward the
+        # label of higher priority goes ahead
+        source, goal = label[movers], target[movers]
+        traded = torch.isin(goal * num_nodes + source, source * num_nodes + goal)
+        movers = movers[~traded | (priority[goal] > priority[source])]
         if movers.numel() == 0:
             continue
         # best score first within each target cluster; the cap admits the first few

@@ -45,6 +45,15 @@ def test_a_node_joins_the_label_it_is_linked_to_most():
     assert label[0] == label[2] != label[1]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_linked_singletons_merge_instead_of_swapping(seed):
+    # two isolated edges: when both ends of an edge move in the same round, each onto the
+    # other's label, they used to swap labels (four singletons for most seeds)
+    edges = torch.tensor([[0, 1, 2, 3], [1, 0, 3, 2]])
+    label = label_propagation(4, edges, torch.ones(4), max_size=4, seed=seed)
+    assert label.tolist() == [0, 0, 2, 2]
+
+
 @pytest.mark.parametrize("max_family", [2, 4, 16])
 def test_tree_is_valid_and_family_sizes_capped(max_family):
     edges = random_graph(60, 0.08, seed=max_family)
