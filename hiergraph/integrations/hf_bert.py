@@ -228,14 +228,20 @@ def inject_hsa(
         raise ValueError(f"hubs must be an int >= 0, got {hubs!r}")
     if hubs and method == "block":
         raise ValueError("hubs apply to the HSA methods, not method='block'")
-    for i in chosen:  # check every layer before replacing any
-        if isinstance(all_layers[i].attention.self, HSASelfAttention):
-            raise ValueError(f"layer {i} already has HSA; call remove_hsa(model) first")
-        _refuse_causal(all_layers[i].attention.self, f"layer {i}")
     hierarchies = _Hierarchies(branching, hubs)
+    replacements = []  # all built before any is assigned: a refused layer replaces nothing
     for i in chosen:
-        attention = all_layers[i].attention
-        attention.self = HSASelfAttention(attention.self, method, include_self, block, hierarchies)
+        attention = all_layers[i].attention.self
+        if isinstance(attention, HSASelfAttention):
+            raise ValueError(f"layer {i} already has HSA; call remove_hsa(model) first")
+        try:
+            replacements.append(
+                HSASelfAttention(attention, method, include_self, block, hierarchies)
+            )
+        except ValueError as error:
+            raise ValueError(f"layer {i}: {error}") from None
+    for i, replacement in zip(chosen, replacements, strict=True):
+        all_layers[i].attention.self = replacement
     return model
 
 
@@ -288,15 +294,15 @@ def sentence_hierarchy(sentence_lengths: Sequence[int] | Tensor):
     return SignalHierarchy.from_parent(parent)
 
 
-def _refuse_causal(attention: nn.Module, name: str = "this attention module") -> None:
+def _refuse_causal(attention: nn.Module) -> None:
     """The rule :func:`~hiergraph.integrations.padded_attention.key_padding_mask` applies to
     causal masks, applied to the module: decoder layers (``is_causal``/``is_decoder``) may get
     ``attention_mask=None`` with ``is_causal`` under SDPA, which no mask check can see."""
     if getattr(attention, "is_causal", False) or getattr(attention, "is_decoder", False):
         raise ValueError(
-            f"{name} is causal (a decoder, is_decoder=True): HSA replaces attention under a "
-            "key padding mask only (every query of an example attends to the same keys). "
-            "Use HSA on encoder layers, or the causal HSA op."
+            "this attention module is causal (a decoder, is_decoder=True): HSA replaces "
+            "attention under a key padding mask only (every query of an example attends to "
+            "the same keys). Use HSA on encoder layers, or the causal HSA op."
         )
 
 

@@ -56,18 +56,13 @@ def key_padding_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
     if attention_mask is None:
         return torch.ones(batch, length, dtype=torch.bool)
     mask = attention_mask
+    no = torch.zeros((), dtype=torch.bool, device=mask.device)
+    soft = no  # additive entries that are neither 0 nor masked (NaN included)
     if mask.dtype == torch.bool:
         allowed = mask
     elif mask.dim() == 4 and mask.is_floating_point():  # additive: 0 or a large negative
         allowed = mask == 0
-        soft = ~(allowed | (mask <= ADDITIVE_MASKED))  # NaN included
-        if soft.any():
-            bad = mask[soft]
-            raise ValueError(
-                f"an additive attention mask may hold only 0 (attend) and values <= "
-                f"{ADDITIVE_MASKED:g} (masked, e.g. -inf, finfo.min, -10000); got "
-                f"{bad[:5].tolist()}: HSA cannot honour soft attention biases"
-            )
+        soft = ~(allowed | (mask <= ADDITIVE_MASKED))
     else:  # [B, T] 0/1
         allowed = mask > 0
     if allowed.dim() == 2:
@@ -78,17 +73,25 @@ def key_padding_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
             f"shape {tuple(mask.shape)}"
         )
     key_valid = allowed.any(dim=2).any(dim=1)
+    differs = no  # entries where a query or head sees other keys than the example's
     if allowed.size(1) > 1 or allowed.size(2) > 1:
         differs = allowed != key_valid[:, None, None, :]  # [B, 1|H, 1|T, T]
         if allowed.size(2) > 1:  # rows of padding queries are free
             differs = differs & key_valid[:, None, :, None]
-        if differs.any():
-            raise ValueError(
-                "HSA replaces attention under a key padding mask only (every query of an "
-                "example, in every head, attends to the same keys); this mask differs between "
-                "queries or heads (causal, per-head or custom). Use HSA on encoder layers with "
-                "padding masks, or the causal HSA op."
-            )
+    any_soft, any_differs = torch.stack([soft.any(), differs.any()]).tolist()  # one host read
+    if any_soft:
+        raise ValueError(
+            f"an additive attention mask may hold only 0 (attend) and values <= "
+            f"{ADDITIVE_MASKED:g} (masked, e.g. -inf, finfo.min, -10000); got "
+            f"{mask[soft][:5].tolist()}: HSA cannot honour soft attention biases"
+        )
+    if any_differs:
+        raise ValueError(
+            "HSA replaces attention under a key padding mask only (every query of an "
+            "example, in every head, attends to the same keys); this mask differs between "
+            "queries or heads (causal, per-head or custom). Use HSA on encoder layers with "
+            "padding masks, or the causal HSA op."
+        )
     return key_valid
 
 

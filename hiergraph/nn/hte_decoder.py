@@ -290,8 +290,7 @@ class HTEDecoder(nn.Module):
         if self.attention == "hsa":
             # rank among siblings (the number of left siblings), not the raw slot: slots may
             # have gaps, and a cache numbers the children of a node 0, 1, 2, ... as they come
-            rank = torch.bincount(plan.sib_query, minlength=plan.num_nodes)
-            pos_emb = self._node_embedding(hierarchy.depth, rank)
+            pos_emb = self._node_embedding(hierarchy.depth, plan.rank)
         else:
             position = torch.arange(tokens.numel(), device=tokens.device)
             position = position - plan.first_leaf[leaf_tree]

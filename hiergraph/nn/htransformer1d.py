@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
+from hiergraph.ops.precision import accumulation_dtype
 
 
 def sinusoidal_positions(length: int, dim: int, device=None, dtype=None) -> Tensor:
@@ -17,12 +18,14 @@ def sinusoidal_positions(length: int, dim: int, device=None, dtype=None) -> Tens
     returned in ``dtype`` (default: the default dtype),
     computed in float64 for float64 and in float32 otherwise."""
     dtype = torch.get_default_dtype() if dtype is None else dtype
-    work = torch.float64 if dtype == torch.float64 else torch.float32  # exact positions
+    work = accumulation_dtype(dtype)  # positions past 256 (bf16) / 2048 (fp16) stay exact
     position = torch.arange(length, device=device, dtype=work).unsqueeze(1)
-    freq = torch.arange(0, dim, 2, device=device, dtype=work) * (-math.log(10000.0) / dim)
-    pe = torch.empty(length, dim, device=device, dtype=work)
-    pe[:, 0::2] = torch.sin(position * freq.exp())
-    pe[:, 1::2] = torch.cos(position * freq[: dim // 2].exp())
+    freq = torch.exp(
+        torch.arange(0, dim, 2, device=device, dtype=work) * (-math.log(10000.0) / dim)
+    )
+    pe = torch.zeros(length, dim, device=device, dtype=work)
+    pe[:, 0::2] = torch.sin(position * freq)
+    pe[:, 1::2] = torch.cos(position * freq[: dim // 2])
     return pe.to(dtype)
 
 

@@ -53,16 +53,19 @@ def append_schedule(hierarchy) -> Tensor:
     return torch.stack([close, open_], 1)
 
 
-def _check_shapes(cache, lead: tuple[int, ...], **tensors: Tensor) -> None:
-    """Raise a ``ValueError`` unless each tensor is ``[*lead, heads, dim]`` (``v``: ``dim_v``)
-    for the ``heads, dim, dim_v`` of ``cache``; ``lead`` is ``()`` or ``(T,)``."""
-    for name, x in tensors.items():
-        last, size = ("dim_v", cache.dim_v) if name == "v" else ("dim", cache.dim)
-        if x.shape != (*lead, cache.heads, size):
-            token = f"T={lead[0]}, " if lead else ""
-            raise ValueError(
-                f"{name} must be [{token}heads={cache.heads}, {last}={size}], got {tuple(x.shape)}"
-            )
+def _check_shapes(cache, lead: tuple[int, ...], q: Tensor | None, k: Tensor, v: Tensor) -> None:
+    """Raise a ``ValueError`` unless ``q, k`` are ``[*lead, heads, dim]`` and ``v`` is
+    ``[*lead, heads, dim_v]`` for the ``heads, dim, dim_v`` of ``cache``; ``lead`` is ``()``
+    or ``(T,)``, and ``q`` may be ``None``."""
+    token = [f"T={t}" for t in lead]
+    for name, x, (last, size) in (
+        ("q", q, ("dim", cache.dim)),
+        ("k", k, ("dim", cache.dim)),
+        ("v", v, ("dim_v", cache.dim_v)),
+    ):
+        if x is not None and x.shape != (*lead, cache.heads, size):
+            want = ", ".join([*token, f"heads={cache.heads}", f"{last}={size}"])
+            raise ValueError(f"{name} must be [{want}], got {tuple(x.shape)}")
 
 
 class _Level:
@@ -219,7 +222,7 @@ class HierarchicalKVCache:
             ``[H, d_v]``.
         """
         self._check_event(close, open)
-        _check_shapes(self, (), q=q, k=k, v=v)
+        _check_shapes(self, (), q, k, v)
         if (pos_emb is None) != (self.pos_dim == 0) or (
             pos_emb is not None and pos_emb.shape != (open + 1, self.heads, self.pos_dim)
         ):
@@ -320,7 +323,7 @@ class FlatKVCache:
         Raises:
             ValueError: if the shapes do not match the cache's ``heads, dim, dim_v``.
         """
-        _check_shapes(self, k.shape[:1], k=k, v=v)
+        _check_shapes(self, k.shape[:1], None, k, v)
         self._store(k, v)
 
     def _store(self, k: Tensor, v: Tensor) -> None:
@@ -339,7 +342,7 @@ class FlatKVCache:
         Raises:
             ValueError: if the shapes do not match the cache's ``heads, dim, dim_v``.
         """
-        _check_shapes(self, (), q=q, k=k, v=v)
+        _check_shapes(self, (), q, k, v)
         self._store(k[None], v[None])
         n = self.num_tokens - 1
         keys, values = self.keys[:, : n + 1], self.values[:, : n + 1]

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from hiergraph.data.domain import Domain
+from hiergraph.ops.precision import accumulation_dtype
 
 
 class LearnableFourierFeatures(nn.Module):
@@ -60,7 +61,7 @@ class LearnableFourierFeatures(nn.Module):
     def forward(self, pos: Tensor) -> Tensor:
         """``pos: [n, m]`` (any real or integer dtype) → ``[n, out_channels]``."""
         weight = self.freq.weight
-        work = torch.promote_types(weight.dtype, torch.float32)
+        work = accumulation_dtype(weight.dtype)
         with torch.autocast(pos.device.type, enabled=False):
             proj = pos.to(work) @ weight.to(work).T
             feats = torch.cat([proj.cos(), proj.sin()], dim=-1) / math.sqrt(2 * proj.size(-1))
@@ -127,7 +128,7 @@ class FamilyPositionEncoder(nn.Module):
     def _keys(self, pos: Tensor) -> Tensor:
         ids = pos[:, 0].long()
         if ids.numel():
-            low, high = (int(i) for i in torch.aminmax(ids))
+            low, high = torch.stack(torch.aminmax(ids)).tolist()  # one host read
             if low < 0 or high >= self.keys.num_embeddings:
                 raise ValueError(
                     f"key ids span {low}..{high}; they must lie in [0, num_keys = "

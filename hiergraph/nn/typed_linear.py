@@ -45,7 +45,7 @@ class TypedLinear(nn.Module):
                 f"got {tuple(type_vec.shape)}"
             )
         if type_vec.numel():
-            low, high = (int(t) for t in torch.aminmax(type_vec))
+            low, high = torch.stack(torch.aminmax(type_vec)).tolist()  # one host read
             if low < 0 or high >= self.num_types:
                 raise ValueError(
                     f"type ids span {low}..{high}; they must lie in [0, num_types = "

@@ -53,8 +53,8 @@ class EdgeCSR:
     and those of its transpose.
 
     Args:
-        edge_index: ``[2, E]``, row 0 = source :math:`j`, row 1 = target :math:`i`,
-            ids in ``[0, num_src)`` and ``[0, num_dst)`` (checked for CPU tensors:
+        edge_index: ``[2, E]`` int64 or int32 ids, row 0 = source :math:`j`, row 1 = target
+            :math:`i`, in ``[0, num_src)`` and ``[0, num_dst)`` (checked for CPU tensors:
             the kernels index memory with them unchecked).
         size: ``(num_src, num_dst)``.
         check: run :func:`~hiergraph.ops.edge_index.check_edge_index` on CPU ids;
@@ -69,8 +69,9 @@ class EdgeCSR:
 
     def __init__(self, edge_index: Tensor, size: tuple[int, int], *, check: bool = True):
         self.num_src, self.num_dst = size
-        if not (edge_index.is_floating_point() or edge_index.dtype == torch.bool):
-            edge_index = edge_index.long()  # an int32 key dst * num_src + src could overflow
+        if edge_index.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"edge_index must be int64 or int32, got a {edge_index.dtype} tensor")
+        edge_index = edge_index.long()  # an int32 key dst * num_src + src could overflow
         if check and edge_index.device.type == "cpu":  # the kernels index memory with the ids
             check_edge_index(edge_index, self.num_src, self.num_dst)  # (no host sync on GPUs)
         src, dst = edge_index

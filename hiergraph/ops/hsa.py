@@ -12,6 +12,7 @@ from torch import Tensor
 
 from hiergraph.ops.family_attention import family_attention_dense, family_attention_edge
 from hiergraph.ops.logspace import log_gates, logaddexp
+from hiergraph.ops.precision import accumulation_dtype
 from hiergraph.ops.tree_index import TreeIndex, broadcast_to_children, sum_children
 
 KERNELS = ("dense", "edge")
@@ -247,8 +248,7 @@ def _leaf_counts(index: TreeIndex, weight: Tensor | None, dtype) -> list[Tensor]
     bf16/fp16 inputs ``dtype`` (in ``dtype`` otherwise): a bf16 count rounds 257 to 256
     and an fp16 one overflows past 65504, so counts, ``log n`` and the count ratios are
     computed in this dtype and only their results are cast to ``dtype``."""
-    if dtype in (torch.float16, torch.bfloat16):
-        dtype = torch.float32
+    dtype = accumulation_dtype(dtype)
     if weight is None:
         return [level.count.to(dtype) for level in index.levels]
     weight = weight.to(dtype)

@@ -40,6 +40,8 @@ class CausalPlan:
             leaf (``-1`` below the leaf).
         first_leaf, last_leaf: ``[N]`` first and last leaf (leaf order) below each node.
         count: ``[N]`` number of leaves below each node.
+        rank: ``[N]`` number of left siblings of each node (its place among its
+            siblings; 0 for roots).
         anc_leaf, anc_node: the ``(leaf, ancestor)`` pairs, for one-scatter node sums.
         pair_leaf[s]: ``[P_s]`` leaves with depth ``>= s`` (ascending).
         pair_node[s]: ``[P_s]`` their depth-``s`` ancestor :math:`A_s`.
@@ -62,6 +64,7 @@ class CausalPlan:
     first_leaf: Tensor
     last_leaf: Tensor
     count: Tensor
+    rank: Tensor
     anc_leaf: Tensor
     anc_node: Tensor
     pair_leaf: list[Tensor]
@@ -177,6 +180,7 @@ class CausalPlan:
             first_leaf=first_leaf,
             last_leaf=last_leaf,
             count=count,
+            rank=rank,
             anc_leaf=anc_leaf,
             anc_node=anc_node,
             pair_leaf=pair_leaf,

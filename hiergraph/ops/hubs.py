@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph.ops.precision import accumulation_dtype
 from hiergraph.ops.topk import top_k_per_group
 
 
@@ -46,7 +47,7 @@ def root_scores(
     """
     scale = q.size(-1) ** -0.5 if scale is None else scale
     num_trees = int(tree.max()) + 1 if tree.numel() else 0
-    dtype = torch.promote_types(q.dtype, torch.float32)
+    dtype = accumulation_dtype(q.dtype)
     q, k = q.to(dtype), k.to(dtype)
     w = q.new_ones(q.size(0)) if leaf_mask is None else leaf_mask.to(dtype)
     total = q.new_zeros(num_trees, *q.shape[1:]).index_add_(0, tree, q * w[:, None, None])

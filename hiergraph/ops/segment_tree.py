@@ -46,6 +46,7 @@ from torch import Tensor
 from torch_geometric.utils import segment
 
 from hiergraph.data.windows import check_branching
+from hiergraph.ops.precision import accumulation_dtype
 from hiergraph.ops.topk import top_k_per_group
 
 ScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -399,7 +400,7 @@ def update_tree(state: TreeState, tree: SegmentTree, sel: Selection, value: Tens
     leaf = (sel.level == 0).nonzero().squeeze(1)
     nodes, vals = sel.node[leaf], take_rows(value, leaf)
     # size-weighted means of half rows: counts and sums in float32, means rounded once
-    work = torch.float32 if value.dtype in (torch.float16, torch.bfloat16) else value.dtype
+    work = accumulation_dtype(value.dtype)
     delta = list(state.delta)
     for level in range(tree.num_levels):
         # the touched nodes are exactly the children of the refined nodes one level up:

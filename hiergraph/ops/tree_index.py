@@ -8,6 +8,8 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from hiergraph.ops.precision import accumulation_dtype
+
 
 def bucket_width(size: int) -> int:
     """Padded width of a family of ``size`` siblings: the next value of 1, 2, 3, 4, 6, 8, 12, ….
@@ -436,10 +438,8 @@ def _run_sums(x: Tensor, lengths: Tensor) -> Tensor:
     half-precision running sum stalls: bf16 ones add up to 256); float32/float64 rows are
     summed in their own dtype. The dtype test is static: no host sync, no graph break.
     """
-    if x.dtype in (torch.float16, torch.bfloat16):
-        sums = torch.segment_reduce(x.float(), "sum", lengths=lengths, axis=0, unsafe=True)
-        return sums.to(x.dtype)
-    return torch.segment_reduce(x, "sum", lengths=lengths, axis=0, unsafe=True)
+    work = x.to(accumulation_dtype(x.dtype))
+    return torch.segment_reduce(work, "sum", lengths=lengths, axis=0, unsafe=True).to(x.dtype)
 
 
 class _SumChildren(torch.autograd.Function):

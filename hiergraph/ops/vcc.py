@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import segment, to_dense_batch
 
+from hiergraph.ops.precision import accumulation_dtype
 from hiergraph.ops.segment_tree import (
     ScoreFn,
     SegmentTree,
@@ -142,17 +143,14 @@ def log_count(count: Tensor, dtype: torch.dtype) -> Tensor:
     r""":math:`\log s` of the segment sizes ``count`` as ``dtype``: the log is taken in
     float32 (float64 for float64) and only the result is cast, so sizes past the fp16
     range (65504) or bf16's 8-bit mantissa stay exact."""
-    work = torch.float64 if dtype == torch.float64 else torch.float32
-    return count.to(work).log().to(dtype)
+    return count.to(accumulation_dtype(dtype)).log().to(dtype)
 
 
 def compress(c: Tensor, sel: Selection) -> Tensor:
     r""":math:`S_c C` from the tokens ``c`` ``[N, d]``: one segment mean per row of
     :math:`\mathcal{J}`, ``[R, d]``, in ``c``'s dtype. bf16/fp16 tokens are averaged in
     float32 and the means rounded once (a half-precision running sum stalls)."""
-    if c.dtype in (torch.float16, torch.bfloat16):
-        return segment(c.float(), sel.token_ptr, reduce="mean").to(c.dtype)
-    return segment(c, sel.token_ptr, reduce="mean")
+    return segment(c.to(accumulation_dtype(c.dtype)), sel.token_ptr, reduce="mean").to(c.dtype)
 
 
 def decompress(rows: Tensor, sel: Selection) -> Tensor:

@@ -104,3 +104,11 @@ def test_int32_edge_index_equals_int64():
     torch.testing.assert_close(
         edge_dot(a, b, narrow), edge_dot(a, b, EdgeCSR(edge_index, (5, 7))), rtol=0, atol=0
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.int16])
+@pytest.mark.parametrize("check", [True, False])
+def test_non_integer_ids_raise_even_unchecked(dtype, check):
+    edge_index = random_graph(5, 7, 10).to(dtype)
+    with pytest.raises(TypeError, match="int64 or int32"):
+        EdgeCSR(edge_index, (5, 7), check=check)

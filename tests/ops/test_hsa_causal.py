@@ -196,3 +196,18 @@ def test_bad_inputs():
         causal_hierarchical_attention(q, k, v, h, pos_emb=torch.zeros(2, 3, **F64))
     with pytest.raises(TypeError, match="SignalHierarchy"):
         causal_hierarchical_attention(q, k, v, object())
+
+
+def test_plan_ranks_count_left_siblings():
+    # slots with gaps: the rank is the place among the siblings, not the slot
+    tree = from_nested([[0, 1], 2, [3, [4, 5, 6]]])
+    tree.slot = tree.slot * 3 + 1
+    plan = CausalPlan.from_hierarchy(tree)
+    ref = torch.zeros(tree.num_nodes, dtype=torch.long)
+    for v in range(tree.num_nodes):
+        p = int(tree.parent[v])
+        if p != v:
+            siblings = ((tree.parent == p) & (torch.arange(tree.num_nodes) != p)).nonzero()
+            ref[v] = int((tree.slot[siblings] < tree.slot[v]).sum())
+    assert torch.equal(plan.rank, ref)
+    assert torch.equal(plan.rank, torch.bincount(plan.sib_query, minlength=tree.num_nodes))

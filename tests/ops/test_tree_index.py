@@ -35,7 +35,13 @@ def test_bfs_layout_invariants(seed):
         assert torch.all(h.slot[members][1:] > h.slot[members][:-1])
         covered[start : start + size] += 1
     assert torch.all(covered[idx.level_ptr[1] :] == 1)
-    assert torch.equal(idx.leaf_node, h.is_leaf.nonzero().view(-1))  # leaf order
+    # every level's leaf plan names the leaves of that level, at their places in leaf order
+    leaf_order = h.is_leaf.nonzero().view(-1)
+    for d, level in enumerate(idx.levels):
+        at = order[idx.level_ptr[d] + level.leaf_local]
+        assert torch.equal(at, leaf_order[level.leaf_id.index])
+        assert torch.equal(at, idx.leaf_node[level.leaf_id.index])
+    assert sum(level.leaf_local.numel() for level in idx.levels) == leaf_order.numel()
 
 
 def test_blocks_cover_families():

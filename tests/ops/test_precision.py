@@ -1,0 +1,21 @@
+"""The accumulation dtype of low-precision tensors."""
+
+import pytest
+import torch
+
+from hiergraph.ops.precision import accumulation_dtype
+
+
+@pytest.mark.parametrize(
+    "dtype,work",
+    [
+        (torch.bfloat16, torch.float32),
+        (torch.float16, torch.float32),
+        (torch.float32, torch.float32),
+        (torch.float64, torch.float64),
+        (torch.int64, torch.int64),
+        (torch.int32, torch.int32),
+    ],
+)
+def test_accumulation_dtype(dtype, work):
+    assert accumulation_dtype(dtype) == work
