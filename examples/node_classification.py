@@ -184,7 +184,9 @@ def run_full_batch(args, seed: int, data, metric) -> dict:
 
     run = early_stopping(args, seed, train_epoch, validate, lambda: accuracy(data.test_mask))
     layers = getattr(model, "layers", [])
-    gates = [float(torch.tanh(g.gate)) for g in layers if getattr(g, "gate", None) is not None]
+    gates = [
+        torch.tanh(g.gate.detach()).item() for g in layers if getattr(g, "gate", None) is not None
+    ]
     return dict(run, hsa_gate_at_end=gates) if gates else run
 
 
