@@ -8,6 +8,7 @@ from torch_geometric.nn import global_mean_pool
 from torch_geometric.utils import scatter
 
 from hiergraph.data.transforms import coarsen_hierarchy, tree_of_nodes
+from hiergraph.ops.precision import accumulation_dtype
 
 
 def leaf_batch(hierarchy) -> Tensor:
@@ -21,6 +22,8 @@ def global_leaf_mean_pool(x: Tensor, hierarchy, leaf_mask: Tensor | None = None)
     .. math:: \mathbf{r}_T = \frac{1}{|\ell(T)|}\sum_{i \in \ell(T)} \mathbf{x}_i
 
     Padding leaves (``leaf_mask`` false; a ``[L]`` bool tensor) are left out.
+    Half-precision features are summed in float32 and the means rounded once (a
+    bf16 running sum stalls at 256, an fp16 one overflows past 65504).
     """
     batch = leaf_batch(hierarchy)
     size = int(tree_of_nodes(hierarchy).max()) + 1
@@ -30,8 +33,8 @@ def global_leaf_mean_pool(x: Tensor, hierarchy, leaf_mask: Tensor | None = None)
                 f"leaf_mask must be a bool tensor of shape [{batch.numel()}] (one flag per "
                 f"leaf), got {leaf_mask.dtype} of shape {tuple(leaf_mask.shape)}"
             )
-        return global_mean_pool(x[leaf_mask], batch[leaf_mask], size=size)
-    return global_mean_pool(x, batch, size=size)
+        x, batch = x[leaf_mask], batch[leaf_mask]
+    return global_mean_pool(x.to(accumulation_dtype(x.dtype)), batch, size=size).to(x.dtype)
 
 
 def select_leaf(x: Tensor, hierarchy, position: int | Tensor = 0) -> Tensor:

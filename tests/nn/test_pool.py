@@ -32,6 +32,17 @@ def test_global_mean_and_select():
         select_leaf(b.x, b, 5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_means_are_summed_in_float32(dtype):
+    # 70,000 leaves: an fp16 sum of ones overflows (inf), a bf16 one stalls at 256
+    tree = window_hierarchy(70_000, (70_000,))
+    x = torch.ones(70_000, 2, dtype=dtype)
+    pooled = global_leaf_mean_pool(x, tree)
+    assert pooled.dtype == dtype and pooled.tolist() == [[1.0, 1.0]]
+    ramp = (torch.arange(70_000) % 7).to(dtype)[:, None]  # mean 3 exactly (70,000 = 7 * 10^4)
+    assert global_leaf_mean_pool(ramp, tree).item() == 3.0
+
+
 def test_coarsen_pools_leaf_families_into_parents():
     trees, b = _batch()
     x, coarse, cluster = coarsen_leaves(b.x, b)
