@@ -37,6 +37,7 @@ from torch.autograd.function import once_differentiable
 from torch_geometric.utils import scatter
 
 from hiergraph.ops.logspace import scatter_softmax
+from hiergraph.ops.precision import accumulation_dtype
 from hiergraph.ops.tree_index import Level, sum_children
 
 #: Most logits (``F * H * rows * W`` elements) one dense block builds at once (64 MiB in
@@ -44,18 +45,16 @@ from hiergraph.ops.tree_index import Level, sum_children
 MAX_BLOCK_ELEMENTS = 1 << 24
 
 
-def key_bias(
-    count: Tensor, size_bias: bool = True, dtype: torch.dtype | None = None
-) -> tuple[Tensor, Tensor]:
+def key_bias(count: Tensor, size_bias: bool, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     r"""The key terms of the sibling logits: :math:`\log n(B)` (0 without the size bias)
     and the mask :math:`n(B) > 0`, for every node of a level (``count`` ``[n]``).
 
     The log is taken in ``count``'s dtype (float32 for half-precision inputs, see
-    :func:`~hiergraph.ops.hsa.hierarchical_attention`) and only then cast to ``dtype``
-    (default: ``count``'s), so counts past the half-precision range stay exact."""
+    :func:`~hiergraph.ops.hsa.hierarchical_attention`) and only then cast to ``dtype``,
+    so counts past the half-precision range stay exact."""
     ok = count > 0
     bias = torch.log(count.clamp(min=1)) if size_bias else torch.zeros_like(count)
-    return (bias if dtype is None else bias.to(dtype)), ok
+    return bias.to(dtype), ok
 
 
 def family_attention_dense(
@@ -289,18 +288,27 @@ def family_attention_edge(
     size_bias: bool = True,
 ) -> tuple[Tensor, ...]:
     """Family attention of one level as a scatter softmax over sibling pairs (same contract
-    as :func:`family_attention_dense`)."""
-    n = count.numel()
+    as :func:`family_attention_dense`).
+
+    bf16/fp16 inputs are cast once to float32 (see
+    :func:`~hiergraph.ops.precision.accumulation_dtype`), so the sums over the pairs (the
+    softmax, ``theta`` and, in the backward, the gradients of the gathered rows) accumulate
+    in float32 and ``lse`` and ``theta`` are rounded once to the inputs' dtype, like the
+    dense kernel's matrix products. float32/float64 inputs run in their own dtype."""
+    n, dtype = count.numel(), q.dtype
+    work = accumulation_dtype(dtype)
+    q, k, v = q.to(work), k.to(work), v.to(work)
+    eps = None if eps is None else eps.to(work)
     query, key = level.sibling_pairs
     logits = tau * (q[query] * k[key]).sum(-1)
     if eps is not None:
         logits = logits + (eps[query] * eps[key]).sum(-1)
-    bias, ok = (t[key] for t in key_bias(count, size_bias, logits.dtype))
+    bias, ok = (t[key] for t in key_bias(count, size_bias, work))
     logits = logits + bias.unsqueeze(-1)
     if causal:
         ok = ok & (key < query)
-    lse, attn = scatter_softmax(logits, query, n, mask=ok.unsqueeze(-1))
+    lse, attn = scatter_softmax(logits.masked_fill(~ok.unsqueeze(-1), float("-inf")), query, n)
     theta = scatter(attn.unsqueeze(-1) * v[key], query, dim=0, dim_size=n, reduce="sum")
     weight = count[:, None, None]  # float32 for half inputs: n(C) rho(C) summed in float32
-    sums = [sum_children(t * weight, level, parent_level).to(t.dtype) for t in (q, k, v)]
-    return lse, theta, *sums
+    sums = [sum_children(t * weight, level, parent_level).to(dtype) for t in (q, k, v)]
+    return lse.to(dtype), theta.to(dtype), *sums

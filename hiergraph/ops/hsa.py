@@ -66,9 +66,10 @@ def hierarchical_attention(
     quantities are kept in log space and the backward pass is NaN-free.
 
     Everything runs in the inputs' dtype except the leaf counts :math:`n(\cdot)`, their
-    logs and ratios, the count-weighted sums and the child sums, which bf16/fp16 inputs
-    accumulate in float32 before one rounding to their dtype (float32 and float64 inputs
-    run in their own dtype throughout).
+    logs and ratios, the count-weighted sums and the child sums (and, with
+    ``kernel="edge"``, the family softmax and value sums over sibling pairs), which
+    bf16/fp16 inputs accumulate in float32 before one rounding to their dtype (float32
+    and float64 inputs run in their own dtype throughout).
 
     Args:
         q, k: ``[L, H, d]`` queries and keys in leaf order (``[L, d]`` is

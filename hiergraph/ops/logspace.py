@@ -44,39 +44,36 @@ def masked_softmax(logits: Tensor, mask: Tensor, dim: int = -1) -> tuple[Tensor,
     return lse, e / s_safe
 
 
-def scatter_softmax(
-    logits: Tensor, index: Tensor, num_rows: int, mask: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+def scatter_softmax(logits: Tensor, index: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
     r"""Softmax and log-partition of the entries grouped by row: the edge-list
     counterpart of :func:`masked_softmax`.
 
     .. math::
-        \mathrm{lse}_i = \log \sum_{e:\,\mathrm{index}_e = i,\ m_e} e^{x_e}, \qquad
-        a_e = m_e\, e^{x_e - \mathrm{lse}_{\mathrm{index}_e}}
+        \mathrm{lse}_i = \log \sum_{e:\,\mathrm{index}_e = i} e^{x_e}, \qquad
+        a_e = e^{x_e - \mathrm{lse}_{\mathrm{index}_e}}
 
-    Rows with no (unmasked) entry get ``lse = -inf``, and their entries weight
-    0; the shift is the detached row maximum, so the backward is NaN-free.
-    Row sums are accumulated with ``index_add`` in entry order, so a row's
-    values never depend on the other rows' entries.
+    Entries are left out by giving them the logit ``-inf`` (e.g.
+    ``logits.masked_fill(~mask, float("-inf"))``). Rows with no finite entry get
+    ``lse = -inf``, and their entries weight 0; the shift is the detached row
+    maximum, so the backward is NaN-free. Row sums are accumulated with
+    ``index_add`` in entry order, so a row's values never depend on the other
+    rows' entries.
 
     Args:
         logits: ``[E, ...]`` one logit per entry (e.g. ``[E, H]``).
         index: ``[E]`` row of each entry, in ``0 .. num_rows - 1``.
         num_rows: number of rows ``R``.
-        mask: optional bool, broadcastable to ``logits``; ``False`` entries are left out.
 
     Returns:
         ``(lse [R, ...], weights [E, ...])``.
     """
-    if mask is not None:
-        logits = torch.where(mask, logits, torch.full_like(logits, float("-inf")))
     m = scatter(logits.detach(), index, 0, num_rows, "max")
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    m = m.masked_fill(~torch.isfinite(m), 0.0)
     e = torch.exp(logits - m[index])
     total = e.new_zeros((num_rows, *e.shape[1:])).index_add(0, index, e)
-    has = total > 0
-    safe = torch.where(has, total, torch.ones_like(total))
-    lse = torch.where(has, m + torch.log(safe), torch.full_like(m, float("-inf")))
+    empty = ~(total > 0)
+    safe = total.masked_fill(empty, 1.0)
+    lse = (m + torch.log(safe)).masked_fill(empty, float("-inf"))
     return lse, e / safe[index]
 
 

@@ -605,7 +605,8 @@ def test_bad_inputs():
 def test_half_precision_with_large_families_is_close_to_float32(dtype, kernel):
     """Two families of 600 leaves: child sums and leaf counts are accumulated in float32,
     so bf16/fp16 stay within their rounding of the float32 result (bf16 child sums used to
-    stall at 256: a relative error of 0.25 instead of <= 0.03)."""
+    stall at 256: a relative error of 0.25 instead of <= 0.03). The edge kernel sums over
+    sibling pairs in float32 too (its bf16 k-gradient was 0.45 off, its fp16 q-gradient 0.28)."""
     h = SignalHierarchy.from_parent([-1, 0, 0] + [1] * 600 + [2] * 600)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1200, 2, 8, generator=gen) + 1 for _ in range(3))
@@ -619,9 +620,11 @@ def test_half_precision_with_large_families_is_close_to_float32(dtype, kernel):
     ref.square().sum().backward()
     out.float().square().sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (qh, kh, vh))
-    if kernel == "dense":  # dq is a small difference of large terms: bf16 noise dominates
-        for half, full in ((kh, k32), (vh, v32)):
-            assert (half.grad.float() - full.grad).abs().max() < 0.05 * full.grad.abs().max()
+    pairs = [(kh, k32), (vh, v32)]
+    if kernel == "edge":  # the dense dq is a small difference of large half terms: noise
+        pairs.append((qh, q32))
+    for half, full in pairs:
+        assert (half.grad.float() - full.grad).abs().max() < 0.05 * full.grad.abs().max()
 
 
 def test_float16_leaf_counts_above_65504_stay_finite():
