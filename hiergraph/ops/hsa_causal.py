@@ -18,6 +18,7 @@ from torch import Tensor
 
 from hiergraph.ops.hsa import check_qkv, head_pos_emb
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
+from hiergraph.ops.precision import accumulation_dtype
 
 
 @dataclass
@@ -273,7 +274,9 @@ def causal_hierarchical_attention(
         scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
 
     Returns:
-        ``[L, H, d_v]`` (``[L, d_v]`` for 2-D inputs).
+        ``[L, H, d_v]`` (``[L, d_v]`` for 2-D inputs), in the inputs' dtype. bf16/fp16
+        inputs are computed in float32 and the output rounded once (a bf16 leaf
+        count stops at 256); float32/float64 inputs run in their own dtype.
     """
     squeeze = q.dim() == 2
     if squeeze:
@@ -281,6 +284,10 @@ def causal_hierarchical_attention(
     plan = hierarchy if isinstance(hierarchy, CausalPlan) else CausalPlan.from_hierarchy(hierarchy)
     eps = _check_inputs(q, k, v, plan, pos_emb)
     tau = q.size(-1) ** -0.5 if scale is None else scale
+    # bf16/fp16: counts, prefix sums and softmax sums in float32, the output rounded once
+    dtype, work = q.dtype, accumulation_dtype(q.dtype)
+    q, k, v = q.to(work), k.to(work), v.to(work)
+    eps = None if eps is None else eps.to(work)
     num_nodes = plan.num_nodes
 
     # complete sums and counts of every node (one scatter over (leaf, ancestor) pairs)
@@ -333,7 +340,7 @@ def causal_hierarchical_attention(
         weight = torch.exp(u[pl] + log_one_minus_mu)
         out = out.index_add(0, pl, weight[..., None] * thetas[s])
         u = u.index_add(0, pl, log_mu)
-    out = out + torch.exp(u)[..., None] * v
+    out = (out + torch.exp(u)[..., None] * v).to(dtype)
     return out.squeeze(1) if squeeze else out
 
 
