@@ -252,7 +252,7 @@ def test_training_smoke_loss_decreases(tmp_path):
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
         assert losses[-1] < 0.5 * losses[0], (model_name, hubs, losses)
     with pytest.raises(ValueError, match="option of the HSA model"):
         mod.DocumentClassifier(torch.nn.Embedding(10, 16), 2, "fsa", hubs=4)
