@@ -56,7 +56,7 @@ def key_padding_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
     if attention_mask is None:
         return torch.ones(batch, length, dtype=torch.bool)
     mask = attention_mask
-    no = torch.zeros((), dtype=torch.bool, device=mask.device)
+    no = mask.new_zeros((), dtype=torch.bool)
     soft = no  # additive entries that are neither 0 nor masked (NaN included)
     if mask.dtype == torch.bool:
         allowed = mask

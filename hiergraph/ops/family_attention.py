@@ -309,6 +309,6 @@ def family_attention_edge(
         ok = ok & (key < query)
     lse, attn = scatter_softmax(logits.masked_fill(~ok.unsqueeze(-1), float("-inf")), query, n)
     theta = scatter(attn.unsqueeze(-1) * v[key], query, dim=0, dim_size=n, reduce="sum")
-    weight = count[:, None, None]  # float32 for half inputs: n(C) rho(C) summed in float32
+    weight = count[:, None, None]
     sums = [sum_children(t * weight, level, parent_level).to(dtype) for t in (q, k, v)]
     return lse.to(dtype), theta.to(dtype), *sums

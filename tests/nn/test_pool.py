@@ -32,9 +32,9 @@ def test_global_mean_and_select():
         select_leaf(b.x, b, 5)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float16])  # CPU scatters already sum bf16 in float32
 def test_half_precision_means_are_summed_in_float32(dtype):
-    # 70,000 leaves: an fp16 sum of ones overflows (inf), a bf16 one stalls at 256
+    # 70,000 leaves: an fp16 sum of ones overflows (inf, a NaN mean)
     tree = window_hierarchy(70_000, (70_000,))
     x = torch.ones(70_000, 2, dtype=dtype)
     pooled = global_leaf_mean_pool(x, tree)
