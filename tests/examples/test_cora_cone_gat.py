@@ -25,6 +25,7 @@ def test_cora_example_smoke(no_env, no_network, load_example, tmp_path, capsys):
     rows = json.loads(out_json.read_text())["rows"]
     assert sorted(rows) == ["dot", "penumbral[gamma=2]", "umbral"]
     assert rows["umbral"]["budget"] == {"max_epochs": 2, "patience": 1000}
+    assert rows["umbral"]["final_model"]["epoch"] == [2]  # the budget ran out first
     assert rows["penumbral[gamma=2]"]["cone_options"]["gamma"] == 2.0
 
 
@@ -46,3 +47,34 @@ def test_cut_run_keeps_its_finished_seeds(no_env, no_network, load_example, tmp_
         cora_cone_gat.main([*argv, "--seeds", "3", "--attention", "dot", "--json", str(out_json)])
     row = json.loads(out_json.read_text())["rows"]["dot"]
     assert row["seeds"] == [0] and len(row["test_accuracy"]) == 1
+
+
+def _scripted(cora_cone_gat, history, epochs, patience):
+    """Run the early-stopping loop on a scripted ``(val score, val loss)`` history; the test
+    score read at epoch ``e`` is ``10 e``."""
+    script, epoch = iter(history), {"n": 0}
+
+    def train():
+        epoch["n"] += 1
+
+    return cora_cone_gat.train_with_early_stopping(
+        epochs, patience, train, lambda: next(script), lambda: 10.0 * epoch["n"]
+    )
+
+
+def test_early_stopping_also_reads_the_papers_final_model(load_example):
+    cora_cone_gat = load_example("cora_cone_gat")
+    # epoch 3 ties epoch 2 with a lower loss: a new best here, no gain for the paper's rule,
+    # whose patience (2) runs out at epoch 4; ours runs out at epoch 5
+    history = [(0.5, 1.0), (0.7, 0.9), (0.7, 0.8), (0.7, 0.85), (0.6, 0.5), (0.9, 0.1)]
+    run = _scripted(cora_cone_gat, history, epochs=6, patience=2)
+    assert (run["best_epoch"], run["test"], run["epochs"]) == (3, 30.0, 5)
+    assert (run["final_epoch"], run["test_final"]) == (4, 40.0)
+    # a gain after the paper's stop does not move its final model
+    history = [(0.5, 1.0), (0.5, 0.9), (0.5, 0.95), (0.9, 0.1)]
+    run = _scripted(cora_cone_gat, history, epochs=4, patience=2)
+    assert (run["best_epoch"], run["test"], run["epochs"]) == (4, 40.0, 4)
+    assert (run["final_epoch"], run["test_final"]) == (3, 30.0)
+    # the epoch budget ends first: the last model is the final one
+    run = _scripted(cora_cone_gat, [(0.5, 1.0), (0.6, 0.9)], epochs=2, patience=5)
+    assert (run["final_epoch"], run["test_final"]) == (2, 20.0)
