@@ -24,7 +24,7 @@ def test_cora_example_smoke(no_env, no_network, load_example, tmp_path, capsys):
     )  # rows merge into the same file
     rows = json.loads(out_json.read_text())["rows"]
     assert sorted(rows) == ["dot", "penumbral[gamma=2]", "umbral"]
-    assert rows["umbral"]["budget"] == {"max_epochs": 2, "patience": 1000}
+    assert rows["umbral"]["budget"] == {"max_epochs": 2, "patience": 1000, "stop_at_final": False}
     assert rows["umbral"]["final_model"]["epoch"] == [2]  # the budget ran out first
     assert rows["penumbral[gamma=2]"]["cone_options"]["gamma"] == 2.0
 
@@ -49,7 +49,7 @@ def test_cut_run_keeps_its_finished_seeds(no_env, no_network, load_example, tmp_
     assert row["seeds"] == [0] and len(row["test_accuracy"]) == 1
 
 
-def _scripted(cora_cone_gat, history, epochs, patience):
+def _scripted(cora_cone_gat, history, epochs, patience, **kwargs):
     """Run the early-stopping loop on a scripted ``(val score, val loss)`` history; the test
     score read at epoch ``e`` is ``10 e``."""
     script, epoch = iter(history), {"n": 0}
@@ -58,7 +58,7 @@ def _scripted(cora_cone_gat, history, epochs, patience):
         epoch["n"] += 1
 
     return cora_cone_gat.train_with_early_stopping(
-        epochs, patience, train, lambda: next(script), lambda: 10.0 * epoch["n"]
+        epochs, patience, train, lambda: next(script), lambda: 10.0 * epoch["n"], **kwargs
     )
 
 
@@ -69,6 +69,9 @@ def test_early_stopping_also_reads_the_papers_final_model(load_example):
     history = [(0.5, 1.0), (0.7, 0.9), (0.7, 0.8), (0.7, 0.85), (0.6, 0.5), (0.9, 0.1)]
     run = _scripted(cora_cone_gat, history, epochs=6, patience=2)
     assert (run["best_epoch"], run["test"], run["epochs"]) == (3, 30.0, 5)
+    assert (run["final_epoch"], run["test_final"]) == (4, 40.0)
+    run = _scripted(cora_cone_gat, history, epochs=6, patience=2, stop_at_final=True)
+    assert (run["best_epoch"], run["test"], run["epochs"]) == (3, 30.0, 4)
     assert (run["final_epoch"], run["test_final"]) == (4, 40.0)
     # a gain after the paper's stop does not move its final model
     history = [(0.5, 1.0), (0.5, 0.9), (0.5, 0.95), (0.9, 0.1)]
