@@ -12,8 +12,9 @@ reported is the one at the last such epoch, and training stops after
 ``--patience`` epochs without one. The paper's GAT code, pytorch-GAT, resets its
 patience on validation-accuracy gains only and tests the final model, i.e. the
 one ``patience`` epochs after its first best; the same run reads that number too
-(``final_model`` in the JSON, "paper's protocol" in the output). Neither rule uses
-test labels. Each seed's best epoch is printed and recorded in the JSON.
+(``final_model`` in the JSON, "paper's protocol" in the output; ``--stop-at-final``
+ends the run there). Neither rule uses test labels. Each seed's best epoch is printed
+and recorded in the JSON.
 
 ``--attention`` picks the score: ``gat`` (PyG's GATConv), or ``ConeConv`` with
 ``dot``, ``penumbral`` or ``umbral``. Cone scores follow the paper's equations
