@@ -148,10 +148,13 @@ def train_with_early_stopping(
         times.append(time.perf_counter() - start)
         score, loss = validate()
         since_gain = 0 if score > best[0] else since_gain + 1
-        if final is None and (since_gain == patience or epoch + 1 == epochs):
-            final = (score_test(), epoch + 1)
-        if score > best[0] or (score == best[0] and loss < best[1]):
-            best, test_at_best, best_epoch, since_best = (score, loss), score_test(), epoch + 1, 0
+        paper_stops = final is None and (since_gain == patience or epoch + 1 == epochs)
+        new_best = score > best[0] or (score == best[0] and loss < best[1])
+        test = score_test() if paper_stops or new_best else None  # read once per epoch
+        if paper_stops:
+            final = (test, epoch + 1)
+        if new_best:
+            best, test_at_best, best_epoch, since_best = (score, loss), test, epoch + 1, 0
         else:
             since_best += 1
         bar.set_postfix(val=f"{best[0]:.3f}", test=f"{test_at_best:.3f}", refresh=False)
@@ -292,7 +295,7 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def _row(attention: str, runs: list[tuple], seeds: list[int], start: float, args) -> dict:
+def _row(attention: str, runs: list[dict], seeds: list[int], start: float, args) -> dict:
     """The JSON row of the seeds run so far (``runs``: :func:`run_seed` results)."""
     accs, val_accs = [run["test"] for run in runs], [run["val"] for run in runs]
     final = [run["test_final"] for run in runs]
