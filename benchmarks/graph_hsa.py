@@ -23,7 +23,8 @@ growth of the resident set's high-water mark over the resident set before
 the warm-up (Linux ``ru_maxrss``; ``process_peak_mib`` is the whole
 process's high-water mark, graph and tree included). Methods run one after
 the other for each N (hybrid, GPS full, GPS Performer, hybrid again), so the
-hybrid's two runs bracket the others; the ratio uses their median.
+hybrid's two runs bracket the others; the ratio uses their median. With
+``--methods hsa_hybrid`` alone the hybrid runs once.
 
 Full attention: ``GPSConv(attn_type='multihead')`` calls
 ``nn.MultiheadAttention(..., need_weights=False)``, which runs PyTorch's
@@ -187,8 +188,8 @@ def main() -> None:
     rows = []
     for n in args.sizes:
         order = [m for m in args.methods if m != "hsa_hybrid"]
-        if "hsa_hybrid" in args.methods:
-            order = ["hsa_hybrid", *order, "hsa_hybrid"]
+        if "hsa_hybrid" in args.methods:  # twice only to bracket other methods
+            order = ["hsa_hybrid", *order, "hsa_hybrid"] if order else ["hsa_hybrid"]
         found: dict[str, list[dict]] = {}
         load = [os.getloadavg()[0]]
         for method in order:
