@@ -45,11 +45,19 @@ class ConeConv(MessagePassing):
     paper does not say how it formed them. ``share_qk=False`` adds separate
     projections :math:`\mathbf{W}_q, \mathbf{W}_k` of ``qk_channels`` per head.
 
+    Bipartite graphs, as in PyG's ``GATConv``: pass ``x = (x_src, x_dst)``; values
+    and keys come from the sources, queries from the targets. With an int
+    ``in_channels`` both sides share the projections; ``in_channels=(src, dst)``
+    gives the targets their own query projection. ``in_channels=-1`` (or ``(-1, -1)``)
+    infers the sizes on the first call, so the layer works with
+    :func:`torch_geometric.nn.to_hetero`.
+
     ``variant="dot"`` scores :math:`\langle \mathbf{q}_i, \mathbf{k}_j \rangle/\sqrt{d}`
     with everything else unchanged: the paper's dot-product baseline.
 
     Args:
-        in_channels: input feature size.
+        in_channels: input feature size, ``(source, target)`` sizes for a bipartite
+            graph with separate query projections, or ``-1`` to infer it.
         out_channels: output size per head.
         heads: number of attention heads :math:`H`.
         concat: concatenate heads (``[N, H * out_channels]``) or average them
@@ -71,24 +79,26 @@ class ConeConv(MessagePassing):
         squared: penumbral: score :math:`-\gamma H^2` (authors' code) instead of :math:`-\gamma H`.
         height_scale: umbral: ψ height :math:`e^{c x_d}` with ``c = height_scale``;
             ``None`` for ``1/d`` per head (authors' code).
-        share_qk: use the value projection as query and key.
+        share_qk: use the value projection as query and key (for a bipartite graph with
+            two ``in_channels``: queries from a target projection of the same size).
         qk_channels: per-head query/key size when ``share_qk=False`` (default ``out_channels``).
         bias: learn an additive output bias.
         **kwargs: passed to :class:`~torch_geometric.nn.conv.MessagePassing`.
 
     Shapes:
         - **input:** ``x [N, in_channels]`` (dense, or sparse CSR such as bag-of-words
-          features: the projection is then a sparse matmul), ``edge_index [2, E]`` (row 0 = source
+          features: the projection is then a sparse matmul) or a pair
+          ``(x_src [N_src, ·], x_dst [N_dst, ·])``, ``edge_index [2, E]`` (row 0 = source
           ``j``, row 1 = target ``i``) or a ``SparseTensor`` adjacency ``adj_t``
           (needs ``torch-sparse``).
-        - **output:** ``[N, H * out_channels]`` or ``[N, out_channels]``; with
+        - **output:** ``[N_dst, H * out_channels]`` or ``[N_dst, out_channels]``; with
           ``return_attention_weights`` also ``(edge_index [2, E'], alpha [E', H])``
           (or a ``SparseTensor`` holding ``alpha``), ``E'`` counting the self loops.
     """
 
     def __init__(
         self,
-        in_channels: int,
+        in_channels: int | tuple[int, int],
         out_channels: int,
         heads: int = 1,
         concat: bool = True,
@@ -144,8 +154,15 @@ class ConeConv(MessagePassing):
             )
 
         glorot_linear = partial(Linear, bias=False, weight_initializer="glorot")
-        self.lin = glorot_linear(in_channels, heads * out_channels)
-        self.lin_qk = None if share_qk else glorot_linear(in_channels, 2 * heads * qk_channels)
+        in_src, in_dst = (in_channels, None) if isinstance(in_channels, int) else in_channels
+        self.lin = glorot_linear(in_src, heads * out_channels)
+        # two input sizes: the queries of the targets get their own projection
+        if share_qk:
+            self.lin_qk = None
+            self.lin_dst = None if in_dst is None else glorot_linear(in_dst, heads * out_channels)
+        else:
+            self.lin_qk = glorot_linear(in_src, (2 if in_dst is None else 1) * heads * qk_channels)
+            self.lin_dst = None if in_dst is None else glorot_linear(in_dst, heads * qk_channels)
         bias_size = heads * out_channels if concat else out_channels
         self.bias = Parameter(torch.empty(bias_size)) if bias else None
         self.log_gamma = Parameter(torch.empty(heads)) if learn_gamma else None
@@ -153,48 +170,52 @@ class ConeConv(MessagePassing):
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
-        self.lin.reset_parameters()
-        if self.lin_qk is not None:
-            self.lin_qk.reset_parameters()
+        for lin in (self.lin, self.lin_qk, self.lin_dst):
+            if lin is not None:
+                lin.reset_parameters()
         zeros(self.bias)
         if self.log_gamma is not None:
             self.log_gamma.data.fill_(math.log(self.gamma))
 
-    def forward(self, x: Tensor, edge_index: Adj, return_attention_weights: bool | None = None):
+    def forward(
+        self,
+        x: Tensor | tuple[Tensor, Tensor],
+        edge_index: Adj,
+        return_attention_weights: bool | None = None,
+    ):
         r"""Runs the layer.
 
         Args:
-            x: node features ``[N, in_channels]``.
+            x: node features ``[N, in_channels]``, or a pair ``(x_src, x_dst)``.
             edge_index: ``[2, E]`` edge indices or a ``SparseTensor`` ``adj_t``.
             return_attention_weights: when set (to any value, as in PyG's GATConv),
                 also return ``(edge_index, alpha)``, ``alpha [E', heads]``.
         """
-        if not isinstance(x, Tensor) or x.dim() != 2:
+        x_src, x_dst = (x, x) if isinstance(x, Tensor) else self._check_pair(x)
+        if x_src.dim() != 2 or x_dst.dim() != 2:
             raise ValueError(
-                f"x must be a [num_nodes, in_channels] tensor, got "
-                f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}"
+                f"x must be a [num_nodes, in_channels] tensor or a pair of them, got "
+                f"{tuple(x_src.shape)} and {tuple(x_dst.shape)}"
             )
+        size = (x_src.size(0), x_dst.size(0))
         H, C = self.heads, self.out_channels
         drop = partial(F.dropout, p=self.feature_dropout, training=self.training)
-        value = drop(self.lin(x).view(-1, H, C))
-        if self.lin_qk is None:
-            query = key = value
-        else:
-            query, key = drop(self.lin_qk(x)).view(-1, 2, H, self.qk_channels).unbind(dim=1)
+        value = drop(self.lin(x_src).view(-1, H, C))
+        query, key = self._queries_and_keys(x_src, x_dst, value, drop)
 
         if self.add_self_loops:
             if isinstance(edge_index, SparseTensor):
                 edge_index = torch_sparse.set_diag(edge_index)
             else:
                 edge_index, _ = remove_self_loops(edge_index)
-                edge_index, _ = add_self_loops(edge_index, num_nodes=x.size(0))
+                edge_index, _ = add_self_loops(edge_index, num_nodes=min(size))
 
         # scores in float32 (or wider) even under autocast
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with torch.autocast(device_type=x_dst.device.type, enabled=False):
             query_points = self._points(query)
             key_points = query_points if key is query else self._points(key)
             alpha = self.edge_updater(edge_index, query=query_points, key=key_points)
-        out = self.propagate(edge_index, x=value, alpha=alpha)
+        out = self.propagate(edge_index, x=value, alpha=alpha, size=size)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.bias is not None:
             out = out + self.bias
@@ -204,6 +225,31 @@ class ConeConv(MessagePassing):
         if isinstance(edge_index, SparseTensor):
             return out, edge_index.set_value(alpha, layout="coo")
         return out, (edge_index, alpha)
+
+    @staticmethod
+    def _check_pair(x) -> tuple[Tensor, Tensor]:
+        if not (isinstance(x, tuple | list) and len(x) == 2):
+            raise ValueError(f"x must be a tensor or a pair (x_src, x_dst), got {type(x).__name__}")
+        if not all(isinstance(t, Tensor) for t in x):
+            names = tuple(type(t).__name__ for t in x)
+            raise ValueError(
+                f"x_src and x_dst must both be tensors (the queries come from x_dst), got {names}"
+            )
+        return x[0], x[1]
+
+    def _queries_and_keys(self, x_src: Tensor, x_dst: Tensor, value: Tensor, drop):
+        """Per-head queries ``[N_dst, H, d]`` (targets) and keys ``[N_src, H, d]`` (sources)."""
+        H, D = self.heads, self.qk_channels
+        if self.share_qk:
+            if x_dst is x_src and self.lin_dst is None:
+                return value, value
+            lin = self.lin if self.lin_dst is None else self.lin_dst
+            return drop(lin(x_dst).view(-1, H, D)), value
+        if self.lin_dst is not None:  # two input sizes: W_q on the targets, W_k on the sources
+            return drop(self.lin_dst(x_dst).view(-1, H, D)), drop(self.lin_qk(x_src).view(-1, H, D))
+        qk_dst = drop(self.lin_qk(x_dst)).view(-1, 2, H, D)  # one fused W_q, W_k projection
+        qk_src = qk_dst if x_src is x_dst else drop(self.lin_qk(x_src)).view(-1, 2, H, D)
+        return qk_dst[:, 0], qk_src[:, 1]
 
     def _points(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         """Per-node scoring inputs in float32 or wider, from ``x [N, H, d]``.

@@ -7,8 +7,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn import Linear
 from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.utils import softmax
 
 from hiergraph.masks.band import BandMask
@@ -67,7 +67,9 @@ class MaskedAttentionConv(MessagePassing):
 
     Args:
         in_channels: size of each input sample, or a pair (source, target)
-            for bipartite graphs.
+            for bipartite graphs; ``-1`` infers a size on the first call (PyG's lazy
+            :class:`~torch_geometric.nn.dense.Linear`, as :func:`~torch_geometric.nn.to_hetero`
+            needs).
         out_channels: channels :math:`C` per head.
         heads: number of heads :math:`H`.
         concat: concatenate the heads (output :math:`H C`) or average them
@@ -197,10 +199,11 @@ class MaskedAttentionConv(MessagePassing):
 
     def _check_features(self, x_src: Tensor, x_dst: Tensor) -> None:
         for name, t, lin in (("x_src", x_src, self.lin_key), ("x_dst", x_dst, self.lin_query)):
-            if not isinstance(t, Tensor) or t.dim() != 2 or t.size(1) != lin.in_features:
+            size = lin.in_channels  # -1 until a lazy projection has seen its input
+            if not isinstance(t, Tensor) or t.dim() != 2 or (size > 0 and t.size(1) != size):
                 shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
                 raise ValueError(
-                    f"{name} must be a [num_nodes, {lin.in_features}] tensor (in_channels of "
+                    f"{name} must be a [num_nodes, {size}] tensor (in_channels of "
                     f"this layer), got {shape}; pass x or a pair (x_src, x_dst)"
                 )
 

@@ -47,10 +47,16 @@ def dense_reference(conv, x, edge_index, drop=lambda projected: projected):
     else:
         query, key = drop(conv.lin_qk(x)).view(N, 2, H, conv.qk_channels).unbind(1)
     allowed = to_dense_adj(edge_index, max_num_nodes=N)[0].T.bool() | torch.eye(N, dtype=torch.bool)
+    return masked_attention(conv, query, key, value, allowed)
+
+
+def masked_attention(conv, query, key, value, allowed):
+    """Dense softmax attention of ``query [N_dst, H, d]`` over the ``allowed [N_dst, N_src]``
+    keys; returns the layer's output and the weights ``[H, N_dst, N_src]``."""
     scores = dense_scores(conv.variant, query, key, conv).masked_fill(~allowed, float("-inf"))
     weights = scores.softmax(dim=-1)
-    out = (weights @ value.transpose(0, 1)).transpose(0, 1)  # [N, H, C]
-    out = out.reshape(N, H * C) if conv.concat else out.mean(dim=1)
+    out = (weights @ value.transpose(0, 1)).transpose(0, 1)  # [N_dst, H, C]
+    out = out.flatten(1) if conv.concat else out.mean(dim=1)
     return out + conv.bias, weights
 
 
@@ -75,6 +81,80 @@ def test_matches_dense_masked_reference(variant, kwargs):
     torch.testing.assert_close(alpha, weights[:, ei[1], ei[0]].T)
     sums = torch.zeros(N, conv.heads, dtype=alpha.dtype).index_add_(0, ei[1], alpha)
     torch.testing.assert_close(sums, torch.ones_like(sums))
+
+
+def bipartite_graph(num_src=9, num_dst=5, num_edges=20, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    edge_index = torch.stack(
+        [torch.randint(0, num_src, (num_edges,), generator=gen),
+         torch.randint(0, num_dst, (num_edges,), generator=gen)]
+    )  # fmt: skip
+    return coalesce(edge_index), gen
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral", "dot"])
+@pytest.mark.parametrize("share_qk", [True, False])
+def test_bipartite_pair_equals_the_graph_on_the_union(variant, share_qk):
+    """``x = (x_src, x_dst)`` with ``x_dst`` the first sources: the targets' rows of the
+    homogeneous layer on ``x_src`` (self loops of the first ``N_dst`` nodes on both sides)."""
+    torch.manual_seed(6)
+    edge_index, gen = bipartite_graph()
+    x_src = torch.randn(9, F_IN, generator=gen, dtype=torch.float64)
+    conv = ConeConv(F_IN, 4, heads=2, variant=variant, share_qk=share_qk).double()
+    out, (ei, alpha) = conv((x_src, x_src[:5].clone()), edge_index, return_attention_weights=True)
+    full, (full_ei, full_alpha) = conv(x_src, edge_index, return_attention_weights=True)
+    assert out.shape == (5, 8)
+    torch.testing.assert_close(out, full[:5], atol=1e-12, rtol=0)
+    into_targets = full_ei[1] < 5
+    torch.testing.assert_close(ei, full_ei[:, into_targets])
+    torch.testing.assert_close(alpha, full_alpha[into_targets], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral", "dot"])
+@pytest.mark.parametrize("share_qk", [True, False])
+def test_bipartite_two_input_sizes_match_dense_reference(variant, share_qk):
+    torch.manual_seed(7)
+    edge_index, gen = bipartite_graph()
+    x_src = torch.randn(9, F_IN, generator=gen, dtype=torch.float64)
+    x_dst = torch.randn(5, 3, generator=gen, dtype=torch.float64)
+    conv = ConeConv((F_IN, 3), 4, heads=2, variant=variant, share_qk=share_qk, qk_channels=5)
+    conv = conv.double()
+    out, (ei, alpha) = conv((x_src, x_dst), edge_index, return_attention_weights=True)
+    d = conv.qk_channels
+    value = conv.lin(x_src).view(9, 2, 4)
+    key = value if share_qk else conv.lin_qk(x_src).view(9, 2, d)
+    query = conv.lin_dst(x_dst).view(5, 2, d)
+    allowed = to_dense_adj(edge_index, max_num_nodes=9)[0].T.bool()[:5]
+    allowed[:, :5] |= torch.eye(5, dtype=torch.bool)  # self loops of the first 5 nodes
+    ref, weights = masked_attention(conv, query, key, value, allowed)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    torch.testing.assert_close(alpha, weights[:, ei[1], ei[0]].T, atol=1e-12, rtol=0)
+    out.square().sum().backward()
+    assert conv.lin_dst.weight.grad.abs().sum() > 0  # the queries' own projection is trained
+
+
+def test_lazy_sizes_work_under_to_hetero():
+    """``in_channels=-1`` as PyG's convs: ``to_hetero`` builds one layer per edge type, and
+    the target type's output equals that bipartite layer run alone."""
+    from torch_geometric.nn import to_hetero
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = ConeConv((-1, -1), 4, heads=2, variant="umbral", add_self_loops=False)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    edge_index, gen = bipartite_graph()
+    x = {"paper": torch.randn(9, F_IN, generator=gen), "author": torch.randn(5, 3, generator=gen)}
+    edges = {("paper", "written_by", "author"): edge_index}
+    metadata = (list(x), list(edges))
+    model = to_hetero(Net(), metadata, aggr="sum")
+    out = model(x, edges)
+    (conv,) = model.conv.values()
+    torch.testing.assert_close(out["author"], conv((x["paper"], x["author"]), edge_index))
+    assert conv.lin.weight.shape == (8, F_IN) and conv.lin_dst.weight.shape == (8, 3)
 
 
 def test_without_self_loops_isolated_node_gets_zero_message():
@@ -236,4 +316,9 @@ def test_bad_arguments():
         ConeConv(F_IN, 4, r=0.0)
     with pytest.raises(ValueError, match=r"\[num_nodes, in_channels\]"):
         ConeConv(F_IN, 4)(torch.randn(2, N, F_IN), graph()[1])
+    x, edge_index = graph()
+    with pytest.raises(ValueError, match="both be tensors"):
+        ConeConv(F_IN, 4)((x, None), edge_index)  # the queries need target features
+    with pytest.raises(ValueError, match="a pair"):
+        ConeConv(F_IN, 4)((x, x, x), edge_index)
     ConeConv(F_IN, 1, variant="dot")  # a 1-d dot product is fine

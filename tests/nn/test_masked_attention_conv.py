@@ -192,6 +192,31 @@ def test_bipartite_input_equals_transformer_conv():
     torch.testing.assert_close(conv(x, edge_index), reference(x, edge_index), atol=1e-12, rtol=0)
 
 
+def test_lazy_sizes_work_under_to_hetero():
+    """``in_channels=-1`` as PyG's convs: ``to_hetero`` builds one layer per edge type, and
+    the target type's output equals that bipartite layer run alone."""
+    from torch_geometric.nn import to_hetero
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = MaskedAttentionConv((-1, -1), 4, heads=2)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    x = {"paper": features(n=7, dim=5, dtype=torch.float32), "author": features(n=9, seed=2)}
+    x = {key: value.float() for key, value in x.items()}
+    edges = {("paper", "written_by", "author"): cross_mask(7, 9, joint=False)}
+    model = to_hetero(Net(), (list(x), list(edges)), aggr="sum")
+    out = model(x, edges)
+    (conv,) = model.conv.values()
+    torch.testing.assert_close(out["author"], conv((x["paper"], x["author"]), *edges.values()))
+    assert conv.lin_key.weight.shape == (8, 5) and conv.lin_query.weight.shape == (8, 6)
+    with pytest.raises(ValueError, match=r"x_src must be a \[num_nodes, 5\]"):
+        conv((x["author"], x["author"]), *edges.values())  # sizes fixed by the first call
+
+
 # ---------------------------------------------------------------- Prop. 1 / Def. 10 (T8)
 @pytest.mark.parametrize("name", ["full", "causal", "random", "graph", "cross", "siblings"])
 def test_attention_is_stochastic_and_convex(name):
