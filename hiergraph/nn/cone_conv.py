@@ -156,13 +156,10 @@ class ConeConv(MessagePassing):
         glorot_linear = partial(Linear, bias=False, weight_initializer="glorot")
         in_src, in_dst = (in_channels, None) if isinstance(in_channels, int) else in_channels
         self.lin = glorot_linear(in_src, heads * out_channels)
-        # two input sizes: the queries of the targets get their own projection
-        if share_qk:
-            self.lin_qk = None
-            self.lin_dst = None if in_dst is None else glorot_linear(in_dst, heads * out_channels)
-        else:
-            self.lin_qk = glorot_linear(in_src, (2 if in_dst is None else 1) * heads * qk_channels)
-            self.lin_dst = None if in_dst is None else glorot_linear(in_dst, heads * qk_channels)
+        # fused W_q, W_k on one input size; with two sizes W_k only, and W_q on the targets
+        qk_outputs = (2 if in_dst is None else 1) * heads * qk_channels
+        self.lin_qk = None if share_qk else glorot_linear(in_src, qk_outputs)
+        self.lin_dst = None if in_dst is None else glorot_linear(in_dst, heads * qk_channels)
         bias_size = heads * out_channels if concat else out_channels
         self.bias = Parameter(torch.empty(bias_size)) if bias else None
         self.log_gamma = Parameter(torch.empty(heads)) if learn_gamma else None
