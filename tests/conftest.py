@@ -47,6 +47,27 @@ def random_qkv(num_leaves: int, heads: int = 2, dim: int = 4, dv: int = 3, seed:
     return q, k, v
 
 
+#: Backward nodes whose CPU kernel adds gradient rows with unordered atomic adds when
+#: the index repeats (``x[index]``: ``index_put(accumulate=True)``; ``x.take``: ``put_``),
+#: so that a multi-threaded backward is not bitwise reproducible. ``index_select``'s
+#: backward (``index_add_``) adds in index order.
+UNORDERED_BACKWARD = ("IndexBackward0", "TakeBackward0")
+
+
+def unordered_backward_nodes(out: torch.Tensor) -> list[str]:
+    """Names of the :data:`UNORDERED_BACKWARD` nodes in ``out``'s autograd graph."""
+    found, seen, stack = [], set(), [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node.name() in UNORDERED_BACKWARD:
+            found.append(node.name())
+        stack.extend(child for child, _ in node.next_functions)
+    return found
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Run the suite on one intra-op thread (restored after).

@@ -294,21 +294,23 @@ def family_attention_edge(
     :func:`~hiergraph.ops.precision.accumulation_dtype`), so the sums over the pairs (the
     softmax, ``theta`` and, in the backward, the gradients of the gathered rows) accumulate
     in float32 and ``lse`` and ``theta`` are rounded once to the inputs' dtype, like the
-    dense kernel's matrix products. float32/float64 inputs run in their own dtype."""
+    dense kernel's matrix products. float32/float64 inputs run in their own dtype. The rows
+    of the pairs are gathered with ``index_select``, whose backward adds them in pair order
+    (bitwise reproducible on CPU; ``x[index]`` would add them with unordered atomics)."""
     n, dtype = count.numel(), q.dtype
     work = accumulation_dtype(dtype)
     q, k, v = q.to(work), k.to(work), v.to(work)
     eps = None if eps is None else eps.to(work)
     query, key = level.sibling_pairs
-    logits = tau * (q[query] * k[key]).sum(-1)
+    logits = tau * (q.index_select(0, query) * k.index_select(0, key)).sum(-1)
     if eps is not None:
-        logits = logits + (eps[query] * eps[key]).sum(-1)
+        logits = logits + (eps.index_select(0, query) * eps.index_select(0, key)).sum(-1)
     bias, ok = (t[key] for t in key_bias(count, size_bias, work))
     logits = logits + bias.unsqueeze(-1)
     if causal:
         ok = ok & (key < query)
     lse, attn = scatter_softmax(logits.masked_fill(~ok.unsqueeze(-1), float("-inf")), query, n)
-    theta = scatter(attn.unsqueeze(-1) * v[key], query, dim=0, dim_size=n, reduce="sum")
+    theta = scatter(attn.unsqueeze(-1) * v.index_select(0, key), query, 0, dim_size=n, reduce="sum")
     weight = count[:, None, None]
     sums = [sum_children(t * weight, level, parent_level).to(dtype) for t in (q, k, v)]
     return lse.to(dtype), theta.to(dtype), *sums

@@ -260,7 +260,7 @@ def hmatrix_logits(
     masks = hmatrix_level_masks(length, block_size, causal, rows).to(q.device)
     logits = q.new_full((*q.shape[:2], len(rows), layout.padded_length), -math.inf)
     for level, (q_l, k_l) in enumerate(zip(qs, ks, strict=True)):
-        coarse = q_l[:, :, rows >> level] @ k_l.transpose(-1, -2) * scale
+        coarse = q_l.index_select(2, rows >> level) @ k_l.transpose(-1, -2) * scale
         logits = torch.where(masks[level], coarse.repeat_interleave(2**level, -1), logits)
     key_ok = counts[0].transpose(-1, -2) > 0  # [B|1, 1, 1, L'] valid fine keys
     logits = logits.masked_fill(~key_ok, -math.inf)

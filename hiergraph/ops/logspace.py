@@ -74,7 +74,7 @@ def scatter_softmax(logits: Tensor, index: Tensor, num_rows: int) -> tuple[Tenso
     empty = ~(total > 0)
     safe = total.masked_fill(empty, 1.0)
     lse = (m + torch.log(safe)).masked_fill(empty, float("-inf"))
-    return lse, e / safe[index]
+    return lse, e / safe.index_select(0, index)
 
 
 def logaddexp(a: Tensor, b: Tensor) -> Tensor:

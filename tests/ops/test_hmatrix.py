@@ -22,6 +22,7 @@ from hiergraph.ops.hmatrix import (
     hmatrix_logits,
     hmatrix_window_hierarchy,
 )
+from tests.conftest import unordered_backward_nodes
 
 CASES = [(16, 2), (64, 4), (128, 8), (256, 16), (100, 8), (37, 2), (5, 4)]
 
@@ -125,6 +126,15 @@ def test_gradcheck(causal):
     assert torch.autograd.gradcheck(
         lambda a, b, c: hmatrix_attention(a, b, c, 2, causal, mask), (q, k, v)
     )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_adds_rows_in_index_order(causal):
+    """No ``x[index]`` gather (unordered atomic adds in its CPU backward) in the fast path
+    or in the implied dense matrix, whose coarse rows repeat."""
+    q, k, v = (t.requires_grad_() for t in _qkv(40))
+    assert unordered_backward_nodes(hmatrix_attention(q, k, v, 4, causal)) == []
+    assert unordered_backward_nodes(hmatrix_attention_matrix(q, k, 4, causal)) == []
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -12,7 +12,7 @@ from torch_geometric.data import Batch
 import hiergraph.ops.family_attention as family_attention
 from hiergraph.data import SignalHierarchy, from_nested, random_window_hierarchy, window_hierarchy
 from hiergraph.ops import hierarchical_attention, hierarchical_attention_matrix, hierarchy_energy
-from tests.conftest import random_qkv, random_spec
+from tests.conftest import random_qkv, random_spec, unordered_backward_nodes
 
 F64 = dict(dtype=torch.float64)
 
@@ -124,6 +124,19 @@ def test_without_size_bias_equals_reference(kernel):
         return hierarchical_attention(q, k, v, h, kernel=kernel, size_bias=False, leaf_mask=mask)
 
     assert torch.autograd.gradcheck(fn, tuple(t.requires_grad_(True) for t in (q, k, v)))
+
+
+@pytest.mark.parametrize("kernel", ["dense", "edge"])
+@pytest.mark.parametrize("opts", [{}, {"include_self": True, "causal": True}])
+def test_backward_adds_rows_in_index_order(kernel, opts):
+    """Every gather of the forward is an ``index_select`` (or a slice), so the backward adds
+    gradient rows in index order and a multi-threaded CPU backward is bitwise reproducible
+    (``x[index]`` accumulates with unordered atomic adds; the edge kernel used it)."""
+    h = Batch.from_data_list([window_hierarchy(24, (2, 3)), window_hierarchy(10, (4,))])
+    q, k, v = (t.requires_grad_() for t in random_qkv(h.num_leaves))
+    pe = torch.randn(h.num_nodes, 2, **F64)
+    out = hierarchical_attention(q, k, v, h, kernel=kernel, pos_emb=pe, **opts)
+    assert unordered_backward_nodes(out) == []
 
 
 def test_kernels_agree_on_large_ragged_batch_with_gradients():

@@ -4,6 +4,7 @@ import torch
 
 from hiergraph.ops import log_gates, logaddexp, masked_softmax
 from hiergraph.ops.logspace import scatter_softmax
+from tests.conftest import unordered_backward_nodes
 
 INF = float("inf")
 
@@ -35,6 +36,13 @@ def test_scatter_softmax_matches_masked_softmax_on_padded_rows():
     assert torch.allclose(w, ref_w[index, torch.arange(8)]) and torch.all(w[~mask] == 0)
     (lse[:2].sum() + (w * torch.randn(8, 2, dtype=torch.float64)).sum()).backward()
     assert torch.isfinite(x.grad).all() and torch.all(x.grad[~mask[:, 0]] == 0)
+
+
+def test_scatter_softmax_backward_adds_rows_in_index_order():
+    """No ``x[index]`` gather in the graph (its CPU backward adds with unordered atomics)."""
+    logits = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
+    lse, weights = scatter_softmax(logits, torch.tensor([0, 0, 1, 2, 2, 2, 1]), 3)
+    assert unordered_backward_nodes(lse.sum() + weights.sum()) == []
 
 
 def test_logaddexp_both_neg_inf_has_zero_grad():
