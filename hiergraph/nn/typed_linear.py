@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch_geometric.nn import HeteroLinear
+from torch_geometric.nn import HeteroLinear, inits
 
 
 class TypedLinear(nn.Module):
@@ -12,7 +12,11 @@ class TypedLinear(nn.Module):
 
     With one type it is a plain :class:`torch.nn.Linear`; otherwise PyG's
     :class:`~torch_geometric.nn.HeteroLinear` (segment matmul when
-    ``pyg-lib`` is installed).
+    ``pyg-lib`` is installed) for :math:`W_{t_i} x_i`, and ``type_bias``
+    ``[num_types, out_channels]`` gathered with ``index_select``: its backward
+    adds the rows of a type in order, so a multi-threaded CPU backward is
+    bitwise reproducible (``HeteroLinear``'s own ``bias[type_vec]`` adds them
+    with unordered atomics). Initialised as ``HeteroLinear``'s bias.
 
     Args:
         in_channels, out_channels: feature sizes.
@@ -27,11 +31,25 @@ class TypedLinear(nn.Module):
         self.num_types = num_types
         if num_types == 1:
             self.lin = nn.Linear(in_channels, out_channels, bias=bias)
+            self.register_parameter("type_bias", None)
         else:
-            self.lin = HeteroLinear(in_channels, out_channels, num_types, bias=bias)
+            self.lin = HeteroLinear(in_channels, out_channels, num_types, bias=False)
+            self.type_bias = nn.Parameter(torch.empty(num_types, out_channels)) if bias else None
+            self._reset_type_bias()
 
     def reset_parameters(self) -> None:
         self.lin.reset_parameters()
+        self._reset_type_bias()
+
+    def _reset_type_bias(self) -> None:
+        if self.type_bias is not None:  # as HeteroLinear's bias: U(-1/sqrt(in), 1/sqrt(in))
+            inits.uniform(self.lin.in_channels, self.type_bias)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        old = prefix + "lin.bias"  # state dicts from when HeteroLinear held the bias
+        if self.type_bias is not None and old in state_dict:
+            state_dict[prefix + "type_bias"] = state_dict.pop(old)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: Tensor, type_vec: Tensor | None = None) -> Tensor:
         """``x: [n, in_channels]``, ``type_vec: [n]`` → ``[n, out_channels]``."""
@@ -51,4 +69,5 @@ class TypedLinear(nn.Module):
                     f"type ids span {low}..{high}; they must lie in [0, num_types = "
                     f"{self.num_types})"
                 )
-        return self.lin(x, type_vec)
+        out = self.lin(x, type_vec)
+        return out if self.type_bias is None else out + self.type_bias.index_select(0, type_vec)

@@ -169,7 +169,7 @@ def test_per_type_projection_receives_its_leaves():
     widths = {0: 48, 1: 5, 2: 7}
     for t, w in widths.items():
         rows = h.node_type[h.is_leaf] == t
-        weight, bias = lin.lin.weight[t, :w], lin.lin.bias[t]
+        weight, bias = lin.lin.weight[t, :w], lin.type_bias[t]
         assert torch.allclose(out[rows], h.x[rows, :w] @ weight + bias, atol=1e-6)
     # and the other types' weights do not touch these leaves
     with torch.no_grad():

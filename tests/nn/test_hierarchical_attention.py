@@ -23,8 +23,8 @@ def test_matches_manual_composition_with_types_and_positions():
     out = attn(h.x, h, pos)
     types = h.node_type[:6]
 
-    def proj(typed):  # HeteroLinear: weight [T, in, out], bias [T, out]
-        w, b = typed.lin.weight, typed.lin.bias
+    def proj(typed):  # HeteroLinear weight [T, in, out], type_bias [T, out]
+        w, b = typed.lin.weight, typed.type_bias
         return torch.stack([h.x[i] @ w[t] + b[t] for i, t in enumerate(types.tolist())])
 
     q, k, v = (proj(lin).view(6, 2, 3) for lin in (attn.query, attn.key, attn.value))

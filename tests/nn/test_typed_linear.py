@@ -1,18 +1,37 @@
 import pytest
 import torch
+from torch_geometric.nn import HeteroLinear
 
 from hiergraph.nn import TypedLinear
+from tests.conftest import unordered_backward_nodes
 
 
 def test_one_map_per_type_and_plain_linear_for_one_type():
     lin = TypedLinear(3, 2, num_types=2)
     x, types = torch.randn(5, 3), torch.tensor([0, 1, 1, 0, 1])
     out = lin(x, types)
-    weight, bias = lin.lin.weight, lin.lin.bias  # [types, in, out], [types, out]
+    weight, bias = lin.lin.weight, lin.type_bias  # [types, in, out], [types, out]
     for i, t in enumerate(types.tolist()):
         torch.testing.assert_close(out[i], x[i] @ weight[t] + bias[t])
     single = TypedLinear(3, 2)
     torch.testing.assert_close(single(x), single.lin(x))
+
+
+def test_same_init_and_output_as_hetero_linear_and_its_state_dicts_load():
+    """The per-type bias lives in ``type_bias`` (gathered with ``index_select``) but is
+    initialised, applied and loaded as ``HeteroLinear``'s own bias was."""
+    torch.manual_seed(0)
+    ref = HeteroLinear(3, 2, num_types=4)
+    torch.manual_seed(0)
+    lin = TypedLinear(3, 2, num_types=4)
+    assert torch.equal(lin.lin.weight, ref.weight) and torch.equal(lin.type_bias, ref.bias)
+    x, types = torch.randn(9, 3), torch.tensor([3, 0, 1, 1, 2, 0, 3, 3, 1])
+    assert torch.equal(lin(x, types), ref(x, types))
+    fresh = TypedLinear(3, 2, num_types=4)
+    fresh.load_state_dict(ref.state_dict(prefix="lin."))  # keys lin.weight, lin.bias
+    assert torch.equal(fresh(x, types), ref(x, types))
+    assert unordered_backward_nodes(lin(x, types)) == []
+    assert TypedLinear(3, 2, num_types=4, bias=False).type_bias is None
 
 
 def test_bad_type_vectors():
