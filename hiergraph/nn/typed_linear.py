@@ -29,13 +29,14 @@ class TypedLinear(nn.Module):
         if num_types < 1:
             raise ValueError(f"num_types must be >= 1, got {num_types}")
         self.num_types = num_types
+        self.register_parameter("type_bias", None)  # set below for several types with bias
         if num_types == 1:
             self.lin = nn.Linear(in_channels, out_channels, bias=bias)
-            self.register_parameter("type_bias", None)
         else:
             self.lin = HeteroLinear(in_channels, out_channels, num_types, bias=False)
-            self.type_bias = nn.Parameter(torch.empty(num_types, out_channels)) if bias else None
-            self._reset_type_bias()
+            if bias:
+                self.type_bias = nn.Parameter(torch.empty(num_types, out_channels))
+                self._reset_type_bias()
 
     def reset_parameters(self) -> None:
         self.lin.reset_parameters()
