@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import random
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -149,6 +150,10 @@ def save_checkpoint(
     none reads a stale file afterwards. Without ``context`` the rank and the
     barrier come from the initialised process group, if there is one (so
     ranks never race on the same temporary file).
+
+    ``state`` values must be plain data (tensors, numbers, strings, ``None``
+    and lists, tuples or dicts of them): :func:`load_checkpoint` refuses any
+    other object.
     """
     if context is None:
         grouped = dist.is_available() and dist.is_initialized()
@@ -177,11 +182,34 @@ def load_checkpoint(
     """Load a :func:`save_checkpoint` file into ``model`` (and ``optimizer``).
 
     Returns the remaining saved state (e.g. ``epoch``, ``step``).
+
+    The file is read with ``torch.load(weights_only=True)``: only tensors and
+    plain data (numbers, strings, lists, tuples, dicts) are rebuilt, never
+    arbitrary Python objects, so loading a checkpoint cannot run code hidden
+    in it.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: the file holds anything other than plain data (e.g. a
+            pickled object), is not a checkpoint of :func:`save_checkpoint`,
+            or holds no optimizer state while ``optimizer`` is given.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}; train without --resume first")
-    payload = torch.load(path, map_location=map_location, weights_only=False)
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        # torch's message is long; keep its line naming the refused object when there is one
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        detail = next((line for line in lines if "GLOBAL" in line), str(err))
+        raise ValueError(
+            f"refusing to load {path}: it holds objects other than tensors and plain data "
+            "(numbers, strings, lists, tuples, dicts), and rebuilding them could run arbitrary "
+            f"code. Details: {detail}"
+        ) from err
+    if not isinstance(payload, dict) or "model" not in payload:
+        raise ValueError(f"{path} is not a checkpoint of save_checkpoint (no 'model' entry)")
     unwrap(model).load_state_dict(payload.pop("model"))
     optim_state = payload.pop("optimizer", None)
     if optimizer is not None:

@@ -160,3 +160,52 @@ def test_unwrap():
     wrapper._orig_mod = inner  # what torch.compile's OptimizedModule holds
     assert unwrap(wrapper) is inner
     assert unwrap(inner) is inner
+
+
+class _RunsACommand:
+    """Pickles to a call of ``os.system``: what a malicious checkpoint holds."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def test_load_checkpoint_refuses_code_in_the_file(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"model": _RunsACommand(f"touch '{marker}'"), "epoch": 0}, path)
+    with pytest.raises(ValueError, match="refusing to load") as info:
+        load_checkpoint(path, nn.Linear(3, 2))
+    assert str(path) in str(info.value)
+    assert "system" in str(info.value)  # names what was refused
+    assert not marker.exists()
+
+    # the same with the object hidden in the extra state
+    model = nn.Linear(3, 2)
+    torch.save({"model": model.state_dict(), "extra": [_RunsACommand(f"touch '{marker}'")]}, path)
+    with pytest.raises(ValueError, match="refusing to load"):
+        load_checkpoint(path, model)
+    assert not marker.exists()
+
+
+def test_load_checkpoint_plain_state_and_non_checkpoints(tmp_path):
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    path = tmp_path / "c.pt"
+    state = dict(epoch=2, step=9, best=0.5, tag="run-a", history=[{"loss": 1.0}], pair=(1, 2))
+    save_checkpoint(path, model, opt, **state)
+    other = nn.Linear(3, 2)
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
+    assert load_checkpoint(path, other, other_opt) == state
+    assert torch.equal(other.bias, model.bias)
+    assert torch.equal(
+        other_opt.state_dict()["state"][0]["momentum_buffer"],
+        opt.state_dict()["state"][0]["momentum_buffer"],
+    )
+    torch.save([1, 2], path)
+    with pytest.raises(ValueError, match="not a checkpoint"):
+        load_checkpoint(path, other)
