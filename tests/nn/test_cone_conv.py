@@ -17,13 +17,21 @@ from hiergraph.ops.cone import penumbral, umbral
 N, F_IN = 9, 6
 
 
-def graph(seed=0, num_edges=25):
-    """A coalesced random graph with some existing self loops and an isolated node."""
+def graph(seed=0, num_edges=25, shuffle=False):
+    """A coalesced random graph with some existing self loops and an isolated node;
+    ``shuffle``: its edges in a random order (coalesce sorts them by source)."""
     gen = torch.Generator().manual_seed(seed)
     edge_index = torch.randint(0, N - 1, (2, num_edges), generator=gen)  # node N-1 isolated
     edge_index = torch.cat([edge_index, torch.tensor([[0, 3], [0, 3]])], dim=1)
     x = torch.randn(N, F_IN, generator=gen, dtype=torch.float64)
-    return x, coalesce(edge_index, num_nodes=N)
+    edge_index = coalesce(edge_index, num_nodes=N)
+    return x, shuffled(edge_index) if shuffle else edge_index
+
+
+def shuffled(edge_index, seed=11):
+    """The edges in a random order (alpha is then checked against it edge by edge)."""
+    perm = torch.randperm(edge_index.size(1), generator=torch.Generator().manual_seed(seed))
+    return edge_index[:, perm]
 
 
 def dense_scores(variant, q, k, conv):
@@ -71,9 +79,10 @@ def masked_attention(conv, query, key, value, allowed):
         {"heads": 2, "squared": True, "height_scale": None},  # the authors' conventions
     ],
 )
-def test_matches_dense_masked_reference(variant, kwargs):
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_matches_dense_masked_reference(variant, kwargs, shuffle):
     torch.manual_seed(0)
-    x, edge_index = graph()
+    x, edge_index = graph(shuffle=shuffle)
     conv = ConeConv(F_IN, 4, variant=variant, **kwargs).double()
     out, (ei, alpha) = conv(x, edge_index, return_attention_weights=True)
     ref, weights = dense_reference(conv, x, edge_index)
@@ -83,13 +92,13 @@ def test_matches_dense_masked_reference(variant, kwargs):
     torch.testing.assert_close(sums, torch.ones_like(sums))
 
 
-def bipartite_graph(num_src=9, num_dst=5, num_edges=20, seed=5):
+def bipartite_graph(num_src=9, num_dst=5, num_edges=20, seed=5, shuffle=False):
     gen = torch.Generator().manual_seed(seed)
     edge_index = torch.stack(
         [torch.randint(0, num_src, (num_edges,), generator=gen),
          torch.randint(0, num_dst, (num_edges,), generator=gen)]
     )  # fmt: skip
-    return coalesce(edge_index), gen
+    return (shuffled(coalesce(edge_index)) if shuffle else coalesce(edge_index)), gen
 
 
 @pytest.mark.parametrize("variant", ["penumbral", "umbral", "dot"])
@@ -112,9 +121,10 @@ def test_bipartite_pair_equals_the_graph_on_the_union(variant, share_qk):
 
 @pytest.mark.parametrize("variant", ["penumbral", "umbral", "dot"])
 @pytest.mark.parametrize("share_qk", [True, False])
-def test_bipartite_two_input_sizes_match_dense_reference(variant, share_qk):
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_bipartite_two_input_sizes_match_dense_reference(variant, share_qk, shuffle):
     torch.manual_seed(7)
-    edge_index, gen = bipartite_graph()
+    edge_index, gen = bipartite_graph(shuffle=shuffle)
     x_src = torch.randn(9, F_IN, generator=gen, dtype=torch.float64)
     x_dst = torch.randn(5, 3, generator=gen, dtype=torch.float64)
     conv = ConeConv((F_IN, 3), 4, heads=2, variant=variant, share_qk=share_qk, qk_channels=5)
@@ -166,9 +176,10 @@ def test_without_self_loops_isolated_node_gets_zero_message():
 
 
 @pytest.mark.parametrize("variant", ["penumbral", "umbral"])
-def test_gradcheck(variant):
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_gradcheck(variant, shuffle):
     torch.manual_seed(2)
-    x, edge_index = graph(num_edges=12)
+    x, edge_index = graph(num_edges=12, shuffle=shuffle)
     conv = ConeConv(F_IN, 3, heads=2, variant=variant).double()
     x.requires_grad_()
     assert torch.autograd.gradcheck(lambda inp: conv(inp, edge_index), (x,))
@@ -185,9 +196,10 @@ def test_finite_gradients_with_self_loops_float32(variant):
     assert all(torch.isfinite(p.grad).all() for p in conv.parameters())
 
 
-def test_learned_per_head_temperature_matches_dense_reference():
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_learned_per_head_temperature_matches_dense_reference(shuffle):
     torch.manual_seed(9)
-    x, edge_index = graph()
+    x, edge_index = graph(shuffle=shuffle)
     conv = ConeConv(F_IN, 4, heads=3, variant="umbral", gamma=2.0, learn_gamma=True).double()
     torch.testing.assert_close(conv.log_gamma.exp(), torch.full((3,), 2.0, dtype=torch.float64))
     with torch.no_grad():

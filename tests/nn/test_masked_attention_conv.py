@@ -63,6 +63,17 @@ def features(n=N, dim=6, dtype=torch.float64, seed=1):
     return torch.randn(n, dim, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
+def shuffled(edge_index, *edge_tensors, seed=0):
+    """``(perm, edge_index[:, perm], *(t[perm] for t in edge_tensors))``: the same
+    edges in a random order, each per-edge tensor permuted alongside.
+
+    Every mask builder emits edges sorted by target, which is the layer's working
+    order: only a shuffled edge list makes it sort, so only this exercises the
+    mapping of alpha, edge features and logit biases between the two orders."""
+    perm = torch.randperm(edge_index.size(1), generator=torch.Generator().manual_seed(seed))
+    return perm, edge_index[:, perm], *(t[perm] for t in edge_tensors)
+
+
 def dense_sdpa(conv, x, edge_index):
     """The same layer with a dense mask and scaled_dot_product_attention (rows
     with no incoming edge are returned as NaN-free garbage; callers mask them)."""
@@ -168,7 +179,8 @@ def test_band_descriptor_in_place_of_edge_index():
         {"bias": False, "heads": 1},
     ],
 )
-def test_equals_transformer_conv(kwargs):
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_equals_transformer_conv(kwargs, shuffle):
     conv = make_conv(**kwargs)
     reference = TransformerConv(**({"in_channels": 6, "out_channels": 4, "heads": 2} | kwargs))
     reference = reference.double().eval()
@@ -177,8 +189,12 @@ def test_equals_transformer_conv(kwargs):
     edge_attr = (
         torch.randn(edge_index.size(1), 3, dtype=torch.float64) if "edge_dim" in kwargs else None
     )
-    out, (_, alpha) = conv(x, edge_index, edge_attr, return_attention_weights=True)
+    if shuffle:  # edges (and their features) in a random order, not sorted by target
+        _, edge_index, *rest = shuffled(edge_index, *([] if edge_attr is None else [edge_attr]))
+        edge_attr = rest[0] if rest else None
+    out, (ei, alpha) = conv(x, edge_index, edge_attr, return_attention_weights=True)
     ref, (_, ref_alpha) = reference(x, edge_index, edge_attr, return_attention_weights=True)
+    assert ei is edge_index  # alpha is reported in the caller's edge order
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
     torch.testing.assert_close(alpha, ref_alpha, atol=1e-12, rtol=0)
 
@@ -219,11 +235,16 @@ def test_lazy_sizes_work_under_to_hetero():
 
 # ---------------------------------------------------------------- Prop. 1 / Def. 10 (T8)
 @pytest.mark.parametrize("name", ["full", "causal", "random", "graph", "cross", "siblings"])
-def test_attention_is_stochastic_and_convex(name):
-    edge_index = MASKS[name]
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_attention_is_stochastic_and_convex(name, shuffle):
+    perm, edge_index = shuffled(MASKS[name]) if shuffle else (None, MASKS[name])
     conv = make_conv(root_weight=False, heads=1)
     x = features()
     out, (_, alpha) = conv(x, edge_index, return_attention_weights=True)
+    if shuffle:  # the same weights as for the sorted mask, permuted with the edges
+        sorted_out, (_, sorted_alpha) = conv(x, MASKS[name], return_attention_weights=True)
+        torch.testing.assert_close(alpha, sorted_alpha[perm], atol=1e-12, rtol=0)
+        torch.testing.assert_close(out, sorted_out, atol=1e-12, rtol=0)
     assert bool((alpha > 0).all())
     sums = scatter(alpha, edge_index[1], dim=0, dim_size=N, reduce="sum")
     has_in = torch.zeros(N, dtype=torch.bool)
@@ -259,11 +280,14 @@ def test_isolated_targets_get_root_term_only_and_no_nan():
     torch.testing.assert_close(empty, conv.lin_skip(x), atol=1e-12, rtol=0)
 
 
-def test_additive_logit_bias_equals_dense_float_mask():
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_additive_logit_bias_equals_dense_float_mask(shuffle):
     edge_index = MASKS["random"]
     conv = make_conv(root_weight=False)
     x = features()
     bias = torch.randn(edge_index.size(1), 2, dtype=torch.float64)
+    if shuffle:  # each bias stays with its edge
+        _, edge_index, bias = shuffled(edge_index, bias, seed=3)
     attn_bias = torch.full((2, N, N), float("-inf"), dtype=torch.float64)
     attn_bias[:, edge_index[1], edge_index[0]] = bias.T
     q, k, v = (
@@ -271,7 +295,10 @@ def test_additive_logit_bias_equals_dense_float_mask():
         for lin in (conv.lin_query, conv.lin_key, conv.lin_value)
     )
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias).transpose(0, 1).reshape(N, 8)
-    torch.testing.assert_close(conv(x, edge_index, bias), ref, atol=1e-12, rtol=0)
+    out, (_, alpha) = conv(x, edge_index, bias, return_attention_weights=True)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    weights = (q @ k.transpose(1, 2) / 2 + attn_bias).softmax(-1)  # [H, query, key], C = 4
+    torch.testing.assert_close(alpha, weights[:, edge_index[1], edge_index[0]].T)
     shared = conv(x, edge_index, bias[:, 0])  # [E]: one bias for all heads
     torch.testing.assert_close(shared, conv(x, edge_index, bias[:, :1].expand(-1, 2).contiguous()))
 
