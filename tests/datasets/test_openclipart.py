@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch_geometric.loader import DataLoader
 
 from hiergraph.data import Domain
@@ -188,3 +190,122 @@ def test_real_images():
         load_image(huge, 32, max_pixels=20_000_000)
     img = load_image(REAL / "png/animals/architetto_francesco_ro_01.png", 32, 20_000_000)
     assert img.shape == (3, 32, 32) and 0 < img.float().mean() < 255
+
+
+# --- metadata parsing: linear time, and the same result as the former regular expressions
+
+
+def _regex_svg_metadata(svg: bytes) -> dict:
+    """The former regex parser (quadratic on unclosed tags), kept as the reference."""
+    import html
+    import re
+
+    work_re = re.compile(rb"<cc:Work\b[\s\S]*?</cc:Work>")
+    agents = re.compile(rb"<dc:(publisher|creator|rights|contributor)\b[\s\S]*?</dc:\1>")
+    tags = {
+        name: re.compile(rb"<dc:" + name + rb">([\s\S]*?)</dc:" + name + rb">")
+        for name in (b"title", b"description")
+    }
+    keyword = re.compile(rb"<rdf:li>([\s\S]*?)</rdf:li>")
+    subject_re = re.compile(rb"<dc:subject>([\s\S]*?)</dc:subject>")
+    match = work_re.search(svg)
+    work = agents.sub(b"", match.group(0)) if match else b""
+
+    def text(raw: bytes) -> str:
+        return html.unescape(raw.decode("utf-8", "replace")).strip()
+
+    out = {}
+    for name, pattern in tags.items():
+        found = pattern.search(work)
+        out[name.decode()] = text(found.group(1)) if found else ""
+    subject = subject_re.search(work)
+    out["keywords"] = [text(k) for k in keyword.findall(subject.group(1))] if subject else []
+    return out
+
+
+_TOKENS = [
+    *(b"<cc:Work ", b"<cc:Work>", b"<cc:Works>", b"<cc:Work", b"</cc:Work>", b"</cc:Work"),
+    *(b"<dc:title>", b"</dc:title>", b"<dc:description>", b"</dc:description>"),
+    *(b"<dc:subject>", b"</dc:subject>", b"<rdf:li>", b"</rdf:li>", b"<rdf:Bag>"),
+    *(b"<dc:creator>", b"<dc:creator ", b"<dc:creators>", b"</dc:creator>"),
+    *(b"<dc:rights>", b"</dc:rights>", b"<dc:publisher\n", b"</dc:publisher>"),
+    *(b"<dc:contributor>", b"</dc:contributor>", b"<cc:Agent>", b"</cc:Agent>"),
+    *(b"<dc:", b"</dc:", b"creator>", b"title>", b"<", b">", b"/"),
+    *(b"a", b" B ", b"\n", b"&amp;", b"&lt;x&gt;", b"\xc3\xa9", b"\xff"),
+]
+
+
+@given(st.lists(st.sampled_from(_TOKENS), max_size=40))
+@settings(max_examples=600, deadline=None)
+def test_svg_metadata_matches_the_regex_parser(tokens):
+    svg_bytes = b"".join(tokens)
+    assert svg_metadata(svg_bytes) == _regex_svg_metadata(svg_bytes)
+
+
+@given(st.lists(st.sampled_from(_TOKENS), max_size=40))
+@settings(max_examples=600, deadline=None)
+def test_agent_removal_matches_the_regex(tokens):
+    import re
+
+    from hiergraph.datasets.openclipart import _without_agents
+
+    agents = re.compile(rb"<dc:(publisher|creator|rights|contributor)\b[\s\S]*?</dc:\1>")
+    work = b"".join(tokens)
+    assert _without_agents(work) == agents.sub(b"", work)
+
+
+def test_svg_metadata_matches_the_regex_parser_on_real_layouts():
+    cases = [
+        svg("Fish &amp; chips", " Tasty ", ["food", "fish"]),
+        svg(),
+        b"<svg/>",
+        # agents before the work's own title, a contributor, an unclosed agent, two works
+        b"<cc:Work><dc:creator><cc:Agent><dc:title>A</dc:title></cc:Agent></dc:creator>"
+        b"<dc:contributor><dc:title>C</dc:title></dc:contributor>"
+        b"<dc:title>Work</dc:title><dc:rights x='1'><dc:title>R</dc:title></cc:Work>"
+        b"<cc:Work><dc:title>Second</dc:title></cc:Work>",
+        b"<cc:Works><dc:title>no</dc:title></cc:Works><cc:Work\n><dc:subject><rdf:li>a"
+        b"<rdf:li>b</rdf:li><rdf:li> c </rdf:li></dc:subject></cc:Work>",
+        # overlapping agents: the one opened inside a removed agent is not removed itself
+        b"<cc:Work><dc:creator><dc:rights></dc:creator><dc:title>T</dc:title></dc:rights>"
+        b"<dc:creator><dc:creator></dc:creator><dc:description>D</dc:description>"
+        b"</dc:creator></cc:Work>",
+    ]
+    for case in cases:
+        assert svg_metadata(case) == _regex_svg_metadata(case), case
+    if (REAL / "svg").is_dir():  # every SVG of the real collection, when it is there
+        for path in sorted((REAL / "svg").rglob("*.svg")):
+            data = path.read_bytes()
+            assert svg_metadata(data) == _regex_svg_metadata(data), path
+
+
+def _adversarial_metadata(size: int) -> dict[str, bytes]:
+    def fill(prefix: bytes, unit: bytes, suffix: bytes = b"") -> bytes:
+        return prefix + unit * ((size - len(prefix) - len(suffix)) // len(unit)) + suffix
+
+    work, end = b"<cc:Work>", b"</cc:Work>"
+    return {
+        "repeated <cc:Work": fill(b"", b"<cc:Work "),
+        "unclosed <dc:title>": fill(work, b"<dc:title>", end),
+        "unclosed <dc:description>": fill(work, b"<dc:description>", end),
+        "unclosed <dc:subject>": fill(work, b"<dc:subject>", end),
+        "unclosed <rdf:li>": fill(work + b"<dc:subject>", b"<rdf:li>", b"</dc:subject>" + end),
+        "unclosed agents": fill(work, b"<dc:creator>", end),
+        "mixed unclosed agents": fill(work, b"<dc:rights><dc:publisher><dc:contributor x>", end),
+        "agents closed by another": fill(work, b"<dc:creator></dc:rights>", end),
+        "nested agents": fill(
+            work, b"<dc:creator><cc:Agent><dc:title>a</dc:title>", b"</dc:creator>" * 9 + end
+        ),
+        "unclosed work full of agents": fill(b"<cc:Work>", b"<dc:creator "),
+    }
+
+
+@pytest.mark.parametrize("shape", list(_adversarial_metadata(100)))
+def test_svg_metadata_is_linear_on_adversarial_input(shape):
+    import time
+
+    data = _adversarial_metadata(1_000_000)[shape]
+    assert len(data) > 999_000
+    start = time.perf_counter()
+    svg_metadata(data)
+    assert time.perf_counter() - start < 1.0, shape  # the regex parser: 8 s at 100 KB
