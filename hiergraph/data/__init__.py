@@ -23,6 +23,7 @@ from hiergraph.data.multimodal import (
 from hiergraph.data.nested import Family, from_nested
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.transforms import coarsen_hierarchy, flatten_hierarchy, lift_leaves
+from hiergraph.data.validation import validate_structure
 from hiergraph.data.windows import random_window_hierarchy, window_forest, window_hierarchy
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "random_window_hierarchy",
     "tokenize_document",
     "tokenize_documents",
+    "validate_structure",
     "window_forest",
     "window_hierarchy",
 ]

@@ -9,6 +9,8 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from hiergraph.data.domain import Domain
+from hiergraph.data.family_order import family_order
+from hiergraph.data.validation import validate_structure
 
 
 class SignalHierarchy(Data):
@@ -71,11 +73,28 @@ class SignalHierarchy(Data):
         families, size buckets); it is computed once and reused across layers
         and heads. The cache is invalidated if ``parent`` or ``slot`` is
         modified in place or replaced.
+
+        Building the plan first checks the structure with
+        :func:`~hiergraph.data.validate_structure` (integer ``parent`` and
+        ``slot`` and bool ``is_leaf`` of one length, ``parent`` in range, no
+        cycles, ``is_leaf`` true exactly for the nodes without children,
+        non-negative slots): a hand-built hierarchy that breaks a rule raises a
+        ``ValueError`` or ``TypeError`` naming the first node at fault. The
+        check runs once per plan, not per forward pass.
         """
         from hiergraph.ops.tree_index import TreeIndex
 
         index = self._cached_tree_index()
         if index is None:
+            missing = [key for key in ("parent", "slot", "is_leaf") if key not in self]
+            if missing:
+                raise ValueError(
+                    f"a SignalHierarchy needs parent, slot and is_leaf to plan attention; "
+                    f"missing: {', '.join(missing)} (build it with SignalHierarchy.from_parent "
+                    "or from_nested)"
+                )
+            # sibling slots that tie are left to the plan's sort, as before
+            validate_structure(self.parent, self.slot, self.is_leaf, distinct_slots=False)
             index = TreeIndex.from_hierarchy(self)
             self._cache_tree_index(index)
         return index
@@ -186,42 +205,39 @@ class SignalHierarchy(Data):
                 f"parent must be a non-empty 1-D tensor, got shape {tuple(parent.shape)}"
             )
         n = parent.numel()
-        if int(parent.min()) < -1 or int(parent.max()) >= n:
-            raise ValueError(f"parent ids must lie in [-1, {n - 1}] (-1 marks the root)")
+        bad = ((parent < -1) | (parent >= n)).nonzero().view(-1)
+        if bad.numel():
+            node = int(bad[0])
+            raise ValueError(
+                f"parent ids must lie in [-1, {n - 1}] (-1 marks the root): node {node} has "
+                f"parent {int(parent[node])}"
+            )
         roots = (parent == -1).nonzero().view(-1)
         if roots.numel() != 1:
             raise ValueError(
                 f"a SignalHierarchy is one tree and needs exactly one root (parent == -1), "
                 f"found {roots.numel()}; batch several trees with Batch.from_data_list"
             )
-        depth = _depths(parent, int(roots[0]))
+        nodes = torch.arange(n, device=parent.device)
+        own = (parent == nodes).nonzero().view(-1)
+        if own.numel():
+            raise ValueError(
+                f"the parent links have a cycle: node {int(own[0])} is its own parent "
+                "(mark the root with -1)"
+            )
         num_children = torch.bincount(parent[parent >= 0], minlength=n)
         leaf = num_children == 0
         if is_leaf is not None:
             is_leaf = torch.as_tensor(is_leaf, dtype=torch.bool, device=parent.device)
-            bad = (~is_leaf & leaf).nonzero().view(-1)
-            if bad.numel():
-                raise ValueError(
-                    f"internal node(s) {bad[:5].tolist()} have no children, so no leaves below "
-                    "them; remove them or mark them as leaves"
-                )
-            bad = (is_leaf & ~leaf).nonzero().view(-1)
-            if bad.numel():
-                raise ValueError(
-                    f"node(s) {bad[:5].tolist()} are marked as leaves but have children"
-                )
-
         if slot is None:
             slot = _default_slot(parent)
         else:
             slot = _as_long(slot, "slot")
-            _check_len(slot, n, "slot")
-            bad = (slot < 0).nonzero().view(-1)
-            if bad.numel():
-                raise ValueError(
-                    f"slots must be >= 0 (they order the children of a node), got "
-                    f"{slot[bad[:5]].tolist()} at node(s) {bad[:5].tolist()}"
-                )
+        # cycles, is_leaf against the children, slots (the check tree_index() runs)
+        validate_structure(
+            torch.where(parent >= 0, parent, nodes), slot, leaf if is_leaf is None else is_leaf
+        )
+        depth = _depths(parent, int(roots[0]))
         if domain is None:
             domain = torch.full((n,), int(Domain.GRID1D), dtype=torch.long, device=parent.device)
         domain = _as_long(domain, "domain")
@@ -250,7 +266,6 @@ class SignalHierarchy(Data):
         # Renumber leaves first: perm[new] = old.
         perm = torch.cat([leaf.nonzero().view(-1), (~leaf).nonzero().view(-1)])
         new_id = torch.empty_like(perm)
-        nodes = torch.arange(n, device=parent.device)
         new_id[perm] = nodes
         old_parent = parent[perm]
         new_parent = torch.where(old_parent >= 0, new_id[old_parent.clamp(min=0)], nodes)
@@ -303,11 +318,9 @@ class SignalHierarchy(Data):
                 raise ValueError(f"x has non-finite values (NaN/Inf) in row(s) {rows[:5].tolist()}")
         nodes = torch.arange(n, device=parent.device)
         child = nodes[parent != nodes]
-        slot_range = int(slot.max()) + 1 if n else 1  # (parent, slot) -> one sort key
-        keys = parent[child] * slot_range + slot[child]
-        order = torch.argsort(keys)
-        child, keys = child[order], keys[order]
-        if child.numel() > 1 and bool((keys[1:] == keys[:-1]).any()):
+        child = child[family_order(parent[child], slot[child])]
+        same_parent = parent[child[1:]] == parent[child[:-1]]
+        if bool((same_parent & (slot[child[1:]] == slot[child[:-1]])).any()):
             raise ValueError("two children of the same parent share a slot; slots must be distinct")
         data = cls(
             x=x,
