@@ -77,7 +77,10 @@ def from_nested(
     Raises:
         ValueError: an empty family (an internal node with no leaves below
             it), a leaf index out of range or repeated, rows of ``x`` that no
-            leaf uses, non-finite features, an unknown key.
+            leaf uses, non-finite features, an unknown key, a cyclic spec (a
+            list, dict or ``Family`` inside itself).
+
+    The walk is iterative: specs of any depth work (no recursion limit).
     """
     builder = _Builder(Domain.parse(default_domain), keys)
     builder.visit(spec, parent=-1, slot=0, domain=Domain.NONE, pos=(0, 0), depth=0)
@@ -147,32 +150,68 @@ class _Builder:
         self.leaf_rows: list[int] = []
 
     def visit(self, spec, parent, slot, domain, pos, depth) -> None:
-        node = {"parent": parent, "slot": slot, "domain": int(domain), "pos": pos, "depth": depth}
-        node_id = len(self.nodes)
-        self.nodes.append(node)
-        if isinstance(spec, (bool, str, bytes)) or not isinstance(
-            spec, (int, Sequence, Mapping, Family)
-        ):
-            if hasattr(spec, "__index__") and not isinstance(spec, bool):
-                spec = int(spec)
-            else:
-                raise TypeError(
-                    f"a nested spec holds ints (leaves), lists, dicts or Family objects; got "
-                    f"{type(spec).__name__}"
+        """Record ``spec`` and everything below it, depth first in pre-order.
+
+        Iterative (an explicit stack), so any depth works; a container that
+        is its own ancestor (a self-referential spec) raises ``ValueError``.
+        """
+        stack = [(spec, parent, slot, domain, pos, depth)]
+        top = depth
+        # the containers from the top node to the current node's parent (held, so that
+        # their ids stay unique while they are on the path)
+        path: list[Any] = []
+        on_path: set[int] = set()
+        while stack:
+            spec, parent, slot, domain, pos, depth = stack.pop()
+            while len(path) > depth - top:  # leave the subtrees finished since
+                on_path.discard(id(path.pop()))
+            node = {
+                "parent": parent,
+                "slot": slot,
+                "domain": int(domain),
+                "pos": pos,
+                "depth": depth,
+            }
+            node_id = len(self.nodes)
+            self.nodes.append(node)
+            if isinstance(spec, (bool, str, bytes)) or not isinstance(
+                spec, (int, Sequence, Mapping, Family)
+            ):
+                if hasattr(spec, "__index__") and not isinstance(spec, bool):
+                    spec = int(spec)
+                else:
+                    raise TypeError(
+                        f"a nested spec holds ints (leaves), lists, dicts or Family objects; "
+                        f"got {type(spec).__name__}"
+                    )
+            if isinstance(spec, int):
+                node.update(row=spec, node_type=0)
+                self.leaf_rows.append(spec)
+                continue
+            if id(spec) in on_path:
+                ancestor = top + next(i for i, a in enumerate(path) if a is spec)
+                raise ValueError(
+                    f"the nested spec is cyclic: the {type(spec).__name__} at depth {depth} is "
+                    f"the same object as its ancestor at depth {ancestor}; a hierarchy must be "
+                    "a tree (build each level from new lists, dicts or Family objects)"
                 )
-        if isinstance(spec, int):
-            node.update(row=spec, node_type=0)
-            self.leaf_rows.append(spec)
-            return
-        node.update(row=None, node_type=spec.node_type if isinstance(spec, Family) else 0)
-        children, child_domain, child_pos = self._family(spec)
-        if len(children) == 0:
-            raise ValueError(
-                f"an internal node at depth {depth} has no children, so no leaves below it; "
-                "remove the empty family"
-            )
-        for i, (child, p) in enumerate(zip(children, child_pos, strict=True)):
-            self.visit(child, node_id, i, child_domain, p, depth + 1)
+            node.update(row=None, node_type=spec.node_type if isinstance(spec, Family) else 0)
+            children, child_domain, child_pos = self._family(spec)
+            if len(children) == 0:
+                raise ValueError(
+                    f"an internal node at depth {depth} has no children, so no leaves below "
+                    "it; remove the empty family"
+                )
+            if len(child_pos) != len(children):  # a Family changed after it was made
+                raise ValueError(
+                    f"an internal node at depth {depth} has {len(children)} children but "
+                    f"{len(child_pos)} positions"
+                )
+            path.append(spec)
+            on_path.add(id(spec))
+            # pushed last child first, so that children are visited in order
+            for i in range(len(children) - 1, -1, -1):
+                stack.append((children[i], node_id, i, child_domain, child_pos[i], depth + 1))
 
     def _family(self, spec):
         if isinstance(spec, Family):
