@@ -80,7 +80,10 @@ class SignalHierarchy(Data):
         cycles, ``is_leaf`` true exactly for the nodes without children,
         non-negative slots): a hand-built hierarchy that breaks a rule raises a
         ``ValueError`` or ``TypeError`` naming the first node at fault. The
-        check runs once per plan, not per forward pass.
+        check runs once per plan, not per forward pass, and is skipped for the
+        unchanged output of this package's builders (consistent by
+        construction; e.g. the tree that ``hubs`` rebuilds in every forward
+        pass of :class:`~hiergraph.nn.HierarchicalSelfAttention`).
         """
         from hiergraph.ops.tree_index import TreeIndex
 
@@ -93,8 +96,9 @@ class SignalHierarchy(Data):
                     f"missing: {', '.join(missing)} (build it with SignalHierarchy.from_parent "
                     "or from_nested)"
                 )
-            # sibling slots that tie are left to the plan's sort, as before
-            validate_structure(self.parent, self.slot, self.is_leaf, distinct_slots=False)
+            if not self._built_unchanged():
+                # sibling slots that tie are left to the plan's sort, as before
+                validate_structure(self.parent, self.slot, self.is_leaf, distinct_slots=False)
             index = TreeIndex.from_hierarchy(self)
             self._cache_tree_index(index)
         return index
@@ -111,6 +115,18 @@ class SignalHierarchy(Data):
         parent, parent_version, slot, slot_version, index = cached
         same = parent is self.parent and slot is self.slot
         return index if same and (parent_version, slot_version) == self._versions() else None
+
+    def _structure(self) -> tuple:
+        """``parent``, ``slot``, ``is_leaf``, each with its in-place version."""
+        return tuple((t, t._version) for t in (self.parent, self.slot, self.is_leaf))
+
+    def _built_unchanged(self) -> bool:
+        """Whether ``parent``, ``slot`` and ``is_leaf`` are a builder's tensors, unwritten."""
+        built = self.__dict__.get("_built_structure")
+        return built is not None and all(
+            t is now and version == now._version
+            for (t, version), (now, _) in zip(built, self._structure(), strict=True)
+        )
 
     def _versions(self) -> tuple[int, int]:
         return self.parent._version, self.slot._version
@@ -142,15 +158,20 @@ class SignalHierarchy(Data):
     def __reduce_ex__(self, protocol):
         # A valid cached index is pickled with the batch (a DataLoader worker hands batches
         # over by pickling) and re-attached to the unpickled tensors in __setstate__.
+        # The builders' mark is not pickled: an unpickled hierarchy without an index is checked.
         reduced = list(super().__reduce_ex__(protocol))
-        if isinstance(reduced[2], dict) and "_tree_index_cache" in reduced[2]:
-            state = reduced[2] = dict(reduced[2])  # Data's state is its live __dict__
-            index = self._cached_tree_index()
-            state["_tree_index_cache"] = None if index is None else ("pickled", index)
+        state = reduced[2]
+        if isinstance(state, dict) and {"_tree_index_cache", "_built_structure"} & state.keys():
+            state = reduced[2] = dict(state)  # Data's state is its live __dict__
+            state.pop("_built_structure", None)
+            if "_tree_index_cache" in state:
+                index = self._cached_tree_index()
+                state["_tree_index_cache"] = None if index is None else ("pickled", index)
         return tuple(reduced)
 
     def __setstate__(self, mapping: dict[str, Any]) -> None:
         mapping = dict(mapping)
+        mapping.pop("_built_structure", None)
         cached = mapping.pop("_tree_index_cache", None)
         super().__setstate__(mapping)
         if cached is not None and cached[0] == "pickled":
@@ -334,6 +355,8 @@ class SignalHierarchy(Data):
             pos=pos,
         )
         data.num_nodes = n
+        # consistent by construction: tree_index() skips validate_structure while unchanged
+        data.__dict__["_built_structure"] = data._structure()
         return data
 
     def __repr__(self) -> str:  # PyG's repr plus the tree summary

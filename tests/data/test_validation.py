@@ -120,22 +120,49 @@ def test_consistent_structures_pass_and_plan_as_before():
         built.tree_index()
 
 
-def test_structure_is_validated_once_per_plan(monkeypatch):
+def _count_checks(monkeypatch) -> list:
     import hiergraph.data.signal_hierarchy as module
 
-    calls = []
-    check = module.validate_structure
+    calls, check = [], module.validate_structure
     monkeypatch.setattr(
         module, "validate_structure", lambda *a, **k: calls.append(1) or check(*a, **k)
     )
-    h = window_hierarchy(12, (3, 2))
-    q = torch.randn(12, 2, 4)
+    return calls
+
+
+def test_structure_is_validated_once_per_plan(monkeypatch):
+    calls = _count_checks(monkeypatch)
+    h = hand_built(*GOOD)
+    q = torch.randn(2, 2, 4)
     for _ in range(3):
         hierarchical_attention(q, q, q, h)
     assert len(calls) == 1  # the plan is cached: no per-forward check
     h.slot = h.slot.clone()
     hierarchical_attention(q, q, q, h)
     assert len(calls) == 2
+    h.is_leaf = torch.tensor([True, True, True, False])  # replaced after the plan was built
+    h.slot = h.slot.clone()
+    with pytest.raises(ValueError, match="node 2 is marked as a leaf"):
+        hierarchical_attention(q, q, q, h)
+
+
+def test_builder_output_is_not_checked_again(monkeypatch):
+    """The builders' trees are consistent by construction: no second check when planned, and
+    none per forward pass where a layer rebuilds its tree each time (hubs)."""
+    from hiergraph.nn import HierarchicalSelfAttention
+
+    calls = _count_checks(monkeypatch)
+    h = window_hierarchy(12, (3, 2), x=torch.randn(12, 8))
+    h.tree_index()
+    from_nested([[0, 1], [2, [3, 4]]]).tree_index()
+    assert calls == []
+    attn = HierarchicalSelfAttention(8, heads=2, hubs=2)
+    for _ in range(2):
+        attn(h.x, h)
+    assert calls == []
+    h.parent[0] = h.parent[0]  # written in place: checked like a hand-built tree
+    h.tree_index()
+    assert len(calls) == 1
 
 
 def test_from_parent_reports_in_the_callers_node_ids():
