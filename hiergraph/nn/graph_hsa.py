@@ -25,9 +25,10 @@ def input_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     if not training or p == 0:
         return x
     values = F.dropout(x.values(), p, training)
-    return torch.sparse_csr_tensor(
-        x.crow_indices(), x.col_indices(), values, x.shape, check_invariants=False
-    )
+    return torch.sparse_csr_tensor(  # on x's device, not the default device
+        x.crow_indices(), x.col_indices(), values, x.shape, device=x.device,
+        check_invariants=False,
+    )  # fmt: skip
 
 
 class GraphHSAConv(nn.Module):

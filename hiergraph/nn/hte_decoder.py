@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import to_dense_batch
 
+from hiergraph._device import host_tensor
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache
 from hiergraph.ops.hsa_causal import CausalPlan, causal_hierarchical_attention
@@ -264,12 +265,14 @@ class HTEDecoder(nn.Module):
                     lin.reset_parameters()
         self.norm.reset_parameters()
 
-    def _node_embedding(self, depth: Tensor, slot: Tensor) -> Tensor | None:
+    def _node_embedding(self, depth: Tensor, slot: Tensor, max_depth: int) -> Tensor | None:
+        """Embeddings of the nodes at ``depth``/``slot``; ``max_depth`` is ``depth``'s maximum,
+        known on the host (no device read)."""
         if self.pos is None:
             return None
-        if int(depth.max()) > self.max_depth:
+        if max_depth > self.max_depth:
             raise ValueError(
-                f"tree depth {int(depth.max())} exceeds max_depth={self.max_depth}; "
+                f"tree depth {max_depth} exceeds max_depth={self.max_depth}; "
                 "build the model with a larger max_depth"
             )
         return self.pos(depth * self.max_slot + slot.clamp(max=self.max_slot - 1))
@@ -279,22 +282,23 @@ class HTEDecoder(nn.Module):
 
         ``plan``: the hierarchy's :class:`CausalPlan`, if already built.
         """
-        if tokens.dim() != 1 or tokens.numel() != int(hierarchy.is_leaf.sum()):
-            raise ValueError(
-                f"tokens must be [num_leaves={int(hierarchy.is_leaf.sum())}], "
-                f"got {tuple(tokens.shape)}"
-            )
         plan = plan or CausalPlan.from_hierarchy(hierarchy)
+        if tokens.dim() != 1 or tokens.numel() != plan.num_leaves:
+            raise ValueError(
+                f"tokens must be [num_leaves={plan.num_leaves}], got {tuple(tokens.shape)}"
+            )
         leaf_tree = plan.ancestors[:, 0]
-        batch = torch.unique_consecutive(leaf_tree, return_inverse=True)[1]
+        # the trees' leaves are consecutive: number the runs of equal roots 0, 1, 2, ...
+        # (what unique_consecutive's inverse gives, without its host sync)
+        batch = (torch.diff(leaf_tree, prepend=leaf_tree[:1]) != 0).long().cumsum(0)
         if self.attention == "hsa":
             # rank among siblings (the number of left siblings), not the raw slot: slots may
             # have gaps, and a cache numbers the children of a node 0, 1, 2, ... as they come
-            pos_emb = self._node_embedding(hierarchy.depth, plan.rank)
+            pos_emb = self._node_embedding(hierarchy.depth, plan.rank, plan.max_depth)
         else:
             position = torch.arange(tokens.numel(), device=tokens.device)
             position = position - plan.first_leaf[leaf_tree]
-            pos_emb = self._node_embedding(torch.ones_like(position), position)
+            pos_emb = self._node_embedding(torch.ones_like(position), position, 1)
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x, plan, pos_emb, batch)
@@ -312,11 +316,13 @@ class HTEDecoder(nn.Module):
         device = self.embed.weight.device
         if self.attention == "hsa":
             slots = caches[0].new_node_slots(close, open)
-            depth, slot = torch.tensor(slots, device=device).T
+            depth, slot = host_tensor(slots, device).T
+            max_depth = max(d for d, _ in slots)
         else:
             depth = torch.ones(1, dtype=torch.long, device=device)
-            slot = torch.tensor([caches[0].num_tokens], device=device)
-        pos_emb = self._node_embedding(depth, slot)
+            slot = torch.full((1,), caches[0].num_tokens, dtype=torch.long, device=device)
+            max_depth = 1
+        pos_emb = self._node_embedding(depth, slot, max_depth)
         x = self.embed.weight[token]
         for layer, cache in zip(self.layers, caches, strict=True):
             x = layer.step(x, cache, pos_emb, close, open)

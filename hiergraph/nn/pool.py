@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch_geometric.data import Batch
 from torch_geometric.nn import global_mean_pool
 from torch_geometric.utils import scatter
 
+from hiergraph._device import reads_values
 from hiergraph.data.transforms import coarsen_hierarchy, tree_of_nodes
 from hiergraph.ops.precision import accumulation_dtype
 
@@ -14,6 +16,17 @@ from hiergraph.ops.precision import accumulation_dtype
 def leaf_batch(hierarchy) -> Tensor:
     """``[L]`` tree id of every leaf, in leaf order."""
     return tree_of_nodes(hierarchy).index_select(0, hierarchy.tree_index().leaf_node)
+
+
+def _num_trees(hierarchy) -> int:
+    """How many trees :func:`tree_of_nodes` numbers, from host-side sizes where there are
+    any (a PyG batch's graph count, the tree index's root count): no device read."""
+    if "batch" in hierarchy and hierarchy.batch is not None:
+        if isinstance(hierarchy, Batch):
+            return hierarchy.num_graphs
+        return int(hierarchy.batch.max()) + 1
+    level_ptr = hierarchy.tree_index().level_ptr  # level 0: the roots
+    return level_ptr[1] - level_ptr[0]
 
 
 def global_leaf_mean_pool(x: Tensor, hierarchy, leaf_mask: Tensor | None = None) -> Tensor:
@@ -26,15 +39,21 @@ def global_leaf_mean_pool(x: Tensor, hierarchy, leaf_mask: Tensor | None = None)
     bf16 running sum stalls at 256, an fp16 one overflows past 65504).
     """
     batch = leaf_batch(hierarchy)
-    size = int(tree_of_nodes(hierarchy).max()) + 1
-    if leaf_mask is not None:
-        if leaf_mask.dtype != torch.bool or leaf_mask.shape != batch.shape:
-            raise ValueError(
-                f"leaf_mask must be a bool tensor of shape [{batch.numel()}] (one flag per "
-                f"leaf), got {leaf_mask.dtype} of shape {tuple(leaf_mask.shape)}"
-            )
-        x, batch = x[leaf_mask], batch[leaf_mask]
-    return global_mean_pool(x.to(accumulation_dtype(x.dtype)), batch, size=size).to(x.dtype)
+    size = _num_trees(hierarchy)
+    dtype = accumulation_dtype(x.dtype)
+    if leaf_mask is None:
+        return global_mean_pool(x.to(dtype), batch, size=size).to(x.dtype)
+    if leaf_mask.dtype != torch.bool or leaf_mask.shape != batch.shape:
+        raise ValueError(
+            f"leaf_mask must be a bool tensor of shape [{batch.numel()}] (one flag per "
+            f"leaf), got {leaf_mask.dtype} of shape {tuple(leaf_mask.shape)}"
+        )
+    # sums over all leaves with the padding zeroed (masked_fill: no NaN/inf leaks), not a
+    # boolean selection of the kept rows, whose size the host would have to read
+    keep = leaf_mask.view(-1, *[1] * (x.dim() - 1))
+    total = scatter(x.to(dtype).masked_fill(~keep, 0.0), batch, 0, dim_size=size, reduce="sum")
+    count = scatter(leaf_mask.to(dtype), batch, 0, dim_size=size, reduce="sum").clamp(min=1)
+    return (total / count.view(-1, *[1] * (x.dim() - 1))).to(x.dtype)
 
 
 def select_leaf(x: Tensor, hierarchy, position: int | Tensor = 0) -> Tensor:
@@ -47,12 +66,18 @@ def select_leaf(x: Tensor, hierarchy, position: int | Tensor = 0) -> Tensor:
             ``[num_trees]`` tensor); negative values count from the end.
     """
     batch = leaf_batch(hierarchy)
-    num_trees = int(tree_of_nodes(hierarchy).max()) + 1
-    counts = torch.bincount(batch, minlength=num_trees)
+    num_trees = _num_trees(hierarchy)
+    counts = batch.new_zeros(num_trees).index_add_(0, batch, torch.ones_like(batch))
     first = torch.cumsum(counts, 0) - counts
-    position = torch.as_tensor(position, device=x.device).expand(num_trees)
+    if isinstance(position, Tensor):
+        position = position.to(x.device).expand(num_trees)
+    else:  # a fill, not a host-to-device copy
+        position = torch.full((num_trees,), position, dtype=torch.long, device=x.device)
     position = torch.where(position < 0, position + counts, position)
-    if bool(((position < 0) | (position >= counts)).any()):
+    bad = ((position < 0) | (position >= counts)).any()
+    if not reads_values(bad):  # on an accelerator: checked on the device, no host sync
+        torch._assert_async(~bad, "select_leaf: leaf position out of range")
+    elif bool(bad):
         raise ValueError(f"leaf position out of range for trees with {counts.tolist()} leaves")
     return x.index_select(0, first + position)
 

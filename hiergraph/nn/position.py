@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from hiergraph._device import reads_values
 from hiergraph.data.domain import Domain
 from hiergraph.ops.precision import accumulation_dtype
 
@@ -82,6 +83,10 @@ class FamilyPositionEncoder(nn.Module):
       ``hierarchy.graph_pe`` (``[N, k]``, e.g. Laplacian eigenvectors of the
       family's graph); zero if the hierarchy has none.
 
+    On the CPU each encoder runs on the nodes of its domain only; on an
+    accelerator, where finding those rows would synchronise with the host,
+    each runs on all nodes and is kept where the domain matches.
+
     The sibling bias of HSA is :math:`\varepsilon(A)^\top\varepsilon(B)` (eq. 7);
     :class:`~hiergraph.nn.HierarchicalSelfAttention` projects these
     embeddings per layer and per domain type before using them.
@@ -111,24 +116,29 @@ class FamilyPositionEncoder(nn.Module):
         """``[N, channels]`` embeddings of all nodes of ``hierarchy`` (a tree or a batch)."""
         domain, pos = hierarchy.domain, hierarchy.pos  # raw: exact key ids and indices
         out = self.keys.weight.new_zeros(domain.numel(), self.channels)
-        for kind, fn in (
-            (Domain.GRID1D, lambda p: self.grid1d(p[:, :1])),
-            (Domain.GRID2D, self.grid2d),
-            (Domain.KEY_VALUE, self._keys),
-        ):
-            rows = (domain == kind).nonzero().view(-1)
-            if rows.numel():
-                out = out.index_copy(0, rows, fn(pos.index_select(0, rows)))
-        rows = (domain == Domain.GRAPH).nonzero().view(-1)
-        if rows.numel() and self.graph is not None and "graph_pe" in hierarchy:
-            feats = hierarchy.graph_pe.index_select(0, rows).to(out.dtype)
-            out = out.index_copy(0, rows, self.graph(feats))
+        encoders = [
+            (Domain.GRID1D, lambda p: self.grid1d(p[:, :1]), pos),
+            (Domain.GRID2D, self.grid2d, pos),
+            (Domain.KEY_VALUE, self._keys, pos),
+        ]
+        if self.graph is not None and "graph_pe" in hierarchy:
+            encoders.append((Domain.GRAPH, self.graph, hierarchy.graph_pe.to(out.dtype)))
+        by_rows = reads_values(domain)
+        for kind, fn, inputs in encoders:
+            if by_rows:  # only the rows of this kind (the host reads which they are)
+                rows = (domain == kind).nonzero().view(-1)
+                if rows.numel():
+                    out = out.index_copy(0, rows, fn(inputs.index_select(0, rows)))
+            else:  # accelerator: every row, kept where the kind matches (no host sync)
+                keep = (domain == kind)[:, None]
+                out = torch.where(keep, fn(inputs.masked_fill(~keep, 0)), out)
         return out
 
     def _keys(self, pos: Tensor) -> Tensor:
         ids = pos[:, 0].long()
-        if ids.numel():
-            low, high = torch.stack(torch.aminmax(ids)).tolist()  # one host read
+        # one host read, for CPU ids only (on an accelerator the lookup fails instead)
+        if ids.numel() and reads_values(ids):
+            low, high = torch.stack(torch.aminmax(ids)).tolist()
             if low < 0 or high >= self.keys.num_embeddings:
                 raise ValueError(
                     f"key ids span {low}..{high}; they must lie in [0, num_keys = "

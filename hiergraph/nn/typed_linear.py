@@ -6,6 +6,8 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.nn import HeteroLinear, inits
 
+from hiergraph._device import reads_values
+
 
 class TypedLinear(nn.Module):
     r""":math:`y_i = W_{t_i} x_i + b_{t_i}` with a separate map for each type :math:`t_i`.
@@ -16,7 +18,10 @@ class TypedLinear(nn.Module):
     ``[num_types, out_channels]`` gathered with ``index_select``: its backward
     adds the rows of a type in order, so a multi-threaded CPU backward is
     bitwise reproducible (``HeteroLinear``'s own ``bias[type_vec]`` adds them
-    with unordered atomics). Initialised as ``HeteroLinear``'s bias.
+    with unordered atomics). Initialised as ``HeteroLinear``'s bias. On an
+    accelerator, where ``HeteroLinear`` would read the type boundaries on the
+    host (a synchronisation), every type's map runs on all rows and is kept
+    where the type matches (``num_types`` times the FLOPs, same weights).
 
     Args:
         in_channels, out_channels: feature sizes.
@@ -63,12 +68,18 @@ class TypedLinear(nn.Module):
                 f"type_vec must have shape [{x.size(0)}] (one type per row of x), "
                 f"got {tuple(type_vec.shape)}"
             )
-        if type_vec.numel():
-            low, high = torch.stack(torch.aminmax(type_vec)).tolist()  # one host read
+        # one host read, for CPU ids only (on an accelerator the gathers below fail instead)
+        if type_vec.numel() and reads_values(type_vec):
+            low, high = torch.stack(torch.aminmax(type_vec)).tolist()
             if low < 0 or high >= self.num_types:
                 raise ValueError(
                     f"type ids span {low}..{high}; they must lie in [0, num_types = "
                     f"{self.num_types})"
                 )
-        out = self.lin(x, type_vec)
+        if reads_values(type_vec):  # HeteroLinear: row slices per type (bounds read on the host)
+            out = self.lin(x, type_vec)
+        else:  # accelerator: every type's map on all rows, kept where the type matches
+            out = x.new_zeros(x.size(0), self.lin.out_channels)
+            for t, weight in enumerate(self.lin.weight):
+                out = torch.where((type_vec == t)[:, None], x @ weight, out)
         return out if self.type_bias is None else out + self.type_bias.index_select(0, type_vec)

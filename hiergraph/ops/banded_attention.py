@@ -43,11 +43,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hiergraph._device import host_tensor
+
 
 def segment_ids(lengths: Sequence[int], device: torch.device | None = None) -> Tensor:
     """Segment id of every position, ``[sum(lengths)]`` (``0`` for the first segment)."""
     lengths = [int(n) for n in lengths]
-    counts = torch.as_tensor(lengths, dtype=torch.long, device=device)
+    counts = host_tensor(lengths, device)  # no blocking host-to-device copy
     ids = torch.arange(len(lengths), device=device)
     return torch.repeat_interleave(ids, counts, output_size=sum(lengths))  # no host sync
 

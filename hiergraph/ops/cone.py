@@ -54,6 +54,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hiergraph._device import reads_values
+
 #: Upper clamp on the log-height of :func:`psi_map`; ``exp(20) ~ 4.9e8`` keeps
 #: squared horizontal distances far from float32 overflow.
 MAX_LOG_HEIGHT = 20.0
@@ -464,7 +466,7 @@ def _check_edges(q: Tensor, k: Tensor, edge_index: Tensor) -> None:
     # The range check reads index values, so it runs for CPU indices only: on an
     # accelerator it would stall the forward pass on a device-to-host copy, and
     # index_select there raises its own device-side error for an index out of range.
-    if edge_index.numel() > 0 and edge_index.device.type == "cpu":
+    if edge_index.numel() > 0 and reads_values(edge_index):
         if int(edge_index.min()) < 0:
             raise ValueError("edge_index has negative entries")
         if int(edge_index[0].max()) >= k.size(0) or int(edge_index[1].max()) >= q.size(0):

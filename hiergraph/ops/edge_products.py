@@ -39,13 +39,16 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hiergraph._device import reads_values
 from hiergraph.ops.edge_index import check_edge_index
 
 
 def _csr(crow: Tensor, col: Tensor, values: Tensor, shape: tuple[int, int]) -> Tensor:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-        return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
+        return torch.sparse_csr_tensor(  # device: not the default device, whatever it is
+            crow, col, values, shape, device=values.device, check_invariants=False
+        )
 
 
 class EdgeCSR:
@@ -63,7 +66,8 @@ class EdgeCSR:
     Attributes:
         edge_index: the sorted ``[2, E]`` edges.
         perm: ``[E]`` with ``sorted = edge_index[:, perm]``, or ``None`` when
-            the input was already sorted (no copy is made then).
+            the input was already sorted (no copy is made then; CPU ids only: on an
+            accelerator the edges are always sorted, which costs less than asking the host).
         crow: ``[num_dst + 1]`` CSR row pointers of the targets.
     """
 
@@ -72,12 +76,14 @@ class EdgeCSR:
         if edge_index.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"edge_index must be int64 or int32, got a {edge_index.dtype} tensor")
         edge_index = edge_index.long()  # an int32 key dst * num_src + src could overflow
-        if check and edge_index.device.type == "cpu":  # the kernels index memory with the ids
+        host = reads_values(edge_index)
+        if check and host:  # the kernels index memory with the ids
             check_edge_index(edge_index, self.num_src, self.num_dst)  # (no host sync on GPUs)
         src, dst = edge_index
         key = dst * self.num_src + src
         self.perm = None
-        if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):
+        # on an accelerator, sorting is cheaper than asking the host whether it is needed
+        if key.numel() > 1 and (not host or not bool((key[1:] >= key[:-1]).all())):
             self.perm = torch.argsort(key)
             edge_index = edge_index[:, self.perm]
         self.edge_index = edge_index

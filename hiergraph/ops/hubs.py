@@ -38,7 +38,7 @@ def root_scores(
 
     Args:
         q, k: ``[L, H, d]`` leaf queries and keys, in leaf order.
-        tree: ``[L]`` tree id of every leaf.
+        tree: ``[L]`` tree id of every leaf (ids ``< L``, as when every tree has a leaf).
         leaf_mask: ``[L]`` bool, ``False`` for padding leaves (not averaged, never chosen).
         scale: :math:`\tau`, default :math:`1/\sqrt{d}`.
 
@@ -46,12 +46,12 @@ def root_scores(
         ``[L]`` in ``torch.promote_types(q.dtype, torch.float32)``.
     """
     scale = q.size(-1) ** -0.5 if scale is None else scale
-    num_trees = int(tree.max()) + 1 if tree.numel() else 0
     dtype = accumulation_dtype(q.dtype)
     q, k = q.to(dtype), k.to(dtype)
     w = q.new_ones(q.size(0)) if leaf_mask is None else leaf_mask.to(dtype)
-    total = q.new_zeros(num_trees, *q.shape[1:]).index_add_(0, tree, q * w[:, None, None])
-    count = q.new_zeros(num_trees).index_add_(0, tree, w).clamp(min=1)
+    # one row per leaf (every tree has a leaf, so ids < L): no host read of the tree count
+    total = torch.zeros_like(q).index_add_(0, tree, q * w[:, None, None])
+    count = q.new_zeros(q.size(0)).index_add_(0, tree, w).clamp(min=1)
     q_mean = total / count[:, None, None]  # [T, H, d]
     s = (q_mean.index_select(0, tree) * k).sum(-1).mul(scale).logsumexp(-1)
     return s if leaf_mask is None else s.masked_fill(~leaf_mask, float("-inf"))

@@ -32,15 +32,14 @@ def masked_softmax(logits: Tensor, mask: Tensor, dim: int = -1) -> tuple[Tensor,
         ``(lse, weights)`` with ``lse`` reduced over ``dim`` (dimension
         removed) and ``weights`` shaped like ``logits``.
     """
-    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
-    x = torch.where(mask, logits, neg_inf)
+    x = torch.where(mask, logits, float("-inf"))  # a scalar: no host-to-device copy
     m = x.amax(dim=dim, keepdim=True).detach()
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(x - m)
     s = e.sum(dim=dim, keepdim=True)
     has = s > 0
     s_safe = torch.where(has, s, torch.ones_like(s))
-    lse = torch.where(has, m + torch.log(s_safe), neg_inf).squeeze(dim)
+    lse = torch.where(has, m + torch.log(s_safe), float("-inf")).squeeze(dim)
     return lse, e / s_safe
 
 

@@ -13,7 +13,7 @@ def top_k_per_group(scores: Tensor, group: Tensor, k: int) -> Tensor:
     :math:`\mathrm{rank}_i = |\{j : g_j = g_i,\ (s_j, -j) > (s_i, -i)\}|` is its
     position in its group sorted by descending score (ties: lower index first).
     All entries of a group with at most ``k`` entries are chosen. Two stable
-    sorts, :math:`O(M \log M)`; no gradient (a discrete choice).
+    sorts, :math:`O(M \log M)`; no gradient (a discrete choice), no host synchronisation.
 
     Args:
         scores: ``[M]`` scores (larger = chosen first).
@@ -21,10 +21,9 @@ def top_k_per_group(scores: Tensor, group: Tensor, k: int) -> Tensor:
         k: entries per group, ``>= 0``.
     """
     order = torch.sort(scores, descending=True, stable=True).indices
-    order = order[torch.sort(group[order], stable=True).indices]  # by group, then by score
-    sizes = torch.bincount(group)
-    first = torch.cumsum(sizes, 0) - sizes
-    rank = torch.arange(order.numel(), device=scores.device) - first[group[order]]
-    chosen = torch.zeros_like(group, dtype=torch.bool)
-    chosen[order[rank < k]] = True
-    return chosen
+    grouped = torch.sort(group[order], stable=True)  # by group, then by score
+    order = order[grouped.indices]
+    first = torch.searchsorted(grouped.values, grouped.values)  # each group's first position
+    rank = torch.arange(order.numel(), device=scores.device) - first
+    # order is a permutation: a scatter writes every entry (no boolean mask, no host sync)
+    return torch.empty_like(group, dtype=torch.bool).scatter_(0, order, rank < k)
