@@ -18,7 +18,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hiergraph.datasets.multimodal_records import MultimodalRecordDataset, RawRecord
+from hiergraph.datasets.multimodal_records import (
+    MultimodalRecordDataset,
+    RawRecord,
+    resolve_inside,
+)
 from hiergraph.datasets.text import stratified_split
 
 EMOJI_ENV = "HIERGRAPH_EMOJI"
@@ -29,7 +33,11 @@ class GoogleEmoji(MultimodalRecordDataset):
     r"""Google emoji: 9 categories, image (64×64 source) + name.
 
     Raw folder: ``raw_dir=``, else ``$HIERGRAPH_EMOJI``: the unpacked npm
-    package (the folder holding ``emoji.json`` and ``img/google/64``).
+    package (the folder holding ``emoji.json`` and ``img/google/64``). Every
+    file read must lie inside it once symlinks are resolved: an ``emoji.json``
+    entry whose image path is absolute, climbs out with ``..`` or leads out
+    through a symlink raises :class:`ValueError` naming the entry and the
+    folder (the whole set is refused rather than the entry skipped).
 
     Args:
         seed: seed of the stratified split.
@@ -57,7 +65,8 @@ class GoogleEmoji(MultimodalRecordDataset):
         return (raw / "emoji.json").is_file() and (raw / "img" / "google" / "64").is_dir()
 
     def read_records(self, raw: Path):
-        entries = json.loads((raw / "emoji.json").read_text(encoding="utf-8"))
+        index = resolve_inside(raw, raw / "emoji.json", "emoji.json")
+        entries = json.loads(index.read_text(encoding="utf-8"))
         kept = sorted(
             (
                 e
@@ -67,10 +76,13 @@ class GoogleEmoji(MultimodalRecordDataset):
             key=lambda e: e["sort_order"],
         )
         classes = sorted({e["category"] for e in kept})
+        images = raw / "img" / "google" / "64"
+        for e in kept:  # absolute names, '..' and symlinks must not lead out of the raw folder
+            resolve_inside(raw, images / e["image"], f"emoji.json entry {e['unified']!r}")
         records = [
             RawRecord(
                 name=e["unified"],
-                image=raw / "img" / "google" / "64" / e["image"],
+                image=images / e["image"],
                 texts={"name": e["name"] or " ".join(e["short_names"]).replace("_", " ")},
                 label=classes.index(e["category"]),
                 group=e["unified"],

@@ -21,10 +21,14 @@ field (the model sees "no text" rather than the record being dropped).
 
 Raw files are never downloaded; a missing dataset raises
 :class:`FileNotFoundError` saying where the files are expected and how to get them.
+Every raw file read must lie inside the raw folder once symlinks are resolved
+(:func:`resolve_inside`): a record whose path is absolute elsewhere, climbs out
+with ``..`` or leads out through a symlink raises :class:`ValueError`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -65,6 +69,37 @@ class RawRecord:
     texts: dict[str, str]
     label: int
     group: str
+
+
+def resolve_inside(root: str | os.PathLike, path: str | os.PathLike, entry: str) -> Path:
+    """``path`` with every symlink resolved, checked to lie inside the folder ``root``.
+
+    ``path`` is a file system path (usually ``root / <relative name>``; joining
+    an absolute name replaces ``root``, which this check then catches). Both
+    are resolved before the comparison, so ``root`` itself may be a symlink,
+    and so may files inside it as long as they point inside it.
+
+    Args:
+        root: the raw folder.
+        path: the file to read.
+        entry: what asked for the file (e.g. an index entry), for the error.
+
+    Returns:
+        the resolved path.
+
+    Raises:
+        ValueError: the resolved path is outside the resolved ``root``; the
+            message names ``entry`` and ``root``.
+    """
+    base = Path(root).resolve()
+    target = Path(path).resolve()
+    if not target.is_relative_to(base):
+        raise ValueError(
+            f"{entry}: {os.fspath(path)!r} leads to {str(target)!r}, outside the raw folder "
+            f"{os.fspath(root)!r}. Raw files must lie inside the raw folder: no absolute "
+            "paths, no '..' climbing out of it, no symlinks pointing out of it."
+        )
+    return target
 
 
 class ImageTooLarge(ValueError):
@@ -213,6 +248,11 @@ class MultimodalRecordDataset(InMemoryDataset):
 
         raw = self.check_raw()
         records, classes, meta = self.read_records(raw)
+        # every image must lie inside the raw folder (read_records should check it already)
+        records = [
+            dataclasses.replace(r, image=resolve_inside(raw, r.image, f"record {r.name!r}"))
+            for r in records
+        ]
         parts = self.split_records(records)
         encode = minilm_tokenizer().encode_batch
         meta = {"classes": list(classes), **meta, "splits": {}, "skipped_images": []}

@@ -48,6 +48,7 @@ from hiergraph.datasets.multimodal_records import (
     MultimodalRecordDataset,
     RawRecord,
     group_split,
+    resolve_inside,
 )
 
 OPENCLIPART_ENV = "HIERGRAPH_OPENCLIPART"
@@ -195,10 +196,17 @@ def scan_openclipart(raw: Path, max_pixels: int = 20_000_000, min_count: int = 4
     Returns ``(records, classes, report)``: one :class:`RawRecord` per kept
     image (texts ``title``, ``description``, ``keywords`` joined by spaces),
     the class names, and counts of what was dropped at each step.
+
+    Every file read must lie inside ``raw`` once symlinks are resolved
+    (symlinks between files of the collection are fine): a PNG or SVG that is,
+    or lies under, a symlink pointing out of ``raw`` raises :class:`ValueError`
+    naming the file and ``raw`` (the collection is refused rather than the file
+    skipped).
     """
     by_digest: dict[str, list[Path]] = {}
     for png in sorted((raw / "png").rglob("*.png")):
-        by_digest.setdefault(hashlib.md5(png.read_bytes()).hexdigest(), []).append(png)
+        data = resolve_inside(raw, png, f"PNG {png.relative_to(raw).as_posix()!r}").read_bytes()
+        by_digest.setdefault(hashlib.md5(data).hexdigest(), []).append(png)
     report = Counter(files=sum(len(v) for v in by_digest.values()), unique_images=len(by_digest))
     kept: list[tuple[str, Path]] = []
     for paths in by_digest.values():
@@ -223,7 +231,8 @@ def scan_openclipart(raw: Path, max_pixels: int = 20_000_000, min_count: int = 4
         if category not in classes:
             continue
         rel = png.relative_to(raw / "png").as_posix()[: -len(".png")]
-        meta = svg_metadata((raw / "svg" / f"{rel}.svg").read_bytes())
+        svg = resolve_inside(raw, raw / "svg" / f"{rel}.svg", f"SVG of {rel!r}")
+        meta = svg_metadata(svg.read_bytes())
         keywords = [k for k in meta["keywords"] if k.lower() not in _CATEGORY_WORDS]
         records.append(
             RawRecord(
@@ -255,7 +264,9 @@ class OpenClipArt(MultimodalRecordDataset):
 
     Raw folder: ``raw_dir=``, else ``$HIERGRAPH_OPENCLIPART``, else
     ``/usr/share/openclipart`` (where ``apt-get install openclipart-png
-    openclipart-svg`` puts it); it must hold ``png/`` and ``svg/``.
+    openclipart-svg`` puts it); it must hold ``png/`` and ``svg/``. Files
+    reached through symlinks pointing out of it are refused
+    (:func:`scan_openclipart`).
 
     Args:
         keywords: add the ``dc:subject`` keywords (category names removed) as a

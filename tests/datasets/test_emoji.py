@@ -66,3 +66,66 @@ def test_real_records():
     assert len(classes) == 9 and "Component" not in classes
     assert meta["entries"] == 1911 and len(records) == 1906
     assert all(r.image.is_file() for r in records[:50])
+
+
+# --- raw paths must stay inside the raw folder
+
+
+@pytest.fixture
+def outside_png(tmp_path):
+    from PIL import Image
+
+    secret = tmp_path / "outside" / "secret.png"
+    secret.parent.mkdir()
+    Image.new("RGBA", (64, 64), (1, 2, 3, 255)).save(secret)
+    return secret
+
+
+def _set_image(raw: Path, index: int, image: str) -> str:
+    entries = json.loads((raw / "emoji.json").read_text())
+    entries[index]["image"] = image
+    (raw / "emoji.json").write_text(json.dumps(entries))
+    return entries[index]["unified"]
+
+
+def _read(raw: Path):
+    return GoogleEmoji.__new__(GoogleEmoji).read_records(raw)
+
+
+@pytest.mark.parametrize("kind", ["absolute", "dotdot"])
+def test_image_path_escaping_the_raw_folder_is_refused(fake_package, outside_png, kind):
+    image = str(outside_png) if kind == "absolute" else "../../../../outside/secret.png"
+    assert (fake_package / "img" / "google" / "64" / image).resolve() == outside_png.resolve()
+    unified = _set_image(fake_package, 0, image)
+    with pytest.raises(ValueError, match="outside the raw folder") as info:
+        _read(fake_package)
+    assert f"entry {unified!r}" in str(info.value) and str(fake_package) in str(info.value)
+
+
+def test_symlink_out_of_the_raw_folder_is_refused(fake_package, outside_png):
+    images = fake_package / "img" / "google" / "64"
+    (images / "0003.png").unlink()
+    (images / "0003.png").symlink_to(outside_png)
+    with pytest.raises(ValueError, match="entry '0003'.* outside the raw folder"):
+        _read(fake_package)
+    # a symlink to another file of the package is fine
+    (images / "0003.png").unlink()
+    (images / "0003.png").symlink_to(images / "0000.png")
+    records, _, _ = _read(fake_package)
+    assert len(records) == 19
+
+
+def test_index_symlinked_out_of_the_raw_folder_is_refused(fake_package, tmp_path):
+    elsewhere = tmp_path / "elsewhere.json"
+    (fake_package / "emoji.json").rename(elsewhere)
+    (fake_package / "emoji.json").symlink_to(elsewhere)
+    with pytest.raises(ValueError, match="emoji.json: .* outside the raw folder"):
+        _read(fake_package)
+
+
+def test_raw_folder_itself_may_be_a_symlink(fake_package, tmp_path):
+    link = tmp_path / "link_to_package"
+    link.symlink_to(fake_package)
+    records, classes, _ = _read(link)
+    assert len(records) == 19 and classes == ["Flags", "Smileys & Emotion"]
+    assert records[0].image.parent == link / "img" / "google" / "64"

@@ -309,3 +309,48 @@ def test_svg_metadata_is_linear_on_adversarial_input(shape):
     start = time.perf_counter()
     svg_metadata(data)
     assert time.perf_counter() - start < 1.0, shape  # the regex parser: 8 s at 100 KB
+
+
+# --- raw paths must stay inside the raw folder
+
+
+def test_png_symlinked_out_of_the_raw_folder_is_refused(fake_collection, tmp_path):
+    from PIL import Image
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    Image.new("RGBA", (20, 10), (7, 7, 7, 255)).save(outside / "secret.png")
+    (fake_collection / "png" / "animals" / "stolen.png").symlink_to(outside / "secret.png")
+    with pytest.raises(ValueError, match="png/animals/stolen.png.* outside the raw folder") as info:
+        scan_openclipart(fake_collection, max_pixels=50_000, min_count=5)
+    assert str(fake_collection) in str(info.value)
+
+
+def test_folder_symlinked_out_of_the_raw_folder_is_refused(fake_collection, tmp_path):
+    (fake_collection / "png").rename(tmp_path / "png")
+    (fake_collection / "png").symlink_to(tmp_path / "png", True)
+    with pytest.raises(ValueError, match="outside the raw folder"):
+        scan_openclipart(fake_collection, max_pixels=50_000, min_count=5)
+
+
+def test_svg_symlinked_out_of_the_raw_folder_is_refused(fake_collection, tmp_path):
+    secret = tmp_path / "secret.svg"
+    secret.write_bytes(svg("secret"))
+    target = fake_collection / "svg" / "tools" / "hammer_3.svg"
+    target.unlink()
+    target.symlink_to(secret)
+    with pytest.raises(ValueError, match="SVG of 'tools/hammer_3'.* outside the raw folder"):
+        scan_openclipart(fake_collection, max_pixels=50_000, min_count=5)
+
+
+def test_symlinks_inside_the_collection_are_fine(fake_collection, tmp_path):
+    copy = fake_collection / "png" / "animals" / "cat_0_link.png"
+    copy.symlink_to(fake_collection / "png" / "animals" / "cat_0.png")
+    (fake_collection / "svg" / "animals" / "cat_0_link.svg").symlink_to("cat_0.svg")
+    records, _, report = scan_openclipart(fake_collection, max_pixels=50_000, min_count=5)
+    assert report["dropped_copies_within_category"] == 2 and len(records) == 24
+    # and the raw folder itself may be reached through a symlink
+    link = tmp_path / "link"
+    link.symlink_to(fake_collection, True)
+    records, _, _ = scan_openclipart(link, max_pixels=50_000, min_count=5)
+    assert len(records) == 24 and records[0].image.is_relative_to(link)
