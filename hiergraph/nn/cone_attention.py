@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.ops.cone import DEFAULT_RADIUS, penumbral, umbral
 from hiergraph.ops.logspace import masked_softmax
 
@@ -77,6 +78,13 @@ class ConeAttention(nn.Module):
         height_scale: float | None = 1.0,
     ) -> None:
         super().__init__()
+        check_int(embed_dim, "embed_dim")
+        check_int(num_heads, "num_heads")
+        check_int(kdim, "kdim", optional=True)
+        check_int(vdim, "vdim", optional=True)
+        check_probability(dropout, "dropout")
+        if not gamma > 0:
+            raise ValueError(f"gamma must be > 0, got {gamma}")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
         head_dim = embed_dim // num_heads
@@ -128,7 +136,7 @@ class ConeAttention(nn.Module):
         if unbatched:
             query, key, value = query[None], key[None], value[None]
             key_padding_mask = None if key_padding_mask is None else key_padding_mask[None]
-        self._check_inputs(query, key, value)
+        self._check_inputs(query, key, value, unbatched)
         B, L, S = query.size(0), query.size(1), key.size(1)
 
         q, k, v = (
@@ -178,7 +186,7 @@ class ConeAttention(nn.Module):
         """``[B, T, embed_dim] -> [B, heads, T, head_dim]``."""
         return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
 
-    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, unbatched: bool) -> None:
         expected = (
             ("query", query, self.embed_dim),
             ("key", key, self.kdim),
@@ -187,7 +195,8 @@ class ConeAttention(nn.Module):
         for name, x, dim in expected:
             if x.dim() != 3 or x.size(-1) != dim:
                 raise ValueError(
-                    f"{name} must be [batch, seq, {dim}] (batch first), got {tuple(x.shape)}"
+                    f"{name} must be [batch, seq, {dim}] (batch first) or [seq, {dim}]: "
+                    f"{dim} features, got shape {tuple(x.shape[1:] if unbatched else x.shape)}"
                 )
         if key.shape[:2] != value.shape[:2] or key.size(0) != query.size(0):
             raise ValueError(

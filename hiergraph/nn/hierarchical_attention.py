@@ -7,8 +7,9 @@ from torch import Tensor, nn
 
 from hiergraph.data.domain import Domain
 from hiergraph.data.transforms import lift_leaves, tree_of_nodes
+from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.nn.typed_linear import TypedLinear
-from hiergraph.ops.hsa import hierarchical_attention
+from hiergraph.ops.hsa import KERNELS, hierarchical_attention
 from hiergraph.ops.hsa_dense import hierarchical_attention_matrix
 from hiergraph.ops.hubs import root_scores, top_per_tree
 
@@ -79,12 +80,27 @@ class HierarchicalSelfAttention(nn.Module):
         hubs: int = 0,
     ):
         super().__init__()
+        check_int(in_channels, "in_channels")
+        check_int(out_channels, "out_channels", optional=True)
+        check_int(heads, "heads")
+        check_int(head_channels, "head_channels", optional=True)
+        check_int(num_node_types, "num_node_types")
+        check_int(pos_channels, "pos_channels", minimum=0)
+        check_int(pos_head_channels, "pos_head_channels", optional=True)
+        check_probability(dropout, "dropout")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         if hubs < 0:
             raise ValueError(f"hubs must be >= 0, got {hubs}")
+        check_int(hubs, "hubs", minimum=0)
+        self.pos_channels = pos_channels
         out_channels = in_channels if out_channels is None else out_channels
         head_channels = head_channels or max(in_channels // heads, 1)
         if causal and not include_self:
-            raise ValueError("causal=True needs include_self=True (notes/hsa.md §7.11a)")
+            raise ValueError(
+                "causal=True needs include_self=True: without leaf self-energies every node "
+                "whose first child is a leaf has zero partition and its rows collapse to 0"
+            )
         if causal and hubs:
             raise ValueError("hubs are chosen among all leaves, later ones too: not with causal")
         self.in_channels, self.out_channels = in_channels, out_channels
@@ -135,11 +151,18 @@ class HierarchicalSelfAttention(nn.Module):
             ``[L, out_channels]`` (and the attention matrix if asked).
         """
         index = hierarchy.tree_index()
-        if x.dim() != 2 or x.size(0) != index.num_leaves:
+        if x.dim() != 2 or x.size(0) != index.num_leaves or x.size(1) != self.in_channels:
             raise ValueError(
-                f"x must be [num_leaves={index.num_leaves}, {self.in_channels}], "
+                f"x must be [num_leaves={index.num_leaves}, in_channels={self.in_channels}], "
                 f"got {tuple(x.shape)}"
             )
+        if self.pos is not None and pos_emb is not None:
+            num_nodes = hierarchy.parent.numel()
+            if pos_emb.shape != (num_nodes, self.pos_channels):
+                raise ValueError(
+                    f"pos_emb must be [num_nodes={num_nodes}, pos_channels={self.pos_channels}] "
+                    f"(one row per tree node), got {tuple(pos_emb.shape)}"
+                )
         types = hierarchy.node_type.index_select(0, index.leaf_node)
         shape = (x.size(0), self.heads, self.head_channels)
         q = self.query(x, types).view(shape)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from hiergraph.data.transforms import flatten_hierarchy
+from hiergraph.nn._checks import check_features, check_int, check_probability
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.position import FamilyPositionEncoder
 from hiergraph.nn.typed_linear import TypedLinear
@@ -46,6 +47,11 @@ class HTELayer(nn.Module):
         **attn_kwargs,
     ):
         super().__init__()
+        check_int(channels, "channels")
+        check_int(heads, "heads")
+        check_int(mlp_channels, "mlp_channels", optional=True)
+        check_probability(dropout, "dropout")
+        self.channels = channels
         self.norm_first = norm_first
         self.attn = (
             HierarchicalSelfAttention(channels, channels, heads, **attn_kwargs)
@@ -62,6 +68,7 @@ class HTELayer(nn.Module):
 
     def forward(self, x: Tensor, hierarchy, pos_emb=None, leaf_mask=None) -> Tensor:
         """``x: [L, channels]`` → ``[L, channels]``."""
+        _check_leaf_features(x, self.channels, "channels")
         if self.attn is not None:
             if self.norm_first:
                 x = x + self.dropout(self.attn(self.norm1(x), hierarchy, pos_emb, leaf_mask))
@@ -119,6 +126,17 @@ class HierarchicalTransformerEncoder(nn.Module):
         super().__init__()
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+        check_int(in_channels, "in_channels")
+        check_int(hidden_channels, "hidden_channels")
+        check_int(num_layers, "num_layers", minimum=0)
+        check_int(heads, "heads")
+        check_int(num_node_types, "num_node_types")
+        check_int(pos_channels, "pos_channels", minimum=0)
+        check_int(num_keys, "num_keys")
+        check_int(graph_pe_dim, "graph_pe_dim", minimum=0)
+        check_int(mlp_channels, "mlp_channels", optional=True)
+        check_probability(dropout, "dropout")
+        self.in_channels, self.hidden_channels = in_channels, hidden_channels
         self.attention = attention
         self.input = TypedLinear(in_channels, hidden_channels, num_node_types)
         use_attn = attention != "none"
@@ -145,6 +163,7 @@ class HierarchicalTransformerEncoder(nn.Module):
 
     def forward(self, x: Tensor, hierarchy, leaf_mask: Tensor | None = None) -> Tensor:
         """``x: [L, in_channels]`` leaf features → ``[L, hidden_channels]``."""
+        _check_leaf_features(x, self.in_channels, "in_channels")
         index = hierarchy.tree_index()
         types = hierarchy.node_type.index_select(0, index.leaf_node)
         if self.attention == "flat":
@@ -154,3 +173,10 @@ class HierarchicalTransformerEncoder(nn.Module):
         for layer in self.layers:
             h = layer(h, hierarchy, pos, leaf_mask)
         return self.norm(h)
+
+
+def _check_leaf_features(x: Tensor, channels: int, name: str) -> None:
+    """``x`` must be ``[num_leaves, channels]`` (shapes only)."""
+    check_features(x, channels, "x", f"[num_leaves, {name}={channels}]")
+    if x.dim() != 2:
+        raise ValueError(f"x must be [num_leaves, {name}={channels}], got {tuple(x.shape)}")

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from hiergraph.nn._checks import check_features, check_int, check_probability
 from hiergraph.ops.segment_tree import (
     SegmentTree,
     build_tree_state,
@@ -80,6 +81,21 @@ def _check_layer(layer: nn.Module, where: str) -> None:
         )
 
 
+def _layer_width(**groups: Sequence[nn.Module]) -> int | None:
+    """The model width of the ``nn.TransformerEncoderLayer`` s in ``groups`` (they must
+    agree); ``None`` when there are none (custom layers declare no width)."""
+    widths = {
+        f"{name}[{i}]": layer.self_attn.embed_dim
+        for name, layers in groups.items()
+        for i, layer in enumerate(layers)
+        if isinstance(layer, nn.TransformerEncoderLayer)
+    }
+    if len(set(widths.values())) > 1:
+        listed = ", ".join(f"{where}: {width}" for where, width in widths.items())
+        raise ValueError(f"the transformer layers must share one width (embed_dim), got {listed}")
+    return next(iter(widths.values()), None)
+
+
 class VCCEncoder(nn.Module):
     r"""VIP-token-centric compression around a stack of transformer layers.
 
@@ -144,9 +160,15 @@ class VCCEncoder(nn.Module):
         local_size: int = 512,
     ):
         super().__init__()
+        check_int(embed_dim, "embed_dim", optional=True)
+        check_int(num_heads, "num_heads")
+        check_int(ff_dim, "ff_dim", optional=True)
+        check_probability(dropout, "dropout")
+        check_int(block_size, "block_size")
         build = dict(embed_dim=embed_dim, num_heads=num_heads, ff_dim=ff_dim, dropout=dropout)
         self.layers = self._layers(layers, "layers", **build)
         self.local_layers = self._layers(local_layers, "local_layers", **build)
+        self.embed_dim = _layer_width(layers=self.layers, local_layers=self.local_layers)
         if branching is None:
             branching, budgets = (block_size,), two_resolution_budgets(num_refined)
         elif budgets is None or len(budgets) != len(branching) + 1:
@@ -198,6 +220,8 @@ class VCCEncoder(nn.Module):
                 layer.self_attn._reset_parameters()
 
     def forward(self, x: Tensor, vip_mask: Tensor, mask: Tensor | None = None) -> Tensor:
+        if self.embed_dim is not None and isinstance(x, Tensor) and x.dim() == 3:
+            check_features(x, self.embed_dim, "x", f"[batch, seq, embed_dim={self.embed_dim}]")
         vip_mask, mask = check_vip_inputs(x, vip_mask, mask)
         x = self.apply_local(x, mask)
         p, p_ptr, c, c_ptr = vip_partition(x, vip_mask, mask)

@@ -160,3 +160,30 @@ def test_bad_arguments():
     for bad in (torch.uint8, torch.long):  # a 0/1 integer mask must not be added to the logits
         with pytest.raises(TypeError, match="key_padding_mask must be bool .* or floating"):
             att(query, key, value, key_padding_mask=torch.zeros(B, S, dtype=bad))
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        ((8, 0), {}, "num_heads must be a positive int, got 0"),
+        ((0, 2), {}, "embed_dim must be a positive int, got 0"),
+        ((8, 2), {"kdim": 0}, "kdim must be a positive int or None"),
+        ((8, 2), {"vdim": -4}, "vdim must be a positive int or None"),
+        ((8, 2), {"dropout": -0.1}, "dropout must be a probability"),
+        ((8, 2), {"gamma": 0.0}, "gamma must be > 0"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ConeAttention(*args, **kwargs)
+
+
+def test_wrong_feature_sizes_name_expected_and_actual():
+    att = ConeAttention(8, 2, kdim=6)
+    x = torch.randn(5, 8)
+    with pytest.raises(
+        ValueError, match=r"query must be .*\[seq, 8\]: 8 features, got shape \(5, 7\)"
+    ):
+        att(torch.randn(5, 7), torch.randn(5, 6), x)
+    with pytest.raises(ValueError, match=r"key must be .*6 features, got shape \(2, 5, 8\)"):
+        att(x.expand(2, 5, 8), x.expand(2, 5, 8), x.expand(2, 5, 8))

@@ -139,3 +139,42 @@ def test_hubs_never_choose_padding_leaves():
     _, theta = hub(batch.x, batch, leaf_mask=mask, return_attention=True)
     assert torch.all(theta[:, :, [2, 9]] == 0)
     assert torch.allclose(theta[:, mask].sum(-1), torch.ones(2, 17, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(heads=0), ValueError, "heads must be a positive int, got 0"),
+        (dict(heads=2.0), TypeError, "heads must be a positive int"),
+        (dict(head_channels=0), ValueError, "head_channels must be a positive int or None"),
+        (dict(in_channels=0), ValueError, "in_channels must be a positive int"),
+        (dict(out_channels=-3), ValueError, "out_channels must be a positive int"),
+        (dict(pos_channels=-1), ValueError, "pos_channels must be an int >= 0"),
+        (dict(pos_channels=4, pos_head_channels=0), ValueError, "pos_head_channels"),
+        (dict(num_node_types=0), ValueError, "num_node_types must be a positive int"),
+        (dict(dropout=1.5), ValueError, r"dropout must be a probability in \[0, 1\]"),
+        (dict(kernel="sparse"), ValueError, "kernel must be one of .*'dense'.*'edge'.*'sparse'"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(kwargs, error, match):
+    kwargs = {"in_channels": 8, **kwargs}
+    with pytest.raises(error, match=match):
+        HierarchicalSelfAttention(**kwargs)
+
+
+def test_forward_names_wrong_feature_sizes():
+    h = window_hierarchy(6, (3,), x=torch.randn(6, 8))
+    attn = HierarchicalSelfAttention(8, heads=2)
+    with pytest.raises(
+        ValueError, match=r"x must be \[num_leaves=6, in_channels=8\], got \(6, 5\)"
+    ):
+        attn(h.x[:, :5], h)
+    attn = HierarchicalSelfAttention(8, heads=2, pos_channels=4)
+    pos = FamilyPositionEncoder(4, num_keys=4)(h)
+    with pytest.raises(
+        ValueError, match=r"pos_emb must be \[num_nodes=9, pos_channels=4\].*\(9, 3\)"
+    ):
+        attn(h.x, h, pos_emb=pos[:, :3])
+    with pytest.raises(ValueError, match=r"pos_emb must be \[num_nodes=9, .*got \(7, 4\)"):
+        attn(h.x, h, pos_emb=pos[:7])
+    assert attn(h.x, h, pos_emb=pos).shape == (6, 8)

@@ -78,3 +78,34 @@ def test_tiny_training_learns():
             opt.step()
             losses.append(loss.item())
     assert sum(losses[-4:]) / 4 < 0.8 * sum(losses[:4]) / 4
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: HTELayer(8, heads=0), "heads must be a positive int, got 0"),
+        (lambda: HTELayer(0), "channels must be a positive int"),
+        (lambda: HTELayer(8, heads=2, mlp_channels=0), "mlp_channels must be a positive int"),
+        (lambda: HTELayer(8, heads=2, kernel="fast"), "kernel must be one of"),
+        (lambda: HierarchicalTransformerEncoder(8, 16, heads=0), "heads must be a positive int"),
+        (lambda: HierarchicalTransformerEncoder(8, 0), "hidden_channels must be a positive"),
+        (lambda: HierarchicalTransformerEncoder(8, 16, num_layers=-1), "num_layers must be"),
+        (lambda: HierarchicalTransformerEncoder(8, 16, kernel="fast"), "kernel must be one of"),
+        (lambda: HierarchicalTransformerEncoder(8, 16, num_keys=0), "num_keys must be"),
+    ],
+)
+def test_constructors_reject_bad_arguments(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_forward_names_wrong_feature_sizes():
+    h = window_hierarchy(6, (3,))
+    with pytest.raises(ValueError, match=r"x must have 8 features .*in_channels=8.*got 5"):
+        HierarchicalTransformerEncoder(8, 16, heads=2)(torch.randn(6, 5), h)
+    with pytest.raises(ValueError, match=r"x must have 8 features .*channels=8.*got 16"):
+        HTELayer(8, heads=2)(torch.randn(6, 16), h)
+    with pytest.raises(ValueError, match=r"x must have 8 features .*channels=8.*got 16"):
+        HTELayer(8, heads=2, attention=False)(torch.randn(6, 16), h)
+    with pytest.raises(ValueError, match=r"x must be \[num_leaves, channels=8\], got \(2, 6, 8\)"):
+        HTELayer(8, heads=2)(torch.randn(2, 6, 8), h)

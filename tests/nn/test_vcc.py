@@ -180,3 +180,32 @@ def test_bad_inputs():
         VCCEncoder(1, D, HEADS, block_size=1)
     with pytest.raises(ValueError, match="local_size"):
         VCCEncoder(1, D, HEADS, local_size=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_heads=0), "num_heads must be a positive int, got 0"),
+        (dict(embed_dim=0), "embed_dim must be a positive int or None"),
+        (dict(ff_dim=0), "ff_dim must be a positive int or None"),
+        (dict(dropout=2.0), "dropout must be a probability"),
+        (dict(block_size=0), "block_size must be a positive int"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(kwargs, match):
+    kwargs = {"embed_dim": D, "num_heads": HEADS, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        VCCEncoder(1, **kwargs)
+
+
+def test_wrong_feature_size_names_expected_and_actual():
+    x, vip, mask = _inputs()
+    enc = _encoder(1)
+    with pytest.raises(ValueError, match=rf"x must have {D} features .*got {D + 1}"):
+        enc(torch.cat([x, x[..., :1]], -1), vip, mask)
+    wide = nn.TransformerEncoderLayer(2 * D, HEADS, batch_first=True, norm_first=True)
+    narrow = nn.TransformerEncoderLayer(D, HEADS, batch_first=True, norm_first=True)
+    with pytest.raises(
+        ValueError, match=rf"share one width .*layers\[0\]: {D}, local_layers\[0\]: {2 * D}"
+    ):
+        VCCEncoder([narrow], local_layers=[wide])

@@ -1,0 +1,47 @@
+"""Argument and input-size checks shared by the layers (shapes only: no tensor values read)."""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+
+from torch import Tensor
+
+
+def check_int(
+    value, name: str, *, minimum: int = 1, optional: bool = False, lazy: bool = False
+) -> None:
+    """Raise unless ``value`` is an int ``>= minimum`` (``None`` too if ``optional``;
+    ``-1``, "inferred on the first call", too if ``lazy``)."""
+    if optional and value is None:
+        return
+    is_int = isinstance(value, Integral) and not isinstance(value, bool)
+    if is_int and (value >= minimum or (lazy and value == -1)):
+        return
+    wanted = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+    if lazy:
+        wanted += " or -1 (inferred on the first call)"
+    if optional:
+        wanted += " or None"
+    raise (ValueError if is_int else TypeError)(f"{name} must be {wanted}, got {value!r}")
+
+
+def check_probability(value, name: str) -> None:
+    """Raise unless ``value`` is a number in ``[0, 1]`` (a dropout rate)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
+
+
+def check_features(x: Tensor, expected: int, name: str, shape: str) -> None:
+    """Raise unless ``x`` has ``expected`` features in its last dimension.
+
+    ``expected <= 0`` (a lazy size not inferred yet) skips the check. ``shape`` is the
+    expected shape spelled out for the message, e.g. ``"[num_leaves, 16]"``.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a tensor {shape}, got {type(x).__name__}")
+    if expected > 0 and (x.dim() == 0 or x.size(-1) != expected):
+        got = x.size(-1) if x.dim() else "no"
+        raise ValueError(
+            f"{name} must have {expected} features in its last dimension ({shape}), got "
+            f"{got} (shape {tuple(x.shape)})"
+        )
