@@ -3,6 +3,7 @@ r"""``ConeConv``: GAT-style message passing with cone-attention scores."""
 from __future__ import annotations
 
 import math
+import weakref
 from functools import partial
 
 import torch
@@ -15,7 +16,9 @@ from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import Adj, SparseTensor, torch_sparse
 from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
+from hiergraph.nn._checks import check_features, check_int, check_probability
 from hiergraph.ops.cone import DEFAULT_RADIUS, cone_geometry, edge_pairs
+from hiergraph.ops.edge_index import check_edge_index
 
 #: Score variants: the two cone attentions and the dot-product baseline of the paper.
 VARIANTS = (*DEFAULT_RADIUS, "dot")
@@ -83,6 +86,12 @@ class ConeConv(MessagePassing):
             two ``in_channels``: queries from a target projection of the same size).
         qk_channels: per-head query/key size when ``share_qk=False`` (default ``out_channels``).
         bias: learn an additive output bias.
+        validate: check that the ids of a CPU ``edge_index`` lie within the node
+            counts, once per ``edge_index`` tensor (again after it is replaced or
+            written in place). The type and shape are always checked. On an
+            accelerator the ids are never read (that would stall every forward
+            pass on a device-to-host copy); ``validate=False`` skips the id check
+            on the CPU too.
         **kwargs: passed to :class:`~torch_geometric.nn.conv.MessagePassing`.
 
     Shapes:
@@ -114,10 +123,24 @@ class ConeConv(MessagePassing):
         qk_channels: int | None = None,
         bias: bool = True,
         feature_dropout: float = 0.0,
+        validate: bool = True,
         **kwargs,
     ) -> None:
         kwargs.setdefault("aggr", "add")
         super().__init__(node_dim=0, **kwargs)
+        if isinstance(in_channels, tuple | list):
+            if len(in_channels) != 2:
+                raise ValueError(
+                    f"in_channels must be an int or a pair (source, target), got {in_channels}"
+                )
+            for i, size in enumerate(in_channels):
+                check_int(size, f"in_channels[{i}]", lazy=True)
+        else:
+            check_int(in_channels, "in_channels", lazy=True)
+        check_int(out_channels, "out_channels")
+        check_int(heads, "heads")
+        check_int(qk_channels, "qk_channels", optional=True)
+        check_probability(dropout, "dropout")
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if not gamma > 0:
@@ -148,6 +171,8 @@ class ConeConv(MessagePassing):
         self.height_scale = height_scale
         self.share_qk = share_qk
         self.qk_channels = qk_channels
+        self.validate = validate
+        self._checked_edges = _CheckedEdges()
         if variant != "dot":
             self._to_halfspace, self._lca_height = cone_geometry(
                 variant, self.r, squared=squared, height_scale=height_scale
@@ -194,7 +219,10 @@ class ConeConv(MessagePassing):
                 f"x must be a [num_nodes, in_channels] tensor or a pair of them, got "
                 f"{tuple(x_src.shape)} and {tuple(x_dst.shape)}"
             )
+        self._check_features(x_src, x_dst)
         size = (x_src.size(0), x_dst.size(0))
+        if not isinstance(edge_index, SparseTensor):
+            self._check_edge_index(edge_index, size)
         H, C = self.heads, self.out_channels
         drop = partial(F.dropout, p=self.feature_dropout, training=self.training)
         value = drop(self.lin(x_src).view(-1, H, C))
@@ -233,6 +261,27 @@ class ConeConv(MessagePassing):
                 f"x_src and x_dst must both be tensors (the queries come from x_dst), got {names}"
             )
         return x[0], x[1]
+
+    def _check_features(self, x_src: Tensor, x_dst: Tensor) -> None:
+        """Feature sizes against the projections (skipped while a lazy size is unset)."""
+        size = self.lin.in_channels
+        if x_src is x_dst and self.lin_dst is None:
+            check_features(x_src, size, "x", f"[num_nodes, in_channels={size}]")
+            return
+        check_features(x_src, size, "x_src", f"[num_src, {size}]")
+        size = (self.lin if self.lin_dst is None else self.lin_dst).in_channels  # queries
+        check_features(x_dst, size, "x_dst", f"[num_dst, {size}]")
+
+    def _check_edge_index(self, edge_index: Tensor, size: tuple[int, int]) -> None:
+        """Type and shape always; the id range on the CPU, once per ``edge_index``."""
+        check_edge_index(
+            edge_index, *size, alternative="a SparseTensor", check_range=False, int32=True
+        )
+        if not self.validate or edge_index.device.type != "cpu":
+            return
+        if not self._checked_edges.holds(edge_index, size):
+            check_edge_index(edge_index, *size, int32=True)
+            self._checked_edges.remember(edge_index, size)
 
     def _queries_and_keys(self, x_src: Tensor, x_dst: Tensor, value: Tensor, drop):
         """Per-head queries ``[N_dst, H, d]`` (targets) and keys ``[N_src, H, d]`` (sources)."""
@@ -289,3 +338,25 @@ class ConeConv(MessagePassing):
             f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, "
             f"heads={self.heads}, variant={self.variant!r})"
         )
+
+
+class _CheckedEdges:
+    """The last ``edge_index`` whose ids were checked: a weak reference, its in-place
+    version and the node counts. Never copied or pickled with the layer (a copy checks
+    again)."""
+
+    def __init__(self) -> None:
+        self.ref, self.key = None, None
+
+    def holds(self, edge_index: Tensor, size: tuple[int, int]) -> bool:
+        return (
+            self.ref is not None
+            and self.ref() is edge_index
+            and self.key == (edge_index._version, *size)
+        )
+
+    def remember(self, edge_index: Tensor, size: tuple[int, int]) -> None:
+        self.ref, self.key = weakref.ref(edge_index), (edge_index._version, *size)
+
+    def __reduce__(self):
+        return _CheckedEdges, ()

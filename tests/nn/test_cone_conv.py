@@ -334,3 +334,127 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="a pair"):
         ConeConv(F_IN, 4)((x, x, x), edge_index)
     ConeConv(F_IN, 1, variant="dot")  # a 1-d dot product is fine
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        ((F_IN, 4), {"heads": 0}, "heads must be a positive int, got 0"),
+        ((F_IN, 0), {"variant": "dot"}, "out_channels must be a positive int, got 0"),
+        ((0, 4), {}, r"in_channels must be a positive int or -1 .*got 0"),
+        (((F_IN, 0), 4), {}, r"in_channels\[1\] must be a positive int or -1"),
+        (((F_IN, 3, 2), 4), {}, "in_channels must be an int or a pair"),
+        ((F_IN, 4), {"share_qk": False, "qk_channels": 0}, "qk_channels must be a positive int"),
+        ((F_IN, 4), {"dropout": 1.5}, "dropout must be a probability"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ConeConv(*args, **kwargs)
+
+
+def test_wrong_feature_sizes_name_expected_and_actual():
+    x, edge_index = graph()
+    x = x.float()
+    with pytest.raises(ValueError, match=r"x must have 6 features .*in_channels=6.*got 7"):
+        ConeConv(F_IN, 4)(torch.randn(N, 7), edge_index)
+    bipartite = ConeConv((F_IN, 3), 4, add_self_loops=False)
+    with pytest.raises(ValueError, match=r"x_dst must have 3 features .*got 6"):
+        bipartite((x, x), edge_index)
+    with pytest.raises(ValueError, match=r"x_src must have 6 features .*got 3"):
+        bipartite((x[:, :3], x[:, :3]), edge_index)
+    assert bipartite((x, x[:, :3]), edge_index).shape == (N, 4)
+    shared = ConeConv(F_IN, 4, add_self_loops=False)  # one size: the targets use it too
+    with pytest.raises(ValueError, match=r"x_dst must have 6 features .*got 3"):
+        shared((x, x[:, :3]), edge_index)
+    lazy = ConeConv(-1, 4)
+    assert lazy(x, edge_index).shape == (N, 4)  # the size is inferred on the first call
+    with pytest.raises(ValueError, match=r"x must have 6 features .*got 5"):
+        lazy(x[:, :5], edge_index)
+
+
+def test_bad_edge_index_fails_with_a_clear_error():
+    x, edge_index = graph()
+    x = x.float()
+    conv = ConeConv(F_IN, 4, heads=2)
+    with pytest.raises(TypeError, match="int64 or int32 tensor of shape \\[2, E\\].*float32"):
+        conv(x, edge_index.float())
+    with pytest.raises(ValueError, match=r"edge_index must have shape \[2, E\], got \(3, 2\)"):
+        conv(x, edge_index[:, :3].T)
+    bad = edge_index.clone()
+    bad[0, 5] = N
+    with pytest.raises(
+        ValueError, match=rf"sources \(row 0, keys\) span 0\.\.{N} for num_src = {N}"
+    ):
+        conv(x, bad)
+    bad[0, 5] = -1
+    with pytest.raises(ValueError, match="out of range"):
+        conv(x, bad.int())  # int32 ids are accepted, and checked as well
+    bipartite = ConeConv(F_IN, 4, add_self_loops=False)
+    with pytest.raises(ValueError, match=r"targets \(row 1, queries\) span .* for num_dst = 4"):
+        bipartite((x, x[:4]), edge_index)  # targets up to N - 1, but only 4 target nodes
+    assert conv(x, edge_index.int()).shape == (N, 8)
+    with pytest.raises(IndexError):  # validate=False: no id check (torch's own error)
+        ConeConv(F_IN, 4, validate=False)(x, torch.tensor([[0, N + 3], [1, 2]]))
+
+
+def test_edge_ids_are_read_once_per_edge_index_and_only_on_the_cpu(monkeypatch):
+    import hiergraph.nn.cone_conv as module
+
+    ranges = []
+    check = module.check_edge_index
+
+    def counting(edge_index, *args, check_range=True, **kwargs):
+        ranges.append(check_range)
+        return check(edge_index, *args, check_range=check_range, **kwargs)
+
+    monkeypatch.setattr(module, "check_edge_index", counting)
+    x, edge_index = graph()
+    x = x.float()
+    conv = ConeConv(F_IN, 4, heads=2)
+    for _ in range(3):  # a training loop over one graph reads its ids once
+        conv(x, edge_index)
+    assert ranges.count(True) == 1 and ranges.count(False) == 3  # type and shape every call
+    edge_index[0, 0] = edge_index[0, 0]  # written in place: read again
+    conv(x, edge_index)
+    conv(x, edge_index.clone())  # another tensor: read again
+    assert ranges.count(True) == 3
+    ranges.clear()
+    ConeConv(F_IN, 4, validate=False)(x, edge_index)
+    assert ranges == [False]
+    # off the CPU the ids are never read (reading a meta tensor's values would raise)
+    meta = torch.empty(2, 5, dtype=torch.long, device="meta")
+    conv._check_edge_index(meta, (N, N))
+    with pytest.raises(ValueError, match=r"\[2, E\]"):
+        conv._check_edge_index(meta[:1], (N, N))
+    copy = __import__("copy").deepcopy(conv)  # the remembered tensor is not copied
+    assert copy._checked_edges.ref is None and conv._checked_edges.ref is not None
+
+
+def test_steady_state_forward_reads_no_values_at_all():
+    """After the first call on an ``edge_index``, no value reaches the host (not even by
+    ``tolist``, which the dispatch-level check above cannot see)."""
+    reads = []
+
+    class RecordReads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                reads.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    tolist = torch.Tensor.tolist
+
+    def recording_tolist(t):
+        reads.append("tolist")
+        return tolist(t)
+
+    x, edge_index = graph()
+    x = x.float()
+    for conv, first_call_reads in ((ConeConv(F_IN, 4, heads=2, add_self_loops=False), True),
+                                   (ConeConv(F_IN, 4, validate=False), False)):  # fmt: skip
+        for call in range(2):
+            reads.clear()
+            with pytest.MonkeyPatch.context() as patch, RecordReads():
+                patch.setattr(torch.Tensor, "tolist", recording_tolist)
+                conv(x, edge_index).sum().backward()
+            assert bool(reads) == (call == 0 and first_call_reads), reads
