@@ -16,6 +16,7 @@ from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import Adj, SparseTensor, torch_sparse
 from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
+from hiergraph._device import reads_values
 from hiergraph.nn._checks import check_features, check_int, check_probability
 from hiergraph.ops.cone import DEFAULT_RADIUS, cone_geometry, edge_pairs
 from hiergraph.ops.edge_index import check_edge_index
@@ -277,7 +278,7 @@ class ConeConv(MessagePassing):
         check_edge_index(
             edge_index, *size, alternative="a SparseTensor", check_range=False, int32=True
         )
-        if not self.validate or edge_index.device.type != "cpu":
+        if not self.validate or not reads_values(edge_index):  # never on an accelerator
             return
         if not self._checked_edges.holds(edge_index, size):
             check_edge_index(edge_index, *size, int32=True)

@@ -422,6 +422,12 @@ def test_edge_ids_are_read_once_per_edge_index_and_only_on_the_cpu(monkeypatch):
     ranges.clear()
     ConeConv(F_IN, 4, validate=False)(x, edge_index)
     assert ranges == [False]
+    from hiergraph._device import cpu_as_accelerator
+
+    ranges.clear()
+    with cpu_as_accelerator():  # the accelerator branch: ids never read
+        ConeConv(F_IN, 4)(x, edge_index.clone())
+    assert ranges == [False]
     # off the CPU the ids are never read (reading a meta tensor's values would raise)
     meta = torch.empty(2, 5, dtype=torch.long, device="meta")
     conv._check_edge_index(meta, (N, N))
