@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from hiergraph.data.family_order import family_order
 from hiergraph.ops.hsa import check_qkv, head_pos_emb
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
 from hiergraph.ops.precision import accumulation_dtype
@@ -119,8 +120,7 @@ class CausalPlan:
 
         # families: non-root nodes sorted by (parent, slot)
         child = nodes[parent != nodes]
-        slot_range = int(slot.max()) + 1 if n else 1
-        child = child[torch.argsort(parent[child] * slot_range + slot[child])]
+        child = child[family_order(parent[child], slot[child])]
         fam_new = torch.ones_like(child, dtype=torch.bool)
         fam_new[1:] = parent[child[1:]] != parent[child[:-1]]
         pos = torch.arange(child.numel(), device=device)

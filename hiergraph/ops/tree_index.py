@@ -8,6 +8,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from hiergraph.data.family_order import family_order
 from hiergraph.ops.precision import accumulation_dtype
 
 
@@ -197,6 +198,10 @@ class TreeIndex:
         levels: the per-level plan (:class:`Level`).
         leaf_perm: leaves listed level by level (in-level order) → leaf
             order; ``None`` when that is already the leaf order.
+        uniform: ``(B, b_1, …, b_D)`` when the forest has equal fanout: ``B`` trees,
+            every node of depth ``d - 1`` has ``b_d >= 2`` children, all leaves are on
+            the last level and in breadth-first order; else ``None``. Such plans run
+            as reshaped views (:mod:`hiergraph.ops.hsa_uniform`).
     """
 
     num_nodes: int
@@ -210,6 +215,7 @@ class TreeIndex:
     family_size: Tensor
     levels: list[Level]
     leaf_perm: Rows | None
+    uniform: tuple[int, ...] | None = None
 
     @property
     def num_levels(self) -> int:
@@ -231,7 +237,6 @@ class TreeIndex:
         n = parent.numel()
         nodes = torch.arange(n, device=device)
         is_root = parent == nodes
-        slot_range = int(slot.max()) + 1 if n else 1
 
         # BFS order, level by level: sort each level by (parent's BFS rank, slot).
         rank = torch.full((n,), -1, dtype=torch.long, device=device)
@@ -247,8 +252,7 @@ class TreeIndex:
             sizes.append(level.numel())
             placed = rank[parent[remaining]] >= 0
             children, remaining = remaining[placed], remaining[~placed]
-            key = rank[parent[children]] * slot_range + slot[children]
-            level = children[torch.argsort(key)]
+            level = children[family_order(rank[parent[children]], slot[children])]
         if filled != n:
             raise ValueError("parent does not describe a forest: some nodes never reach a root")
         order = torch.empty_like(rank)
@@ -304,7 +308,7 @@ class TreeIndex:
             )
         by_level = torch.argsort(torch.cat(leaf_ids)) if leaf_ids else leaf_pos.new_empty(0)
         leaf_perm = Rows.of(by_level)
-        return cls(
+        index = cls(
             num_nodes=n,
             num_leaves=leaf_nodes.numel(),
             order=order,
@@ -317,6 +321,20 @@ class TreeIndex:
             levels=levels,
             leaf_perm=None if leaf_perm.start == 0 else leaf_perm,
         )
+        index.uniform = index._uniform_shape()
+        return index
+
+    def _uniform_shape(self) -> tuple[int, ...] | None:
+        """The ``uniform`` attribute, read off the levels (reads their tensors on the host)."""
+        levels = self.levels
+        if len(levels) < 2 or self.leaf_perm is not None or not levels[-1].all_leaves:
+            return None
+        fanout = []
+        for level in levels[:-1]:
+            if level.leaf_local.numel() or level.fanout is None or level.fanout < 2:
+                return None
+            fanout.append(level.fanout)
+        return (levels[0].size, *fanout)
 
     def gather_leaves(self, per_level: list[Tensor]) -> Tensor:
         """Leaf rows, in leaf order, of per-level tensors ``per_level[d]: [n_d, ...]``."""
@@ -355,7 +373,7 @@ class TreeIndex:
             value = getattr(self, f.name)
             if isinstance(value, (Tensor, Rows, Level)):
                 value = value.to(device)
-            elif isinstance(value, list) and value and not isinstance(value[0], int):
+            elif isinstance(value, list) and value and isinstance(value[0], (Tensor, Level)):
                 value = [v.to(device) for v in value]
             moved[f.name] = value
         return TreeIndex(**moved)
