@@ -10,12 +10,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph.ops import family_attention
 from hiergraph.ops.family_attention import family_attention_dense, family_attention_edge
+from hiergraph.ops.hsa_uniform import uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
 from hiergraph.ops.precision import accumulation_dtype
 from hiergraph.ops.tree_index import TreeIndex, broadcast_to_children, sum_children
 
-KERNELS = ("dense", "edge")
+KERNELS = ("dense", "blocks", "edge")
 
 
 def hierarchical_attention(
@@ -92,8 +94,13 @@ def hierarchical_attention(
         leaf_mask: optional ``[L]`` bool, ``False`` for padding leaves: they
             are removed from all statistics and get a zero output.
         scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
-        kernel: ``'dense'`` runs each family size bucket as batched matrix
-            products; ``'edge'`` scatters over sibling pairs. Same result.
+        kernel: ``'dense'`` runs families as batched matrix products: a forest
+            with equal fanout on every level (``TreeIndex.uniform``, e.g. batches of
+            :func:`~hiergraph.data.window_hierarchy` trees) as reshaped views of the
+            whole level (:mod:`hiergraph.ops.hsa_uniform`), any other forest as
+            ``'blocks'``; ``'blocks'`` cuts each level into slices of equal-size
+            families and padded size buckets; ``'edge'`` scatters over sibling
+            pairs. Same result.
         size_bias: keep the :math:`\log n(B)` term (HSA proper). ``False``
             drops it, so every sibling sub-tree weighs as one token: the
             ablation of notes §7.3, no longer KL-optimal.
@@ -111,9 +118,26 @@ def hierarchical_attention(
             f"the hierarchy is on {index.device} but q is on {q.device}; move the hierarchy "
             "(hierarchy.to(device)) before calling"
         )
-    levels = index.levels
     tau = q.size(-1) ** -0.5 if scale is None else scale
-    family = family_attention_dense if kernel == "dense" else family_attention_edge
+    if kernel == "dense" and _uniform_fits(index.uniform, q):
+        out = uniform_hierarchical_attention(
+            q,
+            k,
+            v,
+            index.uniform,
+            None if eps is None else _per_depth(eps, index),
+            include_self=include_self,
+            causal=causal,
+            leaf_mask=leaf_mask,
+            tau=tau,
+            size_bias=size_bias,
+        )
+        return out.squeeze(1) if squeeze else out
+    levels = index.levels
+    family = family_attention_edge if kernel == "edge" else family_attention_dense
+    q, k, v = _FirstOrderOnly.apply(q, k, v)
+    if eps is not None:
+        (eps,) = _FirstOrderOnly.apply(eps)
 
     # leaf statistics: padding leaves count 0 and carry zeros
     weight = None if leaf_mask is None else leaf_mask.to(q.dtype)
@@ -182,6 +206,26 @@ def hierarchical_attention(
     return out.squeeze(1) if squeeze else out
 
 
+class _FirstOrderOnly(torch.autograd.Function):
+    """Identity whose backward refuses ``create_graph=True``: the general path's family
+    kernels have hand-written first-order backwards, so a second derivative through them
+    would be silently wrong."""
+
+    @staticmethod
+    def forward(ctx, *xs: Tensor) -> tuple[Tensor, ...]:
+        return tuple(x.view_as(x) for x in xs)
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor) -> tuple[Tensor, ...]:
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "hierarchical_attention supports second derivatives (create_graph=True) only "
+                "on forests with equal fanout (TreeIndex.uniform) with kernel='dense'; for "
+                "other forests use hierarchical_attention_matrix"
+            )
+        return grads
+
+
 def head_pos_emb(pos_emb: Tensor, q: Tensor, num_nodes: int) -> Tensor:
     """``pos_emb`` ``[N, c]`` or ``[N, 1 | H, c]`` checked and viewed as ``[N, 1 | H, c]``
     in ``q``'s dtype (a float64 table with float32 ``q`` computes in float32)."""
@@ -242,6 +286,27 @@ def _check_inputs(
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     return eps
+
+
+def _uniform_fits(shape: tuple[int, ...] | None, q: Tensor) -> bool:
+    """Whether an equal-fanout plan runs as reshaped views: every level's logits
+    ``[F, H, b, b]`` hold at most ``max(MAX_BLOCK_ELEMENTS, q.numel())`` elements (a level
+    of giant families goes to the block kernel, which runs them in chunks of rows)."""
+    if shape is None:
+        return False
+    limit, nodes = max(family_attention.MAX_BLOCK_ELEMENTS, q.numel()), shape[0]
+    for b in shape[1:]:
+        if nodes * q.size(1) * b * b > limit:
+            return False
+        nodes *= b
+    return True
+
+
+def _per_depth(eps: Tensor, index: TreeIndex) -> list[Tensor]:
+    """Rows of the node-order ``eps`` of every level below the roots, in breadth-first
+    order: ``[n_d, ...]`` for ``d = 1 … D``."""
+    bfs = eps.index_select(0, index.order)
+    return [bfs.narrow(0, lvl.start, lvl.size) for lvl in index.levels[1:]]
 
 
 def _leaf_counts(index: TreeIndex, weight: Tensor | None, dtype) -> list[Tensor]:

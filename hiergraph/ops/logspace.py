@@ -77,11 +77,18 @@ def scatter_softmax(logits: Tensor, index: Tensor, num_rows: int) -> tuple[Tenso
 
 
 def logaddexp(a: Tensor, b: Tensor) -> Tensor:
-    """``log(exp(a) + exp(b))`` that is ``-inf`` (with zero gradient) when both are ``-inf``."""
-    both = torch.isneginf(a) & torch.isneginf(b)
+    """``log(exp(a) + exp(b))``, exactly ``b`` where ``a = -inf`` (and ``a`` where ``b = -inf``).
+
+    The ``-inf`` cases bypass :func:`torch.logaddexp`, whose backward there is
+    ``1 / (1 + exp(inf))``: zero, but its own derivative is ``inf / inf``. So the first
+    *and* second derivatives are NaN-free; both ``-inf`` gives ``-inf`` with zero gradient.
+    """
+    a_inf, b_inf = torch.isneginf(a), torch.isneginf(b)
+    either = a_inf | b_inf
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
-    out = torch.logaddexp(torch.where(both, zero, a), torch.where(both, zero, b))
-    return torch.where(both, torch.full_like(out, float("-inf")), out)
+    out = torch.logaddexp(torch.where(either, zero, a), torch.where(either, zero, b))
+    out = torch.where(a_inf, b, torch.where(b_inf, a, out))
+    return torch.where(a_inf & b_inf, torch.full_like(out, float("-inf")), out)
 
 
 def log_gates(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:

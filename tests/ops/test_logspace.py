@@ -65,3 +65,15 @@ def test_log_gates_conventions():
     assert math.isclose(log_mu[3].exp().item(), 0.5) and math.isclose(log_not[3].exp().item(), 0.5)
     (log_mu.exp().sum() + log_not.exp().sum()).backward()
     assert torch.isfinite(a.grad).all() and torch.isfinite(b.grad).all()
+
+
+def test_logaddexp_second_derivative_is_finite_at_neg_inf():
+    """``torch.logaddexp``'s backward at ``b = -inf`` is ``1 / (1 + e^inf)``, whose own
+    derivative is NaN; the wrapper bypasses it, so double backward stays finite."""
+    a = torch.tensor([0.5, -INF, -INF, 0.3], dtype=torch.float64, requires_grad=True)
+    b = torch.tensor([-INF, 0.7, -INF, 1.1], dtype=torch.float64, requires_grad=True)
+    out = logaddexp(a, b)
+    ga, gb = torch.autograd.grad(out.exp().sum(), (a, b), create_graph=True)
+    second = torch.autograd.grad((ga + gb).sum(), (a, b))
+    assert all(torch.isfinite(g).all() for g in (ga, gb, *second))
+    assert out[0] == 0.5 and out[1] == 0.7 and out[2] == -INF

@@ -1,0 +1,205 @@
+"""HSA at the lengths most models run: batches of 128–2,048-token window trees, CPU.
+
+    python benchmarks/hsa_short.py                 # the three rows, 2 threads, eager + compiled
+    python benchmarks/hsa_short.py --no-compile    # eager only (no inductor warm-up)
+    python benchmarks/hsa_short.py --quick         # one small row, for a smoke test
+
+For every row (``B`` sequences of ``L`` tokens, a :func:`~hiergraph.data.window_forest`
+with the given branching, 4 heads of 64 channels, float32) it times forward+backward of
+
+* ``flat``: ``scaled_dot_product_attention`` on the ``[B, H, L, d]`` batch;
+* ``bound``: one batched SDPA call per level over that level's families (the FLOPs of
+  HSA's family attention with no pooling, gating or layout changes);
+* ``hsa``: :func:`~hiergraph.ops.hierarchical_attention` (``kernel="dense"``: equal-fanout
+  forests run as reshaped views);
+* ``hsa-blocks``: the same op forced onto the general block kernel (``kernel="blocks"``),
+  the path every forest took before the reshaped one existed;
+* ``hsa-compiled``: ``torch.compile(hierarchical_attention, fullgraph=True)`` with the plan
+  fixed (inductor on CPU); its compile time is recorded separately.
+
+Rounds are interleaved (each round runs every method once, so all see the same machine
+load); the JSON keeps every sample, and medians and the spread (min–max) are reported.
+A profile of one ``hsa`` forward+backward per row (self CPU time by operator, grouped
+into matrix products, layout copies, element-wise, reductions and the rest) is written
+to the JSON too. Results: ``benchmarks/results/hsa_short.json`` and ``hsa_short.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from hiergraph.data import window_forest
+from hiergraph.ops import hierarchical_attention
+
+HEADS, DIM = 4, 64
+RESULTS = Path(__file__).parent / "results"
+ROWS = ((64, 128, (16, 8)), (32, 512, (16, 8, 4)), (8, 2048, (16, 8, 4, 4)))
+QUICK_ROWS = ((8, 64, (8, 8)),)
+GROUPS = {
+    "matmul": ("aten::bmm", "aten::mm", "aten::baddbmm", "aten::addmm", "aten::matmul"),
+    "layout copies": ("aten::copy_", "aten::clone", "aten::contiguous"),
+    "reductions": ("aten::sum", "aten::amax", "aten::logsumexp", "aten::max"),
+}
+
+
+def make_cases(batch: int, length: int, branching: tuple[int, ...], compile_hsa: bool):
+    """``{method: (fn, leaf tensors)}`` for one row; every ``fn()`` returns a tensor to sum."""
+    gen = torch.Generator().manual_seed(0)
+
+    def leaf_qkv(*shape):
+        return [torch.randn(*shape, generator=gen).requires_grad_() for _ in range(3)]
+
+    index = window_forest([length] * batch, branching).tree_index()
+    if index.uniform is None:
+        raise ValueError(f"{length} tokens with branching {branching} is not an equal tree")
+    hq, fq = leaf_qkv(batch * length, HEADS, DIM), leaf_qkv(batch, HEADS, length, DIM)
+    blocks, count = [], batch * length
+    for b in branching:
+        blocks.append(leaf_qkv(count // b, HEADS, b, DIM))
+        count //= b
+
+    def bound():
+        return torch.cat([F.scaled_dot_product_attention(*blk).reshape(-1) for blk in blocks])
+
+    cases = {
+        "flat": (lambda: F.scaled_dot_product_attention(*fq), fq),
+        "bound": (bound, [t for blk in blocks for t in blk]),
+        "hsa": (lambda: hierarchical_attention(*hq, index), hq),
+        "hsa-blocks": (lambda: hierarchical_attention(*hq, index, kernel="blocks"), hq),
+    }
+    compile_s = None
+    if compile_hsa:
+        compiled = torch.compile(lambda q, k, v: hierarchical_attention(q, k, v, index),
+                                 fullgraph=True)  # fmt: skip
+        t0 = time.perf_counter()
+        compiled(*hq).sum().backward()
+        compile_s = time.perf_counter() - t0
+        cases["hsa-compiled"] = (lambda: compiled(*hq), hq)
+    return cases, index, compile_s
+
+
+def interleaved_times(cases: dict[str, tuple[Callable, list]], rounds: int) -> dict:
+    """Seconds of forward+backward of every case, ``rounds`` interleaved rounds after one
+    warm-up: ``{method: [seconds, ...]}``."""
+    times = {m: [] for m in cases}
+    for fn, _ in cases.values():
+        fn().sum().backward()
+    for _ in range(rounds):
+        for method, (fn, tensors) in cases.items():
+            for t in tensors:
+                t.grad = None
+            t0 = time.perf_counter()
+            fn().sum().backward()
+            times[method].append(time.perf_counter() - t0)
+    return times
+
+
+def profile_breakdown(fn: Callable, tensors: list, reps: int = 3) -> dict:
+    """Self CPU time per forward+backward by operator group, and the top operators."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(reps):
+            for t in tensors:
+                t.grad = None
+            fn().sum().backward()
+    by_op = {e.key: e.self_cpu_time_total / reps / 1e6 for e in prof.key_averages()}
+    calls = {e.key: e.count // reps for e in prof.key_averages() if e.key.startswith("aten::")}
+    groups = dict.fromkeys([*GROUPS, "element-wise and other"], 0.0)
+    for op, seconds in by_op.items():
+        name = next((g for g, ops in GROUPS.items() if op in ops), "element-wise and other")
+        groups[name] += seconds
+    top = sorted(by_op.items(), key=lambda kv: -kv[1])[:10]
+    return {
+        "self_cpu_s_by_group": groups,
+        "top_ops_s": dict(top),
+        "aten_calls": sum(calls.values()),
+    }
+
+
+def flop_ratio(length: int, branching: tuple[int, ...]) -> float:
+    """Attention FLOPs of flat softmax over those of HSA's family attention (per sequence)."""
+    hsa, count = 0, length
+    for b in branching:
+        hsa += count * b  # count // b families of b^2 pairs
+        count //= b
+    return length * length / hsa
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(rows[0]["median_s"])
+    labels = [f"{r['batch']}×{r['length']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        xs = [j + i * width for j in range(len(rows))]
+        ax.bar(xs, [r["median_s"][m] * 1e3 for r in rows], width, label=m)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels)
+    ax.set_yscale("log")
+    ax.set_ylabel("forward+backward, ms (median)")
+    ax.set_title(f"HSA vs flat SDPA, CPU, {rows[0]['threads']} threads")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-compile", dest="compile", action="store_false")
+    parser.add_argument("--out", type=Path, default=RESULTS / "hsa_short.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results = []
+    for batch, length, branching in QUICK_ROWS if args.quick else ROWS:
+        cases, index, compile_s = make_cases(batch, length, branching, args.compile)
+        times = interleaved_times(cases, args.rounds)
+        median = {m: statistics.median(t) for m, t in times.items()}
+        row = {
+            "batch": batch,
+            "length": length,
+            "branching": list(branching),
+            "threads": args.threads,
+            "rounds": args.rounds,
+            "flop_ratio_flat_over_hsa": flop_ratio(length, branching),
+            "median_s": median,
+            "spread_s": {m: [min(t), max(t)] for m, t in times.items()},
+            "samples_s": times,
+            "flat_over": {m: median["flat"] / median[m] for m in median},
+            "over_bound": {m: median[m] / median["bound"] for m in median},
+            "compile_s": compile_s,
+            "profile_hsa": profile_breakdown(*cases["hsa"]),
+        }
+        results.append(row)
+        print(
+            f"{batch:>3} × {length:<5} "
+            + "  ".join(f"{m} {v * 1e3:7.1f} ms" for m, v in median.items())
+            + f"  | flat/hsa {row['flat_over']['hsa']:.2f}"
+            + f"  hsa/bound {row['over_bound']['hsa']:.2f}"
+        )
+    meta = {"heads": HEADS, "dim": DIM, "dtype": "float32", "torch": torch.__version__,
+            "command": "python benchmarks/hsa_short.py" + (" --quick" if args.quick else "")
+            + ("" if args.compile else " --no-compile")}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "rows": results}, indent=1))
+    plot(results, args.out.with_suffix(".png"))
+    assert all(math.isfinite(r["median_s"]["hsa"]) for r in results)
+
+
+if __name__ == "__main__":
+    main()

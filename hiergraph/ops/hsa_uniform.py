@@ -1,0 +1,200 @@
+r"""HSA over forests whose levels have equal fanout, as reshaped views.
+
+When every node of depth :math:`d - 1` has the same number :math:`b_d \ge 2` of
+children and all leaves sit on the last level (every
+:func:`~hiergraph.data.window_hierarchy` whose length is a product of its
+branching, and any batch of equal such trees), the breadth-first layout of a
+level is the row-major layout of a ``[B, b_1, …, b_d]`` array: a family is a
+run of :math:`b_d` consecutive rows and a node's parent is row
+``i // b_d`` of the level above. The two passes of
+:func:`~hiergraph.ops.hierarchical_attention` then need no gathers, scatters or
+per-family bookkeeping. With every level held in the *family layout*
+``[F_d, H, b_d, ·]`` (``F_d`` = nodes of depth :math:`d - 1`):
+
+* pooling a level to its parents is a mean over dim 2, which lands in the
+  parents' node layout ``[F_d, H, ·]``;
+* family attention is a batched product ``[F_d, H, b_d, c] @ [F_d, H, c, b_d]``
+  with a fixed ``[b_d, b_d]`` pair mask;
+* broadcasting parent rows to their children is ``unsqueeze(2)``.
+
+So each level costs a fixed, small number of tensor operations on static
+shapes, for every tree and head at once, with no host synchronisation: the
+path runs under ``torch.compile(fullgraph=True)`` and is differentiable twice
+by plain autograd. The leaf level's ``q``, ``k``, ``v`` are copied once into
+the family layout, and the output once back.
+
+The formulas are those of :func:`~hiergraph.ops.hierarchical_attention`; with
+all leaves valid, :math:`n(\cdot)` is constant on a level, so
+:math:`\log n(B)` shifts every logit of a level by the same amount: it moves
+:math:`\mathrm{lse}` and leaves the weights alone, and the count ratios of the
+energy :math:`a(A)` are :math:`1 / b`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from hiergraph.ops.logspace import log_gates, logaddexp, masked_softmax
+from hiergraph.ops.precision import accumulation_dtype
+
+
+def uniform_hierarchical_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    shape: tuple[int, ...],
+    eps: list[Tensor] | None,
+    *,
+    include_self: bool,
+    causal: bool,
+    leaf_mask: Tensor | None,
+    tau: float,
+    size_bias: bool,
+) -> Tensor:
+    r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over an equal-fanout forest.
+
+    Args:
+        shape: ``(B, b_1, …, b_D)``: ``B`` trees, ``b_d >= 2`` children of
+            every node of depth :math:`d - 1`; ``L = B b_1 \cdots b_D``.
+        eps: optional position embeddings per depth ``d = 1 … D``, each
+            ``[n_d, H | 1, c]`` in breadth-first order.
+        include_self, causal, leaf_mask, tau, size_bias: as in
+            :func:`~hiergraph.ops.hierarchical_attention` (``tau`` is the
+            logit scale).
+
+    Returns:
+        ``[L, H, d_v]``.
+    """
+    fanout = shape[1:]
+    depth = len(fanout)
+    work = accumulation_dtype(q.dtype)
+    weight = None if leaf_mask is None else leaf_mask.to(work)
+
+    # ---- bottom-up: family layout of every level, deepest first
+    counts = _counts(weight, fanout)
+    if weight is not None:  # padding leaves count 0 and carry zeros
+        q, k, v = (t * weight[:, None, None].to(t.dtype) for t in (q, k, v))
+    rho = [_family_layout(t, fanout[-1]) for t in (q, k, v)]
+    leaf_v = rho[2]
+    lses, thetas, gates = [None] * depth, [None] * depth, [None] * depth
+    energy = None  # a(C) of the level's nodes, family layout; None: -inf (leaves, no self)
+    if include_self:
+        energy = tau * (rho[0] * rho[1]).sum(-1)
+        if eps is not None:
+            energy = energy + _family_layout(eps[-1], fanout[-1]).square().sum(-1)
+    for d in range(depth - 1, -1, -1):
+        b, n = fanout[d], counts[d]
+        e = None if eps is None else _family_layout(eps[d], b)
+        lse, theta = _family_attention(*rho, e, n, b, tau, causal, size_bias)
+        lses[d], thetas[d], gates[d] = lse, theta, energy
+        if d == 0:
+            break
+        # pooled statistics and energies of the parents, in their node layout [F_d, H, ·]
+        total = lse if energy is None else logaddexp(energy, lse)
+        parent_energy, pooled = _pool(total, rho, n, counts[d - 1])
+        rho = [_family_layout(t, fanout[d - 1]) for t in pooled]
+        energy = _family_layout(parent_energy, fanout[d - 1])
+
+    # ---- top-down: log mass u and output accumulator, parents broadcast by unsqueeze
+    u = acc = None
+    for d in range(depth):
+        if gates[d] is None:  # leaves without self energy: mu = 0
+            log_mu, log_rest = None, None
+        else:
+            log_mu, log_rest = log_gates(gates[d], lses[d])
+        down = _add(u, log_rest)
+        theta = thetas[d]
+        if down is not None:  # one fused op where a parent row is added
+            gain = torch.exp(down).unsqueeze(-1)
+            acc = gain * theta if acc is None else torch.addcmul(acc.unsqueeze(2), gain, theta)
+        else:
+            acc = theta if acc is None else acc.unsqueeze(2) + theta
+        u = None if log_mu is None else _add(u, log_mu)
+        if d + 1 < depth:
+            acc, u = _node_layout(acc), None if u is None else _node_layout(u)
+    if include_self:
+        acc = acc + torch.exp(u).unsqueeze(-1) * leaf_v
+    out = _node_layout(acc)
+    return out if weight is None else out * weight[:, None, None].to(out.dtype)
+
+
+def _counts(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
+    """Per depth ``d = 1 … D`` the leaf count of every node: a Python int without a mask
+    (equal on a level), else ``[F_d, 1, b_d]`` in the accumulation dtype."""
+    if weight is None:
+        return [math.prod(fanout[d + 1 :]) for d in range(len(fanout))]
+    counts, n = [], weight
+    for d in range(len(fanout) - 1, -1, -1):
+        counts.append(n.view(-1, 1, fanout[d]))
+        n = n.view(-1, fanout[d]).sum(-1)
+    return counts[::-1]
+
+
+def _family_attention(q, k, v, e, n, b, tau, causal, size_bias):
+    """``lse [F, H, b]`` and ``theta [F, H, b, d_v]`` of one level in family layout."""
+    logits = torch.matmul(q, k.transpose(-1, -2))
+    logits = logits * tau
+    if e is not None:
+        logits = logits + torch.matmul(e, e.transpose(-1, -2))
+    ar = torch.arange(b, device=q.device)
+    pair = ar[None, :] < ar[:, None] if causal else ar[None, :] != ar[:, None]
+    if isinstance(n, int):  # all leaves valid: log n(B) is one shift of the level
+        if not causal:  # b >= 2: every row has a key
+            logits = logits.masked_fill(~pair, float("-inf"))
+            lse = torch.logsumexp(logits, -1)
+            p = torch.softmax(logits, -1)
+        else:
+            lse, p = masked_softmax(logits, pair)
+        if size_bias and n > 1:
+            lse = lse + math.log(n)
+    else:
+        if size_bias:
+            logits = logits + torch.log(n.clamp(min=1)).unsqueeze(2).to(logits.dtype)
+        lse, p = masked_softmax(logits, pair & (n > 0).unsqueeze(2))
+    return lse, torch.matmul(p, v)
+
+
+def _pool(total: Tensor, rho: list[Tensor], n, parent_n) -> tuple[Tensor, list[Tensor]]:
+    """Energies ``a(A) = sum_C n(C)/n(A) log(e^{a(C)} + e^{lse(C)})`` and pooled means
+    of the parents ``A`` of a level given in family layout; ``[F, H]`` and ``[F, H, ·]``.
+
+    Sums over the ``b`` children are taken in the accumulation dtype."""
+    work = accumulation_dtype(total.dtype)
+    if isinstance(n, int):
+        # sums then one scale of the small result: the backward of a mean would divide
+        # the expanded gradient of every member
+        b = total.size(-1)
+        energy = total.sum(-1, dtype=work) / b
+        pooled = [(t.sum(2, dtype=work) / b).to(t.dtype) for t in rho]
+        return energy.to(total.dtype), pooled
+    denom = parent_n.view(-1, 1).clamp(min=1)  # [F, 1]
+    keep = n > 0
+    share = (n / denom.unsqueeze(-1)).to(total.dtype)
+    energy = torch.where(keep, share * torch.where(keep, total, 0.0), 0.0).sum(-1, dtype=work)
+    pooled = [
+        ((t * n.unsqueeze(-1).to(t.dtype)).sum(2, dtype=work) / denom.unsqueeze(-1)).to(t.dtype)
+        for t in rho
+    ]
+    return energy.to(total.dtype), pooled
+
+
+def _family_layout(x: Tensor, b: int) -> Tensor:
+    """Node rows ``[F * b, H, ...]`` as a contiguous ``[F, H, b, ...]``."""
+    return x.view(-1, b, *x.shape[1:]).transpose(1, 2).contiguous()
+
+
+def _node_layout(x: Tensor) -> Tensor:
+    """Family layout ``[F, H, b, ...]`` as node rows ``[F * b, H, ...]``."""
+    return x.transpose(1, 2).flatten(0, 1)
+
+
+def _add(parent: Tensor | None, child: Tensor | None) -> Tensor | None:
+    """``parent`` (node layout of the level above, ``[F, H]``) broadcast to its children
+    (family layout ``[F, H, b]``) plus ``child``; ``None`` stands for 0."""
+    if parent is None:
+        return child
+    parent = parent.unsqueeze(2)
+    return parent if child is None else parent + child

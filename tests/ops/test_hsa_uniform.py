@@ -1,0 +1,161 @@
+"""The reshaped-view path of HSA over equal-fanout forests against the dense reference
+and the block kernel."""
+
+import itertools
+
+import pytest
+import torch
+from torch_geometric.data import Batch
+
+import hiergraph.ops.family_attention as family_attention
+import hiergraph.ops.hsa_uniform as hsa_uniform
+from hiergraph.data import SignalHierarchy, from_nested, window_forest, window_hierarchy
+from hiergraph.ops import hierarchical_attention, hierarchical_attention_matrix
+
+F64 = dict(dtype=torch.float64)
+SHAPES = [(3, 32, (4, 8)), (2, 48, (4, 3, 4)), (1, 8, (8,))]
+OPTIONS = [
+    dict(include_self=inc, causal=causal, masked=masked, pos=pos, size_bias=sb)
+    for inc, causal, masked, pos, sb in itertools.product(*[(False, True)] * 5)
+    if inc or not causal
+]
+
+
+def _case(batch, length, branching, seed, heads=3, dim=5):
+    gen = torch.Generator().manual_seed(seed)
+    tree = Batch.from_data_list([window_hierarchy(length, branching) for _ in range(batch)])
+    qkv = [torch.randn(batch * length, heads, dim, generator=gen, **F64) for _ in range(3)]
+    mask = torch.rand(batch * length, generator=gen) > 0.3
+    pos = torch.randn(tree.num_nodes, heads, 2, generator=gen, **F64)
+    return tree, qkv, mask, pos
+
+
+def _kwargs(opts, mask, pos):
+    return dict(
+        include_self=opts["include_self"],
+        causal=opts["causal"],
+        leaf_mask=mask if opts["masked"] else None,
+        pos_emb=pos if opts["pos"] else None,
+        size_bias=opts["size_bias"],
+    )
+
+
+def test_plan_detects_equal_fanout():
+    assert window_forest([128] * 4, (16, 8)).tree_index().uniform == (4, 8, 16)
+    assert window_hierarchy(48, (4, 3, 4)).tree_index().uniform == (1, 4, 3, 4)
+    assert window_hierarchy(50, (4, 3)).tree_index().uniform is None  # partial windows
+    assert window_forest([32, 64], (4, 8)).tree_index().uniform is None  # unequal trees
+    assert from_nested([[0, 1], 2]).tree_index().uniform is None  # leaves on two levels
+    assert from_nested([[0], [1]]).tree_index().uniform is None  # unary nodes
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
+def test_equals_block_kernel_with_gradients(shape, opts):
+    tree, (q, k, v), mask, pos = _case(*shape, seed=len(str(opts)))
+    index = tree.tree_index()
+    assert index.uniform is not None
+    kw = _kwargs(opts, mask, pos)
+    inputs = [t.requires_grad_() for t in (q, k, v)]
+    fast = hierarchical_attention(q, k, v, index, **kw)
+    blocks = hierarchical_attention(q, k, v, index, kernel="blocks", **kw)
+    torch.testing.assert_close(fast, blocks, atol=1e-12, rtol=0)
+    g_fast = torch.autograd.grad(fast.pow(2).sum(), inputs)
+    g_blocks = torch.autograd.grad(blocks.pow(2).sum(), inputs)
+    for a, b in zip(g_fast, g_blocks, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("opts", OPTIONS[:6], ids=lambda o: "-".join(k for k, v in o.items() if v))
+def test_equals_dense_reference(opts):
+    tree, (q, k, v), mask, pos = _case(2, 24, (2, 3, 4), seed=1)
+    kw = _kwargs(opts, mask, pos)
+    out = hierarchical_attention(q, k, v, tree, **kw)
+    causal = kw.pop("causal")
+    assert not causal  # the dense reference is the bidirectional matrix
+    leaf_mask = kw.pop("leaf_mask")
+    theta = hierarchical_attention_matrix(q, k, tree, leaf_mask=leaf_mask, **kw)
+    ref = torch.einsum("hij,jhd->ihd", theta, v)
+    if leaf_mask is not None:
+        ref = ref * leaf_mask[:, None, None]
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+
+
+def test_runs_without_the_block_kernel(monkeypatch):
+    """The equal-fanout plan never reaches the family kernels."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the block kernel ran")
+
+    monkeypatch.setattr("hiergraph.ops.hsa.family_attention_dense", refuse)
+    tree, (q, k, v), _, _ = _case(2, 32, (4, 8), seed=0)
+    assert torch.isfinite(hierarchical_attention(q, k, v, tree)).all()
+
+
+def test_giant_families_go_to_the_chunked_block_kernel(monkeypatch):
+    monkeypatch.setattr(family_attention, "MAX_BLOCK_ELEMENTS", 16)
+    calls = []
+    original = hsa_uniform.uniform_hierarchical_attention
+    monkeypatch.setattr(
+        "hiergraph.ops.hsa.uniform_hierarchical_attention",
+        lambda *a, **kw: calls.append(1) or original(*a, **kw),
+    )
+    tree = window_hierarchy(64, (64,))  # one family of 64 leaves: logits > q.numel()
+    q, k, v = (torch.randn(64, 1, 2, **F64) for _ in range(3))
+    out = hierarchical_attention(q, k, v, tree)
+    assert not calls
+    torch.testing.assert_close(out, hierarchical_attention(q, k, v, tree, kernel="edge"))
+
+
+@pytest.mark.parametrize("opts", [dict(include_self=True, causal=True), dict(include_self=False)])
+def test_second_derivatives(opts):
+    tree = window_hierarchy(12, (2, 3))
+    q, k, v = (torch.randn(12, 2, 3, **F64, requires_grad=True) for _ in range(3))
+    mask = torch.tensor([1, 1, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1], dtype=torch.bool)
+    for leaf_mask in (None, mask):
+        assert torch.autograd.gradgradcheck(
+            lambda q, k, v, m=leaf_mask: hierarchical_attention(q, k, v, tree, leaf_mask=m, **opts),
+            (q, k, v),
+        )
+
+
+@pytest.mark.parametrize("kernel", ["blocks", "edge"])
+def test_second_derivatives_elsewhere_raise(kernel):
+    """Kernels with hand-written backwards refuse create_graph instead of a wrong answer."""
+    for tree in (window_hierarchy(12, (2, 3)), from_nested([[0, 1, 2], [3, [4, 5]], 6])):
+        n = tree.num_leaves
+        q, k, v = (torch.randn(n, 2, 3, **F64, requires_grad=True) for _ in range(3))
+        if tree.tree_index().uniform is None and kernel == "blocks":
+            kernel = "dense"  # a ragged tree takes the block kernel under 'dense' too
+        out = hierarchical_attention(q, k, v, tree, kernel=kernel)
+        with pytest.raises(RuntimeError, match="second derivatives"):
+            torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
+        out = hierarchical_attention(q, k, v, tree, kernel=kernel)
+        out.sum().backward()  # first order is unaffected
+        assert torch.isfinite(q.grad).all()
+
+
+def test_compiles_without_graph_breaks():
+    """A fixed plan traces into one graph (dynamo only: the eager backend)."""
+    index = window_forest([16] * 3, (4, 4)).tree_index()
+    q, k, v = (torch.randn(48, 2, 8, requires_grad=True) for _ in range(3))
+
+    def attend(q, k, v):
+        return hierarchical_attention(q, k, v, index, include_self=True)
+
+    compiled = torch.compile(attend, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(q, k, v), attend(q, k, v))
+    compiled(q, k, v).sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+def test_large_int64_slots_order_like_their_ranks():
+    """Slots near 2**62 (e.g. nanosecond timestamps) give the output of their ranks."""
+    parent = torch.tensor([4, 4, 5, 5, 6, 6, -1])
+    ranks = torch.tensor([1, 0, 0, 1, 1, 0, 0])
+    big = torch.tensor([1_700_000_000_000_000_123, 1_700_000_000_000_000_000,
+                        5, 2**62, 2**62 - 1, 2**61, 0])  # fmt: skip
+    trees = [SignalHierarchy.from_parent(parent, slot=slot) for slot in (ranks, big)]
+    q, k, v = (torch.randn(4, 2, 3, **F64) for _ in range(3))
+    small, large = (hierarchical_attention(q, k, v, t, include_self=True) for t in trees)
+    torch.testing.assert_close(small, large, atol=0, rtol=0)
