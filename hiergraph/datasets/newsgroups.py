@@ -5,12 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hiergraph.datasets.text import (
-    TextClassificationDataset,
-    decode,
-    iter_raw_files,
-    stratified_split,
-)
+from hiergraph.datasets.text import TextClassificationDataset, decode, stratified_split
 
 _POST = re.compile(r"^(?:[^/]+/)?20news-bydate-(train|test)/([a-z.-]+)/(\d+)$")
 VAL_FRACTION = 0.1
@@ -62,9 +57,11 @@ class TwentyNewsgroups(TextClassificationDataset):
     are kept.
 
     Raw source (in ``root/raw``, ``raw_dir=`` or ``$HIERGRAPH_RAW``):
-    ``20news-bydate.tar.gz`` (official and offline archives share the layout
+    ``20news-bydate.tar.gz`` or ``20news_bydate.tar.gz`` (layout
     ``20news-bydate-{train,test}/<group>/<id>``), or the extracted folders in
-    a folder ``20news-bydate``.
+    a folder ``20news-bydate``. When none is found, the official archive is
+    downloaded into ``root/raw`` and checked against ``REMOTE_FILES["20NG"]``
+    (:mod:`hiergraph.datasets.download`).
 
     See :class:`~hiergraph.datasets.text.TextClassificationDataset` for the arguments.
     """
@@ -75,13 +72,17 @@ class TwentyNewsgroups(TextClassificationDataset):
     how_to_get = (
         "The official archive is http://qwone.com/~jason/20Newsgroups/20news-bydate.tar.gz."
     )
+    expected = "20 Newsgroups posts in 20news-bydate-<train|test>/<group>/<id>"
 
     def read_raw(self, source: Path) -> dict[str, list[tuple[str, int]]]:
         posts: dict[str, list] = {"train": [], "test": []}
-        for path, content in iter_raw_files(source):
+
+        def wanted(name: str) -> bool:
+            match = _POST.match(name)
+            return match is not None and match[2] in self.classes
+
+        for path, content in self.raw_files(source, wanted):
             match = _POST.match(path)
-            if match is None or match[2] not in self.classes:
-                continue
             label = self.classes.index(match[2])
             posts[match[1]].append((label, int(match[3]), strip_headers(decode(content))))
         if not posts["train"] or not posts["test"]:

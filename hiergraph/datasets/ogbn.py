@@ -1,14 +1,18 @@
-"""Offline-friendly ``ogbn-*`` node-property datasets through ``ogb`` (when installed).
+"""``ogbn-*`` node-property datasets through ``ogb`` (when installed).
 
 :func:`load_ogbn` reads an OGB node-property-prediction dataset with ``ogb``'s
 own ``PygNodePropPredDataset`` (so the splits and features are exactly OGB's),
 turns the official split into boolean ``train_mask`` / ``val_mask`` /
 ``test_mask`` on the graph, and returns the metric of ``ogb``'s ``Evaluator``
-for that dataset. It never downloads and never asks on stdin: when the
-folder ``<root>/<name with _>/``, its ``RELEASE_v<version>.txt`` (without it
-``ogb`` asks whether to delete the folder) or both its raw and processed
-files are missing, it raises :class:`FileNotFoundError` saying what is
-expected where.
+for that dataset. It never asks on stdin. When the folder
+``<root>/<name with _>/`` is missing, it downloads OGB's official zip (the URL
+in ``ogb``'s ``master.csv``) through a temporary file and unpacks it there,
+unless the zip is larger than :data:`MAX_AUTO_DOWNLOAD` (``ogbn-papers100M``)
+or downloads are off (``$HIERGRAPH_OFFLINE``); OGB publishes no checksums, so
+only the download's completeness and the zip's CRCs are checked. When the
+folder exists but its ``RELEASE_v<version>.txt`` (without it ``ogb`` asks
+whether to delete the folder) or both its raw and processed files are
+missing, it raises :class:`FileNotFoundError` saying what is expected where.
 
 Only single-task, multi-class datasets with an accuracy metric (e.g.
 ``ogbn-arxiv``, ``ogbn-products``, ``ogbn-papers100M``) are supported.
@@ -16,7 +20,11 @@ Only single-task, multi-class datasets with an accuracy metric (e.g.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,9 +34,21 @@ from torch_geometric.data import Data
 from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
 from torch_geometric.data.storage import GlobalStorage
 
-from hiergraph.datasets.planetoid import data_root
+from hiergraph.datasets.download import (
+    OFFLINE_ENV,
+    CorruptFileError,
+    DownloadError,
+    RemoteFile,
+    data_root,
+    downloads_allowed,
+    fetch,
+    file_lock,
+)
 
 OGBN_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
+#: Largest OGB zip downloaded automatically, in bytes (ogbn-arxiv is 81 MB,
+#: ogbn-products 1.4 GB, ogbn-papers100M 56 GB: get that one with ``ogb`` itself).
+MAX_AUTO_DOWNLOAD = 2 << 30
 #: What ``ogb`` (1.3.6) pickles: it loads it with ``torch.load``, whose default is
 #: ``weights_only=True`` since torch 2.6, so these must be allow-listed.
 _PYG_PICKLED = [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage]
@@ -45,13 +65,48 @@ def _require_ogb():
     return PygNodePropPredDataset, Evaluator
 
 
-def _ogb_version(name: str) -> str:
-    """The release ``ogb`` expects for ``name`` (its ``master.csv``)."""
+def _ogb_meta(name: str) -> dict[str, str]:
+    """``ogb``'s ``master.csv`` entry for ``name``: ``version``, ``url``, ``download_name``..."""
     import ogb.nodeproppred
     import pandas as pd
 
     master = Path(ogb.nodeproppred.__file__).parent / "master.csv"
-    return str(pd.read_csv(master, index_col=0, keep_default_na=False)[name]["version"])
+    column = pd.read_csv(master, index_col=0, keep_default_na=False)[name]
+    return {key: str(value) for key, value in column.items()}
+
+
+def _ogb_version(name: str) -> str:
+    """The release ``ogb`` expects for ``name`` (its ``master.csv``)."""
+    return _ogb_meta(name)["version"]
+
+
+def _download_ogbn(name: str, folder: Path) -> None:
+    """Fetch OGB's zip for ``name`` and unpack its top folder's content into ``folder``."""
+    meta = _ogb_meta(name)
+    top = meta["download_name"]
+    remote = RemoteFile(f"{top}.zip", (meta["url"],), None)
+    archive = fetch(remote, folder.parent / remote.filename, max_bytes=MAX_AUTO_DOWNLOAD)
+    unpacked = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        try:
+            with zipfile.ZipFile(archive) as z:
+                z.extractall(unpacked)  # zipfile drops absolute paths and '..'
+        except (zipfile.BadZipFile, EOFError, OSError) as err:
+            raise CorruptFileError(
+                archive, f"{archive} (from {meta['url']}) is not a readable zip: {err}"
+            ) from err
+        if not (unpacked / top).is_dir():
+            raise CorruptFileError(
+                archive, f"{archive} (from {meta['url']}) has no top folder {top!r}"
+            )
+        folder.mkdir(parents=True, exist_ok=True)
+        for entry in (unpacked / top).iterdir():
+            if not (folder / entry.name).exists():
+                os.replace(entry, folder / entry.name)
+    finally:
+        shutil.rmtree(unpacked, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            archive.unlink()
 
 
 def ogbn_dir(name: str, root: str | os.PathLike | None = None) -> Path:
@@ -66,7 +121,7 @@ def load_ogbn(
 
     Args:
         name: one of ``ogbn-arxiv``, ``ogbn-products``, ``ogbn-papers100M``.
-        root: the data root (default ``$HIERGRAPH_DATA``, else ``datasets/``);
+        root: the data root (default ``$HIERGRAPH_DATA``, else ``~/.cache/hiergraph``);
             the dataset folder is ``<root>/<name with _>`` as ``ogb`` lays it
             out (``raw/``, ``split/``, ``RELEASE_v*.txt``).
 
@@ -79,31 +134,9 @@ def load_ogbn(
     if name not in OGBN_DATASETS:
         raise ValueError(f"name must be one of {OGBN_DATASETS} (multi-class), got {name!r}")
     folder = ogbn_dir(name, root)
-    if not (folder / "raw").is_dir() and not (folder / "processed").is_dir():
-        raise FileNotFoundError(
-            f"{name} not found: expected OGB's files (raw/, split/, RELEASE_v*.txt) under "
-            f"{folder}; download {name} with ogb on a machine with internet and copy the "
-            "folder there (or point root / $HIERGRAPH_DATA at its parent)"
-        )
     dataset_cls, evaluator_cls = _require_ogb()
-    release = folder / f"RELEASE_v{_ogb_version(name)}.txt"
-    if not release.is_file():  # ogb would ask on stdin, and rmtree the folder on 'y'
-        raise FileNotFoundError(
-            f"{release} not found: it marks the OGB release of the files in {folder}; copy "
-            "the whole folder as ogb downloaded it (this loader never asks to re-download)"
-        )
-
-    class OfflineDataset(dataset_cls):
-        def download(self):  # PyG calls it when raw files are missing, even if processed
-            if not all(Path(p).is_file() for p in self.processed_paths):
-                raise FileNotFoundError(
-                    f"{name}: neither OGB's raw files ({', '.join(self.raw_file_names)}) "
-                    f"under {self.raw_dir} nor its processed files under "
-                    f"{self.processed_dir}; this loader never downloads"
-                )
-
-    with torch.serialization.safe_globals(_PYG_PICKLED):  # ogb's torch.load of a PyG Data
-        dataset = OfflineDataset(name, root=str(folder.parent))
+    with file_lock(folder / "processed"):  # one process downloads and processes
+        dataset = _open_ogbn(name, folder, dataset_cls)
     data = dataset[0]
     split = dataset.get_idx_split()
     out = Data(x=data.x, edge_index=data.edge_index, y=data.y.view(-1), num_nodes=data.num_nodes)
@@ -122,3 +155,50 @@ def load_ogbn(
         return float(result[evaluator.eval_metric])
 
     return out, metric
+
+
+def _open_ogbn(name: str, folder: Path, dataset_cls):
+    """``ogb``'s dataset for ``name`` in ``folder``, downloaded first when absent."""
+    if not (folder / "raw").is_dir() and not any((folder / "processed").glob("*.pt")):
+        failure = None
+        if downloads_allowed():
+            try:
+                _download_ogbn(name, folder)
+            except DownloadError as err:
+                if not err.unreachable:
+                    raise DownloadError(
+                        f"{name}: {err}\nDownload {name} with ogb itself "
+                        f"(PygNodePropPredDataset({name!r}, root=...)) and copy the folder to "
+                        f"{folder}."
+                    ) from err
+                failure = err
+        if not (folder / "raw").is_dir():
+            tried = (
+                f"Downloading it failed (offline?): {failure}"
+                if failure is not None
+                else f"Downloads are switched off (${OFFLINE_ENV})."
+            )
+            raise FileNotFoundError(
+                f"{name} not found: expected OGB's files (raw/, split/, RELEASE_v*.txt) under "
+                f"{folder}. {tried}\nFix: copy the folder as ogb downloads it there (or point "
+                "root / $HIERGRAPH_DATA at its parent)"
+            ) from failure
+    release = folder / f"RELEASE_v{_ogb_version(name)}.txt"
+    if not release.is_file():  # ogb would ask on stdin, and rmtree the folder on 'y'
+        raise FileNotFoundError(
+            f"{release} not found: it marks the OGB release of the files in {folder}; copy "
+            "the whole folder as ogb downloaded it, or delete the folder to download it again"
+        )
+
+    class NoPromptDataset(dataset_cls):
+        def download(self):  # PyG calls it when raw files are missing, even if processed
+            if not all(Path(p).is_file() for p in self.processed_paths):
+                raise FileNotFoundError(
+                    f"{name}: neither OGB's raw files ({', '.join(self.raw_file_names)}) "
+                    f"under {self.raw_dir} nor its processed files under "
+                    f"{self.processed_dir}: the folder is incomplete; delete {folder} to "
+                    "download it again"
+                )
+
+    with torch.serialization.safe_globals(_PYG_PICKLED):  # ogb's torch.load of a PyG Data
+        return NoPromptDataset(name, root=str(folder.parent))

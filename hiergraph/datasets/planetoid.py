@@ -1,20 +1,30 @@
-"""Offline-friendly loaders for PyG's ``Planetoid`` (Cora, CiteSeer, PubMed) and ``PPI``.
+"""Loaders for PyG's ``Planetoid`` (Cora, CiteSeer, PubMed) and ``PPI``.
 
-PyG's dataset classes download their raw files when ``<root>/<Name>/raw`` is
-incomplete. These helpers never download: they
+The helpers
 
-1. resolve the data root: the ``root`` argument, else ``$HIERGRAPH_DATA``, else
-   the repository's top-level ``datasets/`` folder (git-ignored);
+1. resolve the data root: the ``root`` argument, else ``$HIERGRAPH_DATA``, else the
+   user cache folder ``~/.cache/hiergraph`` (``$XDG_CACHE_HOME/hiergraph``; see
+   :func:`~hiergraph.datasets.download.data_root`);
 2. if raw files are missing there and a raw source is given (``raw_dir=`` or
    ``$HIERGRAPH_RAW``), link (or, where links fail, copy) the raw files into
    ``<root>/<Name>/raw``, so that read-only sources work: PyG writes
    ``processed/`` next to ``raw/``;
-3. raise :class:`FileNotFoundError` naming the expected files and how to get
-   them if anything is still missing, before PyG could try the network.
+3. otherwise download the missing files from PyG's own sources
+   (``Planetoid.url``, ``PPI.url``) into ``<root>/<Name>/raw``, each through a
+   temporary file that is renamed into place once complete (and, for the
+   Planetoid files, once its SHA-256 matches
+   :data:`~hiergraph.datasets.download.PLANETOID_SHA256`);
+4. raise :class:`FileNotFoundError` naming the expected files and how to get
+   them if anything is still missing (offline, or ``$HIERGRAPH_OFFLINE=1``).
+
+PyG then builds its processed cache while the loader holds a lock on
+``<root>/<Name>/processed/.lock``, so concurrent first runs build it once. A raw
+file that PyG cannot read raises
+:class:`~hiergraph.datasets.download.CorruptFileError` naming it.
 
 A raw source is a folder holding the raw files themselves (``.../Cora/raw``)
 or a dataset collection holding ``<Name>/raw`` (``$HIERGRAPH_RAW``, e.g.
-``HIERGRAPH_RAW=/path/to/shared/datasets``).
+``HIERGRAPH_RAW=/data/collection`` with ``/data/collection/Cora/raw/ind.cora.x``).
 
 :func:`write_synthetic_ppi` writes a tiny **synthetic** PPI (random graphs,
 features and labels) in PyG's raw layout, for tests and smoke runs only. It
@@ -24,35 +34,62 @@ files, so that :func:`is_synthetic` can label any result computed from them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
 import shutil
+import tempfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from torch_geometric.datasets import PPI, Planetoid
 
-#: Environment variable for the data root (where ``<Name>/raw`` and ``processed`` live).
-DATA_ENV = "HIERGRAPH_DATA"
-#: Environment variable for a read-only source of raw files to link from.
-RAW_ENV = "HIERGRAPH_RAW"
+from hiergraph.datasets.download import (
+    DATA_ENV,
+    OFFLINE_ENV,
+    PLANETOID_SHA256,
+    RAW_ENV,
+    CorruptFileError,
+    DownloadError,
+    RemoteFile,
+    data_root,
+    downloads_allowed,
+    fetch,
+    file_lock,
+    sha256_of,
+)
+
+__all__ = [
+    "DATA_ENV",
+    "RAW_ENV",
+    "SYNTHETIC_MARKER",
+    "data_root",
+    "is_synthetic",
+    "load_planetoid",
+    "load_ppi",
+    "planetoid_raw_files",
+    "ppi_raw_files",
+    "prepare_raw",
+    "write_synthetic_ppi",
+]
 
 #: Marker file written next to synthetic raw files (never present in real data).
 SYNTHETIC_MARKER = "SYNTHETIC.txt"
 
-_PLANETOID_URL = "https://github.com/kimiyoung/planetoid/raw/master/data"
-_PPI_URL = PPI.url
 _PPI_SPLITS = ("train", "valid", "test")
-
-
-def data_root(root: str | os.PathLike | None = None) -> Path:
-    """The data root: ``root``, else ``$HIERGRAPH_DATA``, else ``<repo>/datasets``."""
-    if root is not None:
-        return Path(root)
-    if os.environ.get(DATA_ENV):
-        return Path(os.environ[DATA_ENV])
-    return Path(__file__).resolve().parents[2] / "datasets"
+_PLANETOID_KINDS = {
+    "x": "a pickled scipy sparse matrix of training features",
+    "tx": "a pickled scipy sparse matrix of test features",
+    "allx": "a pickled scipy sparse matrix of features",
+    "y": "a pickled numpy array of one-hot training labels",
+    "ty": "a pickled numpy array of one-hot test labels",
+    "ally": "a pickled numpy array of one-hot labels",
+    "graph": "a pickled dict of adjacency lists",
+    "test.index": "a text file with one test node index per line",
+}
 
 
 def planetoid_raw_files(name: str) -> list[str]:
@@ -67,17 +104,26 @@ def ppi_raw_files() -> list[str]:
     return [f"{split}_{f}" for split in _PPI_SPLITS for f in files]
 
 
+def _geom_gcn_files(name: str) -> list[str]:
+    return [f"{name.lower()}_split_0.6_0.2_{i}.npz" for i in range(10)]
+
+
 def prepare_raw(
     name: str,
     files: list[str],
     root: str | os.PathLike | None = None,
     raw_dir: str | os.PathLike | None = None,
     how_to_get: str = "",
+    download: Callable[[Path, list[str]], None] | None = None,
 ) -> Path:
     """Make sure ``<root>/<name>/raw`` holds ``files``; returns the data root.
 
     Missing files are linked (copied where symlinks fail) from ``raw_dir`` or
-    ``$HIERGRAPH_RAW``. Raises :class:`FileNotFoundError` if any stays missing.
+    ``$HIERGRAPH_RAW``; failing that, ``download(raw folder, missing files)``
+    fetches them (unless ``$HIERGRAPH_OFFLINE`` is set). Raises
+    :class:`FileNotFoundError` if any stays missing because the network is
+    unreachable, :class:`~hiergraph.datasets.download.DownloadError` if a
+    download fails on the way.
     """
     root = data_root(root)
     target = root / name / "raw"
@@ -92,15 +138,30 @@ def prepare_raw(
             for f in missing + marker:
                 _link_or_copy(source / f, target / f)
             missing = []
+    searched = "".join(f"\n  - {s}" for s in sources) or " (none given)"
+    fix = (
+        f"Fix: put the files into {target}, or pass raw_dir=<folder with the files>, "
+        f"or set {RAW_ENV}=<folder containing {name}/raw>, or set {DATA_ENV}/root= to "
+        f"a data root that has {name}/raw. {how_to_get}"
+    )
+    failure, tried = None, "There is no download for them."
+    if missing and download is not None:
+        if downloads_allowed():
+            try:
+                download(target, missing)
+            except DownloadError as err:
+                if not err.unreachable:
+                    raise DownloadError(f"{name}: {err}\n{fix}") from err
+                failure = err
+                tried = f"Downloading them failed (offline?): {err}"
+            missing = [f for f in files if not (target / f).exists()]
+        else:
+            tried = f"Downloads are switched off (${OFFLINE_ENV})."
     if missing:
-        searched = "".join(f"\n  - {s}" for s in sources) or " (none given)"
         raise FileNotFoundError(
             f"{name} raw files are missing from {target}: {', '.join(missing)}.\n"
-            f"Raw sources searched (raw_dir= argument, ${RAW_ENV}):{searched}\n"
-            f"Fix: put the files into {target}, or pass raw_dir=<folder with the files>, "
-            f"or set {RAW_ENV}=<folder containing {name}/raw>, or set {DATA_ENV}/root= to "
-            f"a data root that has {name}/raw. {how_to_get}"
-        )
+            f"Raw sources searched (raw_dir= argument, ${RAW_ENV}):{searched}\n{tried}\n{fix}"
+        ) from failure
     return root
 
 
@@ -120,6 +181,118 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
+def _planetoid_download(name: str) -> Callable[[Path, list[str]], None]:
+    """Fetch missing raw files from PyG's sources (``Planetoid.url``, and
+    ``Planetoid.geom_gcn_url`` for the geom-gcn split files), checked against
+    :data:`~hiergraph.datasets.download.PLANETOID_SHA256` where known."""
+
+    def download(target: Path, missing: list[str]) -> None:
+        for f in missing:
+            if f.endswith(".npz"):
+                url = f"{Planetoid.geom_gcn_url}/splits/{f}"
+            else:
+                url = f"{Planetoid.url}/{f}"
+            fetch(RemoteFile(f, (url,), PLANETOID_SHA256.get(f)), target / f)
+
+    return download
+
+
+def _ppi_download(target: Path, missing: list[str]) -> None:
+    """Fetch PyG's ``PPI.url`` zip beside ``target`` and move the raw files out of it
+    (each extracted to a temporary file first); the zip is removed afterwards."""
+    target.mkdir(parents=True, exist_ok=True)
+    archive = fetch(RemoteFile("ppi.zip", (PPI.url,), None), target.parent / "ppi.zip")
+    try:
+        with zipfile.ZipFile(archive) as z:
+            members = {Path(i.filename).name: i for i in z.infolist() if not i.is_dir()}
+            absent = [f for f in missing if f not in members]
+            if absent:
+                raise CorruptFileError(
+                    archive, f"{archive} (from {PPI.url}) lacks the PPI raw files {absent}"
+                )
+            for f in missing:
+                fd, tmp = tempfile.mkstemp(prefix=f".{f}.", suffix=".part", dir=target)
+                try:
+                    with os.fdopen(fd, "wb") as out, z.open(members[f]) as src:
+                        shutil.copyfileobj(src, out, 1 << 20)
+                    os.replace(tmp, target / f)
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+    except (zipfile.BadZipFile, EOFError, OSError) as err:
+        raise CorruptFileError(
+            archive, f"{archive} (from {PPI.url}) is not a readable zip of the PPI raw files: {err}"
+        ) from err
+    finally:
+        archive.unlink(missing_ok=True)
+
+
+def _read_planetoid_file(path: Path) -> None:
+    """Read ``path`` the way PyG does (raises on a damaged file)."""
+    if path.name.endswith(".test.index"):
+        [int(line) for line in path.read_text().split()]
+    elif path.suffix == ".npz":
+        with np.load(path) as arrays:
+            list(arrays.values())
+    else:
+        with open(path, "rb") as f:
+            pickle.load(f, encoding="latin1")
+
+
+def _read_ppi_file(path: Path) -> None:
+    if path.suffix == ".json":
+        json.loads(path.read_text())
+    else:
+        np.load(path, allow_pickle=False)
+
+
+def _diagnose(raw: Path, files: list[str], read: Callable[[Path], None], what) -> Exception | None:
+    """A :class:`CorruptFileError` for the first raw file that cannot be read, else ``None``."""
+    for f in files:
+        path = raw / f
+        try:
+            read(path)
+        except FileNotFoundError:
+            continue
+        except Exception as err:  # noqa: BLE001 - any failure to parse means a damaged file
+            known = PLANETOID_SHA256.get(f)
+            if known is not None and sha256_of(path) != known:
+                note = " Its SHA-256 differs from the official file's."
+            else:
+                note = ""
+            error = CorruptFileError(
+                path,
+                f"{path}: cannot read this raw file ({type(err).__name__}: {err}); expected "
+                f"{what(f)}.{note} It is probably truncated or damaged: delete it (it is "
+                "downloaded again on the next run) or put the official file in its place.",
+            )
+            error.__cause__ = err
+            return error
+    return None
+
+
+@contextlib.contextmanager
+def _explain_failures(name: str, root: Path, files: list[str], read, what):
+    """Turn a failure of PyG's dataset class into a :class:`CorruptFileError` naming the
+    damaged raw or processed file, when one is found."""
+    processed = root / name / "processed"
+    cached = (processed / "data.pt").exists() or any(processed.glob("*.pt"))
+    try:
+        yield
+    except Exception as err:
+        bad = _diagnose(root / name / "raw", files, read, what)
+        if bad is None and cached:
+            bad = CorruptFileError(
+                processed,
+                f"{processed}: cannot load this processed {name} cache "
+                f"({type(err).__name__}: {err}); it is probably damaged. Delete the folder "
+                "to rebuild it.",
+            )
+        if bad is None:
+            raise
+        raise bad from err
+
+
 def is_synthetic(dataset) -> bool:
     """Whether a loaded dataset was built from :func:`write_synthetic_ppi`'s files."""
     return (Path(dataset.raw_dir) / SYNTHETIC_MARKER).exists()
@@ -132,23 +305,33 @@ def load_planetoid(
     split: str = "public",
     transform: Callable | None = None,
 ) -> Planetoid:
-    """PyG's ``Planetoid(root, name, split)`` without any download.
+    """PyG's ``Planetoid(root, name, split)``, from pre-placed or downloaded raw files.
 
     Args:
         name: ``"Cora"``, ``"CiteSeer"`` or ``"PubMed"``.
-        root: data root (default ``$HIERGRAPH_DATA`` or ``<repo>/datasets``).
-        raw_dir: optional source of the raw ``ind.<name>.*`` files to link from.
+        root: data root (default ``$HIERGRAPH_DATA``, else ``~/.cache/hiergraph``).
+        raw_dir: optional folder of pre-placed raw ``ind.<name>.*`` files to link from.
         split: Planetoid split (``"public"`` is the Kipf & Welling split).
         transform: e.g. ``torch_geometric.transforms.NormalizeFeatures()``.
     """
     if name.lower() not in ("cora", "citeseer", "pubmed"):
         raise ValueError(f"name must be Cora, CiteSeer or PubMed, got {name!r}")
     how = (
-        f"The official files are ind.{name.lower()}.* under {_PLANETOID_URL} "
-        f"(Planetoid(root, {name!r}) fetches them on a machine with internet)."
+        f"The official files are ind.{name.lower()}.* under {Planetoid.url} "
+        f"(downloaded automatically when the network is reachable)."
     )
-    root = prepare_raw(name, planetoid_raw_files(name), root, raw_dir, how)
-    return Planetoid(str(root), name, split=split, transform=transform)
+    files = planetoid_raw_files(name) + (_geom_gcn_files(name) if split == "geom-gcn" else [])
+    base = data_root(root)
+    with file_lock(base / name / "processed"):
+        base = prepare_raw(name, files, base, raw_dir, how, _planetoid_download(name))
+
+        def what(f: str) -> str:
+            if f.endswith(".npz"):
+                return "a numpy .npz archive of split masks"
+            return _PLANETOID_KINDS[f.removeprefix(f"ind.{name.lower()}.")]
+
+        with _explain_failures(name, base, files, _read_planetoid_file, what):
+            return Planetoid(str(base), name, split=split, transform=transform)
 
 
 def load_ppi(
@@ -156,13 +339,26 @@ def load_ppi(
     raw_dir: str | os.PathLike | None = None,
     transform: Callable | None = None,
 ) -> tuple[PPI, PPI, PPI]:
-    """PyG's ``PPI`` train/val/test splits (20/2/2 graphs) without any download.
+    """PyG's ``PPI`` train/val/test splits (20/2/2 graphs), from pre-placed or downloaded
+    raw files.
 
     Arguments as in :func:`load_planetoid`; the raw folder is ``<root>/PPI/raw``.
     """
-    how = f"The official archive is {_PPI_URL} (unzip it into the raw folder)."
-    root = str(prepare_raw("PPI", ppi_raw_files(), root, raw_dir, how) / "PPI")
-    return tuple(PPI(root, split=s, transform=transform) for s in ("train", "val", "test"))
+    how = f"The official archive is {PPI.url} (unzip it into the raw folder)."
+    base = data_root(root)
+    with file_lock(base / "PPI" / "processed"):
+        base = prepare_raw("PPI", ppi_raw_files(), base, raw_dir, how, _ppi_download)
+
+        def what(f: str) -> str:
+            if f.endswith(".json"):
+                return "a networkx node-link graph in JSON"
+            return "a numpy .npy array"
+
+        with _explain_failures("PPI", base, ppi_raw_files(), _read_ppi_file, what):
+            return tuple(
+                PPI(str(base / "PPI"), split=s, transform=transform)
+                for s in ("train", "val", "test")
+            )
 
 
 def write_synthetic_ppi(

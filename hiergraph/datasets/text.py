@@ -10,17 +10,29 @@ with ``x`` (``[T]`` token ids), ``y`` (``[1]``) and ``truncation`` (``[1, 4]``:
 dropped paragraphs, sentences, tokens; raw token count). Different caps or
 depths therefore share one cache.
 
-Raw files are never downloaded: they are looked up in ``<root>/raw``, in the
-``raw_dir=`` argument and in ``$HIERGRAPH_RAW`` (also ``$HIERGRAPH_RAW/<name>/raw``);
-a missing dataset raises :class:`FileNotFoundError` naming these places.
+Raw files are looked up in ``<root>/raw``, in the ``raw_dir=`` argument and in
+``$HIERGRAPH_RAW`` (also ``$HIERGRAPH_RAW/<name>/raw``); when none has them, the
+official archive is downloaded into ``<root>/raw`` and checked against its SHA-256
+(:mod:`hiergraph.datasets.download`). Offline (or with ``$HIERGRAPH_OFFLINE=1``), a
+missing dataset raises :class:`FileNotFoundError` naming these places. Building the
+cache holds a lock on ``<root>/processed/.lock``, so concurrent first runs build it once.
+
+Archives are read without extracting them; only the members a dataset needs are read
+(selected by name first), each up to :data:`MAX_MEMBER_BYTES`. A truncated or damaged
+archive raises :class:`~hiergraph.datasets.download.CorruptFileError` naming it.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 import os
+import pickle
+import re
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -38,30 +50,130 @@ from hiergraph.data.document import (
     hierarchy_from_lengths,
     tokenize_documents,
 )
-from hiergraph.datasets.planetoid import DATA_ENV, RAW_ENV, data_root
+from hiergraph.datasets.download import (
+    DATA_ENV,
+    OFFLINE_ENV,
+    RAW_ENV,
+    REMOTE_FILES,
+    CorruptFileError,
+    DownloadError,
+    atomic_path,
+    data_root,
+    describe_places,
+    downloads_allowed,
+    fetch,
+    file_lock,
+)
 
 SPLITS = ("train", "val", "test")
 _CHUNK = 2000  # documents per tokenizer call
 
 
-def iter_raw_files(source: Path) -> Iterator[tuple[str, bytes]]:
-    """``(relative path, content)`` of every regular file in a folder, ``.tar(.gz)`` or ``.zip``."""
+#: Largest archive member (or file) a dataset reads, in bytes: far above any document of
+#: the supported corpora, so that a wrong or malicious archive fails fast, before it is
+#: read into memory.
+MAX_MEMBER_BYTES = 64 << 20
+
+#: Errors of the archive readers on a truncated or damaged file.
+_ARCHIVE_ERRORS = (
+    tarfile.TarError,
+    zipfile.BadZipFile,
+    EOFError,
+    zlib.error,
+    gzip.BadGzipFile,
+    lzma.LZMAError,
+    OSError,  # e.g. bz2's "Invalid data stream"
+)
+
+
+def _member_name(name: str) -> str:
+    return re.sub(r"^(?:\./)+", "", name).lstrip("/")
+
+
+def _check_size(source: Path, name: str, size: int, max_bytes: int, what: str) -> None:
+    if size > max_bytes:
+        raise CorruptFileError(
+            source,
+            f"{source}: {name!r} is {size:,} bytes, more than the {max_bytes:,} bytes allowed "
+            f"for one file of {what}; is this the right archive? (Raise the limit with the "
+            "dataset's max_member_bytes if the file is genuine.)",
+        )
+
+
+def _check_tar_end(archive: tarfile.TarFile) -> None:
+    """Raise ``tarfile.ReadError`` unless the archive ends with its end-of-archive block
+    and, when compressed, its compressed stream is complete. (``tarfile`` takes a cut or
+    unreadable header after the first member for the end of the archive, silently.)"""
+    archive.fileobj.seek(archive.offset)
+    block = archive.fileobj.read(tarfile.BLOCKSIZE)
+    if len(block) < tarfile.BLOCKSIZE or block.count(0) != tarfile.BLOCKSIZE:
+        raise tarfile.ReadError(f"no end-of-archive block after byte {archive.offset}")
+    while archive.fileobj.read(1 << 20):  # a truncated gzip/bz2/xz stream raises here
+        pass
+
+
+def iter_raw_files(
+    source: str | os.PathLike,
+    wanted: Callable[[str], bool] | None = None,
+    max_bytes: int = MAX_MEMBER_BYTES,
+    what: str = "the dataset",
+) -> Iterator[tuple[str, bytes]]:
+    """``(relative path, content)`` of the regular files in a folder, ``.tar(.gz|.bz2|.xz)``
+    or ``.zip``.
+
+    Only files whose relative path passes ``wanted`` (default: all) are read, and
+    their names are checked before their content is touched, so unused members cost
+    no memory. A wanted file larger than ``max_bytes`` (its declared size) and a
+    truncated or damaged archive raise
+    :class:`~hiergraph.datasets.download.CorruptFileError` naming the archive,
+    the member and ``what`` it should hold.
+    """
+    source = Path(source)
+    keep = wanted if wanted is not None else (lambda name: True)
     if source.is_dir():
         for path in sorted(source.rglob("*")):
-            if path.is_file():
-                yield path.relative_to(source).as_posix(), path.read_bytes()
-    elif source.name.endswith((".tar.gz", ".tgz", ".tar")):
-        with tarfile.open(source) as archive:
-            for member in archive:
-                if member.isfile():
-                    yield member.name.lstrip("./"), archive.extractfile(member).read()
+            name = path.relative_to(source).as_posix()
+            if path.is_file() and keep(name):
+                _check_size(source, name, path.stat().st_size, max_bytes, what)
+                yield name, path.read_bytes()
+        return
+    if source.name.endswith((".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tar.xz")):
+        kind = "tar"
     elif source.suffix == ".zip":
-        with zipfile.ZipFile(source) as archive:
-            for name in archive.namelist():
-                if not name.endswith("/"):
-                    yield name, archive.read(name)
+        kind = "zip"
     else:
         raise ValueError(f"cannot read {source}: expected a folder, a .tar(.gz) or a .zip")
+    if not source.is_file():
+        raise FileNotFoundError(f"{source} does not exist")
+    try:
+        if kind == "tar":
+            with tarfile.open(source, "r:*") as archive:
+                for member in archive:
+                    name = _member_name(member.name)
+                    if member.isfile() and keep(name):
+                        _check_size(source, name, member.size, max_bytes, what)
+                        yield name, archive.extractfile(member).read()
+                _check_tar_end(archive)
+        else:
+            with zipfile.ZipFile(source) as archive:
+                for info in archive.infolist():
+                    if not info.is_dir() and keep(info.filename):
+                        _check_size(source, info.filename, info.file_size, max_bytes, what)
+                        with archive.open(info) as f:
+                            content = f.read(max_bytes + 1)
+                        _check_size(source, info.filename, len(content), max_bytes, what)
+                        yield info.filename, content
+    except CorruptFileError:
+        raise
+    except (FileNotFoundError, PermissionError):
+        raise
+    except _ARCHIVE_ERRORS as err:
+        raise CorruptFileError(
+            source,
+            f"{source} is not a readable {kind} archive ({type(err).__name__}: {err}); "
+            f"expected {what}. It is probably truncated or damaged: delete it and download "
+            "it again, or put an intact copy in its place.",
+        ) from err
 
 
 def decode(content: bytes) -> str:
@@ -97,12 +209,16 @@ class TextClassificationDataset(InMemoryDataset):
     r"""One split of a document-classification corpus as signal hierarchies.
 
     Subclasses set ``name``, ``sources`` (raw archive/folder names, in
-    preference order), ``how_to_get`` and implement :meth:`read_raw`.
+    preference order), ``how_to_get``, ``expected`` (what the raw files hold, for
+    error messages) and implement :meth:`read_raw`; the official archive to
+    download, if any, is ``REMOTE_FILES[name]``
+    (:data:`hiergraph.datasets.download.REMOTE_FILES`).
 
     Args:
-        root: dataset folder (default ``$HIERGRAPH_DATA/<name>`` or
-            ``<repo>/datasets/<name>``); raw files in ``root/raw``, the cache
-            in ``root/processed``.
+        root: dataset folder (default ``<data root>/<name>``, the data root being
+            ``$HIERGRAPH_DATA``, else ``~/.cache/hiergraph``, see
+            :func:`~hiergraph.datasets.download.data_root`); raw files in
+            ``root/raw``, the cache in ``root/processed``.
         split: ``'train'``, ``'val'`` or ``'test'``.
         tokenizer: ``'minilm'`` (the all-MiniLM-L6-v2 WordPiece tokenizer, for
             its static vectors, :mod:`hiergraph.datasets.static_embeddings`),
@@ -120,7 +236,10 @@ class TextClassificationDataset(InMemoryDataset):
     name: str = ""
     sources: tuple[str, ...] = ()
     how_to_get: str = ""
+    expected: str = "the dataset's documents"
     classes: tuple[str, ...] = ()
+    #: Largest raw file read (bytes); see :data:`MAX_MEMBER_BYTES`.
+    max_member_bytes: int = MAX_MEMBER_BYTES
 
     def __init__(
         self,
@@ -159,10 +278,26 @@ class TextClassificationDataset(InMemoryDataset):
         )
         check_caps(**self.caps)
         self.extra_raw_dir = raw_dir
-        root = Path(root) if root is not None else data_root() / self.name
-        super().__init__(str(root), transform, force_reload=force_reload)
-        self.load(self.processed_paths[SPLITS.index(split)])
-        self.meta = json.loads(Path(self.processed_paths[-1]).read_text())
+        root = Path(root).expanduser() if root is not None else data_root() / self.name
+        with file_lock(root / "processed"):  # one process downloads and builds the cache
+            super().__init__(str(root), transform, force_reload=force_reload)
+        path = self.processed_paths[SPLITS.index(split)]
+        try:
+            self.load(path)
+        except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as err:
+            raise self._corrupt_cache(path, err) from err
+        try:
+            self.meta = json.loads(Path(self.processed_paths[-1]).read_text())
+        except ValueError as err:
+            raise self._corrupt_cache(self.processed_paths[-1], err) from err
+
+    def _corrupt_cache(self, path: str, err: Exception) -> CorruptFileError:
+        return CorruptFileError(
+            path,
+            f"{path}: cannot load this processed {self.name} cache file "
+            f"({type(err).__name__}: {err}); it is damaged. Rebuild the cache with "
+            f"force_reload=True or by deleting {self.processed_dir}.",
+        )
 
     # ------------------------------------------------------------ PyG hooks
     @property
@@ -174,7 +309,8 @@ class TextClassificationDataset(InMemoryDataset):
         return [f"{self.tokenizer_key}_{s}.pt" for s in SPLITS] + [f"{self.tokenizer_key}.json"]
 
     def download(self) -> None:
-        """Never downloads: checks that a raw source exists when the cache must be built."""
+        """Finds (or downloads, see :meth:`locate_source`) the raw data when the cache must
+        be built."""
         if not all(Path(p).exists() for p in self.processed_paths):
             self.locate_source()
 
@@ -217,8 +353,10 @@ class TextClassificationDataset(InMemoryDataset):
             if not data_list:
                 raise ValueError(f"{source}: the {split!r} split has no documents")
             meta["empty"][split] = empty
-            self.save(data_list, path)
-        Path(self.processed_paths[-1]).write_text(json.dumps(meta))
+            with atomic_path(path) as tmp:  # a killed run never leaves a half-written file
+                self.save(data_list, str(tmp))
+        with atomic_path(self.processed_paths[-1]) as tmp:  # written last: marks completion
+            tmp.write_text(json.dumps(meta))
 
     def get(self, idx: int):
         doc, y, truncation = self.document(idx)
@@ -257,19 +395,43 @@ class TextClassificationDataset(InMemoryDataset):
         return places
 
     def locate_source(self) -> Path:
-        """The first raw source found; raises :class:`FileNotFoundError` saying where to put it."""
+        """The first raw source found, else the official archive, downloaded into
+        ``<root>/raw``; raises :class:`FileNotFoundError` saying where to put it when
+        neither works (offline), and
+        :class:`~hiergraph.datasets.download.DownloadError` when a download fails on
+        the way (cut, or not the official file)."""
         places = self.raw_locations()
         for place in places:
             for source in self.sources:
                 if (place / source).exists():
                     return place / source
-        searched = "".join(f"\n  - {p}" for p in places)
-        raise FileNotFoundError(
-            f"{self.name}: no raw data found. Expected one of {list(self.sources)} in:{searched}\n"
+        remote, failure = REMOTE_FILES.get(self.name), None
+        fix = (
             f"Fix: put it into {self.raw_dir}, or pass raw_dir=<folder holding it>, or set "
             f"{RAW_ENV}=<folder holding it>, or set {DATA_ENV}/root= to a data root that has "
             f"{self.name}/raw. {self.how_to_get}"
         )
+        if remote is not None and downloads_allowed():
+            try:
+                return fetch(remote, Path(self.raw_dir) / remote.filename)
+            except DownloadError as err:
+                if not err.unreachable:
+                    raise DownloadError(f"{self.name}: {err}\n{fix}") from err
+                failure = err
+        if remote is None:
+            tried = "There is no official archive to download."
+        elif failure is not None:
+            tried = f"Downloading it failed (offline?): {failure}"
+        else:
+            tried = f"Downloads are switched off (${OFFLINE_ENV})."
+        raise FileNotFoundError(
+            f"{self.name}: no raw data found. Expected one of {list(self.sources)} in:"
+            f"{describe_places(places)}\n{tried}\n{fix}"
+        ) from failure
+
+    def raw_files(self, source: Path, wanted: Callable[[str], bool]) -> Iterator[tuple[str, bytes]]:
+        """:func:`iter_raw_files` of ``source`` with this dataset's limits and description."""
+        return iter_raw_files(source, wanted, self.max_member_bytes, self.expected)
 
     # -------------------------------------------------------------- reports
     @property

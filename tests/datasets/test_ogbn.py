@@ -56,8 +56,10 @@ def write_tiny_arxiv(root, n=12, classes=3, seed=0):
 def test_unsupported_name_and_missing_files(tmp_path):
     with pytest.raises(ValueError, match="ogbn-arxiv"):
         load_ogbn("ogbn-proteins", root=tmp_path)
-    with pytest.raises(FileNotFoundError, match="ogbn_arxiv"):
-        load_ogbn("ogbn-arxiv", root=tmp_path)
+    if not _ogb_importable():
+        return
+    with pytest.raises(FileNotFoundError, match=r"(?s)ogbn_arxiv.*switched off"):
+        load_ogbn("ogbn-arxiv", root=tmp_path)  # offline (tests/datasets/conftest.py)
 
 
 @pytest.mark.skipif(_ogb_importable(), reason="ogb is installed: the message is not needed")
@@ -82,7 +84,7 @@ def test_tiny_fixture_through_ogb_dataset_and_evaluator(tmp_path):
 
 
 @needs_ogb
-def test_never_downloads_or_asks(tmp_path, monkeypatch):
+def test_ogb_never_downloads_or_asks(tmp_path, monkeypatch):
     def no_network(*args, **kwargs):
         raise AssertionError("ogb tried to download or to ask on stdin")
 
@@ -99,8 +101,38 @@ def test_never_downloads_or_asks(tmp_path, monkeypatch):
     assert torch.equal(data.y, labels)
     for processed in (folder / "processed").iterdir():  # neither raw nor processed files
         processed.unlink()
-    with pytest.raises(FileNotFoundError, match="never downloads"):
+    with pytest.raises(FileNotFoundError, match="the folder is incomplete"):
         load_ogbn("ogbn-arxiv", root=tmp_path)
     (folder / "RELEASE_v1.txt").unlink()  # ogb would ask whether to delete the folder
     with pytest.raises(FileNotFoundError, match="RELEASE_v1.txt not found"):
         load_ogbn("ogbn-arxiv", root=tmp_path)
+
+
+@needs_ogb
+def test_missing_folder_is_downloaded_from_a_local_server(tmp_path, monkeypatch):
+    import io
+    import zipfile
+
+    from hiergraph.datasets import ogbn
+    from tests.datasets.fixtures import Server
+
+    labels, _ = write_tiny_arxiv(tmp_path / "src")
+    folder = ogbn_dir("ogbn-arxiv", tmp_path / "src")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:  # OGB's zip: one top folder named download_name
+        for path in folder.rglob("*"):
+            if path.is_file():
+                z.write(path, f"arxiv/{path.relative_to(folder).as_posix()}")
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "arxiv.zip").write_bytes(buffer.getvalue())
+    monkeypatch.delenv("HIERGRAPH_OFFLINE")
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    with Server(tmp_path / "www") as server:
+        meta = {"version": "1", "url": f"{server.url}/arxiv.zip", "download_name": "arxiv"}
+        monkeypatch.setattr(ogbn, "_ogb_meta", lambda name: meta)
+        data, _ = load_ogbn("ogbn-arxiv", root=tmp_path / "data")
+        assert torch.equal(data.y, labels) and server.requests == ["/arxiv.zip"]
+        assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["ogbn_arxiv"]
+        monkeypatch.setattr(ogbn, "MAX_AUTO_DOWNLOAD", 100)  # e.g. ogbn-papers100M
+        with pytest.raises(ogbn.DownloadError, match="more than 100"):
+            load_ogbn("ogbn-arxiv", root=tmp_path / "big")

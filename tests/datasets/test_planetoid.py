@@ -19,7 +19,13 @@ def synthetic_ppi_raw(tmp_path_factory):
 
 
 def test_data_root_precedence(no_env, monkeypatch, tmp_path):
-    assert hp.data_root() == REPO / "datasets"
+    # default: the user cache folder, never the source tree
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert hp.data_root() == tmp_path / "home" / ".cache" / "hiergraph"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert hp.data_root() == tmp_path / "xdg" / "hiergraph"
+    assert REPO not in hp.data_root().parents
     monkeypatch.setenv(hp.DATA_ENV, str(tmp_path))
     assert hp.data_root() == tmp_path
     assert hp.data_root(tmp_path / "x") == tmp_path / "x"

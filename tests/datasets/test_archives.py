@@ -1,0 +1,172 @@
+"""Archive robustness: members filtered by name before reading, a size cap, and errors on
+damaged files (archives, Planetoid pickles, processed caches) that name the file."""
+
+from __future__ import annotations
+
+import pickle
+import tarfile
+import tracemalloc
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hiergraph.datasets import planetoid as hp
+from hiergraph.datasets.bbc import BBCNews
+from hiergraph.datasets.download import CorruptFileError
+from hiergraph.datasets.imdb import IMDB
+from hiergraph.datasets.newsgroups import TwentyNewsgroups
+from hiergraph.datasets.text import iter_raw_files
+from tests.datasets.fixtures import imdb_files, write_tar, write_tiny_planetoid
+
+HUGE = 128 << 20  # bytes of an unused member: reading it would show in the peak
+
+
+@pytest.fixture(autouse=True)
+def no_env(monkeypatch):
+    monkeypatch.delenv("HIERGRAPH_RAW", raising=False)
+    monkeypatch.delenv("HIERGRAPH_DATA", raising=False)
+
+
+def test_unused_huge_member_is_never_read(tmp_path):
+    # the official IMDB archive holds 50,000 unlabelled reviews in train/unsup/ that the
+    # loader does not use; here one such member of 128 MiB comes first in the archive
+    archive = write_tar(
+        tmp_path / "aclImdb_v1.tar.gz",
+        imdb_files(),
+        huge={"aclImdb/train/unsup/0_0.txt": HUGE, "aclImdb/imdbEr.txt": HUGE},
+    )
+    assert archive.stat().st_size < 2 << 20
+    reader = IMDB.__new__(IMDB)  # read_raw needs no constructed dataset
+    tracemalloc.start()
+    try:
+        docs = reader.read_raw(archive)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert {s: len(d) for s, d in docs.items()} == {"train": 18, "val": 2, "test": 8}
+    assert peak < 16 << 20, f"peak {peak / 2**20:.0f} MiB: an unused member was read"
+
+
+@pytest.mark.parametrize("layout", ["tar", "zip", "folder"])
+def test_wanted_member_over_the_cap_names_archive_and_member(tmp_path, layout):
+    files = {f"bbc/tech/{i:03d}.txt": f"tech headline {i}\n\nText." for i in range(1, 4)}
+    big = "bbc/tech/004.txt"
+    files[big] = "x" * 5000
+    if layout == "tar":
+        source = write_tar(tmp_path / "bbc.tar.gz", files)
+    elif layout == "zip":
+        source = tmp_path / "bbc-fulltext.zip"
+        with zipfile.ZipFile(source, "w") as z:
+            for name, text in files.items():
+                z.writestr(name, text)
+    else:
+        source = tmp_path / "bbc_folder"
+        for name, text in files.items():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            (source / name).write_text(text)
+    with pytest.raises(CorruptFileError) as info:
+        list(iter_raw_files(source, lambda n: n.endswith(".txt"), 4096, "BBC articles"))
+    message = str(info.value)
+    assert str(source) in message and big in message and "4,096" in message
+    assert "BBC articles" in message and info.value.path == source
+    # under the cap every wanted file is read, and an unwanted big one is skipped
+    read = dict(iter_raw_files(source, lambda n: n != big, 4096))
+    assert sorted(read) == sorted(n for n in files if n != big)
+
+
+def test_dataset_cap_is_a_class_attribute(tmp_path, monkeypatch):
+    files = imdb_files()
+    files["aclImdb/train/pos/99_9.txt"] = "word " * 3000
+    write_tar(tmp_path / "aclImdb_v1.tar.gz", files)
+    monkeypatch.setattr(IMDB, "max_member_bytes", 10_000)
+    with pytest.raises(CorruptFileError, match=r"aclImdb/train/pos/99_9\.txt.*IMDB reviews"):
+        IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
+
+
+def _truncate(path: Path, fraction: float) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * fraction)])
+    return path
+
+
+@pytest.mark.parametrize("fraction", [0.02, 0.5, 0.97])
+def test_truncated_tar_gz_names_the_file(tmp_path, fraction):
+    files = {f"20news-bydate-train/sci.space/{i}": f"Subject: s{i}\n\nspace {i}" for i in range(50)}
+    files |= {f"20news-bydate-test/sci.space/{i}": f"Subject: t\n\nspace {i}" for i in range(10)}
+    archive = _truncate(write_tar(tmp_path / "20news-bydate.tar.gz", files), fraction)
+    with pytest.raises(CorruptFileError) as info:
+        TwentyNewsgroups(tmp_path / "ng", tokenizer="simple", raw_dir=tmp_path)
+    message = str(info.value)
+    assert str(archive) in message and "truncated or damaged" in message
+    assert "20 Newsgroups posts" in message  # what was expected
+    assert isinstance(info.value.__cause__, (EOFError, tarfile.TarError, OSError))
+
+
+def test_garbage_and_bad_zip_name_the_file(tmp_path):
+    garbage = tmp_path / "g" / "aclImdb_v1.tar.gz"
+    garbage.parent.mkdir()
+    garbage.write_bytes(b"<html>not found</html>" * 10)
+    with pytest.raises(CorruptFileError, match="aclImdb_v1.tar.gz is not a readable tar"):
+        IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=garbage.parent)
+    bad_zip = tmp_path / "z" / "bbc-fulltext.zip"
+    bad_zip.parent.mkdir()
+    with zipfile.ZipFile(bad_zip, "w") as z:
+        for c in BBCNews.classes:
+            for i in range(1, 11):
+                z.writestr(f"bbc/{c}/{i:03d}.txt", f"{c} news {i}\n\nBody {i}." * 20)
+    _truncate(bad_zip, 0.6)  # the central directory is gone
+    with pytest.raises(CorruptFileError) as info:
+        BBCNews(tmp_path / "bbc", tokenizer="simple", raw_dir=bad_zip.parent)
+    assert str(bad_zip) in str(info.value) and "zip archive" in str(info.value)
+    assert isinstance(info.value.__cause__, zipfile.BadZipFile)
+
+
+def test_damaged_zip_member_names_the_file(tmp_path):
+    source = tmp_path / "bbc-fulltext.zip"
+    with zipfile.ZipFile(source, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("bbc/tech/001.txt", "tech headline\n\n" + "words " * 2000)
+    data = bytearray(source.read_bytes())
+    data[100:140] = bytes(40)  # inside the compressed data of the member
+    source.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError, match="bbc-fulltext.zip is not a readable zip"):
+        list(iter_raw_files(source, None, 1 << 20, "BBC articles"))
+
+
+def test_corrupt_planetoid_pickle_names_the_file(tmp_path):
+    raw = write_tiny_planetoid(tmp_path / "src")
+    data = hp.load_planetoid("Cora", root=tmp_path / "ok", raw_dir=raw)[0]
+    assert data.num_nodes == 560 and int(data.train_mask.sum()) == 40
+    _truncate(raw / "ind.cora.graph", 0.5)
+    with pytest.raises(CorruptFileError) as info:
+        hp.load_planetoid("Cora", root=tmp_path / "bad", raw_dir=raw)
+    message = str(info.value)
+    assert str(tmp_path / "bad" / "Cora" / "raw" / "ind.cora.graph") in message
+    assert "adjacency lists" in message and "differs from the official" in message
+    assert isinstance(info.value.__cause__, (EOFError, pickle.UnpicklingError))
+    (raw / "ind.cora.test.index").write_text("12\nnot a number\n")
+    write_tiny_planetoid(tmp_path / "src2")
+    (tmp_path / "src2" / "ind.cora.test.index").write_text("12\nnot a number\n")
+    with pytest.raises(CorruptFileError, match=r"ind\.cora\.test\.index.*one test node index"):
+        hp.load_planetoid("Cora", root=tmp_path / "bad2", raw_dir=tmp_path / "src2")
+
+
+def test_corrupt_ppi_file_names_the_file(tmp_path):
+    raw = hp.write_synthetic_ppi(tmp_path / "src", graphs=(2, 1, 1), nodes_per_graph=8)
+    (raw / "valid_graph.json").write_text('{"nodes": [')
+    with pytest.raises(CorruptFileError, match=r"valid_graph\.json.*node-link graph in JSON"):
+        hp.load_ppi(root=tmp_path / "data", raw_dir=raw)
+
+
+def test_damaged_processed_cache_names_the_file(tmp_path):
+    write_tar(tmp_path / "aclImdb_v1.tar.gz", imdb_files())
+    IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
+    cache = tmp_path / "imdb" / "processed" / "simple_train.pt"
+    _truncate(cache, 0.5)
+    with pytest.raises(CorruptFileError, match="force_reload=True") as info:
+        IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
+    assert str(cache) in str(info.value)
+    rebuilt = IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path, force_reload=True)
+    assert len(rebuilt) == 18
+    # no temporary files are left next to the cache
+    assert sorted(p.name for p in cache.parent.iterdir() if p.name.startswith(".")) == [".lock"]
