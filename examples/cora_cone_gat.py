@@ -27,9 +27,9 @@ exp(c x_d); ``d`` for c = 1/d) and ``--qk-channels`` (separate query/key
 projections instead of the shared value projection). Every run also records the
 best validation accuracy, the number to tune these options by.
 
-Data: ``--root`` (default ``$HIERGRAPH_DATA``, else the repo's ``datasets/``);
+Data: ``--root`` (default ``$HIERGRAPH_DATA``, else ``~/.cache/hiergraph``);
 raw files are linked from ``--raw-dir`` or ``$HIERGRAPH_RAW`` when ``<root>/Cora/raw``
-is empty. ``--attention`` takes several names to run them one after the other, and
+is empty, else downloaded. ``--attention`` takes several names to run them one after the other, and
 ``--json PATH`` merges one row per attention (all seeds, mean, std, epochs run,
 budget) into a JSON file. Example::
 

@@ -18,7 +18,7 @@ cache-vs-full-pass agreement, and a generated sample. Results go to
 
 The reviews are read straight from ``aclImdb_50k.tar.gz`` (``--tar``, default
 ``$HIERGRAPH_RAW/aclImdb_50k.tar.gz``, else ``../shared/datasets``); the chosen
-texts are cached in the git-ignored ``datasets/imdb_lm/`` (``--cache-dir``).
+texts are cached in ``~/.cache/hiergraph/imdb_lm/`` (the data root, ``--cache-dir``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.data import Batch
 
+from hiergraph.datasets.download import data_root
 from hiergraph.nn.hte_decoder import HTEDecoder, from_schedule
 from hiergraph.ops.hsa_causal import CausalPlan
 
@@ -158,7 +159,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "hierarchical_lm.json")
     parser.add_argument(
-        "--cache-dir", type=Path, default=ROOT / "datasets" / "imdb_lm", help="chosen reviews"
+        "--cache-dir", type=Path, default=data_root() / "imdb_lm", help="chosen reviews"
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -7,9 +7,9 @@ every layer, ELU, no dropout, Adam lr 5e-3, BCE-with-logits loss, 2 graphs per
 batch, early stopping on validation micro-F1. Reports test micro-F1 at the best
 validation epoch.
 
-Data: ``--root`` (default ``$HIERGRAPH_DATA``, else the repo's ``datasets/``) with
+Data: ``--root`` (default ``$HIERGRAPH_DATA``, else ``~/.cache/hiergraph``) with
 ``PPI/raw`` holding PyG's raw PPI files (``--raw-dir`` or ``$HIERGRAPH_RAW`` to link
-them from). The real files are not shipped here; the tests run this script on a
+them from, else downloaded). The real files are not shipped here; the tests run this script on a
 small SYNTHETIC stand-in written by ``hiergraph.datasets.planetoid.write_synthetic_ppi``
 (random graphs and labels), and every line the script prints then says so. Examples::
 
