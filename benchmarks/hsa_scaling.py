@@ -56,6 +56,25 @@ def branching_for(n: int) -> tuple[int, ...]:
     return tuple(branching)
 
 
+def bound_shapes(n: int, branching: tuple[int, ...]) -> list[tuple[int, int]]:
+    """``(families, width)`` of every level of the per-level bound over ``n`` leaves: windows
+    of ``b`` leaves (or nodes) per level, then one root family over what remains."""
+    shapes, count = [], n
+    for b in (*branching, None):
+        families, width = (-(-count // b), b) if b else (1, count)
+        shapes.append((families, width))
+        count = families
+        if b is None or count == 1:
+            break
+    return shapes
+
+
+def run_bound(blocks: list[list[torch.Tensor]]) -> torch.Tensor:
+    """One batched SDPA call per level (``blocks``: per level ``[q, k, v]`` of shape
+    ``[families, heads, width, d]``); the outputs, flattened and concatenated."""
+    return torch.cat([F.scaled_dot_product_attention(*blk).reshape(-1) for blk in blocks])
+
+
 def make_case(method: str, n: int, seed: int = 0):
     """A closure running forward (and backward) of ``method`` at size ``n``."""
     gen = torch.Generator().manual_seed(seed)
@@ -76,19 +95,10 @@ def make_case(method: str, n: int, seed: int = 0):
         q, k, v = leaf_qkv(1, HEADS, n, DIM)
         return lambda: F.scaled_dot_product_attention(q, k, v), (q, k, v)
     if method == "bound":
-        blocks, count = [], n
-        for b in (*branching, None):
-            families, width = (-(-count // b), b) if b else (1, count)
-            blocks.append(leaf_qkv(families, HEADS, width, DIM))
-            count = families
-            if b is None or count == 1:
-                break
-        tensors = [t for blk in blocks for t in blk]
-
-        def run():
-            return torch.cat([F.scaled_dot_product_attention(*blk).reshape(-1) for blk in blocks])
-
-        return run, tensors
+        blocks = [
+            leaf_qkv(families, HEADS, width, DIM) for families, width in bound_shapes(n, branching)
+        ]
+        return (lambda: run_bound(blocks)), [t for blk in blocks for t in blk]
     raise ValueError(method)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 from pathlib import Path
@@ -114,3 +115,41 @@ def no_network(monkeypatch):
 
     monkeypatch.setattr(Planetoid, "download", fail)
     monkeypatch.setattr(hp.PPI, "download", fail)
+
+
+# ------------------------------------------------------------------ the ``cuda`` marker
+
+
+def _is_cuda(value) -> bool:
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    return isinstance(value, str) and value.split(":")[0] == "cuda"
+
+
+def _needs_cuda(item) -> bool:
+    """Whether a collected test exercises CUDA: a CUDA device among its parameters, or (when
+    no parameter is a device) ``cuda`` in its name, a skip reason, or its source."""
+    callspec = getattr(item, "callspec", None)
+    params = list(callspec.params.values()) if callspec is not None else []
+    if any(_is_cuda(p) for p in params):
+        return True
+    if any(p == "cpu" or isinstance(p, torch.device) for p in params):
+        return False  # the CPU variant of a device-parametrised test
+    if "cuda" in item.name.lower():
+        return True
+    reasons = (str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
+    if any("cuda" in reason.lower() for reason in reasons):
+        return True
+    try:
+        source = inspect.getsource(item.function)
+    except (AttributeError, OSError, TypeError):
+        return False
+    return "torch.cuda" in source or '"cuda"' in source or ".cuda(" in source
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every CUDA test ``cuda``: ``pytest -m cuda`` runs exactly those (the GPU check of
+    ``benchmarks/gpu.py``)."""
+    for item in items:
+        if _needs_cuda(item):
+            item.add_marker(pytest.mark.cuda)

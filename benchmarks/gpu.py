@@ -1,0 +1,744 @@
+"""The one-command GPU check: the CUDA tests, then forward+backward timings of every method
+against its peer, with peak memory, in one run that stops itself before 8 minutes.
+
+    python benchmarks/gpu.py --out benchmarks/results/gpu          # on a CUDA machine
+    python benchmarks/gpu.py --device cpu --quick --out /tmp/gpu   # tiny sizes, < 1 min
+
+Sections, in this order, each with its own time cap (``--caps name=seconds`` changes one):
+
+* ``tests`` (170 s): ``pytest -m cuda`` in a subprocess (the tests ``tests/conftest.py``
+  marks ``cuda``: a CUDA device among their parameters, or CUDA in their name or body); its
+  counts and failures go into the JSON, its JUnit report into ``pytest_cuda.xml``. Skipped
+  without CUDA unless ``--pytest ARGS`` names what to run.
+* ``hsa`` (120 s): ``hiergraph.ops.hierarchical_attention`` over PyG batches of
+  ``window_hierarchy`` trees (64 x 128, 32 x 512, 8 x 2,048 leaves) and single trees (16K,
+  256K, 1M leaves), 8 heads, d = 64, vs ``scaled_dot_product_attention`` over each tree's
+  leaves with the flash and the memory-efficient backends, and vs the per-level bound of
+  ``benchmarks/hsa_scaling.py`` (one batched SDPA call per level over its families).
+* ``hmatrix`` (35 s): ``hmatrix_attention`` at 16K and 64K tokens vs SDPA (settings of
+  ``benchmarks/hmatrix.py``).
+* ``vcc`` (35 s): one VCC encoder layer at 16K and 128K tokens vs the same
+  ``nn.TransformerEncoderLayer`` on all tokens (settings of ``benchmarks/vcc.py``).
+* ``masked`` (35 s): ``MaskedAttentionConv`` on a window mask (p = 64; raw ``edge_index``,
+  recognised per call, and a prepared ``BandMask``) and on a random mask with as many
+  edges, 64K nodes, vs PyG's ``TransformerConv`` (settings of
+  ``benchmarks/masked_attention.py``).
+* ``cone`` (20 s): ``ConeConv`` (penumbral, umbral) vs PyG's ``GATConv`` on Cora-sized
+  random graphs (2,708 nodes, 10,556 edges, 64 -> 8 heads x 8).
+* ``graph_hsa`` (40 s): ``GraphHSANet`` (2 layers, GCN local convs) on a 1M-node planted-
+  partition graph with a window hierarchy over its nodes (blocks are consecutive), vs the
+  same net's GCN stack alone.
+
+Every case runs float32 and bfloat16 (ops get bf16 inputs; modules run under bf16
+autocast). Methods of a case are timed in interleaved rounds (one step of each per round,
+at least 3 rounds, after a warm-up step); a step is forward + ``out.sum().backward()``;
+times are medians, by CUDA events on a GPU and ``time.perf_counter`` on the CPU. Peak
+memory is ``torch.cuda.max_memory_allocated`` over one extra step, reset per method. A
+method is skipped, with the reason recorded, when its inputs would not fit in free memory,
+when its time extrapolated from a smaller size of the same run would pass the section's
+cap, on out-of-memory, or when SDPA has no kernel for it (flash needs bf16/fp16).
+
+The run stops itself at ``--deadline`` seconds (default 450, checked between cases and
+rounds). ``gpu.json`` is rewritten after every case (a killed run keeps what it measured)
+and ``gpu.png`` after every section; a table is printed at the end. Results of a real GPU
+run go under ``benchmarks/results/gpu/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STARTED = time.monotonic()  # the deadline counts from here, torch's import included
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import hmatrix as hmatrix_bench  # noqa: E402
+import masked_attention as masked_bench  # noqa: E402
+import vcc as vcc_bench  # noqa: E402
+from graph_hsa import planted_partition  # noqa: E402
+from hsa_scaling import bound_shapes, branching_for, run_bound  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+CAPS = {
+    "tests": 170.0,
+    "hsa": 120.0,
+    "hmatrix": 35.0,
+    "vcc": 35.0,
+    "masked": 35.0,
+    "cone": 20.0,
+    "graph_hsa": 40.0,
+}
+ROUNDS = 3  # timed rounds per case (at least)
+MAX_STEP_S = 3.0  # a method whose step is predicted slower than this is not run
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Problem sizes of the full (GPU) and the quick (CPU smoke) runs."""
+
+    hsa_batches: tuple[tuple[int, int], ...]  # (trees, leaves per tree)
+    hsa_trees: tuple[int, ...]  # leaves of single trees
+    heads: int
+    dim: int
+    hmatrix: tuple[int, ...]
+    vcc: tuple[int, ...]
+    masked: int
+    cone: tuple[int, int]  # nodes, edges
+    graph_hsa: int
+
+
+FULL = Sizes(
+    ((64, 128), (32, 512), (8, 2048)), (16384, 262144, 1048576), 8, 64,
+    (16384, 65536), (16384, 131072), 65536, (2708, 10556), 1_000_000,
+)  # fmt: skip
+QUICK = Sizes(
+    ((4, 128),), (2048,), 2, 16, (512,), (1024,), 256, (2708, 10556), 4096,
+)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ timing
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fwd_bwd(fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor]) -> Callable[[], None]:
+    """A step: forward of ``fn`` and ``out.sum().backward()`` on fresh gradients."""
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        out = fn()
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+
+    return step
+
+
+def timed_once(step: Callable[[], None], device: torch.device) -> float:
+    """Wall seconds of one step, synchronised (the warm-up; also the time estimate)."""
+    synchronize(device)
+    start = time.perf_counter()
+    step()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def interleaved(steps: dict[str, Callable[[], None]], rounds: int, device, stop_at: float):
+    """Seconds of every step over ``rounds`` rounds of one step each, in turn (CUDA events
+    on a GPU). Stops after a round that ends past ``stop_at`` (monotonic clock)."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        marks = []
+        for name, step in steps.items():
+            if device.type == "cuda":
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+                step()
+                end.record()
+                marks.append((name, start, end))
+            else:
+                t0 = time.perf_counter()
+                step()
+                marks.append((name, t0, time.perf_counter()))
+        synchronize(device)
+        for name, start, end in marks:
+            elapsed = start.elapsed_time(end) / 1e3 if device.type == "cuda" else end - start
+            times[name].append(elapsed)
+        if time.monotonic() > stop_at:
+            break
+    return times
+
+
+def peak_mib(step: Callable[[], None], device: torch.device) -> dict:
+    """Peak allocated memory of one step (absolute, and above the level before it)."""
+    if device.type != "cuda":
+        return {"peak_mib": None, "peak_above_mib": None}
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    step()
+    synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    return {"peak_mib": peak / MIB, "peak_above_mib": (peak - before) / MIB}
+
+
+def free_bytes(device: torch.device) -> float:
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else math.inf
+
+
+def release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------ running
+
+
+Built = tuple[Callable[[], torch.Tensor], list[torch.Tensor]]
+
+
+@dataclass
+class Method:
+    """One method of a case. ``build(dtype, device)`` makes its module and inputs and returns
+    ``(forward, tensors that get gradients)``. ``work`` is its cost in any unit that grows
+    like its time (leaves for linear methods, leaves squared for flat attention): a time
+    measured at a smaller size of the same run, scaled by work, predicts this one.
+    ``peak_bytes`` is a rough float32 peak, checked against free memory first."""
+
+    build: Callable[[torch.dtype, torch.device], Built]
+    work: float = 1.0
+    peak_bytes: float = 0.0
+    autocast: bool = False  # modules: bf16 via autocast, not bf16 inputs
+
+
+@dataclass
+class Run:
+    """The state of one run: options, deadline, results so far (written after every case)."""
+
+    args: argparse.Namespace
+    device: torch.device
+    sizes: Sizes
+    started: float = STARTED
+    meta: dict = field(default_factory=dict)
+    sections: dict = field(default_factory=dict)
+    tests: dict = field(default_factory=dict)
+    rows: list = field(default_factory=list)
+    seconds_per_work: dict = field(default_factory=dict)  # (section, method, dtype) -> s
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.args.deadline
+
+    def left(self, section_end: float) -> float:
+        return min(section_end, self.deadline) - time.monotonic()
+
+    def write(self, plot_too: bool = False) -> None:
+        out = Path(self.args.out)
+        self.meta["elapsed_s"] = time.monotonic() - self.started
+        report = {"meta": self.meta, "sections": self.sections, "tests": self.tests}
+        report["rows"] = self.rows
+        tmp = out / "gpu.json.tmp"
+        tmp.write_text(json.dumps(report, indent=1))
+        os.replace(tmp, out / "gpu.json")
+        if plot_too:
+            plot(self.rows, out / "gpu.png")
+
+
+def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, Method]):
+    """Time ``methods`` against each other in every dtype; one row per method and dtype."""
+    for dtype_name, dtype in DTYPES.items():
+        label = dict(section=section, case=case, dtype=dtype_name)
+        steps, rows = {}, {}
+        for name, method in methods.items():
+            row = rows[name] = dict(label, method=name, status="ok")
+            reason = _skip_reason(run, section, end, name, dtype_name, method)
+            if reason:
+                row.update(status="skipped", reason=reason)
+                continue
+            try:
+                steps[name] = _prepare(run, method, dtype)
+                row["warmup_s"] = timed_once(steps[name], run.device)
+            except Exception as error:  # noqa: BLE001 - one method's failure is recorded
+                steps.pop(name, None)
+                row.update(_failure(error))
+                release(run.device)
+        if steps:
+            _time_and_measure(run, section, end, steps, rows, dtype_name, methods)
+        first = next(iter(methods))
+        for row in rows.values():
+            base = rows[first].get("median_ms")
+            if row.get("median_ms") and base:
+                row[f"ratio_to_{first}"] = row["median_ms"] / base
+            run.rows.append(row)
+        del steps
+        release(run.device)
+        run.write()
+        print(*(_line(r) for r in rows.values()), sep="\n", flush=True)
+
+
+def _skip_reason(run: Run, section, end, name, dtype_name, method: Method) -> str | None:
+    left = run.left(end)
+    if left <= 0:
+        return "deadline" if time.monotonic() > run.deadline else "section time cap"
+    need = method.peak_bytes * DTYPES[dtype_name].itemsize / 4
+    if need > free_bytes(run.device):
+        return f"estimated peak {need / MIB:.0f} MiB would not fit in free memory"
+    per_work = run.seconds_per_work.get((section, name, dtype_name))
+    if per_work is not None:
+        step = per_work * method.work  # scaled from a smaller size of this run
+        if step > MAX_STEP_S:
+            return f"predicted {step:.1f} s per step (> {MAX_STEP_S:.0f} s) from a smaller size"
+        if step * (ROUNDS + 2) > left:
+            return f"predicted {step * (ROUNDS + 2):.0f} s for the case > {left:.0f} s left"
+    return None
+
+
+def _prepare(run: Run, method: Method, dtype: torch.dtype) -> Callable[[], None]:
+    """The method's step in ``dtype``: bf16 inputs, or float32 modules under bf16 autocast."""
+    torch.manual_seed(0)
+    fn, leaves = method.build(torch.float32 if method.autocast else dtype, run.device)
+    if method.autocast and dtype != torch.float32:
+        inner = fn
+
+        def fn():
+            with torch.autocast(run.device.type, dtype=dtype):
+                return inner()
+
+    return fwd_bwd(fn, leaves)
+
+
+def _time_and_measure(run, section, end, steps, rows, dtype_name, methods) -> None:
+    per_round = sum(rows[n]["warmup_s"] for n in steps)  # the warm-up predicts a round
+    left = run.left(end)
+    rounds = ROUNDS if per_round * ROUNDS <= left else max(1, int(left / per_round))
+    try:
+        times = interleaved(steps, rounds, run.device, min(end, run.deadline))
+    except Exception as error:  # noqa: BLE001
+        for name in steps:
+            rows[name].update(_failure(error))
+        return
+    for name, samples in times.items():
+        median = statistics.median(samples)
+        rows[name].update(median_ms=1e3 * median, times_ms=[1e3 * t for t in samples])
+        rows[name]["rounds"] = len(samples)
+        if len(samples) < ROUNDS:
+            rows[name]["note"] = f"only {len(samples)} rounds fit the time cap"
+        run.seconds_per_work[(section, name, dtype_name)] = median / methods[name].work
+        try:
+            rows[name].update(peak_mib(steps[name], run.device))
+        except Exception as error:  # noqa: BLE001
+            rows[name]["memory_error"] = _failure(error)["reason"]
+
+
+def _failure(error: Exception) -> dict:
+    text = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    if isinstance(error, torch.OutOfMemoryError):
+        return {"status": "skipped", "reason": "out of memory"}
+    if "No available kernel" in str(error) or "No viable backend" in str(error):
+        return {"status": "skipped", "reason": "no SDPA kernel: " + text.split(". ")[0][:160]}
+    return {"status": "error", "reason": text[:300]}
+
+
+def _line(row: dict) -> str:
+    ms = f"{row['median_ms']:10.2f} ms" if row.get("median_ms") is not None else " " * 13
+    mem = f"{row['peak_mib']:9.0f} MiB" if row.get("peak_mib") is not None else " " * 13
+    ratio = next((f"{v:7.2f}x" for k, v in row.items() if k.startswith("ratio_to_")), "")
+    status = "" if row["status"] == "ok" else f"  [{row['status']}: {row.get('reason', '')}]"
+    return (
+        f"{row['section']:<9} {row['case']:<14} {row['dtype']:<4} {row['method']:<18}"
+        f"{ms} {mem} {ratio}{status}"
+    )
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+def section_tests(run: Run, end: float) -> dict | None:
+    """``pytest -m cuda`` in a subprocess; counts from its JUnit report."""
+    args = run.args.pytest.split() if run.args.pytest else ["-m", "cuda", "tests"]
+    if run.device.type != "cuda" and not run.args.pytest:
+        run.tests.update(status="skipped", reason="no CUDA device (the cuda tests would skip)")
+        return dict(run.tests)
+    xml = Path(run.args.out) / "pytest_cuda.xml"
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
+    command += [f"--junitxml={xml}", *args]
+    run.tests.update(command=" ".join(command[1:]), status="running")
+    start = time.monotonic()
+    try:
+        done = subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=max(run.left(end), 1)
+        )
+        output, run.tests["returncode"] = done.stdout + done.stderr, done.returncode
+        run.tests["status"] = "done"
+    except subprocess.TimeoutExpired as timeout:
+        output = (timeout.stdout or b"").decode() if isinstance(timeout.stdout, bytes) else ""
+        run.tests.update(status="timeout", reason=f"killed after {timeout.timeout:.0f} s")
+    run.tests["elapsed_s"] = time.monotonic() - start
+    run.tests.update(junit_counts(xml))
+    run.tests["output_tail"] = output[-3000:]
+    print(f"tests: {json.dumps({k: v for k, v in run.tests.items() if k != 'output_tail'})}")
+    return None if run.tests["status"] == "done" else {"status": run.tests["status"]}
+
+
+def junit_counts(path: Path) -> dict:
+    """``passed/failed/errors/skipped`` and the failing test ids of a JUnit XML report."""
+    if not path.exists():
+        return {}
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    count = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors")}
+    count["skipped"] = sum(int(s.get("skipped", 0)) for s in suites)
+    failing = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for case in root.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
+    passed = count["tests"] - count["failures"] - count["errors"] - count["skipped"]
+    return {
+        "passed": passed,
+        "failed": count["failures"],
+        "errors": count["errors"],
+        "skipped": count["skipped"],
+        "failing": failing,
+    }
+
+
+def _leaf(shape, dtype, device) -> torch.Tensor:
+    return torch.randn(*shape, device=device).to(dtype).requires_grad_()
+
+
+def _sdpa(backend_name: str, shape, dtype, device):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    q, k, v = (_leaf(shape, dtype, device) for _ in range(3))
+
+    def fn():
+        with sdpa_kernel(backend[backend_name]):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    return fn, [q, k, v]
+
+
+def _tree_branching(leaves: int) -> tuple[int, ...]:
+    """``hsa_scaling``'s window sizes (16, 8, 4, 2, 2, ...), the levels a tree of ``leaves``
+    uses (a level is kept while its windows leave at least 2 nodes above them)."""
+    branching, span = [], 1
+    for b in branching_for(max(leaves, 1024)):
+        if span * b * 2 > leaves:
+            break
+        branching.append(b)
+        span *= b
+    return tuple(branching) or (leaves,)
+
+
+def _hsa_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
+    from torch_geometric.data import Batch
+
+    from hiergraph.data import window_hierarchy
+    from hiergraph.ops import hierarchical_attention
+
+    H, d = run.sizes.heads, run.sizes.dim
+    branching = _tree_branching(leaves)
+    total = trees * leaves
+
+    def hsa(dtype, device):
+        batch = Batch.from_data_list([window_hierarchy(leaves, branching)] * trees)
+        batch.tree_index()  # structure, built once on the CPU, moves with the batch
+        batch = batch.to(device)
+        q, k, v = (_leaf((total, H, d), dtype, device) for _ in range(3))
+        return (lambda: hierarchical_attention(q, k, v, batch)), [q, k, v]
+
+    def bound(dtype, device):
+        shapes = bound_shapes(leaves, branching)
+        blocks = [[_leaf((trees * f, H, w, d), dtype, device) for _ in range(3)] for f, w in shapes]
+        return (lambda: run_bound(blocks)), [t for blk in blocks for t in blk]
+
+    flat = (trees, H, leaves, d)
+    nbytes = 4 * 3 * total * H * d * 4  # q, k, v, their grads, outputs and workspace
+    return {
+        "hsa": Method(hsa, work=total, peak_bytes=nbytes),
+        "sdpa-flash": Method(
+            lambda dt, dev: _sdpa("flash", flat, dt, dev), trees * leaves**2, nbytes
+        ),
+        "sdpa-efficient": Method(
+            lambda dt, dev: _sdpa("efficient", flat, dt, dev), trees * leaves**2, nbytes
+        ),
+        "level-bound": Method(bound, work=total, peak_bytes=nbytes),
+    }
+
+
+def section_hsa(run: Run, end: float) -> None:
+    for trees, leaves in run.sizes.hsa_batches:
+        run_case(run, "hsa", end, f"{trees}x{leaves}", _hsa_methods(run, trees, leaves))
+    for leaves in run.sizes.hsa_trees:
+        run_case(run, "hsa", end, f"1x{leaves}", _hsa_methods(run, 1, leaves))
+
+
+def section_hmatrix(run: Run, end: float) -> None:
+    from hiergraph.ops.hmatrix import hmatrix_attention
+
+    H, d, block = hmatrix_bench.HEADS, hmatrix_bench.DIM, hmatrix_bench.BLOCK
+    for length in run.sizes.hmatrix:
+        shape = (1, H, length, d)
+
+        def ours(dtype, device, shape=shape):
+            q, k, v = (_leaf(shape, dtype, device) for _ in range(3))
+            return (lambda: hmatrix_attention(q, k, v, block)), [q, k, v]
+
+        def sdpa(dtype, device, shape=shape):
+            q, k, v = (_leaf(shape, dtype, device) for _ in range(3))
+            return (lambda: F.scaled_dot_product_attention(q, k, v)), [q, k, v]
+
+        nbytes = 4 * 3 * length * H * d * 4
+        methods = {
+            "hmatrix": Method(ours, work=length, peak_bytes=nbytes),
+            "sdpa": Method(sdpa, work=length**2, peak_bytes=nbytes),
+        }
+        run_case(run, "hmatrix", end, f"L={length}", methods)
+
+
+def section_vcc(run: Run, end: float) -> None:
+    for n in run.sizes.vcc:
+
+        def layer(which: str, dtype, device, n=n):
+            enc = vcc_bench._encoder(trained_like=False).to(device)
+            x, vip = (t.to(device) for t in vcc_bench._inputs(n, trained_like=False))
+            x.requires_grad_()
+            if which == "vcc":
+                return (lambda: enc(x, vip)), [x, *enc.parameters()]
+            return (lambda: enc.layers[0](x)), [x, *enc.parameters()]
+
+        nbytes = 16 * n * vcc_bench.DIM * 4  # activations of one layer, fwd + bwd
+        methods = {
+            "vcc-layer": Method(lambda dt, dev, f=layer: f("vcc", dt, dev), n, nbytes, True),
+            "full-layer": Method(lambda dt, dev, f=layer: f("full", dt, dev), n**2, nbytes, True),
+        }
+        run_case(run, "vcc", end, f"n={n}", methods)
+
+
+def section_masked(run: Run, end: float) -> None:
+    from torch_geometric.nn import TransformerConv
+
+    from hiergraph.masks import BandMask
+    from hiergraph.nn import MaskedAttentionConv
+
+    n = run.sizes.masked
+    cin, cout, heads = masked_bench.IN_CHANNELS, masked_bench.OUT_CHANNELS, masked_bench.HEADS
+
+    masks = {kind: masked_bench.build_mask(kind, n)[0] for kind in ("window", "random")}
+
+    def conv(kind: str, method: str, dtype, device):
+        edge_index = masks[kind]
+        ours = MaskedAttentionConv(cin, cout, heads=heads, root_weight=False)
+        if method == "transformer_conv":
+            layer = TransformerConv(cin, cout, heads=heads, root_weight=False)
+            layer.load_state_dict(ours.state_dict(), strict=False)
+        else:
+            layer = ours
+        mask = BandMask((n,), masked_bench.WINDOW, masked_bench.WINDOW)
+        edges = mask if method == "ours-bandmask" else edge_index.to(device)
+        layer = layer.to(device)
+        x = torch.randn(n, cin, device=device, requires_grad=True)
+        return (lambda: layer(x, edges)), [x, *layer.parameters()]
+
+    edges = n * (2 * masked_bench.WINDOW + 1)
+    for kind in ("window", "random"):
+        names = ["ours", "transformer_conv"] + (["ours-bandmask"] if kind == "window" else [])
+        methods = {
+            name: Method(
+                lambda dt, dev, k=kind, m=name: conv(k, m, dt, dev),
+                work=edges,  # per-edge [E, H, C] tensors: about 6 for TransformerConv
+                peak_bytes=edges * heads * cout * 4 * (6 if name == "transformer_conv" else 1),
+                autocast=True,
+            )
+            for name in names
+        }
+        run_case(run, "masked", end, f"{kind} n={n}", methods)
+
+
+def section_cone(run: Run, end: float) -> None:
+    from torch_geometric.nn import GATConv
+
+    from hiergraph.nn import ConeConv
+
+    nodes, num_edges = run.sizes.cone
+
+    def conv(variant: str, dtype, device):
+        gen = torch.Generator().manual_seed(0)
+        edge_index = torch.randint(0, nodes, (2, num_edges), generator=gen).to(device)
+        if variant == "gat":
+            layer = GATConv(64, 8, heads=8)
+        else:
+            layer = ConeConv(64, 8, heads=8, variant=variant)
+        layer = layer.to(device)
+        x = torch.randn(nodes, 64, device=device, requires_grad=True)
+        return (lambda: layer(x, edge_index)), [x, *layer.parameters()]
+
+    methods = {
+        name: Method(lambda dt, dev, v=name: conv(v, dt, dev), autocast=True)
+        for name in ("gat", "penumbral", "umbral")
+    }
+    run_case(run, "cone", end, f"cora-size n={nodes}", methods)
+
+
+def section_graph_hsa(run: Run, end: float) -> None:
+    from torch_geometric.nn import GCNConv
+
+    from hiergraph.data import window_hierarchy
+    from hiergraph.nn import GraphHSANet
+
+    n, channels = run.sizes.graph_hsa, 64
+    edge_index = planted_partition(n, 128, 4, 1).to(run.device)  # blocks of 128 nodes
+    tree = window_hierarchy(n, _tree_branching(n))
+    tree.tree_index()  # structure, built once on the CPU, moves with the tree
+    tree = tree.to(run.device)
+
+    def net(kind: str, dtype, device):
+        model = GraphHSANet(
+            channels, channels, 16, conv_factory=lambda c: GCNConv(c, c, cached=True),
+            num_layers=2, heads=2, dropout=0.0,
+        )  # fmt: skip
+        model = model.to(device)
+        x = torch.randn(n, channels, device=device, requires_grad=True)
+        if kind == "gcn":  # the same convs without the attention branch
+            convs = [layer.conv for layer in model.layers]
+
+            def gcn():
+                h = model.lin_in(x)
+                for conv in convs:
+                    h = torch.relu(conv(h, edge_index)) + h
+                return model.lin_out(h)
+
+            return gcn, [x, *model.parameters()]
+        return (lambda: model(x, edge_index, tree)), [x, *model.parameters()]
+
+    nbytes = 40 * n * channels * 4  # node features through 2 layers, fwd + bwd
+    methods = {
+        kind: Method(lambda dt, dev, k=kind: net(k, dt, dev), n, nbytes, autocast=True)
+        for kind in ("graph_hsa_net", "gcn")
+    }
+    run_case(run, "graph_hsa", end, f"n={n}", methods)
+
+
+SECTIONS = {
+    "tests": section_tests,
+    "hsa": section_hsa,
+    "hmatrix": section_hmatrix,
+    "vcc": section_vcc,
+    "masked": section_masked,
+    "cone": section_cone,
+    "graph_hsa": section_graph_hsa,
+}
+
+
+# -------------------------------------------------------------------------------- report
+
+
+def environment(device: torch.device) -> dict:
+    import torch_geometric
+
+    meta = {
+        "device": str(device),
+        "device_name": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "torch_geometric": torch_geometric.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "python": platform.python_version(),
+        "cpu_threads": torch.get_num_threads(),
+        "command": "python benchmarks/gpu.py " + " ".join(sys.argv[1:]),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        meta.update(device_name=props.name, device_memory_gib=props.total_memory / 2**30)
+    try:
+        meta["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        pass
+    return meta
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """One panel per section: median fwd+bwd time of every method, per case and dtype."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sections = list(dict.fromkeys(r["section"] for r in rows if r.get("median_ms")))
+    if not sections:
+        return
+    fig, axes = plt.subplots(len(sections), 1, figsize=(10, 2.6 * len(sections)), squeeze=False)
+    for ax, section in zip(axes[:, 0], sections, strict=True):
+        done = [r for r in rows if r["section"] == section and r.get("median_ms")]
+        groups = list(dict.fromkeys(f"{r['case']} {r['dtype']}" for r in done))
+        methods = list(dict.fromkeys(r["method"] for r in done))
+        width = 0.8 / len(methods)
+        for i, method in enumerate(methods):
+            mine = {
+                f"{r['case']} {r['dtype']}": r["median_ms"] for r in done if r["method"] == method
+            }
+            xs = [g + i * width for g, name in enumerate(groups) if name in mine]
+            ax.bar(xs, [mine[name] for name in groups if name in mine], width, label=method)
+        ax.set_yscale("log")
+        ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], groups, fontsize=7)
+        ax.set_ylabel("fwd+bwd ms")
+        ax.set_title(section, fontsize=9)
+        ax.legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="folder for gpu.json, gpu.png, the report")
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke run)")
+    parser.add_argument("--deadline", type=float, default=450.0, help="stop after this (s)")
+    parser.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
+    parser.add_argument("--caps", nargs="*", default=[], help="section=seconds overrides")
+    parser.add_argument("--pytest", default=None, help="pytest arguments (default: -m cuda)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --device cpu --quick for a smoke run")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    caps = dict(CAPS, **{k: float(v) for k, v in (c.split("=") for c in args.caps)})
+    run = Run(args, device, QUICK if args.quick else FULL)
+    run.meta = environment(device) | {"quick": args.quick, "deadline_s": args.deadline}
+    run.meta["caps_s"] = caps
+    run.meta["started"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    for name in args.sections:
+        start = time.monotonic()
+        if start > run.deadline:
+            run.sections[name] = {"status": "skipped", "reason": "deadline"}
+            continue
+        run.sections[name] = {"status": "running", "cap_s": caps[name]}
+        try:
+            status = SECTIONS[name](run, start + caps[name]) or {"status": "done"}
+        except Exception as error:  # noqa: BLE001 - a broken section must not lose the rest
+            status = {"status": "error", "reason": _failure(error)["reason"]}
+        status["elapsed_s"] = time.monotonic() - start
+        run.sections[name].update(status)
+        release(device)
+        run.write(plot_too=True)
+    run.meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    run.meta["stopped_by_deadline"] = time.monotonic() > run.deadline
+    run.write(plot_too=True)
+    print(f"{'section':<9} {'case':<14} {'type':<4} {'method':<18}{'fwd+bwd':>13} {'peak':>13}"
+          f" {'vs 1st':>8}")  # fmt: skip
+    print("\n".join(_line(r) for r in run.rows))
+    print(f"wrote {Path(args.out) / 'gpu.json'} and gpu.png in {run.meta['elapsed_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

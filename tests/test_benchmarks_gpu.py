@@ -1,0 +1,103 @@
+"""``benchmarks/gpu.py``, the one-command GPU check, runs end to end on the CPU (tiny sizes)
+and writes a complete report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SECTIONS = ["tests", "hsa", "hmatrix", "vcc", "masked", "cone", "graph_hsa"]
+PEERS = {  # section -> methods every case compares
+    "hsa": {"hsa", "sdpa-flash", "sdpa-efficient", "level-bound"},
+    "hmatrix": {"hmatrix", "sdpa"},
+    "vcc": {"vcc-layer", "full-layer"},
+    "masked": {"ours", "transformer_conv"},
+    "cone": {"gat", "penumbral", "umbral"},
+    "graph_hsa": {"graph_hsa_net", "gcn"},
+}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu")
+    command = [
+        sys.executable, "benchmarks/gpu.py", "--device", "cpu", "--quick", "--out", str(out),
+        # the tests section runs one fast test instead of the (skipping) CUDA tests
+        "--pytest", "tests/test_host_sync.py -k recorder_sees",
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, json.loads((out / "gpu.json").read_text()), done.stdout
+
+
+def test_report_has_every_section_and_the_environment(report):
+    out, data, stdout = report
+    assert (out / "gpu.png").stat().st_size > 0 and (out / "pytest_cuda.xml").exists()
+    meta = data["meta"]
+    for key in ("device", "device_name", "torch", "cuda", "command", "caps_s", "elapsed_s"):
+        assert key in meta
+    assert meta["device"] == "cpu" and meta["quick"] and not meta["stopped_by_deadline"]
+    assert list(data["sections"]) == SECTIONS
+    assert all(s["status"] == "done" for s in data["sections"].values()), data["sections"]
+    tests = data["tests"]
+    assert (tests["passed"], tests["failed"], tests["errors"]) == (1, 0, 0), tests
+    assert "section" in stdout and "fwd+bwd" in stdout  # the table
+
+
+def test_every_case_times_each_method_against_its_peers(report):
+    _, data, _ = report
+    rows = data["rows"]
+    for section, methods in PEERS.items():
+        mine = [r for r in rows if r["section"] == section]
+        for case in {r["case"] for r in mine}:
+            for dtype in ("fp32", "bf16"):
+                got = {r["method"] for r in mine if r["case"] == case and r["dtype"] == dtype}
+                assert methods <= got, (section, case, dtype, got)
+    firsts = {}  # (section, case, dtype) -> the row of the case's first method
+    for row in rows:
+        first = firsts.setdefault((row["section"], row["case"], row["dtype"]), row)
+        assert row["status"] in ("ok", "skipped", "error"), row
+        if row["status"] != "ok":
+            assert row["reason"], row
+            continue
+        assert row["rounds"] >= 3 and len(row["times_ms"]) == row["rounds"]
+        assert 0 < row["median_ms"] and row["peak_mib"] is None  # no CUDA allocator on CPU
+        if first["status"] == "ok":
+            assert row[f"ratio_to_{first['method']}"] > 0
+    ok = {r["section"] for r in rows if r["status"] == "ok"}
+    assert ok == set(PEERS)
+
+
+def test_deadline_stops_the_run_and_keeps_the_report(tmp_path):
+    command = [
+        sys.executable, "benchmarks/gpu.py", "--device", "cpu", "--quick", "--out", str(tmp_path),
+        "--deadline", "0", "--sections", "hsa", "cone",
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads((tmp_path / "gpu.json").read_text())
+    assert data["meta"]["stopped_by_deadline"]
+    assert all(s["status"] == "skipped" for s in data["sections"].values())
+    assert data["rows"] == []
+
+
+def test_cuda_marker_selects_the_cuda_variants_only():
+    command = [
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only",
+        "-m", "cuda", "tests/ops/test_gpu_path.py", "tests/test_host_sync.py",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    assert "tests/ops/test_gpu_path.py::test_autocast_bf16[hsa-dense-cuda]" in ids
+    assert "tests/test_host_sync.py::test_no_host_sync_cuda[hsa-dense]" in ids
+    assert "tests/ops/test_gpu_path.py::test_cuda_matches_cpu[hmatrix]" in ids
+    assert "tests/ops/test_gpu_path.py::test_no_host_sync_in_hot_loop[banded]" in ids  # skipif
+    assert not any("cpu" in i.partition("[")[2] for i in ids), ids  # no CPU variant
