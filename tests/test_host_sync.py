@@ -422,7 +422,7 @@ def typed_linear(device):
 CASES: dict[str, Callable[[str], Case]] = {
     "hsa-dense": lambda d: hsa(d, pos_emb=True),
     "hsa-edge": lambda d: hsa(d, pos_emb=True, kernel="edge"),
-    "hsa-causal-mask": lambda d: hsa(d, include_self=True, causal=True, leaf_mask=True),
+    "hsa-causal-mask": lambda d: hsa(d, include_self=True, leaky_causal=True, leaf_mask=True),
     "causal-hsa": causal_hsa,
     "hmatrix": hmatrix,
     "hmatrix-causal": lambda d: hmatrix(d, causal=True),
@@ -491,12 +491,7 @@ KNOWN_SYNCS: dict[str, str] = {
     ),
 }
 #: case -> where it makes tensors off its inputs' device; xfail(strict=True) under meta
-KNOWN_OFF_DEVICE: dict[str, str] = {
-    "HierarchicalSelfAttention-hubs": (
-        "the per-pass TreeIndex build makes its bucket widths with torch.tensor(...) on the "
-        "default device (ops/tree_index.py _make_blocks)"
-    ),
-}
+KNOWN_OFF_DEVICE: dict[str, str] = {}
 
 
 def make_case(name: str, device: str) -> Case:

@@ -10,6 +10,7 @@ from hiergraph.data.transforms import lift_leaves, tree_of_nodes
 from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.nn.typed_linear import TypedLinear
 from hiergraph.ops.hsa import KERNELS, hierarchical_attention
+from hiergraph.ops.hsa_causal_dense import causal_hierarchical_attention_matrix
 from hiergraph.ops.hsa_dense import hierarchical_attention_matrix
 from hiergraph.ops.hubs import root_scores, top_per_tree
 
@@ -50,8 +51,14 @@ class HierarchicalSelfAttention(nn.Module):
             position bias).
         pos_head_channels: per-head size of the projected embeddings
             (default ``head_channels``).
-        include_self: leaves attend to themselves (notes/hsa.md §2.8.9).
-        causal: left-to-right within families (needs ``include_self``).
+        include_self: leaves attend to themselves (the self energy of App. G.1).
+        causal: strictly causal: a leaf's output depends on the leaves up to it (in
+            leaf order, a depth-first order of every tree) only
+            (:func:`~hiergraph.ops.causal_hierarchical_attention`; needs
+            ``include_self``, no ``leaf_mask``).
+        leaky_causal: the paper's sibling masking (App. G.1): left siblings only. It
+            is not causal: later tokens still change earlier rows through their
+            ancestors' statistics (needs ``include_self``).
         dropout: dropout on the output.
         kernel: family kernel, ``'dense'`` or ``'edge'``.
         hubs: ``g > 0`` lifts the ``g`` leaves of every tree with the highest
@@ -75,6 +82,7 @@ class HierarchicalSelfAttention(nn.Module):
         pos_head_channels: int | None = None,
         include_self: bool = False,
         causal: bool = False,
+        leaky_causal: bool = False,
         dropout: float = 0.0,
         kernel: str = "dense",
         hubs: int = 0,
@@ -96,16 +104,20 @@ class HierarchicalSelfAttention(nn.Module):
         self.pos_channels = pos_channels
         out_channels = in_channels if out_channels is None else out_channels
         head_channels = head_channels or max(in_channels // heads, 1)
-        if causal and not include_self:
+        flag = "causal" if causal else "leaky_causal" if leaky_causal else None
+        if causal and leaky_causal:
+            raise ValueError("pass causal=True (strictly causal) or leaky_causal=True, not both")
+        if flag and not include_self:
             raise ValueError(
-                "causal=True needs include_self=True: without leaf self-energies every node "
+                f"{flag}=True needs include_self=True: without leaf self-energies every node "
                 "whose first child is a leaf has zero partition and its rows collapse to 0"
             )
-        if causal and hubs:
-            raise ValueError("hubs are chosen among all leaves, later ones too: not with causal")
+        if flag and hubs:
+            raise ValueError(f"hubs are chosen among all leaves, later ones too: not with {flag}")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.heads, self.head_channels = heads, head_channels
-        self.include_self, self.causal, self.kernel = include_self, causal, kernel
+        self.include_self, self.kernel = include_self, kernel
+        self.causal, self.leaky_causal = causal, leaky_causal
         self.hubs = hubs
         inner = heads * head_channels
         self.query = TypedLinear(in_channels, inner, num_node_types)
@@ -135,7 +147,7 @@ class HierarchicalSelfAttention(nn.Module):
         hierarchy,
         pos_emb: Tensor | None = None,
         leaf_mask: Tensor | None = None,
-        return_attention: bool = False,
+        return_attention_weights: bool = False,
     ):
         r"""
         Args:
@@ -144,7 +156,7 @@ class HierarchicalSelfAttention(nn.Module):
             pos_emb: ``[N, pos_channels]`` position embeddings of all nodes,
                 e.g. from :class:`~hiergraph.nn.FamilyPositionEncoder`.
             leaf_mask: ``[L]`` bool, ``False`` for padding leaves.
-            return_attention: also return :math:`\hat\Theta` ``[H, L, L]``
+            return_attention_weights: also return :math:`\hat\Theta` ``[H, L, L]``
                 (dense; only for ``L <= 4096``).
 
         Returns:
@@ -177,19 +189,24 @@ class HierarchicalSelfAttention(nn.Module):
         eps = None
         if self.pos is not None:
             eps = self.pos(pos_emb, hierarchy.domain).view(-1, self.heads, self.pos_head_channels)
-        options = dict(pos_emb=eps, include_self=self.include_self, causal=self.causal)
-        out = hierarchical_attention(
-            q, k, v, index, leaf_mask=leaf_mask, kernel=self.kernel, **options
-        )
+        options = dict(pos_emb=eps, include_self=self.include_self, leaf_mask=leaf_mask)
+        if self.causal:  # the strictly causal op reads the hierarchy, not the tree plan
+            out = hierarchical_attention(q, k, v, hierarchy, causal=True, **options)
+        else:
+            options["leaky_causal"] = self.leaky_causal
+            out = hierarchical_attention(q, k, v, index, kernel=self.kernel, **options)
         out = self.dropout(self.out(out.reshape(x.size(0), -1)))
-        if not return_attention:
+        if not return_attention_weights:
             return out
         if x.size(0) > MAX_DENSE_LEAVES:
             raise ValueError(
-                f"return_attention builds a dense [H, L, L] matrix; L={x.size(0)} is above "
+                f"return_attention_weights builds a dense [H, L, L] matrix; L={x.size(0)} is above "
                 f"{MAX_DENSE_LEAVES}"
             )
-        theta = hierarchical_attention_matrix(q, k, hierarchy, leaf_mask=leaf_mask, **options)
+        if self.causal:
+            theta = causal_hierarchical_attention_matrix(q, k, hierarchy, pos_emb=eps)
+        else:
+            theta = hierarchical_attention_matrix(q, k, hierarchy, **options)
         return out, theta
 
     def _lift_hubs(self, q, k, hierarchy, index, pos_emb, leaf_mask):
@@ -211,5 +228,6 @@ class HierarchicalSelfAttention(nn.Module):
         return (
             f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, "
             f"heads={self.heads}, "
-            f"include_self={self.include_self}, causal={self.causal}{hubs})"
+            f"include_self={self.include_self}, causal={self.causal}, "
+            f"leaky_causal={self.leaky_causal}{hubs})"
         )

@@ -6,9 +6,10 @@ children of its parent) with logits
 .. math::
     s(C, B) = \tau\,\rho_q(C)^\top\rho_k(B) + \varepsilon(C)^\top\varepsilon(B) + \log n(B),
 
-over the keys with :math:`n(B) > 0` (and :math:`B` left of :math:`C` if
-causal). With ``size_bias=False`` the :math:`\log n(B)` term is dropped: every
-sibling sub-tree weighs as one token (the ablation of notes/hsa.md §7.3).
+over the keys with :math:`n(B) > 0` (and :math:`B` left of :math:`C` with
+``left_only``, the sibling masking of App. G.1). With ``size_bias=False`` the
+:math:`\log n(B)` term is dropped: every sibling sub-tree weighs as one token (an
+ablation; Thm. 3.2 needs the term).
 Both kernels return the log-partition
 :math:`\mathrm{lse}(C) = \log\sum_B e^{s(C,B)}` (``-inf`` without keys) and
 :math:`\vartheta(C) = \sum_B \mathrm{softmax}_B\,s(C,\cdot)\,\rho_v(B)` (0
@@ -65,7 +66,7 @@ def family_attention_dense(
     eps: Tensor | None,
     count: Tensor,
     tau: float,
-    causal: bool,
+    left_only: bool,
     parent_level: Level,
     size_bias: bool = True,
 ) -> tuple[Tensor, ...]:
@@ -92,7 +93,7 @@ def family_attention_dense(
     """
     num_parents = parent_level.size
     return _DenseFamilyAttention.apply(
-        q, k, v, eps, count, level, tau, causal, num_parents, size_bias
+        q, k, v, eps, count, level, tau, left_only, num_parents, size_bias
     )
 
 
@@ -110,7 +111,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, eps, count, level, tau, causal, num_parents, size_bias):
+    def forward(ctx, q, k, v, eps, count, level, tau, left_only, num_parents, size_bias):
         n, heads = q.shape[:2]
         lse_out = q.new_empty(n, heads)
         theta_out = v.new_empty(n, heads, v.size(-1))
@@ -130,7 +131,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
             chunks = _row_chunks(block, heads)
             lse, theta = [], []
             for rows in chunks:
-                p, lse_rows = _probabilities(block, qb, kb, eb, keys, tau, causal, rows)
+                p, lse_rows = _probabilities(block, qb, kb, eb, keys, tau, left_only, rows)
                 lse.append(lse_rows)
                 theta.append(p @ vb)
             block.write(lse_out, _cat_rows(lse).transpose(1, 2))
@@ -139,7 +140,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
             saved += [qb, kb, vb, p if len(chunks) == 1 else None, eb, weight]
             ctx.chunks.append(chunks)
         ctx.save_for_backward(*saved, count)
-        ctx.level, ctx.tau, ctx.causal, ctx.size_bias = level, tau, causal, size_bias
+        ctx.level, ctx.tau, ctx.left_only, ctx.size_bias = level, tau, left_only, size_bias
         ctx.dtype = q.dtype
         ctx.shapes = [t.shape if t is not None else None for t in (q, k, v, eps)]
         return lse_out, theta_out, *sums
@@ -171,7 +172,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
             dq_rows, de_rows, dk_b, dv_b, de_cols = [], [], g_k, g_v, 0
             for rows in chunks:
                 if p is None or len(chunks) > 1:
-                    p = _probabilities(block, qb, kb, eb, keys, tau, ctx.causal, rows)[0]
+                    p = _probabilities(block, qb, kb, eb, keys, tau, ctx.left_only, rows)[0]
                 d_out_r = d_out[:, :, rows]
                 d_s = d_out_r @ vb.transpose(-1, -2)
                 d_s -= (p * d_s).sum(-1, keepdim=True)
@@ -215,7 +216,7 @@ def _take_rows(x: Tensor, rows: slice) -> Tensor:
     return x if x.size(2) == 1 else x[:, :, rows]
 
 
-def _probabilities(block, qb, kb, eb, keys, tau, causal, rows: slice) -> tuple[Tensor, Tensor]:
+def _probabilities(block, qb, kb, eb, keys, tau, left_only, rows: slice) -> tuple[Tensor, Tensor]:
     """Softmax ``P [F, H, r, W]`` and ``lse [F, H, r]`` of the query rows ``rows`` of a block
     (``keys``: the level's ``log n`` and ``n > 0``)."""
     log_n, key_ok = keys
@@ -223,7 +224,7 @@ def _probabilities(block, qb, kb, eb, keys, tau, causal, rows: slice) -> tuple[T
     if eb is not None:
         logits += eb[:, :, rows] @ eb.transpose(-1, -2)
     logits += block.rows(log_n)[:, None, None, :]
-    logits.masked_fill_(~_pair_mask(block, key_ok, causal, rows), float("-inf"))
+    logits.masked_fill_(~_pair_mask(block, key_ok, left_only, rows), float("-inf"))
     lse = torch.logsumexp(logits, -1)
     p = logits.sub_(torch.where(torch.isfinite(lse), lse, 0).unsqueeze(-1)).exp_()
     return p, lse
@@ -264,11 +265,11 @@ def _heads_first(x: Tensor) -> Tensor:
     return x.transpose(1, 2).contiguous()
 
 
-def _pair_mask(block, key_ok: Tensor, causal: bool, rows: slice) -> Tensor:
+def _pair_mask(block, key_ok: Tensor, left_only: bool, rows: slice) -> Tensor:
     """``[F, 1, r, W]`` true where query slot ``a`` (in ``rows``) may attend to key slot ``b``."""
     ar = torch.arange(block.width, device=key_ok.device)
     query = ar[rows, None]
-    pair = ar[None, :] < query if causal else ar[None, :] != query
+    pair = ar[None, :] < query if left_only else ar[None, :] != query
     ok = block.rows(key_ok)[:, None, None, :] & pair
     if block.valid is not None:  # padding slots attend to nothing and are never attended
         ok = ok & block.valid[:, None, None, :] & block.valid[:, None, rows, None]
@@ -283,7 +284,7 @@ def family_attention_edge(
     eps: Tensor | None,
     count: Tensor,
     tau: float,
-    causal: bool,
+    left_only: bool,
     parent_level: Level,
     size_bias: bool = True,
 ) -> tuple[Tensor, ...]:
@@ -307,7 +308,7 @@ def family_attention_edge(
         logits = logits + (eps.index_select(0, query) * eps.index_select(0, key)).sum(-1)
     bias, ok = (t[key] for t in key_bias(count, size_bias, work))
     logits = logits + bias.unsqueeze(-1)
-    if causal:
+    if left_only:
         ok = ok & (key < query)
     lse, attn = scatter_softmax(logits.masked_fill(~ok.unsqueeze(-1), float("-inf")), query, n)
     theta = scatter(attn.unsqueeze(-1) * v.index_select(0, key), query, 0, dim_size=n, reduce="sum")

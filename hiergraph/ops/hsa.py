@@ -1,8 +1,8 @@
 r"""Exact Hierarchical Self-Attention (HSA) by the normalised two-pass dynamic program.
 
 Amizadeh et al., *Hierarchical Self-Attention: Generalizing Neural Attention
-Mechanics to Multi-Scale Problems* (Alg. 1–3); the normalised form of
-notes/hsa.md §3.2.
+Mechanics to Multi-Scale Problems* (Alg. 1–3, App. E), with the energies kept
+normalised per leaf (no :math:`-1/(N\sqrt{d})` bookkeeping of eq. 15).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from torch import Tensor
 
 from hiergraph.ops import family_attention
 from hiergraph.ops.family_attention import family_attention_dense, family_attention_edge
+from hiergraph.ops.hsa_causal import causal_hierarchical_attention
+from hiergraph.ops.hsa_inputs import check_qkv, head_pos_emb
 from hiergraph.ops.hsa_uniform import uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
 from hiergraph.ops.precision import accumulation_dtype
@@ -29,6 +31,7 @@ def hierarchical_attention(
     pos_emb: Tensor | None = None,
     include_self: bool = False,
     causal: bool = False,
+    leaky_causal: bool = False,
     leaf_mask: Tensor | None = None,
     scale: float | None = None,
     kernel: str = "dense",
@@ -83,14 +86,17 @@ def hierarchical_attention(
             :math:`\varepsilon` of every tree node (node order); siblings get
             the logit bias :math:`\varepsilon(C)^\top\varepsilon(B)`.
         include_self: give each leaf the self energy
-            :math:`\tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i` (notes
-            §2.8.9): a flat tree then gives standard softmax *with* the diagonal.
-            Without it (the paper), the diagonal is excluded.
-        causal: only siblings to the left (lower ``slot``) are attended.
-            Requires ``include_self``. Ancestor statistics still include later
-            leaves, so later tokens *do* influence earlier rows' weights
-            through ancestors' means (notes §7.11b); future values get zero
-            weight.
+            :math:`\tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i` (App. G.1): a flat
+            tree then gives standard softmax *with* the diagonal. Without it (the
+            paper's encoder), the diagonal is excluded.
+        causal: strictly causal: row :math:`i` depends on the leaves :math:`j \le i`
+            only (leaf order must be a depth-first order of every tree); computed by
+            :func:`~hiergraph.ops.causal_hierarchical_attention` from prefix
+            statistics. Requires ``include_self``; no ``leaf_mask``.
+        leaky_causal: the paper's sibling masking (App. G.1): a node attends only to
+            its left siblings (lower ``slot``). It is **not** causal: an ancestor's
+            statistics include later leaves, so later tokens still change earlier
+            rows' weights (future values get zero weight). Requires ``include_self``.
         leaf_mask: optional ``[L]`` bool, ``False`` for padding leaves: they
             are removed from all statistics and get a zero output.
         scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
@@ -102,17 +108,26 @@ def hierarchical_attention(
             families and padded size buckets; ``'edge'`` scatters over sibling
             pairs. Same result.
         size_bias: keep the :math:`\log n(B)` term (HSA proper). ``False``
-            drops it, so every sibling sub-tree weighs as one token: the
-            ablation of notes §7.3, no longer KL-optimal.
+            drops it, so every sibling sub-tree weighs as one token: an
+            ablation, no longer KL-optimal (Thm. 3.2 needs the term).
 
     Returns:
         ``[L, H, d_v]`` (``[L, d_v]`` for 2-D inputs).
     """
+    _check_flags(causal, leaky_causal, include_self, kernel)
+    if causal:
+        if leaf_mask is not None or not size_bias or isinstance(hierarchy, TreeIndex):
+            raise ValueError(
+                "causal=True runs the strictly causal op on the hierarchy itself (a "
+                "SignalHierarchy, a batch or a CausalPlan, not a TreeIndex), without "
+                "leaf_mask and with size_bias=True"
+            )
+        return causal_hierarchical_attention(q, k, v, hierarchy, pos_emb=pos_emb, scale=scale)
     squeeze = q.dim() == 2
     if squeeze:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
     index = hierarchy if isinstance(hierarchy, TreeIndex) else hierarchy.tree_index()
-    eps = _check_inputs(q, k, v, index, pos_emb, leaf_mask, causal, include_self, kernel)
+    pos = _check_inputs(q, k, v, index, pos_emb, leaf_mask)
     if index.device != q.device:
         raise ValueError(
             f"the hierarchy is on {index.device} but q is on {q.device}; move the hierarchy "
@@ -125,9 +140,9 @@ def hierarchical_attention(
             k,
             v,
             index.uniform,
-            None if eps is None else _per_depth(eps, index),
+            None if pos is None else _per_depth(pos, index),
             include_self=include_self,
-            causal=causal,
+            left_only=leaky_causal,
             leaf_mask=leaf_mask,
             tau=tau,
             size_bias=size_bias,
@@ -136,8 +151,8 @@ def hierarchical_attention(
     levels = index.levels
     family = family_attention_edge if kernel == "edge" else family_attention_dense
     q, k, v = _FirstOrderOnly.apply(q, k, v)
-    if eps is not None:
-        (eps,) = _FirstOrderOnly.apply(eps)
+    if pos is not None:
+        (pos,) = _FirstOrderOnly.apply(pos)
 
     # leaf statistics: padding leaves count 0 and carry zeros
     weight = None if leaf_mask is None else leaf_mask.to(q.dtype)
@@ -145,8 +160,8 @@ def hierarchical_attention(
     counts = _leaf_counts(index, weight, q.dtype)
     if include_self:
         self_energy = tau * (q * k).sum(-1)
-        if eps is not None:
-            self_energy = self_energy + (eps.index_select(0, index.leaf_node) ** 2).sum(-1)
+        if pos is not None:
+            self_energy = self_energy + (pos.index_select(0, index.leaf_node) ** 2).sum(-1)
 
     # ---- bottom-up: pooled means, family attention and a = -phi, deepest level first
     lses, thetas, energies = [None] * len(levels), [None] * len(levels), [None] * len(levels)
@@ -161,8 +176,10 @@ def hierarchical_attention(
                 for t, s in zip(stats, sums, strict=True)
             ]
         nodes = index.order[level.start : level.start + n.numel()]
-        eps_d = None if eps is None else eps.index_select(0, nodes)
-        lse, theta, *sums = family(level, *rho, eps_d, n, tau, causal, levels[d - 1], size_bias)
+        pos_d = None if pos is None else pos.index_select(0, nodes)
+        lse, theta, *sums = family(
+            level, *rho, pos_d, n, tau, leaky_causal, levels[d - 1], size_bias
+        )
         child_energy = None if g is None else sum_children(g, levels[d + 1], level)
         a = _level_rows(index, d, self_energy if include_self else None, child_energy)
         # weighted log-partition each node hands to its parent (eq. 8)
@@ -226,66 +243,31 @@ class _FirstOrderOnly(torch.autograd.Function):
         return grads
 
 
-def head_pos_emb(pos_emb: Tensor, q: Tensor, num_nodes: int) -> Tensor:
-    """``pos_emb`` ``[N, c]`` or ``[N, 1 | H, c]`` checked and viewed as ``[N, 1 | H, c]``
-    in ``q``'s dtype (a float64 table with float32 ``q`` computes in float32)."""
-    ok = pos_emb.dim() in (2, 3) and pos_emb.size(0) == num_nodes
-    if pos_emb.dim() == 3:
-        ok = ok and pos_emb.size(1) in (1, q.size(1))
-    if not ok:
+def _check_flags(causal: bool, leaky_causal: bool, include_self: bool, kernel: str) -> None:
+    if causal and leaky_causal:
+        raise ValueError("pass causal=True (strictly causal) or leaky_causal=True, not both")
+    if (causal or leaky_causal) and not include_self:
         raise ValueError(
-            f"pos_emb must be [num_nodes={num_nodes}, c] or [num_nodes, heads, c], "
-            f"got {tuple(pos_emb.shape)}"
-        )
-    return (pos_emb if pos_emb.dim() == 3 else pos_emb.unsqueeze(1)).to(q.dtype)
-
-
-def check_qkv(q, k, v, num_leaves: int) -> None:
-    """Shared checks of HSA inputs: ``q, k [L, H, d]``, ``v [L, H, d_v]``, one floating
-    dtype, one row per leaf."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be [num_leaves, heads, dim], got shape {tuple(t.shape)}")
-    if q.shape != k.shape:
-        raise ValueError(
-            f"q and k must have the same shape, got {tuple(q.shape)} and {tuple(k.shape)}"
-        )
-    if v.shape[:2] != q.shape[:2]:
-        raise ValueError(
-            f"v must be [num_leaves, heads, d_v] = [{q.size(0)}, {q.size(1)}, *], "
-            f"got {tuple(v.shape)}"
-        )
-    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
-        raise TypeError(
-            f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
-        )
-    if q.size(0) != num_leaves:
-        raise ValueError(
-            f"q has {q.size(0)} rows but the hierarchy has {num_leaves} leaves; "
-            "pass one row per leaf, in leaf order"
-        )
-
-
-def _check_inputs(
-    q, k, v, index, pos_emb, leaf_mask, causal, include_self, kernel
-) -> Tensor | None:
-    """Checks the inputs; returns ``pos_emb`` as :func:`head_pos_emb` views it (or ``None``)."""
-    check_qkv(q, k, v, index.num_leaves)
-    eps = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
-    if leaf_mask is not None and leaf_mask.shape != (index.num_leaves,):
-        raise ValueError(
-            f"leaf_mask must have shape [{index.num_leaves}], got {tuple(leaf_mask.shape)}"
-        )
-    if causal and not include_self:
-        raise ValueError(
-            "causal=True needs include_self=True: without leaf self-energies every node whose "
-            "first child is a leaf has zero partition and rows collapse to 0 (notes/hsa.md §7.11a)"
+            f"{'causal' if causal else 'leaky_causal'}=True needs include_self=True: without "
+            "leaf self-energies every node whose first child is a leaf has no key and its rows "
+            "collapse to 0 (Amizadeh et al., App. G.1)"
         )
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    return eps
+
+
+def _check_inputs(q, k, v, index, pos_emb, leaf_mask) -> Tensor | None:
+    """Checks the inputs; returns ``pos_emb`` as :func:`head_pos_emb` views it (or ``None``)."""
+    check_qkv(q, k, v, index.num_leaves)
+    pos = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
+    if leaf_mask is not None and (
+        leaf_mask.dtype != torch.bool or leaf_mask.shape != (index.num_leaves,)
+    ):
+        raise ValueError(
+            f"leaf_mask must be a [{index.num_leaves}] bool tensor (True = valid leaf), got "
+            f"{leaf_mask.dtype} {tuple(leaf_mask.shape)}"
+        )
+    return pos
 
 
 def _uniform_fits(shape: tuple[int, ...] | None, q: Tensor) -> bool:
@@ -302,10 +284,10 @@ def _uniform_fits(shape: tuple[int, ...] | None, q: Tensor) -> bool:
     return True
 
 
-def _per_depth(eps: Tensor, index: TreeIndex) -> list[Tensor]:
-    """Rows of the node-order ``eps`` of every level below the roots, in breadth-first
+def _per_depth(pos: Tensor, index: TreeIndex) -> list[Tensor]:
+    """Rows of the node-order ``pos`` of every level below the roots, in breadth-first
     order: ``[n_d, ...]`` for ``d = 1 … D``."""
-    bfs = eps.index_select(0, index.order)
+    bfs = pos.index_select(0, index.order)
     return [bfs.narrow(0, lvl.start, lvl.size) for lvl in index.levels[1:]]
 
 

@@ -4,7 +4,7 @@ The paper's hierarchical causal masking (App. G.1: each family attends only to
 its *left* siblings, :math:`\mathrm{sib}_L`) is not causal as an operator on
 sequences: the statistics of an ancestor (its mean query and its energy
 :math:`\varphi`) include the leaves to the right of a token, so future tokens
-change earlier rows (notes/hsa.md §7.11b). Here every row is computed from
+change earlier rows. Here every row is computed from
 the statistics of the *prefix* it may see, exactly what an incremental decoder
 with a hierarchical cache computes (App. G.2, :mod:`hiergraph.nn.kv_cache`).
 """
@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from hiergraph.data.family_order import family_order
-from hiergraph.ops.hsa import check_qkv, head_pos_emb
+from hiergraph.ops.hsa_inputs import check_qkv, head_pos_emb
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
 from hiergraph.ops.precision import accumulation_dtype
 
@@ -213,7 +213,7 @@ def causal_hierarchical_attention(
     leaves :math:`j \le i` (leaf order, a depth-first order of the tree), and
     :math:`\hat\Theta^{L}(T)` the HSA matrix with leaf self-energies and
     left-sibling masking (App. G.1; ``hierarchical_attention(...,
-    include_self=True, causal=True)``). Then
+    include_self=True, leaky_causal=True)``). Then
 
     .. math::
         \mathrm{out}_i = \big(\hat\Theta^{L}(T_{\le i})\, V\big)_i ,
@@ -260,7 +260,7 @@ def causal_hierarchical_attention(
     over at most :math:`b` left siblings: :math:`O(L\, b\, \mathrm{depth}\, d)`
     time (one edge list per depth level; the non-causal HSA is
     :math:`O(L\, b\, d)`). Only the leaf self-energy variant is defined
-    (without it, rows collapse: notes/hsa.md §7.11a).
+    (without it, a node whose first child is a leaf has no key and rows collapse).
 
     Args:
         q, k: ``[L, H, d]`` queries and keys in leaf order (``[L, d]``: one head).

@@ -30,7 +30,7 @@ def causal_hierarchical_attention_matrix(
     rows = []
     for i in range(num_leaves):
         theta = hierarchical_attention_matrix(
-            q, k, hierarchy, pos_emb=pos_emb, include_self=True, causal=True,
+            q, k, hierarchy, pos_emb=pos_emb, include_self=True, leaky_causal=True,
             leaf_mask=ar <= i, scale=scale,
         )  # fmt: skip
         rows.append(theta[:, i])

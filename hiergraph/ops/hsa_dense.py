@@ -50,7 +50,7 @@ class _Tree:
         return out[::-1]
 
 
-def _head_stats(tree, q, k, eps, tau, include_self, causal, size_bias=True):
+def _head_stats(tree, q, k, eps, tau, include_self, leaky_causal, size_bias=True):
     """Per node: leaf count, logits to siblings, and a = -phi (eq. 8), for one head."""
     n = [len(s) for s in tree.leaves_below]
     rho_q = [q[s].mean(0) if s else None for s in tree.leaves_below]
@@ -60,7 +60,7 @@ def _head_stats(tree, q, k, eps, tau, include_self, causal, size_bias=True):
         for c in fam:
             if n[c] == 0:
                 continue
-            keys = fam[: fam.index(c)] if causal else [b for b in fam if b != c]
+            keys = fam[: fam.index(c)] if leaky_causal else [b for b in fam if b != c]
             logits = {}
             for b in keys:
                 if n[b] == 0:
@@ -120,7 +120,7 @@ def hierarchical_attention_matrix(
     *,
     pos_emb: Tensor | None = None,
     include_self: bool = False,
-    causal: bool = False,
+    leaky_causal: bool = False,
     leaf_mask: Tensor | None = None,
     scale: float | None = None,
     size_bias: bool = True,
@@ -130,7 +130,7 @@ def hierarchical_attention_matrix(
     Entry :math:`(i, j)` with :math:`A_t = \mathrm{ica}(i, j)` and
     :math:`A_{t+1} \ni i`, :math:`D \ni j` siblings:
     :math:`\hat\Theta_{ij} = \prod_{s=1}^{t}\mu(A_s)\,(1-\mu(A_{t+1}))\,
-    \mathrm{softmax}_D\,s(A_{t+1},\cdot)\,/\,n(D)` (notes/hsa.md §2.5);
+    \mathrm{softmax}_D\,s(A_{t+1},\cdot)\,/\,n(D)` (eq. 9–11 unrolled along Alg. 1–3);
     with ``include_self`` the diagonal is :math:`\prod_{s=1}^{m}\mu(A_s)`.
     Arguments are those of :func:`~hiergraph.ops.hierarchical_attention`.
     """
@@ -143,7 +143,7 @@ def hierarchical_attention_matrix(
     for h in range(heads):
         eps = None if pos_emb is None else (pos_emb[:, h] if pos_emb.dim() == 3 else pos_emb)
         n, sib_logits, a = _head_stats(
-            tree, q[:, h], k[:, h], eps, tau, include_self, causal, size_bias
+            tree, q[:, h], k[:, h], eps, tau, include_self, leaky_causal, size_bias
         )
         for i, node in enumerate(tree.leaf_nodes):
             if not tree.valid[i]:
@@ -173,7 +173,7 @@ def hierarchy_energy(
     Constants (the :math:`\sqrt d` of eq. 16) are dropped; they cancel in
     HSA. With :math:`V = K`, HSA satisfies
     :math:`\mathrm{out}_i = -\frac{|\ell(R)|}{\tau}\,\partial\varphi(R)/\partial q_i`
-    (notes §10.3), which the tests check with autograd.
+    (the gradient recurrence, eq. 9–11), which the tests check with autograd.
 
     Returns:
         ``[num_trees, H]``.

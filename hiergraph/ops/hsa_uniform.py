@@ -49,7 +49,7 @@ def uniform_hierarchical_attention(
     eps: list[Tensor] | None,
     *,
     include_self: bool,
-    causal: bool,
+    left_only: bool,
     leaf_mask: Tensor | None,
     tau: float,
     size_bias: bool,
@@ -61,9 +61,10 @@ def uniform_hierarchical_attention(
             every node of depth :math:`d - 1`; ``L = B b_1 \cdots b_D``.
         eps: optional position embeddings per depth ``d = 1 … D``, each
             ``[n_d, H | 1, c]`` in breadth-first order.
-        include_self, causal, leaf_mask, tau, size_bias: as in
-            :func:`~hiergraph.ops.hierarchical_attention` (``tau`` is the
-            logit scale).
+        include_self, leaf_mask, size_bias: as in
+            :func:`~hiergraph.ops.hierarchical_attention`.
+        left_only: its ``leaky_causal`` (keys are the left siblings only).
+        tau: the logit scale.
 
     Returns:
         ``[L, H, d_v]``.
@@ -88,7 +89,7 @@ def uniform_hierarchical_attention(
     for d in range(depth - 1, -1, -1):
         b, n = fanout[d], counts[d]
         e = None if eps is None else _family_layout(eps[d], b)
-        lse, theta = _family_attention(*rho, e, n, b, tau, causal, size_bias)
+        lse, theta = _family_attention(*rho, e, n, b, tau, left_only, size_bias)
         lses[d], thetas[d], gates[d] = lse, theta, energy
         if d == 0:
             break
@@ -133,16 +134,16 @@ def _counts(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
     return counts[::-1]
 
 
-def _family_attention(q, k, v, e, n, b, tau, causal, size_bias):
+def _family_attention(q, k, v, e, n, b, tau, left_only, size_bias):
     """``lse [F, H, b]`` and ``theta [F, H, b, d_v]`` of one level in family layout."""
     logits = torch.matmul(q, k.transpose(-1, -2))
     logits = logits * tau
     if e is not None:
         logits = logits + torch.matmul(e, e.transpose(-1, -2))
     ar = torch.arange(b, device=q.device)
-    pair = ar[None, :] < ar[:, None] if causal else ar[None, :] != ar[:, None]
+    pair = ar[None, :] < ar[:, None] if left_only else ar[None, :] != ar[:, None]
     if isinstance(n, int):  # all leaves valid: log n(B) is one shift of the level
-        if not causal:  # b >= 2: every row has a key
+        if not left_only:  # b >= 2: every row has a key
             logits = logits.masked_fill(~pair, float("-inf"))
             lse = torch.logsumexp(logits, -1)
             p = torch.softmax(logits, -1)

@@ -1,4 +1,4 @@
-r"""Multi-resolution segment tree over batched sequences (VCC, notes/vcc.md §1.4, §1.6, §1.8).
+r"""Multi-resolution segment tree over batched sequences (VCC §3.3–3.4, Alg. 1, App. 6.3).
 
 Zeng et al., *VCC: Scaling Transformers to 128K Tokens or More by Prioritizing
 Important Tokens* (App. 6.2–6.3). The tree stores a sequence :math:`C` of

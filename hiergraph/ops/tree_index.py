@@ -421,8 +421,10 @@ def _make_blocks(
     rest = (~in_run).nonzero().view(-1)
     if rest.numel():
         sizes, inverse = family_size[rest].unique(return_inverse=True)
-        widths = torch.tensor([bucket_width(int(s)) for s in sizes.tolist()], dtype=torch.long)
-        fam_width = widths.to(device)[inverse]
+        widths = torch.tensor(
+            [bucket_width(int(s)) for s in sizes.tolist()], dtype=torch.long, device=device
+        )
+        fam_width = widths[inverse]
         for w in widths.unique().tolist():
             fams = rest[fam_width == w]
             local = torch.arange(w, device=device)

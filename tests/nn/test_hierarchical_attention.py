@@ -47,7 +47,7 @@ def test_batched_equals_per_tree_and_attention_is_stochastic():
     out = attn(Batch.from_data_list(trees).x, Batch.from_data_list(trees))
     assert torch.allclose(out[:9], attn(trees[0].x, trees[0]), atol=1e-6)
     assert torch.allclose(out[9:], attn(trees[1].x, trees[1]), atol=1e-6)
-    _, theta = attn(trees[0].x, trees[0], return_attention=True)
+    _, theta = attn(trees[0].x, trees[0], return_attention_weights=True)
     assert theta.shape == (4, 9, 9)
     assert torch.allclose(theta.sum(-1), torch.ones(4, 9), atol=1e-5)
 
@@ -136,7 +136,7 @@ def test_hubs_never_choose_padding_leaves():
     hub, _ = _pair(hubs=19)
     mask = torch.ones(19, dtype=torch.bool)
     mask[[2, 9]] = False
-    _, theta = hub(batch.x, batch, leaf_mask=mask, return_attention=True)
+    _, theta = hub(batch.x, batch, leaf_mask=mask, return_attention_weights=True)
     assert torch.all(theta[:, :, [2, 9]] == 0)
     assert torch.allclose(theta[:, mask].sum(-1), torch.ones(2, 17, dtype=torch.float64))
 

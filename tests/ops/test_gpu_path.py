@@ -60,7 +60,7 @@ def make_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, lis
         options = {
             "hsa-dense": {"pos_emb": eps},
             "hsa-edge": {"pos_emb": eps, "kernel": "edge"},
-            "hsa-causal": {"include_self": True, "causal": True, "leaf_mask": mask},
+            "hsa-causal": {"include_self": True, "leaky_causal": True, "leaf_mask": mask},
         }[name]
         inputs = [q, k, v, eps] if "pos_emb" in options else [q, k, v]
 

@@ -11,7 +11,12 @@ from torch_geometric.data import Batch
 
 import hiergraph.ops.family_attention as family_attention
 from hiergraph.data import SignalHierarchy, from_nested, random_window_hierarchy, window_hierarchy
-from hiergraph.ops import hierarchical_attention, hierarchical_attention_matrix, hierarchy_energy
+from hiergraph.ops import (
+    causal_hierarchical_attention,
+    hierarchical_attention,
+    hierarchical_attention_matrix,
+    hierarchy_energy,
+)
 from tests.conftest import random_qkv, random_spec, unordered_backward_nodes
 
 F64 = dict(dtype=torch.float64)
@@ -126,7 +131,7 @@ def test_without_size_bias_equals_reference(kernel):
 
 
 @pytest.mark.parametrize("kernel", ["dense", "edge"])
-@pytest.mark.parametrize("opts", [{}, {"include_self": True, "causal": True}])
+@pytest.mark.parametrize("opts", [{}, {"include_self": True, "leaky_causal": True}])
 def test_backward_adds_rows_in_index_order(kernel, opts):
     """Every gather of the forward is an ``index_select`` (or a slice), so the backward adds
     gradient rows in index order and a multi-threaded CPU backward is bitwise reproducible
@@ -164,7 +169,7 @@ def test_memory_guard_chunked_blocks_equal_dense(monkeypatch, limit, include_sel
     h = Batch.from_data_list(trees)
     q, k, v = random_qkv(h.num_leaves, heads=2, seed=limit)
     pe = torch.randn(h.num_nodes, 2, 3, generator=torch.Generator().manual_seed(1), **F64)
-    opts = dict(include_self=include_self, causal=causal)
+    opts = dict(include_self=include_self, leaky_causal=causal)
     ref = apply(hierarchical_attention_matrix(q, k, h, pos_emb=pe, **opts), v)
     results = []
     for max_elements in (family_attention.MAX_BLOCK_ELEMENTS, limit):
@@ -551,7 +556,7 @@ def test_degenerate_trees_are_nan_free(spec):
         for mask in (None, torch.zeros(n, dtype=torch.bool)):
             q, k, v = (t.requires_grad_(True) for t in random_qkv(n, seed=1))
             out = hierarchical_attention(
-                q, k, v, h, include_self=inc, causal=causal, leaf_mask=mask
+                q, k, v, h, include_self=inc, leaky_causal=causal, leaf_mask=mask
             )
             if out.requires_grad:  # a lone leaf without self-attention outputs a constant 0
                 out.square().sum().backward()
@@ -572,22 +577,45 @@ def test_float32_large_logits_stable():
 
 
 # ------------------------------------------------------------------ causal
-def test_causal_masks_future_values_and_documents_leak():
+def test_leaky_causal_masks_future_values_and_documents_leak():
     n = 12
     h = window_hierarchy(n, (2, 3))
     q, k, v = random_qkv(n, seed=6)
-    theta = theta_fast(q, k, h, include_self=True, causal=True)
-    ref = hierarchical_attention_matrix(q, k, h, include_self=True, causal=True)
+    theta = theta_fast(q, k, h, include_self=True, leaky_causal=True)
+    ref = hierarchical_attention_matrix(q, k, h, include_self=True, leaky_causal=True)
     assert torch.allclose(theta, ref, atol=1e-13)
     assert torch.all(theta.triu(1) == 0)
     assert torch.allclose(theta.sum(-1), torch.ones(2, n, **F64), atol=1e-12)
     # the documented leak: the last token's query moves earlier rows through ancestor means
     q2 = q.clone()
     q2[-1] += 5.0
-    theta2 = theta_fast(q2, k, h, include_self=True, causal=True)
+    theta2 = theta_fast(q2, k, h, include_self=True, leaky_causal=True)
     assert (theta2[:, :-1] - theta[:, :-1]).abs().max() > 1e-6
-    with pytest.raises(ValueError, match="include_self"):
-        hierarchical_attention(q, k, v, h, causal=True)
+    for flag in ("causal", "leaky_causal"):
+        with pytest.raises(ValueError, match="include_self"):
+            hierarchical_attention(q, k, v, h, **{flag: True})
+
+
+def test_causal_is_strictly_causal_and_equals_the_causal_op():
+    """``causal=True`` is the prefix-statistics op: earlier rows are bit-identical when
+    later tokens change."""
+    n = 12
+    h = window_hierarchy(n, (2, 3))
+    q, k, v = random_qkv(n, seed=7)
+    out = hierarchical_attention(q, k, v, h, include_self=True, causal=True)
+    ref = causal_hierarchical_attention(q, k, v, h)
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+    for t in range(n - 1):
+        q2, k2, v2 = (x.clone() for x in (q, k, v))
+        for x in (q2, k2, v2):
+            x[t + 1 :] += torch.randn_like(x[t + 1 :])
+        out2 = hierarchical_attention(q2, k2, v2, h, include_self=True, causal=True)
+        assert torch.equal(out2[: t + 1], out[: t + 1])
+    with pytest.raises(ValueError, match="not both"):
+        hierarchical_attention(q, k, v, h, include_self=True, causal=True, leaky_causal=True)
+    with pytest.raises(ValueError, match="leaf_mask"):
+        mask = torch.ones(n, dtype=torch.bool)
+        hierarchical_attention(q, k, v, h, include_self=True, causal=True, leaf_mask=mask)
 
 
 # ---------------------------------------------------------------- bad input

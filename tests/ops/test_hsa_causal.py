@@ -117,8 +117,8 @@ def test_paper_causal_masking_leaks_and_prefix_statistics_do_not():
     q, k, v = random_qkv(12, heads=1, seed=3)
     k2 = k.clone()
     k2[-1] += 1.0
-    paper = hierarchical_attention(q, k, v, h, include_self=True, causal=True)
-    paper2 = hierarchical_attention(q, k2, v, h, include_self=True, causal=True)
+    paper = hierarchical_attention(q, k, v, h, include_self=True, leaky_causal=True)
+    paper2 = hierarchical_attention(q, k2, v, h, include_self=True, leaky_causal=True)
     assert (paper[:-1] - paper2[:-1]).abs().max() > 1e-3  # the leak
     ours = causal_hierarchical_attention(q, k, v, h)
     ours2 = causal_hierarchical_attention(q, k2, v, h)
@@ -132,7 +132,7 @@ def test_last_row_of_every_tree_equals_paper_causal_hsa():
     for seed in range(30):
         _, h, q, k, v, pe = random_case(rng, seed)
         ours = causal_hierarchical_attention(q, k, v, h, pos_emb=pe)
-        paper = hierarchical_attention(q, k, v, h, pos_emb=pe, include_self=True, causal=True)
+        paper = hierarchical_attention(q, k, v, h, pos_emb=pe, include_self=True, leaky_causal=True)
         assert torch.allclose(ours[-1], paper[-1], atol=1e-12)
 
 

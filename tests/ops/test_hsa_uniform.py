@@ -15,9 +15,9 @@ from hiergraph.ops import hierarchical_attention, hierarchical_attention_matrix
 F64 = dict(dtype=torch.float64)
 SHAPES = [(3, 32, (4, 8)), (2, 48, (4, 3, 4)), (1, 8, (8,))]
 OPTIONS = [
-    dict(include_self=inc, causal=causal, masked=masked, pos=pos, size_bias=sb)
-    for inc, causal, masked, pos, sb in itertools.product(*[(False, True)] * 5)
-    if inc or not causal
+    dict(include_self=inc, leaky_causal=leaky, masked=masked, pos=pos, size_bias=sb)
+    for inc, leaky, masked, pos, sb in itertools.product(*[(False, True)] * 5)
+    if inc or not leaky
 ]
 
 
@@ -33,7 +33,7 @@ def _case(batch, length, branching, seed, heads=3, dim=5):
 def _kwargs(opts, mask, pos):
     return dict(
         include_self=opts["include_self"],
-        causal=opts["causal"],
+        leaky_causal=opts["leaky_causal"],
         leaf_mask=mask if opts["masked"] else None,
         pos_emb=pos if opts["pos"] else None,
         size_bias=opts["size_bias"],
@@ -71,8 +71,6 @@ def test_equals_dense_reference(opts):
     tree, (q, k, v), mask, pos = _case(2, 24, (2, 3, 4), seed=1)
     kw = _kwargs(opts, mask, pos)
     out = hierarchical_attention(q, k, v, tree, **kw)
-    causal = kw.pop("causal")
-    assert not causal  # the dense reference is the bidirectional matrix
     leaf_mask = kw.pop("leaf_mask")
     theta = hierarchical_attention_matrix(q, k, tree, leaf_mask=leaf_mask, **kw)
     ref = torch.einsum("hij,jhd->ihd", theta, v)
@@ -107,7 +105,9 @@ def test_giant_families_go_to_the_chunked_block_kernel(monkeypatch):
     torch.testing.assert_close(out, hierarchical_attention(q, k, v, tree, kernel="edge"))
 
 
-@pytest.mark.parametrize("opts", [dict(include_self=True, causal=True), dict(include_self=False)])
+@pytest.mark.parametrize(
+    "opts", [dict(include_self=True, leaky_causal=True), dict(include_self=False)]
+)
 def test_second_derivatives(opts):
     tree = window_hierarchy(12, (2, 3))
     q, k, v = (torch.randn(12, 2, 3, **F64, requires_grad=True) for _ in range(3))

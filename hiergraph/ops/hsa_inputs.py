@@ -1,0 +1,47 @@
+"""Checks of the inputs shared by the HSA ops."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+def head_pos_emb(pos_emb: Tensor, q: Tensor, num_nodes: int) -> Tensor:
+    """``pos_emb`` ``[N, c]`` or ``[N, 1 | H, c]`` checked and viewed as ``[N, 1 | H, c]``
+    in ``q``'s dtype (a float64 table with float32 ``q`` computes in float32)."""
+    ok = pos_emb.dim() in (2, 3) and pos_emb.size(0) == num_nodes
+    if pos_emb.dim() == 3:
+        ok = ok and pos_emb.size(1) in (1, q.size(1))
+    if not ok:
+        raise ValueError(
+            f"pos_emb must be [num_nodes={num_nodes}, c] or [num_nodes, heads, c], "
+            f"got {tuple(pos_emb.shape)}"
+        )
+    return (pos_emb if pos_emb.dim() == 3 else pos_emb.unsqueeze(1)).to(q.dtype)
+
+
+def check_qkv(q, k, v, num_leaves: int) -> None:
+    """Shared checks of HSA inputs: ``q, k [L, H, d]``, ``v [L, H, d_v]``, one floating
+    dtype, one row per leaf."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be [num_leaves, heads, dim], got shape {tuple(t.shape)}")
+    if q.shape != k.shape:
+        raise ValueError(
+            f"q and k must have the same shape, got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    if v.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"v must be [num_leaves, heads, d_v] = [{q.size(0)}, {q.size(1)}, *], "
+            f"got {tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise TypeError(
+            f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if q.size(0) != num_leaves:
+        raise ValueError(
+            f"q has {q.size(0)} rows but the hierarchy has {num_leaves} leaves; "
+            "pass one row per leaf, in leaf order"
+        )
