@@ -39,7 +39,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.datasets.download import data_root
 from hiergraph.nn.hte_decoder import HTEDecoder, from_schedule
-from hiergraph.ops.hsa_causal import CausalPlan
+from hiergraph.plan import CausalPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -81,7 +81,7 @@ def _forest(device):
 
 def _ordered_tree(device):
     """One depth-first ordered tree (causal ops), with its ``CausalPlan`` on ``device``."""
-    from hiergraph.ops.hsa_causal import CausalPlan
+    from hiergraph.plan import CausalPlan
 
     h = from_nested([[0, 1, 2], [3, [4, 5]], [6, 7, [8, 9, 10]], 11]).to(device)
     return h, CausalPlan.from_hierarchy(h)

@@ -9,8 +9,10 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from hiergraph.data.domain import Domain
-from hiergraph.data.family_order import family_order
 from hiergraph.data.validation import validate_structure
+from hiergraph.plan.causal_plan import CausalPlan
+from hiergraph.plan.family_order import family_order
+from hiergraph.plan.tree_index import TreeIndex
 
 
 class SignalHierarchy(Data):
@@ -66,8 +68,8 @@ class SignalHierarchy(Data):
         """Number of trees (roots) in this hierarchy or batch."""
         return int((self.parent == torch.arange(self.num_nodes, device=self.parent.device)).sum())
 
-    def tree_index(self):
-        """The :class:`~hiergraph.ops.TreeIndex` of this hierarchy (cached).
+    def tree_index(self) -> TreeIndex:
+        """The :class:`~hiergraph.plan.TreeIndex` of this hierarchy (cached).
 
         It is the structural plan all attention ops share (level layout,
         families, size buckets); it is computed once and reused across layers
@@ -85,23 +87,39 @@ class SignalHierarchy(Data):
         construction; e.g. the tree that ``hubs`` rebuilds in every forward
         pass of :class:`~hiergraph.nn.HierarchicalSelfAttention`).
         """
-        from hiergraph.ops.tree_index import TreeIndex
-
         index = self._cached_tree_index()
         if index is None:
-            missing = [key for key in ("parent", "slot", "is_leaf") if key not in self]
-            if missing:
-                raise ValueError(
-                    f"a SignalHierarchy needs parent, slot and is_leaf to plan attention; "
-                    f"missing: {', '.join(missing)} (build it with SignalHierarchy.from_parent "
-                    "or from_nested)"
-                )
-            if not self._built_unchanged():
-                # sibling slots that tie are left to the plan's sort, as before
-                validate_structure(self.parent, self.slot, self.is_leaf, distinct_slots=False)
+            self._validate()
             index = TreeIndex.from_hierarchy(self)
             self._cache_tree_index(index)
         return index
+
+    def causal_plan(self) -> CausalPlan:
+        """The :class:`~hiergraph.plan.CausalPlan` of this hierarchy (cached like
+        :meth:`tree_index`: rebuilt only when ``parent`` or ``slot`` changes), the
+        structure of strictly causal HSA and of the hierarchical KV cache."""
+        cached = self.__dict__.get("_causal_plan_cache")
+        if cached is not None:
+            parent, slot, versions, plan = cached
+            if parent is self.parent and slot is self.slot and versions == self._versions():
+                return plan
+        self._validate()
+        plan = CausalPlan.from_hierarchy(self)
+        self.__dict__["_causal_plan_cache"] = (self.parent, self.slot, self._versions(), plan)
+        return plan
+
+    def _validate(self) -> None:
+        """The structure check that precedes building a plan (see :meth:`tree_index`)."""
+        missing = [key for key in ("parent", "slot", "is_leaf") if key not in self]
+        if missing:
+            raise ValueError(
+                f"a SignalHierarchy needs parent, slot and is_leaf to plan attention; "
+                f"missing: {', '.join(missing)} (build it with SignalHierarchy.from_parent "
+                "or from_nested)"
+            )
+        if not self._built_unchanged():
+            # sibling slots that tie are left to the plan's sort, as before
+            validate_structure(self.parent, self.slot, self.is_leaf, distinct_slots=False)
 
     def _cached_tree_index(self):
         """The cached tree index if ``parent`` and ``slot`` are unchanged since it was built.

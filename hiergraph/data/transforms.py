@@ -12,7 +12,7 @@ from hiergraph.data.signal_hierarchy import SignalHierarchy
 
 def tree_of_nodes(hierarchy) -> Tensor:
     """``[N]`` tree id of every node: ``hierarchy.batch`` when it is set, otherwise
-    :attr:`~hiergraph.ops.TreeIndex.node_tree` of the (cached) tree index, which also tells
+    :attr:`~hiergraph.plan.TreeIndex.node_tree` of the (cached) tree index, which also tells
     apart the trees of a forest assembled without ``batch`` (e.g.
     :meth:`~hiergraph.transforms.HierarchicalGraph.hierarchy` of a PyG batch)."""
     if "batch" in hierarchy and hierarchy.batch is not None:

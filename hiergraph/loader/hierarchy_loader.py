@@ -12,7 +12,7 @@ class HierarchyLoader(DataLoader):
     r"""PyG's :class:`~torch_geometric.loader.DataLoader` for signal hierarchies, with the
     :meth:`~hiergraph.data.SignalHierarchy.tree_index` of every batch built at collation.
 
-    Building a :class:`~hiergraph.ops.TreeIndex` is data-dependent host work
+    Building a :class:`~hiergraph.plan.TreeIndex` is data-dependent host work
     (sorting, bucketing families by size). Here it runs where the batch is
     collated: in the worker processes when ``num_workers > 0``, in parallel with
     the training step. The index travels with the batch, through the pickling

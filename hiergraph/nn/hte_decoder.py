@@ -19,7 +19,8 @@ from torch_geometric.utils import to_dense_batch
 from hiergraph._device import host_tensor
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache
-from hiergraph.ops.hsa_causal import CausalPlan, causal_hierarchical_attention
+from hiergraph.ops.hsa_causal import causal_hierarchical_attention
+from hiergraph.plan import CausalPlan
 
 ATTENTION_MODES = ("hsa", "flat")
 
@@ -122,7 +123,7 @@ class CausalSelfAttention(nn.Module):
 
         Args:
             x: ``[L, channels]`` token features in leaf order.
-            plan: the :class:`~hiergraph.ops.hsa_causal.CausalPlan` of the trees.
+            plan: the :class:`~hiergraph.plan.CausalPlan` of the trees.
             pos_emb: ``[N, pos_channels]`` node embeddings (``hsa``), or
                 ``[L, pos_channels]`` token-position embeddings (``flat``).
             batch: ``[L]`` tree of every token (``flat``: attention stays in a tree).
@@ -282,7 +283,7 @@ class HTEDecoder(nn.Module):
 
         ``plan``: the hierarchy's :class:`CausalPlan`, if already built.
         """
-        plan = plan or CausalPlan.from_hierarchy(hierarchy)
+        plan = plan or CausalPlan.of(hierarchy)
         if tokens.dim() != 1 or tokens.numel() != plan.num_leaves:
             raise ValueError(
                 f"tokens must be [num_leaves={plan.num_leaves}], got {tuple(tokens.shape)}"

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from hiergraph._precision import accumulation_dtype
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
-from hiergraph.ops.precision import accumulation_dtype
 
 
 def sinusoidal_positions(length: int, dim: int, device=None, dtype=None) -> Tensor:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hiergraph.ops.hsa_causal import CausalPlan
+from hiergraph.plan import CausalPlan
 
 
 def append_schedule(hierarchy) -> Tensor:
@@ -35,12 +35,12 @@ def append_schedule(hierarchy) -> Tensor:
     Args:
         hierarchy: one :class:`~hiergraph.data.SignalHierarchy` (leaves in
             depth-first order, every leaf below the root), or its
-            :class:`~hiergraph.ops.hsa_causal.CausalPlan`.
+            :class:`~hiergraph.plan.CausalPlan`.
 
     Returns:
         ``[L, 2]`` long tensor of ``(close, open)`` per leaf.
     """
-    plan = hierarchy if isinstance(hierarchy, CausalPlan) else CausalPlan.from_hierarchy(hierarchy)
+    plan = CausalPlan.of(hierarchy)
     depth, anc = plan.leaf_depth, plan.ancestors
     if plan.num_leaves and int(depth.min()) < 1:
         raise ValueError("a cache needs every leaf below a root; a one-leaf tree has none")

@@ -9,8 +9,8 @@ from torch_geometric.nn import global_mean_pool
 from torch_geometric.utils import scatter
 
 from hiergraph._device import reads_values
+from hiergraph._precision import accumulation_dtype
 from hiergraph.data.transforms import coarsen_hierarchy, tree_of_nodes
-from hiergraph.ops.precision import accumulation_dtype
 
 
 def leaf_batch(hierarchy) -> Tensor:

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from hiergraph._device import reads_values
+from hiergraph._precision import accumulation_dtype
 from hiergraph.data.domain import Domain
-from hiergraph.ops.precision import accumulation_dtype
 
 
 class LearnableFourierFeatures(nn.Module):

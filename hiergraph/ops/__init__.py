@@ -22,21 +22,18 @@ from hiergraph.ops.hmatrix import (
     hmatrix_window_hierarchy,
 )
 from hiergraph.ops.hsa import hierarchical_attention
-from hiergraph.ops.hsa_causal import CausalPlan, causal_hierarchical_attention
+from hiergraph.ops.hsa_causal import causal_hierarchical_attention
 from hiergraph.ops.hsa_causal_dense import causal_hierarchical_attention_matrix
 from hiergraph.ops.hsa_dense import hierarchical_attention_matrix, hierarchy_energy
 from hiergraph.ops.hubs import root_scores, top_per_tree
 from hiergraph.ops.logspace import log_gates, logaddexp, masked_softmax
 from hiergraph.ops.segment_tree import SegmentTree, select_segments, update_tree
-from hiergraph.ops.tree_index import TreeIndex
 from hiergraph.ops.vcc import compress, decompress, vcc_layer
 from hiergraph.ops.vcc_dense import compression_matrices, vcc_layer_dense
 
 __all__ = [
-    "CausalPlan",
     "HMatrixLayout",
     "SegmentTree",
-    "TreeIndex",
     "banded_attention",
     "banded_attention_reference",
     "causal_hierarchical_attention",

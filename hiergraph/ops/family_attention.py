@@ -15,7 +15,7 @@ Both kernels return the log-partition
 :math:`\vartheta(C) = \sum_B \mathrm{softmax}_B\,s(C,\cdot)\,\rho_v(B)` (0
 without keys):
 
-* :func:`family_attention_dense` runs every :class:`~hiergraph.ops.tree_index.FamilyBlock`
+* :func:`family_attention_dense` runs every :class:`~hiergraph.plan.tree_index.FamilyBlock`
   as batched matrix products ``[F, H, W, d] @ [F, H, d, W]`` with a
   hand-written backward (one autograd node per level);
 * :func:`family_attention_edge` is a scatter softmax over the list of
@@ -37,9 +37,9 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch_geometric.utils import scatter
 
+from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.logspace import scatter_softmax
-from hiergraph.ops.precision import accumulation_dtype
-from hiergraph.ops.tree_index import Level, sum_children
+from hiergraph.plan.tree_index import Level, sum_children
 
 #: Most logits (``F * H * rows * W`` elements) one dense block builds at once (64 MiB in
 #: float32); larger blocks run in chunks of query rows (see the module docstring).
@@ -292,7 +292,7 @@ def family_attention_edge(
     as :func:`family_attention_dense`).
 
     bf16/fp16 inputs are cast once to float32 (see
-    :func:`~hiergraph.ops.precision.accumulation_dtype`), so the sums over the pairs (the
+    :func:`~hiergraph._precision.accumulation_dtype`), so the sums over the pairs (the
     softmax, ``theta`` and, in the backward, the gradients of the gathered rows) accumulate
     in float32 and ``lse`` and ``theta`` are rounded once to the inputs' dtype, like the
     dense kernel's matrix products. float32/float64 inputs run in their own dtype. The rows

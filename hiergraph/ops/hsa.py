@@ -10,14 +10,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph._precision import accumulation_dtype
 from hiergraph.ops import family_attention
 from hiergraph.ops.family_attention import family_attention_dense, family_attention_edge
 from hiergraph.ops.hsa_causal import causal_hierarchical_attention
 from hiergraph.ops.hsa_inputs import check_qkv, head_pos_emb
 from hiergraph.ops.hsa_uniform import uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
-from hiergraph.ops.precision import accumulation_dtype
-from hiergraph.ops.tree_index import TreeIndex, broadcast_to_children, sum_children
+from hiergraph.plan.tree_index import TreeIndex, broadcast_to_children, sum_children
 
 KERNELS = ("dense", "blocks", "edge")
 
@@ -81,7 +81,7 @@ def hierarchical_attention(
             treated as one head).
         v: ``[L, H, d_v]`` values.
         hierarchy: a :class:`~hiergraph.data.SignalHierarchy`, a PyG batch of
-            them, or a precomputed :class:`~hiergraph.ops.TreeIndex`.
+            them, or a precomputed :class:`~hiergraph.plan.TreeIndex`.
         pos_emb: optional ``[N, c]`` or ``[N, H, c]`` position embedding
             :math:`\varepsilon` of every tree node (node order); siblings get
             the logit bias :math:`\varepsilon(C)^\top\varepsilon(B)`.

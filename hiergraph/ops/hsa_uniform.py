@@ -37,8 +37,8 @@ import math
 import torch
 from torch import Tensor
 
+from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.logspace import log_gates, logaddexp, masked_softmax
-from hiergraph.ops.precision import accumulation_dtype
 
 
 def uniform_hierarchical_attention(

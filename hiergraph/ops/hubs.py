@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hiergraph.ops.precision import accumulation_dtype
+from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.topk import top_k_per_group
 
 

@@ -45,8 +45,8 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import segment
 
+from hiergraph._precision import accumulation_dtype
 from hiergraph.data.windows import check_branching
-from hiergraph.ops.precision import accumulation_dtype
 from hiergraph.ops.topk import top_k_per_group
 
 ScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]

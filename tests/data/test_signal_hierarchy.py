@@ -188,7 +188,7 @@ def test_bad_types_and_windows():
 
 
 def _count_index_builds(monkeypatch) -> list[int]:
-    from hiergraph.ops.tree_index import TreeIndex
+    from hiergraph.plan.tree_index import TreeIndex
 
     builds, build = [], TreeIndex.from_hierarchy.__func__
 

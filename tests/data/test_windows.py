@@ -86,8 +86,8 @@ def test_window_forest_equals_the_reference_trees(with_lifted):
                    for _ in range(3))  # fmt: skip
         batch = Batch.from_data_list(trees)
         for causal in (False, True):
-            out = hierarchical_attention(q, k, v, forest, include_self=True, causal=causal)
-            ref = hierarchical_attention(q, k, v, batch, include_self=True, causal=causal)
+            out = hierarchical_attention(q, k, v, forest, include_self=True, leaky_causal=causal)
+            ref = hierarchical_attention(q, k, v, batch, include_self=True, leaky_causal=causal)
             assert (out - ref).abs().max() <= 1e-12
 
 

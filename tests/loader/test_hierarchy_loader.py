@@ -7,7 +7,7 @@ from torch_geometric.data import Data
 from hiergraph.data import window_hierarchy
 from hiergraph.loader import HierarchyLoader
 from hiergraph.ops import hierarchical_attention
-from hiergraph.ops.tree_index import TreeIndex
+from hiergraph.plan.tree_index import TreeIndex
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])

@@ -1,7 +1,7 @@
 """The accelerator path of ``hiergraph.ops``: CUDA = CPU, no host synchronisation in the hot
 loop, bf16 autocast, and ``torch.compile`` without graph breaks.
 
-Every op runs from prepared structure: a hierarchy's :class:`~hiergraph.ops.TreeIndex` is
+Every op runs from prepared structure: a hierarchy's :class:`~hiergraph.plan.TreeIndex` is
 built once on the CPU and moved to the device (``index.to(device)``), as a training loop
 would; building it is data-dependent host work and is not part of the hot loop.
 

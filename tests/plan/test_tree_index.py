@@ -5,8 +5,8 @@ import torch
 from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, window_hierarchy
-from hiergraph.ops import TreeIndex
-from hiergraph.ops.tree_index import broadcast_to_children, bucket_width, sum_children
+from hiergraph.plan import TreeIndex
+from hiergraph.plan.tree_index import broadcast_to_children, bucket_width, sum_children
 from tests.conftest import random_spec
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hiergraph.ops.precision import accumulation_dtype
+from hiergraph._precision import accumulation_dtype
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from hiergraph.data.family_order import family_order
-from hiergraph.ops.precision import accumulation_dtype
+from hiergraph._precision import accumulation_dtype
+from hiergraph.plan.family_order import family_order
 
 
 def bucket_width(size: int) -> int:

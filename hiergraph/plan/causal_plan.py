@@ -1,0 +1,196 @@
+"""The structure strictly causal HSA reads: root paths, prefix counts and left siblings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from hiergraph.plan.family_order import family_order
+
+
+@dataclass
+class CausalPlan:
+    r"""Structure of a forest for causal HSA: root paths, prefix counts and left siblings.
+
+    Leaves are taken in *leaf order* (increasing node id, as everywhere in
+    hiergraph); this order must be a depth-first order of the forest: the
+    leaves of every node are consecutive and sibling sub-trees follow their
+    ``slot`` order (what :func:`~hiergraph.data.from_nested` gives when the leaf
+    ints are numbered in reading order). Depth ``s`` runs from 0 (roots) to
+    ``D``.
+
+    Attributes (``L`` leaves, ``N`` nodes, per depth ``s = 1 .. D`` the
+    ``P_s`` leaves at depth ``>= s``):
+        num_nodes, num_leaves, max_depth: sizes.
+        leaf_node: ``[L]`` node id of each leaf.
+        leaf_depth: ``[L]`` depth of each leaf.
+        ancestors: ``[L, D + 1]`` node id of the depth-``s`` ancestor of each
+            leaf (``-1`` below the leaf).
+        first_leaf, last_leaf: ``[N]`` first and last leaf (leaf order) below each node.
+        count: ``[N]`` number of leaves below each node.
+        rank: ``[N]`` number of left siblings of each node (its place among its
+            siblings; 0 for roots).
+        anc_leaf, anc_node: the ``(leaf, ancestor)`` pairs, for one-scatter node sums.
+        pair_leaf[s]: ``[P_s]`` leaves with depth ``>= s`` (ascending).
+        pair_node[s]: ``[P_s]`` their depth-``s`` ancestor :math:`A_s`.
+        pair_count[s]: ``[P_s]`` leaves of :math:`A_s` up to the pair's leaf.
+        pair_is_leaf[s]: ``[P_s]`` whether :math:`A_s` is the leaf itself.
+        pair_child[s]: ``[P_s]`` position of the same leaf among the depth
+            ``s + 1`` pairs (0 where the pair is a leaf pair).
+        last_pair[s]: ``[n_s]`` for each depth-``s`` node, its pair with its own last leaf.
+        depth_nodes[s]: ``[n_s]`` the nodes at depth ``s``.
+        key_pair[s], key_node[s]: ``[E_s]`` (pair, left sibling of the pair's node) edges.
+        sib_query, sib_key: ``[S]`` (node, left sibling) edges of all non-root nodes.
+    """
+
+    num_nodes: int
+    num_leaves: int
+    max_depth: int
+    leaf_node: Tensor
+    leaf_depth: Tensor
+    ancestors: Tensor
+    first_leaf: Tensor
+    last_leaf: Tensor
+    count: Tensor
+    rank: Tensor
+    anc_leaf: Tensor
+    anc_node: Tensor
+    pair_leaf: list[Tensor]
+    pair_node: list[Tensor]
+    pair_count: list[Tensor]
+    pair_is_leaf: list[Tensor]
+    pair_child: list[Tensor]
+    last_pair: list[Tensor]
+    depth_nodes: list[Tensor]
+    key_pair: list[Tensor]
+    key_node: list[Tensor]
+    sib_query: Tensor
+    sib_key: Tensor
+
+    @classmethod
+    def of(cls, hierarchy) -> CausalPlan:
+        """``hierarchy`` itself if it is a plan, else its cached plan
+        (:meth:`~hiergraph.data.SignalHierarchy.causal_plan`)."""
+        if isinstance(hierarchy, CausalPlan):
+            return hierarchy
+        if hasattr(hierarchy, "causal_plan"):
+            return hierarchy.causal_plan()
+        return cls.from_hierarchy(hierarchy)
+
+    @classmethod
+    def from_hierarchy(cls, hierarchy) -> CausalPlan:
+        """Plan of a :class:`~hiergraph.data.SignalHierarchy` or a PyG batch of them."""
+        for name in ("parent", "slot", "is_leaf", "depth"):
+            if getattr(hierarchy, name, None) is None:
+                raise TypeError(
+                    f"hierarchy has no '{name}' attribute; pass a SignalHierarchy (or a batch)"
+                )
+        return cls.from_parent(hierarchy.parent, hierarchy.slot, hierarchy.is_leaf, hierarchy.depth)
+
+    @classmethod
+    def from_parent(cls, parent: Tensor, slot: Tensor, is_leaf: Tensor, depth: Tensor):
+        """Plan from ``[N]`` ``parent`` (roots point at themselves), ``slot``, ``is_leaf``
+        and ``depth``."""
+        device = parent.device
+        n = parent.numel()
+        nodes = torch.arange(n, device=device)
+        leaf_node = nodes[is_leaf]
+        num_leaves = leaf_node.numel()
+        leaf_depth = depth[leaf_node]
+        max_depth = int(depth.max()) if n else 0
+        leaves = torch.arange(num_leaves, device=device)
+
+        ancestors = torch.full((num_leaves, max_depth + 1), -1, dtype=torch.long, device=device)
+        cur = leaf_node
+        for _ in range(max_depth + 1):
+            ancestors[leaves, depth[cur]] = cur
+            cur = parent[cur]
+        valid = ancestors >= 0
+        anc_leaf = leaves[:, None].expand_as(ancestors)[valid]
+        anc_node = ancestors[valid]
+        first_leaf = torch.full((n,), num_leaves, dtype=torch.long, device=device)
+        first_leaf = first_leaf.scatter_reduce(0, anc_node, anc_leaf, "amin")
+        last_leaf = torch.full((n,), -1, dtype=torch.long, device=device)
+        last_leaf = last_leaf.scatter_reduce(0, anc_node, anc_leaf, "amax")
+        count = torch.bincount(anc_node, minlength=n)
+
+        # families: non-root nodes sorted by (parent, slot)
+        child = nodes[parent != nodes]
+        child = child[family_order(parent[child], slot[child])]
+        fam_new = torch.ones_like(child, dtype=torch.bool)
+        fam_new[1:] = parent[child[1:]] != parent[child[:-1]]
+        pos = torch.arange(child.numel(), device=device)
+        fam_start = torch.cummax(torch.where(fam_new, pos, 0), 0).values
+        rank = torch.zeros(n, dtype=torch.long, device=device)
+        rank[child] = pos - fam_start
+        start = torch.zeros(n, dtype=torch.long, device=device)
+        start[child] = fam_start
+
+        contiguous = bool((last_leaf - first_leaf + 1 == count).all())
+        ordered = bool((last_leaf[child[:-1]] + 1 == first_leaf[child[1:]])[~fam_new[1:]].all())
+        if not (contiguous and ordered):
+            raise ValueError(
+                "causal attention needs the leaf order to be a depth-first order of the tree "
+                "(the leaves of every node consecutive, sibling sub-trees in slot order); "
+                "number the leaves left to right, e.g. from_nested([[0, 1], [2, 3, 4]])"
+            )
+
+        def left_siblings(query: Tensor) -> tuple[Tensor, Tensor]:
+            """(row in ``query``, left sibling) for each left sibling of each node in ``query``."""
+            r = rank[query]
+            row = torch.arange(query.numel(), device=device).repeat_interleave(r)
+            offset = torch.arange(row.numel(), device=device) - (torch.cumsum(r, 0) - r)[row]
+            return row, child[start[query][row] + offset]
+
+        row, sib_key = left_siblings(child)
+        sib_query = child[row]
+
+        pair_leaf, pair_node, pair_count, pair_is_leaf, pair_child = [], [], [], [], []
+        last_pair, depth_nodes, key_pair, key_node = [], [], [], []
+        for s in range(max_depth + 1):
+            pl = (leaf_depth >= s).nonzero().view(-1)
+            pn = ancestors[pl, s]
+            pair_leaf.append(pl)
+            pair_node.append(pn)
+            pair_count.append(pl - first_leaf[pn] + 1)
+            pair_is_leaf.append(leaf_depth[pl] == s)
+            dn = (depth == s).nonzero().view(-1)
+            depth_nodes.append(dn)
+            last_pair.append(torch.searchsorted(pl, last_leaf[dn]))
+            kp, kn = left_siblings(pn) if s > 0 else (pl[:0], pl[:0])
+            key_pair.append(kp)
+            key_node.append(kn)
+        for s in range(max_depth + 1):
+            if s < max_depth:
+                nxt = pair_leaf[s + 1]
+                ch = torch.searchsorted(nxt, pair_leaf[s]).clamp(max=max(nxt.numel() - 1, 0))
+                pair_child.append(torch.where(pair_is_leaf[s], 0, ch))
+            else:
+                pair_child.append(torch.zeros_like(pair_leaf[s]))
+        return cls(
+            num_nodes=n,
+            num_leaves=num_leaves,
+            max_depth=max_depth,
+            leaf_node=leaf_node,
+            leaf_depth=leaf_depth,
+            ancestors=ancestors,
+            first_leaf=first_leaf,
+            last_leaf=last_leaf,
+            count=count,
+            rank=rank,
+            anc_leaf=anc_leaf,
+            anc_node=anc_node,
+            pair_leaf=pair_leaf,
+            pair_node=pair_node,
+            pair_count=pair_count,
+            pair_is_leaf=pair_is_leaf,
+            pair_child=pair_child,
+            last_pair=last_pair,
+            depth_nodes=depth_nodes,
+            key_pair=key_pair,
+            key_node=key_node,
+            sib_query=sib_query,
+            sib_key=sib_key,
+        )
