@@ -100,7 +100,7 @@ class VCCEncoder(nn.Module):
     r"""VIP-token-centric compression around a stack of transformer layers.
 
     Zeng et al., *VCC: Scaling Transformers to 128K Tokens or More by Prioritizing
-    Important Tokens* (notes/vcc.md §2.1). The VIP tokens :math:`P` (e.g. the
+    Important Tokens* (Sec. 3, Fig. 2). The VIP tokens :math:`P` (e.g. the
     question of a QA task) are moved to the front by a stable permutation;
     the other tokens :math:`C` go into a segment tree. Each layer then runs on
     the compressed sequence :math:`[P; S_c C]` of length
@@ -116,7 +116,7 @@ class VCCEncoder(nn.Module):
     state; an unrefined block's tokens share one update. The permutation is
     undone at the end. Optional vanilla ``local_layers`` run first on the
     original order, within windows of ``local_size`` tokens (the paper's first
-    4–6 layers on 512-token segments).
+    4–6 layers on 512-token segments, Sec. 4).
 
     Layers are ``nn.TransformerEncoderLayer(..., norm_first=True, batch_first=True)``
     (built in when ``layers`` is an int) or custom modules with
@@ -126,22 +126,40 @@ class VCCEncoder(nn.Module):
     no gradient. Inputs carry their own (absolute) position information:
     positions travel with the tokens; relative position biases are not supported.
 
+    :meth:`reset_parameters` re-initialises every layer; the constructor does not
+    call it, so that layers passed in (e.g. pretrained ones) keep their weights
+    (built-in layers are initialised by PyTorch when they are built).
+
     Args:
-        layers: the VCC layers, or their number (built in, from ``embed_dim``,
-            ``num_heads``, ``ff_dim``, ``dropout``).
-        embed_dim, num_heads, ff_dim, dropout: for built-in layers (GELU FFN).
-        block_size: :math:`k`, the coarse block size (two-resolution scheme).
-        num_refined: :math:`h`, the blocks refined to tokens per sequence and layer.
-        branching, budgets: a general tree instead (Algorithm 1): bottom-up
-            window sizes, and ``len(branching) + 1`` per-level budgets, root
-            first (``None`` = refine all). Override ``block_size``/``num_refined``.
-        local_layers: vanilla layers (same kinds as ``layers``) or their number.
-        local_size: window of the local layers.
+        layers (int or Sequence[torch.nn.Module]): the VCC layers, or their number
+            (built in, from :obj:`embed_dim`, :obj:`num_heads`, :obj:`ff_dim`,
+            :obj:`dropout`).
+        embed_dim (int, optional): model width of built-in layers.
+            (default: :obj:`None`)
+        num_heads (int, optional): heads of built-in layers. (default: :obj:`4`)
+        ff_dim (int, optional): feed-forward width of built-in layers (GELU FFN).
+            (default: :obj:`None`, i.e. :obj:`4 * embed_dim`)
+        dropout (float, optional): dropout of built-in layers. (default: :obj:`0.`)
+        block_size (int, optional): :math:`k`, the coarse block size
+            (two-resolution scheme). (default: :obj:`16`)
+        num_refined (int, optional): :math:`h`, the blocks refined to tokens per
+            sequence and layer. (default: :obj:`90`)
+        branching (Sequence[int], optional): a general tree instead (Algorithm 1):
+            bottom-up window sizes; overrides :obj:`block_size` and
+            :obj:`num_refined` together with :obj:`budgets`. (default: :obj:`None`)
+        budgets (Sequence[int or None], optional): ``len(branching) + 1``
+            per-level budgets, root first (``None`` = refine all).
+            (default: :obj:`None`)
+        local_layers (int or Sequence[torch.nn.Module], optional): vanilla layers
+            (same kinds as :obj:`layers`) or their number. (default: :obj:`0`)
+        local_size (int, optional): window of the local layers.
+            (default: :obj:`512`)
 
     Shapes:
-        - **x**: ``[B, n, d]``; **vip_mask**: ``[B, n]`` bool; **mask**: optional
-          ``[B, n]`` bool, ``True`` = real token.
-        - **output**: ``[B, n, d]``, zero at padded positions.
+        - **input:** ``x`` ``[B, n, d]``; ``vip_mask`` ``[B, n]`` bool, ``True`` =
+          VIP token; ``token_mask`` (optional) ``[B, n]`` bool, ``True`` = real
+          (valid) token, ``False`` = padding.
+        - **output:** ``[B, n, d]``, zero at padded positions.
     """
 
     def __init__(
@@ -219,12 +237,22 @@ class VCCEncoder(nn.Module):
             if isinstance(layer, nn.TransformerEncoderLayer):
                 layer.self_attn._reset_parameters()
 
-    def forward(self, x: Tensor, vip_mask: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, vip_mask: Tensor, token_mask: Tensor | None = None) -> Tensor:
+        r"""
+        Args:
+            x (torch.Tensor): ``[B, n, d]`` token features.
+            vip_mask (torch.Tensor): ``[B, n]`` bool, ``True`` = VIP token.
+            token_mask (torch.Tensor, optional): ``[B, n]`` bool, ``True`` = real
+                (valid) token, ``False`` = padding. (default: :obj:`None`, all real)
+
+        Returns:
+            ``[B, n, d]``, zero at padded positions.
+        """
         if self.embed_dim is not None and isinstance(x, Tensor) and x.dim() == 3:
             check_features(x, self.embed_dim, "x", f"[batch, seq, embed_dim={self.embed_dim}]")
-        vip_mask, mask = check_vip_inputs(x, vip_mask, mask)
-        x = self.apply_local(x, mask)
-        p, p_ptr, c, c_ptr = vip_partition(x, vip_mask, mask)
+        vip_mask, token_mask = check_vip_inputs(x, vip_mask, token_mask)
+        x = self.apply_local(x, token_mask)
+        p, p_ptr, c, c_ptr = vip_partition(x, vip_mask, token_mask)
         tree = SegmentTree.from_ptr(c_ptr, self.branching)
         state = build_tree_state(c, tree)
         for layer in self.layers:
@@ -242,16 +270,17 @@ class VCCEncoder(nn.Module):
                 self.budgets,
                 score_fn,
             )
-        return vip_restore(p, materialize(state, tree), vip_mask, mask)
+        return vip_restore(p, materialize(state, tree), vip_mask, token_mask)
 
-    def apply_local(self, x: Tensor, mask: Tensor) -> Tensor:
+    def apply_local(self, x: Tensor, token_mask: Tensor) -> Tensor:
         """The vanilla ``local_layers`` within windows of ``local_size`` tokens, on the
-        original order; ``x`` ``[B, n, d]``, ``mask`` ``[B, n]`` bool (zero at padding)."""
+        original order; ``x`` ``[B, n, d]``, ``token_mask`` ``[B, n]`` bool, ``True`` =
+        real token (the output is zero at padding)."""
         if not len(self.local_layers):
             return x
         batch, length, dim = x.shape
         pad = -length % self.local_size
-        real = nn.functional.pad(mask, (0, pad)).reshape(-1, self.local_size)
+        real = nn.functional.pad(token_mask, (0, pad)).reshape(-1, self.local_size)
         windows = nn.functional.pad(x, (0, 0, 0, pad)).reshape(-1, self.local_size, dim)
         windows = windows.masked_fill(~real.unsqueeze(-1), 0.0)  # NaN at padding stays out
         used = real.any(1)

@@ -1,7 +1,7 @@
 r"""VIP-token-centric compression (VCC) of one transformer layer, batched and flat.
 
 Zeng et al., *VCC: Scaling Transformers to 128K Tokens or More by Prioritizing
-Important Tokens* (notes/vcc.md). With the VIP tokens :math:`P` moved to the front,
+Important Tokens* (Sec. 3). With the VIP tokens :math:`P` moved to the front,
 :math:`X = [P; C]`, one layer :math:`X \mapsto X + \gamma(X)` is replaced by
 
 .. math::
@@ -58,35 +58,37 @@ def _batch(ptr: Tensor) -> Tensor:
 
 
 def vip_partition(
-    x: Tensor, vip_mask: Tensor, mask: Tensor | None = None
+    x: Tensor, vip_mask: Tensor, token_mask: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""The stable permutation :math:`X \mapsto [P; C]` of eq. (6), flattened over the batch.
 
-    VIP rows keep their relative order, and so do the other rows (the stable
-    order that keeps segments contiguous, notes/vcc.md §5.5); padded rows are
-    dropped. Inverse: :func:`vip_restore`.
+    VIP rows keep their relative order, and so do the other rows (a stable
+    permutation, so that the segments of the multi-resolution compression of
+    Sec. 3.3 stay contiguous); padded rows are dropped. Inverse: :func:`vip_restore`.
 
     Args:
-        x: ``[B, n, d]``.
-        vip_mask: ``[B, n]`` bool, ``True`` = VIP token.
-        mask: optional ``[B, n]`` bool, ``True`` = real token (default: all real).
+        x (torch.Tensor): ``[B, n, d]``.
+        vip_mask (torch.Tensor): ``[B, n]`` bool, ``True`` = VIP token.
+        token_mask (torch.Tensor, optional): ``[B, n]`` bool, ``True`` = real
+            (valid) token, ``False`` = padding. (default: :obj:`None`, all real)
 
     Returns:
         ``(p [N_p, d], p_ptr [B + 1], c [N_c, d], c_ptr [B + 1])``.
     """
-    vip_mask, mask = check_vip_inputs(x, vip_mask, mask)
-    other = mask & ~vip_mask
+    vip_mask, token_mask = check_vip_inputs(x, vip_mask, token_mask)
+    other = token_mask & ~vip_mask
     flat = x.reshape(-1, x.size(-1))
     p = take_rows(flat, vip_mask.flatten().nonzero().squeeze(1))
     c = take_rows(flat, other.flatten().nonzero().squeeze(1))
     return p, _ptr(vip_mask.sum(1)), c, _ptr(other.sum(1))
 
 
-def vip_restore(p: Tensor, c: Tensor, vip_mask: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Inverse of :func:`vip_partition`: ``[B, n, d]`` with zeros at padded positions."""
-    if mask is None:
-        mask = torch.ones_like(vip_mask)
-    index = torch.cat([vip_mask.flatten().nonzero(), (mask & ~vip_mask).flatten().nonzero()])
+def vip_restore(p: Tensor, c: Tensor, vip_mask: Tensor, token_mask: Tensor | None = None) -> Tensor:
+    """Inverse of :func:`vip_partition`: ``[B, n, d]`` with zeros at padded positions
+    (``token_mask`` ``[B, n]`` bool, ``True`` = real token; default: all real)."""
+    if token_mask is None:
+        token_mask = torch.ones_like(vip_mask)
+    index = torch.cat([vip_mask.flatten().nonzero(), (token_mask & ~vip_mask).flatten().nonzero()])
     out = p.new_zeros(vip_mask.numel(), p.size(-1)).index_copy(
         0, index.squeeze(1), torch.cat([p, c])
     )
@@ -105,7 +107,7 @@ def vip_attention_scores(
                 \big(q_{ih}^\top k_{x'h} + \log s_{x'}\big)_x
 
     This is eq. (53) with the layer's own projections and per-VIP
-    normalisation (as in the authors' code, notes/vcc.md §5.8), plus the
+    normalisation (as in the authors' code, ``github.com/mlpen/VCC``), plus the
     multiplicity :math:`\log s` so that a short last segment weighs what it
     holds. Sequences without VIP tokens score 0 everywhere.
 
@@ -222,19 +224,25 @@ def vcc_layer(
     return p_new, update_tree(state, tree, sel, rows_new), sel
 
 
-def check_vip_inputs(x: Tensor, vip_mask: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Validate ``x [B, n, d]``, ``vip_mask`` and ``mask`` (``[B, n]`` bool); returns the masks."""
+def check_vip_inputs(
+    x: Tensor, vip_mask: Tensor, token_mask: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Validate ``x [B, n, d]``, ``vip_mask`` and ``token_mask`` (``[B, n]`` bool,
+    ``True`` = VIP / real token); returns the two masks (``token_mask`` all ``True``
+    when ``None``)."""
     if not isinstance(x, Tensor) or x.dim() != 3:
         raise ValueError(f"x must be a [B, n, d] tensor, got shape {getattr(x, 'shape', None)}")
-    if mask is None:
-        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-    for name, m in (("vip_mask", vip_mask), ("mask", mask)):
+    if token_mask is None:
+        token_mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    for name, m in (("vip_mask", vip_mask), ("token_mask", token_mask)):
         if not isinstance(m, Tensor) or m.dtype != torch.bool:
             raise TypeError(f"{name} must be a bool tensor [B, n]; convert with .bool()")
         if m.shape != x.shape[:2]:
             raise ValueError(
                 f"{name} must have shape {tuple(x.shape[:2])} (x's [B, n]), got {tuple(m.shape)}"
             )
-    if bool((vip_mask & ~mask).any()):
-        raise ValueError("vip_mask marks padded positions as VIP; use vip_mask & mask")
-    return vip_mask, mask
+    if bool((vip_mask & ~token_mask).any()):
+        raise ValueError(
+            "vip_mask marks padded positions (token_mask False) as VIP; use vip_mask & token_mask"
+        )
+    return vip_mask, token_mask

@@ -73,7 +73,7 @@ def test_moving_vip_tokens_leaves_outputs_unchanged():
 def test_batch_equals_single_sequences_and_padding_is_inert():
     x, vip, mask = _inputs()
     enc = _encoder(block_size=3, num_refined=2, local_layers=1, local_size=8)
-    out = enc(x, vip, mask)
+    out = enc(x, vip, token_mask=mask)  # token_mask: True = real token
     assert (out[~mask] == 0).all()
     for b in range(3):
         n = int(mask[b].sum())
