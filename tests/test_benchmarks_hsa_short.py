@@ -1,0 +1,28 @@
+"""``benchmarks/hsa_short.py`` runs end to end (one small row, no inductor) and writes its
+JSON report with every method, the ratios and the profile breakdown."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_quick_run_writes_a_complete_report(tmp_path):
+    out = tmp_path / "hsa_short.json"
+    command = [sys.executable, "benchmarks/hsa_short.py", "--quick", "--no-compile",
+               "--rounds", "3", "--threads", "1", "--out", str(out)]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    (row,) = report["rows"]
+    assert set(row["median_s"]) == {"flat", "bound", "hsa", "hsa-blocks"}
+    assert all(len(s) == 3 for s in row["samples_s"].values())
+    assert row["flat_over"]["flat"] == 1.0 and row["over_bound"]["bound"] == 1.0
+    profile = row["profile_hsa"]
+    assert profile["aten_calls"] > 0 and sum(profile["self_cpu_s_by_group"].values()) > 0
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert str(tmp_path) not in out.read_text() and "/work" not in out.read_text()
