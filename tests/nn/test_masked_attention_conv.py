@@ -454,6 +454,30 @@ def test_dropout_only_in_training(name):
     assert torch.isfinite(out).all() and not torch.allclose(out, eval_out)
 
 
+def test_dropout_drops_the_edge_feature_messages_with_the_same_mask():
+    """Training mode with ``edge_dim``: the value and edge-feature messages are weighted
+    by the same dropped-out alpha. Zero queries (uniform alpha), values that are the
+    constant ``b`` and edge features embedded to ``b`` too: with the dropout mask fixed
+    by the seed, each target then gets ``s b`` from either part (``s`` its kept weight)."""
+    conv = make_conv(root_weight=False, edge_dim=1, dropout=0.5).train()
+    b = torch.linspace(-1.0, 1.0, 8, dtype=torch.float64)
+    with torch.no_grad():
+        for lin in (conv.lin_query, conv.lin_value):
+            lin.weight.zero_()
+            lin.bias.zero_()
+        conv.lin_value.bias.copy_(b)
+        conv.lin_edge.weight.copy_(b[:, None])
+    x, edge_index = features(), shuffled(MASKS["random"])[1]
+    ones = torch.ones(edge_index.size(1), 1, dtype=torch.float64)
+    torch.manual_seed(7)
+    values_only = conv(x, edge_index, 0 * ones)
+    torch.manual_seed(7)
+    both = conv(x, edge_index, ones)
+    kept = values_only / b  # s per target and head: < 1 where dropout removed weight
+    assert not torch.allclose(kept, torch.ones_like(kept))
+    torch.testing.assert_close(both, 2 * values_only, atol=1e-12, rtol=0)
+
+
 # ---------------------------------------------------------------- bad inputs and repr
 @pytest.mark.parametrize(
     "call,error,message",

@@ -114,3 +114,16 @@ def test_bad_inputs(shapes, kwargs, message):
     args = {"before": 1, "after": 1} | kwargs
     with pytest.raises(ValueError, match=message):
         banded_attention(q, k, v, **args)
+
+
+def test_dropout_backward_recomputes_the_forward_masks():
+    """With its dropout mask fixed the output ``A_drop v`` is linear in ``v``, so
+    ``<d(out . w)/dv, v> = out . w`` holds exactly when the backward redraws every
+    chunk's mask from the seed its forward used (4 chunks here)."""
+    q, k, v = _qkv(64)
+    weight = torch.randn(64, 2, 3, generator=torch.Generator().manual_seed(5), dtype=v.dtype)
+    torch.manual_seed(3)
+    out = banded_attention(q, k, v, 4, 4, dropout_p=0.5, block_size=8, chunk_size=16)
+    assert not torch.allclose(out, banded_attention(q, k, v, 4, 4))  # dropout is on
+    (grad_v,) = torch.autograd.grad((out * weight).sum(), v)
+    torch.testing.assert_close((grad_v * v).sum(), (out * weight).sum(), atol=1e-12, rtol=0)

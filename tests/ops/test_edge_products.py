@@ -112,3 +112,21 @@ def test_non_integer_ids_raise_even_unchecked(dtype, check):
     edge_index = random_graph(5, 7, 10).to(dtype)
     with pytest.raises(TypeError, match="int64 or int32"):
         EdgeCSR(edge_index, (5, 7), check=check)
+
+
+@pytest.mark.parametrize("num_edges", [0, 1, 2, 3])
+def test_short_edge_lists_in_reverse_order_are_sorted(num_edges):
+    """Every list not sorted by target gets sorted, the shortest ones too (two edges)."""
+    edge_index = torch.tensor([[0, 1, 2], [2, 1, 0]])[:, :num_edges]  # targets descending
+    graph = EdgeCSR(edge_index, (3, 3))
+    key = graph.edge_index[1] * 3 + graph.edge_index[0]
+    assert bool((key[1:] >= key[:-1]).all())
+    if num_edges > 1:
+        assert graph.perm is not None
+        assert torch.equal(graph.edge_index, edge_index[:, graph.perm])
+    a, b = feats(3, 1), feats(3, 2)
+    weight = torch.randn(num_edges, H, dtype=torch.float64)
+    torch.testing.assert_close(edge_dot(a, b, graph), reference_dot(a, b, graph.edge_index))
+    torch.testing.assert_close(
+        edge_aggregate(weight, b, graph), reference_aggregate(weight, b, graph.edge_index, 3)
+    )

@@ -77,3 +77,21 @@ def test_logaddexp_second_derivative_is_finite_at_neg_inf():
     second = torch.autograd.grad((ga + gb).sum(), (a, b))
     assert all(torch.isfinite(g).all() for g in (ga, gb, *second))
     assert out[0] == 0.5 and out[1] == 0.7 and out[2] == -INF
+
+
+def test_softmaxes_are_exact_for_logits_far_beyond_exp_range():
+    """Row shifts must be the row maximum: with any other shift (say the row mean) ``exp``
+    overflows to inf (NaN weights) or underflows to 0 (a -inf lse) at these spreads."""
+    logits = torch.tensor(
+        [[800.0, -800.0], [-750.0, -760.0], [1e4, 1e4 - 1.0], [3.0, 2.0]], dtype=torch.float64
+    )  # [rows, entries]: a wide row, a row below exp's range, a huge row, a plain row
+    ref_lse, ref_w = torch.logsumexp(logits, 1), torch.softmax(logits, 1)
+    lse, w = masked_softmax(logits, torch.ones_like(logits, dtype=torch.bool))
+    torch.testing.assert_close(lse, ref_lse, atol=1e-12, rtol=1e-15)
+    torch.testing.assert_close(w, ref_w, atol=1e-15, rtol=0)
+    # the same rows as an entry list, entries interleaved across rows, two heads
+    index = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    flat = logits.T.reshape(-1, 1).expand(-1, 2)
+    lse, w = scatter_softmax(flat, index, 4)
+    torch.testing.assert_close(lse, ref_lse[:, None].expand(-1, 2), atol=1e-12, rtol=1e-15)
+    torch.testing.assert_close(w, ref_w.T.reshape(-1, 1).expand(-1, 2), atol=1e-15, rtol=0)
