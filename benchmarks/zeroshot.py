@@ -1,4 +1,4 @@
-"""Zero-shot HSA inside pretrained all-MiniLM-L6-v2 on real text (issue 11).
+"""Zero-shot HSA inside pretrained all-MiniLM-L6-v2 on real text.
 
 For every layer set x branching tuple, three replacements of the chosen
 layers' softmax attention, measured on the same cached documents:
@@ -7,7 +7,8 @@ layers' softmax attention, measured on the same cached documents:
 * ``block``: the same-FLOPs local baseline, softmax inside blocks of ``w`` tokens,
   ``w`` the smallest block whose attention FLOPs at 256 tokens are >= HSA's (always
   at least the leaf window);
-* ``hsa_no_size_bias``: HSA without the log n(B) sibling-size bias (notes §7.3).
+* ``hsa_no_size_bias``: HSA without the log n(B) sibling-size bias (an ablation: without
+  it HSA is no longer the KL projection of Amizadeh et al., Thm. 3.2).
 
 Reported per run: mean cosine to the original sentence embeddings, probe
 accuracies (see examples/zeroshot_minilm.py), attention FLOPs per replaced
@@ -108,21 +109,21 @@ def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, floa
         p(hidden).view(b, t, attn.num_attention_heads, -1).transpose(1, 2)
         for p in (attn.query, attn.key, attn.value)
     )
-    key_valid = valid.bool()
+    token_mask = valid.bool()
     mask = ex.additive_mask(valid)
 
     def tree():
-        lengths = key_valid.sum(1).tolist()
+        lengths = token_mask.sum(1).tolist()
         if not hubs:
             return window_hierarchies(lengths, branching)
-        lifted = select_hubs(hub_scores(q, k, key_valid, attn.scaling), key_valid, hubs)
+        lifted = select_hubs(hub_scores(q, k, token_mask, attn.scaling), token_mask, hubs)
         return hub_window_hierarchies(lengths, branching, lifted)
 
     ops = {
         "flat_sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, mask),
-        "hsa": lambda: padded_hsa(q, k, v, key_valid, tree()),
-        "hsa_no_size_bias": lambda: padded_hsa(q, k, v, key_valid, tree(), size_bias=False),
-        "block": lambda: padded_block_attention(q, k, v, key_valid, block),
+        "hsa": lambda: padded_hsa(q, k, v, token_mask, tree()),
+        "hsa_no_size_bias": lambda: padded_hsa(q, k, v, token_mask, tree(), size_bias=False),
+        "block": lambda: padded_block_attention(q, k, v, token_mask, block),
     }
     times = {name: [] for name in ops}
     for _ in range(TIMING_REPEATS):

@@ -24,9 +24,9 @@ from hiergraph.integrations.hubs import (
     select_hubs,
 )
 from hiergraph.integrations.padded_attention import (
-    key_padding_mask,
     padded_block_attention,
     padded_hsa,
+    valid_token_mask,
     window_hierarchies,
 )
 
@@ -44,11 +44,11 @@ __all__ = [
     "hub_window_hierarchy",
     "inject_hsa",
     "interleaved_layers",
-    "key_padding_mask",
     "padded_block_attention",
     "padded_hsa",
     "remove_hsa",
     "select_hubs",
     "sentence_hierarchy",
+    "valid_token_mask",
     "window_hierarchies",
 ]

@@ -1,9 +1,10 @@
 r"""Attention FLOP counter: flat softmax vs HSA vs local block attention, per layer.
 
-The accounting follows the reconstruction of the HSA paper's Table 3 in
-notes/hsa.md §5.3: every attention score costs :math:`2d` (query–key dot
-product) :math:`+\,2d_v` (weighting the value) :math:`+\,c` (scale, mask,
-exponential, sum, division; :data:`SCORE_FLOPS` :math:`= 12`), so flat
+The accounting reconstructs the FLOP counts of Amizadeh et al., Sec. 4.3,
+Table 3 (the paper reports the numbers, not the formula): every attention
+score costs :math:`2d` (query–key dot product) :math:`+\,2d_v` (weighting the
+value) :math:`+\,c` (scale, mask, exponential, sum, division;
+:data:`SCORE_FLOPS` :math:`= 12`), so flat
 attention over :math:`N` tokens costs
 
 .. math::
@@ -28,9 +29,17 @@ counted; the q/k/v/output projections are the same for every method.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-#: FLOPs per attention score besides the two dot products (notes/hsa.md §5.3).
+if TYPE_CHECKING:
+    from torch_geometric.data import Batch
+
+    from hiergraph.data.signal_hierarchy import SignalHierarchy
+
+#: FLOPs per attention score besides the two dot products (the value that reproduces
+#: the flat numbers of Amizadeh et al., Table 3).
 SCORE_FLOPS = 12
 
 
@@ -68,7 +77,7 @@ def block_attention_flops(
 
 
 def hsa_attention_flops(
-    hierarchy,
+    hierarchy: SignalHierarchy | Batch,
     head_dim: int,
     heads: int = 1,
     value_dim: int | None = None,

@@ -5,7 +5,7 @@ Hierarchical Self-Attention over a fixed hopping-window hierarchy (or over
 hierarchies the caller passes, e.g. from sentence boundaries,
 :func:`hsa_hierarchies`), reusing each layer's own per-head
 :math:`q, k, v` projections and output projection, with no training
-(the HSA paper §4.3 / App. L; notes/hsa.md §4.3). Per head and example,
+(Amizadeh et al., Sec. 4.3, App. L). Per head and example,
 
 .. math::
     \mathrm{out} = \hat\Theta V, \qquad
@@ -15,7 +15,8 @@ hierarchies the caller passes, e.g. from sentence boundaries,
 
 over the block-constrained row-stochastic matrices :math:`\mathcal{B}` of the
 hierarchy: the KL-closest hierarchical approximation of the layer's own
-softmax attention (Thm. 3.2; diagonal included, §2.8.9). The padding mask is
+softmax attention (Thm. 3.2; diagonal included through the self energy of
+App. G.1). The padding mask is
 honoured (padding tokens are not in any tree; their rows are 0). With
 ``hubs=g`` each replaced layer lifts the :math:`g` keys with the largest
 root-level score to leaves under the root (:mod:`~hiergraph.integrations.hubs`).
@@ -41,9 +42,9 @@ from torch_geometric.data import Batch
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.integrations.hubs import hub_scores, hub_window_hierarchies, select_hubs
 from hiergraph.integrations.padded_attention import (
-    key_padding_mask,
     padded_block_attention,
     padded_hsa,
+    valid_token_mask,
     window_hierarchies,
 )
 
@@ -61,12 +62,14 @@ class _Hierarchies:
         self._key: tuple[int, ...] | None = None
         self._forest: SignalHierarchy | None = None
 
-    def tree(self, q: Tensor, k: Tensor, key_valid: Tensor, scale: float):
+    def tree(
+        self, q: Tensor, k: Tensor, token_mask: Tensor, scale: float
+    ) -> SignalHierarchy | Batch:
         if self.given is not None:
             return self.given
-        lengths = key_valid.sum(1).tolist()
+        lengths = token_mask.sum(1).tolist()
         if self.hubs:
-            lifted = select_hubs(hub_scores(q, k, key_valid, scale), key_valid, self.hubs)
+            lifted = select_hubs(hub_scores(q, k, token_mask, scale), token_mask, self.hubs)
             return hub_window_hierarchies(lengths, self.branching, lifted)
         key = tuple(lengths)
         if key != self._key:
@@ -82,14 +85,21 @@ class HSASelfAttention(nn.Module):
     ``(context [B, T, hidden], None)``: attention weights are never materialised.
     Attention dropout is not applied (zero-shot inference).
 
+    It has no parameters of its own: ``query``, ``key`` and ``value`` are the
+    pretrained layer's, so it has no ``reset_parameters()`` (zero-shot use keeps
+    the pretrained weights).
+
     Args:
-        attention: the module it replaces (kept for :func:`remove_hsa`).
-        method: ``'hsa'``; ``'hsa_no_size_bias'`` (HSA without the
+        attention (torch.nn.Module): the module it replaces (kept for
+            :func:`remove_hsa`).
+        method (str): ``'hsa'``; ``'hsa_no_size_bias'`` (HSA without the
             :math:`\log n(B)` sibling bias, a baseline); ``'block'`` (softmax
             inside blocks of ``block`` tokens, a baseline).
-        include_self: BERT-style diagonal in HSA (notes §2.8.9).
-        block: block size for ``method='block'``.
-        hierarchies: the shared hierarchy source of the model.
+        include_self (bool): the BERT-style diagonal in HSA (the self energy of
+            App. G.1).
+        block (int or None): block size for ``method='block'``.
+        hierarchies (_Hierarchies): the hierarchy source shared by the model's
+            replaced layers (built by :func:`inject_hsa`).
 
     Raises:
         ValueError: if ``attention`` is causal (``is_causal`` or ``is_decoder``, e.g. a
@@ -103,7 +113,7 @@ class HSASelfAttention(nn.Module):
         attention: nn.Module,
         method: str,
         include_self: bool,
-        block: int,
+        block: int | None,
         hierarchies: _Hierarchies,
     ):
         super().__init__()
@@ -119,6 +129,19 @@ class HSASelfAttention(nn.Module):
     def forward(
         self, hidden_states: Tensor, attention_mask: Tensor | None = None, *args, **kwargs
     ) -> tuple[Tensor, None]:
+        r"""
+        Args:
+            hidden_states (torch.Tensor): ``[B, T, hidden]``.
+            attention_mask (torch.Tensor, optional): the mask transformers passes
+                (1 or ``True`` = attend, or additive); only key padding is allowed
+                (:func:`~hiergraph.integrations.valid_token_mask`).
+                (default: :obj:`None`, no padding)
+            *args, **kwargs: the rest of transformers' call (ignored; a KV cache or
+                cross-attention input raises).
+
+        Returns:
+            ``(context [B, T, hidden], None)``.
+        """
         if (
             kwargs.get("past_key_values") is not None
             or kwargs.get("encoder_hidden_states") is not None
@@ -131,16 +154,16 @@ class HSASelfAttention(nn.Module):
             proj(hidden_states).view(batch, length, self.heads, -1).transpose(1, 2)
             for proj in (self.query, self.key, self.value)
         )
-        key_valid = key_padding_mask(attention_mask, batch, length).to(q.device)
+        token_mask = valid_token_mask(attention_mask, batch, length).to(q.device)
         if self.method == "block":
-            out = padded_block_attention(q, k, v, key_valid, self.block, self.scale)
+            out = padded_block_attention(q, k, v, token_mask, self.block, self.scale)
         else:
-            tree = self.hierarchies.tree(q, k, key_valid, self.scale).to(q.device)
+            tree = self.hierarchies.tree(q, k, token_mask, self.scale).to(q.device)
             out = padded_hsa(
                 q,
                 k,
                 v,
-                key_valid,
+                token_mask,
                 tree,
                 include_self=self.include_self,
                 size_bias=self.method == "hsa",
@@ -148,14 +171,14 @@ class HSASelfAttention(nn.Module):
             )
         return out.reshape(batch, length, -1), None
 
-    def extra_repr(self) -> str:
+    def __repr__(self) -> str:
         h = self.hierarchies
         detail = (
             f"block={self.block}"
             if self.method == "block"
             else f"branching={h.branching}, hubs={h.hubs}"
         )
-        return f"method={self.method!r}, heads={self.heads}, {detail}"
+        return f"{self.__class__.__name__}(method={self.method!r}, heads={self.heads}, {detail})"
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -254,7 +277,9 @@ def remove_hsa(model: nn.Module) -> nn.Module:
 
 
 @contextmanager
-def hsa_hierarchies(model: nn.Module, hierarchies) -> Iterator[None]:
+def hsa_hierarchies(
+    model: nn.Module, hierarchies: Sequence[SignalHierarchy] | Batch
+) -> Iterator[None]:
     """Use the caller's hierarchies (e.g. from sentence boundaries,
     :func:`sentence_hierarchy`) instead of the fixed windows, inside the ``with`` block.
 
@@ -295,7 +320,7 @@ def sentence_hierarchy(sentence_lengths: Sequence[int] | Tensor):
 
 
 def _refuse_causal(attention: nn.Module) -> None:
-    """The rule :func:`~hiergraph.integrations.padded_attention.key_padding_mask` applies to
+    """The rule :func:`~hiergraph.integrations.padded_attention.valid_token_mask` applies to
     causal masks, applied to the module: decoder layers (``is_causal``/``is_decoder``) may get
     ``attention_mask=None`` with ``is_causal`` under SDPA, which no mask check can see."""
     if getattr(attention, "is_causal", False) or getattr(attention, "is_decoder", False):

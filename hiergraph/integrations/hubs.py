@@ -34,32 +34,40 @@ from hiergraph.data.windows import window_forest, window_hierarchy
 from hiergraph.ops.hubs import root_scores
 
 
-def hub_scores(q: Tensor, k: Tensor, key_valid: Tensor, scale: float | None = None) -> Tensor:
+def hub_scores(q: Tensor, k: Tensor, token_mask: Tensor, scale: float | None = None) -> Tensor:
     r"""``[B, T]`` root-level scores :math:`s_j` of every key (``-inf`` at padding), in float32
     for half-precision ``q, k`` (:func:`~hiergraph.ops.hubs.root_scores`).
 
     Args:
-        q, k: ``[B, H, T, d]``.
-        key_valid: ``[B, T]`` bool, ``True`` for real tokens.
-        scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
+        q (torch.Tensor): queries ``[B, H, T, d]``.
+        k (torch.Tensor): keys ``[B, H, T, d]``.
+        token_mask (torch.Tensor): ``[B, T]`` bool, ``True`` for real tokens.
+        scale (float, optional): logit scale :math:`\tau`. (default: :obj:`None`,
+            i.e. :math:`1/\sqrt{d}`)
     """
     b, h, t, d = q.shape
     tree = torch.arange(b, device=q.device).repeat_interleave(t)
     packed = [x.transpose(1, 2).reshape(b * t, h, d) for x in (q, k)]
-    return root_scores(*packed, tree, key_valid.reshape(-1), scale).view(b, t)
+    return root_scores(*packed, tree, token_mask.reshape(-1), scale).view(b, t)
 
 
-def select_hubs(scores: Tensor, key_valid: Tensor, hubs: int) -> Tensor:
+def select_hubs(scores: Tensor, token_mask: Tensor, hubs: int) -> Tensor:
     """``[L]`` bool over the valid tokens of every example (in example order, the leaf order
     of :func:`hub_window_hierarchies`): ``True`` for its ``hubs`` best-scoring tokens, at
-    most ``n - 1`` for ``n`` valid tokens, so the windows keep one token."""
+    most ``n - 1`` for ``n`` valid tokens, so the windows keep one token.
+
+    Args:
+        scores (torch.Tensor): ``[B, T]``, e.g. from :func:`hub_scores`.
+        token_mask (torch.Tensor): ``[B, T]`` bool, ``True`` for real tokens.
+        hubs (int): hubs per example.
+    """
     if hubs < 0:
         raise ValueError(f"hubs must be >= 0, got {hubs}")
-    n = key_valid.sum(1)
+    n = token_mask.sum(1)
     top = scores.topk(min(hubs, scores.size(1)), dim=1).indices  # [B, g], best first
     keep = torch.arange(top.size(1), device=top.device) < (n - 1).clamp(min=0)[:, None]
-    lifted = torch.zeros_like(key_valid).scatter_(1, top, keep)
-    return lifted[key_valid]
+    lifted = torch.zeros_like(token_mask).scatter_(1, top, keep)
+    return lifted[token_mask]
 
 
 def hub_window_hierarchy(

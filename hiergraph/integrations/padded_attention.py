@@ -1,23 +1,27 @@
 r"""Zero-shot attention replacements on padded batches ``[B, H, T, d]``, as transformers lay
 them out: HSA over one hierarchy per example and its two same-FLOPs baselines.
 
-* :func:`padded_hsa`: Hierarchical Self-Attention (notes/hsa.md §4.3) over the
-  valid tokens of every example, reusing the layer's per-head :math:`q, k, v`
+* :func:`padded_hsa`: Hierarchical Self-Attention (Amizadeh et al., Sec. 4.3) over
+  the valid tokens of every example, reusing the layer's per-head :math:`q, k, v`
   with :math:`\varepsilon = 0` (positions are already inside :math:`q, k`)
-  and, by default, the include-self leaf energy (§2.8.9) that BERT's
-  diagonal-including softmax needs. ``size_bias=False`` drops the
-  :math:`\log n(B)` term of the sibling logits (the ablation of §7.3), so every
-  sibling sub-tree counts as one token.
+  and, by default, the include-self leaf energy (the self energy of App. G.1)
+  that BERT's diagonal-including softmax needs. ``size_bias=False`` drops the
+  :math:`\log n(B)` term of the sibling logits, so every sibling sub-tree counts
+  as one token: an ablation, no longer the KL projection of Thm. 3.2.
 * :func:`padded_block_attention`: softmax attention inside non-overlapping
   blocks of valid tokens (local attention, no long-range path).
 
-Padding tokens (``key_valid = False``) are removed before either runs: they
-are neither keys nor counted in any statistic, and their output rows are 0.
+Masks: a transformers layer receives an ``attention_mask`` (1 or ``True`` =
+attend, or additive); :func:`valid_token_mask` turns it into the ``[B, T]``
+bool ``token_mask`` the functions here take, ``True`` = real token. Padding
+tokens (``token_mask`` ``False``) are removed before either runs: they are
+neither keys nor counted in any statistic, and their output rows are 0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -27,13 +31,17 @@ from hiergraph.data.windows import window_forest
 from hiergraph.nn.pool import leaf_batch
 from hiergraph.ops.hsa import hierarchical_attention
 
+if TYPE_CHECKING:
+    from torch_geometric.data import Batch
+
 ADDITIVE_MASKED = -50.0
-"""Additive mask entries at or below this value mask their key (:func:`key_padding_mask`)."""
+"""Additive mask entries at or below this value mask their key (:func:`valid_token_mask`)."""
 
 
-def key_padding_mask(attention_mask: Tensor | None, batch: int, length: int) -> Tensor:
-    r"""``[B, T]`` bool, ``True`` for tokens that may be attended to, from the mask a
-    transformers attention layer receives.
+def valid_token_mask(attention_mask: Tensor | None, batch: int, length: int) -> Tensor:
+    r"""The ``token_mask`` ``[B, T]`` bool, ``True`` for real tokens (the keys every
+    query may attend to), from the ``attention_mask`` a transformers attention layer
+    receives (Hugging Face's convention: 1 or ``True`` = attend).
 
     Accepts ``None`` (no padding), ``[B, T]`` 0/1 masks, and 4-D masks
     ``[B, 1 or H, 1 or T, T]``: boolean (``True`` = attend) or additive float,
@@ -46,6 +54,11 @@ def key_padding_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
     original softmax too. Entries in between (soft biases) cannot be honoured
     and raise. HSA needs a *key padding* mask: every valid query of an example,
     in every head, must see the same keys.
+
+    Args:
+        attention_mask (torch.Tensor, optional): the layer's mask (see above).
+        batch (int): the batch size :math:`B`.
+        length (int): the sequence length :math:`T`.
 
     Raises:
         ValueError: for any other shape, an additive mask with entries that are
@@ -72,12 +85,12 @@ def key_padding_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
             f"expected an attention mask [B={batch}, T={length}] or [B, 1|H, 1|T, T], got "
             f"shape {tuple(mask.shape)}"
         )
-    key_valid = allowed.any(dim=2).any(dim=1)
+    token_mask = allowed.any(dim=2).any(dim=1)
     differs = no  # entries where a query or head sees other keys than the example's
     if allowed.size(1) > 1 or allowed.size(2) > 1:
-        differs = allowed != key_valid[:, None, None, :]  # [B, 1|H, 1|T, T]
+        differs = allowed != token_mask[:, None, None, :]  # [B, 1|H, 1|T, T]
         if allowed.size(2) > 1:  # rows of padding queries are free
-            differs = differs & key_valid[:, None, :, None]
+            differs = differs & token_mask[:, None, :, None]
     any_soft, any_differs = torch.stack([soft.any(), differs.any()]).tolist()  # one host read
     if any_soft:
         raise ValueError(
@@ -92,7 +105,7 @@ def key_padding_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
             "queries or heads (causal, per-head or custom). Use HSA on encoder layers with "
             "padding masks, or the causal HSA op."
         )
-    return key_valid
+    return token_mask
 
 
 def window_hierarchies(lengths: Sequence[int], branching: Sequence[int]) -> SignalHierarchy:
@@ -106,8 +119,8 @@ def padded_hsa(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    key_valid: Tensor,
-    hierarchy,
+    token_mask: Tensor,
+    hierarchy: SignalHierarchy | Batch,
     *,
     include_self: bool = True,
     size_bias: bool = True,
@@ -116,22 +129,28 @@ def padded_hsa(
     r"""HSA over the valid tokens of a padded batch.
 
     Args:
-        q, k: ``[B, H, T, d]``; v: ``[B, H, T, d_v]``.
-        key_valid: ``[B, T]`` bool, ``True`` for real tokens.
-        hierarchy: a forest (a PyG batch of :class:`~hiergraph.data.SignalHierarchy`
-            trees, or :func:`window_hierarchies`) with one tree per example with at
-            least one valid token, whose leaves are that example's valid tokens in
-            order.
-        include_self: BERT-style diagonal (notes §2.8.9).
-        size_bias: keep the :math:`\log n(B)` sibling bias (HSA proper); ``False``
-            is the ablation baseline (every sibling sub-tree weighs as one token).
-        scale: logit scale, default :math:`1/\sqrt{d}`.
+        q (torch.Tensor): queries ``[B, H, T, d]``.
+        k (torch.Tensor): keys ``[B, H, T, d]``.
+        v (torch.Tensor): values ``[B, H, T, d_v]``.
+        token_mask (torch.Tensor): ``[B, T]`` bool, ``True`` for real tokens
+            (:func:`valid_token_mask`).
+        hierarchy (SignalHierarchy or Batch): a forest (a PyG batch of
+            :class:`~hiergraph.data.SignalHierarchy` trees, or
+            :func:`window_hierarchies`) with one tree per example with at least one
+            valid token, whose leaves are that example's valid tokens in order.
+        include_self (bool, optional): the BERT-style diagonal (the self energy of
+            App. G.1). (default: :obj:`True`)
+        size_bias (bool, optional): keep the :math:`\log n(B)` sibling bias (HSA
+            proper); :obj:`False` is the ablation baseline (every sibling sub-tree
+            weighs as one token). (default: :obj:`True`)
+        scale (float, optional): logit scale. (default: :obj:`None`, i.e.
+            :math:`1/\sqrt{d}`)
 
     Returns:
         ``[B, T, H, d_v]`` (the layout transformers' attention functions return),
         zero at padding tokens.
     """
-    lengths = key_valid.sum(1)
+    lengths = token_mask.sum(1)
     lengths = lengths[lengths > 0]
     leaves = torch.bincount(leaf_batch(hierarchy), minlength=lengths.numel())
     if not torch.equal(leaves.to(lengths.device), lengths):
@@ -140,17 +159,17 @@ def padded_hsa(
             f"{lengths.tolist()} valid tokens; give each example (with at least one valid "
             f"token) a tree over its valid tokens, in order"
         )
-    pick = [t.transpose(1, 2)[key_valid] for t in (q, k, v)]  # [L, H, .] in example order
+    pick = [t.transpose(1, 2)[token_mask] for t in (q, k, v)]  # [L, H, .] in example order
     out = hierarchical_attention(
         *pick, hierarchy, include_self=include_self, scale=scale, size_bias=size_bias
     )
     full = v.new_zeros(v.size(0), v.size(2), v.size(1), v.size(3))
-    full[key_valid] = out
+    full[token_mask] = out
     return full
 
 
 def padded_block_attention(
-    q: Tensor, k: Tensor, v: Tensor, key_valid: Tensor, block: int, scale: float | None = None
+    q: Tensor, k: Tensor, v: Tensor, token_mask: Tensor, block: int, scale: float | None = None
 ) -> Tensor:
     r"""Softmax attention (with the diagonal) inside consecutive blocks of ``block`` valid
     tokens; the same shapes as :func:`padded_hsa`.
@@ -158,14 +177,23 @@ def padded_block_attention(
     .. math::
         \mathrm{out}_i = \sum_{j \in \mathrm{blk}(i)}
             \mathrm{softmax}_j\big(\tau\, q_i^\top k_j\big)\, v_j
+
+    Args:
+        q (torch.Tensor): queries ``[B, H, T, d]``.
+        k (torch.Tensor): keys ``[B, H, T, d]``.
+        v (torch.Tensor): values ``[B, H, T, d_v]``.
+        token_mask (torch.Tensor): ``[B, T]`` bool, ``True`` for real tokens.
+        block (int): tokens per block.
+        scale (float, optional): logit scale :math:`\tau`. (default: :obj:`None`,
+            i.e. :math:`1/\sqrt{d}`)
     """
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
     batch, heads, length, _ = q.shape
     scale = q.size(-1) ** -0.5 if scale is None else scale
     # move valid tokens to the front (stable), so blocks follow the valid tokens
-    order = torch.argsort((~key_valid).to(torch.int8), dim=1, stable=True)
-    valid = key_valid.gather(1, order)
+    order = torch.argsort((~token_mask).to(torch.int8), dim=1, stable=True)
+    valid = token_mask.gather(1, order)
     pad = -length % block
     blocks = (length + pad) // block
 

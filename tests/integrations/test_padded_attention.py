@@ -3,9 +3,9 @@ import torch
 
 from hiergraph.data import window_hierarchy
 from hiergraph.integrations import (
-    key_padding_mask,
     padded_block_attention,
     padded_hsa,
+    valid_token_mask,
     window_hierarchies,
 )
 from hiergraph.ops import hierarchical_attention_matrix
@@ -38,7 +38,7 @@ def test_padded_hsa_matches_dense_reference_per_example(size_bias):
 
 def test_flat_tree_is_softmax_with_diagonal():
     q, k, v, valid = padded_inputs()
-    out = padded_hsa(q, k, v, valid, window_hierarchies(LENGTHS, ()))
+    out = padded_hsa(q, k, v, token_mask=valid, hierarchy=window_hierarchies(LENGTHS, ()))
     logits = (q @ k.transpose(-1, -2)) * 0.5 + torch.where(valid[:, None, None], 0.0, -torch.inf)
     expected = (torch.softmax(logits, -1) @ v).transpose(1, 2)
     torch.testing.assert_close(out[valid], expected[valid], atol=1e-12, rtol=0)
@@ -87,19 +87,19 @@ def test_block_attention_follows_valid_tokens_under_left_padding():
     torch.testing.assert_close(left[:, 3:], right, atol=1e-12, rtol=0)
 
 
-def test_key_padding_mask_formats():
+def test_valid_token_mask_formats():
     valid = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     expected = valid.bool()
     additive = (1.0 - valid[:, None, None, :].float()) * torch.finfo(torch.float32).min
     square = additive.expand(2, 1, 4, 4)
     for mask in (valid, expected[:, None, None, :], additive, square, expected[:, None, None]):
-        assert torch.equal(key_padding_mask(mask, 2, 4), expected)
-    assert key_padding_mask(None, 2, 4).all()
+        assert torch.equal(valid_token_mask(mask, 2, 4), expected)
+    assert valid_token_mask(None, 2, 4).all()
     causal = torch.ones(4, 4, dtype=torch.bool).tril()[None, None].expand(2, 1, 4, 4)
     with pytest.raises(ValueError, match="key padding mask only"):
-        key_padding_mask(causal, 2, 4)
+        valid_token_mask(causal, 2, 4)
     with pytest.raises(ValueError, match="attention mask"):
-        key_padding_mask(valid, 3, 4)
+        valid_token_mask(valid, 3, 4)
 
 
 def test_wrong_hierarchy_size_raises():
@@ -123,9 +123,9 @@ def test_wrong_hierarchy_size_raises():
 def test_additive_masks_with_any_large_negative_value_mask_keys(dtype, masked_value):
     valid = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
     additive = torch.zeros(2, 1, 1, 4, dtype=dtype).masked_fill(~valid[:, None, None], masked_value)
-    assert torch.equal(key_padding_mask(additive, 2, 4), valid)
+    assert torch.equal(valid_token_mask(additive, 2, 4), valid)
     square = additive.expand(2, 1, 4, 4)
-    assert torch.equal(key_padding_mask(square, 2, 4), valid)
+    assert torch.equal(valid_token_mask(square, 2, 4), valid)
 
 
 @pytest.mark.parametrize("bias", [-1.0, -20.0, 0.5, float("nan")])
@@ -133,7 +133,7 @@ def test_additive_masks_with_soft_biases_raise(bias):
     additive = torch.zeros(2, 1, 1, 4)
     additive[0, 0, 0, 1] = bias  # neither 0 (attend) nor a large negative (masked)
     with pytest.raises(ValueError, match="additive attention mask"):
-        key_padding_mask(additive, 2, 4)
+        valid_token_mask(additive, 2, 4)
 
 
 @pytest.mark.parametrize("as_bool", [True, False])
@@ -142,9 +142,9 @@ def test_masks_that_differ_between_heads_raise(as_bool):
     allowed[0, 1, 0, 2] = False  # head 1 of example 0 masks key 2, head 0 does not
     mask = allowed if as_bool else torch.zeros(2, 2, 1, 3).masked_fill(~allowed, -1e9)
     with pytest.raises(ValueError, match="key padding mask only.*heads"):
-        key_padding_mask(mask, 2, 3)
+        valid_token_mask(mask, 2, 3)
     square = allowed.expand(2, 2, 3, 3) if as_bool else mask.expand(2, 2, 3, 3)
     with pytest.raises(ValueError, match="key padding mask only"):
-        key_padding_mask(square, 2, 3)
+        valid_token_mask(square, 2, 3)
     same = allowed[:, :1].expand(2, 2, 1, 3)  # identical per-head copies are a padding mask
-    assert torch.equal(key_padding_mask(same, 2, 3), allowed[:, 0, 0])
+    assert torch.equal(valid_token_mask(same, 2, 3), allowed[:, 0, 0])
