@@ -31,22 +31,40 @@ class ConeAttention(nn.Module):
     height; see ``hiergraph.ops.cone``) and :math:`M` the masks. There is no
     :math:`1/\sqrt{d}`; :math:`\gamma` plays that role.
 
-    Masks follow ``nn.MultiheadAttention``: boolean ``True`` means *not allowed*,
-    float masks are added to the logits. Unlike it, a query with no allowed key
-    gets all-zero weights (its output is the output-projection bias), not NaN.
+    Masks follow ``nn.MultiheadAttention``: boolean ``True`` means *not allowed*
+    (``key_padding_mask``: ``True`` = padding), float masks are added to the
+    logits. Unlike it, a query with no allowed key gets all-zero weights (its
+    output is the output-projection bias), not NaN.
+
+    As a drop-in for ``nn.MultiheadAttention`` it keeps that module's call
+    signature, including ``need_weights`` (where the rest of the package says
+    ``return_attention_weights``) and the ``(out, weights or None)`` return:
+    ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer`` call their
+    attention with ``need_weights=False`` and take element ``[0]``.
 
     Args:
-        embed_dim: model size; divisible by ``num_heads`` with a per-head size ``>= 2``.
-        num_heads: number of heads.
-        dropout: dropout on the attention weights.
-        bias: biases in the input and output projections.
-        kdim, vdim: key / value feature sizes (default ``embed_dim``).
-        variant: ``"penumbral"`` or ``"umbral"``.
-        r: penumbral light-source height / umbral ball radius (default 1.0 / 0.1).
-        gamma: score temperature :math:`\gamma > 0`.
-        squared: penumbral score :math:`-\gamma H^2` (authors' code).
-        height_scale: umbral ψ height :math:`e^{c x_d}`; ``None`` for ``c = 1/head_dim``
-            (authors' code).
+        embed_dim (int): model size; divisible by :obj:`num_heads` with a per-head
+            size ``>= 2``.
+        num_heads (int): number of heads.
+        dropout (float, optional): dropout on the attention weights.
+            (default: :obj:`0.`)
+        bias (bool, optional): biases in the input and output projections.
+            (default: :obj:`True`)
+        kdim (int, optional): key feature size. (default: :obj:`None`, i.e.
+            :obj:`embed_dim`)
+        vdim (int, optional): value feature size. (default: :obj:`None`, i.e.
+            :obj:`embed_dim`)
+        variant (str, optional): ``"penumbral"`` or ``"umbral"``.
+            (default: :obj:`"penumbral"`)
+        r (float, optional): penumbral light-source height / umbral ball radius.
+            (default: :obj:`None`, i.e. :obj:`1.0` / :obj:`0.1`)
+        gamma (float, optional): score temperature :math:`\gamma > 0`.
+            (default: :obj:`1.0`)
+        squared (bool, optional): penumbral score :math:`-\gamma H^2` (authors'
+            code). (default: :obj:`False`)
+        height_scale (float, optional): umbral ψ height :math:`e^{c x_d}` with
+            ``c = height_scale``; :obj:`None` for ``c = 1/head_dim`` (authors'
+            code). (default: :obj:`1.0`)
 
     Shapes (batch first, as ``nn.MultiheadAttention(batch_first=True)``):
         - query ``[B, L, embed_dim]``, key ``[B, S, kdim]``, value ``[B, S, vdim]``
@@ -128,9 +146,23 @@ class ConeAttention(nn.Module):
         average_attn_weights: bool = True,
         is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``query`` to ``key``/``value``; see the class docstring for shapes.
+        r"""Attend from ``query`` to ``key``/``value``; see the class docstring for shapes.
 
-        ``is_causal=True`` without ``attn_mask`` applies the causal mask ``j > i``.
+        Args:
+            query (torch.Tensor): ``[B, L, embed_dim]`` or ``[L, embed_dim]``.
+            key (torch.Tensor): ``[B, S, kdim]`` or ``[S, kdim]``.
+            value (torch.Tensor): ``[B, S, vdim]`` or ``[S, vdim]``.
+            key_padding_mask (torch.Tensor, optional): ``[B, S]``, bool ``True`` =
+                padding, or float (added to the logits). (default: :obj:`None`)
+            need_weights (bool, optional): also return the attention weights
+                (``nn.MultiheadAttention``'s name). (default: :obj:`True`)
+            attn_mask (torch.Tensor, optional): ``[L, S]`` or
+                ``[B * num_heads, L, S]``, bool ``True`` = not allowed, or float.
+                (default: :obj:`None`)
+            average_attn_weights (bool, optional): average the returned weights over
+                the heads. (default: :obj:`True`)
+            is_causal (bool, optional): without :obj:`attn_mask`, apply the causal
+                mask ``j > i``. (default: :obj:`False`)
         """
         unbatched = query.dim() == 2
         if unbatched:
@@ -181,6 +213,12 @@ class ConeAttention(nn.Module):
         else:
             weights = None
         return (out[0] if unbatched else out), weights
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}({self.embed_dim}, num_heads={self.num_heads}, "
+            f"variant={self.variant!r})"
+        )
 
     def _split_heads(self, x: Tensor) -> Tensor:
         """``[B, T, embed_dim] -> [B, heads, T, head_dim]``."""

@@ -187,3 +187,10 @@ def test_wrong_feature_sizes_name_expected_and_actual():
         att(torch.randn(5, 7), torch.randn(5, 6), x)
     with pytest.raises(ValueError, match=r"key must be .*6 features, got shape \(2, 5, 8\)"):
         att(x.expand(2, 5, 8), x.expand(2, 5, 8), x.expand(2, 5, 8))
+
+
+def test_repr():
+    assert (
+        repr(ConeAttention(8, 2, variant="umbral"))
+        == "ConeAttention(8, num_heads=2, variant='umbral')"
+    )
