@@ -5,23 +5,29 @@ key-value dicts) and random parent vectors (any node numbering, slots with gaps 
 near ``2**62`` / ``2**63``) go through :func:`~hiergraph.data.from_nested` or
 :meth:`SignalHierarchy.from_parent`, optionally batched, and into
 :func:`~hiergraph.ops.hierarchical_attention` with random options (float32/float64,
-padding masks, position embeddings, ``include_self``, ``leaky_causal``, both kernels).
+padding masks, position embeddings, ``include_self``, ``leaky_causal`` or ``causal``, both
+kernels).
 
 Every example is built either valid or broken in one known way. A broken one must raise a
 ``ValueError``/``TypeError`` with a message; a valid one must give a finite result equal to
-the dense reference :func:`~hiergraph.ops.hierarchical_attention_matrix` (float64:
-``1e-10``; float32: ``2e-5``).
+the dense reference :func:`~hiergraph.ops.hierarchical_attention_matrix` (or
+:func:`~hiergraph.ops.causal_hierarchical_attention_matrix`; float64: ``1e-10``; float32:
+``2e-5``). The run's statistics (``--hypothesis-show-statistics``) count both outcomes.
 """
 
 from __future__ import annotations
 
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from torch_geometric.data import Batch
 
 from hiergraph.data import SignalHierarchy, from_nested
-from hiergraph.ops import hierarchical_attention, hierarchical_attention_matrix
+from hiergraph.ops import (
+    causal_hierarchical_attention_matrix,
+    hierarchical_attention,
+    hierarchical_attention_matrix,
+)
 
 FUZZ = settings(
     max_examples=500,
@@ -59,14 +65,14 @@ class Case:
 SHAPES = st.recursive(
     st.just(LEAF),
     lambda children: st.one_of(
-        st.lists(children, min_size=0, max_size=4),  # [] is an empty family: invalid
+        st.lists(children, min_size=1, max_size=4),
         st.lists(children, min_size=1, max_size=1),  # single child (unary chains)
         st.lists(children, min_size=1, max_size=3).map(tuple),
         st.lists(children, min_size=1, max_size=3).map(
             lambda c: {7 * i: x for i, x in enumerate(c)}
         ),
     ),
-    max_leaves=12,
+    max_leaves=16,
 )
 
 
@@ -84,6 +90,22 @@ def _has_empty_family(shape) -> bool:
     return not items or any(_has_empty_family(c) for c in items)
 
 
+def _replace_leaf(shape, index: int, new):
+    """``shape`` with its ``index``-th leaf (depth first) replaced by ``new``."""
+    count = [-1]
+
+    def walk(node):
+        if node == LEAF:
+            count[0] += 1
+            return new if count[0] == index else LEAF
+        if isinstance(node, dict):
+            return {key: walk(c) for key, c in node.items()}
+        children = [walk(c) for c in node]
+        return tuple(children) if isinstance(node, tuple) else children
+
+    return walk(shape)
+
+
 def _fill(shape, ids: list):
     """``shape`` with its leaves replaced by ``ids`` in depth-first order."""
     if shape == LEAF:
@@ -98,9 +120,14 @@ def _fill(shape, ids: list):
 def nested_cases(draw):
     shape = draw(SHAPES)
     num_leaves = _count_leaves(shape)
-    ids = draw(st.permutations(range(num_leaves)))
-    broken = "empty family" if _has_empty_family(shape) or num_leaves == 0 else None
-    defect = draw(st.sampled_from([None] * 8 + ["duplicate", "out_of_range", "negative", "str"]))
+    in_order = draw(st.booleans())  # leaves numbered depth first (what causal=True needs)
+    ids = list(range(num_leaves)) if in_order else draw(st.permutations(range(num_leaves)))
+    if num_leaves > 1 and draw(st.integers(0, 15)) == 0:  # an empty family in place of a leaf
+        shape = _replace_leaf(shape, draw(st.integers(0, num_leaves - 1)), [])
+        num_leaves -= 1
+        ids = [i for i in ids if i < num_leaves]
+    broken = "empty family" if _has_empty_family(shape) else None
+    defect = draw(st.sampled_from([None] * 16 + ["duplicate", "out_of_range", "negative", "str"]))
     if defect is not None and num_leaves and broken is None:
         i = draw(st.integers(0, num_leaves - 1))
         if defect == "duplicate" and num_leaves > 1:
@@ -116,7 +143,7 @@ def nested_cases(draw):
         broken = defect
     spec = _fill(shape, list(ids))
     with_x = draw(st.booleans())
-    nan_x = with_x and num_leaves > 0 and broken is None and draw(st.integers(0, 9)) == 0
+    nan_x = with_x and num_leaves > 0 and broken is None and draw(st.integers(0, 19)) == 0
     if nan_x:
         broken = "non-finite x"
 
@@ -134,7 +161,7 @@ def nested_cases(draw):
 # ---------------------------------------------------------------- parent vectors
 @st.composite
 def parent_cases(draw):
-    n = draw(st.integers(1, 14))
+    n = draw(st.integers(1, 20))
     raw = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]  # node 0 is the root
     relabel = draw(st.permutations(range(n)))  # any node numbering
     parent = [0] * n
@@ -156,7 +183,7 @@ def parent_cases(draw):
     broken = None
     defect = draw(
         st.sampled_from(
-            [None] * 10
+            [None] * 20
             + ["two_roots", "cycle", "self_loop", "out_of_range", "dup_slot", "neg_slot"]
             + ["is_leaf", "slot_len", "float_parent", "float_slot"]
         )
@@ -215,17 +242,36 @@ def parent_cases(draw):
 # ---------------------------------------------------------------- HSA options and check
 @st.composite
 def hsa_options(draw):
+    causal = draw(st.sampled_from([None, None, None, "leaky", "leaky", "strict", "strict", "both"]))
     return {
         "dtype": draw(st.sampled_from([torch.float64, torch.float32])),
         "heads": draw(st.integers(1, 2)),
-        "include_self": draw(st.booleans()),
-        "leaky_causal": draw(st.booleans()),
+        # causal attention needs include_self: left out now and then
+        "include_self": draw(st.booleans()) or (causal is not None and draw(st.integers(0, 5)) > 0),
+        "causal": causal,
         "kernel": draw(st.sampled_from(["dense", "edge"])),
         "pos_emb": draw(st.sampled_from([None, "shared", "per_head"])),
-        "mask": draw(st.sampled_from([None, None, "random", "none_valid", "wrong_shape"])),
+        "mask": draw(st.sampled_from([None] * 4 + ["random"] * 3 + ["none_valid", "wrong_shape"])),
         "copies": draw(st.integers(1, 3)),  # batch the tree with itself and a window tree
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
+
+
+def _depth_first_leaves(tree) -> bool:
+    """Whether the leaf order is a depth-first order (children in slot order)."""
+    parent, slot, is_leaf = (t.tolist() for t in (tree.parent, tree.slot, tree.is_leaf))
+    children = [[] for _ in parent]
+    for node, p in enumerate(parent):
+        if p != node:
+            children[p].append(node)
+    rank = {node: i for i, node in enumerate(n for n, leaf in enumerate(is_leaf) if leaf)}
+    seen, stack = [], [node for node, p in enumerate(parent) if p == node][::-1]
+    while stack:
+        node = stack.pop()
+        if is_leaf[node]:
+            seen.append(rank[node])
+        stack.extend(sorted(children[node], key=slot.__getitem__, reverse=True))
+    return seen == sorted(seen)
 
 
 def _reference(trees, q, k, v, pos_emb, leaf_mask, opts):
@@ -234,12 +280,15 @@ def _reference(trees, q, k, v, pos_emb, leaf_mask, opts):
     for tree in trees:
         leaves = slice(leaf0, leaf0 + tree.num_leaves)
         nodes = slice(node0, node0 + tree.num_nodes)
-        theta = hierarchical_attention_matrix(
-            q[leaves], k[leaves], tree,
-            pos_emb=None if pos_emb is None else pos_emb[nodes],
-            include_self=opts["include_self"], leaky_causal=opts["leaky_causal"],
-            leaf_mask=None if leaf_mask is None else leaf_mask[leaves],
-        )  # fmt: skip
+        pos = None if pos_emb is None else pos_emb[nodes]
+        if opts["causal"] == "strict":
+            theta = causal_hierarchical_attention_matrix(q[leaves], k[leaves], tree, pos_emb=pos)
+        else:
+            theta = hierarchical_attention_matrix(
+                q[leaves], k[leaves], tree, pos_emb=pos,
+                include_self=opts["include_self"], leaky_causal=opts["causal"] == "leaky",
+                leaf_mask=None if leaf_mask is None else leaf_mask[leaves],
+            )  # fmt: skip
         out.append(torch.einsum("hij,jhd->ihd", theta, v[leaves]))
         leaf0, node0 = leaf0 + tree.num_leaves, node0 + tree.num_nodes
     return torch.cat(out)
@@ -249,12 +298,18 @@ def run_case(case, opts):
     """Build, run HSA, and check: an error with a message for broken inputs, else the
     dense reference."""
     build, broken = case.build, case.broken
-    if opts["leaky_causal"] and not opts["include_self"]:
-        broken = broken or "leaky_causal without include_self"
+    if opts["causal"] == "both":
+        broken = broken or "causal and leaky_causal"
+    if opts["causal"] and not opts["include_self"]:
+        broken = broken or "causal without include_self"
+    if opts["causal"] == "strict" and opts["mask"] is not None:
+        broken = broken or "causal with a leaf_mask"
     if opts["mask"] == "wrong_shape":
         broken = broken or "leaf_mask shape"
     try:
         tree = build()
+        if opts["causal"] == "strict" and not _depth_first_leaves(tree):
+            broken = broken or "causal with leaves out of depth-first order"
         trees = [tree] * opts["copies"]
         if opts["copies"] == 3:  # a different second tree (with x exactly when tree has it)
             x = None if tree.x is None else torch.randn(6, tree.x.size(1))
@@ -280,13 +335,16 @@ def run_case(case, opts):
         out = hierarchical_attention(
             q.to(dtype), k.to(dtype), v.to(dtype), hierarchy,
             pos_emb=None if pos_emb is None else pos_emb.to(dtype),
-            include_self=opts["include_self"], leaky_causal=opts["leaky_causal"],
-            leaf_mask=leaf_mask, kernel=opts["kernel"],
+            include_self=opts["include_self"], leaf_mask=leaf_mask, kernel=opts["kernel"],
+            causal=opts["causal"] in ("strict", "both"),
+            leaky_causal=opts["causal"] in ("leaky", "both"),
         )  # fmt: skip
     except (ValueError, TypeError) as err:
         assert broken is not None, f"a valid input raised {err!r}"
         assert str(err).strip(), f"{type(err).__name__} without a message ({broken})"
+        event(f"raised for: {broken}")
         return
+    event("valid: compared with the dense reference")
     assert broken is None, f"a broken input ({broken}) was accepted"
     assert out.dtype == dtype and out.shape == v.shape
     assert torch.isfinite(out).all()
