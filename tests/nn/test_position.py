@@ -26,6 +26,7 @@ def test_family_encoder_by_domain():
     assert torch.all(eps[[4, 5]] == 0)  # unordered set
     root = int((h.parent == torch.arange(h.num_nodes)).nonzero())
     assert torch.all(eps[root] == 0)
+    assert torch.isfinite(eps).all()
     assert not torch.allclose(eps[0], eps[1])  # different grid cells
     title_nodes = [6, 7, 8]
     assert torch.allclose(eps[title_nodes], enc.grid1d(h.pos[title_nodes, :1].float()))

@@ -94,7 +94,7 @@ def test_perturbing_the_future_leaves_rows_bit_identical():
         pe2[starts_later] = torch.randn(pe2[starts_later].shape, generator=gen, **F64)
         out2 = causal_hierarchical_attention(q2, k2, v2, h, pos_emb=pe2)
         assert torch.equal(out[: i + 1], out2[: i + 1])
-        assert not torch.equal(out[i + 1 :], out2[i + 1 :])
+        assert torch.isfinite(out2).all() and not torch.equal(out[i + 1 :], out2[i + 1 :])
         # the tree truncated after leaf i (a different structure for the future)
         hp = from_nested(prefix_spec(spec, i))
         plan_p = CausalPlan.from_hierarchy(hp)
