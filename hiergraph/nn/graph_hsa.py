@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,11 @@ from torch_geometric.nn.resolver import activation_resolver, normalization_resol
 
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.position import FamilyPositionEncoder
+
+if TYPE_CHECKING:
+    from torch_geometric.data import Batch
+
+    from hiergraph.data.signal_hierarchy import SignalHierarchy
 
 
 def input_dropout(x: Tensor, p: float, training: bool) -> Tensor:
@@ -34,7 +40,8 @@ def input_dropout(x: Tensor, p: float, training: bool) -> Tensor:
 class GraphHSAConv(nn.Module):
     r"""A graph-transformer layer in the style of PyG's ``GPSConv`` (Rampášek et
     al., 2022) whose global attention is Hierarchical Self-Attention over a
-    community tree of the graph (notes/hsa.md §1.1, §6):
+    community tree of the graph (Amizadeh et al., Sec. 2: a graph domain in a
+    signal hierarchy, as the link structure of Fig. 1):
 
     .. math::
         h_\ell &= \mathrm{Norm}_1\big(x + \mathrm{Drop}(\mathrm{Conv}(x, E))\big) \\
@@ -56,33 +63,43 @@ class GraphHSAConv(nn.Module):
     :math:`O(N^2)` of full attention.
 
     Args:
-        channels: size of the node features (input and output).
-        conv: the local message-passing layer, ``channels → channels``
-            (e.g. ``GCNConv``, ``GATConv``, ``ConeConv``); ``None`` for none.
-        heads: HSA heads.
-        dropout: dropout after the local and global branches and in the MLP.
-        attn_dropout: dropout on the HSA output.
-        pos_channels: size of the position embeddings passed to
-            :meth:`forward` (0: no position bias).
-        include_self: leaves attend to themselves in HSA.
-        act: MLP activation; norm: normalisation (a PyG resolver name, or
-            ``None``).
-        gate: scale the global branch by a learned :math:`\tanh(\alpha)`.
-        mlp: add the MLP block.
-        kernel: HSA family kernel, ``'dense'`` (size-bucketed batched matmuls)
-            or ``'edge'`` (scatters over sibling pairs; faster when most
-            families are small, as in Louvain trees).
-        hubs: ``g > 0`` lifts the ``g`` nodes of every tree with the highest
-            root-level score to the root in every forward pass (see
-            :class:`~hiergraph.nn.HierarchicalSelfAttention`): every node
-            then weighs them one by one instead of through their
-            communities' means.
-        smooth: HSA as a learned smoothing operator: the values are the
-            input features themselves, with no value or output map,
+        channels (int): size of the node features (input and output).
+        conv (torch.nn.Module, optional): the local message-passing layer,
+            ``channels → channels`` (e.g. ``GCNConv``, ``GATConv``, ``ConeConv``);
+            :obj:`None` for none.
+        heads (int, optional): HSA heads. (default: :obj:`1`)
+        dropout (float, optional): dropout after the local and global branches
+            and in the MLP. (default: :obj:`0.`)
+        attn_dropout (float, optional): dropout on the HSA output.
+            (default: :obj:`0.`)
+        pos_channels (int, optional): size of the position embeddings passed to
+            :meth:`forward` (0: no position bias). (default: :obj:`0`)
+        include_self (bool, optional): leaves attend to themselves in HSA.
+            (default: :obj:`True`)
+        act (str, optional): MLP activation (a PyG resolver name).
+            (default: :obj:`"relu"`)
+        norm (str, optional): normalisation (a PyG resolver name, or :obj:`None`).
+            (default: :obj:`"batch_norm"`)
+        norm_kwargs (Dict[str, Any], optional): arguments passed to the
+            normalisation. (default: :obj:`None`)
+        gate (bool, optional): scale the global branch by a learned
+            :math:`\tanh(\alpha)`. (default: :obj:`False`)
+        mlp (bool, optional): add the MLP block. (default: :obj:`True`)
+        kernel (str, optional): HSA family kernel, ``'dense'`` (size-bucketed
+            batched matmuls) or ``'edge'`` (scatters over sibling pairs; faster
+            when most families are small, as in Louvain trees).
+            (default: :obj:`"dense"`)
+        smooth (bool, optional): HSA as a learned smoothing operator: the values
+            are the input features themselves, with no value or output map,
             :math:`\mathrm{HSA}(x)^h = \hat\Theta^h x^h` for the ``h``-th
             slice of ``channels / heads`` features; only the queries, keys
             and position maps are learned (far fewer weights to fit on a
-            small training set).
+            small training set). (default: :obj:`False`)
+        hubs (int, optional): ``g > 0`` lifts the ``g`` nodes of every tree with
+            the highest root-level score to the root in every forward pass (see
+            :class:`~hiergraph.nn.HierarchicalSelfAttention`): every node
+            then weighs them one by one instead of through their
+            communities' means. (default: :obj:`0`)
     """
 
     def __init__(
@@ -152,16 +169,24 @@ class GraphHSAConv(nn.Module):
                 module.reset_parameters()
 
     def forward(
-        self, x: Tensor, edge_index: Tensor, hierarchy, pos_emb: Tensor | None = None, **kwargs
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        hierarchy: SignalHierarchy | Batch,
+        pos_emb: Tensor | None = None,
+        **kwargs,
     ) -> Tensor:
         r"""
         Args:
-            x: ``[N, channels]`` node features (= leaf features of ``hierarchy``).
-            edge_index: ``[2, E]`` graph edges (for the local conv).
-            hierarchy: a :class:`~hiergraph.data.SignalHierarchy` (or a batch)
-                whose leaves are the ``N`` nodes in order.
-            pos_emb: ``[T, pos_channels]`` embeddings of all tree nodes.
-            **kwargs: passed to the local conv (e.g. ``edge_weight``).
+            x (torch.Tensor): ``[N, channels]`` node features (= leaf features of
+                :obj:`hierarchy`).
+            edge_index (torch.Tensor): ``[2, E]`` graph edges (for the local conv).
+            hierarchy (SignalHierarchy or Batch): a
+                :class:`~hiergraph.data.SignalHierarchy` (or a batch) whose leaves
+                are the ``N`` nodes in order.
+            pos_emb (torch.Tensor, optional): ``[T, pos_channels]`` position
+                embeddings of all tree nodes. (default: :obj:`None`)
+            **kwargs (optional): passed to the local conv (e.g. ``edge_weight``).
 
         Returns:
             ``[N, channels]``.
@@ -212,27 +237,48 @@ class GraphHSANet(nn.Module):
     ``gate=True``, ``mlp=False``): a GAT with a global, hierarchical residual
     branch.
 
+    Its own maps are initialised when built; like PyG's ``GPSConv``, the
+    constructor does not call :meth:`reset_parameters`, so that the convs passed
+    in (:obj:`input_conv`, :obj:`output_conv`) keep their weights (e.g. the same
+    initial weights as a plain GAT built from the same seed).
+    :meth:`reset_parameters` re-initialises everything, those convs included.
+
     Args:
-        in_channels, hidden_channels, out_channels: feature sizes.
-        conv_factory: ``hidden → hidden`` local conv builder, called once per
-            layer (e.g. ``lambda c: GCNConv(c, c)``); ``None`` for HSA only.
-        num_layers: number of hybrid layers.
-        heads: HSA heads.
-        graph_pe_dim: size of the tree's ``graph_pe`` features (0: no
-            position bias).
-        dropout: on the input features and before the output map (inside the
-            layers, ``layer_dropout`` and ``attn_dropout`` apply).
-        attn_dropout: dropout on the HSA output (inside the layers).
-        layer_dropout: dropout of the branches inside the layers (default
-            ``dropout``).
-        norm: normalisation in the layers (a PyG resolver name or ``None``).
-        input_conv: optional ``in → hidden`` conv used instead of the linear
-            input projection (e.g. ``GCNConv(in, hidden)``: on small
+        in_channels (int): size of the input node features.
+        hidden_channels (int): size of the hidden node features.
+        out_channels (int): number of output logits.
+        conv_factory (Callable[[int], torch.nn.Module], optional): ``hidden →
+            hidden`` local conv builder, called once per layer (e.g.
+            ``lambda c: GCNConv(c, c)``); :obj:`None` for HSA only.
+            (default: :obj:`None`)
+        num_layers (int, optional): number of hybrid layers. (default: :obj:`2`)
+        heads (int, optional): HSA heads. (default: :obj:`1`)
+        graph_pe_dim (int, optional): size of the tree's ``graph_pe`` features
+            (0: no position bias). (default: :obj:`0`)
+        dropout (float, optional): on the input features and before the output
+            map (inside the layers, :obj:`layer_dropout` and :obj:`attn_dropout`
+            apply). (default: :obj:`0.5`)
+        attn_dropout (float, optional): dropout on the HSA output (inside the
+            layers). (default: :obj:`0.`)
+        layer_dropout (float, optional): dropout of the branches inside the
+            layers. (default: :obj:`None`, i.e. :obj:`dropout`)
+        norm (str, optional): normalisation in the layers (a PyG resolver name or
+            :obj:`None`). (default: :obj:`None`)
+        input_conv (torch.nn.Module, optional): ``in → hidden`` conv used instead
+            of the linear input projection (e.g. ``GCNConv(in, hidden)``: on small
             training sets, propagating the raw features first helps).
-        output_conv: optional ``hidden → out`` conv used instead of the
-            linear head.
-        act: activation after the input map (a PyG resolver name or ``None``).
-        gate, mlp, kernel, smooth, hubs: see :class:`GraphHSAConv`.
+            (default: :obj:`None`)
+        output_conv (torch.nn.Module, optional): ``hidden → out`` conv used
+            instead of the linear head. (default: :obj:`None`)
+        act (str, optional): activation after the input map (a PyG resolver name
+            or :obj:`None`). (default: :obj:`None`)
+        gate (bool, optional): see :class:`GraphHSAConv`. (default: :obj:`False`)
+        mlp (bool, optional): see :class:`GraphHSAConv`. (default: :obj:`True`)
+        kernel (str, optional): see :class:`GraphHSAConv`.
+            (default: :obj:`"dense"`)
+        smooth (bool, optional): see :class:`GraphHSAConv`.
+            (default: :obj:`False`)
+        hubs (int, optional): see :class:`GraphHSAConv`. (default: :obj:`0`)
     """
 
     def __init__(
@@ -240,7 +286,7 @@ class GraphHSANet(nn.Module):
         in_channels: int,
         hidden_channels: int,
         out_channels: int,
-        conv_factory=None,
+        conv_factory: Callable[[int], nn.Module] | None = None,
         num_layers: int = 2,
         heads: int = 1,
         graph_pe_dim: int = 0,
@@ -258,6 +304,8 @@ class GraphHSANet(nn.Module):
         hubs: int = 0,
     ):
         super().__init__()
+        self.in_channels, self.hidden_channels = in_channels, hidden_channels
+        self.out_channels = out_channels
         self.dropout = dropout
         self.input_conv, self.output_conv = input_conv, output_conv
         self.lin_in = nn.Linear(in_channels, hidden_channels) if input_conv is None else None
@@ -293,10 +341,19 @@ class GraphHSANet(nn.Module):
         for layer in self.layers:
             layer.reset_parameters()
 
-    def forward(self, x: Tensor, edge_index: Tensor, hierarchy) -> Tensor:
-        """``x: [N, in_channels]`` (dense, or sparse CSR for bag-of-words inputs:
-        the input map must then accept CSR, as PyG's ``Linear``-based convs do)
-        → ``[N, out_channels]`` logits."""
+    def forward(self, x: Tensor, edge_index: Tensor, hierarchy: SignalHierarchy | Batch) -> Tensor:
+        r"""
+        Args:
+            x (torch.Tensor): ``[N, in_channels]`` node features (dense, or sparse
+                CSR for bag-of-words inputs: the input map must then accept CSR, as
+                PyG's ``Linear``-based convs do).
+            edge_index (torch.Tensor): ``[2, E]`` graph edges.
+            hierarchy (SignalHierarchy or Batch): the community tree whose leaves
+                are the ``N`` nodes in order.
+
+        Returns:
+            ``[N, out_channels]`` logits.
+        """
         x = input_dropout(x, self.dropout, self.training)
         x = self.lin_in(x) if self.input_conv is None else self.input_conv(x, edge_index)
         if self.act is not None:
@@ -306,3 +363,9 @@ class GraphHSANet(nn.Module):
             x = layer(x, edge_index, hierarchy, pos_emb)
         x = F.dropout(x, self.dropout, self.training)
         return self.lin_out(x) if self.output_conv is None else self.output_conv(x, edge_index)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}({self.in_channels}, {self.hidden_channels}, "
+            f"{self.out_channels}, num_layers={len(self.layers)})"
+        )

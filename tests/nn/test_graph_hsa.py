@@ -83,6 +83,7 @@ def test_net_trains_a_step(graphs):
     model.eval()
     after = torch.nn.functional.cross_entropy(model(g.x, g.edge_index, g.hierarchy()), y)
     assert after < before
+    assert repr(model) == "GraphHSANet(6, 8, 2, num_layers=2)"
 
 
 def test_wrong_leaf_count_is_rejected(graphs):
@@ -169,7 +170,7 @@ def test_smooth_branch_is_the_hsa_matrix_times_the_features(graphs):
     torch.manual_seed(0)
     layer = GraphHSAConv(6, None, heads=2, norm=None, mlp=False, smooth=True).double()
     x = g.x.double()
-    out, theta = layer.attn(x, g.hierarchy(), return_attention=True)  # theta: [H, L, L]
+    out, theta = layer.attn(x, g.hierarchy(), return_attention_weights=True)  # theta: [H, L, L]
     expected = torch.einsum("hij,jhc->ihc", theta, x.view(-1, 2, 3)).reshape(-1, 6)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
     assert {n for n, _ in layer.named_parameters()} == {
