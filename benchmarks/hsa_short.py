@@ -15,13 +15,16 @@ with the given branching, 4 heads of 64 channels, float32) it times forward+back
 * ``hsa-blocks``: the same op forced onto the general block kernel (``kernel="blocks"``),
   the path every forest took before the reshaped one existed;
 * ``hsa-compiled``: ``torch.compile(hierarchical_attention, fullgraph=True)`` with the plan
-  fixed (inductor on CPU); its compile time is recorded separately.
+  fixed and static shapes (inductor on CPU); its compile time is recorded separately.
+
+Both wall-clock and process CPU time are recorded. Results:
+``benchmarks/results/hsa_short_<threads>t.json`` and ``.png``.
 
 Rounds are interleaved (each round runs every method once, so all see the same machine
 load); the JSON keeps every sample, and medians and the spread (min–max) are reported.
 A profile of one ``hsa`` forward+backward per row (self CPU time by operator, grouped
 into matrix products, layout copies, element-wise, reductions and the rest) is written
-to the JSON too. Results: ``benchmarks/results/hsa_short.json`` and ``hsa_short.png``.
+to the JSON too.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -79,8 +83,9 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...], compile_hsa:
     }
     compile_s = None
     if compile_hsa:
+        torch._dynamo.reset()  # every row compiles its own static-shape graph
         compiled = torch.compile(lambda q, k, v: hierarchical_attention(q, k, v, index),
-                                 fullgraph=True)  # fmt: skip
+                                 fullgraph=True, dynamic=False)  # fmt: skip
         t0 = time.perf_counter()
         compiled(*hq).sum().backward()
         compile_s = time.perf_counter() - t0
@@ -88,20 +93,23 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...], compile_hsa:
     return cases, index, compile_s
 
 
-def interleaved_times(cases: dict[str, tuple[Callable, list]], rounds: int) -> dict:
-    """Seconds of forward+backward of every case, ``rounds`` interleaved rounds after one
-    warm-up: ``{method: [seconds, ...]}``."""
-    times = {m: [] for m in cases}
+def interleaved_times(cases: dict[str, tuple[Callable, list]], rounds: int) -> tuple[dict, dict]:
+    """Wall-clock and process CPU seconds of forward+backward of every case, ``rounds``
+    interleaved rounds after one warm-up: two ``{method: [seconds, ...]}``. CPU time is
+    less sensitive to other processes on a shared machine (with one thread it is the
+    work itself; with more it also counts threads waiting for work)."""
+    wall, cpu = {m: [] for m in cases}, {m: [] for m in cases}
     for fn, _ in cases.values():
         fn().sum().backward()
     for _ in range(rounds):
         for method, (fn, tensors) in cases.items():
             for t in tensors:
                 t.grad = None
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn().sum().backward()
-            times[method].append(time.perf_counter() - t0)
-    return times
+            wall[method].append(time.perf_counter() - t0)
+            cpu[method].append(time.process_time() - c0)
+    return wall, cpu
 
 
 def profile_breakdown(fn: Callable, tensors: list, reps: int = 3) -> dict:
@@ -162,14 +170,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
-    parser.add_argument("--out", type=Path, default=RESULTS / "hsa_short.json")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    args.out = args.out or RESULTS / f"hsa_short_{args.threads}t.json"
     torch.set_num_threads(args.threads)
     results = []
     for batch, length, branching in QUICK_ROWS if args.quick else ROWS:
         cases, index, compile_s = make_cases(batch, length, branching, args.compile)
-        times = interleaved_times(cases, args.rounds)
+        times, cpu = interleaved_times(cases, args.rounds)
         median = {m: statistics.median(t) for m, t in times.items()}
+        cpu_median = {m: statistics.median(t) for m, t in cpu.items()}
         row = {
             "batch": batch,
             "length": length,
@@ -182,6 +192,10 @@ def main() -> None:
             "samples_s": times,
             "flat_over": {m: median["flat"] / median[m] for m in median},
             "over_bound": {m: median[m] / median["bound"] for m in median},
+            "cpu_median_s": cpu_median,
+            "cpu_samples_s": cpu,
+            "cpu_flat_over": {m: cpu_median["flat"] / cpu_median[m] for m in cpu_median},
+            "cpu_over_bound": {m: cpu_median[m] / cpu_median["bound"] for m in cpu_median},
             "compile_s": compile_s,
             "profile_hsa": profile_breakdown(*cases["hsa"]),
         }
@@ -191,10 +205,13 @@ def main() -> None:
             + "  ".join(f"{m} {v * 1e3:7.1f} ms" for m, v in median.items())
             + f"  | flat/hsa {row['flat_over']['hsa']:.2f}"
             + f"  hsa/bound {row['over_bound']['hsa']:.2f}"
+            + f"  (CPU time: {row['cpu_flat_over']['hsa']:.2f}, {row['cpu_over_bound']['hsa']:.2f})"
         )
+    flags = [f"--threads {args.threads}", f"--rounds {args.rounds}"]
+    flags += ["--quick"] * args.quick + ["--no-compile"] * (not args.compile)
+    command = " ".join(["python benchmarks/hsa_short.py", *flags])
     meta = {"heads": HEADS, "dim": DIM, "dtype": "float32", "torch": torch.__version__,
-            "command": "python benchmarks/hsa_short.py" + (" --quick" if args.quick else "")
-            + ("" if args.compile else " --no-compile")}  # fmt: skip
+            "command": command, "load_average": os.getloadavg()}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": results}, indent=1))
     plot(results, args.out.with_suffix(".png"))

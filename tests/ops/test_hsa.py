@@ -114,7 +114,7 @@ def test_without_size_bias_equals_reference(kernel):
     gen = torch.Generator().manual_seed(3)
     h = Batch.from_data_list([random_window_hierarchy(n, (3, 2), generator=gen) for n in (13, 6)])
     q, k, v = random_qkv(h.num_leaves, heads=2, dim=3, dv=2, seed=7)
-    pe = torch.randn(h.num_nodes, 2, **F64)
+    pe = torch.randn(h.num_nodes, 2, generator=torch.Generator().manual_seed(0), **F64)
     mask = torch.rand(h.num_leaves, generator=gen) > 0.2
     for inc in (False, True):
         opts = dict(include_self=inc, pos_emb=pe, leaf_mask=mask)
@@ -138,7 +138,7 @@ def test_backward_adds_rows_in_index_order(kernel, opts):
     (``x[index]`` accumulates with unordered atomic adds; the edge kernel used it)."""
     h = Batch.from_data_list([window_hierarchy(24, (2, 3)), window_hierarchy(10, (4,))])
     q, k, v = (t.requires_grad_() for t in random_qkv(h.num_leaves))
-    pe = torch.randn(h.num_nodes, 2, **F64)
+    pe = torch.randn(h.num_nodes, 2, generator=torch.Generator().manual_seed(0), **F64)
     out = hierarchical_attention(q, k, v, h, kernel=kernel, pos_emb=pe, **opts)
     assert unordered_backward_nodes(out) == []
 
@@ -430,7 +430,7 @@ def test_gradient_identity_with_energy():
     for inc in (False, True):
         h = from_nested(random_spec(rng, 10, max_depth=3))
         q, k, _ = random_qkv(10, heads=2, dim=4, seed=9)
-        pe = torch.randn(h.num_nodes, 2, **F64)
+        pe = torch.randn(h.num_nodes, 2, generator=torch.Generator().manual_seed(0), **F64)
         q.requires_grad_(True)
         phi = hierarchy_energy(q, k, h, pos_emb=pe, include_self=inc, scale=0.5)
         (grad,) = torch.autograd.grad(phi.sum(), q)
@@ -480,7 +480,7 @@ def test_kl_optimality():
     h = from_nested([[0, 1, [2, 3]], [4, 5], 6])
     n = 7
     q, k, _ = random_qkv(n, heads=1, dim=3, seed=12)
-    pe = torch.randn(h.num_nodes, 2, **F64)
+    pe = torch.randn(h.num_nodes, 2, generator=torch.Generator().manual_seed(0), **F64)
     theta = hierarchical_attention_matrix(q, k, h, pos_emb=pe)[0]
     # flat target (eq. 13): energies of leaf pairs with highest-distinct-ancestor PEs
     anc = [[leaf] for leaf in range(n)]
@@ -535,7 +535,7 @@ def test_kl_optimality():
 def test_gradcheck(kernel, include_self):
     h = Batch.from_data_list([from_nested([[0, 1, [2, 3]], 4]), from_nested([[0], [1, 2]])])
     q, k, v = random_qkv(8, heads=2, dim=3, dv=2, seed=13)
-    pe = torch.randn(h.num_nodes, 2, **F64)
+    pe = torch.randn(h.num_nodes, 2, generator=torch.Generator().manual_seed(0), **F64)
     mask = torch.tensor([1, 1, 0, 1, 1, 1, 1, 0], dtype=torch.bool)
     inputs = tuple(t.requires_grad_(True) for t in (q, k, v, pe))
 
