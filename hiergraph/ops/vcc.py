@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import segment, to_dense_batch
 
-from hiergraph.ops.precision import accumulation_dtype
+from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.segment_tree import (
     ScoreFn,
     SegmentTree,
