@@ -22,12 +22,14 @@ class HMatrixAttention(nn.Module):
     Time and memory are :math:`O(L \cdot \text{block\_size})` per head.
 
     Args:
-        embed_dim: model width :math:`E`, divisible by ``num_heads``.
-        num_heads: number of heads :math:`h`.
-        block_size: :math:`N_r`, an even int; the numerical rank of every
-            far block and the half-width of the exact window.
+        embed_dim (int): model width :math:`E`, divisible by :obj:`num_heads`.
+        num_heads (int): number of heads :math:`h`.
+        block_size (int, optional): :math:`N_r`, an even int; the numerical rank
+            of every far block and the half-width of the exact window.
+            (default: :obj:`16`)
         causal: attend only to positions :math:`j \le i` (decoder / LM).
-        bias: learnable biases in the input and output projections.
+        bias (bool, optional): learnable biases in the input and output
+            projections. (default: :obj:`True`)
 
     Shapes:
         - **x**: ``[B, L, E]`` (batch first).
@@ -63,6 +65,15 @@ class HMatrixAttention(nn.Module):
                 nn.init.zeros_(layer.bias)
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        r"""
+        Args:
+            x (torch.Tensor): ``[B, L, E]`` (batch first).
+            key_padding_mask (torch.Tensor, optional): ``[B, L]`` bool, ``True`` =
+                padding (as in PyTorch). (default: :obj:`None`)
+
+        Returns:
+            ``[B, L, E]``.
+        """
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(
                 f"x must have shape [batch, length, {self.embed_dim}], got {tuple(x.shape)}"

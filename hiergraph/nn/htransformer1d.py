@@ -32,13 +32,28 @@ def sinusoidal_positions(length: int, dim: int, device=None, dtype=None) -> Tens
 class TransformerBlock(nn.Module):
     r"""Pre-LN block: :math:`x \leftarrow x + \mathrm{Attn}(\mathrm{LN}(x))`,
     :math:`x \leftarrow x + \mathrm{FFN}(\mathrm{LN}(x))` with a GELU FFN of width
-    ``ff_mult * embed_dim``. ``attention`` maps ``([B, L, E], key_padding_mask)`` to ``[B, L, E]``.
+    ``ff_mult * embed_dim``.
+
+    The constructor does not call :meth:`reset_parameters`, so that the
+    ``attention`` passed in keeps its weights (the block's own norms and FFN are
+    initialised when built); :meth:`reset_parameters` re-initialises all of it.
+
+    Args:
+        attention (torch.nn.Module): maps ``([B, L, E], key_padding_mask)`` to
+            ``[B, L, E]`` (``key_padding_mask``: ``[B, L]`` bool, ``True`` =
+            padding, or ``None``).
+        embed_dim (int): model width :math:`E`.
+        ff_mult (int, optional): feed-forward width multiplier.
+            (default: :obj:`4`)
+        dropout (float, optional): dropout on the residual branches and inside the
+            FFN. (default: :obj:`0.`)
     """
 
     def __init__(
         self, attention: nn.Module, embed_dim: int, ff_mult: int = 4, dropout: float = 0.0
     ):
         super().__init__()
+        self.embed_dim, self.ff_mult = embed_dim, ff_mult
         self.attn_norm, self.attn = nn.LayerNorm(embed_dim), attention
         self.ff_norm = nn.LayerNorm(embed_dim)
         self.ff = nn.Sequential(
@@ -49,9 +64,17 @@ class TransformerBlock(nn.Module):
         )
         self.dropout = nn.Dropout(dropout)
 
+    def reset_parameters(self) -> None:
+        for module in (self.attn_norm, self.attn, self.ff_norm, *self.ff):
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         x = x + self.dropout(self.attn(self.attn_norm(x), key_padding_mask))
         return x + self.dropout(self.ff(self.ff_norm(x)))
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.attn}, {self.embed_dim}, ff_mult={self.ff_mult})"
 
 
 class HTransformer1D(nn.Module):
@@ -65,17 +88,24 @@ class HTransformer1D(nn.Module):
     is a bidirectional encoder.
 
     Args:
-        num_tokens: vocabulary size.
-        embed_dim, depth, num_heads: width, number of blocks, heads per block.
-        block_size: :math:`N_r` of the H-matrix attention (even).
+        num_tokens (int): vocabulary size.
+        embed_dim (int, optional): model width. (default: :obj:`256`)
+        depth (int, optional): number of blocks. (default: :obj:`4`)
+        num_heads (int, optional): heads per block. (default: :obj:`8`)
+        block_size (int, optional): :math:`N_r` of the H-matrix attention (even).
+            (default: :obj:`16`)
         causal: causal attention (language modelling).
-        ff_mult: feed-forward width multiplier.
-        dropout: dropout on the residual branches and inside the FFN.
-        lm_head: end with a linear map to ``num_tokens`` logits; otherwise
-            return the final (layer-normalised) hidden states.
-        attention: optional factory ``(embed_dim, num_heads) -> module`` to use
-            another attention with the same call signature (e.g. a flat
-            baseline of equal size); defaults to :class:`HMatrixAttention`.
+        ff_mult (int, optional): feed-forward width multiplier.
+            (default: :obj:`4`)
+        dropout (float, optional): dropout on the residual branches and inside
+            the FFN. (default: :obj:`0.`)
+        lm_head (bool, optional): end with a linear map to :obj:`num_tokens`
+            logits; otherwise return the final (layer-normalised) hidden states.
+            (default: :obj:`True`)
+        attention (Callable[[int, int], torch.nn.Module], optional): factory
+            ``(embed_dim, num_heads) -> module`` to use another attention with the
+            same call signature (e.g. a flat baseline of equal size).
+            (default: :obj:`None`, i.e. :class:`HMatrixAttention`)
 
     Shapes:
         - **tokens**: ``[B, L]`` int64.
@@ -109,8 +139,27 @@ class HTransformer1D(nn.Module):
         )
         self.norm = nn.LayerNorm(embed_dim)
         self.head = nn.Linear(embed_dim, num_tokens) if lm_head else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.embed.reset_parameters()
+        for block in self.blocks:
+            block.reset_parameters()
+        self.norm.reset_parameters()
+        if self.head is not None:
+            self.head.reset_parameters()
 
     def forward(self, tokens: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        r"""
+        Args:
+            tokens (torch.Tensor): ``[B, L]`` int64 token ids.
+            key_padding_mask (torch.Tensor, optional): ``[B, L]`` bool, ``True`` =
+                padding (as in PyTorch). (default: :obj:`None`)
+
+        Returns:
+            ``[B, L, num_tokens]`` logits, or ``[B, L, embed_dim]`` without
+            :obj:`lm_head`.
+        """
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(
                 f"tokens must be an int64 tensor [batch, length], got {tokens.dtype} "
@@ -124,3 +173,10 @@ class HTransformer1D(nn.Module):
             x = block(x, key_padding_mask)
         x = self.norm(x)
         return self.head(x) if self.head is not None else x
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}({self.embed.num_embeddings}, "
+            f"embed_dim={self.embed.embedding_dim}, depth={len(self.blocks)}, "
+            f"lm_head={self.head is not None})"
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 from torch_geometric.data import Batch
@@ -12,13 +14,16 @@ from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.transforms import coarsen_hierarchy, tree_of_nodes
 
+if TYPE_CHECKING:
+    from hiergraph.data.signal_hierarchy import SignalHierarchy
 
-def leaf_batch(hierarchy) -> Tensor:
+
+def leaf_batch(hierarchy: SignalHierarchy | Batch) -> Tensor:
     """``[L]`` tree id of every leaf, in leaf order."""
     return tree_of_nodes(hierarchy).index_select(0, hierarchy.tree_index().leaf_node)
 
 
-def _num_trees(hierarchy) -> int:
+def _num_trees(hierarchy: SignalHierarchy | Batch) -> int:
     """How many trees :func:`tree_of_nodes` numbers, from host-side sizes where there are
     any (a PyG batch's graph count, the tree index's root count): no device read."""
     if "batch" in hierarchy and hierarchy.batch is not None:
@@ -29,7 +34,9 @@ def _num_trees(hierarchy) -> int:
     return level_ptr[1] - level_ptr[0]
 
 
-def global_leaf_mean_pool(x: Tensor, hierarchy, leaf_mask: Tensor | None = None) -> Tensor:
+def global_leaf_mean_pool(
+    x: Tensor, hierarchy: SignalHierarchy | Batch, leaf_mask: Tensor | None = None
+) -> Tensor:
     r"""Mean of the leaf features of every tree: ``[L, C]`` → ``[num_trees, C]``.
 
     .. math:: \mathbf{r}_T = \frac{1}{|\ell(T)|}\sum_{i \in \ell(T)} \mathbf{x}_i
@@ -37,6 +44,12 @@ def global_leaf_mean_pool(x: Tensor, hierarchy, leaf_mask: Tensor | None = None)
     Padding leaves (``leaf_mask`` false; a ``[L]`` bool tensor) are left out.
     Half-precision features are summed in float32 and the means rounded once (a
     bf16 running sum stalls at 256, an fp16 one overflows past 65504).
+
+    Args:
+        x (torch.Tensor): ``[L, C]`` leaf features.
+        hierarchy (SignalHierarchy or Batch): a tree or a batch.
+        leaf_mask (torch.Tensor, optional): ``[L]`` bool, ``True`` = valid leaf,
+            ``False`` = padding. (default: :obj:`None`, all valid)
     """
     batch = leaf_batch(hierarchy)
     size = _num_trees(hierarchy)
@@ -56,14 +69,17 @@ def global_leaf_mean_pool(x: Tensor, hierarchy, leaf_mask: Tensor | None = None)
     return (total / count.view(-1, *[1] * (x.dim() - 1))).to(x.dtype)
 
 
-def select_leaf(x: Tensor, hierarchy, position: int | Tensor = 0) -> Tensor:
+def select_leaf(
+    x: Tensor, hierarchy: SignalHierarchy | Batch, position: int | Tensor = 0
+) -> Tensor:
     """The features of one leaf per tree (e.g. a CLS-like first token): ``[num_trees, C]``.
 
     Args:
-        x: ``[L, C]`` leaf features.
-        hierarchy: a tree or a batch.
-        position: the leaf's index within its tree's leaves (an int, or a
-            ``[num_trees]`` tensor); negative values count from the end.
+        x (torch.Tensor): ``[L, C]`` leaf features.
+        hierarchy (SignalHierarchy or Batch): a tree or a batch.
+        position (int or torch.Tensor, optional): the leaf's index within its
+            tree's leaves (an int, or a ``[num_trees]`` tensor); negative values
+            count from the end. (default: :obj:`0`)
     """
     batch = leaf_batch(hierarchy)
     num_trees = _num_trees(hierarchy)
@@ -82,7 +98,9 @@ def select_leaf(x: Tensor, hierarchy, position: int | Tensor = 0) -> Tensor:
     return x.index_select(0, first + position)
 
 
-def coarsen_leaves(x: Tensor, hierarchy, reduce: str = "mean"):
+def coarsen_leaves(
+    x: Tensor, hierarchy: SignalHierarchy | Batch, reduce: str = "mean"
+) -> tuple[Tensor, SignalHierarchy, Tensor]:
     """Pool leaves into their parents wherever a node's children are all leaves.
 
     Returns ``(x_coarse, coarse_hierarchy, cluster)``: the pooled features

@@ -1,8 +1,10 @@
-"""Position encoders for the families of a signal hierarchy (notes/hsa.md §1.1, §6.2)."""
+"""Position encoders for the families of a signal hierarchy (Amizadeh et al., Sec. 2 and
+App. C: each family's domain type has its own position embedding)."""
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -10,6 +12,11 @@ from torch import Tensor, nn
 from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.domain import Domain
+
+if TYPE_CHECKING:
+    from torch_geometric.data import Batch
+
+    from hiergraph.data.signal_hierarchy import SignalHierarchy
 
 
 class LearnableFourierFeatures(nn.Module):
@@ -26,11 +33,12 @@ class LearnableFourierFeatures(nn.Module):
     thousands are not representable in bfloat16/float16.
 
     Args:
-        pos_dim: ``m`` (1 for sequences, 2 for grids).
-        out_channels: size of the embedding.
-        num_features: ``F`` (even).
-        hidden_channels: width of the MLP.
-        gamma: initial length scale in position units.
+        pos_dim (int): ``m`` (1 for sequences, 2 for grids).
+        out_channels (int): size of the embedding.
+        num_features (int, optional): ``F`` (even). (default: :obj:`64`)
+        hidden_channels (int, optional): width of the MLP. (default: :obj:`64`)
+        gamma (float, optional): initial length scale in position units.
+            (default: :obj:`10.0`)
     """
 
     def __init__(
@@ -44,6 +52,7 @@ class LearnableFourierFeatures(nn.Module):
         super().__init__()
         if num_features % 2:
             raise ValueError(f"num_features must be even, got {num_features}")
+        self.pos_dim, self.out_channels, self.num_features = pos_dim, out_channels, num_features
         self.gamma = gamma
         self.freq = nn.Linear(pos_dim, num_features // 2, bias=False)
         self.mlp = nn.Sequential(
@@ -67,6 +76,12 @@ class LearnableFourierFeatures(nn.Module):
             proj = pos.to(work) @ weight.to(work).T
             feats = torch.cat([proj.cos(), proj.sin()], dim=-1) / math.sqrt(2 * proj.size(-1))
         return self.mlp(feats.to(weight.dtype))
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}({self.pos_dim}, {self.out_channels}, "
+            f"num_features={self.num_features})"
+        )
 
 
 class FamilyPositionEncoder(nn.Module):
@@ -92,18 +107,21 @@ class FamilyPositionEncoder(nn.Module):
     embeddings per layer and per domain type before using them.
 
     Args:
-        channels: ``c``, the embedding size.
-        num_keys: size of the key vocabulary of key–value families.
-        graph_pe_dim: ``k``, the size of ``graph_pe`` (0: no graph families).
+        channels (int): ``c``, the embedding size.
+        num_keys (int, optional): size of the key vocabulary of key–value families.
+            (default: :obj:`64`)
+        graph_pe_dim (int, optional): ``k``, the size of ``graph_pe`` (0: no graph
+            families). (default: :obj:`0`)
     """
 
     def __init__(self, channels: int, num_keys: int = 64, graph_pe_dim: int = 0):
         super().__init__()
-        self.channels = channels
+        self.channels, self.graph_pe_dim = channels, graph_pe_dim
         self.grid1d = LearnableFourierFeatures(1, channels)
         self.grid2d = LearnableFourierFeatures(2, channels)
         self.keys = nn.Embedding(num_keys, channels)
         self.graph = nn.Linear(graph_pe_dim, channels) if graph_pe_dim else None
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         self.grid1d.reset_parameters()
@@ -112,7 +130,7 @@ class FamilyPositionEncoder(nn.Module):
         if self.graph is not None:
             self.graph.reset_parameters()
 
-    def forward(self, hierarchy) -> Tensor:
+    def forward(self, hierarchy: SignalHierarchy | Batch) -> Tensor:
         """``[N, channels]`` embeddings of all nodes of ``hierarchy`` (a tree or a batch)."""
         domain, pos = hierarchy.domain, hierarchy.pos  # raw: exact key ids and indices
         out = self.keys.weight.new_zeros(domain.numel(), self.channels)
@@ -145,3 +163,9 @@ class FamilyPositionEncoder(nn.Module):
                     f"{self.keys.num_embeddings})"
                 )
         return self.keys(ids)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}({self.channels}, num_keys={self.keys.num_embeddings}, "
+            f"graph_pe_dim={self.graph_pe_dim})"
+        )

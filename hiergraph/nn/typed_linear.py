@@ -24,24 +24,29 @@ class TypedLinear(nn.Module):
     where the type matches (``num_types`` times the FLOPs, same weights).
 
     Args:
-        in_channels, out_channels: feature sizes.
-        num_types: number of types; ``type_vec`` values lie in ``[0, num_types)``.
-        bias: learn an additive bias per type.
+        in_channels (int): size of each input sample.
+        out_channels (int): size of each output sample.
+        num_types (int, optional): number of types; ``type_vec`` values lie in
+            ``[0, num_types)``. (default: :obj:`1`)
+        bias (bool, optional): learn an additive bias per type.
+            (default: :obj:`True`)
     """
 
     def __init__(self, in_channels: int, out_channels: int, num_types: int = 1, bias: bool = True):
         super().__init__()
         if num_types < 1:
             raise ValueError(f"num_types must be >= 1, got {num_types}")
-        self.num_types = num_types
+        self.in_channels, self.out_channels, self.num_types = in_channels, out_channels, num_types
         self.register_parameter("type_bias", None)  # set below for several types with bias
-        if num_types == 1:
-            self.lin = nn.Linear(in_channels, out_channels, bias=bias)
-        else:
-            self.lin = HeteroLinear(in_channels, out_channels, num_types, bias=False)
-            if bias:
-                self.type_bias = nn.Parameter(torch.empty(num_types, out_channels))
-                self._reset_type_bias()
+        with torch.device("meta"):  # allocated, not initialised: reset_parameters() draws once
+            if num_types == 1:
+                self.lin = nn.Linear(in_channels, out_channels, bias=bias)
+            else:
+                self.lin = HeteroLinear(in_channels, out_channels, num_types, bias=False)
+        self.lin.to_empty(device=torch.get_default_device())
+        if num_types > 1 and bias:
+            self.type_bias = nn.Parameter(torch.empty(num_types, out_channels))
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         self.lin.reset_parameters()
@@ -58,7 +63,15 @@ class TypedLinear(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: Tensor, type_vec: Tensor | None = None) -> Tensor:
-        """``x: [n, in_channels]``, ``type_vec: [n]`` → ``[n, out_channels]``."""
+        r"""
+        Args:
+            x (torch.Tensor): ``[n, in_channels]``.
+            type_vec (torch.Tensor, optional): ``[n]`` type of every row (needed
+                for several types). (default: :obj:`None`)
+
+        Returns:
+            ``[n, out_channels]``.
+        """
         if self.num_types == 1:
             return self.lin(x)
         if type_vec is None:
@@ -83,3 +96,9 @@ class TypedLinear(nn.Module):
             for t, weight in enumerate(self.lin.weight):
                 out = torch.where((type_vec == t)[:, None], x @ weight, out)
         return out if self.type_bias is None else out + self.type_bias.index_select(0, type_vec)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, "
+            f"num_types={self.num_types})"
+        )

@@ -68,3 +68,17 @@ def test_attention_factory_swaps_the_attention():
     model = HTransformer1D(7, embed_dim=8, depth=3, num_heads=2, attention=Recording)
     assert model(torch.randint(0, 7, (2, 9))).shape == (2, 9, 7)
     assert calls == [(2, 2, 9, 4)] * 3
+
+
+def test_repr_and_reset_parameters():
+    model = HTransformer1D(7, embed_dim=8, depth=2, num_heads=2, block_size=4, lm_head=False)
+    assert repr(model) == "HTransformer1D(7, embed_dim=8, depth=2, lm_head=False)"
+    assert repr(model.blocks[0]) == (
+        "TransformerBlock(HMatrixAttention(8, heads=2, block_size=4, causal=False), 8, ff_mult=4)"
+    )
+    tokens = torch.randint(0, 7, (1, 9))
+    before = model(tokens)
+    torch.manual_seed(1)
+    model.reset_parameters()
+    after = model(tokens)
+    assert torch.isfinite(after).all() and not torch.allclose(after, before)

@@ -78,3 +78,10 @@ def test_graph_domain_uses_graph_pe():
     h.graph_pe = torch.randn(h.num_nodes, 3)
     enc = FamilyPositionEncoder(4, graph_pe_dim=3)
     assert torch.allclose(enc(h)[:3], enc.graph(h.graph_pe[:3]))
+
+
+def test_reprs():
+    assert repr(LearnableFourierFeatures(2, 8)) == "LearnableFourierFeatures(2, 8, num_features=64)"
+    assert repr(FamilyPositionEncoder(8, graph_pe_dim=4)) == (
+        "FamilyPositionEncoder(8, num_keys=64, graph_pe_dim=4)"
+    )

@@ -47,3 +47,7 @@ def test_bad_type_vectors():
         lin(x, torch.tensor([0, 1, 1]))
     with pytest.raises(ValueError, match="num_types must be >= 1"):
         TypedLinear(3, 2, num_types=0)
+
+
+def test_repr():
+    assert repr(TypedLinear(3, 2, num_types=4)) == "TypedLinear(3, 2, num_types=4)"
