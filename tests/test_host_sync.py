@@ -338,6 +338,24 @@ def cone_conv(device, variant):
     return Case(lambda: conv(x, edge_index), [x, *conv.parameters()])
 
 
+def _adjacency(edge_index, n, layout):
+    """``adj_t[target, source]`` of ``edge_index`` in ``layout``, built outside the step."""
+    from hiergraph.ops.edge_index import edge_index_to_adjacency
+
+    ones = torch.ones(edge_index.size(1), device=edge_index.device)
+    return edge_index_to_adjacency(edge_index, ones, n, n, layout)[0]
+
+
+def cone_conv_adjacency(device):
+    from hiergraph.nn import ConeConv
+
+    edge_index, n = _graph(device)
+    adj = _adjacency(edge_index, n, torch.sparse_coo)
+    conv = _module(ConeConv(8, 4, heads=2, add_self_loops=False), device)
+    x = _rand(device, n, 8)
+    return Case(lambda: conv(x, adj), [x, *conv.parameters()])
+
+
 def cone_conv_self_loops(device):
     from hiergraph.nn import ConeConv
 
@@ -366,7 +384,10 @@ def masked_conv(device, mask):
     else:
         edge_index = window_mask(n, 4) if mask == "window" else random_mask(n, 400, seed=0)
         edge_index = edge_index.to(device)
-    conv = _module(MaskedAttentionConv(8, 4, heads=2, structured=mask != "random"), device)
+    if mask == "csr":  # a sparse adjacency adj_t[query, key]
+        edge_index = _adjacency(edge_index, n, torch.sparse_csr)
+    structured = mask in ("band", "window")
+    conv = _module(MaskedAttentionConv(8, 4, heads=2, structured=structured), device)
     x = _rand(device, n, 8)
     return Case(lambda: conv(x, edge_index), [x, *conv.parameters()])
 
@@ -455,6 +476,8 @@ CASES: dict[str, Callable[[str], Case]] = {
     "MaskedAttentionConv-BandMask": lambda d: masked_conv(d, "band"),
     "MaskedAttentionConv-window": lambda d: masked_conv(d, "window"),
     "MaskedAttentionConv-random": lambda d: masked_conv(d, "random"),
+    "MaskedAttentionConv-csr": lambda d: masked_conv(d, "csr"),
+    "ConeConv-coo": cone_conv_adjacency,
     "GraphHSAConv": graph_hsa_conv,
     "GraphHSANet": graph_hsa_net,
     "TypedLinear": typed_linear,
@@ -483,11 +506,8 @@ KNOWN_SYNCS: dict[str, str] = {
         "add_self_loops=True runs PyG's remove_self_loops, a boolean mask (nn/cone_conv.py)"
     ),
     "MaskedAttentionConv-window": (
-        "a raw edge_index is range-checked (ops/edge_index.py check_edge_index) and the band "
-        "recognised from its values (masks/band.py BandMask.detect); pass a BandMask instead"
-    ),
-    "MaskedAttentionConv-random": (
-        "a raw edge_index is range-checked on the host (ops/edge_index.py check_edge_index)"
+        "the band is recognised from a raw edge_index's values (masks/band.py "
+        "BandMask.detect); pass a BandMask instead, or structured=False"
     ),
 }
 #: case -> where it makes tensors off its inputs' device; xfail(strict=True) under meta

@@ -116,7 +116,7 @@ class BandMask:
         """
         if edge_index.dim() != 2 or edge_index.size(0) != 2 or edge_index.size(1) == 0:
             return None
-        src, dst = edge_index
+        src, dst = edge_index.long()  # int32 ids: the key dst * num_nodes + src is int64
         offset = dst - src
         before, after = int(offset.max()), -int(offset.min())
         if before < 0 or after < 0:  # the diagonal lies outside the offset range

@@ -38,7 +38,7 @@ def _check_count(name: str, value, minimum: int = 0) -> int:
 
 def _canonical(src: Tensor, dst: Tensor, num_nodes: int) -> Tensor:
     """Distinct edges ``[2, E]``, sorted by target and then by source."""
-    key = torch.unique(dst * num_nodes + src)
+    key = torch.unique(dst.long() * num_nodes + src.long())  # int64, for int32 inputs too
     return torch.stack([key % num_nodes, key // num_nodes])
 
 

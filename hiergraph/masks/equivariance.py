@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from hiergraph.masks.dense import edge_index_to_mask
+from hiergraph.ops.edge_index import check_edge_index
 
 Perm = Tensor | tuple[Tensor, Tensor]
 
@@ -38,6 +39,7 @@ def relabel(edge_index: Tensor, perm: Perm) -> Tensor:
     ``perm`` may be a pair ``(perm_src, perm_dst)`` for a bipartite graph.
     """
     perm_src, perm_dst = perm if isinstance(perm, tuple) else (perm, perm)
+    check_edge_index(edge_index, perm_src.numel(), perm_dst.numel())
     return torch.stack(
         [torch.argsort(perm_src)[edge_index[0]], torch.argsort(perm_dst)[edge_index[1]]]
     )

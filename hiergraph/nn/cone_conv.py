@@ -3,7 +3,6 @@ r"""``ConeConv``: GAT-style message passing with cone-attention scores."""
 from __future__ import annotations
 
 import math
-import weakref
 from functools import partial
 
 import torch
@@ -14,12 +13,16 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import Adj, SparseTensor, torch_sparse
-from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
+from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops, softmax
 
-from hiergraph._device import reads_values
 from hiergraph.nn._checks import check_features, check_int, check_probability
 from hiergraph.ops.cone import DEFAULT_RADIUS, cone_geometry, edge_pairs
-from hiergraph.ops.edge_index import check_edge_index
+from hiergraph.ops.edge_index import (
+    CheckedEdges,
+    adjacency_to_edge_index,
+    edge_index_to_adjacency,
+    edge_values_to_adjacency,
+)
 
 #: Score variants: the two cone attentions and the dot-product baseline of the paper.
 VARIANTS = (*DEFAULT_RADIUS, "dot")
@@ -87,23 +90,27 @@ class ConeConv(MessagePassing):
             two ``in_channels``: queries from a target projection of the same size).
         qk_channels: per-head query/key size when ``share_qk=False`` (default ``out_channels``).
         bias: learn an additive output bias.
-        validate: check that the ids of a CPU ``edge_index`` lie within the node
-            counts, once per ``edge_index`` tensor (again after it is replaced or
-            written in place). The type and shape are always checked. On an
-            accelerator the ids are never read (that would stall every forward
-            pass on a device-to-host copy); ``validate=False`` skips the id check
-            on the CPU too.
+        validate: check that the ids of ``edge_index`` (or of a ``torch.sparse``
+            adjacency) lie within the node counts, once per tensor (again after it is
+            replaced or written in place). The type and shape are always checked. On an
+            accelerator the ids are never read on the host (that would stall the forward
+            pass on a device-to-host copy): the check is a device-side assertion instead
+            (see :mod:`hiergraph.ops.edge_index`). ``validate=False`` skips the id check.
         **kwargs: passed to :class:`~torch_geometric.nn.conv.MessagePassing`.
 
     Shapes:
         - **input:** ``x [N, in_channels]`` (dense, or sparse CSR such as bag-of-words
           features: the projection is then a sparse matmul) or a pair
           ``(x_src [N_src, ·], x_dst [N_dst, ·])``, ``edge_index [2, E]`` (row 0 = source
-          ``j``, row 1 = target ``i``) or a ``SparseTensor`` adjacency ``adj_t``
-          (needs ``torch-sparse``).
+          ``j``, row 1 = target ``i``), or a sparse adjacency ``adj_t [N_dst, N_src]``
+          (row = target, column = source, as in PyG): a ``torch.sparse`` COO, CSR or CSC
+          tensor (its values are ignored), or a ``SparseTensor`` (needs ``torch-sparse``).
         - **output:** ``[N_dst, H * out_channels]`` or ``[N_dst, out_channels]``; with
-          ``return_attention_weights`` also ``(edge_index [2, E'], alpha [E', H])``
-          (or a ``SparseTensor`` holding ``alpha``), ``E'`` counting the self loops.
+          ``return_attention_weights`` also ``(edge_index [2, E'], alpha [E', H])``,
+          ``E'`` counting the self loops; for a ``torch.sparse`` adjacency
+          ``(adj, alpha)``, ``adj [N_dst, N_src, H]`` holding ``alpha`` in the input's
+          layout (with the self loops; in the input's stored order without them), and for
+          a ``SparseTensor`` the ``SparseTensor`` holding ``alpha`` (as PyG's ``GATConv``).
     """
 
     def __init__(
@@ -173,7 +180,7 @@ class ConeConv(MessagePassing):
         self.share_qk = share_qk
         self.qk_channels = qk_channels
         self.validate = validate
-        self._checked_edges = _CheckedEdges()
+        self._checked_edges = CheckedEdges()
         if variant != "dot":
             self._to_halfspace, self._lca_height = cone_geometry(
                 variant, self.r, squared=squared, height_scale=height_scale
@@ -210,7 +217,8 @@ class ConeConv(MessagePassing):
 
         Args:
             x: node features ``[N, in_channels]``, or a pair ``(x_src, x_dst)``.
-            edge_index: ``[2, E]`` edge indices or a ``SparseTensor`` ``adj_t``.
+            edge_index: ``[2, E]`` edge indices, or a sparse adjacency ``adj_t``
+                (``torch.sparse`` or ``SparseTensor``, row = target).
             return_attention_weights: when set (to any value, as in PyG's GATConv),
                 also return ``(edge_index, alpha)``, ``alpha [E', heads]``.
         """
@@ -222,8 +230,11 @@ class ConeConv(MessagePassing):
             )
         self._check_features(x_src, x_dst)
         size = (x_src.size(0), x_dst.size(0))
+        adj = edge_index if is_torch_sparse_tensor(edge_index) else None
+        if adj is not None:  # adj_t[target, source]: its edges, in its stored order
+            edge_index, _ = adjacency_to_edge_index(adj, *size)
         if not isinstance(edge_index, SparseTensor):
-            self._check_edge_index(edge_index, size)
+            self._check_edge_index(edge_index, size, source=adj)
         H, C = self.heads, self.out_channels
         drop = partial(F.dropout, p=self.feature_dropout, training=self.training)
         value = drop(self.lin(x_src).view(-1, H, C))
@@ -250,6 +261,10 @@ class ConeConv(MessagePassing):
             return out
         if isinstance(edge_index, SparseTensor):
             return out, edge_index.set_value(alpha, layout="coo")
+        if adj is not None and self.add_self_loops:  # a new pattern, in the input's layout
+            return out, edge_index_to_adjacency(edge_index, alpha, *size, adj.layout)
+        if adj is not None:
+            return out, (edge_values_to_adjacency(adj, alpha), alpha)
         return out, (edge_index, alpha)
 
     @staticmethod
@@ -273,16 +288,13 @@ class ConeConv(MessagePassing):
         size = (self.lin if self.lin_dst is None else self.lin_dst).in_channels  # queries
         check_features(x_dst, size, "x_dst", f"[num_dst, {size}]")
 
-    def _check_edge_index(self, edge_index: Tensor, size: tuple[int, int]) -> None:
-        """Type and shape always; the id range on the CPU, once per ``edge_index``."""
-        check_edge_index(
-            edge_index, *size, alternative="a SparseTensor", check_range=False, int32=True
-        )
-        if not self.validate or not reads_values(edge_index):  # never on an accelerator
-            return
-        if not self._checked_edges.holds(edge_index, size):
-            check_edge_index(edge_index, *size, int32=True)
-            self._checked_edges.remember(edge_index, size)
+    def _check_edge_index(self, edge_index: Tensor, size: tuple[int, int], source=None) -> None:
+        """Type and shape always; the id range once per ``edge_index`` (or ``source``, the
+        adjacency it comes from), with no host sync on an accelerator."""
+        self._checked_edges(
+            edge_index, *size, validate=self.validate, alternative="a sparse adjacency",
+            source=source,
+        )  # fmt: skip
 
     def _queries_and_keys(self, x_src: Tensor, x_dst: Tensor, value: Tensor, drop):
         """Per-head queries ``[N_dst, H, d]`` (targets) and keys ``[N_src, H, d]`` (sources)."""
@@ -339,25 +351,3 @@ class ConeConv(MessagePassing):
             f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, "
             f"heads={self.heads}, variant={self.variant!r})"
         )
-
-
-class _CheckedEdges:
-    """The last ``edge_index`` whose ids were checked: a weak reference, its in-place
-    version and the node counts. Never copied or pickled with the layer (a copy checks
-    again)."""
-
-    def __init__(self) -> None:
-        self.ref, self.key = None, None
-
-    def holds(self, edge_index: Tensor, size: tuple[int, int]) -> bool:
-        return (
-            self.ref is not None
-            and self.ref() is edge_index
-            and self.key == (edge_index._version, *size)
-        )
-
-    def remember(self, edge_index: Tensor, size: tuple[int, int]) -> None:
-        self.ref, self.key = weakref.ref(edge_index), (edge_index._version, *size)
-
-    def __reduce__(self):
-        return _CheckedEdges, ()

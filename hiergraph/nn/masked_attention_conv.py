@@ -9,11 +9,17 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import softmax
 
 from hiergraph.masks.band import BandMask
 from hiergraph.ops.banded_attention import banded_attention
-from hiergraph.ops.edge_index import check_edge_index
+from hiergraph.ops.edge_index import (
+    CheckedEdges,
+    adjacency_to_edge_index,
+    edge_values_to_adjacency,
+    is_adjacency,
+)
 from hiergraph.ops.edge_products import EdgeCSR, edge_aggregate, edge_dot
 
 
@@ -65,6 +71,23 @@ class MaskedAttentionConv(MessagePassing):
     :func:`torch_geometric.utils.softmax`. Edge features (``edge_dim``) add
     per-edge terms through :meth:`edge_updater` and :meth:`propagate`.
 
+    **Adjacency input.** As PyG's convs do, the mask may also be a sparse adjacency
+    ``adj_t`` of shape ``[num_dst, num_src]`` with **row = target = query, column =
+    source = key** (the transpose of ``edge_index``'s layout): a ``torch.sparse`` COO, CSR
+    or CSC tensor, or a ``torch_sparse.SparseTensor`` when torch-sparse is installed. Its
+    stored entries are the edges, in stored order (an uncoalesced COO tensor's repeated
+    entries are separate edges, as repeated columns of an ``edge_index`` are). Its values
+    become ``edge_attr`` when none is passed, as in PyG's ``MessagePassing``: a
+    ``SparseTensor``'s values, or the ``[E, ...]`` values of a hybrid ``torch.sparse``
+    tensor (scalar values, such as the ones of a plain mask, are ignored). An explicit
+    ``edge_attr`` follows the adjacency's stored order.
+
+    **Input checks.** ``edge_index`` must be an int64 or int32 tensor ``[2, E]`` (checked
+    every call, without reading values). Its ids are checked against the node counts once
+    per ``edge_index`` tensor (again after it is replaced or written in place): read on
+    the host for CPU tensors, a device-side assertion on an accelerator (no host sync);
+    ``validate=False`` skips that (see :mod:`hiergraph.ops.edge_index`).
+
     Args:
         in_channels: size of each input sample, or a pair (source, target)
             for bipartite graphs; ``-1`` infers a size on the first call (PyG's lazy
@@ -80,16 +103,22 @@ class MaskedAttentionConv(MessagePassing):
             makes ``edge_attr`` an additive logit bias of shape ``[E]`` or ``[E, H]``.
         bias: learn additive biases in the projections.
         structured: allow the banded fast path.
+        validate: check the ids of ``edge_index`` (or of an adjacency) against the node
+            counts, once per tensor; the type and shape are always checked.
         **kwargs: passed on to :class:`~torch_geometric.nn.conv.MessagePassing`.
 
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F)` or a pair
           :math:`((|\mathcal{V}_s|, F_s), (|\mathcal{V}_t|, F_t))`; ``edge_index``
-          :math:`(2, |\mathcal{E}|)` or a :class:`BandMask`; ``edge_attr``
+          :math:`(2, |\mathcal{E}|)`, a :class:`BandMask` or a sparse adjacency
+          :math:`(|\mathcal{V}_t|, |\mathcal{V}_s|)`; ``edge_attr``
           :math:`(|\mathcal{E}|, D)`, :math:`(|\mathcal{E}|)` or :math:`(|\mathcal{E}|, H)`.
         - **output:** :math:`(|\mathcal{V}_t|, H C)` (or :math:`C`), and with
           ``return_attention_weights`` also ``(edge_index, alpha)`` with alpha
-          :math:`(|\mathcal{E}|, H)` (before dropout).
+          :math:`(|\mathcal{E}|, H)` (before dropout); for a ``torch.sparse`` adjacency
+          ``(adj, alpha)`` with ``adj`` the adjacency holding ``alpha`` as its values
+          (same layout and pattern, :math:`(|\mathcal{V}_t|, |\mathcal{V}_s|, H)`), and
+          for a ``SparseTensor`` that ``SparseTensor`` (as PyG's ``GATConv`` returns them).
     """
 
     def __init__(
@@ -103,6 +132,7 @@ class MaskedAttentionConv(MessagePassing):
         edge_dim: int | None = None,
         bias: bool = True,
         structured: bool = True,
+        validate: bool = True,
         **kwargs,
     ):
         kwargs.setdefault("aggr", "add")
@@ -119,6 +149,8 @@ class MaskedAttentionConv(MessagePassing):
         self.root_weight = root_weight
         self.edge_dim = edge_dim
         self.structured = structured
+        self.validate = validate
+        self._checked_edges = CheckedEdges()
 
         in_src, in_dst = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
         self.lin_key = Linear(in_src, heads * out_channels, bias=bias)
@@ -140,7 +172,7 @@ class MaskedAttentionConv(MessagePassing):
     def forward(
         self,
         x: Tensor | tuple[Tensor, Tensor],
-        edge_index: Tensor | BandMask,
+        edge_index: Tensor | BandMask | SparseTensor,
         edge_attr: Tensor | None = None,
         return_attention_weights: bool | None = None,
     ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -148,8 +180,9 @@ class MaskedAttentionConv(MessagePassing):
 
         Args:
             x: node features, or a pair ``(x_src, x_dst)``.
-            edge_index: ``[2, E]`` mask edges (key -> query), or a
-                :class:`BandMask` over ``x``'s nodes.
+            edge_index: ``[2, E]`` mask edges (key -> query), a :class:`BandMask` over
+                ``x``'s nodes, or a sparse adjacency ``adj_t[query, key]`` (see the class
+                docstring).
             edge_attr: edge features ``[E, edge_dim]``, or a logit bias
                 ``[E]``/``[E, H]`` when ``edge_dim`` is ``None``.
             return_attention_weights: if set (``True`` or ``False``), also
@@ -159,8 +192,18 @@ class MaskedAttentionConv(MessagePassing):
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         self._check_features(x_src, x_dst)
         band = edge_index if isinstance(edge_index, BandMask) else None
+        adj = edge_index if is_adjacency(edge_index) else None
+        if adj is not None:
+            edge_index, values = adjacency_to_edge_index(adj, x_src.size(0), x_dst.size(0))
+            # PyG's rule: a SparseTensor's values, a torch.sparse tensor's [E, ...] values
+            hybrid = values is not None and values.dim() > 1
+            if edge_attr is None and (hybrid or isinstance(adj, SparseTensor)):
+                edge_attr = values
         if band is None:
-            check_edge_index(edge_index, x_src.size(0), x_dst.size(0), alternative="a BandMask")
+            self._checked_edges(
+                edge_index, x_src.size(0), x_dst.size(0), validate=self.validate,
+                alternative="a BandMask or a sparse adjacency", source=adj,
+            )  # fmt: skip
         elif x_src is not x_dst or band.num_nodes != x_dst.size(0):
             raise ValueError(
                 f"a BandMask over {band.num_nodes} nodes needs a single x with as many rows; "
@@ -193,9 +236,13 @@ class MaskedAttentionConv(MessagePassing):
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.lin_skip is not None:
             out = out + self.lin_skip(x_dst)
-        if return_attention_weights is not None:
-            return out, (edge_index, alpha)
-        return out
+        if return_attention_weights is None:
+            return out
+        if isinstance(adj, SparseTensor):
+            return out, edge_values_to_adjacency(adj, alpha)
+        if adj is not None:
+            return out, (edge_values_to_adjacency(adj, alpha), alpha)
+        return out, (edge_index, alpha)
 
     def _check_features(self, x_src: Tensor, x_dst: Tensor) -> None:
         for name, t, lin in (("x_src", x_src, self.lin_key), ("x_dst", x_dst, self.lin_query)):

@@ -10,7 +10,8 @@ from hiergraph.ops.cone import (
     umbral_edge,
     xi_map,
 )
-from hiergraph.ops.edge_products import edge_aggregate, edge_dot
+from hiergraph.ops.edge_index import check_edge_index
+from hiergraph.ops.edge_products import EdgeCSR, edge_aggregate, edge_dot
 from hiergraph.ops.hmatrix import (
     HMatrixLayout,
     hmatrix_attention,
@@ -32,12 +33,14 @@ from hiergraph.ops.vcc import compress, decompress, vcc_layer
 from hiergraph.ops.vcc_dense import compression_matrices, vcc_layer_dense
 
 __all__ = [
+    "EdgeCSR",
     "HMatrixLayout",
     "SegmentTree",
     "banded_attention",
     "banded_attention_reference",
     "causal_hierarchical_attention",
     "causal_hierarchical_attention_matrix",
+    "check_edge_index",
     "compress",
     "compression_matrices",
     "decompress",

@@ -54,7 +54,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from hiergraph._device import reads_values
+from hiergraph.ops.edge_index import check_edge_index
 
 #: Upper clamp on the log-height of :func:`psi_map`; ``exp(20) ~ 4.9e8`` keeps
 #: squared horizontal distances far from float32 overflow.
@@ -453,27 +453,14 @@ def edge_distance(x_dst: Tensor, x_src: Tensor, edge_index: Tensor) -> Tensor:
 
 
 def _check_edges(q: Tensor, k: Tensor, edge_index: Tensor) -> None:
-    if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.size(0) != 2:
-        shape = tuple(edge_index.shape) if isinstance(edge_index, Tensor) else type(edge_index)
-        raise ValueError(f"edge_index must be a [2, E] tensor, got {shape}")
-    if edge_index.dtype not in (torch.long, torch.int32):
-        raise TypeError(f"edge_index must be an integer tensor, got dtype {edge_index.dtype}")
     if q.shape[1:] != k.shape[1:]:
         raise ValueError(
             f"q [N_dst, ..., d] and k [N_src, ..., d] must agree after the node dimension, "
             f"got {tuple(q.shape)} and {tuple(k.shape)}"
         )
-    # The range check reads index values, so it runs for CPU indices only: on an
-    # accelerator it would stall the forward pass on a device-to-host copy, and
-    # index_select there raises its own device-side error for an index out of range.
-    if edge_index.numel() > 0 and reads_values(edge_index):
-        if int(edge_index.min()) < 0:
-            raise ValueError("edge_index has negative entries")
-        if int(edge_index[0].max()) >= k.size(0) or int(edge_index[1].max()) >= q.size(0):
-            raise ValueError(
-                f"edge_index out of range: sources must be < k.size(0) = {k.size(0)} and "
-                f"targets < q.size(0) = {q.size(0)}"
-            )
+    # the shared check: ids read on the host for CPU tensors only, a device-side
+    # assertion on an accelerator (no host sync)
+    check_edge_index(edge_index, k.size(0), q.size(0))
 
 
 def _cone_scores(

@@ -55,13 +55,18 @@ class EdgeCSR:
     r"""An ``edge_index`` sorted by target (then source), with its CSR pointers
     and those of its transpose.
 
+    Build it once per graph and pass it to every :func:`edge_dot` and
+    :func:`edge_aggregate` call (and every head) on that graph.
+
     Args:
         edge_index: ``[2, E]`` int64 or int32 ids, row 0 = source :math:`j`, row 1 = target
-            :math:`i`, in ``[0, num_src)`` and ``[0, num_dst)`` (checked for CPU tensors:
-            the kernels index memory with them unchecked).
+            :math:`i`, in ``[0, num_src)`` and ``[0, num_dst)``.
         size: ``(num_src, num_dst)``.
-        check: run :func:`~hiergraph.ops.edge_index.check_edge_index` on CPU ids;
-            ``False`` only for a caller that has just checked them itself.
+        check: check the id range (:func:`~hiergraph.ops.edge_index.check_edge_index`: read
+            on the host for CPU ids, a device-side assertion on an accelerator, no host
+            sync). The kernels index memory with the ids unchecked, so pass ``False`` only
+            when the caller has just checked them itself. The type and shape are always
+            checked.
 
     Attributes:
         edge_index: the sorted ``[2, E]`` edges.
@@ -73,12 +78,9 @@ class EdgeCSR:
 
     def __init__(self, edge_index: Tensor, size: tuple[int, int], *, check: bool = True):
         self.num_src, self.num_dst = size
-        if edge_index.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"edge_index must be int64 or int32, got a {edge_index.dtype} tensor")
+        check_edge_index(edge_index, self.num_src, self.num_dst, check_range=check)
         edge_index = edge_index.long()  # an int32 key dst * num_src + src could overflow
         host = reads_values(edge_index)
-        if check and host:  # the kernels index memory with the ids
-            check_edge_index(edge_index, self.num_src, self.num_dst)  # (no host sync on GPUs)
         src, dst = edge_index
         key = dst * self.num_src + src
         self.perm = None

@@ -16,6 +16,7 @@ from torch_geometric.transforms import BaseTransform
 from hiergraph.data.domain import Domain
 from hiergraph.data.graph_pe import laplacian_pe
 from hiergraph.data.signal_hierarchy import SignalHierarchy
+from hiergraph.ops.edge_index import check_edge_index
 from hiergraph.transforms.graph_partition import label_propagation_tree
 
 METHODS = ("louvain", "metis", "lp")
@@ -142,12 +143,14 @@ class GraphHierarchy(BaseTransform):
         if data.edge_index is None or data.num_nodes is None:
             raise ValueError("GraphHierarchy needs a graph with edge_index and num_nodes")
         n = data.num_nodes
+        edge_index = data.edge_index.cpu()  # the tree is built on the host
+        check_edge_index(edge_index, n)
         if self.method == "lp":
             parent = label_propagation_tree(
-                n, data.edge_index, self.max_family, self.iterations, self.seed
+                n, edge_index, self.max_family, self.iterations, self.seed
             )
         else:
-            parent = torch.tensor(_Builder(self, n, data.edge_index.cpu().numpy()).build())
+            parent = torch.tensor(_Builder(self, n, edge_index.numpy()).build())
         tree = SignalHierarchy.from_parent(
             parent, domain=torch.full((parent.numel(),), int(Domain.GRAPH))
         )
@@ -156,9 +159,7 @@ class GraphHierarchy(BaseTransform):
         for key in TREE_KEYS[:-1]:
             out[f"tree_{key}"] = tree[key]
         if self.pe_dim:
-            out.tree_graph_pe = laplacian_pe(
-                tree, sibling_edges(tree, data.edge_index), self.pe_dim
-            )
+            out.tree_graph_pe = laplacian_pe(tree, sibling_edges(tree, edge_index), self.pe_dim)
         return out
 
     def __repr__(self) -> str:
@@ -177,7 +178,10 @@ def sibling_edges(tree: SignalHierarchy, edge_index: Tensor) -> Tensor:
     edge must lie in the same tree of a forest.
     """
     parent, depth = tree.parent, tree.depth
-    a, b = edge_index.cpu()
+    edge_index = edge_index.cpu()
+    check_edge_index(edge_index, parent.numel())
+    edge_index = edge_index.long()  # int32 ids: the pair key below is int64
+    a, b = edge_index
     keep = a != b
     a, b = a[keep], b[keep]
     while True:  # lift the deeper end until both ends are siblings

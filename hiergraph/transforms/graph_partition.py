@@ -6,6 +6,8 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import scatter
 
+from hiergraph.ops.edge_index import check_edge_index
+
 
 def label_propagation(
     num_nodes: int,
@@ -123,7 +125,10 @@ def label_propagation_tree(
     """
     if isinstance(max_family, bool) or not isinstance(max_family, int) or max_family < 2:
         raise ValueError(f"max_family must be an int >= 2, got {max_family!r}")
-    src, dst = edge_index.cpu()
+    edge_index = edge_index.cpu()
+    check_edge_index(edge_index, num_nodes)
+    edge_index = edge_index.long()
+    src, dst = edge_index
     keep = src != dst
     src, dst = torch.cat([src[keep], dst[keep]]), torch.cat([dst[keep], src[keep]])
     weight = torch.ones(src.numel())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from functools import partial
 
 import pytest
@@ -400,7 +401,9 @@ def test_bad_edge_index_fails_with_a_clear_error():
 
 
 def test_edge_ids_are_read_once_per_edge_index_and_only_on_the_cpu(monkeypatch):
-    import hiergraph.nn.cone_conv as module
+    import hiergraph.ops.edge_index as module
+    from hiergraph._device import cpu_as_accelerator
+    from tests.host_sync import HostSyncRecorder
 
     ranges = []
     check = module.check_edge_index
@@ -423,19 +426,83 @@ def test_edge_ids_are_read_once_per_edge_index_and_only_on_the_cpu(monkeypatch):
     ranges.clear()
     ConeConv(F_IN, 4, validate=False)(x, edge_index)
     assert ranges == [False]
-    from hiergraph._device import cpu_as_accelerator
-
     ranges.clear()
-    with cpu_as_accelerator():  # the accelerator branch: ids never read
-        ConeConv(F_IN, 4)(x, edge_index.clone())
-    assert ranges == [False]
-    # off the CPU the ids are never read (reading a meta tensor's values would raise)
+    fresh = ConeConv(F_IN, 4, add_self_loops=False)
+    with cpu_as_accelerator(), HostSyncRecorder() as rec:  # the accelerator branch
+        fresh(x, edge_index.clone())
+    assert ranges == [False, True] and rec.unique_syncs() == []  # a device-side assertion
+    bad = torch.tensor([[0, N + 3], [1, 2]])
+    with cpu_as_accelerator(), pytest.raises(RuntimeError, match="edge_index has ids out of"):
+        ConeConv(F_IN, 4)(x, bad)  # before any kernel indexes with the ids
+    # off the CPU the ids are never read on the host (a meta tensor's values cannot be)
     meta = torch.empty(2, 5, dtype=torch.long, device="meta")
     conv._check_edge_index(meta, (N, N))
     with pytest.raises(ValueError, match=r"\[2, E\]"):
         conv._check_edge_index(meta[:1], (N, N))
     copy = __import__("copy").deepcopy(conv)  # the remembered tensor is not copied
     assert copy._checked_edges.ref is None and conv._checked_edges.ref is not None
+
+
+LAYOUTS = ["coo", "coo-uncoalesced", "csr", "csc"]
+
+
+def adjacency(edge_index, layout, num_src=N, num_dst=N):
+    """``adj_t[target, source]`` of ``edge_index`` (``coo-uncoalesced``: as given)."""
+    values = torch.ones(edge_index.size(1))
+    coo = torch.sparse_coo_tensor(
+        edge_index.flip(0), values, (num_dst, num_src), check_invariants=True
+    )
+    if layout == "coo-uncoalesced":
+        return coo
+    coo = coo.coalesce()
+    with warnings.catch_warnings():  # PyTorch's "sparse CSR/CSC support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return {"coo": coo, "csr": coo.to_sparse_csr(), "csc": coo.to_sparse_csc()}[layout]
+
+
+def dense_alpha(edge_index, alpha, num_src=N, num_dst=N):
+    out = alpha.new_zeros(num_dst, num_src, alpha.size(1))
+    return out.index_put_((edge_index[1].long(), edge_index[0].long()), alpha)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("self_loops", [True, False])
+@pytest.mark.parametrize("variant", ["penumbral", "dot"])
+def test_torch_sparse_adjacency_matches_edge_index(layout, self_loops, variant):
+    """A torch.sparse ``adj_t`` (row = target) gives the output and the attention weights of
+    the equivalent (shuffled) ``edge_index``, the weights as an adjacency of its layout."""
+    from hiergraph.ops.edge_index import adjacency_to_edge_index
+
+    torch.manual_seed(7)
+    x, edge_index = graph(shuffle=True)
+    conv = ConeConv(F_IN, 4, heads=2, variant=variant, add_self_loops=self_loops).double()
+    adj = adjacency(edge_index, layout)
+    torch.testing.assert_close(conv(x, adj), conv(x, edge_index), atol=1e-12, rtol=0)
+    out, (adj_alpha, alpha) = conv(x, adj, return_attention_weights=True)
+    ref, (ref_ei, ref_alpha) = conv(x, edge_index, return_attention_weights=True)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    assert adj_alpha.layout == adj.layout and adj_alpha.shape == (N, N, 2)
+    expected = dense_alpha(ref_ei, ref_alpha)  # with the self loops, if added
+    torch.testing.assert_close(adj_alpha.to_dense(), expected, atol=1e-12, rtol=0)
+    stored, _ = adjacency_to_edge_index(adj_alpha, N, N)  # alpha in its stored order
+    torch.testing.assert_close(alpha, expected[stored[1], stored[0]], atol=1e-12, rtol=0)
+    if layout == "coo-uncoalesced" and not self_loops:  # the caller's edge order
+        torch.testing.assert_close(alpha, ref_alpha, atol=1e-12, rtol=0)
+
+
+def test_torch_sparse_adjacency_bipartite_and_orientation():
+    torch.manual_seed(7)
+    edge_index, gen = bipartite_graph(shuffle=True)
+    x_src = torch.randn(9, F_IN, generator=gen, dtype=torch.float64)
+    x_dst = torch.randn(5, F_IN, generator=gen, dtype=torch.float64)
+    conv = ConeConv(F_IN, 4, heads=2).double()
+    expected = conv((x_src, x_dst), edge_index)
+    for layout in LAYOUTS:
+        adj = adjacency(edge_index, layout, x_src.size(0), x_dst.size(0))
+        torch.testing.assert_close(conv((x_src, x_dst), adj), expected, atol=1e-12, rtol=0)
+    transposed = adjacency(edge_index.flip(0), "coo", x_dst.size(0), x_src.size(0))
+    with pytest.raises(ValueError, match=r"\[num_dst, num_src\] = \[5, 9\], got \[9, 5\]"):
+        conv((x_src, x_dst), transposed)
 
 
 def test_steady_state_forward_reads_no_values_at_all():

@@ -3,6 +3,7 @@ the stochastic-relation invariants and the equivariance classification
 (notes/relational_masks.md §7)."""
 
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -144,17 +145,168 @@ def test_edge_path_for_unstructured_inputs(monkeypatch):
     assert not calls
 
 
-def test_edge_path_checks_the_ids_once(monkeypatch):
-    import hiergraph.ops.edge_products as products
+def range_checks(monkeypatch) -> list:
+    """One entry per id-range check of the shared edge_index check, from now on."""
+    import hiergraph.ops.edge_index as edge_module
 
-    calls = []
-    for module in (conv_module, products):
-        real = module.check_edge_index
-        monkeypatch.setattr(
-            module, "check_edge_index", lambda *a, real=real, **k: calls.append(1) or real(*a, **k)
-        )
-    make_conv()(features(), MASKS["random"])
+    calls, real = [], edge_module.check_edge_index
+
+    def counting(*args, check_range=True, **kwargs):
+        calls.extend([1] if check_range else [])
+        return real(*args, check_range=check_range, **kwargs)
+
+    monkeypatch.setattr(edge_module, "check_edge_index", counting)
+    return calls
+
+
+def test_edge_path_checks_the_ids_once(monkeypatch):
+    calls = range_checks(monkeypatch)
+    make_conv()(features(), MASKS["random"].clone())
+    assert len(calls) == 1  # not again in the edge kernels' EdgeCSR
+
+
+def test_ids_are_checked_once_per_edge_index_and_never_read_off_the_cpu(monkeypatch):
+    """A training loop over one graph checks its ids once (the layer remembers the
+    tensor, as ConeConv does); on an accelerator no forward reads them on the host."""
+    from hiergraph._device import cpu_as_accelerator
+    from tests.host_sync import HostSyncRecorder
+
+    calls = range_checks(monkeypatch)
+    conv, x, edge_index = make_conv(structured=False), features(), MASKS["random"].clone()
+    for _ in range(3):
+        conv(x, edge_index)
     assert len(calls) == 1
+    edge_index[0, 0] = edge_index[0, 0]  # written in place: checked again
+    conv(x, edge_index)
+    conv(x, edge_index.clone())  # another tensor: checked again
+    assert len(calls) == 3
+    make_conv(structured=False, validate=False)(x, edge_index)
+    assert len(calls) == 3
+    copy = __import__("copy").deepcopy(conv)  # the remembered tensor is not copied
+    assert copy._checked_edges.ref is None and conv._checked_edges.ref is not None
+    with cpu_as_accelerator(), HostSyncRecorder() as rec:
+        make_conv(structured=False)(x, MASKS["random"].clone())  # a new tensor, first call
+    assert rec.unique_syncs() == []
+    bad = MASKS["random"].clone()
+    bad[0, 3] = N
+    with cpu_as_accelerator(), pytest.raises(RuntimeError, match="edge_index has ids out of"):
+        make_conv(structured=False)(x, bad)  # the device-side assertion (CPU kernel: at once)
+
+
+def test_int32_edge_index_equals_int64():
+    conv, x = make_conv(), features()
+    for name in ("random", "window"):  # the edge path and the banded path
+        out, (ei, alpha) = conv(x, MASKS[name].int(), return_attention_weights=True)
+        ref, (_, ref_alpha) = conv(x, MASKS[name], return_attention_weights=True)
+        assert ei.dtype == torch.int32
+        torch.testing.assert_close(out, ref, atol=0, rtol=0)
+        torch.testing.assert_close(alpha, ref_alpha, atol=0, rtol=0)
+        torch.testing.assert_close(conv(x, MASKS[name].int()), conv(x, MASKS[name]))
+
+
+# ---------------------------------------------------------------- sparse adjacency input
+LAYOUTS = ["coo", "coo-uncoalesced", "csr", "csc"]
+
+
+def adjacency(edge_index, num_src=N, num_dst=N, layout="coo", values=None):
+    """The mask as a sparse adjacency ``adj_t[target, source]`` (row = target, as in PyG).
+    ``coo-uncoalesced`` stores the edges as given (unsorted when they are)."""
+    values = torch.ones(edge_index.size(1), dtype=torch.float64) if values is None else values
+    size = (num_dst, num_src, *values.shape[1:])
+    coo = torch.sparse_coo_tensor(edge_index.flip(0), values, size, check_invariants=True)
+    if layout == "coo-uncoalesced":
+        return coo
+    coo = coo.coalesce()
+    with warnings.catch_warnings():  # PyTorch's "sparse CSR/CSC support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return {"coo": coo, "csr": coo.to_sparse_csr(), "csc": coo.to_sparse_csc()}[layout]
+
+
+def dense_alpha(edge_index, alpha, num_src=N, num_dst=N):
+    """``[num_dst, num_src, H]`` attention weights (the masks have no repeated edges)."""
+    out = alpha.new_zeros(num_dst, num_src, alpha.size(1))
+    return out.index_put_((edge_index[1], edge_index[0]), alpha)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", ["random", "window", "cross", "siblings"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_sparse_adjacency_equals_edge_index(layout, name, shuffle):
+    """A torch.sparse ``adj_t`` gives the output and attention weights of the equivalent
+    ``edge_index`` (float64, 1e-12), the weights as an adjacency of the same layout."""
+    from hiergraph.ops.edge_index import adjacency_to_edge_index
+
+    edge_index = shuffled(MASKS[name])[1] if shuffle else MASKS[name]
+    adj, conv, x = adjacency(edge_index, layout=layout), make_conv(), features()
+    torch.testing.assert_close(conv(x, adj), conv(x, edge_index), atol=1e-12, rtol=0)
+    out, (adj_alpha, alpha) = conv(x, adj, return_attention_weights=True)
+    ref, (ei, ref_alpha) = conv(x, edge_index, return_attention_weights=True)
+    assert ei is edge_index
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    assert adj_alpha.layout == adj.layout and adj_alpha.shape == (N, N, 2)
+    expected = dense_alpha(edge_index, ref_alpha)
+    torch.testing.assert_close(adj_alpha.to_dense(), expected, atol=1e-12, rtol=0)
+    stored, _ = adjacency_to_edge_index(adj, N, N)  # alpha in the adjacency's stored order
+    torch.testing.assert_close(alpha, expected[stored[1], stored[0]], atol=1e-12, rtol=0)
+    if layout == "coo-uncoalesced":  # stored as given: the caller's (shuffled) edge order
+        torch.testing.assert_close(alpha, ref_alpha, atol=1e-12, rtol=0)
+
+
+def test_adjacency_rows_are_targets():
+    """``adj_t[target, source]``, the transpose of ``edge_index``'s layout: the causal mask's
+    adjacency is lower triangular, and its transpose is anti-causal attention."""
+    conv, x, causal = make_conv(), features(), MASKS["causal"]
+    adj = adjacency(causal)
+    assert torch.equal(adj.to_dense(), adj.to_dense().tril())
+    torch.testing.assert_close(conv(x, adj), conv(x, causal), atol=1e-12, rtol=0)
+    assert not torch.allclose(conv(x, adj.t().coalesce()), conv(x, causal))
+    # bipartite: [num_dst, num_src]
+    pairs = torch.randperm(70, generator=torch.Generator().manual_seed(0))[:30]  # distinct
+    edge_index = torch.stack([pairs % 10, pairs // 10])
+    pair = (features(10), features(7, seed=2))
+    for layout in LAYOUTS:
+        sparse = adjacency(edge_index, 10, 7, layout)
+        expected = conv(pair, edge_index)
+        torch.testing.assert_close(conv(pair, sparse), expected, atol=1e-12, rtol=0)
+        with pytest.raises(ValueError, match=r"\[num_dst, num_src\] = \[7, 10\], got \[10, 7\]"):
+            conv(pair, adjacency(edge_index.flip(0), 7, 10, layout))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_adjacency_values_as_edge_attr(shuffle):
+    """As in PyG's MessagePassing: ``[E, ...]`` values of a hybrid tensor become
+    ``edge_attr`` (edge features, or a logit bias without ``edge_dim``), scalar values
+    are ignored, and an explicit ``edge_attr`` follows the stored order."""
+    gen = torch.Generator().manual_seed(3)
+    edge_index = MASKS["random"]
+    features_e = torch.randn(edge_index.size(1), 3, generator=gen, dtype=torch.float64)
+    bias = torch.randn(edge_index.size(1), 2, generator=gen, dtype=torch.float64)
+    if shuffle:
+        _, edge_index, features_e, bias = shuffled(edge_index, features_e, bias)
+    x = features()
+    with_features = make_conv(edge_dim=3)
+    expected = with_features(x, edge_index, features_e)
+    sparse = adjacency(edge_index, layout="coo-uncoalesced", values=features_e)
+    torch.testing.assert_close(with_features(x, sparse), expected, atol=1e-12, rtol=0)
+    ones = adjacency(edge_index, layout="coo-uncoalesced")
+    torch.testing.assert_close(with_features(x, ones, features_e), expected, atol=1e-12, rtol=0)
+    conv = make_conv()
+    sparse = adjacency(edge_index, layout="coo-uncoalesced", values=bias)
+    torch.testing.assert_close(conv(x, sparse), conv(x, edge_index, bias), atol=1e-12, rtol=0)
+    weighted = adjacency(edge_index, layout="csr", values=bias[:, 0])  # scalar: ignored
+    torch.testing.assert_close(conv(x, weighted), conv(x, edge_index), atol=1e-12, rtol=0)
+
+
+def test_sparse_tensor_adjacency():
+    torch_sparse = pytest.importorskip("torch_sparse")
+    edge_index, conv, x = shuffled(MASKS["random"])[1], make_conv(), features()
+    adj_t = torch_sparse.SparseTensor(row=edge_index[1], col=edge_index[0], sparse_sizes=(N, N))
+    torch.testing.assert_close(conv(x, adj_t), conv(x, edge_index), atol=1e-12, rtol=0)
+    out, weights = conv(x, adj_t, return_attention_weights=True)
+    _, (_, ref_alpha) = conv(x, edge_index, return_attention_weights=True)
+    row, col, alpha = weights.coo()
+    expected = dense_alpha(edge_index, ref_alpha)
+    torch.testing.assert_close(alpha, expected[row, col], atol=1e-12, rtol=0)
 
 
 def test_band_descriptor_in_place_of_edge_index():
@@ -482,7 +634,7 @@ def test_dropout_drops_the_edge_feature_messages_with_the_same_mask():
 @pytest.mark.parametrize(
     "call,error,message",
     [
-        (lambda c, x: c(x, MASKS["window"].float()), TypeError, "LongTensor"),
+        (lambda c, x: c(x, MASKS["window"].float()), TypeError, "int64 or int32 tensor"),
         (lambda c, x: c(x, MASKS["window"][:1]), ValueError, r"shape \[2, E\]"),
         (lambda c, x: c(x, MASKS["window"] + N), ValueError, "out of range"),
         (lambda c, x: c(x, MASKS["random"], torch.zeros(3)), ValueError, "logit bias of shape"),
