@@ -1,4 +1,4 @@
-"""HSA vs flat attention (FSA) vs DeepSet on real long-document classification (issue 6).
+"""HSA vs flat attention (FSA) vs DeepSet on real long-document classification.
 
 Runs ``examples/document_classification.py`` (frozen all-MiniLM-L6-v2 WordPiece
 vectors, one HTE layer, mean pooling, MLP) for every seed and model, models

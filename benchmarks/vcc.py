@@ -1,6 +1,6 @@
 """One VCC layer vs one full-attention layer: time, peak memory and VIP-output error vs length.
 
-Setup (issue 10): batch 1, d = 256, 4 heads, FFN 1024 (GELU, pre-LN
+Setup: batch 1, d = 256, 4 heads, FFN 1024 (GELU, pre-LN
 ``nn.TransformerEncoderLayer``), 32 VIP tokens, two resolutions with block size
 k = 16 and h = 90 refined blocks (the paper's 16K setting), float32.
 

@@ -1,6 +1,6 @@
 """Long-document classification with one HTE layer: HSA vs flat attention (FSA) vs DeepSet.
 
-The setup of the HSA paper (§4.1, App. I; notes/hsa.md §5.1): every document
+The setup of the HSA paper (Amizadeh et al., Sec. 4.1, App. I): every document
 is a signal hierarchy (paragraphs → sentences → tokens, 1-D grids with
 learnable Fourier position features); the model is token embeddings → one HTE
 layer → mean pooling over the leaves → a one-hidden-layer MLP, trained with

@@ -12,7 +12,7 @@ positional encoding, followed by a linear read-out. Only the mask changes:
 * ``random`` - a random mask with the same number of edges as the causal window.
 
 Without positions, attention is a function of the *set* of attended digits
-(notes/relational_masks.md §2), so only the masks whose neighbourhoods are the
+(Mijangos et al., Sec. 3.1, Thm. 5), so only the masks whose neighbourhoods are the
 right set can solve the task. Sequences of different lengths are batched as one
 PyG ``Batch`` (``hiergraph.masks.sequence_batch``); the window masks take the
 banded fast path, the others the general edge path.

@@ -1,7 +1,7 @@
 """Image + text classification on multimodal signal hierarchies: HSA vs FSA vs DeepSet vs unimodal.
 
-Every record (a clip-art file, an emoji) is a key–value tree (notes/hsa.md
-§5.2, App. C): the image is a 2-D grid of 8×8 patch leaves of a 32×32
+Every record (a clip-art file, an emoji) is a key–value tree (Amizadeh et al.,
+Sec. 4.2, App. C): the image is a 2-D grid of 8×8 patch leaves of a 32×32
 thumbnail, each text field a 1-D grid of token leaves (frozen
 all-MiniLM-L6-v2 static token vectors). Patch pixels are standardised per
 channel with training statistics and, with ``--image-stem conv`` (the README

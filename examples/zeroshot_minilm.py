@@ -1,4 +1,4 @@
-"""Zero-shot HSA inside the pretrained all-MiniLM-L6-v2 sentence encoder (issue 11).
+"""Zero-shot HSA inside the pretrained all-MiniLM-L6-v2 sentence encoder.
 
 Replaces the self-attention of some layers of the real pretrained model by
 Hierarchical Self-Attention over a fixed window hierarchy (no training), and

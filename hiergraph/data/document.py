@@ -3,8 +3,8 @@ r"""Documents as signal hierarchies: document → paragraphs → sentences → t
 A document is split into paragraphs (blank lines, or IMDB's ``<br /><br />``),
 paragraphs into sentences (after ``.``, ``!`` or ``?`` followed by white
 space), and sentences into token ids by a tokenizer. Every family is a 1-D
-grid: a node's position is its index among its siblings (HSA paper §4.1,
-notes/hsa.md §5.1).
+grid: a node's position is its index among its siblings (Amizadeh et al.,
+Sec. 4.1, App. I).
 
 Building happens in three steps, so that datasets can cache the expensive
 first one and apply caps and depth cheaply on access:

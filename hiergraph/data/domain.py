@@ -1,4 +1,4 @@
-"""Domain types of a family of sibling signals (notes/hsa.md §1.1, App. C of the HSA paper)."""
+"""Domain types of a family of sibling signals (Amizadeh et al., Sec. 2 and App. C)."""
 
 from enum import IntEnum
 

@@ -1,7 +1,7 @@
 r"""Multimodal records as signal hierarchies: a key–value root over modality sub-trees.
 
 A record such as a news item or a clip-art file is a *key–value* signal
-(App. C of the HSA paper, notes/hsa.md §1.1, §5.2): its keys are the field
+(Amizadeh et al., App. C; the news records of Sec. 4.2): its keys are the field
 names and each value is a signal of its own:
 
 * an **image** ``[C, H, W]`` becomes a 2-D grid of ``p × p`` patch leaves

@@ -1,4 +1,4 @@
-"""Hopping-window hierarchies over a sequence (notes/hsa.md §3.3)."""
+"""Hopping-window hierarchies over a sequence (as the fixed ones of Amizadeh et al., Sec. 4.3)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Relational masks as ``edge_index`` (source = key/value, target = query),
 their banded descriptors, dense converters, batching and equivariance tools
-(notes/relational_masks.md)."""
+(Mijangos et al., *Relational inductive biases on attention mechanisms*: masked
+attention as a graph layer, Lemma 1 and Def. 10)."""
 
 from hiergraph.masks.band import BandMask
 from hiergraph.masks.batch import sequence_batch

@@ -1,14 +1,14 @@
 r"""Relational masks as ``edge_index``.
 
-Convention (notes/relational_masks.md §0): a mask :math:`M` with
-:math:`M_{ij} = 1` meaning *query* :math:`i` may attend *key* :math:`j` is the
-graph with one edge :math:`j \to i` per allowed pair, i.e. a column
-``[j, i]`` of ``edge_index``: **row 0 = source = key/value, row 1 = target =
-query** (PyG's ``flow="source_to_target"``; the softmax is over the incoming
-edges of each target). Every builder returns a ``LongTensor [2, E]`` sorted by
-target and then by source, without duplicates, and states :math:`E` in its
-docstring. Self-loops are explicit: a builder includes the diagonal only where
-its docstring says so.
+Convention (Mijangos et al., Lemma 1; rows are queries as in the paper's code,
+App. B): a mask :math:`M` with :math:`M_{ij} = 1` meaning *query* :math:`i` may
+attend *key* :math:`j` is the graph with one edge :math:`j \to i` per allowed
+pair, i.e. a column ``[j, i]`` of ``edge_index``: **row 0 = source = key/value,
+row 1 = target = query** (PyG's ``flow="source_to_target"``; the softmax is
+over the incoming edges of each target). Every builder returns a
+``LongTensor [2, E]`` sorted by target and then by source, without duplicates,
+and states :math:`E` in its docstring. Self-loops are explicit: a builder includes the
+diagonal only where its docstring says so.
 
 Devices: a builder that takes a tensor (``edge_index``, ``parent``) returns
 its edges on that tensor's device; the others take a keyword-only

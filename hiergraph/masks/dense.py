@@ -1,13 +1,13 @@
 r"""Converters between dense boolean masks and ``edge_index`` that fix the direction.
 
-The trap (notes/relational_masks.md §0): a dense attention mask is indexed
-``mask[query, key]``, but :func:`torch_geometric.utils.dense_to_sparse` reads
-``adj[row, col]`` as an edge ``row -> col``, i.e. *key <- query*: fed a causal
-mask it returns anti-causal attention, and symmetric masks hide the mistake.
-The two functions here never guess: the caller states, with the keyword-only
-``rows`` argument, whether the mask's rows are the queries (``rows="query"``,
-the convention of ``scaled_dot_product_attention`` and of the paper) or the
-keys (``rows="key"``, an adjacency matrix ``A[source, target]``).
+The trap: a dense attention mask is indexed ``mask[query, key]``, but
+:func:`torch_geometric.utils.dense_to_sparse` reads ``adj[row, col]`` as an
+edge ``row -> col``, i.e. *key <- query*: fed a causal mask it returns
+anti-causal attention, and symmetric masks hide the mistake. The two functions
+here never guess: the caller states, with the keyword-only ``rows`` argument,
+whether the mask's rows are the queries (``rows="query"``, the convention of
+``scaled_dot_product_attention`` and of the paper) or the keys (``rows="key"``,
+an adjacency matrix ``A[source, target]``).
 """
 
 from __future__ import annotations

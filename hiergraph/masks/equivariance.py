@@ -1,14 +1,14 @@
 r"""Which permutations a masked attention layer is equivariant to.
 
-Conventions (notes/relational_masks.md §0): a permutation is an index tensor
-``perm`` acting by ``x_new = x[perm]``. A mask :math:`M` (``M[query, key]``)
-is relabelled as ``M[perm][:, perm]``, an ``edge_index`` as
-``argsort(perm)[edge_index]``. A layer :math:`f` is equivariant to ``perm``
-when :math:`f(x[\pi]) = f(x)[\pi]`.
+Conventions: a permutation is an index tensor ``perm`` acting by
+``x_new = x[perm]``. A mask :math:`M` (``M[query, key]``) is relabelled as
+``M[perm][:, perm]``, an ``edge_index`` as ``argsort(perm)[edge_index]``. A
+layer :math:`f` is equivariant to ``perm`` when :math:`f(x[\pi]) = f(x)[\pi]`.
 
 For a fixed mask and generic weights, dot-product attention without positional
 encodings is equivariant exactly to :math:`\operatorname{Aut}(M) = \{\pi :
-M[\pi][:, \pi] = M\}` (note §2); relabelling the graph together with the
+M[\pi][:, \pi] = M\}` (the general form of the symmetry groups of Mijangos et
+al., Sec. 3.1, Thms. 5–8 and Table 1); relabelling the graph together with the
 features (graph attention) makes every :math:`\pi \in S_n` work.
 """
 

@@ -72,7 +72,7 @@ class ConeConv(MessagePassing):
         dropout: dropout on the attention coefficients.
         feature_dropout: dropout on the projected features :math:`\mathbf{W}\mathbf{x}`
             (and on separate query/key projections), before scoring and aggregation: the
-            recipe of pytorch-GAT, the code of the paper's GAT runs (notes §6.7), which
+            recipe of pytorch-GAT, the code of the paper's GAT runs (Tseng et al., App. 7.5), which
             drops the projected features as well as the layer input and the coefficients.
         add_self_loops: add a self loop to every node (existing ones are replaced).
         variant: ``"penumbral"``, ``"umbral"`` or ``"dot"``.

@@ -1,9 +1,10 @@
 r"""H-matrix attention (H-Transformer-1D) in linear time and memory.
 
 Zhu & Soricut, *H-Transformer-1D: Fast One-Dimensional Hierarchical Attention
-for Sequences* (ACL 2021); notes/h_transformer_1d.md. The block layout is the
-paper's tri-diagonal + overlap-correction construction (§5.2.3, "variant B" of
-the note), which is also the one of the authors' released code.
+for Sequences* (ACL 2021). The block layout is the paper's tri-diagonal +
+overlap-correction construction (Sec. 5.2.1 and 5.2.3, eq. 16–23; the entries
+that adjacent levels share are counted once, which the paper leaves to a
+footnote), which is also the one of the authors' released code.
 
 Coarsening levels
 -----------------

@@ -69,7 +69,8 @@ class HierarchicalGraph(Data):
 
 
 class GraphHierarchy(BaseTransform):
-    r"""Adds a community tree over a graph's nodes (notes/hsa.md §1.1, §6).
+    r"""Adds a community tree over a graph's nodes (Amizadeh et al., Sec. 2: a graph
+    domain in a signal hierarchy, as the link structure of Fig. 1).
 
     The leaves of the tree are the graph nodes, in node order; internal nodes
     are communities, then communities of communities, up to one root. Each
