@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -63,40 +64,53 @@ class ConeConv(MessagePassing):
     with everything else unchanged: the paper's dot-product baseline.
 
     Args:
-        in_channels: input feature size, ``(source, target)`` sizes for a bipartite
-            graph with separate query projections, or ``-1`` to infer it.
-        out_channels: output size per head.
-        heads: number of attention heads :math:`H`.
-        concat: concatenate heads (``[N, H * out_channels]``) or average them
-            (``[N, out_channels]``).
-        dropout: dropout on the attention coefficients.
-        feature_dropout: dropout on the projected features :math:`\mathbf{W}\mathbf{x}`
-            (and on separate query/key projections), before scoring and aggregation: the
-            recipe of pytorch-GAT, the code of the paper's GAT runs (Tseng et al., App. 7.5), which
-            drops the projected features as well as the layer input and the coefficients.
-        add_self_loops: add a self loop to every node (existing ones are replaced).
-        variant: ``"penumbral"``, ``"umbral"`` or ``"dot"``.
-        r: penumbral light-source height / umbral ball radius; ``None`` takes the
-            paper's 1.0 / 0.1.
-        gamma: score temperature :math:`\gamma > 0` (unused by ``"dot"``); with
-            ``learn_gamma`` the initial value of every head's temperature.
-        learn_gamma: learn one temperature per head, :math:`\gamma_h = e^{\theta_h}`
-            (positive by construction), initialised at ``gamma``. The paper gives no
-            :math:`\gamma`; this lets each head choose how peaked its attention is.
-        squared: penumbral: score :math:`-\gamma H^2` (authors' code) instead of :math:`-\gamma H`.
-        height_scale: umbral: ψ height :math:`e^{c x_d}` with ``c = height_scale``;
-            ``None`` for ``1/d`` per head (authors' code).
-        share_qk: use the value projection as query and key (for a bipartite graph with
-            two ``in_channels``: queries from a target projection of the same size).
-        qk_channels: per-head query/key size when ``share_qk=False`` (default ``out_channels``).
-        bias: learn an additive output bias.
-        validate: check that the ids of ``edge_index`` (or of a ``torch.sparse``
-            adjacency) lie within the node counts, once per tensor (again after it is
-            replaced or written in place). The type and shape are always checked. On an
-            accelerator the ids are never read on the host (that would stall the forward
-            pass on a device-to-host copy): the check is a device-side assertion instead
-            (see :mod:`hiergraph.ops.edge_index`). ``validate=False`` skips the id check.
-        **kwargs: passed to :class:`~torch_geometric.nn.conv.MessagePassing`.
+        in_channels (int or tuple): input feature size, ``(source, target)`` sizes for
+            a bipartite graph with separate query projections, or ``-1`` to infer it.
+        out_channels (int): output size per head.
+        heads (int, optional): number of attention heads :math:`H`.
+            (default: :obj:`1`)
+        concat (bool, optional): concatenate heads (``[N, H * out_channels]``) or
+            average them (``[N, out_channels]``). (default: :obj:`True`)
+        dropout (float, optional): dropout on the attention coefficients.
+            (default: :obj:`0.`)
+        add_self_loops (bool, optional): add a self loop to every node (existing ones
+            are replaced). (default: :obj:`True`)
+        variant (str, optional): ``"penumbral"``, ``"umbral"`` or ``"dot"``.
+            (default: :obj:`"penumbral"`)
+        r (float, optional): penumbral light-source height / umbral ball radius;
+            :obj:`None` takes the paper's 1.0 / 0.1. (default: :obj:`None`)
+        gamma (float, optional): score temperature :math:`\gamma > 0` (unused by
+            ``"dot"``); with :obj:`learn_gamma` the initial value of every head's
+            temperature. (default: :obj:`1.0`)
+        learn_gamma (bool, optional): learn one temperature per head,
+            :math:`\gamma_h = e^{\theta_h}` (positive by construction), initialised at
+            :obj:`gamma`. The paper gives no :math:`\gamma`; this lets each head choose
+            how peaked its attention is. (default: :obj:`False`)
+        squared (bool, optional): penumbral: score :math:`-\gamma H^2` (authors' code)
+            instead of :math:`-\gamma H`. (default: :obj:`False`)
+        height_scale (float, optional): umbral: ψ height :math:`e^{c x_d}` with
+            ``c = height_scale``; :obj:`None` for ``1/d`` per head (authors' code).
+            (default: :obj:`1.0`)
+        share_qk (bool, optional): use the value projection as query and key (for a
+            bipartite graph with two ``in_channels``: queries from a target
+            projection of the same size). (default: :obj:`True`)
+        qk_channels (int, optional): per-head query/key size when
+            ``share_qk=False``. (default: :obj:`None`, i.e. :obj:`out_channels`)
+        bias (bool, optional): learn an additive output bias. (default: :obj:`True`)
+        feature_dropout (float, optional): dropout on the projected features
+            :math:`\mathbf{W}\mathbf{x}` (and on separate query/key projections),
+            before scoring and aggregation: the recipe of pytorch-GAT, the code of the
+            paper's GAT runs (Tseng et al., App. 7.5), which drops the projected
+            features as well as the layer input and the coefficients.
+            (default: :obj:`0.`)
+        validate (bool, optional): check that the ids of ``edge_index`` (or of a
+            ``torch.sparse`` adjacency) lie within the node counts, once per tensor
+            (again after it is replaced or written in place). The type and shape are
+            always checked. On an accelerator the ids are never read on the host
+            (that would stall the forward pass on a device-to-host copy): the check is
+            a device-side assertion instead (see :mod:`hiergraph.ops.edge_index`).
+            :obj:`False` skips the id check. (default: :obj:`True`)
+        **kwargs (optional): passed to :class:`~torch_geometric.nn.conv.MessagePassing`.
 
     Shapes:
         - **input:** ``x [N, in_channels]`` (dense, or sparse CSR such as bag-of-words
@@ -207,20 +221,49 @@ class ConeConv(MessagePassing):
         if self.log_gamma is not None:
             self.log_gamma.data.fill_(math.log(self.gamma))
 
+    @overload
+    def forward(
+        self,
+        x: Tensor | tuple[Tensor, Tensor],
+        edge_index: Adj,
+        return_attention_weights: Literal[False] | None = None,
+    ) -> Tensor: ...
+
+    @overload
+    def forward(
+        self,
+        x: Tensor | tuple[Tensor, Tensor],
+        edge_index: Tensor,
+        return_attention_weights: Literal[True],
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]: ...
+
+    @overload
+    def forward(
+        self,
+        x: Tensor | tuple[Tensor, Tensor],
+        edge_index: SparseTensor,
+        return_attention_weights: Literal[True],
+    ) -> tuple[Tensor, SparseTensor]: ...
+
     def forward(
         self,
         x: Tensor | tuple[Tensor, Tensor],
         edge_index: Adj,
         return_attention_weights: bool | None = None,
-    ):
+    ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]] | tuple[Tensor, SparseTensor]:
         r"""Runs the layer.
 
         Args:
-            x: node features ``[N, in_channels]``, or a pair ``(x_src, x_dst)``.
-            edge_index: ``[2, E]`` edge indices, or a sparse adjacency ``adj_t``
-                (``torch.sparse`` or ``SparseTensor``, row = target).
-            return_attention_weights: when set (to any value, as in PyG's GATConv),
-                also return ``(edge_index, alpha)``, ``alpha [E', heads]``.
+            x (torch.Tensor or (torch.Tensor, torch.Tensor)): node features
+                ``[N, in_channels]``, or a pair ``(x_src, x_dst)``.
+            edge_index (torch.Tensor or SparseTensor): ``[2, E]`` edge indices, or a
+                sparse adjacency ``adj_t`` (``torch.sparse`` or ``SparseTensor``,
+                row = target).
+            return_attention_weights (bool, optional): if :obj:`True`, also return
+                ``(edge_index, alpha)``, ``alpha [E', heads]`` (see the class
+                docstring for adjacency inputs); :obj:`None` or :obj:`False` return
+                the output only (unlike PyG's ``GATConv``, where :obj:`False` also
+                returns the weights). (default: :obj:`None`)
         """
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else self._check_pair(x)
         if x_src.dim() != 2 or x_dst.dim() != 2:
@@ -257,7 +300,7 @@ class ConeConv(MessagePassing):
         if self.bias is not None:
             out = out + self.bias
 
-        if return_attention_weights is None:
+        if not return_attention_weights:
             return out
         if isinstance(edge_index, SparseTensor):
             return out, edge_index.set_value(alpha, layout="coo")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -89,23 +90,30 @@ class MaskedAttentionConv(MessagePassing):
     ``validate=False`` skips that (see :mod:`hiergraph.ops.edge_index`).
 
     Args:
-        in_channels: size of each input sample, or a pair (source, target)
-            for bipartite graphs; ``-1`` infers a size on the first call (PyG's lazy
-            :class:`~torch_geometric.nn.dense.Linear`, as :func:`~torch_geometric.nn.to_hetero`
-            needs).
-        out_channels: channels :math:`C` per head.
-        heads: number of heads :math:`H`.
-        concat: concatenate the heads (output :math:`H C`) or average them
-            (output :math:`C`).
-        dropout: dropout probability on the attention weights (training only).
-        root_weight: add the root term :math:`W_r x_i`.
-        edge_dim: size of edge features added to keys and values; ``None``
-            makes ``edge_attr`` an additive logit bias of shape ``[E]`` or ``[E, H]``.
-        bias: learn additive biases in the projections.
-        structured: allow the banded fast path.
-        validate: check the ids of ``edge_index`` (or of an adjacency) against the node
-            counts, once per tensor; the type and shape are always checked.
-        **kwargs: passed on to :class:`~torch_geometric.nn.conv.MessagePassing`.
+        in_channels (int or tuple): size of each input sample, or a pair (source,
+            target) for bipartite graphs; ``-1`` infers a size on the first call
+            (PyG's lazy :class:`~torch_geometric.nn.dense.Linear`, as
+            :func:`~torch_geometric.nn.to_hetero` needs).
+        out_channels (int): channels :math:`C` per head.
+        heads (int, optional): number of heads :math:`H`. (default: :obj:`1`)
+        concat (bool, optional): concatenate the heads (output :math:`H C`) or
+            average them (output :math:`C`). (default: :obj:`True`)
+        dropout (float, optional): dropout probability on the attention weights
+            (training only). (default: :obj:`0.`)
+        root_weight (bool, optional): add the root term :math:`W_r x_i`.
+            (default: :obj:`True`)
+        edge_dim (int, optional): size of edge features added to keys and values;
+            :obj:`None` makes ``edge_attr`` an additive logit bias of shape ``[E]``
+            or ``[E, H]``. (default: :obj:`None`)
+        bias (bool, optional): learn additive biases in the projections.
+            (default: :obj:`True`)
+        structured (bool, optional): allow the banded fast path.
+            (default: :obj:`True`)
+        validate (bool, optional): check the ids of ``edge_index`` (or of an
+            adjacency) against the node counts, once per tensor; the type and shape
+            are always checked. (default: :obj:`True`)
+        **kwargs (optional): passed on to
+            :class:`~torch_geometric.nn.conv.MessagePassing`.
 
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F)` or a pair
@@ -169,24 +177,56 @@ class MaskedAttentionConv(MessagePassing):
             if lin is not None:
                 lin.reset_parameters()
 
+    @overload
+    def forward(
+        self,
+        x: Tensor | tuple[Tensor, Tensor],
+        edge_index: Tensor | BandMask | SparseTensor,
+        edge_attr: Tensor | None = None,
+        return_attention_weights: Literal[False] | None = None,
+    ) -> Tensor: ...
+
+    @overload
+    def forward(
+        self,
+        x: Tensor | tuple[Tensor, Tensor],
+        edge_index: Tensor | BandMask,
+        edge_attr: Tensor | None = None,
+        return_attention_weights: Literal[True] = ...,
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]: ...
+
+    @overload
+    def forward(
+        self,
+        x: Tensor | tuple[Tensor, Tensor],
+        edge_index: SparseTensor,
+        edge_attr: Tensor | None = None,
+        return_attention_weights: Literal[True] = ...,
+    ) -> tuple[Tensor, SparseTensor]: ...
+
     def forward(
         self,
         x: Tensor | tuple[Tensor, Tensor],
         edge_index: Tensor | BandMask | SparseTensor,
         edge_attr: Tensor | None = None,
         return_attention_weights: bool | None = None,
-    ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
+    ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]] | tuple[Tensor, SparseTensor]:
         r"""Attention of every target over its incoming mask edges.
 
         Args:
-            x: node features, or a pair ``(x_src, x_dst)``.
-            edge_index: ``[2, E]`` mask edges (key -> query), a :class:`BandMask` over
-                ``x``'s nodes, or a sparse adjacency ``adj_t[query, key]`` (see the class
-                docstring).
-            edge_attr: edge features ``[E, edge_dim]``, or a logit bias
-                ``[E]``/``[E, H]`` when ``edge_dim`` is ``None``.
-            return_attention_weights: if set (``True`` or ``False``), also
-                return ``(edge_index, alpha)``.
+            x (torch.Tensor or (torch.Tensor, torch.Tensor)): node features, or a
+                pair ``(x_src, x_dst)``.
+            edge_index (torch.Tensor, BandMask or SparseTensor): ``[2, E]`` mask edges
+                (key -> query), a :class:`BandMask` over ``x``'s nodes, or a sparse
+                adjacency ``adj_t[query, key]`` (see the class docstring).
+            edge_attr (torch.Tensor, optional): edge features ``[E, edge_dim]``, or a
+                logit bias ``[E]``/``[E, H]`` when ``edge_dim`` is :obj:`None`.
+                (default: :obj:`None`)
+            return_attention_weights (bool, optional): if :obj:`True`, also return
+                ``(edge_index, alpha)`` (see the class docstring for adjacency inputs);
+                :obj:`None` or :obj:`False` return the output only (unlike PyG's
+                ``GATConv``, where :obj:`False` also returns the weights).
+                (default: :obj:`None`)
         """
         H, C = self.heads, self.out_channels
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
@@ -213,7 +253,7 @@ class MaskedAttentionConv(MessagePassing):
             self.structured
             and x_src is x_dst
             and edge_attr is None
-            and return_attention_weights is None
+            and not return_attention_weights
         )
         if fast and band is None:  # before the projections: its O(E) temporaries die first
             band = BandMask.detect(edge_index, x_dst.size(0))
@@ -236,7 +276,7 @@ class MaskedAttentionConv(MessagePassing):
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.lin_skip is not None:
             out = out + self.lin_skip(x_dst)
-        if return_attention_weights is None:
+        if not return_attention_weights:
             return out
         if isinstance(adj, SparseTensor):
             return out, edge_values_to_adjacency(adj, alpha)

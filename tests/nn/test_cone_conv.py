@@ -91,6 +91,8 @@ def test_matches_dense_masked_reference(variant, kwargs, shuffle):
     torch.testing.assert_close(alpha, weights[:, ei[1], ei[0]].T)
     sums = torch.zeros(N, conv.heads, dtype=alpha.dtype).index_add_(0, ei[1], alpha)
     torch.testing.assert_close(sums, torch.ones_like(sums))
+    for flag in (None, False):  # no weights: the output alone
+        torch.testing.assert_close(conv(x, edge_index, return_attention_weights=flag), out)
 
 
 def bipartite_graph(num_src=9, num_dst=5, num_edges=20, seed=5, shuffle=False):

@@ -316,6 +316,8 @@ def test_band_descriptor_in_place_of_edge_index():
     torch.testing.assert_close(conv(x, band), expected, atol=1e-12, rtol=0)
     out, (edge_index, alpha) = conv(x, band, return_attention_weights=True)
     assert torch.equal(edge_index, band.edge_index()) and alpha.shape == (band.num_edges, 2)
+    for flag in (None, False):  # no weights: the output alone (and the banded fast path)
+        torch.testing.assert_close(conv(x, band, return_attention_weights=flag), out)
     with pytest.raises(ValueError, match="BandMask over 24 nodes"):
         conv(features(n=10), band)
 
