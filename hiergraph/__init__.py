@@ -1,4 +1,57 @@
-"""hiergraph: attention over hierarchical and relational structure for PyTorch Geometric."""
+r"""hiergraph: attention over hierarchical and relational structure for PyTorch Geometric.
+
+Where things live
+-----------------
+- :mod:`hiergraph.data`: :class:`~hiergraph.data.SignalHierarchy` (a PyG ``Data`` whose
+  nodes are the tree nodes) and its builders (nested specs, windows, documents,
+  multimodal records, graph position encodings).
+- :mod:`hiergraph.plan`: the structural plans built once per forest and shared by the
+  ops (``TreeIndex``, ``CausalPlan``).
+- :mod:`hiergraph.ops`: pure tensor functions, each with a dense reference: HSA
+  (bidirectional and strictly causal), H-matrix attention, cone scores, banded and
+  edge-list attention kernels, VCC compression and its segment tree.
+- :mod:`hiergraph.nn`: the ``nn.Module`` layers built on them (HSA, HTE and its
+  decoder, GraphHSAConv, ConeConv, ConeAttention, MaskedAttentionConv,
+  HMatrixAttention, HTransformer1D, VCCEncoder, position encoders, pooling, KV caches).
+- :mod:`hiergraph.masks`: relational masks as ``edge_index`` (row 0 = key/value
+  source, row 1 = query target), band descriptors, dense converters, equivariance tools.
+- :mod:`hiergraph.transforms`, :mod:`hiergraph.loader`, :mod:`hiergraph.datasets`:
+  graph-to-hierarchy transforms, batching, dataset loaders.
+- :mod:`hiergraph.integrations` (imported on demand): zero-shot HSA inside Hugging Face
+  encoders, hub tokens, attention FLOP counts.
+
+Vocabulary (the same name means the same thing everywhere)
+----------------------------------------------------------
+Boolean masks are named for what ``True`` marks:
+
+- ``key_padding_mask``: ``[B, S]``, ``True`` = padding (PyTorch's meaning, as in
+  ``nn.MultiheadAttention``; H-matrix attention, ``HTransformer1D``, ``ConeAttention``).
+- ``attn_mask``: ``[L, S]``, ``True`` = not allowed (PyTorch's meaning; ``ConeAttention``).
+- ``attention_mask``: the mask a Hugging Face layer receives, ``1``/``True`` = attend
+  (or additive); :func:`hiergraph.integrations.valid_token_mask` turns it into a
+  ``token_mask``.
+- ``token_mask``: ``[B, T]``, ``True`` = real (valid) token, ``False`` = padding (VCC,
+  the padded zero-shot ops).
+- ``leaf_mask``: ``[L]``, ``True`` = valid leaf, ``False`` = padding leaf (HSA, pooling).
+- ``vip_mask``: ``[B, n]``, ``True`` = VIP token (VCC).
+- a relational mask ``M[query, key]``: ``True`` = the query may attend the key; as an
+  ``edge_index`` it is one edge ``key -> query`` per allowed pair.
+
+Other names:
+
+- ``return_attention_weights``: ask a layer for its attention weights too. ``None`` or
+  ``False`` returns the output alone, ``True`` returns ``(output, weights)`` (the
+  forwards carry ``typing.overload`` signatures for both). ``ConeAttention`` is the one
+  exception: as a drop-in for ``nn.MultiheadAttention`` it keeps ``need_weights`` and
+  always returns ``(output, weights or None)``.
+- ``causal``: ``causal=True`` means strictly causal: a row never depends on later
+  tokens.
+- ``pos_emb``: position embeddings, one row per tree node (``[N, c]``, or per head
+  ``[N, H, c]``), e.g. from :class:`~hiergraph.nn.FamilyPositionEncoder`; siblings get
+  the logit bias :math:`\varepsilon(A)^\top\varepsilon(B)`.
+- ``hierarchy``: a :class:`~hiergraph.data.SignalHierarchy` or a PyG ``Batch`` of them
+  (some ops also take its ``TreeIndex``).
+"""
 
 from hiergraph import data, datasets, loader, masks, nn, ops, runtime, transforms
 
