@@ -103,8 +103,9 @@ class SignalHierarchy(Data):
             parent, slot, versions, plan = cached
             if parent is self.parent and slot is self.slot and versions == self._versions():
                 return plan
-        self._validate()
+        index = self.tree_index()  # validates the structure once
         plan = CausalPlan.from_hierarchy(self)
+        plan.tree_index = index if index.uniform is not None else None
         self.__dict__["_causal_plan_cache"] = (self.parent, self.slot, self._versions(), plan)
         return plan
 

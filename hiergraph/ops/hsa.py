@@ -15,7 +15,7 @@ from hiergraph.ops import family_attention
 from hiergraph.ops.family_attention import family_attention_dense, family_attention_edge
 from hiergraph.ops.hsa_causal import causal_hierarchical_attention
 from hiergraph.ops.hsa_inputs import check_qkv, head_pos_emb
-from hiergraph.ops.hsa_uniform import uniform_hierarchical_attention
+from hiergraph.ops.hsa_uniform import per_depth, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
 from hiergraph.plan.tree_index import TreeIndex, broadcast_to_children, sum_children
 
@@ -140,7 +140,7 @@ def hierarchical_attention(
             k,
             v,
             index.uniform,
-            None if pos is None else _per_depth(pos, index),
+            None if pos is None else per_depth(pos, index),
             include_self=include_self,
             left_only=leaky_causal,
             leaf_mask=leaf_mask,
@@ -282,13 +282,6 @@ def _uniform_fits(shape: tuple[int, ...] | None, q: Tensor) -> bool:
             return False
         nodes *= b
     return True
-
-
-def _per_depth(pos: Tensor, index: TreeIndex) -> list[Tensor]:
-    """Rows of the node-order ``pos`` of every level below the roots, in breadth-first
-    order: ``[n_d, ...]`` for ``d = 1 … D``."""
-    bfs = pos.index_select(0, index.order)
-    return [bfs.narrow(0, lvl.start, lvl.size) for lvl in index.levels[1:]]
 
 
 def _leaf_counts(index: TreeIndex, weight: Tensor | None, dtype) -> list[Tensor]:

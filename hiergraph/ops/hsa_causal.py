@@ -15,7 +15,10 @@ import torch
 from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
+from hiergraph.ops import family_attention
+from hiergraph.ops.hsa_causal_uniform import uniform_causal_attention
 from hiergraph.ops.hsa_inputs import check_qkv, head_pos_emb
+from hiergraph.ops.hsa_uniform import per_depth
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
 from hiergraph.plan.causal_plan import CausalPlan
 
@@ -110,6 +113,10 @@ def causal_hierarchical_attention(
     dtype, work = q.dtype, accumulation_dtype(q.dtype)
     q, k, v = q.to(work), k.to(work), v.to(work)
     eps = None if eps is None else eps.to(work)
+    index = plan.tree_index
+    if index is not None and _fits(index.uniform, q):
+        levels = None if eps is None else per_depth(eps, index)
+        return _out(uniform_causal_attention(q, k, v, index.uniform, levels, tau), dtype, squeeze)
     num_nodes = plan.num_nodes
 
     # complete sums and counts of every node (one scatter over (leaf, ancestor) pairs)
@@ -162,7 +169,19 @@ def causal_hierarchical_attention(
         weight = torch.exp(u[pl] + log_one_minus_mu)
         out = out.index_add(0, pl, weight[..., None] * thetas[s])
         u = u.index_add(0, pl, log_mu)
-    out = (out + torch.exp(u)[..., None] * v).to(dtype)
+    return _out(out + torch.exp(u)[..., None] * v, dtype, squeeze)
+
+
+def _fits(shape: tuple[int, ...], q: Tensor) -> bool:
+    """Whether the reshaped path's logits, ``[L, H, b]`` per depth, hold at most
+    ``max(MAX_BLOCK_ELEMENTS, q.numel())`` elements (giant families take the edge list)."""
+    limit = max(family_attention.MAX_BLOCK_ELEMENTS, q.numel())
+    return q.size(0) * q.size(1) * max(shape[1:]) <= limit
+
+
+def _out(out: Tensor, dtype: torch.dtype, squeeze: bool) -> Tensor:
+    """The output rounded once to the inputs' dtype, ``[L, d_v]`` for 2-D inputs."""
+    out = out.to(dtype)
     return out.squeeze(1) if squeeze else out
 
 

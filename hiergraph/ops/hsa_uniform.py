@@ -39,6 +39,7 @@ from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.logspace import log_gates, logaddexp, masked_softmax
+from hiergraph.plan.tree_index import TreeIndex
 
 
 def uniform_hierarchical_attention(
@@ -75,29 +76,15 @@ def uniform_hierarchical_attention(
     weight = None if leaf_mask is None else leaf_mask.to(work)
 
     # ---- bottom-up: family layout of every level, deepest first
-    counts = _counts(weight, fanout)
+    counts = counts_below(weight, fanout)
     if weight is not None:  # padding leaves count 0 and carry zeros
         q, k, v = (t * weight[:, None, None].to(t.dtype) for t in (q, k, v))
-    rho = [_family_layout(t, fanout[-1]) for t in (q, k, v)]
+    rho = [family_layout(t, fanout[-1]) for t in (q, k, v)]
     leaf_v = rho[2]
-    lses, thetas, gates = [None] * depth, [None] * depth, [None] * depth
-    energy = None  # a(C) of the level's nodes, family layout; None: -inf (leaves, no self)
+    energy = None  # a(C) of the leaves; None: -inf (no self energy)
     if include_self:
-        energy = tau * (rho[0] * rho[1]).sum(-1)
-        if eps is not None:
-            energy = energy + _family_layout(eps[-1], fanout[-1]).square().sum(-1)
-    for d in range(depth - 1, -1, -1):
-        b, n = fanout[d], counts[d]
-        e = None if eps is None else _family_layout(eps[d], b)
-        lse, theta = _family_attention(*rho, e, n, b, tau, left_only, size_bias)
-        lses[d], thetas[d], gates[d] = lse, theta, energy
-        if d == 0:
-            break
-        # pooled statistics and energies of the parents, in their node layout [F_d, H, ·]
-        total = lse if energy is None else logaddexp(energy, lse)
-        parent_energy, pooled = _pool(total, rho, n, counts[d - 1])
-        rho = [_family_layout(t, fanout[d - 1]) for t in pooled]
-        energy = _family_layout(parent_energy, fanout[d - 1])
+        energy = self_energy(rho[0], rho[1], None if eps is None else eps[-1], tau, fanout[-1])
+    lses, thetas, gates, _ = bottom_up(rho, energy, counts, fanout, eps, tau, left_only, size_bias)
 
     # ---- top-down: log mass u and output accumulator, parents broadcast by unsqueeze
     u = acc = None
@@ -115,14 +102,49 @@ def uniform_hierarchical_attention(
             acc = theta if acc is None else acc.unsqueeze(2) + theta
         u = None if log_mu is None else _add(u, log_mu)
         if d + 1 < depth:
-            acc, u = _node_layout(acc), None if u is None else _node_layout(u)
+            acc, u = node_layout(acc), None if u is None else node_layout(u)
     if include_self:
         acc = acc + torch.exp(u).unsqueeze(-1) * leaf_v
-    out = _node_layout(acc)
+    out = node_layout(acc)
     return out if weight is None else out * weight[:, None, None].to(out.dtype)
 
 
-def _counts(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
+def per_depth(pos: Tensor, index: TreeIndex) -> list[Tensor]:
+    """Rows of the node-order ``pos`` of every level below the roots, in breadth-first
+    order: ``[n_d, ...]`` for ``d = 1 … D``."""
+    bfs = pos.index_select(0, index.order)
+    return [bfs.narrow(0, lvl.start, lvl.size) for lvl in index.levels[1:]]
+
+
+def self_energy(q: Tensor, k: Tensor, eps: Tensor | None, tau: float, b: int) -> Tensor:
+    """Leaf self energies :math:`\tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i` in family
+    layout ``[F, H, b]``, from ``q, k`` in family layout and ``eps`` in node layout."""
+    energy = tau * (q * k).sum(-1)
+    return energy if eps is None else energy + family_layout(eps, b).square().sum(-1)
+
+
+def bottom_up(rho, energy, counts, fanout, eps, tau, left_only, size_bias) -> tuple[list, ...]:
+    """The bottom-up pass from the leaves (``rho``: ``q, k, v`` and ``energy`` in family
+    layout) to the roots' children. Per level ``d`` (depth ``d + 1``), in family layout:
+    ``lse``, ``theta``, the energies ``a`` (``None``: ``-inf``) and the pooled ``rho``."""
+    depth = len(fanout)
+    lses, thetas, gates, rhos = [None] * depth, [None] * depth, [None] * depth, [None] * depth
+    for d in range(depth - 1, -1, -1):
+        b, n = fanout[d], counts[d]
+        e = None if eps is None else family_layout(eps[d], b)
+        lses[d], thetas[d] = _family_attention(*rho, e, n, b, tau, left_only, size_bias)
+        gates[d], rhos[d] = energy, rho
+        if d == 0:
+            break
+        # pooled statistics and energies of the parents, in their node layout [F_d, H, ·]
+        total = lses[d] if energy is None else logaddexp(energy, lses[d])
+        parent_energy, pooled = _pool(total, rho, n, counts[d - 1])
+        rho = [family_layout(t, fanout[d - 1]) for t in pooled]
+        energy = family_layout(parent_energy, fanout[d - 1])
+    return lses, thetas, gates, rhos
+
+
+def counts_below(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
     """Per depth ``d = 1 … D`` the leaf count of every node: a Python int without a mask
     (equal on a level), else ``[F_d, 1, b_d]`` in the accumulation dtype."""
     if weight is None:
@@ -182,12 +204,12 @@ def _pool(total: Tensor, rho: list[Tensor], n, parent_n) -> tuple[Tensor, list[T
     return energy.to(total.dtype), pooled
 
 
-def _family_layout(x: Tensor, b: int) -> Tensor:
+def family_layout(x: Tensor, b: int) -> Tensor:
     """Node rows ``[F * b, H, ...]`` as a contiguous ``[F, H, b, ...]``."""
     return x.view(-1, b, *x.shape[1:]).transpose(1, 2).contiguous()
 
 
-def _node_layout(x: Tensor) -> Tensor:
+def node_layout(x: Tensor) -> Tensor:
     """Family layout ``[F, H, b, ...]`` as node rows ``[F * b, H, ...]``."""
     return x.transpose(1, 2).flatten(0, 1)
 

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from hiergraph.plan.family_order import family_order
+from hiergraph.plan.tree_index import TreeIndex
 
 
 @dataclass
@@ -43,6 +44,9 @@ class CausalPlan:
         depth_nodes[s]: ``[n_s]`` the nodes at depth ``s``.
         key_pair[s], key_node[s]: ``[E_s]`` (pair, left sibling of the pair's node) edges.
         sib_query, sib_key: ``[S]`` (node, left sibling) edges of all non-root nodes.
+        tree_index: the forest's :class:`~hiergraph.plan.TreeIndex` when it has equal
+            fanout (set by :meth:`~hiergraph.data.SignalHierarchy.causal_plan`); strictly
+            causal HSA then runs as reshaped views (:mod:`hiergraph.ops.hsa_causal_uniform`).
     """
 
     num_nodes: int
@@ -68,6 +72,7 @@ class CausalPlan:
     key_node: list[Tensor]
     sib_query: Tensor
     sib_key: Tensor
+    tree_index: TreeIndex | None = None
 
     @classmethod
     def of(cls, hierarchy) -> CausalPlan:

@@ -1,0 +1,123 @@
+r"""Strictly causal HSA over forests whose levels have equal fanout, as reshaped views.
+
+The prefix-statistics recurrence of
+:func:`~hiergraph.ops.causal_hierarchical_attention` for a forest of shape
+``(B, b_1, …, b_D)`` (:attr:`~hiergraph.plan.TreeIndex.uniform`): the leaves below a
+depth-:math:`s` node are a run of :math:`N_s = b_{s+1} \cdots b_D` consecutive
+leaves, so for leaf :math:`i` and its depth-:math:`s` ancestor :math:`A_s`
+
+* the prefix sum :math:`\sum_{j \le i,\, j \in A_s} q_j` is a cumulative sum over
+  that run, and the prefix count :math:`n_i(A_s)` is ``i mod N_s + 1``;
+* the keys are the left siblings of :math:`A_s`, complete sub-trees whose means
+  :math:`\rho_k, \rho_v`, counts :math:`N_s` and values :math:`g(B)` are those of the
+  paper's sibling-masked HSA (App. G.1), computed once for every node by the
+  bottom-up pass of :mod:`hiergraph.ops.hsa_uniform`;
+* the energy :math:`a_i(A_s) = \big(N_{s+1} \sum_{B \in \mathrm{sib}_L(A_{s+1})} g(B)
+  + n_i(A_{s+1})\, g_i(A_{s+1})\big) / n_i(A_s)` takes the left siblings' sum as an
+  exclusive cumulative sum over each family.
+
+So every depth costs a fixed handful of batched operations over all leaves, trees and
+heads (a cumulative sum, one ``[F, H, N_{s-1}, d] @ [F, H, d, b_s]`` product and its
+softmax), with no gathers, scatters or host synchronisation; the result equals the
+edge-list op to rounding and is differentiable twice by plain autograd.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hiergraph.ops.hsa_uniform import (
+    bottom_up,
+    counts_below,
+    family_layout,
+    node_layout,
+    self_energy,
+)
+from hiergraph.ops.logspace import log_gates, logaddexp, masked_softmax
+
+
+def uniform_causal_attention(
+    q: Tensor, k: Tensor, v: Tensor, shape: tuple[int, ...], eps: list[Tensor] | None, tau: float
+) -> Tensor:
+    r"""Strictly causal HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` (leaf order = the
+    breadth-first order of the last level) over an equal-fanout forest ``shape``.
+
+    Args:
+        eps: optional position embeddings per depth ``1 … D``, each ``[n_s, H | 1, c]``
+            in breadth-first order.
+        tau: the logit scale.
+
+    Returns:
+        ``[L, H, d_v]``.
+    """
+    fanout = shape[1:]
+    depth, num_leaves = len(fanout), q.size(0)
+    below = counts_below(None, fanout)  # N_s of the nodes at depth s = d + 1
+    leaf_rho = [family_layout(t, fanout[-1]) for t in (q, k, v)]
+    leaf_energy = self_energy(*leaf_rho[:2], None if eps is None else eps[-1], tau, fanout[-1])
+    # complete statistics of every node: the sibling-masked (leaky) pass
+    lses, thetas, gates, rhos = bottom_up(
+        leaf_rho, leaf_energy, below, fanout, eps, tau, True, True
+    )
+    position = torch.arange(num_leaves, device=q.device)
+
+    # per depth s = D .. 1 (index d = s - 1): the prefix attention of every leaf's ancestor;
+    # a leaf is its own prefix, so the leaf level is the leaky pass's
+    lse, theta = [None] * depth, [None] * depth
+    lse[-1], theta[-1] = node_layout(lses[-1]), node_layout(thetas[-1])
+    for d in range(depth - 2, -1, -1):
+        b, n_s = fanout[d], below[d]
+        prefix = q.view(-1, n_s, *q.shape[1:]).cumsum(1).view_as(q)
+        count = (position % n_s + 1).to(q.dtype)
+        rho_q = prefix / count[:, None, None]
+        lse[d], theta[d] = _prefix_attention(rho_q, rhos[d], eps, d, b, n_s, tau)
+
+    # energies along each leaf's path, bottom-up: a_i(A_s) from the child's g_i(A_{s+1})
+    a = [None] * depth
+    a[-1] = node_layout(leaf_energy)
+    for d in range(depth - 2, -1, -1):
+        n_s, n_child = below[d], below[d + 1]
+        child_g = logaddexp(a[d + 1], lse[d + 1])
+        complete_g = logaddexp(gates[d + 1], lses[d + 1])  # [F, H, b] of the child level
+        # exclusive cumulative sum per family (not cumsum - g: rounding would then depend
+        # on g of the ancestor itself, which later leaves change)
+        left_g = node_layout(F.pad(complete_g[..., :-1].cumsum(-1), (1, 0)))
+        left_g = left_g.repeat_interleave(n_child, 0) if n_child > 1 else left_g
+        n_i_child = (position % n_child + 1).to(q.dtype)[:, None]
+        n_i = (position % n_s + 1).to(q.dtype)[:, None]
+        a[d] = (n_child * left_g + n_i_child * child_g) / n_i
+
+    # top-down: gates along the root path
+    u = out = None
+    for d in range(depth):
+        log_mu, log_rest = log_gates(a[d], lse[d])
+        gain = torch.exp(log_rest if u is None else u + log_rest).unsqueeze(-1)
+        out = gain * theta[d] if out is None else torch.addcmul(out, gain, theta[d])
+        u = log_mu if u is None else u + log_mu
+    return out + torch.exp(u).unsqueeze(-1) * v
+
+
+def _prefix_attention(rho_q, rho, eps, d, b, n_s, tau) -> tuple[Tensor, Tensor]:
+    """``lse [L, H]`` and ``theta [L, H, d_v]`` of every leaf's prefix query ``rho_q``
+    (node layout) over the left siblings of its depth-``d + 1`` ancestor, whose family's
+    complete ``rho = (q, k, v)`` is in family layout ``[F, H, b, ·]``."""
+    _, keys, values = rho
+    f, heads = keys.shape[:2]
+    span = b * n_s  # leaves below one family
+    query = rho_q.view(f, span, heads, -1).transpose(1, 2)  # [F, H, span, d]
+    logits = torch.matmul(query, keys.transpose(-1, -2)).mul(tau)  # [F, H, span, b]
+    if eps is not None:  # eps(A_s)^T eps(B) of the ancestor's row, one row per leaf
+        e = family_layout(eps[d], b)
+        pos = torch.matmul(e, e.transpose(-1, -2))
+        logits = logits + pos.repeat_interleave(n_s, 2) if n_s > 1 else logits + pos
+    member = torch.arange(span, device=keys.device) // n_s  # the ancestor's slot
+    left = torch.arange(b, device=keys.device)[None, :] < member[:, None]  # [span, b]
+    lse, p = masked_softmax(logits, left)
+    if n_s > 1:  # log n(B) = log N_s for every (complete) left sibling
+        lse = lse + math.log(n_s)
+    theta = torch.matmul(p, values)  # [F, H, span, d_v]
+    return node_layout(lse), node_layout(theta)

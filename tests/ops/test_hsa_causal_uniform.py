@@ -1,0 +1,70 @@
+"""Strictly causal HSA over equal-fanout forests (reshaped views) against the edge-list op
+and the dense causal reference."""
+
+import pytest
+import torch
+
+from hiergraph.data import window_forest
+from hiergraph.ops import causal_hierarchical_attention, causal_hierarchical_attention_matrix
+from hiergraph.plan import CausalPlan
+
+F64 = dict(dtype=torch.float64)
+SHAPES = [(3, 32, (4, 8)), (2, 48, (4, 3, 4)), (1, 8, (8,)), (2, 24, (2, 3, 2, 2))]
+
+
+def _case(batch, length, branching, seed, heads=3):
+    gen = torch.Generator().manual_seed(seed)
+    tree = window_forest([length] * batch, branching)
+    q, k, v = (torch.randn(batch * length, heads, 5, generator=gen, **F64) for _ in range(3))
+    pos = torch.randn(tree.num_nodes, heads, 2, generator=gen, **F64)
+    return tree, q, k, v, pos
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("with_pos", [False, True])
+def test_equals_the_edge_list_op_with_gradients(shape, with_pos):
+    tree, q, k, v, pos = _case(*shape, seed=len(shape[2]))
+    plan = tree.causal_plan()
+    assert plan.tree_index is not None  # the reshaped path runs
+    edges = CausalPlan.from_hierarchy(tree)  # no tree index: the edge-list path
+    pos = pos if with_pos else None
+    inputs = [t.requires_grad_() for t in (q, k, v)]
+    fast = causal_hierarchical_attention(q, k, v, plan, pos_emb=pos)
+    slow = causal_hierarchical_attention(q, k, v, edges, pos_emb=pos)
+    torch.testing.assert_close(fast, slow, atol=1e-12, rtol=0)
+    grads = [torch.autograd.grad(out.pow(2).sum(), inputs) for out in (fast, slow)]
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+def test_equals_the_dense_reference():
+    tree, q, k, v, pos = _case(2, 24, (2, 3, 4), seed=3)
+    out = causal_hierarchical_attention(q, k, v, tree, pos_emb=pos)
+    theta = causal_hierarchical_attention_matrix(q, k, tree, pos_emb=pos)
+    ref = torch.einsum("hij,jhd->ihd", theta, v)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+
+
+def test_earlier_rows_are_bit_identical_when_later_tokens_change():
+    tree, q, k, v, pos = _case(1, 48, (4, 3, 4), seed=4)
+    out = causal_hierarchical_attention(q, k, v, tree, pos_emb=pos)
+    gen = torch.Generator().manual_seed(5)
+    for i in (0, 3, 11, 30, 46):
+        q2, k2, v2 = (t.clone() for t in (q, k, v))
+        for t in (q2, k2, v2):
+            t[i + 1 :] = torch.randn(t[i + 1 :].shape, generator=gen, **F64)
+        out2 = causal_hierarchical_attention(q2, k2, v2, tree, pos_emb=pos)
+        assert torch.equal(out[: i + 1], out2[: i + 1])
+        assert torch.isfinite(out2).all() and not torch.equal(out[i + 1 :], out2[i + 1 :])
+
+
+def test_second_derivatives():
+    tree, q, k, v, pos = _case(1, 12, (2, 3), seed=6, heads=2)
+    assert torch.autograd.gradgradcheck(
+        lambda q, k, v: causal_hierarchical_attention(q, k, v, tree, pos_emb=pos),
+        tuple(t.requires_grad_() for t in (q, k, v)),
+    )
+
+
+def test_plan_of_a_ragged_forest_has_no_tree_index():
+    assert window_forest([32, 24], (4, 8)).causal_plan().tree_index is None
