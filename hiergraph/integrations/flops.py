@@ -87,6 +87,17 @@ def hsa_attention_flops(
     r"""FLOPs of HSA over ``hierarchy`` (a :class:`~hiergraph.data.SignalHierarchy` or a
     PyG batch of them; batches sum over their trees).
 
+    Args:
+        hierarchy (SignalHierarchy or Batch): the tree(s).
+        head_dim (int): query/key width :math:`d` per head.
+        heads (int, optional): number of heads :math:`H`. (default: :obj:`1`)
+        value_dim (int, optional): value width :math:`d_v`. (default: :obj:`None`,
+            i.e. :obj:`head_dim`)
+        include_self (bool, optional): count the leaves' self terms.
+            (default: :obj:`True`)
+        score_flops (int, optional): FLOPs per score besides the dot products.
+            (default: :data:`SCORE_FLOPS`)
+
     Returns:
         ``{'family': ..., 'tree': ..., 'total': ...}``: the family softmax
         attention (:math:`\sum_f b_f^2` scores), the pooling/gate/accumulation

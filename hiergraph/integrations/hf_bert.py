@@ -218,18 +218,24 @@ def inject_hsa(
     r"""Replace the self-attention of ``layers`` by HSA (in place; returns ``model``).
 
     Args:
-        model: a Hugging Face BERT/RoBERTa-family encoder (see module docstring).
-        layers: layer indices (negative counts from the end), e.g.
+        model (torch.nn.Module): a Hugging Face BERT/RoBERTa-family encoder (see
+            module docstring).
+        layers (Sequence[int]): layer indices (negative counts from the end), e.g.
             :func:`interleaved_layers`.
-        branching: bottom-up window sizes of the fixed hierarchy
-            (:func:`~hiergraph.data.window_hierarchy`); ``()`` is one flat family,
-            i.e. exactly the original softmax attention.
-        include_self: include the diagonal, as BERT's softmax does (§2.8.9).
-        method: ``'hsa'`` or one of the baselines ``'hsa_no_size_bias'``, ``'block'``.
-        block: block size for ``'block'`` (default ``branching[0]``: the leaf windows).
-        hubs: lift each example's ``hubs`` best keys by the root-level score, chosen per
-            layer from its own q, k, to leaves under the root (:mod:`~hiergraph.integrations.hubs`);
-            0 keeps the fixed windows.
+        branching (Sequence[int], optional): bottom-up window sizes of the fixed
+            hierarchy (:func:`~hiergraph.data.window_hierarchy`); ``()`` is one flat
+            family, i.e. exactly the original softmax attention.
+            (default: :obj:`(2, 4, 8, 16)`)
+        include_self (bool, optional): include the diagonal, as BERT's softmax does
+            (the self energy of App. G.1). (default: :obj:`True`)
+        method (str, optional): ``'hsa'`` or one of the baselines
+            ``'hsa_no_size_bias'``, ``'block'``. (default: :obj:`"hsa"`)
+        block (int, optional): block size for ``'block'``. (default: :obj:`None`,
+            i.e. ``branching[0]``: the leaf windows)
+        hubs (int, optional): lift each example's :obj:`hubs` best keys by the
+            root-level score, chosen per layer from its own q, k, to leaves under the
+            root (:mod:`~hiergraph.integrations.hubs`); 0 keeps the fixed windows.
+            (default: :obj:`0`)
 
     Raises:
         ValueError: for bad arguments, a layer that already has HSA, or a causal
@@ -284,9 +290,11 @@ def hsa_hierarchies(
     :func:`sentence_hierarchy`) instead of the fixed windows, inside the ``with`` block.
 
     Args:
-        hierarchies: a list of :class:`~hiergraph.data.SignalHierarchy` (or their PyG
-            batch), one per example with valid tokens, in batch order; example
-            ``b``'s leaves are its valid (non-padding) tokens in order.
+        model (torch.nn.Module): a model with HSA layers (:func:`inject_hsa`).
+        hierarchies (Sequence[SignalHierarchy] or Batch): a list of
+            :class:`~hiergraph.data.SignalHierarchy` (or their PyG batch), one per
+            example with valid tokens, in batch order; example ``b``'s leaves are
+            its valid (non-padding) tokens in order.
     """
     shared = {
         id(m.hierarchies): m.hierarchies for m in model.modules() if isinstance(m, HSASelfAttention)

@@ -81,9 +81,11 @@ def hub_window_hierarchy(
     for the root family are those of :func:`~hiergraph.data.windows.window_forest`.
 
     Args:
-        num_tokens: ``n >= 1`` tokens.
-        branching: bottom-up window sizes of the windows over the ``n - g`` others.
-        hubs: ``g < n`` distinct token indices in ``[0, n)``.
+        num_tokens (int): ``n >= 1`` tokens.
+        branching (Sequence[int]): bottom-up window sizes of the windows over the
+            ``n - g`` others.
+        hubs (torch.Tensor or Sequence[int]): ``g < n`` distinct token indices in
+            ``[0, n)``.
     """
     hubs = torch.as_tensor(hubs, dtype=torch.long).flatten()
     lifted = torch.zeros(num_tokens, dtype=torch.bool)
@@ -105,9 +107,10 @@ def hub_window_hierarchies(
     in one vectorised step (:func:`~hiergraph.data.windows.window_forest`).
 
     Args:
-        lengths: valid tokens per example.
-        branching: bottom-up window sizes.
-        lifted: ``[sum(lengths)]`` bool, the hubs as :func:`select_hubs` returns them.
+        lengths (Sequence[int]): valid tokens per example.
+        branching (Sequence[int]): bottom-up window sizes.
+        lifted (torch.Tensor): ``[sum(lengths)]`` bool, ``True`` = hub, as
+            :func:`select_hubs` returns them.
     """
     lengths = [int(n) for n in lengths if n > 0]
     if lifted.shape != (sum(lengths),):

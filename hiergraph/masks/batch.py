@@ -25,12 +25,14 @@ def sequence_batch(
     ``params["device"]`` (PyTorch's default device when not given).
 
     Args:
-        lengths: sequence lengths.
-        mask: a builder ``(n, **params) -> edge_index [2, E_n]``, e.g.
+        lengths (Sequence[int]): sequence lengths.
+        mask (Callable[..., torch.Tensor]): a builder
+            ``(n, **params) -> edge_index [2, E_n]``, e.g.
             :func:`~hiergraph.masks.window_mask`.
-        x: optional ``[sum(lengths), F]`` node features, split by ``lengths``.
-        **params: passed on to ``mask`` (e.g. ``device=`` for the builders of
-            :mod:`hiergraph.masks`).
+        x (torch.Tensor, optional): ``[sum(lengths), F]`` node features, split by
+            :obj:`lengths`. (default: :obj:`None`)
+        **params (optional): passed on to :obj:`mask` (e.g. ``device=`` for the
+            builders of :mod:`hiergraph.masks`).
 
     Returns:
         A ``Batch`` of ``sum(lengths)`` nodes and ``sum(E_n)`` edges.

@@ -32,9 +32,10 @@ def mask_to_edge_index(mask: Tensor, *, rows: str) -> Tensor:
     """Dense boolean mask -> ``edge_index`` (row 0 = key/source, row 1 = query/target).
 
     Args:
-        mask: BoolTensor ``[num_queries, num_keys]`` (``rows="query"``) or
-            ``[num_keys, num_queries]`` (``rows="key"``).
-        rows: what the rows of ``mask`` index; no default, on purpose.
+        mask (torch.Tensor): bool ``[num_queries, num_keys]`` (``rows="query"``) or
+            ``[num_keys, num_queries]`` (``rows="key"``), ``True`` = allowed pair.
+        rows (str): what the rows of :obj:`mask` index, ``"query"`` or ``"key"``;
+            no default, on purpose.
 
     Returns:
         ``[2, E]`` with one column ``[j, i]`` per allowed pair (query ``i``
@@ -53,10 +54,13 @@ def edge_index_to_mask(
     """``edge_index`` -> dense boolean mask; the inverse of :func:`mask_to_edge_index`.
 
     Args:
-        edge_index: ``[2, E]`` (row 0 = key/source, row 1 = query/target).
-        num_nodes: ``n`` for a square mask, or ``(num_keys, num_queries)`` for
-            a bipartite one (PyG's ``size`` convention).
-        rows: ``"query"`` for ``mask[query, key]``, ``"key"`` for ``A[key, query]``.
+        edge_index (torch.Tensor): ``[2, E]`` (row 0 = key/source, row 1 =
+            query/target).
+        num_nodes (int or (int, int)): ``n`` for a square mask, or
+            ``(num_keys, num_queries)`` for a bipartite one (PyG's ``size``
+            convention).
+        rows (str): ``"query"`` for ``mask[query, key]``, ``"key"`` for
+            ``A[key, query]``.
 
     Returns:
         BoolTensor ``[num_queries, num_keys]`` (``rows="query"``) or its
