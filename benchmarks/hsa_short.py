@@ -14,6 +14,10 @@ with the given branching, 4 heads of 64 channels, float32) it times forward+back
   forests run as reshaped views);
 * ``hsa-blocks``: the same op forced onto the general block kernel (``kernel="blocks"``),
   the path every forest took before the reshaped one existed;
+* ``flat-causal``, ``hsa-causal``, ``hsa-causal-edges``: the strictly causal
+  counterparts: SDPA with ``is_causal=True``,
+  :func:`~hiergraph.ops.causal_hierarchical_attention` (equal-fanout forests run as
+  reshaped views) and the same op on the edge-list plan, its general path;
 * ``hsa-compiled``: ``torch.compile(hierarchical_attention, fullgraph=True)`` with the plan
   fixed and static shapes (inductor on CPU); its compile time is recorded separately.
 
@@ -43,7 +47,8 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from hiergraph.data import window_forest
-from hiergraph.ops import hierarchical_attention
+from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention
+from hiergraph.plan import CausalPlan
 
 HEADS, DIM = 4, 64
 RESULTS = Path(__file__).parent / "results"
@@ -75,11 +80,16 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...], compile_hsa:
     def bound():
         return torch.cat([F.scaled_dot_product_attention(*blk).reshape(-1) for blk in blocks])
 
+    forest = window_forest([length] * batch, branching)
+    plan, edges = forest.causal_plan(), CausalPlan.from_hierarchy(forest)
     cases = {
         "flat": (lambda: F.scaled_dot_product_attention(*fq), fq),
         "bound": (bound, [t for blk in blocks for t in blk]),
         "hsa": (lambda: hierarchical_attention(*hq, index), hq),
         "hsa-blocks": (lambda: hierarchical_attention(*hq, index, kernel="blocks"), hq),
+        "flat-causal": (lambda: F.scaled_dot_product_attention(*fq, is_causal=True), fq),
+        "hsa-causal": (lambda: causal_hierarchical_attention(*hq, plan), hq),
+        "hsa-causal-edges": (lambda: causal_hierarchical_attention(*hq, edges), hq),
     }
     compile_s = None
     if compile_hsa:

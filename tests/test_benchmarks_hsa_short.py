@@ -19,7 +19,8 @@ def test_quick_run_writes_a_complete_report(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     (row,) = report["rows"]
-    assert set(row["median_s"]) == {"flat", "bound", "hsa", "hsa-blocks"}
+    causal = {"flat-causal", "hsa-causal", "hsa-causal-edges"}
+    assert set(row["median_s"]) == {"flat", "bound", "hsa", "hsa-blocks", *causal}
     assert all(len(s) == 3 for s in row["samples_s"].values())
     assert row["flat_over"]["flat"] == 1.0 and row["over_bound"]["bound"] == 1.0
     profile = row["profile_hsa"]
