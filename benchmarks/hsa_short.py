@@ -68,7 +68,8 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...], compile_hsa:
     def leaf_qkv(*shape):
         return [torch.randn(*shape, generator=gen).requires_grad_() for _ in range(3)]
 
-    index = window_forest([length] * batch, branching).tree_index()
+    forest = window_forest([length] * batch, branching)
+    index = forest.tree_index()
     if index.uniform is None:
         raise ValueError(f"{length} tokens with branching {branching} is not an equal tree")
     hq, fq = leaf_qkv(batch * length, HEADS, DIM), leaf_qkv(batch, HEADS, length, DIM)
@@ -80,7 +81,6 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...], compile_hsa:
     def bound():
         return torch.cat([F.scaled_dot_product_attention(*blk).reshape(-1) for blk in blocks])
 
-    forest = window_forest([length] * batch, branching)
     plan, edges = forest.causal_plan(), CausalPlan.from_hierarchy(forest)
     cases = {
         "flat": (lambda: F.scaled_dot_product_attention(*fq), fq),
