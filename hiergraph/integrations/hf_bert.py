@@ -313,7 +313,7 @@ def hsa_hierarchies(
             h.given = None
 
 
-def sentence_hierarchy(sentence_lengths: Sequence[int] | Tensor):
+def sentence_hierarchy(sentence_lengths: Sequence[int] | Tensor) -> SignalHierarchy:
     """Root → sentences → tokens over ``sum(sentence_lengths)`` tokens (a
     :class:`~hiergraph.data.SignalHierarchy`); e.g. ``[CLS]`` joins the first sentence and
     ``[SEP]`` the last."""
