@@ -134,10 +134,9 @@ class GraphHSAConv(nn.Module):
             include_self=include_self,
             dropout=attn_dropout,
             kernel=kernel,
+            project_values=not smooth,
             hubs=hubs,
         )
-        if smooth:
-            self.attn.value, self.attn.out = _Identity(), _Identity()
         self.gate = nn.Parameter(torch.zeros(())) if gate else None
         self.mlp = (
             nn.Sequential(
@@ -208,16 +207,6 @@ class GraphHSAConv(nn.Module):
             f"{self.__class__.__name__}({self.channels}, conv={self.conv}, "
             f"heads={self.attn.heads}, hubs={self.attn.hubs})"
         )
-
-
-class _Identity(nn.Module):
-    """``x ↦ x`` in place of HSA's value and output maps (``smooth=True``)."""
-
-    def forward(self, x: Tensor, *args) -> Tensor:
-        return x
-
-    def reset_parameters(self) -> None:
-        pass
 
 
 class GraphHSANet(nn.Module):

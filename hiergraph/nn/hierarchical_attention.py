@@ -60,7 +60,12 @@ class HierarchicalSelfAttention(nn.Module):
             is not causal: later tokens still change earlier rows through their
             ancestors' statistics (needs ``include_self``).
         dropout: dropout on the output.
-        kernel: family kernel, ``'dense'`` or ``'edge'``.
+        kernel: family kernel, one of :data:`~hiergraph.ops.hsa.KERNELS`
+            (see :func:`~hiergraph.ops.hierarchical_attention`).
+        project_values: ``False`` uses the input features themselves as values, split
+            over the heads, and returns the heads concatenated with no output map: HSA
+            as a learned smoothing of ``x`` (needs ``in_channels == out_channels ==
+            heads * head_channels``).
         hubs: ``g > 0`` lifts the ``g`` leaves of every tree with the highest
             root-level score (:mod:`hiergraph.ops.hubs`, from this layer's own
             queries and keys, heads pooled) to the root, in a position-free
@@ -85,6 +90,7 @@ class HierarchicalSelfAttention(nn.Module):
         leaky_causal: bool = False,
         dropout: float = 0.0,
         kernel: str = "dense",
+        project_values: bool = True,
         hubs: int = 0,
     ):
         super().__init__()
@@ -120,9 +126,14 @@ class HierarchicalSelfAttention(nn.Module):
         self.causal, self.leaky_causal = causal, leaky_causal
         self.hubs = hubs
         inner = heads * head_channels
+        if not project_values and not in_channels == out_channels == inner:
+            raise ValueError(
+                "project_values=False needs in_channels == out_channels == heads * "
+                f"head_channels, got {in_channels}, {out_channels} and {heads} * {head_channels}"
+            )
         self.query = TypedLinear(in_channels, inner, num_node_types)
         self.key = TypedLinear(in_channels, inner, num_node_types)
-        self.value = TypedLinear(in_channels, inner, num_node_types)
+        self.value = TypedLinear(in_channels, inner, num_node_types) if project_values else None
         self.q_norm = nn.LayerNorm(head_channels, elementwise_affine=False) if qk_norm else None
         self.k_norm = nn.LayerNorm(head_channels, elementwise_affine=False) if qk_norm else None
         self.pos_head_channels = pos_head_channels or head_channels
@@ -131,13 +142,14 @@ class HierarchicalSelfAttention(nn.Module):
             if pos_channels
             else None
         )
-        self.out = nn.Linear(inner, out_channels)
+        self.out = nn.Linear(inner, out_channels) if project_values else None
         self.dropout = nn.Dropout(dropout)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         for lin in (self.query, self.key, self.value, self.out):
-            lin.reset_parameters()
+            if lin is not None:
+                lin.reset_parameters()
         if self.pos is not None:
             self.pos.reset_parameters()
 
@@ -179,7 +191,7 @@ class HierarchicalSelfAttention(nn.Module):
         shape = (x.size(0), self.heads, self.head_channels)
         q = self.query(x, types).view(shape)
         k = self.key(x, types).view(shape)
-        v = self.value(x, types).view(shape)
+        v = (x if self.value is None else self.value(x, types)).view(shape)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.pos is not None and pos_emb is None:
@@ -195,7 +207,8 @@ class HierarchicalSelfAttention(nn.Module):
         else:
             options["leaky_causal"] = self.leaky_causal
             out = hierarchical_attention(q, k, v, index, kernel=self.kernel, **options)
-        out = self.dropout(self.out(out.reshape(x.size(0), -1)))
+        out = out.reshape(x.size(0), -1)
+        out = self.dropout(out if self.out is None else self.out(out))
         if not return_attention_weights:
             return out
         if x.size(0) > MAX_DENSE_LEAVES:

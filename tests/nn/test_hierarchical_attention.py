@@ -178,3 +178,16 @@ def test_forward_names_wrong_feature_sizes():
     with pytest.raises(ValueError, match=r"pos_emb must be \[num_nodes=9, .*got \(7, 4\)"):
         attn(h.x, h, pos_emb=pos[:7])
     assert attn(h.x, h, pos_emb=pos).shape == (6, 8)
+
+
+def test_project_values_false_smooths_the_input_itself():
+    """Values are x split over the heads and the output is the heads concatenated."""
+    h = window_hierarchy(8, (2, 4), x=torch.randn(8, 6, dtype=torch.float64))
+    attn = HierarchicalSelfAttention(6, heads=2, project_values=False).double()
+    assert attn.value is None and attn.out is None
+    q = attn.q_norm(attn.query(h.x).view(8, 2, 3))
+    k = attn.k_norm(attn.key(h.x).view(8, 2, 3))
+    ref = hierarchical_attention(q, k, h.x.view(8, 2, 3), h).reshape(8, 6)
+    torch.testing.assert_close(attn(h.x, h), ref, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="project_values=False needs"):
+        HierarchicalSelfAttention(6, out_channels=4, heads=2, project_values=False)
