@@ -495,9 +495,9 @@ KNOWN_SYNCS: dict[str, str] = {
     "VCCEncoder": _VCC + " and the per-call segment tree (SegmentTree.from_ptr)",
     "HierarchicalSelfAttention-hubs": (
         "hubs lift this pass's best leaves to the root: a new tree and its TreeIndex per "
-        "forward (data/transforms.py lift_leaves, ops/tree_index.py)"
+        "forward (data/restructure.py lift_leaves, plan/tree_index.py)"
     ),
-    "coarsen_leaves": "builds the coarser hierarchy (data/transforms.py coarsen_hierarchy)",
+    "coarsen_leaves": "builds the coarser hierarchy (data/restructure.py coarsen_hierarchy)",
     "HTEDecoder-flat": (
         "the flat baseline pads per tree with to_dense_batch and unpads with a boolean mask "
         "(nn/hte_decoder.py CausalSelfAttention.forward)"

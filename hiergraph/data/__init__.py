@@ -21,8 +21,8 @@ from hiergraph.data.multimodal import (
     multimodal_hierarchy,
 )
 from hiergraph.data.nested import Family, from_nested
+from hiergraph.data.restructure import coarsen_hierarchy, flatten_hierarchy, lift_leaves
 from hiergraph.data.signal_hierarchy import SignalHierarchy
-from hiergraph.data.transforms import coarsen_hierarchy, flatten_hierarchy, lift_leaves
 from hiergraph.data.validation import validate_structure
 from hiergraph.data.windows import random_window_hierarchy, window_forest, window_hierarchy
 

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from hiergraph.data.domain import Domain
-from hiergraph.data.transforms import lift_leaves, tree_of_nodes
+from hiergraph.data.restructure import lift_leaves, tree_of_nodes
 from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.nn.typed_linear import TypedLinear
 from hiergraph.ops.hsa import KERNELS, hierarchical_attention
@@ -69,7 +69,7 @@ class HierarchicalSelfAttention(nn.Module):
         hubs: ``g > 0`` lifts the ``g`` leaves of every tree with the highest
             root-level score (:mod:`hiergraph.ops.hubs`, from this layer's own
             queries and keys, heads pooled) to the root, in a position-free
-            slot, before attending (:func:`~hiergraph.data.transforms.lift_leaves`):
+            slot, before attending (:func:`~hiergraph.data.restructure.lift_leaves`):
             every query then sees those keys one by one. Trees of at most ``g``
             leaves get flat softmax attention. The choice is per forward pass
             and not differentiable; the attention over the chosen tree is.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from hiergraph.data.transforms import flatten_hierarchy
+from hiergraph.data.restructure import flatten_hierarchy
 from hiergraph.nn._checks import check_features, check_int, check_probability
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.position import FamilyPositionEncoder

@@ -12,7 +12,7 @@ from torch_geometric.utils import scatter
 
 from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype
-from hiergraph.data.transforms import coarsen_hierarchy, tree_of_nodes
+from hiergraph.data.restructure import coarsen_hierarchy, tree_of_nodes
 
 if TYPE_CHECKING:
     from hiergraph.data.signal_hierarchy import SignalHierarchy

@@ -3,7 +3,7 @@ r"""Hub leaves: the keys a whole tree attends to, chosen per tree in :math:`O(L\
 HSA sees a leaf outside a query's own family only through the mean key and
 value of the block it sits in (Thm. 3.2), so a single salient key far away (a
 topic word three sentences on) gets ``1 / n(B)`` of its block's mass. Lifting
-a few such leaves to the root (:func:`~hiergraph.data.transforms.lift_leaves`)
+a few such leaves to the root (:func:`~hiergraph.data.restructure.lift_leaves`)
 lets every query weigh them one by one. The leaves are chosen by the score the
 root family would give them,
 

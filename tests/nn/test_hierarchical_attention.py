@@ -3,7 +3,7 @@ import torch
 from torch_geometric.data import Batch
 
 from hiergraph.data import flatten_hierarchy, from_nested, window_hierarchy
-from hiergraph.data.transforms import lift_leaves
+from hiergraph.data.restructure import lift_leaves
 from hiergraph.nn import FamilyPositionEncoder, HierarchicalSelfAttention
 from hiergraph.ops import hierarchical_attention
 from hiergraph.ops.hubs import root_scores, top_per_tree
