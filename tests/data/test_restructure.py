@@ -10,7 +10,7 @@ from hiergraph.data import (
     random_window_hierarchy,
     window_hierarchy,
 )
-from hiergraph.data.transforms import lift_leaves, tree_of_nodes
+from hiergraph.data.restructure import lift_leaves, tree_of_nodes
 from hiergraph.ops import hierarchical_attention
 
 
