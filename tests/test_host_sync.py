@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch_geometric.data import Batch, Data
 
 from hiergraph._device import cpu_as_accelerator
-from hiergraph.data import from_nested, random_window_hierarchy, window_hierarchy
+from hiergraph.data import from_nested, random_window_hierarchy, window_forest, window_hierarchy
 from tests.host_sync import HostSyncRecorder
 
 CUDA = torch.cuda.is_available()
@@ -96,11 +96,19 @@ def _graph(device, n=30, edges=90):
 # ------------------------------------------------------------------------------------ ops
 
 
-def hsa(device, **options):
+def _uniform_forest(device):
+    """Three equal window trees: an equal-fanout forest (the reshaped-view paths)."""
+    forest = window_forest([16] * 3, (4, 4))
+    forest.tree_index()
+    return forest.to(device)
+
+
+def hsa(device, uniform=False, **options):
     from hiergraph.ops import hierarchical_attention
 
-    batch = _forest(device)
+    batch = _uniform_forest(device) if uniform else _forest(device)
     index = batch.tree_index()
+    assert (index.uniform is not None) == uniform
     L, N = index.num_leaves, index.num_nodes
     q, k = _rand(device, L, 2, 8, seed=0), _rand(device, L, 2, 8, seed=1)
     v, eps = _rand(device, L, 2, 4, seed=2), _rand(device, N, 4, seed=3)
@@ -111,10 +119,15 @@ def hsa(device, **options):
     return Case(lambda: hierarchical_attention(q, k, v, index, **options), [q, k, v, eps])
 
 
-def causal_hsa(device):
+def causal_hsa(device, uniform=False):
     from hiergraph.ops import causal_hierarchical_attention
 
-    h, plan = _ordered_tree(device)
+    if uniform:
+        h = _uniform_forest(device)
+        plan = h.causal_plan()
+        assert plan.tree_index is not None
+    else:
+        h, plan = _ordered_tree(device)
     q, k, v = (_rand(device, h.num_leaves, 2, 4, seed=i) for i in range(3))
     eps = _rand(device, h.num_nodes, 2, 3, seed=3)
     return Case(lambda: causal_hierarchical_attention(q, k, v, plan, pos_emb=eps), [q, k, v, eps])
@@ -444,6 +457,11 @@ CASES: dict[str, Callable[[str], Case]] = {
     "hsa-dense": lambda d: hsa(d, pos_emb=True),
     "hsa-edge": lambda d: hsa(d, pos_emb=True, kernel="edge"),
     "hsa-causal-mask": lambda d: hsa(d, include_self=True, leaky_causal=True, leaf_mask=True),
+    "hsa-uniform": lambda d: hsa(d, uniform=True, pos_emb=True),
+    "hsa-uniform-self-mask": lambda d: hsa(
+        d, uniform=True, include_self=True, leaky_causal=True, leaf_mask=True
+    ),
+    "causal-hsa-uniform": lambda d: causal_hsa(d, uniform=True),
     "causal-hsa": causal_hsa,
     "hmatrix": hmatrix,
     "hmatrix-causal": lambda d: hmatrix(d, causal=True),
