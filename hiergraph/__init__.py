@@ -53,18 +53,39 @@ Other names:
   (some ops also take its ``TreeIndex``).
 """
 
-from hiergraph import data, datasets, loader, masks, nn, ops, runtime, transforms
+import importlib
+
+from hiergraph import data, loader, masks, nn, ops, plan, runtime, transforms
 
 __version__ = "0.1.0"
+
+#: Subpackages imported on first access (PEP 562): dataset loaders, the Hugging Face
+#: integrations and the distributed helpers are not needed to build or run a model.
+_LAZY = ("datasets", "distributed", "integrations")
 
 __all__ = [
     "data",
     "datasets",
+    "distributed",
+    "integrations",
     "loader",
     "masks",
     "nn",
     "ops",
+    "plan",
     "runtime",
     "transforms",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
