@@ -10,16 +10,16 @@ class Domain(IntEnum):
     of the family it belongs to (that is, its *parent's* domain) in ``domain``,
     and its raw position in that domain in ``pos`` (a ``[2]`` integer pair):
 
-    ========== ============================= =====================================
-    member     meaning                       ``pos`` of a child
-    ========== ============================= =====================================
-    NONE       no family (tree roots)        ``(0, 0)``
+    ========== ============================================ ==================
+    member     meaning                                      ``pos`` of a child
+    ========== ============================================ ==================
+    NONE       no family (tree roots)                       ``(0, 0)``
     SET        unordered set, :math:`\varepsilon \equiv 0`  ``(0, 0)``
-    GRID1D     1-D grid (tokens, sentences)  ``(index, 0)``
-    GRID2D     2-D grid (image patches)      ``(row, col)``
-    KEY_VALUE  distinguishable keys          ``(key_id, 0)``
-    GRAPH      nodes of a graph              ``(node_id, 0)``
-    ========== ============================= =====================================
+    GRID1D     1-D grid (tokens, sentences)                 ``(index, 0)``
+    GRID2D     2-D grid (image patches)                     ``(row, col)``
+    KEY_VALUE  distinguishable keys                         ``(key_id, 0)``
+    GRAPH      nodes of a graph                             ``(node_id, 0)``
+    ========== ============================================ ==================
     """
 
     NONE = 0

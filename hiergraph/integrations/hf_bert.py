@@ -136,8 +136,9 @@ class HSASelfAttention(nn.Module):
                 (1 or ``True`` = attend, or additive); only key padding is allowed
                 (:func:`~hiergraph.integrations.valid_token_mask`).
                 (default: :obj:`None`, no padding)
-            *args, **kwargs: the rest of transformers' call (ignored; a KV cache or
+            *args: the rest of transformers' call (ignored; a KV cache or
                 cross-attention input raises).
+            **kwargs: as ``*args``.
 
         Returns:
             ``(context [B, T, hidden], None)``.

@@ -22,8 +22,10 @@ class CausalPlan:
     ints are numbered in reading order). Depth ``s`` runs from 0 (roots) to
     ``D``.
 
-    Attributes (``L`` leaves, ``N`` nodes, per depth ``s = 1 .. D`` the
-    ``P_s`` leaves at depth ``>= s``):
+    Shapes: ``L`` leaves, ``N`` nodes, per depth ``s = 1 .. D`` the ``P_s`` leaves
+    at depth ``>= s``.
+
+    Attributes:
         num_nodes, num_leaves, max_depth: sizes.
         leaf_node: ``[L]`` node id of each leaf.
         leaf_depth: ``[L]`` depth of each leaf.

@@ -187,7 +187,9 @@ class TreeIndex:
     which caches it); it depends on the structure only and is reused by
     every layer and head.
 
-    Attributes (``N`` nodes, ``L`` leaves, ``D`` depth levels):
+    Shapes: ``N`` nodes, ``L`` leaves, ``D`` depth levels.
+
+    Attributes:
         order: ``[N]`` node id at each BFS position.
         rank: ``[N]`` BFS position of each node id (inverse of ``order``).
         level_ptr: ``D + 1`` Python ints.
