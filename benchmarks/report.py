@@ -1,0 +1,1107 @@
+"""Render ``benchmarks/README.md`` from the JSON results in ``benchmarks/results/``.
+
+    python benchmarks/report.py            # rewrite benchmarks/README.md
+    python benchmarks/report.py --check    # exit 1 when README.md is not what the JSON gives
+
+Every number of the README comes from a JSON file: nothing is typed by hand.
+``tests/test_benchmarks_report.py`` checks that the committed README equals this
+rendering, so after a benchmark writes new results, run this script and commit both.
+
+Conventions of the tables:
+
+* a time measured more than once is ``median [min–max]``, with the number of samples
+  or interleaved rounds in the caption or in brackets (``×n``); where only medians or
+  quartiles were recorded, the table says so;
+* an accuracy over seeds is ``mean ± std [min–max]``, std the sample standard deviation
+  (n − 1), with the number of seeds in its own column;
+* sections whose JSON is absent are left out (the GPU section says that no run was made).
+
+The script needs only the standard library (no torch, no matplotlib): the plots are the
+PNGs the benchmarks wrote next to their JSON, and are linked, not redrawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+README = HERE / "README.md"
+
+
+# ------------------------------------------------------------------ number formatting
+
+
+def num(x: float | None, digits: int = 3) -> str:
+    """``x`` with ``digits`` significant digits, no exponent for ordinary magnitudes."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if x == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(x)))
+    if magnitude < -3 or magnitude >= 7:
+        return f"{x:.{digits - 1}e}"
+    decimals = max(digits - 1 - magnitude, 0)
+    return f"{x:,.{decimals}f}"
+
+
+def secs(s: float | None) -> str:
+    """A duration in seconds, in ms below one second."""
+    if s is None:
+        return "–"
+    return f"{num(s * 1e3)} ms" if abs(s) < 1 else f"{num(s)} s"
+
+
+def ratio(x: float | None) -> str:
+    return "–" if x is None else f"{num(x)}×"
+
+
+def threads(n) -> str:
+    return f"{n} thread" if n == 1 else f"{n} threads"
+
+
+def acc(x: float | None) -> str:
+    return "–" if x is None else f"{x:.4f}"
+
+
+def spread(samples: list[float], unit: Callable[[float], str] = secs) -> str:
+    """``median [min–max] ×n`` of ``samples`` (one sample: the value and ``×1``)."""
+    samples = [s for s in samples if s is not None]
+    if not samples:
+        return "–"
+    median = unit(statistics.median(samples))
+    if len(samples) == 1:
+        return f"{median} ×1"
+    return f"{median} [{unit(min(samples))}–{unit(max(samples))}] ×{len(samples)}"
+
+
+def mean_std(values: list[float], digits: int = 4) -> str:
+    """``mean ± std [min–max]`` over seeds (sample std)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return f"{mean:.{digits}f}"
+    std = statistics.stdev(values)
+    return f"{mean:.{digits}f} ± {std:.{digits}f} [{min(values):.3f}–{max(values):.3f}]"
+
+
+def table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def code(text: str) -> str:
+    return "`" + text.replace("`", "'") + "`"
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def plot(name: str, alt: str) -> list[str]:
+    return [f"![{alt}](results/{name})", ""] if (RESULTS / name).exists() else []
+
+
+def source(*names: str) -> str:
+    present = [n for n in names if (RESULTS / n).exists()]
+    return "Source: " + ", ".join(f"[`{n}`](results/{n})" for n in present) + "."
+
+
+# ------------------------------------------------------------------------- sections
+
+
+def hsa_scaling() -> list[str] | None:
+    data = load("hsa_scaling.json")
+    if data is None:
+        return None
+    meta, rows = data["meta"], data["rows"]
+    by = {(r["n"], r["method"]): r for r in rows}
+    reps = meta["reps"]
+    out = [
+        f"{meta['heads']} heads, d = {meta['dim']}, {meta['dtype']}, CPU, "
+        f"{threads(meta['threads'])}. Window hierarchy (branching per N below); ragged: "
+        "random windows with the same mean; bound: one batched SDPA call per level over "
+        "that level's families. "
+        f"Medians of {reps} interleaved repetitions up to N = 16,384 and "
+        f"{max(reps - 2, 1)} above (only the medians are stored); peak: growth of the "
+        "resident-set high-water mark during one forward+backward in a fresh process. "
+        f"Command: {code(meta['command'])}.",
+        "",
+    ]
+    body = []
+    for n in sorted({r["n"] for r in rows}):
+        w, g, b = by[(n, "hsa-window")], by[(n, "hsa-ragged")], by[(n, "bound")]
+        f = by.get((n, "flat-sdpa"))
+        flat = f"{secs(f['forward_s'])} / {secs(f['forward_backward_s'])}" if f else "not run"
+        body.append([
+            f"{n:,}", ",".join(map(str, meta["branching"][str(n)])),
+            f"{secs(w['forward_s'])} / {secs(w['forward_backward_s'])}",
+            secs(g["forward_backward_s"]), secs(b["forward_backward_s"]), flat,
+            ratio(f["forward_backward_s"] / w["forward_backward_s"]) if f else "–",
+            ratio(w["forward_backward_s"] / b["forward_backward_s"]),
+            num(w["peak_mb"]) if w["peak_mb"] is not None else "–",
+        ])  # fmt: skip
+    out += table(
+        ["N", "branching", "HSA window fwd / fwd+bwd", "HSA ragged fwd+bwd", "bound fwd+bwd",
+         "flat SDPA fwd / fwd+bwd", "flat ÷ HSA", "HSA ÷ bound", "HSA peak MB"],
+        body,
+    )  # fmt: skip
+    return out + [source("hsa_scaling.json"), ""] + plot("hsa_scaling.png", "HSA scaling")
+
+
+def hsa_short() -> list[str] | None:
+    names = [n for n in ("hsa_short_1t.json", "hsa_short_2t.json") if (RESULTS / n).exists()]
+    if not names:
+        return None
+    out = [
+        "Batches of window trees at the lengths most models run, forward+backward, float32, "
+        "CPU. Methods ran in interleaved rounds (each round runs every method once); cells "
+        "are median [min–max] over the rounds, wall clock and process CPU time.",
+        "",
+    ]
+    for name in names:
+        data = load(name)
+        meta, rows = data["meta"], data["rows"]
+        n_threads = rows[0]["threads"] if rows else "?"
+        out += [
+            f"**{threads(n_threads)}**: {meta['heads']} heads, d = {meta['dim']}, "
+            f"{meta['dtype']}; command {code(meta['command'])}.",
+            "",
+        ]
+        body = []
+        for row in rows:
+            shape = f"{row['batch']} × {row['length']:,} ({','.join(map(str, row['branching']))})"
+            cpu = row.get("cpu_samples_s", {})
+            for method, samples in row["samples_s"].items():
+                compile_s = row.get("compile_s") if method.endswith("compiled") else None
+                body.append([
+                    shape, method, row["rounds"], spread(samples),
+                    spread(cpu[method]) if method in cpu else "–",
+                    ratio(row["flat_over"][method]), ratio(row["over_bound"][method]),
+                    secs(compile_s) if compile_s else "–",
+                ])  # fmt: skip
+                shape = ""
+        out += table(
+            ["B × L (branching)", "method", "rounds", "wall", "CPU", "flat ÷ method",
+             "method ÷ bound", "compile"],
+            body,
+        )  # fmt: skip
+        flops = ", ".join(
+            f"{r['batch']} × {r['length']:,}: {num(r['flop_ratio_flat_over_hsa'])}×" for r in rows
+        )
+        out += [f"Attention FLOPs, flat ÷ HSA: {flops}.", ""]
+        out += [source(name), ""] + plot(name.replace(".json", ".png"), f"HSA short, {name}")
+    return out
+
+
+def hte_epoch() -> list[str] | None:
+    d = load("hte_epoch.json")
+    if d is None:
+        return None
+    out = [
+        f"One training epoch of a Hierarchical Transformer Encoder on {d['data']}: "
+        f"{d['trees']:,} trees of {num(d['mean_leaves'])} leaves on average, {d['layers']} "
+        f"layers, width {d['hidden']}, {d['heads']} heads, batch {d['batch_size']}, "
+        f"{threads(d['threads'])}; one run. Command: {code(d['command'])}.",
+        "",
+    ]
+    out += table(
+        ["epoch", "target", "median step", "steps", "tree building", "parameters"],
+        [[secs(d["epoch_s"]), secs(d["target_s"]), secs(d["median_step_s"]), d["steps"],
+          secs(d["build_trees_s"]), f"{d['parameters']:,}"]],
+    )  # fmt: skip
+    return out + [source("hte_epoch.json"), ""] + plot("hte_epoch.png", "HTE epoch")
+
+
+def _masked_case_row(case: dict, with_edges: bool = True) -> list[str]:
+    methods = case["methods"]
+
+    def cell(method):
+        m = methods.get(method)
+        if m is None:
+            return "–"
+        if "skipped" in m or "samples_s" not in m:
+            return "skipped"
+        return spread(m["samples_s"])
+
+    def peak(method):
+        m = methods.get(method) or {}
+        return num(m["peak_mib"]) if "peak_mib" in m and "samples_s" in m else "–"
+
+    r = case["ratios"]
+    diff = [
+        r.get("max_abs_diff_ours_vs_transformer_conv"),
+        r.get("max_abs_diff_ours_vs_dense_sdpa"),
+    ]
+    row = [case["mask"], f"{case['num_nodes']:,}"]
+    row += [f"{case['num_edges']:,}"] if with_edges else []
+    return row + [
+        cell("ours"), cell("transformer_conv"), cell("dense_sdpa"),
+        ratio(r.get("transformer_conv_time_over_ours")), ratio(r.get("dense_sdpa_time_over_ours")),
+        " / ".join(peak(m) for m in ("ours", "transformer_conv", "dense_sdpa")),
+        " / ".join(num(x, 2) if x is not None else "–" for x in diff),
+    ]  # fmt: skip
+
+
+def masked_attention() -> list[str] | None:
+    out = []
+    for name in ("masked_attention.json", "masked_attention_16k.json"):
+        data = load(name)
+        if data is None:
+            continue
+        s = data["setting"]
+        out += [
+            f"**{code(data['command'])}**: one layer, {s['pass']}, {s['in_channels']} input "
+            f"channels, {s['heads']} heads × {s['out_channels_per_head']}, {s['dtype']}, "
+            f"{threads(s['threads'])}, window p = {s['window_p']}. Samples per method: one "
+            f"run in a fresh process (its peak memory) plus {s['reps']} interleaved rounds; a "
+            f"method whose fresh run took over {num(s['single_sample_above_s'])} s keeps that "
+            "run as its only sample.",
+            "",
+        ]
+        out += table(
+            ["mask", "N", "edges", "ours", "TransformerConv", "dense SDPA", "TC ÷ ours",
+             "dense ÷ ours", "peak MiB ours / TC / dense", "max abs diff vs TC / dense"],
+            [_masked_case_row(c) for c in data["cases"]],
+        )  # fmt: skip
+        out += [source(name), ""] + plot(name.replace(".json", ".png"), name)
+    return out or None
+
+
+def cone_speed() -> list[str] | None:
+    d = load("cone.json")
+    if d is None:
+        return None
+    out = [
+        f"Forward+backward on Cora, {threads(d['threads'])}, {d['reps']} interleaved rounds "
+        "(after warm-up rounds). CPU time of the timing thread: median [first–third "
+        "quartile] (only the quartiles are stored); wall clock: median. Target: "
+        f"{d['target']}.",
+        "",
+    ]
+    body = []
+    for kind, rows in d["results"].items():
+        for name, r in rows.items():
+            body.append([
+                kind, name, f"{num(r['median_ms'])} ms [{num(r['q1_ms'])}–{num(r['q3_ms'])}]",
+                ratio(r["ratio_to_gat"]), f"{num(r['wall_median_ms'])} ms",
+                ratio(r["wall_ratio_to_gat"]),
+            ])  # fmt: skip
+            kind = ""
+    out += table(["step", "attention", "CPU ms", "÷ gat (CPU)", "wall", "÷ gat (wall)"], body)
+    return out + [source("cone.json"), ""] + plot("cone.png", "ConeConv vs GATConv")
+
+
+def _fmean(values: list | None) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _median_int(values: list | None) -> str:
+    return f"{statistics.median(values):g}" if values else "–"
+
+
+def _by_validation(item: tuple[str, dict]) -> float:
+    return -statistics.fmean(item[1]["val_accuracy"])
+
+
+def cone_accuracy() -> list[str] | None:
+    files = [
+        "cone_cora_accuracy.json", "cone_cora_accuracy_p300.json",
+        "cone_cora_accuracy_p1000.json", "cone_cora_accuracy_p300_feature_dropout.json",
+    ]  # fmt: skip
+    out = []
+    for name in files:
+        data = load(name)
+        if data is None:
+            continue
+        body = []
+        for key, r in data["rows"].items():
+            final = r.get("final_model")
+            body.append([
+                code(key), len(r["test_accuracy"]), mean_std(r["test_accuracy"]),
+                acc(_fmean(r.get("val_accuracy"))), _median_int(r.get("best_epoch")),
+                f"{r['budget']['max_epochs']:,} / {r['budget']['patience']:,}",
+                mean_std(final["test_accuracy"]) if final else "–",
+            ])  # fmt: skip
+        patience = sorted({r["budget"]["patience"] for r in data["rows"].values()})
+        label = "patience " + " / ".join(f"{p:,}" for p in patience)
+        out += [f"**{label}** (`{name}`): {data['what']}.", ""]
+        out += table(
+            ["attention [options]", "seeds", "test accuracy", "validation (mean)",
+             "best epoch (median)", "max epochs / patience", "final model (paper's protocol)"],
+            body,
+        )  # fmt: skip
+        out += [source(name), ""]
+    for name in ("cone_cora_sweep.json", "cone_cora_sweep_p300.json"):
+        data = load(name)
+        if data is None:
+            continue
+        rows = dict(data["rows"])
+        rows.update({f"{k} (compared with)": v for k, v in data.get("compared_with", {}).items()})
+        body = [
+            [code(k), len(r["seeds"]), acc(statistics.fmean(r["val_accuracy"])),
+             acc(statistics.fmean(r["test_accuracy"]))]
+            for k, r in sorted(rows.items(), key=_by_validation)
+        ]  # fmt: skip
+        out += [f"**Validation sweep** ({data['what']} Command: {code(data['command'])}.)", ""]
+        out += table(["attention [options]", "seeds", "validation (mean)", "test (mean)"], body)
+        out += [source(name), ""]
+    return out or None
+
+
+def _hmatrix_table(data: dict) -> list[str]:
+    rows = data["rows"]
+    by = {(r["length"], r["causal"], r["method"]): r for r in rows}
+    body = []
+    for length, causal in sorted({(r["length"], r["causal"]) for r in rows}):
+        ours = by[(length, causal, "hmatrix")]
+        sdpa = by.get((length, causal, "sdpa"))
+        proj = by.get((length, causal, "sdpa (projected L^2 matrix)"), {})
+        pkg = by.get((length, causal, "h-transformer-1d"))
+        if sdpa:
+            sdpa_cell, sdpa_ratio = (
+                spread(sdpa["times_s"]),
+                ratio(sdpa["median_s"] / ours["median_s"]),
+            )
+        elif "median_s" in proj:
+            sdpa_cell = f"({secs(proj['median_s'])}, projected from L²)"
+            sdpa_ratio = f"({ratio(proj['median_s'] / ours['median_s'])})"
+        else:
+            sdpa_cell = sdpa_ratio = "–"
+        err = (
+            f"{num(ours['max_err_vs_softmax'], 2)} / {num(pkg['max_err_vs_softmax'], 2)}"
+            if pkg
+            else "–"
+        )
+        body.append([
+            f"{length:,}", "causal" if causal else "bidir.", spread(ours["times_s"]), sdpa_cell,
+            spread(pkg["times_s"]) if pkg else "–", sdpa_ratio,
+            ratio(pkg["median_s"] / ours["median_s"]) if pkg else "–",
+            num(ours["max_err_vs_implied"], 2), err,
+            num(pkg["max_err_ones"], 3) if pkg else "–",
+            num(ours["peak_mib"] / proj["peak_mib"], 3) if "peak_mib" in proj else "–",
+        ])  # fmt: skip
+    return table(
+        ["L", "mode", "ours", "flat SDPA", "`h-transformer-1d`", "SDPA ÷ ours", "package ÷ ours",
+         "ours: err vs implied dense", "err vs softmax: ours / package",
+         "package: max abs(out − 1) at V ≡ 1", "ours peak ÷ L² matrix"],
+        body,
+    )  # fmt: skip
+
+
+def hmatrix() -> list[str] | None:
+    out = []
+    for name, label in (
+        ("hmatrix.json", "allocator: freed memory reused (`hiergraph.runtime.reuse_freed_memory`)"),
+        ("hmatrix_default_allocator.json", "allocator: glibc defaults"),
+    ):
+        data = load(name)
+        if data is None:
+            continue
+        c = data["config"]
+        out += [
+            f"**{label}**. B = {c['batch']}, {c['heads']} heads, d = {c['dim']}, block size "
+            f"(Nr) {c['block_size']}, {c['dtype']}, {c['threads']} threads, forward+backward; "
+            f"methods interleaved, {c['repeats']} rounds (flat SDPA: {c['sdpa_rounds_from_16k']} "
+            f"from 16K; every method {c['rounds_at_64k']} at 64K); errors on "
+            f"{data['rows'][0].get('sampled_rows', '–')} sampled query rows against float64 "
+            f"references. Command: {code(data['command'])}.",
+            "",
+        ]
+        out += _hmatrix_table(data)
+        out += [source(name), ""] + plot(name.replace(".json", ".png"), name)
+    listops = load("hmatrix_listops.json")
+    if listops is not None:
+        a = listops["args"]
+        out += [
+            f"**ListOps** ({a['train_size']:,} training / {a['test_size']:,} test expressions "
+            f"of {a['min_len']}–{a['max_len']} tokens, {num(a['budget_seconds'])} s of training "
+            f"per encoder; `examples/listops.py`): a smoke-scale run, not an accuracy "
+            "comparison.",
+            "",
+        ]
+        out += table(
+            ["encoder", "parameters", "steps", "s / step", "last loss", "test accuracy"],
+            [[r["encoder"], f"{r['parameters']:,}", r["steps"], num(r["seconds_per_step"]),
+              num(r["last_loss"]), acc(r["test_accuracy"])] for r in listops["results"]],
+        )  # fmt: skip
+        out += [source("hmatrix_listops.json"), ""]
+    return out or None
+
+
+def vcc() -> list[str] | None:
+    d = load("vcc.json")
+    if d is None:
+        return None
+    c, m = d["config"], d["machine"]
+    out = [
+        f"One layer ({c['layer']}), forward+backward, d = {c['dim']}, {c['heads']} heads, "
+        f"{c['num_vip']} VIP tokens, block size {c['block_size']}, {c['num_refined']} refined "
+        f"blocks, {c['dtype']}, batch {c['batch']}, {threads(m['threads'])}; VCC and the full "
+        "layer interleaved (`python benchmarks/vcc.py`). Error: relative error of the VIP "
+        "rows' update, on trained-like / iid inputs.",
+        "",
+    ]
+    by = {(r["n"], r["method"]): r for r in d["rows"]}
+    body = []
+    for n in sorted({r["n"] for r in d["rows"]}):
+        v = by[(n, "vcc")]
+        full = by.get((n, "full"))
+        projected = by.get((n, "full (projected n^2)"))
+        if full:
+            full_cell, speed = spread(full["times_s"]), ratio(full["median_s"] / v["median_s"])
+            peaks = f"{num(v['peak_mib'])} / {num(full['peak_mib'])}"
+        else:
+            full_cell = f"({secs(projected['median_s'])}, projected n²)" if projected else "–"
+            speed, peaks = "–", f"{num(v['peak_mib'])} / –"
+        e = v.get("errors", {})
+        err = (
+            f"{num(100 * e['trained_like']['vip_update_rel_error'])}% / "
+            f"{num(100 * e['iid']['vip_update_rel_error'])}%"
+            if e
+            else "–"
+        )
+        body.append([f"{n:,}", f"{v['compressed_length']:,}", spread(v["times_s"]), full_cell,
+                     speed, peaks, err])  # fmt: skip
+    out += table(
+        ["n", "compressed length r", "VCC", "full", "full ÷ VCC", "peak RSS MiB VCC / full",
+         "VIP update error"],
+        body,
+    )  # fmt: skip
+    return out + [source("vcc.json"), ""] + plot("vcc.png", "VCC")
+
+
+def _doc_budget(budget: list[str]) -> str:
+    skip = {"--dataset", "--embedding", "--threads"}
+    out, i = [], 0
+    while i < len(budget):
+        if budget[i] in skip:
+            i += 2
+        elif budget[i] == "--no-progress":
+            i += 1
+        else:
+            out.append(budget[i])
+            i += 1
+    return " ".join(out)
+
+
+def _doc_rows(data: dict, with_test: bool = True) -> list[list[str]]:
+    body = []
+    for label in dict.fromkeys(r["label"] for r in data["runs"]):
+        runs = [r for r in data["runs"] if r["label"] == label]
+        epochs = [h for r in runs for h in r["history"]]
+        cpu = [h["epoch_cpu_seconds"] for h in epochs if "epoch_cpu_seconds" in h]
+        row = [label, len(runs)]
+        if with_test:
+            row += [mean_std([r["test_acc"] for r in runs]),
+                    acc(statistics.fmean(r["test_f1"] for r in runs))]  # fmt: skip
+        row += [
+            acc(statistics.fmean(r["val_acc"] for r in runs)),
+            spread([h["epoch_seconds"] for h in epochs], num),
+            spread(cpu, num) if cpu else "–",
+        ]
+        body.append(row)
+    return body
+
+
+def documents() -> list[str] | None:
+    out = []
+    header = ["model", "seeds", "test accuracy", "test F1 (mean)", "validation (mean)",
+              "epoch wall s", "epoch CPU s"]  # fmt: skip
+    for name in ("documents_imdb.json", "documents_20ng.json", "documents_bbc.json"):
+        data = load(name)
+        if data is None:
+            continue
+        out += [
+            f"**{data['dataset']}**, one budget for every model: "
+            f"{code(_doc_budget(data['budget']))}. Epoch times: median [min–max] over the "
+            "epochs of all seeds.",
+            "",
+        ]
+        body = _doc_rows(data)
+        tfidf = data.get("tfidf_logreg")
+        if tfidf:
+            body.append(["TF-IDF + LR", "–", acc(tfidf["test_acc"]), "–", acc(tfidf["val_acc"]),
+                         "–", "–"])  # fmt: skip
+        out += table(header, body)
+        out += [f"Commands: {code(data['command'])}.", "", source(name), ""]
+    selection = sorted(RESULTS.glob("documents-select-*.json"))
+    if selection:
+        out += [
+            "**Model-selection and longer-budget runs** (`run --tag NAME`): each file, its "
+            "budget and its models.",
+            "",
+        ]
+        for path in selection:
+            data = json.loads(path.read_text())
+            out += [f"`{path.name}` ({data['dataset']}, {code(_doc_budget(data['budget']))}):", ""]
+            out += table(header, _doc_rows(data))
+        out += ["Commands are stored in each file (`command`).", ""]
+    epochs = sorted(RESULTS.glob("documents-epoch-*.json"))
+    if epochs:
+        body = []
+        for path in epochs:
+            d = json.loads(path.read_text())
+            kind = "extrapolated" if d.get("full_epoch_seconds_is_extrapolated") else "measured"
+            body.append([
+                code(d["command"]), d["torch_threads"], f"{d['train_documents']:,}",
+                num(d["measured_fraction"]), f"{secs(d['full_epoch_seconds'])} ({kind})",
+                secs(d["full_epoch_cpu_seconds"]), f"{num(d['leaves_per_second'])}",
+            ])  # fmt: skip
+        out += [
+            "**One IMDB HSA training epoch** (the whole training split, "
+            f"{json.loads(epochs[0].read_text())['train_split_documents']:,} documents):",
+            "",
+        ]
+        out += table(["command", "threads", "documents timed", "fraction", "epoch wall",
+                      "epoch CPU", "leaves / s"], body)  # fmt: skip
+        out += [source(*(p.name for p in epochs)), ""]
+    return (out + plot("documents.png", "documents")) if out else None
+
+
+def _mm_summary(runs: list[dict]) -> dict:
+    return {
+        "test_acc": [r["test"]["acc"] for r in runs],
+        "test_f1": [r["test"]["f1"] for r in runs],
+        "val_acc": [r["val"]["acc"] for r in runs],
+        "val_f1": [r["val"]["f1"] for r in runs],
+        "train": [r["train_seconds"] for r in runs],
+    }
+
+
+MM_DATASETS = {"openclipart": "Open Clip Art", "emoji": "Google emoji"}
+
+
+def multimodal() -> list[str] | None:
+    files = [
+        "multimodal.json", "multimodal_hubs.json", "multimodal_unimodal_hubs.json",
+        "multimodal_hubs_seeds5-9.json", "multimodal_emoji.json", "multimodal_emoji_hubs.json",
+    ]  # fmt: skip
+    out = []
+    for name in files:
+        data = load(name)
+        if data is None:
+            continue
+        cfg, sizes = data["config"], data["sizes"]
+        label = (
+            f"{MM_DATASETS.get(data['dataset'], data['dataset'])}: "
+            f"{', '.join(data['models'])}; seeds {' '.join(map(str, cfg['seeds']))}"
+        )
+        out += [
+            f"**{label}** ({len(data['classes'])} classes; train / val / test "
+            f"{sizes['train']:,} / {sizes['val']:,} / {sizes['test']:,}; {cfg['epochs']} epochs, "
+            f"batch {cfg['batch_size']}, lr {cfg['lr']:g}, {threads(data.get('torch_threads'))}; "
+            f"hub leaves per record: {cfg.get('hubs', 0)}). Command: {code(data['command'])}.",
+            "",
+        ]
+        body = []
+        for model, result in data["models"].items():
+            s = _mm_summary(result["runs"])
+            body.append([
+                model, f"{result['summary']['parameters']:,}", len(result["runs"]),
+                mean_std(s["test_acc"]), mean_std(s["test_f1"]), mean_std(s["val_acc"]),
+                mean_std(s["val_f1"]), spread(s["train"], num),
+            ])  # fmt: skip
+        for key, b in (data.get("baselines") or {}).items():
+            c = f" (C = {b['C']:g})" if "C" in b else ""
+            val = b.get("val", {})
+            body.append([f"{key}{c}", "–", "–", acc(b["test"]["acc"]), acc(b["test"]["f1"]),
+                         acc(val.get("acc")), acc(val.get("f1")), "–"])  # fmt: skip
+        out += table(
+            ["model", "parameters", "seeds", "test accuracy", "test macro-F1", "val accuracy",
+             "val macro-F1", "train s"],
+            body,
+        )  # fmt: skip
+        if "hsa" in data["models"] and len(data["models"]) > 1:
+            hsa = {r["seed"]: r for r in data["models"]["hsa"]["runs"]}
+            paired = []
+            for model, result in data["models"].items():
+                if model == "hsa":
+                    continue
+                cells = []
+                for metric in ("acc", "f1"):
+                    diffs = [hsa[r["seed"]]["test"][metric] - r["test"][metric]
+                             for r in result["runs"] if r["seed"] in hsa]  # fmt: skip
+                    wins = sum(d > 0 for d in diffs)
+                    std = f" ± {statistics.stdev(diffs):.3f}" if len(diffs) > 1 else ""
+                    cells.append(f"{statistics.fmean(diffs):+.3f}{std} ({wins}/{len(diffs)})")
+                paired.append([model, *cells])
+            out += ["Paired per seed, HSA − model on test (seeds where HSA is ahead):", ""]
+            out += table(["model", "accuracy", "macro-F1"], paired)
+        out += [source(name), ""] + plot(name.replace(".json", ".png"), label)
+    sel = load("multimodal_val_selection.json")
+    if sel is not None:
+        body = []
+        for r in sel["runs"]:
+            c = r["config"]
+            body.append([
+                r["model"], c["image_stem"], f"{c['image_size']}²", c["group_size"] or "–",
+                c["readout"], c["dropout"], c.get("hubs", 0),
+                " ".join(str(s["seed"]) for s in r["val_per_seed"]),
+                acc(r["val_acc_mean"]), acc(r["val_f1_mean"]),
+            ])  # fmt: skip
+        out += [f"**Model selection** ({sel['note']}):", ""]
+        out += table(["model", "stem", "image", "group", "readout", "dropout", "hubs", "seeds",
+                      "val accuracy", "val macro-F1"], body)  # fmt: skip
+        out += [source("multimodal_val_selection.json"), ""]
+    return out or None
+
+
+def _nc_table(data: dict) -> list[str]:
+    body = []
+    for key, r in data.items():
+        runs = r["runs"]
+        args = r.get("args", {})
+        stats = r.get("hierarchy_stats")
+        tree = (f"{args.get('tree', '?')}: {stats['num_families']:,} families, height "
+                f"{stats['height']}" if stats else "–")  # fmt: skip
+        budget = f"{args['epochs']:,} / {args['patience']}" if "epochs" in args else (
+            f"– / {r['patience']}" if "patience" in r else "–")  # fmt: skip
+        per_epoch = [x["sec_per_epoch"] for x in runs if "sec_per_epoch" in x]
+        body.append([
+            code(key), len(runs), mean_std([x["test"] for x in runs]),
+            acc(statistics.fmean(x["val"] for x in runs)),
+            _median_int([x["best_epoch"] for x in runs if "best_epoch" in x]), budget,
+            spread(per_epoch, num) if per_epoch else "–", tree,
+        ])  # fmt: skip
+    return table(
+        ["key", "seeds", "test accuracy", "validation (mean)", "best epoch (median)",
+         "max epochs / patience", "s / training step", "tree"],
+        body,
+    )  # fmt: skip
+
+
+def node_classification() -> list[str] | None:
+    files = [
+        ("node_classification.json", "the models"),
+        ("node_classification_sweep.json", "hybrid options, chosen on validation"),
+        ("node_classification_p300.json", "the models at a longer patience"),
+        ("node_classification_sweep_p300.json", "hybrid options, chosen on validation"),
+        ("node_classification_p300_lp_02af190.json",
+         "the hybrid on the label-propagation tree (trading moves resolved)"),
+        ("node_classification_sweep_p300_lp_02af190.json",
+         "ConeConv local layers under that tree, chosen on validation"),
+    ]  # fmt: skip
+    out = [
+        "`examples/node_classification.py`, Cora public split, 1 thread; the test score is read "
+        "at the epoch of best validation accuracy (ties: lower validation loss). Training-step "
+        "times: median [min–max] over the seeds' medians.",
+        "",
+    ]
+    found = False
+    for name, label in files:
+        data = load(name)
+        if data is None:
+            continue
+        found = True
+        out += [f"**{label}** (`{name}`)", ""] + _nc_table(data)
+        notes = [f"{code(k)}: {r['note']}" for k, r in data.items() if r.get("note")]
+        out += [f"Note: {n}" for n in notes] + ([""] if notes else [])
+        out += [source(name), ""]
+    return out if found else None
+
+
+def _gh_cell(runs: list[dict]) -> str:
+    if not runs:
+        return "–"
+    if "skipped" in runs[0]:
+        extra = runs[0].get("extrapolated_sec")
+        return "not run" + (f" (extrapolated {secs(extra)})" if extra else "")
+    return " / ".join(spread(r["times"]) for r in runs)
+
+
+def _over(runs: list[dict], hybrid_s: float | None) -> str:
+    """A method's time over the hybrid's (its two runs' median), or the extrapolated ratio."""
+    if runs and "sec" in runs[0] and hybrid_s:
+        return ratio(runs[0]["sec"] / hybrid_s)
+    if runs and runs[0].get("extrapolated_sec") and hybrid_s:
+        return f"({ratio(runs[0]['extrapolated_sec'] / hybrid_s)}, extrapolated)"
+    return "–"
+
+
+def graph_hsa() -> list[str] | None:
+    out = []
+    for name in ("graph_hsa.json", "graph_hsa_full_attention.json",
+                 "graph_hsa_full_attention_100k.json"):  # fmt: skip
+        data = load(name)
+        if data is None:
+            continue
+        out += [f"**{code(data['command'])}**: {data['what']}; {threads(data['threads'])}. The "
+                "hybrid runs twice per N (before and after the others); each run's cell is "
+                "median [min–max] over its repetitions.", ""]  # fmt: skip
+        body = []
+        for row in data["rows"]:
+            m = row["methods"]
+            hybrid = m["hsa_hybrid"]
+            first = hybrid[0]
+            medians = [r["sec"] for r in hybrid if "sec" in r]
+            full = m.get("gps_full", [])
+            perf = m.get("gps_performer", [])
+
+            hybrid_s = statistics.median(medians) if medians else None
+
+            body.append([
+                f"{row['n']:,}", secs(first.get("tree_build_sec")), _gh_cell(hybrid),
+                _gh_cell(full), _gh_cell(perf) if perf else "–",
+                " / ".join(f"{num(r['peak_mib'])}" for r in hybrid if "peak_mib" in r),
+                _over(full, hybrid_s), _over(perf, hybrid_s) if perf else "–",
+                f"{100 * first['leaf_families_in_one_block']:.1f}%"
+                if "leaf_families_in_one_block" in first else "–",
+            ])  # fmt: skip
+        out += table(
+            ["N", "tree build", "hybrid (2 runs)", "GPS full", "GPS Performer",
+             "hybrid peak MiB (runs)", "full ÷ hybrid", "Performer ÷ hybrid",
+             "leaf families in one block"],
+            body,
+        )  # fmt: skip
+        if data.get("note"):
+            out += [f"Note: {data['note']}.", ""]
+        out += [source(name), ""] + plot(name.replace(".json", ".png"), name)
+    return out or None
+
+
+def _mcnemar(a: str, b: str) -> tuple[int, int, float]:
+    """Exact McNemar test of two per-document bit strings: (only a, only b, two-sided p)."""
+    only_a = sum(x == "1" and y == "0" for x, y in zip(a, b, strict=True))
+    only_b = sum(x == "0" and y == "1" for x, y in zip(a, b, strict=True))
+    n, k = only_a + only_b, min(only_a, only_b)
+    if n == 0:
+        return only_a, only_b, 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return only_a, only_b, min(1.0, 2 * tail)
+
+
+ZS_METHODS = ("hsa", "block", "hsa_no_size_bias")
+ZS_LAYERS = ("last1", "last2", "last3", "all")
+
+
+def _zs_label(branching, hubs) -> str:
+    return ",".join(map(str, branching)) + (f" +{hubs} hubs" if hubs else "")
+
+
+def _zs_configs(res: dict) -> dict:
+    by = {}
+    for r in res["runs"]:
+        by[(r["layers"], tuple(r["branching"]), r.get("hubs", 0), r["method"])] = r
+    keys = sorted({k[:3] for k in by}, key=lambda k: (ZS_LAYERS.index(k[0]), k[1:]))
+    return {k: [by.get((*k, m)) for m in ZS_METHODS] for k in keys}
+
+
+def _zs_cells(runs, metric) -> str:
+    vals = [r.get(metric) for r in runs]
+    if None in vals:
+        return "–"
+    text = [f"{v:.3f}" for v in vals]
+    best = max(text)
+    return " / ".join(f"**{t}**" if t == best else t for t in text)
+
+
+def zeroshot() -> list[str] | None:
+    files = [
+        ("zeroshot_bbc.json", "BBC News, all articles"),
+        ("zeroshot_imdb.json", "IMDB, the fixed 2,000 / 2,000 subset"),
+        ("zeroshot_bbc_n200.json", "BBC News, a seeded 200-article subset"),
+        ("zeroshot_imdb_n400.json", "IMDB, a seeded 400-review sample"),
+        ("zeroshot_bbc_n48.json", "BBC News, 48 articles (timing runs)"),
+    ]
+    out = [
+        "all-MiniLM-L6-v2 with the attention of some layers replaced, no training. Each cell: "
+        "**HSA / same-FLOPs block attention / HSA without log n(B)**, the best in bold. "
+        "Cosine: sentence embedding vs the original; token cosine: last hidden states; probe: "
+        "logistic regression retrained on each method's embeddings; frozen probe: trained on "
+        "the original embeddings. FLOPs: attention FLOPs per replaced layer at the maximum "
+        "length.",
+        "",
+    ]
+    found = False
+    for name, label in files:
+        res = load(name)
+        if res is None:
+            continue
+        found = True
+        configs = _zs_configs(res)
+        out += [
+            f"**{label}** ({res['documents']:,} documents, {num(res['mean_tokens'])} tokens on "
+            f"average, at most {res['max_tokens']}; original probe "
+            f"{res['original']['probe']:.4f}; {threads(res['threads'])}):",
+            "",
+        ]
+        body = []
+        for (layers, branching, hubs), runs in configs.items():
+            if None in runs:
+                continue
+            f = runs[0]["flops_per_layer_at_max_tokens"]
+            body.append([
+                layers, _zs_label(branching, hubs),
+                *(_zs_cells(runs, m) for m in ("cosine", "token_cosine", "self_retrieval",
+                                               "probe", "frozen_probe")),
+                f"{num(f['flat'] / f['method'])}× (block {runs[1]['block']})",
+            ])  # fmt: skip
+        out += table(
+            ["layers", "branching", "cosine", "token cosine", "self-retrieval", "probe",
+             "frozen probe", "fewer FLOPs than softmax"],
+            body,
+        )  # fmt: skip
+        original = res["original"].get("probe_correct")
+        tests = []
+        for (layers, branching, hubs), runs in configs.items():
+            if original is None or None in runs or any("probe_correct" not in r for r in runs):
+                continue
+            for probe in ("probe", "frozen_probe"):
+                bits = [r[probe + "_correct"] for r in runs]
+                cells = []
+                for other in (*bits[1:], original):
+                    a, b, p = _mcnemar(bits[0], other)
+                    cells.append(f"{a}:{b}, p = {p:.2g}")
+                tests.append([layers, _zs_label(branching, hubs), probe, *cells])
+        if tests:
+            out += ["Paired exact McNemar tests (documents only HSA gets right : documents only "
+                    "the other gets right, two-sided p):", ""]  # fmt: skip
+            out += table(["layers", "branching", "probe", "HSA vs block", "HSA vs no log n(B)",
+                          "HSA vs original"], tests)  # fmt: skip
+        timing = {k: v for k, v in res.get("timing", {}).items() if "flat_sdpa" in v}
+        if timing:
+            out += ["Attention op alone, last layer, one batch (trees and hub choice included); "
+                    "medians of interleaved repetitions (the count is `TIMING_REPEATS` of "
+                    "`benchmarks/zeroshot.py`, not stored):", ""]  # fmt: skip
+            out += table(
+                ["tree", "batch", "flat SDPA", "HSA", "HSA without log n(B)", "block"],
+                [[k, " × ".join(map(str, t["batch"])), secs(t["flat_sdpa"]), secs(t["hsa"]),
+                  secs(t["hsa_no_size_bias"]), secs(t["block"])] for k, t in timing.items()],
+            )  # fmt: skip
+        out += [f"{len(res['commands'])} command(s), stored in the file.", "", source(name), ""]
+    fid = [(n, load(n)) for n in ("zeroshot_fidelity.json", "zeroshot_fidelity_hubs96.json")]
+    fid = [(n, d) for n, d in fid if d is not None]
+    if fid:
+        found = True
+        body = []
+        for _, d in fid:
+            tree = f"windows ({', '.join(map(str, d['branching']))})" + (
+                f" + {d['hubs']} hubs" if d["hubs"] else "")  # fmt: skip
+            body.append([tree, *(" / ".join(num(d[m][k], 2) for m in ZS_METHODS) for k in
+                                 ("row_kl", "token_rel_error", "pooled_rel_error", "hub_mass")),
+                         num(d["softmax_hub_mass"], 2)])  # fmt: skip
+        d0 = fid[0][1]
+        out += [f"**Attention-level fidelity**, last layer, {d0['documents']} documents of "
+                f"{d0['tokens']} tokens (HSA / block / HSA without log n(B)):", ""]  # fmt: skip
+        out += table(["tree", "row KL to softmax", "output error per token",
+                      "error of the token mean", "mass on softmax's top-5% keys",
+                      "softmax's own mass there"], body)  # fmt: skip
+        out += [source(*(n for n, _ in fid)), ""]
+    return (out + plot("zeroshot.png", "zero-shot")) if found else None
+
+
+def kv_cache() -> list[str] | None:
+    d = load("kv_cache.json")
+    if d is None:
+        return None
+    meta = d["meta"]
+    out = [
+        f"Decode step of one attention layer ({meta['heads']} heads × {meta['head_dim']}, "
+        f"{meta['dtype']}, {threads(meta['threads'])}), tree {code(meta['tree'])}; at each "
+        f"context length the next {meta['timed_tokens_per_context']} tokens are timed one by "
+        "one, the two caches interleaved token by token (mean and median per token are "
+        f"stored). Command: {code(meta['command'])}.",
+        "",
+    ]
+    by = {(r["context"], r["method"]): r for r in d["rows"]}
+    body = []
+    for n in sorted({r["context"] for r in d["rows"]}):
+        h, f = by[(n, "hierarchical")], by[(n, "flat")]
+        body.append([
+            f"{n:,}", f"{num(h['cpu_median_us'])} / {num(h['cpu_mean_us'])}",
+            f"{num(h['median_us'])}", f"{num(h['bytes'] / 1024)} KiB",
+            f"{num(f['cpu_median_us'])} / {num(f['cpu_mean_us'])}", f"{num(f['median_us'])}",
+            f"{num(f['bytes'] / 1024)} KiB",
+        ])  # fmt: skip
+    out += table(
+        ["context", "hierarchical CPU µs/token median / mean", "wall median µs", "cache",
+         "flat CPU µs/token median / mean", "wall median µs", "cache"],
+        body,
+    )  # fmt: skip
+    out += ["Growth from the shortest to the longest context:", ""]
+    out += table(
+        ["quantity", "hierarchical", "flat"],
+        [[q.replace("_", " "), ratio(d["summary"].get(f"hierarchical_{q}_growth_{span}")),
+          ratio(d["summary"].get(f"flat_{q}_growth_{span}"))]
+         for span in sorted({k.rsplit("growth_", 1)[1] for k in d["summary"]})
+         for q in ("cpu_median_us", "cpu_mean_us", "median_us", "mean_us", "bytes")],
+    )  # fmt: skip
+    out += [source("kv_cache.json"), ""]
+    return out + plot("kv_cache.png", "KV cache")
+
+
+def hierarchical_lm() -> list[str] | None:
+    d = load("hierarchical_lm.json")
+    if d is None:
+        return None
+    meta = d["meta"]
+    flags = " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in meta["args"].items() if k not in ("tar", "out")
+    )
+    out = [f"{meta['data']}; {meta['budget']}. Command: {code(meta['command'].strip())} with "
+           f"{code(flags)}.", ""]  # fmt: skip
+    body = [
+        [model, f"{r['parameters']:,}", r["train_steps"], num(r["train_cpu_seconds"]),
+         num(r["test_bits_per_byte"]), num(r["test_perplexity_per_byte"]),
+         num(r["decode_ms_per_token_median"]), num(r["cache_vs_full_pass_max_logit_diff"], 2)]
+        for model, r in d["results"].items()
+    ]  # fmt: skip
+    out += table(["model", "parameters", "training steps", "training CPU s", "test bits/byte",
+                  "perplexity/byte", "decode ms/token (median)",
+                  "cache vs full pass, max logit diff"], body)  # fmt: skip
+    return out + [source("hierarchical_lm.json"), ""] + plot("hierarchical_lm.png", "LM")
+
+
+def leaf_budget() -> list[str] | None:
+    d = load("leaf_budget.json")
+    if d is None:
+        return None
+    out = [
+        f"{d['memory']}; {d['num_trees']} synthetic trees ({d['giant_leaves']:,}-leaf giants "
+        f"included), hidden {d['hidden']}, {threads(d['threads'])}, {d['device']}. Target: "
+        f"{d['target']}. Command: {code(d['command'])}.",
+        "",
+    ]
+    body = []
+    for run in d["runs"]:
+        for model, m in run["models"].items():
+            fit, s = m["fit"], m["summary"]
+            cost = f"{num(fit['bytes_per_leaf'] / 1024)} KiB/leaf"
+            if fit.get("internal_weight"):
+                cost += f" + w = {num(fit['internal_weight'], 2)}/internal"
+            body.append([
+                run["budget"], model, f"{s['num_batches']} ({s['num_oversized']})", cost,
+                num(s["max_ratio_to_budget_prediction"]),
+                f"{num(s['min_ratio_to_own_prediction'])}–{num(s['max_ratio_to_own_prediction'])}",
+                num(s["mean_fill"], 2),
+            ])  # fmt: skip
+        fixed = run.get("fixed")
+        if fixed:
+            s = fixed["summary"]
+            body.append([
+                run["budget"], f"fixed {run['fixed_batch_size']} trees/batch",
+                s["num_batches"], "–", num(s["max_ratio_to_budget_prediction"]),
+                f"{num(s['min_ratio_to_own_prediction'])}–{num(s['max_ratio_to_own_prediction'])}",
+                "–",
+            ])  # fmt: skip
+    out += table(["budget", "cost model", "batches (oversized)", "fitted cost",
+                  "max peak ÷ budget prediction", "peak ÷ own prediction", "mean fill"],
+                 body)  # fmt: skip
+    return out + [source("leaf_budget.json"), ""] + plot("leaf_budget.png", "leaf budget")
+
+
+def gpu() -> list[str]:
+    d = load("gpu/gpu.json")
+    if d is None:
+        return ["No GPU run is recorded (`results/gpu/gpu.json` is absent). "
+                "`python benchmarks/gpu.py --out benchmarks/results/gpu` on a CUDA machine "
+                "writes it; this section then shows its tables.", ""]  # fmt: skip
+    meta, tests = d["meta"], d.get("tests", {})
+    out = [
+        f"Device: {meta.get('device_name', meta.get('device'))}; torch {meta.get('torch')}, "
+        f"CUDA {meta.get('cuda')}; command {code(str(meta.get('command', '')))}. Methods of "
+        "a case ran in interleaved rounds; cells are median [min–max] over the rounds.",
+        "",
+    ]
+    if tests:
+        counts = ", ".join(f"{k} {tests[k]}" for k in ("passed", "failed", "errors", "skipped")
+                           if k in tests)  # fmt: skip
+        out += [f"`pytest -m cuda`: {counts}.", ""]
+    body = []
+    for r in d["rows"]:
+        base = next((k for k in r if k.startswith("ratio_to_")), None)
+        if r["status"] == "ok":
+            times = spread([t / 1e3 for t in r.get("times_ms", [])])
+            peak = num(r["peak_mib"]) if r.get("peak_mib") is not None else "–"
+            rel = f"{ratio(r[base])} ({base.removeprefix('ratio_to_')})" if base else "–"
+        else:
+            times, peak, rel = f"{r['status']}: {r.get('reason', '')}", "–", "–"
+        body.append([r["section"], r["case"], r["dtype"], r["method"], times, peak, rel])
+    out += table(["section", "case", "dtype", "method", "forward+backward", "peak MiB",
+                  "time ÷ the case's first method"], body)  # fmt: skip
+    return out + [source("gpu/gpu.json"), ""] + plot("gpu/gpu.png", "GPU")
+
+
+SECTIONS: list[tuple[str, Callable[[], list[str] | None]]] = [
+    ("HSA: scaling to 256K leaves", hsa_scaling),
+    ("HSA at short lengths", hsa_short),
+    ("Hierarchical Transformer Encoder: one epoch", hte_epoch),
+    ("Masked attention (MaskedAttentionConv)", masked_attention),
+    ("Cone attention: speed", cone_speed),
+    ("Cone attention: Cora accuracy", cone_accuracy),
+    ("H-matrix attention", hmatrix),
+    ("VCC", vcc),
+    ("Documents", documents),
+    ("Multimodal records", multimodal),
+    ("Graphs: Cora node classification", node_classification),
+    ("Graphs: one GraphHSA layer at scale", graph_hsa),
+    ("Zero-shot HSA in a pretrained encoder", zeroshot),
+    ("Hierarchical KV cache", kv_cache),
+    ("Byte-level language model", hierarchical_lm),
+    ("Leaf-budget batching", leaf_budget),
+    ("GPU", gpu),
+]
+
+
+def anchor(title: str) -> str:
+    keep = "".join(c for c in title.lower() if c.isalnum() or c in " -")
+    return keep.replace(" ", "-")
+
+
+def render() -> str:
+    sections = [(title, fn()) for title, fn in SECTIONS]
+    sections = [(title, lines) for title, lines in sections if lines]
+    out = [
+        "# Benchmark results",
+        "",
+        "<!-- Generated by benchmarks/report.py from benchmarks/results/*.json: do not edit. -->",
+        "",
+        "Every number below is read from the JSON files in [`results/`](results/) by "
+        "`python benchmarks/report.py`, which writes this file; the plots are the PNGs the "
+        "benchmark scripts wrote. Timings are CPU measurements unless a section says "
+        "otherwise, on the machine named in each JSON; compare methods within a table.",
+        "",
+        "Conventions: a repeated time is **median [min–max] ×n** (n samples or interleaved "
+        "rounds); an accuracy over seeds is **mean ± std [min–max]** (sample std), with the "
+        "number of seeds in its own column; `–` marks a value that was not measured.",
+        "",
+        "## Contents",
+        "",
+    ]
+    out += [f"- [{title}](#{anchor(title)})" for title, _ in sections] + [""]
+    for title, lines in sections:
+        out += [f"## {title}", "", *lines]
+    while out and out[-1] == "":
+        out.pop()
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only compare, exit 1 if stale")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        current = README.read_text() if README.exists() else ""
+        if current != text:
+            print(f"{README} is out of date: run python benchmarks/report.py", file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(text)
+    print(f"wrote {README.relative_to(HERE.parent)} ({len(text.splitlines())} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

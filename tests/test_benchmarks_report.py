@@ -1,0 +1,121 @@
+"""``benchmarks/README.md`` is what ``benchmarks/report.py`` renders from the committed JSON
+results, and no result file records an absolute path."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+#: Prefixes of machine-specific absolute paths that must not appear in a result file.
+ABSOLUTE = re.compile(r"(?<![\w.])/(?:work|tmp|root|home|Users|mnt|scratch)/")
+
+
+@pytest.fixture
+def report():
+    spec = importlib.util.spec_from_file_location(
+        "benchmarks_report", REPO / "benchmarks/report.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_is_rendered_from_the_json(report):
+    readme = (REPO / "benchmarks" / "README.md").read_text()
+    assert readme == report.render(), (
+        "benchmarks/README.md is out of date: run `python benchmarks/report.py` and commit it"
+    )
+    assert report.main(["--check"]) == 0
+
+
+def test_every_plot_and_source_the_readme_links_exists():
+    readme = (REPO / "benchmarks" / "README.md").read_text()
+    links = re.findall(r"\]\((results/[^)]+)\)", readme)
+    assert links
+    missing = [link for link in links if not (REPO / "benchmarks" / link).exists()]
+    assert not missing, missing
+
+
+def _strings(value, path=""):
+    """Every string of a JSON value (keys included), with where it sits."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield f"{path}/{key} (key)", key
+            yield from _strings(item, f"{path}/{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{path}[{i}]")
+    elif isinstance(value, str):
+        yield path, value
+
+
+def test_no_result_file_holds_an_absolute_path():
+    files = sorted(RESULTS.rglob("*.json"))
+    assert files
+    bad = [
+        f"{file.relative_to(RESULTS)}{where}: {text[:120]!r}"
+        for file in files
+        for where, text in _strings(json.loads(file.read_text()))
+        if ABSOLUTE.search(text)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_optional_results_render_when_present(report, tmp_path, monkeypatch):
+    """A GPU run and a second ``hsa_short`` file (written by other scripts) get their
+    sections; without them the GPU section says that no run was made."""
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results)
+    monkeypatch.setattr(report, "RESULTS", results)
+    shutil.rmtree(results / "gpu", ignore_errors=True)
+    assert "No GPU run is recorded" in report.render()
+    (results / "gpu").mkdir()
+    rows = [
+        {"section": "hsa", "case": "8x2048", "dtype": "bf16", "method": "hsa", "status": "ok",
+         "median_ms": 2.0, "times_ms": [2.5, 2.0, 1.5], "rounds": 3, "peak_mib": 10.0,
+         "ratio_to_hsa": 1.0},
+        {"section": "hsa", "case": "8x2048", "dtype": "bf16", "method": "sdpa-flash",
+         "status": "ok", "median_ms": 1.0, "times_ms": [1.0, 1.1, 0.9], "rounds": 3,
+         "peak_mib": 20.0, "ratio_to_hsa": 0.5},
+        {"section": "hsa", "case": "8x2048", "dtype": "bf16", "method": "sdpa-efficient",
+         "status": "skipped", "reason": "section time cap"},
+    ]  # fmt: skip
+    gpu = {
+        "meta": {"device": "cuda", "device_name": "Some GPU", "torch": "2.x", "cuda": "12.x",
+                 "command": "python benchmarks/gpu.py --out benchmarks/results/gpu"},
+        "sections": {"hsa": {"status": "done"}},
+        "tests": {"passed": 7, "failed": 0, "errors": 0, "skipped": 1},
+        "rows": rows,
+    }  # fmt: skip
+    (results / "gpu" / "gpu.json").write_text(json.dumps(gpu))
+    source = RESULTS / "hsa_short_1t.json"
+    short = json.loads(source.read_text()) if source.exists() else None
+    if short is not None:  # the same rows, as if run with 2 threads
+        for row in short["rows"]:
+            row["threads"] = 2
+        (results / "hsa_short_2t.json").write_text(json.dumps(short))
+    text = report.render()
+    gpu_part = text[text.index("## GPU") :]
+    assert "Some GPU" in gpu_part and "passed 7" in gpu_part
+    assert "2.00 ms [1.50 ms–2.50 ms] ×3" in gpu_part and "0.500× (hsa)" in gpu_part
+    assert "skipped: section time cap" in gpu_part
+    if short is not None:
+        assert "**2 threads**" in text and "hsa_short_2t.json" in text
+
+
+def test_spreads_and_means(report):
+    assert report.spread([0.003, 0.001, 0.002]) == "2.00 ms [1.00 ms–3.00 ms] ×3"
+    assert report.spread([2.0]) == "2.00 s ×1"
+    assert report.mean_std([0.8, 0.9]) == "0.8500 ± 0.0707 [0.800–0.900]"
+    assert report.num(1234.5) == "1,234" and report.num(0.000012, 2) == "1.2e-05"
+    # exact McNemar: 20 : 2 discordant documents -> 2 * (1 + 22 + 231) / 2^22
+    a, b = "1" * 20 + "0" * 2 + "11", "0" * 20 + "1" * 2 + "11"
+    only_a, only_b, p = report._mcnemar(a, b)
+    assert (only_a, only_b) == (20, 2) and p == pytest.approx(2 * 254 / 2**22)
