@@ -1,6 +1,6 @@
-"""Every ``python`` code block of the README runs as written.
+"""Every ``python`` code block of the README and of the Markdown pages in ``docs/`` runs.
 
-A block runs in a fresh namespace. An HTML comment on the line before a block
+A block runs as written, in a fresh namespace. An HTML comment on the line before a block
 qualifies it: ``<!-- readme-test: skip (reason) -->`` never runs it (the
 reason is the skip message), ``<!-- readme-test: requires NAME -->`` runs it
 only where ``NAME`` is available (see ``REQUIREMENTS``).
@@ -17,7 +17,9 @@ import pytest
 from hiergraph.datasets import planetoid as hp
 from tests.conftest import cora_raw_source
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)
 BLOCK = re.compile(
     r"(?:<!-- readme-test: (?P<mark>[^>]*?) -->\n)?```python\n(?P<code>.*?)```", re.S
 )
@@ -32,8 +34,9 @@ REQUIREMENTS = {
 }
 
 
-def readme_blocks() -> list:
-    text = README.read_text()
+def code_blocks(path: Path) -> list:
+    text = path.read_text()
+    name = path.relative_to(ROOT).as_posix()
     params = []
     for match in BLOCK.finditer(text):
         line = text.count("\n", 0, match.start("code")) + 1
@@ -44,19 +47,24 @@ def readme_blocks() -> list:
             available, reason = REQUIREMENTS[mark.removeprefix("requires ")]
             marks.append(pytest.mark.skipif(not available, reason=reason))
         elif mark:
-            raise ValueError(f"README line {line}: unknown readme-test mark {mark!r}")
-        params.append(pytest.param(match["code"], id=f"line{line}", marks=marks))
+            raise ValueError(f"{name} line {line}: unknown readme-test mark {mark!r}")
+        params.append(pytest.param(path, match["code"], id=f"{name}:{line}", marks=marks))
     return params
 
 
+def readme_blocks() -> list:
+    return [block for path in [README, *DOCS] for block in code_blocks(path)]
+
+
 def test_readme_has_blocks():
-    assert len(readme_blocks()) >= 10
+    assert len(code_blocks(README)) >= 2
+    assert len(readme_blocks()) >= 20
 
 
-@pytest.mark.parametrize("code", readme_blocks())
-def test_readme_block_runs(code, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("path", "code"), readme_blocks())
+def test_readme_block_runs(path, code, tmp_path, monkeypatch):
     monkeypatch.setenv(hp.DATA_ENV, str(tmp_path))
     if cora_raw_source() is not None:
         monkeypatch.setenv(hp.RAW_ENV, str(cora_raw_source().parents[1]))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
+    exec(compile(code, str(path), "exec"), {"__name__": "__readme__"})
