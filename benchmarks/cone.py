@@ -6,7 +6,7 @@ interleaved in every repetition so that machine noise hits them alike:
 - ``epoch``: one full-batch training step of the Cora model of
   ``examples/cora_cone_gat.py`` exactly as it trains (sparse CSR input features,
   1433 -> 8 heads x 8 -> 7; dropout 0.6; cross-entropy on the 140 training
-  nodes; backward). This is the issue's target.
+  nodes; backward). The target is this step at most 1.5x GATConv's.
 - ``layer``: one attention layer alone, 64 -> 8 heads x 8 on Cora's graph,
   forward + backward of ``out.sum()``: the attention share is larger here.
 
@@ -18,7 +18,7 @@ ratios in ``ratio_to_gat`` use CPU time and ``wall_ratio_to_gat`` the wall clock
 Writes ``benchmarks/results/cone.json`` (times in ms and ratios to ``gat``) and
 ``benchmarks/results/cone.png``. Example::
 
-    python benchmarks/cone.py --root /tmp/hiergraph_data --raw-dir /path/to/Cora/raw
+    python benchmarks/cone.py --raw-dir /path/to/Cora/raw
 """
 
 from __future__ import annotations

@@ -5,15 +5,15 @@ vectors, one HTE layer, mean pooling, MLP) for every seed and model, models
 interleaved within each seed so that all see the same machine load, with the
 same budget (training subset, epochs, batch size, learning rate) for all.
 
-    HIERGRAPH_RAW=../shared/datasets python benchmarks/documents.py run --dataset imdb
-    HIERGRAPH_RAW=../shared/datasets python benchmarks/documents.py run --dataset 20ng
+    HIERGRAPH_RAW=<datasets> python benchmarks/documents.py run --dataset imdb
+    HIERGRAPH_RAW=<datasets> python benchmarks/documents.py run --dataset 20ng
     python benchmarks/documents.py report   # -> results/documents.json + documents.png
     python benchmarks/documents.py epoch --threads 2   # one IMDB HSA epoch, timed
 
 ``epoch`` times one training epoch of the HSA model on the full IMDB training
 split (``--fraction`` < 1: its first batches, with the full-epoch time
 extrapolated and labelled as such) and writes ``results/documents-epoch-<threads>t.json``
-(wall and CPU seconds, threads, load average before and after).
+(wall and CPU seconds, threads).
 
 ``run`` writes ``results/documents_<dataset>.json`` after every finished run,
 so an interrupted job keeps what it measured. ``report`` merges them. Budgets
@@ -79,9 +79,8 @@ def run(args) -> None:
         "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--depth", str(args.depth),
         "--threads", str(args.threads), "--no-progress",
     ]  # fmt: skip
-    for split in ("train", "val", "test"):
-        size = getattr(args, f"{split}_size")
-        budget += [f"--{split}-size", str(size)] if size else []
+    for split in ("train", "val", "test"):  # 0: the whole split
+        budget += [f"--{split}-size", str(getattr(args, f"{split}_size") or 0)]
     result = {
         "dataset": args.dataset,
         "budget": budget,
@@ -140,7 +139,10 @@ def run(args) -> None:
 def epoch(args) -> None:
     example = load_example()
     argv = ["--dataset", "imdb", "--model", "hsa", "--threads", str(args.threads)]
-    ex_args = example.parse_args(argv + ["--epochs", "1", "--batch-size", str(args.batch_size)])
+    whole = ["--train-size", "0", "--val-size", "0", "--test-size", "0"]
+    ex_args = example.parse_args(
+        [*argv, *whole, "--epochs", "1", "--batch-size", str(args.batch_size)]
+    )
     torch.set_num_threads(args.threads)
     splits, _ = example.load_splits(ex_args)
     start, cpu = time.perf_counter(), time.process_time()

@@ -1,6 +1,6 @@
 """One training epoch of a Hierarchical Transformer Encoder on random trees, CPU.
 
-    python benchmarks/hte_epoch.py              # 1,000 trees of ~500 leaves (issue target < 60 s)
+    python benchmarks/hte_epoch.py              # 1,000 trees of ~500 leaves (target < 60 s)
     python benchmarks/hte_epoch.py --trees 100  # a quick check
 
 The data are a **synthetic stand-in**: random ragged hierarchies of

@@ -3,13 +3,13 @@
 Run from the repository root::
 
     python benchmarks/masked_attention.py   # N = 1K..64K, about 30 min on a busy 2-core box
-    python benchmarks/masked_attention.py --quick --out /tmp/bench   # N = 1K, 2K, ~2 min
+    python benchmarks/masked_attention.py --quick --out <folder>   # N = 1K, 2K, ~2 min
 
 Writes ``masked_attention.json`` and ``masked_attention.png`` into ``--out``
 (default ``benchmarks/results``; a ``--quick`` run there overwrites the full
-results that the README quotes).
+results that ``benchmarks/README.md`` reports).
 
-Setting (issue #4): ``in_channels = 64``, ``heads = 4``, ``out_channels = 64``
+Setting: ``in_channels = 64``, ``heads = 4``, ``out_channels = 64``
 per head, float32, forward + ``out.sum().backward()`` of one layer on ``x``
 ``[N, 64]``, one torch thread by default (``--threads``). Masks: a
 bidirectional sliding window ``|i - j| <= 64`` and a uniformly random mask with

@@ -3,8 +3,17 @@
 The GAT recipe the cone-attention paper trained with (Tseng et al. 2023, Table 1):
 Planetoid public split (140/500/1000), row-normalised features, 2 layers
 (8 heads x 8 hidden, ELU, then 1 head), dropout 0.6 on inputs and attention,
-Adam lr 5e-3, weight decay 5e-4, early stopping on validation accuracy (defaults:
-at most 10,000 epochs, patience 1,000, as in the paper's GAT code).
+Adam lr 5e-3, weight decay 5e-4, early stopping on validation accuracy.
+
+Budgets:
+
+* default (quick, about 1-2 minutes on 2 cores): 2 seeds, at most 300 epochs,
+  patience 100, one ``--attention``;
+* ``--paper``: the paper's GAT code: 10 seeds, at most 10,000 epochs, patience 1,000.
+  Expect 25-55 minutes per attention on one thread (0.07-0.2 s per epoch; a seed runs
+  its best epoch plus 1,000 more).
+
+Any of ``--seeds``, ``--epochs``, ``--patience`` given explicitly overrides the budget.
 
 Model selection: an epoch is the new best when its validation accuracy is higher
 than the best so far, or equal with a lower validation loss; the test accuracy
@@ -27,22 +36,25 @@ exp(c x_d); ``d`` for c = 1/d) and ``--qk-channels`` (separate query/key
 projections instead of the shared value projection). Every run also records the
 best validation accuracy, the number to tune these options by.
 
-Data: ``--root`` (default ``$HIERGRAPH_DATA``, else ``~/.cache/hiergraph``);
-raw files are linked from ``--raw-dir`` or ``$HIERGRAPH_RAW`` when ``<root>/Cora/raw``
-is empty, else downloaded. ``--attention`` takes several names to run them one after the other, and
+Data: ``--dataset`` Cora (default), CiteSeer or PubMed (PyG's Planetoid, with the same
+recipe; the GAT paper tuned PubMed separately). ``--root`` (default ``$HIERGRAPH_DATA``,
+else ``~/.cache/hiergraph``); raw files are linked from ``--raw-dir`` or
+``$HIERGRAPH_RAW`` when ``<root>/<Dataset>/raw`` is empty, else downloaded.
+``--attention`` takes several names to run them one after the other, and
 ``--json PATH`` merges one row per attention (all seeds, mean, std, epochs run,
-budget) into a JSON file. Example::
+budget) into a JSON file. Examples::
 
-    python examples/cora_cone_gat.py --attention gat dot penumbral umbral --seeds 10 \\
-        --epochs 1000 --patience 100 --threads 1 \\
-        --root /tmp/hiergraph_data --raw-dir /path/to/Cora/raw \\
-        --json benchmarks/results/cone_cora_accuracy.json
+    python examples/cora_cone_gat.py                          # quick: penumbral, 2 seeds
+    python examples/cora_cone_gat.py --dataset CiteSeer --attention gat umbral
+    python examples/cora_cone_gat.py --paper --attention gat dot penumbral umbral \
+        --threads 1 --json benchmarks/results/cone_cora_accuracy_p1000.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from functools import partial
@@ -59,7 +71,23 @@ from hiergraph.nn.cone_conv import ConeConv
 from hiergraph.nn.graph_hsa import input_dropout
 
 ATTENTIONS = ("gat", "dot", "penumbral", "umbral")
+DATASETS = ("Cora", "CiteSeer", "PubMed")
+QUICK = {"seeds": 2, "epochs": 300, "patience": 100}
+PAPER = {"seeds": 10, "epochs": 10000, "patience": 1000}
 CONE_VARIANTS = ("penumbral", "umbral")
+
+
+def default_threads(limit: int = 2) -> int:
+    """torch's default thread count, at most ``limit`` and at most the cores the rest of the
+    machine leaves idle (1-minute load average): more threads than free cores make every
+    small op wait on a busy one."""
+    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
+    return max(1, min(limit, torch.get_num_threads(), round(idle)))
+
+
+def progress(iterable=None, **kwargs) -> tqdm:
+    """A progress bar on stderr, redrawn at most once a second."""
+    return tqdm(iterable, mininterval=1.0, dynamic_ncols=True, **kwargs)
 
 
 def make_conv(
@@ -141,7 +169,7 @@ def train_with_early_stopping(
     """
     best, test_at_best, best_epoch, since_best, times = (-1.0, float("inf")), 0.0, 0, 0, []
     since_gain, final = 0, None
-    bar = tqdm(range(epochs), desc=desc, leave=False, mininterval=1.0)
+    bar = progress(range(epochs), desc=desc, leave=False)
     for epoch in bar:
         start = time.perf_counter()
         train_epoch()
@@ -211,9 +239,11 @@ def run_seed(data, attention: str, seed: int, args) -> dict:
 
 
 def row_name(attention: str, args) -> str:
-    """JSON row key: the attention, plus the cone options that differ from the defaults."""
+    """JSON row key: the attention, plus the cone options that differ from the defaults
+    (prefixed by the dataset when it is not Cora)."""
+    prefix = "" if args.dataset == "Cora" else f"{args.dataset.lower()}/"
     if attention not in CONE_VARIANTS:
-        return attention
+        return prefix + attention
     extras = [f"r={args.r:g}"] if args.r is not None else []
     extras += [f"gamma={args.gamma:g}"] if args.gamma != 1.0 else []
     extras += ["learn-gamma"] if args.learn_gamma else []
@@ -222,7 +252,7 @@ def row_name(attention: str, args) -> str:
     extras += [f"qk={args.qk_channels}"] if args.qk_channels is not None else []
     extras += ["reference-convention"] if args.reference_convention else []
     extras += [f"feature-dropout={args.feature_dropout:g}"] if args.feature_dropout else []
-    return f"{attention}[{','.join(extras)}]" if extras else attention
+    return prefix + (f"{attention}[{','.join(extras)}]" if extras else attention)
 
 
 def write_json(path: Path, name: str, row: dict) -> None:
@@ -230,7 +260,7 @@ def write_json(path: Path, name: str, row: dict) -> None:
     report = json.loads(path.read_text()) if path.exists() else {}
     report.setdefault(
         "what",
-        "Cora (Planetoid public split) test accuracy at the best-validation epoch, GAT recipe "
+        "Planetoid (public split) test accuracy at the best-validation epoch, GAT recipe "
         "of examples/cora_cone_gat.py, one row per attention",
     )
     report.setdefault("rows", {})[name] = row
@@ -240,13 +270,21 @@ def write_json(path: Path, name: str, row: dict) -> None:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", choices=DATASETS, default="Cora")
     parser.add_argument("--attention", choices=ATTENTIONS, nargs="+", default=["penumbral"])
-    parser.add_argument("--seeds", type=int, default=10, help="number of seeds")
+    parser.add_argument(
+        "--paper",
+        action="store_true",
+        help="the paper's budget: 10 seeds, 10,000 epochs, patience 1,000 (hours)",
+    )
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (quick: 2)")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds run from this one on")
     parser.add_argument("--root", default=None, help="data root (default: $HIERGRAPH_DATA)")
-    parser.add_argument("--raw-dir", default=None, help="folder to link raw Cora files from")
-    parser.add_argument("--epochs", type=int, default=10000, help="maximum epochs")
-    parser.add_argument("--patience", type=int, default=1000, help="early-stopping patience")
+    parser.add_argument("--raw-dir", default=None, help="folder to link the raw files from")
+    parser.add_argument("--epochs", type=int, default=None, help="maximum epochs (quick: 300)")
+    parser.add_argument(
+        "--patience", type=int, default=None, help="early-stopping patience (quick: 100)"
+    )
     parser.add_argument(
         "--stop-at-final",
         action="store_true",
@@ -290,9 +328,18 @@ def parse_args(argv=None):
         default=0.0,
         help="ConeConv: dropout on the projected features as well (pytorch-GAT's recipe)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: at most 2, and no more than the idle cores)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="merge results into this file")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for key, value in (PAPER if args.paper else QUICK).items():
+        if getattr(args, key) is None:  # options given explicitly win
+            setattr(args, key, value)
+    return args
 
 
 def _row(attention: str, runs: list[dict], seeds: list[int], start: float, args) -> dict:
@@ -300,6 +347,7 @@ def _row(attention: str, runs: list[dict], seeds: list[int], start: float, args)
     accs, val_accs = [run["test"] for run in runs], [run["val"] for run in runs]
     final = [run["test_final"] for run in runs]
     return {
+        "dataset": args.dataset,
         "attention": attention,
         "cone_options": cone_options(args) if attention in CONE_VARIANTS else None,
         "mean": statistics.mean(accs),
@@ -332,21 +380,22 @@ def _row(attention: str, runs: list[dict], seeds: list[int], start: float, args)
 def main(argv=None) -> dict[str, list[float]]:
     """Runs every ``--attention``; returns the test accuracies of each."""
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    dataset = load_planetoid("Cora", args.root, args.raw_dir, transform=T.NormalizeFeatures())
-    data = dataset[0]
+    args.threads = args.threads or default_threads()
+    torch.set_num_threads(args.threads)
+    transform = T.NormalizeFeatures()
+    data = load_planetoid(args.dataset, args.root, args.raw_dir, transform=transform)[0]
     results = {}
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     for attention in args.attention:
         start, runs, name = time.perf_counter(), [], row_name(attention, args)
-        for seed in tqdm(seeds, desc=attention):
+        for seed in progress(seeds, desc=attention):
             runs.append(run_seed(data, attention, seed, args))
             if args.json is not None:  # after every seed: a cut run keeps its finished seeds
                 write_json(args.json, name, _row(attention, runs, seeds, start, args))
         row = _row(attention, runs, seeds, start, args)
         print(
-            f"Cora {name}: test accuracy {row['mean']:.4f} ± {row['std']:.4f} "
+            f"{args.dataset} {name.split('/')[-1]}: test accuracy "
+            f"{row['mean']:.4f} ± {row['std']:.4f} "
             f"(best validation {row['mean_val']:.4f}) over {len(runs)} seeds: "
             f"{' '.join(f'{a:.3f}' for a in row['test_accuracy'])}; paper's protocol "
             f"(final model) {row['final_model']['mean']:.4f} ± {row['final_model']['std']:.4f}",

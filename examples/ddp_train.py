@@ -19,11 +19,11 @@ leaves per rank and step). Backend: ``gloo`` on CPU, ``nccl`` on GPUs (default:
 nccl when CUDA is available).
 
     python examples/ddp_train.py --help
-    python examples/ddp_train.py --epochs 2                                # one process
+    python examples/ddp_train.py                                           # one process
     torchrun --standalone --nproc_per_node 2 examples/ddp_train.py --epochs 4
     torchrun --standalone --nproc_per_node 2 examples/ddp_train.py --leaf-budget 4096
     torchrun --standalone --nproc_per_node 2 examples/ddp_train.py --task node \\
-        --root /tmp/hiergraph_data --raw-dir /path/to/shared/datasets/Cora/raw
+        --raw-dir /path/to/datasets/Cora/raw
 
 Checkpoints (``--checkpoint PATH``) are written by rank 0 after every epoch;
 ``--resume`` continues from one. Seeding depends only on ``(--seed, epoch, rank)``
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 from torch_geometric.nn import GCN
+from tqdm import tqdm
 
 from hiergraph.data import random_window_hierarchy
 from hiergraph.distributed import (
@@ -61,6 +63,14 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 # ------------------------------------------------------------------------------ HTE task
+
+
+def default_threads(limit: int = 2) -> int:
+    """torch's default thread count, at most ``limit`` and at most the cores the rest of the
+    machine leaves idle (1-minute load average): more threads than free cores make every
+    small op wait on a busy one."""
+    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
+    return max(1, min(limit, torch.get_num_threads(), round(idle)))
 
 
 def synthetic_trees(num: int, max_leaves: int, channels: int, classes: int, seed: int) -> list:
@@ -177,6 +187,8 @@ def distributed_sampler(dataset, ctx, seed: int) -> DistributedSampler:
 
 
 def train(args) -> dict:
+    # torchrun sets OMP_NUM_THREADS=1 per process, so each rank then runs one thread
+    torch.set_num_threads(args.threads or default_threads())
     ctx = init_distributed(args.backend)
     dtype = DTYPES[args.dtype]
     seed_everything(args.seed)  # identical initialisation on every rank
@@ -204,7 +216,9 @@ def train(args) -> dict:
         model.train()
         total = torch.zeros((), dtype=torch.float64, device=ctx.device)
         steps = 0
-        for batch in loader:
+        bar = tqdm(loader, desc=f"epoch {epoch}", leave=False, mininterval=1.0,
+                   disable=not ctx.is_main)  # fmt: skip
+        for batch in bar:
             optimizer.zero_grad()
             loss = loss_fn(model, batch)
             loss.backward()
@@ -258,6 +272,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--classes", type=int, default=4, help="hte: classes")
     parser.add_argument("--root", default=None, help="node: data root")
     parser.add_argument("--raw-dir", default=None, help="node: folder with Cora's raw files")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads per process (default: at most 2, no more than the idle cores)",
+    )
     args = parser.parse_args(argv)
     if args.resume and not args.checkpoint:
         parser.error("--resume needs --checkpoint")

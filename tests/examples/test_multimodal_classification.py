@@ -110,3 +110,14 @@ def test_runs_end_to_end_on_a_generated_emoji_package(mm, fake_package, tmp_path
     assert pairs["fsa"]["f1"]["mean"] == pytest.approx(hsa - fsa)
     config = json.loads((tmp_path / "r.json").read_text())["config"]
     assert config["image_stem"] == "conv" and config["hubs"] == 2
+
+
+def test_quick_budget_by_default_and_the_benchmark_setting_with_paper(mm):
+    quick = mm.parse_args([])
+    assert (quick.seeds, quick.epochs, quick.baselines) == ([0], 2, False)
+    assert (quick.image_stem, quick.group_size, quick.readout) == ("pixels", None, "leaves")
+    paper = mm.parse_args(["--paper"])
+    assert (paper.seeds, paper.epochs, paper.baselines) == ([0, 1, 2, 3, 4], 8, True)
+    assert (paper.image_stem, paper.group_size, paper.readout) == ("conv", 2, "tree")
+    mixed = mm.parse_args(["--paper", "--group-size", "0", "--epochs", "1"])
+    assert (mixed.group_size, mixed.epochs, mixed.image_stem) == (None, 1, "conv")

