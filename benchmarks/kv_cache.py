@@ -16,6 +16,13 @@ by one, interleaving the two caches token by token:
 * ``flat``: :class:`~hiergraph.nn.FlatKVCache`, prefilled with ``extend`` between
   the timed windows (its keys/values are the same random tokens).
 
+Then the next 256 tokens are timed once more, each cache in a block of its own
+(``hierarchical_alone``, then ``flat_alone`` on the same tokens): interleaved, a
+step of one cache follows a step of the other, and the flat cache's pass over
+its ``N`` keys and values evicts the CPU caches, which a short hierarchical step
+then refills (at 64K that is a 64 MiB pass per token); alone, each step follows
+its own previous step.
+
 Per context length the JSON holds the mean and median time per token, both as
 wall-clock time (``perf_counter``) and as CPU time of the thread (``thread_time``,
 less sensitive to other processes on a shared machine), and the bytes held by
@@ -43,8 +50,11 @@ HEADS, DIM, BRANCH, WINDOW = 4, 32, 16, 256
 RESULTS = Path(__file__).parent / "results"
 
 
+METHODS = ("hierarchical", "flat", "hierarchical_alone", "flat_alone")
+
+
 def run(contexts: list[int], seed: int = 0) -> list[dict]:
-    total = contexts[-1] + WINDOW
+    total = contexts[-1] + 2 * WINDOW
     levels = 1
     while BRANCH ** (levels + 1) < total:
         levels += 1
@@ -66,10 +76,11 @@ def run(contexts: list[int], seed: int = 0) -> list[dict]:
         chunk = torch.stack([torch.stack(token(i)[1:]) for i in range(flat.num_tokens, n)])
         if chunk.numel():
             flat.extend(chunk[:, 0], chunk[:, 1])
-        times = {"hierarchical": [], "flat": []}
-        cpu = {"hierarchical": [], "flat": []}
+        times = {method: [] for method in METHODS}
+        cpu = {method: [] for method in METHODS}
         memory = {"hierarchical": hier.nbytes(), "flat": flat.nbytes()}
-        for _ in range(WINDOW):
+        memory.update(hierarchical_alone=memory["hierarchical"], flat_alone=memory["flat"])
+        for _ in range(WINDOW):  # interleaved, token by token
             q, k, v = token(pos)
             close, open_ = schedule[pos]
             c0, t0 = time.thread_time(), time.perf_counter()
@@ -82,6 +93,18 @@ def run(contexts: list[int], seed: int = 0) -> list[dict]:
             cpu["hierarchical"].append(c1 - c0)
             cpu["flat"].append(c2 - c1)
             pos += 1
+        block = [(*token(i), *schedule[i]) for i in range(pos, pos + WINDOW)]
+        for q, k, v, close, open_ in block:  # each cache alone, on the same tokens
+            c0, t0 = time.thread_time(), time.perf_counter()
+            hier.append(q, k, v, close=close, open=open_)
+            cpu["hierarchical_alone"].append(time.thread_time() - c0)
+            times["hierarchical_alone"].append(time.perf_counter() - t0)
+        for q, k, v, _, _ in block:
+            c0, t0 = time.thread_time(), time.perf_counter()
+            flat.append(q, k, v)
+            cpu["flat_alone"].append(time.thread_time() - c0)
+            times["flat_alone"].append(time.perf_counter() - t0)
+        pos += WINDOW
         for method, ts in times.items():
             rows.append(
                 {
@@ -95,7 +118,7 @@ def run(contexts: list[int], seed: int = 0) -> list[dict]:
                 }
             )
             print(
-                f"N={n:6d} {method:13s} median {rows[-1]['median_us']:9.1f} us  "
+                f"N={n:6d} {method:18s} median {rows[-1]['median_us']:9.1f} us  "
                 f"cpu mean {rows[-1]['cpu_mean_us']:9.1f} us  {memory[method] / 1024:10.1f} KiB",
                 flush=True,
             )
@@ -111,12 +134,17 @@ def plot(rows, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for method, color in (("hierarchical", "C0"), ("flat", "C1")):
         sel = [r for r in rows if r["method"] == method]
+        alone = [r for r in rows if r["method"] == f"{method}_alone"]
         ns = [r["context"] for r in sel]
         for key, style, what in (
             ("median_us", "o-", "wall median"),
             ("cpu_mean_us", "^:", "CPU mean"),
         ):
             axes[0].plot(ns, [r[key] for r in sel], style, color=color, label=f"{method} {what}")
+        if alone:  # (results from before the alone blocks have none)
+            ns_alone, cpu_alone = [r["context"] for r in alone], [r["cpu_mean_us"] for r in alone]
+            axes[0].plot(ns_alone, cpu_alone, "s--", color=color, mfc="none",
+                         label=f"{method} CPU mean, alone")  # fmt: skip
         axes[1].plot(ns, [r["bytes"] / 1024 for r in sel], "o-", color=color, label=method)
     for ax, label in zip(axes, ("time per token [µs]", "cache size [KiB]"), strict=True):
         ax.set_xscale("log", base=2)
@@ -124,7 +152,7 @@ def plot(rows, path: Path) -> None:
         ax.set_xlabel("context length N (tokens)")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.suptitle(f"decode step, {HEADS} heads x {DIM}, float32, 1 thread, 16-ary window tree")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -151,7 +179,7 @@ def main(argv=None) -> None:
 
     summary = {
         f"{m}_{key}_growth_{lo}_to_{hi}": growth(m, key)
-        for m in ("hierarchical", "flat")
+        for m in METHODS
         for key in ("mean_us", "median_us", "cpu_mean_us", "cpu_median_us", "bytes")
     }
     result = {
@@ -163,6 +191,7 @@ def main(argv=None) -> None:
             "threads": args.threads,
             "tree": f"window_hierarchy(N_total, ({BRANCH},) * {levels})",
             "timed_tokens_per_context": WINDOW,
+            "alone_tokens_per_context": WINDOW,
             "torch": torch.__version__,
             "python": sys.version.split()[0],
             "machine": platform.machine(),

@@ -6,8 +6,9 @@ for each, the sufficient statistics of its *closed* children (mean key and
 value, leaf count, position embedding, energy). A new token either continues
 the current family or first closes families and then opens new ones
 (``close`` / ``open`` of :meth:`HierarchicalKVCache.append`). Each step
-attends, at every open level, to at most ``b`` closed siblings, so its cost
-and the cache size are :math:`O(b \log_b N)` for ``N`` tokens, against
+attends, at every open level, to at most ``b`` closed siblings (one batched
+attention for all levels, then two small ops per level for the energies), so
+its cost and the cache size are :math:`O(b \log_b N)` for ``N`` tokens, against
 :math:`O(N)` for :class:`FlatKVCache`. The outputs equal the strictly causal
 full pass :func:`~hiergraph.ops.hsa_causal.causal_hierarchical_attention`
 token by token.
@@ -18,7 +19,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from hiergraph.plan import CausalPlan
@@ -68,73 +68,42 @@ def _check_shapes(cache, lead: tuple[int, ...], q: Tensor | None, k: Tensor, v: 
             raise ValueError(f"{name} must be [{want}], got {tuple(x.shape)}")
 
 
-class _Level:
-    """One open node: its closed children (keys) and the latest prefix stats of its open child.
-
-    Keys are stored augmented, ``[rho_k, eps, log n]`` (``[H, capacity, d + c + 1]``), so that
-    one matrix product with ``[tau rho_q, eps_q, 1]`` gives the family logits.
-    """
-
-    def __init__(self, heads, dim, dim_v, pos_dim, like: Tensor, capacity: int = 8):
-        self.dim, self.pos_dim = dim, pos_dim
-        self.count = 0
-        self.keys = like.new_empty((heads, capacity, dim + pos_dim + 1))
-        self.values = like.new_empty((heads, capacity, dim_v))
-        self.sums = like.new_zeros((heads, 2 * dim + dim_v))  # [sum q, sum k, sum v]
-        self.sum_ng = like.new_zeros((heads,))
-        self.n = 0
-        self.open_child = None  # (sums, n, g, eps) of the open child's prefix
-
-    def close_open_child(self) -> None:
-        sums, n, g, eps = self.open_child
-        c, d = self.count, self.dim
-        if c == self.keys.size(1):
-            self.keys = torch.cat([self.keys, torch.empty_like(self.keys)], 1)
-            self.values = torch.cat([self.values, torch.empty_like(self.values)], 1)
-        self.keys[:, c, :d] = sums[:, d : 2 * d] / n
-        if eps is not None:
-            self.keys[:, c, d:-1] = eps
-        self.keys[:, c, -1] = math.log(n)
-        self.values[:, c] = sums[:, 2 * d :] / n
-        self.count = c + 1
-        self.sums = self.sums + sums
-        self.sum_ng = self.sum_ng + n * g
-        self.n += n
-        self.open_child = None
-
-    def attend(self, query: Tensor) -> tuple[Tensor, Tensor]:
-        """Softmax of the augmented ``query [H, d + c + 1]`` over the closed children:
-        ``lse [H]`` and ``theta [H, d_v]``; call only when ``count > 0``."""
-        c = self.count
-        logits = torch.bmm(self.keys[:, :c], query[:, :, None]).squeeze(-1)
-        lse = torch.logsumexp(logits, -1)
-        weights = torch.exp(logits - lse[:, None])
-        return lse, torch.bmm(weights[:, None], self.values[:, :c]).squeeze(1)
-
-    def nbytes(self) -> int:
-        """Bytes of the live statistics (closed children and running sums)."""
-        live = self.count * (self.keys[:, 0].numel() + self.values[:, 0].numel())
-        return (live + self.sums.numel() + self.sum_ng.numel()) * self.sums.element_size()
-
-
 class HierarchicalKVCache:
     r"""Incremental strictly causal HSA for one sequence (App. G.2 of the HSA paper).
 
     Holds the open nodes :math:`O_0` (root) :math:`\supset O_1 \supset \dots
     \supset O_{m-1}` of the latest leaf's path. For each, the closed children
-    :math:`B` keep :math:`\rho_k(B), \rho_v(B), \log n(B), \varepsilon(B)`
-    and the running sums :math:`\sum_B \Sigma_q(B)`, :math:`\sum_B n(B)`,
-    :math:`\sum_B n(B)\,g(B)` that the prefix statistics of the open child
-    need (see :func:`~hiergraph.ops.hsa_causal.causal_hierarchical_attention`
-    for the formulas). :meth:`append` computes the new leaf's prefix
-    statistics along its path, bottom-up, each an attention over the closed
-    children of one level, then the gates top-down.
+    :math:`B` keep :math:`\rho_k(B), \varepsilon(B), \log n(B), n(B)` and
+    :math:`\rho_v(B)`, and the node the sum :math:`\sum_B n(B)\,g(B)` that the
+    energy of its open child needs; each path node :math:`A_s` keeps its prefix
+    query sum and leaf count (see
+    :func:`~hiergraph.ops.hsa_causal.causal_hierarchical_attention` for the
+    formulas).
+
+    **One step is a few fused tensor ops.** The attentions of all path nodes
+    depend only on their prefix sums, not on the energies, so the queries of
+    all levels are formed at once and *one* batched masked attention over the
+    padded store of closed children (``[levels, H, capacity, d + c + 2]`` keys,
+    an unused slot masked by a very negative :math:`\log n`) gives every
+    level's :math:`\mathrm{lse}` and :math:`\vartheta`. The new leaf is stored
+    as a closed child of its parent before the attention (it is one from the
+    next step on), so the deepest level's softmax also covers the leaf's own
+    energy: its :math:`\mathrm{lse}` is the leaf's :math:`g`, and its
+    :math:`\vartheta` already mixes in the leaf's value. Only the energies of
+    the inner path nodes are a recursion over the levels, two ops on
+    ``[H]``-sized rows per level; the log gate products are one matrix
+    product (a cumulative sum of :math:`\log\mu`, plus :math:`\log(1-\mu)`) and
+    the output one batched product. The store is preallocated (capacities
+    double when full) and indexed with host-side counts (no ``torch.cat`` of the
+    store, no host synchronisation); the views a step needs are made once per
+    depth and family width.
 
     Args:
         heads, dim, dim_v: shapes of the per-token ``q, k [H, d]`` and ``v [H, d_v]``.
         pos_dim: size of the per-node position embeddings (0: none).
         scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
-        dtype, device: of the stored statistics.
+        dtype, device: of the stored statistics (inputs are cast to ``dtype``; the
+            output is in ``dtype``).
 
     Example::
 
@@ -156,18 +125,183 @@ class HierarchicalKVCache:
         self.heads, self.dim, self.dim_v = heads, dim, dim if dim_v is None else dim_v
         self.pos_dim = pos_dim
         self.tau = dim**-0.5 if scale is None else scale
-        self._like = torch.empty(0, dtype=dtype, device=device)
-        self._one = torch.ones(heads, 1, dtype=dtype, device=device)
-        self.levels = [self._new_level()]
+        self.dtype = dtype
+        like = torch.empty(0, dtype=dtype, device=device)
+        # the log n of an unused key slot: its weight exp(logit - max logit) underflows to 0,
+        # and a level without closed children gets lse ~ _masked, so g = a and its gate
+        # 1 - mu = sigmoid(lse - a) is 0 (finite, unlike -inf, which would give inf - inf)
+        self._masked = torch.finfo(dtype).min / 4
+        self._inv_tau = like.new_full((), 1.0 / self.tau)
+        self._zero = like.new_zeros(())
+        self._leaf_tail = torch.tensor([0.0, 1.0], dtype=dtype, device=like.device)  # log n, n
+        self._qk_shape, self._v_shape = (heads, dim), (heads, self.dim_v)
+        # per open node, root first: the leaf counts of its closed children (the latest
+        # leaf, a closed child of its parent from its own step on, included), and their sum
+        self._child_n: list[list[int]] = [[]]
+        self._leaves = [0]
         self.num_tokens = 0
+        self._alloc(like, levels=8, capacity=8)
 
-    def _new_level(self) -> _Level:
-        return _Level(self.heads, self.dim, self.dim_v, self.pos_dim, self._like)
+    # ----------------------------------------------------------------- storage
+    def _alloc(self, like: Tensor, levels: int, capacity: int) -> None:
+        """(Re)allocate the store for ``levels`` open nodes of ``capacity`` closed children,
+        keeping what the old one held.
+
+        Open node ``j`` has path node ``A_{j+1}`` as open child. ``_keys[j]``,
+        ``_values[j]``: its closed children ``[ρ_k, ε, log n, n]`` and ``[ρ_v, 1]``;
+        ``_ng[j]``: their ``Σ n g``. Rows ``j`` of ``_query`` (``[τ ρ_q, ε, 1, 0]``),
+        ``_prefix`` (``[τ Σq, n]``) and ``_g``: ``A_{j+1}``'s prefix at the latest token.
+        Per-step rows: ``_lse_a`` (``[lse; a; lse]``: one subtraction gives ``[lse - a;
+        a - lse]``, into ``_diff``), ``_gate_logs`` (``[-log mu; -log(1 - mu); log Σ
+        e^{s - max s}]``) and ``_weight``."""
+        h, d, dv, c = self.heads, self.dim, self.dim_v, self.pos_dim
+        new = {
+            "_keys": like.new_zeros((levels, h, capacity, d + c + 2)),
+            "_values": like.new_ones((levels, h, capacity, dv + 1)),
+            "_query": like.new_zeros((levels, h, d + c + 2)),
+            "_prefix": like.new_ones((levels, h, d + 1)),
+            "_ng": like.new_zeros((levels, h)),
+            "_g": like.new_zeros((levels, h)),
+            "_lse_a": like.new_zeros((3, levels, h)),
+            "_diff": like.new_zeros((2, levels, h)),
+            "_gate_logs": like.new_zeros((3, levels, h)),
+            "_weight": like.new_zeros((levels, h)),
+        }
+        new["_keys"][..., -2] = self._masked
+        new["_query"][..., -2] = 1.0
+        new["_lse_a"][1] = self._masked
+        for name, buffer in new.items():
+            old = getattr(self, name, None)
+            if old is not None:
+                buffer[tuple(slice(0, size) for size in old.shape)] = old
+            setattr(self, name, buffer)
+        # rows of a that hold _masked (host-side), as the leaf's parent needs
+        masked = getattr(self, "_a_masked", [])
+        self._a_masked = masked + [True] * (levels - len(masked))
+        self._rows = (
+            self._lse_a[1].unbind(0),
+            self._g.unbind(0),
+            self._lse_a[0].unbind(0),
+            self._ng.unbind(0),
+        )
+        # views by depth, by (depth, width) and by child slot, valid until the next
+        # reallocation: a step takes no slices of its own
+        self._by_depth: dict[int, tuple] = {}
+        self._by_width: dict[tuple[int, int], tuple] = {}
+        self._by_slot: dict[tuple[int, int], tuple] = {}
+
+    def _depth_views(self, m: int) -> tuple:
+        views = self._by_depth.get(m)
+        if views is None:
+            h, d, levels, weight = self.heads, self.dim, self._keys.size(0), self._weight[:m]
+            # log weight_s = sum_{r<s} log mu_r + log(1 - mu_s) - log total_s: one product
+            # with the rows [-log mu; -log(1 - mu); log total] of _gate_logs
+            gates, ones = self._gate_logs.new_zeros((1, m, 3, levels)), self._g.new_ones((m, m))
+            gates[0, :, 0, :m] = -ones.tril(-1)
+            gates[0, :, 1, :m] = gates[0, :, 2, :m] = -ones.tril().triu()
+            log_total = self._gate_logs[2, :m]
+            views = self._by_depth[m] = (
+                self._query[:m].view(m * h, -1, 1),
+                self._query[:m, :, :d],
+                self._prefix[:m, :, :d],
+                self._prefix[:m, :, d:],  # n of A_1 .. A_m
+                self._prefix[m - 1, :, :d],
+                self._prefix[m - 1],
+                self._prefix[: m - 1],
+                self._prefix[: m - 1, :, d],
+                self._ng[1:m],
+                self._lse_a[1, : m - 1],
+                self._lse_a[0::2, :m],  # [lse; lse]
+                self._lse_a[:2, :m],  # [lse; a]
+                self._lse_a[1:, :m],  # [a; lse]
+                self._diff[:, :m],
+                self._gate_logs[:2, :m],
+                log_total,
+                log_total.expand(2, m, h),
+                gates.view(1, m, 3 * levels),
+                self._gate_logs.view(1, 3 * levels, h),
+                weight,
+                weight[None],
+                weight.T[:, None, :],
+            )
+        return views
+
+    def _width_views(self, m: int, width: int) -> tuple:
+        views = self._by_width.get((m, width))
+        if views is None:
+            if len(self._by_width) >= 256:  # a wide root: do not keep one per width
+                self._by_width.clear()
+            mh, h, dv = m * self.heads, self.heads, self.dim_v
+            logits = self._keys.new_empty((m, h, width))
+            weights = torch.empty_like(logits)
+            max_logit = self._keys.new_empty((m, h, 1))
+            theta = self._values.new_empty((m, h, dv + 1))  # [sum_B e^s rho_v, sum_B e^s]
+            views = self._by_width[m, width] = (
+                self._keys[:m, :, :width].reshape(mh, width, -1),
+                self._values[:m, :, :width].reshape(mh, width, -1),
+                logits,
+                logits.view(mh, width, 1),
+                max_logit,
+                max_logit[..., 0],
+                weights,
+                weights.view(mh, 1, width),
+                theta.view(mh, 1, -1),
+                theta[..., dv],
+                theta[..., :dv].transpose(0, 1),
+            )
+        return views
+
+    def _slot_views(self, j: int, slot: int) -> tuple:
+        views = self._by_slot.get((j, slot))
+        if views is None:
+            if len(self._by_slot) >= 256:
+                self._by_slot.clear()
+            key, d, value = self._keys[j, :, slot], self.dim, self._values[j, :, slot]
+            views = self._by_slot[j, slot] = (
+                key[:, :d], key[:, d:-2], key[:, -2], key[:, -1], key[:, -2:],
+                value, value[:, : self.dim_v],
+            )  # fmt: skip
+        return views
+
+    def _add_child(self, j: int, n: int) -> int:
+        """Count a closed child of ``n`` leaves under open node ``j``; its slot (the store
+        grows when full)."""
+        slot = len(self._child_n[j])
+        if slot == self._keys.size(2):
+            self._alloc(self._keys, self._keys.size(0), 2 * slot)
+        self._child_n[j].append(n)
+        self._leaves[j] += n
+        return slot
+
+    def _complete(self, j: int) -> None:
+        """Store the open child ``A_{j+1}`` of open node ``j``, complete now (its own open
+        node ``j + 1`` is closed), as a closed child of ``j``."""
+        d, n = self.dim, self._leaves[j + 1]
+        key, eps, log_n, count, _, value, _ = self._slot_views(j, self._add_child(j, n))
+        # its means: over its children, weighted by their leaf counts
+        children = self._keys[j + 1, :, : len(self._child_n[j + 1])]
+        weight = children[..., -1:].mT.mul(1.0 / n)  # [H, 1, children]
+        torch.bmm(weight, children[..., :d], out=key[:, None])
+        torch.bmm(weight, self._values[j + 1, :, : children.size(1)], out=value[:, None])
+        if self.pos_dim:
+            eps.copy_(self._query[j, :, d:-2])
+        log_n.fill_(math.log(n))
+        count.fill_(n)
+        _, g_rows, _, ng_rows = self._rows
+        ng_rows[j].add_(g_rows[j], alpha=n)  # its n g, with g at its last leaf
 
     @property
     def depth(self) -> int:
         """Depth of the latest leaf (number of open internal nodes)."""
-        return len(self.levels)
+        return len(self._child_n)
+
+    @property
+    def family_sizes(self) -> list[int]:
+        """Number of closed children of each open node, the root first (the latest leaf is
+        the open child of the deepest one)."""
+        sizes = [len(children) for children in self._child_n]
+        sizes[-1] -= self.num_tokens > 0
+        return sizes
 
     def new_node_slots(self, close: int = 0, open: int = 0) -> list[tuple[int, int]]:  # noqa: A002
         """``(depth, slot)`` of the nodes an ``append(close=, open=)`` would create, top-down
@@ -179,9 +313,9 @@ class HierarchicalKVCache:
         self._check_event(close, open)
         if self.num_tokens == 0:
             top_depth, first_slot = 0, 0
-        else:
+        else:  # the latest leaf is counted already, a completed inner node not yet
             top_depth = self.depth - 1 - close
-            first_slot = self.levels[top_depth].count + 1
+            first_slot = len(self._child_n[top_depth]) + (close > 0)
         return [(top_depth + 1 + j, first_slot if j == 0 else 0) for j in range(open + 1)]
 
     def _check_event(self, close: int, open: int) -> None:  # noqa: A002
@@ -219,10 +353,19 @@ class HierarchicalKVCache:
                 top-down (the leaf last); required iff ``pos_dim > 0``.
 
         Returns:
-            ``[H, d_v]``.
+            ``[H, d_v]``, without autograd history: the steps write into preallocated
+            buffers, so ``append`` runs under :func:`torch.no_grad` (train with
+            :func:`~hiergraph.ops.hsa_causal.causal_hierarchical_attention`).
         """
+        if torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad
+            or (pos_emb is not None and pos_emb.requires_grad)
+        ):  # fmt: skip
+            with torch.no_grad():
+                return self.append(q, k, v, close=close, open=open, pos_emb=pos_emb)
         self._check_event(close, open)
-        _check_shapes(self, (), q, k, v)
+        if q.shape != self._qk_shape or k.shape != self._qk_shape or v.shape != self._v_shape:
+            _check_shapes(self, (), q, k, v)
         if (pos_emb is None) != (self.pos_dim == 0) or (
             pos_emb is not None and pos_emb.shape != (open + 1, self.heads, self.pos_dim)
         ):
@@ -231,62 +374,97 @@ class HierarchicalKVCache:
                 "(None when the cache was built with pos_dim=0), got "
                 f"{None if pos_emb is None else tuple(pos_emb.shape)}"
             )
-        levels, d, tau = self.levels, self.dim, self.tau
-        if self.num_tokens:
-            levels[-1].close_open_child()
-            for _ in range(close):
-                levels.pop()
-                levels[-1].close_open_child()
-        new_eps = [None] * (open + 1) if pos_emb is None else list(pos_emb.unbind(0))
-        first_new = len(levels)  # depth of the first new node
-        for _ in range(open):
-            levels.append(self._new_level())
-        m = len(levels)  # depth of the new leaf
+        dtype, d = self.dtype, self.dim
+        if q.dtype != dtype or k.dtype != dtype or v.dtype != dtype:
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        child_n, leaves = self._child_n, self._leaves
+        if close:  # complete the `close` innermost open nodes (the latest leaf is stored)
+            top = len(child_n) - 1
+            for j in range(top - 1, top - close - 1, -1):
+                self._complete(j)
+            del child_n[top - close + 1 :], leaves[top - close + 1 :]
+        first = len(child_n)  # depth of the first new node
+        m = first + open  # depth of the new leaf
+        if open:  # new empty open nodes at depths first .. m - 1
+            if m > self._keys.size(0):
+                self._alloc(self._keys, max(2 * self._keys.size(0), m), self._keys.size(2))
+            self._ng[first:m].zero_()
+            self._keys[first:m, :, :, -2].fill_(self._masked)
+            child_n.extend([] for _ in range(open))
+            leaves.extend([0] * open)
+        # the leaf is a closed child of A_{m-1} from here on: [k, eps, log 1, 1] and [v, 1]
+        key, key_eps, _, _, key_tail, _, value = self._slot_views(m - 1, self._add_child(m - 1, 1))
+        # (the views after the last reallocation; path node A_s is row s - 1)
+        (query, query_q, prefix_q, n, leaf_q, leaf, above, n_above, ng_below, a_inner, lse_twice,
+         lse_a, a_lse, diff, softplus, log_total, log_total_twice, gates, gate_logs, weight,
+         weight_row, weight_t) = self._depth_views(m)  # fmt: skip
+        key.copy_(k)
+        key_tail.copy_(self._leaf_tail)
+        value.copy_(v)
+        if pos_emb is not None:  # eps of the new nodes A_first .. A_m, the leaf last
+            self._query[first - 1 : m, :, d:-2] = pos_emb
+            key_eps.copy_(pos_emb[-1])
+        # prefix [tau sum q, n] of A_1 .. A_m: the leaf's [tau q, 1] is added to the rows
+        # above it; A_first .. A_m are new
+        if open:
+            self._prefix[first - 1 : m, :, :d].copy_(q).div_(self._inv_tau)
+            self._prefix[first - 1 : m, :, d].fill_(1.0)
+            if first > 1:
+                self._prefix[: first - 1].add_(leaf)
+        else:  # (the common case, on the views of this depth)
+            torch.div(q, self._inv_tau, out=leaf_q)
+            if close:
+                leaf[:, d].fill_(1.0)
+            if m > 1:
+                above.add_(leaf)
+        torch.div(prefix_q, n, out=query_q)
 
-        # bottom-up: prefix statistics of the path nodes A_m (the leaf) .. A_1
-        eps = new_eps[-1]
-        sums, n = torch.cat([q, k, v], -1), 1
-        a = tau * (q * k).sum(-1)
-        if eps is not None:
-            a = a + (eps * eps).sum(-1)
-        path, g = [], None
-        for s in range(m, 0, -1):
-            if s < m:  # extend the child's prefix by the closed children of level s
-                level, child_n = levels[s], n
-                sums, n = sums + level.sums, n + level.n
-                a = (level.sum_ng + child_n * g) / n
-                eps = new_eps[s - first_new] if s >= first_new else levels[s - 1].open_child[3]
-            family = levels[s - 1]
-            if family.count:
-                query = [tau * sums[:, :d] / n, self._one]
-                if eps is not None:
-                    query.insert(1, eps)
-                lse, theta = family.attend(torch.cat(query, -1))
-                g = torch.logaddexp(a, lse)
-                path.append((a - lse, theta))
-            else:  # no left sibling: mu = 1, nothing to attend to at this level
-                g = a
-                path.append(None)
-            family.open_child = (sums, n, g, eps)
+        # one masked attention of every level's query over its closed children; the
+        # deepest level's covers the leaf itself: its lse is the leaf's g
+        width = max(map(len, child_n))
+        (keys, values, logits, logits_col, max_logit, max_logit_row, weights, weights_row,
+         theta_row, total, theta_t) = self._width_views(m, width)  # fmt: skip
+        torch.bmm(keys, query, out=logits_col)
+        torch.amax(logits, -1, keepdim=True, out=max_logit)
+        torch.exp(torch.sub(logits, max_logit, out=weights), out=weights)
+        torch.bmm(weights_row, values, out=theta_row)  # unnormalised, total weight last
+        torch.log(total, out=log_total)
+        torch.add(log_total_twice, max_logit_row, out=lse_twice)  # lse [m, H], twice
 
-        # top-down: gates along the root path (log mu = logsigmoid(a - lse))
-        u, out = None, None
-        for gate in reversed(path):
-            if gate is None:
-                continue
-            diff, theta = gate
-            weight = F.logsigmoid(-diff) if u is None else u + F.logsigmoid(-diff)
-            term = torch.exp(weight)[:, None] * theta
-            out = term if out is None else out + term
-            u = F.logsigmoid(diff) if u is None else u + F.logsigmoid(diff)
+        # energies of the inner path nodes, bottom-up (the leaf's n g = its lse is added to
+        # its parent's sum first): a_s = sum_ng_s / n_s + (n_{s+1} / n_s) g_{s+1},
+        # g_s = logaddexp(a_s, lse_s)
+        a_rows, g_rows, lse_rows, ng_rows = self._rows
+        ng_rows[m - 1].add_(lse_rows[m - 1])
+        if m > 1:
+            torch.div(ng_below, n_above, out=a_inner)
+            a_masked = self._a_masked
+            n_node = leaves[m - 1]  # leaf counts of A_{i+1} (host-side)
+            for i in range(m - 2, -1, -1):
+                if i < m - 2:
+                    n_child, n_node = n_node, n_node + leaves[i + 1]
+                    a_rows[i].add_(g_rows[i + 1], alpha=n_child / n_node)
+                torch.logaddexp(a_rows[i], lse_rows[i], out=g_rows[i])
+                a_masked[i] = False
+        if not self._a_masked[m - 1]:  # mu = 0 for the leaf's parent (theta mixes v in)
+            a_rows[m - 1].fill_(self._masked)
+            self._a_masked[m - 1] = True
+
+        # gates: weight_s = prod_{r<s} mu_r (1 - mu_s) / total_s, mu_s = sigmoid(a_s - lse_s),
+        # from -log mu = softplus(lse - a) and -log(1 - mu) = softplus(a - lse)
+        torch.logaddexp(self._zero, torch.sub(lse_a, a_lse, out=diff), out=softplus)
+        torch.exp(torch.bmm(gates, gate_logs, out=weight_row), out=weight_row)
         self.num_tokens += 1
-        if u is None:
-            return v.clone()
-        return out + torch.exp(u)[:, None] * v
+        return torch.bmm(weight_t, theta_t).view(self.heads, self.dim_v)
 
     def nbytes(self) -> int:
-        """Bytes of the cached statistics (the right-skewed sub-tree)."""
-        return sum(level.nbytes() for level in self.levels)
+        """Bytes of the live statistics (the right-skewed sub-tree): the closed children of
+        the open nodes and the path nodes' prefix statistics; the preallocated store holds
+        more."""
+        child = self._keys.size(-1) + self._values.size(-1)
+        path = self._query.size(-1) + self._prefix.size(-1) + 2
+        live = sum(map(len, self._child_n)) * child + self.depth * path
+        return live * self.heads * self._keys.element_size()
 
 
 class FlatKVCache:

@@ -1,9 +1,11 @@
 """Hierarchical KV cache: incremental decoding equals the strictly causal full pass."""
 
 import random
+from collections import Counter
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hiergraph.data import from_nested, window_hierarchy
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_schedule
@@ -57,6 +59,137 @@ def test_incremental_equals_full_pass_on_random_trees():
             torch.testing.assert_close(inc, full, atol=tol, rtol=0, msg=f"seed {seed} {dtype}")
 
 
+def assert_decodes_like_the_full_pass(h, seed, pos_dim=3):
+    """Token by token, the cache equals the strictly causal full pass (float64 and float32)."""
+    q, k, v = random_qkv(h.num_leaves, seed=seed)
+    pe = None
+    if pos_dim:
+        gen = torch.Generator().manual_seed(seed)
+        pe = torch.randn(h.num_nodes, q.size(1), pos_dim, generator=gen, dtype=torch.float64)
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
+        args = [t.to(dtype) for t in (q, k, v)]
+        emb = None if pe is None else pe.to(dtype)
+        full = causal_hierarchical_attention(*args, h, pos_emb=emb)
+        inc, _ = decode(h, *args, pos_emb=emb)
+        torch.testing.assert_close(inc, full, atol=tol, rtol=0, msg=f"seed {seed} {dtype}")
+
+
+@pytest.mark.parametrize(
+    ("max_depth", "max_branch", "num_leaves", "grows"),
+    [(12, 3, 60, "levels"), (3, 24, 90, "capacity"), (10, 12, 150, "both")],
+)
+def test_incremental_equals_full_pass_on_deep_and_wide_trees(
+    max_depth, max_branch, num_leaves, grows
+):
+    """Trees deeper than the initial store (8 levels) and families wider than its initial
+    capacity (8 children): the store grows mid-sequence, with position embeddings."""
+    rng = random.Random(max_depth * 100 + max_branch)
+    grew = set()
+    for seed in range(3):
+        h = from_nested(ordered_spec(rng, num_leaves, max_depth, max_branch))
+        assert_decodes_like_the_full_pass(h, seed)
+        if int(h.depth.max()) > 8:
+            grew.add("levels")
+        if int(torch.bincount(h.parent[h.parent >= 0]).max()) > 8:
+            grew.add("capacity")
+    assert grew >= ({"levels", "capacity"} if grows == "both" else {grows}), grew
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        [[[[[[[[[[0, 1]]]]]]]]], 2],  # open 9 nodes at once, then close them all at once
+        [[[0]], 1, [[2, [3]]], 4, [[[5], 6]], [7]],  # mixed close/open depths
+        list(range(30)),  # leaves straight below the root (depth 1, a wide root)
+        [0, [[[1, 2]]], 3, [[4, [5, [6, [7, 8]]]]], 9],  # leaf first, then deeper and back
+        [[0], [1], [2], [[3], [4]], [[[5]]], [[[6]]]],  # one-leaf families (unary chains)
+    ],
+    ids=["chain", "mixed", "flat", "zigzag", "unary"],
+)
+@pytest.mark.parametrize("pos_dim", [0, 3])
+def test_close_and_open_patterns(spec, pos_dim):
+    h = from_nested(spec)
+    for seed in range(2):
+        assert_decodes_like_the_full_pass(h, seed, pos_dim=pos_dim)
+
+
+def test_inputs_are_cast_to_the_cache_dtype():
+    h = from_nested([[0, 1, 2], [3, [4, 5]], 6])
+    q, k, v = random_qkv(h.num_leaves, seed=4)
+    full = causal_hierarchical_attention(q, k, v, h)
+    cache = HierarchicalKVCache(2, 4, 3, dtype=torch.float64)
+    events = append_schedule(h).tolist()
+    out = [cache.append(q[i].float(), k[i].float(), v[i].float(), close=c, open=o)
+           for i, (c, o) in enumerate(events)]  # fmt: skip
+    assert all(t.dtype == torch.float64 for t in out)
+    torch.testing.assert_close(torch.stack(out), full, atol=1e-6, rtol=0)
+
+
+def test_append_runs_without_autograd():
+    """Inputs that require grad (a decoder's projections outside no_grad) decode the same,
+    and the outputs carry no graph: the cache writes into preallocated buffers."""
+    h = from_nested([[0, 1], [2, [3, 4]], 5])
+    q, k, v = random_qkv(h.num_leaves, seed=5)
+    events = append_schedule(h).tolist()
+    outs = []
+    for grad in (False, True):
+        cache = HierarchicalKVCache(2, 4, 3, dtype=torch.float64)
+        args = [t.clone().requires_grad_(grad) for t in (q, k, v)]
+        outs.append(torch.stack([cache.append(*(t[i] for t in args), close=c, open=o)
+                                 for i, (c, o) in enumerate(events)]))  # fmt: skip
+    assert not outs[1].requires_grad
+    torch.testing.assert_close(outs[1], outs[0], atol=0, rtol=0)
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_step_is_a_few_fused_ops_whatever_the_context():
+    """A token that continues its family costs the same few dispatched ops at every context
+    (one batched attention for all levels, two ops per level for the energies), not a
+    Python walk of many small ops per level (about 150 here, more as the context grew)."""
+    h = window_hierarchy(1200, (4, 4, 4, 4))  # depth 5 for every leaf
+    cache = HierarchicalKVCache(2, 8)
+    x = torch.randn(2, 8)
+    counts = {}
+    for i, (close, open_) in enumerate(append_schedule(h).tolist()):
+        with _OpCounter() as ops:
+            cache.append(x, x, x, close=close, open=open_)
+        if close == open_ == 0:
+            counts.setdefault(i < 600, []).append(ops.count)
+    early, late = (Counter(counts[key]).most_common(1)[0][0] for key in (True, False))
+    assert early == late <= 32, (early, late)
+
+
+def test_append_has_no_host_sync():
+    """Every event kind (growth of the store included) runs without reading a tensor value
+    on the host, as on an accelerator."""
+    from hiergraph._device import cpu_as_accelerator
+    from tests.host_sync import HostSyncRecorder
+
+    # a family of 12 (capacity grows), a chain 11 deep (levels grow), multi-level closes
+    h = from_nested([list(range(12)), [[[[[[[[[[12, 13]]]]]]]]], 14], [15, [16, 17]], 18])
+    plan = CausalPlan.from_hierarchy(h)
+    q, k, v = random_qkv(h.num_leaves, seed=7)
+    pe = torch.randn(h.num_nodes, 2, 3, dtype=torch.float64)
+    events = append_schedule(plan).tolist()
+    emb = [pe[plan.ancestors[i, int(plan.leaf_depth[i]) - o : int(plan.leaf_depth[i]) + 1]]
+           for i, (_, o) in enumerate(events)]  # fmt: skip
+    cache = HierarchicalKVCache(2, 4, 3, pos_dim=3, dtype=torch.float64)
+    with cpu_as_accelerator(), HostSyncRecorder() as rec:
+        for i, (close, open_) in enumerate(events):
+            cache.append(q[i], k[i], v[i], close=close, open=open_, pos_emb=emb[i])
+    assert int(h.depth.max()) > 8 and int(torch.bincount(h.parent[h.parent >= 0]).max()) > 8
+    assert rec.num_ops > 0 and rec.unique_syncs() == []
+
+
 def test_incremental_equals_full_pass_on_a_document_hierarchy():
     h = from_nested(document_spec(random.Random(1), paragraphs=3))
     q, k, v = (t.float() for t in random_qkv(h.num_leaves, heads=4, dim=16, dv=16, seed=1))
@@ -74,8 +207,8 @@ def test_long_window_sequence_and_bounded_cache():
     assert (inc - full).abs().max() <= 1e-6
     # right-skewed sub-tree: at most b - 1 closed children per open level
     assert cache.depth == 5
-    assert all(level.count <= b - 1 for level in cache.levels[1:])
-    assert cache.levels[0].count <= 4
+    assert all(count <= b - 1 for count in cache.family_sizes[1:])
+    assert cache.family_sizes[0] <= 4
     flat = FlatKVCache(2, 8)
     for i in range(n):
         flat.append(q[i], k[i], v[i])
