@@ -906,37 +906,45 @@ def kv_cache() -> list[str] | None:
     if d is None:
         return None
     meta = d["meta"]
+    methods = list(dict.fromkeys(r["method"] for r in d["rows"]))
+    alone = [m for m in methods if m.endswith("_alone")]
     out = [
         f"Decode step of one attention layer ({meta['heads']} heads × {meta['head_dim']}, "
         f"{meta['dtype']}, {threads(meta['threads'])}), tree {code(meta['tree'])}; at each "
         f"context length the next {meta['timed_tokens_per_context']} tokens are timed one by "
-        "one, the two caches interleaved token by token (mean and median per token are "
-        f"stored). Command: {code(meta['command'])}.",
+        "one, the caches interleaved token by token"
+        + (
+            f" ({', '.join(m for m in methods if m not in alone)}), then "
+            f"{meta.get('alone_tokens_per_context', '?')} more tokens with each cache in a "
+            f"block of its own ({', '.join(alone)})"
+            if alone
+            else ""
+        )
+        + f". Only the mean and the median per token are stored. Command: "
+        f"{code(meta['command'])}.",
         "",
     ]
-    by = {(r["context"], r["method"]): r for r in d["rows"]}
     body = []
-    for n in sorted({r["context"] for r in d["rows"]}):
-        h, f = by[(n, "hierarchical")], by[(n, "flat")]
+    for r in sorted(d["rows"], key=lambda r: (r["context"], methods.index(r["method"]))):
         body.append([
-            f"{n:,}", f"{num(h['cpu_median_us'])} / {num(h['cpu_mean_us'])}",
-            f"{num(h['median_us'])}", f"{num(h['bytes'] / 1024)} KiB",
-            f"{num(f['cpu_median_us'])} / {num(f['cpu_mean_us'])}", f"{num(f['median_us'])}",
-            f"{num(f['bytes'] / 1024)} KiB",
+            f"{r['context']:,}", r["method"],
+            f"{num(r['cpu_median_us'])} / {num(r['cpu_mean_us'])}",
+            f"{num(r['median_us'])} / {num(r['mean_us'])}", f"{num(r['bytes'] / 1024)} KiB",
         ])  # fmt: skip
     out += table(
-        ["context", "hierarchical CPU µs/token median / mean", "wall median µs", "cache",
-         "flat CPU µs/token median / mean", "wall median µs", "cache"],
+        ["context", "cache", "CPU µs/token, median / mean", "wall µs/token, median / mean",
+         "cache size"],
         body,
     )  # fmt: skip
-    out += ["Growth from the shortest to the longest context:", ""]
-    out += table(
-        ["quantity", "hierarchical", "flat"],
-        [[q.replace("_", " "), ratio(d["summary"].get(f"hierarchical_{q}_growth_{span}")),
-          ratio(d["summary"].get(f"flat_{q}_growth_{span}"))]
-         for span in sorted({k.rsplit("growth_", 1)[1] for k in d["summary"]})
-         for q in ("cpu_median_us", "cpu_mean_us", "median_us", "mean_us", "bytes")],
-    )  # fmt: skip
+    spans = sorted({k.rsplit("growth_", 1)[1] for k in d["summary"]})
+    for span in spans:
+        out += [f"Growth from context {span.replace('_to_', ' to ')}:", ""]
+        out += table(
+            ["quantity", *methods],
+            [[q.replace("_", " "),
+              *(ratio(d["summary"].get(f"{m}_{q}_growth_{span}")) for m in methods)]
+             for q in ("cpu_median_us", "cpu_mean_us", "median_us", "mean_us", "bytes")],
+        )  # fmt: skip
     out += [source("kv_cache.json"), ""]
     return out + plot("kv_cache.png", "KV cache")
 
