@@ -52,6 +52,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -363,7 +364,7 @@ def section_tests(run: Run, end: float) -> dict | None:
     xml = Path(run.args.out) / "pytest_cuda.xml"
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
     command += [f"--junitxml={xml}", *args]
-    run.tests.update(command=" ".join(command[1:]), status="running")
+    run.tests.update(command=portable(" ".join(["python", *command[1:]])), status="running")
     start = time.monotonic()
     try:
         done = subprocess.run(
@@ -376,9 +377,18 @@ def section_tests(run: Run, end: float) -> dict | None:
         run.tests.update(status="timeout", reason=f"killed after {timeout.timeout:.0f} s")
     run.tests["elapsed_s"] = time.monotonic() - start
     run.tests.update(junit_counts(xml))
-    run.tests["output_tail"] = output[-3000:]
+    run.tests["output_tail"] = portable(output[-3000:])
     print(f"tests: {json.dumps({k: v for k, v in run.tests.items() if k != 'output_tail'})}")
     return None if run.tests["status"] == "done" else {"status": run.tests["status"]}
+
+
+def portable(text: str) -> str:
+    """``text`` without machine paths: the repository and the Python installation's folders
+    become relative, other absolute ``--out``-style folders keep only their last part."""
+    for root in sorted({str(REPO), sys.prefix, sys.exec_prefix, *sys.path[1:]}, key=len)[::-1]:
+        if root and root != "/" and os.path.isabs(root):
+            text = text.replace(root + os.sep, "").replace(root, ".")
+    return re.sub(r"(?<![\w.])/(?:[^\s/=]+/)+([^\s/=]+)", r"\1", text)
 
 
 def junit_counts(path: Path) -> dict:
@@ -648,7 +658,7 @@ def environment(device: torch.device) -> dict:
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "python": platform.python_version(),
         "cpu_threads": torch.get_num_threads(),
-        "command": "python benchmarks/gpu.py " + " ".join(sys.argv[1:]),
+        "command": portable("python benchmarks/gpu.py " + " ".join(sys.argv[1:])),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
