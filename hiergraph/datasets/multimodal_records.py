@@ -43,6 +43,7 @@ from torch_geometric.data import Data, InMemoryDataset
 
 from hiergraph.data.multimodal import ImageField, MultimodalSchema, SequenceField
 from hiergraph.datasets.planetoid import data_root
+from hiergraph.datasets.processed import StrictLoad
 
 SPLITS = ("train", "val", "test")
 IMAGE = "image"
@@ -145,7 +146,7 @@ def _token_table() -> Tensor:
     return minilm_word_embeddings()
 
 
-class MultimodalRecordDataset(InMemoryDataset):
+class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
     r"""One split of an image + text classification set, as multimodal signal hierarchies.
 
     Subclasses set ``name``, ``text_fields``, ``raw_env`` (the environment

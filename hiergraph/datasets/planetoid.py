@@ -61,6 +61,7 @@ from hiergraph.datasets.download import (
     file_lock,
     sha256_of,
 )
+from hiergraph.datasets.processed import StrictLoad
 
 __all__ = [
     "DATA_ENV",
@@ -331,7 +332,7 @@ def load_planetoid(
             return _PLANETOID_KINDS[f.removeprefix(f"ind.{name.lower()}.")]
 
         with _explain_failures(name, base, files, _read_planetoid_file, what):
-            return Planetoid(str(base), name, split=split, transform=transform)
+            return _Planetoid(str(base), name, split=split, transform=transform)
 
 
 def load_ppi(
@@ -356,9 +357,17 @@ def load_ppi(
 
         with _explain_failures("PPI", base, ppi_raw_files(), _read_ppi_file, what):
             return tuple(
-                PPI(str(base / "PPI"), split=s, transform=transform)
+                _PPI(str(base / "PPI"), split=s, transform=transform)
                 for s in ("train", "val", "test")
             )
+
+
+class _Planetoid(StrictLoad, Planetoid):
+    """PyG's ``Planetoid`` whose processed cache is read with ``weights_only=True`` only."""
+
+
+class _PPI(StrictLoad, PPI):
+    """PyG's ``PPI`` whose processed caches are read with ``weights_only=True`` only."""
 
 
 def write_synthetic_ppi(

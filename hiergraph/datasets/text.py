@@ -64,6 +64,7 @@ from hiergraph.datasets.download import (
     fetch,
     file_lock,
 )
+from hiergraph.datasets.processed import StrictLoad
 
 SPLITS = ("train", "val", "test")
 _CHUNK = 2000  # documents per tokenizer call
@@ -205,7 +206,7 @@ def stratified_split(
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
-class TextClassificationDataset(InMemoryDataset):
+class TextClassificationDataset(StrictLoad, InMemoryDataset):
     r"""One split of a document-classification corpus as signal hierarchies.
 
     Subclasses set ``name``, ``sources`` (raw archive/folder names, in

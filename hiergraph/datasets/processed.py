@@ -1,0 +1,65 @@
+"""Processed dataset caches read without running code from the file.
+
+PyG's ``InMemoryDataset.load`` reads a cache with ``torch.load(weights_only=True)`` but,
+when the file names a global that is not allow-listed, warns and reads it again with
+``weights_only=False``: a cache file that someone replaced (they live in a user folder,
+``~/.cache/hiergraph`` by default) would then run whatever its pickle asks for.
+:class:`StrictLoad` reads caches with ``weights_only=True`` only, allow-listing the PyG data
+classes a cache holds, and turns any failure into a
+:class:`~hiergraph.datasets.download.CorruptFileError` naming the file.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import torch
+from torch_geometric.data import Data, HeteroData
+from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
+from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
+
+from hiergraph.data import SignalHierarchy
+from hiergraph.datasets.download import CorruptFileError
+
+#: The classes a processed cache may name: PyG's data containers and their storages.
+SAFE_CLASSES = [
+    Data,
+    HeteroData,
+    SignalHierarchy,
+    DataEdgeAttr,
+    DataTensorAttr,
+    BaseStorage,
+    GlobalStorage,
+    NodeStorage,
+    EdgeStorage,
+]
+
+
+class StrictLoad:
+    """Mixin for an ``InMemoryDataset``: :meth:`load` never falls back to unpickling code.
+
+    Put it before the dataset base class: ``class MyDataset(StrictLoad, InMemoryDataset)``.
+    """
+
+    def load(self, path: str, data_cls: type = Data) -> None:
+        """PyG's ``InMemoryDataset.load`` with ``torch.load(weights_only=True)`` only.
+
+        Raises:
+            CorruptFileError: the file is not a processed cache of allow-listed classes
+                (truncated, damaged, or holding other objects, e.g. code).
+        """
+        try:
+            with torch.serialization.safe_globals(SAFE_CLASSES):
+                out = torch.load(path, weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
+            raise CorruptFileError(
+                path,
+                f"{path} is not a readable processed cache of this dataset (expected PyG data "
+                f"only; {type(err).__name__}: {err}); delete it (or pass force_reload=True) "
+                "to rebuild it from the raw files",
+            ) from err
+        if not isinstance(out, tuple) or len(out) not in (2, 3):
+            raise CorruptFileError(path, f"{path} does not hold (data, slices[, class])")
+        data, self.slices = out[:2]
+        data_cls = out[2] if len(out) == 3 else data_cls
+        self.data = data_cls.from_dict(data) if isinstance(data, dict) else data

@@ -1,0 +1,63 @@
+"""Processed caches are read with ``weights_only=True`` only: a replaced cache file that
+names other globals (code) is refused, where PyG's own ``load`` would unpickle it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from hiergraph.datasets import planetoid as hp
+from hiergraph.datasets.download import CorruptFileError
+from tests.datasets.fixtures import write_tiny_planetoid
+
+
+class _Payload:
+    """Touches a marker file when unpickled, as a hostile pickle would run any command."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.makedirs, (self.marker,))
+
+
+def test_replaced_planetoid_cache_is_refused(no_env, tmp_path):
+    raw = write_tiny_planetoid(tmp_path / "source" / "raw")
+    root = tmp_path / "data"
+    first = hp.load_planetoid("Cora", root=root, raw_dir=raw)
+    again = hp.load_planetoid("Cora", root=root, raw_dir=raw)  # read back from the cache
+    assert torch.equal(first[0].x, again[0].x) and torch.equal(first[0].y, again[0].y)
+    cache = Path(first.processed_paths[0])
+    marker = tmp_path / "ran"
+    torch.save((_Payload(marker), {}, None), cache)
+    with pytest.raises(CorruptFileError, match="not a readable processed cache") as info:
+        hp.load_planetoid("Cora", root=root, raw_dir=raw)
+    assert str(cache) in str(info.value)
+    assert not marker.exists()
+
+
+def test_strict_load_reads_pyg_caches_and_refuses_other_objects(tmp_path):
+    from torch_geometric.data import Data, InMemoryDataset
+
+    from hiergraph.data import window_hierarchy
+    from hiergraph.datasets.processed import StrictLoad
+
+    class Tiny(StrictLoad, InMemoryDataset):
+        def __init__(self):
+            super().__init__(str(tmp_path))
+
+    trees = [window_hierarchy(n, (2, 2), x=torch.randn(n, 3)) for n in (5, 8)]
+    path = tmp_path / "cache.pt"
+    InMemoryDataset.save(trees, str(path))
+    dataset = Tiny()
+    dataset.load(str(path))
+    assert len(dataset) == 2 and torch.equal(dataset[1].x, trees[1].x)
+    assert type(dataset[0]).__name__ == "SignalHierarchy"
+    marker = tmp_path / "ran"
+    torch.save((_Payload(marker), {}, Data), path)
+    with pytest.raises(CorruptFileError, match="not a readable processed cache"):
+        dataset.load(str(path))
+    assert not marker.exists()
