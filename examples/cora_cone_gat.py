@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from functools import partial
@@ -69,25 +68,13 @@ from tqdm import tqdm
 from hiergraph.datasets.planetoid import load_planetoid
 from hiergraph.nn.cone_conv import ConeConv
 from hiergraph.nn.graph_hsa import input_dropout
+from hiergraph.runtime import default_threads, progress
 
 ATTENTIONS = ("gat", "dot", "penumbral", "umbral")
 DATASETS = ("Cora", "CiteSeer", "PubMed")
 QUICK = {"seeds": 2, "epochs": 300, "patience": 100}
 PAPER = {"seeds": 10, "epochs": 10000, "patience": 1000}
 CONE_VARIANTS = ("penumbral", "umbral")
-
-
-def default_threads(limit: int = 2) -> int:
-    """torch's default thread count, at most ``limit`` and at most the cores the rest of the
-    machine leaves idle (1-minute load average): more threads than free cores make every
-    small op wait on a busy one."""
-    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
-    return max(1, min(limit, torch.get_num_threads(), round(idle)))
-
-
-def progress(iterable=None, **kwargs) -> tqdm:
-    """A progress bar on stderr, redrawn at most once a second."""
-    return tqdm(iterable, mininterval=1.0, dynamic_ncols=True, **kwargs)
 
 
 def make_conv(

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import torch
 import torch.nn.functional as F
@@ -58,19 +57,12 @@ from hiergraph.distributed import (
 )
 from hiergraph.loader import DistributedLeafBudgetBatchSampler, HierarchyLoader, leaf_counts
 from hiergraph.nn import HierarchicalTransformerEncoder, global_leaf_mean_pool
+from hiergraph.runtime import default_threads
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 # ------------------------------------------------------------------------------ HTE task
-
-
-def default_threads(limit: int = 2) -> int:
-    """torch's default thread count, at most ``limit`` and at most the cores the rest of the
-    machine leaves idle (1-minute load average): more threads than free cores make every
-    small op wait on a busy one."""
-    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
-    return max(1, min(limit, torch.get_num_threads(), round(idle)))
 
 
 def synthetic_trees(num: int, max_leaves: int, channels: int, classes: int, seed: int) -> list:

@@ -62,13 +62,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 from hiergraph.datasets.bbc import BBCNews
 from hiergraph.datasets.imdb import IMDB
 from hiergraph.datasets.newsgroups import TwentyNewsgroups
 from hiergraph.datasets.text import DocumentLoader, stratified_split
 from hiergraph.nn import HierarchicalTransformerEncoder, global_leaf_mean_pool
+from hiergraph.runtime import progress as progress_bar
 
 DATASETS = {"imdb": IMDB, "20ng": TwentyNewsgroups, "bbc": BBCNews}
 ATTENTION = {"hsa": "hsa", "fsa": "flat", "deepset": "none"}
@@ -183,9 +183,7 @@ def evaluate(model, loader) -> tuple[float, float]:
 
 def progress(iterable, desc: str, enabled: bool):
     """A progress bar on stderr (redrawn at most once a second), or the iterable itself."""
-    if not enabled:
-        return iterable
-    return tqdm(iterable, desc=desc, leave=False, mininterval=1.0, dynamic_ncols=True)
+    return progress_bar(iterable, desc=desc, leave=False) if enabled else iterable
 
 
 def train_epoch(

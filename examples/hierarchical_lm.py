@@ -48,24 +48,12 @@ from tqdm import tqdm
 from hiergraph.datasets.download import data_root
 from hiergraph.nn.hte_decoder import HTEDecoder, from_schedule
 from hiergraph.plan import CausalPlan
+from hiergraph.runtime import default_threads, progress
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = {"cpu_seconds": 25.0, "eval_chunks": 48}
 PAPER = {"cpu_seconds": 300.0, "eval_chunks": 128}
 SPACE, SENTENCE_END = set(b" \t\n"), set(b".!?")
-
-
-def default_threads(limit: int = 2) -> int:
-    """torch's default thread count, at most ``limit`` and at most the cores the rest of the
-    machine leaves idle (1-minute load average): more threads than free cores make every
-    small op wait on a busy one."""
-    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
-    return max(1, min(limit, torch.get_num_threads(), round(idle)))
-
-
-def progress(iterable=None, **kwargs) -> tqdm:
-    """A progress bar on stderr, redrawn at most once a second."""
-    return tqdm(iterable, mininterval=1.0, dynamic_ncols=True, **kwargs)
 
 
 def default_tar() -> Path:

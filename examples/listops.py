@@ -27,19 +27,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import time
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from hiergraph.data.windows import window_forest
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
 from hiergraph.nn.htransformer1d import HTransformer1D
+from hiergraph.runtime import default_threads, progress
 
 QUICK = {"budget_seconds": 35.0, "min_len": 100, "max_len": 500, "train_size": 2000,
          "test_size": 300}  # fmt: skip
@@ -57,19 +56,6 @@ OPERATORS = {
     14: ("SM", lambda xs: sum(xs) % 10),
 }
 VOCAB = 16
-
-
-def default_threads(limit: int = 2) -> int:
-    """torch's default thread count, at most ``limit`` and at most the cores the rest of the
-    machine leaves idle (1-minute load average): more threads than free cores make every
-    small op wait on a busy one."""
-    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
-    return max(1, min(limit, torch.get_num_threads(), round(idle)))
-
-
-def progress(iterable=None, **kwargs) -> tqdm:
-    """A progress bar on stderr, redrawn at most once a second."""
-    return tqdm(iterable, mininterval=1.0, dynamic_ncols=True, **kwargs)
 
 
 def _expression(rng: random.Random, depth: int, budget: list[int], max_depth: int, max_args: int):

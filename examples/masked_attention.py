@@ -29,7 +29,6 @@ The task is small and self-contained (no paper protocol to reproduce, so no
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch
@@ -44,19 +43,7 @@ from hiergraph.masks import (
     window_mask,
 )
 from hiergraph.nn.masked_attention_conv import MaskedAttentionConv
-
-
-def default_threads(limit: int = 2) -> int:
-    """torch's default thread count, at most ``limit`` and at most the cores the rest of the
-    machine leaves idle (1-minute load average): more threads than free cores make every
-    small op wait on a busy one."""
-    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
-    return max(1, min(limit, torch.get_num_threads(), round(idle)))
-
-
-def progress(iterable=None, **kwargs) -> tqdm:
-    """A progress bar on stderr, redrawn at most once a second."""
-    return tqdm(iterable, mininterval=1.0, dynamic_ncols=True, **kwargs)
+from hiergraph.runtime import default_threads, progress
 
 
 def mask_builders(p: int) -> dict:

@@ -70,6 +70,7 @@ from hiergraph.datasets.multimodal_records import IMAGE
 from hiergraph.datasets.openclipart import OpenClipArt
 from hiergraph.nn import HierarchicalTransformerEncoder, global_leaf_mean_pool
 from hiergraph.nn.pool import coarsen_leaves
+from hiergraph.runtime import progress
 
 DATASETS = {"openclipart": OpenClipArt, "emoji": GoogleEmoji}
 QUICK = {"seeds": [0], "epochs": 2, "image_stem": "pixels", "group_size": 0, "readout": "leaves",
@@ -84,11 +85,6 @@ MODELS = {
     "text": ("hsa", "text"),
     "image": ("hsa", ("image",)),
 }
-
-
-def progress(iterable=None, **kwargs) -> tqdm:
-    """A progress bar on stderr, redrawn at most once a second."""
-    return tqdm(iterable, mininterval=1.0, dynamic_ncols=True, **kwargs)
 
 
 class PatchStem(nn.Module):

@@ -65,6 +65,7 @@ from torch_geometric.utils import to_undirected
 from hiergraph.datasets.ogbn import OGBN_DATASETS, load_ogbn
 from hiergraph.datasets.planetoid import is_synthetic, load_planetoid, load_ppi, write_synthetic_ppi
 from hiergraph.nn.graph_hsa import GraphHSANet, input_dropout
+from hiergraph.runtime import default_threads
 from hiergraph.transforms import GraphHierarchy, hierarchy_stats
 
 MODELS = ("gcn", "gat", "cone", "gps_full", "hsa_hybrid")
@@ -72,14 +73,6 @@ MODELS = ("gcn", "gat", "cone", "gps_full", "hsa_hybrid")
 PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 QUICK = {"seeds": [0], "epochs": 200, "patience": 100}
 PAPER = {"seeds": list(range(10)), "epochs": 1000, "patience": 100}
-
-
-def default_threads(limit: int = 2) -> int:
-    """torch's default thread count, at most ``limit`` and at most the cores the rest of the
-    machine leaves idle (1-minute load average): more threads than free cores make every
-    small op wait on a busy one."""
-    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
-    return max(1, min(limit, torch.get_num_threads(), round(idle)))
 
 
 class TwoLayer(nn.Module):

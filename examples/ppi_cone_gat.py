@@ -30,7 +30,6 @@ labels), and every line the script prints then says so. Examples::
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from pathlib import Path
 
@@ -38,25 +37,12 @@ import torch
 import torch.nn.functional as F
 from cora_cone_gat import ATTENTIONS, make_conv  # the shared GAT/ConeConv factory
 from torch_geometric.loader import DataLoader
-from tqdm import tqdm
 
 from hiergraph.datasets.planetoid import is_synthetic, load_ppi, write_synthetic_ppi
+from hiergraph.runtime import default_threads, progress
 
 QUICK = {"seeds": 1, "epochs": 5, "patience": 100}
 PAPER = {"seeds": 10, "epochs": 200, "patience": 100}
-
-
-def default_threads(limit: int = 2) -> int:
-    """torch's default thread count, at most ``limit`` and at most the cores the rest of the
-    machine leaves idle (1-minute load average): more threads than free cores make every
-    small op wait on a busy one."""
-    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
-    return max(1, min(limit, torch.get_num_threads(), round(idle)))
-
-
-def progress(iterable=None, **kwargs) -> tqdm:
-    """A progress bar on stderr, redrawn at most once a second."""
-    return tqdm(iterable, mininterval=1.0, dynamic_ncols=True, **kwargs)
 
 
 class DeepGAT(torch.nn.Module):

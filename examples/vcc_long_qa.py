@@ -37,30 +37,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from hiergraph.nn.vcc import VCCEncoder, run_layer
+from hiergraph.runtime import default_threads, progress
 
 QUICK = {"length": 4096, "budget": 30.0, "eval_batches": 8}
 PAPER = {"length": 16384, "budget": 150.0, "eval_batches": 25}
-
-
-def default_threads(limit: int = 2) -> int:
-    """torch's default thread count, at most ``limit`` and at most the cores the rest of the
-    machine leaves idle (1-minute load average): more threads than free cores make every
-    small op wait on a busy one."""
-    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
-    return max(1, min(limit, torch.get_num_threads(), round(idle)))
-
-
-def progress(iterable=None, **kwargs) -> tqdm:
-    """A progress bar on stderr, redrawn at most once a second."""
-    return tqdm(iterable, mininterval=1.0, dynamic_ncols=True, **kwargs)
 
 
 def make_batch(batch: int, length: int, args, gen: torch.Generator) -> tuple[Tensor, Tensor]:

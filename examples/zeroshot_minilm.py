@@ -38,7 +38,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from hiergraph.integrations import (
     encoder_layers,
@@ -50,6 +49,7 @@ from hiergraph.integrations import (
     interleaved_layers,
     remove_hsa,
 )
+from hiergraph.runtime import default_threads, progress
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_LAYERS = 6
@@ -99,19 +99,6 @@ def load_texts(dataset: str, limit: int | None = None):
         keep = np.sort(np.random.default_rng(0).permutation(len(docs))[:limit])
         texts, labels, split = [texts[i] for i in keep], labels[keep], split[keep]
     return texts, labels, split
-
-
-def default_threads(limit: int = 2) -> int:
-    """torch's default thread count, at most ``limit`` and at most the cores the rest of the
-    machine leaves idle (1-minute load average): more threads than free cores make every
-    small op wait on a busy one."""
-    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
-    return max(1, min(limit, torch.get_num_threads(), round(idle)))
-
-
-def progress(iterable=None, **kwargs) -> tqdm:
-    """A progress bar on stderr, redrawn at most once a second."""
-    return tqdm(iterable, mininterval=1.0, dynamic_ncols=True, **kwargs)
 
 
 def load_minilm():

@@ -1,4 +1,5 @@
-r"""Process-level CPU settings that make large-tensor workloads faster.
+r"""Process-level settings: CPU allocation that makes large-tensor workloads faster, and the
+thread count and progress bars of the example scripts.
 
 On Linux with glibc, every allocation larger than the *mmap threshold* (at
 most 32 MiB by default) gets fresh pages from the kernel and gives them back
@@ -20,7 +21,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
+
+import torch
+from tqdm import tqdm
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -62,3 +67,16 @@ def _glibc() -> ctypes.CDLL | None:
     except OSError:
         return None
     return libc if hasattr(libc, "gnu_get_libc_version") else None  # glibc, not musl
+
+
+def default_threads(limit: int = 2) -> int:
+    """A thread count for a script that shares the machine: torch's default, at most
+    ``limit`` and at most the cores the rest of the machine leaves idle (1-minute load
+    average). More threads than free cores make every small op wait on a busy one."""
+    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
+    return max(1, min(limit, torch.get_num_threads(), round(idle)))
+
+
+def progress(iterable=None, **kwargs) -> tqdm:
+    """A progress bar on stderr, redrawn at most once a second (``tqdm`` arguments)."""
+    return tqdm(iterable, mininterval=1.0, dynamic_ncols=True, **kwargs)

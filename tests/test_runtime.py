@@ -43,3 +43,27 @@ def test_reuse_freed_memory_stops_refaulting_large_buffers():
 def test_rejects_bad_thresholds(bad):
     with pytest.raises((TypeError, ValueError), match="threshold_bytes"):
         reuse_freed_memory(bad)
+
+
+def test_default_threads_stays_within_the_limit_and_the_idle_cores(monkeypatch):
+    import os
+
+    import torch
+
+    from hiergraph.runtime import default_threads
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.6, 0.0, 0.0))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    assert default_threads(limit=4) == 2  # 8 cores, 5.6 busy: 2 idle
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 0.0, 0.0))
+    assert default_threads() == 1  # never below one
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert default_threads(limit=3) == 3
+
+
+def test_progress_is_a_tqdm_bar_over_the_iterable():
+    from hiergraph.runtime import progress
+
+    bar = progress(range(3), disable=True)
+    assert list(bar) == [0, 1, 2]
