@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 from torch_geometric.utils import scatter
 
 from hiergraph._precision import accumulation_dtype
@@ -146,8 +145,13 @@ class _DenseFamilyAttention(torch.autograd.Function):
         return lse_out, theta_out, *sums
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_lse, grad_theta, *grad_sums):
+        if torch.is_grad_enabled():  # create_graph=True: this backward is first-order only
+            raise RuntimeError(
+                "the block kernel of hierarchical_attention has a hand-written first-order "
+                "backward: second derivatives (create_graph=True) need kernel='edge', or an "
+                "equal-fanout forest (TreeIndex.uniform) with kernel='dense'"
+            )
         level, tau = ctx.level, ctx.tau
         *saved, count = ctx.saved_tensors
         keys = key_bias(count, ctx.size_bias, ctx.dtype)

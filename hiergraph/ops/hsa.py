@@ -150,9 +150,6 @@ def hierarchical_attention(
         return out.squeeze(1) if squeeze else out
     levels = index.levels
     family = family_attention_edge if kernel == "edge" else family_attention_dense
-    q, k, v = _FirstOrderOnly.apply(q, k, v)
-    if pos is not None:
-        (pos,) = _FirstOrderOnly.apply(pos)
 
     # leaf statistics: padding leaves count 0 and carry zeros
     weight = None if leaf_mask is None else leaf_mask.to(q.dtype)
@@ -221,26 +218,6 @@ def hierarchical_attention(
     if weight is not None:
         out = out * weight[:, None, None]
     return out.squeeze(1) if squeeze else out
-
-
-class _FirstOrderOnly(torch.autograd.Function):
-    """Identity whose backward refuses ``create_graph=True``: the general path's family
-    kernels have hand-written first-order backwards, so a second derivative through them
-    would be silently wrong."""
-
-    @staticmethod
-    def forward(ctx, *xs: Tensor) -> tuple[Tensor, ...]:
-        return tuple(x.view_as(x) for x in xs)
-
-    @staticmethod
-    def backward(ctx, *grads: Tensor) -> tuple[Tensor, ...]:
-        if torch.is_grad_enabled():
-            raise RuntimeError(
-                "hierarchical_attention supports second derivatives (create_graph=True) only "
-                "on forests with equal fanout (TreeIndex.uniform) with kernel='dense'; for "
-                "other forests use hierarchical_attention_matrix"
-            )
-        return grads
 
 
 def _check_flags(causal: bool, leaky_causal: bool, include_self: bool, kernel: str) -> None:

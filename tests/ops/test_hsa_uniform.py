@@ -119,20 +119,31 @@ def test_second_derivatives(opts):
         )
 
 
-@pytest.mark.parametrize("kernel", ["blocks", "edge"])
-def test_second_derivatives_elsewhere_raise(kernel):
-    """Kernels with hand-written backwards refuse create_graph instead of a wrong answer."""
-    for tree in (window_hierarchy(12, (2, 3)), from_nested([[0, 1, 2], [3, [4, 5]], 6])):
+@pytest.mark.parametrize("kernel", ["blocks", "dense"])
+def test_block_kernel_refuses_second_derivatives(kernel):
+    """The block kernel's hand-written backward refuses create_graph instead of returning a
+    wrong (missing) second derivative; 'dense' takes it on ragged forests."""
+    trees = [from_nested([[0, 1, 2], [3, [4, 5]], 6])]
+    if kernel == "blocks":
+        trees.append(window_hierarchy(12, (2, 3)))
+    for tree in trees:
         n = tree.num_leaves
         q, k, v = (torch.randn(n, 2, 3, **F64, requires_grad=True) for _ in range(3))
-        if tree.tree_index().uniform is None and kernel == "blocks":
-            kernel = "dense"  # a ragged tree takes the block kernel under 'dense' too
         out = hierarchical_attention(q, k, v, tree, kernel=kernel)
-        with pytest.raises(RuntimeError, match="second derivatives"):
+        with pytest.raises(RuntimeError, match="first-order"):
             torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
         out = hierarchical_attention(q, k, v, tree, kernel=kernel)
         out.sum().backward()  # first order is unaffected
         assert torch.isfinite(q.grad).all()
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(include_self=True, leaky_causal=True)])
+def test_edge_kernel_second_derivatives(opts):
+    tree = from_nested([[0, 1, 2], [3, [4, 5]], 6])
+    q, k, v = (torch.randn(7, 2, 3, **F64, requires_grad=True) for _ in range(3))
+    assert torch.autograd.gradgradcheck(
+        lambda q, k, v: hierarchical_attention(q, k, v, tree, kernel="edge", **opts), (q, k, v)
+    )
 
 
 def test_compiles_without_graph_breaks():
