@@ -30,9 +30,11 @@ def _changed_after(x, t, dim, seed=1):
 
 def _tree_ops():
     window = window_forest([L], (4, 3))  # equal fanout: the reshaped-view paths
-    nested = from_nested([[[3 * i + j for j in range(3)] for i in range(2 * k, 2 * k + 2)]
-                          for k in range(4)])  # fmt: skip
+    # ragged (the edge-list paths): paragraphs of sentences of 1-5 tokens, 24 in all
+    sizes, leaf = [[3, 2], [1, 4, 2], [5], [2, 3, 2]], iter(range(L))
+    nested = from_nested([[[next(leaf) for _ in range(n)] for n in p] for p in sizes])
     ops = {}
+    assert window.tree_index().uniform is not None and nested.tree_index().uniform is None
     for name, tree in (("window", window), ("nested", nested)):
         ops[f"hierarchical_attention-{name}"] = lambda q, k, v, t=tree: hierarchical_attention(
             q, k, v, t, include_self=True, causal=True
