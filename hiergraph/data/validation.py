@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor
 
+from hiergraph.plan.family_order import family_order
+
 #: How many parent links of a cycle an error message spells out.
 _CYCLE_HOPS = 8
 
@@ -115,8 +117,7 @@ def validate_structure(
         )
     child = nodes[~is_root]
     if distinct_slots and child.numel() > 1:
-        order = torch.argsort(parent[child] * (int(slot.max()) + 1) + slot[child], stable=True)
-        child = child[order]
+        child = child[family_order(parent[child], slot[child])]
         same = (parent[child[1:]] == parent[child[:-1]]) & (slot[child[1:]] == slot[child[:-1]])
         if bool(same.any()):
             pairs = torch.stack([child[:-1][same], child[1:][same]], 1)

@@ -181,3 +181,10 @@ def test_from_parent_reports_in_the_callers_node_ids():
         SignalHierarchy.from_parent([-1, 1])
     with pytest.raises(ValueError, match=r"slot must have shape \[3\]"):
         SignalHierarchy.from_parent([-1, 0, 0], slot=[0, 1])
+
+
+def test_siblings_sharing_a_large_slot_are_found():
+    """Slots near 2**62 (no combined sort key that could overflow)."""
+    parent, slot = torch.tensor([3, 3, 3, 3]), torch.tensor([2**62, 0, 2**62, 0])
+    with pytest.raises(ValueError, match="share a slot"):
+        validate_structure(parent, slot, torch.tensor([True, True, True, False]))
