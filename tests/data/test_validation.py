@@ -183,8 +183,12 @@ def test_from_parent_reports_in_the_callers_node_ids():
         SignalHierarchy.from_parent([-1, 0, 0], slot=[0, 1])
 
 
-def test_siblings_sharing_a_large_slot_are_found():
-    """Slots near 2**62 (no combined sort key that could overflow)."""
-    parent, slot = torch.tensor([3, 3, 3, 3]), torch.tensor([2**62, 0, 2**62, 0])
-    with pytest.raises(ValueError, match="share a slot"):
-        validate_structure(parent, slot, torch.tensor([True, True, True, False]))
+def test_siblings_sharing_a_slot_are_found_among_large_slots():
+    """Nodes 1 and 3 share slot 4 under node 0. With a slot of 2**62 elsewhere, a combined
+    key ``parent * (max slot + 1) + slot`` wraps so that node 2 (slot 0 under node 4) gets
+    the same key and sorts between them, hiding the pair."""
+    parent = torch.tensor([6, 0, 4, 0, 6, 4, 6])
+    slot = torch.tensor([0, 4, 0, 4, 1, 2**62, 0])
+    is_leaf = torch.tensor([False, True, True, True, False, True, False])
+    with pytest.raises(ValueError, match="nodes 1 and 3 share a slot"):
+        validate_structure(parent, slot, is_leaf)
