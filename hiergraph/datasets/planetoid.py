@@ -280,6 +280,8 @@ def _explain_failures(name: str, root: Path, files: list[str], read, what):
     cached = (processed / "data.pt").exists() or any(processed.glob("*.pt"))
     try:
         yield
+    except CorruptFileError:  # already names the file (a processed cache, StrictLoad)
+        raise
     except Exception as err:
         bad = _diagnose(root / name / "raw", files, read, what)
         if bad is None and cached:

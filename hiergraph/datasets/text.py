@@ -28,7 +28,6 @@ import gzip
 import json
 import lzma
 import os
-import pickle
 import re
 import tarfile
 import zipfile
@@ -283,10 +282,7 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
         with file_lock(root / "processed"):  # one process downloads and builds the cache
             super().__init__(str(root), transform, force_reload=force_reload)
         path = self.processed_paths[SPLITS.index(split)]
-        try:
-            self.load(path)
-        except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as err:
-            raise self._corrupt_cache(path, err) from err
+        self.load(path)  # StrictLoad: a damaged cache raises CorruptFileError naming it
         try:
             self.meta = json.loads(Path(self.processed_paths[-1]).read_text())
         except ValueError as err:
