@@ -22,7 +22,8 @@ def test_quick_run_writes_a_complete_report(tmp_path):
     causal = {"flat-causal", "hsa-causal", "hsa-causal-edges"}
     assert set(row["median_s"]) == {"flat", "bound", "hsa", "hsa-blocks", *causal}
     assert all(len(s) == 3 for s in row["samples_s"].values())
-    assert row["flat_over"]["flat"] == 1.0 and row["over_bound"]["bound"] == 1.0
+    median = row["median_s"]
+    assert row["flat_over"]["hsa"] == median["flat"] / median["hsa"] > 0
     profile = row["profile_hsa"]
     assert profile["aten_calls"] > 0 and sum(profile["self_cpu_s_by_group"].values()) > 0
     assert out.with_suffix(".png").stat().st_size > 0

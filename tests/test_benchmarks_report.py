@@ -95,19 +95,11 @@ def test_optional_results_render_when_present(report, tmp_path, monkeypatch):
         "rows": rows,
     }  # fmt: skip
     (results / "gpu" / "gpu.json").write_text(json.dumps(gpu))
-    source = RESULTS / "hsa_short_1t.json"
-    short = json.loads(source.read_text()) if source.exists() else None
-    if short is not None:  # the same rows, as if run with 2 threads
-        for row in short["rows"]:
-            row["threads"] = 2
-        (results / "hsa_short_2t.json").write_text(json.dumps(short))
     text = report.render()
     gpu_part = text[text.index("## GPU") :]
     assert "Some GPU" in gpu_part and "passed 7" in gpu_part
     assert "2.00 ms [1.50 ms–2.50 ms] ×3" in gpu_part and "0.500× (hsa)" in gpu_part
     assert "skipped: section time cap" in gpu_part
-    if short is not None:
-        assert "**2 threads**" in text and "hsa_short_2t.json" in text
 
 
 def test_spreads_and_means(report):

@@ -144,7 +144,6 @@ def test_corrupt_planetoid_pickle_names_the_file(tmp_path):
     assert str(tmp_path / "bad" / "Cora" / "raw" / "ind.cora.graph") in message
     assert "adjacency lists" in message and "differs from the official" in message
     assert isinstance(info.value.__cause__, (EOFError, pickle.UnpicklingError))
-    (raw / "ind.cora.test.index").write_text("12\nnot a number\n")
     write_tiny_planetoid(tmp_path / "src2")
     (tmp_path / "src2" / "ind.cora.test.index").write_text("12\nnot a number\n")
     with pytest.raises(CorruptFileError, match=r"ind\.cora\.test\.index.*one test node index"):
