@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from hsa_scaling import bound_shapes, run_bound
 from torch.profiler import ProfilerActivity, profile
 
 from hiergraph.data import window_forest
@@ -73,18 +74,11 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...], compile_hsa:
     if index.uniform is None:
         raise ValueError(f"{length} tokens with branching {branching} is not an equal tree")
     hq, fq = leaf_qkv(batch * length, HEADS, DIM), leaf_qkv(batch, HEADS, length, DIM)
-    blocks, count = [], batch * length
-    for b in branching:
-        blocks.append(leaf_qkv(count // b, HEADS, b, DIM))
-        count //= b
-
-    def bound():
-        return torch.cat([F.scaled_dot_product_attention(*blk).reshape(-1) for blk in blocks])
-
+    blocks = [leaf_qkv(batch * f, HEADS, w, DIM) for f, w in bound_shapes(length, branching)]
     plan, edges = forest.causal_plan(), CausalPlan.from_hierarchy(forest)
     cases = {
         "flat": (lambda: F.scaled_dot_product_attention(*fq), fq),
-        "bound": (bound, [t for blk in blocks for t in blk]),
+        "bound": (lambda: run_bound(blocks), [t for blk in blocks for t in blk]),
         "hsa": (lambda: hierarchical_attention(*hq, index), hq),
         "hsa-blocks": (lambda: hierarchical_attention(*hq, index, kernel="blocks"), hq),
         "flat-causal": (lambda: F.scaled_dot_product_attention(*fq, is_causal=True), fq),
@@ -145,11 +139,7 @@ def profile_breakdown(fn: Callable, tensors: list, reps: int = 3) -> dict:
 
 def flop_ratio(length: int, branching: tuple[int, ...]) -> float:
     """Attention FLOPs of flat softmax over those of HSA's family attention (per sequence)."""
-    hsa, count = 0, length
-    for b in branching:
-        hsa += count * b  # count // b families of b^2 pairs
-        count //= b
-    return length * length / hsa
+    return length * length / sum(f * w * w for f, w in bound_shapes(length, branching))
 
 
 def plot(rows: list[dict], path: Path) -> None:
