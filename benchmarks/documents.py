@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from report import budget_flags  # the sibling script (benchmarks/ is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -250,21 +251,6 @@ def selection_row(path: Path) -> dict:
         "val_acc": {label: row["val_acc_mean"] for label, row in summary.items()},
         "seeds": {label: row["seeds"] for label, row in summary.items()},
     }
-
-
-def budget_flags(budget: list[str]) -> list[str]:
-    """The flags of a budget that change results (not the dataset, threads or progress)."""
-    skip = {"--dataset", "--embedding", "--threads"}
-    out, i = [], 0
-    while i < len(budget):
-        if budget[i] in skip:
-            i += 2
-        elif budget[i] == "--no-progress":
-            i += 1
-        else:
-            out.append(budget[i])
-            i += 1
-    return out
 
 
 def selection_table(rows: list[dict]) -> str:

@@ -499,7 +499,13 @@ def vcc() -> list[str] | None:
     return out + [source("vcc.json"), ""] + plot("vcc.png", "VCC")
 
 
-def _doc_budget(budget: list[str]) -> str:
+def _budget(data: dict) -> str:
+    return " ".join(budget_flags(data["budget"]))
+
+
+def budget_flags(budget: list[str]) -> list[str]:
+    """The flags of a documents budget that change results (not the dataset, threads or
+    progress); ``benchmarks/documents.py`` uses it too."""
     skip = {"--dataset", "--embedding", "--threads"}
     out, i = [], 0
     while i < len(budget):
@@ -510,7 +516,7 @@ def _doc_budget(budget: list[str]) -> str:
         else:
             out.append(budget[i])
             i += 1
-    return " ".join(out)
+    return out
 
 
 def _doc_rows(data: dict, with_test: bool = True) -> list[list[str]]:
@@ -542,7 +548,7 @@ def documents() -> list[str] | None:
             continue
         out += [
             f"**{data['dataset']}**, one budget for every model: "
-            f"{code(_doc_budget(data['budget']))}. Epoch times: median [min–max] over the "
+            f"{code(' '.join(budget_flags(data['budget'])))}. Epoch times: median [min–max] over the "
             "epochs of all seeds.",
             "",
         ]
@@ -562,7 +568,10 @@ def documents() -> list[str] | None:
         ]
         for path in selection:
             data = json.loads(path.read_text())
-            out += [f"`{path.name}` ({data['dataset']}, {code(_doc_budget(data['budget']))}):", ""]
+            out += [
+                f"`{path.name}` ({data['dataset']}, {code(' '.join(budget_flags(data['budget'])))}):",
+                "",
+            ]
             out += table(header, _doc_rows(data))
         out += ["Commands are stored in each file (`command`).", ""]
     epochs = sorted(RESULTS.glob("documents-epoch-*.json"))
