@@ -548,7 +548,7 @@ def documents() -> list[str] | None:
             continue
         out += [
             f"**{data['dataset']}**, one budget for every model: "
-            f"{code(' '.join(budget_flags(data['budget'])))}. Epoch times: median [min–max] over the "
+            f"{code(_budget(data))}. Epoch times: median [min–max] over the "
             "epochs of all seeds.",
             "",
         ]
@@ -569,7 +569,7 @@ def documents() -> list[str] | None:
         for path in selection:
             data = json.loads(path.read_text())
             out += [
-                f"`{path.name}` ({data['dataset']}, {code(' '.join(budget_flags(data['budget'])))}):",
+                f"`{path.name}` ({data['dataset']}, {code(_budget(data))}):",
                 "",
             ]
             out += table(header, _doc_rows(data))
