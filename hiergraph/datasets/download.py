@@ -262,18 +262,6 @@ def fetch(
     )
 
 
-def check_checksum(path: str | os.PathLike, sha256: str | None) -> None:
-    """Raise :class:`CorruptFileError` if ``path``'s SHA-256 is not ``sha256`` (``None``: no
-    check)."""
-    if sha256 is None:
-        return
-    actual = sha256_of(path)
-    if actual != sha256.lower():
-        raise CorruptFileError(
-            path, f"{path} has SHA-256 {actual}, expected {sha256} (the official file)"
-        )
-
-
 # ----------------------------------------------------------------------------- lock
 #: Seconds to wait for a portable (non-``flock``) lock before giving up.
 LOCK_TIMEOUT = 6 * 3600.0

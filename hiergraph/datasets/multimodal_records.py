@@ -42,7 +42,7 @@ from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
 from hiergraph.data.multimodal import ImageField, MultimodalSchema, SequenceField
-from hiergraph.datasets.planetoid import data_root
+from hiergraph.datasets.download import data_root
 from hiergraph.datasets.processed import StrictLoad
 
 SPLITS = ("train", "val", "test")

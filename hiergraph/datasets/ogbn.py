@@ -31,8 +31,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
-from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
-from torch_geometric.data.storage import GlobalStorage
 
 from hiergraph.datasets.download import (
     OFFLINE_ENV,
@@ -44,14 +42,12 @@ from hiergraph.datasets.download import (
     fetch,
     file_lock,
 )
+from hiergraph.datasets.processed import SAFE_CLASSES
 
 OGBN_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
 #: Largest OGB zip downloaded automatically, in bytes (ogbn-arxiv is 81 MB,
 #: ogbn-products 1.4 GB, ogbn-papers100M 56 GB: get that one with ``ogb`` itself).
 MAX_AUTO_DOWNLOAD = 2 << 30
-#: What ``ogb`` (1.3.6) pickles: it loads it with ``torch.load``, whose default is
-#: ``weights_only=True`` since torch 2.6, so these must be allow-listed.
-_PYG_PICKLED = [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage]
 
 
 def _require_ogb():
@@ -200,5 +196,5 @@ def _open_ogbn(name: str, folder: Path, dataset_cls):
                     "download it again"
                 )
 
-    with torch.serialization.safe_globals(_PYG_PICKLED):  # ogb's torch.load of a PyG Data
+    with torch.serialization.safe_globals(SAFE_CLASSES):  # ogb's torch.load of a PyG Data
         return NoPromptDataset(name, root=str(folder.parent))
