@@ -68,7 +68,7 @@ from tqdm import tqdm
 from hiergraph.datasets.planetoid import load_planetoid
 from hiergraph.nn.cone_conv import ConeConv
 from hiergraph.nn.graph_hsa import input_dropout
-from hiergraph.runtime import default_threads, progress
+from hiergraph.runtime import apply_budget, default_threads, progress
 
 ATTENTIONS = ("gat", "dot", "penumbral", "umbral")
 DATASETS = ("Cora", "CiteSeer", "PubMed")
@@ -323,9 +323,7 @@ def parse_args(argv=None):
     )
     parser.add_argument("--json", type=Path, default=None, help="merge results into this file")
     args = parser.parse_args(argv)
-    for key, value in (PAPER if args.paper else QUICK).items():
-        if getattr(args, key) is None:  # options given explicitly win
-            setattr(args, key, value)
+    apply_budget(args, QUICK, PAPER)  # explicit options win
     return args
 
 

@@ -68,6 +68,7 @@ from hiergraph.datasets.imdb import IMDB
 from hiergraph.datasets.newsgroups import TwentyNewsgroups
 from hiergraph.datasets.text import DocumentLoader, stratified_split
 from hiergraph.nn import HierarchicalTransformerEncoder, global_leaf_mean_pool
+from hiergraph.runtime import apply_budget
 from hiergraph.runtime import progress as progress_bar
 
 DATASETS = {"imdb": IMDB, "20ng": TwentyNewsgroups, "bbc": BBCNews}
@@ -365,9 +366,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
-    for key, value in (PAPER if args.paper else QUICK).items():
-        if getattr(args, key) is None:  # options given explicitly win
-            setattr(args, key, value)
+    apply_budget(args, QUICK, PAPER)  # explicit options win
     for split in ("train", "val", "test"):  # 0: the whole split
         if getattr(args, f"{split}_size") == 0:
             setattr(args, f"{split}_size", None)

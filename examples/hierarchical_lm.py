@@ -48,7 +48,7 @@ from tqdm import tqdm
 from hiergraph.datasets.download import data_root
 from hiergraph.nn.hte_decoder import HTEDecoder, from_schedule
 from hiergraph.plan import CausalPlan
-from hiergraph.runtime import default_threads, progress
+from hiergraph.runtime import apply_budget, default_threads, progress
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = {"cpu_seconds": 25.0, "eval_chunks": 48}
@@ -180,9 +180,7 @@ def main(argv=None) -> dict:
         "--cache-dir", type=Path, default=data_root() / "imdb_lm", help="chosen reviews"
     )
     args = parser.parse_args(argv)
-    for key, value in (PAPER if args.paper else QUICK).items():
-        if getattr(args, key) is None:  # options given explicitly win
-            setattr(args, key, value)
+    apply_budget(args, QUICK, PAPER)  # explicit options win
     args.threads = args.threads or default_threads()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -38,7 +38,7 @@ from hiergraph.data.windows import window_forest
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
 from hiergraph.nn.htransformer1d import HTransformer1D
-from hiergraph.runtime import default_threads, progress
+from hiergraph.runtime import apply_budget, default_threads, progress
 
 QUICK = {"budget_seconds": 35.0, "min_len": 100, "max_len": 500, "train_size": 2000,
          "test_size": 300}  # fmt: skip
@@ -240,9 +240,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="torch CPU threads (default: at most 2, and no more than the idle cores)",
     )
     args = parser.parse_args(argv)
-    for key, value in (PAPER if args.paper else QUICK).items():
-        if getattr(args, key) is None:  # options given explicitly win
-            setattr(args, key, value)
+    apply_budget(args, QUICK, PAPER)  # explicit options win
     args.threads = args.threads or default_threads()
     torch.set_num_threads(args.threads)
     if args.quick:

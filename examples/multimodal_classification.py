@@ -70,7 +70,7 @@ from hiergraph.datasets.multimodal_records import IMAGE
 from hiergraph.datasets.openclipart import OpenClipArt
 from hiergraph.nn import HierarchicalTransformerEncoder, global_leaf_mean_pool
 from hiergraph.nn.pool import coarsen_leaves
-from hiergraph.runtime import progress
+from hiergraph.runtime import apply_budget, progress
 
 DATASETS = {"openclipart": OpenClipArt, "emoji": GoogleEmoji}
 QUICK = {"seeds": [0], "epochs": 2, "image_stem": "pixels", "group_size": 0, "readout": "leaves",
@@ -557,9 +557,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="bar chart + confusion matrix PNG")
     args = p.parse_args(argv)
-    for key, value in (PAPER if args.paper else QUICK).items():
-        if getattr(args, key) is None:  # options given explicitly win
-            setattr(args, key, value)
+    apply_budget(args, QUICK, PAPER)  # explicit options win
     args.group_size = args.group_size or None  # 0: no patch groups
     if args.epochs < 1:
         p.error("--epochs must be >= 1")

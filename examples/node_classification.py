@@ -65,7 +65,7 @@ from torch_geometric.utils import to_undirected
 from hiergraph.datasets.ogbn import OGBN_DATASETS, load_ogbn
 from hiergraph.datasets.planetoid import is_synthetic, load_planetoid, load_ppi, write_synthetic_ppi
 from hiergraph.nn.graph_hsa import GraphHSANet, input_dropout
-from hiergraph.runtime import default_threads
+from hiergraph.runtime import apply_budget, default_threads
 from hiergraph.transforms import GraphHierarchy, hierarchy_stats
 
 MODELS = ("gcn", "gat", "cone", "gps_full", "hsa_hybrid")
@@ -312,9 +312,7 @@ def main(argv=None) -> dict:
         help="take the seeds already run from this JSON's row of the same key and settings",
     )
     args = p.parse_args(argv)
-    for key, value in (PAPER if args.paper else QUICK).items():
-        if getattr(args, key) is None:  # options given explicitly win
-            setattr(args, key, value)
+    apply_budget(args, QUICK, PAPER)  # explicit options win
     args.threads = args.threads or default_threads()
     torch.set_num_threads(args.threads)
     if args.model == "gat" and args.attention not in (None, "gat"):

@@ -39,7 +39,7 @@ from cora_cone_gat import ATTENTIONS, make_conv  # the shared GAT/ConeConv facto
 from torch_geometric.loader import DataLoader
 
 from hiergraph.datasets.planetoid import is_synthetic, load_ppi, write_synthetic_ppi
-from hiergraph.runtime import default_threads, progress
+from hiergraph.runtime import apply_budget, default_threads, progress
 
 QUICK = {"seeds": 1, "epochs": 5, "patience": 100}
 PAPER = {"seeds": 10, "epochs": 200, "patience": 100}
@@ -136,9 +136,7 @@ def parse_args(argv=None):
         "(smoke runs only; not the real dataset)",
     )
     args = parser.parse_args(argv)
-    for key, value in (PAPER if args.paper else QUICK).items():
-        if getattr(args, key) is None:  # options given explicitly win
-            setattr(args, key, value)
+    apply_budget(args, QUICK, PAPER)  # explicit options win
     return args
 
 

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from hiergraph.nn.vcc import VCCEncoder, run_layer
-from hiergraph.runtime import default_threads, progress
+from hiergraph.runtime import apply_budget, default_threads, progress
 
 QUICK = {"length": 4096, "budget": 30.0, "eval_batches": 8}
 PAPER = {"length": 16384, "budget": 150.0, "eval_batches": 25}
@@ -219,9 +219,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results to this file")
     args = parser.parse_args(argv)
-    for key, value in (PAPER if args.paper else QUICK).items():
-        if getattr(args, key) is None:  # options given explicitly win
-            setattr(args, key, value)
+    apply_budget(args, QUICK, PAPER)  # explicit options win
     if args.distractors + 1 > args.keys:
         parser.error("--distractors must be < --keys (facts in one sequence have distinct keys)")
     args.threads = args.threads or default_threads()

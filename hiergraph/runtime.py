@@ -80,3 +80,12 @@ def default_threads(limit: int = 2) -> int:
 def progress(iterable=None, **kwargs) -> tqdm:
     """A progress bar on stderr, redrawn at most once a second (``tqdm`` arguments)."""
     return tqdm(iterable, mininterval=1.0, dynamic_ncols=True, **kwargs)
+
+
+def apply_budget(args, quick: dict, paper: dict) -> None:
+    """Fill the options of an example script that were left at ``None`` with its quick
+    defaults, or with the paper's protocol when ``args.paper`` is set; options given
+    explicitly win."""
+    for key, value in (paper if args.paper else quick).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)

@@ -67,3 +67,17 @@ def test_progress_is_a_tqdm_bar_over_the_iterable():
 
     bar = progress(range(3), disable=True)
     assert list(bar) == [0, 1, 2]
+
+
+def test_apply_budget_fills_only_the_options_left_unset():
+    from argparse import Namespace
+
+    from hiergraph.runtime import apply_budget
+
+    quick, paper = {"epochs": 5, "seeds": [0]}, {"epochs": 1000, "seeds": list(range(10))}
+    args = Namespace(paper=False, epochs=None, seeds=[3])
+    apply_budget(args, quick, paper)
+    assert args.epochs == 5 and args.seeds == [3]  # an explicit option wins
+    args = Namespace(paper=True, epochs=None, seeds=None)
+    apply_budget(args, quick, paper)
+    assert args.epochs == 1000 and args.seeds == list(range(10))
