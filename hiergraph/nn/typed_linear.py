@@ -81,7 +81,8 @@ class TypedLinear(nn.Module):
                 f"type_vec must have shape [{x.size(0)}] (one type per row of x), "
                 f"got {tuple(type_vec.shape)}"
             )
-        # one host read, for CPU ids only (on an accelerator the gathers below fail instead)
+        # one host read for CPU ids; on an accelerator a device-side assertion (no host sync:
+        # out-of-range ids would otherwise match no type and give silent zero rows)
         if type_vec.numel() and reads_values(type_vec):
             low, high = torch.stack(torch.aminmax(type_vec)).tolist()
             if low < 0 or high >= self.num_types:
@@ -89,6 +90,9 @@ class TypedLinear(nn.Module):
                     f"type ids span {low}..{high}; they must lie in [0, num_types = "
                     f"{self.num_types})"
                 )
+        elif type_vec.numel():
+            inside = ((type_vec >= 0) & (type_vec < self.num_types)).all()
+            torch._assert_async(inside, f"type ids must lie in [0, num_types = {self.num_types})")
         if reads_values(type_vec):  # HeteroLinear: row slices per type (bounds read on the host)
             out = self.lin(x, type_vec)
         else:  # accelerator: every type's map on all rows, kept where the type matches

@@ -51,3 +51,20 @@ def test_bad_type_vectors():
 
 def test_repr():
     assert repr(TypedLinear(3, 2, num_types=4)) == "TypedLinear(3, 2, num_types=4)"
+
+
+def test_type_ids_out_of_range_fail_on_an_accelerator_too():
+    """On an accelerator the ids are not read on the host; a device-side assertion stops
+    them (they would match no type and give zero rows)."""
+    from hiergraph._device import cpu_as_accelerator
+
+    lin = TypedLinear(3, 2, num_types=2, bias=False)
+    x = torch.randn(4, 3)
+    for ids in (torch.tensor([0, 1, 5, 0]), torch.tensor([0, -1, 1, 1])):
+        with pytest.raises(ValueError, match="type ids span"):
+            lin(x, ids)
+        with cpu_as_accelerator(), pytest.raises(RuntimeError, match="type ids must lie"):
+            lin(x, ids)
+    with cpu_as_accelerator():
+        ok = lin(x, torch.tensor([0, 1, 1, 0]))
+    torch.testing.assert_close(ok, lin(x, torch.tensor([0, 1, 1, 0])))
