@@ -108,6 +108,15 @@ def load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def present(items):
+    """``(item, data)`` for every result file of ``items`` that exists (an item is a file
+    name or a tuple whose first element is one)."""
+    for item in items:
+        data = load(item if isinstance(item, str) else item[0])
+        if data is not None:
+            yield item, data
+
+
 def plot(name: str, alt: str) -> list[str]:
     return [f"![{alt}](results/{name})", ""] if (RESULTS / name).exists() else []
 
@@ -160,8 +169,8 @@ def hsa_scaling() -> list[str] | None:
 
 
 def hsa_short() -> list[str] | None:
-    names = [n for n in ("hsa_short_1t.json", "hsa_short_2t.json") if (RESULTS / n).exists()]
-    if not names:
+    found = list(present(("hsa_short_1t.json", "hsa_short_2t.json")))
+    if not found:
         return None
     out = [
         "Batches of window trees at the lengths most models run, forward+backward, float32, "
@@ -169,8 +178,7 @@ def hsa_short() -> list[str] | None:
         "are median [min–max] over the rounds, wall clock and process CPU time.",
         "",
     ]
-    for name in names:
-        data = load(name)
+    for name, data in found:
         meta, rows = data["meta"], data["rows"]
         n_threads = rows[0]["threads"] if rows else "?"
         out += [
@@ -273,10 +281,7 @@ def _masked_case_row(case: dict, with_edges: bool = True) -> list[str]:
 
 def masked_attention() -> list[str] | None:
     out = []
-    for name in ("masked_attention.json", "masked_attention_16k.json"):
-        data = load(name)
-        if data is None:
-            continue
+    for name, data in present(("masked_attention.json", "masked_attention_16k.json")):
         s = data["setting"]
         out += [
             f"**{code(data['command'])}**: one layer, {s['pass']}, {s['in_channels']} input "
@@ -338,10 +343,7 @@ def cone_accuracy() -> list[str] | None:
         "cone_cora_accuracy_p1000.json", "cone_cora_accuracy_p300_feature_dropout.json",
     ]  # fmt: skip
     out = []
-    for name in files:
-        data = load(name)
-        if data is None:
-            continue
+    for name, data in present(files):
         body = []
         for key, r in data["rows"].items():
             final = r.get("final_model")
@@ -360,10 +362,7 @@ def cone_accuracy() -> list[str] | None:
             body,
         )  # fmt: skip
         out += [source(name), ""]
-    for name in ("cone_cora_sweep.json", "cone_cora_sweep_p300.json"):
-        data = load(name)
-        if data is None:
-            continue
+    for name, data in present(("cone_cora_sweep.json", "cone_cora_sweep_p300.json")):
         rows = dict(data["rows"])
         rows.update({f"{k} (compared with)": v for k, v in data.get("compared_with", {}).items()})
         body = [
@@ -419,13 +418,10 @@ def _hmatrix_table(data: dict) -> list[str]:
 
 def hmatrix() -> list[str] | None:
     out = []
-    for name, label in (
+    for (name, label), data in present((
         ("hmatrix.json", "allocator: freed memory reused (`hiergraph.runtime.reuse_freed_memory`)"),
         ("hmatrix_default_allocator.json", "allocator: glibc defaults"),
-    ):
-        data = load(name)
-        if data is None:
-            continue
+    )):  # fmt: skip
         c = data["config"]
         out += [
             f"**{label}**. B = {c['batch']}, {c['heads']} heads, d = {c['dim']}, block size "
@@ -542,10 +538,7 @@ def documents() -> list[str] | None:
     out = []
     header = ["model", "seeds", "test accuracy", "test F1 (mean)", "validation (mean)",
               "epoch wall s", "epoch CPU s"]  # fmt: skip
-    for name in ("documents_imdb.json", "documents_20ng.json", "documents_bbc.json"):
-        data = load(name)
-        if data is None:
-            continue
+    for name, data in present(("documents_imdb.json", "documents_20ng.json", "documents_bbc.json")):
         out += [
             f"**{data['dataset']}**, one budget for every model: "
             f"{code(_budget(data))}. Epoch times: median [min–max] over the "
@@ -615,10 +608,7 @@ def multimodal() -> list[str] | None:
         "multimodal_hubs_seeds5-9.json", "multimodal_emoji.json", "multimodal_emoji_hubs.json",
     ]  # fmt: skip
     out = []
-    for name in files:
-        data = load(name)
-        if data is None:
-            continue
+    for name, data in present(files):
         cfg, sizes = data["config"], data["sizes"]
         label = (
             f"{MM_DATASETS.get(data['dataset'], data['dataset'])}: "
@@ -726,10 +716,7 @@ def node_classification() -> list[str] | None:
         "",
     ]
     found = False
-    for name, label in files:
-        data = load(name)
-        if data is None:
-            continue
+    for (name, label), data in present(files):
         found = True
         out += [f"**{label}** (`{name}`)", ""] + _nc_table(data)
         notes = [f"{code(k)}: {r['note']}" for k, r in data.items() if r.get("note")]
@@ -758,11 +745,8 @@ def _over(runs: list[dict], hybrid_s: float | None) -> str:
 
 def graph_hsa() -> list[str] | None:
     out = []
-    for name in ("graph_hsa.json", "graph_hsa_full_attention.json",
-                 "graph_hsa_full_attention_100k.json"):  # fmt: skip
-        data = load(name)
-        if data is None:
-            continue
+    for name, data in present(("graph_hsa.json", "graph_hsa_full_attention.json",
+                 "graph_hsa_full_attention_100k.json")):  # fmt: skip
         out += [f"**{code(data['command'])}**: {data['what']}; {threads(data['threads'])}. The "
                 "hybrid runs twice per N (before and after the others); each run's cell is "
                 "median [min–max] over its repetitions.", ""]  # fmt: skip
@@ -851,10 +835,7 @@ def zeroshot() -> list[str] | None:
         "",
     ]
     found = False
-    for name, label in files:
-        res = load(name)
-        if res is None:
-            continue
+    for (name, label), res in present(files):
         found = True
         configs = _zs_configs(res)
         out += [
