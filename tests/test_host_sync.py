@@ -144,7 +144,7 @@ def hmatrix(device, causal=False):
 
 
 def banded(device):
-    from hiergraph.ops.banded_attention import banded_attention
+    from hiergraph.ops.masked.banded import banded_attention
 
     q, k, v = (_rand(device, 47, 2, 8, seed=i) for i in range(3))
     return Case(lambda: banded_attention(q, k, v, 3, 2, lengths=[30, 17]), [q, k, v])
@@ -177,7 +177,7 @@ def masked_softmax_case(device):
 
 
 def edge_products(device):
-    from hiergraph.ops.edge_products import EdgeCSR, edge_aggregate, edge_dot
+    from hiergraph.ops.masked.edge_products import EdgeCSR, edge_aggregate, edge_dot
 
     edge_index, n = _graph(device, 20, 60)
     graph = EdgeCSR(edge_index, (n, n))
@@ -186,7 +186,7 @@ def edge_products(device):
 
 
 def hubs(device):
-    from hiergraph.ops.hubs import root_scores, top_per_tree
+    from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
 
     q, k = _rand(device, 12, 2, 4, seed=0), _rand(device, 12, 2, 4, seed=1)
     tree = torch.tensor([0] * 5 + [1] * 7, device=device)
@@ -217,8 +217,8 @@ class _VCCLayer(torch.nn.Module):
 
 
 def vcc_op(device):
-    from hiergraph.ops.segment_tree import SegmentTree, build_tree_state, materialize
-    from hiergraph.ops.vcc import vcc_layer, vip_partition, vip_score_fn
+    from hiergraph.ops.vcc.layer import vcc_layer, vip_partition, vip_score_fn
+    from hiergraph.ops.vcc.segment_tree import SegmentTree, build_tree_state, materialize
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 24, 8, generator=gen)
@@ -503,7 +503,7 @@ CASES: dict[str, Callable[[str], Case]] = {
 
 _VCC = (
     "VCC selects segments by score and packs them: value-dependent sizes "
-    "(ops/vcc.py vip_partition, pack_compressed, unpack_compressed; ops/segment_tree.py "
+    "(ops/vcc/layer.py vip_partition, pack_compressed, unpack_compressed; ops/vcc/segment_tree.py "
     "select_segments, update_tree)"
 )
 #: case -> where and why it syncs; xfail(strict=True): a fix makes the test fail until the

@@ -24,7 +24,12 @@ from hiergraph.data.nested import Family, from_nested
 from hiergraph.data.restructure import coarsen_hierarchy, flatten_hierarchy, lift_leaves
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.validation import validate_structure
-from hiergraph.data.windows import random_window_hierarchy, window_forest, window_hierarchy
+from hiergraph.data.windows import (
+    hmatrix_window_hierarchy,
+    random_window_hierarchy,
+    window_forest,
+    window_hierarchy,
+)
 
 __all__ = [
     "Domain",
@@ -43,6 +48,7 @@ __all__ = [
     "forest_from_lengths",
     "from_nested",
     "hierarchy_from_lengths",
+    "hmatrix_window_hierarchy",
     "lift_leaves",
     "image_patches",
     "laplacian_pe",

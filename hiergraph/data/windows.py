@@ -1,9 +1,13 @@
-"""Hopping-window hierarchies over a sequence (as the fixed ones of Amizadeh et al., Sec. 4.3)."""
+"""Hopping-window hierarchies over a sequence (as the fixed ones of Amizadeh et al., Sec. 4.3),
+and the binary window tree of H-matrix attention (Zhu & Soricut, *H-Transformer-1D*) with
+its integer layout."""
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -193,6 +197,49 @@ def random_window_hierarchy(
     return _hopping(n, len(branching), sizes, x)
 
 
+class HMatrixLayout(NamedTuple):
+    """Shape of the H-matrix hierarchy for a sequence of ``length`` tokens.
+
+    Attributes:
+        block_size: the effective :math:`N_r`. It equals the requested block
+            size unless ``length <= 2 * block_size``, where it becomes
+            ``ceil(length / 2)`` (one level: exact softmax attention).
+        num_levels: :math:`M`, the number of levels ``0 .. M-1``.
+        padded_length: :math:`L' = N_r 2^M \\ge` ``length``.
+    """
+
+    block_size: int
+    num_levels: int
+    padded_length: int
+
+
+def hmatrix_layout(length: int, block_size: int) -> HMatrixLayout:
+    """Padded length, number of levels and effective block size (see :class:`HMatrixLayout`)."""
+    if length <= 2 * block_size:
+        nr = -(-length // 2)
+        return HMatrixLayout(nr, 1, 2 * nr)
+    num_levels = math.ceil(math.log2(length / block_size))
+    return HMatrixLayout(block_size, num_levels, block_size * 2**num_levels)
+
+
+def hmatrix_window_hierarchy(length: int, block_size: int) -> SignalHierarchy:
+    r"""The coarsening levels of :func:`~hiergraph.ops.hmatrix_attention` as a window hierarchy.
+
+    Binary hopping windows over the :math:`L'` padded tokens
+    (:func:`~hiergraph.data.window_hierarchy` with branching ``(2,) * (M-1)``)
+    plus one root: the nodes :math:`l` levels above the leaves (each covering
+    :math:`2^l` tokens) are the level-:math:`l` coarse tokens, so
+    :func:`~hiergraph.nn.coarsen_leaves` with ``reduce="mean"`` applied
+    :math:`l` times turns token queries/keys into :math:`\tilde q^{(l)},
+    \tilde k^{(l)}` (``"sum"``: values into :math:`\tilde v^{(l)}`). The same
+    tree drives :func:`~hiergraph.ops.hierarchical_attention`, which ties and
+    normalises its blocks differently (:mod:`hiergraph.ops.hmatrix`).
+    """
+    check_block_size(block_size)
+    _, num_levels, padded = hmatrix_layout(length, block_size)
+    return window_hierarchy(padded, (2,) * (num_levels - 1))
+
+
 def _check(n, branching) -> tuple[int, ...]:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
@@ -205,6 +252,18 @@ def check_branching(branching) -> tuple[int, ...]:
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in branching):
         raise ValueError(f"branching factors must be ints >= 2, got {branching}")
     return branching
+
+
+def check_block_size(block_size) -> None:
+    """``block_size`` is an H-matrix block size :math:`N_r`: an even int ``>= 2`` (else
+    ``TypeError`` / ``ValueError``)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
+    if block_size < 2 or block_size % 2:
+        raise ValueError(
+            f"block_size must be an even int >= 2 (the overlap correction splits blocks "
+            f"in halves), got {block_size}"
+        )
 
 
 def _hopping(

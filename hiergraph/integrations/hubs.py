@@ -31,12 +31,12 @@ from torch import Tensor
 
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.windows import window_forest, window_hierarchy
-from hiergraph.ops.hubs import root_scores
+from hiergraph.ops.hsa.hubs import root_scores
 
 
 def hub_scores(q: Tensor, k: Tensor, token_mask: Tensor, scale: float | None = None) -> Tensor:
     r"""``[B, T]`` root-level scores :math:`s_j` of every key (``-inf`` at padding), in float32
-    for half-precision ``q, k`` (:func:`~hiergraph.ops.hubs.root_scores`).
+    for half-precision ``q, k`` (:func:`~hiergraph.ops.hsa.hubs.root_scores`).
 
     Args:
         q (torch.Tensor): queries ``[B, H, T, d]``.

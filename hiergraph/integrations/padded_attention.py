@@ -29,7 +29,7 @@ from torch import Tensor
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.windows import window_forest
 from hiergraph.nn.pool import leaf_batch
-from hiergraph.ops.hsa import hierarchical_attention
+from hiergraph.ops.hsa.attention import hierarchical_attention
 
 if TYPE_CHECKING:
     from torch_geometric.data import Batch

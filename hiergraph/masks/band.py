@@ -2,7 +2,7 @@ r"""Banded masks: a small descriptor that lets attention run as blocked dense ke
 
 Sliding windows, causal windows, dilated (strided) windows, causal and full
 attention and block-diagonal masks are all *bands* over a sequence cut into
-contiguous segments (see :mod:`hiergraph.ops.banded_attention`). A
+contiguous segments (see :mod:`hiergraph.ops.masked.banded`). A
 :class:`BandMask` names such a mask with four numbers instead of
 :math:`O(N\,w)` edges; :meth:`BandMask.edge_index` materialises the edges and
 :meth:`BandMask.detect` recognises a band in an arbitrary ``edge_index``.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hiergraph.ops.banded_attention import band_predicate, segment_ids
+from hiergraph.ops.masked.banded import band_predicate, segment_ids
 
 
 def _band_size(length: Tensor, before: int, after: int) -> Tensor:

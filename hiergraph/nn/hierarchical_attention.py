@@ -9,10 +9,10 @@ from hiergraph.data.domain import Domain
 from hiergraph.data.restructure import lift_leaves, tree_of_nodes
 from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.nn.typed_linear import TypedLinear
-from hiergraph.ops.hsa import KERNELS, hierarchical_attention
-from hiergraph.ops.hsa_causal_dense import causal_hierarchical_attention_matrix
-from hiergraph.ops.hsa_dense import hierarchical_attention_matrix
-from hiergraph.ops.hubs import root_scores, top_per_tree
+from hiergraph.ops.hsa.attention import KERNELS, hierarchical_attention
+from hiergraph.ops.hsa.causal_dense import causal_hierarchical_attention_matrix
+from hiergraph.ops.hsa.dense import hierarchical_attention_matrix
+from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
 
 MAX_DENSE_LEAVES = 4096
 
@@ -60,14 +60,14 @@ class HierarchicalSelfAttention(nn.Module):
             is not causal: later tokens still change earlier rows through their
             ancestors' statistics (needs ``include_self``).
         dropout: dropout on the output.
-        kernel: family kernel, one of :data:`~hiergraph.ops.hsa.KERNELS`
+        kernel: family kernel, one of :data:`~hiergraph.ops.hsa.attention.KERNELS`
             (see :func:`~hiergraph.ops.hierarchical_attention`).
         project_values: ``False`` uses the input features themselves as values, split
             over the heads, and returns the heads concatenated with no output map: HSA
             as a learned smoothing of ``x`` (needs ``in_channels == out_channels ==
             heads * head_channels``).
         hubs: ``g > 0`` lifts the ``g`` leaves of every tree with the highest
-            root-level score (:mod:`hiergraph.ops.hubs`, from this layer's own
+            root-level score (:mod:`hiergraph.ops.hsa.hubs`, from this layer's own
             queries and keys, heads pooled) to the root, in a position-free
             slot, before attending (:func:`~hiergraph.data.restructure.lift_leaves`):
             every query then sees those keys one by one. Trees of at most ``g``

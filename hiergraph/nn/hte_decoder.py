@@ -1,7 +1,7 @@
 r"""A causal language model on HSA: the Hierarchical Transformer *Decoder* (App. G).
 
 Training runs the strictly causal full pass
-(:func:`~hiergraph.ops.hsa_causal.causal_hierarchical_attention`) over a batch
+(:func:`~hiergraph.ops.hsa.causal.causal_hierarchical_attention`) over a batch
 of token trees; generation feeds one token at a time through per-layer
 :class:`~hiergraph.nn.HierarchicalKVCache` s and gives the same outputs.
 ``attention='flat'`` is the same model on the one-level view of every tree
@@ -19,7 +19,7 @@ from torch_geometric.utils import to_dense_batch
 from hiergraph._device import host_tensor
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache
-from hiergraph.ops.hsa_causal import causal_hierarchical_attention
+from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.plan import CausalPlan
 
 ATTENTION_MODES = ("hsa", "flat")

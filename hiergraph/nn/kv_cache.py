@@ -10,7 +10,7 @@ attends, at every open level, to at most ``b`` closed siblings (one batched
 attention for all levels, then two small ops per level for the energies), so
 its cost and the cache size are :math:`O(b \log_b N)` for ``N`` tokens, against
 :math:`O(N)` for :class:`FlatKVCache`. The outputs equal the strictly causal
-full pass :func:`~hiergraph.ops.hsa_causal.causal_hierarchical_attention`
+full pass :func:`~hiergraph.ops.hsa.causal.causal_hierarchical_attention`
 token by token.
 """
 
@@ -77,7 +77,7 @@ class HierarchicalKVCache:
     :math:`\rho_v(B)`, and the node the sum :math:`\sum_B n(B)\,g(B)` that the
     energy of its open child needs; each path node :math:`A_s` keeps its prefix
     query sum and leaf count (see
-    :func:`~hiergraph.ops.hsa_causal.causal_hierarchical_attention` for the
+    :func:`~hiergraph.ops.hsa.causal.causal_hierarchical_attention` for the
     formulas).
 
     **One step is a few fused tensor ops.** The attentions of all path nodes
@@ -355,7 +355,7 @@ class HierarchicalKVCache:
         Returns:
             ``[H, d_v]``, without autograd history: the steps write into preallocated
             buffers, so ``append`` runs under :func:`torch.no_grad` (train with
-            :func:`~hiergraph.ops.hsa_causal.causal_hierarchical_attention`).
+            :func:`~hiergraph.ops.hsa.causal.causal_hierarchical_attention`).
         """
         if torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad

@@ -14,14 +14,14 @@ from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import softmax
 
 from hiergraph.masks.band import BandMask
-from hiergraph.ops.banded_attention import banded_attention
 from hiergraph.ops.edge_index import (
     CheckedEdges,
     adjacency_to_edge_index,
     edge_values_to_adjacency,
     is_adjacency,
 )
-from hiergraph.ops.edge_products import EdgeCSR, edge_aggregate, edge_dot
+from hiergraph.ops.masked.banded import banded_attention
+from hiergraph.ops.masked.edge_products import EdgeCSR, edge_aggregate, edge_dot
 
 
 class MaskedAttentionConv(MessagePassing):
@@ -65,8 +65,8 @@ class MaskedAttentionConv(MessagePassing):
 
     **General edge path.** Any other mask runs over its edges: per-edge logits
     and the weighted sum of values are sparse kernels
-    (:func:`~hiergraph.ops.edge_products.edge_dot`,
-    :func:`~hiergraph.ops.edge_products.edge_aggregate`) that form only
+    (:func:`~hiergraph.ops.masked.edge_products.edge_dot`,
+    :func:`~hiergraph.ops.masked.edge_products.edge_aggregate`) that form only
     ``[E, H]`` tensors, never the per-edge ``[E, H, C]`` gathers of
     :class:`~torch_geometric.nn.conv.TransformerConv`; the softmax per target is
     :func:`torch_geometric.utils.softmax`. Edge features (``edge_dim``) add
@@ -328,7 +328,7 @@ class MaskedAttentionConv(MessagePassing):
         """The general path: per-edge logits, softmax per target, weighted sum.
 
         The node-to-node products run as sparse kernels
-        (:mod:`hiergraph.ops.edge_products`), which never form per-edge
+        (:mod:`hiergraph.ops.masked.edge_products`), which never form per-edge
         ``[E, H, C]`` tensors; only the edge-feature terms (``edge_dim``) are
         per-edge, through :meth:`edge_updater` and :meth:`propagate`.
         """

@@ -10,18 +10,18 @@ import torch
 from torch import Tensor, nn
 
 from hiergraph.nn._checks import check_features, check_int, check_probability
-from hiergraph.ops.segment_tree import (
-    SegmentTree,
-    build_tree_state,
-    materialize,
-    two_resolution_budgets,
-)
-from hiergraph.ops.vcc import (
+from hiergraph.ops.vcc.layer import (
     check_vip_inputs,
     vcc_layer,
     vip_partition,
     vip_restore,
     vip_score_fn,
+)
+from hiergraph.ops.vcc.segment_tree import (
+    SegmentTree,
+    build_tree_state,
+    materialize,
+    two_resolution_budgets,
 )
 
 
@@ -122,7 +122,7 @@ class VCCEncoder(nn.Module):
     (built in when ``layers`` is an int) or custom modules with
     ``forward(z, key_bias) -> z + gamma(z)`` and ``query_key(x) -> (q, k)``.
     The selection uses each layer's own LayerNorm, :math:`W_Q`, :math:`W_K`
-    (:func:`~hiergraph.ops.vcc.vip_attention_scores`); it is discrete and gets
+    (:func:`~hiergraph.ops.vcc.layer.vip_attention_scores`); it is discrete and gets
     no gradient. Inputs carry their own (absolute) position information:
     positions travel with the tokens; relative position biases are not supported.
 

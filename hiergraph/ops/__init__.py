@@ -1,7 +1,11 @@
-"""Pure tensor functions (no ``nn.Module``): tree indexing, HSA, H-matrix, cone, VCC and
-masked-attention ops, each with a dense reference."""
+"""Pure tensor functions (no ``nn.Module``), each with a dense reference, one subpackage or
+module per method: HSA (:mod:`hiergraph.ops.hsa`), H-matrix attention
+(:mod:`hiergraph.ops.hmatrix`), cone scores (:mod:`hiergraph.ops.cone`), VCC
+(:mod:`hiergraph.ops.vcc`) and masked attention (:mod:`hiergraph.ops.masked`).
+:mod:`~hiergraph.ops.logspace`, :mod:`~hiergraph.ops.topk` and
+:mod:`~hiergraph.ops.edge_index` are shared by several of them."""
 
-from hiergraph.ops.banded_attention import banded_attention, banded_attention_reference
+from hiergraph.data.windows import HMatrixLayout, hmatrix_layout
 from hiergraph.ops.cone import (
     penumbral,
     penumbral_edge,
@@ -11,26 +15,40 @@ from hiergraph.ops.cone import (
     xi_map,
 )
 from hiergraph.ops.edge_index import check_edge_index
-from hiergraph.ops.edge_products import EdgeCSR, edge_aggregate, edge_dot
 from hiergraph.ops.hmatrix import (
-    HMatrixLayout,
     hmatrix_attention,
     hmatrix_attention_dense,
     hmatrix_attention_matrix,
-    hmatrix_layout,
     hmatrix_level_masks,
     hmatrix_logits,
-    hmatrix_window_hierarchy,
 )
-from hiergraph.ops.hsa import hierarchical_attention
-from hiergraph.ops.hsa_causal import causal_hierarchical_attention
-from hiergraph.ops.hsa_causal_dense import causal_hierarchical_attention_matrix
-from hiergraph.ops.hsa_dense import hierarchical_attention_matrix, hierarchy_energy
-from hiergraph.ops.hubs import root_scores, top_per_tree
+from hiergraph.ops.hsa import (
+    causal_hierarchical_attention,
+    causal_hierarchical_attention_matrix,
+    hierarchical_attention,
+    hierarchical_attention_matrix,
+    hierarchy_energy,
+    root_scores,
+    top_per_tree,
+)
 from hiergraph.ops.logspace import log_gates, logaddexp, masked_softmax
-from hiergraph.ops.segment_tree import SegmentTree, select_segments, update_tree
-from hiergraph.ops.vcc import compress, decompress, vcc_layer
-from hiergraph.ops.vcc_dense import compression_matrices, vcc_layer_dense
+from hiergraph.ops.masked import (
+    EdgeCSR,
+    banded_attention,
+    banded_attention_reference,
+    edge_aggregate,
+    edge_dot,
+)
+from hiergraph.ops.vcc import (
+    SegmentTree,
+    compress,
+    compression_matrices,
+    decompress,
+    select_segments,
+    update_tree,
+    vcc_layer,
+    vcc_layer_dense,
+)
 
 __all__ = [
     "EdgeCSR",
@@ -55,7 +73,6 @@ __all__ = [
     "hmatrix_layout",
     "hmatrix_level_masks",
     "hmatrix_logits",
-    "hmatrix_window_hierarchy",
     "log_gates",
     "logaddexp",
     "masked_softmax",

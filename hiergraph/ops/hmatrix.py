@@ -64,7 +64,7 @@ over the (padded) sequence with branching factor 2 at every level: node
 :math:`I` of level :math:`l` is the window :math:`[I 2^l, (I+1) 2^l)`, its
 children are the two windows of level :math:`l-1` it is made of, and
 :math:`\tilde q, \tilde k` are the mean leaf query/key below it while
-:math:`\tilde v` is the leaf value sum. :func:`hmatrix_window_hierarchy`
+:math:`\tilde v` is the leaf value sum. :func:`~hiergraph.data.hmatrix_window_hierarchy`
 builds this tree as a ``SignalHierarchy`` (a PyG graph), on which
 :func:`~hiergraph.nn.coarsen_leaves` reproduces the coarse tokens. A
 level-:math:`l` block is the run of :math:`N_r` consecutive nodes covering
@@ -108,51 +108,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from hiergraph.data.signal_hierarchy import SignalHierarchy
-from hiergraph.data.windows import window_hierarchy
-
-
-class HMatrixLayout(NamedTuple):
-    """Shape of the hierarchy for a sequence of ``length`` tokens.
-
-    Attributes:
-        block_size: the effective :math:`N_r`. It equals the requested block
-            size unless ``length <= 2 * block_size``, where it becomes
-            ``ceil(length / 2)`` (one level: exact softmax attention).
-        num_levels: :math:`M`, the number of levels ``0 .. M-1``.
-        padded_length: :math:`L' = N_r 2^M \\ge` ``length``.
-    """
-
-    block_size: int
-    num_levels: int
-    padded_length: int
-
-
-def hmatrix_layout(length: int, block_size: int) -> HMatrixLayout:
-    """Padded length, number of levels and effective block size (see :class:`HMatrixLayout`)."""
-    if length <= 2 * block_size:
-        nr = -(-length // 2)
-        return HMatrixLayout(nr, 1, 2 * nr)
-    num_levels = math.ceil(math.log2(length / block_size))
-    return HMatrixLayout(block_size, num_levels, block_size * 2**num_levels)
-
-
-def hmatrix_window_hierarchy(length: int, block_size: int) -> SignalHierarchy:
-    r"""The coarsening levels of :func:`hmatrix_attention` as a window hierarchy (a PyG graph).
-
-    Binary hopping windows over the :math:`L'` padded tokens
-    (:func:`~hiergraph.data.window_hierarchy` with branching ``(2,) * (M-1)``)
-    plus one root: the nodes :math:`l` levels above the leaves (each covering
-    :math:`2^l` tokens) are the level-:math:`l` coarse tokens, so
-    :func:`~hiergraph.nn.coarsen_leaves` with ``reduce="mean"`` applied
-    :math:`l` times turns token queries/keys into :math:`\tilde q^{(l)},
-    \tilde k^{(l)}` (``"sum"``: values into :math:`\tilde v^{(l)}`). The same
-    tree drives :func:`~hiergraph.ops.hierarchical_attention`, which ties and
-    normalises its blocks differently (module docstring).
-    """
-    _check_block_size(block_size)
-    _, num_levels, padded = hmatrix_layout(length, block_size)
-    return window_hierarchy(padded, (2,) * (num_levels - 1))
+from hiergraph.data.windows import HMatrixLayout, check_block_size, hmatrix_layout
 
 
 def hmatrix_level_masks(
@@ -165,7 +121,7 @@ def hmatrix_level_masks(
     disjoint and cover every pair (causal: every pair :math:`j \le i`).
     With ``rows`` (int64 query indices), only those rows: ``[M, len(rows), L']``.
     """
-    _check_block_size(block_size)
+    check_block_size(block_size)
     nr, num_levels, padded = hmatrix_layout(length, block_size)
     i = (torch.arange(padded) if rows is None else rows.cpu()).unsqueeze(1)
     j = torch.arange(padded).unsqueeze(0)
@@ -661,18 +617,8 @@ def _pairsum(x: Tensor) -> Tensor:
     return x.unflatten(2, (-1, 2)).sum(3)
 
 
-def _check_block_size(block_size) -> None:
-    if isinstance(block_size, bool) or not isinstance(block_size, int):
-        raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
-    if block_size < 2 or block_size % 2:
-        raise ValueError(
-            f"block_size must be an even int >= 2 (the overlap correction splits blocks "
-            f"in halves), got {block_size}"
-        )
-
-
 def _check_inputs(q, k, v, block_size, key_padding_mask) -> None:
-    _check_block_size(block_size)
+    check_block_size(block_size)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")

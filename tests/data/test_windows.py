@@ -7,7 +7,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import SignalHierarchy
 from hiergraph.data.windows import window_forest, window_hierarchy
-from hiergraph.ops.hsa import hierarchical_attention
+from hiergraph.ops.hsa.attention import hierarchical_attention
 
 
 def reference_tree(n: int, branching, lifted=()) -> SignalHierarchy:

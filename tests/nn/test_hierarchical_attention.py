@@ -6,7 +6,7 @@ from hiergraph.data import flatten_hierarchy, from_nested, window_hierarchy
 from hiergraph.data.restructure import lift_leaves
 from hiergraph.nn import FamilyPositionEncoder, HierarchicalSelfAttention
 from hiergraph.ops import hierarchical_attention
-from hiergraph.ops.hubs import root_scores, top_per_tree
+from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
 
 
 def test_matches_manual_composition_with_types_and_positions():

@@ -9,10 +9,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hiergraph.data import from_nested, window_hierarchy
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_schedule
-from hiergraph.ops.hsa_causal import causal_hierarchical_attention
+from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.plan import CausalPlan
 from tests.conftest import random_qkv
-from tests.ops.test_hsa_causal import ordered_spec
+from tests.ops.hsa.test_causal import ordered_spec
 
 
 def decode(h, q, k, v, pos_emb=None):

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from hiergraph.nn.vcc import VCCEncoder, query_key, run_layer
-from tests.ops.test_vcc import HEADS, D, _batch
+from tests.ops.vcc.test_layer import HEADS, D, _batch
 
 
 def _inputs(lengths=(23, 11, 17), num_vip=(3, 1, 0), seed=0):

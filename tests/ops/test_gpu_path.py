@@ -20,9 +20,9 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, random_window_hierarchy
 from hiergraph.ops import hierarchical_attention, masked_softmax
-from hiergraph.ops.banded_attention import banded_attention
 from hiergraph.ops.cone import penumbral, penumbral_edge, umbral
 from hiergraph.ops.hmatrix import hmatrix_attention
+from hiergraph.ops.masked.banded import banded_attention
 
 CUDA = torch.cuda.is_available()
 # minutes on CPU (inductor compiles C++); the suite runs slow tests by default, so opt in

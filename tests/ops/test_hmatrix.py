@@ -7,6 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from hiergraph.data.windows import hmatrix_layout, hmatrix_window_hierarchy
 from hiergraph.nn.pool import coarsen_leaves
 from hiergraph.ops.hmatrix import (
     _child_weights,
@@ -17,10 +18,8 @@ from hiergraph.ops.hmatrix import (
     hmatrix_attention,
     hmatrix_attention_dense,
     hmatrix_attention_matrix,
-    hmatrix_layout,
     hmatrix_level_masks,
     hmatrix_logits,
-    hmatrix_window_hierarchy,
 )
 from tests.conftest import unordered_backward_nodes
 

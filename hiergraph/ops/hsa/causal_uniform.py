@@ -11,7 +11,7 @@ leaves, so for leaf :math:`i` and its depth-:math:`s` ancestor :math:`A_s`
 * the keys are the left siblings of :math:`A_s`, complete sub-trees whose means
   :math:`\rho_k, \rho_v`, counts :math:`N_s` and values :math:`g(B)` are those of the
   paper's sibling-masked HSA (App. G.1), computed once for every node by the
-  bottom-up pass of :mod:`hiergraph.ops.hsa_uniform`;
+  bottom-up pass of :mod:`hiergraph.ops.hsa.uniform`;
 * the energy :math:`a_i(A_s) = \big(N_{s+1} \sum_{B \in \mathrm{sib}_L(A_{s+1})} g(B)
   + n_i(A_{s+1})\, g_i(A_{s+1})\big) / n_i(A_s)` takes the left siblings' sum as an
   exclusive cumulative sum over each family.
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hiergraph.ops.hsa_uniform import (
+from hiergraph.ops.hsa.uniform import (
     bottom_up,
     counts_below,
     family_layout,

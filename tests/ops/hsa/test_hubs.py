@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hiergraph.ops.hubs import root_scores, top_per_tree
+from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
 
 
 def test_root_scores_match_the_formula_per_tree():

@@ -11,7 +11,7 @@ Important Tokens* (Sec. 3). With the VIP tokens :math:`P` moved to the front,
 
 (eq. 7/9, Claim 6.3), where the rows of :math:`S_c` average the segments of a
 partition :math:`\mathcal{J}` of :math:`C` chosen by the VIP tokens
-(:func:`~hiergraph.ops.segment_tree.select_segments`), and
+(:func:`~hiergraph.ops.vcc.segment_tree.select_segments`), and
 :math:`D = \mathrm{diag}(s_1, \dots, s_{|\mathcal{J}|})` holds the segment sizes.
 Inside :math:`\gamma`, :math:`D` enters every softmax as a key bias
 :math:`\log s_j` (a mean row counts as :math:`s_j` identical keys). :math:`S X`
@@ -21,7 +21,7 @@ go back into it (Algorithm 2).
 
 Shapes: ``B`` sequences, ``d`` features; flat VIP rows ``p`` ``[N_p, d]`` with
 pointer ``p_ptr`` ``[B + 1]``; the non-VIP tokens live in a
-:class:`~hiergraph.ops.segment_tree.SegmentTree`.
+:class:`~hiergraph.ops.vcc.segment_tree.SegmentTree`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from torch import Tensor
 from torch_geometric.utils import segment, to_dense_batch
 
 from hiergraph._precision import accumulation_dtype
-from hiergraph.ops.segment_tree import (
+from hiergraph.ops.vcc.segment_tree import (
     ScoreFn,
     SegmentTree,
     Selection,
@@ -131,7 +131,7 @@ def vip_attention_scores(
 
 
 def vip_score_fn(q: Tensor, q_ptr: Tensor, key_fn: Callable[[Tensor], Tensor]) -> ScoreFn:
-    """A :data:`~hiergraph.ops.segment_tree.ScoreFn` for :func:`select_segments` from VIP
+    """A :data:`~hiergraph.ops.vcc.segment_tree.ScoreFn` for :func:`select_segments` from VIP
     queries ``q`` ``[N_p, H, d_h]`` and a map ``key_fn`` from means ``[M, d]`` to keys
     ``[M, H, d_h]`` (see :func:`vip_attention_scores`)."""
 

@@ -15,10 +15,10 @@ import torch
 from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
-from hiergraph.ops import family_attention
-from hiergraph.ops.hsa_causal_uniform import uniform_causal_attention
-from hiergraph.ops.hsa_inputs import check_qkv, head_pos_emb
-from hiergraph.ops.hsa_uniform import per_depth
+from hiergraph.ops.hsa import family
+from hiergraph.ops.hsa.causal_uniform import uniform_causal_attention
+from hiergraph.ops.hsa.inputs import check_qkv, head_pos_emb
+from hiergraph.ops.hsa.uniform import per_depth
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
 from hiergraph.plan.causal_plan import CausalPlan
 
@@ -175,7 +175,7 @@ def causal_hierarchical_attention(
 def _fits(shape: tuple[int, ...], q: Tensor) -> bool:
     """Whether the reshaped path's logits, ``[L, H, b]`` per depth, hold at most
     ``max(MAX_BLOCK_ELEMENTS, q.numel())`` elements (giant families take the edge list)."""
-    limit = max(family_attention.MAX_BLOCK_ELEMENTS, q.numel())
+    limit = max(family.MAX_BLOCK_ELEMENTS, q.numel())
     return q.size(0) * q.size(1) * max(shape[1:]) <= limit
 
 

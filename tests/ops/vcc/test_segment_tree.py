@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hiergraph.data import window_hierarchy
-from hiergraph.ops.segment_tree import (
+from hiergraph.ops.vcc.segment_tree import (
     SegmentTree,
     build_tree_state,
     expand_to_children,

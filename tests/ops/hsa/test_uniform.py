@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
-import hiergraph.ops.family_attention as family_attention
-import hiergraph.ops.hsa_uniform as hsa_uniform
+import hiergraph.ops.hsa.family as family_attention
+import hiergraph.ops.hsa.uniform as hsa_uniform
 from hiergraph.data import SignalHierarchy, from_nested, window_forest, window_hierarchy
 from hiergraph.ops import hierarchical_attention, hierarchical_attention_matrix
 
@@ -85,7 +85,7 @@ def test_runs_without_the_block_kernel(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the block kernel ran")
 
-    monkeypatch.setattr("hiergraph.ops.hsa.family_attention_dense", refuse)
+    monkeypatch.setattr("hiergraph.ops.hsa.attention.family_attention_dense", refuse)
     tree, (q, k, v), _, _ = _case(2, 32, (4, 8), seed=0)
     assert torch.isfinite(hierarchical_attention(q, k, v, tree)).all()
 
@@ -95,7 +95,7 @@ def test_giant_families_go_to_the_chunked_block_kernel(monkeypatch):
     calls = []
     original = hsa_uniform.uniform_hierarchical_attention
     monkeypatch.setattr(
-        "hiergraph.ops.hsa.uniform_hierarchical_attention",
+        "hiergraph.ops.hsa.attention.uniform_hierarchical_attention",
         lambda *a, **kw: calls.append(1) or original(*a, **kw),
     )
     tree = window_hierarchy(64, (64,))  # one family of 64 leaves: logits > q.numel()

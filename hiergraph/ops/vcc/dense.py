@@ -1,6 +1,6 @@
 r"""Dense reference of VCC for one small sequence: explicit :math:`S`, :math:`S^\dagger`, :math:`D`.
 
-The fast path (:mod:`hiergraph.ops.vcc`, :mod:`hiergraph.ops.segment_tree`) is
+The fast path (:mod:`hiergraph.ops.vcc.layer`, :mod:`hiergraph.ops.vcc.segment_tree`) is
 tested against these in float64. Notation of Zeng et al., Sec. 3.2–3.3 and App. 6.2
 (eq. 9, 42, 54).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hiergraph.ops.vcc import LayerFn
+from hiergraph.ops.vcc.layer import LayerFn
 
 
 def compression_matrices(

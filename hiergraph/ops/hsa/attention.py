@@ -11,11 +11,11 @@ import torch
 from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
-from hiergraph.ops import family_attention
-from hiergraph.ops.family_attention import family_attention_dense, family_attention_edge
-from hiergraph.ops.hsa_causal import causal_hierarchical_attention
-from hiergraph.ops.hsa_inputs import check_qkv, head_pos_emb
-from hiergraph.ops.hsa_uniform import per_depth, uniform_hierarchical_attention
+from hiergraph.ops.hsa import family
+from hiergraph.ops.hsa.causal import causal_hierarchical_attention
+from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge
+from hiergraph.ops.hsa.inputs import check_qkv, head_pos_emb
+from hiergraph.ops.hsa.uniform import per_depth, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
 from hiergraph.plan.tree_index import TreeIndex, broadcast_to_children, sum_children
 
@@ -103,7 +103,7 @@ def hierarchical_attention(
         kernel: ``'dense'`` runs families as batched matrix products: a forest
             with equal fanout on every level (``TreeIndex.uniform``, e.g. batches of
             :func:`~hiergraph.data.window_hierarchy` trees) as reshaped views of the
-            whole level (:mod:`hiergraph.ops.hsa_uniform`), any other forest as
+            whole level (:mod:`hiergraph.ops.hsa.uniform`), any other forest as
             ``'blocks'``; ``'blocks'`` cuts each level into slices of equal-size
             families and padded size buckets; ``'edge'`` scatters over sibling
             pairs. Same result.
@@ -253,7 +253,7 @@ def _uniform_fits(shape: tuple[int, ...] | None, q: Tensor) -> bool:
     of giant families goes to the block kernel, which runs them in chunks of rows)."""
     if shape is None:
         return False
-    limit, nodes = max(family_attention.MAX_BLOCK_ELEMENTS, q.numel()), shape[0]
+    limit, nodes = max(family.MAX_BLOCK_ELEMENTS, q.numel()), shape[0]
     for b in shape[1:]:
         if nodes * q.size(1) * b * b > limit:
             return False

@@ -50,7 +50,7 @@ def key_bias(count: Tensor, size_bias: bool, dtype: torch.dtype) -> tuple[Tensor
     and the mask :math:`n(B) > 0`, for every node of a level (``count`` ``[n]``).
 
     The log is taken in ``count``'s dtype (float32 for half-precision inputs, see
-    :func:`~hiergraph.ops.hsa.hierarchical_attention`) and only then cast to ``dtype``,
+    :func:`~hiergraph.ops.hsa.attention.hierarchical_attention`) and only then cast to ``dtype``,
     so counts past the half-precision range stay exact."""
     ok = count > 0
     bias = torch.log(count.clamp(min=1)) if size_bias else torch.zeros_like(count)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hiergraph.ops.hsa_dense import hierarchical_attention_matrix
+from hiergraph.ops.hsa.dense import hierarchical_attention_matrix
 
 
 def causal_hierarchical_attention_matrix(

@@ -9,8 +9,8 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, window_hierarchy
 from hiergraph.ops import hierarchical_attention
-from hiergraph.ops.hsa_causal import causal_hierarchical_attention
-from hiergraph.ops.hsa_causal_dense import causal_hierarchical_attention_matrix
+from hiergraph.ops.hsa.causal import causal_hierarchical_attention
+from hiergraph.ops.hsa.causal_dense import causal_hierarchical_attention_matrix
 from hiergraph.plan import CausalPlan
 from tests.conftest import random_qkv, random_spec
 

@@ -1,10 +1,10 @@
-"""hiergraph.ops.edge_products: the sparse per-edge products against gather/scatter
+"""hiergraph.ops.masked.edge_products: the sparse per-edge products against gather/scatter
 references (float64), their gradients, and the edge cases of the layer's edge path."""
 
 import pytest
 import torch
 
-from hiergraph.ops.edge_products import EdgeCSR, edge_aggregate, edge_dot
+from hiergraph.ops.masked.edge_products import EdgeCSR, edge_aggregate, edge_dot
 
 H, C = 2, 3
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hiergraph.ops.segment_tree import SegmentTree, build_tree_state, materialize, select_segments
-from hiergraph.ops.vcc import (
+from hiergraph.ops.vcc.dense import compression_matrices, vcc_layer_dense
+from hiergraph.ops.vcc.layer import (
     compress,
     decompress,
     pack_compressed,
@@ -18,7 +18,12 @@ from hiergraph.ops.vcc import (
     vip_restore,
     vip_score_fn,
 )
-from hiergraph.ops.vcc_dense import compression_matrices, vcc_layer_dense
+from hiergraph.ops.vcc.segment_tree import (
+    SegmentTree,
+    build_tree_state,
+    materialize,
+    select_segments,
+)
 
 D, HEADS = 8, 2
 

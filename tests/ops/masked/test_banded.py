@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hiergraph.ops.banded_attention import (
+from hiergraph.ops.masked.banded import (
     band_predicate,
     banded_attention,
     banded_attention_reference,

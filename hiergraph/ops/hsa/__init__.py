@@ -1,0 +1,37 @@
+r"""Hierarchical Self-Attention (HSA) over signal hierarchies.
+
+Amizadeh et al., *Hierarchical Self-Attention: Generalizing Neural Attention
+Mechanics to Multi-Scale Problems*: every node attends to its siblings over pooled
+statistics (App. E.3), and the exact attention of every leaf is assembled by a
+two-pass dynamic program over the tree (Alg. 1–3, App. E). Modules:
+
+* :mod:`~hiergraph.ops.hsa.attention`: the fast path,
+  :func:`~hiergraph.ops.hierarchical_attention`; :mod:`~hiergraph.ops.hsa.uniform`
+  runs it as reshaped views on forests whose levels have equal fanout, and
+  :mod:`~hiergraph.ops.hsa.family` holds its sibling-attention kernels;
+* :mod:`~hiergraph.ops.hsa.dense`: the dense reference,
+  :func:`~hiergraph.ops.hierarchical_attention_matrix` and the energy
+  :func:`~hiergraph.ops.hierarchy_energy`;
+* :mod:`~hiergraph.ops.hsa.causal` (fast path, with
+  :mod:`~hiergraph.ops.hsa.causal_uniform` for equal fanout) and
+  :mod:`~hiergraph.ops.hsa.causal_dense` (dense reference): strictly causal HSA from
+  prefix statistics (App. G);
+* helpers: :mod:`~hiergraph.ops.hsa.inputs` (the input checks) and
+  :mod:`~hiergraph.ops.hsa.hubs` (the choice of the hub leaves lifted to each tree's root).
+"""
+
+from hiergraph.ops.hsa.attention import hierarchical_attention
+from hiergraph.ops.hsa.causal import causal_hierarchical_attention
+from hiergraph.ops.hsa.causal_dense import causal_hierarchical_attention_matrix
+from hiergraph.ops.hsa.dense import hierarchical_attention_matrix, hierarchy_energy
+from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
+
+__all__ = [
+    "causal_hierarchical_attention",
+    "causal_hierarchical_attention_matrix",
+    "hierarchical_attention",
+    "hierarchical_attention_matrix",
+    "hierarchy_energy",
+    "root_scores",
+    "top_per_tree",
+]
