@@ -125,7 +125,7 @@ def causal_hsa(device, uniform=False):
     if uniform:
         h = _uniform_forest(device)
         plan = h.causal_plan()
-        assert plan.tree_index is not None
+        assert plan.tree_index.uniform is not None
     else:
         h, plan = _ordered_tree(device)
     q, k, v = (_rand(device, h.num_leaves, 2, 4, seed=i) for i in range(3))

@@ -95,19 +95,10 @@ class SignalHierarchy(Data):
         return index
 
     def causal_plan(self) -> CausalPlan:
-        """The :class:`~hiergraph.plan.CausalPlan` of this hierarchy (cached like
-        :meth:`tree_index`: rebuilt only when ``parent`` or ``slot`` changes), the
-        structure of strictly causal HSA and of the hierarchical KV cache."""
-        cached = self.__dict__.get("_causal_plan_cache")
-        if cached is not None:
-            parent, slot, versions, plan = cached
-            if parent is self.parent and slot is self.slot and versions == self._versions():
-                return plan
-        index = self.tree_index()  # validates the structure once
-        plan = CausalPlan.from_hierarchy(self)
-        plan.tree_index = index if index.uniform is not None else None
-        self.__dict__["_causal_plan_cache"] = (self.parent, self.slot, self._versions(), plan)
-        return plan
+        """The :class:`~hiergraph.plan.CausalPlan` of this hierarchy, the structure of strictly
+        causal HSA and of the hierarchical KV cache: a view of :meth:`tree_index`, built on
+        first use and cached with it (so rebuilt only when ``parent`` or ``slot`` changes)."""
+        return self.tree_index().causal_plan
 
     def _validate(self) -> None:
         """The structure check that precedes building a plan (see :meth:`tree_index`)."""

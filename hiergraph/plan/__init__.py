@@ -1,12 +1,14 @@
 """Structural plans of forests, built once from ``parent``/``slot`` and shared by every op.
 
-:class:`TreeIndex` is the breadth-first plan of the bidirectional HSA ops (levels,
-families, size buckets, equal-fanout shapes); :class:`CausalPlan` holds the root paths
-and prefix counts of strictly causal HSA and the hierarchical KV cache;
-:func:`family_order` is the one child order (by parent, then ``slot``) they all use.
-A :class:`~hiergraph.data.SignalHierarchy` builds and caches both
-(:meth:`~hiergraph.data.SignalHierarchy.tree_index`,
-:meth:`~hiergraph.data.SignalHierarchy.causal_plan`). This package sits below
+:class:`TreeIndex` is the one structure derived from ``parent``: the breadth-first plan
+of the bidirectional HSA ops (levels, families, size buckets, equal-fanout shapes).
+:class:`CausalPlan` is a view of it (root paths, prefix counts and left siblings, read
+off the index), the structure of strictly causal HSA and the hierarchical KV cache, built
+on first use and cached on the index (:attr:`TreeIndex.causal_plan`);
+:func:`family_order` is the one child order (by parent, then ``slot``).
+A :class:`~hiergraph.data.SignalHierarchy` builds and caches the index
+(:meth:`~hiergraph.data.SignalHierarchy.tree_index`), and with it the causal plan
+(:meth:`~hiergraph.data.SignalHierarchy.causal_plan`). This package sits below
 ``hiergraph.data`` and ``hiergraph.ops`` and imports neither.
 """
 

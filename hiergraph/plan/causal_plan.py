@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
 
-from hiergraph.plan.family_order import family_order
 from hiergraph.plan.tree_index import TreeIndex
 
 
@@ -46,9 +45,9 @@ class CausalPlan:
         depth_nodes[s]: ``[n_s]`` the nodes at depth ``s``.
         key_pair[s], key_node[s]: ``[E_s]`` (pair, left sibling of the pair's node) edges.
         sib_query, sib_key: ``[S]`` (node, left sibling) edges of all non-root nodes.
-        tree_index: the forest's :class:`~hiergraph.plan.TreeIndex` when it has equal
-            fanout (set by :meth:`~hiergraph.data.SignalHierarchy.causal_plan`); strictly
-            causal HSA then runs as reshaped views (:mod:`hiergraph.ops.hsa_causal_uniform`).
+        tree_index: the forest's :class:`~hiergraph.plan.TreeIndex`, of which this plan is
+            a view. When it has equal fanout (``tree_index.uniform``), strictly causal HSA
+            runs as reshaped views (:mod:`hiergraph.ops.hsa.causal_uniform`).
     """
 
     num_nodes: int
@@ -74,39 +73,61 @@ class CausalPlan:
     key_node: list[Tensor]
     sib_query: Tensor
     sib_key: Tensor
-    tree_index: TreeIndex | None = None
+    tree_index: TreeIndex
 
     @classmethod
     def of(cls, hierarchy) -> CausalPlan:
-        """``hierarchy`` itself if it is a plan, else its cached plan
-        (:meth:`~hiergraph.data.SignalHierarchy.causal_plan`)."""
+        """``hierarchy`` itself if it is a plan, else the cached plan of its
+        :class:`~hiergraph.plan.TreeIndex` (:attr:`TreeIndex.causal_plan`)."""
         if isinstance(hierarchy, CausalPlan):
             return hierarchy
-        if hasattr(hierarchy, "causal_plan"):
-            return hierarchy.causal_plan()
+        if isinstance(hierarchy, TreeIndex):
+            return hierarchy.causal_plan
+        if hasattr(hierarchy, "tree_index"):
+            return hierarchy.tree_index().causal_plan
         return cls.from_hierarchy(hierarchy)
+
+    def to(self, device, tree_index: TreeIndex | None = None) -> CausalPlan:
+        """A copy with every tensor on ``device`` (``tree_index``: the already moved index)."""
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                value = value.to(device)
+            elif isinstance(value, list):
+                value = [v.to(device) for v in value]
+            moved[f.name] = value
+        moved["tree_index"] = tree_index or self.tree_index.to(device)
+        return CausalPlan(**moved)
 
     @classmethod
     def from_hierarchy(cls, hierarchy) -> CausalPlan:
-        """Plan of a :class:`~hiergraph.data.SignalHierarchy` or a PyG batch of them."""
-        for name in ("parent", "slot", "is_leaf", "depth"):
+        """A fresh (uncached) plan of a :class:`~hiergraph.data.SignalHierarchy` or a batch."""
+        for name in ("parent", "slot", "is_leaf"):
             if getattr(hierarchy, name, None) is None:
                 raise TypeError(
                     f"hierarchy has no '{name}' attribute; pass a SignalHierarchy (or a batch)"
                 )
-        return cls.from_parent(hierarchy.parent, hierarchy.slot, hierarchy.is_leaf, hierarchy.depth)
+        return cls.from_tree_index(TreeIndex.from_hierarchy(hierarchy))
 
     @classmethod
-    def from_parent(cls, parent: Tensor, slot: Tensor, is_leaf: Tensor, depth: Tensor):
-        """Plan from ``[N]`` ``parent`` (roots point at themselves), ``slot``, ``is_leaf``
-        and ``depth``."""
-        device = parent.device
-        n = parent.numel()
-        nodes = torch.arange(n, device=device)
-        leaf_node = nodes[is_leaf]
-        num_leaves = leaf_node.numel()
+    def from_tree_index(cls, index: TreeIndex) -> CausalPlan:
+        """The causal view of a forest's :class:`~hiergraph.plan.TreeIndex`.
+
+        Everything is read off the breadth-first plan (depths, parents, sibling
+        ranks, leaf counts, leaf order); nothing is derived from ``parent`` again.
+        Raises ``ValueError`` if the leaf order is not a depth-first order.
+        """
+        device = index.device
+        n, num_leaves = index.num_nodes, index.num_leaves
+        sizes = torch.tensor(index.level_sizes, device=device)
+        max_depth = index.num_levels - 1 if n else 0
+        node_rank = index.rank
+        depth = torch.arange(sizes.numel(), device=device).repeat_interleave(sizes)[node_rank]
+        parent = index.order[index.parent_position][node_rank]
+        count = torch.cat([level.count for level in index.levels])[node_rank] if n else parent
+        leaf_node = index.leaf_node
         leaf_depth = depth[leaf_node]
-        max_depth = int(depth.max()) if n else 0
         leaves = torch.arange(num_leaves, device=device)
 
         ancestors = torch.full((num_leaves, max_depth + 1), -1, dtype=torch.long, device=device)
@@ -121,15 +142,13 @@ class CausalPlan:
         first_leaf = first_leaf.scatter_reduce(0, anc_node, anc_leaf, "amin")
         last_leaf = torch.full((n,), -1, dtype=torch.long, device=device)
         last_leaf = last_leaf.scatter_reduce(0, anc_node, anc_leaf, "amax")
-        count = torch.bincount(anc_node, minlength=n)
 
-        # families: non-root nodes sorted by (parent, slot)
-        child = nodes[parent != nodes]
-        child = child[family_order(parent[child], slot[child])]
-        fam_new = torch.ones_like(child, dtype=torch.bool)
-        fam_new[1:] = parent[child[1:]] != parent[child[:-1]]
+        # families: the non-root breadth-first positions, grouped by parent in child order
+        n0 = index.level_ptr[1] if n else 0
+        child = index.order[n0:]
+        fam_start = (index.family_start - n0).repeat_interleave(index.family_size)
         pos = torch.arange(child.numel(), device=device)
-        fam_start = torch.cummax(torch.where(fam_new, pos, 0), 0).values
+        fam_new = pos == fam_start
         rank = torch.zeros(n, dtype=torch.long, device=device)
         rank[child] = pos - fam_start
         start = torch.zeros(n, dtype=torch.long, device=device)
@@ -200,4 +219,5 @@ class CausalPlan:
             key_node=key_node,
             sib_query=sib_query,
             sib_key=sib_key,
+            tree_index=index,
         )

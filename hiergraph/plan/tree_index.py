@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
 from hiergraph.plan.family_order import family_order
+
+if TYPE_CHECKING:
+    from hiergraph.plan.causal_plan import CausalPlan
 
 
 def bucket_width(size: int) -> int:
@@ -197,13 +201,15 @@ class TreeIndex:
             parent inside level ``d - 1``; ``parent_local[0]`` is empty.
         leaf_node: ``[L]`` node id of each leaf, in leaf order.
         family_start, family_size: ``[F]`` BFS start and size of each family.
+        parent_position: ``[N]`` BFS position of the parent of each BFS position (roots:
+            their own position).
         levels: the per-level plan (:class:`Level`).
         leaf_perm: leaves listed level by level (in-level order) → leaf
             order; ``None`` when that is already the leaf order.
         uniform: ``(B, b_1, …, b_D)`` when the forest has equal fanout: ``B`` trees,
             every node of depth ``d - 1`` has ``b_d >= 2`` children, all leaves are on
             the last level and in breadth-first order; else ``None``. Such plans run
-            as reshaped views (:mod:`hiergraph.ops.hsa_uniform`).
+            as reshaped views (:mod:`hiergraph.ops.hsa.uniform`).
     """
 
     num_nodes: int
@@ -215,6 +221,7 @@ class TreeIndex:
     leaf_node: Tensor
     family_start: Tensor
     family_size: Tensor
+    parent_position: Tensor
     levels: list[Level]
     leaf_perm: Rows | None
     uniform: tuple[int, ...] | None = None
@@ -224,8 +231,21 @@ class TreeIndex:
         return len(self.level_ptr) - 1
 
     @property
+    def level_sizes(self) -> list[int]:
+        """Number of nodes on each level."""
+        return [hi - lo for lo, hi in zip(self.level_ptr[:-1], self.level_ptr[1:], strict=True)]
+
+    @property
     def device(self) -> torch.device:
         return self.order.device
+
+    @cached_property
+    def causal_plan(self) -> CausalPlan:
+        """The forest's :class:`~hiergraph.plan.CausalPlan` (root paths, prefix counts, left
+        siblings), built from this plan on first use and cached with it."""
+        from hiergraph.plan.causal_plan import CausalPlan  # a view of this class
+
+        return CausalPlan.from_tree_index(self)
 
     @classmethod
     def from_hierarchy(cls, hierarchy) -> TreeIndex:
@@ -320,6 +340,7 @@ class TreeIndex:
             leaf_node=leaf_nodes,
             family_start=family_start,
             family_size=family_size,
+            parent_position=parent_pos,
             levels=levels,
             leaf_perm=None if leaf_perm.start == 0 else leaf_perm,
         )
@@ -369,7 +390,7 @@ class TreeIndex:
         return _pairs(self.family_start, self.family_size)
 
     def to(self, device) -> TreeIndex:
-        """A copy with every tensor moved to ``device``."""
+        """A copy with every tensor moved to ``device`` (and the causal plan, if built)."""
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -378,7 +399,10 @@ class TreeIndex:
             elif isinstance(value, list) and value and isinstance(value[0], (Tensor, Level)):
                 value = [v.to(device) for v in value]
             moved[f.name] = value
-        return TreeIndex(**moved)
+        index = TreeIndex(**moved)
+        if "causal_plan" in self.__dict__:  # built: move it along instead of rebuilding it there
+            index.causal_plan = self.causal_plan.to(device, index)
+        return index
 
 
 def _pairs(family_start: Tensor, family_size: Tensor) -> Tensor:

@@ -31,6 +31,7 @@ def causal_hierarchical_attention(
     *,
     pos_emb: Tensor | None = None,
     scale: float | None = None,
+    kernel: str = "dense",
 ) -> Tensor:
     r"""Strictly causal HSA: the output of leaf :math:`i` depends on leaves :math:`j \le i` only.
 
@@ -91,12 +92,18 @@ def causal_hierarchical_attention(
         q, k: ``[L, H, d]`` queries and keys in leaf order (``[L, d]``: one head).
         v: ``[L, H, d_v]`` values.
         hierarchy: a :class:`~hiergraph.data.SignalHierarchy`, a PyG batch of
-            them (trees are independent), or a :class:`CausalPlan`.
+            them (trees are independent), a :class:`~hiergraph.plan.TreeIndex` or a
+            :class:`~hiergraph.plan.CausalPlan`.
         pos_emb: optional ``[N, c]`` or ``[N, H, c]`` position embedding of
             every node (node order); siblings get the bias
             :math:`\varepsilon(A)^\top\varepsilon(B)`, leaves the self term
             :math:`\varepsilon_i^\top\varepsilon_i`.
         scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
+        kernel: ``'dense'`` runs a forest with equal fanout on every level
+            (``TreeIndex.uniform``) as reshaped views of whole levels
+            (:mod:`hiergraph.ops.hsa.causal_uniform`) and any other forest as
+            ``'edge'``, which gathers and scatters over (leaf, ancestor) pairs and
+            left-sibling edges. Same result.
 
     Returns:
         ``[L, H, d_v]`` (``[L, d_v]`` for 2-D inputs), in the inputs' dtype. bf16/fp16
@@ -106,6 +113,8 @@ def causal_hierarchical_attention(
     squeeze = q.dim() == 2
     if squeeze:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+    if kernel not in ("dense", "edge"):
+        raise ValueError(f"kernel must be 'dense' or 'edge', got {kernel!r}")
     plan = CausalPlan.of(hierarchy)
     eps = _check_inputs(q, k, v, plan, pos_emb)
     tau = q.size(-1) ** -0.5 if scale is None else scale
@@ -114,7 +123,7 @@ def causal_hierarchical_attention(
     q, k, v = q.to(work), k.to(work), v.to(work)
     eps = None if eps is None else eps.to(work)
     index = plan.tree_index
-    if index is not None and _fits(index.uniform, q):
+    if kernel == "dense" and index.uniform is not None and _fits(index.uniform, q):
         levels = None if eps is None else per_depth(eps, index)
         return _out(uniform_causal_attention(q, k, v, index.uniform, levels, tau), dtype, squeeze)
     num_nodes = plan.num_nodes

@@ -6,7 +6,7 @@ import torch
 
 from hiergraph.data import window_forest
 from hiergraph.ops import causal_hierarchical_attention, causal_hierarchical_attention_matrix
-from hiergraph.plan import CausalPlan
+from hiergraph.ops.hsa import causal
 
 F64 = dict(dtype=torch.float64)
 SHAPES = [(3, 32, (4, 8)), (2, 48, (4, 3, 4)), (1, 8, (8,)), (2, 24, (2, 3, 2, 2))]
@@ -25,12 +25,11 @@ def _case(batch, length, branching, seed, heads=3):
 def test_equals_the_edge_list_op_with_gradients(shape, with_pos):
     tree, q, k, v, pos = _case(*shape, seed=len(shape[2]))
     plan = tree.causal_plan()
-    assert plan.tree_index is not None  # the reshaped path runs
-    edges = CausalPlan.from_hierarchy(tree)  # no tree index: the edge-list path
+    assert plan.tree_index.uniform is not None  # the reshaped path runs
     pos = pos if with_pos else None
     inputs = [t.requires_grad_() for t in (q, k, v)]
     fast = causal_hierarchical_attention(q, k, v, plan, pos_emb=pos)
-    slow = causal_hierarchical_attention(q, k, v, edges, pos_emb=pos)
+    slow = causal_hierarchical_attention(q, k, v, plan, pos_emb=pos, kernel="edge")
     torch.testing.assert_close(fast, slow, atol=1e-12, rtol=0)
     grads = [torch.autograd.grad(out.pow(2).sum(), inputs) for out in (fast, slow)]
     for a, b in zip(*grads, strict=True):
@@ -66,5 +65,19 @@ def test_second_derivatives():
     )
 
 
-def test_plan_of_a_ragged_forest_has_no_tree_index():
-    assert window_forest([32, 24], (4, 8)).causal_plan().tree_index is None
+def test_a_ragged_forest_takes_the_edge_list_path():
+    assert window_forest([32, 24], (4, 8)).causal_plan().tree_index.uniform is None
+
+
+def test_the_edge_kernel_never_takes_the_reshaped_path(monkeypatch):
+    tree, q, k, v, pos = _case(2, 16, (4, 4), seed=7)
+
+    def reshaped(*args):
+        raise AssertionError("kernel='edge' ran the reshaped path")
+
+    monkeypatch.setattr(causal, "uniform_causal_attention", reshaped)
+    assert torch.isfinite(causal_hierarchical_attention(q, k, v, tree, kernel="edge")).all()
+    with pytest.raises(AssertionError, match="reshaped"):
+        causal_hierarchical_attention(q, k, v, tree)
+    with pytest.raises(ValueError, match="kernel must be"):
+        causal_hierarchical_attention(q, k, v, tree, kernel="blocks")
