@@ -34,6 +34,8 @@ from hiergraph.ops.hsa.uniform import (
     bottom_up,
     counts_below,
     family_layout,
+    heads_first,
+    like,
     node_layout,
     self_energy,
 )
@@ -47,8 +49,8 @@ def uniform_causal_attention(
     breadth-first order of the last level) over an equal-fanout forest ``shape``.
 
     Args:
-        eps: optional position embeddings per depth ``1 … D``, each ``[n_s, H | 1, c]``
-            in breadth-first order.
+        eps: optional position embeddings per depth ``1 … D``, each ``[H | 1, n_s, c]``
+            in breadth-first order (:func:`~hiergraph.ops.hsa.uniform.per_depth`).
         tau: the logit scale.
 
     Returns:
@@ -57,7 +59,8 @@ def uniform_causal_attention(
     fanout = shape[1:]
     depth, num_leaves = len(fanout), q.size(0)
     below = counts_below(None, fanout)  # N_s of the nodes at depth s = d + 1
-    leaf_rho = [family_layout(t, fanout[-1]) for t in (q, k, v)]
+    leaves = [heads_first(t) for t in (q, k, v)]  # [H, L, ·]: see hiergraph.ops.hsa.uniform
+    leaf_rho = [family_layout(t, fanout[-1]) for t in leaves]
     leaf_energy = self_energy(*leaf_rho[:2], None if eps is None else eps[-1], tau, fanout[-1])
     # complete statistics of every node: the sibling-masked (leaky) pass
     lses, thetas, gates, rhos = bottom_up(
@@ -71,9 +74,9 @@ def uniform_causal_attention(
     lse[-1], theta[-1] = node_layout(lses[-1]), node_layout(thetas[-1])
     for d in range(depth - 2, -1, -1):
         b, n_s = fanout[d], below[d]
-        prefix = q.view(-1, n_s, *q.shape[1:]).cumsum(1).view_as(q)
+        prefix = family_layout(leaves[0], n_s).cumsum(2).flatten(1, 2)
         count = (position % n_s + 1).to(q.dtype)
-        rho_q = prefix / count[:, None, None]
+        rho_q = prefix / count[:, None]
         lse[d], theta[d] = _prefix_attention(rho_q, rhos[d], eps, d, b, n_s, tau)
 
     # energies along each leaf's path, bottom-up: a_i(A_s) from the child's g_i(A_{s+1})
@@ -82,13 +85,13 @@ def uniform_causal_attention(
     for d in range(depth - 2, -1, -1):
         n_s, n_child = below[d], below[d + 1]
         child_g = logaddexp(a[d + 1], lse[d + 1])
-        complete_g = logaddexp(gates[d + 1], lses[d + 1])  # [F, H, b] of the child level
+        complete_g = logaddexp(gates[d + 1], lses[d + 1])  # [H, F, b] of the child level
         # exclusive cumulative sum per family (not cumsum - g: rounding would then depend
         # on g of the ancestor itself, which later leaves change)
         left_g = node_layout(F.pad(complete_g[..., :-1].cumsum(-1), (1, 0)))
-        left_g = left_g.repeat_interleave(n_child, 0) if n_child > 1 else left_g
-        n_i_child = (position % n_child + 1).to(q.dtype)[:, None]
-        n_i = (position % n_s + 1).to(q.dtype)[:, None]
+        left_g = left_g.repeat_interleave(n_child, 1) if n_child > 1 else left_g
+        n_i_child = (position % n_child + 1).to(q.dtype)
+        n_i = (position % n_s + 1).to(q.dtype)
         a[d] = (n_child * left_g + n_i_child * child_g) / n_i
 
     # top-down: gates along the root path
@@ -98,18 +101,17 @@ def uniform_causal_attention(
         gain = torch.exp(log_rest if u is None else u + log_rest).unsqueeze(-1)
         out = gain * theta[d] if out is None else torch.addcmul(out, gain, theta[d])
         u = log_mu if u is None else u + log_mu
-    return out + torch.exp(u).unsqueeze(-1) * v
+    return like(out + torch.exp(u).unsqueeze(-1) * leaves[2], q)
 
 
 def _prefix_attention(rho_q, rho, eps, d, b, n_s, tau) -> tuple[Tensor, Tensor]:
-    """``lse [L, H]`` and ``theta [L, H, d_v]`` of every leaf's prefix query ``rho_q``
-    (node layout) over the left siblings of its depth-``d + 1`` ancestor, whose family's
-    complete ``rho = (q, k, v)`` is in family layout ``[F, H, b, ·]``."""
+    """``lse [H, L]`` and ``theta [H, L, d_v]`` of every leaf's prefix query ``rho_q``
+    (node layout ``[H, L, d]``) over the left siblings of its depth-``d + 1`` ancestor,
+    whose family's complete ``rho = (q, k, v)`` is in family layout ``[H, F, b, ·]``."""
     _, keys, values = rho
-    f, heads = keys.shape[:2]
     span = b * n_s  # leaves below one family
-    query = rho_q.view(f, span, heads, -1).transpose(1, 2)  # [F, H, span, d]
-    logits = torch.matmul(query, keys.transpose(-1, -2)).mul(tau)  # [F, H, span, b]
+    query = family_layout(rho_q, span)  # [H, F, span, d]
+    logits = torch.matmul(query, keys.transpose(-1, -2)).mul(tau)  # [H, F, span, b]
     if eps is not None:  # eps(A_s)^T eps(B) of the ancestor's row, one row per leaf
         e = family_layout(eps[d], b)
         pos = torch.matmul(e, e.transpose(-1, -2))
@@ -119,5 +121,5 @@ def _prefix_attention(rho_q, rho, eps, d, b, n_s, tau) -> tuple[Tensor, Tensor]:
     lse, p = masked_softmax(logits, left)
     if n_s > 1:  # log n(B) = log N_s for every (complete) left sibling
         lse = lse + math.log(n_s)
-    theta = torch.matmul(p, values)  # [F, H, span, d_v]
+    theta = torch.matmul(p, values)  # [H, F, span, d_v]
     return node_layout(lse), node_layout(theta)

@@ -8,20 +8,25 @@ level is the row-major layout of a ``[B, b_1, …, b_d]`` array: a family is a
 run of :math:`b_d` consecutive rows and a node's parent is row
 ``i // b_d`` of the level above. The two passes of
 :func:`~hiergraph.ops.hierarchical_attention` then need no gathers, scatters or
-per-family bookkeeping. With every level held in the *family layout*
-``[F_d, H, b_d, ·]`` (``F_d`` = nodes of depth :math:`d - 1`):
+per-family bookkeeping. Everything is held *heads first*: a level's nodes in the
+*node layout* ``[H, n_d, ·]`` and its families in the *family layout*
+``[H, F_d, b_d, ·]`` (``F_d`` = nodes of depth :math:`d - 1`), which is the same
+memory viewed with one more dimension. So
 
-* pooling a level to its parents is a mean over dim 2, which lands in the
-  parents' node layout ``[F_d, H, ·]``;
-* family attention is a batched product ``[F_d, H, b_d, c] @ [F_d, H, c, b_d]``
+* pooling a level to its parents is a mean over dim 2, whose result is the
+  parents' node layout ``[H, F_d, ·]`` and, viewed, their own family layout;
+* family attention is a batched product ``[H, F_d, b_d, c] @ [H, F_d, c, b_d]``
   with a fixed ``[b_d, b_d]`` pair mask;
 * broadcasting parent rows to their children is ``unsqueeze(2)``.
 
-So each level costs a fixed, small number of tensor operations on static
-shapes, for every tree and head at once, with no host synchronisation: the
-path runs under ``torch.compile(fullgraph=True)`` and is differentiable twice
-by plain autograd. The leaf level's ``q``, ``k``, ``v`` are copied once into
-the family layout, and the output once back.
+Each level costs a fixed, small number of tensor operations on static shapes,
+for every tree and head at once, with no copies between layouts and no host
+synchronisation: the path runs under ``torch.compile(fullgraph=True)`` and is
+differentiable twice by plain autograd. Inputs ``[L, H, d]`` are read heads first
+(``q.transpose(0, 1)``): one copy each, none when their memory already is heads
+first (``[H, L, d]`` storage viewed as ``[L, H, d]``, as
+:class:`~hiergraph.nn.HierarchicalSelfAttention` projects them); the output has the
+memory layout of ``q``.
 
 The formulas are those of :func:`~hiergraph.ops.hierarchical_attention`; with
 all leaves valid, :math:`n(\cdot)` is constant on a level, so
@@ -61,7 +66,7 @@ def uniform_hierarchical_attention(
         shape: ``(B, b_1, …, b_D)``: ``B`` trees, ``b_d >= 2`` children of
             every node of depth :math:`d - 1`; ``L = B b_1 \cdots b_D``.
         eps: optional position embeddings per depth ``d = 1 … D``, each
-            ``[n_d, H | 1, c]`` in breadth-first order.
+            ``[H | 1, n_d, c]`` in breadth-first order (:func:`per_depth`).
         include_self, leaf_mask, size_bias: as in
             :func:`~hiergraph.ops.hierarchical_attention`.
         left_only: its ``leaky_causal`` (keys are the left siblings only).
@@ -77,9 +82,10 @@ def uniform_hierarchical_attention(
 
     # ---- bottom-up: family layout of every level, deepest first
     counts = counts_below(weight, fanout)
+    leaves = [heads_first(t) for t in (q, k, v)]
     if weight is not None:  # padding leaves count 0 and carry zeros
-        q, k, v = (t * weight[:, None, None].to(t.dtype) for t in (q, k, v))
-    rho = [family_layout(t, fanout[-1]) for t in (q, k, v)]
+        leaves = [t * weight[:, None].to(t.dtype) for t in leaves]
+    rho = [family_layout(t, fanout[-1]) for t in leaves]
     leaf_v = rho[2]
     energy = None  # a(C) of the leaves; None: -inf (no self energy)
     if include_self:
@@ -106,19 +112,34 @@ def uniform_hierarchical_attention(
     if include_self:
         acc = acc + torch.exp(u).unsqueeze(-1) * leaf_v
     out = node_layout(acc)
-    return out if weight is None else out * weight[:, None, None].to(out.dtype)
+    if weight is not None:
+        out = out * weight[:, None].to(out.dtype)
+    return like(out, q)
 
 
 def per_depth(pos: Tensor, index: TreeIndex) -> list[Tensor]:
-    """Rows of the node-order ``pos`` of every level below the roots, in breadth-first
-    order: ``[n_d, ...]`` for ``d = 1 … D``."""
-    bfs = pos.index_select(0, index.order)
-    return [bfs.narrow(0, lvl.start, lvl.size) for lvl in index.levels[1:]]
+    """Rows of the node-order ``pos`` (``[N, H | 1, c]``) of every level below the roots,
+    in breadth-first order and node layout: ``[H | 1, n_d, c]`` for ``d = 1 … D``."""
+    bfs = heads_first(pos.index_select(0, index.order))
+    return [bfs.narrow(1, lvl.start, lvl.size) for lvl in index.levels[1:]]
+
+
+def heads_first(x: Tensor) -> Tensor:
+    """``[L, H, ...]`` rows as a contiguous ``[H, L, ...]`` (no copy when ``x`` is a
+    transposed view of heads-first memory)."""
+    return x.transpose(0, 1).contiguous()
+
+
+def like(out: Tensor, q: Tensor) -> Tensor:
+    """The heads-first output ``[H, L, ...]`` as ``[L, H, ...]`` in ``q``'s memory layout:
+    a view when ``q`` is heads first, else contiguous."""
+    out = out.transpose(0, 1)
+    return out if q.transpose(0, 1).is_contiguous() else out.contiguous()
 
 
 def self_energy(q: Tensor, k: Tensor, eps: Tensor | None, tau: float, b: int) -> Tensor:
     """Leaf self energies :math:`\tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i` in family
-    layout ``[F, H, b]``, from ``q, k`` in family layout and ``eps`` in node layout."""
+    layout ``[H, F, b]``, from ``q, k`` in family layout and ``eps`` in node layout."""
     energy = tau * (q * k).sum(-1)
     return energy if eps is None else energy + family_layout(eps, b).square().sum(-1)
 
@@ -136,7 +157,7 @@ def bottom_up(rho, energy, counts, fanout, eps, tau, left_only, size_bias) -> tu
         gates[d], rhos[d] = energy, rho
         if d == 0:
             break
-        # pooled statistics and energies of the parents, in their node layout [F_d, H, ·]
+        # pooled statistics and energies of the parents, in their node layout [H, F_d, ·]
         total = lses[d] if energy is None else logaddexp(energy, lses[d])
         parent_energy, pooled = _pool(total, rho, n, counts[d - 1])
         rho = [family_layout(t, fanout[d - 1]) for t in pooled]
@@ -146,18 +167,18 @@ def bottom_up(rho, energy, counts, fanout, eps, tau, left_only, size_bias) -> tu
 
 def counts_below(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
     """Per depth ``d = 1 … D`` the leaf count of every node: a Python int without a mask
-    (equal on a level), else ``[F_d, 1, b_d]`` in the accumulation dtype."""
+    (equal on a level), else ``[1, F_d, b_d]`` in the accumulation dtype."""
     if weight is None:
         return [math.prod(fanout[d + 1 :]) for d in range(len(fanout))]
     counts, n = [], weight
     for d in range(len(fanout) - 1, -1, -1):
-        counts.append(n.view(-1, 1, fanout[d]))
+        counts.append(n.view(1, -1, fanout[d]))
         n = n.view(-1, fanout[d]).sum(-1)
     return counts[::-1]
 
 
 def _family_attention(q, k, v, e, n, b, tau, left_only, size_bias):
-    """``lse [F, H, b]`` and ``theta [F, H, b, d_v]`` of one level in family layout."""
+    """``lse [H, F, b]`` and ``theta [H, F, b, d_v]`` of one level in family layout."""
     logits = torch.matmul(q, k.transpose(-1, -2))
     logits = logits * tau
     if e is not None:
@@ -182,7 +203,7 @@ def _family_attention(q, k, v, e, n, b, tau, left_only, size_bias):
 
 def _pool(total: Tensor, rho: list[Tensor], n, parent_n) -> tuple[Tensor, list[Tensor]]:
     """Energies ``a(A) = sum_C n(C)/n(A) log(e^{a(C)} + e^{lse(C)})`` and pooled means
-    of the parents ``A`` of a level given in family layout; ``[F, H]`` and ``[F, H, ·]``.
+    of the parents ``A`` of a level given in family layout; ``[H, F]`` and ``[H, F, ·]``.
 
     Sums over the ``b`` children are taken in the accumulation dtype."""
     work = accumulation_dtype(total.dtype)
@@ -193,7 +214,7 @@ def _pool(total: Tensor, rho: list[Tensor], n, parent_n) -> tuple[Tensor, list[T
         energy = total.sum(-1, dtype=work) / b
         pooled = [(t.sum(2, dtype=work) / b).to(t.dtype) for t in rho]
         return energy.to(total.dtype), pooled
-    denom = parent_n.view(-1, 1).clamp(min=1)  # [F, 1]
+    denom = parent_n.reshape(1, -1).clamp(min=1)  # [1, F]
     keep = n > 0
     share = (n / denom.unsqueeze(-1)).to(total.dtype)
     energy = torch.where(keep, share * torch.where(keep, total, 0.0), 0.0).sum(-1, dtype=work)
@@ -205,18 +226,18 @@ def _pool(total: Tensor, rho: list[Tensor], n, parent_n) -> tuple[Tensor, list[T
 
 
 def family_layout(x: Tensor, b: int) -> Tensor:
-    """Node rows ``[F * b, H, ...]`` as a contiguous ``[F, H, b, ...]``."""
-    return x.view(-1, b, *x.shape[1:]).transpose(1, 2).contiguous()
+    """Node layout ``[H, F * b, ...]`` viewed as the family layout ``[H, F, b, ...]``."""
+    return x.unflatten(1, (-1, b))
 
 
 def node_layout(x: Tensor) -> Tensor:
-    """Family layout ``[F, H, b, ...]`` as node rows ``[F * b, H, ...]``."""
-    return x.transpose(1, 2).flatten(0, 1)
+    """Family layout ``[H, F, b, ...]`` viewed as the node layout ``[H, F * b, ...]``."""
+    return x.flatten(1, 2)
 
 
 def _add(parent: Tensor | None, child: Tensor | None) -> Tensor | None:
-    """``parent`` (node layout of the level above, ``[F, H]``) broadcast to its children
-    (family layout ``[F, H, b]``) plus ``child``; ``None`` stands for 0."""
+    """``parent`` (node layout of the level above, ``[H, F]``) broadcast to its children
+    (family layout ``[H, F, b]``) plus ``child``; ``None`` stands for 0."""
     if parent is None:
         return child
     parent = parent.unsqueeze(2)

@@ -170,3 +170,22 @@ def test_large_int64_slots_order_like_their_ranks():
     q, k, v = (torch.randn(4, 2, 3, **F64) for _ in range(3))
     small, large = (hierarchical_attention(q, k, v, t, include_self=True) for t in trees)
     torch.testing.assert_close(small, large, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_output_keeps_the_memory_layout_of_the_inputs(causal):
+    tree, (q, k, v), _, pos = _case(2, 24, (4, 3, 2), seed=9)
+    kw = dict(include_self=True, causal=causal, pos_emb=pos)
+    node_major = [t.clone().requires_grad_() for t in (q, k, v)]
+    # [H, L, d] storage viewed as [L, H, d]: read without a copy, output in the same layout
+    heads_first = [
+        t.transpose(0, 1).contiguous().transpose(0, 1).requires_grad_() for t in (q, k, v)
+    ]
+    out = hierarchical_attention(*node_major, tree, **kw)
+    out_hf = hierarchical_attention(*heads_first, tree, **kw)
+    assert out.is_contiguous() and out_hf.transpose(0, 1).is_contiguous()
+    assert torch.equal(out, out_hf)
+    grads = torch.autograd.grad(out.pow(2).sum(), node_major)
+    grads_hf = torch.autograd.grad(out_hf.pow(2).sum(), heads_first)
+    for a, b in zip(grads, grads_hf, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-13, rtol=0)
