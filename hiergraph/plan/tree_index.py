@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hiergraph._precision import accumulation_dtype
 from hiergraph.plan.family_order import family_order
 
 if TYPE_CHECKING:
@@ -460,57 +459,3 @@ def _make_blocks(
             parents = parent_local[start]
             blocks.append(FamilyBlock(w, fams.numel(), parents, index=index, valid=valid))
     return blocks
-
-
-def sum_children(x: Tensor, level: Level, parent_level: Level) -> Tensor:
-    """``[n_{d-1}, ...]`` sums of the rows ``x: [n_d, ...]`` of level ``d`` over each node's
-    children in level ``d - 1`` (0 for leaves). Its adjoint is :func:`broadcast_to_children`.
-
-    The sums are in ``x``'s dtype; bf16/fp16 rows are accumulated in float32 and rounded
-    once (see :func:`_run_sums`)."""
-    return _SumChildren.apply(x, parent_level.num_children, level.parent_local)
-
-
-def broadcast_to_children(x: Tensor, level: Level, parent_level: Level) -> Tensor:
-    """``[n_d, ...]`` row of each node's parent, from ``x: [n_{d-1}, ...]``. The backward's
-    child sums of bf16/fp16 gradients are accumulated in float32."""
-    return _Broadcast.apply(x, level.parent_local, parent_level.num_children)
-
-
-def _run_sums(x: Tensor, lengths: Tensor) -> Tensor:
-    """Sums of consecutive runs of rows of ``x`` (``lengths`` rows each), in ``x``'s dtype.
-
-    bf16/fp16 rows are summed in float32 and the sums rounded once to ``x``'s dtype (a
-    half-precision running sum stalls: bf16 ones add up to 256); float32/float64 rows are
-    summed in their own dtype. The dtype test is static: no host sync, no graph break.
-    """
-    work = x.to(accumulation_dtype(x.dtype))
-    return torch.segment_reduce(work, "sum", lengths=lengths, axis=0, unsafe=True).to(x.dtype)
-
-
-class _SumChildren(torch.autograd.Function):
-    """Sums of consecutive runs of rows (one run per parent); the backward is a gather."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, lengths: Tensor, parent: Tensor) -> Tensor:
-        ctx.save_for_backward(parent)
-        return _run_sums(x, lengths)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (parent,) = ctx.saved_tensors
-        return grad.index_select(0, parent), None, None
-
-
-class _Broadcast(torch.autograd.Function):
-    """A gather of parent rows; the backward is a run-wise segment sum (no scatter)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, parent: Tensor, lengths: Tensor) -> Tensor:
-        ctx.save_for_backward(lengths)
-        return x.index_select(0, parent)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (lengths,) = ctx.saved_tensors
-        return _run_sums(grad, lengths), None, None

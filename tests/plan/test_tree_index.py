@@ -6,7 +6,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, window_hierarchy
 from hiergraph.plan import TreeIndex
-from hiergraph.plan.tree_index import broadcast_to_children, bucket_width, sum_children
+from hiergraph.plan.tree_index import bucket_width
 from tests.conftest import random_spec
 
 
@@ -70,25 +70,6 @@ def test_blocks_cover_families():
     assert [lv.fanout for lv in full.levels] == [4, 4, 4, 0]
 
 
-def test_sum_children_and_broadcast_are_adjoint():
-    h = Batch.from_data_list([from_nested([[0, 1, 2], 3, [[4], 5]]), window_hierarchy(7, (3,))])
-    idx = h.tree_index()
-    gen = torch.Generator().manual_seed(0)
-    for d in range(1, idx.num_levels):
-        child, parent = idx.levels[d], idx.levels[d - 1]
-        x = torch.randn(child.size, 2, generator=gen, dtype=torch.float64, requires_grad=True)
-        y = torch.randn(parent.size, 2, generator=gen, dtype=torch.float64, requires_grad=True)
-        summed = sum_children(x, child, parent)
-        expected = torch.zeros(parent.size, 2, dtype=torch.float64)
-        expected.index_add_(0, child.parent_local, x.detach())
-        assert torch.allclose(summed, expected)
-        spread = broadcast_to_children(y, child, parent)
-        assert torch.equal(spread, y[child.parent_local])
-        assert torch.allclose((summed * y).sum(), (x * spread).sum())  # <Sx, y> = <x, S^T y>
-        assert torch.autograd.gradcheck(sum_children, (x, child, parent))
-        assert torch.autograd.gradcheck(broadcast_to_children, (y, child, parent))
-
-
 def test_gather_leaves_restores_leaf_order():
     rng = random.Random(3)
     h = Batch.from_data_list([from_nested(random_spec(rng, 12)) for _ in range(3)])
@@ -137,29 +118,3 @@ def test_cached_and_movable():
     assert torch.equal(h.tree_index().order, TreeIndex.from_hierarchy(h).order)
     h.slot.copy_(h.slot.flip(0))  # so does writing it in place
     assert torch.equal(h.tree_index().order, cached.order) and h.tree_index() is not cached
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_child_sums_of_half_inputs_accumulate_in_float32(dtype):
-    """Families of 600 children: the sums (and the broadcast's backward) are accumulated
-    in float32 and rounded once to ``dtype`` (a half-precision running sum stalls at 256)."""
-    from hiergraph.data import SignalHierarchy
-
-    index = SignalHierarchy.from_parent([-1, 0, 0] + [1] * 600 + [2] * 600).tree_index()
-    level, parent_level = index.levels[2], index.levels[1]
-    ones = torch.ones(1200, dtype=dtype)
-    assert sum_children(ones, level, parent_level).tolist() == [600.0, 600.0]
-    x = (torch.rand(1200, 3, generator=torch.Generator().manual_seed(0)) + 0.5).to(dtype)
-    ref = x.double().view(2, 600, 3).sum(1)
-    out = sum_children(x, level, parent_level)
-    assert out.dtype == dtype
-    torch.testing.assert_close(out.double(), ref, rtol=8e-3, atol=0)
-    y = torch.zeros(2, 3, dtype=dtype, requires_grad=True)
-    broadcast_to_children(y, level, parent_level).backward(x)
-    assert y.grad.dtype == dtype
-    torch.testing.assert_close(y.grad.double(), ref, rtol=8e-3, atol=0)
-    # float64 is summed as it is
-    x64 = x.double().requires_grad_()
-    out64 = sum_children(x64, level, parent_level)
-    assert out64.dtype == torch.float64
-    torch.testing.assert_close(out64, ref, rtol=1e-14, atol=0)

@@ -17,7 +17,8 @@ from hiergraph.ops.hsa.family import family_attention_dense, family_attention_ed
 from hiergraph.ops.hsa.inputs import check_qkv, head_pos_emb
 from hiergraph.ops.hsa.uniform import per_depth, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
-from hiergraph.plan.tree_index import TreeIndex, broadcast_to_children, sum_children
+from hiergraph.ops.runs import broadcast_to_children, sum_children
+from hiergraph.plan.tree_index import TreeIndex
 
 KERNELS = ("dense", "blocks", "edge")
 

@@ -38,7 +38,8 @@ from torch_geometric.utils import scatter
 
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.logspace import scatter_softmax
-from hiergraph.plan.tree_index import Level, sum_children
+from hiergraph.ops.runs import sum_children
+from hiergraph.plan.tree_index import Level
 
 #: Most logits (``F * H * rows * W`` elements) one dense block builds at once (64 MiB in
 #: float32); larger blocks run in chunks of query rows (see the module docstring).

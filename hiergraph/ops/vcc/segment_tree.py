@@ -47,6 +47,7 @@ from torch_geometric.utils import segment
 
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.windows import check_branching
+from hiergraph.ops.runs import broadcast_runs
 from hiergraph.ops.topk import top_k_per_group
 
 ScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -60,22 +61,6 @@ def _ranges(starts: Tensor, sizes: Tensor) -> Tensor:
     local = torch.arange(total, device=starts.device)
     local = local - offsets.repeat_interleave(sizes, 0, output_size=total)
     return starts.repeat_interleave(sizes, 0, output_size=total) + local
-
-
-class _Expand(torch.autograd.Function):
-    """Row ``i`` of ``values`` repeated ``ptr[i + 1] - ptr[i]`` times; backward is a
-    :func:`segment` sum (cheaper than the index-add of a general gather)."""
-
-    @staticmethod
-    def forward(ctx, values: Tensor, ptr: Tensor) -> Tensor:
-        ctx.save_for_backward(ptr)
-        sizes = ptr.diff()
-        return values.repeat_interleave(sizes, 0, output_size=int(ptr[-1]))
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (ptr,) = ctx.saved_tensors
-        return segment(grad, ptr), None
 
 
 class _TakeRows(torch.autograd.Function):
@@ -101,8 +86,9 @@ def take_rows(x: Tensor, index: Tensor) -> Tensor:
 
 def expand_to_children(values: Tensor, ptr: Tensor) -> Tensor:
     r"""Broadcast parent rows ``values`` ``[M, d]`` to their contiguous children,
-    ``[ptr[-1], d]`` (the transpose of a segment sum)."""
-    return _Expand.apply(values, ptr)
+    ``[ptr[-1], d]``: :func:`~hiergraph.ops.runs.broadcast_runs` (the adjoint of a
+    segment sum)."""
+    return broadcast_runs(values, ptr.diff())
 
 
 @dataclass(frozen=True)
