@@ -33,6 +33,7 @@ from torch import Tensor
 from hiergraph.ops.hsa.uniform import (
     bottom_up,
     counts_below,
+    dense_gradient,
     family_layout,
     heads_first,
     like,
@@ -63,15 +64,13 @@ def uniform_causal_attention(
     leaf_rho = [family_layout(t, fanout[-1]) for t in leaves]
     leaf_energy = self_energy(*leaf_rho[:2], None if eps is None else eps[-1], tau, fanout[-1])
     # complete statistics of every node: the sibling-masked (leaky) pass
-    lses, thetas, gates, rhos = bottom_up(
-        leaf_rho, leaf_energy, below, fanout, eps, tau, True, True
-    )
+    lses, probs, gates, rhos = bottom_up(leaf_rho, leaf_energy, below, fanout, eps, tau, True, True)
     position = torch.arange(num_leaves, device=q.device)
 
     # per depth s = D .. 1 (index d = s - 1): the prefix attention of every leaf's ancestor;
     # a leaf is its own prefix, so the leaf level is the leaky pass's
     lse, theta = [None] * depth, [None] * depth
-    lse[-1], theta[-1] = node_layout(lses[-1]), node_layout(thetas[-1])
+    lse[-1], theta[-1] = node_layout(lses[-1]), node_layout(torch.matmul(probs[-1], rhos[-1][2]))
     for d in range(depth - 2, -1, -1):
         b, n_s = fanout[d], below[d]
         prefix = family_layout(leaves[0], n_s).cumsum(2).flatten(1, 2)
@@ -101,7 +100,7 @@ def uniform_causal_attention(
         gain = torch.exp(log_rest if u is None else u + log_rest).unsqueeze(-1)
         out = gain * theta[d] if out is None else torch.addcmul(out, gain, theta[d])
         u = log_mu if u is None else u + log_mu
-    return like(out + torch.exp(u).unsqueeze(-1) * leaves[2], q)
+    return like(dense_gradient(out + torch.exp(u).unsqueeze(-1) * leaves[2]), q)
 
 
 def _prefix_attention(rho_q, rho, eps, d, b, n_s, tau) -> tuple[Tensor, Tensor]:

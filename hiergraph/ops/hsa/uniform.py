@@ -90,9 +90,13 @@ def uniform_hierarchical_attention(
     energy = None  # a(C) of the leaves; None: -inf (no self energy)
     if include_self:
         energy = self_energy(rho[0], rho[1], None if eps is None else eps[-1], tau, fanout[-1])
-    lses, thetas, gates, _ = bottom_up(rho, energy, counts, fanout, eps, tau, left_only, size_bias)
+    lses, probs, gates, rhos = bottom_up(
+        rho, energy, counts, fanout, eps, tau, left_only, size_bias
+    )
 
-    # ---- top-down: log mass u and output accumulator, parents broadcast by unsqueeze
+    # ---- top-down: log mass u and output accumulator, parents broadcast by unsqueeze.
+    # The gain of a row scales its [b] weights before the product with the values, not
+    # the [d_v] product: theta = p v is never formed.
     u = acc = None
     for d in range(depth):
         if gates[d] is None:  # leaves without self energy: mu = 0
@@ -100,18 +104,14 @@ def uniform_hierarchical_attention(
         else:
             log_mu, log_rest = log_gates(gates[d], lses[d])
         down = _add(u, log_rest)
-        theta = thetas[d]
-        if down is not None:  # one fused op where a parent row is added
-            gain = torch.exp(down).unsqueeze(-1)
-            acc = gain * theta if acc is None else torch.addcmul(acc.unsqueeze(2), gain, theta)
-        else:
-            acc = theta if acc is None else acc.unsqueeze(2) + theta
+        p = probs[d] if down is None else torch.exp(down).unsqueeze(-1) * probs[d]
+        acc = _weighted_sum(acc, p, rhos[d][2])
         u = None if log_mu is None else _add(u, log_mu)
         if d + 1 < depth:
             acc, u = node_layout(acc), None if u is None else node_layout(u)
     if include_self:
         acc = acc + torch.exp(u).unsqueeze(-1) * leaf_v
-    out = node_layout(acc)
+    out = dense_gradient(node_layout(acc))
     if weight is not None:
         out = out * weight[:, None].to(out.dtype)
     return like(out, q)
@@ -128,6 +128,25 @@ def heads_first(x: Tensor) -> Tensor:
     """``[L, H, ...]`` rows as a contiguous ``[H, L, ...]`` (no copy when ``x`` is a
     transposed view of heads-first memory)."""
     return x.transpose(0, 1).contiguous()
+
+
+def dense_gradient(x: Tensor) -> Tensor:
+    """``x``, with the gradient that reaches it in the backward made contiguous.
+
+    A broadcast gradient (that of ``out.sum()``: one value with stride 0) would reach
+    the batched products of the backward as is, and ``bmm`` runs such operands one
+    matrix at a time; a dense one is passed on unchanged."""
+    return _DenseGradient.apply(x)
+
+
+class _DenseGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad.contiguous()
 
 
 def like(out: Tensor, q: Tensor) -> Tensor:
@@ -147,13 +166,14 @@ def self_energy(q: Tensor, k: Tensor, eps: Tensor | None, tau: float, b: int) ->
 def bottom_up(rho, energy, counts, fanout, eps, tau, left_only, size_bias) -> tuple[list, ...]:
     """The bottom-up pass from the leaves (``rho``: ``q, k, v`` and ``energy`` in family
     layout) to the roots' children. Per level ``d`` (depth ``d + 1``), in family layout:
-    ``lse``, ``theta``, the energies ``a`` (``None``: ``-inf``) and the pooled ``rho``."""
+    ``lse [H, F, b]``, the family softmax ``p [H, F, b, b]`` (:math:`\vartheta` is
+    ``p @ rho[2]``), the energies ``a`` (``None``: ``-inf``) and the pooled ``rho``."""
     depth = len(fanout)
-    lses, thetas, gates, rhos = [None] * depth, [None] * depth, [None] * depth, [None] * depth
+    lses, probs, gates, rhos = [None] * depth, [None] * depth, [None] * depth, [None] * depth
     for d in range(depth - 1, -1, -1):
         b, n = fanout[d], counts[d]
         e = None if eps is None else family_layout(eps[d], b)
-        lses[d], thetas[d] = _family_attention(*rho, e, n, b, tau, left_only, size_bias)
+        lses[d], probs[d] = _family_attention(*rho[:2], e, n, b, tau, left_only, size_bias)
         gates[d], rhos[d] = energy, rho
         if d == 0:
             break
@@ -162,7 +182,7 @@ def bottom_up(rho, energy, counts, fanout, eps, tau, left_only, size_bias) -> tu
         parent_energy, pooled = _pool(total, rho, n, counts[d - 1])
         rho = [family_layout(t, fanout[d - 1]) for t in pooled]
         energy = family_layout(parent_energy, fanout[d - 1])
-    return lses, thetas, gates, rhos
+    return lses, probs, gates, rhos
 
 
 def counts_below(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
@@ -177,8 +197,9 @@ def counts_below(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
     return counts[::-1]
 
 
-def _family_attention(q, k, v, e, n, b, tau, left_only, size_bias):
-    """``lse [H, F, b]`` and ``theta [H, F, b, d_v]`` of one level in family layout."""
+def _family_attention(q, k, e, n, b, tau, left_only, size_bias):
+    """``lse [H, F, b]`` and the softmax weights ``p [H, F, b, b]`` of one level in family
+    layout."""
     logits = torch.matmul(q, k.transpose(-1, -2))
     logits = logits * tau
     if e is not None:
@@ -198,7 +219,7 @@ def _family_attention(q, k, v, e, n, b, tau, left_only, size_bias):
         if size_bias:
             logits = logits + torch.log(n.clamp(min=1)).unsqueeze(2).to(logits.dtype)
         lse, p = masked_softmax(logits, pair & (n > 0).unsqueeze(2))
-    return lse, torch.matmul(p, v)
+    return lse, p
 
 
 def _pool(total: Tensor, rho: list[Tensor], n, parent_n) -> tuple[Tensor, list[Tensor]]:
@@ -233,6 +254,15 @@ def family_layout(x: Tensor, b: int) -> Tensor:
 def node_layout(x: Tensor) -> Tensor:
     """Family layout ``[H, F, b, ...]`` viewed as the node layout ``[H, F * b, ...]``."""
     return x.flatten(1, 2)
+
+
+def _weighted_sum(parent: Tensor | None, p: Tensor, v: Tensor) -> Tensor:
+    """``p @ v`` (``[H, F, b, b] @ [H, F, b, d_v]``) plus, if given, the parents' rows
+    ``parent`` (node layout ``[H, F, d_v]``) broadcast to their children: one batched
+    product with the addition fused (``baddbmm``)."""
+    if parent is None:
+        return torch.matmul(p, v)
+    return torch.matmul(p, v) + parent.unsqueeze(2)
 
 
 def _add(parent: Tensor | None, child: Tensor | None) -> Tensor | None:
