@@ -135,7 +135,8 @@ def dense_gradient(x: Tensor) -> Tensor:
 
     A broadcast gradient (that of ``out.sum()``: one value with stride 0) would reach
     the batched products of the backward as is, and ``bmm`` runs such operands one
-    matrix at a time; a dense one is passed on unchanged."""
+    matrix at a time; any other is passed on unchanged (the strides are static: no
+    host sync)."""
     return _DenseGradient.apply(x)
 
 
@@ -146,7 +147,7 @@ class _DenseGradient(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
-        return grad.contiguous()
+        return grad.contiguous() if 0 in grad.stride() else grad
 
 
 def like(out: Tensor, q: Tensor) -> Tensor:

@@ -189,3 +189,14 @@ def test_output_keeps_the_memory_layout_of_the_inputs(causal):
     grads_hf = torch.autograd.grad(out_hf.pow(2).sum(), heads_first)
     for a, b in zip(grads, grads_hf, strict=True):
         torch.testing.assert_close(a, b, atol=1e-13, rtol=0)
+
+
+def test_a_broadcast_output_gradient_gives_the_dense_gradients():
+    tree, (q, k, v), _, _ = _case(2, 16, (4, 4), seed=11)
+    inputs = [t.requires_grad_() for t in (q, k, v)]
+    out = hierarchical_attention(*inputs, tree)
+    from_sum = torch.autograd.grad(out.sum(), inputs)  # one value, stride 0, made dense
+    from_ones = torch.autograd.grad(hierarchical_attention(*inputs, tree), inputs,
+                                    torch.ones_like(out))  # fmt: skip
+    for a, b in zip(from_sum, from_ones, strict=True):
+        assert torch.equal(a, b)
