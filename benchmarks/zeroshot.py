@@ -47,6 +47,7 @@ from hiergraph.integrations import (
     hub_window_hierarchies,
     padded_block_attention,
     padded_hsa,
+    padded_window_hsa,
     select_hubs,
     window_hierarchies,
 )
@@ -125,6 +126,8 @@ def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, floa
         "hsa_no_size_bias": lambda: padded_hsa(q, k, v, token_mask, tree(), size_bias=False),
         "block": lambda: padded_block_attention(q, k, v, token_mask, block),
     }
+    if not hubs:  # what the injected layers run: the padded batch, no per-batch trees
+        ops["hsa_padded_windows"] = lambda: padded_window_hsa(q, k, v, token_mask, branching)
     times = {name: [] for name in ops}
     for _ in range(TIMING_REPEATS):
         for name, op in ops.items():

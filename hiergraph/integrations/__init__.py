@@ -26,6 +26,7 @@ from hiergraph.integrations.hubs import (
 from hiergraph.integrations.padded_attention import (
     padded_block_attention,
     padded_hsa,
+    padded_window_hsa,
     valid_token_mask,
     window_hierarchies,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "interleaved_layers",
     "padded_block_attention",
     "padded_hsa",
+    "padded_window_hsa",
     "remove_hsa",
     "select_hubs",
     "sentence_hierarchy",

@@ -44,23 +44,26 @@ from hiergraph.integrations.hubs import hub_scores, hub_window_hierarchies, sele
 from hiergraph.integrations.padded_attention import (
     padded_block_attention,
     padded_hsa,
+    padded_window_hsa,
     valid_token_mask,
-    window_hierarchies,
 )
 
 METHODS = ("hsa", "hsa_no_size_bias", "block")
 
 
 class _Hierarchies:
-    """Hierarchies shared by the replaced layers of one model: the caller's, or hub
-    hierarchies chosen from each layer's own q, k, or the window trees of the last batch
-    (rebuilt only when the valid lengths change)."""
+    """Hierarchies shared by the replaced layers of one model: the caller's, hub
+    hierarchies chosen from each layer's own q, k, or (neither) the window trees of the
+    valid tokens, which :func:`padded_window_hsa` runs on the padded batch."""
 
     def __init__(self, branching: tuple[int, ...], hubs: int):
         self.branching, self.hubs = branching, hubs
         self.given: Batch | None = None
-        self._key: tuple[int, ...] | None = None
-        self._forest: SignalHierarchy | None = None
+
+    @property
+    def windows(self) -> bool:
+        """Whether the layers attend over plain window trees (no given tree, no hubs)."""
+        return self.given is None and not self.hubs
 
     def tree(
         self, q: Tensor, k: Tensor, token_mask: Tensor, scale: float
@@ -68,13 +71,8 @@ class _Hierarchies:
         if self.given is not None:
             return self.given
         lengths = token_mask.sum(1).tolist()
-        if self.hubs:
-            lifted = select_hubs(hub_scores(q, k, token_mask, scale), token_mask, self.hubs)
-            return hub_window_hierarchies(lengths, self.branching, lifted)
-        key = tuple(lengths)
-        if key != self._key:
-            self._key, self._forest = key, window_hierarchies(key, self.branching)
-        return self._forest
+        lifted = select_hubs(hub_scores(q, k, token_mask, scale), token_mask, self.hubs)
+        return hub_window_hierarchies(lengths, self.branching, lifted)
 
 
 class HSASelfAttention(nn.Module):
@@ -159,17 +157,15 @@ class HSASelfAttention(nn.Module):
         if self.method == "block":
             out = padded_block_attention(q, k, v, token_mask, self.block, self.scale)
         else:
-            tree = self.hierarchies.tree(q, k, token_mask, self.scale).to(q.device)
-            out = padded_hsa(
-                q,
-                k,
-                v,
-                token_mask,
-                tree,
-                include_self=self.include_self,
-                size_bias=self.method == "hsa",
-                scale=self.scale,
+            options = dict(
+                include_self=self.include_self, size_bias=self.method == "hsa", scale=self.scale
             )
+            if self.hierarchies.windows:
+                branching = self.hierarchies.branching
+                out = padded_window_hsa(q, k, v, token_mask, branching, **options)
+            else:
+                tree = self.hierarchies.tree(q, k, token_mask, self.scale).to(q.device)
+                out = padded_hsa(q, k, v, token_mask, tree, **options)
         return out.reshape(batch, length, -1), None
 
     def __repr__(self) -> str:

@@ -8,6 +8,8 @@ them out: HSA over one hierarchy per example and its two same-FLOPs baselines.
   that BERT's diagonal-including softmax needs. ``size_bias=False`` drops the
   :math:`\log n(B)` term of the sibling logits, so every sibling sub-tree counts
   as one token: an ablation, no longer the KL projection of Thm. 3.2.
+* :func:`padded_window_hsa`: the same over window hierarchies, computed on the padded
+  batch with the padding as masked leaves (no per-batch gather or tree).
 * :func:`padded_block_attention`: softmax attention inside non-overlapping
   blocks of valid tokens (local attention, no long-range path).
 
@@ -20,6 +22,7 @@ neither keys nor counted in any statistic, and their output rows are 0.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -166,6 +169,60 @@ def padded_hsa(
     full = v.new_zeros(v.size(0), v.size(2), v.size(1), v.size(3))
     full[token_mask] = out
     return full
+
+
+def padded_window_hsa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    token_mask: Tensor,
+    branching: Sequence[int],
+    *,
+    include_self: bool = True,
+    size_bias: bool = True,
+    scale: float | None = None,
+) -> Tensor:
+    r""":func:`padded_hsa` over the window hierarchies of the valid tokens, computed on the
+    padded batch: the same result, without gathering the valid tokens or building a tree
+    per batch.
+
+    Every example gets the window tree of its whole padded length ``T``
+    (:func:`~hiergraph.data.window_forest` of ``B`` equal trees, built once per shape and
+    reused), and the padding tokens are masked leaves (``leaf_mask``): they count 0 in every
+    statistic, so windows that hold only padding drop out of their families and a window
+    left with a single valid child passes all of its mass down unchanged. What remains is
+    the window tree of the example's valid tokens, the tree :func:`window_hierarchies`
+    builds, since the valid tokens come first (right padding; a batch with a valid token
+    after a padding one runs :func:`padded_hsa` over :func:`window_hierarchies`). When
+    ``T`` is a product of the window sizes the forest has equal fanout and HSA runs as
+    reshaped views of whole levels, heads first.
+
+    Args:
+        q, k, v, token_mask, include_self, size_bias, scale: as in :func:`padded_hsa`.
+        branching (Sequence[int]): bottom-up window sizes, as in
+            :func:`window_hierarchies`.
+
+    Returns:
+        ``[B, T, H, d_v]``, zero at padding tokens.
+    """
+    batch, heads, length, _ = q.shape
+    options = dict(include_self=include_self, size_bias=size_bias, scale=scale)
+    leading = token_mask.cumsum(1) == torch.arange(1, length + 1, device=token_mask.device)
+    if not bool((leading | ~token_mask).all()):  # a valid token after a padding one
+        trees = window_hierarchies(token_mask.sum(1).tolist(), branching)
+        return padded_hsa(q, k, v, token_mask, trees.to(q.device), **options)
+    forest = _padded_forest(batch, length, tuple(branching), str(token_mask.device))
+    # heads first: [H, B * T, d] memory, read by the op without a further copy
+    leaves = [t.transpose(0, 1).reshape(heads, batch * length, -1).transpose(0, 1)
+              for t in (q, k, v)]  # fmt: skip
+    out = hierarchical_attention(*leaves, forest, leaf_mask=token_mask.reshape(-1), **options)
+    return out.reshape(batch, length, heads, -1).contiguous()
+
+
+@functools.lru_cache(maxsize=16)
+def _padded_forest(batch: int, length: int, branching: tuple[int, ...], device: str):
+    """The tree index of ``batch`` window trees over ``length`` tokens (cached per shape)."""
+    return window_forest([length] * batch, branching).to(device).tree_index()
 
 
 def padded_block_attention(

@@ -5,6 +5,7 @@ from hiergraph.data import window_hierarchy
 from hiergraph.integrations import (
     padded_block_attention,
     padded_hsa,
+    padded_window_hsa,
     valid_token_mask,
     window_hierarchies,
 )
@@ -34,6 +35,32 @@ def test_padded_hsa_matches_dense_reference_per_example(size_bias):
         expected = torch.einsum("hij,jhd->ihd", theta, vb)
         torch.testing.assert_close(out[b, :n], expected, atol=1e-12, rtol=0)
         assert (out[b, n:] == 0).all()
+
+
+@pytest.mark.parametrize("size_bias", [True, False])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize(
+    ("lengths", "branching"),
+    [([64, 37, 3, 0, 1, 64], (2, 4, 8)), ([24, 7, 13], (2, 3, 4)), ([30, 11, 2], (4, 8))],
+    ids=["equal-fanout", "equal-fanout-3", "ragged-top"],
+)
+def test_padded_windows_equal_the_trees_of_the_valid_tokens(lengths, branching, include_self,
+                                                             size_bias):  # fmt: skip
+    q, k, v, valid = padded_inputs(lengths, heads=3)
+    options = dict(include_self=include_self, size_bias=size_bias)
+    out = padded_window_hsa(q, k, v, valid, branching, **options)
+    trees = window_hierarchies([n for n in lengths if n], branching)
+    expected = padded_hsa(q, k, v, valid, trees, **options)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+    assert out.is_contiguous() and (out[~valid] == 0).all()
+
+
+def test_padded_windows_under_left_padding_take_the_trees_of_the_valid_tokens():
+    q, k, v, valid = padded_inputs([4, 6], heads=1)
+    valid = valid.flip(1)
+    out = padded_window_hsa(q, k, v, valid, (2, 3))
+    expected = padded_hsa(q, k, v, valid, window_hierarchies([4, 6], (2, 3)))
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
 
 
 def test_flat_tree_is_softmax_with_diagonal():
