@@ -11,24 +11,31 @@ with the given branching, 4 heads of 64 channels, float32) it times forward+back
 * ``bound``: one batched SDPA call per level over that level's families (the FLOPs of
   HSA's family attention with no pooling, gating or layout changes);
 * ``hsa``: :func:`~hiergraph.ops.hierarchical_attention` (``kernel="dense"``: equal-fanout
-  forests run as reshaped views);
+  forests run as reshaped views) on contiguous ``[L, H, d]`` inputs, which it reads heads
+  first (one transposing copy of ``q``, ``k``, ``v`` and of the output, and their adjoints
+  in the backward);
+* ``hsa-heads-first``: the same op on inputs whose memory is already heads first
+  (``[H, L, d]`` storage viewed as ``[L, H, d]``, the layout ``flat`` gets as
+  ``[B, H, L, d]``): no copies;
 * ``hsa-blocks``: the same op forced onto the general block kernel (``kernel="blocks"``),
   the path every forest took before the reshaped one existed;
 * ``flat-causal``, ``hsa-causal``, ``hsa-causal-edges``: the strictly causal
   counterparts: SDPA with ``is_causal=True``,
   :func:`~hiergraph.ops.causal_hierarchical_attention` (equal-fanout forests run as
-  reshaped views) and the same op on the edge-list plan, its general path;
+  reshaped views) and the same op with ``kernel="edge"``, its general path;
 * ``hsa-compiled``: ``torch.compile(hierarchical_attention, fullgraph=True)`` with the plan
   fixed and static shapes (inductor on CPU); its compile time is recorded separately.
 
-Both wall-clock and process CPU time are recorded. Results:
+A pass is the forward and the backward of a fixed random output gradient (the same for
+every round, in the output's memory layout, as a loss would send it). Both wall-clock and
+process CPU time are recorded. Results:
 ``benchmarks/results/hsa_short_<threads>t.json`` and ``.png``.
 
 Rounds are interleaved (each round runs every method once, so all see the same machine
 load); the JSON keeps every sample, and medians and the spread (min–max) are reported.
-A profile of one ``hsa`` forward+backward per row (self CPU time by operator, grouped
-into matrix products, layout copies, element-wise, reductions and the rest) is written
-to the JSON too.
+A profile of one ``hsa`` and one ``hsa-heads-first`` forward+backward per row (self CPU
+time by operator, grouped into matrix products, layout copies, element-wise, reductions
+and the rest) is written to the JSON too.
 """
 
 from __future__ import annotations
@@ -49,7 +56,6 @@ from torch.profiler import ProfilerActivity, profile
 
 from hiergraph.data import window_forest
 from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention
-from hiergraph.plan import CausalPlan
 
 HEADS, DIM = 4, 64
 RESULTS = Path(__file__).parent / "results"
@@ -74,16 +80,23 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...], compile_hsa:
     if index.uniform is None:
         raise ValueError(f"{length} tokens with branching {branching} is not an equal tree")
     hq, fq = leaf_qkv(batch * length, HEADS, DIM), leaf_qkv(batch, HEADS, length, DIM)
+    hf = [t.detach().transpose(0, 1) for t in leaf_qkv(HEADS, batch * length, DIM)]
+    hf = [t.requires_grad_() for t in hf]  # heads-first memory, viewed [L, H, d]
     blocks = [leaf_qkv(batch * f, HEADS, w, DIM) for f, w in bound_shapes(length, branching)]
-    plan, edges = forest.causal_plan(), CausalPlan.from_hierarchy(forest)
+    plan = forest.causal_plan()
     cases = {
         "flat": (lambda: F.scaled_dot_product_attention(*fq), fq),
         "bound": (lambda: run_bound(blocks), [t for blk in blocks for t in blk]),
         "hsa": (lambda: hierarchical_attention(*hq, index), hq),
+        "hsa-heads-first": (lambda: hierarchical_attention(*hf, index), hf),
         "hsa-blocks": (lambda: hierarchical_attention(*hq, index, kernel="blocks"), hq),
         "flat-causal": (lambda: F.scaled_dot_product_attention(*fq, is_causal=True), fq),
         "hsa-causal": (lambda: causal_hierarchical_attention(*hq, plan), hq),
-        "hsa-causal-edges": (lambda: causal_hierarchical_attention(*hq, edges), hq),
+        "hsa-causal-heads-first": (lambda: causal_hierarchical_attention(*hf, plan), hf),
+        "hsa-causal-edges": (
+            lambda: causal_hierarchical_attention(*hq, plan, kernel="edge"),
+            hq,
+        ),
     }
     compile_s = None
     if compile_hsa:
@@ -103,26 +116,36 @@ def interleaved_times(cases: dict[str, tuple[Callable, list]], rounds: int) -> t
     less sensitive to other processes on a shared machine (with one thread it is the
     work itself; with more it also counts threads waiting for work)."""
     wall, cpu = {m: [] for m in cases}, {m: [] for m in cases}
-    for fn, _ in cases.values():
-        fn().sum().backward()
+    grads = {method: output_gradient(fn) for method, (fn, _) in cases.items()}  # + warm-up
     for _ in range(rounds):
         for method, (fn, tensors) in cases.items():
             for t in tensors:
                 t.grad = None
             t0, c0 = time.perf_counter(), time.process_time()
-            fn().sum().backward()
+            fn().backward(grads[method])
             wall[method].append(time.perf_counter() - t0)
             cpu[method].append(time.process_time() - c0)
     return wall, cpu
 
 
+def output_gradient(fn: Callable) -> torch.Tensor:
+    """A fixed random gradient for the output of ``fn`` (run once), in the output's memory
+    layout, as a loss downstream would send it (``out.sum()`` would send one broadcast
+    value, a case no training loop sees)."""
+    out = fn()
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    return grad
+
+
 def profile_breakdown(fn: Callable, tensors: list, reps: int = 3) -> dict:
     """Self CPU time per forward+backward by operator group, and the top operators."""
+    grad = output_gradient(fn)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(reps):
             for t in tensors:
                 t.grad = None
-            fn().sum().backward()
+            fn().backward(grad)
     by_op = {e.key: e.self_cpu_time_total / reps / 1e6 for e in prof.key_averages()}
     calls = {e.key: e.count // reps for e in prof.key_averages() if e.key.startswith("aten::")}
     groups = dict.fromkeys([*GROUPS, "element-wise and other"], 0.0)
@@ -197,7 +220,7 @@ def main() -> None:
             "cpu_flat_over": {m: cpu_median["flat"] / cpu_median[m] for m in cpu_median},
             "cpu_over_bound": {m: cpu_median[m] / cpu_median["bound"] for m in cpu_median},
             "compile_s": compile_s,
-            "profile_hsa": profile_breakdown(*cases["hsa"]),
+            "profiles": {m: profile_breakdown(*cases[m]) for m in ("hsa", "hsa-heads-first")},
         }
         results.append(row)
         print(

@@ -209,17 +209,19 @@ def hsa_short() -> list[str] | None:
         )  # fmt: skip
         out += [
             "Causal methods are compared with causal flat attention (`flat-causal`). Where "
-            "the time of `hsa` goes (self CPU time of one forward+backward under the "
+            "the time of HSA goes (self CPU time of one forward+backward under the "
             "profiler, by operator group):",
             "",
         ]
+        profiled = [(r, r.get("profiles") or {"hsa": r["profile_hsa"]}) for r in rows]
+        groups = next(iter(profiled[0][1].values()))["self_cpu_s_by_group"]
         out += table(
-            ["B × L", *rows[0]["profile_hsa"]["self_cpu_s_by_group"], "aten calls"],
+            ["B × L", "method", *groups, "aten calls"],
             [
-                [f"{r['batch']} × {r['length']:,}",
-                 *(secs(v) for v in r["profile_hsa"]["self_cpu_s_by_group"].values()),
-                 str(r["profile_hsa"]["aten_calls"])]
-                for r in rows
+                [f"{r['batch']} × {r['length']:,}", method,
+                 *(secs(v) for v in p["self_cpu_s_by_group"].values()), str(p["aten_calls"])]
+                for r, profiles in profiled
+                for method, p in profiles.items()
             ],
         )  # fmt: skip
         flops = ", ".join(
@@ -882,10 +884,13 @@ def zeroshot() -> list[str] | None:
             out += ["Attention op alone, last layer, one batch (trees and hub choice included); "
                     "medians of interleaved repetitions (the count is `TIMING_REPEATS` of "
                     "`benchmarks/zeroshot.py`, not stored):", ""]  # fmt: skip
+            padded = "hsa_padded_windows"
             out += table(
-                ["tree", "batch", "flat SDPA", "HSA", "HSA without log n(B)", "block"],
+                ["tree", "batch", "flat SDPA", "HSA", "HSA, padded windows",
+                 "HSA without log n(B)", "block"],
                 [[k, " × ".join(map(str, t["batch"])), secs(t["flat_sdpa"]), secs(t["hsa"]),
-                  secs(t["hsa_no_size_bias"]), secs(t["block"])] for k, t in timing.items()],
+                  secs(t[padded]) if padded in t else "–", secs(t["hsa_no_size_bias"]),
+                  secs(t["block"])] for k, t in timing.items()],
             )  # fmt: skip
         out += [f"{len(res['commands'])} command(s), stored in the file.", "", source(name), ""]
     fid = [(n, load(n)) for n in ("zeroshot_fidelity.json", "zeroshot_fidelity_hubs96.json")]
