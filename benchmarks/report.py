@@ -884,13 +884,17 @@ def zeroshot() -> list[str] | None:
             out += ["Attention op alone, last layer, one batch (trees and hub choice included); "
                     "medians of interleaved repetitions (the count is `TIMING_REPEATS` of "
                     "`benchmarks/zeroshot.py`, not stored):", ""]  # fmt: skip
-            padded = "hsa_padded_windows"
+
+            def maybe(t, key):
+                return secs(t[key]) if key in t else "–"
+
             out += table(
                 ["tree", "batch", "flat SDPA", "HSA", "HSA, padded windows",
-                 "HSA without log n(B)", "block"],
+                 "same, compiled (compile)", "HSA without log n(B)", "block"],
                 [[k, " × ".join(map(str, t["batch"])), secs(t["flat_sdpa"]), secs(t["hsa"]),
-                  secs(t[padded]) if padded in t else "–", secs(t["hsa_no_size_bias"]),
-                  secs(t["block"])] for k, t in timing.items()],
+                  maybe(t, "hsa_padded_windows"),
+                  f"{maybe(t, 'hsa_padded_windows_compiled')} ({maybe(t, 'compile_s')})",
+                  secs(t["hsa_no_size_bias"]), secs(t["block"])] for k, t in timing.items()],
             )  # fmt: skip
         out += [f"{len(res['commands'])} command(s), stored in the file.", "", source(name), ""]
     fid = [(n, load(n)) for n in ("zeroshot_fidelity.json", "zeroshot_fidelity_hubs96.json")]

@@ -126,8 +126,14 @@ def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, floa
         "hsa_no_size_bias": lambda: padded_hsa(q, k, v, token_mask, tree(), size_bias=False),
         "block": lambda: padded_block_attention(q, k, v, token_mask, block),
     }
+    compile_s = None
     if not hubs:  # what the injected layers run: the padded batch, no per-batch trees
         ops["hsa_padded_windows"] = lambda: padded_window_hsa(q, k, v, token_mask, branching)
+        compiled = torch.compile(padded_window_hsa, dynamic=False)
+        start = time.perf_counter()
+        compiled(q, k, v, token_mask, branching)
+        compile_s = time.perf_counter() - start
+        ops["hsa_padded_windows_compiled"] = lambda: compiled(q, k, v, token_mask, branching)
     times = {name: [] for name in ops}
     for _ in range(TIMING_REPEATS):
         for name, op in ops.items():
@@ -136,6 +142,8 @@ def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, floa
             times[name].append(time.perf_counter() - start)
     out = {name: float(np.median(t)) for name, t in times.items()}
     out["batch"] = [b, t]
+    if compile_s is not None:
+        out["compile_s"] = compile_s
     return out
 
 
