@@ -11,11 +11,10 @@ import torch
 from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
-from hiergraph.ops.hsa import family
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge
 from hiergraph.ops.hsa.inputs import check_qkv, head_pos_emb
-from hiergraph.ops.hsa.uniform import per_depth, uniform_hierarchical_attention
+from hiergraph.ops.hsa.uniform import fits, per_depth, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
 from hiergraph.ops.runs import broadcast_to_children, sum_children
 from hiergraph.plan.tree_index import TreeIndex
@@ -135,7 +134,7 @@ def hierarchical_attention(
             "(hierarchy.to(device)) before calling"
         )
     tau = q.size(-1) ** -0.5 if scale is None else scale
-    if kernel == "dense" and _uniform_fits(index.uniform, q):
+    if kernel == "dense" and fits(index.uniform, q):
         out = uniform_hierarchical_attention(
             q,
             k,
@@ -246,20 +245,6 @@ def _check_inputs(q, k, v, index, pos_emb, leaf_mask) -> Tensor | None:
             f"{leaf_mask.dtype} {tuple(leaf_mask.shape)}"
         )
     return pos
-
-
-def _uniform_fits(shape: tuple[int, ...] | None, q: Tensor) -> bool:
-    """Whether an equal-fanout plan runs as reshaped views: every level's logits
-    ``[F, H, b, b]`` hold at most ``max(MAX_BLOCK_ELEMENTS, q.numel())`` elements (a level
-    of giant families goes to the block kernel, which runs them in chunks of rows)."""
-    if shape is None:
-        return False
-    limit, nodes = max(family.MAX_BLOCK_ELEMENTS, q.numel()), shape[0]
-    for b in shape[1:]:
-        if nodes * q.size(1) * b * b > limit:
-            return False
-        nodes *= b
-    return True
 
 
 def _leaf_counts(index: TreeIndex, weight: Tensor | None, dtype) -> list[Tensor]:

@@ -15,10 +15,9 @@ import torch
 from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
-from hiergraph.ops.hsa import family
 from hiergraph.ops.hsa.causal_uniform import uniform_causal_attention
 from hiergraph.ops.hsa.inputs import check_qkv, head_pos_emb
-from hiergraph.ops.hsa.uniform import per_depth
+from hiergraph.ops.hsa.uniform import fits, per_depth
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
 from hiergraph.plan.causal_plan import CausalPlan
 
@@ -123,7 +122,7 @@ def causal_hierarchical_attention(
     q, k, v = q.to(work), k.to(work), v.to(work)
     eps = None if eps is None else eps.to(work)
     index = plan.tree_index
-    if kernel == "dense" and index.uniform is not None and _fits(index.uniform, q):
+    if kernel == "dense" and fits(index.uniform, q, causal=True):
         levels = None if eps is None else per_depth(eps, index)
         return _out(uniform_causal_attention(q, k, v, index.uniform, levels, tau), dtype, squeeze)
     num_nodes = plan.num_nodes
@@ -179,13 +178,6 @@ def causal_hierarchical_attention(
         out = out.index_add(0, pl, weight[..., None] * thetas[s])
         u = u.index_add(0, pl, log_mu)
     return _out(out + torch.exp(u)[..., None] * v, dtype, squeeze)
-
-
-def _fits(shape: tuple[int, ...], q: Tensor) -> bool:
-    """Whether the reshaped path's logits, ``[L, H, b]`` per depth, hold at most
-    ``max(MAX_BLOCK_ELEMENTS, q.numel())`` elements (giant families take the edge list)."""
-    limit = max(family.MAX_BLOCK_ELEMENTS, q.numel())
-    return q.size(0) * q.size(1) * max(shape[1:]) <= limit
 
 
 def _out(out: Tensor, dtype: torch.dtype, squeeze: bool) -> Tensor:

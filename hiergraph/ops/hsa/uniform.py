@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
+from hiergraph.ops.hsa import family
 from hiergraph.ops.logspace import log_gates, logaddexp, masked_softmax
 from hiergraph.plan.tree_index import TreeIndex
 
@@ -115,6 +116,22 @@ def uniform_hierarchical_attention(
     if weight is not None:
         out = out * weight[:, None].to(out.dtype)
     return like(out, q)
+
+
+def fits(shape: tuple[int, ...] | None, q: Tensor, causal: bool = False) -> bool:
+    """Whether an equal-fanout forest ``shape`` runs as reshaped views: its largest logits
+    hold at most ``max(MAX_BLOCK_ELEMENTS, q.numel())`` elements (:mod:`.family`). Those are
+    ``[F_d, H, b_d, b_d]`` per level, and for the strictly causal op ``[L, H, b_d]`` per
+    depth (every leaf's prefix query against its ancestor's family). A forest with giant
+    families goes to the general kernels, which run them in chunks of rows."""
+    if shape is None:
+        return False
+    limit, nodes, heads = max(family.MAX_BLOCK_ELEMENTS, q.numel()), shape[0], q.size(1)
+    for b in shape[1:]:
+        nodes *= b  # the level's nodes: F_d * b_d
+        if (q.size(0) if causal else nodes) * heads * b > limit:
+            return False
+    return True
 
 
 def per_depth(pos: Tensor, index: TreeIndex) -> list[Tensor]:

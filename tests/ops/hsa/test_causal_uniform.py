@@ -81,3 +81,19 @@ def test_the_edge_kernel_never_takes_the_reshaped_path(monkeypatch):
         causal_hierarchical_attention(q, k, v, tree)
     with pytest.raises(ValueError, match="kernel must be"):
         causal_hierarchical_attention(q, k, v, tree, kernel="blocks")
+
+
+def test_giant_families_take_the_edge_lists(monkeypatch):
+    """Every leaf's prefix logits against its ancestor's family, [L, H, b] = 64 * 1 * 8
+    elements here, must fit the block limit (or q.numel() = 320, if larger)."""
+
+    def reshaped(*args):
+        raise AssertionError("the reshaped path ran")
+
+    monkeypatch.setattr(causal, "uniform_causal_attention", reshaped)
+    tree, q, k, v, _ = _case(1, 64, (8, 8), seed=8, heads=1)
+    monkeypatch.setattr("hiergraph.ops.hsa.family.MAX_BLOCK_ELEMENTS", 511)
+    assert torch.isfinite(causal_hierarchical_attention(q, k, v, tree)).all()
+    monkeypatch.setattr("hiergraph.ops.hsa.family.MAX_BLOCK_ELEMENTS", 512)
+    with pytest.raises(AssertionError, match="reshaped path ran"):
+        causal_hierarchical_attention(q, k, v, tree)
