@@ -120,10 +120,11 @@ def uniform_hierarchical_attention(
 
 def fits(shape: tuple[int, ...] | None, q: Tensor, causal: bool = False) -> bool:
     """Whether an equal-fanout forest ``shape`` runs as reshaped views: its largest logits
-    hold at most ``max(MAX_BLOCK_ELEMENTS, q.numel())`` elements (:mod:`.family`). Those are
-    ``[F_d, H, b_d, b_d]`` per level, and for the strictly causal op ``[L, H, b_d]`` per
-    depth (every leaf's prefix query against its ancestor's family). A forest with giant
-    families goes to the general kernels, which run them in chunks of rows."""
+    hold at most ``max(MAX_BLOCK_ELEMENTS, q.numel())`` elements (the block limit of
+    :mod:`hiergraph.ops.hsa.family`). Those are ``[F_d, H, b_d, b_d]`` per level, and for
+    the strictly causal op ``[L, H, b_d]`` per depth (every leaf's prefix query against its
+    ancestor's family). A forest with giant families goes to the general kernels, which run
+    them in chunks of rows."""
     if shape is None:
         return False
     limit, nodes, heads = max(family.MAX_BLOCK_ELEMENTS, q.numel()), shape[0], q.size(1)
@@ -276,11 +277,9 @@ def node_layout(x: Tensor) -> Tensor:
 
 def _weighted_sum(parent: Tensor | None, p: Tensor, v: Tensor) -> Tensor:
     """``p @ v`` (``[H, F, b, b] @ [H, F, b, d_v]``) plus, if given, the parents' rows
-    ``parent`` (node layout ``[H, F, d_v]``) broadcast to their children: one batched
-    product with the addition fused (``baddbmm``)."""
-    if parent is None:
-        return torch.matmul(p, v)
-    return torch.matmul(p, v) + parent.unsqueeze(2)
+    ``parent`` (node layout ``[H, F, d_v]``) broadcast to their children."""
+    out = torch.matmul(p, v)
+    return out if parent is None else out + parent.unsqueeze(2)
 
 
 def _add(parent: Tensor | None, child: Tensor | None) -> Tensor | None:
