@@ -72,6 +72,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import hmatrix as hmatrix_bench  # noqa: E402
 import masked_attention as masked_bench  # noqa: E402
+import timing  # noqa: E402
 import vcc as vcc_bench  # noqa: E402
 from graph_hsa import planted_partition  # noqa: E402
 from hsa_scaling import bound_shapes, branching_for, run_bound  # noqa: E402
@@ -124,13 +125,14 @@ def synchronize(device: torch.device) -> None:
 
 
 def fwd_bwd(fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor]) -> Callable[[], None]:
-    """A step: forward of ``fn`` and ``out.sum().backward()`` on fresh gradients."""
+    """A step: fresh gradients, then forward of ``fn`` and ``out.sum().backward()``. The
+    reset is part of the step: its timings include it, and the level :func:`peak_mib`
+    reads before the step still holds the previous step's gradients."""
+    forward_backward = timing.sum_backward(fn)
 
     def step():
-        for t in leaves:
-            t.grad = None
-        out = fn()
-        (out[0] if isinstance(out, tuple) else out).sum().backward()
+        timing.reset_grads(leaves)
+        forward_backward()
 
     return step
 
@@ -146,28 +148,11 @@ def timed_once(step: Callable[[], None], device: torch.device) -> float:
 
 def interleaved(steps: dict[str, Callable[[], None]], rounds: int, device, stop_at: float):
     """Seconds of every step over ``rounds`` rounds of one step each, in turn (CUDA events
-    on a GPU). Stops after a round that ends past ``stop_at`` (monotonic clock)."""
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        marks = []
-        for name, step in steps.items():
-            if device.type == "cuda":
-                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-                start.record()
-                step()
-                end.record()
-                marks.append((name, start, end))
-            else:
-                t0 = time.perf_counter()
-                step()
-                marks.append((name, t0, time.perf_counter()))
-        synchronize(device)
-        for name, start, end in marks:
-            elapsed = start.elapsed_time(end) / 1e3 if device.type == "cuda" else end - start
-            times[name].append(elapsed)
-        if time.monotonic() > stop_at:
-            break
-    return times
+    on a GPU), after the warm-up that :func:`timed_once` ran. Stops after a round that ends
+    past ``stop_at`` (monotonic clock)."""
+    clock = timing.CudaEvents(device) if device.type == "cuda" else timing.WALL
+    cases = {name: (step, ()) for name, step in steps.items()}  # steps reset their own grads
+    return timing.interleaved(cases, rounds, clock, warmup=False, stop_at=stop_at)
 
 
 def peak_mib(step: Callable[[], None], device: torch.device) -> dict:

@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 
 import torch
+from memory import status_kib
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("hsa_hybrid", "gps_full", "gps_performer")
@@ -111,7 +112,7 @@ def worker(method: str, n: int, args) -> dict:
         def step():
             return layer(x, adj_t)
 
-    before = _rss_kib()
+    before = status_kib("VmRSS")
     times = []
     for i in range(args.warmup + args.reps):
         t0 = time.perf_counter()
@@ -140,11 +141,6 @@ def _purity(leaf_parent: torch.Tensor, block: int) -> float:
     )
     parents = leaf_parent.unique()
     return float((low[parents] == high[parents]).float().mean())
-
-
-def _rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
 
 
 def main() -> None:

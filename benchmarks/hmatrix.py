@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from memory import peak_rss_mib
 from torch import nn
 
 from hiergraph.ops.hmatrix import hmatrix_attention, hmatrix_attention_dense
@@ -61,14 +62,6 @@ RECEPTIVE_LENGTH = 1024  # where the fraction of keys seen is measured
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def _exact_rss() -> None:
     """Make resident memory track live tensors (glibc): large blocks are always mmapped
     (no adaptive threshold), so a freed tensor leaves RSS at once."""
@@ -80,11 +73,7 @@ def _exact_rss() -> None:
 def _peak_mib(fn) -> float:
     """Peak resident memory above the current level while running ``fn`` (Linux)."""
     ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")  # reset VmHWM
-    before = _rss_kib("VmRSS")
-    fn()
-    return (_rss_kib("VmHWM") - before) / 1024
+    return peak_rss_mib(fn)
 
 
 def _package():

@@ -30,14 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import timing
 import torch
 import torch.nn.functional as F
+from memory import peak_rss_mib
 
 from hiergraph.data import random_window_hierarchy, window_hierarchy
 from hiergraph.ops import hierarchical_attention
@@ -103,24 +103,15 @@ def make_case(method: str, n: int, seed: int = 0):
 
 
 def time_cases(cases: dict, reps: int) -> dict:
-    """Median seconds of forward and of forward+backward of every case, interleaved: each
-    repetition runs every method once, so all methods see the same machine load."""
-    times = {m: ([], []) for m in cases}
-    for fn, _ in cases.values():
-        fn().sum().backward()  # warm-up
-    for _ in range(reps):
-        for method, (fn, tensors) in cases.items():
-            fwd, both = times[method]
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                fn()
-            fwd.append(time.perf_counter() - t0)
-            for t in tensors:
-                t.grad = None
-            t0 = time.perf_counter()
-            fn().sum().backward()
-            both.append(time.perf_counter() - t0)
-    return {m: (statistics.median(f), statistics.median(b)) for m, (f, b) in times.items()}
+    """Median seconds of forward and of forward+backward (``out.sum().backward()``) of every
+    case, interleaved: each repetition runs every method once, so all methods see the same
+    machine load."""
+    steps = {}
+    for method, (fn, tensors) in cases.items():
+        steps[method, "forward"] = (timing.forward_only(fn), ())
+        steps[method, "forward+backward"] = (timing.sum_backward(fn), tensors)
+    medians = timing.medians(timing.interleaved(steps, reps))  # after one warm-up each
+    return {m: (medians[m, "forward"], medians[m, "forward+backward"]) for m in cases}
 
 
 def peak_memory_mb(method: str, n: int) -> float:
@@ -144,18 +135,9 @@ def peak_memory_mb(method: str, n: int) -> float:
 
 def _memory_child(method: str, n: int) -> None:
     fn, _ = make_case(method, n)
-    fn().sum().backward()  # warm-up (lazy initialisations), then reset the high-water mark
-    Path("/proc/self/clear_refs").write_text("5")
-    before = _status_kib("VmRSS")
-    fn().sum().backward()
-    print((_status_kib("VmHWM") - before) / 1024)
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
+    step = timing.sum_backward(fn)
+    step()  # warm-up (lazy initialisations), then the high-water mark of one more step
+    print(peak_rss_mib(step))
 
 
 def main() -> None:

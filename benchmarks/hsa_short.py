@@ -44,11 +44,11 @@ import argparse
 import json
 import math
 import os
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import timing
 import torch
 import torch.nn.functional as F
 from hsa_scaling import bound_shapes, run_bound
@@ -111,41 +111,36 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...], compile_hsa:
 
 
 def interleaved_times(cases: dict[str, tuple[Callable, list]], rounds: int) -> tuple[dict, dict]:
-    """Wall-clock and process CPU seconds of forward+backward of every case, ``rounds``
-    interleaved rounds after one warm-up: two ``{method: [seconds, ...]}``. CPU time is
-    less sensitive to other processes on a shared machine (with one thread it is the
-    work itself; with more it also counts threads waiting for work)."""
-    wall, cpu = {m: [] for m in cases}, {m: [] for m in cases}
-    grads = {method: output_gradient(fn) for method, (fn, _) in cases.items()}  # + warm-up
-    for _ in range(rounds):
-        for method, (fn, tensors) in cases.items():
-            for t in tensors:
-                t.grad = None
-            t0, c0 = time.perf_counter(), time.process_time()
-            fn().backward(grads[method])
-            wall[method].append(time.perf_counter() - t0)
-            cpu[method].append(time.process_time() - c0)
+    """Wall-clock and process CPU seconds of forward+backward of every case (the backward of
+    its :func:`output_gradient`), ``rounds`` interleaved rounds after one warm-up: two
+    ``{method: [seconds, ...]}``. CPU time is less sensitive to other processes on a
+    shared machine (with one thread it is the work itself; with more it also counts
+    threads waiting for work)."""
+    steps = {
+        method: (timing.grad_backward(fn, output_gradient(fn)), tensors)
+        for method, (fn, tensors) in cases.items()
+    }
+    samples = timing.interleaved(steps, rounds, timing.WALL_AND_CPU)
+    wall = {method: [w for w, _ in pairs] for method, pairs in samples.items()}
+    cpu = {method: [c for _, c in pairs] for method, pairs in samples.items()}
     return wall, cpu
 
 
 def output_gradient(fn: Callable) -> torch.Tensor:
-    """A fixed random gradient for the output of ``fn`` (run once), in the output's memory
-    layout, as a loss downstream would send it (``out.sum()`` would send one broadcast
-    value, a case no training loop sees)."""
-    out = fn()
-    grad = torch.randn_like(out)
-    out.backward(grad)
-    return grad
+    """A fixed random gradient for the output of ``fn`` (one forward), in the output's
+    memory layout, as a loss downstream would send it (``out.sum()`` would send one
+    broadcast value, a case no training loop sees)."""
+    return torch.randn_like(fn().detach())
 
 
 def profile_breakdown(fn: Callable, tensors: list, reps: int = 3) -> dict:
     """Self CPU time per forward+backward by operator group, and the top operators."""
-    grad = output_gradient(fn)
+    step = timing.grad_backward(fn, output_gradient(fn))
+    step()  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(reps):
-            for t in tensors:
-                t.grad = None
-            fn().backward(grad)
+            timing.reset_grads(tensors)
+            step()
     by_op = {e.key: e.self_cpu_time_total / reps / 1e6 for e in prof.key_averages()}
     calls = {e.key: e.count // reps for e in prof.key_averages() if e.key.startswith("aten::")}
     groups = dict.fromkeys([*GROUPS, "element-wise and other"], 0.0)
@@ -201,8 +196,7 @@ def main() -> None:
     for batch, length, branching in QUICK_ROWS if args.quick else ROWS:
         cases, index, compile_s = make_cases(batch, length, branching, args.compile)
         times, cpu = interleaved_times(cases, args.rounds)
-        median = {m: statistics.median(t) for m, t in times.items()}
-        cpu_median = {m: statistics.median(t) for m, t in cpu.items()}
+        median, cpu_median = timing.medians(times), timing.medians(cpu)
         row = {
             "batch": batch,
             "length": length,
@@ -211,7 +205,7 @@ def main() -> None:
             "rounds": args.rounds,
             "flop_ratio_flat_over_hsa": flop_ratio(length, branching),
             "median_s": median,
-            "spread_s": {m: [min(t), max(t)] for m, t in times.items()},
+            "spread_s": timing.spreads(times),
             "samples_s": times,
             "flat_over": {m: median["flat"] / median[m] for m in median},
             "over_bound": {m: median[m] / median["bound"] for m in median},

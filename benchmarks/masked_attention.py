@@ -61,6 +61,7 @@ import time
 from pathlib import Path
 
 import torch
+from memory import reset_peak, status_kib
 from torch import Tensor
 
 IN_CHANNELS, OUT_CHANNELS, HEADS, WINDOW = 64, 64, 4, 64
@@ -70,15 +71,6 @@ RAW_ROOT = Path(os.environ.get("HIERGRAPH_RAW", "../shared/datasets"))
 
 
 # ------------------------------------------------------------------ worker side
-def _status_mib(field: str) -> float:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"{field}:\s+(\d+)", text).group(1)) / 1024
-
-
-def _reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")
-
-
 def build_mask(kind: str, n: int) -> tuple[Tensor, int]:
     """``(edge_index, num_nodes)`` of a benchmark mask."""
     from hiergraph.masks import graph_mask, random_mask, window_mask
@@ -146,12 +138,12 @@ def worker_memory(kind: str, n: int, method: str, out_path: str) -> None:
     """One run in a fresh process: peak memory, time, output."""
     x, edge_index = _setup(kind, n)
     step = make_step(method, x, edge_index)
-    before = _status_mib("VmRSS")
-    _reset_peak()
+    before = status_kib("VmRSS") / 1024
+    reset_peak()
     start = time.perf_counter()
     out = step()
     elapsed = time.perf_counter() - start
-    peak = _status_mib("VmHWM") - before
+    peak = status_kib("VmHWM") / 1024 - before
     torch.save(out, out_path)
     print(json.dumps({"first_s": elapsed, "peak_mib": peak, "num_nodes": x.size(0),
                       "num_edges": edge_index.size(1)}))  # fmt: skip

@@ -798,7 +798,8 @@ ZS_METHODS = ("hsa", "block", "hsa_no_size_bias")
 ZS_LAYERS = ("last1", "last2", "last3", "all")
 
 
-def _zs_label(branching, hubs) -> str:
+def zs_tree_label(branching, hubs) -> str:
+    """``16,8`` or ``16,8 +4 hubs``: a zero-shot row's window branching and hubs."""
     return ",".join(map(str, branching)) + (f" +{hubs} hubs" if hubs else "")
 
 
@@ -810,7 +811,8 @@ def _zs_configs(res: dict) -> dict:
     return {k: [by.get((*k, m)) for m in ZS_METHODS] for k in keys}
 
 
-def _zs_cells(runs, metric) -> str:
+def zs_cells(runs, metric) -> str:
+    """``a / b / c``: ``metric`` of the three methods, the best (ties included) in bold."""
     vals = [r.get(metric) for r in runs]
     if None in vals:
         return "–"
@@ -852,9 +854,9 @@ def zeroshot() -> list[str] | None:
                 continue
             f = runs[0]["flops_per_layer_at_max_tokens"]
             body.append([
-                layers, _zs_label(branching, hubs),
-                *(_zs_cells(runs, m) for m in ("cosine", "token_cosine", "self_retrieval",
-                                               "probe", "frozen_probe")),
+                layers, zs_tree_label(branching, hubs),
+                *(zs_cells(runs, m) for m in ("cosine", "token_cosine", "self_retrieval",
+                                              "probe", "frozen_probe")),
                 f"{num(f['flat'] / f['method'])}× (block {runs[1]['block']})",
             ])  # fmt: skip
         out += table(
@@ -873,7 +875,7 @@ def zeroshot() -> list[str] | None:
                 for other in (*bits[1:], original):
                     a, b, p = _mcnemar(bits[0], other)
                     cells.append(f"{a}:{b}, p = {p:.2g}")
-                tests.append([layers, _zs_label(branching, hubs), probe, *cells])
+                tests.append([layers, zs_tree_label(branching, hubs), probe, *cells])
         if tests:
             out += ["Paired exact McNemar tests (documents only HSA gets right : documents only "
                     "the other gets right, two-sided p):", ""]  # fmt: skip

@@ -49,28 +49,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from memory import peak_rss_mib
 
 from hiergraph.nn.vcc import VCCEncoder, run_layer
 
 DIM, HEADS, FF, NUM_VIP, BLOCK, REFINED = 256, 4, 1024, 32, 16, 90
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _peak_mib(fn) -> float:
-    """Peak resident memory above the current level while running ``fn`` (Linux)."""
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")  # reset VmHWM to the current RSS
-    before = _status_kib("VmRSS")
-    fn()
-    return (_status_kib("VmHWM") - before) / 1024
 
 
 def _encoder(trained_like: bool, seed: int = 0) -> VCCEncoder:
@@ -112,7 +96,7 @@ def _timed(fn, x) -> tuple[float, float]:
         fn(x).sum().backward()
 
     start = time.perf_counter()
-    peak = _peak_mib(step)
+    peak = peak_rss_mib(step)
     return time.perf_counter() - start, peak
 
 

@@ -29,7 +29,7 @@ configuration (skipping ones already there), so the grid can be run in parts.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import os
 import platform
@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from report import zs_cells, zs_tree_label  # the sibling script renders the same tables
 
 from hiergraph.integrations import (
     block_attention_flops,
@@ -61,11 +62,9 @@ LAYER_ORDER = ("last1", "last2", "last3", "all")
 
 
 def load_example():
-    path = HERE.parent / "examples" / "zeroshot_minilm.py"
-    spec = importlib.util.spec_from_file_location("zeroshot_minilm", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """``examples/zeroshot_minilm.py`` as a module (imported when a command needs it)."""
+    sys.path.insert(0, str(HERE.parent / "examples"))  # the script and the helpers it imports
+    return importlib.import_module("zeroshot_minilm")
 
 
 def same_flops_block(ex, branching, length: int, head_dim: int, heads: int, hubs: int = 0):
@@ -193,7 +192,7 @@ def run(args) -> None:
         timing = time_attention(ex, model, cache, branching, block, args.hubs)
         if timing:  # caches without the last layer's input have no timing
             timing["load"] = os.getloadavg()
-            result.setdefault("timing", {})[_tree_label(branching, args.hubs)] = timing
+            result.setdefault("timing", {})[zs_tree_label(branching, args.hubs)] = timing
         for name, layers in layer_sets.items():
             for method in METHODS:
                 key = (name, branching, args.hubs, method)
@@ -331,7 +330,7 @@ def report(args) -> None:
                 ax.bar(x + (j - 1) * 0.27, vals, 0.27, color=colors[method], label=method)
         row[2].axhline(res["original"]["probe"], color="k", ls="--", label="original")
         for ax, (_, title) in zip(row, panels, strict=True):
-            ax.set_xticks(x, [f"{k[0]}\n{_tree_label(*k[1:])}" for k in keys], fontsize=7)
+            ax.set_xticks(x, [f"{k[0]}\n{zs_tree_label(*k[1:])}" for k in keys], fontsize=7)
             ax.set_title(f"{dataset.upper()} ({res['documents']} docs): {title}", fontsize=9)
             ax.set_ylim(0.3, 1.0)
         row[2].set_ylim(max(0.0, res["original"]["probe"] - 0.2), 1.0)
@@ -353,8 +352,8 @@ def report(args) -> None:
             metrics = ("cosine", "token_cosine", "self_retrieval", "probe", "frozen_probe")
             f = runs[0]["flops_per_layer_at_max_tokens"]
             print(
-                f"| {layers} | {_tree_label(branching, hubs)} | "
-                + " | ".join(_cells(runs, metric) for metric in metrics)
+                f"| {layers} | {zs_tree_label(branching, hubs)} | "
+                + " | ".join(zs_cells(runs, metric) for metric in metrics)
                 + f" | {f['flat'] / f['method']:.1f}× (block {runs[1]['block']}) |"
             )
         _paired_tests(ex, res)
@@ -384,7 +383,7 @@ def _paired_tests(ex, res) -> None:
             bits = [r[probe + "_correct"] for r in runs]
             tests = [ex.mcnemar(bits[0], other) for other in (*bits[1:], original)]
             cells = [f"{t['only_a']}:{t['only_b']}, p = {t['p']:.2g}" for t in tests]
-            lines.append(f"| {layers} | {_tree_label(branching, hubs)} | {probe} | "
+            lines.append(f"| {layers} | {zs_tree_label(branching, hubs)} | {probe} | "
                          + " | ".join(cells) + " |")  # fmt: skip
     if lines:
         print("\n| layers | branching | probe | HSA vs block | HSA vs no log n(B) "
@@ -399,20 +398,6 @@ def _row_order(key: tuple) -> tuple:
 def _config(run: dict) -> tuple:
     """(layer set, branching, hubs) of a result row (rows before hubs existed have none)."""
     return run["layers"], tuple(run["branching"]), run.get("hubs", 0)
-
-
-def _tree_label(branching, hubs: int) -> str:
-    return ",".join(map(str, branching)) + (f" +{hubs} hubs" if hubs else "")
-
-
-def _cells(runs, metric: str) -> str:
-    """``a / b / c`` for the three methods, the best (ties included) in bold."""
-    vals = [r.get(metric) for r in runs]
-    if None in vals:
-        return "–"
-    text = [f"{v:.3f}" for v in vals]
-    best = max(text)
-    return " / ".join(f"**{t}**" if t == best else t for t in text)
 
 
 def main() -> None:

@@ -62,13 +62,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
+from _cli import add_threads_option, set_threads
 from torch_geometric.nn import GATConv
 from tqdm import tqdm
 
 from hiergraph.datasets.planetoid import load_planetoid
 from hiergraph.nn.cone_conv import ConeConv
 from hiergraph.nn.graph_hsa import input_dropout
-from hiergraph.runtime import apply_budget, default_threads, progress
+from hiergraph.runtime import apply_budget, progress
 
 ATTENTIONS = ("gat", "dot", "penumbral", "umbral")
 DATASETS = ("Cora", "CiteSeer", "PubMed")
@@ -315,12 +316,7 @@ def parse_args(argv=None):
         default=0.0,
         help="ConeConv: dropout on the projected features as well (pytorch-GAT's recipe)",
     )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: at most 2, and no more than the idle cores)",
-    )
+    add_threads_option(parser)
     parser.add_argument("--json", type=Path, default=None, help="merge results into this file")
     args = parser.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
@@ -365,8 +361,7 @@ def _row(attention: str, runs: list[dict], seeds: list[int], start: float, args)
 def main(argv=None) -> dict[str, list[float]]:
     """Runs every ``--attention``; returns the test accuracies of each."""
     args = parse_args(argv)
-    args.threads = args.threads or default_threads()
-    torch.set_num_threads(args.threads)
+    set_threads(args)
     transform = T.NormalizeFeatures()
     data = load_planetoid(args.dataset, args.root, args.raw_dir, transform=transform)[0]
     results = {}

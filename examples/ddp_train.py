@@ -40,6 +40,7 @@ import json
 
 import torch
 import torch.nn.functional as F
+from _cli import add_threads_option, set_threads
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
@@ -57,7 +58,6 @@ from hiergraph.distributed import (
 )
 from hiergraph.loader import DistributedLeafBudgetBatchSampler, HierarchyLoader, leaf_counts
 from hiergraph.nn import HierarchicalTransformerEncoder, global_leaf_mean_pool
-from hiergraph.runtime import default_threads
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -180,7 +180,7 @@ def distributed_sampler(dataset, ctx, seed: int) -> DistributedSampler:
 
 def train(args) -> dict:
     # torchrun sets OMP_NUM_THREADS=1 per process, so each rank then runs one thread
-    torch.set_num_threads(args.threads or default_threads())
+    set_threads(args)
     ctx = init_distributed(args.backend)
     dtype = DTYPES[args.dtype]
     seed_everything(args.seed)  # identical initialisation on every rank
@@ -264,10 +264,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--classes", type=int, default=4, help="hte: classes")
     parser.add_argument("--root", default=None, help="node: data root")
     parser.add_argument("--raw-dir", default=None, help="node: folder with Cora's raw files")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
+    add_threads_option(
+        parser,
         help="torch CPU threads per process (default: at most 2, no more than the idle cores)",
     )
     args = parser.parse_args(argv)

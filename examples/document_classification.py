@@ -61,6 +61,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _cli import add_threads_option, set_threads
 from torch import nn
 
 from hiergraph.datasets.bbc import BBCNews
@@ -356,12 +357,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--hubs", type=int, default=0, help="hsa: tokens lifted to the root, per doc")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default 1: fastest for this model)",
-    )  # one thread is fastest for this model
+    add_threads_option(p, help="torch CPU threads (default 1: fastest for this model)")
     p.add_argument("--tfidf", action="store_true", help="also run TF-IDF + logistic regression")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--json", default=None, help="write the results here")
@@ -383,8 +379,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    args.threads = args.threads or 1  # one thread is fastest for this model
-    torch.set_num_threads(args.threads)
+    set_threads(args, default=1)  # one thread is fastest for this model
 
     splits, truncation = load_splits(args)
     print(json.dumps({"truncation": truncation}), flush=True)

@@ -42,13 +42,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _cli import add_threads_option, set_threads
 from torch_geometric.data import Batch
 from tqdm import tqdm
 
 from hiergraph.datasets.download import data_root
 from hiergraph.nn.hte_decoder import HTEDecoder, from_schedule
 from hiergraph.plan import CausalPlan
-from hiergraph.runtime import apply_budget, default_threads, progress
+from hiergraph.runtime import apply_budget, progress
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = {"cpu_seconds": 25.0, "eval_chunks": 48}
@@ -168,12 +169,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--train-reviews", type=int, default=3000)
     parser.add_argument("--eval-chunks", type=int, default=None, help="(quick: 48)")
     parser.add_argument("--sample-bytes", type=int, default=128, help="bytes generated per model")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: at most 2, and no more than the idle cores)",
-    )
+    add_threads_option(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the results (JSON + PNG)")
     parser.add_argument(
@@ -181,8 +177,7 @@ def main(argv=None) -> dict:
     )
     args = parser.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
-    args.threads = args.threads or default_threads()
-    torch.set_num_threads(args.threads)
+    set_threads(args)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
 

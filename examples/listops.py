@@ -32,13 +32,14 @@ import time
 
 import torch
 import torch.nn.functional as F
+from _cli import add_threads_option, set_threads
 from torch import Tensor, nn
 
 from hiergraph.data.windows import window_forest
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
 from hiergraph.nn.htransformer1d import HTransformer1D
-from hiergraph.runtime import apply_budget, default_threads, progress
+from hiergraph.runtime import apply_budget, progress
 
 QUICK = {"budget_seconds": 35.0, "min_len": 100, "max_len": 500, "train_size": 2000,
          "test_size": 300}  # fmt: skip
@@ -233,16 +234,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=list(ENCODERS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=str, default=None, help="optional JSON file for the results")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: at most 2, and no more than the idle cores)",
-    )
+    add_threads_option(parser)
     args = parser.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
-    args.threads = args.threads or default_threads()
-    torch.set_num_threads(args.threads)
+    set_threads(args)
     if args.quick:
         args.budget_seconds = min(args.budget_seconds, 5.0)
         args.min_len, args.max_len, args.train_size, args.test_size = 20, 120, 1000, 200

@@ -32,6 +32,7 @@ import argparse
 import time
 
 import torch
+from _cli import add_threads_option, set_threads
 from torch import nn
 from tqdm import tqdm
 
@@ -43,7 +44,7 @@ from hiergraph.masks import (
     window_mask,
 )
 from hiergraph.nn.masked_attention_conv import MaskedAttentionConv
-from hiergraph.runtime import default_threads, progress
+from hiergraph.runtime import progress
 
 
 def mask_builders(p: int) -> dict:
@@ -116,17 +117,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--batch-size", type=int, default=32, help="sequences per step")
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: at most 2, and no more than the idle cores)",
-    )
+    add_threads_option(parser)
     builders = mask_builders(2)
     parser.add_argument("--masks", nargs="+", default=list(builders), choices=list(builders))
     args = parser.parse_args(argv)
-    args.threads = args.threads or default_threads()
-    torch.set_num_threads(args.threads)
+    set_threads(args)
     builders = mask_builders(args.p)
     print(f"max of the last {args.p + 1} digits, {args.steps} steps per mask")
     results = {}

@@ -61,6 +61,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _cli import add_threads_option, set_threads
 from torch import nn
 from torch_geometric.loader import DataLoader
 from tqdm import tqdm
@@ -548,12 +549,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--baselines", action="store_true", default=None, help="logistic-regression baselines"
     )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default 1: fastest for this model)",
-    )  # one thread is fastest for this model
+    add_threads_option(p, help="torch CPU threads (default 1: fastest for this model)")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="bar chart + confusion matrix PNG")
     args = p.parse_args(argv)
@@ -566,8 +562,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    args.threads = args.threads or 1  # one thread is fastest for this model
-    torch.set_num_threads(args.threads)
+    set_threads(args, default=1)  # one thread is fastest for this model
     given = sys.argv[1:] if argv is None else list(argv)
     result = {
         "dataset": args.dataset,

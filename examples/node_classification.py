@@ -56,6 +56,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
+from _cli import add_threads_option, set_threads
 from cora_cone_gat import ATTENTIONS, GAT, make_conv, train_with_early_stopping
 from torch import nn
 from torch_geometric.loader import DataLoader
@@ -65,7 +66,7 @@ from torch_geometric.utils import to_undirected
 from hiergraph.datasets.ogbn import OGBN_DATASETS, load_ogbn
 from hiergraph.datasets.planetoid import is_synthetic, load_planetoid, load_ppi, write_synthetic_ppi
 from hiergraph.nn.graph_hsa import GraphHSANet, input_dropout
-from hiergraph.runtime import apply_budget, default_threads
+from hiergraph.runtime import apply_budget
 from hiergraph.transforms import GraphHierarchy, hierarchy_stats
 
 MODELS = ("gcn", "gat", "cone", "gps_full", "hsa_hybrid")
@@ -295,12 +296,7 @@ def main(argv=None) -> dict:
         default=None,
         help="hsa_hybrid: tree builder (default: louvain; lp for ogbn-*; metis: the metis extra)",
     )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: at most 2, and no more than the idle cores)",
-    )
+    add_threads_option(p)
     p.add_argument("--root", default=None, help="data root (default $HIERGRAPH_DATA)")
     p.add_argument("--raw-dir", default=None, help="Planetoid: folder to link raw files from")
     p.add_argument("--synthetic-ppi", default=None, help="write a SYNTHETIC PPI here and use it")
@@ -313,8 +309,7 @@ def main(argv=None) -> dict:
     )
     args = p.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
-    args.threads = args.threads or default_threads()
-    torch.set_num_threads(args.threads)
+    set_threads(args)
     if args.model == "gat" and args.attention not in (None, "gat"):
         p.error("--model gat uses GATConv; pick a ConeConv score with --model cone")
     args.attention = args.attention or {"cone": "penumbral"}.get(args.model, "gat")

@@ -35,11 +35,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _cli import add_threads_option, set_threads
 from cora_cone_gat import ATTENTIONS, make_conv  # the shared GAT/ConeConv factory
 from torch_geometric.loader import DataLoader
 
 from hiergraph.datasets.planetoid import is_synthetic, load_ppi, write_synthetic_ppi
-from hiergraph.runtime import apply_budget, default_threads, progress
+from hiergraph.runtime import apply_budget, progress
 
 QUICK = {"seeds": 1, "epochs": 5, "patience": 100}
 PAPER = {"seeds": 10, "epochs": 200, "patience": 100}
@@ -122,12 +123,7 @@ def parse_args(argv=None):
     parser.add_argument("--hidden", type=int, default=256, help="hidden size per head")
     parser.add_argument("--batch-size", type=int, default=2, help="graphs per batch")
     parser.add_argument("--lr", type=float, default=5e-3)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: at most 2, and no more than the idle cores)",
-    )
+    add_threads_option(parser)
     parser.add_argument(
         "--synthetic",
         default=None,
@@ -142,8 +138,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> list[float]:
     args = parse_args(argv)
-    args.threads = args.threads or default_threads()
-    torch.set_num_threads(args.threads)
+    set_threads(args)
     root, raw_dir = args.root, args.raw_dir
     if args.synthetic is not None:
         root = args.synthetic

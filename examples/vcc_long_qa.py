@@ -40,10 +40,11 @@ import math
 import time
 
 import torch
+from _cli import add_threads_option, set_threads
 from torch import Tensor, nn
 
 from hiergraph.nn.vcc import VCCEncoder, run_layer
-from hiergraph.runtime import apply_budget, default_threads, progress
+from hiergraph.runtime import apply_budget, progress
 
 QUICK = {"length": 4096, "budget": 30.0, "eval_batches": 8}
 PAPER = {"length": 16384, "budget": 150.0, "eval_batches": 25}
@@ -210,20 +211,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--eval-batches", type=int, default=None, help="(quick: 8)")
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: at most 2, and no more than the idle cores)",
-    )
+    add_threads_option(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results to this file")
     args = parser.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
     if args.distractors + 1 > args.keys:
         parser.error("--distractors must be < --keys (facts in one sequence have distinct keys)")
-    args.threads = args.threads or default_threads()
-    torch.set_num_threads(args.threads)
+    set_threads(args)
     results = []
     for mode in args.models:
         results.append(train(mode, args))

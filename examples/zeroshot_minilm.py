@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _cli import add_threads_option, set_threads
 
 from hiergraph.integrations import (
     encoder_layers,
@@ -49,7 +50,7 @@ from hiergraph.integrations import (
     interleaved_layers,
     remove_hsa,
 )
-from hiergraph.runtime import default_threads, progress
+from hiergraph.runtime import progress
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_LAYERS = 6
@@ -290,18 +291,12 @@ def main(argv: list[str] | None = None) -> dict:
         "--limit", type=int, default=None, help="documents, 0: all (quick: 200, --paper: all)"
     )
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: at most 2, and no more than the idle cores)",
-    )
+    add_threads_option(parser)
     args = parser.parse_args(argv)
     if args.limit is None:
         args.limit = 0 if args.paper else QUICK_LIMIT
     args.limit = args.limit or None  # 0: every document
-    args.threads = args.threads or default_threads()
-    torch.set_num_threads(args.threads)
+    set_threads(args)
     layers, branching = LAYER_SETS[args.layers], tuple(int(b) for b in args.branching.split(","))
     texts, labels, split = load_texts(args.dataset, args.limit)
     model, tokenizer = load_minilm()

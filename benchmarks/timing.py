@@ -1,0 +1,152 @@
+"""Interleaved timing of forward+backward passes, shared by the benchmark scripts.
+
+A *case* is ``(step, leaves)``: ``step()`` is the timed work (say a forward and a
+backward) and ``leaves`` the tensors whose gradients are reset, untimed, before every
+call. :func:`interleaved` runs every case once per round, in turn, so that all of them
+see the same machine load, after one untimed warm-up call each; :func:`medians` and
+:func:`spreads` summarise the samples.
+
+What a script times, and with which clock, stays its own choice:
+
+* the backward: :func:`sum_backward` (``out.sum().backward()``) or :func:`grad_backward`
+  (the backward of a given output gradient);
+* the clock: :data:`WALL` (``time.perf_counter``), :data:`WALL_AND_CPU` (wall and process
+  CPU seconds, a pair per sample) or :class:`CudaEvents` (CUDA events, read after a
+  synchronisation at the end of every round).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+K = TypeVar("K", bound=Hashable)
+Step = Callable[[], Any]
+Case = tuple[Step, Sequence[torch.Tensor]]  # (timed step, leaves reset before it)
+
+
+def reset_grads(tensors: Iterable[torch.Tensor]) -> None:
+    """Drop the gradients of ``tensors`` (a fresh backward, not an accumulating one)."""
+    for t in tensors:
+        t.grad = None
+
+
+def sum_backward(fn: Callable[[], Any]) -> Step:
+    """A step: forward of ``fn`` and ``out.sum().backward()`` (the first output of a tuple)."""
+
+    def step() -> None:
+        out = fn()
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+
+    return step
+
+
+def grad_backward(fn: Callable[[], torch.Tensor], grad: torch.Tensor) -> Step:
+    """A step: forward of ``fn`` and the backward of the output gradient ``grad``."""
+    return lambda: fn().backward(grad)
+
+
+def forward_only(fn: Callable[[], Any]) -> Step:
+    """A step: forward of ``fn`` under ``torch.no_grad()`` (no autograd graph)."""
+
+    def step() -> None:
+        with torch.no_grad():
+            fn()
+
+    return step
+
+
+class Clock:
+    """Wall seconds by ``time.perf_counter``. ``mark()`` is taken right before and right
+    after a step; ``sync()`` runs at the end of a round, before ``elapsed`` reads the
+    marks of that round."""
+
+    def mark(self) -> Any:
+        return time.perf_counter()
+
+    def elapsed(self, start: Any, end: Any) -> Any:
+        return end - start
+
+    def sync(self) -> None:
+        pass
+
+
+class WallAndCPU(Clock):
+    """``(wall seconds, process CPU seconds)`` per sample. CPU time is less sensitive to
+    other processes on a shared machine (with one thread it is the work itself; with more
+    it also counts threads waiting for work)."""
+
+    def mark(self) -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    def elapsed(self, start, end) -> tuple[float, float]:
+        return end[0] - start[0], end[1] - start[1]
+
+
+class CudaEvents(Clock):
+    """Seconds between CUDA events recorded on the current stream of ``device``: the GPU's
+    time for the step, read after the round's ``torch.cuda.synchronize``."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def elapsed(self, start, end) -> float:
+        return start.elapsed_time(end) / 1e3
+
+    def sync(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+
+WALL = Clock()
+WALL_AND_CPU = WallAndCPU()
+
+
+def interleaved(
+    cases: Mapping[K, Case],
+    rounds: int,
+    clock: Clock = WALL,
+    warmup: bool = True,
+    stop_at: float | None = None,
+) -> dict[K, list]:
+    """``{key: [sample, ...]}``: every case timed once per round, in turn, for ``rounds``
+    rounds (the clock's samples; gradients of a case's leaves are reset before each call,
+    untimed). With ``warmup``, every case runs once, untimed, first. With ``stop_at`` (a
+    ``time.monotonic()`` value), the first round that ends past it is the last: fewer
+    samples, as many for every case."""
+    if warmup:
+        for step, leaves in cases.values():
+            reset_grads(leaves)
+            step()
+    samples: dict[K, list] = {key: [] for key in cases}
+    for _ in range(rounds):
+        marks = []
+        for key, (step, leaves) in cases.items():
+            reset_grads(leaves)
+            start = clock.mark()
+            step()
+            marks.append((key, start, clock.mark()))
+        clock.sync()
+        for key, start, end in marks:
+            samples[key].append(clock.elapsed(start, end))
+        if stop_at is not None and time.monotonic() > stop_at:
+            break
+    return samples
+
+
+def medians(samples: Mapping[K, Sequence[float]]) -> dict[K, float]:
+    """The median of every key's samples."""
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def spreads(samples: Mapping[K, Sequence[float]]) -> dict[K, list[float]]:
+    """``[min, max]`` of every key's samples."""
+    return {key: [min(values), max(values)] for key, values in samples.items()}

@@ -1,0 +1,50 @@
+"""``examples/_cli.py``: the ``--threads`` option every example script shares."""
+
+import argparse
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def cli(load_example):
+    threads = torch.get_num_threads()
+    yield load_example("_cli")
+    torch.set_num_threads(threads)
+
+
+def test_threads_option_is_unset_until_given(cli):
+    parser = argparse.ArgumentParser()
+    cli.add_threads_option(parser)
+    assert parser.parse_args([]).threads is None
+    assert parser.parse_args(["--threads", "3"]).threads == 3
+    assert "idle cores" in parser.format_help()
+    other = argparse.ArgumentParser()
+    cli.add_threads_option(other, help="one thread is fastest here")
+    assert "one thread is fastest here" in other.format_help()
+
+
+def test_set_threads_prefers_the_option_then_the_script_default_then_idle_cores(cli):
+    args = argparse.Namespace(threads=1)
+    assert cli.set_threads(args, default=2) == 1 == torch.get_num_threads() == args.threads
+    args = argparse.Namespace(threads=None)
+    assert cli.set_threads(args, default=1) == 1 == torch.get_num_threads() == args.threads
+    torch.set_num_threads(2)  # default_threads: at most 2, and no more than the idle cores
+    args = argparse.Namespace(threads=None)
+    assert 1 <= cli.set_threads(args) == torch.get_num_threads() == args.threads <= 2
+
+
+@pytest.mark.parametrize(
+    ("script", "help_text"),
+    [
+        ("listops", "at most 2, and no more than the idle cores"),
+        ("document_classification", "default 1: fastest for this model"),
+        ("ddp_train", "per process"),
+    ],
+)
+def test_scripts_keep_their_threads_help(load_example, script, help_text, capsys):
+    module = load_example(script)
+    parse = getattr(module, "parse_args", None) or module.main
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    assert help_text in " ".join(capsys.readouterr().out.split())
