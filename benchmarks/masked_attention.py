@@ -15,8 +15,8 @@ per head, float32, forward + ``out.sum().backward()`` of one layer on ``x``
 bidirectional sliding window ``|i - j| <= 64`` and a uniformly random mask with
 the same edge count (self-loops included), plus Cora's graph (2,708 nodes,
 self-loops added, random 64-d features; loaded with
-``hiergraph.datasets.planetoid.load_planetoid`` from ``$HIERGRAPH_RAW``, default
-``../shared/datasets``) when its raw files are found.
+``hiergraph.datasets.planetoid.load_planetoid`` from ``$HIERGRAPH_RAW/Cora/raw``) when
+``$HIERGRAPH_RAW`` names a folder holding them.
 
 Methods, all given the same ``x`` and ``edge_index`` and the same weights:
 
@@ -67,7 +67,7 @@ from torch import Tensor
 IN_CHANNELS, OUT_CHANNELS, HEADS, WINDOW = 64, 64, 4, 64
 METHODS = ("ours", "transformer_conv", "dense_sdpa")
 RESULTS = Path(__file__).resolve().parent / "results"
-RAW_ROOT = Path(os.environ.get("HIERGRAPH_RAW", "../shared/datasets"))
+RAW_ROOT = Path(os.environ["HIERGRAPH_RAW"]) if os.environ.get("HIERGRAPH_RAW") else None
 
 
 # ------------------------------------------------------------------ worker side
@@ -315,7 +315,7 @@ def main() -> None:
     sizes = args.sizes or ([1024, 2048] if args.quick else [1024, 4096, 16384, 65536])
     args.reps = 3 if args.quick else args.reps
     cases = [(kind, n) for kind in ("window", "random") if kind in args.masks for n in sizes]
-    if "cora" in args.masks and (RAW_ROOT / "Cora" / "raw").is_dir():
+    if "cora" in args.masks and RAW_ROOT is not None and (RAW_ROOT / "Cora" / "raw").is_dir():
         cases.append(("cora", 2708))
     report = {
         "command": "python " + " ".join(sys.argv),

@@ -17,7 +17,8 @@ wall time. A separate timing section times the attention op alone (flat SDPA vs
 the three replacements) on one batch of 256-token documents, interleaved,
 medians.
 
-    HF_HUB_OFFLINE=1 HIERGRAPH_RAW=../shared/datasets nice -n 5 python benchmarks/zeroshot.py \\
+    HF_HUB_OFFLINE=1 HIERGRAPH_RAW=<folder with the corpora> nice -n 5 \\
+        python benchmarks/zeroshot.py \\
         run --dataset bbc --layer-sets last2 --branchings 2,4,8,16
     python benchmarks/zeroshot.py report   # -> results/zeroshot.json + zeroshot.png
     python benchmarks/zeroshot.py fidelity --limit 200   # -> results/zeroshot_fidelity.json

@@ -41,7 +41,7 @@ benchmark tables through this script.
 
 Examples::
 
-    HIERGRAPH_RAW=../shared/datasets python examples/document_classification.py
+    HIERGRAPH_RAW=<folder with the archives> python examples/document_classification.py
     python examples/document_classification.py --dataset 20ng --model fsa
     python examples/document_classification.py --paper --dataset imdb --json out.json
 

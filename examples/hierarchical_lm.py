@@ -24,7 +24,7 @@ cache-vs-full-pass agreement, and a generated sample; ``--out PATH`` writes them
 with a PNG of the training curves next to it.
 
 The reviews are read straight from ``aclImdb_50k.tar.gz`` (``--tar``, default
-``$HIERGRAPH_RAW/aclImdb_50k.tar.gz``, else ``../shared/datasets``); the chosen
+``$HIERGRAPH_RAW/aclImdb_50k.tar.gz``, else ``./aclImdb_50k.tar.gz``); the chosen
 texts are cached in ``~/.cache/hiergraph/imdb_lm/`` (the data root, ``--cache-dir``).
 """
 
@@ -58,8 +58,7 @@ SPACE, SENTENCE_END = set(b" \t\n"), set(b".!?")
 
 
 def default_tar() -> Path:
-    raw = os.environ.get("HIERGRAPH_RAW", str(ROOT.parent / "shared" / "datasets"))
-    return Path(raw) / "aclImdb_50k.tar.gz"
+    return Path(os.environ.get("HIERGRAPH_RAW", ".")) / "aclImdb_50k.tar.gz"
 
 
 def read_reviews(tar: Path, num_train: int, num_test: int, cache_dir: Path) -> dict:
@@ -69,8 +68,8 @@ def read_reviews(tar: Path, num_train: int, num_test: int, cache_dir: Path) -> d
         return json.loads(cache.read_text())
     if not tar.exists():
         raise FileNotFoundError(
-            f"{tar} not found: pass --tar pointing at aclImdb_50k.tar.gz (see "
-            "../shared/datasets/README.md) or set HIERGRAPH_RAW to its folder"
+            f"{tar} not found: pass --tar pointing at aclImdb_50k.tar.gz (the 50,000 "
+            "labelled IMDB reviews) or set HIERGRAPH_RAW to its folder"
         )
     want = {"train": num_train, "test": num_test}
     texts = {"train": [], "test": []}
