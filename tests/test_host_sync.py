@@ -520,13 +520,6 @@ KNOWN_SYNCS: dict[str, str] = {
         "the flat baseline pads per tree with to_dense_batch and unpads with a boolean mask "
         "(nn/hte_decoder.py CausalSelfAttention.forward)"
     ),
-    "ConeConv-self-loops": (
-        "add_self_loops=True runs PyG's remove_self_loops, a boolean mask (nn/cone_conv.py)"
-    ),
-    "MaskedAttentionConv-window": (
-        "the band is recognised from a raw edge_index's values (masks/band.py "
-        "BandMask.detect); pass a BandMask instead, or structured=False"
-    ),
 }
 #: case -> where it makes tensors off its inputs' device; xfail(strict=True) under meta
 KNOWN_OFF_DEVICE: dict[str, str] = {}

@@ -25,6 +25,30 @@ def check_int(
     raise (ValueError if is_int else TypeError)(f"{name} must be {wanted}, got {value!r}")
 
 
+def check_in_channels(in_channels) -> None:
+    """Raise unless ``in_channels`` is a positive int or ``-1`` (inferred on the first call),
+    or a pair of them ``(source, target)`` (a bipartite layer)."""
+    if isinstance(in_channels, tuple | list):
+        if len(in_channels) != 2:
+            raise ValueError(
+                f"in_channels must be an int or a pair (source, target), got {in_channels}"
+            )
+        for i, size in enumerate(in_channels):
+            check_int(size, f"in_channels[{i}]", lazy=True)
+    else:
+        check_int(in_channels, "in_channels", lazy=True)
+
+
+def check_conv_arguments(in_channels, out_channels, heads, dropout) -> None:
+    """The arguments every attention conv shares: ``in_channels`` (:func:`check_in_channels`),
+    ``out_channels`` and ``heads`` (positive ints) and ``dropout`` (a probability in
+    ``[0, 1]``, as :class:`torch.nn.Dropout` takes it)."""
+    check_in_channels(in_channels)
+    check_int(out_channels, "out_channels")
+    check_int(heads, "heads")
+    check_probability(dropout, "dropout")
+
+
 def check_probability(value, name: str) -> None:
     """Raise unless ``value`` is a number in ``[0, 1]`` (a dropout rate)."""
     if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 <= value <= 1.0:

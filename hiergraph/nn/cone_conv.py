@@ -14,16 +14,17 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import Adj, SparseTensor, torch_sparse
-from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops, softmax
+from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
-from hiergraph.nn._checks import check_features, check_int, check_probability
-from hiergraph.ops.cone import DEFAULT_RADIUS, cone_geometry, edge_pairs
-from hiergraph.ops.edge_index import (
-    CheckedEdges,
-    adjacency_to_edge_index,
-    edge_index_to_adjacency,
-    edge_values_to_adjacency,
+from hiergraph.nn._checks import (
+    check_conv_arguments,
+    check_features,
+    check_int,
+    check_probability,
 )
+from hiergraph.nn._edges import EdgeInput
+from hiergraph.ops.cone import DEFAULT_RADIUS, cone_geometry, edge_pairs
+from hiergraph.ops.edge_index import edge_index_to_adjacency, edge_values_to_adjacency
 
 #: Score variants: the two cone attentions and the dot-product baseline of the paper.
 VARIANTS = (*DEFAULT_RADIUS, "dot")
@@ -71,10 +72,15 @@ class ConeConv(MessagePassing):
             (default: :obj:`1`)
         concat (bool, optional): concatenate heads (``[N, H * out_channels]``) or
             average them (``[N, out_channels]``). (default: :obj:`True`)
-        dropout (float, optional): dropout on the attention coefficients.
-            (default: :obj:`0.`)
+        dropout (float, optional): dropout on the attention coefficients, in
+            :math:`[0, 1]` as for :class:`torch.nn.Dropout`. (default: :obj:`0.`)
         add_self_loops (bool, optional): add a self loop to every node (existing ones
-            are replaced). (default: :obj:`True`)
+            are replaced). The looped edges are built once per graph and reused while the
+            same ``edge_index`` (or adjacency) tensor comes back unmodified with the same
+            node counts, as in a training loop over one graph; another tensor, a write into
+            it or other node counts build them again. The layer keeps the looped edges of
+            its last graph only and refers to the graph's tensor weakly. (default:
+            :obj:`True`)
         variant (str, optional): ``"penumbral"``, ``"umbral"`` or ``"dot"``.
             (default: :obj:`"penumbral"`)
         r (float, optional): penumbral light-source height / umbral ball radius;
@@ -101,7 +107,7 @@ class ConeConv(MessagePassing):
             :math:`\mathbf{W}\mathbf{x}` (and on separate query/key projections),
             before scoring and aggregation: the recipe of pytorch-GAT, the code of the
             paper's GAT runs (Tseng et al., App. 7.5), which drops the projected
-            features as well as the layer input and the coefficients.
+            features as well as the layer input and the coefficients; in :math:`[0, 1]`.
             (default: :obj:`0.`)
         validate (bool, optional): check that the ids of ``edge_index`` (or of a
             ``torch.sparse`` adjacency) lie within the node counts, once per tensor
@@ -150,25 +156,13 @@ class ConeConv(MessagePassing):
     ) -> None:
         kwargs.setdefault("aggr", "add")
         super().__init__(node_dim=0, **kwargs)
-        if isinstance(in_channels, tuple | list):
-            if len(in_channels) != 2:
-                raise ValueError(
-                    f"in_channels must be an int or a pair (source, target), got {in_channels}"
-                )
-            for i, size in enumerate(in_channels):
-                check_int(size, f"in_channels[{i}]", lazy=True)
-        else:
-            check_int(in_channels, "in_channels", lazy=True)
-        check_int(out_channels, "out_channels")
-        check_int(heads, "heads")
+        check_conv_arguments(in_channels, out_channels, heads, dropout)
         check_int(qk_channels, "qk_channels", optional=True)
-        check_probability(dropout, "dropout")
+        check_probability(feature_dropout, "feature_dropout")
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if not gamma > 0:
             raise ValueError(f"gamma must be > 0, got {gamma}")
-        if not 0.0 <= feature_dropout < 1.0:
-            raise ValueError(f"feature_dropout must be in [0, 1), got {feature_dropout}")
         if learn_gamma and variant == "dot":
             raise ValueError("learn_gamma applies to the cone variants only, not to 'dot'")
         qk_channels = out_channels if share_qk or qk_channels is None else qk_channels
@@ -194,7 +188,7 @@ class ConeConv(MessagePassing):
         self.share_qk = share_qk
         self.qk_channels = qk_channels
         self.validate = validate
-        self._checked_edges = CheckedEdges()
+        self._edges = EdgeInput("a sparse adjacency", keep_sparse_tensor=True)
         if variant != "dot":
             self._to_halfspace, self._lca_height = cone_geometry(
                 variant, self.r, squared=squared, height_scale=height_scale
@@ -273,22 +267,17 @@ class ConeConv(MessagePassing):
             )
         self._check_features(x_src, x_dst)
         size = (x_src.size(0), x_dst.size(0))
-        adj = edge_index if is_torch_sparse_tensor(edge_index) else None
-        if adj is not None:  # adj_t[target, source]: its edges, in its stored order
-            edge_index, _ = adjacency_to_edge_index(adj, *size)
-        if not isinstance(edge_index, SparseTensor):
-            self._check_edge_index(edge_index, size, source=adj)
+        # adj_t[target, source]: its edges, in its stored order (a SparseTensor as it is)
+        edge_index, adj, _, structures = self._edges(edge_index, *size, validate=self.validate)
         H, C = self.heads, self.out_channels
         drop = partial(F.dropout, p=self.feature_dropout, training=self.training)
         value = drop(self.lin(x_src).view(-1, H, C))
         query, key = self._queries_and_keys(x_src, x_dst, value, drop)
 
-        if self.add_self_loops:
-            if isinstance(edge_index, SparseTensor):
-                edge_index = torch_sparse.set_diag(edge_index)
-            else:
-                edge_index, _ = remove_self_loops(edge_index)
-                edge_index, _ = add_self_loops(edge_index, num_nodes=min(size))
+        if self.add_self_loops:  # once per graph: O(E), and a host sync on an accelerator
+            edge_index = structures.get(
+                "self_loops", partial(_with_self_loops, edge_index, min(size))
+            )
 
         # scores in float32 (or wider) even under autocast
         with torch.autocast(device_type=x_dst.device.type, enabled=False):
@@ -330,14 +319,6 @@ class ConeConv(MessagePassing):
         check_features(x_src, size, "x_src", f"[num_src, {size}]")
         size = (self.lin if self.lin_dst is None else self.lin_dst).in_channels  # queries
         check_features(x_dst, size, "x_dst", f"[num_dst, {size}]")
-
-    def _check_edge_index(self, edge_index: Tensor, size: tuple[int, int], source=None) -> None:
-        """Type and shape always; the id range once per ``edge_index`` (or ``source``, the
-        adjacency it comes from), with no host sync on an accelerator."""
-        self._checked_edges(
-            edge_index, *size, validate=self.validate, alternative="a sparse adjacency",
-            source=source,
-        )  # fmt: skip
 
     def _queries_and_keys(self, x_src: Tensor, x_dst: Tensor, value: Tensor, drop):
         """Per-head queries ``[N_dst, H, d]`` (targets) and keys ``[N_src, H, d]`` (sources)."""
@@ -394,3 +375,13 @@ class ConeConv(MessagePassing):
             f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, "
             f"heads={self.heads}, variant={self.variant!r})"
         )
+
+
+def _with_self_loops(edge_index: Tensor | SparseTensor, num_nodes: int) -> Tensor | SparseTensor:
+    """``edge_index`` with one self loop per node ``0 .. num_nodes - 1``, existing ones
+    replaced (PyG's ``remove_self_loops`` + ``add_self_loops``, ``set_diag`` for a
+    ``SparseTensor``)."""
+    if isinstance(edge_index, SparseTensor):
+        return torch_sparse.set_diag(edge_index)
+    edge_index, _ = remove_self_loops(edge_index)
+    return add_self_loops(edge_index, num_nodes=num_nodes)[0]

@@ -14,12 +14,9 @@ from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import softmax
 
 from hiergraph.masks.band import BandMask
-from hiergraph.ops.edge_index import (
-    CheckedEdges,
-    adjacency_to_edge_index,
-    edge_values_to_adjacency,
-    is_adjacency,
-)
+from hiergraph.nn._checks import check_conv_arguments
+from hiergraph.nn._edges import EdgeInput
+from hiergraph.ops.edge_index import edge_values_to_adjacency
 from hiergraph.ops.masked.banded import banded_attention
 from hiergraph.ops.masked.edge_products import EdgeCSR, edge_aggregate, edge_dot
 
@@ -57,8 +54,9 @@ class MaskedAttentionConv(MessagePassing):
     possibly over a batch of sequences; see :class:`~hiergraph.masks.BandMask`),
     the layer runs :func:`~hiergraph.ops.banded_attention`, blocked dense
     kernels that never gather per-edge tensors. The band is recognised exactly
-    from ``edge_index`` in :math:`O(E)` (:meth:`BandMask.detect`), or passed
-    directly as a :class:`BandMask` in place of ``edge_index``. The fast path
+    from ``edge_index`` in :math:`O(E)` (:meth:`BandMask.detect`, which reads the ids on
+    the host) once per graph (see *Per-graph structure* below), or passed directly as a
+    :class:`BandMask` in place of ``edge_index``. The fast path
     is taken only for a single ``x``, no ``edge_attr`` and no
     ``return_attention_weights``; otherwise (and with ``structured=False``) the
     general edge path runs. Both paths give the same result.
@@ -71,6 +69,18 @@ class MaskedAttentionConv(MessagePassing):
     :class:`~torch_geometric.nn.conv.TransformerConv`; the softmax per target is
     :func:`torch_geometric.utils.softmax`. Edge features (``edge_dim``) add
     per-edge terms through :meth:`edge_updater` and :meth:`propagate`.
+
+    **Per-graph structure.** What the layer derives from a graph, the recognised band (or
+    that there is none) and the general path's edges sorted by target with their CSR
+    pointers (:class:`~hiergraph.ops.masked.edge_products.EdgeCSR`), is computed on the
+    first call with an ``edge_index`` (or adjacency) and reused while the same tensor comes
+    back unmodified with the same node counts, as in a training loop over one graph: no
+    :math:`O(E)` recognition, sort or host read per step. Another tensor, a write into it
+    (its in-place version changes) or other node counts derive it again. The layer keeps
+    the structure of its last graph only, and refers to that graph's tensor weakly (the
+    sorted edges of an already sorted int64 ``edge_index`` are that tensor itself, kept
+    until the next graph). Nothing is cached under ``torch.inference_mode`` or while
+    ``torch.compile`` traces the layer.
 
     **Adjacency input.** As PyG's convs do, the mask may also be a sparse adjacency
     ``adj_t`` of shape ``[num_dst, num_src]`` with **row = target = query, column =
@@ -99,7 +109,8 @@ class MaskedAttentionConv(MessagePassing):
         concat (bool, optional): concatenate the heads (output :math:`H C`) or
             average them (output :math:`C`). (default: :obj:`True`)
         dropout (float, optional): dropout probability on the attention weights
-            (training only). (default: :obj:`0.`)
+            (training only), in :math:`[0, 1]` as for :class:`torch.nn.Dropout`.
+            (default: :obj:`0.`)
         root_weight (bool, optional): add the root term :math:`W_r x_i`.
             (default: :obj:`True`)
         edge_dim (int, optional): size of edge features added to keys and values;
@@ -145,10 +156,7 @@ class MaskedAttentionConv(MessagePassing):
     ):
         kwargs.setdefault("aggr", "add")
         super().__init__(node_dim=0, **kwargs)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
-        if min(heads, out_channels) < 1:
-            raise ValueError(f"heads and out_channels must be >= 1, got {heads}, {out_channels}")
+        check_conv_arguments(in_channels, out_channels, heads, dropout)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -158,7 +166,7 @@ class MaskedAttentionConv(MessagePassing):
         self.edge_dim = edge_dim
         self.structured = structured
         self.validate = validate
-        self._checked_edges = CheckedEdges()
+        self._edges = EdgeInput("a BandMask or a sparse adjacency")
 
         in_src, in_dst = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
         self.lin_key = Linear(in_src, heads * out_channels, bias=bias)
@@ -231,19 +239,17 @@ class MaskedAttentionConv(MessagePassing):
         H, C = self.heads, self.out_channels
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         self._check_features(x_src, x_dst)
+        size = (x_src.size(0), x_dst.size(0))
         band = edge_index if isinstance(edge_index, BandMask) else None
-        adj = edge_index if is_adjacency(edge_index) else None
-        if adj is not None:
-            edge_index, values = adjacency_to_edge_index(adj, x_src.size(0), x_dst.size(0))
+        adj = structures = None
+        if band is None:  # the structure derived from the graph is cached per graph
+            edge_index, adj, values, structures = self._edges(
+                edge_index, *size, validate=self.validate
+            )
             # PyG's rule: a SparseTensor's values, a torch.sparse tensor's [E, ...] values
             hybrid = values is not None and values.dim() > 1
             if edge_attr is None and (hybrid or isinstance(adj, SparseTensor)):
                 edge_attr = values
-        if band is None:
-            self._checked_edges(
-                edge_index, x_src.size(0), x_dst.size(0), validate=self.validate,
-                alternative="a BandMask or a sparse adjacency", source=adj,
-            )  # fmt: skip
         elif x_src is not x_dst or band.num_nodes != x_dst.size(0):
             raise ValueError(
                 f"a BandMask over {band.num_nodes} nodes needs a single x with as many rows; "
@@ -256,7 +262,7 @@ class MaskedAttentionConv(MessagePassing):
             and not return_attention_weights
         )
         if fast and band is None:  # before the projections: its O(E) temporaries die first
-            band = BandMask.detect(edge_index, x_dst.size(0))
+            band = structures.get("band", lambda: BandMask.detect(edge_index, size[1]))
         query = self.lin_query(x_dst).view(-1, H, C)
         key = self.lin_key(x_src).view(-1, H, C)
         value = self.lin_value(x_src).view(-1, H, C)
@@ -269,9 +275,10 @@ class MaskedAttentionConv(MessagePassing):
         else:
             if isinstance(edge_index, BandMask):
                 edge_index = edge_index.edge_index(x_dst.device)
-            out, alpha = self._edge_attention(
-                query, key, value, edge_index, edge_attr, (x_src.size(0), x_dst.size(0))
-            )
+                graph = EdgeCSR(edge_index, size, check=False)  # a BandMask's ids are in range
+            else:  # self._edges checked the ids
+                graph = structures.get("csr", lambda: EdgeCSR(edge_index, size, check=False))
+            out, alpha = self._edge_attention(query, key, value, graph, edge_attr)
 
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.lin_skip is not None:
@@ -321,19 +328,19 @@ class MaskedAttentionConv(MessagePassing):
         query: Tensor,
         key: Tensor,
         value: Tensor,
-        edge_index: Tensor,
+        graph: EdgeCSR,
         edge_attr: Tensor | None,
-        size: tuple[int, int],
     ) -> tuple[Tensor, Tensor]:
-        """The general path: per-edge logits, softmax per target, weighted sum.
+        """The general path over ``graph`` (the mask's edges sorted by target, built once
+        per graph): per-edge logits, softmax per target, weighted sum.
 
         The node-to-node products run as sparse kernels
         (:mod:`hiergraph.ops.masked.edge_products`), which never form per-edge
         ``[E, H, C]`` tensors; only the edge-feature terms (``edge_dim``) are
         per-edge, through :meth:`edge_updater` and :meth:`propagate`.
         """
-        edge_emb, logit_bias = self._edge_terms(edge_attr, edge_index.size(1))
-        graph = EdgeCSR(edge_index, size, check=False)  # forward() checked the ids
+        size = (graph.num_src, graph.num_dst)
+        edge_emb, logit_bias = self._edge_terms(edge_attr, graph.num_edges)
         if graph.perm is not None:  # work in target-sorted order, report in the caller's
             edge_emb = edge_emb[graph.perm] if edge_emb is not None else None
             logit_bias = logit_bias[graph.perm] if logit_bias is not None else None

@@ -326,8 +326,8 @@ def test_bad_arguments():
         ConeConv(F_IN, 1)
     with pytest.raises(ValueError, match="gamma must be > 0"):
         ConeConv(F_IN, 4, gamma=-1.0)
-    with pytest.raises(ValueError, match="feature_dropout must be in"):
-        ConeConv(F_IN, 4, feature_dropout=1.0)
+    with pytest.raises(ValueError, match=r"feature_dropout must be a probability in \[0, 1\]"):
+        ConeConv(F_IN, 4, feature_dropout=1.5)
     with pytest.raises(ValueError, match="r must be > 0"):
         ConeConv(F_IN, 4, r=0.0)
     with pytest.raises(ValueError, match=r"\[num_nodes, in_channels\]"):
@@ -438,11 +438,11 @@ def test_edge_ids_are_read_once_per_edge_index_and_only_on_the_cpu(monkeypatch):
         ConeConv(F_IN, 4)(x, bad)  # before any kernel indexes with the ids
     # off the CPU the ids are never read on the host (a meta tensor's values cannot be)
     meta = torch.empty(2, 5, dtype=torch.long, device="meta")
-    conv._check_edge_index(meta, (N, N))
+    conv._edges(meta, N, N)
     with pytest.raises(ValueError, match=r"\[2, E\]"):
-        conv._check_edge_index(meta[:1], (N, N))
+        conv._edges(meta[:1], N, N)
     copy = __import__("copy").deepcopy(conv)  # the remembered tensor is not copied
-    assert copy._checked_edges.ref is None and conv._checked_edges.ref is not None
+    assert copy._edges.checked.ref is None and conv._edges.checked.ref is not None
 
 
 LAYOUTS = ["coo", "coo-uncoalesced", "csr", "csc"]
@@ -526,9 +526,10 @@ def test_steady_state_forward_reads_no_values_at_all():
 
     x, edge_index = graph()
     x = x.float()
-    # without self loops: PyG's remove_self_loops is a known boolean-mask sync
-    # (tests/test_host_sync.py), which these two recorders would not see
+    # the self loops are added once per graph (PyG's remove_self_loops, a boolean-mask sync
+    # these two recorders would not see, runs on the first call only)
     for conv, first_call_reads in ((ConeConv(F_IN, 4, heads=2, add_self_loops=False), True),
+                                   (ConeConv(F_IN, 4, heads=2), True),
                                    (ConeConv(F_IN, 4, validate=False, add_self_loops=False),
                                     False)):  # fmt: skip
         for call in range(2):
@@ -537,3 +538,146 @@ def test_steady_state_forward_reads_no_values_at_all():
                 patch.setattr(torch.Tensor, "tolist", recording_tolist)
                 conv(x, edge_index).sum().backward()
             assert bool(reads) == (call == 0 and first_call_reads), reads
+
+
+# ---------------------------------------------------------------- per-graph structure
+def self_loop_calls(monkeypatch) -> list:
+    """One entry per self-loop construction of the layer (PyG's add_self_loops), from now on."""
+    import hiergraph.nn.cone_conv as module
+
+    calls, real = [], module.add_self_loops
+    monkeypatch.setattr(module, "add_self_loops", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def test_self_loops_are_added_once_per_graph(monkeypatch):
+    calls = self_loop_calls(monkeypatch)
+    x, edge_index = graph()
+    conv = ConeConv(F_IN, 4, heads=2).double()
+    for _ in range(3):  # a training loop over one graph
+        conv(x, edge_index).sum().backward()
+    assert len(calls) == 1
+    edge_index[0, 0] = edge_index[0, 0]  # written in place: built again
+    conv(x, edge_index)
+    assert len(calls) == 2
+    conv(x, edge_index.clone())  # another tensor
+    assert len(calls) == 3
+    conv(x, edge_index)  # the last graph only is kept: built again
+    conv(x, edge_index)
+    assert len(calls) == 4
+    x_more = torch.cat([x, x[:2]])  # other node counts, the same tensor
+    conv(x_more, edge_index)
+    conv((x_more, x), edge_index)
+    assert len(calls) == 6
+    adj = adjacency(edge_index, "csr")  # an adjacency: keyed on the adjacency
+    for _ in range(2):
+        conv(x, adj)
+    assert len(calls) == 7
+    ConeConv(F_IN, 4, add_self_loops=False).double()(x, edge_index)
+    assert len(calls) == 7
+
+
+def test_returned_self_looped_edges_written_in_place_are_built_again(monkeypatch):
+    calls = self_loop_calls(monkeypatch)
+    x, edge_index = graph(shuffle=True)
+    conv = ConeConv(F_IN, 4, heads=2).double()
+    out, (looped, alpha) = conv(x, edge_index, return_attention_weights=True)
+    assert conv(x, edge_index, return_attention_weights=True)[1][0] is looped  # reused
+    looped[0, -1] = 0  # the caller's copy of the layer's looped edges, overwritten
+    again, (looped_again, alpha_again) = conv(x, edge_index, return_attention_weights=True)
+    assert len(calls) == 2
+    assert looped_again is not looped and looped_again[0, -1] == N - 1
+    torch.testing.assert_close(again, out, atol=1e-12, rtol=0)
+    torch.testing.assert_close(alpha_again, alpha, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["penumbral", "umbral", "dot"])
+@pytest.mark.parametrize("layout", [None, "coo", "csc"])
+def test_cached_self_loops_give_the_same_outputs_and_gradients(variant, layout):
+    x, edge_index = graph(shuffle=True)
+    source = edge_index if layout is None else adjacency(edge_index, layout)
+    conv = ConeConv(F_IN, 4, heads=2, variant=variant, learn_gamma=variant != "dot").double()
+
+    def run(clear: bool):
+        if clear:
+            conv._edges.cache.clear()  # the behaviour without the cache: built every call
+        xg = x.clone().requires_grad_()
+        out, (_, alpha) = conv(xg, source, return_attention_weights=True)
+        grads = torch.autograd.grad(out.square().sum(), [xg, *conv.parameters()])
+        return [out, alpha, *grads]
+
+    reference = run(clear=True)
+    run(clear=False)
+    assert len(conv._edges.cache.structures) == 1  # the looped edges are stored
+    for cached, fresh in zip(run(clear=False), reference, strict=True):
+        torch.testing.assert_close(cached, fresh, atol=1e-12, rtol=0)
+
+
+def test_cache_does_not_keep_graphs_alive():
+    import gc
+    import weakref
+
+    x, edge_index = graph()
+    conv = ConeConv(F_IN, 4).double()
+    conv(x, edge_index)
+    ref = weakref.ref(edge_index)
+    assert conv._edges.cache.structures is not None
+    del edge_index
+    gc.collect()
+    assert ref() is None and conv._edges.cache.structures is None
+
+
+def test_self_loops_sync_on_the_first_call_only():
+    """On an accelerator the self loops cost a host sync (a boolean mask) once per graph."""
+    from hiergraph._device import cpu_as_accelerator
+    from tests.host_sync import HostSyncRecorder
+
+    x, edge_index = graph()
+    conv = ConeConv(F_IN, 4, heads=2).double()
+    with cpu_as_accelerator():
+        with HostSyncRecorder() as first:
+            conv(x, edge_index).sum().backward()
+        with HostSyncRecorder() as second:
+            conv(x, edge_index).sum().backward()
+    assert any("boolean-mask" in sync for sync in first.unique_syncs())
+    assert second.unique_syncs() == []
+
+
+def test_inference_mode_caches_nothing_and_takes_inference_tensors():
+    x, edge_index = graph()
+    conv = ConeConv(F_IN, 4, heads=2).double()
+    with torch.inference_mode():
+        ref = conv(x, edge_index)
+        inference_edges = edge_index.clone()
+        assert torch.equal(conv(x, inference_edges), ref)  # no version counter to key on
+    assert conv._edges.cache.structures is None
+    out = conv(x.clone().requires_grad_(), edge_index)  # training after inference
+    out.sum().backward()
+    torch.testing.assert_close(out.detach(), ref, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("layer", ["cone", "masked"])
+def test_dropout_rule_is_torchs(layer):
+    """Both convs take a dropout probability in [0, 1], as torch.nn.Dropout does."""
+    from hiergraph.nn import MaskedAttentionConv
+
+    cls = ConeConv if layer == "cone" else MaskedAttentionConv
+    torch.nn.Dropout(1.0)  # torch's own rule
+    cls(F_IN, 4, dropout=1.0)
+    cls(F_IN, 4, dropout=0.0)
+    for bad in (1.5, -0.1, True, "0.5"):
+        with pytest.raises(ValueError, match=r"dropout must be a probability in \[0, 1\]"):
+            cls(F_IN, 4, dropout=bad)
+    with pytest.raises(ValueError, match=r"heads must be a positive int, got 0"):
+        cls(F_IN, 4, heads=0)
+    with pytest.raises(ValueError, match=r"in_channels must be an int or a pair"):
+        cls((F_IN, 3, 2), 4)
+
+
+def test_full_dropout_leaves_the_bias_only():
+    x, edge_index = graph()
+    conv = ConeConv(F_IN, 4, heads=2, dropout=1.0, feature_dropout=1.0).double().train()
+    with torch.no_grad():
+        conv.bias.uniform_()
+    out = conv(x, edge_index)
+    torch.testing.assert_close(out, conv.bias.expand_as(out), atol=0, rtol=0)

@@ -183,7 +183,7 @@ def test_ids_are_checked_once_per_edge_index_and_never_read_off_the_cpu(monkeypa
     make_conv(structured=False, validate=False)(x, edge_index)
     assert len(calls) == 3
     copy = __import__("copy").deepcopy(conv)  # the remembered tensor is not copied
-    assert copy._checked_edges.ref is None and conv._checked_edges.ref is not None
+    assert copy._edges.checked.ref is None and conv._edges.checked.ref is not None
     with cpu_as_accelerator(), HostSyncRecorder() as rec:
         make_conv(structured=False)(x, MASKS["random"].clone())  # a new tensor, first call
     assert rec.unique_syncs() == []
@@ -632,6 +632,150 @@ def test_dropout_drops_the_edge_feature_messages_with_the_same_mask():
     torch.testing.assert_close(both, 2 * values_only, atol=1e-12, rtol=0)
 
 
+# ---------------------------------------------------------------- per-graph structure
+def structure_calls(monkeypatch) -> dict[str, int]:
+    """Counts of band recognitions and edge-CSR builds of the layer, from now on."""
+    calls = {"detect": 0, "csr": 0}
+    detect, csr = BandMask.detect, conv_module.EdgeCSR
+
+    def counting_detect(*args, **kwargs):
+        calls["detect"] += 1
+        return detect(*args, **kwargs)
+
+    def counting_csr(*args, **kwargs):
+        calls["csr"] += 1
+        return csr(*args, **kwargs)
+
+    monkeypatch.setattr(BandMask, "detect", staticmethod(counting_detect))
+    monkeypatch.setattr(conv_module, "EdgeCSR", counting_csr)
+    return calls
+
+
+@pytest.mark.parametrize("name, what", [("window", "detect"), ("random", "csr")])
+def test_structure_is_derived_once_per_graph(name, what, monkeypatch):
+    """The band (fast path) or the target-sorted CSR (edge path) of a graph is derived on
+    its first call and reused while the same unmodified tensor comes back."""
+    calls = structure_calls(monkeypatch)
+    conv, x = make_conv().train(), features().requires_grad_()
+    edge_index = shuffled(MASKS[name])[1] if name == "random" else MASKS[name].clone()
+    for _ in range(3):  # a training loop over one graph
+        conv(x, edge_index).square().sum().backward()
+    assert calls[what] == 1
+    edge_index[0, 0] = edge_index[0, 0]  # written in place: derived again
+    conv(x, edge_index)
+    assert calls[what] == 2
+    conv(x, edge_index.clone())  # another tensor
+    assert calls[what] == 3
+    conv(x, edge_index)  # the last graph only is kept: derived again
+    conv(x, edge_index)
+    assert calls[what] == 4
+    conv(features(N + 3), edge_index)  # other node counts, the same tensor
+    assert calls[what] == 5
+    adj = adjacency(edge_index, layout="csr")  # an adjacency: keyed on the adjacency
+    for _ in range(2):
+        conv(x, adj)
+    assert calls[what] == 6
+    if name == "random":  # that the graph is no band is remembered as well
+        assert calls["detect"] == 6
+
+
+def test_band_and_edge_structures_of_one_graph_are_kept_together(monkeypatch):
+    calls = structure_calls(monkeypatch)
+    conv, x, edge_index = make_conv(), features(), MASKS["window"].clone()
+    for _ in range(2):
+        conv(x, edge_index)  # the fast path: the band
+        conv(x, edge_index, return_attention_weights=True)  # the edge path: the CSR
+    assert calls == {"detect": 1, "csr": 1}
+    band = BandMask.detect(MASKS["window"], N)  # a BandMask input derives nothing
+    calls["detect"] = 0
+    for _ in range(2):
+        conv(x, band, return_attention_weights=True)
+    assert calls == {"detect": 0, "csr": 3}
+
+
+@pytest.mark.parametrize("name", ["window", "random", "block_diagonal"])
+@pytest.mark.parametrize("adj", [False, True])
+def test_cached_structure_gives_the_same_outputs_and_gradients(name, adj):
+    """float64: the cached path equals the path that derives the structure every call."""
+    conv = make_conv().train()  # no dropout: deterministic in training mode too
+    edge_index = shuffled(MASKS[name])[1] if name == "random" else MASKS[name]
+    source = adjacency(edge_index, layout="csc") if adj else edge_index
+
+    def run(clear: bool, **kwargs):
+        if clear:
+            conv._edges.cache.clear()  # the behaviour without the cache: derived every call
+        x = features().requires_grad_()
+        out = conv(x, source, **kwargs)
+        out, alpha = (out[0], [out[1][1]]) if isinstance(out, tuple) else (out, [])
+        grads = torch.autograd.grad(out.square().sum(), [x, *conv.parameters()])
+        return [out, *alpha, *grads]
+
+    for kwargs in ({}, {"return_attention_weights": True}):
+        reference = run(clear=True, **kwargs)
+        run(clear=False, **kwargs)
+        for cached, fresh in zip(run(clear=False, **kwargs), reference, strict=True):
+            torch.testing.assert_close(cached, fresh, atol=1e-12, rtol=0)
+    run(clear=False)
+    assert len(conv._edges.cache.structures) == 2  # the band (or its absence) and the CSR
+
+
+def test_cache_does_not_keep_graphs_alive():
+    import gc
+    import weakref
+
+    conv, x = make_conv(), features()
+    edge_index = MASKS["window"].clone()
+    conv(x, edge_index)  # the band holds no tensor: dropped with the graph
+    ref = weakref.ref(edge_index)
+    del edge_index
+    gc.collect()
+    assert ref() is None and conv._edges.cache.structures is None
+    edge_index = MASKS["random"].clone()  # sorted: the CSR holds the graph's own tensor
+    conv(x, edge_index)
+    ref = weakref.ref(edge_index)
+    del edge_index
+    gc.collect()
+    conv(x, MASKS["random"].clone())  # the next graph replaces it
+    gc.collect()
+    assert ref() is None
+
+
+def test_band_recognition_syncs_on_the_first_call_only():
+    """On an accelerator, recognising the band reads ids on the host once per graph."""
+    from hiergraph._device import cpu_as_accelerator
+    from tests.host_sync import HostSyncRecorder
+
+    conv, x, edge_index = make_conv(), features().requires_grad_(), MASKS["window"].clone()
+    with cpu_as_accelerator():
+        with HostSyncRecorder() as first:
+            conv(x, edge_index).sum().backward()
+        with HostSyncRecorder() as second:
+            conv(x, edge_index).sum().backward()
+    assert any("band.py" in sync for sync in first.unique_syncs())
+    assert second.unique_syncs() == []
+
+
+def test_inference_mode_caches_nothing_and_takes_inference_tensors():
+    conv, x = make_conv(), features()
+    with torch.inference_mode():
+        ref = conv(x, MASKS["random"])
+        inference_edges = MASKS["random"].clone()  # no version counter to key on
+        assert torch.equal(conv(x, inference_edges), ref)
+        with pytest.raises(ValueError, match="out of range"):  # and still checked
+            conv(x, inference_edges + N)
+    assert conv._edges.cache.structures is None
+    out = conv(x.clone().requires_grad_(), MASKS["random"])  # training after inference
+    out.sum().backward()
+    torch.testing.assert_close(out.detach(), ref, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["window", "random"])
+def test_full_dropout_leaves_the_root_term(name):
+    """dropout=1 (accepted, as by torch.nn.Dropout) drops every attention weight."""
+    conv, x = make_conv(dropout=1.0).train(), features()
+    torch.testing.assert_close(conv(x, MASKS[name]), conv.lin_skip(x), atol=1e-12, rtol=0)
+
+
 # ---------------------------------------------------------------- bad inputs and repr
 @pytest.mark.parametrize(
     "call,error,message",
@@ -653,8 +797,8 @@ def test_bad_edge_features_and_arguments():
         conv(features(), MASKS["random"])
     with pytest.raises(ValueError, match=r"\[E, edge_dim\]"):
         conv(features(), MASKS["random"], torch.zeros(90, 2, dtype=torch.float64))
-    with pytest.raises(ValueError, match="dropout must lie"):
-        MaskedAttentionConv(6, 4, dropout=1.0)
+    with pytest.raises(ValueError, match=r"dropout must be a probability in \[0, 1\]"):
+        MaskedAttentionConv(6, 4, dropout=1.5)
 
 
 def test_repr_and_reset():
