@@ -12,6 +12,12 @@
   available, a portable lock file otherwise), held while a dataset downloads its raw
   files and builds its processed cache, so that concurrent first runs do not both
   write the cache.
+* :func:`locate_raw`: the one path every loader takes to its raw files: look in the
+  places the dataset accepts, else download the official files (unless offline), else
+  raise :class:`FileNotFoundError` listing the places searched and how to fix it.
+* :func:`atomic_path`: every file a loader writes (downloads, unpacked raw files,
+  processed caches) is written to a temporary file beside it and renamed into place
+  when complete, so an interrupted run never leaves a partial file.
 * :class:`CorruptFileError`: a file on disk is not what it should be (a truncated
   archive, a damaged pickle, an archive member far larger than expected). Its message
   names the file and what was expected.
@@ -28,15 +34,16 @@ import contextlib
 import hashlib
 import http.client
 import os
+import secrets
 import socket
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 try:  # POSIX
     import fcntl
@@ -189,11 +196,10 @@ def _download_once(
     url: str, dest: Path, sha256: str | None, timeout: float, max_bytes: int | None
 ) -> None:
     """Download ``url`` to a temporary file beside ``dest``, check it, rename it into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    try:
+    with atomic_path(dest) as tmp:
         digest, received = hashlib.sha256(), 0
         request = urllib.request.Request(url, headers={"User-Agent": _USER_AGENT})
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(request, timeout=timeout) as r:
+        with open(tmp, "wb") as out, urllib.request.urlopen(request, timeout=timeout) as r:
             length = r.headers.get("Content-Length")
             expected = int(length) if length and length.isdigit() else None
             if max_bytes is not None and (expected or 0) > max_bytes:
@@ -223,10 +229,6 @@ def _download_once(
                 f"{digest.hexdigest()}, expected {sha256}: it is truncated, damaged or "
                 "not the official file"
             )
-        os.replace(tmp, dest)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 def fetch(
@@ -354,13 +356,23 @@ def _exclusive_file(path: Path, timeout: float, poll: float = 0.1) -> Iterator[N
 # ------------------------------------------------------------------ atomic writes
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary path beside ``path``, renamed to ``path`` when the block succeeds."""
+    """A temporary path beside ``path``, renamed to ``path`` when the block succeeds.
+
+    The block writes the file at the yielded path (an empty file, created with the
+    permissions a plain ``open(path, "w")`` would give); if it raises, or the process
+    is interrupted, the temporary file is removed and ``path`` is left as it was.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    while True:  # tempfile.mkstemp would make the file private (0o600), whatever the umask
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            break
+        except FileExistsError:
+            continue
     try:
-        yield Path(tmp)
+        yield tmp
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -370,3 +382,98 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 def describe_places(places: Sequence[os.PathLike | str]) -> str:
     """Bulleted list of folders, one per line."""
     return "".join(f"\n  - {p}" for p in places) or " (none)"
+
+
+# -------------------------------------------- locate, else download, else explain
+T = TypeVar("T")
+
+
+def locate_raw(
+    name: str,
+    places: Sequence[Path],
+    find: Callable[[Path], T | None],
+    expected: str | Callable[[], str],
+    download: Callable[[], object] | None = None,
+    *,
+    how_to_get: str = "",
+    noun: str = "it",
+    raw_env: str | None = RAW_ENV,
+    raw_dir_argument: bool = True,
+    data_folder: str | None = None,
+) -> T:
+    """A dataset's raw data: found in ``places``, else downloaded, else explained.
+
+    1. ``find(place)`` runs on each of ``places`` in order (it may link what it finds
+       into place); the first result that is not ``None`` is returned.
+    2. Otherwise, unless there is no ``download`` or ``$HIERGRAPH_OFFLINE`` is set,
+       ``download()`` fetches the official files into ``places[0]`` (where the raw
+       files belong) and the search runs again. A download that fails on the way (cut,
+       not the official file, a server's error) raises :class:`DownloadError` naming
+       ``name``, what went wrong and the fix below; an unreachable network goes on to 3.
+    3. Raises :class:`FileNotFoundError`::
+
+           <name>: no raw data found. Expected <expected>; searched:
+             - <each of places>
+           <no download | downloads switched off | the download failed (offline?)>
+           Fix: put <noun> into <places[0]>, or pass raw_dir=<folder holding <noun>>,
+           or set <raw_env>=<folder holding <noun>>, or set HIERGRAPH_DATA/root= to a
+           data root that has <data_folder>. <how_to_get>
+
+       (the ``raw_dir=``, ``raw_env`` and data-root ways only where the dataset takes
+       them: ``raw_dir_argument``, ``raw_env`` and ``data_folder``; ``$HIERGRAPH_RAW``
+       also takes a collection holding ``<name>/raw``).
+
+    Args:
+        name: the dataset, first word of every message.
+        places: the folders searched, in order; ``places[0]`` is where the files belong.
+        find: what to return for a place that has the files, else ``None``.
+        expected: what the files are (or a function saying it, for messages that list
+            what is still missing).
+        download: fetches the official files into ``places[0]``; ``None``: no download.
+        how_to_get: where the official files are, appended to the fix.
+        noun: how the messages name the files (``"it"``, ``"the files"``).
+    """
+
+    def search() -> T | None:
+        for place in places:
+            found = find(place)
+            if found is not None:
+                return found
+        return None
+
+    found = search()
+    if found is not None:
+        return found
+    target = places[0]
+    ways = [f"put {noun} into {target}"]
+    if raw_dir_argument:
+        ways.append(f"pass raw_dir=<folder holding {noun}>")
+    if raw_env:
+        collection = f" or {name}/raw" if raw_env == RAW_ENV else ""
+        ways.append(f"set {raw_env}=<folder holding {noun}{collection}>")
+    if data_folder:
+        ways.append(f"set {DATA_ENV}/root= to a data root that has {data_folder}")
+    fix = f"Fix: {', or '.join(ways)}. {how_to_get}".rstrip()
+    failure = None
+    if download is None:
+        tried = "This dataset has no automatic download."
+    elif not downloads_allowed():
+        tried = f"Downloads are switched off (${OFFLINE_ENV})."
+    else:
+        try:
+            download()
+        except DownloadError as err:
+            if not err.unreachable:
+                raise DownloadError(f"{name}: {err}\n{fix}") from err
+            failure = err
+            tried = f"Downloading {noun} failed (offline?): {err}"
+        else:
+            found = search()
+            if found is not None:
+                return found
+            tried = f"The download finished but did not provide {noun}."
+    what = expected() if callable(expected) else expected
+    raise FileNotFoundError(
+        f"{name}: no raw data found. Expected {what}; searched:{describe_places(places)}\n"
+        f"{tried}\n{fix}"
+    ) from failure

@@ -52,6 +52,7 @@ class GoogleEmoji(MultimodalRecordDataset):
         "emoji-datasource-google-16.0.0.tgz` (then use the package/ folder); "
         "`.ci/fetch_multimodal_data.sh <cache>` does this."
     )
+    expected = "emoji.json and img/google/64/"
 
     def __init__(self, *args, seed: int = 0, **kwargs):
         self.seed = seed
@@ -77,8 +78,6 @@ class GoogleEmoji(MultimodalRecordDataset):
         )
         classes = sorted({e["category"] for e in kept})
         images = raw / "img" / "google" / "64"
-        for e in kept:  # absolute names, '..' and symlinks must not lead out of the raw folder
-            resolve_inside(raw, images / e["image"], f"emoji.json entry {e['unified']!r}")
         records = [
             RawRecord(
                 name=e["unified"],
@@ -86,6 +85,11 @@ class GoogleEmoji(MultimodalRecordDataset):
                 texts={"name": e["name"] or " ".join(e["short_names"]).replace("_", " ")},
                 label=classes.index(e["category"]),
                 group=e["unified"],
+                # absolute names, '..' and symlinks must not lead out of the raw folder;
+                # checked once, here (processing takes the resolved path)
+                resolved=resolve_inside(
+                    raw, images / e["image"], f"emoji.json entry {e['unified']!r}"
+                ),
             )
             for e in kept
         ]

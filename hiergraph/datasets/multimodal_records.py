@@ -20,9 +20,12 @@ record without any text gets one ``[PAD]`` token leaf in its first text
 field (the model sees "no text" rather than the record being dropped).
 
 Raw files are never downloaded; a missing dataset raises
-:class:`FileNotFoundError` saying where the files are expected and how to get them.
-Every raw file read must lie inside the raw folder once symlinks are resolved
-(:func:`resolve_inside`): a record whose path is absolute elsewhere, climbs out
+:class:`FileNotFoundError` saying where the files are expected and how to get them
+(:func:`~hiergraph.datasets.download.locate_raw`). Building the cache holds a lock on
+``<root>/processed/.lock``, so concurrent first runs build it once, and every cache file
+is written to a temporary file and renamed into place, so an interrupted build leaves no
+partial file. Every raw file read must lie inside the raw folder once symlinks are
+resolved (:func:`resolve_inside`): a record whose path is absolute elsewhere, climbs out
 with ``..`` or leads out through a symlink raises :class:`ValueError`.
 """
 
@@ -42,7 +45,7 @@ from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
 from hiergraph.data.multimodal import ImageField, MultimodalSchema, SequenceField
-from hiergraph.datasets.download import data_root
+from hiergraph.datasets.download import atomic_path, data_root, file_lock, locate_raw
 from hiergraph.datasets.processed import StrictLoad
 
 SPLITS = ("train", "val", "test")
@@ -63,6 +66,9 @@ class RawRecord:
         texts: text field → string.
         label: class index.
         group: the split group key (records of one group share a split).
+        resolved: ``image`` as :func:`resolve_inside` returned it, when the reader
+            already checked it against the raw folder; ``None`` (the default): processing
+            checks it.
     """
 
     name: str
@@ -70,6 +76,7 @@ class RawRecord:
     texts: dict[str, str]
     label: int
     group: str
+    resolved: Path | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def resolve_inside(root: str | os.PathLike, path: str | os.PathLike, entry: str) -> Path:
@@ -150,8 +157,9 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
     r"""One split of an image + text classification set, as multimodal signal hierarchies.
 
     Subclasses set ``name``, ``text_fields``, ``raw_env`` (the environment
-    variable naming the raw folder), ``default_raw_dir``, ``how_to_get`` and
-    implement :meth:`read_records` and :meth:`split_records`.
+    variable naming the raw folder), ``default_raw_dir``, ``how_to_get``,
+    ``expected`` (what the raw folder holds, e.g. ``"png/ and svg/"``, for error
+    messages) and implement :meth:`read_records` and :meth:`split_records`.
 
     Args:
         root: cache folder (default ``$HIERGRAPH_DATA/<name>`` or ``~/.cache/hiergraph/<name>``).
@@ -171,6 +179,7 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
     raw_env: str = ""
     default_raw_dir: str | None = None
     how_to_get: str = ""
+    expected: str = "the raw files"
 
     def __init__(
         self,
@@ -211,7 +220,8 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
             raw_dir or os.environ.get(self.raw_env) or self.default_raw_dir or "."
         )
         root = Path(root) if root is not None else data_root() / self.name
-        super().__init__(str(root), transform, force_reload=force_reload)
+        with file_lock(root / "processed"):  # one process builds the cache
+            super().__init__(str(root), transform, force_reload=force_reload)
         self.load(self.processed_paths[SPLITS.index(split)])
         self.meta = json.loads(Path(self.processed_paths[-1]).read_text())
         self.classes = tuple(self.meta["classes"])
@@ -237,21 +247,31 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
 
     def check_raw(self) -> Path:
         """The raw folder; raises :class:`FileNotFoundError` saying where to get it."""
-        if not self.raw_source.is_dir() or not self.is_raw_complete(self.raw_source):
-            raise FileNotFoundError(
-                f"{self.name}: no raw data in {self.raw_source}. Fix: pass raw_dir=<folder> or "
-                f"set {self.raw_env}=<folder>. {self.how_to_get}"
-            )
-        return self.raw_source
+
+        def complete(place: Path) -> Path | None:
+            return place if place.is_dir() and self.is_raw_complete(place) else None
+
+        return locate_raw(
+            self.name,
+            [self.raw_source],
+            complete,
+            f"a folder holding {self.expected}",
+            how_to_get=self.how_to_get,
+            noun=self.expected,
+            raw_env=self.raw_env or None,
+        )
 
     def process(self) -> None:
         from hiergraph.datasets.static_embeddings import minilm_tokenizer
 
         raw = self.check_raw()
         records, classes, meta = self.read_records(raw)
-        # every image must lie inside the raw folder (read_records should check it already)
+        # every image must lie inside the raw folder: checked here unless read_records did
         records = [
-            dataclasses.replace(r, image=resolve_inside(raw, r.image, f"record {r.name!r}"))
+            dataclasses.replace(
+                r,
+                image=r.resolved or resolve_inside(raw, r.image, f"record {r.name!r}"),
+            )
             for r in records
         ]
         parts = self.split_records(records)
@@ -283,8 +303,9 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
                 )
             counts = torch.bincount(torch.cat([d.y for d in data_list]), minlength=len(classes))
             meta["splits"][split] = {"size": len(data_list), "per_class": counts.tolist()}
-            self.save(data_list, path)
-        Path(self.processed_paths[-1]).write_text(json.dumps(meta, indent=1))
+            self.save(data_list, path)  # StrictLoad.save: atomic, never a half-written file
+        with atomic_path(self.processed_paths[-1]) as tmp:  # written last: marks completion
+            tmp.write_text(json.dumps(meta, indent=1))
 
     def get(self, idx: int):
         rec = super().get(idx)

@@ -33,14 +33,14 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from hiergraph.datasets.download import (
-    OFFLINE_ENV,
     CorruptFileError,
-    DownloadError,
+    DownloadError,  # noqa: F401 - raised by load_ogbn, caught as ogbn.DownloadError
     RemoteFile,
+    atomic_path,
     data_root,
-    downloads_allowed,
     fetch,
     file_lock,
+    locate_raw,
 )
 from hiergraph.datasets.processed import SAFE_CLASSES
 
@@ -155,30 +155,26 @@ def load_ogbn(
 
 def _open_ogbn(name: str, folder: Path, dataset_cls):
     """``ogb``'s dataset for ``name`` in ``folder``, downloaded first when absent."""
-    if not (folder / "raw").is_dir() and not any((folder / "processed").glob("*.pt")):
-        failure = None
-        if downloads_allowed():
-            try:
-                _download_ogbn(name, folder)
-            except DownloadError as err:
-                if not err.unreachable:
-                    raise DownloadError(
-                        f"{name}: {err}\nDownload {name} with ogb itself "
-                        f"(PygNodePropPredDataset({name!r}, root=...)) and copy the folder to "
-                        f"{folder}."
-                    ) from err
-                failure = err
-        if not (folder / "raw").is_dir():
-            tried = (
-                f"Downloading it failed (offline?): {failure}"
-                if failure is not None
-                else f"Downloads are switched off (${OFFLINE_ENV})."
-            )
-            raise FileNotFoundError(
-                f"{name} not found: expected OGB's files (raw/, split/, RELEASE_v*.txt) under "
-                f"{folder}. {tried}\nFix: copy the folder as ogb downloads it there (or point "
-                "root / $HIERGRAPH_DATA at its parent)"
-            ) from failure
+
+    def present(place: Path) -> Path | None:
+        has_raw = (place / "raw").is_dir() or any((place / "processed").glob("*.pt"))
+        return place if has_raw else None
+
+    locate_raw(
+        name,
+        [folder],
+        present,
+        "OGB's files (raw/, split/, RELEASE_v*.txt) as ogb lays them out",
+        lambda: _download_ogbn(name, folder),
+        how_to_get=(
+            f"Download {name} with ogb itself (PygNodePropPredDataset({name!r}, root=...)) and "
+            "copy the folder it makes."
+        ),
+        noun="OGB's files",
+        raw_env=None,
+        raw_dir_argument=False,
+        data_folder=folder.name,
+    )
     release = folder / f"RELEASE_v{_ogb_version(name)}.txt"
     if not release.is_file():  # ogb would ask on stdin, and rmtree the folder on 'y'
         raise FileNotFoundError(
@@ -187,6 +183,22 @@ def _open_ogbn(name: str, folder: Path, dataset_cls):
         )
 
     class NoPromptDataset(dataset_cls):
+        """``ogb``'s dataset that never asks on stdin and writes its processed file atomically."""
+
+        _staged: Path | None = None  # where process() writes, while it runs
+
+        @property
+        def processed_paths(self) -> list[str]:
+            return [str(self._staged)] if self._staged is not None else super().processed_paths
+
+        def process(self):  # ogb's process() torch.saves to processed_paths[0] directly
+            with atomic_path(self.processed_paths[0]) as tmp:
+                self._staged = tmp
+                try:
+                    super().process()
+                finally:
+                    self._staged = None
+
         def download(self):  # PyG calls it when raw files are missing, even if processed
             if not all(Path(p).is_file() for p in self.processed_paths):
                 raise FileNotFoundError(

@@ -204,9 +204,10 @@ def scan_openclipart(raw: Path, max_pixels: int = 20_000_000, min_count: int = 4
     skipped).
     """
     by_digest: dict[str, list[Path]] = {}
+    resolved: dict[Path, Path] = {}  # checked once, here (processing takes these paths)
     for png in sorted((raw / "png").rglob("*.png")):
-        data = resolve_inside(raw, png, f"PNG {png.relative_to(raw).as_posix()!r}").read_bytes()
-        by_digest.setdefault(hashlib.md5(data).hexdigest(), []).append(png)
+        resolved[png] = resolve_inside(raw, png, f"PNG {png.relative_to(raw).as_posix()!r}")
+        by_digest.setdefault(hashlib.md5(resolved[png].read_bytes()).hexdigest(), []).append(png)
     report = Counter(files=sum(len(v) for v in by_digest.values()), unique_images=len(by_digest))
     kept: list[tuple[str, Path]] = []
     for paths in by_digest.values():
@@ -245,6 +246,7 @@ def scan_openclipart(raw: Path, max_pixels: int = 20_000_000, min_count: int = 4
                 },
                 label=classes.index(category),
                 group=title_group(meta["title"], rel),
+                resolved=resolved[png],
             )
         )
     report["records"] = len(records)
@@ -284,6 +286,7 @@ class OpenClipArt(MultimodalRecordDataset):
         "`apt-get download openclipart-png openclipart-svg && dpkg -x <deb> <dir>` "
         "(then use <dir>/usr/share/openclipart); `.ci/fetch_multimodal_data.sh <cache>` does this."
     )
+    expected = "png/ and svg/"
 
     def __init__(self, *args, keywords: bool = False, min_count: int = 40, seed: int = 0, **kw):
         self.keywords, self.min_count, self.seed = keywords, min_count, seed

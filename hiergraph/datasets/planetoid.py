@@ -39,7 +39,6 @@ import json
 import os
 import pickle
 import shutil
-import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -49,16 +48,15 @@ from torch_geometric.datasets import PPI, Planetoid
 
 from hiergraph.datasets.download import (
     DATA_ENV,
-    OFFLINE_ENV,
     PLANETOID_SHA256,
     RAW_ENV,
     CorruptFileError,
-    DownloadError,
     RemoteFile,
+    atomic_path,
     data_root,
-    downloads_allowed,
     fetch,
     file_lock,
+    locate_raw,
     sha256_of,
 )
 from hiergraph.datasets.processed import StrictLoad
@@ -124,46 +122,39 @@ def prepare_raw(
     fetches them (unless ``$HIERGRAPH_OFFLINE`` is set). Raises
     :class:`FileNotFoundError` if any stays missing because the network is
     unreachable, :class:`~hiergraph.datasets.download.DownloadError` if a
-    download fails on the way.
+    download fails on the way (see :func:`~hiergraph.datasets.download.locate_raw`).
     """
     root = data_root(root)
     target = root / name / "raw"
-    missing = [f for f in files if not (target / f).exists()]
-    sources = _raw_sources(name, raw_dir)
-    for source in sources:
-        if not missing:
-            break
-        if all((source / f).exists() for f in missing):
+
+    def missing() -> list[str]:
+        return [f for f in files if not (target / f).exists()]
+
+    def take(place: Path) -> Path | None:
+        """``root`` once ``target`` has every file, the missing ones linked from ``place``."""
+        absent = missing()
+        if absent and (place == target or not all((place / f).exists() for f in absent)):
+            return None
+        if absent:
             target.mkdir(parents=True, exist_ok=True)
-            marker = [SYNTHETIC_MARKER] if (source / SYNTHETIC_MARKER).exists() else []
-            for f in missing + marker:
-                _link_or_copy(source / f, target / f)
-            missing = []
-    searched = "".join(f"\n  - {s}" for s in sources) or " (none given)"
-    fix = (
-        f"Fix: put the files into {target}, or pass raw_dir=<folder with the files>, "
-        f"or set {RAW_ENV}=<folder containing {name}/raw>, or set {DATA_ENV}/root= to "
-        f"a data root that has {name}/raw. {how_to_get}"
+            marker = [SYNTHETIC_MARKER] if (place / SYNTHETIC_MARKER).exists() else []
+            for f in absent + marker:
+                _link_or_copy(place / f, target / f)
+        return root
+
+    def fetch_missing() -> None:
+        download(target, missing())
+
+    return locate_raw(
+        name,
+        [target, *_raw_sources(name, raw_dir)],
+        take,
+        lambda: f"the raw files {', '.join(missing())} (all in one folder)",
+        fetch_missing if download is not None else None,
+        how_to_get=how_to_get,
+        noun="the files",
+        data_folder=f"{name}/raw",
     )
-    failure, tried = None, "There is no download for them."
-    if missing and download is not None:
-        if downloads_allowed():
-            try:
-                download(target, missing)
-            except DownloadError as err:
-                if not err.unreachable:
-                    raise DownloadError(f"{name}: {err}\n{fix}") from err
-                failure = err
-                tried = f"Downloading them failed (offline?): {err}"
-            missing = [f for f in files if not (target / f).exists()]
-        else:
-            tried = f"Downloads are switched off (${OFFLINE_ENV})."
-    if missing:
-        raise FileNotFoundError(
-            f"{name} raw files are missing from {target}: {', '.join(missing)}.\n"
-            f"Raw sources searched (raw_dir= argument, ${RAW_ENV}):{searched}\n{tried}\n{fix}"
-        ) from failure
-    return root
 
 
 def _raw_sources(name: str, raw_dir: str | os.PathLike | None) -> list[Path]:
@@ -212,14 +203,12 @@ def _ppi_download(target: Path, missing: list[str]) -> None:
                     archive, f"{archive} (from {PPI.url}) lacks the PPI raw files {absent}"
                 )
             for f in missing:
-                fd, tmp = tempfile.mkstemp(prefix=f".{f}.", suffix=".part", dir=target)
-                try:
-                    with os.fdopen(fd, "wb") as out, z.open(members[f]) as src:
-                        shutil.copyfileobj(src, out, 1 << 20)
-                    os.replace(tmp, target / f)
-                finally:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(tmp)
+                with (
+                    atomic_path(target / f) as tmp,
+                    open(tmp, "wb") as out,
+                    z.open(members[f]) as src,
+                ):
+                    shutil.copyfileobj(src, out, 1 << 20)
     except (zipfile.BadZipFile, EOFError, OSError) as err:
         raise CorruptFileError(
             archive, f"{archive} (from {PPI.url}) is not a readable zip of the PPI raw files: {err}"

@@ -6,12 +6,16 @@ when the file names a global that is not allow-listed, warns and reads it again 
 ``~/.cache/hiergraph`` by default) would then run whatever its pickle asks for.
 :class:`StrictLoad` reads caches with ``weights_only=True`` only, allow-listing the PyG data
 classes a cache holds, and turns any failure into a
-:class:`~hiergraph.datasets.download.CorruptFileError` naming the file.
+:class:`~hiergraph.datasets.download.CorruptFileError` naming the file. Its :meth:`save`
+writes a cache through :func:`~hiergraph.datasets.download.atomic_path`, so an
+interrupted build never leaves a partial cache file behind.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
+from collections.abc import Sequence
 
 import torch
 from torch_geometric.data import Data, HeteroData
@@ -19,7 +23,7 @@ from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
 from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
 
 from hiergraph.data import SignalHierarchy
-from hiergraph.datasets.download import CorruptFileError
+from hiergraph.datasets.download import CorruptFileError, atomic_path
 
 #: The classes a processed cache may name: PyG's data containers and their storages.
 SAFE_CLASSES = [
@@ -36,10 +40,18 @@ SAFE_CLASSES = [
 
 
 class StrictLoad:
-    """Mixin for an ``InMemoryDataset``: :meth:`load` never falls back to unpickling code.
+    """Mixin for an ``InMemoryDataset``: :meth:`load` never falls back to unpickling code,
+    and :meth:`save` writes the cache file atomically.
 
     Put it before the dataset base class: ``class MyDataset(StrictLoad, InMemoryDataset)``.
     """
+
+    @classmethod
+    def save(cls, data_list: Sequence, path: str | os.PathLike) -> None:
+        """PyG's ``InMemoryDataset.save``, written to a temporary file beside ``path`` and
+        renamed into place once complete."""
+        with atomic_path(path) as tmp:
+            super().save(data_list, str(tmp))
 
     def load(self, path: str, data_cls: type = Data) -> None:
         """PyG's ``InMemoryDataset.load`` with ``torch.load(weights_only=True)`` only.

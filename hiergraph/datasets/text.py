@@ -50,18 +50,14 @@ from hiergraph.data.document import (
     tokenize_documents,
 )
 from hiergraph.datasets.download import (
-    DATA_ENV,
-    OFFLINE_ENV,
     RAW_ENV,
     REMOTE_FILES,
     CorruptFileError,
-    DownloadError,
     atomic_path,
     data_root,
-    describe_places,
-    downloads_allowed,
     fetch,
     file_lock,
+    locate_raw,
 )
 from hiergraph.datasets.processed import StrictLoad
 
@@ -350,8 +346,7 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
             if not data_list:
                 raise ValueError(f"{source}: the {split!r} split has no documents")
             meta["empty"][split] = empty
-            with atomic_path(path) as tmp:  # a killed run never leaves a half-written file
-                self.save(data_list, str(tmp))
+            self.save(data_list, path)  # StrictLoad.save: atomic, never a half-written file
         with atomic_path(self.processed_paths[-1]) as tmp:  # written last: marks completion
             tmp.write_text(json.dumps(meta))
 
@@ -396,35 +391,25 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
         ``<root>/raw``; raises :class:`FileNotFoundError` saying where to put it when
         neither works (offline), and
         :class:`~hiergraph.datasets.download.DownloadError` when a download fails on
-        the way (cut, or not the official file)."""
-        places = self.raw_locations()
-        for place in places:
-            for source in self.sources:
-                if (place / source).exists():
-                    return place / source
-        remote, failure = REMOTE_FILES.get(self.name), None
-        fix = (
-            f"Fix: put it into {self.raw_dir}, or pass raw_dir=<folder holding it>, or set "
-            f"{RAW_ENV}=<folder holding it>, or set {DATA_ENV}/root= to a data root that has "
-            f"{self.name}/raw. {self.how_to_get}"
+        the way (cut, or not the official file). See
+        :func:`~hiergraph.datasets.download.locate_raw`."""
+        remote = REMOTE_FILES.get(self.name)
+
+        def source_in(place: Path) -> Path | None:
+            return next((place / s for s in self.sources if (place / s).exists()), None)
+
+        def download() -> None:
+            fetch(remote, Path(self.raw_dir) / remote.filename)
+
+        return locate_raw(
+            self.name,
+            self.raw_locations(),
+            source_in,
+            f"one of {list(self.sources)}",
+            download if remote is not None else None,
+            how_to_get=self.how_to_get,
+            data_folder=f"{self.name}/raw",
         )
-        if remote is not None and downloads_allowed():
-            try:
-                return fetch(remote, Path(self.raw_dir) / remote.filename)
-            except DownloadError as err:
-                if not err.unreachable:
-                    raise DownloadError(f"{self.name}: {err}\n{fix}") from err
-                failure = err
-        if remote is None:
-            tried = "There is no official archive to download."
-        elif failure is not None:
-            tried = f"Downloading it failed (offline?): {failure}"
-        else:
-            tried = f"Downloads are switched off (${OFFLINE_ENV})."
-        raise FileNotFoundError(
-            f"{self.name}: no raw data found. Expected one of {list(self.sources)} in:"
-            f"{describe_places(places)}\n{tried}\n{fix}"
-        ) from failure
 
     def raw_files(self, source: Path, wanted: Callable[[str], bool]) -> Iterator[tuple[str, bytes]]:
         """:func:`iter_raw_files` of ``source`` with this dataset's limits and description."""

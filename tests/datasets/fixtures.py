@@ -5,13 +5,20 @@ from __future__ import annotations
 import functools
 import http.server
 import io
+import multiprocessing
+import os
 import pickle
 import tarfile
 import threading
+import time
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import scipy.sparse as sp
+import torch
+from torch_geometric.io import fs
 
 from hiergraph.datasets.planetoid import planetoid_raw_files
 
@@ -138,3 +145,79 @@ class Server:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join()
+
+
+class Killed(BaseException):
+    """Stands for the process being killed in the middle of writing a file."""
+
+
+def cut_writes(monkeypatch) -> None:
+    """Make the next ``torch.save`` to a file (also through PyG's ``fs.torch_save``) write
+    half of its bytes and raise :class:`Killed`, as a run killed mid-write would."""
+    real = torch.save
+
+    def save(obj, path, *args, **kwargs):
+        if not isinstance(path, (str, os.PathLike)):  # a buffer: PyG's fs.torch_save
+            return real(obj, path, *args, **kwargs)
+        buffer = io.BytesIO()
+        real(obj, buffer)
+        Path(path).write_bytes(buffer.getvalue()[: buffer.tell() // 2])
+        raise Killed(str(path))
+
+    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(fs, "torch_save", save)
+
+
+class FakeTokenizer:
+    """Stands in for the MiniLM tokenizer: one id per word (its length)."""
+
+    def encode_batch(self, texts, add_special_tokens=False):
+        return [SimpleNamespace(ids=[len(w) for w in t.split()]) for t in texts]
+
+
+def count_raw_checks(monkeypatch, reader) -> Counter:
+    """Count, per path, the calls of ``resolve_inside`` made by the ``reader`` module and by
+    processing (``multimodal_records``); the MiniLM tokenizer is replaced by
+    :class:`FakeTokenizer`."""
+    from hiergraph.datasets import multimodal_records, static_embeddings
+
+    checked, real = Counter(), multimodal_records.resolve_inside
+
+    def counting(root, path, entry):
+        checked[Path(path)] += 1
+        return real(root, path, entry)
+
+    monkeypatch.setattr(reader, "resolve_inside", counting)
+    monkeypatch.setattr(multimodal_records, "resolve_inside", counting)
+    monkeypatch.setattr(static_embeddings, "minilm_tokenizer", FakeTokenizer)
+    return checked
+
+
+class SlowProcess:
+    """Dataset mixin: ``process()`` logs its start and end to ``event_log`` and takes at
+    least a second, so that concurrent first runs overlap."""
+
+    event_log: str = ""
+
+    def process(self) -> None:
+        with open(self.event_log, "a") as f:
+            f.write(f"start {os.getpid()} {time.time()}\n")
+        time.sleep(1.0)
+        super().process()
+        with open(self.event_log, "a") as f:
+            f.write(f"end {os.getpid()} {time.time()}\n")
+
+
+def first_runs_in_two_processes(worker, args: tuple, log: Path) -> tuple[list, list[str]]:
+    """Run ``worker(*args, log, barrier, queue)`` in two spawned processes that start
+    together; returns what each put on the queue and the words of ``log``."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, queue = ctx.Barrier(2), ctx.Queue()
+    workers = [ctx.Process(target=worker, args=(*args, str(log), barrier, queue)) for _ in "ab"]
+    for w in workers:
+        w.start()
+    results = [queue.get(timeout=300) for _ in workers]
+    for w in workers:
+        w.join(timeout=60)
+        assert w.exitcode == 0
+    return results, log.read_text().split()

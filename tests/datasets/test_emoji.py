@@ -129,3 +129,13 @@ def test_raw_folder_itself_may_be_a_symlink(fake_package, tmp_path):
     records, classes, _ = _read(link)
     assert len(records) == 19 and classes == ["Flags", "Smileys & Emotion"]
     assert records[0].image.parent == link / "img" / "google" / "64"
+
+
+def test_each_raw_path_is_checked_once(fake_package, tmp_path, monkeypatch):
+    from hiergraph.datasets import emoji
+    from tests.datasets.fixtures import count_raw_checks
+
+    checked = count_raw_checks(monkeypatch, emoji)
+    ds = GoogleEmoji(tmp_path / "cache", raw_dir=fake_package, image_size=8, patch_size=8)
+    assert sum(s["size"] for s in ds.meta["splits"].values()) == 19
+    assert len(checked) == 1 + 19 and set(checked.values()) == {1}  # emoji.json and 19 images

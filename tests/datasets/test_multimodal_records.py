@@ -1,13 +1,23 @@
-"""MultimodalRecordDataset: raw files are read from inside the raw folder only."""
+"""MultimodalRecordDataset: raw files are read from inside the raw folder only; processing
+holds the lock and writes its cache files atomically."""
 
 from pathlib import Path
 
 import pytest
+import torch
 
+from hiergraph.datasets import static_embeddings
 from hiergraph.datasets.multimodal_records import (
     MultimodalRecordDataset,
     RawRecord,
     resolve_inside,
+)
+from tests.datasets.fixtures import (
+    FakeTokenizer,
+    Killed,
+    SlowProcess,
+    cut_writes,
+    first_runs_in_two_processes,
 )
 
 
@@ -60,3 +70,76 @@ def test_process_refuses_images_outside_the_raw_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(_OneRecord, "image", raw / ".." / "secret.png", raising=False)
     with pytest.raises(ValueError, match="record 'x'.* outside the raw folder"):
         _OneRecord(tmp_path / "cache", raw_dir=raw)
+
+
+# --- processing: the lock and atomic cache files
+
+
+class _Squares(MultimodalRecordDataset):
+    """Every PNG of the raw folder is a record (class: the first letter of its name), in
+    each of the three splits."""
+
+    name = "Squares"
+    text_fields = ("title",)
+    raw_env = "HIERGRAPH_TEST_SQUARES"
+    expected = "*.png"
+
+    def read_records(self, raw: Path):
+        pngs = sorted(raw.glob("*.png"))
+        classes = sorted({p.name[0] for p in pngs})
+        records = [
+            RawRecord(p.stem, p, {"title": f"square {p.stem}"}, classes.index(p.name[0]), p.stem)
+            for p in pngs
+        ]
+        return records, classes, {}
+
+    def split_records(self, records):
+        every = list(range(len(records)))
+        return {"train": every, "val": every, "test": every}
+
+
+class _SlowSquares(SlowProcess, _Squares):
+    """Processing logs its start and end and takes at least a second."""
+
+
+def write_squares(raw: Path, count: int = 6) -> Path:
+    from PIL import Image
+
+    raw.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(raw / f"{'ab'[i % 2]}{i}.png")
+    return raw
+
+
+def _build_squares(root: str, raw: str, log: str, barrier, queue) -> None:
+    torch.set_num_threads(1)
+    static_embeddings.minilm_tokenizer = FakeTokenizer
+    _SlowSquares.event_log = log
+    barrier.wait(timeout=120)
+    ds = _SlowSquares(root, raw_dir=raw, image_size=8, patch_size=8)
+    queue.put((len(ds), ds.meta["splits"], int(ds._data.image.sum())))
+
+
+def test_two_processes_build_one_cache(tmp_path):
+    raw = write_squares(tmp_path / "raw")
+    args = (str(tmp_path / "cache"), str(raw))
+    results, events = first_runs_in_two_processes(_build_squares, args, tmp_path / "log")
+    assert events.count("start") == 1 and events.count("end") == 1, events  # built once
+    assert results[0] == results[1] and results[0][0] == 6
+    cache = tmp_path / "cache" / "processed"
+    assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == [".lock"]
+
+
+def test_interrupted_processing_leaves_no_partial_file(tmp_path, monkeypatch):
+    raw = write_squares(tmp_path / "raw")
+    monkeypatch.setattr(static_embeddings, "minilm_tokenizer", FakeTokenizer)
+    with monkeypatch.context() as m:
+        cut_writes(m)  # killed while writing the first cache file
+        with pytest.raises(Killed):
+            _Squares(tmp_path / "cache", raw_dir=raw, image_size=8, patch_size=8)
+    processed = tmp_path / "cache" / "processed"
+    assert sorted(p.name for p in processed.iterdir()) == [".lock"]
+    ds = _Squares(tmp_path / "cache", raw_dir=raw, image_size=8, patch_size=8)  # built in full
+    assert len(ds) == 6 and ds.classes == ("a", "b")
+    names = sorted(p.name for p in processed.iterdir())
+    assert names == sorted([".lock", *ds.processed_file_names, "pre_filter.pt", "pre_transform.pt"])

@@ -354,3 +354,16 @@ def test_symlinks_inside_the_collection_are_fine(fake_collection, tmp_path):
     link.symlink_to(fake_collection, True)
     records, _, _ = scan_openclipart(link, max_pixels=50_000, min_count=5)
     assert len(records) == 24 and records[0].image.is_relative_to(link)
+
+
+def test_each_png_is_checked_once(fake_collection, tmp_path, monkeypatch):
+    from hiergraph.datasets import openclipart
+    from tests.datasets.fixtures import count_raw_checks
+
+    checked = count_raw_checks(monkeypatch, openclipart)
+    kw = dict(raw_dir=fake_collection, min_count=5, max_pixels=50_000, image_size=16, patch_size=8)
+    ds = OpenClipArt(tmp_path / "cache", **kw)
+    assert sum(s["size"] for s in ds.meta["splits"].values()) == 24
+    pngs = [p for p in checked if p.suffix == ".png"]
+    assert len(pngs) == len(list(fake_collection.rglob("*.png")))  # every PNG is read...
+    assert set(checked.values()) == {1}  # ... and every file checked once
