@@ -60,7 +60,7 @@ def run(args: list[str], tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
-def test_two_gloo_processes_equal_one_process_on_the_union(tmp_path):
+def test_two_gloo_processes_equal_one_process_on_the_union(tmp_path, monkeypatch):
     ddp, single = tmp_path / "ddp.pt", tmp_path / "single.pt"
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     run([*torchrun, str(SCRIPT), *TINY, "--batch-size", "4", "--checkpoint", str(ddp)], tmp_path)
@@ -76,6 +76,7 @@ def test_two_gloo_processes_equal_one_process_on_the_union(tmp_path):
         torch.testing.assert_close(value, b["model"][name], rtol=1e-9, atol=1e-11, msg=name)
     assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
     # and training did move them away from the (seeded) initialisation
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # the examples' shared helpers
     init = initial_state()
     assert init.keys() == a["model"].keys()
     assert sum(not torch.equal(init[k], a["model"][k]) for k in init) > len(init) // 2

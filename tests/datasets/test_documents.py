@@ -223,8 +223,9 @@ def test_stratified_split_is_seeded_and_stratified():
         stratified_split(labels, (0.5, 0.4))
 
 
-def test_training_smoke_loss_decreases(tmp_path):
+def test_training_smoke_loss_decreases(tmp_path, monkeypatch):
     example = Path(__file__).resolve().parents[2] / "examples" / "document_classification.py"
+    monkeypatch.syspath_prepend(str(example.parent))  # the examples' shared helpers
     spec = importlib.util.spec_from_file_location("document_classification", example)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
