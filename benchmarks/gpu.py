@@ -12,7 +12,9 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   without CUDA unless ``--pytest ARGS`` names what to run.
 * ``hsa`` (120 s): ``hiergraph.ops.hierarchical_attention`` over PyG batches of
   ``window_hierarchy`` trees (64 x 128, 32 x 512, 8 x 2,048 leaves) and single trees (16K,
-  256K, 1M leaves), 8 heads, d = 64, vs ``scaled_dot_product_attention`` over each tree's
+  256K, 1M leaves), 8 heads, d = 64, on ``[L, H, d]`` inputs and on heads-first ones
+  (``hsa-heads-first``: ``[H, L, d]`` memory viewed as ``[L, H, d]``, no layout copies),
+  vs ``scaled_dot_product_attention`` over each tree's
   leaves with the flash and the memory-efficient backends, and vs the per-level bound of
   ``benchmarks/hsa_scaling.py`` (one batched SDPA call per level over its families).
 * ``hmatrix`` (35 s): ``hmatrix_attention`` at 16K and 64K tokens vs SDPA (settings of
@@ -438,11 +440,15 @@ def _hsa_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
     branching = _tree_branching(leaves)
     total = trees * leaves
 
-    def hsa(dtype, device):
+    def hsa(dtype, device, heads_first=False):
         batch = Batch.from_data_list([window_hierarchy(leaves, branching)] * trees)
         batch.tree_index()  # structure, built once on the CPU, moves with the batch
         batch = batch.to(device)
-        q, k, v = (_leaf((total, H, d), dtype, device) for _ in range(3))
+        if heads_first:  # [H, L, d] memory viewed as [L, H, d], as SDPA gets [B, H, L, d]
+            qkv = [_leaf((H, total, d), dtype, device).detach().transpose(0, 1) for _ in "qkv"]
+            q, k, v = (t.requires_grad_() for t in qkv)
+        else:
+            q, k, v = (_leaf((total, H, d), dtype, device) for _ in range(3))
         return (lambda: hierarchical_attention(q, k, v, batch)), [q, k, v]
 
     def bound(dtype, device):
@@ -454,6 +460,9 @@ def _hsa_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
     nbytes = 4 * 3 * total * H * d * 4  # q, k, v, their grads, outputs and workspace
     return {
         "hsa": Method(hsa, work=total, peak_bytes=nbytes),
+        "hsa-heads-first": Method(
+            lambda dt, dev: hsa(dt, dev, heads_first=True), work=total, peak_bytes=nbytes
+        ),
         "sdpa-flash": Method(
             lambda dt, dev: _sdpa("flash", flat, dt, dev), trees * leaves**2, nbytes
         ),

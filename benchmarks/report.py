@@ -150,7 +150,7 @@ def hsa_scaling() -> list[str] | None:
     body = []
     for n in sorted({r["n"] for r in rows}):
         w, g, b = by[(n, "hsa-window")], by[(n, "hsa-ragged")], by[(n, "bound")]
-        f = by.get((n, "flat-sdpa"))
+        f, h = by.get((n, "flat-sdpa")), by.get((n, "hsa-window-heads-first"))
         flat = f"{secs(f['forward_s'])} / {secs(f['forward_backward_s'])}" if f else "not run"
         body.append([
             f"{n:,}", ",".join(map(str, meta["branching"][str(n)])),
@@ -158,11 +158,14 @@ def hsa_scaling() -> list[str] | None:
             secs(g["forward_backward_s"]), secs(b["forward_backward_s"]), flat,
             ratio(f["forward_backward_s"] / w["forward_backward_s"]) if f else "–",
             ratio(w["forward_backward_s"] / b["forward_backward_s"]),
+            secs(h["forward_backward_s"]) if h else "–",
+            ratio(h["forward_backward_s"] / b["forward_backward_s"]) if h else "–",
             num(w["peak_mb"]) if w["peak_mb"] is not None else "–",
         ])  # fmt: skip
     out += table(
         ["N", "branching", "HSA window fwd / fwd+bwd", "HSA ragged fwd+bwd", "bound fwd+bwd",
-         "flat SDPA fwd / fwd+bwd", "flat ÷ HSA", "HSA ÷ bound", "HSA peak MB"],
+         "flat SDPA fwd / fwd+bwd", "flat ÷ HSA", "HSA ÷ bound", "HSA heads first fwd+bwd",
+         "heads first ÷ bound", "HSA peak MB"],
         body,
     )  # fmt: skip
     return out + [source("hsa_scaling.json"), ""] + plot("hsa_scaling.png", "HSA scaling")

@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SECTIONS = ["tests", "hsa", "hmatrix", "vcc", "masked", "cone", "graph_hsa"]
 PEERS = {  # section -> methods every case compares
-    "hsa": {"hsa", "sdpa-flash", "sdpa-efficient", "level-bound"},
+    "hsa": {"hsa", "hsa-heads-first", "sdpa-flash", "sdpa-efficient", "level-bound"},
     "hmatrix": {"hmatrix", "sdpa"},
     "vcc": {"vcc-layer", "full-layer"},
     "masked": {"ours", "transformer_conv"},
