@@ -9,6 +9,12 @@ classes a cache holds, and turns any failure into a
 :class:`~hiergraph.datasets.download.CorruptFileError` naming the file. Its :meth:`save`
 writes a cache through :func:`~hiergraph.datasets.download.atomic_path`, so an
 interrupted build never leaves a partial cache file behind.
+
+PyG also keeps, beside each cache, a record of the ``pre_transform`` and ``pre_filter`` it
+was built with (``pre_transform.pt``, ``pre_filter.pt``: a string each), and its
+``Dataset._process`` reads them with ``torch.load(weights_only=False)`` before anything
+else. :func:`check_records` reads them first with ``weights_only=True`` and refuses a file
+that holds anything else, so a replaced record cannot run code either.
 """
 
 from __future__ import annotations
@@ -39,12 +45,48 @@ SAFE_CLASSES = [
 ]
 
 
+#: PyG's records of the pre-processing a cache was built with.
+RECORDS = ("pre_transform.pt", "pre_filter.pt")
+
+
+def check_records(processed_dir: str | os.PathLike) -> None:
+    """Read PyG's pre-processing records in ``processed_dir`` with ``weights_only=True``.
+
+    Call it before PyG's ``Dataset._process``, which reads them with
+    ``weights_only=False``: a record that loads here holds only plain data, so that read
+    runs no code.
+
+    Raises:
+        CorruptFileError: a record is damaged or holds other objects (e.g. code).
+    """
+    for name in RECORDS:
+        path = os.path.join(processed_dir, name)
+        if not os.path.exists(path):
+            continue
+        try:
+            torch.load(path, weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
+            raise CorruptFileError(
+                path,
+                f"{path} is not PyG's record of a pre-processing step (a string; "
+                f"{type(err).__name__}: {err}); delete it (or pass force_reload=True) to "
+                "rebuild the processed files",
+            ) from err
+
+
 class StrictLoad:
     """Mixin for an ``InMemoryDataset``: :meth:`load` never falls back to unpickling code,
+    the pre-processing records are checked before PyG reads them (:func:`check_records`),
     and :meth:`save` writes the cache file atomically.
 
     Put it before the dataset base class: ``class MyDataset(StrictLoad, InMemoryDataset)``.
     """
+
+    def _process(self) -> None:
+        """PyG's processing step, after :func:`check_records` (PyG's private hook: it
+        reads the records unsafely first thing)."""
+        check_records(self.processed_dir)
+        super()._process()
 
     @classmethod
     def save(cls, data_list: Sequence, path: str | os.PathLike) -> None:

@@ -61,3 +61,20 @@ def test_strict_load_reads_pyg_caches_and_refuses_other_objects(tmp_path):
     with pytest.raises(CorruptFileError, match="not a readable processed cache"):
         dataset.load(str(path))
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("record", ["pre_transform.pt", "pre_filter.pt"])
+def test_replaced_pre_processing_record_is_refused(no_env, tmp_path, record):
+    """PyG reads these records with ``weights_only=False`` before the cache itself."""
+    raw = write_tiny_planetoid(tmp_path / "source" / "raw")
+    root = tmp_path / "data"
+    first = hp.load_planetoid("Cora", root=root, raw_dir=raw)
+    path = Path(first.processed_dir) / record
+    assert torch.load(path, weights_only=True) == "None"  # PyG's record: a string
+    marker = tmp_path / "ran"
+    torch.save(_Payload(marker), path)
+    with pytest.raises(CorruptFileError, match="record of a pre-processing step") as info:
+        hp.load_planetoid("Cora", root=root, raw_dir=raw)
+    assert info.value.path == path and not marker.exists()
+    path.unlink()  # as the message says: deleting it lets the dataset load again
+    assert torch.equal(hp.load_planetoid("Cora", root=root, raw_dir=raw)[0].x, first[0].x)
