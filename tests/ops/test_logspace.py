@@ -95,3 +95,16 @@ def test_softmaxes_are_exact_for_logits_far_beyond_exp_range():
     lse, w = scatter_softmax(flat, index, 4)
     torch.testing.assert_close(lse, ref_lse[:, None].expand(-1, 2), atol=1e-12, rtol=1e-15)
     torch.testing.assert_close(w, ref_w.T.reshape(-1, 1).expand(-1, 2), atol=1e-15, rtol=0)
+
+
+def test_finite_shortcuts_equal_the_guarded_forms_on_finite_inputs():
+    gen = torch.Generator().manual_seed(3)
+    a, b = (torch.randn(50, generator=gen, dtype=torch.float64).mul(30).requires_grad_()
+            for _ in range(2))  # fmt: skip
+    for fn in (logaddexp, log_gates):
+        fast, safe = fn(a, b, finite=True), fn(a, b)
+        fast, safe = (torch.stack(x) if isinstance(x, tuple) else x for x in (fast, safe))
+        torch.testing.assert_close(fast, safe, atol=1e-14, rtol=0)
+        grads = [torch.autograd.grad(x.sum(), (a, b)) for x in (fast, safe)]
+        for g_fast, g_safe in zip(*grads, strict=True):
+            torch.testing.assert_close(g_fast, g_safe, atol=1e-14, rtol=0)

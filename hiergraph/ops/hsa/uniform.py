@@ -94,6 +94,7 @@ def uniform_hierarchical_attention(
     lses, probs, gates, rhos = bottom_up(
         rho, energy, counts, fanout, eps, tau, left_only, size_bias
     )
+    finite = all_finite(counts, left_only)
 
     # ---- top-down: log mass u and output accumulator, parents broadcast by unsqueeze.
     # The gain of a row scales its [b] weights before the product with the values, not
@@ -103,7 +104,7 @@ def uniform_hierarchical_attention(
         if gates[d] is None:  # leaves without self energy: mu = 0
             log_mu, log_rest = None, None
         else:
-            log_mu, log_rest = log_gates(gates[d], lses[d])
+            log_mu, log_rest = log_gates(gates[d], lses[d], finite)
         down = _add(u, log_rest)
         p = probs[d] if down is None else torch.exp(down).unsqueeze(-1) * probs[d]
         acc = _weighted_sum(acc, p, rhos[d][2])
@@ -197,11 +198,20 @@ def bottom_up(rho, energy, counts, fanout, eps, tau, left_only, size_bias) -> tu
         if d == 0:
             break
         # pooled statistics and energies of the parents, in their node layout [H, F_d, ·]
-        total = lses[d] if energy is None else logaddexp(energy, lses[d])
+        finite = all_finite(counts, left_only)
+        total = lses[d] if energy is None else logaddexp(energy, lses[d], finite)
         parent_energy, pooled = _pool(total, rho, n, counts[d - 1])
         rho = [family_layout(t, fanout[d - 1]) for t in pooled]
         energy = family_layout(parent_energy, fanout[d - 1])
     return lses, probs, gates, rhos
+
+
+def all_finite(counts: list, left_only: bool) -> bool:
+    """Whether every ``lse`` and energy of the passes is finite, so that the log-space
+    helpers can skip their ``-inf`` cases: all leaves valid (``counts`` are ints: every
+    node has leaves) and every node has a sibling key (not ``left_only``, where a first
+    child has none)."""
+    return isinstance(counts[0], int) and not left_only
 
 
 def counts_below(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
