@@ -31,42 +31,15 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from torch import Tensor
 from torch_geometric.typing import SparseTensor
-from torch_geometric.utils import is_torch_sparse_tensor
 
 from hiergraph.ops.edge_index import (
     CheckedEdges,
     adjacency_to_edge_index,
-    check_edge_index,
+    edge_versions,
     is_adjacency,
 )
 
 T = TypeVar("T")
-
-
-def _index_tensors(obj) -> tuple[Tensor, ...] | None:
-    """The tensors whose in-place versions identify the edges of ``obj`` (``None``: not an
-    edge tensor or adjacency)."""
-    if isinstance(obj, SparseTensor):
-        row, col, _ = obj.coo()
-        return row, col
-    if not isinstance(obj, Tensor):
-        return None
-    if not is_torch_sparse_tensor(obj):
-        return (obj,)
-    if obj.layout == torch.sparse_coo:
-        return obj, obj._indices()
-    if obj.layout == torch.sparse_csr:
-        return obj, obj.crow_indices(), obj.col_indices()
-    return obj, obj.ccol_indices(), obj.row_indices()
-
-
-def _versions(obj) -> tuple[int, ...] | None:
-    """The in-place versions of the index tensors of ``obj``; ``None`` when they cannot be
-    followed (not a tensor, or an inference tensor, which has no version counter)."""
-    tensors = _index_tensors(obj)
-    if tensors is None or any(t.is_inference() for t in tensors):
-        return None
-    return tuple(t._version for t in tensors)
 
 
 def _caching() -> bool:
@@ -90,11 +63,11 @@ class GraphStructures:
         """The structure ``name`` of this graph: ``build()`` the first time, stored for
         the next calls on the same graph."""
         item = self._items.get(name)
-        if item is not None and (item[1] is None or _versions(item[0]) == item[1]):
+        if item is not None and (item[1] is None or edge_versions(item[0]) == item[1]):
             return item[0]
         value = build()
         if self._store and _caching():
-            guard = _versions(value) if _index_tensors(value) is not None else None
+            guard = edge_versions(value)
             self._items[name] = (value, guard)
         return value
 
@@ -117,7 +90,7 @@ class GraphCache:
         self.structures: GraphStructures | None = None
 
     def __call__(self, source, num_src: int, num_dst: int) -> GraphStructures:
-        versions = _versions(source)
+        versions = edge_versions(source)
         if versions is None or not _caching():
             return GraphStructures(store=False)
         key = (*versions, num_src, num_dst)
@@ -203,13 +176,7 @@ class EdgeInput:
         if adj is not None and not (self.keep_sparse_tensor and isinstance(adj, SparseTensor)):
             edge_index, values = adjacency_to_edge_index(adj, num_src, num_dst)
         source = edge_index if adj is None else adj
-        if isinstance(edge_index, SparseTensor):
-            pass
-        elif _versions(source) is None:  # an inference tensor: checked on every call
-            check_edge_index(
-                edge_index, num_src, num_dst, alternative=self.alternative, check_range=validate
-            )
-        else:
+        if not isinstance(edge_index, SparseTensor):  # an inference tensor: checked every call
             self.checked(
                 edge_index, num_src, num_dst, validate=validate, alternative=self.alternative,
                 source=adj,

@@ -146,10 +146,14 @@ class CheckedEdges:
         if not validate or not edge_index.numel():
             return
         source = edge_index if source is None else source
-        key = (*_versions(source), num_src, num_dst)
-        if self.ref is not None and self.ref() is source and self.key == key:
+        versions = edge_versions(source)
+        key = None if versions is None else (*versions, num_src, num_dst)
+        if key is not None and self.ref is not None and self.ref() is source and self.key == key:
             return
         check_edge_index(edge_index, num_src, num_dst)
+        if key is None:  # an inference tensor: checked on every call
+            self.ref, self.key = None, None
+            return
         try:
             self.ref, self.key = weakref.ref(source), key
         except TypeError:  # an object without weak references: checked every call
@@ -159,22 +163,30 @@ class CheckedEdges:
         return CheckedEdges, ()
 
 
-def _versions(source) -> tuple[int, ...]:
-    """The in-place versions of ``source`` and of the tensors holding its ids."""
-    if isinstance(source, SparseTensor):
-        return tuple(t._version for t in source.coo()[:2])
-    versions = (source._version,)
-    if is_torch_sparse_tensor(source):
-        versions += tuple(t._version for t in _index_tensors(source))
-    return versions
+def edge_versions(obj) -> tuple[int, ...] | None:
+    """The in-place versions of an ``edge_index`` or adjacency and of the tensors holding its
+    ids: equal versions of the same object mean unchanged edges. ``None`` where they cannot
+    be followed: not a tensor or adjacency, or an inference tensor (no version counter)."""
+    tensors = _index_tensors(obj)
+    if tensors is None or any(t.is_inference() for t in tensors):
+        return None
+    return tuple(t._version for t in tensors)
 
 
-def _index_tensors(adj: Tensor) -> tuple[Tensor, Tensor]:
-    if adj.layout == torch.sparse_coo:
-        return adj._indices(), adj._indices()
-    if adj.layout == torch.sparse_csr:
-        return adj.crow_indices(), adj.col_indices()
-    return adj.ccol_indices(), adj.row_indices()
+def _index_tensors(obj) -> tuple[Tensor, ...] | None:
+    """The tensors whose versions identify the edges of ``obj`` (``None``: no edges)."""
+    if isinstance(obj, SparseTensor):
+        row, col, _ = obj.coo()
+        return row, col
+    if not isinstance(obj, Tensor):
+        return None
+    if not is_torch_sparse_tensor(obj):
+        return (obj,)
+    if obj.layout == torch.sparse_coo:
+        return obj, obj._indices()
+    if obj.layout == torch.sparse_csr:
+        return obj, obj.crow_indices(), obj.col_indices()
+    return obj, obj.ccol_indices(), obj.row_indices()
 
 
 def is_adjacency(adj) -> bool:
@@ -255,7 +267,7 @@ def edge_values_to_adjacency(adj: Tensor | SparseTensor, values: Tensor) -> Tens
         return torch.sparse_coo_tensor(
             adj._indices(), values, size, is_coalesced=adj.is_coalesced(), check_invariants=False
         )
-    return _compressed(adj.layout, *_index_tensors(adj), values, size)
+    return _compressed(adj.layout, *_index_tensors(adj)[1:], values, size)
 
 
 def edge_index_to_adjacency(

@@ -214,3 +214,17 @@ def test_every_edge_input_has_the_one_policy(name):
         f(bad)
     with pytest.raises(TypeError, match=r"int64 or int32 tensor of shape \[2, E\]"):
         f(EDGES.float())
+
+
+def test_checked_edges_check_inference_tensors_on_every_call():
+    """An inference tensor keeps no version counter: its ids cannot be remembered as
+    checked, so they are checked on every call (an error before)."""
+    from hiergraph.ops.edge_index import CheckedEdges
+
+    checked = CheckedEdges()
+    with torch.inference_mode():
+        edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    checked(edge_index, 3, 3)
+    checked(edge_index, 3, 3)
+    with pytest.raises(ValueError):
+        checked(edge_index, 2, 2)
