@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import pickle
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 from torch_geometric.data import Data, HeteroData
@@ -61,17 +62,32 @@ def check_records(processed_dir: str | os.PathLike) -> None:
     """
     for name in RECORDS:
         path = os.path.join(processed_dir, name)
-        if not os.path.exists(path):
-            continue
-        try:
-            torch.load(path, weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
-            raise CorruptFileError(
-                path,
-                f"{path} is not PyG's record of a pre-processing step (a string; "
-                f"{type(err).__name__}: {err}); delete it (or pass force_reload=True) to "
-                "rebuild the processed files",
-            ) from err
+        if os.path.exists(path):
+            what = "PyG's record of a pre-processing step (a string"
+            load_weights_only(path, what, "the processed files", allow=())
+
+
+def load_weights_only(
+    path: str | os.PathLike, what: str, rebuilds: str, allow: Sequence[type] = SAFE_CLASSES
+):
+    """``torch.load(path, weights_only=True)`` with the classes ``allow`` allow-listed (by
+    default PyG's data classes; none: no allow-list context, which would reset one the
+    caller holds when it exits).
+
+    Raises:
+        CorruptFileError: naming the file, ``what`` it should be and what deleting it
+            ``rebuilds``, when it is truncated, damaged or holds other objects (e.g. code).
+    """
+    context = torch.serialization.safe_globals(list(allow)) if allow else nullcontext()
+    try:
+        with context:
+            return torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
+        raise CorruptFileError(
+            path,
+            f"{path} is not {what}; {type(err).__name__}: {err}); delete it (or pass "
+            f"force_reload=True) to rebuild {rebuilds}",
+        ) from err
 
 
 class StrictLoad:
@@ -102,16 +118,11 @@ class StrictLoad:
             CorruptFileError: the file is not a processed cache of allow-listed classes
                 (truncated, damaged, or holding other objects, e.g. code).
         """
-        try:
-            with torch.serialization.safe_globals(SAFE_CLASSES):
-                out = torch.load(path, weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
-            raise CorruptFileError(
-                path,
-                f"{path} is not a readable processed cache of this dataset (expected PyG data "
-                f"only; {type(err).__name__}: {err}); delete it (or pass force_reload=True) "
-                "to rebuild it from the raw files",
-            ) from err
+        out = load_weights_only(
+            path,
+            "a readable processed cache of this dataset (expected PyG data only",
+            "it from the raw files",
+        )
         if not isinstance(out, tuple) or len(out) not in (2, 3):
             raise CorruptFileError(path, f"{path} does not hold (data, slices[, class])")
         data, self.slices = out[:2]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import multiprocessing
 import os
 import re
 import socket
@@ -31,7 +30,14 @@ from hiergraph.datasets.download import (
 )
 from hiergraph.datasets.imdb import IMDB
 from hiergraph.datasets.newsgroups import TwentyNewsgroups
-from tests.datasets.fixtures import Server, imdb_files, write_tar, write_tiny_planetoid
+from tests.datasets.fixtures import (
+    Server,
+    SlowProcess,
+    first_runs_in_two_processes,
+    imdb_files,
+    write_tar,
+    write_tiny_planetoid,
+)
 
 NAME = "aclImdb_v1.tar.gz"
 
@@ -218,18 +224,8 @@ def test_pinned_planetoid_checksums_match_real_files():
 
 
 # --------------------------------------------------------------------------- lock
-class SlowIMDB(IMDB):
+class SlowIMDB(SlowProcess, IMDB):
     """IMDB whose processing logs its start and end and takes at least a second."""
-
-    event_log: str = ""
-
-    def process(self) -> None:
-        with open(self.event_log, "a") as f:
-            f.write(f"start {os.getpid()} {time.time()}\n")
-        time.sleep(1.0)
-        super().process()
-        with open(self.event_log, "a") as f:
-            f.write(f"end {os.getpid()} {time.time()}\n")
 
 
 def _build(root: str, raw: str, log: str, barrier, queue) -> None:
@@ -243,18 +239,8 @@ def _build(root: str, raw: str, log: str, barrier, queue) -> None:
 
 def test_two_processes_build_one_cache(tmp_path):
     write_tar(tmp_path / NAME, imdb_files(per_class=30))
-    ctx = multiprocessing.get_context("spawn")
-    barrier, queue = ctx.Barrier(2), ctx.Queue()
-    log = tmp_path / "process.log"
-    args = (str(tmp_path / "imdb"), str(tmp_path), str(log), barrier, queue)
-    workers = [ctx.Process(target=_build, args=args) for _ in range(2)]
-    for w in workers:
-        w.start()
-    results = [queue.get(timeout=300) for _ in workers]
-    for w in workers:
-        w.join(timeout=60)
-        assert w.exitcode == 0
-    events = log.read_text().split()
+    args = (str(tmp_path / "imdb"), str(tmp_path))
+    results, events = first_runs_in_two_processes(_build, args, tmp_path / "process.log")
     assert events.count("start") == 1 and events.count("end") == 1, events  # built once
     assert results[0][1:] == results[1][1:] and results[0][1] == 54
     cache = tmp_path / "imdb" / "processed"
