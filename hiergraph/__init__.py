@@ -5,11 +5,14 @@ Where things live
 - :mod:`hiergraph.data`: :class:`~hiergraph.data.SignalHierarchy` (a PyG ``Data`` whose
   nodes are the tree nodes) and its builders (nested specs, windows, documents,
   multimodal records, graph position encodings).
-- :mod:`hiergraph.plan`: the structural plans built once per forest and shared by the
-  ops (``TreeIndex``, ``CausalPlan``).
-- :mod:`hiergraph.ops`: pure tensor functions, each with a dense reference: HSA
-  (bidirectional and strictly causal), H-matrix attention, cone scores, banded and
-  edge-list attention kernels, VCC compression and its segment tree.
+- :mod:`hiergraph.plan`: the structural plan built once per forest and shared by the
+  ops (``TreeIndex``, and ``CausalPlan``, a view of it).
+- :mod:`hiergraph.ops`: pure tensor functions, each with a dense reference, grouped by
+  method: :mod:`hiergraph.ops.hsa` (bidirectional and strictly causal HSA),
+  :mod:`hiergraph.ops.hmatrix`, :mod:`hiergraph.ops.cone`, :mod:`hiergraph.ops.masked`
+  (banded and edge-list attention kernels), :mod:`hiergraph.ops.vcc` (compression and
+  its segment tree); shared helpers beside them (log-space softmaxes, run sums, edge
+  checks, top-k).
 - :mod:`hiergraph.nn`: the ``nn.Module`` layers built on them (HSA, HTE and its
   decoder, GraphHSAConv, ConeConv, ConeAttention, MaskedAttentionConv,
   HMatrixAttention, HTransformer1D, VCCEncoder, position encoders, pooling, KV caches).
@@ -50,7 +53,10 @@ Other names:
   ``[N, H, c]``), e.g. from :class:`~hiergraph.nn.FamilyPositionEncoder`; siblings get
   the logit bias :math:`\varepsilon(A)^\top\varepsilon(B)`.
 - ``hierarchy``: a :class:`~hiergraph.data.SignalHierarchy` or a PyG ``Batch`` of them
-  (some ops also take its ``TreeIndex``).
+  (the ops also take its ``TreeIndex``).
+- ``kernel``: which implementation an op runs; every kernel gives the same result.
+- memory layout: the ops take ``[L, H, d]`` rows; equal-fanout HSA computes heads first
+  and reads ``[H, L, d]`` memory viewed as ``[L, H, d]`` without a copy.
 """
 
 import importlib
