@@ -69,14 +69,15 @@ def uniform_causal_attention(
 
     # per depth s = D .. 1 (index d = s - 1): the prefix attention of every leaf's ancestor;
     # a leaf is its own prefix, so the leaf level is the leaky pass's
-    lse, theta = [None] * depth, [None] * depth
-    lse[-1], theta[-1] = node_layout(lses[-1]), node_layout(torch.matmul(probs[-1], rhos[-1][2]))
+    # (theta = p @ values, kept as the pair: the top-down gains scale p, not theta)
+    lse, weights = [None] * depth, [None] * depth
+    lse[-1], weights[-1] = node_layout(lses[-1]), (probs[-1], rhos[-1][2])
     for d in range(depth - 2, -1, -1):
         b, n_s = fanout[d], below[d]
         prefix = family_layout(leaves[0], n_s).cumsum(2).flatten(1, 2)
         count = (position % n_s + 1).to(q.dtype)
         rho_q = prefix / count[:, None]
-        lse[d], theta[d] = _prefix_attention(rho_q, rhos[d], eps, d, b, n_s, tau)
+        lse[d], weights[d] = _prefix_attention(rho_q, rhos[d], eps, d, b, n_s, tau)
 
     # energies along each leaf's path, bottom-up: a_i(A_s) from the child's g_i(A_{s+1})
     a = [None] * depth
@@ -93,20 +94,23 @@ def uniform_causal_attention(
         n_i = (position % n_s + 1).to(q.dtype)
         a[d] = (n_child * left_g + n_i_child * child_g) / n_i
 
-    # top-down: gates along the root path
+    # top-down: gates along the root path; a row's gain scales its [b] weights
     u = out = None
     for d in range(depth):
         log_mu, log_rest = log_gates(a[d], lse[d])
-        gain = torch.exp(log_rest if u is None else u + log_rest).unsqueeze(-1)
-        out = gain * theta[d] if out is None else torch.addcmul(out, gain, theta[d])
+        gain = torch.exp(log_rest if u is None else u + log_rest)
+        p, values = weights[d]  # [H, F, m, b] and [H, F, b, d_v], F * m = L
+        part = node_layout(torch.matmul(gain.view(*p.shape[:3], 1) * p, values))
+        out = part if out is None else out + part
         u = log_mu if u is None else u + log_mu
     return like(dense_gradient(out + torch.exp(u).unsqueeze(-1) * leaves[2]), q)
 
 
-def _prefix_attention(rho_q, rho, eps, d, b, n_s, tau) -> tuple[Tensor, Tensor]:
-    """``lse [H, L]`` and ``theta [H, L, d_v]`` of every leaf's prefix query ``rho_q``
-    (node layout ``[H, L, d]``) over the left siblings of its depth-``d + 1`` ancestor,
-    whose family's complete ``rho = (q, k, v)`` is in family layout ``[H, F, b, ·]``."""
+def _prefix_attention(rho_q, rho, eps, d, b, n_s, tau) -> tuple[Tensor, tuple]:
+    """``lse [H, L]`` of every leaf's prefix query ``rho_q`` (node layout ``[H, L, d]``)
+    over the left siblings of its depth-``d + 1`` ancestor, whose family's complete
+    ``rho = (q, k, v)`` is in family layout ``[H, F, b, ·]``, and the pair ``(p, values)``
+    (``[H, F, span, b]``, ``[H, F, b, d_v]``) whose product is every leaf's ``theta``."""
     _, keys, values = rho
     span = b * n_s  # leaves below one family
     query = family_layout(rho_q, span)  # [H, F, span, d]
@@ -120,5 +124,4 @@ def _prefix_attention(rho_q, rho, eps, d, b, n_s, tau) -> tuple[Tensor, Tensor]:
     lse, p = masked_softmax(logits, left)
     if n_s > 1:  # log n(B) = log N_s for every (complete) left sibling
         lse = lse + math.log(n_s)
-    theta = torch.matmul(p, values)  # [H, F, span, d_v]
-    return node_layout(lse), node_layout(theta)
+    return node_layout(lse), (p, values)
