@@ -76,8 +76,7 @@ def uniform_causal_attention(
         b, n_s = fanout[d], below[d]
         prefix = family_layout(leaves[0], n_s).cumsum(2).flatten(1, 2)
         count = (position % n_s + 1).to(q.dtype)
-        rho_q = prefix / count[:, None]
-        lse[d], weights[d] = _prefix_attention(rho_q, rhos[d], eps, d, b, n_s, tau)
+        lse[d], weights[d] = _prefix_attention(prefix, count, rhos[d], eps, d, b, n_s, tau)
 
     # energies along each leaf's path, bottom-up: a_i(A_s) from the child's g_i(A_{s+1})
     a = [None] * depth
@@ -106,15 +105,18 @@ def uniform_causal_attention(
     return like(dense_gradient(out + torch.exp(u).unsqueeze(-1) * leaves[2]), q)
 
 
-def _prefix_attention(rho_q, rho, eps, d, b, n_s, tau) -> tuple[Tensor, tuple]:
-    """``lse [H, L]`` of every leaf's prefix query ``rho_q`` (node layout ``[H, L, d]``)
-    over the left siblings of its depth-``d + 1`` ancestor, whose family's complete
-    ``rho = (q, k, v)`` is in family layout ``[H, F, b, ·]``, and the pair ``(p, values)``
-    (``[H, F, span, b]``, ``[H, F, b, d_v]``) whose product is every leaf's ``theta``."""
+def _prefix_attention(prefix, count, rho, eps, d, b, n_s, tau) -> tuple[Tensor, tuple]:
+    """``lse [H, L]`` of every leaf's prefix query (the mean of ``prefix``, ``[H, L, d]``
+    sums of ``count [L]`` queries) over the left siblings of its depth-``d + 1`` ancestor,
+    whose family's complete ``rho = (q, k, v)`` is in family layout ``[H, F, b, ·]``, and
+    the pair ``(p, values)`` (``[H, F, span, b]``, ``[H, F, b, d_v]``) whose product is
+    every leaf's ``theta``. The mean's division scales the ``[b]`` logits of a row, not
+    its ``[d]`` sum."""
     _, keys, values = rho
     span = b * n_s  # leaves below one family
-    query = family_layout(rho_q, span)  # [H, F, span, d]
-    logits = torch.matmul(query, keys.transpose(-1, -2)).mul(tau)  # [H, F, span, b]
+    query = family_layout(prefix, span)  # [H, F, span, d]
+    scale = (tau / count).view(1, -1, span, 1)
+    logits = torch.matmul(query, keys.transpose(-1, -2)) * scale  # [H, F, span, b]
     if eps is not None:  # eps(A_s)^T eps(B) of the ancestor's row, one row per leaf
         e = family_layout(eps[d], b)
         pos = torch.matmul(e, e.transpose(-1, -2))
