@@ -5,6 +5,7 @@ import itertools
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric.data import Batch
 
 import hiergraph.ops.hsa.family as family_attention
@@ -200,3 +201,36 @@ def test_a_broadcast_output_gradient_gives_the_dense_gradients():
                                     torch.ones_like(out))  # fmt: skip
     for a, b in zip(from_sum, from_ones, strict=True):
         assert torch.equal(a, b)
+
+
+class _LargeCopies(TorchDispatchMode):
+    """Records the copies (``copy_``, ``clone``, ``_to_copy``) that write ``size`` or more
+    elements: the layout copies of whole levels."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size, self.names = size, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in ("copy_", "clone", "_to_copy") and out.numel() >= self.size:
+            self.names.append(name)
+        return out
+
+
+@pytest.mark.parametrize("heads_first", [False, True])
+def test_the_forward_copies_a_level_only_to_change_the_layout(heads_first):
+    """Levels are views of one another: the forward copies nothing of level size for
+    heads-first inputs, and exactly ``q``, ``k``, ``v`` in and the output out for
+    contiguous ``[L, H, d]`` ones."""
+    index = window_forest([32] * 4, (4, 8)).tree_index()
+    L, H, d = 128, 2, 8
+    shape = (H, L, d) if heads_first else (L, H, d)
+    q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+    if heads_first:
+        q, k, v = (t.detach().transpose(0, 1).requires_grad_() for t in (q, k, v))
+    with _LargeCopies(L * H * d) as copies:
+        out = hierarchical_attention(q, k, v, index)
+    assert len(copies.names) == (0 if heads_first else 4), copies.names
+    assert out.transpose(0, 1).is_contiguous() == heads_first
