@@ -229,8 +229,7 @@ def counts_below(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
 def _family_attention(q, k, e, n, b, tau, left_only, size_bias):
     """``lse [H, F, b]`` and the softmax weights ``p [H, F, b, b]`` of one level in family
     layout."""
-    logits = torch.matmul(q, k.transpose(-1, -2))
-    logits = logits * tau
+    logits = scores(q, k, tau)
     if e is not None:
         logits = logits + torch.matmul(e, e.transpose(-1, -2))
     ar = torch.arange(b, device=q.device)
@@ -249,6 +248,30 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias):
             logits = logits + torch.log(n.clamp(min=1)).unsqueeze(2).to(logits.dtype)
         lse, p = masked_softmax(logits, pair & (n > 0).unsqueeze(2))
     return lse, p
+
+
+def scores(q: Tensor, k: Tensor, tau: float) -> Tensor:
+    r"""The logits :math:`\tau\, q k^\top` ``[..., b, b]`` of ``q, k [..., b, d]``.
+
+    Autograd's own backward of ``q @ k.mT`` gives ``k``'s gradient as the transpose of
+    :math:`q^\top G`, a strided tensor that the view back to the leaves' layout then
+    copies; this backward computes :math:`G^\top q` directly, contiguous. It is built of
+    differentiable operations, so second derivatives work."""
+    return _Scores.apply(q, k, tau)
+
+
+class _Scores(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, tau: float) -> Tensor:
+        ctx.save_for_backward(q, k)
+        ctx.tau = tau
+        return torch.matmul(q, k.transpose(-1, -2)).mul_(tau)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q, k = ctx.saved_tensors
+        grad = grad * ctx.tau
+        return torch.matmul(grad, k), torch.matmul(grad.transpose(-1, -2), q), None
 
 
 def _pool(total: Tensor, rho: list[Tensor], n, parent_n) -> tuple[Tensor, list[Tensor]]:

@@ -220,10 +220,11 @@ class _LargeCopies(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("heads_first", [False, True])
-def test_the_forward_copies_a_level_only_to_change_the_layout(heads_first):
-    """Levels are views of one another: the forward copies nothing of level size for
-    heads-first inputs, and exactly ``q``, ``k``, ``v`` in and the output out for
-    contiguous ``[L, H, d]`` ones."""
+def test_levels_are_copied_only_to_change_the_layout(heads_first):
+    """Levels are views of one another: for heads-first inputs the forward and the backward
+    (of a gradient in the output's layout) copy nothing of level size; for contiguous
+    ``[L, H, d]`` inputs the forward copies exactly ``q``, ``k``, ``v`` in and the output
+    out."""
     index = window_forest([32] * 4, (4, 8)).tree_index()
     L, H, d = 128, 2, 8
     shape = (H, L, d) if heads_first else (L, H, d)
@@ -234,3 +235,8 @@ def test_the_forward_copies_a_level_only_to_change_the_layout(heads_first):
         out = hierarchical_attention(q, k, v, index)
     assert len(copies.names) == (0 if heads_first else 4), copies.names
     assert out.transpose(0, 1).is_contiguous() == heads_first
+    if heads_first:
+        grad = torch.randn_like(out)  # in the output's (heads-first) layout
+        with _LargeCopies(L * H * d) as copies:
+            out.backward(grad)
+        assert not copies.names
