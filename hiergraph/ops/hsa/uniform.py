@@ -22,11 +22,12 @@ memory viewed with one more dimension. So
 Each level costs a fixed, small number of tensor operations on static shapes,
 for every tree and head at once, with no copies between layouts and no host
 synchronisation: the path runs under ``torch.compile(fullgraph=True)`` and is
-differentiable twice by plain autograd. Inputs ``[L, H, d]`` are read heads first
-(``q.transpose(0, 1)``): one copy each, none when their memory already is heads
-first (``[H, L, d]`` storage viewed as ``[L, H, d]``, as
-:class:`~hiergraph.nn.HierarchicalSelfAttention` projects them); the output has the
-memory layout of ``q``.
+differentiable twice (its two small autograd functions, :func:`scores` and
+:func:`dense_gradient`, have backwards made of differentiable operations). Inputs
+``[L, H, d]`` are read heads first (``q.transpose(0, 1)``): one copy each, none when
+their memory already is heads first (``[H, L, d]`` storage viewed as ``[L, H, d]``, the
+layout in which attention layers usually hold their heads); the output has the memory
+layout of ``q``.
 
 The formulas are those of :func:`~hiergraph.ops.hierarchical_attention`; with
 all leaves valid, :math:`n(\cdot)` is constant on a level, so
