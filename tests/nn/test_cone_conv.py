@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from functools import partial
 
 import pytest
@@ -14,6 +13,8 @@ from torch_geometric.utils import coalesce, to_dense_adj
 
 from hiergraph.nn.cone_conv import ConeConv
 from hiergraph.ops.cone import penumbral, umbral
+from tests.nn import sparse_inputs
+from tests.nn.sparse_inputs import LAYOUTS
 
 N, F_IN = 9, 6
 
@@ -445,26 +446,12 @@ def test_edge_ids_are_read_once_per_edge_index_and_only_on_the_cpu(monkeypatch):
     assert copy._edges.checked.ref is None and conv._edges.checked.ref is not None
 
 
-LAYOUTS = ["coo", "coo-uncoalesced", "csr", "csc"]
-
-
 def adjacency(edge_index, layout, num_src=N, num_dst=N):
-    """``adj_t[target, source]`` of ``edge_index`` (``coo-uncoalesced``: as given)."""
-    values = torch.ones(edge_index.size(1))
-    coo = torch.sparse_coo_tensor(
-        edge_index.flip(0), values, (num_dst, num_src), check_invariants=True
-    )
-    if layout == "coo-uncoalesced":
-        return coo
-    coo = coo.coalesce()
-    with warnings.catch_warnings():  # PyTorch's "sparse CSR/CSC support is in beta"
-        warnings.simplefilter("ignore", UserWarning)
-        return {"coo": coo, "csr": coo.to_sparse_csr(), "csc": coo.to_sparse_csc()}[layout]
+    return sparse_inputs.adjacency(edge_index, num_src, num_dst, layout, dtype=torch.float32)
 
 
 def dense_alpha(edge_index, alpha, num_src=N, num_dst=N):
-    out = alpha.new_zeros(num_dst, num_src, alpha.size(1))
-    return out.index_put_((edge_index[1].long(), edge_index[0].long()), alpha)
+    return sparse_inputs.dense_alpha(edge_index, alpha, num_src, num_dst)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -3,7 +3,6 @@ the stochastic-relation invariants and the equivariance classification
 (notes/relational_masks.md §7)."""
 
 import itertools
-import warnings
 
 import pytest
 import torch
@@ -33,6 +32,8 @@ from hiergraph.masks import (
     window_mask,
 )
 from hiergraph.nn.masked_attention_conv import MaskedAttentionConv
+from tests.nn import sparse_inputs
+from tests.nn.sparse_inputs import LAYOUTS
 
 N = 24
 
@@ -205,27 +206,12 @@ def test_int32_edge_index_equals_int64():
 
 
 # ---------------------------------------------------------------- sparse adjacency input
-LAYOUTS = ["coo", "coo-uncoalesced", "csr", "csc"]
-
-
 def adjacency(edge_index, num_src=N, num_dst=N, layout="coo", values=None):
-    """The mask as a sparse adjacency ``adj_t[target, source]`` (row = target, as in PyG).
-    ``coo-uncoalesced`` stores the edges as given (unsorted when they are)."""
-    values = torch.ones(edge_index.size(1), dtype=torch.float64) if values is None else values
-    size = (num_dst, num_src, *values.shape[1:])
-    coo = torch.sparse_coo_tensor(edge_index.flip(0), values, size, check_invariants=True)
-    if layout == "coo-uncoalesced":
-        return coo
-    coo = coo.coalesce()
-    with warnings.catch_warnings():  # PyTorch's "sparse CSR/CSC support is in beta"
-        warnings.simplefilter("ignore", UserWarning)
-        return {"coo": coo, "csr": coo.to_sparse_csr(), "csc": coo.to_sparse_csc()}[layout]
+    return sparse_inputs.adjacency(edge_index, num_src, num_dst, layout, values)
 
 
 def dense_alpha(edge_index, alpha, num_src=N, num_dst=N):
-    """``[num_dst, num_src, H]`` attention weights (the masks have no repeated edges)."""
-    out = alpha.new_zeros(num_dst, num_src, alpha.size(1))
-    return out.index_put_((edge_index[1], edge_index[0]), alpha)
+    return sparse_inputs.dense_alpha(edge_index, alpha, num_src, num_dst)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
