@@ -39,6 +39,21 @@ def random_spec(rng: random.Random, num_leaves: int, max_depth: int = 4, max_bra
     return build(ids, 0)
 
 
+def leaves_below(h, num_leaves: int) -> list[list[int]]:
+    """Per node of ``h``, the leaves ``0 .. num_leaves - 1`` below it (a walk up ``parent``
+    from every leaf: an independent reading of the tree for reference checks)."""
+    below = [[] for _ in range(h.num_nodes)]
+    parent = h.parent.tolist()
+    for leaf in range(num_leaves):
+        node = leaf
+        while True:
+            below[node].append(leaf)
+            if parent[node] == node:
+                break
+            node = parent[node]
+    return below
+
+
 def random_qkv(num_leaves: int, heads: int = 2, dim: int = 4, dv: int = 3, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(num_leaves, heads, dim, generator=gen, dtype=torch.float64)

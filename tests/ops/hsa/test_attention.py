@@ -17,7 +17,7 @@ from hiergraph.ops import (
     hierarchical_attention_matrix,
     hierarchy_energy,
 )
-from tests.conftest import random_qkv, random_spec, unordered_backward_nodes
+from tests.conftest import leaves_below, random_qkv, random_spec, unordered_backward_nodes
 
 F64 = dict(dtype=torch.float64)
 
@@ -277,14 +277,7 @@ def test_row_stochastic_and_block_constraint(seed):
     const = torch.full((16, 2, 3), 2.5, **F64)
     assert torch.allclose(hierarchical_attention(q, k, const, h), const, atol=1e-12)
     # block constraint: theta[:, i, j] constant over i in l(A), j in l(B) for siblings A != B
-    leaves_below = {a: [] for a in range(h.num_nodes)}
-    for leaf in range(16):
-        a = leaf
-        while True:
-            leaves_below[a].append(leaf)
-            if h.parent[a] == a:
-                break
-            a = int(h.parent[a])
+    below = leaves_below(h, 16)
     idx = h.tree_index()
     free_values = 0
     for start, size in zip(idx.family_start.tolist(), idx.family_size.tolist(), strict=True):
@@ -293,7 +286,7 @@ def test_row_stochastic_and_block_constraint(seed):
         for a in members:
             for b in members:
                 if a != b:
-                    block = theta[:, leaves_below[a]][:, :, leaves_below[b]]
+                    block = theta[:, below[a]][:, :, below[b]]
                     spread = block.amax((1, 2)) - block.amin((1, 2))
                     assert torch.all(spread <= 1e-14)
     for head in theta:
@@ -449,14 +442,7 @@ def _feasible(h, gate_logits, sibling_logits, n):
     order = h.tree_index().order
     q_node, k_node = order[pairs[0]], order[pairs[1]]
     theta = torch.zeros(n, n, **F64)
-    leaves_below = [[] for _ in range(h.num_nodes)]
-    for leaf in range(n):
-        a = leaf
-        while True:
-            leaves_below[a].append(leaf)
-            if h.parent[a] == a:
-                break
-            a = int(h.parent[a])
+    below = leaves_below(h, n)
     for leaf in range(n):
         path, a = [], leaf
         while h.parent[a] != a:
@@ -470,7 +456,7 @@ def _feasible(h, gate_logits, sibling_logits, n):
                 mu = torch.ones((), **F64)
             probs = torch.softmax(sibling_logits[c][: keys.numel()], 0)
             for b, p in zip(keys.tolist(), probs, strict=True):
-                theta[leaf, leaves_below[b]] = mass * (1 - mu) * p / len(leaves_below[b])
+                theta[leaf, below[b]] = mass * (1 - mu) * p / len(below[b])
             mass = mass * mu
     return theta
 
