@@ -42,7 +42,7 @@ from hiergraph.datasets.download import (
     file_lock,
     locate_raw,
 )
-from hiergraph.datasets.processed import SAFE_CLASSES, check_records
+from hiergraph.datasets.processed import SAFE_CLASSES, CheckedRecords
 
 OGBN_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
 #: Largest OGB zip downloaded automatically, in bytes (ogbn-arxiv is 81 MB,
@@ -182,8 +182,9 @@ def _open_ogbn(name: str, folder: Path, dataset_cls):
             "the whole folder as ogb downloaded it, or delete the folder to download it again"
         )
 
-    class NoPromptDataset(dataset_cls):
-        """``ogb``'s dataset that never asks on stdin and writes its processed file atomically."""
+    class NoPromptDataset(CheckedRecords, dataset_cls):
+        """``ogb``'s dataset that never asks on stdin, writes its processed file atomically
+        and checks PyG's pre-processing records before reading them."""
 
         _staged: Path | None = None  # where process() writes, while it runs
 
@@ -198,10 +199,6 @@ def _open_ogbn(name: str, folder: Path, dataset_cls):
                     super().process()
                 finally:
                     self._staged = None
-
-        def _process(self):  # PyG reads its pre-processing records unsafely: check them first
-            check_records(self.processed_dir)
-            super()._process()
 
         def download(self):  # PyG calls it when raw files are missing, even if processed
             if not all(Path(p).is_file() for p in self.processed_paths):

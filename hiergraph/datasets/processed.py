@@ -90,19 +90,22 @@ def load_weights_only(
         ) from err
 
 
-class StrictLoad:
+class CheckedRecords:
+    """Mixin for a PyG ``Dataset``: :func:`check_records` before PyG's processing step
+    (its private ``_process``, which reads the records unsafely first thing)."""
+
+    def _process(self) -> None:
+        check_records(self.processed_dir)
+        super()._process()
+
+
+class StrictLoad(CheckedRecords):
     """Mixin for an ``InMemoryDataset``: :meth:`load` never falls back to unpickling code,
     the pre-processing records are checked before PyG reads them (:func:`check_records`),
     and :meth:`save` writes the cache file atomically.
 
     Put it before the dataset base class: ``class MyDataset(StrictLoad, InMemoryDataset)``.
     """
-
-    def _process(self) -> None:
-        """PyG's processing step, after :func:`check_records` (PyG's private hook: it
-        reads the records unsafely first thing)."""
-        check_records(self.processed_dir)
-        super()._process()
 
     @classmethod
     def save(cls, data_list: Sequence, path: str | os.PathLike) -> None:

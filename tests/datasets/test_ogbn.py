@@ -138,3 +138,20 @@ def test_missing_folder_is_downloaded_from_a_local_server(tmp_path, monkeypatch)
         monkeypatch.setattr(ogbn, "MAX_AUTO_DOWNLOAD", 100)  # e.g. ogbn-papers100M
         with pytest.raises(ogbn.DownloadError, match="more than 100"):
             load_ogbn("ogbn-arxiv", root=tmp_path / "big")
+
+
+@needs_ogb
+def test_replaced_pre_processing_record_is_refused(tmp_path):
+    """PyG reads ``pre_transform.pt`` with ``weights_only=False`` before ogb's own load."""
+    from hiergraph.datasets.download import CorruptFileError
+    from tests.datasets.test_processed import _Payload
+
+    write_tiny_arxiv(tmp_path)
+    load_ogbn("ogbn-arxiv", root=tmp_path)  # processes the raw files, writes the records
+    record = ogbn_dir("ogbn-arxiv", tmp_path) / "processed" / "pre_transform.pt"
+    assert torch.load(record, weights_only=True) == "None"
+    marker = tmp_path / "ran"
+    torch.save(_Payload(marker), record)
+    with pytest.raises(CorruptFileError, match="record of a pre-processing step"):
+        load_ogbn("ogbn-arxiv", root=tmp_path)
+    assert not marker.exists()
