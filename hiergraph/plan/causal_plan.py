@@ -125,7 +125,8 @@ class CausalPlan:
         node_rank = index.rank
         depth = torch.arange(sizes.numel(), device=device).repeat_interleave(sizes)[node_rank]
         parent = index.order[index.parent_position][node_rank]
-        count = torch.cat([level.count for level in index.levels])[node_rank] if n else parent
+        counts = [level.count for level in index.levels]  # leaves below, level by level
+        count = torch.cat(counts)[node_rank] if counts else node_rank.new_zeros(0)
         leaf_node = index.leaf_node
         leaf_depth = depth[leaf_node]
         leaves = torch.arange(num_leaves, device=device)

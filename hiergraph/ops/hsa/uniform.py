@@ -189,7 +189,7 @@ def bottom_up(rho, energy, counts, fanout, eps, tau, left_only, size_bias) -> tu
     layout) to the roots' children. Per level ``d`` (depth ``d + 1``), in family layout:
     ``lse [H, F, b]``, the family softmax ``p [H, F, b, b]`` (:math:`\vartheta` is
     ``p @ rho[2]``), the energies ``a`` (``None``: ``-inf``) and the pooled ``rho``."""
-    depth = len(fanout)
+    depth, finite = len(fanout), all_finite(counts, left_only)
     lses, probs, gates, rhos = [None] * depth, [None] * depth, [None] * depth, [None] * depth
     for d in range(depth - 1, -1, -1):
         b, n = fanout[d], counts[d]
@@ -199,7 +199,6 @@ def bottom_up(rho, energy, counts, fanout, eps, tau, left_only, size_bias) -> tu
         if d == 0:
             break
         # pooled statistics and energies of the parents, in their node layout [H, F_d, ·]
-        finite = all_finite(counts, left_only)
         total = lses[d] if energy is None else logaddexp(energy, lses[d], finite)
         parent_energy, pooled = _pool(total, rho, n, counts[d - 1])
         rho = [family_layout(t, fanout[d - 1]) for t in pooled]
