@@ -65,8 +65,18 @@ def test_second_derivatives():
     )
 
 
-def test_a_ragged_forest_takes_the_edge_list_path():
-    assert window_forest([32, 24], (4, 8)).causal_plan().tree_index.uniform is None
+def test_a_ragged_forest_takes_the_edge_list_path(monkeypatch):
+    tree = window_forest([32, 24], (4, 8))
+    assert tree.causal_plan().tree_index.uniform is None
+
+    def reshaped(*args):
+        raise AssertionError("the reshaped path ran")
+
+    monkeypatch.setattr(causal, "uniform_causal_attention", reshaped)
+    q, k, v = (torch.randn(56, 2, 4, **F64) for _ in range(3))
+    out = causal_hierarchical_attention(q, k, v, tree)
+    ref = torch.einsum("hij,jhd->ihd", causal_hierarchical_attention_matrix(q, k, tree), v)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
 
 
 def test_the_edge_kernel_never_takes_the_reshaped_path(monkeypatch):

@@ -203,6 +203,16 @@ def test_a_broadcast_output_gradient_gives_the_dense_gradients():
         assert torch.equal(a, b)
 
 
+def test_dense_gradient_materialises_broadcast_gradients_only():
+    x = torch.randn(6, 4, requires_grad=True)
+    seen = []
+    for backward in (lambda y: y.sum().backward(), lambda y: y.t().backward(torch.ones(4, 6))):
+        inner = x * 1.0
+        inner.register_hook(lambda g: seen.append(g.stride()))
+        backward(hsa_uniform.dense_gradient(inner))
+    assert seen == [(4, 1), (1, 6)]  # stride 0 made dense; a transposed one passed on as is
+
+
 class _LargeCopies(TorchDispatchMode):
     """Records the copies (``copy_``, ``clone``, ``_to_copy``) that write ``size`` or more
     elements: the layout copies of whole levels."""
