@@ -129,6 +129,25 @@ def source(*names: str) -> str:
 # ------------------------------------------------------------------------- sections
 
 
+def compare_commits() -> list[str] | None:
+    data = load("compare_commits.json")
+    if data is None:
+        return None
+    meta = data["meta"]
+    out = [
+        f"The quick benchmarks of commit `{meta['old']}` (old) and `{meta['new']}` (new), "
+        f"{meta['rounds']} interleaved rounds, each from its own checkout; cells are "
+        f"medians [min–max]. Command: {code(meta['command'])}.",
+        "",
+    ]
+    out += table(
+        ["case", "old", "new", "old ÷ new"],
+        [[r["case"], spread(r["old_s"]), spread(r["new_s"]), ratio(r["old_over_new"])]
+         for r in data["rows"]],
+    )  # fmt: skip
+    return out + [source("compare_commits.json"), ""]
+
+
 def hsa_scaling() -> list[str] | None:
     data = load("hsa_scaling.json")
     if data is None:
@@ -1065,6 +1084,7 @@ def gpu() -> list[str]:
 
 SECTIONS: list[tuple[str, Callable[[], list[str] | None]]] = [
     ("HSA: scaling to 256K leaves", hsa_scaling),
+    ("Two commits side by side", compare_commits),
     ("HSA at short lengths", hsa_short),
     ("Hierarchical Transformer Encoder: one epoch", hte_epoch),
     ("Masked attention (MaskedAttentionConv)", masked_attention),
