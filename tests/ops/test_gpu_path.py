@@ -23,6 +23,7 @@ from hiergraph.ops import hierarchical_attention, masked_softmax
 from hiergraph.ops.cone import penumbral, penumbral_edge, umbral
 from hiergraph.ops.hmatrix import hmatrix_attention
 from hiergraph.ops.masked.banded import banded_attention
+from hiergraph.ops.masked.edge_products import EdgeCSR, edge_aggregate, edge_dot
 
 CUDA = torch.cuda.is_available()
 # minutes on CPU (inductor compiles C++); the suite runs slow tests by default, so opt in
@@ -89,6 +90,13 @@ def make_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, lis
     if name == "penumbral-edge":
         edges = torch.randint(0, 12, (2, 40), generator=gen).to(device)
         return (lambda q, k: penumbral_edge(q, k, edges)), [rand(12, 2, 6), rand(12, 2, 6)]
+    if name == "edge-products":  # MaskedAttentionConv's sparse products on a random graph
+        graph = EdgeCSR(torch.randint(0, 12, (2, 40), generator=gen).to(device), (12, 12))
+
+        def fn(q, k, v):
+            return edge_aggregate(edge_dot(q, k, graph).sigmoid(), v, graph)
+
+        return fn, [rand(12, 2, 6), rand(12, 2, 6), rand(12, 2, 4)]
     if name == "masked-softmax":
         mask = (torch.rand(3, 5, 9, generator=gen) > 0.3).to(device)
         return (lambda logits: masked_softmax(logits, mask)[1]), [rand(3, 5, 9)]
@@ -104,6 +112,7 @@ OPS = [
     "penumbral",
     "umbral",
     "penumbral-edge",
+    "edge-products",
     "masked-softmax",
 ]
 

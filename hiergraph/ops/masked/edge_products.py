@@ -112,31 +112,44 @@ class EdgeCSR:
         return self._transpose
 
 
+def _accumulating(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """The operands in the dtype the sparse kernels compute in: their common dtype, and at
+    least float32 (the CSR kernels take no half types, and long sums need fp32 anyway)."""
+    dtype = torch.promote_types(torch.result_type(x, y), torch.float32)
+    return x.to(dtype), y.to(dtype)
+
+
 def _dot(a: Tensor, b: Tensor, graph: EdgeCSR) -> Tensor:
-    """``[E, H]``: ``a[dst_e, h] . b[src_e, h]`` for ``a [N_dst, H, C]``, ``b [N_src, H, C]``."""
-    out = a.new_empty(graph.num_edges, a.size(1))
+    """``[E, H]``: ``a[dst_e, h] . b[src_e, h]`` for ``a [N_dst, H, C]``, ``b [N_src, H, C]``,
+    computed in :func:`_accumulating` precision and returned in the inputs' common dtype."""
+    out = a.new_empty(graph.num_edges, a.size(1), dtype=torch.result_type(a, b))
     if graph.num_edges == 0:
         return out
+    a, b = _accumulating(a, b)
     # zeros, not empty: beta = 0 still multiplies the pattern's values (NaN * 0 = NaN)
     pattern = _csr(graph.crow, graph.edge_index[0], a.new_zeros(graph.num_edges),
                    (graph.num_dst, graph.num_src))  # fmt: skip
-    for h in range(a.size(1)):
-        product = torch.sparse.sampled_addmm(pattern, a[:, h], b[:, h].T, beta=0.0)
-        out[:, h] = product.values()
+    with torch.autocast(a.device.type, enabled=False):  # autocast would cast back to half
+        for h in range(a.size(1)):
+            product = torch.sparse.sampled_addmm(pattern, a[:, h], b[:, h].T, beta=0.0)
+            out[:, h] = product.values()
     return out
 
 
 def _aggregate(weight: Tensor, b: Tensor, graph: EdgeCSR, transpose: bool = False) -> Tensor:
     """``[N_dst, H, C]``: ``sum_e weight[e, h] b[src_e, h]`` (or, transposed,
-    ``[N_src, H, C]``: ``sum_e weight[e, h] b[dst_e, h]``)."""
+    ``[N_src, H, C]``: ``sum_e weight[e, h] b[dst_e, h]``), in the inputs' common dtype."""
+    dtype = torch.result_type(weight, b)
+    weight, b = _accumulating(weight, b)
     if transpose:
         crow, col, perm = graph.transpose()
         weight, shape = weight[perm], (graph.num_src, graph.num_dst)
     else:
         crow, col, shape = graph.crow, graph.edge_index[0], (graph.num_dst, graph.num_src)
-    out = b.new_empty(shape[0], *b.shape[1:])
-    for h in range(b.size(1)):  # contiguous per-head operands: CSR @ strided dense is ~2x slower
-        out[:, h] = _csr(crow, col, weight[:, h].contiguous(), shape) @ b[:, h].contiguous()
+    out = b.new_empty(shape[0], *b.shape[1:], dtype=dtype)
+    with torch.autocast(b.device.type, enabled=False):  # autocast would cast back to half
+        for h in range(b.size(1)):  # contiguous per-head operands: CSR @ strided dense is ~2x slower
+            out[:, h] = _csr(crow, col, weight[:, h].contiguous(), shape) @ b[:, h].contiguous()
     return out
 
 

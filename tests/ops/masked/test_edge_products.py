@@ -75,6 +75,26 @@ def test_float32_and_no_edges():
     assert torch.equal(b.grad, torch.zeros_like(b))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_accumulate_in_float32(dtype):
+    """The CSR kernels take no half types: half inputs run in float32 and come back in
+    their own dtype, equal to the float32 products of the same (rounded) values, with
+    gradients of the inputs' dtypes; mixed inputs (fp32 weights, bf16 values, as under
+    autocast) give the common dtype."""
+    graph = EdgeCSR(random_graph(8, 8, 40), (8, 8))
+    a, b = feats(8, 5, dtype), feats(8, 6, dtype)
+    weight = torch.randn(graph.num_edges, H, requires_grad=True)
+    dot = edge_dot(a, b, graph)
+    assert dot.dtype == dtype
+    exact = edge_dot(a.detach().float(), b.detach().float(), graph)
+    torch.testing.assert_close(dot, exact.to(dtype), atol=0, rtol=0)
+    out = edge_aggregate(weight, b, graph)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, edge_aggregate(weight, b.detach().float(), graph))
+    (dot.float().sum() + out.sum()).backward()
+    assert a.grad.dtype == b.grad.dtype == dtype and weight.grad.dtype == torch.float32
+
+
 def test_bad_shapes():
     graph = EdgeCSR(random_graph(5, 7, 10), (5, 7))
     with pytest.raises(ValueError, match=r"a must have shape \[7, H, C\]"):
