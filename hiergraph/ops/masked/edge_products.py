@@ -148,7 +148,8 @@ def _aggregate(weight: Tensor, b: Tensor, graph: EdgeCSR, transpose: bool = Fals
         crow, col, shape = graph.crow, graph.edge_index[0], (graph.num_dst, graph.num_src)
     out = b.new_empty(shape[0], *b.shape[1:], dtype=dtype)
     with torch.autocast(b.device.type, enabled=False):  # autocast would cast back to half
-        for h in range(b.size(1)):  # contiguous per-head operands: CSR @ strided dense is ~2x slower
+        # contiguous per-head operands: CSR @ strided dense is ~2x slower
+        for h in range(b.size(1)):
             out[:, h] = _csr(crow, col, weight[:, h].contiguous(), shape) @ b[:, h].contiguous()
     return out
 
