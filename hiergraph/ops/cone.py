@@ -377,8 +377,8 @@ class _EdgeGeometry(torch.autograd.Function):
         y_dst, y_src = diff[..., -1].clone(), gathered_src[..., -1].contiguous()
         diff.sub_(gathered_src)
         channels = diff.size(-1)
-        weights = diff.new_ones(channels)
-        weights[-1] = 0.0
+        # 1 for the space channels, 0 for the height: built on the device (no host copy)
+        weights = (torch.arange(channels, device=diff.device) < channels - 1).to(diff.dtype)
         squares = diff.square().view(-1, channels)
         dist = torch.mv(squares, weights).sqrt_().view(diff.shape[:-1])
         ctx.save_for_backward(diff, dist, dst, src)

@@ -96,6 +96,6 @@ def test_cuda_matches_cpu():
     h = from_nested([Family([0, 1, 2, 3], "graph"), Family([4, 5, 6], "graph")])
     h.domain[h.parent != torch.arange(h.num_nodes)] = int(Domain.GRAPH)
     edges = torch.tensor([[0, 1, 2, 4, 5], [1, 2, 3, 5, 6]])
-    pe = laplacian_pe(h.to("cuda"), edges.cuda(), k=2)
+    pe = laplacian_pe(h.clone().to("cuda"), edges.cuda(), k=2)  # Data.to moves in place
     assert pe.is_cuda
     torch.testing.assert_close(pe.cpu(), laplacian_pe(h, edges, k=2), atol=1e-5, rtol=0)

@@ -45,9 +45,9 @@ KEYWORD_BUILDERS = {
 }
 
 
-def batch_on(device, **params):
-    """Two windowed sequences with features on ``device``."""
-    x = torch.zeros(5, 1, device=device)
+def batch_on(x_device, **params):
+    """Two windowed sequences with features on ``x_device``."""
+    x = torch.zeros(5, 1, device=x_device)
     return sequence_batch([3, 2], window_mask, x=x, p=1, **params)
 
 
