@@ -13,7 +13,7 @@ from torch import Tensor
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge
-from hiergraph.ops.hsa.inputs import check_qkv, head_pos_emb
+from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb
 from hiergraph.ops.hsa.uniform import fits, per_depth, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
 from hiergraph.ops.runs import broadcast_to_children, sum_children
@@ -22,6 +22,7 @@ from hiergraph.plan.tree_index import TreeIndex
 KERNELS = ("dense", "blocks", "edge")
 
 
+@autocast_inputs
 def hierarchical_attention(
     q: Tensor,
     k: Tensor,
@@ -74,7 +75,9 @@ def hierarchical_attention(
     logs and ratios, the count-weighted sums and the child sums (and, with
     ``kernel="edge"``, the family softmax and value sums over sibling pairs), which
     bf16/fp16 inputs accumulate in float32 before one rounding to their dtype (float32
-    and float64 inputs run in their own dtype throughout).
+    and float64 inputs run in their own dtype throughout). Under autocast, ``q, k, v`` are
+    first cast to the autocast dtype, as
+    :func:`~torch.nn.functional.scaled_dot_product_attention` casts them.
 
     Args:
         q, k: ``[L, H, d]`` queries and keys in leaf order (``[L, d]`` is

@@ -16,12 +16,13 @@ from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa.causal_uniform import uniform_causal_attention
-from hiergraph.ops.hsa.inputs import check_qkv, head_pos_emb
+from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb
 from hiergraph.ops.hsa.uniform import fits, per_depth
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
 from hiergraph.plan.causal_plan import CausalPlan
 
 
+@autocast_inputs
 def causal_hierarchical_attention(
     q: Tensor,
     k: Tensor,
@@ -107,7 +108,8 @@ def causal_hierarchical_attention(
     Returns:
         ``[L, H, d_v]`` (``[L, d_v]`` for 2-D inputs), in the inputs' dtype. bf16/fp16
         inputs are computed in float32 and the output rounded once (a bf16 leaf
-        count stops at 256); float32/float64 inputs run in their own dtype.
+        count stops at 256); float32/float64 inputs run in their own dtype. Under
+        autocast, ``q, k, v`` are first cast to the autocast dtype.
     """
     squeeze = q.dim() == 2
     if squeeze:

@@ -2,7 +2,30 @@
 
 from __future__ import annotations
 
+import functools
+
+import torch
 from torch import Tensor
+
+
+def autocast_inputs(op):
+    """Decorates an HSA op ``op(q, k, v, ...)``: under autocast on ``q``'s device, ``q, k,
+    v`` are cast to the autocast dtype (as
+    :func:`~torch.nn.functional.scaled_dot_product_attention` casts them; layers upstream
+    hand over mixed dtypes, since autocast keeps e.g. layer norms in float32) and the op
+    runs with autocast off, so the sums it keeps in float32 stay in float32."""
+
+    @functools.wraps(op)
+    def run(q: Tensor, k: Tensor, v: Tensor, *args, **kwargs):
+        device = q.device.type
+        if not torch.is_autocast_enabled(device):
+            return op(q, k, v, *args, **kwargs)
+        dtype = torch.get_autocast_dtype(device)
+        q, k, v = (t.to(dtype) if t.is_floating_point() else t for t in (q, k, v))
+        with torch.autocast(device, enabled=False):
+            return op(q, k, v, *args, **kwargs)
+
+    return run
 
 
 def head_pos_emb(pos_emb: Tensor, q: Tensor, num_nodes: int) -> Tensor:

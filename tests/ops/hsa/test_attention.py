@@ -654,6 +654,23 @@ def test_half_precision_with_large_families_is_close_to_float32(dtype, kernel):
         assert (half.grad.float() - full.grad).abs().max() < 0.05 * full.grad.abs().max()
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_autocast_runs_mixed_inputs_in_the_autocast_dtype(causal):
+    """Under autocast, float32 q, k (as a layer norm hands them over) and bf16 v run as
+    bf16 inputs would; outside autocast mixed dtypes stay an error."""
+    h = window_hierarchy(24, (4, 3))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(24, 2, 8, generator=gen).bfloat16() for _ in range(3))
+    flags = {"causal": causal, "include_self": causal}
+    expected = hierarchical_attention(q, k, v, h, **flags)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = hierarchical_attention(q.float(), k.float(), v, h, **flags)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    with pytest.raises(TypeError, match="floating dtype"):
+        hierarchical_attention(q.float(), k.float(), v, h, **flags)
+
+
 def test_float16_leaf_counts_above_65504_stay_finite():
     """A node over 65536 leaves: its count is kept in float32 (fp16 tops out at 65504) and
     only log n(B) is rounded to fp16; the result matches float32."""
