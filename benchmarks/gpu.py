@@ -31,14 +31,20 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   partition graph with a window hierarchy over its nodes (blocks are consecutive), vs the
   same net's GCN stack alone.
 
-Every case runs float32 and bfloat16 (ops get bf16 inputs; modules run under bf16
-autocast). Methods of a case are timed in interleaved rounds (one step of each per round,
-at least 3 rounds, after a warm-up step); a step is forward + ``out.sum().backward()``;
-times are medians, by CUDA events on a GPU and ``time.perf_counter`` on the CPU. Peak
-memory is ``torch.cuda.max_memory_allocated`` over one extra step, reset per method. A
-method is skipped, with the reason recorded, when its inputs would not fit in free memory,
-when its time extrapolated from a smaller size of the same run would pass the section's
-cap, on out-of-memory, or when SDPA has no kernel for it (flash needs bf16/fp16).
+Every case runs float32 and bfloat16 (ops get bf16 inputs; modules run under bf16 autocast).
+On CUDA, the methods of the launch-bound cases (HSA up to 16K leaves in all, and every
+method of the other sections whose step has no host synchronisation and fits in memory
+twice) also run as ``name+graph``: the whole step, forward and backward, captured once as a
+CUDA graph (``torch.cuda.graph``) and replayed, which removes the per-kernel launch cost
+that dominates small problems (what ``torch.compile(mode="reduce-overhead")`` or a captured
+training step gives a user). Methods of a case are timed in interleaved rounds (one step of
+each per round, at least 3 rounds, after a warm-up step); a step is forward +
+``out.sum().backward()``; times are medians, by CUDA events on a GPU and
+``time.perf_counter`` on the CPU. Peak memory is ``torch.cuda.max_memory_allocated`` over
+one extra step, reset per method. A method is skipped, with the reason recorded, when its
+inputs would not fit in free memory, when its time extrapolated from a smaller size of the
+same run would pass the section's cap, on out- of-memory, or when SDPA has no kernel for it
+(flash needs bf16/fp16).
 
 The run stops itself at ``--deadline`` seconds (default 450, checked between cases and
 rounds). ``gpu.json`` is rewritten after every case (a killed run keeps what it measured)
@@ -50,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import math
 import os
@@ -61,7 +68,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 STARTED = time.monotonic()  # the deadline counts from here, torch's import included
@@ -90,6 +97,7 @@ CAPS = {
     "graph_hsa": 40.0,
 }
 ROUNDS = 3  # timed rounds per case (at least)
+GRAPH_MAX_LEAVES = 16384  # HSA cases timed as CUDA graphs too (launch-bound sizes)
 MAX_STEP_S = 3.0  # a method whose step is predicted slower than this is not run
 MIB = 2**20
 
@@ -198,6 +206,8 @@ class Method:
     work: float = 1.0
     peak_bytes: float = 0.0
     autocast: bool = False  # modules: bf16 via autocast, not bf16 inputs
+    graph: bool = False  # on CUDA, also time its step captured as a CUDA graph (``+graph``)
+    graphed: bool = False  # this is such a twin: its step replays the captured graph
 
 
 @dataclass
@@ -235,6 +245,7 @@ class Run:
 
 def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, Method]):
     """Time ``methods`` against each other in every dtype; one row per method and dtype."""
+    methods = with_graph_twins(methods, run.device)
     for dtype_name, dtype in DTYPES.items():
         label = dict(section=section, case=case, dtype=dtype_name)
         steps, rows = {}, {}
@@ -265,6 +276,33 @@ def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, M
         print(*(_line(r) for r in rows.values()), sep="\n", flush=True)
 
 
+def with_graph_twins(methods: dict[str, Method], device: torch.device) -> dict[str, Method]:
+    """``methods``, and on CUDA a ``name+graph`` twin after every method marked ``graph``."""
+    out = {}
+    for name, method in methods.items():
+        out[name] = method
+        if method.graph and device.type == "cuda":
+            out[f"{name}+graph"] = replace(method, graph=False, graphed=True)
+    return out
+
+
+def cuda_graphed(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    """``step`` (forward and backward) captured once as a CUDA graph; each call replays
+    it. Three warm-up steps run on a side stream first, as capture requires. The step
+    drops its gradients before the backward, so the captured backward allocates them in
+    the graph's own memory and every replay rewrites them."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def _skip_reason(run: Run, section, end, name, dtype_name, method: Method) -> str | None:
     left = run.left(end)
     if left <= 0:
@@ -289,11 +327,12 @@ def _prepare(run: Run, method: Method, dtype: torch.dtype) -> Callable[[], None]
     if method.autocast and dtype != torch.float32:
         inner = fn
 
-        def fn():
-            with torch.autocast(run.device.type, dtype=dtype):
+        def fn():  # no cast cache: a CUDA graph cannot capture one (each weight casts once)
+            with torch.autocast(run.device.type, dtype=dtype, cache_enabled=False):
                 return inner()
 
-    return fwd_bwd(fn, leaves)
+    step = fwd_bwd(fn, leaves)
+    return cuda_graphed(step, run.device) if method.graphed else step
 
 
 def _time_and_measure(run, section, end, steps, rows, dtype_name, methods) -> None:
@@ -458,18 +497,22 @@ def _hsa_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
 
     flat = (trees, H, leaves, d)
     nbytes = 4 * 3 * total * H * d * 4  # q, k, v, their grads, outputs and workspace
+    graph = total <= GRAPH_MAX_LEAVES
     return {
-        "hsa": Method(hsa, work=total, peak_bytes=nbytes),
+        "hsa": Method(hsa, work=total, peak_bytes=nbytes, graph=graph),
         "hsa-heads-first": Method(
-            lambda dt, dev: hsa(dt, dev, heads_first=True), work=total, peak_bytes=nbytes
+            lambda dt, dev: hsa(dt, dev, heads_first=True), total, nbytes, graph=graph
         ),
         "sdpa-flash": Method(
-            lambda dt, dev: _sdpa("flash", flat, dt, dev), trees * leaves**2, nbytes
+            lambda dt, dev: _sdpa("flash", flat, dt, dev), trees * leaves**2, nbytes, graph=graph
         ),
         "sdpa-efficient": Method(
-            lambda dt, dev: _sdpa("efficient", flat, dt, dev), trees * leaves**2, nbytes
-        ),
-        "level-bound": Method(bound, work=total, peak_bytes=nbytes),
+            lambda dt, dev: _sdpa("efficient", flat, dt, dev),
+            trees * leaves**2,
+            nbytes,
+            graph=graph,
+        ),  # fmt: skip
+        "level-bound": Method(bound, work=total, peak_bytes=nbytes, graph=graph),
     }
 
 
@@ -497,8 +540,8 @@ def section_hmatrix(run: Run, end: float) -> None:
 
         nbytes = 4 * 3 * length * H * d * 4
         methods = {
-            "hmatrix": Method(ours, work=length, peak_bytes=nbytes),
-            "sdpa": Method(sdpa, work=length**2, peak_bytes=nbytes),
+            "hmatrix": Method(ours, work=length, peak_bytes=nbytes, graph=True),
+            "sdpa": Method(sdpa, work=length**2, peak_bytes=nbytes, graph=True),
         }
         run_case(run, "hmatrix", end, f"L={length}", methods)
 
@@ -516,8 +559,12 @@ def section_vcc(run: Run, end: float) -> None:
 
         nbytes = 16 * n * vcc_bench.DIM * 4  # activations of one layer, fwd + bwd
         methods = {
-            "vcc-layer": Method(lambda dt, dev, f=layer: f("vcc", dt, dev), n, nbytes, True),
-            "full-layer": Method(lambda dt, dev, f=layer: f("full", dt, dev), n**2, nbytes, True),
+            "vcc-layer": Method(
+                lambda dt, dev, f=layer: f("vcc", dt, dev), n, nbytes, True, graph=True
+            ),
+            "full-layer": Method(
+                lambda dt, dev, f=layer: f("full", dt, dev), n**2, nbytes, True, graph=True
+            ),
         }
         run_case(run, "vcc", end, f"n={n}", methods)
 
@@ -556,6 +603,7 @@ def section_masked(run: Run, end: float) -> None:
                 work=edges,  # per-edge [E, H, C] tensors: about 6 for TransformerConv
                 peak_bytes=edges * heads * cout * 4 * (6 if name == "transformer_conv" else 1),
                 autocast=True,
+                graph=name == "ours-bandmask",  # raw edges are recognised per call (syncs)
             )
             for name in names
         }
@@ -581,7 +629,7 @@ def section_cone(run: Run, end: float) -> None:
         return (lambda: layer(x, edge_index)), [x, *layer.parameters()]
 
     methods = {
-        name: Method(lambda dt, dev, v=name: conv(v, dt, dev), autocast=True)
+        name: Method(lambda dt, dev, v=name: conv(v, dt, dev), autocast=True, graph=True)
         for name in ("gat", "penumbral", "umbral")
     }
     run_case(run, "cone", end, f"cora-size n={nodes}", methods)
@@ -620,7 +668,7 @@ def section_graph_hsa(run: Run, end: float) -> None:
 
     nbytes = 40 * n * channels * 4  # node features through 2 layers, fwd + bwd
     methods = {
-        kind: Method(lambda dt, dev, k=kind: net(k, dt, dev), n, nbytes, autocast=True)
+        kind: Method(lambda dt, dev, k=kind: net(k, dt, dev), n, nbytes, True, graph=True)
         for kind in ("graph_hsa_net", "gcn")
     }
     run_case(run, "graph_hsa", end, f"n={n}", methods)
@@ -657,6 +705,11 @@ def environment(device: torch.device) -> dict:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         meta.update(device_name=props.name, device_memory_gib=props.total_memory / 2**30)
+    sources = sorted((REPO / "hiergraph").rglob("*.py")) + sorted(
+        (REPO / "benchmarks").glob("*.py")
+    )  # which code ran, also where the checkout's git metadata is stale or absent
+    digest = hashlib.sha1(b"".join(p.read_bytes() for p in sources)).hexdigest()
+    meta["source_sha1"] = digest[:12]
     try:
         meta["commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True

@@ -214,7 +214,7 @@ def banded_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     block_size: int | None = None,
-    chunk_size: int = 512,
+    chunk_size: int | None = None,
 ) -> Tensor:
     r"""Softmax attention restricted to a band, as blocked dense kernels.
 
@@ -236,7 +236,11 @@ def banded_attention(
             enough to run near BLAS speed).
         chunk_size: queries per chunk (recomputed in the backward pass); bounds
             the extra memory to
-            :math:`O(\text{chunk\_size}\,(B + b + a)\,H\,C)`.
+            :math:`O(\text{chunk\_size}\,(B + b + a)\,H\,C)`. Default: 512 on the
+            CPU (gathered windows that stay in cache), 16,384 on an accelerator, where
+            each chunk costs dozens of kernel launches and small chunks leave the device
+            idle (with 4 heads of 64 channels and ``before = after = 64``, such a
+            chunk's gathered keys and values take about 100 MB in float32).
 
     Returns:
         ``[N, H, C_v]``. Every query attends at least itself, so no row is empty.
@@ -264,6 +268,8 @@ def banded_attention(
         return out[torch.argsort(order)]
 
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    if chunk_size is None:
+        chunk_size = 512 if q.device.type == "cpu" else 16384
     blocking = _Blocking(lengths, n, before, after, block_size, chunk_size, q.device)
     return _BandedAttention.apply(q, k, v, blocking, scale, dropout_p)
 
