@@ -3,6 +3,7 @@ against its peer, with peak memory, in one run that stops itself before 8 minute
 
     python benchmarks/gpu.py --out benchmarks/results/gpu          # on a CUDA machine
     python benchmarks/gpu.py --device cpu --quick --out /tmp/gpu   # tiny sizes, < 1 min
+    python benchmarks/gpu.py --out DIR --sections hsa hmatrix masked --graphs  # + CUDA graphs
 
 Sections, in this order, each with its own time cap (``--caps name=seconds`` changes one):
 
@@ -32,13 +33,15 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   same net's GCN stack alone.
 
 Every case runs float32 and bfloat16 (ops get bf16 inputs; modules run under bf16 autocast).
-On CUDA, the methods of the launch-bound cases (HSA up to 16K leaves in all, and every
-method of the other sections whose step has no host synchronisation and fits in memory
-twice) also run as ``name+graph``: the whole step, forward and backward, captured once as a
-CUDA graph (``torch.cuda.graph``) and replayed, which removes the per-kernel launch cost
-that dominates small problems (what ``torch.compile(mode="reduce-overhead")`` or a captured
-training step gives a user). Methods of a case are timed in interleaved rounds (one step of
-each per round, at least 3 rounds, after a warm-up step); a step is forward +
+With ``--graphs``, on CUDA, the methods of the launch-bound cases (HSA and its peers up to
+16K leaves in all, H-matrix attention and SDPA, the banded ``MaskedAttentionConv``) also run
+as ``name+graph``: the whole step, forward and backward, captured once as a CUDA graph
+(``torch.cuda.graph``) and replayed, which removes the per-kernel launch cost that dominates
+small problems (what ``torch.compile(mode="reduce-overhead")`` or a captured training step
+gives a user). The VCC layer does not capture, and a failed capture (``GATConv``'s) leaves
+the process's CUDA random generator unusable, so the other sections have no twins; run
+``--graphs`` as its own process. Methods of a case are timed in interleaved rounds (one step
+of each per round, at least 3 rounds, after a warm-up step); a step is forward +
 ``out.sum().backward()``; times are medians, by CUDA events on a GPU and
 ``time.perf_counter`` on the CPU. Peak memory is ``torch.cuda.max_memory_allocated`` over
 one extra step, reset per method. A method is skipped, with the reason recorded, when its
@@ -66,6 +69,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -245,7 +249,8 @@ class Run:
 
 def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, Method]):
     """Time ``methods`` against each other in every dtype; one row per method and dtype."""
-    methods = with_graph_twins(methods, run.device)
+    if run.args.graphs:
+        methods = with_graph_twins(methods, run.device)
     for dtype_name, dtype in DTYPES.items():
         label = dict(section=section, case=case, dtype=dtype_name)
         steps, rows = {}, {}
@@ -259,8 +264,10 @@ def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, M
                 steps[name] = _prepare(run, method, dtype)
                 row["warmup_s"] = timed_once(steps[name], run.device)
             except Exception as error:  # noqa: BLE001 - one method's failure is recorded
-                steps.pop(name, None)
                 row.update(_failure(error))
+                if row["status"] == "error":
+                    traceback.print_exc()  # the whole story in the log; the JSON has its line
+                steps.pop(name, None)
                 release(run.device)
         if steps:
             _time_and_measure(run, section, end, steps, rows, dtype_name, methods)
@@ -559,12 +566,8 @@ def section_vcc(run: Run, end: float) -> None:
 
         nbytes = 16 * n * vcc_bench.DIM * 4  # activations of one layer, fwd + bwd
         methods = {
-            "vcc-layer": Method(
-                lambda dt, dev, f=layer: f("vcc", dt, dev), n, nbytes, True, graph=True
-            ),
-            "full-layer": Method(
-                lambda dt, dev, f=layer: f("full", dt, dev), n**2, nbytes, True, graph=True
-            ),
+            "vcc-layer": Method(lambda dt, dev, f=layer: f("vcc", dt, dev), n, nbytes, True),
+            "full-layer": Method(lambda dt, dev, f=layer: f("full", dt, dev), n**2, nbytes, True),
         }
         run_case(run, "vcc", end, f"n={n}", methods)
 
@@ -629,7 +632,7 @@ def section_cone(run: Run, end: float) -> None:
         return (lambda: layer(x, edge_index)), [x, *layer.parameters()]
 
     methods = {
-        name: Method(lambda dt, dev, v=name: conv(v, dt, dev), autocast=True, graph=True)
+        name: Method(lambda dt, dev, v=name: conv(v, dt, dev), autocast=True)
         for name in ("gat", "penumbral", "umbral")
     }
     run_case(run, "cone", end, f"cora-size n={nodes}", methods)
@@ -668,7 +671,7 @@ def section_graph_hsa(run: Run, end: float) -> None:
 
     nbytes = 40 * n * channels * 4  # node features through 2 layers, fwd + bwd
     methods = {
-        kind: Method(lambda dt, dev, k=kind: net(k, dt, dev), n, nbytes, True, graph=True)
+        kind: Method(lambda dt, dev, k=kind: net(k, dt, dev), n, nbytes, autocast=True)
         for kind in ("graph_hsa_net", "gcn")
     }
     run_case(run, "graph_hsa", end, f"n={n}", methods)
@@ -759,6 +762,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--deadline", type=float, default=450.0, help="stop after this (s)")
     parser.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
     parser.add_argument("--caps", nargs="*", default=[], help="section=seconds overrides")
+    parser.add_argument(
+        "--graphs", action="store_true", help="on CUDA, also time CUDA-graph twins (+graph)"
+    )
     parser.add_argument("--pytest", default=None, help="pytest arguments (default: -m cuda)")
     return parser.parse_args(argv)
 
@@ -772,6 +778,7 @@ def main(argv=None) -> None:
     caps = dict(CAPS, **{k: float(v) for k, v in (c.split("=") for c in args.caps)})
     run = Run(args, device, QUICK if args.quick else FULL)
     run.meta = environment(device) | {"quick": args.quick, "deadline_s": args.deadline}
+    run.meta["graphs"] = args.graphs
     run.meta["caps_s"] = caps
     run.meta["started"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
     for name in args.sections:
