@@ -409,6 +409,8 @@ def section_tests(run: Run, end: float) -> dict | None:
         output = (timeout.stdout or b"").decode() if isinstance(timeout.stdout, bytes) else ""
         run.tests.update(status="timeout", reason=f"killed after {timeout.timeout:.0f} s")
     run.tests["elapsed_s"] = time.monotonic() - start
+    if xml.exists():  # its skip messages name test files by absolute path
+        xml.write_text(xml.read_text().replace(str(REPO) + os.sep, ""))
     run.tests.update(junit_counts(xml))
     run.tests["output_tail"] = portable(output[-3000:])
     print(f"tests: {json.dumps({k: v for k, v in run.tests.items() if k != 'output_tail'})}")
@@ -713,9 +715,9 @@ def environment(device: torch.device) -> dict:
     )  # which code ran, also where the checkout's git metadata is stale or absent
     digest = hashlib.sha1(b"".join(p.read_bytes() for p in sources)).hexdigest()
     meta["source_sha1"] = digest[:12]
-    try:
+    try:  # "-dirty" when the sources differ from the commit (a copied working tree)
         meta["commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+            ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True
         ).stdout.strip()
     except OSError:
         pass

@@ -1050,23 +1050,8 @@ def leaf_budget() -> list[str] | None:
     return out + [source("leaf_budget.json"), ""] + plot("leaf_budget.png", "leaf budget")
 
 
-def gpu() -> list[str]:
-    d = load("gpu/gpu.json")
-    if d is None:
-        return ["No GPU run is recorded (`results/gpu/gpu.json` is absent). "
-                "`python benchmarks/gpu.py --out benchmarks/results/gpu` on a CUDA machine "
-                "writes it; this section then shows its tables.", ""]  # fmt: skip
-    meta, tests = d["meta"], d.get("tests", {})
-    out = [
-        f"Device: {meta.get('device_name', meta.get('device'))}; torch {meta.get('torch')}, "
-        f"CUDA {meta.get('cuda')}; command {code(str(meta.get('command', '')))}. Methods of "
-        "a case ran in interleaved rounds; cells are median [min–max] over the rounds.",
-        "",
-    ]
-    if tests:
-        counts = ", ".join(f"{k} {tests[k]}" for k in ("passed", "failed", "errors", "skipped")
-                           if k in tests)  # fmt: skip
-        out += [f"`pytest -m cuda`: {counts}.", ""]
+def gpu_table(d: dict) -> list[str]:
+    """One row per (section, case, dtype, method) of a ``gpu.py`` run."""
     body = []
     for r in d["rows"]:
         base = next((k for k in r if k.startswith("ratio_to_")), None)
@@ -1077,9 +1062,45 @@ def gpu() -> list[str]:
         else:
             times, peak, rel = f"{r['status']}: {r.get('reason', '')}", "–", "–"
         body.append([r["section"], r["case"], r["dtype"], r["method"], times, peak, rel])
-    out += table(["section", "case", "dtype", "method", "forward+backward", "peak MiB",
+    return table(["section", "case", "dtype", "method", "forward+backward", "peak MiB",
                   "time ÷ the case's first method"], body)  # fmt: skip
-    return out + [source("gpu/gpu.json"), ""] + plot("gpu/gpu.png", "GPU")
+
+
+def gpu_run(d: dict) -> list[str]:
+    """The device, the command, the CUDA tests' counts and sections that did not finish."""
+    meta, tests = d["meta"], d.get("tests", {})
+    out = [
+        f"Device: {meta.get('device_name', meta.get('device'))}; torch {meta.get('torch')}, "
+        f"CUDA {meta.get('cuda')}; command {code(str(meta.get('command', '')))}; sources "
+        f"{code(str(meta.get('source_sha1', '?')))}. Methods of a case ran in interleaved "
+        "rounds; cells are median [min–max] over the rounds.",
+        "",
+    ]
+    if tests.get("status") == "done":
+        counts = ", ".join(f"{k} {tests[k]}" for k in ("passed", "failed", "errors", "skipped")
+                           if k in tests)  # fmt: skip
+        out += [f"`pytest -m cuda`: {counts}.", ""]
+    unfinished = [name for name, sec in d["sections"].items() if sec.get("status") == "running"]
+    if unfinished:
+        out += [f"Sections the process ended in before finishing: {', '.join(unfinished)} "
+                "(rows after the last one shown were not measured).", ""]  # fmt: skip
+    return out
+
+
+def gpu() -> list[str]:
+    d = load("gpu/gpu.json")
+    if d is None:
+        return ["No GPU run is recorded (`results/gpu/gpu.json` is absent). "
+                "`python benchmarks/gpu.py --out benchmarks/results/gpu` on a CUDA machine "
+                "writes it; this section then shows its tables.", ""]  # fmt: skip
+    out = gpu_run(d) + gpu_table(d) + [source("gpu/gpu.json"), ""] + plot("gpu/gpu.png", "GPU")
+    graphs = load("gpu/graphs.json")
+    if graphs is not None:
+        out += ["", "### CUDA-graph twins", "",
+                "The same cases with `--graphs`: `name+graph` replays the method's whole step "
+                "(forward and backward) captured as one CUDA graph.", ""]  # fmt: skip
+        out += gpu_run(graphs) + gpu_table(graphs) + [source("gpu/graphs.json"), ""]
+    return out
 
 
 SECTIONS: list[tuple[str, Callable[[], list[str] | None]]] = [
