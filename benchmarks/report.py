@@ -1076,9 +1076,9 @@ def gpu_run(d: dict) -> list[str]:
         "rounds; cells are median [min–max] over the rounds.",
         "",
     ]
-    if tests.get("status") == "done":
-        counts = ", ".join(f"{k} {tests[k]}" for k in ("passed", "failed", "errors", "skipped")
-                           if k in tests)  # fmt: skip
+    counts = ", ".join(f"{k} {tests[k]}" for k in ("passed", "failed", "errors", "skipped")
+                       if k in tests)  # fmt: skip
+    if counts:
         out += [f"`pytest -m cuda`: {counts}.", ""]
     unfinished = [name for name, sec in d["sections"].items() if sec.get("status") == "running"]
     if unfinished:
