@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
-from hiergraph.data import from_nested, random_window_hierarchy
+from hiergraph.data import from_nested, random_window_hierarchy, window_hierarchy
 from hiergraph.ops import hierarchical_attention, masked_softmax
 from hiergraph.ops.cone import penumbral, penumbral_edge, umbral
 from hiergraph.ops.hmatrix import hmatrix_attention
@@ -52,6 +52,14 @@ def make_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, lis
         t = t.abs() * 0.5 + 0.1 if positive else t
         return t.to(device, dtype).requires_grad_()
 
+    if name == "hsa-uniform":  # equal window trees, heads-first memory: the reshaped path
+        index = Batch.from_data_list([window_hierarchy(32, (4, 4))] * 3).tree_index()
+        index = index.to(device)
+        assert index.uniform is not None
+        qkv = [rand(2, index.num_leaves, 8).detach().transpose(0, 1) for _ in "qkv"]
+        return (lambda q, k, v: hierarchical_attention(q, k, v, index)), [
+            t.requires_grad_() for t in qkv
+        ]
     if name.startswith("hsa"):
         batch = forest()
         index = batch.tree_index().to(device)
@@ -105,6 +113,7 @@ def make_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, lis
 
 OPS = [
     "hsa-dense",
+    "hsa-uniform",
     "hsa-edge",
     "hsa-causal",
     "hmatrix",
@@ -117,7 +126,15 @@ OPS = [
 ]
 
 # ops that trace as one graph (the README lists the breaks of the others)
-TRACE_CLEAN = ["hsa-dense", "hsa-edge", "hsa-causal", "penumbral", "umbral", "masked-softmax"]
+TRACE_CLEAN = [
+    "hsa-dense",
+    "hsa-uniform",
+    "hsa-edge",
+    "hsa-causal",
+    "penumbral",
+    "umbral",
+    "masked-softmax",
+]
 
 
 def run_with_grads(fn, inputs):

@@ -1,0 +1,111 @@
+"""Every op of ``test_gpu_path``, forward and backward, captured as one CUDA graph and
+replayed, against its eager result, in float32 and bfloat16.
+
+A capture that goes wrong can leave the process's CUDA context unusable (an illegal memory
+access is sticky), so the cases run in their own process, one after another, each announced
+before it starts: ``python -m tests.ops.cuda_graph_cases`` prints ``START op dtype`` and
+then ``OK op dtype`` or ``FAIL op dtype: why``; a crash names its case by the last
+``START``. ``tests/ops/test_cuda_graphs.py`` runs it. ``--eager`` replaces the capture by
+plain calls (the harness itself, checked on the CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+import torch
+
+from tests.ops.test_gpu_path import OPS, make_case
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # relative to the largest entry
+
+
+def step_of(fn: Callable, inputs: list[torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """Forward and backward of ``out.square().sum()``, gradients dropped first (so a captured
+    backward allocates them in the graph's memory and each replay rewrites them)."""
+
+    def step() -> torch.Tensor:
+        for t in inputs:
+            t.grad = None
+        out = fn(*inputs)
+        out.float().square().sum().backward()
+        return out
+
+    return step
+
+
+def captured(step: Callable[[], torch.Tensor], device: torch.device) -> Callable:
+    """``step`` captured once (after three warm-up calls on a side stream); each call of the
+    result replays the graph and returns the captured output."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return out
+
+    return replay
+
+
+def mismatch(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> str | None:
+    """Why ``got`` differs from ``want`` beyond ``dtype``'s tolerance, or ``None``."""
+    got, want = got.float().cpu(), want.float().cpu()
+    if not torch.isfinite(got).all():
+        return "non-finite values"
+    error = (got - want).abs().max().item() if got.numel() else 0.0
+    scale = want.abs().max().item() if want.numel() else 0.0
+    return f"max error {error:.3g} of {scale:.3g}" if error > TOLERANCE[dtype] * scale else None
+
+
+def check(name: str, dtype: torch.dtype, device: str, eager_only: bool) -> str | None:
+    """Replays of ``name``'s captured step against an eager step; returns why they differ."""
+    fn, inputs = make_case(name, device, dtype)
+    inputs = [t.detach().requires_grad_() for t in inputs]  # leaves: gradients in .grad
+    step = step_of(fn, inputs)
+    want = step().detach().clone()
+    want_grads = [None if t.grad is None else t.grad.clone() for t in inputs]
+    run = step if eager_only else captured(step, torch.device(device))
+    for _ in range(2):  # a second replay: nothing left over from the first
+        got = run()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    problems = [mismatch(got, want, dtype)] + [
+        None if w is None else mismatch(t.grad, w, dtype)
+        for t, w in zip(inputs, want_grads, strict=True)
+    ]
+    names = ["out"] + [f"grad {i}" for i in range(len(inputs))]
+    found = [f"{where}: {p}" for where, p in zip(names, problems, strict=True) if p]
+    return "; ".join(found) or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--eager", action="store_true", help="no capture (CPU harness check)")
+    parser.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
+    args = parser.parse_args(argv)
+    device = "cpu" if args.eager else "cuda"
+    failed = 0
+    for name in args.ops:
+        for label, dtype in DTYPES.items():
+            print(f"START {name} {label}", flush=True)
+            try:
+                why = check(name, dtype, device, args.eager)
+            except Exception as error:  # noqa: BLE001 - reported, then the next case
+                why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            failed += why is not None
+            print(f"FAIL {name} {label}: {why}" if why else f"OK {name} {label}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
