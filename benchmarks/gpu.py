@@ -3,7 +3,6 @@ against its peer, with peak memory, in one run that stops itself before 8 minute
 
     python benchmarks/gpu.py --out benchmarks/results/gpu          # on a CUDA machine
     python benchmarks/gpu.py --device cpu --quick --out /tmp/gpu   # tiny sizes, < 1 min
-    python benchmarks/gpu.py --out DIR --sections hsa hmatrix masked --graphs  # + CUDA graphs
 
 Sections, in this order, each with its own time cap (``--caps name=seconds`` changes one):
 
@@ -31,6 +30,8 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
 * ``graph_hsa`` (40 s): ``GraphHSANet`` (2 layers, GCN local convs) on a 1M-node planted-
   partition graph with a window hierarchy over its nodes (blocks are consecutive), vs the
   same net's GCN stack alone.
+* ``graphs`` (100 s): ``hsa``, ``hmatrix`` and ``masked`` again with ``--graphs`` (below), in
+  a subprocess of their own, into ``OUT/graphs/gpu.json``.
 
 Every case runs float32 and bfloat16 (ops get bf16 inputs; modules run under bf16 autocast).
 With ``--graphs``, on CUDA, the methods of the launch-bound cases (HSA and its peers up to
@@ -39,10 +40,10 @@ as ``name+graph``: the whole step, forward and backward, captured once as a CUDA
 (``torch.cuda.graph``) and replayed, which removes the per-kernel launch cost that dominates
 small problems (what ``torch.compile(mode="reduce-overhead")`` or a captured training step
 gives a user). The VCC layer does not capture, and a failed capture (``GATConv``'s) leaves
-the process's CUDA random generator unusable, so the other sections have no twins; run
-``--graphs`` as its own process. Methods of a case are timed in interleaved rounds (one step
-of each per round, at least 3 rounds, after a warm-up step); a step is forward +
-``out.sum().backward()``; times are medians, by CUDA events on a GPU and
+the process's CUDA random generator unusable, so the other sections have no twins; the
+``graphs`` section runs them in a process of their own. Methods of a case are timed in
+interleaved rounds (one step of each per round, at least 3 rounds, after a warm-up step); a
+step is forward + ``out.sum().backward()``; times are medians, by CUDA events on a GPU and
 ``time.perf_counter`` on the CPU. Peak memory is ``torch.cuda.max_memory_allocated`` over
 one extra step, reset per method. A method is skipped, with the reason recorded, when its
 inputs would not fit in free memory, when its time extrapolated from a smaller size of the
@@ -99,6 +100,7 @@ CAPS = {
     "masked": 35.0,
     "cone": 20.0,
     "graph_hsa": 40.0,
+    "graphs": 100.0,
 }
 ROUNDS = 3  # timed rounds per case (at least)
 GRAPH_MAX_LEAVES = 16384  # HSA cases timed as CUDA graphs too (launch-bound sizes)
@@ -679,6 +681,28 @@ def section_graph_hsa(run: Run, end: float) -> None:
     run_case(run, "graph_hsa", end, f"n={n}", methods)
 
 
+def section_graphs(run: Run, end: float) -> dict | None:
+    """The launch-bound sections again with ``--graphs``, in a subprocess of their own (a
+    failed capture can leave a CUDA context unusable): ``OUT/graphs/gpu.json``."""
+    if run.device.type != "cuda" or run.args.graphs:
+        return {"status": "skipped", "reason": "needs CUDA; not inside a --graphs run"}
+    left = run.left(end)
+    shares = {"hsa": 0.6, "hmatrix": 0.2, "masked": 0.2}
+    caps = [f"{name}={share * (left - 10):.0f}" for name, share in shares.items()]
+    out = Path(run.args.out) / "graphs"
+    command = [sys.executable, str(Path(__file__).resolve()), "--graphs", "--out", str(out),
+               "--sections", *shares, "--deadline", f"{left - 5:.0f}", "--caps", *caps]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=left)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "reason": f"killed after {left:.0f} s"}
+    status = {"status": "done" if done.returncode == 0 else "error"}
+    status["returncode"] = done.returncode
+    if done.returncode:  # the end of its log says where it died
+        status["reason"] = portable("\n".join(done.stderr.strip().splitlines()[-3:]))[:600]
+    return status
+
+
 SECTIONS = {
     "tests": section_tests,
     "hsa": section_hsa,
@@ -687,6 +711,7 @@ SECTIONS = {
     "masked": section_masked,
     "cone": section_cone,
     "graph_hsa": section_graph_hsa,
+    "graphs": section_graphs,
 }
 
 

@@ -1094,12 +1094,12 @@ def gpu() -> list[str]:
                 "`python benchmarks/gpu.py --out benchmarks/results/gpu` on a CUDA machine "
                 "writes it; this section then shows its tables.", ""]  # fmt: skip
     out = gpu_run(d) + gpu_table(d) + [source("gpu/gpu.json"), ""] + plot("gpu/gpu.png", "GPU")
-    graphs = load("gpu/graphs.json")
+    graphs = load("gpu/graphs/gpu.json")
     if graphs is not None:
         out += ["", "### CUDA-graph twins", "",
                 "The same cases with `--graphs`: `name+graph` replays the method's whole step "
                 "(forward and backward) captured as one CUDA graph.", ""]  # fmt: skip
-        out += gpu_run(graphs) + gpu_table(graphs) + [source("gpu/graphs.json"), ""]
+        out += gpu_run(graphs) + gpu_table(graphs) + [source("gpu/graphs/gpu.json"), ""]
     return out
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ["tests", "hsa", "hmatrix", "vcc", "masked", "cone", "graph_hsa"]
+SECTIONS = ["tests", "hsa", "hmatrix", "vcc", "masked", "cone", "graph_hsa", "graphs"]
 PEERS = {  # section -> methods every case compares
     "hsa": {"hsa", "hsa-heads-first", "sdpa-flash", "sdpa-efficient", "level-bound"},
     "hmatrix": {"hmatrix", "sdpa"},
@@ -45,7 +45,9 @@ def test_report_has_every_section_and_the_environment(report):
         assert key in meta
     assert meta["device"] == "cpu" and meta["quick"] and not meta["stopped_by_deadline"]
     assert list(data["sections"]) == SECTIONS
-    assert all(s["status"] == "done" for s in data["sections"].values()), data["sections"]
+    statuses = {name: s["status"] for name, s in data["sections"].items()}
+    assert statuses.pop("graphs") == "skipped"  # CUDA graphs need CUDA
+    assert set(statuses.values()) == {"done"}, data["sections"]
     tests = data["tests"]
     assert (tests["passed"], tests["failed"], tests["errors"]) == (1, 0, 0), tests
     assert "section" in stdout and "fwd+bwd" in stdout  # the table
@@ -105,3 +107,15 @@ def test_cuda_marker_selects_the_cuda_variants_only():
     # CPU-only tests that merely mention CUDA in their code are not selected (this one's
     # fixture would run the whole CPU report inside the GPU run's test section)
     assert not any(("test_report_has" in i or "test_bad_backend" in i) for i in ids), ids
+
+
+def test_graph_twins_on_cuda_only():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu
+    import torch
+
+    methods = {"a": gpu.Method(None, graph=True), "b": gpu.Method(None)}
+    assert list(gpu.with_graph_twins(methods, torch.device("cpu"))) == ["a", "b"]
+    twins = gpu.with_graph_twins(methods, torch.device("cuda"))
+    assert list(twins) == ["a", "a+graph", "b"]
+    assert twins["a+graph"].graphed and not twins["a+graph"].graph and not twins["a"].graphed
