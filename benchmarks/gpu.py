@@ -295,23 +295,6 @@ def with_graph_twins(methods: dict[str, Method], device: torch.device) -> dict[s
     return out
 
 
-def cuda_graphed(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
-    """``step`` (forward and backward) captured once as a CUDA graph; each call replays
-    it. Three warm-up steps run on a side stream first, as capture requires. The step
-    drops its gradients before the backward, so the captured backward allocates them in
-    the graph's own memory and every replay rewrites them."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
-
-
 def _skip_reason(run: Run, section, end, name, dtype_name, method: Method) -> str | None:
     left = run.left(end)
     if left <= 0:
@@ -341,7 +324,7 @@ def _prepare(run: Run, method: Method, dtype: torch.dtype) -> Callable[[], None]
                 return inner()
 
     step = fwd_bwd(fn, leaves)
-    return cuda_graphed(step, run.device) if method.graphed else step
+    return timing.cuda_graphed(step, run.device) if method.graphed else step
 
 
 def _time_and_measure(run, section, end, steps, rows, dtype_name, methods) -> None:

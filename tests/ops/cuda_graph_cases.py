@@ -14,10 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from tests.ops.test_gpu_path import OPS, make_case
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import timing  # noqa: E402 - the benchmarks' capture helper, the one gpu.py times with
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # relative to the largest entry
@@ -37,26 +41,6 @@ def step_of(fn: Callable, inputs: list[torch.Tensor]) -> Callable[[], torch.Tens
     return step
 
 
-def captured(step: Callable[[], torch.Tensor], device: torch.device) -> Callable:
-    """``step`` captured once (after three warm-up calls on a side stream); each call of the
-    result replays the graph and returns the captured output."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-
-    def replay() -> torch.Tensor:
-        graph.replay()
-        return out
-
-    return replay
-
-
 def mismatch(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> str | None:
     """Why ``got`` differs from ``want`` beyond ``dtype``'s tolerance, or ``None``."""
     got, want = got.float().cpu(), want.float().cpu()
@@ -74,7 +58,7 @@ def check(name: str, dtype: torch.dtype, device: str, eager_only: bool) -> str |
     step = step_of(fn, inputs)
     want = step().detach().clone()
     want_grads = [None if t.grad is None else t.grad.clone() for t in inputs]
-    run = step if eager_only else captured(step, torch.device(device))
+    run = step if eager_only else timing.cuda_graphed(step, torch.device(device))
     for _ in range(2):  # a second replay: nothing left over from the first
         got = run()
     if device == "cuda":
