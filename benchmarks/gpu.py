@@ -45,10 +45,12 @@ the process's CUDA random generator unusable, so the other sections have no twin
 interleaved rounds (one step of each per round, at least 3 rounds, after a warm-up step); a
 step is forward + ``out.sum().backward()``; times are medians, by CUDA events on a GPU and
 ``time.perf_counter`` on the CPU. Peak memory is ``torch.cuda.max_memory_allocated`` over
-one extra step, reset per method. A method is skipped, with the reason recorded, when its
-inputs would not fit in free memory, when its time extrapolated from a smaller size of the
-same run would pass the section's cap, on out- of-memory, or when SDPA has no kernel for it
-(flash needs bf16/fp16).
+one extra step, reset per method; it includes the tensors of the case's other methods, which
+are alive beside it, so each row also has the step's own ``footprint`` (the peak above the
+level before the step, plus the method's own inputs and gradients). A method is skipped,
+with the reason recorded, when its inputs would not fit in free memory, when its time
+extrapolated from a smaller size of the same run would pass the section's cap, on
+out-of-memory, or when SDPA has no kernel for it (flash needs bf16/fp16).
 
 The run stops itself at ``--deadline`` seconds (default 450, checked between cases and
 rounds). ``gpu.json`` is rewritten after every case (a killed run keeps what it measured)
@@ -171,17 +173,28 @@ def interleaved(steps: dict[str, Callable[[], None]], rounds: int, device, stop_
     return timing.interleaved(cases, rounds, clock, warmup=False, stop_at=stop_at)
 
 
-def peak_mib(step: Callable[[], None], device: torch.device) -> dict:
-    """Peak allocated memory of one step (absolute, and above the level before it)."""
+def peak_mib(step: Callable[[], None], device: torch.device, own: list[torch.Tensor]) -> dict:
+    """Peak allocated memory of one step: absolute, above the level before it, and the
+    step's own ``footprint``: the peak less the other methods' tensors alive beside it
+    (``own``: the method's tensors that get gradients; they and their gradients count)."""
     if device.type != "cuda":
-        return {"peak_mib": None, "peak_above_mib": None}
+        return {"peak_mib": None, "peak_above_mib": None, "footprint_mib": None}
     synchronize(device)
+    mine = storage_bytes(own + [t.grad for t in own if t.grad is not None])
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     step()
     synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
-    return {"peak_mib": peak / MIB, "peak_above_mib": (peak - before) / MIB}
+    above = peak - before
+    return {"peak_mib": peak / MIB, "peak_above_mib": above / MIB,
+            "footprint_mib": (above + mine) / MIB}  # fmt: skip
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views count once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
 
 
 def free_bytes(device: torch.device) -> float:
@@ -255,7 +268,7 @@ def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, M
         methods = with_graph_twins(methods, run.device)
     for dtype_name, dtype in DTYPES.items():
         label = dict(section=section, case=case, dtype=dtype_name)
-        steps, rows = {}, {}
+        steps, owned, rows = {}, {}, {}
         for name, method in methods.items():
             row = rows[name] = dict(label, method=name, status="ok")
             reason = _skip_reason(run, section, end, name, dtype_name, method)
@@ -263,7 +276,7 @@ def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, M
                 row.update(status="skipped", reason=reason)
                 continue
             try:
-                steps[name] = _prepare(run, method, dtype)
+                steps[name], owned[name] = _prepare(run, method, dtype)
                 row["warmup_s"] = timed_once(steps[name], run.device)
             except Exception as error:  # noqa: BLE001 - one method's failure is recorded
                 row.update(_failure(error))
@@ -272,14 +285,14 @@ def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, M
                 steps.pop(name, None)
                 release(run.device)
         if steps:
-            _time_and_measure(run, section, end, steps, rows, dtype_name, methods)
+            _time_and_measure(run, section, end, steps, owned, rows, dtype_name, methods)
         first = next(iter(methods))
         for row in rows.values():
             base = rows[first].get("median_ms")
             if row.get("median_ms") and base:
                 row[f"ratio_to_{first}"] = row["median_ms"] / base
             run.rows.append(row)
-        del steps
+        del steps, owned
         release(run.device)
         run.write()
         print(*(_line(r) for r in rows.values()), sep="\n", flush=True)
@@ -312,8 +325,9 @@ def _skip_reason(run: Run, section, end, name, dtype_name, method: Method) -> st
     return None
 
 
-def _prepare(run: Run, method: Method, dtype: torch.dtype) -> Callable[[], None]:
-    """The method's step in ``dtype``: bf16 inputs, or float32 modules under bf16 autocast."""
+def _prepare(run: Run, method: Method, dtype: torch.dtype) -> tuple[Callable[[], None], list]:
+    """The method's step in ``dtype`` (bf16 inputs, or float32 modules under bf16 autocast)
+    and the tensors that get its gradients."""
     torch.manual_seed(0)
     fn, leaves = method.build(torch.float32 if method.autocast else dtype, run.device)
     if method.autocast and dtype != torch.float32:
@@ -324,10 +338,10 @@ def _prepare(run: Run, method: Method, dtype: torch.dtype) -> Callable[[], None]
                 return inner()
 
     step = fwd_bwd(fn, leaves)
-    return timing.cuda_graphed(step, run.device) if method.graphed else step
+    return (timing.cuda_graphed(step, run.device) if method.graphed else step), leaves
 
 
-def _time_and_measure(run, section, end, steps, rows, dtype_name, methods) -> None:
+def _time_and_measure(run, section, end, steps, owned, rows, dtype_name, methods) -> None:
     per_round = sum(rows[n]["warmup_s"] for n in steps)  # the warm-up predicts a round
     left = run.left(end)
     rounds = ROUNDS if per_round * ROUNDS <= left else max(1, int(left / per_round))
@@ -345,7 +359,9 @@ def _time_and_measure(run, section, end, steps, rows, dtype_name, methods) -> No
             rows[name]["note"] = f"only {len(samples)} rounds fit the time cap"
         run.seconds_per_work[(section, name, dtype_name)] = median / methods[name].work
         try:
-            rows[name].update(peak_mib(steps[name], run.device))
+            rows[name].update(peak_mib(steps[name], run.device, owned[name]))
+            if methods[name].graphed:  # its intermediates live in the graph's reserved pool
+                rows[name]["footprint_mib"] = None
         except Exception as error:  # noqa: BLE001
             rows[name]["memory_error"] = _failure(error)["reason"]
 

@@ -1051,19 +1051,27 @@ def leaf_budget() -> list[str] | None:
 
 
 def gpu_table(d: dict) -> list[str]:
-    """One row per (section, case, dtype, method) of a ``gpu.py`` run."""
+    """One row per (section, case, dtype, method) of a ``gpu.py`` run. Memory: the absolute
+    peak (all live tensors, the case's other methods' too), what the step added above the
+    level before it (its inputs and their gradients excluded), and the step's own footprint
+    where the run recorded it."""
+
+    def mib(row: dict, key: str) -> str:
+        return num(row[key]) if row.get(key) is not None else "–"
+
     body = []
     for r in d["rows"]:
         base = next((k for k in r if k.startswith("ratio_to_")), None)
         if r["status"] == "ok":
             times = spread([t / 1e3 for t in r.get("times_ms", [])])
-            peak = num(r["peak_mib"]) if r.get("peak_mib") is not None else "–"
+            memory = [mib(r, "peak_mib"), mib(r, "peak_above_mib"), mib(r, "footprint_mib")]
             rel = f"{ratio(r[base])} ({base.removeprefix('ratio_to_')})" if base else "–"
         else:
-            times, peak, rel = f"{r['status']}: {r.get('reason', '')}", "–", "–"
-        body.append([r["section"], r["case"], r["dtype"], r["method"], times, peak, rel])
+            times, memory, rel = f"{r['status']}: {r.get('reason', '')}", ["–"] * 3, "–"
+        body.append([r["section"], r["case"], r["dtype"], r["method"], times, *memory, rel])
     return table(["section", "case", "dtype", "method", "forward+backward", "peak MiB",
-                  "time ÷ the case's first method"], body)  # fmt: skip
+                  "step's rise MiB", "own footprint MiB", "time ÷ the case's first method"],
+                 body)  # fmt: skip
 
 
 def gpu_run(d: dict) -> list[str]:
@@ -1073,7 +1081,11 @@ def gpu_run(d: dict) -> list[str]:
         f"Device: {meta.get('device_name', meta.get('device'))}; torch {meta.get('torch')}, "
         f"CUDA {meta.get('cuda')}; command {code(str(meta.get('command', '')))}; sources "
         f"{code(str(meta.get('source_sha1', '?')))}. Methods of a case ran in interleaved "
-        "rounds; cells are median [min–max] over the rounds.",
+        "rounds; cells are median [min–max] over the rounds. Memory: *peak* counts every "
+        "live tensor, the case's other methods' too; *the step's rise* is what one step "
+        "allocated above the level before it (its own inputs and their gradients not "
+        "included); *own footprint*, where recorded, is the step alone (its rise plus its "
+        "inputs and gradients).",
         "",
     ]
     counts = ", ".join(f"{k} {tests[k]}" for k in ("passed", "failed", "errors", "skipped")

@@ -119,3 +119,13 @@ def test_graph_twins_on_cuda_only():
     twins = gpu.with_graph_twins(methods, torch.device("cuda"))
     assert list(twins) == ["a", "a+graph", "b"]
     assert twins["a+graph"].graphed and not twins["a+graph"].graph and not twins["a"].graphed
+
+
+def test_storage_bytes_counts_each_storage_once():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu
+    import torch
+
+    x = torch.zeros(10, 4)
+    assert gpu.storage_bytes([x, x.t(), x[2:]]) == 160
+    assert gpu.storage_bytes([x, torch.zeros(3, dtype=torch.float64)]) == 184
