@@ -17,8 +17,8 @@ def autocast_inputs(op):
 
     @functools.wraps(op)
     def run(q: Tensor, k: Tensor, v: Tensor, *args, **kwargs):
-        device = q.device.type
-        if not torch.is_autocast_enabled(device):
+        device = q.device.type  # "meta" has no autocast state
+        if not torch.amp.is_autocast_available(device) or not torch.is_autocast_enabled(device):
             return op(q, k, v, *args, **kwargs)
         dtype = torch.get_autocast_dtype(device)
         q, k, v = (t.to(dtype) if t.is_floating_point() else t for t in (q, k, v))

@@ -671,6 +671,14 @@ def test_autocast_runs_mixed_inputs_in_the_autocast_dtype(causal):
         hierarchical_attention(q.float(), k.float(), v, h, **flags)
 
 
+def test_meta_tensors_infer_the_output_shape():
+    """Meta tensors (shape inference) have no autocast state: the op runs on them."""
+    index = window_hierarchy(24, (4, 3)).tree_index().to("meta")
+    q = torch.empty(24, 2, 8, device="meta")
+    out = hierarchical_attention(q, q, q[..., :5], index)
+    assert out.device.type == "meta" and out.shape == (24, 2, 5)
+
+
 def test_float16_leaf_counts_above_65504_stay_finite():
     """A node over 65536 leaves: its count is kept in float32 (fp16 tops out at 65504) and
     only log n(B) is rounded to fp16; the result matches float32."""
