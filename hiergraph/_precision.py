@@ -1,6 +1,9 @@
-"""The dtype in which sums, counts and logs of low-precision tensors are accumulated."""
+"""The dtype in which sums, counts and logs of low-precision tensors are accumulated, and
+the autocast state the ops that keep those sums run under."""
 
 from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -14,3 +17,19 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     are rounded to ``dtype``. The rule is static in the dtype: no host sync, no graph break.
     """
     return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else dtype
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The autocast dtype active on ``device_type``, or ``None`` (autocast off, or a device
+    without autocast, such as ``meta``)."""
+    if not torch.amp.is_autocast_available(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+def autocast_off(device_type: str) -> AbstractContextManager:
+    """Autocast disabled on ``device_type`` within the block (a no-op on devices without
+    autocast): ops that pick their own accumulation dtype run as written."""
+    if not torch.amp.is_autocast_available(device_type):
+        return nullcontext()
+    return torch.autocast(device_type, enabled=False)

@@ -1,9 +1,9 @@
-"""The accumulation dtype of low-precision tensors."""
+"""The accumulation dtype of low-precision tensors and the autocast helpers."""
 
 import pytest
 import torch
 
-from hiergraph._precision import accumulation_dtype
+from hiergraph._precision import accumulation_dtype, autocast_dtype, autocast_off
 
 
 @pytest.mark.parametrize(
@@ -19,3 +19,17 @@ from hiergraph._precision import accumulation_dtype
 )
 def test_accumulation_dtype(dtype, work):
     assert accumulation_dtype(dtype) == work
+
+
+def test_autocast_dtype_and_autocast_off():
+    """The active autocast dtype per device type (``None`` when off or where a device has
+    no autocast, e.g. ``meta``), and a block that turns it off (a no-op on such devices)."""
+    from hiergraph._precision import autocast_dtype, autocast_off
+
+    assert autocast_dtype("cpu") is None and autocast_dtype("meta") is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert autocast_dtype("cpu") == torch.bfloat16
+        with autocast_off("cpu"):
+            assert autocast_dtype("cpu") is None
+        with autocast_off("meta"):
+            assert autocast_dtype("cpu") == torch.bfloat16

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 
-import torch
 from torch import Tensor
+
+from hiergraph._precision import autocast_dtype, autocast_off
 
 
 def autocast_inputs(op):
@@ -17,12 +18,11 @@ def autocast_inputs(op):
 
     @functools.wraps(op)
     def run(q: Tensor, k: Tensor, v: Tensor, *args, **kwargs):
-        device = q.device.type  # "meta" has no autocast state
-        if not torch.amp.is_autocast_available(device) or not torch.is_autocast_enabled(device):
+        dtype = autocast_dtype(q.device.type)
+        if dtype is None:
             return op(q, k, v, *args, **kwargs)
-        dtype = torch.get_autocast_dtype(device)
         q, k, v = (t.to(dtype) if t.is_floating_point() else t for t in (q, k, v))
-        with torch.autocast(device, enabled=False):
+        with autocast_off(q.device.type):
             return op(q, k, v, *args, **kwargs)
 
     return run

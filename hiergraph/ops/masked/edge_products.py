@@ -40,6 +40,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from hiergraph._device import reads_values
+from hiergraph._precision import autocast_off
 from hiergraph.ops.edge_index import check_edge_index
 
 
@@ -129,7 +130,7 @@ def _dot(a: Tensor, b: Tensor, graph: EdgeCSR) -> Tensor:
     # zeros, not empty: beta = 0 still multiplies the pattern's values (NaN * 0 = NaN)
     pattern = _csr(graph.crow, graph.edge_index[0], a.new_zeros(graph.num_edges),
                    (graph.num_dst, graph.num_src))  # fmt: skip
-    with torch.autocast(a.device.type, enabled=False):  # autocast would cast back to half
+    with autocast_off(a.device.type):  # autocast would cast back to half
         for h in range(a.size(1)):
             product = torch.sparse.sampled_addmm(pattern, a[:, h], b[:, h].T, beta=0.0)
             out[:, h] = product.values()
@@ -147,7 +148,7 @@ def _aggregate(weight: Tensor, b: Tensor, graph: EdgeCSR, transpose: bool = Fals
     else:
         crow, col, shape = graph.crow, graph.edge_index[0], (graph.num_dst, graph.num_src)
     out = b.new_empty(shape[0], *b.shape[1:], dtype=dtype)
-    with torch.autocast(b.device.type, enabled=False):  # autocast would cast back to half
+    with autocast_off(b.device.type):  # autocast would cast back to half
         # contiguous per-head operands: CSR @ strided dense is ~2x slower
         for h in range(b.size(1)):
             out[:, h] = _csr(crow, col, weight[:, h].contiguous(), shape) @ b[:, h].contiguous()
