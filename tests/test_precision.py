@@ -24,8 +24,6 @@ def test_accumulation_dtype(dtype, work):
 def test_autocast_dtype_and_autocast_off():
     """The active autocast dtype per device type (``None`` when off or where a device has
     no autocast, e.g. ``meta``), and a block that turns it off (a no-op on such devices)."""
-    from hiergraph._precision import autocast_dtype, autocast_off
-
     assert autocast_dtype("cpu") is None and autocast_dtype("meta") is None
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert autocast_dtype("cpu") == torch.bfloat16
