@@ -208,14 +208,18 @@ def padded_window_hsa(
     batch, heads, length, _ = q.shape
     options = dict(include_self=include_self, size_bias=size_bias, scale=scale)
     leading = token_mask.cumsum(1) == torch.arange(1, length + 1, device=token_mask.device)
-    if not bool((leading | ~token_mask).all()):  # a valid token after a padding one
+    # one host read: right padding only? no padding at all?
+    right_padded, unpadded = torch.stack([(leading | ~token_mask).all(), token_mask.all()]).tolist()
+    if not right_padded:  # a valid token after a padding one
         trees = window_hierarchies(token_mask.sum(1).tolist(), branching)
         return padded_hsa(q, k, v, token_mask, trees.to(q.device), **options)
     forest = _padded_forest(batch, length, tuple(branching), str(token_mask.device))
     # heads first: [H, B * T, d] memory, read by the op without a further copy
     leaves = [t.transpose(0, 1).reshape(heads, batch * length, -1).transpose(0, 1)
               for t in (q, k, v)]  # fmt: skip
-    out = hierarchical_attention(*leaves, forest, leaf_mask=token_mask.reshape(-1), **options)
+    # without padding, no leaf mask: every count is a constant of its level (a cheaper path)
+    leaf_mask = None if unpadded else token_mask.reshape(-1)
+    out = hierarchical_attention(*leaves, forest, leaf_mask=leaf_mask, **options)
     return out.reshape(batch, length, heads, -1).contiguous()
 
 

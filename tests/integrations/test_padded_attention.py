@@ -41,8 +41,13 @@ def test_padded_hsa_matches_dense_reference_per_example(size_bias):
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize(
     ("lengths", "branching"),
-    [([64, 37, 3, 0, 1, 64], (2, 4, 8)), ([24, 7, 13], (2, 3, 4)), ([30, 11, 2], (4, 8))],
-    ids=["equal-fanout", "equal-fanout-3", "ragged-top"],
+    [
+        ([64, 37, 3, 0, 1, 64], (2, 4, 8)),
+        ([24, 7, 13], (2, 3, 4)),
+        ([30, 11, 2], (4, 8)),
+        ([32, 32], (2, 4, 8)),  # no padding: no leaf mask
+    ],
+    ids=["equal-fanout", "equal-fanout-3", "ragged-top", "unpadded"],
 )
 def test_padded_windows_equal_the_trees_of_the_valid_tokens(lengths, branching, include_self,
                                                              size_bias):  # fmt: skip
