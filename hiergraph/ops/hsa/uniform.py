@@ -82,11 +82,11 @@ def uniform_hierarchical_attention(
     work = accumulation_dtype(q.dtype)
     weight = None if leaf_mask is None else leaf_mask.to(work)
 
-    # ---- bottom-up: family layout of every level, deepest first
+    # ---- bottom-up: family layout of every level, deepest first. Padding leaves count 0:
+    # the counts drop them from every key set and pooled mean (their rows, however finite,
+    # are never read), and their outputs are zeroed at the end
     counts = counts_below(weight, fanout)
     leaves = [heads_first(t) for t in (q, k, v)]
-    if weight is not None:  # padding leaves count 0 and carry zeros
-        leaves = [t * weight[:, None].to(t.dtype) for t in leaves]
     rho = [family_layout(t, fanout[-1]) for t in leaves]
     leaf_v = rho[2]
     energy = None  # a(C) of the leaves; None: -inf (no self energy)

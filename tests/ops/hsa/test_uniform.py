@@ -80,6 +80,29 @@ def test_equals_dense_reference(opts):
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("opts", [o for o in OPTIONS if o["masked"]][:8],
+                         ids=lambda o: "-".join(k for k, v in o.items() if v))  # fmt: skip
+def test_padding_leaves_values_are_never_read(opts):
+    """Padding leaves are dropped by their zero counts, not by zeroing their rows: huge
+    (finite) values there leave the output and the gradients of the valid leaves as they
+    are with zeros there, and the padding rows get zero output and zero gradient."""
+    tree, (q, k, v), mask, pos = _case(2, 24, (2, 3, 4), seed=2)
+    kw = _kwargs(opts, mask, pos)
+    garbage = [torch.where(mask[:, None, None], t, 1e6 * t.sign()) for t in (q, k, v)]
+    zeros = [torch.where(mask[:, None, None], t, 0.0) for t in (q, k, v)]
+    outs, grads = [], []
+    for inputs in (garbage, zeros):
+        inputs = [t.requires_grad_() for t in inputs]
+        out = hierarchical_attention(*inputs, tree, **kw)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.sin().sum(), inputs))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-12, rtol=0)
+    assert (outs[0][~mask] == 0).all()
+    for got, want in zip(grads[0], grads[1], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+        assert (got[~mask] == 0).all()
+
+
 def test_runs_without_the_block_kernel(monkeypatch):
     """The equal-fanout plan never reaches the family kernels."""
 
