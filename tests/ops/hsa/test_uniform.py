@@ -103,6 +103,18 @@ def test_padding_leaves_values_are_never_read(opts):
         assert (got[~mask] == 0).all()
 
 
+@pytest.mark.parametrize("b", [2, 3])
+def test_family_product_is_matmul_differentiable_twice(b):
+    """Families of two take the multiply-add path on the CPU: equal to ``p @ v``, with first
+    and second derivatives."""
+    gen = torch.Generator().manual_seed(b)
+    p = torch.randn(2, 3, b, b, generator=gen, **F64).requires_grad_()
+    v = torch.randn(2, 3, b, 4, generator=gen, **F64).requires_grad_()
+    torch.testing.assert_close(hsa_uniform.family_product(p, v), p @ v, atol=1e-15, rtol=0)
+    assert torch.autograd.gradcheck(hsa_uniform.family_product, (p, v))
+    assert torch.autograd.gradgradcheck(hsa_uniform.family_product, (p, v))
+
+
 def test_runs_without_the_block_kernel(monkeypatch):
     """The equal-fanout plan never reaches the family kernels."""
 
