@@ -39,18 +39,19 @@ With ``--graphs``, on CUDA, the methods of the launch-bound cases (HSA and its p
 as ``name+graph``: the whole step, forward and backward, captured once as a CUDA graph
 (``torch.cuda.graph``) and replayed, which removes the per-kernel launch cost that dominates
 small problems (what ``torch.compile(mode="reduce-overhead")`` or a captured training step
-gives a user). The VCC layer does not capture, and a failed capture (``GATConv``'s) leaves
-the process's CUDA random generator unusable, so the other sections have no twins; the
-``graphs`` section runs them in a process of their own. Methods of a case are timed in
-interleaved rounds (one step of each per round, at least 3 rounds, after a warm-up step); a
-step is forward + ``out.sum().backward()``; times are medians, by CUDA events on a GPU and
-``time.perf_counter`` on the CPU. Peak memory is ``torch.cuda.max_memory_allocated`` over
-one extra step, reset per method; it includes the tensors of the case's other methods, which
-are alive beside it, so each row also has the step's own ``footprint`` (the peak above the
-level before the step, plus the method's own inputs and gradients). A method is skipped,
-with the reason recorded, when its inputs would not fit in free memory, when its time
-extrapolated from a smaller size of the same run would pass the section's cap, on
-out-of-memory, or when SDPA has no kernel for it (flash needs bf16/fp16).
+gives a user). The VCC layer does not capture (it reads the sizes of its selection on the
+host), and a failed capture (``GATConv``'s) leaves the process's CUDA random generator
+unusable, so the other sections have no twins; the ``graphs`` section runs them in a process
+of their own. Methods of a case are timed in interleaved rounds (one step of each per round,
+at least 3 rounds, after a warm-up step); a step is forward + ``out.sum().backward()``;
+times are medians, by CUDA events on a GPU and ``time.perf_counter`` on the CPU. Peak memory
+is ``torch.cuda.max_memory_allocated`` over one extra step, reset per method; it includes
+the tensors of the case's other methods, which are alive beside it, so each row also has the
+step's own ``footprint`` (the peak above the level before the step, plus the method's own
+inputs and gradients). A method is skipped, with the reason recorded, when its inputs would
+not fit in free memory, when its time extrapolated from a smaller size of the same run would
+pass the section's cap, on out-of-memory, or when SDPA has no kernel for it (flash needs
+bf16/fp16).
 
 The run stops itself at ``--deadline`` seconds (default 450, checked between cases and
 rounds). ``gpu.json`` is rewritten after every case (a killed run keeps what it measured)
