@@ -19,16 +19,15 @@ memory viewed with one more dimension. So
   with a fixed ``[b_d, b_d]`` pair mask;
 * broadcasting parent rows to their children is ``unsqueeze(2)``.
 
-Each level costs a fixed, small number of tensor operations on static shapes,
-for every tree and head at once, with no copies between layouts and no host
-synchronisation: the path runs under ``torch.compile(fullgraph=True)`` and is
-differentiable twice (its small autograd functions, :func:`scores`,
-:func:`family_product` and :func:`dense_gradient`, have backwards made of differentiable
-operations). Inputs
-``[L, H, d]`` are read heads first (``q.transpose(0, 1)``): one copy each, none when
-their memory already is heads first (``[H, L, d]`` storage viewed as ``[L, H, d]``, the
-layout in which attention layers usually hold their heads); the output has the memory
-layout of ``q``.
+Each level costs a fixed, small number of tensor operations on static shapes, for every
+tree and head at once, with no copies between layouts and no host synchronisation: the
+path runs under ``torch.compile(fullgraph=True)`` and is differentiable twice (its small
+autograd functions, :func:`scores`, :func:`~hiergraph.ops.hsa.family.family_product` and
+:func:`dense_gradient`, have backwards made of differentiable operations). Inputs
+``[L, H, d]`` are read heads first (``q.transpose(0, 1)``): one copy each, none when their
+memory already is heads first (``[H, L, d]`` storage viewed as ``[L, H, d]``, the layout
+in which attention layers usually hold their heads); the output has the memory layout of
+``q``.
 
 The formulas are those of :func:`~hiergraph.ops.hierarchical_attention`; with
 all leaves valid, :math:`n(\cdot)` is constant on a level, so
@@ -272,39 +271,11 @@ class _Scores(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         q, k = ctx.saved_tensors
         grad = grad * ctx.tau
-        return family_product(grad, k), family_product(grad.transpose(-1, -2), q), None
-
-
-def family_product(p: Tensor, v: Tensor) -> Tensor:
-    r"""``p @ v`` for ``p [..., b, b]`` and ``v [..., b, d]``, differentiable twice.
-
-    Families of two on the CPU run as two broadcast multiply-adds
-    :math:`p_{:,0} v_0 + p_{:,1} v_1`: CPU BLAS takes 3–5× longer over a batch of
-    ``[2, 2] @ [2, d]`` products (inner size 2) than over the same data as one
-    element-wise pass (and within 1.3× of it from ``b = 3`` up, where this is ``matmul``)."""
-    if p.size(-1) != 2 or p.device.type != "cpu":
-        return torch.matmul(p, v)
-    return _PairProduct.apply(p, v)
-
-
-def _pair_product(p: Tensor, v: Tensor) -> Tensor:
-    return torch.addcmul(p[..., :1] * v[..., :1, :], p[..., 1:], v[..., 1:, :])
-
-
-class _PairProduct(torch.autograd.Function):
-    """``p @ v`` over families of two; autograd's own backward of the two multiply-adds
-    reduces over ``d`` twice, so ``p``'s gradient is ``G v^T`` (inner size ``d``) and
-    ``v``'s the same pair product with ``p^T``."""
-
-    @staticmethod
-    def forward(ctx, p: Tensor, v: Tensor) -> Tensor:
-        ctx.save_for_backward(p, v)
-        return _pair_product(p, v)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        p, v = ctx.saved_tensors
-        return torch.matmul(grad, v.transpose(-1, -2)), family_product(p.transpose(-1, -2), grad)
+        return (
+            family.family_product(grad, k),
+            family.family_product(grad.transpose(-1, -2), q),
+            None,
+        )
 
 
 def _pool(total: Tensor, rho: list[Tensor], n, parent_n) -> tuple[Tensor, list[Tensor]]:
@@ -344,7 +315,7 @@ def node_layout(x: Tensor) -> Tensor:
 def _weighted_sum(parent: Tensor | None, p: Tensor, v: Tensor) -> Tensor:
     """``p @ v`` (``[H, F, b, b] @ [H, F, b, d_v]``) plus, if given, the parents' rows
     ``parent`` (node layout ``[H, F, d_v]``) broadcast to their children."""
-    out = family_product(p, v)
+    out = family.family_product(p, v)
     return out if parent is None else out + parent.unsqueeze(2)
 
 

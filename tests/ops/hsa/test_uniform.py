@@ -110,9 +110,9 @@ def test_family_product_is_matmul_differentiable_twice(b):
     gen = torch.Generator().manual_seed(b)
     p = torch.randn(2, 3, b, b, generator=gen, **F64).requires_grad_()
     v = torch.randn(2, 3, b, 4, generator=gen, **F64).requires_grad_()
-    torch.testing.assert_close(hsa_uniform.family_product(p, v), p @ v, atol=1e-15, rtol=0)
-    assert torch.autograd.gradcheck(hsa_uniform.family_product, (p, v))
-    assert torch.autograd.gradgradcheck(hsa_uniform.family_product, (p, v))
+    torch.testing.assert_close(family_attention.family_product(p, v), p @ v, atol=1e-15, rtol=0)
+    assert torch.autograd.gradcheck(family_attention.family_product, (p, v))
+    assert torch.autograd.gradgradcheck(family_attention.family_product, (p, v))
 
 
 def test_runs_without_the_block_kernel(monkeypatch):
