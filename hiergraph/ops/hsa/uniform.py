@@ -83,8 +83,8 @@ def uniform_hierarchical_attention(
     weight = None if leaf_mask is None else leaf_mask.to(work)
 
     # ---- bottom-up: family layout of every level, deepest first. Padding leaves count 0:
-    # the counts drop them from every key set and pooled mean (their rows, however finite,
-    # are never read), and their outputs are zeroed at the end
+    # the counts drop them from every key set and pooled mean (their values, if finite,
+    # never reach another row), and their outputs are zeroed at the end
     counts = counts_below(weight, fanout)
     leaves = [heads_first(t) for t in (q, k, v)]
     rho = [family_layout(t, fanout[-1]) for t in leaves]
