@@ -1,4 +1,5 @@
-"""Command-line pieces shared by the example scripts (imported from the script's folder)."""
+"""Command-line pieces shared by the example scripts (imported from the script's folder):
+``--threads`` and ``--device``."""
 
 from __future__ import annotations
 
@@ -23,3 +24,26 @@ def set_threads(args: argparse.Namespace, default: int | None = None) -> int:
     args.threads = args.threads or default or default_threads()
     torch.set_num_threads(args.threads)
     return args.threads
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """``--device NAME``: where the model and the data live (see :func:`get_device`)."""
+    parser.add_argument(
+        "--device", default=None, help="torch device: cpu, cuda, cuda:1 … (default: cuda if any)"
+    )
+
+
+def get_device(args: argparse.Namespace) -> torch.device:
+    """``args.device`` as a :class:`torch.device` (default: ``cuda`` when a CUDA device is
+    present, else ``cpu``), stored back in ``args.device`` as its name. A name torch does not
+    know, or a CUDA device this machine lacks, stops the script with a one-line message."""
+    name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise SystemExit(f"--device {name!r}: {error}") from None
+    count = torch.cuda.device_count()
+    if device.type == "cuda" and (device.index or 0) >= count:
+        raise SystemExit(f"--device {name!r}: this machine has {count} CUDA device(s)")
+    args.device = str(device)
+    return device

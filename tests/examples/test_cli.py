@@ -1,4 +1,4 @@
-"""``examples/_cli.py``: the ``--threads`` option every example script shares."""
+"""``examples/_cli.py``: the ``--threads`` and ``--device`` options the example scripts share."""
 
 import argparse
 
@@ -48,3 +48,18 @@ def test_scripts_keep_their_threads_help(load_example, script, help_text, capsys
     with pytest.raises(SystemExit):
         parse(["--help"])
     assert help_text in " ".join(capsys.readouterr().out.split())
+
+
+def test_device_defaults_to_cuda_when_present_and_refuses_what_is_missing(cli):
+    parser = argparse.ArgumentParser()
+    cli.add_device_option(parser)
+    args = parser.parse_args([])
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert cli.get_device(args) == torch.device(expected) and args.device == expected
+    args = parser.parse_args(["--device", "cpu"])
+    assert cli.get_device(args) == torch.device("cpu")
+    with pytest.raises(SystemExit, match="'gpu'"):
+        cli.get_device(parser.parse_args(["--device", "gpu"]))
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past the last CUDA device
+    with pytest.raises(SystemExit, match="CUDA device"):
+        cli.get_device(parser.parse_args(["--device", missing]))
