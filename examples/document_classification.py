@@ -36,7 +36,8 @@ Budgets:
   documents) and about twice that for FSA: 0.5-1 hour per model.
 
 ``--seeds``, ``--epochs`` and the split sizes given explicitly override the budget
-(``--train-size 0``: the whole split). ``benchmarks/documents.py`` runs the
+(``--train-size 0``: the whole split). ``--device`` picks where the model and
+the batches live (default: cuda if any). ``benchmarks/documents.py`` runs the
 benchmark tables through this script.
 
 Examples::
@@ -61,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _cli import add_threads_option, set_threads
+from _cli import add_device_option, add_threads_option, get_device, set_threads
 from torch import nn
 
 from hiergraph.datasets.bbc import BBCNews
@@ -166,12 +167,13 @@ def subset(dataset, size: int | None, seed: int):
 
 @torch.no_grad()
 def evaluate(model, loader) -> tuple[float, float]:
-    """(accuracy, macro F1)."""
+    """(accuracy, macro F1); the batches run on the model's device, the scores on the CPU."""
     model.eval()
+    device = next(model.parameters()).device
     preds, golds = [], []
     for batch in loader:
-        preds.append(model(batch).argmax(-1))
-        golds.append(batch.y)
+        preds.append(model(batch.to(device)).argmax(-1).cpu())
+        golds.append(batch.y.cpu())
     pred, gold = torch.cat(preds), torch.cat(golds)
     classes = int(max(pred.max(), gold.max())) + 1
     f1 = []
@@ -197,13 +199,16 @@ def train_epoch(
     show: bool = False,
     max_batches: int | None = None,
 ) -> dict:
-    """One pass over ``loader`` (or its first ``max_batches``): loss, wall and CPU seconds."""
+    """One pass over ``loader`` (or its first ``max_batches``) on the model's device: loss,
+    wall and CPU seconds."""
     model.train()
+    device = next(model.parameters()).device
     losses, leaves, docs = [], 0, 0
     load, wall, cpu = os.getloadavg()[0], time.perf_counter(), time.process_time()
     for step, batch in enumerate(progress(loader, desc, show)):
         if step == max_batches:
             break
+        batch = batch.to(device)
         loss = F.cross_entropy(model(batch), batch.y)
         optimizer.zero_grad()
         loss.backward()
@@ -251,11 +256,11 @@ def optimizer_and_schedule(args, model, steps_per_epoch: int):
     return params, optimizer, scheduler
 
 
-def run_seed(args, seed: int, loaders: dict) -> dict:
+def run_seed(args, seed: int, loaders: dict, device: torch.device) -> dict:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    model = build_model(args, loaders["train"].dataset)
+    model = build_model(args, loaders["train"].dataset).to(device)
     params, optimizer, scheduler = optimizer_and_schedule(args, model, len(loaders["train"]))
     history = []
     for epoch in range(args.epochs):
@@ -358,6 +363,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--hubs", type=int, default=0, help="hsa: tokens lifted to the root, per doc")
     add_threads_option(p, help="torch CPU threads (default 1: fastest for this model)")
+    add_device_option(p)
     p.add_argument("--tfidf", action="store_true", help="also run TF-IDF + logistic regression")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--json", default=None, help="write the results here")
@@ -380,6 +386,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     set_threads(args, default=1)  # one thread is fastest for this model
+    device = get_device(args)
 
     splits, truncation = load_splits(args)
     print(json.dumps({"truncation": truncation}), flush=True)
@@ -387,7 +394,7 @@ def main(argv=None) -> dict:
         split: DocumentLoader(ds, args.batch_size, shuffle=split == "train")
         for split, ds in splits.items()
     }
-    runs = [run_seed(args, seed, loaders) for seed in args.seeds]
+    runs = [run_seed(args, seed, loaders, device) for seed in args.seeds]
     summary = {
         key: {
             "mean": float(np.mean([r[key] for r in runs])),

@@ -16,7 +16,8 @@ Budgets: the default trains each encoder for 35 s on 2,000 expressions of 100-50
 tokens and tests on 300; ``--paper`` uses the Long Range Arena's lengths (500-2,000
 tokens; 4,000 training and 500 test expressions, far fewer than LRA's 96,000) and 600 s
 per encoder. Flags given explicitly override either budget; ``--quick`` shrinks the model
-and the data for smoke tests.
+and the data for smoke tests; ``--device`` picks where the encoders train (default: cuda if
+any).
 
 To add an encoder, add one entry to ``ENCODERS``: a function of the parsed
 arguments returning a module that maps ``(tokens [B, L], padding_mask [B, L])``
@@ -32,7 +33,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from _cli import add_threads_option, set_threads
+from _cli import add_device_option, add_threads_option, get_device, set_threads
 from torch import Tensor, nn
 
 from hiergraph.data.windows import window_forest
@@ -133,7 +134,7 @@ class HSAWindowAttention(nn.Module):
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         valid = (
-            torch.ones(x.shape[:2], dtype=torch.bool)
+            torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
             if key_padding_mask is None
             else ~key_padding_mask
         )
@@ -171,25 +172,27 @@ class Classifier(nn.Module):
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, data, batch_size: int) -> float:
+def accuracy(model: nn.Module, data, batch_size: int, device: torch.device) -> float:
     model.eval()
     correct = 0
     for start in range(0, len(data), batch_size):
-        tokens, mask, labels = collate(data[start : start + batch_size])
+        batch = collate(data[start : start + batch_size])
+        tokens, mask, labels = (t.to(device) for t in batch)
         correct += (model(tokens, mask).argmax(-1) == labels).sum().item()
     model.train()
     return correct / len(data)
 
 
-def train(name: str, args, train_data, test_data) -> dict:
+def train(name: str, args, train_data, test_data, device: torch.device) -> dict:
     torch.manual_seed(args.seed)
-    model = Classifier(ENCODERS[name](args), args.dim)
+    model = Classifier(ENCODERS[name](args), args.dim).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     rng = random.Random(args.seed)
     steps, start = 0, time.perf_counter()
     bar = progress(total=round(args.budget_seconds), desc=name, unit="s", leave=False)
     while time.perf_counter() - start < args.budget_seconds:
-        tokens, mask, labels = collate(rng.sample(train_data, args.batch_size))
+        batch = collate(rng.sample(train_data, args.batch_size))
+        tokens, mask, labels = (t.to(device) for t in batch)
         loss = F.cross_entropy(model(tokens, mask), labels)
         optimizer.zero_grad()
         loss.backward()
@@ -206,7 +209,7 @@ def train(name: str, args, train_data, test_data) -> dict:
         "train_seconds": round(seconds, 1),
         "seconds_per_step": round(seconds / max(steps, 1), 3),
         "last_loss": round(loss.item(), 3) if steps else None,
-        "test_accuracy": accuracy(model, test_data, args.batch_size),
+        "test_accuracy": accuracy(model, test_data, args.batch_size, device),
     }
 
 
@@ -235,9 +238,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=str, default=None, help="optional JSON file for the results")
     add_threads_option(parser)
+    add_device_option(parser)
     args = parser.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
     set_threads(args)
+    device = get_device(args)
     if args.quick:
         args.budget_seconds = min(args.budget_seconds, 5.0)
         args.min_len, args.max_len, args.train_size, args.test_size = 20, 120, 1000, 200
@@ -255,7 +260,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
           f"{counts.max().item() / len(test_data):.3f}")  # fmt: skip
     results = []
     for name in args.encoders:
-        results.append(train(name, args, train_data, test_data))
+        results.append(train(name, args, train_data, test_data, device))
         print(json.dumps(results[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as out:

@@ -38,7 +38,8 @@ Budgets:
   ``--image-stem conv --group-size 2 --readout tree`` and the logistic-regression
   baselines; about 30 minutes on one thread (5-6 minutes per seed for the five models).
 
-Options given explicitly override the budget (``--group-size 0``: no patch groups).
+Options given explicitly override the budget (``--group-size 0``: no patch groups);
+``--device`` picks where the models and the batches live (default: cuda if any).
 Examples::
 
     HIERGRAPH_OPENCLIPART=<cache>/openclipart/usr/share/openclipart \\
@@ -61,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _cli import add_threads_option, set_threads
+from _cli import add_device_option, add_threads_option, get_device, set_threads
 from torch import nn
 from torch_geometric.loader import DataLoader
 from tqdm import tqdm
@@ -222,13 +223,15 @@ def tree_mean_pool(x: torch.Tensor, hierarchy) -> torch.Tensor:
     return x
 
 
-def predict(model, loader) -> tuple[torch.Tensor, torch.Tensor]:
+def predict(model, loader, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Predicted and true classes of ``loader``, the batches run on ``device``; on the CPU."""
     model.eval()
     preds, golds = [], []
     with torch.no_grad():
         for batch in loader:
-            preds.append(model(batch).argmax(-1))
-            golds.append(batch.y)
+            batch = batch.to(device)
+            preds.append(model(batch).argmax(-1).cpu())
+            golds.append(batch.y.cpu())
     return torch.cat(preds), torch.cat(golds)
 
 
@@ -249,8 +252,11 @@ def confusion(pred, gold, num_classes: int) -> list[list[int]]:
     return m.tolist()
 
 
-def train(args, model_name: str, seed: int, data: dict, schema, num_classes: int) -> dict:
-    """One training run; returns its history, best-validation epoch and test scores."""
+def train(
+    args, model_name: str, seed: int, data: dict, schema, num_classes: int, device: torch.device
+) -> dict:
+    """One training run on ``device``; returns its history, best-validation epoch and test
+    scores."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -269,7 +275,7 @@ def train(args, model_name: str, seed: int, data: dict, schema, num_classes: int
         readout=args.readout,
         stem=make_stem(args, schema, data["pixel_stats"]),
         hubs=args.hubs if attention == "hsa" else 0,
-    )
+    ).to(device)
     loader = DataLoader(data["train"], batch_size=args.batch_size, shuffle=True)
     val_loader = DataLoader(data["val"], batch_size=256)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -283,6 +289,7 @@ def train(args, model_name: str, seed: int, data: dict, schema, num_classes: int
         start, losses = time.perf_counter(), []
         for batch in loader:
             bar.update()
+            batch = batch.to(device)
             loss = F.cross_entropy(model(batch), batch.y)
             optimizer.zero_grad()
             loss.backward()
@@ -290,14 +297,14 @@ def train(args, model_name: str, seed: int, data: dict, schema, num_classes: int
             scheduler.step()
             losses.append(loss.item())
         train_seconds += time.perf_counter() - start
-        val = scores(*predict(model, val_loader), num_classes)
+        val = scores(*predict(model, val_loader, device), num_classes)
         history.append({"epoch": epoch, "loss": float(np.mean(losses)), **val})
         if best is None or val["acc"] > best["acc"]:
             best, best_state = {"epoch": epoch, **val}, copy.deepcopy(model.state_dict())
         tqdm.write(json.dumps({"model": model_name, "seed": seed, **history[-1]}))
     bar.close()
     model.load_state_dict(best_state)
-    pred, gold = predict(model, DataLoader(data["test"], batch_size=256))
+    pred, gold = predict(model, DataLoader(data["test"], batch_size=256), device)
     return {
         "seed": seed,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -550,6 +557,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--baselines", action="store_true", default=None, help="logistic-regression baselines"
     )
     add_threads_option(p, help="torch CPU threads (default 1: fastest for this model)")
+    add_device_option(p)
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="bar chart + confusion matrix PNG")
     args = p.parse_args(argv)
@@ -563,6 +571,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     set_threads(args, default=1)  # one thread is fastest for this model
+    device = get_device(args)
     given = sys.argv[1:] if argv is None else list(argv)
     result = {
         "dataset": args.dataset,
@@ -583,7 +592,9 @@ def main(argv=None) -> dict:
         ds = data["_dataset"]
         result["classes"] = list(ds.classes)
         result["sizes"] = {s: len(data[s]) for s in ("train", "val", "test")}
-        runs = [train(args, name, seed, data, ds.schema, ds.num_classes) for seed in args.seeds]
+        runs = [
+            train(args, name, seed, data, ds.schema, ds.num_classes, device) for seed in args.seeds
+        ]
         result["models"][name] = {"summary": summarize(runs), "runs": runs}
         result["paired_vs_hsa"] = paired(result["models"])
         print(json.dumps({name: result["models"][name]["summary"]}), flush=True)

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from tests.datasets.test_documents import imdb_files, write_tar
 
@@ -23,18 +24,32 @@ def test_quick_budget_by_default_and_whole_splits_with_paper(dc):
     assert dc.parse_args(["--paper", "--epochs", "1"]).epochs == 1  # explicit options win
 
 
-def test_quick_run_on_a_generated_archive(dc, tmp_path, monkeypatch):
+def quick_run(dc, tmp_path, monkeypatch, device: str) -> dict:
+    """The quick budget of a tiny HSA model on a generated IMDB archive, on ``device``."""
     monkeypatch.delenv("HIERGRAPH_DATA", raising=False)
     write_tar(tmp_path / "aclImdb_v1.tar.gz", {f"aclImdb/{k}": v for k, v in imdb_files().items()})
     monkeypatch.setenv("HIERGRAPH_RAW", str(tmp_path))
-    out = dc.main([
+    return dc.main([
         "--dataset", "imdb", "--root", str(tmp_path / "imdb"), "--tokenizer", "simple",
         "--embedding", "learned", "--model", "hsa", "--hidden", "16", "--heads", "2",
         "--pos-channels", "8", "--mlp", "16", "--proj", "0", "--no-progress",
-        "--json", str(tmp_path / "r.json"),
+        "--device", device, "--json", str(tmp_path / "r.json"),
     ])  # fmt: skip
+
+
+def test_quick_run_on_a_generated_archive(dc, tmp_path, monkeypatch):
+    out = quick_run(dc, tmp_path, monkeypatch, "cpu")
     assert out["sizes"] == {"train": 18, "val": 2, "test": 8}  # the quick subsets hold them all
     (run,) = out["runs"]
     assert run["seed"] == 0 and len(run["history"]) == 1 and 0.0 <= run["test_acc"] <= 1.0
     assert out["torch_threads"] == 1  # one thread: this model's fastest
-    assert json.loads((tmp_path / "r.json").read_text())["config"]["epochs"] == 1
+    config = json.loads((tmp_path / "r.json").read_text())["config"]
+    assert (config["epochs"], config["device"]) == (1, "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_quick_run_trains_on_cuda(dc, tmp_path, monkeypatch):
+    out = quick_run(dc, tmp_path, monkeypatch, "cuda")
+    (run,) = out["runs"]
+    assert len(run["history"]) == 1 and 0.0 <= run["test_acc"] <= 1.0
+    assert json.loads((tmp_path / "r.json").read_text())["config"]["device"] == "cuda"

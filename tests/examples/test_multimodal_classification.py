@@ -72,10 +72,9 @@ def test_patch_stem_gradients_and_bad_input(mm):
         mm.PatchStem(3, 5, 0, torch.zeros(3), torch.ones(3), stem="conv")
 
 
-@needs_minilm
-def test_runs_end_to_end_on_a_generated_emoji_package(mm, fake_package, tmp_path, monkeypatch):  # noqa: F811
-    monkeypatch.setenv("HIERGRAPH_EMOJI", str(fake_package))
-    out = mm.main(
+def emoji_run(mm, tmp_path, device: str) -> dict:
+    """Three models, two epochs, the conv stem and hubs on the generated emoji package."""
+    return mm.main(
         [
             "--dataset",
             "emoji",
@@ -93,10 +92,18 @@ def test_runs_end_to_end_on_a_generated_emoji_package(mm, fake_package, tmp_path
             "conv",
             "--hubs",
             "2",
+            "--device",
+            device,
             "--json",
             str(tmp_path / "r.json"),
         ]
     )
+
+
+@needs_minilm
+def test_runs_end_to_end_on_a_generated_emoji_package(mm, fake_package, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("HIERGRAPH_EMOJI", str(fake_package))
+    out = emoji_run(mm, tmp_path, "cpu")
     assert set(out["models"]) == {"hsa", "fsa", "image"}
     sizes = {m: out["models"][m]["summary"]["parameters"] for m in out["models"]}
     assert len(set(sizes.values())) == 1  # equal size: the same layer, stem and head
@@ -109,7 +116,19 @@ def test_runs_end_to_end_on_a_generated_emoji_package(mm, fake_package, tmp_path
     hsa, fsa = (out["models"][m]["runs"][0]["test"]["f1"] for m in ("hsa", "fsa"))
     assert pairs["fsa"]["f1"]["mean"] == pytest.approx(hsa - fsa)
     config = json.loads((tmp_path / "r.json").read_text())["config"]
-    assert config["image_stem"] == "conv" and config["hubs"] == 2
+    assert (config["image_stem"], config["hubs"], config["device"]) == ("conv", 2, "cpu")
+
+
+@needs_minilm
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_runs_end_to_end_on_cuda(mm, fake_package, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("HIERGRAPH_EMOJI", str(fake_package))
+    out = emoji_run(mm, tmp_path, "cuda")
+    for model in out["models"].values():
+        run = model["runs"][0]
+        assert 0 <= run["test"]["acc"] <= 1 and len(run["history"]) == 2
+        assert sum(map(sum, run["confusion"])) == out["sizes"]["test"]
+    assert json.loads((tmp_path / "r.json").read_text())["config"]["device"] == "cuda"
 
 
 def test_quick_budget_by_default_and_the_benchmark_setting_with_paper(mm):
