@@ -42,7 +42,8 @@ else ``~/.cache/hiergraph``); raw files are linked from ``--raw-dir`` or
 ``$HIERGRAPH_RAW`` when ``<root>/<Dataset>/raw`` is empty, else downloaded.
 ``--attention`` takes several names to run them one after the other, and
 ``--json PATH`` merges one row per attention (all seeds, mean, std, epochs run,
-budget) into a JSON file. Examples::
+budget, device) into a JSON file; ``--device`` picks the torch device (default:
+``cuda`` when present). Examples::
 
     python examples/cora_cone_gat.py                          # quick: penumbral, 2 seeds
     python examples/cora_cone_gat.py --dataset CiteSeer --attention gat umbral
@@ -62,7 +63,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
-from _cli import add_threads_option, set_threads
+from _cli import add_device_option, add_threads_option, get_device, set_threads
 from torch_geometric.nn import GATConv
 from tqdm import tqdm
 
@@ -192,6 +193,7 @@ def run_seed(data, attention: str, seed: int, args) -> dict:
     at the best validation epoch and of the paper's final model, epochs, validation."""
     torch.manual_seed(seed)
     model = GAT(attention, data.num_features, int(data.y.max()) + 1, cone=cone_options(args))
+    model.to(args.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     x = data.x.to_sparse_csr()
     pred = {}
@@ -317,6 +319,7 @@ def parse_args(argv=None):
         help="ConeConv: dropout on the projected features as well (pytorch-GAT's recipe)",
     )
     add_threads_option(parser)
+    add_device_option(parser)
     parser.add_argument("--json", type=Path, default=None, help="merge results into this file")
     args = parser.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
@@ -353,6 +356,7 @@ def _row(attention: str, runs: list[dict], seeds: list[int], start: float, args)
         "lr": args.lr,
         "weight_decay": args.weight_decay,
         "threads": torch.get_num_threads(),
+        "device": args.device,
         "wall_s": time.perf_counter() - start,
         "torch": torch.__version__,
     }
@@ -362,8 +366,10 @@ def main(argv=None) -> dict[str, list[float]]:
     """Runs every ``--attention``; returns the test accuracies of each."""
     args = parse_args(argv)
     set_threads(args)
+    device = get_device(args)
     transform = T.NormalizeFeatures()
     data = load_planetoid(args.dataset, args.root, args.raw_dir, transform=transform)[0]
+    data.to(device)
     results = {}
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     for attention in args.attention:

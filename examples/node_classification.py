@@ -28,7 +28,8 @@ Budgets:
   epoch, 150-250 epochs per seed), 2-3 minutes for ``gat``/``gcn``, about 40 minutes
   for ``gps_full`` (full attention over all nodes).
 
-``--seeds``, ``--epochs`` and ``--patience`` given explicitly override the budget::
+``--seeds``, ``--epochs`` and ``--patience`` given explicitly override the budget;
+``--device`` picks the torch device (default: ``cuda`` when present)::
 
     HIERGRAPH_RAW=/path/to/datasets python examples/node_classification.py
     python examples/node_classification.py --dataset citeseer --model gat
@@ -56,7 +57,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
-from _cli import add_threads_option, set_threads
+from _cli import add_device_option, add_threads_option, get_device, set_threads
 from cora_cone_gat import ATTENTIONS, GAT, make_conv, train_with_early_stopping
 from torch import nn
 from torch_geometric.loader import DataLoader
@@ -178,6 +179,7 @@ def run_full_batch(args, seed: int, data, metric) -> dict:
     """One seed on one graph (Cora, ogbn-*): ``metric(pred, mask) -> float``."""
     torch.manual_seed(seed)
     model = build_model(args.model, data.num_features, int(data.y.max()) + 1, args)
+    model.to(args.device)
     gat_recipe = args.model in ("gat", "cone", "hsa_hybrid")
     lr, wd = (0.005, 5e-4) if gat_recipe else (args.lr, args.weight_decay)
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=wd)
@@ -192,13 +194,13 @@ def run_full_batch(args, seed: int, data, metric) -> dict:
     pred = {}
 
     def accuracy(mask):
-        return metric(pred["last"], mask)
+        return metric(pred["last"], mask.cpu())
 
     def validate():
         model.eval()
         with torch.no_grad():
             out = _forward(model, data)
-        pred["last"] = out.argmax(-1)
+        pred["last"] = out.argmax(-1).cpu()  # metric scores on the host, with the loaded labels
         loss = F.cross_entropy(out[data.val_mask], data.y[data.val_mask])
         return accuracy(data.val_mask), float(loss)
 
@@ -210,13 +212,14 @@ def run_full_batch(args, seed: int, data, metric) -> dict:
     return dict(run, hsa_gate_at_end=gates) if gates else run
 
 
-def _micro_f1(model, loader) -> tuple[float, float]:
+def _micro_f1(model, loader, device) -> tuple[float, float]:
     """Micro-F1 and mean binary cross-entropy over the graphs of ``loader``."""
     model.eval()
     tp = fp = fn = 0
     losses = []
     with torch.no_grad():
         for batch in loader:
+            batch = batch.to(device)
             out = _forward(model, batch)
             losses.append(float(F.binary_cross_entropy_with_logits(out, batch.y)))
             pred, true = out > 0, batch.y > 0.5
@@ -230,17 +233,23 @@ def run_ppi(args, seed: int, splits) -> dict:
     torch.manual_seed(seed)
     train, val, test = (DataLoader(s, batch_size=2, shuffle=i == 0) for i, s in enumerate(splits))
     model = build_model(args.model, splits[0].num_features, splits[0].num_classes, args)
+    model.to(args.device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
 
     def train_epoch():
         model.train()
         for batch in train:
+            batch = batch.to(args.device)
             opt.zero_grad()
             F.binary_cross_entropy_with_logits(_forward(model, batch), batch.y).backward()
             opt.step()
 
     return early_stopping(
-        args, seed, train_epoch, lambda: _micro_f1(model, val), lambda: _micro_f1(model, test)[0]
+        args,
+        seed,
+        train_epoch,
+        lambda: _micro_f1(model, val, args.device),
+        lambda: _micro_f1(model, test, args.device)[0],
     )
 
 
@@ -297,6 +306,7 @@ def main(argv=None) -> dict:
         help="hsa_hybrid: tree builder (default: louvain; lp for ogbn-*; metis: the metis extra)",
     )
     add_threads_option(p)
+    add_device_option(p)
     p.add_argument("--root", default=None, help="data root (default $HIERGRAPH_DATA)")
     p.add_argument("--raw-dir", default=None, help="Planetoid: folder to link raw files from")
     p.add_argument("--synthetic-ppi", default=None, help="write a SYNTHETIC PPI here and use it")
@@ -310,6 +320,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
     set_threads(args)
+    device = get_device(args)
     if args.model == "gat" and args.attention not in (None, "gat"):
         p.error("--model gat uses GATConv; pick a ConeConv score with --model cone")
     args.attention = args.attention or {"cone": "penumbral"}.get(args.model, "gat")
@@ -337,6 +348,7 @@ def main(argv=None) -> dict:
             warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
             data.x = data.x.to_sparse_csr()
         stats = hierarchy_stats(data) if needs_tree else None
+        data.to(device)  # the tree is built on the host, then moved with the graph
         synthetic = False
     else:
         raw = None
@@ -371,6 +383,7 @@ def main(argv=None) -> dict:
             "runs": runs,
             "args": vars(args),
             "threads": args.threads,
+            "device": args.device,
         }
 
     for seed in args.seeds:

@@ -13,7 +13,7 @@ them; on the synthetic stand-in below a run takes seconds):
 * default (quick): seed 0, 5 epochs: a smoke run of the full-size model (a few
   minutes on 2 CPU cores, far from converged);
 * ``--paper``: 10 seeds of at most 200 epochs with patience 100 (pytorch-GAT's PPI
-  budget): many hours on CPU, a GPU run.
+  budget): many hours on CPU, a GPU run (``--device``, default ``cuda`` when present).
 
 ``--seeds``, ``--epochs`` and ``--patience`` given explicitly override the budget.
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _cli import add_threads_option, set_threads
+from _cli import add_device_option, add_threads_option, get_device, set_threads
 from cora_cone_gat import ATTENTIONS, make_conv  # the shared GAT/ConeConv factory
 from torch_geometric.loader import DataLoader
 
@@ -68,11 +68,12 @@ class DeepGAT(torch.nn.Module):
 
 
 @torch.no_grad()
-def micro_f1(model, loader) -> float:
+def micro_f1(model, loader, device) -> float:
     r"""Micro-averaged F1 over all nodes and labels, prediction = logit > 0."""
     model.eval()
     tp = fp = fn = 0
     for data in loader:
+        data = data.to(device)
         pred = model(data.x, data.edge_index) > 0
         true = data.y > 0.5
         tp += (pred & true).sum().item()
@@ -88,19 +89,22 @@ def run_seed(splits, attention: str, seed: int, args) -> float:
     train_loader = DataLoader(train, batch_size=args.batch_size, shuffle=True)
     val_loader, test_loader = DataLoader(val, batch_size=2), DataLoader(test, batch_size=2)
     model = DeepGAT(attention, train.num_features, train.num_classes, hidden=args.hidden)
+    model.to(args.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     best_val, test_at_best, since_best = -1.0, 0.0, 0
     bar = progress(range(args.epochs), desc=f"seed {seed}", leave=False)
     for _ in bar:
         model.train()
         for data in train_loader:
+            data = data.to(args.device)
             optimizer.zero_grad()
             out = model(data.x, data.edge_index)
             F.binary_cross_entropy_with_logits(out, data.y).backward()
             optimizer.step()
-        val_f1 = micro_f1(model, val_loader)
+        val_f1 = micro_f1(model, val_loader, args.device)
         if val_f1 > best_val:
-            best_val, test_at_best, since_best = val_f1, micro_f1(model, test_loader), 0
+            test_f1 = micro_f1(model, test_loader, args.device)
+            best_val, test_at_best, since_best = val_f1, test_f1, 0
         else:
             since_best += 1
             if since_best >= args.patience:
@@ -124,6 +128,7 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, default=2, help="graphs per batch")
     parser.add_argument("--lr", type=float, default=5e-3)
     add_threads_option(parser)
+    add_device_option(parser)
     parser.add_argument(
         "--synthetic",
         default=None,
@@ -139,6 +144,7 @@ def parse_args(argv=None):
 def main(argv=None) -> list[float]:
     args = parse_args(argv)
     set_threads(args)
+    get_device(args)  # checked here; run_seed reads args.device
     root, raw_dir = args.root, args.raw_dir
     if args.synthetic is not None:
         root = args.synthetic

@@ -4,6 +4,7 @@ absent), its budgets, and its early-stopping rules."""
 import json
 
 import pytest
+import torch
 
 from tests.conftest import cora_raw_source
 from tests.examples.conftest import needs_planetoid, planetoid_raw
@@ -14,6 +15,7 @@ def test_cora_example_smoke(no_env, no_network, load_example, tmp_path, capsys):
     cora_cone_gat = load_example("cora_cone_gat")
 
     argv = ["--root", str(tmp_path), "--raw-dir", str(cora_raw_source()), "--epochs", "2"]
+    argv += ["--device", "cpu"]
     out_json = tmp_path / "acc.json"
     results = cora_cone_gat.main(
         [*argv, "--seeds", "1", "--attention", "dot", "umbral", "--json", str(out_json)]
@@ -29,6 +31,21 @@ def test_cora_example_smoke(no_env, no_network, load_example, tmp_path, capsys):
     assert rows["umbral"]["budget"] == {"max_epochs": 2, "patience": 100, "stop_at_final": False}
     assert rows["umbral"]["final_model"]["epoch"] == [2]  # the budget ran out first
     assert rows["penumbral[gamma=2]"]["cone_options"]["gamma"] == 2.0
+    assert {row["device"] for row in rows.values()} == {"cpu"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(cora_raw_source() is None, reason="real Cora raw files not available")
+def test_cora_example_trains_every_attention_on_cuda(no_env, no_network, load_example, tmp_path):
+    cora_cone_gat = load_example("cora_cone_gat")
+    out_json = tmp_path / "acc.json"
+    argv = ["--root", str(tmp_path), "--raw-dir", str(cora_raw_source()), "--epochs", "2"]
+    argv += ["--seeds", "1", "--device", "cuda", "--json", str(out_json)]
+    results = cora_cone_gat.main([*argv, "--attention", *cora_cone_gat.ATTENTIONS])
+    assert sorted(results) == sorted(cora_cone_gat.ATTENTIONS)
+    assert all(len(accs) == 1 and 0.0 <= accs[0] <= 1.0 for accs in results.values())
+    rows = json.loads(out_json.read_text())["rows"]
+    assert {row["device"] for row in rows.values()} == {"cuda"}
 
 
 @pytest.mark.skipif(cora_raw_source() is None, reason="real Cora raw files not available")

@@ -1,7 +1,10 @@
 """examples/node_classification.py: the hybrid runs end to end on the PPI and ogbn fixtures and
 on the real Cora and CiteSeer files (where present), with its budgets."""
 
+import json
+
 import pytest
+import torch
 
 from tests.datasets.test_ogbn import needs_ogb, write_tiny_arxiv
 from tests.examples.conftest import planetoid_raw
@@ -13,12 +16,14 @@ def nc(load_example):
 
 
 def test_hybrid_on_synthetic_ppi_is_labelled_and_scored(nc, tmp_path):
-    args = "--dataset ppi --model hsa_hybrid --seeds 0 --epochs 2 --max-family 8".split()
-    out = nc.main([*args, "--synthetic-ppi", str(tmp_path), "--json", str(tmp_path / "r.json")])
+    args = "--dataset ppi --model hsa_hybrid --seeds 0 --epochs 2 --max-family 8 --device cpu"
+    out = nc.main(
+        [*args.split(), "--synthetic-ppi", str(tmp_path), "--json", str(tmp_path / "r.json")]
+    )
     assert out["dataset"] == "ppi (SYNTHETIC)" and out["metric"] == "micro-F1"
     assert 0.0 <= out["mean"] <= 1.0 and out["num_seeds"] == 1
     assert out["hierarchy_stats"]["family_max"] <= 8
-    assert (tmp_path / "r.json").exists()
+    assert json.loads((tmp_path / "r.json").read_text())["ppi/hsa_hybrid[gat]"]["device"] == "cpu"
 
 
 @needs_ogb
@@ -126,3 +131,22 @@ def test_planetoid_datasets_run_the_hybrid_with_the_quick_budget(
     assert out["model"] == "hsa_hybrid" and out["dataset"] == dataset and out["num_seeds"] == 1
     assert out["args"]["patience"] == 100 and out["hierarchy_stats"]["num_leaves"] > 2000
     assert 0.0 <= out["mean"] <= 1.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dataset", ["ppi", pytest.param("ogbn-arxiv", marks=needs_ogb), "cora"])
+def test_hybrid_trains_on_cuda(nc, tmp_path, dataset, no_env, no_network):
+    # the three data paths: batched graphs, one graph scored by OGB's evaluator, CSR features
+    argv = ["--dataset", dataset, "--seeds", "0", "--epochs", "2", "--device", "cuda"]
+    if dataset == "ppi":
+        argv += ["--max-family", "8", "--synthetic-ppi", str(tmp_path)]
+    elif dataset == "ogbn-arxiv":
+        write_tiny_arxiv(tmp_path)
+        argv += ["--max-family", "4", "--root", str(tmp_path)]
+    elif planetoid_raw("Cora") is None:
+        pytest.skip("real Cora raw files absent")
+    else:
+        argv += ["--root", str(tmp_path), "--raw-dir", str(planetoid_raw("Cora") / "Cora" / "raw")]
+    out = nc.main(argv)  # the default model: the HSA hybrid
+    assert out["device"] == "cuda" and out["args"]["device"] == "cuda"
+    assert 0.0 <= out["mean"] <= 1.0 and out["num_seeds"] == 1

@@ -1,5 +1,8 @@
 """examples/ppi_cone_gat.py runs on a generated SYNTHETIC PPI in PyG's raw layout."""
 
+import pytest
+import torch
+
 from hiergraph.datasets import planetoid as hp
 
 
@@ -7,7 +10,7 @@ def test_ppi_example_runs_on_synthetic_fixture(no_env, no_network, load_example,
     ppi_cone_gat = load_example("ppi_cone_gat")
     raw = hp.write_synthetic_ppi(tmp_path / "raw", graphs=(4, 2, 2), nodes_per_graph=12)
     argv = ["--root", str(tmp_path), "--raw-dir", str(raw), "--epochs", "2", "--hidden", "8"]
-    scores = ppi_cone_gat.main([*argv, "--attention", "umbral"])
+    scores = ppi_cone_gat.main([*argv, "--attention", "umbral", "--device", "cpu"])
     assert len(scores) == 1 and 0.0 <= scores[0] <= 1.0
     assert "SYNTHETIC PPI stand-in (not the real dataset) umbral" in capsys.readouterr().out
 
@@ -18,3 +21,13 @@ def test_quick_budget_by_default_and_the_papers_with_paper(load_example):
     assert (quick.seeds, quick.epochs, quick.patience, quick.hidden) == (1, 5, 100, 256)
     paper = ppi_cone_gat.parse_args(["--paper"])
     assert (paper.seeds, paper.epochs, paper.patience) == (10, 200, 100)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("attention", ["gat", "dot", "penumbral", "umbral"])
+def test_ppi_example_trains_on_cuda(no_env, no_network, load_example, tmp_path, attention):
+    ppi_cone_gat = load_example("ppi_cone_gat")
+    raw = hp.write_synthetic_ppi(tmp_path / "raw", graphs=(4, 2, 2), nodes_per_graph=12)
+    argv = ["--root", str(tmp_path), "--raw-dir", str(raw), "--epochs", "2", "--hidden", "8"]
+    scores = ppi_cone_gat.main([*argv, "--attention", attention, "--device", "cuda"])
+    assert len(scores) == 1 and 0.0 <= scores[0] <= 1.0
