@@ -3,6 +3,7 @@
     python examples/hierarchical_lm.py            # quick: 25 CPU-seconds per model, ~1.5 min
     python examples/hierarchical_lm.py --paper    # 300 CPU-seconds per model, ~12 min
     python examples/hierarchical_lm.py --out benchmarks/results/hierarchical_lm.json
+    python examples/hierarchical_lm.py --device cuda   # on a GPU (default: cuda if any)
 
 Budgets: the default (quick) trains each model for 25 CPU-seconds and evaluates on 48
 test chunks (the run of ``benchmarks/results/hierarchical_lm.json``); ``--paper`` trains
@@ -42,7 +43,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _cli import add_threads_option, set_threads
+from _cli import add_device_option, add_threads_option, get_device, set_threads
 from torch_geometric.data import Batch
 from tqdm import tqdm
 
@@ -106,11 +107,13 @@ def next_event(data: bytes, i: int) -> tuple[int, int]:
     return 0, 0
 
 
-def make_batch(samples: list[bytes]):
+def make_batch(samples: list[bytes], device: torch.device):
+    """Tokens, trees and causal plan of ``samples``, built on the CPU and moved to ``device``."""
     trees = [from_schedule([next_event(s, i) for i in range(len(s))]) for s in samples]
     batch = Batch.from_data_list(trees)
     tokens = torch.tensor([b for s in samples for b in s], dtype=torch.long)
-    return tokens, batch, CausalPlan.from_hierarchy(batch)
+    plan = CausalPlan.from_hierarchy(batch)
+    return tokens.to(device), batch.to(device), plan.to(device)
 
 
 def loss_on(model, tokens, batch, plan):
@@ -121,10 +124,10 @@ def loss_on(model, tokens, batch, plan):
 
 
 @torch.no_grad()
-def evaluate(model, samples, batch_size) -> float:
+def evaluate(model, samples, batch_size, device) -> float:
     total, count = 0.0, 0
     for start in range(0, len(samples), batch_size):
-        tokens, batch, plan = make_batch(samples[start : start + batch_size])
+        tokens, batch, plan = make_batch(samples[start : start + batch_size], device)
         n = int((plan.ancestors[1:, 0] == plan.ancestors[:-1, 0]).sum())
         total += loss_on(model, tokens, batch, plan).item() * n
         count += n
@@ -134,7 +137,9 @@ def evaluate(model, samples, batch_size) -> float:
 @torch.no_grad()
 def decode(model, prompt: bytes, new_bytes: int, seed: int):
     """Feed ``prompt`` through the caches, then sample ``new_bytes``; returns the text,
-    the per-token decode times and the logits of the prompt."""
+    the per-token decode times and the logits of the prompt. Each step's logits are copied
+    to the CPU (sampling reads them there) within its time: on an accelerator that waits
+    for the step."""
     gen = torch.Generator().manual_seed(seed)
     caches, data, logits, times = model.new_cache(), bytearray(), [], []
     for i in range(len(prompt) + new_bytes):
@@ -145,7 +150,7 @@ def decode(model, prompt: bytes, new_bytes: int, seed: int):
         data.append(byte)
         close, open_ = next_event(bytes(data), i)
         t0 = time.process_time()
-        logits.append(model.step(byte, caches, close, open_))
+        logits.append(model.step(byte, caches, close, open_).cpu())
         times.append(time.process_time() - t0)
     return bytes(data).decode("utf-8", "replace"), times, torch.stack(logits[: len(prompt)])
 
@@ -169,6 +174,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--eval-chunks", type=int, default=None, help="(quick: 48)")
     parser.add_argument("--sample-bytes", type=int, default=128, help="bytes generated per model")
     add_threads_option(parser)
+    add_device_option(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the results (JSON + PNG)")
     parser.add_argument(
@@ -177,6 +183,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
     set_threads(args)
+    device = get_device(args)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
 
@@ -189,7 +196,7 @@ def main(argv=None) -> dict:
         vocab_size=256, channels=args.channels, num_layers=args.layers, heads=args.heads,
         pos_channels=32, max_depth=3, max_slot=args.seq_len,
     )  # fmt: skip
-    models = {mode: HTEDecoder(**config, attention=mode) for mode in ("hsa", "flat")}
+    models = {mode: HTEDecoder(**config, attention=mode).to(device) for mode in ("hsa", "flat")}
     models["flat"].load_state_dict(models["hsa"].state_dict())  # same initial weights
     params = {m: sum(p.numel() for p in model.parameters()) for m, model in models.items()}
     optims = {m: torch.optim.AdamW(model.parameters(), lr=args.lr) for m, model in models.items()}
@@ -211,7 +218,7 @@ def main(argv=None) -> dict:
             batch_for_step[step] = [train[j] for j in order[cursor : cursor + args.batch_size]]
             cursor += args.batch_size
         samples = batch_for_step[step]
-        tokens, batch, plan = make_batch(samples)
+        tokens, batch, plan = make_batch(samples, device)
         model, optim = models[mode], optims[mode]
         t0 = time.process_time()
         warmup = min(1.0, (step + 1) / 50)
@@ -222,14 +229,15 @@ def main(argv=None) -> dict:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
+        value = loss.item()  # on an accelerator this waits for the step, so it is timed
         used[mode] += time.process_time() - t0
         bar.update(round(sum(min(u, args.cpu_seconds) for u in used.values())) - bar.n)
         steps[mode] += 1
         if min(steps.values()) > step:
             batch_for_step.pop(step, None)
-        curves[mode].append((used[mode], loss.item()))
+        curves[mode].append((used[mode], value))
         if steps[mode] % 20 == 0:
-            cpu, value = used[mode], loss.item()
+            cpu = used[mode]
             tqdm.write(f"{mode:4s} step {steps[mode]:5d}  cpu {cpu:7.1f}s  loss {value:.3f}")
     bar.close()
 
@@ -237,11 +245,11 @@ def main(argv=None) -> dict:
     prompt = test[0][:128]
     for mode, model in models.items():
         model.eval()
-        nll = evaluate(model, test, args.batch_size)
+        nll = evaluate(model, test, args.batch_size, device)
         text, times, cached = decode(model, prompt, args.sample_bytes, args.seed)
-        tokens, batch, plan = make_batch([prompt])
+        tokens, batch, plan = make_batch([prompt], device)
         with torch.no_grad():
-            full = model(tokens, batch, plan)
+            full = model(tokens, batch, plan).cpu()
         results[mode] = {
             "parameters": params[mode],
             "train_steps": steps[mode],

@@ -21,6 +21,7 @@ Usage::
 
     python examples/masked_attention.py                 # about a minute on 2 cores
     python examples/masked_attention.py --steps 100 --masks causal_window causal
+    python examples/masked_attention.py --device cuda   # on a GPU (default: cuda if any)
 
 The task is small and self-contained (no paper protocol to reproduce, so no
 ``--paper``); ``--steps`` sets the training length.
@@ -32,7 +33,7 @@ import argparse
 import time
 
 import torch
-from _cli import add_threads_option, set_threads
+from _cli import add_device_option, add_threads_option, get_device, set_threads
 from torch import nn
 from tqdm import tqdm
 
@@ -88,14 +89,15 @@ def make_batch(builder, num_sequences: int, p: int, generator: torch.Generator):
     return batch, labels
 
 
-def train(name: str, builder, args) -> tuple[float, float]:
+def train(name: str, builder, args, device: torch.device) -> tuple[float, float]:
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
-    model = MaxOfWindow()
+    model = MaxOfWindow().to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     start = time.perf_counter()
     for _ in progress(range(args.steps), desc=name, leave=False):
         batch, labels = make_batch(builder, args.batch_size, args.p, generator)
+        batch, labels = batch.to(device), labels.to(device)
         loss = nn.functional.cross_entropy(model(batch.x, batch.edge_index), labels)
         optimizer.zero_grad()
         loss.backward()
@@ -103,6 +105,7 @@ def train(name: str, builder, args) -> tuple[float, float]:
     model.eval()
     with torch.no_grad():
         batch, labels = make_batch(builder, 256, args.p, torch.Generator().manual_seed(10**6))
+        batch, labels = batch.to(device), labels.to(device)
         accuracy = (model(batch.x, batch.edge_index).argmax(-1) == labels).float().mean()
     return float(accuracy), time.perf_counter() - start
 
@@ -118,15 +121,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0)
     add_threads_option(parser)
+    add_device_option(parser)
     builders = mask_builders(2)
     parser.add_argument("--masks", nargs="+", default=list(builders), choices=list(builders))
     args = parser.parse_args(argv)
     set_threads(args)
+    device = get_device(args)
     builders = mask_builders(args.p)
     print(f"max of the last {args.p + 1} digits, {args.steps} steps per mask")
     results = {}
     for name in args.masks:
-        results[name], seconds = train(name, builders[name], args)
+        results[name], seconds = train(name, builders[name], args, device)
         tqdm.write(f"{name:>14}: test accuracy {results[name]:.3f}  ({seconds:.1f} s)")
     return results
 

@@ -23,6 +23,7 @@ sequences of ``--length`` tokens:
     python examples/vcc_long_qa.py            # quick: 4K tokens, 30 s per model, ~2 minutes
     python examples/vcc_long_qa.py --paper    # 16K tokens, 150 s per model, ~15 minutes
     python examples/vcc_long_qa.py --length 8192 --budget 60
+    python examples/vcc_long_qa.py --device cuda   # on a GPU (default: cuda if any)
 
 Budgets: the default (quick) uses 4,096-token sequences, 30 s of training per model and
 8 evaluation batches; ``--paper`` the VCC paper's scale on this synthetic task (16,384
@@ -40,7 +41,7 @@ import math
 import time
 
 import torch
-from _cli import add_threads_option, set_threads
+from _cli import add_device_option, add_threads_option, get_device, set_threads
 from torch import Tensor, nn
 
 from hiergraph.nn.vcc import VCCEncoder, run_layer
@@ -111,7 +112,7 @@ class Retriever(nn.Module):
             vip[:, 0] = True
             return self.head(self.encoder(x, vip)[:, 0])
         # full / truncated: the same local layers first, then attention over all kept tokens
-        x = self.encoder.apply_local(x, torch.ones(x.shape[:2], dtype=torch.bool))
+        x = self.encoder.apply_local(x, torch.ones(x.shape[:2], dtype=torch.bool, device=x.device))
         if self.mode == "truncate":
             x = x[:, : self.keep]
         key_bias = x.new_zeros(x.shape[:2])
@@ -120,16 +121,17 @@ class Retriever(nn.Module):
         return self.head(x[:, 0])
 
 
-def train(mode: str, args) -> dict:
+def train(mode: str, args, device: torch.device) -> dict:
     torch.manual_seed(args.seed)
-    model = Retriever(mode, args)
+    model = Retriever(mode, args).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed + 1)
     steps, start = 0, time.perf_counter()
     stages, stage, recent = curriculum(args), 0, []
     bar = progress(total=round(args.budget), desc=mode, unit="s", leave=False)
     while time.perf_counter() - start < args.budget:
-        tokens, labels = make_batch(args.batch_size, stages[stage], args, gen)
+        batch = make_batch(args.batch_size, stages[stage], args, gen)
+        tokens, labels = (t.to(device) for t in batch)
         logits = model(tokens)
         loss = nn.functional.cross_entropy(logits, labels)
         opt.zero_grad()
@@ -148,7 +150,8 @@ def train(mode: str, args) -> dict:
     correct = 0
     with torch.no_grad():
         for _ in progress(range(args.eval_batches), desc=f"{mode} eval", leave=False):
-            tokens, labels = make_batch(args.batch_size, args.length, args, eval_gen)
+            batch = make_batch(args.batch_size, args.length, args, eval_gen)
+            tokens, labels = (t.to(device) for t in batch)
             correct += int((model(tokens).argmax(-1) == labels).sum())
     return {
         "model": mode,
@@ -212,6 +215,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--eval-batches", type=int, default=None, help="(quick: 8)")
     parser.add_argument("--lr", type=float, default=3e-3)
     add_threads_option(parser)
+    add_device_option(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results to this file")
     args = parser.parse_args(argv)
@@ -219,9 +223,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.distractors + 1 > args.keys:
         parser.error("--distractors must be < --keys (facts in one sequence have distinct keys)")
     set_threads(args)
+    device = get_device(args)
     results = []
     for mode in args.models:
-        results.append(train(mode, args))
+        results.append(train(mode, args, device))
         print(json.dumps(results[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:

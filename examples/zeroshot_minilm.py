@@ -13,6 +13,7 @@ probe accuracy, attention FLOPs.
     HIERGRAPH_RAW=<datasets> python examples/zeroshot_minilm.py               # quick
     python examples/zeroshot_minilm.py --dataset imdb --layers last2 --hubs 96
     python examples/zeroshot_minilm.py --paper --dataset bbc --branching 2,4,8,16
+    python examples/zeroshot_minilm.py --device cuda   # on a GPU (default: cuda if any)
 
 Probes: BBC News, stratified 5-fold cross-validation over all 2,225
 articles; IMDB, a fixed seeded 2,000 (train) / 2,000 (test) subset. Two probe
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _cli import add_threads_option, set_threads
+from _cli import add_device_option, add_threads_option, get_device, set_threads
 
 from hiergraph.integrations import (
     encoder_layers,
@@ -143,7 +144,8 @@ def encode_original(model, tokenizer, texts, max_tokens: int, batch_size: int, k
     """Original embeddings and the cached layer inputs, batches sorted by length.
 
     Returns ``{'order', 'batches': [(valid, {layer: hidden, 'final': last hidden})],
-    'embedding'}`` where ``embedding`` is in ``texts`` order.
+    'embedding'}`` where ``embedding`` is in ``texts`` order, on the CPU; the batches stay
+    on the model's device.
     """
     enc = tokenizer(texts, truncation=True, max_length=max_tokens)
     ids = enc["input_ids"]
@@ -152,23 +154,24 @@ def encode_original(model, tokenizer, texts, max_tokens: int, batch_size: int, k
     for s in progress(range(0, len(order), batch_size), desc="original model", leave=False):
         chunk = [ids[i] for i in order[s : s + batch_size]]
         length = max(len(x) for x in chunk)
-        input_ids = torch.tensor([x + [0] * (length - len(x)) for x in chunk])
-        valid = (torch.arange(length) < torch.tensor([len(x) for x in chunk])[:, None]).long()
+        input_ids = torch.tensor([x + [0] * (length - len(x)) for x in chunk], device=model.device)
+        lengths = torch.tensor([len(x) for x in chunk], device=model.device)
+        valid = (torch.arange(length, device=model.device) < lengths[:, None]).long()
         hidden = model.embeddings(input_ids=input_ids, token_type_ids=torch.zeros_like(input_ids))
         hidden, kept = run_layers(model, hidden, valid, 0, keep=keep)
         kept["final"] = hidden
         batches.append((valid, kept))
         embs.append(sentence_embedding(hidden, valid))
     emb = torch.empty(len(texts), embs[0].size(1))
-    emb[torch.as_tensor(order)] = torch.cat(embs)
+    emb[torch.as_tensor(order)] = torch.cat(embs).cpu()
     return {"order": order, "batches": batches, "embedding": emb}
 
 
 @torch.no_grad()
 def encode_from_cache(model, cache, start: int):
-    """Embeddings (``texts`` order) of the model as it is now, from the cached inputs of
-    layer ``start``, and the mean cosine of its last hidden states to the original ones
-    over all valid tokens (``None`` for caches without them)."""
+    """Embeddings (``texts`` order, on the CPU) of the model as it is now, from the cached
+    inputs of layer ``start``, and the mean cosine of its last hidden states to the original
+    ones over all valid tokens (``None`` for caches without them)."""
     embs, token_cos = [], []
     for valid, kept in progress(cache["batches"], desc="replaced layers", leave=False):
         hidden = run_layers(model, kept[start], valid, start)[0]
@@ -177,7 +180,7 @@ def encode_from_cache(model, cache, start: int):
             cos = torch.nn.functional.cosine_similarity(hidden, kept["final"], dim=-1)
             token_cos.append(cos[valid.bool()])
     emb = torch.empty_like(cache["embedding"])
-    emb[torch.as_tensor(cache["order"])] = torch.cat(embs)
+    emb[torch.as_tensor(cache["order"])] = torch.cat(embs).cpu()
     return emb, float(torch.cat(token_cos).mean()) if token_cos else None
 
 
@@ -292,14 +295,17 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--batch-size", type=int, default=16)
     add_threads_option(parser)
+    add_device_option(parser)
     args = parser.parse_args(argv)
     if args.limit is None:
         args.limit = 0 if args.paper else QUICK_LIMIT
     args.limit = args.limit or None  # 0: every document
     set_threads(args)
+    device = get_device(args)
     layers, branching = LAYER_SETS[args.layers], tuple(int(b) for b in args.branching.split(","))
     texts, labels, split = load_texts(args.dataset, args.limit)
     model, tokenizer = load_minilm()
+    model.to(device)
     cache = encode_original(
         model, tokenizer, texts, args.max_tokens, args.batch_size, {min(layers)}
     )

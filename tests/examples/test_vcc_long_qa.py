@@ -1,5 +1,7 @@
 """examples/vcc_long_qa.py: the synthetic haystack is what it claims, and all three models run."""
 
+import json
+
 import pytest
 import torch
 
@@ -31,12 +33,21 @@ def test_haystack_plants_the_asked_fact_once(qa):
 
 def test_full_vcc_and_truncation_train_and_report(qa, tmp_path):
     out = tmp_path / "qa.json"
-    results = qa.main(_args("--json", str(out), "--threads", "1"))
+    results = qa.main(_args("--json", str(out), "--threads", "1", "--device", "cpu"))
     assert [r["model"] for r in results] == ["vcc", "full", "truncate"]
     for r in results:
         assert r["steps"] >= 1 and 0.0 <= r["accuracy"] <= 1.0 and r["synthetic"]
         assert r["length"] == 64 and r["reached_length"] in (32, 64)
-    assert out.exists()
+    assert json.loads(out.read_text())["args"]["device"] == "cpu"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_vcc_long_qa_runs_on_cuda(qa):
+    # a local layer too: its window mask is built next to the tokens
+    results = qa.main(_args("--device", "cuda", "--local-layers", "1", "--local-size", "16"))
+    assert [r["model"] for r in results] == ["vcc", "full", "truncate"]
+    for r in results:
+        assert r["steps"] >= 1 and 0.0 <= r["accuracy"] <= 1.0
 
 
 def test_rejects_more_facts_than_keys(qa):

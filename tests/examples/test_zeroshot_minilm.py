@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("sklearn")
 
@@ -63,7 +64,8 @@ def test_probe_correct_scores_the_test_split_or_every_fold(zs):
     assert zs.bits(correct) == "".join("1" if c else "0" for c in correct)
 
 
-def test_quick_run_end_to_end_on_short_reviews(zs, monkeypatch):
+def _quick_run(zs, monkeypatch, *extra: str) -> dict:
+    """The example on 24 short written reviews (skips without the MiniLM weights)."""
     from importlib.util import find_spec
 
     from tests.datasets.test_documents import review
@@ -74,6 +76,17 @@ def test_quick_run_end_to_end_on_short_reviews(zs, monkeypatch):
     texts = [review(i, int(y)) * 4 for i, y in enumerate(labels)]  # ~80 tokens each
     split = np.repeat([0, 1], 12)  # a fixed train / test split, as IMDB's
     monkeypatch.setattr(zs, "load_texts", lambda dataset, limit: (texts, labels, split))
-    out = zs.main(["--dataset", "imdb", "--branching", "2,4,8"])
+    out = zs.main(["--dataset", "imdb", "--branching", "2,4,8", *extra])
     assert out["documents"] == 24 and -1.0 <= out["cosine"] <= 1.0
     assert 0.0 <= out["probe"] <= 1.0 and out["flops"]["flat"] > out["flops"]["hsa"]
+    return out
+
+
+def test_quick_run_end_to_end_on_short_reviews(zs, monkeypatch):
+    _quick_run(zs, monkeypatch, "--device", "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_zeroshot_minilm_runs_on_cuda(zs, monkeypatch):
+    out = _quick_run(zs, monkeypatch, "--device", "cuda")
+    assert out["token_cosine"] is not None and -1.0 <= out["token_cosine"] <= 1.0
