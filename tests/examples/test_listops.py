@@ -47,26 +47,20 @@ def test_hsa_window_attention_ignores_padding(load_example):
         torch.testing.assert_close(out[row, :n], alone[0], rtol=0, atol=1e-12)
 
 
-def test_quick_run_trains_every_encoder(load_example, tmp_path):
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                          reason="needs a CUDA device"))],
+)  # fmt: skip
+def test_quick_run_trains_every_encoder(load_example, tmp_path, device):
     listops = load_example("listops")
     out = tmp_path / "listops.json"
-    argv = ["--quick", "--budget-seconds", "0.5", "--device", "cpu", "--out", str(out)]
+    argv = ["--quick", "--budget-seconds", "0.5", "--device", device, "--out", str(out)]
     results = listops.main(argv)
     assert [r["encoder"] for r in results] == list(listops.ENCODERS)
     assert len({r["parameters"] for r in results}) == 1  # only the attention differs
     assert all(r["steps"] >= 1 and 0.0 <= r["test_accuracy"] <= 1.0 for r in results)
     saved = json.loads(out.read_text())
-    assert saved["results"] == results and saved["args"]["device"] == "cpu"
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_quick_run_trains_every_encoder_on_cuda(load_example, tmp_path):
-    listops = load_example("listops")
-    out = tmp_path / "listops.json"
-    argv = ["--quick", "--budget-seconds", "0.5", "--device", "cuda", "--out", str(out)]
-    results = listops.main(argv)
-    assert [r["encoder"] for r in results] == list(listops.ENCODERS)
-    assert all(r["steps"] >= 1 and 0.0 <= r["test_accuracy"] <= 1.0 for r in results)
-    assert json.loads(out.read_text())["args"]["device"] == "cuda"
-    attn = listops.HSAWindowAttention(8, 2, branching=(2, 4)).cuda()  # no padding mask
-    assert attn(torch.randn(2, 9, 8, device="cuda")).device.type == "cuda"
+    assert saved["results"] == results and saved["args"]["device"] == device
+    attn = listops.HSAWindowAttention(8, 2, branching=(2, 4)).to(device)  # no padding mask
+    assert attn(torch.randn(2, 9, 8, device=device)).device.type == device
