@@ -165,6 +165,17 @@ class SignalHierarchy(Data):
             self._cache_tree_index(index.to(self.parent.device))
         return self
 
+    def to(self, device, *args: str, non_blocking: bool = False):
+        """PyG's :meth:`~torch_geometric.data.Data.to`, keeping the builders' mark: a
+        builder's structure moved to another device is still consistent by construction,
+        so :meth:`tree_index` builds its plan there without re-checking it (a check on an
+        accelerator reads values back to the host)."""
+        built = self._built_unchanged()
+        super().to(device, *args, non_blocking=non_blocking)
+        if built:
+            self.__dict__["_built_structure"] = self._structure()
+        return self
+
     def __reduce_ex__(self, protocol):
         # A valid cached index is pickled with the batch (a DataLoader worker hands batches
         # over by pickling) and re-attached to the unpickled tensors in __setstate__.

@@ -165,6 +165,20 @@ def test_builder_output_is_not_checked_again(monkeypatch):
     assert len(calls) == 1
 
 
+def test_builder_output_moved_to_another_device_is_not_checked_again(monkeypatch):
+    """Moving a builder's tree keeps its mark (values are unchanged): no check on the
+    device (where it would read values back to the host); a tree edited after the move is
+    checked."""
+    calls = _count_checks(monkeypatch)
+    moved = window_forest(torch.tensor([5, 8]), (2, 2)).to("meta")
+    moved._validate()  # the check tree_index() runs first (meta tensors hold no values)
+    assert calls == []
+    moved.slot = moved.slot.clone()
+    with pytest.raises((NotImplementedError, RuntimeError)):  # checked: meta holds no values
+        moved._validate()
+    assert calls == [1]
+
+
 def test_from_parent_reports_in_the_callers_node_ids():
     # node ids are the caller's (before from_parent renumbers leaves first)
     with pytest.raises(ValueError, match=r"node 1 is marked as a leaf .* children, e\.g\. node 3"):
