@@ -1,5 +1,6 @@
 """Every op of ``test_gpu_path``, forward and backward, captured as one CUDA graph and
-replayed, against its eager result, in float32 and bfloat16.
+replayed, against its eager result, in float32 and bfloat16; plus HSA and SDPA at the
+shapes of the GPU benchmark's first case.
 
 A capture that goes wrong can leave the process's CUDA context unusable (an illegal memory
 access is sticky), so the cases run in their own process, one after another, each announced
@@ -24,6 +25,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import timing  # noqa: E402 - the benchmarks' capture helper, the one gpu.py times with
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def benchmark_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, list]:
+    """The shapes of ``benchmarks/gpu.py``'s first HSA case (64 trees of 128 leaves, windows
+    of 16, 8 heads of 64, heads-first inputs): HSA, and SDPA over the same leaves (the peer
+    timed beside it, to tell a PyTorch capture failure from one of ours)."""
+    from torch_geometric.data import Batch
+
+    from hiergraph.data import window_hierarchy
+    from hiergraph.ops import hierarchical_attention
+
+    gen = torch.Generator().manual_seed(0)
+    if name == "sdpa-64x128":
+        qkv = [torch.randn(64, 8, 128, 64, generator=gen) for _ in "qkv"]
+        inputs = [t.to(device, dtype).requires_grad_() for t in qkv]
+        return torch.nn.functional.scaled_dot_product_attention, inputs
+    index = Batch.from_data_list([window_hierarchy(128, (16,))] * 64).tree_index().to(device)
+    qkv = [torch.randn(8, index.num_leaves, 64, generator=gen) for _ in "qkv"]
+    inputs = [t.to(device, dtype).transpose(0, 1).requires_grad_() for t in qkv]
+    return (lambda q, k, v: hierarchical_attention(q, k, v, index)), inputs
+
+
+BENCHMARK_CASES = ["hsa-64x128", "sdpa-64x128"]
+CASES = OPS + BENCHMARK_CASES
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # relative to the largest entry
 
 
@@ -53,7 +78,8 @@ def mismatch(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> str |
 
 def check(name: str, dtype: torch.dtype, device: str, eager_only: bool) -> str | None:
     """Replays of ``name``'s captured step against an eager step; returns why they differ."""
-    fn, inputs = make_case(name, device, dtype)
+    build = benchmark_case if name in BENCHMARK_CASES else make_case
+    fn, inputs = build(name, device, dtype)
     inputs = [t.detach().requires_grad_() for t in inputs]  # leaves: gradients in .grad
     step = step_of(fn, inputs)
     want = step().detach().clone()
@@ -75,7 +101,7 @@ def check(name: str, dtype: torch.dtype, device: str, eager_only: bool) -> str |
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--eager", action="store_true", help="no capture (CPU harness check)")
-    parser.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
+    parser.add_argument("--ops", nargs="+", default=CASES, choices=CASES)
     args = parser.parse_args(argv)
     device = "cpu" if args.eager else "cuda"
     failed = 0
