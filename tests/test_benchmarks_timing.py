@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import mmap
 import sys
 import time
 from pathlib import Path
@@ -106,7 +107,14 @@ def test_cuda_events_time_a_cuda_step():
 def test_peak_rss_counts_memory_touched_inside():
     assert memory.status_kib("VmHWM") >= memory.status_kib("VmRSS") > 0
     size = 64 * 2**20
-    peak = memory.peak_rss_mib(lambda: b"\x01" * size)  # every page written
+
+    def touch():  # fresh pages (a malloc could reuse resident memory freed before), each written
+        pages = mmap.mmap(-1, size)
+        for offset in range(0, size, mmap.PAGESIZE):
+            pages[offset] = 1
+        pages.close()
+
+    peak = memory.peak_rss_mib(touch)
     assert peak >= 0.9 * size / 2**20
     with pytest.raises(RuntimeError):
         memory.status_kib("NoSuchField")
