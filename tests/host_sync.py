@@ -169,3 +169,17 @@ class HostSyncRecorder(TorchDispatchMode):
     def unique_syncs(self) -> list[str]:
         """The recorded syncs without repeats, in first-seen order."""
         return list(dict.fromkeys(self.syncs))
+
+
+def first_and_second_call_syncs(step) -> tuple[list[str], list[str]]:
+    """The host syncs of two calls of ``step`` in a row, taking the branches an accelerator
+    takes (:func:`~hiergraph._device.cpu_as_accelerator`): for structure derived once per
+    input, the first call may sync and the second must not."""
+    from hiergraph._device import cpu_as_accelerator
+
+    with cpu_as_accelerator():
+        with HostSyncRecorder() as first:
+            step()
+        with HostSyncRecorder() as second:
+            step()
+    return first.unique_syncs(), second.unique_syncs()

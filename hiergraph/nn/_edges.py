@@ -2,24 +2,24 @@ r"""How the message-passing layers take their edges, and the structure they deri
 
 :class:`EdgeInput` is the one edge-input handling of :class:`~hiergraph.nn.MaskedAttentionConv`
 and :class:`~hiergraph.nn.ConeConv`: a sparse adjacency ``adj_t[target, source]`` becomes an
-``edge_index`` in its stored order, the ids are checked once per graph
-(:class:`~hiergraph.ops.edge_index.CheckedEdges`), and a :class:`GraphCache` holds what the
-layer derives from the graph (a recognised band, the target-sorted CSR of the edge kernels,
-an ``edge_index`` with self loops), so that a training loop over one graph derives it once.
+``edge_index`` in its stored order, and a :class:`GraphCache` holds what the layer derives
+from the graph (that its ids are in range, a recognised band, the target-sorted CSR of the
+edge kernels, an ``edge_index`` with self loops), so that a training loop over one graph
+checks and derives it once.
 
-The cache follows :class:`~hiergraph.ops.edge_index.CheckedEdges`: it is keyed on the identity
-of the edge tensor (or of the adjacency it comes from), the in-place versions of its index
-tensors and the node counts. Another tensor, a write into it (``edge_index[0, 3] = 5`` bumps
-its version) or other node counts derive the structure again. It holds a weak reference to
-that tensor and the structure of that one graph only: the structure of a graph is dropped
-when the layer sees another one, or when the graph's tensor is freed (unless the structure
-holds that tensor itself, as an already sorted ``edge_index`` in the CSR does: then until the
-next graph). Looking a graph up reads no tensor values (no host sync on an accelerator).
+The cache is keyed on the identity of the edge tensor (or of the adjacency it comes from),
+the in-place versions of its index tensors (:func:`~hiergraph.ops.edge_index.edge_versions`)
+and the node counts. Another tensor, a write into it (``edge_index[0, 3] = 5`` bumps its
+version) or other node counts derive the structure again. It holds a weak reference to that
+tensor and the structure of that one graph only: the structure of a graph is dropped when
+the layer sees another one, or when the graph's tensor is freed (unless the structure holds
+that tensor itself, as an already sorted ``edge_index`` in the CSR does: then until the next
+graph). Looking a graph up reads no tensor values (no host sync on an accelerator).
 
 Nothing is cached for inference tensors (they keep no version counter), while
 ``torch.inference_mode`` is on (the structure would be inference tensors, unusable by a later
-training step) or while ``torch.compile`` traces the layer. A copied or unpickled layer starts
-with an empty cache.
+training step) or while ``torch.compile`` traces the layer: the ids are then checked on
+every call. A copied or unpickled layer starts with an empty cache.
 """
 
 from __future__ import annotations
@@ -32,12 +32,8 @@ import torch
 from torch import Tensor
 from torch_geometric.typing import SparseTensor
 
-from hiergraph.ops.edge_index import (
-    CheckedEdges,
-    adjacency_to_edge_index,
-    edge_versions,
-    is_adjacency,
-)
+from hiergraph.ops import edge_index as edge_ops
+from hiergraph.ops.edge_index import adjacency_to_edge_index, edge_versions, is_adjacency
 
 T = TypeVar("T")
 
@@ -153,7 +149,6 @@ class EdgeInput:
     def __init__(self, alternative: str, keep_sparse_tensor: bool = False) -> None:
         self.alternative = alternative
         self.keep_sparse_tensor = keep_sparse_tensor
-        self.checked = CheckedEdges()
         self.cache = GraphCache()
 
     def __call__(
@@ -168,20 +163,22 @@ class EdgeInput:
 
         An adjacency ``adj_t [num_dst, num_src]`` becomes its ``edge_index`` in stored order
         (:func:`~hiergraph.ops.edge_index.adjacency_to_edge_index`). The type and shape are
-        checked every call, the id range (``validate``) once per graph (on every call for
-        an inference tensor, which cannot be remembered by its version).
+        checked every call, the id range (``validate``) once per graph, as one of its
+        cached structures (a failed check is not remembered).
         """
         adj = edge_index if is_adjacency(edge_index) else None
         values = None
         if adj is not None and not (self.keep_sparse_tensor and isinstance(adj, SparseTensor)):
             edge_index, values = adjacency_to_edge_index(adj, num_src, num_dst)
-        source = edge_index if adj is None else adj
-        if not isinstance(edge_index, SparseTensor):  # an inference tensor: checked every call
-            self.checked(
-                edge_index, num_src, num_dst, validate=validate, alternative=self.alternative,
-                source=adj,
-            )  # fmt: skip
-        return Edges(edge_index, adj, values, self.cache(source, num_src, num_dst))
+        checked = not isinstance(edge_index, SparseTensor)  # a kept one goes to PyG as it is
+        if checked:
+            edge_ops.check_edge_index(edge_index, num_src, num_dst, alternative=self.alternative,
+                                      check_range=False)  # fmt: skip
+        structures = self.cache(edge_index if adj is None else adj, num_src, num_dst)
+        if checked and validate and edge_index.numel():
+            check = edge_ops.check_edge_index
+            structures.get("ids in range", lambda: check(edge_index, num_src, num_dst))
+        return Edges(edge_index, adj, values, structures)
 
     def __reduce__(self):
         return EdgeInput, (self.alternative, self.keep_sparse_tensor)

@@ -16,10 +16,9 @@ hierarchy transforms) checks it with :func:`check_edge_index`:
   the device. The kernels behind :class:`~hiergraph.ops.EdgeCSR` index memory with the ids
   unchecked, so the check guards them there too.
 
-A layer checks the range once per ``edge_index`` tensor, not on every forward pass:
-:class:`CheckedEdges` remembers the last tensor it checked (a weak reference and the
-tensor's in-place version), and checks again when a new tensor comes or the old one was
-written in place.
+A layer checks the range once per ``edge_index`` tensor, not on every forward pass: the
+layers' per-graph cache (keyed on the tensor's identity and :func:`edge_versions`) remembers
+the check, and checks again when a new tensor comes or the old one was written in place.
 
 Sparse adjacencies (:func:`is_adjacency`): a ``torch.sparse`` COO, CSR or CSC tensor, or a
 ``torch_sparse.SparseTensor`` (when installed), ``adj_t[target, source]`` as in PyG: row =
@@ -31,7 +30,6 @@ target = query, column = source = key, the transpose of an ``edge_index``'s layo
 from __future__ import annotations
 
 import warnings
-import weakref
 
 import torch
 from torch import Tensor
@@ -107,62 +105,6 @@ def check_edge_index(
         )
 
 
-class CheckedEdges:
-    """The last ``edge_index`` (or adjacency) whose ids a layer checked, so that a training
-    loop over one graph checks them once, not on every forward pass.
-
-    Holds a weak reference to the checked object (the layer never keeps a graph alive), the
-    in-place versions of its index tensors and the node counts: a new object, a write into
-    it or other node counts check again. Never copied or pickled with its layer (a copy
-    checks again).
-    """
-
-    def __init__(self) -> None:
-        self.ref: weakref.ref | None = None
-        self.key: tuple | None = None
-
-    def __call__(
-        self,
-        edge_index: Tensor,
-        num_src: int,
-        num_dst: int,
-        *,
-        validate: bool = True,
-        alternative: str | None = None,
-        source: object = None,
-    ) -> None:
-        """:func:`check_edge_index`: the type and shape every call, the id range (when
-        ``validate``) once per object.
-
-        Args:
-            edge_index: the ``[2, E]`` ids to check.
-            num_src, num_dst: the node counts.
-            validate: check the id range at all.
-            alternative: another accepted input, named in the ``TypeError``.
-            source: the object the ids come from (an adjacency), remembered in place of
-                ``edge_index``.
-        """
-        check_edge_index(edge_index, num_src, num_dst, alternative=alternative, check_range=False)
-        if not validate or not edge_index.numel():
-            return
-        source = edge_index if source is None else source
-        versions = edge_versions(source)
-        key = None if versions is None else (*versions, num_src, num_dst)
-        if key is not None and self.ref is not None and self.ref() is source and self.key == key:
-            return
-        check_edge_index(edge_index, num_src, num_dst)
-        if key is None:  # an inference tensor: checked on every call
-            self.ref, self.key = None, None
-            return
-        try:
-            self.ref, self.key = weakref.ref(source), key
-        except TypeError:  # an object without weak references: checked every call
-            self.ref, self.key = None, None
-
-    def __reduce__(self):
-        return CheckedEdges, ()
-
-
 def edge_versions(obj) -> tuple[int, ...] | None:
     """The in-place versions of an ``edge_index`` or adjacency and of the tensors holding its
     ids: equal versions of the same object mean unchanged edges. ``None`` where they cannot
@@ -201,7 +143,7 @@ def adjacency_to_edge_index(
     r"""The edges of a sparse adjacency ``adj_t[target, source]`` as an ``edge_index``.
 
     Reads no tensor values (no host sync); the ids are not range-checked here (pass the
-    result to :func:`check_edge_index` or :class:`CheckedEdges`).
+    result to :func:`check_edge_index`).
 
     Args:
         adj: a ``torch.sparse`` COO, CSR or CSC tensor of shape ``[num_dst, num_src, ...]``

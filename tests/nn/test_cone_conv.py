@@ -443,7 +443,7 @@ def test_edge_ids_are_read_once_per_edge_index_and_only_on_the_cpu(monkeypatch):
     with pytest.raises(ValueError, match=r"\[2, E\]"):
         conv._edges(meta[:1], N, N)
     copy = __import__("copy").deepcopy(conv)  # the remembered tensor is not copied
-    assert copy._edges.checked.ref is None and conv._edges.checked.ref is not None
+    assert copy._edges.cache.ref is None and conv._edges.cache.ref is not None
 
 
 def adjacency(edge_index, layout, num_src=N, num_dst=N):
@@ -595,7 +595,7 @@ def test_cached_self_loops_give_the_same_outputs_and_gradients(variant, layout):
 
     reference = run(clear=True)
     run(clear=False)
-    assert len(conv._edges.cache.structures) == 1  # the looped edges are stored
+    assert len(conv._edges.cache.structures) == 2  # the checked ids and the looped edges
     for cached, fresh in zip(run(clear=False), reference, strict=True):
         torch.testing.assert_close(cached, fresh, atol=1e-12, rtol=0)
 
@@ -616,18 +616,13 @@ def test_cache_does_not_keep_graphs_alive():
 
 def test_self_loops_sync_on_the_first_call_only():
     """On an accelerator the self loops cost a host sync (a boolean mask) once per graph."""
-    from hiergraph._device import cpu_as_accelerator
-    from tests.host_sync import HostSyncRecorder
+    from tests.host_sync import first_and_second_call_syncs
 
     x, edge_index = graph()
     conv = ConeConv(F_IN, 4, heads=2).double()
-    with cpu_as_accelerator():
-        with HostSyncRecorder() as first:
-            conv(x, edge_index).sum().backward()
-        with HostSyncRecorder() as second:
-            conv(x, edge_index).sum().backward()
-    assert any("boolean-mask" in sync for sync in first.unique_syncs())
-    assert second.unique_syncs() == []
+    first, second = first_and_second_call_syncs(lambda: conv(x, edge_index).sum().backward())
+    assert any("boolean-mask" in sync for sync in first)
+    assert second == []
 
 
 def test_inference_mode_caches_nothing_and_takes_inference_tensors():

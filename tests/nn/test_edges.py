@@ -9,7 +9,9 @@ import weakref
 import pytest
 import torch
 
+import hiergraph.ops.edge_index as edge_module
 from hiergraph.nn._edges import EdgeInput, GraphCache, GraphStructures
+from hiergraph.ops.edge_index import adjacency_to_edge_index
 
 
 def ids(n=6, seed=0):
@@ -98,7 +100,7 @@ def test_copies_start_empty():
     layer_edges, edge_index = EdgeInput("a sparse adjacency", True), ids()
     layer_edges(edge_index, 6, 6).structures.get("x", lambda: 1)
     for clone in (copy.deepcopy(layer_edges), pickle.loads(pickle.dumps(layer_edges))):
-        assert clone.cache.structures is None and clone.checked.ref is None
+        assert clone.cache.structures is None and clone.cache.ref is None
         assert clone.alternative == "a sparse adjacency" and clone.keep_sparse_tensor
     assert layer_edges.cache.structures is not None
 
@@ -130,3 +132,64 @@ def test_edge_input_unpacks_an_adjacency_and_checks_the_ids():
     with pytest.raises(ValueError, match="out of range"):
         edges(edge_index, 6, 3)
     edges(edge_index, 6, 3, validate=False)
+
+
+def counting_range_checks(monkeypatch) -> list:
+    """Patch the layers' check: the list gets one entry per id-range check."""
+    calls, real = [], edge_module.check_edge_index
+
+    def counting(*args, check_range=True, **kwargs):
+        if check_range:
+            calls.append(args[0])
+        return real(*args, check_range=check_range, **kwargs)
+
+    monkeypatch.setattr(edge_module, "check_edge_index", counting)
+    return calls
+
+
+def test_ids_are_range_checked_once_per_graph(monkeypatch):
+    calls = counting_range_checks(monkeypatch)
+    checked, ids = EdgeInput("a BandMask"), torch.tensor([[0, 2, 1], [1, 3, 0]])
+    for _ in range(3):
+        checked(ids, 3, 4)
+    assert len(calls) == 1
+    checked(ids, 3, 5)  # other node counts
+    ids[0, 0] = 0  # written in place
+    checked(ids, 3, 5)
+    checked(ids.clone(), 3, 5)  # another tensor
+    assert len(calls) == 4
+    checked(ids.clone(), 3, 5, validate=False)  # type and shape only
+    assert len(calls) == 4
+    with pytest.raises(TypeError, match="or a BandMask"):
+        checked(ids.float(), 3, 5)  # the type: every call
+    bad = torch.tensor([[0, 3], [1, 1]])
+    with pytest.raises(ValueError, match="out of range"):
+        checked(bad, 3, 4)
+    with pytest.raises(ValueError, match="out of range"):
+        checked(bad, 3, 4)  # a failed check is not remembered
+    for clone in (copy.deepcopy(checked), pickle.loads(pickle.dumps(checked))):
+        assert clone.cache.ref is None
+    adj = torch.sparse_coo_tensor(
+        torch.tensor([[1, 0], [0, 2]]), torch.ones(2), (2, 3), check_invariants=True
+    )
+    calls.clear()
+    for _ in range(2):  # an adjacency: the ids are new tensors every call, remembered by adj
+        assert torch.equal(checked(adj, 3, 2).edge_index, adjacency_to_edge_index(adj, 3, 2)[0])
+    assert len(calls) == 1
+    adj._indices()[0, 0] = 1  # written in place
+    checked(adj, 3, 2)
+    assert len(calls) == 2
+
+
+def test_inference_tensors_are_checked_on_every_call(monkeypatch):
+    """An inference tensor keeps no version counter: its ids cannot be remembered as
+    checked, so they are checked on every call (an error before)."""
+    calls = counting_range_checks(monkeypatch)
+    checked = EdgeInput("a sparse adjacency")
+    with torch.inference_mode():
+        edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    checked(edge_index, 3, 3)
+    checked(edge_index, 3, 3)
+    assert len(calls) == 2
+    with pytest.raises(ValueError):
+        checked(edge_index, 2, 2)

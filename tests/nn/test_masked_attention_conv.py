@@ -184,7 +184,7 @@ def test_ids_are_checked_once_per_edge_index_and_never_read_off_the_cpu(monkeypa
     make_conv(structured=False, validate=False)(x, edge_index)
     assert len(calls) == 3
     copy = __import__("copy").deepcopy(conv)  # the remembered tensor is not copied
-    assert copy._edges.checked.ref is None and conv._edges.checked.ref is not None
+    assert copy._edges.cache.ref is None and conv._edges.cache.ref is not None
     with cpu_as_accelerator(), HostSyncRecorder() as rec:
         make_conv(structured=False)(x, MASKS["random"].clone())  # a new tensor, first call
     assert rec.unique_syncs() == []
@@ -702,7 +702,8 @@ def test_cached_structure_gives_the_same_outputs_and_gradients(name, adj):
         for cached, fresh in zip(run(clear=False, **kwargs), reference, strict=True):
             torch.testing.assert_close(cached, fresh, atol=1e-12, rtol=0)
     run(clear=False)
-    assert len(conv._edges.cache.structures) == 2  # the band (or its absence) and the CSR
+    # the checked ids, the band (or its absence) and the CSR
+    assert len(conv._edges.cache.structures) == 3
 
 
 def test_cache_does_not_keep_graphs_alive():
@@ -728,17 +729,12 @@ def test_cache_does_not_keep_graphs_alive():
 
 def test_band_recognition_syncs_on_the_first_call_only():
     """On an accelerator, recognising the band reads ids on the host once per graph."""
-    from hiergraph._device import cpu_as_accelerator
-    from tests.host_sync import HostSyncRecorder
+    from tests.host_sync import first_and_second_call_syncs
 
     conv, x, edge_index = make_conv(), features().requires_grad_(), MASKS["window"].clone()
-    with cpu_as_accelerator():
-        with HostSyncRecorder() as first:
-            conv(x, edge_index).sum().backward()
-        with HostSyncRecorder() as second:
-            conv(x, edge_index).sum().backward()
-    assert any("band.py" in sync for sync in first.unique_syncs())
-    assert second.unique_syncs() == []
+    first, second = first_and_second_call_syncs(lambda: conv(x, edge_index).sum().backward())
+    assert any("band.py" in sync for sync in first)
+    assert second == []
 
 
 def test_inference_mode_caches_nothing_and_takes_inference_tensors():

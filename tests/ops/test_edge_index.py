@@ -1,8 +1,5 @@
-"""``check_edge_index``: the one edge_index check of every layer and op, its options, the
-per-layer memory of checked tensors, and the sparse adjacency converters."""
-
-import copy
-import pickle
+"""``check_edge_index``: the one edge_index check of every layer and op, its options, and
+the sparse adjacency converters (the layers' memory of checked graphs: tests/nn/test_edges.py)."""
 
 import pytest
 import torch
@@ -10,7 +7,6 @@ import torch
 import hiergraph.ops.edge_index as edge_module
 from hiergraph._device import cpu_as_accelerator
 from hiergraph.ops.edge_index import (
-    CheckedEdges,
     adjacency_to_edge_index,
     check_edge_index,
     edge_index_to_adjacency,
@@ -74,52 +70,6 @@ def test_ops_export_the_edge_kernels_and_the_check():
     weight = torch.softmax(edge_dot(a, a, graph), dim=0)
     assert edge_aggregate(weight, a, graph).shape == (2, 1, 3)
     assert check_edge_index is edge_module.check_edge_index
-
-
-def counting_range_checks(monkeypatch) -> list:
-    """Patch the module's check: the list gets one entry per id-range check."""
-    calls, real = [], edge_module.check_edge_index
-
-    def counting(*args, check_range=True, **kwargs):
-        if check_range:
-            calls.append(args[0])
-        return real(*args, check_range=check_range, **kwargs)
-
-    monkeypatch.setattr(edge_module, "check_edge_index", counting)
-    return calls
-
-
-def test_checked_edges_reads_each_tensor_once(monkeypatch):
-    calls = counting_range_checks(monkeypatch)
-    checked, ids = CheckedEdges(), torch.tensor([[0, 2, 1], [1, 3, 0]])
-    for _ in range(3):
-        checked(ids, 3, 4)
-    assert len(calls) == 1
-    checked(ids, 3, 5)  # other node counts
-    ids[0, 0] = 0  # written in place
-    checked(ids, 3, 5)
-    checked(ids.clone(), 3, 5)  # another tensor
-    assert len(calls) == 4
-    checked(ids.clone(), 3, 5, validate=False)  # type and shape only
-    assert len(calls) == 4
-    with pytest.raises(TypeError, match="or a BandMask"):
-        checked(ids.float(), 3, 5, alternative="a BandMask")  # the type: every call
-    bad = torch.tensor([[0, 3], [1, 1]])
-    with pytest.raises(ValueError, match="out of range"):
-        checked(bad, 3, 4)
-    with pytest.raises(ValueError, match="out of range"):
-        checked(bad, 3, 4)  # a failed check is not remembered
-    assert copy.deepcopy(checked).ref is None and pickle.loads(pickle.dumps(checked)).ref is None
-    adj = torch.sparse_coo_tensor(
-        torch.tensor([[1, 0], [0, 2]]), torch.ones(2), (2, 3), check_invariants=True
-    )
-    calls.clear()
-    for _ in range(2):  # an adjacency: the ids are new tensors every call, remembered by adj
-        checked(adjacency_to_edge_index(adj, 3, 2)[0], 3, 2, source=adj)
-    assert len(calls) == 1
-    adj._indices()[0, 0] = 1  # written in place
-    checked(adjacency_to_edge_index(adj, 3, 2)[0], 3, 2, source=adj)
-    assert len(calls) == 2
 
 
 EDGES = torch.tensor([[3, 0, 2, 0, 1, 3], [1, 2, 0, 0, 2, 1]])  # unsorted, one repeated edge
@@ -214,17 +164,3 @@ def test_every_edge_input_has_the_one_policy(name):
         f(bad)
     with pytest.raises(TypeError, match=r"int64 or int32 tensor of shape \[2, E\]"):
         f(EDGES.float())
-
-
-def test_checked_edges_check_inference_tensors_on_every_call():
-    """An inference tensor keeps no version counter: its ids cannot be remembered as
-    checked, so they are checked on every call (an error before)."""
-    from hiergraph.ops.edge_index import CheckedEdges
-
-    checked = CheckedEdges()
-    with torch.inference_mode():
-        edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
-    checked(edge_index, 3, 3)
-    checked(edge_index, 3, 3)
-    with pytest.raises(ValueError):
-        checked(edge_index, 2, 2)
