@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hiergraph.ops.hsa.family import family_product
 from hiergraph.ops.hsa.uniform import (
     bottom_up,
     counts_below,
@@ -99,7 +100,7 @@ def uniform_causal_attention(
         log_mu, log_rest = log_gates(a[d], lse[d])
         gain = torch.exp(log_rest if u is None else u + log_rest)
         p, values = weights[d]  # [H, F, m, b] and [H, F, b, d_v], F * m = L
-        part = node_layout(torch.matmul(gain.view(*p.shape[:3], 1) * p, values))
+        part = node_layout(family_product(gain.view(*p.shape[:3], 1) * p, values))
         out = part if out is None else out + part
         u = log_mu if u is None else u + log_mu
     return like(dense_gradient(out + torch.exp(u).unsqueeze(-1) * leaves[2]), q)

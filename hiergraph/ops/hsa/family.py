@@ -325,7 +325,8 @@ def family_attention_edge(
 
 
 def family_product(p: Tensor, v: Tensor) -> Tensor:
-    r"""``p @ v`` for ``p [..., b, b]`` and ``v [..., b, d]``, differentiable twice.
+    r"""``p @ v`` for weights ``p [..., m, b]`` over a family of ``b`` rows ``v [..., b, d]``,
+    differentiable twice.
 
     Families of two on the CPU run as two broadcast multiply-adds
     :math:`p_{:,0} v_0 + p_{:,1} v_1`: CPU BLAS takes 3–5× longer over a batch of
