@@ -237,7 +237,7 @@ def _probabilities(block, qb, kb, eb, keys, tau, left_only, rows: slice) -> tupl
 
 def _bmm_add(base: Tensor, a: Tensor, b: Tensor, alpha: float) -> Tensor:
     """``base + alpha * a @ b`` for ``[F, H, W, ·]`` operands (``base`` broadcasts)."""
-    if a.size(-1) == 2 and a.device.type == "cpu":  # see family_product
+    if _pairs_on_cpu(a):  # see family_product
         return base + alpha * _pair_product(a, b)
     f, h, w, _ = a.shape
     base = base.expand(f, h, -1, b.size(-1)).reshape(f * h, -1, b.size(-1))
@@ -332,9 +332,12 @@ def family_product(p: Tensor, v: Tensor) -> Tensor:
     :math:`p_{:,0} v_0 + p_{:,1} v_1`: CPU BLAS takes 3–5× longer over a batch of
     ``[2, 2] @ [2, d]`` products (inner size 2) than over the same data as element-wise
     passes; from ``b = 3`` up, and on accelerators, this is ``matmul``."""
-    if p.size(-1) != 2 or p.device.type != "cpu":
-        return torch.matmul(p, v)
-    return _PairProduct.apply(p, v)
+    return _PairProduct.apply(p, v) if _pairs_on_cpu(p) else torch.matmul(p, v)
+
+
+def _pairs_on_cpu(p: Tensor) -> bool:
+    """Whether ``p @ v`` runs as multiply-adds (see :func:`family_product`)."""
+    return p.size(-1) == 2 and p.device.type == "cpu"
 
 
 def _pair_product(p: Tensor, v: Tensor) -> Tensor:
