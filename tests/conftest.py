@@ -1,7 +1,9 @@
-"""Shared test helpers: random signal hierarchies of mixed depth, offline dataset guards."""
+"""Shared test helpers: random signal hierarchies of mixed depth, offline dataset guards, the
+benchmarks' helper modules."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 from pathlib import Path
@@ -13,6 +15,16 @@ from torch_geometric.datasets import Planetoid
 from hiergraph.datasets import planetoid as hp
 
 SHARED_CORA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "Cora" / "raw"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (``benchmarks`` is no package), for a helper
+    module that imports no sibling of its folder (``timing``, ``memory``)."""
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def random_spec(rng: random.Random, num_leaves: int, max_depth: int = 4, max_branch: int = 5):

@@ -109,8 +109,8 @@ def test_cuda_marker_selects_the_cuda_variants_only():
     assert not any(("test_report_has" in i or "test_bad_backend" in i) for i in ids), ids
 
 
-def test_graph_twins_on_cuda_only():
-    sys.path.insert(0, str(REPO / "benchmarks"))
+def test_graph_twins_on_cuda_only(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import gpu
     import torch
 
@@ -121,8 +121,8 @@ def test_graph_twins_on_cuda_only():
     assert twins["a+graph"].graphed and not twins["a+graph"].graph and not twins["a"].graphed
 
 
-def test_storage_bytes_counts_each_storage_once():
-    sys.path.insert(0, str(REPO / "benchmarks"))
+def test_storage_bytes_counts_each_storage_once(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import gpu
     import torch
 

@@ -3,27 +3,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import mmap
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.conftest import load_benchmark
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-timing = _load("timing")
-memory = _load("memory")
+timing = load_benchmark("timing")
+memory = load_benchmark("memory")
 
 
 class CountingClock(timing.Clock):

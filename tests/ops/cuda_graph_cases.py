@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
+from tests.conftest import load_benchmark
 from tests.ops.test_gpu_path import OPS, make_case
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import timing  # noqa: E402 - the benchmarks' capture helper, the one gpu.py times with
+timing = load_benchmark("timing")  # the capture helper gpu.py times with
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
