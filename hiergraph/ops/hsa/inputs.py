@@ -1,4 +1,4 @@
-"""Checks of the inputs shared by the HSA ops."""
+"""Checks of the inputs shared by the HSA ops, and their cast under autocast."""
 
 from __future__ import annotations
 

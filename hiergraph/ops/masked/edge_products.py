@@ -40,7 +40,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from hiergraph._device import reads_values
-from hiergraph._precision import autocast_off
+from hiergraph._precision import accumulation_dtype, autocast_off
 from hiergraph.ops.edge_index import check_edge_index
 
 
@@ -116,7 +116,7 @@ class EdgeCSR:
 def _accumulating(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     """The operands in the dtype the sparse kernels compute in: their common dtype, and at
     least float32 (the CSR kernels take no half types, and long sums need fp32 anyway)."""
-    dtype = torch.promote_types(torch.result_type(x, y), torch.float32)
+    dtype = accumulation_dtype(torch.result_type(x, y))
     return x.to(dtype), y.to(dtype)
 
 
