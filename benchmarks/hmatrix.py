@@ -45,13 +45,13 @@ import sys
 import time
 from pathlib import Path
 
+import timing
 import torch
 import torch.nn.functional as F
 from memory import peak_rss_mib
 from torch import nn
 
 from hiergraph.ops.hmatrix import hmatrix_attention, hmatrix_attention_dense
-from hiergraph.runtime import reuse_freed_memory
 
 HEADS, DIM, BLOCK, THREADS = 8, 64, 16, 2
 SDPA_MAX_LENGTH = 16384  # flat attention beyond this is projected (O(L^2) time)
@@ -184,8 +184,7 @@ def run(
     lengths: list[int], repeats: int, sdpa_rounds: int, long_rounds: int, allocator: str
 ) -> dict:
     torch.set_num_threads(THREADS)
-    if allocator == "reuse":
-        reuse_freed_memory()
+    timing.apply_allocator(allocator)
     package = _package()
     rows = []
     for length in lengths:
@@ -323,13 +322,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5)")
     parser.add_argument("--sdpa-rounds", type=int, default=2, help="rounds of flat SDPA at 16K")
     parser.add_argument("--long-rounds", type=int, default=3, help="rounds of every method at 64K")
-    parser.add_argument(
-        "--allocator",
-        choices=["reuse", "default"],
-        default="reuse",
-        help="reuse: hiergraph.runtime.reuse_freed_memory() for every method (freed buffers are "
-        "reused, not re-faulted); default: glibc as configured",
-    )
+    timing.add_allocator_option(parser)
     parser.add_argument("--out", type=Path, default=RESULTS, help="output folder")
     args = parser.parse_args()
     lengths = [1024, 4096] if args.quick else [1024, 4096, 16384, 65536]

@@ -20,7 +20,8 @@ forward and forward+backward of
   that level's families: the FLOPs of HSA's family attention with no
   pooling, gating or scatter overhead.
 
-Peak memory of a forward+backward is measured in a fresh subprocess (Linux)
+Every method runs with freed CPU memory kept for reuse (``--allocator default``: glibc's
+settings). Peak memory of a forward+backward is measured in a fresh subprocess (Linux)
 as the growth of the resident set's high-water mark over the resident set
 before it, after one warm-up run (not for flat SDPA). The 1-minute
 load average of the machine is recorded before and after each N, since the
@@ -166,12 +167,14 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     parser.add_argument("--reps", type=int, default=5, help="repetitions (medians) up to 16K")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    timing.add_allocator_option(parser)
     parser.add_argument("--memory-of", nargs=2, metavar=("METHOD", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.memory_of:
         _memory_child(args.memory_of[0], int(args.memory_of[1]))
         return
+    timing.apply_allocator(args.allocator)
     sizes = args.sizes or ([1024, 4096] if args.quick else [1024, 4096, 16384, 65536, 262144])
     rows, load = [], [os.getloadavg()[0]]
     for n in sizes:
@@ -209,6 +212,7 @@ def write_results(rows, sizes, load, args) -> None:
         torch=torch.__version__,
         branching={n: branching_for(n) for n in sizes},
         reps=args.reps,
+        allocator=args.allocator,
         cpu_count=os.cpu_count(),
         load_average_1min=load,
         command="python benchmarks/hsa_scaling.py " + " ".join(sys.argv[1:]),

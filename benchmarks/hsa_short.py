@@ -31,8 +31,9 @@ every round, in the output's memory layout, as a loss would send it). Both wall-
 process CPU time are recorded. Results:
 ``benchmarks/results/hsa_short_<threads>t.json`` and ``.png``.
 
-Rounds are interleaved (each round runs every method once, so all see the same machine
-load); the JSON keeps every sample, and medians and the spread (min–max) are reported.
+Every method runs with freed CPU memory kept for reuse (``--allocator default``: glibc's
+settings, under which each step page-faults its large buffers in again). Rounds are
+interleaved (each round runs every method once, so all see the same machine load); the JSON keeps every sample, and medians and the spread (min–max) are reported.
 A profile of one ``hsa`` and one ``hsa-heads-first`` forward+backward per row (self CPU
 time by operator, grouped into matrix products, layout copies, element-wise, reductions
 and the rest) is written to the JSON too.
@@ -189,9 +190,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--out", type=Path, default=None)
+    timing.add_allocator_option(parser)
     args = parser.parse_args()
     args.out = args.out or RESULTS / f"hsa_short_{args.threads}t.json"
     torch.set_num_threads(args.threads)
+    timing.apply_allocator(args.allocator)
     results = []
     for batch, length, branching in QUICK_ROWS if args.quick else ROWS:
         cases, index, compile_s = make_cases(batch, length, branching, args.compile)
@@ -226,9 +229,11 @@ def main() -> None:
         )
     flags = [f"--threads {args.threads}", f"--rounds {args.rounds}"]
     flags += ["--quick"] * args.quick + ["--no-compile"] * (not args.compile)
+    flags += [f"--allocator {args.allocator}"] * (args.allocator != "reuse")
     command = " ".join(["python benchmarks/hsa_short.py", *flags])
     meta = {"heads": HEADS, "dim": DIM, "dtype": "float32", "torch": torch.__version__,
-            "command": command, "load_average": os.getloadavg()}  # fmt: skip
+            "command": command, "allocator": args.allocator,
+            "load_average": os.getloadavg()}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": results}, indent=1))
     plot(results, args.out.with_suffix(".png"))

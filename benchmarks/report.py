@@ -148,6 +148,13 @@ def compare_commits() -> list[str] | None:
     return out + [source("compare_commits.json"), ""]
 
 
+def allocator(meta: dict) -> str:
+    """How the run's CPU allocator was set (runs that predate the option used glibc's)."""
+    if meta.get("allocator") == "reuse":
+        return "freed memory reused (`hiergraph.runtime.reuse_freed_memory`)"
+    return "glibc's default allocator"
+
+
 def hsa_scaling() -> list[str] | None:
     data = load("hsa_scaling.json")
     if data is None:
@@ -157,7 +164,8 @@ def hsa_scaling() -> list[str] | None:
     reps = meta["reps"]
     out = [
         f"{meta['heads']} heads, d = {meta['dim']}, {meta['dtype']}, CPU, "
-        f"{threads(meta['threads'])}. Window hierarchy (branching per N below); ragged: "
+        f"{threads(meta['threads'])}, {allocator(meta)}. Window hierarchy (branching per N "
+        "below); ragged: "
         "random windows with the same mean; bound: one batched SDPA call per level over "
         "that level's families. "
         f"Medians of {reps} interleaved repetitions up to N = 16,384 and "
@@ -205,7 +213,7 @@ def hsa_short() -> list[str] | None:
         n_threads = rows[0]["threads"] if rows else "?"
         out += [
             f"**{threads(n_threads)}**: {meta['heads']} heads, d = {meta['dim']}, "
-            f"{meta['dtype']}; command {code(meta['command'])}.",
+            f"{meta['dtype']}, {allocator(meta)}; command {code(meta['command'])}.",
             "",
         ]
         body = []

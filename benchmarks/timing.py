@@ -12,17 +12,22 @@ What a script times, and with which clock, stays its own choice:
   (the backward of a given output gradient);
 * the clock: :data:`WALL` (``time.perf_counter``), :data:`WALL_AND_CPU` (wall and process
   CPU seconds, a pair per sample) or :class:`CudaEvents` (CUDA events, read after a
-  synchronisation at the end of every round).
+  synchronisation at the end of every round);
+* the CPU allocator (:func:`add_allocator_option`, :func:`apply_allocator`): by default
+  every method runs with freed memory kept for reuse, as a training loop would set it.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
+
+from hiergraph.runtime import reuse_freed_memory
 
 K = TypeVar("K", bound=Hashable)
 Step = Callable[[], Any]
@@ -173,3 +178,21 @@ def medians(samples: Mapping[K, Sequence[float]]) -> dict[K, float]:
 def spreads(samples: Mapping[K, Sequence[float]]) -> dict[K, list[float]]:
     """``[min, max]`` of every key's samples."""
     return {key: [min(values), max(values)] for key, values in samples.items()}
+
+
+def add_allocator_option(parser: argparse.ArgumentParser) -> None:
+    """``--allocator {reuse,default}`` (default ``reuse``), read by :func:`apply_allocator`."""
+    parser.add_argument(
+        "--allocator",
+        choices=("reuse", "default"),
+        default="reuse",
+        help="reuse: hiergraph.runtime.reuse_freed_memory() for every method (freed buffers are "
+        "reused, not page-faulted in again each step); default: glibc as configured",
+    )
+
+
+def apply_allocator(allocator: str) -> None:
+    """Apply ``--allocator`` to this process (``reuse`` keeps freed CPU memory for reuse; glibc
+    only, a no-op elsewhere)."""
+    if allocator == "reuse":
+        reuse_freed_memory()
