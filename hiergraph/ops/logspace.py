@@ -21,7 +21,17 @@ def masked_softmax(logits: Tensor, mask: Tensor, dim: int = -1) -> tuple[Tensor,
         \mathrm{lse} = \log \sum_{j:\,m_j} e^{x_j}, \qquad
         a_j = m_j\, e^{x_j - \mathrm{lse}}
 
-    Rows with no unmasked entry get ``lse = -inf`` and all-zero weights.
+    Rows with no unmasked entry get ``lse = -inf`` and all-zero weights. Both outputs
+    come from one pass of exponentials (``lse`` and the weights share it), and the backward
+    is written out from the weights alone,
+
+    .. math::
+        \frac{\partial L}{\partial x_j} = a_j \Big(\frac{\partial L}{\partial a_j}
+        - \sum_k a_k \frac{\partial L}{\partial a_k}
+        + \frac{\partial L}{\partial \mathrm{lse}}\Big),
+
+    in differentiable operations (second derivatives work); masked entries get zero
+    gradient.
 
     Args:
         logits: any shape.
@@ -32,15 +42,39 @@ def masked_softmax(logits: Tensor, mask: Tensor, dim: int = -1) -> tuple[Tensor,
         ``(lse, weights)`` with ``lse`` reduced over ``dim`` (dimension
         removed) and ``weights`` shaped like ``logits``.
     """
-    x = torch.where(mask, logits, float("-inf"))  # a scalar: no host-to-device copy
-    m = x.amax(dim=dim, keepdim=True).detach()
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(x - m)
-    s = e.sum(dim=dim, keepdim=True)
-    has = s > 0
-    s_safe = torch.where(has, s, torch.ones_like(s))
-    lse = torch.where(has, m + torch.log(s_safe), float("-inf")).squeeze(dim)
-    return lse, e / s_safe
+    return _MaskedSoftmax.apply(logits, mask, dim)
+
+
+class _MaskedSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: Tensor, mask: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+        x = logits.masked_fill(~mask, float("-inf"))  # a scalar: no host-to-device copy
+        m = x.amax(dim=dim, keepdim=True)
+        m = m.masked_fill(m == float("-inf"), 0.0)  # rows with no entry: e = 0 below
+        e = x.sub_(m).exp_()
+        s = e.sum(dim=dim, keepdim=True)
+        # a row with an entry has s >= 1 (its maximum adds e^0); an empty row has s = 0,
+        # so log s = -inf there and e / max(s, 1) = 0
+        lse = s.log().add_(m).squeeze(dim)
+        p = e.div_(s.clamp_(min=1.0))
+        ctx.dim = dim
+        ctx.save_for_backward(p)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None
+        return lse, p
+
+    @staticmethod
+    def backward(ctx, grad_lse: Tensor | None, grad_p: Tensor | None):
+        (p,) = ctx.saved_tensors
+        dim = ctx.dim
+        if grad_p is None and grad_lse is None:
+            return None, None, None
+        if grad_p is None:
+            shift = grad_lse.unsqueeze(dim)
+        else:
+            shift = grad_p - (grad_p * p).sum(dim=dim, keepdim=True)
+            if grad_lse is not None:
+                shift = shift + grad_lse.unsqueeze(dim)
+        return p * shift, None, None
 
 
 def scatter_softmax(logits: Tensor, index: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:

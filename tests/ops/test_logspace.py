@@ -21,6 +21,44 @@ def test_masked_softmax_matches_softmax_and_handles_empty_rows():
     assert torch.isfinite(x.grad).all() and torch.all(x.grad[1] == 0)
 
 
+def _composite_masked_softmax(x, mask):
+    """The textbook form (``logsumexp`` and ``softmax`` over the masked entries) that
+    :func:`masked_softmax` fuses, for rows with at least one entry."""
+    x = x.masked_fill(~mask, -INF)
+    return torch.logsumexp(x, -1), torch.softmax(x, -1)
+
+
+def test_masked_softmax_gradients_match_the_composite_form_for_either_output():
+    """The hand-written backward against autograd's, with the gradient of ``lse`` only, of
+    the weights only, and of both."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(4, 3, 6, generator=gen) < 0.7
+    mask[..., 0] = True  # every row has an entry
+    g_lse, g_w = torch.randn(4, 3, generator=gen), torch.randn(4, 3, 6, generator=gen)
+    for use in ("lse", "weights", "both"):
+        grads = []
+        for fn in (masked_softmax, _composite_masked_softmax):
+            lse, w = fn(x, mask)
+            loss = (lse * g_lse).sum() * (use != "weights") + (w * g_w).sum() * (use != "lse")
+            grads.append(torch.autograd.grad(loss, x)[0])
+        torch.testing.assert_close(grads[0], grads[1], atol=1e-14, rtol=0)
+        assert torch.all(grads[0][~mask] == 0)
+
+
+def test_masked_softmax_is_differentiable_twice_with_empty_rows():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+
+    def both(x):  # lse of the empty row is -inf: left out of the checked outputs
+        lse, w = masked_softmax(x, mask)
+        return lse[[0, 2]], w
+
+    assert torch.autograd.gradcheck(both, (x,))
+    assert torch.autograd.gradgradcheck(both, (x,))
+
+
 def test_scatter_softmax_matches_masked_softmax_on_padded_rows():
     # rows 0..3 hold entries (row 2 none, row 3 only masked ones), entries out of row order
     index = torch.tensor([1, 0, 3, 1, 0, 1, 3, 0])

@@ -32,6 +32,8 @@ own logits.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 from torch_geometric.utils import scatter
@@ -184,11 +186,12 @@ class _DenseFamilyAttention(torch.autograd.Function):
                 d_s += d_lse[:, :, rows]
                 d_s *= p
                 if dq is not None:
-                    dq_rows.append(_bmm_add(_take_rows(g_q, rows), d_s, kb, tau))
+                    dq_rows.append(family_product_add(_take_rows(g_q, rows), d_s, kb, alpha=tau))
                 if dk is not None:
-                    dk_b = _bmm_add(dk_b, d_s.transpose(-1, -2), qb[:, :, rows], tau)
+                    d_st = d_s.transpose(-1, -2)
+                    dk_b = family_product_add(dk_b, d_st, qb[:, :, rows], alpha=tau)
                 if dv is not None:
-                    dv_b = _bmm_add(dv_b, p.transpose(-1, -2), d_out_r, 1.0)
+                    dv_b = family_product_add(dv_b, p.transpose(-1, -2), d_out_r)
                 if de is not None:
                     d_e = d_s if eb.size(1) == d_s.size(1) else d_s.sum(1, keepdim=True)
                     de_rows.append(d_e @ eb)
@@ -233,18 +236,6 @@ def _probabilities(block, qb, kb, eb, keys, tau, left_only, rows: slice) -> tupl
     lse = torch.logsumexp(logits, -1)
     p = logits.sub_(torch.where(torch.isfinite(lse), lse, 0).unsqueeze(-1)).exp_()
     return p, lse
-
-
-def _bmm_add(base: Tensor, a: Tensor, b: Tensor, alpha: float) -> Tensor:
-    """``base + alpha * a @ b`` for ``[F, H, W, ·]`` operands (``base`` broadcasts)."""
-    if _pairs_on_cpu(a):  # see family_product
-        return base + alpha * _pair_product(a, b)
-    f, h, w, _ = a.shape
-    base = base.expand(f, h, -1, b.size(-1)).reshape(f * h, -1, b.size(-1))
-    out = torch.baddbmm(
-        base, a.reshape(f * h, w, -1), b.reshape(f * h, -1, b.size(-1)), alpha=alpha
-    )
-    return out.view(f, h, w, -1)
 
 
 def _weigh(g: Tensor, weight: Tensor | None) -> Tensor:
@@ -333,6 +324,22 @@ def family_product(p: Tensor, v: Tensor) -> Tensor:
     ``[2, 2] @ [2, d]`` products (inner size 2) than over the same data as element-wise
     passes; from ``b = 3`` up, and on accelerators, this is ``matmul``."""
     return _PairProduct.apply(p, v) if _pairs_on_cpu(p) else torch.matmul(p, v)
+
+
+def family_product_add(base: Tensor, p: Tensor, v: Tensor, alpha: float = 1.0) -> Tensor:
+    r"""``base + alpha * p @ v`` for ``p [..., m, b]``, ``v [..., b, d]`` and ``base``
+    broadcastable to ``[..., m, d]``, differentiable twice.
+
+    The sum is the product's own accumulation (``baddbmm``), not a pass of its own over the
+    ``[..., m, d]`` result; families of two on the CPU take the multiply-adds of
+    :func:`family_product`."""
+    if _pairs_on_cpu(p):
+        return base + alpha * family_product(p, v)
+    *lead, m, b = p.shape
+    batch, d = math.prod(lead), v.size(-1)
+    base = base.expand(*lead, m, d).reshape(batch, m, d)  # a view where base broadcasts rows
+    out = torch.baddbmm(base, p.reshape(batch, m, b), v.reshape(batch, b, d), alpha=alpha)
+    return out.view(*lead, m, d)
 
 
 def _pairs_on_cpu(p: Tensor) -> bool:

@@ -113,7 +113,7 @@ def uniform_hierarchical_attention(
         if d + 1 < depth:
             acc, u = node_layout(acc), None if u is None else node_layout(u)
     if include_self:
-        acc = acc + torch.exp(u).unsqueeze(-1) * leaf_v
+        acc = torch.addcmul(acc, torch.exp(u).unsqueeze(-1), leaf_v)
     out = dense_gradient(node_layout(acc))
     if weight is not None:
         out = out * weight[:, None].to(out.dtype)
@@ -235,12 +235,7 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias):
     ar = torch.arange(b, device=q.device)
     pair = ar[None, :] < ar[:, None] if left_only else ar[None, :] != ar[:, None]
     if isinstance(n, int):  # all leaves valid: log n(B) is one shift of the level
-        if not left_only:  # b >= 2: every row has a key
-            logits = logits.masked_fill(~pair, float("-inf"))
-            lse = torch.logsumexp(logits, -1)
-            p = torch.softmax(logits, -1)
-        else:
-            lse, p = masked_softmax(logits, pair)
+        lse, p = masked_softmax(logits, pair)
         if size_bias and n > 1:
             lse = lse + math.log(n)
     else:
@@ -315,8 +310,9 @@ def node_layout(x: Tensor) -> Tensor:
 def _weighted_sum(parent: Tensor | None, p: Tensor, v: Tensor) -> Tensor:
     """``p @ v`` (``[H, F, b, b] @ [H, F, b, d_v]``) plus, if given, the parents' rows
     ``parent`` (node layout ``[H, F, d_v]``) broadcast to their children."""
-    out = family.family_product(p, v)
-    return out if parent is None else out + parent.unsqueeze(2)
+    if parent is None:
+        return family.family_product(p, v)
+    return family.family_product_add(parent.unsqueeze(2), p, v)
 
 
 def _add(parent: Tensor | None, child: Tensor | None) -> Tensor | None:

@@ -1,6 +1,8 @@
 """Strictly causal HSA over equal-fanout forests (reshaped views) against the edge-list op
 and the dense causal reference."""
 
+import math
+
 import pytest
 import torch
 
@@ -55,6 +57,26 @@ def test_earlier_rows_are_bit_identical_when_later_tokens_change():
         out2 = causal_hierarchical_attention(q2, k2, v2, tree, pos_emb=pos)
         assert torch.equal(out[: i + 1], out2[: i + 1])
         assert torch.isfinite(out2).all() and not torch.equal(out[i + 1 :], out2[i + 1 :])
+
+
+@pytest.mark.parametrize("branching", [(4, 3, 4), (2, 3, 2, 2)], ids=str)
+def test_prefix_sums_are_the_cumulative_sums_within_every_ancestor(branching):
+    """The triangular product and the per-depth left-sibling sums equal ``cumsum`` over each
+    ancestor's run of leaves."""
+    from hiergraph.ops.hsa.causal_uniform import _prefix_sums
+    from hiergraph.ops.hsa.uniform import bottom_up, counts_below, family_layout, heads_first
+
+    length = math.prod(branching)
+    tree, q, k, v, _ = _case(2, length, branching, seed=7)
+    fanout = tree.tree_index().uniform[1:]
+    below = counts_below(None, fanout)
+    leaves = [heads_first(t) for t in (q, k, v)]
+    rho = [family_layout(t, fanout[-1]) for t in leaves]
+    _, _, _, rhos = bottom_up(rho, None, below, fanout, None, 1.0, True, True)
+    sums = _prefix_sums(leaves[0], rhos, fanout, below)
+    for d in range(len(fanout) - 1):
+        want = family_layout(leaves[0], below[d]).cumsum(2).flatten(1, 2)
+        torch.testing.assert_close(sums[d], want, atol=1e-13, rtol=0)
 
 
 def test_second_derivatives():
