@@ -119,8 +119,9 @@ def _prefix_sums(q: Tensor, rhos: list, fanout: tuple[int, ...], below: list[int
     leaf's prefix within its depth-``d + 1`` ancestor (leaves ``q`` in node layout
     ``[H, L, d_q]``; ``rhos``: the bottom-up pass's means in family layout).
 
-    The deepest run is a product with ``tril(ones)``, whose zero entries add exact zeros
-    (later leaves do not change an earlier sum by a bit). Above, the prefix within
+    The deepest run is a product with ``tril(ones)``, whose zero entries add exact zeros:
+    finite later leaves do not change an earlier sum by a bit (a non-finite query would
+    reach the earlier sums of its deepest family as ``0 * inf = nan``). Above, the prefix within
     :math:`A_s` is the prefix within the child :math:`A_{s+1}` plus the complete sums
     :math:`N_{s+1} \rho_q(B)` of :math:`A_{s+1}`'s left siblings :math:`B`, an exclusive
     cumulative sum (``pad`` then ``cumsum``: no term of a later sibling is ever added)."""
