@@ -323,7 +323,7 @@ def family_product(p: Tensor, v: Tensor) -> Tensor:
     :math:`p_{:,0} v_0 + p_{:,1} v_1`: CPU BLAS takes 3–5× longer over a batch of
     ``[2, 2] @ [2, d]`` products (inner size 2) than over the same data as element-wise
     passes; from ``b = 3`` up, and on accelerators, this is ``matmul``."""
-    return _PairProduct.apply(p, v) if _pairs_on_cpu(p) else torch.matmul(p, v)
+    return _PairProduct.apply(p, v, None) if _pairs_on_cpu(p) else torch.matmul(p, v)
 
 
 def family_product_add(base: Tensor, p: Tensor, v: Tensor, alpha: float = 1.0) -> Tensor:
@@ -333,8 +333,8 @@ def family_product_add(base: Tensor, p: Tensor, v: Tensor, alpha: float = 1.0) -
     The sum is the product's own accumulation (``baddbmm``), not a pass of its own over the
     ``[..., m, d]`` result; families of two on the CPU take the multiply-adds of
     :func:`family_product`."""
-    if _pairs_on_cpu(p):
-        return base + alpha * family_product(p, v)
+    if _pairs_on_cpu(p):  # alpha scales the [m, 2] weights, base starts the multiply-adds
+        return _PairProduct.apply(p if alpha == 1.0 else alpha * p, v, base)
     *lead, m, b = p.shape
     batch, d = math.prod(lead), v.size(-1)
     base = base.expand(*lead, m, d).reshape(batch, m, d)  # a view where base broadcasts rows
@@ -347,21 +347,33 @@ def _pairs_on_cpu(p: Tensor) -> bool:
     return p.size(-1) == 2 and p.device.type == "cpu"
 
 
-def _pair_product(p: Tensor, v: Tensor) -> Tensor:
-    return torch.addcmul(p[..., :1] * v[..., :1, :], p[..., 1:], v[..., 1:, :])
+def _pair_product(p: Tensor, v: Tensor, base: Tensor | None) -> Tensor:
+    first = (
+        p[..., :1] * v[..., :1, :]
+        if base is None
+        else torch.addcmul(base, p[..., :1], v[..., :1, :])
+    )
+    return torch.addcmul(first, p[..., 1:], v[..., 1:, :])
 
 
 class _PairProduct(torch.autograd.Function):
-    """``p @ v`` over families of two; autograd's own backward of the two multiply-adds
-    reduces over ``d`` twice, so ``p``'s gradient is ``G v^T`` (inner size ``d``) and
-    ``v``'s the same pair product with ``p^T``."""
+    """``base + p @ v`` over families of two (``base`` optional, broadcastable to the
+    product); autograd's own backward of the two multiply-adds reduces over ``d`` twice, so
+    ``p``'s gradient is ``G v^T`` (inner size ``d``), ``v``'s the same pair product with
+    ``p^T`` and ``base``'s ``G`` summed to its shape."""
 
     @staticmethod
-    def forward(ctx, p: Tensor, v: Tensor) -> Tensor:
+    def forward(ctx, p: Tensor, v: Tensor, base: Tensor | None) -> Tensor:
         ctx.save_for_backward(p, v)
-        return _pair_product(p, v)
+        ctx.base_shape = None if base is None else base.shape
+        return _pair_product(p, v, base)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         p, v = ctx.saved_tensors
-        return torch.matmul(grad, v.transpose(-1, -2)), family_product(p.transpose(-1, -2), grad)
+        grad_base = None if ctx.base_shape is None else grad.sum_to_size(ctx.base_shape)
+        return (
+            torch.matmul(grad, v.transpose(-1, -2)),
+            family_product(p.transpose(-1, -2), grad),
+            grad_base,
+        )
