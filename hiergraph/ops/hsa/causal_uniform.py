@@ -44,7 +44,6 @@ from hiergraph.ops.hsa.uniform import (
     heads_first,
     like,
     node_layout,
-    self_energy,
 )
 from hiergraph.ops.logspace import log_gates, logaddexp, masked_softmax
 
@@ -68,9 +67,9 @@ def uniform_causal_attention(
     below = counts_below(None, fanout)  # N_s of the nodes at depth s = d + 1
     leaves = [heads_first(t) for t in (q, k, v)]  # [H, L, ·]: see hiergraph.ops.hsa.uniform
     leaf_rho = [family_layout(t, fanout[-1]) for t in leaves]
-    leaf_energy = self_energy(*leaf_rho[:2], None if eps is None else eps[-1], tau, fanout[-1])
     # complete statistics of every node: the sibling-masked (leaky) pass
-    lses, probs, gates, rhos = bottom_up(leaf_rho, leaf_energy, below, fanout, eps, tau, True, True)
+    lses, probs, gates, rhos = bottom_up(leaf_rho, True, below, fanout, eps, tau, True, True)
+    leaf_energy = gates[-1]
     position = torch.arange(num_leaves, device=q.device)
 
     # per depth s = D .. 1 (index d = s - 1): the prefix attention of every leaf's ancestor;

@@ -89,11 +89,8 @@ def uniform_hierarchical_attention(
     leaves = [heads_first(t) for t in (q, k, v)]
     rho = [family_layout(t, fanout[-1]) for t in leaves]
     leaf_v = rho[2]
-    energy = None  # a(C) of the leaves; None: -inf (no self energy)
-    if include_self:
-        energy = self_energy(rho[0], rho[1], None if eps is None else eps[-1], tau, fanout[-1])
     lses, probs, gates, rhos = bottom_up(
-        rho, energy, counts, fanout, eps, tau, left_only, size_bias
+        rho, include_self, counts, fanout, eps, tau, left_only, size_bias
     )
     finite = all_finite(counts, left_only)
 
@@ -177,24 +174,24 @@ def like(out: Tensor, q: Tensor) -> Tensor:
     return out if q.transpose(0, 1).is_contiguous() else out.contiguous()
 
 
-def self_energy(q: Tensor, k: Tensor, eps: Tensor | None, tau: float, b: int) -> Tensor:
-    """Leaf self energies :math:`\tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i` in family
-    layout ``[H, F, b]``, from ``q, k`` in family layout and ``eps`` in node layout."""
-    energy = tau * (q * k).sum(-1)
-    return energy if eps is None else energy + family_layout(eps, b).square().sum(-1)
-
-
-def bottom_up(rho, energy, counts, fanout, eps, tau, left_only, size_bias) -> tuple[list, ...]:
-    """The bottom-up pass from the leaves (``rho``: ``q, k, v`` and ``energy`` in family
-    layout) to the roots' children. Per level ``d`` (depth ``d + 1``), in family layout:
+def bottom_up(rho, include_self, counts, fanout, eps, tau, left_only, size_bias) -> tuple:
+    r"""The bottom-up pass from the leaves (``rho``: their ``q, k, v`` in family layout) to
+    the roots' children. Per level ``d`` (depth ``d + 1``), in family layout:
     ``lse [H, F, b]``, the family softmax ``p [H, F, b, b]`` (:math:`\vartheta` is
-    ``p @ rho[2]``), the energies ``a`` (``None``: ``-inf``) and the pooled ``rho``."""
+    ``p @ rho[2]``), the energies ``a`` (``None``: ``-inf``) and the pooled ``rho``.
+
+    The leaves' self energies :math:`\tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i`
+    (``include_self``) are the diagonal of their families' logits, read from them rather
+    than computed again."""
     depth, finite = len(fanout), all_finite(counts, left_only)
     lses, probs, gates, rhos = [None] * depth, [None] * depth, [None] * depth, [None] * depth
+    energy = None  # a(C) of the level's nodes; None: -inf (leaves without self energy)
     for d in range(depth - 1, -1, -1):
         b, n = fanout[d], counts[d]
         e = None if eps is None else family_layout(eps[d], b)
-        lses[d], probs[d] = _family_attention(*rho[:2], e, n, b, tau, left_only, size_bias)
+        logits, lses[d], probs[d] = _family_attention(*rho[:2], e, n, b, tau, left_only, size_bias)
+        if d == depth - 1 and include_self:
+            energy = logits.diagonal(dim1=-2, dim2=-1)
         gates[d], rhos[d] = energy, rho
         if d == 0:
             break
@@ -227,7 +224,8 @@ def counts_below(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
 
 
 def _family_attention(q, k, e, n, b, tau, left_only, size_bias):
-    """``lse [H, F, b]`` and the softmax weights ``p [H, F, b, b]`` of one level in family
+    """The logits ``[H, F, b, b]`` (before the mask and the ``log n`` key bias), ``lse
+    [H, F, b]`` and the softmax weights ``p [H, F, b, b]`` of one level in family
     layout."""
     logits = scores(q, k, tau)
     if e is not None:
@@ -238,11 +236,11 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias):
         lse, p = masked_softmax(logits, pair)
         if size_bias and n > 1:
             lse = lse + math.log(n)
-    else:
-        if size_bias:
-            logits = logits + torch.log(n.clamp(min=1)).unsqueeze(2).to(logits.dtype)
-        lse, p = masked_softmax(logits, pair & (n > 0).unsqueeze(2))
-    return lse, p
+        return logits, lse, p
+    biased = logits
+    if size_bias:
+        biased = logits + torch.log(n.clamp(min=1)).unsqueeze(2).to(logits.dtype)
+    return logits, *masked_softmax(biased, pair & (n > 0).unsqueeze(2))
 
 
 def scores(q: Tensor, k: Tensor, tau: float) -> Tensor:

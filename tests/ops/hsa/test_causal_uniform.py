@@ -72,7 +72,7 @@ def test_prefix_sums_are_the_cumulative_sums_within_every_ancestor(branching):
     below = counts_below(None, fanout)
     leaves = [heads_first(t) for t in (q, k, v)]
     rho = [family_layout(t, fanout[-1]) for t in leaves]
-    _, _, _, rhos = bottom_up(rho, None, below, fanout, None, 1.0, True, True)
+    _, _, _, rhos = bottom_up(rho, False, below, fanout, None, 1.0, True, True)
     sums = _prefix_sums(leaves[0], rhos, fanout, below)
     for d in range(len(fanout) - 1):
         want = family_layout(leaves[0], below[d]).cumsum(2).flatten(1, 2)
