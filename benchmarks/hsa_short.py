@@ -33,10 +33,11 @@ process CPU time are recorded. Results:
 
 Every method runs with freed CPU memory kept for reuse (``--allocator default``: glibc's
 settings, under which each step page-faults its large buffers in again). Rounds are
-interleaved (each round runs every method once, so all see the same machine load); the JSON keeps every sample, and medians and the spread (min–max) are reported.
-A profile of one ``hsa`` and one ``hsa-heads-first`` forward+backward per row (self CPU
-time by operator, grouped into matrix products, layout copies, element-wise, reductions
-and the rest) is written to the JSON too.
+interleaved (each round runs every method once, so all see the same machine load); the
+JSON keeps every sample, and medians and the spread (min–max) are reported. A profile of
+one ``hsa`` and one ``hsa-heads-first`` forward+backward per row (self CPU time by
+operator, grouped into matrix products, layout copies, element-wise, reductions and the
+rest) is written to the JSON too.
 """
 
 from __future__ import annotations

@@ -915,7 +915,7 @@ def zeroshot() -> list[str] | None:
         if timing:
             out += ["Attention op alone, last layer, one batch (trees and hub choice included); "
                     "medians of interleaved repetitions (the count is `TIMING_REPEATS` of "
-                    "`benchmarks/zeroshot.py`, not stored):", ""]  # fmt: skip
+                    f"`benchmarks/zeroshot.py`, not stored); {allocator(res)}:", ""]  # fmt: skip
 
             def maybe(t, key):
                 return secs(t[key]) if key in t else "–"

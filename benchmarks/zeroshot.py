@@ -15,7 +15,8 @@ accuracies (see examples/zeroshot_minilm.py), attention FLOPs per replaced
 layer (mean over the documents at their real lengths, and at 256 tokens), and
 wall time. A separate timing section times the attention op alone (flat SDPA vs
 the three replacements) on one batch of 256-token documents, interleaved,
-medians.
+medians; the process keeps freed CPU memory for reuse (``--allocator default``: glibc's
+settings).
 
     HF_HUB_OFFLINE=1 HIERGRAPH_RAW=<folder with the corpora> nice -n 5 \\
         python benchmarks/zeroshot.py \\
@@ -39,6 +40,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import timing
 import torch
 from report import zs_cells, zs_tree_label  # the sibling script renders the same tables
 
@@ -150,6 +152,7 @@ def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, floa
 def run(args) -> None:
     ex = load_example()
     torch.set_num_threads(args.threads)
+    timing.apply_allocator(args.allocator)
     suffix = "" if args.limit is None else f"_n{args.limit}"
     out = RESULTS / f"zeroshot_{args.dataset}{suffix}.json"
     result = json.loads(out.read_text()) if out.exists() else {"runs": [], "commands": []}
@@ -171,6 +174,7 @@ def run(args) -> None:
         mean_tokens=float(np.mean(lengths)),
         max_tokens=args.max_tokens,
         threads=args.threads,
+        allocator=args.allocator,
         original={"probe": float(original.mean()), "probe_correct": ex.bits(original)},
         original_pass_seconds=cache["seconds"],
         machine={"platform": platform.platform(), "cpus": os.cpu_count()},
@@ -190,10 +194,10 @@ def run(args) -> None:
             np.mean([block_attention_flops(m, block, head_dim, heads) for m in lengths])
         )
         flops["hsa_no_size_bias"] = flops["hsa"]
-        timing = time_attention(ex, model, cache, branching, block, args.hubs)
-        if timing:  # caches without the last layer's input have no timing
-            timing["load"] = os.getloadavg()
-            result.setdefault("timing", {})[zs_tree_label(branching, args.hubs)] = timing
+        op_times = time_attention(ex, model, cache, branching, block, args.hubs)
+        if op_times:  # caches without the last layer's input have no timing
+            op_times["load"] = os.getloadavg()
+            result.setdefault("timing", {})[zs_tree_label(branching, args.hubs)] = op_times
         for name, layers in layer_sets.items():
             for method in METHODS:
                 key = (name, branching, args.hubs, method)
@@ -418,6 +422,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None, help="documents (default: all)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
+    timing.add_allocator_option(p)
     p.add_argument(
         "--redo", action="store_true", help="re-run stored configurations (per-document probes)"
     )
