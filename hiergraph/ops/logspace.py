@@ -42,21 +42,34 @@ def masked_softmax(logits: Tensor, mask: Tensor, dim: int = -1) -> tuple[Tensor,
         ``(lse, weights)`` with ``lse`` reduced over ``dim`` (dimension
         removed) and ``weights`` shaped like ``logits``.
     """
-    return _MaskedSoftmax.apply(logits, mask, dim)
+    return softmax_dropping(logits, ~mask, dim)
+
+
+def softmax_dropping(
+    logits: Tensor, drop: Tensor, dim: int = -1, *, rows_nonempty: bool = False
+) -> tuple[Tensor, Tensor]:
+    """:func:`masked_softmax` given the complement of the mask, ``drop`` (``True`` = left
+    out), for callers that build it directly. ``rows_nonempty=True`` promises that every row
+    keeps an entry, which skips the guards for empty rows (two operations fewer; an empty
+    row then gives NaN)."""
+    return _MaskedSoftmax.apply(logits, drop, dim, rows_nonempty)
 
 
 class _MaskedSoftmax(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: Tensor, mask: Tensor, dim: int) -> tuple[Tensor, Tensor]:
-        x = logits.masked_fill(~mask, float("-inf"))  # a scalar: no host-to-device copy
+    def forward(
+        ctx, logits: Tensor, drop: Tensor, dim: int, rows_nonempty: bool
+    ) -> tuple[Tensor, Tensor]:
+        x = logits.masked_fill(drop, float("-inf"))  # a scalar: no host-to-device copy
         m = x.amax(dim=dim, keepdim=True)
-        m = m.masked_fill(m == float("-inf"), 0.0)  # rows with no entry: e = 0 below
+        if not rows_nonempty:
+            m = m.masked_fill(m == float("-inf"), 0.0)  # rows with no entry: e = 0 below
         e = x.sub_(m).exp_()
         s = e.sum(dim=dim, keepdim=True)
         # a row with an entry has s >= 1 (its maximum adds e^0); an empty row has s = 0,
         # so log s = -inf there and e / max(s, 1) = 0
-        lse = s.log().add_(m).squeeze(dim)
-        p = e.div_(s.clamp_(min=1.0))
+        p = e.div_(s if rows_nonempty else s.clamp(min=1.0))
+        lse = s.log_().add_(m).squeeze(dim)
         ctx.dim = dim
         ctx.save_for_backward(p)
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None
@@ -67,14 +80,14 @@ class _MaskedSoftmax(torch.autograd.Function):
         (p,) = ctx.saved_tensors
         dim = ctx.dim
         if grad_p is None and grad_lse is None:
-            return None, None, None
+            return None, None, None, None
         if grad_p is None:
             shift = grad_lse.unsqueeze(dim)
         else:
             shift = grad_p - (grad_p * p).sum(dim=dim, keepdim=True)
             if grad_lse is not None:
                 shift = shift + grad_lse.unsqueeze(dim)
-        return p * shift, None, None
+        return p * shift, None, None, None
 
 
 def scatter_softmax(logits: Tensor, index: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:

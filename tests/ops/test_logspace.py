@@ -3,7 +3,7 @@ import math
 import torch
 
 from hiergraph.ops import log_gates, logaddexp, masked_softmax
-from hiergraph.ops.logspace import scatter_softmax
+from hiergraph.ops.logspace import scatter_softmax, softmax_dropping
 from tests.conftest import unordered_backward_nodes
 
 INF = float("inf")
@@ -44,6 +44,20 @@ def test_masked_softmax_gradients_match_the_composite_form_for_either_output():
             grads.append(torch.autograd.grad(loss, x)[0])
         torch.testing.assert_close(grads[0], grads[1], atol=1e-14, rtol=0)
         assert torch.all(grads[0][~mask] == 0)
+
+
+def test_softmax_dropping_without_empty_row_guards_equals_masked_softmax():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 7, generator=gen, dtype=torch.float64, requires_grad=True)
+    drop = torch.rand(5, 7, generator=gen) < 0.5
+    drop[:, 3] = False  # every row keeps an entry
+    fast = softmax_dropping(x, drop, rows_nonempty=True)
+    ref = masked_softmax(x, ~drop)
+    for a, b in zip(fast, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    g_fast = torch.autograd.grad(fast[0].sum() + fast[1].pow(2).sum(), x)[0]
+    g_ref = torch.autograd.grad(ref[0].sum() + ref[1].pow(2).sum(), x)[0]
+    torch.testing.assert_close(g_fast, g_ref, atol=0, rtol=0)
 
 
 def test_masked_softmax_is_differentiable_twice_with_empty_rows():

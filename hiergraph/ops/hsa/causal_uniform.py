@@ -45,7 +45,7 @@ from hiergraph.ops.hsa.uniform import (
     like,
     node_layout,
 )
-from hiergraph.ops.logspace import log_gates, logaddexp, masked_softmax
+from hiergraph.ops.logspace import log_gates, logaddexp, softmax_dropping
 
 
 def uniform_causal_attention(
@@ -155,8 +155,10 @@ def _prefix_attention(prefix, count, rho, eps, d, b, n_s, tau) -> tuple[Tensor, 
         pos = torch.matmul(e, e.transpose(-1, -2))
         logits = logits + pos.repeat_interleave(n_s, 2) if n_s > 1 else logits + pos
     member = torch.arange(span, device=keys.device) // n_s  # the ancestor's slot
-    left = torch.arange(b, device=keys.device)[None, :] < member[:, None]  # [span, b]
-    lse, p = masked_softmax(logits, left)
+    # [span, b]: keys at or right of the ancestor's slot are left out (a first child: all)
+    lse, p = softmax_dropping(
+        logits, torch.arange(b, device=keys.device)[None, :] >= member[:, None]
+    )
     if n_s > 1:  # log n(B) = log N_s for every (complete) left sibling
         lse = lse + math.log(n_s)
     return node_layout(lse), (p, values)

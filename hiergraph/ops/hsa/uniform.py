@@ -45,7 +45,7 @@ from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa import family
-from hiergraph.ops.logspace import log_gates, logaddexp, masked_softmax
+from hiergraph.ops.logspace import log_gates, logaddexp, softmax_dropping
 from hiergraph.plan.tree_index import TreeIndex
 
 
@@ -231,16 +231,18 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias):
     if e is not None:
         logits = logits + torch.matmul(e, e.transpose(-1, -2))
     ar = torch.arange(b, device=q.device)
-    pair = ar[None, :] < ar[:, None] if left_only else ar[None, :] != ar[:, None]
+    # the sibling pairs left out: a node itself, and with left_only its right siblings
+    drop = ar[None, :] >= ar[:, None] if left_only else ar[None, :] == ar[:, None]
     if isinstance(n, int):  # all leaves valid: log n(B) is one shift of the level
-        lse, p = masked_softmax(logits, pair)
+        # b >= 2: without left_only every row keeps a key
+        lse, p = softmax_dropping(logits, drop, rows_nonempty=not left_only)
         if size_bias and n > 1:
             lse = lse + math.log(n)
         return logits, lse, p
     biased = logits
     if size_bias:
         biased = logits + torch.log(n.clamp(min=1)).unsqueeze(2).to(logits.dtype)
-    return logits, *masked_softmax(biased, pair & (n > 0).unsqueeze(2))
+    return logits, *softmax_dropping(biased, drop | (n <= 0).unsqueeze(2))
 
 
 def scores(q: Tensor, k: Tensor, tau: float) -> Tensor:
@@ -258,7 +260,11 @@ class _Scores(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, tau: float) -> Tensor:
         ctx.save_for_backward(q, k)
         ctx.tau = tau
-        return torch.matmul(q, k.transpose(-1, -2)).mul_(tau)
+        *lead, b, d = q.shape
+        q3, kt3 = q.reshape(-1, b, d), k.transpose(-1, -2).reshape(-1, d, k.size(-2))
+        # tau scales inside the product (beta = 0: the empty input is never read)
+        out = torch.baddbmm(q3.new_empty(q3.size(0), b, kt3.size(-1)), q3, kt3, beta=0, alpha=tau)
+        return out.view(*lead, b, -1)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
