@@ -55,6 +55,7 @@ class Rows:
 
 
 MIN_RUN = 4  # consecutive equal-size families that become one zero-copy slice block
+MIN_BUCKET = 8  # gather blocks with fewer families join the next wider size bucket
 
 
 @dataclass
@@ -129,7 +130,9 @@ class Level:
         blocks: the families cut into :class:`FamilyBlock` s for the dense
             kernel: runs of at least ``MIN_RUN`` consecutive families of equal
             size (or a whole level of them) become slice blocks, the rest are
-            padded into gather blocks by :func:`bucket_width`.
+            padded into gather blocks by :func:`bucket_width`, a bucket of fewer
+            than ``MIN_BUCKET`` families joining the next wider one
+            (:func:`merge_small_buckets`).
     """
 
     start: int
@@ -423,6 +426,28 @@ def _ramp(sizes: Tensor) -> Tensor:
     return torch.arange(total, device=sizes.device) - first.repeat_interleave(sizes)
 
 
+def merge_small_buckets(width: Tensor) -> Tensor:
+    """The padded ``width`` of every family after merging small size buckets: from the
+    narrowest up, a bucket of fewer than ``MIN_BUCKET`` families (counting those already
+    merged into it) pads them to the next wider bucket's width.
+
+    Every block costs the dense kernel a fixed number of operations, whatever it holds, so
+    a few families are cheaper padded a little wider than run on their own; buckets that
+    hold many families (long or many trees) keep their width."""
+    widths, inverse, counts = width.unique(return_inverse=True, return_counts=True)
+    merged, pending = widths.tolist(), 0
+    for i, count in enumerate(counts.tolist()[:-1]):
+        pending += count
+        if pending < MIN_BUCKET:
+            merged[i] = None  # joins the next bucket
+        else:
+            pending = 0
+    for i in range(len(merged) - 2, -1, -1):
+        if merged[i] is None:
+            merged[i] = merged[i + 1]
+    return torch.tensor(merged, dtype=width.dtype, device=width.device)[inverse]
+
+
 def _make_blocks(
     family_start: Tensor, family_size: Tensor, parent_local: Tensor
 ) -> list[FamilyBlock]:
@@ -449,8 +474,8 @@ def _make_blocks(
         widths = torch.tensor(
             [bucket_width(int(s)) for s in sizes.tolist()], dtype=torch.long, device=device
         )
-        fam_width = widths[inverse]
-        for w in widths.unique().tolist():
+        fam_width = merge_small_buckets(widths[inverse])
+        for w in fam_width.unique().tolist():
             fams = rest[fam_width == w]
             local = torch.arange(w, device=device)
             start, size = family_start[fams], family_size[fams]

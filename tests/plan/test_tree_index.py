@@ -5,7 +5,7 @@ import torch
 from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, window_hierarchy
-from hiergraph.plan import TreeIndex
+from hiergraph.plan import TreeIndex, tree_index
 from hiergraph.plan.tree_index import bucket_width
 from tests.conftest import random_spec
 
@@ -61,7 +61,9 @@ def test_blocks_cover_families():
             parent = level.parent_local[rows]
             assert torch.all(parent[valid] == block.parents[:, None].expand_as(rows)[valid])
             if block.start is None:
-                assert block.width == bucket_width(int(block.valid.sum(1).max()))
+                # a bucket width, at least its largest family's (small buckets merge up)
+                assert block.width >= bucket_width(int(block.valid.sum(1).max()))
+                assert block.width == bucket_width(block.width)
                 assert torch.all(rows[~valid] == rows[:, :1].expand_as(rows)[~valid])
         assert torch.equal(torch.cat(seen).sort().values, positions)  # each node exactly once
     assert any(b.start is not None for lv in idx.levels for b in lv.blocks)  # windows of 3
@@ -77,6 +79,17 @@ def test_gather_leaves_restores_leaf_order():
     bfs = torch.arange(h.num_nodes)
     per_level = [bfs[lo:hi] for lo, hi in zip(idx.level_ptr[:-1], idx.level_ptr[1:], strict=True)]
     assert torch.equal(idx.gather_leaves(per_level), idx.rank[idx.leaf_node])  # leaf BFS positions
+
+
+def test_small_buckets_merge_into_the_next_wider_one(monkeypatch):
+    """From the narrowest up, buckets of fewer than MIN_BUCKET families (with those merged
+    into them) take the next wider bucket's width; the widest keeps its own."""
+    monkeypatch.setattr(tree_index, "MIN_BUCKET", 4)
+    width = torch.tensor([2] * 2 + [3] * 1 + [6] * 5 + [8] * 1 + [12] * 2)
+    got = tree_index.merge_small_buckets(width[torch.randperm(width.numel())])
+    assert sorted(got.tolist()) == [6] * 8 + [12] * 3
+    one = torch.tensor([4, 4])  # a single bucket stays, however small
+    assert torch.equal(tree_index.merge_small_buckets(one), one)
 
 
 def test_bucket_width():
