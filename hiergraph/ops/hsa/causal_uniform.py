@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hiergraph.ops.hsa.family import family_product, family_product_add
+from hiergraph.ops.hsa.family import family_product
 from hiergraph.ops.hsa.uniform import (
     bottom_up,
     counts_below,
@@ -105,10 +105,8 @@ def uniform_causal_attention(
         gain = torch.exp(log_rest if u is None else u + log_rest)
         p, values = weights[d]  # [H, F, m, b] and [H, F, b, d_v], F * m = L
         p = gain.view(*p.shape[:3], 1) * p
-        if out is None:
-            out = node_layout(family_product(p, values))
-        else:
-            out = node_layout(family_product_add(family_layout(out, p.size(2)), p, values))
+        base = None if out is None else family_layout(out, p.size(2))
+        out = node_layout(family_product(p, values, base))
         u = log_mu if u is None else u + log_mu
     return like(dense_gradient(torch.addcmul(out, torch.exp(u).unsqueeze(-1), leaves[2])), q)
 

@@ -186,12 +186,12 @@ class _DenseFamilyAttention(torch.autograd.Function):
                 d_s += d_lse[:, :, rows]
                 d_s *= p
                 if dq is not None:
-                    dq_rows.append(family_product_add(_take_rows(g_q, rows), d_s, kb, alpha=tau))
+                    dq_rows.append(family_product(d_s, kb, _take_rows(g_q, rows), alpha=tau))
                 if dk is not None:
                     d_st = d_s.transpose(-1, -2)
-                    dk_b = family_product_add(dk_b, d_st, qb[:, :, rows], alpha=tau)
+                    dk_b = family_product(d_st, qb[:, :, rows], dk_b, alpha=tau)
                 if dv is not None:
-                    dv_b = family_product_add(dv_b, p.transpose(-1, -2), d_out_r)
+                    dv_b = family_product(p.transpose(-1, -2), d_out_r, dv_b)
                 if de is not None:
                     d_e = d_s if eb.size(1) == d_s.size(1) else d_s.sum(1, keepdim=True)
                     de_rows.append(d_e @ eb)
@@ -315,26 +315,23 @@ def family_attention_edge(
     return lse.to(dtype), theta.to(dtype), *sums
 
 
-def family_product(p: Tensor, v: Tensor) -> Tensor:
-    r"""``p @ v`` for weights ``p [..., m, b]`` over a family of ``b`` rows ``v [..., b, d]``,
-    differentiable twice.
+def family_product(
+    p: Tensor, v: Tensor, base: Tensor | None = None, *, alpha: float = 1.0
+) -> Tensor:
+    r"""``base + alpha * p @ v`` for weights ``p [..., m, b]`` over a family of ``b`` rows
+    ``v [..., b, d]`` and an optional ``base`` broadcastable to ``[..., m, d]`` (``None``:
+    the product alone), differentiable twice.
 
-    Families of two on the CPU run as two broadcast multiply-adds
-    :math:`p_{:,0} v_0 + p_{:,1} v_1`: CPU BLAS takes 3–5× longer over a batch of
-    ``[2, 2] @ [2, d]`` products (inner size 2) than over the same data as element-wise
-    passes; from ``b = 3`` up, and on accelerators, this is ``matmul``."""
-    return _PairProduct.apply(p, v, None) if _pairs_on_cpu(p) else torch.matmul(p, v)
-
-
-def family_product_add(base: Tensor, p: Tensor, v: Tensor, alpha: float = 1.0) -> Tensor:
-    r"""``base + alpha * p @ v`` for ``p [..., m, b]``, ``v [..., b, d]`` and ``base``
-    broadcastable to ``[..., m, d]``, differentiable twice.
-
-    The sum is the product's own accumulation (``baddbmm``), not a pass of its own over the
-    ``[..., m, d]`` result; families of two on the CPU take the multiply-adds of
-    :func:`family_product`."""
-    if _pairs_on_cpu(p):  # alpha scales the [m, 2] weights, base starts the multiply-adds
+    A base is the product's own accumulation (``baddbmm``), not a pass of its own over the
+    ``[..., m, d]`` result. Families of two on the CPU run as two broadcast multiply-adds
+    :math:`\mathrm{base} + p_{:,0} v_0 + p_{:,1} v_1` (``alpha`` scales the ``[m, 2]``
+    weights): CPU BLAS takes 3–5× longer over a batch of ``[2, 2] @ [2, d]`` products
+    (inner size 2) than over the same data as element-wise passes; from ``b = 3`` up, and
+    on accelerators, this is ``matmul`` / ``baddbmm``."""
+    if _pairs_on_cpu(p):
         return _PairProduct.apply(p if alpha == 1.0 else alpha * p, v, base)
+    if base is None:
+        return torch.matmul(p, v) if alpha == 1.0 else alpha * torch.matmul(p, v)
     *lead, m, b = p.shape
     batch, d = math.prod(lead), v.size(-1)
     base = base.expand(*lead, m, d).reshape(batch, m, d)  # a view where base broadcasts rows

@@ -314,9 +314,7 @@ def node_layout(x: Tensor) -> Tensor:
 def _weighted_sum(parent: Tensor | None, p: Tensor, v: Tensor) -> Tensor:
     """``p @ v`` (``[H, F, b, b] @ [H, F, b, d_v]``) plus, if given, the parents' rows
     ``parent`` (node layout ``[H, F, d_v]``) broadcast to their children."""
-    if parent is None:
-        return family.family_product(p, v)
-    return family.family_product_add(parent.unsqueeze(2), p, v)
+    return family.family_product(p, v, None if parent is None else parent.unsqueeze(2))
 
 
 def _add(parent: Tensor | None, child: Tensor | None) -> Tensor | None:

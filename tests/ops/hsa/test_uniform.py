@@ -116,22 +116,24 @@ def test_family_product_is_matmul_differentiable_twice(b):
 
 
 @pytest.mark.parametrize("b", [2, 3])
-@pytest.mark.parametrize("rows", [1, 4], ids=["broadcast-base", "full-base"])
-def test_family_product_add_is_the_product_plus_base_differentiable_twice(b, rows):
+@pytest.mark.parametrize("rows", [None, 1, 4], ids=["no-base", "broadcast-base", "full-base"])
+def test_family_product_with_a_base_is_the_product_plus_base_differentiable_twice(b, rows):
     """``base + alpha * p @ v`` with the sum in the product (``baddbmm``, or the pair
     multiply-adds for ``b = 2``), a base that broadcasts over rows included."""
-    gen = torch.Generator().manual_seed(10 * b + rows)
+    gen = torch.Generator().manual_seed(10 * b + (rows or 0))
     p = torch.randn(2, 3, 4, b, generator=gen, **F64).requires_grad_()
     v = torch.randn(2, 3, b, 5, generator=gen, **F64).requires_grad_()
-    base = torch.randn(2, 3, rows, 5, generator=gen, **F64).requires_grad_()
-    got = family_attention.family_product_add(base, p, v, alpha=0.5)
-    torch.testing.assert_close(got, base + 0.5 * (p @ v), atol=1e-15, rtol=0)
+    inputs = [p, v]
+    if rows is not None:
+        inputs.append(torch.randn(2, 3, rows, 5, generator=gen, **F64).requires_grad_())
 
-    def fn(base, p, v):
-        return family_attention.family_product_add(base, p, v, alpha=0.5)
+    def fn(p, v, base=None):
+        return family_attention.family_product(p, v, base, alpha=0.5)
 
-    assert torch.autograd.gradcheck(fn, (base, p, v))
-    assert torch.autograd.gradgradcheck(fn, (base, p, v))
+    want = 0.5 * (p @ v) + (0 if rows is None else inputs[2])
+    torch.testing.assert_close(fn(*inputs), want, atol=1e-15, rtol=0)
+    assert torch.autograd.gradcheck(fn, tuple(inputs))
+    assert torch.autograd.gradgradcheck(fn, tuple(inputs))
 
 
 def test_runs_without_the_block_kernel(monkeypatch):
