@@ -132,7 +132,7 @@ class Level:
             size (or a whole level of them) become slice blocks, the rest are
             padded into gather blocks by :func:`bucket_width`, a bucket of fewer
             than ``MIN_BUCKET`` families joining the next wider one
-            (:func:`merge_small_buckets`).
+            (:func:`padded_widths`).
     """
 
     start: int
@@ -426,26 +426,25 @@ def _ramp(sizes: Tensor) -> Tensor:
     return torch.arange(total, device=sizes.device) - first.repeat_interleave(sizes)
 
 
-def merge_small_buckets(width: Tensor) -> Tensor:
-    """The padded ``width`` of every family after merging small size buckets: from the
-    narrowest up, a bucket of fewer than ``MIN_BUCKET`` families (counting those already
-    merged into it) pads them to the next wider bucket's width.
+def padded_widths(sizes: list[int], counts: list[int]) -> list[int]:
+    """The padded width of each family size in ``sizes`` (ascending, distinct; ``counts``
+    families each): its :func:`bucket_width`, where from the narrowest bucket up, a bucket
+    of fewer than ``MIN_BUCKET`` families (counting those already merged into it) joins the
+    next wider one.
 
     Every block costs the dense kernel a fixed number of operations, whatever it holds, so
     a few families are cheaper padded a little wider than run on their own; buckets that
     hold many families (long or many trees) keep their width."""
-    widths, inverse, counts = width.unique(return_inverse=True, return_counts=True)
-    merged, pending = widths.tolist(), 0
-    for i, count in enumerate(counts.tolist()[:-1]):
-        pending += count
-        if pending < MIN_BUCKET:
-            merged[i] = None  # joins the next bucket
-        else:
-            pending = 0
-    for i in range(len(merged) - 2, -1, -1):
-        if merged[i] is None:
-            merged[i] = merged[i + 1]
-    return torch.tensor(merged, dtype=width.dtype, device=width.device)[inverse]
+    per_bucket: dict[int, int] = {}
+    for size, count in zip(sizes, counts, strict=True):
+        per_bucket[bucket_width(size)] = per_bucket.get(bucket_width(size), 0) + count
+    buckets, merged, pending = sorted(per_bucket), {}, []
+    for width in buckets:
+        pending.append(width)
+        if sum(per_bucket[w] for w in pending) >= MIN_BUCKET or width == buckets[-1]:
+            merged.update(dict.fromkeys(pending, width))
+            pending = []
+    return [merged[bucket_width(size)] for size in sizes]
 
 
 def _make_blocks(
@@ -470,12 +469,10 @@ def _make_blocks(
         blocks.append(FamilyBlock(width, length, parents, start=start))
     rest = (~in_run).nonzero().view(-1)
     if rest.numel():
-        sizes, inverse = family_size[rest].unique(return_inverse=True)
-        widths = torch.tensor(
-            [bucket_width(int(s)) for s in sizes.tolist()], dtype=torch.long, device=device
-        )
-        fam_width = merge_small_buckets(widths[inverse])
-        for w in fam_width.unique().tolist():
+        sizes, inverse, counts = family_size[rest].unique(return_inverse=True, return_counts=True)
+        widths = padded_widths(sizes.tolist(), counts.tolist())
+        fam_width = torch.tensor(widths, dtype=torch.long, device=device)[inverse]
+        for w in sorted(set(widths)):
             fams = rest[fam_width == w]
             local = torch.arange(w, device=device)
             start, size = family_start[fams], family_size[fams]

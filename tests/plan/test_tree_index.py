@@ -85,11 +85,11 @@ def test_small_buckets_merge_into_the_next_wider_one(monkeypatch):
     """From the narrowest up, buckets of fewer than MIN_BUCKET families (with those merged
     into them) take the next wider bucket's width; the widest keeps its own."""
     monkeypatch.setattr(tree_index, "MIN_BUCKET", 4)
-    width = torch.tensor([2] * 2 + [3] * 1 + [6] * 5 + [8] * 1 + [12] * 2)
-    got = tree_index.merge_small_buckets(width[torch.randperm(width.numel())])
-    assert sorted(got.tolist()) == [6] * 8 + [12] * 3
-    one = torch.tensor([4, 4])  # a single bucket stays, however small
-    assert torch.equal(tree_index.merge_small_buckets(one), one)
+    # sizes 2, 3 (buckets 2, 3), 5 and 6 (bucket 6), 7 (bucket 8), 11 (bucket 12)
+    sizes, counts = [2, 3, 5, 6, 7, 11], [2, 1, 3, 2, 1, 2]
+    assert tree_index.padded_widths(sizes, counts) == [6, 6, 6, 6, 12, 12]
+    assert tree_index.padded_widths([3], [1]) == [3]  # a single bucket stays, however small
+    assert tree_index.padded_widths([1, 2], [4, 1]) == [1, 2]  # full buckets keep their width
 
 
 def test_bucket_width():
