@@ -915,18 +915,19 @@ def zeroshot() -> list[str] | None:
         if timing:
             out += ["Attention op alone, last layer, one batch (trees and hub choice included); "
                     "medians of interleaved repetitions (the count is `TIMING_REPEATS` of "
-                    f"`benchmarks/zeroshot.py`, not stored); {allocator(res)}:", ""]  # fmt: skip
+                    "`benchmarks/zeroshot.py`, not stored):", ""]  # fmt: skip
 
             def maybe(t, key):
                 return secs(t[key]) if key in t else "–"
 
             out += table(
                 ["tree", "batch", "flat SDPA", "HSA", "HSA, padded windows",
-                 "same, compiled (compile)", "HSA without log n(B)", "block"],
+                 "same, compiled (compile)", "HSA without log n(B)", "block", "allocator"],
                 [[k, " × ".join(map(str, t["batch"])), secs(t["flat_sdpa"]), secs(t["hsa"]),
                   maybe(t, "hsa_padded_windows"),
                   f"{maybe(t, 'hsa_padded_windows_compiled')} ({maybe(t, 'compile_s')})",
-                  secs(t["hsa_no_size_bias"]), secs(t["block"])] for k, t in timing.items()],
+                  secs(t["hsa_no_size_bias"]), secs(t["block"]), allocator(t)]
+                 for k, t in timing.items()],
             )  # fmt: skip
         out += [f"{len(res['commands'])} command(s), stored in the file.", "", source(name), ""]
     fid = [(n, load(n)) for n in ("zeroshot_fidelity.json", "zeroshot_fidelity_hubs96.json")]

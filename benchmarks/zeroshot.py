@@ -174,7 +174,6 @@ def run(args) -> None:
         mean_tokens=float(np.mean(lengths)),
         max_tokens=args.max_tokens,
         threads=args.threads,
-        allocator=args.allocator,
         original={"probe": float(original.mean()), "probe_correct": ex.bits(original)},
         original_pass_seconds=cache["seconds"],
         machine={"platform": platform.platform(), "cpus": os.cpu_count()},
@@ -196,7 +195,7 @@ def run(args) -> None:
         flops["hsa_no_size_bias"] = flops["hsa"]
         op_times = time_attention(ex, model, cache, branching, block, args.hubs)
         if op_times:  # caches without the last layer's input have no timing
-            op_times["load"] = os.getloadavg()
+            op_times.update(load=os.getloadavg(), allocator=args.allocator)
             result.setdefault("timing", {})[zs_tree_label(branching, args.hubs)] = op_times
         for name, layers in layer_sets.items():
             for method in METHODS:
