@@ -9,6 +9,8 @@ import torch
 from hiergraph.data import window_forest
 from hiergraph.ops import causal_hierarchical_attention, causal_hierarchical_attention_matrix
 from hiergraph.ops.hsa import causal
+from hiergraph.ops.hsa.causal_uniform import _prefix_sums
+from hiergraph.ops.hsa.uniform import bottom_up, counts_below, family_layout, heads_first
 
 F64 = dict(dtype=torch.float64)
 SHAPES = [(3, 32, (4, 8)), (2, 48, (4, 3, 4)), (1, 8, (8,)), (2, 24, (2, 3, 2, 2))]
@@ -63,9 +65,6 @@ def test_earlier_rows_are_bit_identical_when_later_tokens_change():
 def test_prefix_sums_are_the_cumulative_sums_within_every_ancestor(branching):
     """The triangular product and the per-depth left-sibling sums equal ``cumsum`` over each
     ancestor's run of leaves."""
-    from hiergraph.ops.hsa.causal_uniform import _prefix_sums
-    from hiergraph.ops.hsa.uniform import bottom_up, counts_below, family_layout, heads_first
-
     length = math.prod(branching)
     tree, q, k, v, _ = _case(2, length, branching, seed=7)
     fanout = tree.tree_index().uniform[1:]
