@@ -21,8 +21,13 @@ _treat_cpu_as_device = False
 
 def reads_values(tensor: Tensor) -> bool:
     """Whether a check may read ``tensor``'s values on the host: only for CPU tensors
-    (free there; a host synchronisation on an accelerator)."""
-    return tensor.device.type == "cpu" and not _treat_cpu_as_device
+    (free there; a host synchronisation on an accelerator), and not while ``torch.compile``
+    traces (a read would break the graph)."""
+    return (
+        tensor.device.type == "cpu"
+        and not _treat_cpu_as_device
+        and not torch.compiler.is_compiling()
+    )
 
 
 @contextmanager

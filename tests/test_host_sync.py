@@ -206,10 +206,10 @@ class _VCCLayer(torch.nn.Module):
         self.wq, self.wk, self.wv = (torch.nn.Linear(dim, dim) for _ in range(3))
 
     def query(self, x):
-        return self.wq(x).unsqueeze(1) / math.sqrt(x.size(-1))
+        return self.wq(x).unsqueeze(-2) / math.sqrt(x.size(-1))
 
     def key(self, x):
-        return self.wk(x).unsqueeze(1)
+        return self.wk(x).unsqueeze(-2)
 
     def forward(self, z, key_bias):
         logits = self.wq(z) @ self.wk(z).transpose(-1, -2) / math.sqrt(z.size(-1))
@@ -236,6 +236,26 @@ def vcc_op(device):
         return torch.cat([p_new, materialize(state, tree)])
 
     return Case(fn, [p, c, *layer.parameters()])
+
+
+def vcc_padded_op(device):
+    from hiergraph.ops.vcc.padded import partition_padded, vcc_layer_padded, vip_score_fn_padded
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 24, 8, generator=gen).to(device).requires_grad_()
+    vip = torch.zeros(2, 24, dtype=torch.bool)
+    vip[:, :3] = True
+    mask = (torch.arange(24)[None] < torch.tensor([[24], [19]])).to(device)
+    layer = _module(_VCCLayer(), device)
+    budgets = (None, 2, 1)
+
+    def fn():
+        p, c, part = partition_padded(x, vip.to(device), mask, 3, (2, 2))
+        score = vip_score_fn_padded(layer.query(p), part.slot_real, layer.key)
+        p, c = vcc_layer_padded(layer, p, part.slot_real, c, part.tree, budgets, score)
+        return part.restore(p, c)
+
+    return Case(fn, [x, *layer.parameters()])
 
 
 # --------------------------------------------------------------------------------- layers
@@ -329,7 +349,7 @@ def htransformer(device):
     return Case(lambda: net(tokens), list(net.parameters()))
 
 
-def vcc_encoder(device):
+def vcc_encoder(device, vip_slots=3):
     from hiergraph.nn import VCCEncoder
 
     gen = torch.Generator().manual_seed(0)
@@ -337,7 +357,8 @@ def vcc_encoder(device):
     vip = torch.zeros(2, 40, dtype=torch.bool)
     vip[:, [1, 7, 30]] = True
     mask = torch.arange(40)[None] < torch.tensor([[40], [33]])
-    enc = _module(VCCEncoder(1, 16, 2, 32, block_size=4, num_refined=2), device)
+    options = dict(block_size=4, num_refined=2, local_layers=1, local_size=16)
+    enc = _module(VCCEncoder(1, 16, 2, 32, vip_slots=vip_slots, **options), device)
     vip, mask = vip.to(device), mask.to(device)
     return Case(lambda: enc(x, vip, mask), [x, *enc.parameters()])
 
@@ -474,6 +495,7 @@ CASES: dict[str, Callable[[str], Case]] = {
     "edge-products": edge_products,
     "hubs": hubs,
     "vcc-layer": vcc_op,
+    "vcc-layer-padded": vcc_padded_op,
     "HierarchicalSelfAttention": hsa_layer,
     "HierarchicalSelfAttention-hubs": lambda d: hsa_layer(d, hubs=2),
     "FamilyPositionEncoder": position_encoder,
@@ -486,6 +508,7 @@ CASES: dict[str, Callable[[str], Case]] = {
     "HMatrixAttention": hmatrix_layer,
     "HTransformer1D": htransformer,
     "VCCEncoder": vcc_encoder,
+    "VCCEncoder-auto-slots": lambda d: vcc_encoder(d, vip_slots=None),
     "ConeConv-penumbral": lambda d: cone_conv(d, "penumbral"),
     "ConeConv-umbral": lambda d: cone_conv(d, "umbral"),
     "ConeConv-dot": lambda d: cone_conv(d, "dot"),
@@ -510,7 +533,10 @@ _VCC = (
 #: entry is removed
 KNOWN_SYNCS: dict[str, str] = {
     "vcc-layer": _VCC,
-    "VCCEncoder": _VCC + " and the per-call segment tree (SegmentTree.from_ptr)",
+    "VCCEncoder-auto-slots": (
+        "without vip_slots, the number of VIP rows is the batch's largest VIP count, read "
+        "from vip_mask (nn/vcc.py VCCEncoder.forward)"
+    ),
     "HierarchicalSelfAttention-hubs": (
         "hubs lift this pass's best leaves to the root: a new tree and its TreeIndex per "
         "forward (data/restructure.py lift_leaves, plan/tree_index.py)"

@@ -3,46 +3,32 @@ r"""VCC encoder: a stack of ordinary pre-LN transformer layers run on compressed
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
+from hiergraph.data.windows import check_branching
 from hiergraph.nn._checks import check_features, check_int, check_probability
-from hiergraph.ops.vcc.layer import (
-    check_vip_inputs,
-    vcc_layer,
-    vip_partition,
-    vip_restore,
-    vip_score_fn,
+from hiergraph.ops.vcc.layer import check_vip_inputs
+from hiergraph.ops.vcc.padded import (
+    open_empty_rows,
+    partition_padded,
+    vcc_layer_padded,
+    vip_score_fn_padded,
 )
-from hiergraph.ops.vcc.segment_tree import (
-    SegmentTree,
-    build_tree_state,
-    materialize,
-    two_resolution_budgets,
-)
-
-
-@contextmanager
-def _no_mha_fastpath() -> Iterator[None]:
-    """PyTorch's inference fast path of ``nn.TransformerEncoderLayer`` drops float key
-    biases; the slow path adds them to the logits, which VCC needs."""
-    enabled = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(enabled)
+from hiergraph.ops.vcc.segment_tree import two_resolution_budgets
 
 
 def run_layer(layer: nn.Module, z: Tensor, key_bias: Tensor) -> Tensor:
     r"""``z + gamma(z)`` for ``z`` ``[B, r, d]`` with ``key_bias`` ``[B, r]`` added to every
-    attention logit of each key (all queries, all heads)."""
+    attention logit of each key (all queries, all heads).
+
+    An ``nn.TransformerEncoderLayer`` (pre-LN) runs its two residual blocks directly: its
+    inference fast path would drop a float key bias, and its switch is global state."""
     if isinstance(layer, nn.TransformerEncoderLayer):
-        with _no_mha_fastpath():
-            return layer(z, src_key_padding_mask=key_bias)
+        z = z + layer._sa_block(layer.norm1(z), None, key_bias)
+        return z + layer._ff_block(layer.norm2(z))
     return layer(z, key_bias)
 
 
@@ -122,9 +108,15 @@ class VCCEncoder(nn.Module):
     (built in when ``layers`` is an int) or custom modules with
     ``forward(z, key_bias) -> z + gamma(z)`` and ``query_key(x) -> (q, k)``.
     The selection uses each layer's own LayerNorm, :math:`W_Q`, :math:`W_K`
-    (:func:`~hiergraph.ops.vcc.layer.vip_attention_scores`); it is discrete and gets
+    (:func:`~hiergraph.ops.vcc.padded.vip_scores_padded`); it is discrete and gets
     no gradient. Inputs carry their own (absolute) position information:
-    positions travel with the tokens; relative position biases are not supported.
+    positions travel with the tokens; relative position biases are not supported
+    (the layer sees its rows grouped by tree level).
+
+    Every shape is static (:mod:`hiergraph.ops.vcc.padded`): with :obj:`vip_slots` set, a
+    forward and backward run without a host synchronisation and can be captured
+    (``torch.compile(fullgraph=True)``, CUDA graphs). Each layer runs on
+    ``vip_slots + n/k + h k`` rows per sequence (two resolutions), empty ones masked.
 
     :meth:`reset_parameters` re-initialises every layer; the constructor does not
     call it, so that layers passed in (e.g. pretrained ones) keep their weights
@@ -154,6 +146,11 @@ class VCCEncoder(nn.Module):
             (same kinds as :obj:`layers`) or their number. (default: :obj:`0`)
         local_size (int, optional): window of the local layers.
             (default: :obj:`512`)
+        vip_slots (int, optional): VIP rows per sequence. A sequence's first
+            :obj:`vip_slots` VIP tokens are VIP rows; further ones are compressed with
+            the other tokens (as in the authors' code). :obj:`None` takes the largest
+            number of VIP tokens in the batch, read from :obj:`vip_mask` once per
+            forward (a host synchronisation on accelerators). (default: :obj:`None`)
 
     Shapes:
         - **input:** ``x`` ``[B, n, d]``; ``vip_mask`` ``[B, n]`` bool, ``True`` =
@@ -176,6 +173,7 @@ class VCCEncoder(nn.Module):
         budgets: Sequence[int | None] | None = None,
         local_layers: int | Sequence[nn.Module] = 0,
         local_size: int = 512,
+        vip_slots: int | None = None,
     ):
         super().__init__()
         check_int(embed_dim, "embed_dim", optional=True)
@@ -183,6 +181,7 @@ class VCCEncoder(nn.Module):
         check_int(ff_dim, "ff_dim", optional=True)
         check_probability(dropout, "dropout")
         check_int(block_size, "block_size")
+        check_int(vip_slots, "vip_slots", optional=True, minimum=0)
         build = dict(embed_dim=embed_dim, num_heads=num_heads, ff_dim=ff_dim, dropout=dropout)
         self.layers = self._layers(layers, "layers", **build)
         self.local_layers = self._layers(local_layers, "local_layers", **build)
@@ -194,13 +193,14 @@ class VCCEncoder(nn.Module):
                 "with branching=..., give budgets with len(branching) + 1 entries "
                 "(root level first; None = refine all)"
             )
-        SegmentTree.from_ptr(torch.zeros(1, dtype=torch.long), branching)  # validates branching
+        check_branching(branching)
         for h in budgets:
             if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 0):
                 raise ValueError(f"budgets/num_refined must be ints >= 0 or None, got {h!r}")
         if isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 1:
             raise ValueError(f"local_size must be a positive int, got {local_size!r}")
         self.branching, self.budgets, self.local_size = tuple(branching), tuple(budgets), local_size
+        self.vip_slots = vip_slots
 
     @staticmethod
     def _layers(layers, where: str, embed_dim, num_heads, ff_dim, dropout) -> nn.ModuleList:
@@ -252,25 +252,24 @@ class VCCEncoder(nn.Module):
             check_features(x, self.embed_dim, "x", f"[batch, seq, embed_dim={self.embed_dim}]")
         vip_mask, token_mask = check_vip_inputs(x, vip_mask, token_mask)
         x = self.apply_local(x, token_mask)
-        p, p_ptr, c, c_ptr = vip_partition(x, vip_mask, token_mask)
-        tree = SegmentTree.from_ptr(c_ptr, self.branching)
-        state = build_tree_state(c, tree)
+        slots = int(vip_mask.sum(1).max()) if self.vip_slots is None else self.vip_slots
+        p, c, part = partition_padded(x, vip_mask, token_mask, slots, self.branching)
         for layer in self.layers:
-            score_fn = vip_score_fn(
+            score_fn = vip_score_fn_padded(
                 query_key(layer, p, "q"),
-                p_ptr,
+                part.slot_real,
                 lambda mean, layer=layer: query_key(layer, mean, "k"),
             )
-            p, state, _ = vcc_layer(
+            p, c = vcc_layer_padded(
                 lambda z, b, layer=layer: run_layer(layer, z, b),
                 p,
-                p_ptr,
-                state,
-                tree,
+                part.slot_real,
+                c,
+                part.tree,
                 self.budgets,
                 score_fn,
             )
-        return vip_restore(p, materialize(state, tree), vip_mask, token_mask)
+        return part.restore(p, c)
 
     def apply_local(self, x: Tensor, token_mask: Tensor) -> Tensor:
         """The vanilla ``local_layers`` within windows of ``local_size`` tokens, on the
@@ -282,19 +281,17 @@ class VCCEncoder(nn.Module):
         pad = -length % self.local_size
         real = nn.functional.pad(token_mask, (0, pad)).reshape(-1, self.local_size)
         windows = nn.functional.pad(x, (0, 0, 0, pad)).reshape(-1, self.local_size, dim)
-        windows = windows.masked_fill(~real.unsqueeze(-1), 0.0)  # NaN at padding stays out
-        used = real.any(1)
-        z = windows[used]
-        key_bias = torch.zeros(real[used].shape, dtype=x.dtype, device=x.device)
-        key_bias = key_bias.masked_fill(~real[used], float("-inf"))
+        z = windows.masked_fill(~real.unsqueeze(-1), 0.0)  # NaN at padding stays out
+        key_bias = torch.zeros(real.shape, dtype=x.dtype, device=x.device)
+        key_bias = open_empty_rows(key_bias.masked_fill(~real, float("-inf")))
         for layer in self.local_layers:
             z = run_layer(layer, z, key_bias)
-        windows = windows.index_put((used,), z).masked_fill(~real.unsqueeze(-1), 0.0)
-        return windows.reshape(batch, length + pad, dim)[:, :length]
+        z = z.masked_fill(~real.unsqueeze(-1), 0.0)
+        return z.reshape(batch, length + pad, dim)[:, :length]
 
     def __repr__(self) -> str:
         return (
             f"{self.__class__.__name__}(layers={len(self.layers)}, "
             f"local_layers={len(self.local_layers)}, branching={self.branching}, "
-            f"budgets={self.budgets})"
+            f"budgets={self.budgets}, vip_slots={self.vip_slots})"
         )

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
+from hiergraph._device import cpu_as_accelerator
 from hiergraph.data import from_nested, random_window_hierarchy, window_hierarchy
 from hiergraph.ops import hierarchical_attention, masked_softmax
 from hiergraph.ops.cone import penumbral, penumbral_edge, umbral
@@ -105,6 +106,16 @@ def make_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, lis
             return edge_aggregate(edge_dot(q, k, graph).sigmoid(), v, graph)
 
         return fn, [rand(12, 2, 6), rand(12, 2, 6), rand(12, 2, 4)]
+    if name == "vcc":  # the static-shape encoder: partition, local window, VCC layer, restore
+        from hiergraph.nn import VCCEncoder
+
+        torch.manual_seed(0)
+        options = dict(block_size=4, num_refined=2, local_layers=1, local_size=16, vip_slots=3)
+        enc = VCCEncoder(1, 16, 2, 32, **options).to(device, dtype)
+        vip = torch.zeros(2, 40, dtype=torch.bool, device=device)
+        vip[:, [1, 7, 30]] = True
+        mask = (torch.arange(40)[None] < torch.tensor([[40], [33]])).to(device)
+        return (lambda x: enc(x, vip, mask)), [rand(2, 40, 16)]
     if name == "masked-softmax":
         mask = (torch.rand(3, 5, 9, generator=gen) > 0.3).to(device)
         return (lambda logits: masked_softmax(logits, mask)[1]), [rand(3, 5, 9)]
@@ -123,6 +134,7 @@ OPS = [
     "penumbral-edge",
     "edge-products",
     "masked-softmax",
+    "vcc",
 ]
 
 # ops that trace as one graph (the README lists the breaks of the others)
@@ -134,6 +146,7 @@ TRACE_CLEAN = [
     "penumbral",
     "umbral",
     "masked-softmax",
+    "vcc",
 ]
 
 
@@ -205,6 +218,19 @@ def test_hsa_compiles_as_one_graph(device):
     torch.testing.assert_close(out, expected)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_vcc_encoder_compiles_as_one_graph(device):
+    """``VCCEncoder`` with ``vip_slots`` has static shapes: one graph, forward and backward
+    (input checks take their device-side branch, as on an accelerator)."""
+    fn, inputs = make_case("vcc", device, torch.float32)
+    with cpu_as_accelerator():
+        expected, expected_grads = run_with_grads(fn, inputs)
+        torch._dynamo.reset()
+        out, grads = run_with_grads(torch.compile(fn, backend="eager", fullgraph=True), inputs)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(grads, expected_grads)
+
+
 def graph_breaks(fn, inputs) -> list[str]:
     """``file:line reason`` of every graph break ``torch._dynamo.explain`` finds.
 
@@ -234,7 +260,7 @@ def test_no_graph_breaks(name, device):
 @pytest.mark.slow
 @opt_in
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", ["hsa-dense", "hsa-edge"])
+@pytest.mark.parametrize("name", ["hsa-dense", "hsa-edge", "vcc"])
 def test_compiled_matches_eager(name, device):
     fn, inputs = make_case(name, device, torch.float32)
     torch._dynamo.reset()

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import segment, to_dense_batch
 
+from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.vcc.segment_tree import (
     ScoreFn,
@@ -241,8 +242,10 @@ def check_vip_inputs(
             raise ValueError(
                 f"{name} must have shape {tuple(x.shape[:2])} (x's [B, n]), got {tuple(m.shape)}"
             )
-    if bool((vip_mask & ~token_mask).any()):
-        raise ValueError(
-            "vip_mask marks padded positions (token_mask False) as VIP; use vip_mask & token_mask"
-        )
+    bad = (vip_mask & ~token_mask).any()
+    message = "vip_mask marks padded positions (token_mask False) as VIP; use vip_mask & token_mask"
+    if not reads_values(bad):  # on an accelerator: checked on the device, no host sync
+        torch._assert_async(~bad, message)
+    elif bool(bad):
+        raise ValueError(message)
     return vip_mask, token_mask

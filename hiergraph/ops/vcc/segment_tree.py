@@ -276,6 +276,25 @@ class Selection:
         return rows.repeat_interleave(self.count, output_size=int(self.count.sum()))
 
 
+def check_budgets(
+    budgets: Sequence[int | None], num_levels: int, has_score: bool
+) -> tuple[int | None, ...]:
+    """Validate Algorithm 1's per-level ``budgets`` (``num_levels`` entries, root first, each an
+    int ``>= 0`` or ``None``); a budget that selects needs a score function."""
+    budgets = tuple(budgets)
+    if len(budgets) != num_levels:
+        raise ValueError(
+            f"budgets needs {num_levels} entries (levels {num_levels}..1, root first), "
+            f"got {len(budgets)}"
+        )
+    for h in budgets:
+        if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 0):
+            raise ValueError(f"each budget must be an int >= 0 or None (refine all), got {h!r}")
+    if not has_score and any(h not in (None, 0) for h in budgets):
+        raise ValueError("score_fn is required when a budget selects some segments")
+    return budgets
+
+
 def select_segments(
     state: TreeState,
     tree: SegmentTree,
@@ -305,18 +324,7 @@ def select_segments(
         score_fn: ``(means [M, d], batch [M], count [M]) -> [M]``; required
             unless every budget is ``None`` or ``0``.
     """
-    budgets = tuple(budgets)
-    if len(budgets) != tree.num_levels:
-        raise ValueError(
-            f"budgets needs {tree.num_levels} entries (levels {tree.num_levels}..1, root first), "
-            f"got {len(budgets)}"
-        )
-    for h in budgets:
-        if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 0):
-            raise ValueError(f"each budget must be an int >= 0 or None (refine all), got {h!r}")
-    if score_fn is None and any(h not in (None, 0) for h in budgets):
-        raise ValueError("score_fn is required when a budget selects some segments")
-
+    budgets = check_budgets(budgets, tree.num_levels, score_fn is not None)
     device = tree.ptr.device
     node = torch.arange(tree.batch[-1].numel(), device=device)
     mean = state.root
