@@ -116,7 +116,8 @@ class VCCEncoder(nn.Module):
     Every shape is static (:mod:`hiergraph.ops.vcc.padded`): with :obj:`vip_slots` set, a
     forward and backward run without a host synchronisation and can be captured
     (``torch.compile(fullgraph=True)``, CUDA graphs). Each layer runs on
-    ``vip_slots + n/k + h k`` rows per sequence (two resolutions), empty ones masked.
+    ``vip_slots + n/k - h + h k`` rows per sequence (two resolutions, ``n/k`` rounded up),
+    empty ones masked.
 
     :meth:`reset_parameters` re-initialises every layer; the constructor does not
     call it, so that layers passed in (e.g. pretrained ones) keep their weights

@@ -16,10 +16,10 @@ values, so a forward and backward run without a host synchronisation and can be 
 * :func:`select_padded`: Algorithm 1 with a fixed number of candidates per level. A level
   with budget ``h`` refines the ``h`` candidates of highest VIP score (a stable top-k: on
   ties the earlier segment), whose children are the next level's candidates; ``None``
-  refines all of them. Every candidate is a row of the compressed sequence; rows outside
-  :math:`\mathcal{J}` (refined, or without tokens) get key bias :math:`-\infty`, the others
-  :math:`\log s`. So :math:`[P; S_c C]` is one ``[B, r, d]`` tensor with
-  ``r = S + sum of the candidates of every level``.
+  refines all of them. The other candidates are rows of the compressed sequence, with key
+  bias :math:`\log s` (:math:`-\infty` for a candidate without tokens). So
+  :math:`[P; S_c C]` is one ``[B, r, d]`` tensor with ``r = S + sum over the levels of
+  (candidates - h)``: for two resolutions, ``S + n_c / k - h + h k``.
 * :func:`vcc_layer_padded`: the layer on :math:`[P; S_c C]`, then every token adds the
   update of the :math:`\mathcal{J}` row that contains it (:math:`S^\dagger\gamma(SX) + X`,
   eq. 7; Claim 6.4), pushed down the tree level by level.
@@ -49,8 +49,11 @@ PaddedScoreFn = Callable[[Tensor, Tensor], Tensor]
 
 
 def _take(x: Tensor, index: Tensor) -> Tensor:
-    """Rows ``x[b, index[b, i]]``, ``[B, c, ...]``, of ``x`` ``[B, n, ...]``."""
-    return torch.take_along_dim(x, index.view(*index.shape, *(1,) * (x.dim() - 2)), dim=1)
+    """Rows ``x[b, index[b, i]]``, ``[B, c, d]``, of ``x`` ``[B, n, d]``: one ``index_select``
+    of whole rows (a gather would read a broadcast index per element)."""
+    batch, length = x.shape[:2]
+    flat = index + torch.arange(batch, device=index.device).unsqueeze(1) * length
+    return x.flatten(0, 1).index_select(0, flat.flatten()).view(*index.shape, *x.shape[2:])
 
 
 def open_empty_rows(key_bias: Tensor) -> Tensor:
@@ -145,11 +148,12 @@ class PaddedPartition:
 
     def restore(self, p: Tensor, c: Tensor) -> Tensor:
         """Inverse of :func:`partition_padded`: ``[B, n, d]`` from ``p`` ``[B, S, d]`` and
-        ``c`` ``[B, n_c, d]``, zero at padding."""
-        zero = p.new_zeros(())
-        from_p = _take(p, self.rank.clamp(max=max(p.size(1) - 1, 0))) if p.size(1) else zero
-        out = torch.where(self.in_c.unsqueeze(-1), _take(c, self.rank), zero)
-        return torch.where(self.in_slot.unsqueeze(-1), from_p, out)
+        ``c`` ``[B, n_c, d]`` (zero at padding: a padded token takes the first empty slot of
+        :math:`C`, which a sequence with padding has)."""
+        slots, capacity = p.size(1), c.size(1)
+        empty = self.in_c.sum(1, keepdim=True).clamp(max=capacity - 1)
+        index = torch.where(self.in_c, self.rank, empty) + slots
+        return _take(torch.cat([p, c], 1), torch.where(self.in_slot, self.rank, index))
 
 
 def _sources(member: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -199,8 +203,7 @@ class PaddedRows:
         level: the tree level.
         node: ``[B, c]`` node of each row, or ``None``: every node of the level, in order.
         value: ``[B, c, d]`` segment means (differentiable).
-        key_bias: ``[B, c]`` :math:`\log s` for rows of :math:`\mathcal{J}`,
-            :math:`-\infty` for refined candidates and candidates without tokens.
+        key_bias: ``[B, c]`` :math:`\log s`, :math:`-\infty` for a row without tokens.
     """
 
     level: int
@@ -215,13 +218,14 @@ def select_padded(
     budgets: Sequence[int | None],
     score_fn: PaddedScoreFn | None = None,
 ) -> list[PaddedRows]:
-    r"""Algorithm 1 with static shapes: the candidate rows of every level, root first.
+    r"""Algorithm 1 with static shapes: the rows of :math:`S_c C` level by level, root first.
 
     The root is the first candidate. At each level ``L, ..., 1`` the ``budgets`` entry
     refines ``h`` candidates per sequence (the highest ``score_fn``, ties to the earlier
     segment) or all of them (``None``, or ``h`` at least the number of candidates); the
-    children of the refined ones are the next level's candidates, and the last level's
-    candidates are tokens. Scores are computed without gradient (a discrete choice).
+    others, in order, are that level's rows, the children of the refined ones the next
+    level's candidates, and the last level's candidates are token rows. Scores are computed
+    without gradient (a discrete choice).
 
     Args:
         c: ``[B, n_c, d]`` tokens (zero at padding).
@@ -239,16 +243,19 @@ def select_padded(
         if h is not None and h < candidates:
             value = means[level] if node is None else _take(means[level], node)
             bias = torch.where(count > 0, log_count(count, c.dtype), float("-inf"))
-            if h:
+            left = node
+            if h:  # the h best candidates are refined; the others, in order, are rows
                 with torch.no_grad():
                     score = score_fn(value.detach(), bias).masked_fill(count == 0, float("-inf"))
-                top = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :h]
-                top = top.sort(1).values
-                bias = bias.scatter(1, top, float("-inf"))
-            rows.append(PaddedRows(level, node, value, bias))
+                order = torch.sort(score, dim=1, descending=True, stable=True).indices
+                top, left = order[:, :h].sort(1).values, order[:, h:].sort(1).values
+                value, bias = _take(value, left), bias.gather(1, left)
+                if node is not None:
+                    top, left = node.gather(1, top), node.gather(1, left)
+            rows.append(PaddedRows(level, left, value, bias))
             if not h:
                 break
-            node = top if node is None else node.gather(1, top)
+            node = top
         if level:
             node = tree.children(level, node)
     return rows
@@ -267,11 +274,11 @@ def vcc_layer_padded(
     tensors.
 
     1. The rows by :func:`select_padded`; ``z = [P; rows]`` ``[B, r, d]`` with key bias 0 for
-       VIP slots, :math:`\log s` for rows of :math:`\mathcal{J}`, :math:`-\infty` otherwise.
+       VIP slots, :math:`\log s` for rows of :math:`\mathcal{J}`, :math:`-\infty` for
+       empty slots and rows.
     2. ``out = layer_fn(z, key_bias)``.
     3. :math:`P_{\text{new}}` = the slots of ``out``; every token of :math:`C` adds
-       ``out - z`` of its :math:`\mathcal{J}` row, pushed down the levels (a refined row's
-       update is dropped: its tokens are covered by rows below).
+       ``out - z`` of its :math:`\mathcal{J}` row, pushed down the levels.
 
     Args:
         layer_fn: ``(z [B, r, d], key_bias [B, r]) -> z + gamma(z)``.
@@ -292,29 +299,42 @@ def vcc_layer_padded(
         raise ValueError(
             f"layer_fn must return its input's shape {tuple(z.shape)}, got {tuple(out.shape)}"
         )
-    update = (out - z).split([p.size(1), *(r.value.size(1) for r in rows)], 1)
-    token_update, level = None, tree.num_levels
-    for r, u in zip(rows, update[1:], strict=True):
-        u = u.masked_fill(r.key_bias.isneginf().unsqueeze(-1), 0.0)
-        if token_update is not None:
-            token_update = _push_down(token_update, tree, level, r.level)
-        token_update = _place(token_update, r.node, u, tree.count[r.level].size(1))
-        level = r.level
-    if token_update is None:
-        return out[:, : p.size(1)], c
-    token_update = _push_down(token_update, tree, level, 0)
-    return out[:, : p.size(1)], c + token_update.masked_fill(tree.count[0].eq(0).unsqueeze(-1), 0.0)
-
-
-def _push_down(update: Tensor, tree: PaddedSegmentTree, level: int, to: int) -> Tensor:
-    """Every level-``to`` node gets the update of its level-``level`` ancestor."""
-    return update.repeat_interleave(tree.count[to].size(1) // update.size(1), dim=1)
+    sizes = [p.size(1), *(r.value.size(1) for r in rows)]
+    p_new, *row_out = out.split(sizes, 1)
+    # segment rows: their update out - z, pushed down to the coarsest level with rows below
+    update = None
+    for r, new in zip(rows, row_out, strict=True):
+        if r.level == 0:
+            break
+        u = (new - r.value).masked_fill(r.key_bias.isneginf().unsqueeze(-1), 0.0)
+        num_nodes = tree.count[r.level].size(1)
+        if update is not None:
+            update = update.repeat_interleave(num_nodes // update.size(1), dim=1)
+        update = _place(update, r.node, u, num_nodes)
+    real = tree.count[0].unsqueeze(-1)  # [B, n_c, 1]: 1 for a real token
+    c_new = c
+    if update is not None:  # c + the update of each token's segment (zero at padding)
+        per_node = c.size(1) // update.size(1)
+        c_new = torch.addcmul(
+            c.unflatten(1, (-1, per_node)),
+            real.to(c.dtype).unflatten(1, (-1, per_node)),
+            update.unsqueeze(2),
+        ).flatten(1, 2)
+    if rows and rows[-1].level == 0:  # token rows: their new value (zero at padding)
+        tokens = rows[-1]
+        new = row_out[-1].masked_fill(tokens.key_bias.isneginf().unsqueeze(-1), 0.0)
+        if tokens.node is None:
+            return p_new, new
+        index = tokens.node.unsqueeze(-1).expand_as(new)
+        # in place on a tensor of our own (addcmul's backward does not need it)
+        c_new = c.scatter(1, index, new) if c_new is c else c_new.scatter_(1, index, new)
+    return p_new, c_new
 
 
 def _place(base: Tensor | None, node: Tensor | None, update: Tensor, num_nodes: int) -> Tensor:
     """``update`` ``[B, c, d]`` written at ``node`` of a level with ``num_nodes`` nodes.
-    A candidate's ancestors are all refined, so ``base`` (the pushed-down updates) is zero
-    there: writing equals adding."""
+    A row's ancestors are all refined (no rows), so ``base`` (the pushed-down updates) is
+    zero there: writing equals adding."""
     if node is None:
         return update
     if base is None:
