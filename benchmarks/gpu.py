@@ -39,8 +39,8 @@ With ``--graphs``, on CUDA, the methods of the launch-bound cases (HSA and its p
 as ``name+graph``: the whole step, forward and backward, captured once as a CUDA graph
 (``torch.cuda.graph``) and replayed, which removes the per-kernel launch cost that dominates
 small problems (what ``torch.compile(mode="reduce-overhead")`` or a captured training step
-gives a user). The VCC layer does not capture (it reads the sizes of its selection on the
-host), and a failed capture (``GATConv``'s) leaves the process's CUDA random generator
+gives a user); so does the VCC layer (``vip_slots`` set: static shapes) and its full
+layer. A failed capture (``GATConv``'s) leaves the process's CUDA random generator
 unusable, so the other sections have no twins; the ``graphs`` section runs them in a process
 of their own. Methods of a case are timed in interleaved rounds (one step of each per round,
 at least 3 rounds, after a warm-up step); a step is forward + ``out.sum().backward()``;
@@ -570,8 +570,12 @@ def section_vcc(run: Run, end: float) -> None:
 
         nbytes = 16 * n * vcc_bench.DIM * 4  # activations of one layer, fwd + bwd
         methods = {
-            "vcc-layer": Method(lambda dt, dev, f=layer: f("vcc", dt, dev), n, nbytes, True),
-            "full-layer": Method(lambda dt, dev, f=layer: f("full", dt, dev), n**2, nbytes, True),
+            "vcc-layer": Method(
+                lambda dt, dev, f=layer: f("vcc", dt, dev), n, nbytes, True, graph=True
+            ),
+            "full-layer": Method(
+                lambda dt, dev, f=layer: f("full", dt, dev), n**2, nbytes, True, graph=True
+            ),
         }
         run_case(run, "vcc", end, f"n={n}", methods)
 
@@ -687,7 +691,7 @@ def section_graphs(run: Run, end: float) -> dict | None:
     if run.device.type != "cuda" or run.args.graphs:
         return {"status": "skipped", "reason": "needs CUDA; not inside a --graphs run"}
     left = run.left(end)
-    shares = {"hsa": 0.6, "hmatrix": 0.2, "masked": 0.2}
+    shares = {"hsa": 0.5, "hmatrix": 0.15, "vcc": 0.2, "masked": 0.15}
     caps = [f"{name}={share * (left - 10):.0f}" for name, share in shares.items()]
     out = Path(run.args.out) / "graphs"
     command = [sys.executable, str(Path(__file__).resolve()), "--graphs", "--out", str(out),

@@ -59,7 +59,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def _encoder(trained_like: bool, seed: int = 0) -> VCCEncoder:
     torch.manual_seed(seed)
-    enc = VCCEncoder(1, DIM, HEADS, FF, block_size=BLOCK, num_refined=REFINED)
+    enc = VCCEncoder(1, DIM, HEADS, FF, block_size=BLOCK, num_refined=REFINED, vip_slots=NUM_VIP)
     if trained_like:
         ortho = torch.linalg.qr(torch.randn(DIM, DIM))[0]
         with torch.no_grad():
@@ -132,7 +132,7 @@ def run(lengths: list[int], full_max: int, error_max: int, repeats: dict) -> dic
                 times[name].append(seconds)
                 peaks[name] = max(peaks[name], peak)
         errors = _errors(n) if n <= error_max else {}
-        r = NUM_VIP + (n - NUM_VIP) // BLOCK + REFINED * (BLOCK - 1)
+        r = NUM_VIP + -(-n // BLOCK) + REFINED * (BLOCK - 1)  # the static row count
         for name in methods:
             rows.append(
                 {

@@ -101,6 +101,7 @@ class Retriever(nn.Module):
             num_refined=args.refined,
             local_layers=args.local_layers,
             local_size=args.local_size,
+            vip_slots=1,  # the question token: static shapes, no host synchronisation
         )
         self.keep = 1 + (args.length - 1) // args.block_size + args.refined * (args.block_size - 1)
         self.head = nn.Sequential(nn.LayerNorm(args.dim), nn.Linear(args.dim, args.values))

@@ -40,19 +40,24 @@ from hiergraph.ops.masked import (
     edge_dot,
 )
 from hiergraph.ops.vcc import (
+    PaddedSegmentTree,
     SegmentTree,
     compress,
     compression_matrices,
     decompress,
+    partition_padded,
+    select_padded,
     select_segments,
     update_tree,
     vcc_layer,
     vcc_layer_dense,
+    vcc_layer_padded,
 )
 
 __all__ = [
     "EdgeCSR",
     "HMatrixLayout",
+    "PaddedSegmentTree",
     "SegmentTree",
     "banded_attention",
     "banded_attention_reference",
@@ -76,10 +81,12 @@ __all__ = [
     "log_gates",
     "logaddexp",
     "masked_softmax",
+    "partition_padded",
     "penumbral",
     "penumbral_edge",
     "psi_map",
     "root_scores",
+    "select_padded",
     "select_segments",
     "top_per_tree",
     "umbral",
@@ -87,5 +94,6 @@ __all__ = [
     "update_tree",
     "vcc_layer",
     "vcc_layer_dense",
+    "vcc_layer_padded",
     "xi_map",
 ]

@@ -1,8 +1,8 @@
 r"""Dense reference of VCC for one small sequence: explicit :math:`S`, :math:`S^\dagger`, :math:`D`.
 
-The fast path (:mod:`hiergraph.ops.vcc.layer`, :mod:`hiergraph.ops.vcc.segment_tree`) is
-tested against these in float64. Notation of Zeng et al., Sec. 3.2–3.3 and App. 6.2
-(eq. 9, 42, 54).
+The ragged tree form (:mod:`hiergraph.ops.vcc.layer`, :mod:`hiergraph.ops.vcc.segment_tree`)
+and the padded form (:mod:`hiergraph.ops.vcc.padded`) are tested against these in float64.
+Notation of Zeng et al., Sec. 3.2–3.3 and App. 6.2 (eq. 9, 42, 54).
 """
 
 from __future__ import annotations

@@ -182,7 +182,7 @@ def partition_padded(
         ``(p [B, S, d], c [B, n_c, d], partition)``, zero at padding; ``n_c`` is ``n``
         rounded up to a multiple of :math:`\prod_i k_i`.
     """
-    batch, length = vip_mask.shape
+    length = vip_mask.size(1)
     in_slot = vip_mask & (torch.cumsum(vip_mask, 1) <= num_slots)
     in_c = token_mask & ~in_slot
     tree = PaddedSegmentTree.from_lengths(in_c.sum(1), length, branching)
@@ -197,7 +197,7 @@ def partition_padded(
 
 @dataclass(frozen=True)
 class PaddedRows:
-    r"""The candidates of one tree level: rows of the compressed sequence.
+    r"""The rows of the compressed sequence that one tree level gives.
 
     Attributes:
         level: the tree level.
@@ -237,6 +237,7 @@ def select_padded(
     budgets = check_budgets(budgets, tree.num_levels, score_fn is not None)
     means = tree.means(c)
     node, rows = None, []
+    # down from the root; level 0 (tokens) is never refined
     for level, h in zip(range(tree.num_levels, -1, -1), (*budgets, 0), strict=True):
         count = tree.count[level] if node is None else tree.count[level].gather(1, node)
         candidates = count.size(1)
