@@ -217,12 +217,17 @@ def vcc_layer(
     sel = select_segments(state, tree, budgets, score_fn)
     z, key_bias, real, order = pack_compressed(p, p_ptr, sel.value, sel)
     out = layer_fn(z, key_bias)
+    check_layer_output(out, z)
+    p_new, rows_new = unpack_compressed(out, real, order, p.size(0))
+    return p_new, update_tree(state, tree, sel, rows_new), sel
+
+
+def check_layer_output(out: Tensor, z: Tensor) -> None:
+    """Raise unless ``layer_fn`` kept the shape of its input ``z``."""
     if out.shape != z.shape:
         raise ValueError(
             f"layer_fn must return its input's shape {tuple(z.shape)}, got {tuple(out.shape)}"
         )
-    p_new, rows_new = unpack_compressed(out, real, order, p.size(0))
-    return p_new, update_tree(state, tree, sel, rows_new), sel
 
 
 def check_vip_inputs(

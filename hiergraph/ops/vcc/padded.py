@@ -40,7 +40,7 @@ from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.windows import check_branching
-from hiergraph.ops.vcc.layer import LayerFn, log_count
+from hiergraph.ops.vcc.layer import LayerFn, check_layer_output, log_count
 from hiergraph.ops.vcc.segment_tree import check_budgets
 
 PaddedScoreFn = Callable[[Tensor, Tensor], Tensor]
@@ -296,10 +296,7 @@ def vcc_layer_padded(
     z = torch.cat([p, *(r.value for r in rows)], 1)
     key_bias = open_empty_rows(torch.cat([slot_bias, *(r.key_bias for r in rows)], 1))
     out = layer_fn(z, key_bias)
-    if out.shape != z.shape:
-        raise ValueError(
-            f"layer_fn must return its input's shape {tuple(z.shape)}, got {tuple(out.shape)}"
-        )
+    check_layer_output(out, z)
     sizes = [p.size(1), *(r.value.size(1) for r in rows)]
     p_new, *row_out = out.split(sizes, 1)
     # segment rows: their update out - z, pushed down to the coarsest level with rows below
