@@ -252,6 +252,8 @@ class VCCEncoder(nn.Module):
         if self.embed_dim is not None and isinstance(x, Tensor) and x.dim() == 3:
             check_features(x, self.embed_dim, "x", f"[batch, seq, embed_dim={self.embed_dim}]")
         vip_mask, token_mask = check_vip_inputs(x, vip_mask, token_mask)
+        if not x.shape[0] or not x.shape[1]:  # no sequence, or sequences of no token
+            return torch.zeros_like(x)
         x = self.apply_local(x, token_mask)
         slots = int(vip_mask.sum(1).max()) if self.vip_slots is None else self.vip_slots
         p, c, part = partition_padded(x, vip_mask, token_mask, slots, self.branching)

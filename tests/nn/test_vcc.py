@@ -85,6 +85,15 @@ def test_batch_equals_single_sequences_and_padding_is_inert():
         torch.testing.assert_close(enc(x2, vip, mask), out, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("shape", [(0, 10), (2, 0)])
+def test_empty_batches_give_empty_outputs(shape):
+    x = torch.randn(*shape, D, dtype=torch.float64)
+    for slots in (None, 2):
+        enc = _encoder(1, block_size=3, num_refined=1, vip_slots=slots, local_layers=1)
+        out = enc(x, torch.zeros(shape, dtype=torch.bool))
+        assert out.shape == x.shape
+
+
 def test_local_layers_run_per_window_on_the_original_order():
     x, vip, mask = _inputs(lengths=(20,), num_vip=(2,))
     enc = _encoder(1, block_size=2, num_refined=100, local_layers=1, local_size=8)
@@ -191,6 +200,7 @@ def test_bad_inputs():
         (dict(ff_dim=0), "ff_dim must be a positive int or None"),
         (dict(dropout=2.0), "dropout must be a probability"),
         (dict(block_size=0), "block_size must be a positive int"),
+        (dict(vip_slots=-1), "vip_slots must be an int >= 0 or None"),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs, match):
