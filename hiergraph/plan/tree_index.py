@@ -13,6 +13,7 @@ from hiergraph.plan.family_order import family_order
 
 if TYPE_CHECKING:
     from hiergraph.plan.causal_plan import CausalPlan
+    from hiergraph.plan.padded_forest import PaddedForest
 
 
 def bucket_width(size: int) -> int:
@@ -373,6 +374,17 @@ class TreeIndex:
         return out if self.leaf_perm is None else self.leaf_perm.take(out)
 
     @cached_property
+    def padded(self) -> PaddedForest | None:
+        """The forest embedded in an equal-fanout forest (:mod:`hiergraph.plan.padded_forest`),
+        or ``None`` when it has equal fanout already or would need too much padding. Built
+        on first use (reading the plan on the host) and cached."""
+        if self.uniform is not None:
+            return None
+        from hiergraph.plan.padded_forest import PaddedForest  # built from this class
+
+        return PaddedForest.from_tree_index(self)
+
+    @cached_property
     def node_tree(self) -> Tensor:
         """``[N]`` tree id of every node: the rank of its root among the roots, in node order
         (for a PyG batch, the same as its ``batch`` vector)."""
@@ -404,6 +416,8 @@ class TreeIndex:
         index = TreeIndex(**moved)
         if "causal_plan" in self.__dict__:  # built: move it along instead of rebuilding it there
             index.causal_plan = self.causal_plan.to(device, index)
+        if "padded" in self.__dict__:
+            index.padded = None if self.padded is None else self.padded.to(device)
         return index
 
 

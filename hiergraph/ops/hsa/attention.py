@@ -14,6 +14,7 @@ from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge
 from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb
+from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.ops.hsa.uniform import fits, per_depth, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
 from hiergraph.ops.runs import broadcast_to_children, sum_children
@@ -144,6 +145,22 @@ def hierarchical_attention(
             v,
             index.uniform,
             None if pos is None else per_depth(pos, index),
+            include_self=include_self,
+            left_only=leaky_causal,
+            leaf_mask=leaf_mask,
+            tau=tau,
+            size_bias=size_bias,
+        )
+        return out.squeeze(1) if squeeze else out
+    padded = index.padded if kernel == "dense" else None  # a ragged forest, padded
+    if padded is not None and fits(padded.shape, q):
+        out = padded_hierarchical_attention(
+            q,
+            k,
+            v,
+            index,
+            padded,
+            pos,
             include_self=include_self,
             left_only=leaky_causal,
             leaf_mask=leaf_mask,

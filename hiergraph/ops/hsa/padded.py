@@ -1,0 +1,82 @@
+r"""HSA over a forest embedded in an equal-fanout forest (:mod:`hiergraph.plan.padded_forest`).
+
+The leaves' ``q, k, v`` are scattered into the padded forest's leaf slots, heads first (one
+copy each, the copy the reshaped-view path would make anyway), the padding slots are
+masked leaves, :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention` runs on
+the padded forest, and the real slots are read back. The result is that of the forest
+itself (the module docstring of :mod:`hiergraph.plan.padded_forest` says why).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from hiergraph.ops.hsa.uniform import heads_first, uniform_hierarchical_attention
+from hiergraph.plan.padded_forest import PaddedForest
+from hiergraph.plan.tree_index import TreeIndex
+
+
+def padded_hierarchical_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    index: TreeIndex,
+    forest: PaddedForest,
+    pos: Tensor | None,
+    *,
+    include_self: bool,
+    left_only: bool,
+    leaf_mask: Tensor | None,
+    tau: float,
+    size_bias: bool,
+) -> Tensor:
+    r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over ``index``'s forest, run on its
+    embedding ``forest``.
+
+    Args:
+        pos: optional ``[N, H | 1, c]`` position embeddings in node order.
+        include_self, leaf_mask, size_bias: as in
+            :func:`~hiergraph.ops.hierarchical_attention`.
+        left_only: its ``leaky_causal``.
+        tau: the logit scale.
+
+    Returns:
+        ``[L, H, d_v]``, heads first in memory when ``q`` is.
+    """
+    slot = forest.leaf_slot
+    real = forest.real
+    if leaf_mask is not None:
+        real = real.new_zeros(real.shape).index_copy_(0, slot, leaf_mask)
+    eps = None if pos is None else _per_depth(pos, index, forest)
+    out = uniform_hierarchical_attention(
+        *(_to_slots(t, forest) for t in (q, k, v)),
+        forest.shape,
+        eps,
+        include_self=include_self,
+        left_only=left_only,
+        leaf_mask=real,
+        tau=tau,
+        size_bias=size_bias,
+    )  # [slots, H, d_v], heads first in memory
+    if q.transpose(0, 1).is_contiguous():
+        return out.transpose(0, 1).index_select(1, slot).transpose(0, 1)
+    return out.index_select(0, slot)
+
+
+def _to_slots(x: Tensor, forest: PaddedForest) -> Tensor:
+    """Leaf rows ``[L, H, c]`` in the padded leaf slots, zero elsewhere: ``[slots, H, c]``
+    with heads-first memory."""
+    heads, width = x.shape[1:]
+    out = x.new_zeros(heads, forest.num_slots, width)
+    return out.index_copy_(1, forest.leaf_slot, x.transpose(0, 1)).transpose(0, 1)
+
+
+def _per_depth(pos: Tensor, index: TreeIndex, forest: PaddedForest) -> list[Tensor]:
+    """The position embeddings of the padded nodes of every depth ``d = 1 … D``, each
+    ``[H | 1, n_d, c]`` (zero at padding), from ``pos`` ``[N, H | 1, c]`` in node order."""
+    bfs = pos.index_select(0, index.order)
+    out = []
+    for source in forest.node_source:
+        rows = bfs.index_select(0, source.clamp(min=0))
+        out.append(heads_first(rows.masked_fill((source < 0)[:, None, None], 0.0)))
+    return out

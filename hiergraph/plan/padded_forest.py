@@ -1,0 +1,112 @@
+r"""A forest embedded in an equal-fanout forest: ragged batches on the reshaped-view path.
+
+A batch of window hierarchies over sequences of different lengths, or of trees whose
+families differ a little in size, has no equal fanout, so HSA would run it family block by
+family block. Padding every family of depth :math:`d` to the largest, :math:`b_d`, and
+every leaf above the last level down a chain of only children to it, embeds the forest in
+the equal-fanout forest of shape ``(B, b_1, …, b_D)``; the added slots are padding leaves
+(and empty nodes), which HSA's leaf mask removes from every statistic. Neither change
+alters the result:
+
+* an empty node has no leaves: it is no key, its count weight in its parent's energy and
+  means is 0, and no output reads it;
+* a node :math:`X` whose only child is :math:`C` has :math:`\rho(X) = \rho(C)` and
+  :math:`n(X) = n(C)`, so it takes :math:`C`'s place in its family; :math:`C` has no
+  sibling key (:math:`\mathrm{lse}(C) = -\infty`), so
+  :math:`a(X) = \log(e^{a(C)} + 0) = a(C)` and its gate passes everything down,
+  :math:`\mu(C) = 1` (or :math:`a = -\infty` and no mass, without self energies).
+
+The leaves keep their order and every family its child order (padding goes after the last
+child), so the sibling masking of ``leaky_causal`` keeps its meaning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from hiergraph.plan.tree_index import TreeIndex
+
+BLOCK_COST = 80
+"""What one family block of the general dense kernel costs, in leaves of the reshaped-view
+path (a fixed number of operations per block, measured on CPU at 128–2K tokens per tree):
+a forest is embedded when its padded leaf slots are at most its leaves plus this many per
+block, i.e. when the padding costs less than the blocks it saves."""
+
+
+@dataclass
+class PaddedForest:
+    """The embedding of a forest in the equal-fanout forest ``shape``.
+
+    Attributes:
+        shape: ``(B, b_1, …, b_D)`` of the equal-fanout forest (``B`` trees).
+        leaf_slot: ``[L]`` the slot of every leaf (in leaf order) among the
+            ``B b_1 ⋯ b_D`` padded leaves, breadth-first.
+        node_source: per depth ``d = 1 … D``, ``[B b_1 ⋯ b_d]`` the breadth-first position
+            (in the :class:`~hiergraph.plan.TreeIndex`) of the node each padded node stands
+            for, ``-1`` for padding: the node itself, or on a chain the leaf at its end
+            (its position embedding gives the leaf's self energy on the last level).
+        real: ``[B b_1 ⋯ b_D]`` bool, the slot holds a leaf.
+    """
+
+    shape: tuple[int, ...]
+    leaf_slot: Tensor
+    node_source: list[Tensor]
+    real: Tensor
+
+    @property
+    def num_slots(self) -> int:
+        """Padded leaves, ``B b_1 ⋯ b_D``."""
+        return math.prod(self.shape)
+
+    @classmethod
+    def from_tree_index(
+        cls, index: TreeIndex, block_cost: float = BLOCK_COST
+    ) -> PaddedForest | None:
+        """The embedding of ``index``'s forest, or ``None`` when it has a tree that is a
+        single leaf, a depth whose families all have one member, or more padded slots than
+        its leaves plus ``block_cost`` per family block of the general kernel
+        (:data:`BLOCK_COST`). Reads the plan's tensors on the host."""
+        levels = index.levels
+        if len(levels) < 2 or levels[0].leaf_local.numel():
+            return None
+        fanout = [int(level.family_size.max()) for level in levels[1:]]
+        shape = (levels[0].size, *fanout)
+        blocks = sum(len(level.blocks) for level in levels)
+        if min(fanout) < 2 or math.prod(shape) > index.num_leaves + block_cost * blocks:
+            return None
+        device = index.device
+        depth = len(fanout)
+        sources = [
+            torch.full((math.prod(shape[: d + 1]),), -1, device=device) for d in range(1, depth + 1)
+        ]
+        leaf_slot = torch.empty(index.num_leaves, dtype=torch.long, device=device)
+        position = torch.arange(shape[0], device=device)  # padded position of level 0's nodes
+        for d in range(1, depth + 1):
+            level = levels[d]
+            parent = level.parent_local
+            child = torch.arange(level.size, device=device)
+            child = child - torch.searchsorted(parent, parent)  # rank among its siblings
+            position = position.index_select(0, parent) * fanout[d - 1] + child
+            bfs = level.start + torch.arange(level.size, device=device)
+            sources[d - 1][position] = bfs
+            leaf_at, leaf_bfs = position[level.leaf_local], bfs[level.leaf_local]
+            for below in range(d + 1, depth + 1):  # chains of only children down to depth D
+                leaf_at = leaf_at * fanout[below - 1]
+                sources[below - 1][leaf_at] = leaf_bfs
+            leaf_slot[level.leaf_id.index] = leaf_at
+        real = torch.zeros(math.prod(shape), dtype=torch.bool, device=device)
+        return cls(shape, leaf_slot, sources, real.index_fill_(0, leaf_slot, True))
+
+    def to(self, device) -> PaddedForest:
+        return PaddedForest(
+            self.shape,
+            self.leaf_slot.to(device),
+            [s.to(device) for s in self.node_source],
+            self.real.to(device),
+        )

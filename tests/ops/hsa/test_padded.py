@@ -1,0 +1,144 @@
+"""HSA on a forest embedded in an equal-fanout forest == HSA on the forest itself."""
+
+import math
+
+import pytest
+import torch
+from torch_geometric.data import Batch
+
+import hiergraph.ops.hsa.attention as hsa_attention
+from hiergraph.data import from_nested, random_window_hierarchy, window_forest, window_hierarchy
+from hiergraph.ops import hierarchical_attention
+from hiergraph.ops.hsa.inputs import head_pos_emb
+from hiergraph.ops.hsa.padded import padded_hierarchical_attention
+from hiergraph.plan.padded_forest import PaddedForest
+from tests.ops.hsa.test_uniform import F64, OPTIONS, _kwargs
+
+
+def _forests():
+    gen = torch.Generator().manual_seed(0)
+    return {
+        # different lengths: partial last families, and short trees with fewer levels
+        "windows": window_forest([37, 5, 64, 20, 2], (4, 4)),
+        # leaves on three depths, families of 1 to 4
+        "nested": Batch.from_data_list(
+            [from_nested([[0, 1, 2], [3, [4, 5]], 6]), from_nested([[0, [1, 2, 3, 4]], 5])]
+        ),
+        "ragged": Batch.from_data_list(
+            [random_window_hierarchy(n, (3, 2), generator=gen) for n in (14, 9, 20)]
+        ),
+    }
+
+
+def _inputs(tree, seed, heads=3, dim=5):
+    gen = torch.Generator().manual_seed(seed)
+    leaves = int(tree.is_leaf.sum())
+    qkv = [torch.randn(leaves, heads, dim, generator=gen, **F64) for _ in range(3)]
+    mask = torch.rand(leaves, generator=gen) > 0.3
+    pos = torch.randn(tree.num_nodes, heads, 2, generator=gen, **F64)
+    return qkv, mask, pos
+
+
+@pytest.mark.parametrize("name", ["windows", "nested", "ragged"])
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
+def test_equals_block_kernel_with_gradients(name, opts):
+    tree = _forests()[name]
+    index = tree.tree_index()
+    forest = PaddedForest.from_tree_index(index, block_cost=math.inf)  # embed whatever it costs
+    (q, k, v), mask, pos = _inputs(tree, seed=len(str(opts)))
+    kw = _kwargs(opts, mask, pos)
+    inputs = [q, k, v, pos] if opts["pos"] else [q, k, v]
+    for t in inputs:
+        t.requires_grad_()
+    blocks = hierarchical_attention(q, k, v, index, kernel="blocks", **kw)
+    padded = padded_hierarchical_attention(
+        q,
+        k,
+        v,
+        index,
+        forest,
+        None if kw["pos_emb"] is None else head_pos_emb(kw["pos_emb"], q, index.num_nodes),
+        include_self=kw["include_self"],
+        left_only=kw["leaky_causal"],
+        leaf_mask=kw["leaf_mask"],
+        tau=q.size(-1) ** -0.5,
+        size_bias=kw["size_bias"],
+    )
+    torch.testing.assert_close(padded, blocks, atol=1e-12, rtol=0)
+    for a, b in zip(
+        torch.autograd.grad(padded.pow(2).sum(), inputs),
+        torch.autograd.grad(blocks.pow(2).sum(), inputs),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+def test_embedding_structure():
+    tree = _forests()["nested"]
+    index = tree.tree_index()
+    forest = PaddedForest.from_tree_index(index, block_cost=math.inf)
+    assert forest.shape == (2, 3, 3, 4) and forest.num_slots == 72
+    # every leaf has its own slot; the slots are the real ones
+    assert forest.leaf_slot.unique().numel() == index.num_leaves == int(forest.real.sum())
+    assert forest.real[forest.leaf_slot].all()
+    # leaf 6 of the first tree is its root's third child: a chain of only children below it
+    assert forest.leaf_slot[6] == 2 * 3 * 4
+    depth1, depth2, depth3 = forest.node_source
+    assert (depth1 >= 0).sum() == 5  # the 3 + 2 children of the roots
+    assert depth2[2 * 3] == depth3[2 * 3 * 4] == depth1[2]  # the chain stands for the leaf
+    assert (depth3 >= 0).sum() == index.num_leaves
+
+
+def test_which_forests_are_embedded():
+    assert window_forest([64] * 4, (4, 4)).tree_index().padded is None  # already uniform
+    assert window_forest([37, 5, 64, 20], (4, 4)).tree_index().padded is not None
+    assert window_forest([600, 10], (4, 4)).tree_index().padded is None  # too much padding
+    assert window_hierarchy(1, (4,)).tree_index().padded is None  # a tree that is a leaf
+    assert from_nested([[0], [1]]).tree_index().padded is None  # only children everywhere
+
+
+def test_hierarchical_attention_takes_the_padded_path(monkeypatch):
+    tree = window_forest([37, 5, 64, 20], (4, 4))
+    index = tree.tree_index()
+    (q, k, v), _, _ = _inputs(tree, seed=0)
+    calls = []
+    monkeypatch.setattr(
+        hsa_attention,
+        "padded_hierarchical_attention",
+        lambda *a, **kw: calls.append(1) or padded_hierarchical_attention(*a, **kw),
+    )
+    out = hierarchical_attention(q, k, v, index)
+    assert calls == [1]
+    ref = hierarchical_attention(q, k, v, index, kernel="blocks")
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("heads_first", [False, True])
+def test_output_layout_follows_the_inputs(heads_first):
+    tree = window_forest([37, 5, 64, 20], (4, 4))
+    (q, k, v), _, _ = _inputs(tree, seed=1)
+    if heads_first:
+        q, k, v = (t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v))
+    out = hierarchical_attention(q, k, v, tree)
+    assert out.transpose(0, 1).is_contiguous() == heads_first
+    assert out.is_contiguous() != heads_first
+
+
+def test_the_embedding_moves_with_the_plan():
+    index = window_forest([37, 5, 64, 20], (4, 4)).tree_index()
+    built = index.padded
+    moved = index.to("meta")
+    assert moved.padded.leaf_slot.device.type == "meta" and moved.padded.shape == built.shape
+
+
+def test_second_derivatives_match_the_edge_kernel():
+    """The padded path is the reshaped-view path: differentiable twice on ragged forests."""
+    tree = _forests()["nested"]
+    (q, k, v), _, _ = _inputs(tree, seed=3)
+    q.requires_grad_()
+    second = []
+    for kernel in ("dense", "edge"):
+        out = hierarchical_attention(q, k, v, tree, kernel=kernel, include_self=True)
+        (grad,) = torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
+        second.append(torch.autograd.grad(grad.sin().sum(), q)[0])
+    torch.testing.assert_close(second[0], second[1], atol=1e-10, rtol=0)
