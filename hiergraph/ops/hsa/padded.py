@@ -12,6 +12,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from hiergraph.ops.hsa.uniform import heads_first, uniform_hierarchical_attention
+from hiergraph.ops.rows import take_rows
 from hiergraph.plan.padded_forest import PaddedForest
 from hiergraph.plan.tree_index import TreeIndex
 
@@ -59,8 +60,8 @@ def padded_hierarchical_attention(
         size_bias=size_bias,
     )  # [slots, H, d_v], heads first in memory
     if q.transpose(0, 1).is_contiguous():
-        return out.transpose(0, 1).index_select(1, slot).transpose(0, 1)
-    return out.index_select(0, slot)
+        return take_rows(out.transpose(0, 1), slot, dim=1).transpose(0, 1)
+    return take_rows(out, slot)
 
 
 def _to_slots(x: Tensor, forest: PaddedForest) -> Tensor:

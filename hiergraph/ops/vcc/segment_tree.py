@@ -47,6 +47,7 @@ from torch_geometric.utils import segment
 
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.windows import check_branching
+from hiergraph.ops.rows import take_rows
 from hiergraph.ops.runs import broadcast_runs
 from hiergraph.ops.topk import top_k_per_group
 
@@ -61,27 +62,6 @@ def _ranges(starts: Tensor, sizes: Tensor) -> Tensor:
     local = torch.arange(total, device=starts.device)
     local = local - offsets.repeat_interleave(sizes, 0, output_size=total)
     return starts.repeat_interleave(sizes, 0, output_size=total) + local
-
-
-class _TakeRows(torch.autograd.Function):
-    """``x.index_select(0, index)`` for *distinct* indices; backward is a plain
-    ``index_copy`` into zeros (no accumulation needed)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, index: Tensor) -> Tensor:
-        ctx.save_for_backward(index)
-        ctx.num_rows = x.size(0)
-        return x.index_select(0, index)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (index,) = ctx.saved_tensors
-        return grad.new_zeros(ctx.num_rows, *grad.shape[1:]).index_copy(0, index, grad), None
-
-
-def take_rows(x: Tensor, index: Tensor) -> Tensor:
-    """``x[index]`` for distinct ``index`` (a partial permutation) with a copy-only backward."""
-    return _TakeRows.apply(x, index)
 
 
 def expand_to_children(values: Tensor, ptr: Tensor) -> Tensor:

@@ -11,7 +11,6 @@ from hiergraph.ops.vcc.segment_tree import (
     full_tree_branching,
     materialize,
     select_segments,
-    take_rows,
     two_resolution_budgets,
     update_tree,
 )
@@ -175,9 +174,7 @@ def test_gradients_of_the_tree_path():
     ref = x + (s_c.T * sel.count.double()) @ (sx.tanh() * 2 - sx)
     (grad_ref,) = torch.autograd.grad((ref * weight).sum(), x)
     torch.testing.assert_close(grad, grad_ref, rtol=0, atol=1e-12)
-    index = torch.tensor([4, 0, 2])
     y = torch.randn(5, 2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda y: take_rows(y, index), (y,))
     ptr = torch.tensor([0, 2, 2, 5, 9, 10])
     assert torch.autograd.gradcheck(lambda y: expand_to_children(y, ptr), (y,))
 

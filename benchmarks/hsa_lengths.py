@@ -1,0 +1,144 @@
+"""HSA on batches of sequences of different lengths (what a data loader gives), CPU.
+
+    python benchmarks/hsa_lengths.py               # the rows below, 2 threads
+    python benchmarks/hsa_lengths.py --quick       # one small row, for a smoke test
+
+Every row draws ``B`` lengths uniformly from ``[L/2, L]`` (seeded) and builds one window
+tree per sequence (:func:`~hiergraph.data.window_forest`, the given branching): the trees
+differ, so the forest has no equal fanout. 4 heads of 64 channels, float32; forward and
+backward of
+
+* ``flat``: ``scaled_dot_product_attention`` on the zero-padded ``[B, H, L, d]`` batch
+  with a key padding mask (how a transformer runs such a batch);
+* ``hsa``: :func:`~hiergraph.ops.hierarchical_attention` with its default kernel: the
+  forest embedded in an equal-fanout forest and run as reshaped views where that is
+  cheaper (:mod:`hiergraph.plan.padded_forest`), else the block kernel;
+* ``hsa-blocks``: the same op forced onto the block kernel (``kernel="blocks"``);
+* ``hsa-ragged-trees``: ``hsa`` on trees of the same lengths whose windows vary in size
+  (:func:`~hiergraph.data.random_window_hierarchy`, sizes uniform in ``[1, 2b - 1]``), as
+  sentences and paragraphs do; such forests need too much padding and take the block
+  kernel.
+
+Rounds are interleaved (each round runs every method once); medians and the spread
+(min–max) are reported, with every sample in ``benchmarks/results/hsa_lengths.json``
+(and a plot, ``hsa_lengths.png``). Freed CPU memory is kept for reuse
+(``--allocator default``: glibc's settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import timing
+import torch
+import torch.nn.functional as F
+from torch_geometric.data import Batch
+
+from hiergraph.data import random_window_hierarchy, window_forest
+from hiergraph.ops import hierarchical_attention
+
+HEADS, DIM = 4, 64
+RESULTS = Path(__file__).parent / "results"
+ROWS = ((64, 128, (16, 8)), (32, 512, (16, 8, 4)), (8, 2048, (16, 8, 4, 4)))
+QUICK_ROWS = ((8, 64, (8, 8)),)
+
+
+def make_cases(batch: int, length: int, branching: tuple[int, ...]) -> tuple[dict, dict]:
+    """``{method: (fn, leaf tensors)}`` for one row, and what the row's forests are."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(length // 2, length + 1, (batch,), generator=gen).tolist()
+    windows = window_forest(lengths, branching).tree_index()
+    ragged = Batch.from_data_list(
+        [random_window_hierarchy(n, branching, generator=gen) for n in lengths]
+    ).tree_index()
+
+    def rand(*shape):
+        return [torch.randn(*shape, generator=gen).requires_grad_() for _ in range(3)]
+
+    leaves = rand(sum(lengths), HEADS, DIM)
+    padded = rand(batch, HEADS, length, DIM)
+    keys = (torch.arange(length)[None] < torch.tensor(lengths)[:, None])[:, None, None, :]
+    cases = {
+        "flat": (lambda: F.scaled_dot_product_attention(*padded, attn_mask=keys), padded),
+        "hsa": (lambda: hierarchical_attention(*leaves, windows), leaves),
+        "hsa-blocks": (lambda: hierarchical_attention(*leaves, windows, kernel="blocks"), leaves),
+        "hsa-ragged-trees": (lambda: hierarchical_attention(*leaves, ragged), leaves),
+    }
+    embedded = windows.padded
+    info = {
+        "lengths": lengths,
+        "tokens": sum(lengths),
+        "padded_slots": None if embedded is None else embedded.num_slots,
+        "ragged_trees_padded": ragged.padded is not None,
+        "blocks": sum(len(level.blocks) for level in windows.levels),
+    }
+    return cases, info
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(rows[0]["median_s"])
+    labels = [f"{r['batch']}×{r['length']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        xs = [j + i * width for j in range(len(rows))]
+        ax.bar(xs, [r["median_s"][method] * 1e3 for r in rows], width, label=method)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels)
+    ax.set_ylabel("forward+backward (ms, median)")
+    ax.set_yscale("log")
+    ax.set_title("Batches of different lengths (uniform in [L/2, L])")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS / "hsa_lengths.json")
+    timing.add_allocator_option(parser)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    timing.apply_allocator(args.allocator)
+    results = []
+    for batch, length, branching in QUICK_ROWS if args.quick else ROWS:
+        cases, info = make_cases(batch, length, branching)
+        steps = {m: (timing.sum_backward(fn), tensors) for m, (fn, tensors) in cases.items()}
+        samples = timing.interleaved(steps, args.rounds)
+        median = timing.medians(samples)
+        results.append({
+            "batch": batch, "length": length, "branching": list(branching), **info,
+            "rounds": args.rounds, "median_s": median, "spread_s": timing.spreads(samples),
+            "samples_s": samples, "flat_over": {m: median["flat"] / median[m] for m in median},
+        })  # fmt: skip
+        print(
+            f"{batch:>3} × {length:<5} "
+            + "  ".join(f"{m} {v * 1e3:7.1f} ms" for m, v in median.items()),
+            flush=True,
+        )
+    flags = [f"--threads {args.threads}", f"--rounds {args.rounds}"] + ["--quick"] * args.quick
+    flags += [f"--allocator {args.allocator}"] * (args.allocator != "reuse")
+    meta = {
+        "heads": HEADS, "dim": DIM, "dtype": "float32", "threads": args.threads,
+        "torch": torch.__version__, "allocator": args.allocator,
+        "command": " ".join(["python benchmarks/hsa_lengths.py", *flags]),
+        "load_average": os.getloadavg(),
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "rows": results}, indent=1))
+    plot(results, args.out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Gathers of distinct rows whose backward is a copy, not an accumulation."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class _TakeRows(torch.autograd.Function):
+    """``x.index_select(dim, index)`` for *distinct* indices; the backward writes the
+    gradient rows into zeros with ``index_copy`` (no accumulation needed, where
+    ``index_select``'s own backward adds them, which is slower and, on accelerators,
+    ordered by atomics)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, index: Tensor, dim: int) -> Tensor:
+        ctx.save_for_backward(index)
+        ctx.shape, ctx.dim = x.shape, dim
+        return x.index_select(dim, index)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (index,) = ctx.saved_tensors
+        zeros = grad.new_zeros(ctx.shape)
+        return zeros.index_copy_(ctx.dim, index, grad), None, None
+
+
+def take_rows(x: Tensor, index: Tensor, dim: int = 0) -> Tensor:
+    """``x.index_select(dim, index)`` for distinct ``index`` (a partial permutation), with a
+    copy-only backward (itself differentiable: second derivatives work)."""
+    return _TakeRows.apply(x, index, dim)
