@@ -262,6 +262,36 @@ def hsa_short() -> list[str] | None:
     return out
 
 
+def hsa_lengths() -> list[str] | None:
+    data = load("hsa_lengths.json")
+    if data is None:
+        return None
+    meta = data["meta"]
+    out = [
+        "Batches of sequences of different lengths (uniform in [L/2, L], one window tree per "
+        f"sequence), forward+backward, {meta['heads']} heads, d = {meta['dim']}, "
+        f"{meta['dtype']}, {threads(meta['threads'])}, {allocator(meta)}. `flat` is SDPA on "
+        "the zero-padded batch with a key padding mask; `hsa` the default kernel (the forest "
+        "embedded in an equal-fanout one when that is cheaper: 'padded slots'); `hsa-blocks` "
+        "the block kernel; `hsa-ragged-trees` trees of the same lengths with window sizes "
+        "uniform in [1, 2b − 1]. Cells: median [min–max] over the interleaved rounds. "
+        f"Command: {code(meta['command'])}.",
+        "",
+    ]
+    body = []
+    for row in data["rows"]:
+        shape = f"{row['batch']} × {row['length']:,} ({','.join(map(str, row['branching']))})"
+        tokens = f"{row['tokens']:,}"
+        slots = f"{row['padded_slots']:,}" if row["padded_slots"] else "– (block kernel)"
+        for method, samples in row["samples_s"].items():
+            body.append([shape, tokens, slots, method, row["rounds"], spread(samples),
+                         ratio(row["flat_over"][method])])  # fmt: skip
+            shape = tokens = slots = ""
+    out += table(["B × L (branching)", "tokens", "padded slots", "method", "rounds", "wall",
+                  "flat ÷ method"], body)  # fmt: skip
+    return out + [source("hsa_lengths.json"), ""] + plot("hsa_lengths.png", "HSA, mixed lengths")
+
+
 def hte_epoch() -> list[str] | None:
     d = load("hte_epoch.json")
     if d is None:
@@ -1128,6 +1158,7 @@ SECTIONS: list[tuple[str, Callable[[], list[str] | None]]] = [
     ("HSA: scaling to 256K leaves", hsa_scaling),
     ("Two commits side by side", compare_commits),
     ("HSA at short lengths", hsa_short),
+    ("HSA on batches of different lengths", hsa_lengths),
     ("Hierarchical Transformer Encoder: one epoch", hte_epoch),
     ("Masked attention (MaskedAttentionConv)", masked_attention),
     ("Cone attention: speed", cone_speed),
