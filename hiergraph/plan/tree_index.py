@@ -10,10 +10,10 @@ import torch
 from torch import Tensor
 
 from hiergraph.plan.family_order import family_order
+from hiergraph.plan.padded_forest import PaddedForest
 
 if TYPE_CHECKING:
     from hiergraph.plan.causal_plan import CausalPlan
-    from hiergraph.plan.padded_forest import PaddedForest
 
 
 def bucket_width(size: int) -> int:
@@ -213,6 +213,9 @@ class TreeIndex:
             every node of depth ``d - 1`` has ``b_d >= 2`` children, all leaves are on
             the last level and in breadth-first order; else ``None``. Such plans run
             as reshaped views (:mod:`hiergraph.ops.hsa.uniform`).
+        padded: when the forest has no equal fanout, its embedding in an equal-fanout
+            forest (:class:`~hiergraph.plan.padded_forest.PaddedForest`) if that is cheaper
+            than the block kernel, else ``None``; the reshaped views run on it too.
     """
 
     num_nodes: int
@@ -228,6 +231,7 @@ class TreeIndex:
     levels: list[Level]
     leaf_perm: Rows | None
     uniform: tuple[int, ...] | None = None
+    padded: PaddedForest | None = None
 
     @property
     def num_levels(self) -> int:
@@ -348,6 +352,8 @@ class TreeIndex:
             leaf_perm=None if leaf_perm.start == 0 else leaf_perm,
         )
         index.uniform = index._uniform_shape()
+        if index.uniform is None:
+            index.padded = PaddedForest.from_tree_index(index)
         return index
 
     def _uniform_shape(self) -> tuple[int, ...] | None:
@@ -372,17 +378,6 @@ class TreeIndex:
                 parts.append(x.index_select(0, level.leaf_local))
         out = torch.cat(parts) if len(parts) > 1 else parts[0]
         return out if self.leaf_perm is None else self.leaf_perm.take(out)
-
-    @cached_property
-    def padded(self) -> PaddedForest | None:
-        """The forest embedded in an equal-fanout forest (:mod:`hiergraph.plan.padded_forest`),
-        or ``None`` when it has equal fanout already or would need too much padding. Built
-        on first use (reading the plan on the host) and cached."""
-        if self.uniform is not None:
-            return None
-        from hiergraph.plan.padded_forest import PaddedForest  # built from this class
-
-        return PaddedForest.from_tree_index(self)
 
     @cached_property
     def node_tree(self) -> Tensor:
@@ -410,14 +405,14 @@ class TreeIndex:
             value = getattr(self, f.name)
             if isinstance(value, (Tensor, Rows, Level)):
                 value = value.to(device)
+            elif isinstance(value, PaddedForest):
+                value = value.to(device)
             elif isinstance(value, list) and value and isinstance(value[0], (Tensor, Level)):
                 value = [v.to(device) for v in value]
             moved[f.name] = value
         index = TreeIndex(**moved)
         if "causal_plan" in self.__dict__:  # built: move it along instead of rebuilding it there
             index.causal_plan = self.causal_plan.to(device, index)
-        if "padded" in self.__dict__:
-            index.padded = None if self.padded is None else self.padded.to(device)
         return index
 
 
