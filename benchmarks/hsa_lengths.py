@@ -35,6 +35,7 @@ from pathlib import Path
 import timing
 import torch
 import torch.nn.functional as F
+from hsa_short import plot
 from torch_geometric.data import Batch
 
 from hiergraph.data import random_window_hierarchy, window_forest
@@ -78,29 +79,6 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...]) -> tuple[dic
     return cases, info
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    methods = list(rows[0]["median_s"])
-    labels = [f"{r['batch']}×{r['length']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(methods)
-    for i, method in enumerate(methods):
-        xs = [j + i * width for j in range(len(rows))]
-        ax.bar(xs, [r["median_s"][method] * 1e3 for r in rows], width, label=method)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels)
-    ax.set_ylabel("forward+backward (ms, median)")
-    ax.set_yscale("log")
-    ax.set_title("Batches of different lengths (uniform in [L/2, L])")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -118,7 +96,8 @@ def main() -> None:
         samples = timing.interleaved(steps, args.rounds)
         median = timing.medians(samples)
         results.append({
-            "batch": batch, "length": length, "branching": list(branching), **info,
+            "batch": batch, "length": length, "branching": list(branching),
+            "threads": args.threads, **info,
             "rounds": args.rounds, "median_s": median, "spread_s": timing.spreads(samples),
             "samples_s": samples, "flat_over": {m: median["flat"] / median[m] for m in median},
         })  # fmt: skip

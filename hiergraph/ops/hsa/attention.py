@@ -138,35 +138,20 @@ def hierarchical_attention(
             "(hierarchy.to(device)) before calling"
         )
     tau = q.size(-1) ** -0.5 if scale is None else scale
+    # equal-fanout forests, and forests padded to one, run as reshaped views
+    views = dict(
+        include_self=include_self,
+        left_only=leaky_causal,
+        leaf_mask=leaf_mask,
+        tau=tau,
+        size_bias=size_bias,
+    )
     if kernel == "dense" and fits(index.uniform, q):
-        out = uniform_hierarchical_attention(
-            q,
-            k,
-            v,
-            index.uniform,
-            None if pos is None else per_depth(pos, index),
-            include_self=include_self,
-            left_only=leaky_causal,
-            leaf_mask=leaf_mask,
-            tau=tau,
-            size_bias=size_bias,
-        )
+        eps = None if pos is None else per_depth(pos, index)
+        out = uniform_hierarchical_attention(q, k, v, index.uniform, eps, **views)
         return out.squeeze(1) if squeeze else out
-    padded = index.padded if kernel == "dense" else None  # a ragged forest, padded
-    if padded is not None and fits(padded.shape, q):
-        out = padded_hierarchical_attention(
-            q,
-            k,
-            v,
-            index,
-            padded,
-            pos,
-            include_self=include_self,
-            left_only=leaky_causal,
-            leaf_mask=leaf_mask,
-            tau=tau,
-            size_bias=size_bias,
-        )
+    if kernel == "dense" and index.padded is not None and fits(index.padded.shape, q):
+        out = padded_hierarchical_attention(q, k, v, index, index.padded, pos, **views)
         return out.squeeze(1) if squeeze else out
     levels = index.levels
     family = family_attention_edge if kernel == "edge" else family_attention_dense
