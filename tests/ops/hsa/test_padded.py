@@ -142,3 +142,19 @@ def test_second_derivatives_match_the_edge_kernel():
         (grad,) = torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
         second.append(torch.autograd.grad(grad.sin().sum(), q)[0])
     torch.testing.assert_close(second[0], second[1], atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("opts", [{}, {"include_self": True, "leaky_causal": True}])
+def test_a_fully_masked_tree_stays_finite(opts):
+    tree = window_forest([37, 5, 64, 20], (4, 4))
+    (q, k, v), _, _ = _inputs(tree, seed=4)
+    mask = torch.ones(q.size(0), dtype=torch.bool)
+    mask[37:42] = False  # every leaf of the second tree
+    q.requires_grad_()
+    outs = [
+        hierarchical_attention(q, k, v, tree, leaf_mask=mask, kernel=kernel, **opts)
+        for kernel in ("dense", "blocks")
+    ]
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-12, rtol=0)
+    (grad,) = torch.autograd.grad(outs[0].sum(), q)
+    assert torch.isfinite(grad).all() and (outs[0][37:42] == 0).all()
