@@ -68,12 +68,16 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...]) -> tuple[dic
         "hsa-blocks": (lambda: hierarchical_attention(*leaves, windows, kernel="blocks"), leaves),
         "hsa-ragged-trees": (lambda: hierarchical_attention(*leaves, ragged), leaves),
     }
-    embedded = windows.padded
+    embedded, ragged_embedded = windows.padded, ragged.padded
     info = {
         "lengths": lengths,
         "tokens": sum(lengths),
-        "padded_slots": None if embedded is None else embedded.num_slots,
-        "ragged_trees_padded": ragged.padded is not None,
+        # the slots of the embedding where `hsa` runs on it (None: the block kernel)
+        "padded_slots": embedded.num_slots
+        if embedded is not None and embedded.pays_off(HEADS, 2 * DIM)
+        else None,
+        "ragged_trees_padded": ragged_embedded is not None
+        and ragged_embedded.pays_off(HEADS, 2 * DIM),
         "blocks": sum(len(level.blocks) for level in windows.levels),
     }
     return cases, info

@@ -32,11 +32,20 @@ from torch import Tensor
 if TYPE_CHECKING:
     from hiergraph.plan.tree_index import TreeIndex
 
-BLOCK_COST = 80
+MAX_PADDING = 4.0
+"""Forests that would need more padded leaf slots than this many per leaf are not
+embedded."""
+
+BLOCK_COST = 100
 """What one family block of the general dense kernel costs, in leaves of the reshaped-view
-path (a fixed number of operations per block, measured on CPU at 128–2K tokens per tree):
-a forest is embedded when its padded leaf slots are at most its leaves plus this many per
-block, i.e. when the padding costs less than the blocks it saves."""
+path, for 4 heads of 64 + 64 channels (a fixed number of operations per block; fitted on
+CPU at 128–2K tokens per tree): it shrinks in proportion as heads and channels grow."""
+
+PADDING_COST = 1.1
+"""What a padded leaf slot costs relative to a leaf of the block kernel (the masked
+statistics and the scatter into the slots)."""
+
+_REFERENCE_WIDTH = 4 * (64 + 64)  # heads × (d + d_v) at which BLOCK_COST was measured
 
 
 @dataclass
@@ -52,33 +61,43 @@ class PaddedForest:
             for, ``-1`` for padding: the node itself, or on a chain the leaf at its end
             (its position embedding gives the leaf's self energy on the last level).
         real: ``[B b_1 ⋯ b_D]`` bool, the slot holds a leaf.
+        blocks: the number of family blocks the general dense kernel would run.
     """
 
     shape: tuple[int, ...]
     leaf_slot: Tensor
     node_source: list[Tensor]
     real: Tensor
+    blocks: int
 
     @property
     def num_slots(self) -> int:
         """Padded leaves, ``B b_1 ⋯ b_D``."""
         return math.prod(self.shape)
 
+    def pays_off(self, heads: int, channels: int) -> bool:
+        r"""Whether HSA with ``heads`` heads of ``channels`` = :math:`d + d_v` channels is
+        expected to run faster on the embedding than on the block kernel:
+        :data:`PADDING_COST` per slot against one per leaf plus the cost of the blocks
+        (:data:`BLOCK_COST` leaves each at 4 heads of 64 + 64 channels, fewer as the
+        work per leaf grows)."""
+        block_cost = BLOCK_COST * _REFERENCE_WIDTH / (heads * channels)
+        leaves = self.leaf_slot.numel()
+        return PADDING_COST * self.num_slots <= leaves + block_cost * self.blocks
+
     @classmethod
     def from_tree_index(
-        cls, index: TreeIndex, block_cost: float = BLOCK_COST
+        cls, index: TreeIndex, max_padding: float = MAX_PADDING
     ) -> PaddedForest | None:
         """The embedding of ``index``'s forest, or ``None`` when it has a tree that is a
-        single leaf, a depth whose families all have one member, or more padded slots than
-        its leaves plus ``block_cost`` per family block of the general kernel
-        (:data:`BLOCK_COST`). Reads the plan's tensors on the host."""
+        single leaf, a depth whose families all have one member, or more than
+        ``max_padding`` padded slots per leaf. Reads the plan's tensors on the host."""
         levels = index.levels
         if len(levels) < 2 or levels[0].leaf_local.numel():
             return None
         fanout = [int(level.family_size.max()) for level in levels[1:]]
         shape = (levels[0].size, *fanout)
-        blocks = sum(len(level.blocks) for level in levels)
-        if min(fanout) < 2 or math.prod(shape) > index.num_leaves + block_cost * blocks:
+        if min(fanout) < 2 or math.prod(shape) > max_padding * index.num_leaves:
             return None
         device = index.device
         depth = len(fanout)
@@ -101,7 +120,8 @@ class PaddedForest:
                 sources[below - 1][leaf_at] = leaf_bfs
             leaf_slot[level.leaf_id.index] = leaf_at
         real = torch.zeros(math.prod(shape), dtype=torch.bool, device=device)
-        return cls(shape, leaf_slot, sources, real.index_fill_(0, leaf_slot, True))
+        blocks = sum(len(level.blocks) for level in levels)
+        return cls(shape, leaf_slot, sources, real.index_fill_(0, leaf_slot, True), blocks)
 
     def to(self, device) -> PaddedForest:
         return PaddedForest(
@@ -109,4 +129,5 @@ class PaddedForest:
             self.leaf_slot.to(device),
             [s.to(device) for s in self.node_source],
             self.real.to(device),
+            self.blocks,
         )

@@ -214,8 +214,9 @@ class TreeIndex:
             the last level and in breadth-first order; else ``None``. Such plans run
             as reshaped views (:mod:`hiergraph.ops.hsa.uniform`).
         padded: when the forest has no equal fanout, its embedding in an equal-fanout
-            forest (:class:`~hiergraph.plan.padded_forest.PaddedForest`) if that is cheaper
-            than the block kernel, else ``None``; the reshaped views run on it too.
+            forest (:class:`~hiergraph.plan.padded_forest.PaddedForest`) unless that needs
+            too much padding, else ``None``; the reshaped views run on it where it is
+            expected to be cheaper than the block kernel.
     """
 
     num_nodes: int

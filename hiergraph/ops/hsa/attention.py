@@ -150,8 +150,13 @@ def hierarchical_attention(
         eps = None if pos is None else per_depth(pos, index)
         out = uniform_hierarchical_attention(q, k, v, index.uniform, eps, **views)
         return out.squeeze(1) if squeeze else out
-    if kernel == "dense" and index.padded is not None and fits(index.padded.shape, q):
-        out = padded_hierarchical_attention(q, k, v, index, index.padded, pos, **views)
+    padded = index.padded if kernel == "dense" else None
+    if (
+        padded is not None
+        and padded.pays_off(q.size(1), q.size(2) + v.size(2))
+        and fits(padded.shape, q)
+    ):
+        out = padded_hierarchical_attention(q, k, v, index, padded, pos, **views)
         return out.squeeze(1) if squeeze else out
     levels = index.levels
     family = family_attention_edge if kernel == "edge" else family_attention_dense

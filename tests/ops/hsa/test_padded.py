@@ -44,7 +44,7 @@ def _inputs(tree, seed, heads=3, dim=5):
 def test_equals_block_kernel_with_gradients(name, opts):
     tree = _forests()[name]
     index = tree.tree_index()
-    forest = PaddedForest.from_tree_index(index, block_cost=math.inf)  # embed whatever it costs
+    forest = PaddedForest.from_tree_index(index, max_padding=math.inf)
     (q, k, v), mask, pos = _inputs(tree, seed=len(str(opts)))
     kw = _kwargs(opts, mask, pos)
     inputs = [q, k, v, pos] if opts["pos"] else [q, k, v]
@@ -76,7 +76,7 @@ def test_equals_block_kernel_with_gradients(name, opts):
 def test_embedding_structure():
     tree = _forests()["nested"]
     index = tree.tree_index()
-    forest = PaddedForest.from_tree_index(index, block_cost=math.inf)
+    forest = PaddedForest.from_tree_index(index, max_padding=math.inf)
     assert forest.shape == (2, 3, 3, 4) and forest.num_slots == 72
     # every leaf has its own slot; the slots are the real ones
     assert forest.leaf_slot.unique().numel() == index.num_leaves == int(forest.real.sum())
@@ -89,12 +89,18 @@ def test_embedding_structure():
     assert (depth3 >= 0).sum() == index.num_leaves
 
 
-def test_which_forests_are_embedded():
+def test_which_forests_are_embedded_and_when_it_pays():
     assert window_forest([64] * 4, (4, 4)).tree_index().padded is None  # already uniform
-    assert window_forest([37, 5, 64, 20], (4, 4)).tree_index().padded is not None
-    assert window_forest([600, 10], (4, 4)).tree_index().padded is None  # too much padding
     assert window_hierarchy(1, (4,)).tree_index().padded is None  # a tree that is a leaf
     assert from_nested([[0], [1]]).tree_index().padded is None  # only children everywhere
+    too_ragged = window_forest([6000, 10, 10, 10, 10], (4, 4))  # 5 x 6,000 slots
+    assert too_ragged.tree_index().padded is None
+    padded = window_forest([37, 5, 64, 20], (4, 4)).tree_index().padded
+    assert padded.num_slots == 4 * 4 * 4 * 4 and padded.blocks > 0
+    assert padded.pays_off(4, 128)
+    assert not padded.pays_off(64, 4096)  # much work per leaf: the blocks cost little
+    costly = window_forest([600, 10], (4, 4)).tree_index().padded  # 1,216 slots, 610 leaves
+    assert costly is not None and not costly.pays_off(4, 128)
 
 
 def test_hierarchical_attention_takes_the_padded_path(monkeypatch):
@@ -133,7 +139,8 @@ def test_the_embedding_moves_with_the_plan():
 
 def test_second_derivatives_match_the_edge_kernel():
     """The padded path is the reshaped-view path: differentiable twice on ragged forests."""
-    tree = _forests()["nested"]
+    tree = _forests()["windows"]
+    assert tree.tree_index().padded.pays_off(3, 10)
     (q, k, v), _, _ = _inputs(tree, seed=3)
     q.requires_grad_()
     second = []
