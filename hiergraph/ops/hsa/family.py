@@ -158,11 +158,10 @@ class _DenseFamilyAttention(torch.autograd.Function):
         level, tau = ctx.level, ctx.tau
         *saved, count = ctx.saved_tensors
         keys = key_bias(count, ctx.size_bias, ctx.dtype)
-        # every node of a level is in exactly one block: no zero fill when slices cover it
-        covered = all(b.start is not None for b in level.blocks)
-        new = torch.empty if covered else torch.zeros
+        # every node of a level is in exactly one family and every family in one block,
+        # which writes its members' rows (a gather block its valid slots): no zero fill
         grads = [
-            new(shape, dtype=grad_theta.dtype, device=grad_theta.device)
+            torch.empty(shape, dtype=grad_theta.dtype, device=grad_theta.device)
             if shape is not None and need
             else None
             for shape, need in zip(ctx.shapes, ctx.needs_input_grad[:4], strict=True)
