@@ -24,12 +24,16 @@ def run_layer(layer: nn.Module, z: Tensor, key_bias: Tensor) -> Tensor:
     r"""``z + gamma(z)`` for ``z`` ``[B, r, d]`` with ``key_bias`` ``[B, r]`` added to every
     attention logit of each key (all queries, all heads).
 
-    An ``nn.TransformerEncoderLayer`` (pre-LN) runs its two residual blocks directly: its
-    inference fast path would drop a float key bias, and its switch is global state."""
-    if isinstance(layer, nn.TransformerEncoderLayer):
+    An ``nn.TransformerEncoderLayer`` runs its two residual blocks directly (pre- or
+    post-LN, as it was built): its inference fast path would drop a float key bias, and
+    its switch is global state."""
+    if not isinstance(layer, nn.TransformerEncoderLayer):
+        return layer(z, key_bias)
+    if layer.norm_first:
         z = z + layer._sa_block(layer.norm1(z), None, key_bias)
         return z + layer._ff_block(layer.norm2(z))
-    return layer(z, key_bias)
+    z = layer.norm1(z + layer._sa_block(z, None, key_bias))
+    return layer.norm2(z + layer._ff_block(z))
 
 
 def query_key(layer: nn.Module, x: Tensor, which: str) -> Tensor:

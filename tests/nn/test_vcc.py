@@ -34,6 +34,17 @@ def test_no_compression_equals_full_layers(kwargs):
     torch.testing.assert_close(enc(x, vip, mask), _full(enc.layers, x, mask), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_run_layer_is_the_layer_with_a_float_key_bias(norm_first):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(D, HEADS, 16, 0.0, batch_first=True, norm_first=norm_first)
+    layer = layer.double()
+    z = torch.randn(2, 7, D, dtype=torch.float64)
+    bias = torch.randn(2, 7, dtype=torch.float64)
+    bias[1, 5:] = float("-inf")
+    torch.testing.assert_close(run_layer(layer, z, bias), layer(z, src_key_padding_mask=bias))
+
+
 def test_eval_mode_keeps_the_multiplicity_bias():
     """PyTorch's inference fast path would drop the float key bias; VCC turns it off."""
     x, vip, mask = _inputs()
