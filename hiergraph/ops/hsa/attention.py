@@ -107,9 +107,12 @@ def hierarchical_attention(
         kernel: ``'dense'`` runs families as batched matrix products: a forest
             with equal fanout on every level (``TreeIndex.uniform``, e.g. batches of
             :func:`~hiergraph.data.window_hierarchy` trees) as reshaped views of the
-            whole level (:mod:`hiergraph.ops.hsa.uniform`), any other forest as
-            ``'blocks'``; ``'blocks'`` cuts each level into slices of equal-size
-            families and padded size buckets; ``'edge'`` scatters over sibling
+            whole level (:mod:`hiergraph.ops.hsa.uniform`), a nearly equal one (e.g.
+            window trees over sequences of different lengths) as the same views of its
+            padded embedding where that is expected to be cheaper (``TreeIndex.padded``,
+            :mod:`hiergraph.ops.hsa.padded`), any other forest as ``'blocks'``;
+            ``'blocks'`` cuts each level into slices of equal-size families and padded
+            size buckets; ``'edge'`` scatters over sibling
             pairs. Same result.
         size_bias: keep the :math:`\log n(B)` term (HSA proper). ``False``
             drops it, so every sibling sub-tree weighs as one token: an
