@@ -7,7 +7,8 @@ two-pass dynamic program over the tree (Alg. 1–3, App. E). Modules:
 
 * :mod:`~hiergraph.ops.hsa.attention`: the fast path,
   :func:`~hiergraph.ops.hierarchical_attention`; :mod:`~hiergraph.ops.hsa.uniform`
-  runs it as reshaped views on forests whose levels have equal fanout, and
+  runs it as reshaped views on forests whose levels have equal fanout,
+  :mod:`~hiergraph.ops.hsa.padded` on nearly equal forests padded to equal fanout, and
   :mod:`~hiergraph.ops.hsa.family` holds its sibling-attention kernels;
 * :mod:`~hiergraph.ops.hsa.dense`: the dense reference,
   :func:`~hiergraph.ops.hierarchical_attention_matrix` and the energy
