@@ -17,7 +17,12 @@ backward of
 * ``hsa-ragged-trees``: ``hsa`` on trees of the same lengths whose windows vary in size
   (:func:`~hiergraph.data.random_window_hierarchy`, sizes uniform in ``[1, 2b - 1]``), as
   sentences and paragraphs do; such forests need too much padding and take the block
-  kernel.
+  kernel;
+* ``flat-causal``, ``hsa-causal``, ``hsa-causal-edges``: the strictly causal
+  counterparts: SDPA with a causal and key padding mask,
+  :func:`~hiergraph.ops.causal_hierarchical_attention` with its default kernel (the
+  padded forest, whose padding follows every tree's leaves) and forced onto its general
+  edge-list path.
 
 Rounds are interleaved (each round runs every method once); medians and the spread
 (min–max) are reported, with every sample in ``benchmarks/results/hsa_lengths.json``
@@ -39,7 +44,7 @@ from hsa_short import plot
 from torch_geometric.data import Batch
 
 from hiergraph.data import random_window_hierarchy, window_forest
-from hiergraph.ops import hierarchical_attention
+from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention
 
 HEADS, DIM = 4, 64
 RESULTS = Path(__file__).parent / "results"
@@ -62,11 +67,18 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...]) -> tuple[dic
     leaves = rand(sum(lengths), HEADS, DIM)
     padded = rand(batch, HEADS, length, DIM)
     keys = (torch.arange(length)[None] < torch.tensor(lengths)[:, None])[:, None, None, :]
+    causal = keys & torch.ones(length, length, dtype=torch.bool).tril()
     cases = {
         "flat": (lambda: F.scaled_dot_product_attention(*padded, attn_mask=keys), padded),
         "hsa": (lambda: hierarchical_attention(*leaves, windows), leaves),
         "hsa-blocks": (lambda: hierarchical_attention(*leaves, windows, kernel="blocks"), leaves),
         "hsa-ragged-trees": (lambda: hierarchical_attention(*leaves, ragged), leaves),
+        "flat-causal": (lambda: F.scaled_dot_product_attention(*padded, attn_mask=causal), padded),
+        "hsa-causal": (lambda: causal_hierarchical_attention(*leaves, windows), leaves),
+        "hsa-causal-edges": (
+            lambda: causal_hierarchical_attention(*leaves, windows, kernel="edge"),
+            leaves,
+        ),
     }
     embedded, ragged_embedded = windows.padded, ragged.padded
     info = {
@@ -81,6 +93,10 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...]) -> tuple[dic
         "blocks": sum(len(level.blocks) for level in windows.levels),
     }
     return cases, info
+
+
+def _peer(method: str) -> str:
+    return "flat-causal" if "causal" in method else "flat"
 
 
 def main() -> None:
@@ -103,7 +119,9 @@ def main() -> None:
             "batch": batch, "length": length, "branching": list(branching),
             "threads": args.threads, **info,
             "rounds": args.rounds, "median_s": median, "spread_s": timing.spreads(samples),
-            "samples_s": samples, "flat_over": {m: median["flat"] / median[m] for m in median},
+            "samples_s": samples,
+            # causal methods against causal flat attention, the others against flat
+            "flat_over": {m: median[_peer(m)] / median[m] for m in median},
         })  # fmt: skip
         print(
             f"{batch:>3} × {length:<5} "

@@ -274,7 +274,9 @@ def hsa_lengths() -> list[str] | None:
         "the zero-padded batch with a key padding mask; `hsa` the default kernel (the forest "
         "embedded in an equal-fanout one when that is cheaper: 'padded slots'); `hsa-blocks` "
         "the block kernel; `hsa-ragged-trees` trees of the same lengths with window sizes "
-        "uniform in [1, 2b − 1]. Cells: median [min–max] over the interleaved rounds. "
+        "uniform in [1, 2b − 1]; the causal methods (compared with `flat-causal`, SDPA with "
+        "a causal and key padding mask) are the strictly causal op, by default on the padded "
+        "forest, and its edge-list path. Cells: median [min–max] over the interleaved rounds. "
         f"Command: {code(meta['command'])}.",
         "",
     ]

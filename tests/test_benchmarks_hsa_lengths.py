@@ -18,10 +18,13 @@ def test_quick_run_writes_a_complete_report(tmp_path):
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = json.loads(out.read_text())["rows"]
-    assert set(row["median_s"]) == {"flat", "hsa", "hsa-blocks", "hsa-ragged-trees"}
+    causal = {"flat-causal", "hsa-causal", "hsa-causal-edges"}
+    assert set(row["median_s"]) == {"flat", "hsa", "hsa-blocks", "hsa-ragged-trees", *causal}
     assert all(len(s) == 2 for s in row["samples_s"].values())
     assert row["tokens"] == sum(row["lengths"]) and len(row["lengths"]) == row["batch"]
     assert row["padded_slots"] >= row["tokens"]  # this row's forest is embedded
-    assert row["flat_over"]["hsa"] == row["median_s"]["flat"] / row["median_s"]["hsa"]
+    median = row["median_s"]
+    assert row["flat_over"]["hsa"] == median["flat"] / median["hsa"]
+    assert row["flat_over"]["hsa-causal"] == median["flat-causal"] / median["hsa-causal"]
     assert out.with_suffix(".png").stat().st_size > 0
     assert str(tmp_path) not in out.read_text()

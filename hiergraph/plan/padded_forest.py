@@ -62,6 +62,9 @@ class PaddedForest:
             (its position embedding gives the leaf's self energy on the last level).
         real: ``[B b_1 ⋯ b_D]`` bool, the slot holds a leaf.
         blocks: the number of family blocks the general dense kernel would run.
+        leaves_lead: every tree's leaves fill the first slots of its padded tree, in leaf
+            order (all padding after them: window trees of one depth). Then a strictly
+            causal row never sees a padding slot, so the causal op needs no mask.
     """
 
     shape: tuple[int, ...]
@@ -69,6 +72,7 @@ class PaddedForest:
     node_source: list[Tensor]
     real: Tensor
     blocks: int
+    leaves_lead: bool
 
     @property
     def num_slots(self) -> int:
@@ -121,7 +125,8 @@ class PaddedForest:
             leaf_slot[level.leaf_id.index] = leaf_at
         real = torch.zeros(math.prod(shape), dtype=torch.bool, device=device)
         blocks = sum(len(level.blocks) for level in levels)
-        return cls(shape, leaf_slot, sources, real.index_fill_(0, leaf_slot, True), blocks)
+        real.index_fill_(0, leaf_slot, True)
+        return cls(shape, leaf_slot, sources, real, blocks, _leaves_lead(leaf_slot, shape))
 
     def to(self, device) -> PaddedForest:
         return PaddedForest(
@@ -130,4 +135,15 @@ class PaddedForest:
             [s.to(device) for s in self.node_source],
             self.real.to(device),
             self.blocks,
+            self.leaves_lead,
         )
+
+
+def _leaves_lead(leaf_slot: Tensor, shape: tuple[int, ...]) -> bool:
+    """Whether the leaves of every padded tree are its first slots, in leaf order."""
+    per_tree = math.prod(shape[1:])
+    tree, rank = leaf_slot // per_tree, leaf_slot % per_tree
+    count = torch.bincount(tree, minlength=shape[0])
+    first = torch.cumsum(count, 0) - count  # where each tree's leaves start in leaf order
+    expected = torch.arange(leaf_slot.numel(), device=leaf_slot.device) - first[tree]
+    return bool((rank == expected).all())

@@ -17,6 +17,7 @@ from torch import Tensor
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa.causal_uniform import uniform_causal_attention
 from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb
+from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, to_slots
 from hiergraph.ops.hsa.uniform import fits, per_depth
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
 from hiergraph.plan.causal_plan import CausalPlan
@@ -101,9 +102,12 @@ def causal_hierarchical_attention(
         scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
         kernel: ``'dense'`` runs a forest with equal fanout on every level
             (``TreeIndex.uniform``) as reshaped views of whole levels
-            (:mod:`hiergraph.ops.hsa.causal_uniform`) and any other forest as
-            ``'edge'``, which gathers and scatters over (leaf, ancestor) pairs and
-            left-sibling edges. Same result.
+            (:mod:`hiergraph.ops.hsa.causal_uniform`), and so a forest padded to one
+            whose padding follows every tree's leaves (``TreeIndex.padded`` with
+            ``leaves_lead``: window trees of one depth over sequences of different
+            lengths; a causal row never reads the padding, so no mask is needed), and any
+            other forest as ``'edge'``, which gathers and scatters over (leaf, ancestor)
+            pairs and left-sibling edges. Same result.
 
     Returns:
         ``[L, H, d_v]`` (``[L, d_v]`` for 2-D inputs), in the inputs' dtype. bf16/fp16
@@ -127,6 +131,13 @@ def causal_hierarchical_attention(
     if kernel == "dense" and fits(index.uniform, q, causal=True):
         levels = None if eps is None else per_depth(eps, index)
         return _out(uniform_causal_attention(q, k, v, index.uniform, levels, tau), dtype, squeeze)
+    forest = index.padded if kernel == "dense" else None
+    if forest is not None and forest.leaves_lead:  # padding after every tree's leaves
+        slots = [to_slots(t, forest) for t in (q, k, v)]
+        if fits(forest.shape, slots[0], causal=True):
+            levels = None if eps is None else per_depth_padded(eps, index, forest)
+            out = uniform_causal_attention(*slots, forest.shape, levels, tau)
+            return _out(from_slots(out, forest, q), dtype, squeeze)
     num_nodes = plan.num_nodes
 
     # complete sums and counts of every node (one scatter over (leaf, ancestor) pairs)

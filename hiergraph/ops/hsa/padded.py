@@ -44,27 +44,23 @@ def padded_hierarchical_attention(
     Returns:
         ``[L, H, d_v]``, heads first in memory when ``q`` is.
     """
-    slot = forest.leaf_slot
     real = forest.real
     if leaf_mask is not None:
-        real = real.new_zeros(real.shape).index_copy_(0, slot, leaf_mask)
-    eps = None if pos is None else _per_depth(pos, index, forest)
+        real = real.new_zeros(real.shape).index_copy_(0, forest.leaf_slot, leaf_mask)
     out = uniform_hierarchical_attention(
-        *(_to_slots(t, forest) for t in (q, k, v)),
+        *(to_slots(t, forest) for t in (q, k, v)),
         forest.shape,
-        eps,
+        None if pos is None else per_depth_padded(pos, index, forest),
         include_self=include_self,
         left_only=left_only,
         leaf_mask=real,
         tau=tau,
         size_bias=size_bias,
-    )  # [slots, H, d_v], heads first in memory
-    if q.transpose(0, 1).is_contiguous():
-        return take_rows(out.transpose(0, 1), slot, dim=1).transpose(0, 1)
-    return take_rows(out, slot)
+    )
+    return from_slots(out, forest, q)
 
 
-def _to_slots(x: Tensor, forest: PaddedForest) -> Tensor:
+def to_slots(x: Tensor, forest: PaddedForest) -> Tensor:
     """Leaf rows ``[L, H, c]`` in the padded leaf slots, zero elsewhere: ``[slots, H, c]``
     with heads-first memory."""
     heads, width = x.shape[1:]
@@ -72,7 +68,15 @@ def _to_slots(x: Tensor, forest: PaddedForest) -> Tensor:
     return out.index_copy_(1, forest.leaf_slot, x.transpose(0, 1)).transpose(0, 1)
 
 
-def _per_depth(pos: Tensor, index: TreeIndex, forest: PaddedForest) -> list[Tensor]:
+def from_slots(out: Tensor, forest: PaddedForest, q: Tensor) -> Tensor:
+    """The leaves' rows ``[L, H, c]`` of ``out`` ``[slots, H, c]`` (heads first in memory),
+    heads first in memory when ``q`` is."""
+    if q.transpose(0, 1).is_contiguous():
+        return take_rows(out.transpose(0, 1), forest.leaf_slot, dim=1).transpose(0, 1)
+    return take_rows(out, forest.leaf_slot)
+
+
+def per_depth_padded(pos: Tensor, index: TreeIndex, forest: PaddedForest) -> list[Tensor]:
     """The position embeddings of the padded nodes of every depth ``d = 1 … D``, each
     ``[H | 1, n_d, c]`` (zero at padding), from ``pos`` ``[N, H | 1, c]`` in node order."""
     bfs = pos.index_select(0, index.order)

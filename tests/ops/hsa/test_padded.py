@@ -165,3 +165,40 @@ def test_a_fully_masked_tree_stays_finite(opts):
     torch.testing.assert_close(outs[0], outs[1], atol=1e-12, rtol=0)
     (grad,) = torch.autograd.grad(outs[0].sum(), q)
     assert torch.isfinite(grad).all() and (outs[0][37:42] == 0).all()
+
+
+def test_padding_after_every_trees_leaves_is_detected():
+    assert window_forest([37, 20, 64, 50], (4, 4)).tree_index().padded.leaves_lead
+    assert not window_forest([37, 5, 64, 20], (4, 4)).tree_index().padded.leaves_lead  # chains
+    nested = PaddedForest.from_tree_index(_forests()["nested"].tree_index(), math.inf)
+    assert not nested.leaves_lead  # a partial family before the last leaf
+
+
+@pytest.mark.parametrize("lengths", [[37, 20, 64, 50], [37, 5, 64, 20]])
+@pytest.mark.parametrize("with_pos", [False, True])
+def test_causal_op_on_the_padded_forest_equals_its_edge_path(lengths, with_pos, monkeypatch):
+    """Strictly causal rows never read the padding after their tree's leaves: the padded
+    forest needs no mask (when the padding is not after the leaves, the edge path runs)."""
+    import hiergraph.ops.hsa.causal as hsa_causal
+    from hiergraph.ops import causal_hierarchical_attention
+
+    tree = window_forest(lengths, (4, 4))
+    (q, k, v), _, pos = _inputs(tree, seed=5)
+    inputs = [q, k, v, pos] if with_pos else [q, k, v]
+    for t in inputs:
+        t.requires_grad_()
+    calls, uniform = [], hsa_causal.uniform_causal_attention
+    monkeypatch.setattr(
+        hsa_causal, "uniform_causal_attention", lambda *a: calls.append(1) or uniform(*a)
+    )
+    kw = dict(pos_emb=pos if with_pos else None)
+    fast = causal_hierarchical_attention(q, k, v, tree, **kw)
+    assert len(calls) == tree.tree_index().padded.leaves_lead
+    edges = causal_hierarchical_attention(q, k, v, tree, kernel="edge", **kw)
+    torch.testing.assert_close(fast, edges, atol=1e-12, rtol=0)
+    for a, b in zip(
+        torch.autograd.grad(fast.pow(2).sum(), inputs),
+        torch.autograd.grad(edges.pow(2).sum(), inputs),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
