@@ -119,13 +119,33 @@ def hsa(device, uniform=False, **options):
     return Case(lambda: hierarchical_attention(q, k, v, index, **options), [q, k, v, eps])
 
 
-def causal_hsa(device, uniform=False):
+def _lengths_forest(device):
+    """Window trees over sequences of different lengths: padded to equal fanout, the
+    padding after every tree's leaves."""
+    forest = window_forest([37, 20, 64, 50], (4, 4))
+    assert forest.tree_index().padded.leaves_lead
+    return forest.to(device)
+
+
+def hsa_padded(device):
+    from hiergraph.ops import hierarchical_attention
+
+    forest = _lengths_forest(device)
+    q, k, v = (_rand(device, forest.num_leaves, 2, 4, seed=i) for i in range(3))
+    eps = _rand(device, forest.num_nodes, 3, seed=3)
+    return Case(lambda: hierarchical_attention(q, k, v, forest, pos_emb=eps), [q, k, v, eps])
+
+
+def causal_hsa(device, uniform=False, padded=False):
     from hiergraph.ops import causal_hierarchical_attention
 
     if uniform:
         h = _uniform_forest(device)
         plan = h.causal_plan()
         assert plan.tree_index.uniform is not None
+    elif padded:
+        h = _lengths_forest(device)
+        plan = h.causal_plan()
     else:
         h, plan = _ordered_tree(device)
     q, k, v = (_rand(device, h.num_leaves, 2, 4, seed=i) for i in range(3))
@@ -483,6 +503,8 @@ CASES: dict[str, Callable[[str], Case]] = {
         d, uniform=True, include_self=True, leaky_causal=True, leaf_mask=True
     ),
     "causal-hsa-uniform": lambda d: causal_hsa(d, uniform=True),
+    "causal-hsa-padded": lambda d: causal_hsa(d, padded=True),
+    "hsa-padded": hsa_padded,
     "causal-hsa": causal_hsa,
     "hmatrix": hmatrix,
     "hmatrix-causal": lambda d: hmatrix(d, causal=True),

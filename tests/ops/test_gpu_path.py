@@ -19,7 +19,7 @@ import torch
 from torch_geometric.data import Batch
 
 from hiergraph._device import cpu_as_accelerator
-from hiergraph.data import from_nested, random_window_hierarchy, window_hierarchy
+from hiergraph.data import from_nested, random_window_hierarchy, window_forest, window_hierarchy
 from hiergraph.ops import hierarchical_attention, masked_softmax
 from hiergraph.ops.cone import penumbral, penumbral_edge, umbral
 from hiergraph.ops.hmatrix import hmatrix_attention
@@ -60,6 +60,12 @@ def make_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, lis
         qkv = [rand(2, index.num_leaves, 8).detach().transpose(0, 1) for _ in "qkv"]
         return (lambda q, k, v: hierarchical_attention(q, k, v, index)), [
             t.requires_grad_() for t in qkv
+        ]
+    if name == "hsa-padded":  # window trees of different lengths: padded to equal fanout
+        index = window_forest([37, 20, 64, 50], (4, 4)).tree_index().to(device)
+        assert index.padded is not None and index.padded.pays_off(2, 16)
+        return (lambda q, k, v: hierarchical_attention(q, k, v, index, include_self=True)), [
+            rand(index.num_leaves, 2, 8) for _ in range(3)
         ]
     if name.startswith("hsa"):
         batch = forest()
@@ -125,6 +131,7 @@ def make_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, lis
 OPS = [
     "hsa-dense",
     "hsa-uniform",
+    "hsa-padded",
     "hsa-edge",
     "hsa-causal",
     "hmatrix",
@@ -141,6 +148,7 @@ OPS = [
 TRACE_CLEAN = [
     "hsa-dense",
     "hsa-uniform",
+    "hsa-padded",
     "hsa-edge",
     "hsa-causal",
     "penumbral",
