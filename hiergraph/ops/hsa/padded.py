@@ -56,6 +56,7 @@ def padded_hierarchical_attention(
         leaf_mask=real,
         tau=tau,
         size_bias=size_bias,
+        padding=leaf_mask is None,  # else masked leaves have rows and read outputs
     )
     return from_slots(out, forest, q)
 

@@ -61,6 +61,7 @@ def uniform_hierarchical_attention(
     leaf_mask: Tensor | None,
     tau: float,
     size_bias: bool,
+    padding: bool = False,
 ) -> Tensor:
     r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over an equal-fanout forest.
 
@@ -73,6 +74,9 @@ def uniform_hierarchical_attention(
             :func:`~hiergraph.ops.hierarchical_attention`.
         left_only: its ``leaky_causal`` (keys are the left siblings only).
         tau: the logit scale.
+        padding: the masked leaves are padding whose rows of ``q, k, v`` are zero and
+            whose outputs nobody reads (:mod:`hiergraph.ops.hsa.padded`): the leaves'
+            sums then need no count weights, and the outputs no zeroing.
 
     Returns:
         ``[L, H, d_v]``.
@@ -90,7 +94,7 @@ def uniform_hierarchical_attention(
     rho = [family_layout(t, fanout[-1]) for t in leaves]
     leaf_v = rho[2]
     lses, probs, gates, rhos = bottom_up(
-        rho, include_self, counts, fanout, eps, tau, left_only, size_bias
+        rho, include_self, counts, fanout, eps, tau, left_only, size_bias, padding
     )
     finite = all_finite(counts, left_only)
 
@@ -112,7 +116,7 @@ def uniform_hierarchical_attention(
     if include_self:
         acc = torch.addcmul(acc, torch.exp(u).unsqueeze(-1), leaf_v)
     out = dense_gradient(node_layout(acc))
-    if weight is not None:
+    if weight is not None and not padding:
         out = out * weight[:, None].to(out.dtype)
     return like(out, q)
 
@@ -174,11 +178,14 @@ def like(out: Tensor, q: Tensor) -> Tensor:
     return out if q.transpose(0, 1).is_contiguous() else out.contiguous()
 
 
-def bottom_up(rho, include_self, counts, fanout, eps, tau, left_only, size_bias) -> tuple:
+def bottom_up(
+    rho, include_self, counts, fanout, eps, tau, left_only, size_bias, padding=False
+) -> tuple:
     r"""The bottom-up pass from the leaves (``rho``: their ``q, k, v`` in family layout) to
     the roots' children. Per level ``d`` (depth ``d + 1``), in family layout:
     ``lse [H, F, b]``, the family softmax ``p [H, F, b, b]`` (:math:`\vartheta` is
     ``p @ rho[2]``), the energies ``a`` (``None``: ``-inf``) and the pooled ``rho``.
+    With ``padding`` (masked leaves have zero rows), the leaves' sums are plain sums.
 
     The leaves' self energies :math:`\tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i`
     (``include_self``) are the diagonal of their families' logits, read from them rather
@@ -197,7 +204,8 @@ def bottom_up(rho, include_self, counts, fanout, eps, tau, left_only, size_bias)
             break
         # pooled statistics and energies of the parents, in their node layout [H, F_d, ·]
         total = lses[d] if energy is None else logaddexp(energy, lses[d], finite)
-        parent_energy, pooled = _pool(total, rho, n, counts[d - 1])
+        zero_rows = padding and d == depth - 1  # leaf rows: 0 where their count is 0
+        parent_energy, pooled = _pool(total, rho, n, counts[d - 1], zero_rows)
         rho = [family_layout(t, fanout[d - 1]) for t in pooled]
         energy = family_layout(parent_energy, fanout[d - 1])
     return lses, probs, gates, rhos
@@ -273,9 +281,13 @@ class _Scores(torch.autograd.Function):
         )
 
 
-def _pool(total: Tensor, rho: list[Tensor], n, parent_n) -> tuple[Tensor, list[Tensor]]:
+def _pool(
+    total: Tensor, rho: list[Tensor], n, parent_n, zero_rows: bool = False
+) -> tuple[Tensor, list[Tensor]]:
     """Energies ``a(A) = sum_C n(C)/n(A) log(e^{a(C)} + e^{lse(C)})`` and pooled means
     of the parents ``A`` of a level given in family layout; ``[H, F]`` and ``[H, F, ·]``.
+    ``zero_rows``: the rows with count 0 are zero and the others have count 1, so the
+    count-weighted sums are plain sums.
 
     Sums over the ``b`` children are taken in the accumulation dtype."""
     work = accumulation_dtype(total.dtype)
@@ -291,9 +303,10 @@ def _pool(total: Tensor, rho: list[Tensor], n, parent_n) -> tuple[Tensor, list[T
     share = (n / denom.unsqueeze(-1)).to(total.dtype)
     energy = torch.where(keep, share * torch.where(keep, total, 0.0), 0.0).sum(-1, dtype=work)
     pooled = [
-        ((t * n.unsqueeze(-1).to(t.dtype)).sum(2, dtype=work) / denom.unsqueeze(-1)).to(t.dtype)
+        ((t if zero_rows else t * n.unsqueeze(-1).to(t.dtype)).sum(2, dtype=work)
+         / denom.unsqueeze(-1)).to(t.dtype)
         for t in rho
-    ]
+    ]  # fmt: skip
     return energy.to(total.dtype), pooled
 
 
