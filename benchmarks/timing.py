@@ -147,17 +147,20 @@ def interleaved(
 ) -> dict[K, list]:
     """``{key: [sample, ...]}``: every case timed once per round, in turn, for ``rounds``
     rounds (the clock's samples; gradients of a case's leaves are reset before each call,
-    untimed). With ``warmup``, every case runs once, untimed, first. With ``stop_at`` (a
-    ``time.monotonic()`` value), the first round that ends past it is the last: fewer
-    samples, as many for every case."""
+    untimed). Round ``r`` starts at case ``r mod n``, so every case runs in every position
+    (after a large case or not) as often as the others. With ``warmup``, every case runs
+    once, untimed, first. With ``stop_at`` (a ``time.monotonic()`` value), the first round
+    that ends past it is the last: fewer samples, as many for every case."""
     if warmup:
         for step, leaves in cases.values():
             reset_grads(leaves)
             step()
     samples: dict[K, list] = {key: [] for key in cases}
-    for _ in range(rounds):
+    order = list(cases.items())
+    for r in range(rounds):
         marks = []
-        for key, (step, leaves) in cases.items():
+        shift = r % len(order) if order else 0
+        for key, (step, leaves) in order[shift:] + order[:shift]:
             reset_grads(leaves)
             start = clock.mark()
             step()

@@ -31,15 +31,17 @@ class CountingClock(timing.Clock):
 
 
 def test_rounds_run_every_case_in_turn_after_one_warm_up():
+    """Every case in every position: round r starts at case r mod n."""
     calls = []
     cases = {name: (lambda name=name: calls.append(name), ()) for name in ("a", "b", "c")}
     clock = CountingClock()
     samples = timing.interleaved(cases, 3, clock)
-    assert calls == ["a", "b", "c"] * 4  # the warm-up round, then 3 timed rounds
+    # the warm-up round, then 3 timed rounds, each starting one case later
+    assert calls == [*"abc", *"abc", *"bca", *"cab"]
     assert samples == {name: [1, 1, 1] for name in "abc"} and clock.syncs == 3
     calls.clear()
     assert len(timing.interleaved(cases, 2, clock, warmup=False)["a"]) == 2
-    assert calls == ["a", "b", "c"] * 2
+    assert calls == [*"abc", *"bca"]
 
 
 def test_gradients_are_reset_before_every_call():
