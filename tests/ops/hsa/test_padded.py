@@ -39,6 +39,17 @@ def _inputs(tree, seed, heads=3, dim=5):
     return qkv, mask, pos
 
 
+def _assert_same_with_gradients(out, ref, inputs):
+    """``out == ref`` and so are the gradients of ``sum(out^2)`` w.r.t. ``inputs`` (1e-12)."""
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    for a, b in zip(
+        torch.autograd.grad(out.pow(2).sum(), inputs),
+        torch.autograd.grad(ref.pow(2).sum(), inputs),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
 @pytest.mark.parametrize("name", ["windows", "nested", "ragged"])
 @pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
 def test_equals_block_kernel_with_gradients(name, opts):
@@ -64,13 +75,7 @@ def test_equals_block_kernel_with_gradients(name, opts):
         tau=q.size(-1) ** -0.5,
         size_bias=kw["size_bias"],
     )
-    torch.testing.assert_close(padded, blocks, atol=1e-12, rtol=0)
-    for a, b in zip(
-        torch.autograd.grad(padded.pow(2).sum(), inputs),
-        torch.autograd.grad(blocks.pow(2).sum(), inputs),
-        strict=True,
-    ):
-        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+    _assert_same_with_gradients(padded, blocks, inputs)
 
 
 def test_embedding_structure():
@@ -195,10 +200,4 @@ def test_causal_op_on_the_padded_forest_equals_its_edge_path(lengths, with_pos, 
     fast = causal_hierarchical_attention(q, k, v, tree, **kw)
     assert len(calls) == tree.tree_index().padded.leaves_lead
     edges = causal_hierarchical_attention(q, k, v, tree, kernel="edge", **kw)
-    torch.testing.assert_close(fast, edges, atol=1e-12, rtol=0)
-    for a, b in zip(
-        torch.autograd.grad(fast.pow(2).sum(), inputs),
-        torch.autograd.grad(edges.pow(2).sum(), inputs),
-        strict=True,
-    ):
-        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+    _assert_same_with_gradients(fast, edges, inputs)
