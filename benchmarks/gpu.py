@@ -16,7 +16,10 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   (``hsa-heads-first``: ``[H, L, d]`` memory viewed as ``[L, H, d]``, no layout copies),
   vs ``scaled_dot_product_attention`` over each tree's
   leaves with the flash and the memory-efficient backends, and vs the per-level bound of
-  ``benchmarks/hsa_scaling.py`` (one batched SDPA call per level over its families).
+  ``benchmarks/hsa_scaling.py`` (one batched SDPA call per level over its families); then
+  the first batch again with sequences of different lengths (``mixed``, uniform in
+  [L/2, L]): the default kernel (padded to equal fanout), the block kernel, and SDPA with a
+  key padding mask.
 * ``hmatrix`` (35 s): ``hmatrix_attention`` at 16K and 64K tokens vs SDPA (settings of
   ``benchmarks/hmatrix.py``).
 * ``vcc`` (35 s): one VCC encoder layer at 16K and 128K tokens vs the same
@@ -527,9 +530,42 @@ def _hsa_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
     }
 
 
+def _hsa_lengths_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
+    """Sequences of different lengths (uniform in ``[leaves / 2, leaves]``, seeded), one
+    window tree each: HSA's default kernel (the forest padded to equal fanout, where that
+    pays), its block kernel, and SDPA on the zero-padded batch with a key padding mask."""
+    from hiergraph.data import window_forest
+    from hiergraph.ops import hierarchical_attention
+
+    H, d = run.sizes.heads, run.sizes.dim
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(leaves // 2, leaves + 1, (trees,), generator=gen)
+    total = int(lengths.sum())
+
+    def hsa(dtype, device, kernel="dense"):
+        index = window_forest(lengths, _tree_branching(leaves)).tree_index().to(device)
+        q, k, v = (_leaf((total, H, d), dtype, device) for _ in range(3))
+        return (lambda: hierarchical_attention(q, k, v, index, kernel=kernel)), [q, k, v]
+
+    def sdpa(dtype, device):
+        q, k, v = (_leaf((trees, H, leaves, d), dtype, device) for _ in range(3))
+        keys = (torch.arange(leaves)[None] < lengths[:, None])[:, None, None, :].to(device)
+        return (lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keys)), [q, k, v]
+
+    nbytes = 4 * 3 * trees * leaves * H * d * 4
+    graph = trees * leaves <= GRAPH_MAX_LEAVES
+    return {
+        "hsa": Method(hsa, work=total, peak_bytes=nbytes, graph=graph),
+        "hsa-blocks": Method(lambda dt, dev: hsa(dt, dev, "blocks"), total, nbytes, graph=graph),
+        "sdpa-masked": Method(sdpa, work=trees * leaves**2, peak_bytes=nbytes, graph=graph),
+    }
+
+
 def section_hsa(run: Run, end: float) -> None:
     for trees, leaves in run.sizes.hsa_batches:
         run_case(run, "hsa", end, f"{trees}x{leaves}", _hsa_methods(run, trees, leaves))
+    trees, leaves = run.sizes.hsa_batches[0]  # the same batch, sequences of different lengths
+    run_case(run, "hsa", end, f"{trees}x{leaves} mixed", _hsa_lengths_methods(run, trees, leaves))
     for leaves in run.sizes.hsa_trees:
         run_case(run, "hsa", end, f"1x{leaves}", _hsa_methods(run, 1, leaves))
 
