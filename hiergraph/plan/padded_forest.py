@@ -3,8 +3,10 @@ r"""A forest embedded in an equal-fanout forest: ragged batches on the reshaped-
 A batch of window hierarchies over sequences of different lengths, or of trees whose
 families differ a little in size, has no equal fanout, so HSA would run it family block by
 family block. Padding every family of depth :math:`d` to the largest, :math:`b_d`, and
-every leaf above the last level down a chain of only children to it, embeds the forest in
-the equal-fanout forest of shape ``(B, b_1, …, b_D)``; the added slots are padding leaves
+lengthening what ends above the last level by chains of only children — a tree whose
+leaves all sit at one shallower depth sinks as a whole (a chain below its root), any other
+leaf above the last level gets a chain below it — embeds the forest in the equal-fanout
+forest of shape ``(B, b_1, …, b_D)``; the added slots are padding leaves
 (and empty nodes), which HSA's leaf mask removes from every statistic. Neither change
 alters the result:
 
@@ -64,7 +66,7 @@ class PaddedForest:
         real: ``[B b_1 ⋯ b_D]`` bool, the slot holds a leaf.
         blocks: the number of family blocks the general dense kernel would run.
         leaves_lead: every tree's leaves fill the first slots of its padded tree, in leaf
-            order (all padding after them: window trees of one depth). Then a strictly
+            order (all padding after them: window trees, short ones sunk). Then a strictly
             causal row never sees a padding slot, so the causal op needs no mask.
     """
 
@@ -100,29 +102,49 @@ class PaddedForest:
         levels = index.levels
         if len(levels) < 2 or levels[0].leaf_local.numel():
             return None
-        fanout = [int(level.family_size.max()) for level in levels[1:]]
+        device, depth = index.device, len(levels) - 1
+        sink = _sink(levels, depth)
+        # the widest family of every depth of the padded forest (a family of level d of
+        # tree t sits at depth d + sink[t])
+        fanout = torch.ones(depth + 1, dtype=torch.long, device=device)
+        trees = _trees(levels)
+        for d in range(1, depth + 1):
+            level, tree = levels[d], trees[d]
+            first = level.family_start  # a family's tree is that of its first member
+            fanout.scatter_reduce_(0, d + sink[tree[first]], level.family_size, "amax")
+        fanout = fanout[1:].tolist()
         shape = (levels[0].size, *fanout)
         if min(fanout) < 2 or math.prod(shape) > max_padding * index.num_leaves:
             return None
-        device = index.device
-        depth = len(fanout)
+        width = torch.tensor([1, *fanout], device=device)  # width[e]: fanout of depth e
+        chain = torch.cumprod(width, 0)  # chain[o]: the slots a chain of o only children skips
         sources = [
             torch.full((math.prod(shape[: d + 1]),), -1, device=device) for d in range(1, depth + 1)
         ]
         leaf_slot = torch.empty(index.num_leaves, dtype=torch.long, device=device)
         position = torch.arange(shape[0], device=device)  # padded position of level 0's nodes
         for d in range(1, depth + 1):
-            level = levels[d]
+            level, offset = levels[d], sink[trees[d]]
             parent = level.parent_local
             child = torch.arange(level.size, device=device)
             child = child - torch.searchsorted(parent, parent)  # rank among its siblings
-            position = position.index_select(0, parent) * fanout[d - 1] + child
+            above = position.index_select(0, parent)
+            if d == 1:  # a sunk tree's root has a chain of only children before its children
+                above = above * chain[offset]
+            at = d + offset  # the padded depth of every node of the level
+            position = above * width[at] + child
             bfs = level.start + torch.arange(level.size, device=device)
-            sources[d - 1][position] = bfs
+            for e in range(1, depth + 1):  # a level's nodes may sit at several depths
+                here = at == e
+                if bool(here.any()):
+                    sources[e - 1][position[here]] = bfs[here]
             leaf_at, leaf_bfs = position[level.leaf_local], bfs[level.leaf_local]
-            for below in range(d + 1, depth + 1):  # chains of only children down to depth D
-                leaf_at = leaf_at * fanout[below - 1]
-                sources[below - 1][leaf_at] = leaf_bfs
+            leaf_depth = at[level.leaf_local]
+            for below in range(2, depth + 1):  # chains of only children down to depth D
+                deeper = leaf_depth < below
+                leaf_at = torch.where(deeper, leaf_at * width[below], leaf_at)
+                if bool(deeper.any()):
+                    sources[below - 1][leaf_at[deeper]] = leaf_bfs[deeper]
             leaf_slot[level.leaf_id.index] = leaf_at
         real = torch.zeros(math.prod(shape), dtype=torch.bool, device=device)
         blocks = sum(len(level.blocks) for level in levels)
@@ -140,11 +162,39 @@ class PaddedForest:
         )
 
 
+def _trees(levels) -> list[Tensor]:
+    """Per level, ``[n_d]`` the tree (root position) of every node."""
+    tree = torch.arange(levels[0].size, device=levels[0].parent_local.device)
+    out = [tree]
+    for level in levels[1:]:
+        tree = tree.index_select(0, level.parent_local)
+        out.append(tree)
+    return out
+
+
+def _sink(levels, depth: int) -> Tensor:
+    """``[B]`` how many levels each tree sinks below its root: ``depth - D_t`` for a tree
+    whose leaves all sit at one depth ``D_t`` (a chain of only children then follows its
+    root, and its leaves stay together at the last level), else 0 (its shallow leaves get
+    chains below them)."""
+    trees = _trees(levels)
+    device = trees[0].device
+    shallow = torch.full((levels[0].size,), depth + 1, device=device)
+    deep = torch.zeros(levels[0].size, dtype=torch.long, device=device)
+    for d, (level, tree) in enumerate(zip(levels, trees, strict=True)):
+        at = tree[level.leaf_local]
+        value = torch.full_like(at, d)
+        shallow.scatter_reduce_(0, at, value, "amin")
+        deep.scatter_reduce_(0, at, value, "amax")
+    return torch.where(shallow == deep, depth - deep, 0)
+
+
 def _leaves_lead(leaf_slot: Tensor, shape: tuple[int, ...]) -> bool:
     """Whether the leaves of every padded tree are its first slots, in leaf order."""
     per_tree = math.prod(shape[1:])
     tree, rank = leaf_slot // per_tree, leaf_slot % per_tree
-    count = torch.bincount(tree, minlength=shape[0])
-    first = torch.cumsum(count, 0) - count  # where each tree's leaves start in leaf order
-    expected = torch.arange(leaf_slot.numel(), device=leaf_slot.device) - first[tree]
-    return bool((rank == expected).all())
+    num_leaves = leaf_slot.numel()
+    order = torch.argsort(tree * num_leaves + torch.arange(num_leaves, device=tree.device))
+    grouped = tree[order]  # by tree, then in leaf order
+    expected = torch.arange(num_leaves, device=tree.device) - torch.searchsorted(grouped, grouped)
+    return bool((rank[order] == expected).all())

@@ -104,7 +104,7 @@ def causal_hierarchical_attention(
             (``TreeIndex.uniform``) as reshaped views of whole levels
             (:mod:`hiergraph.ops.hsa.causal_uniform`), and so a forest padded to one
             whose padding follows every tree's leaves (``TreeIndex.padded`` with
-            ``leaves_lead``: window trees of one depth over sequences of different
+            ``leaves_lead``: window trees over sequences of different
             lengths; a causal row never reads the padding, so no mask is needed), and any
             other forest as ``'edge'``, which gathers and scatters over (leaf, ancestor)
             pairs and left-sibling edges. Same result.

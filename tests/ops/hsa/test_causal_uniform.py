@@ -5,8 +5,9 @@ import math
 
 import pytest
 import torch
+from torch_geometric.data import Batch
 
-from hiergraph.data import window_forest
+from hiergraph.data import from_nested, window_forest, window_hierarchy
 from hiergraph.ops import causal_hierarchical_attention, causal_hierarchical_attention_matrix
 from hiergraph.ops.hsa import causal
 from hiergraph.ops.hsa.causal_uniform import _prefix_sums
@@ -87,17 +88,19 @@ def test_second_derivatives():
 
 
 def test_a_ragged_forest_takes_the_edge_list_path(monkeypatch):
-    """Window trees of different lengths run padded (``tests/ops/hsa/test_padded.py``); here
-    the shorter tree has fewer levels, so its padding is not all after its leaves."""
-    tree = window_forest([32, 3], (4, 8))
+    """Window trees of different lengths run padded (``tests/ops/hsa/test_padded.py``); a
+    tree with leaves on several depths cannot keep its padding after its leaves."""
+    tree = Batch.from_data_list(
+        [from_nested([[0, 1, 2], [3, [4, 5]], 6]), window_hierarchy(28, (4, 8))]
+    )
     index = tree.causal_plan().tree_index
-    assert index.uniform is None and not index.padded.leaves_lead
+    assert index.uniform is None and (index.padded is None or not index.padded.leaves_lead)
 
     def reshaped(*args):
         raise AssertionError("the reshaped path ran")
 
     monkeypatch.setattr(causal, "uniform_causal_attention", reshaped)
-    q, k, v = (torch.randn(35, 2, 4, **F64) for _ in range(3))
+    q, k, v = (torch.randn(35, 2, 4, **F64) for _ in range(3))  # 7 + 28 leaves
     out = causal_hierarchical_attention(q, k, v, tree)
     ref = torch.einsum("hij,jhd->ihd", causal_hierarchical_attention_matrix(q, k, tree), v)
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)

@@ -174,12 +174,17 @@ def test_a_fully_masked_tree_stays_finite(opts):
 
 def test_padding_after_every_trees_leaves_is_detected():
     assert window_forest([37, 20, 64, 50], (4, 4)).tree_index().padded.leaves_lead
-    assert not window_forest([37, 5, 64, 20], (4, 4)).tree_index().padded.leaves_lead  # chains
+    # trees of fewer levels sink below their roots (a chain of only children there): their
+    # leaves stay together at the last level, first in their padded tree
+    short = window_forest([37, 5, 64, 2], (4, 4)).tree_index()
+    assert short.padded.leaves_lead and short.padded.shape == (4, 4, 4, 4)
+    slots = short.padded.leaf_slot[37:42]  # the tree of 5 leaves: the first 5 of its 64
+    assert (slots - slots[0]).tolist() == list(range(5)) and slots[0] % 64 == 0
     nested = PaddedForest.from_tree_index(_forests()["nested"].tree_index(), math.inf)
-    assert not nested.leaves_lead  # a partial family before the last leaf
+    assert not nested.leaves_lead  # leaves on several depths of one tree: chains below them
 
 
-@pytest.mark.parametrize("lengths", [[37, 20, 64, 50], [37, 5, 64, 20]])
+@pytest.mark.parametrize("lengths", [[37, 20, 64, 50], [37, 5, 64, 2]])
 @pytest.mark.parametrize("with_pos", [False, True])
 def test_causal_op_on_the_padded_forest_equals_its_edge_path(lengths, with_pos, monkeypatch):
     """Strictly causal rows never read the padding after their tree's leaves: the padded
