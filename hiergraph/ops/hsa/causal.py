@@ -132,12 +132,12 @@ def causal_hierarchical_attention(
         levels = None if eps is None else per_depth(eps, index)
         return _out(uniform_causal_attention(q, k, v, index.uniform, levels, tau), dtype, squeeze)
     forest = index.padded if kernel == "dense" else None
-    if forest is not None and forest.leaves_lead:  # padding after every tree's leaves
+    # padding after every tree's leaves: no causal row reads it
+    if forest is not None and forest.leaves_lead and fits(forest.shape, q, causal=True):
         slots = [to_slots(t, forest) for t in (q, k, v)]
-        if fits(forest.shape, slots[0], causal=True):
-            levels = None if eps is None else per_depth_padded(eps, index, forest)
-            out = uniform_causal_attention(*slots, forest.shape, levels, tau)
-            return _out(from_slots(out, forest, q), dtype, squeeze)
+        levels = None if eps is None else per_depth_padded(eps, index, forest)
+        out = uniform_causal_attention(*slots, forest.shape, levels, tau)
+        return _out(from_slots(out, forest, q), dtype, squeeze)
     num_nodes = plan.num_nodes
 
     # complete sums and counts of every node (one scatter over (leaf, ancestor) pairs)

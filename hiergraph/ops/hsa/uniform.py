@@ -122,18 +122,20 @@ def uniform_hierarchical_attention(
 
 
 def fits(shape: tuple[int, ...] | None, q: Tensor, causal: bool = False) -> bool:
-    """Whether an equal-fanout forest ``shape`` runs as reshaped views: its largest logits
-    hold at most ``max(MAX_BLOCK_ELEMENTS, q.numel())`` elements (the block limit of
-    :mod:`hiergraph.ops.hsa.family`). Those are ``[F_d, H, b_d, b_d]`` per level, and for
-    the strictly causal op ``[L, H, b_d]`` per depth (every leaf's prefix query against its
-    ancestor's family). A forest with giant families goes to the general kernels, which run
-    them in chunks of rows."""
+    """Whether an equal-fanout forest ``shape`` runs as reshaped views with ``q``'s heads
+    and channels: its largest logits hold at most ``max(MAX_BLOCK_ELEMENTS, L H d)``
+    elements (the block limit of :mod:`hiergraph.ops.hsa.family`; ``L`` the forest's
+    leaves, which a padded forest has more of than ``q`` rows). Those are
+    ``[F_d, H, b_d, b_d]`` per level, and for the strictly causal op ``[L, H, b_d]`` per
+    depth (every leaf's prefix query against its ancestor's family). A forest with giant
+    families goes to the general kernels, which run them in chunks of rows."""
     if shape is None:
         return False
-    limit, nodes, heads = max(family.MAX_BLOCK_ELEMENTS, q.numel()), shape[0], q.size(1)
+    heads, leaves = q.size(1), math.prod(shape)
+    limit, nodes = max(family.MAX_BLOCK_ELEMENTS, leaves * heads * q.size(2)), shape[0]
     for b in shape[1:]:
         nodes *= b  # the level's nodes: F_d * b_d
-        if (q.size(0) if causal else nodes) * heads * b > limit:
+        if (leaves if causal else nodes) * heads * b > limit:
             return False
     return True
 
