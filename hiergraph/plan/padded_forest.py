@@ -103,24 +103,24 @@ class PaddedForest:
         if len(levels) < 2 or levels[0].leaf_local.numel():
             return None
         device, depth = index.device, len(levels) - 1
-        sink = _sink(levels, depth)
-        # the widest family of every depth of the padded forest (a family of level d of
-        # tree t sits at depth d + sink[t])
-        fanout = torch.ones(depth + 1, dtype=torch.long, device=device)
         trees = _trees(levels)
+        sink = _sink(levels, trees, depth)
+        # the widest family of every depth of the padded forest (a family of level d of
+        # tree t sits at depth d + sink[t]; a family's tree is that of its first member)
+        fanout = torch.ones(depth + 1, dtype=torch.long, device=device)
         for d in range(1, depth + 1):
-            level, tree = levels[d], trees[d]
-            first = level.family_start  # a family's tree is that of its first member
-            fanout.scatter_reduce_(0, d + sink[tree[first]], level.family_size, "amax")
+            at = d + sink[trees[d][levels[d].family_start]]
+            fanout.scatter_reduce_(0, at, levels[d].family_size, "amax")
         fanout = fanout[1:].tolist()
         shape = (levels[0].size, *fanout)
         if min(fanout) < 2 or math.prod(shape) > max_padding * index.num_leaves:
             return None
         width = torch.tensor([1, *fanout], device=device)  # width[e]: fanout of depth e
         chain = torch.cumprod(width, 0)  # chain[o]: the slots a chain of o only children skips
-        sources = [
-            torch.full((math.prod(shape[: d + 1]),), -1, device=device) for d in range(1, depth + 1)
-        ]
+        # the padded nodes of depths 1 .. D, one buffer: depth e starts at start[e]
+        sizes = [math.prod(shape[: e + 1]) for e in range(1, depth + 1)]
+        start = torch.tensor([0, 0, *sizes], device=device).cumsum(0)[:-1]
+        sources = torch.full((sum(sizes),), -1, device=device)
         leaf_slot = torch.empty(index.num_leaves, dtype=torch.long, device=device)
         position = torch.arange(shape[0], device=device)  # padded position of level 0's nodes
         for d in range(1, depth + 1):
@@ -134,22 +134,19 @@ class PaddedForest:
             at = d + offset  # the padded depth of every node of the level
             position = above * width[at] + child
             bfs = level.start + torch.arange(level.size, device=device)
-            for e in range(1, depth + 1):  # a level's nodes may sit at several depths
-                here = at == e
-                if bool(here.any()):
-                    sources[e - 1][position[here]] = bfs[here]
+            sources[start[at] + position] = bfs
             leaf_at, leaf_bfs = position[level.leaf_local], bfs[level.leaf_local]
             leaf_depth = at[level.leaf_local]
             for below in range(2, depth + 1):  # chains of only children down to depth D
                 deeper = leaf_depth < below
                 leaf_at = torch.where(deeper, leaf_at * width[below], leaf_at)
-                if bool(deeper.any()):
-                    sources[below - 1][leaf_at[deeper]] = leaf_bfs[deeper]
+                sources[start[below] + leaf_at[deeper]] = leaf_bfs[deeper]
             leaf_slot[level.leaf_id.index] = leaf_at
         real = torch.zeros(math.prod(shape), dtype=torch.bool, device=device)
-        blocks = sum(len(level.blocks) for level in levels)
         real.index_fill_(0, leaf_slot, True)
-        return cls(shape, leaf_slot, sources, real, blocks, _leaves_lead(leaf_slot, shape))
+        blocks = sum(len(level.blocks) for level in levels)
+        node_source = list(sources.split(sizes))
+        return cls(shape, leaf_slot, node_source, real, blocks, _leaves_lead(leaf_slot, shape))
 
     def to(self, device) -> PaddedForest:
         return PaddedForest(
@@ -172,12 +169,11 @@ def _trees(levels) -> list[Tensor]:
     return out
 
 
-def _sink(levels, depth: int) -> Tensor:
+def _sink(levels, trees: list[Tensor], depth: int) -> Tensor:
     """``[B]`` how many levels each tree sinks below its root: ``depth - D_t`` for a tree
     whose leaves all sit at one depth ``D_t`` (a chain of only children then follows its
     root, and its leaves stay together at the last level), else 0 (its shallow leaves get
-    chains below them)."""
-    trees = _trees(levels)
+    chains below them). ``trees``: :func:`_trees`."""
     device = trees[0].device
     shallow = torch.full((levels[0].size,), depth + 1, device=device)
     deep = torch.zeros(levels[0].size, dtype=torch.long, device=device)

@@ -404,9 +404,7 @@ class TreeIndex:
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, (Tensor, Rows, Level)):
-                value = value.to(device)
-            elif isinstance(value, PaddedForest):
+            if isinstance(value, (Tensor, Rows, Level, PaddedForest)):
                 value = value.to(device)
             elif isinstance(value, list) and value and isinstance(value[0], (Tensor, Level)):
                 value = [v.to(device) for v in value]
