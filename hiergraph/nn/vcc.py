@@ -112,7 +112,7 @@ class VCCEncoder(nn.Module):
     (built in when ``layers`` is an int) or custom modules with
     ``forward(z, key_bias) -> z + gamma(z)`` and ``query_key(x) -> (q, k)``.
     The selection uses each layer's own LayerNorm, :math:`W_Q`, :math:`W_K`
-    (:func:`~hiergraph.ops.vcc.padded.vip_scores_padded`); it is discrete and gets
+    (:func:`~hiergraph.ops.vcc.layer.vip_scores_padded`); it is discrete and gets
     no gradient. Inputs carry their own (absolute) position information:
     positions travel with the tokens; relative position biases are not supported
     (the layer sees its rows grouped by tree level).

@@ -118,17 +118,34 @@ def vip_attention_scores(
         log_count: ``[M]`` :math:`\log s` of each candidate.
     """
     num_seq = q_ptr.numel() - 1
-    heads = q.size(1)
-    qd, qmask = to_dense_batch(q.flatten(1), _batch(q_ptr), batch_size=num_seq)
-    kd, kmask = to_dense_batch(k.flatten(1), k_batch, batch_size=num_seq)
-    qd = qd.unflatten(-1, (heads, -1)).transpose(1, 2)  # [B, H, P, d_h]
-    kd = kd.unflatten(-1, (heads, -1)).transpose(1, 2)  # [B, H, M, d_h]
-    bias = torch.full(kmask.shape, float("-inf"), dtype=k.dtype, device=k.device)
-    bias[kmask] = log_count.to(k.dtype)
-    prob = torch.softmax(qd @ kd.transpose(-1, -2) + bias[:, None, None, :], dim=-1)
-    prob = (prob * qmask[:, None, :, None]).sum((1, 2))  # [B, M_max]
-    num_vip = (q_ptr.diff() * heads).clamp(min=1).to(prob.dtype)
-    return (prob / num_vip[:, None])[kmask]
+    qd, qmask = to_dense_batch(q, _batch(q_ptr), batch_size=num_seq)  # [B, P, H, d_h]
+    kd, kmask = to_dense_batch(k, k_batch, batch_size=num_seq)  # [B, M, H, d_h]
+    key_bias = torch.full(kmask.shape, float("-inf"), dtype=k.dtype, device=k.device)
+    key_bias[kmask] = log_count.to(k.dtype)
+    return vip_scores_padded(qd, qmask, kd, key_bias)[kmask]
+
+
+def vip_scores_padded(q: Tensor, slot_real: Tensor, k: Tensor, key_bias: Tensor) -> Tensor:
+    r""":func:`vip_attention_scores` on padded tensors (both forms' scores): each candidate's
+    attention probability from the real VIP slots, averaged over slots and heads,
+
+    .. math::
+        \mu_x = \frac{1}{H n_p}\sum_{h,i}
+                \operatorname{softmax}_{x'}\big(q_{ih}^\top k_{x'h} + \log s_{x'}\big)_x .
+
+    Args:
+        q: ``[B, S, H, d_h]`` VIP queries (already scaled), ``slot_real`` ``[B, S]`` bool.
+        k: ``[B, c, H, d_h]`` keys of the candidates' means, ``key_bias`` ``[B, c]``
+            (:math:`\log s`, ``-inf`` for candidates without tokens).
+
+    Returns:
+        ``[B, c]``; 0 in sequences without VIP tokens.
+    """
+    logits = torch.einsum("bihd,bxhd->bhix", q, k) + key_bias[:, None, None, :]
+    prob = torch.softmax(logits, -1).nan_to_num(0.0)  # a sequence without candidates
+    prob = (prob * slot_real[:, None, :, None]).sum((1, 2))
+    num_vip = (slot_real.sum(1) * q.size(2)).clamp(min=1).to(prob.dtype)
+    return prob / num_vip[:, None]
 
 
 def vip_score_fn(q: Tensor, q_ptr: Tensor, key_fn: Callable[[Tensor], Tensor]) -> ScoreFn:

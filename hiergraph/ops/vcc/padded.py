@@ -40,7 +40,7 @@ from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.windows import check_branching
-from hiergraph.ops.vcc.layer import LayerFn, check_layer_output, log_count
+from hiergraph.ops.vcc.layer import LayerFn, check_layer_output, log_count, vip_scores_padded
 from hiergraph.ops.vcc.segment_tree import check_budgets
 
 PaddedScoreFn = Callable[[Tensor, Tensor], Tensor]
@@ -340,35 +340,12 @@ def _place(base: Tensor | None, node: Tensor | None, update: Tensor, num_nodes: 
     return base.scatter(1, node.unsqueeze(-1).expand_as(update), update)
 
 
-def vip_scores_padded(q: Tensor, slot_real: Tensor, k: Tensor, key_bias: Tensor) -> Tensor:
-    r"""Selection score of each candidate (:func:`~hiergraph.ops.vcc.layer.vip_attention_scores`
-    on padded tensors): its attention probability from the real VIP slots, averaged over
-    slots and heads,
-
-    .. math::
-        \mu_x = \frac{1}{H n_p}\sum_{h,i}
-                \operatorname{softmax}_{x'}\big(q_{ih}^\top k_{x'h} + \log s_{x'}\big)_x .
-
-    Args:
-        q: ``[B, S, H, d_h]`` VIP queries (already scaled), ``slot_real`` ``[B, S]`` bool.
-        k: ``[B, c, H, d_h]`` keys of the candidates' means, ``key_bias`` ``[B, c]``
-            (:math:`\log s`, ``-inf`` for candidates without tokens).
-
-    Returns:
-        ``[B, c]``; 0 in sequences without VIP tokens.
-    """
-    logits = torch.einsum("bihd,bxhd->bhix", q, k) + key_bias[:, None, None, :]
-    prob = torch.softmax(logits, -1).nan_to_num(0.0)  # a sequence without candidates
-    prob = (prob * slot_real[:, None, :, None]).sum((1, 2))
-    num_vip = (slot_real.sum(1) * q.size(2)).clamp(min=1).to(prob.dtype)
-    return prob / num_vip[:, None]
-
-
 def vip_score_fn_padded(
     q: Tensor, slot_real: Tensor, key_fn: Callable[[Tensor], Tensor]
 ) -> PaddedScoreFn:
     """A :data:`PaddedScoreFn` from VIP queries ``q`` ``[B, S, H, d_h]`` and a map ``key_fn``
-    from means ``[B, c, d]`` to keys ``[B, c, H, d_h]`` (:func:`vip_scores_padded`)."""
+    from means ``[B, c, d]`` to keys ``[B, c, H, d_h]``
+    (:func:`~hiergraph.ops.vcc.layer.vip_scores_padded`)."""
 
     def score(mean: Tensor, key_bias: Tensor) -> Tensor:
         return vip_scores_padded(q, slot_real, key_fn(mean), key_bias)
