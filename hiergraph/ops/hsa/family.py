@@ -327,7 +327,7 @@ def family_product(
     weights): CPU BLAS takes 3–5× longer over a batch of ``[2, 2] @ [2, d]`` products
     (inner size 2) than over the same data as element-wise passes; from ``b = 3`` up, and
     on accelerators, this is ``matmul`` / ``baddbmm``."""
-    if _pairs_on_cpu(p):
+    if p.size(-1) == 2 and p.device.type == "cpu":
         return _PairProduct.apply(p if alpha == 1.0 else alpha * p, v, base)
     if base is None:
         return torch.matmul(p, v) if alpha == 1.0 else alpha * torch.matmul(p, v)
@@ -336,11 +336,6 @@ def family_product(
     base = base.expand(*lead, m, d).reshape(batch, m, d)  # a view where base broadcasts rows
     out = torch.baddbmm(base, p.reshape(batch, m, b), v.reshape(batch, b, d), alpha=alpha)
     return out.view(*lead, m, d)
-
-
-def _pairs_on_cpu(p: Tensor) -> bool:
-    """Whether ``p @ v`` runs as multiply-adds (see :func:`family_product`)."""
-    return p.size(-1) == 2 and p.device.type == "cpu"
 
 
 def _pair_product(p: Tensor, v: Tensor, base: Tensor | None) -> Tensor:
