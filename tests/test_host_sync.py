@@ -131,6 +131,7 @@ def hsa_padded(device):
     from hiergraph.ops import hierarchical_attention
 
     forest = _lengths_forest(device)
+    assert forest.tree_index().padded.pays_off(2, 8)  # the padded path runs, not the blocks
     q, k, v = (_rand(device, forest.num_leaves, 2, 4, seed=i) for i in range(3))
     eps = _rand(device, forest.num_nodes, 3, seed=3)
     return Case(lambda: hierarchical_attention(q, k, v, forest, pos_emb=eps), [q, k, v, eps])
