@@ -72,7 +72,7 @@ class SignalHierarchy(Data):
         """The :class:`~hiergraph.plan.TreeIndex` of this hierarchy (cached).
 
         It is the structural plan all attention ops share (level layout,
-        families, size buckets); it is computed once and reused across layers
+        families, their dense blocks); it is computed once and reused across layers
         and heads. The cache is invalidated if ``parent`` or ``slot`` is
         modified in place or replaced.
 

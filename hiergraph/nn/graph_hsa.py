@@ -85,8 +85,8 @@ class GraphHSAConv(nn.Module):
         gate (bool, optional): scale the global branch by a learned
             :math:`\tanh(\alpha)`. (default: :obj:`False`)
         mlp (bool, optional): add the MLP block. (default: :obj:`True`)
-        kernel (str, optional): HSA family kernel, ``'dense'`` (size-bucketed
-            batched matmuls) or ``'edge'`` (scatters over sibling pairs; faster
+        kernel (str, optional): HSA family kernel, ``'dense'`` (batched
+            matmuls over blocks of families) or ``'edge'`` (scatters over sibling pairs; faster
             when most families are small, as in Louvain trees).
             (default: :obj:`"dense"`)
         smooth (bool, optional): HSA as a learned smoothing operator: the values

@@ -1,7 +1,7 @@
 """Structural plans of forests, built once from ``parent``/``slot`` and shared by every op.
 
 :class:`TreeIndex` is the one structure derived from ``parent``: the breadth-first plan
-of the bidirectional HSA ops (levels, families, size buckets, equal-fanout shapes, and
+of the bidirectional HSA ops (levels, families, their dense blocks, equal-fanout shapes, and
 the embedding of a nearly equal forest in an equal-fanout one,
 :class:`~hiergraph.plan.padded_forest.PaddedForest`).
 :class:`CausalPlan` is a view of it (root paths, prefix counts and left siblings, read

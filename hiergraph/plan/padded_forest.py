@@ -31,24 +31,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from hiergraph.plan.costs import BLOCK_COST, PADDING_COST, REFERENCE_WIDTH
+
 if TYPE_CHECKING:
     from hiergraph.plan.tree_index import TreeIndex
 
 MAX_PADDING = 4.0
 """Forests that would need more padded leaf slots than this many per leaf are not
 embedded."""
-
-BLOCK_COST = 100
-"""What one family block of the general dense kernel costs, in leaves of the reshaped-view
-path, for 4 heads of 64 + 64 channels (a fixed number of operations per block; fitted on
-CPU at 128–2K tokens per tree): it shrinks in proportion as heads and channels grow."""
-
-PADDING_COST = 1.0
-"""What a padded leaf slot costs relative to a leaf of the block kernel: the reshaped
-views' lower cost per leaf about pays for the scatter into the slots and the masked
-statistics (fitted with BLOCK_COST; 0.95–1.05 between 4 and 12 heads)."""
-
-_REFERENCE_WIDTH = 4 * (64 + 64)  # heads × (d + d_v) at which BLOCK_COST was measured
 
 
 @dataclass
@@ -64,7 +54,9 @@ class PaddedForest:
             for, ``-1`` for padding: the node itself, or on a chain the leaf at its end
             (its position embedding gives the leaf's self energy on the last level).
         real: ``[B b_1 ⋯ b_D]`` bool, the slot holds a leaf.
-        blocks: the number of family blocks the general dense kernel would run.
+        blocks: the number of family blocks the block kernel would run.
+        block_slots: what their slots would cost it, in gather slots
+            (:attr:`~hiergraph.plan.tree_index.FamilyBlock.slot_cost`).
         leaves_lead: every tree's leaves fill the first slots of its padded tree, in leaf
             order (all padding after them: window trees, short ones sunk). Then a strictly
             causal row never sees a padding slot, so the causal op needs no mask.
@@ -75,6 +67,7 @@ class PaddedForest:
     node_source: list[Tensor]
     real: Tensor
     blocks: int
+    block_slots: float
     leaves_lead: bool
 
     @property
@@ -85,12 +78,11 @@ class PaddedForest:
     def pays_off(self, heads: int, channels: int) -> bool:
         r"""Whether HSA with ``heads`` heads of ``channels`` = :math:`d + d_v` channels is
         expected to run faster on the embedding than on the block kernel:
-        :data:`PADDING_COST` per slot against one per leaf plus the cost of the blocks
-        (:data:`BLOCK_COST` leaves each at 4 heads of 64 + 64 channels, fewer as the
-        work per leaf grows)."""
-        block_cost = BLOCK_COST * _REFERENCE_WIDTH / (heads * channels)
-        leaves = self.leaf_slot.numel()
-        return PADDING_COST * self.num_slots <= leaves + block_cost * self.blocks
+        :data:`~hiergraph.plan.costs.PADDING_COST` per slot against the block kernel's
+        slots plus :data:`~hiergraph.plan.costs.BLOCK_COST` per block (at 4 heads of
+        64 + 64 channels; fewer slots' worth as the work per slot grows)."""
+        block_cost = BLOCK_COST * REFERENCE_WIDTH / (heads * channels)
+        return PADDING_COST * self.num_slots <= self.block_slots + block_cost * self.blocks
 
     @classmethod
     def from_tree_index(
@@ -144,9 +136,11 @@ class PaddedForest:
             leaf_slot[level.leaf_id.index] = leaf_at
         real = torch.zeros(math.prod(shape), dtype=torch.bool, device=device)
         real.index_fill_(0, leaf_slot, True)
-        blocks = sum(len(level.blocks) for level in levels)
+        blocks = [block for level in levels for block in level.blocks]
+        block_slots = sum(block.slot_cost for block in blocks)
         node_source = list(sources.split(sizes))
-        return cls(shape, leaf_slot, node_source, real, blocks, _leaves_lead(leaf_slot, shape))
+        lead = _leaves_lead(leaf_slot, shape)
+        return cls(shape, leaf_slot, node_source, real, len(blocks), block_slots, lead)
 
     def to(self, device) -> PaddedForest:
         return PaddedForest(
@@ -155,6 +149,7 @@ class PaddedForest:
             [s.to(device) for s in self.node_source],
             self.real.to(device),
             self.blocks,
+            self.block_slots,
             self.leaves_lead,
         )
 

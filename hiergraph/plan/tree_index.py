@@ -9,24 +9,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from hiergraph.plan.costs import BLOCK_COST, SLICE_SAVING
 from hiergraph.plan.family_order import family_order
 from hiergraph.plan.padded_forest import PaddedForest
 
 if TYPE_CHECKING:
     from hiergraph.plan.causal_plan import CausalPlan
-
-
-def bucket_width(size: int) -> int:
-    """Padded width of a family of ``size`` siblings: the next value of 1, 2, 3, 4, 6, 8, 12, ….
-
-    Rounding up to powers of two and 1.5 × powers of two bounds the padding
-    waste of the dense family kernel to < 1.5× per dimension while keeping
-    the number of size buckets logarithmic in the largest family.
-    """
-    if size <= 4:
-        return size
-    p = 1 << (size - 1).bit_length()  # next power of two
-    return p * 3 // 4 if size <= p * 3 // 4 else p
 
 
 @dataclass
@@ -55,10 +43,6 @@ class Rows:
         return Rows(self.index.to(device), self.start)
 
 
-MIN_RUN = 4  # consecutive equal-size families that become one zero-copy slice block
-MIN_BUCKET = 8  # gather blocks with fewer families join the next wider size bucket
-
-
 @dataclass
 class FamilyBlock:
     """``count`` families of (padded) width ``width`` of one level, run as one dense batch.
@@ -78,6 +62,13 @@ class FamilyBlock:
     start: int | None = None
     index: Tensor | None = None
     valid: Tensor | None = None
+
+    @property
+    def slot_cost(self) -> float:
+        """What the block's slots cost the block kernel, in gather slots
+        (:mod:`hiergraph.plan.costs`; its fixed cost not included)."""
+        slots = self.count * self.width
+        return slots if self.start is None else slots * (1 - SLICE_SAVING)
 
     def rows(self, x: Tensor) -> Tensor:
         """The members' rows of ``x`` (``[n_level, ...]``) as ``[count, width, ...]``."""
@@ -129,11 +120,10 @@ class Level:
         family_start, family_size: the families (children of one parent) of
             this level, as local contiguous runs.
         blocks: the families cut into :class:`FamilyBlock` s for the dense
-            kernel: runs of at least ``MIN_RUN`` consecutive families of equal
-            size (or a whole level of them) become slice blocks, the rest are
-            padded into gather blocks by :func:`bucket_width`, a bucket of fewer
-            than ``MIN_BUCKET`` families joining the next wider one
-            (:func:`padded_widths`).
+            kernel: a whole level of one family size, or a run of consecutive
+            families of one size whose slots save more than a block costs, is a slice
+            block; the rest are padded into gather blocks whose widths
+            :func:`padded_widths` chooses (:mod:`hiergraph.plan.costs`).
     """
 
     start: int
@@ -436,29 +426,33 @@ def _ramp(sizes: Tensor) -> Tensor:
 
 def padded_widths(sizes: list[int], counts: list[int]) -> list[int]:
     """The padded width of each family size in ``sizes`` (ascending, distinct; ``counts``
-    families each): its :func:`bucket_width`, where from the narrowest bucket up, a bucket
-    of fewer than ``MIN_BUCKET`` families (counting those already merged into it) joins the
-    next wider one.
+    families each) in the gather blocks of one level.
 
-    Every block costs the dense kernel a fixed number of operations, whatever it holds, so
-    a few families are cheaper padded a little wider than run on their own; buckets that
-    hold many families (long or many trees) keep their width."""
-    per_bucket: dict[int, int] = {}
-    for size, count in zip(sizes, counts, strict=True):
-        per_bucket[bucket_width(size)] = per_bucket.get(bucket_width(size), 0) + count
-    buckets, merged, pending = sorted(per_bucket), {}, []
-    for width in buckets:
-        pending.append(width)
-        if sum(per_bucket[w] for w in pending) >= MIN_BUCKET or width == buckets[-1]:
-            merged.update(dict.fromkeys(pending, width))
-            pending = []
-    return [merged[bucket_width(size)] for size in sizes]
+    The sizes are cut into runs of consecutive sizes, each one gather block as wide as its
+    largest size, at the least cost :data:`~hiergraph.plan.costs.BLOCK_COST` per block
+    plus one per slot (a dynamic program over the cut points): a few families are
+    cheaper padded a little wider than run on their own, many keep their width."""
+    best, cut = [0.0] + [float("inf")] * len(sizes), [0] * (len(sizes) + 1)
+    for last in range(1, len(sizes) + 1):
+        families = 0
+        for first in range(last, 0, -1):  # the block of sizes[first - 1 : last]
+            families += counts[first - 1]
+            cost = best[first - 1] + BLOCK_COST + sizes[last - 1] * families
+            if cost < best[last]:
+                best[last], cut[last] = cost, first - 1
+    widths, last = [0] * len(sizes), len(sizes)
+    while last:
+        first = cut[last]
+        widths[first:last] = [sizes[last - 1]] * (last - first)
+        last = first
+    return widths
 
 
 def _make_blocks(
     family_start: Tensor, family_size: Tensor, parent_local: Tensor
 ) -> list[FamilyBlock]:
-    """Cut one level's families into slice blocks (runs of equal size) and size buckets."""
+    """Cut one level's families into slice blocks (long runs of equal size) and gather
+    blocks (:func:`padded_widths`)."""
     device = family_start.device
     num_families = family_size.numel()
     if not num_families:
@@ -468,8 +462,10 @@ def _make_blocks(
     new_run[1:] = family_size[1:] != family_size[:-1]
     run_id = torch.cumsum(new_run, 0) - 1
     run_len = torch.bincount(run_id)
-    # a run of one size becomes a slice block if long enough or if it is the whole level
-    in_run = (run_len[run_id] >= MIN_RUN) | (run_len.numel() == 1)
+    # a run of one size becomes a slice block if it saves more than a block costs, or if
+    # it is the whole level
+    run_slots = run_len * family_size[new_run]
+    in_run = (run_slots[run_id] * SLICE_SAVING >= BLOCK_COST) | (run_len.numel() == 1)
     firsts = (new_run & in_run).nonzero().view(-1)
     for first, length in zip(firsts.tolist(), run_len[run_id[firsts]].tolist(), strict=True):
         width, start = int(family_size[first]), int(family_start[first])

@@ -112,7 +112,7 @@ def hierarchical_attention(
             padded embedding where that is expected to be cheaper (``TreeIndex.padded``,
             :mod:`hiergraph.ops.hsa.padded`), any other forest as ``'blocks'``;
             ``'blocks'`` cuts each level into slices of equal-size families and padded
-            size buckets; ``'edge'`` scatters over sibling
+            gather blocks (:mod:`hiergraph.plan.costs`); ``'edge'`` scatters over sibling
             pairs. Same result.
         size_bias: keep the :math:`\log n(B)` term (HSA proper). ``False``
             drops it, so every sibling sub-tree weighs as one token: an

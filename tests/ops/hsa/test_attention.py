@@ -17,6 +17,7 @@ from hiergraph.ops import (
     hierarchical_attention_matrix,
     hierarchy_energy,
 )
+from hiergraph.plan import tree_index
 from tests.conftest import leaves_below, random_qkv, random_spec, unordered_backward_nodes
 
 F64 = dict(dtype=torch.float64)
@@ -90,10 +91,13 @@ def test_property_fast_equals_reference(
     assert torch.all(theta >= 0)
 
 
+@pytest.mark.parametrize("slice_saving", [None, 30.0])  # default; runs of >= 4 slots slice
 @pytest.mark.parametrize("branching", [(2, 3), (4, 2, 2), (8,), (2, 4, 8), (2, 2, 2, 2)])
-def test_window_hierarchies_equal_reference(branching):
-    """Fixed windows (slice blocks, broadcast views) = the dense reference (notes §10.13),
+def test_window_hierarchies_equal_reference(monkeypatch, branching, slice_saving):
+    """Fixed windows (slice and gather blocks, broadcast views) = the dense reference,
     with partial last windows, padding, positions, with and without include-self."""
+    if slice_saving is not None:
+        monkeypatch.setattr(tree_index, "SLICE_SAVING", slice_saving)
     for n in (37, 64):
         h = window_hierarchy(n, branching)
         q, k, v = random_qkv(n, heads=2, seed=n)
@@ -163,6 +167,7 @@ def test_kernels_agree_on_large_ragged_batch_with_gradients():
 @pytest.mark.parametrize("include_self,causal", [(False, False), (True, False), (True, True)])
 def test_memory_guard_chunked_blocks_equal_dense(monkeypatch, limit, include_self, causal):
     """Blocks above MAX_BLOCK_ELEMENTS run in query-row chunks: same output and gradients."""
+    monkeypatch.setattr(tree_index, "SLICE_SAVING", 30.0)  # runs of >= 4 slots slice
     rng = random.Random(limit)
     trees = [from_nested(random_spec(rng, rng.randint(1, 30), max_branch=9)) for _ in range(12)]
     trees.append(window_hierarchy(40, (8, 5)))  # slice blocks too

@@ -104,7 +104,8 @@ def test_which_forests_are_embedded_and_when_it_pays():
     assert padded.num_slots == 4 * 4 * 4 * 4 and padded.blocks > 0
     assert padded.pays_off(4, 128)
     assert not padded.pays_off(64, 4096)  # much work per leaf: the blocks cost little
-    costly = window_forest([600, 10], (4, 4)).tree_index().padded  # 1,216 slots, 610 leaves
+    # twice the slots of the leaves, whose long runs of equal windows are slice blocks
+    costly = window_forest([600, 10] * 8, (4, 4)).tree_index().padded  # 9,728 slots, 4,880 leaves
     assert costly is not None and not costly.pays_off(4, 128)
 
 

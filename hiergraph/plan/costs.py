@@ -1,0 +1,27 @@
+"""What the kernels of :func:`~hiergraph.ops.hierarchical_attention` cost, in one unit.
+
+The plans choose how a forest runs from these numbers: how a level's families are cut
+into the dense blocks of the block kernel (:class:`~hiergraph.plan.tree_index.FamilyBlock`)
+and whether a forest is embedded in an equal-fanout one
+(:class:`~hiergraph.plan.padded_forest.PaddedForest`). The unit is one slot of a gather
+block: one member row of a family, gathered, attended and written back. Fitted on CPU
+with 4 heads of 64 + 64 channels at 128–2K tokens per tree.
+"""
+
+BLOCK_COST = 110
+"""A family block's fixed cost, in slots: the block kernel runs a fixed number of
+operations per block (forward and backward), whatever the block holds."""
+
+SLICE_SAVING = 0.25
+"""What a slot of a slice block (a run of consecutive families of one size, read as a view)
+saves against a gather slot: a run becomes a slice block when its slots save more than a
+block costs, ``slots * SLICE_SAVING >= BLOCK_COST``, else its families join the gather
+blocks."""
+
+PADDING_COST = 0.8
+"""What a leaf slot of a :class:`~hiergraph.plan.padded_forest.PaddedForest` costs on the
+reshaped-view path, in gather slots of the block kernel."""
+
+REFERENCE_WIDTH = 4 * (64 + 64)
+"""Heads × (d + d_v) at which the costs were measured: a block's fixed cost is worth fewer
+slots as the work per slot grows."""
