@@ -199,6 +199,8 @@ class TreeIndex:
         levels: the per-level plan (:class:`Level`).
         leaf_perm: leaves listed level by level (in-level order) → leaf
             order; ``None`` when that is already the leaf order.
+        leaves_by_level: its inverse, leaf order → level by level (:meth:`split_leaves`);
+            ``None`` with ``leaf_perm``.
         uniform: ``(B, b_1, …, b_D)`` when the forest has equal fanout: ``B`` trees,
             every node of depth ``d - 1`` has ``b_d >= 2`` children, all leaves are on
             the last level and in breadth-first order; else ``None``. Such plans run
@@ -221,6 +223,7 @@ class TreeIndex:
     parent_position: Tensor
     levels: list[Level]
     leaf_perm: Rows | None
+    leaves_by_level: Rows | None
     uniform: tuple[int, ...] | None = None
     padded: PaddedForest | None = None
 
@@ -326,8 +329,8 @@ class TreeIndex:
                     blocks=_make_blocks(f_start, f_size, pl),
                 )
             )
-        by_level = torch.argsort(torch.cat(leaf_ids)) if leaf_ids else leaf_pos.new_empty(0)
-        leaf_perm = Rows.of(by_level)
+        leaf_ids = torch.cat(leaf_ids) if leaf_ids else leaf_pos.new_empty(0)
+        leaf_perm = Rows.of(torch.argsort(leaf_ids))
         index = cls(
             num_nodes=n,
             num_leaves=leaf_nodes.numel(),
@@ -341,6 +344,7 @@ class TreeIndex:
             parent_position=parent_pos,
             levels=levels,
             leaf_perm=None if leaf_perm.start == 0 else leaf_perm,
+            leaves_by_level=None if leaf_perm.start == 0 else Rows.of(leaf_ids),
         )
         index.uniform = index._uniform_shape()
         if index.uniform is None:
@@ -358,6 +362,16 @@ class TreeIndex:
                 return None
             fanout.append(level.fanout)
         return (levels[0].size, *fanout)
+
+    def split_leaves(self, x: Tensor) -> list[Tensor]:
+        """Per level, the rows of ``x`` (``[L, ...]``, leaf order) of the level's leaves in
+        their order on the level (``[0, ...]`` where a level has none).
+
+        One gather and a split, whose backward is one concatenation and one scatter (a
+        gather per level would zero a gradient the size of ``x`` for each)."""
+        if self.leaves_by_level is not None:
+            x = self.leaves_by_level.take(x)
+        return list(x.split([level.leaf_local.numel() for level in self.levels]))
 
     def gather_leaves(self, per_level: list[Tensor]) -> Tensor:
         """Leaf rows, in leaf order, of per-level tensors ``per_level[d]: [n_d, ...]``."""

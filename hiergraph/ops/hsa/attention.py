@@ -164,14 +164,17 @@ def hierarchical_attention(
     levels = index.levels
     family = family_attention_edge if kernel == "edge" else family_attention_dense
 
-    # leaf statistics: padding leaves count 0 and carry zeros
+    # leaf statistics: padding leaves count 0 and carry zeros; split by level once
     weight = None if leaf_mask is None else leaf_mask.to(q.dtype)
     stats = (q, k, v) if weight is None else tuple(t * weight[:, None, None] for t in (q, k, v))
+    stats = [index.split_leaves(t) for t in stats]
     counts = _leaf_counts(index, weight, q.dtype)
+    self_energy = None
     if include_self:
         self_energy = tau * (q * k).sum(-1)
         if pos is not None:
             self_energy = self_energy + (pos.index_select(0, index.leaf_node) ** 2).sum(-1)
+        self_energy = index.split_leaves(self_energy)
 
     # ---- bottom-up: pooled means, family attention and a = -phi, deepest level first
     lses, thetas, energies = [None] * len(levels), [None] * len(levels), [None] * len(levels)
@@ -179,7 +182,7 @@ def hierarchical_attention(
     for d in range(len(levels) - 1, 0, -1):
         level, n = levels[d], counts[d]
         if level.all_leaves:  # counts are 0/1 and padding leaves carry zeros: means = sums
-            rho = [level.leaf_id.take(t) for t in stats]
+            rho = [t[d] for t in stats]
         else:
             rho = [
                 (_level_rows(index, d, t, s) / n.clamp(min=1)[:, None, None]).to(q.dtype)
@@ -191,7 +194,7 @@ def hierarchical_attention(
             level, *rho, pos_d, n, tau, leaky_causal, levels[d - 1], size_bias
         )
         child_energy = None if g is None else sum_children(g, levels[d + 1], level)
-        a = _level_rows(index, d, self_energy if include_self else None, child_energy)
+        a = _level_rows(index, d, self_energy, child_energy)
         # weighted log-partition each node hands to its parent (eq. 8)
         share = n / counts[d - 1].index_select(0, level.parent_local).clamp(min=1)
         share = share.to(q.dtype).unsqueeze(-1)
@@ -268,7 +271,7 @@ def _leaf_counts(index: TreeIndex, weight: Tensor | None, dtype) -> list[Tensor]
     dtype = accumulation_dtype(dtype)
     if weight is None:
         return [level.count.to(dtype) for level in index.levels]
-    weight = weight.to(dtype)
+    weight = index.split_leaves(weight.to(dtype))
     counts = [None] * index.num_levels
     for d in range(index.num_levels - 1, -1, -1):
         child = None
@@ -278,18 +281,19 @@ def _leaf_counts(index: TreeIndex, weight: Tensor | None, dtype) -> list[Tensor]
     return counts
 
 
-def _level_rows(index: TreeIndex, d: int, leaf_values: Tensor | None, inner: Tensor | None):
+def _level_rows(index: TreeIndex, d: int, leaf_values: list | None, inner: Tensor | None):
     """Rows ``[n_d, ...]`` of level ``d``: ``inner`` (rows of the level, ignored at leaves)
-    at internal nodes and ``leaf_values`` (leaf order) at the leaves.
+    at internal nodes and ``leaf_values[d]`` (:meth:`~hiergraph.plan.TreeIndex.split_leaves`)
+    at the leaves.
 
     Leaves without values get ``-inf`` (no self energy); ``None`` when an
     all-leaf level has no values.
     """
     level = index.levels[d]
     if level.all_leaves:
-        return None if leaf_values is None else level.leaf_id.take(leaf_values)
+        return None if leaf_values is None else leaf_values[d]
     if not level.leaf_local.numel():
         return inner
     if leaf_values is None:
         return inner.index_fill(0, level.leaf_local, float("-inf"))
-    return inner.index_put((level.leaf_local,), level.leaf_id.take(leaf_values))
+    return inner.index_put((level.leaf_local,), leaf_values[d])
