@@ -1,4 +1,4 @@
-"""Gathers of distinct rows whose backward is a copy, not an accumulation."""
+"""Gathers of distinct rows whose backward is a copy or a gather, not an accumulation."""
 
 from __future__ import annotations
 
@@ -29,3 +29,27 @@ def take_rows(x: Tensor, index: Tensor, dim: int = 0) -> Tensor:
     """``x.index_select(dim, index)`` for distinct ``index`` (a partial permutation), with a
     copy-only backward (itself differentiable: second derivatives work)."""
     return _TakeRows.apply(x, index, dim)
+
+
+class _PermuteRows(torch.autograd.Function):
+    """``x.index_select(dim, perm)`` for a permutation ``perm`` of the rows; the backward is
+    the gather by the inverse permutation (``index_select``'s own backward zeroes a
+    gradient of ``x``'s size and adds the rows into it)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, perm: Tensor, inverse: Tensor, dim: int) -> Tensor:
+        ctx.save_for_backward(perm, inverse)
+        ctx.dim = dim
+        return x.index_select(dim, perm)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        perm, inverse = ctx.saved_tensors
+        return permute_rows(grad, inverse, perm, ctx.dim), None, None, None
+
+
+def permute_rows(x: Tensor, perm: Tensor, inverse: Tensor, dim: int = 0) -> Tensor:
+    """``x.index_select(dim, perm)`` for a permutation ``perm`` of ``x.size(dim)`` rows
+    whose inverse is ``inverse``: the backward is the gather by ``inverse`` (itself
+    differentiable: second derivatives work)."""
+    return _PermuteRows.apply(x, perm, inverse, dim)

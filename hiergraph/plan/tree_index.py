@@ -199,8 +199,8 @@ class TreeIndex:
         levels: the per-level plan (:class:`Level`).
         leaf_perm: leaves listed level by level (in-level order) → leaf
             order; ``None`` when that is already the leaf order.
-        leaves_by_level: its inverse, leaf order → level by level (:meth:`split_leaves`);
-            ``None`` with ``leaf_perm``.
+        leaves_by_level: its inverse, leaf order → level by level; ``None`` with
+            ``leaf_perm``.
         uniform: ``(B, b_1, …, b_D)`` when the forest has equal fanout: ``B`` trees,
             every node of depth ``d - 1`` has ``b_d >= 2`` children, all leaves are on
             the last level and in breadth-first order; else ``None``. Such plans run
@@ -362,27 +362,6 @@ class TreeIndex:
                 return None
             fanout.append(level.fanout)
         return (levels[0].size, *fanout)
-
-    def split_leaves(self, x: Tensor) -> list[Tensor]:
-        """Per level, the rows of ``x`` (``[L, ...]``, leaf order) of the level's leaves in
-        their order on the level (``[0, ...]`` where a level has none).
-
-        One gather and a split, whose backward is one concatenation and one scatter (a
-        gather per level would zero a gradient the size of ``x`` for each)."""
-        if self.leaves_by_level is not None:
-            x = self.leaves_by_level.take(x)
-        return list(x.split([level.leaf_local.numel() for level in self.levels]))
-
-    def gather_leaves(self, per_level: list[Tensor]) -> Tensor:
-        """Leaf rows, in leaf order, of per-level tensors ``per_level[d]: [n_d, ...]``."""
-        parts = []
-        for level, x in zip(self.levels, per_level, strict=True):
-            if level.all_leaves:
-                parts.append(x)
-            elif level.leaf_local.numel():
-                parts.append(x.index_select(0, level.leaf_local))
-        out = torch.cat(parts) if len(parts) > 1 else parts[0]
-        return out if self.leaf_perm is None else self.leaf_perm.take(out)
 
     @cached_property
     def node_tree(self) -> Tensor:

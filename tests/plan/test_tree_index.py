@@ -122,13 +122,18 @@ def _widths_of_cut(sizes: list[int], cut) -> list[int]:
     return widths
 
 
-def test_gather_leaves_restores_leaf_order():
+def test_leaf_permutations_list_the_leaves_level_by_level():
+    """``leaves_by_level`` lists the leaves level by level (in-level order) and ``leaf_perm``
+    is its inverse; both are ``None`` when that is the leaf order."""
     rng = random.Random(3)
     h = Batch.from_data_list([from_nested(random_spec(rng, 12)) for _ in range(3)])
     idx = h.tree_index()
-    bfs = torch.arange(h.num_nodes)
-    per_level = [bfs[lo:hi] for lo, hi in zip(idx.level_ptr[:-1], idx.level_ptr[1:], strict=True)]
-    assert torch.equal(idx.gather_leaves(per_level), idx.rank[idx.leaf_node])  # leaf BFS positions
+    leaf_bfs = idx.rank[idx.leaf_node]  # BFS position of every leaf, in leaf order
+    by_level = idx.leaves_by_level.index
+    assert torch.all(torch.diff(leaf_bfs[by_level]) > 0)  # BFS order: level by level
+    assert torch.equal(by_level[idx.leaf_perm.index], torch.arange(idx.num_leaves))
+    windows = window_hierarchy(40, (4, 5)).tree_index()  # all leaves last, in order
+    assert windows.leaf_perm is None and windows.leaves_by_level is None
 
 
 def test_sibling_pairs():

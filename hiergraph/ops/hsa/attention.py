@@ -17,6 +17,7 @@ from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.ops.hsa.uniform import fits, per_depth, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
+from hiergraph.ops.rows import permute_rows
 from hiergraph.ops.runs import broadcast_to_children, sum_children
 from hiergraph.plan.tree_index import TreeIndex
 
@@ -167,14 +168,14 @@ def hierarchical_attention(
     # leaf statistics: padding leaves count 0 and carry zeros; split by level once
     weight = None if leaf_mask is None else leaf_mask.to(q.dtype)
     stats = (q, k, v) if weight is None else tuple(t * weight[:, None, None] for t in (q, k, v))
-    stats = [index.split_leaves(t) for t in stats]
+    stats = [_split_leaves(index, t) for t in stats]
     counts = _leaf_counts(index, weight, q.dtype)
     self_energy = None
     if include_self:
         self_energy = tau * (q * k).sum(-1)
         if pos is not None:
             self_energy = self_energy + (pos.index_select(0, index.leaf_node) ** 2).sum(-1)
-        self_energy = index.split_leaves(self_energy)
+        self_energy = _split_leaves(index, self_energy)
 
     # ---- bottom-up: pooled means, family attention and a = -phi, deepest level first
     lses, thetas, energies = [None] * len(levels), [None] * len(levels), [None] * len(levels)
@@ -228,9 +229,9 @@ def hierarchical_attention(
             u = None if log_mu is None else u_parent + log_mu
         us.append(u)
         accs.append(acc)
-    out = index.gather_leaves(accs)
+    out = _gather_leaves(index, accs)
     if include_self:
-        out = out + torch.exp(index.gather_leaves(us)).unsqueeze(-1) * v
+        out = out + torch.exp(_gather_leaves(index, us)).unsqueeze(-1) * v
     if weight is not None:
         out = out * weight[:, None, None]
     return out.squeeze(1) if squeeze else out
@@ -271,7 +272,7 @@ def _leaf_counts(index: TreeIndex, weight: Tensor | None, dtype) -> list[Tensor]
     dtype = accumulation_dtype(dtype)
     if weight is None:
         return [level.count.to(dtype) for level in index.levels]
-    weight = index.split_leaves(weight.to(dtype))
+    weight = _split_leaves(index, weight.to(dtype))
     counts = [None] * index.num_levels
     for d in range(index.num_levels - 1, -1, -1):
         child = None
@@ -281,9 +282,33 @@ def _leaf_counts(index: TreeIndex, weight: Tensor | None, dtype) -> list[Tensor]
     return counts
 
 
+def _split_leaves(index: TreeIndex, x: Tensor) -> list[Tensor]:
+    """Per level, the rows of ``x`` (``[L, ...]``, leaf order) of the level's leaves in
+    their order on the level (``[0, ...]`` where a level has none): one permutation and a
+    split, whose backward is a concatenation and the inverse permutation (a gather per
+    level would zero a gradient the size of ``x`` for each)."""
+    if index.leaf_perm is not None:
+        x = permute_rows(x, index.leaves_by_level.index, index.leaf_perm.index)
+    return list(x.split([level.leaf_local.numel() for level in index.levels]))
+
+
+def _gather_leaves(index: TreeIndex, per_level: list[Tensor]) -> Tensor:
+    """Leaf rows, in leaf order, of per-level tensors ``per_level[d]: [n_d, ...]``."""
+    parts = []
+    for level, x in zip(index.levels, per_level, strict=True):
+        if level.all_leaves:
+            parts.append(x)
+        elif level.leaf_local.numel():
+            parts.append(x.index_select(0, level.leaf_local))
+    out = torch.cat(parts) if len(parts) > 1 else parts[0]
+    if index.leaf_perm is None:
+        return out
+    return permute_rows(out, index.leaf_perm.index, index.leaves_by_level.index)
+
+
 def _level_rows(index: TreeIndex, d: int, leaf_values: list | None, inner: Tensor | None):
     """Rows ``[n_d, ...]`` of level ``d``: ``inner`` (rows of the level, ignored at leaves)
-    at internal nodes and ``leaf_values[d]`` (:meth:`~hiergraph.plan.TreeIndex.split_leaves`)
+    at internal nodes and ``leaf_values[d]`` (:func:`_split_leaves`)
     at the leaves.
 
     Leaves without values get ``-inf`` (no self energy); ``None`` when an
