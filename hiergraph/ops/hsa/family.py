@@ -126,8 +126,10 @@ class _DenseFamilyAttention(torch.autograd.Function):
             qb, kb, vb = (_heads_first(block.rows(t)) for t in (q, k, v))
             weight = _member_weight(block, count) if weighted else None
             for total, xb in zip(sums, (qb, kb, vb), strict=True):
-                xb = xb if weight is None else xb * weight
-                xsum = xb.sum(2) if block.valid is None else _valid_sum(xb, block)
+                if weight is not None:  # 0 at padding slots
+                    xsum = (xb * weight).sum(2)
+                else:
+                    xsum = xb.sum(2) if block.valid is None else _valid_sum(xb, block)
                 total[block.parents] = xsum.to(total.dtype)  # float32 sums of half rows
             eb = None if eps is None else _heads_first(block.rows(eps))
             chunks = _row_chunks(block, heads)
