@@ -53,7 +53,8 @@ class FamilyBlock:
     *gather* block (``index`` set) lists the members' positions ``[count,
     width]``; where ``valid`` is false the slot is padding and repeats the
     family's first member (it is masked as a query and as a key). ``parents``
-    ``[count]`` are the families' parents, local to the previous level.
+    ``[count]`` are the families' parents, local to the previous level. ``offset``: a
+    gather block's first slot among its level's gather slots (:attr:`Level.gather_src`).
     """
 
     width: int
@@ -62,6 +63,7 @@ class FamilyBlock:
     start: int | None = None
     index: Tensor | None = None
     valid: Tensor | None = None
+    offset: int = 0
 
     @property
     def slot_cost(self) -> float:
@@ -78,23 +80,16 @@ class FamilyBlock:
             rows = x.index_select(0, self.index.view(-1))
         return rows.reshape(self.count, self.width, *x.shape[1:])
 
-    def write(self, out: Tensor, values: Tensor) -> None:
-        """Store ``values`` (``[count, width, ...]``) into the members' rows of ``out``.
-
-        ``values`` is cast to ``out``'s dtype (under autocast the family products
-        come out in bf16/fp16 while the level buffers keep the input dtype).
-        """
+    def slots(self, x: Tensor | None, gathered: Tensor | None) -> Tensor:
+        """The block's ``[count, width, ...]`` slots: of a slice block, rows of the level's
+        ``x`` (``[n_level, ...]``); of a gather block, rows of the level's ``gathered``
+        slots (:meth:`Level.gather`, :meth:`Level.result_buffers`). A view where the rows
+        are contiguous."""
         if self.start is not None:
-            out.narrow(0, self.start, self.count * self.width).view_as(values).copy_(values)
+            rows = x.narrow(0, self.start, self.count * self.width)
         else:
-            slots, rows = self.valid_slots
-            out[rows] = values.flatten(0, 1).index_select(0, slots).to(out.dtype)
-
-    @cached_property
-    def valid_slots(self) -> tuple[Tensor, Tensor]:
-        """Gather blocks: flat slot ids of the real members and their level positions."""
-        slots = self.valid.view(-1).nonzero().view(-1)
-        return slots, self.index.view(-1).index_select(0, slots)
+            rows = gathered.narrow(0, self.offset, self.count * self.width)
+        return rows.reshape(self.count, self.width, *rows.shape[1:])
 
     def to(self, device) -> FamilyBlock:
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -124,6 +119,14 @@ class Level:
             families of one size whose slots save more than a block costs, is a slice
             block; the rest are padded into gather blocks whose widths
             :func:`padded_widths` chooses (:mod:`hiergraph.plan.costs`).
+        gather_src: the level's row of every slot of the gather blocks, block after
+            block (padding repeats its family's first member): the block kernel reads them
+            with one gather per level (:meth:`gather`); ``None`` without gather blocks.
+        node_slot: on a level of gather blocks only, every node's gather slot: the
+            results are read back with one gather (:meth:`results`).
+        gather_slots, gather_rows: on a level with slice blocks too, the gather slots
+            that hold a member, and the member's row: their results are written into the
+            rows the slice blocks wrote (:meth:`results`).
     """
 
     start: int
@@ -135,6 +138,10 @@ class Level:
     family_start: Tensor
     family_size: Tensor
     blocks: list[FamilyBlock] = field(default_factory=list)
+    gather_src: Tensor | None = None
+    node_slot: Tensor | None = None
+    gather_slots: Tensor | None = None
+    gather_rows: Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -150,6 +157,30 @@ class Level:
         if not self.size or bool((self.num_children != self.num_children[0]).any()):
             return None
         return int(self.num_children[0])
+
+    def gather(self, x: Tensor | None) -> Tensor | None:
+        """The gather blocks' slots of the level's rows ``x`` (``[n, ...]``), block after
+        block: ``[G, ...]`` (``None`` without gather blocks or ``x``)."""
+        if x is None or self.gather_src is None:
+            return None
+        return x.index_select(0, self.gather_src)
+
+    def result_buffers(self, like: Tensor, shape: tuple) -> tuple[Tensor | None, ...]:
+        """Empty buffers for a result of shape ``[n, *shape]`` written block by block: the
+        level's rows if it has slice blocks, and the gather slots ``[G, *shape]`` if it has
+        gather blocks (``None`` where it has none); in ``like``'s dtype and device."""
+        has_slices = self.node_slot is None
+        rows = like.new_empty(self.size, *shape) if has_slices else None
+        slots = None if self.gather_src is None else like.new_empty(len(self.gather_src), *shape)
+        return rows, slots
+
+    def results(self, rows: Tensor | None, slots: Tensor | None) -> Tensor:
+        """The ``[n, ...]`` result from the :meth:`result_buffers` the blocks wrote."""
+        if slots is None:
+            return rows
+        if rows is None:
+            return slots.index_select(0, self.node_slot)
+        return rows.index_put_((self.gather_rows,), slots.index_select(0, self.gather_slots))
 
     @cached_property
     def sibling_pairs(self) -> Tensor:
@@ -316,6 +347,7 @@ class TreeIndex:
             local = (ids >= 0).nonzero().view(-1)
             leaf_ids.append(ids[local])
             parent_local.append(pl)
+            blocks = _make_blocks(f_start, f_size, pl)
             levels.append(
                 Level(
                     start=lo,
@@ -326,7 +358,8 @@ class TreeIndex:
                     count=count[lo:hi],
                     family_start=f_start,
                     family_size=f_size,
-                    blocks=_make_blocks(f_start, f_size, pl),
+                    blocks=blocks,
+                    **_gather_slots(blocks, hi - lo),
                 )
             )
         leaf_ids = torch.cat(leaf_ids) if leaf_ids else leaf_pos.new_empty(0)
@@ -415,6 +448,25 @@ def _ramp(sizes: Tensor) -> Tensor:
     total = int(sizes.sum())
     first = torch.cumsum(sizes, 0) - sizes
     return torch.arange(total, device=sizes.device) - first.repeat_interleave(sizes)
+
+
+def _gather_slots(blocks: list[FamilyBlock], size: int) -> dict:
+    """Set every gather block's ``offset`` (block after block) and return the level's
+    :attr:`Level.gather_src` and how results come back (``node_slot`` on a level of
+    gather blocks only, else ``gather_slots`` and ``gather_rows``)."""
+    gathers, offset = [b for b in blocks if b.start is None], 0
+    if not gathers:
+        return {}
+    for block in gathers:
+        block.offset = offset
+        offset += block.count * block.width
+    src = torch.cat([b.index.view(-1) for b in gathers])
+    slots = torch.cat([b.valid.view(-1) for b in gathers]).nonzero().view(-1)
+    rows = src.index_select(0, slots)
+    if len(gathers) == len(blocks):  # every node has a gather slot
+        node_slot = torch.empty(size, dtype=torch.long, device=src.device)
+        return dict(gather_src=src, node_slot=node_slot.index_copy_(0, rows, slots))
+    return dict(gather_src=src, gather_slots=slots, gather_rows=rows)
 
 
 def padded_widths(sizes: list[int], counts: list[int]) -> list[int]:

@@ -115,15 +115,18 @@ class _DenseFamilyAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, eps, count, level, tau, left_only, num_parents, size_bias):
         n, heads = q.shape[:2]
-        lse_out = q.new_empty(n, heads)
-        theta_out = v.new_empty(n, heads, v.size(-1))
+        # slice blocks read the level's rows, gather blocks one gather of them; results
+        # likewise, gathered back once
+        inputs = [(t, level.gather(t)) for t in (q, k, v, eps)]
+        lse_out = level.result_buffers(q, (heads,))
+        theta_out = level.result_buffers(v, (heads, v.size(-1)))
         sums = [t.new_zeros(num_parents, *t.shape[1:]) for t in (q, k, v)]
         weighted = not level.all_leaves  # leaves: n is 0/1 and padded leaves carry zeros
         keys = key_bias(count, size_bias, q.dtype)
         saved, ctx.chunks = [], []
         for block in level.blocks:
             # heads-first contiguous copies, reused by the backward
-            qb, kb, vb = (_heads_first(block.rows(t)) for t in (q, k, v))
+            qb, kb, vb = (_heads_first(block.slots(*t)) for t in inputs[:3])
             weight = _member_weight(block, count) if weighted else None
             for total, xb in zip(sums, (qb, kb, vb), strict=True):
                 if weight is not None:  # 0 at padding slots
@@ -131,15 +134,15 @@ class _DenseFamilyAttention(torch.autograd.Function):
                 else:
                     xsum = xb.sum(2) if block.valid is None else _valid_sum(xb, block)
                 total[block.parents] = xsum.to(total.dtype)  # float32 sums of half rows
-            eb = None if eps is None else _heads_first(block.rows(eps))
+            eb = None if eps is None else _heads_first(block.slots(*inputs[3]))
             chunks = _row_chunks(block, heads)
             lse, theta = [], []
             for rows in chunks:
                 p, lse_rows = _probabilities(block, qb, kb, eb, keys, tau, left_only, rows)
                 lse.append(lse_rows)
                 theta.append(family_product(p, vb))
-            block.write(lse_out, _cat_rows(lse).transpose(1, 2))
-            block.write(theta_out, _cat_rows(theta).transpose(1, 2))
+            block.slots(*lse_out).copy_(_cat_rows(lse).transpose(1, 2))
+            block.slots(*theta_out).copy_(_cat_rows(theta).transpose(1, 2))
             # one chunk: keep P for the backward; several: recompute it there
             saved += [qb, kb, vb, p if len(chunks) == 1 else None, eb, weight]
             ctx.chunks.append(chunks)
@@ -147,7 +150,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
         ctx.level, ctx.tau, ctx.left_only, ctx.size_bias = level, tau, left_only, size_bias
         ctx.dtype = q.dtype
         ctx.shapes = [t.shape if t is not None else None for t in (q, k, v, eps)]
-        return lse_out, theta_out, *sums
+        return level.results(*lse_out), level.results(*theta_out), *sums
 
     @staticmethod
     def backward(ctx, grad_lse, grad_theta, *grad_sums):
@@ -161,11 +164,11 @@ class _DenseFamilyAttention(torch.autograd.Function):
         *saved, count = ctx.saved_tensors
         keys = key_bias(count, ctx.size_bias, ctx.dtype)
         # every node of a level is in exactly one family and every family in one block,
-        # which writes its members' rows (a gather block its valid slots): no zero fill
+        # which writes all its slots: no zero fill
+        d_theta = (grad_theta, level.gather(grad_theta))
+        d_lse_all = (grad_lse, level.gather(grad_lse))
         grads = [
-            torch.empty(shape, dtype=grad_theta.dtype, device=grad_theta.device)
-            if shape is not None and need
-            else None
+            level.result_buffers(grad_theta, shape[1:]) if shape is not None and need else None
             for shape, need in zip(ctx.shapes, ctx.needs_input_grad[:4], strict=True)
         ]
         dq, dk, dv, de = grads
@@ -175,8 +178,8 @@ class _DenseFamilyAttention(torch.autograd.Function):
             g_q, g_k, g_v = (
                 _weigh(g.index_select(0, block.parents).unsqueeze(2), weight) for g in grad_sums
             )
-            d_out = _heads_first(block.rows(grad_theta))
-            d_lse = _heads_first(block.rows(grad_lse)).unsqueeze(-1)
+            d_out = _heads_first(block.slots(*d_theta))
+            d_lse = _heads_first(block.slots(*d_lse_all)).unsqueeze(-1)
             dq_rows, de_rows, dk_b, dv_b, de_cols = [], [], g_k, g_v, 0
             for rows in chunks:
                 if p is None or len(chunks) > 1:
@@ -198,13 +201,14 @@ class _DenseFamilyAttention(torch.autograd.Function):
                     de_rows.append(d_e @ eb)
                     de_cols = de_cols + d_e.transpose(-1, -2) @ eb[:, :, rows]
             if dq is not None:
-                block.write(dq, _cat_rows(dq_rows).transpose(1, 2))
+                block.slots(*dq).copy_(_cat_rows(dq_rows).transpose(1, 2))
             if dk is not None:
-                block.write(dk, dk_b.transpose(1, 2))
+                block.slots(*dk).copy_(dk_b.transpose(1, 2))
             if dv is not None:
-                block.write(dv, dv_b.transpose(1, 2))
+                block.slots(*dv).copy_(dv_b.transpose(1, 2))
             if de is not None:
-                block.write(de, (_cat_rows(de_rows) + de_cols).transpose(1, 2))
+                block.slots(*de).copy_((_cat_rows(de_rows) + de_cols).transpose(1, 2))
+        grads = [None if g is None else level.results(*g) for g in grads]
         return (*grads, None, None, None, None, None, None)
 
 
