@@ -15,7 +15,7 @@ from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge
 from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
-from hiergraph.ops.hsa.uniform import fits, per_depth, uniform_hierarchical_attention
+from hiergraph.ops.hsa.uniform import fits, per_depth, per_level, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
 from hiergraph.ops.rows import permute_rows
 from hiergraph.ops.runs import broadcast_to_children, sum_children
@@ -177,6 +177,8 @@ def hierarchical_attention(
             self_energy = self_energy + (pos.index_select(0, index.leaf_node) ** 2).sum(-1)
         self_energy = _split_leaves(index, self_energy)
 
+    pos_levels = None if pos is None else per_level(pos, index)
+
     # ---- bottom-up: pooled means, family attention and a = -phi, deepest level first
     lses, thetas, energies = [None] * len(levels), [None] * len(levels), [None] * len(levels)
     sums = g = None
@@ -189,8 +191,7 @@ def hierarchical_attention(
                 (_level_rows(index, d, t, s) / n.clamp(min=1)[:, None, None]).to(q.dtype)
                 for t, s in zip(stats, sums, strict=True)
             ]
-        nodes = index.order[level.start : level.start + n.numel()]
-        pos_d = None if pos is None else pos.index_select(0, nodes)
+        pos_d = None if pos is None else pos_levels[d]
         lse, theta, *sums = family(
             level, *rho, pos_d, n, tau, leaky_causal, levels[d - 1], size_bias
         )

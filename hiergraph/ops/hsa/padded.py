@@ -9,6 +9,7 @@ itself (the module docstring of :mod:`hiergraph.plan.padded_forest` says why).
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from hiergraph.ops.hsa.uniform import heads_first, uniform_hierarchical_attention
@@ -80,9 +81,7 @@ def from_slots(out: Tensor, forest: PaddedForest, q: Tensor) -> Tensor:
 def per_depth_padded(pos: Tensor, index: TreeIndex, forest: PaddedForest) -> list[Tensor]:
     """The position embeddings of the padded nodes of every depth ``d = 1 … D``, each
     ``[H | 1, n_d, c]`` (zero at padding), from ``pos`` ``[N, H | 1, c]`` in node order."""
-    bfs = pos.index_select(0, index.order)
-    out = []
-    for source in forest.node_source:
-        rows = bfs.index_select(0, source.clamp(min=0))
-        out.append(heads_first(rows.masked_fill((source < 0)[:, None, None], 0.0)))
-    return out
+    source = torch.cat(forest.node_source)  # one gather for all depths
+    rows = pos.index_select(0, index.order.index_select(0, source.clamp(min=0)))
+    rows = rows.masked_fill((source < 0)[:, None, None], 0.0)
+    return [heads_first(r) for r in rows.split([s.numel() for s in forest.node_source])]

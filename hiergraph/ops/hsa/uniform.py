@@ -46,6 +46,7 @@ from torch import Tensor
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa import family
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_dropping
+from hiergraph.ops.rows import permute_rows
 from hiergraph.plan.tree_index import TreeIndex
 
 
@@ -143,8 +144,15 @@ def fits(shape: tuple[int, ...] | None, q: Tensor, causal: bool = False) -> bool
 def per_depth(pos: Tensor, index: TreeIndex) -> list[Tensor]:
     """Rows of the node-order ``pos`` (``[N, H | 1, c]``) of every level below the roots,
     in breadth-first order and node layout: ``[H | 1, n_d, c]`` for ``d = 1 … D``."""
-    bfs = heads_first(pos.index_select(0, index.order))
-    return [bfs.narrow(1, lvl.start, lvl.size) for lvl in index.levels[1:]]
+    return [heads_first(rows) for rows in per_level(pos, index)[1:]]
+
+
+def per_level(x: Tensor, index: TreeIndex) -> list[Tensor]:
+    """The rows of the node-order ``x`` (``[N, ...]``) of every level, in breadth-first
+    order: ``[n_d, ...]`` for ``d = 0 … D``. One permutation and a split, whose backward is
+    a concatenation and the inverse permutation (a gather or slice per level would zero a
+    gradient the size of ``x`` for each)."""
+    return list(permute_rows(x, index.order, index.rank).split(index.level_sizes))
 
 
 def heads_first(x: Tensor) -> Tensor:
