@@ -142,16 +142,16 @@ def causal_hierarchical_attention(
 
     # complete sums and counts of every node (one scatter over (leaf, ancestor) pairs)
     dq, dk = q.size(-1), k.size(-1)
-    sums = _sum_rows(torch.cat([q, k, v], -1)[plan.anc_leaf], plan.anc_node, num_nodes)
+    sums = _sum_rows(_rows(torch.cat([q, k, v], -1), plan.anc_leaf), plan.anc_node, num_nodes)
     n = plan.count.to(q.dtype)
     rho_k = sums[..., dq : dq + dk] / n[:, None, None]
     rho_v = sums[..., dq + dk :] / n[:, None, None]
     log_n = torch.log(n)[:, None]
     # sum of the queries of each node's left siblings
-    left_q = _sum_rows(sums[plan.sib_key, :, :dq], plan.sib_query, num_nodes)
+    left_q = _sum_rows(_rows(sums[..., :dq], plan.sib_key), plan.sib_query, num_nodes)
     self_energy = tau * (q * k).sum(-1)
     if eps is not None:
-        self_energy = self_energy + (eps[plan.leaf_node] ** 2).sum(-1)
+        self_energy = self_energy + (_rows(eps, plan.leaf_node) ** 2).sum(-1)
 
     # ---- bottom-up over depth: prefix statistics of every (leaf, ancestor) pair
     lses, thetas, energies = {}, {}, {}
@@ -161,14 +161,15 @@ def causal_hierarchical_attention(
         is_leaf = plan.pair_is_leaf[s][:, None]
         count = plan.pair_count[s].to(q.dtype)[:, None]
         if sq_child is None:  # deepest level: leaves only
-            sq, a = q[pl], self_energy[pl]
+            sq, a = _rows(q, pl), _rows(self_energy, pl)
         else:
-            ch, child_node = plan.pair_child[s], plan.ancestors[pl, s + 1]
+            # a leaf's pair has no child (ancestor -1): its row is read, then discarded
+            ch, child_node = plan.pair_child[s], plan.ancestors[pl, s + 1].clamp(min=0)
             child_count = plan.pair_count[s + 1].to(q.dtype)[ch][:, None]
-            inner = sq_child[ch] + left_q[child_node]
-            sq = torch.where(is_leaf[..., None], q[pl], inner)
-            inner_a = (left_g[child_node] + child_count * g_child[ch]) / count
-            a = torch.where(is_leaf, self_energy[pl], inner_a)
+            inner = _rows(sq_child, ch) + _rows(left_q, child_node)
+            sq = torch.where(is_leaf[..., None], _rows(q, pl), inner)
+            inner_a = (_rows(left_g, child_node) + child_count * _rows(g_child, ch)) / count
+            a = torch.where(is_leaf, _rows(self_energy, pl), inner_a)
         lse, theta = _left_attention(
             sq / count[..., None], plan.key_pair[s], plan.key_node[s], pn,
             rho_k, rho_v, log_n, eps, tau,
@@ -177,8 +178,9 @@ def causal_hierarchical_attention(
         lses[s], thetas[s], energies[s] = lse, theta, a
         # complete g of the depth-s nodes, and its n-weighted sums over left siblings
         g_node = g.new_zeros((num_nodes, g.size(1)))
-        g_node = g_node.index_copy(0, plan.depth_nodes[s], g[plan.last_pair[s]])
-        left_g = _sum_rows(n[plan.sib_key, None] * g_node[plan.sib_key], plan.sib_query, num_nodes)
+        g_node = g_node.index_copy(0, plan.depth_nodes[s], _rows(g, plan.last_pair[s]))
+        left_g = _rows(n, plan.sib_key)[:, None] * _rows(g_node, plan.sib_key)
+        left_g = _sum_rows(left_g, plan.sib_query, num_nodes)
         sq_child, g_child = sq, g
 
     # ---- top-down: gates along each root path, output accumulation
@@ -187,7 +189,7 @@ def causal_hierarchical_attention(
     for s in range(1, plan.max_depth + 1):
         pl = plan.pair_leaf[s]
         log_mu, log_one_minus_mu = log_gates(energies[s], lses[s])
-        weight = torch.exp(u[pl] + log_one_minus_mu)
+        weight = torch.exp(_rows(u, pl) + log_one_minus_mu)
         out = out.index_add(0, pl, weight[..., None] * thetas[s])
         u = u.index_add(0, pl, log_mu)
     return _out(out + torch.exp(u)[..., None] * v, dtype, squeeze)
@@ -205,12 +207,20 @@ def _left_attention(rho_q, key_pair, key_node, pair_node, rho_k, rho_v, log_n, e
     Returns ``lse [P, H]`` (``-inf`` without left siblings) and ``theta [P, H, d_v]``.
     """
     num_pairs = rho_q.size(0)
-    logits = tau * (rho_q[key_pair] * rho_k[key_node]).sum(-1) + log_n[key_node]
+    rho_k, log_n = _rows(rho_k, key_node), _rows(log_n, key_node)
+    logits = tau * (_rows(rho_q, key_pair) * rho_k).sum(-1) + log_n
     if eps is not None:
-        logits = logits + (eps[pair_node[key_pair]] * eps[key_node]).sum(-1)
+        logits = logits + (_rows(eps, pair_node[key_pair]) * _rows(eps, key_node)).sum(-1)
     lse, weights = scatter_softmax(logits, key_pair, num_pairs)
-    theta = _sum_rows(weights[..., None] * rho_v[key_node], key_pair, num_pairs)
+    theta = _sum_rows(weights[..., None] * _rows(rho_v, key_node), key_pair, num_pairs)
     return lse, theta
+
+
+def _rows(x: Tensor, index: Tensor) -> Tensor:
+    """``x[index]`` for a 1-D ``index`` of rows, as ``index_select``: its backward adds the
+    rows in index order with ``index_add`` (``x[index]``'s accumulating ``index_put`` is
+    several times slower on the CPU and, on accelerators, ordered by atomics)."""
+    return x.index_select(0, index)
 
 
 def _sum_rows(src: Tensor, index: Tensor, size: int) -> Tensor:
