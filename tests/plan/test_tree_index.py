@@ -77,6 +77,37 @@ def test_blocks_cover_families(monkeypatch, slice_saving):
     assert [lv.fanout for lv in full.levels] == [4, 4, 4, 0]
 
 
+@pytest.mark.parametrize("slice_saving", [None, 30.0])  # gather blocks only; mixed
+def test_level_gather_and_results_round_trip(monkeypatch, slice_saving):
+    """The one gather of a level's gather blocks gives every gather block its rows
+    (``FamilyBlock.rows``), and results written block by block come back in level order."""
+    if slice_saving is not None:
+        monkeypatch.setattr(tree_index, "SLICE_SAVING", slice_saving)
+    rng = random.Random(5)
+    trees = [from_nested(random_spec(rng, rng.randint(2, 30), max_branch=7)) for _ in range(6)]
+    trees.append(window_hierarchy(37, (3, 5)))
+    idx = Batch.from_data_list(trees).tree_index()
+    kinds, paths = set(), set()
+    for level in idx.levels[1:]:
+        paths.add(
+            "gathers"
+            if level.node_slot is not None
+            else "mixed"
+            if level.gather_src is not None
+            else "slices"
+        )
+        x = torch.randn(level.size, 2, 3)
+        gathered = level.gather(x)
+        rows, slots = level.result_buffers(x, (2, 3))
+        for block in level.blocks:
+            assert torch.equal(block.slots(x, gathered), block.rows(x))
+            block.slots(rows, slots).copy_(block.rows(x))
+            kinds.add(block.start is None)
+        assert torch.equal(level.results(rows, slots), x)
+    assert kinds == {True, False}  # gather and slice blocks both seen
+    assert ("mixed" if slice_saving else "gathers") in paths  # both ways results come back
+
+
 def test_a_run_of_equal_families_is_a_slice_block_when_it_saves_a_block():
     """Runs of equal windows become slice blocks when their slots save more than a block
     costs (long trees); short runs join the gather blocks, one per level here."""
