@@ -89,13 +89,7 @@ def test_level_gather_and_results_round_trip(monkeypatch, slice_saving):
     idx = Batch.from_data_list(trees).tree_index()
     kinds, paths = set(), set()
     for level in idx.levels[1:]:
-        paths.add(
-            "gathers"
-            if level.node_slot is not None
-            else "mixed"
-            if level.gather_src is not None
-            else "slices"
-        )
+        paths.add(_results_path(level))
         x = torch.randn(level.size, 2, 3)
         gathered = level.gather(x)
         rows, slots = level.result_buffers(x, (2, 3))
@@ -106,6 +100,13 @@ def test_level_gather_and_results_round_trip(monkeypatch, slice_saving):
         assert torch.equal(level.results(rows, slots), x)
     assert kinds == {True, False}  # gather and slice blocks both seen
     assert ("mixed" if slice_saving else "gathers") in paths  # both ways results come back
+
+
+def _results_path(level) -> str:
+    """How a level's block results come back: one gather, or slices plus gathered rows."""
+    if level.node_slot is not None:
+        return "gathers"
+    return "mixed" if level.gather_src is not None else "slices"
 
 
 def test_a_run_of_equal_families_is_a_slice_block_when_it_saves_a_block():
