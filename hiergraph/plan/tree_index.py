@@ -228,10 +228,10 @@ class TreeIndex:
         parent_position: ``[N]`` BFS position of the parent of each BFS position (roots:
             their own position).
         levels: the per-level plan (:class:`Level`).
-        leaf_perm: leaves listed level by level (in-level order) → leaf
-            order; ``None`` when that is already the leaf order.
-        leaves_by_level: its inverse, leaf order → level by level; ``None`` with
-            ``leaf_perm``.
+        leaves_by_level: ``[L]`` the leaves listed level by level (in-level order), as
+            leaf ids; ``None`` when that is the leaf order.
+        leaf_perm: ``[L]`` its inverse: every leaf's position in that listing; ``None``
+            with ``leaves_by_level``.
         uniform: ``(B, b_1, …, b_D)`` when the forest has equal fanout: ``B`` trees,
             every node of depth ``d - 1`` has ``b_d >= 2`` children, all leaves are on
             the last level and in breadth-first order; else ``None``. Such plans run
@@ -253,8 +253,8 @@ class TreeIndex:
     family_size: Tensor
     parent_position: Tensor
     levels: list[Level]
-    leaf_perm: Rows | None
-    leaves_by_level: Rows | None
+    leaf_perm: Tensor | None
+    leaves_by_level: Tensor | None
     uniform: tuple[int, ...] | None = None
     padded: PaddedForest | None = None
 
@@ -363,7 +363,7 @@ class TreeIndex:
                 )
             )
         leaf_ids = torch.cat(leaf_ids) if leaf_ids else leaf_pos.new_empty(0)
-        leaf_perm = Rows.of(torch.argsort(leaf_ids))
+        in_order = torch.equal(leaf_ids, torch.arange(leaf_ids.numel(), device=device))
         index = cls(
             num_nodes=n,
             num_leaves=leaf_nodes.numel(),
@@ -376,8 +376,8 @@ class TreeIndex:
             family_size=family_size,
             parent_position=parent_pos,
             levels=levels,
-            leaf_perm=None if leaf_perm.start == 0 else leaf_perm,
-            leaves_by_level=None if leaf_perm.start == 0 else Rows.of(leaf_ids),
+            leaf_perm=None if in_order else torch.argsort(leaf_ids),
+            leaves_by_level=None if in_order else leaf_ids,
         )
         index.uniform = index._uniform_shape()
         if index.uniform is None:
@@ -451,15 +451,11 @@ def _ramp(sizes: Tensor) -> Tensor:
 
 
 def _gather_slots(blocks: list[FamilyBlock], size: int) -> dict:
-    """Set every gather block's ``offset`` (block after block) and return the level's
-    :attr:`Level.gather_src` and how results come back (``node_slot`` on a level of
-    gather blocks only, else ``gather_slots`` and ``gather_rows``)."""
-    gathers, offset = [b for b in blocks if b.start is None], 0
+    """A level's :attr:`Level.gather_src` and how results come back (``node_slot`` on a
+    level of gather blocks only, else ``gather_slots`` and ``gather_rows``)."""
+    gathers = [b for b in blocks if b.start is None]  # in offset order
     if not gathers:
         return {}
-    for block in gathers:
-        block.offset = offset
-        offset += block.count * block.width
     src = torch.cat([b.index.view(-1) for b in gathers])
     slots = torch.cat([b.valid.view(-1) for b in gathers]).nonzero().view(-1)
     rows = src.index_select(0, slots)
@@ -521,6 +517,7 @@ def _make_blocks(
         sizes, inverse, counts = family_size[rest].unique(return_inverse=True, return_counts=True)
         widths = padded_widths(sizes.tolist(), counts.tolist())
         fam_width = torch.tensor(widths, dtype=torch.long, device=device)[inverse]
+        offset = 0  # the gather blocks' slots, block after block
         for w in sorted(set(widths)):
             fams = rest[fam_width == w]
             local = torch.arange(w, device=device)
@@ -528,5 +525,7 @@ def _make_blocks(
             valid = local < size[:, None]
             index = start[:, None] + torch.where(valid, local, 0)
             parents = parent_local[start]
-            blocks.append(FamilyBlock(w, fams.numel(), parents, index=index, valid=valid))
+            block = FamilyBlock(w, fams.numel(), parents, index=index, valid=valid, offset=offset)
+            blocks.append(block)
+            offset += block.count * block.width
     return blocks

@@ -161,9 +161,9 @@ def test_leaf_permutations_list_the_leaves_level_by_level():
     h = Batch.from_data_list([from_nested(random_spec(rng, 12)) for _ in range(3)])
     idx = h.tree_index()
     leaf_bfs = idx.rank[idx.leaf_node]  # BFS position of every leaf, in leaf order
-    by_level = idx.leaves_by_level.index
+    by_level = idx.leaves_by_level
     assert torch.all(torch.diff(leaf_bfs[by_level]) > 0)  # BFS order: level by level
-    assert torch.equal(by_level[idx.leaf_perm.index], torch.arange(idx.num_leaves))
+    assert torch.equal(by_level[idx.leaf_perm], torch.arange(idx.num_leaves))
     windows = window_hierarchy(40, (4, 5)).tree_index()  # all leaves last, in order
     assert windows.leaf_perm is None and windows.leaves_by_level is None
 

@@ -289,7 +289,7 @@ def _split_leaves(index: TreeIndex, x: Tensor) -> list[Tensor]:
     split, whose backward is a concatenation and the inverse permutation (a gather per
     level would zero a gradient the size of ``x`` for each)."""
     if index.leaf_perm is not None:
-        x = permute_rows(x, index.leaves_by_level.index, index.leaf_perm.index)
+        x = permute_rows(x, index.leaves_by_level, index.leaf_perm)
     return list(x.split([level.leaf_local.numel() for level in index.levels]))
 
 
@@ -304,7 +304,7 @@ def _gather_leaves(index: TreeIndex, per_level: list[Tensor]) -> Tensor:
     out = torch.cat(parts) if len(parts) > 1 else parts[0]
     if index.leaf_perm is None:
         return out
-    return permute_rows(out, index.leaf_perm.index, index.leaves_by_level.index)
+    return permute_rows(out, index.leaf_perm, index.leaves_by_level)
 
 
 def _level_rows(index: TreeIndex, d: int, leaf_values: list | None, inner: Tensor | None):
