@@ -22,12 +22,12 @@ memory viewed with one more dimension. So
 Each level costs a fixed, small number of tensor operations on static shapes, for every
 tree and head at once, with no copies between layouts and no host synchronisation: the
 path runs under ``torch.compile(fullgraph=True)`` and is differentiable twice (its small
-autograd functions, :func:`scores`, :func:`~hiergraph.ops.hsa.family.family_product` and
-:func:`dense_gradient`, have backwards made of differentiable operations). Inputs
-``[L, H, d]`` are read heads first (``q.transpose(0, 1)``): one copy each, none when their
-memory already is heads first (``[H, L, d]`` storage viewed as ``[L, H, d]``, the layout
-in which attention layers usually hold their heads); the output has the memory layout of
-``q``.
+autograd functions, :func:`scores`, :func:`~hiergraph.ops.hsa.family.family_product`,
+:func:`~hiergraph.ops.hsa.family.family_sum` and :func:`dense_gradient`, have backwards
+made of differentiable operations). Inputs ``[L, H, d]`` are read heads first
+(``q.transpose(0, 1)``): one copy each, none when their memory already is heads first
+(``[H, L, d]`` storage viewed as ``[L, H, d]``, the layout in which attention layers
+usually hold their heads); the output has the memory layout of ``q``.
 
 The formulas are those of :func:`~hiergraph.ops.hierarchical_attention`; with
 all leaves valid, :math:`n(\cdot)` is constant on a level, so
@@ -93,7 +93,6 @@ def uniform_hierarchical_attention(
     counts = counts_below(weight, fanout)
     leaves = [heads_first(t) for t in (q, k, v)]
     rho = [family_layout(t, fanout[-1]) for t in leaves]
-    leaf_v = rho[2]
     lses, probs, gates, rhos = bottom_up(
         rho, include_self, counts, fanout, eps, tau, left_only, size_bias, padding
     )
@@ -102,6 +101,8 @@ def uniform_hierarchical_attention(
     # ---- top-down: log mass u and output accumulator, parents broadcast by unsqueeze.
     # The gain of a row scales its [b] weights before the product with the values, not
     # the [d_v] product: theta = p v is never formed.
+    # The leaves' own weights exp(u) go onto the diagonal of their families' weights (a
+    # leaf is not its own sibling: that diagonal is 0), so the last product adds them.
     u = acc = None
     for d in range(depth):
         if gates[d] is None:  # leaves without self energy: mu = 0
@@ -110,12 +111,12 @@ def uniform_hierarchical_attention(
             log_mu, log_rest = log_gates(gates[d], lses[d], finite)
         down = _add(u, log_rest)
         p = probs[d] if down is None else torch.exp(down).unsqueeze(-1) * probs[d]
-        acc = _weighted_sum(acc, p, rhos[d][2])
         u = None if log_mu is None else _add(u, log_mu)
+        if d + 1 == depth and include_self:
+            p = p + torch.diag_embed(torch.exp(u))
+        acc = _weighted_sum(acc, p, rhos[d][2])
         if d + 1 < depth:
             acc, u = node_layout(acc), None if u is None else node_layout(u)
-    if include_self:
-        acc = torch.addcmul(acc, torch.exp(u).unsqueeze(-1), leaf_v)
     out = dense_gradient(node_layout(acc))
     if weight is not None and not padding:
         out = out * weight[:, None].to(out.dtype)
@@ -306,14 +307,14 @@ def _pool(
         # the expanded gradient of every member
         b = total.size(-1)
         energy = total.sum(-1, dtype=work) / b
-        pooled = [(t.sum(2, dtype=work) / b).to(t.dtype) for t in rho]
+        pooled = [(family.family_sum(t, work) / b).to(t.dtype) for t in rho]
         return energy.to(total.dtype), pooled
     denom = parent_n.reshape(1, -1).clamp(min=1)  # [1, F]
     keep = n > 0
     share = (n / denom.unsqueeze(-1)).to(total.dtype)
     energy = torch.where(keep, share * torch.where(keep, total, 0.0), 0.0).sum(-1, dtype=work)
     pooled = [
-        ((t if zero_rows else t * n.unsqueeze(-1).to(t.dtype)).sum(2, dtype=work)
+        (family.family_sum(t if zero_rows else t * n.unsqueeze(-1).to(t.dtype), work)
          / denom.unsqueeze(-1)).to(t.dtype)
         for t in rho
     ]  # fmt: skip

@@ -136,6 +136,30 @@ def test_family_product_with_a_base_is_the_product_plus_base_differentiable_twic
     assert torch.autograd.gradgradcheck(fn, tuple(inputs))
 
 
+@pytest.mark.parametrize("b", [2, 3])
+def test_family_sum_is_the_member_sum_differentiable_twice(b):
+    """Families of two take the one-add path on the CPU: equal to ``sum(-2)``, with first
+    and second derivatives."""
+    x = torch.randn(2, 3, b, 4, generator=torch.Generator().manual_seed(b), **F64)
+    x.requires_grad_()
+    torch.testing.assert_close(family_attention.family_sum(x), x.sum(-2), atol=1e-15, rtol=0)
+    assert torch.autograd.gradcheck(family_attention.family_sum, (x,))
+    assert torch.autograd.gradgradcheck(family_attention.family_sum, (x,))
+
+
+@pytest.mark.parametrize("b", [2, 3])
+def test_family_sum_accumulates_in_the_given_dtype(b):
+    """Half-precision members are summed in float32, and their gradient comes back in
+    their own dtype."""
+    x = torch.full((3, b, 2), 2048.0, dtype=torch.float16, requires_grad=True)
+    x.data[:, 1:] = 1.0  # 2048 + 1 rounds to 2048 in float16
+    total = family_attention.family_sum(x, torch.float32)
+    assert total.dtype == torch.float32
+    assert (total == 2048.0 + (b - 1)).all()
+    total.sum().backward()
+    assert x.grad.dtype == torch.float16 and (x.grad == 1).all()
+
+
 def test_runs_without_the_block_kernel(monkeypatch):
     """The equal-fanout plan never reaches the family kernels."""
 
