@@ -214,9 +214,9 @@ def padded_window_hsa(
         trees = window_hierarchies(token_mask.sum(1).tolist(), branching)
         return padded_hsa(q, k, v, token_mask, trees.to(q.device), **options)
     forest = _padded_forest(batch, length, tuple(branching), str(token_mask.device))
-    # heads first: [H, B * T, d] memory, read by the op without a further copy
-    leaves = [t.transpose(0, 1).reshape(heads, batch * length, -1).transpose(0, 1)
-              for t in (q, k, v)]  # fmt: skip
+    # token rows [B * T, H, d]: a view of the [B, T, H, d] memory transformers layers
+    # project into; the op's one copy to heads first also zeroes the padding rows
+    leaves = [t.transpose(1, 2).reshape(batch * length, heads, -1) for t in (q, k, v)]
     # without padding, no leaf mask: every count is a constant of its level (a cheaper path)
     leaf_mask = None if unpadded else token_mask.reshape(-1)
     out = hierarchical_attention(*leaves, forest, leaf_mask=leaf_mask, **options)

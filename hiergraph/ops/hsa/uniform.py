@@ -89,12 +89,18 @@ def uniform_hierarchical_attention(
 
     # ---- bottom-up: family layout of every level, deepest first. Padding leaves count 0:
     # the counts drop them from every key set and pooled mean (their values, if finite,
-    # never reach another row), and their outputs are zeroed at the end
+    # never reach another row), and their outputs are zeroed at the end. Inputs that are
+    # not heads first are copied anyway: that copy zeroes their padding rows too, so the
+    # leaves' sums need no count weights
     counts = counts_below(weight, fanout)
-    leaves = [heads_first(t) for t in (q, k, v)]
+    zero_rows = weight is not None and not padding and not is_heads_first(q)
+    if zero_rows:
+        leaves = [transposed(t, weight[:, None, None]) for t in (q, k, v)]
+    else:
+        leaves = [heads_first(t) for t in (q, k, v)]
     rho = [family_layout(t, fanout[-1]) for t in leaves]
     lses, probs, gates, rhos = bottom_up(
-        rho, include_self, counts, fanout, eps, tau, left_only, size_bias, padding
+        rho, include_self, counts, fanout, eps, tau, left_only, size_bias, padding or zero_rows
     )
     finite = all_finite(counts, left_only)
 
@@ -118,9 +124,7 @@ def uniform_hierarchical_attention(
         if d + 1 < depth:
             acc, u = node_layout(acc), None if u is None else node_layout(u)
     out = dense_gradient(node_layout(acc))
-    if weight is not None and not padding:
-        out = out * weight[:, None].to(out.dtype)
-    return like(out, q)
+    return like(out, q, None if padding else weight)
 
 
 def fits(shape: tuple[int, ...] | None, q: Tensor, causal: bool = False) -> bool:
@@ -162,6 +166,31 @@ def heads_first(x: Tensor) -> Tensor:
     return x.transpose(0, 1).contiguous()
 
 
+def is_heads_first(x: Tensor) -> bool:
+    """Whether the ``[L, H, ...]`` rows ``x`` are a view of contiguous ``[H, L, ...]``."""
+    return x.transpose(0, 1).is_contiguous()
+
+
+def transposed(x: Tensor, scale: Tensor) -> Tensor:
+    """``(x * scale).transpose(0, 1)`` in contiguous memory, written in one pass (``scale``
+    broadcasts against ``x`` with as many dimensions, and gets no gradient); differentiable
+    twice in ``x``."""
+    return _Transposed.apply(x, scale.to(x.dtype))
+
+
+class _Transposed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, scale: Tensor) -> Tensor:
+        ctx.save_for_backward(scale)
+        out = x.new_empty(x.transpose(0, 1).shape)
+        return torch.mul(x.transpose(0, 1), scale.transpose(0, 1), out=out)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (scale,) = ctx.saved_tensors
+        return _Transposed.apply(grad, scale.transpose(0, 1)), None
+
+
 def dense_gradient(x: Tensor) -> Tensor:
     """``x``, with the gradient that reaches it in the backward made contiguous.
 
@@ -182,11 +211,15 @@ class _DenseGradient(torch.autograd.Function):
         return grad.contiguous() if 0 in grad.stride() else grad
 
 
-def like(out: Tensor, q: Tensor) -> Tensor:
+def like(out: Tensor, q: Tensor, weight: Tensor | None = None) -> Tensor:
     """The heads-first output ``[H, L, ...]`` as ``[L, H, ...]`` in ``q``'s memory layout:
-    a view when ``q`` is heads first, else contiguous."""
-    out = out.transpose(0, 1)
-    return out if q.transpose(0, 1).is_contiguous() else out.contiguous()
+    a view when ``q`` is heads first, else contiguous; with ``weight`` ``[L]``, its rows
+    scaled by it (in the copy, if there is one)."""
+    if is_heads_first(q):
+        return (out if weight is None else out * weight[:, None].to(out.dtype)).transpose(0, 1)
+    if weight is None:
+        return out.transpose(0, 1).contiguous()
+    return transposed(out, weight[None, :, None])
 
 
 def bottom_up(

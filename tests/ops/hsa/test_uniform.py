@@ -254,10 +254,13 @@ def test_large_int64_slots_order_like_their_ranks():
     torch.testing.assert_close(small, large, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_output_keeps_the_memory_layout_of_the_inputs(causal):
-    tree, (q, k, v), _, pos = _case(2, 24, (4, 3, 2), seed=9)
-    kw = dict(include_self=True, causal=causal, pos_emb=pos)
+@pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True)])
+def test_output_keeps_the_memory_layout_of_the_inputs(causal, masked):
+    """Contiguous and heads-first inputs give the same output and gradients (the masked
+    op zeroes padding rows in its layout copies of contiguous inputs, and multiplies
+    heads-first ones)."""
+    tree, (q, k, v), mask, pos = _case(2, 24, (4, 3, 2), seed=9)
+    kw = dict(include_self=True, causal=causal, pos_emb=pos, leaf_mask=mask if masked else None)
     node_major = [t.clone().requires_grad_() for t in (q, k, v)]
     # [H, L, d] storage viewed as [L, H, d]: read without a copy, output in the same layout
     heads_first = [
@@ -331,3 +334,40 @@ def test_levels_are_copied_only_to_change_the_layout(heads_first):
         with _LargeCopies(L * H * d) as copies:
             out.backward(grad)
         assert not copies.names
+
+
+class _LargePasses(TorchDispatchMode):
+    """Records the operations that write ``size`` or more elements (views and allocations
+    left out): the passes over whole levels."""
+
+    FREE = {"transpose", "view", "_unsafe_view", "expand", "detach", "unsqueeze", "diagonal",
+            "new_empty", "new_empty_strided", "empty_like", "randn_like"}  # fmt: skip
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size, self.names = size, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name not in self.FREE and isinstance(out, torch.Tensor) and out.numel() >= self.size:
+            self.names.append(name)
+        return out
+
+
+def test_a_leaf_mask_costs_no_pass_over_contiguous_inputs():
+    """With contiguous ``[L, H, d]`` inputs the layout copies, in and out, forward and
+    backward, also zero the padding rows: a leaf mask adds no pass over the leaves."""
+    index = window_forest([32] * 4, (4, 8)).tree_index()
+    L, H, d = 128, 2, 8
+    mask = torch.rand(L, generator=torch.Generator().manual_seed(0)) > 0.3
+    passes = []
+    for leaf_mask in (None, mask):
+        q, k, v = (torch.randn(L, H, d, requires_grad=True) for _ in range(3))
+        with _LargePasses(L * H * d) as forward:
+            out = hierarchical_attention(q, k, v, index, leaf_mask=leaf_mask, include_self=True)
+        grad = torch.randn_like(out)
+        with _LargePasses(L * H * d) as backward:
+            out.backward(grad)
+        passes.append((len(forward.names), len(backward.names)))
+    assert passes[0] == passes[1], passes
