@@ -98,17 +98,21 @@ def uniform_causal_attention(
         n_i = (position % n_s + 1).to(q.dtype)
         a[d] = (n_child * left_g + n_i_child * child_g) / n_i
 
-    # top-down: gates along the root path; a row's gain scales its [b] weights
+    # top-down: gates along the root path; a row's gain scales its [b] weights. The
+    # leaves' own weights exp(u) go onto the diagonal of their families' weights (left
+    # siblings only: that diagonal is 0), so the last product adds them
     u = out = None
     for d in range(depth):
         log_mu, log_rest = log_gates(a[d], lse[d])
         gain = torch.exp(log_rest if u is None else u + log_rest)
         p, values = weights[d]  # [H, F, m, b] and [H, F, b, d_v], F * m = L
         p = gain.view(*p.shape[:3], 1) * p
+        u = log_mu if u is None else u + log_mu
+        if d + 1 == depth:
+            p = p + torch.diag_embed(torch.exp(u).view(p.shape[:3]))
         base = None if out is None else family_layout(out, p.size(2))
         out = node_layout(family_product(p, values, base))
-        u = log_mu if u is None else u + log_mu
-    return like(dense_gradient(torch.addcmul(out, torch.exp(u).unsqueeze(-1), leaves[2])), q)
+    return like(dense_gradient(out), q)
 
 
 def _prefix_sums(q: Tensor, rhos: list, fanout: tuple[int, ...], below: list[int]) -> list:
