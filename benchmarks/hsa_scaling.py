@@ -12,6 +12,9 @@ forward and forward+backward of
   ``[N, H, d]`` inputs (which it copies to its heads-first working layout);
 * ``hsa-window-heads-first``: the same on inputs whose memory is already heads first
   (``[H, N, d]`` viewed as ``[N, H, d]``): no copies (no memory run: same footprint);
+* ``hsa-window-compiled``: ``hsa-window`` through ``torch.compile(fullgraph=True,
+  dynamic=False)`` with the plan fixed (inductor on CPU; its compile time, forward+backward
+  and forward under ``no_grad``, is recorded per N, and no memory run);
 * ``hsa-ragged``: HSA over a random ragged window hierarchy with the same
   mean branching (window sizes uniform in [1, 2b-1]);
 * ``flat-sdpa``: ``scaled_dot_product_attention`` over all N leaves (up to
@@ -36,6 +39,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import timing
@@ -52,7 +56,15 @@ RESULTS = Path(__file__).parent / "results"
 # the per-level bound's SDPA kernels: every backend but cuDNN's
 BOUND_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 BOUND_BATCH = 32768  # families per SDPA call of the bound
-METHODS = ("hsa-window", "hsa-window-heads-first", "hsa-ragged", "bound", "flat-sdpa")
+METHODS = (
+    "hsa-window",
+    "hsa-window-heads-first",
+    "hsa-window-compiled",
+    "hsa-ragged",
+    "bound",
+    "flat-sdpa",
+)
+NO_MEMORY_RUN = ("flat-sdpa", "hsa-window-heads-first", "hsa-window-compiled")
 
 
 def branching_for(n: int) -> tuple[int, ...]:
@@ -102,6 +114,15 @@ def make_case(method: str, n: int, seed: int = 0):
         index = window_hierarchy(n, branching).tree_index()
         q, k, v = (t.detach().transpose(0, 1).requires_grad_() for t in leaf_qkv(HEADS, n, DIM))
         return lambda: hierarchical_attention(q, k, v, index), (q, k, v)
+    if method == "hsa-window-compiled":
+        index = window_hierarchy(n, branching).tree_index()
+        q, k, v = leaf_qkv(n, HEADS, DIM)
+        torch._dynamo.reset()  # every N compiles its own static-shape graph
+        compiled = torch.compile(lambda q, k, v: hierarchical_attention(q, k, v, index),
+                                 fullgraph=True, dynamic=False)  # fmt: skip
+        timing.sum_backward(lambda: compiled(q, k, v))()  # compile both graphs now
+        timing.forward_only(lambda: compiled(q, k, v))()
+        return (lambda: compiled(q, k, v)), (q, k, v)
     if method.startswith("hsa"):
         if method == "hsa-window":
             h = window_hierarchy(n, branching)
@@ -179,18 +200,24 @@ def main() -> None:
     rows, load = [], [os.getloadavg()[0]]
     for n in sizes:
         methods = [m for m in METHODS if m != "flat-sdpa" or n <= args.max_flat]
-        cases = {m: make_case(m, n) for m in methods}
+        cases, compile_s = {}, None
+        for m in methods:
+            start = time.perf_counter()
+            cases[m] = make_case(m, n)
+            if m == "hsa-window-compiled":
+                compile_s = time.perf_counter() - start
         reps = args.reps if n <= 16384 else max(args.reps - 2, 1)
         medians = time_cases(cases, reps)
         del cases
         for method in methods:
             fwd, both = medians[method]
             mem = None
-            if not args.no_memory and method not in ("flat-sdpa", "hsa-window-heads-first"):
+            if not args.no_memory and method not in NO_MEMORY_RUN:
                 mem = peak_memory_mb(method, n)
-            rows.append(
-                dict(n=n, method=method, forward_s=fwd, forward_backward_s=both, peak_mb=mem)
-            )
+            row = dict(n=n, method=method, forward_s=fwd, forward_backward_s=both, peak_mb=mem)
+            if method == "hsa-window-compiled":
+                row["compile_s"] = compile_s
+            rows.append(row)
             print(
                 f"N={n:>7} {method:<11} fwd {fwd * 1e3:9.1f} ms  fwd+bwd {both * 1e3:9.1f} ms"
                 + (f"  peak {mem:8.1f} MB" if mem is not None else ""),
@@ -221,7 +248,7 @@ def write_results(rows, sizes, load, args) -> None:
         json.dumps(dict(meta=meta, rows=rows, summary=summary), indent=2)
     )
     plot(rows, RESULTS / "hsa_scaling.png")
-    print(markdown(rows, summary), flush=True)
+    print(json.dumps(summary, indent=1), flush=True)
 
 
 def summarize(rows):
@@ -234,34 +261,13 @@ def summarize(rows):
         if (n, "hsa-window-heads-first") in by:
             heads_first = by[(n, "hsa-window-heads-first")]["forward_backward_s"]
             entry["hsa_heads_first_over_bound"] = heads_first / bound
+        if (n, "hsa-window-compiled") in by:
+            compiled = by[(n, "hsa-window-compiled")]["forward_backward_s"]
+            entry["hsa_compiled_over_bound"] = compiled / bound
         if (n, "flat-sdpa") in by:
             entry["flat_over_hsa"] = by[(n, "flat-sdpa")]["forward_backward_s"] / hsa
         out[n] = entry
     return out
-
-
-def markdown(rows, summary) -> str:
-    by = {(r["n"], r["method"]): r for r in rows}
-    lines = [
-        "| N | HSA window fwd / fwd+bwd | HSA ragged fwd+bwd | bound fwd+bwd "
-        "| flat SDPA fwd / fwd+bwd | flat ÷ HSA | HSA ÷ bound | heads first ÷ bound "
-        "| HSA peak MB |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for n in sorted(summary):
-        w, r, b = by[(n, "hsa-window")], by[(n, "hsa-ragged")], by[(n, "bound")]
-        f = by.get((n, "flat-sdpa"))
-        ms = lambda s: f"{s * 1e3:.0f} ms" if s < 10 else f"{s:.1f} s"  # noqa: E731
-        flat = f"{ms(f['forward_s'])} / {ms(f['forward_backward_s'])}" if f else "—"
-        ratio = f"{summary[n]['flat_over_hsa']:.0f}×" if f else "—"
-        mem = f"{w['peak_mb']:.0f}" if w["peak_mb"] is not None else "—"
-        lines.append(
-            f"| {n:,} | {ms(w['forward_s'])} / {ms(w['forward_backward_s'])} | "
-            f"{ms(r['forward_backward_s'])} | {ms(b['forward_backward_s'])} | {flat} | {ratio} | "
-            f"{summary[n]['hsa_over_bound']:.1f}× | "
-            f"{summary[n].get('hsa_heads_first_over_bound', float('nan')):.1f}× | {mem} |"
-        )
-    return "\n".join(lines)
 
 
 def plot(rows, path: Path) -> None:

@@ -167,7 +167,8 @@ def hsa_scaling() -> list[str] | None:
         f"{threads(meta['threads'])}, {allocator(meta)}. Window hierarchy (branching per N "
         "below); ragged: "
         "random windows with the same mean; bound: one batched SDPA call per level over "
-        "that level's families. "
+        "that level's families; compiled: the window case through "
+        "`torch.compile(fullgraph=True, dynamic=False)`, contiguous inputs. "
         f"Medians of {reps} interleaved repetitions up to N = 16,384 and "
         f"{max(reps - 2, 1)} above (only the medians are stored); peak: growth of the "
         "resident-set high-water mark during one forward+backward in a fresh process. "
@@ -178,6 +179,7 @@ def hsa_scaling() -> list[str] | None:
     for n in sorted({r["n"] for r in rows}):
         w, g, b = by[(n, "hsa-window")], by[(n, "hsa-ragged")], by[(n, "bound")]
         f, h = by.get((n, "flat-sdpa")), by.get((n, "hsa-window-heads-first"))
+        c = by.get((n, "hsa-window-compiled"))
         flat = f"{secs(f['forward_s'])} / {secs(f['forward_backward_s'])}" if f else "not run"
         body.append([
             f"{n:,}", ",".join(map(str, meta["branching"][str(n)])),
@@ -187,12 +189,15 @@ def hsa_scaling() -> list[str] | None:
             ratio(w["forward_backward_s"] / b["forward_backward_s"]),
             secs(h["forward_backward_s"]) if h else "–",
             ratio(h["forward_backward_s"] / b["forward_backward_s"]) if h else "–",
+            f"{secs(c['forward_backward_s'])} ({secs(c['compile_s'])})" if c else "–",
+            ratio(c["forward_backward_s"] / b["forward_backward_s"]) if c else "–",
             num(w["peak_mb"]) if w["peak_mb"] is not None else "–",
         ])  # fmt: skip
     out += table(
         ["N", "branching", "HSA window fwd / fwd+bwd", "HSA ragged fwd+bwd", "bound fwd+bwd",
          "flat SDPA fwd / fwd+bwd", "flat ÷ HSA", "HSA ÷ bound", "HSA heads first fwd+bwd",
-         "heads first ÷ bound", "HSA peak MB"],
+         "heads first ÷ bound", "HSA compiled fwd+bwd (compile)", "compiled ÷ bound",
+         "HSA peak MB"],
         body,
     )  # fmt: skip
     return out + [source("hsa_scaling.json"), ""] + plot("hsa_scaling.png", "HSA scaling")

@@ -27,7 +27,9 @@ autograd functions, :func:`scores`, :func:`~hiergraph.ops.hsa.family.family_prod
 made of differentiable operations). Inputs ``[L, H, d]`` are read heads first
 (``q.transpose(0, 1)``): one copy each, none when their memory already is heads first
 (``[H, L, d]`` storage viewed as ``[L, H, d]``, the layout in which attention layers
-usually hold their heads); the output has the memory layout of ``q``.
+usually hold their heads); the output has the memory layout of ``q``. With a leaf mask,
+those copies (in and out, and their adjoints) also zero the padding rows, so the mask costs
+no pass of its own over the leaves.
 
 The formulas are those of :func:`~hiergraph.ops.hierarchical_attention`; with
 all leaves valid, :math:`n(\cdot)` is constant on a level, so
