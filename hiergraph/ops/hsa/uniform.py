@@ -176,7 +176,10 @@ def is_heads_first(x: Tensor) -> bool:
 def transposed(x: Tensor, scale: Tensor) -> Tensor:
     """``(x * scale).transpose(0, 1)`` in contiguous memory, written in one pass (``scale``
     broadcasts against ``x`` with as many dimensions, and gets no gradient); differentiable
-    twice in ``x``."""
+    twice in ``x``. Traced by ``torch.compile``, it is the plain product, which inductor
+    fuses with the copy itself."""
+    if torch.compiler.is_compiling():
+        return (x * scale.to(x.dtype)).transpose(0, 1).contiguous()
     return _Transposed.apply(x, scale.to(x.dtype))
 
 
