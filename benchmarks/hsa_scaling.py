@@ -2,6 +2,7 @@
 
     python benchmarks/hsa_scaling.py            # N = 1K .. 256K, 2 threads
     python benchmarks/hsa_scaling.py --quick    # N = 1K, 4K
+    python benchmarks/hsa_scaling.py --no-compile   # without the compiled case
 
 For every N it times, in one process and interleaved (every repetition runs
 each method once; medians of ``--reps`` repetitions, 2 fewer above 16K),
@@ -29,7 +30,8 @@ as the growth of the resident set's high-water mark over the resident set
 before it, after one warm-up run (not for flat SDPA). The 1-minute
 load average of the machine is recorded before and after each N, since the
 absolute times depend on it. Results go to
-``benchmarks/results/hsa_scaling.json`` and ``hsa_scaling.png``.
+``benchmarks/results/hsa_scaling.json`` and ``hsa_scaling.png`` (``--out``: another JSON
+path, the plot beside it).
 """
 
 from __future__ import annotations
@@ -188,6 +190,9 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     parser.add_argument("--reps", type=int, default=5, help="repetitions (medians) up to 16K")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--no-compile", dest="compile", action="store_false",
+                        help="leave out the compiled case (no inductor warm-up)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=RESULTS / "hsa_scaling.json")
     timing.add_allocator_option(parser)
     parser.add_argument("--memory-of", nargs=2, metavar=("METHOD", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -199,7 +204,12 @@ def main() -> None:
     sizes = args.sizes or ([1024, 4096] if args.quick else [1024, 4096, 16384, 65536, 262144])
     rows, load = [], [os.getloadavg()[0]]
     for n in sizes:
-        methods = [m for m in METHODS if m != "flat-sdpa" or n <= args.max_flat]
+        methods = [
+            m
+            for m in METHODS
+            if (m != "flat-sdpa" or n <= args.max_flat)
+            and (m != "hsa-window-compiled" or args.compile)
+        ]
         cases, compile_s = {}, None
         for m in methods:
             start = time.perf_counter()
@@ -230,7 +240,7 @@ def main() -> None:
 def write_results(rows, sizes, load, args) -> None:
     """Write the JSON and the plot for the sizes done so far (a long run keeps partial results)."""
     summary = summarize(rows)
-    RESULTS.mkdir(exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(
         heads=HEADS,
         dim=DIM,
@@ -242,13 +252,21 @@ def write_results(rows, sizes, load, args) -> None:
         allocator=args.allocator,
         cpu_count=os.cpu_count(),
         load_average_1min=load,
-        command="python benchmarks/hsa_scaling.py " + " ".join(sys.argv[1:]),
+        command=" ".join(["python benchmarks/hsa_scaling.py", *_flags(sys.argv[1:])]),
     )
-    (RESULTS / "hsa_scaling.json").write_text(
-        json.dumps(dict(meta=meta, rows=rows, summary=summary), indent=2)
-    )
-    plot(rows, RESULTS / "hsa_scaling.png")
+    args.out.write_text(json.dumps(dict(meta=meta, rows=rows, summary=summary), indent=2))
+    plot(rows, args.out.with_suffix(".png"))
     print(json.dumps(summary, indent=1), flush=True)
+
+
+def _flags(argv: list[str]) -> list[str]:
+    """The command-line flags without ``--out`` and its path (a local path, not a setting)."""
+    flags, skip = [], False
+    for arg in argv:
+        if not skip and not arg.startswith("--out"):
+            flags.append(arg)
+        skip = arg == "--out"
+    return flags
 
 
 def summarize(rows):
