@@ -245,7 +245,12 @@ def bottom_up(
     for d in range(depth - 1, -1, -1):
         b, n = fanout[d], counts[d]
         e = None if eps is None else family_layout(eps[d], b)
-        logits, lses[d], probs[d] = _family_attention(*rho[:2], e, n, b, tau, left_only, size_bias)
+        # the rows' sums need no count weights: equal counts, or padding rows of zeros
+        plain = isinstance(n, int) or (padding and d == depth - 1)
+        sums = accumulation_dtype(rho[0].dtype) if plain and d > 0 else None
+        logits, lses[d], probs[d], qk_sums = _family_attention(
+            *rho[:2], e, n, b, tau, left_only, size_bias, sums
+        )
         if d == depth - 1 and include_self:
             energy = logits.diagonal(dim1=-2, dim2=-1)
         gates[d], rhos[d] = energy, rho
@@ -253,8 +258,7 @@ def bottom_up(
             break
         # pooled statistics and energies of the parents, in their node layout [H, F_d, ·]
         total = lses[d] if energy is None else logaddexp(energy, lses[d], finite)
-        zero_rows = padding and d == depth - 1  # leaf rows: 0 where their count is 0
-        parent_energy, pooled = _pool(total, rho, n, counts[d - 1], zero_rows)
+        parent_energy, pooled = _pool(total, rho, n, counts[d - 1], plain, qk_sums)
         rho = [family_layout(t, fanout[d - 1]) for t in pooled]
         energy = family_layout(parent_energy, fanout[d - 1])
     return lses, probs, gates, rhos
@@ -280,11 +284,12 @@ def counts_below(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
     return counts[::-1]
 
 
-def _family_attention(q, k, e, n, b, tau, left_only, size_bias):
+def _family_attention(q, k, e, n, b, tau, left_only, size_bias, sums_dtype=None):
     """The logits ``[H, F, b, b]`` (before the mask and the ``log n`` key bias), ``lse
-    [H, F, b]`` and the softmax weights ``p [H, F, b, b]`` of one level in family
-    layout."""
-    logits = scores(q, k, tau)
+    [H, F, b]``, the softmax weights ``p [H, F, b, b]`` of one level in family layout and,
+    with ``sums_dtype``, the sums ``[H, F, ·]`` of ``q`` and ``k`` over every family
+    (:func:`scores`; else ``None``)."""
+    logits, *qk_sums = scores(q, k, tau, sums_dtype)
     if e is not None:
         logits = logits + torch.matmul(e, e.transpose(-1, -2))
     ar = torch.arange(b, device=q.device)
@@ -295,67 +300,82 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias):
         lse, p = softmax_dropping(logits, drop, rows_nonempty=not left_only)
         if size_bias and n > 1:
             lse = lse + math.log(n)
-        return logits, lse, p
+        return logits, lse, p, qk_sums
     biased = logits
     if size_bias:
         biased = logits + torch.log(n.clamp(min=1)).unsqueeze(2).to(logits.dtype)
-    return logits, *softmax_dropping(biased, drop | (n <= 0).unsqueeze(2))
+    return logits, *softmax_dropping(biased, drop | (n <= 0).unsqueeze(2)), qk_sums
 
 
-def scores(q: Tensor, k: Tensor, tau: float) -> Tensor:
-    r"""The logits :math:`\tau\, q k^\top` ``[..., b, b]`` of ``q, k [..., b, d]``.
+def scores(
+    q: Tensor, k: Tensor, tau: float, sums_dtype: torch.dtype | None = None
+) -> tuple[Tensor, ...]:
+    r"""The logits :math:`\tau\, q k^\top` ``[..., b, b]`` of ``q, k [..., b, d]``, and with
+    ``sums_dtype`` the sums ``[..., d]`` of ``q`` and of ``k`` over the ``b`` rows, taken in
+    that dtype (what the parents' means are made of); a tuple either way.
 
     Autograd's own backward of ``q @ k.mT`` gives ``k``'s gradient as the transpose of
     :math:`q^\top G`, a strided tensor that the view back to the leaves' layout then
-    copies; this backward computes :math:`G^\top q` directly, contiguous. It is built of
+    copies; this backward computes :math:`G^\top q` directly, contiguous. The gradients of
+    the sums (one row, broadcast to the ``b`` rows) are the base those two products
+    accumulate onto, not a pass of their own over ``q``'s gradient. It is built of
     differentiable operations, so second derivatives work."""
-    return _Scores.apply(q, k, tau)
+    return _Scores.apply(q, k, tau, sums_dtype)
 
 
 class _Scores(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, tau: float) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, tau: float, sums_dtype) -> tuple[Tensor, ...]:
         ctx.save_for_backward(q, k)
         ctx.tau = tau
-        return torch.matmul(q, k.transpose(-1, -2)).mul_(tau)
+        ctx.set_materialize_grads(False)
+        logits = torch.matmul(q, k.transpose(-1, -2)).mul_(tau)
+        if sums_dtype is None:
+            return (logits,)
+        return logits, family.family_sum(q, sums_dtype), family.family_sum(k, sums_dtype)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx, grad: Tensor | None, *sum_grads: Tensor | None):
         q, k = ctx.saved_tensors
+        bases = [None if g is None else g.to(q.dtype).unsqueeze(-2) for g in sum_grads]
+        bases += [None] * (2 - len(bases))
+        if grad is None:  # only the sums were used
+            return *(None if g is None else g.expand_as(q) for g in bases), None, None
         grad = grad * ctx.tau
         return (
-            family.family_product(grad, k),
-            family.family_product(grad.transpose(-1, -2), q),
+            family.family_product(grad, k, bases[0]),
+            family.family_product(grad.transpose(-1, -2), q, bases[1]),
+            None,
             None,
         )
 
 
 def _pool(
-    total: Tensor, rho: list[Tensor], n, parent_n, zero_rows: bool = False
+    total: Tensor, rho: list[Tensor], n, parent_n, plain: bool, qk_sums: list[Tensor]
 ) -> tuple[Tensor, list[Tensor]]:
     """Energies ``a(A) = sum_C n(C)/n(A) log(e^{a(C)} + e^{lse(C)})`` and pooled means
     of the parents ``A`` of a level given in family layout; ``[H, F]`` and ``[H, F, ·]``.
-    ``zero_rows``: the rows with count 0 are zero and the others have count 1, so the
-    count-weighted sums are plain sums.
+    ``plain``: the count-weighted sums of the rows are plain sums (all counts equal, or
+    the rows with count 0 are zero and the others have count 1); ``qk_sums``: those of
+    ``q`` and ``k``, already taken (:func:`scores`), or empty.
 
-    Sums over the ``b`` children are taken in the accumulation dtype."""
+    Sums over the ``b`` children are taken in the accumulation dtype, then scaled once
+    (the backward of a mean would divide the expanded gradient of every member)."""
     work = accumulation_dtype(total.dtype)
     if isinstance(n, int):
-        # sums then one scale of the small result: the backward of a mean would divide
-        # the expanded gradient of every member
-        b = total.size(-1)
-        energy = total.sum(-1, dtype=work) / b
-        pooled = [(family.family_sum(t, work) / b).to(t.dtype) for t in rho]
-        return energy.to(total.dtype), pooled
-    denom = parent_n.reshape(1, -1).clamp(min=1)  # [1, F]
-    keep = n > 0
-    share = (n / denom.unsqueeze(-1)).to(total.dtype)
-    energy = torch.where(keep, share * torch.where(keep, total, 0.0), 0.0).sum(-1, dtype=work)
-    pooled = [
-        (family.family_sum(t if zero_rows else t * n.unsqueeze(-1).to(t.dtype), work)
-         / denom.unsqueeze(-1)).to(t.dtype)
-        for t in rho
-    ]  # fmt: skip
+        denom = total.size(-1)
+        energy = total.sum(-1, dtype=work) / denom
+    else:
+        denom = parent_n.reshape(1, -1).clamp(min=1)  # [1, F]
+        keep = n > 0
+        share = (n / denom.unsqueeze(-1)).to(total.dtype)
+        energy = torch.where(keep, share * torch.where(keep, total, 0.0), 0.0)
+        energy, denom = energy.sum(-1, dtype=work), denom.unsqueeze(-1)
+    sums = qk_sums + [
+        family.family_sum(t if plain else t * n.unsqueeze(-1).to(t.dtype), work)
+        for t in rho[len(qk_sums) :]
+    ]
+    pooled = [(total_t / denom).to(t.dtype) for total_t, t in zip(sums, rho, strict=True)]
     return energy.to(total.dtype), pooled
 
 

@@ -160,6 +160,29 @@ def test_family_sum_accumulates_in_the_given_dtype(b):
     assert x.grad.dtype == torch.float16 and (x.grad == 1).all()
 
 
+@pytest.mark.parametrize("b", [2, 3])
+@pytest.mark.parametrize("used", ["all", "logits", "sums"])
+def test_scores_with_sums_differentiable_twice(b, used):
+    """The logits and the family sums of ``q`` and ``k`` from one function, whose backward
+    adds the sums' gradients onto the products: equal to the plain expressions, with
+    first and second derivatives, whichever outputs are used."""
+    gen = torch.Generator().manual_seed(b)
+    q, k = (torch.randn(2, 3, b, 4, generator=gen, **F64).requires_grad_() for _ in range(2))
+    logits, sum_q, sum_k = hsa_uniform.scores(q, k, 0.7, torch.float64)
+    torch.testing.assert_close(logits, 0.7 * q @ k.mT, atol=1e-15, rtol=0)
+    torch.testing.assert_close(sum_q, q.sum(-2), atol=1e-15, rtol=0)
+    torch.testing.assert_close(sum_k, k.sum(-2), atol=1e-15, rtol=0)
+    weights = [torch.randn(t.shape, generator=gen, **F64) for t in (logits, sum_q, sum_k)]
+
+    def fn(q, k):
+        outs = hsa_uniform.scores(q, k, 0.7, torch.float64)
+        pick = {"all": (0, 1, 2), "logits": (0,), "sums": (1, 2)}[used]
+        return sum((outs[i] * weights[i]).sum() for i in pick)
+
+    assert torch.autograd.gradcheck(fn, (q, k))
+    assert torch.autograd.gradgradcheck(fn, (q, k))
+
+
 def test_runs_without_the_block_kernel(monkeypatch):
     """The equal-fanout plan never reaches the family kernels."""
 
