@@ -247,9 +247,10 @@ def bottom_up(
         e = None if eps is None else family_layout(eps[d], b)
         # the rows' sums need no count weights: equal counts, or padding rows of zeros
         plain = isinstance(n, int) or (padding and d == depth - 1)
-        sums = accumulation_dtype(rho[0].dtype) if plain and d > 0 else None
+        # those of q and k then come with the logits (pooled below; none at the top)
+        sums_dtype = accumulation_dtype(rho[0].dtype) if plain and d > 0 else None
         logits, lses[d], probs[d], qk_sums = _family_attention(
-            *rho[:2], e, n, b, tau, left_only, size_bias, sums
+            *rho[:2], e, n, b, tau, left_only, size_bias, sums_dtype
         )
         if d == depth - 1 and include_self:
             energy = logits.diagonal(dim1=-2, dim2=-1)

@@ -320,18 +320,24 @@ def test_dense_gradient_materialises_broadcast_gradients_only():
     assert seen == [(4, 1), (1, 6)]  # stride 0 made dense; a transposed one passed on as is
 
 
-class _LargeCopies(TorchDispatchMode):
-    """Records the copies (``copy_``, ``clone``, ``_to_copy``) that write ``size`` or more
-    elements: the layout copies of whole levels."""
+class _LargeWrites(TorchDispatchMode):
+    """Records the operations whose output holds ``size`` or more elements: with ``only``,
+    those of these names; else all but views and allocations (the passes over whole
+    levels)."""
 
-    def __init__(self, size: int):
+    FREE = {"transpose", "view", "_unsafe_view", "expand", "detach", "unsqueeze", "diagonal",
+            "new_empty", "new_empty_strided", "empty_like", "randn_like"}  # fmt: skip
+    COPIES = ("copy_", "clone", "_to_copy")
+
+    def __init__(self, size: int, only: tuple[str, ...] | None = None):
         super().__init__()
-        self.size, self.names = size, []
+        self.size, self.only, self.names = size, only, []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        if name in ("copy_", "clone", "_to_copy") and out.numel() >= self.size:
+        counted = name in self.only if self.only else name not in self.FREE
+        if counted and isinstance(out, torch.Tensor) and out.numel() >= self.size:
             self.names.append(name)
         return out
 
@@ -348,34 +354,15 @@ def test_levels_are_copied_only_to_change_the_layout(heads_first):
     q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
     if heads_first:
         q, k, v = (t.detach().transpose(0, 1).requires_grad_() for t in (q, k, v))
-    with _LargeCopies(L * H * d) as copies:
+    with _LargeWrites(L * H * d, only=_LargeWrites.COPIES) as copies:
         out = hierarchical_attention(q, k, v, index)
     assert len(copies.names) == (0 if heads_first else 4), copies.names
     assert out.transpose(0, 1).is_contiguous() == heads_first
     if heads_first:
         grad = torch.randn_like(out)  # in the output's (heads-first) layout
-        with _LargeCopies(L * H * d) as copies:
+        with _LargeWrites(L * H * d, only=_LargeWrites.COPIES) as copies:
             out.backward(grad)
         assert not copies.names
-
-
-class _LargePasses(TorchDispatchMode):
-    """Records the operations that write ``size`` or more elements (views and allocations
-    left out): the passes over whole levels."""
-
-    FREE = {"transpose", "view", "_unsafe_view", "expand", "detach", "unsqueeze", "diagonal",
-            "new_empty", "new_empty_strided", "empty_like", "randn_like"}  # fmt: skip
-
-    def __init__(self, size: int):
-        super().__init__()
-        self.size, self.names = size, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = func.overloadpacket.__name__
-        if name not in self.FREE and isinstance(out, torch.Tensor) and out.numel() >= self.size:
-            self.names.append(name)
-        return out
 
 
 def test_a_leaf_mask_costs_no_pass_over_contiguous_inputs():
@@ -387,10 +374,10 @@ def test_a_leaf_mask_costs_no_pass_over_contiguous_inputs():
     passes = []
     for leaf_mask in (None, mask):
         q, k, v = (torch.randn(L, H, d, requires_grad=True) for _ in range(3))
-        with _LargePasses(L * H * d) as forward:
+        with _LargeWrites(L * H * d) as forward:
             out = hierarchical_attention(q, k, v, index, leaf_mask=leaf_mask, include_self=True)
         grad = torch.randn_like(out)
-        with _LargePasses(L * H * d) as backward:
+        with _LargeWrites(L * H * d) as backward:
             out.backward(grad)
         passes.append((len(forward.names), len(backward.names)))
     assert passes[0] == passes[1], passes
