@@ -375,7 +375,8 @@ def _pair_product(p: Tensor, v: Tensor, base: Tensor | None) -> Tensor:
         if base is None
         else torch.addcmul(base, p[..., :1], v[..., :1, :])
     )
-    return torch.addcmul(first, p[..., 1:], v[..., 1:, :])
+    # first is a new tensor of the product's shape (a base broadcasts to it): add in place
+    return first.addcmul_(p[..., 1:], v[..., 1:, :])
 
 
 class _PairProduct(torch.autograd.Function):
