@@ -376,7 +376,7 @@ def _pool(
         family.family_sum(t if plain else t * n.unsqueeze(-1).to(t.dtype), work)
         for t in rho[len(qk_sums) :]
     ]
-    pooled = [(total_t / denom).to(t.dtype) for total_t, t in zip(sums, rho, strict=True)]
+    pooled = [(s / denom).to(t.dtype) for s, t in zip(sums, rho, strict=True)]
     return energy.to(total.dtype), pooled
 
 
