@@ -223,9 +223,11 @@ def padded_window_hsa(
     return out.reshape(batch, length, heads, -1).contiguous()
 
 
+@torch.compiler.disable
 @functools.lru_cache(maxsize=16)
 def _padded_forest(batch: int, length: int, branching: tuple[int, ...], device: str):
-    """The tree index of ``batch`` window trees over ``length`` tokens (cached per shape)."""
+    """The tree index of ``batch`` window trees over ``length`` tokens (cached per shape;
+    host-side, so ``torch.compile`` calls it rather than tracing the tree's construction)."""
     return window_forest([length] * batch, branching).to(device).tree_index()
 
 

@@ -10,6 +10,7 @@ from hiergraph.integrations import (
     window_hierarchies,
 )
 from hiergraph.ops import hierarchical_attention_matrix
+from tests.ops.test_gpu_path import opt_in
 
 LENGTHS = [11, 16, 5]
 
@@ -58,6 +59,19 @@ def test_padded_windows_equal_the_trees_of_the_valid_tokens(lengths, branching, 
     expected = padded_hsa(q, k, v, valid, trees, **options)
     torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
     assert out.is_contiguous() and (out[~valid] == 0).all()
+
+
+@pytest.mark.slow
+@opt_in
+def test_padded_windows_trace_with_one_break_only():
+    """Under ``torch.compile`` a new batch shape's forest is built on the host, not traced
+    (a shape and branching no other test uses, so the cache misses while tracing); the one
+    graph break left is the host read of the padding's layout."""
+    q, k, v, valid = padded_inputs([24, 17, 24, 3, 24], heads=2)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(lambda *t: padded_window_hsa(*t, (3, 2, 4)))(q, k, v, valid)
+    (reason,) = explanation.break_reasons
+    assert reason.user_stack[-1].filename.endswith("padded_attention.py"), reason
 
 
 def test_padded_windows_under_left_padding_take_the_trees_of_the_valid_tokens():
