@@ -214,13 +214,22 @@ def padded_window_hsa(
         trees = window_hierarchies(token_mask.sum(1).tolist(), branching)
         return padded_hsa(q, k, v, token_mask, trees.to(q.device), **options)
     forest = _padded_forest(batch, length, tuple(branching), str(token_mask.device))
-    # token rows [B * T, H, d]: a view of the [B, T, H, d] memory transformers layers
-    # project into; the op's one copy to heads first also zeroes the padding rows
-    leaves = [t.transpose(1, 2).reshape(batch * length, heads, -1) for t in (q, k, v)]
+    leaves = [_token_rows(t) for t in (q, k, v)]
     # without padding, no leaf mask: every count is a constant of its level (a cheaper path)
     leaf_mask = None if unpadded else token_mask.reshape(-1)
     out = hierarchical_attention(*leaves, forest, leaf_mask=leaf_mask, **options)
     return out.reshape(batch, length, heads, -1).contiguous()
+
+
+def _token_rows(x: Tensor) -> Tensor:
+    """``[B, H, T, c]`` as the op's rows ``[B * T, H, c]`` with at most one copy: a view of
+    the ``[B, T, H, c]`` memory transformers layers project into (the op's copy to heads
+    first then also zeroes the padding rows), else rows of heads-first ``[H, B * T, c]``
+    memory, which the op reads as they are."""
+    batch, heads, length, _ = x.shape
+    if x.transpose(1, 2).is_contiguous():
+        return x.transpose(1, 2).reshape(batch * length, heads, -1)
+    return x.transpose(0, 1).reshape(heads, batch * length, -1).transpose(0, 1)
 
 
 @torch.compiler.disable

@@ -74,6 +74,25 @@ def test_padded_windows_trace_with_one_break_only():
     assert reason.user_stack[-1].filename.endswith("padded_attention.py"), reason
 
 
+@pytest.mark.parametrize("padded", [True, False])
+def test_padded_windows_read_either_memory_layout(padded):
+    """``[B, H, T, d]`` inputs held as ``[B, T, H, d]`` memory (as transformers project
+    them) and contiguous ones give the same output and gradients."""
+    lengths = [16, 9, 16] if padded else [16, 16]
+    q, k, v, valid = padded_inputs(lengths, heads=3)
+    results = []
+    for tokens_first in (False, True):
+        inputs = [
+            (t.transpose(1, 2).contiguous().transpose(1, 2) if tokens_first else t.clone())
+            .requires_grad_()
+            for t in (q, k, v)
+        ]  # fmt: skip
+        out = padded_window_hsa(*inputs, valid, (2, 4, 2))
+        results.append((out, *torch.autograd.grad(out.pow(2).sum(), inputs)))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
 def test_padded_windows_under_left_padding_take_the_trees_of_the_valid_tokens():
     q, k, v, valid = padded_inputs([4, 6], heads=1)
     valid = valid.flip(1)
