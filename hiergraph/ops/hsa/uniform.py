@@ -24,12 +24,14 @@ tree and head at once, with no copies between layouts and no host synchronisatio
 path runs under ``torch.compile(fullgraph=True)`` and is differentiable twice (its small
 autograd functions, :func:`scores`, :func:`~hiergraph.ops.hsa.family.family_product`,
 :func:`~hiergraph.ops.hsa.family.family_sum` and :func:`dense_gradient`, have backwards
-made of differentiable operations). Inputs ``[L, H, d]`` are read heads first
-(``q.transpose(0, 1)``): one copy each, none when their memory already is heads first
-(``[H, L, d]`` storage viewed as ``[L, H, d]``, the layout in which attention layers
-usually hold their heads); the output has the memory layout of ``q``. With a leaf mask,
-those copies (in and out, and their adjoints) also zero the padding rows, so the mask costs
-no pass of its own over the leaves.
+made of differentiable operations). Inputs whose memory is heads first (``[H, L, d]``
+storage viewed as ``[L, H, d]``) are read as they are. Contiguous ``[L, H, d]`` inputs
+are read in place too, by the leaf level (one product per head on strided views,
+:mod:`~hiergraph.ops.hsa.token_layout`), whose result is written in their layout; only
+the level's pooled means go heads first. With a leaf mask (or families of two, or one
+head), they are copied heads first instead (``q.transpose(0, 1)``), and those copies (in
+and out, and their adjoints) also zero the padding rows, so the mask costs no pass of its
+own over the leaves. The output has the memory layout of ``q``.
 
 The formulas are those of :func:`~hiergraph.ops.hierarchical_attention`; with
 all leaves valid, :math:`n(\cdot)` is constant on a level, so
@@ -46,7 +48,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
-from hiergraph.ops.hsa import family
+from hiergraph.ops.hsa import family, token_layout
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_dropping
 from hiergraph.ops.rows import permute_rows
 from hiergraph.plan.tree_index import TreeIndex
@@ -96,13 +98,27 @@ def uniform_hierarchical_attention(
     # leaves' sums need no count weights
     counts = counts_below(weight, fanout)
     zero_rows = weight is not None and not padding and not is_heads_first(q)
-    if zero_rows:
-        leaves = [transposed(t, weight[:, None, None]) for t in (q, k, v)]
+    # without a mask, node-major leaves are read where they lie (token_layout)
+    tokens = weight is None and all(token_layout.fits(t, fanout[-1]) for t in (q, k, v))
+    if tokens:
+        rho = [token_layout.token_families(t, fanout[-1]) for t in (q, k, v)]
     else:
-        leaves = [heads_first(t) for t in (q, k, v)]
-    rho = [family_layout(t, fanout[-1]) for t in leaves]
+        if zero_rows:
+            leaves = [transposed(t, weight[:, None, None]) for t in (q, k, v)]
+        else:
+            leaves = [heads_first(t) for t in (q, k, v)]
+        rho = [family_layout(t, fanout[-1]) for t in leaves]
     lses, probs, gates, rhos = bottom_up(
-        rho, include_self, counts, fanout, eps, tau, left_only, size_bias, padding or zero_rows
+        rho,
+        include_self,
+        counts,
+        fanout,
+        eps,
+        tau,
+        left_only,
+        size_bias,
+        padding or zero_rows,
+        tokens,
     )
     finite = all_finite(counts, left_only)
 
@@ -122,6 +138,9 @@ def uniform_hierarchical_attention(
         u = None if log_mu is None else _add(u, log_mu)
         if d + 1 == depth and include_self:
             p = p + torch.diag_embed(torch.exp(u))
+        if d + 1 == depth and tokens:  # the output, in the leaves' node-major memory
+            base = None if acc is None else acc.unsqueeze(2)
+            return token_layout.token_product(p, rhos[d][2], base).flatten(0, 1)
         acc = _weighted_sum(acc, p, rhos[d][2])
         if d + 1 < depth:
             acc, u = node_layout(acc), None if u is None else node_layout(u)
@@ -228,13 +247,23 @@ def like(out: Tensor, q: Tensor, weight: Tensor | None = None) -> Tensor:
 
 
 def bottom_up(
-    rho, include_self, counts, fanout, eps, tau, left_only, size_bias, padding=False
+    rho,
+    include_self,
+    counts,
+    fanout,
+    eps,
+    tau,
+    left_only,
+    size_bias,
+    padding=False,
+    tokens=False,
 ) -> tuple:
     r"""The bottom-up pass from the leaves (``rho``: their ``q, k, v`` in family layout) to
     the roots' children. Per level ``d`` (depth ``d + 1``), in family layout:
     ``lse [H, F, b]``, the family softmax ``p [H, F, b, b]`` (:math:`\vartheta` is
     ``p @ rho[2]``), the energies ``a`` (``None``: ``-inf``) and the pooled ``rho``.
-    With ``padding`` (masked leaves have zero rows), the leaves' sums are plain sums.
+    With ``padding`` (masked leaves have zero rows), the leaves' sums are plain sums; with
+    ``tokens`` the leaves come node-major, ``[F, b, H, ·]`` (:mod:`token_layout`).
 
     The leaves' self energies :math:`\tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i`
     (``include_self``) are the diagonal of their families' logits, read from them rather
@@ -249,8 +278,9 @@ def bottom_up(
         plain = isinstance(n, int) or (padding and d == depth - 1)
         # those of q and k then come with the logits (pooled below; none at the top)
         sums_dtype = accumulation_dtype(rho[0].dtype) if plain and d > 0 else None
+        leaves = tokens and d == depth - 1
         logits, lses[d], probs[d], qk_sums = _family_attention(
-            *rho[:2], e, n, b, tau, left_only, size_bias, sums_dtype
+            *rho[:2], e, n, b, tau, left_only, size_bias, sums_dtype, leaves
         )
         if d == depth - 1 and include_self:
             energy = logits.diagonal(dim1=-2, dim2=-1)
@@ -259,7 +289,7 @@ def bottom_up(
             break
         # pooled statistics and energies of the parents, in their node layout [H, F_d, ·]
         total = lses[d] if energy is None else logaddexp(energy, lses[d], finite)
-        parent_energy, pooled = _pool(total, rho, n, counts[d - 1], plain, qk_sums)
+        parent_energy, pooled = _pool(total, rho, n, counts[d - 1], plain, qk_sums, leaves)
         rho = [family_layout(t, fanout[d - 1]) for t in pooled]
         energy = family_layout(parent_energy, fanout[d - 1])
     return lses, probs, gates, rhos
@@ -285,12 +315,13 @@ def counts_below(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
     return counts[::-1]
 
 
-def _family_attention(q, k, e, n, b, tau, left_only, size_bias, sums_dtype=None):
+def _family_attention(q, k, e, n, b, tau, left_only, size_bias, sums_dtype=None, tokens=False):
     """The logits ``[H, F, b, b]`` (before the mask and the ``log n`` key bias), ``lse
     [H, F, b]``, the softmax weights ``p [H, F, b, b]`` of one level in family layout and,
     with ``sums_dtype``, the sums ``[H, F, ·]`` of ``q`` and ``k`` over every family
-    (:func:`scores`; else ``None``)."""
-    logits, *qk_sums = scores(q, k, tau, sums_dtype)
+    (:func:`scores`; else ``None``). ``tokens``: ``q, k`` are node-major ``[F, b, H, ·]``
+    (:func:`~hiergraph.ops.hsa.token_layout.token_scores`)."""
+    logits, *qk_sums = (token_layout.token_scores if tokens else scores)(q, k, tau, sums_dtype)
     if e is not None:
         logits = logits + torch.matmul(e, e.transpose(-1, -2))
     ar = torch.arange(b, device=q.device)
@@ -352,13 +383,20 @@ class _Scores(torch.autograd.Function):
 
 
 def _pool(
-    total: Tensor, rho: list[Tensor], n, parent_n, plain: bool, qk_sums: list[Tensor]
+    total: Tensor,
+    rho: list[Tensor],
+    n,
+    parent_n,
+    plain: bool,
+    qk_sums: list[Tensor],
+    tokens: bool = False,
 ) -> tuple[Tensor, list[Tensor]]:
     """Energies ``a(A) = sum_C n(C)/n(A) log(e^{a(C)} + e^{lse(C)})`` and pooled means
     of the parents ``A`` of a level given in family layout; ``[H, F]`` and ``[H, F, ·]``.
     ``plain``: the count-weighted sums of the rows are plain sums (all counts equal, or
     the rows with count 0 are zero and the others have count 1); ``qk_sums``: those of
-    ``q`` and ``k``, already taken (:func:`scores`), or empty.
+    ``q`` and ``k``, already taken (:func:`scores`), or empty; ``tokens``: ``rho`` is
+    node-major ``[F, b, H, ·]`` (all counts equal).
 
     Sums over the ``b`` children are taken in the accumulation dtype, then scaled once
     (the backward of a mean would divide the expanded gradient of every member)."""
@@ -372,10 +410,13 @@ def _pool(
         share = (n / denom.unsqueeze(-1)).to(total.dtype)
         energy = torch.where(keep, share * torch.where(keep, total, 0.0), 0.0)
         energy, denom = energy.sum(-1, dtype=work), denom.unsqueeze(-1)
-    sums = qk_sums + [
-        family.family_sum(t if plain else t * n.unsqueeze(-1).to(t.dtype), work)
-        for t in rho[len(qk_sums) :]
-    ]
+    if tokens:
+        sums = qk_sums + [token_layout.token_sum(t, work) for t in rho[len(qk_sums) :]]
+    else:
+        sums = qk_sums + [
+            family.family_sum(t if plain else t * n.unsqueeze(-1).to(t.dtype), work)
+            for t in rho[len(qk_sums) :]
+        ]
     pooled = [(s / denom).to(t.dtype) for s, t in zip(sums, rho, strict=True)]
     return energy.to(total.dtype), pooled
 

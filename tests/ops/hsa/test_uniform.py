@@ -212,8 +212,11 @@ def test_giant_families_go_to_the_chunked_block_kernel(monkeypatch):
 @pytest.mark.parametrize(
     "opts", [dict(include_self=True, leaky_causal=True), dict(include_self=False)]
 )
-def test_second_derivatives(opts):
-    tree = window_hierarchy(12, (2, 3))
+@pytest.mark.parametrize("branching", [(2, 3), (3, 2)], ids=["pairs", "node-major-leaves"])
+def test_second_derivatives(opts, branching):
+    """Families of two (element-wise passes) and of three (without a mask, leaves read
+    node-major: :mod:`hiergraph.ops.hsa.token_layout`)."""
+    tree = window_hierarchy(12, branching)
     q, k, v = (torch.randn(12, 2, 3, **F64, requires_grad=True) for _ in range(3))
     mask = torch.tensor([1, 1, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1], dtype=torch.bool)
     for leaf_mask in (None, mask):
@@ -343,11 +346,11 @@ class _LargeWrites(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("heads_first", [False, True])
-def test_levels_are_copied_only_to_change_the_layout(heads_first):
-    """Levels are views of one another: for heads-first inputs the forward and the backward
-    (of a gradient in the output's layout) copy nothing of level size; for contiguous
-    ``[L, H, d]`` inputs the forward copies exactly ``q``, ``k``, ``v`` in and the output
-    out."""
+def test_levels_are_never_copied(heads_first):
+    """Levels are views of one another, and the leaves are read in the inputs' memory
+    (heads first as they are; node-major ``[L, H, d]`` by one product per head,
+    :mod:`hiergraph.ops.hsa.token_layout`): the forward and the backward (of a gradient in
+    the output's layout) copy nothing of level size, and the output keeps ``q``'s layout."""
     index = window_forest([32] * 4, (4, 8)).tree_index()
     L, H, d = 128, 2, 8
     shape = (H, L, d) if heads_first else (L, H, d)
@@ -356,19 +359,19 @@ def test_levels_are_copied_only_to_change_the_layout(heads_first):
         q, k, v = (t.detach().transpose(0, 1).requires_grad_() for t in (q, k, v))
     with _LargeWrites(L * H * d, only=_LargeWrites.COPIES) as copies:
         out = hierarchical_attention(q, k, v, index)
-    assert len(copies.names) == (0 if heads_first else 4), copies.names
+    assert not copies.names
     assert out.transpose(0, 1).is_contiguous() == heads_first
-    if heads_first:
-        grad = torch.randn_like(out)  # in the output's (heads-first) layout
-        with _LargeWrites(L * H * d, only=_LargeWrites.COPIES) as copies:
-            out.backward(grad)
-        assert not copies.names
+    grad = torch.randn_like(out)  # in the output's layout
+    with _LargeWrites(L * H * d, only=_LargeWrites.COPIES) as copies:
+        out.backward(grad)
+    assert not copies.names
 
 
 def test_a_leaf_mask_costs_no_pass_over_contiguous_inputs():
-    """With contiguous ``[L, H, d]`` inputs the layout copies, in and out, forward and
+    """With contiguous ``[L, H, d]`` inputs copied to heads first (families of two: the
+    node-major leaf level needs ``b >= 3``) the layout copies, in and out, forward and
     backward, also zero the padding rows: a leaf mask adds no pass over the leaves."""
-    index = window_forest([32] * 4, (4, 8)).tree_index()
+    index = window_forest([32] * 4, (2, 4, 4)).tree_index()
     L, H, d = 128, 2, 8
     mask = torch.rand(L, generator=torch.Generator().manual_seed(0)) > 0.3
     passes = []

@@ -1,0 +1,131 @@
+r"""The leaf level of equal-fanout HSA read in the inputs' own ``[L, H, d]`` memory.
+
+:mod:`hiergraph.ops.hsa.uniform` works heads first: a level's families are
+``[H, F, b, ·]``, so that one batched matrix product covers every head and family. Inputs
+held node-major (``[L, H, d]`` contiguous, the layout of a ``Linear`` projection) would
+first be copied to that layout, and the output and every leaf gradient copied back. At the
+leaf level the copies can be skipped: seen as ``[F, b, H, d]``, one head's families are a
+batch of ``[b, d]`` matrices with row stride ``H d``, which CPU BLAS reads in place as
+fast as contiguous ones. So the leaf level runs one product per head on these strided
+views:
+
+* :func:`token_scores`: the logits ``[H, F, b, b]`` and the family sums of ``q`` and ``k``
+  (heads first, for the level above);
+* :func:`token_product`: ``base + p @ v`` written straight into node-major ``[F, b, H,
+  d_v]`` memory (the output's layout), with the output gradient read in place.
+
+Their results per head are stacked once, which costs what the copy of the product's result
+would; what is saved are the copies of ``q``, ``k``, ``v`` and of the output gradient.
+Both are differentiable twice (their backwards are made of the same differentiable
+products).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def fits(q: Tensor, b: int) -> bool:
+    """Whether a leaf level of families of ``b`` runs on ``q``'s node-major memory: a
+    contiguous ``[L, H, d]`` CPU tensor with more than one head and ``b >= 3`` (families
+    of two run as element-wise passes, which read any layout)."""
+    return q.device.type == "cpu" and q.is_contiguous() and q.size(1) > 1 and b >= 3
+
+
+def token_families(x: Tensor, b: int) -> Tensor:
+    """Node-major rows ``[L, H, c]`` viewed as families ``[F, b, H, c]``."""
+    return x.unflatten(0, (-1, b))
+
+
+def token_sum(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """The family sums ``[H, F, c]`` (heads first, contiguous) of ``x [F, b, H, c]``,
+    taken in ``dtype``."""
+    return x.sum(1, dtype=dtype).transpose(0, 1).contiguous()
+
+
+def token_scores(q: Tensor, k: Tensor, tau: float, sums_dtype: torch.dtype | None = None):
+    r"""The logits :math:`\tau\, q k^\top` ``[H, F, b, b]`` of the families ``q, k [F, b,
+    H, d]`` and, with ``sums_dtype``, the family sums ``[H, F, d]`` of ``q`` and ``k`` in
+    that dtype; a tuple either way (as :func:`~hiergraph.ops.hsa.uniform.scores`). The
+    gradients of the sums are the base of the products that give ``q``'s and ``k``'s."""
+    return _TokenScores.apply(q, k, tau, sums_dtype)
+
+
+def token_product(p: Tensor, v: Tensor, base: Tensor | None) -> Tensor:
+    """``base + p @ v`` for weights ``p [H, F, b, b]``, values ``v [F, b, H, d_v]`` and an
+    optional ``base [H, F, 1, d_v]`` (broadcast over the rows): ``[F, b, H, d_v]``."""
+    return _TokenProduct.apply(p, v, base)
+
+
+def _per_head(fn, heads: int, dim: int) -> Tensor:
+    """``fn(h)`` for every head, stacked along ``dim``."""
+    return torch.stack([fn(h) for h in range(heads)], dim)
+
+
+def _plus(base: Tensor | None, h: int, like: Tensor) -> Tensor | None:
+    """Head ``h`` of a ``[H, F, 1, c]`` base, broadcast to ``like``'s ``[F, r, c]``."""
+    return None if base is None else base[h].expand_as(like)
+
+
+def _product(a: Tensor, b: Tensor, base: Tensor | None) -> Tensor:
+    return torch.bmm(a, b) if base is None else torch.baddbmm(base, a, b)
+
+
+class _TokenScores(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, tau, sums_dtype):
+        ctx.save_for_backward(q, k)
+        ctx.tau = tau
+        ctx.set_materialize_grads(False)
+        heads = q.size(2)
+        logits = _per_head(lambda h: q[:, :, h] @ k[:, :, h].transpose(1, 2), heads, 0)
+        logits.mul_(tau)
+        if sums_dtype is None:
+            return (logits,)
+        return logits, token_sum(q, sums_dtype), token_sum(k, sums_dtype)
+
+    @staticmethod
+    def backward(ctx, grad, *sum_grads):
+        q, k = ctx.saved_tensors
+        bases = [None if g is None else g.to(q.dtype).unsqueeze(2) for g in sum_grads]
+        bases += [None] * (2 - len(bases))
+        heads = q.size(2)
+        if grad is None:  # only the sums were used
+            return (
+                *(None if g is None else g.squeeze(2).transpose(0, 1)[:, None].expand_as(q)
+                  for g in bases),
+                None,
+                None,
+            )  # fmt: skip
+        grad = grad * ctx.tau
+        ks, qs = k[:, :, 0], q[:, :, 0]
+        grad_q = _per_head(
+            lambda h: _product(grad[h], k[:, :, h], _plus(bases[0], h, qs)), heads, 2
+        )
+        grad_k = _per_head(
+            lambda h: _product(grad[h].transpose(1, 2), q[:, :, h], _plus(bases[1], h, ks)),
+            heads,
+            2,
+        )
+        return grad_q, grad_k, None, None
+
+
+class _TokenProduct(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, p, v, base):
+        ctx.save_for_backward(p, v)
+        ctx.has_base = base is not None
+        vs = v[:, :, 0]
+        return _per_head(lambda h: _product(p[h], v[:, :, h], _plus(base, h, vs)), v.size(2), 2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        p, v = ctx.saved_tensors
+        if 0 in grad.stride():  # a broadcast gradient: bmm would run it matrix by matrix
+            grad = grad.contiguous()
+        heads = v.size(2)
+        grad_p = _per_head(lambda h: grad[:, :, h] @ v[:, :, h].transpose(1, 2), heads, 0)
+        grad_v = _per_head(lambda h: p[h].transpose(1, 2) @ grad[:, :, h], heads, 2)
+        grad_base = grad.sum(1).transpose(0, 1).unsqueeze(2) if ctx.has_base else None
+        return grad_p, grad_v, grad_base
