@@ -25,7 +25,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
 #: Most heads read node-major: per-head products over rows ``H d`` apart lose to one copy
 #: and one batched product from about 12 heads (32 × 512 tokens, 12 heads × 64: 7% slower
 #: forward+backward; 4 and 8 heads: 4–8% faster).

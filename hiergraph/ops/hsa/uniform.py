@@ -29,9 +29,9 @@ storage viewed as ``[L, H, d]``) are read as they are. Contiguous ``[L, H, d]`` 
 are read in place too, by the leaf level (one product per head on strided views,
 :mod:`~hiergraph.ops.hsa.token_layout`), whose result is written in their layout; only
 the level's pooled means go heads first. With a leaf mask (or families of two, or one
-head, or many heads), they are copied heads first instead (``q.transpose(0, 1)``), and those copies (in
-and out, and their adjoints) also zero the padding rows, so the mask costs no pass of its
-own over the leaves. The output has the memory layout of ``q``.
+head, or many heads), they are copied heads first instead (``q.transpose(0, 1)``), and
+those copies (in and out, and their adjoints) also zero the padding rows, so the mask
+costs no pass of its own over the leaves. The output has the memory layout of ``q``.
 
 The formulas are those of :func:`~hiergraph.ops.hierarchical_attention`; with
 all leaves valid, :math:`n(\cdot)` is constant on a level, so
