@@ -30,13 +30,24 @@ from torch import Tensor
 #: forward+backward; 4 and 8 heads: 4–8% faster).
 MAX_HEADS = 8
 
+#: Largest ``q`` (elements) read node-major: past it the per-head passes over memory lose
+#: to the copies (4 heads × 64: 10% slower at 64K and 256K leaves, 5–8% faster up to 16K).
+MAX_ELEMENTS = 1 << 22
+
 
 def fits(q: Tensor, b: int) -> bool:
     """Whether a leaf level of families of ``b`` runs on ``q``'s node-major memory: a
-    contiguous ``[L, H, d]`` CPU tensor with ``2 <= H <=`` :data:`MAX_HEADS` and ``b >= 3``
-    (families of two run as element-wise passes, which read any layout)."""
+    contiguous ``[L, H, d]`` CPU tensor of at most :data:`MAX_ELEMENTS` elements with
+    ``2 <= H <=`` :data:`MAX_HEADS` and ``b >= 3`` (families of two run as element-wise
+    passes, which read any layout)."""
     heads = q.size(1)
-    return q.device.type == "cpu" and q.is_contiguous() and 1 < heads <= MAX_HEADS and b >= 3
+    return (
+        q.device.type == "cpu"
+        and q.is_contiguous()
+        and q.numel() <= MAX_ELEMENTS
+        and 1 < heads <= MAX_HEADS
+        and b >= 3
+    )
 
 
 def token_families(x: Tensor, b: int) -> Tensor:

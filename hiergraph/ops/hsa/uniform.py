@@ -26,12 +26,13 @@ autograd functions, :func:`scores`, :func:`~hiergraph.ops.hsa.family.family_prod
 :func:`~hiergraph.ops.hsa.family.family_sum` and :func:`dense_gradient`, have backwards
 made of differentiable operations). Inputs whose memory is heads first (``[H, L, d]``
 storage viewed as ``[L, H, d]``) are read as they are. Contiguous ``[L, H, d]`` inputs
-are read in place too, by the leaf level (one product per head on strided views,
-:mod:`~hiergraph.ops.hsa.token_layout`), whose result is written in their layout; only
-the level's pooled means go heads first. With a leaf mask (or families of two, or one
-head, or many heads), they are copied heads first instead (``q.transpose(0, 1)``), and
-those copies (in and out, and their adjoints) also zero the padding rows, so the mask
-costs no pass of its own over the leaves. The output has the memory layout of ``q``.
+(of a few million elements at most) are read in place too, by the leaf level (one product
+per head on strided views, :mod:`~hiergraph.ops.hsa.token_layout`), whose result is
+written in their layout; only the level's pooled means go heads first. Otherwise (a leaf
+mask, families of two, one head or many, large inputs) they are copied heads first
+(``q.transpose(0, 1)``), and those copies (in and out, and their adjoints) also zero the
+padding rows, so a mask costs no pass of its own over the leaves. The output has the
+memory layout of ``q``.
 
 The formulas are those of :func:`~hiergraph.ops.hierarchical_attention`; with
 all leaves valid, :math:`n(\cdot)` is constant on a level, so
