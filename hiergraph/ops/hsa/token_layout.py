@@ -80,12 +80,13 @@ def _per_head(fn, heads: int, dim: int) -> Tensor:
     return torch.stack([fn(h) for h in range(heads)], dim)
 
 
-def _plus(base: Tensor | None, h: int, like: Tensor) -> Tensor | None:
-    """Head ``h`` of a ``[H, F, 1, c]`` base, broadcast to ``like``'s ``[F, r, c]``."""
-    return None if base is None else base[h].expand_as(like)
+def _plus(base: Tensor | None, h: int, rows: int) -> Tensor | None:
+    """Head ``h`` of a ``[H, F, 1, c]`` base, broadcast to ``[F, rows, c]`` (a view)."""
+    return None if base is None else base[h].expand(-1, rows, -1)
 
 
 def _product(a: Tensor, b: Tensor, base: Tensor | None) -> Tensor:
+    """``base + a @ b`` (batched; ``None``: no base)."""
     return torch.bmm(a, b) if base is None else torch.baddbmm(base, a, b)
 
 
@@ -107,23 +108,16 @@ class _TokenScores(torch.autograd.Function):
         q, k = ctx.saved_tensors
         bases = [None if g is None else g.to(q.dtype).unsqueeze(2) for g in sum_grads]
         bases += [None] * (2 - len(bases))
-        heads = q.size(2)
-        if grad is None:  # only the sums were used
-            return (
-                *(None if g is None else g.squeeze(2).transpose(0, 1)[:, None].expand_as(q)
-                  for g in bases),
-                None,
-                None,
-            )  # fmt: skip
+        rows, heads = q.shape[1:3]
+        if grad is None:  # only the sums were used: their gradients, broadcast
+            grads = [None if g is None else g.permute(1, 2, 0, 3).expand_as(q) for g in bases]
+            return *grads, None, None
         grad = grad * ctx.tau
-        ks, qs = k[:, :, 0], q[:, :, 0]
         grad_q = _per_head(
-            lambda h: _product(grad[h], k[:, :, h], _plus(bases[0], h, qs)), heads, 2
+            lambda h: _product(grad[h], k[:, :, h], _plus(bases[0], h, rows)), heads, 2
         )
         grad_k = _per_head(
-            lambda h: _product(grad[h].transpose(1, 2), q[:, :, h], _plus(bases[1], h, ks)),
-            heads,
-            2,
+            lambda h: _product(grad[h].mT, q[:, :, h], _plus(bases[1], h, rows)), heads, 2
         )
         return grad_q, grad_k, None, None
 
@@ -133,8 +127,8 @@ class _TokenProduct(torch.autograd.Function):
     def forward(ctx, p, v, base):
         ctx.save_for_backward(p, v)
         ctx.has_base = base is not None
-        vs = v[:, :, 0]
-        return _per_head(lambda h: _product(p[h], v[:, :, h], _plus(base, h, vs)), v.size(2), 2)
+        rows = v.size(1)
+        return _per_head(lambda h: _product(p[h], v[:, :, h], _plus(base, h, rows)), v.size(2), 2)
 
     @staticmethod
     def backward(ctx, grad):
