@@ -109,17 +109,9 @@ def uniform_hierarchical_attention(
         else:
             leaves = [heads_first(t) for t in (q, k, v)]
         rho = [family_layout(t, fanout[-1]) for t in leaves]
+    options = dict(padding=padding or zero_rows, tokens=tokens)
     lses, probs, gates, rhos = bottom_up(
-        rho,
-        include_self,
-        counts,
-        fanout,
-        eps,
-        tau,
-        left_only,
-        size_bias,
-        padding or zero_rows,
-        tokens,
+        rho, include_self, counts, fanout, eps, tau, left_only, size_bias, **options
     )
     finite = all_finite(counts, left_only)
 
@@ -248,17 +240,9 @@ def like(out: Tensor, q: Tensor, weight: Tensor | None = None) -> Tensor:
 
 
 def bottom_up(
-    rho,
-    include_self,
-    counts,
-    fanout,
-    eps,
-    tau,
-    left_only,
-    size_bias,
-    padding=False,
+    rho, include_self, counts, fanout, eps, tau, left_only, size_bias, *, padding=False,
     tokens=False,
-) -> tuple:
+) -> tuple:  # fmt: skip
     r"""The bottom-up pass from the leaves (``rho``: their ``q, k, v`` in family layout) to
     the roots' children. Per level ``d`` (depth ``d + 1``), in family layout:
     ``lse [H, F, b]``, the family softmax ``p [H, F, b, b]`` (:math:`\vartheta` is
