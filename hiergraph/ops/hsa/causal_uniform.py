@@ -7,12 +7,14 @@ depth-:math:`s` node are a run of :math:`N_s = b_{s+1} \cdots b_D` consecutive
 leaves, so for leaf :math:`i` and its depth-:math:`s` ancestor :math:`A_s`
 
 * the prefix sum :math:`\sum_{j \le i,\, j \in A_s} q_j` is a cumulative sum over
-  that run, and the prefix count :math:`n_i(A_s)` is ``i mod N_s + 1``. It is built
-  bottom-up: within the deepest families as a product with a lower-triangular matrix of
-  ones (a small matrix product, several times faster than ``cumsum`` and its flipped
-  backward), and for :math:`A_s` as the prefix sum within :math:`A_{s+1}` plus the sums
-  of :math:`A_{s+1}`'s left siblings (their means times :math:`N_{s+1}`, an exclusive
-  cumulative sum over each family of the bottom-up pass's means);
+  that run, and the prefix count :math:`n_i(A_s)` is ``i mod N_s + 1``. The sum is never
+  formed: the logits are linear in it, so the leaves' own logits against :math:`A_s`'s
+  siblings are summed over each prefix within the deepest family (a small product with a
+  lower-triangular matrix of ones, several times faster than ``cumsum``), and the rest of
+  the prefix, the sums of the left siblings of the ancestors :math:`A_{s+1}, \dots`
+  below :math:`A_s` (their means times their counts, exclusive cumulative sums over each
+  family of the bottom-up pass's means), is the same for a whole deepest family and adds
+  one row of logits per family;
 * the keys are the left siblings of :math:`A_s`, complete sub-trees whose means
   :math:`\rho_k, \rho_v`, counts :math:`N_s` and values :math:`g(B)` are those of the
   paper's sibling-masked HSA (App. G.1), computed once for every node by the
@@ -77,11 +79,13 @@ def uniform_causal_attention(
     # (theta = p @ values, kept as the pair: the top-down gains scale p, not theta)
     lse, weights = [None] * depth, [None] * depth
     lse[-1], weights[-1] = node_layout(lses[-1]), (probs[-1], rhos[-1][2])
-    prefixes = _prefix_sums(leaves[0], rhos, fanout, below)
+    offsets = _prefix_offsets(rhos, fanout, below)
     for d in range(depth - 2, -1, -1):
         b, n_s = fanout[d], below[d]
         count = (position % n_s + 1).to(q.dtype)
-        lse[d], weights[d] = _prefix_attention(prefixes[d], count, rhos[d], eps, d, b, n_s, tau)
+        lse[d], weights[d] = _prefix_attention(
+            leaves[0], offsets[d], count, rhos[d], eps, d, b, n_s, fanout[-1], tau
+        )
 
     # energies along each leaf's path, bottom-up: a_i(A_s) from the child's g_i(A_{s+1})
     a = [None] * depth
@@ -115,43 +119,58 @@ def uniform_causal_attention(
     return like(dense_gradient(out), q)
 
 
-def _prefix_sums(q: Tensor, rhos: list, fanout: tuple[int, ...], below: list[int]) -> list:
-    r"""Per depth index ``d = 0 … D - 2``, the sums ``[H, L, d_q]`` of the queries of every
-    leaf's prefix within its depth-``d + 1`` ancestor (leaves ``q`` in node layout
-    ``[H, L, d_q]``; ``rhos``: the bottom-up pass's means in family layout).
+def _prefix_offsets(rhos: list, fanout: tuple[int, ...], below: list[int]) -> list:
+    r"""Per depth index ``d = 0 … D - 2``, the part of every leaf's prefix sum within its
+    depth-``d + 1`` ancestor that lies outside its own family of leaves: ``[H, n_{D-1},
+    d_q]``, one row per depth-:math:`D - 1` node (the parent of a leaf family), or
+    ``None`` for ``d = D - 2`` (the whole prefix then lies in the leaf's family).
 
-    The deepest run is a product with ``tril(ones)``, whose zero entries add exact zeros:
-    finite later leaves do not change an earlier sum by a bit (a non-finite query would
-    reach the earlier sums of its deepest family as ``0 * inf = nan``). Above, the prefix within
-    :math:`A_s` is the prefix within the child :math:`A_{s+1}` plus the complete sums
-    :math:`N_{s+1} \rho_q(B)` of :math:`A_{s+1}`'s left siblings :math:`B`, an exclusive
-    cumulative sum (``pad`` then ``cumsum``: no term of a later sibling is ever added)."""
-    depth, b = len(fanout), fanout[-1]
-    sums = [None] * depth
-    if depth < 2:
-        return sums
-    tril = torch.ones(b, b, dtype=q.dtype, device=q.device).tril()
-    sums[depth - 2] = node_layout(torch.matmul(tril, family_layout(q, b)))
+    The prefix of leaf :math:`i` within :math:`A_{d+1}` is its prefix within its family
+    plus, for every depth :math:`e = d + 2 … D - 1`, the complete sums
+    :math:`N_e \rho_q(B)` of the left siblings :math:`B` of :math:`A_e(i)`: an exclusive
+    cumulative sum over each family of the bottom-up pass's means (``pad`` then
+    ``cumsum``: no term of a later sibling is ever added). Those depend on the leaf's
+    family only, so they are held per family, not per leaf (``rhos``: the bottom-up
+    pass's means in family layout)."""
+    depth = len(fanout)
+    offsets = [None] * max(depth - 1, 0)
     for d in range(depth - 3, -1, -1):
-        n_child = below[d + 1]
-        child = rhos[d + 1][0] * n_child  # [H, F, b, d_q]: complete sums of the children
+        n_child = below[d + 1] // fanout[-1]  # leaf families below a node of depth d + 2
+        child = rhos[d + 1][0] * below[d + 1]  # [H, F, b, d_q]: complete sums of the children
         left = node_layout(F.pad(child[:, :, :-1].cumsum(2), (0, 0, 1, 0)))
-        sums[d] = node_layout(family_layout(sums[d + 1], n_child) + left.unsqueeze(2))
-    return sums
+        offset = (
+            left.unsqueeze(2)
+            if offsets[d + 1] is None
+            else (family_layout(offsets[d + 1], n_child) + left.unsqueeze(2))
+        )
+        offsets[d] = node_layout(offset.expand(-1, -1, n_child, -1))
+    return offsets
 
 
-def _prefix_attention(prefix, count, rho, eps, d, b, n_s, tau) -> tuple[Tensor, tuple]:
-    """``lse [H, L]`` of every leaf's prefix query (the mean of ``prefix``, ``[H, L, d]``
-    sums of ``count [L]`` queries) over the left siblings of its depth-``d + 1`` ancestor,
-    whose family's complete ``rho = (q, k, v)`` is in family layout ``[H, F, b, ·]``, and
-    the pair ``(p, values)`` (``[H, F, span, b]``, ``[H, F, b, d_v]``) whose product is
-    every leaf's ``theta``. The mean's division scales the ``[b]`` logits of a row, not
-    its ``[d]`` sum."""
+def _prefix_attention(q, offset, count, rho, eps, d, b, n_s, b_leaf, tau):
+    r"""``lse [H, L]`` of every leaf's prefix query (the mean of its prefix within its
+    depth-``d + 1`` ancestor: ``count [L]`` queries) over the left siblings of that
+    ancestor, whose family's complete ``rho = (q, k, v)`` is in family layout
+    ``[H, F, b, ·]``, and the pair ``(p, values)`` (``[H, F, span, b]``,
+    ``[H, F, b, d_v]``) whose product is every leaf's ``theta``.
+
+    The prefix sums are never formed: the logits are linear in them, so the leaves' own
+    logits ``q_j k_B`` (``q [H, L, d_q]``) are summed over each prefix within the leaf
+    families of ``b_leaf`` (a product with ``tril(ones)``, whose zero entries add exact
+    zeros: finite later leaves do not change an earlier row by a bit; a non-finite one
+    would reach the earlier rows of its family as ``0 * inf = nan``), and the part of
+    the prefix outside the family (``offset [H, L / b_leaf, d_q]`` or ``None``, see
+    :func:`_prefix_offsets`) adds one row of logits per family. That is ``b`` numbers per
+    leaf, not ``d_q``. The mean's division scales the ``[b]`` logits of a row."""
     _, keys, values = rho
     span = b * n_s  # leaves below one family
-    query = family_layout(prefix, span)  # [H, F, span, d]
-    scale = (tau / count).view(1, -1, span, 1)
-    logits = torch.matmul(query, keys.transpose(-1, -2)) * scale  # [H, F, span, b]
+    keys_t = keys.transpose(-1, -2)
+    logits = torch.matmul(family_layout(q, span), keys_t)  # [H, F, span, b]
+    tril = torch.ones(b_leaf, b_leaf, dtype=q.dtype, device=q.device).tril()
+    logits = torch.matmul(tril, logits.unflatten(2, (-1, b_leaf)))  # [H, F, m, b_leaf, b]
+    if offset is not None:
+        logits = logits + torch.matmul(family_layout(offset, span // b_leaf), keys_t).unsqueeze(3)
+    logits = logits.flatten(2, 3) * (tau / count).view(1, -1, span, 1)
     if eps is not None:  # eps(A_s)^T eps(B) of the ancestor's row, one row per leaf
         e = family_layout(eps[d], b)
         pos = torch.matmul(e, e.transpose(-1, -2))

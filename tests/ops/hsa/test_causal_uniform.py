@@ -10,7 +10,7 @@ from torch_geometric.data import Batch
 from hiergraph.data import from_nested, window_forest, window_hierarchy
 from hiergraph.ops import causal_hierarchical_attention, causal_hierarchical_attention_matrix
 from hiergraph.ops.hsa import causal
-from hiergraph.ops.hsa.causal_uniform import _prefix_sums
+from hiergraph.ops.hsa.causal_uniform import _prefix_offsets
 from hiergraph.ops.hsa.uniform import bottom_up, counts_below, family_layout, heads_first
 
 F64 = dict(dtype=torch.float64)
@@ -63,9 +63,11 @@ def test_earlier_rows_are_bit_identical_when_later_tokens_change():
 
 
 @pytest.mark.parametrize("branching", [(4, 3, 4), (2, 3, 2, 2)], ids=str)
-def test_prefix_sums_are_the_cumulative_sums_within_every_ancestor(branching):
-    """The triangular product and the per-depth left-sibling sums equal ``cumsum`` over each
-    ancestor's run of leaves."""
+def test_leaf_prefixes_and_family_offsets_are_the_cumulative_sums_within_every_ancestor(
+    branching,
+):
+    """Every leaf's prefix within its leaf family (``cumsum``) plus its family's offset is
+    ``cumsum`` over the ancestor's whole run of leaves."""
     length = math.prod(branching)
     tree, q, k, v, _ = _case(2, length, branching, seed=7)
     fanout = tree.tree_index().uniform[1:]
@@ -73,10 +75,13 @@ def test_prefix_sums_are_the_cumulative_sums_within_every_ancestor(branching):
     leaves = [heads_first(t) for t in (q, k, v)]
     rho = [family_layout(t, fanout[-1]) for t in leaves]
     _, _, _, rhos = bottom_up(rho, False, below, fanout, None, 1.0, True, True)
-    sums = _prefix_sums(leaves[0], rhos, fanout, below)
+    offsets = _prefix_offsets(rhos, fanout, below)
+    within = family_layout(leaves[0], fanout[-1]).cumsum(2)  # [H, L / b, b, d]
+    assert offsets[-1] is None
     for d in range(len(fanout) - 1):
+        got = within if offsets[d] is None else within + offsets[d].unsqueeze(2)
         want = family_layout(leaves[0], below[d]).cumsum(2).flatten(1, 2)
-        torch.testing.assert_close(sums[d], want, atol=1e-13, rtol=0)
+        torch.testing.assert_close(got.flatten(1, 2), want, atol=1e-13, rtol=0)
 
 
 def test_second_derivatives():
