@@ -37,11 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hiergraph.ops.hsa.family import family_product
+from hiergraph.ops.hsa.family import summed_products
 from hiergraph.ops.hsa.uniform import (
     bottom_up,
     counts_below,
-    dense_gradient,
     family_layout,
     heads_first,
     like,
@@ -104,8 +103,10 @@ def uniform_causal_attention(
 
     # top-down: gates along the root path; a row's gain scales its [b] weights. The
     # leaves' own weights exp(u) go onto the diagonal of their families' weights (left
-    # siblings only: that diagonal is 0), so the last product adds them
-    u = out = None
+    # siblings only: that diagonal is 0), so the last product adds them. A leaf's output
+    # sums one product per depth, accumulated in one buffer (whose backward makes the
+    # output gradient contiguous once)
+    u, terms = None, []
     for d in range(depth):
         log_mu, log_rest = log_gates(a[d], lse[d])
         gain = torch.exp(log_rest if u is None else u + log_rest)
@@ -114,9 +115,8 @@ def uniform_causal_attention(
         u = log_mu if u is None else u + log_mu
         if d + 1 == depth:
             p = p + torch.diag_embed(torch.exp(u).view(p.shape[:3]))
-        base = None if out is None else family_layout(out, p.size(2))
-        out = node_layout(family_product(p, values, base))
-    return like(dense_gradient(out), q)
+        terms.append((p, values))
+    return like(summed_products(terms), q)
 
 
 def _prefix_offsets(rhos: list, fanout: tuple[int, ...], below: list[int]) -> list:

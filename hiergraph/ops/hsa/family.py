@@ -344,6 +344,54 @@ def family_product(
     return out.view(*lead, m, d)
 
 
+def summed_products(pairs: list[tuple[Tensor, Tensor]]) -> Tensor:
+    r""":math:`\sum_t p_t v_t` over one set of ``L`` rows grouped into families of a
+    different size per term: weights ``p_t [H, F_t, m_t, b_t]`` (``F_t m_t = L``) and
+    values ``v_t [H, F_t, b_t, d]``; ``[H, L, d]``, differentiable twice.
+
+    The terms accumulate in place into the first one's result (``baddbmm_``; families of
+    two on the CPU, two ``addcmul_``), where a chain of :func:`family_product` calls with
+    bases would copy the ``[H, L, d]`` sum once per term."""
+    return _SummedProducts.apply(*(t for pair in pairs for t in pair))
+
+
+def _accumulate(out: Tensor, p: Tensor, v: Tensor) -> None:
+    """``out += p @ v`` in place (``out`` ``[..., m, d]`` contiguous, ``p [..., m, b]``)."""
+    if p.size(-1) == 2 and p.device.type == "cpu":  # see family_product
+        out.addcmul_(p[..., :1], v[..., :1, :]).addcmul_(p[..., 1:], v[..., 1:, :])
+        return
+    *lead, m, b = p.shape
+    batch = math.prod(lead)
+    out.view(batch, m, -1).baddbmm_(p.reshape(batch, m, b), v.reshape(batch, b, -1))
+
+
+class _SummedProducts(torch.autograd.Function):
+    """:func:`summed_products` of the flattened pairs ``p_0, v_0, p_1, v_1, …``; term
+    ``t``'s gradients are ``G_t v_t^T`` and ``p_t^T G_t`` (``G_t``: the output gradient,
+    made contiguous once, in the term's family layout)."""
+
+    @staticmethod
+    def forward(ctx, *pairs: Tensor) -> Tensor:
+        ctx.save_for_backward(*pairs)
+        out = None
+        for p, v in zip(pairs[::2], pairs[1::2], strict=True):
+            if out is None:
+                out = family_product(p, v).contiguous()
+            else:
+                _accumulate(out.view(*p.shape[:-1], -1), p, v)
+        return out.flatten(1, 2)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        pairs = ctx.saved_tensors
+        grad = grad.contiguous()  # once, not in every term's batched products
+        grads = []
+        for p, v in zip(pairs[::2], pairs[1::2], strict=True):
+            g = grad.unflatten(1, (-1, p.size(-2)))
+            grads += [torch.matmul(g, v.transpose(-1, -2)), family_product(p.transpose(-1, -2), g)]
+        return tuple(grads)
+
+
 def family_sum(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     r"""The sum ``[..., c]`` of the ``b`` members of ``x [..., b, c]`` (taken in ``dtype``,
     default ``x``'s), differentiable twice.

@@ -136,6 +136,32 @@ def test_family_product_with_a_base_is_the_product_plus_base_differentiable_twic
     assert torch.autograd.gradgradcheck(fn, tuple(inputs))
 
 
+def test_summed_products_are_the_sum_of_the_products_differentiable_twice():
+    """Terms over the same 12 rows grouped into families of different sizes (families of
+    two included) accumulate into one ``[H, L, d]`` result, with first and second
+    derivatives; a transposed output gradient gives the same gradients as a contiguous one."""
+    gen = torch.Generator().manual_seed(11)
+    terms = [(1, 12, 3), (3, 4, 2), (6, 2, 4)]  # (families, rows per family, keys)
+    inputs = []
+    for families, rows, keys in terms:
+        inputs.append(torch.randn(2, families, rows, keys, generator=gen, **F64))
+        inputs.append(torch.randn(2, families, keys, 5, generator=gen, **F64))
+    inputs = [t.requires_grad_() for t in inputs]
+
+    def fn(*flat):
+        return family_attention.summed_products(list(zip(flat[::2], flat[1::2], strict=True)))
+
+    want = sum((p @ v).flatten(1, 2) for p, v in zip(inputs[::2], inputs[1::2], strict=True))
+    out = fn(*inputs)
+    torch.testing.assert_close(out, want, atol=1e-14, rtol=0)  # summed in another order
+    grad = torch.randn(12, 2, 5, generator=gen, **F64).transpose(0, 1)
+    got = torch.autograd.grad(out, inputs, grad)
+    for a, b in zip(got, torch.autograd.grad(want, inputs, grad.contiguous()), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-14, rtol=0)
+    assert torch.autograd.gradcheck(fn, tuple(inputs))
+    assert torch.autograd.gradgradcheck(fn, tuple(inputs))
+
+
 @pytest.mark.parametrize("b", [2, 3])
 def test_family_sum_is_the_member_sum_differentiable_twice(b):
     """Families of two take the one-add path on the CPU: equal to ``sum(-2)``, with first
