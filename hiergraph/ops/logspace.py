@@ -123,17 +123,21 @@ def scatter_softmax(logits: Tensor, index: Tensor, num_rows: int) -> tuple[Tenso
     return lse, e / safe.index_select(0, index)
 
 
-def logaddexp(a: Tensor, b: Tensor, finite: bool = False) -> Tensor:
-    """``log(exp(a) + exp(b))``, exactly ``b`` where ``a = -inf`` (and ``a`` where ``b = -inf``).
+def logaddexp(a: Tensor, b: Tensor, finite: bool = False, *, finite_a: bool = False) -> Tensor:
+    r"""``log(exp(a) + exp(b))``, exactly ``b`` where ``a = -inf`` (and ``a`` where ``b = -inf``).
 
     The ``-inf`` cases bypass :func:`torch.logaddexp`, whose backward there is
     ``1 / (1 + exp(inf))``: zero, but its own derivative is ``inf / inf``. So the first
     *and* second derivatives are NaN-free; both ``-inf`` gives ``-inf`` with zero gradient.
     ``finite=True``: the caller guarantees finite ``a`` and ``b``, which need none of
-    this (one kernel instead of ten).
+    this (one kernel instead of ten). ``finite_a=True``: ``a`` is finite and ``b`` may be
+    ``-inf``: :math:`a - \log\sigma(a - b)` (three kernels), whose log-sigmoid has first
+    and second derivatives 0 or 1 at :math:`\pm\infty`.
     """
     if finite:
         return torch.logaddexp(a, b)
+    if finite_a:
+        return a - F.logsigmoid(a - b)
     a_inf, b_inf = torch.isneginf(a), torch.isneginf(b)
     either = a_inf | b_inf
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
@@ -148,8 +152,9 @@ def log_gates(a: Tensor, b: Tensor, finite: bool = False) -> tuple[Tensor, Tenso
     Conventions for infinite arguments (``a`` and ``b`` are never ``+inf``):
     ``a = -inf`` gives :math:`(\log\mu, \log(1-\mu)) = (-\infty, 0)`;
     ``b = -inf`` gives :math:`(0, -\infty)`; both give :math:`(-\infty, -\infty)`
-    (no mass anywhere). ``finite=True``: the caller guarantees finite ``a`` and ``b``
-    (plain log-sigmoids).
+    (no mass anywhere). ``finite=True``: the caller guarantees that ``a`` or ``b`` is
+    finite at every position (plain log-sigmoids, which give those values for one
+    infinite argument, with first and second derivatives 0 or 1 there).
     """
     if finite:
         return F.logsigmoid(a - b), F.logsigmoid(b - a)

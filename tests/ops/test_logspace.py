@@ -160,3 +160,29 @@ def test_finite_shortcuts_equal_the_guarded_forms_on_finite_inputs():
         grads = [torch.autograd.grad(x.sum(), (a, b)) for x in (fast, safe)]
         for g_fast, g_safe in zip(*grads, strict=True):
             torch.testing.assert_close(g_fast, g_safe, atol=1e-14, rtol=0)
+
+
+def test_one_sided_shortcuts_equal_the_guarded_forms_with_neg_inf_differentiable_twice():
+    """``logaddexp(finite_a=True)`` and ``log_gates(finite=True)`` take ``b = -inf`` (and
+    ``log_gates`` an infinite ``a`` with a finite ``b``) with the guarded forms' values and
+    first and second derivatives, NaN-free."""
+    gen = torch.Generator().manual_seed(4)
+    a = torch.randn(6, generator=gen, dtype=torch.float64).mul(5)
+    b = torch.randn(6, generator=gen, dtype=torch.float64).mul(5)
+    b[[1, 4]] = -INF
+    cases = [
+        (lambda a, b, **kw: logaddexp(a, b, finite_a=bool(kw)), a, b),
+        (lambda a, b, **kw: torch.stack(log_gates(a, b, finite=bool(kw))).exp(), a, b),
+        (lambda a, b, **kw: torch.stack(log_gates(a, b, finite=bool(kw))).exp(), b, a),
+    ]
+    for fn, x, y in cases:
+        results = []
+        for kw in ({"shortcut": True}, {}):
+            xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
+            out = fn(xs, ys, **kw)
+            first = torch.autograd.grad(out.exp().sum(), (xs, ys), create_graph=True)
+            second = torch.autograd.grad(sum(g.sum() for g in first), (xs, ys))
+            results.append((out, *first, *second))
+        for fast, safe in zip(*results, strict=True):
+            assert not fast.isnan().any()
+            torch.testing.assert_close(fast, safe, atol=1e-13, rtol=1e-12)

@@ -91,8 +91,8 @@ def uniform_causal_attention(
     a[-1] = node_layout(leaf_energy)
     for d in range(depth - 2, -1, -1):
         n_s, n_child = below[d], below[d + 1]
-        child_g = logaddexp(a[d + 1], lse[d + 1])
-        complete_g = logaddexp(gates[d + 1], lses[d + 1])  # [H, F, b] of the child level
+        child_g = logaddexp(a[d + 1], lse[d + 1], finite_a=True)  # no mask: finite energies
+        complete_g = logaddexp(gates[d + 1], lses[d + 1], finite_a=True)  # [H, F, b]
         # exclusive cumulative sum per family (not cumsum - g: rounding would then depend
         # on g of the ancestor itself, which later leaves change)
         left_g = node_layout(F.pad(complete_g[..., :-1].cumsum(-1), (1, 0)))
@@ -108,7 +108,7 @@ def uniform_causal_attention(
     # output gradient contiguous once)
     u, terms = None, []
     for d in range(depth):
-        log_mu, log_rest = log_gates(a[d], lse[d])
+        log_mu, log_rest = log_gates(a[d], lse[d], finite=True)
         gain = torch.exp(log_rest if u is None else u + log_rest)
         p, values = weights[d]  # [H, F, m, b] and [H, F, b, d_v], F * m = L
         p = gain.view(*p.shape[:3], 1) * p

@@ -113,7 +113,7 @@ def uniform_hierarchical_attention(
     lses, probs, gates, rhos = bottom_up(
         rho, include_self, counts, fanout, eps, tau, left_only, size_bias, **options
     )
-    finite = all_finite(counts, left_only)
+    finite = finite_energies(counts)  # then log_gates' plain path takes -inf lse values
 
     # ---- top-down: log mass u and output accumulator, parents broadcast by unsqueeze.
     # The gain of a row scales its [b] weights before the product with the values, not
@@ -253,7 +253,8 @@ def bottom_up(
     The leaves' self energies :math:`\tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i`
     (``include_self``) are the diagonal of their families' logits, read from them rather
     than computed again."""
-    depth, finite = len(fanout), all_finite(counts, left_only)
+    depth = len(fanout)
+    finite = dict(finite=all_finite(counts, left_only), finite_a=finite_energies(counts))
     lses, probs, gates, rhos = [None] * depth, [None] * depth, [None] * depth, [None] * depth
     energy = None  # a(C) of the level's nodes; None: -inf (leaves without self energy)
     for d in range(depth - 1, -1, -1):
@@ -273,7 +274,7 @@ def bottom_up(
         if d == 0:
             break
         # pooled statistics and energies of the parents, in their node layout [H, F_d, ·]
-        total = lses[d] if energy is None else logaddexp(energy, lses[d], finite)
+        total = lses[d] if energy is None else logaddexp(energy, lses[d], **finite)
         parent_energy, pooled = _pool(total, rho, n, counts[d - 1], plain, qk_sums, leaves)
         rho = [family_layout(t, fanout[d - 1]) for t in pooled]
         energy = family_layout(parent_energy, fanout[d - 1])
@@ -282,10 +283,16 @@ def bottom_up(
 
 def all_finite(counts: list, left_only: bool) -> bool:
     """Whether every ``lse`` and energy of the passes is finite, so that the log-space
-    helpers can skip their ``-inf`` cases: all leaves valid (``counts`` are ints: every
-    node has leaves) and every node has a sibling key (not ``left_only``, where a first
-    child has none)."""
-    return isinstance(counts[0], int) and not left_only
+    helpers can skip their ``-inf`` cases: the energies are (:func:`finite_energies`) and
+    every node has a sibling key (not ``left_only``, where a first child has none)."""
+    return finite_energies(counts) and not left_only
+
+
+def finite_energies(counts: list) -> bool:
+    """Whether every energy of the passes is finite: all leaves valid (``counts`` are ints:
+    every node has leaves), so that every family has a member with a key or a self
+    energy. Only the ``lse`` of first children (``left_only``) can then be ``-inf``."""
+    return isinstance(counts[0], int)
 
 
 def counts_below(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
