@@ -23,10 +23,13 @@ leaves, so for leaf :math:`i` and its depth-:math:`s` ancestor :math:`A_s`
   + n_i(A_{s+1})\, g_i(A_{s+1})\big) / n_i(A_s)` takes the left siblings' sum as an
   exclusive cumulative sum over each family.
 
-So every depth costs a fixed handful of batched operations over all leaves, trees and
-heads (a cumulative sum, one ``[F, H, N_{s-1}, d] @ [F, H, d, b_s]`` product and its
-softmax), with no gathers, scatters or host synchronisation; the result equals the
-edge-list op to rounding and is differentiable twice by plain autograd.
+The ancestors' keys and values are small (one row per sibling), so those of every depth
+are gathered for each family of the deepest ancestor level: one product gives every leaf's
+logits against all its ancestors' siblings, and one the ancestors' share of its output. So
+the whole op costs a fixed handful of batched operations over all leaves, trees and heads
+(two products over the leaves' queries and values, per depth a softmax over ``b_s`` logits
+per leaf), with no gathers, scatters or host synchronisation; the result equals the
+edge-list op to rounding and is differentiable twice.
 """
 
 from __future__ import annotations
@@ -76,14 +79,14 @@ def uniform_causal_attention(
     # per depth s = D .. 1 (index d = s - 1): the prefix attention of every leaf's ancestor;
     # a leaf is its own prefix, so the leaf level is the leaky pass's
     # (theta = p @ values, kept as the pair: the top-down gains scale p, not theta)
-    lse, weights = [None] * depth, [None] * depth
-    lse[-1], weights[-1] = node_layout(lses[-1]), (probs[-1], rhos[-1][2])
+    lse, probs_at = [None] * depth, [None] * depth
+    lse[-1] = node_layout(lses[-1])
+    raw = _ancestor_logits(leaves[0], rhos, fanout)
     offsets = _prefix_offsets(rhos, fanout, below)
     for d in range(depth - 2, -1, -1):
-        b, n_s = fanout[d], below[d]
-        count = (position % n_s + 1).to(q.dtype)
-        lse[d], weights[d] = _prefix_attention(
-            leaves[0], offsets[d], count, rhos[d], eps, d, b, n_s, fanout[-1], tau
+        count = (position % below[d] + 1).to(q.dtype)
+        lse[d], probs_at[d] = _prefix_attention(
+            raw[d], offsets[d], count, rhos[d][1], eps, d, below[d], fanout[-1], tau
         )
 
     # energies along each leaf's path, bottom-up: a_i(A_s) from the child's g_i(A_{s+1})
@@ -103,20 +106,46 @@ def uniform_causal_attention(
 
     # top-down: gates along the root path; a row's gain scales its [b] weights. The
     # leaves' own weights exp(u) go onto the diagonal of their families' weights (left
-    # siblings only: that diagonal is 0), so the last product adds them. A leaf's output
-    # sums one product per depth, accumulated in one buffer (whose backward makes the
-    # output gradient contiguous once)
-    u, terms = None, []
+    # siblings only: that diagonal is 0), so the last product adds them. The ancestors'
+    # weights and values are gathered by the deepest ancestor family, as their logits
+    # were: one product for all of them, plus the leaves' (accumulated in one buffer)
+    u, ancestors = None, []
     for d in range(depth):
         log_mu, log_rest = log_gates(a[d], lse[d], finite=True)
         gain = torch.exp(log_rest if u is None else u + log_rest)
-        p, values = weights[d]  # [H, F, m, b] and [H, F, b, d_v], F * m = L
+        p = probs[-1] if d + 1 == depth else probs_at[d]  # [H, F, m, b], F * m = L
         p = gain.view(*p.shape[:3], 1) * p
         u = log_mu if u is None else u + log_mu
-        if d + 1 == depth:
-            p = p + torch.diag_embed(torch.exp(u).view(p.shape[:3]))
-        terms.append((p, values))
+        if d + 1 < depth:
+            ancestors.append(p)
+    p = p + torch.diag_embed(torch.exp(u).view(p.shape[:3]))
+    terms = [(p, rhos[-1][2])]
+    if ancestors:
+        values = _by_deepest_family([rho[2] for rho in rhos[:-1]])
+        weights = _cat([_regrouped(p, values.size(1)) for p in ancestors], -1)
+        terms.insert(0, (weights, values))
     return like(summed_products(terms), q)
+
+
+def _regrouped(x: Tensor, families: int) -> Tensor:
+    """Rows ``x [H, F, m, c]`` regrouped into ``families`` equal runs: ``[H, families,
+    F m / families, c]``, a view (runs nested in ``x``'s families or the other way)."""
+    if families >= x.size(1):
+        return x.unflatten(2, (-1, x.size(1) * x.size(2) // families)).flatten(1, 2)
+    return x.unflatten(1, (families, -1)).flatten(2, 3)
+
+
+def _cat(xs: list[Tensor], dim: int) -> Tensor:
+    return xs[0] if len(xs) == 1 else torch.cat(xs, dim)
+
+
+def _by_deepest_family(xs: list[Tensor]) -> Tensor:
+    """Per-depth family statistics ``xs`` (``d = 0 … D - 2``, ``[H, F_d, b_d, c]``) for
+    every family of the deepest of those levels (``F_{D-2}`` of them, nested in the
+    others: each sees its ancestors' families), concatenated: ``[H, F_{D-2}, b_0 + … +
+    b_{D-2}, c]``."""
+    families = xs[-1].size(1)
+    return _cat([x.repeat_interleave(families // x.size(1), 1) for x in xs], 2)
 
 
 def _prefix_offsets(rhos: list, fanout: tuple[int, ...], below: list[int]) -> list:
@@ -147,30 +176,52 @@ def _prefix_offsets(rhos: list, fanout: tuple[int, ...], below: list[int]) -> li
     return offsets
 
 
-def _prefix_attention(q, offset, count, rho, eps, d, b, n_s, b_leaf, tau):
-    r"""``lse [H, L]`` of every leaf's prefix query (the mean of its prefix within its
-    depth-``d + 1`` ancestor: ``count [L]`` queries) over the left siblings of that
-    ancestor, whose family's complete ``rho = (q, k, v)`` is in family layout
-    ``[H, F, b, ·]``, and the pair ``(p, values)`` (``[H, F, span, b]``,
-    ``[H, F, b, d_v]``) whose product is every leaf's ``theta``.
+def _ancestor_logits(q: Tensor, rhos: list, fanout: tuple[int, ...]) -> list:
+    r"""Per depth index ``d = 0 … D - 2``, the logits ``[H, F_d, span_d, b_d]`` of every
+    leaf's prefix within its leaf family (``q [H, L, d_q]``) against the siblings of its
+    depth-``d + 1`` ancestor (``rhos[d]``'s keys), unscaled: the raw logits
+    :math:`q_j^\top \rho_k(B)` summed over each prefix.
 
-    The prefix sums are never formed: the logits are linear in them, so the leaves' own
-    logits ``q_j k_B`` (``q [H, L, d_q]``) are summed over each prefix within the leaf
-    families of ``b_leaf`` (a product with ``tril(ones)``, whose zero entries add exact
-    zeros: finite later leaves do not change an earlier row by a bit; a non-finite one
-    would reach the earlier rows of its family as ``0 * inf = nan``), and the part of
-    the prefix outside the family (``offset [H, L / b_leaf, d_q]`` or ``None``, see
-    :func:`_prefix_offsets`) adds one row of logits per family. That is ``b`` numbers per
-    leaf, not ``d_q``. The mean's division scales the ``[b]`` logits of a row."""
-    _, keys, values = rho
-    span = b * n_s  # leaves below one family
-    keys_t = keys.transpose(-1, -2)
-    logits = torch.matmul(family_layout(q, span), keys_t)  # [H, F, span, b]
+    The keys of all those depths are gathered for every family of the deepest of them
+    (``[H, F_{D-2}, b_0 + … + b_{D-2}, d_k]``, small), so one product reads the leaves' queries
+    for all depths and its backward writes their gradient once; the prefix sums are a
+    product with ``tril(ones)`` whose zero entries add exact zeros (finite later leaves
+    do not change an earlier row by a bit; a non-finite one would reach the earlier rows
+    of its family as ``0 * inf = nan``). The per-depth results are views."""
+    depth, b_leaf = len(fanout), fanout[-1]
+    if depth < 2:
+        return []
+    keys = _by_deepest_family([rho[1] for rho in rhos[:-1]])
+    logits = torch.matmul(family_layout(q, q.size(1) // keys.size(1)), keys.transpose(-1, -2))
     tril = torch.ones(b_leaf, b_leaf, dtype=q.dtype, device=q.device).tril()
-    logits = torch.matmul(tril, logits.unflatten(2, (-1, b_leaf)))  # [H, F, m, b_leaf, b]
+    logits = torch.matmul(tril, logits.unflatten(2, (-1, b_leaf))).flatten(2, 3)
+    out, start = [], 0
+    for rho in rhos[:-1]:
+        families, b = rho[1].shape[1:3]
+        out.append(_regrouped(logits[..., start : start + b], families))
+        start += b
+    return out
+
+
+def _prefix_attention(raw, offset, count, keys, eps, d, n_s, b_leaf, tau):
+    r"""``lse [H, L]`` and the weights ``p [H, F, span, b]`` of every leaf's prefix query
+    (the mean of its prefix within its depth-``d + 1`` ancestor: ``count [L]`` queries)
+    over the left siblings of that ancestor, whose family's complete keys are ``keys [H,
+    F, b, d_k]``.
+
+    The prefix sums are never formed: the logits are linear in them, so they are the
+    leaves' own logits summed over each prefix within their family (``raw``, see
+    :func:`_ancestor_logits`) plus, for the part of the prefix outside the family
+    (``offset [H, L / b_leaf, d_q]`` or ``None``, see :func:`_prefix_offsets`), one row
+    of logits per family. That is ``b`` numbers per leaf, not ``d_q``. The mean's
+    division scales the ``[b]`` logits of a row."""
+    b = keys.size(2)
+    span = b * n_s  # leaves below one family
+    logits = raw
     if offset is not None:
-        logits = logits + torch.matmul(family_layout(offset, span // b_leaf), keys_t).unsqueeze(3)
-    logits = logits.flatten(2, 3) * (tau / count).view(1, -1, span, 1)
+        extra = torch.matmul(family_layout(offset, span // b_leaf), keys.transpose(-1, -2))
+        logits = (raw.unflatten(2, (-1, b_leaf)) + extra.unsqueeze(3)).flatten(2, 3)
+    logits = logits * (tau / count).view(1, -1, span, 1)
     if eps is not None:  # eps(A_s)^T eps(B) of the ancestor's row, one row per leaf
         e = family_layout(eps[d], b)
         pos = torch.matmul(e, e.transpose(-1, -2))
@@ -182,4 +233,4 @@ def _prefix_attention(q, offset, count, rho, eps, d, b, n_s, b_leaf, tau):
     )
     if n_s > 1:  # log n(B) = log N_s for every (complete) left sibling
         lse = lse + math.log(n_s)
-    return node_layout(lse), (p, values)
+    return node_layout(lse), p

@@ -85,7 +85,7 @@ def test_leaf_prefixes_and_family_offsets_are_the_cumulative_sums_within_every_a
 
 
 def test_second_derivatives():
-    tree, q, k, v, pos = _case(1, 12, (2, 3), seed=6, heads=2)
+    tree, q, k, v, pos = _case(1, 12, (2, 3), seed=6, heads=2)  # shape (1, 2, 3, 2)
     assert torch.autograd.gradgradcheck(
         lambda q, k, v: causal_hierarchical_attention(q, k, v, tree, pos_emb=pos),
         tuple(t.requires_grad_() for t in (q, k, v)),
