@@ -14,8 +14,10 @@ views:
 * :func:`token_product`: ``base + p @ v`` written straight into node-major ``[F, b, H,
   d_v]`` memory (the output's layout), with the output gradient read in place.
 
-Their results per head are stacked once, which costs what the copy of the product's result
-would; what is saved are the copies of ``q``, ``k``, ``v`` and of the output gradient.
+Results that are heads first (the logits and their gradient) are written head by head into
+one buffer; node-major ones (the output, the leaves' gradients) are stacked once, which
+costs what the copy of the product's result would. What is saved are the copies of ``q``,
+``k``, ``v`` and of the output gradient.
 Both are differentiable twice (their backwards are made of the same differentiable
 products).
 """
@@ -80,6 +82,21 @@ def _per_head(fn, heads: int, dim: int) -> Tensor:
     return torch.stack([fn(h) for h in range(heads)], dim)
 
 
+def _head_gram(x: Tensor, y: Tensor, alpha: float = 1.0) -> Tensor:
+    """``alpha * x_h @ y_h^T`` for every head ``h`` of node-major ``x [F, b, H, c]`` and
+    ``y [F, b', H, c]``: heads first, ``[H, F, b, b']``. Written head by head into one
+    buffer (``baddbmm_`` with ``beta=0``: no stacking copy and no scaling pass), unless
+    autograd records it (the backward of a double backward): then stacked, differentiable."""
+    heads = x.size(2)
+    if torch.is_grad_enabled():
+        out = _per_head(lambda h: x[:, :, h] @ y[:, :, h].transpose(1, 2), heads, 0)
+        return out if alpha == 1.0 else out * alpha
+    out = x.new_empty(heads, x.size(0), x.size(1), y.size(1))
+    for h in range(heads):
+        out[h].baddbmm_(x[:, :, h], y[:, :, h].transpose(1, 2), beta=0, alpha=alpha)
+    return out
+
+
 def _plus(base: Tensor | None, h: int, rows: int) -> Tensor | None:
     """Head ``h`` of a ``[H, F, 1, c]`` base, broadcast to ``[F, rows, c]`` (a view)."""
     return None if base is None else base[h].expand(-1, rows, -1)
@@ -96,9 +113,7 @@ class _TokenScores(torch.autograd.Function):
         ctx.save_for_backward(q, k)
         ctx.tau = tau
         ctx.set_materialize_grads(False)
-        heads = q.size(2)
-        logits = _per_head(lambda h: q[:, :, h] @ k[:, :, h].transpose(1, 2), heads, 0)
-        logits.mul_(tau)
+        logits = _head_gram(q, k, tau)
         if sums_dtype is None:
             return (logits,)
         return logits, token_sum(q, sums_dtype), token_sum(k, sums_dtype)
@@ -136,7 +151,7 @@ class _TokenProduct(torch.autograd.Function):
         if 0 in grad.stride():  # a broadcast gradient: bmm would run it matrix by matrix
             grad = grad.contiguous()
         heads = v.size(2)
-        grad_p = _per_head(lambda h: grad[:, :, h] @ v[:, :, h].transpose(1, 2), heads, 0)
+        grad_p = _head_gram(grad, v)
         grad_v = _per_head(lambda h: p[h].transpose(1, 2) @ grad[:, :, h], heads, 2)
         grad_base = grad.sum(1).transpose(0, 1).unsqueeze(2) if ctx.has_base else None
         return grad_p, grad_v, grad_base
