@@ -20,7 +20,7 @@ from torch_geometric.data import Batch
 
 from hiergraph._device import cpu_as_accelerator
 from hiergraph.data import from_nested, random_window_hierarchy, window_forest, window_hierarchy
-from hiergraph.ops import hierarchical_attention, masked_softmax
+from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention, masked_softmax
 from hiergraph.ops.cone import penumbral, penumbral_edge, umbral
 from hiergraph.ops.hmatrix import hmatrix_attention
 from hiergraph.ops.masked.banded import banded_attention
@@ -67,6 +67,13 @@ def make_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, lis
         return (lambda q, k, v: hierarchical_attention(q, k, v, index, include_self=True)), [
             rand(index.num_leaves, 2, 8) for _ in range(3)
         ]
+    if name == "hsa-strict-causal":  # strictly causal, equal fanout: reshaped views
+        plan = window_forest([16, 16], (4, 2)).to(device).causal_plan()
+        assert plan.tree_index.uniform is not None
+        eps = rand(plan.num_nodes, 2, 4)
+        return (lambda q, k, v, eps: causal_hierarchical_attention(q, k, v, plan, pos_emb=eps)), [
+            rand(32, 2, 8), rand(32, 2, 8), rand(32, 2, 4), eps
+        ]  # fmt: skip
     if name.startswith("hsa"):
         batch = forest()
         index = batch.tree_index().to(device)
@@ -134,6 +141,7 @@ OPS = [
     "hsa-padded",
     "hsa-edge",
     "hsa-causal",
+    "hsa-strict-causal",
     "hmatrix",
     "banded",
     "penumbral",
@@ -151,6 +159,7 @@ TRACE_CLEAN = [
     "hsa-padded",
     "hsa-edge",
     "hsa-causal",
+    "hsa-strict-causal",
     "penumbral",
     "umbral",
     "masked-softmax",
@@ -268,7 +277,7 @@ def test_no_graph_breaks(name, device):
 @pytest.mark.slow
 @opt_in
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", ["hsa-dense", "hsa-edge", "vcc"])
+@pytest.mark.parametrize("name", ["hsa-dense", "hsa-edge", "hsa-strict-causal", "vcc"])
 def test_compiled_matches_eager(name, device):
     fn, inputs = make_case(name, device, torch.float32)
     torch._dynamo.reset()

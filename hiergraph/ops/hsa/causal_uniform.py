@@ -136,6 +136,7 @@ def _regrouped(x: Tensor, families: int) -> Tensor:
 
 
 def _cat(xs: list[Tensor], dim: int) -> Tensor:
+    """``torch.cat`` that returns a single tensor as it is (no copy)."""
     return xs[0] if len(xs) == 1 else torch.cat(xs, dim)
 
 
