@@ -113,7 +113,7 @@ def uniform_hierarchical_attention(
     lses, probs, gates, rhos = bottom_up(
         rho, include_self, counts, fanout, eps, tau, left_only, size_bias, **options
     )
-    finite = finite_energies(counts)  # then log_gates' plain path takes -inf lse values
+    finite = finite_energies(counts, include_self)  # log_gates then takes -inf lse values
 
     # ---- top-down: log mass u and output accumulator, parents broadcast by unsqueeze.
     # The gain of a row scales its [b] weights before the product with the values, not
@@ -254,7 +254,9 @@ def bottom_up(
     (``include_self``) are the diagonal of their families' logits, read from them rather
     than computed again."""
     depth = len(fanout)
-    finite = dict(finite=all_finite(counts, left_only), finite_a=finite_energies(counts))
+    finite = dict(
+        finite=all_finite(counts, left_only), finite_a=finite_energies(counts, include_self)
+    )
     lses, probs, gates, rhos = [None] * depth, [None] * depth, [None] * depth, [None] * depth
     energy = None  # a(C) of the level's nodes; None: -inf (leaves without self energy)
     for d in range(depth - 1, -1, -1):
@@ -283,16 +285,19 @@ def bottom_up(
 
 def all_finite(counts: list, left_only: bool) -> bool:
     """Whether every ``lse`` and energy of the passes is finite, so that the log-space
-    helpers can skip their ``-inf`` cases: the energies are (:func:`finite_energies`) and
-    every node has a sibling key (not ``left_only``, where a first child has none)."""
-    return finite_energies(counts) and not left_only
+    helpers can skip their ``-inf`` cases: all leaves valid (``counts`` are ints: every
+    node has leaves) and every node has a sibling key (not ``left_only``, where a first
+    child has none)."""
+    return isinstance(counts[0], int) and not left_only
 
 
-def finite_energies(counts: list) -> bool:
-    """Whether every energy of the passes is finite: all leaves valid (``counts`` are ints:
-    every node has leaves), so that every family has a member with a key or a self
-    energy. Only the ``lse`` of first children (``left_only``) can then be ``-inf``."""
-    return isinstance(counts[0], int)
+def finite_energies(counts: list, include_self: bool) -> bool:
+    """Whether every energy of the passes is finite (for finite inputs), so that only
+    ``lse`` values can be ``-inf``: with the leaves' self energies every energy above is a
+    count-weighted mean of finite totals (children with count 0 weigh 0), and with all
+    leaves valid and no self energies every node has a key (the left-only pass needs self
+    energies)."""
+    return include_self or isinstance(counts[0], int)
 
 
 def counts_below(weight: Tensor | None, fanout: tuple[int, ...]) -> list:
