@@ -200,7 +200,8 @@ def hierarchical_attention(
         # weighted log-partition each node hands to its parent (eq. 8)
         share = n / counts[d - 1].index_select(0, level.parent_local).clamp(min=1)
         share = share.to(q.dtype).unsqueeze(-1)
-        total = lse if a is None else logaddexp(a, lse)
+        # with self energies every energy is finite (see uniform.finite_energies)
+        total = lse if a is None else logaddexp(a, lse, finite_a=include_self)
         keep = (n > 0).unsqueeze(-1)
         g = torch.where(keep, share * torch.where(keep, total, 0.0), 0.0)
         lses[d], thetas[d], energies[d] = lse, theta, a
@@ -224,7 +225,7 @@ def hierarchical_attention(
             if energies[d] is None:
                 log_mu, weight_down = None, torch.exp(u_parent)
             else:
-                log_mu, log_one_minus_mu = log_gates(energies[d], lses[d])
+                log_mu, log_one_minus_mu = log_gates(energies[d], lses[d], include_self)
                 weight_down = torch.exp(u_parent + log_one_minus_mu)
             acc = torch.addcmul(acc_parent, weight_down.unsqueeze(-1), thetas[d])
             u = None if log_mu is None else u_parent + log_mu
