@@ -174,7 +174,7 @@ def causal_hierarchical_attention(
             sq / count[..., None], plan.key_pair[s], plan.key_node[s], pn,
             rho_k, rho_v, log_n, eps, tau,
         )  # fmt: skip
-        g = logaddexp(a, lse)
+        g = logaddexp(a, lse, finite_a=True)  # energies are finite: only lse can be -inf
         lses[s], thetas[s], energies[s] = lse, theta, a
         # complete g of the depth-s nodes, and its n-weighted sums over left siblings
         g_node = g.new_zeros((num_nodes, g.size(1)))
@@ -188,7 +188,7 @@ def causal_hierarchical_attention(
     out = v.new_zeros(v.shape)
     for s in range(1, plan.max_depth + 1):
         pl = plan.pair_leaf[s]
-        log_mu, log_one_minus_mu = log_gates(energies[s], lses[s])
+        log_mu, log_one_minus_mu = log_gates(energies[s], lses[s], finite=True)
         weight = torch.exp(_rows(u, pl) + log_one_minus_mu)
         out = out.index_add(0, pl, weight[..., None] * thetas[s])
         u = u.index_add(0, pl, log_mu)

@@ -225,3 +225,14 @@ def test_half_precision_with_large_families_is_close_to_float32(dtype, tol):
     out = causal_hierarchical_attention(q.to(dtype), k.to(dtype), v.to(dtype), tree)
     assert out.dtype == dtype
     assert (out.float() - ref).abs().max() < tol * ref.abs().max()
+
+
+def test_edge_path_second_derivatives_on_a_ragged_tree():
+    """First children (no left sibling: ``lse = -inf``), a unary node and leaves at several
+    depths: first and second derivatives stay exact and NaN-free."""
+    tree = from_nested([[0, [1, 2, 3]], [4], [5, 6]])
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(7, 2, 3, generator=gen, **F64).requires_grad_() for _ in range(3))
+    assert torch.autograd.gradgradcheck(
+        lambda q, k, v: causal_hierarchical_attention(q, k, v, tree, kernel="edge"), (q, k, v)
+    )
