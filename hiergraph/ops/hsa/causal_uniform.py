@@ -78,7 +78,8 @@ def uniform_causal_attention(
 
     # per depth s = D .. 1 (index d = s - 1): the prefix attention of every leaf's ancestor;
     # a leaf is its own prefix, so the leaf level is the leaky pass's
-    # (theta = p @ values, kept as the pair: the top-down gains scale p, not theta)
+    # (only the weights p are kept: theta = p @ values is never formed, the top-down gains
+    # scale p)
     lse, probs_at = [None] * depth, [None] * depth
     lse[-1] = node_layout(lses[-1])
     raw = _ancestor_logits(leaves[0], rhos, fanout)
@@ -122,7 +123,7 @@ def uniform_causal_attention(
     terms = [(p, rhos[-1][2])]
     if ancestors:
         values = _by_deepest_family([rho[2] for rho in rhos[:-1]])
-        weights = _cat([_regrouped(p, values.size(1)) for p in ancestors], -1)
+        weights = _cat([_regrouped(w, values.size(1)) for w in ancestors], -1)
         terms.insert(0, (weights, values))
     return like(summed_products(terms), q)
 
