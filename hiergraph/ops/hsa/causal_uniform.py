@@ -123,17 +123,10 @@ def uniform_causal_attention(
     terms = [(p, rhos[-1][2])]
     if ancestors:
         values = _by_deepest_family([rho[2] for rho in rhos[:-1]])
-        weights = _cat([_regrouped(w, values.size(1)) for w in ancestors], -1)
+        rows = num_leaves // values.size(1)  # leaves below a deepest ancestor family
+        weights = _cat([family_layout(node_layout(w), rows) for w in ancestors], -1)
         terms.insert(0, (weights, values))
     return like(summed_products(terms), q)
-
-
-def _regrouped(x: Tensor, families: int) -> Tensor:
-    """Rows ``x [H, F, m, c]`` regrouped into ``families`` equal runs: ``[H, families,
-    F m / families, c]``, a view (runs nested in ``x``'s families or the other way)."""
-    if families >= x.size(1):
-        return x.unflatten(2, (-1, x.size(1) * x.size(2) // families)).flatten(1, 2)
-    return x.unflatten(1, (families, -1)).flatten(2, 3)
 
 
 def _cat(xs: list[Tensor], dim: int) -> Tensor:
@@ -147,7 +140,8 @@ def _by_deepest_family(xs: list[Tensor]) -> Tensor:
     others: each sees its ancestors' families), concatenated: ``[H, F_{D-2}, b_0 + … +
     b_{D-2}, c]``."""
     families = xs[-1].size(1)
-    return _cat([x.repeat_interleave(families // x.size(1), 1) for x in xs], 2)
+    xs = [x if x.size(1) == families else x.repeat_interleave(families // x.size(1), 1) for x in xs]
+    return _cat(xs, 2)
 
 
 def _prefix_offsets(rhos: list, fanout: tuple[int, ...], below: list[int]) -> list:
@@ -200,7 +194,8 @@ def _ancestor_logits(q: Tensor, rhos: list, fanout: tuple[int, ...]) -> list:
     out, start = [], 0
     for rho in rhos[:-1]:
         families, b = rho[1].shape[1:3]
-        out.append(_regrouped(logits[..., start : start + b], families))
+        span = q.size(1) // families  # leaves below a family of that depth (a view)
+        out.append(family_layout(node_layout(logits[..., start : start + b]), span))
         start += b
     return out
 
