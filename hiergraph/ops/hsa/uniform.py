@@ -259,6 +259,7 @@ def bottom_up(
     )
     lses, probs, gates, rhos = [None] * depth, [None] * depth, [None] * depth, [None] * depth
     energy = None  # a(C) of the level's nodes; None: -inf (leaves without self energy)
+    weighted = None  # n(C) rho(C) of a masked level's nodes: the sums its means came from
     for d in range(depth - 1, -1, -1):
         b, n = fanout[d], counts[d]
         e = None if eps is None else family_layout(eps[d], b)
@@ -267,8 +268,10 @@ def bottom_up(
         # those of q and k then come with the logits (pooled below; none at the top)
         sums_dtype = accumulation_dtype(rho[0].dtype) if plain and d > 0 else None
         leaves = tokens and d == depth - 1
+        # a leaf counts 1 (0: no key), so log n(B) adds nothing on the last level
+        bias = size_bias and d < depth - 1
         logits, lses[d], probs[d], qk_sums = _family_attention(
-            *rho[:2], e, n, b, tau, left_only, size_bias, sums_dtype, leaves
+            *rho[:2], e, n, b, tau, left_only, bias, sums_dtype, leaves
         )
         if d == depth - 1 and include_self:
             energy = logits.diagonal(dim1=-2, dim2=-1)
@@ -277,9 +280,13 @@ def bottom_up(
             break
         # pooled statistics and energies of the parents, in their node layout [H, F_d, ·]
         total = lses[d] if energy is None else logaddexp(energy, lses[d], **finite)
-        parent_energy, pooled = _pool(total, rho, n, counts[d - 1], plain, qk_sums, leaves)
+        parent_energy, pooled, sums = _pool(
+            total, rho, n, counts[d - 1], plain, qk_sums, leaves, weighted
+        )
         rho = [family_layout(t, fanout[d - 1]) for t in pooled]
         energy = family_layout(parent_energy, fanout[d - 1])
+        if not isinstance(counts[d - 1], int):
+            weighted = [family_layout(t, fanout[d - 1]) for t in sums]
     return lses, probs, gates, rhos
 
 
@@ -320,7 +327,7 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias, sums_dtype=None,
     (:func:`~hiergraph.ops.hsa.token_layout.token_scores`)."""
     logits, *qk_sums = (token_layout.token_scores if tokens else scores)(q, k, tau, sums_dtype)
     if e is not None:
-        logits = logits + torch.matmul(e, e.transpose(-1, -2))
+        logits = logits + family.family_gram(e, e)
     ar = torch.arange(b, device=q.device)
     # the sibling pairs left out: a node itself, and with left_only its right siblings
     drop = ar[None, :] >= ar[:, None] if left_only else ar[None, :] == ar[:, None]
@@ -358,7 +365,7 @@ class _Scores(torch.autograd.Function):
         ctx.save_for_backward(q, k)
         ctx.tau = tau
         ctx.set_materialize_grads(False)
-        logits = torch.matmul(q, k.transpose(-1, -2)).mul_(tau)
+        logits = family.family_gram(q, k, tau)
         if sums_dtype is None:
             return (logits,)
         return logits, family.family_sum(q, sums_dtype), family.family_sum(k, sums_dtype)
@@ -387,13 +394,17 @@ def _pool(
     plain: bool,
     qk_sums: list[Tensor],
     tokens: bool = False,
-) -> tuple[Tensor, list[Tensor]]:
-    """Energies ``a(A) = sum_C n(C)/n(A) log(e^{a(C)} + e^{lse(C)})`` and pooled means
-    of the parents ``A`` of a level given in family layout; ``[H, F]`` and ``[H, F, ·]``.
+    weighted: list[Tensor] | None = None,
+) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+    r"""Energies ``a(A) = sum_C n(C)/n(A) log(e^{a(C)} + e^{lse(C)})``, pooled means and
+    the sums they are made of, of the parents ``A`` of a level given in family layout;
+    ``[H, F]``, ``[H, F, ·]`` and ``[H, F, ·]`` (accumulation dtype).
     ``plain``: the count-weighted sums of the rows are plain sums (all counts equal, or
     the rows with count 0 are zero and the others have count 1); ``qk_sums``: those of
     ``q`` and ``k``, already taken (:func:`scores`), or empty; ``tokens``: ``rho`` is
-    node-major ``[F, b, H, ·]`` (all counts equal).
+    node-major ``[F, b, H, ·]`` (all counts equal); ``weighted``: the rows' count-weighted
+    sums :math:`n(C) \rho(C)`, when a level below pooled them (a masked level: its sums
+    are then summed as they are, with no pass that weighs the means again).
 
     Sums over the ``b`` children are taken in the accumulation dtype, then scaled once
     (the backward of a mean would divide the expanded gradient of every member)."""
@@ -410,12 +421,13 @@ def _pool(
     if tokens:
         sums = qk_sums + [token_layout.token_sum(t, work) for t in rho[len(qk_sums) :]]
     else:
-        sums = qk_sums + [
-            family.family_sum(t if plain else t * n.unsqueeze(-1).to(t.dtype), work)
-            for t in rho[len(qk_sums) :]
-        ]
+        if plain:
+            weighted = rho
+        elif weighted is None:  # masked leaves (counts 0 and 1) whose rows are not zero
+            weighted = [t * n.unsqueeze(-1).to(t.dtype) for t in rho]
+        sums = qk_sums + [family.family_sum(t, work) for t in weighted[len(qk_sums) :]]
     pooled = [(s / denom).to(t.dtype) for s, t in zip(sums, rho, strict=True)]
-    return energy.to(total.dtype), pooled
+    return energy.to(total.dtype), pooled, sums
 
 
 def family_layout(x: Tensor, b: int) -> Tensor:

@@ -80,6 +80,28 @@ def test_equals_dense_reference(opts):
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("kernel", ["dense", "blocks"])
+@pytest.mark.parametrize("opts", OPTIONS[::3], ids=lambda o: "-".join(k for k, v in o.items() if v))
+def test_families_of_four_taken_in_groups_equal_dense_reference(opts, kernel, monkeypatch):
+    """Logits and weight gradients of families of four taken four at a time
+    (:func:`~hiergraph.ops.hsa.family.family_gram`, here from any count on), in the
+    reshaped-view path and the block kernel: output and gradients of the dense reference."""
+    monkeypatch.setattr(family_attention, "GRAM_MIN_FAMILIES", 1)
+    tree, (q, k, v), mask, pos = _case(2, 48, (4, 3, 4), seed=3)
+    kw = _kwargs(opts, mask, pos)
+    inputs = [t.requires_grad_() for t in (q, k, v)]
+    out = hierarchical_attention(q, k, v, tree, kernel=kernel, **kw)
+    leaf_mask = kw.pop("leaf_mask")
+    theta = hierarchical_attention_matrix(q, k, tree, leaf_mask=leaf_mask, **kw)
+    ref = torch.einsum("hij,jhd->ihd", theta, v)
+    if leaf_mask is not None:
+        ref = ref * leaf_mask[:, None, None]
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    got = torch.autograd.grad(out.pow(2).sum(), inputs)
+    for a, b in zip(got, torch.autograd.grad(ref.pow(2).sum(), inputs), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
 @pytest.mark.parametrize("opts", [o for o in OPTIONS if o["masked"]][:8],
                          ids=lambda o: "-".join(k for k, v in o.items() if v))  # fmt: skip
 def test_padding_leaves_values_are_never_read(opts):
@@ -134,6 +156,26 @@ def test_family_product_with_a_base_is_the_product_plus_base_differentiable_twic
     torch.testing.assert_close(fn(*inputs), want, atol=1e-15, rtol=0)
     assert torch.autograd.gradcheck(fn, tuple(inputs))
     assert torch.autograd.gradgradcheck(fn, tuple(inputs))
+
+
+@pytest.mark.parametrize("b", [3, 4])
+@pytest.mark.parametrize("families", [4, 6, 20], ids=lambda f: f"{f}-families")
+def test_family_gram_is_the_product_with_the_transpose_differentiable_twice(
+    b, families, monkeypatch
+):
+    """``alpha * x @ y^T`` per family; families of 4 are taken four at a time (one product
+    per group, its diagonal blocks; here from any count on), a count that is no multiple of
+    four and a single group included, with first and second derivatives."""
+    monkeypatch.setattr(family_attention, "GRAM_MIN_FAMILIES", 1)
+    gen = torch.Generator().manual_seed(families * b)
+    x, y = (torch.randn(families, b, 6, generator=gen, **F64).requires_grad_() for _ in "xy")
+
+    def fn(x, y):
+        return family_attention.family_gram(x, y, alpha=0.5)
+
+    torch.testing.assert_close(fn(x, y), 0.5 * x @ y.mT, atol=1e-15, rtol=0)
+    assert torch.autograd.gradcheck(fn, (x, y))
+    assert torch.autograd.gradgradcheck(fn, (x, y))
 
 
 def test_summed_products_are_the_sum_of_the_products_differentiable_twice():
@@ -308,9 +350,9 @@ def test_large_int64_slots_order_like_their_ranks():
 
 @pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True)])
 def test_output_keeps_the_memory_layout_of_the_inputs(causal, masked):
-    """Contiguous and heads-first inputs give the same output and gradients (the masked
-    op zeroes padding rows in its layout copies of contiguous inputs, and multiplies
-    heads-first ones)."""
+    """Contiguous and heads-first inputs give the same output and gradients, to rounding
+    (the node-major leaf level takes its products head by head; the masked op zeroes padding
+    rows in its layout copies of contiguous inputs, and multiplies heads-first ones)."""
     tree, (q, k, v), mask, pos = _case(2, 24, (4, 3, 2), seed=9)
     kw = dict(include_self=True, causal=causal, pos_emb=pos, leaf_mask=mask if masked else None)
     node_major = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -321,7 +363,7 @@ def test_output_keeps_the_memory_layout_of_the_inputs(causal, masked):
     out = hierarchical_attention(*node_major, tree, **kw)
     out_hf = hierarchical_attention(*heads_first, tree, **kw)
     assert out.is_contiguous() and out_hf.transpose(0, 1).is_contiguous()
-    assert torch.equal(out, out_hf)
+    torch.testing.assert_close(out, out_hf, atol=1e-14, rtol=0)
     grads = torch.autograd.grad(out.pow(2).sum(), node_major)
     grads_hf = torch.autograd.grad(out_hf.pow(2).sum(), heads_first)
     for a, b in zip(grads, grads_hf, strict=True):
