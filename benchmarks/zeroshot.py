@@ -60,7 +60,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 CACHE = HERE.parent / "datasets" / "zeroshot_cache"  # git-ignored
 METHODS = ("hsa", "block", "hsa_no_size_bias")
-TIMING_REPEATS = 5
+TIMING_REPEATS = 15
 LAYER_ORDER = ("last1", "last2", "last3", "all")
 
 

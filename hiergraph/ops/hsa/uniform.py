@@ -280,13 +280,13 @@ def bottom_up(
             break
         # pooled statistics and energies of the parents, in their node layout [H, F_d, ·]
         total = lses[d] if energy is None else logaddexp(energy, lses[d], **finite)
-        parent_energy, pooled, sums = _pool(
+        parent_energy, pooled, weighted = _pool(
             total, rho, n, counts[d - 1], plain, qk_sums, leaves, weighted
         )
         rho = [family_layout(t, fanout[d - 1]) for t in pooled]
         energy = family_layout(parent_energy, fanout[d - 1])
-        if not isinstance(counts[d - 1], int):
-            weighted = [family_layout(t, fanout[d - 1]) for t in sums]
+        masked = not isinstance(counts[d - 1], int)
+        weighted = [family_layout(t, fanout[d - 1]) for t in weighted] if masked else None
     return lses, probs, gates, rhos
 
 
@@ -328,6 +328,8 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias, sums_dtype=None,
     logits, *qk_sums = (token_layout.token_scores if tokens else scores)(q, k, tau, sums_dtype)
     if e is not None:
         logits = logits + family.family_gram(e, e)
+    if b == 2 and not left_only:
+        return logits, *_sibling_of_two(logits, n, size_bias), qk_sums
     ar = torch.arange(b, device=q.device)
     # the sibling pairs left out: a node itself, and with left_only its right siblings
     drop = ar[None, :] >= ar[:, None] if left_only else ar[None, :] == ar[:, None]
@@ -341,6 +343,23 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias, sums_dtype=None,
     if size_bias:
         biased = logits + torch.log(n.clamp(min=1)).unsqueeze(2).to(logits.dtype)
     return logits, *softmax_dropping(biased, drop | (n <= 0).unsqueeze(2)), qk_sums
+
+
+def _sibling_of_two(logits: Tensor, n, size_bias: bool) -> tuple[Tensor, Tensor]:
+    r"""``lse [H, F, 2]`` and ``p [H, F, 2, 2]`` of families of two (no ``left_only``):
+    a node's one key is its sibling :math:`B`, whose weight is 1 and :math:`\mathrm{lse}`
+    its logit :math:`s(C, B) + \log n(B)`; a sibling without leaves is no key (weight 0,
+    :math:`\mathrm{lse} = -\infty`). No softmax passes; the weights are constants."""
+    lse = logits.flip(-1).diagonal(dim1=-2, dim2=-1)  # s(C, sibling of C)
+    swap = 1.0 - torch.eye(2, dtype=logits.dtype, device=logits.device)
+    if isinstance(n, int):
+        p = swap.expand_as(logits)
+        return (lse + math.log(n) if size_bias and n > 1 else lse), p
+    sibling = n.flip(-1)  # [1, F, 2]: the count of every node's sibling
+    if size_bias:
+        lse = lse + torch.log(sibling.clamp(min=1)).to(lse.dtype)
+    lse = torch.where(sibling > 0, lse, float("-inf"))
+    return lse, (swap * (n > 0).unsqueeze(-2).to(logits.dtype)).expand_as(logits)
 
 
 def scores(

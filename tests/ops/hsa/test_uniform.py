@@ -14,7 +14,7 @@ from hiergraph.data import SignalHierarchy, from_nested, window_forest, window_h
 from hiergraph.ops import hierarchical_attention, hierarchical_attention_matrix
 
 F64 = dict(dtype=torch.float64)
-SHAPES = [(3, 32, (4, 8)), (2, 48, (4, 3, 4)), (1, 8, (8,))]
+SHAPES = [(3, 32, (4, 8)), (2, 48, (4, 3, 4)), (1, 8, (8,)), (2, 24, (3, 4, 2))]
 OPTIONS = [
     dict(include_self=inc, leaky_causal=leaky, masked=masked, pos=pos, size_bias=sb)
     for inc, leaky, masked, pos, sb in itertools.product(*[(False, True)] * 5)
