@@ -951,16 +951,17 @@ def zeroshot() -> list[str] | None:
         timing = {k: v for k, v in res.get("timing", {}).items() if "flat_sdpa" in v}
         if timing:
             out += ["Attention op alone, last layer, one batch (trees and hub choice included); "
-                    "medians of interleaved repetitions (the count is `TIMING_REPEATS` of "
-                    "`benchmarks/zeroshot.py`, not stored):", ""]  # fmt: skip
+                    "medians of interleaved repetitions (rows without a count: 5, from before "
+                    "the count was stored):", ""]  # fmt: skip
 
             def maybe(t, key):
                 return secs(t[key]) if key in t else "–"
 
             out += table(
-                ["tree", "batch", "flat SDPA", "HSA", "HSA, padded windows",
+                ["tree", "batch", "repeats", "flat SDPA", "HSA", "HSA, padded windows",
                  "same, compiled (compile)", "HSA without log n(B)", "block", "allocator"],
-                [[k, " × ".join(map(str, t["batch"])), secs(t["flat_sdpa"]), secs(t["hsa"]),
+                [[k, " × ".join(map(str, t["batch"])), t.get("repeats", "–"),
+                  secs(t["flat_sdpa"]), secs(t["hsa"]),
                   maybe(t, "hsa_padded_windows"),
                   f"{maybe(t, 'hsa_padded_windows_compiled')} ({maybe(t, 'compile_s')})",
                   secs(t["hsa_no_size_bias"]), secs(t["block"]), allocator(t)]

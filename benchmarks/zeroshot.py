@@ -143,7 +143,7 @@ def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, floa
             op()
             times[name].append(time.perf_counter() - start)
     out = {name: float(np.median(t)) for name, t in times.items()}
-    out["batch"] = [b, t]
+    out["batch"], out["repeats"] = [b, t], TIMING_REPEATS
     if compile_s is not None:
         out["compile_s"] = compile_s
     return out
