@@ -359,8 +359,8 @@ def family_gram(x: Tensor, y: Tensor, alpha: float = 1.0) -> Tensor:
     call per matrix, and for ``b = 4`` that call costs more than its arithmetic: there
     (``c <= 64``, from :data:`GRAM_MIN_FAMILIES` families on) the families are taken four
     at a time, as one ``[16, c] @ [c, 16]`` product whose diagonal ``[4, 4]`` blocks are
-    theirs: four times the arithmetic, in 0.6–0.7× the time (6,144 families of 4 × 32 or
-    4,096 of 4 × 64, 2 threads). Smaller products run in one loop, larger ones pay off
+    theirs: four times the arithmetic, in 0.6–0.75× the time (6,144 families of 4 × 32
+    or 4,096 of 4 × 64, 2 threads). Smaller products run in one loop, larger ones pay off
     their call: any other case is one batched ``matmul``."""
     *lead, b, c = x.shape
     families = math.prod(lead)

@@ -16,7 +16,8 @@ memory viewed with one more dimension. So
 * pooling a level to its parents is a mean over dim 2, whose result is the
   parents' node layout ``[H, F_d, ·]`` and, viewed, their own family layout;
 * family attention is a batched product ``[H, F_d, b_d, c] @ [H, F_d, c, b_d]``
-  with a fixed ``[b_d, b_d]`` pair mask;
+  with a fixed ``[b_d, b_d]`` pair mask (families of two need no softmax: a node's one
+  key is its sibling);
 * broadcasting parent rows to their children is ``unsqueeze(2)``.
 
 Each level costs a fixed, small number of tensor operations on static shapes, for every

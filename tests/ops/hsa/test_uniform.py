@@ -67,17 +67,21 @@ def test_equals_block_kernel_with_gradients(shape, opts):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
 
+def _dense_reference(q, k, v, tree, kw):
+    r"""The output of the dense matrix :math:`\hat\Theta` for the op's keyword arguments."""
+    kw = dict(kw)
+    leaf_mask = kw.pop("leaf_mask")
+    theta = hierarchical_attention_matrix(q, k, tree, leaf_mask=leaf_mask, **kw)
+    ref = torch.einsum("hij,jhd->ihd", theta, v)
+    return ref if leaf_mask is None else ref * leaf_mask[:, None, None]
+
+
 @pytest.mark.parametrize("opts", OPTIONS[:6], ids=lambda o: "-".join(k for k, v in o.items() if v))
 def test_equals_dense_reference(opts):
     tree, (q, k, v), mask, pos = _case(2, 24, (2, 3, 4), seed=1)
     kw = _kwargs(opts, mask, pos)
     out = hierarchical_attention(q, k, v, tree, **kw)
-    leaf_mask = kw.pop("leaf_mask")
-    theta = hierarchical_attention_matrix(q, k, tree, leaf_mask=leaf_mask, **kw)
-    ref = torch.einsum("hij,jhd->ihd", theta, v)
-    if leaf_mask is not None:
-        ref = ref * leaf_mask[:, None, None]
-    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out, _dense_reference(q, k, v, tree, kw), atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("kernel", ["dense", "blocks"])
@@ -91,11 +95,7 @@ def test_families_of_four_taken_in_groups_equal_dense_reference(opts, kernel, mo
     kw = _kwargs(opts, mask, pos)
     inputs = [t.requires_grad_() for t in (q, k, v)]
     out = hierarchical_attention(q, k, v, tree, kernel=kernel, **kw)
-    leaf_mask = kw.pop("leaf_mask")
-    theta = hierarchical_attention_matrix(q, k, tree, leaf_mask=leaf_mask, **kw)
-    ref = torch.einsum("hij,jhd->ihd", theta, v)
-    if leaf_mask is not None:
-        ref = ref * leaf_mask[:, None, None]
+    ref = _dense_reference(q, k, v, tree, kw)
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
     got = torch.autograd.grad(out.pow(2).sum(), inputs)
     for a, b in zip(got, torch.autograd.grad(ref.pow(2).sum(), inputs), strict=True):
