@@ -65,6 +65,12 @@ class FamilyBlock:
     valid: Tensor | None = None
     offset: int = 0
 
+    @cached_property
+    def padding(self) -> Tensor | None:
+        """``[count]`` padding slots of every family of a gather block (``None`` for a
+        slice block)."""
+        return None if self.valid is None else (~self.valid).sum(1)
+
     @property
     def slot_cost(self) -> float:
         """What the block's slots cost the block kernel, in gather slots

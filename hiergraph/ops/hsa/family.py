@@ -259,8 +259,12 @@ def _member_weight(block, count: Tensor) -> Tensor:
 
 
 def _valid_sum(xb: Tensor, block) -> Tensor:
-    """Sum over the valid members of every family of a gather block: ``[F, H, ·]``."""
-    return (xb * block.valid[:, None, :, None]).sum(2)
+    """Sum over the valid members of every family of a gather block: ``[F, H, ·]``. A
+    padding slot repeats its family's first member (:class:`~hiergraph.plan.tree_index.
+    FamilyBlock`), so this is the sum over all slots less that many copies of the first
+    member: no pass over the block besides the sum."""
+    padding = block.padding.to(xb.dtype)[:, None, None]
+    return torch.addcmul(xb.sum(2), padding, xb[:, :, 0], value=-1)
 
 
 def _heads_first(x: Tensor) -> Tensor:
