@@ -52,9 +52,10 @@ class FamilyBlock:
     ``start .. start + count * width``: its members are a view, no gather. A
     *gather* block (``index`` set) lists the members' positions ``[count,
     width]``; where ``valid`` is false the slot is padding and repeats the
-    family's first member (it is masked as a query and as a key). ``parents``
-    ``[count]`` are the families' parents, local to the previous level. ``offset``: a
-    gather block's first slot among its level's gather slots (:attr:`Level.gather_src`).
+    family's first member (it is masked as a query and as a key); ``padding`` ``[count]``
+    counts those slots per family. ``parents`` ``[count]`` are the families' parents, local
+    to the previous level. ``offset``: a gather block's first slot among its level's gather
+    slots (:attr:`Level.gather_src`).
     """
 
     width: int
@@ -64,12 +65,7 @@ class FamilyBlock:
     index: Tensor | None = None
     valid: Tensor | None = None
     offset: int = 0
-
-    @cached_property
-    def padding(self) -> Tensor | None:
-        """``[count]`` padding slots of every family of a gather block (``None`` for a
-        slice block)."""
-        return None if self.valid is None else (~self.valid).sum(1)
+    padding: Tensor | None = None
 
     @property
     def slot_cost(self) -> float:
@@ -99,7 +95,7 @@ class FamilyBlock:
 
     def to(self, device) -> FamilyBlock:
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in ("parents", "index", "valid"):
+        for name in ("parents", "index", "valid", "padding"):
             if moved[name] is not None:
                 moved[name] = moved[name].to(device)
         return FamilyBlock(**moved)
@@ -531,7 +527,15 @@ def _make_blocks(
             valid = local < size[:, None]
             index = start[:, None] + torch.where(valid, local, 0)
             parents = parent_local[start]
-            block = FamilyBlock(w, fams.numel(), parents, index=index, valid=valid, offset=offset)
+            block = FamilyBlock(
+                w,
+                fams.numel(),
+                parents,
+                index=index,
+                valid=valid,
+                offset=offset,
+                padding=(~valid).sum(1),
+            )
             blocks.append(block)
             offset += block.count * block.width
     return blocks
