@@ -413,6 +413,31 @@ class _LargeWrites(TorchDispatchMode):
         return out
 
 
+class _SoftmaxWidths(TorchDispatchMode):
+    """Records the width (last dimension) of every row maximum taken: one per softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.widths = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ == "amax":
+            self.widths.append(args[0].size(-1))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_families_of_two_take_no_softmax(masked):
+    """A node of a family of two has one key, its sibling: the families of two (leaves and
+    the level above the roots' children here) take no softmax, those of four do."""
+    index = window_forest([32] * 4, (2, 4, 2, 2)).tree_index()
+    q, k, v = (torch.randn(128, 2, 8) for _ in "qkv")
+    mask = torch.arange(128) % 5 != 0 if masked else None
+    with _SoftmaxWidths() as softmax:
+        hierarchical_attention(q, k, v, index, include_self=True, leaf_mask=mask)
+    assert softmax.widths == [4]
+
+
 @pytest.mark.parametrize("heads_first", [False, True])
 def test_levels_are_never_copied(heads_first):
     """Levels are views of one another, and the leaves are read in the inputs' memory
