@@ -102,6 +102,30 @@ def test_families_of_four_taken_in_groups_equal_dense_reference(opts, kernel, mo
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_small_masked_families_are_close_to_float32(dtype, monkeypatch):
+    """The windows of pretrained encoders (families of two and four, here grouped) with
+    right padding, in half precision: counts, logs and the carried sums of masked levels are
+    float32, so output and gradients stay within half rounding of the float32 result."""
+    monkeypatch.setattr(family_attention, "GRAM_MIN_FAMILIES", 1)
+    index = window_forest([64] * 4, (2, 4, 8)).tree_index()
+    gen = torch.Generator().manual_seed(4)
+    inputs = [torch.randn(256, 3, 16, generator=gen).to(dtype).float() for _ in "qkv"]
+    mask = torch.arange(256) % 64 < torch.tensor([64, 50, 37, 9]).repeat_interleave(64)
+    outs, grads = [], []
+    for run_dtype in (torch.float32, dtype):
+        leaves = [t.to(run_dtype, copy=True).requires_grad_() for t in inputs]
+        out = hierarchical_attention(*leaves, index, include_self=True, leaf_mask=mask)
+        assert out.dtype == run_dtype
+        out.float().square().sum().backward()
+        outs.append(out.float())
+        grads.append([t.grad.float() for t in leaves])
+    scale = outs[0].abs().max()
+    assert (outs[1] - outs[0]).abs().max() < 0.05 * scale
+    for half, full in zip(grads[1][1:], grads[0][1:], strict=True):  # dq: see test_attention
+        assert (half - full).abs().max() < 0.05 * full.abs().max()
+
+
 @pytest.mark.parametrize("opts", [o for o in OPTIONS if o["masked"]][:8],
                          ids=lambda o: "-".join(k for k, v in o.items() if v))  # fmt: skip
 def test_padding_leaves_values_are_never_read(opts):
