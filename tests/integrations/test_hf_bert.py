@@ -1,4 +1,5 @@
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -222,3 +223,16 @@ def test_hubs_change_the_tree_and_follow_each_layers_keys():
     flat = encode(inject_hsa(model, [1, 2], branching=(2, 2), hubs=max(LENGTHS)), ids, mask)
     torch.testing.assert_close(flat[valid], encode(remove_hsa(model), ids, mask)[valid],
                                atol=1e-12, rtol=0)  # fmt: skip
+
+
+@pytest.mark.skipif(not os.environ.get("HIERGRAPH_SLOW"), reason="set HIERGRAPH_SLOW=1")
+def test_compiled_injected_model_equals_eager():
+    """``torch.compile`` of a whole encoder with HSA injected (the padded-window path, a host
+    read of the padding pattern between graphs) gives the eager output, on a full batch and
+    on a right-padded one."""
+    model = inject_hsa(tiny().float(), [1, 2], branching=(2, 4))
+    compiled = torch.compile(model)
+    for lengths in ([16, 16, 16], [16, 9, 4]):
+        ids, mask = inputs(lengths)
+        torch.testing.assert_close(encode(compiled, ids, mask), encode(model, ids, mask),
+                                   atol=1e-5, rtol=1e-5)  # fmt: skip
