@@ -235,7 +235,7 @@ def _probabilities(block, qb, kb, eb, keys, tau, left_only, rows: slice) -> tupl
     log_n, key_ok = keys
     logits = family_gram(qb[:, :, rows], kb, tau)
     if eb is not None:
-        logits += eb[:, :, rows] @ eb.transpose(-1, -2)
+        logits += family_gram(eb[:, :, rows], eb)
     logits += block.rows(log_n)[:, None, None, :]
     logits.masked_fill_(~_pair_mask(block, key_ok, left_only, rows), float("-inf"))
     lse = torch.logsumexp(logits, -1)

@@ -260,6 +260,7 @@ def bottom_up(
     )
     lses, probs, gates, rhos = [None] * depth, [None] * depth, [None] * depth, [None] * depth
     energy = None  # a(C) of the level's nodes; None: -inf (leaves without self energy)
+    masked = not isinstance(counts[0], int)
     weighted = None  # n(C) rho(C) of a masked level's nodes: the sums its means came from
     for d in range(depth - 1, -1, -1):
         b, n = fanout[d], counts[d]
@@ -286,7 +287,6 @@ def bottom_up(
         )
         rho = [family_layout(t, fanout[d - 1]) for t in pooled]
         energy = family_layout(parent_energy, fanout[d - 1])
-        masked = not isinstance(counts[d - 1], int)
         weighted = [family_layout(t, fanout[d - 1]) for t in weighted] if masked else None
     return lses, probs, gates, rhos
 
@@ -329,38 +329,46 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias, sums_dtype=None,
     logits, *qk_sums = (token_layout.token_scores if tokens else scores)(q, k, tau, sums_dtype)
     if e is not None:
         logits = logits + family.family_gram(e, e)
-    if b == 2 and not left_only:
-        return logits, *_sibling_of_two(logits, n, size_bias), qk_sums
-    ar = torch.arange(b, device=q.device)
-    # the sibling pairs left out: a node itself, and with left_only its right siblings
-    drop = ar[None, :] >= ar[:, None] if left_only else ar[None, :] == ar[:, None]
+    # families of two (no left_only): a node's one key is its sibling, no softmax needed
+    pair = b == 2 and not left_only
     if isinstance(n, int):  # all leaves valid: log n(B) is one shift of the level
-        # b >= 2: without left_only every row keeps a key
-        lse, p = softmax_dropping(logits, drop, rows_nonempty=not left_only)
+        if pair:
+            lse, p = _sibling_of_two(logits)
+        else:  # b >= 2: without left_only every row keeps a key
+            drop = _left_out(b, left_only, q.device)
+            lse, p = softmax_dropping(logits, drop, rows_nonempty=not left_only)
         if size_bias and n > 1:
             lse = lse + math.log(n)
         return logits, lse, p, qk_sums
     biased = logits
     if size_bias:
         biased = logits + torch.log(n.clamp(min=1)).unsqueeze(2).to(logits.dtype)
-    return logits, *softmax_dropping(biased, drop | (n <= 0).unsqueeze(2)), qk_sums
+    if pair:
+        return logits, *_sibling_of_two(biased, n > 0), qk_sums
+    drop = _left_out(b, left_only, q.device) | (n <= 0).unsqueeze(2)
+    return logits, *softmax_dropping(biased, drop), qk_sums
 
 
-def _sibling_of_two(logits: Tensor, n, size_bias: bool) -> tuple[Tensor, Tensor]:
-    r"""``lse [H, F, 2]`` and ``p [H, F, 2, 2]`` of families of two (no ``left_only``):
+def _left_out(b: int, left_only: bool, device) -> Tensor:
+    """``[b, b]``, true for the sibling pairs a family's softmax leaves out: a node itself,
+    and with ``left_only`` its right siblings."""
+    ar = torch.arange(b, device=device)
+    return ar[None, :] >= ar[:, None] if left_only else ar[None, :] == ar[:, None]
+
+
+def _sibling_of_two(logits: Tensor, keys: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    r"""``lse [H, F, 2]`` and ``p [H, F, 2, 2]`` of the (biased) logits of families of two
+    without ``left_only``, as :func:`~hiergraph.ops.logspace.softmax_dropping` gives them:
     a node's one key is its sibling :math:`B`, whose weight is 1 and :math:`\mathrm{lse}`
-    its logit :math:`s(C, B) + \log n(B)`; a sibling without leaves is no key (weight 0,
-    :math:`\mathrm{lse} = -\infty`). No softmax passes; the weights are constants."""
+    its logit; with ``keys`` (``[1, F, 2]``, false for nodes without leaves) a sibling that
+    is no key gives weight 0 and :math:`\mathrm{lse} = -\infty`. No softmax passes; the
+    weights are constants."""
     lse = logits.flip(-1).diagonal(dim1=-2, dim2=-1)  # s(C, sibling of C)
     swap = 1.0 - torch.eye(2, dtype=logits.dtype, device=logits.device)
-    if isinstance(n, int):
-        p = swap.expand_as(logits)
-        return (lse + math.log(n) if size_bias and n > 1 else lse), p
-    sibling = n.flip(-1)  # [1, F, 2]: the count of every node's sibling
-    if size_bias:
-        lse = lse + torch.log(sibling.clamp(min=1)).to(lse.dtype)
-    lse = torch.where(sibling > 0, lse, float("-inf"))
-    return lse, (swap * (n > 0).unsqueeze(-2).to(logits.dtype)).expand_as(logits)
+    if keys is None:
+        return lse, swap.expand_as(logits)
+    lse = torch.where(keys.flip(-1), lse, float("-inf"))
+    return lse, (swap * keys.unsqueeze(-2).to(logits.dtype)).expand_as(logits)
 
 
 def scores(

@@ -187,9 +187,10 @@ def test_family_product_with_a_base_is_the_product_plus_base_differentiable_twic
 def test_family_gram_is_the_product_with_the_transpose_differentiable_twice(
     b, families, monkeypatch
 ):
-    """``alpha * x @ y^T`` per family; families of 4 are taken four at a time (one product
-    per group, its diagonal blocks; here from any count on), a count that is no multiple of
-    four and a single group included, with first and second derivatives."""
+    """``alpha * x @ y^T`` per family; families of 4 are taken four at a time (one
+    ``[16, c] @ [c, 16]`` product per group, its diagonal blocks; here from any count on), a
+    single group included; families of 3 and counts that are no multiple of four take one
+    batched product. With first and second derivatives."""
     monkeypatch.setattr(family_attention, "GRAM_MIN_FAMILIES", 1)
     gen = torch.Generator().manual_seed(families * b)
     x, y = (torch.randn(families, b, 6, generator=gen, **F64).requires_grad_() for _ in "xy")
@@ -197,7 +198,11 @@ def test_family_gram_is_the_product_with_the_transpose_differentiable_twice(
     def fn(x, y):
         return family_attention.family_gram(x, y, alpha=0.5)
 
-    torch.testing.assert_close(fn(x, y), 0.5 * x @ y.mT, atol=1e-15, rtol=0)
+    with _Calls("bmm") as products:
+        out = fn(x, y)
+    grouped = b == 4 and families % 4 == 0
+    assert products.shapes == [(families // 4, 16, 6) if grouped else (families, b, 6)]
+    torch.testing.assert_close(out, 0.5 * x @ y.mT, atol=1e-15, rtol=0)
     assert torch.autograd.gradcheck(fn, (x, y))
     assert torch.autograd.gradgradcheck(fn, (x, y))
 
@@ -374,9 +379,9 @@ def test_large_int64_slots_order_like_their_ranks():
 
 @pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True)])
 def test_output_keeps_the_memory_layout_of_the_inputs(causal, masked):
-    """Contiguous and heads-first inputs give the same output and gradients, to rounding
-    (the node-major leaf level takes its products head by head; the masked op zeroes padding
-    rows in its layout copies of contiguous inputs, and multiplies heads-first ones)."""
+    """Contiguous and heads-first inputs give the same output and gradients (the masked
+    op zeroes padding rows in its layout copies of contiguous inputs, and multiplies
+    heads-first ones)."""
     tree, (q, k, v), mask, pos = _case(2, 24, (4, 3, 2), seed=9)
     kw = dict(include_self=True, causal=causal, pos_emb=pos, leaf_mask=mask if masked else None)
     node_major = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -387,7 +392,7 @@ def test_output_keeps_the_memory_layout_of_the_inputs(causal, masked):
     out = hierarchical_attention(*node_major, tree, **kw)
     out_hf = hierarchical_attention(*heads_first, tree, **kw)
     assert out.is_contiguous() and out_hf.transpose(0, 1).is_contiguous()
-    torch.testing.assert_close(out, out_hf, atol=1e-14, rtol=0)
+    assert torch.equal(out, out_hf)
     grads = torch.autograd.grad(out.pow(2).sum(), node_major)
     grads_hf = torch.autograd.grad(out_hf.pow(2).sum(), heads_first)
     for a, b in zip(grads, grads_hf, strict=True):
@@ -437,16 +442,16 @@ class _LargeWrites(TorchDispatchMode):
         return out
 
 
-class _SoftmaxWidths(TorchDispatchMode):
-    """Records the width (last dimension) of every row maximum taken: one per softmax."""
+class _Calls(TorchDispatchMode):
+    """Records the shape of the first argument of every call of the operation ``name``."""
 
-    def __init__(self):
+    def __init__(self, name: str):
         super().__init__()
-        self.widths = []
+        self.name, self.shapes = name, []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ == "amax":
-            self.widths.append(args[0].size(-1))
+        if func.overloadpacket.__name__ == self.name:
+            self.shapes.append(tuple(args[0].shape))
         return func(*args, **(kwargs or {}))
 
 
@@ -457,9 +462,9 @@ def test_families_of_two_take_no_softmax(masked):
     index = window_forest([32] * 4, (2, 4, 2, 2)).tree_index()
     q, k, v = (torch.randn(128, 2, 8) for _ in "qkv")
     mask = torch.arange(128) % 5 != 0 if masked else None
-    with _SoftmaxWidths() as softmax:
+    with _Calls("amax") as row_maxima:  # one per softmax
         hierarchical_attention(q, k, v, index, include_self=True, leaf_mask=mask)
-    assert softmax.widths == [4]
+    assert [shape[-1] for shape in row_maxima.shapes] == [4]
 
 
 @pytest.mark.parametrize("heads_first", [False, True])
