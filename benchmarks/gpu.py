@@ -16,7 +16,7 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   (``hsa-heads-first``: ``[H, L, d]`` memory viewed as ``[L, H, d]``, no layout copies),
   vs ``scaled_dot_product_attention`` over each tree's
   leaves with the flash and the memory-efficient backends, and vs the per-level bound of
-  ``benchmarks/hsa_scaling.py`` (one batched SDPA call per level over its families); then
+  ``benchmarks/hsa_scaling.py`` (one batched SDPA call per level over its families); last,
   the first batch again with sequences of different lengths (``mixed``, uniform in
   [L/2, L]): the default kernel (padded to equal fanout), the block kernel, and SDPA with a
   key padding mask.
@@ -46,8 +46,10 @@ gives a user); so does the VCC layer (``vip_slots`` set: static shapes) and its 
 layer. A failed capture (``GATConv``'s) leaves the process's CUDA random generator
 unusable, so the other sections have no twins; the ``graphs`` section runs them in a process
 of their own. Methods of a case are timed in interleaved rounds (one step of each per round,
-at least 3 rounds, after a warm-up step); a step is forward + ``out.sum().backward()``;
-times are medians, by CUDA events on a GPU and ``time.perf_counter`` on the CPU. Peak memory
+3 to 15 rounds, as many as fit in 1.5 s, after a warm-up step); a step is forward +
+``out.sum().backward()``; times are medians, by CUDA events on a GPU (each step starts on an
+idle device, so a launch-bound step's time includes its launches) and ``time.perf_counter``
+on the CPU. Peak memory
 is ``torch.cuda.max_memory_allocated`` over one extra step, reset per method; it includes
 the tensors of the case's other methods, which are alive beside it, so each row also has the
 step's own ``footprint`` (the peak above the level before the step, plus the method's own
@@ -109,6 +111,8 @@ CAPS = {
     "graphs": 100.0,
 }
 ROUNDS = 3  # timed rounds per case (at least)
+MAX_ROUNDS = 15  # more rounds while a case stays within CASE_S
+CASE_S = 1.5  # seconds of timed rounds a case may take beyond its first ROUNDS
 GRAPH_MAX_LEAVES = 16384  # HSA cases timed as CUDA graphs too (launch-bound sizes)
 MAX_STEP_S = 3.0  # a method whose step is predicted slower than this is not run
 MIB = 2**20
@@ -348,7 +352,8 @@ def _prepare(run: Run, method: Method, dtype: torch.dtype) -> tuple[Callable[[],
 def _time_and_measure(run, section, end, steps, owned, rows, dtype_name, methods) -> None:
     per_round = sum(rows[n]["warmup_s"] for n in steps)  # the warm-up predicts a round
     left = run.left(end)
-    rounds = ROUNDS if per_round * ROUNDS <= left else max(1, int(left / per_round))
+    rounds = min(MAX_ROUNDS, max(ROUNDS, int(CASE_S / max(per_round, 1e-9))))
+    rounds = rounds if per_round * rounds <= left else max(1, int(left / per_round))
     try:
         times = interleaved(steps, rounds, run.device, min(end, run.deadline))
     except Exception as error:  # noqa: BLE001
@@ -564,10 +569,10 @@ def _hsa_lengths_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]
 def section_hsa(run: Run, end: float) -> None:
     for trees, leaves in run.sizes.hsa_batches:
         run_case(run, "hsa", end, f"{trees}x{leaves}", _hsa_methods(run, trees, leaves))
-    trees, leaves = run.sizes.hsa_batches[0]  # the same batch, sequences of different lengths
-    run_case(run, "hsa", end, f"{trees}x{leaves} mixed", _hsa_lengths_methods(run, trees, leaves))
     for leaves in run.sizes.hsa_trees:
         run_case(run, "hsa", end, f"1x{leaves}", _hsa_methods(run, 1, leaves))
+    trees, leaves = run.sizes.hsa_batches[0]  # the same batch, sequences of different lengths
+    run_case(run, "hsa", end, f"{trees}x{leaves} mixed", _hsa_lengths_methods(run, trees, leaves))
 
 
 def section_hmatrix(run: Run, end: float) -> None:
@@ -740,7 +745,7 @@ def section_graphs(run: Run, end: float) -> dict | None:
     status = {"status": "done" if done.returncode == 0 else "error"}
     status["returncode"] = done.returncode
     if done.returncode:  # the end of its log says where it died
-        status["reason"] = portable("\n".join(done.stderr.strip().splitlines()[-3:]))[:600]
+        status["reason"] = portable("\n".join(done.stderr.strip().splitlines()[-40:]))[-4000:]
     return status
 
 

@@ -89,9 +89,12 @@ def cuda_graphed(step: Callable[[], Any], device: torch.device) -> Callable[[], 
 
 
 class Clock:
-    """Wall seconds by ``time.perf_counter``. ``mark()`` is taken right before and right
-    after a step; ``sync()`` runs at the end of a round, before ``elapsed`` reads the
-    marks of that round."""
+    """Wall seconds by ``time.perf_counter``. ``start()`` is taken right before a step and
+    ``mark()`` right after it; ``sync()`` runs at the end of a round, before ``elapsed``
+    reads the marks of that round."""
+
+    def start(self) -> Any:
+        return self.mark()
 
     def mark(self) -> Any:
         return time.perf_counter()
@@ -116,11 +119,17 @@ class WallAndCPU(Clock):
 
 
 class CudaEvents(Clock):
-    """Seconds between CUDA events recorded on the current stream of ``device``: the GPU's
-    time for the step, read after the round's ``torch.cuda.synchronize``."""
+    """Seconds between CUDA events recorded on the current stream of ``device``, read after
+    the round's ``torch.cuda.synchronize``. ``start()`` waits for the device first: the
+    step's launches then meet an idle GPU, so a launch-bound step is timed with its launch
+    cost, not hidden behind the previous step's kernels."""
 
     def __init__(self, device: torch.device):
         self.device = device
+
+    def start(self) -> torch.cuda.Event:
+        torch.cuda.synchronize(self.device)
+        return self.mark()
 
     def mark(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
@@ -162,7 +171,7 @@ def interleaved(
         shift = r % len(order) if order else 0
         for key, (step, leaves) in order[shift:] + order[:shift]:
             reset_grads(leaves)
-            start = clock.mark()
+            start = clock.start()
             step()
             marks.append((key, start, clock.mark()))
         clock.sync()

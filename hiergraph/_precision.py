@@ -22,7 +22,7 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 def autocast_dtype(device_type: str) -> torch.dtype | None:
     """The autocast dtype active on ``device_type``, or ``None`` (autocast off, or a device
     without autocast, such as ``meta``)."""
-    if not torch.amp.is_autocast_available(device_type):
+    if not _has_autocast(device_type):
         return None
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
@@ -30,6 +30,13 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
 def autocast_off(device_type: str) -> AbstractContextManager:
     """Autocast disabled on ``device_type`` within the block (a no-op on devices without
     autocast): ops that pick their own accumulation dtype run as written."""
-    if not torch.amp.is_autocast_available(device_type):
+    if not _has_autocast(device_type):
         return nullcontext()
     return torch.autocast(device_type, enabled=False)
+
+
+def _has_autocast(device_type: str) -> bool:
+    """Whether ``device_type`` has autocast. Under ``torch.compile`` the answer is ``True``
+    without asking: some releases cannot trace the query, and the devices they compile for
+    (CPU, CUDA, XPU, ...) all have autocast."""
+    return torch.compiler.is_compiling() or torch.amp.is_autocast_available(device_type)

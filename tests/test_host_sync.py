@@ -127,14 +127,16 @@ def _lengths_forest(device):
     return forest.to(device)
 
 
-def hsa_padded(device):
+def hsa_padded(device, kernel="dense"):
+    """The default kernel takes the padded path here; ``kernel="blocks"`` the block kernel."""
     from hiergraph.ops import hierarchical_attention
 
     forest = _lengths_forest(device)
     assert forest.tree_index().padded.pays_off(2, 8)  # the padded path runs, not the blocks
     q, k, v = (_rand(device, forest.num_leaves, 2, 4, seed=i) for i in range(3))
     eps = _rand(device, forest.num_nodes, 3, seed=3)
-    return Case(lambda: hierarchical_attention(q, k, v, forest, pos_emb=eps), [q, k, v, eps])
+    opts = dict(pos_emb=eps, kernel=kernel)
+    return Case(lambda: hierarchical_attention(q, k, v, forest, **opts), [q, k, v, eps])
 
 
 def causal_hsa(device, uniform=False, padded=False):
@@ -266,12 +268,13 @@ def vcc_padded_op(device):
     x = torch.randn(2, 24, 8, generator=gen).to(device).requires_grad_()
     vip = torch.zeros(2, 24, dtype=torch.bool)
     vip[:, :3] = True
+    vip = vip.to(device)  # a copy from host memory inside the step would synchronise
     mask = (torch.arange(24)[None] < torch.tensor([[24], [19]])).to(device)
     layer = _module(_VCCLayer(), device)
     budgets = (None, 2, 1)
 
     def fn():
-        p, c, part = partition_padded(x, vip.to(device), mask, 3, (2, 2))
+        p, c, part = partition_padded(x, vip, mask, 3, (2, 2))
         score = vip_score_fn_padded(layer.query(p), part.slot_real, layer.key)
         p, c = vcc_layer_padded(layer, p, part.slot_real, c, part.tree, budgets, score)
         return part.restore(p, c)
@@ -506,6 +509,7 @@ CASES: dict[str, Callable[[str], Case]] = {
     "causal-hsa-uniform": lambda d: causal_hsa(d, uniform=True),
     "causal-hsa-padded": lambda d: causal_hsa(d, padded=True),
     "hsa-padded": hsa_padded,
+    "hsa-blocks": lambda d: hsa_padded(d, kernel="blocks"),
     "causal-hsa": causal_hsa,
     "hmatrix": hmatrix,
     "hmatrix-causal": lambda d: hmatrix(d, causal=True),
