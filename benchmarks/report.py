@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 from collections.abc import Callable, Iterable
@@ -1158,8 +1159,21 @@ def gpu() -> list[str]:
         out += ["", "### CUDA-graph twins", "",
                 "The same cases with `--graphs`: `name+graph` replays the method's whole step "
                 "(forward and backward) captured as one CUDA graph.", ""]  # fmt: skip
-        out += gpu_run(graphs) + gpu_table(graphs) + [source("gpu/graphs/gpu.json"), ""]
+        out += gpu_run(graphs) + crashed(d["sections"].get("graphs", {}))
+        out += gpu_table(graphs) + [source("gpu/graphs/gpu.json"), ""]
     return out
+
+
+def crashed(section: dict) -> list[str]:
+    """Why a section's subprocess exited with an error: its last exception line and the
+    first device-side assertion in its log, if any."""
+    if section.get("status") != "error":
+        return []
+    lines = str(section.get("reason", "")).splitlines()
+    error = next((x for x in reversed(lines) if re.match(r"[\w.]+(Error|Exception)\b", x)), "")
+    asserted = next((x for x in lines if "Assertion" in x), "")
+    why = "; ".join(code(x.strip()) for x in (error, asserted.split(": ", 1)[-1]) if x)
+    return [f"The process exited with code {section.get('returncode')}: {why or 'no message'}.", ""]
 
 
 SECTIONS: list[tuple[str, Callable[[], list[str] | None]]] = [

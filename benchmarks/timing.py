@@ -70,7 +70,9 @@ def cuda_graphed(step: Callable[[], Any], device: torch.device) -> Callable[[], 
     result replays it and returns what the captured call returned (the same tensors, updated
     in place). Three warm-up calls run on a side stream first, as capture requires. A step
     that drops its gradients before the backward (:func:`reset_grads`) has them allocated in
-    the graph's own memory, so every replay rewrites them."""
+    the graph's own memory, so every replay rewrites them. The result holds ``step``: the
+    graph reads the memory of every tensor its closure keeps (a tree plan's indices, say),
+    which must not be freed and reused while the graph can replay."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -85,6 +87,7 @@ def cuda_graphed(step: Callable[[], Any], device: torch.device) -> Callable[[], 
         graph.replay()
         return out
 
+    replay.captured = step
     return replay
 
 

@@ -102,6 +102,22 @@ def test_optional_results_render_when_present(report, tmp_path, monkeypatch):
     assert "skipped: section time cap" in gpu_part
 
 
+def test_a_crashed_subprocess_is_reported_with_its_error(report):
+    log = "\n".join([
+        "k.cu:16: gather_kernel: block: [2,0,0] Assertion `ind < size` failed.",
+        "k.cu:16: gather_kernel: block: [3,0,0] Assertion `ind < size` failed.",
+        "Traceback (most recent call last):",
+        '  File "gpu.py", line 9, in <module>',
+        "torch.AcceleratorError: CUDA error: device-side assert triggered",
+        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    ])  # fmt: skip
+    (line,) = [x for x in report.crashed({"status": "error", "returncode": 1, "reason": log}) if x]
+    assert line.startswith("The process exited with code 1: ")
+    assert "`torch.AcceleratorError: CUDA error: device-side assert triggered`" in line
+    assert "gather_kernel: block: [2,0,0] Assertion" in line and "[3,0,0]" not in line
+    assert report.crashed({"status": "done"}) == []
+
+
 def test_spreads_and_means(report):
     assert report.spread([0.003, 0.001, 0.002]) == "2.00 ms [1.00 ms–3.00 ms] ×3"
     assert report.spread([2.0]) == "2.00 s ×1"

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import mmap
 import sys
 import time
+import weakref
 
 import pytest
 import torch
@@ -85,6 +88,99 @@ def test_wall_and_cpu_samples_are_pairs_and_summaries():
     values = {"a": [3.0, 1.0, 2.0], "b": [5.0]}
     assert timing.medians(values) == {"a": 2.0, "b": 5.0}
     assert timing.spreads(values) == {"a": [1.0, 3.0], "b": [5.0, 5.0]}
+
+
+def test_each_step_is_timed_from_the_clocks_start_to_its_mark():
+    events = []
+
+    class Recording(timing.Clock):
+        def start(self):
+            events.append("start")
+            return 0
+
+        def mark(self):
+            events.append("mark")
+            return 1
+
+    timing.interleaved({"a": (lambda: events.append("a"), ())}, 2, Recording(), warmup=False)
+    assert events == ["start", "a", "mark"] * 2
+
+
+def test_cuda_events_start_on_an_idle_device(monkeypatch):
+    """The start event is recorded after the device has finished earlier work, so a step's
+    time includes its own kernel launches (not hidden behind queued kernels)."""
+    calls = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            calls.append("record")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    clock = timing.CudaEvents(torch.device("cuda"))
+    clock.start()
+    assert calls == ["sync", "record"]
+    clock.mark()
+    assert calls == ["sync", "record", "record"]
+
+
+def test_a_captured_step_outlives_its_caller(monkeypatch):
+    """The graph replays kernels that read the step's tensors: ``cuda_graphed`` keeps the
+    step (and what its closure holds) alive however the caller drops it."""
+
+    class Graph:
+        def replay(self):
+            pass
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
+
+    class Plan:  # stands in for a tree plan on the device
+        size = 3
+
+    def make():
+        plan = Plan()
+        return timing.cuda_graphed(lambda: plan.size, torch.device("cuda")), weakref.ref(plan)
+
+    replay, plan = make()
+    gc.collect()
+    assert plan() is not None and replay() == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_captured_hsa_step_replays_after_its_plan_is_dropped():
+    """Capture a block-kernel HSA step whose tree plan only its closure holds, fill freed
+    memory with junk, replay: the same output as eagerly (no stale plan indices)."""
+    from hiergraph.data import window_forest
+    from hiergraph.ops import hierarchical_attention
+
+    lengths = torch.tensor([100, 64, 128, 77] * 8)
+    total = int(lengths.sum())
+    q, k, v = (torch.randn(total, 2, 16, device="cuda") for _ in range(3))
+
+    def make(kernel):
+        index = window_forest(lengths, (16, 4)).tree_index().to("cuda")
+        return lambda: hierarchical_attention(q, k, v, index, kernel=kernel)
+
+    for kernel in ("dense", "blocks"):
+        want = make(kernel)()
+        replay = timing.cuda_graphed(make(kernel), torch.device("cuda"))
+        gc.collect()
+        junk = [torch.full((1 << 16,), -(1 << 40), dtype=torch.long, device="cuda")
+                for _ in range(256)]  # fmt: skip
+        got = replay().clone()
+        del junk
+        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
