@@ -33,6 +33,12 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
 * ``graph_hsa`` (40 s): ``GraphHSANet`` (2 layers, GCN local convs) on a 1M-node planted-
   partition graph with a window hierarchy over its nodes (blocks are consecutive), vs the
   same net's GCN stack alone.
+* ``profile`` (60 s): where the time of the steps furthest from their targets goes, bf16
+  only: the 32 x 512 HSA batch (eager, heads-first, and with its forward through
+  ``torch.compile``, compiled before it is timed) beside the per-level bound and flash SDPA,
+  and H-matrix attention at 64K beside SDPA; each row also has a ``torch.profiler``
+  breakdown of three steps (kernels per step, their summed device time, the wall time, the
+  12 kernels that took longest; operators and CPU time on the CPU).
 * ``graphs`` (100 s): ``hmatrix``, ``vcc``, ``masked`` and ``hsa`` again with ``--graphs``
   (below), in a subprocess of their own, into ``OUT/graphs/gpu.json``.
 
@@ -108,12 +114,14 @@ CAPS = {
     "masked": 35.0,
     "cone": 20.0,
     "graph_hsa": 40.0,
+    "profile": 60.0,
     "graphs": 100.0,
 }
 ROUNDS = 3  # timed rounds per case (at least)
 MAX_ROUNDS = 15  # more rounds while a case stays within CASE_S
 CASE_S = 1.5  # seconds of timed rounds a case may take beyond its first ROUNDS
 GRAPH_MAX_LEAVES = 16384  # HSA cases timed as CUDA graphs too (launch-bound sizes)
+PROFILE_TOP = 12  # kernels listed per profiled step
 MAX_STEP_S = 3.0  # a method whose step is predicted slower than this is not run
 MIB = 2**20
 
@@ -235,6 +243,7 @@ class Method:
     autocast: bool = False  # modules: bf16 via autocast, not bf16 inputs
     graph: bool = False  # on CUDA, also time its step captured as a CUDA graph (``+graph``)
     graphed: bool = False  # this is such a twin: its step replays the captured graph
+    compiled: bool = False  # the forward through ``torch.compile`` (compiled before timing)
 
 
 @dataclass
@@ -270,11 +279,14 @@ class Run:
             plot(self.rows, out / "gpu.png")
 
 
-def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, Method]):
-    """Time ``methods`` against each other in every dtype; one row per method and dtype."""
+def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, Method],
+             dtypes: tuple[str, ...] = tuple(DTYPES), profile: bool = False):  # fmt: skip
+    """Time ``methods`` against each other in every dtype; one row per method and dtype.
+    With ``profile``, each row also gets its step's :func:`profile_step` breakdown."""
     if run.args.graphs:
         methods = with_graph_twins(methods, run.device)
-    for dtype_name, dtype in DTYPES.items():
+    for dtype_name in dtypes:
+        dtype = DTYPES[dtype_name]
         label = dict(section=section, case=case, dtype=dtype_name)
         steps, owned, rows = {}, {}, {}
         for name, method in methods.items():
@@ -294,6 +306,9 @@ def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, M
                 release(run.device)
         if steps:
             _time_and_measure(run, section, end, steps, owned, rows, dtype_name, methods)
+        for name, step in steps.items() if profile else ():
+            if run.left(end) > 0 and rows[name].get("median_ms"):
+                rows[name]["profile"] = profile_step(step, run.device)
         first = next(iter(methods))
         for row in rows.values():
             base = rows[first].get("median_ms")
@@ -345,7 +360,11 @@ def _prepare(run: Run, method: Method, dtype: torch.dtype) -> tuple[Callable[[],
             with torch.autocast(run.device.type, dtype=dtype, cache_enabled=False):
                 return inner()
 
+    if method.compiled:
+        fn = torch.compile(fn, fullgraph=True, dynamic=False)
     step = fwd_bwd(fn, leaves)
+    if method.compiled:
+        step()  # compiles the forward and the backward before the timed warm-up
     return (timing.cuda_graphed(step, run.device) if method.graphed else step), leaves
 
 
@@ -488,7 +507,9 @@ def _tree_branching(leaves: int) -> tuple[int, ...]:
     return tuple(branching) or (leaves,)
 
 
-def _hsa_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
+def _hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> dict[str, Method]:
+    """HSA and its peers on ``trees`` window trees of ``leaves`` leaves; with ``compiled``,
+    also ``hsa-compiled``: the forward through ``torch.compile`` over the batch's plan."""
     from torch_geometric.data import Batch
 
     from hiergraph.data import window_hierarchy
@@ -498,10 +519,13 @@ def _hsa_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
     branching = _tree_branching(leaves)
     total = trees * leaves
 
-    def hsa(dtype, device, heads_first=False):
+    def hsa(dtype, device, heads_first=False, plan=False):
+        """``plan``: the batch's fixed tree plan in place of the batch (what a compiled
+        function closes over)."""
         batch = Batch.from_data_list([window_hierarchy(leaves, branching)] * trees)
         batch.tree_index()  # structure, built once on the CPU, moves with the batch
         batch = batch.to(device)
+        batch = batch.tree_index() if plan else batch
         if heads_first:  # [H, L, d] memory viewed as [L, H, d], as SDPA gets [B, H, L, d]
             qkv = [_leaf((H, total, d), dtype, device).detach().transpose(0, 1) for _ in "qkv"]
             q, k, v = (t.requires_grad_() for t in qkv)
@@ -532,7 +556,9 @@ def _hsa_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
             graph=graph,
         ),  # fmt: skip
         "level-bound": Method(bound, work=total, peak_bytes=nbytes, graph=graph),
-    }
+    } | ({"hsa-compiled": Method(
+        lambda dt, dev: hsa(dt, dev, plan=True), total, nbytes, compiled=True
+    )} if compiled else {})  # fmt: skip
 
 
 def _hsa_lengths_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
@@ -575,27 +601,30 @@ def section_hsa(run: Run, end: float) -> None:
     run_case(run, "hsa", end, f"{trees}x{leaves} mixed", _hsa_lengths_methods(run, trees, leaves))
 
 
-def section_hmatrix(run: Run, end: float) -> None:
+def _hmatrix_methods(length: int) -> dict[str, Method]:
     from hiergraph.ops.hmatrix import hmatrix_attention
 
     H, d, block = hmatrix_bench.HEADS, hmatrix_bench.DIM, hmatrix_bench.BLOCK
+    shape = (1, H, length, d)
+
+    def ours(dtype, device):
+        q, k, v = (_leaf(shape, dtype, device) for _ in range(3))
+        return (lambda: hmatrix_attention(q, k, v, block)), [q, k, v]
+
+    def sdpa(dtype, device):
+        q, k, v = (_leaf(shape, dtype, device) for _ in range(3))
+        return (lambda: F.scaled_dot_product_attention(q, k, v)), [q, k, v]
+
+    nbytes = 4 * 3 * length * H * d * 4
+    return {
+        "hmatrix": Method(ours, work=length, peak_bytes=nbytes, graph=True),
+        "sdpa": Method(sdpa, work=length**2, peak_bytes=nbytes, graph=True),
+    }
+
+
+def section_hmatrix(run: Run, end: float) -> None:
     for length in run.sizes.hmatrix:
-        shape = (1, H, length, d)
-
-        def ours(dtype, device, shape=shape):
-            q, k, v = (_leaf(shape, dtype, device) for _ in range(3))
-            return (lambda: hmatrix_attention(q, k, v, block)), [q, k, v]
-
-        def sdpa(dtype, device, shape=shape):
-            q, k, v = (_leaf(shape, dtype, device) for _ in range(3))
-            return (lambda: F.scaled_dot_product_attention(q, k, v)), [q, k, v]
-
-        nbytes = 4 * 3 * length * H * d * 4
-        methods = {
-            "hmatrix": Method(ours, work=length, peak_bytes=nbytes, graph=True),
-            "sdpa": Method(sdpa, work=length**2, peak_bytes=nbytes, graph=True),
-        }
-        run_case(run, "hmatrix", end, f"L={length}", methods)
+        run_case(run, "hmatrix", end, f"L={length}", _hmatrix_methods(length))
 
 
 def section_vcc(run: Run, end: float) -> None:
@@ -726,6 +755,61 @@ def section_graph_hsa(run: Run, end: float) -> None:
     run_case(run, "graph_hsa", end, f"n={n}", methods)
 
 
+def section_profile(run: Run, end: float) -> None:
+    """Where the time of the steps that are far from their targets goes, in bf16: the
+    second HSA batch (eager, heads-first, and its forward through ``torch.compile``) beside
+    the per-level bound and flash SDPA, and the longest H-matrix case beside SDPA. Each
+    row has its :func:`profile_step` breakdown."""
+    trees, leaves = run.sizes.hsa_batches[min(1, len(run.sizes.hsa_batches) - 1)]
+    hsa = _hsa_methods(run, trees, leaves, compiled=True)
+    names = ("hsa", "hsa-heads-first", "hsa-compiled", "level-bound", "sdpa-flash")
+    methods = {name: replace(hsa[name], graph=False) for name in names}
+    run_case(run, "profile", end, f"{trees}x{leaves}", methods, ("bf16",), profile=True)
+    length = run.sizes.hmatrix[-1]
+    run_case(run, "profile", end, f"L={length}", _hmatrix_methods(length), ("bf16",), True)
+
+
+def profile_step(step: Callable[[], None], device: torch.device, steps: int = 3) -> dict:
+    """``steps`` steps under ``torch.profiler``, per step: the kernels launched and their
+    summed device time (on CUDA; operator calls and their CPU self time on the CPU), the
+    wall time, and the ``PROFILE_TOP`` kernels (operators) that took the most time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize(device)
+        wall = (time.perf_counter() - started) / steps
+    if cuda:
+        events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        key = lambda e: e.device_time_total  # noqa: E731 - one per event kind
+    else:  # the CPU: the operator calls not made inside another operator
+        events = [e for e in prof.events() if _outermost_operator(e)]
+        key = lambda e: e.cpu_time_total  # noqa: E731
+    totals: dict[str, list[float]] = {}
+    for event in events:
+        total = totals.setdefault(event.name[:100], [0, 0.0])
+        total[0] += 1
+        total[1] += key(event)
+    top = sorted(totals.items(), key=lambda kv: -kv[1][1])[:PROFILE_TOP]
+    return {
+        "unit": "kernels" if cuda else "operators",
+        "per_step": len(events) / steps,
+        "busy_ms": sum(key(e) for e in events) / steps / 1e3,
+        "wall_ms": 1e3 * wall,
+        "top": [{"name": n, "calls": c / steps, "ms": t / steps / 1e3} for n, (c, t) in top],
+    }
+
+
+def _outermost_operator(event) -> bool:
+    parent = event.cpu_parent
+    return event.name.startswith("aten::") and not (parent and parent.name.startswith("aten::"))
+
+
 def section_graphs(run: Run, end: float) -> dict | None:
     """The launch-bound sections again with ``--graphs``, in a subprocess of their own (a
     failed capture can leave a CUDA context unusable): ``OUT/graphs/gpu.json``."""
@@ -757,6 +841,7 @@ SECTIONS = {
     "masked": section_masked,
     "cone": section_cone,
     "graph_hsa": section_graph_hsa,
+    "profile": section_profile,
     "graphs": section_graphs,
 }
 

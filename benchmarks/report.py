@@ -1122,6 +1122,29 @@ def gpu_table(d: dict) -> list[str]:
                  body)  # fmt: skip
 
 
+def gpu_profiles(d: dict) -> list[str]:
+    """The profiled rows of a ``gpu.py`` run: per step, the kernels (operators on a CPU)
+    launched, their summed time, the wall time and the three that took longest."""
+    body = [
+        [r["case"], r["dtype"], r["method"], f"{num(p['per_step'])} {p['unit']}",
+         f"{p['busy_ms']:.3g} ms", f"{p['wall_ms']:.3g} ms",
+         "; ".join(f"{code(t['name'][:60])} ×{t['calls']:g} {t['ms']:.3g} ms"
+                   for t in p["top"][:3])]
+        for r in d["rows"] if (p := r.get("profile"))
+    ]  # fmt: skip
+    if not body:
+        return []
+    return [
+        "Where the time goes (`torch.profiler`, three steps, per step): the kernels launched "
+        "(operators on a CPU), their summed time, the step's wall time, and the three that "
+        "took longest.",
+        "",
+        *table(
+            ["case", "dtype", "method", "launched", "their time", "wall", "longest three"], body
+        ),  # fmt: skip
+    ]
+
+
 def gpu_run(d: dict) -> list[str]:
     """The device, the command, the CUDA tests' counts and sections that did not finish."""
     meta, tests = d["meta"], d.get("tests", {})
@@ -1153,7 +1176,8 @@ def gpu() -> list[str]:
         return ["No GPU run is recorded (`results/gpu/gpu.json` is absent). "
                 "`python benchmarks/gpu.py --out benchmarks/results/gpu` on a CUDA machine "
                 "writes it; this section then shows its tables.", ""]  # fmt: skip
-    out = gpu_run(d) + gpu_table(d) + [source("gpu/gpu.json"), ""] + plot("gpu/gpu.png", "GPU")
+    out = gpu_run(d) + gpu_table(d) + [""] + gpu_profiles(d)
+    out += [source("gpu/gpu.json"), ""] + plot("gpu/gpu.png", "GPU")
     graphs = load("gpu/graphs/gpu.json")
     if graphs is not None:
         out += ["", "### CUDA-graph twins", "",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ["tests", "hsa", "hmatrix", "vcc", "masked", "cone", "graph_hsa", "graphs"]
+SECTIONS = ["tests", "hsa", "hmatrix", "vcc", "masked", "cone", "graph_hsa", "profile", "graphs"]
 PEERS = {  # section -> methods every case compares
     "hsa": {"hsa", "hsa-heads-first", "sdpa-flash", "sdpa-efficient", "level-bound"},
     "hmatrix": {"hmatrix", "sdpa"},
@@ -76,7 +76,27 @@ def test_every_case_times_each_method_against_its_peers(report):
         if first["status"] == "ok":
             assert row[f"ratio_to_{first['method']}"] > 0
     ok = {r["section"] for r in rows if r["status"] == "ok"}
-    assert ok == set(PEERS)
+    assert ok == set(PEERS) | {"profile"}
+
+
+def test_profiled_steps_say_where_their_time_goes(report):
+    """The profile section times HSA eager, heads-first and compiled beside the bound and
+    flash SDPA, and H-matrix beside SDPA, in bf16, each with its operator breakdown."""
+    _, data, _ = report
+    rows = [r for r in data["rows"] if r["section"] == "profile"]
+    hsa = {"hsa", "hsa-heads-first", "hsa-compiled", "level-bound", "sdpa-flash"}
+    assert {r["method"] for r in rows} == hsa | {"hmatrix", "sdpa"}
+    assert {r["dtype"] for r in rows} == {"bf16"} and all(r["status"] == "ok" for r in rows)
+    per_step = {}
+    for row in rows:
+        profile = row["profile"]
+        assert profile["unit"] == "operators" and profile["wall_ms"] > 0
+        assert 0 < profile["busy_ms"] and 0 < len(profile["top"]) <= 12
+        top = [t["ms"] for t in profile["top"]]
+        assert top == sorted(top, reverse=True) and all(t["calls"] > 0 for t in profile["top"])
+        per_step[row["method"]] = profile["per_step"]
+    # compiled, the forward and backward are a few kernels in place of one call per op
+    assert per_step["hsa-compiled"] < per_step["hsa"] / 3
 
 
 def test_deadline_stops_the_run_and_keeps_the_report(tmp_path):

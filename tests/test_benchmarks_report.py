@@ -86,6 +86,11 @@ def test_optional_results_render_when_present(report, tmp_path, monkeypatch):
          "peak_mib": 20.0, "ratio_to_hsa": 0.5},
         {"section": "hsa", "case": "8x2048", "dtype": "bf16", "method": "sdpa-efficient",
          "status": "skipped", "reason": "section time cap"},
+        {"section": "profile", "case": "8x2048", "dtype": "bf16", "method": "hsa",
+         "status": "ok", "median_ms": 2.0, "times_ms": [2.0] * 3, "rounds": 3,
+         "profile": {"unit": "kernels", "per_step": 160.0, "busy_ms": 1.25, "wall_ms": 9.5,
+                     "top": [{"name": "bmm_kernel", "calls": 12.0, "ms": 0.4},
+                             {"name": "softmax", "calls": 6.0, "ms": 0.2}]}},
     ]  # fmt: skip
     gpu = {
         "meta": {"device": "cuda", "device_name": "Some GPU", "torch": "2.x", "cuda": "12.x",
@@ -100,6 +105,9 @@ def test_optional_results_render_when_present(report, tmp_path, monkeypatch):
     assert "Some GPU" in gpu_part and "passed 7" in gpu_part
     assert "2.00 ms [1.50 ms–2.50 ms] ×3" in gpu_part and "0.500× (hsa)" in gpu_part
     assert "skipped: section time cap" in gpu_part
+    assert "| 8x2048 | bf16 | hsa | 160 kernels | 1.25 ms | 9.5 ms | `bmm_kernel` ×12 0.4 ms" in (
+        gpu_part
+    )
 
 
 def test_a_crashed_subprocess_is_reported_with_its_error(report):
