@@ -773,7 +773,7 @@ def section_profile(run: Run, end: float) -> None:
 
 def profile_step(step: Callable[[], None], device: torch.device, steps: int = 3) -> dict:
     """``steps`` steps under ``torch.profiler``, per step: the kernels launched and their
-    summed device time (on CUDA; operator calls and their CPU self time on the CPU), the
+    summed device time (on the CPU: the outermost operator calls and their CPU time), the
     wall time, and the ``PROFILE_TOP`` kernels (operators) that took the most time."""
     from torch.profiler import ProfilerActivity, profile
 

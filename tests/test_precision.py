@@ -31,3 +31,18 @@ def test_autocast_dtype_and_autocast_off():
             assert autocast_dtype("cpu") is None
         with autocast_off("meta"):
             assert autocast_dtype("cpu") == torch.bfloat16
+
+
+def test_compiled_code_does_not_ask_whether_a_device_has_autocast(monkeypatch):
+    """Some ``torch.compile`` releases cannot trace ``torch.amp.is_autocast_available``:
+    while compiling, the answer is taken as yes (every device they compile for has it)."""
+
+    def untraceable(device_type):
+        raise AssertionError("asked while compiling")
+
+    monkeypatch.setattr(torch.amp, "is_autocast_available", untraceable)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert autocast_dtype("cpu") == torch.bfloat16
+    assert autocast_dtype("cpu") is None
+    assert isinstance(autocast_off("cpu"), torch.autocast)
