@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 
 _treat_cpu_as_device = False
+#: pinned sources of host-to-device copies made while a CUDA graph was being captured
+_captured_sources: list[Tensor] = []
 
 
 def reads_values(tensor: Tensor) -> bool:
@@ -45,9 +47,17 @@ def cpu_as_accelerator() -> Iterator[None]:
 def host_tensor(values: Sequence, device, dtype: torch.dtype = torch.long) -> Tensor:
     """``torch.tensor(values)`` on ``device`` (default: the default device): on an
     accelerator staged in pinned memory and copied asynchronously, so the host does not
-    wait for the queued kernels."""
+    wait for the queued kernels.
+
+    While a CUDA graph is being captured, the copy becomes a node of the graph that reads
+    the pinned buffer again at every replay; the buffer is then kept for the life of the
+    process (a few bytes per captured call), so that no later allocation reuses it and a
+    replay does not copy someone else's values."""
     tensor = torch.tensor(values, dtype=dtype, device="cpu")
     device = torch.get_default_device() if device is None else torch.device(device)
     if device.type in ("cpu", "meta"):
         return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
+    pinned = tensor.pin_memory()
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        _captured_sources.append(pinned)
+    return pinned.to(device, non_blocking=True)
