@@ -1,6 +1,8 @@
 """Every op of ``test_gpu_path``, forward and backward, captured as one CUDA graph and
 replayed, against its eager result, in float32 and bfloat16; plus HSA and SDPA at the
-shapes of the GPU benchmark's first case.
+shapes of the GPU benchmark's first case. Between the capture and the replays, freed device
+and pinned host memory is reallocated and filled with junk (:func:`churn`), so a graph that
+reads memory it does not own fails.
 
 A capture that goes wrong can leave the process's CUDA context unusable (an illegal memory
 access is sticky), so the cases run in their own process, one after another, each announced
@@ -65,6 +67,17 @@ def step_of(fn: Callable, inputs: list[torch.Tensor]) -> Callable[[], torch.Tens
     return step
 
 
+def churn(device: str) -> None:
+    """Allocate and fill device and pinned host memory with junk, then free it: a replay
+    that reads memory its graph does not own (a freed plan tensor, the freed host source of
+    a captured copy) then reads junk."""
+    junk = [torch.full((1 << 14,), -(1 << 40), dtype=torch.long, device=device)
+            for _ in range(64)]  # fmt: skip
+    if device == "cuda":
+        junk += [torch.full((n,), -(1 << 40), dtype=torch.long).pin_memory() for n in range(1, 65)]
+        torch.cuda.synchronize()
+
+
 def mismatch(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> str | None:
     """Why ``got`` differs from ``want`` beyond ``dtype``'s tolerance, or ``None``."""
     got, want = got.float().cpu(), want.float().cpu()
@@ -84,6 +97,7 @@ def check(name: str, dtype: torch.dtype, device: str, eager_only: bool) -> str |
     want = step().detach().clone()
     want_grads = [None if t.grad is None else t.grad.clone() for t in inputs]
     run = step if eager_only else timing.cuda_graphed(step, torch.device(device))
+    churn(device)
     for _ in range(2):  # a second replay: nothing left over from the first
         got = run()
     if device == "cuda":
