@@ -59,6 +59,10 @@ def check_qkv(q, k, v, num_leaves: int) -> None:
             f"v must be [num_leaves, heads, d_v] = [{q.size(0)}, {q.size(1)}, *], "
             f"got {tuple(v.shape)}"
         )
+    if q.size(1) == 0 or q.size(2) == 0:
+        raise ValueError(
+            f"q and k need at least one head and one channel, got shape {tuple(q.shape)}"
+        )
     if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
         raise TypeError(
             f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"

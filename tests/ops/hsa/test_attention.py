@@ -622,6 +622,9 @@ def test_bad_inputs():
         hierarchical_attention(q[None], k[None], v[None], h)
     with pytest.raises(TypeError, match="floating dtype"):
         hierarchical_attention(q, k, v.float(), h)
+    for no_heads_or_channels in ((q[:, :0], k[:, :0], v[:, :0]), (q[..., :0], k[..., :0], v)):
+        with pytest.raises(ValueError, match="at least one head and one channel"):
+            hierarchical_attention(*no_heads_or_channels, h)
     with pytest.raises(ValueError, match="pos_emb"):
         hierarchical_attention(q, k, v, h, pos_emb=torch.randn(6, 2, **F64))
     with pytest.raises(ValueError, match="leaf_mask"):
