@@ -29,14 +29,16 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from hiergraph._precision import accumulation_dtype
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.windows import window_forest, window_hierarchy
-from hiergraph.ops.hsa.hubs import root_scores
 
 
 def hub_scores(q: Tensor, k: Tensor, token_mask: Tensor, scale: float | None = None) -> Tensor:
     r"""``[B, T]`` root-level scores :math:`s_j` of every key (``-inf`` at padding), in float32
-    for half-precision ``q, k`` (:func:`~hiergraph.ops.hsa.hubs.root_scores`).
+    for half-precision ``q, k``: :func:`~hiergraph.ops.hsa.hubs.root_scores` of every
+    example, computed on the padded batch (one masked sum for the mean queries, one batched
+    product for the logits).
 
     Args:
         q (torch.Tensor): queries ``[B, H, T, d]``.
@@ -45,10 +47,13 @@ def hub_scores(q: Tensor, k: Tensor, token_mask: Tensor, scale: float | None = N
         scale (float, optional): logit scale :math:`\tau`. (default: :obj:`None`,
             i.e. :math:`1/\sqrt{d}`)
     """
-    b, h, t, d = q.shape
-    tree = torch.arange(b, device=q.device).repeat_interleave(t)
-    packed = [x.transpose(1, 2).reshape(b * t, h, d) for x in (q, k)]
-    return root_scores(*packed, tree, token_mask.reshape(-1), scale).view(b, t)
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    dtype = accumulation_dtype(q.dtype)
+    weight = token_mask.to(dtype)  # [B, T]
+    count = weight.sum(1).clamp(min=1)[:, None, None]
+    q_mean = torch.einsum("bt,bhtd->bhd", weight, q.to(dtype)) / count  # [B, H, d]
+    logits = torch.einsum("bhd,bhtd->bht", q_mean, k.to(dtype))
+    return logits.mul_(scale).logsumexp(1).masked_fill(~token_mask, float("-inf"))
 
 
 def select_hubs(scores: Tensor, token_mask: Tensor, hubs: int) -> Tensor:

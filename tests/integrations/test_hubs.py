@@ -64,6 +64,22 @@ def test_hub_scores_are_the_root_level_logits():
     assert torch.isinf(scores[~valid]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_hub_scores_match_the_packed_root_scores(dtype):
+    """The padded-batch scores are :func:`root_scores` of the packed valid tokens, in
+    float32 for half precision."""
+    from hiergraph.ops.hsa.hubs import root_scores
+
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(3, 2, 7, 4, generator=gen).to(dtype) for _ in range(2))
+    valid = torch.arange(7)[None] < torch.tensor([[7], [3], [5]])
+    scores = hub_scores(q, k, valid)
+    assert scores.dtype == torch.promote_types(dtype, torch.float32)
+    packed = [x.transpose(1, 2)[valid] for x in (q, k)]  # [L, H, d] valid tokens in order
+    tree = torch.arange(3).repeat_interleave(valid.sum(1))
+    torch.testing.assert_close(scores[valid], root_scores(*packed, tree))
+
+
 def test_select_hubs_marks_hubs_among_valid_tokens():
     valid = torch.tensor(
         [[False, False, True, True, True], [True, True, False, False, False], [False] * 5]
