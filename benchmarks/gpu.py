@@ -309,7 +309,10 @@ def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, M
             _time_and_measure(run, section, end, steps, owned, rows, dtype_name, methods)
         for name, step in steps.items() if profile else ():
             if run.left(end) > 0 and rows[name].get("median_ms"):
-                rows[name]["profile"] = profile_step(step, run.device)
+                try:
+                    rows[name]["profile"] = profile_step(step, run.device)
+                except Exception as error:  # noqa: BLE001 - the timing row stays
+                    rows[name]["profile_error"] = _failure(error)["reason"]
         first = next(iter(methods))
         for row in rows.values():
             base = rows[first].get("median_ms")
