@@ -343,26 +343,27 @@ class _HMatrixCore(torch.autograd.Function):
         levels = _levels(shift, plan)
         for fine, coarse in zip(levels[-2::-1], levels[:0:-1], strict=True):
             fine.clamp_min_(coarse.repeat_interleave(2, 1))
-        weights = logits.sub_(_finite(shift).view(blocks, n, 1)).exp_()
+        finite = _finite(shift)
+        weights = logits.sub_(finite.view(blocks, n, 1)).exp_()
 
         # Y⁺_l of all levels at once, then interpolate and accumulate coarse → fine.
         acc = _band_bmm(weights, _band(v_flat, n, width).transpose(1, 2))
         sums = _levels(acc.view(batch * heads, -1, v_flat.shape[-1]), plan)
-        alphas = _alphas(shift, plan)
+        alphas = _alphas(shift, finite, plan)
         for level in range(len(plan.rows) - 2, -1, -1):
             fine = sums[level].unflatten(1, (-1, 2))
             fine.addcmul_(sums[level + 1].unsqueeze(2), alphas[level].unflatten(1, (-1, 2, 1)))
         num, den = sums[0][:, : plan.length].split([v.shape[-1], 1], dim=-1)
         den = torch.where(den > 0, den, 1.0)
         out = (num / den).view(batch, heads, plan.length, -1)
-        ctx.save_for_backward(q_pack, k_pack, v_pack, weights, shift, out, den, valid, child)
+        ctx.save_for_backward(q_pack, k_pack, v_pack, weights, out, den, valid, child, *alphas)
         ctx.plan = plan
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        q_pack, k_pack, v_pack, weights, shift, out, den, valid, child = ctx.saved_tensors
+        q_pack, k_pack, v_pack, weights, out, den, valid, child, *alphas = ctx.saved_tensors
         plan = ctx.plan
         n, width = plan.block_size, plan.width
         batch, heads = q_pack.shape[:2]
@@ -370,7 +371,7 @@ class _HMatrixCore(torch.autograd.Function):
 
         # G⁺ on every level, fine → coarse (separator rows stay zero).
         grad_acc = v_pack.new_zeros(batch * heads, plan.packed_rows, v_pack.shape[-1])
-        grads, alphas = _levels(grad_acc, plan), _alphas(shift, plan)
+        grads = _levels(grad_acc, plan)
         grad_out = grad_out.reshape(batch * heads, plan.length, -1)
         grads[0][:, : plan.length, :-1] = grad_out / den
         dot = (grad_out * out.view_as(grad_out)).sum(-1, keepdim=True)
@@ -452,15 +453,16 @@ def _levels(packed: Tensor, plan: _Plan, dim: int = 1) -> list[Tensor]:
     return [packed.narrow(dim, start, size) for start, size in zip(starts, plan.rows, strict=True)]
 
 
-def _alphas(shift: Tensor, plan: _Plan) -> list[Tensor]:
+def _alphas(shift: Tensor, finite: Tensor, plan: _Plan) -> list[Tensor]:
     r""":math:`\alpha_l = e^{\mathrm{repeat}_2(\mu_{l+1}) - \mu_l}` for ``l < M - 1``, ``[S, L_l]``.
 
-    :math:`\alpha = 0` where the coarser row has no key (:math:`\mu_{l+1} = -\infty`).
+    :math:`\alpha = 0` where the coarser row has no key (:math:`\mu_{l+1} = -\infty`);
+    ``finite`` is ``_finite(shift)`` (a row without keys subtracts 0). Kept for the backward.
     """
-    levels = _levels(shift, plan)
+    coarse_levels, fine_levels = _levels(shift, plan)[1:], _levels(finite, plan)[:-1]
     return [
-        torch.exp(coarse.repeat_interleave(2, 1) - _finite(fine))
-        for fine, coarse in zip(levels[:-1], levels[1:], strict=True)
+        torch.exp(coarse.repeat_interleave(2, 1) - fine)
+        for fine, coarse in zip(fine_levels, coarse_levels, strict=True)
     ]
 
 
