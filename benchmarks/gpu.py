@@ -121,7 +121,7 @@ CAPS = {
 ROUNDS = 3  # timed rounds per case (at least)
 MAX_ROUNDS = 15  # more rounds while a case stays within CASE_S
 CASE_S = 1.5  # seconds of timed rounds a case may take beyond its first ROUNDS
-GRAPH_MAX_LEAVES = 16384  # HSA cases timed as CUDA graphs too (launch-bound sizes)
+GRAPH_MAX_LEAVES = 16384  # cases timed as CUDA graphs too, in leaves or tokens (launch-bound)
 PROFILE_TOP = 12  # kernels listed per profiled step
 MAX_STEP_S = 3.0  # a method whose step is predicted slower than this is not run
 MIB = 2**20
@@ -283,8 +283,9 @@ class Run:
 def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, Method],
              dtypes: tuple[str, ...] = tuple(DTYPES), profile: bool = False):  # fmt: skip
     """Time ``methods`` against each other in every dtype; one row per method and dtype.
-    With ``profile``, each row also gets its step's :func:`profile_step` breakdown."""
-    if run.args.graphs:
+    With ``profile``, each row also gets its step's :func:`profile_step` breakdown (and
+    no method gets a CUDA-graph twin)."""
+    if run.args.graphs and not profile:
         methods = with_graph_twins(methods, run.device)
     for dtype_name in dtypes:
         dtype = DTYPES[dtype_name]
@@ -529,13 +530,13 @@ def _hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> d
         batch = Batch.from_data_list([window_hierarchy(leaves, branching)] * trees)
         batch.tree_index()  # structure, built once on the CPU, moves with the batch
         batch = batch.to(device)
-        batch = batch.tree_index() if plan else batch
+        hierarchy = batch.tree_index() if plan else batch
         if heads_first:  # [H, L, d] memory viewed as [L, H, d], as SDPA gets [B, H, L, d]
             qkv = [_leaf((H, total, d), dtype, device).detach().transpose(0, 1) for _ in "qkv"]
             q, k, v = (t.requires_grad_() for t in qkv)
         else:
             q, k, v = (_leaf((total, H, d), dtype, device) for _ in range(3))
-        return (lambda: hierarchical_attention(q, k, v, batch)), [q, k, v]
+        return (lambda: hierarchical_attention(q, k, v, hierarchy)), [q, k, v]
 
     def bound(dtype, device):
         shapes = bound_shapes(leaves, branching)
@@ -545,7 +546,7 @@ def _hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> d
     flat = (trees, H, leaves, d)
     nbytes = 4 * 3 * total * H * d * 4  # q, k, v, their grads, outputs and workspace
     graph = total <= GRAPH_MAX_LEAVES
-    return {
+    methods = {
         "hsa": Method(hsa, work=total, peak_bytes=nbytes, graph=graph),
         "hsa-heads-first": Method(
             lambda dt, dev: hsa(dt, dev, heads_first=True), total, nbytes, graph=graph
@@ -560,9 +561,12 @@ def _hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> d
             graph=graph,
         ),  # fmt: skip
         "level-bound": Method(bound, work=total, peak_bytes=nbytes, graph=graph),
-    } | ({"hsa-compiled": Method(
-        lambda dt, dev: hsa(dt, dev, plan=True), total, nbytes, compiled=True
-    )} if compiled else {})  # fmt: skip
+    }
+    if compiled:
+        methods["hsa-compiled"] = Method(
+            lambda dt, dev: hsa(dt, dev, plan=True), total, nbytes, compiled=True
+        )
+    return methods
 
 
 def _hsa_lengths_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
@@ -623,7 +627,7 @@ def _hmatrix_methods(length: int) -> dict[str, Method]:
     return {
         "hmatrix": Method(ours, work=length, peak_bytes=nbytes, graph=True),
         # the quadratic peer is launch-bound only at the shorter length
-        "sdpa": Method(sdpa, work=length**2, peak_bytes=nbytes, graph=length <= 16384),
+        "sdpa": Method(sdpa, length**2, nbytes, graph=length <= GRAPH_MAX_LEAVES),
     }
 
 
@@ -649,7 +653,11 @@ def section_vcc(run: Run, end: float) -> None:
                 lambda dt, dev, f=layer: f("vcc", dt, dev), n, nbytes, True, graph=True
             ),
             "full-layer": Method(  # launch-bound only at the shorter length
-                lambda dt, dev, f=layer: f("full", dt, dev), n**2, nbytes, True, graph=n <= 16384
+                lambda dt, dev, f=layer: f("full", dt, dev),
+                n**2,
+                nbytes,
+                True,
+                graph=n <= GRAPH_MAX_LEAVES,
             ),
         }
         run_case(run, "vcc", end, f"n={n}", methods)
@@ -768,7 +776,7 @@ def section_profile(run: Run, end: float) -> None:
     trees, leaves = run.sizes.hsa_batches[min(1, len(run.sizes.hsa_batches) - 1)]
     hsa = _hsa_methods(run, trees, leaves, compiled=True)
     names = ("hsa", "hsa-heads-first", "hsa-compiled", "level-bound", "sdpa-flash")
-    methods = {name: replace(hsa[name], graph=False) for name in names}
+    methods = {name: hsa[name] for name in names}
     run_case(run, "profile", end, f"{trees}x{leaves}", methods, ("bf16",), profile=True)
     length = run.sizes.hmatrix[-1]
     run_case(run, "profile", end, f"L={length}", _hmatrix_methods(length), ("bf16",), True)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,33 @@ def test_graph_twins_on_cuda_only(monkeypatch):
     twins = gpu.with_graph_twins(methods, torch.device("cuda"))
     assert list(twins) == ["a", "a+graph", "b"]
     assert twins["a+graph"].graphed and not twins["a+graph"].graph and not twins["a"].graphed
+
+
+def test_profiled_cases_get_no_graph_twins(monkeypatch, tmp_path):
+    """A profiled case (here with ``--graphs`` on) times and profiles its methods as they
+    are; the other cases get their twins."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import argparse
+
+    import gpu
+    import torch
+
+    twinned = []
+
+    def with_graph_twins(methods, device):
+        twinned.append(1)
+        return methods
+
+    monkeypatch.setattr(gpu, "with_graph_twins", with_graph_twins)
+    x = torch.ones(3, requires_grad=True)
+    method = gpu.Method(lambda dtype, device: ((lambda: x * 2), [x]), graph=True)
+    args = argparse.Namespace(graphs=True, deadline=60.0, out=str(tmp_path))
+    run = gpu.Run(args, torch.device("cpu"), gpu.QUICK, started=time.monotonic())
+    end = time.monotonic() + 30
+    gpu.run_case(run, "profile", end, "c", {"m": method}, ("fp32",), profile=True)
+    assert twinned == [] and "profile" in run.rows[-1]
+    gpu.run_case(run, "hsa", end, "c", {"m": method}, ("fp32",))
+    assert twinned == [1] and "profile" not in run.rows[-1]
 
 
 def test_storage_bytes_counts_each_storage_once(monkeypatch):
