@@ -16,6 +16,7 @@ from hiergraph.integrations.hf_bert import (
     remove_hsa,
     sentence_hierarchy,
 )
+from hiergraph.integrations.hub_windows import padded_hub_window_hsa
 from hiergraph.integrations.hubs import (
     hub_scores,
     hub_selection_flops,
@@ -47,6 +48,7 @@ __all__ = [
     "interleaved_layers",
     "padded_block_attention",
     "padded_hsa",
+    "padded_hub_window_hsa",
     "padded_window_hsa",
     "remove_hsa",
     "select_hubs",

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from torch_geometric.data import Batch
 
 from hiergraph.data.signal_hierarchy import SignalHierarchy
-from hiergraph.integrations.hubs import hub_scores, hub_window_hierarchies, select_hubs
+from hiergraph.integrations.hub_windows import padded_hub_window_hsa
 from hiergraph.integrations.padded_attention import (
     padded_block_attention,
     padded_hsa,
@@ -52,27 +52,14 @@ METHODS = ("hsa", "hsa_no_size_bias", "block")
 
 
 class _Hierarchies:
-    """Hierarchies shared by the replaced layers of one model: the caller's, hub
-    hierarchies chosen from each layer's own q, k, or (neither) the window trees of the
-    valid tokens, which :func:`padded_window_hsa` runs on the padded batch."""
+    """Hierarchies shared by the replaced layers of one model: the caller's (``given``), or
+    window trees over the valid tokens, with ``hubs`` of each layer's own keys under the
+    root when ``hubs > 0``; both run on the padded batch (:func:`padded_window_hsa`,
+    :func:`padded_hub_window_hsa`)."""
 
     def __init__(self, branching: tuple[int, ...], hubs: int):
         self.branching, self.hubs = branching, hubs
         self.given: Batch | None = None
-
-    @property
-    def windows(self) -> bool:
-        """Whether the layers attend over plain window trees (no given tree, no hubs)."""
-        return self.given is None and not self.hubs
-
-    def tree(
-        self, q: Tensor, k: Tensor, token_mask: Tensor, scale: float
-    ) -> SignalHierarchy | Batch:
-        if self.given is not None:
-            return self.given
-        lengths = token_mask.sum(1).tolist()
-        lifted = select_hubs(hub_scores(q, k, token_mask, scale), token_mask, self.hubs)
-        return hub_window_hierarchies(lengths, self.branching, lifted)
 
 
 class HSASelfAttention(nn.Module):
@@ -160,12 +147,13 @@ class HSASelfAttention(nn.Module):
             options = dict(
                 include_self=self.include_self, size_bias=self.method == "hsa", scale=self.scale
             )
-            if self.hierarchies.windows:
-                branching = self.hierarchies.branching
-                out = padded_window_hsa(q, k, v, token_mask, branching, **options)
+            h = self.hierarchies
+            if h.given is not None:
+                out = padded_hsa(q, k, v, token_mask, h.given.to(q.device), **options)
+            elif h.hubs:
+                out = padded_hub_window_hsa(q, k, v, token_mask, h.branching, h.hubs, **options)
             else:
-                tree = self.hierarchies.tree(q, k, token_mask, self.scale).to(q.device)
-                out = padded_hsa(q, k, v, token_mask, tree, **options)
+                out = padded_window_hsa(q, k, v, token_mask, h.branching, **options)
         return out.reshape(batch, length, -1), None
 
     def __repr__(self) -> str:

@@ -37,8 +37,8 @@ from hiergraph.data.windows import window_forest, window_hierarchy
 def hub_scores(q: Tensor, k: Tensor, token_mask: Tensor, scale: float | None = None) -> Tensor:
     r"""``[B, T]`` root-level scores :math:`s_j` of every key (``-inf`` at padding), in float32
     for half-precision ``q, k``: :func:`~hiergraph.ops.hsa.hubs.root_scores` of every
-    example, computed on the padded batch (one masked sum for the mean queries, one batched
-    product for the logits).
+    example, computed on the padded batch (one masked sum for the mean queries, one
+    multiply-and-sum over the keys for the logits).
 
     Args:
         q (torch.Tensor): queries ``[B, H, T, d]``.
@@ -52,8 +52,9 @@ def hub_scores(q: Tensor, k: Tensor, token_mask: Tensor, scale: float | None = N
     weight = token_mask.to(dtype)  # [B, T]
     count = weight.sum(1).clamp(min=1)[:, None, None]
     q_mean = torch.einsum("bt,bhtd->bhd", weight, q.to(dtype)) / count  # [B, H, d]
-    logits = torch.einsum("bhd,bhtd->bht", q_mean, k.to(dtype))
-    return logits.mul_(scale).logsumexp(1).masked_fill(~token_mask, float("-inf"))
+    # one pass over k in its own memory (a product would copy it to [B, H, d, T] first)
+    logits = (k.to(dtype).transpose(1, 2) * q_mean.unsqueeze(1)).sum(-1)  # [B, T, H]
+    return logits.mul_(scale).logsumexp(-1).masked_fill(~token_mask, float("-inf"))
 
 
 def select_hubs(scores: Tensor, token_mask: Tensor, hubs: int) -> Tensor:
@@ -66,13 +67,17 @@ def select_hubs(scores: Tensor, token_mask: Tensor, hubs: int) -> Tensor:
         token_mask (torch.Tensor): ``[B, T]`` bool, ``True`` for real tokens.
         hubs (int): hubs per example.
     """
+    return lifted_tokens(scores, token_mask, hubs)[token_mask]
+
+
+def lifted_tokens(scores: Tensor, token_mask: Tensor, hubs: int) -> Tensor:
+    """:func:`select_hubs` on the padded batch: ``[B, T]`` bool, ``True`` for the hubs."""
     if hubs < 0:
         raise ValueError(f"hubs must be >= 0, got {hubs}")
     n = token_mask.sum(1)
     top = scores.topk(min(hubs, scores.size(1)), dim=1).indices  # [B, g], best first
     keep = torch.arange(top.size(1), device=top.device) < (n - 1).clamp(min=0)[:, None]
-    lifted = torch.zeros_like(token_mask).scatter_(1, top, keep)
-    return lifted[token_mask]
+    return torch.zeros_like(token_mask).scatter_(1, top, keep)
 
 
 def hub_window_hierarchy(

@@ -69,7 +69,8 @@ def uniform_hierarchical_attention(
     tau: float,
     size_bias: bool,
     padding: bool = False,
-) -> Tensor:
+    roots: bool = False,
+) -> Tensor | tuple[Tensor, Tensor, list[Tensor]]:
     r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over an equal-fanout forest.
 
     Args:
@@ -84,9 +85,13 @@ def uniform_hierarchical_attention(
         padding: the masked leaves are padding whose rows of ``q, k, v`` are zero and
             whose outputs nobody reads (:mod:`hiergraph.ops.hsa.padded`): the leaves'
             sums then need no count weights, and the outputs no zeroing.
+        roots: also return what a family above the roots needs of them
+            (:mod:`hiergraph.integrations.hub_windows`): their energies :math:`a`
+            ``[H, B]`` and pooled ``q, k, v`` ``[H, B, ·]`` (0 for a root without valid
+            leaves).
 
     Returns:
-        ``[L, H, d_v]``.
+        ``[L, H, d_v]``; with ``roots``, ``(out, energy, [q, k, v])``.
     """
     fanout = shape[1:]
     depth = len(fanout)
@@ -111,7 +116,9 @@ def uniform_hierarchical_attention(
             leaves = [heads_first(t) for t in (q, k, v)]
         rho = [family_layout(t, fanout[-1]) for t in leaves]
     options = dict(padding=padding or zero_rows, tokens=tokens)
-    lses, probs, gates, rhos = bottom_up(
+    if roots:
+        options["root_counts"] = counts[0] * fanout[0] if weight is None else counts[0].sum(-1)
+    lses, probs, gates, rhos, *top = bottom_up(
         rho, include_self, counts, fanout, eps, tau, left_only, size_bias, **options
     )
     finite = finite_energies(counts, include_self)  # log_gates then takes -inf lse values
@@ -134,12 +141,14 @@ def uniform_hierarchical_attention(
             p = p + torch.diag_embed(torch.exp(u))
         if d + 1 == depth and tokens:  # the output, in the leaves' node-major memory
             base = None if acc is None else acc.unsqueeze(2)
-            return token_layout.token_product(p, rhos[d][2], base).flatten(0, 1)
+            out = token_layout.token_product(p, rhos[d][2], base).flatten(0, 1)
+            break
         acc = _weighted_sum(acc, p, rhos[d][2])
         if d + 1 < depth:
             acc, u = node_layout(acc), None if u is None else node_layout(u)
-    out = dense_gradient(node_layout(acc))
-    return like(out, q, None if padding else weight)
+    else:
+        out = like(dense_gradient(node_layout(acc)), q, None if padding else weight)
+    return (out, *top[0]) if roots else out
 
 
 def fits(shape: tuple[int, ...] | None, q: Tensor, causal: bool = False) -> bool:
@@ -242,14 +251,17 @@ def like(out: Tensor, q: Tensor, weight: Tensor | None = None) -> Tensor:
 
 def bottom_up(
     rho, include_self, counts, fanout, eps, tau, left_only, size_bias, *, padding=False,
-    tokens=False,
+    tokens=False, root_counts=None,
 ) -> tuple:  # fmt: skip
     r"""The bottom-up pass from the leaves (``rho``: their ``q, k, v`` in family layout) to
     the roots' children. Per level ``d`` (depth ``d + 1``), in family layout:
     ``lse [H, F, b]``, the family softmax ``p [H, F, b, b]`` (:math:`\vartheta` is
     ``p @ rho[2]``), the energies ``a`` (``None``: ``-inf``) and the pooled ``rho``.
     With ``padding`` (masked leaves have zero rows), the leaves' sums are plain sums; with
-    ``tokens`` the leaves come node-major, ``[F, b, H, ·]`` (:mod:`token_layout`).
+    ``tokens`` the leaves come node-major, ``[F, b, H, ·]`` (:mod:`token_layout`). Given
+    the roots' leaf counts ``root_counts`` (an int, or ``[1, B]``), the pass goes on to
+    the roots and also returns their energies ``[H, B]`` and pooled ``[q, k, v]``
+    ``[H, B, ·]``.
 
     The leaves' self energies :math:`\tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i`
     (``include_self``) are the diagonal of their families' logits, read from them rather
@@ -267,8 +279,10 @@ def bottom_up(
         e = None if eps is None else family_layout(eps[d], b)
         # the rows' sums need no count weights: equal counts, or padding rows of zeros
         plain = isinstance(n, int) or (padding and d == depth - 1)
-        # those of q and k then come with the logits (pooled below; none at the top)
-        sums_dtype = accumulation_dtype(rho[0].dtype) if plain and d > 0 else None
+        # those of q and k then come with the logits (pooled below; at the top only for
+        # the roots' statistics)
+        pools = d > 0 or root_counts is not None
+        sums_dtype = accumulation_dtype(rho[0].dtype) if plain and pools else None
         leaves = tokens and d == depth - 1
         # a leaf counts 1 (0: no key), so log n(B) adds nothing on the last level
         bias = size_bias and d < depth - 1
@@ -278,13 +292,15 @@ def bottom_up(
         if d == depth - 1 and include_self:
             energy = logits.diagonal(dim1=-2, dim2=-1)
         gates[d], rhos[d] = energy, rho
-        if d == 0:
+        if not pools:
             break
         # pooled statistics and energies of the parents, in their node layout [H, F_d, ·]
         total = lses[d] if energy is None else logaddexp(energy, lses[d], **finite)
         parent_energy, pooled, weighted = _pool(
-            total, rho, n, counts[d - 1], plain, qk_sums, leaves, weighted
+            total, rho, n, counts[d - 1] if d else root_counts, plain, qk_sums, leaves, weighted
         )
+        if d == 0:
+            return lses, probs, gates, rhos, (parent_energy, pooled)
         rho = [family_layout(t, fanout[d - 1]) for t in pooled]
         energy = family_layout(parent_energy, fanout[d - 1])
         weighted = [family_layout(t, fanout[d - 1]) for t in weighted] if masked else None

@@ -1,0 +1,233 @@
+r"""HSA over hub window trees, computed on the padded batch ``[B, H, T, d]``.
+
+:func:`padded_hub_window_hsa` returns what :func:`~hiergraph.integrations.padded_hsa` returns
+over :func:`~hiergraph.integrations.hub_window_hierarchies` with the hubs
+:func:`~hiergraph.integrations.select_hubs` picks, without building a tree per batch: the
+trees' shapes follow from the examples' lengths alone.
+
+An example's hub tree splits at its root, whose children are the example's hubs (single
+leaves) and its *top windows*: the window trees over its other tokens, cut one level below
+the root, each over :math:`s = b_1 \cdots b_{h-1}` consecutive tokens (the last one
+partial), where :math:`h` is the height of the window tree of those tokens (single tokens
+when :math:`h \le 1`: the root is then one flat family over all tokens). HSA's top-down
+pass starts with all mass at the root, so a leaf :math:`i` under the top window :math:`W`
+receives
+
+.. math::
+    o_i = (1 - \mu_W)\,\vartheta_W + \mu_W\, o_i^{W},
+    \qquad \mu_W = \frac{e^{a(W)}}{e^{a(W)} + e^{\mathrm{lse}(W)}},
+
+where :math:`\mathrm{lse}(W)` and :math:`\vartheta_W` are the root family's (over its
+members' pooled queries, keys and values, with the :math:`\log n` key bias) and
+:math:`o^{W}_i` is HSA over the tree :math:`W` alone, with unit mass at its root
+(:func:`~hiergraph.ops.hierarchical_attention` for the notation). A hub :math:`j`, a leaf
+with the self energy :math:`a(j) = \tau\, q_j^\top k_j` (``include_self``), receives
+:math:`(1 - \mu_j)\,\vartheta_j + \mu_j\, v_j`.
+
+The top windows of all examples whose trees have the same height form one equal-fanout
+forest once each example's other tokens are moved to the front, in order, and padded to
+the same number of windows:
+:func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention` runs it as reshaped views
+and also returns the windows' energies :math:`a(W)` and pooled rows. A batch whose
+examples' trees differ in height runs one such forest per height.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from hiergraph._precision import accumulation_dtype
+from hiergraph.data.windows import check_branching
+from hiergraph.integrations.hubs import hub_scores, lifted_tokens
+from hiergraph.ops.hsa.family import family_gram
+from hiergraph.ops.hsa.uniform import heads_first, transposed, uniform_hierarchical_attention
+from hiergraph.ops.logspace import log_gates
+
+
+def padded_hub_window_hsa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    token_mask: Tensor,
+    branching: Sequence[int],
+    hubs: int,
+    *,
+    include_self: bool = True,
+    size_bias: bool = True,
+    scale: float | None = None,
+) -> Tensor:
+    r""":func:`~hiergraph.integrations.padded_hsa` over
+    :func:`~hiergraph.integrations.hub_window_hierarchies`: every example's ``hubs`` keys
+    with the highest root-level score (:func:`~hiergraph.integrations.hub_scores`) hang
+    under the root, windows of ``branching`` cover its other tokens. The same result,
+    computed on the padded batch (see the module docstring).
+
+    Args:
+        q (torch.Tensor): queries ``[B, H, T, d]``.
+        k (torch.Tensor): keys ``[B, H, T, d]``.
+        v (torch.Tensor): values ``[B, H, T, d_v]``.
+        token_mask (torch.Tensor): ``[B, T]`` bool, ``True`` for real tokens.
+        branching (Sequence[int]): bottom-up window sizes, each ``>= 2``.
+        hubs (int): hubs per example (at most ``n - 1`` of its ``n`` tokens).
+        include_self, size_bias, scale: as in :func:`~hiergraph.integrations.padded_hsa`.
+
+    Returns:
+        ``[B, T, H, d_v]``, zero at padding tokens.
+    """
+    branching = check_branching(branching)
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    lifted = lifted_tokens(hub_scores(q, k, token_mask, scale), token_mask, hubs)
+    options = dict(include_self=include_self, size_bias=size_bias, scale=scale)
+    return hub_window_attention(q, k, v, token_mask, lifted, branching, **options)
+
+
+def hub_window_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    token_mask: Tensor,
+    lifted: Tensor,
+    branching: tuple[int, ...],
+    *,
+    include_self: bool,
+    size_bias: bool,
+    scale: float,
+) -> Tensor:
+    """HSA over the hub window trees of the given hubs (``lifted``: ``[B, T]`` bool, at
+    most ``n - 1`` of an example's ``n`` valid tokens); otherwise as
+    :func:`padded_hub_window_hsa`."""
+    batch, heads, length, _ = q.shape
+    valid = token_mask.sum(1)
+    num_hubs = (lifted & token_mask).sum(1)
+    # one host read: the trees' shapes
+    others, num_hubs = torch.stack([valid - num_hubs, num_hubs]).tolist()
+    # every example's tokens in tree order: the others in order, its hubs, the padding
+    order = torch.sort(torch.where(token_mask, lifted.long(), 2), dim=1, stable=True).indices
+    rows = [t.transpose(1, 2).reshape(batch * length, heads, -1) for t in (q, k, v)]
+    heights: dict[int, list[int]] = {}
+    for b, n in enumerate(others):
+        if n > 0:
+            heights.setdefault(_height(n, branching), []).append(b)
+    # the output rows, and one more that every padding slot writes to
+    out = rows[2].new_zeros(batch * length + 1, heads, rows[2].size(-1))
+    for height, examples in heights.items():
+        options = dict(include_self=include_self, size_bias=size_bias, scale=scale)
+        for result, token in _root_split(
+            rows, order, examples, others, num_hubs, height, branching, **options
+        ):
+            out.index_copy_(0, token.view(-1), result.flatten(1, -2).transpose(0, 1))
+    return out[:-1].view(batch, length, heads, -1)
+
+
+def _height(n: int, branching: tuple[int, ...]) -> int:
+    """Levels of windows :func:`~hiergraph.data.window_hierarchy` cuts over ``n`` tokens
+    (``0`` for one token; after the tuple, one root over what is left)."""
+    height = 0
+    while n > 1:
+        n = -(-n // branching[height]) if height < len(branching) else 1
+        height += 1
+    return height
+
+
+def _root_split(
+    rows, order, examples, others, num_hubs, height, branching, *, include_self, size_bias,
+    scale,
+) -> tuple[tuple[Tensor, Tensor], ...]:  # fmt: skip
+    """The outputs of the examples ``examples``, whose trees have height ``height``: of
+    their top windows' tokens ``[H, B', W, s, d_v]`` and of their hubs ``[H, B', G, d_v]``,
+    each with its tokens' rows in the batch (``[B', W, s]`` and ``[B', G]``; padding slots:
+    the row after the last)."""
+    length, device = order.size(1), order.device
+    width = math.prod(branching[: max(height - 1, 0)])  # tokens per top window
+    n = torch.as_tensor([others[b] for b in examples], device=device)
+    g = torch.as_tensor([num_hubs[b] for b in examples], device=device)
+    windows = max(-(-others[b] // width) for b in examples)
+    hubs = max(num_hubs[b] for b in examples)
+    count, slots, dump = len(examples), windows * width, rows[0].size(0)
+    index = torch.as_tensor(examples, device=device)
+    order = order[index]
+
+    # the top windows' tokens (the others, padded) and the hubs, as rows of the batch
+    at = torch.arange(slots, device=device)
+    real = at < n[:, None]  # [count, slots]
+    token = order.gather(1, at.clamp(max=length - 1).expand(count, -1)) + (index * length)[:, None]
+    hub_at = n[:, None] + torch.arange(hubs, device=device)
+    hub_real = hub_at < (n + g)[:, None]  # [count, hubs]
+    hub_token = order.gather(1, hub_at.clamp(max=length - 1)) + (index * length)[:, None]
+    weight = real.view(-1, 1, 1)
+    leaves = [transposed(t.index_select(0, token.view(-1)), weight) for t in rows]
+    hub_rows = [heads_first(t.index_select(0, hub_token.view(-1))) for t in rows]
+
+    if width > 1:  # HSA inside every top window, and the windows' statistics
+        shape = (count * windows, *reversed(branching[: height - 1]))
+        below, energy, pooled = uniform_hierarchical_attention(
+            *(t.transpose(0, 1) for t in leaves), shape, None, include_self=include_self,
+            left_only=False, leaf_mask=real.view(-1), tau=scale, size_bias=size_bias,
+            padding=True, roots=True,
+        )  # fmt: skip
+        below = below.transpose(0, 1)  # heads first, [H, count * slots, d_v]
+        sizes = real.view(count, windows, width).sum(-1)
+    else:  # the top windows are the tokens themselves
+        below, pooled, sizes = leaves[2], leaves, real
+        energy = _self_energy(leaves[0], leaves[1], scale, include_self)
+    members = [_join(w, h, count) for w, h in zip(pooled, hub_rows, strict=True)]
+    energy = _join(energy, _self_energy(*hub_rows[:2], scale, include_self), count)
+    sizes = torch.cat([sizes, hub_real], 1).to(accumulation_dtype(energy.dtype))  # [count, M]
+    lonely = height == 0 and any(others[b] + num_hubs[b] == 1 for b in examples)
+    down, keep = _root_family(*members, energy, sizes, scale, size_bias, lonely)
+
+    # a window's leaves: (1 - mu) theta of the window plus mu times HSA inside it; a hub's:
+    # the same with its own value
+    out_windows = torch.addcmul(
+        down[:, :, :windows, None, :],
+        keep[:, :, :windows, None, None],
+        below.unflatten(1, (count, windows, width)),
+    )
+    hub_values = members[2][:, :, windows:]
+    out_hubs = torch.addcmul(down[:, :, windows:], keep[:, :, windows:, None], hub_values)
+    return (
+        (out_windows, token.masked_fill(~real, dump).view(count, windows, width)),
+        (out_hubs, hub_token.masked_fill(~hub_real, dump)),
+    )
+
+
+def _root_family(q, k, v, energy, sizes, scale, size_bias, lonely) -> tuple[Tensor, Tensor]:
+    r"""``(1 - mu) theta`` ``[H, B, M, d_v]`` and ``mu`` ``[H, B, M]`` of the root family of
+    every example: members ``q, k [H, B, M, d]``, ``v [H, B, M, d_v]``, energies ``[H, B, M]``
+    and leaf counts ``sizes`` ``[B, M]`` (0: not a member). ``lonely``: some example has a
+    single member, whose row of logits then has no key (``lse = -inf``, ``theta = 0``).
+
+    The logits take the key bias (``log n``, ``-inf`` for non-members) and the ``-inf``
+    diagonal in place; ``theta`` is scaled after the product (``d_v`` values per row, not
+    ``M`` weights)."""
+    bias = torch.log(sizes.clamp(min=1)) if size_bias else torch.zeros_like(sizes)
+    logits = family_gram(q, k, scale).add_(bias.masked_fill(sizes <= 0, float("-inf"))[:, None])
+    logits.diagonal(dim1=-2, dim2=-1).fill_(float("-inf"))
+    keyless = torch.isneginf(logits).all(-1, keepdim=True) if lonely else None
+    if keyless is not None:  # log-sum-exp over a row of zeros: a finite gradient there
+        logits = logits.masked_fill(keyless, 0.0)
+    # lse = max - log(max p): the largest weight is at least 1 / M, and two reductions over
+    # the weights cost less than log-sum-exp's own pass of exponentials
+    p = torch.softmax(logits, -1)
+    lse = logits.amax(-1, keepdim=True) - torch.log(p.amax(-1, keepdim=True))
+    if keyless is not None:
+        lse, p = lse.masked_fill(keyless, float("-inf")), p.masked_fill(keyless, 0.0)
+    log_keep, log_down = log_gates(energy, lse.squeeze(-1))
+    return torch.matmul(p, v) * torch.exp(log_down).unsqueeze(-1), torch.exp(log_keep)
+
+
+def _self_energy(q: Tensor, k: Tensor, scale: float, include_self: bool) -> Tensor:
+    """``[H, n]`` self energies ``scale * q_i . k_i`` of leaf rows ``[H, n, d]`` (``-inf``
+    without ``include_self``)."""
+    energy = (q * k).sum(-1) * scale
+    return energy if include_self else torch.full_like(energy, float("-inf"))
+
+
+def _join(windows: Tensor, hubs: Tensor, count: int) -> Tensor:
+    """Window rows ``[H, count * W, ·]`` and hub rows ``[H, count * G, ·]`` as one family per
+    example, ``[H, count, W + G, ·]``."""
+    return torch.cat([windows.unflatten(1, (count, -1)), hubs.unflatten(1, (count, -1))], 2)
