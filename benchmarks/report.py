@@ -953,13 +953,16 @@ def zeroshot() -> list[str] | None:
         if timing:
             out += ["Attention op alone, last layer, one batch (trees and hub choice included); "
                     "medians of interleaved repetitions (rows without a count: 5, from before "
-                    "the count was stored):", ""]  # fmt: skip
+                    "the count was stored). HSA: the trees built for the batch and run by "
+                    "`padded_hsa`; on the padded batch: what the injected layers run, "
+                    "`padded_window_hsa` (`padded_hub_window_hsa` with hubs), the same "
+                    "result:", ""]  # fmt: skip
 
             def maybe(t, key):
                 return secs(t[key]) if key in t else "–"
 
             out += table(
-                ["tree", "batch", "repeats", "flat SDPA", "HSA", "HSA, padded windows",
+                ["tree", "batch", "repeats", "flat SDPA", "HSA", "HSA on the padded batch",
                  "same, compiled (compile)", "HSA without log n(B)", "block", "allocator"],
                 [[k, " × ".join(map(str, t["batch"])), t.get("repeats", "–"),
                   secs(t["flat_sdpa"]), secs(t["hsa"]),

@@ -51,6 +51,7 @@ from hiergraph.integrations import (
     hub_window_hierarchies,
     padded_block_attention,
     padded_hsa,
+    padded_hub_window_hsa,
     padded_window_hsa,
     select_hubs,
     window_hierarchies,
@@ -129,7 +130,11 @@ def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, floa
         "block": lambda: padded_block_attention(q, k, v, token_mask, block),
     }
     compile_s = None
-    if not hubs:  # what the injected layers run: the padded batch, no per-batch trees
+    if hubs:  # what the injected layers run: the padded batch, no per-batch trees
+        ops["hsa_padded_windows"] = lambda: padded_hub_window_hsa(
+            q, k, v, token_mask, branching, hubs, scale=attn.scaling
+        )
+    else:
         ops["hsa_padded_windows"] = lambda: padded_window_hsa(q, k, v, token_mask, branching)
         compiled = torch.compile(padded_window_hsa, dynamic=False)
         start = time.perf_counter()

@@ -506,3 +506,26 @@ def test_a_leaf_mask_costs_no_pass_over_contiguous_inputs():
             out.backward(grad)
         passes.append((len(forward.names), len(backward.names)))
     assert passes[0] == passes[1], passes
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_roots_statistics_are_the_pooled_rows_beside_the_same_output(masked):
+    """``roots=True`` (a family above the roots, :mod:`hiergraph.integrations.hub_windows`,
+    whose tests check the energies) returns the roots' masked means of the leaves' rows
+    and leaves the output as it is."""
+    _, (q, k, v), mask, _ = _case(3, 24, (2, 3, 4), seed=4)
+    options = dict(
+        include_self=True, left_only=False, leaf_mask=mask if masked else None, tau=0.4,
+        size_bias=True,
+    )  # fmt: skip
+    shape = (3, 4, 3, 2)
+    plain = hsa_uniform.uniform_hierarchical_attention(q, k, v, shape, None, **options)
+    out, energy, pooled = hsa_uniform.uniform_hierarchical_attention(
+        q, k, v, shape, None, roots=True, **options
+    )
+    torch.testing.assert_close(out, plain, rtol=0, atol=0)
+    weight = (mask if masked else torch.ones_like(mask)).to(q.dtype).view(3, 24, 1, 1)
+    for rows, got in zip((q, k, v), pooled, strict=True):
+        want = (rows.view(3, 24, 3, -1) * weight).sum(1) / weight.sum(1)
+        torch.testing.assert_close(got, want.transpose(0, 1), rtol=0, atol=1e-12)
+    assert energy.shape == (3, 3) and torch.isfinite(energy).all()
