@@ -110,3 +110,17 @@ def test_bad_branching_and_hubs_raise():
         padded_hub_window_hsa(q, k, v, mask, (1, 2), 2)
     with pytest.raises(ValueError, match="hubs must be"):
         padded_hub_window_hsa(q, k, v, mask, (2,), -1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_equals_cpu():
+    q, k, v, mask = batch([40, 17, 1, 0, 33], 40, grad=True)
+    cpu = padded_hub_window_hsa(q, k, v, mask, (2, 4), 6)
+    inputs = [t.detach().cuda().requires_grad_() for t in (q, k, v)]
+    gpu = padded_hub_window_hsa(*inputs, mask.cuda(), (2, 4), 6)
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=1e-12)
+    upstream = torch.randn_like(cpu)
+    want = torch.autograd.grad((cpu * upstream).sum(), (q, k, v))
+    got = torch.autograd.grad((gpu * upstream.cuda()).sum(), inputs)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), w, rtol=0, atol=1e-12)
