@@ -114,8 +114,8 @@ def hub_window_attention(
             heights.setdefault(_height(n, branching), []).append(b)
     # the output rows, and one more that every padding slot writes to
     out = rows[2].new_zeros(batch * length + 1, heads, rows[2].size(-1))
+    options = dict(include_self=include_self, size_bias=size_bias, scale=scale)
     for height, examples in heights.items():
-        options = dict(include_self=include_self, size_bias=size_bias, scale=scale)
         for result, token in _root_split(
             rows, order, examples, others, num_hubs, height, branching, **options
         ):
@@ -208,7 +208,7 @@ def _root_family(q, k, v, energy, sizes, scale, size_bias, lonely) -> tuple[Tens
     logits = family_gram(q, k, scale).add_(bias.masked_fill(sizes <= 0, float("-inf"))[:, None])
     logits.diagonal(dim1=-2, dim2=-1).fill_(float("-inf"))
     keyless = torch.isneginf(logits).all(-1, keepdim=True) if lonely else None
-    if keyless is not None:  # log-sum-exp over a row of zeros: a finite gradient there
+    if keyless is not None:  # a row of zeros instead: finite weights and gradients there
         logits = logits.masked_fill(keyless, 0.0)
     # lse = max - log(max p): the largest weight is at least 1 / M, and two reductions over
     # the weights cost less than log-sum-exp's own pass of exponentials
