@@ -43,6 +43,8 @@ from torch import Tensor
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.windows import check_branching
 from hiergraph.integrations.hubs import hub_scores, lifted_tokens
+from hiergraph.integrations.padded_attention import check_padded
+from hiergraph.nn._checks import check_int
 from hiergraph.ops.hsa.family import family_gram
 from hiergraph.ops.hsa.uniform import heads_first, transposed, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates
@@ -78,7 +80,9 @@ def padded_hub_window_hsa(
     Returns:
         ``[B, T, H, d_v]``, zero at padding tokens.
     """
+    check_padded(q, k, v, token_mask)
     branching = check_branching(branching)
+    check_int(hubs, "hubs", minimum=0)
     scale = q.size(-1) ** -0.5 if scale is None else scale
     lifted = lifted_tokens(hub_scores(q, k, token_mask, scale), token_mask, hubs)
     options = dict(include_self=include_self, size_bias=size_bias, scale=scale)

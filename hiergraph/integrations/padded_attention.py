@@ -118,6 +118,29 @@ def window_hierarchies(lengths: Sequence[int], branching: Sequence[int]) -> Sign
     return window_forest([int(n) for n in lengths if n > 0], branching)
 
 
+def check_padded(q: Tensor, k: Tensor, v: Tensor, token_mask: Tensor) -> None:
+    """Raise a ``ValueError`` unless ``q, k`` are ``[B, H, T, d]``, ``v`` is ``[B, H, T, d_v]``
+    and ``token_mask`` is a ``[B, T]`` bool tensor with ``T >= 1``: the shapes every
+    function here takes."""
+    if q.dim() != 4 or k.shape != q.shape:
+        raise ValueError(
+            f"q and k must be [B, H, T, d] with the same shape, got {tuple(q.shape)} and "
+            f"{tuple(k.shape)}"
+        )
+    batch, heads, length, _ = q.shape
+    if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"v must be [B, H, T, d_v] = [{batch}, {heads}, {length}, *], got {tuple(v.shape)}"
+        )
+    if token_mask.dtype != torch.bool or token_mask.shape != (batch, length):
+        raise ValueError(
+            f"token_mask must be a [B, T] = [{batch}, {length}] bool tensor "
+            f"(valid_token_mask), got {token_mask.dtype} {tuple(token_mask.shape)}"
+        )
+    if length == 0:
+        raise ValueError("the batch has no tokens (T = 0)")
+
+
 def padded_hsa(
     q: Tensor,
     k: Tensor,
@@ -153,6 +176,7 @@ def padded_hsa(
         ``[B, T, H, d_v]`` (the layout transformers' attention functions return),
         zero at padding tokens.
     """
+    check_padded(q, k, v, token_mask)
     lengths = token_mask.sum(1)
     lengths = lengths[lengths > 0]
     leaves = torch.bincount(leaf_batch(hierarchy), minlength=lengths.numel())
@@ -205,6 +229,7 @@ def padded_window_hsa(
     Returns:
         ``[B, T, H, d_v]``, zero at padding tokens.
     """
+    check_padded(q, k, v, token_mask)
     batch, heads, length, _ = q.shape
     options = dict(include_self=include_self, size_bias=size_bias, scale=scale)
     leading = token_mask.cumsum(1) == torch.arange(1, length + 1, device=token_mask.device)
@@ -259,6 +284,7 @@ def padded_block_attention(
         scale (float, optional): logit scale :math:`\tau`. (default: :obj:`None`,
             i.e. :math:`1/\sqrt{d}`)
     """
+    check_padded(q, k, v, token_mask)
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
     batch, heads, length, _ = q.shape

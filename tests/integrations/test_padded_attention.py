@@ -5,6 +5,7 @@ from hiergraph.data import window_hierarchy
 from hiergraph.integrations import (
     padded_block_attention,
     padded_hsa,
+    padded_hub_window_hsa,
     padded_window_hsa,
     valid_token_mask,
     window_hierarchies,
@@ -213,3 +214,37 @@ def test_masks_that_differ_between_heads_raise(as_bool):
         valid_token_mask(square, 2, 3)
     same = allowed[:, :1].expand(2, 2, 1, 3)  # identical per-head copies are a padding mask
     assert torch.equal(valid_token_mask(same, 2, 3), allowed[:, 0, 0])
+
+
+EMPTY = dict(
+    q=torch.randn(2, 3, 0, 4),
+    k=torch.randn(2, 3, 0, 4),
+    v=torch.randn(2, 3, 0, 4),
+    mask=torch.ones(2, 0, dtype=torch.bool),
+)
+PADDED_OPS = {
+    "padded_hsa": lambda q, k, v, m: padded_hsa(q, k, v, m, window_hierarchies([8, 8], (2,))),
+    "padded_window_hsa": lambda q, k, v, m: padded_window_hsa(q, k, v, m, (2,)),
+    "padded_hub_window_hsa": lambda q, k, v, m: padded_hub_window_hsa(q, k, v, m, (2,), 2),
+    "padded_block_attention": lambda q, k, v, m: padded_block_attention(q, k, v, m, 4),
+}
+
+
+@pytest.mark.parametrize("name", PADDED_OPS)
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(mask=torch.ones(2, 7, dtype=torch.bool)), "token_mask must be a"),
+        (dict(mask=torch.ones(2, 8)), "token_mask must be a"),
+        (dict(k=torch.randn(2, 3, 8, 5)), "q and k must be"),
+        (dict(q=torch.randn(3, 8, 4), k=torch.randn(3, 8, 4)), "q and k must be"),
+        (dict(v=torch.randn(2, 3, 7, 4)), "v must be"),
+        (dict(EMPTY), "no tokens"),
+    ],
+)
+def test_bad_shapes_raise_one_clear_error(name, bad, match):
+    args = dict(q=torch.randn(2, 3, 8, 4), k=torch.randn(2, 3, 8, 4), v=torch.randn(2, 3, 8, 4),
+                mask=torch.ones(2, 8, dtype=torch.bool))  # fmt: skip
+    args.update(bad)
+    with pytest.raises(ValueError, match=match):
+        PADDED_OPS[name](args["q"], args["k"], args["v"], args["mask"])
