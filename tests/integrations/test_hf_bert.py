@@ -226,11 +226,12 @@ def test_hubs_change_the_tree_and_follow_each_layers_keys():
 
 
 @pytest.mark.skipif(not os.environ.get("HIERGRAPH_SLOW"), reason="set HIERGRAPH_SLOW=1")
-def test_compiled_injected_model_equals_eager():
-    """``torch.compile`` of a whole encoder with HSA injected (the padded-window path, a host
-    read of the padding pattern between graphs) gives the eager output, on a full batch and
-    on a right-padded one."""
-    model = inject_hsa(tiny().float(), [1, 2], branching=(2, 4))
+@pytest.mark.parametrize("hubs", [0, 3])
+def test_compiled_injected_model_equals_eager(hubs):
+    """``torch.compile`` of a whole encoder with HSA injected (the padded-window paths, a host
+    read of the padding pattern or of the hub counts between graphs) gives the eager output,
+    on a full batch and on a right-padded one."""
+    model = inject_hsa(tiny().float(), [1, 2], branching=(2, 4), hubs=hubs)
     compiled = torch.compile(model)
     for lengths in ([16, 16, 16], [16, 9, 4]):
         ids, mask = inputs(lengths)
