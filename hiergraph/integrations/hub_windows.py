@@ -105,10 +105,9 @@ def hub_window_attention(
     most ``n - 1`` of an example's ``n`` valid tokens); otherwise as
     :func:`padded_hub_window_hsa`."""
     batch, heads, length, _ = q.shape
-    valid = token_mask.sum(1)
-    num_hubs = (lifted & token_mask).sum(1)
-    # one host read: the trees' shapes
-    others, num_hubs = torch.stack([valid - num_hubs, num_hubs]).tolist()
+    hub_count = (lifted & token_mask).sum(1)
+    # one host read: the trees' shapes (per example, the tokens that are not hubs, and hubs)
+    others, num_hubs = torch.stack([token_mask.sum(1) - hub_count, hub_count]).tolist()
     # every example's tokens in tree order: the others in order, its hubs, the padding
     order = torch.sort(torch.where(token_mask, lifted.long(), 2), dim=1, stable=True).indices
     rows = [t.transpose(1, 2).reshape(batch * length, heads, -1) for t in (q, k, v)]

@@ -123,6 +123,9 @@ def uniform_hierarchical_attention(
     )
     finite = finite_energies(counts, include_self)  # log_gates then takes -inf lse values
 
+    def result(out: Tensor):  # with roots, their statistics beside the output
+        return (out, *top[0]) if roots else out
+
     # ---- top-down: log mass u and output accumulator, parents broadcast by unsqueeze.
     # The gain of a row scales its [b] weights before the product with the values, not
     # the [d_v] product: theta = p v is never formed.
@@ -141,14 +144,12 @@ def uniform_hierarchical_attention(
             p = p + torch.diag_embed(torch.exp(u))
         if d + 1 == depth and tokens:  # the output, in the leaves' node-major memory
             base = None if acc is None else acc.unsqueeze(2)
-            out = token_layout.token_product(p, rhos[d][2], base).flatten(0, 1)
-            break
+            return result(token_layout.token_product(p, rhos[d][2], base).flatten(0, 1))
         acc = _weighted_sum(acc, p, rhos[d][2])
         if d + 1 < depth:
             acc, u = node_layout(acc), None if u is None else node_layout(u)
-    else:
-        out = like(dense_gradient(node_layout(acc)), q, None if padding else weight)
-    return (out, *top[0]) if roots else out
+    out = dense_gradient(node_layout(acc))
+    return result(like(out, q, None if padding else weight))
 
 
 def fits(shape: tuple[int, ...] | None, q: Tensor, causal: bool = False) -> bool:

@@ -509,7 +509,8 @@ def test_a_leaf_mask_costs_no_pass_over_contiguous_inputs():
 
 
 @pytest.mark.parametrize("masked", [False, True])
-def test_roots_statistics_are_the_pooled_rows_beside_the_same_output(masked):
+@pytest.mark.parametrize("shape", [(3, 4, 3, 2), (3, 2, 3, 4)])  # the second: node-major leaves
+def test_roots_statistics_are_the_pooled_rows_beside_the_same_output(masked, shape):
     """``roots=True`` (a family above the roots, :mod:`hiergraph.integrations.hub_windows`,
     whose tests check the energies) returns the roots' masked means of the leaves' rows
     and leaves the output as it is."""
@@ -518,7 +519,6 @@ def test_roots_statistics_are_the_pooled_rows_beside_the_same_output(masked):
         include_self=True, left_only=False, leaf_mask=mask if masked else None, tau=0.4,
         size_bias=True,
     )  # fmt: skip
-    shape = (3, 4, 3, 2)
     plain = hsa_uniform.uniform_hierarchical_attention(q, k, v, shape, None, **options)
     out, energy, pooled = hsa_uniform.uniform_hierarchical_attention(
         q, k, v, shape, None, roots=True, **options
