@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from hiergraph._versions import guard_holds, version_guard
 from hiergraph.data.domain import Domain
 from hiergraph.data.validation import validate_structure
 from hiergraph.plan.causal_plan import CausalPlan
@@ -122,34 +123,24 @@ class SignalHierarchy(Data):
         cached = self.__dict__.get("_tree_index_cache")
         if cached is None:
             return None
-        parent, parent_version, slot, slot_version, index = cached
-        same = parent is self.parent and slot is self.slot
-        return index if same and (parent_version, slot_version) == self._versions() else None
+        guard, index = cached
+        return index if guard_holds(guard, self.parent, self.slot) else None
 
-    def _structure(self) -> tuple:
-        """``parent``, ``slot``, ``is_leaf``, each with its in-place version."""
-        return tuple((t, t._version) for t in (self.parent, self.slot, self.is_leaf))
+    def _structure(self) -> tuple | None:
+        """The :func:`~hiergraph._versions.version_guard` of ``parent``, ``slot`` and
+        ``is_leaf`` (``None`` for inference tensors: such a hierarchy is checked every time)."""
+        return version_guard(self.parent, self.slot, self.is_leaf)
 
     def _built_unchanged(self) -> bool:
         """Whether ``parent``, ``slot`` and ``is_leaf`` are a builder's tensors, unwritten."""
         built = self.__dict__.get("_built_structure")
-        return built is not None and all(
-            t is now and version == now._version
-            for (t, version), (now, _) in zip(built, self._structure(), strict=True)
-        )
-
-    def _versions(self) -> tuple[int, int]:
-        return self.parent._version, self.slot._version
+        return guard_holds(built, self.parent, self.slot, self.is_leaf)
 
     def _cache_tree_index(self, index) -> None:
-        parent_version, slot_version = self._versions()
-        self.__dict__["_tree_index_cache"] = (
-            self.parent,
-            parent_version,
-            self.slot,
-            slot_version,
-            index,
-        )
+        """Keep ``index`` until ``parent`` or ``slot`` is replaced or written in place (not
+        kept for inference tensors, whose writes cannot be followed)."""
+        guard = version_guard(self.parent, self.slot)
+        self.__dict__["_tree_index_cache"] = None if guard is None else (guard, index)
 
     def apply(self, func, *args: str):
         """PyG's :meth:`~torch_geometric.data.Data.apply`, keeping a built :meth:`tree_index`.

@@ -37,6 +37,7 @@ from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_torch_sparse_tensor
 
 from hiergraph._device import reads_values
+from hiergraph._versions import in_place_versions
 
 #: the id dtypes every edge input accepts
 INDEX_DTYPES = (torch.long, torch.int32)
@@ -110,9 +111,7 @@ def edge_versions(obj) -> tuple[int, ...] | None:
     ids: equal versions of the same object mean unchanged edges. ``None`` where they cannot
     be followed: not a tensor or adjacency, or an inference tensor (no version counter)."""
     tensors = _index_tensors(obj)
-    if tensors is None or any(t.is_inference() for t in tensors):
-        return None
-    return tuple(t._version for t in tensors)
+    return None if tensors is None else in_place_versions(*tensors)
 
 
 def _index_tensors(obj) -> tuple[Tensor, ...] | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from functools import cached_property
+from functools import cached_property, wraps
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,6 +15,21 @@ from hiergraph.plan.padded_forest import PaddedForest
 
 if TYPE_CHECKING:
     from hiergraph.plan.causal_plan import CausalPlan
+
+
+def outside_inference_mode(build):
+    """``build``, run outside ``torch.inference_mode()``: a plan, or a part of it built on
+    first use, that an evaluation under inference mode asked for first then serves training
+    too (inference tensors cannot be saved for backward)."""
+
+    @wraps(build)
+    def outside(*args, **kwargs):
+        if not torch.is_inference_mode_enabled():
+            return build(*args, **kwargs)
+        with torch.inference_mode(False):
+            return build(*args, **kwargs)
+
+    return outside
 
 
 @dataclass
@@ -185,6 +200,7 @@ class Level:
         return rows.index_put_((self.gather_rows,), slots.index_select(0, self.gather_slots))
 
     @cached_property
+    @outside_inference_mode
     def sibling_pairs(self) -> Tensor:
         """``[2, S]`` local positions ``(query, key)`` of all ordered pairs of distinct siblings."""
         return _pairs(self.family_start, self.family_size)
@@ -274,6 +290,7 @@ class TreeIndex:
         return self.order.device
 
     @cached_property
+    @outside_inference_mode
     def causal_plan(self) -> CausalPlan:
         """The forest's :class:`~hiergraph.plan.CausalPlan` (root paths, prefix counts, left
         siblings), built from this plan on first use and cached with it."""
@@ -287,6 +304,7 @@ class TreeIndex:
         return cls.from_parent(hierarchy.parent, hierarchy.slot, hierarchy.is_leaf)
 
     @classmethod
+    @outside_inference_mode
     def from_parent(cls, parent: Tensor, slot: Tensor, is_leaf: Tensor) -> TreeIndex:
         """Plan from ``[N]`` ``parent`` (roots point at themselves), ``slot`` and ``is_leaf``."""
         device = parent.device
@@ -399,6 +417,7 @@ class TreeIndex:
         return (levels[0].size, *fanout)
 
     @cached_property
+    @outside_inference_mode
     def node_tree(self) -> Tensor:
         """``[N]`` tree id of every node: the rank of its root among the roots, in node order
         (for a PyG batch, the same as its ``batch`` vector)."""
@@ -410,6 +429,7 @@ class TreeIndex:
         return torch.cat(per_level).index_select(0, self.rank)
 
     @cached_property
+    @outside_inference_mode
     def sibling_pairs(self) -> Tensor:
         """``[2, S]`` BFS positions ``(query, key)`` of every ordered pair of distinct siblings.
 
@@ -417,6 +437,7 @@ class TreeIndex:
         """
         return _pairs(self.family_start, self.family_size)
 
+    @outside_inference_mode
     def to(self, device) -> TreeIndex:
         """A copy with every tensor moved to ``device`` (and the causal plan, if built)."""
         moved = {}

@@ -13,6 +13,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 
+from hiergraph._versions import guard_holds, version_guard
 from hiergraph.data.domain import Domain
 from hiergraph.data.graph_pe import laplacian_pe
 from hiergraph.data.signal_hierarchy import SignalHierarchy
@@ -51,21 +52,21 @@ class HierarchicalGraph(Data):
         """The community tree (a forest for a batch) as a ``SignalHierarchy`` (cached)."""
         if "tree_parent" not in self:
             raise ValueError("this graph has no community tree; apply GraphHierarchy() first")
-        key = tuple((id(self[f"tree_{k}"]), self[f"tree_{k}"]._version) for k in ("parent", "slot"))
         cached = self.__dict__.get("_hierarchy_cache")
-        if cached is None or cached[0] != key:
-            parent = self.tree_parent
-            nodes = torch.arange(parent.numel(), device=parent.device)
-            child = nodes[parent != nodes]
-            order = torch.argsort(parent[child] * (parent.numel() + 1) + self.tree_slot[child])
-            tree = SignalHierarchy(
-                edge_index=torch.stack([child[order], parent[child[order]]]),
-                **{k: self[f"tree_{k}"] for k in TREE_KEYS if f"tree_{k}" in self},
-            )
-            tree.num_nodes = parent.numel()
-            cached = (key, tree)
-            self.__dict__["_hierarchy_cache"] = cached
-        return cached[1]
+        if cached is not None and guard_holds(cached[0], self.tree_parent, self.tree_slot):
+            return cached[1]
+        parent = self.tree_parent
+        nodes = torch.arange(parent.numel(), device=parent.device)
+        child = nodes[parent != nodes]
+        order = torch.argsort(parent[child] * (parent.numel() + 1) + self.tree_slot[child])
+        tree = SignalHierarchy(
+            edge_index=torch.stack([child[order], parent[child[order]]]),
+            **{k: self[f"tree_{k}"] for k in TREE_KEYS if f"tree_{k}" in self},
+        )
+        tree.num_nodes = parent.numel()
+        guard = version_guard(self.tree_parent, self.tree_slot)  # None: inference tensors
+        self.__dict__["_hierarchy_cache"] = None if guard is None else (guard, tree)
+        return tree
 
 
 class GraphHierarchy(BaseTransform):

@@ -62,6 +62,18 @@ def test_padded_windows_equal_the_trees_of_the_valid_tokens(lengths, branching, 
     assert out.is_contiguous() and (out[~valid] == 0).all()
 
 
+
+def test_padded_windows_first_run_under_inference_mode_then_with_gradients():
+    """The window forest cached per shape, first built under ``torch.inference_mode()``,
+    then serves a pass with gradients (a shape no other test uses: a fresh cache entry)."""
+    q, k, v, valid = padded_inputs([27, 13], heads=1)
+    with torch.inference_mode():
+        evaluated = padded_window_hsa(q, k, v, valid, (3, 9))
+    q.requires_grad_()
+    out = padded_window_hsa(q, k, v, valid, (3, 9))
+    out.square().sum().backward()
+    assert torch.equal(out, evaluated) and q.grad.abs().sum() > 0
+
 @pytest.mark.slow
 @opt_in
 def test_padded_windows_trace_with_one_break_only():

@@ -6,6 +6,7 @@ from hiergraph.data import flatten_hierarchy, from_nested, window_hierarchy
 from hiergraph.data.restructure import lift_leaves
 from hiergraph.nn import FamilyPositionEncoder, HierarchicalSelfAttention
 from hiergraph.ops import hierarchical_attention
+from hiergraph.ops.hsa.attention import KERNELS
 from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
 
 
@@ -191,3 +192,23 @@ def test_project_values_false_smooths_the_input_itself():
     torch.testing.assert_close(attn(h.x, h), ref, atol=1e-12, rtol=0)
     with pytest.raises(ValueError, match="project_values=False needs"):
         HierarchicalSelfAttention(6, out_channels=4, heads=2, project_values=False)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("mode", ["full", "causal", "hubs"])
+@pytest.mark.parametrize("ragged", [False, True])
+def test_an_evaluation_under_inference_mode_then_training(kernel, mode, ragged):
+    """The tree's plan (and a hub tree's) first built under ``torch.inference_mode()``
+    serves the training steps that follow: same output, gradients flow."""
+    torch.manual_seed(0)
+    sizes = [(60, (4, 4, 4)), (24, (4, 2))] if ragged else [(64, (4, 4, 4))]
+    tree = Batch.from_data_list([window_hierarchy(n, b) for n, b in sizes])
+    options = {"causal": {"causal": True, "include_self": True}, "hubs": {"hubs": 3}}
+    attn = HierarchicalSelfAttention(8, heads=2, kernel=kernel, **options.get(mode, {}))
+    x = torch.randn(int(tree.is_leaf.sum()), 8)
+    with torch.inference_mode():
+        evaluated = attn(x, tree)
+    out = attn(x, tree)
+    out.square().sum().backward()
+    assert torch.allclose(out, evaluated, atol=1e-6)
+    assert all(p.grad is not None for p in attn.parameters())

@@ -44,6 +44,19 @@ def test_cached_decoding_equals_full_pass(mode):
         assert (torch.stack(steps) - full[offset : offset + len(steps)]).abs().max() < 1e-10
 
 
+
+def test_an_evaluation_under_inference_mode_then_training():
+    """The causal plan first built under ``torch.inference_mode()`` serves training."""
+    batch = Batch.from_data_list([from_schedule(random_schedule(random.Random(2), 14))])
+    tokens = torch.randint(0, 20, (14,), generator=torch.Generator().manual_seed(3))
+    net = model("hsa").train()
+    with torch.inference_mode():
+        evaluated = net(tokens, batch)
+    logits = net(tokens, batch)
+    logits.logsumexp(-1).sum().backward()
+    assert torch.allclose(logits, evaluated, atol=1e-12)
+    assert all(p.grad is not None for p in net.parameters() if p.requires_grad)
+
 def test_gapped_slots_decode_like_the_full_pass():
     # slots only order siblings: gaps (root slots [0, 3], ...) must not change the model
     parent = [-1, 0, 0, 1, 1, 2, 2, 2]

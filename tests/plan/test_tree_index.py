@@ -190,3 +190,32 @@ def test_cached_and_movable():
     assert torch.equal(h.tree_index().order, TreeIndex.from_hierarchy(h).order)
     h.slot.copy_(h.slot.flip(0))  # so does writing it in place
     assert torch.equal(h.tree_index().order, cached.order) and h.tree_index() is not cached
+
+
+
+def tensors_in(obj, seen=None) -> list[torch.Tensor]:
+    """Every tensor a plan holds, in its fields and the parts it built on first use."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:  # a causal plan and its tree index refer to each other
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for item in obj for t in tensors_in(item, seen)]
+    if hasattr(obj, "__dict__"):
+        return [t for value in vars(obj).values() for t in tensors_in(value, seen)]
+    return []
+
+
+def test_plans_built_under_inference_mode_serve_autograd():
+    """A plan first asked for by an evaluation under ``torch.inference_mode()`` (and the
+    parts built on first use) holds ordinary tensors, which autograd may save."""
+    tree = Batch.from_data_list([window_hierarchy(12, (4, 3)), window_hierarchy(6, (3, 2))])
+    with torch.inference_mode():
+        index = tree.tree_index()
+        index.causal_plan, index.sibling_pairs, index.node_tree  # built on first use
+        [level.sibling_pairs for level in index.levels]
+        moved = index.to("cpu")
+    tensors = tensors_in(index) + tensors_in(moved)
+    assert len(tensors) > 50 and not any(t.is_inference() for t in tensors)

@@ -67,6 +67,18 @@ def test_leaves_are_nodes_in_order_and_graph_untouched(method):
     assert tree.num_trees == 1
 
 
+
+def test_hierarchy_of_inference_tensors_and_its_cache():
+    out = GraphHierarchy("lp", seed=1)(sbm())
+    tree = out.hierarchy()
+    assert out.hierarchy() is tree  # cached while tree_parent and tree_slot are unchanged
+    out.tree_slot = out.tree_slot.clone()
+    assert out.hierarchy() is not tree
+    with torch.inference_mode():  # transformed under inference mode: derived on every call
+        made = GraphHierarchy("lp", seed=1)(sbm())
+        first = made.hierarchy()
+        assert made.hierarchy() is not first and torch.equal(first.parent, tree.parent)
+
 def test_recovers_planted_blocks():
     data = sbm(p_in=0.9, p_out=0.0)
     tree = GraphHierarchy(levels=1, max_family=16)(data).hierarchy()
