@@ -214,8 +214,8 @@ def test_plans_built_under_inference_mode_serve_autograd():
     tree = Batch.from_data_list([window_hierarchy(12, (4, 3)), window_hierarchy(6, (3, 2))])
     with torch.inference_mode():
         index = tree.tree_index()
-        index.causal_plan, index.sibling_pairs, index.node_tree  # built on first use
-        [level.sibling_pairs for level in index.levels]
+        lazy = [index.causal_plan, index.sibling_pairs, index.node_tree]  # built on first use
+        lazy += [level.sibling_pairs for level in index.levels]
         moved = index.to("cpu")
-    tensors = tensors_in(index) + tensors_in(moved)
+    tensors = tensors_in(index) + tensors_in(moved) + tensors_in(lazy)
     assert len(tensors) > 50 and not any(t.is_inference() for t in tensors)
