@@ -224,7 +224,6 @@ def test_tree_index_travels_with_to_clone_and_pickle(monkeypatch):
     assert len(builds) == 3
 
 
-
 def test_a_hierarchy_of_inference_tensors_is_planned_and_checked_on_every_use(monkeypatch):
     """Inference tensors (a tree built under ``torch.inference_mode()``) have no version
     counter: no cache can follow their writes, so the plan is not kept and the structure
@@ -237,6 +236,7 @@ def test_a_hierarchy_of_inference_tensors_is_planned_and_checked_on_every_use(mo
         tree.parent[0] = 1  # a leaf under a leaf: checked, although a builder made it
         with pytest.raises(ValueError):
             tree.tree_index()
+
 
 def test_from_parent_builds_on_the_parent_device():
     """Every tensor is made on ``parent``'s device, not the default one (meta here)."""

@@ -62,7 +62,6 @@ def test_padded_windows_equal_the_trees_of_the_valid_tokens(lengths, branching, 
     assert out.is_contiguous() and (out[~valid] == 0).all()
 
 
-
 def test_padded_windows_first_run_under_inference_mode_then_with_gradients():
     """The window forest cached per shape, first built under ``torch.inference_mode()``,
     then serves a pass with gradients (a shape no other test uses: a fresh cache entry)."""
@@ -73,6 +72,7 @@ def test_padded_windows_first_run_under_inference_mode_then_with_gradients():
     out = padded_window_hsa(q, k, v, valid, (3, 9))
     out.square().sum().backward()
     assert torch.equal(out, evaluated) and q.grad.abs().sum() > 0
+
 
 @pytest.mark.slow
 @opt_in

@@ -40,7 +40,6 @@ def test_shapes_and_backward(graphs, conv):
     assert all(p.grad is not None for p in layer.attn.parameters())
 
 
-
 def test_an_evaluation_under_inference_mode_then_training():
     """A community tree transformed and planned under ``torch.inference_mode()``: its
     plan, built outside inference mode, serves the training step that follows."""
@@ -52,6 +51,7 @@ def test_an_evaluation_under_inference_mode_then_training():
     out = net(g.x.clone(), g.edge_index.clone(), g.hierarchy())
     out.square().sum().backward()
     assert torch.allclose(out, evaluated, atol=1e-6)
+
 
 def test_global_branch_reaches_unlinked_nodes(graphs):
     # with no local conv and no edges, a node's output still depends on other nodes (HSA)

@@ -44,7 +44,6 @@ def test_cached_decoding_equals_full_pass(mode):
         assert (torch.stack(steps) - full[offset : offset + len(steps)]).abs().max() < 1e-10
 
 
-
 def test_an_evaluation_under_inference_mode_then_training():
     """The causal plan first built under ``torch.inference_mode()`` serves training."""
     batch = Batch.from_data_list([from_schedule(random_schedule(random.Random(2), 14))])
@@ -56,6 +55,7 @@ def test_an_evaluation_under_inference_mode_then_training():
     logits.logsumexp(-1).sum().backward()
     assert torch.allclose(logits, evaluated, atol=1e-12)
     assert all(p.grad is not None for p in net.parameters() if p.requires_grad)
+
 
 def test_gapped_slots_decode_like_the_full_pass():
     # slots only order siblings: gaps (root slots [0, 3], ...) must not change the model

@@ -192,7 +192,6 @@ def test_cached_and_movable():
     assert torch.equal(h.tree_index().order, cached.order) and h.tree_index() is not cached
 
 
-
 def tensors_in(obj, seen=None) -> list[torch.Tensor]:
     """Every tensor a plan holds, in its fields and the parts it built on first use."""
     seen = set() if seen is None else seen

@@ -67,7 +67,6 @@ def test_leaves_are_nodes_in_order_and_graph_untouched(method):
     assert tree.num_trees == 1
 
 
-
 def test_hierarchy_of_inference_tensors_and_its_cache():
     out = GraphHierarchy("lp", seed=1)(sbm())
     tree = out.hierarchy()
@@ -78,6 +77,7 @@ def test_hierarchy_of_inference_tensors_and_its_cache():
         made = GraphHierarchy("lp", seed=1)(sbm())
         first = made.hierarchy()
         assert made.hierarchy() is not first and torch.equal(first.parent, tree.parent)
+
 
 def test_recovers_planted_blocks():
     data = sbm(p_in=0.9, p_out=0.0)
