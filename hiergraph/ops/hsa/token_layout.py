@@ -12,7 +12,9 @@ views:
 * :func:`token_scores`: the logits ``[H, F, b, b]`` and the family sums of ``q`` and ``k``
   (heads first, for the level above);
 * :func:`token_product`: ``base + p @ v`` written straight into node-major ``[F, b, H,
-  d_v]`` memory (the output's layout), with the output gradient read in place.
+  d_v]`` memory (the output's layout), with the output gradient read in place;
+* :func:`token_sum`: the family sums (weighted, under a leaf mask) of the values, heads
+  first, for the level above.
 
 Results that are heads first (the logits and their gradient) are written head by head into
 one buffer; node-major ones (the output, the leaves' gradients) are stacked once, which
@@ -27,27 +29,33 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-#: Most heads read node-major: per-head products over rows ``H d`` apart lose to one copy
-#: and one batched product from about 12 heads (32 × 512 tokens, 12 heads × 64: 7% slower
-#: forward+backward; 4 and 8 heads: 4–8% faster).
+#: Most heads read node-major when gradients are taken: per-head products over rows ``H d``
+#: apart lose to one copy and one batched product from about 12 heads (32 × 512 tokens,
+#: 12 heads × 64: 7% slower forward+backward; 4 and 8 heads: 4–8% faster).
 MAX_HEADS = 8
+
+#: Most heads read node-major without gradients (inference), where the copies are a larger
+#: share of the time: forward alone, 12–32 heads × 32–64 over 4K tokens in trees of
+#: families of 4–16, node-major is 1.07–1.5× faster (one shape of families of 4 at
+#: 12 heads, 0.92–0.96×).
+MAX_HEADS_INFERENCE = 32
 
 #: Largest ``q`` (elements) read node-major: past it the per-head passes over memory lose
 #: to the copies (4 heads × 64: 10% slower at 64K and 256K leaves, 5–8% faster up to 16K).
 MAX_ELEMENTS = 1 << 22
 
 
-def fits(q: Tensor, b: int) -> bool:
+def fits(q: Tensor, b: int, grad: bool = True) -> bool:
     """Whether a leaf level of families of ``b`` runs on ``q``'s node-major memory: a
     contiguous ``[L, H, d]`` CPU tensor of at most :data:`MAX_ELEMENTS` elements with
-    ``2 <= H <=`` :data:`MAX_HEADS` and ``b >= 3`` (families of two run as element-wise
-    passes, which read any layout)."""
+    ``2 <= H <=`` :data:`MAX_HEADS` (:data:`MAX_HEADS_INFERENCE` when no ``grad`` is taken)
+    and ``b >= 3`` (families of two run as element-wise passes, which read any layout)."""
     heads = q.size(1)
     return (
         q.device.type == "cpu"
         and q.is_contiguous()
         and q.numel() <= MAX_ELEMENTS
-        and 1 < heads <= MAX_HEADS
+        and 1 < heads <= (MAX_HEADS if grad else MAX_HEADS_INFERENCE)
         and b >= 3
     )
 
@@ -57,10 +65,17 @@ def token_families(x: Tensor, b: int) -> Tensor:
     return x.unflatten(0, (-1, b))
 
 
-def token_sum(x: Tensor, dtype: torch.dtype) -> Tensor:
-    """The family sums ``[H, F, c]`` (heads first, contiguous) of ``x [F, b, H, c]``,
-    taken in ``dtype``."""
-    return x.sum(1, dtype=dtype).transpose(0, 1).contiguous()
+def token_sum(x: Tensor, dtype: torch.dtype, weight: Tensor | None = None) -> Tensor:
+    r"""The family sums ``[H, F, c]`` (heads first, contiguous) of ``x [F, b, H, c]``,
+    taken in ``dtype``; with ``weight [F, b]``, the weighted sums
+    :math:`\sum_i w_i x_i` (one batched product ``[F, 1, b] @ [F, b, H c]``, which reads
+    ``x`` in place: no weighted copy)."""
+    if weight is None:
+        sums = x.sum(1, dtype=dtype)
+    else:
+        rows = x.flatten(2).to(dtype)
+        sums = torch.bmm(weight.to(dtype).unsqueeze(1), rows).view(x.size(0), *x.shape[2:])
+    return sums.transpose(0, 1).contiguous()
 
 
 def token_scores(q: Tensor, k: Tensor, tau: float, sums_dtype: torch.dtype | None = None):

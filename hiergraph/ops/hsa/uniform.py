@@ -29,11 +29,12 @@ made of differentiable operations). Inputs whose memory is heads first (``[H, L,
 storage viewed as ``[L, H, d]``) are read as they are. Contiguous ``[L, H, d]`` inputs
 (of a few million elements at most) are read in place too, by the leaf level (one product
 per head on strided views, :mod:`~hiergraph.ops.hsa.token_layout`), whose result is
-written in their layout; only the level's pooled means go heads first. Otherwise (a leaf
-mask, families of two, one head or many, large inputs) they are copied heads first
-(``q.transpose(0, 1)``), and those copies (in and out, and their adjoints) also zero the
-padding rows, so a mask costs no pass of its own over the leaves. The output has the
-memory layout of ``q``.
+written in their layout; only the level's pooled means go heads first. A leaf mask then
+weighs the leaves' sums (one batched product per input) and zeroes the output's masked
+rows. Otherwise (families of two, one head or many, large inputs; more heads when no
+gradient is taken) they are copied heads first (``q.transpose(0, 1)``), and those copies
+(in and out, and their adjoints) also zero the padding rows, so a mask costs no pass of
+its own over the leaves. The output has the memory layout of ``q``.
 
 The formulas are those of :func:`~hiergraph.ops.hierarchical_attention`; with
 all leaves valid, :math:`n(\cdot)` is constant on a level, so
@@ -104,9 +105,10 @@ def uniform_hierarchical_attention(
     # not heads first are copied anyway: that copy zeroes their padding rows too, so the
     # leaves' sums need no count weights
     counts = counts_below(weight, fanout)
-    zero_rows = weight is not None and not padding and not is_heads_first(q)
-    # without a mask, node-major leaves are read where they lie (token_layout)
-    tokens = weight is None and all(token_layout.fits(t, fanout[-1]) for t in (q, k, v))
+    # node-major leaves are read where they lie (token_layout); more heads without gradients
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    tokens = all(token_layout.fits(t, fanout[-1], grad) for t in (q, k, v))
+    zero_rows = weight is not None and not padding and not tokens and not is_heads_first(q)
     if tokens:
         rho = [token_layout.token_families(t, fanout[-1]) for t in (q, k, v)]
     else:
@@ -144,7 +146,9 @@ def uniform_hierarchical_attention(
             p = p + torch.diag_embed(torch.exp(u))
         if d + 1 == depth and tokens:  # the output, in the leaves' node-major memory
             base = None if acc is None else acc.unsqueeze(2)
-            return result(token_layout.token_product(p, rhos[d][2], base).flatten(0, 1))
+            out = token_layout.token_product(p, rhos[d][2], base).flatten(0, 1)
+            masked = weight is not None and not padding  # zero at the masked leaves
+            return result(out * weight[:, None, None].to(out.dtype) if masked else out)
         acc = _weighted_sum(acc, p, rhos[d][2])
         if d + 1 < depth:
             acc, u = node_layout(acc), None if u is None else node_layout(u)
@@ -447,9 +451,10 @@ def _pool(
     ``plain``: the count-weighted sums of the rows are plain sums (all counts equal, or
     the rows with count 0 are zero and the others have count 1); ``qk_sums``: those of
     ``q`` and ``k``, already taken (:func:`scores`), or empty; ``tokens``: ``rho`` is
-    node-major ``[F, b, H, ·]`` (all counts equal); ``weighted``: the rows' count-weighted
-    sums :math:`n(C) \rho(C)`, when a level below pooled them (a masked level: its sums
-    are then summed as they are, with no pass that weighs the means again).
+    node-major ``[F, b, H, ·]`` leaves (counts 1, or 0 and 1 under a mask); ``weighted``:
+    the rows' count-weighted sums :math:`n(C) \rho(C)`, when a level below pooled them (a
+    masked level: its sums are then summed as they are, with no pass that weighs the means
+    again).
 
     Sums over the ``b`` children are taken in the accumulation dtype, then scaled once
     (the backward of a mean would divide the expanded gradient of every member)."""
@@ -463,8 +468,9 @@ def _pool(
         share = (n / denom.unsqueeze(-1)).to(total.dtype)
         energy = torch.where(keep, share * torch.where(keep, total, 0.0), 0.0)
         energy, denom = energy.sum(-1, dtype=work), denom.unsqueeze(-1)
-    if tokens:
-        sums = qk_sums + [token_layout.token_sum(t, work) for t in rho[len(qk_sums) :]]
+    if tokens:  # a masked leaf level (counts 0 and 1): the sums of its valid rows
+        leaf_weight = None if plain else n[0]
+        sums = qk_sums + [token_layout.token_sum(t, work, leaf_weight) for t in rho[len(qk_sums) :]]
     else:
         if plain:
             weighted = rho

@@ -12,6 +12,7 @@ import hiergraph.ops.hsa.family as family_attention
 import hiergraph.ops.hsa.uniform as hsa_uniform
 from hiergraph.data import SignalHierarchy, from_nested, window_forest, window_hierarchy
 from hiergraph.ops import hierarchical_attention, hierarchical_attention_matrix
+from hiergraph.ops.hsa import token_layout
 
 F64 = dict(dtype=torch.float64)
 SHAPES = [(3, 32, (4, 8)), (2, 48, (4, 3, 4)), (1, 8, (8,)), (2, 24, (3, 4, 2))]
@@ -397,6 +398,30 @@ def test_output_keeps_the_memory_layout_of_the_inputs(causal, masked):
     grads_hf = torch.autograd.grad(out_hf.pow(2).sum(), heads_first)
     for a, b in zip(grads, grads_hf, strict=True):
         torch.testing.assert_close(a, b, atol=1e-13, rtol=0)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_many_heads_without_gradients_are_read_node_major(monkeypatch, masked):
+    """Without gradients, up to ``MAX_HEADS_INFERENCE`` heads are read in their node-major
+    memory (no copies heads first; more than with gradients): the output of the
+    heads-first inputs, zero at masked leaves."""
+    heads = token_layout.MAX_HEADS + 4
+    tree, (q, k, v), mask, pos = _case(2, 24, (4, 3, 2), seed=4, heads=heads)
+    kw = dict(include_self=True, pos_emb=pos, leaf_mask=mask if masked else None)
+    calls = []
+    product = token_layout.token_product
+    monkeypatch.setattr(token_layout, "token_product", lambda *a: calls.append(1) or product(*a))
+    heads_first = [t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v)]
+    with torch.no_grad():
+        out = hierarchical_attention(q, k, v, tree, **kw)
+        assert len(calls) == 1 and out.is_contiguous()
+        expected = hierarchical_attention(*heads_first, tree, **kw)
+    assert len(calls) == 1  # heads-first memory is read as it is
+    torch.testing.assert_close(out, expected, atol=1e-13, rtol=0)
+    if masked:
+        assert (out[~mask] == 0).all()
+    hierarchical_attention(*(t.requires_grad_() for t in (q, k, v)), tree, **kw)
+    assert len(calls) == 1  # with gradients, this many heads are copied heads first
 
 
 def test_a_broadcast_output_gradient_gives_the_dense_gradients():
