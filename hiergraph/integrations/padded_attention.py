@@ -17,7 +17,9 @@ Masks: a transformers layer receives an ``attention_mask`` (1 or ``True`` =
 attend, or additive); :func:`valid_token_mask` turns it into the ``[B, T]``
 bool ``token_mask`` the functions here take, ``True`` = real token. Padding
 tokens (``token_mask`` ``False``) are removed before either runs: they are
-neither keys nor counted in any statistic, and their output rows are 0.
+neither keys nor counted in any statistic, and their output rows are 0. Their rows of
+``q, k, v`` may hold any finite values (a NaN or inf there reaches the outputs, as in
+:func:`torch.nn.functional.scaled_dot_product_attention`).
 """
 
 from __future__ import annotations

@@ -167,7 +167,8 @@ class HierarchicalSelfAttention(nn.Module):
             hierarchy: a :class:`~hiergraph.data.SignalHierarchy` or a batch.
             pos_emb: ``[N, pos_channels]`` position embeddings of all nodes,
                 e.g. from :class:`~hiergraph.nn.FamilyPositionEncoder`.
-            leaf_mask: ``[L]`` bool, ``False`` for padding leaves.
+            leaf_mask: ``[L]`` bool, ``False`` for padding leaves (their features may
+                hold any finite values: they are removed from every statistic).
             return_attention_weights: also return :math:`\hat\Theta` ``[H, L, L]``
                 (dense; only for ``L <= 4096``).
 

@@ -103,7 +103,10 @@ def hierarchical_attention(
             statistics include later leaves, so later tokens still change earlier
             rows' weights (future values get zero weight). Requires ``include_self``.
         leaf_mask: optional ``[L]`` bool, ``False`` for padding leaves: they
-            are removed from all statistics and get a zero output.
+            are removed from all statistics and get a zero output. Their rows of ``q``,
+            ``k``, ``v`` may hold any finite values; masking multiplies them by 0, so a
+            NaN or inf there reaches the outputs (as in
+            :func:`torch.nn.functional.scaled_dot_product_attention`).
         scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
         kernel: ``'dense'`` runs families as batched matrix products: a forest
             with equal fanout on every level (``TreeIndex.uniform``, e.g. batches of
