@@ -79,7 +79,8 @@ class HMatrixAttention(nn.Module):
                 f"x must have shape [batch, length, {self.embed_dim}], got {tuple(x.shape)}"
             )
         batch, length, _ = x.shape
-        q, k, v = self.in_proj(x).view(batch, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        heads = (self.num_heads, self.embed_dim // self.num_heads)
+        q, k, v = self.in_proj(x).view(batch, length, 3, *heads).permute(2, 0, 3, 1, 4)
         out = self.attend(q, k, v, key_padding_mask)  # [B, h, L, E/h]
         return self.out_proj(out.transpose(1, 2).reshape(batch, length, self.embed_dim))
 

@@ -37,3 +37,5 @@ def test_module_shapes_and_errors():
         HMatrixAttention(30, 4)
     with pytest.raises(ValueError, match=r"\[batch, length, 32\]"):
         attn(torch.randn(50, 32))
+    with pytest.raises(ValueError, match="length must be >= 1"):
+        attn(torch.randn(3, 0, 32))
