@@ -182,6 +182,8 @@ def hmatrix_attention(
         ``[B, H, L, d_v]``.
     """
     _check_inputs(q, k, v, block_size, key_padding_mask)
+    if q.size(0) == 0 or q.size(1) == 0:  # no sequence: the (empty) result of any attention
+        return torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v)
     length = q.shape[2]
     nr, num_levels, padded = hmatrix_layout(length, block_size)
     rows = tuple(padded >> level for level in range(num_levels))

@@ -92,6 +92,24 @@ def test_fully_masked_row_gives_zero_weights_and_finite_grads():
     assert all(torch.isfinite(t.grad).all() for t in (query, key, value))
 
 
+@pytest.mark.parametrize("empty", ["sequence", "keys", "batch"])
+def test_empty_inputs_give_the_shapes_of_multihead_attention(empty):
+    """A drop-in for ``nn.MultiheadAttention`` returns what it returns on empty inputs: an
+    empty sequence or batch gives empty outputs, no keys give the bias alone."""
+    sizes = {"sequence": (2, 0, 5), "keys": (2, 3, 0), "batch": (0, 3, 5)}[empty]
+    batch, length, keys = sizes
+    query, key = torch.randn(batch, length, 16), torch.randn(batch, keys, 16)
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)
+    torch.manual_seed(0)
+    att = ConeAttention(16, 2)
+    out, w = att(query, key, key)
+    want, want_w = mha(query, key, key)
+    assert out.shape == want.shape and w.shape == want_w.shape
+    if empty == "keys":
+        torch.testing.assert_close(out, att.out_proj.bias.expand_as(out))
+
+
 def test_need_weights_unbatched_and_kdim_vdim():
     att = ConeAttention(E, HEADS, kdim=7, vdim=5, variant="umbral")
     out, w = att(

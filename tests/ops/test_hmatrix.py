@@ -211,6 +211,16 @@ def test_heads_and_batch_are_independent():
     torch.testing.assert_close(hmatrix_attention(q[1:], k[1:], v[1:], 4), out[1:])
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_an_empty_batch_or_no_heads_give_an_empty_output(causal):
+    for shape in ((0, 3, 40, 4), (2, 0, 40, 4)):
+        q = torch.randn(shape, requires_grad=True)
+        out = hmatrix_attention(q, q, q, 4, causal)
+        assert out.shape == shape
+        out.sum().backward()
+        assert q.grad.shape == shape
+
+
 class _LargestTensor(TorchDispatchMode):
     def __init__(self):
         super().__init__()

@@ -21,6 +21,14 @@ def test_masked_softmax_matches_softmax_and_handles_empty_rows():
     assert torch.isfinite(x.grad).all() and torch.all(x.grad[1] == 0)
 
 
+def test_masked_softmax_over_no_entries_gives_empty_rows():
+    x = torch.randn(3, 0, dtype=torch.float64, requires_grad=True)
+    lse, w = masked_softmax(x, torch.ones(3, 0, dtype=torch.bool))
+    assert torch.equal(lse, torch.full((3,), -INF, dtype=torch.float64)) and w.shape == (3, 0)
+    (w.sum() + lse.clamp(min=0).sum()).backward()
+    assert x.grad.shape == (3, 0)
+
+
 def _composite_masked_softmax(x, mask):
     """The textbook form (``logsumexp`` and ``softmax`` over the masked entries) that
     :func:`masked_softmax` fuses, for rows with at least one entry."""
