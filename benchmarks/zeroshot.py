@@ -161,7 +161,9 @@ def run(args) -> None:
     suffix = "" if args.limit is None else f"_n{args.limit}"
     out = RESULTS / f"zeroshot_{args.dataset}{suffix}.json"
     result = json.loads(out.read_text()) if out.exists() else {"runs": [], "commands": []}
-    result["commands"].append("python benchmarks/zeroshot.py " + " ".join(sys.argv[1:]))
+    command = "python benchmarks/zeroshot.py " + " ".join(sys.argv[1:])
+    # the distinct commands that made the file, in the order of their first run
+    result["commands"] = list(dict.fromkeys([*result["commands"], command]))
     model, tokenizer = ex.load_minilm()
     cfg = model.config
     heads, head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
