@@ -468,7 +468,7 @@ def _pool(
         share = (n / denom.unsqueeze(-1)).to(total.dtype)
         energy = torch.where(keep, share * torch.where(keep, total, 0.0), 0.0)
         energy, denom = energy.sum(-1, dtype=work), denom.unsqueeze(-1)
-    if tokens:  # a masked leaf level (counts 0 and 1): the sums of its valid rows
+    if tokens:  # node-major leaves; under a mask (counts 0 and 1), their valid rows' sums
         leaf_weight = None if plain else n[0]
         sums = qk_sums + [token_layout.token_sum(t, work, leaf_weight) for t in rho[len(qk_sums) :]]
     else:
