@@ -144,6 +144,9 @@ class Level:
         gather_slots, gather_rows: on a level with slice blocks too, the gather slots
             that hold a member, and the member's row: their results are written into the
             rows the slice blocks wrote (:meth:`results`).
+        fanout: the number of children when every node of the level has the same number,
+            else ``None`` (read when the plan is built, so that a compiled forward over a
+            fresh plan reads no tensor on the host).
     """
 
     start: int
@@ -159,6 +162,7 @@ class Level:
     node_slot: Tensor | None = None
     gather_slots: Tensor | None = None
     gather_rows: Tensor | None = None
+    fanout: int | None = None
 
     @property
     def size(self) -> int:
@@ -167,13 +171,6 @@ class Level:
     @property
     def all_leaves(self) -> bool:
         return self.leaf_local.numel() == self.size
-
-    @cached_property
-    def fanout(self) -> int | None:
-        """The number of children when every node of the level has the same number, else None."""
-        if not self.size or bool((self.num_children != self.num_children[0]).any()):
-            return None
-        return int(self.num_children[0])
 
     def gather(self, x: Tensor | None) -> Tensor | None:
         """The gather blocks' slots of the level's rows ``x`` (``[n, ...]``), block after
@@ -380,6 +377,7 @@ class TreeIndex:
                     family_size=f_size,
                     blocks=blocks,
                     **_gather_slots(blocks, hi - lo),
+                    fanout=_fanout(num_children[lo:hi]),
                 )
             )
         leaf_ids = torch.cat(leaf_ids) if leaf_ids else leaf_pos.new_empty(0)
@@ -452,6 +450,15 @@ class TreeIndex:
         if "causal_plan" in self.__dict__:  # built: move it along instead of rebuilding it there
             index.causal_plan = self.causal_plan.to(device, index)
         return index
+
+
+def _fanout(num_children: Tensor) -> int | None:
+    """The number of children of every node of a level, when they all have the same number
+    (else ``None``); one host read."""
+    if not num_children.numel():
+        return None
+    low, high = torch.stack(torch.aminmax(num_children)).tolist()
+    return low if low == high else None
 
 
 def _pairs(family_start: Tensor, family_size: Tensor) -> Tensor:
