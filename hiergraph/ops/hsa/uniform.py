@@ -27,7 +27,7 @@ autograd functions, :func:`scores`, :func:`~hiergraph.ops.hsa.family.family_prod
 :func:`~hiergraph.ops.hsa.family.family_sum` and :func:`dense_gradient`, have backwards
 made of differentiable operations). Inputs whose memory is heads first (``[H, L, d]``
 storage viewed as ``[L, H, d]``) are read as they are. Contiguous ``[L, H, d]`` inputs
-(of a few million elements at most) are read in place too, by the leaf level (one product
+(of a few million elements at most when gradients are taken) are read in place too, by the leaf level (one product
 per head on strided views, :mod:`~hiergraph.ops.hsa.token_layout`), whose result is
 written in their layout; only the level's pooled means go heads first. A leaf mask then
 weighs the leaves' sums (one batched product per input) and zeroes the output's masked

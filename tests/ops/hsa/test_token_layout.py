@@ -79,5 +79,5 @@ def test_fits_node_major_cpu_rows_of_several_heads_and_families_of_three_or_more
     assert not token_layout.fits(more, 3) and token_layout.fits(more, 3, grad=False)
     assert not token_layout.fits(torch.randn(12, token_layout.MAX_HEADS_INFERENCE + 1, 4), 3, False)
     big = torch.empty(token_layout.MAX_ELEMENTS // 8 + 1, 2, 4)
-    assert not token_layout.fits(big, 3)
+    assert not token_layout.fits(big, 3) and token_layout.fits(big, 3, grad=False)
     assert not token_layout.fits(x.transpose(0, 1).contiguous().transpose(0, 1), 3)
