@@ -27,14 +27,15 @@ autograd functions, :func:`scores`, :func:`~hiergraph.ops.hsa.family.family_prod
 :func:`~hiergraph.ops.hsa.family.family_sum` and :func:`dense_gradient`, have backwards
 made of differentiable operations). Inputs whose memory is heads first (``[H, L, d]``
 storage viewed as ``[L, H, d]``) are read as they are. Contiguous ``[L, H, d]`` inputs
-(of a few million elements at most when gradients are taken) are read in place too, by the leaf level (one product
-per head on strided views, :mod:`~hiergraph.ops.hsa.token_layout`), whose result is
-written in their layout; only the level's pooled means go heads first. A leaf mask then
-weighs the leaves' sums (one batched product per input) and zeroes the output's masked
-rows. Otherwise (families of two, one head or many, large inputs; more heads when no
-gradient is taken) they are copied heads first (``q.transpose(0, 1)``), and those copies
-(in and out, and their adjoints) also zero the padding rows, so a mask costs no pass of
-its own over the leaves. The output has the memory layout of ``q``.
+(of a few million elements at most when gradients are taken) are read in place too, by the
+leaf level (one product per head on strided views, :mod:`~hiergraph.ops.hsa.token_layout`),
+whose result is written in their layout; only the level's pooled means go heads first. A
+leaf mask then weighs the leaves' sums (one batched product per input) and zeroes the
+output's masked rows. Otherwise (families of two, one head or many, large inputs; without
+gradients more heads and any size qualify: :func:`~hiergraph.ops.hsa.token_layout.fits`)
+they are copied heads first (``q.transpose(0, 1)``), and those copies (in and out, and
+their adjoints) also zero the padding rows, so a mask costs no pass of its own over the
+leaves. The output has the memory layout of ``q``.
 
 The formulas are those of :func:`~hiergraph.ops.hierarchical_attention`; with
 all leaves valid, :math:`n(\cdot)` is constant on a level, so
