@@ -971,8 +971,7 @@ def zeroshot() -> list[str] | None:
                   secs(t["hsa_no_size_bias"]), secs(t["block"]), allocator(t)]
                  for k, t in timing.items()],
             )  # fmt: skip
-        commands = len(dict.fromkeys(res["commands"]))  # distinct (older files repeat them)
-        out += [f"{commands} distinct command(s), stored in the file.", "", source(name), ""]
+        out += [f"{len(res['commands'])} command(s), stored in the file.", "", source(name), ""]
     fid = [(n, load(n)) for n in ("zeroshot_fidelity.json", "zeroshot_fidelity_hubs96.json")]
     fid = [(n, d) for n, d in fid if d is not None]
     if fid:

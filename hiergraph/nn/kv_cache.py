@@ -21,6 +21,7 @@ import math
 import torch
 from torch import Tensor
 
+from hiergraph._autograd import records_grad
 from hiergraph.plan import CausalPlan
 
 
@@ -357,10 +358,7 @@ class HierarchicalKVCache:
             buffers, so ``append`` runs under :func:`torch.no_grad` (train with
             :func:`~hiergraph.ops.hsa.causal.causal_hierarchical_attention`).
         """
-        if torch.is_grad_enabled() and (
-            q.requires_grad or k.requires_grad or v.requires_grad
-            or (pos_emb is not None and pos_emb.requires_grad)
-        ):  # fmt: skip
+        if records_grad(q, k, v, pos_emb):
             with torch.no_grad():
                 return self.append(q, k, v, close=close, open=open, pos_emb=pos_emb)
         self._check_event(close, open)

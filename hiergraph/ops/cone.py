@@ -54,6 +54,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hiergraph._autograd import records_grad
 from hiergraph.ops.edge_index import check_edge_index
 
 #: Upper clamp on the log-height of :func:`psi_map`; ``exp(20) ~ 4.9e8`` keeps
@@ -272,7 +273,7 @@ class _LCAHeight(torch.autograd.Function):
 
 def _lca_height(height_fn: Callable, dist: Tensor, y_u: Tensor, y_v: Tensor, scale: float):
     """``scale * H``: through :class:`_LCAHeight` when a gradient is needed, else directly."""
-    if torch.is_grad_enabled() and (dist.requires_grad or y_u.requires_grad or y_v.requires_grad):
+    if records_grad(dist, y_u, y_v):
         return _LCAHeight.apply(dist, y_u, y_v, height_fn, float(scale))
     h, _ = height_fn(dist, y_u, y_v, with_partials=False)
     return h.mul_(scale) if scale != 1.0 else h

@@ -24,7 +24,7 @@ def outside_inference_mode(build):
 
     @wraps(build)
     def outside(*args, **kwargs):
-        if not torch.is_inference_mode_enabled():
+        if not torch.is_inference_mode_enabled():  # the usual case: no mode to leave
             return build(*args, **kwargs)
         with torch.inference_mode(False):
             return build(*args, **kwargs)

@@ -51,6 +51,7 @@ import math
 import torch
 from torch import Tensor
 
+from hiergraph._autograd import records_grad
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa import family, token_layout
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_dropping
@@ -107,7 +108,7 @@ def uniform_hierarchical_attention(
     # leaves' sums need no count weights
     counts = counts_below(weight, fanout)
     # node-major leaves are read where they lie (token_layout); more heads without gradients
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    grad = records_grad(q, k, v)
     tokens = all(token_layout.fits(t, fanout[-1], grad) for t in (q, k, v))
     zero_rows = weight is not None and not padding and not tokens and not is_heads_first(q)
     if tokens:
