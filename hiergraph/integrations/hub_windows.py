@@ -45,9 +45,8 @@ from hiergraph.data.windows import check_branching
 from hiergraph.integrations.hubs import hub_scores, lifted_tokens
 from hiergraph.integrations.padded_attention import check_padded
 from hiergraph.nn._checks import check_int
-from hiergraph.ops.hsa.family import family_gram
+from hiergraph.ops.hsa.lifted import join, root_family, self_energy
 from hiergraph.ops.hsa.uniform import heads_first, transposed, uniform_hierarchical_attention
-from hiergraph.ops.logspace import log_gates
 
 
 def padded_hub_window_hsa(
@@ -176,12 +175,12 @@ def _root_split(
         sizes = real.view(count, windows, width).sum(-1)
     else:  # the top windows are the tokens themselves
         below, pooled, sizes = leaves[2], leaves, real
-        energy = _self_energy(leaves[0], leaves[1], scale, include_self)
-    members = [_join(w, h, count) for w, h in zip(pooled, hub_rows, strict=True)]
-    energy = _join(energy, _self_energy(*hub_rows[:2], scale, include_self), count)
+        energy = self_energy(leaves[0], leaves[1], scale, include_self)
+    members = [join(w, h, count) for w, h in zip(pooled, hub_rows, strict=True)]
+    energy = join(energy, self_energy(*hub_rows[:2], scale, include_self), count)
     sizes = torch.cat([sizes, hub_real], 1).to(accumulation_dtype(energy.dtype))  # [count, M]
     lonely = height == 0 and any(others[b] + num_hubs[b] == 1 for b in examples)
-    down, keep = _root_family(*members, energy, sizes, scale, size_bias, lonely)
+    down, keep = root_family(*members, energy, sizes, scale, size_bias, lonely)
 
     # a window's leaves: (1 - mu) theta of the window plus mu times HSA inside it; a hub's:
     # the same with its own value
@@ -196,41 +195,3 @@ def _root_split(
         (out_windows, token.masked_fill(~real, dump).view(count, windows, width)),
         (out_hubs, hub_token.masked_fill(~hub_real, dump)),
     )
-
-
-def _root_family(q, k, v, energy, sizes, scale, size_bias, lonely) -> tuple[Tensor, Tensor]:
-    r"""``(1 - mu) theta`` ``[H, B, M, d_v]`` and ``mu`` ``[H, B, M]`` of the root family of
-    every example: members ``q, k [H, B, M, d]``, ``v [H, B, M, d_v]``, energies ``[H, B, M]``
-    and leaf counts ``sizes`` ``[B, M]`` (0: not a member). ``lonely``: some example has a
-    single member, whose row of logits then has no key (``lse = -inf``, ``theta = 0``).
-
-    The logits take the key bias (``log n``, ``-inf`` for non-members) and the ``-inf``
-    diagonal in place; ``theta`` is scaled after the product (``d_v`` values per row, not
-    ``M`` weights)."""
-    bias = torch.log(sizes.clamp(min=1)) if size_bias else torch.zeros_like(sizes)
-    logits = family_gram(q, k, scale).add_(bias.masked_fill(sizes <= 0, float("-inf"))[:, None])
-    logits.diagonal(dim1=-2, dim2=-1).fill_(float("-inf"))
-    keyless = torch.isneginf(logits).all(-1, keepdim=True) if lonely else None
-    if keyless is not None:  # a row of zeros instead: finite weights and gradients there
-        logits = logits.masked_fill(keyless, 0.0)
-    # lse = max - log(max p): the largest weight is at least 1 / M, and two reductions over
-    # the weights cost less than log-sum-exp's own pass of exponentials
-    p = torch.softmax(logits, -1)
-    lse = logits.amax(-1, keepdim=True) - torch.log(p.amax(-1, keepdim=True))
-    if keyless is not None:
-        lse, p = lse.masked_fill(keyless, float("-inf")), p.masked_fill(keyless, 0.0)
-    log_keep, log_down = log_gates(energy, lse.squeeze(-1))
-    return torch.matmul(p, v) * torch.exp(log_down).unsqueeze(-1), torch.exp(log_keep)
-
-
-def _self_energy(q: Tensor, k: Tensor, scale: float, include_self: bool) -> Tensor:
-    """``[H, n]`` self energies ``scale * q_i . k_i`` of leaf rows ``[H, n, d]`` (``-inf``
-    without ``include_self``)."""
-    energy = (q * k).sum(-1) * scale
-    return energy if include_self else torch.full_like(energy, float("-inf"))
-
-
-def _join(windows: Tensor, hubs: Tensor, count: int) -> Tensor:
-    """Window rows ``[H, count * W, ·]`` and hub rows ``[H, count * G, ·]`` as one family per
-    example, ``[H, count, W + G, ·]``."""
-    return torch.cat([windows.unflatten(1, (count, -1)), hubs.unflatten(1, (count, -1))], 2)

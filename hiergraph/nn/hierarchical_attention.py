@@ -13,6 +13,7 @@ from hiergraph.ops.hsa.attention import KERNELS, hierarchical_attention
 from hiergraph.ops.hsa.causal_dense import causal_hierarchical_attention_matrix
 from hiergraph.ops.hsa.dense import hierarchical_attention_matrix
 from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
+from hiergraph.ops.hsa.lifted import lifted_uniform_attention, runs_lifted
 
 MAX_DENSE_LEAVES = 4096
 
@@ -197,14 +198,27 @@ class HierarchicalSelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.pos is not None and pos_emb is None:
             raise ValueError("this layer was built with pos_channels > 0: pass pos_emb")
-        if self.hubs:
-            hierarchy, index, pos_emb = self._lift_hubs(q, k, hierarchy, index, pos_emb, leaf_mask)
+        lifted = self._choose_hubs(q, k, hierarchy, index, leaf_mask) if self.hubs else None
+        # hubs over an equal-fanout forest run on its own plan; otherwise the tree is rebuilt
+        in_place = (
+            lifted is not None
+            and self.kernel == "dense"
+            and not return_attention_weights
+            and runs_lifted(index, q)
+        )
+        if lifted is not None and not in_place:
+            hierarchy, index, pos_emb = self._lift_hubs(lifted, hierarchy, pos_emb)
         eps = None
         if self.pos is not None:
             eps = self.pos(pos_emb, hierarchy.domain).view(-1, self.heads, self.pos_head_channels)
         options = dict(pos_emb=eps, include_self=self.include_self, leaf_mask=leaf_mask)
         if self.causal:  # the strictly causal op reads the hierarchy, not the tree plan
             out = hierarchical_attention(q, k, v, hierarchy, causal=True, **options)
+        elif in_place:
+            tau = self.head_channels**-0.5
+            out = lifted_uniform_attention(
+                q, k, v, index, lifted, self.hubs, tau=tau, size_bias=True, **options
+            )
         else:
             options["leaky_causal"] = self.leaky_causal
             out = hierarchical_attention(q, k, v, index, kernel=self.kernel, **options)
@@ -223,12 +237,20 @@ class HierarchicalSelfAttention(nn.Module):
             theta = hierarchical_attention_matrix(q, k, hierarchy, **options)
         return out, theta
 
-    def _lift_hubs(self, q, k, hierarchy, index, pos_emb, leaf_mask):
-        """The tree with this pass's hub leaves under the root, its index, and ``pos_emb``
-        carried over (zero for the hubs, whose slot has no position)."""
-        leaf_tree = tree_of_nodes(hierarchy).index_select(0, index.leaf_node)
+    def _choose_hubs(self, q, k, hierarchy, index, leaf_mask) -> Tensor:
+        """``[L]`` bool: the ``hubs`` leaves of every tree with the highest root-level
+        score (no gradient: a discrete choice)."""
+        if index.uniform is not None:  # equal trees, one after another
+            tree = index.uniform[0]
+        else:
+            tree = tree_of_nodes(hierarchy).index_select(0, index.leaf_node)
         with torch.no_grad():
-            hubs = top_per_tree(root_scores(q, k, leaf_tree, leaf_mask), leaf_tree, self.hubs)
+            return top_per_tree(root_scores(q, k, tree, leaf_mask), tree, self.hubs)
+
+    @staticmethod
+    def _lift_hubs(hubs, hierarchy, pos_emb):
+        """The tree with the hub leaves under the root, its index, and ``pos_emb``
+        carried over (zero for the hubs, whose slot has no position)."""
         hierarchy, node = lift_leaves(hierarchy, hubs)
         index = hierarchy.tree_index()
         if pos_emb is not None:

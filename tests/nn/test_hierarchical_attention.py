@@ -1,3 +1,5 @@
+import importlib
+
 import pytest
 import torch
 from torch_geometric.data import Batch
@@ -8,6 +10,8 @@ from hiergraph.nn import FamilyPositionEncoder, HierarchicalSelfAttention
 from hiergraph.ops import hierarchical_attention
 from hiergraph.ops.hsa.attention import KERNELS
 from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
+
+hierarchical_attention_module = importlib.import_module("hiergraph.nn.hierarchical_attention")
 
 
 def test_matches_manual_composition_with_types_and_positions():
@@ -117,6 +121,26 @@ def test_hubs_attend_over_the_lifted_tree_of_the_best_scoring_leaves():
     assert torch.allclose(out, plain(batch.x, lifted, lifted_pos), atol=1e-13)
     out.sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in hub.parameters())
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_hubs_on_equal_window_trees_run_on_their_own_plan(masked, monkeypatch):
+    """Equal-fanout batches lift no tree: the same output and gradients as the rebuilt
+    tree (every tree's best leaves under its root, position-free)."""
+    torch.manual_seed(2)
+    batch = Batch.from_data_list([window_hierarchy(12, (3, 2, 2)) for _ in range(3)])
+    x = torch.randn(36, 6, dtype=torch.float64, requires_grad=True)
+    pos = torch.randn(batch.num_nodes, 4, dtype=torch.float64)
+    mask = (torch.arange(36) % 5 != 0) if masked else None
+    hub, _ = _pair(hubs=4, pos_channels=4)
+    monkeypatch.setattr(hierarchical_attention_module, "runs_lifted", lambda index, q: False)
+    want = hub(x, batch, pos, leaf_mask=mask)
+    monkeypatch.undo()
+    monkeypatch.setattr(hierarchical_attention_module, "lift_leaves", None)  # not called
+    got = hub(x, batch, pos, leaf_mask=mask)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    (want_grad,), (got_grad,) = (torch.autograd.grad(t.sum(), x) for t in (want, got))
+    torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
 
 
 def test_hubs_cover_flat_attention_and_no_hubs():

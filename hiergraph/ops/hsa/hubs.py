@@ -27,7 +27,7 @@ from hiergraph.ops.topk import top_k_per_group
 
 
 def root_scores(
-    q: Tensor, k: Tensor, tree: Tensor, leaf_mask: Tensor | None = None, scale=None
+    q: Tensor, k: Tensor, tree: Tensor | int, leaf_mask: Tensor | None = None, scale=None
 ) -> Tensor:
     r"""``[L]`` scores :math:`s_j` of every leaf (``-inf`` at masked leaves).
 
@@ -38,7 +38,9 @@ def root_scores(
 
     Args:
         q, k: ``[L, H, d]`` leaf queries and keys, in leaf order.
-        tree: ``[L]`` tree id of every leaf (ids ``< L``, as when every tree has a leaf).
+        tree: ``[L]`` tree id of every leaf (ids ``< L``, as when every tree has a leaf),
+            or the number of trees when they have the same number of leaves and follow
+            one another (a batch of equal trees): the means are then taken over views.
         leaf_mask: ``[L]`` bool, ``False`` for padding leaves (not averaged, never chosen).
         scale: :math:`\tau`, default :math:`1/\sqrt{d}`.
 
@@ -49,16 +51,31 @@ def root_scores(
     dtype = accumulation_dtype(q.dtype)
     q, k = q.to(dtype), k.to(dtype)
     w = q.new_ones(q.size(0)) if leaf_mask is None else leaf_mask.to(dtype)
-    # one row per leaf (every tree has a leaf, so ids < L): no host read of the tree count
-    total = torch.zeros_like(q).index_add_(0, tree, q * w[:, None, None])
-    count = q.new_zeros(q.size(0)).index_add_(0, tree, w).clamp(min=1)
-    q_mean = total / count[:, None, None]  # [T, H, d]
-    s = (q_mean.index_select(0, tree) * k).sum(-1).mul(scale).logsumexp(-1)
+    if isinstance(tree, int):  # equal trees in order: [T, n, H, d] views
+        n = q.size(0) // tree
+        total = torch.matmul(w.view(tree, 1, n), q.reshape(tree, n, -1))  # [T, 1, H d]
+        count = w.view(tree, n).sum(1).clamp(min=1)
+        q_mean = (total / count[:, None, None]).view(tree, 1, *q.shape[1:])
+        logits = (k.reshape(tree, n, *k.shape[1:]) * q_mean).sum(-1).flatten(0, 1)  # [L, H]
+    else:
+        # one row per leaf (every tree has a leaf, so ids < L): no host read of the tree count
+        total = torch.zeros_like(q).index_add_(0, tree, q * w[:, None, None])
+        count = q.new_zeros(q.size(0)).index_add_(0, tree, w).clamp(min=1)
+        q_mean = total / count[:, None, None]  # [T, H, d]
+        logits = (q_mean.index_select(0, tree) * k).sum(-1)
+    s = logits.mul(scale).logsumexp(-1)
     return s if leaf_mask is None else s.masked_fill(~leaf_mask, float("-inf"))
 
 
-def top_per_tree(scores: Tensor, tree: Tensor, g: int) -> Tensor:
-    """``[L]`` bool: the ``g`` highest finite ``scores`` of every tree (ties: lower index)."""
+def top_per_tree(scores: Tensor, tree: Tensor | int, g: int) -> Tensor:
+    """``[L]`` bool: the ``g`` highest finite ``scores`` of every tree (ties: lower index);
+    ``tree`` as in :func:`root_scores` (a count of equal trees: one sort per tree's row)."""
     if g < 0:
         raise ValueError(f"the number of hubs must be >= 0, got {g}")
-    return top_k_per_group(scores, tree, g) & torch.isfinite(scores)
+    if isinstance(tree, int):
+        rows = scores.view(tree, -1)
+        best = torch.sort(rows, dim=1, descending=True, stable=True).indices[:, :g]
+        chosen = torch.zeros_like(rows, dtype=torch.bool).scatter_(1, best, True).view(-1)
+    else:
+        chosen = top_k_per_group(scores, tree, g)
+    return chosen & torch.isfinite(scores)

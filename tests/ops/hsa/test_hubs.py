@@ -56,3 +56,22 @@ def test_root_scores_in_float16_stay_finite_on_long_trees():
     assert torch.isfinite(s[:-1]).all() and s[-1] == float("-inf") and s.dtype == torch.float32
     torch.testing.assert_close(s, root_scores(q.float(), k.float(), tree, mask))
     assert root_scores(q.double(), k.double(), tree).dtype == torch.float64
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_equal_trees_given_by_their_count(dtype):
+    """Trees of equal size one after another: the count gives the scores and the choice
+    of their ids (ties included)."""
+    torch.manual_seed(0)
+    q, k = (torch.randn(24, 3, 4, dtype=torch.float64).to(dtype) for _ in range(2))
+    tree = torch.arange(4).repeat_interleave(6)
+    mask = torch.rand(24) > 0.3
+    for leaf_mask in (None, mask):
+        want = root_scores(q, k, tree, leaf_mask, scale=0.7)
+        got = root_scores(q, k, 4, leaf_mask, scale=0.7)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6 if dtype == torch.bfloat16 else 0)
+    ties = torch.tensor([0.1, 3.0, 2.0, 3.0, 5.0, float("-inf"), 1.0, 1.0, 1.0])
+    for g in range(5):
+        assert torch.equal(
+            top_per_tree(ties, 3, g), top_per_tree(ties, torch.arange(3).repeat_interleave(3), g)
+        )

@@ -1,0 +1,180 @@
+r"""HSA over a tree whose hub leaves hang under the root, on the original tree's plan.
+
+:func:`~hiergraph.data.restructure.lift_leaves` moves chosen leaves ("hubs",
+:mod:`~hiergraph.ops.hsa.hubs`) under their tree's root, in a position-free slot. The
+result is a ragged tree with a plan of its own; but its HSA splits at the root, since the
+top-down pass starts with all the mass there. The root's children are the original *top
+nodes* :math:`W` (with the hubs below them removed) and the hubs :math:`j`, and
+
+.. math::
+    o_i = (1 - \mu_W)\,\vartheta_W + \mu_W\, o_i^{W}, \qquad
+    o_j = (1 - \mu_j)\,\vartheta_j + \mu_j\, v_j, \qquad
+    \mu_C = \frac{e^{a(C)}}{e^{a(C)} + e^{\mathrm{lse}(C)}},
+
+for a leaf :math:`i` below :math:`W`, where :math:`o^W` is HSA inside :math:`W` alone
+(unit mass at :math:`W`), :math:`a` the energies, and :math:`\mathrm{lse}`,
+:math:`\vartheta` the root family's: its members' pooled queries, keys and values with the
+:math:`\log n` key bias (:func:`root_family`; a hub has no position embedding,
+:math:`\varepsilon_j = 0`, and the self energy :math:`a(j) = \tau\, q_j^\top k_j`).
+
+Removing a leaf from below :math:`W` is masking it: a masked leaf is dropped from every
+statistic, and a node left without leaves from every key set, as if it were removed. So on
+an equal-fanout forest ``(B, b_1, …, b_D)`` (:attr:`TreeIndex.uniform`) the sub-trees of
+the top nodes form the equal-fanout forest ``(B b_1, b_2, …, b_D)``, which
+:func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention` runs with the hubs masked
+and also returns the top nodes' energies and pooled rows; then one batched family per tree
+(its ``b_1`` top nodes and its hub slots) and one pass that combines. No tree is built and
+nothing is read on the host. :mod:`hiergraph.integrations.hub_windows` shares the root
+family.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hiergraph._precision import accumulation_dtype
+from hiergraph.ops.hsa.family import family_gram
+from hiergraph.ops.hsa.uniform import fits, heads_first, per_depth, uniform_hierarchical_attention
+from hiergraph.ops.logspace import log_gates
+from hiergraph.plan.tree_index import TreeIndex
+
+
+def runs_lifted(index: TreeIndex, q: Tensor) -> bool:
+    """Whether :func:`lifted_uniform_attention` runs the forest ``index`` with ``q``'s
+    heads and channels: equal fanout, leaves at depth 2 or more (at depth 1 the hubs are
+    root children already), families within the blocks' size limit."""
+    shape = index.uniform
+    return shape is not None and len(shape) > 2 and fits(shape, q)
+
+
+def lifted_uniform_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    index: TreeIndex,
+    lifted: Tensor,
+    slots: int,
+    *,
+    pos_emb: Tensor | None,
+    include_self: bool,
+    leaf_mask: Tensor | None,
+    tau: float,
+    size_bias: bool,
+) -> Tensor:
+    r""":func:`~hiergraph.ops.hierarchical_attention` over ``lift_leaves(hierarchy,
+    lifted)``, computed on the equal-fanout forest ``index`` itself (see the module
+    docstring; :func:`runs_lifted`).
+
+    Args:
+        q, k: ``[L, H, d]`` leaf queries and keys, in leaf order.
+        v: ``[L, H, d_v]``.
+        index: the plan of the forest before lifting.
+        lifted: ``[L]`` bool, the hubs: at most ``slots`` per tree, none masked.
+        slots: hub slots per tree, at least the number of hubs of any tree (the caller's
+            bound: the count is not read on the host).
+        pos_emb: optional ``[N, H | 1, c]`` embeddings of the forest's nodes; hubs get
+            none (:math:`\varepsilon_j = 0`).
+        include_self, leaf_mask, size_bias: as in
+            :func:`~hiergraph.ops.hierarchical_attention`; ``tau``: the logit scale.
+
+    Returns:
+        ``[L, H, d_v]``, zero at masked leaves.
+    """
+    shape = index.uniform
+    trees, top = shape[0], shape[1]
+    length, heads = q.shape[:2]
+    per_tree, slots = length // trees, min(slots, length // trees)
+    # every tree's hubs first, in leaf order: [B, slots] rows, and which slots hold one
+    marks = lifted.view(trees, per_tree)
+    local = torch.sort((~marks).to(torch.uint8), dim=1, stable=True).indices[:, :slots]
+    hub_real = marks.gather(1, local)
+    hub_row = (local + per_tree * torch.arange(trees, device=q.device)[:, None]).view(-1)
+    keep = ~lifted if leaf_mask is None else leaf_mask & ~lifted
+
+    eps = None if pos_emb is None else per_depth(pos_emb, index)
+    below, energy, pooled = uniform_hierarchical_attention(
+        q, k, v, (trees * top, *shape[2:]), None if eps is None else eps[1:],
+        include_self=include_self, left_only=False, leaf_mask=keep, tau=tau,
+        size_bias=size_bias, roots=True,
+    )  # fmt: skip
+    hub_rows = [heads_first(t.index_select(0, hub_row)) for t in (q, k, v)]
+    members = [join(w, h, trees) for w, h in zip(pooled, hub_rows, strict=True)]
+    energy = join(energy, self_energy(*hub_rows[:2], tau, include_self), trees)
+    sizes = torch.cat([keep.view(trees, top, -1).sum(-1), hub_real], 1)
+    member_eps = None
+    if eps is not None:  # the top nodes' embeddings; the hubs' are zero
+        top_eps = eps[0]  # [H | 1, B b_1, c]
+        hub_eps = top_eps.new_zeros(top_eps.size(0), trees * slots, top_eps.size(-1))
+        member_eps = join(top_eps, hub_eps, trees)
+    # a tree with at most one valid leaf has a member without keys
+    down, gate = root_family(
+        *members, energy, sizes.to(accumulation_dtype(energy.dtype)), tau, size_bias,
+        lonely=leaf_mask is not None, eps=member_eps,
+    )  # fmt: skip
+
+    # a top node's leaves: (1 - mu) theta of the node plus mu times HSA inside it, written
+    # in node-major rows [B, b_1, leaves per top node, H, d_v]
+    rows = (trees, top, 1, heads, -1)
+    out = torch.addcmul(
+        down[:, :, :top].permute(1, 2, 0, 3).reshape(rows),
+        gate[:, :, :top].permute(1, 2, 0).reshape(*rows[:-1], 1),
+        below.reshape(trees, top, -1, heads, below.size(-1)),
+    ).view(length, heads, -1)
+    # a hub's: the same with its own value; a slot without a hub writes its row back
+    hub_out = torch.addcmul(down[:, :, top:], gate[:, :, top:, None], members[2][:, :, top:])
+    hub_out = hub_out.flatten(1, 2).transpose(0, 1)  # [B * slots, H, d_v]
+    hub_out = torch.where(hub_real.view(-1, 1, 1), hub_out, out.index_select(0, hub_row))
+    out = out.index_copy(0, hub_row, hub_out)
+    return out if leaf_mask is None else out * leaf_mask[:, None, None].to(out.dtype)
+
+
+def root_family(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    energy: Tensor,
+    sizes: Tensor,
+    scale: float,
+    size_bias: bool,
+    lonely: bool,
+    eps: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    r"""``(1 - mu) theta`` ``[H, B, M, d_v]`` and ``mu`` ``[H, B, M]`` of the root family of
+    every tree: members ``q, k [H, B, M, d]``, ``v [H, B, M, d_v]``, energies ``[H, B, M]``,
+    leaf counts ``sizes`` ``[B, M]`` (0: not a member) and optional position embeddings
+    ``eps [H | 1, B, M, c]``. ``lonely``: some tree may have a single member, whose row of
+    logits then has no key (``lse = -inf``, ``theta = 0``).
+
+    The logits :math:`\tau q_C^\top k_B + \varepsilon_C^\top\varepsilon_B` take the key
+    bias (``log n``, ``-inf`` for non-members) and the ``-inf`` diagonal in place;
+    ``theta`` is scaled after the product (``d_v`` values per row, not ``M`` weights)."""
+    bias = torch.log(sizes.clamp(min=1)) if size_bias else torch.zeros_like(sizes)
+    logits = family_gram(q, k, scale).add_(bias.masked_fill(sizes <= 0, float("-inf"))[:, None])
+    if eps is not None:
+        logits = logits + family_gram(eps, eps)
+    logits.diagonal(dim1=-2, dim2=-1).fill_(float("-inf"))
+    keyless = torch.isneginf(logits).all(-1, keepdim=True) if lonely else None
+    if keyless is not None:  # a row of zeros instead: finite weights and gradients there
+        logits = logits.masked_fill(keyless, 0.0)
+    # lse = max - log(max p): the largest weight is at least 1 / M, and two reductions over
+    # the weights cost less than log-sum-exp's own pass of exponentials
+    p = torch.softmax(logits, -1)
+    lse = logits.amax(-1, keepdim=True) - torch.log(p.amax(-1, keepdim=True))
+    if keyless is not None:
+        lse, p = lse.masked_fill(keyless, float("-inf")), p.masked_fill(keyless, 0.0)
+    log_keep, log_down = log_gates(energy, lse.squeeze(-1))
+    return torch.matmul(p, v) * torch.exp(log_down).unsqueeze(-1), torch.exp(log_keep)
+
+
+def self_energy(q: Tensor, k: Tensor, scale: float, include_self: bool) -> Tensor:
+    """``[H, n]`` self energies ``scale * q_i . k_i`` of leaf rows ``[H, n, d]`` (``-inf``
+    without ``include_self``)."""
+    energy = (q * k).sum(-1) * scale
+    return energy if include_self else torch.full_like(energy, float("-inf"))
+
+
+def join(nodes: Tensor, hubs: Tensor, count: int) -> Tensor:
+    """Top-node rows ``[H, count * W, ·]`` and hub rows ``[H, count * G, ·]`` as one family
+    per tree, ``[H, count, W + G, ·]``."""
+    return torch.cat([nodes.unflatten(1, (count, -1)), hubs.unflatten(1, (count, -1))], 2)
