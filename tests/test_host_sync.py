@@ -65,6 +65,15 @@ def _module(module: torch.nn.Module, device) -> torch.nn.Module:
     return module.to(device)
 
 
+def _equal_forest(device):
+    """Three equal window trees (equal fanout: the reshaped paths), as :func:`_forest`."""
+    gen = torch.Generator().manual_seed(0)
+    trees = [window_hierarchy(16, (4, 2, 2), x=torch.randn(16, 8, generator=gen)) for _ in "abc"]
+    batch = Batch.from_data_list(trees)
+    assert batch.tree_index().uniform is not None
+    return batch.to(device)
+
+
 def _forest(device):
     """Two ragged window trees and a nested one, batched, with leaf features; the tree index
     is built on the CPU and moves with the batch."""
@@ -285,10 +294,10 @@ def vcc_padded_op(device):
 # --------------------------------------------------------------------------------- layers
 
 
-def hsa_layer(device, hubs=0):
+def hsa_layer(device, hubs=0, equal=False):
     from hiergraph.nn import HierarchicalSelfAttention
 
-    batch = _forest(device)
+    batch = _equal_forest(device) if equal else _forest(device)
     attn = _module(HierarchicalSelfAttention(8, heads=2, pos_channels=4, hubs=hubs), device)
     x, pos = batch.x.requires_grad_(), _rand(device, batch.num_nodes, 4)
     return Case(lambda: attn(x, batch, pos_emb=pos), [x, pos, *attn.parameters()])
@@ -525,6 +534,7 @@ CASES: dict[str, Callable[[str], Case]] = {
     "vcc-layer-padded": vcc_padded_op,
     "HierarchicalSelfAttention": hsa_layer,
     "HierarchicalSelfAttention-hubs": lambda d: hsa_layer(d, hubs=2),
+    "HierarchicalSelfAttention-hubs-equal-trees": lambda d: hsa_layer(d, hubs=2, equal=True),
     "FamilyPositionEncoder": position_encoder,
     "HierarchicalTransformerEncoder": hte,
     "pooling": pooling,
