@@ -73,7 +73,9 @@ class HierarchicalSelfAttention(nn.Module):
             slot, before attending (:func:`~hiergraph.data.restructure.lift_leaves`):
             every query then sees those keys one by one. Trees of at most ``g``
             leaves get flat softmax attention. The choice is per forward pass
-            and not differentiable; the attention over the chosen tree is.
+            and not differentiable; the attention over the chosen tree is. On a
+            batch of equal trees no lifted tree is built (the same result, on the
+            batch's own plan: :mod:`~hiergraph.ops.hsa.lifted`).
     """
 
     def __init__(
