@@ -268,6 +268,35 @@ def hsa_short() -> list[str] | None:
     return out
 
 
+def hsa_hubs() -> list[str] | None:
+    data = load("hsa_hubs.json")
+    if data is None:
+        return None
+    meta, rows = data["meta"], data["rows"]
+    out = [
+        f"Forward+backward of a `HierarchicalSelfAttention` layer ({meta['channels']} channels, "
+        f"{meta['heads']} heads × {meta['dim']}, {meta['dtype']}, no position embeddings) over "
+        "batches of equal window trees, "
+        f"{rows[0]['hubs']} hub leaves per tree, {threads(rows[0]['threads'])}, "
+        f"{allocator(meta)}. `no-hubs`: the same layer without hubs; `hubs`: the default, "
+        "on the batch's own plan (equal trees lift no tree); `hubs-rebuilt`: "
+        '`kernel="blocks"`, which builds the lifted tree on every pass, the path of every '
+        "other tree. Cells: median [min–max] over interleaved rounds. Command: "
+        f"{code(meta['command'])}.",
+        "",
+    ]
+    body = []
+    for row in rows:
+        shape = f"{row['batch']} × {row['length']:,} ({','.join(map(str, row['branching']))})"
+        for method, samples in row["samples_s"].items():
+            body.append([shape, method, row["rounds"], spread(samples),
+                         ratio(row["rebuilt_over"][method])])  # fmt: skip
+            shape = ""
+    out += table(["B × L (branching)", "method", "rounds", "wall", "rebuilt ÷ method"], body)
+    out += [source("hsa_hubs.json"), ""] + plot("hsa_hubs.png", "HSA layer with hubs")
+    return out
+
+
 def hsa_lengths() -> list[str] | None:
     data = load("hsa_lengths.json")
     if data is None:
@@ -1208,6 +1237,7 @@ SECTIONS: list[tuple[str, Callable[[], list[str] | None]]] = [
     ("Two commits side by side", compare_commits),
     ("HSA at short lengths", hsa_short),
     ("HSA on batches of different lengths", hsa_lengths),
+    ("HSA layer with hub leaves", hsa_hubs),
     ("Hierarchical Transformer Encoder: one epoch", hte_epoch),
     ("Masked attention (MaskedAttentionConv)", masked_attention),
     ("Cone attention: speed", cone_speed),

@@ -1,0 +1,123 @@
+"""The HSA layer with hub leaves on batches of equal window trees, CPU.
+
+    python benchmarks/hsa_hubs.py              # the three rows of hsa_short.py, 2 threads
+    python benchmarks/hsa_hubs.py --quick      # one small row, for a smoke test
+
+For every row (``B`` sequences of ``L`` tokens, one :func:`~hiergraph.data.window_forest`
+of equal trees) it times forward+backward of a
+:class:`~hiergraph.nn.HierarchicalSelfAttention` layer (256 channels, 4 heads of 64,
+float32, no position embeddings), the same weights in every method:
+
+* ``no-hubs``: ``hubs=0``, plain HSA over the window trees;
+* ``hubs``: ``hubs=g``, on the batch's own plan (equal trees lift no tree:
+  :mod:`hiergraph.ops.hsa.lifted`);
+* ``hubs-rebuilt``: ``hubs=g`` with ``kernel="blocks"``, which lifts the hubs into a new
+  tree with :func:`~hiergraph.data.lift_leaves` and runs it on every pass: the path of
+  any tree that is not one of a batch of equal trees, and before the in-place path, of
+  all of them (a lifted window tree is ragged: the default kernel runs it as blocks too).
+
+Rounds are interleaved (every method once per round) with freed memory kept for reuse; the
+JSON keeps every sample. Results: ``benchmarks/results/hsa_hubs.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import timing
+import torch
+from hsa_short import ROWS
+
+from hiergraph.data import window_forest
+from hiergraph.nn import HierarchicalSelfAttention
+
+CHANNELS, HEADS, DIM = 256, 4, 64
+RESULTS = Path(__file__).parent / "results"
+QUICK_ROWS = ((4, 64, (8, 8)),)
+
+
+def make_cases(batch: int, length: int, branching: tuple[int, ...], hubs: int) -> dict:
+    """``{method: (fn, leaf tensors)}`` for one row; every ``fn()`` returns the layer output."""
+    forest = window_forest([length] * batch, branching)
+    if forest.tree_index().uniform is None:
+        raise ValueError(f"{length} tokens with branching {branching} is not an equal tree")
+    x = torch.randn(batch * length, CHANNELS, generator=torch.Generator().manual_seed(0))
+    x.requires_grad_()
+    options = dict(heads=HEADS, head_channels=DIM)
+    layers = {
+        "no-hubs": HierarchicalSelfAttention(CHANNELS, **options),
+        "hubs": HierarchicalSelfAttention(CHANNELS, hubs=hubs, **options),
+        "hubs-rebuilt": HierarchicalSelfAttention(CHANNELS, hubs=hubs, kernel="blocks", **options),
+    }
+    weights = layers["no-hubs"].state_dict()
+    cases = {}
+    for method, layer in layers.items():
+        layer.load_state_dict(weights)
+        cases[method] = ((lambda layer=layer: layer(x, forest)), [x, *layer.parameters()])
+    return cases
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(rows[0]["median_s"])
+    labels = [f"{r['batch']}×{r['length']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        xs = [j + i * width for j in range(len(rows))]
+        ax.bar(xs, [r["median_s"][m] * 1e3 for r in rows], width, label=m)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels)
+    ax.set_ylabel("forward+backward, ms (median)")
+    ax.set_title(f"HSA layer with {rows[0]['hubs']} hubs, CPU, {rows[0]['threads']} threads")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--hubs", type=int, default=16)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS / "hsa_hubs.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    timing.apply_allocator("reuse")
+    torch.manual_seed(0)
+    results = []
+    for batch, length, branching in QUICK_ROWS if args.quick else ROWS:
+        cases = make_cases(batch, length, branching, args.hubs)
+        steps = {
+            method: (timing.grad_backward(fn, torch.randn_like(fn().detach())), tensors)
+            for method, (fn, tensors) in cases.items()
+        }
+        samples = timing.interleaved(steps, args.rounds)
+        median = timing.medians(samples)
+        results.append({
+            "batch": batch, "length": length, "branching": list(branching),
+            "hubs": args.hubs, "threads": args.threads, "rounds": args.rounds,
+            "median_s": median, "samples_s": samples,
+            "rebuilt_over": {m: median["hubs-rebuilt"] / t for m, t in median.items()},
+        })  # fmt: skip
+        print(f"{batch:>3} × {length:<5} " + "  ".join(
+            f"{m} {t * 1e3:7.1f} ms" for m, t in median.items()))  # fmt: skip
+    flags = [f"--threads {args.threads}", f"--rounds {args.rounds}", f"--hubs {args.hubs}"]
+    command = " ".join(["python benchmarks/hsa_hubs.py", *flags, *["--quick"] * args.quick])
+    meta = {"channels": CHANNELS, "heads": HEADS, "dim": DIM, "dtype": "float32",
+            "torch": torch.__version__, "command": command, "allocator": "reuse",
+            "load_average": os.getloadavg()}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "rows": results}, indent=1))
+    plot(results, args.out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
