@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
@@ -23,9 +24,15 @@ def version_guard(*tensors: Tensor) -> tuple | None:
 
 
 def guard_holds(guard: tuple | None, *tensors: Tensor) -> bool:
-    """Whether ``tensors`` are the very tensors of ``guard``, unwritten since it was taken."""
+    """Whether ``tensors`` are the very tensors of ``guard``, unwritten since it was taken.
+
+    Traced by ``torch.compile`` only the first holds: versions are not traceable, so a
+    compiled graph keeps what the cache held when it was traced (write a structure in place
+    and the graph does not see it; replace the tensor and it is traced again)."""
     if guard is None:
         return False
     kept, versions = guard
     same = len(kept) == len(tensors) and all(a is b for a, b in zip(kept, tensors, strict=False))
+    if torch.compiler.is_compiling():
+        return same
     return same and in_place_versions(*tensors) == versions

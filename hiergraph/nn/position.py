@@ -144,11 +144,11 @@ class FamilyPositionEncoder(nn.Module):
         by_rows = reads_values(domain)
         for kind, fn, inputs in encoders:
             if by_rows:  # only the rows of this kind (the host reads which they are)
-                rows = (domain == kind).nonzero().view(-1)
+                rows = (domain == int(kind)).nonzero().view(-1)
                 if rows.numel():
                     out = out.index_copy(0, rows, fn(inputs.index_select(0, rows)))
             else:  # accelerator: every row, kept where the kind matches (no host sync)
-                keep = (domain == kind)[:, None]
+                keep = (domain == int(kind))[:, None]
                 out = torch.where(keep, fn(inputs.masked_fill(~keep, 0)), out)
         return out
 

@@ -143,6 +143,25 @@ def test_hubs_on_equal_window_trees_run_on_their_own_plan(masked, monkeypatch):
     torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("hubs", [0, 3])
+def test_compiles_as_one_graph_once_the_plan_is_built(hubs):
+    """With the batch's plan built (``tree_index()``), the layer traces as one graph, hubs
+    on equal trees included (their tree is not rebuilt): the same output and gradients."""
+    batch = Batch.from_data_list([window_hierarchy(32, (4, 2, 4)) for _ in range(3)])
+    batch.tree_index()
+    torch.manual_seed(0)
+    layer = HierarchicalSelfAttention(16, heads=2, hubs=hubs, include_self=True, pos_channels=4)
+    x = torch.randn(96, 16, requires_grad=True)
+    pos, mask = torch.randn(batch.num_nodes, 4), torch.arange(96) % 7 != 0
+    want = layer(x, batch, pos, leaf_mask=mask)
+    (want_grad,) = torch.autograd.grad(want.square().sum(), x)
+    torch._dynamo.reset()
+    got = torch.compile(layer, backend="eager", fullgraph=True)(x, batch, pos, leaf_mask=mask)
+    (got_grad,) = torch.autograd.grad(got.square().sum(), x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_grad, want_grad)
+
+
 def test_hubs_cover_flat_attention_and_no_hubs():
     batch = _forest()
     everything, plain = _pair(hubs=100)

@@ -110,3 +110,23 @@ def test_forward_names_wrong_feature_sizes():
         HTELayer(8, heads=2, attention=False)(torch.randn(6, 16), h)
     with pytest.raises(ValueError, match=r"x must be \[num_leaves, channels=8\], got \(2, 6, 8\)"):
         HTELayer(8, heads=2)(torch.randn(2, 6, 8), h)
+
+
+@pytest.mark.parametrize("hubs", [0, 3])
+def test_compiles_as_one_graph_once_the_plan_is_built(hubs):
+    """With the batch's plan built, the encoder (position embeddings, hub leaves on equal
+    trees) traces as one graph: the same output and gradients as eager."""
+    batch = Batch.from_data_list(
+        [window_hierarchy(32, (4, 2, 4), x=torch.randn(32, 16)) for _ in range(3)]
+    )
+    batch.tree_index()
+    torch.manual_seed(0)
+    model = HierarchicalTransformerEncoder(16, 32, num_layers=2, heads=2, hubs=hubs)
+    x = batch.x.clone().requires_grad_()
+    want = model(x, batch)
+    (want_grad,) = torch.autograd.grad(want.square().sum(), x)
+    torch._dynamo.reset()
+    got = torch.compile(model, backend="eager", fullgraph=True)(x, batch)
+    (got_grad,) = torch.autograd.grad(got.square().sum(), x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_grad, want_grad)
