@@ -1,6 +1,7 @@
 """The HSA layer with hub leaves on batches of equal window trees, CPU.
 
     python benchmarks/hsa_hubs.py              # the three rows of hsa_short.py, 2 threads
+    python benchmarks/hsa_hubs.py --no-compile # eager only (no inductor warm-up)
     python benchmarks/hsa_hubs.py --quick      # one small row, for a smoke test
 
 For every row (``B`` sequences of ``L`` tokens, one :func:`~hiergraph.data.window_forest`
@@ -14,7 +15,10 @@ float32, no position embeddings), the same weights in every method:
 * ``hubs-rebuilt``: ``hubs=g`` with ``kernel="blocks"``, which lifts the hubs into a new
   tree with :func:`~hiergraph.data.lift_leaves` and runs it on every pass: the path of
   any tree that is not one of a batch of equal trees, and before the in-place path, of
-  all of them (a lifted window tree is ragged: the default kernel runs it as blocks too).
+  all of them (a lifted window tree is ragged: the default kernel runs it as blocks too);
+* ``hubs-compiled``: the ``hubs`` layer through ``torch.compile(fullgraph=True,
+  dynamic=False)`` (inductor on CPU; the batch's plan is built first), its compile time
+  recorded separately.
 
 Rounds are interleaved (every method once per round) with freed memory kept for reuse; the
 JSON keeps every sample. Results: ``benchmarks/results/hsa_hubs.json`` and ``.png``.
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 import timing
@@ -39,8 +44,11 @@ RESULTS = Path(__file__).parent / "results"
 QUICK_ROWS = ((4, 64, (8, 8)),)
 
 
-def make_cases(batch: int, length: int, branching: tuple[int, ...], hubs: int) -> dict:
-    """``{method: (fn, leaf tensors)}`` for one row; every ``fn()`` returns the layer output."""
+def make_cases(
+    batch: int, length: int, branching: tuple[int, ...], hubs: int, compile_layer: bool
+) -> tuple[dict, float | None]:
+    """``{method: (fn, leaf tensors)}`` for one row (every ``fn()`` returns the layer
+    output) and the compile time of ``hubs-compiled`` (``None`` without it)."""
     forest = window_forest([length] * batch, branching)
     if forest.tree_index().uniform is None:
         raise ValueError(f"{length} tokens with branching {branching} is not an equal tree")
@@ -57,7 +65,16 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...], hubs: int) -
     for method, layer in layers.items():
         layer.load_state_dict(weights)
         cases[method] = ((lambda layer=layer: layer(x, forest)), [x, *layer.parameters()])
-    return cases
+    compile_s = None
+    if compile_layer:
+        torch._dynamo.reset()  # every row compiles its own static-shape graph
+        layer = layers["hubs"]
+        compiled = torch.compile(layer, fullgraph=True, dynamic=False)
+        start = time.perf_counter()
+        compiled(x, forest).sum().backward()
+        compile_s = time.perf_counter() - start
+        cases["hubs-compiled"] = ((lambda: compiled(x, forest)), [x, *layer.parameters()])
+    return cases, compile_s
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -87,6 +104,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--hubs", type=int, default=16)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--out", type=Path, default=RESULTS / "hsa_hubs.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -94,7 +112,7 @@ def main() -> None:
     torch.manual_seed(0)
     results = []
     for batch, length, branching in QUICK_ROWS if args.quick else ROWS:
-        cases = make_cases(batch, length, branching, args.hubs)
+        cases, compile_s = make_cases(batch, length, branching, args.hubs, args.compile)
         steps = {
             method: (timing.grad_backward(fn, torch.randn_like(fn().detach())), tensors)
             for method, (fn, tensors) in cases.items()
@@ -106,11 +124,13 @@ def main() -> None:
             "hubs": args.hubs, "threads": args.threads, "rounds": args.rounds,
             "median_s": median, "samples_s": samples,
             "rebuilt_over": {m: median["hubs-rebuilt"] / t for m, t in median.items()},
+            "compile_s": compile_s,
         })  # fmt: skip
         print(f"{batch:>3} × {length:<5} " + "  ".join(
             f"{m} {t * 1e3:7.1f} ms" for m, t in median.items()))  # fmt: skip
     flags = [f"--threads {args.threads}", f"--rounds {args.rounds}", f"--hubs {args.hubs}"]
-    command = " ".join(["python benchmarks/hsa_hubs.py", *flags, *["--quick"] * args.quick])
+    flags += ["--quick"] * args.quick + ["--no-compile"] * (not args.compile)
+    command = " ".join(["python benchmarks/hsa_hubs.py", *flags])
     meta = {"channels": CHANNELS, "heads": HEADS, "dim": DIM, "dtype": "float32",
             "torch": torch.__version__, "command": command, "allocator": "reuse",
             "load_average": os.getloadavg()}  # fmt: skip

@@ -281,7 +281,9 @@ def hsa_hubs() -> list[str] | None:
         f"{allocator(meta)}. `no-hubs`: the same layer without hubs; `hubs`: the default, "
         "on the batch's own plan (equal trees lift no tree); `hubs-rebuilt`: "
         '`kernel="blocks"`, which builds the lifted tree on every pass, the path of every '
-        "other tree. Cells: median [min–max] over interleaved rounds. Command: "
+        "other tree; `hubs-compiled`: the `hubs` layer through `torch.compile(fullgraph=True, "
+        "dynamic=False)`, compile time apart. Cells: median [min–max] over interleaved "
+        "rounds. Command: "
         f"{code(meta['command'])}.",
         "",
     ]
@@ -289,10 +291,14 @@ def hsa_hubs() -> list[str] | None:
     for row in rows:
         shape = f"{row['batch']} × {row['length']:,} ({','.join(map(str, row['branching']))})"
         for method, samples in row["samples_s"].items():
+            compile_s = row.get("compile_s") if method.endswith("compiled") else None
             body.append([shape, method, row["rounds"], spread(samples),
-                         ratio(row["rebuilt_over"][method])])  # fmt: skip
+                         ratio(row["rebuilt_over"][method]),
+                         secs(compile_s) if compile_s else "–"])  # fmt: skip
             shape = ""
-    out += table(["B × L (branching)", "method", "rounds", "wall", "rebuilt ÷ method"], body)
+    out += table(
+        ["B × L (branching)", "method", "rounds", "wall", "rebuilt ÷ method", "compile"], body
+    )
     out += [source("hsa_hubs.json"), ""] + plot("hsa_hubs.png", "HSA layer with hubs")
     return out
 
