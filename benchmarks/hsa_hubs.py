@@ -5,20 +5,22 @@
     python benchmarks/hsa_hubs.py --quick      # one small row, for a smoke test
 
 For every row (``B`` sequences of ``L`` tokens, one :func:`~hiergraph.data.window_forest`
-of equal trees) it times forward+backward of a
+of equal trees; then the same with lengths drawn from ``[L/2, L]``, whose forest runs on its
+equal-fanout embedding, :attr:`~hiergraph.plan.TreeIndex.padded`) it times forward+backward
+of a
 :class:`~hiergraph.nn.HierarchicalSelfAttention` layer (256 channels, 4 heads of 64,
 float32, no position embeddings), the same weights in every method:
 
 * ``no-hubs``: ``hubs=0``, plain HSA over the window trees;
-* ``hubs``: ``hubs=g``, on the batch's own plan (equal trees lift no tree:
-  :mod:`hiergraph.ops.hsa.lifted`);
+* ``hubs``: ``hubs=g``, on the batch's own plan or its embedding (no lifted tree is
+  built: :mod:`hiergraph.ops.hsa.lifted`);
 * ``hubs-rebuilt``: ``hubs=g`` with ``kernel="blocks"``, which lifts the hubs into a new
   tree with :func:`~hiergraph.data.lift_leaves` and runs it on every pass: the path of
   any tree that is not one of a batch of equal trees, and before the in-place path, of
   all of them (a lifted window tree is ragged: the default kernel runs it as blocks too);
-* ``hubs-compiled``: the ``hubs`` layer through ``torch.compile(fullgraph=True,
-  dynamic=False)`` (inductor on CPU; the batch's plan is built first), its compile time
-  recorded separately.
+* ``hubs-compiled`` (equal trees only): the ``hubs`` layer through
+  ``torch.compile(fullgraph=True, dynamic=False)`` (inductor on CPU; the batch's plan is
+  built first), its compile time recorded separately.
 
 Rounds are interleaved (every method once per round) with freed memory kept for reuse; the
 JSON keeps every sample. Results: ``benchmarks/results/hsa_hubs.json`` and ``.png``.
@@ -44,15 +46,23 @@ RESULTS = Path(__file__).parent / "results"
 QUICK_ROWS = ((4, 64, (8, 8)),)
 
 
+def row_lengths(batch: int, length: int, ragged: bool) -> list[int]:
+    """``batch`` lengths: all ``length``, or (``ragged``) drawn uniformly from
+    ``[length / 2, length]`` with a fixed seed."""
+    if not ragged:
+        return [length] * batch
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(length // 2, length + 1, (batch,), generator=gen).tolist()
+
+
 def make_cases(
-    batch: int, length: int, branching: tuple[int, ...], hubs: int, compile_layer: bool
+    lengths: list[int], branching: tuple[int, ...], hubs: int, compile_layer: bool
 ) -> tuple[dict, float | None]:
     """``{method: (fn, leaf tensors)}`` for one row (every ``fn()`` returns the layer
     output) and the compile time of ``hubs-compiled`` (``None`` without it)."""
-    forest = window_forest([length] * batch, branching)
-    if forest.tree_index().uniform is None:
-        raise ValueError(f"{length} tokens with branching {branching} is not an equal tree")
-    x = torch.randn(batch * length, CHANNELS, generator=torch.Generator().manual_seed(0))
+    forest = window_forest(lengths, branching)
+    forest.tree_index()  # the plan, built before any trace
+    x = torch.randn(sum(lengths), CHANNELS, generator=torch.Generator().manual_seed(0))
     x.requires_grad_()
     options = dict(heads=HEADS, head_channels=DIM)
     layers = {
@@ -83,13 +93,13 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    methods = list(rows[0]["median_s"])
-    labels = [f"{r['batch']}×{r['length']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    methods = list(dict.fromkeys(m for r in rows for m in r["median_s"]))
+    labels = [f"{r['batch']}×{r['length']}" + ("\nragged" if r["ragged"] else "") for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(methods)
     for i, m in enumerate(methods):
         xs = [j + i * width for j in range(len(rows))]
-        ax.bar(xs, [r["median_s"][m] * 1e3 for r in rows], width, label=m)
+        ax.bar(xs, [r["median_s"].get(m, 0.0) * 1e3 for r in rows], width, label=m)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels)
     ax.set_ylabel("forward+backward, ms (median)")
     ax.set_title(f"HSA layer with {rows[0]['hubs']} hubs, CPU, {rows[0]['threads']} threads")
@@ -111,8 +121,11 @@ def main() -> None:
     timing.apply_allocator("reuse")
     torch.manual_seed(0)
     results = []
-    for batch, length, branching in QUICK_ROWS if args.quick else ROWS:
-        cases, compile_s = make_cases(batch, length, branching, args.hubs, args.compile)
+    rows = [(*row, ragged) for row in (QUICK_ROWS if args.quick else ROWS) for ragged in (0, 1)]
+    for batch, length, branching, ragged in rows:
+        lengths = row_lengths(batch, length, bool(ragged))
+        compile_layer = args.compile and not ragged  # a new batch shape compiles again
+        cases, compile_s = make_cases(lengths, branching, args.hubs, compile_layer)
         steps = {
             method: (timing.grad_backward(fn, torch.randn_like(fn().detach())), tensors)
             for method, (fn, tensors) in cases.items()
@@ -121,12 +134,13 @@ def main() -> None:
         median = timing.medians(samples)
         results.append({
             "batch": batch, "length": length, "branching": list(branching),
+            "ragged": bool(ragged), "tokens": sum(lengths),
             "hubs": args.hubs, "threads": args.threads, "rounds": args.rounds,
             "median_s": median, "samples_s": samples,
             "rebuilt_over": {m: median["hubs-rebuilt"] / t for m, t in median.items()},
             "compile_s": compile_s,
         })  # fmt: skip
-        print(f"{batch:>3} × {length:<5} " + "  ".join(
+        print(f"{batch:>3} × {length:<5} {'ragged' if ragged else 'equal '} " + "  ".join(
             f"{m} {t * 1e3:7.1f} ms" for m, t in median.items()))  # fmt: skip
     flags = [f"--threads {args.threads}", f"--rounds {args.rounds}", f"--hubs {args.hubs}"]
     flags += ["--quick"] * args.quick + ["--no-compile"] * (not args.compile)

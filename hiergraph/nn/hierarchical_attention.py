@@ -13,7 +13,7 @@ from hiergraph.ops.hsa.attention import KERNELS, hierarchical_attention
 from hiergraph.ops.hsa.causal_dense import causal_hierarchical_attention_matrix
 from hiergraph.ops.hsa.dense import hierarchical_attention_matrix
 from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
-from hiergraph.ops.hsa.lifted import lifted_uniform_attention, runs_lifted
+from hiergraph.ops.hsa.lifted import lifted_attention, runs_lifted
 
 MAX_DENSE_LEAVES = 4096
 
@@ -74,8 +74,9 @@ class HierarchicalSelfAttention(nn.Module):
             every query then sees those keys one by one. Trees of at most ``g``
             leaves get flat softmax attention. The choice is per forward pass
             and not differentiable; the attention over the chosen tree is. On a
-            batch of equal trees no lifted tree is built (the same result, on the
-            batch's own plan: :mod:`~hiergraph.ops.hsa.lifted`).
+            batch of equal trees, or of trees embedded in an equal-fanout forest
+            (window trees of any lengths), no lifted tree is built (the same result, on
+            the batch's own plan: :mod:`~hiergraph.ops.hsa.lifted`).
     """
 
     def __init__(
@@ -218,7 +219,7 @@ class HierarchicalSelfAttention(nn.Module):
             out = hierarchical_attention(q, k, v, hierarchy, causal=True, **options)
         elif in_place:
             tau = self.head_channels**-0.5
-            out = lifted_uniform_attention(
+            out = lifted_attention(
                 q, k, v, index, lifted, self.hubs, tau=tau, size_bias=True, **options
             )
         else:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
-from hiergraph.data import flatten_hierarchy, from_nested, window_hierarchy
+from hiergraph.data import flatten_hierarchy, from_nested, window_forest, window_hierarchy
 from hiergraph.data.restructure import lift_leaves
 from hiergraph.nn import FamilyPositionEncoder, HierarchicalSelfAttention
 from hiergraph.ops import hierarchical_attention
@@ -124,14 +124,16 @@ def test_hubs_attend_over_the_lifted_tree_of_the_best_scoring_leaves():
 
 
 @pytest.mark.parametrize("masked", [False, True])
-def test_hubs_on_equal_window_trees_run_on_their_own_plan(masked, monkeypatch):
-    """Equal-fanout batches lift no tree: the same output and gradients as the rebuilt
-    tree (every tree's best leaves under its root, position-free)."""
+@pytest.mark.parametrize("lengths", [[12, 12, 12], [12, 7, 10]])
+def test_hubs_on_window_trees_lift_no_tree(masked, lengths, monkeypatch):
+    """Equal trees (their own plan) and window trees of different lengths (its equal-fanout
+    embedding) lift no tree: the same output and gradients as the rebuilt tree (every
+    tree's best leaves under its root, position-free)."""
     torch.manual_seed(2)
-    batch = Batch.from_data_list([window_hierarchy(12, (3, 2, 2)) for _ in range(3)])
-    x = torch.randn(36, 6, dtype=torch.float64, requires_grad=True)
+    batch = window_forest(lengths, (3, 2, 2))
+    x = torch.randn(sum(lengths), 6, dtype=torch.float64, requires_grad=True)
     pos = torch.randn(batch.num_nodes, 4, dtype=torch.float64)
-    mask = (torch.arange(36) % 5 != 0) if masked else None
+    mask = (torch.arange(sum(lengths)) % 5 != 0) if masked else None
     hub, _ = _pair(hubs=4, pos_channels=4)
     monkeypatch.setattr(hierarchical_attention_module, "runs_lifted", lambda index, q: False)
     want = hub(x, batch, pos, leaf_mask=mask)

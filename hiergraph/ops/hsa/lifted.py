@@ -23,9 +23,11 @@ an equal-fanout forest ``(B, b_1, …, b_D)`` (:attr:`TreeIndex.uniform`) the su
 the top nodes form the equal-fanout forest ``(B b_1, b_2, …, b_D)``, which
 :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention` runs with the hubs masked
 and also returns the top nodes' energies and pooled rows; then one batched family per tree
-(its ``b_1`` top nodes and its hub slots) and one pass that combines. No tree is built and
-nothing is read on the host. :mod:`hiergraph.integrations.hub_windows` shares the root
-family.
+(its ``b_1`` top nodes and its hub slots) and one pass that combines. A forest embedded in
+an equal-fanout one (:attr:`TreeIndex.padded`, e.g. window trees of different lengths)
+runs on that embedding, whose padding slots are masked leaves
+(:mod:`~hiergraph.ops.hsa.padded`). No tree is built and nothing is read on the host.
+:mod:`hiergraph.integrations.hub_windows` shares the root family.
 """
 
 from __future__ import annotations
@@ -35,20 +37,22 @@ from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa.family import family_gram
+from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, to_slots
 from hiergraph.ops.hsa.uniform import fits, heads_first, per_depth, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates
 from hiergraph.plan.tree_index import TreeIndex
 
 
 def runs_lifted(index: TreeIndex, q: Tensor) -> bool:
-    """Whether :func:`lifted_uniform_attention` runs the forest ``index`` with ``q``'s
-    heads and channels: equal fanout, leaves at depth 2 or more (at depth 1 the hubs are
-    root children already), families within the blocks' size limit."""
-    shape = index.uniform
+    """Whether :func:`lifted_attention` runs the forest ``index`` with ``q``'s heads and
+    channels: equal fanout (or embedded in an equal-fanout forest,
+    :attr:`TreeIndex.padded`), leaves at depth 2 or more (at depth 1 the hubs are root
+    children already), families within the blocks' size limit."""
+    shape = index.uniform if index.uniform is not None else getattr(index.padded, "shape", None)
     return shape is not None and len(shape) > 2 and fits(shape, q)
 
 
-def lifted_uniform_attention(
+def lifted_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -63,8 +67,8 @@ def lifted_uniform_attention(
     size_bias: bool,
 ) -> Tensor:
     r""":func:`~hiergraph.ops.hierarchical_attention` over ``lift_leaves(hierarchy,
-    lifted)``, computed on the equal-fanout forest ``index`` itself (see the module
-    docstring; :func:`runs_lifted`).
+    lifted)``, computed on the forest ``index`` itself, or on its equal-fanout embedding
+    (:mod:`~hiergraph.ops.hsa.padded`; see the module docstring and :func:`runs_lifted`).
 
     Args:
         q, k: ``[L, H, d]`` leaf queries and keys, in leaf order.
@@ -81,7 +85,28 @@ def lifted_uniform_attention(
     Returns:
         ``[L, H, d_v]``, zero at masked leaves.
     """
-    shape = index.uniform
+    options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
+    if index.uniform is not None:
+        eps = None if pos_emb is None else per_depth(pos_emb, index)
+        return _lifted(q, k, v, index.uniform, eps, lifted, slots, leaf_mask, **options)
+    forest = index.padded
+    real = forest.real
+    if leaf_mask is not None:
+        real = real.new_zeros(real.shape).index_copy_(0, forest.leaf_slot, leaf_mask)
+    hubs = real.new_zeros(real.shape).index_copy_(0, forest.leaf_slot, lifted)
+    eps = None if pos_emb is None else per_depth_padded(pos_emb, index, forest)
+    out = _lifted(
+        *(to_slots(t, forest) for t in (q, k, v)), forest.shape, eps, hubs, slots, real,
+        **options,
+    )  # fmt: skip
+    return from_slots(out, forest, q)
+
+
+def _lifted(q, k, v, shape, eps, lifted, slots, leaf_mask, *, include_self, tau, size_bias):
+    """:func:`lifted_attention` on the leaf rows ``[L, H, ·]`` of the equal-fanout forest
+    ``shape`` = ``(B, b_1, …, b_D)``, with position embeddings per depth (``eps``, as
+    :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention` takes them) and the
+    hubs ``lifted`` and ``leaf_mask`` ``[L]`` over its leaves."""
     trees, top = shape[0], shape[1]
     length, heads = q.shape[:2]
     per_tree, slots = length // trees, min(slots, length // trees)
@@ -92,7 +117,6 @@ def lifted_uniform_attention(
     hub_row = (local + per_tree * torch.arange(trees, device=q.device)[:, None]).view(-1)
     keep = ~lifted if leaf_mask is None else leaf_mask & ~lifted
 
-    eps = None if pos_emb is None else per_depth(pos_emb, index)
     below, energy, pooled = uniform_hierarchical_attention(
         q, k, v, (trees * top, *shape[2:]), None if eps is None else eps[1:],
         include_self=include_self, left_only=False, leaf_mask=keep, tau=tau,

@@ -1,18 +1,19 @@
-import math
-
 import pytest
 import torch
-from torch_geometric.data import Batch
 
-from hiergraph.data import window_hierarchy
+from hiergraph.data import from_nested, window_forest
 from hiergraph.data.restructure import lift_leaves
 from hiergraph.ops import hierarchical_attention
-from hiergraph.ops.hsa.lifted import lifted_uniform_attention, runs_lifted
+from hiergraph.ops.hsa.lifted import lifted_attention, runs_lifted
 
 
-def forest(trees, branching):
-    n = math.prod(branching)
-    return Batch.from_data_list([window_hierarchy(n, branching) for _ in range(trees)])
+def rows_of(lengths, per_tree):
+    """``[sum(lengths)]`` bool, true at the given leaves of every tree (local indices)."""
+    out = torch.zeros(sum(lengths), dtype=torch.bool)
+    offsets = [sum(lengths[:t]) for t in range(len(lengths))]
+    for offset, rows in zip(offsets, per_tree, strict=True):
+        out[[offset + r for r in rows]] = True
+    return out
 
 
 def reference(q, k, v, batch, lifted, pos_emb, **options):
@@ -33,68 +34,60 @@ def inputs(length, seed, heads=2, grad=False):
     ]
 
 
-# trees, branching, hubs per tree (row: tree; None: random), masked leaves per tree
+# tree lengths, branching, hubs per tree (None: random), masked leaves per tree; trees of
+# equal length run on their own plan, others on its equal-fanout embedding
 CASES = [
-    (3, (2, 4), [[0, 5], [], [1, 2, 3, 4, 6, 7]], None),  # none, some, all but one
-    (2, (3, 2, 2), [list(range(12)), [0, 11]], None),  # a tree lifted whole
-    (2, (2, 2), [[1], [2, 3]], [[0, 3], [0, 1, 2]]),  # masks: one valid leaf, a hub alone
-    (4, (4, 2), None, [[7], [], [0, 1, 2, 3, 4, 5, 6, 7], [2]]),  # a tree fully masked
+    ([8, 8, 8], (2, 4), [[0, 5], [], [1, 2, 3, 4, 6, 7]], None),  # none, some, all but one
+    ([12, 12], (3, 2, 2), [list(range(12)), [0, 11]], None),  # a tree lifted whole
+    ([4, 4], (2, 2), [[1], [2, 3]], [[0, 3], [0, 1, 2]]),  # masks: one valid leaf, a hub alone
+    ([8] * 4, (4, 2), None, [[7], [], list(range(8)), [2]]),  # a tree fully masked
+    ([7, 8, 3, 5], (2, 4), [[0, 6], [3], [], [1, 2, 3, 4]], None),
+    ([13, 9, 16], (2, 2, 4), None, [[0], [8], []]),
 ]
 
 
-@pytest.mark.parametrize("trees, branching, hubs, masked", CASES)
+@pytest.mark.parametrize("lengths, branching, hubs, masked", CASES)
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("size_bias", [True, False])
 @pytest.mark.parametrize("pos_heads", [None, 1, 2])
-def test_equals_hsa_over_the_lifted_tree(trees, branching, hubs, masked, include_self,
+def test_equals_hsa_over_the_lifted_tree(lengths, branching, hubs, masked, include_self,
                                          size_bias, pos_heads):  # fmt: skip
-    batch = forest(trees, branching)
+    batch = window_forest(lengths, branching)
     index = batch.tree_index()
-    n = math.prod(branching)
-    q, k, v = inputs(trees * n, seed=len(branching))
-    assert runs_lifted(index, q)
-    mask = None
-    if masked is not None:
-        mask = torch.ones(trees, n, dtype=torch.bool)
-        for t, rows in enumerate(masked):
-            mask[t, rows] = False
-        mask = mask.view(-1)
-    if hubs is None:  # random hubs among the valid leaves
-        gen = torch.Generator().manual_seed(7)
-        lifted = torch.rand(trees * n, generator=gen) < 0.3
+    q, k, v = inputs(sum(lengths), seed=len(branching))
+    assert runs_lifted(index, q) and (index.uniform is None) == (len(set(lengths)) > 1)
+    mask = None if masked is None else ~rows_of(lengths, masked)
+    if hubs is None:  # random hubs
+        lifted = torch.rand(sum(lengths), generator=torch.Generator().manual_seed(7)) < 0.3
     else:
-        lifted = torch.zeros(trees, n, dtype=torch.bool)
-        for t, rows in enumerate(hubs):
-            lifted[t, rows] = True
-        lifted = lifted.view(-1)
+        lifted = rows_of(lengths, hubs)
     if mask is not None:
         lifted &= mask
-    slots = int(lifted.view(trees, n).sum(1).max()) + 1  # more slots than hubs
+    slots = max(int(t.sum()) for t in lifted.split(lengths)) + 1  # more slots than hubs
     pos = None
     if pos_heads is not None:
         gen = torch.Generator().manual_seed(3)
         pos = torch.randn(batch.num_nodes, pos_heads, 2, generator=gen, dtype=torch.float64)
     options = dict(include_self=include_self, leaf_mask=mask, size_bias=size_bias)
     want = reference(q, k, v, batch, lifted, pos, scale=0.3, **options)
-    got = lifted_uniform_attention(q, k, v, index, lifted, slots, pos_emb=pos, tau=0.3, **options)
+    got = lifted_attention(q, k, v, index, lifted, slots, pos_emb=pos, tau=0.3, **options)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     if mask is not None:
         assert (got[~mask] == 0).all()
 
 
-def test_gradients_equal_those_over_the_lifted_tree():
-    batch = forest(3, (2, 3, 2))
+@pytest.mark.parametrize("lengths", [[12, 12, 12], [12, 7, 10]])
+def test_gradients_equal_those_over_the_lifted_tree(lengths):
+    batch = window_forest(lengths, (2, 3, 2))
     index = batch.tree_index()
-    q, k, v = inputs(36, seed=4, grad=True)
-    lifted = torch.zeros(36, dtype=torch.bool)
-    lifted[[0, 5, 13, 30, 31, 35]] = True
-    mask = torch.ones(36, dtype=torch.bool)
-    mask[[1, 14, 33]] = False
+    q, k, v = inputs(sum(lengths), seed=4, grad=True)
+    lifted = rows_of(lengths, [[0, 5], [1], [2, 6, 9]])
+    mask = ~rows_of(lengths, [[1], [2], [3, 4]])
     pos = torch.randn(batch.num_nodes, 2, 3, dtype=torch.float64, requires_grad=True)
-    upstream = torch.randn(36, 2, 3, dtype=torch.float64)
+    upstream = torch.randn(sum(lengths), 2, 3, dtype=torch.float64)
     options = dict(include_self=True, leaf_mask=mask, size_bias=True)
     want = reference(q, k, v, batch, lifted, pos, scale=0.3, **options)
-    got = lifted_uniform_attention(q, k, v, index, lifted, 4, pos_emb=pos, tau=0.3, **options)
+    got = lifted_attention(q, k, v, index, lifted, 4, pos_emb=pos, tau=0.3, **options)
     assert (got - reference(q, k, v, batch, lifted, pos, **options)).abs().max() > 1e-6  # tau
     for a, b in zip(
         torch.autograd.grad((want * upstream).sum(), (q, k, v, pos)),
@@ -105,8 +98,10 @@ def test_gradients_equal_those_over_the_lifted_tree():
         torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
 
 
-def test_runs_only_on_equal_fanout_forests_below_depth_one():
+def test_runs_on_equal_fanout_forests_and_their_embeddings_below_depth_one():
     q = torch.randn(8, 2, 4)
-    assert not runs_lifted(Batch.from_data_list([window_hierarchy(8, (8,))]).tree_index(), q)
-    assert not runs_lifted(Batch.from_data_list([window_hierarchy(7, (2, 4))]).tree_index(), q)
-    assert runs_lifted(Batch.from_data_list([window_hierarchy(8, (2, 4))]).tree_index(), q)
+    assert runs_lifted(window_forest([8, 8], (2, 4)).tree_index(), q)  # equal fanout
+    assert runs_lifted(window_forest([8, 5], (2, 4)).tree_index(), q)  # embedded
+    assert not runs_lifted(window_forest([8, 8], (8,)).tree_index(), q)  # leaves at depth 1
+    assert runs_lifted(from_nested([[0, 1, 2], [3, [4, 5]], 6]).tree_index(), q)  # embedded
+    assert not runs_lifted(from_nested([[0, 1], [2, [3, [4, [5, 6]]]]]).tree_index(), q)
