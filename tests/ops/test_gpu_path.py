@@ -23,6 +23,7 @@ from hiergraph.data import from_nested, random_window_hierarchy, window_forest, 
 from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention, masked_softmax
 from hiergraph.ops.cone import penumbral, penumbral_edge, umbral
 from hiergraph.ops.hmatrix import hmatrix_attention
+from hiergraph.ops.hsa.lifted import lifted_attention
 from hiergraph.ops.masked.banded import banded_attention
 from hiergraph.ops.masked.edge_products import EdgeCSR, edge_aggregate, edge_dot
 
@@ -67,6 +68,18 @@ def make_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, lis
         return (lambda q, k, v: hierarchical_attention(q, k, v, index, include_self=True)), [
             rand(index.num_leaves, 2, 8) for _ in range(3)
         ]
+    if name == "hsa-lifted":  # hub leaves under the roots of window trees of two lengths
+        index = window_forest([24, 17], (2, 3, 4)).tree_index().to(device)
+        assert index.padded is not None
+        lifted = torch.zeros(41, dtype=torch.bool)
+        lifted[[0, 5, 30, 40]] = True
+        lifted, eps = lifted.to(device), rand(index.num_nodes, 1, 4)
+        options = dict(include_self=True, leaf_mask=None, tau=0.3, size_bias=True)
+
+        def fn(q, k, v, eps):
+            return lifted_attention(q, k, v, index, lifted, 3, pos_emb=eps, **options)
+
+        return fn, [rand(41, 2, 8), rand(41, 2, 8), rand(41, 2, 4), eps]
     if name == "hsa-strict-causal":  # strictly causal, equal fanout: reshaped views
         plan = window_forest([16, 16], (4, 2)).to(device).causal_plan()
         assert plan.tree_index.uniform is not None
@@ -139,6 +152,7 @@ OPS = [
     "hsa-dense",
     "hsa-uniform",
     "hsa-padded",
+    "hsa-lifted",
     "hsa-edge",
     "hsa-causal",
     "hsa-strict-causal",
@@ -157,6 +171,7 @@ TRACE_CLEAN = [
     "hsa-dense",
     "hsa-uniform",
     "hsa-padded",
+    "hsa-lifted",
     "hsa-edge",
     "hsa-causal",
     "hsa-strict-causal",
