@@ -36,7 +36,7 @@ from pathlib import Path
 
 import timing
 import torch
-from hsa_short import ROWS
+from hsa_short import ROWS, bar_plot
 
 from hiergraph.data import window_forest
 from hiergraph.nn import HierarchicalSelfAttention
@@ -88,24 +88,9 @@ def make_cases(
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    methods = list(dict.fromkeys(m for r in rows for m in r["median_s"]))
     labels = [f"{r['batch']}×{r['length']}" + ("\nragged" if r["ragged"] else "") for r in rows]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / len(methods)
-    for i, m in enumerate(methods):
-        xs = [j + i * width for j in range(len(rows))]
-        ax.bar(xs, [r["median_s"].get(m, 0.0) * 1e3 for r in rows], width, label=m)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels)
-    ax.set_ylabel("forward+backward, ms (median)")
-    ax.set_title(f"HSA layer with {rows[0]['hubs']} hubs, CPU, {rows[0]['threads']} threads")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    title = f"HSA layer with {rows[0]['hubs']} hubs, CPU, {rows[0]['threads']} threads"
+    bar_plot(rows, labels, title, path, log=False)
 
 
 def main() -> None:

@@ -163,22 +163,30 @@ def flop_ratio(length: int, branching: tuple[int, ...]) -> float:
 
 
 def plot(rows: list[dict], path: Path) -> None:
+    labels = [f"{r['batch']}×{r['length']}" for r in rows]
+    title = f"HSA vs flat SDPA, CPU, {rows[0]['threads']} threads"
+    bar_plot(rows, labels, title, path, log=True)
+
+
+def bar_plot(rows: list[dict], labels: list[str], title: str, path: Path, log: bool) -> None:
+    """Median forward+backward (ms) of every method of every row, as grouped bars (a method
+    a row lacks: no bar)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    methods = list(rows[0]["median_s"])
-    labels = [f"{r['batch']}×{r['length']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    methods = list(dict.fromkeys(m for r in rows for m in r["median_s"]))
+    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(rows)), 4))
     width = 0.8 / len(methods)
     for i, m in enumerate(methods):
         xs = [j + i * width for j in range(len(rows))]
-        ax.bar(xs, [r["median_s"][m] * 1e3 for r in rows], width, label=m)
+        ax.bar(xs, [r["median_s"].get(m, 0.0) * 1e3 for r in rows], width, label=m)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels)
-    ax.set_yscale("log")
+    if log:
+        ax.set_yscale("log")
     ax.set_ylabel("forward+backward, ms (median)")
-    ax.set_title(f"HSA vs flat SDPA, CPU, {rows[0]['threads']} threads")
+    ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
