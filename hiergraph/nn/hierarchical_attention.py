@@ -202,7 +202,7 @@ class HierarchicalSelfAttention(nn.Module):
         if self.pos is not None and pos_emb is None:
             raise ValueError("this layer was built with pos_channels > 0: pass pos_emb")
         lifted = self._choose_hubs(q, k, hierarchy, index, leaf_mask) if self.hubs else None
-        # hubs over an equal-fanout forest run on its own plan; otherwise the tree is rebuilt
+        # hubs over an equal-fanout forest (or its embedding) need no new tree; else: rebuilt
         in_place = (
             lifted is not None
             and self.kernel == "dense"
