@@ -164,33 +164,38 @@ def _root_split(
     leaves = [transposed(t.index_select(0, token.view(-1)), weight) for t in rows]
     hub_rows = [heads_first(t.index_select(0, hub_token.view(-1))) for t in rows]
 
-    if width > 1:  # HSA inside every top window, and the windows' statistics
+    top_sizes = real.view(count, windows, width).sum(-1)  # [count, W]
+    lonely = height == 0 and any(others[b] + num_hubs[b] == 1 for b in examples)
+    hub_out = {}
+
+    def above(energy: Tensor, pooled: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """The root family over the top windows and the hubs: what reaches the windows (log
+        mass ``[H, count W]``, output ``[H, count W, d_v]``); a hub's output, (1 - mu)
+        theta plus mu times its own value, is kept in ``hub_out``."""
+        members = [join(w, h, count) for w, h in zip(pooled, hub_rows, strict=True)]
+        energy = join(energy, self_energy(*hub_rows[:2], scale, include_self), count)
+        sizes = torch.cat([top_sizes, hub_real], 1).to(accumulation_dtype(energy.dtype))
+        down, log_keep = root_family(*members, energy, sizes, scale, size_bias, lonely)
+        hub_out["rows"] = torch.addcmul(
+            down[:, :, windows:],
+            torch.exp(log_keep[:, :, windows:, None]),
+            members[2][:, :, windows:],
+        )
+        return log_keep[:, :, :windows].flatten(1), down[:, :, :windows].flatten(1, 2)
+
+    # a window's leaves: (1 - mu) theta of the window plus mu times HSA inside it
+    if width > 1:  # HSA inside every top window, from what reaches it
         shape = (count * windows, *reversed(branching[: height - 1]))
-        below, energy, pooled = uniform_hierarchical_attention(
+        out_windows = uniform_hierarchical_attention(
             *(t.transpose(0, 1) for t in leaves), shape, None, include_self=include_self,
             left_only=False, leaf_mask=real.view(-1), tau=scale, size_bias=size_bias,
-            padding=True, roots=True,
-        )  # fmt: skip
-        below = below.transpose(0, 1)  # heads first, [H, count * slots, d_v]
-        sizes = real.view(count, windows, width).sum(-1)
+            padding=True, above=above,
+        ).transpose(0, 1)  # fmt: skip
     else:  # the top windows are the tokens themselves
-        below, pooled, sizes = leaves[2], leaves, real
-        energy = self_energy(leaves[0], leaves[1], scale, include_self)
-    members = [join(w, h, count) for w, h in zip(pooled, hub_rows, strict=True)]
-    energy = join(energy, self_energy(*hub_rows[:2], scale, include_self), count)
-    sizes = torch.cat([sizes, hub_real], 1).to(accumulation_dtype(energy.dtype))  # [count, M]
-    lonely = height == 0 and any(others[b] + num_hubs[b] == 1 for b in examples)
-    down, keep = root_family(*members, energy, sizes, scale, size_bias, lonely)
-
-    # a window's leaves: (1 - mu) theta of the window plus mu times HSA inside it; a hub's:
-    # the same with its own value
-    out_windows = torch.addcmul(
-        down[:, :, :windows, None, :],
-        keep[:, :, :windows, None, None],
-        below.unflatten(1, (count, windows, width)),
-    )
-    hub_values = members[2][:, :, windows:]
-    out_hubs = torch.addcmul(down[:, :, windows:], keep[:, :, windows:, None], hub_values)
+        log_keep, down = above(self_energy(leaves[0], leaves[1], scale, include_self), leaves)
+        out_windows = torch.addcmul(down, torch.exp(log_keep).unsqueeze(-1), leaves[2])
+    out_windows = out_windows.unflatten(1, (count, windows, width))
+    out_hubs = hub_out["rows"]
     return (
         (out_windows, token.masked_fill(~real, dump).view(count, windows, width)),
         (out_hubs, hub_token.masked_fill(~hub_real, dump)),

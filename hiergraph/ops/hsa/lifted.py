@@ -21,9 +21,11 @@ Removing a leaf from below :math:`W` is masking it: a masked leaf is dropped fro
 statistic, and a node left without leaves from every key set, as if it were removed. So on
 an equal-fanout forest ``(B, b_1, …, b_D)`` (:attr:`TreeIndex.uniform`) the sub-trees of
 the top nodes form the equal-fanout forest ``(B b_1, b_2, …, b_D)``, which
-:func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention` runs with the hubs masked
-and also returns the top nodes' energies and pooled rows; then one batched family per tree
-(its ``b_1`` top nodes and its hub slots) and one pass that combines. A forest embedded in
+:func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention` runs with the hubs masked.
+Between its two passes, one batched family per tree (its ``b_1`` top nodes, from their
+energies and pooled rows, and its hub slots) gives the hubs' outputs and what reaches every
+top node, :math:`\log \mu_W` and :math:`(1 - \mu_W)\,\vartheta_W`, where the top-down
+pass starts (``above``): the combination costs no pass of its own. A forest embedded in
 an equal-fanout one (:attr:`TreeIndex.padded`, e.g. window trees of different lengths)
 runs on that embedding, whose padding slots are masked leaves
 (:mod:`~hiergraph.ops.hsa.padded`). No tree is built and nothing is read on the host.
@@ -116,41 +118,42 @@ def _lifted(q, k, v, shape, eps, lifted, slots, leaf_mask, *, include_self, tau,
     hub_real = marks.gather(1, local)
     hub_row = (local + per_tree * torch.arange(trees, device=q.device)[:, None]).view(-1)
     keep = ~lifted if leaf_mask is None else leaf_mask & ~lifted
+    hub_rows = [heads_first(t.index_select(0, hub_row)) for t in (q, k, v)]
+    hubs = {}
 
-    below, energy, pooled = uniform_hierarchical_attention(
+    def above(energy: Tensor, pooled: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """The root family of every tree, over its top nodes and hubs: what reaches the
+        top nodes (log mass, output), and the hubs' outputs (kept in ``hubs``)."""
+        members = [join(w, h, trees) for w, h in zip(pooled, hub_rows, strict=True)]
+        energy = join(energy, self_energy(*hub_rows[:2], tau, include_self), trees)
+        sizes = torch.cat([keep.view(trees, top, -1).sum(-1), hub_real], 1)
+        member_eps = None
+        if eps is not None:  # the top nodes' embeddings; the hubs' are zero
+            top_eps = eps[0]  # [H | 1, B b_1, c]
+            hub_eps = top_eps.new_zeros(top_eps.size(0), trees * slots, top_eps.size(-1))
+            member_eps = join(top_eps, hub_eps, trees)
+        # a tree with at most one valid leaf has a member without keys
+        down, log_gate = root_family(
+            *members, energy, sizes.to(accumulation_dtype(energy.dtype)), tau, size_bias,
+            lonely=leaf_mask is not None, eps=member_eps,
+        )  # fmt: skip
+        # a hub: (1 - mu) theta plus mu times its own value
+        hubs["out"] = torch.addcmul(
+            down[:, :, top:], torch.exp(log_gate[:, :, top:, None]), members[2][:, :, top:]
+        )
+        return log_gate[:, :, :top].flatten(1), down[:, :, :top].flatten(1, 2)
+
+    # a top node's leaves: (1 - mu) theta of the node plus mu times HSA inside it, which
+    # the top-down pass below the top nodes starts from
+    out = uniform_hierarchical_attention(
         q, k, v, (trees * top, *shape[2:]), None if eps is None else eps[1:],
         include_self=include_self, left_only=False, leaf_mask=keep, tau=tau,
-        size_bias=size_bias, roots=True,
+        size_bias=size_bias, above=above,
     )  # fmt: skip
-    hub_rows = [heads_first(t.index_select(0, hub_row)) for t in (q, k, v)]
-    members = [join(w, h, trees) for w, h in zip(pooled, hub_rows, strict=True)]
-    energy = join(energy, self_energy(*hub_rows[:2], tau, include_self), trees)
-    sizes = torch.cat([keep.view(trees, top, -1).sum(-1), hub_real], 1)
-    member_eps = None
-    if eps is not None:  # the top nodes' embeddings; the hubs' are zero
-        top_eps = eps[0]  # [H | 1, B b_1, c]
-        hub_eps = top_eps.new_zeros(top_eps.size(0), trees * slots, top_eps.size(-1))
-        member_eps = join(top_eps, hub_eps, trees)
-    # a tree with at most one valid leaf has a member without keys
-    down, gate = root_family(
-        *members, energy, sizes.to(accumulation_dtype(energy.dtype)), tau, size_bias,
-        lonely=leaf_mask is not None, eps=member_eps,
-    )  # fmt: skip
-
-    # a top node's leaves: (1 - mu) theta of the node plus mu times HSA inside it, written
-    # in node-major rows [B, b_1, leaves per top node, H, d_v]
-    rows = (trees, top, 1, heads, -1)
-    out = torch.addcmul(
-        down[:, :, :top].permute(1, 2, 0, 3).reshape(rows),
-        gate[:, :, :top].permute(1, 2, 0).reshape(*rows[:-1], 1),
-        below.reshape(trees, top, -1, heads, below.size(-1)),
-    ).view(length, heads, -1)
-    # a hub's: the same with its own value; a slot without a hub writes its row back
-    hub_out = torch.addcmul(down[:, :, top:], gate[:, :, top:, None], members[2][:, :, top:])
-    hub_out = hub_out.flatten(1, 2).transpose(0, 1)  # [B * slots, H, d_v]
+    # the hubs' rows (zero so far: masked below); a slot without a hub writes its row back
+    hub_out = hubs["out"].flatten(1, 2).transpose(0, 1)  # [B * slots, H, d_v]
     hub_out = torch.where(hub_real.view(-1, 1, 1), hub_out, out.index_select(0, hub_row))
-    out = out.index_copy(0, hub_row, hub_out)
-    return out if leaf_mask is None else out * leaf_mask[:, None, None].to(out.dtype)
+    return out.index_copy(0, hub_row, hub_out)
 
 
 def root_family(
@@ -164,7 +167,7 @@ def root_family(
     lonely: bool,
     eps: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    r"""``(1 - mu) theta`` ``[H, B, M, d_v]`` and ``mu`` ``[H, B, M]`` of the root family of
+    r"""``(1 - mu) theta`` ``[H, B, M, d_v]`` and ``log mu`` ``[H, B, M]`` of the root family of
     every tree: members ``q, k [H, B, M, d]``, ``v [H, B, M, d_v]``, energies ``[H, B, M]``,
     leaf counts ``sizes`` ``[B, M]`` (0: not a member) and optional position embeddings
     ``eps [H | 1, B, M, c]``. ``lonely``: some tree may have a single member, whose row of
@@ -188,7 +191,7 @@ def root_family(
     if keyless is not None:
         lse, p = lse.masked_fill(keyless, float("-inf")), p.masked_fill(keyless, 0.0)
     log_keep, log_down = log_gates(energy, lse.squeeze(-1))
-    return torch.matmul(p, v) * torch.exp(log_down).unsqueeze(-1), torch.exp(log_keep)
+    return torch.matmul(p, v) * torch.exp(log_down).unsqueeze(-1), log_keep
 
 
 def self_energy(q: Tensor, k: Tensor, scale: float, include_self: bool) -> Tensor:

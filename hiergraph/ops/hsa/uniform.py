@@ -47,6 +47,7 @@ energy :math:`a(A)` are :math:`1 / b`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -72,8 +73,8 @@ def uniform_hierarchical_attention(
     tau: float,
     size_bias: bool,
     padding: bool = False,
-    roots: bool = False,
-) -> Tensor | tuple[Tensor, Tensor, list[Tensor]]:
+    above: Callable[[Tensor, list[Tensor]], tuple[Tensor, Tensor]] | None = None,
+) -> Tensor:
     r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over an equal-fanout forest.
 
     Args:
@@ -88,13 +89,14 @@ def uniform_hierarchical_attention(
         padding: the masked leaves are padding whose rows of ``q, k, v`` are zero and
             whose outputs nobody reads (:mod:`hiergraph.ops.hsa.padded`): the leaves'
             sums then need no count weights, and the outputs no zeroing.
-        roots: also return what a family above the roots needs of them
-            (:mod:`hiergraph.integrations.hub_windows`): their energies :math:`a`
-            ``[H, B]`` and pooled ``q, k, v`` ``[H, B, ·]`` (0 for a root without valid
-            leaves).
+        above: a family above the roots (:mod:`~hiergraph.ops.hsa.lifted`): called with
+            the roots' energies :math:`a` ``[H, B]`` and pooled ``[q, k, v]``
+            ``[H, B, ·]`` (0 for a root without valid leaves), it returns the log of the
+            mass that reaches every root ``[H, B]`` and the output every root hands down
+            ``[H, B, d_v]``, where the top-down pass starts (without it: mass 1, output 0).
 
     Returns:
-        ``[L, H, d_v]``; with ``roots``, ``(out, energy, [q, k, v])``.
+        ``[L, H, d_v]``.
     """
     fanout = shape[1:]
     depth = len(fanout)
@@ -120,22 +122,19 @@ def uniform_hierarchical_attention(
             leaves = [heads_first(t) for t in (q, k, v)]
         rho = [family_layout(t, fanout[-1]) for t in leaves]
     options = dict(padding=padding or zero_rows, tokens=tokens)
-    if roots:
+    if above is not None:
         options["root_counts"] = counts[0] * fanout[0] if weight is None else counts[0].sum(-1)
     lses, probs, gates, rhos, *top = bottom_up(
         rho, include_self, counts, fanout, eps, tau, left_only, size_bias, **options
     )
     finite = finite_energies(counts, include_self)  # log_gates then takes -inf lse values
 
-    def result(out: Tensor):  # with roots, their statistics beside the output
-        return (out, *top[0]) if roots else out
-
     # ---- top-down: log mass u and output accumulator, parents broadcast by unsqueeze.
     # The gain of a row scales its [b] weights before the product with the values, not
     # the [d_v] product: theta = p v is never formed.
     # The leaves' own weights exp(u) go onto the diagonal of their families' weights (a
     # leaf is not its own sibling: that diagonal is 0), so the last product adds them.
-    u = acc = None
+    u, acc = (None, None) if above is None else above(*top[0])
     for d in range(depth):
         if gates[d] is None:  # leaves without self energy: mu = 0
             log_mu, log_rest = None, None
@@ -150,12 +149,12 @@ def uniform_hierarchical_attention(
             base = None if acc is None else acc.unsqueeze(2)
             out = token_layout.token_product(p, rhos[d][2], base).flatten(0, 1)
             masked = weight is not None and not padding  # zero at the masked leaves
-            return result(out * weight[:, None, None].to(out.dtype) if masked else out)
+            return out * weight[:, None, None].to(out.dtype) if masked else out
         acc = _weighted_sum(acc, p, rhos[d][2])
         if d + 1 < depth:
             acc, u = node_layout(acc), None if u is None else node_layout(u)
     out = dense_gradient(node_layout(acc))
-    return result(like(out, q, None if padding else weight))
+    return like(out, q, None if padding else weight)
 
 
 def fits(shape: tuple[int, ...] | None, q: Tensor, causal: bool = False) -> bool:

@@ -535,22 +535,34 @@ def test_a_leaf_mask_costs_no_pass_over_contiguous_inputs():
 
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("shape", [(3, 4, 3, 2), (3, 2, 3, 4)])  # the second: node-major leaves
-def test_roots_statistics_are_the_pooled_rows_beside_the_same_output(masked, shape):
-    """``roots=True`` (a family above the roots, :mod:`hiergraph.integrations.hub_windows`,
-    whose tests check the energies) returns the roots' masked means of the leaves' rows
-    and leaves the output as it is."""
+def test_a_family_above_the_roots(masked, shape):
+    """``above`` (a family above the roots, :mod:`hiergraph.ops.hsa.lifted`, whose tests
+    check the whole) gets the roots' energies and masked means of the leaves' rows, and
+    the pass starts from what it returns: the output is its rows plus its mass times the
+    plain output, at every leaf below each root (zero at masked leaves)."""
     _, (q, k, v), mask, _ = _case(3, 24, (2, 3, 4), seed=4)
     options = dict(
         include_self=True, left_only=False, leaf_mask=mask if masked else None, tau=0.4,
         size_bias=True,
     )  # fmt: skip
     plain = hsa_uniform.uniform_hierarchical_attention(q, k, v, shape, None, **options)
-    out, energy, pooled = hsa_uniform.uniform_hierarchical_attention(
-        q, k, v, shape, None, roots=True, **options
+    seen = {}
+    log_mass = torch.randn(3, 3, dtype=q.dtype)  # [H, B]
+    base = torch.randn(3, 3, v.size(-1), dtype=q.dtype)  # [H, B, d_v]
+
+    def above(energy, pooled):
+        seen.update(energy=energy, pooled=pooled)
+        return log_mass, base
+
+    out = hsa_uniform.uniform_hierarchical_attention(q, k, v, shape, None, above=above, **options)
+    want = base.transpose(0, 1)[:, None] + log_mass.exp().T[:, None, :, None] * plain.view(
+        3, 24, 3, -1
     )
-    torch.testing.assert_close(out, plain, rtol=0, atol=0)
+    if masked:
+        want = want * mask.view(3, 24, 1, 1)
+    torch.testing.assert_close(out, want.view_as(out), rtol=0, atol=1e-12)
     weight = (mask if masked else torch.ones_like(mask)).to(q.dtype).view(3, 24, 1, 1)
-    for rows, got in zip((q, k, v), pooled, strict=True):
+    for rows, got in zip((q, k, v), seen["pooled"], strict=True):
         want = (rows.view(3, 24, 3, -1) * weight).sum(1) / weight.sum(1)
         torch.testing.assert_close(got, want.transpose(0, 1), rtol=0, atol=1e-12)
-    assert energy.shape == (3, 3) and torch.isfinite(energy).all()
+    assert seen["energy"].shape == (3, 3) and torch.isfinite(seen["energy"]).all()
