@@ -27,9 +27,11 @@ with the self energy :math:`a(j) = \tau\, q_j^\top k_j` (``include_self``), rece
 The top windows of all examples whose trees have the same height form one equal-fanout
 forest once each example's other tokens are moved to the front, in order, and padded to
 the same number of windows:
-:func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention` runs it as reshaped views
-and also returns the windows' energies :math:`a(W)` and pooled rows. A batch whose
-examples' trees differ in height runs one such forest per height.
+:func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention` runs it as reshaped views,
+and between its passes the root family (from the windows' energies :math:`a(W)` and pooled
+rows, and the hubs) sets what its top-down pass starts from, as in
+:mod:`hiergraph.ops.hsa.lifted`. A batch whose examples' trees differ in height runs one
+such forest per height.
 """
 
 from __future__ import annotations
