@@ -42,12 +42,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from hiergraph._precision import accumulation_dtype
 from hiergraph.data.windows import check_branching
 from hiergraph.integrations.hubs import hub_scores, lifted_tokens
 from hiergraph.integrations.padded_attention import check_padded
 from hiergraph.nn._checks import check_int
-from hiergraph.ops.hsa.lifted import join, root_family, self_energy
+from hiergraph.ops.hsa.lifted import hub_family, self_energy
 from hiergraph.ops.hsa.uniform import heads_first, transposed, uniform_hierarchical_attention
 
 
@@ -166,24 +165,14 @@ def _root_split(
     leaves = [transposed(t.index_select(0, token.view(-1)), weight) for t in rows]
     hub_rows = [heads_first(t.index_select(0, hub_token.view(-1))) for t in rows]
 
-    top_sizes = real.view(count, windows, width).sum(-1)  # [count, W]
-    lonely = height == 0 and any(others[b] + num_hubs[b] == 1 for b in examples)
-    hub_out = {}
+    sizes = torch.cat([real.view(count, windows, width).sum(-1), hub_real], 1)  # [count, M]
+    options = dict(tau=scale, size_bias=size_bias, include_self=include_self)
+    options["lonely"] = height == 0 and any(others[b] + num_hubs[b] == 1 for b in examples)
+    hubs_out = {}
 
     def above(energy: Tensor, pooled: list[Tensor]) -> tuple[Tensor, Tensor]:
-        """The root family over the top windows and the hubs: what reaches the windows (log
-        mass ``[H, count W]``, output ``[H, count W, d_v]``); a hub's output, (1 - mu)
-        theta plus mu times its own value, is kept in ``hub_out``."""
-        members = [join(w, h, count) for w, h in zip(pooled, hub_rows, strict=True)]
-        energy = join(energy, self_energy(*hub_rows[:2], scale, include_self), count)
-        sizes = torch.cat([top_sizes, hub_real], 1).to(accumulation_dtype(energy.dtype))
-        down, log_keep = root_family(*members, energy, sizes, scale, size_bias, lonely)
-        hub_out["rows"] = torch.addcmul(
-            down[:, :, windows:],
-            torch.exp(log_keep[:, :, windows:, None]),
-            members[2][:, :, windows:],
-        )
-        return log_keep[:, :, :windows].flatten(1), down[:, :, :windows].flatten(1, 2)
+        log_mu, down, hubs_out["rows"] = hub_family(energy, pooled, hub_rows, sizes, **options)
+        return log_mu, down
 
     # a window's leaves: (1 - mu) theta of the window plus mu times HSA inside it
     if width > 1:  # HSA inside every top window, from what reaches it
@@ -194,10 +183,10 @@ def _root_split(
             padding=True, above=above,
         ).transpose(0, 1)  # fmt: skip
     else:  # the top windows are the tokens themselves
-        log_keep, down = above(self_energy(leaves[0], leaves[1], scale, include_self), leaves)
-        out_windows = torch.addcmul(down, torch.exp(log_keep).unsqueeze(-1), leaves[2])
+        log_mu, down = above(self_energy(leaves[0], leaves[1], scale, include_self), leaves)
+        out_windows = torch.addcmul(down, torch.exp(log_mu).unsqueeze(-1), leaves[2])
     out_windows = out_windows.unflatten(1, (count, windows, width))
-    out_hubs = hub_out["rows"]
+    out_hubs = hubs_out["rows"]
     return (
         (out_windows, token.masked_fill(~real, dump).view(count, windows, width)),
         (out_hubs, hub_token.masked_fill(~hub_real, dump)),

@@ -119,29 +119,17 @@ def _lifted(q, k, v, shape, eps, lifted, slots, leaf_mask, *, include_self, tau,
     hub_row = (local + per_tree * torch.arange(trees, device=q.device)[:, None]).view(-1)
     keep = ~lifted if leaf_mask is None else leaf_mask & ~lifted
     hub_rows = [heads_first(t.index_select(0, hub_row)) for t in (q, k, v)]
+    sizes = torch.cat([keep.view(trees, top, -1).sum(-1), hub_real], 1)
     hubs = {}
 
     def above(energy: Tensor, pooled: list[Tensor]) -> tuple[Tensor, Tensor]:
-        """The root family of every tree, over its top nodes and hubs: what reaches the
-        top nodes (log mass, output), and the hubs' outputs (kept in ``hubs``)."""
-        members = [join(w, h, trees) for w, h in zip(pooled, hub_rows, strict=True)]
-        energy = join(energy, self_energy(*hub_rows[:2], tau, include_self), trees)
-        sizes = torch.cat([keep.view(trees, top, -1).sum(-1), hub_real], 1)
-        member_eps = None
-        if eps is not None:  # the top nodes' embeddings; the hubs' are zero
-            top_eps = eps[0]  # [H | 1, B b_1, c]
-            hub_eps = top_eps.new_zeros(top_eps.size(0), trees * slots, top_eps.size(-1))
-            member_eps = join(top_eps, hub_eps, trees)
         # a tree with at most one valid leaf has a member without keys
-        down, log_gate = root_family(
-            *members, energy, sizes.to(accumulation_dtype(energy.dtype)), tau, size_bias,
-            lonely=leaf_mask is not None, eps=member_eps,
+        log_mu, down, hubs["out"] = hub_family(
+            energy, pooled, hub_rows, sizes, tau=tau, size_bias=size_bias,
+            include_self=include_self, lonely=leaf_mask is not None,
+            top_eps=None if eps is None else eps[0],
         )  # fmt: skip
-        # a hub: (1 - mu) theta plus mu times its own value
-        hubs["out"] = torch.addcmul(
-            down[:, :, top:], torch.exp(log_gate[:, :, top:, None]), members[2][:, :, top:]
-        )
-        return log_gate[:, :, :top].flatten(1), down[:, :, :top].flatten(1, 2)
+        return log_mu, down
 
     # a top node's leaves: (1 - mu) theta of the node plus mu times HSA inside it, which
     # the top-down pass below the top nodes starts from
@@ -154,6 +142,49 @@ def _lifted(q, k, v, shape, eps, lifted, slots, leaf_mask, *, include_self, tau,
     hub_out = hubs["out"].flatten(1, 2).transpose(0, 1)  # [B * slots, H, d_v]
     hub_out = torch.where(hub_real.view(-1, 1, 1), hub_out, out.index_select(0, hub_row))
     return out.index_copy(0, hub_row, hub_out)
+
+
+def hub_family(
+    energy: Tensor,
+    pooled: list[Tensor],
+    hub_rows: list[Tensor],
+    sizes: Tensor,
+    *,
+    tau: float,
+    size_bias: bool,
+    include_self: bool,
+    lonely: bool,
+    top_eps: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""The root family of every tree over its ``W`` top nodes and ``G`` hub slots, between
+    the passes of :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention` (its
+    ``above``): :math:`\log \mu` ``[H, B W]`` and :math:`(1 - \mu)\,\vartheta`
+    ``[H, B W, d_v]`` of the top nodes, where the top-down pass below them starts, and the
+    hubs' outputs :math:`(1 - \mu_j)\,\vartheta_j + \mu_j v_j` ``[H, B, G, d_v]``.
+
+    Args:
+        energy, pooled: the top nodes' energies ``[H, B W]`` and pooled ``[q, k, v]``.
+        hub_rows: the hubs' ``[q, k, v]`` rows ``[H, B G, ·]``.
+        sizes: ``[B, W + G]`` leaf counts of the members (0: not a member).
+        tau, size_bias, lonely: as in :func:`root_family`; ``include_self``: the hubs'
+            self energies (else ``-inf``).
+        top_eps: optional position embeddings of the top nodes ``[H | 1, B W, c]`` (the
+            hubs have none).
+    """
+    trees = sizes.size(0)
+    members = [join(w, h, trees) for w, h in zip(pooled, hub_rows, strict=True)]
+    energy = join(energy, self_energy(*hub_rows[:2], tau, include_self), trees)
+    eps = None
+    if top_eps is not None:
+        hub_eps = top_eps.new_zeros(top_eps.size(0), hub_rows[0].size(1), top_eps.size(-1))
+        eps = join(top_eps, hub_eps, trees)
+    sizes = sizes.to(accumulation_dtype(energy.dtype))
+    down, log_mu = root_family(*members, energy, sizes, tau, size_bias, lonely, eps)
+    top = pooled[0].size(1) // trees
+    hubs = torch.addcmul(
+        down[:, :, top:], torch.exp(log_mu[:, :, top:, None]), members[2][:, :, top:]
+    )
+    return log_mu[:, :, :top].flatten(1), down[:, :, :top].flatten(1, 2), hubs
 
 
 def root_family(
