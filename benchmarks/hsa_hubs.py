@@ -1,4 +1,4 @@
-"""The HSA layer with hub leaves on batches of equal window trees, CPU.
+"""The HSA layer with hub leaves on batches of window trees, CPU.
 
     python benchmarks/hsa_hubs.py              # the three rows of hsa_short.py, 2 threads
     python benchmarks/hsa_hubs.py --no-compile # eager only (no inductor warm-up)
@@ -7,8 +7,7 @@
 For every row (``B`` sequences of ``L`` tokens, one :func:`~hiergraph.data.window_forest`
 of equal trees; then the same with lengths drawn from ``[L/2, L]``, whose forest runs on its
 equal-fanout embedding, :attr:`~hiergraph.plan.TreeIndex.padded`) it times forward+backward
-of a
-:class:`~hiergraph.nn.HierarchicalSelfAttention` layer (256 channels, 4 heads of 64,
+of a :class:`~hiergraph.nn.HierarchicalSelfAttention` layer (256 channels, 4 heads of 64,
 float32, no position embeddings), the same weights in every method:
 
 * ``no-hubs``: ``hubs=0``, plain HSA over the window trees;
@@ -16,8 +15,8 @@ float32, no position embeddings), the same weights in every method:
   built: :mod:`hiergraph.ops.hsa.lifted`);
 * ``hubs-rebuilt``: ``hubs=g`` with ``kernel="blocks"``, which lifts the hubs into a new
   tree with :func:`~hiergraph.data.lift_leaves` and runs it on every pass: the path of
-  any tree that is not one of a batch of equal trees, and before the in-place path, of
-  all of them (a lifted window tree is ragged: the default kernel runs it as blocks too);
+  any forest that is neither equal-fanout nor embedded in one (a lifted window tree is
+  ragged: the default kernel runs it as blocks too);
 * ``hubs-compiled`` (equal trees only): the ``hubs`` layer through
   ``torch.compile(fullgraph=True, dynamic=False)`` (inductor on CPU; the batch's plan is
   built first), its compile time recorded separately.
