@@ -58,6 +58,23 @@ def test_product_is_written_node_major_differentiable_twice(with_base):
     assert torch.autograd.gradgradcheck(fn, tuple(inputs))
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_sums_heads_first_weighted_differentiable_twice(weighted):
+    x = _families(3, 4, 2, 5, seed=5)
+    weight = (torch.arange(12).view(3, 4) % 3 != 0).double() if weighted else None
+    out = token_layout.token_sum(x, torch.float64, weight)
+    w = torch.ones(3, 4, **F64) if weight is None else weight
+    want = (x * w[:, :, None, None]).sum(1).transpose(0, 1)  # [H, F, c]
+    torch.testing.assert_close(out, want, atol=1e-15, rtol=0)
+    assert out.is_contiguous()
+
+    def fn(x):
+        return token_layout.token_sum(x, torch.float64, weight)
+
+    assert torch.autograd.gradcheck(fn, (x,))
+    assert torch.autograd.gradgradcheck(fn, (x,))
+
+
 def test_a_broadcast_output_gradient_is_made_dense():
     p = torch.rand(2, 2, 3, 3, **F64).requires_grad_()
     v = _families(2, 3, 2, 5, seed=5)
