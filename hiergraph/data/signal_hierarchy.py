@@ -90,6 +90,11 @@ class SignalHierarchy(Data):
         """
         index = self._cached_tree_index()
         if index is None:
+            if torch.compiler.is_compiling():
+                raise RuntimeError(
+                    "the plan of this hierarchy is built on the host and cannot be traced: "
+                    "call hierarchy.tree_index() once before torch.compile traces the model"
+                )
             self._validate()
             index = TreeIndex.from_hierarchy(self)
             self._cache_tree_index(index)

@@ -164,6 +164,17 @@ def test_compiles_as_one_graph_once_the_plan_is_built(hubs):
     torch.testing.assert_close(got_grad, want_grad)
 
 
+def test_compiling_before_the_plan_is_built_says_what_to_do():
+    batch = Batch.from_data_list([window_hierarchy(16, (4, 4)) for _ in range(2)])
+    layer = HierarchicalSelfAttention(8, heads=2)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"call hierarchy.tree_index\(\) once before"):
+        torch.compile(layer, backend="eager", fullgraph=True)(torch.randn(32, 8), batch)
+    torch._dynamo.reset()  # without fullgraph the plan is built between graphs
+    out = torch.compile(layer, backend="eager")(torch.ones(32, 8), batch)
+    torch.testing.assert_close(out, layer(torch.ones(32, 8), batch))
+
+
 def test_hubs_cover_flat_attention_and_no_hubs():
     batch = _forest()
     everything, plain = _pair(hubs=100)
