@@ -65,12 +65,14 @@ def _module(module: torch.nn.Module, device) -> torch.nn.Module:
     return module.to(device)
 
 
-def _equal_forest(device):
-    """Three equal window trees (equal fanout: the reshaped paths), as :func:`_forest`."""
+def _window_forest(device, lengths=(16, 16, 16)):
+    """Window trees of the given lengths (equal: equal fanout; else embedded in an
+    equal-fanout forest), as :func:`_forest`."""
     gen = torch.Generator().manual_seed(0)
-    trees = [window_hierarchy(16, (4, 2, 2), x=torch.randn(16, 8, generator=gen)) for _ in "abc"]
+    trees = [window_hierarchy(n, (4, 2, 2), x=torch.randn(n, 8, generator=gen)) for n in lengths]
     batch = Batch.from_data_list(trees)
-    assert batch.tree_index().uniform is not None
+    index = batch.tree_index()
+    assert index.uniform is not None if len(set(lengths)) == 1 else index.padded is not None
     return batch.to(device)
 
 
@@ -294,10 +296,10 @@ def vcc_padded_op(device):
 # --------------------------------------------------------------------------------- layers
 
 
-def hsa_layer(device, hubs=0, equal=False):
+def hsa_layer(device, hubs=0, lengths=None):
     from hiergraph.nn import HierarchicalSelfAttention
 
-    batch = _equal_forest(device) if equal else _forest(device)
+    batch = _forest(device) if lengths is None else _window_forest(device, lengths)
     attn = _module(HierarchicalSelfAttention(8, heads=2, pos_channels=4, hubs=hubs), device)
     x, pos = batch.x.requires_grad_(), _rand(device, batch.num_nodes, 4)
     return Case(lambda: attn(x, batch, pos_emb=pos), [x, pos, *attn.parameters()])
@@ -534,7 +536,8 @@ CASES: dict[str, Callable[[str], Case]] = {
     "vcc-layer-padded": vcc_padded_op,
     "HierarchicalSelfAttention": hsa_layer,
     "HierarchicalSelfAttention-hubs": lambda d: hsa_layer(d, hubs=2),
-    "HierarchicalSelfAttention-hubs-equal-trees": lambda d: hsa_layer(d, hubs=2, equal=True),
+    "HierarchicalSelfAttention-hubs-equal-trees": lambda d: hsa_layer(d, 2, (16, 16, 16)),
+    "HierarchicalSelfAttention-hubs-window-forest": lambda d: hsa_layer(d, 2, (16, 11, 7)),
     "FamilyPositionEncoder": position_encoder,
     "HierarchicalTransformerEncoder": hte,
     "pooling": pooling,
