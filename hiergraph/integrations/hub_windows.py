@@ -166,8 +166,8 @@ def _root_split(
     hub_rows = [heads_first(t.index_select(0, hub_token.view(-1))) for t in rows]
 
     sizes = torch.cat([real.view(count, windows, width).sum(-1), hub_real], 1)  # [count, M]
-    options = dict(tau=scale, size_bias=size_bias, include_self=include_self)
-    options["lonely"] = height == 0 and any(others[b] + num_hubs[b] == 1 for b in examples)
+    lonely = height == 0 and any(others[b] + num_hubs[b] == 1 for b in examples)
+    options = dict(tau=scale, size_bias=size_bias, include_self=include_self, lonely=lonely)
     hubs_out = {}
 
     def above(energy: Tensor, pooled: list[Tensor]) -> tuple[Tensor, Tensor]:

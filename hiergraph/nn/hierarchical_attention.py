@@ -218,10 +218,7 @@ class HierarchicalSelfAttention(nn.Module):
         if self.causal:  # the strictly causal op reads the hierarchy, not the tree plan
             out = hierarchical_attention(q, k, v, hierarchy, causal=True, **options)
         elif in_place:
-            tau = self.head_channels**-0.5
-            out = lifted_attention(
-                q, k, v, index, lifted, self.hubs, tau=tau, size_bias=True, **options
-            )
+            out = lifted_attention(q, k, v, index, lifted, self.hubs, **options)
         else:
             options["leaky_causal"] = self.leaky_causal
             out = hierarchical_attention(q, k, v, index, kernel=self.kernel, **options)

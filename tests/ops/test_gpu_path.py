@@ -74,7 +74,7 @@ def make_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, lis
         lifted = torch.zeros(41, dtype=torch.bool)
         lifted[[0, 5, 30, 40]] = True
         lifted, eps = lifted.to(device), rand(index.num_nodes, 1, 4)
-        options = dict(include_self=True, leaf_mask=None, tau=0.3, size_bias=True)
+        options = dict(include_self=True, leaf_mask=None, scale=0.3, size_bias=True)
 
         def fn(q, k, v, eps):
             return lifted_attention(q, k, v, index, lifted, 3, pos_emb=eps, **options)

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa.family import family_gram
-from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, to_slots
+from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, slot_mask, to_slots
 from hiergraph.ops.hsa.uniform import fits, heads_first, per_depth, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates
 from hiergraph.plan.tree_index import TreeIndex
@@ -50,8 +50,13 @@ def runs_lifted(index: TreeIndex, q: Tensor) -> bool:
     channels: equal fanout (or embedded in an equal-fanout forest,
     :attr:`TreeIndex.padded`), leaves at depth 2 or more (at depth 1 the hubs are root
     children already), families within the blocks' size limit."""
-    shape = index.uniform if index.uniform is not None else getattr(index.padded, "shape", None)
-    return shape is not None and len(shape) > 2 and fits(shape, q)
+    if index.uniform is not None:
+        shape = index.uniform
+    elif index.padded is not None:
+        shape = index.padded.shape
+    else:
+        return False
+    return len(shape) > 2 and fits(shape, q)
 
 
 def lifted_attention(
@@ -65,8 +70,8 @@ def lifted_attention(
     pos_emb: Tensor | None,
     include_self: bool,
     leaf_mask: Tensor | None,
-    tau: float,
-    size_bias: bool,
+    scale: float | None = None,
+    size_bias: bool = True,
 ) -> Tensor:
     r""":func:`~hiergraph.ops.hierarchical_attention` over ``lift_leaves(hierarchy,
     lifted)``, computed on the forest ``index`` itself, or on its equal-fanout embedding
@@ -81,25 +86,22 @@ def lifted_attention(
             bound: the count is not read on the host).
         pos_emb: optional ``[N, H | 1, c]`` embeddings of the forest's nodes; hubs get
             none (:math:`\varepsilon_j = 0`).
-        include_self, leaf_mask, size_bias: as in
-            :func:`~hiergraph.ops.hierarchical_attention`; ``tau``: the logit scale.
+        include_self, leaf_mask, scale, size_bias: as in
+            :func:`~hiergraph.ops.hierarchical_attention`.
 
     Returns:
         ``[L, H, d_v]``, zero at masked leaves.
     """
+    tau = q.size(-1) ** -0.5 if scale is None else scale
     options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
     if index.uniform is not None:
         eps = None if pos_emb is None else per_depth(pos_emb, index)
         return _lifted(q, k, v, index.uniform, eps, lifted, slots, leaf_mask, **options)
     forest = index.padded
-    real = forest.real
-    if leaf_mask is not None:
-        real = real.new_zeros(real.shape).index_copy_(0, forest.leaf_slot, leaf_mask)
-    hubs = real.new_zeros(real.shape).index_copy_(0, forest.leaf_slot, lifted)
     eps = None if pos_emb is None else per_depth_padded(pos_emb, index, forest)
     out = _lifted(
-        *(to_slots(t, forest) for t in (q, k, v)), forest.shape, eps, hubs, slots, real,
-        **options,
+        *(to_slots(t, forest) for t in (q, k, v)), forest.shape, eps,
+        slot_mask(forest, lifted), slots, slot_mask(forest, leaf_mask), **options,
     )  # fmt: skip
     return from_slots(out, forest, q)
 

@@ -45,9 +45,7 @@ def padded_hierarchical_attention(
     Returns:
         ``[L, H, d_v]``, heads first in memory when ``q`` is.
     """
-    real = forest.real
-    if leaf_mask is not None:
-        real = real.new_zeros(real.shape).index_copy_(0, forest.leaf_slot, leaf_mask)
+    real = slot_mask(forest, leaf_mask)
     out = uniform_hierarchical_attention(
         *(to_slots(t, forest) for t in (q, k, v)),
         forest.shape,
@@ -60,6 +58,14 @@ def padded_hierarchical_attention(
         padding=leaf_mask is None,  # else masked leaves have rows and read outputs
     )
     return from_slots(out, forest, q)
+
+
+def slot_mask(forest: PaddedForest, leaf_mask: Tensor | None) -> Tensor:
+    """``[slots]`` bool: ``leaf_mask`` ``[L]`` at the leaves' slots (``True`` for every leaf
+    without it), ``False`` at the padding slots."""
+    if leaf_mask is None:
+        return forest.real
+    return forest.real.new_zeros(forest.real.shape).index_copy_(0, forest.leaf_slot, leaf_mask)
 
 
 def to_slots(x: Tensor, forest: PaddedForest) -> Tensor:

@@ -70,7 +70,7 @@ def test_equals_hsa_over_the_lifted_tree(lengths, branching, hubs, masked, inclu
         pos = torch.randn(batch.num_nodes, pos_heads, 2, generator=gen, dtype=torch.float64)
     options = dict(include_self=include_self, leaf_mask=mask, size_bias=size_bias)
     want = reference(q, k, v, batch, lifted, pos, scale=0.3, **options)
-    got = lifted_attention(q, k, v, index, lifted, slots, pos_emb=pos, tau=0.3, **options)
+    got = lifted_attention(q, k, v, index, lifted, slots, pos_emb=pos, scale=0.3, **options)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     if mask is not None:
         assert (got[~mask] == 0).all()
@@ -87,7 +87,7 @@ def test_gradients_equal_those_over_the_lifted_tree(lengths):
     upstream = torch.randn(sum(lengths), 2, 3, dtype=torch.float64)
     options = dict(include_self=True, leaf_mask=mask, size_bias=True)
     want = reference(q, k, v, batch, lifted, pos, scale=0.3, **options)
-    got = lifted_attention(q, k, v, index, lifted, 4, pos_emb=pos, tau=0.3, **options)
+    got = lifted_attention(q, k, v, index, lifted, 4, pos_emb=pos, scale=0.3, **options)
     assert (got - reference(q, k, v, batch, lifted, pos, **options)).abs().max() > 1e-6  # tau
     for a, b in zip(
         torch.autograd.grad((want * upstream).sum(), (q, k, v, pos)),
