@@ -55,6 +55,7 @@ from torch import Tensor
 from hiergraph._autograd import records_grad
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa import family, token_layout
+from hiergraph.ops.hsa.uniform_fused import fused_uniform_attention
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_dropping
 from hiergraph.ops.rows import permute_rows
 from hiergraph.plan.tree_index import TreeIndex
@@ -74,6 +75,7 @@ def uniform_hierarchical_attention(
     size_bias: bool,
     padding: bool = False,
     above: Callable[[Tensor, list[Tensor]], tuple[Tensor, Tensor]] | None = None,
+    fuse: bool = True,
 ) -> Tensor:
     r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over an equal-fanout forest.
 
@@ -94,6 +96,8 @@ def uniform_hierarchical_attention(
             ``[H, B, ·]`` (0 for a root without valid leaves), it returns the log of the
             mass that reaches every root ``[H, B]`` and the output every root hands down
             ``[H, B, d_v]``, where the top-down pass starts (without it: mass 1, output 0).
+        fuse: run as one autograd node with a written backward where :func:`fused`
+            allows (``False``: every operation recorded by autograd).
 
     Returns:
         ``[L, H, d_v]``.
@@ -111,6 +115,19 @@ def uniform_hierarchical_attention(
     counts = counts_below(weight, fanout)
     # node-major leaves are read where they lie (token_layout); more heads without gradients
     grad = records_grad(q, k, v)
+    if fuse and fused(q, grad, weight, padding, left_only, above):
+        options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
+
+        def recorded(*inputs):  # the same op, recorded by autograd (second derivatives)
+            rows = [t.transpose(0, 1) for t in inputs[:3]]
+            out = uniform_hierarchical_attention(
+                *rows, shape, inputs[3], left_only=False, leaf_mask=None, fuse=False, **options
+            )
+            return out.transpose(0, 1)
+
+        leaves = [heads_first(t) for t in (q, k, v)]
+        out = fused_uniform_attention(*leaves, fanout, eps, recorded=recorded, **options)
+        return like(out, q)
     tokens = all(token_layout.fits(t, fanout[-1], grad) for t in (q, k, v))
     zero_rows = weight is not None and not padding and not tokens and not is_heads_first(q)
     if tokens:
@@ -155,6 +172,23 @@ def uniform_hierarchical_attention(
             acc, u = node_layout(acc), None if u is None else node_layout(u)
     out = dense_gradient(node_layout(acc))
     return like(out, q, None if padding else weight)
+
+
+def fused(q: Tensor, grad: bool, weight, padding: bool, left_only: bool, above) -> bool:
+    """Whether the op runs as one autograd node with a written backward
+    (:mod:`~hiergraph.ops.hsa.uniform_fused`): a gradient is taken, in float32 or float64,
+    outside ``torch.compile``, with no masked leaf, no family above the roots and every
+    sibling a key (``q``'s dtype and the options of
+    :func:`uniform_hierarchical_attention`)."""
+    return (
+        grad
+        and q.dtype in (torch.float32, torch.float64)
+        and weight is None
+        and not padding
+        and not left_only
+        and above is None
+        and not torch.compiler.is_compiling()
+    )
 
 
 def fits(shape: tuple[int, ...] | None, q: Tensor, causal: bool = False) -> bool:
