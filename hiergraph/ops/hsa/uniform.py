@@ -115,7 +115,8 @@ def uniform_hierarchical_attention(
     counts = counts_below(weight, fanout)
     # node-major leaves are read where they lie (token_layout); more heads without gradients
     grad = records_grad(q, k, v)
-    if fuse and fused(q, grad, weight, padding, left_only, above):
+    tokens = all(token_layout.fits(t, fanout[-1], grad) for t in (q, k, v))
+    if fuse and not tokens and fused(q, grad, weight, padding, left_only, above):
         options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
 
         def recorded(*inputs):  # the same op, recorded by autograd (second derivatives)
@@ -128,7 +129,6 @@ def uniform_hierarchical_attention(
         leaves = [heads_first(t) for t in (q, k, v)]
         out = fused_uniform_attention(*leaves, fanout, eps, recorded=recorded, **options)
         return like(out, q)
-    tokens = all(token_layout.fits(t, fanout[-1], grad) for t in (q, k, v))
     zero_rows = weight is not None and not padding and not tokens and not is_heads_first(q)
     if tokens:
         rho = [token_layout.token_families(t, fanout[-1]) for t in (q, k, v)]

@@ -8,29 +8,34 @@ as keys (no ``leaky_causal``), the whole op is one node here: the forward runs t
 passes without recording and keeps what the backward reads, and the backward is two sweeps
 over the levels, each a fixed handful of batched operations.
 
-Notation (:func:`~hiergraph.ops.hierarchical_attention`; one level's families in family
-layout ``[H, F, b, ·]``): logits :math:`S = \tau q k^\top + \varepsilon\varepsilon^\top`
-(the diagonal left out), weights :math:`P = \mathrm{softmax}(S)`, log-partition
-:math:`\ell`, energy :math:`a` (the leaves' self energies :math:`S_{ii}`, else the mean of
-the children's :math:`\log(e^{a} + e^{\ell})`), gate :math:`\mu = \sigma(a - \ell)`. The
-top-down pass carries the log mass :math:`u` that reaches a node; its family's weights are
+Notation (:func:`~hiergraph.ops.hierarchical_attention`): a level's families are
+``[H F, b, ·]`` batches, views of its node rows ``[H, n, ·]``. A node's rows are kept as
+the *sums* :math:`\bar q, \bar k, \bar v` over its :math:`n` leaves (pooling is one sum
+per level; the means' :math:`1 / n` goes into the products' scale). Logits
+:math:`S = \tau n^{-2} \bar q \bar k^\top + \varepsilon\varepsilon^\top` (the diagonal
+left out), weights :math:`P = \mathrm{softmax}(S)`, log-partition :math:`\ell` (plus
+:math:`\log n` with the size bias: every key of a level has :math:`n` leaves), energy
+:math:`a` (the leaves' self energies :math:`S_{ii}`, else the mean of the children's
+:math:`\log(e^{a} + e^{\ell})`), gate :math:`\mu = \sigma(a - \ell)`. The top-down
+pass carries the log mass :math:`u` that reaches a node; its family's weights are
 :math:`W = e^{\delta} P` with :math:`\delta = u_{\uparrow} + \log(1 - \mu)`, then
-:math:`u = u_{\uparrow} + \log\mu`, a leaf keeps :math:`W_{ii} = e^{u_i}`, and the output
-accumulates :math:`W v` onto the parent's rows.
+:math:`u = u_{\uparrow} + \log\mu`, a leaf keeps :math:`W_{ii} = e^{u_i}`, and the
+output accumulates :math:`n^{-1} W \bar v` onto the parent's rows.
 
 Backward, from the output gradient :math:`G`:
 
 1. leaves to roots: :math:`G` of a level is the sum of its children's (the accumulator is
-   broadcast down), :math:`dW = G v^\top`, :math:`d\delta = \mathrm{rowsum}(dW \odot W)`
+   broadcast down), :math:`dW = n^{-1} G \bar v^\top`, :math:`d\delta = \mathrm{rowsum}(dW \odot W)`
    (off the diagonal), :math:`du = dW_{ii} e^{u_i}` at the leaves and the sum over the
    children of :math:`du + d\delta` above them;
 2. roots to leaves: with :math:`x = a - \ell` and :math:`g` the parent's energy gradient
    over :math:`b`, :math:`dx = du\,(1 - \mu) - d\delta\,\mu`, :math:`da = dx + g\mu`,
    :math:`d\ell = g(1 - \mu) - dx`; the softmax gives
    :math:`dS = W \odot dW - P \odot (d\delta - d\ell)` (:math:`dS_{ii} = da_i` at the
-   leaves), then :math:`dq = \tau\, dS\, k`, :math:`dk = \tau\, dS^\top q`,
-   :math:`dv = W^\top G`, :math:`d\varepsilon = (dS + dS^\top)\,\varepsilon`, each plus
-   the parent's gradient over :math:`b` (the pooled rows are means).
+   leaves), then :math:`d\bar q = \tau n^{-2} dS\, \bar k`,
+   :math:`d\bar k = \tau n^{-2} dS^\top \bar q`, :math:`d\bar v = n^{-1} W^\top G`,
+   :math:`d\varepsilon = (dS + dS^\top)\,\varepsilon`, each plus
+   the parent's gradient (the rows are sums).
 
 Second derivatives (``create_graph=True``) recompute the op with autograd recording and
 differentiate that. Under ``torch.compile`` the recorded path is traced instead (inductor
@@ -45,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hiergraph.ops.hsa.family import family_gram, family_product, family_sum
+from hiergraph.ops.hsa.family import family_gram, family_product
 
 
 def fused_uniform_attention(
@@ -96,54 +101,82 @@ class _FusedUniform(torch.autograd.Function):
 
 def _forward(q, k, v, eps, fanout, include_self, tau, size_bias):
     """The two passes without recording; returns the output and, per level, what the
-    backward reads."""
-    depth = len(fanout)
-    rows, energy, levels = [q, k, v], None, [None] * depth
+    backward reads. A level's families are ``[H F, b, ·]`` batches (views of its node rows
+    ``[H, n, ·]``), and its nodes' rows are the *sums* of their ``n`` leaves' rows, so
+    pooling is one sum and the means' ``1 / n`` goes into the products' scale."""
+    depth, heads = len(fanout), q.size(0)
+    rows, energy, levels = (q, k, v), None, [None] * depth
     for d in range(depth - 1, -1, -1):  # bottom-up
-        b = fanout[d]
-        qf, kf, vf = (t.unflatten(1, (-1, b)) for t in rows)
-        e = None if eps is None else eps[d].unflatten(1, (-1, b))
-        logits = family_gram(qf, kf, tau)
+        b, n = fanout[d], math.prod(fanout[d + 1 :])
+        qf, kf, vf = (t.reshape(-1, b, t.size(-1)) for t in rows)
+        logits = _gram(qf, kf, tau / (n * n))
+        e = None if eps is None else eps[d].reshape(eps[d].size(0), -1, b, eps[d].size(-1))
         if e is not None:
-            logits += family_gram(e, e)
+            logits.view(heads, -1, b, b).add_(family_gram(e, e))
         diagonal = logits.diagonal(dim1=-2, dim2=-1)
         if d == depth - 1 and include_self:
             energy = diagonal.clone()
         lse, p = _softmax_off_diagonal(logits, diagonal)
-        n = math.prod(fanout[d + 1 :])  # every key's leaf count: log n shifts the level
-        if size_bias and n > 1:
+        if size_bias and n > 1:  # every key's leaf count n: log n shifts the level
             lse += math.log(n)
-        levels[d] = dict(q=qf, k=kf, v=vf, e=e, p=p, lse=lse, a=energy)
+        levels[d] = [qf, kf, vf, e, p, lse, energy, n]
         if d:
             total = lse if energy is None else torch.logaddexp(energy, lse)
-            energy = total.mean(-1).unflatten(1, (-1, fanout[d - 1]))
-            rows = [t.mean(-2) for t in (qf, kf, vf)]
+            energy = total.mean(-1).view(-1, fanout[d - 1])
+            rows = [t.sum(1) for t in (qf, kf, vf)]
     u = acc = None
     for d in range(depth):  # top-down
         level = levels[d]
-        p, a = level["p"], level["a"]
-        down = u  # log mass into the family's weights, [H, F, 1] or None (0)
+        p, lse, a, n = level[4:8]
+        down = u  # log mass into the family's weights, [H F, 1] or None (0)
+        mu = None
         if a is not None:
-            gap = a - level["lse"]
+            gap = a - lse
             log_mu, log_rest = F.logsigmoid(gap), F.logsigmoid(-gap)
-            level["mu"] = torch.exp(log_mu)
+            mu = torch.exp(log_mu)
             down = log_rest if u is None else log_rest + u
             u = log_mu if u is None else log_mu + u
-        w = p if down is None else torch.exp(down).unsqueeze(-1) * p
+        w = p if down is None else p * torch.exp(down).unsqueeze(-1)
+        own = None
         if d == depth - 1 and include_self:
             w = w.clone() if w is p else w
-            level["own"] = torch.exp(u)  # a leaf's own weight e^u on the diagonal
-            w.diagonal(dim1=-2, dim2=-1).copy_(level["own"])
-        level["w"] = w
-        acc = family_product(w, level["v"], None if acc is None else acc.unsqueeze(2))
+            own = torch.exp(u)  # a leaf's own weight e^u on the diagonal
+            w.diagonal(dim1=-2, dim2=-1).copy_(own)
+        level += [mu, w, own]
+        acc = _product(w, level[2], None if acc is None else acc.unsqueeze(1), 1 / n)
         if d + 1 < depth:
-            acc = acc.flatten(1, 2)
-            u = None if u is None else u.flatten(1, 2).unsqueeze(-1)
-    return acc.flatten(1, 2), levels
+            acc = acc.view(-1, acc.size(-1))  # the next level's families' rows
+            u = None if u is None else u.reshape(-1, 1)
+    return acc.view(heads, -1, acc.size(-1)), levels
+
+
+def _gram(x: Tensor, y: Tensor, alpha: float) -> Tensor:
+    """``alpha x y^T`` of ``[N, b, c]`` batches (:func:`family_gram`'s grouped products
+    for families of four)."""
+    if x.size(1) == 4:
+        return family_gram(x, y, alpha)
+    return torch.bmm(x, y.transpose(1, 2)).mul_(alpha)
+
+
+def _product(p: Tensor, v: Tensor, base: Tensor | None, alpha: float = 1.0) -> Tensor:
+    """``base + alpha p v`` of ``p [N, m, b]``, ``v [N, b, c]`` and ``base`` broadcast to
+    ``[N, m, c]`` (``None``: 0); families of two on the CPU as two multiply-adds
+    (:func:`~hiergraph.ops.hsa.family.family_product`)."""
+    if p.size(-1) == 2 and p.device.type == "cpu":
+        p = p if alpha == 1.0 else p * alpha
+        first = (
+            p[..., :1] * v[:, None, 0]
+            if base is None
+            else torch.addcmul(base, p[..., :1], v[:, None, 0])
+        )
+        return first.addcmul_(p[..., 1:], v[:, None, 1])
+    if base is None:
+        return torch.bmm(p, v) if alpha == 1.0 else torch.bmm(p, v).mul_(alpha)
+    return torch.baddbmm(base, p, v, alpha=alpha)
 
 
 def _softmax_off_diagonal(logits: Tensor, diagonal: Tensor) -> tuple[Tensor, Tensor]:
-    """``lse [H, F, b]`` and the weights ``[H, F, b, b]`` of a family's softmax over the
+    """``lse [N, b]`` and the weights ``[N, b, b]`` of a family's softmax over the
     siblings (the diagonal left out), in place in ``logits``; families of two need no
     exponentials (a node's one key is its sibling)."""
     if logits.size(-1) == 2:
@@ -160,49 +193,50 @@ def _softmax_off_diagonal(logits: Tensor, diagonal: Tensor) -> tuple[Tensor, Ten
 
 def _backward(grad, levels, fanout, include_self, tau, num_eps):
     """The two sweeps of the module docstring; returns the gradients of ``q, k, v`` and of
-    the position embeddings (``None`` for those that need none)."""
-    depth = len(fanout)
-    g = grad.unflatten(1, (-1, fanout[-1]))
-    du = None  # gradient of the log mass u of the level's nodes [H, F, b]
+    the position embeddings."""
+    depth, heads = len(fanout), grad.size(0)
+    g = grad.view(-1, fanout[-1], grad.size(-1))
+    du, sweep = None, [None] * depth  # du: gradient of the log mass u of the level's nodes
     for d in range(depth - 1, -1, -1):  # leaves to roots: accumulator and log mass
         level = levels[d]
-        w = level["w"]
-        dw = family_gram(g, level["v"])
-        dw_w = dw * w
+        n, w, own = level[7], level[9], level[10]
+        dw = _gram(g, level[2], 1 / n)
+        dw_w = dw.mul_(w)
         d_down = dw_w.sum(-1)  # with the leaves' own weights: d delta + du
-        if d == depth - 1 and include_self:
-            du = dw.diagonal(dim1=-2, dim2=-1) * level["own"]
-            d_down = d_down - du
-        level.update(g=g, dw_w=dw_w, du=du, d_down=d_down)
+        if own is not None:
+            du = dw_w.diagonal(dim1=-2, dim2=-1).clone()
+            d_down -= du
+        sweep[d] = (g, dw_w, du, d_down)
         if d:
             up = d_down if du is None else d_down + du
-            du = up.sum(-1).unflatten(1, (-1, fanout[d - 1]))
-            g = family_sum(g).unflatten(1, (-1, fanout[d - 1]))
-    da_parent, pooled = None, None
+            du = up.sum(-1).view(-1, fanout[d - 1])
+            g = g.sum(1).view(-1, fanout[d - 1], g.size(-1))
+    da_parent, pooled, eps_grads = None, [None] * 3, []
     for d in range(depth):  # roots to leaves: energies, softmax, rows
-        level, b = levels[d], fanout[d]
-        p, w, mu = level["p"], level["w"], level.get("mu")
+        qf, kf, _, e, p, _, a, n, mu, w, own = levels[d]
+        g, ds, du, d_down = sweep[d]
+        b = fanout[d]
         g_energy = None if da_parent is None else da_parent.unsqueeze(-1) / b
-        if level["a"] is None:  # no gate: mu = 0 and lse reaches the parent's energy alone
+        if a is None:  # no gate: mu = 0 and lse reaches the parent's energy alone
             da, dlse = None, g_energy
         else:
-            dx = level["du"] * (1 - mu) - level["d_down"] * mu
+            dx = du * (1 - mu) - d_down * mu
             da = dx if g_energy is None else dx + g_energy * mu
             dlse = -dx if g_energy is None else g_energy * (1 - mu) - dx
-        shift = level["d_down"] if dlse is None else level["d_down"] - dlse
-        ds = level["dw_w"].sub_(p * shift.unsqueeze(-1))
-        if d == depth - 1 and include_self:
+        shift = d_down if dlse is None else d_down - dlse
+        ds.sub_(p * shift.unsqueeze(-1))
+        if own is not None:
             ds.diagonal(dim1=-2, dim2=-1).copy_(da)
-        bases = [None] * 3 if pooled is None else [(t / b).unsqueeze(2) for t in pooled]
-        dq = family_product(ds, level["k"], bases[0], alpha=tau)
-        dk = family_product(ds.transpose(-1, -2), level["q"], bases[1], alpha=tau)
-        dv = family_product(w.transpose(-1, -2), level["g"], bases[2])
+        scale = tau / (n * n)
+        dq = _product(ds, kf, pooled[0], scale)
+        dk = _product(ds.transpose(1, 2), qf, pooled[1], scale)
+        dv = _product(w.transpose(1, 2), g, pooled[2], 1 / n)
         if num_eps:
-            e = level["e"]
-            ds_e = ds if e.size(0) == ds.size(0) else ds.sum(0, keepdim=True)
-            level["de"] = family_product(ds_e.transpose(-1, -2), e, family_product(ds_e, e))
+            ds_e = ds.view(heads, -1, b, b)
+            ds_e = ds_e if e.size(0) == heads else ds_e.sum(0, keepdim=True)
+            de = family_product(ds_e.transpose(-1, -2), e, family_product(ds_e, e))
+            eps_grads.append(de.flatten(1, 2))
         if d + 1 < depth:
-            pooled = [t.flatten(1, 2) for t in (dq, dk, dv)]
-            da_parent = None if da is None else da.flatten(1, 2)
-    eps_grads = [levels[d]["de"].flatten(1, 2) for d in range(depth)] if num_eps else []
-    return (*(t.flatten(1, 2) for t in (dq, dk, dv)), *eps_grads)
+            pooled = [t.view(-1, 1, t.size(-1)) for t in (dq, dk, dv)]
+            da_parent = None if da is None else da.view(-1)
+    return (*(t.view(heads, -1, t.size(-1)) for t in (dq, dk, dv)), *eps_grads)

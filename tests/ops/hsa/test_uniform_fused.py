@@ -1,0 +1,121 @@
+import math
+
+import pytest
+import torch
+
+from hiergraph.ops.hsa import family
+from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
+
+F64 = dict(dtype=torch.float64)
+
+# (trees, fanout top-down): families of two (no softmax), of four (grouped logits when
+# there are enough of them), mixed, one level, a deep tree
+SHAPES = [(3, (2, 3)), (2, (3, 2)), (1, (2, 4, 8, 16)), (2, (4, 4, 4)), (4, (5,)), (2, (2, 2, 2))]
+OPTIONS = [
+    dict(include_self=True, size_bias=True),
+    dict(include_self=False, size_bias=True),
+    dict(include_self=True, size_bias=False),
+    dict(include_self=False, size_bias=False),
+]
+
+
+def inputs(shape, heads=3, d=4, d_v=5, eps_heads=None, seed=0):
+    """Heads-first ``q, k, v`` viewed ``[L, H, ·]`` and optional position embeddings per
+    depth ``[eps_heads, n_d, 2]``, all requiring gradients."""
+    gen = torch.Generator().manual_seed(seed)
+    leaves = math.prod(shape)
+    qkv = [
+        torch.randn(heads, leaves, c, generator=gen, **F64).transpose(0, 1).requires_grad_()
+        for c in (d, d, d_v)
+    ]
+    eps = None
+    if eps_heads is not None:
+        sizes = [math.prod(shape[: i + 1]) for i in range(1, len(shape))]
+        eps = [torch.randn(eps_heads, n, 2, generator=gen, **F64).requires_grad_() for n in sizes]
+    return qkv, eps
+
+
+def run(qkv, eps, shape, fuse, **options):
+    return uniform_hierarchical_attention(
+        *qkv, shape, eps, left_only=False, leaf_mask=None, tau=0.7, fuse=fuse, **options
+    )
+
+
+@pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
+@pytest.mark.parametrize("eps_heads", [None, 1, 3], ids=["no-eps", "eps-1-head", "eps-per-head"])
+def test_equals_the_recorded_op_with_gradients(trees, fanout, options, eps_heads):
+    shape = (trees, *fanout)
+    qkv, eps = inputs(shape, eps_heads=eps_heads)
+    out = run(qkv, eps, shape, True, **options)
+    ref = run(qkv, eps, shape, False, **options)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    upstream = torch.randn_like(ref)
+    leaves = qkv + (eps or [])
+    got = torch.autograd.grad((out * upstream).sum(), leaves)
+    want = torch.autograd.grad((ref * upstream).sum(), leaves)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+
+
+def test_families_of_four_taken_in_groups(monkeypatch):
+    """The grouped ``[16, c] @ [c, 16]`` logits of families of four (here from 8 families)."""
+    monkeypatch.setattr(family, "GRAM_MIN_FAMILIES", 8)
+    shape = (2, 4, 4)
+    qkv, eps = inputs(shape, heads=2, eps_heads=1)
+    out = run(qkv, eps, shape, True, include_self=True, size_bias=True)
+    ref = run(qkv, eps, shape, False, include_self=True, size_bias=True)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    got = torch.autograd.grad(out.square().sum(), qkv + eps)
+    want = torch.autograd.grad(ref.square().sum(), qkv + eps)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+
+
+def test_one_autograd_node():
+    """The fused op is one node of the graph, where the recorded op is a chain of them."""
+    shape = (2, 3, 4)
+    qkv, _ = inputs(shape)
+    out = run(qkv, None, shape, True, include_self=True, size_bias=True)
+    node = out.grad_fn.next_functions[0][0]  # through the transpose back to [L, H, ·]
+    assert type(node).__name__ == "_FusedUniformBackward"
+    recorded = run(qkv, None, shape, False, include_self=True, size_bias=True)
+    assert type(recorded.grad_fn.next_functions[0][0]).__name__ != "_FusedUniformBackward"
+
+
+@pytest.mark.parametrize(
+    "case", ["no-grad", "bfloat16", "leaf-mask", "leaky-causal", "node-major-leaves"]
+)
+def test_recorded_where_the_fused_op_does_not_apply(case):
+    shape = (2, 3, 4)
+    qkv, _ = inputs(shape, heads=2)
+    options = dict(left_only=False, leaf_mask=None, tau=0.7, include_self=True, size_bias=True)
+    if case == "bfloat16":
+        qkv = [t.detach().bfloat16().requires_grad_() for t in qkv]
+    if case == "leaf-mask":
+        options["leaf_mask"] = torch.arange(24) % 5 != 0
+    if case == "leaky-causal":
+        options["left_only"] = True
+    if case == "node-major-leaves":  # contiguous [L, H, d]: read in place (token_layout)
+        qkv = [t.detach().contiguous().requires_grad_() for t in qkv]
+    with torch.set_grad_enabled(case != "no-grad"):
+        out = uniform_hierarchical_attention(*qkv, shape, None, **options)
+    names = []
+    node = out.grad_fn
+    while node is not None and len(names) < 4:
+        names.append(type(node).__name__)
+        node = node.next_functions[0][0] if node.next_functions else None
+    assert "_FusedUniformBackward" not in names
+
+
+@pytest.mark.parametrize("fanout", [(2, 3), (3, 2)], ids=["pairs", "triples"])
+def test_second_derivatives(fanout):
+    """create_graph=True differentiates the recorded op: second derivatives through the
+    fused node, position embeddings included."""
+    shape = (2, *fanout)
+    qkv, eps = inputs(shape, heads=2, d=2, d_v=2, eps_heads=1)
+
+    def op(q, k, v, *eps):
+        return run([q, k, v], list(eps), shape, True, include_self=True, size_bias=True)
+
+    assert torch.autograd.gradgradcheck(op, (*qkv, *eps))
