@@ -57,8 +57,7 @@ from torch import Tensor
 
 from hiergraph._autograd import records_grad
 from hiergraph._precision import accumulation_dtype
-from hiergraph.ops.hsa import family, token_layout
-from hiergraph.ops.hsa.uniform_fused import fused_uniform_attention
+from hiergraph.ops.hsa import family, token_layout, uniform_fused
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_dropping
 from hiergraph.ops.rows import permute_rows
 from hiergraph.plan.tree_index import TreeIndex
@@ -130,7 +129,9 @@ def uniform_hierarchical_attention(
             return out.transpose(0, 1)
 
         leaves = [heads_first(t) for t in (q, k, v)]
-        out = fused_uniform_attention(*leaves, fanout, eps, recorded=recorded, **options)
+        out = uniform_fused.fused_uniform_attention(
+            *leaves, fanout, eps, recorded=recorded, **options
+        )
         return like(out, q)
     zero_rows = weight is not None and not padding and not tokens and not is_heads_first(q)
     if tokens:
@@ -180,11 +181,13 @@ def uniform_hierarchical_attention(
 def fused(q: Tensor, grad: bool, weight, padding: bool, left_only: bool, above) -> bool:
     """Whether the op runs as one autograd node with a written backward
     (:mod:`~hiergraph.ops.hsa.uniform_fused`): a gradient is taken, in float32 or float64,
+    on at most :data:`~hiergraph.ops.hsa.uniform_fused.MAX_ELEMENTS` elements of ``q``,
     outside ``torch.compile``, with no masked leaf, no family above the roots and every
     sibling a key (``q``'s dtype and the options of
     :func:`uniform_hierarchical_attention`)."""
     return (
         grad
+        and q.numel() <= uniform_fused.MAX_ELEMENTS
         and q.dtype in (torch.float32, torch.float64)
         and weight is None
         and not padding

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from hiergraph.ops.hsa import family
+from hiergraph.ops.hsa import family, uniform_fused
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
 
 F64 = dict(dtype=torch.float64)
@@ -84,9 +84,11 @@ def test_one_autograd_node():
 
 
 @pytest.mark.parametrize(
-    "case", ["no-grad", "bfloat16", "leaf-mask", "leaky-causal", "node-major-leaves"]
+    "case",
+    ["fused", "no-grad", "bfloat16", "leaf-mask", "leaky-causal", "node-major-leaves", "large"],
 )
-def test_recorded_where_the_fused_op_does_not_apply(case):
+def test_recorded_where_the_fused_op_does_not_apply(case, monkeypatch):
+    """Which inputs take the fused op ("fused": heads-first float64 with a gradient)."""
     shape = (2, 3, 4)
     qkv, _ = inputs(shape, heads=2)
     options = dict(left_only=False, leaf_mask=None, tau=0.7, include_self=True, size_bias=True)
@@ -96,6 +98,8 @@ def test_recorded_where_the_fused_op_does_not_apply(case):
         options["leaf_mask"] = torch.arange(24) % 5 != 0
     if case == "leaky-causal":
         options["left_only"] = True
+    if case == "large":
+        monkeypatch.setattr(uniform_fused, "MAX_ELEMENTS", qkv[0].numel() - 1)
     if case == "node-major-leaves":  # contiguous [L, H, d]: read in place (token_layout)
         qkv = [t.detach().contiguous().requires_grad_() for t in qkv]
     with torch.set_grad_enabled(case != "no-grad"):
@@ -105,7 +109,7 @@ def test_recorded_where_the_fused_op_does_not_apply(case):
     while node is not None and len(names) < 4:
         names.append(type(node).__name__)
         node = node.next_functions[0][0] if node.next_functions else None
-    assert "_FusedUniformBackward" not in names
+    assert ("_FusedUniformBackward" in names) == (case == "fused")
 
 
 @pytest.mark.parametrize("fanout", [(2, 3), (3, 2)], ids=["pairs", "triples"])
