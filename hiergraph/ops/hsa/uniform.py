@@ -22,9 +22,10 @@ memory viewed with one more dimension. So
 
 Each level costs a fixed, small number of tensor operations on static shapes, for every
 tree and head at once, with no copies between layouts and no host synchronisation. When a
-gradient is taken without a leaf mask on heads-first inputs (float32 or float64), the op
-is one autograd node whose backward is written out
-(:mod:`~hiergraph.ops.hsa.uniform_fused`); otherwise every operation is recorded: the
+gradient is taken without a leaf mask, in float32 or float64, on inputs whose leaves are
+not read node-major (heads-first ones, below) of up to 4M elements, the op is one autograd
+node whose backward is written out (:mod:`~hiergraph.ops.hsa.uniform_fused`, :func:`fused`);
+otherwise every operation is recorded: the
 path runs under ``torch.compile(fullgraph=True)`` and is differentiable twice (its small
 autograd functions, :func:`scores`, :func:`~hiergraph.ops.hsa.family.family_product`,
 :func:`~hiergraph.ops.hsa.family.family_sum` and :func:`dense_gradient`, have backwards

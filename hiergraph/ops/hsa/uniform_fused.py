@@ -102,7 +102,6 @@ class _FusedUniform(torch.autograd.Function):
             found = iter(torch.autograd.grad(out, wanted, grad, create_graph=True))
             return None, *(next(found) if t.requires_grad else None for t in inputs)
         grads = _backward(grad.contiguous(), ctx.levels, fanout, include_self, tau, len(eps))
-        ctx.levels = None
         return None, *grads
 
 

@@ -83,6 +83,17 @@ def test_one_autograd_node():
     assert type(recorded.grad_fn.next_functions[0][0]).__name__ != "_FusedUniformBackward"
 
 
+def test_backward_twice_with_a_retained_graph():
+    """The backward leaves what the forward kept as it found it (retain_graph=True)."""
+    shape = (2, 3, 4)
+    qkv, eps = inputs(shape, eps_heads=1)
+    out = run(qkv, eps, shape, True, include_self=True, size_bias=True)
+    first = torch.autograd.grad(out.square().sum(), qkv + eps, retain_graph=True)
+    second = torch.autograd.grad(out.square().sum(), qkv + eps)
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize(
     "case",
     ["fused", "no-grad", "bfloat16", "leaf-mask", "leaky-causal", "node-major-leaves", "large"],
