@@ -145,8 +145,7 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias):
         w = p if down is None else p * torch.exp(down).unsqueeze(-1)
         own = None
         if d == depth - 1 and include_self:
-            w = w.clone() if w is p else w
-            own = torch.exp(u)  # a leaf's own weight e^u on the diagonal
+            own = torch.exp(u)  # a leaf's own weight e^u on the diagonal of its new w
             w.diagonal(dim1=-2, dim2=-1).copy_(own)
         level += [mu, w, own]
         acc = _product(w, level[2], None if acc is None else acc.unsqueeze(1), 1 / n)
