@@ -115,19 +115,19 @@ def token_product(p: Tensor, v: Tensor, base: Tensor | None) -> Tensor:
     return _TokenProduct.apply(p, v, base)
 
 
-def _per_head(fn, heads: int, dim: int) -> Tensor:
+def per_head(fn, heads: int, dim: int) -> Tensor:
     """``fn(h)`` for every head, stacked along ``dim``."""
     return torch.stack([fn(h) for h in range(heads)], dim)
 
 
-def _head_gram(x: Tensor, y: Tensor, alpha: float = 1.0) -> Tensor:
+def head_gram(x: Tensor, y: Tensor, alpha: float = 1.0) -> Tensor:
     """``alpha * x_h @ y_h^T`` for every head ``h`` of node-major ``x [F, b, H, c]`` and
     ``y [F, b', H, c]``: heads first, ``[H, F, b, b']``. Written head by head into one
     buffer (``baddbmm_`` with ``beta=0``: no stacking copy and no scaling pass), unless
     autograd records it (the backward of a double backward): then stacked, differentiable."""
     heads = x.size(2)
     if torch.is_grad_enabled():
-        out = _per_head(lambda h: x[:, :, h] @ y[:, :, h].transpose(1, 2), heads, 0)
+        out = per_head(lambda h: x[:, :, h] @ y[:, :, h].transpose(1, 2), heads, 0)
         return out if alpha == 1.0 else out * alpha
     out = x.new_empty(heads, x.size(0), x.size(1), y.size(1))
     for h in range(heads):
@@ -135,7 +135,7 @@ def _head_gram(x: Tensor, y: Tensor, alpha: float = 1.0) -> Tensor:
     return out
 
 
-def _plus(base: Tensor | None, h: int, rows: int) -> Tensor | None:
+def head_rows(base: Tensor | None, h: int, rows: int) -> Tensor | None:
     """Head ``h`` of a ``[H, F, 1, c]`` base, broadcast to ``[F, rows, c]`` (a view)."""
     return None if base is None else base[h].expand(-1, rows, -1)
 
@@ -151,7 +151,7 @@ class _TokenScores(torch.autograd.Function):
         ctx.save_for_backward(q, k)
         ctx.tau = tau
         ctx.set_materialize_grads(False)
-        logits = _head_gram(q, k, tau)
+        logits = head_gram(q, k, tau)
         if sums_dtype is None:
             return (logits,)
         return logits, token_sum(q, sums_dtype), token_sum(k, sums_dtype)
@@ -166,11 +166,11 @@ class _TokenScores(torch.autograd.Function):
             grads = [None if g is None else g.permute(1, 2, 0, 3).expand_as(q) for g in bases]
             return *grads, None, None
         grad = grad * ctx.tau
-        grad_q = _per_head(
-            lambda h: _product(grad[h], k[:, :, h], _plus(bases[0], h, rows)), heads, 2
+        grad_q = per_head(
+            lambda h: _product(grad[h], k[:, :, h], head_rows(bases[0], h, rows)), heads, 2
         )
-        grad_k = _per_head(
-            lambda h: _product(grad[h].mT, q[:, :, h], _plus(bases[1], h, rows)), heads, 2
+        grad_k = per_head(
+            lambda h: _product(grad[h].mT, q[:, :, h], head_rows(bases[1], h, rows)), heads, 2
         )
         return grad_q, grad_k, None, None
 
@@ -181,7 +181,9 @@ class _TokenProduct(torch.autograd.Function):
         ctx.save_for_backward(p, v)
         ctx.has_base = base is not None
         rows = v.size(1)
-        return _per_head(lambda h: _product(p[h], v[:, :, h], _plus(base, h, rows)), v.size(2), 2)
+        return per_head(
+            lambda h: _product(p[h], v[:, :, h], head_rows(base, h, rows)), v.size(2), 2
+        )
 
     @staticmethod
     def backward(ctx, grad):
@@ -189,7 +191,7 @@ class _TokenProduct(torch.autograd.Function):
         if 0 in grad.stride():  # a broadcast gradient: bmm would run it matrix by matrix
             grad = grad.contiguous()
         heads = v.size(2)
-        grad_p = _head_gram(grad, v)
-        grad_v = _per_head(lambda h: p[h].transpose(1, 2) @ grad[:, :, h], heads, 2)
+        grad_p = head_gram(grad, v)
+        grad_v = per_head(lambda h: p[h].transpose(1, 2) @ grad[:, :, h], heads, 2)
         grad_base = grad.sum(1).transpose(0, 1).unsqueeze(2) if ctx.has_base else None
         return grad_p, grad_v, grad_base

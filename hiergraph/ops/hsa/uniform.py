@@ -22,10 +22,10 @@ memory viewed with one more dimension. So
 
 Each level costs a fixed, small number of tensor operations on static shapes, for every
 tree and head at once, with no copies between layouts and no host synchronisation. When a
-gradient is taken without a leaf mask, in float32 or float64, on inputs whose leaves are
-not read node-major (heads-first ones, below) of up to 4M elements, the op is one autograd
-node whose backward is written out (:mod:`~hiergraph.ops.hsa.uniform_fused`, :func:`fused`);
-otherwise every operation is recorded: the
+gradient is taken without a leaf mask, in float32 or float64, on up to 4M elements, the op
+is one autograd node whose backward is written out (:mod:`~hiergraph.ops.hsa.uniform_fused`,
+:func:`fused`; its leaf level reads node-major inputs in place as below); otherwise every
+operation is recorded: the
 path runs under ``torch.compile(fullgraph=True)`` and is differentiable twice (its small
 autograd functions, :func:`scores`, :func:`~hiergraph.ops.hsa.family.family_product`,
 :func:`~hiergraph.ops.hsa.family.family_sum` and :func:`dense_gradient`, have backwards
@@ -119,21 +119,22 @@ def uniform_hierarchical_attention(
     # node-major leaves are read where they lie (token_layout); more heads without gradients
     grad = records_grad(q, k, v)
     tokens = all(token_layout.fits(t, fanout[-1], grad) for t in (q, k, v))
-    if fuse and not tokens and fused(q, grad, weight, padding, left_only, above):
+    if fuse and fused(q, grad, weight, padding, left_only, above):
         options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
 
         def recorded(*inputs):  # the same op, recorded by autograd (second derivatives)
-            rows = [t.transpose(0, 1) for t in inputs[:3]]
+            rows = inputs[:3] if tokens else [t.transpose(0, 1) for t in inputs[:3]]
             out = uniform_hierarchical_attention(
                 *rows, shape, inputs[3], left_only=False, leaf_mask=None, fuse=False, **options
             )
-            return out.transpose(0, 1)
+            return out if tokens else out.transpose(0, 1)
 
-        leaves = [heads_first(t) for t in (q, k, v)]
+        # node-major leaves are read where they lie, and the output comes in their layout
+        leaves = (q, k, v) if tokens else [heads_first(t) for t in (q, k, v)]
         out = uniform_fused.fused_uniform_attention(
-            *leaves, fanout, eps, recorded=recorded, **options
+            *leaves, fanout, eps, recorded=recorded, node_major=tokens, **options
         )
-        return like(out, q)
+        return out if tokens else like(out, q)
     zero_rows = weight is not None and not padding and not tokens and not is_heads_first(q)
     if tokens:
         rho = [token_layout.token_families(t, fanout[-1]) for t in (q, k, v)]

@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hiergraph.ops.hsa import token_layout
 from hiergraph.ops.hsa.family import family_gram, family_product
 
 #: Largest ``q`` (elements) that runs fused. Above it the memory of the passes dominates,
@@ -71,29 +72,35 @@ def fused_uniform_attention(
     tau: float,
     size_bias: bool,
     recorded,
+    node_major: bool = False,
 ) -> Tensor:
     r"""HSA of heads-first ``q, k [H, L, d]``, ``v [H, L, d_v]`` over a forest with
     ``fanout`` ``(b_1, …, b_D)`` and no masked leaf (``L`` a multiple of
     :math:`b_1 \cdots b_D`); ``eps`` per depth ``[H | 1, n_d, c]``. ``recorded`` is the
     same op with autograd recording, ``recorded(q, k, v, eps)`` (second derivatives).
-    Returns ``[H, L, d_v]``."""
+    Returns ``[H, L, d_v]``. ``node_major``: ``q, k, v`` are contiguous ``[L, H, ·]``
+    instead, read where they lie by the leaf level (one product per head on strided views,
+    :mod:`~hiergraph.ops.hsa.token_layout`), and the output and the gradients of ``q, k,
+    v`` come in that layout, ``[L, H, ·]``."""
     eps = [] if eps is None else list(eps)
-    options = (tuple(fanout), include_self, tau, size_bias, recorded)
+    options = (tuple(fanout), include_self, tau, size_bias, recorded, node_major)
     return _FusedUniform.apply(options, q, k, v, *eps)
 
 
 class _FusedUniform(torch.autograd.Function):
     @staticmethod
     def forward(ctx, options, q, k, v, *eps):
-        fanout, include_self, tau, size_bias, _ = options
-        out, levels = _forward(q, k, v, eps or None, fanout, include_self, tau, size_bias)
+        fanout, include_self, tau, size_bias, _, node_major = options
+        out, levels = _forward(
+            q, k, v, eps or None, fanout, include_self, tau, size_bias, node_major
+        )
         ctx.options, ctx.levels = options, levels
         ctx.save_for_backward(q, k, v, *eps)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        fanout, include_self, tau, _, recorded = ctx.options
+        fanout, include_self, tau, _, recorded, node_major = ctx.options
         q, k, v, *eps = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
             inputs = (q, k, v, *eps)  # the saved inputs, still part of the graph
@@ -101,21 +108,28 @@ class _FusedUniform(torch.autograd.Function):
             wanted = [t for t in inputs if t.requires_grad]
             found = iter(torch.autograd.grad(out, wanted, grad, create_graph=True))
             return None, *(next(found) if t.requires_grad else None for t in inputs)
-        grads = _backward(grad.contiguous(), ctx.levels, fanout, include_self, tau, len(eps))
+        grads = _backward(
+            grad.contiguous(), ctx.levels, fanout, include_self, tau, len(eps), node_major
+        )
         return None, *grads
 
 
-def _forward(q, k, v, eps, fanout, include_self, tau, size_bias):
+def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, node_major):
     """The two passes without recording; returns the output and, per level, what the
     backward reads. A level's families are ``[H F, b, ·]`` batches (views of its node rows
     ``[H, n, ·]``), and its nodes' rows are the *sums* of their ``n`` leaves' rows, so
     pooling is one sum and the means' ``1 / n`` goes into the products' scale."""
-    depth, heads = len(fanout), q.size(0)
+    depth, heads = len(fanout), q.size(1 if node_major else 0)
     rows, energy, levels = (q, k, v), None, [None] * depth
     for d in range(depth - 1, -1, -1):  # bottom-up
         b, n = fanout[d], math.prod(fanout[d + 1 :])
-        qf, kf, vf = (t.reshape(-1, b, t.size(-1)) for t in rows)
-        logits = _gram(qf, kf, tau / (n * n))
+        tokens = node_major and d == depth - 1  # leaves [F, b, H, ·], logits heads first
+        if tokens:
+            qf, kf, vf = (token_layout.token_families(t, b) for t in rows)
+            logits = token_layout.head_gram(qf, kf, tau).view(-1, b, b)
+        else:
+            qf, kf, vf = (t.reshape(-1, b, t.size(-1)) for t in rows)
+            logits = _gram(qf, kf, tau / (n * n))
         e = None if eps is None else eps[d].reshape(eps[d].size(0), -1, b, eps[d].size(-1))
         if e is not None:
             logits.view(heads, -1, b, b).add_(family_gram(e, e))
@@ -129,7 +143,9 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias):
         if d:
             total = lse if energy is None else torch.logaddexp(energy, lse)
             energy = total.mean(-1).view(-1, fanout[d - 1])
-            rows = [t.sum(1) for t in (qf, kf, vf)]
+            rows = [
+                token_layout.token_sum(t, t.dtype) if tokens else t.sum(1) for t in (qf, kf, vf)
+            ]
     u = acc = None
     for d in range(depth):  # top-down
         level = levels[d]
@@ -148,11 +164,27 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias):
             own = torch.exp(u)  # a leaf's own weight e^u on the diagonal of its new w
             w.diagonal(dim1=-2, dim2=-1).copy_(own)
         level += [mu, w, own]
+        if node_major and d + 1 == depth:  # the output, in the leaves' node-major memory
+            base = None if acc is None else acc.view(heads, -1, 1, acc.size(-1))
+            out = _head_products(w.view(heads, -1, *w.shape[1:]), level[2], base)
+            return out.flatten(0, 1), levels
         acc = _product(w, level[2], None if acc is None else acc.unsqueeze(1), 1 / n)
         if d + 1 < depth:
             acc = acc.view(-1, acc.size(-1))  # the next level's families' rows
             u = None if u is None else u.reshape(-1, 1)
     return acc.view(heads, -1, acc.size(-1)), levels
+
+
+def _head_products(p: Tensor, x: Tensor, base: Tensor | None, alpha: float = 1.0) -> Tensor:
+    """``base + alpha p_h x_h`` for every head ``h`` of heads-first weights ``p [H, F, m,
+    b]``, node-major rows ``x [F, b, H, c]`` and ``base [H, F, 1, c]`` (``None``: 0),
+    written node-major: ``[F, m, H, c]``."""
+    rows = p.size(-2)
+    return token_layout.per_head(
+        lambda h: _product(p[h], x[:, :, h], token_layout.head_rows(base, h, rows), alpha),
+        x.size(2),
+        2,
+    )
 
 
 def _gram(x: Tensor, y: Tensor, alpha: float) -> Tensor:
@@ -196,16 +228,23 @@ def _softmax_off_diagonal(logits: Tensor, diagonal: Tensor) -> tuple[Tensor, Ten
     return total.log_().add_(peak).squeeze(-1), p
 
 
-def _backward(grad, levels, fanout, include_self, tau, num_eps):
+def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major):
     """The two sweeps of the module docstring; returns the gradients of ``q, k, v`` and of
     the position embeddings."""
-    depth, heads = len(fanout), grad.size(0)
-    g = grad.view(-1, fanout[-1], grad.size(-1))
+    depth, heads = len(fanout), grad.size(1 if node_major else 0)
+    if node_major:  # [F, b, H, d_v], read in place at the leaves
+        g = token_layout.token_families(grad, fanout[-1])
+    else:
+        g = grad.view(-1, fanout[-1], grad.size(-1))
     du, sweep = None, [None] * depth  # du: gradient of the log mass u of the level's nodes
     for d in range(depth - 1, -1, -1):  # leaves to roots: accumulator and log mass
         level = levels[d]
         n, w, own = level[7], level[9], level[10]
-        dw = _gram(g, level[2], 1 / n)
+        tokens = node_major and d == depth - 1
+        if tokens:
+            dw = token_layout.head_gram(g, level[2]).view(-1, *w.shape[1:])
+        else:
+            dw = _gram(g, level[2], 1 / n)
         dw_w = dw.mul_(w)
         d_down = dw_w.sum(-1)  # with the leaves' own weights: d delta + du
         if own is not None:
@@ -215,7 +254,8 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps):
         if d:
             up = d_down if du is None else d_down + du
             du = up.sum(-1).view(-1, fanout[d - 1])
-            g = g.sum(1).view(-1, fanout[d - 1], g.size(-1))
+            g = token_layout.token_sum(g, g.dtype) if tokens else g.sum(1)
+            g = g.view(-1, fanout[d - 1], g.size(-1))
     da_parent, pooled, eps_grads = None, [None] * 3, []
     for d in range(depth):  # roots to leaves: energies, softmax, rows
         qf, kf, _, e, p, _, a, n, mu, w, own = levels[d]
@@ -233,15 +273,33 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps):
         if own is not None:
             ds.diagonal(dim1=-2, dim2=-1).copy_(da)
         scale = tau / (n * n)
+        if node_major and d + 1 == depth:  # node-major leaves: gradients in their layout
+            ds4, w4 = ds.view(heads, -1, b, b), w.view(heads, -1, b, b)
+            bases = [None if t is None else t.view(heads, -1, 1, t.size(-1)) for t in pooled]
+            grads = (
+                _head_products(ds4, kf, bases[0], scale),
+                _head_products(ds4.transpose(-1, -2), qf, bases[1], scale),
+                _head_products(w4.transpose(-1, -2), g, bases[2]),
+            )
+            if num_eps:
+                eps_grads.append(_eps_gradient(ds, e, heads))
+            return (*(t.flatten(0, 1) for t in grads), *eps_grads)
         dq = _product(ds, kf, pooled[0], scale)
         dk = _product(ds.transpose(1, 2), qf, pooled[1], scale)
         dv = _product(w.transpose(1, 2), g, pooled[2], 1 / n)
         if num_eps:
-            ds_e = ds.view(heads, -1, b, b)
-            ds_e = ds_e if e.size(0) == heads else ds_e.sum(0, keepdim=True)
-            de = family_product(ds_e.transpose(-1, -2), e, family_product(ds_e, e))
-            eps_grads.append(de.flatten(1, 2))
+            eps_grads.append(_eps_gradient(ds, e, heads))
         if d + 1 < depth:
             pooled = [t.view(-1, 1, t.size(-1)) for t in (dq, dk, dv)]
             da_parent = None if da is None else da.view(-1)
     return (*(t.view(heads, -1, t.size(-1)) for t in (dq, dk, dv)), *eps_grads)
+
+
+def _eps_gradient(ds: Tensor, e: Tensor, heads: int) -> Tensor:
+    """The gradient ``(dS + dS^T) e`` ``[H | 1, n, c]`` of a level's position embeddings
+    ``e [H | 1, F, b, c]`` from its logits' gradient ``ds [H F, b, b]`` (summed over the
+    heads for an embedding shared by them)."""
+    b = ds.size(-1)
+    ds = ds.view(heads, -1, b, b)
+    ds = ds if e.size(0) == heads else ds.sum(0, keepdim=True)
+    return family_product(ds.transpose(-1, -2), e, family_product(ds, e)).flatten(1, 2)

@@ -19,15 +19,15 @@ OPTIONS = [
 ]
 
 
-def inputs(shape, heads=3, d=4, d_v=5, eps_heads=None, seed=0):
-    """Heads-first ``q, k, v`` viewed ``[L, H, ·]`` and optional position embeddings per
-    depth ``[eps_heads, n_d, 2]``, all requiring gradients."""
+def inputs(shape, heads=3, d=4, d_v=5, eps_heads=None, seed=0, node_major=False):
+    """Heads-first ``q, k, v`` viewed ``[L, H, ·]`` (``node_major``: contiguous ``[L, H,
+    ·]``, whose leaf level is read in place when its families have 3 or more members) and
+    optional position embeddings per depth ``[eps_heads, n_d, 2]``, all requiring
+    gradients."""
     gen = torch.Generator().manual_seed(seed)
     leaves = math.prod(shape)
-    qkv = [
-        torch.randn(heads, leaves, c, generator=gen, **F64).transpose(0, 1).requires_grad_()
-        for c in (d, d, d_v)
-    ]
+    qkv = [torch.randn(heads, leaves, c, generator=gen, **F64).transpose(0, 1) for c in (d, d, d_v)]
+    qkv = [(t.contiguous() if node_major else t).requires_grad_() for t in qkv]
     eps = None
     if eps_heads is not None:
         sizes = [math.prod(shape[: i + 1]) for i in range(1, len(shape))]
@@ -44,9 +44,10 @@ def run(qkv, eps, shape, fuse, **options):
 @pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
 @pytest.mark.parametrize("eps_heads", [None, 1, 3], ids=["no-eps", "eps-1-head", "eps-per-head"])
-def test_equals_the_recorded_op_with_gradients(trees, fanout, options, eps_heads):
+@pytest.mark.parametrize("node_major", [False, True], ids=["heads-first", "node-major"])
+def test_equals_the_recorded_op_with_gradients(trees, fanout, options, eps_heads, node_major):
     shape = (trees, *fanout)
-    qkv, eps = inputs(shape, eps_heads=eps_heads)
+    qkv, eps = inputs(shape, eps_heads=eps_heads, node_major=node_major)
     out = run(qkv, eps, shape, True, **options)
     ref = run(qkv, eps, shape, False, **options)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
@@ -96,10 +97,10 @@ def test_backward_twice_with_a_retained_graph():
 
 @pytest.mark.parametrize(
     "case",
-    ["fused", "no-grad", "bfloat16", "leaf-mask", "leaky-causal", "node-major-leaves", "large"],
+    ["fused", "node-major-leaves", "no-grad", "bfloat16", "leaf-mask", "leaky-causal", "large"],
 )
 def test_recorded_where_the_fused_op_does_not_apply(case, monkeypatch):
-    """Which inputs take the fused op ("fused": heads-first float64 with a gradient)."""
+    """Which inputs take the fused op (float64 with a gradient, heads first or node-major)."""
     shape = (2, 3, 4)
     qkv, _ = inputs(shape, heads=2)
     options = dict(left_only=False, leaf_mask=None, tau=0.7, include_self=True, size_bias=True)
@@ -120,15 +121,16 @@ def test_recorded_where_the_fused_op_does_not_apply(case, monkeypatch):
     while node is not None and len(names) < 4:
         names.append(type(node).__name__)
         node = node.next_functions[0][0] if node.next_functions else None
-    assert ("_FusedUniformBackward" in names) == (case == "fused")
+    assert ("_FusedUniformBackward" in names) == (case in ("fused", "node-major-leaves"))
 
 
-@pytest.mark.parametrize("fanout", [(2, 3), (3, 2)], ids=["pairs", "triples"])
-def test_second_derivatives(fanout):
+@pytest.mark.parametrize("fanout", [(2, 3), (3, 2)], ids=["triples", "pairs"])
+@pytest.mark.parametrize("node_major", [False, True], ids=["heads-first", "node-major"])
+def test_second_derivatives(fanout, node_major):
     """create_graph=True differentiates the recorded op: second derivatives through the
     fused node, position embeddings included."""
     shape = (2, *fanout)
-    qkv, eps = inputs(shape, heads=2, d=2, d_v=2, eps_heads=1)
+    qkv, eps = inputs(shape, heads=2, d=2, d_v=2, eps_heads=1, node_major=node_major)
 
     def op(q, k, v, *eps):
         return run([q, k, v], list(eps), shape, True, include_self=True, size_bias=True)
