@@ -61,18 +61,7 @@ class _MaskedSoftmax(torch.autograd.Function):
         ctx, logits: Tensor, drop: Tensor, dim: int, rows_nonempty: bool
     ) -> tuple[Tensor, Tensor]:
         x = logits.masked_fill(drop, float("-inf"))  # a scalar: no host-to-device copy
-        if x.size(dim) == 0:  # no entries at all (e.g. no keys): every row is empty
-            lse, p = x.sum(dim).fill_(float("-inf")), x
-        else:
-            m = x.amax(dim=dim, keepdim=True)
-            if not rows_nonempty:
-                m = m.masked_fill(m == float("-inf"), 0.0)  # rows with no entry: e = 0 below
-            e = x.sub_(m).exp_()
-            s = e.sum(dim=dim, keepdim=True)
-            # a row with an entry has s >= 1 (its maximum adds e^0); an empty row has s = 0,
-            # so log s = -inf there and e / max(s, 1) = 0
-            p = e.div_(s if rows_nonempty else s.clamp(min=1.0))
-            lse = s.log_().add_(m).squeeze(dim)
+        lse, p = softmax_(x, dim, rows_nonempty=rows_nonempty)
         ctx.dim = dim
         ctx.save_for_backward(p)
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None
@@ -91,6 +80,23 @@ class _MaskedSoftmax(torch.autograd.Function):
             if grad_lse is not None:
                 shift = shift + grad_lse.unsqueeze(dim)
         return p * shift, None, None, None
+
+
+def softmax_(x: Tensor, dim: int = -1, *, rows_nonempty: bool = False) -> tuple[Tensor, Tensor]:
+    """``(lse, weights)`` of the logits ``x`` whose left-out entries are ``-inf`` already,
+    the weights written over ``x`` (no autograd: the forward of :func:`softmax_dropping`, and
+    of ops with a written-out backward). ``rows_nonempty`` as there."""
+    if x.size(dim) == 0:  # no entries at all (e.g. no keys): every row is empty
+        return x.sum(dim).fill_(float("-inf")), x
+    m = x.amax(dim=dim, keepdim=True)
+    if not rows_nonempty:
+        m = m.masked_fill(m == float("-inf"), 0.0)  # rows with no entry: e = 0 below
+    e = x.sub_(m).exp_()
+    s = e.sum(dim=dim, keepdim=True)
+    # a row with an entry has s >= 1 (its maximum adds e^0); an empty row has s = 0, so
+    # log s = -inf there and e / max(s, 1) = 0
+    p = e.div_(s if rows_nonempty else s.clamp(min=1.0))
+    return s.log_().add_(m).squeeze(dim), p
 
 
 def scatter_softmax(logits: Tensor, index: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:

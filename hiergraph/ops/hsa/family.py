@@ -458,7 +458,7 @@ class _PairSum(torch.autograd.Function):
         return grad.to(ctx.dtype).unsqueeze(-2).expand(*grad.shape[:-1], 2, grad.size(-1)), None
 
 
-def _pair_product(p: Tensor, v: Tensor, base: Tensor | None) -> Tensor:
+def pair_product(p: Tensor, v: Tensor, base: Tensor | None) -> Tensor:
     first = (
         p[..., :1] * v[..., :1, :]
         if base is None
@@ -478,7 +478,7 @@ class _PairProduct(torch.autograd.Function):
     def forward(ctx, p: Tensor, v: Tensor, base: Tensor | None) -> Tensor:
         ctx.save_for_backward(p, v)
         ctx.base_shape = None if base is None else base.shape
-        return _pair_product(p, v, base)
+        return pair_product(p, v, base)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -492,3 +492,19 @@ class _PairProduct(torch.autograd.Function):
             family_product(p.transpose(-1, -2), grad),
             grad_base,
         )
+
+
+def sibling_of_two(logits: Tensor, keys: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    r"""``lse [..., 2]`` and ``p [..., 2, 2]`` (a broadcast view) of the (biased) logits
+    ``[..., 2, 2]`` of families of two without ``left_only``, as
+    :func:`~hiergraph.ops.logspace.softmax_dropping` gives them: a node's one key is its
+    sibling :math:`B`, whose weight is 1 and :math:`\mathrm{lse}` its logit; with ``keys``
+    (broadcastable to ``[..., 2]``, false for nodes without leaves) a sibling that
+    is no key gives weight 0 and :math:`\mathrm{lse} = -\infty`. No softmax passes; the
+    weights are constants."""
+    lse = logits.flip(-1).diagonal(dim1=-2, dim2=-1)  # s(C, sibling of C)
+    swap = 1.0 - torch.eye(2, dtype=logits.dtype, device=logits.device)
+    if keys is None:
+        return lse, swap.expand_as(logits)
+    lse = torch.where(keys.flip(-1), lse, float("-inf"))
+    return lse, (swap * keys.unsqueeze(-2).to(logits.dtype)).expand_as(logits)

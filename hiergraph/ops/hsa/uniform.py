@@ -397,7 +397,7 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias, sums_dtype=None,
     pair = b == 2 and not left_only
     if isinstance(n, int):  # all leaves valid: log n(B) is one shift of the level
         if pair:
-            lse, p = _sibling_of_two(logits)
+            lse, p = family.sibling_of_two(logits)
         else:  # b >= 2: without left_only every row keeps a key
             drop = _left_out(b, left_only, q.device)
             lse, p = softmax_dropping(logits, drop, rows_nonempty=not left_only)
@@ -408,7 +408,7 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias, sums_dtype=None,
     if size_bias:
         biased = logits + torch.log(n.clamp(min=1)).unsqueeze(2).to(logits.dtype)
     if pair:
-        return logits, *_sibling_of_two(biased, n > 0), qk_sums
+        return logits, *family.sibling_of_two(biased, n > 0), qk_sums
     drop = _left_out(b, left_only, q.device) | (n <= 0).unsqueeze(2)
     return logits, *softmax_dropping(biased, drop), qk_sums
 
@@ -418,21 +418,6 @@ def _left_out(b: int, left_only: bool, device) -> Tensor:
     and with ``left_only`` its right siblings."""
     ar = torch.arange(b, device=device)
     return ar[None, :] >= ar[:, None] if left_only else ar[None, :] == ar[:, None]
-
-
-def _sibling_of_two(logits: Tensor, keys: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    r"""``lse [H, F, 2]`` and ``p [H, F, 2, 2]`` of the (biased) logits of families of two
-    without ``left_only``, as :func:`~hiergraph.ops.logspace.softmax_dropping` gives them:
-    a node's one key is its sibling :math:`B`, whose weight is 1 and :math:`\mathrm{lse}`
-    its logit; with ``keys`` (``[1, F, 2]``, false for nodes without leaves) a sibling that
-    is no key gives weight 0 and :math:`\mathrm{lse} = -\infty`. No softmax passes; the
-    weights are constants."""
-    lse = logits.flip(-1).diagonal(dim1=-2, dim2=-1)  # s(C, sibling of C)
-    swap = 1.0 - torch.eye(2, dtype=logits.dtype, device=logits.device)
-    if keys is None:
-        return lse, swap.expand_as(logits)
-    lse = torch.where(keys.flip(-1), lse, float("-inf"))
-    return lse, (swap * keys.unsqueeze(-2).to(logits.dtype)).expand_as(logits)
 
 
 def scores(

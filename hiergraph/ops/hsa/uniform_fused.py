@@ -50,8 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hiergraph.ops.hsa import token_layout
-from hiergraph.ops.hsa.family import family_gram, family_product
+from hiergraph.ops.hsa import family, token_layout
+from hiergraph.ops.logspace import softmax_
 
 #: Largest ``q`` (elements) that runs fused. Above it the memory of the passes dominates,
 #: where the fused op keeps more at once (a level's weights before and after the gates, and
@@ -130,14 +130,18 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, node_major):
             logits = token_layout.head_gram(qf, kf, tau).view(-1, b, b)
         else:
             qf, kf, vf = (t.reshape(-1, b, t.size(-1)) for t in rows)
-            logits = _gram(qf, kf, tau / (n * n))
+            logits = family.family_gram(qf, kf, tau / (n * n))
         e = None if eps is None else eps[d].reshape(eps[d].size(0), -1, b, eps[d].size(-1))
         if e is not None:
-            logits.view(heads, -1, b, b).add_(family_gram(e, e))
+            logits.view(heads, -1, b, b).add_(family.family_gram(e, e))
         diagonal = logits.diagonal(dim1=-2, dim2=-1)
         if d == depth - 1 and include_self:
             energy = diagonal.clone()
-        lse, p = _softmax_off_diagonal(logits, diagonal)
+        if b == 2:  # a node's one key is its sibling: no exponentials
+            lse, p = family.sibling_of_two(logits)
+        else:
+            diagonal.fill_(float("-inf"))
+            lse, p = softmax_(logits, rows_nonempty=True)
         if size_bias and n > 1:  # every key's leaf count n: log n shifts the level
             lse += math.log(n)
         levels[d] = [qf, kf, vf, e, p, lse, energy, n]
@@ -188,45 +192,15 @@ def _head_products(p: Tensor, x: Tensor, base: Tensor | None, alpha: float = 1.0
     )
 
 
-def _gram(x: Tensor, y: Tensor, alpha: float) -> Tensor:
-    """``alpha x y^T`` of ``[N, b, c]`` batches (:func:`family_gram`'s grouped products
-    for families of four)."""
-    if x.size(1) == 4:
-        return family_gram(x, y, alpha)
-    return torch.bmm(x, y.transpose(1, 2)).mul_(alpha)
-
-
 def _product(p: Tensor, v: Tensor, base: Tensor | None, alpha: float = 1.0) -> Tensor:
     """``base + alpha p v`` of ``p [N, m, b]``, ``v [N, b, c]`` and ``base`` broadcast to
     ``[N, m, c]`` (``None``: 0); families of two on the CPU as two multiply-adds
     (:func:`~hiergraph.ops.hsa.family.family_product`)."""
     if p.size(-1) == 2 and p.device.type == "cpu":
-        p = p if alpha == 1.0 else p * alpha
-        first = (
-            p[..., :1] * v[:, None, 0]
-            if base is None
-            else torch.addcmul(base, p[..., :1], v[:, None, 0])
-        )
-        return first.addcmul_(p[..., 1:], v[:, None, 1])
+        return family.pair_product(p if alpha == 1.0 else p * alpha, v, base)
     if base is None:
         return torch.bmm(p, v) if alpha == 1.0 else torch.bmm(p, v).mul_(alpha)
     return torch.baddbmm(base, p, v, alpha=alpha)
-
-
-def _softmax_off_diagonal(logits: Tensor, diagonal: Tensor) -> tuple[Tensor, Tensor]:
-    """``lse [N, b]`` and the weights ``[N, b, b]`` of a family's softmax over the
-    siblings (the diagonal left out), in place in ``logits``; families of two need no
-    exponentials (a node's one key is its sibling)."""
-    if logits.size(-1) == 2:
-        lse = logits.flip(-1).diagonal(dim1=-2, dim2=-1).clone()
-        swap = 1.0 - torch.eye(2, dtype=logits.dtype, device=logits.device)
-        return lse, logits.copy_(swap.expand_as(logits))
-    diagonal.fill_(float("-inf"))
-    peak = logits.amax(-1, keepdim=True)
-    p = logits.sub_(peak).exp_()
-    total = p.sum(-1, keepdim=True)
-    p.div_(total)
-    return total.log_().add_(peak).squeeze(-1), p
 
 
 def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major):
@@ -245,7 +219,7 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major):
         if tokens:
             dw = token_layout.head_gram(g, level[2]).view(-1, *w.shape[1:])
         else:
-            dw = _gram(g, level[2], 1 / n)
+            dw = family.family_gram(g, level[2], 1 / n)
         dw_w = dw.mul_(w)
         d_down = dw_w.sum(-1)  # with the leaves' own weights: d delta + du
         if own is not None:
@@ -266,9 +240,10 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major):
         if a is None:  # no gate: mu = 0 and lse reaches the parent's energy alone
             da, dlse = None, g_energy
         else:
-            dx = du * (1 - mu) - d_down * mu
+            rest = 1 - mu
+            dx = du * rest - d_down * mu
             da = dx if g_energy is None else dx + g_energy * mu
-            dlse = -dx if g_energy is None else g_energy * (1 - mu) - dx
+            dlse = -dx if g_energy is None else g_energy * rest - dx
         shift = d_down if dlse is None else d_down - dlse
         ds.sub_(p * shift.unsqueeze(-1))
         if own is not None:
@@ -303,4 +278,6 @@ def _eps_gradient(ds: Tensor, e: Tensor, heads: int) -> Tensor:
     b = ds.size(-1)
     ds = ds.view(heads, -1, b, b)
     ds = ds if e.size(0) == heads else ds.sum(0, keepdim=True)
-    return family_product(ds.transpose(-1, -2), e, family_product(ds, e)).flatten(1, 2)
+    return family.family_product(ds.transpose(-1, -2), e, family.family_product(ds, e)).flatten(
+        1, 2
+    )

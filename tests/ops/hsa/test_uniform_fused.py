@@ -35,6 +35,16 @@ def inputs(shape, heads=3, d=4, d_v=5, eps_heads=None, seed=0, node_major=False)
     return qkv, eps
 
 
+def graph_nodes(out, count=4):
+    """The names of the first ``count`` autograd nodes on the path from ``out``'s first
+    input."""
+    names, node = [], out.grad_fn
+    while node is not None and len(names) < count:
+        names.append(type(node).__name__)
+        node = node.next_functions[0][0] if node.next_functions else None
+    return names
+
+
 def run(qkv, eps, shape, fuse, **options):
     return uniform_hierarchical_attention(
         *qkv, shape, eps, left_only=False, leaf_mask=None, tau=0.7, fuse=fuse, **options
@@ -50,6 +60,7 @@ def test_equals_the_recorded_op_with_gradients(trees, fanout, options, eps_heads
     qkv, eps = inputs(shape, eps_heads=eps_heads, node_major=node_major)
     out = run(qkv, eps, shape, True, **options)
     ref = run(qkv, eps, shape, False, **options)
+    assert "_FusedUniformBackward" in graph_nodes(out)  # not the recorded op twice
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     upstream = torch.randn_like(ref)
     leaves = qkv + (eps or [])
@@ -116,12 +127,7 @@ def test_recorded_where_the_fused_op_does_not_apply(case, monkeypatch):
         qkv = [t.detach().contiguous().requires_grad_() for t in qkv]
     with torch.set_grad_enabled(case != "no-grad"):
         out = uniform_hierarchical_attention(*qkv, shape, None, **options)
-    names = []
-    node = out.grad_fn
-    while node is not None and len(names) < 4:
-        names.append(type(node).__name__)
-        node = node.next_functions[0][0] if node.next_functions else None
-    assert ("_FusedUniformBackward" in names) == (case in ("fused", "node-major-leaves"))
+    assert ("_FusedUniformBackward" in graph_nodes(out)) == (case in ("fused", "node-major-leaves"))
 
 
 @pytest.mark.parametrize("fanout", [(2, 3), (3, 2)], ids=["triples", "pairs"])
