@@ -21,7 +21,12 @@ Then the next 256 tokens are timed once more, each cache in a block of its own
 step of one cache follows a step of the other, and the flat cache's pass over
 its ``N`` keys and values evicts the CPU caches, which a short hierarchical step
 then refills (at 64K that is a 64 MiB pass per token); alone, each step follows
-its own previous step.
+its own previous step. A last block of 256 tokens (``hierarchical_evicted``)
+separates the two effects: before every hierarchical step the process reads a
+buffer of :data:`EVICT_BYTES` (the flat cache's size at 64K), the same at every
+context, so each step starts from cold CPU caches as in a model whose other
+layers run between two steps of this one, and its growth with ``N`` is the
+cache's own.
 
 Per context length the JSON holds the mean and median time per token, both as
 wall-clock time (``perf_counter``) and as CPU time of the thread (``thread_time``,
@@ -48,13 +53,16 @@ from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_sched
 
 HEADS, DIM, BRANCH, WINDOW = 4, 32, 16, 256
 RESULTS = Path(__file__).parent / "results"
+#: Bytes read before every step of ``hierarchical_evicted``: the flat cache's keys and
+#: values at a 64K context (4 heads x 32 channels, float32), larger than the CPU caches.
+EVICT_BYTES = 64 << 20
 
 
-METHODS = ("hierarchical", "flat", "hierarchical_alone", "flat_alone")
+METHODS = ("hierarchical", "flat", "hierarchical_alone", "flat_alone", "hierarchical_evicted")
 
 
 def run(contexts: list[int], seed: int = 0) -> list[dict]:
-    total = contexts[-1] + 2 * WINDOW
+    total = contexts[-1] + 3 * WINDOW
     levels = 1
     while BRANCH ** (levels + 1) < total:
         levels += 1
@@ -62,6 +70,7 @@ def run(contexts: list[int], seed: int = 0) -> list[dict]:
     hier = HierarchicalKVCache(HEADS, DIM)
     flat = FlatKVCache(HEADS, DIM, capacity=total)
     rows, pos = [], 0
+    evictor = torch.ones(EVICT_BYTES // 4)
 
     def token(i: int):
         g = torch.Generator().manual_seed(seed * 1_000_003 + i)
@@ -79,7 +88,11 @@ def run(contexts: list[int], seed: int = 0) -> list[dict]:
         times = {method: [] for method in METHODS}
         cpu = {method: [] for method in METHODS}
         memory = {"hierarchical": hier.nbytes(), "flat": flat.nbytes()}
-        memory.update(hierarchical_alone=memory["hierarchical"], flat_alone=memory["flat"])
+        memory.update(
+            hierarchical_alone=memory["hierarchical"],
+            flat_alone=memory["flat"],
+            hierarchical_evicted=memory["hierarchical"],
+        )
         for _ in range(WINDOW):  # interleaved, token by token
             q, k, v = token(pos)
             close, open_ = schedule[pos]
@@ -104,6 +117,15 @@ def run(contexts: list[int], seed: int = 0) -> list[dict]:
             flat.append(q, k, v)
             cpu["flat_alone"].append(time.thread_time() - c0)
             times["flat_alone"].append(time.perf_counter() - t0)
+        pos += WINDOW
+        for i in range(pos, pos + WINDOW):  # cold caches: a fixed-size read before each step
+            q, k, v = token(i)
+            close, open_ = schedule[i]
+            evictor.sum()
+            c0, t0 = time.thread_time(), time.perf_counter()
+            hier.append(q, k, v, close=close, open=open_)
+            cpu["hierarchical_evicted"].append(time.thread_time() - c0)
+            times["hierarchical_evicted"].append(time.perf_counter() - t0)
         pos += WINDOW
         for method, ts in times.items():
             rows.append(
@@ -145,6 +167,10 @@ def plot(rows, path: Path) -> None:
             ns_alone, cpu_alone = [r["context"] for r in alone], [r["cpu_mean_us"] for r in alone]
             axes[0].plot(ns_alone, cpu_alone, "s--", color=color, mfc="none",
                          label=f"{method} CPU mean, alone")  # fmt: skip
+        evicted = [r for r in rows if r["method"] == f"{method}_evicted"]
+        if evicted:  # (results from before the evicted block have none)
+            axes[0].plot([r["context"] for r in evicted], [r["cpu_mean_us"] for r in evicted],
+                         "d-.", color=color, label=f"{method} CPU mean, cold caches")  # fmt: skip
         axes[1].plot(ns, [r["bytes"] / 1024 for r in sel], "o-", color=color, label=method)
     for ax, label in zip(axes, ("time per token [µs]", "cache size [KiB]"), strict=True):
         ax.set_xscale("log", base=2)
@@ -192,6 +218,8 @@ def main(argv=None) -> None:
             "tree": f"window_hierarchy(N_total, ({BRANCH},) * {levels})",
             "timed_tokens_per_context": WINDOW,
             "alone_tokens_per_context": WINDOW,
+            "evicted_tokens_per_context": WINDOW,
+            "evict_bytes": EVICT_BYTES,
             "torch": torch.__version__,
             "python": sys.version.split()[0],
             "machine": platform.machine(),

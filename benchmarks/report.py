@@ -1038,16 +1038,25 @@ def kv_cache() -> list[str] | None:
     meta = d["meta"]
     methods = list(dict.fromkeys(r["method"] for r in d["rows"]))
     alone = [m for m in methods if m.endswith("_alone")]
+    evicted = [m for m in methods if m.endswith("_evicted")]
+    interleaved = [m for m in methods if m not in alone + evicted]
     out = [
         f"Decode step of one attention layer ({meta['heads']} heads × {meta['head_dim']}, "
         f"{meta['dtype']}, {threads(meta['threads'])}), tree {code(meta['tree'])}; at each "
         f"context length the next {meta['timed_tokens_per_context']} tokens are timed one by "
         "one, the caches interleaved token by token"
         + (
-            f" ({', '.join(m for m in methods if m not in alone)}), then "
+            f" ({', '.join(interleaved)}), then "
             f"{meta.get('alone_tokens_per_context', '?')} more tokens with each cache in a "
             f"block of its own ({', '.join(alone)})"
             if alone
+            else ""
+        )
+        + (
+            f", then {meta['evicted_tokens_per_context']} more with a read of "
+            f"{meta['evict_bytes'] >> 20} MiB (the same at every context) before each "
+            f"step, from cold CPU caches ({', '.join(evicted)})"
+            if evicted
             else ""
         )
         + f". Only the mean and the median per token are stored. Command: "
