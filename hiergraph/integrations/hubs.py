@@ -51,10 +51,25 @@ def hub_scores(q: Tensor, k: Tensor, token_mask: Tensor, scale: float | None = N
     dtype = accumulation_dtype(q.dtype)
     weight = token_mask.to(dtype)  # [B, T]
     count = weight.sum(1).clamp(min=1)[:, None, None]
-    q_mean = torch.einsum("bt,bhtd->bhd", weight, q.to(dtype)) / count  # [B, H, d]
-    # one pass over k in its own memory (a product would copy it to [B, H, d, T] first)
-    logits = (k.to(dtype).transpose(1, 2) * q_mean.unsqueeze(1)).sum(-1)  # [B, T, H]
-    return logits.mul_(scale).logsumexp(-1).masked_fill(~token_mask, float("-inf"))
+    q, k = q.to(dtype), k.to(dtype)
+    # each a pass over q, k in their own memory: token-major (a view of [B, T, H, d], as a
+    # Hugging Face layer's heads are) as a product per example over [T, H d] rows, or a
+    # broadcast product and sum; heads first, as products per example and head (either
+    # way round the other one would copy q or k first)
+    if _token_major(q):
+        q_mean = torch.einsum("bt,bhtd->bhd", weight, q) / count  # [B, H, d]
+    else:
+        q_mean = torch.matmul(weight[:, None, None, :], q).squeeze(2) / count
+    if _token_major(k):
+        logits = (k.transpose(1, 2) * q_mean.unsqueeze(1)).sum(-1).transpose(1, 2)
+    else:
+        logits = torch.matmul(k, q_mean.unsqueeze(-1)).squeeze(-1)  # [B, H, T]
+    return logits.mul_(scale).logsumexp(1).masked_fill(~token_mask, float("-inf"))
+
+
+def _token_major(x: Tensor) -> bool:
+    """Whether ``[B, H, T, d]`` ``x`` is a view of contiguous ``[B, T, H, d]``."""
+    return x.transpose(1, 2).is_contiguous()
 
 
 def select_hubs(scores: Tensor, token_mask: Tensor, hubs: int) -> Tensor:

@@ -52,9 +52,17 @@ def test_bad_hubs(hubs, match):
         hub_window_hierarchy(5, (2,), hubs)
 
 
-def test_hub_scores_are_the_root_level_logits():
+@pytest.mark.parametrize(
+    "layout", ["heads-first", "token-major", "mixed"], ids=str
+)  # [B, H, T, d] memory, a view of [B, T, H, d] (a Hugging Face layer's), one of each
+def test_hub_scores_are_the_root_level_logits(layout):
     gen = torch.Generator().manual_seed(0)
-    q, k = (torch.randn(2, 3, 6, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    q, k = (torch.randn(2, 6, 3, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    if layout != "token-major":
+        k = k.contiguous()
+    if layout == "heads-first":
+        q = q.contiguous()
     valid = torch.tensor([[True] * 6, [False, True, True, True, True, False]])
     scores = hub_scores(q, k, valid, scale=0.5)
     for b in range(2):
