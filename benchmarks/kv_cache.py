@@ -21,12 +21,14 @@ Then the next 256 tokens are timed once more, each cache in a block of its own
 step of one cache follows a step of the other, and the flat cache's pass over
 its ``N`` keys and values evicts the CPU caches, which a short hierarchical step
 then refills (at 64K that is a 64 MiB pass per token); alone, each step follows
-its own previous step. A last block of 256 tokens (``hierarchical_evicted``)
-separates the two effects: before every hierarchical step the process reads a
-buffer of :data:`EVICT_BYTES` (the flat cache's size at 64K), the same at every
-context, so each step starts from cold CPU caches as in a model whose other
-layers run between two steps of this one, and its growth with ``N`` is the
-cache's own.
+its own previous step. A last block of 256 tokens (``hierarchical_evicted``,
+then ``flat_evicted`` on the same tokens) separates the two effects: before
+every step the process reads a buffer of :data:`EVICT_BYTES` (the flat cache's
+size at 64K), the same at every context, so each step starts from cold CPU
+caches as in a model whose other layers run between two steps of this one, and
+its growth with ``N`` is the cache's own. A first round of the three blocks at a
+256-token context warms every path up and is not recorded; freed CPU memory is kept
+for reuse (``--allocator default``: glibc's settings).
 
 Per context length the JSON holds the mean and median time per token, both as
 wall-clock time (``perf_counter``) and as CPU time of the thread (``thread_time``,
@@ -46,6 +48,7 @@ import sys
 import time
 from pathlib import Path
 
+import timing
 import torch
 
 from hiergraph.data import window_hierarchy
@@ -53,12 +56,15 @@ from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_sched
 
 HEADS, DIM, BRANCH, WINDOW = 4, 32, 16, 256
 RESULTS = Path(__file__).parent / "results"
-#: Bytes read before every step of ``hierarchical_evicted``: the flat cache's keys and
+#: Bytes read before every step of the ``*_evicted`` blocks: the flat cache's keys and
 #: values at a 64K context (4 heads x 32 channels, float32), larger than the CPU caches.
 EVICT_BYTES = 64 << 20
 
 
-METHODS = ("hierarchical", "flat", "hierarchical_alone", "flat_alone", "hierarchical_evicted")
+METHODS = (
+    "hierarchical", "flat", "hierarchical_alone", "flat_alone", "hierarchical_evicted",
+    "flat_evicted",
+)  # fmt: skip
 
 
 def run(contexts: list[int], seed: int = 0) -> list[dict]:
@@ -76,57 +82,50 @@ def run(contexts: list[int], seed: int = 0) -> list[dict]:
         g = torch.Generator().manual_seed(seed * 1_000_003 + i)
         return torch.randn(3, HEADS, DIM, generator=g).unbind(0)
 
-    for n in contexts:
+    def block(start: int) -> list[tuple]:
+        """``WINDOW`` tokens from ``start`` with their schedule: ``(q, k, v, close, open)``."""
+        return [(*token(i), *schedule[i]) for i in range(start, start + WINDOW)]
+
+    def step(method: str, q, k, v, close: int, open_: int) -> tuple[float, float]:
+        """One decode step of the cache ``method`` names: its CPU and wall seconds."""
+        c0, t0 = time.thread_time(), time.perf_counter()
+        if method.startswith("hierarchical"):
+            hier.append(q, k, v, close=close, open=open_)
+        else:
+            flat.append(q, k, v)
+        return time.thread_time() - c0, time.perf_counter() - t0
+
+    # a first context of WINDOW tokens runs every timed path once (its times are dropped):
+    # the first flat append, the first read of the evictor
+    for n in [WINDOW, *contexts]:
         while pos < n:  # decode up to context n (untimed)
             q, k, v = token(pos)
             close, open_ = schedule[pos]
             hier.append(q, k, v, close=close, open=open_)
             pos += 1
-        chunk = torch.stack([torch.stack(token(i)[1:]) for i in range(flat.num_tokens, n)])
-        if chunk.numel():
+        if flat.num_tokens < n:  # the flat cache takes the same tokens as a prompt
+            chunk = torch.stack([torch.stack(token(i)[1:]) for i in range(flat.num_tokens, n)])
             flat.extend(chunk[:, 0], chunk[:, 1])
         times = {method: [] for method in METHODS}
         cpu = {method: [] for method in METHODS}
         memory = {"hierarchical": hier.nbytes(), "flat": flat.nbytes()}
-        memory.update(
-            hierarchical_alone=memory["hierarchical"],
-            flat_alone=memory["flat"],
-            hierarchical_evicted=memory["hierarchical"],
-        )
-        for _ in range(WINDOW):  # interleaved, token by token
-            q, k, v = token(pos)
-            close, open_ = schedule[pos]
-            c0, t0 = time.thread_time(), time.perf_counter()
-            hier.append(q, k, v, close=close, open=open_)
-            c1, t1 = time.thread_time(), time.perf_counter()
-            flat.append(q, k, v)
-            c2, t2 = time.thread_time(), time.perf_counter()
-            times["hierarchical"].append(t1 - t0)
-            times["flat"].append(t2 - t1)
-            cpu["hierarchical"].append(c1 - c0)
-            cpu["flat"].append(c2 - c1)
-            pos += 1
-        block = [(*token(i), *schedule[i]) for i in range(pos, pos + WINDOW)]
-        for q, k, v, close, open_ in block:  # each cache alone, on the same tokens
-            c0, t0 = time.thread_time(), time.perf_counter()
-            hier.append(q, k, v, close=close, open=open_)
-            cpu["hierarchical_alone"].append(time.thread_time() - c0)
-            times["hierarchical_alone"].append(time.perf_counter() - t0)
-        for q, k, v, _, _ in block:
-            c0, t0 = time.thread_time(), time.perf_counter()
-            flat.append(q, k, v)
-            cpu["flat_alone"].append(time.thread_time() - c0)
-            times["flat_alone"].append(time.perf_counter() - t0)
-        pos += WINDOW
-        for i in range(pos, pos + WINDOW):  # cold caches: a fixed-size read before each step
-            q, k, v = token(i)
-            close, open_ = schedule[i]
-            evictor.sum()
-            c0, t0 = time.thread_time(), time.perf_counter()
-            hier.append(q, k, v, close=close, open=open_)
-            cpu["hierarchical_evicted"].append(time.thread_time() - c0)
-            times["hierarchical_evicted"].append(time.perf_counter() - t0)
-        pos += WINDOW
+        memory.update({m: memory[m.split("_")[0]] for m in METHODS if "_" in m})
+
+        timed = [  # (method, tokens, evict first): interleaved, alone, from cold caches
+            *((m, [args], False) for args in block(pos) for m in ("hierarchical", "flat")),
+            *((m, block(pos + WINDOW), False) for m in ("hierarchical_alone", "flat_alone")),
+            *((m, block(pos + 2 * WINDOW), True) for m in ("hierarchical_evicted", "flat_evicted")),
+        ]
+        for method, tokens, evict in timed:
+            for args in tokens:
+                if evict:
+                    evictor.sum()  # a fixed-size read before the step
+                seconds = step(method, *args)
+                cpu[method].append(seconds[0])
+                times[method].append(seconds[1])
+        pos += 3 * WINDOW
+        if n == WINDOW:  # the warm-up
+            continue
         for method, ts in times.items():
             rows.append(
                 {
@@ -189,12 +188,14 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="contexts 1K .. 4K only")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON")
+    timing.add_allocator_option(parser)
     args = parser.parse_args(argv)
     stem = "kv_cache_quick" if args.quick else "kv_cache"
     if args.replot:
         plot(json.loads((RESULTS / f"{stem}.json").read_text())["rows"], RESULTS / f"{stem}.png")
         return
     torch.set_num_threads(args.threads)
+    timing.apply_allocator(args.allocator)
     contexts = [1024 * 2**i for i in range(3 if args.quick else 7)]
     rows, levels = run(contexts)
     lo, hi = contexts[0], contexts[-1]
@@ -210,7 +211,10 @@ def main(argv=None) -> None:
     }
     result = {
         "meta": {
-            "command": "python benchmarks/kv_cache.py" + (" --quick" if args.quick else ""),
+            "command": "python benchmarks/kv_cache.py"
+            + (" --quick" if args.quick else "")
+            + (" --allocator default" if args.allocator != "reuse" else ""),
+            "allocator": args.allocator,
             "heads": HEADS,
             "head_dim": DIM,
             "dtype": "float32",

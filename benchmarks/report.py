@@ -1042,7 +1042,8 @@ def kv_cache() -> list[str] | None:
     interleaved = [m for m in methods if m not in alone + evicted]
     out = [
         f"Decode step of one attention layer ({meta['heads']} heads × {meta['head_dim']}, "
-        f"{meta['dtype']}, {threads(meta['threads'])}), tree {code(meta['tree'])}; at each "
+        f"{meta['dtype']}, {threads(meta['threads'])}, {allocator(meta)}), tree "
+        f"{code(meta['tree'])}; at each "
         f"context length the next {meta['timed_tokens_per_context']} tokens are timed one by "
         "one, the caches interleaved token by token"
         + (

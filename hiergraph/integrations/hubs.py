@@ -52,10 +52,10 @@ def hub_scores(q: Tensor, k: Tensor, token_mask: Tensor, scale: float | None = N
     weight = token_mask.to(dtype)  # [B, T]
     count = weight.sum(1).clamp(min=1)[:, None, None]
     q, k = q.to(dtype), k.to(dtype)
-    # each a pass over q, k in their own memory: token-major (a view of [B, T, H, d], as a
-    # Hugging Face layer's heads are) as a product per example over [T, H d] rows, or a
-    # broadcast product and sum; heads first, as products per example and head (either
-    # way round the other one would copy q or k first)
+    # one pass over q and over k in their own memory, whichever their layout: token-major
+    # (views of [B, T, H, d], as a Hugging Face layer's heads are) as a product over [T, H d]
+    # rows per example and a broadcast product and sum; heads first as products per example
+    # and head (each form would copy the other layout first)
     if _token_major(q):
         q_mean = torch.einsum("bt,bhtd->bhd", weight, q) / count  # [B, H, d]
     else:
