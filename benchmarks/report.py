@@ -1009,6 +1009,18 @@ def zeroshot() -> list[str] | None:
                   secs(t["hsa_no_size_bias"]), secs(t["block"]), allocator(t)]
                  for k, t in timing.items()],
             )  # fmt: skip
+            phased = {k: t["hub_phases"] for k, t in timing.items() if "hub_phases" in t}
+            if phased:
+                phases = list(next(iter(phased.values())))
+                out += ["Where the time of HSA on the padded batch goes with hubs (median CPU "
+                        "time per call of each phase, timed in the same run; gathers: the "
+                        "windows' tokens and the hubs taken from the batch; rest: the outputs "
+                        "written back):", ""]  # fmt: skip
+                out += table(
+                    ["tree", *phases, "sum"],
+                    [[k, *(secs(ph[name]) for name in phases), secs(sum(ph.values()))]
+                     for k, ph in phased.items()],
+                )  # fmt: skip
         out += [f"{len(res['commands'])} command(s), stored in the file.", "", source(name), ""]
     fid = [(n, load(n)) for n in ("zeroshot_fidelity.json", "zeroshot_fidelity_hubs96.json")]
     fid = [(n, d) for n, d in fid if d is not None]

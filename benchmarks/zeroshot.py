@@ -16,7 +16,8 @@ layer (mean over the documents at their real lengths, and at 256 tokens), and
 wall time. A separate timing section times the attention op alone (flat SDPA vs
 the three replacements) on one batch of 256-token documents, interleaved,
 medians; the process keeps freed CPU memory for reuse (``--allocator default``: glibc's
-settings).
+settings). With hubs it also splits the padded path's call into phases (hub choice,
+gathers, window forest, root family, the rest; :func:`hub_phases`).
 
     HF_HUB_OFFLINE=1 HIERGRAPH_RAW=<folder with the corpora> nice -n 5 \\
         python benchmarks/zeroshot.py \\
@@ -151,7 +152,64 @@ def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, floa
     out["batch"], out["repeats"] = [b, t], TIMING_REPEATS
     if compile_s is not None:
         out["compile_s"] = compile_s
+    if hubs:
+        out["hub_phases"] = hub_phases(ops["hsa_padded_windows"], TIMING_REPEATS)
     return out
+
+
+#: Phases of ``padded_hub_window_hsa``: the functions of ``hiergraph.integrations.hub_windows``
+#: whose calls are timed, and what each phase is (a phase that calls another excludes it).
+HUB_PHASES = {
+    "hub choice": ("hub_scores", "lifted_tokens"),
+    "root family": ("hub_family",),
+    "window forest": ("uniform_hierarchical_attention",),  # less the root family inside it
+    "gathers": ("_root_split",),  # less the forest and the root family
+}
+
+
+def hub_phases(op, repeats: int) -> dict[str, float]:
+    """Median CPU seconds per call of ``op`` (``padded_hub_window_hsa`` on one batch) in each
+    of :data:`HUB_PHASES`, and ``"rest"`` (the output rows written back, the tokens'
+    order): the module's functions are wrapped with timers for the measurement."""
+    from hiergraph.integrations import hub_windows
+
+    spent: dict[str, float] = {}
+
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.thread_time() - start
+
+        return call
+
+    names = [name for names in HUB_PHASES.values() for name in names]
+    originals = {name: getattr(hub_windows, name) for name in names}
+    samples = {phase: [] for phase in (*HUB_PHASES, "rest")}
+    try:
+        for name, fn in originals.items():
+            setattr(hub_windows, name, timed(name, fn))
+        for _ in range(repeats):
+            spent.clear()
+            start = time.thread_time()
+            op()
+            total = time.thread_time() - start
+            own = {phase: sum(spent.get(n, 0.0) for n in fns) for phase, fns in HUB_PHASES.items()}
+            # the root family runs inside the forest, or alone where the top windows are
+            # single tokens (no forest)
+            forest = own["window forest"] - own["root family"] if own["window forest"] else 0.0
+            below = own["window forest"] or own["root family"]
+            samples["hub choice"].append(own["hub choice"])
+            samples["root family"].append(own["root family"])
+            samples["window forest"].append(forest)
+            samples["gathers"].append(own["gathers"] - below)
+            samples["rest"].append(total - own["hub choice"] - own["gathers"])
+    finally:
+        for name, fn in originals.items():
+            setattr(hub_windows, name, fn)
+    return {phase: float(np.median(values)) for phase, values in samples.items()}
 
 
 def run(args) -> None:
