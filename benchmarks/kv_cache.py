@@ -4,7 +4,7 @@
     python benchmarks/kv_cache.py --quick    # 1K .. 4K
 
 One attention layer (4 heads of 32 channels, float32, one CPU thread) decodes
-one sequence of ``64K + 256`` tokens. The hierarchy is a 16-ary window tree
+one sequence of ``64K + 768`` tokens. The hierarchy is a 16-ary window tree
 deep enough for the whole sequence (``window_hierarchy(n, (16,) * 4)``), grown
 token by token with :func:`~hiergraph.nn.kv_cache.append_schedule`; its prefix
 at ``N`` tokens is the tree a decoder holds at context ``N``. After the cache
@@ -67,7 +67,7 @@ METHODS = (
 )  # fmt: skip
 
 
-def run(contexts: list[int], seed: int = 0) -> list[dict]:
+def run(contexts: list[int], seed: int = 0) -> tuple[list[dict], int]:
     total = contexts[-1] + 3 * WINDOW
     levels = 1
     while BRANCH ** (levels + 1) < total:
