@@ -126,6 +126,10 @@ def prepare_raw(
     """
     root = data_root(root)
     target = root / name / "raw"
+    for f in [*files, SYNTHETIC_MARKER]:  # a link into a folder since removed or emptied
+        link = target / f  # counts as missing (and the marker of such a source as absent)
+        if link.is_symlink() and not link.exists():
+            link.unlink()
 
     def missing() -> list[str]:
         return [f for f in files if not (target / f).exists()]
@@ -167,6 +171,10 @@ def _raw_sources(name: str, raw_dir: str | os.PathLike | None) -> list[Path]:
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
+    """Make ``dst`` a link to ``src`` (a copy where links are not allowed), replacing what
+    ``dst`` held: never a write through an old link into the folder it points to."""
+    if dst.is_symlink() or dst.exists():
+        dst.unlink()
     try:
         dst.symlink_to(src.resolve())
     except OSError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,27 @@ def test_raw_env_links_from_a_read_only_collection(no_env, no_network, monkeypat
         assert (tmp_path / "data" / "PPI" / "processed").is_dir()
     finally:
         collection.chmod(0o755)
+
+
+@pytest.mark.parametrize("old_source", ["removed", "emptied"])
+def test_links_into_a_removed_folder_are_replaced(no_env, no_network, tmp_path, old_source):
+    """The raw folder links to where the files were found; once that folder is gone or
+    emptied, the next load links the new source's files, and writes nothing through the
+    old links."""
+    small = dict(graphs=(2, 1, 1), nodes_per_graph=8)
+    old = hp.write_synthetic_ppi(tmp_path / "old", **small)
+    hp.load_ppi(root=tmp_path / "data", raw_dir=old)
+    shutil.rmtree(old)
+    if old_source == "emptied":
+        old.mkdir()
+    shutil.rmtree(tmp_path / "data" / "PPI" / "processed")
+    new = hp.write_synthetic_ppi(tmp_path / "new", **small)
+    train, _, _ = hp.load_ppi(root=tmp_path / "data", raw_dir=new)
+    assert len(train) == 2
+    for f in hp.ppi_raw_files():
+        linked = tmp_path / "data" / "PPI" / "raw" / f
+        assert linked.resolve() == (new / f).resolve()
+    assert not old.exists() if old_source == "removed" else not any(old.iterdir())
 
 
 @pytest.mark.skipif(cora_raw_source() is None, reason="real Cora raw files not available")
