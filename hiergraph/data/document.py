@@ -194,9 +194,15 @@ class TokenizedDocument:
     paragraph_sizes: Tensor
 
     def __post_init__(self):
-        self.ids = torch.as_tensor(self.ids, dtype=torch.long)
-        self.sentence_lengths = torch.as_tensor(self.sentence_lengths, dtype=torch.long)
-        self.paragraph_sizes = torch.as_tensor(self.paragraph_sizes, dtype=torch.long)
+        for name in ("ids", "sentence_lengths", "paragraph_sizes"):
+            value = torch.as_tensor(getattr(self, name))
+            if value.dim() != 1:
+                raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
+            if value.numel() and (value.is_floating_point() or value.is_complex()):
+                raise TypeError(f"{name} must hold integers, got dtype {value.dtype}")
+            setattr(self, name, value.long())
+        if self.ids.numel() == 0:
+            raise ValueError("a document needs at least one token")
         if int(self.sentence_lengths.sum()) != self.ids.numel():
             raise ValueError(
                 f"sentence_lengths sum to {int(self.sentence_lengths.sum())} but there are "

@@ -83,7 +83,12 @@ def window_forest(
         share it), or on PyTorch's default device when all are absent or Python ints.
     """
     device = _input_device(lengths, lifted, x)
-    lengths = torch.as_tensor(lengths, dtype=torch.long, device=device).flatten()
+    given = torch.as_tensor(lengths, device=device)
+    if given.numel() and (
+        given.is_floating_point() or given.is_complex() or given.dtype == torch.bool
+    ):
+        raise TypeError(f"lengths must hold ints, got dtype {given.dtype}")
+    lengths = given.long().flatten()
     if lengths.numel() == 0 or bool((lengths < 1).any()):
         raise ValueError(f"lengths must be a non-empty list of ints >= 1, got {lengths.tolist()}")
     branching = check_branching(branching)

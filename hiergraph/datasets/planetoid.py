@@ -298,6 +298,10 @@ def is_synthetic(dataset) -> bool:
     return (Path(dataset.raw_dir) / SYNTHETIC_MARKER).exists()
 
 
+#: The splits of PyG's ``Planetoid``.
+PLANETOID_SPLITS = ("public", "full", "geom-gcn", "random")
+
+
 def load_planetoid(
     name: str,
     root: str | os.PathLike | None = None,
@@ -311,11 +315,15 @@ def load_planetoid(
         name: ``"Cora"``, ``"CiteSeer"`` or ``"PubMed"``.
         root: data root (default ``$HIERGRAPH_DATA``, else ``~/.cache/hiergraph``).
         raw_dir: optional folder of pre-placed raw ``ind.<name>.*`` files to link from.
-        split: Planetoid split (``"public"`` is the Kipf & Welling split).
+        split: Planetoid split, one of :data:`PLANETOID_SPLITS` (``"public"`` is the
+            Kipf & Welling split).
         transform: e.g. ``torch_geometric.transforms.NormalizeFeatures()``.
     """
-    if name.lower() not in ("cora", "citeseer", "pubmed"):
+    if not isinstance(name, str) or name.lower() not in ("cora", "citeseer", "pubmed"):
         raise ValueError(f"name must be Cora, CiteSeer or PubMed, got {name!r}")
+    if not isinstance(split, str) or split.lower() not in PLANETOID_SPLITS:
+        raise ValueError(f"split must be one of {', '.join(PLANETOID_SPLITS)}, got {split!r}")
+    split = split.lower()
     how = (
         f"The official files are ind.{name.lower()}.* under {Planetoid.url} "
         f"(downloaded automatically when the network is reachable)."

@@ -165,6 +165,11 @@ class HierarchicalTransformerEncoder(nn.Module):
         """``x: [L, in_channels]`` leaf features → ``[L, hidden_channels]``."""
         _check_leaf_features(x, self.in_channels, "in_channels")
         index = hierarchy.tree_index()
+        if x.size(0) != index.num_leaves:
+            raise ValueError(
+                f"x must be [num_leaves={index.num_leaves}, in_channels={self.in_channels}], "
+                f"got {tuple(x.shape)}"
+            )
         types = hierarchy.node_type.index_select(0, index.leaf_node)
         if self.attention == "flat":
             hierarchy = flatten_hierarchy(hierarchy)

@@ -120,6 +120,15 @@ def test_builder_bad_input(tok):
         TokenizedDocument([1, 2, 3], [2], [1])
     with pytest.raises(ValueError, match=">= 1"):
         TokenizedDocument([1, 2], [2, 0], [2])
+    # an empty document would build a root with no leaves (an invalid tree)
+    with pytest.raises(ValueError, match="at least one token"):
+        TokenizedDocument(torch.tensor([], dtype=torch.long), [], [])
+    with pytest.raises(TypeError, match="ids must hold integers"):
+        TokenizedDocument(torch.tensor([1.0, 2.5]), [2], [1])
+    with pytest.raises(TypeError, match="sentence_lengths must hold integers"):
+        TokenizedDocument([1, 2], [2.0], [1])
+    with pytest.raises(ValueError, match="ids must be 1-D"):
+        TokenizedDocument([[1, 2]], [2], [1])
 
 
 def test_callable_and_hf_style_tokenizers(tok):

@@ -127,6 +127,15 @@ def test_bad_input(lengths, lifted, match):
         window_forest([3], (1,))
 
 
+@pytest.mark.parametrize(
+    "lengths", [[3.7, 2], torch.tensor([2.9, 3.1]), torch.tensor([True, True])], ids=str
+)
+def test_lengths_that_are_not_ints(lengths):
+    """Fractions and bools are not token counts (they would be truncated or read as 1)."""
+    with pytest.raises(TypeError, match="lengths must hold ints"):
+        window_forest(lengths, (2,))
+
+
 def test_tensors_are_made_on_the_inputs_device():
     """With the default device set elsewhere (``meta``), CPU inputs still give the CPU
     result: every tensor is made on the device of ``lengths``/``lifted``/``x``."""

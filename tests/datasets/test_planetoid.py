@@ -42,6 +42,10 @@ def test_missing_files_raise_a_clear_error(no_env, no_network, tmp_path):
         hp.load_ppi(root=tmp_path, raw_dir=tmp_path / "nowhere")
     with pytest.raises(ValueError, match="Cora, CiteSeer or PubMed"):
         hp.load_planetoid("Karate", root=tmp_path)
+    with pytest.raises(ValueError, match="Cora, CiteSeer or PubMed"):
+        hp.load_planetoid(None, root=tmp_path)
+    with pytest.raises(ValueError, match="split must be one of public, full"):
+        hp.load_planetoid("Cora", root=tmp_path, split="bogus")
 
 
 def test_synthetic_ppi_layout_and_loading(no_env, no_network, synthetic_ppi_raw, tmp_path):

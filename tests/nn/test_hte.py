@@ -104,6 +104,10 @@ def test_forward_names_wrong_feature_sizes():
     h = window_hierarchy(6, (3,))
     with pytest.raises(ValueError, match=r"x must have 8 features .*in_channels=8.*got 5"):
         HierarchicalTransformerEncoder(8, 16, heads=2)(torch.randn(6, 5), h)
+    with pytest.raises(
+        ValueError, match=r"x must be \[num_leaves=6, in_channels=8\], got \(5, 8\)"
+    ):
+        HierarchicalTransformerEncoder(8, 16, heads=2)(torch.randn(5, 8), h)
     with pytest.raises(ValueError, match=r"x must have 8 features .*channels=8.*got 16"):
         HTELayer(8, heads=2)(torch.randn(6, 16), h)
     with pytest.raises(ValueError, match=r"x must have 8 features .*channels=8.*got 16"):
