@@ -66,7 +66,7 @@ def automorphisms(edge_index: Tensor, num_nodes: int, brute_force_up_to: int = 7
     mask = edge_index_to_mask(edge_index, num_nodes, rows="query")
     if num_nodes <= brute_force_up_to:
         perms = list(itertools.permutations(range(num_nodes)))
-        perms = torch.tensor(perms, dtype=torch.long, device=device).view(-1, num_nodes)
+        perms = torch.tensor(perms, dtype=torch.long, device=device).reshape(len(perms), num_nodes)
         same = (mask[perms[:, :, None], perms[:, None, :]] == mask).flatten(1).all(dim=1)
         return perms[same]
     graph = nx.DiGraph()
@@ -74,7 +74,8 @@ def automorphisms(edge_index: Tensor, num_nodes: int, brute_force_up_to: int = 7
     graph.add_edges_from(edge_index.t().tolist())
     matcher = nx.algorithms.isomorphism.DiGraphMatcher(graph, graph)
     found = [[m[a] for a in range(num_nodes)] for m in matcher.isomorphisms_iter()]
-    return torch.tensor(sorted(found), dtype=torch.long, device=device).view(-1, num_nodes)
+    shape = (len(found), num_nodes)  # (one empty permutation of no nodes)
+    return torch.tensor(sorted(found), dtype=torch.long, device=device).reshape(shape)
 
 
 def equivariance_error(

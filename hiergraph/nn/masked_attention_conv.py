@@ -321,7 +321,7 @@ class MaskedAttentionConv(MessagePassing):
                 f"without edge_dim, edge_attr is a logit bias of shape [E] or [E, heads] = "
                 f"[{num_edges}] or [{num_edges}, {self.heads}], got {tuple(edge_attr.shape)}"
             )
-        return None, edge_attr.view(num_edges, -1)
+        return None, edge_attr.reshape(num_edges, 1 if edge_attr.dim() == 1 else self.heads)
 
     def _edge_attention(
         self,

@@ -54,6 +54,9 @@ def test_automorphisms_networkx_matches_brute_force():
         assert torch.equal(automorphisms(edge_index, n, brute_force_up_to=0), brute)
     cycle = torch.stack([torch.arange(9), (torch.arange(9) + 1) % 9])
     assert aut_size(cycle, 9) == 9  # directed 9-cycle: rotations only (networkx path)
+    no_nodes = torch.empty(2, 0, dtype=torch.long)  # one automorphism: the empty permutation
+    for brute_force_up_to in (8, -1):
+        assert automorphisms(no_nodes, 0, brute_force_up_to=brute_force_up_to).shape == (1, 0)
 
 
 def test_relabel_convention():

@@ -418,6 +418,9 @@ def test_isolated_targets_get_root_term_only_and_no_nan():
     assert torch.isfinite(out).all() and torch.isfinite(grad).all()
     empty = conv(x, torch.empty(2, 0, dtype=torch.long))
     torch.testing.assert_close(empty, conv.lin_skip(x), atol=1e-12, rtol=0)
+    for bias in (x.new_zeros(0), x.new_zeros(0, conv.heads)):  # a logit bias of no edges
+        empty = conv(x, torch.empty(2, 0, dtype=torch.long), bias)
+        torch.testing.assert_close(empty, conv.lin_skip(x), atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

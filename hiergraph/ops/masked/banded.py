@@ -244,6 +244,11 @@ def banded_attention(
 
     Returns:
         ``[N, H, C_v]``. Every query attends at least itself, so no row is empty.
+        Inputs are expected finite: a block's window may reach past a query's band (into
+        the next segment too), and a masked weight is ``0``, so a NaN or infinite key or
+        value there still reaches the query (:math:`0 \cdot \mathrm{NaN}`); the edge
+        list path (:class:`~hiergraph.nn.MaskedAttentionConv` with ``structured=False``)
+        keeps it out.
 
     The result is differentiable in ``q``, ``k`` and ``v`` (first order).
     """

@@ -80,7 +80,9 @@ class EdgeCSR:
     def __init__(self, edge_index: Tensor, size: tuple[int, int], *, check: bool = True):
         self.num_src, self.num_dst = size
         check_edge_index(edge_index, self.num_src, self.num_dst, check_range=check)
-        edge_index = edge_index.long()  # an int32 key dst * num_src + src could overflow
+        # int64 (an int32 key dst * num_src + src could overflow) and contiguous: the CSR
+        # kernels read the source row as a plain array, whatever its strides
+        edge_index = edge_index.long().contiguous()
         host = reads_values(edge_index)
         src, dst = edge_index
         key = dst * self.num_src + src
@@ -127,6 +129,9 @@ def _dot(a: Tensor, b: Tensor, graph: EdgeCSR) -> Tensor:
     if graph.num_edges == 0:
         return out
     a, b = _accumulating(a, b)
+    if graph.num_edges > graph.num_dst * graph.num_src:  # duplicates the CSR kernel refuses
+        src, dst = graph.edge_index
+        return (a.index_select(0, dst) * b.index_select(0, src)).sum(-1).to(out.dtype)
     # zeros, not empty: beta = 0 still multiplies the pattern's values (NaN * 0 = NaN)
     pattern = _csr(graph.crow, graph.edge_index[0], a.new_zeros(graph.num_edges),
                    (graph.num_dst, graph.num_src))  # fmt: skip

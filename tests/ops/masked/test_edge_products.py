@@ -116,6 +116,38 @@ def test_ids_out_of_range_raise(edges):
         EdgeCSR(torch.tensor(edges), (5, 7))
 
 
+def test_strided_sorted_edge_index_equals_contiguous():
+    """Sorted edges held as a view with other strides (``pairs.t()``, a stepped slice) give
+    the contiguous copy's results (the CSR kernels read the ids as a plain array)."""
+    sorted_edges = EdgeCSR(random_graph(5, 7, 12), (5, 7)).edge_index
+    a, b = feats(7, 0), feats(5, 1)
+    weight = torch.randn(sorted_edges.size(1), H, dtype=torch.float64)
+    expected = EdgeCSR(sorted_edges, (5, 7))
+    doubled = torch.stack([sorted_edges, sorted_edges], 2).flatten(1)[:, ::2]
+    for view in (sorted_edges.t().contiguous().t(), doubled):
+        assert not view.is_contiguous() and torch.equal(view, sorted_edges)
+        graph = EdgeCSR(view, (5, 7))
+        torch.testing.assert_close(edge_dot(a, b, graph), edge_dot(a, b, expected))
+        torch.testing.assert_close(
+            edge_aggregate(weight, b, graph), edge_aggregate(weight, b, expected)
+        )
+
+
+def test_more_edges_than_node_pairs():
+    """Duplicates can make E exceed num_src * num_dst, which the CSR sampled product
+    refuses: the products still sum every edge, gradients included."""
+    edges = torch.tensor([[0, 0, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1]])  # 6 edges over 4 pairs
+    graph = EdgeCSR(edges, (2, 2))
+    a, b = feats(2, 0), feats(2, 1)
+    weight = torch.randn(6, H, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(edge_dot(a, b, graph), reference_dot(a, b, graph.edge_index))
+    torch.testing.assert_close(
+        edge_aggregate(weight, b, graph), reference_aggregate(weight, b, graph.edge_index, 2)
+    )
+    assert torch.autograd.gradcheck(lambda a, b: edge_dot(a, b, graph), (a, b))
+    assert torch.autograd.gradcheck(lambda w, b: edge_aggregate(w, b, graph), (weight, b))
+
+
 def test_int32_edge_index_equals_int64():
     edge_index = random_graph(5, 7, 10)
     a, b = feats(7, 0), feats(5, 1)
