@@ -454,6 +454,11 @@ def edge_distance(x_dst: Tensor, x_src: Tensor, edge_index: Tensor) -> Tensor:
 
 
 def _check_edges(q: Tensor, k: Tensor, edge_index: Tensor) -> None:
+    if q.dim() < 2 or k.dim() < 2:
+        raise ValueError(
+            f"q [N_dst, ..., d] and k [N_src, ..., d] need a node and a feature dimension, "
+            f"got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
     if q.shape[1:] != k.shape[1:]:
         raise ValueError(
             f"q [N_dst, ..., d] and k [N_src, ..., d] must agree after the node dimension, "

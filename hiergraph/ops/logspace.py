@@ -42,6 +42,8 @@ def masked_softmax(logits: Tensor, mask: Tensor, dim: int = -1) -> tuple[Tensor,
         ``(lse, weights)`` with ``lse`` reduced over ``dim`` (dimension
         removed) and ``weights`` shaped like ``logits``.
     """
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor, got dtype {mask.dtype}")
     return softmax_dropping(logits, ~mask, dim)
 
 

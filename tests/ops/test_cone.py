@@ -366,6 +366,9 @@ def test_edge_range_check_reads_values_on_cpu_only():
         _check_edges(q, q, torch.empty(3, 5, dtype=torch.long, device="meta"))
     with pytest.raises(ValueError, match="out of range"):
         _check_edges(torch.zeros(4, 2, 3), torch.zeros(4, 2, 3), torch.tensor([[0], [4]]))
+    # 1-D points: the node axis would be read as the features (one score for all edges)
+    with pytest.raises(ValueError, match="need a node and a feature dimension"):
+        penumbral_edge(torch.randn(3), torch.randn(3), torch.tensor([[0, 1], [2, 2]]))
 
 
 def test_hand_written_backwards_refuse_double_backward():

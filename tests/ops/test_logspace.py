@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from hiergraph.ops import log_gates, logaddexp, masked_softmax
@@ -19,6 +20,12 @@ def test_masked_softmax_matches_softmax_and_handles_empty_rows():
     assert lse[1] == -INF and torch.all(w[1] == 0)
     (lse[[0, 2]].sum() + w.sum()).backward()
     assert torch.isfinite(x.grad).all() and torch.all(x.grad[1] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.uint8])
+def test_masked_softmax_takes_a_bool_mask(dtype):
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
+        masked_softmax(torch.randn(2, 3), torch.ones(2, 3, dtype=dtype))
 
 
 def test_masked_softmax_over_no_entries_gives_empty_rows():
