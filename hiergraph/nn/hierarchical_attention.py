@@ -75,8 +75,9 @@ class HierarchicalSelfAttention(nn.Module):
             leaves get flat softmax attention. The choice is per forward pass
             and not differentiable; the attention over the chosen tree is. On a
             batch of equal trees, or of trees embedded in an equal-fanout forest
-            (window trees of any lengths), no lifted tree is built (the same result, on
-            the batch's own plan: :mod:`~hiergraph.ops.hsa.lifted`).
+            (window trees of any lengths that give them the same height), no lifted tree
+            is built (the same result, on the batch's own plan:
+            :mod:`~hiergraph.ops.hsa.lifted`).
     """
 
     def __init__(

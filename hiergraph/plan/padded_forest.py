@@ -60,6 +60,8 @@ class PaddedForest:
         leaves_lead: every tree's leaves fill the first slots of its padded tree, in leaf
             order (all padding after them: window trees, short ones sunk). Then a strictly
             causal row never sees a padding slot, so the causal op needs no mask.
+        sunk: some tree sinks (a chain of only children follows its root), so its root's
+            children are not the nodes of depth 1 of the embedding.
     """
 
     shape: tuple[int, ...]
@@ -69,6 +71,7 @@ class PaddedForest:
     blocks: int
     block_slots: float
     leaves_lead: bool
+    sunk: bool
 
     @property
     def num_slots(self) -> int:
@@ -140,7 +143,8 @@ class PaddedForest:
         block_slots = sum(block.slot_cost for block in blocks)
         node_source = list(sources.split(sizes))
         lead = _leaves_lead(leaf_slot, shape)
-        return cls(shape, leaf_slot, node_source, real, len(blocks), block_slots, lead)
+        sunk = bool((sink > 0).any())
+        return cls(shape, leaf_slot, node_source, real, len(blocks), block_slots, lead, sunk)
 
     def to(self, device) -> PaddedForest:
         return PaddedForest(
@@ -151,6 +155,7 @@ class PaddedForest:
             self.blocks,
             self.block_slots,
             self.leaves_lead,
+            self.sunk,
         )
 
 

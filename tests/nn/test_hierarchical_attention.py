@@ -175,6 +175,22 @@ def test_compiling_before_the_plan_is_built_says_what_to_do():
     torch.testing.assert_close(out, layer(torch.ones(32, 8), batch))
 
 
+@pytest.mark.parametrize("lengths", [[8, 4], [4, 3, 9], [16, 6]])
+def test_hubs_on_window_trees_of_different_heights(lengths):
+    """A forest whose trees differ in height: the layer's output is HSA over the rebuilt
+    lifted tree (the shorter trees' hubs included)."""
+    torch.manual_seed(3)
+    batch = window_forest(lengths, (2, 2))
+    x = torch.randn(sum(lengths), 6, dtype=torch.float64)
+    hub, plain = _pair(hubs=1)  # (with more, a short tree may keep one top node)
+    x_types, shape = torch.zeros(len(x), dtype=torch.long), (len(x), 2, 3)
+    q = plain.q_norm(plain.query(x, x_types).view(shape))
+    k = plain.k_norm(plain.key(x, x_types).view(shape))
+    tree = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    lifted, _ = lift_leaves(batch, top_per_tree(root_scores(q, k, tree), tree, 1))
+    torch.testing.assert_close(hub(x, batch), plain(x, lifted), rtol=0, atol=1e-12)
+
+
 def test_hubs_cover_flat_attention_and_no_hubs():
     batch = _forest()
     everything, plain = _pair(hubs=100)

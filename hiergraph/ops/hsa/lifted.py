@@ -48,11 +48,12 @@ from hiergraph.plan.tree_index import TreeIndex
 def runs_lifted(index: TreeIndex, q: Tensor) -> bool:
     """Whether :func:`lifted_attention` runs the forest ``index`` with ``q``'s heads and
     channels: equal fanout (or embedded in an equal-fanout forest,
-    :attr:`TreeIndex.padded`), leaves at depth 2 or more (at depth 1 the hubs are root
-    children already), families within the blocks' size limit."""
+    :attr:`TreeIndex.padded`, with every tree's top nodes at depth 1: none sunk below a
+    chain, whose root family would be the chain's), leaves at depth 2 or more (at depth 1
+    the hubs are root children already), families within the blocks' size limit."""
     if index.uniform is not None:
         shape = index.uniform
-    elif index.padded is not None:
+    elif index.padded is not None and not index.padded.sunk:
         shape = index.padded.shape
     else:
         return False

@@ -102,6 +102,11 @@ def test_runs_on_equal_fanout_forests_and_their_embeddings_below_depth_one():
     q = torch.randn(8, 2, 4)
     assert runs_lifted(window_forest([8, 8], (2, 4)).tree_index(), q)  # equal fanout
     assert runs_lifted(window_forest([8, 5], (2, 4)).tree_index(), q)  # embedded
+    # a shorter tree sinks below a chain after its root, whose family would then be the
+    # chain's (one member), not its top nodes': not this path
+    sunk = window_forest([8, 4], (2, 2)).tree_index()
+    assert sunk.padded is not None and sunk.padded.sunk and not runs_lifted(sunk, q)
+    assert not window_forest([8, 5], (2, 4)).tree_index().padded.sunk
     assert not runs_lifted(window_forest([8, 8], (8,)).tree_index(), q)  # leaves at depth 1
     assert runs_lifted(from_nested([[0, 1, 2], [3, [4, 5]], 6]).tree_index(), q)  # embedded
     assert not runs_lifted(from_nested([[0, 1], [2, [3, [4, [5, 6]]]]]).tree_index(), q)
