@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._autograd import records_grad
+from hiergraph.nn._checks import check_int
 from hiergraph.plan import CausalPlan
 
 
@@ -52,6 +53,13 @@ def append_schedule(hierarchy) -> Tensor:
     close = torch.cat([depth.new_zeros(1), depth[:-1] - 1 - lca])
     open_ = torch.cat([depth[:1] - 1, depth[1:] - 1 - lca])
     return torch.stack([close, open_], 1)
+
+
+def _check_sizes(heads, dim, dim_v) -> None:
+    """Raise unless a cache's ``heads``, ``dim`` and optional ``dim_v`` are positive ints."""
+    check_int(heads, "heads")
+    check_int(dim, "dim")
+    check_int(dim_v, "dim_v", optional=True)
 
 
 def _check_shapes(cache, lead: tuple[int, ...], q: Tensor | None, k: Tensor, v: Tensor) -> None:
@@ -123,6 +131,8 @@ class HierarchicalKVCache:
         dtype: torch.dtype = torch.float32,
         device=None,
     ):
+        _check_sizes(heads, dim, dim_v)
+        check_int(pos_dim, "pos_dim", minimum=0)
         self.heads, self.dim, self.dim_v = heads, dim, dim if dim_v is None else dim_v
         self.pos_dim = pos_dim
         self.tau = dim**-0.5 if scale is None else scale
@@ -132,7 +142,7 @@ class HierarchicalKVCache:
         # and a level without closed children gets lse ~ _masked, so g = a and its gate
         # 1 - mu = sigmoid(lse - a) is 0 (finite, unlike -inf, which would give inf - inf)
         self._masked = torch.finfo(dtype).min / 4
-        self._inv_tau = like.new_full((), 1.0 / self.tau)
+        self._tau = like.new_full((), self.tau)
         self._zero = like.new_zeros(())
         self._leaf_tail = torch.tensor([0.0, 1.0], dtype=dtype, device=like.device)  # log n, n
         self._qk_shape, self._v_shape = (heads, dim), (heads, self.dim_v)
@@ -405,12 +415,12 @@ class HierarchicalKVCache:
         # prefix [tau sum q, n] of A_1 .. A_m: the leaf's [tau q, 1] is added to the rows
         # above it; A_first .. A_m are new
         if open:
-            self._prefix[first - 1 : m, :, :d].copy_(q).div_(self._inv_tau)
+            self._prefix[first - 1 : m, :, :d].copy_(q).mul_(self._tau)
             self._prefix[first - 1 : m, :, d].fill_(1.0)
             if first > 1:
                 self._prefix[: first - 1].add_(leaf)
         else:  # (the common case, on the views of this depth)
-            torch.div(q, self._inv_tau, out=leaf_q)
+            torch.mul(q, self._tau, out=leaf_q)
             if close:
                 leaf[:, d].fill_(1.0)
             if m > 1:
@@ -486,6 +496,8 @@ class FlatKVCache:
         device=None,
         capacity: int = 1024,
     ):
+        _check_sizes(heads, dim, dim_v)
+        check_int(capacity, "capacity", minimum=0)
         dim_v = dim if dim_v is None else dim_v
         self.heads, self.dim, self.dim_v = heads, dim, dim_v
         self.tau = dim**-0.5 if scale is None else scale

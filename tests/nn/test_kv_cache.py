@@ -15,12 +15,12 @@ from tests.conftest import random_qkv
 from tests.ops.hsa.test_causal import ordered_spec
 
 
-def decode(h, q, k, v, pos_emb=None):
+def decode(h, q, k, v, pos_emb=None, scale=None):
     """Feed the leaves of ``h`` one by one into a fresh cache; outputs stacked ``[L, H, d_v]``."""
     plan = CausalPlan.from_hierarchy(h)
     heads, dim = q.shape[1:]
     pos_dim = 0 if pos_emb is None else pos_emb.size(-1)
-    cache = HierarchicalKVCache(heads, dim, v.size(-1), pos_dim=pos_dim, dtype=q.dtype)
+    cache = HierarchicalKVCache(heads, dim, v.size(-1), pos_dim=pos_dim, scale=scale, dtype=q.dtype)
     outs = []
     for i, (close, open_) in enumerate(append_schedule(plan).tolist()):
         m = int(plan.leaf_depth[i])
@@ -251,6 +251,25 @@ def test_bad_events_and_shapes():
         cache.append(q[:1], q[:1], q[:1])
     with pytest.raises(ValueError, match="pos_emb"):
         cache.append(q, q, q, pos_emb=torch.zeros(1, 2, 3))
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.4, 1e-9])
+def test_any_scale_decodes_like_the_full_pass(scale):
+    """Every logit scale the full pass takes, zero included (all keys alike)."""
+    h = from_nested(ordered_spec(random.Random(3), 14))
+    q, k, v = random_qkv(h.num_leaves, seed=3)
+    full = causal_hierarchical_attention(q, k, v, h, scale=scale)
+    inc, _ = decode(h, q, k, v, scale=scale)
+    torch.testing.assert_close(inc, full, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("cache", [HierarchicalKVCache, FlatKVCache])
+def test_bad_sizes(cache):
+    for sizes, name in (((0, 4), "heads"), ((2, 0), "dim"), ((2, 4, 0), "dim_v")):
+        with pytest.raises(ValueError, match=f"{name} must be a positive int"):
+            cache(*sizes)
+    with pytest.raises(TypeError, match="heads must be a positive int, got 2.0"):
+        cache(2.0, 4)
 
 
 def test_flat_cache_bad_shapes():

@@ -137,6 +137,11 @@ def hierarchical_attention(
     squeeze = q.dim() == 2
     if squeeze:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+    if not isinstance(hierarchy, TreeIndex) and not hasattr(hierarchy, "tree_index"):
+        raise TypeError(
+            "hierarchy must be a SignalHierarchy, a batch of them or a TreeIndex, got "
+            f"{type(hierarchy).__name__}"
+        )
     index = hierarchy if isinstance(hierarchy, TreeIndex) else hierarchy.tree_index()
     pos = _check_inputs(q, k, v, index, pos_emb, leaf_mask)
     if index.device != q.device:
@@ -237,6 +242,8 @@ def hierarchical_attention(
     out = _gather_leaves(index, accs)
     if include_self:
         out = out + torch.exp(_gather_leaves(index, us)).unsqueeze(-1) * v
+    elif len(levels) == 1:  # single leaves without self energy: no key, no mass; 0 * v, as
+        out = out + 0.0 * v  # the attention matrix's product gives (a zero gradient, no error)
     if weight is not None:
         out = out * weight[:, None, None]
     return out.squeeze(1) if squeeze else out
@@ -260,11 +267,17 @@ def _check_inputs(q, k, v, index, pos_emb, leaf_mask) -> Tensor | None:
     check_qkv(q, k, v, index.num_leaves)
     pos = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
     if leaf_mask is not None and (
-        leaf_mask.dtype != torch.bool or leaf_mask.shape != (index.num_leaves,)
+        not isinstance(leaf_mask, Tensor)
+        or leaf_mask.dtype != torch.bool
+        or leaf_mask.shape != (index.num_leaves,)
     ):
-        raise ValueError(
-            f"leaf_mask must be a [{index.num_leaves}] bool tensor (True = valid leaf), got "
+        got = (
             f"{leaf_mask.dtype} {tuple(leaf_mask.shape)}"
+            if isinstance(leaf_mask, Tensor)
+            else type(leaf_mask).__name__
+        )
+        raise ValueError(
+            f"leaf_mask must be a [{index.num_leaves}] bool tensor (True = valid leaf), got {got}"
         )
     return pos
 

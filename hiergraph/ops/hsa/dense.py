@@ -141,7 +141,7 @@ def hierarchical_attention_matrix(
     tree = _Tree(hierarchy, leaf_mask)
     out = q.new_zeros(heads, num_leaves, num_leaves)
     for h in range(heads):
-        eps = None if pos_emb is None else (pos_emb[:, h] if pos_emb.dim() == 3 else pos_emb)
+        eps = None if pos_emb is None else _head(pos_emb, h)
         n, sib_logits, a = _head_stats(
             tree, q[:, h], k[:, h], eps, tau, include_self, leaky_causal, size_bias
         )
@@ -185,7 +185,15 @@ def hierarchy_energy(
     tree = _Tree(hierarchy, None)
     rows = []
     for h in range(heads):
-        eps = None if pos_emb is None else (pos_emb[:, h] if pos_emb.dim() == 3 else pos_emb)
+        eps = None if pos_emb is None else _head(pos_emb, h)
         _, _, a = _head_stats(tree, q[:, h], k[:, h], eps, tau, include_self, False)
         rows.append(torch.stack([-a[r] for r in tree.roots]))
     return torch.stack(rows, dim=1)
+
+
+def _head(pos_emb: Tensor, h: int) -> Tensor:
+    """Head ``h``'s ``[N, c]`` embeddings of ``pos_emb`` ``[N, c]`` or ``[N, 1 | H, c]``
+    (one head's rows are every head's)."""
+    if pos_emb.dim() == 2:
+        return pos_emb
+    return pos_emb[:, h if pos_emb.size(1) > 1 else 0]

@@ -18,6 +18,7 @@ def autocast_inputs(op):
 
     @functools.wraps(op)
     def run(q: Tensor, k: Tensor, v: Tensor, *args, **kwargs):
+        _check_tensors(q, k, v)
         dtype = autocast_dtype(q.device.type)
         if dtype is None:
             return op(q, k, v, *args, **kwargs)
@@ -42,12 +43,17 @@ def head_pos_emb(pos_emb: Tensor, q: Tensor, num_nodes: int) -> Tensor:
     return (pos_emb if pos_emb.dim() == 3 else pos_emb.unsqueeze(1)).to(q.dtype)
 
 
-def check_qkv(q, k, v, num_leaves: int) -> None:
-    """Shared checks of HSA inputs: ``q, k [L, H, d]``, ``v [L, H, d_v]``, one floating
-    dtype, one row per leaf."""
+def _check_tensors(q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_qkv(q, k, v, num_leaves: int) -> None:
+    """Shared checks of HSA inputs: ``q, k [L, H, d]``, ``v [L, H, d_v]``, one floating
+    dtype, one row per leaf."""
+    _check_tensors(q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"{name} must be [num_leaves, heads, dim], got shape {tuple(t.shape)}")
     if q.shape != k.shape:
@@ -63,6 +69,8 @@ def check_qkv(q, k, v, num_leaves: int) -> None:
         raise ValueError(
             f"q and k need at least one head and one channel, got shape {tuple(q.shape)}"
         )
+    if v.size(2) == 0:
+        raise ValueError(f"v needs at least one channel, got shape {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
         raise TypeError(
             f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"

@@ -107,7 +107,12 @@ class _FusedUniform(torch.autograd.Function):
             inputs = (q, k, v, *eps)  # the saved inputs, still part of the graph
             out = recorded(q, k, v, eps or None)
             wanted = [t for t in inputs if t.requires_grad]
-            found = iter(torch.autograd.grad(out, wanted, grad, create_graph=True))
+            # an input the output does not depend on (q, k of one family of two without
+            # self energies) gets zeros, as from the first-order backward
+            found = torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True)
+            found = iter(
+                torch.zeros_like(t) if g is None else g for t, g in zip(wanted, found, strict=True)
+            )
             return None, *(next(found) if t.requires_grad else None for t in inputs)
         grads = _backward(
             grad.contiguous(), ctx.levels, fanout, include_self, tau, len(eps), node_major

@@ -13,6 +13,7 @@ import hiergraph.ops.hsa.family as family_attention
 from hiergraph.data import SignalHierarchy, from_nested, random_window_hierarchy, window_hierarchy
 from hiergraph.ops import (
     causal_hierarchical_attention,
+    causal_hierarchical_attention_matrix,
     hierarchical_attention,
     hierarchical_attention_matrix,
     hierarchy_energy,
@@ -65,6 +66,20 @@ def test_fast_equals_dense_reference_on_200_random_trees():
             )
             ref = torch.cat(refs[inc][start : start + 20])
             assert (out - ref).abs().max().item() <= 1e-10
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_reference_takes_every_embedding_shape(causal):
+    """``[N, c]``, ``[N, 1, c]`` (one head's rows for every head) and ``[N, H, c]`` as the
+    op takes them; the one-head forms give the expanded form's matrix."""
+    h = window_hierarchy(6, (2, 3))
+    q, k, _ = random_qkv(6)  # 2 heads
+    pe = torch.randn(h.num_nodes, 3, **F64)
+    reference = causal_hierarchical_attention_matrix if causal else hierarchical_attention_matrix
+    options = {} if causal else {"include_self": True}
+    expanded = reference(q, k, h, pos_emb=pe[:, None].expand(-1, 2, -1), **options)
+    for form in (pe, pe[:, None]):
+        torch.testing.assert_close(reference(q, k, h, pos_emb=form, **options), expanded)
 
 
 @settings(max_examples=60, deadline=None)
@@ -552,10 +567,11 @@ def test_degenerate_trees_are_nan_free(spec):
             out = hierarchical_attention(
                 q, k, v, h, include_self=inc, leaky_causal=causal, leaf_mask=mask
             )
-            if out.requires_grad:  # a lone leaf without self-attention outputs a constant 0
-                out.square().sum().backward()
+            # (a lone leaf without self energy outputs 0 * v: a loss on it has a backward)
+            out.square().sum().backward()
             for t in (out, q.grad, k.grad, v.grad):
                 assert t is None or torch.isfinite(t).all()
+            assert v.grad is not None
 
 
 def test_float32_large_logits_stable():
@@ -627,6 +643,15 @@ def test_bad_inputs():
     for no_heads_or_channels in ((q[:, :0], k[:, :0], v[:, :0]), (q[..., :0], k[..., :0], v)):
         with pytest.raises(ValueError, match="at least one head and one channel"):
             hierarchical_attention(*no_heads_or_channels, h)
+    for kernel in ("dense", "blocks", "edge"):  # (the block and edge kernels crashed)
+        with pytest.raises(ValueError, match="v needs at least one channel"):
+            hierarchical_attention(q, k, v[..., :0], h, kernel=kernel)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got ndarray"):
+        hierarchical_attention(q.numpy(), k, v, h)  # (before: an error of the autocast check)
+    with pytest.raises(TypeError, match="hierarchy must be a SignalHierarchy.*got NoneType"):
+        hierarchical_attention(q, k, v, None)
+    with pytest.raises(ValueError, match=r"leaf_mask must be a \[6\] bool tensor.*got list"):
+        hierarchical_attention(q, k, v, h, leaf_mask=[True] * 6)
     with pytest.raises(ValueError, match="pos_emb"):
         hierarchical_attention(q, k, v, h, pos_emb=torch.randn(6, 2, **F64))
     with pytest.raises(ValueError, match="leaf_mask"):

@@ -142,3 +142,17 @@ def test_second_derivatives(fanout, node_major):
         return run([q, k, v], list(eps), shape, True, include_self=True, size_bias=True)
 
     assert torch.autograd.gradgradcheck(op, (*qkv, *eps))
+
+
+def test_second_derivatives_where_q_and_k_are_unused():
+    """One family of two leaves without self energies: each leaf's output is its sibling's
+    value, so q and k do not reach it; their second-order gradients are zeros (as the
+    recorded op's), not an error."""
+    qkv, _ = inputs((1, 2), heads=2, d=3, d_v=3)
+    out = run(qkv, None, (1, 2), True, include_self=False, size_bias=True)
+    assert "_FusedUniformBackward" in graph_nodes(out)
+    torch.testing.assert_close(out, qkv[2].flip(0))  # the sibling's value
+    grads = torch.autograd.grad(out.square().sum(), qkv, create_graph=True)
+    assert torch.equal(grads[0], torch.zeros_like(grads[0]))  # 2 v_j, and none for q, k
+    (second,) = torch.autograd.grad(grads[2].square().sum(), qkv[2])  # of 4 sum v^2
+    torch.testing.assert_close(second, 8 * qkv[2])
