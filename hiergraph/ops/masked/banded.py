@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from numbers import Integral
 
 import torch
 import torch.nn.functional as F
@@ -87,15 +88,30 @@ def _check_band(q: Tensor, k: Tensor, v: Tensor, lengths, before, after, dilatio
             "q, k, v must share N and heads, and q, k the channel size; got shapes "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
+    if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
+        dtypes = f"{q.dtype}, {k.dtype}, {v.dtype}"
+        raise TypeError(f"q, k, v must share one floating dtype, got {dtypes}")
+    sizes = {"before": before, "after": after, "dilation": dilation}
+    if not all(_is_int(size) for size in sizes.values()):
+        raise TypeError(f"before, after and dilation must be ints, got {sizes}")
     if min(before, after) < 0 or dilation < 1:
         raise ValueError(
             f"need before >= 0, after >= 0 and dilation >= 1; got {before=}, {after=}, {dilation=}"
         )
     n = q.size(0)
+    if lengths is not None and not all(_is_int(length) for length in lengths):
+        raise TypeError(f"lengths must be ints, got {list(lengths)}")
     lengths = [n] if lengths is None else [int(length) for length in lengths]
     if any(length < 0 for length in lengths) or sum(lengths) != n:
         raise ValueError(f"segment lengths must be >= 0 and sum to N = {n}; got sum {sum(lengths)}")
     return lengths
+
+
+def _is_int(value) -> bool:
+    """An int (a Python or numpy integer, or an integer tensor of one element), not a bool."""
+    if isinstance(value, Tensor):
+        return value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool
+    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def _undilate(lengths: list[int], dilation: int, device) -> tuple[Tensor, list[int]]:
@@ -253,6 +269,11 @@ def banded_attention(
     The result is differentiable in ``q``, ``k`` and ``v`` (first order).
     """
     lengths = _check_band(q, k, v, lengths, before, after, dilation)
+    for name, size in (("block_size", block_size), ("chunk_size", chunk_size)):
+        if size is not None and not (_is_int(size) and size >= 1):
+            raise ValueError(f"{name} must be a positive int or None, got {size!r}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
     n = q.size(0)
     if n == 0:
         return v.new_zeros(v.shape)

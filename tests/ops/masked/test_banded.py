@@ -107,6 +107,10 @@ def test_band_predicate_definition():
         ([(5, 2, 3)] * 3, {"before": -1}, "before >= 0"),
         ([(5, 2, 3)] * 3, {"dilation": 0}, "dilation >= 1"),
         ([(5, 2, 3)] * 3, {"lengths": [2, 2]}, "sum to N = 5"),
+        ([(5, 2, 3)] * 3, {"block_size": -2}, "block_size must be a positive int"),
+        ([(5, 2, 3)] * 3, {"block_size": 2.5}, "block_size must be a positive int"),
+        ([(5, 2, 3)] * 3, {"chunk_size": 0}, "chunk_size must be a positive int"),
+        ([(5, 2, 3)] * 3, {"dropout_p": -0.5}, r"dropout_p must be in \[0, 1\]"),
     ],
 )
 def test_bad_inputs(shapes, kwargs, message):
@@ -114,6 +118,22 @@ def test_bad_inputs(shapes, kwargs, message):
     args = {"before": 1, "after": 1} | kwargs
     with pytest.raises(ValueError, match=message):
         banded_attention(q, k, v, **args)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"before": 1.5}, "before, after and dilation must be ints"),
+        ({"dilation": 1.5}, "before, after and dilation must be ints"),
+        ({"lengths": [2.5, 2.5]}, "lengths must be ints"),
+    ],
+)
+def test_sizes_that_are_not_ints(kwargs, message):
+    q = torch.randn(5, 2, 3)
+    with pytest.raises(TypeError, match=message):
+        banded_attention(q, q, q, **({"before": 1, "after": 1} | kwargs))
+    with pytest.raises(TypeError, match="one floating dtype"):
+        banded_attention(q.long(), q.long(), q.long(), 1, 1)
 
 
 def test_dropout_backward_recomputes_the_forward_masks():
