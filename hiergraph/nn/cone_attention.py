@@ -2,6 +2,7 @@ r"""``ConeAttention``: dense multi-head cone attention, a drop-in for ``nn.Multi
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import torch
@@ -103,6 +104,8 @@ class ConeAttention(nn.Module):
         check_probability(dropout, "dropout")
         if not gamma > 0:
             raise ValueError(f"gamma must be > 0, got {gamma}")
+        if r is not None and not (r > 0 and math.isfinite(r)):
+            raise ValueError(f"r must be finite and > 0, got {r}")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
         head_dim = embed_dim // num_heads

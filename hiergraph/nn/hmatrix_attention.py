@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from hiergraph.data.windows import check_block_size
+from hiergraph.nn._checks import check_int
 from hiergraph.ops.hmatrix import hmatrix_attention
 
 
@@ -47,6 +49,9 @@ class HMatrixAttention(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
+        check_int(embed_dim, "embed_dim")
+        check_int(num_heads, "num_heads")
+        check_block_size(block_size)
         if embed_dim % num_heads:
             raise ValueError(
                 f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"

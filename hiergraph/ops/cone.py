@@ -82,8 +82,8 @@ def _check_points(name: str, x: Tensor) -> None:
 
 def _check_positive(**values: float) -> None:
     for name, value in values.items():
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value}")
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be finite and > 0, got {value}")
 
 
 def _compute_dtype(*tensors: Tensor) -> torch.dtype:
@@ -334,7 +334,8 @@ def umbral_lca_height(
         r: hyperbolic radius of the ball around each point (0.1 in the paper's runs).
         scale: multiply the result by this inside the fused op.
     """
-    height_fn = partial(_umbral_h, slope=1.0 / (2 * math.sinh(r)))
+    # 1 / (2 sinh r) = e^-r / (1 - e^-2r): no overflow for a large radius
+    height_fn = partial(_umbral_h, slope=math.exp(-r) / -math.expm1(-2 * r))
     return _lca_height(height_fn, dist, y_u, y_v, scale)
 
 

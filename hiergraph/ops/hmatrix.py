@@ -644,8 +644,14 @@ def _check_inputs(q, k, v, block_size, key_padding_mask) -> None:
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.shape[2] == 0:
         raise ValueError("sequence length must be >= 1")
+    if q.shape[3] == 0:
+        raise ValueError(f"q and k need at least one channel, got shape {tuple(q.shape)}")
     if key_padding_mask is not None:
         expected = (q.shape[0], q.shape[2])
+        if not isinstance(key_padding_mask, Tensor):
+            raise TypeError(
+                f"key_padding_mask must be a bool tensor, got {type(key_padding_mask).__name__}"
+            )
         if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != expected:
             raise ValueError(
                 f"key_padding_mask must be a bool tensor of shape [batch, length] = {expected} "

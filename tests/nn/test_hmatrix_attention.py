@@ -35,6 +35,10 @@ def test_module_shapes_and_errors():
     assert "block_size=4" in repr(attn)
     with pytest.raises(ValueError, match="divisible"):
         HMatrixAttention(30, 4)
+    with pytest.raises(ValueError, match="num_heads must be a positive int"):
+        HMatrixAttention(32, 0)  # (a ZeroDivisionError before)
+    with pytest.raises(ValueError, match="block_size must be an even int"):
+        HMatrixAttention(32, 4, block_size=3)  # (before: at the first forward)
     with pytest.raises(ValueError, match=r"\[batch, length, 32\]"):
         attn(torch.randn(50, 32))
     with pytest.raises(ValueError, match="length must be >= 1"):

@@ -491,10 +491,11 @@ def test_bad_inputs(variant):
         fn([[0.0, 1.0]], torch.randn(1, 2))
     with pytest.raises(ValueError, match="same feature size"):
         fn(torch.randn(3, 4), torch.randn(3, 5))
-    with pytest.raises(ValueError, match="gamma must be > 0"):
+    with pytest.raises(ValueError, match="gamma must be finite and > 0"):
         fn(torch.randn(3, 4), torch.randn(3, 4), gamma=0.0)
-    with pytest.raises(ValueError, match="r must be > 0"):
-        fn(torch.randn(3, 4), torch.randn(3, 4), r=-1.0)
+    for r in (-1.0, float("inf"), float("nan")):  # (inf gave NaN scores)
+        with pytest.raises(ValueError, match="r must be finite and > 0"):
+            fn(torch.randn(3, 4), torch.randn(3, 4), r=r)
     x = torch.randn(4, 2, 3)
     with pytest.raises(ValueError, match=r"\[2, E\]"):
         edge_fn(x, x, torch.zeros(3, 5, dtype=torch.long))
@@ -509,3 +510,15 @@ def test_bad_inputs(variant):
 def test_cone_geometry_rejects_unknown_variant():
     with pytest.raises(ValueError, match="variant must be one of"):
         cone_geometry("hyperboloid")
+
+
+def test_umbral_radius_without_overflow():
+    """The slope 1 / (2 sinh r) of the umbral height, for radii whose sinh overflows too:
+    there the LCA height is that of an infinitely narrow ball, max(u_d, v_d)."""
+    dist, y_u, y_v = torch.tensor([0.0, 1.0, 5.0]), torch.tensor([1.0, 2.0, 0.5]), torch.ones(3)
+    for r in (0.1, 1.0, 20.0):
+        slope = 1.0 / (2 * math.sinh(r))
+        want = torch.maximum(torch.maximum(y_u, y_v), dist * slope + (y_u + y_v) / 2)
+        torch.testing.assert_close(umbral_lca_height(dist, y_u, y_v, r), want)
+    far = umbral_lca_height(dist, y_u, y_v, 1000.0)
+    torch.testing.assert_close(far, torch.maximum(y_u, y_v))

@@ -263,6 +263,8 @@ def test_linear_cost(causal):
         ({"v": torch.ones(1, 2, 10, 4, dtype=torch.long)}, TypeError, "floating"),
         ({"key_padding_mask": torch.zeros(1, 10)}, ValueError, "bool"),
         ({"key_padding_mask": torch.zeros(1, 9, dtype=torch.bool)}, ValueError, "shape"),
+        ({"key_padding_mask": [[False] * 10]}, TypeError, "bool tensor, got list"),
+        ({"q": torch.randn(1, 2, 10, 0), "k": torch.randn(1, 2, 10, 0)}, ValueError, "channel"),
     ],
 )
 def test_bad_inputs(kwargs, error, match):
