@@ -82,12 +82,19 @@ def from_nested(
 
     The walk is iterative: specs of any depth work (no recursion limit).
     """
+    if isinstance(spec, Tensor):
+        raise TypeError(
+            "spec must be nested ints, lists, tuples, dicts or Family objects, got a tensor "
+            "(pass spec.tolist())"
+        )
+    if x is not None and not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x is not None and x.dim() < 1:
+        raise ValueError(f"x must be [L, F] leaf features, got shape {tuple(x.shape)}")
     builder = _Builder(Domain.parse(default_domain), keys)
     builder.visit(spec, parent=-1, slot=0, domain=Domain.NONE, pos=(0, 0), depth=0)
     num_leaves = len(builder.leaf_rows)
     rows = torch.tensor(builder.leaf_rows, dtype=torch.long)
-    if x is not None and not isinstance(x, Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     limit = x.size(0) if x is not None else num_leaves
     if int(rows.min()) < 0 or int(rows.max()) >= limit:
         bad = rows[(rows < 0) | (rows >= limit)]

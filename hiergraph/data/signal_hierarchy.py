@@ -389,7 +389,7 @@ class SignalHierarchy(Data):
 def _as_long(value: Any, name: str) -> Tensor:
     """``value`` as a LongTensor; a tensor stays on its device (lists: the default device)."""
     t = torch.as_tensor(value, device=value.device if isinstance(value, Tensor) else None)
-    if t.is_floating_point() or t.dtype == torch.bool:
+    if t.numel() and (t.is_floating_point() or t.dtype == torch.bool):  # ([] reads as float)
         raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")
     return t.long()
 

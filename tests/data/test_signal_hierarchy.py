@@ -185,6 +185,13 @@ def test_bad_types_and_windows():
         window_hierarchy(4, (2,), x=torch.randn(3, 2))
     with pytest.raises(ValueError, match="unknown domain"):
         Family([0], "sphere")
+    with pytest.raises(TypeError, match=r"got a tensor \(pass spec.tolist\(\)\)"):
+        from_nested(torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"x must be \[L, F\] leaf features, got shape \(\)"):
+        from_nested([0], x=torch.tensor(1.0))
+    for empty in ([], torch.tensor([])):  # (an empty list reads as float: not a dtype error)
+        with pytest.raises(ValueError, match="parent must be a non-empty 1-D tensor"):
+            SignalHierarchy.from_parent(empty)
 
 
 def _count_index_builds(monkeypatch) -> list[int]:
