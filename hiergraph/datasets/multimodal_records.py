@@ -223,7 +223,7 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
         with file_lock(root / "processed"):  # one process builds the cache
             super().__init__(str(root), transform, force_reload=force_reload)
         self.load(self.processed_paths[SPLITS.index(split)])
-        self.meta = json.loads(Path(self.processed_paths[-1]).read_text())
+        self.meta = self.load_meta(self.processed_paths[-1], ("classes", "splits"))
         self.classes = tuple(self.meta["classes"])
 
     # ------------------------------------------------------------ PyG hooks

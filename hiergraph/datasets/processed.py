@@ -19,10 +19,12 @@ that holds anything else, so a replaced record cannot run code either.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from collections.abc import Sequence
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 from torch_geometric.data import Data, HeteroData
@@ -131,3 +133,27 @@ class StrictLoad(CheckedRecords):
         data, self.slices = out[:2]
         data_cls = out[2] if len(out) == 3 else data_cls
         self.data = data_cls.from_dict(data) if isinstance(data, dict) else data
+
+    def load_meta(self, path: str, keys: Sequence[str]) -> dict:
+        """The JSON object the cache keeps beside its splits (class names and the like),
+        holding at least ``keys`` and a non-empty ``"classes"`` list of names.
+
+        Raises:
+            CorruptFileError: the file is not such an object (damaged or edited).
+        """
+        try:
+            meta = json.loads(Path(path).read_text(encoding="utf-8"))
+            missing = [key for key in keys if key not in meta] if isinstance(meta, dict) else keys
+            if missing:
+                raise ValueError(f"no {', '.join(map(repr, missing))} in {type(meta).__name__}")
+            classes = meta["classes"]
+            if not isinstance(classes, list) or not classes:
+                raise ValueError(f"'classes' must be a non-empty list, got {classes!r}")
+        except (OSError, ValueError) as err:  # (a JSONDecodeError is a ValueError)
+            raise CorruptFileError(
+                path,
+                f"{path}: cannot load this processed {type(self).__name__} cache file "
+                f"({type(err).__name__}: {err}); it is damaged. Rebuild the cache with "
+                f"force_reload=True or by deleting {self.processed_dir}.",
+            ) from err
+        return meta

@@ -279,18 +279,7 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
             super().__init__(str(root), transform, force_reload=force_reload)
         path = self.processed_paths[SPLITS.index(split)]
         self.load(path)  # StrictLoad: a damaged cache raises CorruptFileError naming it
-        try:
-            self.meta = json.loads(Path(self.processed_paths[-1]).read_text())
-        except ValueError as err:
-            raise self._corrupt_cache(self.processed_paths[-1], err) from err
-
-    def _corrupt_cache(self, path: str, err: Exception) -> CorruptFileError:
-        return CorruptFileError(
-            path,
-            f"{path}: cannot load this processed {self.name} cache file "
-            f"({type(err).__name__}: {err}); it is damaged. Rebuild the cache with "
-            f"force_reload=True or by deleting {self.processed_dir}.",
-        )
+        self.meta = self.load_meta(self.processed_paths[-1], ("classes", "tokenizer", "empty"))
 
     # ------------------------------------------------------------ PyG hooks
     @property

@@ -169,3 +169,22 @@ def test_damaged_processed_cache_names_the_file(tmp_path):
     assert len(rebuilt) == 18
     # no temporary files are left next to the cache
     assert sorted(p.name for p in cache.parent.iterdir() if p.name.startswith(".")) == [".lock"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["[1, 2]", '{"classes": []}', '{"tokenizer": "simple", "empty": {}}', "{not json"],
+    ids=["a list", "no classes", "classes missing", "not JSON"],
+)
+def test_edited_cache_metadata_names_the_file(tmp_path, content):
+    """The JSON beside the splits must be the object the cache wrote (it loaded with no
+    class names before)."""
+    write_tar(tmp_path / "aclImdb_v1.tar.gz", imdb_files())
+    IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
+    meta = next((tmp_path / "imdb" / "processed").glob("*.json"))
+    meta.write_text(content)
+    with pytest.raises(CorruptFileError, match="force_reload=True") as info:
+        IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
+    assert info.value.path == meta
+    rebuilt = IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path, force_reload=True)
+    assert len(rebuilt.meta["classes"]) == 2
