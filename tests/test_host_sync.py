@@ -537,7 +537,8 @@ CASES: dict[str, Callable[[str], Case]] = {
     "HierarchicalSelfAttention": hsa_layer,
     "HierarchicalSelfAttention-hubs": lambda d: hsa_layer(d, hubs=2),
     "HierarchicalSelfAttention-hubs-equal-trees": lambda d: hsa_layer(d, 2, (16, 16, 16)),
-    "HierarchicalSelfAttention-hubs-window-forest": lambda d: hsa_layer(d, 2, (16, 11, 7)),
+    # trees of one height (a shorter tree would sink below a chain: its hubs are lifted)
+    "HierarchicalSelfAttention-hubs-window-forest": lambda d: hsa_layer(d, 2, (16, 11, 9)),
     "FamilyPositionEncoder": position_encoder,
     "HierarchicalTransformerEncoder": hte,
     "pooling": pooling,
