@@ -39,6 +39,8 @@ def relabel(edge_index: Tensor, perm: Perm) -> Tensor:
     ``perm`` may be a pair ``(perm_src, perm_dst)`` for a bipartite graph.
     """
     perm_src, perm_dst = perm if isinstance(perm, tuple) else (perm, perm)
+    for p in (perm_src, perm_dst):
+        _check_permutation(p, p.numel())
     check_edge_index(edge_index, perm_src.numel(), perm_dst.numel())
     return torch.stack(
         [torch.argsort(perm_src)[edge_index[0]], torch.argsort(perm_dst)[edge_index[1]]]
@@ -47,8 +49,22 @@ def relabel(edge_index: Tensor, perm: Perm) -> Tensor:
 
 def is_automorphism(edge_index: Tensor, num_nodes: int, perm: Tensor) -> bool:
     """Whether ``M[perm][:, perm] == M`` for the mask of ``edge_index``."""
+    _check_permutation(perm, num_nodes)
     mask = edge_index_to_mask(edge_index, num_nodes, rows="query")
     return bool((mask[perm][:, perm] == mask).all())
+
+
+def _check_permutation(perm: Tensor, n: int) -> None:
+    """Raise unless ``perm`` is a permutation of ``0 … n - 1`` (read on the host)."""
+    ok = isinstance(perm, Tensor) and perm.shape == (n,) and not perm.is_floating_point()
+    if ok:
+        ok = torch.equal(perm.sort().values.cpu(), torch.arange(n))
+    if not ok:
+        if not isinstance(perm, Tensor):
+            got = type(perm).__name__
+        else:
+            got = perm.tolist() if perm.numel() <= 16 else f"shape {tuple(perm.shape)}"
+        raise ValueError(f"perm must be a permutation of 0 .. {n - 1}, got {got}")
 
 
 def automorphisms(edge_index: Tensor, num_nodes: int, brute_force_up_to: int = 7) -> Tensor:

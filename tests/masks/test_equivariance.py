@@ -3,6 +3,7 @@ table, §4.4) and the relabelling convention."""
 
 import math
 
+import pytest
 import torch
 
 from hiergraph.masks import (
@@ -57,6 +58,14 @@ def test_automorphisms_networkx_matches_brute_force():
     no_nodes = torch.empty(2, 0, dtype=torch.long)  # one automorphism: the empty permutation
     for brute_force_up_to in (8, -1):
         assert automorphisms(no_nodes, 0, brute_force_up_to=brute_force_up_to).shape == (1, 0)
+
+
+def test_permutations_are_checked():
+    edge_index = window_mask(3, 1)
+    with pytest.raises(ValueError, match=r"permutation of 0 .. 2, got \[0, 0, 2\]"):
+        relabel(edge_index, torch.tensor([0, 0, 2]))  # (silently accepted before)
+    with pytest.raises(ValueError, match=r"permutation of 0 .. 2, got \[1, 0\]"):
+        is_automorphism(edge_index, 3, torch.tensor([1, 0]))  # (a raw size error before)
 
 
 def test_relabel_convention():

@@ -34,6 +34,7 @@ edges get :math:`0`.
 from __future__ import annotations
 
 import warnings
+from numbers import Integral
 
 import torch
 from torch import Tensor
@@ -78,6 +79,8 @@ class EdgeCSR:
     """
 
     def __init__(self, edge_index: Tensor, size: tuple[int, int], *, check: bool = True):
+        if len(size) != 2 or not all(_is_count(n) for n in size):
+            raise ValueError(f"size must be (num_src, num_dst), two ints >= 0, got {size}")
         self.num_src, self.num_dst = size
         check_edge_index(edge_index, self.num_src, self.num_dst, check_range=check)
         # int64 (an int32 key dst * num_src + src could overflow) and contiguous: the CSR
@@ -113,6 +116,12 @@ class EdgeCSR:
             )
             self._transpose = (crow_t, dst[perm_t], perm_t)
         return self._transpose
+
+
+def _is_count(n) -> bool:
+    if isinstance(n, torch.SymInt):  # traced by torch.compile: a size, so >= 0
+        return True
+    return isinstance(n, Integral) and not isinstance(n, bool) and n >= 0
 
 
 def _accumulating(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -195,6 +204,13 @@ class _EdgeAggregate(torch.autograd.Function):
         return grad_w, grad_b, None
 
 
+def _check_graph(graph) -> None:
+    if not isinstance(graph, EdgeCSR):
+        raise TypeError(
+            f"graph must be an EdgeCSR (EdgeCSR(edge_index, size)), got {type(graph).__name__}"
+        )
+
+
 def _check(name: str, t: Tensor, rows: int, heads: int | None = None) -> None:
     if t.dim() != 3 or t.size(0) != rows or (heads is not None and t.size(1) != heads):
         want = f"[{rows}, {'H' if heads is None else heads}, C]"
@@ -212,6 +228,7 @@ def edge_dot(a: Tensor, b: Tensor, graph: EdgeCSR) -> Tensor:
     Returns:
         ``[E, H]`` in the order of ``graph.edge_index``; differentiable in ``a`` and ``b``.
     """
+    _check_graph(graph)
     _check("a", a, graph.num_dst)
     _check("b", b, graph.num_src, a.size(1))
     if a.size(2) != b.size(2):
@@ -231,6 +248,7 @@ def edge_aggregate(weight: Tensor, b: Tensor, graph: EdgeCSR) -> Tensor:
         ``[num_dst, H, C]`` (zero rows for targets without edges);
         differentiable in ``weight`` and ``b``.
     """
+    _check_graph(graph)
     _check("b", b, graph.num_src)
     if weight.shape != (graph.num_edges, b.size(1)):
         raise ValueError(

@@ -105,6 +105,12 @@ def test_bad_shapes():
         edge_dot(feats(7, 0), torch.randn(5, H, C + 1), graph)
     with pytest.raises(ValueError, match=r"weight must have shape \[E, H\] = \[13, 2\]"):
         edge_aggregate(torch.randn(13, 3), feats(5, 1), graph)
+    with pytest.raises(TypeError, match="graph must be an EdgeCSR"):
+        edge_dot(feats(7, 0), feats(5, 1), graph.edge_index)
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    for size in ((-1, 3), (2.0, 3), (2,)):  # (accepted before where there was no edge)
+        with pytest.raises(ValueError, match="size must be"):
+            EdgeCSR(empty, size)
 
 
 @pytest.mark.parametrize(
