@@ -10,7 +10,8 @@ checks and derives it once.
 The cache is keyed on the identity of the edge tensor (or of the adjacency it comes from),
 the in-place versions of its index tensors (:func:`~hiergraph.ops.edge_index.edge_versions`)
 and the node counts. Another tensor, a write into it (``edge_index[0, 3] = 5`` bumps its
-version) or other node counts derive the structure again. It holds a weak reference to that
+version; a write through ``.data``, ``.numpy()`` or DLPack does not, and is not seen) or
+other node counts derive the structure again. It holds a weak reference to that
 tensor and the structure of that one graph only: the structure of a graph is dropped when
 the layer sees another one, or when the graph's tensor is freed (unless the structure holds
 that tensor itself, as an already sorted ``edge_index`` in the CSR does: then until the next

@@ -78,9 +78,10 @@ class ConeConv(MessagePassing):
             are replaced). The looped edges are built once per graph and reused while the
             same ``edge_index`` (or adjacency) tensor comes back unmodified with the same
             node counts, as in a training loop over one graph; another tensor, a write into
-            it or other node counts build them again. The layer keeps the looped edges of
-            its last graph only and refers to the graph's tensor weakly. (default:
-            :obj:`True`)
+            it or other node counts build them again (a write through ``.data``,
+            ``.numpy()`` or DLPack is not seen: pass a new tensor after one). The layer
+            keeps the looped edges of its last graph only and refers to the graph's tensor
+            weakly. (default: :obj:`True`)
         variant (str, optional): ``"penumbral"``, ``"umbral"`` or ``"dot"``.
             (default: :obj:`"penumbral"`)
         r (float, optional): penumbral light-source height / umbral ball radius;

@@ -80,7 +80,8 @@ class MaskedAttentionConv(MessagePassing):
     the structure of its last graph only, and refers to that graph's tensor weakly (the
     sorted edges of an already sorted int64 ``edge_index`` are that tensor itself, kept
     until the next graph). Nothing is cached under ``torch.inference_mode`` or while
-    ``torch.compile`` traces the layer.
+    ``torch.compile`` traces the layer. A write that bypasses the version counter
+    (through ``.data``, ``.numpy()`` or DLPack) is not seen: pass a new tensor after one.
 
     **Adjacency input.** As PyG's convs do, the mask may also be a sparse adjacency
     ``adj_t`` of shape ``[num_dst, num_src]`` with **row = target = query, column =
