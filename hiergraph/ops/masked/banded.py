@@ -108,7 +108,10 @@ def _check_band(q: Tensor, k: Tensor, v: Tensor, lengths, before, after, dilatio
 
 
 def _is_int(value) -> bool:
-    """An int (a Python or numpy integer, or an integer tensor of one element), not a bool."""
+    """An int (a Python or numpy integer, a traced ``SymInt``, or an integer tensor of one
+    element), not a bool."""
+    if isinstance(value, torch.SymInt):
+        return True
     if isinstance(value, Tensor):
         return value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool
     return isinstance(value, Integral) and not isinstance(value, bool)
