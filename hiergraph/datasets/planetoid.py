@@ -288,6 +288,15 @@ def _explain_failures(name: str, root: Path, files: list[str], read, what):
                 f"({type(err).__name__}: {err}); it is probably damaged. Delete the folder "
                 "to rebuild it.",
             )
+        if bad is None and not isinstance(err, MemoryError):  # built from the raw files
+            raw = root / name / "raw"
+            bad = CorruptFileError(
+                raw,
+                f"{raw}: PyG could not build {name} from these raw files "
+                f"({type(err).__name__}: {err}). Each of them reads, so they may not fit "
+                "together (an index past the feature rows, files of different sizes, an "
+                "empty graph): put the official files in their place.",
+            )
         if bad is None:
             raise
         raise bad from err

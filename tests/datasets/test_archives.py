@@ -150,6 +150,18 @@ def test_corrupt_planetoid_pickle_names_the_file(tmp_path):
         hp.load_planetoid("Cora", root=tmp_path / "bad2", raw_dir=tmp_path / "src2")
 
 
+def test_raw_files_that_read_but_do_not_fit_name_the_folder(tmp_path):
+    """Every file parses, but a test index points past the features: the error names the
+    raw folder (a bare IndexError from inside PyG before), with PyG's error as its cause."""
+    raw = write_tiny_planetoid(tmp_path / "src")
+    (raw / "ind.cora.test.index").write_text("99999\n")
+    with pytest.raises(CorruptFileError, match="could not build Cora from these raw files") as info:
+        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+    assert str(tmp_path / "data" / "Cora" / "raw") in str(info.value)
+    assert isinstance(info.value.__cause__, IndexError)
+    assert not any((tmp_path / "data" / "Cora" / "processed").glob("*.pt"))  # no cache left
+
+
 def test_corrupt_ppi_file_names_the_file(tmp_path):
     raw = hp.write_synthetic_ppi(tmp_path / "src", graphs=(2, 1, 1), nodes_per_graph=8)
     (raw / "valid_graph.json").write_text('{"nodes": [')
