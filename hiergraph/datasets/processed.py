@@ -128,7 +128,12 @@ class StrictLoad(CheckedRecords):
             "a readable processed cache of this dataset (expected PyG data only",
             "it from the raw files",
         )
-        if not isinstance(out, tuple) or len(out) not in (2, 3):
+        if (
+            not isinstance(out, tuple)
+            or len(out) not in (2, 3)
+            or not isinstance(out[0], dict | Data | HeteroData)
+            or not isinstance(out[1], dict | None)
+        ):
             raise CorruptFileError(path, f"{path} does not hold (data, slices[, class])")
         data, self.slices = out[:2]
         data_cls = out[2] if len(out) == 3 else data_cls

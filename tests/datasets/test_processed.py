@@ -61,6 +61,10 @@ def test_strict_load_reads_pyg_caches_and_refuses_other_objects(tmp_path):
     with pytest.raises(CorruptFileError, match="not a readable processed cache"):
         dataset.load(str(path))
     assert not marker.exists()
+    for other in ((1, 2), ({}, 5), ([1], {}, Data)):  # readable, but not (data, slices)
+        torch.save(other, path)  # (a TypeError from inside PyG before)
+        with pytest.raises(CorruptFileError, match=r"does not hold \(data, slices"):
+            dataset.load(str(path))
 
 
 @pytest.mark.parametrize("record", ["pre_transform.pt", "pre_filter.pt"])
