@@ -37,9 +37,11 @@ import os
 import secrets
 import socket
 import sys
+import tarfile
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,8 +206,8 @@ def _download_once(
             expected = int(length) if length and length.isdigit() else None
             if max_bytes is not None and (expected or 0) > max_bytes:
                 raise DownloadError(f"{url} is {expected:,} bytes, more than {max_bytes:,}")
-            try:
-                while chunk := r.read(_CHUNK):
+            try:  # read1: what has arrived, so a cut names the bytes received so far
+                while chunk := r.read1(_CHUNK):
                     out.write(chunk)
                     digest.update(chunk)
                     received += len(chunk)
@@ -229,6 +231,22 @@ def _download_once(
                 f"{digest.hexdigest()}, expected {sha256}: it is truncated, damaged or "
                 "not the official file"
             )
+        if sha256 is None and not _is_archive_like(tmp, dest.name):
+            raise DownloadError(
+                f"the file downloaded from {url} ({received} bytes) is not the archive its "
+                f"name {dest.name} says (an error page, or cut short?)"
+            )
+
+
+def _is_archive_like(path: Path, name: str) -> bool:
+    """Whether a file named ``name`` (``.zip``, ``.tar``, ``.tar.gz``, ``.tgz``) opens as
+    that kind of archive; any other name passes (a file without a checksum is taken as
+    it comes). An unchecked archive renamed into place would be taken as complete."""
+    if name.endswith(".zip"):
+        return zipfile.is_zipfile(path)
+    if name.endswith((".tar", ".tar.gz", ".tgz")):
+        return tarfile.is_tarfile(path)
+    return True
 
 
 def fetch(

@@ -122,6 +122,27 @@ def test_cut_connection_leaves_nothing(online, monkeypatch, server, archive, tmp
     assert leftovers(tmp_path / "plain") == []
 
 
+@pytest.mark.parametrize("name", ["bbc-fulltext.zip", NAME])
+@pytest.mark.parametrize("body", [b"<html>moved</html>", b""], ids=["html", "empty"])
+def test_an_archive_without_checksum_is_checked_before_it_is_kept(online, server, tmp_path,
+                                                                  name, body):  # fmt: skip
+    """A file with no known SHA-256 (the BBC archive) that is not the archive its name says
+    is refused and not kept (it was renamed into place, and every later run took it as
+    the complete download); a real archive passes."""
+    (server.folder / name).write_bytes(body)
+    remote = RemoteFile(name, (f"{server.url}/{name}",), None)
+    with pytest.raises(DownloadError, match=f"is not the archive its name {re.escape(name)}"):
+        fetch(remote, tmp_path / "raw" / name)
+    assert leftovers(tmp_path / "raw") == []
+    if name.endswith(".zip"):
+        with zipfile.ZipFile(server.folder / name, "w") as z:
+            z.writestr("bbc/tech/001.txt", "a headline")
+    else:
+        write_tar(server.folder / name, imdb_files())
+    kept = fetch(remote, tmp_path / "raw" / name)
+    assert kept.read_bytes() == (server.folder / name).read_bytes()
+
+
 def test_truncated_file_fails_the_checksum(online, monkeypatch, server, archive, tmp_path):
     serve_imdb(monkeypatch, server, hashlib.sha256(archive).hexdigest())
     (server.folder / NAME).write_bytes(archive[:-100])  # served in full, but cut at the source
