@@ -45,7 +45,13 @@ from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
 from hiergraph.data.multimodal import ImageField, MultimodalSchema, SequenceField
-from hiergraph.datasets.download import atomic_path, data_root, file_lock, locate_raw
+from hiergraph.datasets.download import (
+    CorruptFileError,
+    atomic_path,
+    data_root,
+    file_lock,
+    locate_raw,
+)
 from hiergraph.datasets.processed import StrictLoad
 
 SPLITS = ("train", "val", "test")
@@ -266,6 +272,12 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
 
         raw = self.check_raw()
         records, classes, meta = self.read_records(raw)
+        wrong = [r for r in records if not 0 <= r.label < len(classes)]
+        if wrong:
+            raise ValueError(
+                f"{raw}: record {wrong[0].name!r} has label {wrong[0].label}, not one of the "
+                f"{len(classes)} classes' 0 .. {len(classes) - 1}"
+            )
         # every image must lie inside the raw folder: checked here unless read_records did
         records = [
             dataclasses.replace(
@@ -290,6 +302,12 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
                 except ImageTooLarge as err:
                     meta["skipped_images"].append(str(err))
                     continue
+                except OSError as err:  # truncated or not an image (Pillow's errors)
+                    raise CorruptFileError(
+                        r.image,
+                        f"{r.image} (record {r.name!r}): cannot read this image "
+                        f"({type(err).__name__}: {err}); replace or remove it",
+                    ) from err
                 data = Data(image=image.unsqueeze(0), y=torch.tensor([r.label]), source=r.name)
                 for f in self.text_fields:
                     data[f] = torch.tensor(ids[f][i].ids[: self.max_tokens], dtype=torch.long)

@@ -1,12 +1,14 @@
 """MultimodalRecordDataset: raw files are read from inside the raw folder only; processing
 holds the lock and writes its cache files atomically."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
 from hiergraph.datasets import static_embeddings
+from hiergraph.datasets.download import CorruptFileError
 from hiergraph.datasets.multimodal_records import (
     MultimodalRecordDataset,
     RawRecord,
@@ -143,3 +145,32 @@ def test_interrupted_processing_leaves_no_partial_file(tmp_path, monkeypatch):
     assert len(ds) == 6 and ds.classes == ("a", "b")
     names = sorted(p.name for p in processed.iterdir())
     assert names == sorted([".lock", *ds.processed_file_names, "pre_filter.pt", "pre_transform.pt"])
+
+
+def test_a_damaged_image_names_its_file_and_record(tmp_path, monkeypatch):
+    """A truncated PNG: a CorruptFileError naming the file and the record (Pillow's bare
+    "image file is truncated" before), and no cache file."""
+    raw = write_squares(tmp_path / "raw")
+    damaged = raw / "b1.png"
+    damaged.write_bytes(damaged.read_bytes()[:50])  # cut inside the image data
+    monkeypatch.setattr(static_embeddings, "minilm_tokenizer", FakeTokenizer)
+    with pytest.raises(CorruptFileError, match=r"b1\.png \(record 'b1'\): cannot read") as info:
+        _Squares(tmp_path / "cache", raw_dir=raw, image_size=8, patch_size=8)
+    assert info.value.path == damaged and isinstance(info.value.__cause__, OSError)
+    assert not any((tmp_path / "cache" / "processed").glob("*.pt"))
+
+
+@pytest.mark.parametrize("label", [-1, 2])
+def test_labels_outside_the_classes_are_refused(tmp_path, monkeypatch, label):
+    raw = write_squares(tmp_path / "raw")
+    read = _Squares.read_records
+
+    def relabelled(self, raw):
+        records, classes, meta = read(self, raw)
+        records[0] = dataclasses.replace(records[0], label=label)
+        return records, classes, meta
+
+    monkeypatch.setattr(_Squares, "read_records", relabelled)
+    monkeypatch.setattr(static_embeddings, "minilm_tokenizer", FakeTokenizer)
+    with pytest.raises(ValueError, match=f"record 'a0' has label {label}, not one of the 2"):
+        _Squares(tmp_path / "cache", raw_dir=raw, image_size=8, patch_size=8)
