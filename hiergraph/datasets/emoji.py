@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hiergraph.datasets.download import CorruptFileError
 from hiergraph.datasets.multimodal_records import (
     MultimodalRecordDataset,
     RawRecord,
@@ -67,7 +68,26 @@ class GoogleEmoji(MultimodalRecordDataset):
 
     def read_records(self, raw: Path):
         index = resolve_inside(raw, raw / "emoji.json", "emoji.json")
-        entries = json.loads(index.read_text(encoding="utf-8"))
+        try:
+            return self._records(raw, json.loads(index.read_text(encoding="utf-8")))
+        except (
+            json.JSONDecodeError,
+            UnicodeDecodeError,
+            KeyError,
+            TypeError,
+            AttributeError,
+        ) as err:  # (a path leading out of the raw folder is a ValueError of its own)
+            raise CorruptFileError(
+                index,
+                f"{index}: not the emoji-data index this loader reads ({type(err).__name__}: "
+                f"{err}): a JSON list of entries with 'unified', 'image', 'category', "
+                "'sort_order' and 'name' or 'short_names'. Put the official file in its place.",
+            ) from err
+
+    def _records(self, raw: Path, entries: list[dict]):
+        """The records of the parsed index ``entries`` (see :meth:`read_records`)."""
+        if not isinstance(entries, list):
+            raise TypeError(f"the index is a JSON {type(entries).__name__}, not a list")
         kept = sorted(
             (
                 e

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hiergraph.datasets.download import CorruptFileError
 from hiergraph.datasets.emoji import EMOJI_ENV, GoogleEmoji
 
 REAL = Path(os.environ.get(EMOJI_ENV) or "/nonexistent")
@@ -139,3 +140,35 @@ def test_each_raw_path_is_checked_once(fake_package, tmp_path, monkeypatch):
     ds = GoogleEmoji(tmp_path / "cache", raw_dir=fake_package, image_size=8, patch_size=8)
     assert sum(s["size"] for s in ds.meta["splits"].values()) == 19
     assert len(checked) == 1 + 19 and set(checked.values()) == {1}  # emoji.json and 19 images
+
+
+def _edit_first(raw: Path, edit) -> None:
+    entries = json.loads((raw / "emoji.json").read_text())
+    edit(entries[0])
+    (raw / "emoji.json").write_text(json.dumps(entries))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda e: e.pop("category"),
+        lambda e: e.update(category=["x"]),
+        lambda e: e.update(sort_order="5"),
+        lambda e: e.update(image=7),
+        lambda e: e.update(name=None, short_names=None),
+    ],
+    ids=["no category", "list category", "str sort order", "int image", "no name"],
+)
+def test_malformed_index_entries_name_the_index(fake_package, edit):
+    """(KeyError / TypeError from inside the loader before, naming neither.)"""
+    _edit_first(fake_package, edit)
+    with pytest.raises(CorruptFileError, match=r"emoji\.json: not the emoji-data index") as info:
+        _read(fake_package)
+    assert info.value.path == fake_package / "emoji.json"
+
+
+@pytest.mark.parametrize("content", [b"{}", b"", b'[{"name": "caf\xe9"}]'], ids=str)
+def test_an_index_that_is_not_a_json_list_names_the_index(fake_package, content):
+    (fake_package / "emoji.json").write_bytes(content)
+    with pytest.raises(CorruptFileError, match=r"emoji\.json: not the emoji-data index"):
+        _read(fake_package)
