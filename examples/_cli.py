@@ -1,5 +1,5 @@
 """Command-line pieces shared by the example scripts (imported from the script's folder):
-``--threads`` and ``--device``."""
+``--threads``, ``--device`` and argument types that refuse impossible counts."""
 
 from __future__ import annotations
 
@@ -12,9 +12,23 @@ from hiergraph.runtime import default_threads
 IDLE_CORES = "torch CPU threads (default: at most 2, and no more than the idle cores)"
 
 
+def at_least(minimum: int):
+    """An argparse ``type``: an int ``>= minimum`` (else argparse's one-line usage error)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an int >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in its messages
+    return parse
+
+
 def add_threads_option(parser: argparse.ArgumentParser, help: str = IDLE_CORES) -> None:
-    """``--threads N``: torch's CPU threads, ``None`` when not given (see :func:`set_threads`)."""
-    parser.add_argument("--threads", type=int, default=None, help=help)
+    """``--threads N``: torch's CPU threads, ``None`` when not given (see :func:`set_threads`;
+    0 also takes the default)."""
+    parser.add_argument("--threads", type=at_least(0), default=None, help=help)
 
 
 def set_threads(args: argparse.Namespace, default: int | None = None) -> int:

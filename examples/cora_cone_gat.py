@@ -63,7 +63,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
-from _cli import add_device_option, add_threads_option, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
 from torch_geometric.nn import GATConv
 from tqdm import tqdm
 
@@ -271,7 +271,9 @@ def parse_args(argv=None):
     parser.add_argument("--first-seed", type=int, default=0, help="seeds run from this one on")
     parser.add_argument("--root", default=None, help="data root (default: $HIERGRAPH_DATA)")
     parser.add_argument("--raw-dir", default=None, help="folder to link the raw files from")
-    parser.add_argument("--epochs", type=int, default=None, help="maximum epochs (quick: 300)")
+    parser.add_argument(
+        "--epochs", type=at_least(1), default=None, help="maximum epochs (quick: 300)"
+    )
     parser.add_argument(
         "--patience", type=int, default=None, help="early-stopping patience (quick: 100)"
     )

@@ -40,7 +40,7 @@ import json
 
 import torch
 import torch.nn.functional as F
-from _cli import add_threads_option, set_threads
+from _cli import add_threads_option, at_least, set_threads
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
@@ -242,8 +242,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--task", choices=("hte", "node"), default="hte")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=16, help="trees/nodes per rank")
+    parser.add_argument("--epochs", type=at_least(1), default=3)
+    parser.add_argument("--batch-size", type=at_least(1), default=16, help="trees/nodes per rank")
     parser.add_argument(
         "--leaf-budget",
         type=int,

@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
 from torch import nn
 
 from hiergraph.datasets.bbc import BBCNews
@@ -350,8 +350,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--val-size", type=int, default=None, help="(quick: 500)")
     p.add_argument("--test-size", type=int, default=None, help="(quick: 1000)")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="(quick: 0)")
-    p.add_argument("--epochs", type=int, default=None, help="(quick: 1)")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=at_least(1), default=None, help="(quick: 1)")
+    p.add_argument("--batch-size", type=at_least(1), default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--proj", type=int, default=64, help="projection of the token vectors (0: none)")
@@ -372,8 +372,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     for split in ("train", "val", "test"):  # 0: the whole split
         if getattr(args, f"{split}_size") == 0:
             setattr(args, f"{split}_size", None)
-    if args.epochs < 1:
-        p.error("--epochs must be >= 1")
     if args.embedding == "static" and args.tokenizer != "minilm":
         p.error("--embedding static uses the MiniLM WordPiece table: use --tokenizer minilm")
     if args.hubs and args.model != "hsa":

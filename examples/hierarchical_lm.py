@@ -24,9 +24,10 @@ on held-out test reviews, per-token decode time with the KV caches, the
 cache-vs-full-pass agreement, and a generated sample; ``--out PATH`` writes them as JSON
 with a PNG of the training curves next to it.
 
-The reviews are read straight from ``aclImdb_50k.tar.gz`` (``--tar``, default
-``$HIERGRAPH_RAW/aclImdb_50k.tar.gz``, else ``./aclImdb_50k.tar.gz``); the chosen
-texts are cached in ``~/.cache/hiergraph/imdb_lm/`` (the data root, ``--cache-dir``).
+The reviews are read straight from ``aclImdb_50k.tar.gz`` or the official
+``aclImdb_v1.tar.gz`` (``--tar``, default: the first of them under ``$HIERGRAPH_RAW``, else
+in this folder); the chosen texts are cached in ``~/.cache/hiergraph/imdb_lm/`` (the data
+root, ``--cache-dir``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
 from torch_geometric.data import Batch
 from tqdm import tqdm
 
@@ -58,29 +59,45 @@ PAPER = {"cpu_seconds": 300.0, "eval_chunks": 128}
 SPACE, SENTENCE_END = set(b" \t\n"), set(b".!?")
 
 
+TARBALLS = ("aclImdb_50k.tar.gz", "aclImdb_v1.tar.gz")  # the repacked 50K reviews, the official
+
+
 def default_tar() -> Path:
-    return Path(os.environ.get("HIERGRAPH_RAW", ".")) / "aclImdb_50k.tar.gz"
+    """The first of :data:`TARBALLS` under ``$HIERGRAPH_RAW`` (default: this folder)."""
+    folder = Path(os.environ.get("HIERGRAPH_RAW", "."))
+    return next((folder / n for n in TARBALLS if (folder / n).exists()), folder / TARBALLS[0])
 
 
 def read_reviews(tar: Path, num_train: int, num_test: int, cache_dir: Path) -> dict:
-    """``{'train': [...], 'test': [...]}`` review texts, read once from the tarball."""
-    cache = cache_dir / f"reviews_{num_train}_{num_test}.json"
+    """``{'train': [...], 'test': [...]}`` labelled review texts (``pos``/``neg``), read once
+    from the tarball: the official ``aclImdb/train/pos/*.txt`` layout or the repacked
+    ``train/pos/*.txt`` one."""
+    cache = cache_dir / f"reviews_{tar.name.split('.')[0]}_{num_train}_{num_test}.json"
     if cache.exists():
         return json.loads(cache.read_text())
     if not tar.exists():
         raise FileNotFoundError(
-            f"{tar} not found: pass --tar pointing at aclImdb_50k.tar.gz (the 50,000 "
-            "labelled IMDB reviews) or set HIERGRAPH_RAW to its folder"
+            f"{tar} not found: pass --tar pointing at {' or '.join(TARBALLS)} (the labelled "
+            "IMDB reviews) or set HIERGRAPH_RAW to its folder"
         )
     want = {"train": num_train, "test": num_test}
     texts = {"train": [], "test": []}
     with tarfile.open(tar, "r:gz") as archive:
         for member in archive:
-            split = member.name.split("/")[0]
-            if member.isfile() and split in want and len(texts[split]) < want[split]:
+            parts = member.name.split("/")
+            parts = parts[1:] if parts[0] == "aclImdb" else parts
+            labelled = len(parts) == 3 and parts[1] in ("pos", "neg") and member.isfile()
+            split = parts[0]
+            if labelled and split in want and len(texts[split]) < want[split]:
                 texts[split].append(archive.extractfile(member).read().decode("utf-8"))
                 if all(len(texts[s]) >= want[s] for s in want):
                     break
+    empty = [split for split, found in texts.items() if not found]
+    if empty:  # (never cached: a later run with the right tarball reads it)
+        raise ValueError(
+            f"{tar} holds no labelled reviews for {', '.join(empty)} (expected "
+            "[aclImdb/]train|test/pos|neg/*.txt)"
+        )
     cache_dir.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(texts))
     return texts
@@ -165,7 +182,7 @@ def main(argv=None) -> dict:
         "--cpu-seconds", type=float, default=None, help="training budget per model (quick: 25)"
     )
     parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=at_least(1), default=16)
     parser.add_argument("--channels", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)

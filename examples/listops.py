@@ -33,7 +33,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
 from torch import Tensor, nn
 
 from hiergraph.data.windows import window_forest
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--block-size", type=int, default=16, help="Nr of the H-matrix encoder")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=at_least(1), default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=list(ENCODERS))
     parser.add_argument("--seed", type=int, default=0)

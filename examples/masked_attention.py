@@ -33,7 +33,7 @@ import argparse
 import time
 
 import torch
-from _cli import add_device_option, add_threads_option, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
 from torch import nn
 from tqdm import tqdm
 
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--p", type=int, default=2, help="the task looks at the last p+1 digits")
-    parser.add_argument("--steps", type=int, default=300, help="training steps per mask")
-    parser.add_argument("--batch-size", type=int, default=32, help="sequences per step")
+    parser.add_argument("--steps", type=at_least(1), default=300, help="training steps per mask")
+    parser.add_argument("--batch-size", type=at_least(1), default=32, help="sequences per step")
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0)
     add_threads_option(parser)

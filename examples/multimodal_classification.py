@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
 from torch import nn
 from torch_geometric.loader import DataLoader
 from tqdm import tqdm
@@ -521,8 +521,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="seeds 0-4, 8 epochs, the validation-chosen setting, baselines",
     )
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="(quick: 0)")
-    p.add_argument("--epochs", type=int, default=None, help="(quick: 2)")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=at_least(1), default=None, help="(quick: 2)")
+    p.add_argument("--batch-size", type=at_least(1), default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--hidden", type=int, default=64)
@@ -563,8 +563,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
     args.group_size = args.group_size or None  # 0: no patch groups
-    if args.epochs < 1:
-        p.error("--epochs must be >= 1")
     return args
 
 

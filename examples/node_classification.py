@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
-from _cli import add_device_option, add_threads_option, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
 from cora_cone_gat import ATTENTIONS, GAT, make_conv, train_with_early_stopping
 from torch import nn
 from torch_geometric.loader import DataLoader
@@ -263,7 +263,7 @@ def main(argv=None) -> dict:
         help="the benchmark protocol: seeds 0-9, 1,000 epochs, patience 100",
     )
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="(quick: 0)")
-    p.add_argument("--epochs", type=int, default=None, help="maximum epochs (quick: 200)")
+    p.add_argument("--epochs", type=at_least(1), default=None, help="maximum epochs (quick: 200)")
     p.add_argument("--patience", type=int, default=None, help="(quick: 100)")
     p.add_argument("--hidden", type=int, default=64, help="gcn, gps_full: hidden size")
     p.add_argument("--layers", type=int, default=2, help="gps_full: GPSConv layers")

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
 from cora_cone_gat import ATTENTIONS, make_conv  # the shared GAT/ConeConv factory
 from torch_geometric.loader import DataLoader
 
@@ -122,10 +122,10 @@ def parse_args(argv=None):
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (quick: 1)")
     parser.add_argument("--root", default=None, help="data root (default: $HIERGRAPH_DATA)")
     parser.add_argument("--raw-dir", default=None, help="folder to link raw PPI files from")
-    parser.add_argument("--epochs", type=int, default=None, help="(quick: 5)")
+    parser.add_argument("--epochs", type=at_least(1), default=None, help="(quick: 5)")
     parser.add_argument("--patience", type=int, default=None, help="(quick: 100)")
     parser.add_argument("--hidden", type=int, default=256, help="hidden size per head")
-    parser.add_argument("--batch-size", type=int, default=2, help="graphs per batch")
+    parser.add_argument("--batch-size", type=at_least(1), default=2, help="graphs per batch")
     parser.add_argument("--lr", type=float, default=5e-3)
     add_threads_option(parser)
     add_device_option(parser)

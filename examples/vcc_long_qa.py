@@ -41,7 +41,7 @@ import math
 import time
 
 import torch
-from _cli import add_device_option, add_threads_option, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
 from torch import Tensor, nn
 
 from hiergraph.nn.vcc import VCCEncoder, run_layer
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--local-size", type=int, default=512)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--refined", type=int, default=8, help="blocks refined per layer (h)")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=at_least(1), default=8)
     parser.add_argument("--eval-batches", type=int, default=None, help="(quick: 8)")
     parser.add_argument("--lr", type=float, default=3e-3)
     add_threads_option(parser)

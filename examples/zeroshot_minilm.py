@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _cli import add_device_option, add_threads_option, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
 
 from hiergraph.integrations import (
     encoder_layers,
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--limit", type=int, default=None, help="documents, 0: all (quick: 200, --paper: all)"
     )
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=at_least(1), default=16)
     add_threads_option(parser)
     add_device_option(parser)
     args = parser.parse_args(argv)

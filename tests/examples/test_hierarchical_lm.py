@@ -15,14 +15,39 @@ REVIEWS = [
 ]
 
 
-def _write_tar(path):
+def _write_tar(path, prefix=""):
+    """The repacked layout (``train/pos/*.txt``), or with ``prefix="aclImdb/"`` the official
+    one, with its unlabelled reviews and url lists beside the labelled ones."""
     with tarfile.open(path, "w:gz") as archive:
-        for split in ("train", "test"):
-            for i, text in enumerate(REVIEWS):
-                data = text.encode()
-                info = tarfile.TarInfo(f"{split}/pos/{i}_8.txt")
-                info.size = len(data)
-                archive.addfile(info, io.BytesIO(data))
+        files = {f"{split}/pos/{i}_8.txt": text for split in ("train", "test")
+                 for i, text in enumerate(REVIEWS)}  # fmt: skip
+        if prefix:
+            files |= {"train/unsup/0_0.txt": "not labelled", "train/urls_pos.txt": "http://x"}
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(prefix + name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+
+
+def test_reads_the_official_and_the_repacked_layouts(load_example, tmp_path):
+    lm = load_example("hierarchical_lm")
+    for prefix in ("", "aclImdb/"):
+        tar = tmp_path / f"{prefix.strip('/') or 'repacked'}.tar.gz"
+        _write_tar(tar, prefix)
+        texts = lm.read_reviews(tar, 3, 10, tmp_path / "cache")
+        assert texts == {"train": REVIEWS[:3], "test": REVIEWS}
+
+
+def test_an_archive_without_labelled_reviews_is_refused_and_not_cached(load_example, tmp_path):
+    """(It was read as no reviews, cached, and every later run failed in batching.)"""
+    lm = load_example("hierarchical_lm")
+    with tarfile.open(tmp_path / "other.tar.gz", "w:gz") as archive:
+        info = tarfile.TarInfo("docs/readme.txt")
+        archive.addfile(info, io.BytesIO(b""))
+    with pytest.raises(ValueError, match="no labelled reviews for train, test"):
+        lm.read_reviews(tmp_path / "other.tar.gz", 3, 3, tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
 
 
 def test_tree_events_depend_only_on_earlier_bytes(load_example):
@@ -51,7 +76,7 @@ def test_smoke_run(load_example, tmp_path):
         assert row["train_steps"] >= 1 and 0 < row["test_bits_per_byte"] < 20
         assert row["cache_vs_full_pass_max_logit_diff"] < 1e-4
     assert out.with_suffix(".png").exists()
-    assert list((tmp_path / "cache").glob("reviews_4_400.json"))
+    assert list((tmp_path / "cache").glob("reviews_reviews_4_400.json"))
     args = json.loads(out.read_text())["meta"]["args"]  # no machine-specific paths recorded
     assert args["tar"] == "$HIERGRAPH_RAW/reviews.tar.gz" and args["out"] == "lm.json"
     assert not any(str(v).startswith("/") for v in args.values())
