@@ -138,6 +138,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    for name in ("steps", "batch_size", "train_size", "test_size", "long", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.batch_size > args.train_size:
+        parser.error(f"--batch-size {args.batch_size} is more than --train-size {args.train_size}")
     torch.set_num_threads(args.threads)
 
     rng = random.Random(args.seed)

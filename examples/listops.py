@@ -30,6 +30,7 @@ import argparse
 import json
 import random
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -42,10 +43,15 @@ from hiergraph.nn.hmatrix_attention import HMatrixAttention
 from hiergraph.nn.htransformer1d import HTransformer1D
 from hiergraph.runtime import apply_budget, progress
 
+MODEL = {"dim": 64, "depth": 2, "heads": 4, "block_size": 16, "batch_size": 16}
 QUICK = {"budget_seconds": 35.0, "min_len": 100, "max_len": 500, "train_size": 2000,
-         "test_size": 300}  # fmt: skip
+         "test_size": 300, **MODEL}  # fmt: skip
 PAPER = {"budget_seconds": 600.0, "min_len": 500, "max_len": 2000, "train_size": 4000,
-         "test_size": 500}  # fmt: skip
+         "test_size": 500, **MODEL}  # fmt: skip
+#: ``--quick``: a smoke run of under a minute (options given explicitly still win)
+TINY = {"budget_seconds": 5.0, "min_len": 20, "max_len": 120, "train_size": 1000,
+        "test_size": 200, "dim": 32, "depth": 1, "heads": 2, "block_size": 8,
+        "batch_size": 32}  # fmt: skip
 
 # ------------------------------------------------------------------------------------- data
 
@@ -224,15 +230,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--budget-seconds", type=float, default=None, help="training time per encoder (35)"
     )
-    parser.add_argument("--min-len", type=int, default=None, help="(100)")
-    parser.add_argument("--max-len", type=int, default=None, help="(500)")
-    parser.add_argument("--train-size", type=int, default=None, help="(2000)")
-    parser.add_argument("--test-size", type=int, default=None, help="(300)")
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--depth", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--block-size", type=int, default=16, help="Nr of the H-matrix encoder")
-    parser.add_argument("--batch-size", type=at_least(1), default=16)
+    parser.add_argument("--min-len", type=at_least(1), default=None, help="(100)")
+    parser.add_argument("--max-len", type=at_least(1), default=None, help="(500)")
+    parser.add_argument("--train-size", type=at_least(1), default=None, help="(2000)")
+    parser.add_argument("--test-size", type=at_least(1), default=None, help="(300)")
+    parser.add_argument("--dim", type=at_least(1), default=None, help="(64)")
+    parser.add_argument("--depth", type=at_least(1), default=None, help="(2)")
+    parser.add_argument("--heads", type=at_least(1), default=None, help="(4)")
+    parser.add_argument(
+        "--block-size", type=at_least(2), default=None, help="Nr of the H-matrix encoder (16)"
+    )
+    parser.add_argument("--batch-size", type=at_least(1), default=None, help="(16)")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=list(ENCODERS))
     parser.add_argument("--seed", type=int, default=0)
@@ -240,13 +248,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     add_threads_option(parser)
     add_device_option(parser)
     args = parser.parse_args(argv)
+    if args.quick and args.paper:
+        parser.error("--quick and --paper are exclusive")
+    if args.quick:
+        apply_budget(args, TINY, TINY)
     apply_budget(args, QUICK, PAPER)  # explicit options win
+    if args.min_len > args.max_len:
+        parser.error(f"--min-len {args.min_len} is more than --max-len {args.max_len}")
     set_threads(args)
     device = get_device(args)
-    if args.quick:
-        args.budget_seconds = min(args.budget_seconds, 5.0)
-        args.min_len, args.max_len, args.train_size, args.test_size = 20, 120, 1000, 200
-        args.dim, args.depth, args.heads, args.block_size, args.batch_size = 32, 1, 2, 8, 32
 
     start = time.perf_counter()
     train_data = listops(args.train_size, args.min_len, args.max_len, seed=args.seed)
@@ -263,8 +273,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         results.append(train(name, args, train_data, test_data, device))
         print(json.dumps(results[-1]), flush=True)
     if args.out:
-        with open(args.out, "w") as out:
-            json.dump({"args": vars(args), "results": results}, out, indent=2)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
     return results
 
 

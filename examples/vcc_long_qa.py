@@ -39,6 +39,7 @@ import argparse
 import json
 import math
 import time
+from pathlib import Path
 
 import torch
 from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
@@ -230,8 +231,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         results.append(train(mode, args, device))
         print(json.dumps(results[-1]), flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     return results
 
 

@@ -291,7 +291,10 @@ def main(argv: list[str] | None = None) -> dict:
         "--paper", action="store_true", help="all documents (BBC: ~10 minutes, IMDB: ~15 minutes)"
     )
     parser.add_argument(
-        "--limit", type=int, default=None, help="documents, 0: all (quick: 200, --paper: all)"
+        "--limit",
+        type=at_least(0),
+        default=None,
+        help="documents, 0: all (quick: 200, --paper: all)",
     )
     parser.add_argument("--batch-size", type=at_least(1), default=16)
     add_threads_option(parser)

@@ -64,3 +64,19 @@ def test_quick_run_trains_every_encoder(load_example, tmp_path, device):
     assert saved["results"] == results and saved["args"]["device"] == device
     attn = listops.HSAWindowAttention(8, 2, branching=(2, 4)).to(device)  # no padding mask
     assert attn(torch.randn(2, 9, 8, device=device)).device.type == device
+
+
+def test_quick_keeps_explicit_options(load_example, tmp_path):
+    """``--quick`` fills only what was not given (it overwrote explicit sizes before); the
+    results go into a folder made for them."""
+    listops = load_example("listops")
+    out = tmp_path / "new" / "listops.json"
+    encoder = next(iter(listops.ENCODERS))
+    listops.main(["--quick", "--budget-seconds", "0.2", "--batch-size", "8", "--heads", "1",
+                  "--encoders", encoder, "--device", "cpu", "--out", str(out)])  # fmt: skip
+    args = json.loads(out.read_text())["args"]
+    assert (args["batch_size"], args["heads"]) == (8, 1)  # given
+    assert (args["dim"], args["train_size"], args["budget_seconds"]) == (32, 1000, 0.2)
+    for bad in (["--quick", "--paper"], ["--min-len", "50", "--max-len", "20"]):
+        with pytest.raises(SystemExit):
+            listops.main(bad)
