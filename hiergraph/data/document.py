@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hiergraph.data.signal_hierarchy import SignalHierarchy
+from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 
 #: Paragraph breaks: a blank line, or HTML line breaks (``<br />``) repeated.
 PARAGRAPH_BREAK = re.compile(r"\n\s*\n|(?:<br\s*/?>\s*){2,}", re.IGNORECASE)
@@ -195,12 +195,10 @@ class TokenizedDocument:
 
     def __post_init__(self):
         for name in ("ids", "sentence_lengths", "paragraph_sizes"):
-            value = torch.as_tensor(getattr(self, name))
+            value = as_long(getattr(self, name), name)
             if value.dim() != 1:
                 raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
-            if value.numel() and (value.is_floating_point() or value.is_complex()):
-                raise TypeError(f"{name} must hold integers, got dtype {value.dtype}")
-            setattr(self, name, value.long())
+            setattr(self, name, value)
         if self.ids.numel() == 0:
             raise ValueError("a document needs at least one token")
         if int(self.sentence_lengths.sum()) != self.ids.numel():

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from hiergraph._checks import check_int
 from hiergraph.data.domain import Domain
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 
@@ -187,8 +188,7 @@ def image_patches(image: Tensor, patch_size: int) -> tuple[Tensor, Tensor]:
         raise ValueError(f"an image must be a [C, H, W] tensor, got {shape}")
     c, h, w = image.shape
     p = patch_size
-    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-        raise ValueError(f"patch_size must be a positive int, got {p!r}")
+    check_int(p, "patch_size")
     if h % p or w % p or h == 0 or w == 0:
         raise ValueError(
             f"image size {h}x{w} is not a positive multiple of patch_size={p}; "

@@ -237,7 +237,7 @@ class SignalHierarchy(Data):
                 value that is not a :class:`~hiergraph.data.Domain`, or
                 ``x`` rows that do not match the leaves / are not finite.
         """
-        parent = _as_long(parent, "parent")
+        parent = as_long(parent, "parent")
         if parent.dim() != 1 or parent.numel() == 0:
             raise ValueError(
                 f"parent must be a non-empty 1-D tensor, got shape {tuple(parent.shape)}"
@@ -270,7 +270,7 @@ class SignalHierarchy(Data):
         if slot is None:
             slot = _default_slot(parent)
         else:
-            slot = _as_long(slot, "slot")
+            slot = as_long(slot, "slot")
         # cycles, is_leaf against the children, slots (the check tree_index() runs)
         validate_structure(
             torch.where(parent >= 0, parent, nodes), slot, leaf if is_leaf is None else is_leaf
@@ -278,7 +278,7 @@ class SignalHierarchy(Data):
         depth = _depths(parent, int(roots[0]))
         if domain is None:
             domain = torch.full((n,), int(Domain.GRID1D), dtype=torch.long, device=parent.device)
-        domain = _as_long(domain, "domain")
+        domain = as_long(domain, "domain")
         _check_len(domain, n, "domain")
         valid = torch.tensor([int(d) for d in Domain], device=domain.device)
         bad = ~torch.isin(domain, valid)
@@ -291,13 +291,13 @@ class SignalHierarchy(Data):
         domain = domain.masked_fill(parent == -1, int(Domain.NONE))
         if pos is None:
             pos = torch.stack([slot, torch.zeros_like(slot)], dim=1)
-        pos = _as_long(pos, "pos")
+        pos = as_long(pos, "pos")
         if pos.shape != (n, 2):
             raise ValueError(f"pos must have shape [{n}, 2], got {tuple(pos.shape)}")
         node_type = (
             torch.zeros(n, dtype=torch.long, device=parent.device)
             if node_type is None
-            else _as_long(node_type, "node_type")
+            else as_long(node_type, "node_type")
         )
         _check_len(node_type, n, "node_type")
 
@@ -386,11 +386,13 @@ class SignalHierarchy(Data):
         )
 
 
-def _as_long(value: Any, name: str) -> Tensor:
-    """``value`` as a LongTensor; a tensor stays on its device (lists: the default device)."""
-    t = torch.as_tensor(value, device=value.device if isinstance(value, Tensor) else None)
-    if t.numel() and (t.is_floating_point() or t.dtype == torch.bool):  # ([] reads as float)
-        raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")
+def as_long(value: Any, name: str, device=None) -> Tensor:
+    """``value`` as a LongTensor, refused unless it holds integers (not floats, complex
+    numbers or bools); a tensor stays on its device, anything else goes to ``device``
+    (default: PyTorch's default device)."""
+    t = torch.as_tensor(value, device=value.device if isinstance(value, Tensor) else device)
+    if t.numel() and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+        raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")  # ([] reads as float)
     return t.long()
 
 

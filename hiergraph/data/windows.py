@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from hiergraph.data.signal_hierarchy import SignalHierarchy
+from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 
 
 def window_hierarchy(
@@ -83,12 +83,7 @@ def window_forest(
         share it), or on PyTorch's default device when all are absent or Python ints.
     """
     device = _input_device(lengths, lifted, x)
-    given = torch.as_tensor(lengths, device=device)
-    if given.numel() and (
-        given.is_floating_point() or given.is_complex() or given.dtype == torch.bool
-    ):
-        raise TypeError(f"lengths must hold ints, got dtype {given.dtype}")
-    lengths = given.long().flatten()
+    lengths = as_long(lengths, "lengths", device).flatten()
     if lengths.numel() == 0 or bool((lengths < 1).any()):
         raise ValueError(f"lengths must be a non-empty list of ints >= 1, got {lengths.tolist()}")
     branching = check_branching(branching)

@@ -126,12 +126,8 @@ def prepare_raw(
     """
     root = data_root(root)
     target = root / name / "raw"
-    for f in [*files, SYNTHETIC_MARKER]:  # a link into a folder since removed or emptied
-        link = target / f  # counts as missing (and the marker of such a source as absent)
-        if link.is_symlink() and not link.exists():
-            link.unlink()
 
-    def missing() -> list[str]:
+    def missing() -> list[str]:  # (a link into a folder since removed or emptied too)
         return [f for f in files if not (target / f).exists()]
 
     def take(place: Path) -> Path | None:

@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-from numbers import Integral, Real
+from numbers import Real
 
 from torch import Tensor
 
-
-def check_int(
-    value, name: str, *, minimum: int = 1, optional: bool = False, lazy: bool = False
-) -> None:
-    """Raise unless ``value`` is an int ``>= minimum`` (``None`` too if ``optional``;
-    ``-1``, "inferred on the first call", too if ``lazy``)."""
-    if optional and value is None:
-        return
-    is_int = isinstance(value, Integral) and not isinstance(value, bool)
-    if is_int and (value >= minimum or (lazy and value == -1)):
-        return
-    wanted = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-    if lazy:
-        wanted += " or -1 (inferred on the first call)"
-    if optional:
-        wanted += " or None"
-    raise (ValueError if is_int else TypeError)(f"{name} must be {wanted}, got {value!r}")
+from hiergraph._checks import check_int  # noqa: F401 (the layers import it from here)
 
 
 def check_in_channels(in_channels) -> None:

@@ -157,9 +157,9 @@ def test_image_patches_layout():
     patches, grid = image_patches(img, 2)
     assert patches.shape == (6, 8) and grid.tolist()[:4] == [[0, 0], [0, 1], [0, 2], [1, 0]]
     assert torch.equal(patches[4].view(2, 2, 2), img[:, 2:4, 2:4])
-    for bad in (0, -2, 2.0, True):  # (0: a ZeroDivisionError before)
-        with pytest.raises(ValueError, match="patch_size must be a positive int"):
-            image_patches(img, bad)
+    for bad, error in ((0, ValueError), (-2, ValueError), (2.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="patch_size must be a positive int"):  # (0: a
+            image_patches(img, bad)  # ZeroDivisionError before)
 
 
 def test_per_type_projection_receives_its_leaves():

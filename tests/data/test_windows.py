@@ -132,7 +132,7 @@ def test_bad_input(lengths, lifted, match):
 )
 def test_lengths_that_are_not_ints(lengths):
     """Fractions and bools are not token counts (they would be truncated or read as 1)."""
-    with pytest.raises(TypeError, match="lengths must hold ints"):
+    with pytest.raises(TypeError, match="lengths must hold integers"):
         window_forest(lengths, (2,))
 
 

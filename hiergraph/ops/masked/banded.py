@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from numbers import Integral
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hiergraph._checks import check_int
 from hiergraph._device import host_tensor
 
 
@@ -91,30 +91,16 @@ def _check_band(q: Tensor, k: Tensor, v: Tensor, lengths, before, after, dilatio
     if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
         dtypes = f"{q.dtype}, {k.dtype}, {v.dtype}"
         raise TypeError(f"q, k, v must share one floating dtype, got {dtypes}")
-    sizes = {"before": before, "after": after, "dilation": dilation}
-    if not all(_is_int(size) for size in sizes.values()):
-        raise TypeError(f"before, after and dilation must be ints, got {sizes}")
-    if min(before, after) < 0 or dilation < 1:
-        raise ValueError(
-            f"need before >= 0, after >= 0 and dilation >= 1; got {before=}, {after=}, {dilation=}"
-        )
+    check_int(before, "before", minimum=0)
+    check_int(after, "after", minimum=0)
+    check_int(dilation, "dilation")
     n = q.size(0)
-    if lengths is not None and not all(_is_int(length) for length in lengths):
-        raise TypeError(f"lengths must be ints, got {list(lengths)}")
+    for length in lengths or ():
+        check_int(length, "every segment length", minimum=0)
     lengths = [n] if lengths is None else [int(length) for length in lengths]
     if any(length < 0 for length in lengths) or sum(lengths) != n:
         raise ValueError(f"segment lengths must be >= 0 and sum to N = {n}; got sum {sum(lengths)}")
     return lengths
-
-
-def _is_int(value) -> bool:
-    """An int (a Python or numpy integer, a traced ``SymInt``, or an integer tensor of one
-    element), not a bool."""
-    if isinstance(value, torch.SymInt):
-        return True
-    if isinstance(value, Tensor):
-        return value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool
-    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def _undilate(lengths: list[int], dilation: int, device) -> tuple[Tensor, list[int]]:
@@ -272,9 +258,8 @@ def banded_attention(
     The result is differentiable in ``q``, ``k`` and ``v`` (first order).
     """
     lengths = _check_band(q, k, v, lengths, before, after, dilation)
-    for name, size in (("block_size", block_size), ("chunk_size", chunk_size)):
-        if size is not None and not (_is_int(size) and size >= 1):
-            raise ValueError(f"{name} must be a positive int or None, got {size!r}")
+    check_int(block_size, "block_size", optional=True)
+    check_int(chunk_size, "chunk_size", optional=True)
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
     n = q.size(0)

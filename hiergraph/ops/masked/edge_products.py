@@ -34,12 +34,12 @@ edges get :math:`0`.
 from __future__ import annotations
 
 import warnings
-from numbers import Integral
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hiergraph._checks import check_int
 from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype, autocast_off
 from hiergraph.ops.edge_index import check_edge_index
@@ -79,8 +79,10 @@ class EdgeCSR:
     """
 
     def __init__(self, edge_index: Tensor, size: tuple[int, int], *, check: bool = True):
-        if len(size) != 2 or not all(_is_count(n) for n in size):
-            raise ValueError(f"size must be (num_src, num_dst), two ints >= 0, got {size}")
+        if len(size) != 2:
+            raise ValueError(f"size must be (num_src, num_dst), got {size}")
+        for n in size:
+            check_int(n, "size: num_src and num_dst", minimum=0)
         self.num_src, self.num_dst = size
         check_edge_index(edge_index, self.num_src, self.num_dst, check_range=check)
         # int64 (an int32 key dst * num_src + src could overflow) and contiguous: the CSR
@@ -116,12 +118,6 @@ class EdgeCSR:
             )
             self._transpose = (crow_t, dst[perm_t], perm_t)
         return self._transpose
-
-
-def _is_count(n) -> bool:
-    if isinstance(n, torch.SymInt):  # traced by torch.compile: a size, so >= 0
-        return True
-    return isinstance(n, Integral) and not isinstance(n, bool) and n >= 0
 
 
 def _accumulating(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

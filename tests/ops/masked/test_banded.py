@@ -104,11 +104,10 @@ def test_band_predicate_definition():
         ([(5, 2), (5, 2), (5, 2)], {}, r"\[N, heads, channels\]"),
         ([(5, 2, 3), (6, 2, 3), (6, 2, 3)], {}, "share N and heads"),
         ([(5, 2, 3), (5, 2, 4), (5, 2, 3)], {}, "channel size"),
-        ([(5, 2, 3)] * 3, {"before": -1}, "before >= 0"),
-        ([(5, 2, 3)] * 3, {"dilation": 0}, "dilation >= 1"),
+        ([(5, 2, 3)] * 3, {"before": -1}, "before must be an int >= 0"),
+        ([(5, 2, 3)] * 3, {"dilation": 0}, "dilation must be a positive int"),
         ([(5, 2, 3)] * 3, {"lengths": [2, 2]}, "sum to N = 5"),
         ([(5, 2, 3)] * 3, {"block_size": -2}, "block_size must be a positive int"),
-        ([(5, 2, 3)] * 3, {"block_size": 2.5}, "block_size must be a positive int"),
         ([(5, 2, 3)] * 3, {"chunk_size": 0}, "chunk_size must be a positive int"),
         ([(5, 2, 3)] * 3, {"dropout_p": -0.5}, r"dropout_p must be in \[0, 1\]"),
     ],
@@ -123,9 +122,10 @@ def test_bad_inputs(shapes, kwargs, message):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"before": 1.5}, "before, after and dilation must be ints"),
-        ({"dilation": 1.5}, "before, after and dilation must be ints"),
-        ({"lengths": [2.5, 2.5]}, "lengths must be ints"),
+        ({"before": 1.5}, "before must be an int >= 0, got 1.5"),
+        ({"dilation": 1.5}, "dilation must be a positive int, got 1.5"),
+        ({"lengths": [2.5, 2.5]}, "every segment length must be an int >= 0, got 2.5"),
+        ({"block_size": 2.5}, "block_size must be a positive int or None, got 2.5"),
     ],
 )
 def test_sizes_that_are_not_ints(kwargs, message):

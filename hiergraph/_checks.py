@@ -1,0 +1,27 @@
+"""Argument checks shared by the ops, the data builders and the layers."""
+
+from __future__ import annotations
+
+from numbers import Integral
+
+import torch
+
+
+def check_int(
+    value, name: str, *, minimum: int = 1, optional: bool = False, lazy: bool = False
+) -> None:
+    """Raise unless ``value`` is an int ``>= minimum`` (``None`` too if ``optional``;
+    ``-1``, "inferred on the first call", too if ``lazy``)."""
+    if optional and value is None:
+        return
+    if isinstance(value, torch.SymInt):  # a size traced by torch.compile
+        return
+    is_int = isinstance(value, Integral) and not isinstance(value, bool)
+    if is_int and (value >= minimum or (lazy and value == -1)):
+        return
+    wanted = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+    if lazy:
+        wanted += " or -1 (inferred on the first call)"
+    if optional:
+        wanted += " or None"
+    raise (ValueError if is_int else TypeError)(f"{name} must be {wanted}, got {value!r}")
