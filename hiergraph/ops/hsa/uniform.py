@@ -24,7 +24,8 @@ Each level costs a fixed, small number of tensor operations on static shapes, fo
 tree and head at once, with no copies between layouts and no host synchronisation. When a
 gradient is taken without a leaf mask, in float32 or float64, on up to 4M elements, the op
 is one autograd node whose backward is written out (:mod:`~hiergraph.ops.hsa.uniform_fused`,
-:func:`fused`; its leaf level reads node-major inputs in place as below); otherwise every
+:func:`fused`; its leaf level reads node-major inputs in place as below), and when no input
+needs a gradient (inference) its passes run alone (:func:`fused_forward`); otherwise every
 operation is recorded: the
 path runs under ``torch.compile(fullgraph=True)`` and is differentiable twice (its small
 autograd functions, :func:`scores`, :func:`~hiergraph.ops.hsa.family.family_product`,
@@ -119,8 +120,21 @@ def uniform_hierarchical_attention(
     # node-major leaves are read where they lie (token_layout); more heads without gradients
     grad = records_grad(q, k, v)
     tokens = all(token_layout.fits(t, fanout[-1], grad) for t in (q, k, v))
-    if fuse and fused(q, grad, weight, padding, left_only, above):
-        options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
+    options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
+    # no gradient at all (inference): the passes alone, which take fewer operations
+    forward_only = not records_grad(q, k, v, *(eps or ()))
+    if fuse and (
+        fused(q, grad, weight, padding, left_only, above)
+        or forward_only
+        and fused_forward(q, weight, padding, left_only, above)
+    ):
+        # node-major leaves are read where they lie, and the output comes in their layout
+        leaves = (q, k, v) if tokens else [heads_first(t) for t in (q, k, v)]
+        if forward_only:
+            out = uniform_fused.fused_uniform_forward(
+                *leaves, fanout, eps, node_major=tokens, **options
+            )
+            return out if tokens else like(out, q)
 
         def recorded(*inputs):  # the same op, recorded by autograd (second derivatives)
             rows = inputs[:3] if tokens else [t.transpose(0, 1) for t in inputs[:3]]
@@ -129,8 +143,6 @@ def uniform_hierarchical_attention(
             )
             return out if tokens else out.transpose(0, 1)
 
-        # node-major leaves are read where they lie, and the output comes in their layout
-        leaves = (q, k, v) if tokens else [heads_first(t) for t in (q, k, v)]
         out = uniform_fused.fused_uniform_attention(
             *leaves, fanout, eps, recorded=recorded, node_major=tokens, **options
         )
@@ -182,15 +194,24 @@ def uniform_hierarchical_attention(
 
 def fused(q: Tensor, grad: bool, weight, padding: bool, left_only: bool, above) -> bool:
     """Whether the op runs as one autograd node with a written backward
-    (:mod:`~hiergraph.ops.hsa.uniform_fused`): a gradient is taken, in float32 or float64,
-    on at most :data:`~hiergraph.ops.hsa.uniform_fused.MAX_ELEMENTS` elements of ``q``,
-    outside ``torch.compile``, with no masked leaf, no family above the roots and every
-    sibling a key (``q``'s dtype and the options of
+    (:mod:`~hiergraph.ops.hsa.uniform_fused`): a gradient is taken, on at most
+    :data:`~hiergraph.ops.hsa.uniform_fused.MAX_ELEMENTS` elements of ``q``, and
+    :func:`fused_forward` allows it (``q``'s dtype and the options of
     :func:`uniform_hierarchical_attention`)."""
     return (
         grad
         and q.numel() <= uniform_fused.MAX_ELEMENTS
-        and q.dtype in (torch.float32, torch.float64)
+        and fused_forward(q, weight, padding, left_only, above)
+    )
+
+
+def fused_forward(q: Tensor, weight, padding: bool, left_only: bool, above) -> bool:
+    """Whether the passes of :mod:`~hiergraph.ops.hsa.uniform_fused` apply: ``q`` in float32
+    or float64, outside ``torch.compile``, no masked leaf, no family above the roots and
+    every sibling a key. Without a gradient they then run alone
+    (:func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_forward`)."""
+    return (
+        q.dtype in (torch.float32, torch.float64)
         and weight is None
         and not padding
         and not left_only

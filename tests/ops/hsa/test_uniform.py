@@ -409,9 +409,9 @@ def test_many_heads_without_gradients_are_read_node_major(monkeypatch, masked):
     heads = token_layout.MAX_HEADS + 4
     tree, (q, k, v), mask, pos = _case(2, 24, (4, 3, 2), seed=4, heads=heads)
     kw = dict(include_self=True, pos_emb=pos, leaf_mask=mask if masked else None)
-    calls = []
-    product = token_layout.token_product
-    monkeypatch.setattr(token_layout, "token_product", lambda *a: calls.append(1) or product(*a))
+    calls = []  # the leaf level's logits, read node-major (recorded or forward-only op)
+    gram = token_layout.head_gram
+    monkeypatch.setattr(token_layout, "head_gram", lambda *a: calls.append(1) or gram(*a))
     heads_first = [t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v)]
     with torch.no_grad():
         out = hierarchical_attention(q, k, v, tree, **kw)

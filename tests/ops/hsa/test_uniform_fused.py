@@ -70,6 +70,68 @@ def test_equals_the_recorded_op_with_gradients(trees, fanout, options, eps_heads
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
 
 
+def count_forward_only(monkeypatch) -> list:
+    """Calls of the forward-only passes (:func:`uniform_fused.fused_uniform_forward`)."""
+    calls, forward = [], uniform_fused.fused_uniform_forward
+    monkeypatch.setattr(
+        uniform_fused,
+        "fused_uniform_forward",
+        lambda *a, **kw: calls.append(1) or forward(*a, **kw),
+    )
+    return calls
+
+
+@pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
+@pytest.mark.parametrize("eps_heads", [None, 1, 3], ids=["no-eps", "eps-1-head", "eps-per-head"])
+@pytest.mark.parametrize("node_major", [False, True], ids=["heads-first", "node-major"])
+def test_equals_the_recorded_op_without_gradients(
+    trees, fanout, options, eps_heads, node_major, monkeypatch
+):
+    """Without gradients the passes run alone (no autograd node, no level kept): the
+    recorded op's output, in the inputs' memory layout."""
+    shape = (trees, *fanout)
+    qkv, eps = inputs(shape, eps_heads=eps_heads, node_major=node_major)
+    calls = count_forward_only(monkeypatch)
+    with torch.no_grad():
+        out = run(qkv, eps, shape, True, **options)
+        ref = run(qkv, eps, shape, False, **options)
+    assert len(calls) == 1
+    assert out.is_contiguous() == node_major and out.transpose(0, 1).is_contiguous() != node_major
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["no-grad", "inference-mode", "eps-grad", "bfloat16", "mask"])
+def test_forward_only_where_nothing_needs_a_gradient(case, monkeypatch):
+    """The forward-only passes run when no input needs a gradient, position embeddings
+    included (else the gradient of ``eps`` is the recorded op's), and not where the fused
+    op does not apply."""
+    shape = (2, 3, 4)
+    qkv, eps = inputs(shape, heads=2, eps_heads=1)
+    options = dict(include_self=True, size_bias=True)
+    if case == "bfloat16":
+        qkv = [t.detach().bfloat16() for t in qkv]
+        eps = [t.detach().bfloat16() for t in eps]
+    calls = count_forward_only(monkeypatch)
+    if case == "eps-grad":  # q, k, v need no gradient, the embeddings do
+        qkv = [t.detach() for t in qkv]
+        out = run(qkv, eps, shape, True, **options)
+        ref = run(qkv, eps, shape, False, **options)
+        got, want = (torch.autograd.grad(o.square().sum(), eps) for o in (out, ref))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+    elif case == "mask":
+        with torch.no_grad():
+            uniform_hierarchical_attention(
+                *qkv, shape, eps, left_only=False, leaf_mask=torch.arange(24) % 5 != 0,
+                tau=0.7, **options,
+            )  # fmt: skip
+    else:
+        with torch.inference_mode() if case == "inference-mode" else torch.no_grad():
+            run(qkv, eps, shape, True, **options)
+    assert len(calls) == (case in ("no-grad", "inference-mode"))
+
+
 def test_families_of_four_taken_in_groups(monkeypatch):
     """The grouped ``[16, c] @ [c, 16]`` logits of families of four (here from 8 families)."""
     monkeypatch.setattr(family, "GRAM_MIN_FAMILIES", 8)
