@@ -6,7 +6,8 @@ Checks both commits out into temporary git worktrees and runs, in every round, e
 benchmark once from the old tree and once from the new one (interleaved, so both see the
 same machine load):
 
-* ``benchmarks/hsa_scaling.py --quick --no-memory`` (forward+backward of each method),
+* ``benchmarks/hsa_scaling.py --quick --no-memory`` (forward+backward of each method, and
+  its forward alone under ``torch.no_grad()``),
 * ``benchmarks/masked_attention.py --quick --methods ours`` (the layer, steady state),
 * ``benchmarks/cone.py --reps 20`` (CPU time of a layer and of an epoch; needs Cora's raw
   files in ``$HIERGRAPH_RAW/Cora/raw``, else it is left out).
@@ -48,6 +49,7 @@ def run_round(tree: Path, scratch: Path, cora_raw: Path | None) -> dict[str, flo
     python("benchmarks/hsa_scaling.py", "--quick", "--no-memory")
     for row in json.loads((tree / "benchmarks/results/hsa_scaling.json").read_text())["rows"]:
         times[f"hsa_scaling {row['method']} N={row['n']}"] = row["forward_backward_s"]
+        times[f"hsa_scaling {row['method']} forward N={row['n']}"] = row["forward_s"]
     python("benchmarks/masked_attention.py", "--quick", "--methods", "ours",
            "--out", str(scratch / "masked"))  # fmt: skip
     for case in json.loads((scratch / "masked/masked_attention.json").read_text())["cases"]:

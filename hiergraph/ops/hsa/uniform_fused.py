@@ -175,7 +175,8 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, node_major, kee
             total = lse if energy is None else torch.logaddexp(energy, lse)
             energy = total.mean(-1).view(-1, fanout[d - 1])
             rows = [
-                token_layout.token_sum(t, t.dtype) if tokens else t.sum(1) for t in (qf, kf, vf)
+                token_layout.token_sum(t, t.dtype) if tokens else family.family_sum(t)
+                for t in (qf, kf, vf)
             ]
     u = acc = None
     for d in range(depth):  # top-down
@@ -257,7 +258,7 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major):
         if d:
             up = d_down if du is None else d_down + du
             du = up.sum(-1).view(-1, fanout[d - 1])
-            g = token_layout.token_sum(g, g.dtype) if tokens else g.sum(1)
+            g = token_layout.token_sum(g, g.dtype) if tokens else family.family_sum(g)
             g = g.view(-1, fanout[d - 1], g.size(-1))
     da_parent, pooled, eps_grads = None, [None] * 3, []
     for d in range(depth):  # roots to leaves: energies, softmax, rows
