@@ -123,18 +123,27 @@ def uniform_hierarchical_attention(
     options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
     # no gradient at all (inference): the passes alone, which take fewer operations
     forward_only = not records_grad(q, k, v, *(eps or ()))
+    masked = weight is not None
     if fuse and (
         fused(q, grad, weight, padding, left_only, above)
         or forward_only
-        and fused_forward(q, weight, padding, left_only, above)
+        and not (masked and tokens)
+        and fused_forward(q, left_only, above)
     ):
-        # node-major leaves are read where they lie, and the output comes in their layout
-        leaves = (q, k, v) if tokens else [heads_first(t) for t in (q, k, v)]
+        # node-major leaves are read where they lie, and the output comes in their layout;
+        # else the copies heads first zero the rows of masked leaves (counts 0)
+        if tokens:
+            leaves = (q, k, v)
+        elif masked and not padding:
+            leaves = [transposed(t, weight[:, None, None]) for t in (q, k, v)]
+        else:
+            leaves = [heads_first(t) for t in (q, k, v)]
         if forward_only:
             out = uniform_fused.fused_uniform_forward(
-                *leaves, fanout, eps, node_major=tokens, **options
-            )
-            return out if tokens else like(out, q)
+                *leaves, fanout, eps, node_major=tokens, counts=counts if masked else None,
+                **options,
+            )  # fmt: skip
+            return out if tokens else like(out, q, None if padding else weight)
 
         def recorded(*inputs):  # the same op, recorded by autograd (second derivatives)
             rows = inputs[:3] if tokens else [t.transpose(0, 1) for t in inputs[:3]]
@@ -195,25 +204,26 @@ def uniform_hierarchical_attention(
 def fused(q: Tensor, grad: bool, weight, padding: bool, left_only: bool, above) -> bool:
     """Whether the op runs as one autograd node with a written backward
     (:mod:`~hiergraph.ops.hsa.uniform_fused`): a gradient is taken, on at most
-    :data:`~hiergraph.ops.hsa.uniform_fused.MAX_ELEMENTS` elements of ``q``, and
-    :func:`fused_forward` allows it (``q``'s dtype and the options of
+    :data:`~hiergraph.ops.hsa.uniform_fused.MAX_ELEMENTS` elements of ``q`` and with no
+    masked leaf, and :func:`fused_forward` allows it (``q``'s dtype and the options of
     :func:`uniform_hierarchical_attention`)."""
     return (
         grad
         and q.numel() <= uniform_fused.MAX_ELEMENTS
-        and fused_forward(q, weight, padding, left_only, above)
+        and weight is None
+        and not padding
+        and fused_forward(q, left_only, above)
     )
 
 
-def fused_forward(q: Tensor, weight, padding: bool, left_only: bool, above) -> bool:
+def fused_forward(q: Tensor, left_only: bool, above) -> bool:
     """Whether the passes of :mod:`~hiergraph.ops.hsa.uniform_fused` apply: ``q`` in float32
-    or float64, outside ``torch.compile``, no masked leaf, no family above the roots and
-    every sibling a key. Without a gradient they then run alone
-    (:func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_forward`)."""
+    or float64, outside ``torch.compile``, no family above the roots and every sibling a
+    key. Without a gradient they then run alone
+    (:func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_forward`), masked leaves
+    included (unless the leaf level reads node-major inputs in place)."""
     return (
         q.dtype in (torch.float32, torch.float64)
-        and weight is None
-        and not padding
         and not left_only
         and above is None
         and not torch.compiler.is_compiling()

@@ -101,11 +101,13 @@ def test_equals_the_recorded_op_without_gradients(
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("case", ["no-grad", "inference-mode", "eps-grad", "bfloat16", "mask"])
+@pytest.mark.parametrize(
+    "case", ["no-grad", "inference-mode", "mask", "eps-grad", "bfloat16", "node-major-mask"]
+)
 def test_forward_only_where_nothing_needs_a_gradient(case, monkeypatch):
     """The forward-only passes run when no input needs a gradient, position embeddings
-    included (else the gradient of ``eps`` is the recorded op's), and not where the fused
-    op does not apply."""
+    included (else the gradient of ``eps`` is the recorded op's), masked leaves too, and
+    not where the fused op does not apply or a masked leaf level is read node-major."""
     shape = (2, 3, 4)
     qkv, eps = inputs(shape, heads=2, eps_heads=1)
     options = dict(include_self=True, size_bias=True)
@@ -120,7 +122,9 @@ def test_forward_only_where_nothing_needs_a_gradient(case, monkeypatch):
         got, want = (torch.autograd.grad(o.square().sum(), eps) for o in (out, ref))
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
-    elif case == "mask":
+    elif case.endswith("mask"):
+        if case == "node-major-mask":  # families of 4: the leaf level reads them in place
+            qkv = [t.detach().contiguous() for t in qkv]
         with torch.no_grad():
             uniform_hierarchical_attention(
                 *qkv, shape, eps, left_only=False, leaf_mask=torch.arange(24) % 5 != 0,
@@ -129,7 +133,65 @@ def test_forward_only_where_nothing_needs_a_gradient(case, monkeypatch):
     else:
         with torch.inference_mode() if case == "inference-mode" else torch.no_grad():
             run(qkv, eps, shape, True, **options)
-    assert len(calls) == (case in ("no-grad", "inference-mode"))
+    assert len(calls) == (case in ("no-grad", "inference-mode", "mask"))
+
+
+def leaf_masks(shape, seed=0):
+    """Leaf masks ``[L]`` of a forest ``(B, b_1, ..., b_D)`` that cover every case of the
+    counts: random leaves, whole families and subtrees masked, a tree with one valid leaf
+    (and, from three trees, trees with none), and right padding (the valid leaves of every
+    tree first)."""
+    trees, leaves = shape[0], math.prod(shape)
+    per_tree, family = leaves // trees, shape[-1]
+    gen = torch.Generator().manual_seed(seed)
+    masks = {"random": torch.rand(leaves, generator=gen) > 0.4}
+    blocks = torch.rand(leaves // family, generator=gen) > 0.5
+    masks["families"] = blocks.repeat_interleave(family) & masks["random"]
+    lonely = torch.zeros(leaves, dtype=torch.bool)
+    lonely[per_tree + 1] = True  # the second tree keeps one leaf; the first keeps all
+    lonely[:per_tree] = True
+    masks["lonely-and-empty"] = lonely
+    lengths = torch.randint(1, per_tree + 1, (trees,), generator=gen)
+    masks["right-padded"] = (torch.arange(per_tree)[None] < lengths[:, None]).flatten()
+    return masks
+
+
+MASKED_SHAPES = [
+    (3, (2, 3)),
+    (2, (3, 2)),
+    (2, (2, 2, 2)),
+    (2, (4, 4, 4)),
+    (3, (4,)),
+    (2, (3, 2, 4)),
+]
+
+
+@pytest.mark.parametrize("trees, fanout", MASKED_SHAPES, ids=str)
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
+@pytest.mark.parametrize("eps_heads", [None, 3], ids=["no-eps", "eps-per-head"])
+@pytest.mark.parametrize("mask", ["random", "families", "lonely-and-empty", "right-padded"])
+@pytest.mark.parametrize("padding", [False, True], ids=["any-rows", "zero-rows"])
+def test_masked_leaves_without_gradients(trees, fanout, options, eps_heads, mask, padding,
+                                         monkeypatch):  # fmt: skip
+    """Masked leaves in the forward-only passes (the counts scale the products, drop the
+    keys without leaves and weigh the energies): the recorded op's output, zero at the
+    masked leaves, with their rows holding any values or zeros (``padding``)."""
+    shape = (trees, *fanout)
+    if trees < 2 and mask == "lonely-and-empty":
+        pytest.skip("needs two trees")
+    qkv, eps = inputs(shape, eps_heads=eps_heads)
+    leaf_mask = leaf_masks(shape)[mask]
+    if padding:  # zero rows at the masked leaves, as the padded ops hand them over
+        qkv = [t * leaf_mask[:, None, None] for t in qkv]
+    calls = count_forward_only(monkeypatch)
+    kw = dict(left_only=False, leaf_mask=leaf_mask, tau=0.7, padding=padding, **options)
+    with torch.no_grad():
+        out = uniform_hierarchical_attention(*qkv, shape, eps, **kw)
+        ref = uniform_hierarchical_attention(*qkv, shape, eps, fuse=False, **kw)
+    assert len(calls) == 1
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    if not padding:
+        assert (out[~leaf_mask] == 0).all()
 
 
 def test_families_of_four_taken_in_groups(monkeypatch):
