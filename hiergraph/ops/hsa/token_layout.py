@@ -48,19 +48,20 @@ MAX_HEADS_INFERENCE = 32
 MAX_ELEMENTS = 1 << 22
 
 
-def fits(q: Tensor, b: int, grad: bool = True) -> bool:
+def fits(q: Tensor, b: int, grad: bool = True, pairs: bool = False) -> bool:
     """Whether a leaf level of families of ``b`` runs on ``q``'s node-major memory: a
-    contiguous ``[L, H, d]`` CPU tensor with ``b >= 3`` (families of two run as element-wise
-    passes, which read any layout) and, when a ``grad`` is taken, at most
-    :data:`MAX_ELEMENTS` elements and ``2 <= H <=`` :data:`MAX_HEADS`; without,
-    ``2 <= H <=`` :data:`MAX_HEADS_INFERENCE`."""
+    contiguous ``[L, H, d]`` CPU tensor with ``b >= 3`` (``pairs``: or ``b = 2``, which the
+    forward-only passes read in place with :func:`pair_sum` and :func:`pair_products`;
+    the recorded op's element-wise passes over families of two take them heads first) and,
+    when a ``grad`` is taken, at most :data:`MAX_ELEMENTS` elements and ``2 <= H <=``
+    :data:`MAX_HEADS`; without, ``2 <= H <=`` :data:`MAX_HEADS_INFERENCE`."""
     heads = q.size(1)
     return (
         q.device.type == "cpu"
         and q.is_contiguous()
         and (q.numel() <= MAX_ELEMENTS or not grad)
         and 1 < heads <= (MAX_HEADS if grad else MAX_HEADS_INFERENCE)
-        and b >= 3
+        and (b >= 3 or pairs and b == 2)
     )
 
 
@@ -79,6 +80,36 @@ def token_sum(x: Tensor, dtype: torch.dtype, weight: Tensor | None = None) -> Te
     else:
         sums = _WeightedSum.apply(x, weight, dtype)
     return sums.transpose(0, 1).contiguous()
+
+
+def pair_sum(x: Tensor, dtype: torch.dtype, weight: Tensor | None = None) -> Tensor:
+    r""":func:`token_sum` of families of two, ``x [F, 2, H, c]``: one add
+    (:math:`w_0 x_0 + w_1 x_1` with ``weight [F, 2]``: a multiply and a multiply-add) written
+    straight into heads-first ``[H, F, c]`` memory, where a reduction over the inner
+    dimension of size 2 takes 2–3× longer. No autograd (the forward-only passes)."""
+    out = x.new_empty(x.size(2), x.size(0), x.size(3), dtype=dtype)
+    rows, first, second = out.transpose(0, 1), x[:, 0].to(dtype), x[:, 1].to(dtype)
+    if weight is None:
+        torch.add(first, second, out=rows)
+    else:
+        weight = weight.to(dtype)[:, :, None, None]
+        torch.mul(first, weight[:, 0], out=rows).addcmul_(second, weight[:, 1])
+    return out
+
+
+def pair_products(p: Tensor, x: Tensor, base: Tensor | None) -> Tensor:
+    r"""``base + p_h x_h`` for every head ``h`` of heads-first weights ``p [H, F, m, 2]``,
+    node-major families of two ``x [F, 2, H, c]`` and ``base [H, F, 1, c]`` (``None``: 0),
+    written node-major ``[F, m, H, c]``: two broadcast multiply-adds over all heads at once
+    (:math:`\mathrm{base} + p_{:,0} x_0 + p_{:,1} x_1`). No autograd (the forward-only
+    passes)."""
+    weights = p.permute(1, 2, 3, 0).unsqueeze(-1)  # [F, m, 2, H, 1]
+    out = x.new_empty(x.size(0), p.size(2), *x.shape[2:])
+    if base is None:
+        torch.mul(weights[:, :, 0], x[:, :1], out=out)
+    else:
+        torch.addcmul(base.permute(1, 2, 0, 3), weights[:, :, 0], x[:, :1], out=out)
+    return out.addcmul_(weights[:, :, 1], x[:, 1:])
 
 
 class _WeightedSum(torch.autograd.Function):

@@ -117,33 +117,32 @@ def uniform_hierarchical_attention(
     # not heads first are copied anyway: that copy zeroes their padding rows too, so the
     # leaves' sums need no count weights
     counts = counts_below(weight, fanout)
-    # node-major leaves are read where they lie (token_layout); more heads without gradients
     grad = records_grad(q, k, v)
-    tokens = all(token_layout.fits(t, fanout[-1], grad) for t in (q, k, v))
+    # no gradient at all (inference): the fused op's passes alone, which take fewer
+    # operations, masked leaves too
+    alone = fuse and not records_grad(q, k, v, *(eps or ())) and fused_forward(q, left_only, above)
+    # node-major leaves are read where they lie (token_layout): more heads without
+    # gradients, and families of two by the passes alone
+    tokens = all(token_layout.fits(t, fanout[-1], grad, pairs=alone) for t in (q, k, v))
     options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
-    # no gradient at all (inference): the passes alone, which take fewer operations
-    forward_only = not records_grad(q, k, v, *(eps or ()))
-    masked = weight is not None
-    if fuse and (
-        fused(q, grad, weight, padding, left_only, above)
-        or forward_only
-        and not (masked and tokens)
-        and fused_forward(q, left_only, above)
-    ):
-        # node-major leaves are read where they lie, and the output comes in their layout;
-        # else the copies heads first zero the rows of masked leaves (counts 0)
+    masked = weight is not None and not padding  # rows of masked leaves that are not zero
+    if alone or fuse and fused(q, grad, weight, padding, left_only, above):
+        # the output comes in the layout of node-major leaves; copies heads first zero the
+        # rows of masked leaves (counts 0)
         if tokens:
             leaves = (q, k, v)
-        elif masked and not padding:
+        elif masked:
             leaves = [transposed(t, weight[:, None, None]) for t in (q, k, v)]
         else:
             leaves = [heads_first(t) for t in (q, k, v)]
-        if forward_only:
+        if alone:
             out = uniform_fused.fused_uniform_forward(
-                *leaves, fanout, eps, node_major=tokens, counts=counts if masked else None,
-                **options,
+                *leaves, fanout, eps, node_major=tokens,
+                counts=None if weight is None else counts, **options,
             )  # fmt: skip
-            return out if tokens else like(out, q, None if padding else weight)
+            if not tokens:
+                return like(out, q, weight if masked else None)
+            return out * weight[:, None, None].to(out.dtype) if masked else out
 
         def recorded(*inputs):  # the same op, recorded by autograd (second derivatives)
             rows = inputs[:3] if tokens else [t.transpose(0, 1) for t in inputs[:3]]
@@ -156,7 +155,7 @@ def uniform_hierarchical_attention(
             *leaves, fanout, eps, recorded=recorded, node_major=tokens, **options
         )
         return out if tokens else like(out, q)
-    zero_rows = weight is not None and not padding and not tokens and not is_heads_first(q)
+    zero_rows = masked and not tokens and not is_heads_first(q)
     if tokens:
         rho = [token_layout.token_families(t, fanout[-1]) for t in (q, k, v)]
     else:
@@ -192,7 +191,6 @@ def uniform_hierarchical_attention(
         if d + 1 == depth and tokens:  # the output, in the leaves' node-major memory
             base = None if acc is None else acc.unsqueeze(2)
             out = token_layout.token_product(p, rhos[d][2], base).flatten(0, 1)
-            masked = weight is not None and not padding  # zero at the masked leaves
             return out * weight[:, None, None].to(out.dtype) if masked else out
         acc = _weighted_sum(acc, p, rhos[d][2])
         if d + 1 < depth:

@@ -189,10 +189,7 @@ def _forward(
         levels[d] = [qf, kf, vf, e, p, lse, energy, divisor]
         if d:
             energy = _parent_energy(energy, lse, n, heads, include_self).view(-1, fanout[d - 1])
-            rows = [
-                token_layout.token_sum(t, t.dtype) if tokens else family.family_sum(t)
-                for t in (qf, kf, vf)
-            ]
+            rows = [_leaf_sum(t, n, tokens) for t in (qf, kf, vf)]
     u = acc = None
     for d in range(depth):  # top-down
         level = levels[d]
@@ -223,6 +220,18 @@ def _forward(
             acc = acc.view(-1, acc.size(-1))  # the next level's families' rows
             u = None if u is None else u.reshape(-1, 1)
     return acc.view(heads, -1, acc.size(-1)), levels
+
+
+def _leaf_sum(x: Tensor, n, tokens: bool) -> Tensor:
+    """The family sums ``[H F, c]`` of a level's rows ``x`` (``[H F, b, c]``, or node-major
+    leaves ``[F, b, H, c]`` with ``tokens``, whose masked rows, where the counts ``n [1, F,
+    b]`` are 0, weigh 0)."""
+    if not tokens:
+        return family.family_sum(x)
+    weight = None if isinstance(n, int) else n[0]
+    if x.size(1) == 2:
+        return token_layout.pair_sum(x, x.dtype, weight).flatten(0, 1)
+    return token_layout.token_sum(x, x.dtype, weight).flatten(0, 1)
 
 
 def _family_softmax(logits: Tensor, diagonal: Tensor) -> tuple[Tensor, Tensor]:
@@ -269,7 +278,10 @@ def _parent_energy(energy, lse: Tensor, n, heads: int, include_self: bool) -> Te
 def _head_products(p: Tensor, x: Tensor, base: Tensor | None, alpha: float = 1.0) -> Tensor:
     """``base + alpha p_h x_h`` for every head ``h`` of heads-first weights ``p [H, F, m,
     b]``, node-major rows ``x [F, b, H, c]`` and ``base [H, F, 1, c]`` (``None``: 0),
-    written node-major: ``[F, m, H, c]``."""
+    written node-major: ``[F, m, H, c]``; families of two (the forward alone, ``alpha``
+    1) as :func:`~hiergraph.ops.hsa.token_layout.pair_products`."""
+    if x.size(1) == 2:
+        return token_layout.pair_products(p, x, base)
     rows = p.size(-2)
     return token_layout.per_head(
         lambda h: _product(p[h], x[:, :, h], token_layout.head_rows(base, h, rows), alpha),
