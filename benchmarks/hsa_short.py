@@ -168,8 +168,11 @@ def plot(rows: list[dict], path: Path) -> None:
     bar_plot(rows, labels, title, path, log=True)
 
 
-def bar_plot(rows: list[dict], labels: list[str], title: str, path: Path, log: bool) -> None:
-    """Median forward+backward (ms) of every method of every row, as grouped bars (a method
+def bar_plot(
+    rows: list[dict], labels: list[str], title: str, path: Path, log: bool,
+    what: str = "forward+backward",
+) -> None:  # fmt: skip
+    """Median time (ms) of ``what`` of every method of every row, as grouped bars (a method
     a row lacks: no bar)."""
     import matplotlib
 
@@ -185,7 +188,7 @@ def bar_plot(rows: list[dict], labels: list[str], title: str, path: Path, log: b
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels)
     if log:
         ax.set_yscale("log")
-    ax.set_ylabel("forward+backward, ms (median)")
+    ax.set_ylabel(f"{what}, ms (median)")
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -338,6 +338,43 @@ def hsa_lengths() -> list[str] | None:
     return out + [source("hsa_lengths.json"), ""] + plot("hsa_lengths.png", "HSA, mixed lengths")
 
 
+def hsa_inference() -> list[str] | None:
+    data = load("hsa_inference.json")
+    if data is None:
+        return None
+    meta = data["meta"]
+    out = [
+        "The forward alone under `torch.no_grad()`, float32, "
+        f"{threads(meta['threads'])}, {allocator(meta)}. `flat`: SDPA (with the padding as "
+        "an additive mask on a padded batch); `hsa`: the op on contiguous `[L, H, d]` inputs, "
+        "or `padded_window_hsa` on a padded batch in a Hugging Face layer's memory layout "
+        "(synthetic lengths); `hsa-heads-first`: inputs whose memory is heads first; "
+        "`hsa-recorded`: the `hsa` call with the fused passes switched off (the op as "
+        "autograd would record it). Cells: median [min–max] over the interleaved rounds. "
+        f"Command: {code(meta['command'])}.",
+        "",
+    ]
+    body = []
+    for row in data["rows"]:
+        shape = f"{row['batch']} × {row['length']:,} ({','.join(map(str, row['branching']))})"
+        heads = f"{row['heads']} × {row['dim']}"
+        padded = "–" if row["lengths"] is None else f"{min(row['lengths'])}–{max(row['lengths'])}"
+        for method, samples in row["samples_s"].items():
+            ratios = (row["flat_over"][method], row["recorded_over"][method])
+            body.append([shape, heads, padded, method, row["rounds"], spread(samples),
+                         *map(ratio, ratios)])  # fmt: skip
+            shape = heads = padded = ""
+    out += table(["B × L (branching)", "heads × d", "lengths", "method", "rounds", "wall",
+                  "flat ÷ method", "recorded ÷ method"], body)  # fmt: skip
+    out += [
+        "Largest difference between the outputs of `hsa` and `hsa-recorded` per row: "
+        + ", ".join(num(r["max_abs_diff_vs_recorded"], 2) for r in data["rows"])
+        + ".",
+        "",
+    ]
+    return out + [source("hsa_inference.json"), ""] + plot("hsa_inference.png", "HSA inference")
+
+
 def hte_epoch() -> list[str] | None:
     d = load("hte_epoch.json")
     if d is None:
@@ -1267,6 +1304,7 @@ SECTIONS: list[tuple[str, Callable[[], list[str] | None]]] = [
     ("HSA: scaling to 256K leaves", hsa_scaling),
     ("Two commits side by side", compare_commits),
     ("HSA at short lengths", hsa_short),
+    ("HSA inference at short lengths", hsa_inference),
     ("HSA on batches of different lengths", hsa_lengths),
     ("HSA layer with hub leaves", hsa_hubs),
     ("Hierarchical Transformer Encoder: one epoch", hte_epoch),

@@ -5,19 +5,41 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch_geometric.data import Batch
 
 from hiergraph.data.domain import Domain
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 
 
 def tree_of_nodes(hierarchy) -> Tensor:
-    """``[N]`` tree id of every node: ``hierarchy.batch`` when it is set, otherwise
-    :attr:`~hiergraph.plan.TreeIndex.node_tree` of the (cached) tree index, which also tells
-    apart the trees of a forest assembled without ``batch`` (e.g.
-    :meth:`~hiergraph.transforms.HierarchicalGraph.hierarchy` of a PyG batch)."""
-    if "batch" in hierarchy and hierarchy.batch is not None:
+    """``[N]`` tree id of every node: ``hierarchy.batch`` when it numbers the trees
+    (:func:`batch_numbers_trees`), otherwise :attr:`~hiergraph.plan.TreeIndex.node_tree` of
+    the (cached) tree index, which also tells apart the trees of a forest assembled without
+    ``batch`` (e.g. :meth:`~hiergraph.transforms.HierarchicalGraph.hierarchy` of a PyG
+    batch) and, numbered in leaf order, those of a PyG batch of forests."""
+    if batch_numbers_trees(hierarchy):
         return hierarchy.batch
-    return hierarchy.tree_index().node_tree
+    index = hierarchy.tree_index()
+    if not isinstance(hierarchy, Batch) or "batch" not in hierarchy:
+        return index.node_tree
+    # a PyG batch of forests: number the trees in leaf order, as each forest's own batch
+    # did (the tree index numbers them in the order of their roots)
+    order = torch.unique_consecutive(index.node_tree.index_select(0, index.leaf_node))
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=order.device)
+    return rank.index_select(0, index.node_tree)
+
+
+def batch_numbers_trees(hierarchy) -> bool:
+    """Whether ``hierarchy.batch`` is set and numbers its trees: not when ``hierarchy`` is a
+    PyG batch of forests (of :func:`~hiergraph.data.window_forest`, say), whose ``batch``
+    numbers the forests, each of several trees."""
+    if "batch" not in hierarchy or hierarchy.batch is None:
+        return False
+    if isinstance(hierarchy, Batch):
+        roots = hierarchy.tree_index().level_ptr[1]  # level 0 holds the roots
+        return hierarchy.num_graphs == roots
+    return True
 
 
 def flatten_hierarchy(hierarchy) -> SignalHierarchy:

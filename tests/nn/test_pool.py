@@ -2,7 +2,8 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
-from hiergraph.data import from_nested, window_hierarchy
+from hiergraph.data import from_nested, window_forest, window_hierarchy
+from hiergraph.data.restructure import tree_of_nodes
 from hiergraph.nn import coarsen_leaves, global_leaf_mean_pool, select_leaf
 from hiergraph.ops import hierarchical_attention
 
@@ -30,6 +31,22 @@ def test_global_mean_and_select():
         global_leaf_mean_pool(b.x, b, mask[:5])
     with pytest.raises(ValueError, match="out of range"):
         select_leaf(b.x, b, 5)
+
+
+def test_a_batch_of_forests_pools_every_tree():
+    """A PyG batch of forests (:func:`window_forest`, whose ``batch`` numbers its
+    sequences) pools and selects per sequence: the collated ``batch`` numbers the forests,
+    so the trees come from the structure (the batch had 2 means for 5 sequences)."""
+    forests = [window_forest([8, 4], (2, 2)), window_forest([4, 6, 2], (2, 2))]
+    b = Batch.from_data_list(forests)
+    x = torch.randn(b.tree_index().leaf_node.numel(), 3)
+    sequences = [8, 4, 4, 6, 2]
+    parts = x.split(sequences)
+    torch.testing.assert_close(global_leaf_mean_pool(x, b), torch.stack([p.mean(0) for p in parts]))
+    assert torch.equal(select_leaf(x, b, -1), torch.stack([p[-1] for p in parts]))
+    own = [f.batch + offset for f, offset in zip(forests, (0, 2), strict=True)]
+    assert torch.equal(tree_of_nodes(b), torch.cat(own))  # the forests' own, in leaf order
+    assert torch.equal(tree_of_nodes(forests[1]), forests[1].batch)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16])  # CPU scatters already sum bf16 in float32

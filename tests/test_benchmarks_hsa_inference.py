@@ -1,0 +1,32 @@
+"""``benchmarks/hsa_inference.py`` runs end to end (two small rows, one padded) and writes its
+JSON report with every method, the ratios and the outputs' agreement."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_quick_run_writes_a_complete_report(tmp_path):
+    out = tmp_path / "hsa_inference.json"
+    command = [sys.executable, "benchmarks/hsa_inference.py", "--quick", "--rounds", "3",
+               "--threads", "1", "--out", str(out)]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    trees, padded = report["rows"]
+    assert set(trees["median_s"]) == {"flat", "hsa", "hsa-heads-first", "hsa-recorded"}
+    assert set(padded["median_s"]) == {"flat", "hsa", "hsa-recorded"}
+    assert padded["lengths"] and trees["lengths"] is None
+    for row in (trees, padded):
+        assert all(len(s) == 3 for s in row["samples_s"].values())
+        median = row["median_s"]
+        assert row["recorded_over"]["hsa"] == median["hsa-recorded"] / median["hsa"] > 0
+        assert row["flat_over"]["hsa"] == median["flat"] / median["hsa"] > 0
+        assert row["max_abs_diff_vs_recorded"] < 1e-5  # the same output, float32 rounding
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert str(tmp_path) not in out.read_text() and "/work" not in out.read_text()
