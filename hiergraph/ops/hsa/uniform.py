@@ -136,7 +136,7 @@ def uniform_hierarchical_attention(
         else:
             leaves = [heads_first(t) for t in (q, k, v)]
         if alone:
-            out = uniform_fused.fused_uniform_forward(
+            out = uniform_fused.fused_uniform_attention(
                 *leaves, fanout, eps, node_major=tokens,
                 counts=None if weight is None else counts, **options,
             )  # fmt: skip
@@ -217,9 +217,9 @@ def fused(q: Tensor, grad: bool, weight, padding: bool, left_only: bool, above) 
 def fused_forward(q: Tensor, left_only: bool, above) -> bool:
     """Whether the passes of :mod:`~hiergraph.ops.hsa.uniform_fused` apply: ``q`` in float32
     or float64, outside ``torch.compile``, no family above the roots and every sibling a
-    key. Without a gradient they then run alone
-    (:func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_forward`), masked leaves
-    included (unless the leaf level reads node-major inputs in place)."""
+    key. Without a gradient they then run alone, masked leaves included
+    (:func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` without
+    ``recorded``)."""
     return (
         q.dtype in (torch.float32, torch.float64)
         and not left_only

@@ -71,13 +71,15 @@ def test_equals_the_recorded_op_with_gradients(trees, fanout, options, eps_heads
 
 
 def count_forward_only(monkeypatch) -> list:
-    """Calls of the forward-only passes (:func:`uniform_fused.fused_uniform_forward`)."""
-    calls, forward = [], uniform_fused.fused_uniform_forward
-    monkeypatch.setattr(
-        uniform_fused,
-        "fused_uniform_forward",
-        lambda *a, **kw: calls.append(1) or forward(*a, **kw),
-    )
+    """Runs of the forward-only passes (:func:`uniform_fused.fused_uniform_attention`
+    without ``recorded``: the passes keep no level)."""
+    calls, forward = [], uniform_fused._forward
+
+    def counted(*args, keep=True, **kwargs):
+        calls.extend([] if keep else [1])
+        return forward(*args, keep=keep, **kwargs)
+
+    monkeypatch.setattr(uniform_fused, "_forward", counted)
     return calls
 
 
