@@ -1,9 +1,11 @@
 """Command-line pieces shared by the example scripts (imported from the script's folder):
-``--threads``, ``--device`` and argument types that refuse impossible counts."""
+``--threads``, ``--device``, argument types that refuse impossible counts, and
+:func:`run`, which reports missing data without a traceback."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
 
@@ -61,3 +63,13 @@ def get_device(args: argparse.Namespace) -> torch.device:
         raise SystemExit(f"--device {name!r}: this machine has {count} CUDA device(s)")
     args.device = str(device)
     return device
+
+
+def run(main: Callable[[], object]) -> None:
+    """Run a script's ``main``. Data that is missing (the loaders' ``FileNotFoundError``,
+    whose message says where the files were searched and how to supply them) ends the
+    script with that message and exit status 1, not a traceback."""
+    try:
+        main()
+    except FileNotFoundError as error:
+        raise SystemExit(f"error: {error}") from None

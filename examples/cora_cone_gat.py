@@ -63,7 +63,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
-from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
 from torch_geometric.nn import GATConv
 from tqdm import tqdm
 
@@ -394,4 +394,4 @@ def main(argv=None) -> dict[str, list[float]]:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -40,7 +40,7 @@ import json
 
 import torch
 import torch.nn.functional as F
-from _cli import add_threads_option, at_least, set_threads
+from _cli import add_threads_option, at_least, run, set_threads
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
@@ -277,4 +277,4 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    train(parse_args())
+    run(lambda: train(parse_args()))

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
 from torch_geometric.data import Batch
 from tqdm import tqdm
 
@@ -342,4 +342,4 @@ def plot(curves, results, path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

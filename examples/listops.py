@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
 from torch import Tensor, nn
 
 from hiergraph.data.windows import window_forest
@@ -279,4 +279,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

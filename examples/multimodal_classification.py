@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
 from torch import nn
 from torch_geometric.loader import DataLoader
 from tqdm import tqdm
@@ -608,4 +608,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

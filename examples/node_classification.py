@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
-from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
 from cora_cone_gat import ATTENTIONS, GAT, make_conv, train_with_early_stopping
 from torch import nn
 from torch_geometric.loader import DataLoader
@@ -461,4 +461,4 @@ class _ListDataset(list):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
 from cora_cone_gat import ATTENTIONS, make_conv  # the shared GAT/ConeConv factory
 from torch_geometric.loader import DataLoader
 
@@ -166,4 +166,4 @@ def main(argv=None) -> list[float]:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

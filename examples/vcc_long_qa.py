@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 import torch
-from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
 from torch import Tensor, nn
 
 from hiergraph.nn.vcc import VCCEncoder, run_layer
@@ -237,4 +237,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
+from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
 
 from hiergraph.integrations import (
     encoder_layers,
@@ -334,4 +334,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -1,9 +1,12 @@
-"""``examples/_cli.py``: the ``--threads`` and ``--device`` options the example scripts share."""
+"""``examples/_cli.py``: the ``--threads`` and ``--device`` options the example scripts share,
+and ``run``, which reports missing data without a traceback."""
 
 import argparse
 
 import pytest
 import torch
+
+from tests.examples.conftest import EXAMPLES
 
 
 @pytest.fixture
@@ -63,3 +66,27 @@ def test_device_defaults_to_cuda_when_present_and_refuses_what_is_missing(cli):
     missing = f"cuda:{torch.cuda.device_count()}"  # one past the last CUDA device
     with pytest.raises(SystemExit, match="CUDA device"):
         cli.get_device(parser.parse_args(["--device", missing]))
+
+
+def test_run_reports_missing_data_without_a_traceback(cli):
+    """A loader's FileNotFoundError (its message says where it searched and how to supply
+    the files) ends a script with the message alone and exit status 1."""
+
+    def missing():
+        raise FileNotFoundError("Cora: no raw data found. Fix: put the files into raw/")
+
+    with pytest.raises(SystemExit) as stop:
+        cli.run(missing)
+    assert str(stop.value.code) == "error: Cora: no raw data found. Fix: put the files into raw/"
+    assert stop.value.__suppress_context__  # no chained traceback
+    cli.run(lambda: None)  # a script that ends normally returns
+
+
+@pytest.mark.parametrize("script", sorted(p.stem for p in EXAMPLES.glob("*.py")))
+def test_scripts_that_load_data_end_through_run(script):
+    """Every script that reads a dataset runs its main through ``run``."""
+    text = (EXAMPLES / f"{script}.py").read_text()
+    if script == "_cli" or "datasets" not in text and "load_" not in text:
+        pytest.skip("loads no dataset")
+    main_block = text.split('if __name__ == "__main__":')[-1]
+    assert "run(" in main_block
