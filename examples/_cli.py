@@ -1,11 +1,12 @@
 """Command-line pieces shared by the example scripts (imported from the script's folder):
-``--threads``, ``--device``, argument types that refuse impossible counts, and
-:func:`run`, which reports missing data without a traceback."""
+``--threads``, ``--device``, argument types that refuse impossible counts, options refused
+where they do not apply (:func:`refuse_inapplicable`), and :func:`run`, which reports
+missing data without a traceback."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -63,6 +64,31 @@ def get_device(args: argparse.Namespace) -> torch.device:
         raise SystemExit(f"--device {name!r}: this machine has {count} CUDA device(s)")
     args.device = str(device)
     return device
+
+
+def given_options(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> set[str]:
+    """The ``dest`` of every option written on the command line ``argv`` (default: the
+    script's own), whatever its value: parsed once more into a namespace whose every
+    attribute is preset, which argparse then leaves alone unless the option is given."""
+    unset = object()
+    blank = argparse.Namespace(**{action.dest: unset for action in parser._actions})
+    parsed = parser.parse_args(argv, namespace=blank)
+    return {dest for dest, value in vars(parsed).items() if value is not unset}
+
+
+def refuse_inapplicable(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    rules: Iterable[tuple[Iterable[str], bool, str]],
+) -> None:
+    """Stop with argparse's usage error when an option given on the command line would be
+    ignored: ``rules`` are ``(dests, applies, where)``, and an option of ``dests`` given
+    while ``applies`` is false is refused as applying ``where`` only."""
+    given = given_options(parser, argv)
+    for dests, applies, where in rules:
+        for dest in dests:
+            if dest in given and not applies:
+                parser.error(f"--{dest.replace('_', '-')} applies {where} only")
 
 
 def run(main: Callable[[], object]) -> None:

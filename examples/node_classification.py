@@ -57,7 +57,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
-from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
+from _cli import (
+    add_device_option,
+    add_threads_option,
+    at_least,
+    get_device,
+    refuse_inapplicable,
+    run,
+    set_threads,
+)
 from cora_cone_gat import ATTENTIONS, GAT, make_conv, train_with_early_stopping
 from torch import nn
 from torch_geometric.loader import DataLoader
@@ -71,6 +79,9 @@ from hiergraph.runtime import apply_budget
 from hiergraph.transforms import GraphHierarchy, hierarchy_stats
 
 MODELS = ("gcn", "gat", "cone", "gps_full", "hsa_hybrid")
+#: Options of the HSA branch (``--model hsa_hybrid``), refused with the other models.
+HSA_OPTIONS = ("hubs", "max_family", "pe_dim", "tree", "no_gate", "smooth", "attn_dropout",
+               "hsa_dropout", "kernel")  # fmt: skip
 #: ``--dataset`` name -> PyG's Planetoid name.
 PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 QUICK = {"seeds": [0], "epochs": 200, "patience": 100}
@@ -318,6 +329,16 @@ def main(argv=None) -> dict:
         help="take the seeds already run from this JSON's row of the same key and settings",
     )
     args = p.parse_args(argv)
+    model = args.model
+    refuse_inapplicable(p, argv, [
+        (HSA_OPTIONS, model == "hsa_hybrid", "to --model hsa_hybrid"),
+        (("layers", "dropout"), model == "gps_full", "to --model gps_full"),
+        (("hidden",), model in ("gcn", "gps_full"), "to --model gcn and gps_full"),
+        (("heads",), model in ("gps_full", "hsa_hybrid"), "to --model gps_full and hsa_hybrid"),
+        (("r",), model in ("cone", "hsa_hybrid"), "to --model cone and hsa_hybrid"),
+        (("synthetic_ppi",), args.dataset == "ppi", "with --dataset ppi"),
+        (("raw_dir",), args.dataset in PLANETOID, "to the Planetoid datasets"),
+    ])  # fmt: skip
     apply_budget(args, QUICK, PAPER)  # explicit options win
     set_threads(args)
     device = get_device(args)

@@ -35,7 +35,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
+from _cli import (
+    add_device_option,
+    add_threads_option,
+    at_least,
+    get_device,
+    refuse_inapplicable,
+    run,
+    set_threads,
+)
 from cora_cone_gat import ATTENTIONS, make_conv  # the shared GAT/ConeConv factory
 from torch_geometric.loader import DataLoader
 
@@ -137,6 +145,8 @@ def parse_args(argv=None):
         "(smoke runs only; not the real dataset)",
     )
     args = parser.parse_args(argv)
+    real = args.synthetic is None  # the stand-in is written and read in its own folder
+    refuse_inapplicable(parser, argv, [(("root", "raw_dir"), real, "without --synthetic")])
     apply_budget(args, QUICK, PAPER)  # explicit options win
     return args
 

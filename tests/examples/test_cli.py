@@ -90,3 +90,27 @@ def test_scripts_that_load_data_end_through_run(script):
         pytest.skip("loads no dataset")
     main_block = text.split('if __name__ == "__main__":')[-1]
     assert "run(" in main_block
+
+
+def test_given_options_are_those_on_the_command_line(cli):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hubs", type=int, default=0)
+    parser.add_argument("--smooth", action="store_true")
+    parser.add_argument("--model", default="gcn")
+    assert cli.given_options(parser, []) == set()
+    assert cli.given_options(parser, ["--hubs", "0", "--smooth"]) == {"hubs", "smooth"}
+
+
+def test_options_that_would_be_ignored_are_refused(cli, capsys):
+    """An option given where it does not apply stops with argparse's usage error (exit 2),
+    and an option left at its default passes whatever the rule says."""
+    parser = argparse.ArgumentParser(prog="script")
+    parser.add_argument("--hubs", type=int, default=0)
+    parser.add_argument("--model", default="gcn")
+    rules = [(("hubs",), False, "to --model hsa")]
+    cli.refuse_inapplicable(parser, ["--model", "gat"], rules)
+    with pytest.raises(SystemExit) as stop:
+        cli.refuse_inapplicable(parser, ["--hubs", "0"], rules)
+    assert stop.value.code == 2
+    assert "script: error: --hubs applies to --model hsa only" in capsys.readouterr().err
+    cli.refuse_inapplicable(parser, ["--hubs", "3"], [(("hubs",), True, "to --model hsa")])

@@ -150,3 +150,18 @@ def test_hybrid_trains_on_cuda(nc, tmp_path, dataset, no_env, no_network):
     out = nc.main(argv)  # the default model: the HSA hybrid
     assert out["device"] == "cuda" and out["args"]["device"] == "cuda"
     assert 0.0 <= out["mean"] <= 1.0 and out["num_seeds"] == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        (["--model", "gcn", "--hubs", "4"], "--hubs applies to --model hsa_hybrid only"),
+        (["--dataset", "cora", "--synthetic-ppi", "x"], "--synthetic-ppi applies with --dataset"),
+        (["--model", "gat", "--hidden", "32"], "--hidden applies to --model gcn and gps_full"),
+        (["--dataset", "ppi", "--raw-dir", "x"], "--raw-dir applies to the Planetoid datasets"),
+    ],
+)
+def test_options_that_would_be_ignored_are_refused(nc, capsys, argv, refused):
+    with pytest.raises(SystemExit) as stop:
+        nc.main(argv)
+    assert stop.value.code == 2 and refused in capsys.readouterr().err

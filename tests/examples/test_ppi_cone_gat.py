@@ -31,3 +31,12 @@ def test_ppi_example_trains_on_cuda(no_env, no_network, load_example, tmp_path, 
     argv = ["--root", str(tmp_path), "--raw-dir", str(raw), "--epochs", "2", "--hidden", "8"]
     scores = ppi_cone_gat.main([*argv, "--attention", attention, "--device", "cuda"])
     assert len(scores) == 1 and 0.0 <= scores[0] <= 1.0
+
+
+def test_root_is_refused_with_the_synthetic_stand_in(load_example, capsys, tmp_path):
+    """The stand-in is written and read in its own folder: ``--root`` would be ignored."""
+    ppi_cone_gat = load_example("ppi_cone_gat")
+    with pytest.raises(SystemExit) as stop:
+        ppi_cone_gat.main(["--synthetic", str(tmp_path), "--root", str(tmp_path / "other")])
+    assert stop.value.code == 2
+    assert "--root applies without --synthetic only" in capsys.readouterr().err
