@@ -152,7 +152,8 @@ def _forward(
         tokens = node_major and d == depth - 1  # leaves [F, b, H, ·], logits heads first
         if tokens:
             qf, kf, vf = (token_layout.token_families(t, b) for t in rows)
-            logits = token_layout.head_gram(qf, kf, tau).view(-1, b, b)
+            gram = token_layout.pair_gram if b == 2 else token_layout.head_gram
+            logits = gram(qf, kf, tau).reshape(-1, b, b)
         else:
             qf, kf, vf = (t.reshape(-1, b, t.size(-1)) for t in rows)
             scale = tau / (n * n) if isinstance(n, int) else tau
