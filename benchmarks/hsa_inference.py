@@ -27,7 +27,6 @@ go to ``benchmarks/results/hsa_inference.json`` and a bar plot beside it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -97,15 +96,9 @@ def make_cases(batch, length, branching, heads, dim, lengths) -> dict[str, Calla
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=25)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=RESULTS / "hsa_inference.json")
-    timing.add_allocator_option(parser)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    timing.apply_allocator(args.allocator)
+    out = RESULTS / "hsa_inference.json"
+    parser = timing.round_parser(__doc__.split("\n")[0], rounds=25, out=out)
+    args = timing.parse_and_apply(parser)
     results = []
     for batch, length, branching, heads, dim, lengths in QUICK_ROWS if args.quick else ROWS:
         cases = make_cases(batch, length, branching, heads, dim, lengths)

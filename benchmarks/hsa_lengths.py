@@ -32,7 +32,6 @@ Rounds are interleaved (each round runs every method once); medians and the spre
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -100,15 +99,8 @@ def _peer(method: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=RESULTS / "hsa_lengths.json")
-    timing.add_allocator_option(parser)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    timing.apply_allocator(args.allocator)
+    parser = timing.round_parser(__doc__.split("\n")[0], rounds=7, out=RESULTS / "hsa_lengths.json")
+    args = timing.parse_and_apply(parser)
     results = []
     for batch, length, branching in QUICK_ROWS if args.quick else ROWS:
         cases, info = make_cases(batch, length, branching)

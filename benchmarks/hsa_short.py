@@ -42,7 +42,6 @@ rest) is written to the JSON too.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -196,17 +195,10 @@ def bar_plot(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--quick", action="store_true")
+    parser = timing.round_parser(__doc__.split("\n")[0], rounds=7, out=None)
     parser.add_argument("--no-compile", dest="compile", action="store_false")
-    parser.add_argument("--out", type=Path, default=None)
-    timing.add_allocator_option(parser)
-    args = parser.parse_args()
+    args = timing.parse_and_apply(parser)
     args.out = args.out or RESULTS / f"hsa_short_{args.threads}t.json"
-    torch.set_num_threads(args.threads)
-    timing.apply_allocator(args.allocator)
     results = []
     for batch, length, branching in QUICK_ROWS if args.quick else ROWS:
         cases, index, compile_s = make_cases(batch, length, branching, args.compile)

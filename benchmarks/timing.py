@@ -23,6 +23,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -193,6 +194,29 @@ def medians(samples: Mapping[K, Sequence[float]]) -> dict[K, float]:
 def spreads(samples: Mapping[K, Sequence[float]]) -> dict[K, list[float]]:
     """``[min, max]`` of every key's samples."""
     return {key: [min(values), max(values)] for key, values in samples.items()}
+
+
+def round_parser(description: str, rounds: int, out: Path | None) -> argparse.ArgumentParser:
+    """A parser with the options the interleaved-round benchmarks share: ``--threads``
+    (default 2), ``--rounds``, ``--quick`` (the smoke-test rows), ``--out`` (the JSON file;
+    the plot goes beside it) and ``--allocator``; a script adds its own. Read it with
+    :func:`parse_and_apply`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=out)
+    add_allocator_option(parser)
+    return parser
+
+
+def parse_and_apply(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The command line parsed by a :func:`round_parser`, its ``--threads`` and
+    ``--allocator`` applied to this process."""
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    apply_allocator(args.allocator)
+    return args
 
 
 def add_allocator_option(parser: argparse.ArgumentParser) -> None:

@@ -2,21 +2,13 @@
 the forest it embedded and the ratios to flat attention."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.benchmark_scripts import run_benchmark
 
 
 def test_quick_run_writes_a_complete_report(tmp_path):
     out = tmp_path / "hsa_lengths.json"
-    command = [sys.executable, "benchmarks/hsa_lengths.py", "--quick", "--rounds", "2",
-               "--threads", "1", "--out", str(out)]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_benchmark("hsa_lengths", "--quick", "--rounds", "2", "--out", str(out))
     (row,) = json.loads(out.read_text())["rows"]
     causal = {"flat-causal", "hsa-causal", "hsa-causal-edges"}
     assert set(row["median_s"]) == {"flat", "hsa", "hsa-blocks", "hsa-ragged-trees", *causal}

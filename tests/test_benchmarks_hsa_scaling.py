@@ -2,21 +2,23 @@
 and writes its JSON report with every method and the ratios to the bound."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.benchmark_scripts import run_benchmark
 
 
 def test_one_size_writes_a_complete_report(tmp_path):
     out = tmp_path / "scaling.json"
-    command = [sys.executable, "benchmarks/hsa_scaling.py", "--sizes", "1024", "--reps", "1",
-               "--no-memory", "--no-compile", "--threads", "1", "--out", str(out)]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_benchmark(
+        "hsa_scaling",
+        "--sizes",
+        "1024",
+        "--reps",
+        "1",
+        "--no-memory",
+        "--no-compile",
+        "--out",
+        str(out),
+    )
     report = json.loads(out.read_text())
     methods = {r["method"] for r in report["rows"]}
     assert methods == {"hsa-window", "hsa-window-heads-first", "hsa-ragged", "bound", "flat-sdpa"}

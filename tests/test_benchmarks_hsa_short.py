@@ -2,21 +2,13 @@
 JSON report with every method, the ratios and the profile breakdown."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.benchmark_scripts import run_benchmark
 
 
 def test_quick_run_writes_a_complete_report(tmp_path):
     out = tmp_path / "hsa_short.json"
-    command = [sys.executable, "benchmarks/hsa_short.py", "--quick", "--no-compile",
-               "--rounds", "3", "--threads", "1", "--out", str(out)]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_benchmark("hsa_short", "--quick", "--no-compile", "--rounds", "3", "--out", str(out))
     report = json.loads(out.read_text())
     (row,) = report["rows"]
     causal = {"flat-causal", "hsa-causal", "hsa-causal-heads-first", "hsa-causal-edges"}

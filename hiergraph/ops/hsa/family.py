@@ -60,6 +60,17 @@ def key_bias(count: Tensor, size_bias: bool, dtype: torch.dtype) -> tuple[Tensor
     return bias.to(dtype), ok
 
 
+def count_weighted_sum(total: Tensor, n: Tensor, denom: Tensor, dtype: torch.dtype) -> Tensor:
+    r""":math:`\sum_C n(C) / n(A)\, t(C)` ``[H, F]`` over the children :math:`C` of every
+    parent :math:`A`, from ``total [H, F, b]`` in family layout, the children's leaf counts
+    ``n [1, F, b]`` and the parents' ``denom [1, F]`` (at least 1), summed in ``dtype``: a
+    parent's energy from its children's. Children without leaves weigh 0 whatever their
+    value (an energy may be ``-inf`` there), with a zero gradient."""
+    keep = n > 0
+    share = (n / denom.unsqueeze(-1)).to(total.dtype)
+    return torch.where(keep, share * torch.where(keep, total, 0.0), 0.0).sum(-1, dtype=dtype)
+
+
 def family_attention_dense(
     level: Level,
     q: Tensor,

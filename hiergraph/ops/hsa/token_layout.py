@@ -85,10 +85,10 @@ def token_sum(x: Tensor, dtype: torch.dtype, weight: Tensor | None = None) -> Te
 
 def pair_gram(x: Tensor, y: Tensor, alpha: float) -> Tensor:
     r""":func:`head_gram` of node-major families of two ``x, y [F, 2, H, c]``: the logits
-    :math:`\alpha\, x_i^\top y_j` ``[H, F, 2, 2]`` as one broadcast product summed over
-    ``c`` (0.8× the time of a ``[2, c] @ [c, 2]`` product per family and head). No autograd
-    (the forward-only passes)."""
-    return (x.unsqueeze(2) * y.unsqueeze(1)).sum(-1).permute(3, 0, 1, 2).mul(alpha)
+    :math:`\alpha\, x_i^\top y_j` ``[H, F, 2, 2]`` (contiguous) as one broadcast product
+    summed over ``c`` (0.8× the time of a ``[2, c] @ [c, 2]`` product per family and head).
+    No autograd (the forward-only passes)."""
+    return (x.unsqueeze(2) * y.unsqueeze(1)).sum(-1).mul_(alpha).permute(3, 0, 1, 2).contiguous()
 
 
 def pair_sum(x: Tensor, dtype: torch.dtype, weight: Tensor | None = None) -> Tensor:

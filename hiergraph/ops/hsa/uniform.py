@@ -120,7 +120,9 @@ def uniform_hierarchical_attention(
     grad = records_grad(q, k, v)
     # no gradient at all (inference): the fused op's passes alone, which take fewer
     # operations, masked leaves too
-    alone = fuse and not records_grad(q, k, v, *(eps or ())) and fused_forward(q, left_only, above)
+    alone = (
+        fuse and not grad and not records_grad(*(eps or ())) and fused_forward(q, left_only, above)
+    )
     # node-major leaves are read where they lie (token_layout): more heads without
     # gradients, and families of two by the passes alone
     tokens = all(token_layout.fits(t, fanout[-1], grad, pairs=alone) for t in (q, k, v))
@@ -521,10 +523,8 @@ def _pool(
         energy = total.sum(-1, dtype=work) / denom
     else:
         denom = parent_n.reshape(1, -1).clamp(min=1)  # [1, F]
-        keep = n > 0
-        share = (n / denom.unsqueeze(-1)).to(total.dtype)
-        energy = torch.where(keep, share * torch.where(keep, total, 0.0), 0.0)
-        energy, denom = energy.sum(-1, dtype=work), denom.unsqueeze(-1)
+        energy = family.count_weighted_sum(total, n, denom, work)
+        denom = denom.unsqueeze(-1)
     if tokens:  # node-major leaves; under a mask (counts 0 and 1), their valid rows' sums
         leaf_weight = None if plain else n[0]
         sums = qk_sums + [token_layout.token_sum(t, work, leaf_weight) for t in rho[len(qk_sums) :]]

@@ -153,7 +153,7 @@ def _forward(
         if tokens:
             qf, kf, vf = (token_layout.token_families(t, b) for t in rows)
             gram = token_layout.pair_gram if b == 2 else token_layout.head_gram
-            logits = gram(qf, kf, tau).reshape(-1, b, b)
+            logits = gram(qf, kf, tau).view(-1, b, b)
         else:
             qf, kf, vf = (t.reshape(-1, b, t.size(-1)) for t in rows)
             scale = tau / (n * n) if isinstance(n, int) else tau
@@ -259,10 +259,8 @@ def _parent_energy(energy, lse: Tensor, n, heads: int, include_self: bool) -> Te
         total = lse if energy is None else torch.logaddexp(energy, lse)
         return total.mean(-1)
     total = lse if energy is None else logaddexp(energy, lse, finite_a=include_self)
-    keep = n > 0  # children without leaves weigh 0 (their total may be -inf)
-    share = n / n.sum(-1, keepdim=True).clamp(min=1)
     total = total.view(heads, *n.shape[1:])
-    return torch.where(keep, share * torch.where(keep, total, 0.0), 0.0).sum(-1).flatten()
+    return family.count_weighted_sum(total, n, n.sum(-1).clamp(min=1), total.dtype).flatten()
 
 
 def _head_products(p: Tensor, x: Tensor, base: Tensor | None, alpha: float = 1.0) -> Tensor:
