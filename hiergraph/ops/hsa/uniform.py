@@ -120,9 +120,7 @@ def uniform_hierarchical_attention(
     grad = records_grad(q, k, v)
     # no gradient at all (inference): the fused op's passes alone, which take fewer
     # operations, masked leaves too
-    alone = (
-        fuse and not grad and not records_grad(*(eps or ())) and fused_forward(q, left_only, above)
-    )
+    alone = fuse and not grad and not records_grad(*(eps or ())) and fused_forward(q, left_only)
     # node-major leaves are read where they lie (token_layout): more heads without
     # gradients, and families of two by the passes alone
     tokens = all(token_layout.fits(t, fanout[-1], grad, pairs=alone) for t in (q, k, v))
@@ -140,7 +138,7 @@ def uniform_hierarchical_attention(
         if alone:
             out = uniform_fused.fused_uniform_attention(
                 *leaves, fanout, eps, node_major=tokens,
-                counts=None if weight is None else counts, **options,
+                counts=None if weight is None else counts, above=above, **options,
             )  # fmt: skip
             if not tokens:
                 return like(out, q, weight if masked else None)
@@ -204,28 +202,28 @@ def uniform_hierarchical_attention(
 def fused(q: Tensor, grad: bool, weight, padding: bool, left_only: bool, above) -> bool:
     """Whether the op runs as one autograd node with a written backward
     (:mod:`~hiergraph.ops.hsa.uniform_fused`): a gradient is taken, on at most
-    :data:`~hiergraph.ops.hsa.uniform_fused.MAX_ELEMENTS` elements of ``q`` and with no
-    masked leaf, and :func:`fused_forward` allows it (``q``'s dtype and the options of
-    :func:`uniform_hierarchical_attention`)."""
+    :data:`~hiergraph.ops.hsa.uniform_fused.MAX_ELEMENTS` elements of ``q``, with no
+    masked leaf and no family above the roots, and :func:`fused_forward` allows it
+    (``q``'s dtype and the options of :func:`uniform_hierarchical_attention`)."""
     return (
         grad
         and q.numel() <= uniform_fused.MAX_ELEMENTS
         and weight is None
         and not padding
-        and fused_forward(q, left_only, above)
+        and above is None
+        and fused_forward(q, left_only)
     )
 
 
-def fused_forward(q: Tensor, left_only: bool, above) -> bool:
+def fused_forward(q: Tensor, left_only: bool) -> bool:
     """Whether the passes of :mod:`~hiergraph.ops.hsa.uniform_fused` apply: ``q`` in float32
-    or float64, outside ``torch.compile``, no family above the roots and every sibling a
-    key. Without a gradient they then run alone, masked leaves included
+    or float64, outside ``torch.compile``, and every sibling a key. Without a gradient they
+    then run alone, masked leaves and a family above the roots included
     (:func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` without
     ``recorded``)."""
     return (
         q.dtype in (torch.float32, torch.float64)
         and not left_only
-        and above is None
         and not torch.compiler.is_compiling()
     )
 

@@ -74,6 +74,7 @@ def fused_uniform_attention(
     recorded=None,
     node_major: bool = False,
     counts: list[Tensor] | None = None,
+    above=None,
 ) -> Tensor:
     r"""HSA of heads-first ``q, k [H, L, d]``, ``v [H, L, d_v]`` over a forest with
     ``fanout`` ``(b_1, …, b_D)`` (``L`` a multiple of :math:`b_1 \cdots b_D`); ``eps`` per
@@ -85,13 +86,17 @@ def fused_uniform_attention(
     ``recorded`` is the same op with autograd recording, ``recorded(q, k, v, eps)`` (second
     derivatives), and the op one autograd node with no masked leaf. Without it no gradient
     is taken (inference): the two passes run alone, keeping no level once it is used, with
-    ``counts`` over a forest with masked leaves (:func:`_forward`). They take fewer
+    ``counts`` over a forest with masked leaves and ``above`` a family above the roots
+    (both as in :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention`;
+    :func:`_forward`). They take fewer
     operations than the recorded op (sums instead of means, the gates in log space, families
     of two added): 1.05–1.15× faster in the inference benchmark (caches evicted between
     calls), more on warm caches."""
     if recorded is None:
         options = (include_self, tau, size_bias, node_major)
-        return _forward(q, k, v, eps, tuple(fanout), *options, keep=False, counts=counts)[0]
+        return _forward(
+            q, k, v, eps, tuple(fanout), *options, keep=False, counts=counts, above=above
+        )[0]
     eps = [] if eps is None else list(eps)
     options = (tuple(fanout), include_self, tau, size_bias, recorded, node_major)
     return _FusedUniform.apply(options, q, k, v, *eps)
@@ -130,8 +135,9 @@ class _FusedUniform(torch.autograd.Function):
 
 
 def _forward(
-    q, k, v, eps, fanout, include_self, tau, size_bias, node_major, keep=True, counts=None
-):
+    q, k, v, eps, fanout, include_self, tau, size_bias, node_major, keep=True, counts=None,
+    above=None,
+):  # fmt: skip
     """The two passes without recording; returns the output and, per level, what the
     backward reads. A level's families are ``[H F, b, ·]`` batches (views of its node rows
     ``[H, n, ·]``), and its nodes' rows are the *sums* of their ``n`` leaves' rows, so
@@ -143,7 +149,12 @@ def _forward(
     ``q, k, v`` are zero at those leaves when heads first (node-major ones weigh 0 in the
     leaves' sums); the counts then scale the logits and the products per node, a node
     without leaves is no key, and a parent's energy is the count-weighted mean of its
-    children's."""
+    children's.
+
+    ``above`` (without ``keep``): called between the passes with the roots' energies
+    ``[H, B]`` and mean ``[q, k, v]`` rows ``[H, B, ·]`` (0 at a root without leaves), it
+    returns the log mass ``[H, B]`` and the output ``[H, B, d_v]`` the top-down pass starts
+    from at every root."""
     depth, heads = len(fanout), q.size(1 if node_major else 0)
     rows, energy, levels = (q, k, v), None, [None] * depth
     for d in range(depth - 1, -1, -1):  # bottom-up
@@ -177,10 +188,17 @@ def _forward(
             bias = size_bias and d < depth - 1  # a leaf counts 1: log n(B) = 0
             lse, p = _masked_family_softmax(logits, diagonal, n, heads, bias)
         levels[d] = [qf, kf, vf, e, p, lse, energy, divisor]
-        if d:
-            energy = _parent_energy(energy, lse, n, heads, include_self).view(-1, fanout[d - 1])
+        if d or above is not None:  # the parents' energies and rows (sums)
+            energy = _parent_energy(energy, lse, n, heads, include_self)
             rows = [_leaf_sum(t, n, tokens) for t in (qf, kf, vf)]
+            if d:
+                energy = energy.view(-1, fanout[d - 1])
     u = acc = None
+    if above is not None:  # the roots' means (sums over their leaves), then the family
+        roots = math.prod(fanout) if counts is None else counts[0].sum(-1)
+        means = [t.view(heads, -1, t.size(-1)) / _clamped(roots) for t in rows]
+        u, acc = above(energy.view(heads, -1), means)
+        u, acc = u.reshape(-1, 1), acc.reshape(-1, acc.size(-1))
     for d in range(depth):  # top-down
         level = levels[d]
         p, lse, a, n = level[4:8]
@@ -210,6 +228,12 @@ def _forward(
             acc = acc.view(-1, acc.size(-1))  # the next level's families' rows
             u = None if u is None else u.reshape(-1, 1)
     return acc.view(heads, -1, acc.size(-1)), levels
+
+
+def _clamped(count):
+    """Leaf counts ``[1, B]`` as ``[1, B, 1]``, at least 1, to divide sums by (an int as
+    it is)."""
+    return count if isinstance(count, int) else count.clamp(min=1).unsqueeze(-1)
 
 
 def _leaf_sum(x: Tensor, n, tokens: bool) -> Tensor:

@@ -200,6 +200,38 @@ def test_masked_leaves_without_gradients(trees, fanout, options, eps_heads, mask
         assert (out[~leaf_mask] == 0).all()
 
 
+def family_above(energy, pooled):
+    """A stand-in for a family above the roots (``above``): a log mass and an output of every
+    root that depend on its energy and on each of its mean rows."""
+    q, k, v = pooled
+    log_mass = torch.nn.functional.logsigmoid(energy + (q * k).sum(-1))
+    return log_mass, v * torch.sigmoid(energy).unsqueeze(-1) + q.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("trees, fanout", MASKED_SHAPES, ids=str)
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
+@pytest.mark.parametrize("eps_heads", [None, 3], ids=["no-eps", "eps-per-head"])
+@pytest.mark.parametrize("mask", [None, "random", "lonely-and-empty", "right-padded"])
+@pytest.mark.parametrize("node_major", [False, True], ids=["heads-first", "node-major"])
+def test_a_family_above_the_roots_without_gradients(trees, fanout, options, eps_heads, mask,
+                                                    node_major, monkeypatch):  # fmt: skip
+    """A family above the roots (what hub leaves run, :mod:`hiergraph.ops.hsa.lifted`) in the
+    forward-only passes: called with the roots' energies and mean rows between the passes,
+    its log mass and output start the top-down pass, as in the recorded op."""
+    shape = (trees, *fanout)
+    if trees < 2 and mask == "lonely-and-empty":
+        pytest.skip("needs two trees")
+    qkv, eps = inputs(shape, eps_heads=eps_heads, node_major=node_major)
+    leaf_mask = None if mask is None else leaf_masks(shape)[mask]
+    calls = count_forward_only(monkeypatch)
+    kw = dict(left_only=False, leaf_mask=leaf_mask, tau=0.7, above=family_above, **options)
+    with torch.no_grad():
+        out = uniform_hierarchical_attention(*qkv, shape, eps, **kw)
+        ref = uniform_hierarchical_attention(*qkv, shape, eps, fuse=False, **kw)
+    assert len(calls) == 1
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
 def test_families_of_four_taken_in_groups(monkeypatch):
     """The grouped ``[16, c] @ [c, 16]`` logits of families of four (here from 8 families)."""
     monkeypatch.setattr(family, "GRAM_MIN_FAMILIES", 8)
