@@ -358,9 +358,7 @@ def hierarchy_from_lengths(doc: TokenizedDocument, depth: int = 3, x: Tensor | N
     Returns:
         a :class:`SignalHierarchy` with ``T + S + P + 1`` nodes at depth 3.
     """
-    h = forest_from_lengths([doc], depth, x)
-    del h.batch
-    return h
+    return forest_from_lengths([doc], depth, x)
 
 
 def forest_from_lengths(
@@ -382,7 +380,8 @@ def forest_from_lengths(
         x: ``[sum T, F]`` leaf features; default the concatenated token ids.
 
     Returns:
-        a :class:`SignalHierarchy` with ``batch`` (``[N]`` document of every node).
+        a :class:`SignalHierarchy` whose ``batch`` (``[N]``, derived) is the document of
+        every node.
     """
     if depth not in DEPTHS:
         raise ValueError(f"depth must be one of {DEPTHS}, got {depth!r}")
@@ -397,14 +396,7 @@ def forest_from_lengths(
         torch.cat([d.paragraph_sizes for d in docs]),
     ][: depth - 1] + [per_doc[:, depth - 1]]
     counts = [int(per_doc[:, level].sum()) for level in range(depth)] + [len(docs)]
-    parents, slots, trees, offset = [], [], [], 0
-    tree_of_item = torch.arange(len(docs))  # document of every item of the current top level
-    for level in range(depth, -1, -1):  # top-down, to carry each item's document
-        trees.insert(0, tree_of_item)
-        if level:
-            tree_of_item = tree_of_item.repeat_interleave(
-                groups[level - 1], output_size=counts[level - 1]
-            )
+    parents, slots, offset = [], [], 0
     for level, sizes in enumerate(groups):
         first = torch.cumsum(sizes, 0) - sizes
         group = _group_ids(sizes, counts[level])
@@ -417,15 +409,13 @@ def forest_from_lengths(
     slot = torch.cat([*slots, torch.zeros(len(docs), dtype=torch.long)])
     level_depth = torch.arange(depth, -1, -1)
     depths = level_depth.repeat_interleave(torch.tensor(counts), output_size=num_nodes)
-    h = SignalHierarchy._assemble_grid1d(
+    return SignalHierarchy._assemble_grid1d(
         parent=parent,
         depth=depths,
         slot=slot,
         num_leaves=counts[0],
         x=torch.cat([d.ids for d in docs]) if x is None else x,
     )
-    h.batch = torch.cat(trees)
-    return h
 
 
 def document_hierarchy(

@@ -12,21 +12,22 @@ from hiergraph.data.signal_hierarchy import SignalHierarchy
 
 
 def tree_of_nodes(hierarchy) -> Tensor:
-    """``[N]`` tree id of every node: ``hierarchy.batch`` when it numbers the trees
-    (:func:`batch_numbers_trees`), otherwise :attr:`~hiergraph.plan.TreeIndex.node_tree` of
-    the (cached) tree index, which also tells apart the trees of a forest assembled without
-    ``batch`` (e.g. :meth:`~hiergraph.transforms.HierarchicalGraph.hierarchy` of a PyG
-    batch) and, numbered in leaf order, those of a PyG batch of forests."""
+    """``[N]`` tree id of every node: ``hierarchy.batch`` when it is set and numbers the
+    trees (:func:`batch_numbers_trees`), otherwise the trees of the (cached) tree index
+    numbered in leaf order (tree ``t`` holds the first leaf that no tree before it holds):
+    forests built by this package (:func:`~hiergraph.data.window_forest`), forests assembled
+    without ``batch`` (e.g. :meth:`~hiergraph.transforms.HierarchicalGraph.hierarchy` of a
+    PyG batch), and PyG batches of forests, whose ``batch`` numbers the forests."""
     if batch_numbers_trees(hierarchy):
         return hierarchy.batch
     index = hierarchy.tree_index()
-    if not isinstance(hierarchy, Batch) or "batch" not in hierarchy:
-        return index.node_tree
-    # a PyG batch of forests: number the trees in leaf order, as each forest's own batch
-    # did (the tree index numbers them in the order of their roots)
-    order = torch.unique_consecutive(index.node_tree.index_select(0, index.leaf_node))
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel(), device=order.device)
+    trees = index.level_ptr[1] - index.level_ptr[0]  # level 0 holds the roots
+    leaf_tree = index.node_tree.index_select(0, index.leaf_node)
+    leaves = torch.arange(leaf_tree.numel(), device=leaf_tree.device)
+    first = leaves.new_full((trees,), leaf_tree.numel())
+    first.scatter_reduce_(0, leaf_tree, leaves, "amin")  # every tree has a leaf
+    rank = torch.empty_like(first)
+    rank[first.argsort()] = torch.arange(trees, device=first.device)
     return rank.index_select(0, index.node_tree)
 
 
@@ -34,7 +35,7 @@ def batch_numbers_trees(hierarchy) -> bool:
     """Whether ``hierarchy.batch`` is set and numbers its trees: not when ``hierarchy`` is a
     PyG batch of forests (of :func:`~hiergraph.data.window_forest`, say), whose ``batch``
     numbers the forests, each of several trees."""
-    if "batch" not in hierarchy or hierarchy.batch is None:
+    if "batch" not in hierarchy or hierarchy.batch is None:  # none stored
         return False
     if isinstance(hierarchy, Batch):
         roots = hierarchy.tree_index().level_ptr[1]  # level 0 holds the roots

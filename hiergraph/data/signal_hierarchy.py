@@ -46,6 +46,9 @@ class SignalHierarchy(Data):
     :class:`~torch_geometric.loader.DataLoader`) concatenates trees into one
     forest. Roots have no family, so different trees never attend to each
     other: a batched attention result equals the per-tree results exactly.
+    Forests (:func:`~hiergraph.data.window_forest`) batch with single trees
+    alike: a hierarchy's :attr:`batch` (tree of every node) is derived from
+    its structure, not stored.
 
     Build hierarchies with :meth:`from_parent`,
     :func:`~hiergraph.data.from_nested` or
@@ -59,6 +62,27 @@ class SignalHierarchy(Data):
         return super().__inc__(key, value, *args, **kwargs)
 
     # ------------------------------------------------------------------ views
+    @property
+    def batch(self) -> Tensor | None:
+        """``[N]`` tree id of every node, the trees numbered in leaf order (zeros for a single
+        tree; ``None`` before the structure is set).
+
+        Derived from the structure (:meth:`tree_index`), not stored, so that a PyG batch
+        collates forests and single trees alike (``Batch.from_data_list``, a
+        ``DataLoader``); the batch's own ``batch``, which PyG sets, numbers its elements. A
+        ``batch`` that is set is returned as it is."""
+        if "batch" in self._store:
+            return self._store["batch"]
+        if "parent" not in self._store:
+            return None
+        from hiergraph.data.restructure import tree_of_nodes  # it reads this property
+
+        return tree_of_nodes(self)
+
+    @batch.setter
+    def batch(self, value: Tensor | None) -> None:
+        self._store.batch = value
+
     @property
     def num_leaves(self) -> int:
         """Number of leaves (summed over the trees of a batch)."""

@@ -43,9 +43,7 @@ def window_hierarchy(
     The tree is built on the device of ``x`` / ``lifted`` (PyTorch's default device
     without them), as in :func:`window_forest`.
     """
-    tree = window_forest([n], _check(n, branching), lifted, x)
-    del tree.batch
-    return tree
+    return window_forest([n], _check(n, branching), lifted, x)
 
 
 def window_forest(
@@ -78,9 +76,9 @@ def window_forest(
         x: optional ``[sum(lengths), F]`` token features.
 
     Returns:
-        a :class:`SignalHierarchy` with ``batch`` (``[N]`` sequence of every node), on
-        the device of the tensor inputs (``x``, ``lifted``, ``lengths``; they must
-        share it), or on PyTorch's default device when all are absent or Python ints.
+        a :class:`SignalHierarchy` whose ``batch`` (``[N]``, derived) is the sequence of
+        every node, on the device of the tensor inputs (``x``, ``lifted``, ``lengths``; they
+        must share it), or on PyTorch's default device when all are absent or Python ints.
     """
     device = _input_device(lengths, lifted, x)
     lengths = as_long(lengths, "lengths", device).flatten()
@@ -155,11 +153,9 @@ def window_forest(
         position = tokens - (lengths.cumsum(0) - lengths)[seq[tokens]]
         parent[tokens], slot[tokens], depth[tokens] = root[seq[tokens]], position, 1
 
-    forest = SignalHierarchy._assemble_grid1d(
+    return SignalHierarchy._assemble_grid1d(
         parent=parent, depth=depth, slot=slot, num_leaves=total, x=x
     )
-    forest.batch = node_seq
-    return forest
 
 
 def _input_device(*inputs) -> torch.device | None:

@@ -3,7 +3,15 @@ import torch
 from torch_geometric.data import Batch
 from torch_geometric.loader import DataLoader
 
-from hiergraph.data import Domain, Family, SignalHierarchy, from_nested, window_hierarchy
+from hiergraph.data import (
+    Domain,
+    Family,
+    SignalHierarchy,
+    from_nested,
+    window_forest,
+    window_hierarchy,
+)
+from hiergraph.nn import global_leaf_mean_pool
 
 
 def children_of(h, node):
@@ -100,6 +108,36 @@ def test_batching_shifts_structure():
     assert sizes == [4, 2]
     assert isinstance(batch.to_data_list()[1], SignalHierarchy)
     assert torch.equal(batch.to_data_list()[1].parent, trees[1].parent)
+
+
+@pytest.mark.parametrize("forest_first", [True, False])
+def test_forests_and_single_trees_batch_together(forest_first):
+    """A forest's ``batch`` is derived, not stored: PyG collates forests with single trees in
+    any order, its batch numbers the elements, the trees are numbered in leaf order, and
+    the elements come back whole."""
+    forest = window_forest([5, 3, 7], (2, 4), x=torch.randn(15, 4))
+    tree = from_nested([[0, 1], 2], x=torch.randn(3, 4))
+    items = [forest, tree] if forest_first else [tree, forest]
+    batch = Batch.from_data_list(items)
+    assert batch.num_graphs == 2 and batch.num_trees == 4
+    assert torch.equal(
+        batch.batch, torch.repeat_interleave(torch.tensor([n.num_nodes for n in items]))
+    )
+    offset = 0 if forest_first else 1  # the forest's trees among the batch's, in leaf order
+    pooled = global_leaf_mean_pool(batch.x, batch)
+    for t, rows in enumerate(forest.x.split([5, 3, 7])):
+        torch.testing.assert_close(pooled[offset + t], rows.mean(0))
+    torch.testing.assert_close(pooled[3 - 3 * offset], tree.x.mean(0))
+    again = batch.to_data_list()[offset]
+    assert "batch" not in again and torch.equal(again.batch, forest.batch)
+    assert forest.batch.tolist()[:15] == [0] * 5 + [1] * 3 + [2] * 7
+    assert torch.equal(tree.batch, torch.zeros(tree.num_nodes, dtype=torch.long))
+
+
+def test_a_batch_that_is_set_is_kept():
+    tree = from_nested([[0, 1], 2])
+    tree.batch = torch.full((tree.num_nodes,), 4)
+    assert "batch" in tree and tree.batch.tolist() == [4] * tree.num_nodes
 
 
 @pytest.mark.parametrize(
