@@ -130,18 +130,18 @@ def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, floa
         "hsa_no_size_bias": lambda: padded_hsa(q, k, v, token_mask, tree(), size_bias=False),
         "block": lambda: padded_block_attention(q, k, v, token_mask, block),
     }
-    compile_s = None
-    if hubs:  # what the injected layers run: the padded batch, no per-batch trees
-        ops["hsa_padded_windows"] = lambda: padded_hub_window_hsa(
-            q, k, v, token_mask, branching, hubs, scale=attn.scaling
-        )
+    # what the injected layers run: the padded batch, no per-batch trees (with hubs, the
+    # compiled op breaks its graph where it reads the hub counts on the host)
+    if hubs:
+        padded, options = padded_hub_window_hsa, dict(hubs=hubs, scale=attn.scaling)
     else:
-        ops["hsa_padded_windows"] = lambda: padded_window_hsa(q, k, v, token_mask, branching)
-        compiled = torch.compile(padded_window_hsa, dynamic=False)
-        start = time.perf_counter()
-        compiled(q, k, v, token_mask, branching)
-        compile_s = time.perf_counter() - start
-        ops["hsa_padded_windows_compiled"] = lambda: compiled(q, k, v, token_mask, branching)
+        padded, options = padded_window_hsa, {}
+    ops["hsa_padded_windows"] = lambda: padded(q, k, v, token_mask, branching, **options)
+    compiled = torch.compile(padded, dynamic=False)
+    start = time.perf_counter()
+    compiled(q, k, v, token_mask, branching, **options)
+    compile_s = time.perf_counter() - start
+    ops["hsa_padded_windows_compiled"] = lambda: compiled(q, k, v, token_mask, branching, **options)
     times = {name: [] for name in ops}
     for _ in range(TIMING_REPEATS):
         for name, op in ops.items():
@@ -149,9 +149,7 @@ def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, floa
             op()
             times[name].append(time.perf_counter() - start)
     out = {name: float(np.median(t)) for name, t in times.items()}
-    out["batch"], out["repeats"] = [b, t], TIMING_REPEATS
-    if compile_s is not None:
-        out["compile_s"] = compile_s
+    out["batch"], out["repeats"], out["compile_s"] = [b, t], TIMING_REPEATS, compile_s
     if hubs:
         out["hub_phases"] = hub_phases(ops["hsa_padded_windows"], TIMING_REPEATS)
     return out
