@@ -6,17 +6,17 @@
 
 For every row (``B`` sequences of ``L`` tokens, one :func:`~hiergraph.data.window_forest`
 of equal trees; then the same with lengths drawn from ``[L/2, L]``, whose forest runs on its
-equal-fanout embedding, :attr:`~hiergraph.plan.TreeIndex.padded`) it times forward+backward
+equal-fanout embedding, :attr:`~hiergraph.plan.TreeIndex.padded`, and from ``[L/8, L]``,
+whose trees differ in height and run on the forest's own levels) it times forward+backward
 of a :class:`~hiergraph.nn.HierarchicalSelfAttention` layer (256 channels, 4 heads of 64,
 float32, no position embeddings), the same weights in every method:
 
 * ``no-hubs``: ``hubs=0``, plain HSA over the window trees;
-* ``hubs``: ``hubs=g``, on the batch's own plan or its embedding (no lifted tree is
-  built: :mod:`hiergraph.ops.hsa.lifted`);
+* ``hubs``: ``hubs=g``, on the batch's own plan, its embedding or its levels (no lifted
+  tree is built: :mod:`hiergraph.ops.hsa.lifted`);
 * ``hubs-rebuilt``: ``hubs=g`` with ``kernel="blocks"``, which lifts the hubs into a new
-  tree with :func:`~hiergraph.data.lift_leaves` and runs it on every pass: the path of
-  any forest that is neither equal-fanout nor embedded in one (a lifted window tree is
-  ragged: the default kernel runs it as blocks too);
+  tree with :func:`~hiergraph.data.lift_leaves` and runs it on every pass (a lifted window
+  tree is ragged: the default kernel runs it as blocks too);
 * ``hubs-compiled`` (equal trees only): the ``hubs`` layer through
   ``torch.compile(fullgraph=True, dynamic=False)`` (inductor on CPU; the batch's plan is
   built first), its compile time recorded separately.
@@ -45,22 +45,35 @@ RESULTS = Path(__file__).parent / "results"
 QUICK_ROWS = ((4, 64, (8, 8)),)
 
 
-def row_lengths(batch: int, length: int, ragged: bool) -> list[int]:
-    """``batch`` lengths: all ``length``, or (``ragged``) drawn uniformly from
-    ``[length / 2, length]`` with a fixed seed."""
-    if not ragged:
+#: Lengths of a row's batches: ``[L / s, L]`` for every ``s`` (1: all ``L``).
+SPREADS = (1, 2, 8)
+
+
+def row_lengths(batch: int, length: int, spread: int) -> list[int]:
+    """``batch`` lengths: drawn uniformly from ``[length / spread, length]`` with a fixed
+    seed (all ``length`` for ``spread`` 1)."""
+    if spread == 1:
         return [length] * batch
     gen = torch.Generator().manual_seed(0)
-    return torch.randint(length // 2, length + 1, (batch,), generator=gen).tolist()
+    return torch.randint(length // spread, length + 1, (batch,), generator=gen).tolist()
+
+
+def runs_on(index) -> str:
+    """Where ``hubs`` runs the forest ``index``: its own plan (equal fanout), its
+    equal-fanout embedding, or its levels."""
+    if index.uniform is not None:
+        return "plan"
+    return "embedding" if index.padded is not None and not index.padded.sunk else "levels"
 
 
 def make_cases(
     lengths: list[int], branching: tuple[int, ...], hubs: int, compile_layer: bool
-) -> tuple[dict, float | None]:
+) -> tuple[dict, float | None, str]:
     """``{method: (fn, leaf tensors)}`` for one row (every ``fn()`` returns the layer
-    output) and the compile time of ``hubs-compiled`` (``None`` without it)."""
+    output), the compile time of ``hubs-compiled`` (``None`` without it) and
+    :func:`runs_on` of the row's forest."""
     forest = window_forest(lengths, branching)
-    forest.tree_index()  # the plan, built before any trace
+    index = forest.tree_index()  # the plan, built before any trace
     x = torch.randn(sum(lengths), CHANNELS, generator=torch.Generator().manual_seed(0))
     x.requires_grad_()
     options = dict(heads=HEADS, head_channels=DIM)
@@ -83,11 +96,14 @@ def make_cases(
         compiled(x, forest).sum().backward()
         compile_s = time.perf_counter() - start
         cases["hubs-compiled"] = ((lambda: compiled(x, forest)), [x, *layer.parameters()])
-    return cases, compile_s
+    return cases, compile_s, runs_on(index)
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    labels = [f"{r['batch']}×{r['length']}" + ("\nragged" if r["ragged"] else "") for r in rows]
+    labels = [
+        f"{r['batch']}×{r['length']}" + (f"\n≥ L/{r['spread']}" if r["ragged"] else "")
+        for r in rows
+    ]
     title = f"HSA layer with {rows[0]['hubs']} hubs, CPU, {rows[0]['threads']} threads"
     bar_plot(rows, labels, title, path, log=False)
 
@@ -105,11 +121,12 @@ def main() -> None:
     timing.apply_allocator("reuse")
     torch.manual_seed(0)
     results = []
-    rows = [(*row, ragged) for row in (QUICK_ROWS if args.quick else ROWS) for ragged in (0, 1)]
-    for batch, length, branching, ragged in rows:
-        lengths = row_lengths(batch, length, bool(ragged))
+    rows = [(*row, s) for row in (QUICK_ROWS if args.quick else ROWS) for s in SPREADS]
+    for batch, length, branching, spread in rows:
+        lengths = row_lengths(batch, length, spread)
+        ragged = spread > 1
         compile_layer = args.compile and not ragged  # a new batch shape compiles again
-        cases, compile_s = make_cases(lengths, branching, args.hubs, compile_layer)
+        cases, compile_s, where = make_cases(lengths, branching, args.hubs, compile_layer)
         steps = {
             method: (timing.grad_backward(fn, torch.randn_like(fn().detach())), tensors)
             for method, (fn, tensors) in cases.items()
@@ -118,13 +135,13 @@ def main() -> None:
         median = timing.medians(samples)
         results.append({
             "batch": batch, "length": length, "branching": list(branching),
-            "ragged": bool(ragged), "tokens": sum(lengths),
+            "ragged": ragged, "spread": spread, "runs_on": where, "tokens": sum(lengths),
             "hubs": args.hubs, "threads": args.threads, "rounds": args.rounds,
             "median_s": median, "samples_s": samples,
             "rebuilt_over": {m: median["hubs-rebuilt"] / t for m, t in median.items()},
             "compile_s": compile_s,
         })  # fmt: skip
-        print(f"{batch:>3} × {length:<5} {'ragged' if ragged else 'equal '} " + "  ".join(
+        print(f"{batch:>3} × {length:<5} {where:9} " + "  ".join(
             f"{m} {t * 1e3:7.1f} ms" for m, t in median.items()))  # fmt: skip
     flags = [f"--threads {args.threads}", f"--rounds {args.rounds}", f"--hubs {args.hubs}"]
     flags += ["--quick"] * args.quick + ["--no-compile"] * (not args.compile)

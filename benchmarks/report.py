@@ -277,12 +277,13 @@ def hsa_hubs() -> list[str] | None:
         f"Forward+backward of a `HierarchicalSelfAttention` layer ({meta['channels']} channels, "
         f"{meta['heads']} heads × {meta['dim']}, {meta['dtype']}, no position embeddings) over "
         "batches of window trees (equal, then of lengths drawn from [L/2, L], whose forest runs "
-        "on its equal-fanout embedding), "
+        "on its equal-fanout embedding, and from [L/8, L], whose trees differ in height and run "
+        "on the forest's own levels), "
         f"{rows[0]['hubs']} hub leaves per tree, {threads(rows[0]['threads'])}, "
         f"{allocator(meta)}. `no-hubs`: the same layer without hubs; `hubs`: the default, "
-        "on the batch's own plan or its embedding (no lifted tree is built); `hubs-rebuilt`: "
-        '`kernel="blocks"`, which builds the lifted tree on every pass, the path of every '
-        "other tree; `hubs-compiled`: the `hubs` layer through `torch.compile(fullgraph=True, "
+        "on the batch's own plan, its embedding or its levels (no lifted tree is built); "
+        '`hubs-rebuilt`: `kernel="blocks"`, which builds the lifted tree on every pass; '
+        "`hubs-compiled`: the `hubs` layer through `torch.compile(fullgraph=True, "
         "dynamic=False)`, compile time apart. Cells: median [min–max] over interleaved "
         "rounds. Command: "
         f"{code(meta['command'])}.",
@@ -292,7 +293,10 @@ def hsa_hubs() -> list[str] | None:
     for row in rows:
         shape = f"{row['batch']} × {row['length']:,} ({','.join(map(str, row['branching']))})"
         if row.get("ragged"):
-            shape += f", lengths in [L/2, L] ({row['tokens']:,} tokens)"
+            where = row.get("runs_on", "embedding")
+            shape += (
+                f", lengths in [L/{row.get('spread', 2)}, L] ({row['tokens']:,} tokens, {where})"
+            )
         for method, samples in row["samples_s"].items():
             compile_s = row.get("compile_s") if method.endswith("compiled") else None
             body.append([shape, method, row["rounds"], spread(samples),

@@ -12,9 +12,10 @@ def test_quick_run_writes_a_complete_report(tmp_path):
         "hsa_hubs", "--quick", "--rounds", "3", "--hubs", "4", "--no-compile", "--out", str(out)
     )
     report = json.loads(out.read_text())
-    equal, ragged = report["rows"]
+    equal, ragged, mixed = report["rows"]
     assert not equal["ragged"] and ragged["ragged"] and ragged["tokens"] < equal["tokens"]
-    for row in (equal, ragged):
+    assert [row["runs_on"] for row in report["rows"]] == ["plan", "embedding", "levels"]
+    for row in (equal, ragged, mixed):
         assert set(row["median_s"]) == {"no-hubs", "hubs", "hubs-rebuilt"}
         assert all(len(s) == 3 for s in row["samples_s"].values())
         median = row["median_s"]

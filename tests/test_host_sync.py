@@ -578,11 +578,6 @@ KNOWN_SYNCS: dict[str, str] = {
         "without vip_slots, the number of VIP rows is the batch's largest VIP count, read "
         "from vip_mask (nn/vcc.py VCCEncoder.forward)"
     ),
-    "HierarchicalSelfAttention-hubs": (
-        "hubs lift this pass's best leaves to the root: on a forest that is not equal-fanout "
-        "nor embedded in one, a new tree and its TreeIndex per forward (data/restructure.py "
-        "lift_leaves, plan/tree_index.py)"
-    ),
     "coarsen_leaves": "builds the coarser hierarchy (data/restructure.py coarsen_hierarchy)",
     "HTEDecoder-flat": (
         "the flat baseline pads per tree with to_dense_batch and unpads with a boolean mask "

@@ -73,11 +73,9 @@ class HierarchicalSelfAttention(nn.Module):
             slot, before attending (:func:`~hiergraph.data.restructure.lift_leaves`):
             every query then sees those keys one by one. Trees of at most ``g``
             leaves get flat softmax attention. The choice is per forward pass
-            and not differentiable; the attention over the chosen tree is. On a
-            batch of equal trees, or of trees embedded in an equal-fanout forest
-            (window trees of any lengths that give them the same height), no lifted tree
-            is built (the same result, on the batch's own plan:
-            :mod:`~hiergraph.ops.hsa.lifted`).
+            and not differentiable; the attention over the chosen tree is. With the
+            default kernel no lifted tree is built (the same result, on the batch's own
+            plan: :mod:`~hiergraph.ops.hsa.lifted`).
     """
 
     def __init__(
@@ -203,12 +201,12 @@ class HierarchicalSelfAttention(nn.Module):
         if self.pos is not None and pos_emb is None:
             raise ValueError("this layer was built with pos_channels > 0: pass pos_emb")
         lifted = self._choose_hubs(q, k, hierarchy, index, leaf_mask) if self.hubs else None
-        # hubs over an equal-fanout forest (or its embedding) need no new tree; else: rebuilt
+        # hubs run on the forest's own plan; other kernels and the dense weights: rebuilt
         in_place = (
             lifted is not None
             and self.kernel == "dense"
             and not return_attention_weights
-            and runs_lifted(index, q)
+            and runs_lifted(index)
         )
         if lifted is not None and not in_place:
             hierarchy, index, pos_emb = self._lift_hubs(lifted, hierarchy, pos_emb)

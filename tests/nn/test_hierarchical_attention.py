@@ -135,7 +135,7 @@ def test_hubs_on_window_trees_lift_no_tree(masked, lengths, monkeypatch):
     pos = torch.randn(batch.num_nodes, 4, dtype=torch.float64)
     mask = (torch.arange(sum(lengths)) % 5 != 0) if masked else None
     hub, _ = _pair(hubs=4, pos_channels=4)
-    monkeypatch.setattr(hierarchical_attention_module, "runs_lifted", lambda index, q: False)
+    monkeypatch.setattr(hierarchical_attention_module, "runs_lifted", lambda index: False)
     want = hub(x, batch, pos, leaf_mask=mask)
     monkeypatch.undo()
     monkeypatch.setattr(hierarchical_attention_module, "lift_leaves", None)  # not called

@@ -7,6 +7,8 @@ normalised per leaf (no :math:`-1/(N\sqrt{d})` bookkeeping of eq. 15).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -170,6 +172,38 @@ def hierarchical_attention(
     ):
         out = padded_hierarchical_attention(q, k, v, index, padded, pos, **views)
         return out.squeeze(1) if squeeze else out
+    views["kernel"] = kernel
+    out = general_attention(q, k, v, index, pos, **views)
+    return out.squeeze(1) if squeeze else out
+
+
+def general_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    index: TreeIndex,
+    pos: Tensor | None,
+    *,
+    include_self: bool,
+    left_only: bool,
+    leaf_mask: Tensor | None,
+    tau: float,
+    size_bias: bool,
+    kernel: str = "dense",
+    above: Callable[[Tensor | None, list[Tensor], Tensor], tuple[Tensor, Tensor]] | None = None,
+) -> Tensor:
+    r""":func:`hierarchical_attention` of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over any
+    forest ``index``, level by level (the families of a level in dense blocks, or as sibling
+    pairs with ``kernel="edge"``); ``pos``: the position embeddings ``[N, H | 1, c]``,
+    ``left_only``: ``leaky_causal``, ``tau``: the logit scale.
+
+    ``above``: a family that replaces the roots' families (:mod:`~hiergraph.ops.hsa.lifted`,
+    with more members than the roots' children): called with the energies ``[n_1, H]``
+    (``None``: :math:`-\infty`), mean ``[q, k, v]`` rows ``[n_1, H, ·]`` and leaf counts
+    ``[n_1]`` of the roots' children (level 1, 0 rows without valid leaves), it returns the
+    log mass ``[n_1, H]`` and the output ``[n_1, H, d_v]`` with which the top-down pass
+    reaches them (without it: the roots' families, under mass 1).
+    """
     levels = index.levels
     family = family_attention_edge if kernel == "edge" else family_attention_dense
 
@@ -199,12 +233,13 @@ def hierarchical_attention(
                 (_level_rows(index, d, t, s) / n.clamp(min=1)[:, None, None]).to(q.dtype)
                 for t, s in zip(stats, sums, strict=True)
             ]
-        pos_d = None if pos is None else pos_levels[d]
-        lse, theta, *sums = family(
-            level, *rho, pos_d, n, tau, leaky_causal, levels[d - 1], size_bias
-        )
         child_energy = None if g is None else sum_children(g, levels[d + 1], level)
         a = _level_rows(index, d, self_energy, child_energy)
+        if d == 1 and above is not None:  # the family above decides what reaches level 1
+            top = above(a, rho, n)
+            break
+        pos_d = None if pos is None else pos_levels[d]
+        lse, theta, *sums = family(level, *rho, pos_d, n, tau, left_only, levels[d - 1], size_bias)
         # weighted log-partition each node hands to its parent (eq. 8)
         share = n / counts[d - 1].index_select(0, level.parent_local).clamp(min=1)
         share = share.to(q.dtype).unsqueeze(-1)
@@ -221,7 +256,9 @@ def hierarchical_attention(
     us, accs = [u], [acc]
     for d in range(1, len(levels)):
         level, fanout = levels[d], levels[d - 1].fanout
-        if energies[d] is None and fanout:  # leaves below equal-size families: views only
+        if d == 1 and above is not None:
+            u, acc = top
+        elif energies[d] is None and fanout:  # leaves below equal-size families: views only
             # mu = 0 at leaves without self energy (theta is 0 where a leaf has no siblings)
             shape = (-1, fanout, *thetas[d].shape[1:])
             weight_down = torch.exp(u).view(-1, 1, u.size(1), 1)
@@ -246,7 +283,7 @@ def hierarchical_attention(
         out = out + 0.0 * v  # the attention matrix's product gives (a zero gradient, no error)
     if weight is not None:
         out = out * weight[:, None, None]
-    return out.squeeze(1) if squeeze else out
+    return out
 
 
 def _check_flags(causal: bool, leaky_causal: bool, include_self: bool, kernel: str) -> None:

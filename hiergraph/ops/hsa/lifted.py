@@ -39,25 +39,38 @@ from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa.family import family_gram
+from hiergraph.ops.hsa.inputs import head_pos_emb
 from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, slot_mask, to_slots
-from hiergraph.ops.hsa.uniform import fits, heads_first, per_depth, uniform_hierarchical_attention
+from hiergraph.ops.hsa.uniform import (
+    fits,
+    heads_first,
+    per_depth,
+    per_level,
+    uniform_hierarchical_attention,
+)
 from hiergraph.ops.logspace import log_gates
 from hiergraph.plan.tree_index import TreeIndex
 
 
-def runs_lifted(index: TreeIndex, q: Tensor) -> bool:
-    """Whether :func:`lifted_attention` runs the forest ``index`` with ``q``'s heads and
-    channels: equal fanout (or embedded in an equal-fanout forest,
-    :attr:`TreeIndex.padded`, with every tree's top nodes at depth 1: none sunk below a
-    chain, whose root family would be the chain's), leaves at depth 2 or more (at depth 1
-    the hubs are root children already), families within the blocks' size limit."""
+def runs_lifted(index: TreeIndex) -> bool:
+    """Whether :func:`lifted_attention` runs the forest ``index``: some node below a root (a
+    forest of single leaves has no root family to lift a leaf into)."""
+    return index.num_levels > 1
+
+
+def _as_views(index: TreeIndex, q: Tensor) -> tuple[int, ...] | None:
+    """The equal-fanout forest ``(B, b_1, …, b_D)`` that :func:`_lifted` runs as reshaped
+    views: ``index`` itself, or its embedding (:attr:`TreeIndex.padded`, with every tree's
+    top nodes at depth 1: none sunk below a chain, whose root family would be the chain's),
+    with leaves at depth 2 or more and families within the blocks' size limit; ``None``:
+    the levels of ``index`` run as they are (:func:`_lifted_general`)."""
     if index.uniform is not None:
         shape = index.uniform
     elif index.padded is not None and not index.padded.sunk:
         shape = index.padded.shape
     else:
-        return False
-    return len(shape) > 2 and fits(shape, q)
+        return None
+    return shape if len(shape) > 2 and fits(shape, q) else None
 
 
 def lifted_attention(
@@ -95,6 +108,10 @@ def lifted_attention(
     """
     tau = q.size(-1) ** -0.5 if scale is None else scale
     options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
+    shape = _as_views(index, q)
+    if shape is None:
+        pos = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
+        return _lifted_general(q, k, v, index, pos, lifted, slots, leaf_mask, **options)
     if index.uniform is not None:
         eps = None if pos_emb is None else per_depth(pos_emb, index)
         return _lifted(q, k, v, index.uniform, eps, lifted, slots, leaf_mask, **options)
@@ -145,6 +162,65 @@ def _lifted(q, k, v, shape, eps, lifted, slots, leaf_mask, *, include_self, tau,
     hub_out = hubs["out"].flatten(1, 2).transpose(0, 1)  # [B * slots, H, d_v]
     hub_out = torch.where(hub_real.view(-1, 1, 1), hub_out, out.index_select(0, hub_row))
     return out.index_copy(0, hub_row, hub_out)
+
+
+def _lifted_general(q, k, v, index, pos, lifted, slots, leaf_mask, *, include_self, tau,
+                    size_bias):  # fmt: skip
+    """:func:`lifted_attention` on the levels of any forest ``index`` (``pos``: its
+    embeddings ``[N, H | 1, c]``): :func:`~hiergraph.ops.hsa.attention.general_attention`
+    with the hubs masked, whose roots' families the family of every tree's top nodes and
+    hub slots replaces (between its passes, :func:`hub_family`). The top nodes of a tree
+    take slots ``[W]`` (``W`` the widest padded family of level 1, a width the plan holds
+    on the host) and its hubs ``[slots]``, in leaf order; empty slots are no members."""
+    from hiergraph.ops.hsa.attention import general_attention  # it imports this module
+
+    length, trees, top = q.size(0), index.level_ptr[1], index.levels[1]
+    width = max(block.width for block in top.blocks)
+    at = torch.arange(top.size, device=q.device)
+    first = at.new_full((trees,), top.size).scatter_reduce_(0, top.parent_local, at, "amin")
+    top_slot = top.parent_local * width + at - first.index_select(0, top.parent_local)
+    # every tree's hubs in leaf order, as rows of [B * slots] (one more: where the others go)
+    tree = index.node_tree.index_select(0, index.leaf_node)
+    leaves = torch.arange(length, device=q.device)
+    order = torch.where(lifted, tree, trees).mul_(length).add_(leaves).argsort()
+    per_tree = torch.zeros(trees + 1, dtype=torch.long, device=q.device)
+    per_tree.index_add_(0, torch.where(lifted, tree, trees), torch.ones_like(tree))
+    hub_tree = torch.where(lifted, tree, trees).index_select(0, order)
+    rank = leaves - (per_tree.cumsum(0) - per_tree).index_select(0, hub_tree)
+    real = (hub_tree < trees) & (rank < slots)
+    target = torch.where(real, hub_tree * slots + rank, trees * slots)
+    hub_row = leaves.new_zeros(trees * slots + 1).scatter_(0, target, order)[:-1]
+    hub_real = real.new_zeros(trees * slots + 1).scatter_(0, target, real)[:-1]
+    hub_rows = [heads_first(t.index_select(0, hub_row)) for t in (q, k, v)]
+    keep = ~lifted if leaf_mask is None else leaf_mask & ~lifted
+    hubs = {}
+
+    def slotted(x: Tensor) -> Tensor:
+        """Rows ``[n_1, ...]`` of the top nodes in their slots ``[B W, ...]`` (empty: 0)."""
+        return x.new_zeros(trees * width, *x.shape[1:]).index_copy(0, top_slot, x)
+
+    def above(energy: Tensor | None, rows: list[Tensor], counts: Tensor):
+        if energy is None:  # leaves without self energy
+            energy = rows[0].new_full(rows[0].shape[:2], float("-inf"))
+        sizes = torch.cat(
+            [slotted(counts).view(trees, width), hub_real.view(trees, slots).to(counts.dtype)], 1
+        )
+        top_eps = None if pos is None else heads_first(slotted(per_level(pos, index)[1]))
+        log_mu, down, hubs["out"] = hub_family(
+            heads_first(slotted(energy)), [heads_first(slotted(t)) for t in rows], hub_rows,
+            sizes, tau=tau, size_bias=size_bias, include_self=include_self, lonely=True,
+            top_eps=top_eps,
+        )  # fmt: skip
+        return log_mu.index_select(1, top_slot).T, down.index_select(1, top_slot).transpose(0, 1)
+
+    out = general_attention(
+        q, k, v, index, pos, include_self=include_self, left_only=False, leaf_mask=keep,
+        tau=tau, size_bias=size_bias, above=above,
+    )  # fmt: skip
+    # the hubs' rows (zero so far: masked); an empty slot writes to a row past the end
+    hub_out = hubs["out"].flatten(1, 2).transpose(0, 1)  # [B * slots, H, d_v]
+    rows = torch.cat([out, out.new_zeros(1, *out.shape[1:])])
+    return rows.index_copy(0, torch.where(hub_real, hub_row, length), hub_out)[:length]
 
 
 def hub_family(

@@ -1,10 +1,11 @@
 import pytest
 import torch
+from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, window_forest
 from hiergraph.data.restructure import lift_leaves
 from hiergraph.ops import hierarchical_attention
-from hiergraph.ops.hsa.lifted import lifted_attention, runs_lifted
+from hiergraph.ops.hsa.lifted import _as_views, lifted_attention, runs_lifted
 
 
 def rows_of(lengths, per_tree):
@@ -55,7 +56,7 @@ def test_equals_hsa_over_the_lifted_tree(lengths, branching, hubs, masked, inclu
     batch = window_forest(lengths, branching)
     index = batch.tree_index()
     q, k, v = inputs(sum(lengths), seed=len(branching))
-    assert runs_lifted(index, q) and (index.uniform is None) == (len(set(lengths)) > 1)
+    assert _as_views(index, q) and (index.uniform is None) == (len(set(lengths)) > 1)
     mask = None if masked is None else ~rows_of(lengths, masked)
     if hubs is None:  # random hubs
         lifted = torch.rand(sum(lengths), generator=torch.Generator().manual_seed(7)) < 0.3
@@ -98,15 +99,105 @@ def test_gradients_equal_those_over_the_lifted_tree(lengths):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
 
 
-def test_runs_on_equal_fanout_forests_and_their_embeddings_below_depth_one():
+# ragged forests, run on their levels: nested lists (top nodes of different sizes, leaves
+# among them, a chain below a root), trees that sink below a chain, leaves at depth 1 only;
+# with hubs at any depth and masks (a tree left with hubs alone, a fully masked tree)
+RAGGED = [
+    [[[0, 1], [2, [3, 4]], 5], [0, [1, 2]], [[0, [1, [2, 3]]]]],
+    [[[0, 1, 2], [3, [4, 5, 6], 7]], [[0, 1], [2, 3], [4, 5], [6, 7]], [0, 1, 2, 3]],
+    [[[[0, 1], [2, 3]], [[4, 5], 6]], [[0, [1, [2, [3, 4]]]]]],
+]
+
+
+def ragged(case: int):
+    """The forest of ``RAGGED[case]`` (``case`` 3, 4: window trees whose shorter tree sinks
+    below a chain, and leaves at depth 1)."""
+    if case == 3:
+        return window_forest([8, 4, 3], (2, 2))
+    if case == 4:
+        return window_forest([5, 8, 2], (8,))
+    return Batch.from_data_list([from_nested(tree) for tree in RAGGED[case]])
+
+
+@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("size_bias", [True, False])
+@pytest.mark.parametrize("pos_heads", [None, 2])
+@pytest.mark.parametrize("masked", [False, True])
+def test_ragged_forests_equal_hsa_over_the_lifted_tree(case, include_self, size_bias,
+                                                       pos_heads, masked):  # fmt: skip
+    """Any forest runs in place on its levels: the root family of every tree holds its top
+    nodes and hub slots (some empty), in place of the roots' families."""
+    batch = ragged(case)
+    index = batch.tree_index()
+    assert _as_views(index, torch.empty(1, 2, 4)) is None
+    length = index.num_leaves
+    q, k, v = inputs(length, seed=case)
+    gen = torch.Generator().manual_seed(case)
+    lifted = torch.rand(length, generator=gen) < 0.35
+    mask = torch.rand(length, generator=gen) > 0.3 if masked else None
+    tree = index.node_tree.index_select(0, index.leaf_node)
+    if mask is not None:  # the first tree keeps its hubs alone
+        mask |= lifted & (tree == 0)
+        lifted &= mask
+    sizes = torch.bincount(tree, minlength=index.level_ptr[1])
+    lifted &= torch.bincount(tree[lifted], minlength=sizes.numel())[tree] < sizes[tree]
+    slots = int(torch.bincount(tree[lifted], minlength=1).max()) + 1  # more slots than hubs
+    pos = None
+    if pos_heads is not None:
+        pos = torch.randn(batch.num_nodes, pos_heads, 2, generator=gen, dtype=torch.float64)
+    options = dict(include_self=include_self, leaf_mask=mask, size_bias=size_bias)
+    want = reference(q, k, v, batch, lifted, pos, scale=0.3, **options)
+    got = lifted_attention(q, k, v, index, lifted, slots, pos_emb=pos, scale=0.3, **options)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    if mask is not None:
+        assert (got[~mask] == 0).all()
+
+
+def test_ragged_gradients_equal_those_over_the_lifted_tree():
+    batch = ragged(0)
+    index = batch.tree_index()
+    q, k, v = inputs(index.num_leaves, seed=5, grad=True)
+    lifted = torch.zeros(index.num_leaves, dtype=torch.bool)
+    lifted[[0, 4, 6, 8]] = True  # depth 2 and 3, a top node that is a leaf, a second tree
+    mask = torch.ones_like(lifted)
+    mask[[1, 9]] = False
+    pos = torch.randn(batch.num_nodes, 2, 3, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(index.num_leaves, 2, 3, dtype=torch.float64)
+    options = dict(include_self=True, leaf_mask=mask, size_bias=True)
+    want = reference(q, k, v, batch, lifted, pos, scale=0.3, **options)
+    got = lifted_attention(q, k, v, index, lifted, 3, pos_emb=pos, scale=0.3, **options)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    for a, b in zip(
+        torch.autograd.grad((want * upstream).sum(), (q, k, v, pos)),
+        torch.autograd.grad((got * upstream).sum(), (q, k, v, pos)),
+        strict=True,
+    ):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+
+
+def test_runs_in_place_on_every_forest_as_views_where_it_can():
+    """Every forest with a node below a root runs in place; equal-fanout forests and their
+    embeddings below depth one as reshaped views, the others on their levels."""
     q = torch.randn(8, 2, 4)
-    assert runs_lifted(window_forest([8, 8], (2, 4)).tree_index(), q)  # equal fanout
-    assert runs_lifted(window_forest([8, 5], (2, 4)).tree_index(), q)  # embedded
+
+    def views(tree):
+        index = tree.tree_index()
+        assert runs_lifted(index)
+        return _as_views(index, q)
+
+    assert views(window_forest([8, 8], (2, 4))) == (2, 4, 2)  # equal fanout, top-down
+    assert views(window_forest([8, 5], (2, 4))) is not None  # embedded
     # a shorter tree sinks below a chain after its root, whose family would then be the
-    # chain's (one member), not its top nodes': not this path
+    # chain's (one member), not its top nodes': on the levels
     sunk = window_forest([8, 4], (2, 2)).tree_index()
-    assert sunk.padded is not None and sunk.padded.sunk and not runs_lifted(sunk, q)
-    assert not window_forest([8, 5], (2, 4)).tree_index().padded.sunk
-    assert not runs_lifted(window_forest([8, 8], (8,)).tree_index(), q)  # leaves at depth 1
-    assert runs_lifted(from_nested([[0, 1, 2], [3, [4, 5]], 6]).tree_index(), q)  # embedded
-    assert not runs_lifted(from_nested([[0, 1], [2, [3, [4, [5, 6]]]]]).tree_index(), q)
+    assert (
+        sunk.padded is not None
+        and sunk.padded.sunk
+        and views(window_forest([8, 4], (2, 2))) is None
+    )
+    assert views(window_forest([8, 8], (8,))) is None  # leaves at depth 1
+    assert views(from_nested([[0, 1, 2], [3, [4, 5]], 6])) is not None  # embedded
+    assert views(from_nested([[0, 1], [2, [3, [4, [5, 6]]]]])) is None
+    assert not runs_lifted(window_forest([1, 1], (2,)).tree_index())  # single leaves: no family
