@@ -28,7 +28,9 @@ top node, :math:`\log \mu_W` and :math:`(1 - \mu_W)\,\vartheta_W`, where the top
 pass starts (``above``): the combination costs no pass of its own. A forest embedded in
 an equal-fanout one (:attr:`TreeIndex.padded`, e.g. window trees of different lengths)
 runs on that embedding, whose padding slots are masked leaves
-(:mod:`~hiergraph.ops.hsa.padded`). No tree is built and nothing is read on the host.
+(:mod:`~hiergraph.ops.hsa.padded`). Any other forest runs on its own levels
+(:func:`~hiergraph.ops.hsa.attention.general_attention`), the same family per tree taking
+the place of the roots' families. No tree is built and nothing is read on the host.
 :mod:`hiergraph.integrations.hub_windows` shares the root family.
 """
 
@@ -38,6 +40,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
+from hiergraph.ops.hsa.attention import general_attention
 from hiergraph.ops.hsa.family import family_gram
 from hiergraph.ops.hsa.inputs import head_pos_emb
 from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, slot_mask, to_slots
@@ -172,8 +175,6 @@ def _lifted_general(q, k, v, index, pos, lifted, slots, leaf_mask, *, include_se
     hub slots replaces (between its passes, :func:`hub_family`). The top nodes of a tree
     take slots ``[W]`` (``W`` the widest padded family of level 1, a width the plan holds
     on the host) and its hubs ``[slots]``, in leaf order; empty slots are no members."""
-    from hiergraph.ops.hsa.attention import general_attention  # it imports this module
-
     length, trees, top = q.size(0), index.level_ptr[1], index.levels[1]
     width = max(block.width for block in top.blocks)
     at = torch.arange(top.size, device=q.device)
