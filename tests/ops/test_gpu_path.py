@@ -80,6 +80,19 @@ def make_case(name: str, device: str, dtype: torch.dtype) -> tuple[Callable, lis
             return lifted_attention(q, k, v, index, lifted, 3, pos_emb=eps, **options)
 
         return fn, [rand(41, 2, 8), rand(41, 2, 8), rand(41, 2, 4), eps]
+    if name == "hsa-lifted-ragged":  # hub leaves of ragged trees: on the forest's levels
+        index = forest().tree_index().to(device)
+        assert index.uniform is None and index.padded is None
+        lifted = torch.zeros(index.num_leaves, dtype=torch.bool)
+        lifted[[0, 5, 30, 37, 40, 60]] = True
+        lifted, eps = lifted.to(device), rand(index.num_nodes, 1, 4)
+        options = dict(include_self=True, leaf_mask=None, scale=0.3, size_bias=True)
+
+        def fn(q, k, v, eps):
+            return lifted_attention(q, k, v, index, lifted, 3, pos_emb=eps, **options)
+
+        leaves = index.num_leaves
+        return fn, [rand(leaves, 2, 8), rand(leaves, 2, 8), rand(leaves, 2, 4), eps]
     if name == "hsa-strict-causal":  # strictly causal, equal fanout: reshaped views
         plan = window_forest([16, 16], (4, 2)).to(device).causal_plan()
         assert plan.tree_index.uniform is not None
@@ -153,6 +166,7 @@ OPS = [
     "hsa-uniform",
     "hsa-padded",
     "hsa-lifted",
+    "hsa-lifted-ragged",
     "hsa-edge",
     "hsa-causal",
     "hsa-strict-causal",
@@ -172,6 +186,7 @@ TRACE_CLEAN = [
     "hsa-uniform",
     "hsa-padded",
     "hsa-lifted",
+    "hsa-lifted-ragged",
     "hsa-edge",
     "hsa-causal",
     "hsa-strict-causal",
