@@ -181,12 +181,12 @@ def _lifted_general(q, k, v, index, pos, lifted, slots, leaf_mask, *, include_se
     first = at.new_full((trees,), top.size).scatter_reduce_(0, top.parent_local, at, "amin")
     top_slot = top.parent_local * width + at - first.index_select(0, top.parent_local)
     # every tree's hubs in leaf order, as rows of [B * slots] (one more: where the others go)
-    tree = index.node_tree.index_select(0, index.leaf_node)
+    tree = torch.where(lifted, index.node_tree.index_select(0, index.leaf_node), trees)
     leaves = torch.arange(length, device=q.device)
-    order = torch.where(lifted, tree, trees).mul_(length).add_(leaves).argsort()
+    order = (tree * length + leaves).argsort()  # the hubs tree by tree, then the others
     per_tree = torch.zeros(trees + 1, dtype=torch.long, device=q.device)
-    per_tree.index_add_(0, torch.where(lifted, tree, trees), torch.ones_like(tree))
-    hub_tree = torch.where(lifted, tree, trees).index_select(0, order)
+    per_tree.index_add_(0, tree, torch.ones_like(tree))
+    hub_tree = tree.index_select(0, order)
     rank = leaves - (per_tree.cumsum(0) - per_tree).index_select(0, hub_tree)
     real = (hub_tree < trees) & (rank < slots)
     target = torch.where(real, hub_tree * slots + rank, trees * slots)
@@ -220,8 +220,8 @@ def _lifted_general(q, k, v, index, pos, lifted, slots, leaf_mask, *, include_se
     )  # fmt: skip
     # the hubs' rows (zero so far: masked); an empty slot writes to a row past the end
     hub_out = hubs["out"].flatten(1, 2).transpose(0, 1)  # [B * slots, H, d_v]
-    rows = torch.cat([out, out.new_zeros(1, *out.shape[1:])])
-    return rows.index_copy(0, torch.where(hub_real, hub_row, length), hub_out)[:length]
+    written = torch.cat([out, out.new_zeros(1, *out.shape[1:])])
+    return written.index_copy(0, torch.where(hub_real, hub_row, length), hub_out)[:length]
 
 
 def hub_family(
