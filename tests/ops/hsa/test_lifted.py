@@ -27,6 +27,39 @@ def reference(q, k, v, batch, lifted, pos_emb, **options):
     return hierarchical_attention(q, k, v, index, pos_emb=pos_emb, **options)
 
 
+def assert_equals_reference(q, k, v, batch, lifted, slots, pos, **options):
+    """:func:`lifted_attention` on ``batch``'s own plan gives HSA over the rebuilt lifted
+    tree, zero at masked leaves."""
+    want = reference(q, k, v, batch, lifted, pos, scale=0.3, **options)
+    index = batch.tree_index()
+    got = lifted_attention(q, k, v, index, lifted, slots, pos_emb=pos, scale=0.3, **options)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    mask = options["leaf_mask"]
+    if mask is not None:
+        assert (got[~mask] == 0).all()
+
+
+def assert_gradients_equal(q, k, v, batch, lifted, slots, mask):
+    """With position embeddings ``[N, 2, 3]`` and self energies: the output and the gradients
+    of ``q, k, v`` and the embeddings equal those over the rebuilt lifted tree. Returns the
+    output, the embeddings and the options."""
+    pos = torch.randn(batch.num_nodes, 2, 3, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(q.size(0), 2, 3, dtype=torch.float64)
+    options = dict(include_self=True, leaf_mask=mask, size_bias=True)
+    want = reference(q, k, v, batch, lifted, pos, scale=0.3, **options)
+    index = batch.tree_index()
+    got = lifted_attention(q, k, v, index, lifted, slots, pos_emb=pos, scale=0.3, **options)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    for a, b in zip(
+        torch.autograd.grad((want * upstream).sum(), (q, k, v, pos)),
+        torch.autograd.grad((got * upstream).sum(), (q, k, v, pos)),
+        strict=True,
+    ):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+    return got, pos, options
+
+
 def inputs(length, seed, heads=2, grad=False):
     gen = torch.Generator().manual_seed(seed)
     return [
@@ -70,33 +103,17 @@ def test_equals_hsa_over_the_lifted_tree(lengths, branching, hubs, masked, inclu
         gen = torch.Generator().manual_seed(3)
         pos = torch.randn(batch.num_nodes, pos_heads, 2, generator=gen, dtype=torch.float64)
     options = dict(include_self=include_self, leaf_mask=mask, size_bias=size_bias)
-    want = reference(q, k, v, batch, lifted, pos, scale=0.3, **options)
-    got = lifted_attention(q, k, v, index, lifted, slots, pos_emb=pos, scale=0.3, **options)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    if mask is not None:
-        assert (got[~mask] == 0).all()
+    assert_equals_reference(q, k, v, batch, lifted, slots, pos, **options)
 
 
 @pytest.mark.parametrize("lengths", [[12, 12, 12], [12, 7, 10]])
 def test_gradients_equal_those_over_the_lifted_tree(lengths):
     batch = window_forest(lengths, (2, 3, 2))
-    index = batch.tree_index()
     q, k, v = inputs(sum(lengths), seed=4, grad=True)
     lifted = rows_of(lengths, [[0, 5], [1], [2, 6, 9]])
     mask = ~rows_of(lengths, [[1], [2], [3, 4]])
-    pos = torch.randn(batch.num_nodes, 2, 3, dtype=torch.float64, requires_grad=True)
-    upstream = torch.randn(sum(lengths), 2, 3, dtype=torch.float64)
-    options = dict(include_self=True, leaf_mask=mask, size_bias=True)
-    want = reference(q, k, v, batch, lifted, pos, scale=0.3, **options)
-    got = lifted_attention(q, k, v, index, lifted, 4, pos_emb=pos, scale=0.3, **options)
+    got, pos, options = assert_gradients_equal(q, k, v, batch, lifted, 4, mask)
     assert (got - reference(q, k, v, batch, lifted, pos, **options)).abs().max() > 1e-6  # tau
-    for a, b in zip(
-        torch.autograd.grad((want * upstream).sum(), (q, k, v, pos)),
-        torch.autograd.grad((got * upstream).sum(), (q, k, v, pos)),
-        strict=True,
-    ):
-        assert torch.isfinite(b).all()
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
 
 
 # ragged forests, run on their levels: nested lists (top nodes of different sizes, leaves
@@ -147,11 +164,7 @@ def test_ragged_forests_equal_hsa_over_the_lifted_tree(case, include_self, size_
     if pos_heads is not None:
         pos = torch.randn(batch.num_nodes, pos_heads, 2, generator=gen, dtype=torch.float64)
     options = dict(include_self=include_self, leaf_mask=mask, size_bias=size_bias)
-    want = reference(q, k, v, batch, lifted, pos, scale=0.3, **options)
-    got = lifted_attention(q, k, v, index, lifted, slots, pos_emb=pos, scale=0.3, **options)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    if mask is not None:
-        assert (got[~mask] == 0).all()
+    assert_equals_reference(q, k, v, batch, lifted, slots, pos, **options)
 
 
 def test_ragged_gradients_equal_those_over_the_lifted_tree():
@@ -162,19 +175,7 @@ def test_ragged_gradients_equal_those_over_the_lifted_tree():
     lifted[[0, 4, 6, 8]] = True  # depth 2 and 3, a top node that is a leaf, a second tree
     mask = torch.ones_like(lifted)
     mask[[1, 9]] = False
-    pos = torch.randn(batch.num_nodes, 2, 3, dtype=torch.float64, requires_grad=True)
-    upstream = torch.randn(index.num_leaves, 2, 3, dtype=torch.float64)
-    options = dict(include_self=True, leaf_mask=mask, size_bias=True)
-    want = reference(q, k, v, batch, lifted, pos, scale=0.3, **options)
-    got = lifted_attention(q, k, v, index, lifted, 3, pos_emb=pos, scale=0.3, **options)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    for a, b in zip(
-        torch.autograd.grad((want * upstream).sum(), (q, k, v, pos)),
-        torch.autograd.grad((got * upstream).sum(), (q, k, v, pos)),
-        strict=True,
-    ):
-        assert torch.isfinite(b).all()
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+    assert_gradients_equal(q, k, v, batch, lifted, 3, mask)
 
 
 def test_runs_in_place_on_every_forest_as_views_where_it_can():
