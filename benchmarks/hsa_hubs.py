@@ -14,9 +14,10 @@ float32, no position embeddings), the same weights in every method:
 * ``no-hubs``: ``hubs=0``, plain HSA over the window trees;
 * ``hubs``: ``hubs=g``, on the batch's own plan, its embedding or its levels (no lifted
   tree is built: :mod:`hiergraph.ops.hsa.lifted`);
-* ``hubs-rebuilt``: ``hubs=g`` with ``kernel="blocks"``, which lifts the hubs into a new
-  tree with :func:`~hiergraph.data.lift_leaves` and runs it on every pass (a lifted window
-  tree is ragged: the default kernel runs it as blocks too);
+* ``hubs-rebuilt``: ``hubs=g`` with the hubs lifted into a new tree with
+  :func:`~hiergraph.data.lift_leaves` on every pass (what the layer did before it ran them
+  in place), run with ``kernel="blocks"`` (a lifted window tree is ragged: the default
+  kernel runs it as blocks too);
 * ``hubs-compiled`` (equal trees only): the ``hubs`` layer through
   ``torch.compile(fullgraph=True, dynamic=False)`` (inductor on CPU; the batch's plan is
   built first), its compile time recorded separately.
@@ -31,7 +32,9 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import timing
 import torch
@@ -39,6 +42,7 @@ from hsa_short import ROWS, bar_plot
 
 from hiergraph.data import window_forest
 from hiergraph.nn import HierarchicalSelfAttention
+from hiergraph.nn import hierarchical_attention as attention_layer
 
 CHANNELS, HEADS, DIM = 256, 4, 64
 RESULTS = Path(__file__).parent / "results"
@@ -66,6 +70,16 @@ def runs_on(index) -> str:
     return "embedding" if index.padded is not None and not index.padded.sunk else "levels"
 
 
+def rebuilt(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """``fn`` with the layer's hubs lifted into a new tree (not run in place)."""
+
+    def call() -> torch.Tensor:
+        with mock.patch.object(attention_layer, "runs_lifted", lambda index: False):
+            return fn()
+
+    return call
+
+
 def make_cases(
     lengths: list[int], branching: tuple[int, ...], hubs: int, compile_layer: bool
 ) -> tuple[dict, float | None, str]:
@@ -87,6 +101,7 @@ def make_cases(
     for method, layer in layers.items():
         layer.load_state_dict(weights)
         cases[method] = ((lambda layer=layer: layer(x, forest)), [x, *layer.parameters()])
+    cases["hubs-rebuilt"] = (rebuilt(cases["hubs-rebuilt"][0]), cases["hubs-rebuilt"][1])
     compile_s = None
     if compile_layer:
         torch._dynamo.reset()  # every row compiles its own static-shape graph

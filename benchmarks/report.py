@@ -282,7 +282,8 @@ def hsa_hubs() -> list[str] | None:
         f"{rows[0]['hubs']} hub leaves per tree, {threads(rows[0]['threads'])}, "
         f"{allocator(meta)}. `no-hubs`: the same layer without hubs; `hubs`: the default, "
         "on the batch's own plan, its embedding or its levels (no lifted tree is built); "
-        '`hubs-rebuilt`: `kernel="blocks"`, which builds the lifted tree on every pass; '
+        "`hubs-rebuilt`: the lifted tree built on every pass (as before the layer ran hubs in "
+        'place), with `kernel="blocks"`; '
         "`hubs-compiled`: the `hubs` layer through `torch.compile(fullgraph=True, "
         "dynamic=False)`, compile time apart. Cells: median [min–max] over interleaved "
         "rounds. Command: "

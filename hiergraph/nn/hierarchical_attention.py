@@ -73,9 +73,9 @@ class HierarchicalSelfAttention(nn.Module):
             slot, before attending (:func:`~hiergraph.data.restructure.lift_leaves`):
             every query then sees those keys one by one. Trees of at most ``g``
             leaves get flat softmax attention. The choice is per forward pass
-            and not differentiable; the attention over the chosen tree is. With the
-            default kernel no lifted tree is built (the same result, on the batch's own
-            plan: :mod:`~hiergraph.ops.hsa.lifted`).
+            and not differentiable; the attention over the chosen tree is. No lifted tree
+            is built (the same result, on the batch's own plan:
+            :mod:`~hiergraph.ops.hsa.lifted`), except for ``return_attention_weights``.
     """
 
     def __init__(
@@ -201,13 +201,8 @@ class HierarchicalSelfAttention(nn.Module):
         if self.pos is not None and pos_emb is None:
             raise ValueError("this layer was built with pos_channels > 0: pass pos_emb")
         lifted = self._choose_hubs(q, k, hierarchy, index, leaf_mask) if self.hubs else None
-        # hubs run on the forest's own plan; other kernels and the dense weights: rebuilt
-        in_place = (
-            lifted is not None
-            and self.kernel == "dense"
-            and not return_attention_weights
-            and runs_lifted(index)
-        )
+        # hubs run on the forest's own plan (the dense weights: on the rebuilt tree)
+        in_place = lifted is not None and not return_attention_weights and runs_lifted(index)
         if lifted is not None and not in_place:
             hierarchy, index, pos_emb = self._lift_hubs(lifted, hierarchy, pos_emb)
         eps = None
@@ -217,7 +212,7 @@ class HierarchicalSelfAttention(nn.Module):
         if self.causal:  # the strictly causal op reads the hierarchy, not the tree plan
             out = hierarchical_attention(q, k, v, hierarchy, causal=True, **options)
         elif in_place:
-            out = lifted_attention(q, k, v, index, lifted, self.hubs, **options)
+            out = lifted_attention(q, k, v, index, lifted, self.hubs, kernel=self.kernel, **options)
         else:
             options["leaky_causal"] = self.leaky_causal
             out = hierarchical_attention(q, k, v, index, kernel=self.kernel, **options)

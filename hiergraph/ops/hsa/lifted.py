@@ -89,6 +89,7 @@ def lifted_attention(
     leaf_mask: Tensor | None,
     scale: float | None = None,
     size_bias: bool = True,
+    kernel: str = "dense",
 ) -> Tensor:
     r""":func:`~hiergraph.ops.hierarchical_attention` over ``lift_leaves(hierarchy,
     lifted)``, computed on the forest ``index`` itself, or on its equal-fanout embedding
@@ -103,18 +104,21 @@ def lifted_attention(
             bound: the count is not read on the host).
         pos_emb: optional ``[N, H | 1, c]`` embeddings of the forest's nodes; hubs get
             none (:math:`\varepsilon_j = 0`).
-        include_self, leaf_mask, scale, size_bias: as in
-            :func:`~hiergraph.ops.hierarchical_attention`.
+        include_self, leaf_mask, scale, size_bias, kernel: as in
+            :func:`~hiergraph.ops.hierarchical_attention` (the forest's levels, not reshaped
+            views, with ``"blocks"`` or ``"edge"``).
 
     Returns:
         ``[L, H, d_v]``, zero at masked leaves.
     """
     tau = q.size(-1) ** -0.5 if scale is None else scale
     options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
-    shape = _as_views(index, q)
+    shape = _as_views(index, q) if kernel == "dense" else None
     if shape is None:
         pos = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
-        return _lifted_general(q, k, v, index, pos, lifted, slots, leaf_mask, **options)
+        return _lifted_general(
+            q, k, v, index, pos, lifted, slots, leaf_mask, kernel=kernel, **options
+        )
     if index.uniform is not None:
         eps = None if pos_emb is None else per_depth(pos_emb, index)
         return _lifted(q, k, v, index.uniform, eps, lifted, slots, leaf_mask, **options)
@@ -168,7 +172,7 @@ def _lifted(q, k, v, shape, eps, lifted, slots, leaf_mask, *, include_self, tau,
 
 
 def _lifted_general(q, k, v, index, pos, lifted, slots, leaf_mask, *, include_self, tau,
-                    size_bias):  # fmt: skip
+                    size_bias, kernel):  # fmt: skip
     """:func:`lifted_attention` on the levels of any forest ``index`` (``pos``: its
     embeddings ``[N, H | 1, c]``): :func:`~hiergraph.ops.hsa.attention.general_attention`
     with the hubs masked, whose roots' families the family of every tree's top nodes and
@@ -216,7 +220,7 @@ def _lifted_general(q, k, v, index, pos, lifted, slots, leaf_mask, *, include_se
 
     out = general_attention(
         q, k, v, index, pos, include_self=include_self, left_only=False, leaf_mask=keep,
-        tau=tau, size_bias=size_bias, above=above,
+        tau=tau, size_bias=size_bias, kernel=kernel, above=above,
     )  # fmt: skip
     # the hubs' rows (zero so far: masked); an empty slot writes to a row past the end
     hub_out = hubs["out"].flatten(1, 2).transpose(0, 1)  # [B * slots, H, d_v]

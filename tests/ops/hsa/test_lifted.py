@@ -27,12 +27,14 @@ def reference(q, k, v, batch, lifted, pos_emb, **options):
     return hierarchical_attention(q, k, v, index, pos_emb=pos_emb, **options)
 
 
-def assert_equals_reference(q, k, v, batch, lifted, slots, pos, **options):
-    """:func:`lifted_attention` on ``batch``'s own plan gives HSA over the rebuilt lifted
-    tree, zero at masked leaves."""
+def assert_equals_reference(q, k, v, batch, lifted, slots, pos, kernel="dense", **options):
+    """:func:`lifted_attention` on ``batch``'s own plan (with ``kernel``) gives HSA over the
+    rebuilt lifted tree, zero at masked leaves."""
     want = reference(q, k, v, batch, lifted, pos, scale=0.3, **options)
     index = batch.tree_index()
-    got = lifted_attention(q, k, v, index, lifted, slots, pos_emb=pos, scale=0.3, **options)
+    got = lifted_attention(
+        q, k, v, index, lifted, slots, pos_emb=pos, scale=0.3, kernel=kernel, **options
+    )
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     mask = options["leaf_mask"]
     if mask is not None:
@@ -84,8 +86,11 @@ CASES = [
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("size_bias", [True, False])
 @pytest.mark.parametrize("pos_heads", [None, 1, 2])
+@pytest.mark.parametrize("kernel", ["dense", "blocks"])
 def test_equals_hsa_over_the_lifted_tree(lengths, branching, hubs, masked, include_self,
-                                         size_bias, pos_heads):  # fmt: skip
+                                         size_bias, pos_heads, kernel):  # fmt: skip
+    """Equal-fanout forests and their embeddings, as reshaped views (or, with
+    ``kernel="blocks"``, on their levels)."""
     batch = window_forest(lengths, branching)
     index = batch.tree_index()
     q, k, v = inputs(sum(lengths), seed=len(branching))
@@ -103,7 +108,7 @@ def test_equals_hsa_over_the_lifted_tree(lengths, branching, hubs, masked, inclu
         gen = torch.Generator().manual_seed(3)
         pos = torch.randn(batch.num_nodes, pos_heads, 2, generator=gen, dtype=torch.float64)
     options = dict(include_self=include_self, leaf_mask=mask, size_bias=size_bias)
-    assert_equals_reference(q, k, v, batch, lifted, slots, pos, **options)
+    assert_equals_reference(q, k, v, batch, lifted, slots, pos, kernel=kernel, **options)
 
 
 @pytest.mark.parametrize("lengths", [[12, 12, 12], [12, 7, 10]])
@@ -141,10 +146,12 @@ def ragged(case: int):
 @pytest.mark.parametrize("size_bias", [True, False])
 @pytest.mark.parametrize("pos_heads", [None, 2])
 @pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("kernel", ["dense", "edge"])
 def test_ragged_forests_equal_hsa_over_the_lifted_tree(case, include_self, size_bias,
-                                                       pos_heads, masked):  # fmt: skip
-    """Any forest runs in place on its levels: the root family of every tree holds its top
-    nodes and hub slots (some empty), in place of the roots' families."""
+                                                       pos_heads, masked, kernel):  # fmt: skip
+    """Any forest runs in place on its levels (dense family blocks, or sibling pairs): the
+    root family of every tree holds its top nodes and hub slots (some empty), in place of
+    the roots' families."""
     batch = ragged(case)
     index = batch.tree_index()
     assert _as_views(index, torch.empty(1, 2, 4)) is None
@@ -164,7 +171,7 @@ def test_ragged_forests_equal_hsa_over_the_lifted_tree(case, include_self, size_
     if pos_heads is not None:
         pos = torch.randn(batch.num_nodes, pos_heads, 2, generator=gen, dtype=torch.float64)
     options = dict(include_self=include_self, leaf_mask=mask, size_bias=size_bias)
-    assert_equals_reference(q, k, v, batch, lifted, slots, pos, **options)
+    assert_equals_reference(q, k, v, batch, lifted, slots, pos, kernel=kernel, **options)
 
 
 def test_ragged_gradients_equal_those_over_the_lifted_tree():
