@@ -67,6 +67,9 @@ _CHUNK = 1 << 20
 _USER_AGENT = "hiergraph (dataset download)"
 #: Seconds a socket may wait for the server (connection or next bytes).
 TIMEOUT = 60.0
+#: A download that receives fewer than ``MIN_RATE`` bytes per second over ``SLOW_SECONDS``
+#: is given up (a server that trickles a byte now and then never meets :data:`TIMEOUT`).
+MIN_RATE, SLOW_SECONDS = 1024, 120.0
 
 
 class CorruptFileError(ValueError):
@@ -206,6 +209,7 @@ def _download_once(
             expected = int(length) if length and length.isdigit() else None
             if max_bytes is not None and (expected or 0) > max_bytes:
                 raise DownloadError(f"{url} is {expected:,} bytes, more than {max_bytes:,}")
+            since, recent = time.monotonic(), 0  # bytes of the current window of SLOW_SECONDS
             try:  # read1: what has arrived, so a cut names the bytes received so far
                 while chunk := r.read1(_CHUNK):
                     out.write(chunk)
@@ -213,6 +217,15 @@ def _download_once(
                     received += len(chunk)
                     if max_bytes is not None and received > max_bytes:
                         raise DownloadError(f"{url} is more than {max_bytes:,} bytes")
+                    recent, elapsed = recent + len(chunk), time.monotonic() - since
+                    if elapsed >= SLOW_SECONDS:
+                        if recent < MIN_RATE * elapsed:
+                            raise DownloadError(
+                                f"the download of {url} stalled: {recent} bytes in the last "
+                                f"{elapsed:.0f} s (less than {MIN_RATE} bytes/s), "
+                                f"{received} received"
+                            )
+                        since, recent = time.monotonic(), 0
             except DownloadError:
                 raise
             except (http.client.HTTPException, OSError) as err:

@@ -107,11 +107,12 @@ class Server:
     """An HTTP server on 127.0.0.1 serving a folder, in a thread.
 
     ``cut[name] = n`` makes ``/name`` announce its full ``Content-Length`` but close
-    the connection after ``n`` bytes. ``requests`` lists the paths asked for.
+    the connection after ``n`` bytes; ``trickle[name] = (n, seconds)`` sends it ``n`` bytes
+    at a time, ``seconds`` apart. ``requests`` lists the paths asked for.
     """
 
     def __init__(self, folder: Path):
-        self.folder, self.cut, self.requests = Path(folder), {}, []
+        self.folder, self.cut, self.trickle, self.requests = Path(folder), {}, {}, []
         server = self
 
         class Handler(http.server.SimpleHTTPRequestHandler):
@@ -128,6 +129,20 @@ class Server:
                     self.end_headers()
                     self.wfile.write(data[: server.cut[name]])
                     self.wfile.flush()
+                    self.close_connection = True
+                    return
+                if name in server.trickle:
+                    data, (piece, pause) = (server.folder / name).read_bytes(), server.trickle[name]
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    try:
+                        for start in range(0, len(data), piece):
+                            self.wfile.write(data[start : start + piece])
+                            self.wfile.flush()
+                            time.sleep(pause)
+                    except OSError:  # the client gave up
+                        pass
                     self.close_connection = True
                     return
                 super().do_GET()

@@ -122,6 +122,23 @@ def test_cut_connection_leaves_nothing(online, monkeypatch, server, archive, tmp
     assert leftovers(tmp_path / "plain") == []
 
 
+def test_a_trickling_server_is_given_up(online, monkeypatch, server, archive, tmp_path):
+    """A server that sends a few bytes now and then (each read within the socket timeout)
+    is given up once a window of SLOW_SECONDS brings fewer than MIN_RATE bytes a second;
+    nothing is left behind."""
+    serve_imdb(monkeypatch, server, hashlib.sha256(archive).hexdigest())
+    server.trickle[NAME] = (64, 0.02)  # about 3 KB/s
+    monkeypatch.setattr(dl, "SLOW_SECONDS", 0.2)
+    monkeypatch.setattr(dl, "MIN_RATE", 10_000)
+    with pytest.raises(DownloadError, match=r"stalled: \d+ bytes in the last \d+ s \(less than"):
+        fetch(RemoteFile(NAME, (f"{server.url}/{NAME}",), None), tmp_path / "plain" / NAME)
+    assert leftovers(tmp_path / "plain") == []
+    monkeypatch.setattr(dl, "MIN_RATE", 100)  # the same server, fast enough
+    server.trickle[NAME] = (len(archive) // 4 + 1, 0.02)
+    fetch(RemoteFile(NAME, (f"{server.url}/{NAME}",), None), tmp_path / "plain" / NAME)
+    assert (tmp_path / "plain" / NAME).read_bytes() == archive
+
+
 @pytest.mark.parametrize("name", ["bbc-fulltext.zip", NAME])
 @pytest.mark.parametrize("body", [b"<html>moved</html>", b""], ids=["html", "empty"])
 def test_an_archive_without_checksum_is_checked_before_it_is_kept(online, server, tmp_path,
