@@ -191,6 +191,25 @@ def test_hubs_on_window_trees_of_different_heights(lengths):
     torch.testing.assert_close(hub(x, batch), plain(x, lifted), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("kernel", ["dense", "blocks", "edge"])
+def test_hubs_on_ragged_trees_lift_no_tree(kernel, monkeypatch):
+    """Ragged trees run the hubs on their own levels with every kernel: the output and
+    gradients of the layer that rebuilds the lifted tree, and no tree is lifted."""
+    batch = _forest()
+    pos = torch.randn(batch.num_nodes, 4, dtype=torch.float64)
+    mask = torch.arange(batch.x.size(0)) % 4 != 1
+    hub, _ = _pair(hubs=2, pos_channels=4, kernel=kernel)
+    x = batch.x.clone().requires_grad_()
+    monkeypatch.setattr(hierarchical_attention_module, "runs_lifted", lambda index: False)
+    want = hub(x, batch, pos, leaf_mask=mask)
+    monkeypatch.undo()
+    monkeypatch.setattr(hierarchical_attention_module, "lift_leaves", None)  # not called
+    got = hub(x, batch, pos, leaf_mask=mask)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    (want_grad,), (got_grad,) = (torch.autograd.grad(t.square().sum(), x) for t in (want, got))
+    torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
+
+
 def test_hubs_cover_flat_attention_and_no_hubs():
     batch = _forest()
     everything, plain = _pair(hubs=100)
