@@ -193,7 +193,8 @@ def test_hubs_on_window_trees_of_different_heights(lengths):
 
 @pytest.mark.parametrize("kernel", ["dense", "blocks", "edge"])
 def test_hubs_on_ragged_trees_lift_no_tree(kernel, monkeypatch):
-    """Ragged trees run the hubs on their own levels with every kernel: the output and
+    """Trees of different shapes (embedded in an equal-fanout forest: the dense kernel runs
+    the hubs there, ``"blocks"`` and ``"edge"`` on the forest's levels): the output and
     gradients of the layer that rebuilds the lifted tree, and no tree is lifted."""
     batch = _forest()
     pos = torch.randn(batch.num_nodes, 4, dtype=torch.float64)
