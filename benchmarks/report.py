@@ -224,7 +224,7 @@ def hsa_short() -> list[str] | None:
         ]
         body = []
         for row in rows:
-            shape = f"{row['batch']} × {row['length']:,} ({','.join(map(str, row['branching']))})"
+            shape = row_shape(row)
             cpu = row.get("cpu_samples_s", {})
             median = row["median_s"]
             for method, samples in row["samples_s"].items():
@@ -268,6 +268,11 @@ def hsa_short() -> list[str] | None:
     return out
 
 
+def row_shape(row: dict) -> str:
+    """``B × L (branching)`` of a row of the short-length HSA benchmarks."""
+    return f"{row['batch']} × {row['length']:,} ({','.join(map(str, row['branching']))})"
+
+
 def hsa_hubs() -> list[str] | None:
     data = load("hsa_hubs.json")
     if data is None:
@@ -292,7 +297,7 @@ def hsa_hubs() -> list[str] | None:
     ]
     body = []
     for row in rows:
-        shape = f"{row['batch']} × {row['length']:,} ({','.join(map(str, row['branching']))})"
+        shape = row_shape(row)
         if row.get("ragged"):
             where = row.get("runs_on", "embedding")
             shape += (
@@ -331,7 +336,7 @@ def hsa_lengths() -> list[str] | None:
     ]
     body = []
     for row in data["rows"]:
-        shape = f"{row['batch']} × {row['length']:,} ({','.join(map(str, row['branching']))})"
+        shape = row_shape(row)
         tokens = f"{row['tokens']:,}"
         slots = f"{row['padded_slots']:,}" if row["padded_slots"] else "– (block kernel)"
         for method, samples in row["samples_s"].items():
@@ -361,7 +366,7 @@ def hsa_inference() -> list[str] | None:
     ]
     body = []
     for row in data["rows"]:
-        shape = f"{row['batch']} × {row['length']:,} ({','.join(map(str, row['branching']))})"
+        shape = row_shape(row)
         heads = f"{row['heads']} × {row['dim']}"
         padded = "–" if row["lengths"] is None else f"{min(row['lengths'])}–{max(row['lengths'])}"
         for method, samples in row["samples_s"].items():

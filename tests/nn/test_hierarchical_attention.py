@@ -123,6 +123,19 @@ def test_hubs_attend_over_the_lifted_tree_of_the_best_scoring_leaves():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in hub.parameters())
 
 
+def assert_lifts_no_tree(hub, x, batch, pos, mask, monkeypatch):
+    """The hub layer gives the output and the gradients (of a squared sum) of the same layer
+    rebuilding the lifted tree, without lifting one."""
+    monkeypatch.setattr(hierarchical_attention_module, "runs_lifted", lambda index: False)
+    want = hub(x, batch, pos, leaf_mask=mask)
+    monkeypatch.undo()
+    monkeypatch.setattr(hierarchical_attention_module, "lift_leaves", None)  # not called
+    got = hub(x, batch, pos, leaf_mask=mask)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    (want_grad,), (got_grad,) = (torch.autograd.grad(t.square().sum(), x) for t in (want, got))
+    torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("lengths", [[12, 12, 12], [12, 7, 10]])
 def test_hubs_on_window_trees_lift_no_tree(masked, lengths, monkeypatch):
@@ -135,14 +148,7 @@ def test_hubs_on_window_trees_lift_no_tree(masked, lengths, monkeypatch):
     pos = torch.randn(batch.num_nodes, 4, dtype=torch.float64)
     mask = (torch.arange(sum(lengths)) % 5 != 0) if masked else None
     hub, _ = _pair(hubs=4, pos_channels=4)
-    monkeypatch.setattr(hierarchical_attention_module, "runs_lifted", lambda index: False)
-    want = hub(x, batch, pos, leaf_mask=mask)
-    monkeypatch.undo()
-    monkeypatch.setattr(hierarchical_attention_module, "lift_leaves", None)  # not called
-    got = hub(x, batch, pos, leaf_mask=mask)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    (want_grad,), (got_grad,) = (torch.autograd.grad(t.sum(), x) for t in (want, got))
-    torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
+    assert_lifts_no_tree(hub, x, batch, pos, mask, monkeypatch)
 
 
 @pytest.mark.parametrize("hubs", [0, 3])
@@ -200,15 +206,7 @@ def test_hubs_on_ragged_trees_lift_no_tree(kernel, monkeypatch):
     pos = torch.randn(batch.num_nodes, 4, dtype=torch.float64)
     mask = torch.arange(batch.x.size(0)) % 4 != 1
     hub, _ = _pair(hubs=2, pos_channels=4, kernel=kernel)
-    x = batch.x.clone().requires_grad_()
-    monkeypatch.setattr(hierarchical_attention_module, "runs_lifted", lambda index: False)
-    want = hub(x, batch, pos, leaf_mask=mask)
-    monkeypatch.undo()
-    monkeypatch.setattr(hierarchical_attention_module, "lift_leaves", None)  # not called
-    got = hub(x, batch, pos, leaf_mask=mask)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    (want_grad,), (got_grad,) = (torch.autograd.grad(t.square().sum(), x) for t in (want, got))
-    torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
+    assert_lifts_no_tree(hub, batch.x.clone().requires_grad_(), batch, pos, mask, monkeypatch)
 
 
 def test_hubs_cover_flat_attention_and_no_hubs():

@@ -190,7 +190,7 @@ def general_attention(
     tau: float,
     size_bias: bool,
     kernel: str = "dense",
-    above: Callable[[Tensor | None, list[Tensor], Tensor], tuple[Tensor, Tensor]] | None = None,
+    above: Callable[..., tuple[Tensor, Tensor]] | None = None,
 ) -> Tensor:
     r""":func:`hierarchical_attention` of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over any
     forest ``index``, level by level (the families of a level in dense blocks, or as sibling
@@ -199,8 +199,9 @@ def general_attention(
 
     ``above``: a family that replaces the roots' families (:mod:`~hiergraph.ops.hsa.lifted`,
     with more members than the roots' children): called with the energies ``[n_1, H]``
-    (``None``: :math:`-\infty`), mean ``[q, k, v]`` rows ``[n_1, H, ·]`` and leaf counts
-    ``[n_1]`` of the roots' children (level 1, 0 rows without valid leaves), it returns the
+    (``None``: :math:`-\infty`), mean ``[q, k, v]`` rows ``[n_1, H, ·]``, leaf counts
+    ``[n_1]`` and position embeddings ``[n_1, H | 1, c]`` (or ``None``) of the roots'
+    children (level 1, 0 rows without valid leaves), it returns the
     log mass ``[n_1, H]`` and the output ``[n_1, H, d_v]`` with which the top-down pass
     reaches them (without it: the roots' families, under mass 1).
     """
@@ -235,10 +236,10 @@ def general_attention(
             ]
         child_energy = None if g is None else sum_children(g, levels[d + 1], level)
         a = _level_rows(index, d, self_energy, child_energy)
-        if d == 1 and above is not None:  # the family above decides what reaches level 1
-            top = above(a, rho, n)
-            break
         pos_d = None if pos is None else pos_levels[d]
+        if d == 1 and above is not None:  # the family above decides what reaches level 1
+            top = above(a, rho, n, pos_d)
+            break
         lse, theta, *sums = family(level, *rho, pos_d, n, tau, left_only, levels[d - 1], size_bias)
         # weighted log-partition each node hands to its parent (eq. 8)
         share = n / counts[d - 1].index_select(0, level.parent_local).clamp(min=1)

@@ -48,7 +48,6 @@ from hiergraph.ops.hsa.uniform import (
     fits,
     heads_first,
     per_depth,
-    per_level,
     uniform_hierarchical_attention,
 )
 from hiergraph.ops.logspace import log_gates
@@ -204,13 +203,13 @@ def _lifted_general(q, k, v, index, pos, lifted, slots, leaf_mask, *, include_se
         """Rows ``[n_1, ...]`` of the top nodes in their slots ``[B W, ...]`` (empty: 0)."""
         return x.new_zeros(trees * width, *x.shape[1:]).index_copy(0, top_slot, x)
 
-    def above(energy: Tensor | None, rows: list[Tensor], counts: Tensor):
+    def above(energy: Tensor | None, rows: list[Tensor], counts: Tensor, top_pos: Tensor | None):
         if energy is None:  # leaves without self energy
             energy = rows[0].new_full(rows[0].shape[:2], float("-inf"))
         sizes = torch.cat(
             [slotted(counts).view(trees, width), hub_real.view(trees, slots).to(counts.dtype)], 1
         )
-        top_eps = None if pos is None else heads_first(slotted(per_level(pos, index)[1]))
+        top_eps = None if top_pos is None else heads_first(slotted(top_pos))
         log_mu, down, hubs["out"] = hub_family(
             heads_first(slotted(energy)), [heads_first(slotted(t)) for t in rows], hub_rows,
             sizes, tau=tau, size_bias=size_bias, include_self=include_self, lonely=True,
