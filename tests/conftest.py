@@ -13,6 +13,7 @@ import torch
 from torch_geometric.datasets import Planetoid
 
 from hiergraph.datasets import planetoid as hp
+from hiergraph.ops.hsa import native
 
 SHARED_CORA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "Cora" / "raw"
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -107,6 +108,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def torch_ops(monkeypatch):
+    """Equal-fanout HSA on PyTorch operations alone (the compiled kernel of
+    :mod:`hiergraph.ops.hsa.native` off), for tests of those operations."""
+    monkeypatch.setattr(native, "_enabled", False)
 
 
 @pytest.fixture

@@ -59,7 +59,7 @@ from torch import Tensor
 
 from hiergraph._autograd import records_grad
 from hiergraph._precision import accumulation_dtype
-from hiergraph.ops.hsa import family, token_layout, uniform_fused
+from hiergraph.ops.hsa import family, native, token_layout, uniform_fused
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_dropping
 from hiergraph.ops.rows import permute_rows
 from hiergraph.plan.tree_index import TreeIndex
@@ -127,6 +127,16 @@ def uniform_hierarchical_attention(
     options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
     masked = weight is not None and not padding  # rows of masked leaves that are not zero
     if alone or fuse and fused(q, grad, weight, padding, left_only, above):
+
+        def recorded(q, k, v, eps):  # the op on [L, H, ·] rows, recorded (second derivatives)
+            return uniform_hierarchical_attention(
+                q, k, v, shape, eps, left_only=False, leaf_mask=None, fuse=False, **options
+            )
+
+        # the compiled kernel, where it applies, reads the leaves where they lie
+        if weight is None and above is None and native.applies(q, k, v, fanout, eps):
+            grads = None if alone else recorded
+            return native.native_uniform_attention(q, k, v, fanout, recorded=grads, **options)
         # the output comes in the layout of node-major leaves; copies heads first zero the
         # rows of masked leaves (counts 0)
         if tokens:
@@ -144,16 +154,13 @@ def uniform_hierarchical_attention(
                 return like(out, q, weight if masked else None)
             return out * weight[:, None, None].to(out.dtype) if masked else out
 
-        def recorded(*inputs):  # the same op, recorded by autograd (second derivatives)
-            rows = inputs[:3] if tokens else [t.transpose(0, 1) for t in inputs[:3]]
-            out = uniform_hierarchical_attention(
-                *rows, shape, inputs[3], left_only=False, leaf_mask=None, fuse=False, **options
-            )
-            return out if tokens else out.transpose(0, 1)
+        def heads_first_recorded(q, k, v, eps):  # on the fused op's heads-first [H, L, ·]
+            return recorded(*(t.transpose(0, 1) for t in (q, k, v)), eps).transpose(0, 1)
 
         out = uniform_fused.fused_uniform_attention(
-            *leaves, fanout, eps, recorded=recorded, node_major=tokens, **options
-        )
+            *leaves, fanout, eps, recorded=recorded if tokens else heads_first_recorded,
+            node_major=tokens, **options,
+        )  # fmt: skip
         return out if tokens else like(out, q)
     zero_rows = masked and not tokens and not is_heads_first(q)
     if tokens:

@@ -118,20 +118,26 @@ class _FusedUniform(torch.autograd.Function):
         fanout, include_self, tau, _, recorded, node_major = ctx.options
         q, k, v, *eps = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
-            inputs = (q, k, v, *eps)  # the saved inputs, still part of the graph
-            out = recorded(q, k, v, eps or None)
-            wanted = [t for t in inputs if t.requires_grad]
-            # an input the output does not depend on (q, k of one family of two without
-            # self energies) gets zeros, as from the first-order backward
-            found = torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True)
-            found = iter(
-                torch.zeros_like(t) if g is None else g for t, g in zip(wanted, found, strict=True)
-            )
-            return None, *(next(found) if t.requires_grad else None for t in inputs)
+            return None, *recorded_gradients(recorded, (q, k, v, *eps), grad)
         grads = _backward(
             grad.contiguous(), ctx.levels, fanout, include_self, tau, len(eps), node_major
         )
         return None, *grads
+
+
+def recorded_gradients(recorded, inputs: tuple[Tensor, ...], grad: Tensor) -> tuple:
+    """The gradients of ``inputs`` (``q, k, v`` and the position embeddings, the saved
+    inputs of a node, still part of the graph) from ``grad`` through the recorded op,
+    ``recorded(q, k, v, eps)``, with a graph (``create_graph=True``): ``None`` for an input
+    that needs none, zeros for one the output does not depend on (``q, k`` of one family of
+    two without self energies), as from the first-order backward."""
+    out = recorded(*inputs[:3], list(inputs[3:]) or None)
+    wanted = [t for t in inputs if t.requires_grad]
+    found = torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True)
+    found = iter(
+        torch.zeros_like(t) if g is None else g for t, g in zip(wanted, found, strict=True)
+    )
+    return tuple(next(found) if t.requires_grad else None for t in inputs)
 
 
 def _forward(

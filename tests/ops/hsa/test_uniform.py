@@ -482,6 +482,7 @@ class _Calls(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.usefixtures("torch_ops")
 def test_families_of_two_take_no_softmax(masked):
     """A node of a family of two has one key, its sibling: the families of two (leaves and
     the level above the roots' children here) take no softmax, those of four do."""

@@ -6,6 +6,9 @@ import torch
 from hiergraph.ops.hsa import family, uniform_fused
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
 
+# the PyTorch operations of the fused op, not the compiled kernel that takes its place
+pytestmark = pytest.mark.usefixtures("torch_ops")
+
 F64 = dict(dtype=torch.float64)
 
 # (trees, fanout top-down): families of two (no softmax), of four (grouped logits when

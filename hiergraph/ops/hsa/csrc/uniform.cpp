@@ -1,0 +1,564 @@
+// Hierarchical self-attention over an equal-fanout forest, forward and backward, as one
+// CPU kernel (hiergraph.ops.hsa.native builds and calls it).
+//
+// The forest (b_1, ..., b_D) holds trees of b_1 ... b_D consecutive leaves; every (tree,
+// head) is one task, which runs the two passes of hiergraph.ops.hsa.uniform_fused (the
+// notation of its docstring: node rows are the sums of their leaves' rows) over that
+// tree's rows in place: the leaves' q, k, v (and the output, the gradients) are rows of
+// [L, H, d] tensors with any row and head strides, read once per pass and never copied to
+// a heads-first layout. A family's logits, weights and products live in a few kilobytes;
+// the forward keeps, per task, the node sums above the leaves, the weights P, lse and
+// the energies (`saved`), from which the backward recomputes the gates and the masses.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#if defined(__GLIBC__) && defined(__x86_64__)
+// glibc's vector math library (libmvec): lets the compiler vectorize exp and log1p in
+// `omp simd` loops
+extern "C" float expf(float) noexcept __attribute__((simd("notinbranch")));
+extern "C" double exp(double) noexcept __attribute__((simd("notinbranch")));
+extern "C" float log1pf(float) noexcept __attribute__((simd("notinbranch")));
+extern "C" double log1p(double) noexcept __attribute__((simd("notinbranch")));
+#endif
+
+namespace {
+
+template <typename T>
+inline T dot(const T* __restrict x, const T* __restrict y, int64_t n) {
+  T s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t c = 0; c < n; ++c) s += x[c] * y[c];
+  return s;
+}
+
+template <typename T>
+inline void axpy(T* __restrict y, T a, const T* __restrict x, int64_t n) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) y[c] += a * x[c];
+}
+
+// Vectors of 64 bytes (GCC vector extensions: one AVX-512 register, or two or four
+// narrower ones) of `size` values.
+template <typename T>
+struct Lanes {
+  static constexpr int size = 64 / sizeof(T);
+  typedef T vec __attribute__((vector_size(64)));
+  typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> index;
+  typedef index mask __attribute__((vector_size(64)));
+
+#if defined(__GNUC__) && !defined(__clang__)
+  static constexpr bool reduces = true;
+  // The vector whose lane m is the sum of the lanes of acc[m] (m < size), in log2(size)
+  // halvings (`acc` is overwritten).
+  static inline vec reduce(vec* acc) {
+    halve<size / 2>(acc);
+    return acc[0];
+  }
+
+  // At width h, acc[m] (m < h) takes the halves of acc[m] and acc[m + h] in alternate
+  // blocks of h lanes, each lane the sum of two: `high` picks the second of the two.
+  static mask halving(int h, bool high) {
+    mask out;
+    for (int p = 0; p < size; ++p) {
+      const int block = p / (2 * h), within = p % (2 * h);
+      out[p] = (within < h ? 0 : size) + block * 2 * h + within % h + (high ? h : 0);
+    }
+    return out;
+  }
+
+  template <int h>
+  static inline void halve(vec* acc) {
+    if constexpr (h >= 1) {
+      static const mask lo = halving(h, false), hi = halving(h, true);
+      for (int m = 0; m < h; ++m)
+        acc[m] = __builtin_shuffle(acc[m], acc[m + h], lo) +
+                 __builtin_shuffle(acc[m], acc[m + h], hi);
+      halve<h / 2>(acc);
+    }
+  }
+#else
+  static constexpr bool reduces = false;  // no __builtin_shuffle: dot products instead
+  static inline vec reduce(vec* acc) { return acc[0]; }
+#endif
+};
+
+// out = base + alpha sum_j coef[j cs] rows[j rs] over `count` rows of N values (base null:
+// 0). With N known at compile time the sum stays in registers.
+template <typename T, int N>
+inline void combine_fixed(T* __restrict out, const T* __restrict base, T alpha,
+                          const T* __restrict coef, int64_t cs, const T* __restrict rows,
+                          int64_t rs, int64_t count) {
+  using V = typename Lanes<T>::vec;
+  constexpr int K = N / Lanes<T>::size;
+  static_assert(K * Lanes<T>::size == N, "N must be a multiple of the lanes");
+  V acc[K], r;
+  for (int x = 0; x < K; ++x) {
+    if (base)
+      __builtin_memcpy(&acc[x], base + x * Lanes<T>::size, sizeof r);
+    else
+      acc[x] = V{};
+  }
+  for (int64_t j = 0; j < count; ++j) {
+    const T c = alpha * coef[j * cs];
+    const T* __restrict row = rows + j * rs;
+    for (int x = 0; x < K; ++x) {
+      __builtin_memcpy(&r, row + x * Lanes<T>::size, sizeof r);
+      acc[x] += c * r;
+    }
+  }
+  for (int x = 0; x < K; ++x) __builtin_memcpy(out + x * Lanes<T>::size, &acc[x], sizeof r);
+}
+
+template <typename T>
+inline void combine(T* out, const T* base, T alpha, const T* coef, int64_t cs, const T* rows,
+                    int64_t rs, int64_t count, int64_t n) {
+  switch (n) {
+    case 8:
+      if (Lanes<T>::size == 8) return combine_fixed<T, Lanes<T>::size>(out, base, alpha, coef, cs, rows, rs, count);
+      break;
+    case 16: return combine_fixed<T, 16>(out, base, alpha, coef, cs, rows, rs, count);
+    case 32: return combine_fixed<T, 32>(out, base, alpha, coef, cs, rows, rs, count);
+    case 64: return combine_fixed<T, 64>(out, base, alpha, coef, cs, rows, rs, count);
+    case 128: return combine_fixed<T, 128>(out, base, alpha, coef, cs, rows, rs, count);
+    default: break;
+  }
+  for (int64_t x = 0; x < n; ++x) out[x] = base ? base[x] : T(0);
+  for (int64_t j = 0; j < count; ++j) axpy(out, alpha * coef[j * cs], rows + j * rs, n);
+}
+
+template <typename T, int N>
+inline T dot_fixed(const T* __restrict x, const T* __restrict y) {
+  T s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int c = 0; c < N; ++c) s += x[c] * y[c];
+  return s;
+}
+
+// S = alpha x_i . y_j for b rows i, j, b and dim multiples of the lanes: the products of one
+// row i with `lanes` rows j accumulate in as many vectors, reduced together at the end.
+template <typename T, typename R>
+inline void gram_lanes(T* __restrict S, const R& x, const R& y, int64_t first, int64_t b,
+                       int64_t dim, T alpha) {
+  using L = Lanes<T>;
+  typename L::vec acc[L::size], xv, yv;
+  for (int64_t i = 0; i < b; ++i) {
+    const T* xi = x[first + i];
+    for (int64_t block = 0; block < b; block += L::size) {
+      for (int m = 0; m < L::size; ++m) acc[m] = typename L::vec{};
+      for (int64_t c = 0; c < dim; c += L::size) {
+        __builtin_memcpy(&xv, xi + c, sizeof xv);
+        for (int m = 0; m < L::size; ++m) {
+          __builtin_memcpy(&yv, y[first + block + m] + c, sizeof yv);
+          acc[m] += xv * yv;
+        }
+      }
+      typename L::vec sums = L::reduce(acc) * alpha;
+      __builtin_memcpy(S + i * b + block, &sums, sizeof sums);
+    }
+  }
+}
+
+// S = alpha x_i . y_j for the b rows i, j of one family (S: b x b, row-major).
+template <typename T, typename R>
+inline void gram(T* __restrict S, const R& x, const R& y, int64_t first, int64_t b, int64_t dim,
+                 T alpha) {
+  if (Lanes<T>::reduces && b % Lanes<T>::size == 0 && dim % Lanes<T>::size == 0)
+    return gram_lanes(S, x, y, first, b, dim, alpha);
+  auto each = [&](auto product) {
+    for (int64_t i = 0; i < b; ++i) {
+      const T* xi = x[first + i];
+      for (int64_t j = 0; j < b; ++j) S[i * b + j] = alpha * product(xi, y[first + j]);
+    }
+  };
+  switch (dim) {
+    case 32: return each([](const T* u, const T* w) { return dot_fixed<T, 32>(u, w); });
+    case 64: return each([](const T* u, const T* w) { return dot_fixed<T, 64>(u, w); });
+    case 128: return each([](const T* u, const T* w) { return dot_fixed<T, 128>(u, w); });
+    default: return each([dim](const T* u, const T* w) { return dot(u, w, dim); });
+  }
+}
+
+template <typename T>
+inline T logaddexp(T a, T b) {
+  T m = std::max(a, b);
+  return m + std::log1p(std::exp(std::min(a, b) - m));
+}
+
+// Rows of one head: at the leaves, the input's own memory (row stride `stride`); above
+// them, node sums in a contiguous buffer.
+template <typename T>
+struct Rows {
+  T* data;
+  int64_t stride;
+  T* operator[](int64_t i) const { return data + i * stride; }
+};
+
+struct Shape {
+  std::vector<int64_t> fanout;  // b_d, d = 0 (top) .. D - 1 (leaves)
+  std::vector<int64_t> nodes;   // nodes of level d in one tree
+  std::vector<int64_t> leaves;  // leaves below a node of level d
+  int64_t depth, tree, saved;  // saved: what the forward keeps per (tree, head), in floats
+  Shape(std::vector<int64_t> f, int64_t dim, int64_t dim_v) : fanout(std::move(f)) {
+    depth = static_cast<int64_t>(fanout.size());
+    nodes.resize(depth);
+    leaves.resize(depth);
+    int64_t n = 1;
+    for (int64_t d = 0; d < depth; ++d) nodes[d] = n *= fanout[d];
+    tree = n;
+    for (int64_t d = 0; d < depth; ++d) leaves[d] = tree / nodes[d];
+    saved = 0;
+    for (int64_t d = 0; d < depth; ++d)
+      saved += nodes[d] * (fanout[d] + 2 + (d + 1 < depth ? 2 * dim + dim_v : 0));
+  }
+};
+
+// Everything one (tree, head) keeps between the passes, per level. The node sums (levels
+// above the leaves), the weights P, lse and the energies lie in `saved` (Shape::saved
+// floats), which the forward hands the backward.
+template <typename T>
+struct Levels {
+  std::vector<T*> q, k, v, p, lse, a;
+  // w: P scaled by the mass reaching the node (the own weight on the diagonal at the leaves)
+  std::vector<std::vector<T>> w, u, delta, mu, gain, own;  // gain: e^delta, own: e^u
+  Levels(const Shape& s, int64_t dim, int64_t dim_v, T* saved)
+      : q(s.depth), k(s.depth), v(s.depth), p(s.depth), lse(s.depth), a(s.depth), w(s.depth),
+        u(s.depth), delta(s.depth), mu(s.depth), gain(s.depth), own(s.depth) {
+    for (int64_t d = 0; d < s.depth; ++d) {
+      const int64_t n = s.nodes[d];
+      if (d + 1 < s.depth) {
+        q[d] = saved;
+        k[d] = q[d] + n * dim;
+        v[d] = k[d] + n * dim;
+        saved = v[d] + n * dim_v;
+      }
+      p[d] = saved;
+      lse[d] = saved + n * s.fanout[d];
+      a[d] = lse[d] + n;
+      saved = a[d] + n;
+      w[d].resize(n * s.fanout[d]);
+      u[d].resize(n);
+      delta[d].resize(n);
+      mu[d].resize(n);
+      gain[d].resize(n);
+      own[d].resize(n);
+    }
+  }
+};
+
+template <typename T>
+struct Task {
+  const Shape& s;
+  int64_t dim, dim_v;
+  T tau;
+  bool include_self, size_bias;
+  Rows<T> leaf_q, leaf_k, leaf_v;
+
+  Rows<T> rows_q(Levels<T>& l, int64_t d) const {
+    return d + 1 == s.depth ? leaf_q : Rows<T>{l.q[d], dim};
+  }
+  Rows<T> rows_k(Levels<T>& l, int64_t d) const {
+    return d + 1 == s.depth ? leaf_k : Rows<T>{l.k[d], dim};
+  }
+  Rows<T> rows_v(Levels<T>& l, int64_t d) const {
+    return d + 1 == s.depth ? leaf_v : Rows<T>{l.v[d], dim_v};
+  }
+  bool gated(int64_t d) const { return d + 1 < s.depth || include_self; }
+
+  // Bottom-up: node sums, weights P (0 on the diagonal), lse and energies of every level.
+  void up(Levels<T>& l) const {
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    for (int64_t d = s.depth - 1; d >= 0; --d) {
+      const int64_t b = s.fanout[d], n = s.leaves[d], nodes = s.nodes[d];
+      const T scale = tau / static_cast<T>(n * n);
+      const T bias = size_bias && n > 1 ? std::log(static_cast<T>(n)) : T(0);
+      Rows<T> q = rows_q(l, d), k = rows_k(l, d), v = rows_v(l, d);
+      T* p = l.p[d];
+      for (int64_t first = 0; first < nodes; first += b) {
+        gram(p + first * b, q, k, first, b, dim, scale);
+        for (int64_t r = 0; r < b; ++r) {
+          const int64_t i = first + r;
+          T* row = p + i * b;
+          if (d + 1 == s.depth) l.a[d][i] = include_self ? row[r] : neg_inf;
+          row[r] = neg_inf;
+          T m = neg_inf;
+#pragma omp simd reduction(max : m)
+          for (int64_t j = 0; j < b; ++j) m = row[j] > m ? row[j] : m;
+          T sum = 0;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < b; ++j) {
+            row[j] = std::exp(row[j] - m);
+            sum += row[j];
+          }
+          const T inv = T(1) / sum;
+#pragma omp simd
+          for (int64_t j = 0; j < b; ++j) row[j] *= inv;
+          l.lse[d][i] = m + std::log(sum) + bias;
+        }
+      }
+      if (d == 0) break;
+      T* pa = l.a[d - 1];  // the parents' energies and node sums
+      Rows<T> pq = rows_q(l, d - 1), pk = rows_k(l, d - 1), pv = rows_v(l, d - 1);
+      for (int64_t f = 0; f < nodes / b; ++f) {
+        T total = 0;
+        for (int64_t j = 0; j < b; ++j) {
+          const int64_t i = f * b + j;
+          total += gated(d) ? logaddexp(l.a[d][i], l.lse[d][i]) : l.lse[d][i];
+        }
+        const T one = 1;  // the sums of the family's rows
+        combine(pq[f], (const T*)nullptr, one, &one, 0, q[f * b], q.stride, b, dim);
+        combine(pk[f], (const T*)nullptr, one, &one, 0, k[f * b], k.stride, b, dim);
+        combine(pv[f], (const T*)nullptr, one, &one, 0, v[f * b], v.stride, b, dim_v);
+        pa[f] = total / static_cast<T>(b);
+      }
+    }
+  }
+
+  // Top-down: log masses, and the output written to `out` (leaf rows, stride out.stride;
+  // no output where out.data is null).
+  void down(Levels<T>& l, Rows<T> out) const {
+    const bool write = out.data != nullptr;
+    std::vector<T> acc_parent, acc;
+    for (int64_t d = 0; d < s.depth; ++d) {
+      const int64_t b = s.fanout[d], nodes = s.nodes[d];
+      const T inv_n = T(1) / static_cast<T>(s.leaves[d]);
+      const bool leaves = d + 1 == s.depth;
+      Rows<T> v = rows_v(l, d);
+      if (!leaves && write) acc.assign(nodes * dim_v, 0);
+      // the gates: log mu = log sigmoid(x), log(1 - mu) = log sigmoid(-x), x = a - lse
+      // (mu = 0 without an energy); every node's mass and its own weight e^u
+      const T* a = l.a[d];
+      const T* lse = l.lse[d];
+      const T* u_up = d ? l.u[d - 1].data() : nullptr;
+      T* delta = l.delta[d].data();
+      T* u = l.u[d].data();
+      T* mu = l.mu[d].data();
+      T* gain = l.gain[d].data();
+      T* own = l.own[d].data();
+      const bool gate = gated(d);
+#pragma omp simd
+      for (int64_t i = 0; i < nodes; ++i) {
+        const T x = a[i] - lse[i];
+        const T t = std::log1p(std::exp(-std::abs(x)));
+        const T base = u_up ? u_up[i / b] : T(0);
+        delta[i] = gate ? base + std::min(-x, T(0)) - t : base;
+        u[i] = gate ? base + std::min(x, T(0)) - t : base;
+        mu[i] = gate ? std::exp(u[i] - base) : T(0);
+        gain[i] = std::exp(delta[i]);
+        own[i] = std::exp(u[i]);
+      }
+      for (int64_t i = 0; i < nodes; ++i) {
+        const T* prow = l.p[d] + i * b;
+        T* wrow = l.w[d].data() + i * b;
+        const T g = gain[i];
+#pragma omp simd
+        for (int64_t j = 0; j < b; ++j) wrow[j] = g * prow[j];
+        wrow[i % b] = leaves && include_self ? own[i] : T(0);
+        if (!write) continue;
+        T* o = leaves ? out[i] : acc.data() + i * dim_v;
+        const T* base = d ? acc_parent.data() + (i / b) * dim_v : nullptr;
+        combine(o, base, inv_n, wrow, 1, v[i - i % b], v.stride, b, dim_v);
+      }
+      acc_parent.swap(acc);
+    }
+  }
+
+  void backward(Levels<T>& l, Rows<T> grad, Rows<T> dq, Rows<T> dk, Rows<T> dv) const {
+    const int64_t depth = s.depth;
+    // leaves to roots: the output gradient summed per node G, dWW = W * dW, d delta, du
+    std::vector<std::vector<T>> g(depth), dww(depth), d_delta(depth), du(depth);
+    for (int64_t d = depth - 1; d >= 0; --d) {
+      const int64_t b = s.fanout[d], nodes = s.nodes[d];
+      const T inv_n = T(1) / static_cast<T>(s.leaves[d]);
+      const bool leaves = d + 1 == depth;
+      Rows<T> gr = leaves ? grad : Rows<T>{g[d].data(), dim_v};
+      Rows<T> v = rows_v(l, d);
+      dww[d].resize(nodes * b);
+      d_delta[d].resize(nodes);
+      if (leaves) du[d].assign(nodes, 0);  // above: the children's, summed below
+      for (int64_t first = 0; first < nodes; first += b) {
+        T* block = dww[d].data() + first * b;
+        gram(block, gr, v, first, b, dim_v, inv_n);
+        const T* w = l.w[d].data() + first * b;
+#pragma omp simd
+        for (int64_t x = 0; x < b * b; ++x) block[x] *= w[x];
+        for (int64_t r = 0; r < b; ++r) {
+          const T* row = block + r * b;
+          T dd = 0;
+#pragma omp simd reduction(+ : dd)
+          for (int64_t j = 0; j < b; ++j) dd += row[j];
+          if (leaves) du[d][first + r] = row[r];
+          d_delta[d][first + r] = dd - row[r];
+        }
+      }
+      if (d == 0) break;
+      g[d - 1].resize(s.nodes[d - 1] * dim_v);
+      du[d - 1].assign(s.nodes[d - 1], 0);
+      const T one = 1;  // a parent's G: the sum of its children's
+      for (int64_t f = 0; f < nodes / b; ++f)
+        combine(g[d - 1].data() + f * dim_v, (const T*)nullptr, one, &one, 0, gr[f * b], gr.stride,
+                b, dim_v);
+      for (int64_t i = 0; i < nodes; ++i) du[d - 1][i / b] += du[d][i] + d_delta[d][i];
+    }
+    // roots to leaves: energies, softmax, rows
+    std::vector<T> da_parent, da, pq, pk, pv, nq, nk, nv, ds;
+    for (int64_t d = 0; d < depth; ++d) {
+      const int64_t b = s.fanout[d], nodes = s.nodes[d];
+      const int64_t n = s.leaves[d];
+      const T scale = tau / static_cast<T>(n * n), inv_n = T(1) / static_cast<T>(n);
+      const bool leaves = d + 1 == depth;
+      Rows<T> q = rows_q(l, d), k = rows_k(l, d), v = rows_v(l, d);
+      Rows<T> gr = leaves ? grad : Rows<T>{g[d].data(), dim_v};
+      Rows<T> oq = leaves ? dq : Rows<T>{nullptr, dim}, ok = leaves ? dk : Rows<T>{nullptr, dim},
+             ov = leaves ? dv : Rows<T>{nullptr, dim_v};
+      if (!leaves) {
+        nq.resize(nodes * dim);
+        nk.resize(nodes * dim);
+        nv.resize(nodes * dim_v);
+        oq.data = nq.data();
+        ok.data = nk.data();
+        ov.data = nv.data();
+      }
+      da.assign(nodes, 0);
+      ds.resize(b * b);
+      for (int64_t first = 0; first < nodes; first += b) {  // one family at a time
+        for (int64_t r = 0; r < b; ++r) {  // dS of the family, [b, b]
+          const int64_t i = first + r;
+          const T g_energy = d ? da_parent[i / b] / static_cast<T>(b) : T(0);
+          T dlse;
+          if (gated(d)) {
+            const T mu = l.mu[d][i], rest = 1 - mu;
+            const T dx = du[d][i] * rest - d_delta[d][i] * mu;
+            da[i] = dx + g_energy * mu;
+            dlse = g_energy * rest - dx;
+          } else {
+            dlse = g_energy;
+          }
+          const T shift = d_delta[d][i] - dlse;
+          const T* p = l.p[d] + i * b;
+          const T* dw = dww[d].data() + i * b;
+          T* row = ds.data() + r * b;
+#pragma omp simd
+          for (int64_t j = 0; j < b; ++j) row[j] = dw[j] - p[j] * shift;
+          row[r] = leaves && include_self ? da[i] : T(0);
+        }
+        const T* w = l.w[d].data() + first * b;
+        for (int64_t r = 0; r < b; ++r) {  // each row: the parent's gradient plus its products
+          const int64_t i = first + r, parent = i / b;
+          const T* bq = d ? pq.data() + parent * dim : nullptr;
+          const T* bk = d ? pk.data() + parent * dim : nullptr;
+          const T* bv = d ? pv.data() + parent * dim_v : nullptr;
+          combine(oq[i], bq, scale, ds.data() + r * b, 1, k[first], k.stride, b, dim);
+          combine(ok[i], bk, scale, ds.data() + r, b, q[first], q.stride, b, dim);
+          combine(ov[i], bv, inv_n, w + r, b, gr[first], gr.stride, b, dim_v);
+        }
+      }
+      pq.swap(nq);
+      pk.swap(nk);
+      pv.swap(nv);
+      da_parent.swap(da);
+    }
+  }
+};
+
+template <typename T>
+Rows<T> head_rows(const at::Tensor& t, int64_t tree_start, int64_t h) {
+  T* base = t.data_ptr<T>() + tree_start * t.stride(0) + h * t.stride(1);
+  return Rows<T>{base, t.stride(0)};
+}
+
+void check_rows(const at::Tensor& t, const at::Tensor& q, const char* name) {
+  TORCH_CHECK(t.dim() == 3 && t.stride(2) == 1, name,
+              " must be [L, H, d] with unit channel stride");
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == q.scalar_type(), name,
+              " must be a CPU tensor of q's dtype");
+  TORCH_CHECK(t.size(0) == q.size(0) && t.size(1) == q.size(1), name,
+              " must have q's leaves and heads");
+}
+
+// The leaves' rows of q, k, v; the number of trees.
+int64_t check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Shape& s) {
+  check_rows(q, q, "q");
+  check_rows(k, q, "k");
+  check_rows(v, q, "v");
+  TORCH_CHECK(k.size(2) == q.size(2), "q and k must have the same channels");
+  for (int64_t b : s.fanout) TORCH_CHECK(b >= 2, "every fanout must be at least 2");
+  TORCH_CHECK(q.size(0) % s.tree == 0, "the leaves are not a whole number of trees");
+  return q.size(0) / s.tree;
+}
+
+// Runs `fn(task, item, start, h)` for every (tree, head), in parallel.
+template <typename T, typename F>
+void each_task(const Shape& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               int64_t trees, double tau, bool include_self, bool size_bias, F fn) {
+  const int64_t heads = q.size(1);
+  at::parallel_for(0, trees * heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t h = item % heads, start = item / heads * s.tree;
+      Task<T> task{s, q.size(2), v.size(2), static_cast<T>(tau), include_self, size_bias,
+                   head_rows<T>(q, start, h), head_rows<T>(k, start, h),
+                   head_rows<T>(v, start, h)};
+      fn(task, item, start, h);
+    }
+  });
+}
+
+}  // namespace
+
+// The output [L, H, d_v] (in v's memory layout) and, with `save`, what the backward reads
+// ([trees * heads, Shape::saved]; else empty).
+std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                std::vector<int64_t> fanout, double tau, bool include_self,
+                                bool size_bias, bool save) {
+  const Shape s(std::move(fanout), q.size(2), v.size(2));
+  const int64_t trees = check(q, k, v, s);
+  at::Tensor out = at::empty_like(v);
+  at::Tensor saved = at::empty({save ? trees * q.size(1) : 0, s.saved}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_forward", [&] {
+    each_task<scalar_t>(s, q, k, v, trees, tau, include_self, size_bias,
+                        [&](Task<scalar_t>& task, int64_t item, int64_t start, int64_t h) {
+      std::vector<scalar_t> local(save ? 0 : s.saved);
+      scalar_t* state = save ? saved.data_ptr<scalar_t>() + item * s.saved : local.data();
+      Levels<scalar_t> levels(s, q.size(2), v.size(2), state);
+      task.up(levels);
+      task.down(levels, head_rows<scalar_t>(out, start, h));
+    });
+  });
+  return {out, saved};
+}
+
+// The gradients of q, k, v (in their memory layouts) from the output's, `grad`.
+std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& q,
+                                 const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& saved, std::vector<int64_t> fanout,
+                                 double tau, bool include_self, bool size_bias) {
+  const Shape s(std::move(fanout), q.size(2), v.size(2));
+  const int64_t trees = check(q, k, v, s);
+  check_rows(grad, q, "grad");
+  TORCH_CHECK(grad.size(2) == v.size(2), "grad must have v's channels");
+  TORCH_CHECK(saved.is_contiguous() && saved.numel() == trees * q.size(1) * s.saved &&
+                  saved.scalar_type() == q.scalar_type(),
+              "saved does not come from this forest's forward");
+  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_backward", [&] {
+    each_task<scalar_t>(s, q, k, v, trees, tau, include_self, size_bias,
+                        [&](Task<scalar_t>& task, int64_t item, int64_t start, int64_t h) {
+      Levels<scalar_t> levels(s, q.size(2), v.size(2),
+                              saved.data_ptr<scalar_t>() + item * s.saved);
+      task.down(levels, Rows<scalar_t>{nullptr, 0});  // the log masses and weights
+      task.backward(levels, head_rows<scalar_t>(grad, start, h),
+                    head_rows<scalar_t>(dq, start, h), head_rows<scalar_t>(dk, start, h),
+                    head_rows<scalar_t>(dv, start, h));
+    });
+  });
+  return {dq, dk, dv};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward);
+  m.def("backward", &backward);
+}

@@ -1,0 +1,175 @@
+r"""Equal-fanout HSA as one compiled CPU kernel, built on first use.
+
+:mod:`~hiergraph.ops.hsa.uniform_fused` runs the two passes of equal-fanout HSA as a fixed
+handful of batched operations per level, each a pass over memory: at the lengths most models
+run (batches of 128–2,048-token trees) those passes, and the copies between the
+``[L, H, d]`` layout of a projection and the heads-first one the batched products want, cost
+more than the arithmetic. The kernel in ``csrc/uniform.cpp`` runs the same passes one
+(tree, head) at a time, in parallel over them: it reads a tree's leaf rows where they lie
+(any row and head strides), keeps a family's logits, weights and products in registers and
+cache, and writes the output and the gradients in the inputs' layouts. The forward keeps
+the node sums, the weights :math:`P`, the log-partitions and the energies of every level
+(about :math:`b_D + 2` values per leaf and head); the backward recomputes the gates from
+them.
+
+It covers what :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` covers
+without position embeddings, masks or a family above the roots: float32 and float64 CPU
+tensors whose channels are contiguous, every fanout at least 2, first derivatives (second
+derivatives differentiate the recorded op, as the fused op's do). Everything else, and
+everything under ``torch.compile``, takes the other paths.
+
+The kernel is compiled with :func:`torch.utils.cpp_extension.load` (a C++ compiler with
+OpenMP and ``ninja`` are needed) the first time an eligible call runs: about a minute once,
+then loaded from PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``). :func:`build` compiles
+it ahead of time. Where the build fails, a warning says why and the other paths run. Set
+the environment variable ``HIERGRAPH_NATIVE=0`` (or call :func:`set_enabled`) to turn it
+off.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import threading
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from hiergraph.ops.hsa.uniform_fused import recorded_gradients
+
+#: The environment variable that turns the kernel off (``0``, ``false``, ``no``, ``off``).
+ENV = "HIERGRAPH_NATIVE"
+SOURCE = Path(__file__).parent / "csrc" / "uniform.cpp"
+
+_lock = threading.Lock()
+_enabled = os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+_loaded: dict[str, ModuleType | None] = {}
+
+
+def set_enabled(flag: bool) -> bool:
+    """Turn the kernel on or off for this process; returns the previous setting."""
+    global _enabled
+    previous, _enabled = _enabled, bool(flag)
+    return previous
+
+
+def enabled() -> bool:
+    """Whether eligible calls run the kernel (it is then built on the first of them)."""
+    return _enabled
+
+
+def build_flags() -> tuple[str, list[str], list[str]]:
+    """The extension's name and compiler and linker flags for this CPU: the vector
+    instructions PyTorch itself dispatches to (``torch.backends.cpu.get_cpu_capability``),
+    so that a cache shared by different machines keeps one build per instruction set."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    isa = {
+        "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma",
+                   "-mprefer-vector-width=512"],
+        "AVX2": ["-mavx2", "-mfma"],
+    }.get(capability, [])  # fmt: skip
+    cflags = ["-O3", "-fopenmp", "-fno-math-errno", *isa]
+    ldflags = ["-fopenmp"]
+    if sys.platform.startswith("linux") and platform.machine() == "x86_64":
+        ldflags.append("-lmvec")  # glibc's vector exp and log1p
+    return f"hiergraph_hsa_uniform_{capability.lower()}", cflags, ldflags
+
+
+def build() -> ModuleType:
+    """Compile (or load from the cache) and return the extension; raises where the build
+    fails."""
+    from torch.utils.cpp_extension import load
+
+    name, cflags, ldflags = build_flags()
+    return load(name, [str(SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags)
+
+
+def extension() -> ModuleType | None:
+    """The loaded extension, built on the first call; ``None`` where the build failed (one
+    warning) or the kernel is turned off."""
+    if not _enabled:
+        return None
+    if "module" not in _loaded:
+        with _lock:
+            if "module" not in _loaded:
+                try:
+                    _loaded["module"] = build()
+                except Exception as error:  # no compiler, no OpenMP, no ninja, no cache dir
+                    warnings.warn(
+                        "hiergraph could not build its HSA kernel, so equal-fanout HSA runs "
+                        f"on PyTorch operations (set {ENV}=0 to skip the attempt): {error}",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    _loaded["module"] = None
+    return _loaded["module"]
+
+
+def applies(q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps) -> bool:
+    """Whether the kernel runs HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over the
+    equal-fanout forest with ``fanout`` (the callers have ruled out masks, a family above
+    the roots, leaky-causal keys and ``torch.compile``): no position embeddings (``eps``),
+    float32 or float64 CPU tensors with contiguous channels, every fanout at least 2, at
+    least as many (tree, head) tasks as threads, and the extension built."""
+    return (
+        eps is None
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64)
+        and all(t.dtype == q.dtype and t.dim() == 3 and t.stride(-1) == 1 for t in (q, k, v))
+        and min(fanout) >= 2
+        and q.size(0) // _tree_size(fanout) * q.size(1) >= torch.get_num_threads()
+        and extension() is not None
+    )
+
+
+def _tree_size(fanout: tuple[int, ...]) -> int:
+    size = 1
+    for b in fanout:
+        size *= b
+    return size
+
+
+def native_uniform_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    fanout: tuple[int, ...],
+    *,
+    include_self: bool,
+    tau: float,
+    size_bias: bool,
+    recorded=None,
+) -> Tensor:
+    r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` (any row and head strides) over the
+    forest of equal trees with ``fanout`` ``(b_1, …, b_D)`` below their roots (``L`` a
+    multiple of :math:`b_1 \cdots b_D`), as
+    :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention`; returns ``[L, H,
+    d_v]`` in ``v``'s memory layout. ``recorded(q, k, v, None)`` is the same op recorded by
+    autograd (second derivatives); without it no gradient is taken (inference)."""
+    options = (list(fanout), float(tau), include_self, size_bias)
+    if recorded is None:
+        return extension().forward(q, k, v, *options, False)[0]
+    return _NativeUniform.apply(options, recorded, q, k, v)
+
+
+class _NativeUniform(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, options, recorded, q, k, v):
+        out, saved = extension().forward(q, k, v, *options, True)
+        ctx.options, ctx.recorded = options, recorded
+        ctx.save_for_backward(q, k, v, saved)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q, k, v, saved = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
+            return None, None, *recorded_gradients(ctx.recorded, (q, k, v), grad)
+        if grad.stride(-1) != 1:
+            grad = grad.contiguous()
+        grads = extension().backward(grad, q, k, v, saved, *ctx.options)
+        return None, None, *grads

@@ -1,0 +1,219 @@
+import importlib
+import math
+import shutil
+import warnings
+
+import pytest
+import torch
+
+from hiergraph.ops.hsa import native
+from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
+
+F64 = dict(dtype=torch.float64)
+
+# (trees, fanout top-down): families of two, three, four, five; a deep tree; families of 8
+# and 16 (whose logits the kernel takes 8 or 16 at a time with 16 or 64 channels)
+SHAPES = [(3, (2, 3)), (2, (3, 2)), (1, (2, 4, 8)), (2, (4, 4, 4)), (4, (5,)), (2, (8, 16))]
+OPTIONS = [
+    dict(include_self=True, size_bias=True),
+    dict(include_self=False, size_bias=True),
+    dict(include_self=True, size_bias=False),
+    dict(include_self=False, size_bias=False),
+]
+LAYOUTS = ["node-major", "heads-first", "strided"]
+
+needs_kernel = pytest.mark.skipif(
+    shutil.which("c++") is None, reason="no C++ compiler to build the kernel"
+)
+pytestmark = needs_kernel
+
+
+def inputs(shape, layout, heads=3, d=4, d_v=5, dtype=torch.float64, seed=0):
+    """``q, k, v`` ``[L, H, ·]`` requiring gradients: contiguous (``node-major``), views of
+    heads-first memory, or the first channels of wider rows (``strided``: rows ``H (c +
+    3)`` apart)."""
+    gen = torch.Generator().manual_seed(seed)
+    leaves = math.prod(shape)
+    qkv = []
+    for c in (d, d, d_v):
+        if layout == "heads-first":
+            t = torch.randn(heads, leaves, c, generator=gen, dtype=dtype).transpose(0, 1)
+        elif layout == "strided":
+            t = torch.randn(leaves, heads, c + 3, generator=gen, dtype=dtype)[..., :c]
+        else:
+            t = torch.randn(leaves, heads, c, generator=gen, dtype=dtype)
+        qkv.append(t.requires_grad_())
+    return qkv
+
+
+def run(qkv, shape, fuse=True, **options):
+    return uniform_hierarchical_attention(
+        *qkv, shape, None, left_only=False, leaf_mask=None, tau=0.7, fuse=fuse, **options
+    )
+
+
+def ran_natively(out) -> bool:
+    return type(out.grad_fn).__name__ == "_NativeUniformBackward"
+
+
+def test_builds_here():
+    """Where a compiler is, the kernel builds (a failed build would only show as slower
+    HSA)."""
+    assert native.extension() is not None
+
+
+@pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_equals_the_recorded_op_with_gradients(trees, fanout, options, layout):
+    shape = (trees, *fanout)
+    channels = dict(d=16, d_v=64) if max(fanout) >= 8 else {}
+    qkv = inputs(shape, layout, **channels)
+    out = run(qkv, shape, **options)
+    ref = run(qkv, shape, fuse=False, **options)
+    assert ran_natively(out)
+    assert out.stride() == qkv[2].stride() or layout == "strided"  # v's layout
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    upstream = torch.randn_like(ref)
+    got = torch.autograd.grad((out * upstream).sum(), qkv)
+    want = torch.autograd.grad((ref * upstream).sum(), qkv)
+    for g, w, t in zip(got, want, qkv, strict=True):
+        assert g.stride() == t.stride() or layout == "strided"  # the input's layout
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
+@pytest.mark.parametrize("include_self", [True, False])
+def test_equals_the_recorded_op_without_gradients(trees, fanout, include_self):
+    shape = (trees, *fanout)
+    qkv = [t.detach() for t in inputs(shape, "node-major", d=8, d_v=8)]
+    with torch.no_grad():
+        out = run(qkv, shape, include_self=include_self, size_bias=True)
+    ref = run(qkv, shape, fuse=False, include_self=include_self, size_bias=True)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+def test_float32():
+    shape = (4, 4, 16)
+    qkv = inputs(shape, "node-major", heads=4, d=64, d_v=64, dtype=torch.float32)
+    out = run(qkv, shape, include_self=True, size_bias=True)
+    assert ran_natively(out)
+    ref = run([t.double() for t in qkv], shape, fuse=False, include_self=True, size_bias=True)
+    torch.testing.assert_close(out, ref.float(), rtol=1e-5, atol=1e-5)
+    got = torch.autograd.grad(out.square().sum(), qkv)
+    want = torch.autograd.grad(ref.square().sum(), qkv)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_output_gradients_of_any_layout():
+    """A broadcast output gradient (as ``out.sum()`` sends) and one with strided channels."""
+    shape = (2, 3, 4)
+    qkv = inputs(shape, "node-major")
+    out = run(qkv, shape, include_self=True, size_bias=True)
+    ref = run(qkv, shape, fuse=False, include_self=True, size_bias=True)
+    for upstream in (torch.ones((), **F64).expand_as(out), torch.randn(24, 3, 10, **F64)[..., ::2]):
+        got = torch.autograd.grad(out, qkv, upstream, retain_graph=True)
+        want = torch.autograd.grad(ref, qkv, upstream, retain_graph=True)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+
+
+def test_backward_twice_with_a_retained_graph():
+    shape = (2, 3, 4)
+    qkv = inputs(shape, "node-major")
+    out = run(qkv, shape, include_self=True, size_bias=True)
+    first = torch.autograd.grad(out.square().sum(), qkv, retain_graph=True)
+    second = torch.autograd.grad(out.square().sum(), qkv)
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("layout", ["node-major", "heads-first"])
+def test_second_derivatives(layout):
+    """create_graph=True differentiates the recorded op."""
+    shape = (2, 2, 3)
+    qkv = inputs(shape, layout, heads=2, d=2, d_v=2)
+    assert ran_natively(run(qkv, shape, include_self=True, size_bias=True))
+
+    def op(q, k, v):
+        return run([q, k, v], shape, include_self=True, size_bias=True)
+
+    assert torch.autograd.gradgradcheck(op, tuple(qkv))
+
+
+@pytest.mark.parametrize(
+    "case", ["native", "off", "bfloat16", "leaf-mask", "position", "fanout-1", "threads"]
+)
+def test_where_the_kernel_runs(case, monkeypatch):
+    shape = (2, 3, 4)
+    qkv = inputs(shape, "node-major", heads=2)
+    options = dict(left_only=False, leaf_mask=None, tau=0.7, include_self=True, size_bias=True)
+    eps = None
+    if case == "off":
+        monkeypatch.setattr(native, "_enabled", False)
+    if case == "bfloat16":
+        qkv = [t.detach().bfloat16().requires_grad_() for t in qkv]
+    if case == "leaf-mask":
+        options["leaf_mask"] = torch.arange(24) % 5 != 0
+    if case == "position":
+        eps = [torch.randn(1, 6, 2, **F64), torch.randn(1, 24, 2, **F64)]
+    if case == "fanout-1":
+        shape = (2, 3, 1, 4)
+    if case == "threads":  # 2 trees x 2 heads: fewer tasks than threads
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 5)
+    out = uniform_hierarchical_attention(*qkv, shape, eps, **options)
+    assert ran_natively(out) == (case == "native")
+
+
+def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
+    def fail():
+        raise OSError("no compiler here")
+
+    monkeypatch.setattr(native, "build", fail)
+    monkeypatch.setattr(native, "_loaded", {})
+    shape = (2, 3, 4)
+    qkv = inputs(shape, "node-major")
+    with pytest.warns(RuntimeWarning, match="no compiler here"):
+        out = run(qkv, shape, include_self=True, size_bias=True)
+    assert not ran_natively(out)
+    ref = run(qkv, shape, fuse=False, include_self=True, size_bias=True)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run(qkv, shape, include_self=True, size_bias=True)  # no second warning
+
+
+def test_environment_variable_turns_it_off(monkeypatch):
+    monkeypatch.setenv(native.ENV, "0")
+    try:
+        assert not importlib.reload(native).enabled()
+        assert native.extension() is None
+    finally:
+        monkeypatch.delenv(native.ENV)
+        importlib.reload(native)
+    assert native.enabled()
+
+
+def test_set_enabled_returns_the_previous_setting():
+    assert native.set_enabled(False) is True
+    try:
+        assert not native.enabled()
+    finally:
+        assert native.set_enabled(True) is False
+
+
+def test_the_kernel_checks_its_inputs():
+    ext = native.extension()
+    q = torch.randn(12, 2, 4, **F64)
+    with pytest.raises(RuntimeError, match="whole number of trees"):
+        ext.forward(q, q, q, [5], 0.5, True, True, False)
+    with pytest.raises(RuntimeError, match="at least 2"):
+        ext.forward(q, q, q, [1, 3], 0.5, True, True, False)
+    with pytest.raises(RuntimeError, match="unit channel stride"):
+        ext.forward(q.mT.contiguous().mT, q, q, [3], 0.5, True, True, False)
+    with pytest.raises(RuntimeError, match="dtype"):
+        ext.forward(q, q.float(), q, [3], 0.5, True, True, False)
+    out, saved = ext.forward(q, q, q, [3], 0.5, True, True, True)
+    with pytest.raises(RuntimeError, match="saved"):
+        ext.backward(out, q, q, q, saved[1:], [3], 0.5, True, True)
