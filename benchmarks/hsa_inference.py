@@ -14,8 +14,11 @@ method runs under ``torch.no_grad()`` in float32:
 * ``hsa``: :func:`~hiergraph.ops.hierarchical_attention` on contiguous ``[L, H, d]``
   inputs (the layout of a ``Linear`` projection), or on the padded row
   :func:`~hiergraph.integrations.padded_window_hsa` on ``[B, H, T, d]`` views of
-  ``[B, T, H, d]`` memory (a Hugging Face layer's); without gradients both run the fused
-  op's passes alone;
+  ``[B, T, H, d]`` memory (a Hugging Face layer's); without gradients the batches of
+  trees run the compiled kernel of :mod:`hiergraph.ops.hsa.native`, the padded batch
+  (whose padding is masked leaves) the fused op's passes alone;
+* ``hsa-torch``: the ``hsa`` call of a batch of trees on PyTorch operations alone (the
+  kernel turned off): the fused op's passes;
 * ``hsa-heads-first``: the same op on inputs whose memory is heads first (tree rows);
 * ``hsa-recorded``: the ``hsa`` call with those passes switched off, so that it runs the
   op every operation of which autograd would record (the inference path before the
@@ -37,7 +40,7 @@ from unittest import mock
 import timing
 import torch
 import torch.nn.functional as F
-from hsa_short import bar_plot
+from hsa_short import bar_plot, on_torch_ops
 
 from hiergraph.data import window_forest
 from hiergraph.integrations import padded_window_hsa
@@ -90,6 +93,7 @@ def make_cases(batch, length, branching, heads, dim, lengths) -> dict[str, Calla
     return {
         "flat": lambda: F.scaled_dot_product_attention(*flat),
         "hsa": hsa,
+        "hsa-torch": on_torch_ops(hsa),
         "hsa-heads-first": lambda: hierarchical_attention(*first, index),
         "hsa-recorded": recorded(hsa),
     }

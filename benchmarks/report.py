@@ -246,7 +246,8 @@ def hsa_short() -> list[str] | None:
         out += [
             "Causal methods are compared with causal flat attention (`flat-causal`). Where "
             "the time of HSA goes (self CPU time of one forward+backward under the "
-            "profiler, by operator group):",
+            "profiler, by operator group; the compiled kernel is one call, counted as "
+            "element-wise and other):",
             "",
         ]
         profiled = [(r, r.get("profiles") or {"hsa": r["profile_hsa"]}) for r in rows]
@@ -356,9 +357,11 @@ def hsa_inference() -> list[str] | None:
     out = [
         "The forward alone under `torch.no_grad()`, float32, "
         f"{threads(meta['threads'])}, {allocator(meta)}. `flat`: SDPA (with the padding as "
-        "an additive mask on a padded batch); `hsa`: the op on contiguous `[L, H, d]` inputs, "
-        "or `padded_window_hsa` on a padded batch in a Hugging Face layer's memory layout "
-        "(synthetic lengths); `hsa-heads-first`: inputs whose memory is heads first; "
+        "an additive mask on a padded batch); `hsa`: the op on contiguous `[L, H, d]` inputs "
+        "(batches of trees: the compiled kernel), or `padded_window_hsa` on a padded batch in "
+        "a Hugging Face layer's memory layout (synthetic lengths); `hsa-torch`: the `hsa` call "
+        "of a batch of trees on PyTorch operations alone (the kernel turned off); "
+        "`hsa-heads-first`: inputs whose memory is heads first; "
         "`hsa-recorded`: the `hsa` call with the fused passes switched off (the op as "
         "autograd would record it). Cells: median [min–max] over the interleaved rounds. "
         f"Command: {code(meta['command'])}.",

@@ -11,7 +11,7 @@ def test_quick_run_writes_a_complete_report(tmp_path):
     run_benchmark("hsa_inference", "--quick", "--rounds", "3", "--out", str(out))
     report = json.loads(out.read_text())
     trees, padded = report["rows"]
-    assert set(trees["median_s"]) == {"flat", "hsa", "hsa-heads-first", "hsa-recorded"}
+    assert set(trees["median_s"]) == {"flat", "hsa", "hsa-torch", "hsa-heads-first", "hsa-recorded"}
     assert set(padded["median_s"]) == {"flat", "hsa", "hsa-recorded"}
     assert padded["lengths"] and trees["lengths"] is None
     for row in (trees, padded):

@@ -143,7 +143,8 @@ def test_second_derivatives(layout):
 
 
 @pytest.mark.parametrize(
-    "case", ["native", "off", "bfloat16", "leaf-mask", "position", "fanout-1", "threads"]
+    "case",
+    ["native", "off", "bfloat16", "leaf-mask", "position", "fanout-1", "threads", "large-trees"],
 )
 def test_where_the_kernel_runs(case, monkeypatch):
     shape = (2, 3, 4)
@@ -162,8 +163,30 @@ def test_where_the_kernel_runs(case, monkeypatch):
         shape = (2, 3, 1, 4)
     if case == "threads":  # 2 trees x 2 heads: fewer tasks than threads
         monkeypatch.setattr(torch, "get_num_threads", lambda: 5)
+    if case == "large-trees":
+        monkeypatch.setattr(native, "MAX_TREE_LEAVES", 11)
     out = uniform_hierarchical_attention(*qkv, shape, eps, **options)
     assert ran_natively(out) == (case == "native")
+
+
+def test_inference_runs_trees_of_any_size(monkeypatch):
+    """Without a gradient the kernel runs large trees too (it keeps nothing for a backward);
+    with one they take the reshaped views."""
+    calls = []
+    kernel = native.native_uniform_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["recorded"] is None)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(native, "native_uniform_attention", spy)
+    monkeypatch.setattr(native, "MAX_TREE_LEAVES", 11)
+    shape = (2, 3, 4)
+    qkv = inputs(shape, "node-major")
+    with torch.no_grad():
+        run(qkv, shape, include_self=True, size_bias=True)
+    run(qkv, shape, include_self=True, size_bias=True)
+    assert calls == [True]
 
 
 def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
