@@ -13,9 +13,9 @@ the node sums, the weights :math:`P`, the log-partitions and the energies of eve
 them.
 
 It covers what :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` covers
-without position embeddings, masks or a family above the roots: float32 and float64 CPU
-tensors whose channels are contiguous, every fanout at least 2, first derivatives (second
-derivatives differentiate the recorded op, as the fused op's do). Everything else, and
+without masks or a family above the roots: float32 and float64 CPU tensors whose channels
+are contiguous, position embeddings or none, every fanout at least 2, first derivatives
+(second derivatives differentiate the recorded op, as the fused op's do). Everything else, and
 everything under ``torch.compile``, takes the other paths.
 
 The kernel is compiled with :func:`torch.utils.cpp_extension.load` (a C++ compiler with
@@ -120,16 +120,17 @@ MAX_TREE_LEAVES = 1 << 14
 def applies(q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, grad: bool) -> bool:
     """Whether the kernel runs HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over the
     equal-fanout forest with ``fanout`` (the callers have ruled out masks, a family above
-    the roots, leaky-causal keys and ``torch.compile``): no position embeddings (``eps``),
-    float32 or float64 CPU tensors with contiguous channels, every fanout at least 2, at
-    least as many (tree, head) tasks as threads, with a ``grad`` at most
-    :data:`MAX_TREE_LEAVES` leaves per tree, and the extension built."""
+    the roots, leaky-causal keys and ``torch.compile``): float32 or float64 CPU tensors with
+    contiguous channels (``q, k, v``; the position embeddings per level ``eps``, if any, of
+    the same dtype), every fanout at least 2, at least as many (tree, head) tasks as
+    threads, with a ``grad`` at most :data:`MAX_TREE_LEAVES` leaves per tree, and the
+    extension built."""
     leaves = math.prod(fanout)
     return (
-        eps is None
-        and q.device.type == "cpu"
+        q.device.type == "cpu"
         and q.dtype in (torch.float32, torch.float64)
         and all(t.dtype == q.dtype and t.dim() == 3 and t.stride(-1) == 1 for t in (q, k, v))
+        and all(e.dtype == q.dtype for e in eps or ())
         and min(fanout) >= 2
         and q.size(0) // leaves * q.size(1) >= torch.get_num_threads()
         and (not grad or leaves <= MAX_TREE_LEAVES)
@@ -142,6 +143,7 @@ def native_uniform_attention(
     k: Tensor,
     v: Tensor,
     fanout: tuple[int, ...],
+    eps: list[Tensor] | None,
     *,
     include_self: bool,
     tau: float,
@@ -150,30 +152,37 @@ def native_uniform_attention(
 ) -> Tensor:
     r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` (any row and head strides) over the
     forest of equal trees with ``fanout`` ``(b_1, …, b_D)`` below their roots (``L`` a
-    multiple of :math:`b_1 \cdots b_D`), as
+    multiple of :math:`b_1 \cdots b_D`) and the position embeddings ``eps`` per level
+    ``[H | 1, n_d, c]`` (or ``None``), as
     :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention`; returns ``[L, H,
-    d_v]`` in ``v``'s memory layout. ``recorded(q, k, v, None)`` is the same op recorded by
+    d_v]`` in ``v``'s memory layout. ``recorded(q, k, v, eps)`` is the same op recorded by
     autograd (second derivatives); without it no gradient is taken (inference)."""
+    eps = [e if e.stride(-1) == 1 else e.contiguous() for e in eps or ()]
     options = (list(fanout), float(tau), include_self, size_bias)
     if recorded is None:
-        return extension().forward(q, k, v, *options, False)[0]
-    return _NativeUniform.apply(options, recorded, q, k, v)
+        return extension().forward(q, k, v, eps, *options, False)[0]
+    return _NativeUniform.apply(options, recorded, q, k, v, *eps)
 
 
 class _NativeUniform(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, options, recorded, q, k, v):
-        out, saved = extension().forward(q, k, v, *options, True)
+    def forward(ctx, options, recorded, q, k, v, *eps):
+        out, saved = extension().forward(q, k, v, list(eps), *options, True)
         ctx.options, ctx.recorded = options, recorded
-        ctx.save_for_backward(q, k, v, saved)
+        ctx.save_for_backward(q, k, v, saved, *eps)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        q, k, v, saved = ctx.saved_tensors
+        q, k, v, saved, *eps = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
-            return None, None, *recorded_gradients(ctx.recorded, (q, k, v), grad)
+            return None, None, *recorded_gradients(ctx.recorded, (q, k, v, *eps), grad)
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
-        grads = extension().backward(grad, q, k, v, saved, *ctx.options)
-        return None, None, *grads
+        dq, dk, dv, *d_eps = extension().backward(grad, q, k, v, eps, saved, *ctx.options)
+        # per head; an embedding shared by the heads gets their sum
+        d_eps = [
+            g if e.size(0) == g.size(0) else g.sum(0, keepdim=True)
+            for e, g in zip(eps, d_eps, strict=True)
+        ]
+        return None, None, dq, dk, dv, *d_eps

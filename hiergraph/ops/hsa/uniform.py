@@ -136,7 +136,7 @@ def uniform_hierarchical_attention(
         # the compiled kernel, where it applies, reads the leaves where they lie
         if weight is None and above is None and native.applies(q, k, v, fanout, eps, not alone):
             grads = None if alone else recorded
-            return native.native_uniform_attention(q, k, v, fanout, recorded=grads, **options)
+            return native.native_uniform_attention(q, k, v, fanout, eps, recorded=grads, **options)
         # the output comes in the layout of node-major leaves; copies heads first zero the
         # rows of masked leaves (counts 0)
         if tokens:

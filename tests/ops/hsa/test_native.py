@@ -46,9 +46,18 @@ def inputs(shape, layout, heads=3, d=4, d_v=5, dtype=torch.float64, seed=0):
     return qkv
 
 
-def run(qkv, shape, fuse=True, **options):
+def position(shape, heads, dtype=torch.float64, seed=1, strided=False):
+    """Position embeddings per level below the roots, ``[heads, n_d, 3]`` (``strided``:
+    the first channels of wider rows), requiring gradients."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes = [math.prod(shape[: i + 1]) for i in range(1, len(shape))]
+    eps = [torch.randn(heads, n, 5 if strided else 3, generator=gen, dtype=dtype) for n in sizes]
+    return [(e[..., :3] if strided else e).requires_grad_() for e in eps]
+
+
+def run(qkv, shape, fuse=True, eps=None, **options):
     return uniform_hierarchical_attention(
-        *qkv, shape, None, left_only=False, leaf_mask=None, tau=0.7, fuse=fuse, **options
+        *qkv, shape, eps, left_only=False, leaf_mask=None, tau=0.7, fuse=fuse, **options
     )
 
 
@@ -65,31 +74,36 @@ def test_builds_here():
 @pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_equals_the_recorded_op_with_gradients(trees, fanout, options, layout):
+@pytest.mark.parametrize("eps_heads", [None, 1, 3], ids=["no-eps", "eps-1-head", "eps-per-head"])
+def test_equals_the_recorded_op_with_gradients(trees, fanout, options, layout, eps_heads):
     shape = (trees, *fanout)
     channels = dict(d=16, d_v=64) if max(fanout) >= 8 else {}
     qkv = inputs(shape, layout, **channels)
-    out = run(qkv, shape, **options)
-    ref = run(qkv, shape, fuse=False, **options)
+    eps = None if eps_heads is None else position(shape, eps_heads, strided=layout == "strided")
+    out = run(qkv, shape, eps=eps, **options)
+    ref = run(qkv, shape, fuse=False, eps=eps, **options)
     assert ran_natively(out)
     assert out.stride() == qkv[2].stride() or layout == "strided"  # v's layout
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     upstream = torch.randn_like(ref)
-    got = torch.autograd.grad((out * upstream).sum(), qkv)
-    want = torch.autograd.grad((ref * upstream).sum(), qkv)
-    for g, w, t in zip(got, want, qkv, strict=True):
+    leaves = qkv + (eps or [])
+    got = torch.autograd.grad((out * upstream).sum(), leaves)
+    want = torch.autograd.grad((ref * upstream).sum(), leaves)
+    for g, w, t in zip(got, want, leaves, strict=True):
         assert g.stride() == t.stride() or layout == "strided"  # the input's layout
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
 @pytest.mark.parametrize("include_self", [True, False])
-def test_equals_the_recorded_op_without_gradients(trees, fanout, include_self):
+@pytest.mark.parametrize("eps_heads", [None, 1], ids=["no-eps", "eps"])
+def test_equals_the_recorded_op_without_gradients(trees, fanout, include_self, eps_heads):
     shape = (trees, *fanout)
     qkv = [t.detach() for t in inputs(shape, "node-major", d=8, d_v=8)]
+    eps = None if eps_heads is None else [e.detach() for e in position(shape, eps_heads)]
     with torch.no_grad():
-        out = run(qkv, shape, include_self=include_self, size_bias=True)
-    ref = run(qkv, shape, fuse=False, include_self=include_self, size_bias=True)
+        out = run(qkv, shape, eps=eps, include_self=include_self, size_bias=True)
+    ref = run(qkv, shape, fuse=False, eps=eps, include_self=include_self, size_bias=True)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
 
 
@@ -134,17 +148,28 @@ def test_second_derivatives(layout):
     """create_graph=True differentiates the recorded op."""
     shape = (2, 2, 3)
     qkv = inputs(shape, layout, heads=2, d=2, d_v=2)
-    assert ran_natively(run(qkv, shape, include_self=True, size_bias=True))
+    eps = position(shape, 1)
+    assert ran_natively(run(qkv, shape, eps=eps, include_self=True, size_bias=True))
 
-    def op(q, k, v):
-        return run([q, k, v], shape, include_self=True, size_bias=True)
+    def op(q, k, v, *eps):
+        return run([q, k, v], shape, eps=list(eps), include_self=True, size_bias=True)
 
-    assert torch.autograd.gradgradcheck(op, tuple(qkv))
+    assert torch.autograd.gradgradcheck(op, (*qkv, *eps))
 
 
 @pytest.mark.parametrize(
     "case",
-    ["native", "off", "bfloat16", "leaf-mask", "position", "fanout-1", "threads", "large-trees"],
+    [
+        "native",
+        "position",
+        "off",
+        "bfloat16",
+        "leaf-mask",
+        "eps-dtype",
+        "fanout-1",
+        "threads",
+        "large-trees",
+    ],
 )
 def test_where_the_kernel_runs(case, monkeypatch):
     shape = (2, 3, 4)
@@ -157,8 +182,9 @@ def test_where_the_kernel_runs(case, monkeypatch):
         qkv = [t.detach().bfloat16().requires_grad_() for t in qkv]
     if case == "leaf-mask":
         options["leaf_mask"] = torch.arange(24) % 5 != 0
-    if case == "position":
+    if case in ("position", "eps-dtype"):
         eps = [torch.randn(1, 6, 2, **F64), torch.randn(1, 24, 2, **F64)]
+        eps = [e.float() for e in eps] if case == "eps-dtype" else eps
     if case == "fanout-1":
         shape = (2, 3, 1, 4)
     if case == "threads":  # 2 trees x 2 heads: fewer tasks than threads
@@ -166,7 +192,7 @@ def test_where_the_kernel_runs(case, monkeypatch):
     if case == "large-trees":
         monkeypatch.setattr(native, "MAX_TREE_LEAVES", 11)
     out = uniform_hierarchical_attention(*qkv, shape, eps, **options)
-    assert ran_natively(out) == (case == "native")
+    assert ran_natively(out) == (case in ("native", "position"))
 
 
 def test_inference_runs_trees_of_any_size(monkeypatch):
@@ -230,13 +256,17 @@ def test_the_kernel_checks_its_inputs():
     ext = native.extension()
     q = torch.randn(12, 2, 4, **F64)
     with pytest.raises(RuntimeError, match="whole number of trees"):
-        ext.forward(q, q, q, [5], 0.5, True, True, False)
+        ext.forward(q, q, q, [], [5], 0.5, True, True, False)
     with pytest.raises(RuntimeError, match="at least 2"):
-        ext.forward(q, q, q, [1, 3], 0.5, True, True, False)
+        ext.forward(q, q, q, [], [1, 3], 0.5, True, True, False)
     with pytest.raises(RuntimeError, match="unit channel stride"):
-        ext.forward(q.mT.contiguous().mT, q, q, [3], 0.5, True, True, False)
+        ext.forward(q.mT.contiguous().mT, q, q, [], [3], 0.5, True, True, False)
     with pytest.raises(RuntimeError, match="dtype"):
-        ext.forward(q, q.float(), q, [3], 0.5, True, True, False)
-    out, saved = ext.forward(q, q, q, [3], 0.5, True, True, True)
+        ext.forward(q, q.float(), q, [], [3], 0.5, True, True, False)
+    with pytest.raises(RuntimeError, match="levels and heads"):
+        ext.forward(q, q, q, [torch.randn(1, 5, 2, **F64)], [3], 0.5, True, True, False)
+    with pytest.raises(RuntimeError, match="one tensor per level"):
+        ext.forward(q, q, q, [torch.randn(1, 12, 2, **F64)] * 2, [3], 0.5, True, True, False)
+    out, saved = ext.forward(q, q, q, [], [3], 0.5, True, True, True)
     with pytest.raises(RuntimeError, match="saved"):
-        ext.backward(out, q, q, q, saved[1:], [3], 0.5, True, True)
+        ext.backward(out, q, q, q, [], saved[1:], [3], 0.5, True, True)

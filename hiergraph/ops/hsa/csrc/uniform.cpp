@@ -12,6 +12,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -257,6 +258,10 @@ struct Task {
   T tau;
   bool include_self, size_bias;
   Rows<T> leaf_q, leaf_k, leaf_v;
+  // position embeddings per level (rows of this tree and head; none: empty) and the rows
+  // their gradients go to
+  std::vector<Rows<T>> eps, eps_grad;
+  int64_t eps_dim;
 
   Rows<T> rows_q(Levels<T>& l, int64_t d) const {
     return d + 1 == s.depth ? leaf_q : Rows<T>{l.q[d], dim};
@@ -268,10 +273,12 @@ struct Task {
     return d + 1 == s.depth ? leaf_v : Rows<T>{l.v[d], dim_v};
   }
   bool gated(int64_t d) const { return d + 1 < s.depth || include_self; }
+  int64_t max_fanout() const { return *std::max_element(s.fanout.begin(), s.fanout.end()); }
 
   // Bottom-up: node sums, weights P (0 on the diagonal), lse and energies of every level.
   void up(Levels<T>& l) const {
     const T neg_inf = -std::numeric_limits<T>::infinity();
+    std::vector<T> buf(eps_dim ? max_fanout() * max_fanout() : 0);
     for (int64_t d = s.depth - 1; d >= 0; --d) {
       const int64_t b = s.fanout[d], n = s.leaves[d], nodes = s.nodes[d];
       const T scale = tau / static_cast<T>(n * n);
@@ -280,6 +287,11 @@ struct Task {
       T* p = l.p[d];
       for (int64_t first = 0; first < nodes; first += b) {
         gram(p + first * b, q, k, first, b, dim, scale);
+        if (eps_dim) {  // + e_i . e_j
+          gram(buf.data(), eps[d], eps[d], first, b, eps_dim, T(1));
+#pragma omp simd
+          for (int64_t x = 0; x < b * b; ++x) p[first * b + x] += buf[x];
+        }
         for (int64_t r = 0; r < b; ++r) {
           const int64_t i = first + r;
           T* row = p + i * b;
@@ -405,7 +417,7 @@ struct Task {
       for (int64_t i = 0; i < nodes; ++i) du[d - 1][i / b] += du[d][i] + d_delta[d][i];
     }
     // roots to leaves: energies, softmax, rows
-    std::vector<T> da_parent, da, pq, pk, pv, nq, nk, nv, ds;
+    std::vector<T> da_parent, da, pq, pk, pv, nq, nk, nv, ds, sym(max_fanout());
     for (int64_t d = 0; d < depth; ++d) {
       const int64_t b = s.fanout[d], nodes = s.nodes[d];
       const int64_t n = s.leaves[d];
@@ -455,6 +467,11 @@ struct Task {
           combine(oq[i], bq, scale, ds.data() + r * b, 1, k[first], k.stride, b, dim);
           combine(ok[i], bk, scale, ds.data() + r, b, q[first], q.stride, b, dim);
           combine(ov[i], bv, inv_n, w + r, b, gr[first], gr.stride, b, dim_v);
+          if (eps_dim) {  // (dS + dS^T) e
+            for (int64_t j = 0; j < b; ++j) sym[j] = ds[r * b + j] + ds[j * b + r];
+            combine(eps_grad[d][i], (const T*)nullptr, T(1), sym.data(), 1, eps[d][first],
+                    eps[d].stride, b, eps_dim);
+          }
         }
       }
       pq.swap(nq);
@@ -480,28 +497,58 @@ void check_rows(const at::Tensor& t, const at::Tensor& q, const char* name) {
               " must have q's leaves and heads");
 }
 
-// The leaves' rows of q, k, v; the number of trees.
-int64_t check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Shape& s) {
+// The leaves' rows of q, k, v and the position embeddings; the number of trees.
+int64_t check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+              const std::vector<at::Tensor>& eps, const Shape& s) {
   check_rows(q, q, "q");
   check_rows(k, q, "k");
   check_rows(v, q, "v");
   TORCH_CHECK(k.size(2) == q.size(2), "q and k must have the same channels");
   for (int64_t b : s.fanout) TORCH_CHECK(b >= 2, "every fanout must be at least 2");
   TORCH_CHECK(q.size(0) % s.tree == 0, "the leaves are not a whole number of trees");
-  return q.size(0) / s.tree;
+  const int64_t trees = q.size(0) / s.tree;
+  TORCH_CHECK(eps.empty() || static_cast<int64_t>(eps.size()) == s.depth,
+              "eps must have one tensor per level");
+  for (size_t d = 0; d < eps.size(); ++d) {
+    const at::Tensor& e = eps[d];
+    TORCH_CHECK(e.dim() == 3 && e.stride(2) == 1 && e.device().is_cpu() &&
+                    e.scalar_type() == q.scalar_type(),
+                "eps must be [H | 1, n_d, c] CPU tensors of q's dtype with unit channel stride");
+    TORCH_CHECK((e.size(0) == 1 || e.size(0) == q.size(1)) &&
+                    e.size(1) == trees * s.nodes[d] && e.size(2) == eps[0].size(2),
+                "eps does not match the forest's levels and heads");
+  }
+  return trees;
 }
 
-// Runs `fn(task, item, start, h)` for every (tree, head), in parallel.
+template <typename T>
+std::vector<Rows<T>> level_rows(const std::vector<at::Tensor>& per_level, const Shape& s,
+                                int64_t tree, int64_t h) {
+  std::vector<Rows<T>> rows;
+  for (size_t d = 0; d < per_level.size(); ++d) {
+    const at::Tensor& e = per_level[d];
+    const int64_t head = e.size(0) == 1 ? 0 : h;
+    rows.push_back({e.data_ptr<T>() + head * e.stride(0) + tree * s.nodes[d] * e.stride(1),
+                    e.stride(1)});
+  }
+  return rows;
+}
+
+// Runs `fn(task, item, start, h)` for every (tree, head), in parallel; eps_grad: per level
+// [H, n_d, c], the rows the task writes the gradients of its position embeddings to.
 template <typename T, typename F>
 void each_task(const Shape& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               const std::vector<at::Tensor>& eps, const std::vector<at::Tensor>& eps_grad,
                int64_t trees, double tau, bool include_self, bool size_bias, F fn) {
   const int64_t heads = q.size(1);
+  const int64_t eps_dim = eps.empty() ? 0 : eps[0].size(2);
   at::parallel_for(0, trees * heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t h = item % heads, start = item / heads * s.tree;
+      const int64_t h = item % heads, tree = item / heads, start = tree * s.tree;
       Task<T> task{s, q.size(2), v.size(2), static_cast<T>(tau), include_self, size_bias,
                    head_rows<T>(q, start, h), head_rows<T>(k, start, h),
-                   head_rows<T>(v, start, h)};
+                   head_rows<T>(v, start, h), level_rows<T>(eps, s, tree, h),
+                   level_rows<T>(eps_grad, s, tree, h), eps_dim};
       fn(task, item, start, h);
     }
   });
@@ -510,16 +557,18 @@ void each_task(const Shape& s, const at::Tensor& q, const at::Tensor& k, const a
 }  // namespace
 
 // The output [L, H, d_v] (in v's memory layout) and, with `save`, what the backward reads
-// ([trees * heads, Shape::saved]; else empty).
+// ([trees * heads, Shape::saved]; else empty). eps: the position embeddings of every level
+// below the roots, [H | 1, n_d, c] in breadth-first order (or none).
 std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const std::vector<at::Tensor>& eps,
                                 std::vector<int64_t> fanout, double tau, bool include_self,
                                 bool size_bias, bool save) {
   const Shape s(std::move(fanout), q.size(2), v.size(2));
-  const int64_t trees = check(q, k, v, s);
+  const int64_t trees = check(q, k, v, eps, s);
   at::Tensor out = at::empty_like(v);
   at::Tensor saved = at::empty({save ? trees * q.size(1) : 0, s.saved}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_forward", [&] {
-    each_task<scalar_t>(s, q, k, v, trees, tau, include_self, size_bias,
+    each_task<scalar_t>(s, q, k, v, eps, {}, trees, tau, include_self, size_bias,
                         [&](Task<scalar_t>& task, int64_t item, int64_t start, int64_t h) {
       std::vector<scalar_t> local(save ? 0 : s.saved);
       scalar_t* state = save ? saved.data_ptr<scalar_t>() + item * s.saved : local.data();
@@ -531,21 +580,26 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   return {out, saved};
 }
 
-// The gradients of q, k, v (in their memory layouts) from the output's, `grad`.
+// The gradients of q, k, v (in their memory layouts) from the output's, `grad`, and those
+// of the position embeddings per head, [H, n_d, c] per level.
 std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& q,
                                  const at::Tensor& k, const at::Tensor& v,
-                                 const at::Tensor& saved, std::vector<int64_t> fanout,
-                                 double tau, bool include_self, bool size_bias) {
+                                 const std::vector<at::Tensor>& eps, const at::Tensor& saved,
+                                 std::vector<int64_t> fanout, double tau, bool include_self,
+                                 bool size_bias) {
   const Shape s(std::move(fanout), q.size(2), v.size(2));
-  const int64_t trees = check(q, k, v, s);
+  const int64_t trees = check(q, k, v, eps, s);
   check_rows(grad, q, "grad");
   TORCH_CHECK(grad.size(2) == v.size(2), "grad must have v's channels");
   TORCH_CHECK(saved.is_contiguous() && saved.numel() == trees * q.size(1) * s.saved &&
                   saved.scalar_type() == q.scalar_type(),
               "saved does not come from this forest's forward");
   at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  std::vector<at::Tensor> grads{dq, dk, dv}, eps_grad;
+  for (const at::Tensor& e : eps)
+    eps_grad.push_back(at::empty({q.size(1), e.size(1), e.size(2)}, e.options()));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_backward", [&] {
-    each_task<scalar_t>(s, q, k, v, trees, tau, include_self, size_bias,
+    each_task<scalar_t>(s, q, k, v, eps, eps_grad, trees, tau, include_self, size_bias,
                         [&](Task<scalar_t>& task, int64_t item, int64_t start, int64_t h) {
       Levels<scalar_t> levels(s, q.size(2), v.size(2),
                               saved.data_ptr<scalar_t>() + item * s.saved);
@@ -555,7 +609,8 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& q,
                     head_rows<scalar_t>(dv, start, h));
     });
   });
-  return {dq, dk, dv};
+  grads.insert(grads.end(), eps_grad.begin(), eps_grad.end());
+  return grads;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
