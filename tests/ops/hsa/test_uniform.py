@@ -402,6 +402,7 @@ def test_output_keeps_the_memory_layout_of_the_inputs(causal, masked):
 
 
 @pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.usefixtures("torch_ops")
 def test_many_heads_without_gradients_are_read_node_major(monkeypatch, masked):
     """Without gradients, up to ``MAX_HEADS_INFERENCE`` heads are read in their node-major
     memory (no copies heads first; more than with gradients): the output of the
