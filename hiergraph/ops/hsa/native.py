@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import sys
 import threading
 import warnings
 from pathlib import Path
@@ -75,7 +74,7 @@ def build_flags() -> tuple[str, list[str], list[str]]:
     }.get(capability, [])  # fmt: skip
     cflags = ["-O3", "-fopenmp", "-fno-math-errno", *isa]
     ldflags = ["-fopenmp"]
-    if sys.platform.startswith("linux") and platform.machine() == "x86_64":
+    if platform.libc_ver()[0] == "glibc" and platform.machine() == "x86_64":
         ldflags.append("-lmvec")  # glibc's vector exp and log1p
     return f"hiergraph_hsa_uniform_{capability.lower()}", cflags, ldflags
 
