@@ -1,6 +1,9 @@
 import importlib
 import math
+import os
 import shutil
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -270,3 +273,16 @@ def test_the_kernel_checks_its_inputs():
     out, saved = ext.forward(q, q, q, [], [3], 0.5, True, True, True)
     with pytest.raises(RuntimeError, match="saved"):
         ext.backward(out, q, q, q, [], saved[1:], [3], 0.5, True, True)
+
+
+@pytest.mark.skipif(not os.environ.get("HIERGRAPH_SLOW"), reason="set HIERGRAPH_SLOW=1")
+@pytest.mark.parametrize("capability", ["avx2", "default"])
+def test_builds_for_narrower_vectors(capability):
+    """The kernel built for AVX2 (32-byte vectors) and for no vector extension (16 bytes)
+    equals the recorded op too (each build compiles for about a minute)."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+    args = ["-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider", __file__]
+    args += ["-k", "recorded_op and not narrower"]
+    done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout

@@ -43,14 +43,23 @@ inline void axpy(T* __restrict y, T a, const T* __restrict x, int64_t n) {
   for (int64_t c = 0; c < n; ++c) y[c] += a * x[c];
 }
 
-// Vectors of 64 bytes (GCC vector extensions: one AVX-512 register, or two or four
-// narrower ones) of `size` values.
+// The width of the widest vector registers the build targets (a generic vector wider than
+// them is split into several, and its shuffles into scalar code).
+#if defined(__AVX512F__)
+#define HIERGRAPH_VECTOR_BYTES 64
+#elif defined(__AVX__)
+#define HIERGRAPH_VECTOR_BYTES 32
+#else
+#define HIERGRAPH_VECTOR_BYTES 16
+#endif
+
+// Vectors of one register (GCC vector extensions) of `size` values.
 template <typename T>
 struct Lanes {
-  static constexpr int size = 64 / sizeof(T);
-  typedef T vec __attribute__((vector_size(64)));
+  static constexpr int size = HIERGRAPH_VECTOR_BYTES / sizeof(T);
+  typedef T vec __attribute__((vector_size(HIERGRAPH_VECTOR_BYTES)));
   typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> index;
-  typedef index mask __attribute__((vector_size(64)));
+  typedef index mask __attribute__((vector_size(HIERGRAPH_VECTOR_BYTES)));
 
 #if defined(__GNUC__) && !defined(__clang__)
   static constexpr bool reduces = true;
@@ -115,17 +124,31 @@ inline void combine_fixed(T* __restrict out, const T* __restrict base, T alpha,
   for (int x = 0; x < K; ++x) __builtin_memcpy(out + x * Lanes<T>::size, &acc[x], sizeof r);
 }
 
+// combine_fixed<T, N> where N is a multiple of the lanes; false where it is not.
+template <typename T, int N>
+inline bool combine_lanes(T* out, const T* base, T alpha, const T* coef, int64_t cs,
+                          const T* rows, int64_t rs, int64_t count) {
+  if constexpr (N % Lanes<T>::size == 0) {
+    combine_fixed<T, N>(out, base, alpha, coef, cs, rows, rs, count);
+    return true;
+  }
+  return false;
+}
+
 template <typename T>
 inline void combine(T* out, const T* base, T alpha, const T* coef, int64_t cs, const T* rows,
                     int64_t rs, int64_t count, int64_t n) {
+  const auto fixed = [&](auto width) {
+    return combine_lanes<T, decltype(width)::value>(out, base, alpha, coef, cs, rows, rs, count);
+  };
+  using std::integral_constant;
   switch (n) {
-    case 8:
-      if (Lanes<T>::size == 8) return combine_fixed<T, Lanes<T>::size>(out, base, alpha, coef, cs, rows, rs, count);
-      break;
-    case 16: return combine_fixed<T, 16>(out, base, alpha, coef, cs, rows, rs, count);
-    case 32: return combine_fixed<T, 32>(out, base, alpha, coef, cs, rows, rs, count);
-    case 64: return combine_fixed<T, 64>(out, base, alpha, coef, cs, rows, rs, count);
-    case 128: return combine_fixed<T, 128>(out, base, alpha, coef, cs, rows, rs, count);
+    case 4: if (fixed(integral_constant<int, 4>{})) return; break;
+    case 8: if (fixed(integral_constant<int, 8>{})) return; break;
+    case 16: if (fixed(integral_constant<int, 16>{})) return; break;
+    case 32: if (fixed(integral_constant<int, 32>{})) return; break;
+    case 64: if (fixed(integral_constant<int, 64>{})) return; break;
+    case 128: if (fixed(integral_constant<int, 128>{})) return; break;
     default: break;
   }
   for (int64_t x = 0; x < n; ++x) out[x] = base ? base[x] : T(0);
