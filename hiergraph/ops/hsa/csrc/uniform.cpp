@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -286,14 +287,10 @@ struct Task {
   std::vector<Rows<T>> eps, eps_grad;
   int64_t eps_dim;
 
-  Rows<T> rows_q(Levels<T>& l, int64_t d) const {
-    return d + 1 == s.depth ? leaf_q : Rows<T>{l.q[d], dim};
-  }
-  Rows<T> rows_k(Levels<T>& l, int64_t d) const {
-    return d + 1 == s.depth ? leaf_k : Rows<T>{l.k[d], dim};
-  }
-  Rows<T> rows_v(Levels<T>& l, int64_t d) const {
-    return d + 1 == s.depth ? leaf_v : Rows<T>{l.v[d], dim_v};
+  // The q, k, v rows of level d: the inputs' at the leaves, the node sums above them.
+  std::array<Rows<T>, 3> rows(Levels<T>& l, int64_t d) const {
+    if (d + 1 == s.depth) return {leaf_q, leaf_k, leaf_v};
+    return {Rows<T>{l.q[d], dim}, Rows<T>{l.k[d], dim}, Rows<T>{l.v[d], dim_v}};
   }
   bool gated(int64_t d) const { return d + 1 < s.depth || include_self; }
   int64_t max_fanout() const { return *std::max_element(s.fanout.begin(), s.fanout.end()); }
@@ -306,7 +303,7 @@ struct Task {
       const int64_t b = s.fanout[d], n = s.leaves[d], nodes = s.nodes[d];
       const T scale = tau / static_cast<T>(n * n);
       const T bias = size_bias && n > 1 ? std::log(static_cast<T>(n)) : T(0);
-      Rows<T> q = rows_q(l, d), k = rows_k(l, d), v = rows_v(l, d);
+      const auto [q, k, v] = rows(l, d);
       T* p = l.p[d];
       for (int64_t first = 0; first < nodes; first += b) {
         gram(p + first * b, q, k, first, b, dim, scale);
@@ -337,7 +334,7 @@ struct Task {
       }
       if (d == 0) break;
       T* pa = l.a[d - 1];  // the parents' energies and node sums
-      Rows<T> pq = rows_q(l, d - 1), pk = rows_k(l, d - 1), pv = rows_v(l, d - 1);
+      const auto [pq, pk, pv] = rows(l, d - 1);
       for (int64_t f = 0; f < nodes / b; ++f) {
         T total = 0;
         for (int64_t j = 0; j < b; ++j) {
@@ -362,8 +359,8 @@ struct Task {
       const int64_t b = s.fanout[d], nodes = s.nodes[d];
       const T inv_n = T(1) / static_cast<T>(s.leaves[d]);
       const bool leaves = d + 1 == s.depth;
-      Rows<T> v = rows_v(l, d);
-      if (!leaves && write) acc.assign(nodes * dim_v, 0);
+      const Rows<T> v = rows(l, d)[2];
+      if (!leaves && write) acc.resize(nodes * dim_v);  // every row written below
       // the gates: log mu = log sigmoid(x), log(1 - mu) = log sigmoid(-x), x = a - lse
       // (mu = 0 without an energy); every node's mass and its own weight e^u
       const T* a = l.a[d];
@@ -411,7 +408,7 @@ struct Task {
       const T inv_n = T(1) / static_cast<T>(s.leaves[d]);
       const bool leaves = d + 1 == depth;
       Rows<T> gr = leaves ? grad : Rows<T>{g[d].data(), dim_v};
-      Rows<T> v = rows_v(l, d);
+      const Rows<T> v = rows(l, d)[2];
       dww[d].resize(nodes * b);
       d_delta[d].resize(nodes);
       if (leaves) du[d].assign(nodes, 0);  // above: the children's, summed below
@@ -446,7 +443,7 @@ struct Task {
       const int64_t n = s.leaves[d];
       const T scale = tau / static_cast<T>(n * n), inv_n = T(1) / static_cast<T>(n);
       const bool leaves = d + 1 == depth;
-      Rows<T> q = rows_q(l, d), k = rows_k(l, d), v = rows_v(l, d);
+      const auto [q, k, v] = rows(l, d);
       Rows<T> gr = leaves ? grad : Rows<T>{g[d].data(), dim_v};
       Rows<T> oq = leaves ? dq : Rows<T>{nullptr, dim}, ok = leaves ? dk : Rows<T>{nullptr, dim},
              ov = leaves ? dv : Rows<T>{nullptr, dim_v};
