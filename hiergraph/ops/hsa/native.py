@@ -12,11 +12,14 @@ the node sums, the weights :math:`P`, the log-partitions and the energies of eve
 (about :math:`b_D + 2` values per leaf and head); the backward recomputes the gates from
 them.
 
-It covers what :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` covers
-without masks or a family above the roots: float32 and float64 CPU tensors whose channels
-are contiguous, position embeddings or none, every fanout at least 2, first derivatives
-(second derivatives differentiate the recorded op, as the fused op's do). Everything else, and
-everything under ``torch.compile``, takes the other paths.
+It covers what :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` covers:
+float32 and float64 CPU tensors whose channels are contiguous, position embeddings or none,
+every fanout at least 2, first derivatives (second derivatives differentiate the recorded
+op, as the fused op's do), and without gradients (inference) a leaf mask (the padding of a
+batch of documents) and a family above the roots (hub tokens,
+:mod:`~hiergraph.ops.hsa.lifted`), between whose passes it stops: the bottom-up pass hands
+the roots' energies and pooled rows to that family, the top-down pass starts from what it
+returns. Everything else, and everything under ``torch.compile``, takes the other paths.
 
 The kernel is compiled with :func:`torch.utils.cpp_extension.load` (a C++ compiler with
 OpenMP and ``ninja`` are needed) the first time an eligible call runs: about a minute once,
@@ -148,6 +151,8 @@ def native_uniform_attention(
     tau: float,
     size_bias: bool,
     recorded=None,
+    leaf_mask: Tensor | None = None,
+    above=None,
 ) -> Tensor:
     r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` (any row and head strides) over the
     forest of equal trees with ``fanout`` ``(b_1, …, b_D)`` below their roots (``L`` a
@@ -155,18 +160,28 @@ def native_uniform_attention(
     ``[H | 1, n_d, c]`` (or ``None``), as
     :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention`; returns ``[L, H,
     d_v]`` in ``v``'s memory layout. ``recorded(q, k, v, eps)`` is the same op recorded by
-    autograd (second derivatives); without it no gradient is taken (inference)."""
+    autograd (second derivatives); without it no gradient is taken (inference), and
+    ``leaf_mask`` ``[L]`` (nonzero: a valid leaf; the outputs of the others are 0) and
+    ``above`` (a family above the roots) are as in
+    :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention`."""
     eps = [e if e.stride(-1) == 1 else e.contiguous() for e in eps or ()]
     options = (list(fanout), float(tau), include_self, size_bias)
-    if recorded is None:
-        return extension().forward(q, k, v, eps, *options, False)[0]
-    return _NativeUniform.apply(options, recorded, q, k, v, *eps)
+    if recorded is not None:
+        if leaf_mask is not None or above is not None:
+            raise ValueError("the HSA kernel takes gradients without leaf masks or hubs only")
+        return _NativeUniform.apply(options, recorded, q, k, v, *eps)
+    if above is None:
+        return extension().forward(q, k, v, eps, *options, False, leaf_mask)[0]
+    # the bottom-up pass to the roots, the family above them, the top-down pass
+    saved, energy, *pooled = extension().up(q, k, v, eps, *options, leaf_mask)
+    log_mass, acc = above(energy, pooled)
+    return extension().down(q, k, v, eps, saved, log_mass, acc, *options, leaf_mask)
 
 
 class _NativeUniform(torch.autograd.Function):
     @staticmethod
     def forward(ctx, options, recorded, q, k, v, *eps):
-        out, saved = extension().forward(q, k, v, list(eps), *options, True)
+        out, saved = extension().forward(q, k, v, list(eps), *options, True, None)
         ctx.options, ctx.recorded = options, recorded
         ctx.save_for_backward(q, k, v, saved, *eps)
         return out

@@ -133,10 +133,13 @@ def uniform_hierarchical_attention(
                 q, k, v, shape, eps, left_only=False, leaf_mask=None, fuse=False, **options
             )
 
-        # the compiled kernel, where it applies, reads the leaves where they lie
-        if weight is None and above is None and native.applies(q, k, v, fanout, eps, not alone):
+        # the compiled kernel, where it applies, reads the leaves where they lie (masks and
+        # a family above the roots without gradients: `fused` ruled them out otherwise)
+        if native.applies(q, k, v, fanout, eps, not alone):
             grads = None if alone else recorded
-            return native.native_uniform_attention(q, k, v, fanout, eps, recorded=grads, **options)
+            return native.native_uniform_attention(
+                q, k, v, fanout, eps, recorded=grads, leaf_mask=weight, above=above, **options
+            )
         # the output comes in the layout of node-major leaves; copies heads first zero the
         # rows of masked leaves (counts 0)
         if tokens:

@@ -110,6 +110,77 @@ def test_equals_the_recorded_op_without_gradients(trees, fanout, include_self, e
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
 
 
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The keyword arguments of every call of the kernel's entry point."""
+    calls = []
+    kernel = native.native_uniform_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(native, "native_uniform_attention", spy)
+    return calls
+
+
+def leaf_mask(leaves: int, kind: str) -> torch.Tensor:
+    """Valid leaves: about half, a sparse few (whole subtrees and trees without any), or
+    the first leaf alone."""
+    gen = torch.Generator().manual_seed(leaves)
+    if kind == "first":
+        return torch.arange(leaves) == 0
+    return torch.rand(leaves, generator=gen) < (0.5 if kind == "half" else 0.15)
+
+
+def above_roots(energy, pooled):
+    """A stand-in for a family above the roots: a log mass and an output per root made of
+    every statistic it is handed."""
+    q, k, v = pooled
+    log_mass = -torch.nn.functional.softplus(0.3 - energy)
+    return log_mass, 0.5 * v + 0.1 * q.sum(-1, keepdim=True) + k[..., :1]
+
+
+@pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
+@pytest.mark.parametrize("kind", ["half", "sparse", "first"])
+@pytest.mark.parametrize("padding", [False, True], ids=["rows", "padding"])
+@pytest.mark.parametrize("above", [None, above_roots], ids=["roots", "above"])
+def test_masked_leaves_and_a_family_above_without_gradients(
+    trees, fanout, options, kind, padding, above, kernel_calls
+):
+    """Inference under a leaf mask (padding: the masked rows are zero and their outputs
+    unread; else they are any rows and their outputs 0), with or without a family above
+    the roots, equals the recorded op; position embeddings on the deep shapes."""
+    shape = (trees, *fanout)
+    qkv = [t.detach() for t in inputs(shape, "heads-first", d=8, d_v=8)]
+    mask = leaf_mask(math.prod(shape), kind)
+    if padding:
+        qkv = [t * mask[:, None, None] for t in qkv]
+    eps = [e.detach() for e in position(shape, 3)] if len(fanout) > 1 else None
+    call = dict(left_only=False, leaf_mask=mask, tau=0.7, padding=padding, above=above)
+    with torch.no_grad():
+        out = uniform_hierarchical_attention(*qkv, shape, eps, **call, **options)
+        ref = uniform_hierarchical_attention(*qkv, shape, eps, fuse=False, **call, **options)
+    assert len(kernel_calls) == 1
+    rows = mask if padding else slice(None)
+    torch.testing.assert_close(out[rows], ref[rows], rtol=0, atol=1e-12)
+    assert not out[~mask].any() or padding
+
+
+def test_a_masked_forest_in_float32(kernel_calls):
+    shape = (6, 4, 16)
+    qkv = inputs(shape, "node-major", heads=4, d=32, d_v=32, dtype=torch.float32)
+    qkv = [t.detach() for t in qkv]
+    mask = leaf_mask(math.prod(shape), "half")
+    call = dict(left_only=False, leaf_mask=mask, tau=0.2, include_self=True, size_bias=True)
+    with torch.no_grad():
+        out = uniform_hierarchical_attention(*qkv, shape, None, **call)
+        ref = uniform_hierarchical_attention(*(t.double() for t in qkv), shape, None, **call)
+    assert len(kernel_calls) == 2
+    torch.testing.assert_close(out, ref.float(), rtol=1e-5, atol=1e-5)
+
+
 def test_float32():
     shape = (4, 4, 16)
     qkv = inputs(shape, "node-major", heads=4, d=64, d_v=64, dtype=torch.float32)
@@ -259,20 +330,36 @@ def test_the_kernel_checks_its_inputs():
     ext = native.extension()
     q = torch.randn(12, 2, 4, **F64)
     with pytest.raises(RuntimeError, match="whole number of trees"):
-        ext.forward(q, q, q, [], [5], 0.5, True, True, False)
+        ext.forward(q, q, q, [], [5], 0.5, True, True, False, None)
     with pytest.raises(RuntimeError, match="at least 2"):
-        ext.forward(q, q, q, [], [1, 3], 0.5, True, True, False)
+        ext.forward(q, q, q, [], [1, 3], 0.5, True, True, False, None)
     with pytest.raises(RuntimeError, match="unit channel stride"):
-        ext.forward(q.mT.contiguous().mT, q, q, [], [3], 0.5, True, True, False)
+        ext.forward(q.mT.contiguous().mT, q, q, [], [3], 0.5, True, True, False, None)
     with pytest.raises(RuntimeError, match="dtype"):
-        ext.forward(q, q.float(), q, [], [3], 0.5, True, True, False)
+        ext.forward(q, q.float(), q, [], [3], 0.5, True, True, False, None)
     with pytest.raises(RuntimeError, match="levels and heads"):
-        ext.forward(q, q, q, [torch.randn(1, 5, 2, **F64)], [3], 0.5, True, True, False)
+        ext.forward(q, q, q, [torch.randn(1, 5, 2, **F64)], [3], 0.5, True, True, False, None)
     with pytest.raises(RuntimeError, match="one tensor per level"):
-        ext.forward(q, q, q, [torch.randn(1, 12, 2, **F64)] * 2, [3], 0.5, True, True, False)
-    out, saved = ext.forward(q, q, q, [], [3], 0.5, True, True, True)
+        ext.forward(q, q, q, [torch.randn(1, 12, 2, **F64)] * 2, [3], 0.5, True, True, False, None)
+    out, saved = ext.forward(q, q, q, [], [3], 0.5, True, True, True, None)
     with pytest.raises(RuntimeError, match="saved"):
         ext.backward(out, q, q, q, [], saved[1:], [3], 0.5, True, True)
+    mask = torch.ones(12, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="no gradient under a leaf mask"):
+        ext.forward(q, q, q, [], [3], 0.5, True, True, True, mask)
+    with pytest.raises(RuntimeError, match="one value per leaf"):
+        ext.forward(q, q, q, [], [3], 0.5, True, True, False, mask[1:])
+    saved, energy, *pooled = ext.up(q, q, q, [], [3], 0.5, True, True, mask)
+    assert energy.shape == (2, 4) and [t.shape for t in pooled] == [(2, 4, 4)] * 3
+    with pytest.raises(RuntimeError, match="up pass"):
+        ext.down(q, q, q, [], saved[1:], energy, pooled[2], [3], 0.5, True, True, mask)
+    with pytest.raises(RuntimeError, match="u must be"):
+        ext.down(q, q, q, [], saved, energy.T, pooled[2], [3], 0.5, True, True, mask)
+    with pytest.raises(ValueError, match="without leaf masks"):
+        native.native_uniform_attention(
+            q, q, q, (3,), None, include_self=True, tau=0.5, size_bias=True,
+            recorded=lambda *args: None, leaf_mask=mask,
+        )  # fmt: skip
 
 
 @pytest.mark.skipif(not os.environ.get("HIERGRAPH_SLOW"), reason="set HIERGRAPH_SLOW=1")

@@ -9,6 +9,12 @@
 // a heads-first layout. A family's logits, weights and products live in a few kilobytes;
 // the forward keeps, per task, the node sums above the leaves, the weights P, lse and
 // the energies (`saved`), from which the backward recomputes the gates and the masses.
+//
+// Without gradients the forward also takes a leaf mask (masked leaves count 0: they drop out
+// of every key set, node mean and energy, and their outputs are 0) and can stop between the
+// passes (`up`, `down`): the roots' energies and pooled rows go to a family above the roots
+// (hiergraph.ops.hsa.lifted), which hands back the mass and the output every root starts
+// the top-down pass from.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -16,6 +22,8 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -208,9 +216,11 @@ inline void gram(T* __restrict S, const R& x, const R& y, int64_t first, int64_t
   }
 }
 
+// log(e^a + e^b), -inf when both are.
 template <typename T>
 inline T logaddexp(T a, T b) {
-  T m = std::max(a, b);
+  const T m = std::max(a, b);
+  if (m == -std::numeric_limits<T>::infinity()) return m;
   return m + std::log1p(std::exp(std::min(a, b) - m));
 }
 
@@ -250,9 +260,12 @@ struct Levels {
   std::vector<T*> q, k, v, p, lse, a;
   // w: P scaled by the mass reaching the node (the own weight on the diagonal at the leaves)
   std::vector<std::vector<T>> w, u, delta, mu, gain, own;  // gain: e^delta, own: e^u
+  // under a leaf mask: every node's leaf count n and 1 / n (0 for n = 0)
+  std::vector<std::vector<T>> count, inv;
   Levels(const Shape& s, int64_t dim, int64_t dim_v, T* saved)
       : q(s.depth), k(s.depth), v(s.depth), p(s.depth), lse(s.depth), a(s.depth), w(s.depth),
-        u(s.depth), delta(s.depth), mu(s.depth), gain(s.depth), own(s.depth) {
+        u(s.depth), delta(s.depth), mu(s.depth), gain(s.depth), own(s.depth), count(s.depth),
+        inv(s.depth) {
     for (int64_t d = 0; d < s.depth; ++d) {
       const int64_t n = s.nodes[d];
       if (d + 1 < s.depth) {
@@ -286,6 +299,16 @@ struct Task {
   // their gradients go to
   std::vector<Rows<T>> eps, eps_grad;
   int64_t eps_dim;
+  // the tree's leaf mask (0 or 1 per leaf; none: null)
+  const T* mask = nullptr;
+  // the family above the roots: what the root's top-down pass starts from (its log mass u
+  // and output acc; null: 0), and where its energy and pooled q, k, v means go (null: not
+  // asked for)
+  struct Root {
+    T u = 0;
+    const T* acc = nullptr;
+    T *energy = nullptr, *q = nullptr, *k = nullptr, *v = nullptr;
+  } root;
 
   // The q, k, v rows of level d: the inputs' at the leaves, the node sums above them.
   std::array<Rows<T>, 3> rows(Levels<T>& l, int64_t d) const {
@@ -295,18 +318,72 @@ struct Task {
   bool gated(int64_t d) const { return d + 1 < s.depth || include_self; }
   int64_t max_fanout() const { return *std::max_element(s.fanout.begin(), s.fanout.end()); }
 
-  // Bottom-up: node sums, weights P (0 on the diagonal), lse and energies of every level.
+  // Leaf counts n and their inverses (0 for n = 0) of every node, under a leaf mask.
+  void count(Levels<T>& l) const {
+    if (!mask) return;
+    for (int64_t d = s.depth - 1; d >= 0; --d) {
+      std::vector<T>& n = l.count[d];
+      if (d + 1 == s.depth) {
+        n.assign(mask, mask + s.tree);
+      } else {
+        n.assign(s.nodes[d], T(0));
+        for (int64_t i = 0; i < s.nodes[d + 1]; ++i) n[i / s.fanout[d + 1]] += l.count[d + 1][i];
+      }
+      l.inv[d].resize(n.size());
+      for (size_t i = 0; i < n.size(); ++i) l.inv[d][i] = n[i] > 0 ? T(1) / n[i] : T(0);
+    }
+  }
+
+  // The energy of the parent of level d's family f, a(A) = sum_C n(C)/n(A) log(e^a(C) +
+  // e^lse(C)) (`inv`: 1 / n(A)), and its node sums (sq, sk, sv).
+  T pool(Levels<T>& l, int64_t d, int64_t f, T inv, T* sq, T* sk, T* sv) const {
+    const int64_t b = s.fanout[d];
+    T total = 0;
+    for (int64_t j = 0; j < b; ++j) {
+      const int64_t i = f * b + j;
+      const T t = gated(d) ? logaddexp(l.a[d][i], l.lse[d][i]) : l.lse[d][i];
+      if (!mask)
+        total += t;
+      else if (l.count[d][i] > 0)
+        total += l.count[d][i] * t;
+    }
+    // the sums of the family's rows (at the leaves, of the valid ones)
+    const T one = 1;
+    const bool weighed = mask && d + 1 == s.depth;
+    const T* coef = weighed ? mask + f * b : &one;
+    const int64_t cs = weighed ? 1 : 0;
+    const auto [q, k, v] = rows(l, d);
+    combine(sq, (const T*)nullptr, one, coef, cs, q[f * b], q.stride, b, dim);
+    combine(sk, (const T*)nullptr, one, coef, cs, k[f * b], k.stride, b, dim);
+    combine(sv, (const T*)nullptr, one, coef, cs, v[f * b], v.stride, b, dim_v);
+    return total * inv;
+  }
+
+  // Bottom-up: node sums, weights P (0 on the diagonal, and at keys without valid leaves),
+  // lse and energies of every level; with `root.energy`, also the roots' energy and pooled
+  // means.
   void up(Levels<T>& l) const {
     const T neg_inf = -std::numeric_limits<T>::infinity();
-    std::vector<T> buf(eps_dim ? max_fanout() * max_fanout() : 0);
+    count(l);
+    const int64_t widest = max_fanout();
+    std::vector<T> buf(eps_dim ? widest * widest : 0), key(widest);
     for (int64_t d = s.depth - 1; d >= 0; --d) {
       const int64_t b = s.fanout[d], n = s.leaves[d], nodes = s.nodes[d];
-      const T scale = tau / static_cast<T>(n * n);
-      const T bias = size_bias && n > 1 ? std::log(static_cast<T>(n)) : T(0);
+      // unmasked, every node of the level has n leaves: 1/n^2 in the scale, log n in lse
+      const T scale = mask ? tau : tau / static_cast<T>(n * n);
+      const T bias = size_bias && n > 1 && !mask ? std::log(static_cast<T>(n)) : T(0);
       const auto [q, k, v] = rows(l, d);
       T* p = l.p[d];
       for (int64_t first = 0; first < nodes; first += b) {
         gram(p + first * b, q, k, first, b, dim, scale);
+        if (mask) {  // the means' 1 / n(i) n(j); keys: + log n(j), -inf without leaves
+          const T* inv = l.inv[d].data() + first;
+          const T* count = l.count[d].data() + first;
+          for (int64_t j = 0; j < b; ++j)
+            key[j] = count[j] > 0 ? (size_bias ? std::log(count[j]) : T(0)) : neg_inf;
+          for (int64_t r = 0; r < b; ++r)
+            for (int64_t j = 0; j < b; ++j) p[(first + r) * b + j] *= inv[r] * inv[j];
+        }
         if (eps_dim) {  // + e_i . e_j
           gram(buf.data(), eps[d], eps[d], first, b, eps_dim, T(1));
 #pragma omp simd
@@ -316,10 +393,19 @@ struct Task {
           const int64_t i = first + r;
           T* row = p + i * b;
           if (d + 1 == s.depth) l.a[d][i] = include_self ? row[r] : neg_inf;
+          if (mask) {
+#pragma omp simd
+            for (int64_t j = 0; j < b; ++j) row[j] += key[j];
+          }
           row[r] = neg_inf;
           T m = neg_inf;
 #pragma omp simd reduction(max : m)
           for (int64_t j = 0; j < b; ++j) m = row[j] > m ? row[j] : m;
+          if (m == neg_inf) {  // no key: P = 0, lse = -inf
+            std::fill(row, row + b, T(0));
+            l.lse[d][i] = neg_inf;
+            continue;
+          }
           T sum = 0;
 #pragma omp simd reduction(+ : sum)
           for (int64_t j = 0; j < b; ++j) {
@@ -333,28 +419,30 @@ struct Task {
         }
       }
       if (d == 0) break;
-      T* pa = l.a[d - 1];  // the parents' energies and node sums
-      const auto [pq, pk, pv] = rows(l, d - 1);
+      const auto [pq, pk, pv] = rows(l, d - 1);  // the parents' energies and node sums
       for (int64_t f = 0; f < nodes / b; ++f) {
-        T total = 0;
-        for (int64_t j = 0; j < b; ++j) {
-          const int64_t i = f * b + j;
-          total += gated(d) ? logaddexp(l.a[d][i], l.lse[d][i]) : l.lse[d][i];
-        }
-        const T one = 1;  // the sums of the family's rows
-        combine(pq[f], (const T*)nullptr, one, &one, 0, q[f * b], q.stride, b, dim);
-        combine(pk[f], (const T*)nullptr, one, &one, 0, k[f * b], k.stride, b, dim);
-        combine(pv[f], (const T*)nullptr, one, &one, 0, v[f * b], v.stride, b, dim_v);
-        pa[f] = total / static_cast<T>(b);
+        const T inv = mask ? l.inv[d - 1][f] : T(1) / static_cast<T>(b);
+        l.a[d - 1][f] = pool(l, d, f, inv, pq[f], pk[f], pv[f]);
       }
     }
+    if (!root.energy) return;
+    T inv = T(1) / static_cast<T>(s.tree);  // the root's, and its means from the sums
+    if (mask) {
+      const T n = std::accumulate(l.count[0].begin(), l.count[0].end(), T(0));
+      inv = n > 0 ? T(1) / n : T(0);
+    }
+    *root.energy = pool(l, 0, 0, mask ? inv : T(1) / static_cast<T>(s.fanout[0]), root.q,
+                        root.k, root.v);
+    for (int64_t c = 0; c < dim; ++c) root.q[c] *= inv, root.k[c] *= inv;
+    for (int64_t c = 0; c < dim_v; ++c) root.v[c] *= inv;
   }
 
   // Top-down: log masses, and the output written to `out` (leaf rows, stride out.stride;
-  // no output where out.data is null).
+  // no output where out.data is null), from the roots' mass root.u and output root.acc.
   void down(Levels<T>& l, Rows<T> out) const {
+    const T neg_inf = -std::numeric_limits<T>::infinity();
     const bool write = out.data != nullptr;
-    std::vector<T> acc_parent, acc;
+    std::vector<T> acc_parent, acc, coef(max_fanout());
     for (int64_t d = 0; d < s.depth; ++d) {
       const int64_t b = s.fanout[d], nodes = s.nodes[d];
       const T inv_n = T(1) / static_cast<T>(s.leaves[d]);
@@ -362,7 +450,8 @@ struct Task {
       const Rows<T> v = rows(l, d)[2];
       if (!leaves && write) acc.resize(nodes * dim_v);  // every row written below
       // the gates: log mu = log sigmoid(x), log(1 - mu) = log sigmoid(-x), x = a - lse
-      // (mu = 0 without an energy); every node's mass and its own weight e^u
+      // (mu = 0 without an energy; no mass at all where a = lse = -inf); every node's mass
+      // and its own weight e^u
       const T* a = l.a[d];
       const T* lse = l.lse[d];
       const T* u_up = d ? l.u[d - 1].data() : nullptr;
@@ -372,14 +461,16 @@ struct Task {
       T* gain = l.gain[d].data();
       T* own = l.own[d].data();
       const bool gate = gated(d);
+      const T top = root.u;
 #pragma omp simd
       for (int64_t i = 0; i < nodes; ++i) {
-        const T x = a[i] - lse[i];
+        const bool none = a[i] == neg_inf && lse[i] == neg_inf;
+        const T x = none ? T(0) : a[i] - lse[i];
         const T t = std::log1p(std::exp(-std::abs(x)));
-        const T base = u_up ? u_up[i / b] : T(0);
-        delta[i] = gate ? base + std::min(-x, T(0)) - t : base;
-        u[i] = gate ? base + std::min(x, T(0)) - t : base;
-        mu[i] = gate ? std::exp(u[i] - base) : T(0);
+        const T base = u_up ? u_up[i / b] : top;
+        delta[i] = gate ? (none ? neg_inf : base + std::min(-x, T(0)) - t) : base;
+        u[i] = gate ? (none ? neg_inf : base + std::min(x, T(0)) - t) : base;
+        mu[i] = gate && !none ? std::exp(std::min(x, T(0)) - t) : T(0);
         gain[i] = std::exp(delta[i]);
         own[i] = std::exp(u[i]);
       }
@@ -392,8 +483,18 @@ struct Task {
         wrow[i % b] = leaves && include_self ? own[i] : T(0);
         if (!write) continue;
         T* o = leaves ? out[i] : acc.data() + i * dim_v;
-        const T* base = d ? acc_parent.data() + (i / b) * dim_v : nullptr;
-        combine(o, base, inv_n, wrow, 1, v[i - i % b], v.stride, b, dim_v);
+        if (leaves && mask && mask[i] == 0) {  // a masked leaf's output: 0
+          std::fill(o, o + dim_v, T(0));
+          continue;
+        }
+        const T* base = d ? acc_parent.data() + (i / b) * dim_v : root.acc;
+        if (!mask) {
+          combine(o, base, inv_n, wrow, 1, v[i - i % b], v.stride, b, dim_v);
+          continue;
+        }
+        const T* inv = l.inv[d].data() + (i - i % b);  // the keys' means: 1 / n(j)
+        for (int64_t j = 0; j < b; ++j) coef[j] = wrow[j] * inv[j];
+        combine(o, base, T(1), coef.data(), 1, v[i - i % b], v.stride, b, dim_v);
       }
       acc_parent.swap(acc);
     }
@@ -554,14 +655,25 @@ std::vector<Rows<T>> level_rows(const std::vector<at::Tensor>& per_level, const 
   return rows;
 }
 
-// Runs `fn(task, item, start, h)` for every (tree, head), in parallel; eps_grad: per level
-// [H, n_d, c], the rows the task writes the gradients of its position embeddings to.
+// The leaf mask as one value of q's dtype per leaf (undefined: none).
+at::Tensor leaf_mask(const std::optional<at::Tensor>& mask, const at::Tensor& q) {
+  if (!mask) return at::Tensor();
+  TORCH_CHECK(mask->dim() == 1 && mask->size(0) == q.size(0) && mask->device().is_cpu(),
+              "the leaf mask must be a CPU tensor with one value per leaf");
+  return mask->to(q.scalar_type()).contiguous();
+}
+
+// Runs `fn(task, item, tree, h)` for every (tree, head), in parallel; eps_grad: per level
+// [H, n_d, c], the rows the task writes the gradients of its position embeddings to; mask:
+// from leaf_mask.
 template <typename T, typename F>
 void each_task(const Shape& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                const std::vector<at::Tensor>& eps, const std::vector<at::Tensor>& eps_grad,
-               int64_t trees, double tau, bool include_self, bool size_bias, F fn) {
+               const at::Tensor& mask, int64_t trees, double tau, bool include_self,
+               bool size_bias, F fn) {
   const int64_t heads = q.size(1);
   const int64_t eps_dim = eps.empty() ? 0 : eps[0].size(2);
+  const T* leaf_mask = mask.defined() ? mask.data_ptr<T>() : nullptr;
   at::parallel_for(0, trees * heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t h = item % heads, tree = item / heads, start = tree * s.tree;
@@ -569,7 +681,8 @@ void each_task(const Shape& s, const at::Tensor& q, const at::Tensor& k, const a
                    head_rows<T>(q, start, h), head_rows<T>(k, start, h),
                    head_rows<T>(v, start, h), level_rows<T>(eps, s, tree, h),
                    level_rows<T>(eps_grad, s, tree, h), eps_dim};
-      fn(task, item, start, h);
+      task.mask = leaf_mask ? leaf_mask + start : nullptr;
+      fn(task, item, tree, h);
     }
   });
 }
@@ -578,26 +691,94 @@ void each_task(const Shape& s, const at::Tensor& q, const at::Tensor& k, const a
 
 // The output [L, H, d_v] (in v's memory layout) and, with `save`, what the backward reads
 // ([trees * heads, Shape::saved]; else empty). eps: the position embeddings of every level
-// below the roots, [H | 1, n_d, c] in breadth-first order (or none).
+// below the roots, [H | 1, n_d, c] in breadth-first order (or none); mask: [L], nonzero for
+// the valid leaves (or none; not with `save`).
 std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const std::vector<at::Tensor>& eps,
                                 std::vector<int64_t> fanout, double tau, bool include_self,
-                                bool size_bias, bool save) {
+                                bool size_bias, bool save,
+                                const std::optional<at::Tensor>& mask) {
   const Shape s(std::move(fanout), q.size(2), v.size(2));
   const int64_t trees = check(q, k, v, eps, s);
+  TORCH_CHECK(!(save && mask), "the kernel takes no gradient under a leaf mask");
+  const at::Tensor valid = leaf_mask(mask, q);
   at::Tensor out = at::empty_like(v);
   at::Tensor saved = at::empty({save ? trees * q.size(1) : 0, s.saved}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_forward", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, {}, trees, tau, include_self, size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t start, int64_t h) {
+    each_task<scalar_t>(s, q, k, v, eps, {}, valid, trees, tau, include_self, size_bias,
+                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h) {
       std::vector<scalar_t> local(save ? 0 : s.saved);
       scalar_t* state = save ? saved.data_ptr<scalar_t>() + item * s.saved : local.data();
       Levels<scalar_t> levels(s, q.size(2), v.size(2), state);
       task.up(levels);
-      task.down(levels, head_rows<scalar_t>(out, start, h));
+      task.down(levels, head_rows<scalar_t>(out, tree * s.tree, h));
     });
   });
   return {out, saved};
+}
+
+// The bottom-up pass alone (no gradients), up to the roots: the state `down` continues from
+// ([trees * heads, Shape::saved]), the roots' energies [H, trees] and pooled q, k, v means
+// [H, trees, d | d_v] (0 for a root without valid leaves). Arguments as in `forward`.
+std::vector<at::Tensor> up(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const std::vector<at::Tensor>& eps, std::vector<int64_t> fanout,
+                           double tau, bool include_self, bool size_bias,
+                           const std::optional<at::Tensor>& mask) {
+  const Shape s(std::move(fanout), q.size(2), v.size(2));
+  const int64_t trees = check(q, k, v, eps, s), heads = q.size(1);
+  const at::Tensor valid = leaf_mask(mask, q);
+  at::Tensor saved = at::empty({trees * heads, s.saved}, q.options());
+  at::Tensor energy = at::empty({heads, trees}, q.options());
+  at::Tensor pq = at::empty({heads, trees, q.size(2)}, q.options());
+  at::Tensor pk = at::empty_like(pq), pv = at::empty({heads, trees, v.size(2)}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_up", [&] {
+    each_task<scalar_t>(s, q, k, v, eps, {}, valid, trees, tau, include_self, size_bias,
+                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h) {
+      Levels<scalar_t> levels(s, q.size(2), v.size(2),
+                              saved.data_ptr<scalar_t>() + item * s.saved);
+      const int64_t root = h * trees + tree;
+      task.root.energy = energy.data_ptr<scalar_t>() + root;
+      task.root.q = pq.data_ptr<scalar_t>() + root * q.size(2);
+      task.root.k = pk.data_ptr<scalar_t>() + root * q.size(2);
+      task.root.v = pv.data_ptr<scalar_t>() + root * v.size(2);
+      task.up(levels);
+    });
+  });
+  return {saved, energy, pq, pk, pv};
+}
+
+// The top-down pass from `up`'s state, starting at every root from the log mass `u`
+// [H, trees] and the output `acc` [H, trees, d_v] a family above them hands down: the
+// output [L, H, d_v], as from `forward`.
+at::Tensor down(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const std::vector<at::Tensor>& eps, const at::Tensor& saved, const at::Tensor& u,
+                const at::Tensor& acc, std::vector<int64_t> fanout, double tau,
+                bool include_self, bool size_bias, const std::optional<at::Tensor>& mask) {
+  const Shape s(std::move(fanout), q.size(2), v.size(2));
+  const int64_t trees = check(q, k, v, eps, s), heads = q.size(1);
+  const at::Tensor valid = leaf_mask(mask, q);
+  TORCH_CHECK(saved.is_contiguous() && saved.numel() == trees * heads * s.saved &&
+                  saved.scalar_type() == q.scalar_type(),
+              "saved does not come from this forest's up pass");
+  TORCH_CHECK(u.sizes() == at::IntArrayRef({heads, trees}) &&
+                  acc.sizes() == at::IntArrayRef({heads, trees, v.size(2)}),
+              "u must be [H, trees] and acc [H, trees, d_v]");
+  const at::Tensor root_u = u.to(q.scalar_type()).contiguous();
+  const at::Tensor root_acc = acc.to(q.scalar_type()).contiguous();
+  at::Tensor out = at::empty_like(v);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_down", [&] {
+    each_task<scalar_t>(s, q, k, v, eps, {}, valid, trees, tau, include_self, size_bias,
+                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h) {
+      Levels<scalar_t> levels(s, q.size(2), v.size(2),
+                              saved.data_ptr<scalar_t>() + item * s.saved);
+      const int64_t root = h * trees + tree;
+      task.root.u = root_u.data_ptr<scalar_t>()[root];
+      task.root.acc = root_acc.data_ptr<scalar_t>() + root * v.size(2);
+      task.count(levels);
+      task.down(levels, head_rows<scalar_t>(out, tree * s.tree, h));
+    });
+  });
+  return out;
 }
 
 // The gradients of q, k, v (in their memory layouts) from the output's, `grad`, and those
@@ -619,8 +800,10 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& q,
   for (const at::Tensor& e : eps)
     eps_grad.push_back(at::empty({q.size(1), e.size(1), e.size(2)}, e.options()));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_backward", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, eps_grad, trees, tau, include_self, size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t start, int64_t h) {
+    each_task<scalar_t>(s, q, k, v, eps, eps_grad, at::Tensor(), trees, tau, include_self,
+                        size_bias,
+                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h) {
+      const int64_t start = tree * s.tree;
       Levels<scalar_t> levels(s, q.size(2), v.size(2),
                               saved.data_ptr<scalar_t>() + item * s.saved);
       task.down(levels, Rows<scalar_t>{nullptr, 0});  // the log masses and weights
@@ -635,5 +818,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& q,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward);
+  m.def("up", &up);
+  m.def("down", &down);
   m.def("backward", &backward);
 }
