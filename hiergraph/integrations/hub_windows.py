@@ -46,6 +46,7 @@ from hiergraph.data.windows import check_branching
 from hiergraph.integrations.hubs import hub_scores, lifted_tokens
 from hiergraph.integrations.padded_attention import check_padded
 from hiergraph.nn._checks import check_int
+from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.lifted import hub_family, self_energy
 from hiergraph.ops.hsa.uniform import heads_first, transposed, uniform_hierarchical_attention
 
@@ -119,9 +120,15 @@ def hub_window_attention(
     out = rows[2].new_zeros(batch * length + 1, heads, rows[2].size(-1))
     options = dict(include_self=include_self, size_bias=size_bias, scale=scale)
     for height, examples in heights.items():
-        for result, token in _root_split(
-            rows, order, examples, others, num_hubs, height, branching, **options
-        ):
+        width = math.prod(branching[: max(height - 1, 0)])  # tokens per top window
+        slots = _slots(order, examples, others, num_hubs, width)
+        if width > 1 and native.applies_to_hub_trees(*rows, len(examples)):
+            # the whole trees in the kernel, which reads and writes the tokens' rows in place
+            leaf_rows, hub_rows = (t.masked_fill(~real, -1) for t, real in slots)
+            fanout = (leaf_rows.size(1) // width, *reversed(branching[: height - 1]))
+            native.hub_tree_attention(*rows, leaf_rows, hub_rows, fanout, out, **options)
+            continue
+        for result, token in _root_split(rows, slots, height, branching, **options):
             out.index_copy_(0, token.view(-1), result.flatten(1, -2).transpose(0, 1))
     return out[:-1].view(batch, length, heads, -1)
 
@@ -136,37 +143,47 @@ def _height(n: int, branching: tuple[int, ...]) -> int:
     return height
 
 
-def _root_split(
-    rows, order, examples, others, num_hubs, height, branching, *, include_self, size_bias,
-    scale,
-) -> tuple[tuple[Tensor, Tensor], ...]:  # fmt: skip
-    """The outputs of the examples ``examples``, whose trees have height ``height``: of
-    their top windows' tokens ``[H, B', W, s, d_v]`` and of their hubs ``[H, B', G, d_v]``,
-    each with its tokens' rows in the batch (``[B', W, s]`` and ``[B', G]``; padding slots:
-    the row after the last)."""
+def _slots(
+    order: Tensor, examples: list[int], others: list[int], num_hubs: list[int], width: int
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """The rows in the batch of the tokens of the examples ``examples``' top windows of
+    ``width`` tokens (the others, padded to the most windows ``W``), ``[B', W * width]``,
+    and of their hubs, ``[B', G]``, each with whether the slot holds a token (a padding
+    slot points at some token of the batch)."""
     length, device = order.size(1), order.device
-    width = math.prod(branching[: max(height - 1, 0)])  # tokens per top window
     n = torch.as_tensor([others[b] for b in examples], device=device)
     g = torch.as_tensor([num_hubs[b] for b in examples], device=device)
     windows = max(-(-others[b] // width) for b in examples)
     hubs = max(num_hubs[b] for b in examples)
-    count, slots, dump = len(examples), windows * width, rows[0].size(0)
     index = torch.as_tensor(examples, device=device)
     order = order[index]
-
-    # the top windows' tokens (the others, padded) and the hubs, as rows of the batch
-    at = torch.arange(slots, device=device)
+    at = torch.arange(windows * width, device=device)
     real = at < n[:, None]  # [count, slots]
-    token = order.gather(1, at.clamp(max=length - 1).expand(count, -1)) + (index * length)[:, None]
+    start = (index * length)[:, None]
+    token = order.gather(1, at.clamp(max=length - 1).expand(len(examples), -1)) + start
     hub_at = n[:, None] + torch.arange(hubs, device=device)
     hub_real = hub_at < (n + g)[:, None]  # [count, hubs]
-    hub_token = order.gather(1, hub_at.clamp(max=length - 1)) + (index * length)[:, None]
+    hub_token = order.gather(1, hub_at.clamp(max=length - 1)) + start
+    return (token, real), (hub_token, hub_real)
+
+
+def _root_split(
+    rows, slots, height, branching, *, include_self, size_bias, scale
+) -> tuple[tuple[Tensor, Tensor], ...]:
+    """The outputs of the examples whose tokens' rows ``slots`` (:func:`_slots`) picks,
+    whose trees have height ``height``: of their top windows' tokens ``[H, B', W, s, d_v]``
+    and of their hubs ``[H, B', G, d_v]``, each with its tokens' rows in the batch
+    (``[B', W, s]`` and ``[B', G]``; padding slots: the row after the last)."""
+    (token, real), (hub_token, hub_real) = slots
+    width = math.prod(branching[: max(height - 1, 0)])  # tokens per top window
+    count, windows, dump = token.size(0), token.size(1) // width, rows[0].size(0)
     weight = real.view(-1, 1, 1)
     leaves = [transposed(t.index_select(0, token.view(-1)), weight) for t in rows]
     hub_rows = [heads_first(t.index_select(0, hub_token.view(-1))) for t in rows]
 
     sizes = torch.cat([real.view(count, windows, width).sum(-1), hub_real], 1)  # [count, M]
-    lonely = height == 0 and any(others[b] + num_hubs[b] == 1 for b in examples)
+    # a tree of one token, and no hub: its root family has a single member
+    lonely = height == 0 and bool((sizes > 0).sum(1).eq(1).any())
     options = dict(tau=scale, size_bias=size_bias, include_self=include_self, lonely=lonely)
     hubs_out = {}
 

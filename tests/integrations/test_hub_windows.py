@@ -10,6 +10,7 @@ from hiergraph.integrations import (
     select_hubs,
 )
 from hiergraph.integrations.hub_windows import hub_window_attention
+from hiergraph.ops.hsa import native
 
 
 def tree_based(q, k, v, mask, branching, hubs, **options):
@@ -48,11 +49,28 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=["kernel", "torch-ops"])
+def kernel_calls(request, monkeypatch):
+    """The compiled kernel on (its calls, which the hub trees of windows of more than one
+    token make) or off (``None``)."""
+    if request.param == "torch-ops":
+        monkeypatch.setattr(native, "_enabled", False)
+        return None
+    if native.extension() is None:
+        pytest.skip("the HSA kernel could not be built here")
+    calls = []
+    kernel = native.hub_tree_attention
+    monkeypatch.setattr(
+        native, "hub_tree_attention", lambda *args, **kw: calls.append(1) or kernel(*args, **kw)
+    )
+    return calls
+
+
 @pytest.mark.parametrize("lengths, length, branching, hubs", CASES)
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("size_bias", [True, False])
 def test_equals_the_tree_built_per_batch(lengths, length, branching, hubs, include_self,
-                                         size_bias):  # fmt: skip
+                                         size_bias, kernel_calls):  # fmt: skip
     q, k, v, mask = batch(lengths, length, d_v=5)
     options = dict(include_self=include_self, size_bias=size_bias)
     ref = tree_based(q, k, v, mask, branching, hubs, **options)
@@ -60,6 +78,41 @@ def test_equals_the_tree_built_per_batch(lengths, length, branching, hubs, inclu
     assert out.shape == (len(lengths), length, 3, 5)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     assert (out[~mask] == 0).all()
+    if kernel_calls is not None:  # every case has windows of several tokens
+        assert kernel_calls
+
+
+def test_heads_first_inputs_in_float32(kernel_calls):
+    """Inputs whose memory is ``[B, H, T, d]``, in float32, against float64."""
+    q, k, v, mask = batch([64, 40, 3, 0, 17], 64, seed=3)
+    want = padded_hub_window_hsa(q, k, v, mask, (2, 4, 8), 8)
+    inputs = [t.float().contiguous() for t in (q, k, v)]
+    out = padded_hub_window_hsa(*inputs, mask, (2, 4, 8), 8)
+    torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=1e-5)
+    assert kernel_calls is None or kernel_calls
+
+
+def test_the_kernel_checks_its_rows():
+    ext = native.extension()
+    if ext is None:
+        pytest.skip("the HSA kernel could not be built here")
+    q = torch.randn(10, 2, 4, dtype=torch.float64)
+    out = torch.zeros(10, 2, 4, dtype=torch.float64)
+    rows, hubs = torch.arange(8).view(1, 8), torch.tensor([[8, -1]])
+    ext.hub_forward(q, q, q, rows, hubs, [2, 2, 2], 0.5, True, True, out)
+    assert out[:9].abs().sum(-1).gt(0).all() and not out[9].any()
+    with pytest.raises(RuntimeError, match="index rows"):
+        ext.hub_forward(q, q, q, rows, hubs + 2, [2, 2, 2], 0.5, True, True, out)
+    with pytest.raises(RuntimeError, match="windows' leaves"):
+        ext.hub_forward(q, q, q, rows, hubs, [2, 2], 0.5, True, True, out)
+    with pytest.raises(RuntimeError, match="int64"):
+        ext.hub_forward(q, q, q, rows.int(), hubs, [2, 2, 2], 0.5, True, True, out)
+    with pytest.raises(RuntimeError, match="below the root"):
+        ext.hub_forward(q, q, q, rows, hubs, [4, 1, 2], 0.5, True, True, out)
+    with pytest.raises(RuntimeError, match="level below"):
+        ext.hub_forward(q, q, q, rows, hubs, [8], 0.5, True, True, out)
+    with pytest.raises(RuntimeError, match="out must be"):
+        ext.hub_forward(q, q, q, rows, hubs, [2, 2, 2], 0.5, True, True, out.float())
 
 
 @pytest.mark.parametrize("lengths, length", [([24, 17, 1, 9], 24), ([12, 12], 12)])

@@ -42,6 +42,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from hiergraph._autograd import records_grad
 from hiergraph.ops.hsa.uniform_fused import recorded_gradients
 
 #: The environment variable that turns the kernel off (``0``, ``false``, ``no``, ``off``).
@@ -129,14 +130,61 @@ def applies(q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, grad:
     extension built."""
     leaves = math.prod(fanout)
     return (
-        q.device.type == "cpu"
-        and q.dtype in (torch.float32, torch.float64)
-        and all(t.dtype == q.dtype and t.dim() == 3 and t.stride(-1) == 1 for t in (q, k, v))
+        _eligible(q, k, v)
         and all(e.dtype == q.dtype for e in eps or ())
         and min(fanout) >= 2
         and q.size(0) // leaves * q.size(1) >= torch.get_num_threads()
         and (not grad or leaves <= MAX_TREE_LEAVES)
         and extension() is not None
+    )
+
+
+def applies_to_hub_trees(q: Tensor, k: Tensor, v: Tensor, trees: int) -> bool:
+    """Whether the kernel runs :func:`hub_tree_attention` of ``trees`` trees over the rows
+    ``q, k [N, H, d]``, ``v [N, H, d_v]``: float32 or float64 CPU tensors with contiguous
+    channels, no gradient, not under ``torch.compile``, at least as many (tree, head)
+    tasks as threads, and the extension built."""
+    return (
+        _eligible(q, k, v)
+        and not records_grad(q, k, v)
+        and not torch.compiler.is_compiling()
+        and trees * q.size(1) >= torch.get_num_threads()
+        and extension() is not None
+    )
+
+
+def hub_tree_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    leaf_rows: Tensor,
+    hub_rows: Tensor,
+    fanout: tuple[int, ...],
+    out: Tensor,
+    *,
+    include_self: bool,
+    size_bias: bool,
+    scale: float,
+) -> None:
+    r"""HSA over trees whose root has ``W = fanout[0]`` window subtrees of equal fanout
+    ``fanout[1:]`` (each at least 2) and ``G`` hubs as leaves of its own family
+    (:mod:`~hiergraph.integrations.hub_windows`), without gradients, read from and written
+    to token rows in place: tree ``t``'s window leaves are the rows ``leaf_rows[t]``
+    (``[trees, W b_2 \cdots b_D]``) of ``q, k [N, H, d]``, ``v [N, H, d_v]``, its hubs the
+    rows ``hub_rows[t]`` (``[trees, G]``), ``-1`` a padding slot (no leaf, no hub). Every
+    leaf's and hub's output goes to its row of ``out`` ``[N, H, d_v]``; other rows are left
+    as they are."""
+    extension().hub_forward(
+        q, k, v, leaf_rows, hub_rows, list(fanout), float(scale), include_self, size_bias, out
+    )
+
+
+def _eligible(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Float32 or float64 CPU rows ``[N, H, ·]`` of one dtype with contiguous channels."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64)
+        and all(t.dtype == q.dtype and t.dim() == 3 and t.stride(-1) == 1 for t in (q, k, v))
     )
 
 

@@ -106,12 +106,28 @@ struct Lanes {
 #endif
 };
 
-// out = base + alpha sum_j coef[j cs] rows[j rs] over `count` rows of N values (base null:
-// 0). With N known at compile time the sum stays in registers.
+// Rows of one head: at the leaves, the input's own memory (row stride `stride`; with an
+// `index`, row i is the input's row index[i], and a negative entry a padding slot read as
+// the row `zeros`, which a write through it leaves 0); above them, node sums in a
+// contiguous buffer.
+template <typename T>
+struct Rows {
+  T* data;
+  int64_t stride;
+  const int64_t* index = nullptr;
+  T* zeros = nullptr;
+  T* operator[](int64_t i) const {
+    if (!index) return data + i * stride;
+    return index[i] < 0 ? zeros : data + index[i] * stride;
+  }
+};
+
+// out = base + alpha sum_j coef[j cs] rows[first + j] over `count` rows of N values (base
+// null: 0). With N known at compile time the sum stays in registers.
 template <typename T, int N>
 inline void combine_fixed(T* __restrict out, const T* __restrict base, T alpha,
-                          const T* __restrict coef, int64_t cs, const T* __restrict rows,
-                          int64_t rs, int64_t count) {
+                          const T* __restrict coef, int64_t cs, const Rows<T>& rows,
+                          int64_t first, int64_t count) {
   using V = typename Lanes<T>::vec;
   constexpr int K = N / Lanes<T>::size;
   static_assert(K * Lanes<T>::size == N, "N must be a multiple of the lanes");
@@ -124,7 +140,7 @@ inline void combine_fixed(T* __restrict out, const T* __restrict base, T alpha,
   }
   for (int64_t j = 0; j < count; ++j) {
     const T c = alpha * coef[j * cs];
-    const T* __restrict row = rows + j * rs;
+    const T* __restrict row = rows[first + j];
     for (int x = 0; x < K; ++x) {
       __builtin_memcpy(&r, row + x * Lanes<T>::size, sizeof r);
       acc[x] += c * r;
@@ -136,19 +152,20 @@ inline void combine_fixed(T* __restrict out, const T* __restrict base, T alpha,
 // combine_fixed<T, N> where N is a multiple of the lanes; false where it is not.
 template <typename T, int N>
 inline bool combine_lanes(T* out, const T* base, T alpha, const T* coef, int64_t cs,
-                          const T* rows, int64_t rs, int64_t count) {
+                          const Rows<T>& rows, int64_t first, int64_t count) {
   if constexpr (N % Lanes<T>::size == 0) {
-    combine_fixed<T, N>(out, base, alpha, coef, cs, rows, rs, count);
+    combine_fixed<T, N>(out, base, alpha, coef, cs, rows, first, count);
     return true;
   }
   return false;
 }
 
 template <typename T>
-inline void combine(T* out, const T* base, T alpha, const T* coef, int64_t cs, const T* rows,
-                    int64_t rs, int64_t count, int64_t n) {
+inline void combine(T* out, const T* base, T alpha, const T* coef, int64_t cs,
+                    const Rows<T>& rows, int64_t first, int64_t count, int64_t n) {
   const auto fixed = [&](auto width) {
-    return combine_lanes<T, decltype(width)::value>(out, base, alpha, coef, cs, rows, rs, count);
+    return combine_lanes<T, decltype(width)::value>(out, base, alpha, coef, cs, rows, first,
+                                                     count);
   };
   using std::integral_constant;
   switch (n) {
@@ -161,7 +178,7 @@ inline void combine(T* out, const T* base, T alpha, const T* coef, int64_t cs, c
     default: break;
   }
   for (int64_t x = 0; x < n; ++x) out[x] = base ? base[x] : T(0);
-  for (int64_t j = 0; j < count; ++j) axpy(out, alpha * coef[j * cs], rows + j * rs, n);
+  for (int64_t j = 0; j < count; ++j) axpy(out, alpha * coef[j * cs], rows[first + j], n);
 }
 
 template <typename T, int N>
@@ -172,26 +189,30 @@ inline T dot_fixed(const T* __restrict x, const T* __restrict y) {
   return s;
 }
 
-// S = alpha x_i . y_j for b rows i, j, b and dim multiples of the lanes: the products of one
-// row i with `lanes` rows j accumulate in as many vectors, reduced together at the end.
+// S = alpha x_i . y_j for b rows i, j, dim a multiple of the lanes: the products of one row i
+// with `lanes` rows j accumulate in as many vectors, reduced together at the end (a last,
+// partial block of rows j repeats its last row, whose lanes are dropped).
 template <typename T, typename R>
 inline void gram_lanes(T* __restrict S, const R& x, const R& y, int64_t first, int64_t b,
                        int64_t dim, T alpha) {
   using L = Lanes<T>;
-  typename L::vec acc[L::size], xv, yv;
-  for (int64_t i = 0; i < b; ++i) {
-    const T* xi = x[first + i];
-    for (int64_t block = 0; block < b; block += L::size) {
+  typename L::vec acc[L::size], xv, yv, sums;
+  const T* rows[L::size];
+  for (int64_t block = 0; block < b; block += L::size) {
+    const int64_t width = std::min<int64_t>(L::size, b - block);
+    for (int m = 0; m < L::size; ++m) rows[m] = y[first + block + std::min<int64_t>(m, width - 1)];
+    for (int64_t i = 0; i < b; ++i) {
+      const T* xi = x[first + i];
       for (int m = 0; m < L::size; ++m) acc[m] = typename L::vec{};
       for (int64_t c = 0; c < dim; c += L::size) {
         __builtin_memcpy(&xv, xi + c, sizeof xv);
         for (int m = 0; m < L::size; ++m) {
-          __builtin_memcpy(&yv, y[first + block + m] + c, sizeof yv);
+          __builtin_memcpy(&yv, rows[m] + c, sizeof yv);
           acc[m] += xv * yv;
         }
       }
-      typename L::vec sums = L::reduce(acc) * alpha;
-      __builtin_memcpy(S + i * b + block, &sums, sizeof sums);
+      sums = L::reduce(acc) * alpha;
+      __builtin_memcpy(S + i * b + block, &sums, width * sizeof(T));
     }
   }
 }
@@ -200,7 +221,8 @@ inline void gram_lanes(T* __restrict S, const R& x, const R& y, int64_t first, i
 template <typename T, typename R>
 inline void gram(T* __restrict S, const R& x, const R& y, int64_t first, int64_t b, int64_t dim,
                  T alpha) {
-  if (Lanes<T>::reduces && b % Lanes<T>::size == 0 && dim % Lanes<T>::size == 0)
+  // (families of fewer than half the lanes: more products wasted than reductions saved)
+  if (Lanes<T>::reduces && 2 * b >= Lanes<T>::size && dim % Lanes<T>::size == 0)
     return gram_lanes(S, x, y, first, b, dim, alpha);
   auto each = [&](auto product) {
     for (int64_t i = 0; i < b; ++i) {
@@ -224,32 +246,33 @@ inline T logaddexp(T a, T b) {
   return m + std::log1p(std::exp(std::min(a, b) - m));
 }
 
-// Rows of one head: at the leaves, the input's own memory (row stride `stride`); above
-// them, node sums in a contiguous buffer.
-template <typename T>
-struct Rows {
-  T* data;
-  int64_t stride;
-  T* operator[](int64_t i) const { return data + i * stride; }
-};
-
+// A tree whose nodes of depth d have b_{d+1} children (`fanout`), and `extra` more leaves
+// (hubs) in its root's family, after the b_1 nodes with children.
 struct Shape {
   std::vector<int64_t> fanout;  // b_d, d = 0 (top) .. D - 1 (leaves)
+  std::vector<int64_t> family;  // the size of a family of level d: b_d (plus the hubs at 0)
   std::vector<int64_t> nodes;   // nodes of level d in one tree
-  std::vector<int64_t> leaves;  // leaves below a node of level d
-  int64_t depth, tree, saved;  // saved: what the forward keeps per (tree, head), in floats
-  Shape(std::vector<int64_t> f, int64_t dim, int64_t dim_v) : fanout(std::move(f)) {
+  std::vector<int64_t> leaves;  // leaves below a node of level d (without hubs)
+  int64_t depth, extra, tree, saved;  // tree: the leaves of the bottom level; saved: what
+                                      // the forward keeps per (tree, head), in floats
+  Shape(std::vector<int64_t> f, int64_t dim, int64_t dim_v, int64_t hubs = 0)
+      : fanout(std::move(f)), extra(hubs) {
     depth = static_cast<int64_t>(fanout.size());
+    family = fanout;
+    family[0] += extra;
     nodes.resize(depth);
     leaves.resize(depth);
     int64_t n = 1;
     for (int64_t d = 0; d < depth; ++d) nodes[d] = n *= fanout[d];
     tree = n;
     for (int64_t d = 0; d < depth; ++d) leaves[d] = tree / nodes[d];
+    nodes[0] += extra;
     saved = 0;
     for (int64_t d = 0; d < depth; ++d)
-      saved += nodes[d] * (fanout[d] + 2 + (d + 1 < depth ? 2 * dim + dim_v : 0));
+      saved += nodes[d] * (family[d] + 2 + (d + 1 < depth ? 2 * dim + dim_v : 0));
   }
+  // Whether node i of level d is a leaf: the bottom level's nodes, and the hubs.
+  bool leaf(int64_t d, int64_t i) const { return d + 1 == depth || (d == 0 && i >= fanout[0]); }
 };
 
 // Everything one (tree, head) keeps between the passes, per level. The node sums (levels
@@ -275,10 +298,10 @@ struct Levels {
         saved = v[d] + n * dim_v;
       }
       p[d] = saved;
-      lse[d] = saved + n * s.fanout[d];
+      lse[d] = saved + n * s.family[d];
       a[d] = lse[d] + n;
       saved = a[d] + n;
-      w[d].resize(n * s.fanout[d]);
+      w[d].resize(n * s.family[d]);
       u[d].resize(n);
       delta[d].resize(n);
       mu[d].resize(n);
@@ -309,6 +332,11 @@ struct Task {
     const T* acc = nullptr;
     T *energy = nullptr, *q = nullptr, *k = nullptr, *v = nullptr;
   } root;
+  // the hubs' q, k, v rows and where their outputs go, and their mask (Shape::extra)
+  struct Hubs {
+    Rows<T> q, k, v, out;
+    const T* mask = nullptr;
+  } hubs;
 
   // The q, k, v rows of level d: the inputs' at the leaves, the node sums above them.
   std::array<Rows<T>, 3> rows(Levels<T>& l, int64_t d) const {
@@ -316,7 +344,7 @@ struct Task {
     return {Rows<T>{l.q[d], dim}, Rows<T>{l.k[d], dim}, Rows<T>{l.v[d], dim_v}};
   }
   bool gated(int64_t d) const { return d + 1 < s.depth || include_self; }
-  int64_t max_fanout() const { return *std::max_element(s.fanout.begin(), s.fanout.end()); }
+  int64_t max_fanout() const { return *std::max_element(s.family.begin(), s.family.end()); }
 
   // Leaf counts n and their inverses (0 for n = 0) of every node, under a leaf mask.
   void count(Levels<T>& l) const {
@@ -328,6 +356,7 @@ struct Task {
       } else {
         n.assign(s.nodes[d], T(0));
         for (int64_t i = 0; i < s.nodes[d + 1]; ++i) n[i / s.fanout[d + 1]] += l.count[d + 1][i];
+        if (d == 0) std::copy(hubs.mask, hubs.mask + s.extra, n.begin() + s.fanout[0]);
       }
       l.inv[d].resize(n.size());
       for (size_t i = 0; i < n.size(); ++i) l.inv[d][i] = n[i] > 0 ? T(1) / n[i] : T(0);
@@ -353,9 +382,9 @@ struct Task {
     const T* coef = weighed ? mask + f * b : &one;
     const int64_t cs = weighed ? 1 : 0;
     const auto [q, k, v] = rows(l, d);
-    combine(sq, (const T*)nullptr, one, coef, cs, q[f * b], q.stride, b, dim);
-    combine(sk, (const T*)nullptr, one, coef, cs, k[f * b], k.stride, b, dim);
-    combine(sv, (const T*)nullptr, one, coef, cs, v[f * b], v.stride, b, dim_v);
+    combine(sq, (const T*)nullptr, one, coef, cs, q, f * b, b, dim);
+    combine(sk, (const T*)nullptr, one, coef, cs, k, f * b, b, dim);
+    combine(sv, (const T*)nullptr, one, coef, cs, v, f * b, b, dim_v);
     return total * inv;
   }
 
@@ -367,8 +396,14 @@ struct Task {
     count(l);
     const int64_t widest = max_fanout();
     std::vector<T> buf(eps_dim ? widest * widest : 0), key(widest);
+    for (int64_t j = 0; j < s.extra; ++j) {  // the hubs' rows, after the top nodes' sums
+      const int64_t i = s.fanout[0] + j;
+      std::copy(hubs.q[j], hubs.q[j] + dim, l.q[0] + i * dim);
+      std::copy(hubs.k[j], hubs.k[j] + dim, l.k[0] + i * dim);
+      std::copy(hubs.v[j], hubs.v[j] + dim_v, l.v[0] + i * dim_v);
+    }
     for (int64_t d = s.depth - 1; d >= 0; --d) {
-      const int64_t b = s.fanout[d], n = s.leaves[d], nodes = s.nodes[d];
+      const int64_t b = s.family[d], n = s.leaves[d], nodes = s.nodes[d];
       // unmasked, every node of the level has n leaves: 1/n^2 in the scale, log n in lse
       const T scale = mask ? tau : tau / static_cast<T>(n * n);
       const T bias = size_bias && n > 1 && !mask ? std::log(static_cast<T>(n)) : T(0);
@@ -381,8 +416,11 @@ struct Task {
           const T* count = l.count[d].data() + first;
           for (int64_t j = 0; j < b; ++j)
             key[j] = count[j] > 0 ? (size_bias ? std::log(count[j]) : T(0)) : neg_inf;
-          for (int64_t r = 0; r < b; ++r)
-            for (int64_t j = 0; j < b; ++j) p[(first + r) * b + j] *= inv[r] * inv[j];
+          for (int64_t r = 0; r < b; ++r) {
+            T* row = p + (first + r) * b;
+#pragma omp simd
+            for (int64_t j = 0; j < b; ++j) row[j] *= inv[r] * inv[j];
+          }
         }
         if (eps_dim) {  // + e_i . e_j
           gram(buf.data(), eps[d], eps[d], first, b, eps_dim, T(1));
@@ -392,7 +430,7 @@ struct Task {
         for (int64_t r = 0; r < b; ++r) {
           const int64_t i = first + r;
           T* row = p + i * b;
-          if (d + 1 == s.depth) l.a[d][i] = include_self ? row[r] : neg_inf;
+          if (s.leaf(d, i)) l.a[d][i] = include_self ? row[r] : neg_inf;
           if (mask) {
 #pragma omp simd
             for (int64_t j = 0; j < b; ++j) row[j] += key[j];
@@ -444,7 +482,7 @@ struct Task {
     const bool write = out.data != nullptr;
     std::vector<T> acc_parent, acc, coef(max_fanout());
     for (int64_t d = 0; d < s.depth; ++d) {
-      const int64_t b = s.fanout[d], nodes = s.nodes[d];
+      const int64_t b = s.family[d], nodes = s.nodes[d];
       const T inv_n = T(1) / static_cast<T>(s.leaves[d]);
       const bool leaves = d + 1 == s.depth;
       const Rows<T> v = rows(l, d)[2];
@@ -480,21 +518,22 @@ struct Task {
         const T g = gain[i];
 #pragma omp simd
         for (int64_t j = 0; j < b; ++j) wrow[j] = g * prow[j];
-        wrow[i % b] = leaves && include_self ? own[i] : T(0);
+        const bool leaf = s.leaf(d, i);
+        wrow[i % b] = leaf && include_self ? own[i] : T(0);
         if (!write) continue;
-        T* o = leaves ? out[i] : acc.data() + i * dim_v;
-        if (leaves && mask && mask[i] == 0) {  // a masked leaf's output: 0
+        T* o = leaves ? out[i] : leaf ? hubs.out[i - s.fanout[0]] : acc.data() + i * dim_v;
+        if (leaf && mask && l.count[d][i] == 0) {  // a masked leaf's output: 0
           std::fill(o, o + dim_v, T(0));
           continue;
         }
         const T* base = d ? acc_parent.data() + (i / b) * dim_v : root.acc;
         if (!mask) {
-          combine(o, base, inv_n, wrow, 1, v[i - i % b], v.stride, b, dim_v);
+          combine(o, base, inv_n, wrow, 1, v, i - i % b, b, dim_v);
           continue;
         }
         const T* inv = l.inv[d].data() + (i - i % b);  // the keys' means: 1 / n(j)
         for (int64_t j = 0; j < b; ++j) coef[j] = wrow[j] * inv[j];
-        combine(o, base, T(1), coef.data(), 1, v[i - i % b], v.stride, b, dim_v);
+        combine(o, base, T(1), coef.data(), 1, v, i - i % b, b, dim_v);
       }
       acc_parent.swap(acc);
     }
@@ -533,8 +572,7 @@ struct Task {
       du[d - 1].assign(s.nodes[d - 1], 0);
       const T one = 1;  // a parent's G: the sum of its children's
       for (int64_t f = 0; f < nodes / b; ++f)
-        combine(g[d - 1].data() + f * dim_v, (const T*)nullptr, one, &one, 0, gr[f * b], gr.stride,
-                b, dim_v);
+        combine(g[d - 1].data() + f * dim_v, (const T*)nullptr, one, &one, 0, gr, f * b, b, dim_v);
       for (int64_t i = 0; i < nodes; ++i) du[d - 1][i / b] += du[d][i] + d_delta[d][i];
     }
     // roots to leaves: energies, softmax, rows
@@ -585,13 +623,13 @@ struct Task {
           const T* bq = d ? pq.data() + parent * dim : nullptr;
           const T* bk = d ? pk.data() + parent * dim : nullptr;
           const T* bv = d ? pv.data() + parent * dim_v : nullptr;
-          combine(oq[i], bq, scale, ds.data() + r * b, 1, k[first], k.stride, b, dim);
-          combine(ok[i], bk, scale, ds.data() + r, b, q[first], q.stride, b, dim);
-          combine(ov[i], bv, inv_n, w + r, b, gr[first], gr.stride, b, dim_v);
+          combine(oq[i], bq, scale, ds.data() + r * b, 1, k, first, b, dim);
+          combine(ok[i], bk, scale, ds.data() + r, b, q, first, b, dim);
+          combine(ov[i], bv, inv_n, w + r, b, gr, first, b, dim_v);
           if (eps_dim) {  // (dS + dS^T) e
             for (int64_t j = 0; j < b; ++j) sym[j] = ds[r * b + j] + ds[j * b + r];
-            combine(eps_grad[d][i], (const T*)nullptr, T(1), sym.data(), 1, eps[d][first],
-                    eps[d].stride, b, eps_dim);
+            combine(eps_grad[d][i], (const T*)nullptr, T(1), sym.data(), 1, eps[d], first, b,
+                    eps_dim);
           }
         }
       }
@@ -663,18 +701,39 @@ at::Tensor leaf_mask(const std::optional<at::Tensor>& mask, const at::Tensor& q)
   return mask->to(q.scalar_type()).contiguous();
 }
 
+// The rows of head h of [N, H, c] `t` that `index` (one entry per leaf; negative: a padding
+// slot, read as `zeros`) picks.
+template <typename T>
+Rows<T> indexed_rows(const at::Tensor& t, const int64_t* index, int64_t h, T* zeros) {
+  Rows<T> rows = head_rows<T>(t, 0, h);
+  rows.index = index;
+  rows.zeros = zeros;
+  return rows;
+}
+
+// 1 for the entries of `index` that are rows, 0 for the padding slots.
+template <typename T>
+void valid_rows(std::vector<T>& out, const int64_t* index, int64_t n) {
+  out.resize(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = index[i] >= 0 ? T(1) : T(0);
+}
+
 // Runs `fn(task, item, tree, h)` for every (tree, head), in parallel; eps_grad: per level
 // [H, n_d, c], the rows the task writes the gradients of its position embeddings to; mask:
-// from leaf_mask.
+// from leaf_mask; rows: none (tree t's leaves are rows t * s.tree, ... of q, k, v), or
+// [trees, s.tree] int64, the rows of every tree's leaves (negative: padding slots, masked).
+// `fn` gets a zero row of max(d, d_v) values it may hand out as well.
 template <typename T, typename F>
 void each_task(const Shape& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                const std::vector<at::Tensor>& eps, const std::vector<at::Tensor>& eps_grad,
-               const at::Tensor& mask, int64_t trees, double tau, bool include_self,
-               bool size_bias, F fn) {
+               const at::Tensor& mask, const at::Tensor& rows, int64_t trees, double tau,
+               bool include_self, bool size_bias, F fn) {
   const int64_t heads = q.size(1);
   const int64_t eps_dim = eps.empty() ? 0 : eps[0].size(2);
   const T* leaf_mask = mask.defined() ? mask.data_ptr<T>() : nullptr;
+  const int64_t* index = rows.defined() ? rows.data_ptr<int64_t>() : nullptr;
   at::parallel_for(0, trees * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> zeros(std::max(q.size(2), v.size(2)), T(0)), valid;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t h = item % heads, tree = item / heads, start = tree * s.tree;
       Task<T> task{s, q.size(2), v.size(2), static_cast<T>(tau), include_self, size_bias,
@@ -682,7 +741,14 @@ void each_task(const Shape& s, const at::Tensor& q, const at::Tensor& k, const a
                    head_rows<T>(v, start, h), level_rows<T>(eps, s, tree, h),
                    level_rows<T>(eps_grad, s, tree, h), eps_dim};
       task.mask = leaf_mask ? leaf_mask + start : nullptr;
-      fn(task, item, tree, h);
+      if (index) {
+        task.leaf_q = indexed_rows<T>(q, index + start, h, zeros.data());
+        task.leaf_k = indexed_rows<T>(k, index + start, h, zeros.data());
+        task.leaf_v = indexed_rows<T>(v, index + start, h, zeros.data());
+        valid_rows(valid, index + start, s.tree);
+        task.mask = valid.data();
+      }
+      fn(task, item, tree, h, zeros.data());
     }
   });
 }
@@ -705,8 +771,8 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   at::Tensor out = at::empty_like(v);
   at::Tensor saved = at::empty({save ? trees * q.size(1) : 0, s.saved}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_forward", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, {}, valid, trees, tau, include_self, size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h) {
+    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), trees, tau, include_self, size_bias,
+                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h, scalar_t*) {
       std::vector<scalar_t> local(save ? 0 : s.saved);
       scalar_t* state = save ? saved.data_ptr<scalar_t>() + item * s.saved : local.data();
       Levels<scalar_t> levels(s, q.size(2), v.size(2), state);
@@ -732,8 +798,8 @@ std::vector<at::Tensor> up(const at::Tensor& q, const at::Tensor& k, const at::T
   at::Tensor pq = at::empty({heads, trees, q.size(2)}, q.options());
   at::Tensor pk = at::empty_like(pq), pv = at::empty({heads, trees, v.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_up", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, {}, valid, trees, tau, include_self, size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h) {
+    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), trees, tau, include_self, size_bias,
+                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h, scalar_t*) {
       Levels<scalar_t> levels(s, q.size(2), v.size(2),
                               saved.data_ptr<scalar_t>() + item * s.saved);
       const int64_t root = h * trees + tree;
@@ -767,8 +833,8 @@ at::Tensor down(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const at::Tensor root_acc = acc.to(q.scalar_type()).contiguous();
   at::Tensor out = at::empty_like(v);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_down", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, {}, valid, trees, tau, include_self, size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h) {
+    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), trees, tau, include_self, size_bias,
+                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h, scalar_t*) {
       Levels<scalar_t> levels(s, q.size(2), v.size(2),
                               saved.data_ptr<scalar_t>() + item * s.saved);
       const int64_t root = h * trees + tree;
@@ -800,9 +866,9 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& q,
   for (const at::Tensor& e : eps)
     eps_grad.push_back(at::empty({q.size(1), e.size(1), e.size(2)}, e.options()));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_backward", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, eps_grad, at::Tensor(), trees, tau, include_self,
+    each_task<scalar_t>(s, q, k, v, eps, eps_grad, at::Tensor(), at::Tensor(), trees, tau, include_self,
                         size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h) {
+                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h, scalar_t*) {
       const int64_t start = tree * s.tree;
       Levels<scalar_t> levels(s, q.size(2), v.size(2),
                               saved.data_ptr<scalar_t>() + item * s.saved);
@@ -816,9 +882,64 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& q,
   return grads;
 }
 
+// HSA over trees whose root has `windows` = fanout[0] subtrees of equal fanout
+// (fanout[1:]) and hubs as leaves of its own family (hiergraph.integrations.hub_windows),
+// without gradients: tree t's window leaves are the rows leaf_rows[t] ([trees, windows *
+// b_2 ... b_D] int64) of q, k, v [N, H, d | d_v], its hubs the rows hub_rows[t] ([trees,
+// G]); a negative entry is a padding slot (no leaf). Every leaf's and hub's output is
+// written to its row of `out` [N, H, d_v]; the other rows are left as they are.
+void hub_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const at::Tensor& leaf_rows, const at::Tensor& hub_rows,
+                 std::vector<int64_t> fanout, double tau, bool include_self, bool size_bias,
+                 at::Tensor& out) {
+  TORCH_CHECK(fanout.size() >= 2, "the windows need a level below the root's family");
+  const Shape s(std::move(fanout), q.size(2), v.size(2), hub_rows.size(1));
+  check_rows(q, q, "q");
+  check_rows(k, q, "k");
+  check_rows(v, q, "v");
+  TORCH_CHECK(out.dim() == 3 && out.stride(2) == 1 && out.device().is_cpu() &&
+                  out.scalar_type() == q.scalar_type() && out.size(1) == q.size(1),
+              "out must be [N, H, d_v] CPU rows of q's dtype and heads, unit channel stride");
+  TORCH_CHECK(k.size(2) == q.size(2) && out.size(2) == v.size(2),
+              "k must have q's channels and out v's");
+  TORCH_CHECK(s.fanout[0] >= 1, "the root needs a window");
+  for (int64_t d = 1; d < s.depth; ++d)
+    TORCH_CHECK(s.fanout[d] >= 2, "every fanout below the root must be at least 2");
+  for (const at::Tensor* t : {&leaf_rows, &hub_rows})
+    TORCH_CHECK(t->dim() == 2 && t->scalar_type() == at::kLong && t->is_contiguous() &&
+                    t->device().is_cpu(),
+                "leaf_rows and hub_rows must be contiguous [trees, n] int64 CPU tensors");
+  const int64_t trees = leaf_rows.size(0);
+  TORCH_CHECK(leaf_rows.size(1) == s.tree && hub_rows.size(0) == trees,
+              "leaf_rows must be [trees, the windows' leaves], hub_rows [trees, hubs]");
+  for (const at::Tensor* t : {&leaf_rows, &hub_rows})
+    TORCH_CHECK(t->numel() == 0 || t->max().item<int64_t>() < std::min(q.size(0), out.size(0)),
+                "leaf_rows and hub_rows index rows of q, k, v and out");
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_hub_forward", [&] {
+    const int64_t* hub_index = hub_rows.data_ptr<int64_t>();
+    each_task<scalar_t>(s, q, k, v, {}, {}, at::Tensor(), leaf_rows, trees, tau, include_self,
+                        size_bias,
+                        [&](Task<scalar_t>& task, int64_t, int64_t tree, int64_t h,
+                            scalar_t* zeros) {
+      const int64_t* own = hub_index + tree * s.extra;
+      std::vector<scalar_t> state(s.saved), valid;
+      valid_rows(valid, own, s.extra);
+      task.hubs = {indexed_rows<scalar_t>(q, own, h, zeros),
+                   indexed_rows<scalar_t>(k, own, h, zeros),
+                   indexed_rows<scalar_t>(v, own, h, zeros),
+                   indexed_rows<scalar_t>(out, own, h, zeros), valid.data()};
+      Levels<scalar_t> levels(s, q.size(2), v.size(2), state.data());
+      task.up(levels);
+      task.down(levels, indexed_rows<scalar_t>(out, leaf_rows.data_ptr<int64_t>() +
+                                                        tree * s.tree, h, zeros));
+    });
+  });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward);
   m.def("up", &up);
   m.def("down", &down);
+  m.def("hub_forward", &hub_forward);
   m.def("backward", &backward);
 }
