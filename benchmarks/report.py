@@ -1061,14 +1061,19 @@ def zeroshot() -> list[str] | None:
             )  # fmt: skip
             phased = {k: t["hub_phases"] for k, t in timing.items() if "hub_phases" in t}
             if phased:
-                phases = list(next(iter(phased.values())))
+                phases = list(dict.fromkeys(name for ph in phased.values() for name in ph))
                 out += ["Where the time of HSA on the padded batch goes with hubs (median CPU "
-                        "time per call of each phase, timed in the same run; gathers: the "
-                        "windows' tokens and the hubs taken from the batch; rest: the outputs "
-                        "written back):", ""]  # fmt: skip
+                        "time per call of each phase, timed in the same run; tree rows: the "
+                        "rows of every tree's tokens and hubs; kernel: the compiled kernel "
+                        "running the whole trees, where it applies; else root family, window "
+                        "forest and gathers: the windows' tokens and the hubs taken from the "
+                        "batch; rest: the tokens' order and, without the kernel, the outputs "
+                        "written back; rows without tree rows or kernel: from before the "
+                        "kernel):", ""]  # fmt: skip
                 out += table(
                     ["tree", *phases, "sum"],
-                    [[k, *(secs(ph[name]) for name in phases), secs(sum(ph.values()))]
+                    [[k, *(secs(ph[name]) if name in ph else "–" for name in phases),
+                      secs(sum(ph.values()))]
                      for k, ph in phased.items()],
                 )  # fmt: skip
         out += [f"{len(res['commands'])} command(s), stored in the file.", "", source(name), ""]

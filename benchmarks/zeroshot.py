@@ -16,8 +16,9 @@ layer (mean over the documents at their real lengths, and at 256 tokens), and
 wall time. A separate timing section times the attention op alone (flat SDPA vs
 the three replacements) on one batch of 256-token documents, interleaved,
 medians; the process keeps freed CPU memory for reuse (``--allocator default``: glibc's
-settings). With hubs it also splits the padded path's call into phases (hub choice,
-gathers, window forest, root family, the rest; :func:`hub_phases`).
+settings). With hubs it also splits the padded path's call into phases (hub choice, the
+trees' token rows, the compiled kernel or else root family, window forest and gathers, the
+rest; :func:`hub_phases`).
 
     HF_HUB_OFFLINE=1 HIERGRAPH_RAW=<folder with the corpora> nice -n 5 \\
         python benchmarks/zeroshot.py \\
@@ -156,9 +157,13 @@ def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, floa
 
 
 #: Phases of ``padded_hub_window_hsa``: the functions of ``hiergraph.integrations.hub_windows``
-#: whose calls are timed, and what each phase is (a phase that calls another excludes it).
+#: (a dotted name: of a module it imports) whose calls are timed, and what each phase is (a
+#: phase that calls another excludes it). Where the compiled kernel runs the hub trees, the
+#: last three take no time.
 HUB_PHASES = {
     "hub choice": ("hub_scores", "lifted_tokens"),
+    "tree rows": ("_slots",),
+    "kernel": ("native.hub_tree_attention",),  # the whole trees, tokens read in place
     "root family": ("hub_family",),
     "window forest": ("uniform_hierarchical_attention",),  # less the root family inside it
     "gathers": ("_root_split",),  # less the forest and the root family
@@ -167,8 +172,9 @@ HUB_PHASES = {
 
 def hub_phases(op, repeats: int) -> dict[str, float]:
     """Median CPU seconds per call of ``op`` (``padded_hub_window_hsa`` on one batch) in each
-    of :data:`HUB_PHASES`, and ``"rest"`` (the output rows written back, the tokens'
-    order): the module's functions are wrapped with timers for the measurement."""
+    of :data:`HUB_PHASES`, and ``"rest"`` (the tokens' order, the output rows written back
+    where the kernel does not run): the functions are wrapped with timers for the
+    measurement."""
     from hiergraph.integrations import hub_windows
 
     spent: dict[str, float] = {}
@@ -183,12 +189,19 @@ def hub_phases(op, repeats: int) -> dict[str, float]:
 
         return call
 
+    def owner(name: str):  # the module that holds a dotted name's function, and its name
+        *path, attr = name.split(".")
+        module = hub_windows
+        for part in path:
+            module = getattr(module, part)
+        return module, attr
+
     names = [name for names in HUB_PHASES.values() for name in names]
-    originals = {name: getattr(hub_windows, name) for name in names}
+    originals = {name: getattr(*owner(name)) for name in names}
     samples = {phase: [] for phase in (*HUB_PHASES, "rest")}
     try:
         for name, fn in originals.items():
-            setattr(hub_windows, name, timed(name, fn))
+            setattr(*owner(name), timed(name, fn))
         for _ in range(repeats):
             spent.clear()
             start = time.thread_time()
@@ -199,14 +212,15 @@ def hub_phases(op, repeats: int) -> dict[str, float]:
             # single tokens (no forest)
             forest = own["window forest"] - own["root family"] if own["window forest"] else 0.0
             below = own["window forest"] or own["root family"]
-            samples["hub choice"].append(own["hub choice"])
-            samples["root family"].append(own["root family"])
+            for phase in ("hub choice", "tree rows", "kernel", "root family"):
+                samples[phase].append(own[phase])
             samples["window forest"].append(forest)
             samples["gathers"].append(own["gathers"] - below)
-            samples["rest"].append(total - own["hub choice"] - own["gathers"])
+            outside = ("hub choice", "tree rows", "kernel", "gathers")
+            samples["rest"].append(total - sum(own[phase] for phase in outside))
     finally:
         for name, fn in originals.items():
-            setattr(hub_windows, name, fn)
+            setattr(*owner(name), fn)
     return {phase: float(np.median(values)) for phase, values in samples.items()}
 
 

@@ -32,6 +32,12 @@ and between its passes the root family (from the windows' energies :math:`a(W)` 
 rows, and the hubs) sets what its top-down pass starts from, as in
 :mod:`hiergraph.ops.hsa.lifted`. A batch whose examples' trees differ in height runs one
 such forest per height.
+
+On the CPU without gradients (inference, the zero-shot case), the compiled kernel
+(:func:`~hiergraph.ops.hsa.native.hub_tree_attention`) runs each example's whole tree, its
+top windows and its root family with the hubs, as one task per example and head, reading
+the tokens' rows where the projections wrote them and writing the outputs in place: no
+token is gathered into tree order or scattered back.
 """
 
 from __future__ import annotations

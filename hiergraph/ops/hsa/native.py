@@ -19,7 +19,10 @@ op, as the fused op's do), and without gradients (inference) a leaf mask (the pa
 batch of documents) and a family above the roots (hub tokens,
 :mod:`~hiergraph.ops.hsa.lifted`), between whose passes it stops: the bottom-up pass hands
 the roots' energies and pooled rows to that family, the top-down pass starts from what it
-returns. Everything else, and everything under ``torch.compile``, takes the other paths.
+returns. :func:`hub_tree_attention` runs the hub window trees of pretrained encoders
+(:mod:`~hiergraph.integrations.hub_windows`) whole, windows and root family, one task per
+example and head. Everything else, and everything under ``torch.compile``, takes the other
+paths.
 
 The kernel is compiled with :func:`torch.utils.cpp_extension.load` (a C++ compiler with
 OpenMP and ``ninja`` are needed) the first time an eligible call runs: about a minute once,
@@ -122,12 +125,12 @@ MAX_TREE_LEAVES = 1 << 14
 
 def applies(q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, grad: bool) -> bool:
     """Whether the kernel runs HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over the
-    equal-fanout forest with ``fanout`` (the callers have ruled out masks, a family above
-    the roots, leaky-causal keys and ``torch.compile``): float32 or float64 CPU tensors with
-    contiguous channels (``q, k, v``; the position embeddings per level ``eps``, if any, of
-    the same dtype), every fanout at least 2, at least as many (tree, head) tasks as
-    threads, with a ``grad`` at most :data:`MAX_TREE_LEAVES` leaves per tree, and the
-    extension built."""
+    equal-fanout forest with ``fanout`` (the callers have ruled out leaky-causal keys,
+    ``torch.compile``, and with a gradient masks and a family above the roots): float32 or
+    float64 CPU tensors with contiguous channels (``q, k, v``; the position embeddings per
+    level ``eps``, if any, of the same dtype), every fanout at least 2, at least as many
+    (tree, head) tasks as threads, with a ``grad`` at most :data:`MAX_TREE_LEAVES` leaves
+    per tree, and the extension built."""
     leaves = math.prod(fanout)
     return (
         _eligible(q, k, v)
