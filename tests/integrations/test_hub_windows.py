@@ -21,15 +21,15 @@ def tree_based(q, k, v, mask, branching, hubs, **options):
     return padded_hsa(q, k, v, mask, trees, **options)
 
 
-def batch(lengths, length, dtype=torch.float64, seed=0, grad=False, d_v=4):
+def batch(lengths, length, dtype=torch.float64, seed=0, grad=False, d_v=4, d=4):
     gen = torch.Generator().manual_seed(seed)
     mask = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]
     # the layout transformers project into: [B, T, H, d] memory viewed as [B, H, T, d]
     q, k, v = (
-        torch.randn(len(lengths), length, 3, d, generator=gen, dtype=dtype)
+        torch.randn(len(lengths), length, 3, c, generator=gen, dtype=dtype)
         .transpose(1, 2)
         .requires_grad_(grad)
-        for d in (4, 4, d_v)
+        for c in (d, d, d_v)
     )
     return q, k, v, mask
 
@@ -83,11 +83,12 @@ def test_equals_the_tree_built_per_batch(lengths, length, branching, hubs, inclu
 
 
 def test_heads_first_inputs_in_float32(kernel_calls):
-    """Inputs whose memory is ``[B, H, T, d]``, in float32, against float64."""
-    q, k, v, mask = batch([64, 40, 3, 0, 17], 64, seed=3)
-    want = padded_hub_window_hsa(q, k, v, mask, (2, 4, 8), 8)
+    """Inputs whose memory is ``[B, H, T, d]``, in float32, against float64; 32 channels
+    and root families of up to 2 windows and 21 hubs (logits in blocks of vector width)."""
+    q, k, v, mask = batch([64, 40, 3, 0, 17], 64, seed=3, d=32, d_v=32)
+    want = padded_hub_window_hsa(q, k, v, mask, (2, 4, 8), 21)
     inputs = [t.float().contiguous() for t in (q, k, v)]
-    out = padded_hub_window_hsa(*inputs, mask, (2, 4, 8), 8)
+    out = padded_hub_window_hsa(*inputs, mask, (2, 4, 8), 21)
     torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=1e-5)
     assert kernel_calls is None or kernel_calls
 

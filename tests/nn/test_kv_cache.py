@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hiergraph.data import from_nested, window_hierarchy
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_schedule
+from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.plan import CausalPlan
 from tests.conftest import random_qkv
@@ -32,6 +33,22 @@ def decode(h, q, k, v, pos_emb=None, scale=None):
     return torch.stack(outs), cache
 
 
+@pytest.fixture(params=["kernel", "torch-ops"])
+def step(request, monkeypatch):
+    """Decoding steps in the compiled kernel (its steps counted) or on PyTorch operations."""
+    if request.param == "torch-ops":
+        monkeypatch.setattr(native, "_enabled", False)
+        return None
+    if native.extension() is None:
+        pytest.skip("the HSA kernel could not be built here")
+    steps = []
+    choose = HierarchicalKVCache._native
+    monkeypatch.setattr(
+        HierarchicalKVCache, "_native", lambda self, q: steps.append(1) or choose(self, q)
+    )
+    return steps
+
+
 def document_spec(rng, paragraphs=4):
     """document -> paragraphs -> sentences -> tokens, leaves numbered in reading order."""
     counter = iter(range(10**6))
@@ -41,7 +58,7 @@ def document_spec(rng, paragraphs=4):
     ]
 
 
-def test_incremental_equals_full_pass_on_random_trees():
+def test_incremental_equals_full_pass_on_random_trees(step):
     rng = random.Random(0)
     tolerance = {torch.float32: 1e-6, torch.float64: 1e-12}
     for seed in range(12):
@@ -57,6 +74,27 @@ def test_incremental_equals_full_pass_on_random_trees():
             inc, _ = decode(h, *args, pos_emb=pe.to(dtype))
             assert torch.isfinite(full).all() and torch.isfinite(inc).all(), (seed, dtype)
             torch.testing.assert_close(inc, full, atol=tol, rtol=0, msg=f"seed {seed} {dtype}")
+    assert step is None or step
+
+
+def test_kernel_and_torch_steps_share_the_store(monkeypatch):
+    """Steps that alternate between the kernel and PyTorch operations (the kernel turned on
+    and off mid-sequence) decode like the full pass: both keep the same store."""
+    if native.extension() is None:
+        pytest.skip("the HSA kernel could not be built here")
+    h = from_nested(ordered_spec(random.Random(3), 80, 6, 5))
+    plan = CausalPlan.from_hierarchy(h)
+    q, k, v = random_qkv(h.num_leaves, seed=3)
+    pe = torch.randn(h.num_nodes, q.size(1), 3, dtype=torch.float64)
+    full = causal_hierarchical_attention(q, k, v, h, pos_emb=pe)
+    cache = HierarchicalKVCache(q.size(1), q.size(2), v.size(2), pos_dim=3, dtype=q.dtype)
+    outs = []
+    for i, (close, open_) in enumerate(append_schedule(plan).tolist()):
+        monkeypatch.setattr(native, "_enabled", i % 3 != 1)
+        m = int(plan.leaf_depth[i])
+        emb = pe[plan.ancestors[i, m - open_ : m + 1]]
+        outs.append(cache.append(q[i], k[i], v[i], close=close, open=open_, pos_emb=emb))
+    torch.testing.assert_close(torch.stack(outs), full, atol=1e-12, rtol=0)
 
 
 def assert_decodes_like_the_full_pass(h, seed, pos_dim=3):
@@ -79,7 +117,7 @@ def assert_decodes_like_the_full_pass(h, seed, pos_dim=3):
     [(12, 3, 60, "levels"), (3, 24, 90, "capacity"), (10, 12, 150, "both")],
 )
 def test_incremental_equals_full_pass_on_deep_and_wide_trees(
-    max_depth, max_branch, num_leaves, grows
+    max_depth, max_branch, num_leaves, grows, step
 ):
     """Trees deeper than the initial store (8 levels) and families wider than its initial
     capacity (8 children): the store grows mid-sequence, with position embeddings."""
@@ -107,10 +145,11 @@ def test_incremental_equals_full_pass_on_deep_and_wide_trees(
     ids=["chain", "mixed", "flat", "zigzag", "unary"],
 )
 @pytest.mark.parametrize("pos_dim", [0, 3])
-def test_close_and_open_patterns(spec, pos_dim):
+def test_close_and_open_patterns(spec, pos_dim, step):
     h = from_nested(spec)
     for seed in range(2):
         assert_decodes_like_the_full_pass(h, seed, pos_dim=pos_dim)
+    assert step is None or step
 
 
 def test_inputs_are_cast_to_the_cache_dtype():
@@ -151,10 +190,12 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_step_is_a_few_fused_ops_whatever_the_context():
+def test_a_step_is_a_few_fused_ops_whatever_the_context(monkeypatch):
     """A token that continues its family costs the same few dispatched ops at every context
     (one batched attention for all levels, two ops per level for the energies), not a
-    Python walk of many small ops per level (about 150 here, more as the context grew)."""
+    Python walk of many small ops per level (about 150 here, more as the context grew):
+    the path of accelerators, without the CPU kernel."""
+    monkeypatch.setattr(native, "_enabled", False)
     h = window_hierarchy(1200, (4, 4, 4, 4))  # depth 5 for every leaf
     cache = HierarchicalKVCache(2, 8)
     x = torch.randn(2, 8)
@@ -168,9 +209,10 @@ def test_a_step_is_a_few_fused_ops_whatever_the_context():
     assert early == late <= 32, (early, late)
 
 
-def test_append_has_no_host_sync():
+def test_append_has_no_host_sync(monkeypatch):
     """Every event kind (growth of the store included) runs without reading a tensor value
-    on the host, as on an accelerator."""
+    on the host, as on an accelerator (without the CPU kernel)."""
+    monkeypatch.setattr(native, "_enabled", False)
     from hiergraph._device import cpu_as_accelerator
     from tests.host_sync import HostSyncRecorder
 
@@ -301,3 +343,23 @@ def test_schedule_round_trip():
         h = from_nested(spec)
         g = from_schedule(append_schedule(h))
         assert torch.equal(g.parent, h.parent) and torch.equal(g.slot, h.slot)
+
+
+def test_the_kernel_step_checks_its_inputs():
+    ext = native.extension()
+    if ext is None:
+        pytest.skip("the HSA kernel could not be built here")
+    cache = HierarchicalKVCache(2, 4, 3, dtype=torch.float64)
+    store = (cache._keys, cache._values, cache._query, cache._prefix, cache._ng, cache._g)
+    q, v = torch.randn(2, 4, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    ext.kv_step(*store, q, q, v, 1, 1, [1], [1], 0, 0.5)
+    with pytest.raises(RuntimeError, match="channels"):
+        ext.kv_step(*store, q, q, q, 1, 1, [1], [1], 0, 0.5)
+    with pytest.raises(RuntimeError, match="dtype"):
+        ext.kv_step(*store, q.float(), q, v, 1, 1, [1], [1], 0, 0.5)
+    with pytest.raises(RuntimeError, match="bad slot"):
+        ext.kv_step(*store, q, q, v, 1, 1, [1], [1], 1, 0.5)
+    with pytest.raises(RuntimeError, match="bad depths"):
+        ext.kv_step(*store, q, q, v, 1, 2, [1], [1], 0, 0.5)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        ext.kv_step(cache._keys.mT, *store[1:], q, q, v, 1, 1, [1], [1], 0, 0.5)

@@ -21,8 +21,9 @@ batch of documents) and a family above the roots (hub tokens,
 the roots' energies and pooled rows to that family, the top-down pass starts from what it
 returns. :func:`hub_tree_attention` runs the hub window trees of pretrained encoders
 (:mod:`~hiergraph.integrations.hub_windows`) whole, windows and root family, one task per
-example and head. Everything else, and everything under ``torch.compile``, takes the other
-paths.
+example and head. ``kv_step`` of the extension is the decoding step of
+:class:`~hiergraph.nn.HierarchicalKVCache` on its store (``csrc/kv_cache.cpp``). Everything
+else, and everything under ``torch.compile``, takes the other paths.
 
 The kernel is compiled with :func:`torch.utils.cpp_extension.load` (a C++ compiler with
 OpenMP and ``ninja`` are needed) the first time an eligible call runs: about a minute once,
@@ -50,7 +51,10 @@ from hiergraph.ops.hsa.uniform_fused import recorded_gradients
 
 #: The environment variable that turns the kernel off (``0``, ``false``, ``no``, ``off``).
 ENV = "HIERGRAPH_NATIVE"
-SOURCE = Path(__file__).parent / "csrc" / "uniform.cpp"
+#: The kernels' sources: equal-fanout and hub-tree HSA, the KV cache's step, the module.
+SOURCES = [
+    Path(__file__).parent / "csrc" / f for f in ("uniform.cpp", "kv_cache.cpp", "bindings.cpp")
+]
 
 _lock = threading.Lock()
 _enabled = os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
@@ -92,7 +96,7 @@ def build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
     name, cflags, ldflags = build_flags()
-    return load(name, [str(SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags)
+    return load(name, [str(p) for p in SOURCES], extra_cflags=cflags, extra_ldflags=ldflags)
 
 
 def extension() -> ModuleType | None:

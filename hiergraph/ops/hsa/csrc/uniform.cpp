@@ -15,7 +15,7 @@
 // passes (`up`, `down`): the roots' energies and pooled rows go to a family above the roots
 // (hiergraph.ops.hsa.lifted), which hands back the mass and the output every root starts
 // the top-down pass from.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -771,8 +771,10 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   at::Tensor out = at::empty_like(v);
   at::Tensor saved = at::empty({save ? trees * q.size(1) : 0, s.saved}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_forward", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), trees, tau, include_self, size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h, scalar_t*) {
+    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), trees, tau, include_self,
+                        size_bias,
+                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h,
+                            scalar_t*) {
       std::vector<scalar_t> local(save ? 0 : s.saved);
       scalar_t* state = save ? saved.data_ptr<scalar_t>() + item * s.saved : local.data();
       Levels<scalar_t> levels(s, q.size(2), v.size(2), state);
@@ -798,8 +800,10 @@ std::vector<at::Tensor> up(const at::Tensor& q, const at::Tensor& k, const at::T
   at::Tensor pq = at::empty({heads, trees, q.size(2)}, q.options());
   at::Tensor pk = at::empty_like(pq), pv = at::empty({heads, trees, v.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_up", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), trees, tau, include_self, size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h, scalar_t*) {
+    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), trees, tau, include_self,
+                        size_bias,
+                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h,
+                            scalar_t*) {
       Levels<scalar_t> levels(s, q.size(2), v.size(2),
                               saved.data_ptr<scalar_t>() + item * s.saved);
       const int64_t root = h * trees + tree;
@@ -833,8 +837,10 @@ at::Tensor down(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const at::Tensor root_acc = acc.to(q.scalar_type()).contiguous();
   at::Tensor out = at::empty_like(v);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_down", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), trees, tau, include_self, size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h, scalar_t*) {
+    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), trees, tau, include_self,
+                        size_bias,
+                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h,
+                            scalar_t*) {
       Levels<scalar_t> levels(s, q.size(2), v.size(2),
                               saved.data_ptr<scalar_t>() + item * s.saved);
       const int64_t root = h * trees + tree;
@@ -866,9 +872,10 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& q,
   for (const at::Tensor& e : eps)
     eps_grad.push_back(at::empty({q.size(1), e.size(1), e.size(2)}, e.options()));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_backward", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, eps_grad, at::Tensor(), at::Tensor(), trees, tau, include_self,
-                        size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h, scalar_t*) {
+    each_task<scalar_t>(s, q, k, v, eps, eps_grad, at::Tensor(), at::Tensor(), trees, tau,
+                        include_self, size_bias,
+                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h,
+                            scalar_t*) {
       const int64_t start = tree * s.tree;
       Levels<scalar_t> levels(s, q.size(2), v.size(2),
                               saved.data_ptr<scalar_t>() + item * s.saved);
@@ -934,12 +941,4 @@ void hub_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                         tree * s.tree, h, zeros));
     });
   });
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &forward);
-  m.def("up", &up);
-  m.def("down", &down);
-  m.def("hub_forward", &hub_forward);
-  m.def("backward", &backward);
 }

@@ -1,0 +1,42 @@
+// The Python module of hiergraph's compiled HSA kernels (hiergraph.ops.hsa.native):
+// equal-fanout and hub-tree HSA (uniform.cpp) and the hierarchical KV cache's decoding
+// step (kv_cache.cpp).
+#include <torch/extension.h>
+
+#include <optional>
+#include <vector>
+
+using Tensors = std::vector<at::Tensor>;
+using Mask = std::optional<at::Tensor>;
+
+Tensors forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const Tensors& eps, std::vector<int64_t> fanout, double tau, bool include_self,
+                bool size_bias, bool save, const Mask& mask);
+Tensors up(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Tensors& eps,
+           std::vector<int64_t> fanout, double tau, bool include_self, bool size_bias,
+           const Mask& mask);
+at::Tensor down(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const Tensors& eps, const at::Tensor& saved, const at::Tensor& u,
+                const at::Tensor& acc, std::vector<int64_t> fanout, double tau,
+                bool include_self, bool size_bias, const Mask& mask);
+Tensors backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k,
+                 const at::Tensor& v, const Tensors& eps, const at::Tensor& saved,
+                 std::vector<int64_t> fanout, double tau, bool include_self, bool size_bias);
+void hub_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const at::Tensor& leaf_rows, const at::Tensor& hub_rows,
+                 std::vector<int64_t> fanout, double tau, bool include_self, bool size_bias,
+                 at::Tensor& out);
+at::Tensor kv_step(at::Tensor& keys, at::Tensor& values, at::Tensor& query, at::Tensor& prefix,
+                   at::Tensor& ng, at::Tensor& g, const at::Tensor& q, const at::Tensor& k,
+                   const at::Tensor& v, int64_t m, int64_t first,
+                   const std::vector<int64_t>& widths, const std::vector<int64_t>& leaves,
+                   int64_t slot, double tau);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward);
+  m.def("up", &up);
+  m.def("down", &down);
+  m.def("backward", &backward);
+  m.def("hub_forward", &hub_forward);
+  m.def("kv_step", &kv_step);
+}
