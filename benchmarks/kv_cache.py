@@ -9,21 +9,26 @@ deep enough for the whole sequence (``window_hierarchy(n, (16,) * 4)``), grown
 token by token with :func:`~hiergraph.nn.kv_cache.append_schedule`; its prefix
 at ``N`` tokens is the tree a decoder holds at context ``N``. After the cache
 holds ``N`` tokens (``N = 1K, 2K, …, 64K``), the next 256 tokens are timed one
-by one, interleaving the two caches token by token:
+by one, interleaving the three caches token by token:
 
 * ``hierarchical``: :class:`~hiergraph.nn.HierarchicalKVCache` (the whole run is
-  real decoding: every token goes through ``append``);
+  real decoding: every token goes through ``append``), whose step runs in the compiled
+  CPU kernel;
+* ``hierarchical_torch``: a second one on the same tokens with the kernel turned off
+  (PyTorch operations: what runs without a C++ compiler, on accelerators and under
+  ``torch.compile``);
 * ``flat``: :class:`~hiergraph.nn.FlatKVCache`, prefilled with ``extend`` between
   the timed windows (its keys/values are the same random tokens).
 
 Then the next 256 tokens are timed once more, each cache in a block of its own
-(``hierarchical_alone``, then ``flat_alone`` on the same tokens): interleaved, a
+(``hierarchical_alone``, ``hierarchical_torch_alone``, then ``flat_alone`` on the same
+tokens): interleaved, a
 step of one cache follows a step of the other, and the flat cache's pass over
 its ``N`` keys and values evicts the CPU caches, which a short hierarchical step
 then refills (at 64K that is a 64 MiB pass per token); alone, each step follows
 its own previous step. A last block of 256 tokens (``hierarchical_evicted``,
-then ``flat_evicted`` on the same tokens) separates the two effects: before
-every step the process reads a buffer of :data:`EVICT_BYTES` (the flat cache's
+``hierarchical_torch_evicted``, then ``flat_evicted`` on the same tokens) separates the two
+effects: before every step the process reads a buffer of :data:`EVICT_BYTES` (the flat cache's
 size at 64K), the same at every context, so each step starts from cold CPU
 caches as in a model whose other layers run between two steps of this one, and
 its growth with ``N`` is the cache's own. A first round of the three blocks at a
@@ -53,6 +58,7 @@ import torch
 
 from hiergraph.data import window_hierarchy
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_schedule
+from hiergraph.ops.hsa import native
 
 HEADS, DIM, BRANCH, WINDOW = 4, 32, 16, 256
 RESULTS = Path(__file__).parent / "results"
@@ -61,10 +67,9 @@ RESULTS = Path(__file__).parent / "results"
 EVICT_BYTES = 64 << 20
 
 
-METHODS = (
-    "hierarchical", "flat", "hierarchical_alone", "flat_alone", "hierarchical_evicted",
-    "flat_evicted",
-)  # fmt: skip
+#: The caches (``hierarchical_torch``: the kernel turned off) in each block of a context.
+CACHES = ("hierarchical", "hierarchical_torch", "flat")
+METHODS = (*CACHES, *(f"{c}_alone" for c in CACHES), *(f"{c}_evicted" for c in CACHES))
 
 
 def run(contexts: list[int], seed: int = 0) -> tuple[list[dict], int]:
@@ -74,6 +79,7 @@ def run(contexts: list[int], seed: int = 0) -> tuple[list[dict], int]:
         levels += 1
     schedule = append_schedule(window_hierarchy(total, (BRANCH,) * levels)).tolist()
     hier = HierarchicalKVCache(HEADS, DIM)
+    hier_torch = HierarchicalKVCache(HEADS, DIM)
     flat = FlatKVCache(HEADS, DIM, capacity=total)
     rows, pos = [], 0
     evictor = torch.ones(EVICT_BYTES // 4)
@@ -88,20 +94,23 @@ def run(contexts: list[int], seed: int = 0) -> tuple[list[dict], int]:
 
     def step(method: str, q, k, v, close: int, open_: int) -> tuple[float, float]:
         """One decode step of the cache ``method`` names: its CPU and wall seconds."""
+        torch_ops = method.startswith("hierarchical_torch")
+        kernel = native.set_enabled(not torch_ops)  # (outside the timed span)
         c0, t0 = time.thread_time(), time.perf_counter()
         if method.startswith("hierarchical"):
-            hier.append(q, k, v, close=close, open=open_)
+            (hier_torch if torch_ops else hier).append(q, k, v, close=close, open=open_)
         else:
             flat.append(q, k, v)
-        return time.thread_time() - c0, time.perf_counter() - t0
+        seconds = time.thread_time() - c0, time.perf_counter() - t0
+        native.set_enabled(kernel)
+        return seconds
 
     # a first context of WINDOW tokens runs every timed path once (its times are dropped):
     # the first flat append, the first read of the evictor
     for n in [WINDOW, *contexts]:
         while pos < n:  # decode up to context n (untimed)
-            q, k, v = token(pos)
-            close, open_ = schedule[pos]
-            hier.append(q, k, v, close=close, open=open_)
+            for method in ("hierarchical", "hierarchical_torch"):
+                step(method, *token(pos), *schedule[pos])
             pos += 1
         if flat.num_tokens < n:  # the flat cache takes the same tokens as a prompt
             chunk = torch.stack([torch.stack(token(i)[1:]) for i in range(flat.num_tokens, n)])
@@ -112,9 +121,9 @@ def run(contexts: list[int], seed: int = 0) -> tuple[list[dict], int]:
         memory.update({m: memory[m.split("_")[0]] for m in METHODS if "_" in m})
 
         timed = [  # (method, tokens, evict first): interleaved, alone, from cold caches
-            *((m, [args], False) for args in block(pos) for m in ("hierarchical", "flat")),
-            *((m, block(pos + WINDOW), False) for m in ("hierarchical_alone", "flat_alone")),
-            *((m, block(pos + 2 * WINDOW), True) for m in ("hierarchical_evicted", "flat_evicted")),
+            *((m, [args], False) for args in block(pos) for m in CACHES),
+            *((f"{m}_alone", block(pos + WINDOW), False) for m in CACHES),
+            *((f"{m}_evicted", block(pos + 2 * WINDOW), True) for m in CACHES),
         ]
         for method, tokens, evict in timed:
             for args in tokens:
@@ -139,7 +148,7 @@ def run(contexts: list[int], seed: int = 0) -> tuple[list[dict], int]:
                 }
             )
             print(
-                f"N={n:6d} {method:18s} median {rows[-1]['median_us']:9.1f} us  "
+                f"N={n:6d} {method:26s} median {rows[-1]['median_us']:9.1f} us  "
                 f"cpu mean {rows[-1]['cpu_mean_us']:9.1f} us  {memory[method] / 1024:10.1f} KiB",
                 flush=True,
             )
@@ -153,7 +162,7 @@ def plot(rows, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for method, color in (("hierarchical", "C0"), ("flat", "C1")):
+    for method, color in (("hierarchical", "C0"), ("hierarchical_torch", "C2"), ("flat", "C1")):
         sel = [r for r in rows if r["method"] == method]
         alone = [r for r in rows if r["method"] == f"{method}_alone"]
         ns = [r["context"] for r in sel]
