@@ -718,22 +718,24 @@ void valid_rows(std::vector<T>& out, const int64_t* index, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = index[i] >= 0 ? T(1) : T(0);
 }
 
-// Runs `fn(task, item, tree, h)` for every (tree, head), in parallel; eps_grad: per level
-// [H, n_d, c], the rows the task writes the gradients of its position embeddings to; mask:
-// from leaf_mask; rows: none (tree t's leaves are rows t * s.tree, ... of q, k, v), or
-// [trees, s.tree] int64, the rows of every tree's leaves (negative: padding slots, masked).
-// `fn` gets a zero row of max(d, d_v) values it may hand out as well.
+// Runs `fn(task, levels, tree, h, zeros)` for every (tree, head), in parallel; eps_grad: per
+// level [H, n_d, c], the rows the task writes the gradients of its position embeddings to;
+// mask: from leaf_mask; rows: none (tree t's leaves are rows t * s.tree, ... of q, k, v), or
+// [trees, s.tree] int64, the rows of every tree's leaves (negative: padding slots, masked);
+// saved: the tasks' states, Shape::saved values each in (tree, head) order (null: a buffer
+// of the task's own), which `levels` lays out; zeros: a zero row of max(d, d_v) values `fn`
+// may hand out as well.
 template <typename T, typename F>
 void each_task(const Shape& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                const std::vector<at::Tensor>& eps, const std::vector<at::Tensor>& eps_grad,
-               const at::Tensor& mask, const at::Tensor& rows, int64_t trees, double tau,
-               bool include_self, bool size_bias, F fn) {
+               const at::Tensor& mask, const at::Tensor& rows, T* saved, int64_t trees,
+               double tau, bool include_self, bool size_bias, F fn) {
   const int64_t heads = q.size(1);
   const int64_t eps_dim = eps.empty() ? 0 : eps[0].size(2);
   const T* leaf_mask = mask.defined() ? mask.data_ptr<T>() : nullptr;
   const int64_t* index = rows.defined() ? rows.data_ptr<int64_t>() : nullptr;
   at::parallel_for(0, trees * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> zeros(std::max(q.size(2), v.size(2)), T(0)), valid;
+    std::vector<T> zeros(std::max(q.size(2), v.size(2)), T(0)), valid, own(saved ? 0 : s.saved);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t h = item % heads, tree = item / heads, start = tree * s.tree;
       Task<T> task{s, q.size(2), v.size(2), static_cast<T>(tau), include_self, size_bias,
@@ -748,7 +750,8 @@ void each_task(const Shape& s, const at::Tensor& q, const at::Tensor& k, const a
         valid_rows(valid, index + start, s.tree);
         task.mask = valid.data();
       }
-      fn(task, item, tree, h, zeros.data());
+      Levels<T> levels(s, q.size(2), v.size(2), saved ? saved + item * s.saved : own.data());
+      fn(task, levels, tree, h, zeros.data());
     }
   });
 }
@@ -771,13 +774,11 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   at::Tensor out = at::empty_like(v);
   at::Tensor saved = at::empty({save ? trees * q.size(1) : 0, s.saved}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_forward", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), trees, tau, include_self,
-                        size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h,
-                            scalar_t*) {
-      std::vector<scalar_t> local(save ? 0 : s.saved);
-      scalar_t* state = save ? saved.data_ptr<scalar_t>() + item * s.saved : local.data();
-      Levels<scalar_t> levels(s, q.size(2), v.size(2), state);
+    scalar_t* states = save ? saved.data_ptr<scalar_t>() : nullptr;
+    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), states, trees, tau,
+                        include_self, size_bias,
+                        [&](Task<scalar_t>& task, Levels<scalar_t>& levels, int64_t tree,
+                            int64_t h, scalar_t*) {
       task.up(levels);
       task.down(levels, head_rows<scalar_t>(out, tree * s.tree, h));
     });
@@ -800,12 +801,10 @@ std::vector<at::Tensor> up(const at::Tensor& q, const at::Tensor& k, const at::T
   at::Tensor pq = at::empty({heads, trees, q.size(2)}, q.options());
   at::Tensor pk = at::empty_like(pq), pv = at::empty({heads, trees, v.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_up", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), trees, tau, include_self,
-                        size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h,
-                            scalar_t*) {
-      Levels<scalar_t> levels(s, q.size(2), v.size(2),
-                              saved.data_ptr<scalar_t>() + item * s.saved);
+    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), saved.data_ptr<scalar_t>(),
+                        trees, tau, include_self, size_bias,
+                        [&](Task<scalar_t>& task, Levels<scalar_t>& levels, int64_t tree,
+                            int64_t h, scalar_t*) {
       const int64_t root = h * trees + tree;
       task.root.energy = energy.data_ptr<scalar_t>() + root;
       task.root.q = pq.data_ptr<scalar_t>() + root * q.size(2);
@@ -837,12 +836,10 @@ at::Tensor down(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const at::Tensor root_acc = acc.to(q.scalar_type()).contiguous();
   at::Tensor out = at::empty_like(v);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_down", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), trees, tau, include_self,
-                        size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h,
-                            scalar_t*) {
-      Levels<scalar_t> levels(s, q.size(2), v.size(2),
-                              saved.data_ptr<scalar_t>() + item * s.saved);
+    each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), saved.data_ptr<scalar_t>(),
+                        trees, tau, include_self, size_bias,
+                        [&](Task<scalar_t>& task, Levels<scalar_t>& levels, int64_t tree,
+                            int64_t h, scalar_t*) {
       const int64_t root = h * trees + tree;
       task.root.u = root_u.data_ptr<scalar_t>()[root];
       task.root.acc = root_acc.data_ptr<scalar_t>() + root * v.size(2);
@@ -872,13 +869,11 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& q,
   for (const at::Tensor& e : eps)
     eps_grad.push_back(at::empty({q.size(1), e.size(1), e.size(2)}, e.options()));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_backward", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, eps_grad, at::Tensor(), at::Tensor(), trees, tau,
-                        include_self, size_bias,
-                        [&](Task<scalar_t>& task, int64_t item, int64_t tree, int64_t h,
-                            scalar_t*) {
+    each_task<scalar_t>(s, q, k, v, eps, eps_grad, at::Tensor(), at::Tensor(),
+                        saved.data_ptr<scalar_t>(), trees, tau, include_self, size_bias,
+                        [&](Task<scalar_t>& task, Levels<scalar_t>& levels, int64_t tree,
+                            int64_t h, scalar_t*) {
       const int64_t start = tree * s.tree;
-      Levels<scalar_t> levels(s, q.size(2), v.size(2),
-                              saved.data_ptr<scalar_t>() + item * s.saved);
       task.down(levels, Rows<scalar_t>{nullptr, 0});  // the log masses and weights
       task.backward(levels, head_rows<scalar_t>(grad, start, h),
                     head_rows<scalar_t>(dq, start, h), head_rows<scalar_t>(dk, start, h),
@@ -924,18 +919,17 @@ void hub_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 "leaf_rows and hub_rows index rows of q, k, v and out");
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_hub_forward", [&] {
     const int64_t* hub_index = hub_rows.data_ptr<int64_t>();
-    each_task<scalar_t>(s, q, k, v, {}, {}, at::Tensor(), leaf_rows, trees, tau, include_self,
-                        size_bias,
-                        [&](Task<scalar_t>& task, int64_t, int64_t tree, int64_t h,
-                            scalar_t* zeros) {
+    each_task<scalar_t>(s, q, k, v, {}, {}, at::Tensor(), leaf_rows, nullptr, trees, tau,
+                        include_self, size_bias,
+                        [&](Task<scalar_t>& task, Levels<scalar_t>& levels, int64_t tree,
+                            int64_t h, scalar_t* zeros) {
       const int64_t* own = hub_index + tree * s.extra;
-      std::vector<scalar_t> state(s.saved), valid;
+      std::vector<scalar_t> valid;
       valid_rows(valid, own, s.extra);
       task.hubs = {indexed_rows<scalar_t>(q, own, h, zeros),
                    indexed_rows<scalar_t>(k, own, h, zeros),
                    indexed_rows<scalar_t>(v, own, h, zeros),
                    indexed_rows<scalar_t>(out, own, h, zeros), valid.data()};
-      Levels<scalar_t> levels(s, q.size(2), v.size(2), state.data());
       task.up(levels);
       task.down(levels, indexed_rows<scalar_t>(out, leaf_rows.data_ptr<int64_t>() +
                                                         tree * s.tree, h, zeros));
