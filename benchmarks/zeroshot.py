@@ -170,12 +170,23 @@ HUB_PHASES = {
 }
 
 
+def phase_owner(name: str) -> tuple[object, str]:
+    """The module that holds the function a name of :data:`HUB_PHASES` times, and its name
+    there."""
+    from hiergraph.integrations import hub_windows
+
+    *path, attr = name.split(".")
+    module = hub_windows
+    for part in path:
+        module = getattr(module, part)
+    return module, attr
+
+
 def hub_phases(op, repeats: int) -> dict[str, float]:
     """Median CPU seconds per call of ``op`` (``padded_hub_window_hsa`` on one batch) in each
     of :data:`HUB_PHASES`, and ``"rest"`` (the tokens' order, the output rows written back
     where the kernel does not run): the functions are wrapped with timers for the
     measurement."""
-    from hiergraph.integrations import hub_windows
 
     spent: dict[str, float] = {}
 
@@ -189,19 +200,12 @@ def hub_phases(op, repeats: int) -> dict[str, float]:
 
         return call
 
-    def owner(name: str):  # the module that holds a dotted name's function, and its name
-        *path, attr = name.split(".")
-        module = hub_windows
-        for part in path:
-            module = getattr(module, part)
-        return module, attr
-
     names = [name for names in HUB_PHASES.values() for name in names]
-    originals = {name: getattr(*owner(name)) for name in names}
+    originals = {name: getattr(*phase_owner(name)) for name in names}
     samples = {phase: [] for phase in (*HUB_PHASES, "rest")}
     try:
         for name, fn in originals.items():
-            setattr(*owner(name), timed(name, fn))
+            setattr(*phase_owner(name), timed(name, fn))
         for _ in range(repeats):
             spent.clear()
             start = time.thread_time()
@@ -220,7 +224,7 @@ def hub_phases(op, repeats: int) -> dict[str, float]:
             samples["rest"].append(total - sum(own[phase] for phase in outside))
     finally:
         for name, fn in originals.items():
-            setattr(*owner(name), fn)
+            setattr(*phase_owner(name), fn)
     return {phase: float(np.median(values)) for phase, values in samples.items()}
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hiergraph.integrations import hub_windows, padded_hub_window_hsa
+from hiergraph.integrations import padded_hub_window_hsa
+from hiergraph.ops.hsa import native
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import zeroshot  # noqa: E402
@@ -21,10 +22,20 @@ def batch():
     return q, k, v, mask
 
 
+def functions() -> dict[str, object]:
+    """The functions the phases time, by their names in :data:`zeroshot.HUB_PHASES`."""
+    names = [n for ns in zeroshot.HUB_PHASES.values() for n in ns]
+    return {n: getattr(*zeroshot.phase_owner(n)) for n in names}
+
+
 @pytest.mark.parametrize("branching", [(2, 3), (32,)], ids=["forest", "tokens-as-windows"])
-def test_hub_phases_add_up_to_the_call(branching):
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch-ops"])
+def test_hub_phases_add_up_to_the_call(branching, kernel, monkeypatch):
+    if kernel and native.extension() is None:
+        pytest.skip("the HSA kernel could not be built here")
+    monkeypatch.setattr(native, "_enabled", kernel)
     q, k, v, mask = batch()
-    originals = {n: getattr(hub_windows, n) for ns in zeroshot.HUB_PHASES.values() for n in ns}
+    originals = functions()
     calls = []
 
     def op():
@@ -37,19 +48,22 @@ def test_hub_phases_add_up_to_the_call(branching):
         phases = zeroshot.hub_phases(op, 1)  # one call: its phases are its whole time
     assert list(phases) == [*zeroshot.HUB_PHASES, "rest"]
     assert all(seconds >= 0 for seconds in phases.values())
-    assert phases["root family"] > 0 and phases["gathers"] > 0
-    assert (phases["window forest"] > 0) == (branching == (2, 3))
+    # the kernel runs trees whose top windows hold several tokens, whole
+    whole = kernel and branching == (2, 3)
+    assert (phases["kernel"] > 0) == whole
+    assert (phases["root family"] > 0) == (phases["gathers"] > 0) == (not whole)
+    assert (phases["window forest"] > 0) == (branching == (2, 3) and not kernel)
     # the phases split the call: their sum is its time (and the timer's call around it)
     assert calls[0] <= sum(phases.values()) <= calls[0] + 1e-3
-    assert all(getattr(hub_windows, n) is fn for n, fn in originals.items())
+    assert all(getattr(*zeroshot.phase_owner(n)) is fn for n, fn in originals.items())
 
 
 def test_hub_phases_restore_the_module_after_an_error():
-    originals = {n: getattr(hub_windows, n) for ns in zeroshot.HUB_PHASES.values() for n in ns}
+    originals = functions()
 
     def op():
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
         zeroshot.hub_phases(op, 2)
-    assert all(getattr(hub_windows, n) is fn for n, fn in originals.items())
+    assert all(getattr(*zeroshot.phase_owner(n)) is fn for n, fn in originals.items())

@@ -12,11 +12,11 @@ the node sums, the weights :math:`P`, the log-partitions and the energies of eve
 (about :math:`b_D + 2` values per leaf and head); the backward recomputes the gates from
 them.
 
-It covers what :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` covers:
-float32 and float64 CPU tensors whose channels are contiguous, position embeddings or none,
-every fanout at least 2, first derivatives (second derivatives differentiate the recorded
-op, as the fused op's do), and without gradients (inference) a leaf mask (the padding of a
-batch of documents) and a family above the roots (hub tokens,
+It covers what :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` covers and
+more: float32 and float64 CPU tensors whose channels are contiguous, position embeddings or
+none, every fanout at least 2, a leaf mask (the padding of a batch of documents), first
+derivatives (second derivatives differentiate the recorded op, as the fused op's do), and
+without gradients (inference) a family above the roots (hub tokens,
 :mod:`~hiergraph.ops.hsa.lifted`), between whose passes it stops: the bottom-up pass hands
 the roots' energies and pooled rows to that family, the top-down pass starts from what it
 returns. :func:`hub_tree_attention` runs the hub window trees of pretrained encoders
@@ -130,7 +130,7 @@ MAX_TREE_LEAVES = 1 << 14
 def applies(q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, grad: bool) -> bool:
     """Whether the kernel runs HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over the
     equal-fanout forest with ``fanout`` (the callers have ruled out leaky-causal keys,
-    ``torch.compile``, and with a gradient masks and a family above the roots): float32 or
+    ``torch.compile``, and with a gradient a family above the roots): float32 or
     float64 CPU tensors with contiguous channels (``q, k, v``; the position embeddings per
     level ``eps``, if any, of the same dtype), every fanout at least 2, at least as many
     (tree, head) tasks as threads, with a ``grad`` at most :data:`MAX_TREE_LEAVES` leaves
@@ -214,17 +214,17 @@ def native_uniform_attention(
     multiple of :math:`b_1 \cdots b_D`) and the position embeddings ``eps`` per level
     ``[H | 1, n_d, c]`` (or ``None``), as
     :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention`; returns ``[L, H,
-    d_v]`` in ``v``'s memory layout. ``recorded(q, k, v, eps)`` is the same op recorded by
-    autograd (second derivatives); without it no gradient is taken (inference), and
-    ``leaf_mask`` ``[L]`` (nonzero: a valid leaf; the outputs of the others are 0) and
-    ``above`` (a family above the roots) are as in
+    d_v]`` in ``v``'s memory layout; ``leaf_mask`` ``[L]``: nonzero for the valid leaves
+    (the outputs of the others are 0, and their rows get no gradient). ``recorded(q, k, v,
+    eps)`` is the same op recorded by autograd (second derivatives); without it no gradient
+    is taken (inference), and then ``above`` (a family above the roots) may be given, as in
     :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention`."""
     eps = [e if e.stride(-1) == 1 else e.contiguous() for e in eps or ()]
     options = (list(fanout), float(tau), include_self, size_bias)
     if recorded is not None:
-        if leaf_mask is not None or above is not None:
-            raise ValueError("the HSA kernel takes gradients without leaf masks or hubs only")
-        return _NativeUniform.apply(options, recorded, q, k, v, *eps)
+        if above is not None:
+            raise ValueError("the HSA kernel takes gradients without a family above the roots")
+        return _NativeUniform.apply(options, leaf_mask, recorded, q, k, v, *eps)
     if above is None:
         return extension().forward(q, k, v, eps, *options, False, leaf_mask)[0]
     # the bottom-up pass to the roots, the family above them, the top-down pass
@@ -235,9 +235,9 @@ def native_uniform_attention(
 
 class _NativeUniform(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, options, recorded, q, k, v, *eps):
-        out, saved = extension().forward(q, k, v, list(eps), *options, True, None)
-        ctx.options, ctx.recorded = options, recorded
+    def forward(ctx, options, leaf_mask, recorded, q, k, v, *eps):
+        out, saved = extension().forward(q, k, v, list(eps), *options, True, leaf_mask)
+        ctx.options, ctx.leaf_mask, ctx.recorded = options, leaf_mask, recorded
         ctx.save_for_backward(q, k, v, saved, *eps)
         return out
 
@@ -245,13 +245,15 @@ class _NativeUniform(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         q, k, v, saved, *eps = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
-            return None, None, *recorded_gradients(ctx.recorded, (q, k, v, *eps), grad)
+            return None, None, None, *recorded_gradients(ctx.recorded, (q, k, v, *eps), grad)
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
-        dq, dk, dv, *d_eps = extension().backward(grad, q, k, v, eps, saved, *ctx.options)
+        dq, dk, dv, *d_eps = extension().backward(
+            grad, q, k, v, eps, saved, *ctx.options, ctx.leaf_mask
+        )
         # per head; an embedding shared by the heads gets their sum
         d_eps = [
             g if e.size(0) == g.size(0) else g.sum(0, keepdim=True)
             for e, g in zip(eps, d_eps, strict=True)
         ]
-        return None, None, dq, dk, dv, *d_eps
+        return None, None, None, dq, dk, dv, *d_eps

@@ -42,6 +42,10 @@ they are copied heads first (``q.transpose(0, 1)``), and those copies (in and ou
 their adjoints) also zero the padding rows, so a mask costs no pass of its own over the
 leaves. The output has the memory layout of ``q``.
 
+On the CPU, where it applies (:func:`~hiergraph.ops.hsa.native.applies`), the compiled
+kernel of :mod:`~hiergraph.ops.hsa.native` runs the op instead, leaf masks and gradients
+included; what follows is the path everywhere else.
+
 The formulas are those of :func:`~hiergraph.ops.hierarchical_attention`; with
 all leaves valid, :math:`n(\cdot)` is constant on a level, so
 :math:`\log n(B)` shifts every logit of a level by the same amount: it moves
@@ -126,20 +130,22 @@ def uniform_hierarchical_attention(
     tokens = all(token_layout.fits(t, fanout[-1], grad, pairs=alone) for t in (q, k, v))
     options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
     masked = weight is not None and not padding  # rows of masked leaves that are not zero
+
+    def recorded(q, k, v, eps):  # the op on [L, H, ·] rows, recorded (second derivatives)
+        return uniform_hierarchical_attention(
+            q, k, v, shape, eps, left_only=False, leaf_mask=leaf_mask, padding=padding,
+            fuse=False, **options,
+        )  # fmt: skip
+
+    # the compiled kernel, where it applies, reads the leaves where they lie (a family above
+    # the roots only without gradients)
+    kernel = alone or fuse and grad and above is None and fused_forward(q, left_only)
+    if kernel and native.applies(q, k, v, fanout, eps, not alone):
+        grads = None if alone else recorded
+        return native.native_uniform_attention(
+            q, k, v, fanout, eps, recorded=grads, leaf_mask=weight, above=above, **options
+        )
     if alone or fuse and fused(q, grad, weight, padding, left_only, above):
-
-        def recorded(q, k, v, eps):  # the op on [L, H, ·] rows, recorded (second derivatives)
-            return uniform_hierarchical_attention(
-                q, k, v, shape, eps, left_only=False, leaf_mask=None, fuse=False, **options
-            )
-
-        # the compiled kernel, where it applies, reads the leaves where they lie (masks and
-        # a family above the roots without gradients: `fused` ruled them out otherwise)
-        if native.applies(q, k, v, fanout, eps, not alone):
-            grads = None if alone else recorded
-            return native.native_uniform_attention(
-                q, k, v, fanout, eps, recorded=grads, leaf_mask=weight, above=above, **options
-            )
         # the output comes in the layout of node-major leaves; copies heads first zero the
         # rows of masked leaves (counts 0)
         if tokens:

@@ -168,6 +168,57 @@ def test_masked_leaves_and_a_family_above_without_gradients(
     assert not out[~mask].any() or padding
 
 
+@pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
+@pytest.mark.parametrize("kind", ["half", "sparse", "first"])
+@pytest.mark.parametrize("padding", [False, True], ids=["rows", "padding"])
+def test_masked_leaves_with_gradients(trees, fanout, options, kind, padding):
+    """Under a leaf mask the output and the gradients of q, k, v and the position embeddings
+    equal the recorded op's (padding: the masked rows are zero, and their outputs, which
+    nobody reads, get no gradient); the masked leaves' rows get 0, as a mask means (the
+    recorded op's padding rows get those of its plain sums)."""
+    shape = (trees, *fanout)
+    mask = leaf_mask(math.prod(shape), kind)
+    qkv = [t.detach() for t in inputs(shape, "strided", d=8, d_v=8)]
+    if padding:
+        qkv = [t * mask[:, None, None] for t in qkv]
+    qkv = [t.requires_grad_() for t in qkv]
+    eps = position(shape, 3) if len(fanout) > 1 else []
+    call = dict(left_only=False, leaf_mask=mask, tau=0.7, padding=padding)
+    out = uniform_hierarchical_attention(*qkv, shape, eps or None, **call, **options)
+    ref = uniform_hierarchical_attention(*qkv, shape, eps or None, fuse=False, **call, **options)
+    assert ran_natively(out)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), **F64)
+    if padding:
+        upstream = upstream * mask[:, None, None]
+    got = torch.autograd.grad(out, [*qkv, *eps], upstream)
+    want = torch.autograd.grad(ref, [*qkv, *eps], upstream)
+    torch.testing.assert_close(out[mask], ref[mask], rtol=0, atol=1e-12)
+    # (padding rows enter the recorded op's plain sums, so it gives them gradients)
+    rows = mask if padding else slice(None)
+    for g, w in zip(got[:3], want[:3], strict=True):
+        torch.testing.assert_close(g[rows], w[rows], rtol=0, atol=1e-12)
+    for g, w in zip(got[3:], want[3:], strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+    assert all(not g[~mask].any() for g in got[:3])
+
+
+def test_masked_second_derivatives():
+    shape = (2, 2, 3)
+    mask = torch.tensor([True, False, True, True, False, False] * 2)
+    qkv = inputs(shape, "node-major", heads=2, d=2, d_v=2)
+    eps = position(shape, 1)
+
+    def op(q, k, v, *eps):
+        return uniform_hierarchical_attention(
+            q, k, v, shape, list(eps), left_only=False, leaf_mask=mask, tau=0.7,
+            include_self=True, size_bias=True,
+        )  # fmt: skip
+
+    assert ran_natively(op(*qkv, *eps))
+    assert torch.autograd.gradgradcheck(op, (*qkv, *eps))
+
+
 def test_a_masked_forest_in_float32(kernel_calls):
     shape = (6, 4, 16)
     qkv = inputs(shape, "node-major", heads=4, d=32, d_v=32, dtype=torch.float32)
@@ -266,7 +317,7 @@ def test_where_the_kernel_runs(case, monkeypatch):
     if case == "large-trees":
         monkeypatch.setattr(native, "MAX_TREE_LEAVES", 11)
     out = uniform_hierarchical_attention(*qkv, shape, eps, **options)
-    assert ran_natively(out) == (case in ("native", "position"))
+    assert ran_natively(out) == (case in ("native", "position", "leaf-mask"))
 
 
 def test_inference_runs_trees_of_any_size(monkeypatch):
@@ -343,10 +394,10 @@ def test_the_kernel_checks_its_inputs():
         ext.forward(q, q, q, [torch.randn(1, 12, 2, **F64)] * 2, [3], 0.5, True, True, False, None)
     out, saved = ext.forward(q, q, q, [], [3], 0.5, True, True, True, None)
     with pytest.raises(RuntimeError, match="saved"):
-        ext.backward(out, q, q, q, [], saved[1:], [3], 0.5, True, True)
+        ext.backward(out, q, q, q, [], saved[1:], [3], 0.5, True, True, None)
     mask = torch.ones(12, dtype=torch.bool)
-    with pytest.raises(RuntimeError, match="no gradient under a leaf mask"):
-        ext.forward(q, q, q, [], [3], 0.5, True, True, True, mask)
+    with pytest.raises(RuntimeError, match="one value per leaf"):
+        ext.backward(out, q, q, q, [], saved, [3], 0.5, True, True, mask[1:])
     with pytest.raises(RuntimeError, match="one value per leaf"):
         ext.forward(q, q, q, [], [3], 0.5, True, True, False, mask[1:])
     saved, energy, *pooled = ext.up(q, q, q, [], [3], 0.5, True, True, mask)
@@ -355,10 +406,10 @@ def test_the_kernel_checks_its_inputs():
         ext.down(q, q, q, [], saved[1:], energy, pooled[2], [3], 0.5, True, True, mask)
     with pytest.raises(RuntimeError, match="u must be"):
         ext.down(q, q, q, [], saved, energy.T, pooled[2], [3], 0.5, True, True, mask)
-    with pytest.raises(ValueError, match="without leaf masks"):
+    with pytest.raises(ValueError, match="without a family above"):
         native.native_uniform_attention(
             q, q, q, (3,), None, include_self=True, tau=0.5, size_bias=True,
-            recorded=lambda *args: None, leaf_mask=mask,
+            recorded=lambda *args: None, above=lambda *args: None,
         )  # fmt: skip
 
 

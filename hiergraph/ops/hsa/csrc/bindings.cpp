@@ -21,7 +21,8 @@ at::Tensor down(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 bool include_self, bool size_bias, const Mask& mask);
 Tensors backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k,
                  const at::Tensor& v, const Tensors& eps, const at::Tensor& saved,
-                 std::vector<int64_t> fanout, double tau, bool include_self, bool size_bias);
+                 std::vector<int64_t> fanout, double tau, bool include_self, bool size_bias,
+                 const Mask& mask);
 void hub_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const at::Tensor& leaf_rows, const at::Tensor& hub_rows,
                  std::vector<int64_t> fanout, double tau, bool include_self, bool size_bias,

@@ -539,8 +539,13 @@ struct Task {
     }
   }
 
+  // The gradients of the leaves' rows (dq, dk, dv) and of the position embeddings, from the
+  // output's (grad), after `down` recomputed the masses. Under a leaf mask the means, keys
+  // and energies take their nodes' counts; a masked leaf's output is 0 whatever its
+  // gradient, and its rows get 0.
   void backward(Levels<T>& l, Rows<T> grad, Rows<T> dq, Rows<T> dk, Rows<T> dv) const {
     const int64_t depth = s.depth;
+    const T one = 1;
     // leaves to roots: the output gradient summed per node G, dWW = W * dW, d delta, du
     std::vector<std::vector<T>> g(depth), dww(depth), d_delta(depth), du(depth);
     for (int64_t d = depth - 1; d >= 0; --d) {
@@ -554,8 +559,16 @@ struct Task {
       if (leaves) du[d].assign(nodes, 0);  // above: the children's, summed below
       for (int64_t first = 0; first < nodes; first += b) {
         T* block = dww[d].data() + first * b;
-        gram(block, gr, v, first, b, dim_v, inv_n);
+        gram(block, gr, v, first, b, dim_v, mask ? one : inv_n);
         const T* w = l.w[d].data() + first * b;
+        if (mask) {  // dW_ij = G_i . v_j / n(j); no G at a masked leaf
+          const T* inv = l.inv[d].data() + first;
+          for (int64_t r = 0; r < b; ++r) {
+            const T keep = leaves ? inv[r] : one;
+#pragma omp simd
+            for (int64_t j = 0; j < b; ++j) block[r * b + j] *= keep * inv[j];
+          }
+        }
 #pragma omp simd
         for (int64_t x = 0; x < b * b; ++x) block[x] *= w[x];
         for (int64_t r = 0; r < b; ++r) {
@@ -570,13 +583,17 @@ struct Task {
       if (d == 0) break;
       g[d - 1].resize(s.nodes[d - 1] * dim_v);
       du[d - 1].assign(s.nodes[d - 1], 0);
-      const T one = 1;  // a parent's G: the sum of its children's
+      // a parent's G: the sum of its children's (of its valid leaves')
+      const bool weighed = mask && leaves;
       for (int64_t f = 0; f < nodes / b; ++f)
-        combine(g[d - 1].data() + f * dim_v, (const T*)nullptr, one, &one, 0, gr, f * b, b, dim_v);
+        combine(g[d - 1].data() + f * dim_v, (const T*)nullptr, one,
+                weighed ? mask + f * b : &one, weighed ? 1 : 0, gr, f * b, b, dim_v);
       for (int64_t i = 0; i < nodes; ++i) du[d - 1][i / b] += du[d][i] + d_delta[d][i];
     }
     // roots to leaves: energies, softmax, rows
-    std::vector<T> da_parent, da, pq, pk, pv, nq, nk, nv, ds, sym(max_fanout());
+    const int64_t widest = max_fanout();
+    std::vector<T> da_parent, da, pq, pk, pv, nq, nk, nv, ds, sym(widest), cq(widest),
+        ck(widest), cv(widest);
     for (int64_t d = 0; d < depth; ++d) {
       const int64_t b = s.fanout[d], nodes = s.nodes[d];
       const int64_t n = s.leaves[d];
@@ -594,12 +611,17 @@ struct Task {
         ok.data = nk.data();
         ov.data = nv.data();
       }
+      const T* inv = mask ? l.inv[d].data() : nullptr;
       da.assign(nodes, 0);
       ds.resize(b * b);
       for (int64_t first = 0; first < nodes; first += b) {  // one family at a time
         for (int64_t r = 0; r < b; ++r) {  // dS of the family, [b, b]
           const int64_t i = first + r;
-          const T g_energy = d ? da_parent[i / b] / static_cast<T>(b) : T(0);
+          // the parent's energy is the count-weighted mean of its children's totals
+          T g_energy = 0;
+          if (d)
+            g_energy = da_parent[i / b] * (mask ? l.count[d][i] * l.inv[d - 1][i / b]
+                                                 : T(1) / static_cast<T>(b));
           T dlse;
           if (gated(d)) {
             const T mu = l.mu[d][i], rest = 1 - mu;
@@ -623,9 +645,22 @@ struct Task {
           const T* bq = d ? pq.data() + parent * dim : nullptr;
           const T* bk = d ? pk.data() + parent * dim : nullptr;
           const T* bv = d ? pv.data() + parent * dim_v : nullptr;
-          combine(oq[i], bq, scale, ds.data() + r * b, 1, k, first, b, dim);
-          combine(ok[i], bk, scale, ds.data() + r, b, q, first, b, dim);
-          combine(ov[i], bv, inv_n, w + r, b, gr, first, b, dim_v);
+          if (!mask) {
+            combine(oq[i], bq, scale, ds.data() + r * b, 1, k, first, b, dim);
+            combine(ok[i], bk, scale, ds.data() + r, b, q, first, b, dim);
+            combine(ov[i], bv, inv_n, w + r, b, gr, first, b, dim_v);
+          } else {  // S_ij = tau q_i . k_j / n(i) n(j); a masked leaf's rows get nothing
+            const T* valid = leaves ? mask + first : nullptr;
+            for (int64_t j = 0; j < b; ++j) {
+              cq[j] = ds[r * b + j] * inv[first + j];
+              ck[j] = ds[j * b + r] * inv[first + j];
+              cv[j] = w[j * b + r] * (valid ? valid[j] : one);
+            }
+            const bool dropped = leaves && valid[r] == 0;
+            combine(oq[i], dropped ? nullptr : bq, tau * inv[i], cq.data(), 1, k, first, b, dim);
+            combine(ok[i], dropped ? nullptr : bk, tau * inv[i], ck.data(), 1, q, first, b, dim);
+            combine(ov[i], dropped ? nullptr : bv, inv[i], cv.data(), 1, gr, first, b, dim_v);
+          }
           if (eps_dim) {  // (dS + dS^T) e
             for (int64_t j = 0; j < b; ++j) sym[j] = ds[r * b + j] + ds[j * b + r];
             combine(eps_grad[d][i], (const T*)nullptr, T(1), sym.data(), 1, eps[d], first, b,
@@ -761,7 +796,7 @@ void each_task(const Shape& s, const at::Tensor& q, const at::Tensor& k, const a
 // The output [L, H, d_v] (in v's memory layout) and, with `save`, what the backward reads
 // ([trees * heads, Shape::saved]; else empty). eps: the position embeddings of every level
 // below the roots, [H | 1, n_d, c] in breadth-first order (or none); mask: [L], nonzero for
-// the valid leaves (or none; not with `save`).
+// the valid leaves (or none).
 std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const std::vector<at::Tensor>& eps,
                                 std::vector<int64_t> fanout, double tau, bool include_self,
@@ -769,7 +804,6 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
                                 const std::optional<at::Tensor>& mask) {
   const Shape s(std::move(fanout), q.size(2), v.size(2));
   const int64_t trees = check(q, k, v, eps, s);
-  TORCH_CHECK(!(save && mask), "the kernel takes no gradient under a leaf mask");
   const at::Tensor valid = leaf_mask(mask, q);
   at::Tensor out = at::empty_like(v);
   at::Tensor saved = at::empty({save ? trees * q.size(1) : 0, s.saved}, q.options());
@@ -851,12 +885,12 @@ at::Tensor down(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 // The gradients of q, k, v (in their memory layouts) from the output's, `grad`, and those
-// of the position embeddings per head, [H, n_d, c] per level.
+// of the position embeddings per head, [H, n_d, c] per level; mask: the forward's.
 std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& q,
                                  const at::Tensor& k, const at::Tensor& v,
                                  const std::vector<at::Tensor>& eps, const at::Tensor& saved,
                                  std::vector<int64_t> fanout, double tau, bool include_self,
-                                 bool size_bias) {
+                                 bool size_bias, const std::optional<at::Tensor>& mask) {
   const Shape s(std::move(fanout), q.size(2), v.size(2));
   const int64_t trees = check(q, k, v, eps, s);
   check_rows(grad, q, "grad");
@@ -864,16 +898,18 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& q,
   TORCH_CHECK(saved.is_contiguous() && saved.numel() == trees * q.size(1) * s.saved &&
                   saved.scalar_type() == q.scalar_type(),
               "saved does not come from this forest's forward");
+  const at::Tensor valid = leaf_mask(mask, q);
   at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   std::vector<at::Tensor> grads{dq, dk, dv}, eps_grad;
   for (const at::Tensor& e : eps)
     eps_grad.push_back(at::empty({q.size(1), e.size(1), e.size(2)}, e.options()));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_backward", [&] {
-    each_task<scalar_t>(s, q, k, v, eps, eps_grad, at::Tensor(), at::Tensor(),
+    each_task<scalar_t>(s, q, k, v, eps, eps_grad, valid, at::Tensor(),
                         saved.data_ptr<scalar_t>(), trees, tau, include_self, size_bias,
                         [&](Task<scalar_t>& task, Levels<scalar_t>& levels, int64_t tree,
                             int64_t h, scalar_t*) {
       const int64_t start = tree * s.tree;
+      task.count(levels);
       task.down(levels, Rows<scalar_t>{nullptr, 0});  // the log masses and weights
       task.backward(levels, head_rows<scalar_t>(grad, start, h),
                     head_rows<scalar_t>(dq, start, h), head_rows<scalar_t>(dk, start, h),
