@@ -12,7 +12,9 @@ backward of
   with a key padding mask (how a transformer runs such a batch);
 * ``hsa``: :func:`~hiergraph.ops.hierarchical_attention` with its default kernel: the
   forest embedded in an equal-fanout forest and run as reshaped views where that is
-  cheaper (:mod:`hiergraph.plan.padded_forest`), else the block kernel;
+  cheaper (:mod:`hiergraph.plan.padded_forest`; on the CPU the compiled kernel, the
+  padding as masked leaves), else the block kernel;
+* ``hsa-torch``: the same op on PyTorch operations alone (the kernel turned off);
 * ``hsa-blocks``: the same op forced onto the block kernel (``kernel="blocks"``);
 * ``hsa-ragged-trees``: ``hsa`` on trees of the same lengths whose windows vary in size
   (:func:`~hiergraph.data.random_window_hierarchy`, sizes uniform in ``[1, 2b - 1]``), as
@@ -39,11 +41,12 @@ from pathlib import Path
 import timing
 import torch
 import torch.nn.functional as F
-from hsa_short import plot
+from hsa_short import on_torch_ops, plot
 from torch_geometric.data import Batch
 
 from hiergraph.data import random_window_hierarchy, window_forest
 from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention
+from hiergraph.ops.hsa.attention import padding_cost
 
 HEADS, DIM = 4, 64
 RESULTS = Path(__file__).parent / "results"
@@ -70,6 +73,7 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...]) -> tuple[dic
     cases = {
         "flat": (lambda: F.scaled_dot_product_attention(*padded, attn_mask=keys), padded),
         "hsa": (lambda: hierarchical_attention(*leaves, windows), leaves),
+        "hsa-torch": (on_torch_ops(lambda: hierarchical_attention(*leaves, windows)), leaves),
         "hsa-blocks": (lambda: hierarchical_attention(*leaves, windows, kernel="blocks"), leaves),
         "hsa-ragged-trees": (lambda: hierarchical_attention(*leaves, ragged), leaves),
         "flat-causal": (lambda: F.scaled_dot_product_attention(*padded, attn_mask=causal), padded),
@@ -80,15 +84,19 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...]) -> tuple[dic
         ),
     }
     embedded, ragged_embedded = windows.padded, ragged.padded
+
+    def cost(padded):  # what a slot of the embedding costs where `hsa` runs
+        return padding_cost(*leaves, padded, leaky_causal=False)
+
     info = {
         "lengths": lengths,
         "tokens": sum(lengths),
         # the slots of the embedding where `hsa` runs on it (None: the block kernel)
         "padded_slots": embedded.num_slots
-        if embedded is not None and embedded.pays_off(HEADS, 2 * DIM)
+        if embedded is not None and embedded.pays_off(HEADS, 2 * DIM, cost(embedded))
         else None,
         "ragged_trees_padded": ragged_embedded is not None
-        and ragged_embedded.pays_off(HEADS, 2 * DIM),
+        and ragged_embedded.pays_off(HEADS, 2 * DIM, cost(ragged_embedded)),
         "blocks": sum(len(level.blocks) for level in windows.levels),
     }
     return cases, info

@@ -78,14 +78,16 @@ class PaddedForest:
         """Padded leaves, ``B b_1 ⋯ b_D``."""
         return math.prod(self.shape)
 
-    def pays_off(self, heads: int, channels: int) -> bool:
+    def pays_off(self, heads: int, channels: int, cost: float = PADDING_COST) -> bool:
         r"""Whether HSA with ``heads`` heads of ``channels`` = :math:`d + d_v` channels is
-        expected to run faster on the embedding than on the block kernel:
-        :data:`~hiergraph.plan.costs.PADDING_COST` per slot against the block kernel's
-        slots plus :data:`~hiergraph.plan.costs.BLOCK_COST` per block (at 4 heads of
-        64 + 64 channels; fewer slots' worth as the work per slot grows)."""
+        expected to run faster on the embedding than on the block kernel: ``cost`` per
+        slot (:data:`~hiergraph.plan.costs.PADDING_COST`, or
+        :data:`~hiergraph.plan.costs.KERNEL_PADDING_COST` where the compiled CPU kernel runs
+        the embedding) against the block kernel's slots plus
+        :data:`~hiergraph.plan.costs.BLOCK_COST` per block (at 4 heads of 64 + 64 channels;
+        fewer slots' worth as the work per slot grows)."""
         block_cost = BLOCK_COST * REFERENCE_WIDTH / (heads * channels)
-        return PADDING_COST * self.num_slots <= self.block_slots + block_cost * self.blocks
+        return cost * self.num_slots <= self.block_slots + block_cost * self.blocks
 
     @classmethod
     def from_tree_index(

@@ -12,7 +12,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from hiergraph._autograd import records_grad
 from hiergraph._precision import accumulation_dtype
+from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge
 from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb
@@ -21,6 +23,7 @@ from hiergraph.ops.hsa.uniform import fits, per_depth, per_level, uniform_hierar
 from hiergraph.ops.logspace import log_gates, logaddexp
 from hiergraph.ops.rows import permute_rows
 from hiergraph.ops.runs import broadcast_to_children, sum_children
+from hiergraph.plan.costs import KERNEL_PADDING_COST, PADDING_COST
 from hiergraph.plan.tree_index import TreeIndex
 
 KERNELS = ("dense", "blocks", "edge")
@@ -167,7 +170,9 @@ def hierarchical_attention(
     padded = index.padded if kernel == "dense" else None
     if (
         padded is not None
-        and padded.pays_off(q.size(1), q.size(2) + v.size(2))
+        and padded.pays_off(
+            q.size(1), q.size(2) + v.size(2), padding_cost(q, k, v, padded, leaky_causal)
+        )
         and fits(padded.shape, q)
     ):
         out = padded_hierarchical_attention(q, k, v, index, padded, pos, **views)
@@ -175,6 +180,19 @@ def hierarchical_attention(
     views["kernel"] = kernel
     out = general_attention(q, k, v, index, pos, **views)
     return out.squeeze(1) if squeeze else out
+
+
+def padding_cost(q: Tensor, k: Tensor, v: Tensor, padded, leaky_causal: bool) -> float:
+    """What a slot of the embedding ``padded`` costs (:mod:`hiergraph.plan.costs`): less
+    where the compiled CPU kernel would run it."""
+    trees, *fanout = padded.shape
+    kernel = (
+        not leaky_causal
+        and not torch.compiler.is_compiling()
+        and native.enabled()
+        and native.applies(q, k, v, tuple(fanout), None, records_grad(q, k, v), trees)
+    )
+    return KERNEL_PADDING_COST if kernel else PADDING_COST
 
 
 def general_attention(

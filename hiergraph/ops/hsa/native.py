@@ -127,20 +127,24 @@ def extension() -> ModuleType | None:
 MAX_TREE_LEAVES = 1 << 14
 
 
-def applies(q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, grad: bool) -> bool:
+def applies(
+    q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, grad: bool, trees=None
+) -> bool:
     """Whether the kernel runs HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over the
     equal-fanout forest with ``fanout`` (the callers have ruled out leaky-causal keys,
     ``torch.compile``, and with a gradient a family above the roots): float32 or
     float64 CPU tensors with contiguous channels (``q, k, v``; the position embeddings per
     level ``eps``, if any, of the same dtype), every fanout at least 2, at least as many
     (tree, head) tasks as threads, with a ``grad`` at most :data:`MAX_TREE_LEAVES` leaves
-    per tree, and the extension built."""
+    per tree, and the extension built. ``trees``: the forest's trees where ``q`` has fewer
+    rows than its leaves (the real leaves of a padded forest)."""
     leaves = math.prod(fanout)
+    trees = q.size(0) // leaves if trees is None else trees
     return (
         _eligible(q, k, v)
         and all(e.dtype == q.dtype for e in eps or ())
         and min(fanout) >= 2
-        and q.size(0) // leaves * q.size(1) >= torch.get_num_threads()
+        and trees * q.size(1) >= torch.get_num_threads()
         and (not grad or leaves <= MAX_TREE_LEAVES)
         and extension() is not None
     )
