@@ -11,7 +11,8 @@ def test_quick_run_writes_a_complete_report(tmp_path):
     run_benchmark("hsa_lengths", "--quick", "--rounds", "2", "--out", str(out))
     (row,) = json.loads(out.read_text())["rows"]
     causal = {"flat-causal", "hsa-causal", "hsa-causal-edges"}
-    assert set(row["median_s"]) == {"flat", "hsa", "hsa-blocks", "hsa-ragged-trees", *causal}
+    methods = {"flat", "hsa", "hsa-torch", "hsa-blocks", "hsa-ragged-trees", *causal}
+    assert set(row["median_s"]) == methods
     assert all(len(s) == 2 for s in row["samples_s"].values())
     assert row["tokens"] == sum(row["lengths"]) and len(row["lengths"]) == row["batch"]
     assert row["padded_slots"] >= row["tokens"]  # this row's forest is embedded
