@@ -134,7 +134,9 @@ def hub_window_attention(
             fanout = (leaf_rows.size(1) // width, *reversed(branching[: height - 1]))
             native.hub_tree_attention(*rows, leaf_rows, hub_rows, fanout, out, **options)
             continue
-        for result, token in _root_split(rows, slots, height, branching, **options):
+        # a tree of one token and no hub: its root family has a single member
+        lonely = height == 0 and any(others[b] + num_hubs[b] == 1 for b in examples)
+        for result, token in _root_split(rows, slots, height, branching, lonely, **options):
             out.index_copy_(0, token.view(-1), result.flatten(1, -2).transpose(0, 1))
     return out[:-1].view(batch, length, heads, -1)
 
@@ -174,12 +176,13 @@ def _slots(
 
 
 def _root_split(
-    rows, slots, height, branching, *, include_self, size_bias, scale
+    rows, slots, height, branching, lonely, *, include_self, size_bias, scale
 ) -> tuple[tuple[Tensor, Tensor], ...]:
     """The outputs of the examples whose tokens' rows ``slots`` (:func:`_slots`) picks,
     whose trees have height ``height``: of their top windows' tokens ``[H, B', W, s, d_v]``
     and of their hubs ``[H, B', G, d_v]``, each with its tokens' rows in the batch
-    (``[B', W, s]`` and ``[B', G]``; padding slots: the row after the last)."""
+    (``[B', W, s]`` and ``[B', G]``; padding slots: the row after the last). ``lonely``:
+    some tree's root family has a single member (:func:`~hiergraph.ops.hsa.lifted.root_family`)."""
     (token, real), (hub_token, hub_real) = slots
     width = math.prod(branching[: max(height - 1, 0)])  # tokens per top window
     count, windows, dump = token.size(0), token.size(1) // width, rows[0].size(0)
@@ -188,8 +191,6 @@ def _root_split(
     hub_rows = [heads_first(t.index_select(0, hub_token.view(-1))) for t in rows]
 
     sizes = torch.cat([real.view(count, windows, width).sum(-1), hub_real], 1)  # [count, M]
-    # a tree of one token, and no hub: its root family has a single member
-    lonely = height == 0 and bool((sizes > 0).sum(1).eq(1).any())
     options = dict(tau=scale, size_bias=size_bias, include_self=include_self, lonely=lonely)
     hubs_out = {}
 

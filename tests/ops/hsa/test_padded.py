@@ -9,8 +9,10 @@ from torch_geometric.data import Batch
 import hiergraph.ops.hsa.attention as hsa_attention
 from hiergraph.data import from_nested, random_window_hierarchy, window_forest, window_hierarchy
 from hiergraph.ops import hierarchical_attention
+from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.inputs import head_pos_emb
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
+from hiergraph.plan.costs import KERNEL_PADDING_COST, PADDING_COST
 from hiergraph.plan.padded_forest import PaddedForest
 from tests.ops.hsa.test_uniform import F64, OPTIONS, _kwargs
 
@@ -107,6 +109,24 @@ def test_which_forests_are_embedded_and_when_it_pays():
     # twice the slots of the leaves, whose long runs of equal windows are slice blocks
     costly = window_forest([600, 10] * 8, (4, 4)).tree_index().padded  # 9,728 slots, 4,880 leaves
     assert costly is not None and not costly.pays_off(4, 128)
+
+
+def test_a_slot_costs_less_where_the_kernel_runs_it(monkeypatch):
+    """The embedding of a padded batch of 2 x 2048 tokens pays off where the compiled CPU
+    kernel runs it (float32, 2 trees x 4 heads), and not on PyTorch operations, whose slots
+    cost more (:mod:`hiergraph.plan.costs`); leaky-causal keys never take the kernel."""
+    if native.extension() is None:
+        pytest.skip("the HSA kernel could not be built here")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    index = window_forest([1700, 1100], (16, 8, 4, 4)).tree_index()
+    padded = index.padded
+    q, k, v = (torch.randn(2800, 4, 64) for _ in range(3))
+    assert hsa_attention.padding_cost(q, k, v, padded, False) == KERNEL_PADDING_COST
+    assert hsa_attention.padding_cost(q, k, v, padded, True) == PADDING_COST
+    assert hsa_attention.padding_cost(q.double(), k, v, padded, False) == PADDING_COST  # dtypes
+    assert padded.pays_off(4, 128, KERNEL_PADDING_COST) and not padded.pays_off(4, 128)
+    monkeypatch.setattr(native, "_enabled", False)
+    assert hsa_attention.padding_cost(q, k, v, padded, False) == PADDING_COST
 
 
 def test_hierarchical_attention_takes_the_padded_path(monkeypatch):
