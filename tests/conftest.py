@@ -110,6 +110,39 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def hsa_kernel():
+    """The compiled HSA extension (:mod:`hiergraph.ops.hsa.native`), or a skip where it
+    cannot be built here."""
+    ext = native.extension()
+    if ext is None:
+        pytest.skip("the HSA kernel could not be built here")
+    return ext
+
+
+def spy_calls(monkeypatch, owner, name: str) -> list[dict]:
+    """The keyword arguments of every call of ``owner.name`` from now on (the function
+    still runs)."""
+    calls, fn = [], getattr(owner, name)
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return fn(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+    return calls
+
+
+def kernel_or_torch_ops(request, monkeypatch, owner, name: str) -> list[dict] | None:
+    """For a fixture with ``params=["kernel", "torch-ops"]``: the kernel on and the calls of
+    ``owner.name`` (a function its path goes through, :func:`spy_calls`), or the kernel off
+    and ``None``."""
+    if request.param == "torch-ops":
+        monkeypatch.setattr(native, "_enabled", False)
+        return None
+    hsa_kernel()
+    return spy_calls(monkeypatch, owner, name)
+
+
 @pytest.fixture
 def torch_ops(monkeypatch):
     """Equal-fanout HSA on PyTorch operations alone (the compiled kernel of

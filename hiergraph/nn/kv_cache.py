@@ -416,11 +416,12 @@ class HierarchicalKVCache:
             key_eps.copy_(pos_emb[-1])
         self.num_tokens += 1
         if self._native(q):  # the rest of the step in one call of the compiled kernel
-            widths = [len(children) for children in child_n]
             store = (self._keys, self._values, self._query, self._prefix, self._ng, self._g)
-            return native.extension().kv_step(
-                *store, q, k, v, m, first, widths, leaves, slot, self.tau
-            )
+            widths = [len(children) for children in child_n]
+            return native.kv_step(
+                store, q, k, v, m=m, first=first, widths=widths, leaves=leaves, slot=slot,
+                tau=self.tau,
+            )  # fmt: skip
         # (the views after the last reallocation; path node A_s is row s - 1)
         (query, query_q, prefix_q, n, leaf_q, leaf, above, n_above, ng_below, a_inner, lse_twice,
          lse_a, a_lse, diff, softplus, log_total, log_total_twice, gates, gate_logs, weight,

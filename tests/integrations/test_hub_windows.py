@@ -11,6 +11,7 @@ from hiergraph.integrations import (
 )
 from hiergraph.integrations.hub_windows import hub_window_attention
 from hiergraph.ops.hsa import native
+from tests.conftest import hsa_kernel, kernel_or_torch_ops
 
 
 def tree_based(q, k, v, mask, branching, hubs, **options):
@@ -53,17 +54,7 @@ CASES = [
 def kernel_calls(request, monkeypatch):
     """The compiled kernel on (its calls, which the hub trees of windows of more than one
     token make) or off (``None``)."""
-    if request.param == "torch-ops":
-        monkeypatch.setattr(native, "_enabled", False)
-        return None
-    if native.extension() is None:
-        pytest.skip("the HSA kernel could not be built here")
-    calls = []
-    kernel = native.hub_tree_attention
-    monkeypatch.setattr(
-        native, "hub_tree_attention", lambda *args, **kw: calls.append(1) or kernel(*args, **kw)
-    )
-    return calls
+    return kernel_or_torch_ops(request, monkeypatch, native, "hub_tree_attention")
 
 
 @pytest.mark.parametrize("lengths, length, branching, hubs", CASES)
@@ -94,9 +85,7 @@ def test_heads_first_inputs_in_float32(kernel_calls):
 
 
 def test_the_kernel_checks_its_rows():
-    ext = native.extension()
-    if ext is None:
-        pytest.skip("the HSA kernel could not be built here")
+    ext = hsa_kernel()
     q = torch.randn(10, 2, 4, dtype=torch.float64)
     out = torch.zeros(10, 2, 4, dtype=torch.float64)
     rows, hubs = torch.arange(8).view(1, 8), torch.tensor([[8, -1]])

@@ -12,7 +12,7 @@ from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_sched
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.plan import CausalPlan
-from tests.conftest import random_qkv
+from tests.conftest import hsa_kernel, kernel_or_torch_ops, random_qkv, spy_calls
 from tests.ops.hsa.test_causal import ordered_spec
 
 
@@ -36,17 +36,7 @@ def decode(h, q, k, v, pos_emb=None, scale=None):
 @pytest.fixture(params=["kernel", "torch-ops"])
 def step(request, monkeypatch):
     """Decoding steps in the compiled kernel (its steps counted) or on PyTorch operations."""
-    if request.param == "torch-ops":
-        monkeypatch.setattr(native, "_enabled", False)
-        return None
-    if native.extension() is None:
-        pytest.skip("the HSA kernel could not be built here")
-    steps = []
-    choose = HierarchicalKVCache._native
-    monkeypatch.setattr(
-        HierarchicalKVCache, "_native", lambda self, q: steps.append(1) or choose(self, q)
-    )
-    return steps
+    return kernel_or_torch_ops(request, monkeypatch, native, "kv_step")
 
 
 def document_spec(rng, paragraphs=4):
@@ -80,8 +70,8 @@ def test_incremental_equals_full_pass_on_random_trees(step):
 def test_kernel_and_torch_steps_share_the_store(monkeypatch):
     """Steps that alternate between the kernel and PyTorch operations (the kernel turned on
     and off mid-sequence) decode like the full pass: both keep the same store."""
-    if native.extension() is None:
-        pytest.skip("the HSA kernel could not be built here")
+    hsa_kernel()
+    steps = spy_calls(monkeypatch, native, "kv_step")
     h = from_nested(ordered_spec(random.Random(3), 80, 6, 5))
     plan = CausalPlan.from_hierarchy(h)
     q, k, v = random_qkv(h.num_leaves, seed=3)
@@ -95,6 +85,7 @@ def test_kernel_and_torch_steps_share_the_store(monkeypatch):
         emb = pe[plan.ancestors[i, m - open_ : m + 1]]
         outs.append(cache.append(q[i], k[i], v[i], close=close, open=open_, pos_emb=emb))
     torch.testing.assert_close(torch.stack(outs), full, atol=1e-12, rtol=0)
+    assert len(steps) == sum(i % 3 != 1 for i in range(len(outs)))  # the kernel's steps
 
 
 def assert_decodes_like_the_full_pass(h, seed, pos_dim=3):
@@ -346,9 +337,7 @@ def test_schedule_round_trip():
 
 
 def test_the_kernel_step_checks_its_inputs():
-    ext = native.extension()
-    if ext is None:
-        pytest.skip("the HSA kernel could not be built here")
+    ext = hsa_kernel()
     cache = HierarchicalKVCache(2, 4, 3, dtype=torch.float64)
     store = (cache._keys, cache._values, cache._query, cache._prefix, cache._ng, cache._g)
     q, v = torch.randn(2, 4, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)

@@ -21,7 +21,7 @@ without gradients (inference) a family above the roots (hub tokens,
 the roots' energies and pooled rows to that family, the top-down pass starts from what it
 returns. :func:`hub_tree_attention` runs the hub window trees of pretrained encoders
 (:mod:`~hiergraph.integrations.hub_windows`) whole, windows and root family, one task per
-example and head. ``kv_step`` of the extension is the decoding step of
+example and head. :func:`kv_step` is the decoding step of
 :class:`~hiergraph.nn.HierarchicalKVCache` on its store (``csrc/kv_cache.cpp``). Everything
 else, and everything under ``torch.compile``, takes the other paths.
 
@@ -188,6 +188,27 @@ def hub_tree_attention(
     extension().hub_forward(
         q, k, v, leaf_rows, hub_rows, list(fanout), float(scale), include_self, size_bias, out
     )
+
+
+def kv_step(
+    store: tuple[Tensor, ...],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    m: int,
+    first: int,
+    widths: list[int],
+    leaves: list[int],
+    slot: int,
+    tau: float,
+) -> Tensor:
+    """One decoding step of :class:`~hiergraph.nn.HierarchicalKVCache` on its ``store``
+    (keys, values, queries, prefix sums, ``n g`` and ``g``; ``csrc/kv_cache.cpp``): the
+    output ``[H, d_v]`` of the token ``q, k [H, d]``, ``v [H, d_v]`` whose leaf is child
+    ``slot`` of open node ``m - 1``, below open nodes whose closed children number
+    ``widths`` and hold ``leaves`` leaves, the path's nodes ``first - 1 …`` new."""
+    return extension().kv_step(*store, q, k, v, m, first, widths, leaves, slot, tau)
 
 
 def _eligible(q: Tensor, k: Tensor, v: Tensor) -> bool:

@@ -112,24 +112,11 @@ def uniform_hierarchical_attention(
     """
     fanout = shape[1:]
     depth = len(fanout)
-    work = accumulation_dtype(q.dtype)
-    weight = None if leaf_mask is None else leaf_mask.to(work)
-
-    # ---- bottom-up: family layout of every level, deepest first. Padding leaves count 0:
-    # the counts drop them from every key set and pooled mean (their values, if finite,
-    # never reach another row), and their outputs are zeroed at the end. Inputs that are
-    # not heads first are copied anyway: that copy zeroes their padding rows too, so the
-    # leaves' sums need no count weights
-    counts = counts_below(weight, fanout)
     grad = records_grad(q, k, v)
     # no gradient at all (inference): the fused op's passes alone, which take fewer
     # operations, masked leaves too
     alone = fuse and not grad and not records_grad(*(eps or ())) and fused_forward(q, left_only)
-    # node-major leaves are read where they lie (token_layout): more heads without
-    # gradients, and families of two by the passes alone
-    tokens = all(token_layout.fits(t, fanout[-1], grad, pairs=alone) for t in (q, k, v))
     options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
-    masked = weight is not None and not padding  # rows of masked leaves that are not zero
 
     def recorded(q, k, v, eps):  # the op on [L, H, ·] rows, recorded (second derivatives)
         return uniform_hierarchical_attention(
@@ -137,14 +124,26 @@ def uniform_hierarchical_attention(
             fuse=False, **options,
         )  # fmt: skip
 
-    # the compiled kernel, where it applies, reads the leaves where they lie (a family above
-    # the roots only without gradients)
+    # the compiled kernel, where it applies, reads the leaves where they lie and counts the
+    # valid leaves itself (a family above the roots only without gradients)
     kernel = alone or fuse and grad and above is None and fused_forward(q, left_only)
     if kernel and native.applies(q, k, v, fanout, eps, not alone):
         grads = None if alone else recorded
         return native.native_uniform_attention(
-            q, k, v, fanout, eps, recorded=grads, leaf_mask=weight, above=above, **options
+            q, k, v, fanout, eps, recorded=grads, leaf_mask=leaf_mask, above=above, **options
         )
+
+    # ---- bottom-up: family layout of every level, deepest first. Padding leaves count 0:
+    # the counts drop them from every key set and pooled mean (their values, if finite,
+    # never reach another row), and their outputs are zeroed at the end. Inputs that are
+    # not heads first are copied anyway: that copy zeroes their padding rows too, so the
+    # leaves' sums need no count weights
+    weight = None if leaf_mask is None else leaf_mask.to(accumulation_dtype(q.dtype))
+    counts = counts_below(weight, fanout)
+    # node-major leaves are read where they lie (token_layout): more heads without
+    # gradients, and families of two by the passes alone
+    tokens = all(token_layout.fits(t, fanout[-1], grad, pairs=alone) for t in (q, k, v))
+    masked = weight is not None and not padding  # rows of masked leaves that are not zero
     if alone or fuse and fused(q, grad, weight, padding, left_only, above):
         # the output comes in the layout of node-major leaves; copies heads first zero the
         # rows of masked leaves (counts 0)

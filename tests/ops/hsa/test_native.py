@@ -11,6 +11,7 @@ import torch
 
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
+from tests.conftest import spy_calls
 
 F64 = dict(dtype=torch.float64)
 
@@ -113,15 +114,7 @@ def test_equals_the_recorded_op_without_gradients(trees, fanout, include_self, e
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """The keyword arguments of every call of the kernel's entry point."""
-    calls = []
-    kernel = native.native_uniform_attention
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return kernel(*args, **kwargs)
-
-    monkeypatch.setattr(native, "native_uniform_attention", spy)
-    return calls
+    return spy_calls(monkeypatch, native, "native_uniform_attention")
 
 
 def leaf_mask(leaves: int, kind: str) -> torch.Tensor:
@@ -320,24 +313,16 @@ def test_where_the_kernel_runs(case, monkeypatch):
     assert ran_natively(out) == (case in ("native", "position", "leaf-mask"))
 
 
-def test_inference_runs_trees_of_any_size(monkeypatch):
+def test_inference_runs_trees_of_any_size(kernel_calls, monkeypatch):
     """Without a gradient the kernel runs large trees too (it keeps nothing for a backward);
     with one they take the reshaped views."""
-    calls = []
-    kernel = native.native_uniform_attention
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs["recorded"] is None)
-        return kernel(*args, **kwargs)
-
-    monkeypatch.setattr(native, "native_uniform_attention", spy)
     monkeypatch.setattr(native, "MAX_TREE_LEAVES", 11)
     shape = (2, 3, 4)
     qkv = inputs(shape, "node-major")
     with torch.no_grad():
         run(qkv, shape, include_self=True, size_bias=True)
     run(qkv, shape, include_self=True, size_bias=True)
-    assert calls == [True]
+    assert [call["recorded"] is None for call in kernel_calls] == [True]
 
 
 def test_a_failed_build_warns_once_and_falls_back(monkeypatch):

@@ -14,6 +14,7 @@ from hiergraph.ops.hsa.inputs import head_pos_emb
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.plan.costs import KERNEL_PADDING_COST, PADDING_COST
 from hiergraph.plan.padded_forest import PaddedForest
+from tests.conftest import hsa_kernel
 from tests.ops.hsa.test_uniform import F64, OPTIONS, _kwargs
 
 
@@ -115,8 +116,7 @@ def test_a_slot_costs_less_where_the_kernel_runs_it(monkeypatch):
     """The embedding of a padded batch of 2 x 2048 tokens pays off where the compiled CPU
     kernel runs it (float32, 2 trees x 4 heads), and not on PyTorch operations, whose slots
     cost more (:mod:`hiergraph.plan.costs`); leaky-causal keys never take the kernel."""
-    if native.extension() is None:
-        pytest.skip("the HSA kernel could not be built here")
+    hsa_kernel()
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     index = window_forest([1700, 1100], (16, 8, 4, 4)).tree_index()
     padded = index.padded
