@@ -69,7 +69,7 @@ at::Tensor kv_step(at::Tensor& keys, at::Tensor& values, at::Tensor& query, at::
     using T = scalar_t;
     const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
     const T neg_inf = -std::numeric_limits<T>::infinity(), t = static_cast<T>(tau);
-    std::vector<T> lse(m), theta(m * dv), logits;
+    std::vector<T> lse(m), theta(m * dv), a(m), logits;  // reused by every head
     for (int64_t h = 0; h < heads; ++h) {
       const T* qh = qc.data_ptr<T>() + h * d;
       // the leaf: a closed child of its parent, [k, eps, log 1, 1] and [v, 1]
@@ -126,7 +126,7 @@ at::Tensor kv_step(at::Tensor& keys, at::Tensor& values, at::Tensor& query, at::
       T* ng_h = ng.data_ptr<T>() + h;
       T* g_h = g.data_ptr<T>() + h;
       ng_h[(m - 1) * heads] += lse[m - 1];
-      std::vector<T> a(m, neg_inf);
+      std::fill(a.begin(), a.end(), neg_inf);
       int64_t n_node = leaves[m - 1];
       for (int64_t i = m - 2; i >= 0; --i) {
         int64_t n_child = 0;
