@@ -238,14 +238,6 @@ inline void gram(T* __restrict S, const R& x, const R& y, int64_t first, int64_t
   }
 }
 
-// log(e^a + e^b), -inf when both are.
-template <typename T>
-inline T logaddexp(T a, T b) {
-  const T m = std::max(a, b);
-  if (m == -std::numeric_limits<T>::infinity()) return m;
-  return m + std::log1p(std::exp(std::min(a, b) - m));
-}
-
 // A tree whose nodes of depth d have b_{d+1} children (`fanout`), and `extra` more leaves
 // (hubs) in its root's family, after the b_1 nodes with children.
 struct Shape {
@@ -363,18 +355,40 @@ struct Task {
     }
   }
 
+  // Every node's total log(e^a + e^lse) of level d (lse alone without an energy), into
+  // `totals`, in one vectorized pass.
+  void totals_of(Levels<T>& l, int64_t d, std::vector<T>& totals) const {
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    const int64_t nodes = s.nodes[d];
+    const T* a = l.a[d];
+    const T* lse = l.lse[d];
+    totals.resize(nodes);
+    T* t = totals.data();
+    if (!gated(d)) {
+      std::copy(lse, lse + nodes, t);
+      return;
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < nodes; ++i) {
+      const T m = std::max(a[i], lse[i]);
+      const T rest = std::log1p(std::exp(std::min(a[i], lse[i]) - m));
+      t[i] = m == neg_inf ? neg_inf : m + rest;
+    }
+  }
+
   // The energy of the parent of level d's family f, a(A) = sum_C n(C)/n(A) log(e^a(C) +
-  // e^lse(C)) (`inv`: 1 / n(A)), and its node sums (sq, sk, sv).
-  T pool(Levels<T>& l, int64_t d, int64_t f, T inv, T* sq, T* sk, T* sv) const {
+  // e^lse(C)) (`totals`: the children's logs, from totals_of; `inv`: 1 / n(A)), and its
+  // node sums (sq, sk, sv).
+  T pool(Levels<T>& l, int64_t d, int64_t f, const T* totals, T inv, T* sq, T* sk,
+         T* sv) const {
     const int64_t b = s.fanout[d];
     T total = 0;
     for (int64_t j = 0; j < b; ++j) {
       const int64_t i = f * b + j;
-      const T t = gated(d) ? logaddexp(l.a[d][i], l.lse[d][i]) : l.lse[d][i];
       if (!mask)
-        total += t;
+        total += totals[i];
       else if (l.count[d][i] > 0)
-        total += l.count[d][i] * t;
+        total += l.count[d][i] * totals[i];
     }
     // the sums of the family's rows (at the leaves, of the valid ones)
     const T one = 1;
@@ -395,7 +409,7 @@ struct Task {
     const T neg_inf = -std::numeric_limits<T>::infinity();
     count(l);
     const int64_t widest = max_fanout();
-    std::vector<T> buf(eps_dim ? widest * widest : 0), key(widest);
+    std::vector<T> buf(eps_dim ? widest * widest : 0), key(widest), totals;
     for (int64_t j = 0; j < s.extra; ++j) {  // the hubs' rows, after the top nodes' sums
       const int64_t i = s.fanout[0] + j;
       std::copy(hubs.q[j], hubs.q[j] + dim, l.q[0] + i * dim);
@@ -444,6 +458,12 @@ struct Task {
             l.lse[d][i] = neg_inf;
             continue;
           }
+          if (b == 2) {  // one key, the sibling: P = 1, lse its logit
+            row[r] = T(0);
+            row[1 - r] = T(1);
+            l.lse[d][i] = m + bias;
+            continue;
+          }
           T sum = 0;
 #pragma omp simd reduction(+ : sum)
           for (int64_t j = 0; j < b; ++j) {
@@ -458,9 +478,10 @@ struct Task {
       }
       if (d == 0) break;
       const auto [pq, pk, pv] = rows(l, d - 1);  // the parents' energies and node sums
+      totals_of(l, d, totals);
       for (int64_t f = 0; f < nodes / b; ++f) {
         const T inv = mask ? l.inv[d - 1][f] : T(1) / static_cast<T>(b);
-        l.a[d - 1][f] = pool(l, d, f, inv, pq[f], pk[f], pv[f]);
+        l.a[d - 1][f] = pool(l, d, f, totals.data(), inv, pq[f], pk[f], pv[f]);
       }
     }
     if (!root.energy) return;
@@ -469,8 +490,9 @@ struct Task {
       const T n = std::accumulate(l.count[0].begin(), l.count[0].end(), T(0));
       inv = n > 0 ? T(1) / n : T(0);
     }
-    *root.energy = pool(l, 0, 0, mask ? inv : T(1) / static_cast<T>(s.fanout[0]), root.q,
-                        root.k, root.v);
+    totals_of(l, 0, totals);
+    const T mean = mask ? inv : T(1) / static_cast<T>(s.fanout[0]);
+    *root.energy = pool(l, 0, 0, totals.data(), mean, root.q, root.k, root.v);
     for (int64_t c = 0; c < dim; ++c) root.q[c] *= inv, root.k[c] *= inv;
     for (int64_t c = 0; c < dim_v; ++c) root.v[c] *= inv;
   }
@@ -499,13 +521,13 @@ struct Task {
       T* gain = l.gain[d].data();
       T* own = l.own[d].data();
       const bool gate = gated(d);
-      const T top = root.u;
+      for (int64_t i = 0; i < nodes; ++i) u[i] = u_up ? u_up[i / b] : root.u;  // the parents'
 #pragma omp simd
       for (int64_t i = 0; i < nodes; ++i) {
         const bool none = a[i] == neg_inf && lse[i] == neg_inf;
         const T x = none ? T(0) : a[i] - lse[i];
         const T t = std::log1p(std::exp(-std::abs(x)));
-        const T base = u_up ? u_up[i / b] : top;
+        const T base = u[i];
         delta[i] = gate ? (none ? neg_inf : base + std::min(-x, T(0)) - t) : base;
         u[i] = gate ? (none ? neg_inf : base + std::min(x, T(0)) - t) : base;
         mu[i] = gate && !none ? std::exp(std::min(x, T(0)) - t) : T(0);
