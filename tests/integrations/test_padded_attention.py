@@ -262,3 +262,20 @@ def test_bad_shapes_raise_one_clear_error(name, bad, match):
     args.update(bad)
     with pytest.raises(ValueError, match=match):
         PADDED_OPS[name](args["q"], args["k"], args["v"], args["mask"])
+
+
+@pytest.mark.slow
+@opt_in
+def test_compiled_padded_windows_equal_eager_for_a_second_batch_shape():
+    """A compiled ``padded_window_hsa`` called on a second batch shape recompiles with
+    dynamic shapes; its families of two (windows of 2) then still give eager's outputs
+    (inductor once broadcast their constant weights wrongly there: errors of order 1)."""
+    compiled = torch.compile(lambda *t: padded_window_hsa(*t, (2, 4)))
+    torch._dynamo.reset()
+    for lengths in ([16, 9, 4], [24, 13], [32, 30, 17, 8]):
+        q, k, v, valid = padded_inputs(lengths, heads=2)
+        with torch.no_grad():
+            torch.testing.assert_close(
+                compiled(q, k, v, valid), padded_window_hsa(q, k, v, valid, (2, 4)),
+                atol=1e-12, rtol=0,
+            )  # fmt: skip

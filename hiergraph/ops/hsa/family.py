@@ -512,10 +512,16 @@ def sibling_of_two(logits: Tensor, keys: Tensor | None = None) -> tuple[Tensor, 
     sibling :math:`B`, whose weight is 1 and :math:`\mathrm{lse}` its logit; with ``keys``
     (broadcastable to ``[..., 2]``, false for nodes without leaves) a sibling that
     is no key gives weight 0 and :math:`\mathrm{lse} = -\infty`. No softmax passes; the
-    weights are constants."""
+    weights are constants.
+
+    The weights' shape ends in literal 2s rather than being read from ``logits``
+    (``expand_as``): under ``torch.compile`` with dynamic shapes (``dynamic=True``, or a
+    second input shape), inductor (PyTorch 2.13) takes a family size read from a view for a
+    free symbol, and broadcasts a slice of these weights against the values wrongly."""
     lse = logits.flip(-1).diagonal(dim1=-2, dim2=-1)  # s(C, sibling of C)
     swap = 1.0 - torch.eye(2, dtype=logits.dtype, device=logits.device)
+    shape = (*logits.shape[:-2], 2, 2)  # (not expand_as: see above)
     if keys is None:
-        return lse, swap.expand_as(logits)
+        return lse, swap.expand(shape)
     lse = torch.where(keys.flip(-1), lse, float("-inf"))
-    return lse, (swap * keys.unsqueeze(-2).to(logits.dtype)).expand_as(logits)
+    return lse, (swap * keys.unsqueeze(-2).to(logits.dtype)).expand(shape)
