@@ -1127,6 +1127,12 @@ def kv_cache() -> list[str] | None:
             if evicted
             else ""
         )
+        + (
+            ". `torch_op` is no cache: one in-place addition on 4 values, timed as a step, the"
+            " least any step that calls PyTorch costs in each protocol"
+            if "torch_op" in methods
+            else ""
+        )
         + f". Only the mean and the median per token are stored. Command: "
         f"{code(meta['command'])}.",
         "",
