@@ -189,7 +189,6 @@ def padding_cost(q: Tensor, k: Tensor, v: Tensor, padded, leaky_causal: bool) ->
     kernel = (
         not leaky_causal
         and not torch.compiler.is_compiling()
-        and native.enabled()
         and native.applies(q, k, v, tuple(fanout), None, records_grad(q, k, v), trees)
     )
     return KERNEL_PADDING_COST if kernel else PADDING_COST
