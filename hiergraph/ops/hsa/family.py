@@ -410,7 +410,7 @@ def summed_products(pairs: list[tuple[Tensor, Tensor]]) -> Tensor:
 def _accumulate(out: Tensor, p: Tensor, v: Tensor) -> None:
     """``out += p @ v`` in place (``out`` ``[..., m, d]`` contiguous, ``p [..., m, b]``)."""
     if p.size(-1) == 2 and p.device.type == "cpu":  # see family_product
-        out.addcmul_(p[..., :1], v[..., :1, :]).addcmul_(p[..., 1:], v[..., 1:, :])
+        out.addcmul_(*pair_member(p, v, 0)).addcmul_(*pair_member(p, v, 1))
         return
     *lead, m, b = p.shape
     batch = math.prod(lead)
@@ -469,14 +469,27 @@ class _PairSum(torch.autograd.Function):
         return grad.to(ctx.dtype).unsqueeze(-2).expand(*grad.shape[:-1], 2, grad.size(-1)), None
 
 
+def pair_member(p: Tensor, v: Tensor, i: int) -> tuple[Tensor, Tensor]:
+    r"""The weights ``[..., m, 1]`` in ``p [..., m, 2]`` of member ``i`` of a family of two
+    and that member's row ``[..., 1, d]`` of ``v [..., 2, d]``: views whose sizes are
+    literal 1s.
+
+    ``narrow`` rather than a slice such as ``p[..., 1:]``: under ``torch.compile`` with
+    dynamic shapes the family size of a view is a symbolic expression (``L // (L // 2)``),
+    the slice's size that expression minus one, and inductor (PyTorch 2.13) computes the
+    backward of a product of such slices wrongly (gradients of order 1e+200)."""
+    return p.narrow(-1, i, 1), v.narrow(-2, i, 1)
+
+
 def pair_product(p: Tensor, v: Tensor, base: Tensor | None) -> Tensor:
+    r"""``base + p @ v`` for families of two (``p [..., m, 2]``, ``v [..., 2, d]``,
+    ``base`` optional, broadcastable to ``[..., m, d]``): two broadcast multiply-adds
+    :math:`p_{:,0} v_0 + p_{:,1} v_1`, the second in place."""
     first = (
-        p[..., :1] * v[..., :1, :]
-        if base is None
-        else torch.addcmul(base, p[..., :1], v[..., :1, :])
+        torch.mul(*pair_member(p, v, 0)) if base is None else base.addcmul(*pair_member(p, v, 0))
     )
     # first is a new tensor of the product's shape (a base broadcasts to it): add in place
-    return first.addcmul_(p[..., 1:], v[..., 1:, :])
+    return first.addcmul_(*pair_member(p, v, 1))
 
 
 class _PairProduct(torch.autograd.Function):
