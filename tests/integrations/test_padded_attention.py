@@ -286,13 +286,15 @@ def test_compiled_padded_windows_equal_eager_for_a_second_batch_shape():
 
 @pytest.mark.slow
 @opt_in
-@pytest.mark.parametrize("dynamic", [False, None])
+@pytest.mark.parametrize("dynamic", [False, None, True])
 def test_compiled_padded_windows_train_on_a_second_batch_shape(dynamic, tmp_path, monkeypatch):
     """Compiled training on two batch shapes: the second shape's gradients equal eager's,
-    with ``dynamic=False`` (a static recompile per shape) and with the default (``None``,
+    with ``dynamic=False`` (a static recompile per shape), with the default (``None``,
     whose second shape recompiles with dynamic shapes: the families of two then have a
     symbolic size, and inductor once computed the backward of their members' products
-    wrongly, gradients NaN or of order 1e+200)."""
+    wrongly, gradients NaN or of order 1e+200) and with ``dynamic=True`` (which once
+    failed to trace: a float default argument read first in an autograd function's
+    backward)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # no kernels of other runs
     compiled = torch.compile(lambda *t: padded_window_hsa(*t, (2, 4)), dynamic=dynamic)
     torch._dynamo.reset()

@@ -336,11 +336,11 @@ def family_attention_edge(
 
 
 def family_product(
-    p: Tensor, v: Tensor, base: Tensor | None = None, *, alpha: float = 1.0
+    p: Tensor, v: Tensor, base: Tensor | None = None, *, alpha: float | None = None
 ) -> Tensor:
     r"""``base + alpha * p @ v`` for weights ``p [..., m, b]`` over a family of ``b`` rows
     ``v [..., b, d]`` and an optional ``base`` broadcastable to ``[..., m, d]`` (``None``:
-    the product alone), differentiable twice.
+    the product alone), differentiable twice; ``alpha`` as in :func:`family_gram`.
 
     A base is the product's own accumulation (``baddbmm``), not a pass of its own over the
     ``[..., m, d]`` result. Families of two on the CPU run as two broadcast multiply-adds
@@ -349,13 +349,15 @@ def family_product(
     (inner size 2) than over the same data as element-wise passes; from ``b = 3`` up, and
     on accelerators, this is ``matmul`` / ``baddbmm``."""
     if p.size(-1) == 2 and p.device.type == "cpu":
-        return _PairProduct.apply(p if alpha == 1.0 else alpha * p, v, base)
+        return _PairProduct.apply(p if alpha is None else alpha * p, v, base)
     if base is None:
-        return torch.matmul(p, v) if alpha == 1.0 else alpha * torch.matmul(p, v)
+        return torch.matmul(p, v) if alpha is None else alpha * torch.matmul(p, v)
     *lead, m, b = p.shape
     batch, d = math.prod(lead), v.size(-1)
     base = base.expand(*lead, m, d).reshape(batch, m, d)  # a view where base broadcasts rows
-    out = torch.baddbmm(base, p.reshape(batch, m, b), v.reshape(batch, b, d), alpha=alpha)
+    out = torch.baddbmm(
+        base, p.reshape(batch, m, b), v.reshape(batch, b, d), alpha=1 if alpha is None else alpha
+    )
     return out.view(*lead, m, d)
 
 
@@ -365,10 +367,12 @@ GRAM_MIN_FAMILIES = 1024
 GRAM_MAX_CHANNELS = 64
 
 
-def family_gram(x: Tensor, y: Tensor, alpha: float = 1.0) -> Tensor:
+def family_gram(x: Tensor, y: Tensor, alpha: float | None = None) -> Tensor:
     r"""``alpha * x @ y^T`` ``[..., b, b]`` for families ``x, y [..., b, c]`` with the same
     leading dimensions (the logits of a family, or the gradient of its weights),
-    differentiable twice.
+    differentiable twice. ``alpha=None`` stands for 1: a float default would be traced by
+    ``torch.compile(dynamic=True)`` as a symbolic input, which an autograd function's
+    backward that first reads it cannot capture (PyTorch 2.13).
 
     On the CPU a batch of ``[b, c] @ [c, b]`` products with ``b^2 c >= 400`` runs one BLAS
     call per matrix, and for ``b = 4`` that call costs more than its arithmetic: there
@@ -393,7 +397,7 @@ def family_gram(x: Tensor, y: Tensor, alpha: float = 1.0) -> Tensor:
         full = torch.bmm(x.reshape(rows), y.reshape(rows).transpose(1, 2))
         blocks = full.view(-1, 4, b, 4, b).diagonal(dim1=1, dim2=3)  # [groups, b, b, 4]
         out = blocks.movedim(-1, 1).reshape(*lead, b, b)
-    return out if alpha == 1.0 else out.mul_(alpha)
+    return out if alpha is None else out.mul_(alpha)
 
 
 def summed_products(pairs: list[tuple[Tensor, Tensor]]) -> Tensor:

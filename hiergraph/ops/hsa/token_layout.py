@@ -160,18 +160,21 @@ def per_head(fn, heads: int, dim: int) -> Tensor:
     return torch.stack([fn(h) for h in range(heads)], dim)
 
 
-def head_gram(x: Tensor, y: Tensor, alpha: float = 1.0) -> Tensor:
+def head_gram(x: Tensor, y: Tensor, alpha: float | None = None) -> Tensor:
     """``alpha * x_h @ y_h^T`` for every head ``h`` of node-major ``x [F, b, H, c]`` and
     ``y [F, b', H, c]``: heads first, ``[H, F, b, b']``. Written head by head into one
     buffer (``baddbmm_`` with ``beta=0``: no stacking copy and no scaling pass), unless
-    autograd records it (the backward of a double backward): then stacked, differentiable."""
+    autograd records it (the backward of a double backward): then stacked, differentiable.
+    ``alpha`` as in :func:`~hiergraph.ops.hsa.family.family_gram`."""
     heads = x.size(2)
     if torch.is_grad_enabled():
         out = per_head(lambda h: x[:, :, h] @ y[:, :, h].transpose(1, 2), heads, 0)
-        return out if alpha == 1.0 else out * alpha
+        return out if alpha is None else out * alpha
     out = x.new_empty(heads, x.size(0), x.size(1), y.size(1))
     for h in range(heads):
-        out[h].baddbmm_(x[:, :, h], y[:, :, h].transpose(1, 2), beta=0, alpha=alpha)
+        out[h].baddbmm_(
+            x[:, :, h], y[:, :, h].transpose(1, 2), beta=0, alpha=1 if alpha is None else alpha
+        )
     return out
 
 
