@@ -489,9 +489,8 @@ def pair_product(p: Tensor, v: Tensor, base: Tensor | None) -> Tensor:
     r"""``base + p @ v`` for families of two (``p [..., m, 2]``, ``v [..., 2, d]``,
     ``base`` optional, broadcastable to ``[..., m, d]``): two broadcast multiply-adds
     :math:`p_{:,0} v_0 + p_{:,1} v_1`, the second in place."""
-    first = (
-        torch.mul(*pair_member(p, v, 0)) if base is None else base.addcmul(*pair_member(p, v, 0))
-    )
+    p0, v0 = pair_member(p, v, 0)
+    first = p0 * v0 if base is None else base.addcmul(p0, v0)
     # first is a new tensor of the product's shape (a base broadcasts to it): add in place
     return first.addcmul_(*pair_member(p, v, 1))
 
