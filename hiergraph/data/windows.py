@@ -5,7 +5,6 @@ its integer layout."""
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -210,12 +209,19 @@ class HMatrixLayout(NamedTuple):
 
 
 def hmatrix_layout(length: int, block_size: int) -> HMatrixLayout:
-    """Padded length, number of levels and effective block size (see :class:`HMatrixLayout`)."""
+    """Padded length, number of levels and effective block size (see :class:`HMatrixLayout`).
+
+    Computed by integer comparisons of ``length``: under ``torch.compile`` with a symbolic
+    length they become guards (a length range per level count), so the padded layout of
+    :func:`~hiergraph.ops.hmatrix_attention` keeps static sizes.
+    """
     if length <= 2 * block_size:
         nr = -(-length // 2)
         return HMatrixLayout(nr, 1, 2 * nr)
-    num_levels = math.ceil(math.log2(length / block_size))
-    return HMatrixLayout(block_size, num_levels, block_size * 2**num_levels)
+    num_levels = 2  # the fewest with block_size * 2**num_levels >= length
+    while block_size << num_levels < length:
+        num_levels += 1
+    return HMatrixLayout(block_size, num_levels, block_size << num_levels)
 
 
 def hmatrix_window_hierarchy(length: int, block_size: int) -> SignalHierarchy:

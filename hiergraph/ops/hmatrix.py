@@ -322,82 +322,156 @@ class _HMatrixCore(torch.autograd.Function):
     once :math:`dS = E \odot (G^+ \tilde v^{+\top})`, :math:`d\tilde v^+ = E^\top G^+`,
     :math:`d\tilde q = dS\,\tilde k/\sqrt d`, :math:`d\tilde k = dS^\top \tilde q/\sqrt d`
     in the forward's banded matmuls; finally the coarsening is undone coarse to fine.
+
+    Under ``torch.compile`` both passes run as custom operators (``hiergraph::hmatrix_forward``
+    and ``hiergraph::hmatrix_backward``, see :func:`_opaque_to_compiler`).
     """
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, plan: _Plan) -> Tensor:
-        n, width = plan.block_size, plan.width
-        batch, heads, _, dim = q.shape
-        counts = _packed_counts(valid, q, plan)  # [B|1, 1, P, 1]
-        child = _child_weights(counts, plan)
-        q_pack = _coarse_pack(q, valid, plan, child, plan.query_reduce)
-        k_pack = _coarse_pack(k, valid, plan, child, "mean")
-        v_pack = _coarse_pack(v, valid, plan, child, "sum", counts)
-        q_flat, k_flat, v_flat = (x.view(-1, x.shape[-1]) for x in (q_pack, k_pack, v_pack))
-        blocks = q_flat.shape[0] // n
-
-        logits = _band_bmm(q_flat.view(blocks, n, dim), _band(k_flat, n, width), plan.scale)
-        bias = _band_bias(counts, plan)  # [B|1, 1, T_per, n, width * n]
-        logits.view(bias.shape[0], -1, *bias.shape[2:]).add_(bias)
-
-        # One shift per fine row: the running max over levels >= l, top-down.
-        shift = logits.amax(-1).view(batch * heads, -1)
-        levels = _levels(shift, plan)
-        for fine, coarse in zip(levels[-2::-1], levels[:0:-1], strict=True):
-            fine.clamp_min_(coarse.repeat_interleave(2, 1))
-        finite = _finite(shift)
-        weights = logits.sub_(finite.view(blocks, n, 1)).exp_()
-
-        # Y⁺_l of all levels at once, then interpolate and accumulate coarse → fine.
-        acc = _band_bmm(weights, _band(v_flat, n, width).transpose(1, 2))
-        sums = _levels(acc.view(batch * heads, -1, v_flat.shape[-1]), plan)
-        alphas = _alphas(shift, finite, plan)
-        for level in range(len(plan.rows) - 2, -1, -1):
-            fine = sums[level].unflatten(1, (-1, 2))
-            fine.addcmul_(sums[level + 1].unsqueeze(2), alphas[level].unflatten(1, (-1, 2, 1)))
-        num, den = sums[0][:, : plan.length].split([v.shape[-1], 1], dim=-1)
-        den = torch.where(den > 0, den, 1.0)
-        out = (num / den).view(batch, heads, plan.length, -1)
-        ctx.save_for_backward(q_pack, k_pack, v_pack, weights, out, den, valid, child, *alphas)
+        out, *saved = _opaque_to_compiler(_forward, _forward_op, q, k, v, valid, plan=plan)
+        ctx.save_for_backward(out, valid, *saved)
         ctx.plan = plan
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        q_pack, k_pack, v_pack, weights, out, den, valid, child, *alphas = ctx.saved_tensors
-        plan = ctx.plan
-        n, width = plan.block_size, plan.width
-        batch, heads = q_pack.shape[:2]
-        blocks = weights.shape[0]
+        out, valid, *saved = ctx.saved_tensors
+        grads = _opaque_to_compiler(
+            _backward, _backward_op, grad_out, out, valid, saved, plan=ctx.plan
+        )
+        return *grads, None, None
 
-        # G⁺ on every level, fine → coarse (separator rows stay zero).
-        grad_acc = v_pack.new_zeros(batch * heads, plan.packed_rows, v_pack.shape[-1])
-        grads = _levels(grad_acc, plan)
-        grad_out = grad_out.reshape(batch * heads, plan.length, -1)
-        grads[0][:, : plan.length, :-1] = grad_out / den
-        dot = (grad_out * out.view_as(grad_out)).sum(-1, keepdim=True)
-        grads[0][:, : plan.length, -1:] = dot.div_(den).neg_()
-        for level in range(len(plan.rows) - 1):
-            fine = (grads[level] * alphas[level].unsqueeze(-1)).unflatten(1, (-1, 2))
-            grads[level + 1].copy_(fine[:, :, 0]).add_(fine[:, :, 1])
 
-        # Band matmuls of the backward, all levels at once.
-        q_flat, k_flat, v_flat = (x.view(-1, x.shape[-1]) for x in (q_pack, k_pack, v_pack))
-        grad_blocks = grad_acc.view(blocks, n, -1)
-        grad_v = _key_grad(weights, grad_acc.view(-1, grad_acc.shape[-1]), n, width)
-        # dS / sqrt(d): the scale goes into the matmul, and from there into dq and dk.
-        grad_logits = _band_bmm(grad_blocks, _band(v_flat, n, width), plan.scale).mul_(weights)
-        grad_q = _band_bmm(grad_logits, _band(k_flat, n, width).transpose(1, 2))
-        grad_k = _key_grad(grad_logits, q_flat, n, width)
+def _opaque_to_compiler(fn, op, *args, plan: _Plan):
+    """``fn(*args, plan)``; under ``torch.compile``, the same through the custom op ``op``.
 
-        # Undo the coarsening (adjoint of _coarse_pack).
-        grads_in = [
-            _coarse_unpack(grad.view(batch, heads, -1, grad.shape[-1]), valid, plan, child, mode)
-            for grad, mode in ((grad_q, plan.query_reduce), (grad_k, "mean"), (grad_v, "sum"))
-        ]
-        grads_in[2] = grads_in[2][..., :-1]
-        return *grads_in, None, None
+    The compiler runs ``op`` as one opaque call (its output shapes come from running ``fn`` on
+    fake tensors) instead of lowering the packed layout's strided in-place level updates,
+    whose index expressions take inductor minutes per level to simplify.
+    """
+    if torch.compiler.is_compiling():
+        return op(*args, *plan._replace(rows=list(plan.rows)))
+    return fn(*args, plan)
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, plan: _Plan) -> list[Tensor]:
+    """The forward of :class:`_HMatrixCore`: ``[out, *saved]``, what the backward needs."""
+    n, width = plan.block_size, plan.width
+    batch, heads, _, dim = q.shape
+    counts = _packed_counts(valid, q, plan)  # [B|1, 1, P, 1]
+    child = _child_weights(counts, plan)
+    q_pack = _coarse_pack(q, valid, plan, child, plan.query_reduce)
+    k_pack = _coarse_pack(k, valid, plan, child, "mean")
+    v_pack = _coarse_pack(v, valid, plan, child, "sum", counts)
+    q_flat, k_flat, v_flat = (x.view(-1, x.shape[-1]) for x in (q_pack, k_pack, v_pack))
+    blocks = q_flat.shape[0] // n
+
+    logits = _band_bmm(q_flat.view(blocks, n, dim), _band(k_flat, n, width), plan.scale)
+    bias = _band_bias(counts, plan)  # [B|1, 1, T_per, n, width * n]
+    logits.view(bias.shape[0], -1, *bias.shape[2:]).add_(bias)
+
+    # One shift per fine row: the running max over levels >= l, top-down.
+    shift = logits.amax(-1).view(batch * heads, -1)
+    levels = _levels(shift, plan)
+    for fine, coarse in zip(levels[-2::-1], levels[:0:-1], strict=True):
+        fine.clamp_min_(coarse.repeat_interleave(2, 1))
+    finite = _finite(shift)
+    weights = logits.sub_(finite.view(blocks, n, 1)).exp_()
+
+    # Y⁺_l of all levels at once, then interpolate and accumulate coarse → fine.
+    acc = _band_bmm(weights, _band(v_flat, n, width).transpose(1, 2))
+    sums = _levels(acc.view(batch * heads, -1, v_flat.shape[-1]), plan)
+    alphas = _alphas(shift, finite, plan)
+    for level in range(len(plan.rows) - 2, -1, -1):
+        fine = sums[level].unflatten(1, (-1, 2))
+        fine.addcmul_(sums[level + 1].unsqueeze(2), alphas[level].unflatten(1, (-1, 2, 1)))
+    num, den = sums[0][:, : plan.length].split([v.shape[-1], 1], dim=-1)
+    den = torch.where(den > 0, den, 1.0)
+    out = (num / den).view(batch, heads, plan.length, -1)
+    return [out, q_pack, k_pack, v_pack, weights, den, child, *alphas]
+
+
+def _backward(
+    grad_out: Tensor, out: Tensor, valid: Tensor | None, saved: list[Tensor], plan: _Plan
+) -> list[Tensor]:
+    """The backward of :class:`_HMatrixCore`: the gradients of ``q, k, v``."""
+    q_pack, k_pack, v_pack, weights, den, child, *alphas = saved
+    n, width = plan.block_size, plan.width
+    batch, heads = q_pack.shape[:2]
+    blocks = weights.shape[0]
+
+    # G⁺ on every level, fine → coarse (separator rows stay zero).
+    grad_acc = v_pack.new_zeros(batch * heads, plan.packed_rows, v_pack.shape[-1])
+    grads = _levels(grad_acc, plan)
+    grad_out = grad_out.reshape(batch * heads, plan.length, -1)
+    grads[0][:, : plan.length, :-1] = grad_out / den
+    dot = (grad_out * out.view_as(grad_out)).sum(-1, keepdim=True)
+    grads[0][:, : plan.length, -1:] = dot.div_(den).neg_()
+    for level in range(len(plan.rows) - 1):
+        fine = (grads[level] * alphas[level].unsqueeze(-1)).unflatten(1, (-1, 2))
+        grads[level + 1].copy_(fine[:, :, 0]).add_(fine[:, :, 1])
+
+    # Band matmuls of the backward, all levels at once.
+    q_flat, k_flat, v_flat = (x.view(-1, x.shape[-1]) for x in (q_pack, k_pack, v_pack))
+    grad_blocks = grad_acc.view(blocks, n, -1)
+    grad_v = _key_grad(weights, grad_acc.view(-1, grad_acc.shape[-1]), n, width)
+    # dS / sqrt(d): the scale goes into the matmul, and from there into dq and dk.
+    grad_logits = _band_bmm(grad_blocks, _band(v_flat, n, width), plan.scale).mul_(weights)
+    grad_q = _band_bmm(grad_logits, _band(k_flat, n, width).transpose(1, 2))
+    grad_k = _key_grad(grad_logits, q_flat, n, width)
+
+    # Undo the coarsening (adjoint of _coarse_pack).
+    grads_in = [
+        _coarse_unpack(grad.view(batch, heads, -1, grad.shape[-1]), valid, plan, child, mode)
+        for grad, mode in ((grad_q, plan.query_reduce), (grad_k, "mean"), (grad_v, "sum"))
+    ]
+    grads_in[2] = grads_in[2][..., :-1]
+    return grads_in
+
+
+def _forward_fields(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    valid: Tensor | None,
+    block_size: int,
+    width: int,
+    scale: float,
+    rows: list[int],
+    length: int,
+) -> list[Tensor]:
+    """:func:`_forward` with the plan passed as its fields (the custom op's signature)."""
+    return _forward(q, k, v, valid, _Plan(block_size, width, scale, tuple(rows), length))
+
+
+def _backward_fields(
+    grad_out: Tensor,
+    out: Tensor,
+    valid: Tensor | None,
+    saved: list[Tensor],
+    block_size: int,
+    width: int,
+    scale: float,
+    rows: list[int],
+    length: int,
+) -> list[Tensor]:
+    """:func:`_backward` with the plan passed as its fields (the custom op's signature)."""
+    plan = _Plan(block_size, width, scale, tuple(rows), length)
+    return _backward(grad_out, out, valid, saved, plan)
+
+
+def _custom_op(name: str, fn):
+    """``fn`` as the custom op ``hiergraph::<name>``; its fake (shape-only) implementation is
+    ``fn`` itself, run on fake tensors."""
+    op = torch.library.custom_op(f"hiergraph::{name}", fn, mutates_args=())
+    op.register_fake(fn)
+    return op
+
+
+_forward_op = _custom_op("hmatrix_forward", _forward_fields)
+_backward_op = _custom_op("hmatrix_backward", _backward_fields)
 
 
 def _band(x: Tensor, n: int, width: int) -> Tensor:

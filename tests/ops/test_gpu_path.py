@@ -320,10 +320,9 @@ def test_compiled_matches_eager(name, device):
 
 
 #: The ops that ``torch.compile(dynamic=True)`` does not take on PyTorch 2.13: the lifted
-#: HSA ops fail in inductor (a value-range error); the strictly causal HSA op and H-matrix
-#: attention did not finish compiling within 7 minutes (H-matrix attention's symbolic sizes
-#: grow into expressions that sympy takes minutes to simplify).
-NOT_DYNAMIC = {"hsa-lifted", "hsa-lifted-ragged", "hsa-strict-causal", "hmatrix"}
+#: HSA ops fail in inductor (a value-range error); the strictly causal HSA op did not finish
+#: compiling within 7 minutes.
+NOT_DYNAMIC = {"hsa-lifted", "hsa-lifted-ragged", "hsa-strict-causal"}
 
 
 @pytest.mark.slow

@@ -1,17 +1,22 @@
 """H-matrix attention: the invariants of notes/h_transformer_1d.md §9."""
 
 import math
+import operator
+import os
 
 import pytest
 import torch
+from torch._dynamo.backends.common import aot_autograd
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from hiergraph.data.windows import hmatrix_layout, hmatrix_window_hierarchy
 from hiergraph.nn.pool import coarsen_leaves
 from hiergraph.ops.hmatrix import (
+    _backward_op,
     _child_weights,
     _coarse_pack,
+    _forward_op,
     _levels,
     _packed_counts,
     _Plan,
@@ -306,3 +311,80 @@ def test_levels_are_the_window_hierarchy():
         pooled_mean, coarse, _ = coarsen_leaves(pooled_mean, hierarchy, "mean")
         pooled_sum, _, _ = coarsen_leaves(pooled_sum, hierarchy, "sum")
         hierarchy = coarse
+
+
+# ------------------------------------------------------------------------------ compile
+
+
+def _padding(length: int, valid: int) -> torch.Tensor:
+    """A ``[2, length]`` key padding mask: the second sequence has ``valid`` tokens."""
+    mask = torch.zeros(2, length, dtype=torch.bool)
+    mask[1, valid:] = True
+    return mask
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_custom_ops_pass_opcheck(causal, padded):
+    """The forward and backward run under ``torch.compile`` as custom ops: their schemas,
+    fake (shape-only) implementations and aliasing agree with what they compute."""
+    length, block_size = 60, 4
+    q, k, v = _qkv(length)
+    valid = (~_padding(length, 50)).double() if padded else None
+    nr, num_levels, padded_length = hmatrix_layout(length, block_size)
+    rows = [padded_length >> level for level in range(num_levels)]
+    fields = (nr, 2 if causal else 3, q.shape[-1] ** -0.5, rows, length)
+    torch.library.opcheck(_forward_op, (q, k, v, valid, *fields))
+    out, *saved = _forward_op(q, k, v, valid, *fields)
+    torch.library.opcheck(_backward_op, (torch.randn_like(out), out, valid, saved, *fields))
+
+
+def _compiled_graph_sizes(length: int, causal: bool) -> list[int]:
+    """Operator calls in the forward and backward graphs ``torch.compile`` hands its backend
+    (not counting the unpacking of the custom ops' outputs: one per level's kept weights)."""
+    sizes = []
+
+    def count(graph_module, example_inputs):
+        nodes = graph_module.graph.nodes
+        sizes.append(sum(n.op == "call_function" and n.target != operator.getitem for n in nodes))
+        return graph_module
+
+    mask = _padding(length, length - 5)
+    q, k, v = (x.requires_grad_() for x in _qkv(length, batch=2))
+    fn = torch.compile(
+        lambda q, k, v: hmatrix_attention(q, k, v, 4, causal, key_padding_mask=mask),
+        backend=aot_autograd(fw_compiler=count, bw_compiler=count),
+        fullgraph=True,
+        dynamic=False,
+    )
+    torch._dynamo.reset()
+    fn(q, k, v).sum().backward()
+    return sizes
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_compiled_graph_does_not_grow_with_depth(causal):
+    """The compiler sees the packed core as two opaque calls (forward, backward), not its
+    per-level in-place updates, which inductor took minutes per level to compile."""
+    assert _compiled_graph_sizes(40, causal) == _compiled_graph_sizes(1000, causal)  # 4, 8 levels
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("HIERGRAPH_SLOW"), reason="set HIERGRAPH_SLOW=1")
+@pytest.mark.parametrize("causal", [False, True])
+def test_compiled_matches_eager_on_new_lengths(causal):
+    """Inductor-compiled, on a first length and then on lengths that recompile (with dynamic
+    shapes: as many levels, more levels, one level), output and gradients equal eager ones."""
+    torch._dynamo.reset()
+    compiled = torch.compile(hmatrix_attention, fullgraph=True)
+    for length in (40, 56, 200, 7, 8):
+        mask = _padding(length, length - 3)
+        q, k, v = (x.requires_grad_() for x in _qkv(length, seed=length))
+        results = []
+        for fn in (compiled, hmatrix_attention):
+            out = fn(q, k, v, 4, causal, key_padding_mask=mask)
+            results.append((out, torch.autograd.grad(out.square().sum(), (q, k, v))))
+        (out, grads), (ref, ref_grads) = results
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+        for grad, ref_grad in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-12)
