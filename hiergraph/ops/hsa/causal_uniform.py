@@ -48,6 +48,7 @@ from hiergraph.ops.hsa.uniform import (
     heads_first,
     like,
     node_layout,
+    tie_leaves,
 )
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_dropping
 
@@ -68,6 +69,7 @@ def uniform_causal_attention(
     """
     fanout = shape[1:]
     depth, num_leaves = len(fanout), q.size(0)
+    tie_leaves(shape, q, k, v)
     below = counts_below(None, fanout)  # N_s of the nodes at depth s = d + 1
     leaves = [heads_first(t) for t in (q, k, v)]  # [H, L, ·]: see hiergraph.ops.hsa.uniform
     leaf_rho = [family_layout(t, fanout[-1]) for t in leaves]

@@ -48,6 +48,7 @@ from hiergraph.ops.hsa.uniform import (
     fits,
     heads_first,
     per_depth,
+    tie_leaves,
     uniform_hierarchical_attention,
 )
 from hiergraph.ops.logspace import log_gates
@@ -135,9 +136,11 @@ def _lifted(q, k, v, shape, eps, lifted, slots, leaf_mask, *, include_self, tau,
     ``shape`` = ``(B, b_1, …, b_D)``, with position embeddings per depth (``eps``, as
     :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention` takes them) and the
     hubs ``lifted`` and ``leaf_mask`` ``[L]`` over its leaves."""
+    tie_leaves(shape, q, k, v, lifted, leaf_mask)
     trees, top = shape[0], shape[1]
     length, heads = q.shape[:2]
-    per_tree, slots = length // trees, min(slots, length // trees)
+    per_tree = length // trees
+    slots = per_tree if slots > per_tree else slots  # (a guard, not a symbolic min)
     # every tree's hubs first, in leaf order: [B, slots] rows, and which slots hold one
     marks = lifted.view(trees, per_tree)
     local = torch.sort((~marks).to(torch.uint8), dim=1, stable=True).indices[:, :slots]

@@ -112,6 +112,7 @@ def uniform_hierarchical_attention(
     """
     fanout = shape[1:]
     depth = len(fanout)
+    tie_leaves(shape, q, k, v, leaf_mask)
     grad = records_grad(q, k, v)
     # no gradient at all (inference): the fused op's passes alone, which take fewer
     # operations, masked leaves too
@@ -549,6 +550,22 @@ def _pool(
         sums = qk_sums + [family.family_sum(t, work) for t in weighted[len(qk_sums) :]]
     pooled = [(s / denom).to(t.dtype) for s, t in zip(sums, rho, strict=True)]
     return energy.to(total.dtype), pooled, sums
+
+
+def tie_leaves(shape: tuple[int, ...], *rows: Tensor | None) -> None:
+    r"""Assert that the first dimension of every tensor of ``rows`` (``None``: skipped) is
+    the leaf count of the forest ``shape``: :math:`L = B\,b_1 \cdots b_D`.
+
+    Always true where it is called, and free in eager mode. Under ``torch.compile`` with
+    dynamic shapes, each input's ``L`` and the forest's ``B`` are separate symbols until this
+    ties them; then every level's size is a multiple of ``B`` and :func:`family_layout`'s
+    family sizes stay literal. Untied, each view's family size is an expression in ``L``
+    (``unflatten(1, (-1, b))`` of ``L`` rows gives ``b`` as ``L // (L // b)``) that nests
+    deeper with every level: a new batch shape of the strictly causal op took more than
+    4 minutes to recompile (37 s tied), and inductor stopped on the lifted op's sizes."""
+    for x in rows:
+        if x is not None:
+            torch._check(x.size(0) == math.prod(shape))
 
 
 def family_layout(x: Tensor, b: int) -> Tensor:

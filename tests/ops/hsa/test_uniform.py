@@ -11,8 +11,13 @@ from torch_geometric.data import Batch
 import hiergraph.ops.hsa.family as family_attention
 import hiergraph.ops.hsa.uniform as hsa_uniform
 from hiergraph.data import SignalHierarchy, from_nested, window_forest, window_hierarchy
-from hiergraph.ops import hierarchical_attention, hierarchical_attention_matrix
-from hiergraph.ops.hsa import token_layout
+from hiergraph.ops import (
+    causal_hierarchical_attention,
+    hierarchical_attention,
+    hierarchical_attention_matrix,
+)
+from hiergraph.ops.hsa import native, token_layout
+from hiergraph.ops.hsa.lifted import lifted_attention
 
 F64 = dict(dtype=torch.float64)
 SHAPES = [(3, 32, (4, 8)), (2, 48, (4, 3, 4)), (1, 8, (8,)), (2, 24, (3, 4, 2))]
@@ -571,3 +576,47 @@ def test_a_family_above_the_roots(masked, shape):
         want = (rows.view(3, 24, 3, -1) * weight).sum(1) / weight.sum(1)
         torch.testing.assert_close(got, want.transpose(0, 1), rtol=0, atol=1e-12)
     assert seen["energy"].shape == (3, 3) and torch.isfinite(seen["energy"]).all()
+
+
+def _symbolic_sizes_on_a_new_batch_shape(op: str) -> set[str]:
+    """The symbolic sizes in the graph ``torch.compile`` traces (default ``dynamic``) when
+    the equal-fanout op ``op`` meets a second batch shape: 3, then 4 window trees."""
+    sizes = set()
+
+    def capture(graph_module, example_inputs):
+        sizes.clear()
+        for node in graph_module.graph.nodes:
+            value = node.meta.get("example_value")
+            if isinstance(value, torch.Tensor):
+                sizes.update(str(n) for n in value.shape if not isinstance(n, int))
+        return graph_module
+
+    def run(q, k, v, forest):
+        if op == "causal":
+            return causal_hierarchical_attention(q, k, v, forest.causal_plan())
+        index = forest.tree_index()
+        if op == "lifted":  # hub leaves: the first two of every tree
+            lifted = (torch.arange(q.size(0)) % 64) < 2
+            return lifted_attention(q, k, v, index, lifted, 2, pos_emb=None, include_self=True,
+                                    leaf_mask=None)  # fmt: skip
+        return hierarchical_attention(q, k, v, index)
+
+    compiled = torch.compile(run, backend=capture, fullgraph=True)
+    torch._dynamo.reset()
+    for trees in (3, 4):
+        forest = window_forest([64] * trees, (4, 4, 4))
+        forest.tree_index(), forest.causal_plan()  # plans built before tracing, as in training
+        compiled(*(torch.randn(64 * trees, 2, 8, requires_grad=True) for _ in range(3)), forest)
+    return sizes
+
+
+@pytest.mark.parametrize("op", ["hsa", "causal", "lifted"])
+def test_a_new_batch_shape_keeps_family_sizes_literal(op, monkeypatch):
+    """Recompiled with dynamic shapes, the leaf count is tied to the number of trees
+    (``tie_leaves``), so every size is a multiple of a symbol: no floor division. Untied,
+    the family views' sizes nest floor divisions level after level (the strictly causal op
+    then took minutes to recompile)."""
+    monkeypatch.setattr(native, "applies", lambda *args: False)  # the PyTorch path is traced
+    sizes = _symbolic_sizes_on_a_new_batch_shape(op)
+    assert sizes, "no symbolic size: the second shape did not recompile dynamically"
+    assert not [size for size in sizes if "//" in size]
