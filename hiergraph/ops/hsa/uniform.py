@@ -556,7 +556,7 @@ def tie_leaves(shape: tuple[int, ...], *rows: Tensor | None) -> None:
     r"""Assert that the first dimension of every tensor of ``rows`` (``None``: skipped) is
     the leaf count of the forest ``shape``: :math:`L = B\,b_1 \cdots b_D`.
 
-    Always true where it is called, and free in eager mode. Under ``torch.compile`` with
+    Always true where it is called; in eager mode a few integer comparisons. Under ``torch.compile`` with
     dynamic shapes, each input's ``L`` and the forest's ``B`` are separate symbols until this
     ties them; then every level's size is a multiple of ``B`` and :func:`family_layout`'s
     family sizes stay literal. Untied, each view's family size is an expression in ``L``
