@@ -308,7 +308,7 @@ def test_no_graph_breaks(name, device):
 @pytest.mark.slow
 @opt_in
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", ["hsa-dense", "hsa-edge", "hsa-strict-causal", "vcc"])
+@pytest.mark.parametrize("name", ["hsa-dense", "hsa-edge", "hsa-strict-causal", "hmatrix", "vcc"])
 def test_compiled_matches_eager(name, device):
     fn, inputs = make_case(name, device, torch.float32)
     torch._dynamo.reset()

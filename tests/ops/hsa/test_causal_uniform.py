@@ -2,6 +2,7 @@
 and the dense causal reference."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -139,3 +140,42 @@ def test_giant_families_take_the_edge_lists(monkeypatch):
     monkeypatch.setattr("hiergraph.ops.hsa.family.MAX_BLOCK_ELEMENTS", 512)
     with pytest.raises(AssertionError, match="reshaped path ran"):
         causal_hierarchical_attention(q, k, v, tree)
+
+
+def _compiled_and_eager_gradients(lengths, branching, dynamic):
+    """Gradients of ``q, k, v`` (float64) of the strictly causal op over window trees of
+    ``lengths``, compiled by inductor and eagerly: ``[(compiled, eager)]`` per input."""
+    forest = window_forest(lengths, branching)
+    plan = forest.causal_plan()
+    gen = torch.Generator().manual_seed(0)
+    qkv = [torch.randn(sum(lengths), 2, 8, generator=gen, **F64).requires_grad_() for _ in range(3)]
+    torch._dynamo.reset()
+    compiled = torch.compile(causal_hierarchical_attention, dynamic=dynamic)
+    grads = []
+    for fn in (compiled, causal_hierarchical_attention):
+        out = fn(*qkv, plan)
+        grads.append(torch.autograd.grad(out.square().sum(), qkv))
+    return list(zip(*grads, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("HIERGRAPH_SLOW"), reason="set HIERGRAPH_SLOW=1")
+@pytest.mark.parametrize(
+    "lengths, branching, dynamic",
+    [
+        pytest.param([128], (4, 4), False, marks=pytest.mark.xfail(strict=True, reason=(
+            "inductor (PyTorch 2.13) lowers a view in the backward wrongly on trees of depth 3 "
+            "with 8 or more top children: q, k gradients off by about 2 (aot_eager is right)"
+        ))),
+        ([64, 64, 64, 64], (4, 4), False),
+        pytest.param([37, 20, 64, 50], (4, 4), True, marks=pytest.mark.xfail(strict=True, reason=(
+            "padded forests with dynamic shapes: q, k gradients off (forward right)"
+        ))),
+    ],
+)  # fmt: skip
+def test_compiled_training_gradients(lengths, branching, dynamic):
+    """Compiled by inductor, the strictly causal op's gradients equal eager ones, except on
+    the cases marked xfail (PyTorch 2.13), which the causal guide warns about: a tree of
+    depth 3 with 8 top children (static shapes), and padded forests with dynamic shapes."""
+    for compiled, eager in _compiled_and_eager_gradients(lengths, branching, dynamic):
+        torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-10)
