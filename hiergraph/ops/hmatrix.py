@@ -431,47 +431,29 @@ def _backward(
     return grads_in
 
 
-def _forward_fields(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    valid: Tensor | None,
-    block_size: int,
-    width: int,
-    scale: float,
-    rows: list[int],
-    length: int,
-) -> list[Tensor]:
-    """:func:`_forward` with the plan passed as its fields (the custom op's signature)."""
-    return _forward(q, k, v, valid, _Plan(block_size, width, scale, tuple(rows), length))
+#: The plan's fields in the custom ops' schemas (they take no Python objects).
+_PLAN_SCHEMA = "SymInt block_size, SymInt width, float scale, SymInt[] rows, SymInt length"
 
 
-def _backward_fields(
-    grad_out: Tensor,
-    out: Tensor,
-    valid: Tensor | None,
-    saved: list[Tensor],
-    block_size: int,
-    width: int,
-    scale: float,
-    rows: list[int],
-    length: int,
-) -> list[Tensor]:
-    """:func:`_backward` with the plan passed as its fields (the custom op's signature)."""
-    plan = _Plan(block_size, width, scale, tuple(rows), length)
-    return _backward(grad_out, out, valid, saved, plan)
+def _custom_op(name: str, fn, tensors: str):
+    """``fn(*tensors, plan) -> list[Tensor]`` as the custom op ``hiergraph::<name>``, whose
+    arguments are the tensors (``tensors``: their schema) and the plan's fields; its fake
+    (shape-only) implementation is ``fn`` itself, run on fake tensors."""
 
+    def with_fields(*args):
+        *inputs, block_size, width, scale, rows, length = args
+        return fn(*inputs, _Plan(block_size, width, scale, tuple(rows), length))
 
-def _custom_op(name: str, fn):
-    """``fn`` as the custom op ``hiergraph::<name>``; its fake (shape-only) implementation is
-    ``fn`` itself, run on fake tensors."""
-    op = torch.library.custom_op(f"hiergraph::{name}", fn, mutates_args=())
-    op.register_fake(fn)
+    schema = f"({tensors}, {_PLAN_SCHEMA}) -> Tensor[]"
+    op = torch.library.custom_op(f"hiergraph::{name}", with_fields, mutates_args=(), schema=schema)
+    op.register_fake(with_fields)
     return op
 
 
-_forward_op = _custom_op("hmatrix_forward", _forward_fields)
-_backward_op = _custom_op("hmatrix_backward", _backward_fields)
+_forward_op = _custom_op("hmatrix_forward", _forward, "Tensor q, Tensor k, Tensor v, Tensor? valid")
+_backward_op = _custom_op(
+    "hmatrix_backward", _backward, "Tensor grad_out, Tensor out, Tensor? valid, Tensor[] saved"
+)
 
 
 def _band(x: Tensor, n: int, width: int) -> Tensor:
