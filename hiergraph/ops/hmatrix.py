@@ -184,10 +184,7 @@ def hmatrix_attention(
     _check_inputs(q, k, v, block_size, key_padding_mask)
     if q.size(0) == 0 or q.size(1) == 0:  # no sequence: the (empty) result of any attention
         return torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v)
-    length = q.shape[2]
-    nr, num_levels, padded = hmatrix_layout(length, block_size)
-    rows = tuple(padded >> level for level in range(num_levels))
-    plan = _Plan(nr, 2 if causal else 3, q.shape[-1] ** -0.5, rows, length)
+    plan = _Plan.of(q.shape[2], block_size, causal, q.shape[-1])
     valid = None if key_padding_mask is None else (~key_padding_mask).to(q.dtype)
     out = _HMatrixCore.apply(q, k, v, valid, plan)
     if key_padding_mask is not None:
@@ -287,6 +284,17 @@ class _Plan(NamedTuple):
     rows: tuple[int, ...]  # L_l = L' / 2^l, coarse rows per level
     length: int  # L, the unpadded length
 
+    @classmethod
+    def of(cls, length: int, block_size: int, causal: bool, dim: int) -> _Plan:
+        """The plan of ``length`` tokens with query/key channels ``dim``."""
+        nr, num_levels, padded = hmatrix_layout(length, block_size)
+        rows = tuple(padded >> level for level in range(num_levels))
+        return cls(nr, 2 if causal else 3, dim**-0.5, rows, length)
+
+    def fields(self) -> tuple:
+        """The plan as the custom ops take it (``rows`` a list)."""
+        return (*self._replace(rows=list(self.rows)),)
+
     def starts(self) -> list[int]:
         """First packed row of every level."""
         n, rows = self.block_size, self.rows
@@ -352,7 +360,7 @@ def _opaque_to_compiler(fn, op, *args, plan: _Plan):
     whose index expressions take inductor minutes per level to simplify.
     """
     if torch.compiler.is_compiling():
-        return op(*args, *plan._replace(rows=list(plan.rows)))
+        return op(*args, *plan.fields())
     return fn(*args, plan)
 
 

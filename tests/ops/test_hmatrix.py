@@ -328,12 +328,9 @@ def _padding(length: int, valid: int) -> torch.Tensor:
 def test_custom_ops_pass_opcheck(causal, padded):
     """The forward and backward run under ``torch.compile`` as custom ops: their schemas,
     fake (shape-only) implementations and aliasing agree with what they compute."""
-    length, block_size = 60, 4
-    q, k, v = _qkv(length)
-    valid = (~_padding(length, 50)).double() if padded else None
-    nr, num_levels, padded_length = hmatrix_layout(length, block_size)
-    rows = [padded_length >> level for level in range(num_levels)]
-    fields = (nr, 2 if causal else 3, q.shape[-1] ** -0.5, rows, length)
+    q, k, v = _qkv(60)
+    valid = (~_padding(60, 50)).double() if padded else None
+    fields = _Plan.of(60, 4, causal, q.shape[-1]).fields()
     torch.library.opcheck(_forward_op, (q, k, v, valid, *fields))
     out, *saved = _forward_op(q, k, v, valid, *fields)
     torch.library.opcheck(_backward_op, (torch.randn_like(out), out, valid, saved, *fields))
