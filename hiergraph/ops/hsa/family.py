@@ -380,11 +380,13 @@ def family_gram(x: Tensor, y: Tensor, alpha: float | None = None) -> Tensor:
     at a time, as one ``[16, c] @ [c, 16]`` product whose diagonal ``[4, 4]`` blocks are
     theirs: four times the arithmetic, in 0.6–0.75× the time (6,144 families of 4 × 32
     or 4,096 of 4 × 64, 2 threads). Smaller products run in one loop, larger ones pay off
-    their call: any other case is one batched ``matmul``."""
+    their call: any other case is one batched ``matmul``, and so is every case traced by
+    ``torch.compile`` (the blocks are a diagonal view: see :func:`family_diagonal`)."""
     *lead, b, c = x.shape
     families = math.prod(lead)
     if (
         x.device.type != "cpu"
+        or torch.compiler.is_compiling()
         or b != 4
         or c > GRAM_MAX_CHANNELS
         or families < GRAM_MIN_FAMILIES
@@ -398,6 +400,36 @@ def family_gram(x: Tensor, y: Tensor, alpha: float | None = None) -> Tensor:
         blocks = full.view(-1, 4, b, 4, b).diagonal(dim1=1, dim2=3)  # [groups, b, b, 4]
         out = blocks.movedim(-1, 1).reshape(*lead, b, b)
     return out if alpha is None else out.mul_(alpha)
+
+
+def family_diagonal(x: Tensor) -> Tensor:
+    r"""The diagonal ``[..., b]`` of ``x [..., b, b]``: a view, or, traced by
+    ``torch.compile``, the sum of ``x`` masked to its diagonal (the same values: one term
+    and zeros).
+
+    The gradient of a diagonal view is a scatter into a buffer of zeros, which inductor
+    (PyTorch 2.13) lowers as a write into that buffer, and it can fuse a read of the buffer
+    into the same kernel ahead of the write: the gradient then misses the diagonal's share
+    (wrong ``q, k`` gradients of the strictly causal op, silently). The masked sum's
+    gradient is element-wise."""
+    if torch.compiler.is_compiling():
+        return torch.where(_diagonal_mask(x), x, 0).sum(-1)
+    return x.diagonal(dim1=-2, dim2=-1)
+
+
+def fill_diagonal(x: Tensor, value: float) -> Tensor:
+    r"""``x [..., b, b]`` with ``value`` on its diagonal: written in place, or, traced by
+    ``torch.compile``, a masked copy (a write into a diagonal view is the scatter that
+    :func:`family_diagonal` avoids)."""
+    if torch.compiler.is_compiling():
+        return x.masked_fill(_diagonal_mask(x), value)
+    x.diagonal(dim1=-2, dim2=-1).fill_(value)
+    return x
+
+
+def _diagonal_mask(x: Tensor) -> Tensor:
+    """``[b, b]``, true on the diagonal of the last two dimensions of ``x``."""
+    return torch.eye(x.size(-1), dtype=torch.bool, device=x.device)
 
 
 def summed_products(pairs: list[tuple[Tensor, Tensor]]) -> Tensor:
@@ -534,7 +566,7 @@ def sibling_of_two(logits: Tensor, keys: Tensor | None = None) -> tuple[Tensor, 
     (``expand_as``): under ``torch.compile`` with dynamic shapes (``dynamic=True``, or a
     second input shape), inductor (PyTorch 2.13) takes a family size read from a view for a
     free symbol, and broadcasts a slice of these weights against the values wrongly."""
-    lse = logits.flip(-1).diagonal(dim1=-2, dim2=-1)  # s(C, sibling of C)
+    lse = family_diagonal(logits.flip(-1))  # s(C, sibling of C)
     swap = 1.0 - torch.eye(2, dtype=logits.dtype, device=logits.device)
     shape = (*logits.shape[:-2], 2, 2)  # (not expand_as: see above)
     if keys is None:

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa.attention import general_attention
-from hiergraph.ops.hsa.family import family_gram
+from hiergraph.ops.hsa.family import family_gram, fill_diagonal
 from hiergraph.ops.hsa.inputs import head_pos_emb
 from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, slot_mask, to_slots
 from hiergraph.ops.hsa.uniform import (
@@ -297,7 +297,7 @@ def root_family(
     logits = family_gram(q, k, scale).add_(bias.masked_fill(sizes <= 0, float("-inf"))[:, None])
     if eps is not None:
         logits = logits + family_gram(eps, eps)
-    logits.diagonal(dim1=-2, dim2=-1).fill_(float("-inf"))
+    logits = fill_diagonal(logits, float("-inf"))
     keyless = torch.isneginf(logits).all(-1, keepdim=True) if lonely else None
     if keyless is not None:  # a row of zeros instead: finite weights and gradients there
         logits = logits.masked_fill(keyless, 0.0)

@@ -382,7 +382,7 @@ def bottom_up(
             *rho[:2], e, n, b, tau, left_only, bias, sums_dtype, leaves
         )
         if d == depth - 1 and include_self:
-            energy = logits.diagonal(dim1=-2, dim2=-1)
+            energy = family.family_diagonal(logits)
         gates[d], rhos[d] = energy, rho
         if not pools:
             break
