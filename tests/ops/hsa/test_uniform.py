@@ -580,8 +580,8 @@ def test_a_family_above_the_roots(masked, shape):
 
 def _symbolic_sizes_on_a_new_batch_shape(op: str) -> set[str]:
     """The symbolic sizes in the graph ``torch.compile`` traces (default ``dynamic``) when
-    the strictly causal op or the hub op (``op``) meets a second batch shape: 3, then 4
-    window trees."""
+    the strictly causal, the bidirectional or the hub op (``op``) meets a second batch
+    shape: 3, then 4 window trees."""
     sizes = set()
 
     def capture(graph_module, example_inputs):
@@ -595,6 +595,8 @@ def _symbolic_sizes_on_a_new_batch_shape(op: str) -> set[str]:
     def run(q, k, v, forest):
         if op == "causal":
             return causal_hierarchical_attention(q, k, v, forest.causal_plan())
+        if op == "bidirectional":
+            return hierarchical_attention(q, k, v, forest.tree_index(), include_self=True)
         lifted = (torch.arange(q.size(0)) % 64) < 2  # hub leaves: the first two of every tree
         return lifted_attention(q, k, v, forest.tree_index(), lifted, 2, pos_emb=None,
                                 include_self=True, leaf_mask=None)  # fmt: skip
@@ -608,7 +610,7 @@ def _symbolic_sizes_on_a_new_batch_shape(op: str) -> set[str]:
     return sizes
 
 
-@pytest.mark.parametrize("op", ["causal", "lifted"])
+@pytest.mark.parametrize("op", ["causal", "bidirectional", "lifted"])
 def test_a_new_batch_shape_keeps_family_sizes_literal(op):
     """Recompiled with dynamic shapes, the leaf count is tied to the number of trees
     (``tie_leaves``), so every size is a multiple of a symbol: no floor division. Untied,
