@@ -312,8 +312,9 @@ def test_no_graph_breaks(name, device):
 @pytest.mark.slow
 @opt_in
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", ["hsa-dense", "hsa-edge", "hsa-strict-causal", "hmatrix", "vcc"])
+@pytest.mark.parametrize("name", OPS)
 def test_compiled_matches_eager(name, device):
+    """Compiled by inductor with static shapes, every op and its gradients equal eager ones."""
     fn, inputs = make_case(name, device, torch.float32)
     torch._dynamo.reset()
     out, grads = run_with_grads(torch.compile(fn), inputs)
