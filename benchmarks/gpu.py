@@ -41,6 +41,11 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   12 kernels that took longest; operators and CPU time on the CPU).
 * ``graphs`` (100 s): ``hmatrix``, ``vcc``, ``masked`` and ``hsa`` again with ``--graphs``
   (below), in a subprocess of their own, into ``OUT/graphs/gpu.json``.
+* ``compiled`` (120 s): the opt-in tests that compile ops with inductor on CUDA (Triton
+  kernels) and compare outputs and gradients with eager ones (:data:`COMPILED_TESTS`:
+  equal-fanout HSA, the strictly causal op, H-matrix attention's custom operators), in a
+  subprocess with ``HIERGRAPH_SLOW=1``; counts in the section's entry, its JUnit report in
+  ``pytest_compiled.xml``. Last: compiling costs minutes of the budget, not the timings.
 
 Every case runs float32 and bfloat16 (ops get bf16 inputs; modules run under bf16 autocast).
 With ``--graphs``, on CUDA, the methods of the launch-bound cases (HSA and its peers up to
@@ -81,6 +86,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -117,6 +123,7 @@ CAPS = {
     "graph_hsa": 40.0,
     "profile": 60.0,
     "graphs": 100.0,
+    "compiled": 120.0,
 }
 ROUNDS = 3  # timed rounds per case (at least)
 MAX_ROUNDS = 15  # more rounds while a case stays within CASE_S
@@ -424,31 +431,61 @@ def _line(row: dict) -> str:
 
 def section_tests(run: Run, end: float) -> dict | None:
     """``pytest -m cuda`` in a subprocess; counts from its JUnit report."""
-    args = run.args.pytest.split() if run.args.pytest else ["-m", "cuda", "tests"]
+    args = shlex.split(run.args.pytest) if run.args.pytest else ["-m", "cuda", "tests"]
     if run.device.type != "cuda" and not run.args.pytest:
         run.tests.update(status="skipped", reason="no CUDA device (the cuda tests would skip)")
         return dict(run.tests)
-    xml = Path(run.args.out) / "pytest_cuda.xml"
+    run.tests.update(run_pytest(args, Path(run.args.out) / "pytest_cuda.xml", run.left(end)))
+    print(f"tests: {json.dumps({k: v for k, v in run.tests.items() if k != 'output_tail'})}")
+    return None if run.tests["status"] == "done" else {"status": run.tests["status"]}
+
+
+#: the opt-in compiled tests the ``compiled`` section runs on CUDA: inductor (Triton) against
+#: eager, forward and gradients, for the ops whose compiled form differs most from eager
+COMPILED_TESTS = [
+    "-m", "cuda", "tests/ops/test_gpu_path.py",
+    "-k", "compiled_matches_eager and (hsa-uniform or hsa-strict-causal or hmatrix)",
+]  # fmt: skip
+
+
+def section_compiled(run: Run, end: float) -> dict:
+    """:data:`COMPILED_TESTS` (or ``--compiled-pytest``) in a subprocess with the opt-in
+    tests switched on (``HIERGRAPH_SLOW=1``); counts from its JUnit report, in the
+    section's entry."""
+    chosen = run.args.compiled_pytest
+    if run.device.type != "cuda" and not chosen:
+        return {"status": "skipped", "reason": "no CUDA device (the cuda tests would skip)"}
+    args = shlex.split(chosen) if chosen else COMPILED_TESTS
+    xml = Path(run.args.out) / "pytest_compiled.xml"
+    result = run_pytest(args, xml, run.left(end), env={"HIERGRAPH_SLOW": "1"})
+    print(f"compiled: {json.dumps({k: v for k, v in result.items() if k != 'output_tail'})}")
+    return result
+
+
+def run_pytest(args: list[str], xml: Path, timeout: float, env: dict | None = None) -> dict:
+    """``pytest args`` in a subprocess (at most ``timeout`` s, extra environment ``env``):
+    its command, status, return code, time, the counts of its JUnit report ``xml`` and the
+    end of its output."""
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
     command += [f"--junitxml={xml}", *args]
-    run.tests.update(command=portable(" ".join(["python", *command[1:]])), status="running")
+    result = {"command": portable(" ".join(["python", *command[1:]]))}
     start = time.monotonic()
     try:
         done = subprocess.run(
-            command, cwd=REPO, capture_output=True, text=True, timeout=max(run.left(end), 1)
-        )
-        output, run.tests["returncode"] = done.stdout + done.stderr, done.returncode
-        run.tests["status"] = "done"
+            command, cwd=REPO, capture_output=True, text=True, timeout=max(timeout, 1),
+            env=dict(os.environ, **(env or {})),
+        )  # fmt: skip
+        output = done.stdout + done.stderr
+        result.update(status="done", returncode=done.returncode)
     except subprocess.TimeoutExpired as timeout:
         output = (timeout.stdout or b"").decode() if isinstance(timeout.stdout, bytes) else ""
-        run.tests.update(status="timeout", reason=f"killed after {timeout.timeout:.0f} s")
-    run.tests["elapsed_s"] = time.monotonic() - start
+        result.update(status="timeout", reason=f"killed after {timeout.timeout:.0f} s")
+    result["elapsed_s"] = time.monotonic() - start
     if xml.exists():  # its skip messages name test files by absolute path
         xml.write_text(xml.read_text().replace(str(REPO) + os.sep, ""))
-    run.tests.update(junit_counts(xml))
-    run.tests["output_tail"] = portable(output[-3000:])
-    print(f"tests: {json.dumps({k: v for k, v in run.tests.items() if k != 'output_tail'})}")
-    return None if run.tests["status"] == "done" else {"status": run.tests["status"]}
+    result.update(junit_counts(xml))
+    result["output_tail"] = portable(output[-3000:])
+    return result
 
 
 def portable(text: str) -> str:
@@ -856,6 +893,7 @@ SECTIONS = {
     "graph_hsa": section_graph_hsa,
     "profile": section_profile,
     "graphs": section_graphs,
+    "compiled": section_compiled,
 }
 
 
@@ -937,6 +975,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--graphs", action="store_true", help="on CUDA, also time CUDA-graph twins (+graph)"
     )
     parser.add_argument("--pytest", default=None, help="pytest arguments (default: -m cuda)")
+    parser.add_argument(
+        "--compiled-pytest", default=None, help="pytest arguments of the compiled section"
+    )
     return parser.parse_args(argv)
 
 

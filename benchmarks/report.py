@@ -1283,15 +1283,22 @@ def gpu_run(d: dict) -> list[str]:
         "inputs and gradients).",
         "",
     ]
-    counts = ", ".join(f"{k} {tests[k]}" for k in ("passed", "failed", "errors", "skipped")
-                       if k in tests)  # fmt: skip
-    if counts:
+    if counts := pytest_counts(tests):
         out += [f"`pytest -m cuda`: {counts}.", ""]
+    compiled = d["sections"].get("compiled", {})
+    if counts := pytest_counts(compiled):
+        out += [f"Compiled by inductor vs eager (`{compiled['command']}`): {counts}.", ""]
     unfinished = [name for name, sec in d["sections"].items() if sec.get("status") == "running"]
     if unfinished:
         out += [f"Sections the process ended in before finishing: {', '.join(unfinished)} "
                 "(rows after the last one shown were not measured).", ""]  # fmt: skip
     return out
+
+
+def pytest_counts(run: dict) -> str:
+    """``passed N, failed N, …`` of a pytest run recorded by ``benchmarks/gpu.py``."""
+    keys = ("passed", "failed", "errors", "skipped")
+    return ", ".join(f"{k} {run[k]}" for k in keys if k in run)
 
 
 def gpu() -> list[str]:

@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ["tests", "hsa", "hmatrix", "vcc", "masked", "cone", "graph_hsa", "profile", "graphs"]
+SECTIONS = [
+    "tests", "hsa", "hmatrix", "vcc", "masked", "cone", "graph_hsa", "profile", "graphs",
+    "compiled",
+]  # fmt: skip
 PEERS = {  # section -> methods every case compares
     "hsa": {"hsa", "hsa-heads-first", "sdpa-flash", "sdpa-efficient", "level-bound"},
     "hmatrix": {"hmatrix", "sdpa"},
@@ -32,6 +35,7 @@ def report(tmp_path_factory):
         sys.executable, "benchmarks/gpu.py", "--device", "cpu", "--quick", "--out", str(out),
         # the tests section runs one fast test instead of the (skipping) CUDA tests
         "--pytest", "tests/test_host_sync.py -k recorder_sees",
+        "--compiled-pytest", "tests/test_host_sync.py -k recorder_sees",
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=180)
@@ -50,8 +54,10 @@ def test_report_has_every_section_and_the_environment(report):
     statuses = {name: s["status"] for name, s in data["sections"].items()}
     assert statuses.pop("graphs") == "skipped"  # CUDA graphs need CUDA
     assert set(statuses.values()) == {"done"}, data["sections"]
-    tests = data["tests"]
+    tests, compiled = data["tests"], data["sections"]["compiled"]
     assert (tests["passed"], tests["failed"], tests["errors"]) == (1, 0, 0), tests
+    assert (compiled["passed"], compiled["failed"], compiled["errors"]) == (1, 0, 0), compiled
+    assert (out / "pytest_compiled.xml").exists()
     assert "section" in stdout and "fwd+bwd" in stdout  # the table
 
 
