@@ -507,14 +507,8 @@ class _PairSum(torch.autograd.Function):
 
 def pair_member(p: Tensor, v: Tensor, i: int) -> tuple[Tensor, Tensor]:
     r"""The weights ``[..., m, 1]`` in ``p [..., m, 2]`` of member ``i`` of a family of two
-    and that member's row ``[..., 1, d]`` of ``v [..., 2, d]``: views whose sizes are
-    literal 1s.
-
-    ``narrow`` rather than a slice such as ``p[..., 1:]``: under ``torch.compile`` with
-    dynamic shapes the family size of a view is a symbolic expression (``L // (L // 2)``),
-    the slice's size that expression minus one, and inductor (PyTorch 2.13) computes the
-    backward of a product of such slices wrongly (gradients of order 1e+200)."""
-    return p.narrow(-1, i, 1), v.narrow(-2, i, 1)
+    and that member's row ``[..., 1, d]`` of ``v [..., 2, d]`` (views)."""
+    return p[..., i : i + 1], v[..., i : i + 1, :]
 
 
 def pair_product(p: Tensor, v: Tensor, base: Tensor | None) -> Tensor:
@@ -560,16 +554,10 @@ def sibling_of_two(logits: Tensor, keys: Tensor | None = None) -> tuple[Tensor, 
     sibling :math:`B`, whose weight is 1 and :math:`\mathrm{lse}` its logit; with ``keys``
     (broadcastable to ``[..., 2]``, false for nodes without leaves) a sibling that
     is no key gives weight 0 and :math:`\mathrm{lse} = -\infty`. No softmax passes; the
-    weights are constants.
-
-    The weights' shape ends in literal 2s rather than being read from ``logits``
-    (``expand_as``): under ``torch.compile`` with dynamic shapes (``dynamic=True``, or a
-    second input shape), inductor (PyTorch 2.13) takes a family size read from a view for a
-    free symbol, and broadcasts a slice of these weights against the values wrongly."""
+    weights are constants."""
     lse = family_diagonal(logits.flip(-1))  # s(C, sibling of C)
     swap = 1.0 - torch.eye(2, dtype=logits.dtype, device=logits.device)
-    shape = (*logits.shape[:-2], 2, 2)  # (not expand_as: see above)
     if keys is None:
-        return lse, swap.expand(shape)
+        return lse, swap.expand_as(logits)
     lse = torch.where(keys.flip(-1), lse, float("-inf"))
-    return lse, (swap * keys.unsqueeze(-2).to(logits.dtype)).expand(shape)
+    return lse, (swap * keys.unsqueeze(-2).to(logits.dtype)).expand_as(logits)
