@@ -435,6 +435,7 @@ def section_tests(run: Run, end: float) -> dict | None:
     if run.device.type != "cuda" and not run.args.pytest:
         run.tests.update(status="skipped", reason="no CUDA device (the cuda tests would skip)")
         return dict(run.tests)
+    run.tests["status"] = "running"  # what gpu.json says if the process dies in there
     run.tests.update(run_pytest(args, Path(run.args.out) / "pytest_cuda.xml", run.left(end)))
     print(f"tests: {json.dumps({k: v for k, v in run.tests.items() if k != 'output_tail'})}")
     return None if run.tests["status"] == "done" else {"status": run.tests["status"]}
