@@ -430,15 +430,12 @@ def _line(row: dict) -> str:
 
 
 def section_tests(run: Run, end: float) -> dict | None:
-    """``pytest -m cuda`` in a subprocess; counts from its JUnit report."""
-    args = shlex.split(run.args.pytest) if run.args.pytest else ["-m", "cuda", "tests"]
-    if run.device.type != "cuda" and not run.args.pytest:
-        run.tests.update(status="skipped", reason="no CUDA device (the cuda tests would skip)")
-        return dict(run.tests)
+    """``pytest -m cuda`` (or ``--pytest``) in a subprocess; counts from its JUnit report."""
     run.tests["status"] = "running"  # what gpu.json says if the process dies in there
-    run.tests.update(run_pytest(args, Path(run.args.out) / "pytest_cuda.xml", run.left(end)))
-    print(f"tests: {json.dumps({k: v for k, v in run.tests.items() if k != 'output_tail'})}")
-    return None if run.tests["status"] == "done" else {"status": run.tests["status"]}
+    run.tests.update(pytest_section(run, end, "cuda", run.args.pytest, ["-m", "cuda", "tests"]))
+    if run.tests["status"] == "done":
+        return None
+    return {k: run.tests[k] for k in ("status", "reason") if k in run.tests}
 
 
 #: the opt-in compiled tests the ``compiled`` section runs on CUDA: inductor (Triton) against
@@ -454,12 +451,21 @@ def section_compiled(run: Run, end: float) -> dict:
     tests switched on (``HIERGRAPH_SLOW=1``); counts from its JUnit report, in the
     section's entry."""
     chosen = run.args.compiled_pytest
+    return pytest_section(run, end, "compiled", chosen, COMPILED_TESTS, {"HIERGRAPH_SLOW": "1"})
+
+
+def pytest_section(
+    run: Run, end: float, name: str, chosen: str | None, default: list[str], env=None
+) -> dict:
+    """The pytest run of a section: ``chosen`` (a command line's arguments) or ``default``,
+    its JUnit report in ``OUT/pytest_<name>.xml``; skipped without CUDA unless ``chosen``
+    (the default selections hold CUDA tests only)."""
     if run.device.type != "cuda" and not chosen:
         return {"status": "skipped", "reason": "no CUDA device (the cuda tests would skip)"}
-    args = shlex.split(chosen) if chosen else COMPILED_TESTS
-    xml = Path(run.args.out) / "pytest_compiled.xml"
-    result = run_pytest(args, xml, run.left(end), env={"HIERGRAPH_SLOW": "1"})
-    print(f"compiled: {json.dumps({k: v for k, v in result.items() if k != 'output_tail'})}")
+    args = shlex.split(chosen) if chosen else default
+    xml = Path(run.args.out) / f"pytest_{name}.xml"
+    result = run_pytest(args, xml, run.left(end), env)
+    print(f"{name}: {json.dumps({k: v for k, v in result.items() if k != 'output_tail'})}")
     return result
 
 

@@ -138,6 +138,23 @@ def test_cuda_marker_selects_the_cuda_variants_only():
     assert not any(("test_report_has" in i or "test_bad_backend" in i) for i in ids), ids
 
 
+def test_compiled_section_selects_its_three_cuda_tests(monkeypatch):
+    """The ``compiled`` section's default selection is what its docstring says (a typo in
+    its ``-k`` expression would select nothing on the GPU and pass)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu
+
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only"]
+    done = subprocess.run(
+        command + gpu.COMPILED_TESTS, cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    assert ids == [
+        f"tests/ops/test_gpu_path.py::test_compiled_matches_eager[{name}-cuda]"
+        for name in ("hsa-uniform", "hsa-strict-causal", "hmatrix")
+    ], done.stdout[-2000:]
+
+
 def test_graph_twins_on_cuda_only(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import gpu

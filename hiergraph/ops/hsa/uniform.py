@@ -564,9 +564,10 @@ def tie_leaves(shape: tuple[int, ...], *rows: Tensor | None) -> None:
     ``L // (L // b)``) that nests deeper with every level: a new batch shape of the strictly
     causal op took more than 4 minutes to recompile (37 s tied), one of the bidirectional
     op 57 s (22 s tied), and inductor stopped on the hub op's sizes."""
+    leaves = math.prod(shape)
     for x in rows:
         if x is not None:
-            torch._check(x.size(0) == math.prod(shape))
+            torch._check(x.size(0) == leaves)
 
 
 def family_layout(x: Tensor, b: int) -> Tensor:
