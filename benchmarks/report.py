@@ -1162,6 +1162,42 @@ def kv_cache() -> list[str] | None:
     return out + plot("kv_cache.png", "KV cache")
 
 
+def kv_prefill() -> list[str] | None:
+    data = load("kv_prefill.json")
+    if data is None:
+        return None
+    meta = data["meta"]
+    out = [
+        f"One attention layer ({meta['heads']} heads × {meta['head_dim']}, {meta['dtype']}, "
+        f"{threads(meta['threads'])}, {allocator(meta)}) starts from an empty cache with a "
+        f"prompt of T tokens ({meta['tree']}) and returns the prompt's outputs. `prefill`: "
+        "`HierarchicalKVCache.prefill` (one full causal pass on the edge lists); `append`: "
+        "T calls of `append`, each step in the compiled CPU kernel; `append_torch`: the same "
+        "loop on PyTorch operations (no C++ compiler, accelerators); `flat`: causal SDPA over "
+        "the prompt and `FlatKVCache.extend`. Cells: median [min–max] over the interleaved "
+        f"rounds. Command: {code(meta['command'])}.",
+        "",
+    ]
+    body = []
+    for row in data["rows"]:
+        length = f"{row['length']:,}"
+        for method, samples in row["samples_s"].items():
+            per_token, over = row["per_token_us"][method], row["over_prefill"][method]
+            body.append(
+                [length, method, row["rounds"], spread(samples), num(per_token), ratio(over)]
+            )
+            length = ""
+    out += table(["T", "method", "rounds", "wall", "µs per token", "method ÷ prefill"], body)
+    out += [
+        f"Largest output difference between a prefilled and an appended cache over the prompt "
+        f"and the next {meta['checked_tokens']} decoded tokens, per row: "
+        + ", ".join(num(r["max_abs_diff"], 2) for r in data["rows"])
+        + ".",
+        "",
+    ]
+    return out + [source("kv_prefill.json"), ""] + plot("kv_prefill.png", "KV cache prefill")
+
+
 def hierarchical_lm() -> list[str] | None:
     d = load("hierarchical_lm.json")
     if d is None:
@@ -1350,6 +1386,7 @@ SECTIONS: list[tuple[str, Callable[[], list[str] | None]]] = [
     ("Graphs: one GraphHSA layer at scale", graph_hsa),
     ("Zero-shot HSA in a pretrained encoder", zeroshot),
     ("Hierarchical KV cache", kv_cache),
+    ("Starting a KV cache with a prompt", kv_prefill),
     ("Byte-level language model", hierarchical_lm),
     ("Leaf-budget batching", leaf_budget),
     ("GPU", gpu),

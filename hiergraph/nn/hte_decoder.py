@@ -118,7 +118,9 @@ class CausalSelfAttention(nn.Module):
         eps_q = eps if eps_q is None else eps_q
         return torch.cat([q, eps_q / tau], -1), torch.cat([k, eps], -1)
 
-    def forward(self, x: Tensor, plan: CausalPlan, pos_emb: Tensor | None, batch: Tensor):
+    def forward(
+        self, x: Tensor, plan: CausalPlan, pos_emb: Tensor | None, batch: Tensor, cache=None
+    ):
         r"""Full causal pass.
 
         Args:
@@ -127,12 +129,18 @@ class CausalSelfAttention(nn.Module):
             pos_emb: ``[N, pos_channels]`` node embeddings (``hsa``), or
                 ``[L, pos_channels]`` token-position embeddings (``flat``).
             batch: ``[L]`` tree of every token (``flat``: attention stays in a tree).
+            cache: an empty cache of :meth:`new_cache` that the pass fills with its tokens
+                (a prompt; one tree), after which :meth:`step` goes on decoding.
         """
         q, k, v, eps = self._project(x, pos_emb)
-        if self.attention == "hsa":
+        if self.attention == "hsa" and cache is not None:
+            out = cache.prefill(q, k, v, plan, pos_emb=eps)
+        elif self.attention == "hsa":
             out = causal_hierarchical_attention(q, k, v, plan, pos_emb=eps)
         else:
             qa, ka = self._augment(q, k, eps)
+            if cache is not None:
+                cache.extend(ka, v)
             dense = [to_dense_batch(t.flatten(1), batch)[0] for t in (qa, ka, v)]
             mask = to_dense_batch(v[:, 0, :1], batch)[1]
             b, t = mask.shape
@@ -186,8 +194,8 @@ class HTEDecoderLayer(nn.Module):
         )
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x, plan, pos_emb, batch):
-        x = x + self.dropout(self.attn(self.norm1(x), plan, pos_emb, batch))
+    def forward(self, x, plan, pos_emb, batch, cache=None):
+        x = x + self.dropout(self.attn(self.norm1(x), plan, pos_emb, batch, cache))
         return x + self.dropout(self.mlp(self.norm2(x)))
 
     def step(self, x, cache, pos_emb, close, open):  # noqa: A002
@@ -283,7 +291,29 @@ class HTEDecoder(nn.Module):
 
         ``plan``: the hierarchy's :class:`CausalPlan`, if already built.
         """
-        plan = plan or CausalPlan.of(hierarchy)
+        return self._layers(tokens, hierarchy, plan or CausalPlan.of(hierarchy))
+
+    @torch.no_grad()
+    def prefill(self, tokens: Tensor, hierarchy, caches: list) -> Tensor:
+        """Start empty caches of :meth:`new_cache` with a prompt: ``tokens [T]``, the leaves of
+        ``hierarchy`` (one tree, e.g. :func:`from_schedule` of the prompt's events) → logits
+        ``[T, V]``, those of :meth:`forward`, from one full pass per layer
+        (:meth:`HierarchicalKVCache.prefill`, :meth:`FlatKVCache.extend`); :meth:`step` then
+        decodes the next tokens.
+
+        Raises:
+            ValueError: unless ``caches`` are one empty cache per layer and ``hierarchy`` is
+                one tree.
+        """
+        if len(caches) != len(self.layers) or any(cache.num_tokens for cache in caches):
+            raise ValueError(f"prefill takes {len(self.layers)} empty caches (one per layer)")
+        plan = CausalPlan.of(hierarchy)
+        if plan.num_leaves and bool((plan.ancestors[:, 0] != plan.ancestors[0, 0]).any()):
+            raise ValueError("prefill takes one tree; decode the trees of a batch separately")
+        return self._layers(tokens, hierarchy, plan, caches)
+
+    def _layers(self, tokens: Tensor, hierarchy, plan: CausalPlan, caches=None) -> Tensor:
+        """Logits ``[L, V]`` of the full pass (filling ``caches``, one per layer, if given)."""
         if tokens.dim() != 1 or tokens.numel() != plan.num_leaves:
             raise ValueError(
                 f"tokens must be [num_leaves={plan.num_leaves}], got {tuple(tokens.shape)}"
@@ -301,8 +331,8 @@ class HTEDecoder(nn.Module):
             position = position - plan.first_leaf[leaf_tree]
             pos_emb = self._node_embedding(torch.ones_like(position), position, 1)
         x = self.embed(tokens)
-        for layer in self.layers:
-            x = layer(x, plan, pos_emb, batch)
+        for layer, cache in zip(self.layers, caches or [None] * len(self.layers), strict=True):
+            x = layer(x, plan, pos_emb, batch, cache)
         return self.norm(x) @ self.embed.weight.T
 
     def new_cache(self) -> list:

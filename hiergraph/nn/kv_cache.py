@@ -11,7 +11,8 @@ attention for all levels, then two small ops per level for the energies), so
 its cost and the cache size are :math:`O(b \log_b N)` for ``N`` tokens, against
 :math:`O(N)` for :class:`FlatKVCache`. The outputs equal the strictly causal
 full pass :func:`~hiergraph.ops.hsa.causal.causal_hierarchical_attention`
-token by token.
+token by token; :meth:`HierarchicalKVCache.prefill` starts a cache with a whole prompt from
+one such pass.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import torch
 from torch import Tensor
 
 from hiergraph._autograd import records_grad
+from hiergraph._precision import accumulation_dtype
 from hiergraph.nn._checks import check_int
 from hiergraph.ops.hsa import native
+from hiergraph.ops.hsa.causal import causal_statistics
 from hiergraph.plan import CausalPlan
 
 
@@ -480,6 +483,94 @@ class HierarchicalKVCache:
         torch.logaddexp(self._zero, torch.sub(lse_a, a_lse, out=diff), out=softplus)
         torch.exp(torch.bmm(gates, gate_logs, out=weight_row), out=weight_row)
         return torch.bmm(weight_t, theta_t).view(self.heads, self.dim_v)
+
+    def prefill(
+        self, q: Tensor, k: Tensor, v: Tensor, hierarchy, *, pos_emb: Tensor | None = None
+    ) -> Tensor:
+        r"""Start the cache with a prompt of ``T`` tokens at once; their outputs.
+
+        The outputs and the cache afterwards are those of ``T`` calls of :meth:`append` with
+        the events of :func:`append_schedule`, but computed by one strictly causal full pass
+        (:func:`~hiergraph.ops.hsa.causal.causal_statistics`, the edge-list kernel of
+        :func:`~hiergraph.ops.causal_hierarchical_attention`), whose node statistics fill
+        the store: for every node on the last token's root path, the sums of its prefix and
+        its closed children's means, counts and energies :math:`g` at their last leaves.
+        Decoding goes on with :meth:`append`: the events of token ``T`` onwards are the
+        rows ``T, T + 1, …`` of the whole tree's :func:`append_schedule`.
+
+        Args:
+            q, k: ``[T, H, d]``; v: ``[T, H, d_v]``, the prompt's tokens in leaf order.
+            hierarchy: the prompt's tree (one :class:`~hiergraph.data.SignalHierarchy`
+                whose leaves are in depth-first order, every leaf below the root) or its
+                :class:`~hiergraph.plan.CausalPlan`; ``T`` leaves.
+            pos_emb: ``[N, H, c]`` embeddings of the tree's ``N`` nodes (node order);
+                required iff ``pos_dim > 0``.
+
+        Returns:
+            ``[T, H, d_v]`` in the cache's dtype, without autograd history.
+
+        Raises:
+            ValueError: if the cache already holds tokens, or on shapes or trees
+                :meth:`append` would not take.
+        """
+        if records_grad(q, k, v, pos_emb):
+            with torch.no_grad():
+                return self.prefill(q, k, v, hierarchy, pos_emb=pos_emb)
+        if self.num_tokens:
+            raise ValueError(
+                f"prefill starts a cache, and this one holds {self.num_tokens} tokens already"
+            )
+        plan = CausalPlan.of(hierarchy)
+        append_schedule(plan)  # one tree, every leaf below its root (raises otherwise)
+        size = plan.num_leaves
+        _check_shapes(self, (size,), q, k, v)
+        if (pos_emb is None) != (self.pos_dim == 0) or (
+            pos_emb is not None and pos_emb.shape != (plan.num_nodes, self.heads, self.pos_dim)
+        ):
+            raise ValueError(
+                f"pos_emb must be [num_nodes = {plan.num_nodes}, {self.heads}, {self.pos_dim}]"
+                " (None when the cache was built with pos_dim=0), got "
+                f"{None if pos_emb is None else tuple(pos_emb.shape)}"
+            )
+        device, work = self._keys.device, accumulation_dtype(self.dtype)
+        plan = plan.to(device)
+        eps = None if pos_emb is None else pos_emb.to(device, work)
+        out, sums, energy = causal_statistics(
+            *(t.to(device, work) for t in (q, k, v)), plan, pos_emb=eps, scale=self.tau
+        )
+        # the last token's root path A_0 .. A_m and, per open node A_j, its closed children:
+        # the left siblings of A_{j+1}, in order (for A_{m-1}, the last leaf too)
+        m = int(plan.leaf_depth[-1])
+        path = plan.ancestors[-1, : m + 1]
+        siblings = plan.sib_query[:, None] == path[None, 1:]  # [S, m]
+        closed = [plan.sib_key[siblings[:, j]] for j in range(m)]
+        closed[-1] = torch.cat([closed[-1], path[-1:]])
+        width = max(c.numel() for c in closed)
+        levels, capacity = self._keys.shape[0], self._keys.shape[2]
+        if m > levels or width > capacity:
+            self._alloc(self._keys, max(levels, m), max(capacity, width))
+        count = plan.count.to(work)
+        d, c, dv = self.dim, self.pos_dim, self.dim_v
+        mean = sums / count[:, None, None]  # [N, H, d + d + d_v]
+        self._child_n = [plan.count[j].tolist() for j in closed]
+        self._leaves = [sum(n) for n in self._child_n]
+        for j, nodes in enumerate(closed):  # the closed children of A_j, [H, width, ·]
+            w, n = nodes.numel(), count[nodes]
+            self._keys[j, :, :w, :d] = mean[nodes, :, d : 2 * d].transpose(0, 1)
+            if c:
+                self._keys[j, :, :w, d : d + c] = eps[nodes].transpose(0, 1)
+            self._keys[j, :, :w, -2] = n.log()
+            self._keys[j, :, :w, -1] = n
+            self._values[j, :, :w, :dv] = mean[nodes, :, 2 * d :].transpose(0, 1)
+            self._ng[j] = (n[:, None] * energy[nodes]).sum(0)
+        inner = path[1:]  # A_1 .. A_m: rows 0 .. m - 1 of the path's statistics
+        self._prefix[:m, :, :d] = self.tau * sums[inner, :, :d]
+        self._prefix[:m, :, d] = count[inner, None]
+        if c:
+            self._query[:m, :, d:-2] = eps[inner]
+        self._g[:m] = energy[inner]
+        self.num_tokens = size
+        return out.to(self.dtype)
 
     def _native(self, q: Tensor) -> bool:
         """Whether the step runs in the compiled kernel (:mod:`hiergraph.ops.hsa.native`):

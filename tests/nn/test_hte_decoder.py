@@ -44,6 +44,39 @@ def test_cached_decoding_equals_full_pass(mode):
         assert (torch.stack(steps) - full[offset : offset + len(steps)]).abs().max() < 1e-10
 
 
+@pytest.mark.parametrize("mode", ["hsa", "flat"])
+def test_prefill_then_steps_equal_the_full_pass(mode):
+    """A prompt of every length through ``prefill``, then ``step``: the full pass's logits,
+    the prompt's included."""
+    events = random_schedule(random.Random(7), 24)
+    tree = from_schedule(events)
+    tokens = torch.randint(0, 20, (24,), generator=torch.Generator().manual_seed(8))
+    net = model(mode)
+    with torch.no_grad():
+        full = net(tokens, tree)
+    for size in (1, 2, 9, 23, 24):
+        caches = net.new_cache()
+        logits = [net.prefill(tokens[:size], from_schedule(events[:size]), caches)]
+        for i in range(size, 24):
+            logits.append(net.step(int(tokens[i]), caches, *events[i])[None])
+        assert (torch.cat(logits) - full).abs().max() < 1e-10, size
+
+
+def test_bad_prefills():
+    events = random_schedule(random.Random(9), 6)
+    tree = from_schedule(events)
+    tokens = torch.zeros(6, dtype=torch.long)
+    net = model("hsa")
+    caches = net.new_cache()
+    with pytest.raises(ValueError, match="2 empty caches"):
+        net.prefill(tokens, tree, caches[:1])
+    with pytest.raises(ValueError, match="one tree"):
+        net.prefill(torch.cat([tokens, tokens]), Batch.from_data_list([tree, tree]), caches)
+    net.prefill(tokens, tree, caches)
+    with pytest.raises(ValueError, match="2 empty caches"):
+        net.prefill(tokens, tree, caches)
+
+
 def test_an_evaluation_under_inference_mode_then_training():
     """The causal plan first built under ``torch.inference_mode()`` serves training."""
     batch = Batch.from_data_list([from_schedule(random_schedule(random.Random(2), 14))])

@@ -6,8 +6,9 @@ from collections import Counter
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch_geometric.data import Batch
 
-from hiergraph.data import from_nested, window_hierarchy
+from hiergraph.data import SignalHierarchy, from_nested, window_hierarchy
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_schedule
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
@@ -141,6 +142,103 @@ def test_close_and_open_patterns(spec, pos_dim, step):
     for seed in range(2):
         assert_decodes_like_the_full_pass(h, seed, pos_dim=pos_dim)
     assert step is None or step
+
+
+def prompt_tree(h, size):
+    """The tree of the first ``size`` leaves of ``h`` (the nodes above them) and the ids of its
+    nodes in ``h``, in the same order."""
+    plan = CausalPlan.from_hierarchy(h)
+    above = plan.ancestors[:size]
+    keep = torch.zeros(h.num_nodes, dtype=torch.bool)
+    keep[above[above >= 0]] = True
+    ids = keep.nonzero().view(-1)
+    new_id = torch.full((h.num_nodes,), -1).index_copy(0, ids, torch.arange(ids.numel()))
+    parent = new_id[h.parent[ids]]
+    parent[parent == torch.arange(ids.numel())] = -1  # the root
+    return SignalHierarchy.from_parent(parent, slot=h.slot[ids]), ids
+
+
+def assert_prefill_then_append_decodes_like_appends(h, sizes, seed, pos_dim=3):
+    """For every prompt size, ``prefill`` then ``append`` gives the outputs, the families and
+    the bytes of appending every token (float64)."""
+    plan = CausalPlan.from_hierarchy(h)
+    q, k, v = random_qkv(h.num_leaves, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    pe = torch.randn(h.num_nodes, q.size(1), pos_dim, generator=gen, dtype=q.dtype)
+    emb = pe if pos_dim else None
+    ref, ref_cache = decode(h, q, k, v, pos_emb=emb)
+    events = append_schedule(plan).tolist()
+    for size in sizes:
+        prompt, ids = prompt_tree(h, size)
+        cache = HierarchicalKVCache(q.size(1), q.size(2), v.size(2), pos_dim=pos_dim, dtype=q.dtype)
+        outs = [cache.prefill(q[:size], k[:size], v[:size], prompt,
+                              pos_emb=pe[ids] if pos_dim else None)]  # fmt: skip
+        assert cache.num_tokens == size and outs[0].shape == (size, *v.shape[1:])
+        for i in range(size, h.num_leaves):
+            close, open_ = events[i]
+            m = int(plan.leaf_depth[i])
+            new = pe[plan.ancestors[i, m - open_ : m + 1]] if pos_dim else None
+            outs.append(cache.append(q[i], k[i], v[i], close=close, open=open_, pos_emb=new)[None])
+        torch.testing.assert_close(torch.cat(outs), ref, atol=1e-12, rtol=0, msg=f"size {size}")
+        assert cache.family_sizes == ref_cache.family_sizes and cache.depth == ref_cache.depth
+        assert cache.nbytes() == ref_cache.nbytes()
+
+
+@pytest.mark.parametrize("pos_dim", [0, 3])
+def test_prefill_then_append_equals_appending_every_token(pos_dim, step):
+    """Prompts of every length cut from random mixed-depth trees, then decoding on: the
+    same outputs, families and bytes as a cache that appended every token."""
+    rng = random.Random(pos_dim)
+    for seed in range(6):
+        h = from_nested(ordered_spec(rng, rng.randint(2, 30)))
+        if h.num_leaves < 2 or int(CausalPlan.from_hierarchy(h).leaf_depth.min()) < 1:
+            continue
+        assert_prefill_then_append_decodes_like_appends(
+            h, range(1, h.num_leaves + 1), seed, pos_dim
+        )
+    assert step is None or step
+
+
+def test_prefill_of_deep_wide_and_window_prompts(step):
+    """Prompts whose tree is deeper or wider than the initial store (it grows to fit), and
+    window-tree prefixes of a long sequence."""
+    rng = random.Random(11)
+    deep = from_nested(ordered_spec(rng, 60, 12, 3))
+    wide = from_nested(ordered_spec(rng, 90, 3, 24))
+    window = window_hierarchy(300, (4, 4, 4))
+    for seed, (h, sizes) in enumerate(
+        [(deep, (30, 59, 60)), (wide, (20, 45, 90)), (window, (1, 63, 64, 65, 200, 299))]
+    ):
+        assert_prefill_then_append_decodes_like_appends(h, sizes, seed)
+    assert step is None or step
+
+
+def test_prefill_runs_without_autograd_in_the_cache_dtype():
+    h = from_nested([[0, 1], [2, [3, 4]], 5])
+    q, k, v = random_qkv(h.num_leaves, seed=5)
+    full = causal_hierarchical_attention(q, k, v, h)
+    cache = HierarchicalKVCache(2, 4, 3, dtype=torch.float32)
+    out = cache.prefill(*(t.clone().requires_grad_() for t in (q, k, v)), h)
+    assert out.dtype == torch.float32 and not out.requires_grad
+    torch.testing.assert_close(out, full.float(), atol=1e-6, rtol=0)
+
+
+def test_bad_prefills():
+    h = from_nested([[0, 1], [2, 3]])
+    q = torch.randn(4, 2, 4)
+    cache = HierarchicalKVCache(2, 4)
+    with pytest.raises(ValueError, match=r"\[T=4, heads=2, dim=4\]"):
+        cache.prefill(q[:3], q[:3], q[:3], h)
+    with pytest.raises(ValueError, match="pos_emb"):
+        cache.prefill(q, q, q, h, pos_emb=torch.zeros(h.num_nodes, 2, 3))
+    with pytest.raises(ValueError, match="one tree"):
+        batch = Batch.from_data_list([h, h])
+        cache.prefill(torch.cat([q, q]), torch.cat([q, q]), torch.cat([q, q]), batch)
+    with pytest.raises(ValueError, match="below a root"):
+        cache.prefill(q[:1], q[:1], q[:1], SignalHierarchy.from_parent(torch.tensor([-1])))
+    cache.prefill(q, q, q, h)
+    with pytest.raises(ValueError, match="holds 4 tokens"):
+        cache.prefill(q, q, q, h)
 
 
 def test_inputs_are_cast_to_the_cache_dtype():

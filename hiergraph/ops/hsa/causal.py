@@ -138,6 +138,31 @@ def causal_hierarchical_attention(
         levels = None if eps is None else per_depth_padded(eps, index, forest)
         out = uniform_causal_attention(*slots, forest.shape, levels, tau)
         return _out(from_slots(out, forest, q), dtype, squeeze)
+    return _out(_edge_attention(q, k, v, plan, eps, tau)[0], dtype, squeeze)
+
+
+def causal_statistics(
+    q: Tensor, k: Tensor, v: Tensor, hierarchy, *, pos_emb: Tensor | None = None, scale=None
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Strictly causal HSA on the edge lists, and the node statistics a cache holds.
+
+    The same formulas as :func:`causal_hierarchical_attention` (``q, k [L, H, d]``,
+    ``v [L, H, d_v]`` in the inputs' dtype, which must be float32 or float64).
+
+    Returns:
+        ``out [L, H, d_v]``, the sums :math:`\Sigma_q, \Sigma_k, \Sigma_v` of every node
+        over its leaves ``[N, H, d + d + d_v]``, and :math:`g` of every node at its last leaf
+        ``[N, H]`` (the complete :math:`g(B)` of a node; a root's is 0), from which
+        :meth:`~hiergraph.nn.HierarchicalKVCache.prefill` builds its store.
+    """
+    plan = CausalPlan.of(hierarchy)
+    eps = _check_inputs(q, k, v, plan, pos_emb)
+    tau = q.size(-1) ** -0.5 if scale is None else scale
+    return _edge_attention(q, k, v, plan, eps, tau)
+
+
+def _edge_attention(q, k, v, plan: CausalPlan, eps, tau: float):
+    """The edge-list kernel: ``(out, sums, energy)`` as :func:`causal_statistics` returns."""
     num_nodes = plan.num_nodes
 
     # complete sums and counts of every node (one scatter over (leaf, ancestor) pairs)
@@ -155,7 +180,7 @@ def causal_hierarchical_attention(
 
     # ---- bottom-up over depth: prefix statistics of every (leaf, ancestor) pair
     lses, thetas, energies = {}, {}, {}
-    sq_child = g_child = left_g = None
+    sq_child = g_child = left_g = energy = None
     for s in range(plan.max_depth, 0, -1):
         pl, pn = plan.pair_leaf[s], plan.pair_node[s]
         is_leaf = plan.pair_is_leaf[s][:, None]
@@ -179,6 +204,7 @@ def causal_hierarchical_attention(
         # complete g of the depth-s nodes, and its n-weighted sums over left siblings
         g_node = g.new_zeros((num_nodes, g.size(1)))
         g_node = g_node.index_copy(0, plan.depth_nodes[s], _rows(g, plan.last_pair[s]))
+        energy = g_node if energy is None else energy + g_node  # one depth per node
         left_g = _rows(n, plan.sib_key)[:, None] * _rows(g_node, plan.sib_key)
         left_g = _sum_rows(left_g, plan.sib_query, num_nodes)
         sq_child, g_child = sq, g
@@ -192,7 +218,9 @@ def causal_hierarchical_attention(
         weight = torch.exp(_rows(u, pl) + log_one_minus_mu)
         out = out.index_add(0, pl, weight[..., None] * thetas[s])
         u = u.index_add(0, pl, log_mu)
-    return _out(out + torch.exp(u)[..., None] * v, dtype, squeeze)
+    if energy is None:  # roots only
+        energy = q.new_zeros((num_nodes, q.size(1)))
+    return out + torch.exp(u)[..., None] * v, sums, energy
 
 
 def _out(out: Tensor, dtype: torch.dtype, squeeze: bool) -> Tensor:

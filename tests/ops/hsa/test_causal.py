@@ -9,7 +9,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, window_hierarchy
 from hiergraph.ops import hierarchical_attention
-from hiergraph.ops.hsa.causal import causal_hierarchical_attention
+from hiergraph.ops.hsa.causal import causal_hierarchical_attention, causal_statistics
 from hiergraph.ops.hsa.causal_dense import causal_hierarchical_attention_matrix
 from hiergraph.plan import CausalPlan
 from tests.conftest import random_qkv, random_spec
@@ -54,6 +54,27 @@ def test_equals_dense_reference_on_random_trees():
             ref = torch.einsum("hij,jhd->ihd", theta, v)
             assert torch.isfinite(out).all(), f"seed {seed}"
             torch.testing.assert_close(out, ref, atol=1e-12, rtol=0, msg=f"seed {seed}")
+
+
+def test_statistics_pass_gives_the_output_and_node_sums():
+    """``causal_statistics`` (what a cache's prefill reads): the op's output, every node's
+    sums of ``q, k, v`` over its leaves, and finite energies (a root's 0). That the energies
+    are those of incremental decoding is checked through the cache
+    (``tests/nn/test_kv_cache.py``)."""
+    rng = random.Random(5)
+    for seed in range(4):
+        h = from_nested(ordered_spec(rng, rng.randint(2, 20)))
+        q, k, v = random_qkv(h.num_leaves, seed=seed)
+        pe = torch.randn(h.num_nodes, 3, dtype=torch.float64)
+        out, sums, energy = causal_statistics(q, k, v, h, pos_emb=pe, scale=0.7)
+        ref = causal_hierarchical_attention(q, k, v, h, pos_emb=pe, scale=0.7)
+        torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+        plan = CausalPlan.of(h)
+        below = (plan.ancestors[None] == torch.arange(h.num_nodes)[:, None, None]).any(-1)
+        rows = torch.cat([q, k, v], -1).flatten(1)  # [L, H * (d + d + d_v)]
+        torch.testing.assert_close(sums.flatten(1), below.double() @ rows, atol=1e-12, rtol=0)
+        root = plan.ancestors[0, 0]
+        assert torch.isfinite(energy).all() and (energy[root] == 0).all()
 
 
 def test_float32_inputs_with_a_float64_position_table():
