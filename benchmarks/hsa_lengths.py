@@ -24,7 +24,10 @@ backward of
   counterparts: SDPA with a causal and key padding mask,
   :func:`~hiergraph.ops.causal_hierarchical_attention` with its default kernel (the
   padded forest, whose padding follows every tree's leaves) and forced onto its general
-  edge-list path.
+  edge-list path, whose softmax over each pair's keys runs in the compiled CPU kernel;
+* ``hsa-causal-ragged-trees``, ``hsa-causal-ragged-torch``: the strictly causal op on the
+  ragged trees of ``hsa-ragged-trees`` (the edge lists), with that kernel and on PyTorch
+  operations alone (gathers and scatters of every edge's rows).
 
 Rounds are interleaved (each round runs every method once); medians and the spread
 (min–max) are reported, with every sample in ``benchmarks/results/hsa_lengths.json``
@@ -80,6 +83,11 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...]) -> tuple[dic
         "hsa-causal": (lambda: causal_hierarchical_attention(*leaves, windows), leaves),
         "hsa-causal-edges": (
             lambda: causal_hierarchical_attention(*leaves, windows, kernel="edge"),
+            leaves,
+        ),
+        "hsa-causal-ragged-trees": (lambda: causal_hierarchical_attention(*leaves, ragged), leaves),
+        "hsa-causal-ragged-torch": (
+            on_torch_ops(lambda: causal_hierarchical_attention(*leaves, ragged)),
             leaves,
         ),
     }

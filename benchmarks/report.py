@@ -331,7 +331,10 @@ def hsa_lengths() -> list[str] | None:
         "the block kernel; `hsa-ragged-trees` trees of the same lengths with window sizes "
         "uniform in [1, 2b − 1]; the causal methods (compared with `flat-causal`, SDPA with "
         "a causal and key padding mask) are the strictly causal op, by default on the padded "
-        "forest, and its edge-list path. Cells: median [min–max] over the interleaved rounds. "
+        "forest, and its edge-list path; `hsa-causal-ragged-trees` the strictly causal op on "
+        "the ragged trees (edge lists, their softmax in the compiled kernel), "
+        "`hsa-causal-ragged-torch` the same on PyTorch operations alone. Cells: median "
+        "[min–max] over the interleaved rounds. "
         f"Command: {code(meta['command'])}.",
         "",
     ]

@@ -10,7 +10,8 @@ def test_quick_run_writes_a_complete_report(tmp_path):
     out = tmp_path / "hsa_lengths.json"
     run_benchmark("hsa_lengths", "--quick", "--rounds", "2", "--out", str(out))
     (row,) = json.loads(out.read_text())["rows"]
-    causal = {"flat-causal", "hsa-causal", "hsa-causal-edges"}
+    causal = {"flat-causal", "hsa-causal", "hsa-causal-edges", "hsa-causal-ragged-trees",
+              "hsa-causal-ragged-torch"}  # fmt: skip
     methods = {"flat", "hsa", "hsa-torch", "hsa-blocks", "hsa-ragged-trees", *causal}
     assert set(row["median_s"]) == methods
     assert all(len(s) == 2 for s in row["samples_s"].values())

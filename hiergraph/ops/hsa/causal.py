@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype
+from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal_uniform import uniform_causal_attention
 from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb
 from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, to_slots
@@ -230,10 +231,28 @@ def _out(out: Tensor, dtype: torch.dtype, squeeze: bool) -> Tensor:
 
 
 def _left_attention(rho_q, key_pair, key_node, pair_node, rho_k, rho_v, log_n, eps, tau):
-    """Softmax of every pair's prefix query over the left siblings of its node.
+    """Softmax of every pair's prefix query over the left siblings of its node: on the CPU
+    one call of the compiled kernel (:func:`~hiergraph.ops.hsa.native.edge_softmax`, which
+    forms no per-edge rows), elsewhere :func:`_gathered_attention`.
 
     Returns ``lse [P, H]`` (``-inf`` without left siblings) and ``theta [P, H, d_v]``.
     """
+    if not native.applies_to_edges(rho_q):
+        return _gathered_attention(
+            rho_q, key_pair, key_node, pair_node, rho_k, rho_v, log_n, eps, tau
+        )
+
+    def recorded(q, k, v, e):  # the same op, recorded by autograd (second derivatives)
+        return _gathered_attention(q, key_pair, key_node, pair_node, k, v, log_n, e, tau)
+
+    return native.edge_softmax(
+        rho_q, rho_k, rho_v, log_n.view(-1), eps, pair_node, key_pair, key_node, tau, recorded
+    )
+
+
+def _gathered_attention(rho_q, key_pair, key_node, pair_node, rho_k, rho_v, log_n, eps, tau):
+    """:func:`_left_attention` as gathers of every edge's rows, a scatter softmax and a
+    scatter of the weighted values."""
     num_pairs = rho_q.size(0)
     rho_k, log_n = _rows(rho_k, key_node), _rows(log_n, key_node)
     logits = tau * (_rows(rho_q, key_pair) * rho_k).sum(-1) + log_n

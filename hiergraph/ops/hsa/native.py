@@ -22,8 +22,12 @@ the roots' energies and pooled rows to that family, the top-down pass starts fro
 returns. :func:`hub_tree_attention` runs the hub window trees of pretrained encoders
 (:mod:`~hiergraph.integrations.hub_windows`) whole, windows and root family, one task per
 example and head. :func:`kv_step` is the decoding step of
-:class:`~hiergraph.nn.HierarchicalKVCache` on its store (``csrc/kv_cache.cpp``). Everything
-else, and everything under ``torch.compile``, takes the other paths.
+:class:`~hiergraph.nn.HierarchicalKVCache` on its store (``csrc/kv_cache.cpp``).
+:func:`edge_softmax` (``csrc/edge_softmax.cpp``) is the softmax of every query row over its
+own list of key rows that the edge lists of strictly causal HSA compute per depth (every
+(leaf, ancestor) pair over the ancestor's left siblings), with its backward, without
+forming the gathered rows of every edge. Everything else, and everything under
+``torch.compile``, takes the other paths.
 
 The kernel is compiled with :func:`torch.utils.cpp_extension.load` (a C++ compiler with
 OpenMP and ``ninja`` are needed) the first time an eligible call runs: about a minute once,
@@ -51,9 +55,11 @@ from hiergraph.ops.hsa.uniform_fused import recorded_gradients
 
 #: The environment variable that turns the kernel off (``0``, ``false``, ``no``, ``off``).
 ENV = "HIERGRAPH_NATIVE"
-#: The kernels' sources: equal-fanout and hub-tree HSA, the KV cache's step, the module.
+#: The kernels' sources: equal-fanout and hub-tree HSA, the KV cache's step, softmax over
+#: lists of keys, the module.
 SOURCES = [
-    Path(__file__).parent / "csrc" / f for f in ("uniform.cpp", "kv_cache.cpp", "bindings.cpp")
+    Path(__file__).parent / "csrc" / f
+    for f in ("uniform.cpp", "kv_cache.cpp", "edge_softmax.cpp", "bindings.cpp")
 ]
 
 _lock = threading.Lock()
@@ -209,6 +215,86 @@ def kv_step(
     ``slot`` of open node ``m - 1``, below open nodes whose closed children number
     ``widths`` and hold ``leaves`` leaves, the path's nodes ``first - 1 …`` new."""
     return extension().kv_step(*store, q, k, v, m, first, widths, leaves, slot, tau)
+
+
+def applies_to_edges(q: Tensor) -> bool:
+    """Whether :func:`edge_softmax` runs in the kernel for queries ``q``: a float32 or
+    float64 CPU tensor, outside ``torch.compile``, and the extension built."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64)
+        and not torch.compiler.is_compiling()
+        and extension() is not None
+    )
+
+
+def edge_softmax(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    log_n: Tensor,
+    eps: Tensor | None,
+    pair_node: Tensor,
+    key_pair: Tensor,
+    key_node: Tensor,
+    tau: float,
+    recorded,
+) -> tuple[Tensor, Tensor]:
+    r"""Softmax attention of every query row ``p`` of ``q [P, H, d]`` over the key rows
+    ``key_node[e]`` of its edges (``key_pair[e] == p``; ``key_pair`` ascending) with the logits
+    :math:`s_e = \tau\, q_p^\top k_n + \log n_n + \varepsilon_{m}^\top \varepsilon_n`
+    (``k [N, H, d]``, ``log_n [N]``, ``eps [N, H, c]`` or ``None``, :math:`m` =
+    ``pair_node[p]``): ``lse [P, H]`` (:math:`-\infty` without edges) and ``theta [P, H,
+    d_v]``, the softmax-weighted rows of ``v [N, H, d_v]`` (0 without edges), computed row by
+    row in ``csrc/edge_softmax.cpp`` without forming the gathered ``[E, H, ·]`` rows.
+    Differentiable in ``q, k, v, eps``; second derivatives differentiate ``recorded(q, k, v,
+    eps)``, the same op on tensor operations."""
+    counts = torch.bincount(key_pair, minlength=q.size(0))
+    ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    eps = None if eps is None else eps.contiguous()
+    graph = (log_n.contiguous(), pair_node, ptr, key_pair, key_node, float(tau), recorded)
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    return _EdgeSoftmax.apply(graph, q, k, v, eps)
+
+
+class _EdgeSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, graph, q, k, v, eps):
+        log_n, pair_node, ptr, _, key_node, tau, _ = graph
+        lse, theta = extension().edge_softmax_forward(
+            q, k, v, log_n, eps, pair_node, ptr, key_node, tau
+        )
+        ctx.graph = graph
+        ctx.save_for_backward(q, k, v, eps, lse, theta)
+        return lse, theta
+
+    @staticmethod
+    def backward(ctx, grad_lse: Tensor, grad_theta: Tensor):
+        q, k, v, eps, lse, theta = ctx.saved_tensors
+        log_n, pair_node, ptr, key_pair, key_node, tau, recorded = ctx.graph
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
+            inputs = (q, k, v, eps)
+            needs = [t is not None and t.requires_grad for t in inputs]
+            wanted = [t for t, need in zip(inputs, needs, strict=True) if need]
+            found = torch.autograd.grad(
+                recorded(q, k, v, eps), wanted, (grad_lse, grad_theta), create_graph=True,
+                allow_unused=True,
+            )  # fmt: skip
+            found = iter(
+                torch.zeros_like(t) if g is None else g for t, g in zip(wanted, found, strict=True)
+            )
+            return None, *(next(found) if need else None for need in needs)
+        # the keys' edges, transposed: the backward writes every key row from one thread
+        order = torch.argsort(key_node, stable=True)
+        counts = torch.bincount(key_node, minlength=k.size(0))
+        key_ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        dq, dk, dv, d_eps, d_eps_query = extension().edge_softmax_backward(
+            grad_lse.contiguous(), grad_theta.contiguous(), q, k, v, log_n, eps, pair_node,
+            ptr, key_node, key_pair, order, key_ptr, lse, theta, tau,
+        )  # fmt: skip
+        if eps is not None:
+            d_eps = d_eps.index_add(0, pair_node, d_eps_query)
+        return None, dq, dk, dv, d_eps
 
 
 def _eligible(q: Tensor, k: Tensor, v: Tensor) -> bool:

@@ -9,10 +9,11 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, window_hierarchy
 from hiergraph.ops import hierarchical_attention
+from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention, causal_statistics
 from hiergraph.ops.hsa.causal_dense import causal_hierarchical_attention_matrix
 from hiergraph.plan import CausalPlan
-from tests.conftest import random_qkv, random_spec
+from tests.conftest import kernel_or_torch_ops, random_qkv, random_spec
 
 F64 = dict(dtype=torch.float64)
 
@@ -44,7 +45,14 @@ def random_case(rng, seed, num_leaves=None, heads=2):
     return spec, h, q, k, v, pe
 
 
-def test_equals_dense_reference_on_random_trees():
+@pytest.fixture(params=["kernel", "torch-ops"])
+def edges(request, monkeypatch):
+    """The edge lists' softmax in the compiled kernel (its calls counted) or on PyTorch
+    operations (gathers and scatters, as on accelerators)."""
+    return kernel_or_torch_ops(request, monkeypatch, native, "edge_softmax")
+
+
+def test_equals_dense_reference_on_random_trees(edges):
     rng = random.Random(0)
     for seed in range(10):
         _, h, q, k, v, pe = random_case(rng, seed)
@@ -54,6 +62,7 @@ def test_equals_dense_reference_on_random_trees():
             ref = torch.einsum("hij,jhd->ihd", theta, v)
             assert torch.isfinite(out).all(), f"seed {seed}"
             torch.testing.assert_close(out, ref, atol=1e-12, rtol=0, msg=f"seed {seed}")
+    assert edges is None or edges
 
 
 def test_statistics_pass_gives_the_output_and_node_sums():
@@ -178,7 +187,7 @@ def test_batch_equals_per_tree_results():
     assert torch.allclose(out, ref, atol=1e-13)
 
 
-def test_gradients_are_causal_and_finite():
+def test_gradients_are_causal_and_finite(edges):
     h = from_nested([[0, 1, [2, 3]], [4], [[5, 6], 7]])
     q, k, v = (t.requires_grad_() for t in random_qkv(8, heads=2, seed=7))
     out = causal_hierarchical_attention(q, k, v, h)
@@ -192,6 +201,14 @@ def test_gradients_are_causal_and_finite():
     assert torch.autograd.gradcheck(
         lambda q, k, v: causal_hierarchical_attention(q, k, v, small), inputs
     )
+    ragged = from_nested([[0, [1, 2, 3]], [4], [5, 6]])  # first children, a unary node
+    gen = torch.Generator().manual_seed(4)
+    inputs = [torch.randn(*shape, generator=gen, **F64).requires_grad_()
+              for shape in ((7, 2, 3), (7, 2, 3), (7, 2, 2), (ragged.num_nodes, 2, 2))]  # fmt: skip
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, pe: causal_hierarchical_attention(q, k, v, ragged, pos_emb=pe), inputs
+    )
+    assert edges is None or edges
 
 
 def test_float32_matches_float64():
@@ -248,7 +265,7 @@ def test_half_precision_with_large_families_is_close_to_float32(dtype, tol):
     assert (out.float() - ref).abs().max() < tol * ref.abs().max()
 
 
-def test_edge_path_second_derivatives_on_a_ragged_tree():
+def test_edge_path_second_derivatives_on_a_ragged_tree(edges):
     """First children (no left sibling: ``lse = -inf``), a unary node and leaves at several
     depths: first and second derivatives stay exact and NaN-free."""
     tree = from_nested([[0, [1, 2, 3]], [4], [5, 6]])
@@ -257,3 +274,4 @@ def test_edge_path_second_derivatives_on_a_ragged_tree():
     assert torch.autograd.gradgradcheck(
         lambda q, k, v: causal_hierarchical_attention(q, k, v, tree, kernel="edge"), (q, k, v)
     )
+    assert edges is None or edges

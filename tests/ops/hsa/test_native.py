@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hiergraph.ops.hsa import native
+from hiergraph.ops.hsa.causal import _gathered_attention
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
 from tests.conftest import spy_calls
 
@@ -396,6 +397,84 @@ def test_the_kernel_checks_its_inputs():
             q, q, q, (3,), None, include_self=True, tau=0.5, size_bias=True,
             recorded=lambda *args: None, above=lambda *args: None,
         )  # fmt: skip
+
+
+def edge_case(with_eps: bool, dtype=torch.float64, pairs=40, nodes=15, seed=0):
+    """Arguments of :func:`~hiergraph.ops.hsa.native.edge_softmax` (``q, k, v`` and the
+    embeddings requiring gradients): 0 to 4 edges per query (every fourth query none), keys
+    drawn from all nodes but the last two (which get no edge), and the op on tensor
+    operations (``recorded``)."""
+    gen = torch.Generator().manual_seed(seed)
+    heads, d, dv, c, tau = 3, 4, 5, 2, 0.7
+    counts = torch.randint(0, 5, (pairs,), generator=gen)
+    counts[::4] = 0
+    key_pair = torch.arange(pairs).repeat_interleave(counts)
+    key_node = torch.randint(0, nodes - 2, (key_pair.numel(),), generator=gen)
+    pair_node = torch.randint(0, nodes, (pairs,), generator=gen)
+    log_n = torch.rand(nodes, generator=gen, dtype=dtype) * 2
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_()
+
+    q, k, v = rand(pairs, heads, d), rand(nodes, heads, d), rand(nodes, heads, dv)
+    eps = rand(nodes, heads, c) if with_eps else None
+
+    def recorded(q, k, v, e):
+        return _gathered_attention(q, key_pair, key_node, pair_node, k, v, log_n[:, None], e, tau)
+
+    args = (q, k, v, log_n, eps, pair_node, key_pair, key_node, tau, recorded)
+    return args, recorded
+
+
+@pytest.mark.parametrize("with_eps", [False, True])
+def test_edge_softmax_equals_the_gathered_op(with_eps):
+    """The kernel's softmax over lists of keys equals gathers, a scatter softmax and a
+    scatter (float64): ``lse`` (``-inf`` without edges), ``theta`` and the gradients of
+    ``q, k, v`` and the embeddings (query and key sides)."""
+    args, recorded = edge_case(with_eps)
+    inputs = [t for t in (args[0], args[1], args[2], args[4]) if t is not None]
+    ours, ref = native.edge_softmax(*args), recorded(*args[:3], args[4])
+    assert torch.isinf(ours[0]).sum() > 0 and torch.equal(torch.isinf(ours[0]), torch.isinf(ref[0]))
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-13, rtol=0)
+    gen = torch.Generator().manual_seed(1)
+    upstream = [torch.randn(t.shape, generator=gen, **F64) for t in ref]
+    grads = torch.autograd.grad(ours, inputs, upstream)
+    expected = torch.autograd.grad(ref, inputs, upstream)
+    for a, b in zip(grads, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-13, rtol=0)
+    assert args[1].size(0) - 2 > 0 and grads[1][-2:].abs().max() == 0  # keys without edges
+
+
+def test_edge_softmax_in_float32_and_second_derivatives():
+    args, recorded = edge_case(True, dtype=torch.float32, seed=2)
+    ours, ref = native.edge_softmax(*args), recorded(*args[:3], args[4])
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    args, _ = edge_case(True, pairs=9, nodes=6, seed=3)
+    inputs = (args[0], args[1], args[2], args[4])
+
+    def fn(q, k, v, e):
+        return native.edge_softmax(q, k, v, args[3], e, *args[5:])[1]
+
+    assert torch.autograd.gradgradcheck(fn, inputs)
+
+
+def test_edge_softmax_checks_its_inputs():
+    ext = native.extension()
+    (q, k, v, log_n, eps, pair_node, key_pair, key_node, tau, _), _ = edge_case(True)
+    ptr = torch.cat(
+        [torch.zeros(1, dtype=torch.long), torch.bincount(key_pair, minlength=40).cumsum(0)]
+    )
+    q, k, v, eps = (t.detach() for t in (q, k, v, eps))
+    with pytest.raises(RuntimeError, match="ptr must be"):
+        ext.edge_softmax_forward(q, k, v, log_n, eps, pair_node, ptr[1:], key_node, tau)
+    with pytest.raises(RuntimeError, match="float32 or float64"):
+        ext.edge_softmax_forward(q.half(), k, v, log_n, eps, pair_node, ptr, key_node, tau)
+    with pytest.raises(RuntimeError, match="do not match"):
+        ext.edge_softmax_forward(q, k, v[:-1], log_n, eps, pair_node, ptr, key_node, tau)
+    with pytest.raises(RuntimeError, match="eps must be"):
+        ext.edge_softmax_forward(q, k, v, log_n, eps[:-1], pair_node, ptr, key_node, tau)
 
 
 @pytest.mark.skipif(not os.environ.get("HIERGRAPH_SLOW"), reason="set HIERGRAPH_SLOW=1")

@@ -1,6 +1,6 @@
 // The Python module of hiergraph's compiled HSA kernels (hiergraph.ops.hsa.native):
-// equal-fanout and hub-tree HSA (uniform.cpp) and the hierarchical KV cache's decoding
-// step (kv_cache.cpp).
+// equal-fanout and hub-tree HSA (uniform.cpp), the hierarchical KV cache's decoding step
+// (kv_cache.cpp) and softmax attention over lists of keys (edge_softmax.cpp).
 #include <torch/extension.h>
 
 #include <optional>
@@ -32,6 +32,17 @@ at::Tensor kv_step(at::Tensor& keys, at::Tensor& values, at::Tensor& query, at::
                    const at::Tensor& v, int64_t m, int64_t first,
                    const std::vector<int64_t>& widths, const std::vector<int64_t>& leaves,
                    int64_t slot, double tau);
+Tensors edge_softmax_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& log_n, const std::optional<at::Tensor>& eps,
+                             const at::Tensor& pair_node, const at::Tensor& ptr,
+                             const at::Tensor& key_node, double tau);
+Tensors edge_softmax_backward(const at::Tensor& grad_lse, const at::Tensor& grad_theta,
+                              const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& log_n, const std::optional<at::Tensor>& eps,
+                              const at::Tensor& pair_node, const at::Tensor& ptr,
+                              const at::Tensor& key_node, const at::Tensor& key_pair,
+                              const at::Tensor& order, const at::Tensor& key_ptr,
+                              const at::Tensor& lse, const at::Tensor& theta, double tau);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward);
@@ -40,4 +51,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward", &backward);
   m.def("hub_forward", &hub_forward);
   m.def("kv_step", &kv_step);
+  m.def("edge_softmax_forward", &edge_softmax_forward);
+  m.def("edge_softmax_backward", &edge_softmax_backward);
 }
