@@ -249,8 +249,7 @@ def edge_softmax(
     row in ``csrc/edge_softmax.cpp`` without forming the gathered ``[E, H, ·]`` rows.
     Differentiable in ``q, k, v, eps``; second derivatives differentiate ``recorded(q, k, v,
     eps)``, the same op on tensor operations."""
-    counts = torch.bincount(key_pair, minlength=q.size(0))
-    ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    ptr = _row_pointers(key_pair, q.size(0))
     eps = None if eps is None else eps.contiguous()
     graph = (log_n.contiguous(), pair_node, ptr, key_pair, key_node, float(tau), recorded)
     q, k, v = (t.contiguous() for t in (q, k, v))
@@ -286,8 +285,7 @@ class _EdgeSoftmax(torch.autograd.Function):
             return None, *(next(found) if need else None for need in needs)
         # the keys' edges, transposed: the backward writes every key row from one thread
         order = torch.argsort(key_node, stable=True)
-        counts = torch.bincount(key_node, minlength=k.size(0))
-        key_ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        key_ptr = _row_pointers(key_node[order], k.size(0))
         dq, dk, dv, d_eps, d_eps_query = extension().edge_softmax_backward(
             grad_lse.contiguous(), grad_theta.contiguous(), q, k, v, log_n, eps, pair_node,
             ptr, key_node, key_pair, order, key_ptr, lse, theta, tau,
@@ -295,6 +293,12 @@ class _EdgeSoftmax(torch.autograd.Function):
         if eps is not None:
             d_eps = d_eps.index_add(0, pair_node, d_eps_query)
         return None, dq, dk, dv, d_eps
+
+
+def _row_pointers(rows: Tensor, size: int) -> Tensor:
+    """``[size + 1]`` offsets of the runs of ``0, 1, …, size - 1`` in the ascending ``rows``
+    (a binary search per row: no output whose size depends on values, no host read)."""
+    return torch.searchsorted(rows, torch.arange(size + 1, device=rows.device))
 
 
 def _eligible(q: Tensor, k: Tensor, v: Tensor) -> bool:
