@@ -125,7 +125,8 @@ def test_incremental_equals_full_pass_on_deep_and_wide_trees(
     assert grew >= ({"levels", "capacity"} if grows == "both" else {grows}), grew
 
 
-@pytest.mark.parametrize(
+#: Trees whose appends close and open families in every pattern.
+PATTERNS = pytest.mark.parametrize(
     "spec",
     [
         [[[[[[[[[[0, 1]]]]]]]]], 2],  # open 9 nodes at once, then close them all at once
@@ -136,6 +137,9 @@ def test_incremental_equals_full_pass_on_deep_and_wide_trees(
     ],
     ids=["chain", "mixed", "flat", "zigzag", "unary"],
 )
+
+
+@PATTERNS
 @pytest.mark.parametrize("pos_dim", [0, 3])
 def test_close_and_open_patterns(spec, pos_dim, step):
     h = from_nested(spec)
@@ -197,6 +201,15 @@ def test_prefill_then_append_equals_appending_every_token(pos_dim, step):
             h, range(1, h.num_leaves + 1), seed, pos_dim
         )
     assert step is None or step
+
+
+@PATTERNS
+@pytest.mark.parametrize("pos_dim", [0, 3])
+def test_prefill_at_every_close_and_open_pattern(spec, pos_dim):
+    """A prompt ending at every token of trees that close and open families in every pattern
+    (a path of one-child nodes, leaves below the root, unary chains)."""
+    h = from_nested(spec)
+    assert_prefill_then_append_decodes_like_appends(h, range(1, h.num_leaves + 1), 0, pos_dim)
 
 
 def test_prefill_of_deep_wide_and_window_prompts(step):
