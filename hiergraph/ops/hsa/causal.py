@@ -174,7 +174,7 @@ def _edge_attention(q, k, v, plan: CausalPlan, eps, tau: float):
     rho_v = sums[..., dq + dk :] / n[:, None, None]
     log_n = torch.log(n)[:, None]
     # sum of the queries of each node's left siblings
-    left_q = _sum_rows(_rows(sums[..., :dq], plan.sib_key), plan.sib_query, num_nodes)
+    left_q = _sum_rows(_rows(sums[..., :dq].contiguous(), plan.sib_key), plan.sib_query, num_nodes)
     self_energy = tau * (q * k).sum(-1)
     if eps is not None:
         self_energy = self_energy + (_rows(eps, plan.leaf_node) ** 2).sum(-1)
