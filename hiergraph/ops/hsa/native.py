@@ -56,7 +56,7 @@ from hiergraph.ops.hsa.uniform_fused import recorded_gradients
 #: The environment variable that turns the kernel off (``0``, ``false``, ``no``, ``off``).
 ENV = "HIERGRAPH_NATIVE"
 #: The kernels' sources: equal-fanout and hub-tree HSA, the KV cache's step, softmax over
-#: lists of keys, the module.
+#: lists of keys, the module (``csrc/vector_ops.h``: the row operations they share).
 SOURCES = [
     Path(__file__).parent / "csrc" / f
     for f in ("uniform.cpp", "kv_cache.cpp", "edge_softmax.cpp", "bindings.cpp")

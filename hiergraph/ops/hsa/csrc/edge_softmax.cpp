@@ -17,16 +17,13 @@
 #include <optional>
 #include <vector>
 
+#include "vector_ops.h"
+
 namespace {
 
+using hiergraph::axpy;
+using hiergraph::dot;
 using Tensors = std::vector<at::Tensor>;
-
-template <typename T>
-T dot(const T* a, const T* b, int64_t n) {
-  T s = 0;
-  for (int64_t c = 0; c < n; ++c) s += a[c] * b[c];
-  return s;
-}
 
 void check(const at::Tensor& t, const at::Tensor& like, int64_t dim, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.dim() == dim &&
@@ -132,7 +129,7 @@ Tensors edge_softmax_forward(const at::Tensor& q, const at::Tensor& k, const at:
             const T w = std::exp(s[j] - top);
             total += w;
             const T* vj = r.v + (r.node[start + j] * heads + h) * dv;
-            for (int64_t c = 0; c < dv; ++c) th[c] += w * vj[c];
+            axpy(th, w, vj, dv);
           }
           for (int64_t c = 0; c < dv; ++c) th[c] /= total;
           lse_out[p * heads + h] = top + std::log(total);
@@ -200,11 +197,8 @@ Tensors edge_softmax_backward(const at::Tensor& grad_lse, const at::Tensor& grad
             w_out[e * heads + h] = w;
             gl_out[e * heads + h] = g;
             const T* kj = r.k + (key * heads + h) * d;
-            for (int64_t a = 0; a < d; ++a) dqh[a] += r.tau * g * kj[a];
-            if (deq) {
-              const T* ej = r.eps + (key * heads + h) * c;
-              for (int64_t a = 0; a < c; ++a) deq[a] += g * ej[a];
-            }
+            axpy(dqh, r.tau * g, kj, d);
+            if (deq) axpy(deq, g, r.eps + (key * heads + h) * c, c);
           }
         }
       }
@@ -224,12 +218,11 @@ Tensors edge_softmax_backward(const at::Tensor& grad_lse, const at::Tensor& grad
             const T* gth = g_theta + (p * heads + h) * dv;
             T* dkh = dk_out + (n * heads + h) * d;
             T* dvh = dv_ptr + (n * heads + h) * dv;
-            for (int64_t a = 0; a < d; ++a) dkh[a] += r.tau * g * qh[a];
-            for (int64_t a = 0; a < dv; ++a) dvh[a] += w * gth[a];
+            axpy(dkh, r.tau * g, qh, d);
+            axpy(dvh, w, gth, dv);
             if (dek_out) {
               const T* eq = r.eps + (r.pair_node[p] * heads + h) * c;
-              T* dek = dek_out + (n * heads + h) * c;
-              for (int64_t a = 0; a < c; ++a) dek[a] += g * eq[a];
+              axpy(dek_out + (n * heads + h) * c, g, eq, c);
             }
           }
         }

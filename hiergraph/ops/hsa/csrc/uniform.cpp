@@ -27,6 +27,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "vector_ops.h"
+
 #if defined(__GLIBC__) && defined(__x86_64__)
 // glibc's vector math library (libmvec): lets the compiler vectorize exp and log1p in
 // `omp simd` loops
@@ -38,19 +40,8 @@ extern "C" double log1p(double) noexcept __attribute__((simd("notinbranch")));
 
 namespace {
 
-template <typename T>
-inline T dot(const T* __restrict x, const T* __restrict y, int64_t n) {
-  T s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t c = 0; c < n; ++c) s += x[c] * y[c];
-  return s;
-}
-
-template <typename T>
-inline void axpy(T* __restrict y, T a, const T* __restrict x, int64_t n) {
-#pragma omp simd
-  for (int64_t c = 0; c < n; ++c) y[c] += a * x[c];
-}
+using hiergraph::axpy;
+using hiergraph::dot;
 
 // The width of the widest vector registers the build targets (a generic vector wider than
 // them is split into several, and its shuffles into scalar code).
