@@ -475,6 +475,12 @@ def test_edge_softmax_checks_its_inputs():
         ext.edge_softmax_forward(q, k, v[:-1], log_n, eps, pair_node, ptr, key_node, tau)
     with pytest.raises(RuntimeError, match="eps must be"):
         ext.edge_softmax_forward(q, k, v, log_n, eps[:-1], pair_node, ptr, key_node, tau)
+    with pytest.raises(RuntimeError, match="key_node must hold rows of k"):
+        ext.edge_softmax_forward(q, k, v, log_n, eps, pair_node, ptr, key_node + 15, tau)
+    with pytest.raises(RuntimeError, match="pair_node must hold rows of k"):
+        ext.edge_softmax_forward(q, k, v, log_n, eps, pair_node - 20, ptr, key_node, tau)
+    with pytest.raises(RuntimeError, match="ptr must ascend"):
+        ext.edge_softmax_forward(q, k, v, log_n, eps, pair_node, ptr.flip(0), key_node, tau)
 
 
 @pytest.mark.skipif(not os.environ.get("HIERGRAPH_SLOW"), reason="set HIERGRAPH_SLOW=1")

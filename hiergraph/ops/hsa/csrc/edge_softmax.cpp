@@ -95,6 +95,17 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   check_index(node, "key_node");
   TORCH_CHECK(ptr.size(0) == q.size(0) + 1 && pair_node.size(0) == q.size(0),
               "ptr must be [P + 1] and pair_node [P]");
+  // the rows every edge and query reads: in range, and ptr ascending from 0 to E
+  const int64_t* p = ptr.data_ptr<int64_t>();
+  bool ascending = p[0] == 0 && p[q.size(0)] == node.size(0);
+  for (int64_t i = 0; i < q.size(0) && ascending; ++i) ascending = p[i] <= p[i + 1];
+  TORCH_CHECK(ascending, "ptr must ascend from 0 to the number of edges");
+  const int64_t nodes = k.size(0);
+  for (const auto& [t, name] : {std::pair{&node, "key_node"}, {&pair_node, "pair_node"}}) {
+    const int64_t* x = t->data_ptr<int64_t>();
+    TORCH_CHECK(std::all_of(x, x + t->numel(), [nodes](int64_t i) { return i >= 0 && i < nodes; }),
+                name, " must hold rows of k (0 .. N - 1)");
+  }
 }
 
 }  // namespace
