@@ -37,6 +37,18 @@ void check_index(const at::Tensor& t, const char* name) {
               name, " must be a contiguous 1-D CPU int64 tensor");
 }
 
+// x <- exp(x - shift), in place; returns the sum (vectorized: glibc's vector exp).
+template <typename T>
+T exp_shifted(T* __restrict x, int64_t n, T shift) {
+  T total = 0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = std::exp(x[j] - shift);
+    total += x[j];
+  }
+  return total;
+}
+
 // Row pointers into the shared arguments, per (query, head).
 template <typename T>
 struct Rows {
@@ -135,13 +147,9 @@ Tensors edge_softmax_forward(const at::Tensor& q, const at::Tensor& k, const at:
             continue;
           }
           const T top = r.logits(p, h, s);
-          T total = 0;
-          for (int64_t j = 0; j < n; ++j) {
-            const T w = std::exp(s[j] - top);
-            total += w;
-            const T* vj = r.v + (r.node[start + j] * heads + h) * dv;
-            axpy(th, w, vj, dv);
-          }
+          const T total = exp_shifted(s.data(), n, top);
+          for (int64_t j = 0; j < n; ++j)
+            axpy(th, s[j], r.v + (r.node[start + j] * heads + h) * dv, dv);
           for (int64_t c = 0; c < dv; ++c) th[c] /= total;
           lse_out[p * heads + h] = top + std::log(total);
         }
@@ -196,13 +204,14 @@ Tensors edge_softmax_backward(const at::Tensor& grad_lse, const at::Tensor& grad
         for (int64_t h = 0; h < heads; ++h) {
           const int64_t row = p * heads + h;
           r.logits(p, h, s);
+          exp_shifted(s.data(), n, lse_in[row]);  // the weights
           const T* gth = g_theta + row * dv;
           const T mean = dot(gth, theta_in + row * dv, dv);  // sum_e w_e (g . v_e)
           T* dqh = dq_out + row * d;
           T* deq = deq_out ? deq_out + row * c : nullptr;
           for (int64_t j = 0; j < n; ++j) {
             const int64_t e = start + j, key = r.node[e];
-            const T w = std::exp(s[j] - lse_in[row]);
+            const T w = s[j];
             const T* vj = r.v + (key * heads + h) * dv;
             const T g = w * (dot(gth, vj, dv) - mean + g_lse[row]);
             w_out[e * heads + h] = w;

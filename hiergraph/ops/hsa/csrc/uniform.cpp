@@ -29,15 +29,6 @@
 
 #include "vector_ops.h"
 
-#if defined(__GLIBC__) && defined(__x86_64__)
-// glibc's vector math library (libmvec): lets the compiler vectorize exp and log1p in
-// `omp simd` loops
-extern "C" float expf(float) noexcept __attribute__((simd("notinbranch")));
-extern "C" double exp(double) noexcept __attribute__((simd("notinbranch")));
-extern "C" float log1pf(float) noexcept __attribute__((simd("notinbranch")));
-extern "C" double log1p(double) noexcept __attribute__((simd("notinbranch")));
-#endif
-
 namespace {
 
 using hiergraph::axpy;

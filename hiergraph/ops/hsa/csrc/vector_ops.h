@@ -1,8 +1,19 @@
 // Dot products and scaled additions of rows that the compiler vectorizes (`omp simd`: the
-// dot product's sum may be reordered across the vector lanes), shared by the kernels.
+// dot product's sum may be reordered across the vector lanes), and the vector variants of
+// exp and log1p, shared by the kernels.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+
+#if defined(__GLIBC__) && defined(__x86_64__)
+// glibc's vector math library (libmvec): lets the compiler vectorize exp and log1p in
+// `omp simd` loops
+extern "C" float expf(float) noexcept __attribute__((simd("notinbranch")));
+extern "C" double exp(double) noexcept __attribute__((simd("notinbranch")));
+extern "C" float log1pf(float) noexcept __attribute__((simd("notinbranch")));
+extern "C" double log1p(double) noexcept __attribute__((simd("notinbranch")));
+#endif
 
 namespace hiergraph {
 
