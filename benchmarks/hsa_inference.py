@@ -125,10 +125,8 @@ def main() -> None:
             + f"  | flat/hsa {median['flat'] / median['hsa']:.2f}"
             + f"  recorded/hsa {median['hsa-recorded'] / median['hsa']:.2f}"
         )
-    flags = [f"--threads {args.threads}", f"--rounds {args.rounds}"] + ["--quick"] * args.quick
-    flags += [f"--allocator {args.allocator}"] * (args.allocator != "reuse")
     meta = {"dtype": "float32", "threads": args.threads, "torch": torch.__version__,
-            "command": " ".join(["python benchmarks/hsa_inference.py", *flags]),
+            "command": timing.round_command("hsa_inference.py", args),
             "allocator": args.allocator, "load_average": os.getloadavg()}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": results}, indent=1))

@@ -136,12 +136,10 @@ def main() -> None:
             + "  ".join(f"{m} {v * 1e3:7.1f} ms" for m, v in median.items()),
             flush=True,
         )
-    flags = [f"--threads {args.threads}", f"--rounds {args.rounds}"] + ["--quick"] * args.quick
-    flags += [f"--allocator {args.allocator}"] * (args.allocator != "reuse")
     meta = {
         "heads": HEADS, "dim": DIM, "dtype": "float32", "threads": args.threads,
         "torch": torch.__version__, "allocator": args.allocator,
-        "command": " ".join(["python benchmarks/hsa_lengths.py", *flags]),
+        "command": timing.round_command("hsa_lengths.py", args),
         "load_average": os.getloadavg(),
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)

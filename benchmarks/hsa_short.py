@@ -248,10 +248,7 @@ def main() -> None:
             + f"  hsa/bound {row['over_bound']['hsa']:.2f}"
             + f"  (CPU time: {row['cpu_flat_over']['hsa']:.2f}, {row['cpu_over_bound']['hsa']:.2f})"
         )
-    flags = [f"--threads {args.threads}", f"--rounds {args.rounds}"]
-    flags += ["--quick"] * args.quick + ["--no-compile"] * (not args.compile)
-    flags += [f"--allocator {args.allocator}"] * (args.allocator != "reuse")
-    command = " ".join(["python benchmarks/hsa_short.py", *flags])
+    command = timing.round_command("hsa_short.py", args, *["--no-compile"] * (not args.compile))
     meta = {"heads": HEADS, "dim": DIM, "dtype": "float32", "torch": torch.__version__,
             "command": command, "allocator": args.allocator,
             "load_average": os.getloadavg()}  # fmt: skip

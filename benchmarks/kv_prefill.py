@@ -114,13 +114,11 @@ def main() -> None:
             + f"  append_torch/prefill {median['append_torch'] / median['prefill']:.2f}"
             + f"  max diff {diff:.1e}"
         )
-    flags = [f"--threads {args.threads}", f"--rounds {args.rounds}"] + ["--quick"] * args.quick
-    flags += [f"--allocator {args.allocator}"] * (args.allocator != "reuse")
     tree = f"the first T leaves of window_hierarchy(T + {CHECKED}, {BRANCHING})"
     meta = {"heads": HEADS, "head_dim": DIM, "dtype": "float32", "tree": tree,
             "threads": args.threads, "allocator": args.allocator, "checked_tokens": CHECKED,
             "torch": torch.__version__,
-            "command": " ".join(["python benchmarks/kv_prefill.py", *flags]),
+            "command": timing.round_command("kv_prefill.py", args),
             "load_average": os.getloadavg()}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -210,6 +210,15 @@ def round_parser(description: str, rounds: int, out: Path | None) -> argparse.Ar
     return parser
 
 
+def round_command(script: str, args: argparse.Namespace, *extra: str) -> str:
+    """The command line that repeats a :func:`round_parser` run of ``benchmarks/{script}``:
+    ``--threads``, ``--rounds``, ``--quick``, the script's own ``extra`` flags and a
+    non-default ``--allocator`` (never ``--out``: a local path, not a setting)."""
+    flags = [f"--threads {args.threads}", f"--rounds {args.rounds}"] + ["--quick"] * args.quick
+    flags += [*extra, *[f"--allocator {args.allocator}"] * (args.allocator != "reuse")]
+    return " ".join([f"python benchmarks/{script}", *flags])
+
+
 def parse_and_apply(parser: argparse.ArgumentParser) -> argparse.Namespace:
     """The command line parsed by a :func:`round_parser`, its ``--threads`` and
     ``--allocator`` applied to this process."""

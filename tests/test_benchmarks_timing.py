@@ -80,6 +80,19 @@ def test_steps_sum_a_given_gradient_and_forward_only():
     assert not outs[0].requires_grad
 
 
+def test_round_command_repeats_the_settings_not_the_output_path(tmp_path):
+    parser = timing.round_parser("x", rounds=7, out=tmp_path / "x.json")
+    args = parser.parse_args(["--rounds", "3", "--quick", "--out", str(tmp_path / "y.json")])
+    assert (
+        timing.round_command("x.py", args)
+        == "python benchmarks/x.py --threads 2 --rounds 3 --quick"
+    )
+    args = parser.parse_args(["--threads", "1", "--allocator", "default"])
+    assert timing.round_command("x.py", args, "--no-compile") == (
+        "python benchmarks/x.py --threads 1 --rounds 7 --no-compile --allocator default"
+    )
+
+
 def test_wall_and_cpu_samples_are_pairs_and_summaries():
     work = torch.randn(200, 200)
     samples = timing.interleaved({"mm": (lambda: work @ work, ())}, 3, timing.WALL_AND_CPU)
