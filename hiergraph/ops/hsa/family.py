@@ -306,8 +306,11 @@ def family_attention_edge(
     parent_level: Level,
     size_bias: bool = True,
 ) -> tuple[Tensor, ...]:
-    """Family attention of one level as a scatter softmax over sibling pairs (same contract
-    as :func:`family_attention_dense`).
+    """Family attention of one level as a softmax over sibling pairs (same contract as
+    :func:`family_attention_dense`): on the CPU one call of the compiled kernel
+    (:func:`~hiergraph.ops.hsa.native.edge_softmax`, over the pairs whose key has leaves;
+    second derivatives through the tensor operations below), elsewhere gathers of every
+    pair's rows, a scatter softmax and a scatter of the weighted values.
 
     bf16/fp16 inputs are cast once to float32 (see
     :func:`~hiergraph._precision.accumulation_dtype`), so the sums over the pairs (the
@@ -316,20 +319,34 @@ def family_attention_edge(
     dense kernel's matrix products. float32/float64 inputs run in their own dtype. The rows
     of the pairs are gathered with ``index_select``, whose backward adds them in pair order
     (bitwise reproducible on CPU; ``x[index]`` would add them with unordered atomics)."""
+    # (imported here: the kernel's module imports uniform_fused, which imports this one)
+    from hiergraph.ops.hsa import native
+
     n, dtype = count.numel(), q.dtype
     work = accumulation_dtype(dtype)
     q, k, v = q.to(work), k.to(work), v.to(work)
     eps = None if eps is None else eps.to(work)
     query, key = level.sibling_pairs
-    logits = tau * (q.index_select(0, query) * k.index_select(0, key)).sum(-1)
-    if eps is not None:
-        logits = logits + (eps.index_select(0, query) * eps.index_select(0, key)).sum(-1)
-    bias, ok = (t[key] for t in key_bias(count, size_bias, work))
-    logits = logits + bias.unsqueeze(-1)
-    if left_only:
-        ok = ok & (key < query)
-    lse, attn = scatter_softmax(logits.masked_fill(~ok.unsqueeze(-1), float("-inf")), query, n)
-    theta = scatter(attn.unsqueeze(-1) * v.index_select(0, key), query, 0, dim_size=n, reduce="sum")
+    bias, ok = key_bias(count, size_bias, work)
+    keep = ok[key] & (key < query) if left_only else ok[key]  # the pairs that attend
+
+    def pairs(q, k, v, eps):
+        logits = tau * (q.index_select(0, query) * k.index_select(0, key)).sum(-1)
+        if eps is not None:
+            logits = logits + (eps.index_select(0, query) * eps.index_select(0, key)).sum(-1)
+        logits = (logits + bias[key].unsqueeze(-1)).masked_fill(~keep.unsqueeze(-1), -math.inf)
+        lse, attn = scatter_softmax(logits, query, n)
+        weighted = attn.unsqueeze(-1) * v.index_select(0, key)
+        return lse, scatter(weighted, query, 0, dim_size=n, reduce="sum")
+
+    if native.applies_to_edges(q):
+        rows = None if eps is None else eps.expand(-1, q.size(1), -1)
+        node = torch.arange(n, device=q.device)
+        lse, theta = native.edge_softmax(
+            q, k, v, bias, rows, node, query[keep], key[keep], tau, recorded=pairs
+        )
+    else:
+        lse, theta = pairs(q, k, v, eps)
     weight = count[:, None, None]
     sums = [sum_children(t * weight, level, parent_level).to(dtype) for t in (q, k, v)]
     return lse.to(dtype), theta.to(dtype), *sums

@@ -18,9 +18,17 @@ from hiergraph.ops import (
     hierarchical_attention_matrix,
     hierarchy_energy,
 )
+from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.attention import KERNELS
 from hiergraph.plan import tree_index
-from tests.conftest import leaves_below, random_qkv, random_spec, unordered_backward_nodes
+from tests.conftest import (
+    hsa_kernel,
+    leaves_below,
+    random_qkv,
+    random_spec,
+    spy_calls,
+    unordered_backward_nodes,
+)
 
 F64 = dict(dtype=torch.float64)
 
@@ -536,6 +544,35 @@ def test_kl_optimality():
     found = _feasible(h, gate, sib, n).detach()
     assert abs(_kl(found, target) - best) < 1e-9
     assert torch.allclose(found, theta, atol=1e-4)
+
+
+def test_edge_kernel_on_the_cpu_kernel_equals_tensor_operations(monkeypatch):
+    """``kernel="edge"`` on the CPU runs the family softmax in the compiled kernel
+    (:func:`~hiergraph.ops.hsa.native.edge_softmax`); elsewhere gathers and scatters. Both
+    give the same outputs and gradients (float64) with masked leaves, embeddings shared by
+    the heads or per head, self energies and left-sibling masking."""
+    hsa_kernel()
+    calls = spy_calls(monkeypatch, native, "edge_softmax")
+    rng = random.Random(8)
+    for seed in range(12):
+        h = from_nested(random_spec(rng, rng.randint(2, 16)))
+        q, k, v = random_qkv(h.num_leaves, seed=seed)
+        gen = torch.Generator().manual_seed(seed)
+        pe = torch.randn(h.num_nodes, *((2,) if seed % 2 else ()), 3, generator=gen, **F64)
+        mask = torch.rand(h.num_leaves, generator=gen) > 0.2
+        leaky = seed % 4 == 1  # (needs self energies)
+        options = dict(include_self=leaky or seed % 3 == 0, leaky_causal=leaky, kernel="edge")
+        inputs = [t.clone().requires_grad_() for t in (q, k, v, pe)]
+        results = []
+        for on in (True, False):
+            monkeypatch.setattr(native, "_enabled", on)
+            out = hierarchical_attention(
+                *inputs[:3], h, pos_emb=inputs[3], leaf_mask=mask, **options
+            )
+            results.append((out, *torch.autograd.grad(out.square().sum(), inputs)))
+        for a, b in zip(*results, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=0, msg=f"seed {seed}")
+    assert calls
 
 
 @pytest.mark.parametrize("kernel", ["dense", "edge"])
