@@ -24,9 +24,10 @@ returns. :func:`hub_tree_attention` runs the hub window trees of pretrained enco
 example and head. :func:`kv_step` is the decoding step of
 :class:`~hiergraph.nn.HierarchicalKVCache` on its store (``csrc/kv_cache.cpp``).
 :func:`edge_softmax` (``csrc/edge_softmax.cpp``) is the softmax of every query row over its
-own list of key rows that the edge lists of strictly causal HSA compute per depth (every
-(leaf, ancestor) pair over the ancestor's left siblings), with its backward, without
-forming the gathered rows of every edge. Everything else, and everything under
+own list of key rows, with its backward, without forming the gathered rows of every edge: the
+edge lists of strictly causal HSA (every (leaf, ancestor) pair over the ancestor's left
+siblings, per depth) and the family attention of ``kernel="edge"`` (every node over its
+siblings, per level) run on it. Everything else, and everything under
 ``torch.compile``, takes the other paths.
 
 The kernel is compiled with :func:`torch.utils.cpp_extension.load` (a C++ compiler with
