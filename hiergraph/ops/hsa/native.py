@@ -273,17 +273,12 @@ class _EdgeSoftmax(torch.autograd.Function):
         q, k, v, eps, lse, theta = ctx.saved_tensors
         log_n, pair_node, ptr, key_pair, key_node, tau, recorded = ctx.graph
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
-            inputs = (q, k, v, eps)
-            needs = [t is not None and t.requires_grad for t in inputs]
-            wanted = [t for t, need in zip(inputs, needs, strict=True) if need]
-            found = torch.autograd.grad(
-                recorded(q, k, v, eps), wanted, (grad_lse, grad_theta), create_graph=True,
-                allow_unused=True,
+            inputs = (q, k, v) if eps is None else (q, k, v, eps)
+            grads = recorded_gradients(  # (its embeddings come as a list: one here)
+                lambda q, k, v, e: recorded(q, k, v, None if e is None else e[0]),
+                inputs, (grad_lse, grad_theta),
             )  # fmt: skip
-            found = iter(
-                torch.zeros_like(t) if g is None else g for t, g in zip(wanted, found, strict=True)
-            )
-            return None, *(next(found) if need else None for need in needs)
+            return None, *grads, *((None,) if eps is None else ())
         # the keys' edges, transposed: the backward writes every key row from one thread
         order = torch.argsort(key_node, stable=True)
         key_ptr = _row_pointers(key_node[order], k.size(0))

@@ -125,12 +125,13 @@ class _FusedUniform(torch.autograd.Function):
         return None, *grads
 
 
-def recorded_gradients(recorded, inputs: tuple[Tensor, ...], grad: Tensor) -> tuple:
+def recorded_gradients(recorded, inputs: tuple[Tensor, ...], grad) -> tuple:
     """The gradients of ``inputs`` (``q, k, v`` and the position embeddings, the saved
-    inputs of a node, still part of the graph) from ``grad`` through the recorded op,
-    ``recorded(q, k, v, eps)``, with a graph (``create_graph=True``): ``None`` for an input
-    that needs none, zeros for one the output does not depend on (``q, k`` of one family of
-    two without self energies), as from the first-order backward."""
+    inputs of a node, still part of the graph) from ``grad`` (one per output of the op: a
+    tensor or a tuple) through the recorded op, ``recorded(q, k, v, eps)`` (``eps`` a list
+    of the embeddings, or ``None``), with a graph (``create_graph=True``): ``None`` for an
+    input that needs none, zeros for one the output does not depend on (``q, k`` of one
+    family of two without self energies), as from the first-order backward."""
     out = recorded(*inputs[:3], list(inputs[3:]) or None)
     wanted = [t for t in inputs if t.requires_grad]
     found = torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True)
