@@ -18,7 +18,7 @@ from torch_geometric.utils import to_dense_batch
 
 from hiergraph._device import host_tensor
 from hiergraph.data.signal_hierarchy import SignalHierarchy
-from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache
+from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, check_one_tree
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.plan import CausalPlan
 
@@ -303,13 +303,12 @@ class HTEDecoder(nn.Module):
 
         Raises:
             ValueError: unless ``caches`` are one empty cache per layer and ``hierarchy`` is
-                one tree.
+                one tree with every leaf below its root.
         """
         if len(caches) != len(self.layers) or any(cache.num_tokens for cache in caches):
             raise ValueError(f"prefill takes {len(self.layers)} empty caches (one per layer)")
         plan = CausalPlan.of(hierarchy)
-        if plan.num_leaves and bool((plan.ancestors[:, 0] != plan.ancestors[0, 0]).any()):
-            raise ValueError("prefill takes one tree; decode the trees of a batch separately")
+        check_one_tree(plan)  # (the flat cache would take any batch)
         return self._layers(tokens, hierarchy, plan, caches)
 
     def _layers(self, tokens: Tensor, hierarchy, plan: CausalPlan, caches=None) -> Tensor:

@@ -47,16 +47,22 @@ def append_schedule(hierarchy) -> Tensor:
         ``[L, 2]`` long tensor of ``(close, open)`` per leaf.
     """
     plan = CausalPlan.of(hierarchy)
+    check_one_tree(plan)
     depth, anc = plan.leaf_depth, plan.ancestors
-    if plan.num_leaves and int(depth.min()) < 1:
-        raise ValueError("a cache needs every leaf below a root; a one-leaf tree has none")
     same = (anc[1:] == anc[:-1]) & (anc[1:] >= 0)
     lca = torch.cumprod(same.long(), 1).sum(1) - 1
-    if bool((lca < 0).any()):
-        raise ValueError("append_schedule takes one tree; decode the trees of a batch separately")
     close = torch.cat([depth.new_zeros(1), depth[:-1] - 1 - lca])
     open_ = torch.cat([depth[:1] - 1, depth[1:] - 1 - lca])
     return torch.stack([close, open_], 1)
+
+
+def check_one_tree(plan: CausalPlan) -> None:
+    """Raise a ``ValueError`` unless ``plan`` is one tree with every leaf below its root: what
+    a cache decodes (:func:`append_schedule`, :meth:`HierarchicalKVCache.prefill`)."""
+    if plan.num_leaves and int(plan.leaf_depth.min()) < 1:
+        raise ValueError("a cache needs every leaf below a root; a one-leaf tree has none")
+    if plan.num_leaves and bool((plan.ancestors[:, 0] != plan.ancestors[0, 0]).any()):
+        raise ValueError("a cache decodes one tree; decode the trees of a batch separately")
 
 
 def _check_sizes(heads, dim, dim_v) -> None:
@@ -521,7 +527,7 @@ class HierarchicalKVCache:
                 f"prefill starts a cache, and this one holds {self.num_tokens} tokens already"
             )
         plan = CausalPlan.of(hierarchy)
-        append_schedule(plan)  # one tree, every leaf below its root (raises otherwise)
+        check_one_tree(plan)
         size = plan.num_leaves
         _check_shapes(self, (size,), q, k, v)
         if (pos_emb is None) != (self.pos_dim == 0) or (

@@ -159,11 +159,14 @@ def causal_statistics(
     plan = CausalPlan.of(hierarchy)
     eps = _check_inputs(q, k, v, plan, pos_emb)
     tau = q.size(-1) ** -0.5 if scale is None else scale
-    return _edge_attention(q, k, v, plan, eps, tau)
+    out, sums, per_depth = _edge_attention(q, k, v, plan, eps, tau)
+    return out, sums, sum(per_depth, q.new_zeros((plan.num_nodes, q.size(1))))
 
 
 def _edge_attention(q, k, v, plan: CausalPlan, eps, tau: float):
-    """The edge-list kernel: ``(out, sums, energy)`` as :func:`causal_statistics` returns."""
+    """The edge-list kernel: ``out``, the node sums as :func:`causal_statistics` returns
+    them, and per depth ``[N, H]`` the complete energies :math:`g` of that depth's nodes (0
+    elsewhere)."""
     num_nodes = plan.num_nodes
 
     # complete sums and counts of every node (one scatter over (leaf, ancestor) pairs)
@@ -181,7 +184,8 @@ def _edge_attention(q, k, v, plan: CausalPlan, eps, tau: float):
 
     # ---- bottom-up over depth: prefix statistics of every (leaf, ancestor) pair
     lses, thetas, energies = {}, {}, {}
-    sq_child = g_child = left_g = energy = None
+    sq_child = g_child = left_g = None
+    complete = []
     for s in range(plan.max_depth, 0, -1):
         pl, pn = plan.pair_leaf[s], plan.pair_node[s]
         is_leaf = plan.pair_is_leaf[s][:, None]
@@ -205,7 +209,7 @@ def _edge_attention(q, k, v, plan: CausalPlan, eps, tau: float):
         # complete g of the depth-s nodes, and its n-weighted sums over left siblings
         g_node = g.new_zeros((num_nodes, g.size(1)))
         g_node = g_node.index_copy(0, plan.depth_nodes[s], _rows(g, plan.last_pair[s]))
-        energy = g_node if energy is None else energy + g_node  # one depth per node
+        complete.append(g_node)
         left_g = _rows(n, plan.sib_key)[:, None] * _rows(g_node, plan.sib_key)
         left_g = _sum_rows(left_g, plan.sib_query, num_nodes)
         sq_child, g_child = sq, g
@@ -219,9 +223,7 @@ def _edge_attention(q, k, v, plan: CausalPlan, eps, tau: float):
         weight = torch.exp(_rows(u, pl) + log_one_minus_mu)
         out = out.index_add(0, pl, weight[..., None] * thetas[s])
         u = u.index_add(0, pl, log_mu)
-    if energy is None:  # roots only
-        energy = q.new_zeros((num_nodes, q.size(1)))
-    return out + torch.exp(u)[..., None] * v, sums, energy
+    return out + torch.exp(u)[..., None] * v, sums, complete
 
 
 def _out(out: Tensor, dtype: torch.dtype, squeeze: bool) -> Tensor:
