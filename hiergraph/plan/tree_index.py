@@ -428,6 +428,47 @@ class TreeIndex:
 
     @cached_property
     @outside_inference_mode
+    def child_ptr(self) -> Tensor:
+        """``[N + 1]`` the children of BFS position ``x`` are the positions ``child_ptr[x] ..
+        child_ptr[x + 1] - 1`` (its family, in child order; none for a leaf)."""
+        num_children = torch.cat([level.num_children for level in self.levels])
+        ptr = torch.cumsum(num_children, 0) + self.level_ptr[1]
+        return torch.cat([ptr.new_tensor([self.level_ptr[1]]), ptr])
+
+    @cached_property
+    @outside_inference_mode
+    def leaf_row(self) -> Tensor:
+        """``[N]`` the leaf id (the row of a leaf tensor) of every BFS position, ``-1`` at the
+        inner nodes."""
+        rows = torch.full((self.num_nodes,), -1, dtype=torch.long, device=self.device)
+        leaves = torch.arange(self.num_leaves, device=self.device)
+        return rows.index_copy_(0, self.rank.index_select(0, self.leaf_node), leaves)
+
+    @cached_property
+    @outside_inference_mode
+    def tree_ptr(self) -> Tensor:
+        """``[D, T + 1]`` the nodes of tree ``t`` (of ``T``, the roots' order) on level ``d``
+        are the BFS positions ``tree_ptr[d, t] .. tree_ptr[d, t + 1] - 1`` (every level
+        lists its nodes tree by tree)."""
+        trees = self.level_ptr[1] if self.num_nodes else 0
+        tree = self.node_tree.index_select(0, self.order)  # in BFS order
+        bounds = torch.arange(trees + 1, device=self.device)
+        per_level = [
+            torch.searchsorted(tree[lo:hi], bounds) + lo
+            for lo, hi in zip(self.level_ptr[:-1], self.level_ptr[1:], strict=True)
+        ]
+        return torch.stack(per_level) if per_level else bounds.new_zeros(0, trees + 1)
+
+    @cached_property
+    @outside_inference_mode
+    def pair_ptr(self) -> Tensor:
+        """``[N + 1]`` where the ``b^2`` ordered pairs of members of position ``x``'s family
+        (its ``b`` children) begin in a list of every family's pairs, family after family."""
+        pairs = (self.child_ptr[1:] - self.child_ptr[:-1]) ** 2
+        return torch.cat([pairs.new_zeros(1), torch.cumsum(pairs, 0)])
+
+    @cached_property
+    @outside_inference_mode
     def sibling_pairs(self) -> Tensor:
         """``[2, S]`` BFS positions ``(query, key)`` of every ordered pair of distinct siblings.
 

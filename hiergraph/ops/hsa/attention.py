@@ -116,10 +116,12 @@ def hierarchical_attention(
         kernel: ``'dense'`` runs families as batched matrix products: a forest
             with equal fanout on every level (``TreeIndex.uniform``, e.g. batches of
             :func:`~hiergraph.data.window_hierarchy` trees) as reshaped views of the
-            whole level (:mod:`hiergraph.ops.hsa.uniform`), a nearly equal one (e.g.
-            window trees over sequences of different lengths) as the same views of its
-            padded embedding where that is expected to be cheaper (``TreeIndex.padded``,
-            :mod:`hiergraph.ops.hsa.padded`), any other forest as ``'blocks'``;
+            whole level (:mod:`hiergraph.ops.hsa.uniform`); any other forest (ragged
+            trees, window trees over sequences of different lengths) on the CPU in the
+            compiled forest kernel (:func:`~hiergraph.ops.hsa.native.forest_attention`:
+            float32/float64, without ``leaf_mask`` or ``leaky_causal``), else as the same
+            views of its padded embedding where that is expected to be cheaper
+            (``TreeIndex.padded``, :mod:`hiergraph.ops.hsa.padded`), else as ``'blocks'``;
             ``'blocks'`` cuts each level into slices of equal-size families and padded
             gather blocks (:mod:`hiergraph.plan.costs`); ``'edge'`` scatters over sibling
             pairs. Same result.
@@ -166,6 +168,22 @@ def hierarchical_attention(
     if kernel == "dense" and fits(index.uniform, q):
         eps = None if pos is None else per_depth(pos, index)
         out = uniform_hierarchical_attention(q, k, v, index.uniform, eps, **views)
+        return out.squeeze(1) if squeeze else out
+    if (
+        kernel == "dense"
+        and leaf_mask is None
+        and not leaky_causal
+        and native.applies_to_forest(q, k, v, index, pos)
+    ):
+        flags = dict(include_self=include_self, tau=tau, size_bias=size_bias)
+
+        def recorded(q, k, v, eps):  # the same op on tensor operations (second derivatives)
+            eps = None if eps is None else eps[0]
+            return general_attention(
+                q, k, v, index, eps, left_only=False, leaf_mask=None, kernel="edge", **flags
+            )
+
+        out = native.forest_attention(q, k, v, pos, index, recorded=recorded, **flags)
         return out.squeeze(1) if squeeze else out
     padded = index.padded if kernel == "dense" else None
     if (

@@ -1,4 +1,5 @@
-r"""Equal-fanout HSA as one compiled CPU kernel, built on first use.
+r"""HSA as compiled CPU kernels, built on first use: over equal-fanout forests and over any
+forest.
 
 :mod:`~hiergraph.ops.hsa.uniform_fused` runs the two passes of equal-fanout HSA as a fixed
 handful of batched operations per level, each a pass over memory: at the lengths most models
@@ -12,7 +13,16 @@ the node sums, the weights :math:`P`, the log-partitions and the energies of eve
 (about :math:`b_D + 2` values per leaf and head); the backward recomputes the gates from
 them.
 
-It covers what :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` covers and
+:func:`forest_attention` (``csrc/ragged.cpp``) runs the same two passes over any forest
+(ragged trees, leaves at every depth, window trees over sequences of different lengths)
+from the tree index's arrays (every node's children, leaf row and leaf count), one task per
+(tree, head), or, with fewer of those than threads, the families of each level in parallel:
+float32 and float64 CPU rows, position embeddings or none, first derivatives in the kernel
+and second ones through the recorded op, no leaf mask or leaky-causal keys (those take the
+other paths).
+
+The equal-fanout kernel covers what
+:func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` covers and
 more: float32 and float64 CPU tensors whose channels are contiguous, position embeddings or
 none, every fanout at least 2, a leaf mask (the padding of a batch of documents), first
 derivatives (second derivatives differentiate the recorded op, as the fused op's do), and
@@ -56,11 +66,12 @@ from hiergraph.ops.hsa.uniform_fused import recorded_gradients
 
 #: The environment variable that turns the kernel off (``0``, ``false``, ``no``, ``off``).
 ENV = "HIERGRAPH_NATIVE"
-#: The kernels' sources: equal-fanout and hub-tree HSA, the KV cache's step, softmax over
-#: lists of keys, the module (``csrc/vector_ops.h``: the row operations they share).
+#: The kernels' sources: equal-fanout and hub-tree HSA, HSA over any forest, the KV cache's
+#: step, softmax over lists of keys, the module (``csrc/vector_ops.h``: the row operations
+#: they share).
 SOURCES = [
     Path(__file__).parent / "csrc" / f
-    for f in ("uniform.cpp", "kv_cache.cpp", "edge_softmax.cpp", "bindings.cpp")
+    for f in ("uniform.cpp", "ragged.cpp", "kv_cache.cpp", "edge_softmax.cpp", "bindings.cpp")
 ]
 
 _lock = threading.Lock()
@@ -118,7 +129,7 @@ def extension() -> ModuleType | None:
                     _loaded["module"] = build()
                 except Exception as error:  # no compiler, no OpenMP, no ninja, no cache dir
                     warnings.warn(
-                        "hiergraph could not build its HSA kernel, so equal-fanout HSA runs "
+                        "hiergraph could not build its HSA kernels, so HSA runs "
                         f"on PyTorch operations (set {ENV}=0 to skip the attempt): {error}",
                         RuntimeWarning,
                         stacklevel=2,
@@ -368,3 +379,77 @@ class _NativeUniform(torch.autograd.Function):
             for e, g in zip(eps, d_eps, strict=True)
         ]
         return None, None, None, dq, dk, dv, *d_eps
+
+
+#: Most sibling weights (every family's ``b^2``, times the heads) :func:`forest_attention`
+#: keeps for the backward: a forest with more (families of thousands of members) runs on the
+#: block kernel, which chunks a giant family's rows.
+MAX_FOREST_WEIGHTS = 1 << 25
+
+
+def applies_to_forest(q: Tensor, k: Tensor, v: Tensor, index, pos: Tensor | None) -> bool:
+    """Whether :func:`forest_attention` runs HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]``
+    over the forest ``index`` with the position embeddings ``pos`` (or ``None``): float32
+    or float64 CPU rows with contiguous channels and embeddings of their dtype, outside
+    ``torch.compile``, the extension built, and at most :data:`MAX_FOREST_WEIGHTS` weights
+    (the callers have ruled out leaf masks and leaky-causal keys)."""
+    return (
+        _eligible(q, k, v)
+        and (pos is None or pos.dtype == q.dtype)
+        and not torch.compiler.is_compiling()
+        and extension() is not None
+        and int(index.pair_ptr[-1]) * q.size(1) <= MAX_FOREST_WEIGHTS
+    )
+
+
+def forest_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pos: Tensor | None,
+    index,
+    *,
+    tau: float,
+    include_self: bool,
+    size_bias: bool,
+    recorded,
+) -> Tensor:
+    r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over any forest ``index`` (a
+    :class:`~hiergraph.plan.TreeIndex`: ragged trees, leaves at any depth) with the position
+    embeddings ``pos`` ``[N, H | 1, c]`` in node order (or ``None``), without leaf masks or
+    leaky-causal keys, as :func:`~hiergraph.ops.hsa.attention.general_attention` computes
+    it, in ``csrc/ragged.cpp``: level by level, in parallel over every (family, head), a
+    family's logits and weights in cache, no copy of the leaf rows. Returns ``[L, H, d_v]``.
+    The forward keeps the inner nodes' means, every family's weights and per node and head
+    four numbers for the backward; second derivatives differentiate ``recorded(q, k, v,
+    eps)``, the same op on tensor operations (``eps``: ``[pos]`` or ``None``)."""
+    count = torch.cat([level.count for level in index.levels]).to(q.dtype)
+    forest = (index.child_ptr, index.leaf_row, index.order, count, index.pair_ptr, index.tree_ptr)
+    options = (list(index.level_ptr), float(tau), include_self, size_bias)
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    eps = None if pos is None else pos.contiguous()
+    return _NativeForest.apply(forest, options, recorded, q, k, v, eps)
+
+
+class _NativeForest(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, forest, options, recorded, q, k, v, eps):
+        out, *saved = extension().ragged_forward(q, k, v, eps, *forest, *options)
+        ctx.forest, ctx.options, ctx.recorded = forest, options, recorded
+        ctx.save_for_backward(q, k, v, eps, *saved)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q, k, v, eps, *saved = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
+            inputs = (q, k, v) if eps is None else (q, k, v, eps)
+            grads = recorded_gradients(ctx.recorded, inputs, grad)
+            return None, None, None, *grads, *((None,) if eps is None else ())
+        level_ptr, *flags = ctx.options
+        dq, dk, dv, d_eps = extension().ragged_backward(
+            grad.contiguous(), q, k, v, eps, *ctx.forest, level_ptr, *saved, *flags
+        )
+        if eps is not None and eps.size(1) == 1:  # per head: a shared embedding gets the sum
+            d_eps = d_eps.sum(1, keepdim=True)
+        return None, None, None, dq, dk, dv, d_eps if eps is not None else None

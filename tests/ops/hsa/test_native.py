@@ -487,11 +487,12 @@ def test_edge_softmax_checks_its_inputs():
 @pytest.mark.parametrize("capability", ["avx2", "default"])
 def test_builds_for_narrower_vectors(capability):
     """The kernel built for AVX2 (32-byte vectors) and for no vector extension (16 bytes)
-    equals the recorded op too, masked leaves included, and so does its softmax over lists of
-    keys (each build compiles for about a minute)."""
+    equals the recorded op too, masked leaves included, and so do its softmax over lists of
+    keys and its forest kernel (each build compiles for about a minute)."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
-    args = ["-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider", __file__]
-    args += ["-k", "(recorded_op or masked or edge_softmax) and not narrower"]
+    forest = os.path.join(os.path.dirname(__file__), "test_native_forest.py")
+    args = ["-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider", __file__, forest]
+    args += ["-k", "(recorded_op or masked or edge_softmax or edge_path) and not narrower"]
     done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:]
     assert " passed" in done.stdout and "failed" not in done.stdout

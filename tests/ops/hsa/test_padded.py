@@ -129,24 +129,34 @@ def test_a_slot_costs_less_where_the_kernel_runs_it(monkeypatch):
     assert hsa_attention.padding_cost(q, k, v, padded, False) == PADDING_COST
 
 
-def test_hierarchical_attention_takes_the_padded_path(monkeypatch):
+@pytest.mark.parametrize("case", ["masked", "torch-ops", "forest-kernel"])
+def test_hierarchical_attention_takes_the_padded_path(case, monkeypatch):
+    """Where the compiled forest kernel does not run (a leaf mask, the kernel off), a nearly
+    equal forest runs padded; where it does, it runs the forest itself."""
     tree = window_forest([37, 5, 64, 20], (4, 4))
     index = tree.tree_index()
-    (q, k, v), _, _ = _inputs(tree, seed=0)
+    (q, k, v), mask, _ = _inputs(tree, seed=0)
+    if case == "torch-ops":
+        monkeypatch.setattr(native, "_enabled", False)
+    else:
+        hsa_kernel()
     calls = []
     monkeypatch.setattr(
         hsa_attention,
         "padded_hierarchical_attention",
         lambda *a, **kw: calls.append(1) or padded_hierarchical_attention(*a, **kw),
     )
-    out = hierarchical_attention(q, k, v, index)
-    assert calls == [1]
-    ref = hierarchical_attention(q, k, v, index, kernel="blocks")
+    options = dict(leaf_mask=mask if case == "masked" else None)
+    out = hierarchical_attention(q, k, v, index, **options)
+    assert calls == ([] if case == "forest-kernel" else [1])
+    ref = hierarchical_attention(q, k, v, index, kernel="blocks", **options)
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("heads_first", [False, True])
-def test_output_layout_follows_the_inputs(heads_first):
+def test_output_layout_follows_the_inputs(heads_first, torch_ops):
+    """On the padded path (here: the compiled kernels off) the output is heads first in
+    memory when the inputs are (the forest kernel writes node-major rows)."""
     tree = window_forest([37, 5, 64, 20], (4, 4))
     (q, k, v), _, _ = _inputs(tree, seed=1)
     if heads_first:

@@ -16,7 +16,7 @@ from hiergraph.ops import (
     hierarchical_attention,
     hierarchical_attention_matrix,
 )
-from hiergraph.ops.hsa import token_layout
+from hiergraph.ops.hsa import native, token_layout
 from hiergraph.ops.hsa.lifted import lifted_attention
 
 F64 = dict(dtype=torch.float64)
@@ -330,10 +330,12 @@ def test_second_derivatives(opts, branching):
 
 
 @pytest.mark.parametrize("kernel", ["blocks", "dense"])
-def test_block_kernel_refuses_second_derivatives(kernel):
+def test_block_kernel_refuses_second_derivatives(kernel, monkeypatch):
     """The block kernel's hand-written backward refuses create_graph instead of returning a
     wrong (missing) second derivative; 'dense' takes it on ragged forests it does not pad
-    (here: an only child on the last level)."""
+    (here: an only child on the last level) where the compiled forest kernel does not run
+    (turned off here)."""
+    monkeypatch.setattr(native, "_enabled", False)
     trees = [from_nested([[0, [1]], [2, 3, 4]])]
     if kernel == "blocks":
         trees.append(window_hierarchy(12, (2, 3)))

@@ -23,6 +23,7 @@ namespace {
 
 using hiergraph::axpy;
 using hiergraph::dot;
+using hiergraph::exp_shifted;
 using Tensors = std::vector<at::Tensor>;
 
 void check(const at::Tensor& t, const at::Tensor& like, int64_t dim, const char* name) {
@@ -35,18 +36,6 @@ void check_index(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.dim() == 1 &&
                   t.scalar_type() == at::kLong,
               name, " must be a contiguous 1-D CPU int64 tensor");
-}
-
-// x <- exp(x - shift), in place; returns the sum (vectorized: glibc's vector exp).
-template <typename T>
-T exp_shifted(T* __restrict x, int64_t n, T shift) {
-  T total = 0;
-#pragma omp simd reduction(+ : total)
-  for (int64_t j = 0; j < n; ++j) {
-    x[j] = std::exp(x[j] - shift);
-    total += x[j];
-  }
-  return total;
 }
 
 // Row pointers into the shared arguments, per (query, head).

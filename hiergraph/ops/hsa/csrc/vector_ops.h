@@ -1,6 +1,6 @@
 // Dot products and scaled additions of rows that the compiler vectorizes (`omp simd`: the
-// dot product's sum may be reordered across the vector lanes), and the vector variants of
-// exp and log1p, shared by the kernels.
+// dot product's sum may be reordered across the vector lanes), exponentials of rows (a
+// softmax), and the vector variants of exp and log1p, shared by the kernels.
 #pragma once
 
 #include <cmath>
@@ -30,6 +30,28 @@ template <typename T>
 inline void axpy(T* __restrict y, T a, const T* __restrict x, int64_t n) {
 #pragma omp simd
   for (int64_t c = 0; c < n; ++c) y[c] += a * x[c];
+}
+
+// x <- exp(x - shift), in place; returns the sum (vectorized: glibc's vector exp).
+template <typename T>
+inline T exp_shifted(T* __restrict x, int64_t n, T shift) {
+  T total = 0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = std::exp(x[j] - shift);
+    total += x[j];
+  }
+  return total;
+}
+
+// x <- exp(x - shift) / sum_j exp(x_j - shift), in place (a softmax, given shift >= max x);
+// returns the sum.
+template <typename T>
+inline T normalized_exp(T* __restrict x, int64_t n, T shift) {
+  const T total = exp_shifted(x, n, shift), inv = T(1) / total;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) x[j] *= inv;
+  return total;
 }
 
 }  // namespace hiergraph
