@@ -10,16 +10,18 @@ backward of
 
 * ``flat``: ``scaled_dot_product_attention`` on the zero-padded ``[B, H, L, d]`` batch
   with a key padding mask (how a transformer runs such a batch);
-* ``hsa``: :func:`~hiergraph.ops.hierarchical_attention` with its default kernel: the
-  forest embedded in an equal-fanout forest and run as reshaped views where that is
-  cheaper (:mod:`hiergraph.plan.padded_forest`; on the CPU the compiled kernel, the
-  padding as masked leaves), else the block kernel;
-* ``hsa-torch``: the same op on PyTorch operations alone (the kernel turned off);
+* ``hsa``: :func:`~hiergraph.ops.hierarchical_attention` with its default kernel: on the
+  CPU the compiled forest kernel (:func:`~hiergraph.ops.hsa.native.forest_attention`),
+  elsewhere the forest embedded in an equal-fanout forest and run as reshaped views where
+  that is cheaper (:mod:`hiergraph.plan.padded_forest`), else the block kernel (the row's
+  ``hsa_path`` says which ran);
+* ``hsa-torch``: the same op on PyTorch operations alone (the kernels turned off: the
+  padded embedding or the block kernel);
 * ``hsa-blocks``: the same op forced onto the block kernel (``kernel="blocks"``);
 * ``hsa-ragged-trees``: ``hsa`` on trees of the same lengths whose windows vary in size
   (:func:`~hiergraph.data.random_window_hierarchy`, sizes uniform in ``[1, 2b - 1]``), as
-  sentences and paragraphs do; such forests need too much padding and take the block
-  kernel;
+  sentences and paragraphs do (``ragged_path``: the path it took; such forests need too
+  much padding for the embedding);
 * ``flat-causal``, ``hsa-causal``, ``hsa-causal-edges``: the strictly causal
   counterparts: SDPA with a causal and key padding mask,
   :func:`~hiergraph.ops.causal_hierarchical_attention` with its default kernel (the
@@ -49,6 +51,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import random_window_hierarchy, window_forest
 from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention
+from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.attention import padding_cost
 
 HEADS, DIM = 4, 64
@@ -91,23 +94,29 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...]) -> tuple[dic
             leaves,
         ),
     }
-    embedded, ragged_embedded = windows.padded, ragged.padded
-
-    def cost(padded):  # what a slot of the embedding costs where `hsa` runs
-        return padding_cost(*leaves, padded, leaky_causal=False)
-
     info = {
         "lengths": lengths,
         "tokens": sum(lengths),
-        # the slots of the embedding where `hsa` runs on it (None: the block kernel)
-        "padded_slots": embedded.num_slots
-        if embedded is not None and embedded.pays_off(HEADS, 2 * DIM, cost(embedded))
-        else None,
-        "ragged_trees_padded": ragged_embedded is not None
-        and ragged_embedded.pays_off(HEADS, 2 * DIM, cost(ragged_embedded)),
+        "hsa_path": default_path(windows, leaves),
+        "ragged_path": default_path(ragged, leaves),
         "blocks": sum(len(level.blocks) for level in windows.levels),
     }
     return cases, info
+
+
+def default_path(index, leaves) -> str:
+    """The path ``hierarchical_attention`` takes by default on the forest ``index`` with
+    ``leaves`` (its checks, in its order)."""
+    if index.uniform is not None:
+        return "equal fanout"
+    if native.applies_to_forest(*leaves, index, None):
+        return "forest kernel"
+    padded = index.padded
+    if padded is not None and padded.pays_off(
+        HEADS, 2 * DIM, padding_cost(*leaves, padded, leaky_causal=False)
+    ):
+        return f"padded ({padded.num_slots:,} slots)"
+    return "block kernel"
 
 
 def _peer(method: str) -> str:

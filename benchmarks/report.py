@@ -326,13 +326,15 @@ def hsa_lengths() -> list[str] | None:
         "Batches of sequences of different lengths (uniform in [L/2, L], one window tree per "
         f"sequence), forward+backward, {meta['heads']} heads, d = {meta['dim']}, "
         f"{meta['dtype']}, {threads(meta['threads'])}, {allocator(meta)}. `flat` is SDPA on "
-        "the zero-padded batch with a key padding mask; `hsa` the default kernel (the forest "
-        "embedded in an equal-fanout one when that is cheaper: 'padded slots'); `hsa-blocks` "
-        "the block kernel; `hsa-ragged-trees` trees of the same lengths with window sizes "
-        "uniform in [1, 2b − 1]; the causal methods (compared with `flat-causal`, SDPA with "
-        "a causal and key padding mask) are the strictly causal op, by default on the padded "
-        "forest, and its edge-list path; `hsa-causal-ragged-trees` the strictly causal op on "
-        "the ragged trees (edge lists, their softmax in the compiled kernel), "
+        "the zero-padded batch with a key padding mask; `hsa` the default kernel ('path': on "
+        "the CPU the compiled forest kernel; `hsa-torch`, the kernels off, the forest "
+        "embedded in an equal-fanout one when that is cheaper, else the block kernel); "
+        "`hsa-blocks` the block kernel; `hsa-ragged-trees` trees of the same lengths with "
+        "window sizes uniform in [1, 2b − 1] (the path after the slash); the causal methods "
+        "(compared with `flat-causal`, SDPA with a causal and key padding mask) are the "
+        "strictly causal op, by default on the padded forest, and its edge-list path; "
+        "`hsa-causal-ragged-trees` the strictly causal op on the ragged trees (edge lists, "
+        "their softmax in the compiled kernel), "
         "`hsa-causal-ragged-torch` the same on PyTorch operations alone. Cells: median "
         "[min–max] over the interleaved rounds. "
         f"Command: {code(meta['command'])}.",
@@ -342,12 +344,12 @@ def hsa_lengths() -> list[str] | None:
     for row in data["rows"]:
         shape = row_shape(row)
         tokens = f"{row['tokens']:,}"
-        slots = f"{row['padded_slots']:,}" if row["padded_slots"] else "– (block kernel)"
+        path = f"{row['hsa_path']} / {row['ragged_path']}"
         for method, samples in row["samples_s"].items():
-            body.append([shape, tokens, slots, method, row["rounds"], spread(samples),
+            body.append([shape, tokens, path, method, row["rounds"], spread(samples),
                          ratio(row["flat_over"][method])])  # fmt: skip
-            shape = tokens = slots = ""
-    out += table(["B × L (branching)", "tokens", "padded slots", "method", "rounds", "wall",
+            shape = tokens = path = ""
+    out += table(["B × L (branching)", "tokens", "path", "method", "rounds", "wall",
                   "flat ÷ method"], body)  # fmt: skip
     return out + [source("hsa_lengths.json"), ""] + plot("hsa_lengths.png", "HSA, mixed lengths")
 
