@@ -179,6 +179,32 @@ def test_sibling_pairs():
     assert pairs == expected and query.numel() == len(expected)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_children_leaf_rows_trees_and_pairs_of_every_position(seed):
+    """The arrays the compiled forest kernel reads, against a walk of ``parent``."""
+    rng = random.Random(seed)
+    trees = [from_nested(random_spec(rng, rng.randint(1, 25))) for _ in range(4)]
+    h = Batch.from_data_list(trees)
+    idx = h.tree_index()
+    order, parent = idx.order.tolist(), h.parent.tolist()
+    leaves = h.is_leaf.nonzero().view(-1).tolist()  # leaf order: increasing node id
+    ptr, rows = idx.child_ptr.tolist(), idx.leaf_row.tolist()
+    sizes = []
+    for x, node in enumerate(order):
+        children = [order[y] for y in range(ptr[x], ptr[x + 1])]
+        want = [c for c in range(h.num_nodes) if c != node and parent[c] == node]
+        assert sorted(children) == want  # (in child order: the layout test checks slots)
+        assert rows[x] == (leaves.index(node) if node in leaves else -1)
+        sizes.append(len(children))
+    assert idx.pair_ptr.tolist() == [sum(b * b for b in sizes[:x]) for x in range(len(sizes) + 1)]
+    tree = h.batch.tolist()  # every level lists its nodes tree by tree
+    for d in range(idx.num_levels):
+        for t in range(len(trees)):
+            lo, hi = idx.tree_ptr[d, t].item(), idx.tree_ptr[d, t + 1].item()
+            level = range(idx.level_ptr[d], idx.level_ptr[d + 1])
+            assert [x for x in level if tree[order[x]] == t] == list(range(lo, hi))
+
+
 def test_cached_and_movable():
     h = window_hierarchy(20, (4,))
     assert h.tree_index() is h.tree_index()
