@@ -27,9 +27,11 @@ backward of
   :func:`~hiergraph.ops.causal_hierarchical_attention` with its default kernel (the
   padded forest, whose padding follows every tree's leaves) and forced onto its general
   edge-list path, whose softmax over each pair's keys runs in the compiled CPU kernel;
-* ``hsa-causal-ragged-trees``, ``hsa-causal-ragged-torch``: the strictly causal op on the
-  ragged trees of ``hsa-ragged-trees`` (the edge lists), with that kernel and on PyTorch
-  operations alone (gathers and scatters of every edge's rows).
+* ``hsa-causal-ragged-trees``, ``hsa-causal-ragged-edges``, ``hsa-causal-ragged-torch``:
+  the strictly causal op on the ragged trees of ``hsa-ragged-trees``: by default (on the
+  CPU the compiled causal kernel, :func:`~hiergraph.ops.hsa.native.causal_forest_attention`),
+  on its edge lists (``kernel="edge"``, their softmax in the compiled kernel), and on
+  PyTorch operations alone (the edge lists' gathers and scatters of every edge's rows).
 
 Rounds are interleaved (each round runs every method once); medians and the spread
 (min–max) are reported, with every sample in ``benchmarks/results/hsa_lengths.json``
@@ -89,6 +91,10 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...]) -> tuple[dic
             leaves,
         ),
         "hsa-causal-ragged-trees": (lambda: causal_hierarchical_attention(*leaves, ragged), leaves),
+        "hsa-causal-ragged-edges": (
+            lambda: causal_hierarchical_attention(*leaves, ragged, kernel="edge"),
+            leaves,
+        ),
         "hsa-causal-ragged-torch": (
             on_torch_ops(lambda: causal_hierarchical_attention(*leaves, ragged)),
             leaves,

@@ -333,10 +333,10 @@ def hsa_lengths() -> list[str] | None:
         "window sizes uniform in [1, 2b − 1] (the path after the slash); the causal methods "
         "(compared with `flat-causal`, SDPA with a causal and key padding mask) are the "
         "strictly causal op, by default on the padded forest, and its edge-list path; "
-        "`hsa-causal-ragged-trees` the strictly causal op on the ragged trees (edge lists, "
-        "their softmax in the compiled kernel), "
-        "`hsa-causal-ragged-torch` the same on PyTorch operations alone. Cells: median "
-        "[min–max] over the interleaved rounds. "
+        "`hsa-causal-ragged-trees` the strictly causal op on the ragged trees (on the CPU its "
+        "compiled kernel), `hsa-causal-ragged-edges` its edge lists (their softmax in the "
+        "compiled kernel), `hsa-causal-ragged-torch` the edge lists on PyTorch operations "
+        "alone. Cells: median [min–max] over the interleaved rounds. "
         f"Command: {code(meta['command'])}.",
         "",
     ]

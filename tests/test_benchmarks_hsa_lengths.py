@@ -11,7 +11,7 @@ def test_quick_run_writes_a_complete_report(tmp_path):
     run_benchmark("hsa_lengths", "--quick", "--rounds", "2", "--out", str(out))
     (row,) = json.loads(out.read_text())["rows"]
     causal = {"flat-causal", "hsa-causal", "hsa-causal-edges", "hsa-causal-ragged-trees",
-              "hsa-causal-ragged-torch"}  # fmt: skip
+              "hsa-causal-ragged-edges", "hsa-causal-ragged-torch"}  # fmt: skip
     methods = {"flat", "hsa", "hsa-torch", "hsa-blocks", "hsa-ragged-trees", *causal}
     assert set(row["median_s"]) == methods
     assert all(len(s) == 2 for s in row["samples_s"].values())

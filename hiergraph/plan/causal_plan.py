@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 import torch
 from torch import Tensor
 
-from hiergraph.plan.tree_index import TreeIndex
+from hiergraph.plan.tree_index import TreeIndex, outside_inference_mode
 
 
 @dataclass
@@ -99,6 +100,24 @@ class CausalPlan:
             moved[f.name] = value
         moved["tree_index"] = tree_index or self.tree_index.to(device)
         return CausalPlan(**moved)
+
+    @cached_property
+    @outside_inference_mode
+    def breadth_first(self) -> tuple[Tensor, ...]:
+        """The plan in the tree index's breadth-first positions, as the compiled causal
+        kernel reads it: ``path [L, D + 1]`` (every leaf's ancestors, ``-1`` below the
+        leaf), ``leaf_depth``, ``pair_ptr [L + 1]`` (the running sum of the leaf depths:
+        where every leaf's (leaf, ancestor) pairs begin) and, per position, the first and
+        last leaf, the leaf count, the rank among the siblings and the node id."""
+        index = self.tree_index
+        path = torch.where(
+            self.ancestors >= 0, index.rank[self.ancestors.clamp(min=0)], self.ancestors
+        )
+        depth = self.leaf_depth
+        pair_ptr = torch.cat([depth.new_zeros(1), torch.cumsum(depth, 0)])
+        per_node = (self.first_leaf, self.last_leaf, self.count, self.rank)
+        nodes = [t.index_select(0, index.order) for t in per_node]
+        return (path.contiguous(), depth, pair_ptr, *nodes, index.order)
 
     @classmethod
     def from_hierarchy(cls, hierarchy) -> CausalPlan:

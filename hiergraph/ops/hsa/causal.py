@@ -139,6 +139,13 @@ def causal_hierarchical_attention(
         levels = None if eps is None else per_depth_padded(eps, index, forest)
         out = uniform_causal_attention(*slots, forest.shape, levels, tau)
         return _out(from_slots(out, forest, q), dtype, squeeze)
+    if kernel == "dense" and native.applies_to_causal(q, k, v, eps):
+
+        def recorded(q, k, v, e):  # the same op on tensor operations (second derivatives)
+            return _edge_attention(q, k, v, plan, None if e is None else e[0], tau)[0]
+
+        out = native.causal_forest_attention(q, k, v, eps, plan, tau=tau, recorded=recorded)
+        return _out(out, dtype, squeeze)
     return _out(_edge_attention(q, k, v, plan, eps, tau)[0], dtype, squeeze)
 
 

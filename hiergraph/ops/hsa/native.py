@@ -66,12 +66,19 @@ from hiergraph.ops.hsa.uniform_fused import recorded_gradients
 
 #: The environment variable that turns the kernel off (``0``, ``false``, ``no``, ``off``).
 ENV = "HIERGRAPH_NATIVE"
-#: The kernels' sources: equal-fanout and hub-tree HSA, HSA over any forest, the KV cache's
-#: step, softmax over lists of keys, the module (``csrc/vector_ops.h``: the row operations
-#: they share).
+#: The kernels' sources: equal-fanout and hub-tree HSA, HSA and strictly causal HSA over any
+#: forest, the KV cache's step, softmax over lists of keys, the module (``csrc/vector_ops.h``
+#: and ``csrc/family_ops.h``: the row operations they share).
 SOURCES = [
     Path(__file__).parent / "csrc" / f
-    for f in ("uniform.cpp", "ragged.cpp", "kv_cache.cpp", "edge_softmax.cpp", "bindings.cpp")
+    for f in (
+        "uniform.cpp",
+        "ragged.cpp",
+        "causal.cpp",
+        "kv_cache.cpp",
+        "edge_softmax.cpp",
+        "bindings.cpp",
+    )
 ]
 
 _lock = threading.Lock()
@@ -418,8 +425,9 @@ def forest_attention(
     :class:`~hiergraph.plan.TreeIndex`: ragged trees, leaves at any depth) with the position
     embeddings ``pos`` ``[N, H | 1, c]`` in node order (or ``None``), without leaf masks or
     leaky-causal keys, as :func:`~hiergraph.ops.hsa.attention.general_attention` computes
-    it, in ``csrc/ragged.cpp``: level by level, in parallel over every (family, head), a
-    family's logits and weights in cache, no copy of the leaf rows. Returns ``[L, H, d_v]``.
+    it, in ``csrc/ragged.cpp``: one task per (tree, head), or, with fewer of those than
+    threads, level by level in parallel over every (family, head); a family's logits and
+    weights in cache, no copy of the leaf rows. Returns ``[L, H, d_v]`` (node-major).
     The forward keeps the inner nodes' means, every family's weights and per node and head
     four numbers for the backward; second derivatives differentiate ``recorded(q, k, v,
     eps)``, the same op on tensor operations (``eps``: ``[pos]`` or ``None``)."""
@@ -428,14 +436,19 @@ def forest_attention(
     options = (list(index.level_ptr), float(tau), include_self, size_bias)
     q, k, v = (t.contiguous() for t in (q, k, v))
     eps = None if pos is None else pos.contiguous()
-    return _NativeForest.apply(forest, options, recorded, q, k, v, eps)
+    return _PlannedKernel.apply("ragged", forest, options, recorded, q, k, v, eps)
 
 
-class _NativeForest(torch.autograd.Function):
+class _PlannedKernel(torch.autograd.Function):
+    """A compiled kernel over a plan's arrays: ``{name}_forward(q, k, v, eps, *arrays,
+    *options)`` returns the output and what ``{name}_backward(grad, q, k, v, eps, *arrays,
+    *saved, *options)`` reads, which returns the gradients of ``q, k, v`` and, per head,
+    ``eps``; second derivatives differentiate ``recorded``."""
+
     @staticmethod
-    def forward(ctx, forest, options, recorded, q, k, v, eps):
-        out, *saved = extension().ragged_forward(q, k, v, eps, *forest, *options)
-        ctx.forest, ctx.options, ctx.recorded = forest, options, recorded
+    def forward(ctx, name, arrays, options, recorded, q, k, v, eps):
+        out, *saved = getattr(extension(), f"{name}_forward")(q, k, v, eps, *arrays, *options)
+        ctx.name, ctx.arrays, ctx.options, ctx.recorded = name, arrays, options, recorded
         ctx.save_for_backward(q, k, v, eps, *saved)
         return out
 
@@ -445,11 +458,42 @@ class _NativeForest(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
             inputs = (q, k, v) if eps is None else (q, k, v, eps)
             grads = recorded_gradients(ctx.recorded, inputs, grad)
-            return None, None, None, *grads, *((None,) if eps is None else ())
-        level_ptr, *flags = ctx.options
-        dq, dk, dv, d_eps = extension().ragged_backward(
-            grad.contiguous(), q, k, v, eps, *ctx.forest, level_ptr, *saved, *flags
+            return None, None, None, None, *grads, *((None,) if eps is None else ())
+        dq, dk, dv, d_eps = getattr(extension(), f"{ctx.name}_backward")(
+            grad.contiguous(), q, k, v, eps, *ctx.arrays, *saved, *ctx.options
         )
         if eps is not None and eps.size(1) == 1:  # per head: a shared embedding gets the sum
             d_eps = d_eps.sum(1, keepdim=True)
-        return None, None, None, dq, dk, dv, d_eps if eps is not None else None
+        return None, None, None, None, dq, dk, dv, d_eps if eps is not None else None
+
+
+def applies_to_causal(q: Tensor, k: Tensor, v: Tensor, eps: Tensor | None) -> bool:
+    """Whether :func:`causal_forest_attention` runs for ``q, k [L, H, d]``, ``v [L, H,
+    d_v]`` and the position embeddings ``eps`` (or ``None``): float32 or float64 CPU rows
+    with contiguous channels and embeddings of their dtype, outside ``torch.compile``, and
+    the extension built."""
+    return (
+        _eligible(q, k, v)
+        and (eps is None or eps.dtype == q.dtype)
+        and not torch.compiler.is_compiling()
+        and extension() is not None
+    )
+
+
+def causal_forest_attention(
+    q: Tensor, k: Tensor, v: Tensor, eps: Tensor | None, plan, *, tau: float, recorded
+) -> Tensor:
+    r"""Strictly causal HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over the forest of the
+    :class:`~hiergraph.plan.CausalPlan` ``plan`` with the position embeddings ``eps`` ``[N,
+    H, c]`` in node order (or ``None``), as :mod:`~hiergraph.ops.hsa.causal` computes it on
+    its edge lists, in ``csrc/causal.cpp``: one task per (tree, head) walks the tree's
+    leaves in order as a decoder would (the prefix sums of the open nodes, one softmax per
+    ancestor over its left siblings, the energies up the path, the gated output), and its
+    backward walks them in reverse. Returns ``[L, H, d_v]``. Second derivatives
+    differentiate ``recorded(q, k, v, eps)``, the same op on tensor operations (``eps``:
+    ``[eps]`` or ``None``)."""
+    arrays = plan.breadth_first
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    eps = None if eps is None else eps.contiguous()
+    options = (plan.tree_index.level_ptr[1], float(tau))
+    return _PlannedKernel.apply("causal", arrays, options, recorded, q, k, v, eps)

@@ -13,7 +13,7 @@ from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention, causal_statistics
 from hiergraph.ops.hsa.causal_dense import causal_hierarchical_attention_matrix
 from hiergraph.plan import CausalPlan
-from tests.conftest import kernel_or_torch_ops, random_qkv, random_spec
+from tests.conftest import hsa_kernel, kernel_or_torch_ops, random_qkv, random_spec, spy_calls
 
 F64 = dict(dtype=torch.float64)
 
@@ -45,10 +45,25 @@ def random_case(rng, seed, num_leaves=None, heads=2):
     return spec, h, q, k, v, pe
 
 
-@pytest.fixture(params=["kernel", "torch-ops"])
+@pytest.fixture(params=["causal-kernel", "edge-kernel", "torch-ops"])
 def edges(request, monkeypatch):
+    """What runs the strictly causal op on a ragged tree: its compiled kernel, the edge
+    lists with their softmax in the compiled kernel (the calls of either counted), or the
+    edge lists on PyTorch operations (gathers and scatters, as on accelerators)."""
+    if request.param == "torch-ops":
+        monkeypatch.setattr(native, "_enabled", False)
+        return None
+    hsa_kernel()
+    if request.param == "edge-kernel":
+        monkeypatch.setattr(native, "applies_to_causal", lambda *args: False)
+        return spy_calls(monkeypatch, native, "edge_softmax")
+    return spy_calls(monkeypatch, native, "causal_forest_attention")
+
+
+@pytest.fixture(params=["kernel", "torch-ops"])
+def edge_lists(request, monkeypatch):
     """The edge lists' softmax in the compiled kernel (its calls counted) or on PyTorch
-    operations (gathers and scatters, as on accelerators)."""
+    operations."""
     return kernel_or_torch_ops(request, monkeypatch, native, "edge_softmax")
 
 
@@ -265,7 +280,7 @@ def test_half_precision_with_large_families_is_close_to_float32(dtype, tol):
     assert (out.float() - ref).abs().max() < tol * ref.abs().max()
 
 
-def test_edge_path_second_derivatives_on_a_ragged_tree(edges):
+def test_edge_path_second_derivatives_on_a_ragged_tree(edge_lists):
     """First children (no left sibling: ``lse = -inf``), a unary node and leaves at several
     depths: first and second derivatives stay exact and NaN-free."""
     tree = from_nested([[0, [1, 2, 3]], [4], [5, 6]])
@@ -274,4 +289,4 @@ def test_edge_path_second_derivatives_on_a_ragged_tree(edges):
     assert torch.autograd.gradgradcheck(
         lambda q, k, v: causal_hierarchical_attention(q, k, v, tree, kernel="edge"), (q, k, v)
     )
-    assert edges is None or edges
+    assert edge_lists is None or edge_lists

@@ -11,19 +11,12 @@
 #include <limits>
 #include <vector>
 
+#include "vector_ops.h"
+
 namespace {
 
-template <typename T>
-T log_add_exp(T a, T b) {  // log(e^a + e^b), -inf when both are
-  const T m = std::max(a, b);
-  if (m == -std::numeric_limits<T>::infinity()) return m;
-  return m + std::log1p(std::exp(std::min(a, b) - m));
-}
-
-template <typename T>
-T log_sigmoid(T x) {  // log(1 / (1 + e^-x)), for x in [-inf, inf]
-  return std::min(x, T(0)) - std::log1p(std::exp(-std::abs(x)));
-}
+using hiergraph::log_add_exp;
+using hiergraph::log_sigmoid;
 
 void check_store(const at::Tensor& t, const at::Tensor& keys, const char* name) {
   TORCH_CHECK(t.is_contiguous() && t.device().is_cpu() && t.scalar_type() == keys.scalar_type(),

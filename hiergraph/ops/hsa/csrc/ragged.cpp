@@ -40,6 +40,8 @@ namespace {
 using hiergraph::axpy;
 using hiergraph::combine;
 using hiergraph::gram;
+using hiergraph::log_add_exp;
+using hiergraph::log_sigmoid;
 using hiergraph::normalized_exp;
 using Tensors = std::vector<at::Tensor>;
 
@@ -142,13 +144,6 @@ T* scratch(int64_t n, int slot = 0) {
   return buffer.data();
 }
 
-template <typename T>
-T log_add_exp(T a, T b) {  // log(e^a + e^b), -inf when both are
-  const T m = std::max(a, b);
-  if (m == kNegInf<T>) return m;
-  return m + std::log1p(std::exp(std::min(a, b) - m));
-}
-
 // s <- softmax(s) in place; returns the log-partition (-inf, and s all 0, where every
 // entry is -inf: no key).
 template <typename T>
@@ -167,8 +162,7 @@ T softmax(T* __restrict s, int64_t n) {
 template <typename T>
 std::pair<T, T> log_gates(T a, T lse) {
   if (a == kNegInf<T> && lse == kNegInf<T>) return {kNegInf<T>, kNegInf<T>};
-  const T x = a - lse, t = std::log1p(std::exp(-std::abs(x)));
-  return {std::min(x, T(0)) - t, std::min(-x, T(0)) - t};
+  return {log_sigmoid(a - lse), log_sigmoid(lse - a)};
 }
 
 void check(const at::Tensor& t, const at::Tensor& like, int64_t dim, const char* name) {
@@ -382,11 +376,10 @@ Tensors ragged_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
                         const at::Tensor& v, const std::optional<at::Tensor>& eps,
                         const at::Tensor& child_ptr, const at::Tensor& leaf_row,
                         const at::Tensor& node, const at::Tensor& count, const at::Tensor& p_off,
-                        const at::Tensor& tree_ptr, std::vector<int64_t> level_ptr,
-                        const at::Tensor& mq,
-                        const at::Tensor& mk, const at::Tensor& mv, const at::Tensor& p,
-                        const at::Tensor& lse, const at::Tensor& a, const at::Tensor& u,
-                        const at::Tensor& delta, double tau, bool include_self,
+                        const at::Tensor& tree_ptr, const at::Tensor& mq, const at::Tensor& mk,
+                        const at::Tensor& mv, const at::Tensor& p, const at::Tensor& lse,
+                        const at::Tensor& a, const at::Tensor& u, const at::Tensor& delta,
+                        std::vector<int64_t> level_ptr, double tau, bool include_self,
                         bool size_bias) {
   check_forest(q, k, v, eps, child_ptr, leaf_row, node, count, p_off, tree_ptr, level_ptr);
   check(grad, q, 3, "grad");

@@ -1,10 +1,13 @@
 // Dot products and scaled additions of rows that the compiler vectorizes (`omp simd`: the
 // dot product's sum may be reordered across the vector lanes), exponentials of rows (a
-// softmax), and the vector variants of exp and log1p, shared by the kernels.
+// softmax), log-space sums and gates, and the vector variants of exp and log1p, shared by
+// the kernels.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #if defined(__GLIBC__) && defined(__x86_64__)
 // glibc's vector math library (libmvec): lets the compiler vectorize exp and log1p in
@@ -52,6 +55,20 @@ inline T normalized_exp(T* __restrict x, int64_t n, T shift) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) x[j] *= inv;
   return total;
+}
+
+// log(e^a + e^b), -inf when both are.
+template <typename T>
+inline T log_add_exp(T a, T b) {
+  const T m = std::max(a, b);
+  if (m == -std::numeric_limits<T>::infinity()) return m;
+  return m + std::log1p(std::exp(std::min(a, b) - m));
+}
+
+// log(1 / (1 + e^-x)), for x in [-inf, inf].
+template <typename T>
+inline T log_sigmoid(T x) {
+  return std::min(x, T(0)) - std::log1p(std::exp(-std::abs(x)));
 }
 
 }  // namespace hiergraph
