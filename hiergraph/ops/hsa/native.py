@@ -19,7 +19,10 @@ from the tree index's arrays (every node's children, leaf row and leaf count), o
 (tree, head), or, with fewer of those than threads, the families of each level in parallel:
 float32 and float64 CPU rows, position embeddings or none, first derivatives in the kernel
 and second ones through the recorded op, no leaf mask or leaky-causal keys (those take the
-other paths).
+other paths). :func:`causal_forest_attention` (``csrc/causal.cpp``) is strictly causal HSA
+over any forest (:mod:`~hiergraph.ops.hsa.causal`'s edge lists): one task per (tree, head)
+walks the tree's leaves in order as a decoder would, and its backward walks them in
+reverse.
 
 The equal-fanout kernel covers what
 :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` covers and
