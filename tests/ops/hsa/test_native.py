@@ -488,11 +488,15 @@ def test_edge_softmax_checks_its_inputs():
 def test_builds_for_narrower_vectors(capability):
     """The kernel built for AVX2 (32-byte vectors) and for no vector extension (16 bytes)
     equals the recorded op too, masked leaves included, and so do its softmax over lists of
-    keys and its forest kernel (each build compiles for about a minute)."""
+    keys and its forest and causal kernels (each build compiles for about a minute)."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
-    forest = os.path.join(os.path.dirname(__file__), "test_native_forest.py")
-    args = ["-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider", __file__, forest]
-    args += ["-k", "(recorded_op or masked or edge_softmax or edge_path) and not narrower"]
+    here = os.path.dirname(__file__)
+    forests = [os.path.join(here, f"test_native_{name}.py") for name in ("forest", "causal")]
+    args = ["-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider", __file__, *forests]
+    args += [
+        "-k",
+        "(recorded_op or masked or edge_softmax or edge_path or edge_lists) and not narrower",
+    ]
     done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:]
     assert " passed" in done.stdout and "failed" not in done.stdout
