@@ -451,7 +451,8 @@ class _PlannedKernel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, arrays, options, recorded, q, k, v, eps):
         out, *saved = getattr(extension(), f"{name}_forward")(q, k, v, eps, *arrays, *options)
-        ctx.name, ctx.arrays, ctx.options, ctx.recorded = name, arrays, options, recorded
+        # (not ctx.name: the backward node's own name() method)
+        ctx.kernel, ctx.arrays, ctx.options, ctx.recorded = name, arrays, options, recorded
         ctx.save_for_backward(q, k, v, eps, *saved)
         return out
 
@@ -462,7 +463,7 @@ class _PlannedKernel(torch.autograd.Function):
             inputs = (q, k, v) if eps is None else (q, k, v, eps)
             grads = recorded_gradients(ctx.recorded, inputs, grad)
             return None, None, None, None, *grads, *((None,) if eps is None else ())
-        dq, dk, dv, d_eps = getattr(extension(), f"{ctx.name}_backward")(
+        dq, dk, dv, d_eps = getattr(extension(), f"{ctx.kernel}_backward")(
             grad.contiguous(), q, k, v, eps, *ctx.arrays, *saved, *ctx.options
         )
         if eps is not None and eps.size(1) == 1:  # per head: a shared embedding gets the sum
