@@ -106,9 +106,12 @@ def causal_hierarchical_attention(
             (:mod:`hiergraph.ops.hsa.causal_uniform`), and so a forest padded to one
             whose padding follows every tree's leaves (``TreeIndex.padded`` with
             ``leaves_lead``: window trees over sequences of different
-            lengths; a causal row never reads the padding, so no mask is needed), and any
-            other forest as ``'edge'``, which gathers and scatters over (leaf, ancestor)
-            pairs and left-sibling edges. Same result.
+            lengths; a causal row never reads the padding, so no mask is needed), any
+            other forest on the CPU (float32/float64 after the cast below, eager) in the
+            compiled causal kernel (:func:`~hiergraph.ops.hsa.native.causal_forest_attention`,
+            one task per tree and head walking its leaves as a decoder would), and
+            elsewhere as ``'edge'``, which gathers and scatters over (leaf, ancestor) pairs
+            and left-sibling edges. Same result.
 
     Returns:
         ``[L, H, d_v]`` (``[L, d_v]`` for 2-D inputs), in the inputs' dtype. bf16/fp16
