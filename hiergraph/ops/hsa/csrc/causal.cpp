@@ -31,28 +31,20 @@
 #include <optional>
 #include <vector>
 
+#include "checks.h"
 #include "vector_ops.h"
 
 namespace {
 
 using hiergraph::axpy;
+using hiergraph::check_index;
+using hiergraph::check_leaf_qkv;
+using hiergraph::check_tensor;
 using hiergraph::dot;
 using hiergraph::log_add_exp;
 using hiergraph::log_sigmoid;
 using hiergraph::normalized_exp;
 using Tensors = std::vector<at::Tensor>;
-
-void check(const at::Tensor& t, const at::Tensor& like, int64_t dim, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.dim() == dim &&
-                  t.scalar_type() == like.scalar_type(),
-              name, " must be a contiguous CPU tensor with ", dim, " dims of q's dtype");
-}
-
-void check_index(const at::Tensor& t, at::IntArrayRef shape, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kLong &&
-                  t.sizes() == shape,
-              name, " must be a contiguous ", shape, " CPU int64 tensor");
-}
 
 // The forest's arrays and the inputs.
 template <typename T>
@@ -62,6 +54,7 @@ struct Plan {
                                           // the roots, positions 0 .. trees - 1
   T tau;
   const T *q, *k, *v, *eps;
+  std::vector<T> log_n;  // log n(x) of every position
 
   const T* row(const T* base, int64_t i, int64_t h, int64_t w) const {
     return base + (i * heads + h) * w;
@@ -77,7 +70,7 @@ struct Plan {
     const int64_t keys = rank[x];
     for (int64_t j = 0; j < keys; ++j) {
       const int64_t b = x - keys + j;
-      s[j] = tau * dot(rho, rk + (b * heads + h) * d, d) + std::log(static_cast<T>(count[b]));
+      s[j] = tau * dot(rho, rk + (b * heads + h) * d, d) + log_n[b];
       if (eps) s[j] += dot(e(x, h), e(b, h), c);
     }
     return keys;
@@ -89,13 +82,7 @@ void check_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const at::Tensor& depth, const at::Tensor& pair_ptr, const at::Tensor& first,
                 const at::Tensor& last, const at::Tensor& count, const at::Tensor& rank,
                 const at::Tensor& node, int64_t trees) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-              "the causal HSA kernel takes float32 or float64");
-  check(q, q, 3, "q");
-  check(k, q, 3, "k");
-  check(v, q, 3, "v");
-  TORCH_CHECK(k.sizes() == q.sizes() && v.size(0) == q.size(0) && v.size(1) == q.size(1),
-              "q, k [L, H, d] and v [L, H, d_v] do not match");
+  check_leaf_qkv(q, k, v, "the causal HSA kernel");
   const int64_t leaves = q.size(0), n = count.size(0);
   TORCH_CHECK(path.dim() == 2 && path.size(0) == leaves, "path must be [L, D + 1]");
   check_index(path, {leaves, path.size(1)}, "path");
@@ -105,7 +92,7 @@ void check_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 {&rank, "rank"}, {&node, "node"}})
     check_index(*t, {n}, name);
   if (eps) {
-    check(*eps, q, 3, "eps");
+    check_tensor(*eps, q, 3, "eps");
     TORCH_CHECK(eps->size(0) == n && eps->size(1) == q.size(1), "eps must be [N, H, c]");
   }
   // every path in range (and -1 below its leaf), through nodes whose leaves hold the leaf;
@@ -138,6 +125,9 @@ Plan<T> plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              const at::Tensor& depth, const at::Tensor& pair_ptr, const at::Tensor& first,
              const at::Tensor& last, const at::Tensor& count, const at::Tensor& rank,
              const at::Tensor& node, int64_t trees, double tau) {
+  const int64_t* n = count.data_ptr<int64_t>();
+  std::vector<T> log_n(count.size(0));
+  for (size_t x = 0; x < log_n.size(); ++x) log_n[x] = std::log(static_cast<T>(n[x]));
   return {path.data_ptr<int64_t>(),
           depth.data_ptr<int64_t>(),
           pair_ptr.data_ptr<int64_t>(),
@@ -156,7 +146,8 @@ Plan<T> plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           q.data_ptr<T>(),
           k.data_ptr<T>(),
           v.data_ptr<T>(),
-          eps ? eps->data_ptr<T>() : nullptr};
+          eps ? eps->data_ptr<T>() : nullptr,
+          std::move(log_n)};
 }
 
 // Runs fn(tree, h) for every (tree, head), in parallel.
@@ -276,7 +267,7 @@ Tensors causal_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
                         const at::Tensor& a, const at::Tensor& g, const at::Tensor& rk,
                         const at::Tensor& rv, int64_t trees, double tau) {
   check_plan(q, k, v, eps, path, depth, pair_ptr, first, last, count, rank, node, trees);
-  check(grad, q, 3, "grad");
+  check_tensor(grad, q, 3, "grad");
   TORCH_CHECK(grad.sizes() == v.sizes(), "grad must be shaped like v");
   const int64_t leaves = q.size(0), heads = q.size(1), n = count.size(0);
   const int64_t pairs = pair_ptr.data_ptr<int64_t>()[leaves];

@@ -17,26 +17,18 @@
 #include <optional>
 #include <vector>
 
+#include "checks.h"
 #include "vector_ops.h"
 
 namespace {
 
 using hiergraph::axpy;
+using hiergraph::check_index;
+using hiergraph::check_qkv;
+using hiergraph::check_tensor;
 using hiergraph::dot;
 using hiergraph::exp_shifted;
 using Tensors = std::vector<at::Tensor>;
-
-void check(const at::Tensor& t, const at::Tensor& like, int64_t dim, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.dim() == dim &&
-                  t.scalar_type() == like.scalar_type(),
-              name, " must be a contiguous CPU tensor with ", dim, " dims of q's dtype");
-}
-
-void check_index(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.dim() == 1 &&
-                  t.scalar_type() == at::kLong,
-              name, " must be a contiguous 1-D CPU int64 tensor");
-}
 
 // Row pointers into the shared arguments, per (query, head).
 template <typename T>
@@ -78,17 +70,13 @@ Rows<T> rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& log_n, const std::optional<at::Tensor>& eps,
                   const at::Tensor& pair_node, const at::Tensor& ptr, const at::Tensor& node) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-              "edge_softmax takes float32 or float64");
-  check(q, q, 3, "q");
-  check(k, q, 3, "k");
-  check(v, q, 3, "v");
-  check(log_n, q, 1, "log_n");
+  check_qkv(q, k, v, "edge_softmax");
+  check_tensor(log_n, q, 1, "log_n");
   TORCH_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1) && k.size(2) == q.size(2) &&
                   v.size(0) == k.size(0) && log_n.size(0) == k.size(0),
               "q [P, H, d], k [N, H, d], v [N, H, d_v] and log_n [N] do not match");
   if (eps) {
-    check(*eps, q, 3, "eps");
+    check_tensor(*eps, q, 3, "eps");
     TORCH_CHECK(eps->size(0) == k.size(0) && eps->size(1) == q.size(1), "eps must be [N, H, c]");
   }
   check_index(pair_node, "pair_node");
@@ -159,10 +147,10 @@ Tensors edge_softmax_backward(const at::Tensor& grad_lse, const at::Tensor& grad
                               const at::Tensor& order, const at::Tensor& key_ptr,
                               const at::Tensor& lse, const at::Tensor& theta, double tau) {
   check_inputs(q, k, v, log_n, eps, pair_node, ptr, key_node);
-  check(grad_lse, q, 2, "grad_lse");
-  check(grad_theta, q, 3, "grad_theta");
-  check(lse, q, 2, "lse");
-  check(theta, q, 3, "theta");
+  check_tensor(grad_lse, q, 2, "grad_lse");
+  check_tensor(grad_theta, q, 3, "grad_theta");
+  check_tensor(lse, q, 2, "lse");
+  check_tensor(theta, q, 3, "theta");
   check_index(key_pair, "key_pair");
   check_index(order, "order");
   check_index(key_ptr, "key_ptr");

@@ -32,12 +32,16 @@
 #include <optional>
 #include <vector>
 
+#include "checks.h"
 #include "family_ops.h"
 #include "vector_ops.h"
 
 namespace {
 
 using hiergraph::axpy;
+using hiergraph::check_index;
+using hiergraph::check_leaf_qkv;
+using hiergraph::check_tensor;
 using hiergraph::combine;
 using hiergraph::gram;
 using hiergraph::log_add_exp;
@@ -165,18 +169,6 @@ std::pair<T, T> log_gates(T a, T lse) {
   return {log_sigmoid(a - lse), log_sigmoid(lse - a)};
 }
 
-void check(const at::Tensor& t, const at::Tensor& like, int64_t dim, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.dim() == dim &&
-                  t.scalar_type() == like.scalar_type(),
-              name, " must be a contiguous CPU tensor with ", dim, " dims of q's dtype");
-}
-
-void check_index(const at::Tensor& t, int64_t size, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.dim() == 1 &&
-                  t.scalar_type() == at::kLong && t.size(0) == size,
-              name, " must be a contiguous [", size, "] CPU int64 tensor");
-}
-
 // Checks the inputs and the forest: float32 or float64 rows, the children of every level
 // the next level, in order, and of every tree's nodes the tree's nodes; leaves without
 // children and each leaf row once, node ids in range, p_off the running sum of the families'
@@ -186,21 +178,15 @@ void check_forest(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& leaf_row, const at::Tensor& node, const at::Tensor& count,
                   const at::Tensor& p_off, const at::Tensor& tree_ptr,
                   const std::vector<int64_t>& level_ptr) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-              "the forest HSA kernel takes float32 or float64");
-  check(q, q, 3, "q");
-  check(k, q, 3, "k");
-  check(v, q, 3, "v");
-  TORCH_CHECK(k.sizes() == q.sizes() && v.size(0) == q.size(0) && v.size(1) == q.size(1),
-              "q, k [L, H, d] and v [L, H, d_v] do not match");
+  check_leaf_qkv(q, k, v, "the forest HSA kernel");
   const int64_t n = count.size(0), leaves = q.size(0);
   TORCH_CHECK(level_ptr.size() >= 2 && level_ptr.front() == 0 && level_ptr.back() == n,
               "level_ptr must run from 0 to the number of nodes");
-  check(count, q, 1, "count");
-  check_index(child_ptr, n + 1, "child_ptr");
-  check_index(leaf_row, n, "leaf_row");
-  check_index(node, n, "node");
-  check_index(p_off, n + 1, "p_off");
+  check_tensor(count, q, 1, "count");
+  check_index(child_ptr, {n + 1}, "child_ptr");
+  check_index(leaf_row, {n}, "leaf_row");
+  check_index(node, {n}, "node");
+  check_index(p_off, {n + 1}, "p_off");
   const int64_t *cp = child_ptr.data_ptr<int64_t>(), *lr = leaf_row.data_ptr<int64_t>();
   const int64_t *nd = node.data_ptr<int64_t>(), *po = p_off.data_ptr<int64_t>();
   bool ok = cp[0] == level_ptr[1] && cp[n] == n && po[0] == 0;
@@ -212,10 +198,7 @@ void check_forest(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   // tree_ptr [D, T + 1]: every level cut into the trees' ranges, a tree's children in its
   // range of the next level
   const int64_t depth = static_cast<int64_t>(level_ptr.size()) - 1, trees = level_ptr[1];
-  TORCH_CHECK(tree_ptr.device().is_cpu() && tree_ptr.is_contiguous() &&
-                  tree_ptr.scalar_type() == at::kLong &&
-                  tree_ptr.sizes() == at::IntArrayRef({depth, trees + 1}),
-              "tree_ptr must be a contiguous [", depth, ", ", trees + 1, "] CPU int64 tensor");
+  check_index(tree_ptr, {depth, trees + 1}, "tree_ptr");
   const int64_t* tp = tree_ptr.data_ptr<int64_t>();
   for (int64_t l = 0; l < depth && ok; ++l) {
     const int64_t* t = tp + l * (trees + 1);
@@ -238,7 +221,7 @@ void check_forest(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
   TORCH_CHECK(ok && found == leaves, "the forest's arrays are inconsistent");
   if (eps) {
-    check(*eps, q, 3, "eps");
+    check_tensor(*eps, q, 3, "eps");
     TORCH_CHECK(eps->size(0) == n && (eps->size(1) == 1 || eps->size(1) == q.size(1)),
                 "eps must be [N, H or 1, c]");
   }
@@ -382,7 +365,7 @@ Tensors ragged_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
                         std::vector<int64_t> level_ptr, double tau, bool include_self,
                         bool size_bias) {
   check_forest(q, k, v, eps, child_ptr, leaf_row, node, count, p_off, tree_ptr, level_ptr);
-  check(grad, q, 3, "grad");
+  check_tensor(grad, q, 3, "grad");
   TORCH_CHECK(grad.sizes() == v.sizes(), "grad must be shaped like v");
   const int64_t n = count.size(0), heads = q.size(1);
   for (const auto& [t, w] : {std::pair{&mq, q.size(2)}, {&mk, q.size(2)}, {&mv, v.size(2)}})
