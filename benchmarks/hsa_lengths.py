@@ -53,8 +53,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import random_window_hierarchy, window_forest
 from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention
-from hiergraph.ops.hsa import native
-from hiergraph.ops.hsa.attention import padding_cost
+from hiergraph.ops.hsa.attention import attention_path
 
 HEADS, DIM = 4, 64
 RESULTS = Path(__file__).parent / "results"
@@ -112,17 +111,12 @@ def make_cases(batch: int, length: int, branching: tuple[int, ...]) -> tuple[dic
 
 def default_path(index, leaves) -> str:
     """The path ``hierarchical_attention`` takes by default on the forest ``index`` with
-    ``leaves`` (its checks, in its order)."""
-    if index.uniform is not None:
-        return "equal fanout"
-    if native.applies_to_forest(*leaves, index, None):
-        return "forest kernel"
-    padded = index.padded
-    if padded is not None and padded.pays_off(
-        HEADS, 2 * DIM, padding_cost(*leaves, padded, leaky_causal=False)
-    ):
-        return f"padded ({padded.num_slots:,} slots)"
-    return "block kernel"
+    ``leaves`` (:func:`~hiergraph.ops.hsa.attention.attention_path`), for the report."""
+    path = attention_path(*leaves, index, None)
+    if path == "padded":
+        return f"padded ({index.padded.num_slots:,} slots)"
+    names = {"uniform": "equal fanout", "forest": "forest kernel", "blocks": "block kernel"}
+    return names[path]
 
 
 def _peer(method: str) -> str:

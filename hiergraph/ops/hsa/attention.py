@@ -157,7 +157,6 @@ def hierarchical_attention(
             "(hierarchy.to(device)) before calling"
         )
     tau = q.size(-1) ** -0.5 if scale is None else scale
-    # equal-fanout forests, and forests padded to one, run as reshaped views
     views = dict(
         include_self=include_self,
         left_only=leaky_causal,
@@ -165,16 +164,11 @@ def hierarchical_attention(
         tau=tau,
         size_bias=size_bias,
     )
-    if kernel == "dense" and fits(index.uniform, q):
+    path = attention_path(q, k, v, index, pos, kernel, leaf_mask, leaky_causal)
+    if path == "uniform":
         eps = None if pos is None else per_depth(pos, index)
         out = uniform_hierarchical_attention(q, k, v, index.uniform, eps, **views)
-        return out.squeeze(1) if squeeze else out
-    if (
-        kernel == "dense"
-        and leaf_mask is None
-        and not leaky_causal
-        and native.applies_to_forest(q, k, v, index, pos)
-    ):
+    elif path == "forest":
         flags = dict(include_self=include_self, tau=tau, size_bias=size_bias)
 
         def recorded(q, k, v, eps):  # the same op on tensor operations (second derivatives)
@@ -184,7 +178,37 @@ def hierarchical_attention(
             )
 
         out = native.forest_attention(q, k, v, pos, index, recorded=recorded, **flags)
-        return out.squeeze(1) if squeeze else out
+    elif path == "padded":
+        out = padded_hierarchical_attention(q, k, v, index, index.padded, pos, **views)
+    else:
+        out = general_attention(q, k, v, index, pos, kernel=kernel, **views)
+    return out.squeeze(1) if squeeze else out
+
+
+def attention_path(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    index: TreeIndex,
+    pos: Tensor | None,
+    kernel: str = "dense",
+    leaf_mask: Tensor | None = None,
+    leaky_causal: bool = False,
+) -> str:
+    """Where :func:`hierarchical_attention` runs (its arguments as it checked them,
+    ``pos`` as :func:`~hiergraph.ops.hsa.inputs.head_pos_emb` views them): ``'uniform'``
+    (reshaped views of an equal-fanout forest), ``'forest'`` (the compiled forest kernel),
+    ``'padded'`` (reshaped views of the padded embedding), else ``'blocks'`` or ``'edge'``
+    (the general path's family attention)."""
+    if kernel == "dense" and fits(index.uniform, q):
+        return "uniform"
+    if (
+        kernel == "dense"
+        and leaf_mask is None
+        and not leaky_causal
+        and native.applies_to_forest(q, k, v, index, pos)
+    ):
+        return "forest"
     padded = index.padded if kernel == "dense" else None
     if (
         padded is not None
@@ -193,11 +217,8 @@ def hierarchical_attention(
         )
         and fits(padded.shape, q)
     ):
-        out = padded_hierarchical_attention(q, k, v, index, padded, pos, **views)
-        return out.squeeze(1) if squeeze else out
-    views["kernel"] = kernel
-    out = general_attention(q, k, v, index, pos, **views)
-    return out.squeeze(1) if squeeze else out
+        return "padded"
+    return "edge" if kernel == "edge" else "blocks"
 
 
 def padding_cost(q: Tensor, k: Tensor, v: Tensor, padded, leaky_causal: bool) -> float:

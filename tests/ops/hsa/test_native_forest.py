@@ -10,7 +10,7 @@ from torch_geometric.data import Batch
 from hiergraph.data import from_nested, random_window_hierarchy, window_hierarchy
 from hiergraph.ops import hierarchical_attention
 from hiergraph.ops.hsa import native
-from hiergraph.ops.hsa.attention import general_attention
+from hiergraph.ops.hsa.attention import attention_path, general_attention
 from tests.conftest import hsa_kernel, random_spec, spy_calls
 
 OPTIONS = [
@@ -157,6 +157,11 @@ def test_where_the_kernel_runs(case, monkeypatch):
         monkeypatch.setattr(native, "MAX_FOREST_WEIGHTS", 8)
     hierarchical_attention(q, k, v, index, **options)
     assert len(calls) == (case in ("kernel", "position"))
+    # the path the op reports is the one it took (this forest has no padded embedding)
+    flags = {"kernel": options.get("kernel", "dense"), "leaf_mask": options.get("leaf_mask")}
+    flags["leaky_causal"] = options.get("leaky_causal", False)
+    expected = "forest" if calls else "edge" if case == "edge" else "blocks"
+    assert attention_path(q, k, v, index, pos, **flags) == expected
 
 
 def test_the_kernel_checks_its_forest():
