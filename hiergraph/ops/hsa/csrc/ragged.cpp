@@ -78,8 +78,9 @@ struct Forest {
   int64_t trees;
   int64_t heads, d, dv, c, eps_heads;
   T tau;
-  bool include_self, size_bias;
+  bool include_self;
   const T *q, *k, *v, *eps;
+  std::vector<T> key;  // every position's key bias: log n with the size bias, else 0
 
   int64_t leaf(int64_t x) const { return leaf_row[x]; }
   // The rows of the family below `par` in head h: a leaf's row of `leaf` ([L, H, width]),
@@ -235,6 +236,10 @@ Forest<T> forest(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const at::Tensor& p_off, const at::Tensor& tree_ptr,
                  const std::vector<int64_t>& level_ptr, double tau, bool include_self,
                  bool size_bias) {
+  const T* n = count.data_ptr<T>();
+  std::vector<T> key(count.size(0), T(0));
+  if (size_bias)
+    for (size_t x = 0; x < key.size(); ++x) key[x] = std::log(n[x]);
   return {child_ptr.data_ptr<int64_t>(),
           leaf_row.data_ptr<int64_t>(),
           node.data_ptr<int64_t>(),
@@ -250,11 +255,11 @@ Forest<T> forest(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           eps ? eps->size(1) : 1,
           static_cast<T>(tau),
           include_self,
-          size_bias,
           q.data_ptr<T>(),
           k.data_ptr<T>(),
           v.data_ptr<T>(),
-          eps ? eps->data_ptr<T>() : nullptr};
+          eps ? eps->data_ptr<T>() : nullptr,
+          std::move(key)};
 }
 
 }  // namespace
@@ -298,13 +303,10 @@ Tensors ragged_forward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
         gram(e, E, E, 0, b, f.c, T(1));
         for (int64_t x = 0; x < b * b; ++x) w[x] += e[x];
       }
-      T* share = scratch<T>(b, 1);  // n(C) / n(A), and log n(C) for the keys
-      T* key = scratch<T>(b, 2);
+      T* share = scratch<T>(b, 1);  // n(C) / n(A)
       const T inv = T(1) / f.count[par];
-      for (int64_t j = 0; j < b; ++j) {
-        share[j] = f.count[c0 + j] * inv;
-        key[j] = size_bias ? std::log(f.count[c0 + j]) : T(0);
-      }
+      for (int64_t j = 0; j < b; ++j) share[j] = f.count[c0 + j] * inv;
+      const T* key = f.key.data() + c0;
       T energy = 0;
       for (int64_t i = 0; i < b; ++i) {
         const int64_t x = c0 + i;
