@@ -1,19 +1,24 @@
 """Speed of two commits side by side: the quick HSA, masked-attention and cone benchmarks.
 
     python benchmarks/compare_commits.py --old REV [--new REV] [--rounds 3]
+    python benchmarks/compare_commits.py --old REV --hsa-sizes 16384 65536 262144
 
 Checks both commits out into temporary git worktrees and runs, in every round, each
 benchmark once from the old tree and once from the new one (interleaved, so both see the
 same machine load):
 
 * ``benchmarks/hsa_scaling.py --quick --no-memory`` (forward+backward of each method, and
-  its forward alone under ``torch.no_grad()``),
+  its forward alone under ``torch.no_grad()``; ``--hsa-sizes``: at those leaf counts
+  instead of the quick run's 1K and 4K),
 * ``benchmarks/masked_attention.py --quick --methods ours`` (the layer, steady state),
 * ``benchmarks/cone.py --reps 20`` (CPU time of a layer and of an epoch; needs Cora's raw
   files in ``$HIERGRAPH_RAW/Cora/raw``, else it is left out).
 
-Every timing of every round is kept; the ratio old ÷ new of the medians (above 1: the new
-commit is faster) goes to ``benchmarks/results/compare_commits.json`` with both commits.
+Every script runs with freed CPU memory kept for reuse
+(:func:`hiergraph.runtime.reuse_freed_memory`, from this checkout), whatever its own commit
+sets, so that the two commits differ only in their code. Every timing of every round is
+kept; the ratio old ÷ new of the medians (above 1: the new commit is faster) goes to
+``benchmarks/results/compare_commits.json`` (``--out``: another path) with both commits.
 The refactor check of a restructuring is that no ratio falls far below 1.
 """
 
@@ -30,6 +35,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+#: ``python -c PRELUDE script.py args…`` runs ``script.py`` as ``__main__`` (its folder first
+#: on the path, as ``python script.py`` would) after keeping freed memory for reuse.
+RUNTIME = REPO / "hiergraph" / "runtime.py"
+PRELUDE = f"""
+import importlib.util, pathlib, runpy, sys
+spec = importlib.util.spec_from_file_location("_runtime", {str(RUNTIME)!r})
+runtime = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runtime)
+runtime.reuse_freed_memory()
+sys.argv = sys.argv[1:]
+sys.path.insert(0, str(pathlib.Path(sys.argv[0]).resolve().parent))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 def git(*args: str) -> str:
@@ -37,16 +55,19 @@ def git(*args: str) -> str:
                           text=True).stdout.strip()  # fmt: skip
 
 
-def run_round(tree: Path, scratch: Path, cora_raw: Path | None) -> dict[str, float]:
+def run_round(
+    tree: Path, scratch: Path, cora_raw: Path | None, hsa_sizes: list[int] | None = None
+) -> dict[str, float]:
     """One run of each benchmark from the checkout ``tree``: ``{case: seconds}``."""
     env = dict(os.environ, PYTHONPATH=str(tree), HIERGRAPH_DATA=str(scratch / "data"))
 
     def python(*args: str) -> None:
-        subprocess.run([sys.executable, *args], cwd=tree, env=env, check=True,
+        subprocess.run([sys.executable, "-c", PRELUDE, *args], cwd=tree, env=env, check=True,
                        capture_output=True)  # fmt: skip
 
     times = {}
-    python("benchmarks/hsa_scaling.py", "--quick", "--no-memory")
+    sizes = ["--sizes", *map(str, hsa_sizes)] if hsa_sizes else ["--quick"]
+    python("benchmarks/hsa_scaling.py", *sizes, "--no-memory")
     for row in json.loads((tree / "benchmarks/results/hsa_scaling.json").read_text())["rows"]:
         times[f"hsa_scaling {row['method']} N={row['n']}"] = row["forward_backward_s"]
         times[f"hsa_scaling {row['method']} forward N={row['n']}"] = row["forward_s"]
@@ -72,6 +93,9 @@ def main() -> None:
     parser.add_argument("--old", required=True, help="the commit to compare against")
     parser.add_argument("--new", default="HEAD")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--hsa-sizes", type=int, nargs="+", metavar="N", help="leaf counts of the HSA scaling run"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "compare_commits.json")
     args = parser.parse_args()
     raw = os.environ.get("HIERGRAPH_RAW")
@@ -87,7 +111,8 @@ def main() -> None:
         try:
             for _ in range(args.rounds):
                 for side, tree in trees.items():
-                    times = run_round(tree, Path(tmp) / f"scratch-{side}", cora_raw)
+                    scratch = Path(tmp) / f"scratch-{side}"
+                    times = run_round(tree, scratch, cora_raw, args.hsa_sizes)
                     for case, seconds in times.items():
                         samples[side].setdefault(case, []).append(seconds)
         finally:
@@ -102,7 +127,9 @@ def main() -> None:
     ]  # fmt: skip
     meta = {"old": commits["old"], "new": commits["new"], "rounds": args.rounds,
             "command": f"python benchmarks/compare_commits.py --old {commits['old']} "
-                       f"--new {commits['new']} --rounds {args.rounds}",
+                       f"--new {commits['new']} --rounds {args.rounds}"
+                       + (" --hsa-sizes " + " ".join(map(str, args.hsa_sizes))
+                          if args.hsa_sizes else ""),
             "load_average": os.getloadavg()}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
