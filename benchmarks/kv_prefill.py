@@ -10,7 +10,9 @@ the prompt's outputs. The prompt's tree holds the first ``T`` leaves of
 their append events, as a generator builds it):
 
 * ``prefill``: :meth:`~hiergraph.nn.HierarchicalKVCache.prefill`, one strictly causal full
-  pass on the edge lists whose node statistics fill the store;
+  pass in the compiled causal kernel, whose node statistics fill the store;
+* ``prefill_torch``: the same on PyTorch operations (the kernel turned off: the edge lists,
+  as without a C++ compiler and on accelerators);
 * ``append``: ``T`` calls of :meth:`~hiergraph.nn.HierarchicalKVCache.append` with the
   tree's :func:`~hiergraph.nn.append_schedule`, each step in the compiled CPU kernel;
 * ``append_torch``: the same loop on PyTorch operations (the kernel turned off: what runs
@@ -82,6 +84,7 @@ def make_cases(length: int, seed: int = 0) -> tuple[dict[str, Callable[[], objec
     outs = [torch.cat([o, decode(c, length, end)]) for o, c in zip(outs, caches, strict=True)]
     cases = {
         "prefill": prefill,
+        "prefill_torch": on_torch_ops(prefill),
         "append": append,
         "append_torch": on_torch_ops(append),
         "flat": flat_prefill,

@@ -131,22 +131,30 @@ def source(*names: str) -> str:
 
 
 def compare_commits() -> list[str] | None:
-    data = load("compare_commits.json")
-    if data is None:
-        return None
-    meta = data["meta"]
-    out = [
-        f"The quick benchmarks of commit `{meta['old']}` (old) and `{meta['new']}` (new), "
-        f"{meta['rounds']} interleaved rounds, each from its own checkout; cells are "
-        f"medians [min–max]. Command: {code(meta['command'])}.",
-        "",
-    ]
-    out += table(
-        ["case", "old", "new", "old ÷ new"],
-        [[r["case"], spread(r["old_s"]), spread(r["new_s"]), ratio(r["old_over_new"])]
-         for r in data["rows"]],
-    )  # fmt: skip
-    return out + [source("compare_commits.json"), ""]
+    """One table per ``compare_commits*.json`` (the quick run, and runs at chosen HSA
+    sizes)."""
+    out = []
+    for path in sorted(RESULTS.glob("compare_commits*.json")):
+        data = json.loads(path.read_text())
+        meta = data["meta"]
+        _, _, sizes = meta["command"].partition("--hsa-sizes ")
+        what = "quick benchmarks" if not sizes else (
+            "benchmarks, the HSA scaling run at "
+            + ", ".join(f"{int(n):,}" for n in sizes.split()) + " leaves,"
+        )  # fmt: skip
+        out += [
+            f"The {what} of commit `{meta['old']}` (old) and `{meta['new']}` (new), "
+            f"{meta['rounds']} interleaved rounds, each from its own checkout; cells are "
+            f"medians [min–max]. Command: {code(meta['command'])}.",
+            "",
+        ]
+        out += table(
+            ["case", "old", "new", "old ÷ new"],
+            [[r["case"], spread(r["old_s"]), spread(r["new_s"]), ratio(r["old_over_new"])]
+             for r in data["rows"]],
+        )  # fmt: skip
+        out += [source(path.name), ""]
+    return out or None
 
 
 def allocator(meta: dict) -> str:
@@ -1176,7 +1184,9 @@ def kv_prefill() -> list[str] | None:
         f"One attention layer ({meta['heads']} heads × {meta['head_dim']}, {meta['dtype']}, "
         f"{threads(meta['threads'])}, {allocator(meta)}) starts from an empty cache with a "
         f"prompt of T tokens ({meta['tree']}) and returns the prompt's outputs. `prefill`: "
-        "`HierarchicalKVCache.prefill` (one full causal pass on the edge lists); `append`: "
+        "`HierarchicalKVCache.prefill` (one full causal pass; in the compiled causal kernel "
+        "where a row has `prefill_torch`, the same pass on PyTorch operations, else on the "
+        "edge lists); `append`: "
         "T calls of `append`, each step in the compiled CPU kernel; `append_torch`: the same "
         "loop on PyTorch operations (no C++ compiler, accelerators); `flat`: causal SDPA over "
         "the prompt and `FlatKVCache.extend`. Cells: median [min–max] over the interleaved "

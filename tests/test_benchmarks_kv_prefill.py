@@ -13,7 +13,7 @@ def test_quick_run_writes_a_complete_report(tmp_path):
     assert [r["length"] for r in report["rows"]] == [64, 128]
     for row in report["rows"]:
         median = row["median_s"]
-        assert set(median) == {"prefill", "append", "append_torch", "flat"}
+        assert set(median) == {"prefill", "prefill_torch", "append", "append_torch", "flat"}
         assert all(len(s) == 3 for s in row["samples_s"].values())
         assert row["over_prefill"]["append"] == median["append"] / median["prefill"] > 0
         assert row["per_token_us"]["prefill"] == 1e6 * median["prefill"] / row["length"]

@@ -124,6 +124,13 @@ class HierarchicalKVCache:
     than the tensor operations at 4 heads of 32 channels. Elsewhere, under
     ``torch.compile`` and where the kernel cannot be built, the tensor operations run.
 
+    **Several sequences.** Heads never mix, so ``B`` sequences with the same events (one
+    tree shape: samples drawn from one prompt, prompts of one length on window trees)
+    decode as one cache of ``B * H`` heads: per step ``q, k [B, H, d]`` and ``v [B, H,
+    d_v]`` reshaped to ``[B * H, ·]``, the new nodes' embeddings repeated per sequence
+    (``pos_emb.repeat(1, B, 1)``), the output viewed back as ``[B, H, d_v]``. Sequences
+    whose trees differ need a cache each.
+
     Args:
         heads, dim, dim_v: shapes of the per-token ``q, k [H, d]`` and ``v [H, d_v]``.
         pos_dim: size of the per-node position embeddings (0: none).
@@ -497,10 +504,11 @@ class HierarchicalKVCache:
 
         The outputs and the cache afterwards are those of ``T`` calls of :meth:`append` with
         the events of :func:`append_schedule`, but computed by one strictly causal full pass
-        (:func:`~hiergraph.ops.hsa.causal.causal_statistics`, the edge-list kernel of
-        :func:`~hiergraph.ops.causal_hierarchical_attention`), whose node statistics fill
-        the store: for every node on the last token's root path, the sums of its prefix and
-        its closed children's means, counts and energies :math:`g` at their last leaves.
+        (:func:`~hiergraph.ops.hsa.causal.causal_statistics`: on the CPU the compiled causal
+        kernel of :func:`~hiergraph.ops.causal_hierarchical_attention`, elsewhere its edge
+        lists), whose node statistics fill the store: for every node on the last token's
+        root path, the sums of its prefix and its closed children's means, counts and
+        energies :math:`g` at their last leaves.
         Decoding goes on with :meth:`append`: the events of token ``T`` onwards are the
         rows ``T, T + 1, …`` of the whole tree's :func:`append_schedule`.
 
@@ -539,7 +547,8 @@ class HierarchicalKVCache:
                 f"{None if pos_emb is None else tuple(pos_emb.shape)}"
             )
         device, work = self._keys.device, accumulation_dtype(self.dtype)
-        plan = plan.to(device)
+        if plan.tree_index.device != device:  # (a copy: its cached views are built again)
+            plan = plan.to(device)
         eps = None if pos_emb is None else pos_emb.to(device, work)
         out, sums, energy = causal_statistics(
             *(t.to(device, work) for t in (q, k, v)), plan, pos_emb=eps, scale=self.tau

@@ -203,6 +203,22 @@ def test_prefill_then_append_equals_appending_every_token(pos_dim, step):
     assert step is None or step
 
 
+def test_sequences_of_one_tree_decode_as_one_cache_of_their_heads(step):
+    """``B`` sequences with the same events decode together as one cache of ``B * H`` heads
+    (the class docstring's recipe): each sequence's outputs are those of its own cache."""
+    h, batch, heads = window_hierarchy(40, (4, 3)), 3, 2
+    sequences = [random_qkv(h.num_leaves, heads=heads, seed=seed) for seed in range(batch)]
+    pe = torch.randn(
+        h.num_nodes, heads, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+    )
+    folded = [torch.cat(rows, 1) for rows in zip(*sequences, strict=True)]  # [L, B * H, ·]
+    out, _ = decode(h, *folded, pos_emb=pe.repeat(1, batch, 1))
+    for b, (q, k, v) in enumerate(sequences):
+        ref, _ = decode(h, q, k, v, pos_emb=pe)
+        torch.testing.assert_close(out[:, b * heads : (b + 1) * heads], ref, atol=1e-12, rtol=0)
+    assert step is None or step
+
+
 @PATTERNS
 @pytest.mark.parametrize("pos_dim", [0, 3])
 def test_prefill_at_every_close_and_open_pattern(spec, pos_dim):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph._autograd import records_grad
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal_uniform import uniform_causal_attention
@@ -155,10 +156,12 @@ def causal_hierarchical_attention(
 def causal_statistics(
     q: Tensor, k: Tensor, v: Tensor, hierarchy, *, pos_emb: Tensor | None = None, scale=None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    r"""Strictly causal HSA on the edge lists, and the node statistics a cache holds.
+    r"""Strictly causal HSA, and the node statistics a cache holds.
 
     The same formulas as :func:`causal_hierarchical_attention` (``q, k [L, H, d]``,
-    ``v [L, H, d_v]`` in the inputs' dtype, which must be float32 or float64).
+    ``v [L, H, d_v]`` in the inputs' dtype, which must be float32 or float64), computed in
+    the compiled causal kernel (:func:`~hiergraph.ops.hsa.native.causal_forest_statistics`:
+    CPU, eager, nothing recording gradients), else on the edge lists (differentiable).
 
     Returns:
         ``out [L, H, d_v]``, the sums :math:`\Sigma_q, \Sigma_k, \Sigma_v` of every node
@@ -169,6 +172,8 @@ def causal_statistics(
     plan = CausalPlan.of(hierarchy)
     eps = _check_inputs(q, k, v, plan, pos_emb)
     tau = q.size(-1) ** -0.5 if scale is None else scale
+    if not records_grad(q, k, v, eps) and native.applies_to_causal(q, k, v, eps):
+        return native.causal_forest_statistics(q, k, v, eps, plan, tau=tau)
     out, sums, per_depth = _edge_attention(q, k, v, plan, eps, tau)
     return out, sums, sum(per_depth, q.new_zeros((plan.num_nodes, q.size(1))))
 

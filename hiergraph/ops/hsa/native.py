@@ -496,8 +496,30 @@ def causal_forest_attention(
     backward walks them in reverse. Returns ``[L, H, d_v]``. Second derivatives
     differentiate ``recorded(q, k, v, eps)``, the same op on tensor operations (``eps``:
     ``[eps]`` or ``None``)."""
-    arrays = plan.breadth_first
     q, k, v = (t.contiguous() for t in (q, k, v))
     eps = None if eps is None else eps.contiguous()
-    options = (plan.tree_index.level_ptr[1], float(tau))
-    return _PlannedKernel.apply("causal", arrays, options, recorded, q, k, v, eps)
+    options = _causal_options(plan, tau)
+    return _PlannedKernel.apply("causal", plan.breadth_first, options, recorded, q, k, v, eps)
+
+
+def causal_forest_statistics(
+    q: Tensor, k: Tensor, v: Tensor, eps: Tensor | None, plan, *, tau: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""The forward of :func:`causal_forest_attention` with the node statistics it computes
+    on its way, without autograd: ``out [L, H, d_v]``, the sums of ``q, k, v`` over every
+    node's leaves ``[N, H, d + d + d_v]`` and every node's complete energy :math:`g` (its
+    value at the node's last leaf; a root's 0) ``[N, H]``, both in node order: what
+    :func:`~hiergraph.ops.hsa.causal.causal_statistics` returns."""
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    eps = None if eps is None else eps.contiguous()
+    out, sums, energy = extension().causal_statistics(
+        q, k, v, eps, *plan.breadth_first, *_causal_options(plan, tau)
+    )
+    position = plan.tree_index.rank  # node id -> breadth-first position
+    return out, sums.index_select(0, position), energy.index_select(0, position)
+
+
+def _causal_options(plan, tau: float) -> tuple[int, float]:
+    """The causal kernel's scalar arguments: the number of trees (the roots' positions
+    come first) and the logit scale."""
+    return plan.tree_index.level_ptr[1], float(tau)

@@ -80,7 +80,22 @@ def test_equals_dense_reference_on_random_trees(edges):
     assert edges is None or edges
 
 
-def test_statistics_pass_gives_the_output_and_node_sums():
+@pytest.fixture(params=["causal-kernel", "edge-kernel", "torch-ops"])
+def statistics_path(request, monkeypatch):
+    """What computes ``causal_statistics``: the compiled causal kernel (its calls counted),
+    the edge lists with their softmax in the compiled kernel, or the edge lists on PyTorch
+    operations."""
+    if request.param == "torch-ops":
+        monkeypatch.setattr(native, "_enabled", False)
+        return None
+    hsa_kernel()
+    if request.param == "edge-kernel":
+        monkeypatch.setattr(native, "applies_to_causal", lambda *args: False)
+        return None
+    return spy_calls(monkeypatch, native, "causal_forest_statistics")
+
+
+def test_statistics_pass_gives_the_output_and_node_sums(statistics_path):
     """``causal_statistics`` (what a cache's prefill reads): the op's output, every node's
     sums of ``q, k, v`` over its leaves, and finite energies (a root's 0). That the energies
     are those of incremental decoding is checked through the cache
@@ -99,6 +114,44 @@ def test_statistics_pass_gives_the_output_and_node_sums():
         torch.testing.assert_close(sums.flatten(1), below.double() @ rows, atol=1e-12, rtol=0)
         root = plan.ancestors[0, 0]
         assert torch.isfinite(energy).all() and (energy[root] == 0).all()
+    assert statistics_path is None or len(statistics_path) == 4
+
+
+@pytest.mark.parametrize("pos", [False, True])
+def test_statistics_kernel_equals_the_edge_lists(monkeypatch, pos):
+    """The compiled kernel's statistics equal the edge lists' (float64): the outputs, every
+    node's sums and its complete energy, on random trees (a single leaf among them), a
+    window tree and a batch of trees, with embeddings per head."""
+    hsa_kernel()
+    rng = random.Random(9)
+    trees = [from_nested(ordered_spec(rng, size)) for size in (1, 2, 7, 13, 20)]
+    cases = [*trees, window_hierarchy(37, (4, 3)), Batch.from_data_list(trees)]
+    calls = spy_calls(monkeypatch, native, "causal_forest_statistics")
+    for seed, h in enumerate(cases):
+        q, k, v = random_qkv(h.num_leaves, seed=seed)
+        gen = torch.Generator().manual_seed(seed)
+        pe = torch.randn(h.num_nodes, 2, 3, generator=gen, **F64) if pos else None
+        got = causal_statistics(q, k, v, h, pos_emb=pe, scale=0.7)
+        with monkeypatch.context() as edges_only:
+            edges_only.setattr(native, "applies_to_causal", lambda *args: False)
+            ref = causal_statistics(q, k, v, h, pos_emb=pe, scale=0.7)
+        for name, a, b in zip(("out", "sums", "energy"), got, ref, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=0, msg=f"{name}, case {seed}")
+    assert len(calls) == len(cases)
+
+
+def test_statistics_with_gradients_run_on_the_edge_lists(monkeypatch):
+    """Inputs that record gradients take the differentiable edge lists, not the kernel."""
+    hsa_kernel()
+    calls = spy_calls(monkeypatch, native, "causal_forest_statistics")
+    h = from_nested(ordered_spec(random.Random(3), 9))
+    q, k, v = (t.requires_grad_() for t in random_qkv(h.num_leaves, seed=1))
+    out, sums, energy = causal_statistics(q, k, v, h)
+    (out.sum() + sums.sum() + energy.sum()).backward()
+    assert not calls and all(t.grad is not None for t in (q, k, v))
+    with torch.no_grad():
+        causal_statistics(q, k, v, h)
+    assert len(calls) == 1
 
 
 def test_float32_inputs_with_a_float64_position_table():

@@ -49,6 +49,12 @@ Tensors causal_forward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                        const at::Tensor& first, const at::Tensor& last, const at::Tensor& count,
                        const at::Tensor& rank, const at::Tensor& node, int64_t trees,
                        double tau);
+Tensors causal_statistics(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& eps, const at::Tensor& path,
+                          const at::Tensor& depth, const at::Tensor& pair_ptr,
+                          const at::Tensor& first, const at::Tensor& last,
+                          const at::Tensor& count, const at::Tensor& rank,
+                          const at::Tensor& node, int64_t trees, double tau);
 Tensors causal_backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k,
                         const at::Tensor& v, const std::optional<at::Tensor>& eps,
                         const at::Tensor& path, const at::Tensor& depth,
@@ -84,6 +90,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ragged_backward", &ragged_backward);
   m.def("causal_forward", &causal_forward);
   m.def("causal_backward", &causal_backward);
+  m.def("causal_statistics", &causal_statistics);
   m.def("kv_step", &kv_step);
   m.def("edge_softmax_forward", &edge_softmax_forward);
   m.def("edge_softmax_backward", &edge_softmax_backward);

@@ -22,6 +22,8 @@
 // complete rho_k, rho_v; the backward walks the leaves in reverse, collecting the gradients
 // of a node's rho_k, rho_v and g from the later leaves that read it before reaching its own
 // leaves, and the gradient of every prefix sum as a running sum over the node's later leaves.
+// causal_statistics is the forward with what a KV cache's prefill reads: every node's sums
+// of q, k, v over its leaves and its complete g.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -158,15 +160,14 @@ void each_task(int64_t trees, int64_t heads, const F& fn) {
   });
 }
 
-}  // namespace
-
-// {out [L, H, d_v], rho [P, H, d], lse, a, g [P, H], rho_k [N, H, d], rho_v [N, H, d_v]}.
-Tensors causal_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const std::optional<at::Tensor>& eps, const at::Tensor& path,
-                       const at::Tensor& depth, const at::Tensor& pair_ptr,
-                       const at::Tensor& first, const at::Tensor& last, const at::Tensor& count,
-                       const at::Tensor& rank, const at::Tensor& node, int64_t trees,
-                       double tau) {
+// The forward pass: {out [L, H, d_v], rho [P, H, d], lse, a, g [P, H], rho_k [N, H, d],
+// rho_v [N, H, d_v], the complete sums of q, k, v over every position's leaves [N, H, d + d
+// + d_v] and, with `energies`, every position's complete g [N, H] (a root's 0)}.
+Tensors forward_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const std::optional<at::Tensor>& eps, const at::Tensor& path,
+                     const at::Tensor& depth, const at::Tensor& pair_ptr, const at::Tensor& first,
+                     const at::Tensor& last, const at::Tensor& count, const at::Tensor& rank,
+                     const at::Tensor& node, int64_t trees, double tau, bool energies) {
   check_plan(q, k, v, eps, path, depth, pair_ptr, first, last, count, rank, node, trees);
   const int64_t leaves = q.size(0), heads = q.size(1), n = count.size(0);
   const int64_t pairs = pair_ptr.data_ptr<int64_t>()[leaves];
@@ -175,9 +176,11 @@ Tensors causal_forward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   at::Tensor a = at::empty_like(lse), g = at::empty_like(lse);
   at::Tensor rk = at::empty({n, heads, q.size(2)}, q.options());
   at::Tensor rv = at::empty({n, heads, v.size(2)}, q.options());
-  // the open nodes' running sums of q, k, v and of n(B) g(B) over their closed children
-  at::Tensor pq = at::empty_like(rk), pk = at::empty_like(rk), pv = at::empty_like(rv);
+  // the open nodes' running sums of q, k, v (complete once closed) and of n(B) g(B) over
+  // their closed children
+  at::Tensor sums = at::empty({n, heads, 2 * q.size(2) + v.size(2)}, q.options());
   at::Tensor closed = at::empty({n, heads}, q.options());
+  at::Tensor energy = energies ? at::empty({n, heads}, q.options()) : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_causal_forward", [&] {
     using T = scalar_t;
     const Plan<T> P = plan<T>(q, k, v, eps, path, depth, pair_ptr, first, last, count, rank,
@@ -185,32 +188,33 @@ Tensors causal_forward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     const int64_t d = P.d, dv = P.dv, c = P.c;
     T *RHO = rho.data_ptr<T>(), *LSE = lse.data_ptr<T>(), *A = a.data_ptr<T>();
     T *G = g.data_ptr<T>(), *RK = rk.data_ptr<T>(), *RV = rv.data_ptr<T>();
-    T *PQ = pq.data_ptr<T>(), *PK = pk.data_ptr<T>(), *PV = pv.data_ptr<T>();
     T *LG = closed.data_ptr<T>(), *O = out.data_ptr<T>();
+    T* E = energies ? energy.data_ptr<T>() : nullptr;
+    T* SUM = sums.data_ptr<T>();  // position x, head h: q at SUM[r * w], k, v after it
+    const int64_t w = 2 * d + dv;
     each_task(P.trees, heads, [&](int64_t tree, int64_t h) {
-      std::vector<T> s, theta, weight;
+      std::vector<T> s, theta;
       for (int64_t i = P.first[tree]; i <= P.last[tree]; ++i) {
         const int64_t m = P.depth[i], *x = P.path + i * P.width;
         const T *qi = P.row(P.q, i, h, d), *ki = P.row(P.k, i, h, d);
         const T* vi = P.row(P.v, i, h, dv);
-        for (int64_t t = 1; t <= m; ++t) {  // the path's prefix sums (opened at first leaves)
+        for (int64_t t = 0; t <= m; ++t) {  // the path's prefix sums (opened at first leaves)
           const int64_t r = x[t] * heads + h;
+          T* sq = SUM + r * w;
           if (P.first[x[t]] == i) {
-            std::fill(PQ + r * d, PQ + (r + 1) * d, T(0));
-            std::fill(PK + r * d, PK + (r + 1) * d, T(0));
-            std::fill(PV + r * dv, PV + (r + 1) * dv, T(0));
+            std::fill(sq, sq + w, T(0));
             LG[r] = 0;
           }
-          axpy(PQ + r * d, T(1), qi, d);
-          axpy(PK + r * d, T(1), ki, d);
-          axpy(PV + r * dv, T(1), vi, dv);
+          axpy(sq, T(1), qi, d);
+          axpy(sq + d, T(1), ki, d);
+          axpy(sq + 2 * d, T(1), vi, dv);
         }
         theta.assign(m * dv, T(0));
         for (int64_t t = m; t >= 1; --t) {  // bottom-up: attention and energies
           const int64_t pr = P.pair(i, t) * heads + h, r = x[t] * heads + h;
           const T cnt = static_cast<T>(P.seen(i, x[t]));
           T* rh = RHO + pr * d;
-          for (int64_t j = 0; j < d; ++j) rh[j] = PQ[r * d + j] / cnt;
+          for (int64_t j = 0; j < d; ++j) rh[j] = SUM[r * w + j] / cnt;
           s.resize(P.rank[x[t]]);
           const int64_t keys = P.logits(rh, x[t], h, RK, s.data());
           T top = -std::numeric_limits<T>::infinity();
@@ -241,20 +245,48 @@ Tensors causal_forward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
           u += log_sigmoid(A[pr] - LSE[pr]);
         }
         axpy(o, std::exp(u), vi, dv);
-        for (int64_t t = m; t >= 1; --t) {  // nodes whose last leaf this is close
+        for (int64_t t = m; t >= 0; --t) {  // nodes whose last leaf this is close
           if (P.last[x[t]] != i) continue;
           const int64_t r = x[t] * heads + h;
           const T inv = T(1) / static_cast<T>(P.count[x[t]]);
-          for (int64_t j = 0; j < d; ++j) RK[r * d + j] = PK[r * d + j] * inv;
-          for (int64_t j = 0; j < dv; ++j) RV[r * dv + j] = PV[r * dv + j] * inv;
-          if (t >= 2)
-            LG[x[t - 1] * heads + h] +=
-                static_cast<T>(P.count[x[t]]) * G[P.pair(i, t) * heads + h];
+          for (int64_t j = 0; j < d; ++j) RK[r * d + j] = SUM[r * w + d + j] * inv;
+          for (int64_t j = 0; j < dv; ++j) RV[r * dv + j] = SUM[r * w + 2 * d + j] * inv;
+          const T gx = t >= 1 ? G[P.pair(i, t) * heads + h] : T(0);
+          if (E) E[r] = gx;
+          if (t >= 2) LG[x[t - 1] * heads + h] += static_cast<T>(P.count[x[t]]) * gx;
         }
       }
     });
   });
-  return {out, rho, lse, a, g, rk, rv};
+  return {out, rho, lse, a, g, rk, rv, sums, energy};
+}
+
+}  // namespace
+
+// {out [L, H, d_v], rho [P, H, d], lse, a, g [P, H], rho_k [N, H, d], rho_v [N, H, d_v]}.
+Tensors causal_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const std::optional<at::Tensor>& eps, const at::Tensor& path,
+                       const at::Tensor& depth, const at::Tensor& pair_ptr,
+                       const at::Tensor& first, const at::Tensor& last, const at::Tensor& count,
+                       const at::Tensor& rank, const at::Tensor& node, int64_t trees,
+                       double tau) {
+  Tensors all = forward_pass(q, k, v, eps, path, depth, pair_ptr, first, last, count, rank,
+                             node, trees, tau, false);
+  all.resize(7);
+  return all;
+}
+
+// {out [L, H, d_v], the sums of q, k, v over every position's leaves [N, H, d + d + d_v],
+// every position's complete g [N, H] (a root's 0)}: what a cache's prefill reads.
+Tensors causal_statistics(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& eps, const at::Tensor& path,
+                          const at::Tensor& depth, const at::Tensor& pair_ptr,
+                          const at::Tensor& first, const at::Tensor& last,
+                          const at::Tensor& count, const at::Tensor& rank,
+                          const at::Tensor& node, int64_t trees, double tau) {
+  Tensors all = forward_pass(q, k, v, eps, path, depth, pair_ptr, first, last, count, rank,
+                             node, trees, tau, true);
+  return {all[0], all[7], all[8]};
 }
 
 // {dq, dk, dv [L, H, .], d_eps [N, H, c] (undefined without eps)}.
