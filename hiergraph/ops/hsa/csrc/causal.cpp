@@ -43,8 +43,7 @@ using hiergraph::check_index;
 using hiergraph::check_leaf_qkv;
 using hiergraph::check_tensor;
 using hiergraph::dot;
-using hiergraph::log_add_exp;
-using hiergraph::log_sigmoid;
+using hiergraph::log_gates;
 using hiergraph::normalized_exp;
 using Tensors = std::vector<at::Tensor>;
 
@@ -193,7 +192,7 @@ Tensors forward_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     T* SUM = sums.data_ptr<T>();  // position x, head h: q at SUM[r * w], k, v after it
     const int64_t w = 2 * d + dv;
     each_task(P.trees, heads, [&](int64_t tree, int64_t h) {
-      std::vector<T> s, theta;
+      std::vector<T> s, theta, log_mu, log_rest;  // (the gates of the path's pairs)
       for (int64_t i = P.first[tree]; i <= P.last[tree]; ++i) {
         const int64_t m = P.depth[i], *x = P.path + i * P.width;
         const T *qi = P.row(P.q, i, h, d), *ki = P.row(P.k, i, h, d);
@@ -210,6 +209,8 @@ Tensors forward_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           axpy(sq + 2 * d, T(1), vi, dv);
         }
         theta.assign(m * dv, T(0));
+        log_mu.resize(m + 1);
+        log_rest.resize(m + 1);
         for (int64_t t = m; t >= 1; --t) {  // bottom-up: attention and energies
           const int64_t pr = P.pair(i, t) * heads + h, r = x[t] * heads + h;
           const T cnt = static_cast<T>(P.seen(i, x[t]));
@@ -234,15 +235,17 @@ Tensors forward_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
             const T child = static_cast<T>(P.seen(i, x[t + 1]));
             A[pr] = (LG[r] + child * G[below]) / cnt;
           }
-          G[pr] = log_add_exp(A[pr], LSE[pr]);
+          const auto gate = log_gates(A[pr], LSE[pr]);
+          G[pr] = gate.sum;
+          log_mu[t] = gate.log_mu;
+          log_rest[t] = gate.log_rest;
         }
         T* o = O + (i * heads + h) * dv;  // top-down: gates and output
         std::fill(o, o + dv, T(0));
         T u = 0;
         for (int64_t t = 1; t <= m; ++t) {
-          const int64_t pr = P.pair(i, t) * heads + h;
-          axpy(o, std::exp(u + log_sigmoid(LSE[pr] - A[pr])), theta.data() + (t - 1) * dv, dv);
-          u += log_sigmoid(A[pr] - LSE[pr]);
+          axpy(o, std::exp(u + log_rest[t]), theta.data() + (t - 1) * dv, dv);
+          u += log_mu[t];
         }
         axpy(o, std::exp(u), vi, dv);
         for (int64_t t = m; t >= 0; --t) {  // nodes whose last leaf this is close
@@ -343,9 +346,10 @@ Tensors causal_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
         T u = 0;
         for (int64_t t = 1; t <= m; ++t) {
           const int64_t pr = P.pair(i, t) * heads + h;
-          w[t] = std::exp(u + log_sigmoid(LSE[pr] - A[pr]));
-          mu[t] = std::exp(log_sigmoid(A[pr] - LSE[pr]));
-          u += log_sigmoid(A[pr] - LSE[pr]);
+          const auto gate = log_gates(A[pr], LSE[pr]);
+          w[t] = std::exp(u + gate.log_rest);
+          mu[t] = std::exp(gate.log_mu);
+          u += gate.log_mu;
         }
         const T own = std::exp(u);
         // every pair's weights (recomputed from the saved lse; pair t's from offset[t]) and

@@ -16,7 +16,7 @@
 namespace {
 
 using hiergraph::log_add_exp;
-using hiergraph::log_sigmoid;
+using hiergraph::log_gates;
 
 void check_store(const at::Tensor& t, const at::Tensor& keys, const char* name) {
   TORCH_CHECK(t.is_contiguous() && t.device().is_cpu() && t.scalar_type() == keys.scalar_type(),
@@ -145,8 +145,9 @@ at::Tensor kv_step(at::Tensor& keys, at::Tensor& values, at::Tensor& query, at::
           log_mu = neg_inf;
           log_rest = 0;
         } else {
-          log_mu = log_sigmoid(a[r] - lse[r]);
-          log_rest = log_sigmoid(lse[r] - a[r]);
+          const auto gate = log_gates(a[r], lse[r]);
+          log_mu = gate.log_mu;
+          log_rest = gate.log_rest;
         }
         const T weight = std::exp(log_mass + log_rest);
         for (int64_t c = 0; c < dv; ++c) o[c] += weight * theta[r * dv + c];

@@ -45,7 +45,7 @@ using hiergraph::check_tensor;
 using hiergraph::combine;
 using hiergraph::gram;
 using hiergraph::log_add_exp;
-using hiergraph::log_sigmoid;
+using hiergraph::log_gates;
 using hiergraph::normalized_exp;
 using Tensors = std::vector<at::Tensor>;
 
@@ -160,14 +160,6 @@ T softmax(T* __restrict s, int64_t n) {
     return top;
   }
   return top + std::log(normalized_exp(s, n, top));
-}
-
-// The gates of a node: {log mu, log(1 - mu)} with mu = sigmoid(a - lse); both -inf when
-// a = lse = -inf (no energy and no key: no mass passes).
-template <typename T>
-std::pair<T, T> log_gates(T a, T lse) {
-  if (a == kNegInf<T> && lse == kNegInf<T>) return {kNegInf<T>, kNegInf<T>};
-  return {log_sigmoid(a - lse), log_sigmoid(lse - a)};
 }
 
 // Checks the inputs and the forest: float32 or float64 rows, the children of every level
@@ -342,7 +334,7 @@ Tensors ragged_forward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
       const T* base = acc_rows + (par * heads + h) * dv;
       for (int64_t i = 0; i < b; ++i) {
         const int64_t x = c0 + i, r = x * heads + h;
-        const auto [log_mu, log_rest] = log_gates(A[r], L[r]);
+        const auto [g, log_mu, log_rest] = log_gates(A[r], L[r]);
         Dl[r] = up + log_rest;
         U[r] = up + log_mu;
         const bool is_leaf = f.leaf(x) >= 0;
@@ -452,7 +444,7 @@ Tensors ragged_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
       const T da_parent = DA[par * heads + h], inv_parent = T(1) / f.count[par];
       for (int64_t i = 0; i < b; ++i) {  // dS of the family, [b, b]
         const int64_t x = c0 + i, r = x * heads + h;
-        const auto [log_mu, log_rest] = log_gates(A[r], L[r]);
+        const auto [g, log_mu, log_rest] = log_gates(A[r], L[r]);
         const T mu = std::exp(log_mu), rest = std::exp(log_rest);
         const T g_energy = da_parent * f.count[x] * inv_parent;
         const T dx = DU[r] * rest - DD[r] * mu;

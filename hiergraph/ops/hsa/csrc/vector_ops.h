@@ -65,10 +65,21 @@ inline T log_add_exp(T a, T b) {
   return m + std::log1p(std::exp(std::min(a, b) - m));
 }
 
-// log(1 / (1 + e^-x)), for x in [-inf, inf].
+// The gates of a node with energy a and siblings' log-sum lse: log(e^a + e^lse), log mu and
+// log(1 - mu) with mu = sigmoid(a - lse) (log sigmoid(x) = min(x, 0) - log(1 + e^-|x|)), from
+// one exp and one log1p (their shared log(1 + e^-|a - lse|)); all -inf when a = lse = -inf (no
+// energy and no key: no mass passes).
 template <typename T>
-inline T log_sigmoid(T x) {
-  return std::min(x, T(0)) - std::log1p(std::exp(-std::abs(x)));
+struct LogGates {
+  T sum, log_mu, log_rest;
+};
+
+template <typename T>
+inline LogGates<T> log_gates(T a, T lse) {
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  if (a == neg_inf && lse == neg_inf) return {neg_inf, neg_inf, neg_inf};
+  const T x = a - lse, shared = std::log1p(std::exp(-std::abs(x)));
+  return {std::max(a, lse) + shared, std::min(x, T(0)) - shared, std::min(-x, T(0)) - shared};
 }
 
 }  // namespace hiergraph
