@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._autograd import records_grad
+from hiergraph._device import host_tensor
 from hiergraph._precision import accumulation_dtype
 from hiergraph.nn._checks import check_int
 from hiergraph.ops.hsa import native
@@ -554,33 +555,37 @@ class HierarchicalKVCache:
             *(t.to(device, work) for t in (q, k, v)), plan, pos_emb=eps, scale=self.tau
         )
         # the last token's root path A_0 .. A_m and, per open node A_j, its closed children:
-        # the left siblings of A_{j+1}, in order (for A_{m-1}, the last leaf too)
+        # the left siblings of A_{j+1}, in order (for A_{m-1}, the last leaf too), as one list
+        # of nodes with their open node `level` and `slot` (level-major)
         m = int(plan.leaf_depth[-1])
         path = plan.ancestors[-1, : m + 1]
-        siblings = plan.sib_query[:, None] == path[None, 1:]  # [S, m]
-        closed = [plan.sib_key[siblings[:, j]] for j in range(m)]
-        closed[-1] = torch.cat([closed[-1], path[-1:]])
-        width = max(c.numel() for c in closed)
-        levels, capacity = self._keys.shape[0], self._keys.shape[2]
-        if m > levels or width > capacity:
-            self._alloc(self._keys, max(levels, m), max(capacity, width))
-        count = plan.count.to(work)
-        d, c, dv = self.dim, self.pos_dim, self.dim_v
-        mean = sums / count[:, None, None]  # [N, H, d + d + d_v]
-        self._child_n = [plan.count[j].tolist() for j in closed]
+        level, pair = (path[1:, None] == plan.sib_query[None, :]).nonzero(as_tuple=True)
+        nodes = torch.cat([plan.sib_key[pair], path[-1:]])
+        level = torch.cat([level, level.new_full((1,), m - 1)])
+        level_of, counts = torch.stack([level, plan.count[nodes]]).tolist()
+        widths = [level_of.count(j) for j in range(m)]
+        starts = [sum(widths[:j]) for j in range(m)]
+        self._child_n = [counts[start : start + w] for start, w in zip(starts, widths, strict=True)]
         self._leaves = [sum(n) for n in self._child_n]
-        for j, nodes in enumerate(closed):  # the closed children of A_j, [H, width, ·]
-            w, n = nodes.numel(), count[nodes]
-            self._keys[j, :, :w, :d] = mean[nodes, :, d : 2 * d].transpose(0, 1)
-            if c:
-                self._keys[j, :, :w, d : d + c] = eps[nodes].transpose(0, 1)
-            self._keys[j, :, :w, -2] = n.log()
-            self._keys[j, :, :w, -1] = n
-            self._values[j, :, :w, :dv] = mean[nodes, :, 2 * d :].transpose(0, 1)
-            self._ng[j] = (n[:, None] * energy[nodes]).sum(0)
+        levels, capacity = self._keys.shape[0], self._keys.shape[2]
+        if m > levels or max(widths) > capacity:
+            self._alloc(self._keys, max(levels, m), max(capacity, max(widths)))
+        slot = host_tensor([i - starts[j] for i, j in enumerate(level_of)], level.device)
+        d, c, dv = self.dim, self.pos_dim, self.dim_v
+        n = plan.count[nodes].to(work)
+        mean = sums[nodes] / n[:, None, None]  # [K, H, d + d + d_v]
+        self._keys[level, :, slot, :d] = mean[..., d : 2 * d]
+        if c:
+            self._keys[level, :, slot, d : d + c] = eps[nodes]
+        self._keys[level, :, slot, -2] = n.log()[:, None]
+        self._keys[level, :, slot, -1] = n[:, None]
+        self._values[level, :, slot, :dv] = mean[..., 2 * d :]
+        self._ng[:m] = self._ng.new_zeros(m, self.heads).index_add_(
+            0, level, n[:, None] * energy[nodes]
+        )
         inner = path[1:]  # A_1 .. A_m: rows 0 .. m - 1 of the path's statistics
         self._prefix[:m, :, :d] = self.tau * sums[inner, :, :d]
-        self._prefix[:m, :, d] = count[inner, None]
+        self._prefix[:m, :, d] = plan.count[inner, None].to(work)
         if c:
             self._query[:m, :, d:-2] = eps[inner]
         self._g[:m] = energy[inner]
