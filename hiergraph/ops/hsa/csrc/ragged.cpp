@@ -334,9 +334,9 @@ Tensors ragged_forward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
       const T* base = acc_rows + (par * heads + h) * dv;
       for (int64_t i = 0; i < b; ++i) {
         const int64_t x = c0 + i, r = x * heads + h;
-        const auto [g, log_mu, log_rest] = log_gates(A[r], L[r]);
-        Dl[r] = up + log_rest;
-        U[r] = up + log_mu;
+        const auto gate = log_gates(A[r], L[r]);
+        Dl[r] = up + gate.log_rest;
+        U[r] = up + gate.log_mu;
         const bool is_leaf = f.leaf(x) >= 0;
         T* o = is_leaf ? O + (f.leaf(x) * heads + h) * dv : acc_rows + r * dv;
         combine(o, base, std::exp(Dl[r]), w + i * b, 1, V, 0, b, dv);
@@ -444,8 +444,8 @@ Tensors ragged_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
       const T da_parent = DA[par * heads + h], inv_parent = T(1) / f.count[par];
       for (int64_t i = 0; i < b; ++i) {  // dS of the family, [b, b]
         const int64_t x = c0 + i, r = x * heads + h;
-        const auto [g, log_mu, log_rest] = log_gates(A[r], L[r]);
-        const T mu = std::exp(log_mu), rest = std::exp(log_rest);
+        const auto gate = log_gates(A[r], L[r]);
+        const T mu = std::exp(gate.log_mu), rest = std::exp(gate.log_rest);
         const T g_energy = da_parent * f.count[x] * inv_parent;
         const T dx = DU[r] * rest - DD[r] * mu;
         DA[r] = dx + g_energy * mu;
