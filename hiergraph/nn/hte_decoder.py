@@ -18,6 +18,7 @@ from torch_geometric.utils import to_dense_batch
 
 from hiergraph._device import host_tensor
 from hiergraph.data.signal_hierarchy import SignalHierarchy
+from hiergraph.nn._checks import check_int
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, check_one_tree
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.plan import CausalPlan
@@ -47,6 +48,12 @@ def from_schedule(schedule) -> SignalHierarchy:
             stack.append(node)
         stack.pop()  # the leaf is never open
     return SignalHierarchy.from_parent(torch.tensor(parent), slot=torch.tensor(slot))
+
+
+def fold_heads(x: Tensor) -> Tensor:
+    """``[B, L, H, c]`` (``B`` sequences on the same tree) → ``[L, B * H, c]``: the sequences'
+    heads side by side, sequence-major (heads never mix, so one op or cache serves them all)."""
+    return x.transpose(0, 1).reshape(x.size(1), x.size(0) * x.size(2), x.size(3))
 
 
 class CausalSelfAttention(nn.Module):
@@ -124,15 +131,22 @@ class CausalSelfAttention(nn.Module):
         r"""Full causal pass.
 
         Args:
-            x: ``[L, channels]`` token features in leaf order.
+            x: ``[L, channels]`` token features in leaf order, or ``[B, L, channels]``: ``B``
+                sequences on the same trees (their heads side by side, :func:`fold_heads`).
             plan: the :class:`~hiergraph.plan.CausalPlan` of the trees.
             pos_emb: ``[N, pos_channels]`` node embeddings (``hsa``), or
                 ``[L, pos_channels]`` token-position embeddings (``flat``).
             batch: ``[L]`` tree of every token (``flat``: attention stays in a tree).
-            cache: an empty cache of :meth:`new_cache` that the pass fills with its tokens
-                (a prompt; one tree), after which :meth:`step` goes on decoding.
+            cache: an empty cache of :meth:`new_cache` (for ``B`` sequences) that the pass
+                fills with its tokens (a prompt; one tree), after which :meth:`step` goes on
+                decoding.
         """
         q, k, v, eps = self._project(x, pos_emb)
+        sequences = x.size(0) if x.dim() == 3 else None
+        if sequences is not None:
+            q, k, v = (fold_heads(t) for t in (q, k, v))
+            eps = None if eps is None else eps.repeat(1, sequences, 1)
+        heads = q.size(1)
         if self.attention == "hsa" and cache is not None:
             out = cache.prefill(q, k, v, plan, pos_emb=eps)
         elif self.attention == "hsa":
@@ -144,40 +158,48 @@ class CausalSelfAttention(nn.Module):
             dense = [to_dense_batch(t.flatten(1), batch)[0] for t in (qa, ka, v)]
             mask = to_dense_batch(v[:, 0, :1], batch)[1]
             b, t = mask.shape
-            qd, kd, vd = (d.view(b, t, self.heads, -1).transpose(1, 2) for d in dense)
+            qd, kd, vd = (d.view(b, t, heads, -1).transpose(1, 2) for d in dense)
             causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
             attn_mask = (causal & mask[:, None, :])[:, None]
             out = F.scaled_dot_product_attention(
                 qd, kd, vd, attn_mask=attn_mask, scale=self.head_channels**-0.5
             )
-            out = out.transpose(1, 2).reshape(b * t, self.heads, -1)[mask.view(-1)]
+            out = out.transpose(1, 2).reshape(b * t, heads, -1)[mask.view(-1)]
+        if sequences is not None:  # [L, B * H, d_h] -> [B, L, channels]
+            return self.out(out.reshape(out.size(0), sequences, self.channels).transpose(0, 1))
         return self.out(out.reshape(x.size(0), self.channels))
 
     def step(self, x: Tensor, cache, pos_emb: Tensor | None, close: int = 0, open: int = 0):  # noqa: A002
-        """One decoding step: ``x [channels]`` → ``[channels]``; ``pos_emb`` holds the
-        embeddings of the new nodes (``hsa``, ``[open + 1, pos_channels]``) or of the
-        token's position (``flat``, ``[1, pos_channels]``)."""
-        q, k, v, _ = self._project(x[None], None)
-        q, k, v = q[0], k[0], v[0]
+        """One decoding step: ``x [channels]`` → ``[channels]`` (``[B, channels]``: ``B``
+        sequences with the same events, in a cache of :meth:`new_cache` for ``B``);
+        ``pos_emb`` holds the embeddings of the new nodes (``hsa``, ``[open + 1,
+        pos_channels]``) or of the token's position (``flat``, ``[1, pos_channels]``)."""
+        q, k, v, _ = self._project(x.view(-1, self.channels), None)  # [B, H, d_h]
+        sequences = q.size(0)
+        q, k, v = (t.reshape(sequences * self.heads, -1) for t in (q, k, v))
         eps = None
         if self.pos is not None:
             eps = self.pos(pos_emb).view(-1, self.heads, self.pos_head_channels)
+            eps = eps.repeat(1, sequences, 1)
         if self.attention == "hsa":
             out = cache.append(q, k, v, close=close, open=open, pos_emb=eps)
         else:
             qa, ka = self._augment(q, k, None if eps is None else eps[-1])
             out = cache.append(qa, ka, v)
-        return self.out(out.reshape(self.channels))
+        return self.out(out.reshape(x.shape))
 
-    def new_cache(self, dtype=torch.float32, device=None):
-        """An empty cache for :meth:`step`."""
+    def new_cache(self, dtype=torch.float32, device=None, sequences: int = 1):
+        """An empty cache for :meth:`step` and a prompt's :meth:`forward`, for ``sequences``
+        sequences with the same events (their heads side by side)."""
+        check_int(sequences, "sequences")
+        heads = self.heads * sequences
         if self.attention == "hsa":
             return HierarchicalKVCache(
-                self.heads, self.head_channels, pos_dim=self.pos_head_channels,
+                heads, self.head_channels, pos_dim=self.pos_head_channels,
                 dtype=dtype, device=device,
             )  # fmt: skip
         return FlatKVCache(
-            self.heads, self.head_channels + self.pos_head_channels, self.head_channels,
+            heads, self.head_channels + self.pos_head_channels, self.head_channels,
             scale=self.head_channels**-0.5, dtype=dtype, device=device,
         )  # fmt: skip
 
@@ -299,21 +321,34 @@ class HTEDecoder(nn.Module):
         ``hierarchy`` (one tree, e.g. :func:`from_schedule` of the prompt's events) → logits
         ``[T, V]``, those of :meth:`forward`, from one full pass per layer
         (:meth:`HierarchicalKVCache.prefill`, :meth:`FlatKVCache.extend`); :meth:`step` then
-        decodes the next tokens.
+        decodes the next tokens. ``tokens [B, T]``: ``B`` prompts on the same tree, in caches
+        of :meth:`new_cache` for ``B`` sequences → logits ``[B, T, V]`` (e.g. ``B`` copies of
+        one prompt, to sample ``B`` continuations).
 
         Raises:
-            ValueError: unless ``caches`` are one empty cache per layer and ``hierarchy`` is
-                one tree with every leaf below its root.
+            ValueError: unless ``caches`` are one empty cache per layer for as many sequences
+                as ``tokens`` has rows, and ``hierarchy`` is one tree with every leaf below
+                its root.
         """
         if len(caches) != len(self.layers) or any(cache.num_tokens for cache in caches):
             raise ValueError(f"prefill takes {len(self.layers)} empty caches (one per layer)")
+        self._check_sequences(tokens.size(0) if tokens.dim() == 2 else 1, caches)
         plan = CausalPlan.of(hierarchy)
         check_one_tree(plan)  # (the flat cache would take any batch)
         return self._layers(tokens, hierarchy, plan, caches)
 
+    def _check_sequences(self, sequences: int, caches: list) -> None:
+        heads = self.layers[0].attn.heads
+        if caches[0].heads != sequences * heads:
+            raise ValueError(
+                f"{sequences} sequence(s) need caches of new_cache(sequences={sequences}); "
+                f"these hold {caches[0].heads // heads}"
+            )
+
     def _layers(self, tokens: Tensor, hierarchy, plan: CausalPlan, caches=None) -> Tensor:
-        """Logits ``[L, V]`` of the full pass (filling ``caches``, one per layer, if given)."""
-        if tokens.dim() != 1 or tokens.numel() != plan.num_leaves:
+        """Logits ``[L, V]`` of the full pass (filling ``caches``, one per layer, if given;
+        ``tokens [B, L]``: ``B`` sequences on the trees, logits ``[B, L, V]``)."""
+        if tokens.dim() not in ((1, 2) if caches else (1,)) or tokens.size(-1) != plan.num_leaves:
             raise ValueError(
                 f"tokens must be [num_leaves={plan.num_leaves}], got {tuple(tokens.shape)}"
             )
@@ -326,7 +361,7 @@ class HTEDecoder(nn.Module):
             # have gaps, and a cache numbers the children of a node 0, 1, 2, ... as they come
             pos_emb = self._node_embedding(hierarchy.depth, plan.rank, plan.max_depth)
         else:
-            position = torch.arange(tokens.numel(), device=tokens.device)
+            position = torch.arange(tokens.size(-1), device=tokens.device)
             position = position - plan.first_leaf[leaf_tree]
             pos_emb = self._node_embedding(torch.ones_like(position), position, 1)
         x = self.embed(tokens)
@@ -334,16 +369,25 @@ class HTEDecoder(nn.Module):
             x = layer(x, plan, pos_emb, batch, cache)
         return self.norm(x) @ self.embed.weight.T
 
-    def new_cache(self) -> list:
-        """Empty per-layer caches for :meth:`step`."""
+    def new_cache(self, sequences: int = 1) -> list:
+        """Empty per-layer caches for :meth:`step` and :meth:`prefill`, for ``sequences``
+        sequences that grow the same tree (their heads side by side in one cache)."""
         like = self.embed.weight
-        return [layer.attn.new_cache(like.dtype, like.device) for layer in self.layers]
+        return [layer.attn.new_cache(like.dtype, like.device, sequences) for layer in self.layers]
 
     @torch.no_grad()
-    def step(self, token: int, caches: list, close: int = 0, open: int = 0) -> Tensor:  # noqa: A002
+    def step(self, token, caches: list, close: int = 0, open: int = 0) -> Tensor:  # noqa: A002
         """Append one token (placed in the tree by ``close``/``open``, see
-        :meth:`HierarchicalKVCache.append`; ignored by ``'flat'``) → next-token logits ``[V]``."""
+        :meth:`HierarchicalKVCache.append`; ignored by ``'flat'``) → next-token logits ``[V]``;
+        ``token [B]`` (a tensor): one token of each of ``B`` sequences with the same events,
+        in caches of :meth:`new_cache` for ``B`` → logits ``[B, V]``."""
         device = self.embed.weight.device
+        sequences = 1
+        if isinstance(token, Tensor):
+            if token.dim() > 1:
+                raise ValueError(f"token must be an int or [B], got {tuple(token.shape)}")
+            sequences = token.numel() if token.dim() else 1
+        self._check_sequences(sequences, caches)
         if self.attention == "hsa":
             slots = caches[0].new_node_slots(close, open)
             depth, slot = host_tensor(slots, device).T

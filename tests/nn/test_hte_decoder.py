@@ -62,6 +62,42 @@ def test_prefill_then_steps_equal_the_full_pass(mode):
         assert (torch.cat(logits) - full).abs().max() < 1e-10, size
 
 
+@pytest.mark.parametrize("mode", ["hsa", "flat"])
+def test_sequences_on_one_tree_decode_together(mode):
+    """``B`` prompts on one tree through one ``prefill`` and batched ``step`` s (caches for
+    ``B`` sequences): each sequence's logits are those of its own full pass."""
+    events = random_schedule(random.Random(3), 20)
+    tree = from_schedule(events)
+    tokens = torch.randint(0, 20, (3, 20), generator=torch.Generator().manual_seed(4))
+    net = model(mode)
+    with torch.no_grad():
+        full = torch.stack([net(row, tree) for row in tokens])  # [3, 20, V]
+    for size in (1, 8, 20):
+        caches = net.new_cache(sequences=3)
+        logits = [net.prefill(tokens[:, :size], from_schedule(events[:size]), caches)]
+        for i in range(size, 20):
+            logits.append(net.step(tokens[:, i], caches, *events[i])[:, None])
+        assert (torch.cat(logits, 1) - full).abs().max() < 1e-10, size
+
+
+def test_sequences_must_match_their_caches():
+    events = random_schedule(random.Random(9), 6)
+    tree, tokens, net = from_schedule(events), torch.zeros(2, 6, dtype=torch.long), model("hsa")
+    with pytest.raises(ValueError, match=r"new_cache\(sequences=2\); these hold 1"):
+        net.prefill(tokens, tree, net.new_cache())
+    with pytest.raises(ValueError, match=r"new_cache\(sequences=1\); these hold 2"):
+        net.prefill(tokens[0], tree, net.new_cache(sequences=2))
+    caches = net.new_cache(sequences=2)
+    net.prefill(tokens, tree, caches)
+    with pytest.raises(ValueError, match=r"new_cache\(sequences=3\)"):
+        net.step(torch.zeros(3, dtype=torch.long), caches)
+    with pytest.raises(ValueError, match=r"an int or \[B\]"):
+        net.step(tokens, caches)
+    with pytest.raises(ValueError, match="sequences"):
+        net.new_cache(sequences=0)
+    assert net.step(torch.zeros(2, dtype=torch.long), caches, 1, 0).shape == (2, 20)
+
+
 def test_bad_prefills():
     events = random_schedule(random.Random(9), 6)
     tree = from_schedule(events)
