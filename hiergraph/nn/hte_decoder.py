@@ -180,7 +180,7 @@ class CausalSelfAttention(nn.Module):
         eps = None
         if self.pos is not None:
             eps = self.pos(pos_emb).view(-1, self.heads, self.pos_head_channels)
-            eps = eps.repeat(1, sequences, 1)
+            eps = eps.repeat(1, sequences, 1) if sequences > 1 else eps
         if self.attention == "hsa":
             out = cache.append(q, k, v, close=close, open=open, pos_emb=eps)
         else:
