@@ -161,7 +161,8 @@ void each_task(int64_t trees, int64_t heads, const F& fn) {
 
 // The forward pass: {out [L, H, d_v], rho [P, H, d], lse, a, g [P, H], rho_k [N, H, d],
 // rho_v [N, H, d_v], the complete sums of q, k, v over every position's leaves [N, H, d + d
-// + d_v] and, with `energies`, every position's complete g [N, H] (a root's 0)}.
+// + d_v] and, with `energies`, every position's complete g [N, H] (a root's 0)}. With
+// `energies` (no backward to come) rho is not kept: each pair's lives in a task's buffer.
 Tensors forward_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const std::optional<at::Tensor>& eps, const at::Tensor& path,
                      const at::Tensor& depth, const at::Tensor& pair_ptr, const at::Tensor& first,
@@ -170,7 +171,8 @@ Tensors forward_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   check_plan(q, k, v, eps, path, depth, pair_ptr, first, last, count, rank, node, trees);
   const int64_t leaves = q.size(0), heads = q.size(1), n = count.size(0);
   const int64_t pairs = pair_ptr.data_ptr<int64_t>()[leaves];
-  at::Tensor out = at::empty_like(v), rho = at::empty({pairs, heads, q.size(2)}, q.options());
+  at::Tensor out = at::empty_like(v);
+  at::Tensor rho = at::empty({energies ? 0 : pairs, heads, q.size(2)}, q.options());
   at::Tensor lse = at::empty({pairs, heads}, q.options());
   at::Tensor a = at::empty_like(lse), g = at::empty_like(lse);
   at::Tensor rk = at::empty({n, heads, q.size(2)}, q.options());
@@ -193,6 +195,7 @@ Tensors forward_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     const int64_t w = 2 * d + dv;
     each_task(P.trees, heads, [&](int64_t tree, int64_t h) {
       std::vector<T> s, theta, log_mu, log_rest;  // (the gates of the path's pairs)
+      std::vector<T> own_rho(energies ? d : 0);      // (rho when it is not kept)
       for (int64_t i = P.first[tree]; i <= P.last[tree]; ++i) {
         const int64_t m = P.depth[i], *x = P.path + i * P.width;
         const T *qi = P.row(P.q, i, h, d), *ki = P.row(P.k, i, h, d);
@@ -214,7 +217,7 @@ Tensors forward_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         for (int64_t t = m; t >= 1; --t) {  // bottom-up: attention and energies
           const int64_t pr = P.pair(i, t) * heads + h, r = x[t] * heads + h;
           const T cnt = static_cast<T>(P.seen(i, x[t]));
-          T* rh = RHO + pr * d;
+          T* rh = energies ? own_rho.data() : RHO + pr * d;
           for (int64_t j = 0; j < d; ++j) rh[j] = SUM[r * w + j] / cnt;
           s.resize(P.rank[x[t]]);
           const int64_t keys = P.logits(rh, x[t], h, RK, s.data());
