@@ -12,11 +12,16 @@ from hiergraph.plan.tree_index import padded_widths
 from tests.conftest import random_spec
 
 
+def random_batch(seed: int, max_leaves: int) -> tuple[list, Batch]:
+    """Four random mixed-depth trees of 1 to ``max_leaves`` leaves and their batch."""
+    rng = random.Random(seed)
+    trees = [from_nested(random_spec(rng, rng.randint(1, max_leaves))) for _ in range(4)]
+    return trees, Batch.from_data_list(trees)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_bfs_layout_invariants(seed):
-    rng = random.Random(seed)
-    trees = [from_nested(random_spec(rng, rng.randint(1, 30))) for _ in range(4)]
-    h = Batch.from_data_list(trees)
+    trees, h = random_batch(seed, 30)
     idx = h.tree_index()
     order, rank = idx.order, idx.rank
     assert torch.equal(rank[order], torch.arange(h.num_nodes))
@@ -182,9 +187,7 @@ def test_sibling_pairs():
 @pytest.mark.parametrize("seed", range(4))
 def test_children_leaf_rows_trees_and_pairs_of_every_position(seed):
     """The arrays the compiled forest kernel reads, against a walk of ``parent``."""
-    rng = random.Random(seed)
-    trees = [from_nested(random_spec(rng, rng.randint(1, 25))) for _ in range(4)]
-    h = Batch.from_data_list(trees)
+    trees, h = random_batch(seed, 25)
     idx = h.tree_index()
     order, parent = idx.order.tolist(), h.parent.tolist()
     leaves = h.is_leaf.nonzero().view(-1).tolist()  # leaf order: increasing node id

@@ -383,12 +383,16 @@ class _NativeUniform(torch.autograd.Function):
         dq, dk, dv, *d_eps = extension().backward(
             grad, q, k, v, eps, saved, *ctx.options, ctx.leaf_mask
         )
-        # per head; an embedding shared by the heads gets their sum
-        d_eps = [
-            g if e.size(0) == g.size(0) else g.sum(0, keepdim=True)
-            for e, g in zip(eps, d_eps, strict=True)
-        ]
+        d_eps = [_per_embedding(g, e, 0) for e, g in zip(eps, d_eps, strict=True)]
         return None, None, None, dq, dk, dv, *d_eps
+
+
+def _per_embedding(grad: Tensor, embedding: Tensor, heads_dim: int) -> Tensor:
+    """A kernel's per-head gradient of position embeddings for ``embedding``: an embedding
+    shared by the heads (size 1 along ``heads_dim``) gets the sum over the heads."""
+    if embedding.size(heads_dim) == grad.size(heads_dim):
+        return grad
+    return grad.sum(heads_dim, keepdim=True)
 
 
 #: Most sibling weights (every family's ``b^2``, times the heads) :func:`forest_attention`
@@ -466,9 +470,8 @@ class _PlannedKernel(torch.autograd.Function):
         dq, dk, dv, d_eps = getattr(extension(), f"{ctx.kernel}_backward")(
             grad.contiguous(), q, k, v, eps, *ctx.arrays, *saved, *ctx.options
         )
-        if eps is not None and eps.size(1) == 1:  # per head: a shared embedding gets the sum
-            d_eps = d_eps.sum(1, keepdim=True)
-        return None, None, None, None, dq, dk, dv, d_eps if eps is not None else None
+        d_eps = None if eps is None else _per_embedding(d_eps, eps, 1)
+        return None, None, None, None, dq, dk, dv, d_eps
 
 
 def applies_to_causal(q: Tensor, k: Tensor, v: Tensor, eps: Tensor | None) -> bool:
