@@ -177,12 +177,14 @@ class SignalHierarchy(Data):
         ``to(device)``, ``cuda()``, ``pin_memory()`` and the like go through
         ``apply``: an index built before (say in a ``DataLoader`` worker, on the
         CPU) moves along with the structure tensors (``TreeIndex.to``) instead of
-        being rebuilt from them, with host work, in the training loop.
+        being rebuilt from them, with host work, in the training loop; on the device
+        it is on already, it stays as it is, with the parts it built on first use.
         """
         index = self._cached_tree_index()
         super().apply(func, *args)
         if index is not None:
-            self._cache_tree_index(index.to(self.parent.device))
+            device = self.parent.device
+            self._cache_tree_index(index if index.device == device else index.to(device))
         return self
 
     def to(self, device, *args: str, non_blocking: bool = False):

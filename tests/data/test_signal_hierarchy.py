@@ -254,6 +254,7 @@ def test_tree_index_travels_with_to_clone_and_pickle(monkeypatch):
     assert batch.tree_index() is index and len(builds) == 1  # cached
     moved = batch.to("cpu", non_blocking=True)  # what a training loop does with each batch
     assert moved.tree_index() is not None and len(builds) == 1
+    assert moved.tree_index() is index  # already there: kept with the parts it built
     loaded = pickle.loads(pickle.dumps(batch))  # how a DataLoader worker hands batches over
     assert len(builds) == 1
     assert torch.equal(loaded.tree_index().order, index.order)
