@@ -556,7 +556,7 @@ def _tree_branching(leaves: int) -> tuple[int, ...]:
     return tuple(branching) or (leaves,)
 
 
-def _hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> dict[str, Method]:
+def hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> dict[str, Method]:
     """HSA and its peers on ``trees`` window trees of ``leaves`` leaves; with ``compiled``,
     also ``hsa-compiled``: the forward through ``torch.compile`` over the batch's plan."""
     from torch_geometric.data import Batch
@@ -644,11 +644,15 @@ def _hsa_lengths_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]
     }
 
 
+def hsa_cases(sizes: Sizes) -> list[tuple[int, int]]:
+    """``(trees, leaves per tree)`` of the HSA section's equal-tree cases: the batches,
+    then the single trees."""
+    return [*sizes.hsa_batches, *((1, leaves) for leaves in sizes.hsa_trees)]
+
+
 def section_hsa(run: Run, end: float) -> None:
-    for trees, leaves in run.sizes.hsa_batches:
-        run_case(run, "hsa", end, f"{trees}x{leaves}", _hsa_methods(run, trees, leaves))
-    for leaves in run.sizes.hsa_trees:
-        run_case(run, "hsa", end, f"1x{leaves}", _hsa_methods(run, 1, leaves))
+    for trees, leaves in hsa_cases(run.sizes):
+        run_case(run, "hsa", end, f"{trees}x{leaves}", hsa_methods(run, trees, leaves))
     trees, leaves = run.sizes.hsa_batches[0]  # the same batch, sequences of different lengths
     run_case(run, "hsa", end, f"{trees}x{leaves} mixed", _hsa_lengths_methods(run, trees, leaves))
 
@@ -818,7 +822,7 @@ def section_profile(run: Run, end: float) -> None:
     the per-level bound and flash SDPA, and the longest H-matrix case beside SDPA. Each
     row has its :func:`profile_step` breakdown."""
     trees, leaves = run.sizes.hsa_batches[min(1, len(run.sizes.hsa_batches) - 1)]
-    hsa = _hsa_methods(run, trees, leaves, compiled=True)
+    hsa = hsa_methods(run, trees, leaves, compiled=True)
     names = ("hsa", "hsa-heads-first", "hsa-compiled", "level-bound", "sdpa-flash")
     methods = {name: hsa[name] for name in names}
     run_case(run, "profile", end, f"{trees}x{leaves}", methods, ("bf16",), profile=True)

@@ -1273,6 +1273,47 @@ def leaf_budget() -> list[str] | None:
     return out + [source("leaf_budget.json"), ""] + plot("leaf_budget.png", "leaf budget")
 
 
+def dispatch_count() -> list[str] | None:
+    """Operations per HSA step off the CPU (``dispatch_count.py``), beside the same cases
+    counted on another version of the library (``dispatch_count_before.json``) if present."""
+    data = load("dispatch_count.json")
+    if data is None:
+        return None
+    meta, before = data["meta"], load("dispatch_count_before.json")
+    earlier = {} if before is None else {
+        (r["case"], r["dtype"], r["method"]): r for r in before["rows"]
+    }  # fmt: skip
+    out = [
+        "Operations PyTorch dispatches per forward+backward (`out.sum().backward()`) of "
+        f"`hierarchical_attention` off the CPU: the HSA cases of the GPU check "
+        f"({meta['heads']} heads × {meta['head_dim']}), run on the `meta` device (shapes "
+        "only: the branches taken off the CPU, no arithmetic) and counted by a "
+        "`TorchDispatchMode`. A small step on a GPU is launch-bound (see the GPU section: "
+        "eager steps of 64 × 128 to 16K leaves against their CUDA-graph replays), so its "
+        "eager time grows with this count. *views*: operations that return a view; *path*: "
+        "one autograd node with a written backward (`fused`) or every operation recorded "
+        "(`recorded`). "
+        f"Command: {code(meta['command'])} ({meta['label']}, torch {meta['torch']}"
+        + ("" if before is None else f"; *before*: {code(before['meta']['command'])}, "
+           f"{before['meta']['label']}") + ").",
+        "",
+    ]  # fmt: skip
+    body = []
+    for r in data["rows"]:
+        old = earlier.get((r["case"], r["dtype"], r["method"]))
+        cells = [] if before is None else ["–", "–"]
+        if old is not None:
+            cells = [f"{old['ops']:,} ({old['path']})", ratio(old["ops"] / r["ops"])]
+        body.append([r["case"], r["dtype"], r["method"], r["path"], f"{r['ops']:,}",
+                     f"{r['views']:,}", *cells])  # fmt: skip
+    header = ["case", "dtype", "method", "path", "operations", "of them views"]
+    if before is not None:
+        header += ["before", "before ÷ now"]
+    out += table(header, body)
+    sources = ["dispatch_count.json"] + ([] if before is None else ["dispatch_count_before.json"])
+    return out + [source(*sources), ""] + plot("dispatch_count.png", "operations per step")
+
+
 def gpu_table(d: dict) -> list[str]:
     """One row per (section, case, dtype, method) of a ``gpu.py`` run. Memory: the absolute
     peak (all live tensors, the case's other methods' too), what the step added above the
@@ -1404,6 +1445,7 @@ SECTIONS: list[tuple[str, Callable[[], list[str] | None]]] = [
     ("Starting a KV cache with a prompt", kv_prefill),
     ("Byte-level language model", hierarchical_lm),
     ("Leaf-budget batching", leaf_budget),
+    ("HSA off the CPU: operations per step", dispatch_count),
     ("GPU", gpu),
 ]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hiergraph.ops import log_gates, logaddexp, masked_softmax
-from hiergraph.ops.logspace import scatter_softmax, softmax_dropping
+from hiergraph.ops.logspace import scatter_softmax, softmax_, softmax_dropping, softmax_kernels
 from tests.conftest import unordered_backward_nodes
 
 INF = float("inf")
@@ -201,3 +201,20 @@ def test_one_sided_shortcuts_equal_the_guarded_forms_with_neg_inf_differentiable
         for fast, safe in zip(*results, strict=True):
             assert not fast.isnan().any()
             torch.testing.assert_close(fast, safe, atol=1e-13, rtol=1e-12)
+
+
+@pytest.mark.parametrize("b", [2, 3, 16])
+def test_the_fused_kernels_off_the_cpu_give_the_same_softmax(b):
+    """Off the CPU, rows that all keep an entry take PyTorch's fused ``logsumexp`` and
+    ``softmax`` (:func:`softmax_kernels`): the CPU passes' values, with -inf entries left
+    out (the diagonal of a family's logits)."""
+    gen = torch.Generator().manual_seed(b)
+    x = torch.randn(5, b, b, generator=gen, dtype=torch.float64) * 30
+    x.diagonal(dim1=-2, dim2=-1).fill_(float("-inf"))
+    lse, p = softmax_kernels(x.clone())
+    want_lse, want_p = softmax_(x.clone(), rows_nonempty=True)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-13)
+    torch.testing.assert_close(p, want_p, rtol=0, atol=1e-15)
+    assert not p.diagonal(dim1=-2, dim2=-1).any()
+    lse, p = softmax_(x.to("meta"), rows_nonempty=True)  # the branch off the CPU
+    assert p.shape == x.shape and lse.shape == x.shape[:-1]

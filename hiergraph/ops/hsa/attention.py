@@ -82,7 +82,10 @@ def hierarchical_attention(
     logs and ratios, the count-weighted sums and the child sums (and, with
     ``kernel="edge"``, the family softmax and value sums over sibling pairs), which
     bf16/fp16 inputs accumulate in float32 before one rounding to their dtype (float32
-    and float64 inputs run in their own dtype throughout). Under autocast, ``q, k, v`` are
+    and float64 inputs run in their own dtype throughout). On equal-fanout forests, where
+    the op runs as one autograd node or without gradients
+    (:mod:`~hiergraph.ops.hsa.uniform_fused`), bf16/fp16 inputs run in float32 throughout
+    and only the output and the gradients are rounded. Under autocast, ``q, k, v`` are
     first cast to the autocast dtype, as
     :func:`~torch.nn.functional.scaled_dot_product_attention` casts them.
 

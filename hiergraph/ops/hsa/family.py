@@ -397,25 +397,29 @@ def family_gram(x: Tensor, y: Tensor, alpha: float | None = None) -> Tensor:
     at a time, as one ``[16, c] @ [c, 16]`` product whose diagonal ``[4, 4]`` blocks are
     theirs: four times the arithmetic, in 0.6–0.75× the time (6,144 families of 4 × 32
     or 4,096 of 4 × 64, 2 threads). Smaller products run in one loop, larger ones pay off
-    their call: any other case is one batched ``matmul``, and so is every case traced by
+    their call: any other case is one batched product (``bmm`` for ``[N, b, c]`` families:
+    two dispatched operations where ``matmul`` takes seven), and so is every case traced by
     ``torch.compile`` (the blocks are a diagonal view: see :func:`family_diagonal`)."""
     *lead, b, c = x.shape
     families = math.prod(lead)
-    if (
-        x.device.type != "cpu"
-        or torch.compiler.is_compiling()
-        or b != 4
-        or c > GRAM_MAX_CHANNELS
-        or families < GRAM_MIN_FAMILIES
-        or families % 4
-        or y.shape != x.shape
-    ):
-        out = torch.matmul(x, y.transpose(-1, -2))
-    else:
+    blocked = (
+        x.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and b == 4
+        and c <= GRAM_MAX_CHANNELS
+        and families >= GRAM_MIN_FAMILIES
+        and families % 4 == 0
+        and y.shape == x.shape
+    )
+    if blocked:
         rows = (-1, 4 * b, c)
         full = torch.bmm(x.reshape(rows), y.reshape(rows).transpose(1, 2))
         blocks = full.view(-1, 4, b, 4, b).diagonal(dim1=1, dim2=3)  # [groups, b, b, 4]
         out = blocks.movedim(-1, 1).reshape(*lead, b, b)
+    elif x.dim() == 3 and y.dim() == 3 and x.size(0) == y.size(0):
+        out = torch.bmm(x, y.transpose(1, 2))
+    else:
+        out = torch.matmul(x, y.transpose(-1, -2))
     return out if alpha is None else out.mul_(alpha)
 
 

@@ -22,7 +22,7 @@ memory viewed with one more dimension. So
 
 Each level costs a fixed, small number of tensor operations on static shapes, for every
 tree and head at once, with no copies between layouts and no host synchronisation. When a
-gradient is taken without a leaf mask, in float32 or float64, on up to 4M elements, the op
+gradient is taken without a leaf mask, on up to 4M elements (32M off the CPU), the op
 is one autograd node whose backward is written out (:mod:`~hiergraph.ops.hsa.uniform_fused`,
 :func:`fused`; its leaf level reads node-major inputs in place as below), and when no input
 needs a gradient (inference) its passes run alone (:func:`fused_forward`); otherwise every
@@ -147,13 +147,17 @@ def uniform_hierarchical_attention(
     masked = weight is not None and not padding  # rows of masked leaves that are not zero
     if alone or fuse and fused(q, grad, weight, padding, left_only, above):
         # the output comes in the layout of node-major leaves; copies heads first zero the
-        # rows of masked leaves (counts 0)
+        # rows of masked leaves (counts 0), and take bf16/fp16 leaves to float32, the
+        # passes' dtype (the output goes back to theirs)
+        work = accumulation_dtype(q.dtype)
+        tokens = tokens and work == q.dtype
         if tokens:
             leaves = (q, k, v)
         elif masked:
-            leaves = [transposed(t, weight[:, None, None]) for t in (q, k, v)]
+            leaves = [transposed(t.to(work), weight[:, None, None]) for t in (q, k, v)]
         else:
-            leaves = [heads_first(t) for t in (q, k, v)]
+            leaves = [heads_first(t, work) for t in (q, k, v)]
+        eps = None if eps is None else [e.to(work) for e in eps]
         if alone:
             out = uniform_fused.fused_uniform_attention(
                 *leaves, fanout, eps, node_major=tokens,
@@ -218,12 +222,12 @@ def uniform_hierarchical_attention(
 def fused(q: Tensor, grad: bool, weight, padding: bool, left_only: bool, above) -> bool:
     """Whether the op runs as one autograd node with a written backward
     (:mod:`~hiergraph.ops.hsa.uniform_fused`): a gradient is taken, on at most
-    :data:`~hiergraph.ops.hsa.uniform_fused.MAX_ELEMENTS` elements of ``q``, with no
+    :func:`~hiergraph.ops.hsa.uniform_fused.max_elements` elements of ``q``, with no
     masked leaf and no family above the roots, and :func:`fused_forward` allows it
-    (``q``'s dtype and the options of :func:`uniform_hierarchical_attention`)."""
+    (the options of :func:`uniform_hierarchical_attention`)."""
     return (
         grad
-        and q.numel() <= uniform_fused.MAX_ELEMENTS
+        and q.numel() <= uniform_fused.max_elements(q.device)
         and weight is None
         and not padding
         and above is None
@@ -232,16 +236,13 @@ def fused(q: Tensor, grad: bool, weight, padding: bool, left_only: bool, above) 
 
 
 def fused_forward(q: Tensor, left_only: bool) -> bool:
-    """Whether the passes of :mod:`~hiergraph.ops.hsa.uniform_fused` apply: ``q`` in float32
-    or float64, outside ``torch.compile``, and every sibling a key. Without a gradient they
-    then run alone, masked leaves and a family above the roots included
+    """Whether the passes of :mod:`~hiergraph.ops.hsa.uniform_fused` apply: outside
+    ``torch.compile``, with every sibling a key. They run in float32 or float64 (bf16/fp16
+    leaves are cast to float32 by their copy heads first). Without a gradient they then run
+    alone, masked leaves and a family above the roots included
     (:func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` without
     ``recorded``)."""
-    return (
-        q.dtype in (torch.float32, torch.float64)
-        and not left_only
-        and not torch.compiler.is_compiling()
-    )
+    return not left_only and not torch.compiler.is_compiling()
 
 
 def fits(shape: tuple[int, ...] | None, q: Tensor, causal: bool = False) -> bool:
@@ -277,10 +278,13 @@ def per_level(x: Tensor, index: TreeIndex) -> list[Tensor]:
     return list(permute_rows(x, index.order, index.rank).split(index.level_sizes))
 
 
-def heads_first(x: Tensor) -> Tensor:
-    """``[L, H, ...]`` rows as a contiguous ``[H, L, ...]`` (no copy when ``x`` is a
-    transposed view of heads-first memory)."""
-    return x.transpose(0, 1).contiguous()
+def heads_first(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """``[L, H, ...]`` rows as a contiguous ``[H, L, ...]``, in ``dtype`` (default: ``x``'s;
+    one copy, none when ``x`` is a transposed view of heads-first memory in ``dtype``)."""
+    x = x.transpose(0, 1)
+    if dtype in (None, x.dtype):
+        return x.contiguous()
+    return x.to(dtype, memory_format=torch.contiguous_format)
 
 
 def is_heads_first(x: Tensor) -> bool:
@@ -332,14 +336,15 @@ class _DenseGradient(torch.autograd.Function):
 
 
 def like(out: Tensor, q: Tensor, weight: Tensor | None = None) -> Tensor:
-    """The heads-first output ``[H, L, ...]`` as ``[L, H, ...]`` in ``q``'s memory layout:
-    a view when ``q`` is heads first, else contiguous; with ``weight`` ``[L]``, its rows
-    scaled by it (in the copy, if there is one)."""
+    """The heads-first output ``[H, L, ...]`` as ``[L, H, ...]`` in ``q``'s memory layout
+    and dtype: a view when ``q`` is heads first (and of ``out``'s dtype), else contiguous;
+    with ``weight`` ``[L]``, its rows scaled by it (in the copy, if there is one)."""
     if is_heads_first(q):
-        return (out if weight is None else out * weight[:, None].to(out.dtype)).transpose(0, 1)
+        out = out if weight is None else out * weight[:, None].to(out.dtype)
+        return out.to(q.dtype).transpose(0, 1)
     if weight is None:
-        return out.transpose(0, 1).contiguous()
-    return transposed(out, weight[None, :, None])
+        return heads_first(out, q.dtype)
+    return transposed(out, weight[None, :, None]).to(q.dtype)
 
 
 def bottom_up(

@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hiergraph.ops.hsa import family, uniform_fused
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
@@ -107,7 +108,7 @@ def test_equals_the_recorded_op_without_gradients(
 
 
 @pytest.mark.parametrize(
-    "case", ["no-grad", "inference-mode", "mask", "node-major-mask", "eps-grad", "bfloat16"]
+    "case", ["no-grad", "inference-mode", "mask", "node-major-mask", "eps-grad", "float16"]
 )
 def test_forward_only_where_nothing_needs_a_gradient(case, monkeypatch):
     """The forward-only passes run when no input needs a gradient, position embeddings
@@ -116,9 +117,9 @@ def test_forward_only_where_nothing_needs_a_gradient(case, monkeypatch):
     shape = (2, 3, 4)
     qkv, eps = inputs(shape, heads=2, eps_heads=1)
     options = dict(include_self=True, size_bias=True)
-    if case == "bfloat16":
-        qkv = [t.detach().bfloat16() for t in qkv]
-        eps = [t.detach().bfloat16() for t in eps]
+    if case == "float16":  # runs in float32
+        qkv = [t.detach().half() for t in qkv]
+        eps = [t.detach().half() for t in eps]
     calls = count_forward_only(monkeypatch)
     if case == "eps-grad":  # q, k, v need no gradient, the embeddings do
         qkv = [t.detach() for t in qkv]
@@ -138,7 +139,37 @@ def test_forward_only_where_nothing_needs_a_gradient(case, monkeypatch):
     else:
         with torch.inference_mode() if case == "inference-mode" else torch.no_grad():
             run(qkv, eps, shape, True, **options)
-    assert len(calls) == (case not in ("eps-grad", "bfloat16"))
+    assert len(calls) == (case != "eps-grad")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no-grad"])
+@pytest.mark.parametrize("node_major", [False, True], ids=["heads-first", "node-major"])
+def test_half_precision_runs_in_float32(dtype, grad, node_major, monkeypatch):
+    """bf16/fp16 leaves run the fused passes in float32 (their copy heads first casts
+    them): the output, in the inputs' dtype and memory layout, is the float32 op's on the
+    same values, rounded once, and so are the gradients (node-major float32 leaves are read
+    in place, a different order of float32 sums: within a rounding of ``dtype``)."""
+    shape = (2, 3, 4)
+    qkv, eps = inputs(shape, eps_heads=1, node_major=node_major)
+    half = [t.detach().to(dtype).requires_grad_(grad) for t in qkv + eps]
+    wide = [t.detach().float().requires_grad_(grad) for t in half]
+    options = dict(include_self=True, size_bias=True)
+    ref = run(wide[:3], wide[3:], shape, True, **options)
+    calls = count_forward_only(monkeypatch)
+    out = run(half[:3], half[3:], shape, True, **options)
+    assert out.dtype == dtype and out.is_contiguous() == node_major
+    assert len(calls) == (not grad)
+    tol = dict(rtol=torch.finfo(dtype).eps, atol=1e-6) if node_major else dict(rtol=0, atol=0)
+    torch.testing.assert_close(out, ref.to(dtype), **tol)
+    if grad:
+        assert "_FusedUniformBackward" in graph_nodes(out, 6)
+        upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        got = torch.autograd.grad((out * upstream.to(dtype)).sum(), half)
+        want = torch.autograd.grad((ref * upstream.to(dtype).float()).sum(), wide)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == dtype
+            torch.testing.assert_close(g, w.to(dtype), **tol)
 
 
 def leaf_masks(shape, seed=0):
@@ -273,12 +304,21 @@ def test_backward_twice_with_a_retained_graph():
 
 @pytest.mark.parametrize(
     "case",
-    ["fused", "node-major-leaves", "no-grad", "bfloat16", "leaf-mask", "leaky-causal", "large"],
-)
+    [
+        "fused", "node-major-leaves", "bfloat16", "large-off-the-cpu",
+        "no-grad", "leaf-mask", "leaky-causal", "large", "larger-off-the-cpu",
+    ],
+)  # fmt: skip
 def test_recorded_where_the_fused_op_does_not_apply(case, monkeypatch):
-    """Which inputs take the fused op (float64 with a gradient, heads first or node-major)."""
+    """Which inputs take the fused op (a gradient, heads first or node-major, any floating
+    dtype, up to a size that is larger off the CPU)."""
     shape = (2, 3, 4)
     qkv, _ = inputs(shape, heads=2)
+    if case.endswith("off-the-cpu"):  # the meta device: shapes only, as on an accelerator
+        qkv = [t.detach().to("meta").requires_grad_() for t in qkv]
+        monkeypatch.setattr(uniform_fused, "MAX_ELEMENTS", 1)
+        limit = qkv[0].numel() - (case == "larger-off-the-cpu")
+        monkeypatch.setattr(uniform_fused, "MAX_ELEMENTS_ACCELERATOR", limit)
     options = dict(left_only=False, leaf_mask=None, tau=0.7, include_self=True, size_bias=True)
     if case == "bfloat16":
         qkv = [t.detach().bfloat16().requires_grad_() for t in qkv]
@@ -292,7 +332,8 @@ def test_recorded_where_the_fused_op_does_not_apply(case, monkeypatch):
         qkv = [t.detach().contiguous().requires_grad_() for t in qkv]
     with torch.set_grad_enabled(case != "no-grad"):
         out = uniform_hierarchical_attention(*qkv, shape, None, **options)
-    assert ("_FusedUniformBackward" in graph_nodes(out)) == (case in ("fused", "node-major-leaves"))
+    fused = ("fused", "node-major-leaves", "bfloat16", "large-off-the-cpu")
+    assert ("_FusedUniformBackward" in graph_nodes(out)) == (case in fused)
 
 
 @pytest.mark.parametrize("fanout", [(2, 3), (3, 2)], ids=["triples", "pairs"])
@@ -321,3 +362,35 @@ def test_second_derivatives_where_q_and_k_are_unused():
     assert torch.equal(grads[0], torch.zeros_like(grads[0]))  # 2 v_j, and none for q, k
     (second,) = torch.autograd.grad(grads[2].square().sum(), qkv[2])  # of 4 sum v^2
     torch.testing.assert_close(second, 8 * qkv[2])
+
+
+class _Dispatched(TorchDispatchMode):
+    """Counts the aten operations that reach the dispatcher."""
+
+    count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("fanout", [(4,), (2, 2), (4, 4, 4), (16, 8, 4, 2)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("node_major", [False, True], ids=["heads-first", "node-major"])
+def test_off_the_cpu_a_level_costs_a_fixed_number_of_operations(fanout, dtype, node_major):
+    """Off the CPU a small step is launch-bound: its time is about a fixed cost per
+    dispatched operation. Forward+backward over ``D`` levels dispatches at most
+    ``26 + 58 D`` operations, bf16 included (counted on the ``meta`` device, which takes the
+    branches taken off the CPU; ``benchmarks/dispatch_count.py`` counts the GPU check's
+    cases). A change that adds operations per level fails here: count again and mind the
+    cost before raising the bound."""
+    shape = (2, *fanout)
+    leaves = math.prod(shape)
+    qkv = [torch.empty(3, leaves, 8, device="meta", dtype=dtype) for _ in range(3)]
+    qkv = [(t.transpose(0, 1).contiguous() if node_major else t.transpose(0, 1)) for t in qkv]
+    qkv = [t.requires_grad_() for t in qkv]
+    with _Dispatched() as dispatched:
+        out = run(qkv, None, shape, True, include_self=True, size_bias=True)
+        out.sum().backward()
+    assert "_FusedUniformBackward" in graph_nodes(out, 6)
+    assert dispatched.count <= 26 + 58 * len(fanout)

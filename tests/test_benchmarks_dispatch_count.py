@@ -1,0 +1,32 @@
+"""``benchmarks/dispatch_count.py`` counts the operations of its quick cases on the ``meta``
+device, for the installed library and for one given by ``--library``."""
+
+import itertools
+import json
+
+from tests.benchmark_scripts import REPO, run_benchmark
+
+
+def test_quick_run_counts_every_case(tmp_path):
+    out, other = tmp_path / "dispatch_count.json", tmp_path / "other.json"
+    run_benchmark("dispatch_count", "--quick", "--out", str(out))
+    run_benchmark(
+        "dispatch_count", "--quick", "--library", str(REPO), "--label", "same", "--out", str(other)
+    )
+    report, same = (json.loads(p.read_text()) for p in (out, other))
+    cases = ["4x128", "1x2048"], ["float32", "bfloat16"], ["hsa", "hsa-heads-first"]
+    keys = [(r["case"], r["dtype"], r["method"]) for r in report["rows"]]
+    assert keys == list(itertools.product(*cases))
+    for row in report["rows"]:
+        assert row["path"] == "fused"  # small equal-fanout batches: one autograd node
+        assert 0 < row["views"] < row["ops"] and 0 < sum(row["top"].values()) <= row["ops"]
+    # deeper trees take more operations; heads-first inputs need no layout copy
+    ops = {key: row["ops"] for key, row in zip(keys, report["rows"], strict=True)}
+    assert ops["1x2048", "float32", "hsa"] > ops["4x128", "float32", "hsa"]
+    assert ops["4x128", "float32", "hsa-heads-first"] < ops["4x128", "float32", "hsa"]
+    assert report["meta"]["command"] == "python benchmarks/dispatch_count.py --quick"
+    assert same["meta"]["label"] == "same" and "--library DIR" in same["meta"]["command"]
+    assert same["meta"]["library_sha1"] == report["meta"]["library_sha1"]
+    assert same["rows"] == report["rows"]
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert str(tmp_path) not in out.read_text()
