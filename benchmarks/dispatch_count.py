@@ -1,21 +1,22 @@
-"""Operations that HSA dispatches per forward+backward off the CPU, counted without a GPU.
+"""Operations dispatched off the CPU per step of HSA and H-matrix attention, counted on the CPU.
 
     python benchmarks/dispatch_count.py                # gpu.py's HSA cases, this checkout
-    python benchmarks/dispatch_count.py --quick        # two small cases, for a smoke test
+    python benchmarks/dispatch_count.py --quick        # small cases, for a smoke test
 
 A small HSA step on a GPU is launch-bound: ``benchmarks/gpu.py``'s HSA cases of 64 x 128 to
 16K leaves (8 heads x 64) took 3.4–11 ms eager on an H200 and 0.5–1.4 ms replayed as one
 CUDA graph, so their eager time is the host's cost of issuing operations, about a fixed
 cost per operation the dispatcher sees, views included. This script counts those
 operations on the CPU: every case of ``gpu.py``'s HSA section (its ``hsa`` and
-``hsa-heads-first`` methods, float32 and bfloat16) runs on PyTorch's ``meta`` device
+``hsa-heads-first`` methods, float32 and bfloat16), and H-matrix attention at its
+section's lengths, runs on PyTorch's ``meta`` device
 (tensors with shapes and no data: the code takes the branches it takes off the CPU and
 does no arithmetic), forward and ``out.sum().backward()``, under a ``TorchDispatchMode``
 that counts every aten operation reaching the dispatcher. *Views* are those that return a
 view of an input (``OpOverload.is_view``); *path* says whether the step ran as one
-autograd node with a written backward (``fused``) or recorded every operation
-(``recorded``). The counts are exact and deterministic: one step per case, after one
-warm-up step.
+autograd node with a written backward (``fused``: HSA's equal-fanout op, H-matrix
+attention always) or recorded every operation (``recorded``). The counts are exact and
+deterministic: one step per case, after one warm-up step.
 
 ``--library DIR`` imports ``hiergraph`` from ``DIR`` (another checkout's sources) instead
 of the installed package, so that two versions of the library are counted by the same
@@ -42,7 +43,7 @@ TOP = 8  # most frequent operations kept per row
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="two small cases")
+    parser.add_argument("--quick", action="store_true", help="small cases")
     parser.add_argument("--library", type=Path, help="import hiergraph from this directory")
     parser.add_argument("--label", default="this checkout", help="what --library holds")
     parser.add_argument("--out", type=Path, default=RESULTS / "dispatch_count.json")
@@ -69,6 +70,13 @@ def main() -> None:
                 row = {"case": f"{trees}x{leaves}", "dtype": dtype, "method": name}
                 rows.append(row | count_step(fn))
                 print(*row.values(), rows[-1]["ops"], rows[-1]["path"], flush=True)
+    for length in sizes.hmatrix:
+        build = gpu.hmatrix_methods(length)["hmatrix"].build
+        for dtype in DTYPES:
+            fn, _ = build(getattr(torch, dtype), torch.device("meta"))
+            row = {"case": f"L={length}", "dtype": dtype, "method": "hmatrix"}
+            rows.append(row | count_step(fn))
+            print(*row.values(), rows[-1]["ops"], flush=True)
     package = Path(hiergraph.__file__).parent
     sources = sorted(package.rglob("*.py"))
     meta = {
@@ -114,7 +122,11 @@ def count_step(fn) -> dict:
     out = step()
     with Counter() as counter:
         step()
-    fused = any("_FusedUniform" in type(node).__name__ for node in graph_nodes(out.grad_fn))
+    fused = any(
+        name in type(node).__name__
+        for node in graph_nodes(out.grad_fn)
+        for name in ("_FusedUniform", "_HMatrixCore")
+    )
     return {
         "ops": sum(counter.ops.values()),
         "views": counter.views,

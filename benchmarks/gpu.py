@@ -657,7 +657,7 @@ def section_hsa(run: Run, end: float) -> None:
     run_case(run, "hsa", end, f"{trees}x{leaves} mixed", _hsa_lengths_methods(run, trees, leaves))
 
 
-def _hmatrix_methods(length: int) -> dict[str, Method]:
+def hmatrix_methods(length: int) -> dict[str, Method]:
     from hiergraph.ops.hmatrix import hmatrix_attention
 
     H, d, block = hmatrix_bench.HEADS, hmatrix_bench.DIM, hmatrix_bench.BLOCK
@@ -681,7 +681,7 @@ def _hmatrix_methods(length: int) -> dict[str, Method]:
 
 def section_hmatrix(run: Run, end: float) -> None:
     for length in run.sizes.hmatrix:
-        run_case(run, "hmatrix", end, f"L={length}", _hmatrix_methods(length))
+        run_case(run, "hmatrix", end, f"L={length}", hmatrix_methods(length))
 
 
 def section_vcc(run: Run, end: float) -> None:
@@ -827,7 +827,7 @@ def section_profile(run: Run, end: float) -> None:
     methods = {name: hsa[name] for name in names}
     run_case(run, "profile", end, f"{trees}x{leaves}", methods, ("bf16",), profile=True)
     length = run.sizes.hmatrix[-1]
-    run_case(run, "profile", end, f"L={length}", _hmatrix_methods(length), ("bf16",), True)
+    run_case(run, "profile", end, f"L={length}", hmatrix_methods(length), ("bf16",), True)
 
 
 def profile_step(step: Callable[[], None], device: torch.device, steps: int = 3) -> dict:

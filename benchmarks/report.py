@@ -1274,7 +1274,7 @@ def leaf_budget() -> list[str] | None:
 
 
 def dispatch_count() -> list[str] | None:
-    """Operations per HSA step off the CPU (``dispatch_count.py``), beside the same cases
+    """Operations per step off the CPU (``dispatch_count.py``), beside the same cases
     counted on another version of the library (``dispatch_count_before.json``) if present."""
     data = load("dispatch_count.json")
     if data is None:
@@ -1284,15 +1284,15 @@ def dispatch_count() -> list[str] | None:
         (r["case"], r["dtype"], r["method"]): r for r in before["rows"]
     }  # fmt: skip
     out = [
-        "Operations PyTorch dispatches per forward+backward (`out.sum().backward()`) of "
-        f"`hierarchical_attention` off the CPU: the HSA cases of the GPU check "
-        f"({meta['heads']} heads × {meta['head_dim']}), run on the `meta` device (shapes "
-        "only: the branches taken off the CPU, no arithmetic) and counted by a "
-        "`TorchDispatchMode`. A small step on a GPU is launch-bound (see the GPU section: "
-        "eager steps of 64 × 128 to 16K leaves against their CUDA-graph replays), so its "
-        "eager time grows with this count. *views*: operations that return a view; *path*: "
-        "one autograd node with a written backward (`fused`) or every operation recorded "
-        "(`recorded`). "
+        "Operations PyTorch dispatches per forward+backward (`out.sum().backward()`) off "
+        "the CPU: the HSA cases of the GPU check (`hierarchical_attention`, "
+        f"{meta['heads']} heads × {meta['head_dim']}) and its H-matrix attention cases "
+        "(`L=…`), run on the `meta` device (shapes only: the branches taken off the CPU, "
+        "no arithmetic) and counted by a `TorchDispatchMode`. A small step on a GPU is "
+        "launch-bound (see the GPU section: eager steps against their CUDA-graph replays), "
+        "so its eager time grows with this count. *views*: operations that return a view; "
+        "*path*: one autograd node with a written backward (`fused`) or every operation "
+        "recorded (`recorded`). "
         f"Command: {code(meta['command'])} ({meta['label']}, torch {meta['torch']}"
         + ("" if before is None else f"; *before*: {code(before['meta']['command'])}, "
            f"{before['meta']['label']}") + ").",
@@ -1445,7 +1445,7 @@ SECTIONS: list[tuple[str, Callable[[], list[str] | None]]] = [
     ("Starting a KV cache with a prompt", kv_prefill),
     ("Byte-level language model", hierarchical_lm),
     ("Leaf-budget batching", leaf_budget),
-    ("HSA off the CPU: operations per step", dispatch_count),
+    ("Operations per step off the CPU", dispatch_count),
     ("GPU", gpu),
 ]
 

@@ -45,15 +45,20 @@ def cpu_as_accelerator() -> Iterator[None]:
 
 
 def host_tensor(values: Sequence, device, dtype: torch.dtype = torch.long) -> Tensor:
-    """``torch.tensor(values)`` on ``device`` (default: the default device): on an
-    accelerator staged in pinned memory and copied asynchronously, so the host does not
-    wait for the queued kernels.
+    """``torch.tensor(values)`` on ``device`` (default: the default device), copied as
+    :func:`to_device` copies."""
+    return to_device(torch.tensor(values, dtype=dtype, device="cpu"), device)
+
+
+def to_device(tensor: Tensor, device) -> Tensor:
+    """The CPU tensor ``tensor`` on ``device`` (default: the default device; on the CPU,
+    ``tensor`` itself): on an accelerator staged in pinned memory and copied
+    asynchronously, so the host does not wait for the queued kernels.
 
     While a CUDA graph is being captured, the copy becomes a node of the graph that reads
     the pinned buffer again at every replay; the buffer is then kept for the life of the
-    process (a few bytes per captured call), so that no later allocation reuses it and a
+    process (its bytes, for every captured call), so that no later allocation reuses it and a
     replay does not copy someone else's values."""
-    tensor = torch.tensor(values, dtype=dtype, device="cpu")
     device = torch.get_default_device() if device is None else torch.device(device)
     if device.type in ("cpu", "meta"):
         return tensor.to(device)

@@ -210,7 +210,7 @@ def _root_split(
         log_mu, down = above(self_energy(leaves[0], leaves[1], scale, include_self), leaves)
         out_windows = torch.addcmul(down, torch.exp(log_mu).unsqueeze(-1), leaves[2])
     out_windows = out_windows.unflatten(1, (count, windows, width))
-    out_hubs = hubs_out["rows"]
+    out_hubs = hubs_out["rows"].to(rows[0].dtype)  # float32 where the passes run in it
     return (
         (out_windows, token.masked_fill(~real, dump).view(count, windows, width)),
         (out_hubs, hub_token.masked_fill(~hub_real, dump)),

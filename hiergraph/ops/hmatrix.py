@@ -100,6 +100,7 @@ interactions, but they tie different blocks and normalise differently:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -108,6 +109,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hiergraph._device import to_device
 from hiergraph.data.windows import HMatrixLayout, check_block_size, hmatrix_layout
 
 
@@ -337,7 +339,12 @@ class _HMatrixCore(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, plan: _Plan) -> Tensor:
-        out, *saved = _opaque_to_compiler(_forward, _forward_op, q, k, v, valid, plan=plan)
+        known = None  # eager, without padding: the counts of the plan, made once
+        if valid is None and not torch.compiler.is_compiling():
+            known = tuple(to_device(t, q.device) for t in _unmasked_counts(plan, q.dtype))
+        out, *saved = _opaque_to_compiler(
+            _forward, _forward_op, q, k, v, valid, plan=plan, known=known
+        )
         ctx.save_for_backward(out, valid, *saved)
         ctx.plan = plan
         return out
@@ -352,8 +359,9 @@ class _HMatrixCore(torch.autograd.Function):
         return *grads, None, None
 
 
-def _opaque_to_compiler(fn, op, *args, plan: _Plan):
-    """``fn(*args, plan)``; under ``torch.compile``, the same through the custom op ``op``.
+def _opaque_to_compiler(fn, op, *args, plan: _Plan, **eager):
+    """``fn(*args, plan, **eager)``; under ``torch.compile``, the same through the custom op
+    ``op`` (without ``eager``).
 
     The compiler runs ``op`` as one opaque call (its output shapes come from running ``fn`` on
     fake tensors) instead of lowering the packed layout's strided in-place level updates,
@@ -361,18 +369,25 @@ def _opaque_to_compiler(fn, op, *args, plan: _Plan):
     """
     if torch.compiler.is_compiling():
         return op(*args, *plan.fields())
-    return fn(*args, plan)
+    return fn(*args, plan, **eager)
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, plan: _Plan) -> list[Tensor]:
-    """The forward of :class:`_HMatrixCore`: ``[out, *saved]``, what the backward needs."""
+def _forward(
+    q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, plan: _Plan, known=None
+) -> list[Tensor]:
+    """The forward of :class:`_HMatrixCore`: ``[out, *saved]``, what the backward needs.
+    ``known``: the packed counts and child weights, where they are known already
+    (:func:`_unmasked_counts`)."""
     n, width = plan.block_size, plan.width
     batch, heads, _, dim = q.shape
-    counts = _packed_counts(valid, q, plan)  # [B|1, 1, P, 1]
-    child = _child_weights(counts, plan)
-    q_pack = _coarse_pack(q, valid, plan, child, plan.query_reduce)
-    k_pack = _coarse_pack(k, valid, plan, child, "mean")
-    v_pack = _coarse_pack(v, valid, plan, child, "sum", counts)
+    if known is None:
+        counts = _packed_counts(valid, q, plan)  # [B|1, 1, P, 1]
+        known = counts, _child_weights(counts, plan)
+    counts, child = known
+    weights = _levels(child, plan, dim=2)
+    q_pack = _coarse_pack(q, valid, plan, weights, plan.query_reduce)
+    k_pack = _coarse_pack(k, valid, plan, weights, "mean")
+    v_pack = _coarse_pack(v, valid, plan, weights, "sum", counts)
     q_flat, k_flat, v_flat = (x.view(-1, x.shape[-1]) for x in (q_pack, k_pack, v_pack))
     blocks = q_flat.shape[0] // n
 
@@ -391,7 +406,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, plan: _Plan)
     # Y⁺_l of all levels at once, then interpolate and accumulate coarse → fine.
     acc = _band_bmm(weights, _band(v_flat, n, width).transpose(1, 2))
     sums = _levels(acc.view(batch * heads, -1, v_flat.shape[-1]), plan)
-    alphas = _alphas(shift, finite, plan)
+    alphas = _alphas(levels, finite, plan)
     for level in range(len(plan.rows) - 2, -1, -1):
         fine = sums[level].unflatten(1, (-1, 2))
         fine.addcmul_(sums[level + 1].unsqueeze(2), alphas[level].unflatten(1, (-1, 2, 1)))
@@ -431,8 +446,9 @@ def _backward(
     grad_k = _key_grad(grad_logits, q_flat, n, width)
 
     # Undo the coarsening (adjoint of _coarse_pack).
+    weights = _levels(child, plan, dim=2)
     grads_in = [
-        _coarse_unpack(grad.view(batch, heads, -1, grad.shape[-1]), valid, plan, child, mode)
+        _coarse_unpack(grad.view(batch, heads, -1, grad.shape[-1]), valid, plan, weights, mode)
         for grad, mode in ((grad_q, plan.query_reduce), (grad_k, "mean"), (grad_v, "sum"))
     ]
     grads_in[2] = grads_in[2][..., :-1]
@@ -519,13 +535,14 @@ def _levels(packed: Tensor, plan: _Plan, dim: int = 1) -> list[Tensor]:
     return [packed.narrow(dim, start, size) for start, size in zip(starts, plan.rows, strict=True)]
 
 
-def _alphas(shift: Tensor, finite: Tensor, plan: _Plan) -> list[Tensor]:
+def _alphas(shifts: list[Tensor], finite: Tensor, plan: _Plan) -> list[Tensor]:
     r""":math:`\alpha_l = e^{\mathrm{repeat}_2(\mu_{l+1}) - \mu_l}` for ``l < M - 1``, ``[S, L_l]``.
 
-    :math:`\alpha = 0` where the coarser row has no key (:math:`\mu_{l+1} = -\infty`);
-    ``finite`` is ``_finite(shift)`` (a row without keys subtracts 0). Kept for the backward.
+    ``shifts``: the levels of the row shifts :math:`\mu`. :math:`\alpha = 0` where the
+    coarser row has no key (:math:`\mu_{l+1} = -\infty`); ``finite`` is ``_finite(shift)``
+    (a row without keys subtracts 0). Kept for the backward.
     """
-    coarse_levels, fine_levels = _levels(shift, plan)[1:], _levels(finite, plan)[:-1]
+    coarse_levels, fine_levels = shifts[1:], _levels(finite, plan)[:-1]
     return [
         torch.exp(coarse.repeat_interleave(2, 1) - fine)
         for fine, coarse in zip(fine_levels, coarse_levels, strict=True)
@@ -550,6 +567,15 @@ def _packed_counts(valid: Tensor | None, like: Tensor, plan: _Plan) -> Tensor:
     return counts
 
 
+@functools.lru_cache(maxsize=32)
+def _unmasked_counts(plan: _Plan, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """:func:`_packed_counts` and :func:`_child_weights` of a sequence without padding, in
+    ``dtype``: made once per plan on the CPU (from exact float64 counts), where their
+    :math:`4 M` small level operations cost no device launches. Read-only."""
+    counts = _packed_counts(None, torch.empty(0, dtype=torch.float64), plan)
+    return counts.to(dtype), _child_weights(counts, plan).to(dtype)
+
+
 def _child_weights(counts: Tensor, plan: _Plan) -> Tensor:
     r"""Packed :math:`n_l(i) / n_{l+1}(\lfloor i/2 \rfloor)`: a child's weight in its parent's mean.
 
@@ -563,27 +589,25 @@ def _child_weights(counts: Tensor, plan: _Plan) -> Tensor:
 
 
 def _coarse_pack(
-    x: Tensor, valid: Tensor | None, plan: _Plan, child: Tensor, mode: str, counts=None
+    x: Tensor, valid: Tensor | None, plan: _Plan, weights: list[Tensor], mode: str, counts=None
 ) -> Tensor:
     """Coarsen ``x [B, H, L, c]`` into the packed layout ``[B, H, P, c (+1)]``.
 
-    ``mode``: ``"mean"`` (of valid tokens), ``"first"`` (first token of the
-    group) or ``"sum"``; with ``counts``, a last column carries the valid-token
-    counts (summed like the values).
+    ``mode``: ``"mean"`` (of valid tokens, with the levels of the child weights
+    ``weights``), ``"first"`` (first token of the group) or ``"sum"``; with ``counts``, a
+    last column carries the valid-token counts (summed like the values). The buffer starts
+    zeroed: separators and padding rows need no writes of their own (an operation each).
     """
     batch, heads, length, dim = x.shape
     extra = 0 if counts is None else 1
-    out = x.new_empty(batch, heads, plan.packed_rows, dim + extra)
-    for start in [0, *(s + r for s, r in zip(plan.starts(), plan.rows, strict=True))]:
-        out[:, :, start : start + plan.block_size] = 0.0  # separators
-    levels, weights = _levels(out, plan, dim=2), _levels(child, plan, dim=2)
+    out = x.new_zeros(batch, heads, plan.packed_rows, dim + extra)
+    levels = _levels(out, plan, dim=2)
     first = levels[0]
     if valid is None:
         first[:, :, :length, :dim] = x
     else:
         # masked_fill, not a product: NaN/inf at padded positions must not leak
         first[:, :, :length, :dim] = x.masked_fill(valid[:, None, :, None] == 0, 0.0)
-    first[:, :, length:] = 0.0
     if counts is not None:
         first[..., dim:] = _levels(counts, plan, dim=2)[0]
     for level in range(len(plan.rows) - 1):
@@ -598,12 +622,15 @@ def _coarse_pack(
     return out
 
 
-def _coarse_unpack(grad: Tensor, valid: Tensor | None, plan: _Plan, child: Tensor, mode: str):
-    """Adjoint of :func:`_coarse_pack`: packed ``[B, H, P, c]`` gradient → ``[B, H, L, c]``.
+def _coarse_unpack(
+    grad: Tensor, valid: Tensor | None, plan: _Plan, weights: list[Tensor], mode: str
+) -> Tensor:
+    """Adjoint of :func:`_coarse_pack`: packed ``[B, H, P, c]`` gradient → ``[B, H, L, c]``
+    (``weights``: the levels of the child weights).
 
     Accumulates every level into its children, coarse to fine, in place.
     """
-    levels, weights = _levels(grad, plan, dim=2), _levels(child, plan, dim=2)
+    levels = _levels(grad, plan, dim=2)
     for level in range(len(plan.rows) - 2, -1, -1):
         fine, coarse = levels[level], levels[level + 1]
         if mode == "sum":

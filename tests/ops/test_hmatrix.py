@@ -16,10 +16,12 @@ from hiergraph.ops.hmatrix import (
     _backward_op,
     _child_weights,
     _coarse_pack,
+    _forward,
     _forward_op,
     _levels,
     _packed_counts,
     _Plan,
+    _unmasked_counts,
     hmatrix_attention,
     hmatrix_attention_dense,
     hmatrix_attention_matrix,
@@ -296,7 +298,7 @@ def test_levels_are_the_window_hierarchy():
     layout = hmatrix_layout(length, block_size)
     x = torch.randn(1, 1, length, 3, dtype=torch.float64)
     plan = _Plan(block_size, 3, 1.0, tuple(length >> l for l in range(layout.num_levels)), length)
-    child = _child_weights(_packed_counts(None, x, plan), plan)
+    child = _levels(_child_weights(_packed_counts(None, x, plan), plan), plan, dim=2)
     means = _levels(_coarse_pack(x, None, plan, child, "mean"), plan, dim=2)
     sums = _levels(_coarse_pack(x, None, plan, child, "sum"), plan, dim=2)
     hierarchy, pooled_mean, pooled_sum = (
@@ -311,6 +313,24 @@ def test_levels_are_the_window_hierarchy():
         pooled_mean, coarse, _ = coarsen_leaves(pooled_mean, hierarchy, "mean")
         pooled_sum, _, _ = coarsen_leaves(pooled_sum, hierarchy, "sum")
         hierarchy = coarse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length", [60, 64, 97])
+def test_the_counts_of_a_plan_are_made_once(length, causal):
+    """Without padding, the packed counts and child weights are functions of the plan: made
+    once on the CPU from exact float64 counts (partial groups at the tail included), they
+    are the ones the forward computes otherwise, and the forward gives the same with them."""
+    plan = _Plan.of(length, 4, causal, 4)
+    counts = _packed_counts(None, torch.empty(0, dtype=torch.float64), plan)
+    made = _unmasked_counts(plan, torch.float64)
+    torch.testing.assert_close(made[0], counts, rtol=0, atol=0)
+    torch.testing.assert_close(made[1], _child_weights(counts, plan), rtol=0, atol=0)
+    assert _unmasked_counts(plan, torch.float64) is made
+    q, k, v = _qkv(length)
+    got, want = _forward(q, k, v, None, plan, made), _forward(q, k, v, None, plan)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 # ------------------------------------------------------------------------------ compile

@@ -167,8 +167,9 @@ def _lifted(q, k, v, shape, eps, lifted, slots, leaf_mask, *, include_self, tau,
         include_self=include_self, left_only=False, leaf_mask=keep, tau=tau,
         size_bias=size_bias, above=above,
     )  # fmt: skip
-    # the hubs' rows (zero so far: masked below); a slot without a hub writes its row back
-    hub_out = hubs["out"].flatten(1, 2).transpose(0, 1)  # [B * slots, H, d_v]
+    # the hubs' rows (zero so far: masked below); a slot without a hub writes its row back.
+    # Without gradients bf16/fp16 passes run in float32, and so does the hubs' family
+    hub_out = hubs["out"].flatten(1, 2).transpose(0, 1).to(out.dtype)  # [B * slots, H, d_v]
     hub_out = torch.where(hub_real.view(-1, 1, 1), hub_out, out.index_select(0, hub_row))
     return out.index_copy(0, hub_row, hub_out)
 

@@ -209,3 +209,19 @@ def test_runs_in_place_on_every_forest_as_views_where_it_can():
     assert views(from_nested([[0, 1, 2], [3, [4, 5]], 6])) is not None  # embedded
     assert views(from_nested([[0, 1], [2, [3, [4, [5, 6]]]]])) is None
     assert not runs_lifted(window_forest([1, 1], (2,)).tree_index())  # single leaves: no family
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
+def test_half_precision_follows_float64(grad):
+    """bf16 rows give bf16 outputs within bf16 rounding of the float64 ones (without
+    gradients the passes, the hubs' family included, run in float32)."""
+    lengths = [8, 8, 8]
+    batch = window_forest(lengths, (2, 4))
+    lifted = rows_of(lengths, [[0, 5], [], [1, 2, 3, 4, 6, 7]])
+    q, k, v = inputs(sum(lengths), seed=2)
+    options = dict(pos_emb=None, include_self=True, leaf_mask=None, scale=0.3)
+    want = lifted_attention(q, k, v, batch.tree_index(), lifted, 7, **options)
+    half = [t.bfloat16().requires_grad_(grad) for t in (q, k, v)]
+    got = lifted_attention(*half, batch.tree_index(), lifted, 7, **options)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=0.05)
