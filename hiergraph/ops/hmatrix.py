@@ -110,6 +110,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from hiergraph._device import to_device
+from hiergraph._precision import accumulation_dtype
 from hiergraph.data.windows import HMatrixLayout, check_block_size, hmatrix_layout
 
 
@@ -380,10 +381,7 @@ def _forward(
     (:func:`_unmasked_counts`)."""
     n, width = plan.block_size, plan.width
     batch, heads, _, dim = q.shape
-    if known is None:
-        counts = _packed_counts(valid, q, plan)  # [B|1, 1, P, 1]
-        known = counts, _child_weights(counts, plan)
-    counts, child = known
+    counts, child = _counts(valid, q.dtype, q.device, plan) if known is None else known
     weights = _levels(child, plan, dim=2)
     q_pack = _coarse_pack(q, valid, plan, weights, plan.query_reduce)
     k_pack = _coarse_pack(k, valid, plan, weights, "mean")
@@ -567,13 +565,20 @@ def _packed_counts(valid: Tensor | None, like: Tensor, plan: _Plan) -> Tensor:
     return counts
 
 
+def _counts(valid: Tensor | None, dtype: torch.dtype, device, plan: _Plan) -> tuple[Tensor, Tensor]:
+    """:func:`_packed_counts` and :func:`_child_weights` on ``device``, taken in float32
+    (float64 for float64) and rounded once to ``dtype``: bf16/fp16 sums of ones stop being
+    exact past 256 and 2048 tokens."""
+    like = torch.empty(0, dtype=accumulation_dtype(dtype), device=device)
+    counts = _packed_counts(valid, like, plan)
+    return counts.to(dtype), _child_weights(counts, plan).to(dtype)
+
+
 @functools.lru_cache(maxsize=32)
 def _unmasked_counts(plan: _Plan, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """:func:`_packed_counts` and :func:`_child_weights` of a sequence without padding, in
-    ``dtype``: made once per plan on the CPU (from exact float64 counts), where their
-    :math:`4 M` small level operations cost no device launches. Read-only."""
-    counts = _packed_counts(None, torch.empty(0, dtype=torch.float64), plan)
-    return counts.to(dtype), _child_weights(counts, plan).to(dtype)
+    """:func:`_counts` of a sequence without padding, made once per plan on the CPU, where
+    its :math:`4 M` small level operations cost no device launches. Read-only."""
+    return _counts(None, dtype, "cpu", plan)
 
 
 def _child_weights(counts: Tensor, plan: _Plan) -> Tensor:

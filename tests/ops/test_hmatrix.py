@@ -16,6 +16,7 @@ from hiergraph.ops.hmatrix import (
     _backward_op,
     _child_weights,
     _coarse_pack,
+    _counts,
     _forward,
     _forward_op,
     _levels,
@@ -331,6 +332,19 @@ def test_the_counts_of_a_plan_are_made_once(length, causal):
     got, want = _forward(q, k, v, None, plan, made), _forward(q, k, v, None, plan)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_half_precision_counts_are_exact_before_one_rounding():
+    """The valid tokens below every coarse token (up to 2,048 here, half of them padding: a
+    bf16 sum of ones stops being exact at 256) are counted in float32 and rounded once to
+    bf16, and so are the child weights (their ratios): the float64 ones, rounded."""
+    length = 4096
+    plan = _Plan.of(length, 4, False, 4)
+    valid = (torch.rand(1, length, generator=torch.Generator().manual_seed(0)) < 0.5).float()
+    got = _counts(valid.bfloat16(), torch.bfloat16, "cpu", plan)
+    want = _counts(valid.double(), torch.float64, "cpu", plan)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b.bfloat16())
 
 
 # ------------------------------------------------------------------------------ compile
