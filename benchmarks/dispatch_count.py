@@ -8,8 +8,9 @@ A small HSA step on a GPU is launch-bound: ``benchmarks/gpu.py``'s HSA cases of 
 CUDA graph, so their eager time is the host's cost of issuing operations, about a fixed
 cost per operation the dispatcher sees, views included. This script counts those
 operations on the CPU: every case of ``gpu.py``'s HSA section (its ``hsa`` and
-``hsa-heads-first`` methods, float32 and bfloat16), and H-matrix attention at its
-section's lengths, runs on PyTorch's ``meta`` device
+``hsa-heads-first`` methods, float32 and bfloat16; its batch of sequences of different
+lengths, ``mixed``, padded to equal fanout), and H-matrix attention at its section's
+lengths, runs on PyTorch's ``meta`` device
 (tensors with shapes and no data: the code takes the branches it takes off the CPU and
 does no arithmetic), forward and ``out.sum().backward()``, under a ``TorchDispatchMode``
 that counts every aten operation reaching the dispatcher. *Views* are those that return a
@@ -70,6 +71,13 @@ def main() -> None:
                 row = {"case": f"{trees}x{leaves}", "dtype": dtype, "method": name}
                 rows.append(row | count_step(fn))
                 print(*row.values(), rows[-1]["ops"], rows[-1]["path"], flush=True)
+    trees, leaves = sizes.hsa_batches[0]  # the same batch, sequences of different lengths
+    build = gpu.hsa_lengths_methods(run, trees, leaves)["hsa"].build
+    for dtype in DTYPES:
+        fn, _ = build(getattr(torch, dtype), torch.device("meta"))
+        row = {"case": f"{trees}x{leaves} mixed", "dtype": dtype, "method": "hsa"}
+        rows.append(row | count_step(fn))
+        print(*row.values(), rows[-1]["ops"], rows[-1]["path"], flush=True)
     for length in sizes.hmatrix:
         build = gpu.hmatrix_methods(length)["hmatrix"].build
         for dtype in DTYPES:

@@ -613,7 +613,7 @@ def hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> di
     return methods
 
 
-def _hsa_lengths_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
+def hsa_lengths_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
     """Sequences of different lengths (uniform in ``[leaves / 2, leaves]``, seeded), one
     window tree each: HSA's default kernel (the forest padded to equal fanout, where that
     pays), its block kernel, and SDPA on the zero-padded batch with a key padding mask."""
@@ -654,7 +654,7 @@ def section_hsa(run: Run, end: float) -> None:
     for trees, leaves in hsa_cases(run.sizes):
         run_case(run, "hsa", end, f"{trees}x{leaves}", hsa_methods(run, trees, leaves))
     trees, leaves = run.sizes.hsa_batches[0]  # the same batch, sequences of different lengths
-    run_case(run, "hsa", end, f"{trees}x{leaves} mixed", _hsa_lengths_methods(run, trees, leaves))
+    run_case(run, "hsa", end, f"{trees}x{leaves} mixed", hsa_lengths_methods(run, trees, leaves))
 
 
 def hmatrix_methods(length: int) -> dict[str, Method]:

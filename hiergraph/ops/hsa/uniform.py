@@ -22,9 +22,10 @@ memory viewed with one more dimension. So
 
 Each level costs a fixed, small number of tensor operations on static shapes, for every
 tree and head at once, with no copies between layouts and no host synchronisation. When a
-gradient is taken without a leaf mask, on up to 4M elements (32M off the CPU), the op
+gradient is taken, on up to 4M elements (32M off the CPU), the op
 is one autograd node whose backward is written out (:mod:`~hiergraph.ops.hsa.uniform_fused`,
-:func:`fused`; its leaf level reads node-major inputs in place as below), and when no input
+:func:`fused`; without masked leaves its leaf level reads node-major inputs in place as
+below), and when no input
 needs a gradient (inference) its passes run alone (:func:`fused_forward`); otherwise every
 operation is recorded: the
 path runs under ``torch.compile(fullgraph=True)`` and is differentiable twice (its small
@@ -145,12 +146,13 @@ def uniform_hierarchical_attention(
     # gradients, and families of two by the passes alone
     tokens = all(token_layout.fits(t, fanout[-1], grad, pairs=alone) for t in (q, k, v))
     masked = weight is not None and not padding  # rows of masked leaves that are not zero
-    if alone or fuse and fused(q, grad, weight, padding, left_only, above):
+    if alone or fuse and fused(q, grad, left_only, above):
         # the output comes in the layout of node-major leaves; copies heads first zero the
         # rows of masked leaves (counts 0), and take bf16/fp16 leaves to float32, the
         # passes' dtype (the output goes back to theirs)
         work = accumulation_dtype(q.dtype)
-        tokens = tokens and work == q.dtype
+        tokens = tokens and work == q.dtype and (alone or weight is None)
+        counts = None if weight is None else counts
         if tokens:
             leaves = (q, k, v)
         elif masked:
@@ -160,9 +162,8 @@ def uniform_hierarchical_attention(
         eps = None if eps is None else [e.to(work) for e in eps]
         if alone:
             out = uniform_fused.fused_uniform_attention(
-                *leaves, fanout, eps, node_major=tokens,
-                counts=None if weight is None else counts, above=above, **options,
-            )  # fmt: skip
+                *leaves, fanout, eps, node_major=tokens, counts=counts, above=above, **options
+            )
             if not tokens:
                 return like(out, q, weight if masked else None)
             return out * weight[:, None, None].to(out.dtype) if masked else out
@@ -172,9 +173,9 @@ def uniform_hierarchical_attention(
 
         out = uniform_fused.fused_uniform_attention(
             *leaves, fanout, eps, recorded=recorded if tokens else heads_first_recorded,
-            node_major=tokens, **options,
+            node_major=tokens, counts=counts, **options,
         )  # fmt: skip
-        return out if tokens else like(out, q)
+        return out if tokens else like(out, q, weight if masked else None)
     zero_rows = masked and not tokens and not is_heads_first(q)
     if tokens:
         rho = [token_layout.token_families(t, fanout[-1]) for t in (q, k, v)]
@@ -219,17 +220,16 @@ def uniform_hierarchical_attention(
     return like(out, q, None if padding else weight)
 
 
-def fused(q: Tensor, grad: bool, weight, padding: bool, left_only: bool, above) -> bool:
+def fused(q: Tensor, grad: bool, left_only: bool, above) -> bool:
     """Whether the op runs as one autograd node with a written backward
     (:mod:`~hiergraph.ops.hsa.uniform_fused`): a gradient is taken, on at most
     :func:`~hiergraph.ops.hsa.uniform_fused.max_elements` elements of ``q``, with no
-    masked leaf and no family above the roots, and :func:`fused_forward` allows it
-    (the options of :func:`uniform_hierarchical_attention`)."""
+    family above the roots, and :func:`fused_forward` allows it (the options of
+    :func:`uniform_hierarchical_attention`). Masked leaves are read heads first, their
+    rows zeroed."""
     return (
         grad
         and q.numel() <= uniform_fused.max_elements(q.device)
-        and weight is None
-        and not padding
         and above is None
         and fused_forward(q, left_only)
     )

@@ -3,10 +3,9 @@ r"""Equal-fanout HSA as one autograd node, with its backward written out.
 :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention` records every level's
 operations for autograd, whose backward then runs node by node: at a few thousand leaves
 the bookkeeping of those nodes and their saved tensors costs as much as the products. When
-no leaf is masked (every count is a constant of its level) and every node has its siblings
-as keys (no ``leaky_causal``), the whole op is one node here: the forward runs the two
-passes without recording and keeps what the backward reads, and the backward is two sweeps
-over the levels, each a fixed handful of batched operations.
+every node has its siblings as keys (no ``leaky_causal``), the whole op is one node here:
+the forward runs the two passes without recording and keeps what the backward reads, and
+the backward is two sweeps over the levels, each a fixed handful of batched operations.
 
 Notation (:func:`~hiergraph.ops.hierarchical_attention`): a level's families are
 ``[H F, b, ·]`` batches, views of its node rows ``[H, n, ·]``. A node's rows are kept as
@@ -36,6 +35,12 @@ Backward, from the output gradient :math:`G`:
    :math:`d\bar k = \tau n^{-2} dS^\top \bar q`, :math:`d\bar v = n^{-1} W^\top G`,
    :math:`d\varepsilon = (dS + dS^\top)\,\varepsilon`, each plus
    the parent's gradient (the rows are sums).
+
+With masked leaves (zero rows), :math:`n` is each node's own count of valid leaves: the
+logits are :math:`\tau\, \bar q_i \bar k_j^\top / (n_i n_j)`, a key without leaves is
+left out, its weight :math:`n_j^{-1}` goes with its column of :math:`W`, a parent's energy
+is the count-weighted mean :math:`\sum_C n(C) / n(A) \log(e^{a} + e^{\ell})`, and so
+:math:`g` is :math:`n(C) / n(A)` of the parent's energy gradient.
 
 Second derivatives (``create_graph=True``) recompute the op with autograd recording and
 differentiate that. Under ``torch.compile`` the recorded path is traced instead (inductor
@@ -95,12 +100,13 @@ def fused_uniform_attention(
     head on strided views, :mod:`~hiergraph.ops.hsa.token_layout`), and the output and the
     gradients of ``q, k, v`` come in that layout, ``[L, H, ·]``.
 
+    ``counts``: the leaf counts of every level of a forest with masked leaves, whose rows
+    of ``q, k, v`` are zero there (heads first; as in
+    :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention`, :func:`_forward`).
     ``recorded`` is the same op with autograd recording, ``recorded(q, k, v, eps)`` (second
-    derivatives), and the op one autograd node with no masked leaf. Without it no gradient
-    is taken (inference): the two passes run alone, keeping no level once it is used, with
-    ``counts`` over a forest with masked leaves and ``above`` a family above the roots
-    (both as in :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention`;
-    :func:`_forward`). They take fewer
+    derivatives), and the op one autograd node. Without it no gradient is taken
+    (inference): the two passes run alone, keeping no level once it is used, node-major
+    leaves with counts and ``above``, a family above the roots, included. They take fewer
     operations than the recorded op (sums instead of means, the gates in log space, families
     of two added): 1.05–1.15× faster in the inference benchmark (caches evicted between
     calls), more on warm caches."""
@@ -110,16 +116,16 @@ def fused_uniform_attention(
             q, k, v, eps, tuple(fanout), *options, keep=False, counts=counts, above=above
         )[0]
     eps = [] if eps is None else list(eps)
-    options = (tuple(fanout), include_self, tau, size_bias, recorded, node_major)
+    options = (tuple(fanout), include_self, tau, size_bias, recorded, node_major, counts)
     return _FusedUniform.apply(options, q, k, v, *eps)
 
 
 class _FusedUniform(torch.autograd.Function):
     @staticmethod
     def forward(ctx, options, q, k, v, *eps):
-        fanout, include_self, tau, size_bias, _, node_major = options
+        fanout, include_self, tau, size_bias, _, node_major, counts = options
         out, levels = _forward(
-            q, k, v, eps or None, fanout, include_self, tau, size_bias, node_major
+            q, k, v, eps or None, fanout, include_self, tau, size_bias, node_major, counts=counts
         )
         ctx.options, ctx.levels = options, levels
         ctx.save_for_backward(q, k, v, *eps)
@@ -127,13 +133,14 @@ class _FusedUniform(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        fanout, include_self, tau, _, recorded, node_major = ctx.options
+        fanout, include_self, tau, _, recorded, node_major, counts = ctx.options
         q, k, v, *eps = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
             return None, *recorded_gradients(recorded, (q, k, v, *eps), grad)
         grads = _backward(
-            grad.contiguous(), ctx.levels, fanout, include_self, tau, len(eps), node_major
-        )
+            grad.contiguous(), ctx.levels, fanout, include_self, tau, len(eps), node_major,
+            counts,
+        )  # fmt: skip
         return None, *grads
 
 
@@ -332,9 +339,11 @@ def _product(p: Tensor, v: Tensor, base: Tensor | None, alpha: float = 1.0) -> T
     return torch.baddbmm(base, p, v, alpha=alpha)
 
 
-def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major):
+def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major, counts=None):
     """The two sweeps of the module docstring; returns the gradients of ``q, k, v`` and of
-    the position embeddings."""
+    the position embeddings. With ``counts`` (masked leaves, zero rows), a level above the
+    leaves scales its logits and products by its nodes' :math:`1 / n` (``levels``' divisor
+    tensors), and a child's share of its parent's energy is :math:`n(C) / n(A)`."""
     depth, heads = len(fanout), grad.size(1 if node_major else 0)
     if node_major:  # [F, b, H, d_v], read in place at the leaves
         g = token_layout.token_families(grad, fanout[-1])
@@ -347,6 +356,8 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major):
         tokens = node_major and d == depth - 1
         if tokens:
             dw = token_layout.head_gram(g, level[2]).view(-1, *w.shape[1:])
+        elif isinstance(n, Tensor):  # the products' 1 / n per key
+            dw = _per_node(family.family_gram(g, level[2]), n, heads, keys=True)
         else:
             dw = family.family_gram(g, level[2], 1 / n)
         dw_w = dw.mul_(w)
@@ -365,22 +376,30 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major):
         qf, kf, _, e, p, _, a, n, mu, w, own = levels[d]
         g, ds, du, d_down = sweep[d]
         b = fanout[d]
-        # the parent's energy gradient G: each child's share is g = G / b. With
-        # dx = du (1 - mu) - d_down mu, da = dx + g mu and dlse = g (1 - mu) - dx, the
-        # softmax's shift d_down - dlse is d_down + da - g (as multiply-adds)
-        parent = None if da_parent is None else da_parent.unsqueeze(-1)
+        # the parent's energy gradient G: each child's share is g = G n(C) / n(A) (G / b
+        # without a mask). With dx = du (1 - mu) - d_down mu, da = dx + g mu and
+        # dlse = g (1 - mu) - dx, the softmax's shift d_down - dlse is d_down + da - g (as
+        # multiply-adds)
+        parent, share = None if da_parent is None else da_parent.unsqueeze(-1), 1 / b
+        if parent is not None and counts is not None:
+            parent, share = _child_share(parent, counts[d], heads), 1.0
         if a is None:  # no gate: mu = 0 and lse reaches the parent's energy alone (dlse = g)
-            da, shift = None, d_down if parent is None else torch.add(d_down, parent, alpha=-1 / b)
+            da = None
+            shift = d_down if parent is None else torch.add(d_down, parent, alpha=-share)
         else:
             dx = torch.addcmul(du, mu, du + d_down, value=-1)
             if parent is None:
                 da, shift = dx, d_down + dx
             else:
-                da = torch.addcmul(dx, parent, mu, value=1 / b)
-                shift = torch.add(d_down + da, parent, alpha=-1 / b)
+                da = torch.addcmul(dx, parent, mu, value=share)
+                shift = torch.add(d_down + da, parent, alpha=-share)
         ds.addcmul_(p, shift.unsqueeze(-1), value=-1)
         if own is not None:
             ds.diagonal(dim1=-2, dim2=-1).copy_(da)
+        if num_eps:
+            eps_grads.append(_eps_gradient(ds, e, heads))
+        if isinstance(n, Tensor):  # the logits' and products' 1 / n per node
+            ds, w, n = _per_node(ds, n, heads), _per_node(w, n, heads, keys=True), 1
         scale = tau / (n * n)
         if node_major and d + 1 == depth:  # node-major leaves: gradients in their layout
             ds4, w4 = ds.view(heads, -1, b, b), w.view(heads, -1, b, b)
@@ -390,18 +409,30 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major):
                 _head_products(ds4.transpose(-1, -2), qf, bases[1], scale),
                 _head_products(w4.transpose(-1, -2), g, bases[2]),
             )
-            if num_eps:
-                eps_grads.append(_eps_gradient(ds, e, heads))
             return (*(t.flatten(0, 1) for t in grads), *eps_grads)
         dq = _product(ds, kf, pooled[0], scale)
         dk = _product(ds.transpose(1, 2), qf, pooled[1], scale)
         dv = _product(w.transpose(1, 2), g, pooled[2], 1 / n)
-        if num_eps:
-            eps_grads.append(_eps_gradient(ds, e, heads))
         if d + 1 < depth:
             pooled = [t.view(-1, 1, t.size(-1)) for t in (dq, dk, dv)]
             da_parent = None if da is None else da.view(-1)
     return (*(t.view(heads, -1, t.size(-1)) for t in (dq, dk, dv)), *eps_grads)
+
+
+def _per_node(x: Tensor, divisor: Tensor, heads: int, keys: bool = False) -> Tensor:
+    """A masked level's family matrices ``x [H F, b, b]`` times the nodes' :math:`1 / n`
+    ``divisor [1, F, b]``: per key (columns) with ``keys``, else per query and key."""
+    b = x.size(-1)
+    scale = divisor.unsqueeze(-2) if keys else divisor.unsqueeze(-1) * divisor.unsqueeze(-2)
+    return (x.view(heads, -1, b, b) * scale).view(-1, b, b)
+
+
+def _child_share(parent: Tensor, n: Tensor, heads: int) -> Tensor:
+    r"""Each child's share :math:`G\, n(C) / n(A)` ``[H F, b]`` of its parent's energy
+    gradient ``parent [H F, 1]``, from the children's leaf counts ``n [1, F, b]`` (0 for a
+    child without leaves, as in :func:`~hiergraph.ops.hsa.family.count_weighted_sum`)."""
+    share = n / n.sum(-1, keepdim=True).clamp(min=1)
+    return (parent.view(heads, -1, 1) * share).flatten(0, 1)
 
 
 def _eps_gradient(ds: Tensor, e: Tensor, heads: int) -> Tensor:

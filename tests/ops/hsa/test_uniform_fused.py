@@ -74,6 +74,54 @@ def test_equals_the_recorded_op_with_gradients(trees, fanout, options, eps_heads
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
 
 
+def leaf_mask(shape, kind: str, seed: int = 0):
+    """``[L]`` bool: ``"random"`` (60% valid), ``"sparse"`` (15%: lonely leaves, families
+    and subtrees without any) or ``"tree-empty"`` (the first tree masked whole, 60% of
+    the others)."""
+    leaves = math.prod(shape)
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.rand(leaves, generator=gen) < (0.15 if kind == "sparse" else 0.6)
+    if kind == "tree-empty":
+        mask[: leaves // shape[0]] = False
+    return mask
+
+
+@pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
+@pytest.mark.parametrize("eps_heads", [None, 1], ids=["no-eps", "eps"])
+@pytest.mark.parametrize("kind", ["random", "sparse", "tree-empty"])
+@pytest.mark.parametrize("padding", [False, True], ids=["leaf-mask", "padding"])
+def test_masked_equals_the_recorded_op_with_gradients(
+    trees, fanout, options, eps_heads, kind, padding
+):
+    """Masked leaves (a leaf mask, or padding: zero rows whose outputs nobody reads): one
+    autograd node too, whose output and gradients are the recorded op's (on the valid
+    leaves' rows for padding)."""
+    shape = (trees, *fanout)
+    qkv, eps = inputs(shape, eps_heads=eps_heads)
+    mask = leaf_mask(shape, kind, seed=len(fanout))
+    if padding:  # the padding contract: zero rows
+        qkv = [(t * mask[:, None, None]).detach().requires_grad_() for t in qkv]
+    outs = [
+        uniform_hierarchical_attention(
+            *qkv, shape, eps, left_only=False, leaf_mask=mask, tau=0.7, fuse=fuse,
+            padding=padding, **options,
+        )
+        for fuse in (True, False)
+    ]  # fmt: skip
+    assert "_FusedUniformBackward" in graph_nodes(outs[0], 6)
+    rows = mask if padding else slice(None)
+    out, ref = (o[rows] for o in outs)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    upstream = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2), **F64)
+    leaves = qkv + (eps or [])
+    got, want = (torch.autograd.grad((o * upstream).sum(), leaves) for o in (out, ref))
+    for g, w in zip(got[:3], want[:3], strict=True):
+        torch.testing.assert_close(g[rows], w[rows], rtol=0, atol=1e-12)
+    for g, w in zip(got[3:], want[3:], strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+
+
 def count_forward_only(monkeypatch) -> list:
     """Runs of the forward-only passes (:func:`uniform_fused.fused_uniform_attention`
     without ``recorded``: the passes keep no level)."""
@@ -305,13 +353,13 @@ def test_backward_twice_with_a_retained_graph():
 @pytest.mark.parametrize(
     "case",
     [
-        "fused", "node-major-leaves", "bfloat16", "large-off-the-cpu",
-        "no-grad", "leaf-mask", "leaky-causal", "large", "larger-off-the-cpu",
+        "fused", "node-major-leaves", "bfloat16", "large-off-the-cpu", "leaf-mask",
+        "no-grad", "leaky-causal", "large", "larger-off-the-cpu",
     ],
 )  # fmt: skip
 def test_recorded_where_the_fused_op_does_not_apply(case, monkeypatch):
     """Which inputs take the fused op (a gradient, heads first or node-major, any floating
-    dtype, up to a size that is larger off the CPU)."""
+    dtype, masked leaves too, up to a size that is larger off the CPU)."""
     shape = (2, 3, 4)
     qkv, _ = inputs(shape, heads=2)
     if case.endswith("off-the-cpu"):  # the meta device: shapes only, as on an accelerator
@@ -332,20 +380,27 @@ def test_recorded_where_the_fused_op_does_not_apply(case, monkeypatch):
         qkv = [t.detach().contiguous().requires_grad_() for t in qkv]
     with torch.set_grad_enabled(case != "no-grad"):
         out = uniform_hierarchical_attention(*qkv, shape, None, **options)
-    fused = ("fused", "node-major-leaves", "bfloat16", "large-off-the-cpu")
+    fused = ("fused", "node-major-leaves", "bfloat16", "large-off-the-cpu", "leaf-mask")
     assert ("_FusedUniformBackward" in graph_nodes(out)) == (case in fused)
 
 
 @pytest.mark.parametrize("fanout", [(2, 3), (3, 2)], ids=["triples", "pairs"])
 @pytest.mark.parametrize("node_major", [False, True], ids=["heads-first", "node-major"])
-def test_second_derivatives(fanout, node_major):
+@pytest.mark.parametrize("masked", [False, True], ids=["all-leaves", "leaf-mask"])
+def test_second_derivatives(fanout, node_major, masked):
     """create_graph=True differentiates the recorded op: second derivatives through the
-    fused node, position embeddings included."""
+    fused node, position embeddings and masked leaves included."""
     shape = (2, *fanout)
     qkv, eps = inputs(shape, heads=2, d=2, d_v=2, eps_heads=1, node_major=node_major)
+    mask = leaf_mask(shape, "random") if masked else None
 
     def op(q, k, v, *eps):
-        return run([q, k, v], list(eps), shape, True, include_self=True, size_bias=True)
+        return uniform_hierarchical_attention(
+            q, k, v, shape, list(eps), left_only=False, leaf_mask=mask, tau=0.7,
+            include_self=True, size_bias=True,
+        )  # fmt: skip
+
+    assert "_FusedUniformBackward" in graph_nodes(op(*qkv, *eps), 6)
 
     assert torch.autograd.gradgradcheck(op, (*qkv, *eps))
 
