@@ -198,8 +198,11 @@ def _forward(
         # what the products divide by: n, or per node 1 / n on a masked level (at the
         # leaves, with counts 0 and 1 and zero rows where 0, nothing)
         divisor = n if isinstance(n, int) else 1 if d == depth - 1 else 1 / n.clamp(min=1)
-        if isinstance(divisor, Tensor):
-            logits.view(heads, -1, b, b).mul_(divisor.unsqueeze(-1) * divisor.unsqueeze(-2))
+        outer = None
+        if isinstance(divisor, Tensor):  # per key [1, F, 1, b], and per logit [1, F, b, b]
+            divisor = divisor.unsqueeze(-2)
+            outer = divisor.transpose(-1, -2) * divisor
+            logits.view(heads, -1, b, b).mul_(outer)
         e = None if eps is None else eps[d].reshape(eps[d].size(0), -1, b, eps[d].size(-1))
         if e is not None:
             logits.view(heads, -1, b, b).add_(family.family_gram(e, e))
@@ -213,7 +216,7 @@ def _forward(
         else:
             bias = size_bias and d < depth - 1  # a leaf counts 1: log n(B) = 0
             lse, p = _masked_family_softmax(logits, diagonal, n, heads, bias)
-        levels[d] = [qf, kf, vf, e, p, lse, energy, divisor]
+        levels[d] = [qf, kf, vf, e, p, lse, energy, divisor, outer]
         if d or above is not None:  # the parents' energies and rows (sums)
             energy = _parent_energy(energy, lse, n, heads, include_self)
             rows = [_leaf_sum(t, n, tokens) for t in (qf, kf, vf)]
@@ -248,7 +251,7 @@ def _forward(
             out = _head_products(w.view(heads, -1, *w.shape[1:]), level[2], base)
             return out.flatten(0, 1), levels
         if isinstance(n, Tensor):  # a masked level's 1 / n, per key
-            w, n = (w.view(heads, -1, *w.shape[1:]) * n.unsqueeze(-2)).flatten(0, 1), 1
+            w, n = _per_node(w, n, heads), 1
         acc = _product(w, level[2], None if acc is None else acc.unsqueeze(1), 1 / n)
         if d + 1 < depth:
             acc = acc.view(-1, acc.size(-1))  # the next level's families' rows
@@ -290,14 +293,14 @@ def _masked_family_softmax(
     leaves is no key, and with ``size_bias`` a key's logits take :math:`\log n`."""
     b = logits.size(-1)
     grouped = logits.view(heads, -1, b, b)
-    if size_bias:
-        grouped.add_(torch.log(n.clamp(min=1)).unsqueeze(-2))
-    keys = n > 0
     if b == 2:
-        lse, p = family.sibling_of_two(grouped, keys)
+        if size_bias:
+            grouped.add_(torch.log(n.clamp(min=1)).unsqueeze(-2))
+        lse, p = family.sibling_of_two(grouped, n > 0)
         return lse.reshape(-1, b), p.reshape(-1, b, b)
     diagonal.fill_(float("-inf"))
-    grouped.masked_fill_(~keys.unsqueeze(-2), float("-inf"))
+    # one key bias: log n (counts are whole numbers), or 0; -inf for a key without leaves
+    grouped.add_(torch.log(n if size_bias else n.clamp(max=1)).unsqueeze(-2))
     return softmax_(logits)
 
 
@@ -352,12 +355,12 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major, coun
     du, sweep = None, [None] * depth  # du: gradient of the log mass u of the level's nodes
     for d in range(depth - 1, -1, -1):  # leaves to roots: accumulator and log mass
         level = levels[d]
-        n, w, own = level[7], level[9], level[10]
+        n, w, own = level[7], level[10], level[11]
         tokens = node_major and d == depth - 1
         if tokens:
             dw = token_layout.head_gram(g, level[2]).view(-1, *w.shape[1:])
         elif isinstance(n, Tensor):  # the products' 1 / n per key
-            dw = _per_node(family.family_gram(g, level[2]), n, heads, keys=True)
+            dw = _per_node(family.family_gram(g, level[2]), n, heads)
         else:
             dw = family.family_gram(g, level[2], 1 / n)
         dw_w = dw.mul_(w)
@@ -373,7 +376,7 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major, coun
             g = g.view(-1, fanout[d - 1], g.size(-1))
     da_parent, pooled, eps_grads = None, [None] * 3, []
     for d in range(depth):  # roots to leaves: energies, softmax, rows
-        qf, kf, _, e, p, _, a, n, mu, w, own = levels[d]
+        qf, kf, _, e, p, _, a, n, outer, mu, w, own = levels[d]
         g, ds, du, d_down = sweep[d]
         b = fanout[d]
         # the parent's energy gradient G: each child's share is g = G n(C) / n(A) (G / b
@@ -399,7 +402,7 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major, coun
         if num_eps:
             eps_grads.append(_eps_gradient(ds, e, heads))
         if isinstance(n, Tensor):  # the logits' and products' 1 / n per node
-            ds, w, n = _per_node(ds, n, heads), _per_node(w, n, heads, keys=True), 1
+            ds, w, n = _per_node(ds, outer, heads), _per_node(w, n, heads), 1
         scale = tau / (n * n)
         if node_major and d + 1 == depth:  # node-major leaves: gradients in their layout
             ds4, w4 = ds.view(heads, -1, b, b), w.view(heads, -1, b, b)
@@ -419,12 +422,10 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major, coun
     return (*(t.view(heads, -1, t.size(-1)) for t in (dq, dk, dv)), *eps_grads)
 
 
-def _per_node(x: Tensor, divisor: Tensor, heads: int, keys: bool = False) -> Tensor:
-    """A masked level's family matrices ``x [H F, b, b]`` times the nodes' :math:`1 / n`
-    ``divisor [1, F, b]``: per key (columns) with ``keys``, else per query and key."""
-    b = x.size(-1)
-    scale = divisor.unsqueeze(-2) if keys else divisor.unsqueeze(-1) * divisor.unsqueeze(-2)
-    return (x.view(heads, -1, b, b) * scale).view(-1, b, b)
+def _per_node(x: Tensor, scale: Tensor, heads: int) -> Tensor:
+    """A masked level's family matrices ``x [H F, m, b]`` times ``scale`` (its nodes'
+    :math:`1 / n` per key, ``[1, F, 1, b]``, or per query and key, ``[1, F, b, b]``)."""
+    return (x.view(heads, -1, *x.shape[1:]) * scale).flatten(0, 1)
 
 
 def _child_share(parent: Tensor, n: Tensor, heads: int) -> Tensor:
