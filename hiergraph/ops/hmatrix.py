@@ -382,10 +382,10 @@ def _forward(
     n, width = plan.block_size, plan.width
     batch, heads, _, dim = q.shape
     counts, child = _counts(valid, q.dtype, q.device, plan) if known is None else known
-    weights = _levels(child, plan, dim=2)
-    q_pack = _coarse_pack(q, valid, plan, weights, plan.query_reduce)
-    k_pack = _coarse_pack(k, valid, plan, weights, "mean")
-    v_pack = _coarse_pack(v, valid, plan, weights, "sum", counts)
+    child_levels = _levels(child, plan, dim=2)
+    q_pack = _coarse_pack(q, valid, plan, child_levels, plan.query_reduce)
+    k_pack = _coarse_pack(k, valid, plan, child_levels, "mean")
+    v_pack = _coarse_pack(v, valid, plan, child_levels, "sum", counts)
     q_flat, k_flat, v_flat = (x.view(-1, x.shape[-1]) for x in (q_pack, k_pack, v_pack))
     blocks = q_flat.shape[0] // n
 
@@ -444,9 +444,9 @@ def _backward(
     grad_k = _key_grad(grad_logits, q_flat, n, width)
 
     # Undo the coarsening (adjoint of _coarse_pack).
-    weights = _levels(child, plan, dim=2)
+    child_levels = _levels(child, plan, dim=2)
     grads_in = [
-        _coarse_unpack(grad.view(batch, heads, -1, grad.shape[-1]), valid, plan, weights, mode)
+        _coarse_unpack(grad.view(batch, heads, -1, grad.shape[-1]), valid, plan, child_levels, mode)
         for grad, mode in ((grad_q, plan.query_reduce), (grad_k, "mean"), (grad_v, "sum"))
     ]
     grads_in[2] = grads_in[2][..., :-1]

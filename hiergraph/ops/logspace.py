@@ -88,7 +88,7 @@ def softmax_(x: Tensor, dim: int = -1, *, rows_nonempty: bool = False) -> tuple[
     """``(lse, weights)`` of the logits ``x`` whose left-out entries are ``-inf`` already,
     the weights written over ``x`` (no autograd: the forward of :func:`softmax_dropping`, and
     of ops with a written-out backward). ``rows_nonempty`` as there; off the CPU it then
-    runs as :func:`softmax_kernels`."""
+    runs as :func:`softmax_kernels`, whose weights are new memory."""
     if x.size(dim) == 0:  # no entries at all (e.g. no keys): every row is empty
         return x.sum(dim).fill_(float("-inf")), x
     if rows_nonempty and x.device.type != "cpu":

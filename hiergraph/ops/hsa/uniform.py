@@ -22,14 +22,14 @@ memory viewed with one more dimension. So
 
 Each level costs a fixed, small number of tensor operations on static shapes, for every
 tree and head at once, with no copies between layouts and no host synchronisation. When a
-gradient is taken, on up to 4M elements (32M off the CPU), the op
-is one autograd node whose backward is written out (:mod:`~hiergraph.ops.hsa.uniform_fused`,
-:func:`fused`; without masked leaves its leaf level reads node-major inputs in place as
-below), and when no input
-needs a gradient (inference) its passes run alone (:func:`fused_forward`); otherwise every
-operation is recorded: the
-path runs under ``torch.compile(fullgraph=True)`` and is differentiable twice (its small
-autograd functions, :func:`scores`, :func:`~hiergraph.ops.hsa.family.family_product`,
+gradient is taken, on up to 4M elements (32M off the CPU), the op is one autograd node
+whose backward is written out (:mod:`~hiergraph.ops.hsa.uniform_fused`, :func:`fused`;
+without masked leaves its leaf level reads node-major inputs in place as below), and when
+no input needs a gradient (inference) its passes run alone (:func:`fused_forward`);
+otherwise (``leaky_causal``, larger inputs, ``torch.compile``) every operation is
+recorded: the path runs under ``torch.compile(fullgraph=True)`` and is differentiable
+twice (its small autograd functions, :func:`scores`,
+:func:`~hiergraph.ops.hsa.family.family_product`,
 :func:`~hiergraph.ops.hsa.family.family_sum` and :func:`dense_gradient`, have backwards
 made of differentiable operations). Inputs whose memory is heads first (``[H, L, d]``
 storage viewed as ``[L, H, d]``) are read as they are. Contiguous ``[L, H, d]`` inputs

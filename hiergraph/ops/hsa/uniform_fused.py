@@ -69,7 +69,7 @@ MAX_ELEMENTS = 1 << 22
 #: its eager time is about a fixed cost per dispatched operation until a few tens of
 #: thousands of leaves (one H200, forward+backward of 64 x 128 to 16K leaves, 8 heads x 64:
 #: 3.4–11 ms eager, 0.5–1.4 ms replayed as a CUDA graph), and the fused op dispatches about
-#: two thirds as many operations as the recorded one.
+#: half as many operations as the recorded one (``benchmarks/dispatch_count.py``).
 MAX_ELEMENTS_ACCELERATOR = 1 << 25
 
 
