@@ -8,9 +8,10 @@ A small HSA step on a GPU is launch-bound: ``benchmarks/gpu.py``'s HSA cases of 
 CUDA graph, so their eager time is the host's cost of issuing operations, about a fixed
 cost per operation the dispatcher sees, views included. This script counts those
 operations on the CPU: every case of ``gpu.py``'s HSA section (its ``hsa`` and
-``hsa-heads-first`` methods, float32 and bfloat16; its batch of sequences of different
-lengths, ``mixed``, padded to equal fanout), and H-matrix attention at its section's
-lengths, runs on PyTorch's ``meta`` device
+``hsa-heads-first`` methods, float32 and bfloat16; the strictly causal op,
+``hsa-causal``, on its batches; its batch of sequences of different lengths, ``mixed``,
+padded to equal fanout), and H-matrix attention at its section's lengths, runs on
+PyTorch's ``meta`` device
 (tensors with shapes and no data: the code takes the branches it takes off the CPU and
 does no arithmetic), forward and ``out.sum().backward()``, under a ``TorchDispatchMode``
 that counts every aten operation reaching the dispatcher. *Views* are those that return a
@@ -71,6 +72,12 @@ def main() -> None:
                 row = {"case": f"{trees}x{leaves}", "dtype": dtype, "method": name}
                 rows.append(row | count_step(fn))
                 print(*row.values(), rows[-1]["ops"], rows[-1]["path"], flush=True)
+    for trees, leaves in sizes.hsa_batches:  # the strictly causal op (decoder training)
+        for dtype in DTYPES:
+            fn = causal_step(trees, leaves, sizes, getattr(torch, dtype))
+            row = {"case": f"{trees}x{leaves}", "dtype": dtype, "method": "hsa-causal"}
+            rows.append(row | count_step(fn))
+            print(*row.values(), rows[-1]["ops"], flush=True)
     trees, leaves = sizes.hsa_batches[0]  # the same batch, sequences of different lengths
     build = gpu.hsa_lengths_methods(run, trees, leaves)["hsa"].build
     for dtype in DTYPES:
@@ -102,6 +109,24 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     plot(rows, f"Operations per forward+backward off the CPU ({args.label})", args.out)
+
+
+def causal_step(trees: int, leaves: int, sizes, dtype):
+    """``causal_hierarchical_attention`` over ``gpu.py``'s batch of ``trees`` window trees
+    on the ``meta`` device (the causal plan built on the CPU first, as a training loop
+    builds it once, then moved)."""
+    import gpu
+    import torch
+    from torch_geometric.data import Batch
+
+    from hiergraph.data import window_hierarchy
+    from hiergraph.ops import causal_hierarchical_attention
+
+    batch = Batch.from_data_list([window_hierarchy(leaves, gpu.tree_branching(leaves))] * trees)
+    plan = batch.tree_index().causal_plan.to("meta")
+    shape = (trees * leaves, sizes.heads, sizes.dim)
+    q, k, v = (torch.empty(shape, device="meta", dtype=dtype, requires_grad=True) for _ in "qkv")
+    return lambda: causal_hierarchical_attention(q, k, v, plan)
 
 
 def count_step(fn) -> dict:

@@ -544,7 +544,7 @@ def _sdpa(backend_name: str, shape, dtype, device):
     return fn, [q, k, v]
 
 
-def _tree_branching(leaves: int) -> tuple[int, ...]:
+def tree_branching(leaves: int) -> tuple[int, ...]:
     """``hsa_scaling``'s window sizes (16, 8, 4, 2, 2, ...), the levels a tree of ``leaves``
     uses (a level is kept while its windows leave at least 2 nodes above them)."""
     branching, span = [], 1
@@ -565,7 +565,7 @@ def hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> di
     from hiergraph.ops import hierarchical_attention
 
     H, d = run.sizes.heads, run.sizes.dim
-    branching = _tree_branching(leaves)
+    branching = tree_branching(leaves)
     total = trees * leaves
 
     def hsa(dtype, device, heads_first=False, plan=False):
@@ -626,7 +626,7 @@ def hsa_lengths_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
     total = int(lengths.sum())
 
     def hsa(dtype, device, kernel="dense"):
-        index = window_forest(lengths, _tree_branching(leaves)).tree_index().to(device)
+        index = window_forest(lengths, tree_branching(leaves)).tree_index().to(device)
         q, k, v = (_leaf((total, H, d), dtype, device) for _ in range(3))
         return (lambda: hierarchical_attention(q, k, v, index, kernel=kernel)), [q, k, v]
 
@@ -785,7 +785,7 @@ def section_graph_hsa(run: Run, end: float) -> None:
 
     n, channels = run.sizes.graph_hsa, 64
     edge_index = planted_partition(n, 128, 4, 1).to(run.device)  # blocks of 128 nodes
-    tree = window_hierarchy(n, _tree_branching(n))
+    tree = window_hierarchy(n, tree_branching(n))
     tree.tree_index()  # structure, built once on the CPU, moves with the tree
     tree = tree.to(run.device)
 

@@ -1285,7 +1285,8 @@ def dispatch_count() -> list[str] | None:
     }  # fmt: skip
     out = [
         "Operations PyTorch dispatches per forward+backward (`out.sum().backward()`) off "
-        "the CPU: the HSA cases of the GPU check (`hierarchical_attention`, "
+        "the CPU: the HSA cases of the GPU check (`hierarchical_attention`, and "
+        "`causal_hierarchical_attention` as `hsa-causal` on its batches, "
         f"{meta['heads']} heads × {meta['head_dim']}) and its H-matrix attention cases "
         "(`L=…`), run on the `meta` device (shapes only: the branches taken off the CPU, "
         "no arithmetic) and counted by a `TorchDispatchMode`. A small step on a GPU is "

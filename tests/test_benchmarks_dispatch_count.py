@@ -1,6 +1,6 @@
 """``benchmarks/dispatch_count.py`` counts the operations of its quick cases (HSA on equal
-and on padded trees, H-matrix attention) on the ``meta`` device, for the installed library
-and for one given by ``--library``."""
+and on padded trees, strictly causal HSA, H-matrix attention) on the ``meta`` device, for
+the installed library and for one given by ``--library``."""
 
 import itertools
 import json
@@ -17,11 +17,13 @@ def test_quick_run_counts_every_case(tmp_path):
     report, same = (json.loads(p.read_text()) for p in (out, other))
     cases = ["4x128", "1x2048"], ["float32", "bfloat16"], ["hsa", "hsa-heads-first"]
     keys = [(r["case"], r["dtype"], r["method"]) for r in report["rows"]]
+    causal = [("4x128", dtype, "hsa-causal") for dtype in cases[1]]
     mixed = [("4x128 mixed", dtype, "hsa") for dtype in cases[1]]
     hmatrix = [("L=512", dtype, "hmatrix") for dtype in cases[1]]
-    assert keys == [*itertools.product(*cases), *mixed, *hmatrix]
-    for row in report["rows"]:
-        assert row["path"] == "fused"  # equal-fanout and padded batches, H-matrix: one node
+    assert keys == [*itertools.product(*cases), *causal, *mixed, *hmatrix]
+    for key, row in zip(keys, report["rows"], strict=True):
+        # one autograd node but for the strictly causal op
+        assert row["path"] == ("recorded" if key in causal else "fused")
         assert 0 < row["views"] < row["ops"] and 0 < sum(row["top"].values()) <= row["ops"]
     # deeper trees take more operations; heads-first inputs need no layout copy
     ops = {key: row["ops"] for key, row in zip(keys, report["rows"], strict=True)}
