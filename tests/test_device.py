@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hiergraph import _device
-from hiergraph._device import host_tensor
+from hiergraph._device import host_tensor, to_device
 
 
 @pytest.mark.parametrize("capturing", [False, True])
@@ -37,6 +37,13 @@ def test_a_copy_captured_into_a_cuda_graph_keeps_its_pinned_source(monkeypatch, 
 def test_host_tensor_on_the_cpu_and_meta():
     assert torch.equal(host_tensor([1, 2], "cpu"), torch.tensor([1, 2]))
     assert host_tensor([1.5], "meta", torch.float32).device.type == "meta"
+
+
+def test_to_device_leaves_a_cpu_tensor_as_it_is():
+    """On the CPU no copy (a cached CPU tensor is handed out as it is: read-only)."""
+    tensor = torch.arange(3.0)
+    assert to_device(tensor, "cpu") is tensor
+    assert to_device(tensor, "meta").device.type == "meta"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -332,6 +332,11 @@ def test_the_counts_of_a_plan_are_made_once(length, causal):
     got, want = _forward(q, k, v, None, plan, made), _forward(q, k, v, None, plan)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # the op hands the cached tensors to its forward and backward: they stay as made
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    hmatrix_attention(q, k, v, 4, causal).square().sum().backward()
+    torch.testing.assert_close(made[0], counts, rtol=0, atol=0)
+    torch.testing.assert_close(made[1], _child_weights(counts, plan), rtol=0, atol=0)
 
 
 def test_half_precision_counts_are_exact_before_one_rounding():
