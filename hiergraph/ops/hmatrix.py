@@ -614,7 +614,7 @@ def _coarse_pack(
         # masked_fill, not a product: NaN/inf at padded positions must not leak
         first[:, :, :length, :dim] = x.masked_fill(valid[:, None, :, None] == 0, 0.0)
     if counts is not None:
-        first[..., dim:] = _levels(counts, plan, dim=2)[0]
+        first[..., dim:] = counts.narrow(2, plan.starts()[0], plan.rows[0])  # level 0
     for level in range(len(plan.rows) - 1):
         fine, coarse = levels[level], levels[level + 1]
         even, odd = fine[:, :, 0::2], fine[:, :, 1::2]
