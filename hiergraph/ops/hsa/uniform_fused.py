@@ -110,36 +110,39 @@ def fused_uniform_attention(
     operations than the recorded op (sums instead of means, the gates in log space, families
     of two added): 1.05–1.15× faster in the inference benchmark (caches evicted between
     calls), more on warm caches."""
+    shares = None if counts is None else [_shares(n) for n in counts]
     if recorded is None:
         options = (include_self, tau, size_bias, node_major)
         return _forward(
-            q, k, v, eps, tuple(fanout), *options, keep=False, counts=counts, above=above
-        )[0]
+            q, k, v, eps, tuple(fanout), *options, keep=False, counts=counts, shares=shares,
+            above=above,
+        )[0]  # fmt: skip
     eps = [] if eps is None else list(eps)
-    options = (tuple(fanout), include_self, tau, size_bias, recorded, node_major, counts)
+    options = (tuple(fanout), include_self, tau, size_bias, recorded, node_major, counts, shares)
     return _FusedUniform.apply(options, q, k, v, *eps)
 
 
 class _FusedUniform(torch.autograd.Function):
     @staticmethod
     def forward(ctx, options, q, k, v, *eps):
-        fanout, include_self, tau, size_bias, _, node_major, counts = options
+        fanout, include_self, tau, size_bias, _, node_major, counts, shares = options
         out, levels = _forward(
-            q, k, v, eps or None, fanout, include_self, tau, size_bias, node_major, counts=counts
-        )
+            q, k, v, eps or None, fanout, include_self, tau, size_bias, node_major,
+            counts=counts, shares=shares,
+        )  # fmt: skip
         ctx.options, ctx.levels = options, levels
         ctx.save_for_backward(q, k, v, *eps)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        fanout, include_self, tau, _, recorded, node_major, counts = ctx.options
+        fanout, include_self, tau, _, recorded, node_major, _, shares = ctx.options
         q, k, v, *eps = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
             return None, *recorded_gradients(recorded, (q, k, v, *eps), grad)
         grads = _backward(
             grad.contiguous(), ctx.levels, fanout, include_self, tau, len(eps), node_major,
-            counts,
+            shares,
         )  # fmt: skip
         return None, *grads
 
@@ -162,6 +165,7 @@ def recorded_gradients(recorded, inputs: tuple[Tensor, ...], grad) -> tuple:
 
 def _forward(
     q, k, v, eps, fanout, include_self, tau, size_bias, node_major, keep=True, counts=None,
+    shares=None,
     above=None,
 ):  # fmt: skip
     """The two passes without recording; returns the output and, per level, what the
@@ -218,7 +222,8 @@ def _forward(
             lse, p = _masked_family_softmax(logits, diagonal, n, heads, bias)
         levels[d] = [qf, kf, vf, e, p, lse, energy, divisor, outer]
         if d or above is not None:  # the parents' energies and rows (sums)
-            energy = _parent_energy(energy, lse, n, heads, include_self)
+            share = None if shares is None else shares[d]
+            energy = _parent_energy(energy, lse, share, heads, include_self)
             rows = [_leaf_sum(t, n, tokens) for t in (qf, kf, vf)]
             if d:
                 energy = energy.view(-1, fanout[d - 1])
@@ -304,16 +309,21 @@ def _masked_family_softmax(
     return softmax_(logits)
 
 
-def _parent_energy(energy, lse: Tensor, n, heads: int, include_self: bool) -> Tensor:
+def _parent_energy(energy, lse: Tensor, share, heads: int, include_self: bool) -> Tensor:
     r"""The energies :math:`a(A) = \sum_C n(C) / n(A) \log(e^{a(C)} + e^{\mathrm{lse}(C)})`
     ``[H F]`` of the parents of a level's families, from the level's energies (``None``:
-    :math:`-\infty`) and ``lse`` ``[H F, b]`` and its leaf counts ``n`` (an int: equal)."""
-    if isinstance(n, int):
+    :math:`-\infty`) and ``lse`` ``[H F, b]`` and the children's shares
+    :math:`n(C) / n(A)` (:func:`_shares`; ``None``: equal). A child without leaves weighs 0
+    whatever its value (which is finite with self energies, else may be :math:`-\infty`),
+    as in :func:`~hiergraph.ops.hsa.family.count_weighted_sum`."""
+    if share is None:
         total = lse if energy is None else torch.logaddexp(energy, lse)
         return total.mean(-1)
     total = lse if energy is None else logaddexp(energy, lse, finite_a=include_self)
-    total = total.view(heads, *n.shape[1:])
-    return family.count_weighted_sum(total, n, n.sum(-1).clamp(min=1), total.dtype).flatten()
+    total = total.view(heads, *share.shape[1:])
+    if energy is None or not include_self:
+        total = torch.where(share > 0, total, 0.0)
+    return (total * share).sum(-1).flatten()
 
 
 def _head_products(p: Tensor, x: Tensor, base: Tensor | None, alpha: float = 1.0) -> Tensor:
@@ -342,11 +352,12 @@ def _product(p: Tensor, v: Tensor, base: Tensor | None, alpha: float = 1.0) -> T
     return torch.baddbmm(base, p, v, alpha=alpha)
 
 
-def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major, counts=None):
+def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major, shares=None):
     """The two sweeps of the module docstring; returns the gradients of ``q, k, v`` and of
-    the position embeddings. With ``counts`` (masked leaves, zero rows), a level above the
-    leaves scales its logits and products by its nodes' :math:`1 / n` (``levels``' divisor
-    tensors), and a child's share of its parent's energy is :math:`n(C) / n(A)`."""
+    the position embeddings. With masked leaves (zero rows), a level above the leaves
+    scales its logits and products by its nodes' :math:`1 / n` (``levels``' divisor
+    tensors), and a child's share of its parent's energy is :math:`n(C) / n(A)`
+    (``shares``, :func:`_shares`)."""
     depth, heads = len(fanout), grad.size(1 if node_major else 0)
     if node_major:  # [F, b, H, d_v], read in place at the leaves
         g = token_layout.token_families(grad, fanout[-1])
@@ -384,8 +395,8 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major, coun
         # dlse = g (1 - mu) - dx, the softmax's shift d_down - dlse is d_down + da - g (as
         # multiply-adds)
         parent, share = None if da_parent is None else da_parent.unsqueeze(-1), 1 / b
-        if parent is not None and counts is not None:
-            parent, share = _child_share(parent, counts[d], heads), 1.0
+        if parent is not None and shares is not None:
+            parent, share = _child_share(parent, shares[d], heads), 1.0
         if a is None:  # no gate: mu = 0 and lse reaches the parent's energy alone (dlse = g)
             da = None
             shift = d_down if parent is None else torch.add(d_down, parent, alpha=-share)
@@ -428,11 +439,16 @@ def _per_node(x: Tensor, scale: Tensor, heads: int) -> Tensor:
     return (x.view(heads, -1, *x.shape[1:]) * scale).flatten(0, 1)
 
 
-def _child_share(parent: Tensor, n: Tensor, heads: int) -> Tensor:
+def _shares(n: Tensor) -> Tensor:
+    r"""The children's shares :math:`n(C) / n(A)` ``[1, F, b]`` of their parents' leaves,
+    from their leaf counts ``n [1, F, b]`` (0 for a child without leaves; as
+    :func:`~hiergraph.ops.hsa.family.count_weighted_sum` weighs them)."""
+    return n / n.sum(-1, keepdim=True).clamp(min=1)
+
+
+def _child_share(parent: Tensor, share: Tensor, heads: int) -> Tensor:
     r"""Each child's share :math:`G\, n(C) / n(A)` ``[H F, b]`` of its parent's energy
-    gradient ``parent [H F, 1]``, from the children's leaf counts ``n [1, F, b]`` (0 for a
-    child without leaves, as in :func:`~hiergraph.ops.hsa.family.count_weighted_sum`)."""
-    share = n / n.sum(-1, keepdim=True).clamp(min=1)
+    gradient ``parent [H F, 1]`` (``share``: :func:`_shares`)."""
     return (parent.view(heads, -1, 1) * share).flatten(0, 1)
 
 
