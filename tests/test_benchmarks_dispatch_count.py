@@ -4,6 +4,7 @@ the installed library and for one given by ``--library``."""
 
 import itertools
 import json
+import shutil
 
 from tests.benchmark_scripts import REPO, run_benchmark
 
@@ -11,9 +12,17 @@ from tests.benchmark_scripts import REPO, run_benchmark
 def test_quick_run_counts_every_case(tmp_path):
     out, other = tmp_path / "dispatch_count.json", tmp_path / "other.json"
     run_benchmark("dispatch_count", "--quick", "--out", str(out))
-    run_benchmark(
-        "dispatch_count", "--quick", "--library", str(REPO), "--label", "same", "--out", str(other)
+    # another copy of the library, one comment apart: its digest tells which one ran
+    library = tmp_path / "library"
+    shutil.copytree(
+        REPO / "hiergraph", library / "hiergraph", ignore=shutil.ignore_patterns("__py*")
     )
+    with (library / "hiergraph" / "__init__.py").open("a") as f:
+        f.write("# a copy\n")
+    run_benchmark(
+        "dispatch_count", "--quick", "--library", str(library), "--label", "copy",
+        "--out", str(other),
+    )  # fmt: skip
     report, same = (json.loads(p.read_text()) for p in (out, other))
     cases = ["4x128", "1x2048"], ["float32", "bfloat16"], ["hsa", "hsa-heads-first"]
     keys = [(r["case"], r["dtype"], r["method"]) for r in report["rows"]]
@@ -30,8 +39,8 @@ def test_quick_run_counts_every_case(tmp_path):
     assert ops["1x2048", "float32", "hsa"] > ops["4x128", "float32", "hsa"]
     assert ops["4x128", "float32", "hsa-heads-first"] < ops["4x128", "float32", "hsa"]
     assert report["meta"]["command"] == "python benchmarks/dispatch_count.py --quick"
-    assert same["meta"]["label"] == "same" and "--library DIR" in same["meta"]["command"]
-    assert same["meta"]["library_sha1"] == report["meta"]["library_sha1"]
-    assert same["rows"] == report["rows"]
+    assert same["meta"]["label"] == "copy" and "--library DIR" in same["meta"]["command"]
+    assert same["meta"]["library_sha1"] != report["meta"]["library_sha1"]
+    assert same["rows"] == report["rows"]  # the same code counts the same
     assert out.with_suffix(".png").stat().st_size > 0
     assert str(tmp_path) not in out.read_text()

@@ -4,89 +4,60 @@ On a GPU an eager step of the sizes people run (a few thousand tokens) is launch
 every operator call is at least one kernel launch and costs the host some tens of
 microseconds whatever its size (the benchmarks' GPU section). A change that adds calls to
 these steps slows them there, and the CPU tests would not notice; these budgets make it
-visible. The budgets are the counts measured when they were set: lower is welcome, a
-higher count needs a reason (then raise the budget with it).
+visible. The steps run on the ``meta`` device, which takes the branches taken off the CPU
+(on the CPU, the compiled kernel runs most of them in a few calls). The budgets are the
+counts measured when they were set: lower is welcome, a higher count needs a reason (then
+raise the budget with it).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hiergraph.data import window_forest
 from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention
 from hiergraph.ops.hmatrix import hmatrix_attention
-
-#: operators that make views or read metadata: no kernel
-VIEWS = {
-    "alias", "as_strided", "detach", "diagonal", "expand", "expand_as", "flatten",
-    "lift_fresh", "narrow", "permute", "promote_types", "reshape", "select", "slice",
-    "split", "split_with_sizes", "squeeze", "t", "transpose", "unbind", "unflatten",
-    "unfold", "unsqueeze", "view", "view_as", "_unsafe_view",
-}  # fmt: skip
+from tests.operators import launches
 
 
-class _Operators(TorchDispatchMode):
-    """Counts the calls of every operator."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def launches(fn, leaves: list[torch.Tensor]) -> tuple[int, Counter]:
-    """Non-view operator calls of one forward and ``out.sum().backward()`` of ``fn`` (after
-    a warm-up step, so that plans built on first use are not counted)."""
-
-    def step():
-        for t in leaves:
-            t.grad = None
-        fn().sum().backward()
-
-    step()
-    with _Operators() as ops:
-        step()
-    calls = Counter({name: n for name, n in ops.calls.items() if name not in VIEWS})
-    return sum(calls.values()), calls
-
-
-def _leaves(*shape, heads_first=False) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)
+def _leaves(*shape, heads_first=False, dtype=torch.float32) -> list[torch.Tensor]:
     if heads_first:  # [H, L, d] memory viewed as [L, H, d]
+        shape = (shape[1], shape[0], *shape[2:])
         return [
-            torch.randn(shape[1], shape[0], shape[2], generator=gen).transpose(0, 1)
-            .requires_grad_() for _ in "qkv"
+            torch.empty(shape, device="meta", dtype=dtype).transpose(0, 1).requires_grad_()
+            for _ in "qkv"
         ]  # fmt: skip
-    return [torch.randn(*shape, generator=gen, requires_grad=True) for _ in "qkv"]
+    return [torch.empty(shape, device="meta", dtype=dtype, requires_grad=True) for _ in "qkv"]
 
 
-def _windows():
-    """Four window trees of 512 leaves, (16, 8, 4): an equal-fanout forest."""
-    return window_forest([512] * 4, (16, 8, 4)).tree_index()
+def _windows(causal=False):
+    """Four window trees of 512 leaves, (16, 8, 4): an equal-fanout forest (or its causal
+    plan, built on the CPU, as a training loop builds it once)."""
+    index = window_forest([512] * 4, (16, 8, 4)).tree_index()
+    return (index.causal_plan if causal else index).to("meta")
 
 
 def _lengths():
     """Window trees over sequences of different lengths (the padded path, or blocks)."""
-    return window_forest([37, 20, 64, 50], (4, 4)).tree_index()
+    return window_forest([37, 20, 64, 50], (4, 4)).tree_index().to("meta")
 
 
 CASES = {  # name: (make (fn, leaves), budget)
-    "hsa-uniform": (lambda: _hsa(_windows(), _leaves(2048, 4, 16)), 183),
+    "hsa-uniform": (lambda: _hsa(_windows(), _leaves(2048, 4, 16)), 102),
     "hsa-uniform-heads-first": (
         lambda: _hsa(_windows(), _leaves(2048, 4, 16, heads_first=True)),
-        156,
+        92,
     ),
-    "hsa-padded": (lambda: _hsa(_lengths(), _leaves(171, 2, 8)), 291),
+    "hsa-padded": (lambda: _hsa(_lengths(), _leaves(171, 2, 8)), 209),
     "hsa-blocks": (lambda: _hsa(_lengths(), _leaves(171, 2, 8), kernel="blocks"), 475),
-    "causal-hsa-uniform": (lambda: _hsa(_windows(), _leaves(2048, 4, 16), causal=True), 346),
-    "hmatrix": (lambda: _hmatrix(_leaves(1, 4, 512, 16)), 214),
+    "causal-hsa-uniform": (
+        lambda: _hsa(_windows(causal=True), _leaves(2048, 4, 16), causal=True),
+        346,
+    ),
+    "hmatrix": (lambda: _hmatrix(_leaves(1, 4, 512, 16)), 180),
 }
 
 
@@ -107,6 +78,29 @@ def test_operator_calls_stay_within_budget(name):
         f"{name}: {count} operator calls per forward+backward, budget {budget}; "
         f"most called: {calls.most_common(8)}"
     )
+
+
+@pytest.mark.parametrize("branching", [(2,), (4,), (4, 4), (16, 8, 4)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["heads-first", "node-major", "leaf-mask", "padded"])
+def test_a_level_costs_a_fixed_number_of_calls(branching, dtype, layout):
+    """Equal-fanout HSA is one autograd node with a written backward, bf16 included
+    (computed in float32): ``D`` levels (window trees of ``branching``, one root family
+    above them) take at most ``14 + 37 D`` calls, and with masked leaves (a leaf mask, or
+    the padded path of sequences of different lengths) ``10 + 62 D``."""
+    if layout == "padded" and branching == (2,):
+        pytest.skip("too short to pad: the block kernel takes it")
+    depth, length = len(branching) + 1, 2 * math.prod(branching)
+    lengths = [length, length - 3] if layout == "padded" else [length, length]
+    index = window_forest(lengths, branching).tree_index().to("meta")
+    leaves = _leaves(sum(lengths), 3, 8, heads_first=layout != "node-major", dtype=dtype)
+    mask = None
+    if layout == "leaf-mask":
+        mask = torch.ones(sum(lengths), dtype=torch.bool, device="meta")
+    fn, leaves = _hsa(index, leaves, leaf_mask=mask, include_self=True)
+    count, calls = launches(fn, leaves)
+    budget = 14 + 37 * depth if mask is None and layout != "padded" else 10 + 62 * depth
+    assert count <= budget, f"{count} calls, budget {budget}; most: {calls.most_common(8)}"
 
 
 def test_the_counter_sees_kernels_and_skips_views():

@@ -60,15 +60,29 @@ def key_bias(count: Tensor, size_bias: bool, dtype: torch.dtype) -> tuple[Tensor
     return bias.to(dtype), ok
 
 
-def count_weighted_sum(total: Tensor, n: Tensor, denom: Tensor, dtype: torch.dtype) -> Tensor:
+def child_shares(n: Tensor, denom: Tensor | None = None) -> Tensor:
+    r"""The children's shares :math:`n(C) / n(A)` ``[1, F, b]`` of their parents' leaves, from
+    their leaf counts ``n [1, F, b]`` and the parents' ``denom [1, F]`` (at least 1; default:
+    the sum of their children's counts, at least 1). A child without leaves has share 0."""
+    if denom is None:
+        return n / n.sum(-1, keepdim=True).clamp(min=1)
+    return n / denom.unsqueeze(-1)
+
+
+def count_weighted_sum(
+    total: Tensor, share: Tensor, dtype: torch.dtype, finite: bool = False
+) -> Tensor:
     r""":math:`\sum_C n(C) / n(A)\, t(C)` ``[H, F]`` over the children :math:`C` of every
-    parent :math:`A`, from ``total [H, F, b]`` in family layout, the children's leaf counts
-    ``n [1, F, b]`` and the parents' ``denom [1, F]`` (at least 1), summed in ``dtype``: a
-    parent's energy from its children's. Children without leaves weigh 0 whatever their
-    value (an energy may be ``-inf`` there), with a zero gradient."""
-    keep = n > 0
-    share = (n / denom.unsqueeze(-1)).to(total.dtype)
-    return torch.where(keep, share * torch.where(keep, total, 0.0), 0.0).sum(-1, dtype=dtype)
+    parent :math:`A`, from ``total [H, F, b]`` in family layout and the children's shares
+    ``share [1, F, b]`` (:func:`child_shares`), summed in ``dtype``: a parent's energy from
+    its children's. Children without leaves weigh 0 whatever their value (an energy may be
+    ``-inf`` there), with a zero gradient (their share is 0, and so is the value they
+    enter with); ``finite``: the caller guarantees finite values (two operations instead
+    of four)."""
+    share = share.to(total.dtype)
+    if not finite:
+        total = torch.where(share > 0, total, 0.0)
+    return (share * total).sum(-1, dtype=dtype)
 
 
 def family_attention_dense(

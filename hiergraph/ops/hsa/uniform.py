@@ -102,8 +102,9 @@ def uniform_hierarchical_attention(
             sums then need no count weights, and the outputs no zeroing.
         above: a family above the roots (:mod:`~hiergraph.ops.hsa.lifted`): called with
             the roots' energies :math:`a` ``[H, B]`` and pooled ``[q, k, v]``
-            ``[H, B, ·]`` (0 for a root without valid leaves), it returns the log of the
-            mass that reaches every root ``[H, B]`` and the output every root hands down
+            ``[H, B, ·]`` (0 for a root without valid leaves; in the passes' dtype, float32
+            for bf16/fp16 inputs without gradients), it returns the log of the mass that
+            reaches every root ``[H, B]`` and the output every root hands down
             ``[H, B, d_v]``, where the top-down pass starts (without it: mass 1, output 0).
         fuse: run as one autograd node with a written backward where :func:`fused`
             allows (``False``: every operation recorded by autograd).
@@ -156,7 +157,7 @@ def uniform_hierarchical_attention(
         if tokens:
             leaves = (q, k, v)
         elif masked:
-            leaves = [transposed(t.to(work), weight[:, None, None]) for t in (q, k, v)]
+            leaves = [transposed(t, weight[:, None, None], work) for t in (q, k, v)]
         else:
             leaves = [heads_first(t, work) for t in (q, k, v)]
         eps = None if eps is None else [e.to(work) for e in eps]
@@ -292,27 +293,31 @@ def is_heads_first(x: Tensor) -> bool:
     return x.transpose(0, 1).is_contiguous()
 
 
-def transposed(x: Tensor, scale: Tensor) -> Tensor:
-    """``(x * scale).transpose(0, 1)`` in contiguous memory, written in one pass (``scale``
-    broadcasts against ``x`` with as many dimensions, and gets no gradient); differentiable
-    twice in ``x``. Traced by ``torch.compile``, it is the plain product, which inductor
-    fuses with the copy itself."""
+def transposed(x: Tensor, scale: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """``(x * scale).transpose(0, 1)`` in contiguous memory and in ``dtype`` (default:
+    ``x``'s), written in one pass (``scale`` broadcasts against ``x`` with as many
+    dimensions, and gets no gradient); differentiable twice in ``x``, whose gradient comes
+    back in its dtype in one pass too. Traced by ``torch.compile``, it is the plain product,
+    which inductor fuses with the copy itself."""
+    dtype = dtype or x.dtype
+    scale = scale.to(torch.promote_types(x.dtype, dtype))
     if torch.compiler.is_compiling():
-        return (x * scale.to(x.dtype)).transpose(0, 1).contiguous()
-    return _Transposed.apply(x, scale.to(x.dtype))
+        return (x * scale).transpose(0, 1).to(dtype, memory_format=torch.contiguous_format)
+    return _Transposed.apply(x, scale, dtype)
 
 
 class _Transposed(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, scale: Tensor) -> Tensor:
+    def forward(ctx, x: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
         ctx.save_for_backward(scale)
-        out = x.new_empty(x.transpose(0, 1).shape)
+        ctx.x_dtype = x.dtype
+        out = x.new_empty(x.transpose(0, 1).shape, dtype=dtype)
         return torch.mul(x.transpose(0, 1), scale.transpose(0, 1), out=out)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         (scale,) = ctx.saved_tensors
-        return _Transposed.apply(grad, scale.transpose(0, 1)), None
+        return _Transposed.apply(grad, scale.transpose(0, 1), ctx.x_dtype), None, None
 
 
 def dense_gradient(x: Tensor) -> Tensor:
@@ -344,7 +349,7 @@ def like(out: Tensor, q: Tensor, weight: Tensor | None = None) -> Tensor:
         return out.to(q.dtype).transpose(0, 1)
     if weight is None:
         return heads_first(out, q.dtype)
-    return transposed(out, weight[None, :, None]).to(q.dtype)
+    return transposed(out, weight[None, :, None], q.dtype)
 
 
 def bottom_up(
@@ -542,7 +547,7 @@ def _pool(
         energy = total.sum(-1, dtype=work) / denom
     else:
         denom = parent_n.reshape(1, -1).clamp(min=1)  # [1, F]
-        energy = family.count_weighted_sum(total, n, denom, work)
+        energy = family.count_weighted_sum(total, family.child_shares(n, denom), work)
         denom = denom.unsqueeze(-1)
     if tokens:  # node-major leaves; under a mask (counts 0 and 1), their valid rows' sums
         leaf_weight = None if plain else n[0]

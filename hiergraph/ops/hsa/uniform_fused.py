@@ -110,7 +110,7 @@ def fused_uniform_attention(
     operations than the recorded op (sums instead of means, the gates in log space, families
     of two added): 1.05–1.15× faster in the inference benchmark (caches evicted between
     calls), more on warm caches."""
-    shares = None if counts is None else [_shares(n) for n in counts]
+    shares = None if counts is None else [family.child_shares(n) for n in counts]
     if recorded is None:
         options = (include_self, tau, size_bias, node_major)
         return _forward(
@@ -313,17 +313,15 @@ def _parent_energy(energy, lse: Tensor, share, heads: int, include_self: bool) -
     r"""The energies :math:`a(A) = \sum_C n(C) / n(A) \log(e^{a(C)} + e^{\mathrm{lse}(C)})`
     ``[H F]`` of the parents of a level's families, from the level's energies (``None``:
     :math:`-\infty`) and ``lse`` ``[H F, b]`` and the children's shares
-    :math:`n(C) / n(A)` (:func:`_shares`; ``None``: equal). A child without leaves weighs 0
-    whatever its value (which is finite with self energies, else may be :math:`-\infty`),
-    as in :func:`~hiergraph.ops.hsa.family.count_weighted_sum`."""
+    (:func:`~hiergraph.ops.hsa.family.child_shares`; ``None``: equal). With self energies
+    every value is finite."""
     if share is None:
         total = lse if energy is None else torch.logaddexp(energy, lse)
         return total.mean(-1)
     total = lse if energy is None else logaddexp(energy, lse, finite_a=include_self)
     total = total.view(heads, *share.shape[1:])
-    if energy is None or not include_self:
-        total = torch.where(share > 0, total, 0.0)
-    return (total * share).sum(-1).flatten()
+    finite = energy is not None and include_self
+    return family.count_weighted_sum(total, share, total.dtype, finite).flatten()
 
 
 def _head_products(p: Tensor, x: Tensor, base: Tensor | None, alpha: float = 1.0) -> Tensor:
@@ -357,7 +355,7 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major, shar
     the position embeddings. With masked leaves (zero rows), a level above the leaves
     scales its logits and products by its nodes' :math:`1 / n` (``levels``' divisor
     tensors), and a child's share of its parent's energy is :math:`n(C) / n(A)`
-    (``shares``, :func:`_shares`)."""
+    (``shares``, :func:`~hiergraph.ops.hsa.family.child_shares`)."""
     depth, heads = len(fanout), grad.size(1 if node_major else 0)
     if node_major:  # [F, b, H, d_v], read in place at the leaves
         g = token_layout.token_families(grad, fanout[-1])
@@ -439,16 +437,9 @@ def _per_node(x: Tensor, scale: Tensor, heads: int) -> Tensor:
     return (x.view(heads, -1, *x.shape[1:]) * scale).flatten(0, 1)
 
 
-def _shares(n: Tensor) -> Tensor:
-    r"""The children's shares :math:`n(C) / n(A)` ``[1, F, b]`` of their parents' leaves,
-    from their leaf counts ``n [1, F, b]`` (0 for a child without leaves; as
-    :func:`~hiergraph.ops.hsa.family.count_weighted_sum` weighs them)."""
-    return n / n.sum(-1, keepdim=True).clamp(min=1)
-
-
 def _child_share(parent: Tensor, share: Tensor, heads: int) -> Tensor:
     r"""Each child's share :math:`G\, n(C) / n(A)` ``[H F, b]`` of its parent's energy
-    gradient ``parent [H F, 1]`` (``share``: :func:`_shares`)."""
+    gradient ``parent [H F, 1]`` (``share``: :func:`~hiergraph.ops.hsa.family.child_shares`)."""
     return (parent.view(heads, -1, 1) * share).flatten(0, 1)
 
 

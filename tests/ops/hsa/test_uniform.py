@@ -18,6 +18,7 @@ from hiergraph.ops import (
 )
 from hiergraph.ops.hsa import native, token_layout
 from hiergraph.ops.hsa.lifted import lifted_attention
+from tests.operators import Operators
 
 F64 = dict(dtype=torch.float64)
 SHAPES = [(3, 32, (4, 8)), (2, 48, (4, 3, 4)), (1, 8, (8,)), (2, 24, (3, 4, 2))]
@@ -621,3 +622,26 @@ def test_a_new_batch_shape_keeps_family_sizes_literal(op):
     sizes = _symbolic_sizes_on_a_new_batch_shape(op)
     assert sizes, "no symbolic size: the second shape did not recompile dynamically"
     assert not [size for size in sizes if "//" in size]
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float32], ids=["same", "bf16-to-float32"])
+def test_transposed_copies_scale_and_cast_in_one_pass(dtype):
+    """``transposed`` writes ``(x * scale)^T`` in ``dtype`` (the masked leaves of bf16 inputs
+    go heads first in float32 in the same copy), and the gradient comes back transposed,
+    scaled and in ``x``'s dtype (differentiable twice)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 3, 2, generator=gen).bfloat16().requires_grad_()
+    scale = (torch.arange(5) % 2).float()[:, None, None]
+    out = hsa_uniform.transposed(x, scale, dtype)
+    assert out.dtype == (dtype or x.dtype) and out.is_contiguous()
+    want = (x.float() * scale).transpose(0, 1).to(out.dtype)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    upstream = torch.randn(out.shape, generator=gen).to(out.dtype).requires_grad_()
+    with Operators() as ops:
+        (grad,) = torch.autograd.grad((out * upstream).sum(), x, create_graph=True)
+    assert grad.dtype == x.dtype and "_to_copy" not in ops.calls  # cast in the copy
+    want = (upstream.detach().float().transpose(0, 1) * scale).bfloat16()
+    torch.testing.assert_close(grad, want, rtol=0, atol=0)
+    (second,) = torch.autograd.grad(grad.float().sum(), upstream)  # through the backward
+    assert second.dtype == out.dtype
+    torch.testing.assert_close(second, scale.transpose(0, 1).expand(out.shape).to(out.dtype))
