@@ -32,6 +32,7 @@ import collections
 import hashlib
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -61,37 +62,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = gpu.QUICK if args.quick else gpu.FULL
-    cases = QUICK_CASES if args.quick else gpu.hsa_cases(sizes)
-    run = SimpleNamespace(sizes=sizes)
     rows = []
-    for trees, leaves in cases:
-        methods = gpu.hsa_methods(run, trees, leaves)
+    for case, method, make in steps(gpu, sizes, QUICK_CASES if args.quick else None):
         for dtype in DTYPES:
-            for name in METHODS:
-                fn, _ = methods[name].build(getattr(torch, dtype), torch.device("meta"))
-                row = {"case": f"{trees}x{leaves}", "dtype": dtype, "method": name}
-                rows.append(row | count_step(fn))
-                print(*row.values(), rows[-1]["ops"], rows[-1]["path"], flush=True)
-    for trees, leaves in sizes.hsa_batches:  # the strictly causal op (decoder training)
-        for dtype in DTYPES:
-            fn = causal_step(trees, leaves, sizes, getattr(torch, dtype))
-            row = {"case": f"{trees}x{leaves}", "dtype": dtype, "method": "hsa-causal"}
-            rows.append(row | count_step(fn))
-            print(*row.values(), rows[-1]["ops"], flush=True)
-    trees, leaves = sizes.hsa_batches[0]  # the same batch, sequences of different lengths
-    build = gpu.hsa_lengths_methods(run, trees, leaves)["hsa"].build
-    for dtype in DTYPES:
-        fn, _ = build(getattr(torch, dtype), torch.device("meta"))
-        row = {"case": f"{trees}x{leaves} mixed", "dtype": dtype, "method": "hsa"}
-        rows.append(row | count_step(fn))
-        print(*row.values(), rows[-1]["ops"], rows[-1]["path"], flush=True)
-    for length in sizes.hmatrix:
-        build = gpu.hmatrix_methods(length)["hmatrix"].build
-        for dtype in DTYPES:
-            fn, _ = build(getattr(torch, dtype), torch.device("meta"))
-            row = {"case": f"L={length}", "dtype": dtype, "method": "hmatrix"}
-            rows.append(row | count_step(fn))
-            print(*row.values(), rows[-1]["ops"], flush=True)
+            row = {"case": case, "dtype": dtype, "method": method}
+            rows.append(row | count_step(make(getattr(torch, dtype))))
+            print(*row.values(), rows[-1]["ops"], rows[-1]["path"], flush=True)
     package = Path(hiergraph.__file__).parent
     sources = sorted(package.rglob("*.py"))
     meta = {
@@ -109,6 +85,32 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     plot(rows, f"Operations per forward+backward off the CPU ({args.label})", args.out)
+
+
+def steps(gpu, sizes, hsa_cases=None):
+    """``(case, method, make)`` of every counted step, ``make(dtype)`` its forward on the
+    ``meta`` device: ``gpu.py``'s HSA cases (``hsa_cases``, default all of them) in both
+    layouts, the strictly causal op on its batches, its batch of sequences of different
+    lengths, its H-matrix lengths."""
+    import torch
+
+    meta = torch.device("meta")
+    run = SimpleNamespace(sizes=sizes)
+
+    def built(method):
+        return lambda dtype: method.build(dtype, meta)[0]
+
+    for trees, leaves in hsa_cases or gpu.hsa_cases(sizes):
+        methods = gpu.hsa_methods(run, trees, leaves)
+        for name in METHODS:
+            yield f"{trees}x{leaves}", name, built(methods[name])
+    for trees, leaves in sizes.hsa_batches:  # the strictly causal op (decoder training)
+        yield f"{trees}x{leaves}", "hsa-causal", partial(causal_step, trees, leaves, sizes)
+    trees, leaves = sizes.hsa_batches[0]  # the same batch, sequences of different lengths
+    mixed = gpu.hsa_lengths_methods(run, trees, leaves)["hsa"]
+    yield f"{trees}x{leaves} mixed", "hsa", built(mixed)
+    for length in sizes.hmatrix:
+        yield f"L={length}", "hmatrix", built(gpu.hmatrix_methods(length)["hmatrix"])
 
 
 def causal_step(trees: int, leaves: int, sizes, dtype):
