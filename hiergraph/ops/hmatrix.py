@@ -298,10 +298,10 @@ class _Plan(NamedTuple):
         """The plan as the custom ops take it (``rows`` a list)."""
         return (*self._replace(rows=list(self.rows)),)
 
-    def starts(self) -> list[int]:
-        """First packed row of every level."""
-        n, rows = self.block_size, self.rows
-        return [n * (level + 1) + sum(rows[:level]) for level in range(len(rows))]
+    def parts(self) -> list[int]:
+        """Rows of the packed layout's parts: separator, level 0, separator, ..., separator."""
+        n = self.block_size
+        return [n, *(size for rows in self.rows for size in (rows, n))]
 
     @property
     def query_reduce(self) -> str:
@@ -310,7 +310,7 @@ class _Plan(NamedTuple):
 
     @property
     def packed_rows(self) -> int:
-        return sum(self.rows) + self.block_size * (len(self.rows) + 1)
+        return sum(self.parts())
 
 
 class _HMatrixCore(torch.autograd.Function):
@@ -340,12 +340,12 @@ class _HMatrixCore(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, plan: _Plan) -> Tensor:
-        known = None  # eager, without padding: the counts of the plan, made once
-        if valid is None and not torch.compiler.is_compiling():
-            known = tuple(to_device(t, q.device) for t in _unmasked_counts(plan, q.dtype))
-        out, *saved = _opaque_to_compiler(
-            _forward, _forward_op, q, k, v, valid, plan=plan, known=known
-        )
+        known = {}  # eager: what the plan fixes, made once on the CPU
+        if not torch.compiler.is_compiling():
+            known["structure"] = _on(q.device, _plan_structure(plan))
+            if valid is None:
+                known["counts"] = _on(q.device, _unmasked_counts(plan, q.dtype))
+        out, *saved = _opaque_to_compiler(_forward, _forward_op, q, k, v, valid, plan=plan, **known)
         ctx.save_for_backward(out, valid, *saved)
         ctx.plan = plan
         return out
@@ -374,83 +374,93 @@ def _opaque_to_compiler(fn, op, *args, plan: _Plan, **eager):
 
 
 def _forward(
-    q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, plan: _Plan, known=None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    valid: Tensor | None,
+    plan: _Plan,
+    counts: tuple[Tensor, Tensor] | None = None,
+    structure: tuple[Tensor, Tensor] | None = None,
 ) -> list[Tensor]:
     """The forward of :class:`_HMatrixCore`: ``[out, *saved]``, what the backward needs.
-    ``known``: the packed counts and child weights, where they are known already
-    (:func:`_unmasked_counts`)."""
+
+    ``counts`` (the packed counts and child weights, :func:`_counts`) and ``structure``
+    (:func:`_band_structure`): given where they are known already, else made here.
+    """
     n, width = plan.block_size, plan.width
     batch, heads, _, dim = q.shape
-    counts, child = _counts(valid, q.dtype, q.device, plan) if known is None else known
-    child_levels = _levels(child, plan, dim=2)
-    q_pack = _coarse_pack(q, valid, plan, child_levels, plan.query_reduce)
-    k_pack = _coarse_pack(k, valid, plan, child_levels, "mean")
-    v_pack = _coarse_pack(v, valid, plan, child_levels, "sum", counts)
-    q_flat, k_flat, v_flat = (x.view(-1, x.shape[-1]) for x in (q_pack, k_pack, v_pack))
+    counts, child = _counts(valid, q.dtype, q.device, plan) if counts is None else counts
+    qk_pack = _coarse_pack((q, k), valid, plan, child)  # [2, B, H, P, d]
+    v_pack = _coarse_pack((v,), valid, plan, counts=counts)  # [1, B, H, P, d_v + 1]
+    q_flat, k_flat = (qk_pack[group].view(-1, dim) for group in (0, 1))
+    v_flat = v_pack.view(-1, v_pack.shape[-1])
     blocks = q_flat.shape[0] // n
 
     logits = _band_bmm(q_flat.view(blocks, n, dim), _band(k_flat, n, width), plan.scale)
-    bias = _band_bias(counts, plan)  # [B|1, 1, T_per, n, width * n]
+    structure = _band_structure(plan, q.device) if structure is None else structure
+    bias = _band_bias(counts, plan, structure)  # [B|1, 1, T_per, n, width * n]
     logits.view(bias.shape[0], -1, *bias.shape[2:]).add_(bias)
 
     # One shift per fine row: the running max over levels >= l, top-down.
     shift = logits.amax(-1).view(batch * heads, -1)
-    levels = _levels(shift, plan)
-    for fine, coarse in zip(levels[-2::-1], levels[:0:-1], strict=True):
-        fine.clamp_min_(coarse.repeat_interleave(2, 1))
+    for fine, coarse in zip(_pairs(shift, plan)[::-1], _parents(shift, plan)[::-1], strict=True):
+        fine.clamp_min_(coarse)
     finite = _finite(shift)
     weights = logits.sub_(finite.view(blocks, n, 1)).exp_()
 
     # Y⁺_l of all levels at once, then interpolate and accumulate coarse → fine.
     acc = _band_bmm(weights, _band(v_flat, n, width).transpose(1, 2))
-    sums = _levels(acc.view(batch * heads, -1, v_flat.shape[-1]), plan)
-    alphas = _alphas(levels, finite, plan)
-    for level in range(len(plan.rows) - 2, -1, -1):
-        fine = sums[level].unflatten(1, (-1, 2))
-        fine.addcmul_(sums[level + 1].unsqueeze(2), alphas[level].unflatten(1, (-1, 2, 1)))
-    num, den = sums[0][:, : plan.length].split([v.shape[-1], 1], dim=-1)
-    den = torch.where(den > 0, den, 1.0)
+    acc = acc.view(batch * heads, -1, v_flat.shape[-1])
+    alphas = _alphas(shift, finite, plan)
+    levels = zip(
+        _pairs(acc, plan), _parents(acc, plan), _pairs(alphas.unsqueeze(-1), plan), strict=True
+    )
+    for fine, coarse, alpha in reversed(list(levels)):
+        fine.addcmul_(coarse, alpha)
+    num, den = _levels(acc, plan)[0][:, : plan.length].split([v.shape[-1], 1], dim=-1)
+    den = den.clamp_min(1.0)  # R̂ >= 1 where a row has a key (its maximum weighs 1), else 0
     out = (num / den).view(batch, heads, plan.length, -1)
-    return [out, q_pack, k_pack, v_pack, weights, den, child, *alphas]
+    return [out, qk_pack, v_pack, weights, den, child, alphas]
 
 
 def _backward(
     grad_out: Tensor, out: Tensor, valid: Tensor | None, saved: list[Tensor], plan: _Plan
 ) -> list[Tensor]:
     """The backward of :class:`_HMatrixCore`: the gradients of ``q, k, v``."""
-    q_pack, k_pack, v_pack, weights, den, child, *alphas = saved
+    qk_pack, v_pack, weights, den, child, alphas = saved
     n, width = plan.block_size, plan.width
-    batch, heads = q_pack.shape[:2]
+    _, batch, heads, _, dim = qk_pack.shape
+    channels = v_pack.shape[-1]
     blocks = weights.shape[0]
 
     # G⁺ on every level, fine → coarse (separator rows stay zero).
-    grad_acc = v_pack.new_zeros(batch * heads, plan.packed_rows, v_pack.shape[-1])
+    grad_acc = v_pack.new_zeros(batch * heads, plan.packed_rows, channels)
     grads = _levels(grad_acc, plan)
     grad_out = grad_out.reshape(batch * heads, plan.length, -1)
     grads[0][:, : plan.length, :-1] = grad_out / den
     dot = (grad_out * out.view_as(grad_out)).sum(-1, keepdim=True)
     grads[0][:, : plan.length, -1:] = dot.div_(den).neg_()
-    for level in range(len(plan.rows) - 1):
-        fine = (grads[level] * alphas[level].unsqueeze(-1)).unflatten(1, (-1, 2))
-        grads[level + 1].copy_(fine[:, :, 0]).add_(fine[:, :, 1])
+    levels = zip(
+        *_children(grad_acc, plan), *_children(alphas.unsqueeze(-1), plan), grads[1:], strict=True
+    )
+    for first, second, alpha_first, alpha_second, coarse in levels:
+        torch.mul(first, alpha_first, out=coarse).addcmul_(second, alpha_second)
 
     # Band matmuls of the backward, all levels at once.
-    q_flat, k_flat, v_flat = (x.view(-1, x.shape[-1]) for x in (q_pack, k_pack, v_pack))
-    grad_blocks = grad_acc.view(blocks, n, -1)
-    grad_v = _key_grad(weights, grad_acc.view(-1, grad_acc.shape[-1]), n, width)
+    q_flat, k_flat = (qk_pack[group].view(-1, dim) for group in (0, 1))
+    v_flat = v_pack.view(-1, channels)
+    grad_v = _key_grad(weights, grad_acc.view(-1, channels), n, width)
     # dS / sqrt(d): the scale goes into the matmul, and from there into dq and dk.
-    grad_logits = _band_bmm(grad_blocks, _band(v_flat, n, width), plan.scale).mul_(weights)
-    grad_q = _band_bmm(grad_logits, _band(k_flat, n, width).transpose(1, 2))
-    grad_k = _key_grad(grad_logits, q_flat, n, width)
+    grad_logits = _band_bmm(grad_acc.view(blocks, n, -1), _band(v_flat, n, width), plan.scale)
+    grad_logits.mul_(weights)
+    grad_qk = qk_pack.new_empty(2, blocks, n, dim)
+    _band_bmm(grad_logits, _band(k_flat, n, width).transpose(1, 2), out=grad_qk[0])
+    _key_grad(grad_logits, q_flat, n, width, out=grad_qk[1])
 
     # Undo the coarsening (adjoint of _coarse_pack).
-    child_levels = _levels(child, plan, dim=2)
-    grads_in = [
-        _coarse_unpack(grad.view(batch, heads, -1, grad.shape[-1]), valid, plan, child_levels, mode)
-        for grad, mode in ((grad_q, plan.query_reduce), (grad_k, "mean"), (grad_v, "sum"))
-    ]
-    grads_in[2] = grads_in[2][..., :-1]
-    return grads_in
+    grad_q, grad_k = _coarse_unpack(grad_qk.view(2, batch, heads, -1, dim), valid, plan, child)
+    grad_v = grad_v.view(1, batch, heads, -1, channels)
+    return [grad_q, grad_k, *_coarse_unpack(grad_v, valid, plan, channels=channels - 1)]
 
 
 #: The plan's fields in the custom ops' schemas (they take no Python objects).
@@ -487,15 +497,16 @@ def _band(x: Tensor, n: int, width: int) -> Tensor:
     return x.unfold(0, width * n, n)
 
 
-def _key_grad(entries: Tensor, x: Tensor, n: int, width: int) -> Tensor:
+def _key_grad(entries: Tensor, x: Tensor, n: int, width: int, out: Tensor | None = None) -> Tensor:
     """Per key block, the sum over the query blocks that see it: ``Σ_t entries[t, :, j]ᵀ x[t]``.
 
     ``entries`` ``[T, n, w*n]`` are band entries in query-major order (row =
     query, column = key, as from :func:`_band_bmm`), ``x`` is ``[T*n, c]``
-    (queries, or the gradients of the outputs); returns ``[T, n, c]``, zero on
-    the blocks that no full band reaches (separators). The entries are first
-    copied into key-major order, so the matmul contracts over all ``w*n``
-    query rows of a key block at once (no overlapping sums afterwards).
+    (queries, or the gradients of the outputs); returns ``[T, n, c]`` (written
+    into ``out`` if given), zero on the blocks that no full band reaches
+    (separators). The entries are first copied into key-major order, so the
+    matmul contracts over all ``w*n`` query rows of a key block at once (no
+    overlapping sums afterwards).
     """
     windows = entries.shape[0] - width + 1
     # window s, query block s+p (p < w), key block s+w-2 ↔ entries[s+p, :, (w-1-p)*n : (w-p)*n]
@@ -505,46 +516,84 @@ def _key_grad(entries: Tensor, x: Tensor, n: int, width: int) -> Tensor:
         (stride[0], stride[0] - n, stride[1], 1),
         (width - 1) * n,  # entries come from _band_bmm: contiguous, storage offset 0
     ).reshape(windows, width * n, n)
-    out = x.new_empty(entries.shape[0], n, x.shape[-1])
-    inner = out[width - 2 : width - 2 + windows]
-    out[: width - 2] = 0.0
-    out[width - 2 + windows :] = 0.0
+    if out is None:
+        out = x.new_empty(entries.shape[0], n, x.shape[-1])
+    inner = _inner_blocks(out, width - 2, windows)
     torch.bmm(key_major.transpose(1, 2), _band(x, n, width).transpose(1, 2), out=inner)
     return out
 
 
-def _band_bmm(a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
+def _band_bmm(a: Tensor, b: Tensor, alpha: float = 1.0, out: Tensor | None = None) -> Tensor:
     """``alpha * a[1:1+S] @ b`` for the ``S = len(b)`` query blocks that have a full band.
 
     ``a`` is ``[T, n, ·]``, ``b`` is ``[S, ·, ·]``; blocks without a band (the
-    first, and the last when ``S = T - 2``) are zero in the ``[T, n, ·]`` output.
+    first, and the last when ``S = T - 2``) are zero in the ``[T, n, ·]`` output
+    (written into ``out`` if given).
     """
-    out = a.new_empty(a.shape[0], a.shape[1], b.shape[-1])
-    inner = out[1 : 1 + b.shape[0]]
-    out[0] = 0.0
-    out[1 + b.shape[0] :] = 0.0
+    if out is None:
+        out = a.new_empty(a.shape[0], a.shape[1], b.shape[-1])
+    inner = _inner_blocks(out, 1, b.shape[0])
     torch.baddbmm(inner, a[1 : 1 + b.shape[0]], b, beta=0.0, alpha=alpha, out=inner)
     return out
 
 
-def _levels(packed: Tensor, plan: _Plan, dim: int = 1) -> list[Tensor]:
+def _inner_blocks(out: Tensor, start: int, count: int) -> Tensor:
+    """``out[start : start + count]``, the blocks of a full band, after zeroing the others: the
+    first block (``start = 1``), the last one (``start + count = T - 1``) or both (one write)."""
+    last = out.shape[0] - 1
+    first_out, last_out = start == 1, start + count == last
+    if first_out and last_out:
+        out[::last].zero_()
+    elif first_out or last_out:
+        out[0 if first_out else last].zero_()
+    return out.narrow(0, start, count)
+
+
+def _levels(packed: Tensor, plan: _Plan, dim: int = 1) -> tuple[Tensor, ...]:
     """Views of the levels (``L_l`` rows each) of a tensor packed along ``dim``."""
-    starts = plan.starts()
-    return [packed.narrow(dim, start, size) for start, size in zip(starts, plan.rows, strict=True)]
+    return packed.split(plan.parts(), dim)[1::2]
 
 
-def _alphas(shifts: list[Tensor], finite: Tensor, plan: _Plan) -> list[Tensor]:
-    r""":math:`\alpha_l = e^{\mathrm{repeat}_2(\mu_{l+1}) - \mu_l}` for ``l < M - 1``, ``[S, L_l]``.
+def _pairs(packed: Tensor, plan: _Plan, dim: int = 1) -> tuple[Tensor, ...]:
+    """Views of the levels ``l < M - 1`` of a tensor packed along ``dim``, each as
+    ``L_l / 2`` pairs of rows (the children of the rows of level ``l + 1``): dimension
+    ``dim`` becomes ``[L_l / 2, 2]``."""
+    return _below_top(packed.unflatten(dim, (-1, 2)), plan, dim)
 
-    ``shifts``: the levels of the row shifts :math:`\mu`. :math:`\alpha = 0` where the
-    coarser row has no key (:math:`\mu_{l+1} = -\infty`); ``finite`` is ``_finite(shift)``
-    (a row without keys subtracts 0). Kept for the backward.
+
+def _children(packed: Tensor, plan: _Plan, dim: int = 1) -> tuple[tuple[Tensor, ...], ...]:
+    """:func:`_pairs` as two tuples of views: the first and the second children."""
+    pairs = packed.unflatten(dim, (-1, 2))
+    return tuple(_below_top(pairs.select(dim + 1, child), plan, dim) for child in (0, 1))
+
+
+def _below_top(halved: Tensor, plan: _Plan, dim: int) -> tuple[Tensor, ...]:
+    """The levels ``l < M - 1`` of a packed tensor whose dimension ``dim`` counts row pairs."""
+    if len(plan.rows) == 1:  # one level: no parents (and a block size that may be odd)
+        return ()
+    return halved.split([size // 2 for size in plan.parts()], dim)[1:-2:2]
+
+
+def _parents(packed: Tensor, plan: _Plan, dim: int = 1) -> tuple[Tensor, ...]:
+    """Views of the levels ``l >= 1`` of a tensor packed along ``dim``, each with a new
+    dimension of size 1 after ``dim``: the parents of :func:`_pairs`' rows, broadcast
+    against them."""
+    return packed.unsqueeze(dim + 1).split(plan.parts(), dim)[3::2]
+
+
+def _alphas(shift: Tensor, finite: Tensor, plan: _Plan) -> Tensor:
+    r""":math:`\alpha_l = e^{\mathrm{repeat}_2(\mu_{l+1}) - \mu_l}` of every level ``l < M - 1``,
+    packed like the rows ``[S, P]`` (the top level and the separators hold 1, unused).
+
+    ``shift``: the row shifts :math:`\mu`. :math:`\alpha = 0` where the coarser row has no
+    key (:math:`\mu_{l+1} = -\infty`); ``finite`` is ``_finite(shift)`` (a row without keys
+    subtracts 0). Kept for the backward.
     """
-    coarse_levels, fine_levels = shifts[1:], _levels(finite, plan)[:-1]
-    return [
-        torch.exp(coarse.repeat_interleave(2, 1) - fine)
-        for fine, coarse in zip(fine_levels, coarse_levels, strict=True)
-    ]
+    alphas = finite.new_zeros(finite.shape)
+    levels = zip(_pairs(finite, plan), _parents(shift, plan), _pairs(alphas, plan), strict=True)
+    for fine, coarse, out in levels:
+        torch.sub(coarse, fine, out=out)
+    return alphas.exp_()
 
 
 def _finite(shift: Tensor) -> Tensor:
@@ -560,8 +609,8 @@ def _packed_counts(valid: Tensor | None, like: Tensor, plan: _Plan) -> Tensor:
         levels[0][:, :, : plan.length] = 1.0
     else:
         levels[0][:, 0, : plan.length, 0] = valid
-    for fine, coarse in zip(levels[:-1], levels[1:], strict=True):
-        coarse.copy_(fine.unflatten(2, (-1, 2)).sum(3))
+    for first, second, coarse in zip(*_children(counts, plan, dim=2), levels[1:], strict=True):
+        torch.add(first, second, out=coarse)
     return counts
 
 
@@ -577,93 +626,116 @@ def _counts(valid: Tensor | None, dtype: torch.dtype, device, plan: _Plan) -> tu
 @functools.lru_cache(maxsize=32)
 def _unmasked_counts(plan: _Plan, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """:func:`_counts` of a sequence without padding, made once per plan on the CPU, where
-    its :math:`4 M` small level operations cost no device launches. Read-only."""
+    its small level operations cost no device launches. Read-only."""
     return _counts(None, dtype, "cpu", plan)
 
 
-def _child_weights(counts: Tensor, plan: _Plan) -> Tensor:
-    r"""Packed :math:`n_l(i) / n_{l+1}(\lfloor i/2 \rfloor)`: a child's weight in its parent's mean.
+@functools.lru_cache(maxsize=32)
+def _plan_structure(plan: _Plan) -> tuple[Tensor, Tensor]:
+    """:func:`_band_structure`, made once per plan on the CPU. Read-only."""
+    return _band_structure(plan, "cpu")
 
-    ``[B|1, 1, P, 1]``; 0 where the parent has no valid token.
+
+def _on(device, tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """CPU ``tensors`` on ``device`` (:func:`~hiergraph._device.to_device`)."""
+    return tuple(to_device(t, device) for t in tensors)
+
+
+def _child_weights(counts: Tensor, plan: _Plan) -> Tensor:
+    r"""Packed weights of every row in its parent's coarse query and key, ``[G, B|1, 1, P, 1]``.
+
+    Keys (and queries unless causal) take the mean: a row's weight is
+    :math:`n_l(i) / n_{l+1}(\lfloor i/2 \rfloor)`, 0 where the parent has no valid token.
+    Causal queries take the first token of the group: weight 1 on the even rows (the first
+    child), 0 on the odd ones. ``G = 1`` (one weight for queries and keys) or ``G = 2``
+    (causal: queries, keys).
     """
-    weights = torch.zeros_like(counts)
-    levels, fines = _levels(counts, plan, dim=2), _levels(weights, plan, dim=2)
-    for fine, coarse, out in zip(levels[:-1], levels[1:], fines[:-1], strict=True):
-        out.copy_(fine / coarse.clamp_min(1.0).repeat_interleave(2, 2))
+    groups = 1 if plan.query_reduce == "mean" else 2
+    weights = counts.new_zeros(groups, *counts.shape)
+    if groups == 2:
+        weights[0, :, :, 0::2] = 1.0  # level starts are even: the even rows are first children
+    means = _pairs(weights[-1], plan, dim=2)
+    parents = _parents(counts.clamp_min(1.0), plan, dim=2)
+    for fine, coarse, out in zip(_pairs(counts, plan, dim=2), parents, means, strict=True):
+        torch.div(fine, coarse, out=out)
     return weights
 
 
 def _coarse_pack(
-    x: Tensor, valid: Tensor | None, plan: _Plan, weights: list[Tensor], mode: str, counts=None
+    xs: tuple[Tensor, ...],
+    valid: Tensor | None,
+    plan: _Plan,
+    weights: Tensor | None = None,
+    counts: Tensor | None = None,
 ) -> Tensor:
-    """Coarsen ``x [B, H, L, c]`` into the packed layout ``[B, H, P, c (+1)]``.
+    """Coarsen the inputs ``xs`` (``[B, H, L, c]`` each) into one packed buffer
+    ``[G, B, H, P, c (+1)]``, input ``g`` in group ``g``.
 
-    ``mode``: ``"mean"`` (of valid tokens, with the levels of the child weights
-    ``weights``), ``"first"`` (first token of the group) or ``"sum"``; with ``counts``, a
-    last column carries the valid-token counts (summed like the values). The buffer starts
-    zeroed: separators and padding rows need no writes of their own (an operation each).
+    A row of level ``l + 1`` is its children's sum, weighted by ``weights``
+    (:func:`_child_weights`: the mean of valid tokens, or the first token) if given; with
+    ``counts``, a last column carries the valid-token counts (summed like the values). The
+    buffer starts zeroed: separators and padding rows need no writes of their own.
     """
-    batch, heads, length, dim = x.shape
+    batch, heads, length, dim = xs[0].shape
     extra = 0 if counts is None else 1
-    out = x.new_zeros(batch, heads, plan.packed_rows, dim + extra)
-    levels = _levels(out, plan, dim=2)
-    first = levels[0]
-    if valid is None:
-        first[:, :, :length, :dim] = x
-    else:
+    out = xs[0].new_zeros(len(xs), batch, heads, plan.packed_rows, dim + extra)
+    levels = _levels(out, plan, dim=3)
+    first = levels[0][..., :length, :]
+    padding = None if valid is None else valid[:, None, :, None] == 0
+    for group, x in enumerate(xs):
         # masked_fill, not a product: NaN/inf at padded positions must not leak
-        first[:, :, :length, :dim] = x.masked_fill(valid[:, None, :, None] == 0, 0.0)
+        first[group, ..., :dim] = x if padding is None else x.masked_fill(padding, 0.0)
     if counts is not None:
-        first[..., dim:] = counts.narrow(2, plan.starts()[0], plan.rows[0])  # level 0
-    for level in range(len(plan.rows) - 1):
-        fine, coarse = levels[level], levels[level + 1]
-        even, odd = fine[:, :, 0::2], fine[:, :, 1::2]
-        # in-place updates of the strided level views (no `out=`: torch.compile rejects it)
-        coarse.copy_(even)
-        if mode == "sum":
-            coarse.add_(odd)
-        elif mode == "mean":
-            coarse.mul_(weights[level][:, :, 0::2]).addcmul_(odd, weights[level][:, :, 1::2])
+        first[..., dim:] = _levels(counts, plan, dim=2)[0][:, :, :length]
+    firsts, seconds = _children(out, plan, dim=3)
+    if weights is None:
+        for first, second, coarse in zip(firsts, seconds, levels[1:], strict=True):
+            torch.add(first, second, out=coarse)
+        return out
+    scales = zip(firsts, seconds, *_children(weights, plan, dim=3), levels[1:], strict=True)
+    for first, second, scale_first, scale_second, coarse in scales:
+        torch.mul(first, scale_first, out=coarse).addcmul_(second, scale_second)
     return out
 
 
 def _coarse_unpack(
-    grad: Tensor, valid: Tensor | None, plan: _Plan, weights: list[Tensor], mode: str
-) -> Tensor:
-    """Adjoint of :func:`_coarse_pack`: packed ``[B, H, P, c]`` gradient → ``[B, H, L, c]``
-    (``weights``: the levels of the child weights).
+    grad: Tensor,
+    valid: Tensor | None,
+    plan: _Plan,
+    weights: Tensor | None = None,
+    channels: int | None = None,
+) -> tuple[Tensor, ...]:
+    """Adjoint of :func:`_coarse_pack`: packed ``[G, B, H, P, c]`` gradient → one
+    ``[B, H, L, channels]`` gradient per group (its first ``channels``; default all).
 
-    Accumulates every level into its children, coarse to fine, in place.
+    Accumulates every level into its children, coarse to fine, in place. The gradients are
+    new contiguous tensors: they alias neither ``grad`` nor each other.
     """
-    levels = _levels(grad, plan, dim=2)
-    for level in range(len(plan.rows) - 2, -1, -1):
-        fine, coarse = levels[level], levels[level + 1]
-        if mode == "sum":
-            fine.unflatten(2, (-1, 2)).add_(coarse.unsqueeze(3))
-        elif mode == "first":
-            fine[:, :, 0::2].add_(coarse)
+    children, parents = _pairs(grad, plan, dim=3), _parents(grad, plan, dim=3)
+    scales = _pairs(weights, plan, dim=3) if weights is not None else [None] * len(children)
+    for fine, coarse, scale in reversed(list(zip(children, parents, scales, strict=True))):
+        if scale is None:
+            fine.add_(coarse)
         else:
-            weight = weights[level].unflatten(2, (-1, 2))
-            fine.unflatten(2, (-1, 2)).addcmul_(coarse.unsqueeze(3), weight)
-    first = levels[0][:, :, : plan.length]
-    return first if valid is None else first * valid[:, None, :, None]
+            fine.addcmul_(coarse, scale)
+    first = _levels(grad, plan, dim=3)[0][..., : plan.length, :channels]
+    if valid is None:
+        return tuple(x.clone(memory_format=torch.contiguous_format) for x in first)
+    return tuple(x * valid[:, None, :, None] for x in first)
 
 
-def _band_bias(counts: Tensor, plan: _Plan) -> Tensor:
-    """Additive ``0 / -inf`` mask ``[B|1, 1, T, n, width*n]`` of one packed sequence's band logits.
+def _band_structure(plan: _Plan, device) -> tuple[Tensor, Tensor]:
+    """Which band entries the level structure keeps, as ``patterns [3, n, width*n]`` (bool:
+    a separator block keeps nothing, level 0 its near band, a coarse level its far band)
+    and ``kinds [T]`` (int64: the pattern of every packed block).
 
-    A band entry is kept if its key holds a valid token (``count > 0``: not
-    padding, not a separator block) and the level structure allows it:
-    level-0 blocks keep their whole band (causal: left block + lower triangle
-    of the own block); coarse blocks drop their own block and the quarters
-    covered by the finer level (causal: keep the left block only); separator
-    blocks keep nothing.
+    Level-0 blocks keep their whole band (causal: left block + lower triangle of the own
+    block); coarse blocks drop their own block and the quarters covered by the finer level
+    (causal: keep the left block only).
     """
     n, width = plan.block_size, plan.width
-    padded = F.pad(counts.flatten(1), (n, n if width == 3 else 0))
-    key_ok = padded.unfold(1, width * n, n).unsqueeze(2) > 0  # [B|1, T, 1, width*n]
-    r = torch.arange(n, device=key_ok.device).view(n, 1)
-    col = torch.arange(width * n, device=key_ok.device).view(1, width * n)
+    r = torch.arange(n, device=device).view(n, 1)
+    col = torch.arange(width * n, device=device).view(1, width * n)
     side, c, half = col // n, col % n, n // 2
     left = (side == 0) & ~((r < half) & (c >= half))
     right = (side == 2) & ~((r >= half) & (c < half))
@@ -671,12 +743,28 @@ def _band_bias(counts: Tensor, plan: _Plan) -> Tensor:
         near, far = (side == 0) | ((side == 1) & (c <= r)), left
     else:
         near, far = torch.ones_like(left), left | right
-    parts = [torch.zeros_like(left).expand(1, n, width * n)]  # leading separator
-    for level, size in enumerate(plan.rows):
-        parts += [(near if level == 0 else far).expand(size // n, n, width * n), parts[0]]
-    structure = torch.cat(parts)
+    patterns = torch.stack([torch.zeros_like(left), near, far])
+    kinds = [0, *(kind for level in range(len(plan.rows)) for kind in (min(level + 1, 2), 0))]
+    blocks = [size // n for size in plan.parts()]
+    parts = (
+        torch.full((size,), kind, device=device) for kind, size in zip(kinds, blocks, strict=True)
+    )
+    return patterns, torch.cat(list(parts))
+
+
+def _band_bias(counts: Tensor, plan: _Plan, structure: tuple[Tensor, Tensor]) -> Tensor:
+    """Additive ``0 / -inf`` mask ``[B|1, 1, T, n, width*n]`` of one packed sequence's band logits.
+
+    A band entry is kept if its key holds a valid token (``count > 0``: not
+    padding, not a separator block) and the level structure allows it
+    (``structure``: :func:`_band_structure`).
+    """
+    n, width = plan.block_size, plan.width
+    padded = F.pad(counts.flatten(1), (n, n if width == 3 else 0))
+    key_ok = padded.unfold(1, width * n, n).unsqueeze(2) > 0  # [B|1, T, 1, width*n]
+    patterns, kinds = structure
     zero = torch.zeros((), dtype=counts.dtype, device=key_ok.device)
-    return torch.where(structure & key_ok, zero, -math.inf).unsqueeze(1)
+    return torch.where(patterns[kinds] & key_ok, zero, -math.inf).unsqueeze(1)
 
 
 # ----------------------------------------------------------------------- dense reference helpers

@@ -14,11 +14,14 @@ from hiergraph.data.windows import hmatrix_layout, hmatrix_window_hierarchy
 from hiergraph.nn.pool import coarsen_leaves
 from hiergraph.ops.hmatrix import (
     _backward_op,
+    _band,
+    _band_bmm,
     _child_weights,
     _coarse_pack,
     _counts,
     _forward,
     _forward_op,
+    _key_grad,
     _levels,
     _packed_counts,
     _Plan,
@@ -299,9 +302,9 @@ def test_levels_are_the_window_hierarchy():
     layout = hmatrix_layout(length, block_size)
     x = torch.randn(1, 1, length, 3, dtype=torch.float64)
     plan = _Plan(block_size, 3, 1.0, tuple(length >> l for l in range(layout.num_levels)), length)
-    child = _levels(_child_weights(_packed_counts(None, x, plan), plan), plan, dim=2)
-    means = _levels(_coarse_pack(x, None, plan, child, "mean"), plan, dim=2)
-    sums = _levels(_coarse_pack(x, None, plan, child, "sum"), plan, dim=2)
+    child = _child_weights(_packed_counts(None, x, plan), plan)
+    means = _levels(_coarse_pack((x,), None, plan, child)[0], plan, dim=2)
+    sums = _levels(_coarse_pack((x,), None, plan)[0], plan, dim=2)
     hierarchy, pooled_mean, pooled_sum = (
         hmatrix_window_hierarchy(length, block_size),
         x[0, 0],
@@ -337,6 +340,41 @@ def test_the_counts_of_a_plan_are_made_once(length, causal):
     hmatrix_attention(q, k, v, 4, causal).square().sum().backward()
     torch.testing.assert_close(made[0], counts, rtol=0, atol=0)
     torch.testing.assert_close(made[1], _child_weights(counts, plan), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("width", [2, 3], ids=["causal", "bidirectional"])
+def test_band_products_write_every_block(width):
+    """The banded block products, against loops over the blocks of a packed sequence whose
+    first and last blocks are separators: query block ``t >= 1`` sees key blocks
+    ``t-1 .. t+w-2`` while they exist, entries on separator keys are 0 (their bias), and
+    every block outside those products is zero whatever the output buffer held before
+    (NaN here: a product of NaN and a zero gradient row would not be zero)."""
+    n, blocks, dim, channels = 2, 6, 3, 4
+    gen = torch.Generator().manual_seed(0)
+    queries = torch.randn(blocks, n, dim, generator=gen, dtype=torch.float64)
+    keys = torch.randn(blocks * n, dim, generator=gen, dtype=torch.float64)
+    x = torch.randn(blocks * n, channels, generator=gen, dtype=torch.float64)
+    entries = torch.full((blocks, n, width * n), math.nan, dtype=torch.float64)
+    key_grads = torch.full((blocks, n, channels), math.nan, dtype=torch.float64)
+
+    want_entries = torch.zeros_like(entries)
+    want_key_grads = torch.zeros_like(key_grads)
+    key_blocks, rows = keys.view(blocks, n, dim), x.view(blocks, n, channels)
+    bands = [(t, p) for t in range(1, blocks - width + 2) for p in range(width)]
+    for t, p in bands:  # query block t, key block t - 1 + p in columns p*n .. (p+1)*n
+        want_entries[t, :, p * n : (p + 1) * n] = 0.5 * queries[t] @ key_blocks[t - 1 + p].T
+    separators = torch.zeros(blocks, 1, width * n, dtype=torch.bool)
+    for t, p in bands:
+        if t - 1 + p in (0, blocks - 1):
+            separators[t, :, p * n : (p + 1) * n] = True
+    kept = want_entries.masked_fill(separators, 0.0)
+    for t, p in bands:
+        want_key_grads[t - 1 + p] += kept[t, :, p * n : (p + 1) * n].T @ rows[t]
+
+    _band_bmm(queries, _band(keys, n, width), 0.5, out=entries)
+    torch.testing.assert_close(entries, want_entries, rtol=0, atol=1e-14)
+    _key_grad(entries.masked_fill(separators, 0.0), x, n, width, out=key_grads)
+    torch.testing.assert_close(key_grads, want_key_grads, rtol=0, atol=1e-14)
 
 
 def test_half_precision_counts_are_exact_before_one_rounding():
