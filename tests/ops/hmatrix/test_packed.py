@@ -1,4 +1,6 @@
-"""H-matrix attention: the invariants of notes/h_transformer_1d.md §9."""
+"""H-matrix attention's fast path (:mod:`hiergraph.ops.hmatrix.packed`): against the
+dense reference and exact softmax, its invariants, its internals and its custom ops
+under ``torch.compile``."""
 
 import math
 import operator
@@ -13,6 +15,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from hiergraph.data.windows import hmatrix_layout, hmatrix_window_hierarchy
 from hiergraph.nn.pool import coarsen_leaves
 from hiergraph.ops.hmatrix import (
+    hmatrix_attention,
+    hmatrix_attention_dense,
+    hmatrix_attention_matrix,
+    hmatrix_logits,
+)
+from hiergraph.ops.hmatrix.packed import (
     _backward_op,
     _band,
     _band_bmm,
@@ -26,20 +34,11 @@ from hiergraph.ops.hmatrix import (
     _packed_counts,
     _Plan,
     _unmasked_counts,
-    hmatrix_attention,
-    hmatrix_attention_dense,
-    hmatrix_attention_matrix,
-    hmatrix_level_masks,
-    hmatrix_logits,
 )
 from tests.conftest import unordered_backward_nodes
+from tests.ops.hmatrix import qkv as _qkv
 
 CASES = [(16, 2), (64, 4), (128, 8), (256, 16), (100, 8), (37, 2), (5, 4)]
-
-
-def _qkv(length, dim=4, batch=2, heads=3, dtype=torch.float64, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, heads, length, dim, generator=gen, dtype=dtype) for _ in range(3)]
 
 
 def _softmax_attention(q, k, v, causal):
@@ -57,37 +56,6 @@ def test_single_level_is_exact_softmax(length, block_size, causal):
     assert hmatrix_layout(length, block_size).num_levels == 1
     expected = _softmax_attention(q, k, v, causal)
     torch.testing.assert_close(hmatrix_attention(q, k, v, block_size, causal), expected)
-
-
-def test_golden_example_of_the_authors():
-    """Authors' 8x8 unit test (Nr = 2, d = 2): three coarse values, everything else exact."""
-    x = torch.tensor(
-        [[0.08482573, 1.9097669], [0.29561728, 1.1209449], [0.33432317, -0.8260815],
-         [0.6481298, 1.0434877], [-0.7824855, -0.453946], [0.6298023, 0.8152592],
-         [-0.3278767, -1.1234418], [-1.6607414, 0.2729053]],
-        dtype=torch.float64,
-    )  # fmt: skip
-    a, b, c = 0.2592372306, -0.8335717156, -0.5346589167
-    expected = x @ x.T
-    for rows, cols, value in [
-        ((0, 2), (4, 6), a), ((0, 2), (6, 8), b), ((2, 4), (6, 8), c),
-    ]:  # fmt: skip
-        expected[slice(*rows), slice(*cols)] = value
-        expected[slice(*cols), slice(*rows)] = value
-    x4 = x[None, None]
-    logits = hmatrix_logits(x4, x4, block_size=2)[0, 0] * math.sqrt(2)
-    torch.testing.assert_close(logits, expected, atol=1e-8, rtol=0)
-    out = hmatrix_attention(x4, x4, x4, block_size=2)[0, 0]
-    torch.testing.assert_close(out, torch.softmax(expected / math.sqrt(2), -1) @ x)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("length, block_size", [(16, 2), (64, 4), (96, 8), (256, 16), (37, 2)])
-def test_levels_partition_the_matrix(length, block_size, causal):
-    masks = hmatrix_level_masks(length, block_size, causal)
-    padded = hmatrix_layout(length, block_size).padded_length
-    full = torch.ones(padded, padded, dtype=torch.long)
-    assert torch.equal(masks.sum(0), full.tril() if causal else full)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -260,40 +228,6 @@ def test_linear_cost(causal):
         assert largest.largest <= 4 * length * (3 * nr + dim)  # never O(L^2)
         flops[length] = counter.get_total_flops()
     assert 1.9 < flops[1024] / flops[512] < 2.1 and 1.9 < flops[2048] / flops[1024] < 2.1
-
-
-@pytest.mark.parametrize(
-    "kwargs, error, match",
-    [
-        ({"block_size": 3}, ValueError, "even"),
-        ({"block_size": 0}, ValueError, "even"),
-        ({"block_size": 4.0}, TypeError, "int"),
-        ({"q": torch.randn(2, 10, 4)}, ValueError, r"\[batch, heads, length, dim\]"),
-        ({"k": torch.randn(1, 2, 9, 4)}, ValueError, "same shape"),
-        ({"v": torch.randn(1, 2, 9, 4)}, ValueError, "must match q"),
-        ({"v": torch.ones(1, 2, 10, 4, dtype=torch.long)}, TypeError, "floating"),
-        ({"key_padding_mask": torch.zeros(1, 10)}, ValueError, "bool"),
-        ({"key_padding_mask": torch.zeros(1, 9, dtype=torch.bool)}, ValueError, "shape"),
-        ({"key_padding_mask": [[False] * 10]}, TypeError, "bool tensor, got list"),
-        ({"q": torch.randn(1, 2, 10, 0), "k": torch.randn(1, 2, 10, 0)}, ValueError, "channel"),
-    ],
-)
-def test_bad_inputs(kwargs, error, match):
-    args = {"q": torch.randn(1, 2, 10, 4), "k": torch.randn(1, 2, 10, 4),
-            "v": torch.randn(1, 2, 10, 4), "block_size": 4} | kwargs  # fmt: skip
-    with pytest.raises(error, match=match):
-        hmatrix_attention(**args)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_row_sampled_reference_matches_full_reference(causal):
-    q, k, v = _qkv(100)
-    mask = torch.zeros(2, 100, dtype=torch.bool)
-    mask[1, 90:] = True
-    rows = torch.tensor([0, 7, 31, 64, 95, 99])
-    full = hmatrix_attention_dense(q, k, v, 8, causal, mask)
-    sampled = hmatrix_attention_dense(q, k, v, 8, causal, mask, rows=rows)
-    torch.testing.assert_close(sampled, full[:, :, rows], atol=1e-14, rtol=0)
 
 
 def test_levels_are_the_window_hierarchy():

@@ -1,101 +1,6 @@
-r"""H-matrix attention (H-Transformer-1D) in linear time and memory.
-
-Zhu & Soricut, *H-Transformer-1D: Fast One-Dimensional Hierarchical Attention
-for Sequences* (ACL 2021). The block layout is the paper's tri-diagonal +
-overlap-correction construction (Sec. 5.2.1 and 5.2.3, eq. 16–23; the entries
-that adjacent levels share are counted once, which the paper leaves to a
-footnote), which is also the one of the authors' released code.
-
-Coarsening levels
------------------
-With :math:`N_r` the block size ("numerical rank"), the sequence is padded to
-:math:`L' = N_r 2^M` and coarsened :math:`M-1` times by pairs. At level
-:math:`l` a coarse token :math:`I` stands for the fine tokens
-:math:`\{i : \lfloor i/2^l \rfloor = I\}` and carries
-
-.. math::
-    \tilde q^{(l)}_I = \operatorname{mean}_{i \in I} q_i, \qquad
-    \tilde k^{(l)}_J = \operatorname{mean}_{j \in J} k_j, \qquad
-    \tilde v^{(l)}_J = \textstyle\sum_{j \in J} v_j, \qquad
-    n^{(l)}_J = |J|
-
-(means and counts over valid, i.e. non-padded, tokens; in causal mode
-:math:`\tilde q^{(l)}_I = q_{I 2^l}`, the first token of the group, because a
-mean would mix in future queries). Each level is cut into blocks of
-:math:`N_r` coarse tokens, i.e. windows of :math:`N_r 2^l` fine tokens.
-
-Implied attention matrix
-------------------------
-Every pair :math:`(i, j)` gets exactly one level :math:`l(i, j)`
-(:func:`hmatrix_level_masks`) and the logit
-
-.. math::
-    \hat S_{ij} = \tilde q^{(l)}_{\lfloor i/2^l \rfloor}{}^\top
-                  \tilde k^{(l)}_{\lfloor j/2^l \rfloor} / \sqrt d,
-    \qquad l = l(i, j),
-
-and the output is the row softmax :math:`Z = \operatorname{softmax}(\hat S) V`.
-Level 0 is the block tri-diagonal: query block :math:`b` sees key blocks
-:math:`b-1, b, b+1` exactly. At level :math:`l \ge 1` coarse query block
-:math:`b` sees coarse key blocks :math:`b \pm 1`, minus the quarter that level
-:math:`l-1` already covers (with :math:`h = N_r/2`, row :math:`r` and column
-:math:`c` inside the block: drop :math:`r \ge h, c < h` on the right block and
-:math:`r < h, c \ge h` on the left block). Causal mode keeps only keys
-:math:`j \le i`: the lower triangle of the diagonal blocks and the left blocks.
-Each far block of :math:`\hat S` is a piecewise-constant expansion of an
-:math:`N_r \times N_r` coarse block, so it has rank :math:`\le N_r`.
-
-:func:`hmatrix_attention` computes :math:`Z` without forming :math:`\hat S`:
-per level, :math:`Y_l = \exp(\tilde S_l - \mu_l)\,\tilde V_l` and
-:math:`R_l = \exp(\tilde S_l - \mu_l)\, n_l` on the coarse grid, then
-coarse-to-fine :math:`\hat Y \leftarrow \mathrm{repeat}_2(\hat Y)\,
-e^{\mathrm{repeat}_2(\mu_{l+1}) - \mu_l} + Y_l` (and the same for :math:`\hat R`),
-and :math:`Z = \hat Y / \hat R`. The shift :math:`\mu_l` of a coarse row is the
-running maximum of its logits over levels :math:`\ge l`, so every fine row is
-shifted once, by its own maximum logit, across all levels: no overflow, no
-underflow of a whole row, and :math:`\hat R \ge 1` for every row that has a key.
-:func:`hmatrix_attention_dense` builds :math:`\operatorname{softmax}(\hat S)`
-densely and is the reference the fast path is tested against.
-
-The levels as a window hierarchy
---------------------------------
-The coarse tokens of all levels are the nodes of a hopping-window hierarchy
-over the (padded) sequence with branching factor 2 at every level: node
-:math:`I` of level :math:`l` is the window :math:`[I 2^l, (I+1) 2^l)`, its
-children are the two windows of level :math:`l-1` it is made of, and
-:math:`\tilde q, \tilde k` are the mean leaf query/key below it while
-:math:`\tilde v` is the leaf value sum. :func:`~hiergraph.data.hmatrix_window_hierarchy`
-builds this tree as a ``SignalHierarchy`` (a PyG graph), on which
-:func:`~hiergraph.nn.coarsen_leaves` reproduces the coarse tokens. A
-level-:math:`l` block is the run of :math:`N_r` consecutive nodes covering
-:math:`N_r 2^l` tokens. The fast path does not walk that graph: the tree is
-implicit in the row index (node :math:`I` of level :math:`l` has children
-:math:`2I, 2I+1`), so coarsening is a reshape-and-sum per level.
-
-How H-matrix attention differs from HSA
----------------------------------------
-Hierarchical Self-Attention (:func:`hiergraph.ops.hierarchical_attention`)
-and H-matrix attention both use mean queries/keys of tree nodes for far
-interactions, but they tie different blocks and normalise differently:
-
-* **Tied blocks.** In HSA the tree is the model: for two sibling subtrees
-  :math:`A, B`, every leaf of :math:`A` gives the *same* weight to every leaf
-  of :math:`B`; the block :math:`A \times B` of the attention matrix is
-  rank one, with logit :math:`\rho_q(A)^\top \rho_k(B)/\sqrt d + \log n(B)`.
-  In H-matrix attention the tied blocks are :math:`2^l \times 2^l` tiles of
-  an :math:`N_r 2^l`-wide off-diagonal block, so the block has rank
-  :math:`\le N_r`, and the tiles shrink towards the diagonal (exact
-  attention on the :math:`\ge N_r` nearest tokens on each side).
-* **Normalisation.** HSA normalises per family: each node's softmax runs over
-  its siblings, and per-node gates :math:`\mu` mix the levels along a root
-  path, which makes the whole matrix the KL-optimal block-constrained
-  projection of flat softmax attention. H-matrix attention has no gates: all
-  levels' exponentials go into one row sum and the row is normalised once.
-  It is a fixed low-rank approximation of the *logits*, not an optimal
-  projection of the attention distribution.
-* **Structure.** HSA runs on any signal hierarchy (``SignalHierarchy``);
-  H-matrix attention assumes a 1-D sequence whose hierarchy is the implicit
-  binary window tree above, so it needs no index tensors at all.
+r"""The fast path of H-matrix attention, :func:`hmatrix_attention`: all levels packed into
+one sequence per (batch, head) and computed by banded block products, with a written
+backward (:mod:`hiergraph.ops.hmatrix` for the levels and the implied matrix).
 """
 
 from __future__ import annotations
@@ -111,33 +16,8 @@ from torch.autograd.function import once_differentiable
 
 from hiergraph._device import to_device
 from hiergraph._precision import accumulation_dtype
-from hiergraph.data.windows import HMatrixLayout, check_block_size, hmatrix_layout
-
-
-def hmatrix_level_masks(
-    length: int, block_size: int, causal: bool = False, rows: Tensor | None = None
-) -> Tensor:
-    r"""Boolean ``[M, L', L']`` masks; mask ``l`` marks the pairs :math:`(i, j)` with level ``l``.
-
-    Built densely from the closed form of the level assignment (module
-    docstring), independently of the blocked fast path. The masks are
-    disjoint and cover every pair (causal: every pair :math:`j \le i`).
-    With ``rows`` (int64 query indices), only those rows: ``[M, len(rows), L']``.
-    """
-    check_block_size(block_size)
-    nr, num_levels, padded = hmatrix_layout(length, block_size)
-    i = (torch.arange(padded) if rows is None else rows.cpu()).unsqueeze(1)
-    j = torch.arange(padded).unsqueeze(0)
-    near = (i // nr - j // nr).abs() <= 1
-    masks = [near & (j <= i) if causal else near]
-    half = nr // 2
-    for level in range(1, num_levels):
-        ci, cj = i >> level, j >> level
-        bi, bj, r, c = ci // nr, cj // nr, ci % nr, cj % nr
-        left = (bj == bi - 1) & ~((r < half) & (c >= half))
-        right = (bj == bi + 1) & ~((r >= half) & (c < half))
-        masks.append(left if causal else left | right)
-    return torch.stack(masks)
+from hiergraph.data.windows import hmatrix_layout
+from hiergraph.ops.hmatrix.inputs import check_inputs
 
 
 def hmatrix_attention(
@@ -150,7 +30,7 @@ def hmatrix_attention(
 ) -> Tensor:
     r"""H-matrix attention :math:`Z = \operatorname{softmax}(\hat S)\,V` in :math:`O(L N_r)`.
 
-    See the module docstring for :math:`\hat S`. The sequence is zero-padded
+    See :mod:`hiergraph.ops.hmatrix` for :math:`\hat S`. The sequence is zero-padded
     internally to :math:`L' = N_r 2^M`; padded tokens are never attended.
     Outputs at valid positions do not depend on what padded positions hold,
     but they do depend on :math:`L'` (the hierarchy changes with it).
@@ -184,7 +64,7 @@ def hmatrix_attention(
     Returns:
         ``[B, H, L, d_v]``.
     """
-    _check_inputs(q, k, v, block_size, key_padding_mask)
+    check_inputs(q, k, v, block_size, key_padding_mask)
     if q.size(0) == 0 or q.size(1) == 0:  # no sequence: the (empty) result of any attention
         return torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v)
     plan = _Plan.of(q.shape[2], block_size, causal, q.shape[-1])
@@ -193,79 +73,6 @@ def hmatrix_attention(
     if key_padding_mask is not None:
         out = out.masked_fill(key_padding_mask[:, None, :, None], 0.0)
     return out
-
-
-def hmatrix_logits(
-    q: Tensor,
-    k: Tensor,
-    block_size: int,
-    causal: bool = False,
-    key_padding_mask: Tensor | None = None,
-    rows: Tensor | None = None,
-) -> Tensor:
-    r"""The implied logit matrix :math:`\hat S` as a dense ``[B, H, L, L]`` tensor.
-
-    Excluded pairs (other level, causally masked, padded key) are
-    :math:`-\infty`. Memory :math:`O(M L'^2)`: for tests and small ``L`` only,
-    or pass ``rows`` (int64 query indices) for the rows ``[B, H, len(rows), L]``
-    of any ``L`` (memory :math:`O(M L' \cdot` ``len(rows)``:math:`)`).
-    """
-    _check_inputs(q, k, q[..., :0], block_size, key_padding_mask)
-    length = q.shape[2]
-    layout = hmatrix_layout(length, block_size)
-    qs, ks, counts = _coarsen(q, k, layout, causal, key_padding_mask)
-    scale = q.shape[-1] ** -0.5
-    rows = torch.arange(length, device=q.device) if rows is None else rows.to(q.device)
-    masks = hmatrix_level_masks(length, block_size, causal, rows).to(q.device)
-    logits = q.new_full((*q.shape[:2], len(rows), layout.padded_length), -math.inf)
-    for level, (q_l, k_l) in enumerate(zip(qs, ks, strict=True)):
-        coarse = q_l.index_select(2, rows >> level) @ k_l.transpose(-1, -2) * scale
-        logits = torch.where(masks[level], coarse.repeat_interleave(2**level, -1), logits)
-    key_ok = counts[0].transpose(-1, -2) > 0  # [B|1, 1, 1, L'] valid fine keys
-    logits = logits.masked_fill(~key_ok, -math.inf)
-    return logits[..., :length]
-
-
-def hmatrix_attention_matrix(
-    q: Tensor,
-    k: Tensor,
-    block_size: int,
-    causal: bool = False,
-    key_padding_mask: Tensor | None = None,
-    rows: Tensor | None = None,
-) -> Tensor:
-    r"""The implied attention matrix :math:`\operatorname{softmax}(\hat S)`, dense ``[B, H, L, L]``.
-
-    Row-stochastic on valid rows; rows of padded queries (and rows with no
-    valid key) are zero, as in :func:`hmatrix_attention`. ``rows``: as in
-    :func:`hmatrix_logits`.
-    """
-    logits = hmatrix_logits(q, k, block_size, causal, key_padding_mask, rows)
-    shift = logits.amax(-1, keepdim=True)
-    weights = torch.exp(logits - shift.masked_fill(shift == -math.inf, 0.0))
-    total = weights.sum(-1, keepdim=True)
-    attn = weights / torch.where(total > 0, total, torch.ones_like(total))
-    if key_padding_mask is not None:
-        padded_rows = key_padding_mask if rows is None else key_padding_mask[:, rows]
-        attn = attn.masked_fill(padded_rows[:, None, :, None], 0.0)
-    return attn
-
-
-def hmatrix_attention_dense(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    block_size: int,
-    causal: bool = False,
-    key_padding_mask: Tensor | None = None,
-    rows: Tensor | None = None,
-) -> Tensor:
-    """Dense reference for :func:`hmatrix_attention`: ``hmatrix_attention_matrix(q, k) @ v``.
-
-    With ``rows`` (int64 query indices), the output rows ``[B, H, len(rows), d_v]`` only.
-    """
-    _check_inputs(q, k, v, block_size, key_padding_mask)
-    return hmatrix_attention_matrix(q, k, block_size, causal, key_padding_mask, rows) @ v
 
 
 # --------------------------------------------------------------------------- fast path
@@ -765,79 +572,3 @@ def _band_bias(counts: Tensor, plan: _Plan, structure: tuple[Tensor, Tensor]) ->
     patterns, kinds = structure
     zero = torch.zeros((), dtype=counts.dtype, device=key_ok.device)
     return torch.where(patterns[kinds] & key_ok, zero, -math.inf).unsqueeze(1)
-
-
-# ----------------------------------------------------------------------- dense reference helpers
-
-
-def _coarsen(
-    q: Tensor, k: Tensor, layout: HMatrixLayout, causal: bool, key_padding_mask: Tensor | None
-) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-    r"""Reference coarsening: per-level q, k ``[B, H, L'/2^l, d]``, counts ``[B|1, 1, L'/2^l, 1]``.
-
-    Written level by level from the definitions (sums of valid tokens over
-    their counts), independently of the packed fast path (:func:`_coarse_pack`).
-    """
-    length = q.shape[2]
-    valid = q.new_ones(1, 1, length, 1)
-    if key_padding_mask is not None:
-        valid = (~key_padding_mask).to(q.dtype)[:, None, :, None]
-        q, k = q * valid, k * valid
-    pad = layout.padded_length - length
-    q, k, valid = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, valid))
-    qs, ks, counts = [q], [k], [valid]
-    q_sum, k_sum = q, k
-    for _ in range(1, layout.num_levels):
-        counts.append(_pairsum(counts[-1]))
-        inverse = 1.0 / counts[-1].clamp_min(1.0)
-        k_sum = _pairsum(k_sum)
-        ks.append(k_sum * inverse)
-        if causal:
-            qs.append(qs[-1][:, :, ::2])
-        else:
-            q_sum = _pairsum(q_sum)
-            qs.append(q_sum * inverse)
-    return qs, ks, counts
-
-
-def _pairsum(x: Tensor) -> Tensor:
-    """Restriction: ``[B, H, 2m, c]`` → ``[B, H, m, c]``, sums of adjacent rows."""
-    return x.unflatten(2, (-1, 2)).sum(3)
-
-
-def _check_inputs(q, k, v, block_size, key_padding_mask) -> None:
-    check_block_size(block_size)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(
-                f"{name} must have shape [batch, heads, length, dim], got {tuple(x.shape)}"
-            )
-        if not x.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
-    if q.shape != k.shape:
-        raise ValueError(
-            f"q and k must have the same shape, got {tuple(q.shape)} and {tuple(k.shape)}"
-        )
-    if v.shape[:3] != q.shape[:3]:
-        raise ValueError(
-            f"v must match q in [batch, heads, length], got {tuple(v.shape)} vs {tuple(q.shape)}"
-        )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.shape[2] == 0:
-        raise ValueError("sequence length must be >= 1")
-    if q.shape[3] == 0:
-        raise ValueError(f"q and k need at least one channel, got shape {tuple(q.shape)}")
-    if key_padding_mask is not None:
-        expected = (q.shape[0], q.shape[2])
-        if not isinstance(key_padding_mask, Tensor):
-            raise TypeError(
-                f"key_padding_mask must be a bool tensor, got {type(key_padding_mask).__name__}"
-            )
-        if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != expected:
-            raise ValueError(
-                f"key_padding_mask must be a bool tensor of shape [batch, length] = {expected} "
-                f"(True = padding), got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
-            )

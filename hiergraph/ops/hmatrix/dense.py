@@ -1,0 +1,152 @@
+r"""The dense reference of H-matrix attention: the implied logits :math:`\hat S` and
+attention matrix :math:`\operatorname{softmax}(\hat S)`, built from the closed form of the
+level map (:mod:`hiergraph.ops.hmatrix`) and the coarsening written level by level from
+its definitions, independently of the packed fast path. Memory :math:`O(M L'^2)`: for
+tests and small ``L``, or a sample of query rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hiergraph.data.windows import HMatrixLayout, check_block_size, hmatrix_layout
+from hiergraph.ops.hmatrix.inputs import check_inputs
+
+
+def hmatrix_level_masks(
+    length: int, block_size: int, causal: bool = False, rows: Tensor | None = None
+) -> Tensor:
+    r"""Boolean ``[M, L', L']`` masks; mask ``l`` marks the pairs :math:`(i, j)` with level ``l``.
+
+    Built densely from the closed form of the level assignment (module
+    docstring), independently of the blocked fast path. The masks are
+    disjoint and cover every pair (causal: every pair :math:`j \le i`).
+    With ``rows`` (int64 query indices), only those rows: ``[M, len(rows), L']``.
+    """
+    check_block_size(block_size)
+    nr, num_levels, padded = hmatrix_layout(length, block_size)
+    i = (torch.arange(padded) if rows is None else rows.cpu()).unsqueeze(1)
+    j = torch.arange(padded).unsqueeze(0)
+    near = (i // nr - j // nr).abs() <= 1
+    masks = [near & (j <= i) if causal else near]
+    half = nr // 2
+    for level in range(1, num_levels):
+        ci, cj = i >> level, j >> level
+        bi, bj, r, c = ci // nr, cj // nr, ci % nr, cj % nr
+        left = (bj == bi - 1) & ~((r < half) & (c >= half))
+        right = (bj == bi + 1) & ~((r >= half) & (c < half))
+        masks.append(left if causal else left | right)
+    return torch.stack(masks)
+
+
+def hmatrix_logits(
+    q: Tensor,
+    k: Tensor,
+    block_size: int,
+    causal: bool = False,
+    key_padding_mask: Tensor | None = None,
+    rows: Tensor | None = None,
+) -> Tensor:
+    r"""The implied logit matrix :math:`\hat S` as a dense ``[B, H, L, L]`` tensor.
+
+    Excluded pairs (other level, causally masked, padded key) are
+    :math:`-\infty`. Memory :math:`O(M L'^2)`: for tests and small ``L`` only,
+    or pass ``rows`` (int64 query indices) for the rows ``[B, H, len(rows), L]``
+    of any ``L`` (memory :math:`O(M L' \cdot` ``len(rows)``:math:`)`).
+    """
+    check_inputs(q, k, q[..., :0], block_size, key_padding_mask)
+    length = q.shape[2]
+    layout = hmatrix_layout(length, block_size)
+    qs, ks, counts = _coarsen(q, k, layout, causal, key_padding_mask)
+    scale = q.shape[-1] ** -0.5
+    rows = torch.arange(length, device=q.device) if rows is None else rows.to(q.device)
+    masks = hmatrix_level_masks(length, block_size, causal, rows).to(q.device)
+    logits = q.new_full((*q.shape[:2], len(rows), layout.padded_length), -math.inf)
+    for level, (q_l, k_l) in enumerate(zip(qs, ks, strict=True)):
+        coarse = q_l.index_select(2, rows >> level) @ k_l.transpose(-1, -2) * scale
+        logits = torch.where(masks[level], coarse.repeat_interleave(2**level, -1), logits)
+    key_ok = counts[0].transpose(-1, -2) > 0  # [B|1, 1, 1, L'] valid fine keys
+    logits = logits.masked_fill(~key_ok, -math.inf)
+    return logits[..., :length]
+
+
+def hmatrix_attention_matrix(
+    q: Tensor,
+    k: Tensor,
+    block_size: int,
+    causal: bool = False,
+    key_padding_mask: Tensor | None = None,
+    rows: Tensor | None = None,
+) -> Tensor:
+    r"""The implied attention matrix :math:`\operatorname{softmax}(\hat S)`, dense ``[B, H, L, L]``.
+
+    Row-stochastic on valid rows; rows of padded queries (and rows with no
+    valid key) are zero, as in :func:`~hiergraph.ops.hmatrix_attention`. ``rows``: as in
+    :func:`hmatrix_logits`.
+    """
+    logits = hmatrix_logits(q, k, block_size, causal, key_padding_mask, rows)
+    shift = logits.amax(-1, keepdim=True)
+    weights = torch.exp(logits - shift.masked_fill(shift == -math.inf, 0.0))
+    total = weights.sum(-1, keepdim=True)
+    attn = weights / torch.where(total > 0, total, torch.ones_like(total))
+    if key_padding_mask is not None:
+        padded_rows = key_padding_mask if rows is None else key_padding_mask[:, rows]
+        attn = attn.masked_fill(padded_rows[:, None, :, None], 0.0)
+    return attn
+
+
+def hmatrix_attention_dense(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    block_size: int,
+    causal: bool = False,
+    key_padding_mask: Tensor | None = None,
+    rows: Tensor | None = None,
+) -> Tensor:
+    """Dense reference for :func:`~hiergraph.ops.hmatrix_attention`:
+    ``hmatrix_attention_matrix(q, k) @ v``.
+
+    With ``rows`` (int64 query indices), the output rows ``[B, H, len(rows), d_v]`` only.
+    """
+    check_inputs(q, k, v, block_size, key_padding_mask)
+    return hmatrix_attention_matrix(q, k, block_size, causal, key_padding_mask, rows) @ v
+
+
+def _coarsen(
+    q: Tensor, k: Tensor, layout: HMatrixLayout, causal: bool, key_padding_mask: Tensor | None
+) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    r"""Reference coarsening: per-level q, k ``[B, H, L'/2^l, d]``, counts ``[B|1, 1, L'/2^l, 1]``.
+
+    Written level by level from the definitions (sums of valid tokens over
+    their counts), independently of the packed fast path (:mod:`~hiergraph.ops.hmatrix.packed`).
+    """
+    length = q.shape[2]
+    valid = q.new_ones(1, 1, length, 1)
+    if key_padding_mask is not None:
+        valid = (~key_padding_mask).to(q.dtype)[:, None, :, None]
+        q, k = q * valid, k * valid
+    pad = layout.padded_length - length
+    q, k, valid = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, valid))
+    qs, ks, counts = [q], [k], [valid]
+    q_sum, k_sum = q, k
+    for _ in range(1, layout.num_levels):
+        counts.append(_pairsum(counts[-1]))
+        inverse = 1.0 / counts[-1].clamp_min(1.0)
+        k_sum = _pairsum(k_sum)
+        ks.append(k_sum * inverse)
+        if causal:
+            qs.append(qs[-1][:, :, ::2])
+        else:
+            q_sum = _pairsum(q_sum)
+            qs.append(q_sum * inverse)
+    return qs, ks, counts
+
+
+def _pairsum(x: Tensor) -> Tensor:
+    """Restriction: ``[B, H, 2m, c]`` → ``[B, H, m, c]``, sums of adjacent rows."""
+    return x.unflatten(2, (-1, 2)).sum(3)

@@ -1,0 +1,58 @@
+"""H-matrix attention's dense reference (:mod:`hiergraph.ops.hmatrix.dense`): the
+authors' example, the level map's partition of the matrix, sampled rows."""
+
+import math
+
+import pytest
+import torch
+
+from hiergraph.data.windows import hmatrix_layout
+from hiergraph.ops.hmatrix import (
+    hmatrix_attention,
+    hmatrix_attention_dense,
+    hmatrix_level_masks,
+    hmatrix_logits,
+)
+from tests.ops.hmatrix import qkv as _qkv
+
+
+def test_golden_example_of_the_authors():
+    """Authors' 8x8 unit test (Nr = 2, d = 2): three coarse values, everything else exact."""
+    x = torch.tensor(
+        [[0.08482573, 1.9097669], [0.29561728, 1.1209449], [0.33432317, -0.8260815],
+         [0.6481298, 1.0434877], [-0.7824855, -0.453946], [0.6298023, 0.8152592],
+         [-0.3278767, -1.1234418], [-1.6607414, 0.2729053]],
+        dtype=torch.float64,
+    )  # fmt: skip
+    a, b, c = 0.2592372306, -0.8335717156, -0.5346589167
+    expected = x @ x.T
+    for rows, cols, value in [
+        ((0, 2), (4, 6), a), ((0, 2), (6, 8), b), ((2, 4), (6, 8), c),
+    ]:  # fmt: skip
+        expected[slice(*rows), slice(*cols)] = value
+        expected[slice(*cols), slice(*rows)] = value
+    x4 = x[None, None]
+    logits = hmatrix_logits(x4, x4, block_size=2)[0, 0] * math.sqrt(2)
+    torch.testing.assert_close(logits, expected, atol=1e-8, rtol=0)
+    out = hmatrix_attention(x4, x4, x4, block_size=2)[0, 0]
+    torch.testing.assert_close(out, torch.softmax(expected / math.sqrt(2), -1) @ x)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length, block_size", [(16, 2), (64, 4), (96, 8), (256, 16), (37, 2)])
+def test_levels_partition_the_matrix(length, block_size, causal):
+    masks = hmatrix_level_masks(length, block_size, causal)
+    padded = hmatrix_layout(length, block_size).padded_length
+    full = torch.ones(padded, padded, dtype=torch.long)
+    assert torch.equal(masks.sum(0), full.tril() if causal else full)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_sampled_reference_matches_full_reference(causal):
+    q, k, v = _qkv(100)
+    mask = torch.zeros(2, 100, dtype=torch.bool)
+    mask[1, 90:] = True
+    rows = torch.tensor([0, 7, 31, 64, 95, 99])
+    full = hmatrix_attention_dense(q, k, v, 8, causal, mask)
+    sampled = hmatrix_attention_dense(q, k, v, 8, causal, mask, rows=rows)
+    torch.testing.assert_close(sampled, full[:, :, rows], atol=1e-14, rtol=0)
