@@ -82,7 +82,9 @@ def hmatrix_attention(
 # n zero rows] (P rows, T = P / n blocks of n = N_r rows). The zero
 # "separator" blocks give every level block a left and right neighbour, so
 # one banded block matmul over all sequences and levels computes every
-# level's logits; the bias masks what crosses a separator.
+# level's logits; the bias masks what crosses a separator. Queries and keys share one
+# group-major buffer [2, B, H, P, d] (one coarsening pass for both, each group a
+# contiguous [B*H*P, d] operand of the products); values carry their counts [1, B, H, P, d_v + 1].
 
 
 class _Plan(NamedTuple):
