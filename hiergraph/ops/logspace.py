@@ -87,12 +87,12 @@ class _MaskedSoftmax(torch.autograd.Function):
 def softmax_(x: Tensor, dim: int = -1, *, rows_nonempty: bool = False) -> tuple[Tensor, Tensor]:
     """``(lse, weights)`` of the logits ``x`` whose left-out entries are ``-inf`` already,
     the weights written over ``x`` (no autograd: the forward of :func:`softmax_dropping`, and
-    of ops with a written-out backward). ``rows_nonempty`` as there; off the CPU it then
-    runs as :func:`softmax_kernels`, whose weights are new memory."""
+    of ops with a written-out backward). ``rows_nonempty`` as there; off the CPU it runs as
+    :func:`softmax_kernels`, whose weights are new memory."""
     if x.size(dim) == 0:  # no entries at all (e.g. no keys): every row is empty
         return x.sum(dim).fill_(float("-inf")), x
-    if rows_nonempty and x.device.type != "cpu":
-        return softmax_kernels(x, dim)
+    if x.device.type != "cpu":
+        return softmax_kernels(x, dim, rows_nonempty=rows_nonempty)
     m = x.amax(dim=dim, keepdim=True)
     if not rows_nonempty:
         m = m.masked_fill(m == float("-inf"), 0.0)  # rows with no entry: e = 0 below
@@ -104,12 +104,18 @@ def softmax_(x: Tensor, dim: int = -1, *, rows_nonempty: bool = False) -> tuple[
     return s.log_().add_(m).squeeze(dim), p
 
 
-def softmax_kernels(x: Tensor, dim: int = -1) -> tuple[Tensor, Tensor]:
-    """``(lse, weights)`` of the logits ``x`` (every row with an entry) as PyTorch's fused
-    ``logsumexp`` and ``softmax`` (the weights in new memory): two dispatched operations
-    and about half the passes over ``x`` of :func:`softmax_`'s eight element-wise ones,
-    which are faster on the CPU (2–5× there for families of 2 to 16)."""
-    return torch.logsumexp(x, dim), torch.softmax(x, dim)
+def softmax_kernels(
+    x: Tensor, dim: int = -1, *, rows_nonempty: bool = True
+) -> tuple[Tensor, Tensor]:
+    """``(lse, weights)`` of the logits ``x`` as PyTorch's fused ``logsumexp`` and
+    ``softmax`` (the weights in new memory): two dispatched operations and about half the
+    passes over ``x`` of :func:`softmax_`'s eight to eleven element-wise ones, which are
+    faster on the CPU (2–5× there for families of 2 to 16). Unless ``rows_nonempty``, a row
+    without an entry (``lse = -inf``, where ``softmax`` gives NaN) weighs 0: two more."""
+    lse, weights = torch.logsumexp(x, dim), torch.softmax(x, dim)
+    if not rows_nonempty:
+        weights = weights.masked_fill_(lse.unsqueeze(dim) == float("-inf"), 0.0)
+    return lse, weights
 
 
 def scatter_softmax(logits: Tensor, index: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:

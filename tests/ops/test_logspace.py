@@ -218,3 +218,23 @@ def test_the_fused_kernels_off_the_cpu_give_the_same_softmax(b):
     assert not p.diagonal(dim1=-2, dim2=-1).any()
     lse, p = softmax_(x.to("meta"), rows_nonempty=True)  # the branch off the CPU
     assert p.shape == x.shape and lse.shape == x.shape[:-1]
+
+
+@pytest.mark.parametrize("b", [2, 3, 16])
+def test_the_fused_kernels_give_empty_rows_no_weight(b):
+    """Rows that may keep no entry (a first child has no left sibling; a family member
+    without leaves is no key) take the fused kernels too off the CPU: such a row gets
+    ``lse = -inf`` and weights 0 where ``softmax`` alone gives NaN, and the other rows the
+    CPU passes' values."""
+    gen = torch.Generator().manual_seed(b)
+    x = torch.randn(5, b, b, generator=gen, dtype=torch.float64) * 30
+    x.masked_fill_(torch.rand(5, b, b, generator=gen) < 0.5, float("-inf"))
+    x[1, 0] = x[3] = float("-inf")  # an empty row, and a family without any entry
+    lse, p = softmax_kernels(x.clone(), rows_nonempty=False)
+    want_lse, want_p = softmax_(x.clone())
+    assert want_lse[1, 0] == want_lse[3, 0] == float("-inf")
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-13)
+    torch.testing.assert_close(p, want_p, rtol=0, atol=1e-15)
+    assert not p.isnan().any() and not p[3].any()
+    lse, p = softmax_(x.to("meta"))  # the branch off the CPU
+    assert p.shape == x.shape and lse.shape == x.shape[:-1]
