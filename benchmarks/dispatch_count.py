@@ -13,7 +13,8 @@ operations on the CPU: every case of ``gpu.py``'s HSA section (its ``hsa`` and
 padded to equal fanout), and H-matrix attention at its section's lengths, runs on
 PyTorch's ``meta`` device
 (tensors with shapes and no data: the code takes the branches it takes off the CPU and
-does no arithmetic), forward and ``out.sum().backward()``, under a ``TorchDispatchMode``
+does no arithmetic), forward and ``out.sum().backward()`` into fresh gradients (as ``gpu.py``
+steps), under a ``TorchDispatchMode``
 that counts every aten operation reaching the dispatcher. *Views* are those that return a
 view of an input (``OpOverload.is_view``); *path* says whether the step ran as one
 autograd node with a written backward (``fused``: HSA's equal-fanout op, H-matrix
@@ -66,7 +67,7 @@ def main() -> None:
     for case, method, make in steps(gpu, sizes, QUICK_CASES if args.quick else None):
         for dtype in DTYPES:
             row = {"case": case, "dtype": dtype, "method": method}
-            rows.append(row | count_step(make(getattr(torch, dtype))))
+            rows.append(row | count_step(*make(getattr(torch, dtype))))
             print(*row.values(), rows[-1]["ops"], rows[-1]["path"], flush=True)
     package = Path(hiergraph.__file__).parent
     sources = sorted(package.rglob("*.py"))
@@ -89,16 +90,16 @@ def main() -> None:
 
 def steps(gpu, sizes, hsa_cases=None):
     """``(case, method, make)`` of every counted step, ``make(dtype)`` its forward on the
-    ``meta`` device: ``gpu.py``'s HSA cases (``hsa_cases``, default all of them) in both
-    layouts, the strictly causal op on its batches, its batch of sequences of different
-    lengths, its H-matrix lengths."""
+    ``meta`` device and the leaves that get gradients: ``gpu.py``'s HSA cases
+    (``hsa_cases``, default all of them) in both layouts, the strictly causal op on its
+    batches, its batch of sequences of different lengths, its H-matrix lengths."""
     import torch
 
     meta = torch.device("meta")
     run = SimpleNamespace(sizes=sizes)
 
     def built(method):
-        return lambda dtype: method.build(dtype, meta)[0]
+        return lambda dtype: method.build(dtype, meta)
 
     for trees, leaves in hsa_cases or gpu.hsa_cases(sizes):
         methods = gpu.hsa_methods(run, trees, leaves)
@@ -128,13 +129,15 @@ def causal_step(trees: int, leaves: int, sizes, dtype):
     plan = batch.tree_index().causal_plan.to("meta")
     shape = (trees * leaves, sizes.heads, sizes.dim)
     q, k, v = (torch.empty(shape, device="meta", dtype=dtype, requires_grad=True) for _ in "qkv")
-    return lambda: causal_hierarchical_attention(q, k, v, plan)
+    return (lambda: causal_hierarchical_attention(q, k, v, plan)), [q, k, v]
 
 
-def count_step(fn) -> dict:
-    """The operations dispatched by one step of ``fn`` (forward, ``out.sum().backward()``),
-    after a warm-up step: ``ops``, ``views``, the ``path`` and the :data:`TOP` most
-    frequent operations."""
+def count_step(fn, leaves: list) -> dict:
+    """The operations dispatched by one step of ``fn`` (forward, ``out.sum().backward()``
+    into fresh gradients of ``leaves``, as ``gpu.py`` times it and as a training loop
+    whose optimiser sets them to ``None`` runs it), after a warm-up step: ``ops``,
+    ``views``, the ``path`` and the :data:`TOP` most frequent operations."""
+    import timing
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -150,6 +153,7 @@ def count_step(fn) -> dict:
             return func(*args, **(kwargs or {}))
 
     def step() -> torch.Tensor:
+        timing.reset_grads(leaves)
         out = fn()
         out.sum().backward()
         return out

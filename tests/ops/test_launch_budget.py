@@ -47,7 +47,7 @@ def _lengths():
 
 
 CASES = {  # name: (make (fn, leaves), budget)
-    "hsa-uniform": (lambda: _hsa(_windows(), _leaves(2048, 4, 16)), 102),
+    "hsa-uniform": (lambda: _hsa(_windows(), _leaves(2048, 4, 16)), 99),
     "hsa-uniform-heads-first": (
         lambda: _hsa(_windows(), _leaves(2048, 4, 16, heads_first=True)),
         92,
@@ -56,7 +56,7 @@ CASES = {  # name: (make (fn, leaves), budget)
     "hsa-blocks": (lambda: _hsa(_lengths(), _leaves(171, 2, 8), kernel="blocks"), 475),
     "causal-hsa-uniform": (
         lambda: _hsa(_windows(causal=True), _leaves(2048, 4, 16), causal=True),
-        316,
+        313,
     ),
     "hmatrix": (lambda: _hmatrix(_leaves(1, 4, 512, 16)), 100),
 }

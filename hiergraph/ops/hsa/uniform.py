@@ -281,16 +281,54 @@ def per_level(x: Tensor, index: TreeIndex) -> list[Tensor]:
 
 def heads_first(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """``[L, H, ...]`` rows as a contiguous ``[H, L, ...]``, in ``dtype`` (default: ``x``'s;
-    one copy, none when ``x`` is a transposed view of heads-first memory in ``dtype``)."""
-    x = x.transpose(0, 1)
-    if dtype in (None, x.dtype):
+    one copy, none when ``x`` is a transposed view of heads-first memory in ``dtype``).
+
+    The gradient comes back in one pass too, in ``x``'s dtype and memory layout (contiguous,
+    or heads first), so that nothing downstream copies it again. Traced by
+    ``torch.compile``, it is the plain copy."""
+    dtype = dtype or x.dtype
+    if dtype == x.dtype and is_heads_first(x):
+        return x.transpose(0, 1)
+    if torch.compiler.is_compiling():
+        return _contiguous(x.transpose(0, 1), dtype)
+    return _HeadsFirst.apply(x, dtype)
+
+
+class _HeadsFirst(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, dtype: torch.dtype) -> Tensor:
+        ctx.x_dtype, ctx.x_heads_first = x.dtype, is_heads_first(x)
+        return _contiguous(x.transpose(0, 1), dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        if ctx.x_heads_first:  # x's memory is [H, L, ...]: so is its gradient's
+            return _contiguous(grad, ctx.x_dtype).transpose(0, 1), None
+        return _contiguous(grad.transpose(0, 1), ctx.x_dtype), None
+
+
+def _contiguous(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` in contiguous memory and in ``dtype``: one copy, none if it is already.
+    (``x.to(dtype, memory_format=torch.contiguous_format)`` alone would return a
+    non-contiguous ``x`` of that dtype as it is.)"""
+    if x.dtype == dtype:
         return x.contiguous()
     return x.to(dtype, memory_format=torch.contiguous_format)
 
 
 def is_heads_first(x: Tensor) -> bool:
-    """Whether the ``[L, H, ...]`` rows ``x`` are a view of contiguous ``[H, L, ...]``."""
-    return x.transpose(0, 1).is_contiguous()
+    """Whether the ``[L, H, ...]`` rows ``x`` are a view of contiguous ``[H, L, ...]`` (read
+    from the strides: no operation dispatched)."""
+    if x.numel() == 0:
+        return True
+    sizes, strides = list(x.shape), list(x.stride())
+    sizes[:2], strides[:2] = sizes[1::-1], strides[1::-1]
+    expected = 1
+    for size, stride in zip(reversed(sizes), reversed(strides), strict=True):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def transposed(x: Tensor, scale: Tensor, dtype: torch.dtype | None = None) -> Tensor:

@@ -525,6 +525,29 @@ def test_levels_are_never_copied(heads_first):
     assert not copies.names
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "heads-first"])
+def test_the_heads_first_copy_returns_its_gradient_in_one_pass(layout, dtype):
+    """``heads_first`` copies ``[L, H, d]`` rows to a contiguous ``[H, L, d]`` in ``dtype``
+    (none when they are heads-first memory already, in that dtype); the gradient comes back
+    in the rows' dtype and memory layout in one copy at most, which the leaf keeps as it is
+    (accumulating a gradient of another layout would copy it again)."""
+    L, H, d = 64, 2, 8
+    x = torch.randn(L, H, d, dtype=torch.float64)
+    if layout == "heads-first":
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    x.requires_grad_()
+    y = hsa_uniform.heads_first(x, dtype)
+    assert y.is_contiguous() and y.dtype == dtype and y.shape == (H, L, d)
+    grad = torch.randn(H, L, d).to(dtype)
+    with _LargeWrites(L * H * d, only=_LargeWrites.COPIES) as copies:
+        y.backward(grad)
+    no_copy = layout == "heads-first" and dtype == torch.float64
+    assert len(copies.names) == (0 if no_copy else 1)
+    assert x.grad.dtype == x.dtype and x.grad.stride() == x.stride()
+    torch.testing.assert_close(x.grad, grad.transpose(0, 1).double(), rtol=0, atol=0)
+
+
 def test_a_leaf_mask_costs_no_pass_over_contiguous_inputs(monkeypatch):
     """With contiguous ``[L, H, d]`` inputs copied to heads first (families of two: the
     node-major leaf level needs ``b >= 3``) the layout copies, in and out, forward and
