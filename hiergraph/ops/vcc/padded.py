@@ -52,7 +52,9 @@ def _take(x: Tensor, index: Tensor) -> Tensor:
     """Rows ``x[b, index[b, i]]``, ``[B, c, d]``, of ``x`` ``[B, n, d]``: one ``index_select``
     of whole rows (a gather would read a broadcast index per element)."""
     batch, length = x.shape[:2]
-    flat = index + torch.arange(batch, device=index.device).unsqueeze(1) * length
+    flat = index
+    if batch > 1:  # sequence b's rows start at b * n
+        flat = index + torch.arange(0, batch * length, length, device=index.device).unsqueeze(1)
     return x.flatten(0, 1).index_select(0, flat.flatten()).view(*index.shape, *x.shape[2:])
 
 
