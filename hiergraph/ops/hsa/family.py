@@ -382,7 +382,7 @@ def family_product(
     if p.size(-1) == 2 and p.device.type == "cpu":
         return _PairProduct.apply(p if alpha is None else alpha * p, v, base)
     if base is None:
-        out = _batched(p, v) if p.shape[:-2] == v.shape[:-2] else torch.matmul(p, v)
+        out = _matmul(p, v)
         return out if alpha is None else alpha * out
     *lead, m, b = p.shape
     batch, d = math.prod(lead), v.size(-1)
@@ -413,7 +413,7 @@ def family_gram(x: Tensor, y: Tensor, alpha: float | None = None) -> Tensor:
     theirs: four times the arithmetic, in 0.6–0.75× the time (6,144 families of 4 × 32
     or 4,096 of 4 × 64, 2 threads). Smaller products run in one loop, larger ones pay off
     their call: any other case is one batched product (``bmm`` where ``x`` and ``y`` have the
-    same leading dimensions: :func:`_batched`), and so is every case traced by
+    same leading dimensions: :func:`_matmul`), and so is every case traced by
     ``torch.compile`` (the blocks are a diagonal view: see :func:`family_diagonal`)."""
     *lead, b, c = x.shape
     families = math.prod(lead)
@@ -431,17 +431,18 @@ def family_gram(x: Tensor, y: Tensor, alpha: float | None = None) -> Tensor:
         full = torch.bmm(x.reshape(rows), y.reshape(rows).transpose(1, 2))
         blocks = full.view(-1, 4, b, 4, b).diagonal(dim1=1, dim2=3)  # [groups, b, b, 4]
         out = blocks.movedim(-1, 1).reshape(*lead, b, b)
-    elif x.shape[:-2] == y.shape[:-2]:  # one batch of families (no broadcasting)
-        out = _batched(x, y.transpose(-1, -2))
     else:
-        out = torch.matmul(x, y.transpose(-1, -2))
+        out = _matmul(x, y.transpose(-1, -2))
     return out if alpha is None else out.mul_(alpha)
 
 
-def _batched(x: Tensor, y: Tensor) -> Tensor:
-    """``x @ y`` for ``x [..., m, k]`` and ``y [..., k, n]`` with the same leading
-    dimensions, as one ``bmm`` over them (five dispatched operations where ``matmul`` takes
-    seven, two for three-dimensional ones)."""
+def _matmul(x: Tensor, y: Tensor) -> Tensor:
+    """``x @ y`` for ``x [..., m, k]`` and ``y [..., k, n]``: where their leading
+    dimensions are the same (one batch of families, no broadcasting), one ``bmm`` over them
+    (five dispatched operations where ``matmul`` takes seven, two for three-dimensional
+    ones); else ``torch.matmul``."""
+    if x.dim() < 3 or x.shape[:-2] != y.shape[:-2]:
+        return torch.matmul(x, y)
     if x.dim() == 3:
         return torch.bmm(x, y)
     return torch.bmm(x.flatten(0, -3), y.flatten(0, -3)).view(*x.shape[:-1], y.size(-1))

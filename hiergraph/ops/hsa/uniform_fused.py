@@ -394,7 +394,8 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major, shar
         # multiply-adds)
         parent, share = None if da_parent is None else da_parent.unsqueeze(-1), 1 / b
         if parent is not None and shares is not None:
-            parent, share = _child_share(parent, shares[d], heads), 1.0
+            # each child's share G n(C) / n(A)
+            parent, share = _per_node(parent, shares[d], heads), 1.0
         if a is None:  # no gate: mu = 0 and lse reaches the parent's energy alone (dlse = g)
             da = None
             shift = d_down if parent is None else torch.add(d_down, parent, alpha=-share)
@@ -432,15 +433,11 @@ def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major, shar
 
 
 def _per_node(x: Tensor, scale: Tensor, heads: int) -> Tensor:
-    """A masked level's family matrices ``x [H F, m, b]`` times ``scale`` (its nodes'
-    :math:`1 / n` per key, ``[1, F, 1, b]``, or per query and key, ``[1, F, b, b]``)."""
+    """A masked level's family tensors ``x [H F, ...]`` times the per-family ``scale
+    [1, F, ...]`` (broadcast over heads): its nodes' :math:`1 / n` per key ``[1, F, 1, b]``
+    or per query and key ``[1, F, b, b]``, or the children's shares ``[1, F, b]``
+    (:func:`~hiergraph.ops.hsa.family.child_shares`) of a parent's ``[H F, 1]``."""
     return (x.view(heads, -1, *x.shape[1:]) * scale).flatten(0, 1)
-
-
-def _child_share(parent: Tensor, share: Tensor, heads: int) -> Tensor:
-    r"""Each child's share :math:`G\, n(C) / n(A)` ``[H F, b]`` of its parent's energy
-    gradient ``parent [H F, 1]`` (``share``: :func:`~hiergraph.ops.hsa.family.child_shares`)."""
-    return (parent.view(heads, -1, 1) * share).flatten(0, 1)
 
 
 def _eps_gradient(ds: Tensor, e: Tensor, heads: int) -> Tensor:
