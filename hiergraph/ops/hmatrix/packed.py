@@ -6,7 +6,10 @@ backward (:mod:`hiergraph.ops.hmatrix` for the levels and the implied matrix).
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+import sys
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -143,8 +146,9 @@ class _HMatrixCore(torch.autograd.Function):
     :math:`d\tilde q = dS\,\tilde k/\sqrt d`, :math:`d\tilde k = dS^\top \tilde q/\sqrt d`
     in the forward's banded matmuls; finally the coarsening is undone coarse to fine.
 
-    Under ``torch.compile`` both passes run as custom operators (``hiergraph::hmatrix_forward``
-    and ``hiergraph::hmatrix_backward``, see :func:`_opaque_to_compiler`).
+    Under ``torch.compile`` both passes run as custom operators
+    (``hiergraph::hmatrix_forward_<digest>`` and ``hiergraph::hmatrix_backward_<digest>``,
+    see :func:`_opaque_to_compiler`; the digest is of the ops' sources).
     """
 
     @staticmethod
@@ -276,17 +280,44 @@ def _backward(
 _PLAN_SCHEMA = "SymInt block_size, SymInt width, float scale, SymInt[] rows, SymInt length"
 
 
+def _source_digest(paths) -> str:
+    """The first 10 hex digits of the SHA-1 of the files ``paths`` (taken by name)."""
+    digest = hashlib.sha1()
+    for path in sorted(set(paths), key=lambda path: (path.name, str(path))):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+#: Suffix of the custom ops' names: the digest of their sources (this package and the
+#: modules it takes the plan's layout, dtypes and devices from). PyTorch's on-disk compile
+#: cache knows a custom op by its name, and a step compiled against one version of the ops
+#: (their outputs' shapes, what the forward saves) fails when replayed with another
+#: ("mismatch in length of strides and shape"); named by their implementation, two versions
+#: of the ops never share a cache entry.
+_OP_SUFFIX = _source_digest(
+    [
+        *Path(__file__).parent.glob("*.py"),
+        *(
+            Path(sys.modules[f.__module__].__file__)
+            for f in (hmatrix_layout, accumulation_dtype, to_device)
+        ),
+    ]
+)
+
+
 def _custom_op(name: str, fn, tensors: str):
-    """``fn(*tensors, plan) -> list[Tensor]`` as the custom op ``hiergraph::<name>``, whose
-    arguments are the tensors (``tensors``: their schema) and the plan's fields; its fake
-    (shape-only) implementation is ``fn`` itself, run on fake tensors."""
+    """``fn(*tensors, plan) -> list[Tensor]`` as the custom op
+    ``hiergraph::<name>_<_OP_SUFFIX>``, whose arguments are the tensors (``tensors``: their
+    schema) and the plan's fields; its fake (shape-only) implementation is ``fn`` itself,
+    run on fake tensors."""
 
     def with_fields(*args):
         *inputs, block_size, width, scale, rows, length = args
         return fn(*inputs, _Plan(block_size, width, scale, tuple(rows), length))
 
     schema = f"({tensors}, {_PLAN_SCHEMA}) -> Tensor[]"
-    op = torch.library.custom_op(f"hiergraph::{name}", with_fields, mutates_args=(), schema=schema)
+    qualified = f"hiergraph::{name}_{_OP_SUFFIX}"
+    op = torch.library.custom_op(qualified, with_fields, mutates_args=(), schema=schema)
     op.register_fake(with_fields)
     return op
 

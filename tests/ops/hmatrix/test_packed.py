@@ -5,6 +5,10 @@ under ``torch.compile``."""
 import math
 import operator
 import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +25,7 @@ from hiergraph.ops.hmatrix import (
     hmatrix_logits,
 )
 from hiergraph.ops.hmatrix.packed import (
+    _OP_SUFFIX,
     _backward_op,
     _band,
     _band_bmm,
@@ -33,6 +38,7 @@ from hiergraph.ops.hmatrix.packed import (
     _levels,
     _packed_counts,
     _Plan,
+    _source_digest,
     _unmasked_counts,
 )
 from tests.conftest import unordered_backward_nodes
@@ -396,3 +402,70 @@ def test_compiled_matches_eager_on_new_lengths(causal):
         torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
         for grad, ref_grad in zip(grads, ref_grads, strict=True):
             torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-12)
+
+
+def test_source_digest_follows_the_sources(tmp_path):
+    """The custom ops are named by the digest of their sources: it changes with any byte of
+    any file, and with a file's name, not with the order the files are given in."""
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("x = 1\n")
+    b.write_text("y = 2\n")
+    digest = _source_digest([a, b])
+    assert digest == _source_digest([b, a]) and len(digest) == 10
+    a.write_text("x = 2\n")
+    assert _source_digest([a, b]) != digest
+    a.write_text("x = 1\n")
+    assert _source_digest([a, b]) == digest
+    assert _source_digest([a, b.rename(tmp_path / "c.py")]) != digest
+    assert _forward_op._name.endswith(f"hmatrix_forward_{_OP_SUFFIX}")
+    assert _backward_op._name.endswith(f"hmatrix_backward_{_OP_SUFFIX}")
+
+
+_COMPILED_STEP = """
+import torch, hiergraph
+from hiergraph.ops import hmatrix_attention
+assert hiergraph.__file__.startswith(%r), hiergraph.__file__
+q, k, v = (torch.randn(1, 2, 64, 8, dtype=torch.float64, requires_grad=True) for _ in "qkv")
+out = torch.compile(hmatrix_attention, fullgraph=True, dynamic=False)(q, k, v, 4)
+out.sum().backward()
+torch.testing.assert_close(out, hmatrix_attention(q, k, v, 4))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("HIERGRAPH_SLOW"), reason="set HIERGRAPH_SLOW=1")
+def test_compile_cache_never_replays_another_version(tmp_path):
+    """A step compiled with one version of the custom ops is cached on disk; a version that
+    saves a tensor of another shape (the same op otherwise) compiles its own step instead of
+    replaying the cached one, which fails (the saved tensor's rank or strides are wrong)
+    when both versions have the same op names."""
+    import hiergraph
+
+    library = tmp_path / "library"
+    shutil.copytree(Path(hiergraph.__file__).parent, library / "hiergraph")
+    env = dict(os.environ, PYTHONPATH=str(library), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "c"))
+    env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
+    script = _COMPILED_STEP % str(library)
+
+    def compiled_step():
+        done = subprocess.run(
+            [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    compiled_step()
+    packed = library / "hiergraph" / "ops" / "hmatrix" / "packed.py"
+    source = packed.read_text()
+    edits = {  # save the denominator as [B H, L], not [B H, L, 1]
+        "return [out, qk_pack, v_pack, weights, den, child, alphas]": (
+            "return [out, qk_pack, v_pack, weights, den.squeeze(-1), child, alphas]"
+        ),
+        "qk_pack, v_pack, weights, den, child, alphas = saved": (
+            "qk_pack, v_pack, weights, den, child, alphas = saved\n    den = den.unsqueeze(-1)"
+        ),
+    }
+    for old, new in edits.items():
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    packed.write_text(source)
+    compiled_step()
