@@ -33,7 +33,6 @@ import collections
 import hashlib
 import json
 import sys
-from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -106,30 +105,13 @@ def steps(gpu, sizes, hsa_cases=None):
         for name in METHODS:
             yield f"{trees}x{leaves}", name, built(methods[name])
     for trees, leaves in sizes.hsa_batches:  # the strictly causal op (decoder training)
-        yield f"{trees}x{leaves}", "hsa-causal", partial(causal_step, trees, leaves, sizes)
+        causal = gpu.hsa_causal_methods(run, trees, leaves)["hsa-causal"]
+        yield f"{trees}x{leaves}", "hsa-causal", built(causal)
     trees, leaves = sizes.hsa_batches[0]  # the same batch, sequences of different lengths
     mixed = gpu.hsa_lengths_methods(run, trees, leaves)["hsa"]
     yield f"{trees}x{leaves} mixed", "hsa", built(mixed)
     for length in sizes.hmatrix:
         yield f"L={length}", "hmatrix", built(gpu.hmatrix_methods(length)["hmatrix"])
-
-
-def causal_step(trees: int, leaves: int, sizes, dtype):
-    """``causal_hierarchical_attention`` over ``gpu.py``'s batch of ``trees`` window trees
-    on the ``meta`` device (the causal plan built on the CPU first, as a training loop
-    builds it once, then moved)."""
-    import gpu
-    import torch
-    from torch_geometric.data import Batch
-
-    from hiergraph.data import window_hierarchy
-    from hiergraph.ops import causal_hierarchical_attention
-
-    batch = Batch.from_data_list([window_hierarchy(leaves, gpu.tree_branching(leaves))] * trees)
-    plan = batch.tree_index().causal_plan.to("meta")
-    shape = (trees * leaves, sizes.heads, sizes.dim)
-    q, k, v = (torch.empty(shape, device="meta", dtype=dtype, requires_grad=True) for _ in "qkv")
-    return (lambda: causal_hierarchical_attention(q, k, v, plan)), [q, k, v]
 
 
 def count_step(fn, leaves: list) -> dict:

@@ -19,7 +19,8 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   ``benchmarks/hsa_scaling.py`` (one batched SDPA call per level over its families); last,
   the first batch again with sequences of different lengths (``mixed``, uniform in
   [L/2, L]): the default kernel (padded to equal fanout), the block kernel, and SDPA with a
-  key padding mask.
+  key padding mask; then the batches again (``causal``) through the strictly causal op
+  (``causal_hierarchical_attention``, decoder training) vs causal SDPA (flash, efficient).
 * ``hmatrix`` (35 s): ``hmatrix_attention`` at 16K and 64K tokens vs SDPA (settings of
   ``benchmarks/hmatrix.py``).
 * ``vcc`` (35 s): one VCC encoder layer at 16K and 128K tokens vs the same
@@ -531,7 +532,7 @@ def _leaf(shape, dtype, device) -> torch.Tensor:
     return torch.randn(*shape, device=device).to(dtype).requires_grad_()
 
 
-def _sdpa(backend_name: str, shape, dtype, device):
+def _sdpa(backend_name: str, shape, dtype, device, causal: bool = False):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
@@ -539,7 +540,7 @@ def _sdpa(backend_name: str, shape, dtype, device):
 
     def fn():
         with sdpa_kernel(backend[backend_name]):
-            return F.scaled_dot_product_attention(q, k, v)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     return fn, [q, k, v]
 
@@ -613,6 +614,39 @@ def hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> di
     return methods
 
 
+def hsa_causal_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
+    """The strictly causal op (decoder training) on ``trees`` window trees of ``leaves``
+    leaves, its ``CausalPlan`` built once on the CPU and moved (as a training loop does),
+    vs causal SDPA over each tree's leaves (flash, memory-efficient)."""
+    from torch_geometric.data import Batch
+
+    from hiergraph.data import window_hierarchy
+    from hiergraph.ops import causal_hierarchical_attention
+
+    H, d = run.sizes.heads, run.sizes.dim
+    total = trees * leaves
+
+    def hsa(dtype, device):
+        batch = Batch.from_data_list([window_hierarchy(leaves, tree_branching(leaves))] * trees)
+        plan = batch.tree_index().causal_plan.to(device)
+        q, k, v = (_leaf((total, H, d), dtype, device) for _ in range(3))
+        return (lambda: causal_hierarchical_attention(q, k, v, plan)), [q, k, v]
+
+    flat = (trees, H, leaves, d)
+    nbytes = 4 * 3 * total * H * d * 4
+    graph = total <= GRAPH_MAX_LEAVES
+    sdpa = {
+        f"sdpa-{backend}": Method(
+            lambda dt, dev, b=backend: _sdpa(b, flat, dt, dev, causal=True),
+            trees * leaves**2,
+            nbytes,
+            graph=graph,
+        )
+        for backend in ("flash", "efficient")
+    }
+    return {"hsa-causal": Method(hsa, work=total, peak_bytes=nbytes, graph=graph), **sdpa}
+
+
 def hsa_lengths_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
     """Sequences of different lengths (uniform in ``[leaves / 2, leaves]``, seeded), one
     window tree each: HSA's default kernel (the forest padded to equal fanout, where that
@@ -655,6 +689,10 @@ def section_hsa(run: Run, end: float) -> None:
         run_case(run, "hsa", end, f"{trees}x{leaves}", hsa_methods(run, trees, leaves))
     trees, leaves = run.sizes.hsa_batches[0]  # the same batch, sequences of different lengths
     run_case(run, "hsa", end, f"{trees}x{leaves} mixed", hsa_lengths_methods(run, trees, leaves))
+    for trees, leaves in run.sizes.hsa_batches:  # the strictly causal op
+        run_case(
+            run, "hsa", end, f"{trees}x{leaves} causal", hsa_causal_methods(run, trees, leaves)
+        )
 
 
 def hmatrix_methods(length: int) -> dict[str, Method]:

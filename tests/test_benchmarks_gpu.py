@@ -26,6 +26,7 @@ PEERS = {  # section -> methods every case compares
     "graph_hsa": {"graph_hsa_net", "gcn"},
 }
 MIXED = {"hsa", "hsa-blocks", "sdpa-masked"}  # the hsa batch of different lengths
+CAUSAL = {"hsa-causal", "sdpa-flash", "sdpa-efficient"}  # the hsa batches, strictly causal
 #: Every section's time cap in the CPU run: the quick sizes take a few seconds each, and a
 #: section that nears its cap times its last cases in fewer rounds, which these tests refuse;
 #: the caps are wide so that a loaded machine (a slower run) still times every round.
@@ -74,7 +75,7 @@ def test_every_case_times_each_method_against_its_peers(report):
         for case in {r["case"] for r in mine}:
             for dtype in ("fp32", "bf16"):
                 got = {r["method"] for r in mine if r["case"] == case and r["dtype"] == dtype}
-                expected = MIXED if case.endswith("mixed") else methods
+                expected = {"mixed": MIXED, "causal": CAUSAL}.get(case.split()[-1], methods)
                 assert expected <= got, (section, case, dtype, got)
     firsts = {}  # (section, case, dtype) -> the row of the case's first method
     for row in rows:
