@@ -73,8 +73,9 @@ bf16/fp16).
 
 The run stops itself at ``--deadline`` seconds (default 450, checked between cases and
 rounds). ``gpu.json`` is rewritten after every case (a killed run keeps what it measured)
-and ``gpu.png`` after every section; a table is printed at the end. Results of a real GPU
-run go under ``benchmarks/results/gpu/``.
+and ``gpu.png`` after every section; a table is printed at the end, then the targets
+(``benchmarks/gpu_targets.py``: met, not met, or not measured by this run). Results of a
+real GPU run go under ``benchmarks/results/gpu/``.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ import torch.nn.functional as F  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import gpu_targets  # noqa: E402
 import hmatrix as hmatrix_bench  # noqa: E402
 import masked_attention as masked_bench  # noqa: E402
 import timing  # noqa: E402
@@ -1062,6 +1064,10 @@ def main(argv=None) -> None:
     print(f"{'section':<9} {'case':<14} {'type':<4} {'method':<18}{'fwd+bwd':>13} {'peak':>13}"
           f" {'vs 1st':>8}")  # fmt: skip
     print("\n".join(_line(r) for r in run.rows))
+    report = {"meta": run.meta, "tests": run.tests, "rows": run.rows}
+    for twin in ("", "+graph") if args.graphs else ("",):
+        print(f"\ntargets{' (CUDA-graph twins)' if twin else ''}:")
+        print("\n".join(gpu_targets.lines(gpu_targets.evaluate(report, twin))))
     print(f"wrote {Path(args.out) / 'gpu.json'} and gpu.png in {run.meta['elapsed_s']:.0f} s")
 
 

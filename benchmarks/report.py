@@ -35,6 +35,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = HERE / "README.md"
 
+sys.path.insert(0, str(HERE))
+import gpu_targets as targets  # noqa: E402
 
 # ------------------------------------------------------------------ number formatting
 
@@ -1394,15 +1396,41 @@ def pytest_counts(run: dict) -> str:
     return ", ".join(f"{k} {run[k]}" for k in keys if k in run)
 
 
+def gpu_targets_table(runs: list[tuple[dict, str]]) -> list[str]:
+    """The targets of ``benchmarks/gpu_targets.py`` on each ``(run, twin)``: eager steps
+    (``twin = ""``) and the CUDA-graph twins (``"+graph"``), one column each."""
+    results = [targets.evaluate(d, twin) for d, twin in runs]
+    cells = {}  # (target, dtype) -> one cell per run
+    for i, rows in enumerate(results):
+        for t in rows:
+            cell = cells.setdefault((t["target"], t["dtype"], t["need"]), ["–"] * len(runs))
+            if t["met"] is None:
+                cell[i] = "not measured"
+            else:
+                value = f"{num(t['value'])}{t['unit']}" if t["unit"] else num(t["value"])
+                note = f", {t['why']}" if t.get("why") else ""
+                cell[i] = f"{'met' if t['met'] else '**not met**'}: {value}{note}"
+    header = ["target", "dtype", "needs", *(("eager", "CUDA graph")[: len(runs)])]
+    body = [[target, dtype, need, *cell] for (target, dtype, need), cell in cells.items()]
+    return [
+        "Targets (`benchmarks/gpu_targets.py`), from the runs below: each method against its "
+        "peer in the same case; *CUDA graph*: the steps replayed as captured graphs (a peer "
+        "without a twin counts with its eager step, as named).",
+        "",
+        *table(header, body),
+    ]
+
+
 def gpu() -> list[str]:
     d = load("gpu/gpu.json")
     if d is None:
         return ["No GPU run is recorded (`results/gpu/gpu.json` is absent). "
                 "`python benchmarks/gpu.py --out benchmarks/results/gpu` on a CUDA machine "
                 "writes it; this section then shows its tables.", ""]  # fmt: skip
-    out = gpu_run(d) + gpu_table(d) + [""] + gpu_profiles(d)
-    out += [source("gpu/gpu.json"), ""] + plot("gpu/gpu.png", "GPU")
     graphs = load("gpu/graphs/gpu.json")
+    runs = [(d, "")] + ([] if graphs is None else [(graphs, "+graph")])
+    out = gpu_targets_table(runs) + gpu_run(d) + gpu_table(d) + [""] + gpu_profiles(d)
+    out += [source("gpu/gpu.json"), ""] + plot("gpu/gpu.png", "GPU")
     if graphs is not None:
         out += ["", "### CUDA-graph twins", "",
                 "The same cases with `--graphs`: `name+graph` replays the method's whole step "

@@ -65,6 +65,10 @@ def test_report_has_every_section_and_the_environment(report):
     assert (compiled["passed"], compiled["failed"], compiled["errors"]) == (1, 0, 0), compiled
     assert (out / "pytest_compiled.xml").exists()
     assert "section" in stdout and "fwd+bwd" in stdout  # the table
+    # then the targets: a GPU's, so none is measured by a CPU run
+    targets = stdout.split("\ntargets:\n")[1].splitlines()[:-1]  # the last: "wrote ..."
+    assert "every CUDA test passes" in targets[0] and len(targets) > 10
+    assert all(line.startswith("not measured") for line in targets)
 
 
 def test_every_case_times_each_method_against_its_peers(report):
