@@ -77,6 +77,8 @@ def uniform_causal_attention(
     lses, probs, gates, rhos = bottom_up(leaf_rho, True, below, fanout, eps, tau, True, True)
     leaf_energy = gates[-1]
     position = torch.arange(num_leaves, device=q.device)
+    # n_i(A_s), leaf i's prefix count within its depth-s ancestor, for s = 1 .. D - 1
+    prefix = [(position % n + 1).to(q.dtype) for n in below[:-1]]
 
     # per depth s = D .. 1 (index d = s - 1): the prefix attention of every leaf's ancestor;
     # a leaf is its own prefix, so the leaf level is the leaky pass's
@@ -87,25 +89,24 @@ def uniform_causal_attention(
     raw = _ancestor_logits(leaves[0], rhos, fanout)
     offsets = _prefix_offsets(rhos, fanout, below)
     for d in range(depth - 2, -1, -1):
-        count = (position % below[d] + 1).to(q.dtype)
         lse[d], probs_at[d] = _prefix_attention(
-            raw[d], offsets[d], count, rhos[d][1], eps, d, below[d], fanout[-1], tau
+            raw[d], offsets[d], prefix[d], rhos[d][1], eps, d, below[d], fanout[-1], tau
         )
 
     # energies along each leaf's path, bottom-up: a_i(A_s) from the child's g_i(A_{s+1})
     a = [None] * depth
     a[-1] = node_layout(leaf_energy)
     for d in range(depth - 2, -1, -1):
-        n_s, n_child = below[d], below[d + 1]
+        n_child = below[d + 1]
         child_g = logaddexp(a[d + 1], lse[d + 1], finite_a=True)  # no mask: finite energies
         complete_g = logaddexp(gates[d + 1], lses[d + 1], finite_a=True)  # [H, F, b]
         # exclusive cumulative sum per family (not cumsum - g: rounding would then depend
         # on g of the ancestor itself, which later leaves change)
         left_g = node_layout(F.pad(complete_g[..., :-1].cumsum(-1), (1, 0)))
         left_g = left_g.repeat_interleave(n_child, 1) if n_child > 1 else left_g
-        n_i_child = (position % n_child + 1).to(q.dtype)
-        n_i = (position % n_s + 1).to(q.dtype)
-        a[d] = (n_child * left_g + n_i_child * child_g) / n_i
+        # a leaf's prefix in its own family is the leaf: n_i = 1
+        n_i_child = prefix[d + 1] if d + 2 < depth else 1
+        a[d] = (n_child * left_g + n_i_child * child_g) / prefix[d]
 
     # top-down: gates along the root path; a row's gain scales its [b] weights. The
     # leaves' own weights exp(u) go onto the diagonal of their families' weights (left
