@@ -119,6 +119,22 @@ def hsa_kernel():
     return ext
 
 
+def with_nan(x: torch.Tensor, row: int) -> torch.Tensor:
+    """A copy of ``x`` (still requiring its gradient) with one NaN in row ``row``."""
+    x = x.detach().clone()
+    x[row].view(-1)[0] = float("nan")
+    return x.requires_grad_()
+
+
+def assert_same_nans(out: torch.Tensor, ref: torch.Tensor, **tolerance) -> None:
+    """``out`` is NaN exactly where ``ref`` is (somewhere, not everywhere) and equals it
+    elsewhere: a NaN input reaches the outputs that depend on it, and no others."""
+    nan = ref.isnan()
+    assert nan.any() and not nan.all()
+    assert torch.equal(out.isnan(), nan), (out.isnan().sum(), nan.sum())
+    torch.testing.assert_close(out.masked_fill(nan, 0), ref.masked_fill(nan, 0), **tolerance)
+
+
 def spy_calls(monkeypatch, owner, name: str) -> list[dict]:
     """The keyword arguments of every call of ``owner.name`` from now on (the function
     still runs)."""

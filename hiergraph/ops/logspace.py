@@ -127,9 +127,10 @@ def scatter_softmax(logits: Tensor, index: Tensor, num_rows: int) -> tuple[Tenso
         a_e = e^{x_e - \mathrm{lse}_{\mathrm{index}_e}}
 
     Entries are left out by giving them the logit ``-inf`` (e.g.
-    ``logits.masked_fill(~mask, float("-inf"))``). Rows with no finite entry get
-    ``lse = -inf``, and their entries weight 0; the shift is the detached row
-    maximum, so the backward is NaN-free. Row sums are accumulated with
+    ``logits.masked_fill(~mask, float("-inf"))``). Rows whose entries are all ``-inf``
+    get ``lse = -inf``, and their entries weight 0; a NaN logit makes its row's ``lse``
+    and weights NaN. The shift is the detached row maximum, so the backward of finite
+    logits is NaN-free. Row sums are accumulated with
     ``index_add`` in entry order, so a row's values never depend on the other
     rows' entries.
 
@@ -145,7 +146,7 @@ def scatter_softmax(logits: Tensor, index: Tensor, num_rows: int) -> tuple[Tenso
     m = m.masked_fill(~torch.isfinite(m), 0.0)
     e = torch.exp(logits - m[index])
     total = e.new_zeros((num_rows, *e.shape[1:])).index_add(0, index, e)
-    empty = ~(total > 0)
+    empty = total == 0  # not ~(total > 0): a NaN sum is no empty row, its NaN stays
     safe = total.masked_fill(empty, 1.0)
     lse = (m + torch.log(safe)).masked_fill(empty, float("-inf"))
     return lse, e / safe.index_select(0, index)

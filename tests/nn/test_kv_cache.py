@@ -13,7 +13,14 @@ from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_sched
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.plan import CausalPlan
-from tests.conftest import hsa_kernel, kernel_or_torch_ops, random_qkv, spy_calls
+from tests.conftest import (
+    assert_same_nans,
+    hsa_kernel,
+    kernel_or_torch_ops,
+    random_qkv,
+    spy_calls,
+    with_nan,
+)
 from tests.ops.hsa.test_causal import ordered_spec
 
 
@@ -65,6 +72,19 @@ def test_incremental_equals_full_pass_on_random_trees(step):
             inc, _ = decode(h, *args, pos_emb=pe.to(dtype))
             assert torch.isfinite(full).all() and torch.isfinite(inc).all(), (seed, dtype)
             torch.testing.assert_close(inc, full, atol=tol, rtol=0, msg=f"seed {seed} {dtype}")
+    assert step is None or step
+
+
+def test_a_nan_query_decodes_like_the_full_pass(step):
+    """A NaN in one token's query makes NaN the decoded outputs the full pass makes NaN (its
+    own, and later tokens whose prefixes hold it), whether the steps run in the kernel or
+    on PyTorch operations."""
+    h = from_nested([[0, 1, [2, 3]], [4, 5], [[6, 7], 8]])
+    q, k, v = random_qkv(h.num_leaves, seed=1)
+    q = with_nan(q, 4).detach()
+    full = causal_hierarchical_attention(q, k, v, h)
+    inc, _ = decode(h, q, k, v)
+    assert_same_nans(inc, full, atol=1e-12, rtol=0)
     assert step is None or step
 
 

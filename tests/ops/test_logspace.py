@@ -238,3 +238,28 @@ def test_the_fused_kernels_give_empty_rows_no_weight(b):
     assert not p.isnan().any() and not p[3].any()
     lse, p = softmax_(x.to("meta"))  # the branch off the CPU
     assert p.shape == x.shape and lse.shape == x.shape[:-1]
+
+
+NAN = float("nan")
+
+
+def test_a_nan_logit_makes_its_row_nan_and_no_other():
+    """A row with a NaN logit (among finite ones, or with every other entry left out) has a
+    NaN log-partition and NaN weights in every softmax here, and is never taken for an empty
+    row; the other rows, an empty one included, are unchanged."""
+    x = torch.tensor([[0.5, NAN, -1.0], [NAN, -INF, -INF], [0.2, 0.3, -INF], [-INF] * 3])
+    nan_rows = torch.tensor([True, True, False, False])
+    clean = x.masked_fill(nan_rows[:, None], 0.0)
+    drop = x == -INF
+    fused = softmax_kernels(x.clone(), -1, rows_nonempty=False)
+    masked = masked_softmax(x, ~drop)
+    index = torch.arange(4).repeat_interleave(3)
+    scattered = scatter_softmax(x.flatten(), index, 4)
+    expected_lse, expected_w = softmax_(clean, -1)
+    for lse, w in (softmax_(x.clone(), -1), fused, masked, scattered):
+        w = w.view(4, 3)
+        assert lse[nan_rows].isnan().all() and w[nan_rows].isnan().any(-1).all()
+        torch.testing.assert_close(lse[~nan_rows], expected_lse[~nan_rows])
+        torch.testing.assert_close(w[~nan_rows], expected_w[~nan_rows])
+    assert logaddexp(torch.tensor(NAN), torch.tensor(-INF)).isnan()
+    assert all(g.isnan() for g in log_gates(torch.tensor(0.5), torch.tensor(NAN)))

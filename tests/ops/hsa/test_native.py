@@ -12,7 +12,7 @@ import torch
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import _gathered_attention
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
-from tests.conftest import spy_calls
+from tests.conftest import assert_same_nans, spy_calls, with_nan
 
 F64 = dict(dtype=torch.float64)
 
@@ -97,6 +97,20 @@ def test_equals_the_recorded_op_with_gradients(trees, fanout, options, layout, e
     for g, w, t in zip(got, want, leaves, strict=True):
         assert g.stride() == t.stride() or layout == "strided"  # the input's layout
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+def test_a_nan_query_reaches_the_outputs_the_recorded_op_gives_it(include_self):
+    """A NaN in one leaf's query makes NaN the outputs it makes NaN in the recorded op (its
+    ancestors' pooled queries are NaN, so are their logits); the kernel once took a row of
+    NaN logits for a row without keys and returned zeros there."""
+    shape = (2, 4, 4)
+    q, k, v = inputs(shape, "node-major")
+    qkv = (with_nan(q, 5), k, v)
+    out = run(qkv, shape, include_self=include_self, size_bias=True)
+    ref = run(qkv, shape, fuse=False, include_self=include_self, size_bias=True)
+    assert ran_natively(out)
+    assert_same_nans(out, ref, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
@@ -444,6 +458,16 @@ def test_edge_softmax_equals_the_gathered_op(with_eps):
     for a, b in zip(grads, expected, strict=True):
         torch.testing.assert_close(a, b, atol=1e-13, rtol=0)
     assert args[1].size(0) - 2 > 0 and grads[1][-2:].abs().max() == 0  # keys without edges
+
+
+def test_edge_softmax_of_a_nan_query_is_nan():
+    """A query with a NaN and edges gets a NaN ``lse`` and ``theta``, as on tensor
+    operations; the other queries are unchanged."""
+    (q, *rest), recorded = edge_case(False)
+    args = (with_nan(q, 1), *rest)
+    assert args[6].eq(1).any()  # query 1 has edges
+    for ours, ref in zip(native.edge_softmax(*args), recorded(*args[:3], args[4]), strict=True):
+        assert_same_nans(ours, ref, atol=1e-13, rtol=0)
 
 
 def test_edge_softmax_in_float32_and_second_derivatives():

@@ -13,7 +13,7 @@ from hiergraph.ops import causal_hierarchical_attention, causal_hierarchical_att
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import _edge_attention
 from hiergraph.plan import CausalPlan
-from tests.conftest import hsa_kernel, spy_calls
+from tests.conftest import assert_same_nans, hsa_kernel, spy_calls, with_nan
 from tests.ops.hsa.test_causal import ordered_spec
 
 
@@ -60,6 +60,16 @@ def test_equals_the_edge_lists_with_gradients(seed, with_eps, heads):
         torch.autograd.grad(out, wanted, grad), torch.autograd.grad(ref, wanted, grad), strict=True
     ):
         torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
+def test_a_nan_query_reaches_the_outputs_the_edge_lists_give_it():
+    """A NaN in one leaf's query makes NaN the outputs it makes NaN on the edge lists (its
+    own, and the later leaves whose prefixes hold it); the others are unchanged."""
+    plan = CausalPlan.of(forest(0))
+    q, k, v, _ = inputs(plan.num_leaves, plan.num_nodes, 2, False)
+    q = with_nan(q, 5)
+    out = native.causal_forest_attention(q, k, v, None, plan, tau=0.6, recorded=None)
+    assert_same_nans(out, _edge_attention(q, k, v, plan, None, 0.6)[0], atol=1e-12, rtol=0)
 
 
 def test_equals_the_dense_reference():

@@ -11,7 +11,7 @@ from hiergraph.data import from_nested, random_window_hierarchy, window_hierarch
 from hiergraph.ops import hierarchical_attention
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.attention import attention_path, general_attention
-from tests.conftest import hsa_kernel, random_spec, spy_calls
+from tests.conftest import assert_same_nans, hsa_kernel, random_spec, spy_calls, with_nan
 
 OPTIONS = [
     dict(include_self=True, size_bias=True),
@@ -86,6 +86,16 @@ def test_equals_the_edge_path_with_gradients(seed, options, eps_heads, tasks):
         strict=True,
     ):
         torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+def test_a_nan_query_reaches_the_outputs_the_edge_path_gives_it(include_self):
+    """A NaN in one leaf's query makes NaN the outputs it makes NaN on the edge path; the
+    kernel once took a row of NaN logits for a row without keys (zero weights)."""
+    index = forest(0)
+    q, k, v, _ = leaves_and_embeddings(index, 2, None)
+    out, ref = both(index, with_nan(q, 3), k, v, None, include_self=include_self, size_bias=True)
+    assert_same_nans(out, ref, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("include_self", [True, False])

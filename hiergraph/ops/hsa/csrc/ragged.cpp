@@ -38,6 +38,7 @@
 
 namespace {
 
+using hiergraph::any_nan;
 using hiergraph::axpy;
 using hiergraph::check_index;
 using hiergraph::check_leaf_qkv;
@@ -150,14 +151,15 @@ T* scratch(int64_t n, int slot = 0) {
 }
 
 // s <- softmax(s) in place; returns the log-partition (-inf, and s all 0, where every
-// entry is -inf: no key).
+// entry is -inf: no key; NaN, and s all NaN, where the others are NaN).
 template <typename T>
 T softmax(T* __restrict s, int64_t n) {
   T top = kNegInf<T>;
   for (int64_t j = 0; j < n; ++j) top = std::max(top, s[j]);
   if (top == kNegInf<T>) {
-    std::fill(s, s + n, T(0));
-    return top;
+    const T fill = any_nan(s, n) ? std::numeric_limits<T>::quiet_NaN() : T(0);
+    std::fill(s, s + n, fill);
+    return fill == T(0) ? top : fill;
   }
   return top + std::log(normalized_exp(s, n, top));
 }

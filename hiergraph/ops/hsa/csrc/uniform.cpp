@@ -31,6 +31,7 @@
 
 namespace {
 
+using hiergraph::any_nan;
 using hiergraph::axpy;
 using hiergraph::combine;
 using hiergraph::dot;
@@ -185,9 +186,9 @@ struct Task {
     }
 #pragma omp simd
     for (int64_t i = 0; i < nodes; ++i) {
-      const T m = std::max(a[i], lse[i]);
-      const T rest = std::log1p(std::exp(std::min(a[i], lse[i]) - m));
-      t[i] = m == neg_inf ? neg_inf : m + rest;
+      const bool none = a[i] == neg_inf && lse[i] == neg_inf;  // log_add_exp, vectorized
+      const T rest = std::log1p(std::exp(-std::abs(a[i] - lse[i])));
+      t[i] = none ? neg_inf : std::max(a[i], lse[i]) + rest;
     }
   }
 
@@ -268,9 +269,10 @@ struct Task {
           T m = neg_inf;
 #pragma omp simd reduction(max : m)
           for (int64_t j = 0; j < b; ++j) m = row[j] > m ? row[j] : m;
-          if (m == neg_inf) {  // no key: P = 0, lse = -inf
-            std::fill(row, row + b, T(0));
-            l.lse[d][i] = neg_inf;
+          if (m == neg_inf) {  // no key: P = 0, lse = -inf (NaN logits: NaN stays NaN)
+            const T fill = any_nan(row, b) ? std::numeric_limits<T>::quiet_NaN() : T(0);
+            std::fill(row, row + b, fill);
+            l.lse[d][i] = fill == T(0) ? neg_inf : fill;
             continue;
           }
           if (b == 2) {  // one key, the sibling: P = 1, lse its logit

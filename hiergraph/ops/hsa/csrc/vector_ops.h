@@ -28,6 +28,14 @@ inline T dot(const T* __restrict x, const T* __restrict y, int64_t n) {
   return s;
 }
 
+// Whether any of x[0 .. n) is NaN. Comparisons with NaN fail, so a row's maximum skips its
+// NaN entries: a row of NaN (or NaN and -inf) logits has the maximum -inf of a row without
+// keys, and would get zero weights, the NaN input gone from the output.
+template <typename T>
+inline bool any_nan(const T* x, int64_t n) {
+  return std::any_of(x, x + n, [](T y) { return y != y; });
+}
+
 // y += a x
 template <typename T>
 inline void axpy(T* __restrict y, T a, const T* __restrict x, int64_t n) {
@@ -57,12 +65,13 @@ inline T normalized_exp(T* __restrict x, int64_t n, T shift) {
   return total;
 }
 
-// log(e^a + e^b), -inf when both are.
+// log(e^a + e^b), -inf when both are, NaN when either is (|a - b| keeps a NaN that std::max
+// and std::min would drop).
 template <typename T>
 inline T log_add_exp(T a, T b) {
-  const T m = std::max(a, b);
-  if (m == -std::numeric_limits<T>::infinity()) return m;
-  return m + std::log1p(std::exp(std::min(a, b) - m));
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  if (a == neg_inf && b == neg_inf) return neg_inf;
+  return std::max(a, b) + std::log1p(std::exp(-std::abs(a - b)));
 }
 
 // The gates of a node with energy a and siblings' log-sum lse: log(e^a + e^lse), log mu and
