@@ -21,8 +21,7 @@ step, and the target says so.
 
 A target a run did not measure (a run off CUDA, a smaller ``--quick`` size, a skipped
 method, a section cut by its time cap, CUDA tests other than ``pytest -m cuda``) is reported
-as such, never as met. Standard library only: the benchmarks
-report imports it too.
+as such, never as met. Standard library only: the benchmarks report imports it too.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ HSA_SIZES = ("64x128", "32x512", "8x2048", "1x16384", "1x262144", "1x1048576")
 
 def evaluate(run: dict, twin: str = "") -> list[dict]:
     """The targets of ``run`` (a ``gpu.json``), one dict each: ``target`` (in words),
-    ``dtype``, ``value`` (the measured ratio, or GiB), ``need`` (``">= x"`` or ``"<= x"``),
+    ``dtype``, ``value`` (the measured ratio, or GiB), ``need`` (``"≥ x"`` or ``"≤ x"``),
     and ``met``: ``True``, ``False``, or ``None`` where the run did not measure it (``why``
     says what is missing)."""
     on_cuda = str(run.get("meta", {}).get("device", "")).startswith("cuda")

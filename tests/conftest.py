@@ -120,15 +120,15 @@ def hsa_kernel():
 
 
 def with_nan(x: torch.Tensor, row: int) -> torch.Tensor:
-    """A copy of ``x`` (still requiring its gradient) with one NaN in row ``row``."""
+    """A copy of ``x`` with one NaN in row ``row``, requiring a gradient."""
     x = x.detach().clone()
     x[row].view(-1)[0] = float("nan")
     return x.requires_grad_()
 
 
 def assert_same_nans(out: torch.Tensor, ref: torch.Tensor, **tolerance) -> None:
-    """``out`` is NaN exactly where ``ref`` is (somewhere, not everywhere) and equals it
-    elsewhere: a NaN input reaches the outputs that depend on it, and no others."""
+    """``out`` is NaN exactly where the reference ``ref`` is (somewhere, not everywhere) and
+    equals it elsewhere: a NaN input reaches the outputs that the reference gives it."""
     nan = ref.isnan()
     assert nan.any() and not nan.all()
     assert torch.equal(out.isnan(), nan), (out.isnan().sum(), nan.sum())

@@ -104,8 +104,7 @@ def uniform_causal_attention(
         # on g of the ancestor itself, which later leaves change)
         left_g = node_layout(F.pad(complete_g[..., :-1].cumsum(-1), (1, 0)))
         left_g = left_g.repeat_interleave(n_child, 1) if n_child > 1 else left_g
-        # a leaf's prefix in its own family is the leaf: n_i = 1
-        n_i_child = prefix[d + 1] if d + 2 < depth else 1
+        n_i_child = prefix[d + 1] if d + 2 < depth else 1  # the child a leaf: n_i = 1
         a[d] = (n_child * left_g + n_i_child * child_g) / prefix[d]
 
     # top-down: gates along the root path; a row's gain scales its [b] weights. The

@@ -67,8 +67,9 @@ def test_a_nan_query_reaches_the_outputs_the_edge_lists_give_it():
     own, and the later leaves whose prefixes hold it); the others are unchanged."""
     plan = CausalPlan.of(forest(0))
     q, k, v, _ = inputs(plan.num_leaves, plan.num_nodes, 2, False)
-    q = with_nan(q, 5)
+    q = with_nan(q, 39)  # in the window tree of 40 leaves, 34 .. 73
     out = native.causal_forest_attention(q, k, v, None, plan, tau=0.6, recorded=None)
+    assert out[40:].isnan().any() and not out[:39].isnan().any()
     assert_same_nans(out, _edge_attention(q, k, v, plan, None, 0.6)[0], atol=1e-12, rtol=0)
 
 
