@@ -281,10 +281,15 @@ _PLAN_SCHEMA = "SymInt block_size, SymInt width, float scale, SymInt[] rows, Sym
 
 
 def _source_digest(paths) -> str:
-    """The first 10 hex digits of the SHA-1 of the files ``paths`` (taken by name)."""
+    """The first 10 hex digits of the SHA-1 of the files ``paths`` (taken by name; a file
+    that cannot be read, as in an install without sources on disk, by its name alone)."""
     digest = hashlib.sha1()
     for path in sorted(set(paths), key=lambda path: (path.name, str(path))):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        try:
+            source = path.read_bytes()
+        except OSError:
+            source = b""
+        digest.update(path.name.encode() + b"\0" + source)
     return digest.hexdigest()[:10]
 
 
