@@ -187,10 +187,10 @@ def log_gates(a: Tensor, b: Tensor, finite: bool = False) -> tuple[Tensor, Tenso
     """
     if finite:
         return F.logsigmoid(a - b), F.logsigmoid(b - a)
-    a_inf, b_inf = torch.isneginf(a), torch.isneginf(b)
-    diff = torch.where(a_inf | b_inf, torch.zeros_like(a), a - b)
-    neg_inf = torch.full_like(diff, float("-inf"))
-    zero = torch.zeros_like(diff)
-    log_mu = torch.where(a_inf, neg_inf, torch.where(b_inf, zero, F.logsigmoid(diff)))
-    log_one_minus_mu = torch.where(b_inf, neg_inf, torch.where(a_inf, zero, F.logsigmoid(-diff)))
-    return log_mu, log_one_minus_mu
+    # one argument -inf: a - b = -/+inf, whose log-sigmoids are the conventions' values (with
+    # derivatives 0 or 1); both -inf: a - b = NaN, replaced before the log-sigmoids
+    none = torch.isneginf(a) & torch.isneginf(b)
+    diff = (a - b).masked_fill(none, 0.0)
+    neg_inf = float("-inf")
+    log_mu = F.logsigmoid(diff).masked_fill(none, neg_inf)
+    return log_mu, F.logsigmoid(-diff).masked_fill(none, neg_inf)
