@@ -10,7 +10,8 @@ cost per operation the dispatcher sees, views included. This script counts those
 operations on the CPU: every case of ``gpu.py``'s HSA section (its ``hsa`` and
 ``hsa-heads-first`` methods, float32 and bfloat16; the strictly causal op,
 ``hsa-causal``, on its batches; its batch of sequences of different lengths, ``mixed``,
-padded to equal fanout), and H-matrix attention at its section's lengths, runs on
+padded to equal fanout; its ``ragged`` batch of windows of random sizes, padded and on the
+block kernel, ``hsa-blocks``), and H-matrix attention at its section's lengths, runs on
 PyTorch's ``meta`` device
 (tensors with shapes and no data: the code takes the branches it takes off the CPU and
 does no arithmetic), forward and ``out.sum().backward()`` into fresh gradients (as ``gpu.py``
@@ -91,7 +92,8 @@ def steps(gpu, sizes, hsa_cases=None):
     """``(case, method, make)`` of every counted step, ``make(dtype)`` its forward on the
     ``meta`` device and the leaves that get gradients: ``gpu.py``'s HSA cases
     (``hsa_cases``, default all of them) in both layouts, the strictly causal op on its
-    batches, its batch of sequences of different lengths, its H-matrix lengths."""
+    batches, its batches of sequences of different lengths (equal and random windows), its
+    H-matrix lengths."""
     import torch
 
     meta = torch.device("meta")
@@ -110,6 +112,10 @@ def steps(gpu, sizes, hsa_cases=None):
     trees, leaves = sizes.hsa_batches[0]  # the same batch, sequences of different lengths
     mixed = gpu.hsa_lengths_methods(run, trees, leaves)["hsa"]
     yield f"{trees}x{leaves} mixed", "hsa", built(mixed)
+    trees, leaves = sizes.hsa_batches[min(1, len(sizes.hsa_batches) - 1)]  # random windows
+    for name, method in gpu.hsa_lengths_methods(run, trees, leaves, ragged=True).items():
+        if name.startswith("hsa"):
+            yield f"{trees}x{leaves} ragged", name, built(method)
     for length in sizes.hmatrix:
         yield f"L={length}", "hmatrix", built(gpu.hmatrix_methods(length)["hmatrix"])
 

@@ -19,7 +19,9 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   ``benchmarks/hsa_scaling.py`` (one batched SDPA call per level over its families); last,
   the first batch again with sequences of different lengths (``mixed``, uniform in
   [L/2, L]): the default kernel (padded to equal fanout), the block kernel, and SDPA with a
-  key padding mask; then the batches again (``causal``) through the strictly causal op
+  key padding mask; the same for the second batch with windows of random sizes
+  (``ragged``, as documents' sentences vary: 4–16 padded slots per leaf, which only an
+  accelerator runs padded); then the batches again (``causal``) through the strictly causal op
   (``causal_hierarchical_attention``, decoder training) vs causal SDPA (flash, efficient).
 * ``hmatrix`` (35 s): ``hmatrix_attention`` at 16K and 64K tokens vs SDPA (settings of
   ``benchmarks/hmatrix.py``).
@@ -649,20 +651,35 @@ def hsa_causal_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
     return {"hsa-causal": Method(hsa, work=total, peak_bytes=nbytes, graph=graph), **sdpa}
 
 
-def hsa_lengths_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
+def hsa_lengths_methods(
+    run: Run, trees: int, leaves: int, ragged: bool = False
+) -> dict[str, Method]:
     """Sequences of different lengths (uniform in ``[leaves / 2, leaves]``, seeded), one
-    window tree each: HSA's default kernel (the forest padded to equal fanout, where that
-    pays), its block kernel, and SDPA on the zero-padded batch with a key padding mask."""
-    from hiergraph.data import window_forest
+    window tree each (with ``ragged``, windows of random sizes: ``random_window_hierarchy``,
+    as documents' sentences and paragraphs vary): HSA's default kernel (the forest padded
+    to equal fanout, where that pays), its block kernel, and SDPA on the zero-padded batch
+    with a key padding mask."""
+    from torch_geometric.data import Batch
+
+    from hiergraph.data import random_window_hierarchy, window_forest
     from hiergraph.ops import hierarchical_attention
 
     H, d = run.sizes.heads, run.sizes.dim
     gen = torch.Generator().manual_seed(0)
     lengths = torch.randint(leaves // 2, leaves + 1, (trees,), generator=gen)
     total = int(lengths.sum())
+    branching = tree_branching(leaves)
+
+    def forest():
+        if not ragged:
+            return window_forest(lengths, branching)
+        gen = torch.Generator().manual_seed(1)
+        return Batch.from_data_list(
+            [random_window_hierarchy(int(n), branching, generator=gen) for n in lengths]
+        )
 
     def hsa(dtype, device, kernel="dense"):
-        index = window_forest(lengths, tree_branching(leaves)).tree_index().to(device)
+        index = forest().tree_index().to(device)
         q, k, v = (_leaf((total, H, d), dtype, device) for _ in range(3))
         return (lambda: hierarchical_attention(q, k, v, index, kernel=kernel)), [q, k, v]
 
@@ -691,6 +708,9 @@ def section_hsa(run: Run, end: float) -> None:
         run_case(run, "hsa", end, f"{trees}x{leaves}", hsa_methods(run, trees, leaves))
     trees, leaves = run.sizes.hsa_batches[0]  # the same batch, sequences of different lengths
     run_case(run, "hsa", end, f"{trees}x{leaves} mixed", hsa_lengths_methods(run, trees, leaves))
+    trees, leaves = run.sizes.hsa_batches[min(1, len(run.sizes.hsa_batches) - 1)]
+    ragged = hsa_lengths_methods(run, trees, leaves, ragged=True)  # windows of random sizes
+    run_case(run, "hsa", end, f"{trees}x{leaves} ragged", ragged)
     for trees, leaves in run.sizes.hsa_batches:  # the strictly causal op
         run_case(
             run, "hsa", end, f"{trees}x{leaves} causal", hsa_causal_methods(run, trees, leaves)

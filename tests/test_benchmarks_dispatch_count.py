@@ -28,17 +28,21 @@ def test_quick_run_counts_every_case(tmp_path):
     keys = [(r["case"], r["dtype"], r["method"]) for r in report["rows"]]
     causal = [("4x128", dtype, "hsa-causal") for dtype in cases[2]]
     mixed = [("4x128 mixed", dtype, "hsa") for dtype in cases[2]]
+    ragged = [("4x128 ragged", dtype, m) for m in ("hsa", "hsa-blocks") for dtype in cases[2]]
     hmatrix = [("L=512", dtype, "hmatrix") for dtype in cases[2]]
     hsa = [(case, dtype, method) for case, method, dtype in itertools.product(*cases)]
-    assert keys == [*hsa, *causal, *mixed, *hmatrix]
+    assert keys == [*hsa, *causal, *mixed, *ragged, *hmatrix]
     for key, row in zip(keys, report["rows"], strict=True):
-        # one autograd node but for the strictly causal op
-        assert row["path"] == ("recorded" if key in causal else "fused")
+        # one autograd node but for the strictly causal op and the block kernel
+        recorded = key in causal or key[2] == "hsa-blocks"
+        assert row["path"] == ("recorded" if recorded else "fused")
         assert 0 < row["views"] < row["ops"] and 0 < sum(row["top"].values()) <= row["ops"]
     # deeper trees take more operations; heads-first inputs need no layout copy
     ops = {key: row["ops"] for key, row in zip(keys, report["rows"], strict=True)}
     assert ops["1x2048", "float32", "hsa"] > ops["4x128", "float32", "hsa"]
     assert ops["4x128", "float32", "hsa-heads-first"] < ops["4x128", "float32", "hsa"]
+    # off the CPU random windows run on their embedding, in fewer operations than in blocks
+    assert 3 * ops["4x128 ragged", "float32", "hsa"] < ops["4x128 ragged", "float32", "hsa-blocks"]
     assert report["meta"]["command"] == "python benchmarks/dispatch_count.py --quick"
     assert same["meta"]["label"] == "copy" and "--library DIR" in same["meta"]["command"]
     assert same["meta"]["library_sha1"] != report["meta"]["library_sha1"]

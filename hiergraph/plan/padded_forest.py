@@ -37,8 +37,20 @@ if TYPE_CHECKING:
     from hiergraph.plan.tree_index import TreeIndex
 
 MAX_PADDING = 4.0
-"""Forests that would need more padded leaf slots than this many per leaf are not
-embedded."""
+"""On the CPU, a forest that needs more padded leaf slots than this many per leaf does not
+run on its embedding."""
+
+ACCELERATOR_PADDING = 16.0
+"""Off the CPU, a forest with up to this many padded leaf slots per leaf (and at most
+:data:`ACCELERATOR_SLOTS` slots) runs on its embedding."""
+
+ACCELERATOR_SLOTS = 1 << 20
+"""Off the CPU, up to this many padded leaf slots a forest runs on its embedding whenever
+it has one: HSA is launch-bound there at such sizes, and the embedding takes a fixed
+handful of operations per level where the block kernel takes a handful per family block
+(32 trees of random windows, 256–512 tokens each, 7.6 padded slots per leaf: 2,359
+operations per forward+backward on the block kernel, 450 on the embedding;
+``benchmarks/dispatch_count.py``)."""
 
 
 @dataclass
@@ -78,24 +90,41 @@ class PaddedForest:
         """Padded leaves, ``B b_1 ⋯ b_D``."""
         return math.prod(self.shape)
 
-    def pays_off(self, heads: int, channels: int, cost: float = PADDING_COST) -> bool:
+    def runs_on(self, device: torch.device) -> bool:
+        """Whether HSA on ``device`` may run on this embedding: on the CPU with at most
+        :data:`MAX_PADDING` slots per leaf; elsewhere always (it is built within
+        :data:`ACCELERATOR_PADDING` and :data:`ACCELERATOR_SLOTS`)."""
+        return device.type != "cpu" or self.num_slots <= MAX_PADDING * self.leaf_slot.numel()
+
+    def pays_off(
+        self,
+        heads: int,
+        channels: int,
+        cost: float = PADDING_COST,
+        device: torch.device | None = None,
+    ) -> bool:
         r"""Whether HSA with ``heads`` heads of ``channels`` = :math:`d + d_v` channels is
-        expected to run faster on the embedding than on the block kernel: ``cost`` per
-        slot (:data:`~hiergraph.plan.costs.PADDING_COST`, or
+        expected to run faster on the embedding than on the block kernel: off the CPU
+        (``device``), up to :data:`ACCELERATOR_SLOTS` slots, always (launch-bound); else
+        ``cost`` per slot (:data:`~hiergraph.plan.costs.PADDING_COST`, or
         :data:`~hiergraph.plan.costs.KERNEL_PADDING_COST` where the compiled CPU kernel runs
         the embedding) against the block kernel's slots plus
         :data:`~hiergraph.plan.costs.BLOCK_COST` per block (at 4 heads of 64 + 64 channels;
         fewer slots' worth as the work per slot grows)."""
+        if device is not None and device.type != "cpu" and self.num_slots <= ACCELERATOR_SLOTS:
+            return True
         block_cost = BLOCK_COST * REFERENCE_WIDTH / (heads * channels)
         return cost * self.num_slots <= self.block_slots + block_cost * self.blocks
 
     @classmethod
     def from_tree_index(
-        cls, index: TreeIndex, max_padding: float = MAX_PADDING
+        cls, index: TreeIndex, max_padding: float | None = None
     ) -> PaddedForest | None:
         """The embedding of ``index``'s forest, or ``None`` when it has a tree that is a
-        single leaf, a depth whose families all have one member, or more than
-        ``max_padding`` padded slots per leaf. Reads the plan's tensors on the host."""
+        single leaf, a depth whose families all have one member, or more padded slots than
+        ``max_padding`` per leaf (by default: than any device runs it with,
+        :data:`MAX_PADDING` per leaf, or :data:`ACCELERATOR_PADDING` per leaf up to
+        :data:`ACCELERATOR_SLOTS` slots). Reads the plan's tensors on the host."""
         levels = index.levels
         if len(levels) < 2 or levels[0].leaf_local.numel():
             return None
@@ -110,7 +139,13 @@ class PaddedForest:
             fanout.scatter_reduce_(0, at, levels[d].family_size, "amax")
         fanout = fanout[1:].tolist()
         shape = (levels[0].size, *fanout)
-        if min(fanout) < 2 or math.prod(shape) > max_padding * index.num_leaves:
+        slots, leaves = math.prod(shape), index.num_leaves
+        if max_padding is None:
+            accelerator = slots <= min(ACCELERATOR_PADDING * leaves, ACCELERATOR_SLOTS)
+            fits = slots <= MAX_PADDING * leaves or accelerator
+        else:
+            fits = slots <= max_padding * leaves
+        if min(fanout) < 2 or not fits:
             return None
         width = torch.tensor([1, *fanout], device=device)  # width[e]: fanout of depth e
         chain = torch.cumprod(width, 0)  # chain[o]: the slots a chain of o only children skips

@@ -254,7 +254,8 @@ class TreeIndex:
         padded: when the forest has no equal fanout, its embedding in an equal-fanout
             forest (:class:`~hiergraph.plan.padded_forest.PaddedForest`) unless that needs
             too much padding, else ``None``; the reshaped views run on it where it is
-            expected to be cheaper than the block kernel.
+            expected to be cheaper than the block kernel, and where the device allows its
+            padding (:meth:`padded_on`).
     """
 
     num_nodes: int
@@ -401,6 +402,13 @@ class TreeIndex:
         if index.uniform is None:
             index.padded = PaddedForest.from_tree_index(index)
         return index
+
+    def padded_on(self, device: torch.device) -> PaddedForest | None:
+        """:attr:`padded` where HSA on ``device`` may run on it
+        (:meth:`~hiergraph.plan.padded_forest.PaddedForest.runs_on`: more padding off the
+        CPU), else ``None``."""
+        padded = self.padded
+        return padded if padded is not None and padded.runs_on(device) else None
 
     def _uniform_shape(self) -> tuple[int, ...] | None:
         """The ``uniform`` attribute, read off the levels (reads their tensors on the host)."""

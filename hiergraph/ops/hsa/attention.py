@@ -182,7 +182,7 @@ def hierarchical_attention(
 
         out = native.forest_attention(q, k, v, pos, index, recorded=recorded, **flags)
     elif path == "padded":
-        out = padded_hierarchical_attention(q, k, v, index, index.padded, pos, **views)
+        out = padded_hierarchical_attention(q, k, v, index, index.padded_on(q.device), pos, **views)
     else:
         out = general_attention(q, k, v, index, pos, kernel=kernel, **views)
     return out.squeeze(1) if squeeze else out
@@ -212,11 +212,14 @@ def attention_path(
         and native.applies_to_forest(q, k, v, index, pos)
     ):
         return "forest"
-    padded = index.padded if kernel == "dense" else None
+    padded = index.padded_on(q.device) if kernel == "dense" else None
     if (
         padded is not None
         and padded.pays_off(
-            q.size(1), q.size(2) + v.size(2), padding_cost(q, k, v, padded, leaky_causal)
+            q.size(1),
+            q.size(2) + v.size(2),
+            padding_cost(q, k, v, padded, leaky_causal),
+            q.device,
         )
         and fits(padded.shape, q)
     ):

@@ -12,6 +12,7 @@ from hiergraph.ops import hierarchical_attention
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.inputs import head_pos_emb
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
+from hiergraph.plan import padded_forest
 from hiergraph.plan.costs import KERNEL_PADDING_COST, PADDING_COST
 from hiergraph.plan.padded_forest import PaddedForest
 from tests.conftest import hsa_kernel
@@ -101,7 +102,7 @@ def test_which_forests_are_embedded_and_when_it_pays():
     assert window_forest([64] * 4, (4, 4)).tree_index().padded is None  # already uniform
     assert window_hierarchy(1, (4,)).tree_index().padded is None  # a tree that is a leaf
     assert from_nested([[0], [1]]).tree_index().padded is None  # only children everywhere
-    too_ragged = window_forest([6000, 10, 10, 10, 10], (4, 4))  # 5 x 6,000 slots
+    too_ragged = window_forest([6000] + [10] * 20, (4, 4))  # 21 x 6,000 slots, 6,200 leaves
     assert too_ragged.tree_index().padded is None
     padded = window_forest([37, 5, 64, 20], (4, 4)).tree_index().padded
     assert padded.num_slots == 4 * 4 * 4 * 4 and padded.blocks > 0
@@ -110,6 +111,27 @@ def test_which_forests_are_embedded_and_when_it_pays():
     # twice the slots of the leaves, whose long runs of equal windows are slice blocks
     costly = window_forest([600, 10] * 8, (4, 4)).tree_index().padded  # 9,728 slots, 4,880 leaves
     assert costly is not None and not costly.pays_off(4, 128)
+
+
+def test_more_padding_runs_on_the_embedding_off_the_cpu(monkeypatch):
+    """A forest with 4 to 16 padded slots per leaf (up to ``ACCELERATOR_SLOTS`` slots) is
+    embedded for accelerators only, where HSA is launch-bound and the embedding takes a
+    fixed handful of operations per level: the CPU keeps its block kernel (and its cost
+    model), another device takes the embedding whatever its cost model says."""
+    index = window_forest([6000, 10, 10, 10, 10], (4, 4)).tree_index()  # 30,000 slots
+    padded = index.padded
+    assert 4 < padded.num_slots / index.num_leaves <= 16
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    assert index.padded_on(cpu) is None and index.padded_on(meta) is padded
+    assert not padded.pays_off(4, 128) and padded.pays_off(4, 128, device=meta)
+    q = torch.randn(index.num_leaves, 4, 64)
+    assert hsa_attention.attention_path(q, q, q, index, None) != "padded"
+    on_meta = q.to("meta")
+    moved = index.to("meta")
+    assert hsa_attention.attention_path(on_meta, on_meta, on_meta, moved, None) == "padded"
+    monkeypatch.setattr(padded_forest, "ACCELERATOR_SLOTS", padded.num_slots - 1)
+    assert not padded.pays_off(4, 128, device=meta)  # above it: the cost model decides
+    assert window_forest([6000, 10, 10, 10, 10], (4, 4)).tree_index().padded is None
 
 
 def test_a_slot_costs_less_where_the_kernel_runs_it(monkeypatch):
