@@ -31,3 +31,14 @@ in forward+backward passes over padded batches of 64 × 128, 32 × 512 and 8 × 
 REFERENCE_WIDTH = 4 * (64 + 64)
 """Heads × (d + d_v) at which the costs were measured: a block's fixed cost is worth fewer
 slots as the work per slot grows."""
+
+ACCELERATOR_BLOCK_COST = 25_000
+"""Off the CPU, a family block's fixed cost in padded leaf slots, at
+:data:`ACCELERATOR_REFERENCE_WIDTH`: eager HSA there is launch-bound at a few blocks, and
+a slot costs device time only. From one H200 run (forward+backward, bf16, 8 heads of 64):
+the block kernel took 5.8 ms more than the embedding on a batch of 3 blocks (64 sequences
+of 64–128 tokens, 12.0 vs 6.2 ms), about 1.9 ms per block, and a leaf slot about 70 ns
+where HSA is device-bound (18.5 ms for 256K leaves). A model from one run, not a fit."""
+
+ACCELERATOR_REFERENCE_WIDTH = 8 * (64 + 64)
+"""Heads × (d + d_v) at which :data:`ACCELERATOR_BLOCK_COST` was measured."""

@@ -31,7 +31,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hiergraph.plan.costs import BLOCK_COST, PADDING_COST, REFERENCE_WIDTH
+from hiergraph.plan.costs import (
+    ACCELERATOR_BLOCK_COST,
+    ACCELERATOR_REFERENCE_WIDTH,
+    BLOCK_COST,
+    PADDING_COST,
+    REFERENCE_WIDTH,
+)
 
 if TYPE_CHECKING:
     from hiergraph.plan.tree_index import TreeIndex
@@ -45,12 +51,13 @@ ACCELERATOR_PADDING = 16.0
 :data:`ACCELERATOR_SLOTS` slots) runs on its embedding."""
 
 ACCELERATOR_SLOTS = 1 << 20
-"""Off the CPU, up to this many padded leaf slots a forest runs on its embedding whenever
-it has one: HSA is launch-bound there at such sizes, and the embedding takes a fixed
-handful of operations per level where the block kernel takes a handful per family block
-(32 trees of random windows, 256–512 tokens each, 7.6 padded slots per leaf: 2,359
+"""Off the CPU, the most padded leaf slots of an embedding with more than
+:data:`MAX_PADDING` per leaf. Eager HSA there is launch-bound at these sizes: the embedding
+takes a fixed handful of operations per level, the block kernel about a hundred per family
+block (32 trees of random windows, 256–512 tokens each, 7.6 padded slots per leaf: 2,359
 operations per forward+backward on the block kernel, 450 on the embedding;
-``benchmarks/dispatch_count.py``)."""
+``benchmarks/dispatch_count.py``), so the embedding runs while its slots cost less than
+the blocks (:data:`~hiergraph.plan.costs.ACCELERATOR_BLOCK_COST`)."""
 
 
 @dataclass
@@ -104,16 +111,19 @@ class PaddedForest:
         device: torch.device | None = None,
     ) -> bool:
         r"""Whether HSA with ``heads`` heads of ``channels`` = :math:`d + d_v` channels is
-        expected to run faster on the embedding than on the block kernel: off the CPU
-        (``device``), up to :data:`ACCELERATOR_SLOTS` slots, always (launch-bound); else
+        expected to run faster on the embedding than on the block kernel. Off the CPU
+        (``device``), where the block kernel is launch-bound: while its slots cost less than
+        :data:`~hiergraph.plan.costs.ACCELERATOR_BLOCK_COST` per block. On the CPU:
         ``cost`` per slot (:data:`~hiergraph.plan.costs.PADDING_COST`, or
         :data:`~hiergraph.plan.costs.KERNEL_PADDING_COST` where the compiled CPU kernel runs
         the embedding) against the block kernel's slots plus
         :data:`~hiergraph.plan.costs.BLOCK_COST` per block (at 4 heads of 64 + 64 channels;
         fewer slots' worth as the work per slot grows)."""
-        if device is not None and device.type != "cpu" and self.num_slots <= ACCELERATOR_SLOTS:
-            return True
-        block_cost = BLOCK_COST * REFERENCE_WIDTH / (heads * channels)
+        width = heads * channels
+        if device is not None and device.type != "cpu":
+            block_cost = ACCELERATOR_BLOCK_COST * ACCELERATOR_REFERENCE_WIDTH / width
+            return self.num_slots <= block_cost * self.blocks
+        block_cost = BLOCK_COST * REFERENCE_WIDTH / width
         return cost * self.num_slots <= self.block_slots + block_cost * self.blocks
 
     @classmethod

@@ -115,9 +115,10 @@ def test_which_forests_are_embedded_and_when_it_pays():
 
 def test_more_padding_runs_on_the_embedding_off_the_cpu(monkeypatch):
     """A forest with 4 to 16 padded slots per leaf (up to ``ACCELERATOR_SLOTS`` slots) is
-    embedded for accelerators only, where HSA is launch-bound and the embedding takes a
-    fixed handful of operations per level: the CPU keeps its block kernel (and its cost
-    model), another device takes the embedding whatever its cost model says."""
+    embedded for accelerators only, where eager HSA is launch-bound and the embedding takes
+    a fixed handful of operations per level: the CPU keeps its block kernel (and its cost
+    model); another device takes the embedding while its slots cost less than the blocks
+    (``ACCELERATOR_BLOCK_COST`` per block)."""
     index = window_forest([6000, 10, 10, 10, 10], (4, 4)).tree_index()  # 30,000 slots
     padded = index.padded
     assert 4 < padded.num_slots / index.num_leaves <= 16
@@ -129,8 +130,11 @@ def test_more_padding_runs_on_the_embedding_off_the_cpu(monkeypatch):
     on_meta = q.to("meta")
     moved = index.to("meta")
     assert hsa_attention.attention_path(on_meta, on_meta, on_meta, moved, None) == "padded"
+    per_block = padded.num_slots / padded.blocks * 4 * 128 / (8 * 128)
+    monkeypatch.setattr(padded_forest, "ACCELERATOR_BLOCK_COST", per_block)
+    assert padded.pays_off(4, 128, device=meta)  # on the bound
+    assert not padded.pays_off(4, 129, device=meta)  # more work per slot: the blocks
     monkeypatch.setattr(padded_forest, "ACCELERATOR_SLOTS", padded.num_slots - 1)
-    assert not padded.pays_off(4, 128, device=meta)  # above it: the cost model decides
     assert window_forest([6000, 10, 10, 10, 10], (4, 4)).tree_index().padded is None
 
 
