@@ -97,11 +97,12 @@ class PaddedForest:
         """Padded leaves, ``B b_1 ⋯ b_D``."""
         return math.prod(self.shape)
 
-    def runs_on(self, device: torch.device) -> bool:
-        """Whether HSA on ``device`` may run on this embedding: on the CPU with at most
-        :data:`MAX_PADDING` slots per leaf; elsewhere always (it is built within
-        :data:`ACCELERATOR_PADDING` and :data:`ACCELERATOR_SLOTS`)."""
-        return device.type != "cpu" or self.num_slots <= MAX_PADDING * self.leaf_slot.numel()
+    def runs_on(self, device: torch.device, extended: bool = True) -> bool:
+        """Whether HSA on ``device`` may run on this embedding: with at most
+        :data:`MAX_PADDING` slots per leaf, or, off the CPU and ``extended``, always (it is
+        built within :data:`ACCELERATOR_PADDING` and :data:`ACCELERATOR_SLOTS`)."""
+        modest = self.num_slots <= MAX_PADDING * self.leaf_slot.numel()
+        return modest or (extended and device.type != "cpu")
 
     def pays_off(
         self,

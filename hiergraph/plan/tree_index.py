@@ -403,12 +403,13 @@ class TreeIndex:
             index.padded = PaddedForest.from_tree_index(index)
         return index
 
-    def padded_on(self, device: torch.device) -> PaddedForest | None:
+    def padded_on(self, device: torch.device, extended: bool = True) -> PaddedForest | None:
         """:attr:`padded` where HSA on ``device`` may run on it
-        (:meth:`~hiergraph.plan.padded_forest.PaddedForest.runs_on`: more padding off the
-        CPU), else ``None``."""
+        (:meth:`~hiergraph.plan.padded_forest.PaddedForest.runs_on`: with ``extended``, more
+        padding off the CPU, where the alternative is the launch-bound block kernel), else
+        ``None``."""
         padded = self.padded
-        return padded if padded is not None and padded.runs_on(device) else None
+        return padded if padded is not None and padded.runs_on(device, extended) else None
 
     def _uniform_shape(self) -> tuple[int, ...] | None:
         """The ``uniform`` attribute, read off the levels (reads their tensors on the host)."""

@@ -136,7 +136,9 @@ def causal_hierarchical_attention(
     if kernel == "dense" and fits(index.uniform, q, causal=True):
         levels = None if eps is None else per_depth(eps, index)
         return _out(uniform_causal_attention(q, k, v, index.uniform, levels, tau), dtype, squeeze)
-    forest = index.padded_on(q.device) if kernel == "dense" else None
+    # as much padding as on the CPU: the alternative is the edge lists, whose operations
+    # do not grow with the family blocks
+    forest = index.padded_on(q.device, extended=False) if kernel == "dense" else None
     # padding after every tree's leaves: no causal row reads it
     if forest is not None and forest.leaves_lead and fits(forest.shape, q, causal=True):
         slots = [to_slots(t, forest) for t in (q, k, v)]

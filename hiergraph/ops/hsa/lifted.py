@@ -67,7 +67,7 @@ def _as_views(index: TreeIndex, q: Tensor) -> tuple[int, ...] | None:
     top nodes at depth 1: none sunk below a chain, whose root family would be the chain's),
     with leaves at depth 2 or more and families within the blocks' size limit; ``None``:
     the levels of ``index`` run as they are (:func:`_lifted_general`)."""
-    padded = index.padded_on(q.device)
+    padded = index.padded_on(q.device, extended=False)  # hubs: no cost model off the CPU
     if index.uniform is not None:
         shape = index.uniform
     elif padded is not None and not padded.sunk:
@@ -123,7 +123,7 @@ def lifted_attention(
     if index.uniform is not None:
         eps = None if pos_emb is None else per_depth(pos_emb, index)
         return _lifted(q, k, v, index.uniform, eps, lifted, slots, leaf_mask, **options)
-    forest = index.padded_on(q.device)
+    forest = index.padded_on(q.device, extended=False)
     eps = None if pos_emb is None else per_depth_padded(pos_emb, index, forest)
     out = _lifted(
         *(to_slots(t, forest) for t in (q, k, v)), forest.shape, eps,

@@ -7,15 +7,16 @@ import torch
 from torch_geometric.data import Batch
 
 import hiergraph.ops.hsa.attention as hsa_attention
+import hiergraph.ops.hsa.causal as hsa_causal
 from hiergraph.data import from_nested, random_window_hierarchy, window_forest, window_hierarchy
-from hiergraph.ops import hierarchical_attention
+from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.inputs import head_pos_emb
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.plan import padded_forest
 from hiergraph.plan.costs import KERNEL_PADDING_COST, PADDING_COST
 from hiergraph.plan.padded_forest import PaddedForest
-from tests.conftest import hsa_kernel
+from tests.conftest import hsa_kernel, spy_calls
 from tests.ops.hsa.test_uniform import F64, OPTIONS, _kwargs
 
 
@@ -130,6 +131,15 @@ def test_more_padding_runs_on_the_embedding_off_the_cpu(monkeypatch):
     on_meta = q.to("meta")
     moved = index.to("meta")
     assert hsa_attention.attention_path(on_meta, on_meta, on_meta, moved, None) == "padded"
+    # the strictly causal op and hubs keep the CPU's padding (no block kernel to beat there)
+    plan = window_forest([600, 10, 10, 10, 10], (4, 4)).tree_index().causal_plan.to("meta")
+    small = plan.tree_index
+    assert small.padded.leaves_lead and 4 < small.padded.num_slots / small.num_leaves <= 16
+    assert small.padded_on(meta) is not None and small.padded_on(meta, extended=False) is None
+    slots = spy_calls(monkeypatch, hsa_causal, "to_slots")
+    x = torch.empty(small.num_leaves, 1, 4, device="meta")
+    causal_hierarchical_attention(x, x, x, plan)
+    assert slots == []
     per_block = padded.num_slots / padded.blocks * 4 * 128 / (8 * 128)
     monkeypatch.setattr(padded_forest, "ACCELERATOR_BLOCK_COST", per_block)
     assert padded.pays_off(4, 128, device=meta)  # on the bound
