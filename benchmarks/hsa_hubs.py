@@ -67,7 +67,8 @@ def runs_on(index) -> str:
     equal-fanout embedding, or its levels."""
     if index.uniform is not None:
         return "plan"
-    return "embedding" if index.padded is not None and not index.padded.sunk else "levels"
+    padded = index.padded_on(torch.device("cpu"), extended=False)  # as the op reads it
+    return "embedding" if padded is not None and not padded.sunk else "levels"
 
 
 def rebuilt(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
