@@ -15,6 +15,7 @@ from torch import Tensor
 
 from hiergraph.data.windows import HMatrixLayout, check_block_size, hmatrix_layout
 from hiergraph.ops.hmatrix.inputs import check_inputs
+from hiergraph.ops.logspace import softmax_dropping
 
 
 def hmatrix_level_masks(
@@ -89,10 +90,8 @@ def hmatrix_attention_matrix(
     :func:`hmatrix_logits`.
     """
     logits = hmatrix_logits(q, k, block_size, causal, key_padding_mask, rows)
-    shift = logits.amax(-1, keepdim=True)
-    weights = torch.exp(logits - shift.masked_fill(shift == -math.inf, 0.0))
-    total = weights.sum(-1, keepdim=True)
-    attn = weights / torch.where(total > 0, total, torch.ones_like(total))
+    # excluded pairs are -inf, left out; a row without keys weighs 0
+    _, attn = softmax_dropping(logits, logits == -math.inf)
     if key_padding_mask is not None:
         padded_rows = key_padding_mask if rows is None else key_padding_mask[:, rows]
         attn = attn.masked_fill(padded_rows[:, None, :, None], 0.0)
