@@ -38,13 +38,13 @@
 
 namespace {
 
-using hiergraph::any_nan;
 using hiergraph::axpy;
 using hiergraph::check_index;
 using hiergraph::check_leaf_qkv;
 using hiergraph::check_tensor;
 using hiergraph::combine;
 using hiergraph::gram;
+using hiergraph::keyless_row;
 using hiergraph::log_add_exp;
 using hiergraph::log_gates;
 using hiergraph::normalized_exp;
@@ -150,17 +150,12 @@ T* scratch(int64_t n, int slot = 0) {
   return buffer.data();
 }
 
-// s <- softmax(s) in place; returns the log-partition (-inf, and s all 0, where every
-// entry is -inf: no key; NaN, and s all NaN, where the others are NaN).
+// s <- softmax(s) in place; returns the log-partition (a row without keys: keyless_row).
 template <typename T>
 T softmax(T* __restrict s, int64_t n) {
   T top = kNegInf<T>;
   for (int64_t j = 0; j < n; ++j) top = std::max(top, s[j]);
-  if (top == kNegInf<T>) {
-    const T fill = any_nan(s, n) ? std::numeric_limits<T>::quiet_NaN() : T(0);
-    std::fill(s, s + n, fill);
-    return fill == T(0) ? top : fill;
-  }
+  if (top == kNegInf<T>) return keyless_row(s, n);
   return top + std::log(normalized_exp(s, n, top));
 }
 

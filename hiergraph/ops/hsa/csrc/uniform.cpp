@@ -31,11 +31,11 @@
 
 namespace {
 
-using hiergraph::any_nan;
 using hiergraph::axpy;
 using hiergraph::combine;
 using hiergraph::dot;
 using hiergraph::gram;
+using hiergraph::keyless_row;
 using hiergraph::normalized_exp;
 
 // Rows of one head: at the leaves, the input's own memory (row stride `stride`; with an
@@ -269,10 +269,8 @@ struct Task {
           T m = neg_inf;
 #pragma omp simd reduction(max : m)
           for (int64_t j = 0; j < b; ++j) m = row[j] > m ? row[j] : m;
-          if (m == neg_inf) {  // no key: P = 0, lse = -inf (NaN logits: NaN stays NaN)
-            const T fill = any_nan(row, b) ? std::numeric_limits<T>::quiet_NaN() : T(0);
-            std::fill(row, row + b, fill);
-            l.lse[d][i] = fill == T(0) ? neg_inf : fill;
+          if (m == neg_inf) {  // no key: P = 0, lse = -inf (NaN logits: NaN)
+            l.lse[d][i] = keyless_row(row, b);
             continue;
           }
           if (b == 2) {  // one key, the sibling: P = 1, lse its logit

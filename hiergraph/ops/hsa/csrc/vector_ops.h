@@ -28,12 +28,14 @@ inline T dot(const T* __restrict x, const T* __restrict y, int64_t n) {
   return s;
 }
 
-// Whether any of x[0 .. n) is NaN. Comparisons with NaN fail, so a row's maximum skips its
-// NaN entries: a row of NaN (or NaN and -inf) logits has the maximum -inf of a row without
-// keys, and would get zero weights, the NaN input gone from the output.
+// A softmax row s[0 .. n) whose maximum is -inf: without keys (all -inf), s <- 0 and returns
+// the log-partition -inf; or with NaN logits, which the maximum skips (comparisons with NaN
+// fail), s <- NaN and returns NaN, so that the NaN input reaches the output.
 template <typename T>
-inline bool any_nan(const T* x, int64_t n) {
-  return std::any_of(x, x + n, [](T y) { return y != y; });
+inline T keyless_row(T* s, int64_t n) {
+  const bool nan = std::any_of(s, s + n, [](T y) { return y != y; });
+  std::fill(s, s + n, nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
+  return nan ? std::numeric_limits<T>::quiet_NaN() : -std::numeric_limits<T>::infinity();
 }
 
 // y += a x
