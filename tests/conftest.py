@@ -119,6 +119,16 @@ def hsa_kernel():
     return ext
 
 
+def assert_same_gradients(out, ref, inputs, upstream=None, **tolerance) -> None:
+    """The gradients of ``(out * upstream).sum()`` and ``(ref * upstream).sum()`` with respect
+    to ``inputs`` are close (``upstream``: standard normal, by default)."""
+    upstream = torch.randn_like(ref) if upstream is None else upstream
+    grads = torch.autograd.grad((out * upstream).sum(), inputs)
+    expected = torch.autograd.grad((ref * upstream).sum(), inputs)
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want, **tolerance)
+
+
 def with_nan(x: torch.Tensor, row: int) -> torch.Tensor:
     """A copy of ``x`` with one NaN in row ``row``, requiring a gradient."""
     x = x.detach().clone()

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from hiergraph.nn.vcc import VCCEncoder, query_key, run_layer
+from tests.conftest import assert_same_gradients
 from tests.ops.vcc.test_layer import HEADS, D, _batch
 
 
@@ -139,10 +140,8 @@ def test_gradients():
     weight = torch.randn_like(x)
     x.requires_grad_()
     enc = _encoder(1, block_size=2, num_refined=100)  # no compression: the full layer's gradients
-    grads = torch.autograd.grad((enc(x, vip, mask) * weight).sum(), [x, *enc.parameters()])
-    ref = torch.autograd.grad((_full(enc.layers, x, mask) * weight).sum(), [x, *enc.parameters()])
-    for ours, expected in zip(grads, ref, strict=True):
-        torch.testing.assert_close(ours, expected, rtol=0, atol=1e-12)
+    out, ref = enc(x, vip, mask), _full(enc.layers, x, mask)
+    assert_same_gradients(out, ref, [x, *enc.parameters()], weight, rtol=0, atol=1e-12)
     enc.budgets = (None, 1)  # compressed: every parameter still gets a finite gradient
     grads = torch.autograd.grad((enc(x, vip, mask) * weight).sum(), [x, *enc.parameters()])
     assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)

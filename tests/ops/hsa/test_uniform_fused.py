@@ -5,6 +5,7 @@ import torch
 
 from hiergraph.ops.hsa import family, uniform_fused
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
+from tests.conftest import assert_same_gradients
 
 # the PyTorch operations of the fused op, not the compiled kernel that takes its place
 pytestmark = pytest.mark.usefixtures("torch_ops")
@@ -65,12 +66,7 @@ def test_equals_the_recorded_op_with_gradients(trees, fanout, options, eps_heads
     ref = run(qkv, eps, shape, False, **options)
     assert "_FusedUniformBackward" in graph_nodes(out)  # not the recorded op twice
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
-    upstream = torch.randn_like(ref)
-    leaves = qkv + (eps or [])
-    got = torch.autograd.grad((out * upstream).sum(), leaves)
-    want = torch.autograd.grad((ref * upstream).sum(), leaves)
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+    assert_same_gradients(out, ref, qkv + (eps or []), rtol=0, atol=1e-12)
 
 
 def leaf_mask(shape, kind: str, seed: int = 0):
