@@ -327,6 +327,41 @@ def hsa_hubs() -> list[str] | None:
     return out
 
 
+def hsa_wide() -> list[str] | None:
+    data = load("hsa_wide.json")
+    if data is None:
+        return None
+    meta, rows = data["meta"], data["rows"]
+    out = [
+        f"Forward+backward over **synthetic** hierarchies with wide families ({meta['heads']} "
+        f"heads × {meta['dim']}, {meta['dtype']}, {threads(meta['threads'])}, "
+        f"{allocator(meta)}): a *star* of W leaves is one family under a root, where HSA is "
+        "softmax attention of every leaf over the others, the work of flat attention over W "
+        "tokens. `hsa`: the default: with a gradient the compiled kernels take families of "
+        f"fewer than {meta['wide_fanout']:,} members, the forest kernel leaves forests whose "
+        f"blocks of {meta['wide_block']:,} or more members hold {meta['wide_pairs_per_leaf']} "
+        "or more (query, key) pairs per leaf to the others, and the block kernel runs such "
+        "blocks in PyTorch's fused CPU attention kernel; `hsa-kernels`: the same op without "
+        "those rules (the compiled kernels at every width, no fused attention kernel); "
+        "`hsa-torch`: PyTorch operations alone, no fused attention kernel (reshaped views "
+        'where they fit, else batched products); `hsa-blocks`: `kernel="blocks"`, wide blocks '
+        "in the fused kernel; `sdpa`: `scaled_dot_product_attention` over each tree's leaves "
+        "as one sequence (zero-padded with a key padding mask where the trees differ). "
+        "Path: where `hsa` runs. Cells: median [min–max] over interleaved rounds. Command: "
+        f"{code(meta['command'])}.",
+        "",
+    ]
+    body = []
+    for row in rows:
+        name = f"{row['name']} ({row['leaves']:,} leaves)"
+        for method, samples in row["samples_s"].items():
+            body.append([name, row["path"] if name else "", method, spread(samples),
+                         ratio(row["over_sdpa"][method])])  # fmt: skip
+            name = ""
+    out += table(["trees", "path", "method", "wall", "method ÷ sdpa"], body)
+    return out + [source("hsa_wide.json"), ""] + plot("hsa_wide.png", "HSA with wide families")
+
+
 def hsa_lengths() -> list[str] | None:
     data = load("hsa_lengths.json")
     if data is None:
@@ -1459,6 +1494,7 @@ SECTIONS: list[tuple[str, Callable[[], list[str] | None]]] = [
     ("HSA inference at short lengths", hsa_inference),
     ("HSA on batches of different lengths", hsa_lengths),
     ("HSA layer with hub leaves", hsa_hubs),
+    ("HSA with wide families", hsa_wide),
     ("Hierarchical Transformer Encoder: one epoch", hte_epoch),
     ("Masked attention (MaskedAttentionConv)", masked_attention),
     ("Cone attention: speed", cone_speed),

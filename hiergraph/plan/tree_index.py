@@ -287,6 +287,12 @@ class TreeIndex:
     def device(self) -> torch.device:
         return self.order.device
 
+    def block_pairs(self, min_width: int) -> int:
+        """The (query, key) slot pairs of the :class:`FamilyBlock` s of at least ``min_width``
+        members, on every level: the sum of ``count * width**2``."""
+        blocks = [block for level in self.levels for block in level.blocks]
+        return sum([b.count * b.width**2 for b in blocks if b.width >= min_width])
+
     @cached_property
     @outside_inference_mode
     def causal_plan(self) -> CausalPlan:

@@ -16,7 +16,7 @@ from hiergraph._autograd import records_grad
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
-from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge
+from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge, wide_dominates
 from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.ops.hsa.uniform import fits, per_depth, per_level, uniform_hierarchical_attention
@@ -202,7 +202,9 @@ def attention_path(
     ``pos`` as :func:`~hiergraph.ops.hsa.inputs.head_pos_emb` views them): ``'uniform'``
     (reshaped views of an equal-fanout forest), ``'forest'`` (the compiled forest kernel),
     ``'padded'`` (reshaped views of the padded embedding), else ``'blocks'`` or ``'edge'``
-    (the general path's family attention)."""
+    (the general path's family attention). The compiled forest kernel leaves a forest whose
+    wide families dominate (:func:`~hiergraph.ops.hsa.family.wide_dominates`) to the
+    others: PyTorch's fused CPU attention kernel runs the block kernel's wide blocks."""
     if kernel == "dense" and fits(index.uniform, q):
         return "uniform"
     if (
@@ -210,6 +212,7 @@ def attention_path(
         and leaf_mask is None
         and not leaky_causal
         and native.applies_to_forest(q, k, v, index, pos)
+        and not wide_dominates(index)
     ):
         return "forest"
     padded = index.padded_on(q.device) if kernel == "dense" else None

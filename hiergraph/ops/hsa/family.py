@@ -17,7 +17,8 @@ without keys):
 
 * :func:`family_attention_dense` runs every :class:`~hiergraph.plan.tree_index.FamilyBlock`
   as batched matrix products ``[F, H, W, d] @ [F, H, d, W]`` with a
-  hand-written backward (one autograd node per level);
+  hand-written backward (one autograd node per level), and on the CPU a block of
+  :data:`WIDE_BLOCK` or more members in PyTorch's fused attention kernel;
 * :func:`family_attention_edge` is a scatter softmax over the list of
   sibling pairs: the general reference path.
 
@@ -27,7 +28,8 @@ run in chunks of query rows, and its probabilities are recomputed chunk by
 chunk in the backward instead of being stored, so its memory is
 :math:`O(\text{MAX\_BLOCK\_ELEMENTS} + F H W d)` instead of
 :math:`O(F H W^2)`. The result is the same: each row's softmax only needs its
-own logits.
+own logits. A wide block in the fused kernel keeps no logits; its chunks bound the
+``[F, r, W]`` logit bias (the size term and the mask) the kernel reads.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import scatter
 
+from hiergraph._autograd import recorded_gradients
 from hiergraph._precision import accumulation_dtype
-from hiergraph.ops.logspace import scatter_softmax
+from hiergraph.ops.logspace import masked_softmax, scatter_softmax
 from hiergraph.ops.runs import sum_children
 from hiergraph.plan.tree_index import Level
 
@@ -125,7 +128,8 @@ def family_attention_dense(
 
 
 class _DenseFamilyAttention(torch.autograd.Function):
-    r"""Masked softmax attention per block, with the backward of flash-attention style:
+    r"""Masked softmax attention per block (wide blocks on the CPU in PyTorch's fused
+    attention kernel, :data:`WIDE_BLOCK`), with the backward of flash-attention style:
 
     .. math::
         dV = P^\top dO,\quad dS = P \odot \big(dO\,V^\top - \mathrm{rowsum}(P \odot dO\,V^\top)
@@ -134,7 +138,8 @@ class _DenseFamilyAttention(torch.autograd.Function):
 
     plus the gradients of the parents' sums, broadcast over each family. Blocks
     above :data:`MAX_BLOCK_ELEMENTS` run in chunks of query rows and recompute
-    :math:`P` in the backward.
+    :math:`P` in the backward. Second derivatives (``create_graph=True``) differentiate
+    the same blocks on tensor operations (:func:`_recorded_attention`).
     """
 
     @staticmethod
@@ -148,7 +153,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
         sums = [t.new_zeros(num_parents, *t.shape[1:]) for t in (q, k, v)]
         weighted = not level.all_leaves  # leaves: n is 0/1 and padded leaves carry zeros
         keys = key_bias(count, size_bias, q.dtype)
-        saved, ctx.chunks = [], []
+        saved, ctx.chunks, ctx.wide = [], [], []
         for block in level.blocks:
             # heads-first contiguous copies, reused by the backward
             qb, kb, vb = (_heads_first(block.slots(*t)) for t in inputs[:3])
@@ -160,33 +165,46 @@ class _DenseFamilyAttention(torch.autograd.Function):
                     xsum = xb.sum(2) if block.valid is None else _valid_sum(xb, block)
                 total[block.parents] = xsum.to(total.dtype)  # float32 sums of half rows
             eb = None if eps is None else _heads_first(block.slots(*inputs[3]))
-            chunks = _row_chunks(block, heads)
-            lse, theta = [], []
-            for rows in chunks:
-                p, lse_rows = _probabilities(block, qb, kb, eb, keys, tau, left_only, rows)
-                lse.append(lse_rows)
-                theta.append(family_product(p, vb))
-            block.slots(*lse_out).copy_(_cat_rows(lse).transpose(1, 2))
-            block.slots(*theta_out).copy_(_cat_rows(theta).transpose(1, 2))
-            # one chunk: keep P for the backward; several: recompute it there
-            saved += [qb, kb, vb, p if len(chunks) == 1 else None, eb, weight]
+            wide = runs_wide(block.width, q)
+            if wide:
+                chunks = _wide_chunks(block)
+                members = (qb, kb, vb, eb)
+                lse, theta, kept = _wide_forward(block, chunks, members, keys, tau, left_only)
+            else:
+                chunks = _row_chunks(block, heads)
+                lse, theta = [], []
+                for rows in chunks:
+                    p, lse_rows = _probabilities(block, qb, kb, eb, keys, tau, left_only, rows)
+                    lse.append(lse_rows)
+                    theta.append(family_product(p, vb))
+                lse, theta = _cat_rows(lse), _cat_rows(theta)
+                # one chunk: keep P for the backward; several: recompute it there
+                kept = [qb, kb, vb, p if len(chunks) == 1 else None, eb]
+            block.slots(*lse_out).copy_(lse.transpose(1, 2))
+            block.slots(*theta_out).copy_(theta.transpose(1, 2))
+            saved += [*kept, weight]
             ctx.chunks.append(chunks)
-        ctx.save_for_backward(*saved, count)
+            ctx.wide.append(wide)
+        inputs = [q, k, v] + ([] if eps is None else [eps])
+        ctx.save_for_backward(*saved, count, *inputs)
         ctx.level, ctx.tau, ctx.left_only, ctx.size_bias = level, tau, left_only, size_bias
-        ctx.dtype = q.dtype
+        ctx.num_parents, ctx.dtype = num_parents, q.dtype
         ctx.shapes = [t.shape if t is not None else None for t in (q, k, v, eps)]
         return level.results(*lse_out), level.results(*theta_out), *sums
 
     @staticmethod
     def backward(ctx, grad_lse, grad_theta, *grad_sums):
-        if torch.is_grad_enabled():  # create_graph=True: this backward is first-order only
-            raise RuntimeError(
-                "the block kernel of hierarchical_attention has a hand-written first-order "
-                "backward: second derivatives (create_graph=True) need kernel='edge', or an "
-                "equal-fanout forest (TreeIndex.uniform) with kernel='dense'"
-            )
-        level, tau = ctx.level, ctx.tau
-        *saved, count = ctx.saved_tensors
+        level = ctx.level
+        tensors, end = ctx.saved_tensors, 6 * len(level.blocks)
+        saved, count, inputs = tensors[:end], tensors[end], tensors[end + 1 :]  # see forward
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
+            options = (count, level, ctx.tau, ctx.left_only, ctx.num_parents, ctx.size_bias)
+
+            def recorded(q, k, v, eps):
+                return _recorded_attention(q, k, v, eps and eps[0], *options)
+
+            grads = recorded_gradients(recorded, inputs, (grad_lse, grad_theta, *grad_sums))
+            return (*grads, *[None] * (4 - len(grads)), None, None, None, None, None, None)
         keys = key_bias(count, ctx.size_bias, ctx.dtype)
         # every node of a level is in exactly one family and every family in one block,
         # which writes all its slots: no zero fill
@@ -196,45 +214,218 @@ class _DenseFamilyAttention(torch.autograd.Function):
             level.result_buffers(grad_theta, shape[1:]) if shape is not None and need else None
             for shape, need in zip(ctx.shapes, ctx.needs_input_grad[:4], strict=True)
         ]
-        dq, dk, dv, de = grads
-        for i, (block, chunks) in enumerate(zip(level.blocks, ctx.chunks, strict=True)):
-            qb, kb, vb, p, eb, weight = saved[6 * i : 6 * i + 6]
+        blocks = zip(level.blocks, ctx.chunks, ctx.wide, strict=True)
+        for i, (block, chunks, wide) in enumerate(blocks):
+            *kept, weight = saved[6 * i : 6 * i + 6]
             # d(parent sum) reaches every member, times its count
-            g_q, g_k, g_v = (
+            sum_grads = [
                 _weigh(g.index_select(0, block.parents).unsqueeze(2), weight) for g in grad_sums
-            )
+            ]
             d_out = _heads_first(block.slots(*d_theta))
             d_lse = _heads_first(block.slots(*d_lse_all)).unsqueeze(-1)
-            dq_rows, de_rows, dk_b, dv_b, de_cols = [], [], g_k, g_v, 0
-            for rows in chunks:
-                if p is None or len(chunks) > 1:
-                    p = _probabilities(block, qb, kb, eb, keys, tau, ctx.left_only, rows)[0]
-                d_out_r = d_out[:, :, rows]
-                d_s = family_gram(d_out_r, vb)
-                d_s -= (p * d_s).sum(-1, keepdim=True)
-                d_s += d_lse[:, :, rows]
-                d_s *= p
-                if dq is not None:
-                    dq_rows.append(family_product(d_s, kb, _take_rows(g_q, rows), alpha=tau))
-                if dk is not None:
-                    d_st = d_s.transpose(-1, -2)
-                    dk_b = family_product(d_st, qb[:, :, rows], dk_b, alpha=tau)
-                if dv is not None:
-                    dv_b = family_product(p.transpose(-1, -2), d_out_r, dv_b)
-                if de is not None:
-                    d_e = d_s if eb.size(1) == d_s.size(1) else d_s.sum(1, keepdim=True)
-                    de_rows.append(d_e @ eb)
-                    de_cols = de_cols + d_e.transpose(-1, -2) @ eb[:, :, rows]
-            if dq is not None:
-                block.slots(*dq).copy_(_cat_rows(dq_rows).transpose(1, 2))
-            if dk is not None:
-                block.slots(*dk).copy_(dk_b.transpose(1, 2))
-            if dv is not None:
-                block.slots(*dv).copy_(dv_b.transpose(1, 2))
-            if de is not None:
-                block.slots(*de).copy_((_cat_rows(de_rows) + de_cols).transpose(1, 2))
+            step = _wide_backward if wide else _block_backward
+            block_grads = step(ctx, block, chunks, kept, keys, d_out, d_lse, sum_grads)
+            for g, g_block in zip(grads, block_grads, strict=True):
+                if g is not None:
+                    block.slots(*g).copy_(g_block.transpose(1, 2))
         grads = [None if g is None else level.results(*g) for g in grads]
         return (*grads, None, None, None, None, None, None)
+
+
+def _recorded_attention(q, k, v, eps, count, level, tau, left_only, num_parents, size_bias):
+    """:class:`_DenseFamilyAttention` on tensor operations that autograd records (for its
+    second derivatives): every block's logits at once, the softmax of
+    :func:`~hiergraph.ops.logspace.masked_softmax`."""
+    log_n, key_ok = key_bias(count, size_bias, q.dtype)
+    inputs = [(t, level.gather(t)) for t in (q, k, v, eps)]
+    lse_out = level.result_buffers(q, (q.size(1),))
+    theta_out = level.result_buffers(v, (q.size(1), v.size(-1)))
+    sums = [t.new_zeros(num_parents, *t.shape[1:]) for t in (q, k, v)]
+    for block in level.blocks:
+        qb, kb, vb = (block.slots(*t).transpose(1, 2) for t in inputs[:3])
+        weight = _member_weight(block, count)  # 0 at padding slots and masked leaves
+        for total, xb in zip(sums, (qb, kb, vb), strict=True):
+            total[block.parents] = (xb * weight).sum(2).to(total.dtype)
+        logits = family_gram(qb, kb, tau) + block.rows(log_n)[:, None, None, :]
+        if eps is not None:
+            eb = block.slots(*inputs[3]).transpose(1, 2)
+            logits = logits + family_gram(eb, eb)
+        mask = _pair_mask(block, key_ok, left_only, slice(None))
+        lse, p = masked_softmax(logits, mask)
+        block.slots(*lse_out).copy_(lse.transpose(1, 2))
+        block.slots(*theta_out).copy_(family_product(p, vb).transpose(1, 2))
+    return level.results(*lse_out), level.results(*theta_out), *sums
+
+
+def _block_backward(ctx, block, chunks, kept, keys, d_out, d_lse, sum_grads) -> list:
+    """The gradients ``[F, H, W, ·]`` of a block's ``q, k, v`` and position embeddings
+    (``None`` where not needed) from those of its ``theta`` and ``lse`` and of the parents'
+    sums (``sum_grads``, per member), with the weights ``P`` kept by the forward or
+    recomputed per chunk of query rows."""
+    qb, kb, vb, p, eb = kept
+    g_q, g_k, g_v = sum_grads
+    need_q, need_k, need_v, need_e = ctx.needs_input_grad[:4]
+    dq_rows, de_rows, dk_b, dv_b, de_cols = [], [], g_k, g_v, 0
+    for rows in chunks:
+        if p is None or len(chunks) > 1:
+            p = _probabilities(block, qb, kb, eb, keys, ctx.tau, ctx.left_only, rows)[0]
+        d_out_r = d_out[:, :, rows]
+        d_s = family_gram(d_out_r, vb)
+        d_s -= (p * d_s).sum(-1, keepdim=True)
+        d_s += d_lse[:, :, rows]
+        d_s *= p
+        if need_q:
+            dq_rows.append(family_product(d_s, kb, _take_rows(g_q, rows), alpha=ctx.tau))
+        if need_k:
+            dk_b = family_product(d_s.transpose(-1, -2), qb[:, :, rows], dk_b, alpha=ctx.tau)
+        if need_v:
+            dv_b = family_product(p.transpose(-1, -2), d_out_r, dv_b)
+        if need_e and eb is not None:
+            d_e = d_s if eb.size(1) == d_s.size(1) else d_s.sum(1, keepdim=True)
+            de_rows.append(d_e @ eb)
+            de_cols = de_cols + d_e.transpose(-1, -2) @ eb[:, :, rows]
+    dq = _cat_rows(dq_rows) if need_q else None
+    de = _cat_rows(de_rows) + de_cols if need_e and eb is not None else None
+    return [dq, dk_b if need_k else None, dv_b if need_v else None, de]
+
+
+#: Narrowest block whose softmax runs in PyTorch's fused CPU attention kernel
+#: (``scaled_dot_product_attention``'s flash kernel, which returns the log-partition too),
+#: forward and backward: a block's logits then stay in cache, a tile at a time, where the
+#: batched products write and re-read ``[F, H, W, W]`` logits and weights, and keep the
+#: weights for the backward. Forward+backward of stars of 512 to 2,048 leaves (4 and 8
+#: heads x 64, float32, 2 threads) took 0.6-0.9x the time of the batched products with
+#: glibc's allocator, 0.94-1.12x with freed memory reused
+#: (:func:`~hiergraph.runtime.reuse_freed_memory`), 0.7x where the logits outgrow
+#: :data:`MAX_BLOCK_ELEMENTS` (``benchmarks/hsa_wide.py``).
+WIDE_BLOCK = 512
+
+#: A forest's wide blocks (:data:`WIDE_BLOCK`) *dominate* (:func:`wide_dominates`) from
+#: this many (query, key) pairs per leaf on: the compiled forest kernel then leaves the
+#: forest to the reshaped views or the block kernel, whose fused kernel saves more on the
+#: wide blocks than the block kernel costs on the rest. Measured on window trees of 512
+#: leaves beside one star of 512 to 1,024 leaves (forward+backward, 4 heads x 64, 2
+#: threads): the block kernel took 1.2-1.5x the forest kernel's time at 28-45 pairs per
+#: leaf, 1.03x at 57, 0.71x at 62 (the star of 1,024) and 0.4x at 205.
+WIDE_PAIRS_PER_LEAF = 64
+
+
+def fused_kernel_applies(q: Tensor) -> bool:
+    """Whether wide blocks over rows like ``q`` can run in the fused CPU attention kernel:
+    float32 or float64 CPU rows, eager."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64)
+        and not torch.compiler.is_compiling()
+    )
+
+
+def runs_wide(width: int, q: Tensor) -> bool:
+    """Whether a block of ``width`` members over rows like ``q`` runs in the fused CPU
+    attention kernel (:data:`WIDE_BLOCK`, :func:`fused_kernel_applies`)."""
+    return width >= WIDE_BLOCK and fused_kernel_applies(q)
+
+
+def wide_dominates(index) -> bool:
+    """Whether the wide blocks of the forest ``index`` (a
+    :class:`~hiergraph.plan.TreeIndex`) hold at least :data:`WIDE_PAIRS_PER_LEAF` pairs per
+    leaf (every star of :data:`WIDE_BLOCK` leaves or more does)."""
+    return index.block_pairs(WIDE_BLOCK) >= WIDE_PAIRS_PER_LEAF * index.num_leaves
+
+
+_fused_attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_fused_attention_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _wide_chunks(block) -> list[slice]:
+    """Query-row ranges of a wide block such that each chunk's ``[F, r, W]`` logit bias fits
+    in ``MAX_BLOCK_ELEMENTS``."""
+    w = block.width
+    rows = max(1, min(w, MAX_BLOCK_ELEMENTS // max(block.count * w, 1)))
+    return [slice(lo, min(lo + rows, w)) for lo in range(0, w, rows)]
+
+
+def _wide_bias(block, keys, left_only: bool, rows: slice) -> tuple[Tensor, Tensor]:
+    r"""The additive logit bias ``[F, 1, r, W]`` of the query rows ``rows`` of a block
+    (:math:`\log n(B)` where the pair may attend, else :math:`-\infty`) and whether each
+    row has a key, ``[F, 1, r]``."""
+    log_n, key_ok = keys
+    ok = _pair_mask(block, key_ok, left_only, rows)
+    bias = torch.where(ok, block.rows(log_n)[:, None, None, :], float("-inf"))
+    return bias, ok.any(-1)
+
+
+def _wide_forward(block, chunks, members, keys, tau, left_only):
+    r"""``lse [F, H, W]`` and ``theta [F, H, W, d_v]`` of a wide block in the fused CPU
+    attention kernel, a chunk of query rows at a time, and what its backward keeps
+    (``members``: the block's heads-first ``q, k, v`` and position embeddings or ``None``).
+
+    The kernel takes one channel count for queries, keys and values and a scale: the logits
+    :math:`\tau\, q^\top k + \varepsilon^\top\varepsilon` are those of
+    :math:`[\tau q, \varepsilon, 0]^\top [k, \varepsilon, 0]`, the values are
+    :math:`[v, 0]`, each zero-padded to ``max(d + c, d_v) + 1`` channels (the last one
+    carries the log-partition's gradient in the backward, :func:`_wide_backward`). A row
+    without keys has ``lse = -inf`` and ``theta = 0``."""
+    qb, kb, vb, eb = members
+    heads_eps = [] if eb is None else [eb.expand(*qb.shape[:3], eb.size(-1))]
+    c = sum(e.size(-1) for e in heads_eps)
+    width = max(qb.size(-1) + c, vb.size(-1)) + 1
+    q1 = _padded([qb * tau, *heads_eps], width)
+    k1 = _padded([kb, *heads_eps], width)
+    v1 = _padded([vb], width)
+    outs, lses, raw = [], [], []
+    for rows in chunks:
+        bias, has_key = _wide_bias(block, keys, left_only, rows)
+        out, lse = _fused_attention(q1[:, :, rows], k1, v1, attn_mask=bias, scale=1.0)
+        outs.append(out)
+        raw.append(lse)  # 0 for a row without keys: its weights exp(-inf - 0) = 0
+        lses.append(torch.where(has_key, lse, float("-inf")))
+    out = _cat_rows(outs)
+    return _cat_rows(lses), out[..., : vb.size(-1)], [q1, k1, v1, out, _cat_rows(raw)]
+
+
+def _padded(parts: list[Tensor], width: int) -> Tensor:
+    """``parts`` ``[F, H, W, ·]`` joined along the channels and zero-padded to ``width``."""
+    pad = width - sum(t.size(-1) for t in parts)
+    return torch.cat([*parts, parts[0].new_zeros(*parts[0].shape[:-1], pad)], -1)
+
+
+def _wide_backward(ctx, block, chunks, kept, keys, d_out, d_lse, sum_grads) -> list:
+    r"""The gradients of a wide block (:func:`_block_backward`) from the fused kernel's
+    backward, which computes :math:`dS = P \odot (dO\, V^\top - \mathrm{rowsum}(dO \odot
+    O))` from the output :math:`O` it is given. The log-partition's gradient
+    :math:`g` adds :math:`g P` to :math:`dS`: with :math:`dO = [d\vartheta, 0, 1]` and
+    :math:`O = [\vartheta, 0, -g]` on the padded channels (whose values are 0) the row sum
+    becomes :math:`d\vartheta^\top \vartheta - g`."""
+    q1, k1, v1, out, lse = kept
+    d, d_v = (ctx.shapes[0][-1], ctx.shapes[2][-1])
+    c = 0 if ctx.shapes[3] is None else ctx.shapes[3][-1]
+    ones = d_out.new_ones(*d_out.shape[:-1], 1)
+    grad1 = torch.cat([_padded([d_out], q1.size(-1) - 1), ones], -1)
+    out1 = torch.cat([out[..., :-1], -d_lse], -1)
+    dq1, dk1, dv1 = [], 0, 0
+    for rows in chunks:
+        bias = _wide_bias(block, keys, ctx.left_only, rows)[0]
+        dq_r, dk_r, dv_r = _fused_attention_backward(
+            grad1[:, :, rows], q1[:, :, rows], k1, v1, out1[:, :, rows], lse[:, :, rows],
+            0.0, False, attn_mask=bias, scale=1.0,
+        )  # fmt: skip
+        dq1.append(dq_r)
+        dk1, dv1 = dk1 + dk_r, dv1 + dv_r
+    dq1 = _cat_rows(dq1)
+    g_q, g_k, g_v = sum_grads
+    need_q, need_k, need_v, need_e = ctx.needs_input_grad[:4]
+    de = None
+    if need_e and c:
+        de = dq1[..., d : d + c] + dk1[..., d : d + c]
+        if ctx.shapes[3][1] == 1:  # one embedding for every head
+            de = de.sum(1, keepdim=True)
+    return [
+        torch.add(g_q, dq1[..., :d], alpha=ctx.tau) if need_q else None,
+        dk1[..., :d] + g_k if need_k else None,
+        dv1[..., :d_v] + g_v if need_v else None,
+        de,
+    ]
 
 
 def _row_chunks(block, heads: int) -> list[slice]:

@@ -64,8 +64,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from hiergraph._autograd import records_grad
-from hiergraph.ops.hsa.uniform_fused import recorded_gradients
+from hiergraph._autograd import recorded_gradients, records_grad
 
 #: The environment variable that turns the kernel off (``0``, ``false``, ``no``, ``off``).
 ENV = "HIERGRAPH_NATIVE"
@@ -154,6 +153,13 @@ def extension() -> ModuleType | None:
 #: 0.8x at 16K, but 1.25x at 64K and 1.4x at 256K (forward alone: 0.78x at 256K).
 MAX_TREE_LEAVES = 1 << 14
 
+#: With a gradient, the kernel takes families of fewer members. A task keeps a family's
+#: weights in a small buffer; a wider family's no longer fit in cache, where the batched
+#: products of the PyTorch operations stream them: forward+backward of stars of 256, 512
+#: and 1,024 leaves (4 heads x 64, 2 threads) took 1.1x, 1.2x and 1.6x the time of the
+#: PyTorch operations (``benchmarks/hsa_wide.py``), trees with families of 128 0.8-1.1x.
+WIDE_FANOUT = 256
+
 
 def applies(
     q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, grad: bool, trees=None
@@ -164,7 +170,8 @@ def applies(
     float64 CPU tensors with contiguous channels (``q, k, v``; the position embeddings per
     level ``eps``, if any, of the same dtype), every fanout at least 2, at least as many
     (tree, head) tasks as threads, with a ``grad`` at most :data:`MAX_TREE_LEAVES` leaves
-    per tree, and the extension built. ``trees``: the forest's trees where ``q`` has fewer
+    per tree and families of fewer than :data:`WIDE_FANOUT` members, and the extension
+    built. ``trees``: the forest's trees where ``q`` has fewer
     rows than its leaves (the real leaves of a padded forest)."""
     leaves = math.prod(fanout)
     trees = q.size(0) // leaves if trees is None else trees
@@ -173,7 +180,7 @@ def applies(
         and all(e.dtype == q.dtype for e in eps or ())
         and min(fanout) >= 2
         and trees * q.size(1) >= torch.get_num_threads()
-        and (not grad or leaves <= MAX_TREE_LEAVES)
+        and (not grad or (leaves <= MAX_TREE_LEAVES and max(fanout) < WIDE_FANOUT))
         and extension() is not None
     )
 

@@ -54,6 +54,7 @@ import math
 import torch
 from torch import Tensor
 
+from hiergraph._autograd import recorded_gradients
 from hiergraph.ops.hsa import family, token_layout
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_
 
@@ -145,22 +146,6 @@ class _FusedUniform(torch.autograd.Function):
             shares,
         )  # fmt: skip
         return None, *grads
-
-
-def recorded_gradients(recorded, inputs: tuple[Tensor, ...], grad) -> tuple:
-    """The gradients of ``inputs`` (``q, k, v`` and the position embeddings, the saved
-    inputs of a node, still part of the graph) from ``grad`` (one per output of the op: a
-    tensor or a tuple) through the recorded op, ``recorded(q, k, v, eps)`` (``eps`` a list
-    of the embeddings, or ``None``), with a graph (``create_graph=True``): ``None`` for an
-    input that needs none, zeros for one the output does not depend on (``q, k`` of one
-    family of two without self energies), as from the first-order backward."""
-    out = recorded(*inputs[:3], list(inputs[3:]) or None)
-    wanted = [t for t in inputs if t.requires_grad]
-    found = torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True)
-    found = iter(
-        torch.zeros_like(t) if g is None else g for t, g in zip(wanted, found, strict=True)
-    )
-    return tuple(next(found) if t.requires_grad else None for t in inputs)
 
 
 def _forward(

@@ -302,6 +302,7 @@ def test_second_derivatives(layout):
         "fanout-1",
         "threads",
         "large-trees",
+        "wide-families",
     ],
 )
 def test_where_the_kernel_runs(case, monkeypatch):
@@ -324,14 +325,17 @@ def test_where_the_kernel_runs(case, monkeypatch):
         monkeypatch.setattr(torch, "get_num_threads", lambda: 5)
     if case == "large-trees":
         monkeypatch.setattr(native, "MAX_TREE_LEAVES", 11)
+    if case == "wide-families":  # families of 4: as wide as the limit
+        monkeypatch.setattr(native, "WIDE_FANOUT", 4)
     out = uniform_hierarchical_attention(*qkv, shape, eps, **options)
     assert ran_natively(out) == (case in ("native", "position", "leaf-mask"))
 
 
-def test_inference_runs_trees_of_any_size(kernel_calls, monkeypatch):
-    """Without a gradient the kernel runs large trees too (it keeps nothing for a backward);
-    with one they take the reshaped views."""
-    monkeypatch.setattr(native, "MAX_TREE_LEAVES", 11)
+@pytest.mark.parametrize("limit", ["MAX_TREE_LEAVES", "WIDE_FANOUT"])
+def test_inference_runs_trees_of_any_size(limit, kernel_calls, monkeypatch):
+    """Without a gradient the kernel runs large trees and wide families too (it keeps
+    nothing for a backward); with one they take the reshaped views."""
+    monkeypatch.setattr(native, limit, 4)
     shape = (2, 3, 4)
     qkv = inputs(shape, "node-major")
     with torch.no_grad():

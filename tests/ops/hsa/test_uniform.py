@@ -16,7 +16,7 @@ from hiergraph.ops import (
     hierarchical_attention,
     hierarchical_attention_matrix,
 )
-from hiergraph.ops.hsa import native, token_layout
+from hiergraph.ops.hsa import token_layout
 from hiergraph.ops.hsa.lifted import lifted_attention
 from tests.operators import Operators
 
@@ -328,27 +328,6 @@ def test_second_derivatives(opts, branching):
             lambda q, k, v, m=leaf_mask: hierarchical_attention(q, k, v, tree, leaf_mask=m, **opts),
             (q, k, v),
         )
-
-
-@pytest.mark.parametrize("kernel", ["blocks", "dense"])
-def test_block_kernel_refuses_second_derivatives(kernel, monkeypatch):
-    """The block kernel's hand-written backward refuses create_graph instead of returning a
-    wrong (missing) second derivative; 'dense' takes it on ragged forests it does not pad
-    (here: an only child on the last level) where the compiled forest kernel does not run
-    (turned off here)."""
-    monkeypatch.setattr(native, "_enabled", False)
-    trees = [from_nested([[0, [1]], [2, 3, 4]])]
-    if kernel == "blocks":
-        trees.append(window_hierarchy(12, (2, 3)))
-    for tree in trees:
-        n = tree.num_leaves
-        q, k, v = (torch.randn(n, 2, 3, **F64, requires_grad=True) for _ in range(3))
-        out = hierarchical_attention(q, k, v, tree, kernel=kernel)
-        with pytest.raises(RuntimeError, match="first-order"):
-            torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
-        out = hierarchical_attention(q, k, v, tree, kernel=kernel)
-        out.sum().backward()  # first order is unaffected
-        assert torch.isfinite(q.grad).all()
 
 
 @pytest.mark.parametrize("opts", [dict(), dict(include_self=True, leaky_causal=True)])
