@@ -9,7 +9,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, window_hierarchy
 from hiergraph.ops import hierarchical_attention
-from hiergraph.ops.hsa import native
+from hiergraph.ops.hsa import causal, native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention, causal_statistics
 from hiergraph.ops.hsa.causal_dense import causal_hierarchical_attention_matrix
 from hiergraph.plan import CausalPlan
@@ -343,3 +343,38 @@ def test_edge_path_second_derivatives_on_a_ragged_tree(edge_lists):
         lambda q, k, v: causal_hierarchical_attention(q, k, v, tree, kernel="edge"), (q, k, v)
     )
     assert edge_lists is None or edge_lists
+
+
+@pytest.mark.parametrize(
+    "kernels,wide_fanout,view_limit,path",
+    [
+        ("off", None, None, "views"),  # the alternative: edge lists
+        ("on", 8, None, "views"),  # the alternative: the kernel over a wide family
+        ("on", None, None, "kernel"),  # a narrow family: the kernel
+        ("off", None, 100, "edges"),  # past MAX_VIEW_ELEMENTS
+    ],
+)
+def test_an_equal_forest_past_the_logit_limit_runs_where_it_is_cheapest(
+    kernels, wide_fanout, view_limit, path, monkeypatch
+):
+    """Stars of 24 leaves whose logits exceed the limit of ``fits`` (lowered here) run as
+    reshaped views where the alternative is the edge lists or the kernel over a wide
+    family, up to ``MAX_VIEW_ELEMENTS``; the result is the edge lists' either way."""
+    monkeypatch.setattr("hiergraph.ops.hsa.family.MAX_BLOCK_ELEMENTS", 64)
+    if kernels == "off":
+        monkeypatch.setattr(native, "_enabled", False)
+    else:
+        hsa_kernel()
+    if wide_fanout:
+        monkeypatch.setattr(native, "WIDE_FANOUT", wide_fanout)
+    if view_limit:
+        monkeypatch.setattr(causal, "MAX_VIEW_ELEMENTS", view_limit)
+    h = Batch.from_data_list([from_nested(list(range(24)))] * 3)
+    q, k, v = random_qkv(72, seed=3)
+    ref = causal_hierarchical_attention(q, k, v, h, kernel="edge")
+    views = spy_calls(monkeypatch, causal, "uniform_causal_attention")
+    kernel_calls = spy_calls(monkeypatch, native, "causal_forest_attention")
+    out = causal_hierarchical_attention(q, k, v, h)
+    ran = "views" if views else "kernel" if kernel_calls else "edges"
+    assert ran == path
+    assert (out - ref).abs().max() <= 1e-12
