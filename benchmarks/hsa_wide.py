@@ -23,7 +23,12 @@ sizes (a ragged forest), and one tree of 8 families of 512 leaves. Methods:
 * ``hsa-blocks``: the block kernel (``kernel="blocks"``), wide blocks in the fused kernel;
 * ``sdpa``: ``scaled_dot_product_attention`` over each tree's leaves as one sequence
   (zero-padded, with a key padding mask, where the trees differ in size): flat attention,
-  the peer of a star.
+  the peer of a star;
+* ``hsa-causal``: strictly causal HSA (``causal=True``), by default: equal forests past the
+  reshaped views' usual logit limit run as reshaped views
+  (:func:`~hiergraph.ops.hsa.causal.runs_as_views`);
+* ``hsa-causal-kernel``: the same without that rule (on the CPU the compiled causal kernel);
+* ``sdpa-causal``: ``sdpa`` with a causal mask, the peer of the causal methods.
 
 Rounds are interleaved (every method once per round) with freed memory kept for reuse.
 Results: ``benchmarks/results/hsa_wide.json`` and ``.png``.
@@ -45,7 +50,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested
 from hiergraph.ops import hierarchical_attention
-from hiergraph.ops.hsa import family, native
+from hiergraph.ops.hsa import causal, family, native
 from hiergraph.ops.hsa.attention import attention_path
 
 HEADS, DIM = 4, 64
@@ -94,7 +99,8 @@ def without_wide_rules(fn, kernels: bool = True):
 def make_cases(trees: list[list[int]]) -> tuple[dict, str]:
     """``{method: (step, leaf tensors)}`` for a row, and the default path."""
     gen = torch.Generator().manual_seed(0)
-    index = Batch.from_data_list([tree(sizes) for sizes in trees]).tree_index()
+    batch = Batch.from_data_list([tree(sizes) for sizes in trees])
+    index = batch.tree_index()
     q, k, v = (torch.randn(index.num_leaves, HEADS, DIM, generator=gen) for _ in "qkv")
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     lengths = [sum(sizes) for sizes in trees]
@@ -103,25 +109,39 @@ def make_cases(trees: list[list[int]]) -> tuple[dict, str]:
     flat = [t.requires_grad_() for t in flat]
     key_ok = torch.arange(width) < torch.tensor(lengths)[:, None]  # [B, W]
     mask = None if min(lengths) == width else key_ok[:, None, None, :]
+    causal_mask = torch.ones(width, width, dtype=torch.bool).tril() & key_ok[:, None, None, :]
+    causal_sdpa = dict(is_causal=True) if mask is None else dict(attn_mask=causal_mask)
 
     def hsa(kernel="dense"):
         return hierarchical_attention(q, k, v, index, kernel=kernel)
 
-    def sdpa():
-        return F.scaled_dot_product_attention(*flat, attn_mask=mask)
+    def hsa_causal():
+        return hierarchical_attention(q, k, v, batch, causal=True, include_self=True)
+
+    def causal_kernel():  # no reshaped views past their usual logit limit
+        with mock.patch.object(causal, "MAX_VIEW_ELEMENTS", 0):
+            return hsa_causal()
 
     cases = {
         "hsa": hsa,
         "hsa-kernels": without_wide_rules(hsa),
         "hsa-torch": without_wide_rules(hsa, kernels=False),
         "hsa-blocks": lambda: hsa("blocks"),
-        "sdpa": sdpa,
+        "sdpa": lambda: F.scaled_dot_product_attention(*flat, attn_mask=mask),
+        "hsa-causal": hsa_causal,
+        "hsa-causal-kernel": causal_kernel,
+        "sdpa-causal": lambda: F.scaled_dot_product_attention(*flat, **causal_sdpa),
     }
     steps = {
-        name: (timing.sum_backward(fn), flat if name == "sdpa" else [q, k, v])
+        name: (timing.sum_backward(fn), flat if name.startswith("sdpa") else [q, k, v])
         for name, fn in cases.items()
     }
     return steps, attention_path(q, k, v, index, None)
+
+
+def peer(method: str) -> str:
+    """The SDPA method ``method`` is compared with: causal SDPA for the causal ones."""
+    return "sdpa-causal" if "causal" in method else "sdpa"
 
 
 def main() -> None:
@@ -137,7 +157,7 @@ def main() -> None:
             "name": name, "trees": trees, "leaves": sum(map(sum, trees)),
             "widest": max(map(max, trees)), "path": path, "median_s": median,
             "spread_s": timing.spreads(samples), "samples_s": samples,
-            "over_sdpa": {m: t / median["sdpa"] for m, t in median.items()},
+            "over_sdpa": {m: t / median[peer(m)] for m, t in median.items()},
         })  # fmt: skip
         print(f"{name:20} {path:7} " + "  ".join(
             f"{m} {t * 1e3:8.1f} ms" for m, t in median.items()), flush=True)  # fmt: skip

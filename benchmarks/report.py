@@ -346,7 +346,11 @@ def hsa_wide() -> list[str] | None:
         "`hsa-torch`: PyTorch operations alone, no fused attention kernel (reshaped views "
         'where they fit, else batched products); `hsa-blocks`: `kernel="blocks"`, wide blocks '
         "in the fused kernel; `sdpa`: `scaled_dot_product_attention` over each tree's leaves "
-        "as one sequence (zero-padded with a key padding mask where the trees differ). "
+        "as one sequence (zero-padded with a key padding mask where the trees differ); "
+        "`hsa-causal`: strictly causal HSA, equal forests past the reshaped views' usual "
+        "logit limit as reshaped views; `hsa-causal-kernel`: the same without that rule (the "
+        "compiled causal kernel); `sdpa-causal`: `sdpa` with a causal mask, the causal "
+        "methods' peer. "
         "Path: where `hsa` runs. Cells: median [min–max] over interleaved rounds. Command: "
         f"{code(meta['command'])}.",
         "",
@@ -358,7 +362,7 @@ def hsa_wide() -> list[str] | None:
             body.append([name, row["path"] if name else "", method, spread(samples),
                          ratio(row["over_sdpa"][method])])  # fmt: skip
             name = ""
-    out += table(["trees", "path", "method", "wall", "method ÷ sdpa"], body)
+    out += table(["trees", "path", "method", "wall", "method ÷ its SDPA"], body)
     return out + [source("hsa_wide.json"), ""] + plot("hsa_wide.png", "HSA with wide families")
 
 
