@@ -167,7 +167,7 @@ class _DenseFamilyAttention(torch.autograd.Function):
             eb = None if eps is None else _heads_first(block.slots(*inputs[3]))
             wide = runs_wide(block.width, q)
             if wide:
-                chunks = _wide_chunks(block)
+                chunks = _row_chunks(block, heads=1)  # the logit bias: one for all heads
                 members = (qb, kb, vb, eb)
                 lse, theta, kept = _wide_forward(block, chunks, members, keys, tau, left_only)
             else:
@@ -337,14 +337,6 @@ _fused_attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _fused_attention_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
-def _wide_chunks(block) -> list[slice]:
-    """Query-row ranges of a wide block such that each chunk's ``[F, r, W]`` logit bias fits
-    in ``MAX_BLOCK_ELEMENTS``."""
-    w = block.width
-    rows = max(1, min(w, MAX_BLOCK_ELEMENTS // max(block.count * w, 1)))
-    return [slice(lo, min(lo + rows, w)) for lo in range(0, w, rows)]
-
-
 def _wide_bias(block, keys, left_only: bool, rows: slice) -> tuple[Tensor, Tensor]:
     r"""The additive logit bias ``[F, 1, r, W]`` of the query rows ``rows`` of a block
     (:math:`\log n(B)` where the pair may attend, else :math:`-\infty`) and whether each
@@ -429,7 +421,8 @@ def _wide_backward(ctx, block, chunks, kept, keys, d_out, d_lse, sum_grads) -> l
 
 
 def _row_chunks(block, heads: int) -> list[slice]:
-    """Query-row ranges of a block such that each chunk's logits fit in ``MAX_BLOCK_ELEMENTS``."""
+    """Query-row ranges of a block such that each chunk's logits over ``heads`` heads,
+    ``[F, heads, r, W]``, fit in ``MAX_BLOCK_ELEMENTS``."""
     w = block.width
     rows = max(1, min(w, MAX_BLOCK_ELEMENTS // max(block.count * heads * w, 1)))
     return [slice(lo, min(lo + rows, w)) for lo in range(0, w, rows)]
