@@ -122,11 +122,13 @@ def hierarchical_attention(
             whole level (:mod:`hiergraph.ops.hsa.uniform`); any other forest (ragged
             trees, window trees over sequences of different lengths) on the CPU in the
             compiled forest kernel (:func:`~hiergraph.ops.hsa.native.forest_attention`:
-            float32/float64, without ``leaf_mask`` or ``leaky_causal``), else as the same
-            views of its padded embedding where that is expected to be cheaper
+            float32/float64, without ``leaf_mask`` or ``leaky_causal``, unless its wide
+            families dominate: :func:`~hiergraph.ops.hsa.family.wide_dominates`), else as
+            the same views of its padded embedding where that is expected to be cheaper
             (``TreeIndex.padded``, :mod:`hiergraph.ops.hsa.padded`), else as ``'blocks'``;
             ``'blocks'`` cuts each level into slices of equal-size families and padded
-            gather blocks (:mod:`hiergraph.plan.costs`); ``'edge'`` scatters over sibling
+            gather blocks (:mod:`hiergraph.plan.costs`), on the CPU a block of 512 or more
+            members in PyTorch's fused attention kernel; ``'edge'`` scatters over sibling
             pairs. Same result.
         size_bias: keep the :math:`\log n(B)` term (HSA proper). ``False``
             drops it, so every sibling sub-tree weighs as one token: an
