@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hiergraph.ops.hsa import family
 from hiergraph.ops.hsa.family import summed_products
 from hiergraph.ops.hsa.uniform import (
     bottom_up,
@@ -73,8 +74,12 @@ def uniform_causal_attention(
     below = counts_below(None, fanout)  # N_s of the nodes at depth s = d + 1
     leaves = [heads_first(t) for t in (q, k, v)]  # [H, L, ·]: see hiergraph.ops.hsa.uniform
     leaf_rho = [family_layout(t, fanout[-1]) for t in leaves]
-    # complete statistics of every node: the sibling-masked (leaky) pass
-    lses, probs, gates, rhos = bottom_up(leaf_rho, True, below, fanout, eps, tau, True, True)
+    # complete statistics of every node: the sibling-masked (leaky) pass; wide leaf
+    # families in the fused kernel, which hands back theta instead of the weights
+    fused = family.runs_wide(fanout[-1], q)
+    lses, probs, gates, rhos = bottom_up(
+        leaf_rho, True, below, fanout, eps, tau, True, True, fused_leaves=fused
+    )
     leaf_energy = gates[-1]
     position = torch.arange(num_leaves, device=q.device)
     # n_i(A_s), leaf i's prefix count within its depth-s ancestor, for s = 1 .. D - 1
@@ -121,14 +126,20 @@ def uniform_causal_attention(
         u = log_mu if u is None else u + log_mu
         if d + 1 < depth:
             ancestors.append(p)
-    p = p + torch.diag_embed(torch.exp(u).view(p.shape[:3]))
-    terms = [(p, rhos[-1][2])]
+    own = torch.exp(u).view(p.shape[:3])
+    if fused:  # p is the leaves' gained theta: add their own weighted values
+        leaf_out = node_layout(torch.addcmul(p, own.unsqueeze(-1), rhos[-1][2]))
+        terms = []
+    else:
+        terms = [(p + torch.diag_embed(own), rhos[-1][2])]
     if ancestors:
         values = _by_deepest_family([rho[2] for rho in rhos[:-1]])
         rows = num_leaves // values.size(1)  # leaves below a deepest ancestor family
         weights = _cat([family_layout(node_layout(w), rows) for w in ancestors], -1)
         terms.insert(0, (weights, values))
-    return like(summed_products(terms), q)
+    if not fused:
+        return like(summed_products(terms), q)
+    return like(leaf_out + summed_products(terms) if terms else leaf_out, q)
 
 
 def _cat(xs: list[Tensor], dim: int) -> Tensor:

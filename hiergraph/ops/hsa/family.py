@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.utils import scatter
 
@@ -359,12 +360,7 @@ def _wide_forward(block, chunks, members, keys, tau, left_only):
     carries the log-partition's gradient in the backward, :func:`_wide_backward`). A row
     without keys has ``lse = -inf`` and ``theta = 0``."""
     qb, kb, vb, eb = members
-    heads_eps = [] if eb is None else [eb.expand(*qb.shape[:3], eb.size(-1))]
-    c = sum(e.size(-1) for e in heads_eps)
-    width = max(qb.size(-1) + c, vb.size(-1)) + 1
-    q1 = _padded([qb * tau, *heads_eps], width)
-    k1 = _padded([kb, *heads_eps], width)
-    v1 = _padded([vb], width)
+    q1, k1, v1 = fused_channels(qb, kb, vb, eb, tau)
     outs, lses, raw = [], [], []
     for rows in chunks:
         bias, has_key = _wide_bias(block, keys, left_only, rows)
@@ -376,6 +372,127 @@ def _wide_forward(block, chunks, members, keys, tau, left_only):
     return _cat_rows(lses), out[..., : vb.size(-1)], [q1, k1, v1, out, _cat_rows(raw)]
 
 
+def fused_channels(q: Tensor, k: Tensor, v: Tensor, e: Tensor | None, tau: float) -> tuple:
+    r"""The fused kernel's queries, keys and values for families ``q, k [..., b, d]``, ``v
+    [..., b, d_v]`` with the position embeddings ``e`` (broadcastable to ``[..., b, c]``,
+    or ``None``): :math:`[\tau q, \varepsilon, 0]`, :math:`[k, \varepsilon, 0]` and
+    :math:`[v, 0]`, each zero-padded to ``max(d + c, d_v) + 1`` channels (the kernel takes
+    one channel count, and the last one carries the log-partition's gradient in
+    :func:`fused_gradients`); its scale is then 1."""
+    extra = [] if e is None else [e.expand(*q.shape[:-1], e.size(-1))]
+    width = max(q.size(-1) + sum(t.size(-1) for t in extra), v.size(-1)) + 1
+    return _padded([q * tau, *extra], width), _padded([k, *extra], width), _padded([v], width)
+
+
+def fused_gradients(d_theta, d_lse, q1, k1, v1, out, lse, bias, causal=False) -> tuple:
+    r"""The gradients of :func:`fused_channels`' ``q1, k1, v1`` from those of ``theta``
+    (``[..., r, d_v]``) and ``lse`` (``[..., r, 1]``), given the kernel's forward ``out,
+    lse`` and its logit ``bias`` (or ``causal``). The kernel's backward computes
+    :math:`dS = P \odot (dO\, V^\top - \mathrm{rowsum}(dO \odot O))` from the output
+    :math:`O` it is given; the log-partition's gradient :math:`g` adds :math:`g P` to
+    :math:`dS`: with :math:`dO = [d\vartheta, 0, 1]` and :math:`O = [\vartheta, 0, -g]`
+    on the padded channels (whose values are 0) the row sum becomes
+    :math:`d\vartheta^\top \vartheta - g`."""
+    ones = d_theta.new_ones(*d_theta.shape[:-1], 1)
+    grad1 = torch.cat([_padded([d_theta], q1.size(-1) - 1), ones], -1)
+    out1 = torch.cat([out[..., :-1], -d_lse], -1)
+    return _fused_attention_backward(
+        grad1, q1, k1, v1, out1, lse, 0.0, causal, attn_mask=bias, scale=1.0
+    )
+
+
+def leaf_family_attention(
+    q: Tensor, k: Tensor, v: Tensor, e: Tensor | None, tau: float, left_only: bool
+) -> tuple[Tensor, Tensor]:
+    r"""``lse [H, F, b]`` and ``theta [H, F, b, d_v]`` of every leaf of families of ``b``
+    leaves (``q, k [H, F, b, d]``, ``v [H, F, b, d_v]``, position embeddings ``e [H | 1, F,
+    b, c]`` or ``None``) over its siblings, or its left siblings only with ``left_only``,
+    with the logits :math:`\tau q_i^\top k_j + \varepsilon_i^\top\varepsilon_j` (a leaf
+    counts 1: no size term), in PyTorch's fused CPU attention kernel (:data:`WIDE_BLOCK`,
+    :func:`fused_channels`). A leaf without a key has ``lse = -inf`` and ``theta = 0``.
+    Differentiable twice: second derivatives differentiate the same softmax on tensor
+    operations."""
+    return _LeafFamilyAttention.apply(q, k, v, e, tau, left_only)
+
+
+class _LeafFamilyAttention(torch.autograd.Function):
+    """:func:`leaf_family_attention`. Left siblings (``left_only``) are the kernel's causal
+    attention over the keys shifted one slot later (:func:`_shifted`): leaf ``i`` then sees
+    the keys of leaves ``0 … i - 1`` and, first, a key no logit of a real key falls below
+    (the kernel skips the tiles above the diagonal, half the work, and needs no mask)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, e, tau, left_only):
+        drop = left_out(q.size(-2), left_only, q.device)
+        q1, k1, v1 = fused_channels(q, k, v, e, tau)
+        if left_only:
+            q1[..., -1] = 1.0  # meets the shifted first key's NO_KEY
+            k1, v1 = _shifted(k1, NO_KEY), _shifted(v1)
+            out, raw = _fused_attention(q1, k1, v1, is_causal=True, scale=1.0)
+        else:
+            out, raw = _fused_attention(q1, k1, v1, attn_mask=_bias(drop, q), scale=1.0)
+        ctx.save_for_backward(q, k, v, e, q1, k1, v1, out, raw, drop)
+        ctx.tau, ctx.left_only = tau, left_only
+        # a row without keys: the kernel's lse is 0 (no key) or NO_KEY (the shifted key)
+        lse = torch.where((~drop).any(-1), raw, -math.inf)
+        return lse, out[..., : v.size(-1)]
+
+    @staticmethod
+    def backward(ctx, grad_lse, grad_theta):
+        q, k, v, e, q1, k1, v1, out, raw, drop = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
+
+            def recorded(q, k, v, e):
+                e = e and e[0]
+                logits = family_gram(q, k, ctx.tau)
+                if e is not None:
+                    logits = logits + family_gram(e, e)
+                lse, p = masked_softmax(logits, ~drop)
+                return lse, family_product(p, v)
+
+            inputs = (q, k, v) if e is None else (q, k, v, e)
+            grads = recorded_gradients(recorded, inputs, (grad_lse, grad_theta))
+            return *grads, *[None] * (4 - len(grads)), None, None
+        bias = None if ctx.left_only else _bias(drop, q)
+        dq1, dk1, dv1 = fused_gradients(
+            grad_theta, grad_lse.unsqueeze(-1), q1, k1, v1, out, raw, bias, ctx.left_only
+        )
+        if ctx.left_only:  # back to the leaves' slots; the last leaf is no one's key
+            dk1, dv1 = (F.pad(t[..., 1:, :], (0, 0, 0, 1)) for t in (dk1, dv1))
+        d = q.size(-1)
+        de = None
+        if e is not None and ctx.needs_input_grad[3]:
+            de = (dq1[..., d : d + e.size(-1)] + dk1[..., d : d + e.size(-1)]).sum_to_size(e.shape)
+        return dq1[..., :d] * ctx.tau, dk1[..., :d], dv1[..., : v.size(-1)], de, None, None
+
+
+#: The logit of the first key of a shifted family (:func:`_shifted`), below any real one:
+#: its weight is 0 wherever a row has a real key (and its value row is 0).
+NO_KEY = -1e30
+
+
+def _shifted(x: Tensor, first: float = 0.0) -> Tensor:
+    """The rows of ``x [..., b, c]`` one slot later (the last one dropped), after a row of
+    zeros whose last channel is ``first``."""
+    head = x.new_zeros(*x.shape[:-2], 1, x.size(-1))
+    head[..., -1] = first
+    return torch.cat([head, x[..., :-1, :]], -2)
+
+
+def _bias(drop: Tensor, like: Tensor) -> Tensor:
+    """The additive logit bias of the pairs ``drop`` leaves out: ``-inf`` there, else 0."""
+    return torch.zeros(drop.shape, dtype=like.dtype, device=like.device).masked_fill(
+        drop, -math.inf
+    )
+
+
+def left_out(b: int, left_only: bool, device) -> Tensor:
+    """``[b, b]``, true for the sibling pairs a family's softmax leaves out: a node itself,
+    and with ``left_only`` its right siblings."""
+    ar = torch.arange(b, device=device)
+    return ar[None, :] >= ar[:, None] if left_only else ar[None, :] == ar[:, None]
+
+
 def _padded(parts: list[Tensor], width: int) -> Tensor:
     """``parts`` ``[F, H, W, ·]`` joined along the channels and zero-padded to ``width``."""
     pad = width - sum(t.size(-1) for t in parts)
@@ -383,24 +500,17 @@ def _padded(parts: list[Tensor], width: int) -> Tensor:
 
 
 def _wide_backward(ctx, block, chunks, kept, keys, d_out, d_lse, sum_grads) -> list:
-    r"""The gradients of a wide block (:func:`_block_backward`) from the fused kernel's
-    backward, which computes :math:`dS = P \odot (dO\, V^\top - \mathrm{rowsum}(dO \odot
-    O))` from the output :math:`O` it is given. The log-partition's gradient
-    :math:`g` adds :math:`g P` to :math:`dS`: with :math:`dO = [d\vartheta, 0, 1]` and
-    :math:`O = [\vartheta, 0, -g]` on the padded channels (whose values are 0) the row sum
-    becomes :math:`d\vartheta^\top \vartheta - g`."""
+    """The gradients of a wide block (:func:`_block_backward`) from the fused kernel's
+    backward (:func:`fused_gradients`), a chunk of query rows at a time."""
     q1, k1, v1, out, lse = kept
     d, d_v = (ctx.shapes[0][-1], ctx.shapes[2][-1])
     c = 0 if ctx.shapes[3] is None else ctx.shapes[3][-1]
-    ones = d_out.new_ones(*d_out.shape[:-1], 1)
-    grad1 = torch.cat([_padded([d_out], q1.size(-1) - 1), ones], -1)
-    out1 = torch.cat([out[..., :-1], -d_lse], -1)
     dq1, dk1, dv1 = [], 0, 0
     for rows in chunks:
         bias = _wide_bias(block, keys, ctx.left_only, rows)[0]
-        dq_r, dk_r, dv_r = _fused_attention_backward(
-            grad1[:, :, rows], q1[:, :, rows], k1, v1, out1[:, :, rows], lse[:, :, rows],
-            0.0, False, attn_mask=bias, scale=1.0,
+        dq_r, dk_r, dv_r = fused_gradients(
+            d_out[:, :, rows], d_lse[:, :, rows], q1[:, :, rows], k1, v1, out[:, :, rows],
+            lse[:, :, rows], bias,
         )  # fmt: skip
         dq1.append(dq_r)
         dk1, dv1 = dk1 + dk_r, dv1 + dv_r

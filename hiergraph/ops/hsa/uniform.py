@@ -392,12 +392,15 @@ def like(out: Tensor, q: Tensor, weight: Tensor | None = None) -> Tensor:
 
 def bottom_up(
     rho, include_self, counts, fanout, eps, tau, left_only, size_bias, *, padding=False,
-    tokens=False, root_counts=None,
+    tokens=False, root_counts=None, fused_leaves=False,
 ) -> tuple:  # fmt: skip
     r"""The bottom-up pass from the leaves (``rho``: their ``q, k, v`` in family layout) to
     the roots' children. Per level ``d`` (depth ``d + 1``), in family layout:
     ``lse [H, F, b]``, the family softmax ``p [H, F, b, b]`` (:math:`\vartheta` is
     ``p @ rho[2]``), the energies ``a`` (``None``: ``-inf``) and the pooled ``rho``.
+    With ``fused_leaves`` (every leaf valid) the leaves' families run in PyTorch's fused
+    CPU attention kernel (:func:`~hiergraph.ops.hsa.family.leaf_family_attention`), and
+    their entry holds :math:`\vartheta` ``[H, F, b, d_v]`` in place of ``p``.
     With ``padding`` (masked leaves have zero rows), the leaves' sums are plain sums; with
     ``tokens`` the leaves come node-major, ``[F, b, H, ·]`` (:mod:`token_layout`). Given
     the roots' leaf counts ``root_counts`` (an int, or ``[1, B]``), the pass goes on to
@@ -427,11 +430,18 @@ def bottom_up(
         leaves = tokens and d == depth - 1
         # a leaf counts 1 (0: no key), so log n(B) adds nothing on the last level
         bias = size_bias and d < depth - 1
-        logits, lses[d], probs[d], qk_sums = _family_attention(
-            *rho[:2], e, n, b, tau, left_only, bias, sums_dtype, leaves
-        )
-        if d == depth - 1 and include_self:
-            energy = family.family_diagonal(logits)
+        if fused_leaves and d == depth - 1:
+            lses[d], probs[d] = family.leaf_family_attention(*rho, e, tau, left_only)
+            qk_sums = []
+            if include_self:  # tau q_i . k_i + e_i . e_i
+                energy = tau * (rho[0] * rho[1]).sum(-1)
+                energy = energy if e is None else energy + e.square().sum(-1)
+        else:
+            logits, lses[d], probs[d], qk_sums = _family_attention(
+                *rho[:2], e, n, b, tau, left_only, bias, sums_dtype, leaves
+            )
+            if d == depth - 1 and include_self:
+                energy = family.family_diagonal(logits)
         gates[d], rhos[d] = energy, rho
         if not pools:
             break
@@ -492,7 +502,7 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias, sums_dtype=None,
         if pair:
             lse, p = family.sibling_of_two(logits)
         else:  # b >= 2: without left_only every row keeps a key
-            drop = _left_out(b, left_only, q.device)
+            drop = family.left_out(b, left_only, q.device)
             lse, p = softmax_dropping(logits, drop, rows_nonempty=not left_only)
         if size_bias and n > 1:
             lse = lse + math.log(n)
@@ -502,15 +512,8 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias, sums_dtype=None,
         biased = logits + torch.log(n.clamp(min=1)).unsqueeze(2).to(logits.dtype)
     if pair:
         return logits, *family.sibling_of_two(biased, n > 0), qk_sums
-    drop = _left_out(b, left_only, q.device) | (n <= 0).unsqueeze(2)
+    drop = family.left_out(b, left_only, q.device) | (n <= 0).unsqueeze(2)
     return logits, *softmax_dropping(biased, drop), qk_sums
-
-
-def _left_out(b: int, left_only: bool, device) -> Tensor:
-    """``[b, b]``, true for the sibling pairs a family's softmax leaves out: a node itself,
-    and with ``left_only`` its right siblings."""
-    ar = torch.arange(b, device=device)
-    return ar[None, :] >= ar[:, None] if left_only else ar[None, :] == ar[:, None]
 
 
 def scores(

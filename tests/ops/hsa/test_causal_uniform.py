@@ -10,9 +10,10 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, window_forest, window_hierarchy
 from hiergraph.ops import causal_hierarchical_attention, causal_hierarchical_attention_matrix
-from hiergraph.ops.hsa import causal
+from hiergraph.ops.hsa import causal, family
 from hiergraph.ops.hsa.causal_uniform import _prefix_offsets
 from hiergraph.ops.hsa.uniform import bottom_up, counts_below, family_layout, heads_first
+from tests.conftest import spy_calls
 
 F64 = dict(dtype=torch.float64)
 SHAPES = [(3, 32, (4, 8)), (2, 48, (4, 3, 4)), (1, 8, (8,)), (2, 24, (2, 3, 2, 2))]
@@ -171,3 +172,27 @@ def test_compiled_training_gradients(lengths, branching, dynamic):
     see ``tests/ops/test_gpu_path.py::test_compiled_graphs_scatter_no_diagonal``)."""
     for compiled, eager in _compiled_and_eager_gradients(lengths, branching, dynamic):
         torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("pos", ["none", "per-head", "shared"])
+def test_wide_leaf_families_in_the_fused_kernel_equal_the_edge_list_op(shape, pos, monkeypatch):
+    """Leaf families counted as wide (``WIDE_BLOCK`` lowered to 2) run in the fused
+    attention kernel: outputs, gradients and second derivatives equal the edge-list op's
+    (float64)."""
+    tree, q, k, v, pe = _case(*shape, seed=9)
+    pe = {"none": None, "per-head": pe, "shared": pe[:, :1]}[pos]
+    inputs = [t.requires_grad_() for t in (q, k, v) + (() if pe is None else (pe,))]
+
+    def derivatives(kernel):
+        out = causal_hierarchical_attention(q, k, v, tree, pos_emb=pe, kernel=kernel)
+        first = torch.autograd.grad(out.sin().sum(), inputs, create_graph=True)
+        second = torch.autograd.grad(sum(g.square().sum() for g in first), inputs)
+        return [out, *first, *second]
+
+    ref = derivatives("edge")
+    monkeypatch.setattr(family, "WIDE_BLOCK", 2)
+    calls = spy_calls(monkeypatch, family, "leaf_family_attention")
+    for got, want in zip(derivatives("dense"), ref, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-11, rtol=1e-11)
+    assert len(calls) == 1
