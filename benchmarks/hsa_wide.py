@@ -26,7 +26,8 @@ sizes (a ragged forest), and one tree of 8 families of 512 leaves. Methods:
   the peer of a star;
 * ``hsa-causal``: strictly causal HSA (``causal=True``), by default: equal forests past the
   reshaped views' usual logit limit run as reshaped views
-  (:func:`~hiergraph.ops.hsa.causal.runs_as_views`);
+  (:func:`~hiergraph.ops.hsa.causal.runs_as_views`), whose wide leaf families run in the
+  fused kernel (:func:`~hiergraph.ops.hsa.family.leaf_family_attention`);
 * ``hsa-causal-kernel``: the same without that rule (on the CPU the compiled causal kernel);
 * ``sdpa-causal``: ``sdpa`` with a causal mask, the peer of the causal methods.
 

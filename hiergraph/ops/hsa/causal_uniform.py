@@ -29,7 +29,10 @@ logits against all its ancestors' siblings, and one the ancestors' share of its 
 the whole op costs a fixed handful of batched operations over all leaves, trees and heads
 (two products over the leaves' queries and values, per depth a softmax over ``b_s`` logits
 per leaf), with no gathers, scatters or host synchronisation; the result equals the
-edge-list op to rounding and is differentiable twice.
+edge-list op to rounding and is differentiable twice. On the CPU, leaf families of
+:data:`~hiergraph.ops.hsa.family.WIDE_LEFT_LEAVES` or more leaves run in PyTorch's fused attention
+kernel (:func:`~hiergraph.ops.hsa.family.leaf_family_attention`), which hands back their
+:math:`\vartheta` instead of their weights: their logits are never stored.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def uniform_causal_attention(
     leaf_rho = [family_layout(t, fanout[-1]) for t in leaves]
     # complete statistics of every node: the sibling-masked (leaky) pass; wide leaf
     # families in the fused kernel, which hands back theta instead of the weights
-    fused = family.runs_wide(fanout[-1], q)
+    fused = fanout[-1] >= family.WIDE_LEFT_LEAVES and family.fused_kernel_applies(q)
     lses, probs, gates, rhos = bottom_up(
         leaf_rho, True, below, fanout, eps, tau, True, True, fused_leaves=fused
     )

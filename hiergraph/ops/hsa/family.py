@@ -311,6 +311,15 @@ WIDE_BLOCK = 512
 WIDE_PAIRS_PER_LEAF = 64
 
 
+#: Narrowest leaf families whose left-sibling attention (the strictly causal views,
+#: :mod:`~hiergraph.ops.hsa.causal_uniform`) runs in the fused kernel
+#: (:func:`leaf_family_attention`): its causal tiles skip the upper half, so it pays off at
+#: half the width of :data:`WIDE_BLOCK`. Forward+backward of the strictly causal op over
+#: stars of 256, 128 and 64 leaves (4 heads x 64, 2 threads): 0.76x, 1.0x and 1.34x the
+#: time of the reshaped views' products; trees of 2 and 4 families of 256: 0.92x, 0.85x.
+WIDE_LEFT_LEAVES = 256
+
+
 def fused_kernel_applies(q: Tensor) -> bool:
     """Whether wide blocks over rows like ``q`` can run in the fused CPU attention kernel:
     float32 or float64 CPU rows, eager."""

@@ -177,7 +177,7 @@ def test_compiled_training_gradients(lengths, branching, dynamic):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("pos", ["none", "per-head", "shared"])
 def test_wide_leaf_families_in_the_fused_kernel_equal_the_edge_list_op(shape, pos, monkeypatch):
-    """Leaf families counted as wide (``WIDE_BLOCK`` lowered to 2) run in the fused
+    """Leaf families counted as wide (``WIDE_LEFT_LEAVES`` lowered to 2) run in the fused
     attention kernel: outputs, gradients and second derivatives equal the edge-list op's
     (float64)."""
     tree, q, k, v, pe = _case(*shape, seed=9)
@@ -191,8 +191,18 @@ def test_wide_leaf_families_in_the_fused_kernel_equal_the_edge_list_op(shape, po
         return [out, *first, *second]
 
     ref = derivatives("edge")
-    monkeypatch.setattr(family, "WIDE_BLOCK", 2)
+    monkeypatch.setattr(family, "WIDE_LEFT_LEAVES", 2)
     calls = spy_calls(monkeypatch, family, "leaf_family_attention")
     for got, want in zip(derivatives("dense"), ref, strict=True):
         torch.testing.assert_close(got, want, atol=1e-11, rtol=1e-11)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("leaves,fused", [(255, False), (256, True)])
+def test_leaf_families_of_wide_left_leaves_or_more_run_in_the_fused_kernel(leaves, fused,
+                                                                           monkeypatch):  # fmt: skip
+    tree = Batch.from_data_list([from_nested(list(range(leaves)))] * 2)
+    q, k, v = (torch.randn(2 * leaves, 2, 8) for _ in range(3))
+    calls = spy_calls(monkeypatch, family, "leaf_family_attention")
+    causal_hierarchical_attention(q, k, v, tree)
+    assert bool(calls) == fused == (leaves >= family.WIDE_LEFT_LEAVES)
