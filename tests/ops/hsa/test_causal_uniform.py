@@ -199,8 +199,7 @@ def test_wide_leaf_families_in_the_fused_kernel_equal_the_edge_list_op(shape, po
 
 
 @pytest.mark.parametrize("leaves,fused", [(255, False), (256, True)])
-def test_leaf_families_of_wide_left_leaves_or_more_run_in_the_fused_kernel(leaves, fused,
-                                                                           monkeypatch):  # fmt: skip
+def test_wide_leaf_families_run_in_the_fused_kernel(leaves, fused, monkeypatch):
     tree = Batch.from_data_list([from_nested(list(range(leaves)))] * 2)
     q, k, v = (torch.randn(2 * leaves, 2, 8) for _ in range(3))
     calls = spy_calls(monkeypatch, family, "leaf_family_attention")
