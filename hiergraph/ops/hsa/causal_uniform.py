@@ -129,20 +129,20 @@ def uniform_causal_attention(
         u = log_mu if u is None else u + log_mu
         if d + 1 < depth:
             ancestors.append(p)
-    own = torch.exp(u).view(p.shape[:3])
+    own, terms, leaf_out = torch.exp(u).view(p.shape[:3]), [], None
     if fused:  # p is the leaves' gained theta: add their own weighted values
         leaf_out = node_layout(torch.addcmul(p, own.unsqueeze(-1), rhos[-1][2]))
-        terms = []
     else:
-        terms = [(p + torch.diag_embed(own), rhos[-1][2])]
+        terms.append((p + torch.diag_embed(own), rhos[-1][2]))
     if ancestors:
         values = _by_deepest_family([rho[2] for rho in rhos[:-1]])
         rows = num_leaves // values.size(1)  # leaves below a deepest ancestor family
         weights = _cat([family_layout(node_layout(w), rows) for w in ancestors], -1)
         terms.insert(0, (weights, values))
-    if not fused:
-        return like(summed_products(terms), q)
-    return like(leaf_out + summed_products(terms) if terms else leaf_out, q)
+    if not terms:  # one level of fused leaf families
+        return like(leaf_out, q)
+    out = summed_products(terms)
+    return like(out if leaf_out is None else out + leaf_out, q)
 
 
 def _cat(xs: list[Tensor], dim: int) -> Tensor:
