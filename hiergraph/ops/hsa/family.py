@@ -417,8 +417,8 @@ def leaf_family_attention(
     leaves (``q, k [H, F, b, d]``, ``v [H, F, b, d_v]``, position embeddings ``e [H | 1, F,
     b, c]`` or ``None``) over its siblings, or its left siblings only with ``left_only``,
     with the logits :math:`\tau q_i^\top k_j + \varepsilon_i^\top\varepsilon_j` (a leaf
-    counts 1: no size term), in PyTorch's fused CPU attention kernel (:data:`WIDE_BLOCK`,
-    :func:`fused_channels`). A leaf without a key has ``lse = -inf`` and ``theta = 0``.
+    counts 1: no size term), in PyTorch's fused CPU attention kernel
+    (:func:`fused_channels`). A leaf without a key has ``lse = -inf`` and ``theta = 0``.
     Differentiable twice: second derivatives differentiate the same softmax on tensor
     operations."""
     return _LeafFamilyAttention.apply(q, k, v, e, tau, left_only)
@@ -475,8 +475,9 @@ class _LeafFamilyAttention(torch.autograd.Function):
         return dq1[..., :d] * ctx.tau, dk1[..., :d], dv1[..., : v.size(-1)], de, None, None
 
 
-#: The logit of the first key of a shifted family (:func:`_shifted`), below any real one:
-#: its weight is 0 wherever a row has a real key (and its value row is 0).
+#: The logit of the first key of a shifted family (:func:`_shifted`), below any real one
+#: (float32 and float64 logits of finite inputs would need rows of norm near 1e15 to reach
+#: it): its weight is 0 wherever a row has a real key, and its value row is 0.
 NO_KEY = -1e30
 
 
