@@ -413,8 +413,8 @@ def fused_gradients(d_theta, d_lse, q1, k1, v1, out, lse, bias, causal=False) ->
 def leaf_family_attention(
     q: Tensor, k: Tensor, v: Tensor, e: Tensor | None, tau: float, left_only: bool
 ) -> tuple[Tensor, Tensor]:
-    r"""``lse [H, F, b]`` and ``theta [H, F, b, d_v]`` of every leaf of families of ``b``
-    leaves (``q, k [H, F, b, d]``, ``v [H, F, b, d_v]``, position embeddings ``e [H | 1, F,
+    r"""``lse [H, F, b]`` and ``theta [H, F, b, d_v]`` of every leaf of families of ``b >=
+    2`` leaves (``q, k [H, F, b, d]``, ``v [H, F, b, d_v]``, position embeddings ``e [H | 1, F,
     b, c]`` or ``None``) over its siblings, or its left siblings only with ``left_only``,
     with the logits :math:`\tau q_i^\top k_j + \varepsilon_i^\top\varepsilon_j` (a leaf
     counts 1: no size term), in PyTorch's fused CPU attention kernel
@@ -426,23 +426,22 @@ def leaf_family_attention(
 
 class _LeafFamilyAttention(torch.autograd.Function):
     """:func:`leaf_family_attention`. Left siblings (``left_only``) are the kernel's causal
-    attention over the keys shifted one slot later (:func:`_shifted`): leaf ``i`` then sees
-    the keys of leaves ``0 … i - 1`` and, first, a key no logit of a real key falls below
-    (the kernel skips the tiles above the diagonal, half the work, and needs no mask)."""
+    attention of the leaves ``1 … b - 1`` over the keys of the leaves ``0 … b - 2``: row
+    ``i - 1`` of it sees the keys up to ``i - 1`` (the kernel skips the tiles above the
+    diagonal, half the work, and needs no mask); the first leaf has no key."""
 
     @staticmethod
     def forward(ctx, q, k, v, e, tau, left_only):
         drop = left_out(q.size(-2), left_only, q.device)
         q1, k1, v1 = fused_channels(q, k, v, e, tau)
         if left_only:
-            q1[..., -1] = 1.0  # meets the shifted first key's NO_KEY
-            k1, v1 = _shifted(k1, NO_KEY), _shifted(v1)
-            out, raw = _fused_attention(q1, k1, v1, is_causal=True, scale=1.0)
+            out, raw = _fused_attention(*_left_rows(q1, k1, v1), is_causal=True, scale=1.0)
+            out, raw = F.pad(out, (0, 0, 1, 0)), F.pad(raw, (1, 0))  # the first leaf: 0
         else:
             out, raw = _fused_attention(q1, k1, v1, attn_mask=_bias(drop, q), scale=1.0)
         ctx.save_for_backward(q, k, v, e, q1, k1, v1, out, raw, drop)
         ctx.tau, ctx.left_only = tau, left_only
-        # a row without keys: the kernel's lse is 0 (no key) or NO_KEY (the shifted key)
+        # a row without keys: the kernel's lse is 0 there (or the first leaf's padding)
         lse = torch.where((~drop).any(-1), raw, -math.inf)
         return lse, out[..., : v.size(-1)]
 
@@ -462,12 +461,16 @@ class _LeafFamilyAttention(torch.autograd.Function):
             inputs = (q, k, v) if e is None else (q, k, v, e)
             grads = recorded_gradients(recorded, inputs, (grad_lse, grad_theta))
             return *grads, *[None] * (4 - len(grads)), None, None
-        bias = None if ctx.left_only else _bias(drop, q)
-        dq1, dk1, dv1 = fused_gradients(
-            grad_theta, grad_lse.unsqueeze(-1), q1, k1, v1, out, raw, bias, ctx.left_only
-        )
-        if ctx.left_only:  # back to the leaves' slots; the last leaf is no one's key
-            dk1, dv1 = (F.pad(t[..., 1:, :], (0, 0, 0, 1)) for t in (dk1, dv1))
+        grads = (grad_theta, grad_lse.unsqueeze(-1))
+        if ctx.left_only:  # the rows of leaves 1 … b - 1, the keys of leaves 0 … b - 2
+            rows = [t[..., 1:, :] for t in (*grads, out, raw.unsqueeze(-1))]
+            dq1, dk1, dv1 = fused_gradients(
+                *rows[:2], *_left_rows(q1, k1, v1), rows[2], rows[3].squeeze(-1), None, True
+            )
+            dq1 = F.pad(dq1, (0, 0, 1, 0))  # the first leaf: no key, no gradient
+            dk1, dv1 = (F.pad(t, (0, 0, 0, 1)) for t in (dk1, dv1))  # the last: no one's key
+        else:
+            dq1, dk1, dv1 = fused_gradients(*grads, q1, k1, v1, out, raw, _bias(drop, q))
         d = q.size(-1)
         de = None
         if e is not None and ctx.needs_input_grad[3]:
@@ -475,18 +478,10 @@ class _LeafFamilyAttention(torch.autograd.Function):
         return dq1[..., :d] * ctx.tau, dk1[..., :d], dv1[..., : v.size(-1)], de, None, None
 
 
-#: The logit of the first key of a shifted family (:func:`_shifted`), below any real one
-#: (float32 and float64 logits of finite inputs would need rows of norm near 1e15 to reach
-#: it): its weight is 0 wherever a row has a real key, and its value row is 0.
-NO_KEY = -1e30
-
-
-def _shifted(x: Tensor, first: float = 0.0) -> Tensor:
-    """The rows of ``x [..., b, c]`` one slot later (the last one dropped), after a row of
-    zeros whose last channel is ``first``."""
-    head = x.new_zeros(*x.shape[:-2], 1, x.size(-1))
-    head[..., -1] = first
-    return torch.cat([head, x[..., :-1, :]], -2)
+def _left_rows(q1: Tensor, k1: Tensor, v1: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The queries of the leaves ``1 … b - 1`` and the keys and values of the leaves ``0 …
+    b - 2`` of families ``[..., b, c]``: views."""
+    return q1[..., 1:, :], k1[..., :-1, :], v1[..., :-1, :]
 
 
 def _bias(drop: Tensor, like: Tensor) -> Tensor:
