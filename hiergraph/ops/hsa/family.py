@@ -297,7 +297,7 @@ def _block_backward(ctx, block, chunks, kept, keys, d_out, d_lse, sum_grads) -> 
 #: weights for the backward. Forward+backward of stars of 512 to 2,048 leaves (4 and 8
 #: heads x 64, float32, 2 threads) took 0.6-0.9x the time of the batched products with
 #: glibc's allocator, 0.94-1.12x with freed memory reused
-#: (:func:`~hiergraph.runtime.reuse_freed_memory`), 0.65-0.7x where the logits outgrow
+#: (:func:`~hiergraph.runtime.reuse_freed_memory`), 0.64-0.7x where the logits outgrow
 #: :data:`MAX_BLOCK_ELEMENTS` (``benchmarks/hsa_wide.py``).
 WIDE_BLOCK = 512
 
