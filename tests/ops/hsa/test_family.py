@@ -1,6 +1,7 @@
-"""The block kernel's family attention (:mod:`hiergraph.ops.hsa.family`): wide blocks run in
+"""Family attention (:mod:`hiergraph.ops.hsa.family`): the block kernel's wide blocks run in
 PyTorch's fused CPU attention kernel with the same outputs and gradients as the batched
-products, and the block kernel is differentiable twice."""
+products, where a forest with wide families runs, the block kernel is differentiable twice,
+and the leaf families of the fused kernel equal the masked softmax."""
 
 import math
 import random
