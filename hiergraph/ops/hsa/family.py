@@ -247,15 +247,27 @@ def _recorded_attention(q, k, v, eps, count, level, tau, left_only, num_parents,
         weight = _member_weight(block, count)  # 0 at padding slots and masked leaves
         for total, xb in zip(sums, (qb, kb, vb), strict=True):
             total[block.parents] = (xb * weight).sum(2).to(total.dtype)
-        logits = family_gram(qb, kb, tau) + block.rows(log_n)[:, None, None, :]
-        if eps is not None:
-            eb = block.slots(*inputs[3]).transpose(1, 2)
-            logits = logits + family_gram(eb, eb)
+        eb = None if eps is None else block.slots(*inputs[3]).transpose(1, 2)
         mask = _pair_mask(block, key_ok, left_only, slice(None))
-        lse, p = masked_softmax(logits, mask)
+        bias = block.rows(log_n)[:, None, None, :]
+        lse, theta = _recorded_softmax(qb, kb, vb, eb, tau, mask, bias)
         block.slots(*lse_out).copy_(lse.transpose(1, 2))
-        block.slots(*theta_out).copy_(family_product(p, vb).transpose(1, 2))
+        block.slots(*theta_out).copy_(theta.transpose(1, 2))
     return level.results(*lse_out), level.results(*theta_out), *sums
+
+
+def _recorded_softmax(q, k, v, e, tau, mask, bias=None) -> tuple[Tensor, Tensor]:
+    r"""``lse`` and ``theta`` of the logits :math:`\tau q k^\top + \varepsilon
+    \varepsilon^\top` (+ ``bias``) of families ``q, k [..., b, d]``, ``v``, ``e`` (or
+    ``None``) over the pairs ``mask`` keeps, on tensor operations that autograd records
+    (the second derivatives of the fused kernel's callers)."""
+    logits = family_gram(q, k, tau)
+    if e is not None:
+        logits = logits + family_gram(e, e)
+    if bias is not None:
+        logits = logits + bias
+    lse, p = masked_softmax(logits, mask)
+    return lse, family_product(p, v)
 
 
 def _block_backward(ctx, block, chunks, kept, keys, d_out, d_lse, sum_grads) -> list:
@@ -410,6 +422,17 @@ def fused_gradients(d_theta, d_lse, q1, k1, v1, out, lse, bias, causal=False) ->
     )
 
 
+def fused_input_gradients(dq1, dk1, dv1, d, d_v, e_shape, tau) -> list:
+    """The gradients of :func:`fused_channels`' inputs ``q, k [..., d]``, ``v [..., d_v]``
+    and of the embeddings (shape ``e_shape``, broadcast over the heads or not; ``None``: no
+    embeddings) from those of its outputs (:func:`fused_gradients`)."""
+    de = None
+    if e_shape is not None:
+        c = e_shape[-1]
+        de = (dq1[..., d : d + c] + dk1[..., d : d + c]).sum_to_size(e_shape)
+    return [dq1[..., :d] * tau, dk1[..., :d], dv1[..., :d_v], de]
+
+
 def leaf_family_attention(
     q: Tensor, k: Tensor, v: Tensor, e: Tensor | None, tau: float, left_only: bool
 ) -> tuple[Tensor, Tensor]:
@@ -432,50 +455,42 @@ class _LeafFamilyAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, e, tau, left_only):
-        drop = left_out(q.size(-2), left_only, q.device)
         q1, k1, v1 = fused_channels(q, k, v, e, tau)
         if left_only:
-            out, raw = _fused_attention(*_left_rows(q1, k1, v1), is_causal=True, scale=1.0)
-            out, raw = F.pad(out, (0, 0, 1, 0)), F.pad(raw, (1, 0))  # the first leaf: 0
-        else:
-            out, raw = _fused_attention(q1, k1, v1, attn_mask=_bias(drop, q), scale=1.0)
-        ctx.save_for_backward(q, k, v, e, q1, k1, v1, out, raw, drop)
+            out, lse = _fused_attention(*_left_rows(q1, k1, v1), is_causal=True, scale=1.0)
+            # the first leaf has no key: lse -inf, theta 0
+            out, lse = F.pad(out, (0, 0, 1, 0)), F.pad(lse, (1, 0), value=-math.inf)
+        else:  # b >= 2: every leaf has a sibling
+            out, lse = _fused_attention(q1, k1, v1, attn_mask=_self_bias(q), scale=1.0)
+        ctx.save_for_backward(q, k, v, e, q1, k1, v1, out, lse)
         ctx.tau, ctx.left_only = tau, left_only
-        # a row without keys: the kernel's lse is 0 there (or the first leaf's padding)
-        lse = torch.where((~drop).any(-1), raw, -math.inf)
         return lse, out[..., : v.size(-1)]
 
     @staticmethod
     def backward(ctx, grad_lse, grad_theta):
-        q, k, v, e, q1, k1, v1, out, raw, drop = ctx.saved_tensors
+        q, k, v, e, q1, k1, v1, out, lse = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
+            keep = ~left_out(q.size(-2), ctx.left_only, q.device)
 
             def recorded(q, k, v, e):
-                e = e and e[0]
-                logits = family_gram(q, k, ctx.tau)
-                if e is not None:
-                    logits = logits + family_gram(e, e)
-                lse, p = masked_softmax(logits, ~drop)
-                return lse, family_product(p, v)
+                return _recorded_softmax(q, k, v, e and e[0], ctx.tau, keep)
 
             inputs = (q, k, v) if e is None else (q, k, v, e)
             grads = recorded_gradients(recorded, inputs, (grad_lse, grad_theta))
             return *grads, *[None] * (4 - len(grads)), None, None
         grads = (grad_theta, grad_lse.unsqueeze(-1))
         if ctx.left_only:  # the rows of leaves 1 … b - 1, the keys of leaves 0 … b - 2
-            rows = [t[..., 1:, :] for t in (*grads, out, raw.unsqueeze(-1))]
+            rows = [t[..., 1:, :] for t in (*grads, out, lse.unsqueeze(-1))]
             dq1, dk1, dv1 = fused_gradients(
                 *rows[:2], *_left_rows(q1, k1, v1), rows[2], rows[3].squeeze(-1), None, True
             )
             dq1 = F.pad(dq1, (0, 0, 1, 0))  # the first leaf: no key, no gradient
             dk1, dv1 = (F.pad(t, (0, 0, 0, 1)) for t in (dk1, dv1))  # the last: no one's key
         else:
-            dq1, dk1, dv1 = fused_gradients(*grads, q1, k1, v1, out, raw, _bias(drop, q))
-        d = q.size(-1)
-        de = None
-        if e is not None and ctx.needs_input_grad[3]:
-            de = (dq1[..., d : d + e.size(-1)] + dk1[..., d : d + e.size(-1)]).sum_to_size(e.shape)
-        return dq1[..., :d] * ctx.tau, dk1[..., :d], dv1[..., : v.size(-1)], de, None, None
+            dq1, dk1, dv1 = fused_gradients(*grads, q1, k1, v1, out, lse, _self_bias(q))
+        e_shape = None if e is None else e.shape
+        grads = fused_input_gradients(dq1, dk1, dv1, q.size(-1), v.size(-1), e_shape, ctx.tau)
+        return *grads, None, None
 
 
 def _left_rows(q1: Tensor, k1: Tensor, v1: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -484,11 +499,11 @@ def _left_rows(q1: Tensor, k1: Tensor, v1: Tensor) -> tuple[Tensor, Tensor, Tens
     return q1[..., 1:, :], k1[..., :-1, :], v1[..., :-1, :]
 
 
-def _bias(drop: Tensor, like: Tensor) -> Tensor:
-    """The additive logit bias of the pairs ``drop`` leaves out: ``-inf`` there, else 0."""
-    return torch.zeros(drop.shape, dtype=like.dtype, device=like.device).masked_fill(
-        drop, -math.inf
-    )
+def _self_bias(q: Tensor) -> Tensor:
+    """The additive logit bias ``[b, b]`` of families ``q [..., b, d]`` that leaves every
+    member itself out: ``-inf`` on the diagonal, else 0."""
+    b = q.size(-2)
+    return torch.zeros(b, b, dtype=q.dtype, device=q.device).fill_diagonal_(-math.inf)
 
 
 def left_out(b: int, left_only: bool, device) -> Tensor:
@@ -508,8 +523,6 @@ def _wide_backward(ctx, block, chunks, kept, keys, d_out, d_lse, sum_grads) -> l
     """The gradients of a wide block (:func:`_block_backward`) from the fused kernel's
     backward (:func:`fused_gradients`), a chunk of query rows at a time."""
     q1, k1, v1, out, lse = kept
-    d, d_v = (ctx.shapes[0][-1], ctx.shapes[2][-1])
-    c = 0 if ctx.shapes[3] is None else ctx.shapes[3][-1]
     dq1, dk1, dv1 = [], 0, 0
     for rows in chunks:
         bias = _wide_bias(block, keys, ctx.left_only, rows)[0]
@@ -519,19 +532,15 @@ def _wide_backward(ctx, block, chunks, kept, keys, d_out, d_lse, sum_grads) -> l
         )  # fmt: skip
         dq1.append(dq_r)
         dk1, dv1 = dk1 + dk_r, dv1 + dv_r
-    dq1 = _cat_rows(dq1)
-    g_q, g_k, g_v = sum_grads
-    need_q, need_k, need_v, need_e = ctx.needs_input_grad[:4]
-    de = None
-    if need_e and c:
-        de = dq1[..., d : d + c] + dk1[..., d : d + c]
-        if ctx.shapes[3][1] == 1:  # one embedding for every head
-            de = de.sum(1, keepdim=True)
+    q_shape, _, v_shape, e_shape = ctx.shapes  # e: [n, H | 1, c], in a block [F, H | 1, W, c]
+    e_shape = None if e_shape is None else (block.count, e_shape[1], block.width, e_shape[2])
+    grads = fused_input_gradients(
+        _cat_rows(dq1), dk1, dv1, q_shape[-1], v_shape[-1], e_shape, ctx.tau
+    )
+    # plus the gradients of the parents' sums, which reach every member (none for e)
     return [
-        torch.add(g_q, dq1[..., :d], alpha=ctx.tau) if need_q else None,
-        dk1[..., :d] + g_k if need_k else None,
-        dv1[..., :d_v] + g_v if need_v else None,
-        de,
+        None if g is None or not need else g + s
+        for g, s, need in zip(grads, [*sum_grads, 0], ctx.needs_input_grad[:4], strict=True)
     ]
 
 
