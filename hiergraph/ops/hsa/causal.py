@@ -173,9 +173,9 @@ def runs_as_views(
     gathered rows (about ``L b / 2`` per depth, of ``d + d_v`` channels each) outgrow the
     views' logits (``L b`` per depth) many times over, or the compiled kernel over a
     family of :data:`~hiergraph.ops.hsa.native.WIDE_FANOUT` or more members (a star of
-    4,096 leaves, forward+backward, 4 heads x 64, 2 threads: the kernel 1.49 s, the views
-    0.22 s with their wide leaf families in the fused kernel; SDPA with a causal mask
-    0.19 s; ``benchmarks/hsa_wide.py``)."""
+    4,096 leaves, forward+backward, 4 heads x 64, 2 threads: the kernel 0.85 s (1.5 s in
+    other runs), the views 0.21 s with their wide leaf families in the fused kernel; SDPA
+    with a causal mask 0.18 s; ``benchmarks/hsa_wide.py``)."""
     if shape is None:
         return False
     if fits(shape, q, causal=True):

@@ -156,7 +156,7 @@ MAX_TREE_LEAVES = 1 << 14
 #: With a gradient, the kernel takes families of fewer members. A task keeps a family's
 #: weights in a small buffer; a wider family's no longer fit in cache, where the batched
 #: products of the PyTorch operations stream them: forward+backward of stars of 256, 512
-#: and 1,024 leaves (4 heads x 64, 2 threads) took 1.15x, 1.23x and 1.59x the time of the
+#: and 1,024 leaves (4 heads x 64, 2 threads) took 1.14x, 1.30x and 1.63x the time of the
 #: PyTorch operations (``benchmarks/hsa_wide.py``), trees with families of 128 0.8-1.1x.
 WIDE_FANOUT = 256
 
