@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from numbers import Integral
+import math
+from numbers import Integral, Real
 
 import torch
 
@@ -25,3 +26,11 @@ def check_int(
     if optional:
         wanted += " or None"
     raise (ValueError if is_int else TypeError)(f"{name} must be {wanted}, got {value!r}")
+
+
+def check_positive(value, name: str) -> None:
+    """Raise unless ``value`` is a finite real number ``> 0`` (a radius, a temperature)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a finite number > 0, got {value!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

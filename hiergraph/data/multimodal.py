@@ -67,9 +67,10 @@ class ImageField:
         return self.channels * self.patch_size**2
 
     def __post_init__(self):
-        _check_positive(channels=self.channels, patch_size=self.patch_size)
+        check_int(self.channels, "channels")
+        check_int(self.patch_size, "patch_size")
         if self.group_size is not None:
-            _check_positive(group_size=self.group_size)
+            check_int(self.group_size, "group_size")
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class _ChannelField:
         return self.channels
 
     def __post_init__(self):
-        _check_positive(channels=self.channels)
+        check_int(self.channels, "channels")
 
 
 @dataclass(frozen=True)
@@ -432,9 +433,3 @@ def _rank_within(group: Tensor, num_groups: int) -> Tensor:
     rank = torch.empty_like(group)
     rank[order] = torch.arange(group.numel()) - first[group[order]]
     return rank
-
-
-def _check_positive(**values: int) -> None:
-    for name, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")

@@ -177,20 +177,16 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def _planetoid_download(name: str) -> Callable[[Path, list[str]], None]:
+def _planetoid_download(target: Path, missing: list[str]) -> None:
     """Fetch missing raw files from PyG's sources (``Planetoid.url``, and
     ``Planetoid.geom_gcn_url`` for the geom-gcn split files), checked against
     :data:`~hiergraph.datasets.download.PLANETOID_SHA256` where known."""
-
-    def download(target: Path, missing: list[str]) -> None:
-        for f in missing:
-            if f.endswith(".npz"):
-                url = f"{Planetoid.geom_gcn_url}/splits/{f}"
-            else:
-                url = f"{Planetoid.url}/{f}"
-            fetch(RemoteFile(f, (url,), PLANETOID_SHA256.get(f)), target / f)
-
-    return download
+    for f in missing:
+        if f.endswith(".npz"):
+            url = f"{Planetoid.geom_gcn_url}/splits/{f}"
+        else:
+            url = f"{Planetoid.url}/{f}"
+        fetch(RemoteFile(f, (url,), PLANETOID_SHA256.get(f)), target / f)
 
 
 def _ppi_download(target: Path, missing: list[str]) -> None:
@@ -336,7 +332,7 @@ def load_planetoid(
     files = planetoid_raw_files(name) + (_geom_gcn_files(name) if split == "geom-gcn" else [])
     base = data_root(root)
     with file_lock(base / name / "processed"):
-        base = prepare_raw(name, files, base, raw_dir, how, _planetoid_download(name))
+        base = prepare_raw(name, files, base, raw_dir, how, _planetoid_download)
 
         def what(f: str) -> str:
             if f.endswith(".npz"):

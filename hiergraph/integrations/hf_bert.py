@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from torch_geometric.data import Batch
 
 from hiergraph.data.signal_hierarchy import SignalHierarchy
+from hiergraph.data.windows import check_branching
 from hiergraph.integrations.hub_windows import padded_hub_window_hsa
 from hiergraph.integrations.padded_attention import (
     padded_block_attention,
@@ -228,9 +229,7 @@ def inject_hsa(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    branching = tuple(branching)
-    if any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in branching):
-        raise ValueError(f"branching factors must be ints >= 2, got {branching}")
+    branching = check_branching(branching)
     if method == "block":
         block = block if block is not None else (branching[0] if branching else None)
         if block is None or block < 1:

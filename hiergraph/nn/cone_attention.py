@@ -2,13 +2,13 @@ r"""``ConeAttention``: dense multi-head cone attention, a drop-in for ``nn.Multi
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hiergraph._checks import check_positive
 from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.ops.cone import DEFAULT_RADIUS, penumbral, umbral
 from hiergraph.ops.logspace import masked_softmax
@@ -102,10 +102,9 @@ class ConeAttention(nn.Module):
         check_int(kdim, "kdim", optional=True)
         check_int(vdim, "vdim", optional=True)
         check_probability(dropout, "dropout")
-        if not gamma > 0:
-            raise ValueError(f"gamma must be > 0, got {gamma}")
-        if r is not None and not (r > 0 and math.isfinite(r)):
-            raise ValueError(f"r must be finite and > 0, got {r}")
+        check_positive(gamma, "gamma")
+        if r is not None:
+            check_positive(r, "r")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
         head_dim = embed_dim // num_heads

@@ -16,6 +16,7 @@ from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import Adj, SparseTensor, torch_sparse
 from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
+from hiergraph._checks import check_positive
 from hiergraph.nn._checks import (
     check_conv_arguments,
     check_features,
@@ -162,8 +163,7 @@ class ConeConv(MessagePassing):
         check_probability(feature_dropout, "feature_dropout")
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-        if not gamma > 0:
-            raise ValueError(f"gamma must be > 0, got {gamma}")
+        check_positive(gamma, "gamma")
         if learn_gamma and variant == "dot":
             raise ValueError("learn_gamma applies to the cone variants only, not to 'dot'")
         qk_channels = out_channels if share_qk or qk_channels is None else qk_channels

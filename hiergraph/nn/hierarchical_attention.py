@@ -9,7 +9,7 @@ from hiergraph.data.domain import Domain
 from hiergraph.data.restructure import lift_leaves, tree_of_nodes
 from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.nn.typed_linear import TypedLinear
-from hiergraph.ops.hsa.attention import KERNELS, hierarchical_attention
+from hiergraph.ops.hsa.attention import check_flags, hierarchical_attention
 from hiergraph.ops.hsa.causal_dense import causal_hierarchical_attention_matrix
 from hiergraph.ops.hsa.dense import hierarchical_attention_matrix
 from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
@@ -105,22 +105,12 @@ class HierarchicalSelfAttention(nn.Module):
         check_int(pos_channels, "pos_channels", minimum=0)
         check_int(pos_head_channels, "pos_head_channels", optional=True)
         check_probability(dropout, "dropout")
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-        if hubs < 0:
-            raise ValueError(f"hubs must be >= 0, got {hubs}")
         check_int(hubs, "hubs", minimum=0)
+        check_flags(causal, leaky_causal, include_self, kernel)
         self.pos_channels = pos_channels
         out_channels = in_channels if out_channels is None else out_channels
         head_channels = head_channels or max(in_channels // heads, 1)
         flag = "causal" if causal else "leaky_causal" if leaky_causal else None
-        if causal and leaky_causal:
-            raise ValueError("pass causal=True (strictly causal) or leaky_causal=True, not both")
-        if flag and not include_self:
-            raise ValueError(
-                f"{flag}=True needs include_self=True: without leaf self-energies every node "
-                "whose first child is a leaf has zero partition and its rows collapse to 0"
-            )
         if flag and hubs:
             raise ValueError(f"hubs are chosen among all leaves, later ones too: not with {flag}")
         self.in_channels, self.out_channels = in_channels, out_channels

@@ -17,7 +17,7 @@ from hiergraph.ops.vcc.padded import (
     vcc_layer_padded,
     vip_score_fn_padded,
 )
-from hiergraph.ops.vcc.segment_tree import two_resolution_budgets
+from hiergraph.ops.vcc.segment_tree import check_budgets, two_resolution_budgets
 
 
 def run_layer(layer: nn.Module, z: Tensor, key_bias: Tensor) -> Tensor:
@@ -185,7 +185,8 @@ class VCCEncoder(nn.Module):
         check_int(num_heads, "num_heads")
         check_int(ff_dim, "ff_dim", optional=True)
         check_probability(dropout, "dropout")
-        check_int(block_size, "block_size")
+        check_int(block_size, "block_size", minimum=2)
+        check_int(num_refined, "num_refined", minimum=0)
         check_int(vip_slots, "vip_slots", optional=True, minimum=0)
         build = dict(embed_dim=embed_dim, num_heads=num_heads, ff_dim=ff_dim, dropout=dropout)
         self.layers = self._layers(layers, "layers", **build)
@@ -199,11 +200,8 @@ class VCCEncoder(nn.Module):
                 "(root level first; None = refine all)"
             )
         check_branching(branching)
-        for h in budgets:
-            if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 0):
-                raise ValueError(f"budgets/num_refined must be ints >= 0 or None, got {h!r}")
-        if isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 1:
-            raise ValueError(f"local_size must be a positive int, got {local_size!r}")
+        check_budgets(budgets, len(branching) + 1, has_score=True)
+        check_int(local_size, "local_size")
         self.branching, self.budgets, self.local_size = tuple(branching), tuple(budgets), local_size
         self.vip_slots = vip_slots
 

@@ -55,6 +55,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from hiergraph._autograd import records_grad
+from hiergraph._checks import check_positive
 from hiergraph.ops.edge_index import check_edge_index
 
 #: Upper clamp on the log-height of :func:`psi_map`; ``exp(20) ~ 4.9e8`` keeps
@@ -78,12 +79,6 @@ def _check_points(name: str, x: Tensor) -> None:
             f"{name} must have a last (feature) dimension of size >= 2 (d-1 horizontal "
             f"coordinates plus one height), got shape {tuple(x.shape)}"
         )
-
-
-def _check_positive(**values: float) -> None:
-    for name, value in values.items():
-        if not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"{name} must be finite and > 0, got {value}")
 
 
 def _compute_dtype(*tensors: Tensor) -> torch.dtype:
@@ -488,7 +483,7 @@ def _cone_scores(
         raise ValueError(
             f"q and k must have the same feature size, got {q.size(-1)} and {k.size(-1)}"
         )
-    _check_positive(gamma=gamma)
+    check_positive(gamma, "gamma")
     dtype = _compute_dtype(q, k)
     with torch.autocast(device_type=q.device.type, enabled=False):
         u, v = to_halfspace(q.to(dtype)), to_halfspace(k.to(dtype))
@@ -518,9 +513,9 @@ def cone_geometry(
     if variant not in DEFAULT_RADIUS:
         raise ValueError(f"variant must be one of {sorted(DEFAULT_RADIUS)}, got {variant!r}")
     r = DEFAULT_RADIUS[variant] if r is None else float(r)
-    _check_positive(r=r)
+    check_positive(r, "r")
     if height_scale is not None:
-        _check_positive(height_scale=height_scale)
+        check_positive(height_scale, "height_scale")
     if variant == "penumbral":
         return partial(xi_map, r=r), partial(penumbral_lca_height, r=r, squared=squared)
     return partial(psi_map, height_scale=height_scale), partial(umbral_lca_height, r=r)

@@ -184,7 +184,7 @@ class PaddedForest:
                 deeper = leaf_depth < below
                 leaf_at = torch.where(deeper, leaf_at * width[below], leaf_at)
                 sources[start[below] + leaf_at[deeper]] = leaf_bfs[deeper]
-            leaf_slot[level.leaf_id.index] = leaf_at
+            leaf_slot[level.leaf_id] = leaf_at
         real = torch.zeros(math.prod(shape), dtype=torch.bool, device=device)
         real.index_fill_(0, leaf_slot, True)
         blocks = [block for level in levels for block in level.blocks]

@@ -33,32 +33,6 @@ def outside_inference_mode(build):
 
 
 @dataclass
-class Rows:
-    """Rows of a tensor along dim 0: read as a slice when ``index`` is a contiguous range."""
-
-    index: Tensor
-    start: int | None
-
-    @classmethod
-    def of(cls, index: Tensor) -> Rows:
-        n = index.numel()
-        contiguous = (
-            n > 0 and int(index[-1] - index[0]) == n - 1 and bool((torch.diff(index) == 1).all())
-        )
-        return cls(index, int(index[0]) if contiguous else None)
-
-    def take(self, x: Tensor) -> Tensor:
-        if self.start is not None:
-            if self.start == 0 and self.index.numel() == x.size(0):
-                return x
-            return x.narrow(0, self.start, self.index.numel())
-        return x.index_select(0, self.index)
-
-    def to(self, device) -> Rows:
-        return Rows(self.index.to(device), self.start)
-
-
-@dataclass
 class FamilyBlock:
     """``count`` families of (padded) width ``width`` of one level, run as one dense batch.
 
@@ -127,7 +101,7 @@ class Level:
         num_children: ``[n]`` number of children of each node (0 for leaves);
             the children of node ``i`` are a contiguous run of the next level.
         leaf_local: positions of the leaves on this level.
-        leaf_id: their indices in leaf order (:class:`Rows`).
+        leaf_id: their indices in leaf order.
         count: ``[n]`` number of leaves below each node.
         family_start, family_size: the families (children of one parent) of
             this level, as local contiguous runs.
@@ -153,7 +127,7 @@ class Level:
     parent_local: Tensor
     num_children: Tensor
     leaf_local: Tensor
-    leaf_id: Rows
+    leaf_id: Tensor
     count: Tensor
     family_start: Tensor
     family_size: Tensor
@@ -206,7 +180,7 @@ class Level:
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, (Tensor, Rows)):
+            if isinstance(value, Tensor):
                 value = value.to(device)
             elif f.name == "blocks":
                 value = [b.to(device) for b in value]
@@ -303,6 +277,24 @@ class TreeIndex:
         return CausalPlan.from_tree_index(self)
 
     @classmethod
+    def of(cls, hierarchy) -> TreeIndex:
+        """``hierarchy`` itself if it is an index, the index a
+        :class:`~hiergraph.plan.CausalPlan` is a view of, or the cached index of a
+        :class:`~hiergraph.data.SignalHierarchy` or a batch of them
+        (``hierarchy.tree_index()``)."""
+        if isinstance(hierarchy, TreeIndex):
+            return hierarchy
+        index = getattr(hierarchy, "tree_index", None)
+        if isinstance(index, TreeIndex):  # a CausalPlan's
+            return index
+        if callable(index):
+            return index()
+        raise TypeError(
+            "hierarchy must be a SignalHierarchy, a batch of them, a TreeIndex or a "
+            f"CausalPlan, got {type(hierarchy).__name__}"
+        )
+
+    @classmethod
     def from_hierarchy(cls, hierarchy) -> TreeIndex:
         """Plan for a :class:`~hiergraph.data.SignalHierarchy` or a batch of them."""
         return cls.from_parent(hierarchy.parent, hierarchy.slot, hierarchy.is_leaf)
@@ -378,7 +370,7 @@ class TreeIndex:
                     parent_local=pl,
                     num_children=num_children[lo:hi],
                     leaf_local=local,
-                    leaf_id=Rows.of(ids[local]),
+                    leaf_id=ids[local],
                     count=count[lo:hi],
                     family_start=f_start,
                     family_size=f_size,
@@ -497,7 +489,7 @@ class TreeIndex:
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, (Tensor, Rows, Level, PaddedForest)):
+            if isinstance(value, (Tensor, Level, PaddedForest)):
                 value = value.to(device)
             elif isinstance(value, list) and value and isinstance(value[0], (Tensor, Level)):
                 value = [v.to(device) for v in value]

@@ -13,6 +13,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 
+from hiergraph._checks import check_int
 from hiergraph._versions import guard_holds, version_guard
 from hiergraph.data.domain import Domain
 from hiergraph.data.graph_pe import laplacian_pe
@@ -129,15 +130,11 @@ class GraphHierarchy(BaseTransform):
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if method == "metis":
             _require_metis()
-        if isinstance(max_family, bool) or not isinstance(max_family, int) or max_family < 2:
-            raise ValueError(f"max_family must be an int >= 2, got {max_family!r}")
-        if levels is not None and (not isinstance(levels, int) or levels < 0):
-            raise ValueError(f"levels must be None or an int >= 0, got {levels!r}")
-        if not isinstance(pe_dim, int) or pe_dim < 0:
-            raise ValueError(f"pe_dim must be an int >= 0, got {pe_dim!r}")
+        check_int(max_family, "max_family", minimum=2)
+        check_int(levels, "levels", minimum=0, optional=True)
+        check_int(pe_dim, "pe_dim", minimum=0)
+        check_int(iterations, "iterations")
         self.method, self.levels, self.max_family = method, levels, max_family
-        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-            raise ValueError(f"iterations must be an int >= 1, got {iterations!r}")
         self.resolution, self.seed, self.pe_dim = resolution, seed, pe_dim
         self.iterations = iterations
 

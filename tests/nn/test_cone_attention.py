@@ -188,9 +188,10 @@ def test_bad_arguments():
         ((8, 2), {"kdim": 0}, "kdim must be a positive int or None"),
         ((8, 2), {"vdim": -4}, "vdim must be a positive int or None"),
         ((8, 2), {"dropout": -0.1}, "dropout must be a probability"),
-        ((8, 2), {"gamma": 0.0}, "gamma must be > 0"),
-        ((8, 2), {"r": 0.0}, "r must be finite and > 0"),  # (before: at the first forward)
-        ((8, 2), {"r": float("inf")}, "r must be finite and > 0"),
+        ((8, 2), {"gamma": 0.0}, "gamma must be a finite number > 0"),
+        ((8, 2), {"r": 0.0}, "r must be a finite number > 0"),  # (before: at the first forward)
+        ((8, 2), {"r": float("inf")}, "r must be a finite number > 0"),
+        ((8, 2), {"gamma": float("inf")}, "gamma must be a finite number > 0, got inf"),
     ],
 )
 def test_constructor_rejects_bad_arguments(args, kwargs, match):

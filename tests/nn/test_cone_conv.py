@@ -325,11 +325,13 @@ def test_bad_arguments():
         ConeConv(F_IN, 4, variant="hyperbolic")
     with pytest.raises(ValueError, match=">= 2 query/key channels"):
         ConeConv(F_IN, 1)
-    with pytest.raises(ValueError, match="gamma must be > 0"):
+    with pytest.raises(ValueError, match="gamma must be a finite number > 0"):
         ConeConv(F_IN, 4, gamma=-1.0)
+    with pytest.raises(ValueError, match="gamma must be a finite number > 0, got inf"):
+        ConeConv(F_IN, 4, gamma=float("inf"), learn_gamma=True)
     with pytest.raises(ValueError, match=r"feature_dropout must be a probability in \[0, 1\]"):
         ConeConv(F_IN, 4, feature_dropout=1.5)
-    with pytest.raises(ValueError, match="r must be finite and > 0"):
+    with pytest.raises(ValueError, match="r must be a finite number > 0"):
         ConeConv(F_IN, 4, r=0.0)
     with pytest.raises(ValueError, match=r"\[num_nodes, in_channels\]"):
         ConeConv(F_IN, 4)(torch.randn(2, N, F_IN), graph()[1])

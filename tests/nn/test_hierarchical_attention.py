@@ -216,8 +216,10 @@ def test_hubs_cover_flat_attention_and_no_hubs():
     assert torch.allclose(everything(batch.x, batch), flat, atol=1e-13)
     none, plain = _pair(hubs=0)
     assert torch.equal(none(batch.x, batch), plain(batch.x, batch))
-    with pytest.raises(ValueError, match="hubs must be >= 0"):
+    with pytest.raises(ValueError, match="hubs must be an int >= 0"):
         HierarchicalSelfAttention(6, hubs=-1)
+    with pytest.raises(TypeError, match="hubs must be an int >= 0, got None"):
+        HierarchicalSelfAttention(6, hubs=None)
     with pytest.raises(ValueError, match="not with causal"):
         HierarchicalSelfAttention(6, hubs=2, include_self=True, causal=True)
 

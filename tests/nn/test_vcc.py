@@ -194,9 +194,11 @@ def test_bad_inputs():
         VCCEncoder(2)
     with pytest.raises(ValueError, match="budgets"):
         VCCEncoder(1, D, HEADS, branching=(2, 2), budgets=(None, 1))
-    with pytest.raises(ValueError, match="ints >= 0"):
+    with pytest.raises(ValueError, match="num_refined must be an int >= 0, got -1"):
         VCCEncoder(1, D, HEADS, num_refined=-1)
-    with pytest.raises(ValueError, match="branching"):
+    with pytest.raises(ValueError, match="each budget must be an int >= 0"):
+        VCCEncoder(1, D, HEADS, branching=(2,), budgets=(None, -1))
+    with pytest.raises(ValueError, match="block_size must be an int >= 2, got 1"):
         VCCEncoder(1, D, HEADS, block_size=1)
     with pytest.raises(ValueError, match="local_size"):
         VCCEncoder(1, D, HEADS, local_size=0)
@@ -209,7 +211,7 @@ def test_bad_inputs():
         (dict(embed_dim=0), "embed_dim must be a positive int or None"),
         (dict(ff_dim=0), "ff_dim must be a positive int or None"),
         (dict(dropout=2.0), "dropout must be a probability"),
-        (dict(block_size=0), "block_size must be a positive int"),
+        (dict(block_size=0), "block_size must be an int >= 2"),
         (dict(vip_slots=-1), "vip_slots must be an int >= 0 or None"),
     ],
 )

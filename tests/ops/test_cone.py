@@ -489,10 +489,10 @@ def test_bad_inputs(variant):
         fn([[0.0, 1.0]], torch.randn(1, 2))
     with pytest.raises(ValueError, match="same feature size"):
         fn(torch.randn(3, 4), torch.randn(3, 5))
-    with pytest.raises(ValueError, match="gamma must be finite and > 0"):
+    with pytest.raises(ValueError, match="gamma must be a finite number > 0"):
         fn(torch.randn(3, 4), torch.randn(3, 4), gamma=0.0)
     for r in (-1.0, float("inf"), float("nan")):  # (inf gave NaN scores)
-        with pytest.raises(ValueError, match="r must be finite and > 0"):
+        with pytest.raises(ValueError, match="r must be a finite number > 0"):
             fn(torch.randn(3, 4), torch.randn(3, 4), r=r)
     x = torch.randn(4, 2, 3)
     with pytest.raises(ValueError, match=r"\[2, E\]"):

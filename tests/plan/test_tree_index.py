@@ -46,8 +46,8 @@ def test_bfs_layout_invariants(seed):
     leaf_order = h.is_leaf.nonzero().view(-1)
     for d, level in enumerate(idx.levels):
         at = order[idx.level_ptr[d] + level.leaf_local]
-        assert torch.equal(at, leaf_order[level.leaf_id.index])
-        assert torch.equal(at, idx.leaf_node[level.leaf_id.index])
+        assert torch.equal(at, leaf_order[level.leaf_id])
+        assert torch.equal(at, idx.leaf_node[level.leaf_id])
     assert sum(level.leaf_local.numel() for level in idx.levels) == leaf_order.numel()
 
 

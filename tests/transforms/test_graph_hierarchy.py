@@ -177,6 +177,11 @@ def test_bad_arguments():
         GraphHierarchy(max_family=1)
     with pytest.raises(ValueError, match="iterations"):
         GraphHierarchy("lp", iterations=0)
+    for name in ("levels", "pe_dim"):  # a bool is no count (True passed before)
+        with pytest.raises(TypeError, match=f"{name} must be an int >= 0.*got True"):
+            GraphHierarchy(**{name: True})
+        with pytest.raises(ValueError, match=f"{name} must be an int >= 0.*got -1"):
+            GraphHierarchy(**{name: -1})
     with pytest.raises(ValueError, match="GraphHierarchy"):
         HierarchicalGraph(x=torch.randn(2, 1)).hierarchy()
 

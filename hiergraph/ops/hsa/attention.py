@@ -137,24 +137,15 @@ def hierarchical_attention(
     Returns:
         ``[L, H, d_v]`` (``[L, d_v]`` for 2-D inputs).
     """
-    _check_flags(causal, leaky_causal, include_self, kernel)
+    check_flags(causal, leaky_causal, include_self, kernel)
     if causal:
-        if leaf_mask is not None or not size_bias or isinstance(hierarchy, TreeIndex):
-            raise ValueError(
-                "causal=True runs the strictly causal op on the hierarchy itself (a "
-                "SignalHierarchy, a batch or a CausalPlan, not a TreeIndex), without "
-                "leaf_mask and with size_bias=True"
-            )
+        if leaf_mask is not None or not size_bias:
+            raise ValueError("causal=True runs without leaf_mask and with size_bias=True")
         return causal_hierarchical_attention(q, k, v, hierarchy, pos_emb=pos_emb, scale=scale)
     squeeze = q.dim() == 2
     if squeeze:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
-    if not isinstance(hierarchy, TreeIndex) and not hasattr(hierarchy, "tree_index"):
-        raise TypeError(
-            "hierarchy must be a SignalHierarchy, a batch of them or a TreeIndex, got "
-            f"{type(hierarchy).__name__}"
-        )
-    index = hierarchy if isinstance(hierarchy, TreeIndex) else hierarchy.tree_index()
+    index = TreeIndex.of(hierarchy)
     pos = _check_inputs(q, k, v, index, pos_emb, leaf_mask)
     if index.device != q.device:
         raise ValueError(
@@ -354,7 +345,8 @@ def general_attention(
     return out
 
 
-def _check_flags(causal: bool, leaky_causal: bool, include_self: bool, kernel: str) -> None:
+def check_flags(causal: bool, leaky_causal: bool, include_self: bool, kernel: str) -> None:
+    """Checks the options of :func:`hierarchical_attention` (and of the layers over it)."""
     if causal and leaky_causal:
         raise ValueError("pass causal=True (strictly causal) or leaky_causal=True, not both")
     if (causal or leaky_causal) and not include_self:

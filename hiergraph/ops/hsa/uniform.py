@@ -118,7 +118,7 @@ def uniform_hierarchical_attention(
     grad = records_grad(q, k, v)
     # no gradient at all (inference): the fused op's passes alone, which take fewer
     # operations, masked leaves too
-    alone = fuse and not grad and not records_grad(*(eps or ())) and fused_forward(q, left_only)
+    alone = fuse and not grad and not records_grad(*(eps or ())) and fused_forward(left_only)
     options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
 
     def recorded(q, k, v, eps):  # the op on [L, H, ·] rows, recorded (second derivatives)
@@ -129,7 +129,7 @@ def uniform_hierarchical_attention(
 
     # the compiled kernel, where it applies, reads the leaves where they lie and counts the
     # valid leaves itself (a family above the roots only without gradients)
-    kernel = alone or fuse and grad and above is None and fused_forward(q, left_only)
+    kernel = alone or fuse and grad and above is None and fused_forward(left_only)
     if kernel and native.applies(q, k, v, fanout, eps, not alone):
         grads = None if alone else recorded
         return native.native_uniform_attention(
@@ -232,11 +232,11 @@ def fused(q: Tensor, grad: bool, left_only: bool, above) -> bool:
         grad
         and q.numel() <= uniform_fused.max_elements(q.device)
         and above is None
-        and fused_forward(q, left_only)
+        and fused_forward(left_only)
     )
 
 
-def fused_forward(q: Tensor, left_only: bool) -> bool:
+def fused_forward(left_only: bool) -> bool:
     """Whether the passes of :mod:`~hiergraph.ops.hsa.uniform_fused` apply: outside
     ``torch.compile``, with every sibling a key. They run in float32 or float64 (bf16/fp16
     leaves are cast to float32 by their copy heads first). Without a gradient they then run

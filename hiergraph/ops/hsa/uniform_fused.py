@@ -137,14 +137,11 @@ class _FusedUniform(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        fanout, include_self, tau, _, recorded, node_major, _, shares = ctx.options
+        fanout, _, tau, _, recorded, node_major, _, shares = ctx.options
         q, k, v, *eps = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
             return None, *recorded_gradients(recorded, (q, k, v, *eps), grad)
-        grads = _backward(
-            grad.contiguous(), ctx.levels, fanout, include_self, tau, len(eps), node_major,
-            shares,
-        )  # fmt: skip
+        grads = _backward(grad.contiguous(), ctx.levels, fanout, tau, len(eps), node_major, shares)
         return None, *grads
 
 
@@ -335,7 +332,7 @@ def _product(p: Tensor, v: Tensor, base: Tensor | None, alpha: float = 1.0) -> T
     return torch.baddbmm(base, p, v, alpha=alpha)
 
 
-def _backward(grad, levels, fanout, include_self, tau, num_eps, node_major, shares=None):
+def _backward(grad, levels, fanout, tau, num_eps, node_major, shares=None):
     """The two sweeps of the module docstring; returns the gradients of ``q, k, v`` and of
     the position embeddings. With masked leaves (zero rows), a level above the leaves
     scales its logits and products by its nodes' :math:`1 / n` (``levels``' divisor

@@ -665,6 +665,19 @@ def test_causal_is_strictly_causal_and_equals_the_causal_op():
         hierarchical_attention(q, k, v, h, include_self=True, causal=True, leaf_mask=mask)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_form_of_the_hierarchy_gives_the_same_result(causal):
+    """A hierarchy, its batch, its ``TreeIndex`` and its ``CausalPlan`` are the same tree
+    (a plan's index is a field, the others' a method)."""
+    h = window_hierarchy(12, (2, 3))
+    q, k, v = random_qkv(12, seed=3)
+    index = h.tree_index()
+    forms = (h, Batch.from_data_list([h]), index, index.causal_plan)
+    outs = [hierarchical_attention(q, k, v, f, include_self=True, causal=causal) for f in forms]
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], atol=0, rtol=0)
+
+
 # ---------------------------------------------------------------- bad input
 def test_bad_inputs():
     h = window_hierarchy(6, (2,))
@@ -685,7 +698,9 @@ def test_bad_inputs():
             hierarchical_attention(q, k, v[..., :0], h, kernel=kernel)
     with pytest.raises(TypeError, match="q must be a torch.Tensor, got ndarray"):
         hierarchical_attention(q.numpy(), k, v, h)  # (before: an error of the autocast check)
-    with pytest.raises(TypeError, match="hierarchy must be a SignalHierarchy.*got NoneType"):
+    with pytest.raises(
+        TypeError, match="hierarchy must be a SignalHierarchy.*CausalPlan, got NoneType"
+    ):
         hierarchical_attention(q, k, v, None)
     with pytest.raises(ValueError, match=r"leaf_mask must be a \[6\] bool tensor.*got list"):
         hierarchical_attention(q, k, v, h, leaf_mask=[True] * 6)
