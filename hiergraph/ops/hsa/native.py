@@ -53,9 +53,11 @@ off.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import platform
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -103,7 +105,9 @@ def enabled() -> bool:
 def build_flags() -> tuple[str, list[str], list[str]]:
     """The extension's name and compiler and linker flags for this CPU: the vector
     instructions PyTorch itself dispatches to (``torch.backends.cpu.get_cpu_capability``),
-    so that a cache shared by different machines keeps one build per instruction set."""
+    so that a cache shared by different machines keeps one build per instruction set. The
+    name also holds a digest of the sources' folder: PyTorch rebuilds an extension whose
+    sources moved, so two installs sharing a cache would otherwise rebuild each other's."""
     capability = torch.backends.cpu.get_cpu_capability()
     isa = {
         "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma",
@@ -114,15 +118,23 @@ def build_flags() -> tuple[str, list[str], list[str]]:
     ldflags = ["-fopenmp"]
     if platform.libc_ver()[0] == "glibc" and platform.machine() == "x86_64":
         ldflags.append("-lmvec")  # glibc's vector exp and log1p
-    return f"hiergraph_hsa_uniform_{capability.lower()}", cflags, ldflags
+    folder = hashlib.sha1(str(SOURCES[0].parent.resolve()).encode()).hexdigest()[:8]
+    return f"hiergraph_hsa_{capability.lower()}_{folder}", cflags, ldflags
 
 
 def build() -> ModuleType:
     """Compile (or load from the cache) and return the extension; raises where the build
     fails."""
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import _get_build_directory, load
 
     name, cflags, ldflags = build_flags()
+    if not any(Path(_get_build_directory(name, verbose=False)).glob("*.so")):
+        print(
+            "hiergraph: compiling its HSA kernels (once per install and machine, about a "
+            "minute)",
+            file=sys.stderr,
+            flush=True,
+        )
     return load(name, [str(p) for p in SOURCES], extra_cflags=cflags, extra_ldflags=ldflags)
 
 

@@ -76,6 +76,25 @@ def test_builds_here():
     assert native.extension() is not None
 
 
+def test_each_install_builds_its_own_extension_and_says_so_once(monkeypatch, tmp_path, capsys):
+    """Two installs (source folders) sharing PyTorch's extension cache get two names: with
+    one name, each would rebuild the other's build. The first build says it compiles; a
+    cached one is silent."""
+    from torch.utils import cpp_extension
+
+    name = native.build_flags()[0]
+    monkeypatch.setattr(native, "SOURCES", [tmp_path / "csrc" / "uniform.cpp"])
+    other = native.build_flags()[0]
+    assert name != other and name.rsplit("_", 1)[0] == other.rsplit("_", 1)[0]
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda *_, **__: str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", lambda *_, **__: "module")
+    assert native.build() == "module"
+    assert "compiling its HSA kernels" in capsys.readouterr().err
+    (tmp_path / f"{other}.so").touch()
+    native.build()
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
 @pytest.mark.parametrize("layout", LAYOUTS)
