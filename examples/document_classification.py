@@ -27,10 +27,11 @@ batch; caps applied once).
 
 Budgets:
 
-* default (quick): seed 0, one epoch on seeded stratified subsets of 2,000 training,
-  500 validation and 1,000 test documents; under a minute on 2 cores once the dataset
-  is prepared (the first run of a dataset tokenizes the whole corpus and caches it
-  under the data root: a few minutes for IMDB's 50,000 reviews);
+* default (quick): seed 0, three epochs on seeded stratified subsets of 2,000 training,
+  500 validation and 1,000 test documents (one epoch leaves BBC at chance: 0.28 vs 0.97
+  after three); about a minute on 2 cores once the dataset is prepared (the first run of
+  a dataset tokenizes the whole corpus and caches it under the data root: a few minutes
+  for IMDB's 50,000 reviews);
 * ``--paper``: the whole splits, seeds 0 1 2, 3 epochs (the paper trains on the whole
   training split). Expect about 3 minutes per HSA epoch on IMDB on one thread (22,500
   documents) and about twice that for FSA: 0.5-1 hour per model.
@@ -76,7 +77,7 @@ from hiergraph.runtime import progress as progress_bar
 DATASETS = {"imdb": IMDB, "20ng": TwentyNewsgroups, "bbc": BBCNews}
 ATTENTION = {"hsa": "hsa", "fsa": "flat", "deepset": "none"}
 #: Budgets; a split size of 0 is the whole split.
-QUICK = {"seeds": [0], "epochs": 1, "train_size": 2000, "val_size": 500, "test_size": 1000}
+QUICK = {"seeds": [0], "epochs": 3, "train_size": 2000, "val_size": 500, "test_size": 1000}
 PAPER = {"seeds": [0, 1, 2], "epochs": 3, "train_size": 0, "val_size": 0, "test_size": 0}
 
 
@@ -350,7 +351,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--val-size", type=int, default=None, help="(quick: 500)")
     p.add_argument("--test-size", type=int, default=None, help="(quick: 1000)")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="(quick: 0)")
-    p.add_argument("--epochs", type=at_least(1), default=None, help="(quick: 1)")
+    p.add_argument("--epochs", type=at_least(1), default=None, help="(quick: 3)")
     p.add_argument("--batch-size", type=at_least(1), default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
@@ -417,6 +418,12 @@ def main(argv=None) -> dict:
     if args.tfidf:
         result["tfidf_logreg"] = tfidf_baseline(splits)
     print(json.dumps({"summary": summary, "tfidf_logreg": result.get("tfidf_logreg")}), flush=True)
+    print(
+        f"{args.model} on {args.dataset}: test accuracy {summary['test_acc']['mean']:.3f} "
+        f"(std {summary['test_acc']['std']:.3f} over {len(runs)} seed(s); {args.epochs} "
+        f"epoch(s) on {len(splits['train'])} training documents)",
+        flush=True,
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -15,7 +15,7 @@ def dc(load_example):
 
 def test_quick_budget_by_default_and_whole_splits_with_paper(dc):
     quick = dc.parse_args([])
-    assert (quick.seeds, quick.epochs) == ([0], 1)
+    assert (quick.seeds, quick.epochs) == ([0], 3)
     assert (quick.train_size, quick.val_size, quick.test_size) == (2000, 500, 1000)
     paper = dc.parse_args(["--paper"])
     assert (paper.seeds, paper.epochs) == ([0, 1, 2], 3)
@@ -37,19 +37,23 @@ def quick_run(dc, tmp_path, monkeypatch, device: str) -> dict:
     ])  # fmt: skip
 
 
-def test_quick_run_on_a_generated_archive(dc, tmp_path, monkeypatch):
+def test_quick_run_on_a_generated_archive(dc, tmp_path, monkeypatch, capsys):
     out = quick_run(dc, tmp_path, monkeypatch, "cpu")
     assert out["sizes"] == {"train": 18, "val": 2, "test": 8}  # the quick subsets hold them all
     (run,) = out["runs"]
-    assert run["seed"] == 0 and len(run["history"]) == 1 and 0.0 <= run["test_acc"] <= 1.0
+    assert run["seed"] == 0 and len(run["history"]) == 3 and 0.0 <= run["test_acc"] <= 1.0
     assert out["torch_threads"] == 1  # one thread: this model's fastest
     config = json.loads((tmp_path / "r.json").read_text())["config"]
-    assert (config["epochs"], config["device"]) == (1, "cpu")
+    assert (config["epochs"], config["device"]) == (3, "cpu")
+    last = capsys.readouterr().out.strip().splitlines()[-1]  # one line for a reader
+    accuracy = out["summary"]["test_acc"]["mean"]
+    assert last.startswith(f"hsa on imdb: test accuracy {accuracy:.3f} (std 0.000 over 1 seed")
+    assert last.endswith("3 epoch(s) on 18 training documents)")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_quick_run_trains_on_cuda(dc, tmp_path, monkeypatch):
     out = quick_run(dc, tmp_path, monkeypatch, "cuda")
     (run,) = out["runs"]
-    assert len(run["history"]) == 1 and 0.0 <= run["test_acc"] <= 1.0
+    assert len(run["history"]) == 3 and 0.0 <= run["test_acc"] <= 1.0
     assert json.loads((tmp_path / "r.json").read_text())["config"]["device"] == "cuda"
