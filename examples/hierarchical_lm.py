@@ -25,9 +25,11 @@ cache-vs-full-pass agreement, and a generated sample; ``--out PATH`` writes them
 with a PNG of the training curves next to it.
 
 The reviews are read straight from ``aclImdb_50k.tar.gz`` or the official
-``aclImdb_v1.tar.gz`` (``--tar``, default: the first of them under ``$HIERGRAPH_RAW``, else
-in this folder); the chosen texts are cached in ``~/.cache/hiergraph/imdb_lm/`` (the data
-root, ``--cache-dir``).
+``aclImdb_v1.tar.gz`` (``--tar``, default: the first of them under ``$HIERGRAPH_RAW``, in
+the IMDB loader's raw folder ``<data root>/IMDB/raw`` or in this folder; else the official
+archive is downloaded into the IMDB loader's folder, unless ``$HIERGRAPH_OFFLINE`` is set);
+the chosen texts are cached in ``~/.cache/hiergraph/imdb_lm/`` (the data root,
+``--cache-dir``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from _cli import add_device_option, add_threads_option, at_least, get_device, ru
 from torch_geometric.data import Batch
 from tqdm import tqdm
 
-from hiergraph.datasets.download import data_root
+from hiergraph.datasets.download import REMOTE_FILES, data_root, downloads_allowed, fetch
 from hiergraph.nn.hte_decoder import HTEDecoder, from_schedule
 from hiergraph.plan import CausalPlan
 from hiergraph.runtime import apply_budget, progress
@@ -63,9 +65,19 @@ TARBALLS = ("aclImdb_50k.tar.gz", "aclImdb_v1.tar.gz")  # the repacked 50K revie
 
 
 def default_tar() -> Path:
-    """The first of :data:`TARBALLS` under ``$HIERGRAPH_RAW`` (default: this folder)."""
-    folder = Path(os.environ.get("HIERGRAPH_RAW", "."))
-    return next((folder / n for n in TARBALLS if (folder / n).exists()), folder / TARBALLS[0])
+    """The first of :data:`TARBALLS` under ``$HIERGRAPH_RAW``, the IMDB loader's raw folder
+    (``<data root>/IMDB/raw``, where ``examples/document_classification.py`` downloads it)
+    or this folder; else the official archive's place in the IMDB loader's raw folder,
+    where :func:`read_reviews` downloads it."""
+    folders = [Path(os.environ["HIERGRAPH_RAW"])] if os.environ.get("HIERGRAPH_RAW") else []
+    folders += [official_tar().parent, Path(".")]
+    found = (folder / name for folder in folders for name in TARBALLS)
+    return next((path for path in found if path.exists()), official_tar())
+
+
+def official_tar() -> Path:
+    """Where the IMDB loader keeps the official archive: ``<data root>/IMDB/raw``."""
+    return data_root() / "IMDB" / "raw" / REMOTE_FILES["IMDB"].filename
 
 
 def read_reviews(tar: Path, num_train: int, num_test: int, cache_dir: Path) -> dict:
@@ -75,10 +87,12 @@ def read_reviews(tar: Path, num_train: int, num_test: int, cache_dir: Path) -> d
     cache = cache_dir / f"reviews_{tar.name.split('.')[0]}_{num_train}_{num_test}.json"
     if cache.exists():
         return json.loads(cache.read_text())
+    if not tar.exists() and tar == official_tar() and downloads_allowed():
+        fetch(REMOTE_FILES["IMDB"], tar)  # checked against its SHA-256
     if not tar.exists():
         raise FileNotFoundError(
             f"{tar} not found: pass --tar pointing at {' or '.join(TARBALLS)} (the labelled "
-            "IMDB reviews) or set HIERGRAPH_RAW to its folder"
+            f"IMDB reviews, {REMOTE_FILES['IMDB'].urls[0]}) or set HIERGRAPH_RAW to its folder"
         )
     want = {"train": num_train, "test": num_test}
     texts = {"train": [], "test": []}
@@ -174,7 +188,13 @@ def decode(model, prompt: bytes, new_bytes: int, seed: int):
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tar", type=Path, default=default_tar())
+    parser.add_argument(
+        "--tar",
+        type=Path,
+        default=default_tar(),
+        help=f"the IMDB reviews, {' or '.join(TARBALLS)} (default: found or downloaded: "
+        "see the module docstring)",
+    )
     parser.add_argument(
         "--paper", action="store_true", help="300 CPU-seconds per model, 128 test chunks (~12 min)"
     )

@@ -1,11 +1,15 @@
 """``examples/hierarchical_lm.py`` on a tiny written stand-in for ``aclImdb_50k.tar.gz``."""
 
+import hashlib
 import io
 import json
 import tarfile
 
 import pytest
 import torch
+
+from hiergraph.datasets.download import OFFLINE_ENV, REMOTE_FILES, RemoteFile
+from tests.datasets.fixtures import Server
 
 REVIEWS = [
     "A fine film. I liked it a lot!<br /><br />The cast was good.",
@@ -37,6 +41,39 @@ def test_reads_the_official_and_the_repacked_layouts(load_example, tmp_path):
         _write_tar(tar, prefix)
         texts = lm.read_reviews(tar, 3, 10, tmp_path / "cache")
         assert texts == {"train": REVIEWS[:3], "test": REVIEWS}
+
+
+def test_finds_the_imdb_loaders_archive_else_downloads_it_there(
+    load_example, tmp_path, monkeypatch
+):
+    """Without ``--tar`` the archive is looked up where the IMDB loader keeps it (``<data
+    root>/IMDB/raw``), and downloaded there (checksum checked) when it is nowhere; offline,
+    the error names the official URL."""
+    lm = load_example("hierarchical_lm")
+    for var in ("HIERGRAPH_RAW", "http_proxy", "HTTP_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("HIERGRAPH_DATA", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    raw = tmp_path / "data" / "IMDB" / "raw"
+    assert lm.default_tar() == raw / "aclImdb_v1.tar.gz"  # nothing found: the download's place
+    monkeypatch.setenv(OFFLINE_ENV, "1")
+    with pytest.raises(FileNotFoundError, match="https://ai.stanford.edu/.*aclImdb_v1.tar.gz"):
+        lm.read_reviews(lm.default_tar(), 3, 4, tmp_path / "cache")
+    (tmp_path / "www").mkdir()
+    _write_tar(tmp_path / "www" / "aclImdb_v1.tar.gz", "aclImdb/")
+    sha256 = hashlib.sha256((tmp_path / "www" / "aclImdb_v1.tar.gz").read_bytes()).hexdigest()
+    monkeypatch.delenv(OFFLINE_ENV)
+    with Server(tmp_path / "www") as server:
+        url = f"{server.url}/aclImdb_v1.tar.gz"
+        monkeypatch.setitem(REMOTE_FILES, "IMDB", RemoteFile("aclImdb_v1.tar.gz", (url,), sha256))
+        texts = lm.read_reviews(lm.default_tar(), 3, 4, tmp_path / "cache")
+    assert texts == {"train": REVIEWS[:3], "test": REVIEWS}
+    assert (raw / "aclImdb_v1.tar.gz").exists() and lm.default_tar() == raw / "aclImdb_v1.tar.gz"
+    _write_tar(tmp_path / "aclImdb_50k.tar.gz")  # the loader's folder comes before this one
+    assert lm.default_tar() == raw / "aclImdb_v1.tar.gz"
+    monkeypatch.setenv("HIERGRAPH_RAW", str(tmp_path))  # and $HIERGRAPH_RAW before both
+    assert lm.default_tar() == tmp_path / "aclImdb_50k.tar.gz"
 
 
 def test_an_archive_without_labelled_reviews_is_refused_and_not_cached(load_example, tmp_path):
