@@ -33,8 +33,8 @@ EXCLUDED_CATEGORIES = ("Component",)
 class GoogleEmoji(MultimodalRecordDataset):
     r"""Google emoji: 9 categories, image (64×64 source) + name.
 
-    Raw folder: ``raw_dir=``, else ``$HIERGRAPH_EMOJI``: the unpacked npm
-    package (the folder holding ``emoji.json`` and ``img/google/64``). Every
+    Raw folder: ``raw_dir=``, else ``$HIERGRAPH_EMOJI``, else ``root/raw``: the unpacked
+    npm package (the folder holding ``emoji.json`` and ``img/google/64``). Every
     file read must lie inside it once symlinks are resolved: an ``emoji.json``
     entry whose image path is absolute, climbs out with ``..`` or leads out
     through a symlink raises :class:`ValueError` naming the entry and the

@@ -170,7 +170,8 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
     Args:
         root: cache folder (default ``$HIERGRAPH_DATA/<name>`` or ``~/.cache/hiergraph/<name>``).
         split: ``'train'``, ``'val'`` or ``'test'``.
-        raw_dir: the raw folder (default ``$<raw_env>``, else ``default_raw_dir``).
+        raw_dir: the raw folder (default ``$<raw_env>``, else ``default_raw_dir``, else
+            ``root/raw``).
         image_size: side ``S`` of the stored images (a multiple of ``patch_size``).
         patch_size: patch side ``p`` of the image grid.
         group_size: optional ``g``: a 2-level patch grid (``g × g`` patches per group).
@@ -222,10 +223,10 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
             )
         self.split, self.image_size, self.max_tokens = split, image_size, max_tokens
         self.max_pixels = max_pixels
-        self.raw_source = Path(
-            raw_dir or os.environ.get(self.raw_env) or self.default_raw_dir or "."
-        )
         root = Path(root) if root is not None else data_root() / self.name
+        self.raw_source = Path(
+            raw_dir or os.environ.get(self.raw_env) or self.default_raw_dir or root / "raw"
+        )
         with file_lock(root / "processed"):  # one process builds the cache
             super().__init__(str(root), transform, force_reload=force_reload)
         self.load(self.processed_paths[SPLITS.index(split)])

@@ -56,6 +56,19 @@ def test_fake_package(fake_package, tmp_path):
     assert rec.name_text.startswith("thing") and rec.source != rec.name_text
 
 
+@needs_minilm
+def test_without_raw_dir_or_variable_the_raw_folder_is_root_raw(
+    fake_package, tmp_path, monkeypatch
+):
+    """As the other loaders' (it was the working directory)."""
+    monkeypatch.delenv(EMOJI_ENV, raising=False)
+    monkeypatch.chdir(fake_package)  # a package here is not looked at
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "cache" / "raw")):
+        GoogleEmoji(tmp_path / "cache")
+    fake_package.rename(tmp_path / "cache" / "raw")
+    assert GoogleEmoji(tmp_path / "cache").classes == ("Flags", "Smileys & Emotion")
+
+
 @pytest.mark.skipif(
     not (REAL / "emoji.json").is_file(),
     reason=f"emoji package not found: run .ci/fetch_multimodal_data.sh <cache> and set "
