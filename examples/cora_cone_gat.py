@@ -47,7 +47,7 @@ budget, device) into a JSON file; ``--device`` picks the torch device (default:
 
     python examples/cora_cone_gat.py                          # quick: penumbral, 2 seeds
     python examples/cora_cone_gat.py --dataset CiteSeer --attention gat umbral
-    python examples/cora_cone_gat.py --paper --attention gat dot penumbral umbral \
+    python examples/cora_cone_gat.py --paper --attention gat dot penumbral umbral \\
         --threads 1 --json benchmarks/results/cone_cora_accuracy_p1000.json
 """
 

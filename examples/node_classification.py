@@ -33,7 +33,7 @@ Budgets:
 
     HIERGRAPH_RAW=/path/to/datasets python examples/node_classification.py
     python examples/node_classification.py --dataset citeseer --model gat
-    python examples/node_classification.py --paper --model hsa_hybrid --hsa-dropout 0.6 \
+    python examples/node_classification.py --paper --model hsa_hybrid --hsa-dropout 0.6 \\
         --threads 1 --json out.json
 
 ``--dataset ppi --synthetic-ppi DIR`` writes and uses a tiny **synthetic** PPI

@@ -7,8 +7,8 @@ every layer, ELU, no dropout, Adam lr 5e-3, BCE-with-logits loss, 2 graphs per
 batch, early stopping on validation micro-F1. Reports test micro-F1 at the best
 validation epoch.
 
-Budgets (the real PPI files are not available offline here, so neither was timed on
-them; on the synthetic stand-in below a run takes seconds):
+Budgets (neither has been timed on the real PPI files; the times below are estimates, and on
+the synthetic stand-in below a run takes seconds):
 
 * default (quick): seed 0, 5 epochs: a smoke run of the full-size model (a few
   minutes on 2 CPU cores, far from converged);

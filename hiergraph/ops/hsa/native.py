@@ -130,8 +130,7 @@ def build() -> ModuleType:
     name, cflags, ldflags = build_flags()
     if not any(Path(_get_build_directory(name, verbose=False)).glob("*.so")):
         print(
-            "hiergraph: compiling its HSA kernels (once per install and machine, about a "
-            "minute)",
+            "hiergraph: compiling its HSA kernels (once per install and machine, about a minute)",
             file=sys.stderr,
             flush=True,
         )
