@@ -288,10 +288,10 @@ class OpenClipArt(MultimodalRecordDataset):
     )
     expected = "png/ and svg/"
 
-    def __init__(self, *args, keywords: bool = False, min_count: int = 40, seed: int = 0, **kw):
+    def __init__(self, *args, keywords: bool = False, min_count: int = 40, seed: int = 0, **kwargs):
         self.keywords, self.min_count, self.seed = keywords, min_count, seed
         self.text_fields = ("title", "description") + (("keywords",) if keywords else ())
-        super().__init__(*args, **kw)
+        super().__init__(*args, **kwargs)
 
     @property
     def cache_key(self) -> str:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn.resolver import activation_resolver, normalization_resolver
 
+from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.position import FamilyPositionEncoder
 
@@ -85,9 +86,11 @@ class GraphHSAConv(nn.Module):
         gate (bool, optional): scale the global branch by a learned
             :math:`\tanh(\alpha)`. (default: :obj:`False`)
         mlp (bool, optional): add the MLP block. (default: :obj:`True`)
-        kernel (str, optional): HSA family kernel, ``'dense'`` (batched
-            matmuls over blocks of families) or ``'edge'`` (scatters over sibling pairs; faster
-            when most families are small, as in Louvain trees).
+        kernel (str, optional): HSA family kernel, one of
+            :data:`~hiergraph.ops.hsa.attention.KERNELS`: ``'dense'`` (batched matmuls
+            over blocks of families), ``'blocks'`` (those blocks only) or ``'edge'``
+            (scatters over sibling pairs; faster when most families are small, as in
+            Louvain trees); see :func:`~hiergraph.ops.hierarchical_attention`.
             (default: :obj:`"dense"`)
         smooth (bool, optional): HSA as a learned smoothing operator: the values
             are the input features themselves, with no value or output map,
@@ -121,6 +124,9 @@ class GraphHSAConv(nn.Module):
         hubs: int = 0,
     ):
         super().__init__()
+        check_int(channels, "channels")
+        check_int(heads, "heads")
+        check_probability(dropout, "dropout")
         if smooth and channels % heads:
             raise ValueError(
                 f"smooth=True splits channels={channels} over heads={heads}: "

@@ -18,7 +18,7 @@ from torch_geometric.utils import to_dense_batch
 
 from hiergraph._device import host_tensor
 from hiergraph.data.signal_hierarchy import SignalHierarchy
-from hiergraph.nn._checks import check_int
+from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, check_one_tree
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.plan import CausalPlan
@@ -90,6 +90,10 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+        check_int(channels, "channels")
+        check_int(heads, "heads")
+        check_int(pos_channels, "pos_channels", minimum=0)
+        check_int(pos_head_channels, "pos_head_channels")
         if channels % heads:
             raise ValueError(f"heads={heads} must divide channels={channels}")
         self.channels, self.heads, self.head_channels = channels, heads, channels // heads
@@ -207,7 +211,15 @@ class CausalSelfAttention(nn.Module):
 class HTEDecoderLayer(nn.Module):
     """Pre-norm decoder block: ``x + Attn(LN x)``, then ``x + MLP(LN x)``."""
 
-    def __init__(self, channels, heads, mlp_channels, pos_channels, attention, dropout=0.0):
+    def __init__(
+        self,
+        channels: int,
+        heads: int,
+        mlp_channels: int,
+        pos_channels: int,
+        attention: str,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.attn = CausalSelfAttention(channels, heads, pos_channels, attention=attention)
         self.norm1, self.norm2 = nn.LayerNorm(channels), nn.LayerNorm(channels)
@@ -270,6 +282,15 @@ class HTEDecoder(nn.Module):
         super().__init__()
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+        check_int(vocab_size, "vocab_size")
+        check_int(channels, "channels")
+        check_int(heads, "heads")
+        check_int(pos_channels, "pos_channels", minimum=0)
+        check_int(num_layers, "num_layers", minimum=0)
+        check_int(mlp_channels, "mlp_channels", optional=True)
+        check_int(max_depth, "max_depth", minimum=0)
+        check_int(max_slot, "max_slot")
+        check_probability(dropout, "dropout")
         self.attention, self.max_depth, self.max_slot = attention, max_depth, max_slot
         self.embed = nn.Embedding(vocab_size, channels)
         self.pos = nn.Embedding((max_depth + 1) * max_slot, pos_channels) if pos_channels else None
@@ -349,8 +370,10 @@ class HTEDecoder(nn.Module):
         """Logits ``[L, V]`` of the full pass (filling ``caches``, one per layer, if given;
         ``tokens [B, L]``: ``B`` sequences on the trees, logits ``[B, L, V]``)."""
         if tokens.dim() not in ((1, 2) if caches else (1,)) or tokens.size(-1) != plan.num_leaves:
+            shapes = "[num_leaves]" + (" or [sequences, num_leaves]" if caches else "")
             raise ValueError(
-                f"tokens must be [num_leaves={plan.num_leaves}], got {tuple(tokens.shape)}"
+                f"tokens must be {shapes} with num_leaves={plan.num_leaves}, got "
+                f"{tuple(tokens.shape)}"
             )
         leaf_tree = plan.ancestors[:, 0]
         # the trees' leaves are consecutive: number the runs of equal roots 0, 1, 2, ...

@@ -89,7 +89,7 @@ def _check_shapes(cache, lead: tuple[int, ...], q: Tensor | None, k: Tensor, v: 
 
 
 class HierarchicalKVCache:
-    r"""Incremental strictly causal HSA for one sequence (App. G.2 of the HSA paper).
+    r"""Incremental strictly causal HSA, token by token (App. G.2 of the HSA paper).
 
     Holds the open nodes :math:`O_0` (root) :math:`\supset O_1 \supset \dots
     \supset O_{m-1}` of the latest leaf's path. For each, the closed children
@@ -669,10 +669,11 @@ class FlatKVCache:
             ValueError: if the shapes do not match the cache's ``heads, dim, dim_v``.
         """
         _check_shapes(self, (), q, k, v)
-        self._store(k[None], v[None])
+        self._store(k[None], v[None])  # (cast to the cache's dtype as they are stored)
         n = self.num_tokens - 1
         keys, values = self.keys[:, : n + 1], self.values[:, : n + 1]
-        weights = torch.softmax(self.tau * torch.einsum("hd,hnd->hn", q, keys), -1)
+        logits = torch.einsum("hd,hnd->hn", q.to(keys.dtype), keys)
+        weights = torch.softmax(self.tau * logits, -1)
         return torch.einsum("hn,hnd->hd", weights, values)
 
     def nbytes(self) -> int:

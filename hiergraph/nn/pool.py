@@ -87,12 +87,14 @@ def select_leaf(
         position = position.to(x.device).expand(num_trees)
     else:  # a fill, not a host-to-device copy
         position = torch.full((num_trees,), position, dtype=torch.long, device=x.device)
-    position = torch.where(position < 0, position + counts, position)
+    asked, position = position, torch.where(position < 0, position + counts, position)
     bad = ((position < 0) | (position >= counts)).any()
     if not reads_values(bad):  # on an accelerator: checked on the device, no host sync
         torch._assert_async(~bad, "select_leaf: leaf position out of range")
     elif bool(bad):
-        raise ValueError(f"leaf position out of range for trees with {counts.tolist()} leaves")
+        raise ValueError(
+            f"position out of range: {asked.tolist()} for trees with {counts.tolist()} leaves"
+        )
     return x.index_select(0, first + position)
 
 

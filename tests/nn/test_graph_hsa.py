@@ -194,6 +194,8 @@ def test_smooth_branch_is_the_hsa_matrix_times_the_features(graphs):
     }
     with pytest.raises(ValueError, match="multiple of heads"):
         GraphHSAConv(6, None, heads=4, smooth=True)
+    with pytest.raises(ValueError, match="heads must be a positive int, got 0"):  # (was 6 % 0)
+        GraphHSAConv(6, None, heads=0, smooth=True)
 
 
 def test_hubs_are_chosen_per_graph_and_all_hubs_give_flat_attention(graphs):

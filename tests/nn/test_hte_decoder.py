@@ -166,6 +166,24 @@ def test_logits_do_not_see_the_future():
         assert torch.equal(net(tokens, tree)[:25], net(changed, tree)[:25])
 
 
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(heads=0), ValueError, "heads must be a positive int, got 0"),  # (was 1 / 0)
+        (dict(vocab_size=0), ValueError, "vocab_size must be a positive int"),
+        (dict(num_layers=-1), ValueError, "num_layers must be an int >= 0"),
+        (dict(channels=2.5), TypeError, "channels must be a positive int"),
+        (dict(mlp_channels=0), ValueError, "mlp_channels must be a positive int or None"),
+        (dict(pos_channels=-1), ValueError, "pos_channels must be an int >= 0"),
+        (dict(max_slot=0), ValueError, "max_slot must be a positive int"),
+        (dict(dropout=1.5), ValueError, r"dropout must be a probability in \[0, 1\]"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        HTEDecoder(**{"vocab_size": 10, **kwargs})
+
+
 def test_bad_inputs():
     with pytest.raises(ValueError, match="attention"):
         HTEDecoder(10, attention="sparse")

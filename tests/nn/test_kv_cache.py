@@ -302,6 +302,19 @@ def test_inputs_are_cast_to_the_cache_dtype():
     torch.testing.assert_close(torch.stack(out), full, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("cache_dtype, input_dtype", [(torch.float32, torch.float64),
+                                                       (torch.float64, torch.float32)])  # fmt: skip
+def test_the_flat_cache_casts_its_inputs_too(cache_dtype, input_dtype):
+    """As the hierarchical cache (a float64 query met float32 keys in one product)."""
+    q, k, v = (t.to(input_dtype) for t in random_qkv(5, seed=4))
+    cache = FlatKVCache(2, 4, 3, dtype=cache_dtype)
+    out = torch.stack([cache.append(q[i], k[i], v[i]) for i in range(5)])
+    assert out.dtype == cache_dtype
+    ref = FlatKVCache(2, 4, 3, dtype=torch.float64)
+    expected = torch.stack([ref.append(*(t[i].double() for t in (q, k, v))) for i in range(5)])
+    torch.testing.assert_close(out.double(), expected, atol=1e-6, rtol=0)
+
+
 def test_append_runs_without_autograd():
     """Inputs that require grad (a decoder's projections outside no_grad) decode the same,
     and the outputs carry no graph: the cache writes into preallocated buffers."""

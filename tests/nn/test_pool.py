@@ -29,8 +29,10 @@ def test_global_mean_and_select():
         global_leaf_mean_pool(b.x, b, mask.long())
     with pytest.raises(ValueError, match=r"shape \[11\]"):
         global_leaf_mean_pool(b.x, b, mask[:5])
-    with pytest.raises(ValueError, match="out of range"):
+    with pytest.raises(ValueError, match=r"position out of range: \[5, 5\] for trees with"):
         select_leaf(b.x, b, 5)
+    with pytest.raises(ValueError, match=r"position out of range: \[-9, -9\]"):  # as given
+        select_leaf(b.x, b, -9)
 
 
 def test_a_batch_of_forests_pools_every_tree():

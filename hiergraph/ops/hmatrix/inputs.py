@@ -33,7 +33,10 @@ def check_inputs(q, k, v, block_size, key_padding_mask) -> None:
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.shape[2] == 0:
-        raise ValueError("sequence length must be >= 1")
+        raise ValueError(
+            f"q, k, v need a sequence length >= 1 ([batch, heads, length, dim]), got shape "
+            f"{tuple(q.shape)}"
+        )
     if q.shape[3] == 0:
         raise ValueError(f"q and k need at least one channel, got shape {tuple(q.shape)}")
     if key_padding_mask is not None:
