@@ -42,12 +42,13 @@ def window_hierarchy(
     The tree is built on the device of ``x`` / ``lifted`` (PyTorch's default device
     without them), as in :func:`window_forest`.
     """
-    return window_forest([n], _check(n, branching), lifted, x)
+    return window_forest([n], _check(n, branching), lifted=lifted, x=x)
 
 
 def window_forest(
     lengths: Sequence[int] | Tensor,
     branching: Sequence[int] = (2, 4, 8, 16),
+    *,
     lifted: Tensor | None = None,
     x: Tensor | None = None,
 ) -> SignalHierarchy:
@@ -174,7 +175,9 @@ def random_window_hierarchy(
     generator: torch.Generator | None = None,
 ) -> SignalHierarchy:
     """Like :func:`window_hierarchy`, but every window's size is drawn uniformly from
-    ``[1, 2 b - 1]`` (mean ``b``): a ragged hierarchy with the same mean branching.
+    ``[1, 2 b - 1]`` (mean ``b``): a ragged hierarchy with the same mean branching. (Its
+    default ``branching`` starts with windows of 16 tokens, unlike
+    :func:`window_hierarchy`'s.)
 
     A synthetic structure for tests and benchmarks.
     """

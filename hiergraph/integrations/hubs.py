@@ -143,7 +143,7 @@ def hub_window_hierarchies(
             f"lifted must have one entry per valid token ({sum(lengths)}), got "
             f"{tuple(lifted.shape)}"
         )
-    return window_forest(lengths, branching, lifted.cpu())
+    return window_forest(lengths, branching, lifted=lifted.cpu())
 
 
 def hub_selection_flops(num_tokens: int, head_dim: int, heads: int = 1) -> int:

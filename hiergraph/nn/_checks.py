@@ -53,3 +53,18 @@ def check_features(x: Tensor, expected: int, name: str, shape: str) -> None:
             f"{name} must have {expected} features in its last dimension ({shape}), got "
             f"{got} (shape {tuple(x.shape)})"
         )
+
+
+def node_pair(x) -> tuple[Tensor, Tensor]:
+    """``(x_src, x_dst)`` of a layer's node features ``x``: a tensor (both) or a pair of
+    them (a bipartite graph); else ``ValueError``."""
+    if isinstance(x, Tensor):
+        return x, x
+    if not (isinstance(x, tuple | list) and len(x) == 2):
+        raise ValueError(f"x must be a tensor or a pair (x_src, x_dst), got {type(x).__name__}")
+    if not all(isinstance(t, Tensor) for t in x):
+        names = tuple(type(t).__name__ for t in x)
+        raise ValueError(
+            f"x_src and x_dst must both be tensors (the queries come from x_dst), got {names}"
+        )
+    return x[0], x[1]

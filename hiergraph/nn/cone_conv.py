@@ -22,6 +22,7 @@ from hiergraph.nn._checks import (
     check_features,
     check_int,
     check_probability,
+    node_pair,
 )
 from hiergraph.nn._edges import EdgeInput
 from hiergraph.ops.cone import DEFAULT_RADIUS, cone_geometry, edge_pairs
@@ -260,7 +261,7 @@ class ConeConv(MessagePassing):
                 the output only (unlike PyG's ``GATConv``, where :obj:`False` also
                 returns the weights). (default: :obj:`None`)
         """
-        x_src, x_dst = (x, x) if isinstance(x, Tensor) else self._check_pair(x)
+        x_src, x_dst = node_pair(x)
         if x_src.dim() != 2 or x_dst.dim() != 2:
             raise ValueError(
                 f"x must be a [num_nodes, in_channels] tensor or a pair of them, got "
@@ -299,17 +300,6 @@ class ConeConv(MessagePassing):
         if adj is not None:
             return out, (edge_values_to_adjacency(adj, alpha), alpha)
         return out, (edge_index, alpha)
-
-    @staticmethod
-    def _check_pair(x) -> tuple[Tensor, Tensor]:
-        if not (isinstance(x, tuple | list) and len(x) == 2):
-            raise ValueError(f"x must be a tensor or a pair (x_src, x_dst), got {type(x).__name__}")
-        if not all(isinstance(t, Tensor) for t in x):
-            names = tuple(type(t).__name__ for t in x)
-            raise ValueError(
-                f"x_src and x_dst must both be tensors (the queries come from x_dst), got {names}"
-            )
-        return x[0], x[1]
 
     def _check_features(self, x_src: Tensor, x_dst: Tensor) -> None:
         """Feature sizes against the projections (skipped while a lazy size is unset)."""

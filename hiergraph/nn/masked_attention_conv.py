@@ -14,7 +14,7 @@ from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import softmax
 
 from hiergraph.masks.band import BandMask
-from hiergraph.nn._checks import check_conv_arguments
+from hiergraph.nn._checks import check_conv_arguments, node_pair
 from hiergraph.nn._edges import EdgeInput
 from hiergraph.ops.edge_index import edge_values_to_adjacency
 from hiergraph.ops.masked.banded import banded_attention
@@ -238,7 +238,7 @@ class MaskedAttentionConv(MessagePassing):
                 (default: :obj:`None`)
         """
         H, C = self.heads, self.out_channels
-        x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
+        x_src, x_dst = node_pair(x)
         self._check_features(x_src, x_dst)
         size = (x_src.size(0), x_dst.size(0))
         band = edge_index if isinstance(edge_index, BandMask) else None

@@ -67,7 +67,7 @@ def test_window_forest_equals_the_reference_trees(with_lifted):
         lengths, branching, lifted = random_case(gen, with_lifted)
         mask = torch.cat([torch.isin(torch.arange(n), torch.tensor(s, dtype=torch.long))
                           for n, s in zip(lengths, lifted, strict=True)])  # fmt: skip
-        forest = window_forest(lengths, branching, mask)
+        forest = window_forest(lengths, branching, lifted=mask)
         trees = [reference_tree(n, branching, s) for n, s in zip(lengths, lifted, strict=True)]
         assert forest.num_trees == len(lengths) and forest.num_leaves == sum(lengths)
         assert bool(forest.is_leaf[: sum(lengths)].all())
@@ -100,7 +100,7 @@ def test_window_hierarchy_is_a_one_tree_forest():
 
 def test_lifted_tokens_sit_left_of_the_top_windows():
     # 6 tokens, token 4 lifted: windows of 2 over 0 1 2 3 5 -> root family [4, w01, w23, w5]
-    forest = window_forest([6], (2,), torch.tensor([False] * 4 + [True, False]))
+    forest = window_forest([6], (2,), lifted=torch.tensor([False] * 4 + [True, False]))
     nodes = torch.arange(forest.num_nodes)
     root = int(nodes[forest.parent == nodes])
     family = nodes[(forest.parent == root) & (nodes != root)]
@@ -122,7 +122,7 @@ def test_lifted_tokens_sit_left_of_the_top_windows():
 )
 def test_bad_input(lengths, lifted, match):
     with pytest.raises(ValueError, match=match):
-        window_forest(lengths, (2,), lifted)
+        window_forest(lengths, (2,), lifted=lifted)
     with pytest.raises(ValueError, match="branching"):
         window_forest([3], (1,))
 

@@ -371,6 +371,10 @@ def test_lazy_sizes_work_under_to_hetero():
     assert conv.lin_key.weight.shape == (8, 5) and conv.lin_query.weight.shape == (8, 6)
     with pytest.raises(ValueError, match=r"x_src must be a \[num_nodes, 5\]"):
         conv((x["author"], x["author"]), *edges.values())  # sizes fixed by the first call
+    with pytest.raises(ValueError, match=r"a pair \(x_src, x_dst\), got tuple"):  # (unpacking)
+        conv((x["paper"], x["author"], x["author"]), *edges.values())
+    with pytest.raises(ValueError, match="x_src and x_dst must both be tensors"):
+        conv((x["paper"], None), *edges.values())
 
 
 # ---------------------------------------------------------------- Prop. 1 / Def. 10 (T8)
