@@ -5,11 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hiergraph.datasets.text import TextClassificationDataset, decode, stratified_split
+from hiergraph.datasets.text import TextClassificationDataset, decode, official_splits
 
 _REVIEW = re.compile(r"^(?:aclImdb/)?(train|val|test)/(pos|neg)/(\d+)_(\d+)\.txt$")
-#: Fraction of the official training set held out for validation (as in the HSA paper).
-VAL_FRACTION = 0.1
 
 
 class IMDB(TextClassificationDataset):
@@ -56,11 +54,4 @@ class IMDB(TextClassificationDataset):
                 f"{source} has no IMDB reviews in <train|val|test>/<pos|neg>/<id>_<rating>.txt "
                 f"(train: {len(train)}, test: {len(test)}); is it the right archive?"
             )
-        train.sort(key=lambda r: r[:2])
-        test.sort(key=lambda r: r[:2])
-        fit, val = stratified_split([r[0] for r in train], (1 - VAL_FRACTION, VAL_FRACTION))
-        return {
-            "train": [(train[i][2], train[i][0]) for i in fit],
-            "val": [(train[i][2], train[i][0]) for i in val],
-            "test": [(r[2], r[0]) for r in test],
-        }
+        return official_splits(train, test)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hiergraph.datasets.text import TextClassificationDataset, decode, stratified_split
+from hiergraph.datasets.text import TextClassificationDataset, decode, official_splits
 
 _POST = re.compile(r"^(?:[^/]+/)?20news-bydate-(train|test)/([a-z.-]+)/(\d+)$")
-VAL_FRACTION = 0.1
 
 NEWSGROUPS = (
     "alt.atheism",
@@ -90,10 +89,4 @@ class TwentyNewsgroups(TextClassificationDataset):
                 f"{source} has no posts in 20news-bydate-<train|test>/<group>/<id> "
                 f"(train: {len(posts['train'])}, test: {len(posts['test'])})"
             )
-        train, test = sorted(posts["train"]), sorted(posts["test"])
-        fit, val = stratified_split([r[0] for r in train], (1 - VAL_FRACTION, VAL_FRACTION))
-        return {
-            "train": [(train[i][2], train[i][0]) for i in fit],
-            "val": [(train[i][2], train[i][0]) for i in val],
-            "test": [(r[2], r[0]) for r in test],
-        }
+        return official_splits(posts["train"], posts["test"])

@@ -201,6 +201,27 @@ def stratified_split(
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
+#: Fraction of an official training set held out for validation (as in the HSA paper).
+VAL_FRACTION = 0.1
+
+
+def official_splits(
+    train: list[tuple[int, int, str]], test: list[tuple[int, int, str]]
+) -> dict[str, list[tuple[str, int]]]:
+    """``{'train', 'val', 'test'}`` lists of ``(text, label)`` from the official training and
+    test sets' ``(label, file id, text)`` records, sorted by ``(label, file id)``:
+    :data:`VAL_FRACTION` of the training set is held out for validation by a seeded
+    stratified split (:func:`stratified_split`), the same whichever order the files came
+    in."""
+    train, test = (sorted(records, key=lambda r: r[:2]) for records in (train, test))
+    fit, val = stratified_split([r[0] for r in train], (1 - VAL_FRACTION, VAL_FRACTION))
+    return {
+        "train": [(train[i][2], train[i][0]) for i in fit],
+        "val": [(train[i][2], train[i][0]) for i in val],
+        "test": [(r[2], r[0]) for r in test],
+    }
+
+
 class TextClassificationDataset(StrictLoad, InMemoryDataset):
     r"""One split of a document-classification corpus as signal hierarchies.
 
