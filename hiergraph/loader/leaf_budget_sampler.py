@@ -36,6 +36,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import Sampler
 
+from hiergraph._runs import run_ptr
+
 
 def leaf_counts(dataset, internal_weight: float = 0.0) -> Tensor:
     r"""``[len(dataset)]`` size of every tree of a dataset in leaves (leaf-equivalents).
@@ -54,7 +56,7 @@ def leaf_counts(dataset, internal_weight: float = 0.0) -> Tensor:
     slices = getattr(dataset, "slices", None)
     if slices is not None and "is_leaf" in slices and getattr(dataset, "_indices", None) is None:
         ptr = slices["is_leaf"]
-        cum = torch.cat([torch.zeros(1, dtype=torch.long), dataset._data.is_leaf.long().cumsum(0)])
+        cum = run_ptr(dataset._data.is_leaf.long())
         leaves, nodes = cum[ptr].diff(), ptr.diff()
     else:
         counts = [_leaves_and_nodes(dataset[i], i) for i in range(len(dataset))]

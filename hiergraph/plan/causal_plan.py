@@ -8,6 +8,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from hiergraph._runs import run_ptr
 from hiergraph.plan.tree_index import TreeIndex, outside_inference_mode
 
 
@@ -114,7 +115,7 @@ class CausalPlan:
             self.ancestors >= 0, index.rank[self.ancestors.clamp(min=0)], self.ancestors
         )
         depth = self.leaf_depth
-        pair_ptr = torch.cat([depth.new_zeros(1), torch.cumsum(depth, 0)])
+        pair_ptr = run_ptr(depth)
         per_node = (self.first_leaf, self.last_leaf, self.count, self.rank)
         nodes = [t.index_select(0, index.order) for t in per_node]
         return (path.contiguous(), depth, pair_ptr, *nodes, index.order)

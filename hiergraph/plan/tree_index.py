@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from hiergraph._runs import ramp, run_ptr
 from hiergraph.plan.costs import BLOCK_COST, SLICE_SAVING
 from hiergraph.plan.family_order import family_order
 from hiergraph.plan.padded_forest import PaddedForest
@@ -472,7 +473,7 @@ class TreeIndex:
         """``[N + 1]`` where the ``b^2`` ordered pairs of members of position ``x``'s family
         (its ``b`` children) begin in a list of every family's pairs, family after family."""
         pairs = (self.child_ptr[1:] - self.child_ptr[:-1]) ** 2
-        return torch.cat([pairs.new_zeros(1), torch.cumsum(pairs, 0)])
+        return run_ptr(pairs)
 
     @cached_property
     @outside_inference_mode
@@ -514,18 +515,11 @@ def _pairs(family_start: Tensor, family_size: Tensor) -> Tensor:
     device = family_start.device
     member_size = family_size.repeat_interleave(family_size)
     member_start = family_start.repeat_interleave(family_size)
-    member_pos = member_start + _ramp(family_size)
+    member_pos = member_start + ramp(family_size)
     query = member_pos.repeat_interleave(member_size)
-    key = member_start.repeat_interleave(member_size) + _ramp(member_size)
+    key = member_start.repeat_interleave(member_size) + ramp(member_size)
     keep = query != key
     return torch.stack([query[keep], key[keep]]).to(device)
-
-
-def _ramp(sizes: Tensor) -> Tensor:
-    """``0, 1, …, s - 1`` for every ``s`` in ``sizes``, concatenated."""
-    total = int(sizes.sum())
-    first = torch.cumsum(sizes, 0) - sizes
-    return torch.arange(total, device=sizes.device) - first.repeat_interleave(sizes)
 
 
 def _gather_slots(blocks: list[FamilyBlock], size: int) -> dict:

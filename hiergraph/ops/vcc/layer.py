@@ -34,6 +34,7 @@ from torch_geometric.utils import segment, to_dense_batch
 
 from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype
+from hiergraph._runs import run_ptr
 from hiergraph.ops.vcc.segment_tree import (
     ScoreFn,
     SegmentTree,
@@ -47,10 +48,6 @@ from hiergraph.ops.vcc.segment_tree import (
 LayerFn = Callable[[Tensor, Tensor], Tensor]
 """``layer_fn(z [B, r, d], key_bias [B, r]) -> z + gamma(z)``; ``key_bias`` is added to
 every attention logit of key ``j`` (``log s_j``, ``-inf`` for padding)."""
-
-
-def _ptr(sizes: Tensor) -> Tensor:
-    return torch.cat([sizes.new_zeros(1), torch.cumsum(sizes, 0)])
 
 
 def _batch(ptr: Tensor) -> Tensor:
@@ -81,7 +78,7 @@ def vip_partition(
     flat = x.reshape(-1, x.size(-1))
     p = take_rows(flat, vip_mask.flatten().nonzero().squeeze(1))
     c = take_rows(flat, other.flatten().nonzero().squeeze(1))
-    return p, _ptr(vip_mask.sum(1)), c, _ptr(other.sum(1))
+    return p, run_ptr(vip_mask.sum(1)), c, run_ptr(other.sum(1))
 
 
 def vip_restore(p: Tensor, c: Tensor, vip_mask: Tensor, token_mask: Tensor | None = None) -> Tensor:

@@ -46,6 +46,7 @@ from torch import Tensor
 from torch_geometric.utils import segment
 
 from hiergraph._precision import accumulation_dtype
+from hiergraph._runs import ramp, run_ptr
 from hiergraph.data.windows import check_branching
 from hiergraph.ops.rows import take_rows
 from hiergraph.ops.runs import broadcast_runs
@@ -53,15 +54,6 @@ from hiergraph.ops.topk import top_k_per_group
 
 ScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 """``score_fn(means [M, d], batch [M], count [M]) -> [M]``: larger = refine first."""
-
-
-def _ranges(starts: Tensor, sizes: Tensor) -> Tensor:
-    """Concatenate ``arange(starts[i], starts[i] + sizes[i])`` over ``i``."""
-    total = int(sizes.sum())
-    offsets = torch.cumsum(sizes, 0) - sizes
-    local = torch.arange(total, device=starts.device)
-    local = local - offsets.repeat_interleave(sizes, 0, output_size=total)
-    return starts.repeat_interleave(sizes, 0, output_size=total) + local
 
 
 def expand_to_children(values: Tensor, ptr: Tensor) -> Tensor:
@@ -138,7 +130,7 @@ class SegmentTree:
             else:
                 size = size * (branching[level - 1] if level > 0 else 1)
                 per_seq = torch.div(lengths + size - 1, size, rounding_mode="floor")
-            lp = torch.cat([per_seq.new_zeros(1), torch.cumsum(per_seq, 0)])
+            lp = run_ptr(per_seq)
             b = seq.repeat_interleave(per_seq)
             x = torch.arange(b.numel(), device=device) - lp[b]
             seg = size if level <= len(branching) else 0
@@ -160,7 +152,7 @@ class SegmentTree:
                 level_ptr[level + 1][b] + (torch.div(x, up, rounding_mode="floor") if up else 0)
             )
             children = torch.bincount(parent[-1], minlength=batch[level + 1].numel())
-            child_ptr.append(torch.cat([children.new_zeros(1), torch.cumsum(children, 0)]))
+            child_ptr.append(run_ptr(children))
         return cls(branching, ptr, *map(tuple, (batch, start, count, parent, child_ptr)))
 
 
@@ -246,7 +238,7 @@ class Selection:
     @property
     def token_ptr(self) -> Tensor:
         """``[R + 1]`` CSR pointer of the tokens of each row (for :func:`segment`)."""
-        return torch.cat([self.count.new_zeros(1), torch.cumsum(self.count, 0)])
+        return run_ptr(self.count)
 
     @property
     def token_to_row(self) -> Tensor:
@@ -325,10 +317,8 @@ def select_segments(
         splits.append(split)
         first, last = tree.child_ptr[level][split], tree.child_ptr[level][split + 1]
         sizes = last - first
-        node = _ranges(first, sizes)
-        mean = expand_to_children(
-            take_rows(mean, chosen), torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
-        )
+        node = ramp(sizes, first)
+        mean = expand_to_children(take_rows(mean, chosen), run_ptr(sizes))
         mean = mean - take_rows(state.delta[level - 1], node)
     parts.append((0, node, mean))
 
@@ -346,7 +336,7 @@ def select_segments(
         batch=batch,
         start=start,
         count=count,
-        ptr=torch.cat([rows.new_zeros(1), torch.cumsum(rows, 0)]),
+        ptr=run_ptr(rows),
         split=tuple(reversed(splits)),  # split[l - 1] = refined nodes of level l
         value=take_rows(torch.cat([m for _, _, m in parts]), order),
     )
@@ -385,11 +375,11 @@ def update_tree(state: TreeState, tree: SegmentTree, sel: Selection, value: Tens
         order = torch.argsort(nodes)
         nodes, vals = nodes[order], take_rows(vals, order)
         count = tree.count[level].index_select(0, nodes).unsqueeze(1).to(work)
-        run_ptr = torch.cat([sizes.new_zeros(1), torch.cumsum(sizes, 0)])
-        parent_vals = segment(vals.to(work) * count, run_ptr)
+        ptr = run_ptr(sizes)
+        parent_vals = segment(vals.to(work) * count, ptr)
         parent_vals = parent_vals / tree.count[level + 1][split].unsqueeze(1).to(work)
         parent_vals = parent_vals.to(vals.dtype)
-        expanded = expand_to_children(parent_vals, run_ptr)
+        expanded = expand_to_children(parent_vals, ptr)
         delta[level] = delta[level].index_copy(0, nodes, expanded - vals)
         leaf = (sel.level == level + 1).nonzero().squeeze(1)
         nodes = torch.cat([sel.node[leaf], split])
