@@ -1,0 +1,15 @@
+"""Index arithmetic over runs of rows (``hiergraph._runs``), against Python loops."""
+
+import torch
+
+from hiergraph._runs import ramp, run_ptr
+
+
+def test_run_ptr_and_ramp_with_empty_runs():
+    sizes = torch.tensor([3, 0, 2, 1, 0])
+    assert run_ptr(sizes).tolist() == [0, 3, 3, 5, 6, 6]
+    assert ramp(sizes).tolist() == [0, 1, 2, 0, 1, 0]
+    starts = torch.tensor([10, 7, 4, 0, 2])
+    expected = [s + i for s, n in zip(starts.tolist(), sizes.tolist()) for i in range(n)]
+    assert ramp(sizes, starts).tolist() == expected == [10, 11, 12, 4, 5, 0]
+    assert run_ptr(sizes[:0]).tolist() == [0] and ramp(sizes[:0]).numel() == 0
