@@ -10,6 +10,7 @@ def test_run_ptr_and_ramp_with_empty_runs():
     assert run_ptr(sizes).tolist() == [0, 3, 3, 5, 6, 6]
     assert ramp(sizes).tolist() == [0, 1, 2, 0, 1, 0]
     starts = torch.tensor([10, 7, 4, 0, 2])
-    expected = [s + i for s, n in zip(starts.tolist(), sizes.tolist()) for i in range(n)]
+    pairs = zip(starts.tolist(), sizes.tolist(), strict=True)
+    expected = [s + i for s, n in pairs for i in range(n)]
     assert ramp(sizes, starts).tolist() == expected == [10, 11, 12, 4, 5, 0]
     assert run_ptr(sizes[:0]).tolist() == [0] and ramp(sizes[:0]).numel() == 0

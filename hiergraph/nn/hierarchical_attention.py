@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 from torch import Tensor, nn
 
@@ -146,14 +148,35 @@ class HierarchicalSelfAttention(nn.Module):
         if self.pos is not None:
             self.pos.reset_parameters()
 
+    @overload
     def forward(
         self,
         x: Tensor,
         hierarchy,
         pos_emb: Tensor | None = None,
         leaf_mask: Tensor | None = None,
-        return_attention_weights: bool = False,
-    ):
+        return_attention_weights: Literal[False] | None = None,
+    ) -> Tensor: ...
+
+    @overload
+    def forward(
+        self,
+        x: Tensor,
+        hierarchy,
+        pos_emb: Tensor | None = None,
+        leaf_mask: Tensor | None = None,
+        *,
+        return_attention_weights: Literal[True],
+    ) -> tuple[Tensor, Tensor]: ...
+
+    def forward(
+        self,
+        x: Tensor,
+        hierarchy,
+        pos_emb: Tensor | None = None,
+        leaf_mask: Tensor | None = None,
+        return_attention_weights: bool | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         r"""
         Args:
             x: ``[L, in_channels]`` leaf features in leaf order.

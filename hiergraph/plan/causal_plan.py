@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 from torch import Tensor
 
 from hiergraph._runs import run_ptr
+from hiergraph.plan._to_device import moved
 from hiergraph.plan.tree_index import TreeIndex, outside_inference_mode
 
 
@@ -91,16 +92,7 @@ class CausalPlan:
 
     def to(self, device, tree_index: TreeIndex | None = None) -> CausalPlan:
         """A copy with every tensor on ``device`` (``tree_index``: the already moved index)."""
-        moved = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, Tensor):
-                value = value.to(device)
-            elif isinstance(value, list):
-                value = [v.to(device) for v in value]
-            moved[f.name] = value
-        moved["tree_index"] = tree_index or self.tree_index.to(device)
-        return CausalPlan(**moved)
+        return moved(self, device, tree_index=tree_index or self.tree_index.to(device))
 
     @cached_property
     @outside_inference_mode

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from hiergraph.plan._to_device import moved
 from hiergraph.plan.costs import (
     ACCELERATOR_BLOCK_COST,
     ACCELERATOR_REFERENCE_WIDTH,
@@ -195,16 +196,7 @@ class PaddedForest:
         return cls(shape, leaf_slot, node_source, real, len(blocks), block_slots, lead, sunk)
 
     def to(self, device) -> PaddedForest:
-        return PaddedForest(
-            self.shape,
-            self.leaf_slot.to(device),
-            [s.to(device) for s in self.node_source],
-            self.real.to(device),
-            self.blocks,
-            self.block_slots,
-            self.leaves_lead,
-            self.sunk,
-        )
+        return moved(self, device)
 
 
 def _trees(levels) -> list[Tensor]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cached_property, wraps
 from typing import TYPE_CHECKING
 
@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._runs import ramp, run_ptr
+from hiergraph.plan._to_device import moved
 from hiergraph.plan.costs import BLOCK_COST, SLICE_SAVING
 from hiergraph.plan.family_order import family_order
 from hiergraph.plan.padded_forest import PaddedForest
@@ -84,11 +85,7 @@ class FamilyBlock:
         return rows.reshape(self.count, self.width, *rows.shape[1:])
 
     def to(self, device) -> FamilyBlock:
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in ("parents", "index", "valid", "padding"):
-            if moved[name] is not None:
-                moved[name] = moved[name].to(device)
-        return FamilyBlock(**moved)
+        return moved(self, device)
 
 
 @dataclass
@@ -178,15 +175,7 @@ class Level:
         return _pairs(self.family_start, self.family_size)
 
     def to(self, device) -> Level:
-        moved = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, Tensor):
-                value = value.to(device)
-            elif f.name == "blocks":
-                value = [b.to(device) for b in value]
-            moved[f.name] = value
-        return Level(**moved)
+        return moved(self, device)
 
 
 @dataclass
@@ -487,15 +476,7 @@ class TreeIndex:
     @outside_inference_mode
     def to(self, device) -> TreeIndex:
         """A copy with every tensor moved to ``device`` (and the causal plan, if built)."""
-        moved = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, (Tensor, Level, PaddedForest)):
-                value = value.to(device)
-            elif isinstance(value, list) and value and isinstance(value[0], (Tensor, Level)):
-                value = [v.to(device) for v in value]
-            moved[f.name] = value
-        index = TreeIndex(**moved)
+        index = moved(self, device)
         if "causal_plan" in self.__dict__:  # built: move it along instead of rebuilding it there
             index.causal_plan = self.causal_plan.to(device, index)
         return index

@@ -247,3 +247,31 @@ def test_plans_built_under_inference_mode_serve_autograd():
         moved = index.to("cpu")
     tensors = tensors_in(index) + tensors_in(moved) + tensors_in(lazy)
     assert len(tensors) > 50 and not any(t.is_inference() for t in tensors)
+
+
+def _tensors(value, path="index"):
+    """Every ``(path, tensor)`` reachable through dataclass fields and lists."""
+    import dataclasses
+
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _tensors(v, f"{path}[{i}]")
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _tensors(getattr(value, f.name), f"{path}.{f.name}")
+
+
+def test_to_moves_every_tensor_of_the_plan():
+    """Every tensor of the index, its levels and blocks, its padded embedding and its causal
+    plan moves: a field left behind would fail (or copy) on the device at every call."""
+    forest = window_forest([37, 5, 64, 20, 2], (4, 4))
+    index = forest.tree_index()
+    assert index.padded is not None and index.causal_plan is not None
+    assert any(block.start is None for level in index.levels for block in level.blocks)
+    moved = index.to("meta")
+    found = list(_tensors(moved)) + list(_tensors(moved.causal_plan, "causal_plan"))
+    assert len(found) > 40
+    assert [path for path, t in found if t.device.type != "meta"] == []
+    assert [path for path, t in _tensors(index) if t.device.type != "cpu"] == []

@@ -186,7 +186,13 @@ def runs_as_views(
 
 
 def causal_statistics(
-    q: Tensor, k: Tensor, v: Tensor, hierarchy, *, pos_emb: Tensor | None = None, scale=None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    hierarchy,
+    *,
+    pos_emb: Tensor | None = None,
+    scale: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     r"""Strictly causal HSA, and the node statistics a cache holds.
 

@@ -27,7 +27,12 @@ from hiergraph.ops.topk import top_k_per_group
 
 
 def root_scores(
-    q: Tensor, k: Tensor, tree: Tensor | int, leaf_mask: Tensor | None = None, scale=None
+    q: Tensor,
+    k: Tensor,
+    tree: Tensor | int,
+    leaf_mask: Tensor | None = None,
+    *,
+    scale: float | None = None,
 ) -> Tensor:
     r"""``[L]`` scores :math:`s_j` of every leaf (``-inf`` at masked leaves).
 
