@@ -11,6 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from hiergraph._checks import check_int
 from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 
 
@@ -218,6 +219,8 @@ def hmatrix_layout(length: int, block_size: int) -> HMatrixLayout:
     length they become guards (a length range per level count), so the padded layout of
     :func:`~hiergraph.ops.hmatrix_attention` keeps static sizes.
     """
+    check_int(length, "length")
+    check_block_size(block_size)  # (a block size of 0 never reached the length)
     if length <= 2 * block_size:
         nr = -(-length // 2)
         return HMatrixLayout(nr, 1, 2 * nr)

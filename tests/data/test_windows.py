@@ -6,7 +6,7 @@ import torch
 from torch_geometric.data import Batch
 
 from hiergraph.data import SignalHierarchy
-from hiergraph.data.windows import window_forest, window_hierarchy
+from hiergraph.data.windows import hmatrix_layout, window_forest, window_hierarchy
 from hiergraph.ops.hsa.attention import hierarchical_attention
 
 
@@ -178,3 +178,18 @@ def test_cuda_inputs_give_a_cuda_forest_equal_to_cpu():
     h = window_hierarchy(30, (2, 4), x=x[:30].cuda())
     assert h.parent.device.type == "cuda"
     assert torch.equal(h.parent.cpu(), window_hierarchy(30, (2, 4)).parent)
+
+
+@pytest.mark.parametrize(
+    "length, block_size, error, match",
+    [
+        (16, 0, ValueError, "block_size must be an even int >= 2"),  # (looped forever)
+        (16, -2, ValueError, "block_size must be an even int >= 2"),  # (looped forever)
+        (16, 3, ValueError, "block_size must be an even int >= 2"),
+        (0, 4, ValueError, "length must be a positive int, got 0"),
+        (16.0, 4, TypeError, "length must be a positive int"),
+    ],
+)
+def test_hmatrix_layout_refuses_bad_sizes(length, block_size, error, match):
+    with pytest.raises(error, match=match):
+        hmatrix_layout(length, block_size)

@@ -41,5 +41,5 @@ def test_module_shapes_and_errors():
         HMatrixAttention(32, 4, block_size=3)  # (before: at the first forward)
     with pytest.raises(ValueError, match=r"\[batch, length, 32\]"):
         attn(torch.randn(50, 32))
-    with pytest.raises(ValueError, match="length must be >= 1"):
+    with pytest.raises(ValueError, match="need a sequence length >= 1"):
         attn(torch.randn(3, 0, 32))

@@ -17,7 +17,7 @@ from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge, wide_dominates
-from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb
+from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb, logit_scale
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.ops.hsa.uniform import fits, per_depth, per_level, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
@@ -152,7 +152,7 @@ def hierarchical_attention(
             f"the hierarchy is on {index.device} but q is on {q.device}; move the hierarchy "
             "(hierarchy.to(device)) before calling"
         )
-    tau = q.size(-1) ** -0.5 if scale is None else scale
+    tau = logit_scale(scale, q)
     views = dict(
         include_self=include_self,
         left_only=leaky_causal,

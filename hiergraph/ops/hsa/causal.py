@@ -20,7 +20,7 @@ from hiergraph._autograd import records_grad
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal_uniform import uniform_causal_attention
-from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb
+from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb, logit_scale
 from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, to_slots
 from hiergraph.ops.hsa.uniform import fits, per_depth
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
@@ -129,7 +129,7 @@ def causal_hierarchical_attention(
         raise ValueError(f"kernel must be 'dense' or 'edge', got {kernel!r}")
     plan = CausalPlan.of(hierarchy)
     eps = _check_inputs(q, k, v, plan, pos_emb)
-    tau = q.size(-1) ** -0.5 if scale is None else scale
+    tau = logit_scale(scale, q)
     # bf16/fp16: counts, prefix sums and softmax sums in float32, the output rounded once
     dtype, work = q.dtype, accumulation_dtype(q.dtype)
     q, k, v = q.to(work), k.to(work), v.to(work)
@@ -209,7 +209,7 @@ def causal_statistics(
     """
     plan = CausalPlan.of(hierarchy)
     eps = _check_inputs(q, k, v, plan, pos_emb)
-    tau = q.size(-1) ** -0.5 if scale is None else scale
+    tau = logit_scale(scale, q)
     if not records_grad(q, k, v, eps) and native.applies_to_causal(q, k, v, eps):
         return native.causal_forest_statistics(q, k, v, eps, plan, tau=tau)
     out, sums, per_depth = _edge_attention(q, k, v, plan, eps, tau)

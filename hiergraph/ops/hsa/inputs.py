@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+from numbers import Real
 
+import torch
 from torch import Tensor
 
 from hiergraph._precision import autocast_dtype, autocast_off
@@ -41,6 +43,20 @@ def head_pos_emb(pos_emb: Tensor, q: Tensor, num_nodes: int) -> Tensor:
             f"got {tuple(pos_emb.shape)}"
         )
     return (pos_emb if pos_emb.dim() == 3 else pos_emb.unsqueeze(1)).to(q.dtype)
+
+
+def logit_scale(scale, q: Tensor) -> float:
+    r"""The logit scale :math:`\tau`: ``scale``, a number, else :math:`1/\sqrt{d}` of ``q``'s
+    ``d`` channels. A tensor is refused: the ops take no gradient through it (a learned
+    temperature can scale ``q`` instead)."""
+    if scale is None:
+        return q.size(-1) ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, Real | torch.SymFloat):
+        raise TypeError(
+            f"scale must be a number, got {type(scale).__name__} (the op takes no gradient "
+            "through it: to learn a temperature, scale q by it instead)"
+        )
+    return scale
 
 
 def _check_tensors(q, k, v) -> None:

@@ -710,6 +710,10 @@ def test_bad_inputs():
         hierarchical_attention(q, k, v, h, leaf_mask=torch.ones(5, dtype=torch.bool))
     with pytest.raises(ValueError, match="kernel"):
         hierarchical_attention(q, k, v, h, kernel="flash")
+    learned = torch.tensor(0.7, requires_grad=True)  # (its gradient was silently dropped)
+    for causal in (False, True):
+        with pytest.raises(TypeError, match="scale must be a number, got Tensor"):
+            hierarchical_attention(q, k, v, h, include_self=True, causal=causal, scale=learned)
     two_d = hierarchical_attention(q[:, 0], k[:, 0], v[:, 0], h)
     assert torch.allclose(two_d, hierarchical_attention(q[:, :1], k[:, :1], v[:, :1], h)[:, 0])
 
