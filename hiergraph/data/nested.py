@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,7 +11,7 @@ import torch
 from torch import Tensor
 
 from hiergraph.data.domain import Domain
-from hiergraph.data.signal_hierarchy import SignalHierarchy
+from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 
 
 @dataclass
@@ -129,7 +130,7 @@ def from_nested(
     pos[new_id] = torch.tensor([k["pos"] for k in kinds], dtype=torch.long)
     node_type = column("node_type")
     if leaf_type is not None:
-        leaf_type = torch.as_tensor(leaf_type, dtype=torch.long)
+        leaf_type = as_long(leaf_type, "leaf_type")
         if leaf_type.shape != (num_leaves,):
             raise ValueError(
                 f"leaf_type must have shape [{num_leaves}], got {tuple(leaf_type.shape)}"
@@ -184,13 +185,12 @@ class _Builder:
             if isinstance(spec, (bool, str, bytes)) or not isinstance(
                 spec, (int, Sequence, Mapping, Family)
             ):
-                if hasattr(spec, "__index__") and not isinstance(spec, bool):
-                    spec = int(spec)
-                else:
+                if isinstance(spec, bool) or not hasattr(spec, "__index__"):
                     raise TypeError(
                         f"a nested spec holds ints (leaves), lists, dicts or Family objects; "
                         f"got {type(spec).__name__}"
                     )
+                spec = _index(spec, "a leaf (its feature row)")
             if isinstance(spec, int):
                 node.update(row=spec, node_type=0)
                 self.leaf_rows.append(spec)
@@ -202,7 +202,8 @@ class _Builder:
                     f"the same object as its ancestor at depth {ancestor}; a hierarchy must be "
                     "a tree (build each level from new lists, dicts or Family objects)"
                 )
-            node.update(row=None, node_type=spec.node_type if isinstance(spec, Family) else 0)
+            node_type = _index(spec.node_type, "node_type") if isinstance(spec, Family) else 0
+            node.update(row=None, node_type=node_type)
             children, child_domain, child_pos = self._family(spec)
             if len(children) == 0:
                 raise ValueError(
@@ -241,12 +242,24 @@ class _Builder:
                 f"unknown key {key!r} in a key-value family; pass keys={{name: id, ...}} "
                 "(shared by all trees you batch together) or use int keys"
             )
-        return int(self.keys[key])
+        return _index(self.keys[key], f"the id of key {key!r}")
 
 
 def _pair(p) -> tuple[int, int]:
     if isinstance(p, Sequence):
         if len(p) != 2:
             raise ValueError(f"a 2-D position must be a (row, col) pair, got {p!r}")
-        return int(p[0]), int(p[1])
-    return int(p), 0
+        return _index(p[0], "a position"), _index(p[1], "a position")
+    return _index(p, "a position"), 0
+
+
+def _index(value, what: str) -> int:
+    """``value`` as an int, refused unless it is one: an int, a NumPy integer or a tensor of
+    one integer (a float, a bool or a float tensor is not silently truncated)."""
+    is_bool = isinstance(value, bool) or getattr(value, "dtype", None) in (torch.bool, bool)
+    try:
+        if not is_bool:
+            return operator.index(value)
+    except TypeError:
+        pass
+    raise TypeError(f"{what} must be an int, got {value!r}")

@@ -405,11 +405,15 @@ class HTEDecoder(nn.Module):
         ``token [B]`` (a tensor): one token of each of ``B`` sequences with the same events,
         in caches of :meth:`new_cache` for ``B`` → logits ``[B, V]``."""
         device = self.embed.weight.device
-        sequences = 1
+        sequences, vocab = 1, self.embed.num_embeddings
         if isinstance(token, Tensor):
             if token.dim() > 1:
                 raise ValueError(f"token must be an int or [B], got {tuple(token.shape)}")
             sequences = token.numel() if token.dim() else 1
+        elif isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+            raise ValueError(
+                f"token must be an id in [0, {vocab}) or a tensor of them, got {token!r}"
+            )
         self._check_sequences(sequences, caches)
         if self.attention == "hsa":
             slots = caches[0].new_node_slots(close, open)
@@ -420,7 +424,8 @@ class HTEDecoder(nn.Module):
             slot = torch.full((1,), caches[0].num_tokens, dtype=torch.long, device=device)
             max_depth = 1
         pos_emb = self._node_embedding(depth, slot, max_depth)
-        x = self.embed.weight[token]
+        # (an id out of range fails, as in forward: indexing would wrap a negative one)
+        x = self.embed.weight[token] if isinstance(token, int) else self.embed(token)
         for layer, cache in zip(self.layers, caches, strict=True):
             x = layer.step(x, cache, pos_emb, close, open)
         return self.norm(x) @ self.embed.weight.T

@@ -240,3 +240,25 @@ def test_family_changed_after_creation():
     fam.children.append(2)
     with pytest.raises(ValueError, match="3 children but 2 positions"):
         from_nested(fam)
+
+
+def test_integer_like_ids_are_read_and_other_numbers_refused():
+    """NumPy integers and one-element integer tensors are ids; floats, bools and float
+    tensors are refused, not truncated (``tensor(1.9)`` was row 1, positions 0.9 and 0.1
+    both 0)."""
+    import numpy as np
+
+    h = from_nested([[torch.tensor(0), np.int64(1)], [2]], x=torch.randn(3, 2))
+    assert h.num_leaves == 3 and torch.equal(h.x, from_nested([[0, 1], [2]], x=h.x).x)
+    refused = [
+        ([[torch.tensor(1.9), 0]], {}, "a leaf .* must be an int, got tensor"),
+        ([[torch.tensor(True), 0]], {}, "a leaf .* must be an int, got tensor"),
+        ([Family([0, 1], pos=[0.9, 0.1])], {}, "a position must be an int, got 0.9"),
+        ([Family([0, 1], "2d", pos=[(0, 0.5), (1, 1)])], {}, "a position must be an int"),
+        ([Family([0, 1], node_type=1.5)], {}, "node_type must be an int, got 1.5"),
+        ({"a": [0], "b": [1]}, {"keys": {"a": 0, "b": 1.0}}, "the id of key 'b' must be an int"),
+        ([[0, 1], [2]], {"leaf_type": [0.5, 1, 1]}, "leaf_type must hold integers"),
+    ]
+    for spec, kwargs, match in refused:
+        with pytest.raises(TypeError, match=match):
+            from_nested(spec, **kwargs)

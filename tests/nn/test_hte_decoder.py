@@ -187,6 +187,12 @@ def test_constructor_rejects_bad_arguments(kwargs, error, match):
 def test_bad_inputs():
     with pytest.raises(ValueError, match="attention"):
         HTEDecoder(10, attention="sparse")
+    step_net = HTEDecoder(10, channels=8, num_layers=1, heads=2)
+    for token in (-1, 10, 2.0, True):  # (-1 read the last id's embedding)
+        with pytest.raises(ValueError, match=r"token must be an id in \[0, 10\)"):
+            step_net.step(token, step_net.new_cache(), 0, 1)
+    with pytest.raises(IndexError):
+        step_net.step(torch.tensor([-1]), step_net.new_cache(), 0, 1)
     net = model("hsa", max_depth=2)
     tree = from_schedule(random_schedule(random.Random(4), 10))
     with pytest.raises(ValueError, match="tokens must be"):
