@@ -66,8 +66,9 @@ def valid_token_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
         length (int): the sequence length :math:`T`.
 
     Raises:
-        ValueError: for any other shape, an additive mask with entries that are
-            neither 0 nor :math:`\le -50`, or a mask that differs between the
+        ValueError: for any other shape, a ``[B, T]`` mask with entries other than 0
+            and 1, an additive mask with entries that are neither 0 nor :math:`\le -50`,
+            or a mask that differs between the
             queries or the heads of an example (causal, per-head or custom
             masks).
     """
@@ -76,6 +77,7 @@ def valid_token_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
     mask = attention_mask
     no = mask.new_zeros((), dtype=torch.bool)
     soft = no  # additive entries that are neither 0 nor masked (NaN included)
+    not_binary = no  # entries of a [B, T] mask that are neither 0 nor 1
     if mask.dtype == torch.bool:
         allowed = mask
     elif mask.dim() == 4 and mask.is_floating_point():  # additive: 0 or a large negative
@@ -83,6 +85,7 @@ def valid_token_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
         soft = ~(allowed | (mask <= ADDITIVE_MASKED))
     else:  # [B, T] 0/1
         allowed = mask > 0
+        not_binary = ~(allowed | (mask == 0)) | (mask > 1)
     if allowed.dim() == 2:
         allowed = allowed[:, None, None, :]
     if allowed.dim() != 4 or allowed.size(0) != batch or allowed.size(-1) != length:
@@ -96,7 +99,13 @@ def valid_token_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
         differs = allowed != token_mask[:, None, None, :]  # [B, 1|H, 1|T, T]
         if allowed.size(2) > 1:  # rows of padding queries are free
             differs = differs & token_mask[:, None, :, None]
-    any_soft, any_differs = torch.stack([soft.any(), differs.any()]).tolist()  # one host read
+    checks = torch.stack([not_binary.any(), soft.any(), differs.any()])
+    any_not_binary, any_soft, any_differs = checks.tolist()  # one host read
+    if any_not_binary:
+        raise ValueError(
+            f"a [B, T] attention mask holds 1 (attend) and 0 (padding); got "
+            f"{mask[not_binary][:5].tolist()} (an additive mask is 4-D: [B, 1|H, 1|T, T])"
+        )
     if any_soft:
         raise ValueError(
             f"an additive attention mask may hold only 0 (attend) and values <= "

@@ -213,6 +213,11 @@ class HierarchicalSelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.pos is not None and pos_emb is None:
             raise ValueError("this layer was built with pos_channels > 0: pass pos_emb")
+        if self.pos is None and pos_emb is not None:  # (it was ignored)
+            raise ValueError(
+                "pos_emb was given, but this layer was built with pos_channels=0 and has no "
+                "position bias: build it with pos_channels=pos_emb.size(-1)"
+            )
         lifted = self._choose_hubs(q, k, hierarchy, index, leaf_mask) if self.hubs else None
         # hubs run on the forest's own plan (the dense weights: on the rebuilt tree)
         in_place = lifted is not None and not return_attention_weights and runs_lifted(index)

@@ -142,6 +142,8 @@ class GraphHierarchy(BaseTransform):
         if data.edge_index is None or data.num_nodes is None:
             raise ValueError("GraphHierarchy needs a graph with edge_index and num_nodes")
         n = data.num_nodes
+        if n == 0:  # (lp made a tree with a phantom leaf, louvain failed inside numpy)
+            raise ValueError("GraphHierarchy needs a graph with at least one node, got 0")
         edge_index = data.edge_index.cpu()  # the tree is built on the host
         check_edge_index(edge_index, n)
         if self.method == "lp":

@@ -72,6 +72,8 @@ def test_bad_arguments():
         HierarchicalSelfAttention(8, causal=True)
     with pytest.raises(ValueError, match="pass pos_emb"):
         HierarchicalSelfAttention(8, pos_channels=4)(h.x, h)
+    with pytest.raises(ValueError, match="pos_emb was given, but .* pos_channels=0"):
+        HierarchicalSelfAttention(8)(h.x, h, pos_emb=torch.randn(h.num_nodes, 4))
     with pytest.raises(ValueError, match=r"x must be \[num_leaves=4"):
         HierarchicalSelfAttention(8)(h.x[:3], h)
     with pytest.raises(ValueError, match="type id"):

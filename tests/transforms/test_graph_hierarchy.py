@@ -177,6 +177,11 @@ def test_bad_arguments():
         GraphHierarchy(max_family=1)
     with pytest.raises(ValueError, match="iterations"):
         GraphHierarchy("lp", iterations=0)
+    for method in ("louvain", "lp"):
+        with pytest.raises(ValueError, match="at least one node, got 0"):
+            GraphHierarchy(method)(
+                Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=0)
+            )
     for name in ("levels", "pe_dim"):  # a bool is no count (True passed before)
         with pytest.raises(TypeError, match=f"{name} must be an int >= 0.*got True"):
             GraphHierarchy(**{name: True})
