@@ -59,7 +59,12 @@ class MaskedAttentionConv(MessagePassing):
     :class:`BandMask` in place of ``edge_index``. The fast path
     is taken only for a single ``x``, no ``edge_attr`` and no
     ``return_attention_weights``; otherwise (and with ``structured=False``) the
-    general edge path runs. Both paths give the same result.
+    general edge path runs. Both paths give the same result on finite inputs. A NaN or
+    inf in a key or value row reaches, on the fast path, every query of the blocks whose
+    key window holds that row, neighbouring sequences of a batch included (a masked
+    key's weight 0 times NaN, as in masked
+    :func:`~torch.nn.functional.scaled_dot_product_attention`); on the edge path only the
+    queries it is an edge of.
 
     **General edge path.** Any other mask runs over its edges: per-edge logits
     and the weighted sum of values are sparse kernels

@@ -376,6 +376,8 @@ def _check_inputs(q, k, v, index, pos_emb, leaf_mask) -> Tensor | None:
         raise ValueError(
             f"leaf_mask must be a [{index.num_leaves}] bool tensor (True = valid leaf), got {got}"
         )
+    if leaf_mask is not None and leaf_mask.device != q.device:
+        raise ValueError(f"leaf_mask is on {leaf_mask.device} but q is on {q.device}")
     return pos
 
 

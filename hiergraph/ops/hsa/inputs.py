@@ -34,6 +34,11 @@ def autocast_inputs(op):
 def head_pos_emb(pos_emb: Tensor, q: Tensor, num_nodes: int) -> Tensor:
     """``pos_emb`` ``[N, c]`` or ``[N, 1 | H, c]`` checked and viewed as ``[N, 1 | H, c]``
     in ``q``'s dtype (a float64 table with float32 ``q`` computes in float32)."""
+    if not isinstance(pos_emb, Tensor) or not pos_emb.is_floating_point():
+        got = pos_emb.dtype if isinstance(pos_emb, Tensor) else type(pos_emb).__name__
+        raise TypeError(f"pos_emb must be a floating-point tensor, got {got}")
+    if pos_emb.device != q.device:
+        raise ValueError(f"pos_emb is on {pos_emb.device} but q is on {q.device}")
     ok = pos_emb.dim() in (2, 3) and pos_emb.size(0) == num_nodes
     if pos_emb.dim() == 3:
         ok = ok and pos_emb.size(1) in (1, q.size(1))

@@ -706,6 +706,15 @@ def test_bad_inputs():
         hierarchical_attention(q, k, v, h, leaf_mask=[True] * 6)
     with pytest.raises(ValueError, match="pos_emb"):
         hierarchical_attention(q, k, v, h, pos_emb=torch.randn(6, 2, **F64))
+    table = torch.randn(h.num_nodes, 2, **F64)
+    for causal in (False, True):  # (a native-kernel error, or a cast dropping the imaginary part)
+        options = dict(include_self=True, causal=causal)
+        with pytest.raises(ValueError, match="pos_emb is on meta but q is on cpu"):
+            hierarchical_attention(q, k, v, h, pos_emb=table.to("meta"), **options)
+        with pytest.raises(TypeError, match="pos_emb must be a floating-point tensor, got torch.c"):
+            hierarchical_attention(q, k, v, h, pos_emb=table.to(torch.complex128), **options)
+    with pytest.raises(ValueError, match="leaf_mask is on meta but q is on cpu"):
+        hierarchical_attention(q, k, v, h, leaf_mask=torch.ones(6, dtype=torch.bool, device="meta"))
     with pytest.raises(ValueError, match="leaf_mask"):
         hierarchical_attention(q, k, v, h, leaf_mask=torch.ones(5, dtype=torch.bool))
     with pytest.raises(ValueError, match="kernel"):
