@@ -508,3 +508,34 @@ def locate_raw(
         f"{name}: no raw data found. Expected {what}; searched:{describe_places(places)}\n"
         f"{tried}\n{fix}"
     ) from failure
+
+
+def resolve_inside(root: str | os.PathLike, path: str | os.PathLike, entry: str) -> Path:
+    """``path`` with every symlink resolved, checked to lie inside the folder ``root``.
+
+    ``path`` is a file system path (usually ``root / <relative name>``; joining
+    an absolute name replaces ``root``, which this check then catches). Both
+    are resolved before the comparison, so ``root`` itself may be a symlink,
+    and so may files inside it as long as they point inside it.
+
+    Args:
+        root: the raw folder.
+        path: the file to read.
+        entry: what asked for the file (e.g. an index entry), for the error.
+
+    Returns:
+        the resolved path.
+
+    Raises:
+        ValueError: the resolved path is outside the resolved ``root``; the
+            message names ``entry`` and ``root``.
+    """
+    base = Path(root).resolve()
+    target = Path(path).resolve()
+    if not target.is_relative_to(base):
+        raise ValueError(
+            f"{entry}: {os.fspath(path)!r} leads to {str(target)!r}, outside the raw folder "
+            f"{os.fspath(root)!r}. Raw files must lie inside the raw folder: no absolute "
+            "paths, no '..' climbing out of it, no symlinks pointing out of it."
+        )
+    return target

@@ -51,6 +51,7 @@ from hiergraph.datasets.download import (
     data_root,
     file_lock,
     locate_raw,
+    resolve_inside,
 )
 from hiergraph.datasets.processed import StrictLoad
 
@@ -83,37 +84,6 @@ class RawRecord:
     label: int
     group: str
     resolved: Path | None = dataclasses.field(default=None, repr=False, compare=False)
-
-
-def resolve_inside(root: str | os.PathLike, path: str | os.PathLike, entry: str) -> Path:
-    """``path`` with every symlink resolved, checked to lie inside the folder ``root``.
-
-    ``path`` is a file system path (usually ``root / <relative name>``; joining
-    an absolute name replaces ``root``, which this check then catches). Both
-    are resolved before the comparison, so ``root`` itself may be a symlink,
-    and so may files inside it as long as they point inside it.
-
-    Args:
-        root: the raw folder.
-        path: the file to read.
-        entry: what asked for the file (e.g. an index entry), for the error.
-
-    Returns:
-        the resolved path.
-
-    Raises:
-        ValueError: the resolved path is outside the resolved ``root``; the
-            message names ``entry`` and ``root``.
-    """
-    base = Path(root).resolve()
-    target = Path(path).resolve()
-    if not target.is_relative_to(base):
-        raise ValueError(
-            f"{entry}: {os.fspath(path)!r} leads to {str(target)!r}, outside the raw folder "
-            f"{os.fspath(root)!r}. Raw files must lie inside the raw folder: no absolute "
-            "paths, no '..' climbing out of it, no symlinks pointing out of it."
-        )
-    return target
 
 
 class ImageTooLarge(ValueError):

@@ -44,12 +44,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from hiergraph.datasets.multimodal_records import (
-    MultimodalRecordDataset,
-    RawRecord,
-    group_split,
-    resolve_inside,
-)
+from hiergraph.datasets.download import resolve_inside
+from hiergraph.datasets.multimodal_records import MultimodalRecordDataset, RawRecord, group_split
 
 OPENCLIPART_ENV = "HIERGRAPH_OPENCLIPART"
 #: The classes of the default settings (``min_count=40``), in label order.

@@ -24,6 +24,7 @@ archive raises :class:`~hiergraph.datasets.download.CorruptFileError` naming it.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import lzma
@@ -58,6 +59,7 @@ from hiergraph.datasets.download import (
     fetch,
     file_lock,
     locate_raw,
+    resolve_inside,
 )
 from hiergraph.datasets.processed import StrictLoad
 
@@ -119,10 +121,12 @@ def iter_raw_files(
 
     Only files whose relative path passes ``wanted`` (default: all) are read, and
     their names are checked before their content is touched, so unused members cost
-    no memory. A wanted file larger than ``max_bytes`` (its declared size) and a
-    truncated or damaged archive raise
-    :class:`~hiergraph.datasets.download.CorruptFileError` naming the archive,
-    the member and ``what`` it should hold.
+    no memory. A wanted file larger than ``max_bytes`` (its declared size), an archive
+    that holds a wanted name twice (it would be read twice) and a truncated or damaged
+    archive raise :class:`~hiergraph.datasets.download.CorruptFileError` naming the
+    archive, the member and ``what`` it should hold; a folder's file that a symlink leads
+    out of the folder raises ``ValueError``
+    (:func:`~hiergraph.datasets.download.resolve_inside`).
     """
     source = Path(source)
     keep = wanted if wanted is not None else (lambda name: True)
@@ -130,9 +134,29 @@ def iter_raw_files(
         for path in sorted(source.rglob("*")):
             name = path.relative_to(source).as_posix()
             if path.is_file() and keep(name):
+                path = resolve_inside(source, path, f"{what}, file {name!r}")
                 _check_size(source, name, path.stat().st_size, max_bytes, what)
                 yield name, path.read_bytes()
         return
+    yield from _unique(source, _archive_files(source, keep, max_bytes, what), what)
+
+
+def _unique(source: Path, files: Iterator[tuple[str, bytes]], what: str):
+    """``files`` as they come, refusing a name seen before."""
+    seen = set()
+    for name, content in files:
+        if name in seen:
+            raise CorruptFileError(
+                source,
+                f"{source} holds {name!r} twice; expected {what}, each file once. Is this "
+                "the right archive? Put the official one in its place.",
+            )
+        seen.add(name)
+        yield name, content
+
+
+def _archive_files(source: Path, keep, max_bytes: int, what: str):
+    """:func:`iter_raw_files` of a ``.tar(.gz|.bz2|.xz)`` or ``.zip``."""
     if source.name.endswith((".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tar.xz")):
         kind = "tar"
     elif source.suffix == ".zip":
@@ -173,7 +197,10 @@ def iter_raw_files(
 
 
 def decode(content: bytes) -> str:
-    """UTF-8 text, falling back to Latin-1 (20 Newsgroups and BBC have Latin-1 files)."""
+    """UTF-8 text, UTF-16 text that starts with its byte-order mark, else Latin-1 (20
+    Newsgroups and BBC have Latin-1 files)."""
+    if content.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return content.decode("utf-16")
     try:
         return content.decode("utf-8")
     except UnicodeDecodeError:

@@ -3,6 +3,8 @@ damaged files (archives, Planetoid pickles, processed caches) that name the file
 
 from __future__ import annotations
 
+import codecs
+import io
 import pickle
 import tarfile
 import tracemalloc
@@ -16,7 +18,7 @@ from hiergraph.datasets.bbc import BBCNews
 from hiergraph.datasets.download import CorruptFileError
 from hiergraph.datasets.imdb import IMDB
 from hiergraph.datasets.newsgroups import TwentyNewsgroups
-from hiergraph.datasets.text import iter_raw_files
+from hiergraph.datasets.text import decode, iter_raw_files
 from tests.datasets.fixtures import imdb_files, write_tar, write_tiny_planetoid
 
 HUGE = 128 << 20  # bytes of an unused member: reading it would show in the peak
@@ -200,3 +202,47 @@ def test_edited_cache_metadata_names_the_file(tmp_path, content):
     assert info.value.path == meta
     rebuilt = IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path, force_reload=True)
     assert len(rebuilt.meta["classes"]) == 2
+
+
+def test_a_member_held_twice_is_refused(tmp_path):
+    """(A second copy of a review was read as one more document.)"""
+    archive = tmp_path / "aclImdb_v1.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for _ in range(2):
+            info = tarfile.TarInfo("aclImdb/train/pos/0_7.txt")
+            info.size = 4
+            tar.addfile(info, io.BytesIO(b"good"))
+    with pytest.raises(CorruptFileError, match="holds 'aclImdb/train/pos/0_7.txt' twice"):
+        list(iter_raw_files(archive))
+    with zipfile.ZipFile(tmp_path / "twice.zip", "w") as z:
+        z.writestr("a.txt", "x")
+        with pytest.warns(UserWarning, match="Duplicate name"):
+            z.writestr("a.txt", "y")
+    with pytest.raises(CorruptFileError, match="holds 'a.txt' twice"):
+        list(iter_raw_files(tmp_path / "twice.zip"))
+
+
+def test_a_folder_file_that_links_out_of_the_folder_is_refused(tmp_path):
+    """(A symlink to a file elsewhere, e.g. /etc/passwd, became a training review.)"""
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not a review")
+    folder = tmp_path / "aclImdb" / "train" / "pos"
+    folder.mkdir(parents=True)
+    (folder / "0_7.txt").write_text("a review")
+    (folder / "1_7.txt").symlink_to(tmp_path / "aclImdb" / "train" / "pos" / "0_7.txt")
+    assert [name for name, _ in iter_raw_files(tmp_path / "aclImdb")] == [
+        "train/pos/0_7.txt",
+        "train/pos/1_7.txt",
+    ]  # fmt: skip  (a link inside the folder is read)
+    (folder / "2_7.txt").symlink_to(outside)
+    with pytest.raises(ValueError, match="'train/pos/2_7.txt'.*outside the raw folder"):
+        list(iter_raw_files(tmp_path / "aclImdb"))
+
+
+def test_utf16_with_its_byte_order_mark_is_decoded():
+    """(It was read as Latin-1: every other character a NUL.)"""
+    text = "Ein schöner Film — très bien"
+    boms = {"utf-16": b"", "utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE}
+    for encoding, bom in boms.items():  # ("utf-16" writes its own mark)
+        assert decode(bom + text.encode(encoding)) == text
+    assert decode(text.encode("utf-8")) == text and decode("café".encode("latin-1")) == "café"

@@ -8,12 +8,8 @@ import pytest
 import torch
 
 from hiergraph.datasets import static_embeddings
-from hiergraph.datasets.download import CorruptFileError
-from hiergraph.datasets.multimodal_records import (
-    MultimodalRecordDataset,
-    RawRecord,
-    resolve_inside,
-)
+from hiergraph.datasets.download import CorruptFileError, resolve_inside
+from hiergraph.datasets.multimodal_records import MultimodalRecordDataset, RawRecord
 from tests.datasets.fixtures import (
     FakeTokenizer,
     Killed,
