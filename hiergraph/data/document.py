@@ -86,6 +86,8 @@ class SimpleTokenizer:
     @classmethod
     def split(cls, text: str) -> list[str]:
         """The word strings of ``text``."""
+        if not isinstance(text, str):
+            raise TypeError(f"a text must be a str, got {type(text).__name__}: {text!r}")
         return cls.PATTERN.findall(text.lower())
 
     def encode(self, text: str) -> list[int]:

@@ -5,7 +5,7 @@ its integer layout."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -255,7 +255,12 @@ def _check(n, branching) -> tuple[int, ...]:
 
 
 def check_branching(branching) -> tuple[int, ...]:
-    """``branching`` as a tuple of window sizes, each an int ``>= 2`` (else ``ValueError``)."""
+    """``branching`` as a tuple of window sizes, each an int ``>= 2`` (else ``ValueError``;
+    ``TypeError`` for a single number)."""
+    if not isinstance(branching, Iterable) or isinstance(branching, str | bytes):
+        raise TypeError(
+            f"branching must be a sequence of window sizes, e.g. (2, 4), got {branching!r}"
+        )
     branching = tuple(branching)
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in branching):
         raise ValueError(f"branching factors must be ints >= 2, got {branching}")

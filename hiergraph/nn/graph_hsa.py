@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn.resolver import activation_resolver, normalization_resolver
 
-from hiergraph.nn._checks import check_int, check_probability
+from hiergraph.nn._checks import check_features, check_int, check_probability
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.position import FamilyPositionEncoder
 
@@ -196,6 +196,7 @@ class GraphHSAConv(nn.Module):
         Returns:
             ``[N, channels]``.
         """
+        check_features(x, self.channels, "x", f"[num_nodes, channels={self.channels}]")
         out = 0
         if self.conv is not None:
             h = F.dropout(self.conv(x, edge_index, **kwargs), self.dropout, self.training)

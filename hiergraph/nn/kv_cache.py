@@ -355,8 +355,8 @@ class HierarchicalKVCache:
         return [(top_depth + 1 + j, first_slot if j == 0 else 0) for j in range(open + 1)]
 
     def _check_event(self, close: int, open: int) -> None:  # noqa: A002
-        if close < 0 or open < 0:
-            raise ValueError(f"close and open must be >= 0, got close={close}, open={open}")
+        check_int(close, "close", minimum=0)
+        check_int(open, "open", minimum=0)
         if self.num_tokens == 0 and close:
             raise ValueError("the first token cannot close families: pass close=0")
         if self.num_tokens and close > self.depth - 1:

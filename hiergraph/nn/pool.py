@@ -50,6 +50,7 @@ def global_leaf_mean_pool(
             ``False`` = padding. (default: :obj:`None`, all valid)
     """
     batch = leaf_batch(hierarchy)
+    _check_leaf_rows(x, batch.numel())
     size = _num_trees(hierarchy)
     dtype = accumulation_dtype(x.dtype)
     if leaf_mask is None:
@@ -80,10 +81,16 @@ def select_leaf(
             count from the end. (default: :obj:`0`)
     """
     batch = leaf_batch(hierarchy)
+    _check_leaf_rows(x, batch.numel())
     num_trees = _num_trees(hierarchy)
     counts = batch.new_zeros(num_trees).index_add_(0, batch, torch.ones_like(batch))
     first = torch.cumsum(counts, 0) - counts
     if isinstance(position, Tensor):
+        if position.dim() > 1 or position.numel() not in (1, num_trees):
+            raise ValueError(
+                f"position must be an int or a [num_trees={num_trees}] tensor, got shape "
+                f"{tuple(position.shape)}"
+            )
         position = position.to(x.device).expand(num_trees)
     else:  # a fill, not a host-to-device copy
         position = torch.full((num_trees,), position, dtype=torch.long, device=x.device)
@@ -108,6 +115,14 @@ def coarsen_leaves(
     (:func:`~hiergraph.data.coarsen_hierarchy`) and the new leaf of every
     old leaf. Apply repeatedly to climb the tree.
     """
+    _check_leaf_rows(x, int(hierarchy.is_leaf.sum()))
     coarse, cluster = coarsen_hierarchy(hierarchy)
     num_new = int(coarse.is_leaf.sum())
     return scatter(x, cluster, dim=0, dim_size=num_new, reduce=reduce), coarse, cluster
+
+
+def _check_leaf_rows(x: Tensor, num_leaves: int) -> None:
+    """Raise unless ``x`` has one row per leaf."""
+    if not isinstance(x, Tensor) or x.dim() == 0 or x.size(0) != num_leaves:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x must have one row per leaf, [{num_leaves}, ...], got {shape}")

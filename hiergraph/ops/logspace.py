@@ -44,6 +44,16 @@ def masked_softmax(logits: Tensor, mask: Tensor, dim: int = -1) -> tuple[Tensor,
     """
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must be a bool tensor, got dtype {mask.dtype}")
+    if not logits.is_floating_point():
+        raise TypeError(f"logits must be floating-point, got dtype {logits.dtype}")
+    try:
+        fits = torch.broadcast_shapes(logits.shape, mask.shape) == logits.shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"mask {tuple(mask.shape)} must broadcast to the logits' shape {tuple(logits.shape)}"
+        )
     return softmax_dropping(logits, ~mask, dim)
 
 

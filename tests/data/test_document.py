@@ -43,6 +43,8 @@ def test_simple_tokenizer(tok):
     assert tok.vocab[0] == "." and len(tok) == len(tok.vocab) + 2  # most frequent first
     small = SimpleTokenizer.fit(["a a b c"], max_size=1)
     assert small.vocab == ["a"] and small.encode("b") == [1]
+    with pytest.raises(TypeError, match="a text must be a str, got int: 1"):  # (AttributeError)
+        SimpleTokenizer.fit([1, 2])
     with pytest.raises(ValueError, match="repeated"):
         SimpleTokenizer(["a", "a"])
 

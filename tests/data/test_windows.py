@@ -136,6 +136,13 @@ def test_lengths_that_are_not_ints(lengths):
         window_forest(lengths, (2,))
 
 
+def test_a_single_window_size_is_refused():
+    """(``'int' object is not iterable``.)"""
+    for branching in (2, "24"):
+        with pytest.raises(TypeError, match="branching must be a sequence of window sizes"):
+            window_hierarchy(5, branching)
+
+
 def test_tensors_are_made_on_the_inputs_device():
     """With the default device set elsewhere (``meta``), CPU inputs still give the CPU
     result: every tensor is made on the device of ``lengths``/``lifted``/``x``."""

@@ -196,6 +196,8 @@ def test_smooth_branch_is_the_hsa_matrix_times_the_features(graphs):
         GraphHSAConv(6, None, heads=4, smooth=True)
     with pytest.raises(ValueError, match="heads must be a positive int, got 0"):  # (was 6 % 0)
         GraphHSAConv(6, None, heads=0, smooth=True)
+    with pytest.raises(ValueError, match=r"x must have 6 features .*got 5"):  # (a matmul error)
+        layer(x[:, :5], g.edge_index, g.hierarchy())
 
 
 def test_hubs_are_chosen_per_graph_and_all_hubs_give_flat_attention(graphs):

@@ -438,8 +438,11 @@ def test_bad_events_and_shapes():
     cache.append(q, q, q, open=1)
     with pytest.raises(ValueError, match="root is never closed"):
         cache.append(q, q, q, close=2)
-    with pytest.raises(ValueError, match=">= 0"):
+    with pytest.raises(ValueError, match="open must be an int >= 0, got -1"):
         cache.append(q, q, q, open=-1)
+    for bad in (1.5, True):  # (a slicing error; True was 1)
+        with pytest.raises(TypeError, match="close must be an int >= 0"):
+            cache.append(q, q, q, close=bad)
     with pytest.raises(ValueError, match=r"\[heads=2, dim=4\]"):
         cache.append(q[:1], q[:1], q[:1])
     with pytest.raises(ValueError, match="pos_emb"):

@@ -33,6 +33,11 @@ def test_global_mean_and_select():
         select_leaf(b.x, b, 5)
     with pytest.raises(ValueError, match=r"position out of range: \[-9, -9\]"):  # as given
         select_leaf(b.x, b, -9)
+    for pool in (global_leaf_mean_pool, select_leaf, coarsen_leaves):  # (PyG scatter errors)
+        with pytest.raises(ValueError, match=r"x must have one row per leaf, \[11, ...\]"):
+            pool(b.x[:8], b)
+    with pytest.raises(ValueError, match=r"position must be an int or a \[num_trees=2\]"):
+        select_leaf(b.x, b, torch.tensor([0, 1, 2]))
 
 
 def test_a_batch_of_forests_pools_every_tree():

@@ -28,6 +28,18 @@ def test_masked_softmax_takes_a_bool_mask(dtype):
         masked_softmax(torch.randn(2, 3), torch.ones(2, 3, dtype=dtype))
 
 
+def test_masked_softmax_refuses_a_mask_wider_than_the_logits_and_integer_logits():
+    """(A ``[3, 5]`` mask on ``[5]`` logits returned ``[3, 5]`` weights; int logits failed
+    with an overflow message.)"""
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    for logits in (torch.randn(5), torch.randn(4, 5)):
+        with pytest.raises(ValueError, match=r"mask \(3, 5\) must broadcast to the logits"):
+            masked_softmax(logits, mask)
+    with pytest.raises(TypeError, match="logits must be floating-point, got dtype torch.int64"):
+        masked_softmax(torch.ones(3, 5, dtype=torch.long), mask)
+    assert masked_softmax(torch.randn(2, 3, 5), mask)[1].shape == (2, 3, 5)  # broadcast is fine
+
+
 def test_masked_softmax_over_no_entries_gives_empty_rows():
     x = torch.randn(3, 0, dtype=torch.float64, requires_grad=True)
     lse, w = masked_softmax(x, torch.ones(3, 0, dtype=torch.bool))
