@@ -78,14 +78,13 @@ def hierarchical_attention(
     over families :math:`f`, plus one scatter per depth level; all
     quantities are kept in log space and the backward pass is NaN-free.
 
-    Everything runs in the inputs' dtype except the leaf counts :math:`n(\cdot)`, their
-    logs and ratios, the count-weighted sums and the child sums (and, with
-    ``kernel="edge"``, the family softmax and value sums over sibling pairs), which
-    bf16/fp16 inputs accumulate in float32 before one rounding to their dtype (float32
-    and float64 inputs run in their own dtype throughout). On equal-fanout forests, where
-    the op runs as one autograd node or without gradients
-    (:mod:`~hiergraph.ops.hsa.uniform_fused`), bf16/fp16 inputs run in float32 throughout
-    and only the output and the gradients are rounded. Under autocast, ``q, k, v`` are
+    bf16/fp16 inputs are computed in float32 and only the output and the gradients are
+    rounded to their dtype (float32 and float64 inputs run in their own dtype throughout),
+    except on equal-fanout forests too large for the op as one autograd node
+    (:mod:`~hiergraph.ops.hsa.uniform_fused`) when a gradient is taken: there everything
+    runs in the inputs' dtype except the leaf counts :math:`n(\cdot)`, their logs and
+    ratios, the count-weighted sums and the child sums, which accumulate in float32
+    before one rounding. Under autocast, ``q, k, v`` are
     first cast to the autocast dtype, as
     :func:`~torch.nn.functional.scaled_dot_product_attention` casts them.
 
@@ -176,8 +175,10 @@ def hierarchical_attention(
         out = native.forest_attention(q, k, v, pos, index, recorded=recorded, **flags)
     elif path == "padded":
         out = padded_hierarchical_attention(q, k, v, index, index.padded_on(q.device), pos, **views)
-    else:
-        out = general_attention(q, k, v, index, pos, kernel=kernel, **views)
+    else:  # bf16/fp16 in float32 throughout: half logits lose the softmax (NaN past 65504)
+        work = accumulation_dtype(q.dtype)
+        q32, k32, v32, pos32 = (None if t is None else t.to(work) for t in (q, k, v, pos))
+        out = general_attention(q32, k32, v32, index, pos32, kernel=kernel, **views).to(q.dtype)
     return out.squeeze(1) if squeeze else out
 
 

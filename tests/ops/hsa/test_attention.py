@@ -754,6 +754,24 @@ def test_half_precision_with_large_families_is_close_to_float32(dtype, kernel):
         assert (half.grad.float() - full.grad).abs().max() < 0.05 * full.grad.abs().max()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kernel", ["blocks", "edge"])
+def test_half_precision_general_path_computes_in_float32(dtype, kernel):
+    """On ragged trees, half inputs with large logits stay within their output rounding of
+    the float64 result on the same (rounded) inputs: the block kernel's half logits gave
+    NaN in fp16 past 65504 and bf16 errors of 0.3-2 (v ~ N(0, 1))."""
+    h = random_window_hierarchy(200, (4, 4, 2), generator=torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(0)
+    for scale in (10.0, 120.0):  # logits of about 300 and 40,000
+        q, k, v = (torch.randn(200, 2, 8, generator=gen, **F64) * s for s in (scale, scale, 1))
+        q, k, v = (t.to(dtype) for t in (q, k, v))
+        ref = hierarchical_attention(*(t.double() for t in (q, k, v)), h, kernel="edge")
+        out = hierarchical_attention(q, k, v, h, kernel=kernel)
+        assert out.dtype == dtype and torch.isfinite(out).all()
+        eps = torch.finfo(dtype).eps
+        assert (out.double() - ref).abs().max() <= 2 * eps * ref.abs().max()
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_autocast_runs_mixed_inputs_in_the_autocast_dtype(causal):
     """Under autocast, float32 q, k (as a layer norm hands them over) and bf16 v run as
