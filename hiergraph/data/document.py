@@ -203,6 +203,8 @@ class TokenizedDocument:
             setattr(self, name, value)
         if self.ids.numel() == 0:
             raise ValueError("a document needs at least one token")
+        if bool((self.ids < 0).any()):  # (an embedding lookup would wrap or fail later)
+            raise ValueError(f"ids must be token ids >= 0, got {int(self.ids.min())}")
         if int(self.sentence_lengths.sum()) != self.ids.numel():
             raise ValueError(
                 f"sentence_lengths sum to {int(self.sentence_lengths.sum())} but there are "

@@ -66,11 +66,14 @@ def check_one_tree(plan: CausalPlan) -> None:
         raise ValueError("a cache decodes one tree; decode the trees of a batch separately")
 
 
-def _check_sizes(heads, dim, dim_v) -> None:
-    """Raise unless a cache's ``heads``, ``dim`` and optional ``dim_v`` are positive ints."""
+def _check_sizes(heads, dim, dim_v, dtype) -> None:
+    """Raise unless a cache's ``heads``, ``dim`` and optional ``dim_v`` are positive ints
+    and its ``dtype`` a floating-point one."""
     check_int(heads, "heads")
     check_int(dim, "dim")
     check_int(dim_v, "dim_v", optional=True)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
 
 
 def _check_shapes(cache, lead: tuple[int, ...], q: Tensor | None, k: Tensor, v: Tensor) -> None:
@@ -78,6 +81,10 @@ def _check_shapes(cache, lead: tuple[int, ...], q: Tensor | None, k: Tensor, v: 
     ``[*lead, heads, dim_v]`` for the ``heads, dim, dim_v`` of ``cache``; ``lead`` is ``()``
     or ``(T,)``, and ``q`` may be ``None``."""
     token = [f"T={t}" for t in lead]
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x is not None and not (isinstance(x, Tensor) and x.is_floating_point()):
+            got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+            raise TypeError(f"{name} must be a floating-point tensor, got {got}")
     for name, x, (last, size) in (
         ("q", q, ("dim", cache.dim)),
         ("k", k, ("dim", cache.dim)),
@@ -156,7 +163,7 @@ class HierarchicalKVCache:
         dtype: torch.dtype = torch.float32,
         device=None,
     ):
-        _check_sizes(heads, dim, dim_v)
+        _check_sizes(heads, dim, dim_v, dtype)
         check_int(pos_dim, "pos_dim", minimum=0)
         self.heads, self.dim, self.dim_v = heads, dim, dim if dim_v is None else dim_v
         self.pos_dim = pos_dim
@@ -397,7 +404,10 @@ class HierarchicalKVCache:
             with torch.no_grad():
                 return self.append(q, k, v, close=close, open=open, pos_emb=pos_emb)
         self._check_event(close, open)
-        if q.shape != self._qk_shape or k.shape != self._qk_shape or v.shape != self._v_shape:
+        shapes = q.shape != self._qk_shape or k.shape != self._qk_shape or v.shape != self._v_shape
+        if shapes or not (
+            q.is_floating_point() and k.is_floating_point() and v.is_floating_point()
+        ):
             _check_shapes(self, (), q, k, v)
         if (pos_emb is None) != (self.pos_dim == 0) or (
             pos_emb is not None and pos_emb.shape != (open + 1, self.heads, self.pos_dim)
@@ -634,7 +644,7 @@ class FlatKVCache:
         device=None,
         capacity: int = 1024,
     ):
-        _check_sizes(heads, dim, dim_v)
+        _check_sizes(heads, dim, dim_v, dtype)
         check_int(capacity, "capacity", minimum=0)
         dim_v = dim if dim_v is None else dim_v
         self.heads, self.dim, self.dim_v = heads, dim, dim_v

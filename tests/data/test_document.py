@@ -125,6 +125,8 @@ def test_builder_bad_input(tok):
     # an empty document would build a root with no leaves (an invalid tree)
     with pytest.raises(ValueError, match="at least one token"):
         TokenizedDocument(torch.tensor([], dtype=torch.long), [], [])
+    with pytest.raises(ValueError, match="ids must be token ids >= 0, got -5"):
+        TokenizedDocument([-5, 3], [2], [1])
     with pytest.raises(TypeError, match="ids must hold integers"):
         TokenizedDocument(torch.tensor([1.0, 2.5]), [2], [1])
     with pytest.raises(TypeError, match="sentence_lengths must hold integers"):

@@ -443,6 +443,11 @@ def test_bad_events_and_shapes():
     for bad in (1.5, True):  # (a slicing error; True was 1)
         with pytest.raises(TypeError, match="close must be an int >= 0"):
             cache.append(q, q, q, close=bad)
+    for make in (HierarchicalKVCache, FlatKVCache):  # (cast silently, imaginary parts lost)
+        with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
+            make(2, 4, dtype=torch.complex64)
+        with pytest.raises(TypeError, match="k must be a floating-point tensor, got torch.int64"):
+            make(2, 4).append(torch.ones(2, 4), torch.ones(2, 4, dtype=torch.long), q)
     with pytest.raises(ValueError, match=r"\[heads=2, dim=4\]"):
         cache.append(q[:1], q[:1], q[:1])
     with pytest.raises(ValueError, match="pos_emb"):
