@@ -29,8 +29,14 @@ def check_int(
 
 
 def check_positive(value, name: str) -> None:
-    """Raise unless ``value`` is a finite real number ``> 0`` (a radius, a temperature)."""
-    if isinstance(value, bool) or not isinstance(value, Real):
+    """Raise unless ``value`` is a finite real number ``> 0`` (a radius, a temperature), or
+    a one-element floating-point tensor holding one (a learned temperature; its value is
+    read on the host)."""
+    number = isinstance(value, Real) and not isinstance(value, bool)
+    if not number and not (
+        isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point()
+    ):
         raise TypeError(f"{name} must be a finite number > 0, got {value!r}")
-    if not (value > 0 and math.isfinite(value)):
+    x = float(value.detach()) if isinstance(value, torch.Tensor) else value
+    if not (x > 0 and math.isfinite(x)):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

@@ -491,6 +491,11 @@ def test_bad_inputs(variant):
         fn(torch.randn(3, 4), torch.randn(3, 5))
     with pytest.raises(ValueError, match="gamma must be a finite number > 0"):
         fn(torch.randn(3, 4), torch.randn(3, 4), gamma=0.0)
+    with pytest.raises(TypeError, match="gamma must be a finite number > 0"):
+        fn(torch.randn(3, 4), torch.randn(3, 4), gamma="1")
+    learned = torch.tensor(0.5, requires_grad=True)  # a learned temperature gets its gradient
+    fn(torch.randn(3, 4), torch.randn(3, 4), gamma=learned).sum().backward()
+    assert learned.grad is not None and learned.grad != 0
     for r in (-1.0, float("inf"), float("nan")):  # (inf gave NaN scores)
         with pytest.raises(ValueError, match="r must be a finite number > 0"):
             fn(torch.randn(3, 4), torch.randn(3, 4), r=r)
