@@ -1,7 +1,8 @@
 """Command-line pieces shared by the example scripts (imported from the script's folder):
-``--threads``, ``--device``, argument types that refuse impossible counts, options refused
-where they do not apply (:func:`refuse_inapplicable`), and :func:`run`, which reports
-missing data without a traceback."""
+their parser (:func:`example_parser`: the script's docstring and the options' defaults in
+``--help``), ``--threads``, ``--device``, argument types that refuse impossible counts,
+options refused where they do not apply (:func:`refuse_inapplicable`), and :func:`run`,
+which reports missing data without a traceback."""
 
 from __future__ import annotations
 
@@ -13,6 +14,25 @@ import torch
 from hiergraph.runtime import default_threads
 
 IDLE_CORES = "torch CPU threads (default: at most 2, and no more than the idle cores)"
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The docstring as written, and each option's default where it has one (not ``None``,
+    which a script's budget fills, and not where the help already says it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = action.default is None or action.default is False
+        shown = unset or action.default is argparse.SUPPRESS or "default" in text
+        return text if shown or not action.option_strings else f"{text} (default: %(default)s)"
+
+
+def example_parser(doc: str) -> argparse.ArgumentParser:
+    """A script's parser: ``--help`` prints its docstring ``doc`` (the first paragraph as the
+    description, the rest, budgets, data and run times, after the options) and the
+    options' defaults."""
+    first, _, rest = doc.strip().partition("\n\n")
+    return argparse.ArgumentParser(description=first, epilog=rest, formatter_class=_HelpFormatter)
 
 
 def at_least(minimum: int):

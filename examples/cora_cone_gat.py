@@ -53,7 +53,6 @@ budget, device) into a JSON file; ``--device`` picks the torch device (default:
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -63,7 +62,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
-from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
+from _cli import (
+    add_device_option,
+    add_threads_option,
+    at_least,
+    example_parser,
+    get_device,
+    run,
+    set_threads,
+)
 from torch_geometric.nn import GATConv
 from tqdm import tqdm
 
@@ -259,7 +266,7 @@ def write_json(path: Path, name: str, row: dict) -> None:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = example_parser(__doc__)
     parser.add_argument("--dataset", choices=DATASETS, default="Cora")
     parser.add_argument("--attention", choices=ATTENTIONS, nargs="+", default=["penumbral"])
     parser.add_argument(

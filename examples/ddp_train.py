@@ -40,7 +40,13 @@ import json
 
 import torch
 import torch.nn.functional as F
-from _cli import add_threads_option, at_least, run, set_threads
+from _cli import (
+    add_threads_option,
+    at_least,
+    example_parser,
+    run,
+    set_threads,
+)
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
@@ -237,10 +243,7 @@ def train(args) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = example_parser(__doc__)
     parser.add_argument("--task", choices=("hte", "node"), default="hte")
     parser.add_argument("--epochs", type=at_least(1), default=3)
     parser.add_argument("--batch-size", type=at_least(1), default=16, help="trees/nodes per rank")

@@ -63,7 +63,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
+from _cli import (
+    add_device_option,
+    add_threads_option,
+    at_least,
+    example_parser,
+    get_device,
+    run,
+    set_threads,
+)
 from torch import nn
 
 from hiergraph.datasets.bbc import BBCNews
@@ -326,7 +334,7 @@ def load_splits(args) -> tuple[dict, dict]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = example_parser(__doc__)
     p.add_argument("--dataset", choices=sorted(DATASETS), default="imdb")
     p.add_argument("--model", choices=sorted(ATTENTION), default="hsa")
     p.add_argument("--root", default=None, help="dataset folder (default $HIERGRAPH_DATA/<Name>)")

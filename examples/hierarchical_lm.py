@@ -34,7 +34,6 @@ the chosen texts are cached in ``~/.cache/hiergraph/imdb_lm/`` (the data root,
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -46,7 +45,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
+from _cli import (
+    add_device_option,
+    add_threads_option,
+    at_least,
+    example_parser,
+    get_device,
+    run,
+    set_threads,
+)
 from torch_geometric.data import Batch
 from tqdm import tqdm
 
@@ -187,7 +194,7 @@ def decode(model, prompt: bytes, new_bytes: int, seed: int):
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = example_parser(__doc__)
     parser.add_argument(
         "--tar",
         type=Path,

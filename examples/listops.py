@@ -26,7 +26,6 @@ to hidden states ``[B, L, dim]``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import time
@@ -34,7 +33,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
+from _cli import (
+    add_device_option,
+    add_threads_option,
+    at_least,
+    example_parser,
+    get_device,
+    run,
+    set_threads,
+)
 from torch import Tensor, nn
 
 from hiergraph.data.windows import window_forest
@@ -220,7 +227,7 @@ def train(name: str, args, train_data, test_data, device: torch.device) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = example_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny lengths/model; < 1 minute")
     parser.add_argument(
         "--paper",

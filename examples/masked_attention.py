@@ -29,11 +29,17 @@ The task is small and self-contained (no paper protocol to reproduce, so no
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
-from _cli import add_device_option, add_threads_option, at_least, get_device, set_threads
+from _cli import (
+    add_device_option,
+    add_threads_option,
+    at_least,
+    example_parser,
+    get_device,
+    set_threads,
+)
 from torch import nn
 from tqdm import tqdm
 
@@ -112,9 +118,7 @@ def train(name: str, builder, args, device: torch.device) -> tuple[float, float]
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Trains one model per mask; returns each mask's test accuracy."""
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = example_parser(__doc__)
     parser.add_argument("--p", type=int, default=2, help="the task looks at the last p+1 digits")
     parser.add_argument("--steps", type=at_least(1), default=300, help="training steps per mask")
     parser.add_argument("--batch-size", type=at_least(1), default=32, help="sequences per step")

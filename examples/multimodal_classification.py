@@ -62,7 +62,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
+from _cli import (
+    add_device_option,
+    add_threads_option,
+    at_least,
+    example_parser,
+    get_device,
+    run,
+    set_threads,
+)
 from torch import nn
 from torch_geometric.loader import DataLoader
 from tqdm import tqdm
@@ -511,7 +519,7 @@ def save(result: dict, path: str | None) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = example_parser(__doc__)
     p.add_argument("--dataset", choices=sorted(DATASETS), default="openclipart")
     p.add_argument("--root", default=None, help="cache folder (default $HIERGRAPH_DATA/<Name>)")
     p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))

@@ -46,7 +46,6 @@ by label propagation (``--tree lp``), which scales to such graphs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -61,6 +60,7 @@ from _cli import (
     add_device_option,
     add_threads_option,
     at_least,
+    example_parser,
     get_device,
     refuse_inapplicable,
     run,
@@ -265,7 +265,7 @@ def run_ppi(args, seed: int, splits) -> dict:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = example_parser(__doc__)
     p.add_argument("--dataset", choices=(*PLANETOID, "ppi", *OGBN_DATASETS), default="cora")
     p.add_argument("--model", choices=MODELS, default="hsa_hybrid")
     p.add_argument(

@@ -29,7 +29,6 @@ labels), and every line the script prints then says so. Examples::
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from _cli import (
     add_device_option,
     add_threads_option,
     at_least,
+    example_parser,
     get_device,
     refuse_inapplicable,
     run,
@@ -122,7 +122,7 @@ def run_seed(splits, attention: str, seed: int, args) -> float:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = example_parser(__doc__)
     parser.add_argument("--attention", choices=ATTENTIONS, default="penumbral")
     parser.add_argument(
         "--paper", action="store_true", help="10 seeds, 200 epochs, patience 100 (hours on CPU)"

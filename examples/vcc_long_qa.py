@@ -35,14 +35,21 @@ Prints one JSON line per model (accuracy, steps, seconds per step); ``--json PAT
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
 from pathlib import Path
 
 import torch
-from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
+from _cli import (
+    add_device_option,
+    add_threads_option,
+    at_least,
+    example_parser,
+    get_device,
+    run,
+    set_threads,
+)
 from torch import Tensor, nn
 
 from hiergraph.nn.vcc import VCCEncoder, run_layer
@@ -170,7 +177,7 @@ def train(mode: str, args, device: torch.device) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = example_parser(__doc__)
     parser.add_argument(
         "--paper", action="store_true", help="16K-token sequences, 150 s per model (~15 minutes)"
     )

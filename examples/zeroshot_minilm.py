@@ -31,7 +31,6 @@ which also caches the unmodified model's hidden states between runs.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import time
@@ -39,7 +38,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _cli import add_device_option, add_threads_option, at_least, get_device, run, set_threads
+from _cli import (
+    add_device_option,
+    add_threads_option,
+    at_least,
+    example_parser,
+    get_device,
+    run,
+    set_threads,
+)
 
 from hiergraph.integrations import (
     encoder_layers,
@@ -281,7 +288,7 @@ def evaluate(model, cache, labels, split, layers, branching, method="hsa", block
 
 def main(argv: list[str] | None = None) -> dict:
     """One replacement on one dataset; returns its metrics (see :func:`evaluate`)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = example_parser(__doc__)
     parser.add_argument("--dataset", choices=("bbc", "imdb"), default="bbc")
     parser.add_argument("--layers", choices=tuple(LAYER_SETS), default="last2")
     parser.add_argument("--branching", default="2,4,8,16", help="bottom-up window sizes")

@@ -53,6 +53,29 @@ def test_scripts_keep_their_threads_help(load_example, script, help_text, capsys
     assert help_text in " ".join(capsys.readouterr().out.split())
 
 
+SCRIPTS = sorted(p.stem for p in EXAMPLES.glob("*.py") if not p.stem.startswith("_"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_prints_the_whole_docstring_and_the_defaults(load_example, script, capsys):
+    """``--help`` tells a newcomer what the script needs (budgets, data, run times: the
+    docstring's later paragraphs; most printed only its first line) and each option's
+    default."""
+    module = load_example(script)
+    parse = getattr(module, "parse_args", None) or module.main
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    paragraphs = [p for p in module.__doc__.split("\n\n") if p.strip()]
+    for paragraph in (paragraphs[0], paragraphs[-1]):
+        assert " ".join(paragraph.split()) in shown
+    parser = module.example_parser("First.\n\nLast.")
+    parser.add_argument("--n", type=int, default=0, help="a count")
+    parser.add_argument("--budget", type=int, default=None, help="set by the budget")
+    text = " ".join(parser.format_help().split())
+    assert "a count (default: 0)" in text and "set by the budget (default" not in text
+
+
 def test_device_defaults_to_cuda_when_present_and_refuses_what_is_missing(cli):
     parser = argparse.ArgumentParser()
     cli.add_device_option(parser)
