@@ -1,6 +1,7 @@
 """examples/node_classification.py: the hybrid runs end to end on the PPI and ogbn fixtures and
 on the real Cora and CiteSeer files (where present), with its budgets."""
 
+import argparse
 import json
 
 import pytest
@@ -49,7 +50,7 @@ def test_gated_hybrid_starts_as_the_gat_model_and_then_departs(nc):
     data = GraphHierarchy(max_family=4, pe_dim=4)(
         Data(x=torch.rand(22, 5), edge_index=edge_index, num_nodes=22)
     )
-    args = nc.argparse.Namespace(
+    args = argparse.Namespace(
         heads=2,
         pe_dim=4,
         attn_dropout=0.0,
@@ -83,7 +84,7 @@ def test_early_stopping_reads_test_at_best_validation_ties_by_loss(nc):
     def train():
         epoch["n"] += 1
 
-    args = nc.argparse.Namespace(epochs=6, patience=2)
+    args = argparse.Namespace(epochs=6, patience=2)
     run = nc.early_stopping(args, 0, train, lambda: next(script), lambda: 10.0 * epoch["n"])
     assert (run["best_epoch"], run["test"], run["val"], run["epochs"]) == (3, 30.0, 0.7, 5)
 
