@@ -140,7 +140,13 @@ class FamilyPositionEncoder(nn.Module):
             (Domain.KEY_VALUE, self._keys, pos),
         ]
         if self.graph is not None and "graph_pe" in hierarchy:
-            encoders.append((Domain.GRAPH, self.graph, hierarchy.graph_pe.to(out.dtype)))
+            graph_pe = hierarchy.graph_pe
+            if graph_pe.dim() != 2 or graph_pe.size(1) != self.graph_pe_dim:
+                raise ValueError(
+                    f"hierarchy.graph_pe must be [num_nodes, graph_pe_dim={self.graph_pe_dim}] "
+                    f"(graph_pe_dim of this encoder), got {tuple(graph_pe.shape)}"
+                )
+            encoders.append((Domain.GRAPH, self.graph, graph_pe.to(out.dtype)))
         by_rows = reads_values(domain)
         for kind, fn, inputs in encoders:
             if by_rows:  # only the rows of this kind (the host reads which they are)

@@ -74,10 +74,11 @@ def _check_points(name: str, x: Tensor) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    if x.dim() < 1 or x.size(-1) < 2:
+    if x.dim() < 2 or x.size(-1) < 2:
         raise ValueError(
-            f"{name} must have a last (feature) dimension of size >= 2 (d-1 horizontal "
-            f"coordinates plus one height), got shape {tuple(x.shape)}"
+            f"{name} must be [..., n, d]: points along dim -2 and a last (feature) "
+            f"dimension of size d >= 2 (d-1 horizontal coordinates plus one height), got "
+            f"shape {tuple(x.shape)}"
         )
 
 

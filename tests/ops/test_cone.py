@@ -481,8 +481,10 @@ def test_float32_under_autocast(variant):
 @pytest.mark.parametrize("variant", ["penumbral", "umbral"])
 def test_bad_inputs(variant):
     fn, edge_fn = DENSE[variant], EDGE[variant]
-    with pytest.raises(ValueError, match="size >= 2"):
+    with pytest.raises(ValueError, match="size d >= 2"):
         fn(torch.randn(3, 1), torch.randn(3, 1))
+    with pytest.raises(ValueError, match=r"q must be \[\.\.\., n, d\]"):  # (a cdist error)
+        fn(torch.randn(4), torch.randn(3, 4))
     with pytest.raises(TypeError, match="floating-point"):
         fn(torch.ones(3, 2, dtype=torch.long), torch.ones(3, 2, dtype=torch.long))
     with pytest.raises(TypeError, match="torch.Tensor"):

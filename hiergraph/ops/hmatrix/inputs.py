@@ -45,6 +45,10 @@ def check_inputs(q, k, v, block_size, key_padding_mask) -> None:
             raise TypeError(
                 f"key_padding_mask must be a bool tensor, got {type(key_padding_mask).__name__}"
             )
+        if key_padding_mask.device != q.device:
+            raise ValueError(
+                f"key_padding_mask is on {key_padding_mask.device} but q is on {q.device}"
+            )
         if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != expected:
             raise ValueError(
                 f"key_padding_mask must be a bool tensor of shape [batch, length] = {expected} "

@@ -19,6 +19,11 @@ from hiergraph.ops.hmatrix import hmatrix_attention
         ({"key_padding_mask": torch.zeros(1, 10)}, ValueError, "bool"),
         ({"key_padding_mask": torch.zeros(1, 9, dtype=torch.bool)}, ValueError, "shape"),
         ({"key_padding_mask": [[False] * 10]}, TypeError, "bool tensor, got list"),
+        (  # (a meta-tensor copy error)
+            {"key_padding_mask": torch.zeros(1, 10, dtype=torch.bool, device="meta")},
+            ValueError,
+            "key_padding_mask is on meta but q is on cpu",
+        ),
         ({"q": torch.randn(1, 2, 10, 0), "k": torch.randn(1, 2, 10, 0)}, ValueError, "channel"),
     ],
 )
