@@ -334,7 +334,13 @@ class HTEDecoder(nn.Module):
 
         ``plan``: the hierarchy's :class:`CausalPlan`, if already built.
         """
-        return self._layers(tokens, hierarchy, plan or CausalPlan.of(hierarchy))
+        plan = plan or CausalPlan.of(hierarchy)
+        if hierarchy.num_nodes != plan.tree_index.num_nodes:
+            raise ValueError(
+                f"plan is of a forest of {plan.tree_index.num_nodes} nodes, the hierarchy has "
+                f"{hierarchy.num_nodes}: pass the hierarchy's own plan (or none)"
+            )
+        return self._layers(tokens, hierarchy, plan)
 
     @torch.no_grad()
     def prefill(self, tokens: Tensor, hierarchy, caches: list) -> Tensor:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
-from hiergraph.data import SignalHierarchy, window_hierarchy
+from hiergraph.data import SignalHierarchy, from_nested, window_hierarchy
 from hiergraph.nn.hte_decoder import HTEDecoder, from_schedule
 from hiergraph.nn.kv_cache import append_schedule
 
@@ -199,5 +199,9 @@ def test_bad_inputs():
         net(torch.zeros(9, dtype=torch.long), tree)
     with pytest.raises(ValueError, match="max_depth"):
         net(torch.zeros(10, dtype=torch.long), tree)
+    other = from_nested([list(range(5)), list(range(5, 10))])  # 10 leaves, another shape
+    assert other.num_nodes != tree.num_nodes
+    with pytest.raises(ValueError, match="plan is of a forest of .* nodes, the hierarchy has"):
+        net(torch.zeros(10, dtype=torch.long), tree, plan=other.causal_plan())  # (size error)
     with pytest.raises(ValueError, match="invalid"):
         from_schedule([(0, 1), (3, 0)])
