@@ -118,4 +118,10 @@ def run(main: Callable[[], object]) -> None:
     try:
         main()
     except FileNotFoundError as error:
-        raise SystemExit(f"error: {error}") from None
+        message = str(error)
+        if "raw_dir=" in message:  # the loaders' Python argument: say what a script takes
+            message += (
+                "\n(From a script: raw_dir= is its --raw-dir option where it has one; "
+                "HIERGRAPH_RAW works for every script.)"
+            )
+        raise SystemExit(f"error: {message}") from None

@@ -104,6 +104,14 @@ def test_run_reports_missing_data_without_a_traceback(cli):
     assert stop.value.__suppress_context__  # no chained traceback
     cli.run(lambda: None)  # a script that ends normally returns
 
+    def api_advice():  # the loaders name their Python argument: the script says its own
+        raise FileNotFoundError("IMDB: no raw data found. Fix: pass raw_dir=<folder>")
+
+    with pytest.raises(SystemExit) as stop:
+        cli.run(api_advice)
+    assert "raw_dir= is its --raw-dir option where it has one" in str(stop.value.code)
+    assert "HIERGRAPH_RAW works for every script" in str(stop.value.code)
+
 
 @pytest.mark.parametrize("script", sorted(p.stem for p in EXAMPLES.glob("*.py")))
 def test_scripts_that_load_data_end_through_run(script):
