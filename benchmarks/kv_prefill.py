@@ -6,7 +6,7 @@
 One attention layer (4 heads of 32 channels, float32, the shapes of
 ``benchmarks/kv_cache.py``) takes a prompt of ``T`` tokens, from an empty cache, and returns
 the prompt's outputs. The prompt's tree holds the first ``T`` leaves of
-``window_hierarchy(T + 16, (16,) * 4)`` (:func:`~hiergraph.nn.hte_decoder.from_schedule` of
+``window_hierarchy(T + 16, (16,) * 4)`` (:func:`~hiergraph.nn.from_schedule` of
 their append events, as a generator builds it):
 
 * ``prefill``: :meth:`~hiergraph.nn.HierarchicalKVCache.prefill`, one strictly causal full
@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from hsa_short import bar_plot, on_torch_ops
 
 from hiergraph.data import window_hierarchy
-from hiergraph.nn.hte_decoder import from_schedule
+from hiergraph.nn import from_schedule
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_schedule
 
 HEADS, DIM, BRANCHING = 4, 32, (16,) * 4

@@ -58,7 +58,7 @@ from torch_geometric.data import Batch
 from tqdm import tqdm
 
 from hiergraph.datasets.download import REMOTE_FILES, data_root, downloads_allowed, fetch
-from hiergraph.nn.hte_decoder import HTEDecoder, from_schedule
+from hiergraph.nn import HTEDecoder, from_schedule
 from hiergraph.plan import CausalPlan
 from hiergraph.runtime import apply_budget, progress
 

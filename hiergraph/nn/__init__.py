@@ -8,7 +8,7 @@ from hiergraph.nn.hmatrix_attention import HMatrixAttention
 from hiergraph.nn.hte import HierarchicalTransformerEncoder, HTELayer
 from hiergraph.nn.hte_decoder import HTEDecoder, HTEDecoderLayer
 from hiergraph.nn.htransformer1d import HTransformer1D
-from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_schedule
+from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_schedule, from_schedule
 from hiergraph.nn.masked_attention_conv import MaskedAttentionConv
 from hiergraph.nn.pool import coarsen_leaves, global_leaf_mean_pool, leaf_batch, select_leaf
 from hiergraph.nn.position import FamilyPositionEncoder, LearnableFourierFeatures
@@ -35,6 +35,7 @@ __all__ = [
     "TypedLinear",
     "VCCEncoder",
     "append_schedule",
+    "from_schedule",
     "coarsen_leaves",
     "global_leaf_mean_pool",
     "leaf_batch",

@@ -17,37 +17,12 @@ from torch import Tensor, nn
 from torch_geometric.utils import to_dense_batch
 
 from hiergraph._device import host_tensor
-from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, check_one_tree
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.plan import CausalPlan
 
 ATTENTION_MODES = ("hsa", "flat")
-
-
-def from_schedule(schedule) -> SignalHierarchy:
-    """The tree that a sequence of ``(close, open)`` appends builds (inverse of
-    :func:`~hiergraph.nn.kv_cache.append_schedule`); leaves in append order.
-
-    Args:
-        schedule: ``[L, 2]`` tensor or list of ``(close, open)`` pairs.
-    """
-    parent, slot, num_children, stack = [-1], [0], [0], [0]
-    for i, (close, open_) in enumerate(torch.as_tensor(schedule).tolist()):
-        if close < 0 or open_ < 0 or (i == 0 and close) or close > len(stack) - 1:
-            raise ValueError(f"invalid (close, open) = ({close}, {open_}) at token {i}")
-        if i:
-            del stack[len(stack) - close :]
-        for _ in range(open_ + 1):
-            node = len(parent)
-            parent.append(stack[-1])
-            slot.append(num_children[stack[-1]])
-            num_children[stack[-1]] += 1
-            num_children.append(0)
-            stack.append(node)
-        stack.pop()  # the leaf is never open
-    return SignalHierarchy.from_parent(torch.tensor(parent), slot=torch.tensor(slot))
 
 
 def fold_heads(x: Tensor) -> Tensor:
@@ -345,8 +320,8 @@ class HTEDecoder(nn.Module):
     @torch.no_grad()
     def prefill(self, tokens: Tensor, hierarchy, caches: list) -> Tensor:
         """Start empty caches of :meth:`new_cache` with a prompt: ``tokens [T]``, the leaves of
-        ``hierarchy`` (one tree, e.g. :func:`from_schedule` of the prompt's events) → logits
-        ``[T, V]``, those of :meth:`forward`, from one full pass per layer
+        ``hierarchy`` (one tree, e.g. :func:`~hiergraph.nn.from_schedule` of the prompt's
+        events) → logits ``[T, V]``, those of :meth:`forward`, from one full pass per layer
         (:meth:`HierarchicalKVCache.prefill`, :meth:`FlatKVCache.extend`); :meth:`step` then
         decodes the next tokens. ``tokens [B, T]``: ``B`` prompts on the same tree, in caches
         of :meth:`new_cache` for ``B`` sequences → logits ``[B, T, V]`` (e.g. ``B`` copies of

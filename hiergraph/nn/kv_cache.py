@@ -25,6 +25,7 @@ from torch import Tensor
 from hiergraph._autograd import records_grad
 from hiergraph._device import host_tensor
 from hiergraph._precision import accumulation_dtype
+from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.nn._checks import check_int
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_statistics
@@ -55,6 +56,30 @@ def append_schedule(hierarchy) -> Tensor:
     close = torch.cat([depth.new_zeros(1), depth[:-1] - 1 - lca])
     open_ = torch.cat([depth[:1] - 1, depth[1:] - 1 - lca])
     return torch.stack([close, open_], 1)
+
+
+def from_schedule(schedule) -> SignalHierarchy:
+    """The tree that a sequence of ``(close, open)`` appends builds (inverse of
+    :func:`append_schedule`); leaves in append order.
+
+    Args:
+        schedule: ``[L, 2]`` tensor or list of ``(close, open)`` pairs.
+    """
+    parent, slot, num_children, stack = [-1], [0], [0], [0]
+    for i, (close, open_) in enumerate(torch.as_tensor(schedule).tolist()):
+        if close < 0 or open_ < 0 or (i == 0 and close) or close > len(stack) - 1:
+            raise ValueError(f"invalid (close, open) = ({close}, {open_}) at token {i}")
+        if i:
+            del stack[len(stack) - close :]
+        for _ in range(open_ + 1):
+            node = len(parent)
+            parent.append(stack[-1])
+            slot.append(num_children[stack[-1]])
+            num_children[stack[-1]] += 1
+            num_children.append(0)
+            stack.append(node)
+        stack.pop()  # the leaf is never open
+    return SignalHierarchy.from_parent(torch.tensor(parent), slot=torch.tensor(slot))
 
 
 def check_one_tree(plan: CausalPlan) -> None:

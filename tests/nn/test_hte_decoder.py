@@ -7,7 +7,7 @@ import torch
 from torch_geometric.data import Batch
 
 from hiergraph.data import SignalHierarchy, from_nested, window_hierarchy
-from hiergraph.nn.hte_decoder import HTEDecoder, from_schedule
+from hiergraph.nn import HTEDecoder, from_schedule
 from hiergraph.nn.kv_cache import append_schedule
 
 

@@ -9,7 +9,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric.data import Batch
 
 from hiergraph.data import SignalHierarchy, from_nested, window_hierarchy
-from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_schedule
+from hiergraph.nn.kv_cache import (
+    FlatKVCache,
+    HierarchicalKVCache,
+    append_schedule,
+    from_schedule,
+)
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.plan import CausalPlan
@@ -492,7 +497,6 @@ def test_flat_cache_bad_shapes():
 
 
 def test_schedule_round_trip():
-    from hiergraph.nn.hte_decoder import from_schedule
 
     rng = random.Random(5)
     for _ in range(10):
