@@ -8,6 +8,7 @@ only where ``NAME`` is available (see ``REQUIREMENTS``).
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 from pathlib import Path
@@ -68,3 +69,16 @@ def test_readme_block_runs(path, code, tmp_path, monkeypatch):
         monkeypatch.setenv(hp.RAW_ENV, str(cora_raw_source().parents[1]))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     exec(compile(code, str(path), "exec"), {"__name__": "__readme__"})
+
+
+def test_what_is_inside_names_import_from_the_modules_it_lists():
+    """Every name of the README's "What is inside" table is importable from one of the
+    modules its row lists (a moved or renamed name shows here)."""
+    text = README.read_text()
+    table = text[text.index("| area | main names | import from | guide |") :].split("\n\n")[0]
+    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
+    assert len(rows) >= 10
+    for _, names, modules, _ in rows:
+        places = [importlib.import_module(m) for m in re.findall(r"`(hiergraph[\w.]*)`", modules)]
+        for name in re.findall(r"`([A-Za-z_]\w*)`", names):
+            assert any(hasattr(m, name) for m in places), (name, modules)
