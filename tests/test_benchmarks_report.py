@@ -128,6 +128,7 @@ def test_a_crashed_subprocess_is_reported_with_its_error(report):
 
 def test_spreads_and_means(report):
     assert report.spread([0.003, 0.001, 0.002]) == "2.00 ms [1.00 ms–3.00 ms] ×3"
+    assert report.spread([0.001, 0.0015, 0.009]).startswith("1.50 ms ")  # the median, not 3.83
     assert report.spread([2.0]) == "2.00 s ×1"
     assert report.mean_std([0.8, 0.9]) == "0.8500 ± 0.0707 [0.800–0.900]"
     assert report.num(1234.5) == "1,234" and report.num(0.000012, 2) == "1.2e-05"

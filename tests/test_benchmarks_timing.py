@@ -98,9 +98,9 @@ def test_wall_and_cpu_samples_are_pairs_and_summaries():
     samples = timing.interleaved({"mm": (lambda: work @ work, ())}, 3, timing.WALL_AND_CPU)
     assert len(samples["mm"]) == 3
     assert all(len(pair) == 2 and pair[0] >= 0 and pair[1] >= 0 for pair in samples["mm"])
-    values = {"a": [3.0, 1.0, 2.0], "b": [5.0]}
-    assert timing.medians(values) == {"a": 2.0, "b": 5.0}
-    assert timing.spreads(values) == {"a": [1.0, 3.0], "b": [5.0, 5.0]}
+    values = {"a": [3.0, 1.0, 2.0], "b": [5.0], "c": [1.0, 1.5, 9.0]}  # c: median 1.5, mean 3.83
+    assert timing.medians(values) == {"a": 2.0, "b": 5.0, "c": 1.5}
+    assert timing.spreads(values) == {"a": [1.0, 3.0], "b": [5.0, 5.0], "c": [1.0, 9.0]}
 
 
 def test_each_step_is_timed_from_the_clocks_start_to_its_mark():

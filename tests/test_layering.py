@@ -19,15 +19,26 @@ FORBIDDEN = {
 }
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every module an ``import``/``from ... import`` anywhere in ``path`` names."""
+def imported_modules(path: Path, source: str | None = None) -> set[str]:
+    """Every module an ``import``/``from ... import`` anywhere in ``path`` (or in ``source``
+    read as that file) names, relative imports resolved against ``path``'s package
+    (``from ..nn import x`` in ``hiergraph/ops/a.py`` is ``hiergraph.nn``)."""
+    package = ["hiergraph", *path.relative_to(PACKAGE).parent.parts]
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            names.add(".".join([*base, *([node.module] if node.module else [])]))
     return names
+
+
+def test_relative_imports_are_resolved():
+    """(They were skipped, so ``from ..nn import x`` inside ``ops`` passed.)"""
+    source = "from ..nn import a\nfrom . import b\nfrom .hsa import c\nimport torch\n"
+    found = imported_modules(PACKAGE / "ops" / "example.py", source)
+    assert found == {"hiergraph.nn", "hiergraph.ops", "hiergraph.ops.hsa", "torch"}
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))

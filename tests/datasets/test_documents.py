@@ -221,6 +221,9 @@ def test_stratified_split_is_seeded_and_stratified():
     assert sum(labels[i] for i in a[1]) == 3
     with pytest.raises(ValueError, match="sum to 1"):
         stratified_split(labels, (0.5, 0.4))
+    # cut at the *rounded* cumulative fractions: 0.9 of 3 and of 13 are 2.7 and 11.7
+    fit, val = stratified_split([0] * 3 + [1] * 13, (0.9, 0.1))
+    assert (len(fit), len(val)) == (3 + 12, 1) and int((torch.as_tensor(val) >= 3).sum()) == 1
 
 
 def test_training_smoke_loss_decreases(tmp_path, monkeypatch):
