@@ -32,6 +32,7 @@ this module itself imports nothing from it.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -255,6 +256,10 @@ def inject_hsa(
             raise ValueError(f"layer {i}: {error}") from None
     for i, replacement in zip(chosen, replacements, strict=True):
         all_layers[i].attention.self = replacement
+    if model not in _OUTPUT_GUARDS:
+        _OUTPUT_GUARDS[model] = model.register_forward_pre_hook(
+            _refuse_attention_outputs, with_kwargs=True
+        )
     return model
 
 
@@ -263,7 +268,28 @@ def remove_hsa(model: nn.Module) -> nn.Module:
     for layer in encoder_layers(model):
         if isinstance(layer.attention.self, HSASelfAttention):
             layer.attention.self = layer.attention.self.original
+    guard = _OUTPUT_GUARDS.pop(model, None)
+    if guard is not None:
+        guard.remove()
     return model
+
+
+#: the forward pre-hook of every model with HSA layers (:func:`_refuse_attention_outputs`)
+_OUTPUT_GUARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _refuse_attention_outputs(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Raise where a forward asks for attention weights: transformers records them from its
+    own attention classes, so it would leave the HSA layers out of ``attentions`` and every
+    later layer's weights would sit at the wrong index."""
+    if kwargs.get("output_attentions") or getattr(
+        getattr(model, "config", None), "output_attentions", False
+    ):
+        raise ValueError(
+            "output_attentions: the HSA layers of inject_hsa have no attention matrix, and "
+            "transformers would leave them out of `attentions` (shifting the layer indices); "
+            "call without it, or remove_hsa(model) first"
+        )
 
 
 @contextmanager

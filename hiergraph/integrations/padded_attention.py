@@ -85,7 +85,7 @@ def valid_token_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
         soft = ~(allowed | (mask <= ADDITIVE_MASKED))
     else:  # [B, T] 0/1
         allowed = mask > 0
-        not_binary = ~(allowed | (mask == 0)) | (mask > 1)
+        not_binary = (mask != 0) & (mask != 1)
     if allowed.dim() == 2:
         allowed = allowed[:, None, None, :]
     if allowed.dim() != 4 or allowed.size(0) != batch or allowed.size(-1) != length:

@@ -96,6 +96,31 @@ def test_only_replaced_layers_change_and_removal_is_bit_identical():
     assert torch.equal(encode(model, ids, mask), ref[3])
 
 
+def test_attention_weights_are_refused_while_hsa_layers_are_in():
+    """transformers records attention weights from its own attention classes: with an HSA
+    layer it returned one tensor fewer, every later layer's at the wrong index."""
+    model = tiny(attn_implementation="eager")
+    ids, mask = inputs()
+    with torch.no_grad():
+        assert (
+            len(model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions) == 3
+        )
+    inject_hsa(model, [1], branching=(2, 2))
+    inject_hsa(model, [2], branching=(2, 2))  # a second call adds no second guard
+    with pytest.raises(ValueError, match="output_attentions: the HSA layers"):
+        model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    model.config.output_attentions = True
+    with pytest.raises(ValueError, match="output_attentions"):
+        model(input_ids=ids, attention_mask=mask)
+    model.config.output_attentions = False
+    encode(model, ids, mask)  # without weights it runs
+    remove_hsa(model)
+    with torch.no_grad():
+        assert (
+            len(model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions) == 3
+        )
+
+
 @pytest.mark.parametrize("method", ["hsa", "hsa_no_size_bias", "block"])
 def test_methods_run_and_baselines_reduce_to_softmax(method):
     model = tiny()

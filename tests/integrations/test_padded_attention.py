@@ -183,7 +183,8 @@ def test_valid_token_mask_formats():
         valid_token_mask(causal, 2, 4)
     with pytest.raises(ValueError, match="attention mask"):
         valid_token_mask(valid, 3, 4)
-    for not_binary in (additive[:, 0, 0], valid * 2, valid.float() - 0.5):  # (read: no token)
+    halves = valid.float() * 0.5  # (0.5 was read as attend)
+    for not_binary in (additive[:, 0, 0], valid * 2, valid.float() - 0.5, halves):
         with pytest.raises(ValueError, match=r"a \[B, T\] attention mask holds 1 .* and 0"):
             valid_token_mask(not_binary, 2, 4)
     assert torch.equal(valid_token_mask(valid.float(), 2, 4), expected)  # float 0/1 is fine
