@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from numbers import Real
 
 import torch
 import torch.distributed as dist
@@ -49,12 +50,17 @@ def leaf_counts(dataset, internal_weight: float = 0.0) -> Tensor:
     :math:`w` from a probe.
 
     Reads the collated columns of an ``InMemoryDataset`` without materialising
-    the trees when it can; otherwise iterates the dataset once.
+    the trees when it can (no index subset, no ``transform``, which may change the trees);
+    otherwise iterates the dataset once.
     """
-    if internal_weight < 0:
-        raise ValueError(f"internal_weight must be >= 0, got {internal_weight}")
+    if isinstance(internal_weight, bool) or not isinstance(internal_weight, Real):
+        raise TypeError(f"internal_weight must be a number >= 0, got {internal_weight!r}")
+    if not (internal_weight >= 0 and math.isfinite(internal_weight)):
+        raise ValueError(f"internal_weight must be a finite number >= 0, got {internal_weight}")
     slices = getattr(dataset, "slices", None)
-    if slices is not None and "is_leaf" in slices and getattr(dataset, "_indices", None) is None:
+    subset, transform = getattr(dataset, "_indices", None), getattr(dataset, "transform", None)
+    as_stored = subset is None and transform is None
+    if slices is not None and "is_leaf" in slices and as_stored:
         ptr = slices["is_leaf"]
         cum = run_ptr(dataset._data.is_leaf.long())
         leaves, nodes = cum[ptr].diff(), ptr.diff()
@@ -258,6 +264,8 @@ class DistributedLeafBudgetBatchSampler(LeafBudgetBatchSampler):
 
 def _check_counts(leaf_counts) -> Tensor:
     counts = torch.as_tensor(leaf_counts)
+    if counts.numel() == 0 and counts.dim() == 1:  # an empty list reads as float32
+        counts = counts.long()
     if counts.dim() != 1 or counts.is_floating_point() or counts.dtype == torch.bool:
         raise TypeError(
             f"leaf_counts must be a 1-D integer sequence (one count per tree), got "

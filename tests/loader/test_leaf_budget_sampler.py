@@ -66,6 +66,9 @@ def test_with_pyg_dataloader_and_inmemory_dataset():
     assert torch.equal(counts, sizes)
     assert torch.equal(leaf_counts(data), sizes)
     assert torch.equal(leaf_counts(dataset[torch.arange(5, 12)]), sizes[5:12])
+    dataset.transform = lambda tree: trees([2 * tree.num_leaves])[0]  # (its counts were read)
+    assert torch.equal(leaf_counts(dataset), 2 * sizes)
+    dataset.transform = None
     internal = torch.tensor([t.num_nodes - int(n) for t, n in zip(data, sizes, strict=True)])
     expected = sizes + torch.ceil(0.3 * internal).long()
     assert torch.equal(leaf_counts(dataset, internal_weight=0.3), expected)
@@ -171,3 +174,6 @@ def test_bad_input():
         leaf_counts([Data(x=torch.zeros(2, 1))])
     with pytest.raises(ValueError, match="internal_weight"):
         leaf_counts([], internal_weight=-1.0)
+    assert list(LeafBudgetBatchSampler([], 4)) == []  # an empty dataset (a dtype error before)
+    with pytest.raises(ValueError, match="internal_weight must be a finite number"):
+        leaf_counts([], internal_weight=float("nan"))  # (-9.2e18 per tree)
