@@ -340,7 +340,34 @@ def load_planetoid(
             return _PLANETOID_KINDS[f.removeprefix(f"ind.{name.lower()}.")]
 
         with _explain_failures(name, base, files, _read_planetoid_file, what):
-            return _Planetoid(str(base), name, split=split, transform=transform)
+            dataset = _Planetoid(str(base), name, split=split, transform=transform)
+        _check_fits(dataset, name, base)
+        return dataset
+
+
+def _check_fits(dataset: Planetoid, name: str, root: Path) -> None:
+    """Raise a :class:`CorruptFileError` where raw files that read and build do not make a
+    graph: edge ids past the nodes, a test index that is empty or negative (PyG wraps a
+    negative one to the last nodes)."""
+    raw, data, problems = root / name / "raw", dataset._data, []
+    index = raw / f"ind.{name.lower()}.test.index"
+    if index.exists():
+        ids = [int(token) for token in index.read_text().split()]
+        if not ids:
+            problems.append(f"{index.name} lists no test node")
+        elif min(ids) < 0:
+            problems.append(f"{index.name} holds a negative node id ({min(ids)})")
+    if data.edge_index.numel() and int(data.edge_index.max()) >= data.num_nodes:
+        problems.append(
+            f"the graph has node ids up to {int(data.edge_index.max())} for {data.num_nodes} nodes"
+        )
+    if problems:
+        raise CorruptFileError(
+            raw,
+            f"{raw}: the {name} raw files read but do not fit together: {'; '.join(problems)}. "
+            f"Put the official files in their place and delete {root / name / 'processed'} "
+            "(built from these).",
+        )
 
 
 def load_ppi(

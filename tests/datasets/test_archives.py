@@ -164,6 +164,29 @@ def test_raw_files_that_read_but_do_not_fit_name_the_folder(tmp_path):
     assert not any((tmp_path / "data" / "Cora" / "processed").glob("*.pt"))  # no cache left
 
 
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        ("edge", "the graph has node ids up to 1000000 for 560 nodes"),
+        ("no-test", "ind.cora.test.index lists no test node"),
+        ("negative-test", r"ind.cora.test.index holds a negative node id \(-3\)"),
+    ],
+)
+def test_raw_files_that_build_but_are_no_graph_are_refused(tmp_path, edit, problem):
+    """(They loaded: an edge to a node that does not exist, no test node, or a negative test
+    id that PyG wraps to the last nodes.)"""
+    raw = write_tiny_planetoid(tmp_path / "src")
+    if edit == "edge":
+        graph = pickle.loads((raw / "ind.cora.graph").read_bytes())
+        graph[0] = [1_000_000]
+        (raw / "ind.cora.graph").write_bytes(pickle.dumps(graph, protocol=2))
+    else:
+        ids = [] if edit == "no-test" else [-3, *range(541, 560)]
+        (raw / "ind.cora.test.index").write_text("".join(f"{i}\n" for i in ids))
+    with pytest.raises(CorruptFileError, match=f"read but do not fit together: {problem}"):
+        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+
+
 def test_corrupt_ppi_file_names_the_file(tmp_path):
     raw = hp.write_synthetic_ppi(tmp_path / "src", graphs=(2, 1, 1), nodes_per_graph=8)
     (raw / "valid_graph.json").write_text('{"nodes": [')
