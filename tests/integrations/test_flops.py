@@ -26,6 +26,12 @@ def test_hsa_family_term_matches_note_reconstruction():
     flops = hsa_attention_flops(window_hierarchy(264, (2, 4, 8, 16)), 768)
     assert flops["family"] == 1338 * (4 * 768 + SCORE_FLOPS)
     assert flops["total"] == flops["family"] + flops["tree"] and flops["tree"] > 0
+    # the bookkeeping, counted by hand on a tree of 6 leaves in windows of 2 under one root
+    # (9 edges: per edge the pooled q, k, v sums (2 (2d + d_v)), a gate (SCORE_FLOPS) and
+    # the accumulation (2 d_v); per leaf its own weighted value (2 d_v)), d = 4, d_v = 3
+    small = hsa_attention_flops(window_hierarchy(6, (2,)), 4, heads=2, value_dim=3)
+    per_edge = 2 * (2 * 4 + 3) + SCORE_FLOPS + 2 * 3
+    assert small["tree"] == 2 * (9 * per_edge + 6 * 2 * 3)
 
 
 def test_flat_family_costs_flat_attention_plus_bookkeeping():
