@@ -705,7 +705,30 @@ def vcc() -> list[str] | None:
          "VIP update error"],
         body,
     )  # fmt: skip
-    return out + [source("vcc.json"), ""] + plot("vcc.png", "VCC")
+    return out + [source("vcc.json"), ""] + plot("vcc.png", "VCC") + vcc_retrieval()
+
+
+def vcc_retrieval() -> list[str]:
+    """``examples/vcc_long_qa.py``'s run: trained from scratch on synthetic retrieval."""
+    d = load("vcc_long_qa.json")
+    if d is None:
+        return []
+    a = d["args"]
+    out = [
+        f"Trained from scratch on synthetic retrieval (a question token and a fact planted "
+        f"among filler tokens; synthetic data) with a length curriculum up to "
+        f"{a['length']:,} tokens, {secs(a['budget'])} of training per model, "
+        f"{threads(a['threads'])}; accuracy on {a['eval_batches']} held-out batches at "
+        f"{a['length']:,} tokens (`python examples/vcc_long_qa.py --length {a['length']} "
+        f"--threads {a['threads']} --distractors {a['distractors']} --budget "
+        f"{a['budget']:g} --eval-batches {a['eval_batches']} --models "
+        f"{' '.join(a['models'])} --json ...`).",
+        "",
+    ]
+    rows = [[r["model"], f"{r['reached_length']:,}", f"{r['steps']:,}",
+             f"{r['accuracy']:.3f}", f"{r['chance']:.3f}"] for r in d["results"]]  # fmt: skip
+    out += table(["model", "training length reached", "steps", "accuracy", "chance"], rows)
+    return out + [source("vcc_long_qa.json"), ""]
 
 
 def _budget(data: dict) -> str:
