@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hiergraph.ops.masked.banded import band_predicate, segment_ids
+from hiergraph.ops.masked.banded import band_predicate, clamped_band, segment_ids
 
 
 def _band_size(length: Tensor, before: int, after: int) -> Tensor:
@@ -48,7 +48,9 @@ class BandMask:
         E = \sum_{\text{segments}} \sum_{r=0}^{s-1}
             (b' + a' + 1)\,n_r - \tfrac{b'(b'+1)}{2} - \tfrac{a'(a'+1)}{2}.
 
-    Every query attends itself, so no row of a band is empty.
+    Every query attends itself, so no row of a band is empty. A reach past the longest
+    segment is clamped to it (``before``, ``after`` at most :math:`\lfloor (n - 1)/s
+    \rfloor`, and a dilation that leaves only the diagonal becomes 1): the same band.
     """
 
     lengths: tuple[int, ...]
@@ -73,6 +75,9 @@ class BandMask:
             )
         if self.dilation < 1:
             raise ValueError(f"dilation must be >= 1, got {self.dilation}")
+        band = clamped_band(self.lengths, self.before, self.after, self.dilation)
+        for name, value in zip(("before", "after", "dilation"), band, strict=True):
+            object.__setattr__(self, name, value)
 
     @property
     def num_nodes(self) -> int:

@@ -16,6 +16,7 @@ from hiergraph.masks import (
     sequence_batch,
     window_mask,
 )
+from hiergraph.ops.masked.banded import banded_attention
 from tests.masks.conftest import brute_mask, dense
 
 
@@ -101,3 +102,19 @@ def test_detect_rejects_everything_else():
 def test_band_bad_inputs(args, error, message):
     with pytest.raises(error, match=message):
         BandMask(*args)
+
+
+def test_a_reach_past_the_longest_segment_is_the_same_band_and_cheap():
+    """A width or dilation far beyond the sequence is clamped (``window_mask(3, 10**7)``
+    built 2.4 GB of candidates for 9 edges; ``banded_attention`` with a dilation of 10**8
+    took 1.9 GB on 3 tokens)."""
+    huge = BandMask((3, 2), 10**7, 10**7)
+    assert (huge.before, huge.after, huge.dilation) == (2, 2, 1)
+    assert torch.equal(huge.edge_index(), BandMask((3, 2), 2, 2).edge_index())
+    assert window_mask(3, 10**9).size(1) == 9
+    assert BandMask((3,), 1, 0, dilation=10**6) == BandMask((3,), 0, 0)  # the diagonal
+    q, k, v = (torch.randn(3, 1, 4, dtype=torch.float64) for _ in range(3))
+    out = banded_attention(q, k, v, 1, 1, dilation=10**8)
+    torch.testing.assert_close(out, v)  # each token alone: its own value
+    wide = banded_attention(q, k, v, 10**7, 10**7)
+    torch.testing.assert_close(wide, banded_attention(q, k, v, 2, 2))

@@ -103,6 +103,18 @@ def _check_band(q: Tensor, k: Tensor, v: Tensor, lengths, before, after, dilatio
     return lengths
 
 
+def clamped_band(lengths, before: int, after: int, dilation: int) -> tuple[int, int, int]:
+    """``(before, after, dilation)`` of the same band with no reach past the longest segment
+    of ``lengths``: ``before`` and ``after`` at most ``(n - 1) // dilation``, and a dilation
+    that leaves only the diagonal set to 1 (a width or dilation of ``10**7`` over 3 tokens
+    built candidates in proportion to it)."""
+    reach = max(lengths, default=0) - 1  # the longest offset inside a segment
+    if reach < 0:
+        return before, after, dilation
+    before, after = min(before, reach // dilation), min(after, reach // dilation)
+    return before, after, dilation if before or after else 1
+
+
 def _undilate(lengths: list[int], dilation: int, device) -> tuple[Tensor, list[int]]:
     """Reorder positions so that each residue class of each segment is contiguous.
 
@@ -258,6 +270,7 @@ def banded_attention(
     The result is differentiable in ``q``, ``k`` and ``v`` (first order).
     """
     lengths = _check_band(q, k, v, lengths, before, after, dilation)
+    before, after, dilation = clamped_band(lengths, before, after, dilation)
     check_int(block_size, "block_size", optional=True)
     check_int(chunk_size, "chunk_size", optional=True)
     if not 0.0 <= dropout_p <= 1.0:
