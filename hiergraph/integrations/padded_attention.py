@@ -299,6 +299,8 @@ def padded_block_attention(
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
     batch, heads, length, _ = q.shape
+    block = min(block, max(length, 1))  # one block holds them all: the same attention, and
+    # no [block, block] logits past the sequence (block=10**6 on 3 tokens asked for 4 TB)
     scale = q.size(-1) ** -0.5 if scale is None else scale
     # move valid tokens to the front (stable), so blocks follow the valid tokens
     order = torch.argsort((~token_mask).to(torch.int8), dim=1, stable=True)

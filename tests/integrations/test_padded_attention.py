@@ -159,6 +159,8 @@ def test_block_attention_matches_masked_softmax():
     assert (out[~valid] == 0).all()
     with pytest.raises(ValueError, match="block"):
         padded_block_attention(q, k, v, valid, 0)
+    whole = padded_block_attention(q, k, v, valid, q.size(2))  # one block: the whole sequence
+    torch.testing.assert_close(padded_block_attention(q, k, v, valid, 10**6), whole)  # (4 TB)
 
 
 def test_block_attention_follows_valid_tokens_under_left_padding():
