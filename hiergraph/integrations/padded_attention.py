@@ -150,6 +150,8 @@ def check_padded(q: Tensor, k: Tensor, v: Tensor, token_mask: Tensor) -> None:
         )
     if length == 0:
         raise ValueError("the batch has no tokens (T = 0)")
+    if token_mask.device != q.device:
+        raise ValueError(f"token_mask is on {token_mask.device} but q is on {q.device}")
 
 
 def padded_hsa(

@@ -159,14 +159,23 @@ class EdgeInput:
         num_dst: int,
         *,
         validate: bool = True,
+        device: torch.device | None = None,
     ) -> Edges:
         """Unpack and check ``edge_index`` for ``num_src`` sources and ``num_dst`` targets.
 
         An adjacency ``adj_t [num_dst, num_src]`` becomes its ``edge_index`` in stored order
-        (:func:`~hiergraph.ops.edge_index.adjacency_to_edge_index`). The type and shape are
-        checked every call, the id range (``validate``) once per graph, as one of its
-        cached structures (a failed check is not remembered).
+        (:func:`~hiergraph.ops.edge_index.adjacency_to_edge_index`). The type, shape and
+        ``device`` (the node features', if given) are checked every call, the id range
+        (``validate``) once per graph, as one of its cached structures (a failed check is
+        not remembered).
         """
+        where = edge_index.device() if isinstance(edge_index, SparseTensor) else None
+        where = edge_index.device if isinstance(edge_index, Tensor) else where
+        if device is not None and where is not None and where != device:
+            raise ValueError(
+                f"the edges are on {where} but x is on {device}; move them with "
+                "edge_index.to(x.device)"
+            )
         adj = edge_index if is_adjacency(edge_index) else None
         values = None
         if adj is not None and not (self.keep_sparse_tensor and isinstance(adj, SparseTensor)):

@@ -194,6 +194,8 @@ class ConeAttention(nn.Module):
                     f"{name} must have shape {' or '.join(map(str, shapes))}, "
                     f"got {tuple(mask.shape)}"
                 )
+            if mask.device != q.device:
+                raise ValueError(f"{name} is on {mask.device} but query is on {q.device}")
             if mask.dtype != torch.bool and not mask.is_floating_point():
                 raise TypeError(  # an int 0/1 mask would be *added* to the logits
                     f"{name} must be bool (True = masked) or floating (added to the "

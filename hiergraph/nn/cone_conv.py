@@ -270,7 +270,9 @@ class ConeConv(MessagePassing):
         self._check_features(x_src, x_dst)
         size = (x_src.size(0), x_dst.size(0))
         # adj_t[target, source]: its edges, in its stored order (a SparseTensor as it is)
-        edge_index, adj, _, structures = self._edges(edge_index, *size, validate=self.validate)
+        edge_index, adj, _, structures = self._edges(
+            edge_index, *size, validate=self.validate, device=x_dst.device
+        )
         H, C = self.heads, self.out_channels
         drop = partial(F.dropout, p=self.feature_dropout, training=self.training)
         value = drop(self.lin(x_src).view(-1, H, C))

@@ -250,7 +250,7 @@ class MaskedAttentionConv(MessagePassing):
         adj = structures = None
         if band is None:  # the structure derived from the graph is cached per graph
             edge_index, adj, values, structures = self._edges(
-                edge_index, *size, validate=self.validate
+                edge_index, *size, validate=self.validate, device=x_dst.device
             )
             # PyG's rule: a SparseTensor's values, a torch.sparse tensor's [E, ...] values
             hybrid = values is not None and values.dim() > 1

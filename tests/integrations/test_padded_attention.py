@@ -264,6 +264,7 @@ PADDED_OPS = {
         (dict(q=torch.randn(3, 8, 4), k=torch.randn(3, 8, 4)), "q and k must be"),
         (dict(v=torch.randn(2, 3, 7, 4)), "v must be"),
         (dict(EMPTY), "no tokens"),
+        (dict(mask=torch.ones(2, 8, dtype=torch.bool, device="meta")), "token_mask is on meta"),
     ],
 )
 def test_bad_shapes_raise_one_clear_error(name, bad, match):

@@ -173,6 +173,9 @@ def test_bad_arguments():
         att(query, key, value, attn_mask=torch.zeros(S, L, dtype=torch.bool))
     with pytest.raises(ValueError, match="key_padding_mask must have shape"):
         att(query, key, value, key_padding_mask=torch.zeros(B, L, dtype=torch.bool))
+    meta = torch.zeros(B, S, dtype=torch.bool, device="meta")  # (a device error inside torch)
+    with pytest.raises(ValueError, match="key_padding_mask is on meta but query is on cpu"):
+        att(query, key, value, key_padding_mask=meta)
     with pytest.raises(ValueError, match="share the batch size"):
         att(query, key[:1], value[:1])
     for bad in (torch.uint8, torch.long):  # a 0/1 integer mask must not be added to the logits

@@ -329,6 +329,8 @@ def test_bad_arguments():
         ConeConv(F_IN, 4, gamma=-1.0)
     with pytest.raises(ValueError, match="gamma must be a finite number > 0, got inf"):
         ConeConv(F_IN, 4, gamma=float("inf"), learn_gamma=True)
+    with pytest.raises(ValueError, match="the edges are on meta but x is on cpu"):  # (PyG)
+        ConeConv(F_IN, 4)(graph()[0], graph()[1].to("meta"))
     with pytest.raises(ValueError, match=r"feature_dropout must be a probability in \[0, 1\]"):
         ConeConv(F_IN, 4, feature_dropout=1.5)
     with pytest.raises(ValueError, match="r must be a finite number > 0"):

@@ -375,6 +375,9 @@ def test_lazy_sizes_work_under_to_hetero():
         conv((x["paper"], x["author"], x["author"]), *edges.values())
     with pytest.raises(ValueError, match="x_src and x_dst must both be tensors"):
         conv((x["paper"], None), *edges.values())
+    (ei,) = edges.values()  # (an error from a meta tensor's .item() in the band detection)
+    with pytest.raises(ValueError, match="the edges are on meta but x is on cpu"):
+        conv((x["paper"], x["author"]), ei.to("meta"))
 
 
 # ---------------------------------------------------------------- Prop. 1 / Def. 10 (T8)

@@ -186,6 +186,8 @@ def test_bad_inputs():
         enc(x, vip | ~mask, mask)
     with pytest.raises(ValueError, match="shape"):
         enc(x, vip[:, 1:], mask)
+    with pytest.raises(ValueError, match="vip_mask is on meta but x is on cpu"):  # (torch's)
+        enc(x, vip.to("meta"), mask)
     with pytest.raises(ValueError, match="norm_first"):
         VCCEncoder([nn.TransformerEncoderLayer(D, HEADS, batch_first=True)])
     with pytest.raises(TypeError, match="query_key"):

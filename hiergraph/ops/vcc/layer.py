@@ -261,6 +261,8 @@ def check_vip_inputs(
             raise ValueError(
                 f"{name} must have shape {tuple(x.shape[:2])} (x's [B, n]), got {tuple(m.shape)}"
             )
+        if m.device != x.device:
+            raise ValueError(f"{name} is on {m.device} but x is on {x.device}")
     bad = (vip_mask & ~token_mask).any()
     message = "vip_mask marks padded positions (token_mask False) as VIP; use vip_mask & token_mask"
     if not reads_values(bad):  # on an accelerator: checked on the device, no host sync
