@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.data import Batch
 
+from hiergraph._checks import check_int
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.windows import check_branching
 from hiergraph.integrations.hub_windows import padded_hub_window_hsa
@@ -231,10 +232,13 @@ def inject_hsa(
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     branching = check_branching(branching)
+    if not isinstance(include_self, bool):
+        raise TypeError(f"include_self must be a bool, got {include_self!r}")
     if method == "block":
         block = block if block is not None else (branching[0] if branching else None)
-        if block is None or block < 1:
+        if block is None:
             raise ValueError("method='block' needs block >= 1 (or a non-empty branching)")
+        check_int(block, "block")
     all_layers = encoder_layers(model)
     n = len(all_layers)
     chosen = sorted({i % n for i in _check_layers(layers, n)})

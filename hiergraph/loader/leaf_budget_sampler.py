@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import Sampler
 
+from hiergraph._checks import check_int
 from hiergraph._runs import run_ptr
 
 
@@ -149,6 +150,7 @@ class LeafBudgetBatchSampler(Sampler[list[int]]):
     ):
         self.leaf_counts = _check_counts(leaf_counts)
         self.max_leaves = _check_budget(max_leaves)
+        check_int(seed, "seed", minimum=0)
         if sampler is not None and shuffle:
             raise ValueError("pass either sampler= or shuffle=True, not both (shuffle the sampler)")
         self.sampler, self.shuffle, self.seed, self.epoch = sampler, shuffle, seed, 0
@@ -244,7 +246,9 @@ class DistributedLeafBudgetBatchSampler(LeafBudgetBatchSampler):
                 )
             num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
             rank = dist.get_rank() if rank is None else rank
-        if num_replicas < 1 or not 0 <= rank < num_replicas:
+        check_int(num_replicas, "num_replicas")
+        check_int(rank, "rank", minimum=0)
+        if not rank < num_replicas:
             raise ValueError(f"need 0 <= rank < num_replicas, got rank={rank}, {num_replicas=}")
         self.num_replicas, self.rank, self.drop_last = num_replicas, rank, drop_last
 
@@ -277,6 +281,5 @@ def _check_counts(leaf_counts) -> Tensor:
 
 
 def _check_budget(max_leaves) -> int:
-    if isinstance(max_leaves, bool) or not isinstance(max_leaves, int) or max_leaves < 1:
-        raise ValueError(f"max_leaves must be a positive int, got {max_leaves!r}")
-    return max_leaves
+    check_int(max_leaves, "max_leaves")
+    return int(max_leaves)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from hiergraph._checks import check_int
 from hiergraph._precision import accumulation_dtype
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
 
@@ -127,6 +128,9 @@ class HTransformer1D(nn.Module):
         attention: Callable[[int, int], nn.Module] | None = None,
     ) -> None:
         super().__init__()
+        check_int(num_tokens, "num_tokens")
+        check_int(depth, "depth", minimum=0)
+        check_int(ff_mult, "ff_mult")
         if attention is None:
 
             def attention(dim: int, heads: int) -> nn.Module:

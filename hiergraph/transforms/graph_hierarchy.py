@@ -13,7 +13,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 
-from hiergraph._checks import check_int
+from hiergraph._checks import check_int, check_positive
 from hiergraph._versions import guard_holds, version_guard
 from hiergraph.data.domain import Domain
 from hiergraph.data.graph_pe import laplacian_pe
@@ -134,6 +134,8 @@ class GraphHierarchy(BaseTransform):
         check_int(levels, "levels", minimum=0, optional=True)
         check_int(pe_dim, "pe_dim", minimum=0)
         check_int(iterations, "iterations")
+        check_int(seed, "seed", minimum=0)
+        check_positive(resolution, "resolution")
         self.method, self.levels, self.max_family = method, levels, max_family
         self.resolution, self.seed, self.pe_dim = resolution, seed, pe_dim
         self.iterations = iterations

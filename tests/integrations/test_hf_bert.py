@@ -169,6 +169,10 @@ def test_bad_input():
         inject_hsa(model, [0], hubs=-1)
     with pytest.raises(ValueError, match="not method='block'"):
         inject_hsa(model, [0], method="block", hubs=2)
+    with pytest.raises(TypeError, match="block must be a positive int, got 2.5"):  # (at forward)
+        inject_hsa(model, [0], method="block", block=2.5)
+    with pytest.raises(TypeError, match="include_self must be a bool, got 'no'"):  # (truthy)
+        inject_hsa(model, [0], include_self="no")
     inject_hsa(model, [0])
     with pytest.raises(ValueError, match="already has HSA"):
         inject_hsa(model, [-3])

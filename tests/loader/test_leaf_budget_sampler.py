@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DistributedSampler, RandomSampler
@@ -170,6 +171,12 @@ def test_bad_input():
         DistributedLeafBudgetBatchSampler([3], 8)
     with pytest.raises(ValueError, match="rank"):
         DistributedLeafBudgetBatchSampler([3], 8, num_replicas=2, rank=2)
+    for bad in (dict(num_replicas=2.0, rank=0), dict(num_replicas=2, rank=True)):  # (late)
+        with pytest.raises(TypeError, match="(num_replicas|rank) must be"):
+            DistributedLeafBudgetBatchSampler([3], 8, **bad)
+    with pytest.raises(TypeError, match="seed must be an int >= 0, got None"):
+        LeafBudgetBatchSampler([3], 8, shuffle=True, seed=None)
+    assert LeafBudgetBatchSampler([3], np.int64(8)).max_leaves == 8  # a NumPy int is an int
     with pytest.raises(ValueError, match="is_leaf"):
         leaf_counts([Data(x=torch.zeros(2, 1))])
     with pytest.raises(ValueError, match="internal_weight"):

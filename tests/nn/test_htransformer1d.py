@@ -37,6 +37,11 @@ def test_encoder_ignores_padded_tokens():
     torch.testing.assert_close(model(other, mask)[:, :25], out[:, :25])
     with pytest.raises(ValueError, match="int64"):
         model(tokens.float())
+    for kwargs, match in ((dict(depth=-1), "depth must be an int >= 0"),  # (built no block)
+                          (dict(num_tokens=0), "num_tokens must be a positive int"),
+                          (dict(ff_mult=0), "ff_mult must be a positive int")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            HTransformer1D(**{"num_tokens": 10, "embed_dim": 8, "num_heads": 2, **kwargs})
 
 
 def test_sinusoidal_positions():

@@ -177,6 +177,11 @@ def test_bad_arguments():
         GraphHierarchy(max_family=1)
     with pytest.raises(ValueError, match="iterations"):
         GraphHierarchy("lp", iterations=0)
+    with pytest.raises(TypeError, match="seed must be an int >= 0, got None"):  # (per method)
+        GraphHierarchy("lp", seed=None)
+    for resolution in (float("nan"), -1.0):  # (accepted)
+        with pytest.raises(ValueError, match="resolution must be a finite number > 0"):
+            GraphHierarchy(resolution=resolution)
     for method in ("louvain", "lp"):
         with pytest.raises(ValueError, match="at least one node, got 0"):
             GraphHierarchy(method)(

@@ -95,7 +95,9 @@ def _check_band(q: Tensor, k: Tensor, v: Tensor, lengths, before, after, dilatio
     check_int(after, "after", minimum=0)
     check_int(dilation, "dilation")
     n = q.size(0)
-    for length in lengths or ():
+    if isinstance(lengths, Tensor):  # (truth-testing a tensor of lengths raised)
+        lengths = lengths.tolist()
+    for length in () if lengths is None else lengths:
         check_int(length, "every segment length", minimum=0)
     lengths = [n] if lengths is None else [int(length) for length in lengths]
     if any(length < 0 for length in lengths) or sum(lengths) != n:

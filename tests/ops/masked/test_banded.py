@@ -144,3 +144,10 @@ def test_dropout_backward_recomputes_the_forward_masks():
     assert not torch.allclose(out, banded_attention(q, k, v, 4, 4))  # dropout is on
     (grad_v,) = torch.autograd.grad((out * weight).sum(), v)
     torch.testing.assert_close((grad_v * v).sum(), (out * weight).sum(), atol=1e-12, rtol=0)
+
+
+def test_lengths_may_be_a_tensor():
+    """(``lengths or ()`` raised "Boolean value of Tensor ... is ambiguous".)"""
+    q, k, v = (torch.randn(5, 2, 3, dtype=torch.float64) for _ in range(3))
+    out = banded_attention(q, k, v, 1, 1, torch.tensor([2, 3]))
+    torch.testing.assert_close(out, banded_attention(q, k, v, 1, 1, [2, 3]), atol=0, rtol=0)
