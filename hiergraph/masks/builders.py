@@ -19,6 +19,7 @@ give the same edges on every device.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 
 import torch
 from torch import Tensor
@@ -29,11 +30,11 @@ from hiergraph.ops.edge_index import check_edge_index
 
 
 def _check_count(name: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, Integral):  # NumPy ints are ints
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    return int(value)
 
 
 def _canonical(src: Tensor, dst: Tensor, num_nodes: int) -> Tensor:

@@ -56,7 +56,9 @@ def is_automorphism(edge_index: Tensor, num_nodes: int, perm: Tensor) -> bool:
 
 def _check_permutation(perm: Tensor, n: int) -> None:
     """Raise unless ``perm`` is a permutation of ``0 … n - 1`` (read on the host)."""
-    ok = isinstance(perm, Tensor) and perm.shape == (n,) and not perm.is_floating_point()
+    # int32/int64 only: a uint8 or bool tensor would index as a mask, not as positions
+    ok = isinstance(perm, Tensor) and perm.shape == (n,)
+    ok = ok and perm.dtype in (torch.int32, torch.int64)
     if ok:
         ok = torch.equal(perm.sort().values.cpu(), torch.arange(n))
     if not ok:

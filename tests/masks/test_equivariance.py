@@ -3,6 +3,7 @@ table, §4.4) and the relabelling convention."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -66,6 +67,9 @@ def test_permutations_are_checked():
         relabel(edge_index, torch.tensor([0, 0, 2]))  # (silently accepted before)
     with pytest.raises(ValueError, match=r"permutation of 0 .. 2, got \[1, 0\]"):
         is_automorphism(edge_index, 3, torch.tensor([1, 0]))  # (a raw size error before)
+    with pytest.raises(ValueError, match=r"permutation of 0 .. 2, got \[2, 1, 0\]"):
+        is_automorphism(edge_index, 3, torch.tensor([2, 1, 0], dtype=torch.uint8))  # (a mask)
+    assert window_mask(np.int64(3), np.int64(1)).size(1) == 7  # NumPy ints are ints
 
 
 def test_relabel_convention():
