@@ -84,6 +84,9 @@ class GoogleEmoji(MultimodalRecordDataset):
         """The records of the parsed index ``entries`` (see :meth:`read_records`)."""
         if not isinstance(entries, list):
             raise TypeError(f"the index is a JSON {type(entries).__name__}, not a list")
+        for e in entries:  # (a number as a name failed inside the tokenizer)
+            if not isinstance(e.get("name") or " ".join(e["short_names"]), str):
+                raise TypeError(f"entry {e.get('unified')!r} has a name that is no string")
         kept = sorted(
             (
                 e

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
+from hiergraph._checks import check_int
 from hiergraph.data.multimodal import ImageField, MultimodalSchema, SequenceField
 from hiergraph.datasets.download import (
     CorruptFileError,
@@ -174,12 +175,13 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
     ):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        if image_size < 1 or image_size % patch_size:
+        for name, value in (("image_size", image_size), ("patch_size", patch_size),
+                            ("max_tokens", max_tokens), ("max_pixels", max_pixels)):  # fmt: skip
+            check_int(value, name)  # (patch_size=0 divided by zero; floats failed later)
+        if image_size % patch_size:
             raise ValueError(
                 f"image_size={image_size} must be a positive multiple of patch_size={patch_size}"
             )
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.schema = MultimodalSchema(
             [ImageField(IMAGE, 3, patch_size, group_size)]
             + [SequenceField(f, TOKEN_CHANNELS) for f in self.text_fields],

@@ -169,8 +169,9 @@ def _edit_first(raw: Path, edit) -> None:
         lambda e: e.update(sort_order="5"),
         lambda e: e.update(image=7),
         lambda e: e.update(name=None, short_names=None),
+        lambda e: e.update(name=5),  # (failed inside the tokenizer)
     ],
-    ids=["no category", "list category", "str sort order", "int image", "no name"],
+    ids=["no category", "list category", "str sort order", "int image", "no name", "int name"],
 )
 def test_malformed_index_entries_name_the_index(fake_package, edit):
     """(KeyError / TypeError from inside the loader before, naming neither.)"""

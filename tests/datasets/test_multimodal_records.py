@@ -170,3 +170,17 @@ def test_labels_outside_the_classes_are_refused(tmp_path, monkeypatch, label):
     monkeypatch.setattr(static_embeddings, "minilm_tokenizer", FakeTokenizer)
     with pytest.raises(ValueError, match=f"record 'a0' has label {label}, not one of the 2"):
         _Squares(tmp_path / "cache", raw_dir=raw, image_size=8, patch_size=8)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(patch_size=0), ValueError, "patch_size must be a positive int, got 0"),  # (1 % 0)
+        (dict(image_size=32.0), TypeError, "image_size must be a positive int"),
+        (dict(max_tokens=2.5), TypeError, "max_tokens must be a positive int"),  # (read first)
+        (dict(image_size=12), ValueError, "positive multiple of patch_size=8"),
+    ],
+)
+def test_sizes_are_checked_before_anything_is_read(tmp_path, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        _Squares(tmp_path / "cache", raw_dir=tmp_path / "nothing", **kwargs)
