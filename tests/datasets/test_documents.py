@@ -209,6 +209,22 @@ def test_bbc_layouts_and_split(tmp_path, layout, monkeypatch):
     assert all(int(d.depth.max()) == 3 for d in parts[2])
 
 
+def test_bbc_reads_a_copied_article_once_and_refuses_a_conflicting_one(tmp_path):
+    """(A folder holding the corpus twice, e.g. under an alias, gave every article twice: one
+    copy could land in train and the other in test.)"""
+    classes = ("business", "entertainment", "politics", "sport", "tech")
+    files = {f"{c}/{i:03d}.txt": f"{c} headline {i}\n\nBody {i}." for c in classes
+             for i in range(1, 11)}  # fmt: skip
+    raw = write_dir(tmp_path / "bbc", files | {"sports/001.txt": files["sport/001.txt"]})
+    reader = BBCNews.__new__(BBCNews)
+    reader.seed = 0
+    docs = reader.read_raw(raw)
+    assert sum(len(part) for part in docs.values()) == 50
+    write_dir(raw, {"sports/002.txt": "another text"})
+    with pytest.raises(ValueError, match="are both article 002 of 'sport' but differ"):
+        reader.read_raw(raw)
+
+
 def test_stratified_split_is_seeded_and_stratified():
     labels = [0] * 50 + [1] * 30
     a = stratified_split(labels, (0.8, 0.1, 0.1), seed=3)
