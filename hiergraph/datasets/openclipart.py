@@ -44,7 +44,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from hiergraph.datasets.download import resolve_inside
+from hiergraph.datasets.download import CorruptFileError, resolve_inside
 from hiergraph.datasets.multimodal_records import MultimodalRecordDataset, RawRecord, group_split
 
 OPENCLIPART_ENV = "HIERGRAPH_OPENCLIPART"
@@ -203,7 +203,8 @@ def scan_openclipart(raw: Path, max_pixels: int = 20_000_000, min_count: int = 4
     resolved: dict[Path, Path] = {}  # checked once, here (processing takes these paths)
     for png in sorted((raw / "png").rglob("*.png")):
         resolved[png] = resolve_inside(raw, png, f"PNG {png.relative_to(raw).as_posix()!r}")
-        by_digest.setdefault(hashlib.md5(resolved[png].read_bytes()).hexdigest(), []).append(png)
+        digest = hashlib.md5(_read(resolved[png], f"PNG {png.name!r}")).hexdigest()
+        by_digest.setdefault(digest, []).append(png)
     report = Counter(files=sum(len(v) for v in by_digest.values()), unique_images=len(by_digest))
     kept: list[tuple[str, Path]] = []
     for paths in by_digest.values():
@@ -229,7 +230,7 @@ def scan_openclipart(raw: Path, max_pixels: int = 20_000_000, min_count: int = 4
             continue
         rel = png.relative_to(raw / "png").as_posix()[: -len(".png")]
         svg = resolve_inside(raw, raw / "svg" / f"{rel}.svg", f"SVG of {rel!r}")
-        meta = svg_metadata(svg.read_bytes())
+        meta = svg_metadata(_read(svg, f"the SVG of {rel!r}"))
         keywords = [k for k in meta["keywords"] if k.lower() not in _CATEGORY_WORDS]
         records.append(
             RawRecord(
@@ -303,3 +304,17 @@ class OpenClipArt(MultimodalRecordDataset):
     def split_records(self, records: list[RawRecord]) -> dict[str, list[int]]:
         parts = group_split([r.group for r in records], [r.label for r in records], seed=self.seed)
         return dict(zip(("train", "val", "test"), parts, strict=True))
+
+
+def _read(path: Path, what: str) -> bytes:
+    """The bytes of a file of the collection, or a :class:`CorruptFileError` naming it and
+    ``what`` it is (a missing SVG, a folder where a file should be)."""
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
+        raise CorruptFileError(
+            path,
+            f"{path}: cannot read {what} ({type(err).__name__}); every PNG of the collection "
+            "needs its SVG under svg/ with the same relative name. Put the official package "
+            "in its place.",
+        ) from err

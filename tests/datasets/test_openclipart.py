@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from torch_geometric.loader import DataLoader
 
 from hiergraph.data import Domain
+from hiergraph.datasets.download import CorruptFileError
 from hiergraph.datasets.multimodal_records import ImageTooLarge, group_split, load_image
 from hiergraph.datasets.openclipart import (
     CLASSES,
@@ -137,6 +138,19 @@ def test_scan_cleans_the_collection(fake_collection):
     food = [r for r in records if r.name.startswith("food/sub")]
     assert food[0].texts["keywords"] == ""  # the category word is filtered out
     assert len({r.group for r in food}) == 1
+
+
+def test_a_missing_svg_or_a_folder_for_a_file_names_the_file(fake_collection):
+    """(A bare FileNotFoundError / IsADirectoryError, not the CorruptFileError of the other
+    damaged files.)"""
+    (fake_collection / "svg" / "animals" / "cat_3.svg").unlink()
+    with pytest.raises(
+        CorruptFileError, match=r"cat_3\.svg: cannot read the SVG of 'animals/cat_3'"
+    ):
+        scan_openclipart(fake_collection, max_pixels=50_000, min_count=5)
+    (fake_collection / "svg" / "animals" / "cat_3.svg").mkdir()
+    with pytest.raises(CorruptFileError, match=r"\(IsADirectoryError\)"):
+        scan_openclipart(fake_collection, max_pixels=50_000, min_count=5)
 
 
 @needs_minilm
