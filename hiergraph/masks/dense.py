@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph._checks import check_int
 from hiergraph.ops.edge_index import check_edge_index
 
 _ROWS = ("query", "key")
@@ -48,6 +49,9 @@ def mask_to_edge_index(mask: Tensor, *, rows: str) -> Tensor:
     return torch.stack([key, query])
 
 
+_INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
 def edge_index_to_mask(
     edge_index: Tensor, num_nodes: int | tuple[int, int], *, rows: str
 ) -> Tensor:
@@ -70,7 +74,17 @@ def edge_index_to_mask(
         TypeError, ValueError: from :func:`~hiergraph.masks.builders.check_edge_index`.
     """
     _check_rows(rows)
-    num_keys, num_queries = (num_nodes, num_nodes) if isinstance(num_nodes, int) else num_nodes
+    if isinstance(num_nodes, tuple | list) and len(num_nodes) == 2:
+        num_keys, num_queries = num_nodes
+    else:
+        num_keys = num_queries = num_nodes
+    sizes = [
+        int(n) if isinstance(n, Tensor) and n.dim() == 0 and n.dtype in _INTEGER_DTYPES else n
+        for n in (num_keys, num_queries)
+    ]  # a 0-d integer tensor is a size
+    for size in sizes:
+        check_int(size, "num_nodes", minimum=0)  # (a NumPy int failed to unpack, -1 in zeros)
+    num_keys, num_queries = (int(n) for n in sizes)
     check_edge_index(edge_index, num_keys, num_queries)
     key, query = edge_index
     mask = torch.zeros(num_queries, num_keys, dtype=torch.bool, device=edge_index.device)

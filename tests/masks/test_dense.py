@@ -1,6 +1,7 @@
 """hiergraph.masks.dense: the converters fix the direction (the dense_to_sparse
 trap of notes/relational_masks.md §0, test T7)."""
 
+import numpy as np
 import pytest
 import torch
 from torch_geometric.utils import dense_to_sparse
@@ -37,6 +38,13 @@ def test_converters_round_trip_square_and_bipartite():
     assert torch.equal(edge_index_to_mask(edge_index, (5, 7), rows="key"), mask.T)
     square = torch.rand(6, 6, generator=gen) < 0.5
     assert torch.equal(dense(mask_to_edge_index(square, rows="query"), 6), square)
+    edges = mask_to_edge_index(square, rows="query")  # NumPy and 0-d tensor sizes are ints
+    for n in (np.int64(6), torch.tensor(6)):
+        assert torch.equal(edge_index_to_mask(edges, n, rows="query"), square)
+    with pytest.raises(ValueError, match="num_nodes must be an int >= 0, got -1"):  # (zeros)
+        edge_index_to_mask(edges, -1, rows="query")
+    with pytest.raises(TypeError, match="num_nodes must be an int >= 0"):  # not truncated
+        edge_index_to_mask(edges, torch.tensor(6.5), rows="query")
 
 
 def test_converter_bad_inputs():
