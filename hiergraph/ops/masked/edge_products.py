@@ -207,10 +207,14 @@ def _check_graph(graph) -> None:
         )
 
 
-def _check(name: str, t: Tensor, rows: int, heads: int | None = None) -> None:
+def _check(name: str, t: Tensor, rows: int, heads: int | None = None, graph=None) -> None:
     if t.dim() != 3 or t.size(0) != rows or (heads is not None and t.size(1) != heads):
         want = f"[{rows}, {'H' if heads is None else heads}, C]"
         raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+    if graph is not None and t.device != graph.edge_index.device:
+        raise ValueError(
+            f"{name} is on {t.device} but the graph's edges are on {graph.edge_index.device}"
+        )
 
 
 def edge_dot(a: Tensor, b: Tensor, graph: EdgeCSR) -> Tensor:
@@ -225,8 +229,8 @@ def edge_dot(a: Tensor, b: Tensor, graph: EdgeCSR) -> Tensor:
         ``[E, H]`` in the order of ``graph.edge_index``; differentiable in ``a`` and ``b``.
     """
     _check_graph(graph)
-    _check("a", a, graph.num_dst)
-    _check("b", b, graph.num_src, a.size(1))
+    _check("a", a, graph.num_dst, graph=graph)
+    _check("b", b, graph.num_src, a.size(1), graph)
     if a.size(2) != b.size(2):
         raise ValueError(f"a and b need the same channel size, got {a.size(2)} and {b.size(2)}")
     return _EdgeDot.apply(a, b, graph)
@@ -245,7 +249,7 @@ def edge_aggregate(weight: Tensor, b: Tensor, graph: EdgeCSR) -> Tensor:
         differentiable in ``weight`` and ``b``.
     """
     _check_graph(graph)
-    _check("b", b, graph.num_src)
+    _check("b", b, graph.num_src, graph=graph)
     if weight.shape != (graph.num_edges, b.size(1)):
         raise ValueError(
             f"weight must have shape [E, H] = [{graph.num_edges}, {b.size(1)}], "

@@ -107,6 +107,11 @@ def test_bad_shapes():
         edge_aggregate(torch.randn(13, 3), feats(5, 1), graph)
     with pytest.raises(TypeError, match="graph must be an EdgeCSR"):
         edge_dot(feats(7, 0), feats(5, 1), graph.edge_index)
+    meta = feats(5, 1).to("meta")  # (a sparse-kernel registration error)
+    with pytest.raises(ValueError, match="b is on meta but the graph's edges are on cpu"):
+        edge_dot(feats(7, 0), meta, graph)
+    with pytest.raises(ValueError, match="b is on meta but the graph's edges are on cpu"):
+        edge_aggregate(torch.randn(graph.num_edges, H), meta, graph)
     empty = torch.zeros(2, 0, dtype=torch.long)
     for size, error in (((-1, 3), ValueError), ((2.0, 3), TypeError), ((2,), ValueError)):
         with pytest.raises(error, match=r"^size(: num_src and num_dst)? must be"):  # (accepted
