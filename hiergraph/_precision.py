@@ -19,6 +19,16 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else dtype
 
 
+def widened(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """``tensors`` in their :func:`accumulation_dtype` (bf16/fp16 as float32, a copy; others
+    as they are; ``None`` kept): the inputs of an op computed in float32 whose output is
+    rounded once to the inputs' dtype."""
+    return [t.float() if t is not None and t.dtype in _HALF else t for t in tensors]
+
+
+_HALF = (torch.float16, torch.bfloat16)  # (a set test: no promote_types dispatched per call)
+
+
 def autocast_dtype(device_type: str) -> torch.dtype | None:
     """The autocast dtype active on ``device_type``, or ``None`` (autocast off, or a device
     without autocast, such as ``meta``)."""

@@ -55,7 +55,7 @@ ACCELERATOR_SLOTS = 1 << 20
 """Off the CPU, the most padded leaf slots of an embedding with more than
 :data:`MAX_PADDING` per leaf. Eager HSA there is launch-bound at these sizes: the embedding
 takes a fixed handful of operations per level, the block kernel about a hundred per family
-block (32 trees of random windows, 256–512 tokens each, 7.6 padded slots per leaf: 2,360
+block (32 trees of random windows, 256–512 tokens each, 7.6 padded slots per leaf: 2,359
 operations per forward+backward on the block kernel, 450 on the embedding;
 ``benchmarks/dispatch_count.py``), so the embedding runs while its slots cost less than
 the blocks (:data:`~hiergraph.plan.costs.ACCELERATOR_BLOCK_COST`)."""

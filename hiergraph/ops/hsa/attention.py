@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._autograd import records_grad
-from hiergraph._precision import accumulation_dtype
+from hiergraph._precision import accumulation_dtype, widened
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge, wide_dominates
@@ -176,9 +176,8 @@ def hierarchical_attention(
     elif path == "padded":
         out = padded_hierarchical_attention(q, k, v, index, index.padded_on(q.device), pos, **views)
     else:  # bf16/fp16 in float32 throughout: half logits lose the softmax (NaN past 65504)
-        work = accumulation_dtype(q.dtype)
-        q32, k32, v32, pos32 = (None if t is None else t.to(work) for t in (q, k, v, pos))
-        out = general_attention(q32, k32, v32, index, pos32, kernel=kernel, **views).to(q.dtype)
+        out = general_attention(*widened(q, k, v), index, *widened(pos), kernel=kernel, **views)
+        out = out.to(q.dtype)
     return out.squeeze(1) if squeeze else out
 
 
@@ -251,7 +250,8 @@ def general_attention(
     kernel: str = "dense",
     above: Callable[..., tuple[Tensor, Tensor]] | None = None,
 ) -> Tensor:
-    r""":func:`hierarchical_attention` of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over any
+    r""":func:`hierarchical_attention` of ``q, k [L, H, d]``, ``v [L, H, d_v]`` (float32 or
+    float64: callers widen half inputs, :func:`~hiergraph._precision.widened`) over any
     forest ``index``, level by level (the families of a level in dense blocks, or as sibling
     pairs with ``kernel="edge"``); ``pos``: the position embeddings ``[N, H | 1, c]``,
     ``left_only``: ``leaky_causal``, ``tau``: the logit scale.

@@ -42,7 +42,6 @@ from torch import Tensor
 from torch_geometric.utils import scatter
 
 from hiergraph._autograd import recorded_gradients
-from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.logspace import masked_softmax, scatter_softmax
 from hiergraph.ops.runs import sum_children
 from hiergraph.plan.tree_index import Level
@@ -634,22 +633,16 @@ def family_attention_edge(
     second derivatives through the tensor operations below), elsewhere gathers of every
     pair's rows, a scatter softmax and a scatter of the weighted values.
 
-    bf16/fp16 inputs are cast once to float32 (see
-    :func:`~hiergraph._precision.accumulation_dtype`), so the sums over the pairs (the
-    softmax, ``theta`` and, in the backward, the gradients of the gathered rows) accumulate
-    in float32 and ``lse`` and ``theta`` are rounded once to the inputs' dtype, like the
-    dense kernel's matrix products. float32/float64 inputs run in their own dtype. The rows
-    of the pairs are gathered with ``index_select``, whose backward adds them in pair order
-    (bitwise reproducible on CPU; ``x[index]`` would add them with unordered atomics)."""
+    Its inputs are float32 or float64 (the general path widens bf16/fp16 ones,
+    :func:`~hiergraph._precision.widened`). The rows of the pairs are gathered with
+    ``index_select``, whose backward adds them in pair order (bitwise reproducible on CPU;
+    ``x[index]`` would add them with unordered atomics)."""
     # (imported here: the kernel's module imports uniform_fused, which imports this one)
     from hiergraph.ops.hsa import native
 
-    n, dtype = count.numel(), q.dtype
-    work = accumulation_dtype(dtype)
-    q, k, v = q.to(work), k.to(work), v.to(work)
-    eps = None if eps is None else eps.to(work)
+    n = count.numel()
     query, key = level.sibling_pairs
-    bias, ok = key_bias(count, size_bias, work)
+    bias, ok = key_bias(count, size_bias, q.dtype)
     keep = ok[key] & (key < query) if left_only else ok[key]  # the pairs that attend
 
     def pairs(q, k, v, eps):
@@ -670,8 +663,8 @@ def family_attention_edge(
     else:
         lse, theta = pairs(q, k, v, eps)
     weight = count[:, None, None]
-    sums = [sum_children(t * weight, level, parent_level).to(dtype) for t in (q, k, v)]
-    return lse.to(dtype), theta.to(dtype), *sums
+    sums = [sum_children(t * weight, level, parent_level) for t in (q, k, v)]
+    return lse, theta, *sums
 
 
 def family_product(

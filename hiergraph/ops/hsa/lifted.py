@@ -39,10 +39,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hiergraph._precision import accumulation_dtype
+from hiergraph._precision import accumulation_dtype, widened
 from hiergraph.ops.hsa.attention import general_attention
 from hiergraph.ops.hsa.family import family_gram, fill_diagonal
-from hiergraph.ops.hsa.inputs import head_pos_emb
+from hiergraph.ops.hsa.inputs import head_pos_emb, logit_scale
 from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, slot_mask, to_slots
 from hiergraph.ops.hsa.uniform import (
     fits,
@@ -112,14 +112,15 @@ def lifted_attention(
     Returns:
         ``[L, H, d_v]``, zero at masked leaves.
     """
-    tau = q.size(-1) ** -0.5 if scale is None else scale
-    options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
+    options = dict(include_self=include_self, tau=logit_scale(scale, q), size_bias=size_bias)
     shape = _as_views(index, q) if kernel == "dense" else None
-    if shape is None:
+    if shape is None:  # the general path: bf16/fp16 in float32, as hierarchical_attention's
         pos = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
-        return _lifted_general(
-            q, k, v, index, pos, lifted, slots, leaf_mask, kernel=kernel, **options
-        )
+        out = _lifted_general(
+            *widened(q, k, v), index, *widened(pos), lifted, slots, leaf_mask, kernel=kernel,
+            **options,
+        )  # fmt: skip
+        return out.to(q.dtype)
     if index.uniform is not None:
         eps = None if pos_emb is None else per_depth(pos_emb, index)
         return _lifted(q, k, v, index.uniform, eps, lifted, slots, leaf_mask, **options)

@@ -225,3 +225,22 @@ def test_half_precision_follows_float64(grad):
     got = lifted_attention(*half, batch.tree_index(), lifted, 7, **options)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), want, rtol=0, atol=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kernel", ["dense", "edge"])
+def test_half_precision_on_the_general_path_computes_in_float32(dtype, kernel):
+    """On a ragged forest (its levels, the hubs' family between the passes) half inputs
+    with large logits stay within their output rounding of float64 on the same rounded
+    inputs, as in :func:`hierarchical_attention`'s general path."""
+    batch = ragged(3)
+    index = batch.tree_index()
+    lifted = rows_of([8, 4, 3], [[0, 5], [1], []])
+    q, k, v = inputs(index.num_leaves, seed=4)
+    q, k, v = ((t * s).to(dtype) for t, s in ((q, 10.0), (k, 10.0), (v, 1.0)))
+    options = dict(pos_emb=None, include_self=True, leaf_mask=None, kernel=kernel)
+    want = lifted_attention(*(t.double() for t in (q, k, v)), index, lifted, 2, **options)
+    got = lifted_attention(q, k, v, index, lifted, 2, **options)
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    eps = torch.finfo(dtype).eps
+    assert (got.double() - want).abs().max() <= 2 * eps * want.abs().max()
