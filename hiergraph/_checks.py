@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from numbers import Integral, Real
 
 import torch
@@ -40,3 +41,15 @@ def check_positive(value, name: str) -> None:
     x = float(value.detach()) if isinstance(value, torch.Tensor) else value
     if not (x > 0 and math.isfinite(x)):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def as_int(value, what: str) -> int:
+    """``value`` as an int, refused unless it is one: an int, a NumPy integer or a tensor of
+    one integer (a float, a bool or a float tensor is not silently truncated)."""
+    is_bool = isinstance(value, bool) or getattr(value, "dtype", None) in (torch.bool, bool)
+    try:
+        if not is_bool:
+            return operator.index(value)
+    except TypeError:
+        pass
+    raise TypeError(f"{what} must be an int, got {value!r}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hiergraph._checks import as_int
 from hiergraph.data.domain import Domain
 from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 
@@ -190,7 +190,7 @@ class _Builder:
                         f"a nested spec holds ints (leaves), lists, dicts or Family objects; "
                         f"got {type(spec).__name__}"
                     )
-                spec = _index(spec, "a leaf (its feature row)")
+                spec = as_int(spec, "a leaf (its feature row)")
             if isinstance(spec, int):
                 node.update(row=spec, node_type=0)
                 self.leaf_rows.append(spec)
@@ -202,7 +202,7 @@ class _Builder:
                     f"the same object as its ancestor at depth {ancestor}; a hierarchy must be "
                     "a tree (build each level from new lists, dicts or Family objects)"
                 )
-            node_type = _index(spec.node_type, "node_type") if isinstance(spec, Family) else 0
+            node_type = as_int(spec.node_type, "node_type") if isinstance(spec, Family) else 0
             node.update(row=None, node_type=node_type)
             children, child_domain, child_pos = self._family(spec)
             if len(children) == 0:
@@ -242,24 +242,12 @@ class _Builder:
                 f"unknown key {key!r} in a key-value family; pass keys={{name: id, ...}} "
                 "(shared by all trees you batch together) or use int keys"
             )
-        return _index(self.keys[key], f"the id of key {key!r}")
+        return as_int(self.keys[key], f"the id of key {key!r}")
 
 
 def _pair(p) -> tuple[int, int]:
     if isinstance(p, Sequence):
         if len(p) != 2:
             raise ValueError(f"a 2-D position must be a (row, col) pair, got {p!r}")
-        return _index(p[0], "a position"), _index(p[1], "a position")
-    return _index(p, "a position"), 0
-
-
-def _index(value, what: str) -> int:
-    """``value`` as an int, refused unless it is one: an int, a NumPy integer or a tensor of
-    one integer (a float, a bool or a float tensor is not silently truncated)."""
-    is_bool = isinstance(value, bool) or getattr(value, "dtype", None) in (torch.bool, bool)
-    try:
-        if not is_bool:
-            return operator.index(value)
-    except TypeError:
-        pass
-    raise TypeError(f"{what} must be an int, got {value!r}")
+        return as_int(p[0], "a position"), as_int(p[1], "a position")
+    return as_int(p, "a position"), 0

@@ -10,12 +10,12 @@ contiguous segments (see :mod:`hiergraph.ops.masked.banded`). A
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from hiergraph._checks import as_int
 from hiergraph.ops.masked.banded import band_predicate, clamped_band, segment_ids
 
 
@@ -59,11 +59,6 @@ class BandMask:
     dilation: int = 1
 
     def __post_init__(self):
-        def as_int(value, what: str) -> int:
-            if isinstance(value, bool) or not hasattr(value, "__index__"):
-                raise TypeError(f"{what} must be ints, got {value!r}")
-            return operator.index(value)
-
         object.__setattr__(self, "lengths", tuple(as_int(n, "lengths") for n in self.lengths))
         for name in ("before", "after", "dilation"):
             object.__setattr__(self, name, as_int(getattr(self, name), name))

@@ -19,22 +19,21 @@ give the same edges on every device.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from numbers import Integral
 
 import torch
 from torch import Tensor
 from torch.types import Device
 
+from hiergraph._checks import as_int
 from hiergraph.masks.band import BandMask
 from hiergraph.ops.edge_index import check_edge_index
 
 
 def _check_count(name: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):  # NumPy ints are ints
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = as_int(value, name)  # NumPy ints are ints
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
+    return value
 
 
 def _canonical(src: Tensor, dst: Tensor, num_nodes: int) -> Tensor:

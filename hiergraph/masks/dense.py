@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hiergraph._checks import check_int
+from hiergraph._checks import as_int, check_int
 from hiergraph.ops.edge_index import check_edge_index
 
 _ROWS = ("query", "key")
@@ -49,9 +49,6 @@ def mask_to_edge_index(mask: Tensor, *, rows: str) -> Tensor:
     return torch.stack([key, query])
 
 
-_INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-
-
 def edge_index_to_mask(
     edge_index: Tensor, num_nodes: int | tuple[int, int], *, rows: str
 ) -> Tensor:
@@ -78,13 +75,9 @@ def edge_index_to_mask(
         num_keys, num_queries = num_nodes
     else:
         num_keys = num_queries = num_nodes
-    sizes = [
-        int(n) if isinstance(n, Tensor) and n.dim() == 0 and n.dtype in _INTEGER_DTYPES else n
-        for n in (num_keys, num_queries)
-    ]  # a 0-d integer tensor is a size
-    for size in sizes:
-        check_int(size, "num_nodes", minimum=0)  # (a NumPy int failed to unpack, -1 in zeros)
-    num_keys, num_queries = (int(n) for n in sizes)
+    # (a NumPy int failed to unpack, -1 inside zeros)
+    num_keys, num_queries = (as_int(n, "num_nodes") for n in (num_keys, num_queries))
+    check_int(min(num_keys, num_queries), "num_nodes", minimum=0)
     check_edge_index(edge_index, num_keys, num_queries)
     key, query = edge_index
     mask = torch.zeros(num_queries, num_keys, dtype=torch.bool, device=edge_index.device)

@@ -95,8 +95,8 @@ def test_detect_rejects_everything_else():
         (((3,), -1, 0), ValueError, "before and after must be >= 0"),
         (((3, -1), 1, 0), ValueError, "lengths must be >= 0"),
         (((3,), 1, 0, 0), ValueError, "dilation must be >= 1"),
-        (((3,), 1.5, 0), TypeError, "before must be ints"),
-        (((3.5,), 1, 0), TypeError, "lengths must be ints"),
+        (((3,), 1.5, 0), TypeError, "before must be an int"),
+        (((3.5,), 1, 0), TypeError, "lengths must be an int"),
     ],
 )
 def test_band_bad_inputs(args, error, message):

@@ -43,7 +43,7 @@ def test_converters_round_trip_square_and_bipartite():
         assert torch.equal(edge_index_to_mask(edges, n, rows="query"), square)
     with pytest.raises(ValueError, match="num_nodes must be an int >= 0, got -1"):  # (zeros)
         edge_index_to_mask(edges, -1, rows="query")
-    with pytest.raises(TypeError, match="num_nodes must be an int >= 0"):  # not truncated
+    with pytest.raises(TypeError, match="num_nodes must be an int, got tensor"):  # not cut
         edge_index_to_mask(edges, torch.tensor(6.5), rows="query")
 
 
