@@ -8,6 +8,8 @@ from numbers import Integral, Real
 
 import torch
 
+from hiergraph._device import reads_values
+
 
 def check_int(
     value, name: str, *, minimum: int = 1, optional: bool = False, lazy: bool = False
@@ -32,12 +34,14 @@ def check_int(
 def check_positive(value, name: str) -> None:
     """Raise unless ``value`` is a finite real number ``> 0`` (a radius, a temperature), or
     a one-element floating-point tensor holding one (a learned temperature; its value is
-    read on the host)."""
+    read only where that is free, :func:`~hiergraph._device.reads_values`)."""
     number = isinstance(value, Real) and not isinstance(value, bool)
     if not number and not (
         isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point()
     ):
         raise TypeError(f"{name} must be a finite number > 0, got {value!r}")
+    if isinstance(value, torch.Tensor) and not reads_values(value):
+        return  # on an accelerator a host read would wait for every queued kernel
     x = float(value.detach()) if isinstance(value, torch.Tensor) else value
     if not (x > 0 and math.isfinite(x)):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

@@ -58,20 +58,19 @@ class BBCNews(TextClassificationDataset):
             match = _ARTICLE.search(path)
             return match is not None and _ALIASES.get(match[1], match[1]) in self.classes
 
-        seen: dict[tuple[int, int], str] = {}  # (class, id) -> its file
+        seen: dict[tuple[int, int], tuple[str, str]] = {}  # (class, id) -> (file, text)
         for path, content in self.raw_files(source, wanted):
             match = _ARTICLE.search(path)
             name = _ALIASES.get(match[1], match[1])
             key, text = (self.classes.index(name), int(match[2])), decode(content)
             if key in seen:  # two copies of one article (a folder under another, an alias)
-                first = next(a for a in articles if a[:2] == key)
-                if first[2] != text:
+                if seen[key][1] != text:
                     raise ValueError(
-                        f"{source}: {path} and {seen[key]} are both article {match[2]} of "
+                        f"{source}: {path} and {seen[key][0]} are both article {match[2]} of "
                         f"{name!r} but differ; keep one copy of the corpus"
                     )
                 continue  # read once: a copy in train and in test would leak
-            seen[key] = path
+            seen[key] = path, text
             articles.append((*key, text))
         if not articles:
             raise FileNotFoundError(f"{source} has no articles in <class>/<NNN>.txt")

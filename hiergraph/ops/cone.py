@@ -267,8 +267,12 @@ class _LCAHeight(torch.autograd.Function):
         return *grads, None, None
 
 
-def _lca_height(height_fn: Callable, dist: Tensor, y_u: Tensor, y_v: Tensor, scale: float):
-    """``scale * H``: through :class:`_LCAHeight` when a gradient is needed, else directly."""
+def _lca_height(height_fn: Callable, dist: Tensor, y_u: Tensor, y_v: Tensor, scale):
+    """``scale * H``: through :class:`_LCAHeight` when a gradient is needed, else directly.
+    A tensor ``scale`` (a learned temperature) multiplies the result, so that it gets its
+    gradient and its value is never read on the host."""
+    if isinstance(scale, Tensor):
+        return _lca_height(height_fn, dist, y_u, y_v, 1.0) * scale
     if records_grad(dist, y_u, y_v):
         return _LCAHeight.apply(dist, y_u, y_v, height_fn, float(scale))
     h, _ = height_fn(dist, y_u, y_v, with_partials=False)

@@ -498,6 +498,12 @@ def test_bad_inputs(variant):
     learned = torch.tensor(0.5, requires_grad=True)  # a learned temperature gets its gradient
     fn(torch.randn(3, 4), torch.randn(3, 4), gamma=learned).sum().backward()
     assert learned.grad is not None and learned.grad != 0
+    q = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)  # (dropped when q needed
+    k = torch.randn(3, 4, dtype=torch.float64)  # one: the custom backward took a float)
+    learned = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+    scores = fn(q, k, gamma=learned)
+    scores.sum().backward()
+    torch.testing.assert_close(learned.grad, scores.detach().sum() / 0.5)  # d(-g H)/dg = -H
     for r in (-1.0, float("inf"), float("nan")):  # (inf gave NaN scores)
         with pytest.raises(ValueError, match="r must be a finite number > 0"):
             fn(torch.randn(3, 4), torch.randn(3, 4), r=r)
@@ -527,3 +533,18 @@ def test_umbral_radius_without_overflow():
         torch.testing.assert_close(umbral_lca_height(dist, y_u, y_v, r), want)
     far = umbral_lca_height(dist, y_u, y_v, 1000.0)
     torch.testing.assert_close(far, torch.maximum(y_u, y_v))
+
+
+def test_a_learned_temperature_is_read_on_the_host_only_where_that_is_free():
+    """On an accelerator the check of a tensor ``gamma`` would wait for every queued kernel
+    on each call: it is left to the scores there (emulated on the CPU)."""
+    from hiergraph._device import cpu_as_accelerator
+    from tests.host_sync import HostSyncRecorder
+
+    q, k = torch.randn(3, 4), torch.randn(5, 4)
+    gamma = torch.tensor(0.5, requires_grad=True)
+    with cpu_as_accelerator(), HostSyncRecorder() as rec:
+        penumbral(q, k, gamma=gamma)
+    assert rec.unique_syncs() == []
+    with pytest.raises(ValueError, match="gamma must be a finite number > 0"):  # the CPU reads
+        penumbral(q, k, gamma=torch.tensor(-1.0))
