@@ -14,8 +14,10 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   ``window_hierarchy`` trees (64 x 128, 32 x 512, 8 x 2,048 leaves) and single trees (16K,
   256K, 1M leaves), 8 heads, d = 64, on ``[L, H, d]`` inputs and on heads-first ones
   (``hsa-heads-first``: ``[H, L, d]`` memory viewed as ``[L, H, d]``, no layout copies),
-  vs ``scaled_dot_product_attention`` over each tree's
-  leaves with the flash and the memory-efficient backends, and vs the per-level bound of
+  with the Triton kernels of equal-fanout HSA turned on (``hsa-triton``, where Triton is
+  installed; ``hiergraph.ops.hsa.triton_uniform``, opt-in), vs
+  ``scaled_dot_product_attention`` over each tree's leaves with the flash and the
+  memory-efficient backends, and vs the per-level bound of
   ``benchmarks/hsa_scaling.py`` (one batched SDPA call per level over its families); last,
   the first batch again with sequences of different lengths (``mixed``, uniform in
   [L/2, L]): the default kernel (padded to equal fanout), the block kernel, and SDPA with a
@@ -116,6 +118,8 @@ import timing  # noqa: E402
 import vcc as vcc_bench  # noqa: E402
 from graph_hsa import planted_partition  # noqa: E402
 from hsa_scaling import bound_shapes, branching_for, run_bound  # noqa: E402
+
+from hiergraph.ops.hsa import triton_uniform  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CAPS = {
@@ -573,9 +577,9 @@ def hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> di
     branching = tree_branching(leaves)
     total = trees * leaves
 
-    def hsa(dtype, device, heads_first=False, plan=False):
+    def hsa(dtype, device, heads_first=False, plan=False, kernels=False):
         """``plan``: the batch's fixed tree plan in place of the batch (what a compiled
-        function closes over)."""
+        function closes over); ``kernels``: the Triton kernels turned on for the call."""
         batch = Batch.from_data_list([window_hierarchy(leaves, branching)] * trees)
         batch.tree_index()  # structure, built once on the CPU, moves with the batch
         batch = batch.to(device)
@@ -585,7 +589,11 @@ def hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> di
             q, k, v = (t.requires_grad_() for t in qkv)
         else:
             q, k, v = (_leaf((total, H, d), dtype, device) for _ in range(3))
-        return (lambda: hierarchical_attention(q, k, v, hierarchy)), [q, k, v]
+
+        def forward():
+            return hierarchical_attention(q, k, v, hierarchy)
+
+        return (with_triton_kernels(forward) if kernels else forward), [q, k, v]
 
     def bound(dtype, device):
         shapes = bound_shapes(leaves, branching)
@@ -611,11 +619,29 @@ def hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> di
         ),  # fmt: skip
         "level-bound": Method(bound, work=total, peak_bytes=nbytes, graph=graph),
     }
+    if run.device.type == "cuda" and triton_uniform.available():
+        methods["hsa-triton"] = Method(
+            lambda dt, dev: hsa(dt, dev, kernels=True), total, nbytes, graph=graph
+        )
     if compiled:
         methods["hsa-compiled"] = Method(
             lambda dt, dev: hsa(dt, dev, plan=True), total, nbytes, compiled=True
         )
     return methods
+
+
+def with_triton_kernels(forward: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """``forward`` with the Triton kernels of equal-fanout HSA turned on while it runs (the
+    op's backward is the kernels' too: the autograd node is chosen in the forward)."""
+
+    def call():
+        previous = triton_uniform.set_enabled(True)
+        try:
+            return forward()
+        finally:
+            triton_uniform.set_enabled(previous)
+
+    return call
 
 
 def hsa_causal_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:

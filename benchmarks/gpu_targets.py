@@ -8,7 +8,9 @@ side (medians of interleaved rounds), or a step's own memory footprint with a bu
 * every CUDA test passes (``pytest -m cuda``, whose checks include no host synchronisation in
   any op's forward or backward);
 * HSA, forward+backward in bf16: at least 50× faster than flash SDPA at 256K leaves, at most
-  2× the per-level bound at every size, and not slower than flash SDPA at 32 × 512;
+  2× the per-level bound at every size, and not slower than flash SDPA at 32 × 512; the
+  last two also for the opt-in Triton kernels (``hsa-triton``) up to 16K leaves, which
+  decide whether they become the default;
 * the 1M-leaf HSA step and the 1M-node ``GraphHSANet`` step fit in 40 GiB;
 * H-matrix attention at 64K tokens at least 10× faster than SDPA; one VCC layer at 128K at
   least 10× faster than the full layer; ``MaskedAttentionConv`` at least 5× faster than
@@ -76,6 +78,11 @@ def evaluate(run: dict, twin: str = "") -> list[dict]:
                "level-bound", 2)  # fmt: skip
     slower("HSA not slower than flash SDPA, 32x512", "hsa", "32x512", "bf16", "hsa",
            "sdpa-flash", 1)  # fmt: skip
+    for case in HSA_SIZES[:4]:  # the opt-in Triton kernels, where the run timed them
+        slower(f"HSA, Triton kernels, ≤ 2× the per-level bound, {case}", "hsa", case, "bf16",
+               "hsa-triton", "level-bound", 2)  # fmt: skip
+    slower("HSA, Triton kernels, not slower than flash SDPA, 32x512", "hsa", "32x512", "bf16",
+           "hsa-triton", "sdpa-flash", 1)  # fmt: skip
     for dtype in DTYPES:
         if not twin:  # a replayed graph's memory is its private pool: no footprint
             for target, key in (

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch_geometric.datasets import Planetoid
+
+# Where no GPU is present, Triton runs kernels (hiergraph.ops.hsa.triton_kernels) in its
+# interpreter: set before Triton is first imported (torch_geometric imports it).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from torch_geometric.datasets import Planetoid  # noqa: E402
 
 from hiergraph.datasets import planetoid as hp
 from hiergraph.ops.hsa import native

@@ -126,10 +126,13 @@ def test_graph_twins_fall_back_to_a_peers_eager_step():
 @pytest.mark.skipif(not (RECORDED / "gpu.json").exists(), reason="no recorded GPU run")
 def test_the_recorded_run_measures_every_target():
     """The recorded GPU run has every case and method the targets read (their names follow
-    ``gpu.py``'s), and each value is the quotient of that run's medians."""
+    ``gpu.py``'s; the Triton kernels' targets where it timed them), and each value is the
+    quotient of that run's medians."""
     run = json.loads((RECORDED / "gpu.json").read_text())
     result = targets.evaluate(run)
-    assert [t for t in result if t["met"] is None] == []
+    unmeasured = [t["target"] for t in result if t["met"] is None]
+    assert all("Triton kernels" in t for t in unmeasured)
+    assert bool(unmeasured) != any(r["method"] == "hsa-triton" for r in run["rows"])
     median = {(r["case"], r["dtype"], r["method"]): r.get("median_ms") for r in run["rows"]}
     flash = _by_target(result, "bf16")["HSA ≥ 50× flash SDPA, 256K leaves"]
     ratio = median[("1x262144", "bf16", "sdpa-flash")] / median[("1x262144", "bf16", "hsa")]
@@ -144,4 +147,5 @@ def test_command_line_prints_one_line_a_target():
     )  # fmt: skip
     lines = done.stdout.splitlines()
     assert len(lines) == len(targets.evaluate(json.loads((RECORDED / "gpu.json").read_text())))
-    assert all(line.startswith(("met ", "NOT MET ")) for line in lines)
+    measured = [line for line in lines if "Triton kernels" not in line]
+    assert measured and all(line.startswith(("met ", "NOT MET ")) for line in measured)

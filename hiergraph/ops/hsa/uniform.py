@@ -45,7 +45,9 @@ leaves. The output has the memory layout of ``q``.
 
 On the CPU, where it applies (:func:`~hiergraph.ops.hsa.native.applies`), the compiled
 kernel of :mod:`~hiergraph.ops.hsa.native` runs the op instead, leaf masks and gradients
-included; what follows is the path everywhere else.
+included; on a GPU, when turned on and where they apply
+(:func:`~hiergraph.ops.hsa.triton_uniform.applies`), the Triton kernels of
+:mod:`~hiergraph.ops.hsa.triton_uniform` do; what follows is the path everywhere else.
 
 The formulas are those of :func:`~hiergraph.ops.hierarchical_attention`; with
 all leaves valid, :math:`n(\cdot)` is constant on a level, so
@@ -64,7 +66,7 @@ from torch import Tensor
 
 from hiergraph._autograd import records_grad
 from hiergraph._precision import accumulation_dtype
-from hiergraph.ops.hsa import family, native, token_layout, uniform_fused
+from hiergraph.ops.hsa import family, native, token_layout, triton_uniform, uniform_fused
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_dropping
 from hiergraph.ops.rows import permute_rows
 from hiergraph.plan.tree_index import TreeIndex
@@ -130,6 +132,9 @@ def uniform_hierarchical_attention(
     # the compiled kernel, where it applies, reads the leaves where they lie and counts the
     # valid leaves itself (a family above the roots only without gradients)
     kernel = alone or fuse and grad and above is None and fused_forward(left_only)
+    if kernel and triton_uniform.applies(q, k, v, fanout, eps, leaf_mask, above):
+        grads = None if alone else recorded
+        return triton_uniform.triton_uniform_attention(q, k, v, fanout, recorded=grads, **options)
     if kernel and native.applies(q, k, v, fanout, eps, not alone):
         grads = None if alone else recorded
         return native.native_uniform_attention(

@@ -1,0 +1,328 @@
+r"""Triton kernels of equal-fanout HSA: each pass of
+:mod:`~hiergraph.ops.hsa.uniform_fused` over one level is one launch, one program per
+(family, head).
+
+The notation is that of :mod:`~hiergraph.ops.hsa.uniform_fused`: a level's node rows are
+the *sums* of their :math:`n` leaves' rows, its logits are
+:math:`S = \tau n^{-2} \bar q \bar k^\top` (the diagonal left out of the softmax), and
+:math:`P`, :math:`\ell`, :math:`a`, :math:`\mu`, :math:`u`, :math:`W` are its weights,
+log-partitions, energies, gates, log masses and gated weights. A program loads its
+family's ``b`` member rows in chunks of ``CH`` channels, holds the ``[b, b]`` logits and
+weights in registers and writes what the next level's program reads: the parent's sums
+and energy going up, each member's log mass and output accumulator going down. The
+arithmetic runs in the dtype of the saved buffers (``p_ptr``): float32 for float32,
+bfloat16 and float16 rows, float64 for float64.
+
+Rows are addressed as ``base + node * row_stride + head * head_stride + channel``: the
+leaves' rows where the inputs lie (``[L, H, C]`` with any row and head strides), the
+levels above in ``[H, N, C]`` buffers. Per-node values (:math:`\ell`, :math:`a`,
+:math:`u`, gradients) are ``[H, N]`` buffers, weights ``[H, N, b]``.
+
+The flags, fixed per launch: ``LEAVES`` (the level is the leaves), ``GATE`` (its nodes
+have energies: every level but leaves without self energies), ``OWN`` (leaves with self
+energies, whose own weight :math:`e^u` sits on the diagonal of :math:`W`), ``TOP`` (the
+roots' families: no parent) and ``PARENT`` (the bottom-up pass writes a level above).
+The leaf count :math:`n` is never specialised (a count of 1 would become a constant).
+
+``TRITON_INTERPRET=1`` runs these kernels on CPU tensors (the tests do); it must be set
+before Triton is first imported.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _logsigmoid(x):
+    return tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def _logaddexp(x, y):
+    top = tl.maximum(x, y)
+    return top + tl.log(1.0 + tl.exp(-tl.abs(x - y)))
+
+
+@triton.jit
+def _family(f, B: tl.constexpr, BB: tl.constexpr):
+    """The members ``i`` (padded to ``BB``), their validity and node indices (int64)."""
+    i = tl.arange(0, BB)
+    valid = i < B
+    return i, valid, f.to(tl.int64) * B + i
+
+
+@triton.jit
+def _weights(p, lse, a, u_parent, diag, GATE: tl.constexpr, OWN: tl.constexpr):
+    r"""The gated weights :math:`W = e^{u_\uparrow + \log(1 - \mu)} P` (the leaves' own
+    weight :math:`e^u` on the diagonal with ``OWN``), the gates :math:`\mu` and the log
+    masses :math:`u = u_\uparrow + \log\mu` of a family; without ``GATE`` (leaves without
+    self energies) :math:`\mu = 0`."""
+    if GATE:
+        log_mu = _logsigmoid(a - lse)
+        down = u_parent + _logsigmoid(lse - a)
+        u = u_parent + log_mu
+        mu = tl.exp(log_mu)
+    else:
+        down = u_parent + lse * 0.0
+        u = down
+        mu = lse * 0.0
+    w = p * tl.exp(down)[:, None]
+    if OWN:
+        w = tl.where(diag, tl.exp(u)[:, None], w)
+    return w, mu, u
+
+
+@triton.jit
+def _energies(ptr, h, N, node, valid, otherwise, GATE: tl.constexpr):
+    """A level's per-node values ``[BB]`` in ``ptr`` where its nodes have gates (``GATE``),
+    else ``otherwise`` (never read)."""
+    if GATE:
+        out = tl.load(ptr + h * N + node, mask=valid, other=0.0)
+    else:
+        out = otherwise
+    return out
+
+
+@triton.jit
+def _rows(ptr, node, head, row_stride, head_stride, c, valid, cm):
+    """Rows ``node`` (``[BB]``) of one head, channels ``c`` (``[CH]``): ``[BB, CH]``."""
+    offsets = node[:, None] * row_stride + head * head_stride + c[None, :]
+    return tl.load(ptr + offsets, mask=valid[:, None] & cm[None, :], other=0.0)
+
+
+@triton.jit
+def _store_rows(ptr, x, node, head, row_stride, head_stride, c, valid, cm):
+    offsets = node[:, None] * row_stride + head * head_stride + c[None, :]
+    tl.store(ptr + offsets, x.to(ptr.dtype.element_ty), mask=valid[:, None] & cm[None, :])
+
+
+@triton.jit(do_not_specialize=["n_leaves"])
+def up_kernel(
+    q_ptr, k_ptr, v_ptr, q_row, q_head, k_row, k_head, v_row, v_head,
+    tau_ptr, energy_ptr, p_ptr, lse_ptr,
+    sum_q_ptr, sum_k_ptr, sum_v_ptr, parent_energy_ptr,
+    N, C, CV, n_leaves,
+    B: tl.constexpr, BB: tl.constexpr, CH: tl.constexpr,
+    LEAVES: tl.constexpr, GATE: tl.constexpr, OWN: tl.constexpr, PARENT: tl.constexpr,
+    SIZE_BIAS: tl.constexpr,
+):  # fmt: skip
+    r"""Bottom-up pass over one level: the logits, weights :math:`P` and log-partitions
+    :math:`\ell` of family ``program_id(0)`` of head ``program_id(1)``; at the leaves with
+    ``OWN`` the self energies :math:`a = S_{ii}` (into ``energy_ptr``); with ``PARENT``
+    the parent's row sums and energy :math:`b^{-1} \sum_i \log(e^{a_i} + e^{\ell_i})`."""
+    f, h = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    dt = p_ptr.dtype.element_ty
+    i, valid, node = _family(f, B, BB)
+    families = N // B
+    parent_row = (h * families + f) * C
+    s = tl.zeros((BB, BB), dtype=dt)
+    for c0 in range(0, C, CH):
+        c = c0 + tl.arange(0, CH)
+        cm = c < C
+        qi = _rows(q_ptr, node, h, q_row, q_head, c, valid, cm).to(dt)
+        kj = _rows(k_ptr, node, h, k_row, k_head, c, valid, cm).to(dt)
+        s += tl.sum(qi[:, None, :] * kj[None, :, :], axis=2)
+        if PARENT:
+            tl.store(sum_q_ptr + parent_row + c, tl.sum(qi, 0), mask=cm)
+            tl.store(sum_k_ptr + parent_row + c, tl.sum(kj, 0), mask=cm)
+    n = n_leaves.to(dt)
+    s = s * (tl.load(tau_ptr).to(dt) / (n * n))
+    diag = i[:, None] == i[None, :]
+    keys = valid[None, :] & (i[:, None] != i[None, :])
+    s_keys = tl.where(keys, s, float("-inf"))
+    top = tl.max(s_keys, 1)
+    e = tl.exp(s_keys - top[:, None])
+    z = tl.sum(e, 1)
+    p = e / z[:, None]
+    lse = top + tl.log(z)
+    if SIZE_BIAS:
+        lse += tl.log(n)
+    weights = (h * N + node)[:, None] * B + i[None, :]
+    tl.store(p_ptr + weights, p, mask=valid[:, None] & valid[None, :])
+    tl.store(lse_ptr + h * N + node, lse, mask=valid)
+    if OWN:
+        a = tl.sum(tl.where(diag, s, 0.0), 1)
+        tl.store(energy_ptr + h * N + node, a, mask=valid)
+    elif GATE:
+        a = tl.load(energy_ptr + h * N + node, mask=valid, other=0.0)
+    if PARENT:
+        if GATE:
+            total = _logaddexp(a, lse)
+        else:
+            total = lse
+        energy = tl.sum(tl.where(valid, total, 0.0), 0) / B
+        tl.store(parent_energy_ptr + h * families + f, energy)
+        parent_row = (h * families + f) * CV
+        for c0 in range(0, CV, CH):
+            c = c0 + tl.arange(0, CH)
+            cm = c < CV
+            vi = _rows(v_ptr, node, h, v_row, v_head, c, valid, cm).to(dt)
+            tl.store(sum_v_ptr + parent_row + c, tl.sum(vi, 0), mask=cm)
+
+
+@triton.jit(do_not_specialize=["n_leaves"])
+def down_kernel(
+    v_ptr, v_row, v_head, p_ptr, lse_ptr, energy_ptr, parent_u_ptr, parent_acc_ptr,
+    u_ptr, out_ptr, out_row, out_head,
+    N, CV, n_leaves,
+    B: tl.constexpr, BB: tl.constexpr, CH: tl.constexpr,
+    LEAVES: tl.constexpr, GATE: tl.constexpr, OWN: tl.constexpr, TOP: tl.constexpr,
+):  # fmt: skip
+    r"""Top-down pass over one level: the gated weights :math:`W` of family
+    ``program_id(0)`` of head ``program_id(1)`` from the parent's log mass, each member's
+    log mass :math:`u` (into ``u_ptr``, above the leaves) and its output accumulator, the
+    parent's plus :math:`n^{-1} W \bar v` (into ``out_ptr``: a buffer above the leaves,
+    the output at them)."""
+    f, h = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    dt = p_ptr.dtype.element_ty
+    i, valid, node = _family(f, B, BB)
+    families = N // B
+    pair = valid[:, None] & valid[None, :]
+    p = tl.load(p_ptr + (h * N + node)[:, None] * B + i[None, :], mask=pair, other=0.0)
+    lse = tl.load(lse_ptr + h * N + node, mask=valid, other=0.0)
+    a = _energies(energy_ptr, h, N, node, valid, lse, GATE)
+    u_parent = 0.0 if TOP else tl.load(parent_u_ptr + h * families + f)
+    diag = i[:, None] == i[None, :]
+    w, _, u = _weights(p, lse, a, u_parent, diag, GATE, OWN)
+    if not LEAVES:
+        tl.store(u_ptr + h * N + node, u, mask=valid)
+    w = w / n_leaves.to(dt)
+    parent_row = (h * families + f) * CV
+    for c0 in range(0, CV, CH):
+        c = c0 + tl.arange(0, CH)
+        cm = c < CV
+        vj = _rows(v_ptr, node, h, v_row, v_head, c, valid, cm).to(dt)
+        acc = tl.sum(w[:, :, None] * vj[None, :, :], axis=1)
+        if not TOP:
+            acc += tl.load(parent_acc_ptr + parent_row + c, mask=cm, other=0.0)[None, :]
+        if LEAVES:
+            _store_rows(out_ptr, acc, node, h, out_row, out_head, c, valid, cm)
+        else:
+            _store_rows(out_ptr, acc, node, h, CV, N * CV, c, valid, cm)
+
+
+@triton.jit(do_not_specialize=["n_leaves"])
+def grad_up_kernel(
+    g_ptr, g_row, g_head, v_ptr, v_row, v_head, p_ptr, lse_ptr, energy_ptr, parent_u_ptr,
+    du_ptr, dw_ptr, d_down_ptr, parent_g_ptr, parent_du_ptr,
+    N, CV, n_leaves,
+    B: tl.constexpr, BB: tl.constexpr, CH: tl.constexpr,
+    LEAVES: tl.constexpr, GATE: tl.constexpr, OWN: tl.constexpr, TOP: tl.constexpr,
+):  # fmt: skip
+    r"""First backward sweep (leaves to roots) over one level, from the output gradient
+    :math:`G` of its nodes (the sums of their leaves'): :math:`X = W \odot n^{-1} G \bar
+    v^\top` (into ``dw_ptr``), :math:`d\delta`, the row sums of :math:`X` off the
+    diagonal (``d_down_ptr``), the leaves' :math:`du = X_{ii}` with ``OWN``
+    (``du_ptr``), and, below the top, the parent's :math:`G` and
+    :math:`du = \sum_i d\delta_i + du_i`."""
+    f, h = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    dt = p_ptr.dtype.element_ty
+    i, valid, node = _family(f, B, BB)
+    families = N // B
+    pair = valid[:, None] & valid[None, :]
+    p = tl.load(p_ptr + (h * N + node)[:, None] * B + i[None, :], mask=pair, other=0.0)
+    lse = tl.load(lse_ptr + h * N + node, mask=valid, other=0.0)
+    a = _energies(energy_ptr, h, N, node, valid, lse, GATE)
+    u_parent = 0.0 if TOP else tl.load(parent_u_ptr + h * families + f)
+    diag = i[:, None] == i[None, :]
+    w, _, _ = _weights(p, lse, a, u_parent, diag, GATE, OWN)
+    dw = tl.zeros((BB, BB), dtype=dt)
+    parent_row = (h * families + f) * CV
+    for c0 in range(0, CV, CH):
+        c = c0 + tl.arange(0, CH)
+        cm = c < CV
+        gi = _rows(g_ptr, node, h, g_row, g_head, c, valid, cm).to(dt)
+        vj = _rows(v_ptr, node, h, v_row, v_head, c, valid, cm).to(dt)
+        dw += tl.sum(gi[:, None, :] * vj[None, :, :], axis=2)
+        if not TOP:
+            tl.store(parent_g_ptr + parent_row + c, tl.sum(gi, 0), mask=cm)
+    x = dw * w / n_leaves.to(dt)
+    tl.store(dw_ptr + (h * N + node)[:, None] * B + i[None, :], x, mask=pair)
+    d_down = tl.sum(x, 1)
+    if OWN:
+        du = tl.sum(tl.where(diag, x, 0.0), 1)
+        d_down -= du
+        tl.store(du_ptr + h * N + node, du, mask=valid)
+    elif LEAVES:
+        du = d_down * 0.0
+    else:
+        du = tl.load(du_ptr + h * N + node, mask=valid, other=0.0)
+    tl.store(d_down_ptr + h * N + node, d_down, mask=valid)
+    if not TOP:
+        up = tl.sum(tl.where(valid, d_down + du, 0.0), 0)
+        tl.store(parent_du_ptr + h * families + f, up)
+
+
+@triton.jit(do_not_specialize=["n_leaves"])
+def grad_down_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, q_row, q_head, k_row, k_head, v_row, v_head, g_row, g_head,
+    tau_ptr, p_ptr, lse_ptr, energy_ptr, parent_u_ptr, du_ptr, dw_ptr, d_down_ptr,
+    parent_da_ptr, parent_dq_ptr, parent_dk_ptr, parent_dv_ptr, da_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dq_row, dq_head, dk_row, dk_head, dv_row, dv_head,
+    N, C, CV, n_leaves,
+    B: tl.constexpr, BB: tl.constexpr, CH: tl.constexpr,
+    LEAVES: tl.constexpr, GATE: tl.constexpr, OWN: tl.constexpr, TOP: tl.constexpr,
+):  # fmt: skip
+    r"""Second backward sweep (roots to leaves) over one level: with the parent's energy
+    gradient :math:`g` shared out over the ``b`` children,
+    :math:`dx = du (1 - \mu) - d\delta\,\mu`, :math:`da = dx + g \mu / b` (into
+    ``da_ptr`` above the leaves), the logits' gradient
+    :math:`dS = X - P \odot (d\delta + da - g / b)` (:math:`dS_{ii} = da_i` at the
+    leaves with ``OWN``), then :math:`d\bar q = \tau n^{-2} dS\,\bar k`,
+    :math:`d\bar k = \tau n^{-2} dS^\top \bar q`, :math:`d\bar v = n^{-1} W^\top G`, each
+    plus the parent's (the rows are sums): into buffers above the leaves, the inputs'
+    gradients at them."""
+    f, h = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    dt = p_ptr.dtype.element_ty
+    i, valid, node = _family(f, B, BB)
+    families = N // B
+    pair = valid[:, None] & valid[None, :]
+    weights = (h * N + node)[:, None] * B + i[None, :]
+    p = tl.load(p_ptr + weights, mask=pair, other=0.0)
+    x = tl.load(dw_ptr + weights, mask=pair, other=0.0)
+    lse = tl.load(lse_ptr + h * N + node, mask=valid, other=0.0)
+    a = _energies(energy_ptr, h, N, node, valid, lse, GATE)
+    d_down = tl.load(d_down_ptr + h * N + node, mask=valid, other=0.0)
+    du = _energies(du_ptr, h, N, node, valid, d_down, GATE)
+    u_parent = 0.0 if TOP else tl.load(parent_u_ptr + h * families + f)
+    g_share = 0.0 if TOP else tl.load(parent_da_ptr + h * families + f) / B
+    diag = i[:, None] == i[None, :]
+    w, mu, _ = _weights(p, lse, a, u_parent, diag, GATE, OWN)
+    if GATE:
+        dx = du - mu * (du + d_down)
+        da = dx + g_share * mu
+        shift = d_down + da - g_share
+        if not LEAVES:
+            tl.store(da_ptr + h * N + node, da, mask=valid)
+    else:
+        shift = d_down - g_share
+    ds = x - p * shift[:, None]
+    if OWN:
+        ds = tl.where(diag, da[:, None], ds)
+    n = n_leaves.to(dt)
+    ds = ds * (tl.load(tau_ptr).to(dt) / (n * n))
+    w = w / n
+    parent_row = (h * families + f) * C
+    for c0 in range(0, C, CH):
+        c = c0 + tl.arange(0, CH)
+        cm = c < C
+        qi = _rows(q_ptr, node, h, q_row, q_head, c, valid, cm).to(dt)
+        kj = _rows(k_ptr, node, h, k_row, k_head, c, valid, cm).to(dt)
+        dq = tl.sum(ds[:, :, None] * kj[None, :, :], axis=1)
+        dk = tl.sum(ds[:, :, None] * qi[:, None, :], axis=0)
+        if not TOP:
+            dq += tl.load(parent_dq_ptr + parent_row + c, mask=cm, other=0.0)[None, :]
+            dk += tl.load(parent_dk_ptr + parent_row + c, mask=cm, other=0.0)[None, :]
+        _store_rows(dq_ptr, dq, node, h, dq_row, dq_head, c, valid, cm)
+        _store_rows(dk_ptr, dk, node, h, dk_row, dk_head, c, valid, cm)
+    parent_row = (h * families + f) * CV
+    for c0 in range(0, CV, CH):
+        c = c0 + tl.arange(0, CH)
+        cm = c < CV
+        gi = _rows(g_ptr, node, h, g_row, g_head, c, valid, cm).to(dt)
+        dv = tl.sum(w[:, :, None] * gi[:, None, :], axis=0)
+        if not TOP:
+            dv += tl.load(parent_dv_ptr + parent_row + c, mask=cm, other=0.0)[None, :]
+        _store_rows(dv_ptr, dv, node, h, dv_row, dv_head, c, valid, cm)

@@ -1,0 +1,324 @@
+r"""Equal-fanout HSA on GPUs as Triton kernels: four launches per level for a forward and
+backward.
+
+On an accelerator, :mod:`~hiergraph.ops.hsa.uniform_fused` runs a fixed handful of
+batched PyTorch operations per level, each its own kernel launch: at the lengths most
+models run (batches of 128–2,048-token trees) a step is about a fixed cost per launch. The
+kernels of :mod:`~hiergraph.ops.hsa.triton_kernels` run each pass over a level as one
+launch, one program per (family, head): the bottom-up pass (logits, weights, log-partitions,
+the parents' sums and energies), the top-down pass (gates, log masses, the output), and
+the two sweeps of the backward, so a forward and backward over a depth-:math:`D` forest
+take :math:`4D` launches. The leaves are read where they lie (``[L, H, d]`` with any row
+and head strides, channels contiguous) and the output and gradients are written in the
+inputs' layouts; bfloat16 and float16 rows are computed in float32.
+
+It covers the fused op's options without position embeddings, leaf masks, leaky-causal
+keys or a family above the roots, with every fanout from 2 to :data:`MAX_FANOUT`; second
+derivatives differentiate the recorded op. The kernels are opt-in until they are timed on a
+GPU: set ``HIERGRAPH_TRITON=1`` (or call :func:`set_enabled`) to run them for every
+eligible CUDA call. They need the ``triton`` package (shipped with PyTorch's CUDA wheels).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+
+import torch
+from torch import Tensor
+
+from hiergraph._autograd import recorded_gradients
+
+#: The environment variable that turns the kernels on (``1``, ``true``, ``yes``, ``on``).
+ENV = "HIERGRAPH_TRITON"
+#: The widest family the kernels take: a program holds ``[b, b, CH]`` products.
+MAX_FANOUT = 32
+#: Channels per chunk (a power of two): the rows of a family are loaded ``CH`` at a time.
+CHUNK = 16
+
+_enabled = os.environ.get(ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def set_enabled(flag: bool) -> bool:
+    """Turn the kernels on or off for the calls that follow; returns the previous setting."""
+    global _enabled
+    previous, _enabled = _enabled, bool(flag)
+    return previous
+
+
+def enabled() -> bool:
+    """Whether eligible calls run the Triton kernels."""
+    return _enabled
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``), on CPU
+    tensors too."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the ``triton`` package can be imported."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def applies(
+    q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, leaf_mask, above
+) -> bool:
+    """Whether the kernels run HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over the
+    equal-fanout forest with ``fanout`` (the callers have ruled out leaky-causal keys and
+    ``torch.compile``): turned on (:func:`enabled`), CUDA tensors (any device under the
+    Triton interpreter) of one floating dtype with contiguous channels, no position
+    embeddings, leaf mask or family above the roots, every fanout from 2 to
+    :data:`MAX_FANOUT`, and ``triton`` importable."""
+    return (
+        _enabled
+        and (q.is_cuda or interpreting())
+        and eps is None
+        and leaf_mask is None
+        and above is None
+        and q.is_floating_point()
+        and all(t.dtype == q.dtype and t.dim() == 3 and t.stride(-1) == 1 for t in (q, k, v))
+        and all(t.device == q.device for t in (k, v))
+        and 2 <= min(fanout)
+        and max(fanout) <= MAX_FANOUT
+        and available()
+    )
+
+
+def triton_uniform_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    fanout: tuple[int, ...],
+    *,
+    include_self: bool,
+    tau: float,
+    size_bias: bool,
+    recorded=None,
+) -> Tensor:
+    r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` (any row and head strides, contiguous
+    channels) over the forest of equal trees with ``fanout`` ``(b_1, …, b_D)`` below their
+    roots (``L`` a multiple of :math:`b_1 \cdots b_D`), as
+    :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` without position
+    embeddings; returns ``[L, H, d_v]`` in ``q``'s dtype and memory layout. ``recorded(q,
+    k, v, eps)`` is the same op recorded by autograd (second derivatives); without it no
+    gradient is taken (inference)."""
+    options = (tuple(fanout), include_self, float(tau), size_bias)
+    if recorded is None:
+        return _forward(q, k, v, *options)[0]
+    return _TritonUniform.apply(options, recorded, q, k, v)
+
+
+class _TritonUniform(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, options, recorded, q, k, v):
+        out, levels = _forward(q, k, v, *options)
+        ctx.options, ctx.recorded, ctx.levels = options, recorded, levels
+        ctx.save_for_backward(q, k, v)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q, k, v = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
+            return None, None, *recorded_gradients(ctx.recorded, (q, k, v), grad)
+        if grad.stride(-1) != 1:
+            grad = grad.contiguous()
+        return None, None, *_backward(grad, q, k, v, ctx.levels, *ctx.options)
+
+
+class _Level:
+    """One level's shape and buffers: ``nodes`` per head, ``b`` members per family, ``n``
+    leaves per node; the saved weights ``p [H, N, b]``, log-partitions ``lse``, energies
+    ``energy`` and (above the leaves) log masses ``u`` (``[H, N]``), and the node row sums
+    ``rows`` (``[H, N, ·]``, above the leaves)."""
+
+    def __init__(self, nodes: int, b: int, n: int):
+        self.nodes, self.b, self.n = nodes, b, n
+        self.p = self.lse = self.energy = self.u = None
+        self.rows: tuple[Tensor, ...] | None = None
+
+
+def _levels(fanout: tuple[int, ...], trees: int) -> list[_Level]:
+    levels, nodes = [], trees
+    for d, b in enumerate(fanout):
+        nodes *= b
+        levels.append(_Level(nodes, b, math.prod(fanout[d + 1 :])))
+    return levels
+
+
+def _launch(level: _Level, heads: int, channels: int):
+    """The grid (families, heads) and the block sizes of a level's programs."""
+    block = _next_power_of_2(level.b)
+    chunk = min(CHUNK, _next_power_of_2(channels))
+    warps = 1 if block * block * chunk <= 2048 else 4
+    grid = (level.nodes // level.b, heads)
+    return grid, dict(B=level.b, BB=block, CH=chunk, num_warps=warps)
+
+
+def _flags(leaves: bool, include_self: bool) -> dict[str, bool]:
+    """The kernels' flags of a level (:mod:`~hiergraph.ops.hsa.triton_kernels`)."""
+    return dict(LEAVES=leaves, GATE=include_self or not leaves, OWN=include_self and leaves)
+
+
+def _next_power_of_2(x: int) -> int:
+    return 1 << max(x - 1, 0).bit_length()
+
+
+def _strides(x: Tensor) -> tuple[int, int]:
+    return x.stride(0), x.stride(1)
+
+
+def _buffer_strides(level: _Level, channels: int) -> tuple[int, int]:
+    return channels, level.nodes * channels
+
+
+@functools.cache
+def _tau(tau: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``tau`` as a one-element tensor in the kernels' dtype (a float argument would be
+    float32), copied to ``device`` once."""
+    return torch.tensor([tau], dtype=dtype).to(device, non_blocking=True)
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _output_like(q: Tensor, channels: int) -> Tensor:
+    """An uninitialised ``[L, H, channels]`` tensor in ``q``'s dtype and memory order of
+    rows and heads."""
+    length, heads = q.shape[:2]
+    if q.stride(0) < q.stride(1):  # heads first in memory
+        return q.new_empty(heads, length, channels).transpose(0, 1)
+    return q.new_empty(length, heads, channels)
+
+
+def _forward(q, k, v, fanout, include_self, tau, size_bias):
+    from hiergraph.ops.hsa import triton_kernels as kernels
+
+    length, heads, dim = q.shape
+    dim_v = v.size(-1)
+    depth, work = len(fanout), _work_dtype(q.dtype)
+    levels = _levels(fanout, length // math.prod(fanout))
+    tau_t = _tau(tau, work, q.device)
+    unused = q.new_empty((1,), dtype=work)  # for pointers never read
+    for d in range(depth - 1, -1, -1):  # bottom-up
+        level = levels[d]
+        leaves = d == depth - 1
+        level.p = q.new_empty((heads, level.nodes, level.b), dtype=work)
+        level.lse = q.new_empty((heads, level.nodes), dtype=work)
+        if leaves:
+            rows = (q, k, v)
+            strides = [_strides(t) for t in rows]
+            level.energy = q.new_empty((heads, level.nodes), dtype=work) if include_self else unused
+        else:
+            rows = level.rows
+            strides = [_buffer_strides(level, t.size(-1)) for t in rows]
+        parent = levels[d - 1] if d else None
+        if parent is not None:
+            parent.rows = tuple(
+                q.new_empty((heads, parent.nodes, c), dtype=work) for c in (dim, dim, dim_v)
+            )
+            parent.energy = q.new_empty((heads, parent.nodes), dtype=work)
+        grid, meta = _launch(level, heads, max(dim, dim_v))
+        sums = parent.rows if parent is not None else (unused, unused, unused)
+        kernels.up_kernel[grid](
+            *rows, *(s for pair in strides for s in pair),
+            tau_t, level.energy, level.p, level.lse,
+            *sums, parent.energy if parent is not None else unused,
+            level.nodes, dim, dim_v, level.n,
+            PARENT=parent is not None, SIZE_BIAS=size_bias, **_flags(leaves, include_self),
+            **meta,
+        )  # fmt: skip
+    out, acc = _output_like(q, dim_v), unused
+    for d in range(depth):  # top-down
+        level = levels[d]
+        leaves = d == depth - 1
+        parent = levels[d - 1] if d else None
+        if leaves:
+            values, value_strides, target, target_strides = v, _strides(v), out, _strides(out)
+        else:
+            values = level.rows[2]
+            value_strides = _buffer_strides(level, dim_v)
+            level.u = q.new_empty((heads, level.nodes), dtype=work)
+            target = q.new_empty((heads, level.nodes, dim_v), dtype=work)
+            target_strides = _buffer_strides(level, dim_v)
+        grid, meta = _launch(level, heads, dim_v)
+        kernels.down_kernel[grid](
+            values, *value_strides, level.p, level.lse, level.energy,
+            unused if parent is None else parent.u, acc,
+            unused if leaves else level.u, target, *target_strides,
+            level.nodes, dim_v, level.n,
+            TOP=parent is None, **_flags(leaves, include_self), **meta,
+        )  # fmt: skip
+        acc = target
+    return out, levels
+
+
+def _backward(grad, q, k, v, levels, fanout, include_self, tau, size_bias):
+    from hiergraph.ops.hsa import triton_kernels as kernels
+
+    heads, dim, dim_v = q.size(1), q.size(-1), v.size(-1)
+    depth, work = len(fanout), _work_dtype(q.dtype)
+    tau_t = _tau(tau, work, q.device)
+    unused = q.new_empty((1,), dtype=work)  # for pointers never read
+    grads, dws, d_downs, dus = [None] * depth, [None] * depth, [None] * depth, [None] * depth
+    grads[-1] = grad
+    dus[-1] = q.new_empty((heads, levels[-1].nodes), dtype=work) if include_self else unused
+    for d in range(depth - 1, -1, -1):  # leaves to roots
+        level = levels[d]
+        leaves = d == depth - 1
+        parent = levels[d - 1] if d else None
+        dws[d] = q.new_empty((heads, level.nodes, level.b), dtype=work)
+        d_downs[d] = q.new_empty((heads, level.nodes), dtype=work)
+        if parent is not None:
+            grads[d - 1] = q.new_empty((heads, parent.nodes, dim_v), dtype=work)
+            dus[d - 1] = q.new_empty((heads, parent.nodes), dtype=work)
+        if leaves:
+            g_strides, values, v_strides = _strides(grad), v, _strides(v)
+        else:
+            g_strides = _buffer_strides(level, dim_v)
+            values, v_strides = level.rows[2], _buffer_strides(level, dim_v)
+        grid, meta = _launch(level, heads, dim_v)
+        kernels.grad_up_kernel[grid](
+            grads[d], *g_strides, values, *v_strides, level.p, level.lse, level.energy,
+            unused if parent is None else parent.u, dus[d], dws[d], d_downs[d],
+            unused if parent is None else grads[d - 1], unused if parent is None else dus[d - 1],
+            level.nodes, dim_v, level.n,
+            TOP=parent is None, **_flags(leaves, include_self), **meta,
+        )  # fmt: skip
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    pooled = da = None
+    for d in range(depth):  # roots to leaves
+        level = levels[d]
+        leaves = d == depth - 1
+        parent = levels[d - 1] if d else None
+        if leaves:
+            rows, row_strides = (q, k, v, grad), [_strides(t) for t in (q, k, v, grad)]
+            targets = (dq, dk, dv)
+            target_strides = [_strides(t) for t in targets]
+            level_da = unused
+        else:
+            rows = (*level.rows, grads[d])
+            row_strides = [_buffer_strides(level, t.size(-1)) for t in rows]
+            targets = tuple(
+                q.new_empty((heads, level.nodes, c), dtype=work) for c in (dim, dim, dim_v)
+            )
+            target_strides = [_buffer_strides(level, t.size(-1)) for t in targets]
+            level_da = q.new_empty((heads, level.nodes), dtype=work)
+        grid, meta = _launch(level, heads, max(dim, dim_v))
+        kernels.grad_down_kernel[grid](
+            *rows, *(s for pair in row_strides for s in pair),
+            tau_t, level.p, level.lse, level.energy, unused if parent is None else parent.u,
+            dus[d], dws[d], d_downs[d],
+            unused if parent is None else da, *(pooled or (unused, unused, unused)), level_da,
+            *targets, *(s for pair in target_strides for s in pair),
+            level.nodes, dim, dim_v, level.n,
+            TOP=parent is None, **_flags(leaves, include_self), **meta,
+        )  # fmt: skip
+        pooled, da = targets, level_da
+    return dq, dk, dv

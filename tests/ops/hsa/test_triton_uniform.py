@@ -1,0 +1,195 @@
+"""The Triton kernels of equal-fanout HSA against the op recorded by autograd: on CPU under
+Triton's interpreter (``tests/conftest.py`` sets ``TRITON_INTERPRET=1`` where no GPU is
+present), compiled on a GPU."""
+
+import math
+
+import pytest
+import torch
+
+from hiergraph.data import window_forest
+from hiergraph.ops import hierarchical_attention
+from hiergraph.ops.hsa import triton_uniform
+from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
+from tests.conftest import spy_calls
+
+pytest.importorskip("triton")
+
+# (trees, fanout top-down): families of two, three, four, five; a deep tree; a family of
+# 17 members (padded to 32) and one of 32, the widest the kernels take
+SHAPES = [(3, 2, 3), (2, 3, 2), (1, 2, 2, 2, 2), (2, 4, 5), (1, 3, 17), (1, 32)]
+OPTIONS = [
+    dict(include_self=True, size_bias=True),
+    dict(include_self=False, size_bias=True),
+    dict(include_self=True, size_bias=False),
+    dict(include_self=False, size_bias=False),
+]
+TAU = 0.7
+
+
+def inputs(shape, layout="node-major", heads=2, d=4, d_v=3, dtype=torch.float64, device="cpu"):
+    """``q, k, v`` ``[L, H, ·]`` requiring gradients: contiguous (``node-major``), views of
+    heads-first memory, or the first channels of wider rows (``strided``)."""
+    gen = torch.Generator().manual_seed(0)
+    leaves = math.prod(shape)
+    qkv = []
+    for c in (d, d, d_v):
+        if layout == "heads-first":
+            t = torch.randn(heads, leaves, c, generator=gen, dtype=dtype).transpose(0, 1)
+        elif layout == "strided":
+            t = torch.randn(leaves, heads, c + 3, generator=gen, dtype=dtype)[..., :c]
+        else:
+            t = torch.randn(leaves, heads, c, generator=gen, dtype=dtype)
+        qkv.append(t.to(device).requires_grad_())
+    return qkv
+
+
+def recorded(shape, **options):
+    """The op on ``[L, H, ·]`` rows with every operation recorded by autograd."""
+
+    def op(q, k, v, eps=None):
+        return uniform_hierarchical_attention(
+            q, k, v, shape, eps, left_only=False, leaf_mask=None, tau=TAU, fuse=False, **options
+        )
+
+    return op
+
+
+def kernels(qkv, shape, **options):
+    return triton_uniform.triton_uniform_attention(
+        *qkv, shape[1:], tau=TAU, recorded=recorded(shape, **options), **options
+    )
+
+
+def outputs_and_gradients(op, qkv, seed=1):
+    out = op(qkv)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    return out, torch.autograd.grad(out, qkv, grad.to(out.device))
+
+
+def assert_close(got, want, **tolerance):
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, **tolerance)
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_matches_recorded_op(shape, options):
+    qkv = inputs(shape)
+    out, grads = outputs_and_gradients(lambda t: kernels(t, shape, **options), qkv)
+    want, want_grads = outputs_and_gradients(lambda t: recorded(shape, **options)(*t), qkv)
+    assert type(out.grad_fn).__name__ == "_TritonUniformBackward"
+    assert_close((out, *grads), (want, *want_grads), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["heads-first", "strided"])
+def test_reads_and_writes_the_inputs_layouts(layout):
+    """Rows where they lie, 20 and 17 channels (two chunks of 16, the second partial): the
+    output in ``q``'s memory order, each gradient in its input's."""
+    shape, options = (2, 3, 4), OPTIONS[0]
+    qkv = inputs(shape, layout, heads=3, d=20, d_v=17)
+    out, grads = outputs_and_gradients(lambda t: kernels(t, shape, **options), qkv)
+    want, want_grads = outputs_and_gradients(lambda t: recorded(shape, **options)(*t), qkv)
+    assert_close((out, *grads), (want, *want_grads), rtol=1e-12, atol=1e-12)
+    heads_first = layout == "heads-first"
+    assert (out.stride(0) < out.stride(1)) == heads_first
+    for grad, t in zip(grads, qkv, strict=True):
+        assert (grad.stride(0) < grad.stride(1)) == (t.stride(0) < t.stride(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_computes_in_float32(dtype):
+    """Half rows are computed in float32 and rounded once: the result of the float32 op on
+    the same rounded inputs, rounded."""
+    shape, options = (2, 4, 4), OPTIONS[0]
+    qkv = inputs(shape, d=8, d_v=8, dtype=dtype)
+    out, grads = outputs_and_gradients(lambda t: kernels(t, shape, **options), qkv)
+    wide = [t.detach().float().requires_grad_() for t in qkv]
+    want, want_grads = outputs_and_gradients(lambda t: recorded(shape, **options)(*t), wide)
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+    tolerance = dict(rtol=1e-2, atol=1e-2)
+    assert_close((out, *grads), (want.to(dtype), *(g.to(dtype) for g in want_grads)), **tolerance)
+
+
+def test_without_gradients_records_nothing():
+    shape, options = (2, 2, 3), OPTIONS[1]
+    qkv = inputs(shape)
+    with torch.no_grad():
+        out = triton_uniform.triton_uniform_attention(*qkv, shape[1:], tau=TAU, **options)
+        want = recorded(shape, **options)(*qkv)
+    assert out.grad_fn is None
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_second_derivatives_differentiate_the_recorded_op():
+    shape, options = (2, 2, 3), OPTIONS[0]
+    qkv = inputs(shape)
+
+    def grad_norm(op):
+        out = op(qkv)
+        grads = torch.autograd.grad(out.pow(2).sum(), qkv, create_graph=True)
+        total = sum(g.pow(2).sum() for g in grads)
+        return torch.autograd.grad(total, qkv)
+
+    got = grad_norm(lambda t: kernels(t, shape, **options))
+    want = grad_norm(lambda t: recorded(shape, **options)(*t))
+    assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.fixture
+def turned_on(monkeypatch):
+    monkeypatch.setattr(triton_uniform, "_enabled", True)
+    monkeypatch.setattr(triton_uniform, "interpreting", lambda: True)
+
+
+def test_hierarchical_attention_runs_the_kernels_when_turned_on(turned_on, monkeypatch):
+    calls = spy_calls(monkeypatch, triton_uniform, "triton_uniform_attention")
+    hierarchy = window_forest([12, 12], branching=(4, 3))  # fanout (3, 4) below each root
+    qkv = inputs((2, 3, 4), heads=2)
+    out = hierarchical_attention(*qkv, hierarchy, include_self=True)
+    assert len(calls) == 1
+    grads = torch.autograd.grad(out.sum(), qkv)
+    triton_uniform.set_enabled(False)
+    want = hierarchical_attention(*qkv, hierarchy, include_self=True)
+    assert len(calls) == 1
+    assert_close((out, *grads), (want, *torch.autograd.grad(want.sum(), qkv)))
+
+
+def test_off_by_default_and_refuses_what_it_does_not_cover(turned_on):
+    q, k, v = inputs((1, 2, 2))
+    fanout = (2, 2)
+    assert triton_uniform.applies(q, k, v, fanout, None, None, None)
+    refused = [
+        (q, k, v, fanout, [torch.zeros(1, 2, 3)], None, None),  # position embeddings
+        (q, k, v, fanout, None, torch.ones(4), None),  # a leaf mask
+        (q, k, v, fanout, None, None, lambda *a: a),  # a family above the roots
+        (q, k, v.float(), fanout, None, None, None),  # mixed dtypes
+        (q, k, v.transpose(1, 2), fanout, None, None, None),  # strided channels
+        (q, k, v, (2, triton_uniform.MAX_FANOUT + 1), None, None, None),  # too wide
+    ]
+    for args in refused:
+        assert not triton_uniform.applies(*args)
+    assert triton_uniform.set_enabled(False) is True
+    assert not triton_uniform.applies(q, k, v, fanout, None, None, None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_matches_the_default_path(dtype, monkeypatch):
+    """Compiled by Triton: a batch of window trees of 512 leaves, 8 heads of 64 channels, as
+    the default CUDA path computes it."""
+    shape, options = (4, 16, 8, 4), OPTIONS[0]
+    qkv = inputs(shape, heads=8, d=64, d_v=64, dtype=dtype, device="cuda")
+    monkeypatch.setattr(triton_uniform, "_enabled", True)
+    out, grads = outputs_and_gradients(lambda t: run_default(t, shape, **options), qkv)
+    assert type(out.grad_fn).__name__ == "_TritonUniformBackward"
+    monkeypatch.setattr(triton_uniform, "_enabled", False)
+    want, want_grads = outputs_and_gradients(lambda t: run_default(t, shape, **options), qkv)
+    tolerance = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else {}
+    assert_close((out, *grads), (want, *want_grads), **tolerance)
+
+
+def run_default(qkv, shape, **options):
+    return uniform_hierarchical_attention(
+        *qkv, shape, None, left_only=False, leaf_mask=None, tau=TAU, **options
+    )
