@@ -97,7 +97,7 @@ def steps(gpu, sizes, hsa_cases=None):
     import torch
 
     meta = torch.device("meta")
-    run = SimpleNamespace(sizes=sizes)
+    run = SimpleNamespace(sizes=sizes, device=meta)
 
     def built(method):
         return lambda dtype: method.build(dtype, meta)

@@ -21,7 +21,9 @@ levels above in ``[H, N, C]`` buffers. Per-node values (:math:`\ell`, :math:`a`,
 The flags, fixed per launch: ``LEAVES`` (the level is the leaves), ``GATE`` (its nodes
 have energies: every level but leaves without self energies), ``OWN`` (leaves with self
 energies, whose own weight :math:`e^u` sits on the diagonal of :math:`W`), ``TOP`` (the
-roots' families: no parent) and ``PARENT`` (the bottom-up pass writes a level above).
+roots' families: no parent), ``PARENT`` (the bottom-up pass writes a level above) and
+``EPS`` (the level has position embeddings ``[H | 1, N, CE]``; head stride 0 when the heads
+share them).
 The leaf count :math:`n` is never specialised (a count of 1 would become a constant).
 
 ``TRITON_INTERPRET=1`` runs these kernels on CPU tensors (the tests do); it must be set
@@ -101,14 +103,16 @@ def _store_rows(ptr, x, node, head, row_stride, head_stride, c, valid, cm):
 @triton.jit(do_not_specialize=["n_leaves"])
 def up_kernel(
     q_ptr, k_ptr, v_ptr, q_row, q_head, k_row, k_head, v_row, v_head,
-    tau_ptr, energy_ptr, p_ptr, lse_ptr,
+    e_ptr, e_row, e_head, tau_ptr, energy_ptr, p_ptr, lse_ptr,
     sum_q_ptr, sum_k_ptr, sum_v_ptr, parent_energy_ptr,
-    N, C, CV, n_leaves,
+    N, C, CV, CE, n_leaves,
     B: tl.constexpr, BB: tl.constexpr, CH: tl.constexpr,
     LEAVES: tl.constexpr, GATE: tl.constexpr, OWN: tl.constexpr, PARENT: tl.constexpr,
-    SIZE_BIAS: tl.constexpr,
+    SIZE_BIAS: tl.constexpr, EPS: tl.constexpr,
 ):  # fmt: skip
-    r"""Bottom-up pass over one level: the logits, weights :math:`P` and log-partitions
+    r"""Bottom-up pass over one level: the logits (with ``EPS``, plus the position
+    energies :math:`\varepsilon_i^\top \varepsilon_j` of the rows of ``e_ptr``), weights
+    :math:`P` and log-partitions
     :math:`\ell` of family ``program_id(0)`` of head ``program_id(1)``; at the leaves with
     ``OWN`` the self energies :math:`a = S_{ii}` (into ``energy_ptr``); with ``PARENT``
     the parent's row sums and energy :math:`b^{-1} \sum_i \log(e^{a_i} + e^{\ell_i})`."""
@@ -129,6 +133,12 @@ def up_kernel(
             tl.store(sum_k_ptr + parent_row + c, tl.sum(kj, 0), mask=cm)
     n = n_leaves.to(dt)
     s = s * (tl.load(tau_ptr).to(dt) / (n * n))
+    if EPS:  # the position energies e_i e_j, diagonal included (the leaves' self energies)
+        for c0 in range(0, CE, CH):
+            c = c0 + tl.arange(0, CH)
+            cm = c < CE
+            ei = _rows(e_ptr, node, h, e_row, e_head, c, valid, cm).to(dt)
+            s += tl.sum(ei[:, None, :] * ei[None, :, :], axis=2)
     diag = i[:, None] == i[None, :]
     keys = valid[None, :] & (i[:, None] != i[None, :])
     s_keys = tl.where(keys, s, float("-inf"))
@@ -258,19 +268,22 @@ def grad_up_kernel(
 @triton.jit(do_not_specialize=["n_leaves"])
 def grad_down_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, q_row, q_head, k_row, k_head, v_row, v_head, g_row, g_head,
-    tau_ptr, p_ptr, lse_ptr, energy_ptr, parent_u_ptr, du_ptr, dw_ptr, d_down_ptr,
-    parent_da_ptr, parent_dq_ptr, parent_dk_ptr, parent_dv_ptr, da_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dq_row, dq_head, dk_row, dk_head, dv_row, dv_head,
-    N, C, CV, n_leaves,
+    e_ptr, e_row, e_head, tau_ptr, p_ptr, lse_ptr, energy_ptr, parent_u_ptr, du_ptr, dw_ptr,
+    d_down_ptr, parent_da_ptr, parent_dq_ptr, parent_dk_ptr, parent_dv_ptr, da_ptr,
+    dq_ptr, dk_ptr, dv_ptr, de_ptr, dq_row, dq_head, dk_row, dk_head, dv_row, dv_head,
+    N, C, CV, CE, n_leaves,
     B: tl.constexpr, BB: tl.constexpr, CH: tl.constexpr,
     LEAVES: tl.constexpr, GATE: tl.constexpr, OWN: tl.constexpr, TOP: tl.constexpr,
+    EPS: tl.constexpr,
 ):  # fmt: skip
     r"""Second backward sweep (roots to leaves) over one level: with the parent's energy
     gradient :math:`g` shared out over the ``b`` children,
     :math:`dx = du (1 - \mu) - d\delta\,\mu`, :math:`da = dx + g \mu / b` (into
     ``da_ptr`` above the leaves), the logits' gradient
     :math:`dS = X - P \odot (d\delta + da - g / b)` (:math:`dS_{ii} = da_i` at the
-    leaves with ``OWN``), then :math:`d\bar q = \tau n^{-2} dS\,\bar k`,
+    leaves with ``OWN``; with ``EPS``, the position embeddings' gradient
+    :math:`(dS + dS^\top)\,\varepsilon` per head into ``de_ptr``), then
+    :math:`d\bar q = \tau n^{-2} dS\,\bar k`,
     :math:`d\bar k = \tau n^{-2} dS^\top \bar q`, :math:`d\bar v = n^{-1} W^\top G`, each
     plus the parent's (the rows are sums): into buffers above the leaves, the inputs'
     gradients at them."""
@@ -301,6 +314,14 @@ def grad_down_kernel(
     ds = x - p * shift[:, None]
     if OWN:
         ds = tl.where(diag, da[:, None], ds)
+    if EPS:  # the position embeddings' gradient (dS + dS^T) e, into [H, N, CE]
+        for c0 in range(0, CE, CH):
+            c = c0 + tl.arange(0, CH)
+            cm = c < CE
+            ej = _rows(e_ptr, node, h, e_row, e_head, c, valid, cm).to(dt)
+            de = tl.sum(ds[:, :, None] * ej[None, :, :], axis=1)
+            de += tl.sum(ds[:, :, None] * ej[:, None, :], axis=0)
+            _store_rows(de_ptr, de, node, h, CE, N * CE, c, valid, cm)
     n = n_leaves.to(dt)
     ds = ds * (tl.load(tau_ptr).to(dt) / (n * n))
     w = w / n

@@ -12,11 +12,12 @@ take :math:`4D` launches. The leaves are read where they lie (``[L, H, d]`` with
 and head strides, channels contiguous) and the output and gradients are written in the
 inputs' layouts; bfloat16 and float16 rows are computed in float32.
 
-It covers the fused op's options without position embeddings, leaf masks, leaky-causal
-keys or a family above the roots, with every fanout from 2 to :data:`MAX_FANOUT`; second
-derivatives differentiate the recorded op. The kernels are opt-in until they are timed on a
-GPU: set ``HIERGRAPH_TRITON=1`` (or call :func:`set_enabled`) to run them for every
-eligible CUDA call. They need the ``triton`` package (shipped with PyTorch's CUDA wheels).
+It covers the fused op's options, position embeddings (per head or shared by the heads)
+included, without leaf masks, leaky-causal keys or a family above the roots, with every
+fanout from 2 to :data:`MAX_FANOUT`; second derivatives differentiate the recorded op.
+The kernels are opt-in until they are timed on a GPU: set ``HIERGRAPH_TRITON=1`` (or call
+:func:`set_enabled`) to run them for every eligible CUDA call. They need the ``triton``
+package (shipped with PyTorch's CUDA wheels).
 """
 
 from __future__ import annotations
@@ -71,13 +72,22 @@ def applies(
     """Whether the kernels run HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over the
     equal-fanout forest with ``fanout`` (the callers have ruled out leaky-causal keys and
     ``torch.compile``): turned on (:func:`enabled`), CUDA tensors (any device under the
-    Triton interpreter) of one floating dtype with contiguous channels, no position
-    embeddings, leaf mask or family above the roots, every fanout from 2 to
+    Triton interpreter) of one floating dtype with contiguous channels, position
+    embeddings per level (if any) ``[H | 1, n_d, c]`` on that device with contiguous
+    channels, no leaf mask or family above the roots, every fanout from 2 to
     :data:`MAX_FANOUT`, and ``triton`` importable."""
+    heads = q.size(1) if q.dim() == 3 else 0
     return (
         _enabled
         and (q.is_cuda or interpreting())
-        and eps is None
+        and all(
+            e.dim() == 3
+            and e.size(0) in (1, heads)
+            and e.stride(-1) == 1
+            and e.is_floating_point()
+            and e.device == q.device
+            for e in eps or ()
+        )
         and leaf_mask is None
         and above is None
         and q.is_floating_point()
@@ -94,6 +104,7 @@ def triton_uniform_attention(
     k: Tensor,
     v: Tensor,
     fanout: tuple[int, ...],
+    eps: list[Tensor] | None = None,
     *,
     include_self: bool,
     tau: float,
@@ -102,33 +113,35 @@ def triton_uniform_attention(
 ) -> Tensor:
     r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` (any row and head strides, contiguous
     channels) over the forest of equal trees with ``fanout`` ``(b_1, …, b_D)`` below their
-    roots (``L`` a multiple of :math:`b_1 \cdots b_D`), as
-    :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention` without position
-    embeddings; returns ``[L, H, d_v]`` in ``q``'s dtype and memory layout. ``recorded(q,
-    k, v, eps)`` is the same op recorded by autograd (second derivatives); without it no
-    gradient is taken (inference)."""
+    roots (``L`` a multiple of :math:`b_1 \cdots b_D`) and the position embeddings ``eps``
+    per level ``[H | 1, n_d, c]`` (contiguous channels; or ``None``), as
+    :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention`; returns ``[L, H,
+    d_v]`` in ``q``'s dtype and memory layout. ``recorded(q, k, v, eps)`` is the same op
+    recorded by autograd (second derivatives); without it no gradient is taken
+    (inference)."""
     options = (tuple(fanout), include_self, float(tau), size_bias)
+    eps = list(eps or ())
     if recorded is None:
-        return _forward(q, k, v, *options)[0]
-    return _TritonUniform.apply(options, recorded, q, k, v)
+        return _forward(q, k, v, eps, *options)[0]
+    return _TritonUniform.apply(options, recorded, q, k, v, *eps)
 
 
 class _TritonUniform(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, options, recorded, q, k, v):
-        out, levels = _forward(q, k, v, *options)
+    def forward(ctx, options, recorded, q, k, v, *eps):
+        out, levels = _forward(q, k, v, list(eps), *options)
         ctx.options, ctx.recorded, ctx.levels = options, recorded, levels
-        ctx.save_for_backward(q, k, v)
+        ctx.save_for_backward(q, k, v, *eps)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        q, k, v = ctx.saved_tensors
+        q, k, v, *eps = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
-            return None, None, *recorded_gradients(ctx.recorded, (q, k, v), grad)
+            return None, None, *recorded_gradients(ctx.recorded, (q, k, v, *eps), grad)
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
-        return None, None, *_backward(grad, q, k, v, ctx.levels, *ctx.options)
+        return None, None, *_backward(grad, q, k, v, eps, ctx.levels, *ctx.options)
 
 
 class _Level:
@@ -197,7 +210,17 @@ def _output_like(q: Tensor, channels: int) -> Tensor:
     return q.new_empty(length, heads, channels)
 
 
-def _forward(q, k, v, fanout, include_self, tau, size_bias):
+def _embedding(eps: list[Tensor], d: int, unused: Tensor) -> tuple:
+    """The kernels' arguments for level ``d``'s position embeddings ``[H | 1, n_d, c]``:
+    the rows, their row and head strides (0 when the heads share them) and ``c``, or
+    ``unused`` and zeros without embeddings."""
+    if not eps:
+        return unused, 0, 0, 0
+    e = eps[d]
+    return e, e.stride(1), e.stride(0) if e.size(0) > 1 else 0, e.size(-1)
+
+
+def _forward(q, k, v, eps, fanout, include_self, tau, size_bias):
     from hiergraph.ops.hsa import triton_kernels as kernels
 
     length, heads, dim = q.shape
@@ -224,15 +247,16 @@ def _forward(q, k, v, fanout, include_self, tau, size_bias):
                 q.new_empty((heads, parent.nodes, c), dtype=work) for c in (dim, dim, dim_v)
             )
             parent.energy = q.new_empty((heads, parent.nodes), dtype=work)
-        grid, meta = _launch(level, heads, max(dim, dim_v))
+        e, e_row, e_head, dim_e = _embedding(eps, d, unused)
+        grid, meta = _launch(level, heads, max(dim, dim_v, dim_e))
         sums = parent.rows if parent is not None else (unused, unused, unused)
         kernels.up_kernel[grid](
             *rows, *(s for pair in strides for s in pair),
-            tau_t, level.energy, level.p, level.lse,
+            e, e_row, e_head, tau_t, level.energy, level.p, level.lse,
             *sums, parent.energy if parent is not None else unused,
-            level.nodes, dim, dim_v, level.n,
-            PARENT=parent is not None, SIZE_BIAS=size_bias, **_flags(leaves, include_self),
-            **meta,
+            level.nodes, dim, dim_v, dim_e, level.n,
+            PARENT=parent is not None, SIZE_BIAS=size_bias, EPS=bool(eps),
+            **_flags(leaves, include_self), **meta,
         )  # fmt: skip
     out, acc = _output_like(q, dim_v), unused
     for d in range(depth):  # top-down
@@ -259,7 +283,7 @@ def _forward(q, k, v, fanout, include_self, tau, size_bias):
     return out, levels
 
 
-def _backward(grad, q, k, v, levels, fanout, include_self, tau, size_bias):
+def _backward(grad, q, k, v, eps, levels, fanout, include_self, tau, size_bias):
     from hiergraph.ops.hsa import triton_kernels as kernels
 
     heads, dim, dim_v = q.size(1), q.size(-1), v.size(-1)
@@ -292,6 +316,7 @@ def _backward(grad, q, k, v, levels, fanout, include_self, tau, size_bias):
             TOP=parent is None, **_flags(leaves, include_self), **meta,
         )  # fmt: skip
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    d_eps = [q.new_empty((heads, *e.shape[1:]), dtype=work) for e in eps]
     pooled = da = None
     for d in range(depth):  # roots to leaves
         level = levels[d]
@@ -310,15 +335,21 @@ def _backward(grad, q, k, v, levels, fanout, include_self, tau, size_bias):
             )
             target_strides = [_buffer_strides(level, t.size(-1)) for t in targets]
             level_da = q.new_empty((heads, level.nodes), dtype=work)
-        grid, meta = _launch(level, heads, max(dim, dim_v))
+        e, e_row, e_head, dim_e = _embedding(eps, d, unused)
+        grid, meta = _launch(level, heads, max(dim, dim_v, dim_e))
         kernels.grad_down_kernel[grid](
             *rows, *(s for pair in row_strides for s in pair),
-            tau_t, level.p, level.lse, level.energy, unused if parent is None else parent.u,
-            dus[d], dws[d], d_downs[d],
+            e, e_row, e_head, tau_t, level.p, level.lse, level.energy,
+            unused if parent is None else parent.u, dus[d], dws[d], d_downs[d],
             unused if parent is None else da, *(pooled or (unused, unused, unused)), level_da,
-            *targets, *(s for pair in target_strides for s in pair),
-            level.nodes, dim, dim_v, level.n,
-            TOP=parent is None, **_flags(leaves, include_self), **meta,
+            *targets, d_eps[d] if eps else unused,
+            *(s for pair in target_strides for s in pair),
+            level.nodes, dim, dim_v, dim_e, level.n,
+            TOP=parent is None, EPS=bool(eps), **_flags(leaves, include_self), **meta,
         )  # fmt: skip
         pooled, da = targets, level_da
-    return dq, dk, dv
+    # per head; an embedding the heads share gets the sum over them
+    d_eps = [
+        g.sum(0, keepdim=True) if e.size(0) < heads else g for e, g in zip(eps, d_eps, strict=True)
+    ]
+    return dq, dk, dv, *(g.to(e.dtype) for e, g in zip(eps, d_eps, strict=True))

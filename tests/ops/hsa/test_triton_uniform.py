@@ -3,6 +3,9 @@ Triton's interpreter (``tests/conftest.py`` sets ``TRITON_INTERPRET=1`` where no
 present), compiled on a GPU."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -82,6 +85,38 @@ def test_matches_recorded_op(shape, options):
     assert_close((out, *grads), (want, *want_grads), rtol=1e-12, atol=1e-12)
 
 
+def embeddings(shape, heads, c=5, strided=False):
+    """Position embeddings per level below the roots, ``[heads, n_d, c]`` (``strided``: the
+    first channels of wider rows), requiring gradients."""
+    gen = torch.Generator().manual_seed(2)
+    sizes = [math.prod(shape[: i + 1]) for i in range(1, len(shape))]
+    eps = [
+        torch.randn(heads, n, c + 2 * strided, generator=gen, dtype=torch.float64) for n in sizes
+    ]
+    return [e[..., :c].requires_grad_() for e in eps]
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per-head", "shared"])
+@pytest.mark.parametrize("options", OPTIONS[:2], ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 4), (1, 2, 2, 5)], ids=str)
+def test_position_embeddings(shape, options, shared):
+    """Position energies in the logits (the leaves' self energies too) and their gradients,
+    per head or shared by the heads (summed over them); 20 channels: two chunks."""
+    qkv = inputs(shape, heads=3)
+    eps = embeddings(shape, 1 if shared else 3, c=20, strided=True)
+
+    def ours(t):
+        return triton_uniform.triton_uniform_attention(
+            *t[:3], shape[1:], t[3:], tau=TAU, recorded=recorded(shape, **options), **options
+        )
+
+    out, grads = outputs_and_gradients(ours, [*qkv, *eps])
+    want, want_grads = outputs_and_gradients(
+        lambda t: recorded(shape, **options)(*t[:3], t[3:]), [*qkv, *eps]
+    )
+    assert_close((out, *grads), (want, *want_grads), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("layout", ["heads-first", "strided"])
 def test_reads_and_writes_the_inputs_layouts(layout):
     """Rows where they lie, 20 and 17 channels (two chunks of 16, the second partial): the
@@ -142,15 +177,27 @@ def turned_on(monkeypatch):
     monkeypatch.setattr(triton_uniform, "interpreting", lambda: True)
 
 
-def test_hierarchical_attention_runs_the_kernels_when_turned_on(turned_on, monkeypatch):
+@pytest.mark.parametrize("positions", [False, True], ids=["plain", "pos_emb"])
+def test_hierarchical_attention_runs_the_kernels_when_turned_on(turned_on, monkeypatch, positions):
     calls = spy_calls(monkeypatch, triton_uniform, "triton_uniform_attention")
     hierarchy = window_forest([12, 12], branching=(4, 3))  # fanout (3, 4) below each root
     qkv = inputs((2, 3, 4), heads=2)
-    out = hierarchical_attention(*qkv, hierarchy, include_self=True)
+    if positions:  # every node's embedding, shared by the heads
+        gen = torch.Generator().manual_seed(3)
+        pos = torch.randn(hierarchy.num_nodes, 3, generator=gen, dtype=torch.float64)
+        qkv.append(pos.requires_grad_())
+    options = dict(include_self=True)
+
+    def run(t):
+        return hierarchical_attention(
+            *t[:3], hierarchy, pos_emb=t[3] if positions else None, **options
+        )
+
+    out = run(qkv)
     assert len(calls) == 1
     grads = torch.autograd.grad(out.sum(), qkv)
     triton_uniform.set_enabled(False)
-    want = hierarchical_attention(*qkv, hierarchy, include_self=True)
+    want = run(qkv)
     assert len(calls) == 1
     assert_close((out, *grads), (want, *torch.autograd.grad(want.sum(), qkv)))
 
@@ -159,8 +206,10 @@ def test_off_by_default_and_refuses_what_it_does_not_cover(turned_on):
     q, k, v = inputs((1, 2, 2))
     fanout = (2, 2)
     assert triton_uniform.applies(q, k, v, fanout, None, None, None)
+    assert triton_uniform.applies(q, k, v, fanout, embeddings((1, 2, 2), 2), None, None)
     refused = [
-        (q, k, v, fanout, [torch.zeros(1, 2, 3)], None, None),  # position embeddings
+        (q, k, v, fanout, [torch.zeros(3, 2, 3), torch.zeros(3, 4, 3)], None, None),  # 3 heads
+        (q, k, v, fanout, [torch.zeros(1, 3, 2).mT, torch.zeros(1, 4, 3)], None, None),
         (q, k, v, fanout, None, torch.ones(4), None),  # a leaf mask
         (q, k, v, fanout, None, None, lambda *a: a),  # a family above the roots
         (q, k, v.float(), fanout, None, None, None),  # mixed dtypes
@@ -193,3 +242,43 @@ def run_default(qkv, shape, **options):
     return uniform_hierarchical_attention(
         *qkv, shape, None, left_only=False, leaf_mask=None, tau=TAU, **options
     )
+
+
+COMPILE = """
+import itertools, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from hiergraph.ops.hsa import triton_kernels as K
+
+LEAF_ROWS = {"q_ptr", "k_ptr", "v_ptr", "g_ptr", "out_ptr", "dq_ptr", "dk_ptr", "dv_ptr"}
+compiled = 0
+for fn, (leaves, top, b) in itertools.product(
+    [K.up_kernel, K.down_kernel, K.grad_up_kernel, K.grad_down_kernel],
+    [(True, False, 4), (False, True, 16), (False, False, 8)],
+):
+    flags = dict(B=b, BB=b, CH=16, LEAVES=leaves, GATE=True, OWN=leaves, TOP=top,
+                 PARENT=not top, SIZE_BIAS=True, EPS=True)
+    flags = {name: value for name, value in flags.items() if name in fn.arg_names}
+    signature = {
+        name: "constexpr" if name in flags
+        else ("*bf16" if leaves and name in LEAF_ROWS else "*fp32") if name.endswith("_ptr")
+        else "i32"
+        for name in fn.arg_names
+    }
+    triton.compile(ASTSource(fn, signature, constexprs=flags), target=GPUTarget("cuda", 90, 32))
+    compiled += 1
+print(compiled)
+"""
+
+
+def test_kernels_compile_for_a_gpu():
+    """Triton's compiler (front end, LLVM, ``ptxas``) builds every kernel for an H100 (sm_90)
+    with bfloat16 leaves, at the leaves, the roots and a level between, without a GPU: what
+    the interpreter cannot check (constexpr branches, types, layouts)."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "12"
