@@ -13,8 +13,10 @@ and head strides, channels contiguous) and the output and gradients are written 
 inputs' layouts; bfloat16 and float16 rows are computed in float32.
 
 It covers the fused op's options, position embeddings (per head or shared by the heads)
-included, without leaf masks, leaky-causal keys or a family above the roots, with every
-fanout from 2 to :data:`MAX_FANOUT`; second derivatives differentiate the recorded op.
+and leaf masks included (the padding of a batch, and the padded embedding of a forest of
+window trees over sequences of different lengths, :mod:`~hiergraph.ops.hsa.padded`),
+without leaky-causal keys or a family above the roots, with every fanout from 2 to
+:data:`MAX_FANOUT`; second derivatives differentiate the recorded op.
 The kernels are opt-in until they are timed on a GPU: set ``HIERGRAPH_TRITON=1`` (or call
 :func:`set_enabled`) to run them for every eligible CUDA call. They need the ``triton``
 package (shipped with PyTorch's CUDA wheels).
@@ -74,8 +76,8 @@ def applies(
     ``torch.compile``): turned on (:func:`enabled`), CUDA tensors (any device under the
     Triton interpreter) of one floating dtype with contiguous channels, position
     embeddings per level (if any) ``[H | 1, n_d, c]`` on that device with contiguous
-    channels, no leaf mask or family above the roots, every fanout from 2 to
-    :data:`MAX_FANOUT`, and ``triton`` importable."""
+    channels, a leaf mask (if any) ``[L]`` there, no family above the roots, every fanout
+    from 2 to :data:`MAX_FANOUT`, and ``triton`` importable."""
     heads = q.size(1) if q.dim() == 3 else 0
     return (
         _enabled
@@ -88,7 +90,7 @@ def applies(
             and e.device == q.device
             for e in eps or ()
         )
-        and leaf_mask is None
+        and (leaf_mask is None or leaf_mask.shape == q.shape[:1] and leaf_mask.device == q.device)
         and above is None
         and q.is_floating_point()
         and all(t.dtype == q.dtype and t.dim() == 3 and t.stride(-1) == 1 for t in (q, k, v))
@@ -110,16 +112,19 @@ def triton_uniform_attention(
     tau: float,
     size_bias: bool,
     recorded=None,
+    leaf_mask: Tensor | None = None,
 ) -> Tensor:
     r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` (any row and head strides, contiguous
     channels) over the forest of equal trees with ``fanout`` ``(b_1, …, b_D)`` below their
     roots (``L`` a multiple of :math:`b_1 \cdots b_D`) and the position embeddings ``eps``
     per level ``[H | 1, n_d, c]`` (contiguous channels; or ``None``), as
     :func:`~hiergraph.ops.hsa.uniform_fused.fused_uniform_attention`; returns ``[L, H,
-    d_v]`` in ``q``'s dtype and memory layout. ``recorded(q, k, v, eps)`` is the same op
-    recorded by autograd (second derivatives); without it no gradient is taken
-    (inference)."""
-    options = (tuple(fanout), include_self, float(tau), size_bias)
+    d_v]`` in ``q``'s dtype and memory layout; ``leaf_mask`` ``[L]``: nonzero for the valid
+    leaves (the others count 0 everywhere, their outputs are 0 and their rows get no
+    gradient). ``recorded(q, k, v, eps)`` is the same op recorded by autograd (second
+    derivatives); without it no gradient is taken (inference)."""
+    counts = None if leaf_mask is None else _counts(leaf_mask, fanout, _work_dtype(q.dtype))
+    options = (tuple(fanout), include_self, float(tau), size_bias, counts)
     eps = list(eps or ())
     if recorded is None:
         return _forward(q, k, v, eps, *options)[0]
@@ -156,6 +161,15 @@ class _Level:
         self.rows: tuple[Tensor, ...] | None = None
 
 
+def _counts(leaf_mask: Tensor, fanout: tuple[int, ...], dtype: torch.dtype) -> list[Tensor]:
+    """Per level, every node's count of valid leaves ``[N_d]`` (the heads share them)."""
+    n, counts = leaf_mask.to(dtype), []
+    for b in reversed(fanout):
+        counts.append(n)
+        n = n.view(-1, b).sum(-1)
+    return counts[::-1]
+
+
 def _levels(fanout: tuple[int, ...], trees: int) -> list[_Level]:
     levels, nodes = [], trees
     for d, b in enumerate(fanout):
@@ -173,9 +187,16 @@ def _launch(level: _Level, heads: int, channels: int):
     return grid, dict(B=level.b, BB=block, CH=chunk, num_warps=warps)
 
 
-def _flags(leaves: bool, include_self: bool) -> dict[str, bool]:
+def _flags(leaves: bool, include_self: bool, counts: list | None) -> dict[str, bool]:
     """The kernels' flags of a level (:mod:`~hiergraph.ops.hsa.triton_kernels`)."""
-    return dict(LEAVES=leaves, GATE=include_self or not leaves, OWN=include_self and leaves)
+    masked = counts is not None
+    return dict(
+        LEAVES=leaves,
+        GATE=include_self or not leaves,
+        OWN=include_self and leaves,
+        MASK=masked,
+        ZERO=masked and leaves,
+    )
 
 
 def _next_power_of_2(x: int) -> int:
@@ -210,6 +231,11 @@ def _output_like(q: Tensor, channels: int) -> Tensor:
     return q.new_empty(length, heads, channels)
 
 
+def _count(counts: list[Tensor] | None, d: int, unused: Tensor) -> Tensor:
+    """Level ``d``'s leaf counts, or ``unused`` without a mask."""
+    return unused if counts is None else counts[d]
+
+
 def _embedding(eps: list[Tensor], d: int, unused: Tensor) -> tuple:
     """The kernels' arguments for level ``d``'s position embeddings ``[H | 1, n_d, c]``:
     the rows, their row and head strides (0 when the heads share them) and ``c``, or
@@ -220,7 +246,7 @@ def _embedding(eps: list[Tensor], d: int, unused: Tensor) -> tuple:
     return e, e.stride(1), e.stride(0) if e.size(0) > 1 else 0, e.size(-1)
 
 
-def _forward(q, k, v, eps, fanout, include_self, tau, size_bias):
+def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, counts):
     from hiergraph.ops.hsa import triton_kernels as kernels
 
     length, heads, dim = q.shape
@@ -252,11 +278,12 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias):
         sums = parent.rows if parent is not None else (unused, unused, unused)
         kernels.up_kernel[grid](
             *rows, *(s for pair in strides for s in pair),
-            e, e_row, e_head, tau_t, level.energy, level.p, level.lse,
+            e, e_row, e_head, _count(counts, d, unused), tau_t, level.energy, level.p,
+            level.lse,
             *sums, parent.energy if parent is not None else unused,
             level.nodes, dim, dim_v, dim_e, level.n,
             PARENT=parent is not None, SIZE_BIAS=size_bias, EPS=bool(eps),
-            **_flags(leaves, include_self), **meta,
+            **_flags(leaves, include_self, counts), **meta,
         )  # fmt: skip
     out, acc = _output_like(q, dim_v), unused
     for d in range(depth):  # top-down
@@ -273,17 +300,18 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias):
             target_strides = _buffer_strides(level, dim_v)
         grid, meta = _launch(level, heads, dim_v)
         kernels.down_kernel[grid](
-            values, *value_strides, level.p, level.lse, level.energy,
+            values, *value_strides, _count(counts, d, unused), level.p, level.lse,
+            level.energy,
             unused if parent is None else parent.u, acc,
             unused if leaves else level.u, target, *target_strides,
             level.nodes, dim_v, level.n,
-            TOP=parent is None, **_flags(leaves, include_self), **meta,
+            TOP=parent is None, **_flags(leaves, include_self, counts), **meta,
         )  # fmt: skip
         acc = target
     return out, levels
 
 
-def _backward(grad, q, k, v, eps, levels, fanout, include_self, tau, size_bias):
+def _backward(grad, q, k, v, eps, levels, fanout, include_self, tau, size_bias, counts):
     from hiergraph.ops.hsa import triton_kernels as kernels
 
     heads, dim, dim_v = q.size(1), q.size(-1), v.size(-1)
@@ -309,11 +337,12 @@ def _backward(grad, q, k, v, eps, levels, fanout, include_self, tau, size_bias):
             values, v_strides = level.rows[2], _buffer_strides(level, dim_v)
         grid, meta = _launch(level, heads, dim_v)
         kernels.grad_up_kernel[grid](
-            grads[d], *g_strides, values, *v_strides, level.p, level.lse, level.energy,
+            grads[d], *g_strides, values, *v_strides, _count(counts, d, unused), level.p,
+            level.lse, level.energy,
             unused if parent is None else parent.u, dus[d], dws[d], d_downs[d],
             unused if parent is None else grads[d - 1], unused if parent is None else dus[d - 1],
             level.nodes, dim_v, level.n,
-            TOP=parent is None, **_flags(leaves, include_self), **meta,
+            TOP=parent is None, **_flags(leaves, include_self, counts), **meta,
         )  # fmt: skip
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     d_eps = [q.new_empty((heads, *e.shape[1:]), dtype=work) for e in eps]
@@ -339,13 +368,13 @@ def _backward(grad, q, k, v, eps, levels, fanout, include_self, tau, size_bias):
         grid, meta = _launch(level, heads, max(dim, dim_v, dim_e))
         kernels.grad_down_kernel[grid](
             *rows, *(s for pair in row_strides for s in pair),
-            e, e_row, e_head, tau_t, level.p, level.lse, level.energy,
-            unused if parent is None else parent.u, dus[d], dws[d], d_downs[d],
+            e, e_row, e_head, _count(counts, d, unused), tau_t, level.p, level.lse,
+            level.energy, unused if parent is None else parent.u, dus[d], dws[d], d_downs[d],
             unused if parent is None else da, *(pooled or (unused, unused, unused)), level_da,
             *targets, d_eps[d] if eps else unused,
             *(s for pair in target_strides for s in pair),
             level.nodes, dim, dim_v, dim_e, level.n,
-            TOP=parent is None, EPS=bool(eps), **_flags(leaves, include_self), **meta,
+            TOP=parent is None, EPS=bool(eps), **_flags(leaves, include_self, counts), **meta,
         )  # fmt: skip
         pooled, da = targets, level_da
     # per head; an embedding the heads share gets the sum over them

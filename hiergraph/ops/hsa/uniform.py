@@ -135,7 +135,7 @@ def uniform_hierarchical_attention(
     if kernel and triton_uniform.applies(q, k, v, fanout, eps, leaf_mask, above):
         grads = None if alone else recorded
         return triton_uniform.triton_uniform_attention(
-            q, k, v, fanout, eps, recorded=grads, **options
+            q, k, v, fanout, eps, recorded=grads, leaf_mask=leaf_mask, **options
         )
     if kernel and native.applies(q, k, v, fanout, eps, not alone):
         grads = None if alone else recorded

@@ -13,10 +13,13 @@ import torch
 from hiergraph.data import window_forest
 from hiergraph.ops import hierarchical_attention
 from hiergraph.ops.hsa import triton_uniform
+from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
 from tests.conftest import spy_calls
 
 pytest.importorskip("triton")
+# the interpreter warns of the log of an empty sum: the log-partition -inf of a node without keys
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")
 
 # (trees, fanout top-down): families of two, three, four, five; a deep tree; a family of
 # 17 members (padded to 32) and one of 32, the widest the kernels take
@@ -117,6 +120,62 @@ def test_position_embeddings(shape, options, shared):
     assert_close((out, *grads), (want, *want_grads), rtol=1e-12, atol=1e-12)
 
 
+def leaf_mask(shape, seed):
+    """Valid leaves at random (60%), one family's leaves all masked, and with three trees
+    or more one whole tree."""
+    leaves, b = math.prod(shape), shape[-1]
+    mask = torch.rand(leaves, generator=torch.Generator().manual_seed(seed)) < 0.6
+    mask[b : 2 * b] = False
+    if shape[0] >= 3:
+        mask[-leaves // shape[0] :] = False
+    return mask
+
+
+MASKED = [
+    (shape, options, False) for shape in [(3, 2, 3), (2, 4, 2, 2), (3, 5, 4)] for options in OPTIONS
+]
+MASKED += [((2, 4, 2, 2), options, True) for options in OPTIONS[:2]]  # with position embeddings
+
+
+@pytest.mark.parametrize("shape, options, positions", MASKED, ids=str)
+def test_leaf_mask(shape, options, positions):
+    """Masked leaves count 0 everywhere (a node without valid leaves is no key, its share of
+    its parent's energy is 0, a family without keys has no mass), their outputs are 0 and
+    their rows get no gradient, as in the recorded op; masked rows that are not zero."""
+    qkv = inputs(shape, heads=2)
+    eps = embeddings(shape, 1) if positions else []
+    mask = leaf_mask(shape, seed=sum(shape))
+
+    def run(t, ours):
+        op = uniform_hierarchical_attention
+        if ours:
+            op = triton_uniform.triton_uniform_attention
+            return op(*t[:3], shape[1:], t[3:], tau=TAU, leaf_mask=mask, recorded=None, **options)
+        return op(
+            *t[:3],
+            shape,
+            t[3:] or None,
+            left_only=False,
+            leaf_mask=mask,
+            tau=TAU,
+            fuse=False,
+            **options,
+        )
+
+    def ours(t):
+        return triton_uniform.triton_uniform_attention(
+            *t[:3], shape[1:], t[3:], tau=TAU, leaf_mask=mask,
+            recorded=lambda q, k, v, e: run([q, k, v, *(e or [])], False), **options,
+        )  # fmt: skip
+
+    out, grads = outputs_and_gradients(ours, [*qkv, *eps])
+    want, want_grads = outputs_and_gradients(lambda t: run(t, False), [*qkv, *eps])
+    assert out.isfinite().all() and out[~mask].eq(0).all()
+    assert_close((out, *grads), (want, *want_grads), rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        torch.testing.assert_close(run([*qkv, *eps], True), want, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("layout", ["heads-first", "strided"])
 def test_reads_and_writes_the_inputs_layouts(layout):
     """Rows where they lie, 20 and 17 channels (two chunks of 16, the second partial): the
@@ -202,15 +261,41 @@ def test_hierarchical_attention_runs_the_kernels_when_turned_on(turned_on, monke
     assert_close((out, *grads), (want, *torch.autograd.grad(want.sum(), qkv)))
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["lengths", "lengths+leaf_mask"])
+def test_padded_forest_runs_the_kernels(turned_on, monkeypatch, masked):
+    """Sequences of different lengths, run on their equal-fanout embedding (padding slots
+    are masked leaves), with a leaf mask of their own or none."""
+    calls = spy_calls(monkeypatch, triton_uniform, "triton_uniform_attention")
+    index = window_forest([12, 9, 7], branching=(4, 3)).tree_index()
+    assert index.padded is not None
+    qkv = inputs((28,), heads=2)
+    mask = torch.rand(28, generator=torch.Generator().manual_seed(5)) < 0.6 if masked else None
+    options = dict(include_self=True, left_only=False, tau=TAU, size_bias=True)
+
+    def run(t):
+        return padded_hierarchical_attention(
+            *t, index, index.padded, None, leaf_mask=mask, **options
+        )
+
+    out = run(qkv)
+    assert len(calls) == 1
+    grads = torch.autograd.grad(out.sum(), qkv)
+    triton_uniform.set_enabled(False)
+    want = run(qkv)
+    assert len(calls) == 1
+    assert_close((out, *grads), (want, *torch.autograd.grad(want.sum(), qkv)))
+
+
 def test_off_by_default_and_refuses_what_it_does_not_cover(turned_on):
     q, k, v = inputs((1, 2, 2))
     fanout = (2, 2)
     assert triton_uniform.applies(q, k, v, fanout, None, None, None)
     assert triton_uniform.applies(q, k, v, fanout, embeddings((1, 2, 2), 2), None, None)
+    assert triton_uniform.applies(q, k, v, fanout, None, torch.ones(4), None)
     refused = [
         (q, k, v, fanout, [torch.zeros(3, 2, 3), torch.zeros(3, 4, 3)], None, None),  # 3 heads
         (q, k, v, fanout, [torch.zeros(1, 3, 2).mT, torch.zeros(1, 4, 3)], None, None),
-        (q, k, v, fanout, None, torch.ones(4), None),  # a leaf mask
+        (q, k, v, fanout, None, torch.ones(3), None),  # a leaf mask of another length
         (q, k, v, fanout, None, None, lambda *a: a),  # a family above the roots
         (q, k, v.float(), fanout, None, None, None),  # mixed dtypes
         (q, k, v.transpose(1, 2), fanout, None, None, None),  # strided channels
@@ -252,12 +337,13 @@ from hiergraph.ops.hsa import triton_kernels as K
 
 LEAF_ROWS = {"q_ptr", "k_ptr", "v_ptr", "g_ptr", "out_ptr", "dq_ptr", "dk_ptr", "dv_ptr"}
 compiled = 0
-for fn, (leaves, top, b) in itertools.product(
+for fn, (leaves, top, b), on in itertools.product(
     [K.up_kernel, K.down_kernel, K.grad_up_kernel, K.grad_down_kernel],
     [(True, False, 4), (False, True, 16), (False, False, 8)],
+    [True, False],  # self energies, size bias, position embeddings, a leaf mask: all or none
 ):
-    flags = dict(B=b, BB=b, CH=16, LEAVES=leaves, GATE=True, OWN=leaves, TOP=top,
-                 PARENT=not top, SIZE_BIAS=True, EPS=True)
+    flags = dict(B=b, BB=b, CH=16, LEAVES=leaves, GATE=on or not leaves, OWN=on and leaves,
+                 TOP=top, PARENT=not top, SIZE_BIAS=on, EPS=on, MASK=on, ZERO=on and leaves)
     flags = {name: value for name, value in flags.items() if name in fn.arg_names}
     signature = {
         name: "constexpr" if name in flags
@@ -273,7 +359,8 @@ print(compiled)
 
 def test_kernels_compile_for_a_gpu():
     """Triton's compiler (front end, LLVM, ``ptxas``) builds every kernel for an H100 (sm_90)
-    with bfloat16 leaves, at the leaves, the roots and a level between, without a GPU: what
+    with bfloat16 leaves, at the leaves, the roots and a level between, with every option
+    or none, without a GPU: what
     the interpreter cannot check (constexpr branches, types, layouts)."""
     pytest.importorskip("triton.backends.nvidia")
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
@@ -281,4 +368,4 @@ def test_kernels_compile_for_a_gpu():
         [sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1] == "12"
+    assert done.stdout.split()[-1] == "24"
