@@ -20,10 +20,11 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   memory-efficient backends, and vs the per-level bound of
   ``benchmarks/hsa_scaling.py`` (one batched SDPA call per level over its families); last,
   the first batch again with sequences of different lengths (``mixed``, uniform in
-  [L/2, L]): the default kernel (padded to equal fanout), the block kernel, and SDPA with a
-  key padding mask; the same for the second batch with windows of random sizes
-  (``ragged``, as documents' sentences vary: 4–16 padded slots per leaf, which only an
-  accelerator runs padded); then the batches again (``causal``) through the strictly causal op
+  [L/2, L]): the default kernel (padded to equal fanout), the block kernel, the Triton
+  kernels on the padded forest (``hsa-triton``), and SDPA with a key padding mask; the same
+  for the second batch with windows of random sizes (``ragged``, as documents' sentences
+  vary: 4–16 padded slots per leaf, which only an accelerator runs padded); then the
+  batches again (``causal``) through the strictly causal op
   (``causal_hierarchical_attention``, decoder training) vs causal SDPA (flash, efficient).
 * ``hmatrix`` (35 s): ``hmatrix_attention`` at 16K and 64K tokens vs SDPA (settings of
   ``benchmarks/hmatrix.py``).
@@ -619,7 +620,7 @@ def hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> di
         ),  # fmt: skip
         "level-bound": Method(bound, work=total, peak_bytes=nbytes, graph=graph),
     }
-    if run.device.type == "cuda" and triton_uniform.available():
+    if times_triton_kernels(run):
         methods["hsa-triton"] = Method(
             lambda dt, dev: hsa(dt, dev, kernels=True), total, nbytes, graph=graph
         )
@@ -628,6 +629,12 @@ def hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> di
             lambda dt, dev: hsa(dt, dev, plan=True), total, nbytes, compiled=True
         )
     return methods
+
+
+def times_triton_kernels(run: Run) -> bool:
+    """Whether the run times the Triton kernels of equal-fanout HSA (``hsa-triton``): on
+    CUDA, with Triton installed."""
+    return run.device.type == "cuda" and triton_uniform.available()
 
 
 def with_triton_kernels(forward: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
@@ -704,10 +711,14 @@ def hsa_lengths_methods(
             [random_window_hierarchy(int(n), branching, generator=gen) for n in lengths]
         )
 
-    def hsa(dtype, device, kernel="dense"):
+    def hsa(dtype, device, kernel="dense", kernels=False):
         index = forest().tree_index().to(device)
         q, k, v = (_leaf((total, H, d), dtype, device) for _ in range(3))
-        return (lambda: hierarchical_attention(q, k, v, index, kernel=kernel)), [q, k, v]
+
+        def forward():
+            return hierarchical_attention(q, k, v, index, kernel=kernel)
+
+        return (with_triton_kernels(forward) if kernels else forward), [q, k, v]
 
     def sdpa(dtype, device):
         q, k, v = (_leaf((trees, H, leaves, d), dtype, device) for _ in range(3))
@@ -716,11 +727,16 @@ def hsa_lengths_methods(
 
     nbytes = 4 * 3 * trees * leaves * H * d * 4
     graph = trees * leaves <= GRAPH_MAX_LEAVES
-    return {
+    methods = {
         "hsa": Method(hsa, work=total, peak_bytes=nbytes, graph=graph),
         "hsa-blocks": Method(lambda dt, dev: hsa(dt, dev, "blocks"), total, nbytes, graph=graph),
         "sdpa-masked": Method(sdpa, work=trees * leaves**2, peak_bytes=nbytes, graph=graph),
     }
+    if times_triton_kernels(run):
+        methods["hsa-triton"] = Method(
+            lambda dt, dev: hsa(dt, dev, kernels=True), total, nbytes, graph=graph
+        )
+    return methods
 
 
 def hsa_cases(sizes: Sizes) -> list[tuple[int, int]]:

@@ -213,3 +213,32 @@ def test_storage_bytes_counts_each_storage_once(monkeypatch):
     x = torch.zeros(10, 4)
     assert gpu.storage_bytes([x, x.t(), x[2:]]) == 160
     assert gpu.storage_bytes([x, torch.zeros(3, dtype=torch.float64)]) == 184
+
+
+@pytest.mark.parametrize("case", ["equal", "mixed"])
+def test_triton_methods_run_the_kernels_on_a_cuda_run(monkeypatch, case):
+    """A CUDA run with Triton times ``hsa-triton`` beside ``hsa``: the same step with the
+    kernels turned on for its call only (built here on the CPU, where Triton's interpreter
+    runs them; batches of different lengths on their padded forest)."""
+    pytest.importorskip("triton")
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from types import SimpleNamespace
+
+    import gpu
+    import torch
+
+    from hiergraph.ops.hsa import native, triton_uniform
+    from tests.conftest import spy_calls
+
+    monkeypatch.setattr(native, "_enabled", False)  # off the CPU: the padded forest
+    cpu = torch.device("cpu")
+    assert not gpu.times_triton_kernels(SimpleNamespace(device=cpu))
+    run = SimpleNamespace(device=torch.device("cuda"), sizes=gpu.QUICK)
+    methods = (gpu.hsa_methods if case == "equal" else gpu.hsa_lengths_methods)(run, 2, 32)
+    calls = spy_calls(monkeypatch, triton_uniform, "triton_uniform_attention")
+    outputs = {}
+    for name in ("hsa", "hsa-triton"):
+        forward, _ = methods[name].build(torch.float32, cpu)
+        outputs[name] = forward()
+        assert len(calls) == (name == "hsa-triton") and not triton_uniform.enabled()
+    assert outputs["hsa-triton"].shape == outputs["hsa"].shape
