@@ -19,6 +19,7 @@ finds for every case.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -510,6 +511,26 @@ def typed_linear(device):
     return Case(lambda: lin(x, types), [x, *lin.parameters()])
 
 
+def with_triton_kernels(make: Callable[[str], Case]) -> Callable[[str], Case]:
+    """Case ``make`` with the Triton kernels of equal-fanout HSA turned on for its forward
+    (its backward is theirs: the autograd node is chosen in the forward)."""
+    from hiergraph.ops.hsa import triton_uniform
+
+    def made(device):
+        case = make(device)
+
+        def forward():
+            previous = triton_uniform.set_enabled(True)
+            try:
+                return case.fn()
+            finally:
+                triton_uniform.set_enabled(previous)
+
+        return Case(forward, case.grads, case.backward)
+
+    return made
+
+
 CASES: dict[str, Callable[[str], Case]] = {
     "hsa-dense": lambda d: hsa(d, pos_emb=True),
     "hsa-edge": lambda d: hsa(d, pos_emb=True, kernel="edge"),
@@ -571,6 +592,10 @@ _VCC = (
     "(ops/vcc/layer.py vip_partition, pack_compressed, unpack_compressed; ops/vcc/segment_tree.py "
     "select_segments, update_tree)"
 )
+if importlib.util.find_spec("triton") is not None:  # the opt-in GPU kernels
+    CASES["hsa-uniform-triton"] = with_triton_kernels(CASES["hsa-uniform"])
+    CASES["hsa-padded-triton"] = with_triton_kernels(CASES["hsa-padded"])
+
 #: case -> where and why it syncs; xfail(strict=True): a fix makes the test fail until the
 #: entry is removed
 KNOWN_SYNCS: dict[str, str] = {
