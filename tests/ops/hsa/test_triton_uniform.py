@@ -2,6 +2,7 @@
 Triton's interpreter (``tests/conftest.py`` sets ``TRITON_INTERPRET=1`` where no GPU is
 present), compiled on a GPU."""
 
+import functools
 import math
 import os
 import subprocess
@@ -18,8 +19,12 @@ from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
 from tests.conftest import spy_calls
 
 pytest.importorskip("triton")
-# the interpreter warns of the log of an empty sum: the log-partition -inf of a node without keys
-pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")
+# the interpreter (NumPy) warns of the log of an empty sum (the log-partition -inf of a node
+# without keys) and of differences of -inf that a select then drops
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning"),
+]
 
 # (trees, fanout top-down): families of two, three, four, five; a deep tree; a family of
 # 17 members (padded to 32) and one of 32, the widest the kernels take
@@ -31,9 +36,11 @@ OPTIONS = [
     dict(include_self=False, size_bias=False),
 ]
 TAU = 0.7
+#: where the kernels run: compiled on a GPU, else in Triton's interpreter on the CPU
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def inputs(shape, layout="node-major", heads=2, d=4, d_v=3, dtype=torch.float64, device="cpu"):
+def inputs(shape, layout="node-major", heads=2, d=4, d_v=3, dtype=torch.float64, device=DEVICE):
     """``q, k, v`` ``[L, H, ·]`` requiring gradients: contiguous (``node-major``), views of
     heads-first memory, or the first channels of wider rows (``strided``)."""
     gen = torch.Generator().manual_seed(0)
@@ -94,7 +101,8 @@ def embeddings(shape, heads, c=5, strided=False):
     gen = torch.Generator().manual_seed(2)
     sizes = [math.prod(shape[: i + 1]) for i in range(1, len(shape))]
     eps = [
-        torch.randn(heads, n, c + 2 * strided, generator=gen, dtype=torch.float64) for n in sizes
+        torch.randn(heads, n, c + 2 * strided, generator=gen, dtype=torch.float64).to(DEVICE)
+        for n in sizes
     ]
     return [e[..., :c].requires_grad_() for e in eps]
 
@@ -124,7 +132,7 @@ def leaf_mask(shape, seed):
     """Valid leaves at random (60%), one family's leaves all masked, and with three trees
     or more one whole tree."""
     leaves, b = math.prod(shape), shape[-1]
-    mask = torch.rand(leaves, generator=torch.Generator().manual_seed(seed)) < 0.6
+    mask = (torch.rand(leaves, generator=torch.Generator().manual_seed(seed)) < 0.6).to(DEVICE)
     mask[b : 2 * b] = False
     if shape[0] >= 3:
         mask[-leaves // shape[0] :] = False
@@ -239,11 +247,11 @@ def turned_on(monkeypatch):
 @pytest.mark.parametrize("positions", [False, True], ids=["plain", "pos_emb"])
 def test_hierarchical_attention_runs_the_kernels_when_turned_on(turned_on, monkeypatch, positions):
     calls = spy_calls(monkeypatch, triton_uniform, "triton_uniform_attention")
-    hierarchy = window_forest([12, 12], branching=(4, 3))  # fanout (3, 4) below each root
+    hierarchy = window_forest([12, 12], branching=(4, 3)).to(DEVICE)  # fanout (3, 4) per root
     qkv = inputs((2, 3, 4), heads=2)
     if positions:  # every node's embedding, shared by the heads
         gen = torch.Generator().manual_seed(3)
-        pos = torch.randn(hierarchy.num_nodes, 3, generator=gen, dtype=torch.float64)
+        pos = torch.randn(hierarchy.num_nodes, 3, generator=gen, dtype=torch.float64).to(DEVICE)
         qkv.append(pos.requires_grad_())
     options = dict(include_self=True)
 
@@ -266,10 +274,11 @@ def test_padded_forest_runs_the_kernels(turned_on, monkeypatch, masked):
     """Sequences of different lengths, run on their equal-fanout embedding (padding slots
     are masked leaves), with a leaf mask of their own or none."""
     calls = spy_calls(monkeypatch, triton_uniform, "triton_uniform_attention")
-    index = window_forest([12, 9, 7], branching=(4, 3)).tree_index()
+    index = window_forest([12, 9, 7], branching=(4, 3)).tree_index().to(DEVICE)
     assert index.padded is not None
     qkv = inputs((28,), heads=2)
-    mask = torch.rand(28, generator=torch.Generator().manual_seed(5)) < 0.6 if masked else None
+    mask = (torch.rand(28, generator=torch.Generator().manual_seed(5)) < 0.6).to(DEVICE)
+    mask = mask if masked else None
     options = dict(include_self=True, left_only=False, tau=TAU, size_bias=True)
 
     def run(t):
@@ -291,11 +300,20 @@ def test_off_by_default_and_refuses_what_it_does_not_cover(turned_on):
     fanout = (2, 2)
     assert triton_uniform.applies(q, k, v, fanout, None, None, None)
     assert triton_uniform.applies(q, k, v, fanout, embeddings((1, 2, 2), 2), None, None)
-    assert triton_uniform.applies(q, k, v, fanout, None, torch.ones(4), None)
+    assert triton_uniform.applies(q, k, v, fanout, None, torch.ones(4, device=DEVICE), None)
+    zeros = functools.partial(torch.zeros, device=DEVICE)
     refused = [
-        (q, k, v, fanout, [torch.zeros(3, 2, 3), torch.zeros(3, 4, 3)], None, None),  # 3 heads
-        (q, k, v, fanout, [torch.zeros(1, 3, 2).mT, torch.zeros(1, 4, 3)], None, None),
-        (q, k, v, fanout, None, torch.ones(3), None),  # a leaf mask of another length
+        (q, k, v, fanout, [zeros(3, 2, 3), zeros(3, 4, 3)], None, None),  # 3 heads
+        (q, k, v, fanout, [zeros(1, 3, 2).mT, zeros(1, 4, 3)], None, None),
+        (
+            q,
+            k,
+            v,
+            fanout,
+            None,
+            torch.ones(3, device=DEVICE),
+            None,
+        ),  # a leaf mask of another length
         (q, k, v, fanout, None, None, lambda *a: a),  # a family above the roots
         (q, k, v.float(), fanout, None, None, None),  # mixed dtypes
         (q, k, v.transpose(1, 2), fanout, None, None, None),  # strided channels
