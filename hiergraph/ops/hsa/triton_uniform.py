@@ -146,7 +146,9 @@ class _TritonUniform(torch.autograd.Function):
             return None, None, *recorded_gradients(ctx.recorded, (q, k, v, *eps), grad)
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
-        return None, None, *_backward(grad, q, k, v, eps, ctx.levels, *ctx.options)
+        fanout, include_self, tau, _, counts = ctx.options  # the size bias is in the saved lse
+        grads = _backward(grad, q, k, v, eps, ctx.levels, fanout, include_self, tau, counts)
+        return None, None, *grads
 
 
 class _Level:
@@ -311,7 +313,7 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, counts):
     return out, levels
 
 
-def _backward(grad, q, k, v, eps, levels, fanout, include_self, tau, size_bias, counts):
+def _backward(grad, q, k, v, eps, levels, fanout, include_self, tau, counts):
     from hiergraph.ops.hsa import triton_kernels as kernels
 
     heads, dim, dim_v = q.size(1), q.size(-1), v.size(-1)
