@@ -642,11 +642,8 @@ def with_triton_kernels(forward: Callable[[], torch.Tensor]) -> Callable[[], tor
     op's backward is the kernels' too: the autograd node is chosen in the forward)."""
 
     def call():
-        previous = triton_uniform.set_enabled(True)
-        try:
+        with triton_uniform.turned_on():
             return forward()
-        finally:
-            triton_uniform.set_enabled(previous)
 
     return call
 

@@ -34,6 +34,25 @@ def load_benchmark(name: str):
     return module
 
 
+def qkv_rows(
+    leaves: int, layout="node-major", heads=3, d=4, d_v=5, dtype=torch.float64, seed=0, device="cpu"
+) -> list[torch.Tensor]:
+    """Random ``q, k, v`` ``[L, H, ·]`` requiring gradients: contiguous (``node-major``),
+    views of heads-first memory, or the first channels of wider rows (``strided``: rows
+    ``H (c + 3)`` apart)."""
+    gen = torch.Generator().manual_seed(seed)
+    qkv = []
+    for c in (d, d, d_v):
+        if layout == "heads-first":
+            t = torch.randn(heads, leaves, c, generator=gen, dtype=dtype).transpose(0, 1)
+        elif layout == "strided":
+            t = torch.randn(leaves, heads, c + 3, generator=gen, dtype=dtype)[..., :c]
+        else:
+            t = torch.randn(leaves, heads, c, generator=gen, dtype=dtype)
+        qkv.append(t.to(device).requires_grad_())
+    return qkv
+
+
 def random_spec(rng: random.Random, num_leaves: int, max_depth: int = 4, max_branch: int = 5):
     """A random nested spec with exactly ``num_leaves`` leaves (ints 0..L-1, shuffled).
 

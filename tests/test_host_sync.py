@@ -520,11 +520,8 @@ def with_triton_kernels(make: Callable[[str], Case]) -> Callable[[str], Case]:
         case = make(device)
 
         def forward():
-            previous = triton_uniform.set_enabled(True)
-            try:
+            with triton_uniform.turned_on():
                 return case.fn()
-            finally:
-                triton_uniform.set_enabled(previous)
 
         return Case(forward, case.grads, case.backward)
 

@@ -116,6 +116,23 @@ def _energies(ptr, h, N, node, valid, otherwise, GATE: tl.constexpr):
 
 
 @triton.jit
+def _gated(
+    p_ptr, lse_ptr, energy_ptr, parent_u_ptr, h, f, i, valid, node, N,
+    B: tl.constexpr, GATE: tl.constexpr, OWN: tl.constexpr, TOP: tl.constexpr,
+):  # fmt: skip
+    """A family's saved weights :math:`P` and log-partitions, and its gated weights, gates
+    and log masses (:func:`_weights`) from its energies and its parent's log mass (0 at
+    the ``TOP``)."""
+    pair = valid[:, None] & valid[None, :]
+    p = tl.load(p_ptr + (h * N + node)[:, None] * B + i[None, :], mask=pair, other=0.0)
+    lse = tl.load(lse_ptr + h * N + node, mask=valid, other=0.0)
+    a = _energies(energy_ptr, h, N, node, valid, lse, GATE)
+    u_parent = 0.0 if TOP else tl.load(parent_u_ptr + h * (N // B) + f)
+    w, mu, u = _weights(p, lse, a, u_parent, i[:, None] == i[None, :], GATE, OWN)
+    return p, lse, w, mu, u
+
+
+@triton.jit
 def _rows(ptr, node, head, row_stride, head_stride, c, valid, cm):
     """Rows ``node`` (``[BB]``) of one head, channels ``c`` (``[CH]``): ``[BB, CH]``."""
     offsets = node[:, None] * row_stride + head * head_stride + c[None, :]
@@ -234,13 +251,9 @@ def down_kernel(
     i, valid, node = _family(f, B, BB)
     count, inv = _counts(n_ptr, node, valid, tl.zeros((BB,), dtype=dt), n_leaves, MASK)
     families = N // B
-    pair = valid[:, None] & valid[None, :]
-    p = tl.load(p_ptr + (h * N + node)[:, None] * B + i[None, :], mask=pair, other=0.0)
-    lse = tl.load(lse_ptr + h * N + node, mask=valid, other=0.0)
-    a = _energies(energy_ptr, h, N, node, valid, lse, GATE)
-    u_parent = 0.0 if TOP else tl.load(parent_u_ptr + h * families + f)
-    diag = i[:, None] == i[None, :]
-    w, _, u = _weights(p, lse, a, u_parent, diag, GATE, OWN)
+    _, _, w, _, u = _gated(
+        p_ptr, lse_ptr, energy_ptr, parent_u_ptr, h, f, i, valid, node, N, B, GATE, OWN, TOP
+    )
     if not LEAVES:
         tl.store(u_ptr + h * N + node, u, mask=valid)
     w = w * inv[None, :]
@@ -280,13 +293,11 @@ def grad_up_kernel(
     i, valid, node = _family(f, B, BB)
     count, inv = _counts(n_ptr, node, valid, tl.zeros((BB,), dtype=dt), n_leaves, MASK)
     families = N // B
+    _, _, w, _, _ = _gated(
+        p_ptr, lse_ptr, energy_ptr, parent_u_ptr, h, f, i, valid, node, N, B, GATE, OWN, TOP
+    )
     pair = valid[:, None] & valid[None, :]
-    p = tl.load(p_ptr + (h * N + node)[:, None] * B + i[None, :], mask=pair, other=0.0)
-    lse = tl.load(lse_ptr + h * N + node, mask=valid, other=0.0)
-    a = _energies(energy_ptr, h, N, node, valid, lse, GATE)
-    u_parent = 0.0 if TOP else tl.load(parent_u_ptr + h * families + f)
     diag = i[:, None] == i[None, :]
-    w, _, _ = _weights(p, lse, a, u_parent, diag, GATE, OWN)
     dw = tl.zeros((BB, BB), dtype=dt)
     parent_row = (h * families + f) * CV
     for c0 in range(0, CV, CH):
@@ -341,18 +352,15 @@ def grad_down_kernel(
     i, valid, node = _family(f, B, BB)
     count, inv = _counts(n_ptr, node, valid, tl.zeros((BB,), dtype=dt), n_leaves, MASK)
     families = N // B
+    p, _, w, mu, _ = _gated(
+        p_ptr, lse_ptr, energy_ptr, parent_u_ptr, h, f, i, valid, node, N, B, GATE, OWN, TOP
+    )
     pair = valid[:, None] & valid[None, :]
-    weights = (h * N + node)[:, None] * B + i[None, :]
-    p = tl.load(p_ptr + weights, mask=pair, other=0.0)
-    x = tl.load(dw_ptr + weights, mask=pair, other=0.0)
-    lse = tl.load(lse_ptr + h * N + node, mask=valid, other=0.0)
-    a = _energies(energy_ptr, h, N, node, valid, lse, GATE)
+    x = tl.load(dw_ptr + (h * N + node)[:, None] * B + i[None, :], mask=pair, other=0.0)
     d_down = tl.load(d_down_ptr + h * N + node, mask=valid, other=0.0)
     du = _energies(du_ptr, h, N, node, valid, d_down, GATE)
-    u_parent = 0.0 if TOP else tl.load(parent_u_ptr + h * families + f)
     g_share = 0.0 if TOP else tl.load(parent_da_ptr + h * families + f) * _shares(count)
     diag = i[:, None] == i[None, :]
-    w, mu, _ = _weights(p, lse, a, u_parent, diag, GATE, OWN)
     if GATE:
         dx = du - mu * (du + d_down)
         da = dx + g_share * mu

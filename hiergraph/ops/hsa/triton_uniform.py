@@ -18,16 +18,19 @@ window trees over sequences of different lengths, :mod:`~hiergraph.ops.hsa.padde
 without leaky-causal keys or a family above the roots, with every fanout from 2 to
 :data:`MAX_FANOUT`; second derivatives differentiate the recorded op.
 The kernels are opt-in until they are timed on a GPU: set ``HIERGRAPH_TRITON=1`` (or call
-:func:`set_enabled`) to run them for every eligible CUDA call. They need the ``triton``
+:func:`set_enabled`) to run them for every eligible CUDA call, or run a block under
+``with turned_on():``. They need the ``triton``
 package (shipped with PyTorch's CUDA wheels).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import math
 import os
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -49,6 +52,18 @@ def set_enabled(flag: bool) -> bool:
     global _enabled
     previous, _enabled = _enabled, bool(flag)
     return previous
+
+
+@contextlib.contextmanager
+def turned_on(flag: bool = True) -> Iterator[None]:
+    """The kernels turned on (``flag``) or off inside a ``with`` block, and back as they
+    were after it. The autograd node is chosen in the forward: a backward taken after
+    the block still runs the kernels."""
+    previous = set_enabled(flag)
+    try:
+        yield
+    finally:
+        set_enabled(previous)
 
 
 def enabled() -> bool:

@@ -12,7 +12,7 @@ import torch
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import _gathered_attention
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
-from tests.conftest import assert_same_nans, spy_calls, with_nan
+from tests.conftest import assert_same_nans, qkv_rows, spy_calls, with_nan
 
 F64 = dict(dtype=torch.float64)
 
@@ -34,21 +34,8 @@ pytestmark = needs_kernel
 
 
 def inputs(shape, layout, heads=3, d=4, d_v=5, dtype=torch.float64, seed=0):
-    """``q, k, v`` ``[L, H, ·]`` requiring gradients: contiguous (``node-major``), views of
-    heads-first memory, or the first channels of wider rows (``strided``: rows ``H (c +
-    3)`` apart)."""
-    gen = torch.Generator().manual_seed(seed)
-    leaves = math.prod(shape)
-    qkv = []
-    for c in (d, d, d_v):
-        if layout == "heads-first":
-            t = torch.randn(heads, leaves, c, generator=gen, dtype=dtype).transpose(0, 1)
-        elif layout == "strided":
-            t = torch.randn(leaves, heads, c + 3, generator=gen, dtype=dtype)[..., :c]
-        else:
-            t = torch.randn(leaves, heads, c, generator=gen, dtype=dtype)
-        qkv.append(t.requires_grad_())
-    return qkv
+    """``q, k, v`` of the leaves of ``shape`` (:func:`~tests.conftest.qkv_rows`)."""
+    return qkv_rows(math.prod(shape), layout, heads, d, d_v, dtype, seed)
 
 
 def position(shape, heads, dtype=torch.float64, seed=1, strided=False):

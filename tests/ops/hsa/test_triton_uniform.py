@@ -16,7 +16,7 @@ from hiergraph.ops import hierarchical_attention
 from hiergraph.ops.hsa import triton_uniform
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
-from tests.conftest import spy_calls
+from tests.conftest import qkv_rows, spy_calls
 
 pytest.importorskip("triton")
 # the interpreter (NumPy) warns of the log of an empty sum (the log-partition -inf of a node
@@ -41,20 +41,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def inputs(shape, layout="node-major", heads=2, d=4, d_v=3, dtype=torch.float64, device=DEVICE):
-    """``q, k, v`` ``[L, H, ·]`` requiring gradients: contiguous (``node-major``), views of
-    heads-first memory, or the first channels of wider rows (``strided``)."""
-    gen = torch.Generator().manual_seed(0)
-    leaves = math.prod(shape)
-    qkv = []
-    for c in (d, d, d_v):
-        if layout == "heads-first":
-            t = torch.randn(heads, leaves, c, generator=gen, dtype=dtype).transpose(0, 1)
-        elif layout == "strided":
-            t = torch.randn(leaves, heads, c + 3, generator=gen, dtype=dtype)[..., :c]
-        else:
-            t = torch.randn(leaves, heads, c, generator=gen, dtype=dtype)
-        qkv.append(t.to(device).requires_grad_())
-    return qkv
+    """``q, k, v`` of the leaves of ``shape`` (:func:`~tests.conftest.qkv_rows`)."""
+    return qkv_rows(math.prod(shape), layout, heads, d, d_v, dtype, device=device)
 
 
 def recorded(shape, **options):
@@ -239,13 +227,25 @@ def test_second_derivatives_differentiate_the_recorded_op():
 
 
 @pytest.fixture
-def turned_on(monkeypatch):
+def kernels_on(monkeypatch):
     monkeypatch.setattr(triton_uniform, "_enabled", True)
     monkeypatch.setattr(triton_uniform, "interpreting", lambda: True)
 
 
+def against_the_default_path(run, qkv, calls):
+    """``run(qkv)`` with the kernels on (one call of them) and off (none): outputs and
+    gradients agree."""
+    out = run(qkv)
+    assert len(calls) == 1
+    grads = torch.autograd.grad(out.sum(), qkv)
+    with triton_uniform.turned_on(False):
+        want = run(qkv)
+    assert len(calls) == 1
+    assert_close((out, *grads), (want, *torch.autograd.grad(want.sum(), qkv)))
+
+
 @pytest.mark.parametrize("positions", [False, True], ids=["plain", "pos_emb"])
-def test_hierarchical_attention_runs_the_kernels_when_turned_on(turned_on, monkeypatch, positions):
+def test_hierarchical_attention_runs_the_kernels_when_turned_on(kernels_on, monkeypatch, positions):
     calls = spy_calls(monkeypatch, triton_uniform, "triton_uniform_attention")
     hierarchy = window_forest([12, 12], branching=(4, 3)).to(DEVICE)  # fanout (3, 4) per root
     qkv = inputs((2, 3, 4), heads=2)
@@ -260,17 +260,11 @@ def test_hierarchical_attention_runs_the_kernels_when_turned_on(turned_on, monke
             *t[:3], hierarchy, pos_emb=t[3] if positions else None, **options
         )
 
-    out = run(qkv)
-    assert len(calls) == 1
-    grads = torch.autograd.grad(out.sum(), qkv)
-    triton_uniform.set_enabled(False)
-    want = run(qkv)
-    assert len(calls) == 1
-    assert_close((out, *grads), (want, *torch.autograd.grad(want.sum(), qkv)))
+    against_the_default_path(run, qkv, calls)
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["lengths", "lengths+leaf_mask"])
-def test_padded_forest_runs_the_kernels(turned_on, monkeypatch, masked):
+def test_padded_forest_runs_the_kernels(kernels_on, monkeypatch, masked):
     """Sequences of different lengths, run on their equal-fanout embedding (padding slots
     are masked leaves), with a leaf mask of their own or none."""
     calls = spy_calls(monkeypatch, triton_uniform, "triton_uniform_attention")
@@ -286,16 +280,20 @@ def test_padded_forest_runs_the_kernels(turned_on, monkeypatch, masked):
             *t, index, index.padded, None, leaf_mask=mask, **options
         )
 
-    out = run(qkv)
-    assert len(calls) == 1
-    grads = torch.autograd.grad(out.sum(), qkv)
-    triton_uniform.set_enabled(False)
-    want = run(qkv)
-    assert len(calls) == 1
-    assert_close((out, *grads), (want, *torch.autograd.grad(want.sum(), qkv)))
+    against_the_default_path(run, qkv, calls)
 
 
-def test_off_by_default_and_refuses_what_it_does_not_cover(turned_on):
+@pytest.mark.parametrize("value, on", [(None, False), ("1", True), ("off", False)])
+def test_off_unless_the_environment_turns_it_on(value, on):
+    env = {k: v for k, v in os.environ.items() if k != triton_uniform.ENV}
+    if value is not None:
+        env[triton_uniform.ENV] = value
+    code = "from hiergraph.ops.hsa import triton_uniform; print(triton_uniform.enabled())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.stdout.split()[-1] == str(on), done.stderr[-2000:]
+
+
+def test_refuses_what_it_does_not_cover(kernels_on):
     q, k, v = inputs((1, 2, 2))
     fanout = (2, 2)
     assert triton_uniform.applies(q, k, v, fanout, None, None, None)
