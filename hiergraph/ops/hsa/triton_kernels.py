@@ -55,11 +55,17 @@ def _logaddexp(x, y):
 
 
 @triton.jit
-def _family(f, B: tl.constexpr, BB: tl.constexpr):
-    """The members ``i`` (padded to ``BB``), their validity and node indices (int64)."""
+def _program(n_ptr, p_ptr, n_leaves, B: tl.constexpr, BB: tl.constexpr, MASK: tl.constexpr):
+    """This program's family ``f`` and head ``h`` (int64), the family's members ``i``
+    (padded to ``BB``), their validity, node indices (int64) and leaf counts
+    (:func:`_counts`, in the dtype of ``p_ptr``)."""
+    f, h = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i = tl.arange(0, BB)
     valid = i < B
-    return i, valid, f.to(tl.int64) * B + i
+    node = f.to(tl.int64) * B + i
+    zero = tl.zeros((BB,), dtype=p_ptr.dtype.element_ty)
+    count, inv = _counts(n_ptr, node, valid, zero, n_leaves, MASK)
+    return f, h, i, valid, node, count, inv
 
 
 @triton.jit
@@ -172,10 +178,8 @@ def up_kernel(
     ``SIZE_BIAS``); at the leaves with ``OWN`` the self energies :math:`a = S_{ii}` (into
     ``energy_ptr``); with ``PARENT`` the parent's row sums and energy
     :math:`\sum_i n_i / n(A) \log(e^{a_i} + e^{\ell_i})`."""
-    f, h = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    f, h, i, valid, node, count, inv = _program(n_ptr, p_ptr, n_leaves, B, BB, MASK)
     dt = p_ptr.dtype.element_ty
-    i, valid, node = _family(f, B, BB)
-    count, inv = _counts(n_ptr, node, valid, tl.zeros((BB,), dtype=dt), n_leaves, MASK)
     families = N // B
     parent_row = (h * families + f) * C
     s = tl.zeros((BB, BB), dtype=dt)
@@ -246,10 +250,7 @@ def down_kernel(
     log mass :math:`u` (into ``u_ptr``, above the leaves) and its output accumulator, the
     parent's plus :math:`\sum_j W_{ij} \bar v_j / n_j` (into ``out_ptr``: a buffer above
     the leaves, the output at them, 0 at masked leaves with ``ZERO``)."""
-    f, h = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    dt = p_ptr.dtype.element_ty
-    i, valid, node = _family(f, B, BB)
-    count, inv = _counts(n_ptr, node, valid, tl.zeros((BB,), dtype=dt), n_leaves, MASK)
+    f, h, i, valid, node, count, inv = _program(n_ptr, p_ptr, n_leaves, B, BB, MASK)
     families = N // B
     _, _, w, _, u = _gated(
         p_ptr, lse_ptr, energy_ptr, parent_u_ptr, h, f, i, valid, node, N, B, GATE, OWN, TOP
@@ -288,10 +289,8 @@ def grad_up_kernel(
     the row sums of :math:`X` off the diagonal (``d_down_ptr``), the leaves'
     :math:`du = X_{ii}` with ``OWN`` (``du_ptr``), and, below the top, the parent's
     :math:`G` and :math:`du = \sum_i d\delta_i + du_i`."""
-    f, h = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    f, h, i, valid, node, count, inv = _program(n_ptr, p_ptr, n_leaves, B, BB, MASK)
     dt = p_ptr.dtype.element_ty
-    i, valid, node = _family(f, B, BB)
-    count, inv = _counts(n_ptr, node, valid, tl.zeros((BB,), dtype=dt), n_leaves, MASK)
     families = N // B
     _, _, w, _, _ = _gated(
         p_ptr, lse_ptr, energy_ptr, parent_u_ptr, h, f, i, valid, node, N, B, GATE, OWN, TOP
@@ -347,10 +346,8 @@ def grad_down_kernel(
     :math:`d\bar v_j = \sum_i W_{ij} G_i / n_j`, each plus the parent's (the rows are
     sums): into buffers above the leaves, the inputs' gradients at them (0 at masked
     leaves with ``ZERO``)."""
-    f, h = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    f, h, i, valid, node, count, inv = _program(n_ptr, p_ptr, n_leaves, B, BB, MASK)
     dt = p_ptr.dtype.element_ty
-    i, valid, node = _family(f, B, BB)
-    count, inv = _counts(n_ptr, node, valid, tl.zeros((BB,), dtype=dt), n_leaves, MASK)
     families = N // B
     p, _, w, mu, _ = _gated(
         p_ptr, lse_ptr, energy_ptr, parent_u_ptr, h, f, i, valid, node, N, B, GATE, OWN, TOP
