@@ -30,6 +30,7 @@ import functools
 import importlib.util
 import math
 import os
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -162,7 +163,11 @@ class _TritonUniform(torch.autograd.Function):
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
         fanout, include_self, tau, _, counts = ctx.options  # the size bias is in the saved lse
-        grads = _backward(grad, q, k, v, eps, ctx.levels, fanout, include_self, tau, counts)
+        try:
+            grads = _backward(grad, q, k, v, eps, ctx.levels, fanout, include_self, tau, counts)
+        except KernelsUnavailable:  # the recorded op's gradients instead
+            with torch.enable_grad():
+                grads = recorded_gradients(ctx.recorded, (q, k, v, *eps), grad)
         return None, None, *grads
 
 
@@ -195,7 +200,40 @@ def _levels(fanout: tuple[int, ...], trees: int) -> list[_Level]:
     return levels
 
 
-def _launch(level: _Level, heads: int, channels: int):
+class KernelsUnavailable(RuntimeError):
+    """Triton could not build a kernel for this device (a warning said why); the kernels
+    are turned off and the caller runs the default path."""
+
+
+def _run(kernel, grid: tuple[int, int], *args, **meta) -> None:
+    """Launch ``kernel`` over ``grid``; a kernel Triton cannot build for this device turns
+    the kernels off with a warning and raises :class:`KernelsUnavailable`."""
+    try:
+        kernel[grid](*args, **meta)
+    except _build_errors() as error:
+        set_enabled(False)
+        warnings.warn(
+            f"Triton could not build the HSA kernels for this device ({type(error).__name__}: "
+            f"{str(error).strip()[:300]}); they are turned off and the default path runs.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        raise KernelsUnavailable(str(error)) from error
+
+
+@functools.cache
+def _build_errors() -> tuple[type[BaseException], ...]:
+    """Triton's errors of a kernel that cannot be built (compilation, ``ptxas``, registers
+    or shared memory past the device's limits), those this version has."""
+    import triton
+    from triton.runtime import errors
+
+    found = [getattr(triton, "CompilationError", None), getattr(triton, "OutOfResources", None)]
+    found.append(getattr(errors, "PTXASError", None))
+    return tuple(e for e in found if e is not None)
+
+
+def _grid(level: _Level, heads: int, channels: int):
     """The grid (families, heads) and the block sizes of a level's programs."""
     block = _next_power_of_2(level.b)
     chunk = min(CHUNK, _next_power_of_2(channels))
@@ -291,9 +329,9 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, counts):
             )
             parent.energy = q.new_empty((heads, parent.nodes), dtype=work)
         e, e_row, e_head, dim_e = _embedding(eps, d, unused)
-        grid, meta = _launch(level, heads, max(dim, dim_v, dim_e))
+        grid, meta = _grid(level, heads, max(dim, dim_v, dim_e))
         sums = parent.rows if parent is not None else (unused, unused, unused)
-        kernels.up_kernel[grid](
+        _run(kernels.up_kernel, grid,
             *rows, *(s for pair in strides for s in pair),
             e, e_row, e_head, _count(counts, d, unused), tau_t, level.energy, level.p,
             level.lse,
@@ -315,8 +353,8 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, counts):
             level.u = q.new_empty((heads, level.nodes), dtype=work)
             target = q.new_empty((heads, level.nodes, dim_v), dtype=work)
             target_strides = _buffer_strides(level, dim_v)
-        grid, meta = _launch(level, heads, dim_v)
-        kernels.down_kernel[grid](
+        grid, meta = _grid(level, heads, dim_v)
+        _run(kernels.down_kernel, grid,
             values, *value_strides, _count(counts, d, unused), level.p, level.lse,
             level.energy,
             unused if parent is None else parent.u, acc,
@@ -352,8 +390,8 @@ def _backward(grad, q, k, v, eps, levels, fanout, include_self, tau, counts):
         else:
             g_strides = _buffer_strides(level, dim_v)
             values, v_strides = level.rows[2], _buffer_strides(level, dim_v)
-        grid, meta = _launch(level, heads, dim_v)
-        kernels.grad_up_kernel[grid](
+        grid, meta = _grid(level, heads, dim_v)
+        _run(kernels.grad_up_kernel, grid,
             grads[d], *g_strides, values, *v_strides, _count(counts, d, unused), level.p,
             level.lse, level.energy,
             unused if parent is None else parent.u, dus[d], dws[d], d_downs[d],
@@ -382,8 +420,8 @@ def _backward(grad, q, k, v, eps, levels, fanout, include_self, tau, counts):
             target_strides = [_buffer_strides(level, t.size(-1)) for t in targets]
             level_da = q.new_empty((heads, level.nodes), dtype=work)
         e, e_row, e_head, dim_e = _embedding(eps, d, unused)
-        grid, meta = _launch(level, heads, max(dim, dim_v, dim_e))
-        kernels.grad_down_kernel[grid](
+        grid, meta = _grid(level, heads, max(dim, dim_v, dim_e))
+        _run(kernels.grad_down_kernel, grid,
             *rows, *(s for pair in row_strides for s in pair),
             e, e_row, e_head, _count(counts, d, unused), tau_t, level.p, level.lse,
             level.energy, unused if parent is None else parent.u, dus[d], dws[d], d_downs[d],

@@ -134,9 +134,12 @@ def uniform_hierarchical_attention(
     kernel = alone or fuse and grad and above is None and fused_forward(left_only)
     if kernel and triton_uniform.applies(q, k, v, fanout, eps, leaf_mask, above):
         grads = None if alone else recorded
-        return triton_uniform.triton_uniform_attention(
-            q, k, v, fanout, eps, recorded=grads, leaf_mask=leaf_mask, **options
-        )
+        try:
+            return triton_uniform.triton_uniform_attention(
+                q, k, v, fanout, eps, recorded=grads, leaf_mask=leaf_mask, **options
+            )
+        except triton_uniform.KernelsUnavailable:  # warned and turned off: the paths below
+            pass
     if kernel and native.applies(q, k, v, fanout, eps, not alone):
         grads = None if alone else recorded
         return native.native_uniform_attention(

@@ -283,6 +283,35 @@ def test_padded_forest_runs_the_kernels(kernels_on, monkeypatch, masked):
     against_the_default_path(run, qkv, calls)
 
 
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_kernel_triton_cannot_build_turns_them_off(kernels_on, monkeypatch, where):
+    """A kernel Triton cannot build for the device (here: out of shared memory) warns, turns
+    the kernels off, and the default path runs; in the backward, the recorded op's
+    gradients."""
+    import triton
+
+    from hiergraph.ops.hsa import triton_kernels
+
+    class Unbuildable:
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                raise triton.OutOfResources(300_000, 232_448, "shared memory")
+
+            return launch
+
+    broken = "up_kernel" if where == "forward" else "grad_down_kernel"
+    monkeypatch.setattr(triton_kernels, broken, Unbuildable())
+    hierarchy = window_forest([12, 12], branching=(4, 3)).to(DEVICE)
+    qkv = inputs((2, 3, 4), heads=2)
+    with pytest.warns(RuntimeWarning, match="could not build the HSA kernels"):
+        out = hierarchical_attention(*qkv, hierarchy, include_self=True)
+        grads = torch.autograd.grad(out.sum(), qkv)
+    assert not triton_uniform.enabled()
+    assert (type(out.grad_fn).__name__ == "_TritonUniformBackward") == (where == "backward")
+    want = hierarchical_attention(*qkv, hierarchy, include_self=True)
+    assert_close((out, *grads), (want, *torch.autograd.grad(want.sum(), qkv)))
+
+
 @pytest.mark.parametrize("value, on", [(None, False), ("1", True), ("off", False)])
 def test_off_unless_the_environment_turns_it_on(value, on):
     env = {k: v for k, v in os.environ.items() if k != triton_uniform.ENV}
