@@ -40,8 +40,9 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   partition graph with a window hierarchy over its nodes (blocks are consecutive), vs the
   same net's GCN stack alone.
 * ``profile`` (60 s): where the time of the steps furthest from their targets goes, bf16
-  only: the 32 x 512 HSA batch (eager, heads-first, and with its forward through
-  ``torch.compile``, compiled before it is timed) beside the per-level bound and flash SDPA,
+  only: the 32 x 512 HSA batch (eager, heads-first, with its forward through
+  ``torch.compile``, compiled before it is timed, and on the Triton kernels) beside the
+  per-level bound and flash SDPA,
   and H-matrix attention at 64K beside SDPA; each row also has a ``torch.profiler``
   breakdown of three steps (kernels per step, their summed device time, the wall time, the
   12 kernels that took longest; operators and CPU time on the CPU).
@@ -917,13 +918,14 @@ def section_graph_hsa(run: Run, end: float) -> None:
 
 def section_profile(run: Run, end: float) -> None:
     """Where the time of the steps that are far from their targets goes, in bf16: the
-    second HSA batch (eager, heads-first, and its forward through ``torch.compile``) beside
-    the per-level bound and flash SDPA, and the longest H-matrix case beside SDPA. Each
-    row has its :func:`profile_step` breakdown."""
+    second HSA batch (eager, heads-first, its forward through ``torch.compile``, and the
+    Triton kernels where the run times them) beside the per-level bound and flash SDPA,
+    and the longest H-matrix case beside SDPA. Each row has its :func:`profile_step`
+    breakdown."""
     trees, leaves = run.sizes.hsa_batches[min(1, len(run.sizes.hsa_batches) - 1)]
     hsa = hsa_methods(run, trees, leaves, compiled=True)
-    names = ("hsa", "hsa-heads-first", "hsa-compiled", "level-bound", "sdpa-flash")
-    methods = {name: hsa[name] for name in names}
+    names = ("hsa", "hsa-heads-first", "hsa-compiled", "hsa-triton", "level-bound", "sdpa-flash")
+    methods = {name: hsa[name] for name in names if name in hsa}
     run_case(run, "profile", end, f"{trees}x{leaves}", methods, ("bf16",), profile=True)
     length = run.sizes.hmatrix[-1]
     run_case(run, "profile", end, f"L={length}", hmatrix_methods(length), ("bf16",), True)
