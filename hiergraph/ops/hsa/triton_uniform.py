@@ -233,17 +233,18 @@ def _build_errors() -> tuple[type[BaseException], ...]:
     return tuple(e for e in found if e is not None)
 
 
-def _grid(level: _Level, heads: int, channels: int):
-    """The grid (families, heads) and the block sizes of a level's programs: products of at
+@functools.lru_cache(maxsize=256)
+def _grid(nodes: int, b: int, heads: int, channels: int):
+    """The grid (families, heads) and the block sizes of the programs of a level of ``nodes``
+    nodes in families of ``b`` (copy ``meta`` before changing it): products of at
     most 4,096 elements (``[b, b, CH]``: channels in chunks of :data:`CHUNK`, fewer for
     families of more than 16) on one warp per 1,024 of them, at most 4. Compiled for an
     H100 (sm_90), no kernel spills registers; families of 32 with chunks of 16 channels took
     255 registers in the backward's second sweep, with chunks of 4 96."""
-    block = _next_power_of_2(level.b)
+    block = _next_power_of_2(b)
     chunk = min(CHUNK, _next_power_of_2(channels), max(1, 4096 // (block * block)))
     warps = min(4, max(1, block * block * chunk // 1024))
-    grid = (level.nodes // level.b, heads)
-    return grid, dict(B=level.b, BB=block, CH=chunk, num_warps=warps)
+    return (nodes // b, heads), dict(B=b, BB=block, CH=chunk, num_warps=warps)
 
 
 def _flags(leaves: bool, include_self: bool, counts: list | None) -> dict[str, bool]:
@@ -333,7 +334,7 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, counts):
             )
             parent.energy = q.new_empty((heads, parent.nodes), dtype=work)
         e, e_row, e_head, dim_e = _embedding(eps, d, unused)
-        grid, meta = _grid(level, heads, max(dim, dim_v, dim_e))
+        grid, meta = _grid(level.nodes, level.b, heads, max(dim, dim_v, dim_e))
         sums = parent.rows if parent is not None else (unused, unused, unused)
         _run(kernels.up_kernel, grid,
             *rows, *(s for pair in strides for s in pair),
@@ -357,7 +358,7 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, counts):
             level.u = q.new_empty((heads, level.nodes), dtype=work)
             target = q.new_empty((heads, level.nodes, dim_v), dtype=work)
             target_strides = _buffer_strides(level, dim_v)
-        grid, meta = _grid(level, heads, dim_v)
+        grid, meta = _grid(level.nodes, level.b, heads, dim_v)
         _run(kernels.down_kernel, grid,
             values, *value_strides, _count(counts, d, unused), level.p, level.lse,
             level.energy,
@@ -394,7 +395,7 @@ def _backward(grad, q, k, v, eps, levels, fanout, include_self, tau, counts):
         else:
             g_strides = _buffer_strides(level, dim_v)
             values, v_strides = level.rows[2], _buffer_strides(level, dim_v)
-        grid, meta = _grid(level, heads, dim_v)
+        grid, meta = _grid(level.nodes, level.b, heads, dim_v)
         _run(kernels.grad_up_kernel, grid,
             grads[d], *g_strides, values, *v_strides, _count(counts, d, unused), level.p,
             level.lse, level.energy,
@@ -424,7 +425,7 @@ def _backward(grad, q, k, v, eps, levels, fanout, include_self, tau, counts):
             target_strides = [_buffer_strides(level, t.size(-1)) for t in targets]
             level_da = q.new_empty((heads, level.nodes), dtype=work)
         e, e_row, e_head, dim_e = _embedding(eps, d, unused)
-        grid, meta = _grid(level, heads, max(dim, dim_v, dim_e))
+        grid, meta = _grid(level.nodes, level.b, heads, max(dim, dim_v, dim_e))
         _run(kernels.grad_down_kernel, grid,
             *rows, *(s for pair in row_strides for s in pair),
             e, e_row, e_head, _count(counts, d, unused), tau_t, level.p, level.lse,

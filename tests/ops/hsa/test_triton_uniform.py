@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,6 +37,8 @@ OPTIONS = [
     dict(include_self=False, size_bias=False),
 ]
 TAU = 0.7
+#: the checkout whose package the subprocesses import
+REPO = str(Path(__file__).resolve().parents[3])
 #: where the kernels run: compiled on a GPU, else in Triton's interpreter on the CPU
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -314,7 +317,7 @@ def test_a_kernel_triton_cannot_build_turns_them_off(kernels_on, monkeypatch, wh
 
 @pytest.mark.parametrize("value, on", [(None, False), ("1", True), ("off", False)])
 def test_off_unless_the_environment_turns_it_on(value, on):
-    env = {k: v for k, v in os.environ.items() if k != triton_uniform.ENV}
+    env = {k: v for k, v in os.environ.items() if k != triton_uniform.ENV} | {"PYTHONPATH": REPO}
     if value is not None:
         env[triton_uniform.ENV] = value
     code = "from hiergraph.ops.hsa import triton_uniform; print(triton_uniform.enabled())"
@@ -379,7 +382,7 @@ import itertools, os, re, subprocess, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from hiergraph.ops.hsa import triton_kernels as K
-from hiergraph.ops.hsa.triton_uniform import _grid, _Level
+from hiergraph.ops.hsa.triton_uniform import _grid
 
 LEAF_ROWS = {"q_ptr", "k_ptr", "v_ptr", "g_ptr", "out_ptr", "dq_ptr", "dk_ptr", "dv_ptr"}
 bin = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -391,7 +394,8 @@ for fn, (leaves, top, b), on in itertools.product(
     [(True, False, 4), (False, True, 16), (False, False, 32)],
     [True, False],  # self energies, size bias, position embeddings, a leaf mask: all or none
 ):
-    _, meta = _grid(_Level(64 * b, b, 1), 8, 64)  # 8 heads of 64 channels
+    _, meta = _grid(64 * b, b, 8, 64)  # 8 heads of 64 channels
+    meta = dict(meta)
     warps = meta.pop("num_warps")
     flags = dict(meta, LEAVES=leaves, GATE=on or not leaves, OWN=on and leaves,
                  TOP=top, PARENT=not top, SIZE_BIAS=on, EPS=on, MASK=on, ZERO=on and leaves)
@@ -424,7 +428,7 @@ def test_kernels_compile_for_a_gpu(tmp_path):
     or none, without a GPU: what the interpreter cannot check (constexpr branches, types,
     layouts). None spills registers (``ptxas -v``, where Triton ships it)."""
     pytest.importorskip("triton.backends.nvidia")
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=REPO)
     done = subprocess.run(
         [sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600,
         cwd=tmp_path,
