@@ -15,8 +15,9 @@ inputs' layouts; bfloat16 and float16 rows are computed in float32.
 It covers the fused op's options, position embeddings (per head or shared by the heads)
 and leaf masks included (the padding of a batch, and the padded embedding of a forest of
 window trees over sequences of different lengths, :mod:`~hiergraph.ops.hsa.padded`),
-without leaky-causal keys or a family above the roots, with every fanout from 2 to
-:data:`MAX_FANOUT`; second derivatives differentiate the recorded op.
+and, without gradients, a family above the roots (hub tokens, :mod:`~hiergraph.ops.hsa.lifted`),
+without leaky-causal keys, with every fanout from 2 to :data:`MAX_FANOUT`; second
+derivatives differentiate the recorded op.
 The kernels are opt-in until they are timed on a GPU: set ``HIERGRAPH_TRITON=1`` (or call
 :func:`set_enabled`) to run them for every eligible CUDA call, or run a block under
 ``with turned_on():``. They need the ``triton``
@@ -84,16 +85,15 @@ def available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def applies(
-    q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, leaf_mask, above
-) -> bool:
+def applies(q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, leaf_mask) -> bool:
     """Whether the kernels run HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over the
     equal-fanout forest with ``fanout`` (the callers have ruled out leaky-causal keys and
     ``torch.compile``): turned on (:func:`enabled`), CUDA tensors (any device under the
     Triton interpreter) of one floating dtype with contiguous channels, position
     embeddings per level (if any) ``[H | 1, n_d, c]`` on that device with contiguous
-    channels, a leaf mask (if any) ``[L]`` there, no family above the roots, every fanout
-    from 2 to :data:`MAX_FANOUT`, and ``triton`` importable."""
+    channels, a leaf mask (if any) ``[L]`` there, every fanout from 2 to
+    :data:`MAX_FANOUT`, and ``triton`` importable (a family above the roots runs without
+    gradients only: the callers' rule)."""
     heads = q.size(1) if q.dim() == 3 else 0
     return (
         _enabled
@@ -107,7 +107,6 @@ def applies(
             for e in eps or ()
         )
         and (leaf_mask is None or leaf_mask.shape == q.shape[:1] and leaf_mask.device == q.device)
-        and above is None
         and q.is_floating_point()
         and all(t.dtype == q.dtype and t.dim() == 3 and t.stride(-1) == 1 for t in (q, k, v))
         and all(t.device == q.device for t in (k, v))
@@ -129,6 +128,7 @@ def triton_uniform_attention(
     size_bias: bool,
     recorded=None,
     leaf_mask: Tensor | None = None,
+    above=None,
 ) -> Tensor:
     r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` (any row and head strides, contiguous
     channels) over the forest of equal trees with ``fanout`` ``(b_1, …, b_D)`` below their
@@ -138,12 +138,16 @@ def triton_uniform_attention(
     d_v]`` in ``q``'s dtype and memory layout; ``leaf_mask`` ``[L]``: nonzero for the valid
     leaves (the others count 0 everywhere, their outputs are 0 and their rows get no
     gradient). ``recorded(q, k, v, eps)`` is the same op recorded by autograd (second
-    derivatives); without it no gradient is taken (inference)."""
+    derivatives); without it no gradient is taken (inference), and then ``above`` (a family
+    above the roots) may be given, as in
+    :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention`."""
     counts = None if leaf_mask is None else _counts(leaf_mask, fanout, _work_dtype(q.dtype))
     options = (tuple(fanout), include_self, float(tau), size_bias, counts)
     eps = list(eps or ())
     if recorded is None:
-        return _forward(q, k, v, eps, *options)[0]
+        return _forward(q, k, v, eps, *options, above=above)[0]
+    if above is not None:
+        raise ValueError("the Triton HSA kernels take gradients without a family above the roots")
     return _TritonUniform.apply(options, recorded, q, k, v, *eps)
 
 
@@ -306,13 +310,19 @@ def _embedding(eps: list[Tensor], d: int, unused: Tensor) -> tuple:
     return e, e.stride(1), e.stride(0) if e.size(0) > 1 else 0, e.size(-1)
 
 
-def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, counts):
+def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, counts, above=None):
+    """The two passes; returns the output and the levels the backward reads. With
+    ``above``, the level-0 program also pools the roots (their sums and energies), the
+    family above them hands back the log mass and output every root starts the top-down
+    pass from."""
     from hiergraph.ops.hsa import triton_kernels as kernels
 
     length, heads, dim = q.shape
     dim_v = v.size(-1)
     depth, work = len(fanout), _work_dtype(q.dtype)
-    levels = _levels(fanout, length // math.prod(fanout))
+    trees = length // math.prod(fanout)
+    levels = _levels(fanout, trees)
+    roots = None if above is None else _Level(trees, 1, math.prod(fanout))
     tau_t = _tau(tau, work, q.device)
     unused = q.new_empty((1,), dtype=work)  # for pointers never read
     for d in range(depth - 1, -1, -1):  # bottom-up
@@ -327,7 +337,7 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, counts):
         else:
             rows = level.rows
             strides = [_buffer_strides(level, t.size(-1)) for t in rows]
-        parent = levels[d - 1] if d else None
+        parent = levels[d - 1] if d else roots
         if parent is not None:
             parent.rows = tuple(
                 q.new_empty((heads, parent.nodes, c), dtype=work) for c in (dim, dim, dim_v)
@@ -346,10 +356,15 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, counts):
             **_flags(leaves, include_self, counts), **meta,
         )  # fmt: skip
     out, acc = _output_like(q, dim_v), unused
+    if roots is not None:  # the family above the roots, on their means
+        n = roots.n if counts is None else counts[0].view(trees, -1).sum(-1).clamp(min=1)
+        n = n if isinstance(n, int) else n[:, None]
+        u, acc = above(roots.energy, [t / n for t in roots.rows])
+        roots.u, acc = u.to(work).contiguous(), acc.to(work).contiguous()
     for d in range(depth):  # top-down
         level = levels[d]
         leaves = d == depth - 1
-        parent = levels[d - 1] if d else None
+        parent = levels[d - 1] if d else roots
         if leaves:
             values, value_strides, target, target_strides = v, _strides(v), out, _strides(out)
         else:

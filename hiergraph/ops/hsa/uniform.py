@@ -132,11 +132,11 @@ def uniform_hierarchical_attention(
     # the compiled kernel, where it applies, reads the leaves where they lie and counts the
     # valid leaves itself (a family above the roots only without gradients)
     kernel = alone or fuse and grad and above is None and fused_forward(left_only)
-    if kernel and triton_uniform.applies(q, k, v, fanout, eps, leaf_mask, above):
+    if kernel and triton_uniform.applies(q, k, v, fanout, eps, leaf_mask):
         grads = None if alone else recorded
         try:
             return triton_uniform.triton_uniform_attention(
-                q, k, v, fanout, eps, recorded=grads, leaf_mask=leaf_mask, **options
+                q, k, v, fanout, eps, recorded=grads, leaf_mask=leaf_mask, above=above, **options
             )
         except triton_uniform.KernelsUnavailable:  # warned and turned off: the paths below
             pass

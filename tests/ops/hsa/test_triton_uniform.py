@@ -15,6 +15,7 @@ import torch
 from hiergraph.data import window_forest
 from hiergraph.ops import hierarchical_attention
 from hiergraph.ops.hsa import triton_uniform
+from hiergraph.ops.hsa.lifted import lifted_attention
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
 from tests.conftest import qkv_rows, spy_calls
@@ -329,34 +330,51 @@ def test_off_unless_the_environment_turns_it_on(value, on):
     assert done.stdout.split()[-1] == str(on), done.stderr[-2000:]
 
 
+@pytest.mark.parametrize("lengths", [[8, 8, 8], [8, 5, 7]], ids=["equal", "lengths"])
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "leaf_mask"])
+def test_hub_leaves_without_gradients(kernels_on, monkeypatch, lengths, masked):
+    """A family above the roots (every tree's top nodes and its hub leaves,
+    :func:`~hiergraph.ops.hsa.lifted.lifted_attention`): the kernels pool the roots, the
+    family runs between their passes, as on the default path."""
+    calls = spy_calls(monkeypatch, triton_uniform, "triton_uniform_attention")
+    index = window_forest(lengths, (2, 4)).tree_index().to(DEVICE)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (t.detach() for t in inputs((sum(lengths),), heads=2))
+    lifted = (torch.rand(sum(lengths), generator=gen) < 0.3).to(DEVICE)
+    mask = None
+    if masked:  # the second tree without valid leaves
+        mask = torch.rand(sum(lengths), generator=gen) < 0.8
+        mask[lengths[0] : lengths[0] + lengths[1]] = False
+        mask = mask.to(DEVICE)
+        lifted &= mask
+    options = dict(pos_emb=None, include_self=True, leaf_mask=mask)
+    out = lifted_attention(q, k, v, index, lifted, 8, **options)
+    assert len(calls) == 1 and calls[0]["above"] is not None
+    with triton_uniform.turned_on(False):
+        want = lifted_attention(q, k, v, index, lifted, 8, **options)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
 def test_refuses_what_it_does_not_cover(kernels_on):
     q, k, v = inputs((1, 2, 2))
     fanout = (2, 2)
-    assert triton_uniform.applies(q, k, v, fanout, None, None, None)
-    assert triton_uniform.applies(q, k, v, fanout, embeddings((1, 2, 2), 2), None, None)
-    assert triton_uniform.applies(q, k, v, fanout, None, torch.ones(4, device=DEVICE), None)
+    assert triton_uniform.applies(q, k, v, fanout, None, None)
+    assert triton_uniform.applies(q, k, v, fanout, embeddings((1, 2, 2), 2), None)
+    assert triton_uniform.applies(q, k, v, fanout, None, torch.ones(4, device=DEVICE))
     zeros = functools.partial(torch.zeros, device=DEVICE)
+    short_mask = torch.ones(3, device=DEVICE)  # a leaf mask of another length
     refused = [
-        (q, k, v, fanout, [zeros(3, 2, 3), zeros(3, 4, 3)], None, None),  # 3 heads
-        (q, k, v, fanout, [zeros(1, 3, 2).mT, zeros(1, 4, 3)], None, None),
-        (
-            q,
-            k,
-            v,
-            fanout,
-            None,
-            torch.ones(3, device=DEVICE),
-            None,
-        ),  # a leaf mask of another length
-        (q, k, v, fanout, None, None, lambda *a: a),  # a family above the roots
-        (q, k, v.float(), fanout, None, None, None),  # mixed dtypes
-        (q, k, v.transpose(1, 2), fanout, None, None, None),  # strided channels
-        (q, k, v, (2, triton_uniform.MAX_FANOUT + 1), None, None, None),  # too wide
+        (q, k, v, fanout, [zeros(3, 2, 3), zeros(3, 4, 3)], None),  # 3 heads
+        (q, k, v, fanout, [zeros(1, 3, 2).mT, zeros(1, 4, 3)], None),  # strided channels
+        (q, k, v, fanout, None, short_mask),
+        (q, k, v.float(), fanout, None, None),  # mixed dtypes
+        (q, k, v.transpose(1, 2), fanout, None, None),  # strided channels
+        (q, k, v, (2, triton_uniform.MAX_FANOUT + 1), None, None),  # too wide
     ]
     for args in refused:
         assert not triton_uniform.applies(*args)
     assert triton_uniform.set_enabled(False) is True
-    assert not triton_uniform.applies(q, k, v, fanout, None, None, None)
+    assert not triton_uniform.applies(q, k, v, fanout, None, None)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
