@@ -43,6 +43,8 @@ from hiergraph._autograd import recorded_gradients
 ENV = "HIERGRAPH_TRITON"
 #: The widest family the kernels take: a program holds ``[b, b, CH]`` products.
 MAX_FANOUT = 32
+#: The most heads the kernels take: the heads are the second dimension of their grid.
+MAX_HEADS = 65535
 #: Channels per chunk (a power of two): the rows of a family are loaded ``CH`` at a time.
 CHUNK = 16
 
@@ -91,9 +93,9 @@ def applies(q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, leaf_
     ``torch.compile``): turned on (:func:`enabled`), CUDA tensors (any device under the
     Triton interpreter) of one floating dtype with contiguous channels, position
     embeddings per level (if any) ``[H | 1, n_d, c]`` on that device with contiguous
-    channels, a leaf mask (if any) ``[L]`` there, every fanout from 2 to
-    :data:`MAX_FANOUT`, and ``triton`` importable (a family above the roots runs without
-    gradients only: the callers' rule)."""
+    channels, a leaf mask (if any) ``[L]`` there, at most :data:`MAX_HEADS` heads, every
+    fanout from 2 to :data:`MAX_FANOUT`, and ``triton`` importable (a family above the
+    roots runs without gradients only: the callers' rule)."""
     heads = q.size(1) if q.dim() == 3 else 0
     return (
         _enabled
@@ -110,6 +112,7 @@ def applies(q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, leaf_
         and q.is_floating_point()
         and all(t.dtype == q.dtype and t.dim() == 3 and t.stride(-1) == 1 for t in (q, k, v))
         and all(t.device == q.device for t in (k, v))
+        and heads <= MAX_HEADS
         and 2 <= min(fanout)
         and max(fanout) <= MAX_FANOUT
         and available()

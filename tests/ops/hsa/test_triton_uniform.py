@@ -371,6 +371,8 @@ def test_refuses_what_it_does_not_cover(kernels_on):
         (q, k, v.transpose(1, 2), fanout, None, None),  # strided channels
         (q, k, v, (2, triton_uniform.MAX_FANOUT + 1), None, None),  # too wide
     ]
+    many = [t[:, :1].expand(-1, triton_uniform.MAX_HEADS + 1, -1) for t in (q, k, v)]
+    refused.append((*many, fanout, None, None))  # more heads than a grid dimension holds
     for args in refused:
         assert not triton_uniform.applies(*args)
     assert triton_uniform.set_enabled(False) is True
