@@ -129,8 +129,9 @@ def uniform_hierarchical_attention(
             fuse=False, **options,
         )  # fmt: skip
 
-    # the compiled kernel, where it applies, reads the leaves where they lie and counts the
-    # valid leaves itself (a family above the roots only without gradients)
+    # the kernels (Triton's on a GPU when turned on, the compiled CPU kernel), where they
+    # apply, read the leaves where they lie and count the valid leaves themselves (a family
+    # above the roots only without gradients)
     kernel = alone or fuse and grad and above is None and fused_forward(left_only)
     if kernel and triton_uniform.applies(q, k, v, fanout, eps, leaf_mask):
         grads = None if alone else recorded
