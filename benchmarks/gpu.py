@@ -14,18 +14,21 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   ``window_hierarchy`` trees (64 x 128, 32 x 512, 8 x 2,048 leaves) and single trees (16K,
   256K, 1M leaves), 8 heads, d = 64, on ``[L, H, d]`` inputs and on heads-first ones
   (``hsa-heads-first``: ``[H, L, d]`` memory viewed as ``[L, H, d]``, no layout copies),
-  with the Triton kernels of equal-fanout HSA turned on (``hsa-triton``, where Triton is
-  installed; ``hiergraph.ops.hsa.triton_uniform``, opt-in), vs
-  ``scaled_dot_product_attention`` over each tree's leaves with the flash and the
+  vs ``scaled_dot_product_attention`` over each tree's leaves with the flash and the
   memory-efficient backends, and vs the per-level bound of
   ``benchmarks/hsa_scaling.py`` (one batched SDPA call per level over its families); last,
   the first batch again with sequences of different lengths (``mixed``, uniform in
-  [L/2, L]): the default kernel (padded to equal fanout), the block kernel, the Triton
-  kernels on the padded forest (``hsa-triton``), and SDPA with a key padding mask; the same
-  for the second batch with windows of random sizes (``ragged``, as documents' sentences
-  vary: 4–16 padded slots per leaf, which only an accelerator runs padded); then the
-  batches again (``causal``) through the strictly causal op
+  [L/2, L]): the default kernel (padded to equal fanout), the block kernel, and SDPA with a
+  key padding mask; the same for the second batch with windows of random sizes
+  (``ragged``, as documents' sentences vary: 4–16 padded slots per leaf, which only an
+  accelerator runs padded); then the batches again (``causal``) through the strictly causal op
   (``causal_hierarchical_attention``, decoder training) vs causal SDPA (flash, efficient).
+* ``triton`` (60 s): the opt-in Triton kernels of equal-fanout HSA
+  (``hiergraph.ops.hsa.triton_uniform``: ``hsa-triton``) beside the default path, the
+  per-level bound and flash SDPA on the three batches and the 16K tree, and beside the
+  default path and masked SDPA on the batch of different lengths (its padded forest);
+  skipped off CUDA or without Triton. A section of its own: the kernels' first builds
+  (Triton's compiler, per block size and dtype) cost its time, not the others'.
 * ``hmatrix`` (35 s): ``hmatrix_attention`` at 16K and 64K tokens vs SDPA (settings of
   ``benchmarks/hmatrix.py``).
 * ``vcc`` (35 s): one VCC encoder layer at 16K and 128K tokens vs the same
@@ -127,6 +130,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CAPS = {
     "tests": 170.0,
     "hsa": 120.0,
+    "triton": 60.0,
     "hmatrix": 35.0,
     "vcc": 35.0,
     "masked": 35.0,
@@ -567,9 +571,12 @@ def tree_branching(leaves: int) -> tuple[int, ...]:
     return tuple(branching) or (leaves,)
 
 
-def hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> dict[str, Method]:
+def hsa_methods(
+    run: Run, trees: int, leaves: int, compiled: bool = False, triton: bool = False
+) -> dict[str, Method]:
     """HSA and its peers on ``trees`` window trees of ``leaves`` leaves; with ``compiled``,
-    also ``hsa-compiled``: the forward through ``torch.compile`` over the batch's plan."""
+    also ``hsa-compiled``: the forward through ``torch.compile`` over the batch's plan; with
+    ``triton``, where the run times them (:func:`times_triton_kernels`), ``hsa-triton``."""
     from torch_geometric.data import Batch
 
     from hiergraph.data import window_hierarchy
@@ -621,7 +628,7 @@ def hsa_methods(run: Run, trees: int, leaves: int, compiled: bool = False) -> di
         ),  # fmt: skip
         "level-bound": Method(bound, work=total, peak_bytes=nbytes, graph=graph),
     }
-    if times_triton_kernels(run):
+    if triton and times_triton_kernels(run):
         methods["hsa-triton"] = Method(
             lambda dt, dev: hsa(dt, dev, kernels=True), total, nbytes, graph=graph
         )
@@ -683,13 +690,13 @@ def hsa_causal_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
 
 
 def hsa_lengths_methods(
-    run: Run, trees: int, leaves: int, ragged: bool = False
+    run: Run, trees: int, leaves: int, ragged: bool = False, triton: bool = False
 ) -> dict[str, Method]:
     """Sequences of different lengths (uniform in ``[leaves / 2, leaves]``, seeded), one
     window tree each (with ``ragged``, windows of random sizes: ``random_window_hierarchy``,
     as documents' sentences and paragraphs vary): HSA's default kernel (the forest padded
     to equal fanout, where that pays), its block kernel, and SDPA on the zero-padded batch
-    with a key padding mask."""
+    with a key padding mask; with ``triton``, where the run times them, ``hsa-triton``."""
     from torch_geometric.data import Batch
 
     from hiergraph.data import random_window_hierarchy, window_forest
@@ -730,7 +737,7 @@ def hsa_lengths_methods(
         "hsa-blocks": Method(lambda dt, dev: hsa(dt, dev, "blocks"), total, nbytes, graph=graph),
         "sdpa-masked": Method(sdpa, work=trees * leaves**2, peak_bytes=nbytes, graph=graph),
     }
-    if times_triton_kernels(run):
+    if triton and times_triton_kernels(run):
         methods["hsa-triton"] = Method(
             lambda dt, dev: hsa(dt, dev, kernels=True), total, nbytes, graph=graph
         )
@@ -755,6 +762,23 @@ def section_hsa(run: Run, end: float) -> None:
         run_case(
             run, "hsa", end, f"{trees}x{leaves} causal", hsa_causal_methods(run, trees, leaves)
         )
+
+
+def section_triton(run: Run, end: float) -> dict | None:
+    """The Triton kernels (``hsa-triton``) beside the default path and the peers of the
+    HSA section's targets, on its batches and its first single tree, and on the batch of
+    sequences of different lengths."""
+    if not times_triton_kernels(run):
+        return {"status": "skipped", "reason": "needs CUDA and Triton"}
+    peers = ("hsa", "hsa-triton", "level-bound", "sdpa-flash")
+    for trees, leaves in [*run.sizes.hsa_batches, (1, run.sizes.hsa_trees[0])]:
+        methods = hsa_methods(run, trees, leaves, triton=True)
+        run_case(run, "triton", end, f"{trees}x{leaves}", {n: methods[n] for n in peers})
+    trees, leaves = run.sizes.hsa_batches[0]
+    mixed = hsa_lengths_methods(run, trees, leaves, triton=True)
+    mixed = {n: mixed[n] for n in ("hsa", "hsa-triton", "sdpa-masked")}
+    run_case(run, "triton", end, f"{trees}x{leaves} mixed", mixed)
+    return None
 
 
 def hmatrix_methods(length: int) -> dict[str, Method]:
@@ -923,7 +947,7 @@ def section_profile(run: Run, end: float) -> None:
     and the longest H-matrix case beside SDPA. Each row has its :func:`profile_step`
     breakdown."""
     trees, leaves = run.sizes.hsa_batches[min(1, len(run.sizes.hsa_batches) - 1)]
-    hsa = hsa_methods(run, trees, leaves, compiled=True)
+    hsa = hsa_methods(run, trees, leaves, compiled=True, triton=True)
     names = ("hsa", "hsa-heads-first", "hsa-compiled", "hsa-triton", "level-bound", "sdpa-flash")
     methods = {name: hsa[name] for name in names if name in hsa}
     run_case(run, "profile", end, f"{trees}x{leaves}", methods, ("bf16",), profile=True)
@@ -998,6 +1022,7 @@ def section_graphs(run: Run, end: float) -> dict | None:
 SECTIONS = {
     "tests": section_tests,
     "hsa": section_hsa,
+    "triton": section_triton,
     "hmatrix": section_hmatrix,
     "vcc": section_vcc,
     "masked": section_masked,

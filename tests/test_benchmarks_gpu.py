@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SECTIONS = [
-    "tests", "hsa", "hmatrix", "vcc", "masked", "cone", "graph_hsa", "profile", "graphs",
+    "tests", "hsa", "triton", "hmatrix", "vcc", "masked", "cone", "graph_hsa", "profile", "graphs",
     "compiled",
 ]  # fmt: skip
 PEERS = {  # section -> methods every case compares
@@ -59,6 +59,7 @@ def test_report_has_every_section_and_the_environment(report):
     assert list(data["sections"]) == SECTIONS
     statuses = {name: s["status"] for name, s in data["sections"].items()}
     assert statuses.pop("graphs") == "skipped"  # CUDA graphs need CUDA
+    assert statuses.pop("triton") == "skipped"  # Triton's kernels are timed on CUDA
     assert set(statuses.values()) == {"done"}, data["sections"]
     tests, compiled = data["tests"], data["sections"]["compiled"]
     assert (tests["passed"], tests["failed"], tests["errors"]) == (1, 0, 0), tests
@@ -217,9 +218,9 @@ def test_storage_bytes_counts_each_storage_once(monkeypatch):
 
 @pytest.mark.parametrize("case", ["equal", "mixed"])
 def test_triton_methods_run_the_kernels_on_a_cuda_run(monkeypatch, case):
-    """A CUDA run with Triton times ``hsa-triton`` beside ``hsa``: the same step with the
-    kernels turned on for its call only (built here on the CPU, where Triton's interpreter
-    runs them; batches of different lengths on their padded forest)."""
+    """A CUDA run with Triton times ``hsa-triton`` beside ``hsa`` in its triton section: the
+    same step with the kernels turned on for its call only (built here on the CPU, where
+    Triton's interpreter runs them; batches of different lengths on their padded forest)."""
     pytest.importorskip("triton")
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     from types import SimpleNamespace
@@ -234,7 +235,9 @@ def test_triton_methods_run_the_kernels_on_a_cuda_run(monkeypatch, case):
     cpu = torch.device("cpu")
     assert not gpu.times_triton_kernels(SimpleNamespace(device=cpu))
     run = SimpleNamespace(device=torch.device("cuda"), sizes=gpu.QUICK)
-    methods = (gpu.hsa_methods if case == "equal" else gpu.hsa_lengths_methods)(run, 2, 32)
+    build = gpu.hsa_methods if case == "equal" else gpu.hsa_lengths_methods
+    assert "hsa-triton" not in build(run, 2, 32)  # the HSA section's
+    methods = build(run, 2, 32, triton=True)  # the triton section's
     calls = spy_calls(monkeypatch, triton_uniform, "triton_uniform_attention")
     outputs = {}
     for name in ("hsa", "hsa-triton"):
