@@ -27,8 +27,11 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   (``hiergraph.ops.hsa.triton_uniform``: ``hsa-triton``) beside the default path, the
   per-level bound and flash SDPA on the three batches and the 16K tree, and beside the
   default path and masked SDPA on the batch of different lengths (its padded forest);
-  skipped off CUDA or without Triton. A section of its own: the kernels' first builds
-  (Triton's compiler, per block size and dtype) cost its time, not the others'.
+  then a profile of their 32 x 512 step beside the default path's (``profile`` rows, bf16);
+  skipped off CUDA or without Triton. A section of its own, run in a subprocess (into
+  ``OUT/triton``; its rows join the run's): the kernels' first builds (Triton's compiler,
+  per block size and dtype) cost its time, not the others', and kernels that have never
+  run on a GPU cannot leave the run's CUDA context unusable.
 * ``hmatrix`` (35 s): ``hmatrix_attention`` at 16K and 64K tokens vs SDPA (settings of
   ``benchmarks/hmatrix.py``).
 * ``vcc`` (35 s): one VCC encoder layer at 16K and 128K tokens vs the same
@@ -43,9 +46,8 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   partition graph with a window hierarchy over its nodes (blocks are consecutive), vs the
   same net's GCN stack alone.
 * ``profile`` (60 s): where the time of the steps furthest from their targets goes, bf16
-  only: the 32 x 512 HSA batch (eager, heads-first, with its forward through
-  ``torch.compile``, compiled before it is timed, and on the Triton kernels) beside the
-  per-level bound and flash SDPA,
+  only: the 32 x 512 HSA batch (eager, heads-first, and with its forward through
+  ``torch.compile``, compiled before it is timed) beside the per-level bound and flash SDPA,
   and H-matrix attention at 64K beside SDPA; each row also has a ``torch.profiler``
   breakdown of three steps (kernels per step, their summed device time, the wall time, the
   12 kernels that took longest; operators and CPU time on the CPU).
@@ -767,9 +769,14 @@ def section_hsa(run: Run, end: float) -> None:
 def section_triton(run: Run, end: float) -> dict | None:
     """The Triton kernels (``hsa-triton``) beside the default path and the peers of the
     HSA section's targets, on its batches and its first single tree, and on the batch of
-    sequences of different lengths."""
+    sequences of different lengths; then where the time of their 32 x 512 step goes, in
+    bf16, beside the default path's (``profile`` rows). In a subprocess of its own: kernels
+    that have never run on a GPU could leave its CUDA context unusable (an illegal memory
+    access), which must not cost the sections after it. Its rows join this run's."""
     if not times_triton_kernels(run):
         return {"status": "skipped", "reason": "needs CUDA and Triton"}
+    if not run.args.triton_child:
+        return _triton_subprocess(run, end)
     peers = ("hsa", "hsa-triton", "level-bound", "sdpa-flash")
     for trees, leaves in [*run.sizes.hsa_batches, (1, run.sizes.hsa_trees[0])]:
         methods = hsa_methods(run, trees, leaves, triton=True)
@@ -778,7 +785,32 @@ def section_triton(run: Run, end: float) -> dict | None:
     mixed = hsa_lengths_methods(run, trees, leaves, triton=True)
     mixed = {n: mixed[n] for n in ("hsa", "hsa-triton", "sdpa-masked")}
     run_case(run, "triton", end, f"{trees}x{leaves} mixed", mixed)
+    trees, leaves = run.sizes.hsa_batches[min(1, len(run.sizes.hsa_batches) - 1)]
+    methods = hsa_methods(run, trees, leaves, triton=True)
+    profiled = {n: methods[n] for n in ("hsa", "hsa-triton")}
+    run_case(run, "profile", end, f"{trees}x{leaves}", profiled, ("bf16",), profile=True)
     return None
+
+
+def _triton_subprocess(run: Run, end: float) -> dict:
+    """:func:`section_triton` in a child ``gpu.py`` (into ``OUT/triton``), whose rows join
+    this run's."""
+    left = run.left(end)
+    out = Path(run.args.out) / "triton"
+    command = [sys.executable, str(Path(__file__).resolve()), "--triton-child", "--out",
+               str(out), "--sections", "triton", "--deadline", f"{left - 5:.0f}",
+               "--caps", f"triton={left - 10:.0f}"]  # fmt: skip
+    command += ["--quick"] if run.args.quick else []
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=left)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "reason": f"killed after {left:.0f} s"}
+    status = {"status": "done" if done.returncode == 0 else "error", "returncode": done.returncode}
+    if done.returncode:  # the end of its log says where it died
+        status["reason"] = portable("\n".join(done.stderr.strip().splitlines()[-40:]))[-4000:]
+    if (out / "gpu.json").exists():  # what it measured, also when it died
+        run.rows.extend(json.loads((out / "gpu.json").read_text())["rows"])
+    return status
 
 
 def hmatrix_methods(length: int) -> dict[str, Method]:
@@ -942,14 +974,14 @@ def section_graph_hsa(run: Run, end: float) -> None:
 
 def section_profile(run: Run, end: float) -> None:
     """Where the time of the steps that are far from their targets goes, in bf16: the
-    second HSA batch (eager, heads-first, its forward through ``torch.compile``, and the
-    Triton kernels where the run times them) beside the per-level bound and flash SDPA,
-    and the longest H-matrix case beside SDPA. Each row has its :func:`profile_step`
+    second HSA batch (eager, heads-first, and its forward through ``torch.compile``) beside
+    the per-level bound and flash SDPA, and the longest H-matrix case beside SDPA (the
+    Triton kernels' step: :func:`section_triton`). Each row has its :func:`profile_step`
     breakdown."""
     trees, leaves = run.sizes.hsa_batches[min(1, len(run.sizes.hsa_batches) - 1)]
-    hsa = hsa_methods(run, trees, leaves, compiled=True, triton=True)
-    names = ("hsa", "hsa-heads-first", "hsa-compiled", "hsa-triton", "level-bound", "sdpa-flash")
-    methods = {name: hsa[name] for name in names if name in hsa}
+    hsa = hsa_methods(run, trees, leaves, compiled=True)
+    names = ("hsa", "hsa-heads-first", "hsa-compiled", "level-bound", "sdpa-flash")
+    methods = {name: hsa[name] for name in names}
     run_case(run, "profile", end, f"{trees}x{leaves}", methods, ("bf16",), profile=True)
     length = run.sizes.hmatrix[-1]
     run_case(run, "profile", end, f"L={length}", hmatrix_methods(length), ("bf16",), True)
@@ -1112,6 +1144,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--graphs", action="store_true", help="on CUDA, also time CUDA-graph twins (+graph)"
     )
     parser.add_argument("--pytest", default=None, help="pytest arguments (default: -m cuda)")
+    parser.add_argument("--triton-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--compiled-pytest", default=None, help="pytest arguments of the compiled section"
     )

@@ -245,3 +245,30 @@ def test_triton_methods_run_the_kernels_on_a_cuda_run(monkeypatch, case):
         outputs[name] = forward()
         assert len(calls) == (name == "hsa-triton") and not triton_uniform.enabled()
     assert outputs["hsa-triton"].shape == outputs["hsa"].shape
+
+
+@pytest.mark.parametrize("returncode", [0, 1])
+def test_triton_section_runs_in_a_child_whose_rows_join(monkeypatch, tmp_path, returncode):
+    """The triton section's child ``gpu.py`` (here a stand-in that writes one row, then
+    exits with ``returncode``): its rows join the run's, also when it died."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import argparse
+
+    import gpu
+    import torch
+
+    def child(command, **kwargs):
+        out = Path(command[command.index("--out") + 1])
+        assert "--triton-child" in command and command[command.index("--sections") + 1] == "triton"
+        out.mkdir(parents=True)
+        (out / "gpu.json").write_text(json.dumps({"rows": [{"section": "triton", "case": "c"}]}))
+        return subprocess.CompletedProcess(command, returncode, "", "Traceback\nRuntimeError: x")
+
+    monkeypatch.setattr(gpu, "times_triton_kernels", lambda run: True)
+    monkeypatch.setattr(gpu.subprocess, "run", child)
+    args = argparse.Namespace(triton_child=False, quick=True, deadline=60.0, out=str(tmp_path))
+    run = gpu.Run(args, torch.device("cuda"), gpu.QUICK, started=time.monotonic())
+    status = gpu.section_triton(run, time.monotonic() + 30)
+    assert run.rows == [{"section": "triton", "case": "c"}]
+    assert status["status"] == ("done" if returncode == 0 else "error")
+    assert ("RuntimeError: x" in status.get("reason", "")) == bool(returncode)

@@ -92,21 +92,24 @@ def applies(q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, leaf_
     equal-fanout forest with ``fanout`` (the callers have ruled out leaky-causal keys and
     ``torch.compile``): turned on (:func:`enabled`), CUDA tensors (any device under the
     Triton interpreter) of one floating dtype with contiguous channels, position
-    embeddings per level (if any) ``[H | 1, n_d, c]`` on that device with contiguous
-    channels, a leaf mask (if any) ``[L]`` there, at most :data:`MAX_HEADS` heads, every
-    fanout from 2 to :data:`MAX_FANOUT`, and ``triton`` importable (a family above the
-    roots runs without gradients only: the callers' rule)."""
+    embeddings per level (if any) ``[H | 1, n_d, c]`` (``n_d`` the level's nodes) on that
+    device with contiguous channels, a leaf mask (if any) ``[L]`` there, at most
+    :data:`MAX_HEADS` heads, every fanout from 2 to :data:`MAX_FANOUT`, and ``triton``
+    importable (a family above the roots runs without gradients only: the callers' rule)."""
     heads = q.size(1) if q.dim() == 3 else 0
+    nodes = [q.size(0) // math.prod(fanout[d:]) for d in range(1, len(fanout) + 1)]
     return (
         _enabled
         and (q.is_cuda or interpreting())
+        and (eps is None or len(eps) == len(fanout))
         and all(
             e.dim() == 3
             and e.size(0) in (1, heads)
+            and e.size(1) == n
             and e.stride(-1) == 1
             and e.is_floating_point()
             and e.device == q.device
-            for e in eps or ()
+            for e, n in zip(eps or (), nodes, strict=False)  # the lengths: checked above
         )
         and (leaf_mask is None or leaf_mask.shape == q.shape[:1] and leaf_mask.device == q.device)
         and q.is_floating_point()

@@ -366,6 +366,8 @@ def test_refuses_what_it_does_not_cover(kernels_on):
     refused = [
         (q, k, v, fanout, [zeros(3, 2, 3), zeros(3, 4, 3)], None),  # 3 heads
         (q, k, v, fanout, [zeros(1, 3, 2).mT, zeros(1, 4, 3)], None),  # strided channels
+        (q, k, v, fanout, [zeros(1, 2, 3), zeros(1, 5, 3)], None),  # a level's rows: 4
+        (q, k, v, fanout, [zeros(1, 2, 3)], None),  # one level of two
         (q, k, v, fanout, None, short_mask),
         (q, k, v.float(), fanout, None, None),  # mixed dtypes
         (q, k, v.transpose(1, 2), fanout, None, None),  # strided channels
