@@ -115,6 +115,7 @@ def applies(q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, leaf_
         and q.is_floating_point()
         and all(t.dtype == q.dtype and t.dim() == 3 and t.stride(-1) == 1 for t in (q, k, v))
         and all(t.device == q.device for t in (k, v))
+        and q.size(0) > 0
         and heads <= MAX_HEADS
         and 2 <= min(fanout)
         and max(fanout) <= MAX_FANOUT
@@ -195,7 +196,7 @@ class _Level:
 
 def _counts(leaf_mask: Tensor, fanout: tuple[int, ...], dtype: torch.dtype) -> list[Tensor]:
     """Per level, every node's count of valid leaves ``[N_d]`` (the heads share them)."""
-    n, counts = leaf_mask.to(dtype), []
+    n, counts = leaf_mask.to(dtype).contiguous(), []  # the kernels read them densely
     for b in reversed(fanout):
         counts.append(n)
         n = n.view(-1, b).sum(-1)
