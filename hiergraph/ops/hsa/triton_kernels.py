@@ -5,9 +5,8 @@ r"""Triton kernels of equal-fanout HSA: each pass of
 The notation is that of :mod:`~hiergraph.ops.hsa.uniform_fused`: a level's node rows are
 the *sums* of their :math:`n` leaves' rows, its logits are
 :math:`S_{ij} = \tau \bar q_i^\top \bar k_j / (n_i n_j)` (the diagonal left out of the
-softmax), and
-:math:`P`, :math:`\ell`, :math:`a`, :math:`\mu`, :math:`u`, :math:`W` are its weights,
-log-partitions, energies, gates, log masses and gated weights. A program loads its
+softmax), and :math:`P`, :math:`\ell`, :math:`a`, :math:`\mu`, :math:`u`, :math:`W` are its
+weights, log-partitions, energies, gates, log masses and gated weights. A program loads its
 family's ``b`` member rows in chunks of ``CH`` channels, holds the ``[b, b]`` logits and
 weights in registers and writes what the next level's program reads: the parent's sums
 and energy going up, each member's log mass and output accumulator going down. The
@@ -22,13 +21,13 @@ levels above in ``[H, N, C]`` buffers. Per-node values (:math:`\ell`, :math:`a`,
 The flags, fixed per launch: ``LEAVES`` (the level is the leaves), ``GATE`` (its nodes
 have energies: every level but leaves without self energies), ``OWN`` (leaves with self
 energies, whose own weight :math:`e^u` sits on the diagonal of :math:`W`), ``TOP`` (the
-roots' families: no parent), ``PARENT`` (the bottom-up pass writes a level above) and
+roots' families: no parent), ``PARENT`` (the bottom-up pass writes a level above),
 ``EPS`` (the level has position embeddings ``[H | 1, N, CE]``; head stride 0 when the heads
 share them), ``MASK`` (its nodes' leaf counts :math:`n` come from ``n_ptr``: a leaf mask) and
 ``ZERO`` (masked leaves: their rows are read as zero, their outputs and gradients written as
 zero). With a mask, a node without valid leaves is no key, its share of its parent's energy
-is 0, and a node without keys has :math:`\ell = -\infty` and weights 0.
-The leaf count :math:`n` is never specialised (a count of 1 would become a constant).
+is 0, and a node without keys has :math:`\ell = -\infty` and weights 0. The leaf count
+``n_leaves`` is never specialised (a count of 1 would become a constant).
 
 ``TRITON_INTERPRET=1`` runs these kernels on CPU tensors (the tests do); it must be set
 before Triton is first imported.
