@@ -26,7 +26,7 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
 * ``triton`` (60 s): the opt-in Triton kernels of equal-fanout HSA
   (``hiergraph.ops.hsa.triton_uniform``: ``hsa-triton``) beside the default path, the
   per-level bound and flash SDPA on the three batches and the 16K tree, and beside the
-  default path and masked SDPA on the batch of different lengths (its padded forest);
+  default path and masked SDPA on the ``mixed`` and ``ragged`` batches (their padded forests);
   then a profile of their 32 x 512 step beside the default path's (``profile`` rows, bf16);
   skipped off CUDA or without Triton. A section of its own, run in a subprocess (into
   ``OUT/triton``; its rows join the run's): the kernels' first builds (Triton's compiler,
@@ -768,11 +768,12 @@ def section_hsa(run: Run, end: float) -> None:
 
 def section_triton(run: Run, end: float) -> dict | None:
     """The Triton kernels (``hsa-triton``) beside the default path and the peers of the
-    HSA section's targets, on its batches and its first single tree, and on the batch of
-    sequences of different lengths; then where the time of their 32 x 512 step goes, in
-    bf16, beside the default path's (``profile`` rows). In a subprocess of its own: kernels
-    that have never run on a GPU could leave its CUDA context unusable (an illegal memory
-    access), which must not cost the sections after it. Its rows join this run's."""
+    HSA section's targets, on its batches and its first single tree, and on its batches of
+    sequences of different lengths (equal and random windows); then where the time of their
+    32 x 512 step goes, in bf16, beside the default path's (``profile`` rows). In a
+    subprocess of its own: kernels that have never run on a GPU could leave its CUDA context
+    unusable (an illegal memory access), which must not cost the sections after it. Its rows
+    join this run's."""
     if not times_triton_kernels(run):
         return {"status": "skipped", "reason": "needs CUDA and Triton"}
     if not run.args.triton_child:
@@ -781,11 +782,13 @@ def section_triton(run: Run, end: float) -> dict | None:
     for trees, leaves in [*run.sizes.hsa_batches, (1, run.sizes.hsa_trees[0])]:
         methods = hsa_methods(run, trees, leaves, triton=True)
         run_case(run, "triton", end, f"{trees}x{leaves}", {n: methods[n] for n in peers})
+    lengths = ("hsa", "hsa-triton", "sdpa-masked")
     trees, leaves = run.sizes.hsa_batches[0]
     mixed = hsa_lengths_methods(run, trees, leaves, triton=True)
-    mixed = {n: mixed[n] for n in ("hsa", "hsa-triton", "sdpa-masked")}
-    run_case(run, "triton", end, f"{trees}x{leaves} mixed", mixed)
+    run_case(run, "triton", end, f"{trees}x{leaves} mixed", {n: mixed[n] for n in lengths})
     trees, leaves = run.sizes.hsa_batches[min(1, len(run.sizes.hsa_batches) - 1)]
+    ragged = hsa_lengths_methods(run, trees, leaves, ragged=True, triton=True)
+    run_case(run, "triton", end, f"{trees}x{leaves} ragged", {n: ragged[n] for n in lengths})
     methods = hsa_methods(run, trees, leaves, triton=True)
     profiled = {n: methods[n] for n in ("hsa", "hsa-triton")}
     run_case(run, "profile", end, f"{trees}x{leaves}", profiled, ("bf16",), profile=True)
