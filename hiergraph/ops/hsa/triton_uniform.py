@@ -176,9 +176,10 @@ class _TritonUniform(torch.autograd.Function):
         fanout, include_self, tau, _, counts = ctx.options  # the size bias is in the saved lse
         try:
             grads = _backward(grad, q, k, v, eps, ctx.levels, fanout, include_self, tau, counts)
-        except KernelsUnavailable:  # the recorded op's gradients instead
+        except KernelsUnavailable:  # the recorded op's gradients instead (no graph kept)
             with torch.enable_grad():
-                grads = recorded_gradients(ctx.recorded, (q, k, v, *eps), grad)
+                found = recorded_gradients(ctx.recorded, (q, k, v, *eps), grad)
+            grads = [None if g is None else g.detach() for g in found]
         return None, None, *grads
 
 
