@@ -23,10 +23,11 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   (``ragged``, as documents' sentences vary: 4–16 padded slots per leaf, which only an
   accelerator runs padded); then the batches again (``causal``) through the strictly causal op
   (``causal_hierarchical_attention``, decoder training) vs causal SDPA (flash, efficient).
-* ``triton`` (60 s): the opt-in Triton kernels of equal-fanout HSA
+* ``triton`` (90 s): the opt-in Triton kernels of equal-fanout HSA
   (``hiergraph.ops.hsa.triton_uniform``: ``hsa-triton``) beside the default path, the
   per-level bound and flash SDPA on the three batches and the 16K tree, and beside the
-  default path and masked SDPA on the ``mixed`` and ``ragged`` batches (their padded forests);
+  default path and masked SDPA on the ``mixed`` and ``ragged`` batches (their padded forests),
+  every method also replayed as a CUDA graph (``+graph``: launch cost apart from device time);
   then a profile of their 32 x 512 step beside the default path's (``profile`` rows, bf16);
   skipped off CUDA or without Triton. A section of its own, run in a subprocess (into
   ``OUT/triton``; its rows join the run's): the kernels' first builds (Triton's compiler,
@@ -132,7 +133,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CAPS = {
     "tests": 170.0,
     "hsa": 120.0,
-    "triton": 60.0,
+    "triton": 90.0,
     "hmatrix": 35.0,
     "vcc": 35.0,
     "masked": 35.0,
@@ -769,8 +770,9 @@ def section_hsa(run: Run, end: float) -> None:
 def section_triton(run: Run, end: float) -> dict | None:
     """The Triton kernels (``hsa-triton``) beside the default path and the peers of the
     HSA section's targets, on its batches and its first single tree, and on its batches of
-    sequences of different lengths (equal and random windows); then where the time of their
-    32 x 512 step goes, in bf16, beside the default path's (``profile`` rows). In a
+    sequences of different lengths (equal and random windows), each method also as a CUDA
+    graph (``+graph``); then where the time of their 32 x 512 step goes, in bf16, beside the
+    default path's (``profile`` rows). In a
     subprocess of its own: kernels that have never run on a GPU could leave its CUDA context
     unusable (an illegal memory access), which must not cost the sections after it. Its rows
     join this run's."""
@@ -800,8 +802,8 @@ def _triton_subprocess(run: Run, end: float) -> dict:
     this run's."""
     left = run.left(end)
     out = Path(run.args.out) / "triton"
-    command = [sys.executable, str(Path(__file__).resolve()), "--triton-child", "--out",
-               str(out), "--sections", "triton", "--deadline", f"{left - 5:.0f}",
+    command = [sys.executable, str(Path(__file__).resolve()), "--triton-child", "--graphs",
+               "--out", str(out), "--sections", "triton", "--deadline", f"{left - 5:.0f}",
                "--caps", f"triton={left - 10:.0f}"]  # fmt: skip
     command += ["--quick"] if run.args.quick else []
     try:

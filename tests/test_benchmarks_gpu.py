@@ -259,7 +259,8 @@ def test_triton_section_runs_in_a_child_whose_rows_join(monkeypatch, tmp_path, r
 
     def child(command, **kwargs):
         out = Path(command[command.index("--out") + 1])
-        assert "--triton-child" in command and command[command.index("--sections") + 1] == "triton"
+        assert {"--triton-child", "--graphs"} <= set(command)
+        assert command[command.index("--sections") + 1] == "triton"
         out.mkdir(parents=True)
         (out / "gpu.json").write_text(json.dumps({"rows": [{"section": "triton", "case": "c"}]}))
         return subprocess.CompletedProcess(command, returncode, "", "Traceback\nRuntimeError: x")
