@@ -1,8 +1,9 @@
 """Command-line pieces shared by the example scripts (imported from the script's folder):
 their parser (:func:`example_parser`: the script's docstring and the options' defaults in
-``--help``), ``--threads``, ``--device``, argument types that refuse impossible counts,
-options refused where they do not apply (:func:`refuse_inapplicable`), and :func:`run`,
-which reports missing data without a traceback."""
+``--help``), ``--threads`` and ``--device`` (:func:`add_runtime_options`), argument types
+that refuse impossible counts, options refused where they do not apply
+(:func:`refuse_inapplicable`), and :func:`run`, which reports missing data without a
+traceback."""
 
 from __future__ import annotations
 
@@ -68,6 +69,13 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", default=None, help="torch device: cpu, cuda, cuda:1 … (default: cuda if any)"
     )
+
+
+def add_runtime_options(parser: argparse.ArgumentParser, threads_help: str = IDLE_CORES) -> None:
+    """``--threads`` and ``--device`` (:func:`add_threads_option`, :func:`add_device_option`),
+    which every script that trains or runs a model takes."""
+    add_threads_option(parser, help=threads_help)
+    add_device_option(parser)
 
 
 def get_device(args: argparse.Namespace) -> torch.device:

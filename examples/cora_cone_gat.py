@@ -63,8 +63,7 @@ import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
 from _cli import (
-    add_device_option,
-    add_threads_option,
+    add_runtime_options,
     at_least,
     example_parser,
     get_device,
@@ -327,8 +326,7 @@ def parse_args(argv=None):
         default=0.0,
         help="ConeConv: dropout on the projected features as well (pytorch-GAT's recipe)",
     )
-    add_threads_option(parser)
-    add_device_option(parser)
+    add_runtime_options(parser)
     parser.add_argument("--json", type=Path, default=None, help="merge results into this file")
     args = parser.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win

@@ -64,8 +64,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from _cli import (
-    add_device_option,
-    add_threads_option,
+    add_runtime_options,
     at_least,
     example_parser,
     get_device,
@@ -371,8 +370,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--hubs", type=int, default=0, help="hsa: tokens lifted to the root, per doc")
-    add_threads_option(p, help="torch CPU threads (default 1: fastest for this model)")
-    add_device_option(p)
+    add_runtime_options(p, threads_help="torch CPU threads (default 1: fastest for this model)")
     p.add_argument("--tfidf", action="store_true", help="also run TF-IDF + logistic regression")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--json", default=None, help="write the results here")

@@ -46,8 +46,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from _cli import (
-    add_device_option,
-    add_threads_option,
+    add_runtime_options,
     at_least,
     example_parser,
     get_device,
@@ -217,8 +216,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--train-reviews", type=int, default=3000)
     parser.add_argument("--eval-chunks", type=int, default=None, help="(quick: 48)")
     parser.add_argument("--sample-bytes", type=int, default=128, help="bytes generated per model")
-    add_threads_option(parser)
-    add_device_option(parser)
+    add_runtime_options(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the results (JSON + PNG)")
     parser.add_argument(

@@ -34,8 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from _cli import (
-    add_device_option,
-    add_threads_option,
+    add_runtime_options,
     at_least,
     example_parser,
     get_device,
@@ -252,8 +251,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=list(ENCODERS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=str, default=None, help="optional JSON file for the results")
-    add_threads_option(parser)
-    add_device_option(parser)
+    add_runtime_options(parser)
     args = parser.parse_args(argv)
     if args.quick and args.paper:
         parser.error("--quick and --paper are exclusive")

@@ -33,8 +33,7 @@ import time
 
 import torch
 from _cli import (
-    add_device_option,
-    add_threads_option,
+    add_runtime_options,
     at_least,
     example_parser,
     get_device,
@@ -124,8 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--batch-size", type=at_least(1), default=32, help="sequences per step")
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0)
-    add_threads_option(parser)
-    add_device_option(parser)
+    add_runtime_options(parser)
     builders = mask_builders(2)
     parser.add_argument("--masks", nargs="+", default=list(builders), choices=list(builders))
     args = parser.parse_args(argv)

@@ -63,8 +63,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from _cli import (
-    add_device_option,
-    add_threads_option,
+    add_runtime_options,
     at_least,
     example_parser,
     get_device,
@@ -564,8 +563,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--baselines", action="store_true", default=None, help="logistic-regression baselines"
     )
-    add_threads_option(p, help="torch CPU threads (default 1: fastest for this model)")
-    add_device_option(p)
+    add_runtime_options(p, threads_help="torch CPU threads (default 1: fastest for this model)")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="bar chart + confusion matrix PNG")
     args = p.parse_args(argv)

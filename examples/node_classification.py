@@ -57,8 +57,7 @@ import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
 from _cli import (
-    add_device_option,
-    add_threads_option,
+    add_runtime_options,
     at_least,
     example_parser,
     get_device,
@@ -316,8 +315,7 @@ def main(argv=None) -> dict:
         default=None,
         help="hsa_hybrid: tree builder (default: louvain; lp for ogbn-*; metis: the metis extra)",
     )
-    add_threads_option(p)
-    add_device_option(p)
+    add_runtime_options(p)
     p.add_argument("--root", default=None, help="data root (default $HIERGRAPH_DATA)")
     p.add_argument("--raw-dir", default=None, help="Planetoid: folder to link raw files from")
     p.add_argument("--synthetic-ppi", default=None, help="write a SYNTHETIC PPI here and use it")

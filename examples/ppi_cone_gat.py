@@ -35,8 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from _cli import (
-    add_device_option,
-    add_threads_option,
+    add_runtime_options,
     at_least,
     example_parser,
     get_device,
@@ -135,8 +134,7 @@ def parse_args(argv=None):
     parser.add_argument("--hidden", type=int, default=256, help="hidden size per head")
     parser.add_argument("--batch-size", type=at_least(1), default=2, help="graphs per batch")
     parser.add_argument("--lr", type=float, default=5e-3)
-    add_threads_option(parser)
-    add_device_option(parser)
+    add_runtime_options(parser)
     parser.add_argument(
         "--synthetic",
         default=None,

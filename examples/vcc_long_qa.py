@@ -42,8 +42,7 @@ from pathlib import Path
 
 import torch
 from _cli import (
-    add_device_option,
-    add_threads_option,
+    add_runtime_options,
     at_least,
     example_parser,
     get_device,
@@ -223,8 +222,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--batch-size", type=at_least(1), default=8)
     parser.add_argument("--eval-batches", type=int, default=None, help="(quick: 8)")
     parser.add_argument("--lr", type=float, default=3e-3)
-    add_threads_option(parser)
-    add_device_option(parser)
+    add_runtime_options(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results to this file")
     args = parser.parse_args(argv)

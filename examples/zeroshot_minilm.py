@@ -39,8 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from _cli import (
-    add_device_option,
-    add_threads_option,
+    add_runtime_options,
     at_least,
     example_parser,
     get_device,
@@ -304,8 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
         help="documents, 0: all (quick: 200, --paper: all)",
     )
     parser.add_argument("--batch-size", type=at_least(1), default=16)
-    add_threads_option(parser)
-    add_device_option(parser)
+    add_runtime_options(parser)
     args = parser.parse_args(argv)
     if args.limit is None:
         args.limit = 0 if args.paper else QUICK_LIMIT

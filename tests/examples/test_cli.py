@@ -27,6 +27,14 @@ def test_threads_option_is_unset_until_given(cli):
     assert "one thread is fastest here" in other.format_help()
 
 
+def test_runtime_options_are_threads_and_device(cli):
+    parser = argparse.ArgumentParser()
+    cli.add_runtime_options(parser, threads_help="one thread is fastest here")
+    args = parser.parse_args(["--threads", "2", "--device", "cpu"])
+    assert (args.threads, args.device) == (2, "cpu")
+    assert "one thread is fastest here" in parser.format_help()
+
+
 def test_set_threads_prefers_the_option_then_the_script_default_then_idle_cores(cli):
     args = argparse.Namespace(threads=1)
     assert cli.set_threads(args, default=2) == 1 == torch.get_num_threads() == args.threads
