@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import platform
 import sys
 import threading
@@ -67,6 +66,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._autograd import recorded_gradients, records_grad
+from hiergraph._environment import env_flag
 
 #: The environment variable that turns the kernel off (``0``, ``false``, ``no``, ``off``).
 ENV = "HIERGRAPH_NATIVE"
@@ -86,7 +86,7 @@ SOURCES = [
 ]
 
 _lock = threading.Lock()
-_enabled = os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+_enabled = env_flag(ENV, default=True)
 _loaded: dict[str, ModuleType | None] = {}
 
 

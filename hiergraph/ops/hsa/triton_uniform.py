@@ -30,7 +30,6 @@ import contextlib
 import functools
 import importlib.util
 import math
-import os
 import warnings
 from collections.abc import Iterator
 
@@ -38,6 +37,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._autograd import recorded_gradients
+from hiergraph._environment import env_flag
 
 #: The environment variable that turns the kernels on (``1``, ``true``, ``yes``, ``on``).
 ENV = "HIERGRAPH_TRITON"
@@ -48,7 +48,7 @@ MAX_HEADS = 65535
 #: Channels per chunk (a power of two): the rows of a family are loaded ``CH`` at a time.
 CHUNK = 16
 
-_enabled = os.environ.get(ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+_enabled = env_flag(ENV, default=False)
 
 
 def set_enabled(flag: bool) -> bool:
@@ -78,7 +78,7 @@ def enabled() -> bool:
 def interpreting() -> bool:
     """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``), on CPU
     tensors too."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+    return env_flag("TRITON_INTERPRET", default=False)
 
 
 @functools.cache
