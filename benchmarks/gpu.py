@@ -605,7 +605,7 @@ def hsa_methods(
         def forward():
             return hierarchical_attention(q, k, v, hierarchy)
 
-        return (with_triton_kernels(forward) if kernels else forward), [q, k, v]
+        return (triton_uniform.turned_on()(forward) if kernels else forward), [q, k, v]
 
     def bound(dtype, device):
         shapes = bound_shapes(leaves, branching)
@@ -646,17 +646,6 @@ def times_triton_kernels(run: Run) -> bool:
     """Whether the run times the Triton kernels of equal-fanout HSA (``hsa-triton``): on
     CUDA, with Triton installed."""
     return run.device.type == "cuda" and triton_uniform.available()
-
-
-def with_triton_kernels(forward: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """``forward`` with the Triton kernels of equal-fanout HSA turned on while it runs (the
-    op's backward is the kernels' too: the autograd node is chosen in the forward)."""
-
-    def call():
-        with triton_uniform.turned_on():
-            return forward()
-
-    return call
 
 
 def hsa_causal_methods(run: Run, trees: int, leaves: int) -> dict[str, Method]:
@@ -726,7 +715,7 @@ def hsa_lengths_methods(
         def forward():
             return hierarchical_attention(q, k, v, index, kernel=kernel)
 
-        return (with_triton_kernels(forward) if kernels else forward), [q, k, v]
+        return (triton_uniform.turned_on()(forward) if kernels else forward), [q, k, v]
 
     def sdpa(dtype, device):
         q, k, v = (_leaf((trees, H, leaves, d), dtype, device) for _ in range(3))

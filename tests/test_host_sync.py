@@ -518,12 +518,7 @@ def with_triton_kernels(make: Callable[[str], Case]) -> Callable[[str], Case]:
 
     def made(device):
         case = make(device)
-
-        def forward():
-            with triton_uniform.turned_on():
-                return case.fn()
-
-        return Case(forward, case.grads, case.backward)
+        return Case(triton_uniform.turned_on()(case.fn), case.grads, case.backward)
 
     return made
 

@@ -60,9 +60,9 @@ def set_enabled(flag: bool) -> bool:
 
 @contextlib.contextmanager
 def turned_on(flag: bool = True) -> Iterator[None]:
-    """The kernels turned on (``flag``) or off inside a ``with`` block, and back as they
-    were after it. The autograd node is chosen in the forward: a backward taken after
-    the block still runs the kernels."""
+    """The kernels turned on (``flag``) or off inside a ``with`` block (or a function it
+    decorates, ``turned_on()(fn)``), and back as they were after it. The autograd node is
+    chosen in the forward: a backward taken after the block still runs the kernels."""
     previous = set_enabled(flag)
     try:
         yield

@@ -304,6 +304,16 @@ def test_a_kernel_triton_cannot_build_turns_them_off(kernels_on, monkeypatch, wh
     assert_close((out, *grads), (want, *torch.autograd.grad(want.sum(), qkv)))
 
 
+def test_turned_on_as_a_block_and_as_a_decorator():
+    seen = []
+    inside = triton_uniform.turned_on()(lambda: seen.append(triton_uniform.enabled()))
+    with triton_uniform.turned_on(False):
+        inside()
+        inside()  # the decorated function runs its block every call
+        assert not triton_uniform.enabled()
+    assert seen == [True, True]
+
+
 @pytest.mark.parametrize("value, on", [(None, False), ("1", True), ("off", False)])
 def test_off_unless_the_environment_turns_it_on(value, on):
     env = {k: v for k, v in os.environ.items() if k != triton_uniform.ENV} | {"PYTHONPATH": REPO}
