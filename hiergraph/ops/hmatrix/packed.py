@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from hiergraph._device import to_device
-from hiergraph._precision import accumulation_dtype
+from hiergraph._precision import autocast_dtype, autocast_off, widened
 from hiergraph.data.windows import hmatrix_layout
 from hiergraph.ops.hmatrix.inputs import check_inputs
 
@@ -65,17 +65,29 @@ def hmatrix_attention(
             return zeros; so does any row with no valid key.
 
     Returns:
-        ``[B, H, L, d_v]``.
+        ``[B, H, L, d_v]`` in the inputs' dtype. bfloat16 and float16 inputs are computed
+        in float32 (logits, weights, their sums over the levels) and the output is rounded
+        once: computed in half precision, the rounded logits alone would cost several times
+        the error of that one rounding. Under autocast, ``q, k, v`` are first cast to the
+        autocast dtype (as :func:`~torch.nn.functional.scaled_dot_product_attention` casts
+        them).
     """
     check_inputs(q, k, v, block_size, key_padding_mask)
+    cast = autocast_dtype(q.device.type)
+    if cast is not None:  # the inputs in autocast's dtype, the op as written
+        with autocast_off(q.device.type):
+            q, k, v = (t.to(cast) for t in (q, k, v))
+            return hmatrix_attention(q, k, v, block_size, causal, key_padding_mask)
     if q.size(0) == 0 or q.size(1) == 0:  # no sequence: the (empty) result of any attention
         return torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v)
+    dtype = q.dtype
+    q, k, v = widened(q, k, v)
     plan = _Plan.of(q.shape[2], block_size, causal, q.shape[-1])
     valid = None if key_padding_mask is None else (~key_padding_mask).to(q.dtype)
     out = _HMatrixCore.apply(q, k, v, valid, plan)
     if key_padding_mask is not None:
         out = out.masked_fill(key_padding_mask[:, None, :, None], 0.0)
-    return out
+    return out.to(dtype)
 
 
 # --------------------------------------------------------------------------- fast path
@@ -302,10 +314,7 @@ def _source_digest(paths) -> str:
 _OP_SUFFIX = _source_digest(
     [
         *Path(__file__).parent.glob("*.py"),
-        *(
-            Path(sys.modules[f.__module__].__file__)
-            for f in (hmatrix_layout, accumulation_dtype, to_device)
-        ),
+        *(Path(sys.modules[f.__module__].__file__) for f in (hmatrix_layout, widened, to_device)),
     ]
 )
 
@@ -460,12 +469,10 @@ def _packed_counts(valid: Tensor | None, like: Tensor, plan: _Plan) -> Tensor:
 
 
 def _counts(valid: Tensor | None, dtype: torch.dtype, device, plan: _Plan) -> tuple[Tensor, Tensor]:
-    """:func:`_packed_counts` and :func:`_child_weights` on ``device``, taken in float32
-    (float64 for float64) and rounded once to ``dtype``: bf16/fp16 sums of ones stop being
-    exact past 256 and 2048 tokens."""
-    like = torch.empty(0, dtype=accumulation_dtype(dtype), device=device)
-    counts = _packed_counts(valid, like, plan)
-    return counts.to(dtype), _child_weights(counts, plan).to(dtype)
+    """:func:`_packed_counts` and :func:`_child_weights` in ``dtype`` (float32 or float64:
+    :func:`hmatrix_attention` computes half-precision inputs in float32) on ``device``."""
+    counts = _packed_counts(valid, torch.empty(0, dtype=dtype, device=device), plan)
+    return counts, _child_weights(counts, plan)
 
 
 @functools.lru_cache(maxsize=32)

@@ -31,7 +31,6 @@ from hiergraph.ops.hmatrix.packed import (
     _band_bmm,
     _child_weights,
     _coarse_pack,
-    _counts,
     _forward,
     _forward_op,
     _key_grad,
@@ -313,17 +312,48 @@ def test_band_products_write_every_block(width):
     torch.testing.assert_close(key_grads, want_key_grads, rtol=0, atol=1e-14)
 
 
-def test_half_precision_counts_are_exact_before_one_rounding():
-    """The valid tokens below every coarse token (up to 2,048 here, half of them padding: a
-    bf16 sum of ones stops being exact at 256) are counted in float32 and rounded once to
-    bf16, and so are the child weights (their ratios): the float64 ones, rounded."""
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_precision_costs_one_rounding(dtype, causal):
+    """bf16/fp16 inputs are computed in float32 and the output and gradients rounded once:
+    against float64 on the same (rounded) inputs they err as much as the float64 results
+    rounded to ``dtype``, also where coarse tokens count up to 1,024 valid tokens (half of
+    4,096 are padding; a bf16 sum of ones stops being exact at 256). Computed in bf16 and fp16,
+    the rounded logits alone cost 4-6 times that."""
+    gen = torch.Generator().manual_seed(0)
     length = 4096
-    plan = _Plan.of(length, 4, False, 4)
-    valid = (torch.rand(1, length, generator=torch.Generator().manual_seed(0)) < 0.5).float()
-    got = _counts(valid.bfloat16(), torch.bfloat16, "cpu", plan)
-    want = _counts(valid.double(), torch.float64, "cpu", plan)
-    for a, b in zip(got, want, strict=True):
-        assert a.dtype == torch.bfloat16 and torch.equal(a, b.bfloat16())
+    q, k, v = (torch.randn(1, 2, length, 32, generator=gen) for _ in range(3))
+    mask = torch.rand(1, length, generator=gen) < 0.5
+    half = [(2 * q).to(dtype), k.to(dtype), v.to(dtype)]
+    half = [t.requires_grad_() for t in half]
+    wide = [t.detach().double().requires_grad_() for t in half]
+    out = hmatrix_attention(*half, 16, causal, mask)
+    want = hmatrix_attention(*wide, 16, causal, mask)
+    assert out.dtype == dtype
+    assert _relative_error(out, want) <= 1.25 * _relative_error(want.to(dtype), want)
+    grad = torch.randn(out.shape, generator=gen).to(dtype)
+    out.backward(grad)
+    want.backward(grad.double())
+    for got, exact in zip(half, wide, strict=True):
+        assert got.grad.dtype == dtype
+        rounded = _relative_error(exact.grad.to(dtype), exact.grad)
+        assert _relative_error(got.grad, exact.grad) <= 1.25 * rounded
+
+
+def test_autocast_casts_the_inputs_and_computes_as_without_it():
+    """Under autocast, float32 inputs are cast to its dtype (as SDPA casts them) and the op
+    runs as on inputs of that dtype (in float32 inside, not in autocast's dtype)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 100, 8, generator=gen) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = hmatrix_attention(q, k, v, 8)
+    want = hmatrix_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), 8)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, want)
 
 
 # ------------------------------------------------------------------------------ compile
