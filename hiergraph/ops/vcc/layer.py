@@ -33,7 +33,7 @@ from torch import Tensor
 from torch_geometric.utils import segment, to_dense_batch
 
 from hiergraph._device import reads_values
-from hiergraph._precision import accumulation_dtype
+from hiergraph._precision import accumulation_dtype, widened
 from hiergraph._runs import run_ptr
 from hiergraph.ops.vcc.segment_tree import (
     ScoreFn,
@@ -136,8 +136,11 @@ def vip_scores_padded(q: Tensor, slot_real: Tensor, k: Tensor, key_bias: Tensor)
             (:math:`\log s`, ``-inf`` for candidates without tokens).
 
     Returns:
-        ``[B, c]``; 0 in sequences without VIP tokens.
+        ``[B, c]``; 0 in sequences without VIP tokens. Taken in float32 for half-precision
+        inputs: rounded to bf16, the probabilities of candidates that differ by less than
+        1/256 of their size tie, and a tie goes to the earlier segment.
     """
+    q, k, key_bias = widened(q, k, key_bias)
     logits = torch.einsum("bihd,bxhd->bhix", q, k) + key_bias[:, None, None, :]
     prob = torch.softmax(logits, -1).nan_to_num(0.0)  # a sequence without candidates
     prob = (prob * slot_real[:, None, :, None]).sum((1, 2))
