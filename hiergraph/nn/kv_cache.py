@@ -150,10 +150,10 @@ class HierarchicalKVCache:
     store, no host synchronisation); the views a step needs are made once per
     depth and family width.
 
-    **On the CPU it is one call.** For a float32 or float64 store on the CPU, the step
-    after the host-side bookkeeping (families closed and opened, the leaf's slot) runs
-    in the compiled kernel (:mod:`hiergraph.ops.hsa.native`): the same formulas on the
-    same store, every level's softmax over exactly its closed children, about 3× faster
+    **On the CPU it is one call.** The step after the host-side bookkeeping (families
+    closed and opened, the leaf's slot) runs in the compiled kernel
+    (:mod:`hiergraph.ops.hsa.native`): the same formulas on the same store, every level's
+    softmax over exactly its closed children, about 3× faster
     than the tensor operations at 4 heads of 32 channels. Elsewhere, under
     ``torch.compile`` and where the kernel cannot be built, the tensor operations run.
 
@@ -168,8 +168,10 @@ class HierarchicalKVCache:
         heads, dim, dim_v: shapes of the per-token ``q, k [H, d]`` and ``v [H, d_v]``.
         pos_dim: size of the per-node position embeddings (0: none).
         scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
-        dtype, device: of the stored statistics (inputs are cast to ``dtype``; the
-            output is in ``dtype``).
+        dtype, device: of the outputs (inputs are cast to ``dtype``). The statistics are
+            stored in float32 for bfloat16 and float16 (float64 for float64): they are
+            running sums, which stall in half precision (a bf16 store's outputs erred by
+            32% after 8,192 tokens of a window tree).
 
     Example::
 
@@ -194,14 +196,14 @@ class HierarchicalKVCache:
         self.pos_dim = pos_dim
         self.tau = dim**-0.5 if scale is None else scale
         self.dtype = dtype
-        like = torch.empty(0, dtype=dtype, device=device)
+        like = torch.empty(0, dtype=accumulation_dtype(dtype), device=device)  # the store's
         # the log n of an unused key slot: its weight exp(logit - max logit) underflows to 0,
         # and a level without closed children gets lse ~ _masked, so g = a and its gate
         # 1 - mu = sigmoid(lse - a) is 0 (finite, unlike -inf, which would give inf - inf)
-        self._masked = torch.finfo(dtype).min / 4
+        self._masked = torch.finfo(like.dtype).min / 4
         self._tau = like.new_full((), self.tau)
         self._zero = like.new_zeros(())
-        self._leaf_tail = torch.tensor([0.0, 1.0], dtype=dtype, device=like.device)  # log n, n
+        self._leaf_tail = like.new_tensor([0.0, 1.0])  # log n, n
         self._qk_shape, self._v_shape = (heads, dim), (heads, self.dim_v)
         # per open node, root first: the leaf counts of its closed children (the latest
         # leaf, a closed child of its parent from its own step on, included), and their sum
@@ -442,9 +444,9 @@ class HierarchicalKVCache:
                 "(None when the cache was built with pos_dim=0), got "
                 f"{None if pos_emb is None else tuple(pos_emb.shape)}"
             )
-        dtype, d = self.dtype, self.dim
-        if q.dtype != dtype or k.dtype != dtype or v.dtype != dtype:
-            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        work, d = self._keys.dtype, self.dim
+        if q.dtype != work or k.dtype != work or v.dtype != work:
+            q, k, v = q.to(work), k.to(work), v.to(work)
         child_n, leaves = self._child_n, self._leaves
         if close:  # complete the `close` innermost open nodes (the latest leaf is stored)
             top = len(child_n) - 1
@@ -470,10 +472,10 @@ class HierarchicalKVCache:
         if self._native(q):  # the rest of the step in one call of the compiled kernel
             store = (self._keys, self._values, self._query, self._prefix, self._ng, self._g)
             widths = [len(children) for children in child_n]
-            return native.kv_step(
+            return self._output(native.kv_step(
                 store, q, k, v, m=m, first=first, widths=widths, leaves=leaves, slot=slot,
                 tau=self.tau,
-            )  # fmt: skip
+            ))  # fmt: skip
         # (the views after the last reallocation; path node A_s is row s - 1)
         (query, query_q, prefix_q, n, leaf_q, leaf, above, n_above, ng_below, a_inner, lse_twice,
          lse_a, a_lse, diff, softplus, log_total, log_total_twice, gates, gate_logs, weight,
@@ -531,7 +533,11 @@ class HierarchicalKVCache:
         # from -log mu = softplus(lse - a) and -log(1 - mu) = softplus(a - lse)
         torch.logaddexp(self._zero, torch.sub(lse_a, a_lse, out=diff), out=softplus)
         torch.exp(torch.bmm(gates, gate_logs, out=weight_row), out=weight_row)
-        return torch.bmm(weight_t, theta_t).view(self.heads, self.dim_v)
+        return self._output(torch.bmm(weight_t, theta_t).view(self.heads, self.dim_v))
+
+    def _output(self, out: Tensor) -> Tensor:
+        """A step's output, computed in the store's dtype, in the cache's."""
+        return out if out.dtype == self.dtype else out.to(self.dtype)
 
     def prefill(
         self, q: Tensor, k: Tensor, v: Tensor, hierarchy, *, pos_emb: Tensor | None = None
@@ -582,7 +588,7 @@ class HierarchicalKVCache:
                 " (None when the cache was built with pos_dim=0), got "
                 f"{None if pos_emb is None else tuple(pos_emb.shape)}"
             )
-        device, work = self._keys.device, accumulation_dtype(self.dtype)
+        device, work = self._keys.device, self._keys.dtype
         if plan.tree_index.device != device:  # (a copy: its cached views are built again)
             plan = plan.to(device)
         eps = None if pos_emb is None else pos_emb.to(device, work)
@@ -629,11 +635,10 @@ class HierarchicalKVCache:
 
     def _native(self, q: Tensor) -> bool:
         """Whether the step runs in the compiled kernel (:mod:`hiergraph.ops.hsa.native`):
-        a float32 or float64 store on the CPU, outside ``torch.compile``, and the extension
-        built (on the first such step)."""
+        on the CPU (the store is float32 or float64), outside ``torch.compile``, and the
+        extension built (on the first such step)."""
         return (
             q.device.type == "cpu"
-            and self.dtype in (torch.float32, torch.float64)
             and not torch.compiler.is_compiling()
             and native.extension() is not None
         )

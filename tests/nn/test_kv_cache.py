@@ -307,6 +307,25 @@ def test_inputs_are_cast_to_the_cache_dtype():
     torch.testing.assert_close(torch.stack(out), full, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_precision_caches_keep_their_sums_in_float32(dtype, step):
+    """A bf16/fp16 cache stores its statistics (running sums) in float32 and rounds each
+    output once: over the 4,096 tokens of a window tree its outputs err against float64 (on
+    the same rounded inputs) as much as the float64 outputs rounded to ``dtype``, in the
+    compiled step and on tensor operations. With a bf16 store they erred 170 times that
+    (27%), with an fp16 one 4 times."""
+    tree = window_hierarchy(4096, (16, 8, 4))
+    q, k, v = (t.to(dtype) for t in random_qkv(4096, dim=8, dv=8, seed=1))
+    out, _ = decode(tree, q, k, v)
+    want = causal_hierarchical_attention(q.double(), k.double(), v.double(), tree)
+
+    def error(x):
+        return ((x.double() - want).norm() / want.norm()).item()
+
+    assert error(out) <= 1.25 * error(want.to(dtype))
+    assert out.dtype == dtype
+
+
 @pytest.mark.parametrize("cache_dtype, input_dtype", [(torch.float32, torch.float64),
                                                        (torch.float64, torch.float32)])  # fmt: skip
 def test_the_flat_cache_casts_its_inputs_too(cache_dtype, input_dtype):
