@@ -13,6 +13,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import softmax
 
+from hiergraph._precision import widened
 from hiergraph.masks.band import BandMask
 from hiergraph.nn._checks import check_conv_arguments, node_pair
 from hiergraph.nn._edges import EdgeInput
@@ -343,9 +344,14 @@ class MaskedAttentionConv(MessagePassing):
         The node-to-node products run as sparse kernels
         (:mod:`hiergraph.ops.masked.edge_products`), which never form per-edge
         ``[E, H, C]`` tensors; only the edge-feature terms (``edge_dim``) are
-        per-edge, through :meth:`edge_updater` and :meth:`propagate`.
+        per-edge, through :meth:`edge_updater` and :meth:`propagate`. Half-precision
+        rows take their logits, softmax and sums in float32 (a bf16 softmax sums a target's
+        weights in bf16, which stalls past a few hundred keys); the output and the weights
+        are rounded once.
         """
         size = (graph.num_src, graph.num_dst)
+        dtype = value.dtype
+        query, key = widened(query, key)
         edge_emb, logit_bias = self._edge_terms(edge_attr, graph.num_edges)
         if graph.perm is not None:  # work in target-sorted order, report in the caller's
             edge_emb = edge_emb[graph.perm] if edge_emb is not None else None
@@ -367,7 +373,7 @@ class MaskedAttentionConv(MessagePassing):
             )
         if graph.perm is not None:
             alpha = alpha[torch.argsort(graph.perm)]
-        return out, alpha
+        return out.to(dtype), alpha.to(dtype)
 
     def edge_update(self, query_i: Tensor, edge_emb: Tensor) -> Tensor:
         """The edge-feature part of the logits, :math:`q_i^\top W_e e_{ij}`, ``[E, H]``."""
