@@ -31,41 +31,46 @@ from hiergraph.ops import (
 )
 
 OP_FACTOR, LAYER_FACTOR = 1.5, 4.0
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))]  # fmt: skip
+
+#: ``run(dtype)``: a case's output computed in ``dtype`` (bf16 or float64)
+Run = Callable[[torch.dtype], torch.Tensor]
 
 
-def _randn(*shape: int, seed: int) -> torch.Tensor:
-    """A bf16 tensor of standard normal values."""
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
+def _randn(*shape: int, seed: int, device: str) -> torch.Tensor:
+    """A bf16 tensor of standard normal values on ``device``."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return x.bfloat16().to(device)
 
 
-def _qkv(shape: tuple[int, ...]) -> list[torch.Tensor]:
-    return [_randn(*shape, seed=i) for i in range(3)]
+def _qkv(shape: tuple[int, ...], device: str) -> list[torch.Tensor]:
+    return [_randn(*shape, seed=i, device=device) for i in range(3)]
 
 
-def _op(fn: Callable) -> Callable[[torch.dtype], torch.Tensor]:
-    """A case of ``fn(q, k, v)`` on ``[L, H, d]`` rows over a 4,096-leaf window tree."""
-    tree = window_hierarchy(4096, (16, 8, 4))
-    q, k, v = _qkv((4096, 4, 32))
+def _op(fn: Callable, device: str) -> Run:
+    """``fn(q, k, v, tree)`` on ``[L, H, d]`` rows over a 4,096-leaf window tree."""
+    tree = window_hierarchy(4096, (16, 8, 4)).to(device)
+    q, k, v = _qkv((4096, 4, 32), device)
     return lambda dtype: fn(q.to(dtype), k.to(dtype), v.to(dtype), tree)
 
 
-def _hmatrix(causal: bool) -> Callable[[torch.dtype], torch.Tensor]:
-    q, k, v = _qkv((1, 4, 4096, 32))
+def _hmatrix(causal: bool, device: str) -> Run:
+    q, k, v = _qkv((1, 4, 4096, 32), device)
     return lambda dtype: hmatrix_attention(q.to(dtype), k.to(dtype), v.to(dtype), 16, causal)
 
 
-def _banded() -> Callable[[torch.dtype], torch.Tensor]:
-    q, k, v = _qkv((4096, 4, 32))
+def _banded(device: str) -> Run:
+    q, k, v = _qkv((4096, 4, 32), device)
     return lambda dtype: banded_attention(q.to(dtype), k.to(dtype), v.to(dtype), 64, 64)
 
 
-def _layer(
-    module: torch.nn.Module, *inputs, rows: slice = slice(None)
-) -> Callable[[torch.dtype], torch.Tensor]:
+def _layer(module: torch.nn.Module, *inputs, device: str, rows: slice = slice(None)) -> Run:
     """``module`` with bf16 parameters, in bf16 or as its float64 copy, on ``inputs`` (bf16
     floats widened with it; other inputs as they are); the output's ``rows``."""
-    modules = {torch.bfloat16: module.eval().bfloat16()}
+    modules = {torch.bfloat16: module.eval().bfloat16().to(device)}
     modules[torch.float64] = copy.deepcopy(modules[torch.bfloat16]).double()
+    inputs = [x.to(device) for x in inputs]
 
     def run(dtype):
         args = [x.to(dtype) if torch.is_tensor(x) and x.is_floating_point() else x for x in inputs]
@@ -75,24 +80,23 @@ def _layer(
     return run
 
 
-def _wide(conv: torch.nn.Module, x: torch.Tensor, targets: int = 16) -> Callable:
+def _wide(conv: torch.nn.Module, device: str, n: int = 2048, targets: int = 16) -> Run:
     """``conv`` on a graph where every node is a key of each of the first ``targets`` nodes
     (2,048 incoming edges, as for global tokens); the outputs of those targets."""
-    n = x.size(0)
     edge_index = torch.stack(
         [torch.arange(n).repeat(targets), torch.arange(targets).repeat_interleave(n)]
     )
-    return _layer(conv, x, edge_index, rows=slice(0, targets))
+    x = _randn(n, 32, seed=6, device=device)
+    return _layer(conv, x, edge_index, device=device, rows=slice(0, targets))
 
 
-def _decode() -> Callable[[torch.dtype], torch.Tensor]:
+def _decode(device: str) -> Run:
     """A hierarchical KV cache of ``dtype`` decoding the 2,048 tokens of a window tree."""
-    tree = window_hierarchy(2048, (16, 8))
-    q, k, v = _qkv((2048, 2, 16))
-    events = append_schedule(tree).tolist()
+    events = append_schedule(window_hierarchy(2048, (16, 8))).tolist()
+    q, k, v = _qkv((2048, 2, 16), device)
 
     def run(dtype):
-        cache = HierarchicalKVCache(2, 16, dtype=dtype)
+        cache = HierarchicalKVCache(2, 16, dtype=dtype, device=device)
         return torch.stack(
             [cache.append(q[i], k[i], v[i], close=c, open=o) for i, (c, o) in enumerate(events)]
         )
@@ -100,65 +104,64 @@ def _decode() -> Callable[[torch.dtype], torch.Tensor]:
     return run
 
 
-def _pool() -> Callable[[torch.dtype], torch.Tensor]:
-    tree = window_hierarchy(20000, (16, 8))
-    x = _randn(20000, 16, seed=0) + 3
+def _pool(device: str) -> Run:
+    tree = window_hierarchy(20000, (16, 8)).to(device)
+    x = _randn(20000, 16, seed=0, device=device) + 3
     return lambda dtype: hnn.global_leaf_mean_pool(x.to(dtype), tree)
 
 
-def _cases() -> dict[str, tuple[float, Callable[[], Callable[[torch.dtype], torch.Tensor]]]]:
+def _encoders(device: str) -> dict[str, Callable[[], Run]]:
     tree = window_hierarchy(4096, (16, 8, 4))
-    x, tokens = _randn(4096, 64, seed=3), _randn(1, 2048, 64, seed=4)
+    x = _randn(4096, 64, seed=3, device=device)
+    tokens = _randn(1, 2048, 64, seed=4, device=device)
+    sequence = _randn(1, 1024, 64, seed=5, device=device)
     vip = torch.zeros(1, 2048, dtype=torch.bool)
     vip[:, :8] = True
-    sequence = _randn(1, 1024, 64, seed=5)
-    nodes = _randn(2048, 32, seed=6)
     return {
-        "hierarchical_attention": (OP_FACTOR, lambda: _op(hierarchical_attention)),
-        "causal_hierarchical_attention": (OP_FACTOR, lambda: _op(causal_hierarchical_attention)),
-        "hmatrix_attention": (OP_FACTOR, lambda: _hmatrix(False)),
-        "hmatrix_attention-causal": (OP_FACTOR, lambda: _hmatrix(True)),
-        "banded_attention": (OP_FACTOR, _banded),
-        "HierarchicalKVCache": (OP_FACTOR, _decode),
-        "global_leaf_mean_pool": (OP_FACTOR, _pool),
-        "HierarchicalSelfAttention": (
-            LAYER_FACTOR,
-            lambda: _layer(hnn.HierarchicalSelfAttention(64, 64, heads=4, hubs=8), x, tree),
+        "HierarchicalSelfAttention": lambda: _layer(
+            hnn.HierarchicalSelfAttention(64, 64, heads=4, hubs=8), x, tree, device=device
         ),
-        "HierarchicalTransformerEncoder": (
-            LAYER_FACTOR,
-            lambda: _layer(
-                hnn.HierarchicalTransformerEncoder(64, 64, num_layers=2, heads=4), x, tree
-            ),
+        "HierarchicalTransformerEncoder": lambda: _layer(
+            hnn.HierarchicalTransformerEncoder(64, 64, num_layers=2, heads=4),
+            x,
+            tree,
+            device=device,
         ),
-        "VCCEncoder": (
-            LAYER_FACTOR,
-            lambda: _layer(hnn.VCCEncoder(2, 64, 4, block_size=16, num_refined=32), tokens, vip),
+        "VCCEncoder": lambda: _layer(
+            hnn.VCCEncoder(2, 64, 4, block_size=16, num_refined=32), tokens, vip, device=device
         ),
-        "HMatrixAttention": (
-            LAYER_FACTOR,
-            lambda: _layer(hnn.HMatrixAttention(64, 4, 16), sequence),
+        "HMatrixAttention": lambda: _layer(
+            hnn.HMatrixAttention(64, 4, 16), sequence, device=device
         ),
-        "ConeAttention": (
-            LAYER_FACTOR,
-            lambda: _layer(hnn.ConeAttention(64, 4), sequence, sequence, sequence),
+        "ConeAttention": lambda: _layer(
+            hnn.ConeAttention(64, 4), sequence, sequence, sequence, device=device
         ),
-        "MaskedAttentionConv": (
-            LAYER_FACTOR,
-            lambda: _wide(hnn.MaskedAttentionConv(32, 8, heads=4), nodes),
-        ),
-        "ConeConv": (LAYER_FACTOR, lambda: _wide(hnn.ConeConv(32, 8, heads=4), nodes)),
+        "MaskedAttentionConv": lambda: _wide(hnn.MaskedAttentionConv(32, 8, heads=4), device),
+        "ConeConv": lambda: _wide(hnn.ConeConv(32, 8, heads=4), device),
     }
 
 
-CASES = _cases()
+def _ops(device: str) -> dict[str, Callable[[], Run]]:
+    return {
+        "hierarchical_attention": lambda: _op(hierarchical_attention, device),
+        "causal_hierarchical_attention": lambda: _op(causal_hierarchical_attention, device),
+        "hmatrix_attention": lambda: _hmatrix(False, device),
+        "hmatrix_attention-causal": lambda: _hmatrix(True, device),
+        "banded_attention": lambda: _banded(device),
+        "HierarchicalKVCache": lambda: _decode(device),
+        "global_leaf_mean_pool": lambda: _pool(device),
+    }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_bf16_errs_about_one_rounding(name):
-    factor, make = CASES[name]
+OPS, LAYERS = list(_ops("cpu")), list(_encoders("cpu"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", OPS + LAYERS)
+def test_bf16_errs_about_one_rounding(name, device):
     torch.manual_seed(0)  # the layers' initial weights
-    run = make()
+    factor = OP_FACTOR if name in OPS else LAYER_FACTOR
+    run = {**_ops(device), **_encoders(device)}[name]()
     with torch.no_grad():
         got, want = run(torch.bfloat16), run(torch.float64)
 
