@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.utils import scatter
 
+from hiergraph._precision import widened
+
 
 def masked_softmax(logits: Tensor, mask: Tensor, dim: int = -1) -> tuple[Tensor, Tensor]:
     r"""Softmax and log-partition over the entries where ``mask`` is true.
@@ -40,7 +42,9 @@ def masked_softmax(logits: Tensor, mask: Tensor, dim: int = -1) -> tuple[Tensor,
 
     Returns:
         ``(lse, weights)`` with ``lse`` reduced over ``dim`` (dimension
-        removed) and ``weights`` shaped like ``logits``.
+        removed) and ``weights`` shaped like ``logits``, in the logits' dtype: bfloat16 and
+        float16 logits are computed in float32 and both outputs rounded once (as
+        :func:`torch.softmax` computes them).
     """
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must be a bool tensor, got dtype {mask.dtype}")
@@ -54,7 +58,9 @@ def masked_softmax(logits: Tensor, mask: Tensor, dim: int = -1) -> tuple[Tensor,
         raise ValueError(
             f"mask {tuple(mask.shape)} must broadcast to the logits' shape {tuple(logits.shape)}"
         )
-    return softmax_dropping(logits, ~mask, dim)
+    (wide,) = widened(logits)
+    lse, weights = softmax_dropping(wide, ~mask, dim)
+    return lse.to(logits.dtype), weights.to(logits.dtype)
 
 
 def softmax_dropping(
