@@ -153,9 +153,9 @@ class HierarchicalKVCache:
     **On the CPU it is one call.** The step after the host-side bookkeeping (families
     closed and opened, the leaf's slot) runs in the compiled kernel
     (:mod:`hiergraph.ops.hsa.native`): the same formulas on the same store, every level's
-    softmax over exactly its closed children, about 3× faster
-    than the tensor operations at 4 heads of 32 channels. Elsewhere, under
-    ``torch.compile`` and where the kernel cannot be built, the tensor operations run.
+    softmax over exactly its closed children, about 3× faster than the tensor operations
+    at 4 heads of 32 channels. Elsewhere, under ``torch.compile`` and where the kernel
+    cannot be built, the tensor operations run.
 
     **Several sequences.** Heads never mix, so ``B`` sequences with the same events (one
     tree shape: samples drawn from one prompt, prompts of one length on window trees)

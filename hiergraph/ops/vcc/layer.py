@@ -137,8 +137,8 @@ def vip_scores_padded(q: Tensor, slot_real: Tensor, k: Tensor, key_bias: Tensor)
 
     Returns:
         ``[B, c]``; 0 in sequences without VIP tokens. Taken in float32 for half-precision
-        inputs: rounded to bf16, the probabilities of candidates that differ by less than
-        1/256 of their size tie, and a tie goes to the earlier segment.
+        inputs: rounded to bf16, probabilities that differ by less than about 1/256 of their
+        value tie, and a tie goes to the earlier segment.
     """
     q, k, key_bias = widened(q, k, key_bias)
     logits = torch.einsum("bihd,bxhd->bhix", q, k) + key_bias[:, None, None, :]

@@ -322,8 +322,8 @@ def test_half_precision_costs_one_rounding(dtype, causal):
     """bf16/fp16 inputs are computed in float32 and the output and gradients rounded once:
     against float64 on the same (rounded) inputs they err as much as the float64 results
     rounded to ``dtype``, also where coarse tokens count up to 1,024 valid tokens (half of
-    4,096 are padding; a bf16 sum of ones stops being exact at 256). Computed in bf16 and fp16,
-    the rounded logits alone cost 4-6 times that."""
+    4,096 are padding; a bf16 sum of ones stops being exact at 256). Computed in bf16 and
+    fp16, the rounded logits alone cost several times that."""
     gen = torch.Generator().manual_seed(0)
     length = 4096
     q, k, v = (torch.randn(1, 2, length, 32, generator=gen) for _ in range(3))
