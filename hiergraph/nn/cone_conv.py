@@ -288,7 +288,7 @@ class ConeConv(MessagePassing):
             query_points = self._points(query)
             key_points = query_points if key is query else self._points(key)
             alpha = self.edge_updater(edge_index, query=query_points, key=key_points)
-        out = self.propagate(edge_index, x=value, alpha=alpha, size=size)
+        out = self.propagate(edge_index, x=value, alpha=alpha, size=size).to(value.dtype)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.bias is not None:
             out = out + self.bias
@@ -361,7 +361,9 @@ class ConeConv(MessagePassing):
         return F.dropout(alpha, p=self.dropout, training=self.training)
 
     def message(self, x_j: Tensor, alpha: Tensor) -> Tensor:
-        return alpha.unsqueeze(-1).to(x_j.dtype) * x_j
+        # in alpha's dtype (float32 or wider): half-precision messages would be summed in half
+        # precision (on GPUs by atomic additions, each rounded); the output is rounded once
+        return alpha.unsqueeze(-1) * x_j.to(alpha.dtype)
 
     def __repr__(self) -> str:
         return (

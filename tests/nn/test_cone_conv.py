@@ -667,3 +667,20 @@ def test_full_dropout_leaves_the_bias_only():
         conv.bias.uniform_()
     out = conv(x, edge_index)
     torch.testing.assert_close(out, conv.bias.expand_as(out), atol=0, rtol=0)
+
+
+def test_half_precision_messages_are_summed_in_float32(monkeypatch):
+    """A bf16 layer sums float32 messages (its attention weights are float32) and rounds the
+    output once: bf16 messages would be summed in bf16, on GPUs by atomic additions that
+    round at every edge (a target with thousands of incoming edges)."""
+    conv = ConeConv(8, 4, heads=2).bfloat16()
+    summed, aggregate = [], conv.aggregate
+
+    def recording(inputs, *args, **kwargs):
+        summed.append(inputs.dtype)
+        return aggregate(inputs, *args, **kwargs)
+
+    monkeypatch.setattr(conv, "aggregate", recording)
+    out = conv(torch.randn(10, 8).bfloat16(), torch.tensor([[0, 1, 2], [1, 2, 3]]))
+    assert summed == [torch.float32]
+    assert out.dtype == torch.bfloat16
