@@ -113,12 +113,15 @@ def coarsen_leaves(
     Returns ``(x_coarse, coarse_hierarchy, cluster)``: the pooled features
     of the new leaves, the coarser hierarchy
     (:func:`~hiergraph.data.coarsen_hierarchy`) and the new leaf of every
-    old leaf. Apply repeatedly to climb the tree.
+    old leaf. Apply repeatedly to climb the tree. Half-precision features are pooled in
+    float32 and rounded once (on GPUs a half-precision sum adds atomically, rounding at
+    every child).
     """
     _check_leaf_rows(x, int(hierarchy.is_leaf.sum()))
     coarse, cluster = coarsen_hierarchy(hierarchy)
     num_new = int(coarse.is_leaf.sum())
-    return scatter(x, cluster, dim=0, dim_size=num_new, reduce=reduce), coarse, cluster
+    pooled = scatter(x.to(accumulation_dtype(x.dtype)), cluster, 0, dim_size=num_new, reduce=reduce)
+    return pooled.to(x.dtype), coarse, cluster
 
 
 def _check_leaf_rows(x: Tensor, num_leaves: int) -> None:

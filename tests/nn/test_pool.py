@@ -2,6 +2,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
+import hiergraph.nn.pool as pool_module
 from hiergraph.data import from_nested, window_forest, window_hierarchy
 from hiergraph.data.restructure import tree_of_nodes
 from hiergraph.nn import coarsen_leaves, global_leaf_mean_pool, select_leaf
@@ -84,3 +85,20 @@ def test_coarsen_pools_leaf_families_into_parents():
     # tree 0 keeps two leaves and collapses the node over (2, (3 4)); tree 1 collapses to its root
     assert coarser.num_leaves == 4 and coarser.num_trees == 2
     assert torch.allclose(x2, torch.stack([x[1], x[2], x[[0, 3]].mean(0), x[4:].mean(0)]))
+
+
+def test_coarsen_leaves_pools_half_precision_in_float32(monkeypatch):
+    """bf16 features are pooled in float32 and rounded once (on GPUs a bf16 scatter adds
+    atomically, rounding at every child): the result is the float32 pooling, rounded."""
+    pooled, scatter = [], pool_module.scatter
+
+    def recording(src, *args, **kwargs):
+        pooled.append(src.dtype)
+        return scatter(src, *args, **kwargs)
+
+    monkeypatch.setattr(pool_module, "scatter", recording)
+    tree = window_hierarchy(1000, (100,))
+    x = torch.rand(1000, 3, generator=torch.Generator().manual_seed(0)).bfloat16()
+    out, _, _ = coarsen_leaves(x, tree)
+    assert pooled == [torch.float32] and out.dtype == torch.bfloat16
+    assert torch.equal(out, coarsen_leaves(x.float(), tree)[0].bfloat16())
