@@ -4,6 +4,7 @@ benchmarks' helper modules."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import random
 from pathlib import Path
@@ -154,6 +155,18 @@ def assert_same_gradients(out, ref, inputs, upstream=None, **tolerance) -> None:
         torch.testing.assert_close(got, want, **tolerance)
 
 
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``‖got − want‖ / ‖want‖`` (Frobenius norms), taken in float64."""
+    want = want.double()
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+def rounding_error(exact: torch.Tensor, dtype: torch.dtype) -> float:
+    """The relative error of rounding ``exact`` to ``dtype`` once: what a half-precision
+    result computed in float32 and rounded once costs."""
+    return relative_error(exact.to(dtype), exact)
+
+
 def with_nan(x: torch.Tensor, row: int) -> torch.Tensor:
     """A copy of ``x`` with one NaN in row ``row``, requiring a gradient."""
     x = x.detach().clone()
@@ -171,12 +184,17 @@ def assert_same_nans(out: torch.Tensor, ref: torch.Tensor, **tolerance) -> None:
 
 
 def spy_calls(monkeypatch, owner, name: str) -> list[dict]:
-    """The keyword arguments of every call of ``owner.name`` from now on (the function
-    still runs)."""
+    """The arguments of every call of ``owner.name`` from now on, by parameter name (those
+    passed by position too; extra keywords as they are); the function still runs."""
     calls, fn = [], getattr(owner, name)
+    signature = inspect.signature(fn)
 
     def spy(*args, **kwargs):
-        calls.append(kwargs)
+        arguments = dict(signature.bind(*args, **kwargs).arguments)
+        for parameter in signature.parameters.values():
+            if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                arguments.update(arguments.pop(parameter.name, {}))
+        calls.append(arguments)
         return fn(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, spy)

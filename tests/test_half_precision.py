@@ -31,6 +31,7 @@ from hiergraph.ops import (
     hierarchical_attention,
     hmatrix_attention,
 )
+from tests.conftest import relative_error, rounding_error
 
 OP_FACTOR, LAYER_FACTOR = 1.5, 4.0
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
@@ -169,9 +170,5 @@ def test_half_precision_errs_about_one_rounding(name, half, device):
     run = {**_ops(at), **_layers(at)}[name]()
     with torch.no_grad():
         got, want = run(half), run(torch.float64)
-
-    def error(x):
-        return ((x.double() - want).norm() / want.norm()).item()
-
     assert got.dtype == half
-    assert error(got) <= factor * error(want.to(half))
+    assert relative_error(got, want) <= factor * rounding_error(want, half)

@@ -13,6 +13,7 @@ from torch_geometric.utils import coalesce, to_dense_adj
 
 from hiergraph.nn.cone_conv import ConeConv
 from hiergraph.ops.cone import penumbral, umbral
+from tests.conftest import spy_calls
 from tests.nn import sparse_inputs
 from tests.nn.sparse_inputs import LAYOUTS
 
@@ -674,13 +675,7 @@ def test_half_precision_messages_are_summed_in_float32(monkeypatch):
     output once: bf16 messages would be summed in bf16, on GPUs by atomic additions that
     round at every edge (a target with thousands of incoming edges)."""
     conv = ConeConv(8, 4, heads=2).bfloat16()
-    summed, aggregate = [], conv.aggregate
-
-    def recording(inputs, *args, **kwargs):
-        summed.append(inputs.dtype)
-        return aggregate(inputs, *args, **kwargs)
-
-    monkeypatch.setattr(conv, "aggregate", recording)
+    summed = spy_calls(monkeypatch, conv, "aggregate")
     out = conv(torch.randn(10, 8).bfloat16(), torch.tensor([[0, 1, 2], [1, 2, 3]]))
-    assert summed == [torch.float32]
+    assert [call["inputs"].dtype for call in summed] == [torch.float32]
     assert out.dtype == torch.bfloat16

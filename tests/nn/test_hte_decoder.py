@@ -10,6 +10,7 @@ from torch_geometric.data import Batch
 from hiergraph.data import SignalHierarchy, from_nested, window_hierarchy
 from hiergraph.nn import HTEDecoder, from_schedule
 from hiergraph.nn.kv_cache import append_schedule
+from tests.conftest import relative_error, rounding_error
 
 
 def random_schedule(rng, length):
@@ -64,8 +65,7 @@ def test_a_bf16_decoder_generates_what_its_full_pass_computes():
             for i, (close, open_) in enumerate(append_schedule(tree).tolist())
         ]
     )
-    drift = ((steps.double() - full).norm() / full.norm()).item()
-    assert drift <= 2 * ((exact.bfloat16().double() - exact).norm() / exact.norm()).item()
+    assert relative_error(steps, full) <= 2 * rounding_error(exact, torch.bfloat16)
     assert steps.dtype == torch.bfloat16
 
 

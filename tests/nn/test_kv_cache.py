@@ -23,6 +23,8 @@ from tests.conftest import (
     hsa_kernel,
     kernel_or_torch_ops,
     random_qkv,
+    relative_error,
+    rounding_error,
     spy_calls,
     with_nan,
 )
@@ -318,11 +320,7 @@ def test_half_precision_caches_keep_their_sums_in_float32(dtype, step):
     q, k, v = (t.to(dtype) for t in random_qkv(4096, dim=8, dv=8, seed=1))
     out, _ = decode(tree, q, k, v)
     want = causal_hierarchical_attention(q.double(), k.double(), v.double(), tree)
-
-    def error(x):
-        return ((x.double() - want).norm() / want.norm()).item()
-
-    assert error(out) <= 1.25 * error(want.to(dtype))
+    assert relative_error(out, want) <= 1.25 * rounding_error(want, dtype)
     assert out.dtype == dtype
 
 

@@ -33,6 +33,7 @@ from hiergraph.masks import (
     window_mask,
 )
 from hiergraph.nn.masked_attention_conv import MaskedAttentionConv
+from tests.conftest import relative_error, rounding_error
 from tests.nn import sparse_inputs
 from tests.nn.sparse_inputs import LAYOUTS
 
@@ -427,12 +428,8 @@ def test_half_precision_sums_a_wide_softmax_in_float32(edge_dim):
         x.double(), edge_index, None if edge_attr is None else edge_attr.bfloat16().double(), True
     )
     out, want = out[:targets], want[:targets]
-
-    def error(got, exact):
-        return ((got.double() - exact).norm() / exact.norm()).item()
-
-    assert error(out, want) <= 2 * error(want.bfloat16(), want)
-    assert error(alpha, want_alpha) <= 2 * error(want_alpha.bfloat16(), want_alpha)
+    assert relative_error(out, want) <= 2 * rounding_error(want, torch.bfloat16)
+    assert relative_error(alpha, want_alpha) <= 2 * rounding_error(want_alpha, torch.bfloat16)
     assert out.dtype == alpha.dtype == torch.bfloat16
 
 

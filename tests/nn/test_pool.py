@@ -7,6 +7,7 @@ from hiergraph.data import from_nested, window_forest, window_hierarchy
 from hiergraph.data.restructure import tree_of_nodes
 from hiergraph.nn import coarsen_leaves, global_leaf_mean_pool, select_leaf
 from hiergraph.ops import hierarchical_attention
+from tests.conftest import spy_calls
 
 
 def _batch():
@@ -90,15 +91,10 @@ def test_coarsen_pools_leaf_families_into_parents():
 def test_coarsen_leaves_pools_half_precision_in_float32(monkeypatch):
     """bf16 features are pooled in float32 and rounded once (on GPUs a bf16 scatter adds
     atomically, rounding at every child): the result is the float32 pooling, rounded."""
-    pooled, scatter = [], pool_module.scatter
-
-    def recording(src, *args, **kwargs):
-        pooled.append(src.dtype)
-        return scatter(src, *args, **kwargs)
-
-    monkeypatch.setattr(pool_module, "scatter", recording)
+    pooled = spy_calls(monkeypatch, pool_module, "scatter")
     tree = window_hierarchy(1000, (100,))
     x = torch.rand(1000, 3, generator=torch.Generator().manual_seed(0)).bfloat16()
     out, _, _ = coarsen_leaves(x, tree)
-    assert pooled == [torch.float32] and out.dtype == torch.bfloat16
+    assert [call["src"].dtype for call in pooled] == [torch.float32]
+    assert out.dtype == torch.bfloat16
     assert torch.equal(out, coarsen_leaves(x.float(), tree)[0].bfloat16())

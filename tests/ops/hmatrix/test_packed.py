@@ -40,7 +40,12 @@ from hiergraph.ops.hmatrix.packed import (
     _source_digest,
     _unmasked_counts,
 )
-from tests.conftest import assert_same_gradients, unordered_backward_nodes
+from tests.conftest import (
+    assert_same_gradients,
+    relative_error,
+    rounding_error,
+    unordered_backward_nodes,
+)
 from tests.ops.hmatrix import qkv as _qkv
 
 CASES = [(16, 2), (64, 4), (128, 8), (256, 16), (100, 8), (37, 2), (5, 4)]
@@ -312,10 +317,6 @@ def test_band_products_write_every_block(width):
     torch.testing.assert_close(key_grads, want_key_grads, rtol=0, atol=1e-14)
 
 
-def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.double() - want).norm() / want.norm()).item()
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_half_precision_costs_one_rounding(dtype, causal):
@@ -334,14 +335,13 @@ def test_half_precision_costs_one_rounding(dtype, causal):
     out = hmatrix_attention(*half, 16, causal, mask)
     want = hmatrix_attention(*wide, 16, causal, mask)
     assert out.dtype == dtype
-    assert _relative_error(out, want) <= 1.25 * _relative_error(want.to(dtype), want)
+    assert relative_error(out, want) <= 1.25 * rounding_error(want, dtype)
     grad = torch.randn(out.shape, generator=gen).to(dtype)
     out.backward(grad)
     want.backward(grad.double())
     for got, exact in zip(half, wide, strict=True):
         assert got.grad.dtype == dtype
-        rounded = _relative_error(exact.grad.to(dtype), exact.grad)
-        assert _relative_error(got.grad, exact.grad) <= 1.25 * rounded
+        assert relative_error(got.grad, exact.grad) <= 1.25 * rounding_error(exact.grad, dtype)
 
 
 def test_autocast_casts_the_inputs_and_computes_as_without_it():
