@@ -132,20 +132,18 @@ def uniform_hierarchical_attention(
     # the kernels (Triton's on a GPU when turned on, the compiled CPU kernel), where they
     # apply, read the leaves where they lie and count the valid leaves themselves (a family
     # above the roots only without gradients)
-    kernel = alone or fuse and grad and above is None and fused_forward(left_only)
-    if kernel and triton_uniform.applies(q, k, v, fanout, eps, leaf_mask):
-        grads = None if alone else recorded
-        try:
-            return triton_uniform.triton_uniform_attention(
-                q, k, v, fanout, eps, recorded=grads, leaf_mask=leaf_mask, above=above, **options
-            )
-        except triton_uniform.KernelsUnavailable:  # warned and turned off: the paths below
-            pass
-    if kernel and native.applies(q, k, v, fanout, eps, not alone):
-        grads = None if alone else recorded
-        return native.native_uniform_attention(
-            q, k, v, fanout, eps, recorded=grads, leaf_mask=leaf_mask, above=above, **options
-        )
+    if alone or fuse and grad and above is None and fused_forward(left_only):
+        # both take the same arguments (the recorded op: second derivatives)
+        call = dict(recorded=None if alone else recorded, leaf_mask=leaf_mask, above=above)
+        if triton_uniform.applies(q, k, v, fanout, eps, leaf_mask):
+            try:
+                return triton_uniform.triton_uniform_attention(
+                    q, k, v, fanout, eps, **call, **options
+                )
+            except triton_uniform.KernelsUnavailable:  # warned and turned off: the paths below
+                pass
+        if native.applies(q, k, v, fanout, eps, not alone):
+            return native.native_uniform_attention(q, k, v, fanout, eps, **call, **options)
 
     # ---- bottom-up: family layout of every level, deepest first. Padding leaves count 0:
     # the counts drop them from every key set and pooled mean (their values, if finite,
