@@ -96,12 +96,12 @@ def applies(q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, leaf_
     device with contiguous channels, a leaf mask (if any) ``[L]`` there, at most
     :data:`MAX_HEADS` heads, every fanout from 2 to :data:`MAX_FANOUT`, and ``triton``
     importable (a family above the roots runs without gradients only: the callers' rule)."""
+    if not (_enabled and (q.is_cuda or interpreting())):  # (every CPU call asks)
+        return False
     heads = q.size(1) if q.dim() == 3 else 0
     nodes = [q.size(0) // math.prod(fanout[d:]) for d in range(1, len(fanout) + 1)]
     return (
-        _enabled
-        and (q.is_cuda or interpreting())
-        and (eps is None or len(eps) == len(fanout))
+        (eps is None or len(eps) == len(fanout))
         and all(
             e.dim() == 3
             and e.size(0) in (1, heads)
