@@ -1,8 +1,9 @@
 """The dtype in which sums, counts and logs of low-precision tensors are accumulated, and
-the autocast state the ops that keep those sums run under."""
+the autocast state the ops that keep those sums run under (:func:`autocast_inputs`)."""
 
 from __future__ import annotations
 
+import functools
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -50,3 +51,30 @@ def _has_autocast(device_type: str) -> bool:
     without asking: some releases cannot trace the query, and the devices they compile for
     (CPU, CUDA, XPU, ...) all have autocast."""
     return torch.compiler.is_compiling() or torch.amp.is_autocast_available(device_type)
+
+
+def autocast_inputs(op):
+    """Decorates an attention op ``op(q, k, v, ...)``: under autocast on ``q``'s device,
+    ``q, k, v`` are cast to the autocast dtype (as
+    :func:`~torch.nn.functional.scaled_dot_product_attention` casts them; layers upstream
+    hand over mixed dtypes, since autocast keeps e.g. layer norms in float32) and the op
+    runs with autocast off, so the sums it keeps in float32 stay in float32."""
+
+    @functools.wraps(op)
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args, **kwargs):
+        check_tensors(q, k, v)
+        dtype = autocast_dtype(q.device.type)
+        if dtype is None:
+            return op(q, k, v, *args, **kwargs)
+        q, k, v = (t.to(dtype) if t.is_floating_point() else t for t in (q, k, v))
+        with autocast_off(q.device.type):
+            return op(q, k, v, *args, **kwargs)
+
+    return run
+
+
+def check_tensors(q, k, v) -> None:
+    """``TypeError`` unless ``q``, ``k`` and ``v`` are tensors."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

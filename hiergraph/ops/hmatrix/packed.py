@@ -18,11 +18,12 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from hiergraph._device import to_device
-from hiergraph._precision import autocast_dtype, autocast_off, widened
+from hiergraph._precision import autocast_inputs, widened
 from hiergraph.data.windows import hmatrix_layout
 from hiergraph.ops.hmatrix.inputs import check_inputs
 
 
+@autocast_inputs
 def hmatrix_attention(
     q: Tensor,
     k: Tensor,
@@ -73,11 +74,6 @@ def hmatrix_attention(
         them).
     """
     check_inputs(q, k, v, block_size, key_padding_mask)
-    cast = autocast_dtype(q.device.type)
-    if cast is not None:  # the inputs in autocast's dtype, the op as written
-        with autocast_off(q.device.type):
-            q, k, v = (t.to(cast) for t in (q, k, v))
-            return hmatrix_attention(q, k, v, block_size, causal, key_padding_mask)
     if q.size(0) == 0 or q.size(1) == 0:  # no sequence: the (empty) result of any attention
         return torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v)
     dtype = q.dtype

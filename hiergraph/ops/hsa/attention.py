@@ -13,11 +13,11 @@ import torch
 from torch import Tensor
 
 from hiergraph._autograd import records_grad
-from hiergraph._precision import accumulation_dtype, widened
+from hiergraph._precision import accumulation_dtype, autocast_inputs, widened
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge, wide_dominates
-from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb, logit_scale
+from hiergraph.ops.hsa.inputs import check_qkv, head_pos_emb, logit_scale
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.ops.hsa.uniform import fits, per_depth, per_level, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp

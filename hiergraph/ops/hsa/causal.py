@@ -17,10 +17,10 @@ import torch
 from torch import Tensor
 
 from hiergraph._autograd import records_grad
-from hiergraph._precision import accumulation_dtype
+from hiergraph._precision import accumulation_dtype, autocast_inputs
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal_uniform import uniform_causal_attention
-from hiergraph.ops.hsa.inputs import autocast_inputs, check_qkv, head_pos_emb, logit_scale
+from hiergraph.ops.hsa.inputs import check_qkv, head_pos_emb, logit_scale
 from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, to_slots
 from hiergraph.ops.hsa.uniform import fits, per_depth
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax

@@ -1,34 +1,13 @@
-"""Checks of the inputs shared by the HSA ops, and their cast under autocast."""
+"""Checks of the inputs shared by the HSA ops."""
 
 from __future__ import annotations
 
-import functools
 from numbers import Real
 
 import torch
 from torch import Tensor
 
-from hiergraph._precision import autocast_dtype, autocast_off
-
-
-def autocast_inputs(op):
-    """Decorates an HSA op ``op(q, k, v, ...)``: under autocast on ``q``'s device, ``q, k,
-    v`` are cast to the autocast dtype (as
-    :func:`~torch.nn.functional.scaled_dot_product_attention` casts them; layers upstream
-    hand over mixed dtypes, since autocast keeps e.g. layer norms in float32) and the op
-    runs with autocast off, so the sums it keeps in float32 stay in float32."""
-
-    @functools.wraps(op)
-    def run(q: Tensor, k: Tensor, v: Tensor, *args, **kwargs):
-        _check_tensors(q, k, v)
-        dtype = autocast_dtype(q.device.type)
-        if dtype is None:
-            return op(q, k, v, *args, **kwargs)
-        q, k, v = (t.to(dtype) if t.is_floating_point() else t for t in (q, k, v))
-        with autocast_off(q.device.type):
-            return op(q, k, v, *args, **kwargs)
-
-    return run
+from hiergraph._precision import check_tensors
 
 
 def head_pos_emb(pos_emb: Tensor, q: Tensor, num_nodes: int) -> Tensor:
@@ -64,16 +43,10 @@ def logit_scale(scale, q: Tensor) -> float:
     return scale
 
 
-def _check_tensors(q, k, v) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-
-
 def check_qkv(q, k, v, num_leaves: int) -> None:
     """Shared checks of HSA inputs: ``q, k [L, H, d]``, ``v [L, H, d_v]``, one floating
     dtype, one row per leaf."""
-    _check_tensors(q, k, v)
+    check_tensors(q, k, v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"{name} must be [num_leaves, heads, dim], got shape {tuple(t.shape)}")
