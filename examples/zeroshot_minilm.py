@@ -257,10 +257,10 @@ def attention_flops(lengths, branching, head_dim: int, heads: int, hubs: int = 0
     return {"flat": float(flat), "hsa": float(hsa)}
 
 
-def evaluate(model, cache, labels, split, layers, branching, method="hsa", block=None, hubs=0):
+def evaluate(model, cache, labels, split, layers, branching, method="hsa", block_size=None, hubs=0):
     """Cosine to the original embeddings (and of the last hidden states, token by token)
     and probe accuracies of one replacement."""
-    inject_hsa(model, layers, branching, method=method, block=block, hubs=hubs)
+    inject_hsa(model, layers, branching, method=method, block_size=block_size, hubs=hubs)
     start = time.perf_counter()
     try:
         emb, token_cosine = encode_from_cache(model, cache, min(layers))

@@ -381,7 +381,7 @@ def hmatrix_layer(device):
 def htransformer(device):
     from hiergraph.nn import HTransformer1D
 
-    net = _module(HTransformer1D(20, embed_dim=16, depth=1, num_heads=2, block_size=4), device)
+    net = _module(HTransformer1D(20, embed_dim=16, num_layers=1, num_heads=2, block_size=4), device)
     tokens = (torch.arange(64, device=device) % 20).view(2, 32)
     return Case(lambda: net(tokens), list(net.parameters()))
 

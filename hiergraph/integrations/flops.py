@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hiergraph._deprecation import renamed_arguments
+
 if TYPE_CHECKING:
     from torch_geometric.data import Batch
 
@@ -59,20 +61,21 @@ def flat_attention_flops(
     return heads * num_tokens**2 * _per_score(head_dim, value_dim, score_flops)
 
 
+@renamed_arguments(block="block_size")
 def block_attention_flops(
     num_tokens: int,
-    block: int,
+    block_size: int,
     head_dim: int,
     heads: int = 1,
     value_dim: int | None = None,
     score_flops: int = SCORE_FLOPS,
 ) -> int:
-    """FLOPs of softmax attention inside non-overlapping blocks of ``block`` tokens
-    (the last block may be partial)."""
-    if block < 1:
-        raise ValueError(f"block must be >= 1, got {block}")
-    full, rest = divmod(num_tokens, block)
-    scores = full * block**2 + rest**2
+    """FLOPs of softmax attention inside non-overlapping blocks of ``block_size`` tokens
+    (the last block may be partial; ``block_size`` was formerly ``block``)."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    full, rest = divmod(num_tokens, block_size)
+    scores = full * block_size**2 + rest**2
     return heads * scores * _per_score(head_dim, value_dim, score_flops)
 
 

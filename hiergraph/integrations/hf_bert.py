@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from torch_geometric.data import Batch
 
 from hiergraph._checks import check_int
+from hiergraph._deprecation import renamed_arguments
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.windows import check_branching
 from hiergraph.integrations.hub_windows import padded_hub_window_hsa
@@ -82,10 +83,11 @@ class HSASelfAttention(nn.Module):
             :func:`remove_hsa`).
         method (str): ``'hsa'``; ``'hsa_no_size_bias'`` (HSA without the
             :math:`\log n(B)` sibling bias, a baseline); ``'block'`` (softmax
-            inside blocks of ``block`` tokens, a baseline).
+            inside blocks of ``block_size`` tokens, a baseline).
         include_self (bool): the BERT-style diagonal in HSA (the self energy of
             App. G.1).
-        block (int or None): block size for ``method='block'``.
+        block_size (int or None): tokens per block for ``method='block'`` (formerly
+            ``block``).
         hierarchies (_Hierarchies): the hierarchy source shared by the model's
             replaced layers (built by :func:`inject_hsa`).
 
@@ -96,12 +98,13 @@ class HSASelfAttention(nn.Module):
             silently attend to future tokens.
     """
 
+    @renamed_arguments(block="block_size")
     def __init__(
         self,
         attention: nn.Module,
         method: str,
         include_self: bool,
-        block: int | None,
+        block_size: int | None,
         hierarchies: _Hierarchies,
     ):
         super().__init__()
@@ -110,7 +113,7 @@ class HSASelfAttention(nn.Module):
         self.heads = attention.num_attention_heads
         self.head_dim = attention.attention_head_size
         self.scale = getattr(attention, "scaling", self.head_dim**-0.5)
-        self.method, self.include_self, self.block = method, include_self, block
+        self.method, self.include_self, self.block_size = method, include_self, block_size
         self.hierarchies = hierarchies
         self.__dict__["original"] = attention  # not a submodule: no duplicate parameters
 
@@ -145,7 +148,7 @@ class HSASelfAttention(nn.Module):
         )
         token_mask = valid_token_mask(attention_mask, batch, length).to(q.device)
         if self.method == "block":
-            out = padded_block_attention(q, k, v, token_mask, self.block, self.scale)
+            out = padded_block_attention(q, k, v, token_mask, self.block_size, self.scale)
         else:
             options = dict(
                 include_self=self.include_self, size_bias=self.method == "hsa", scale=self.scale
@@ -162,7 +165,7 @@ class HSASelfAttention(nn.Module):
     def __repr__(self) -> str:
         h = self.hierarchies
         detail = (
-            f"block={self.block}"
+            f"block_size={self.block_size}"
             if self.method == "block"
             else f"branching={h.branching}, hubs={h.hubs}"
         )
@@ -194,13 +197,14 @@ def interleaved_layers(num_layers: int, count: int) -> list[int]:
     return sorted(num_layers - 1 - 2 * i for i in range(count))
 
 
+@renamed_arguments(block="block_size")
 def inject_hsa(
     model: nn.Module,
     layers: Sequence[int],
     branching: Sequence[int] = (2, 4, 8, 16),
     include_self: bool = True,
     method: str = "hsa",
-    block: int | None = None,
+    block_size: int | None = None,
     hubs: int = 0,
 ) -> nn.Module:
     r"""Replace the self-attention of ``layers`` by HSA (in place; returns ``model``).
@@ -218,8 +222,8 @@ def inject_hsa(
             (the self energy of App. G.1). (default: :obj:`True`)
         method (str, optional): ``'hsa'`` or one of the baselines
             ``'hsa_no_size_bias'``, ``'block'``. (default: :obj:`"hsa"`)
-        block (int, optional): block size for ``'block'``. (default: :obj:`None`,
-            i.e. ``branching[0]``: the leaf windows)
+        block_size (int, optional): tokens per block for ``'block'`` (formerly
+            ``block``). (default: :obj:`None`, i.e. ``branching[0]``: the leaf windows)
         hubs (int, optional): lift each example's :obj:`hubs` best keys by the
             root-level score, chosen per layer from its own q, k, to leaves under the
             root (:mod:`~hiergraph.integrations.hubs`); 0 keeps the fixed windows.
@@ -235,10 +239,11 @@ def inject_hsa(
     if not isinstance(include_self, bool):
         raise TypeError(f"include_self must be a bool, got {include_self!r}")
     if method == "block":
-        block = block if block is not None else (branching[0] if branching else None)
-        if block is None:
-            raise ValueError("method='block' needs block >= 1 (or a non-empty branching)")
-        check_int(block, "block")
+        if block_size is None:
+            block_size = branching[0] if branching else None
+        if block_size is None:
+            raise ValueError("method='block' needs block_size >= 1 (or a non-empty branching)")
+        check_int(block_size, "block_size")
     all_layers = encoder_layers(model)
     n = len(all_layers)
     chosen = sorted({i % n for i in _check_layers(layers, n)})
@@ -254,7 +259,7 @@ def inject_hsa(
             raise ValueError(f"layer {i} already has HSA; call remove_hsa(model) first")
         try:
             replacements.append(
-                HSASelfAttention(attention, method, include_self, block, hierarchies)
+                HSASelfAttention(attention, method, include_self, block_size, hierarchies)
             )
         except ValueError as error:
             raise ValueError(f"layer {i}: {error}") from None

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from hiergraph._deprecation import renamed_arguments
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.windows import window_forest
 from hiergraph.nn.pool import leaf_batch
@@ -278,11 +279,17 @@ def _padded_forest(batch: int, length: int, branching: tuple[int, ...], device: 
     return window_forest([length] * batch, branching).to(device).tree_index()
 
 
+@renamed_arguments(block="block_size")
 def padded_block_attention(
-    q: Tensor, k: Tensor, v: Tensor, token_mask: Tensor, block: int, scale: float | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    token_mask: Tensor,
+    block_size: int,
+    scale: float | None = None,
 ) -> Tensor:
-    r"""Softmax attention (with the diagonal) inside consecutive blocks of ``block`` valid
-    tokens; the same shapes as :func:`padded_hsa`.
+    r"""Softmax attention (with the diagonal) inside consecutive blocks of ``block_size``
+    valid tokens; the same shapes as :func:`padded_hsa`.
 
     .. math::
         \mathrm{out}_i = \sum_{j \in \mathrm{blk}(i)}
@@ -293,16 +300,17 @@ def padded_block_attention(
         k (torch.Tensor): keys ``[B, H, T, d]``.
         v (torch.Tensor): values ``[B, H, T, d_v]``.
         token_mask (torch.Tensor): ``[B, T]`` bool, ``True`` for real tokens.
-        block (int): tokens per block.
+        block_size (int): tokens per block (formerly ``block``).
         scale (float, optional): logit scale :math:`\tau`. (default: :obj:`None`,
             i.e. :math:`1/\sqrt{d}`)
     """
     check_padded(q, k, v, token_mask)
-    if block < 1:
-        raise ValueError(f"block must be >= 1, got {block}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
     batch, heads, length, _ = q.shape
-    block = min(block, max(length, 1))  # one block holds them all: the same attention, and
-    # no [block, block] logits past the sequence (block=10**6 on 3 tokens asked for 4 TB)
+    # one block holds them all: the same attention, and no [block, block] logits past the
+    # sequence (block_size=10**6 on 3 tokens asked for 4 TB)
+    block = min(block_size, max(length, 1))
     scale = q.size(-1) ** -0.5 if scale is None else scale
     # move valid tokens to the front (stable), so blocks follow the valid tokens
     order = torch.argsort((~token_mask).to(torch.int8), dim=1, stable=True)

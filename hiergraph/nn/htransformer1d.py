@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from hiergraph._checks import check_int
+from hiergraph._deprecation import renamed_arguments
 from hiergraph._precision import accumulation_dtype
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
 
@@ -79,7 +80,7 @@ class TransformerBlock(nn.Module):
 
 
 class HTransformer1D(nn.Module):
-    r"""Token embedding + sinusoidal positions + ``depth`` pre-LN blocks of H-matrix attention.
+    r"""Token embedding + sinusoidal positions + ``num_layers`` pre-LN blocks of H-matrix attention.
 
     Zhu & Soricut, *H-Transformer-1D* (ACL 2021): a standard Transformer whose
     attention is replaced by :class:`~hiergraph.nn.HMatrixAttention`, so a layer
@@ -89,9 +90,10 @@ class HTransformer1D(nn.Module):
     is a bidirectional encoder.
 
     Args:
-        num_tokens (int): vocabulary size.
+        vocab_size (int): vocabulary size (formerly ``num_tokens``).
         embed_dim (int, optional): model width. (default: :obj:`256`)
-        depth (int, optional): number of blocks. (default: :obj:`4`)
+        num_layers (int, optional): number of blocks (formerly ``depth``).
+            (default: :obj:`4`)
         num_heads (int, optional): heads per block. (default: :obj:`8`)
         block_size (int, optional): :math:`N_r` of the H-matrix attention (even).
             (default: :obj:`16`)
@@ -100,7 +102,7 @@ class HTransformer1D(nn.Module):
             (default: :obj:`4`)
         dropout (float, optional): dropout on the residual branches and inside
             the FFN. (default: :obj:`0.`)
-        lm_head (bool, optional): end with a linear map to :obj:`num_tokens`
+        lm_head (bool, optional): end with a linear map to :obj:`vocab_size`
             logits; otherwise return the final (layer-normalised) hidden states.
             (default: :obj:`True`)
         attention (Callable[[int, int], torch.nn.Module], optional): factory
@@ -111,14 +113,15 @@ class HTransformer1D(nn.Module):
     Shapes:
         - **tokens**: ``[B, L]`` int64.
         - **key_padding_mask**: optional bool ``[B, L]``, ``True`` = padding.
-        - **output**: ``[B, L, num_tokens]`` logits, or ``[B, L, embed_dim]``.
+        - **output**: ``[B, L, vocab_size]`` logits, or ``[B, L, embed_dim]``.
     """
 
+    @renamed_arguments(num_tokens="vocab_size", depth="num_layers")
     def __init__(
         self,
-        num_tokens: int,
+        vocab_size: int,
         embed_dim: int = 256,
-        depth: int = 4,
+        num_layers: int = 4,
         num_heads: int = 8,
         block_size: int = 16,
         causal: bool = False,
@@ -128,21 +131,21 @@ class HTransformer1D(nn.Module):
         attention: Callable[[int, int], nn.Module] | None = None,
     ) -> None:
         super().__init__()
-        check_int(num_tokens, "num_tokens")
-        check_int(depth, "depth", minimum=0)
+        check_int(vocab_size, "vocab_size")
+        check_int(num_layers, "num_layers", minimum=0)
         check_int(ff_mult, "ff_mult")
         if attention is None:
 
             def attention(dim: int, heads: int) -> nn.Module:
                 return HMatrixAttention(dim, heads, block_size=block_size, causal=causal)
 
-        self.embed = nn.Embedding(num_tokens, embed_dim)
+        self.embed = nn.Embedding(vocab_size, embed_dim)
         self.blocks = nn.ModuleList(
             TransformerBlock(attention(embed_dim, num_heads), embed_dim, ff_mult, dropout)
-            for _ in range(depth)
+            for _ in range(num_layers)
         )
         self.norm = nn.LayerNorm(embed_dim)
-        self.head = nn.Linear(embed_dim, num_tokens) if lm_head else None
+        self.head = nn.Linear(embed_dim, vocab_size) if lm_head else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -161,7 +164,7 @@ class HTransformer1D(nn.Module):
                 padding (as in PyTorch). (default: :obj:`None`)
 
         Returns:
-            ``[B, L, num_tokens]`` logits, or ``[B, L, embed_dim]`` without
+            ``[B, L, vocab_size]`` logits, or ``[B, L, embed_dim]`` without
             :obj:`lm_head`.
         """
         if tokens.dim() != 2 or tokens.dtype != torch.long:
@@ -181,6 +184,6 @@ class HTransformer1D(nn.Module):
     def __repr__(self) -> str:
         return (
             f"{self.__class__.__name__}({self.embed.num_embeddings}, "
-            f"embed_dim={self.embed.embedding_dim}, depth={len(self.blocks)}, "
+            f"embed_dim={self.embed.embedding_dim}, num_layers={len(self.blocks)}, "
             f"lm_head={self.head is not None})"
         )

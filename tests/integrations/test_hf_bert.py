@@ -11,6 +11,7 @@ transformers = pytest.importorskip(
 from hiergraph.integrations import (  # noqa: E402
     HSASelfAttention,
     encoder_layers,
+    hf_bert,
     hsa_hierarchies,
     inject_hsa,
     interleaved_layers,
@@ -132,7 +133,11 @@ def test_methods_run_and_baselines_reduce_to_softmax(method):
     assert torch.isfinite(out).all() and (out[valid] - ref[valid]).abs().max() > 1e-4
     remove_hsa(model)
     if method == "block":  # one block over every sequence = flat softmax
-        inject_hsa(model, [0, 2], method="block", block=max(LENGTHS))
+        inject_hsa(model, [0, 2], method="block", block_size=max(LENGTHS))
+        torch.testing.assert_close(encode(model, ids, mask)[valid], ref[valid], atol=1e-12, rtol=0)
+        remove_hsa(model)
+        with pytest.warns(FutureWarning, match="'block' is now called 'block_size'"):
+            inject_hsa(model, [0, 2], method="block", block=max(LENGTHS))  # the old name
         torch.testing.assert_close(encode(model, ids, mask)[valid], ref[valid], atol=1e-12, rtol=0)
 
 
@@ -169,8 +174,8 @@ def test_bad_input():
         inject_hsa(model, [0], hubs=-1)
     with pytest.raises(ValueError, match="not method='block'"):
         inject_hsa(model, [0], method="block", hubs=2)
-    with pytest.raises(TypeError, match="block must be a positive int, got 2.5"):  # (at forward)
-        inject_hsa(model, [0], method="block", block=2.5)
+    with pytest.raises(TypeError, match="block_size must be a positive int, got 2.5"):
+        inject_hsa(model, [0], method="block", block_size=2.5)
     with pytest.raises(TypeError, match="include_self must be a bool, got 'no'"):  # (truthy)
         inject_hsa(model, [0], include_self="no")
     inject_hsa(model, [0])
@@ -185,7 +190,7 @@ def test_bad_input():
         sentence_hierarchy([2, 0])
     causal = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]
     attention = HSASelfAttention(model.encoder.layer[0].attention.self, "hsa", True, 2,
-                                 inject_hsa.__globals__["_Hierarchies"]((2,), 0))  # fmt: skip
+                                 hf_bert._Hierarchies((2,), 0))  # fmt: skip
     with pytest.raises(ValueError, match="key padding"):
         attention(torch.randn(1, 4, 16, dtype=torch.float64), causal)
 
@@ -198,7 +203,7 @@ def test_causal_decoder_layers_are_refused(model_cls):
     with pytest.raises(ValueError, match="causal"):
         inject_hsa(model, [0])
     assert not any(isinstance(m, HSASelfAttention) for m in model.modules())  # nothing replaced
-    hierarchies = inject_hsa.__globals__["_Hierarchies"]((2,), 0)
+    hierarchies = hf_bert._Hierarchies((2,), 0)
     with pytest.raises(ValueError, match="causal"):
         HSASelfAttention(model.encoder.layer[0].attention.self, "hsa", True, 2, hierarchies)
 

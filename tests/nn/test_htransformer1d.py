@@ -12,7 +12,7 @@ from hiergraph.nn.htransformer1d import HTransformer1D, sinusoidal_positions
 
 def test_language_model_is_causal_and_trains():
     torch.manual_seed(0)
-    model = HTransformer1D(20, embed_dim=32, depth=2, num_heads=4, block_size=4, causal=True)
+    model = HTransformer1D(20, embed_dim=32, num_layers=2, num_heads=4, block_size=4, causal=True)
     tokens = torch.randint(0, 20, (2, 70))
     logits = model(tokens)
     assert logits.shape == (2, 70, 20)
@@ -26,7 +26,7 @@ def test_language_model_is_causal_and_trains():
 
 def test_encoder_ignores_padded_tokens():
     torch.manual_seed(0)
-    model = HTransformer1D(10, embed_dim=16, depth=2, num_heads=2, block_size=4, lm_head=False)
+    model = HTransformer1D(10, embed_dim=16, num_layers=2, num_heads=2, block_size=4, lm_head=False)
     tokens = torch.randint(0, 10, (1, 30))
     mask = torch.zeros(1, 30, dtype=torch.bool)
     mask[:, 25:] = True
@@ -37,11 +37,11 @@ def test_encoder_ignores_padded_tokens():
     torch.testing.assert_close(model(other, mask)[:, :25], out[:, :25])
     with pytest.raises(ValueError, match="int64"):
         model(tokens.float())
-    for kwargs, match in ((dict(depth=-1), "depth must be an int >= 0"),  # (built no block)
-                          (dict(num_tokens=0), "num_tokens must be a positive int"),
+    for kwargs, match in ((dict(num_layers=-1), "num_layers must be an int >= 0"),  # (no block)
+                          (dict(vocab_size=0), "vocab_size must be a positive int"),
                           (dict(ff_mult=0), "ff_mult must be a positive int")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
-            HTransformer1D(**{"num_tokens": 10, "embed_dim": 8, "num_heads": 2, **kwargs})
+            HTransformer1D(**{"vocab_size": 10, "embed_dim": 8, "num_heads": 2, **kwargs})
 
 
 def test_sinusoidal_positions():
@@ -70,14 +70,14 @@ def test_attention_factory_swaps_the_attention():
             calls.append(q.shape)
             return super().attend(q, k, v, key_padding_mask)
 
-    model = HTransformer1D(7, embed_dim=8, depth=3, num_heads=2, attention=Recording)
+    model = HTransformer1D(7, embed_dim=8, num_layers=3, num_heads=2, attention=Recording)
     assert model(torch.randint(0, 7, (2, 9))).shape == (2, 9, 7)
     assert calls == [(2, 2, 9, 4)] * 3
 
 
 def test_repr_and_reset_parameters():
-    model = HTransformer1D(7, embed_dim=8, depth=2, num_heads=2, block_size=4, lm_head=False)
-    assert repr(model) == "HTransformer1D(7, embed_dim=8, depth=2, lm_head=False)"
+    model = HTransformer1D(7, embed_dim=8, num_layers=2, num_heads=2, block_size=4, lm_head=False)
+    assert repr(model) == "HTransformer1D(7, embed_dim=8, num_layers=2, lm_head=False)"
     assert repr(model.blocks[0]) == (
         "TransformerBlock(HMatrixAttention(8, heads=2, block_size=4, causal=False), 8, ff_mult=4)"
     )
@@ -87,3 +87,16 @@ def test_repr_and_reset_parameters():
     model.reset_parameters()
     after = model(tokens)
     assert torch.isfinite(after).all() and not torch.allclose(after, before)
+
+
+def test_old_argument_names_still_work_with_a_warning():
+    torch.manual_seed(0)
+    new = HTransformer1D(vocab_size=11, embed_dim=8, num_layers=3, num_heads=2)
+    with pytest.warns(FutureWarning) as warned:
+        old = HTransformer1D(num_tokens=11, embed_dim=8, depth=3, num_heads=2)
+    assert sorted(str(w.message).split(";")[0] for w in warned) == [
+        "HTransformer1D(): the argument 'depth' is now called 'num_layers'",
+        "HTransformer1D(): the argument 'num_tokens' is now called 'vocab_size'",
+    ]
+    assert len(old.blocks) == 3 and old.embed.num_embeddings == 11
+    assert old.state_dict().keys() == new.state_dict().keys()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph._deprecation import renamed_arguments
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.topk import top_k_per_group
 
@@ -72,15 +73,17 @@ def root_scores(
     return s if leaf_mask is None else s.masked_fill(~leaf_mask, float("-inf"))
 
 
-def top_per_tree(scores: Tensor, tree: Tensor | int, g: int) -> Tensor:
-    """``[L]`` bool: the ``g`` highest finite ``scores`` of every tree (ties: lower index);
-    ``tree`` as in :func:`root_scores` (a count of equal trees: one sort per tree's row)."""
-    if g < 0:
-        raise ValueError(f"the number of hubs must be >= 0, got {g}")
+@renamed_arguments(g="hubs")
+def top_per_tree(scores: Tensor, tree: Tensor | int, hubs: int) -> Tensor:
+    """``[L]`` bool: the ``hubs`` highest finite ``scores`` of every tree (ties: lower
+    index; ``hubs`` was formerly ``g``); ``tree`` as in :func:`root_scores` (a count of
+    equal trees: one sort per tree's row)."""
+    if hubs < 0:
+        raise ValueError(f"the number of hubs must be >= 0, got {hubs}")
     if isinstance(tree, int):
         rows = scores.view(tree, -1)
-        best = torch.sort(rows, dim=1, descending=True, stable=True).indices[:, :g]
+        best = torch.sort(rows, dim=1, descending=True, stable=True).indices[:, :hubs]
         chosen = torch.zeros_like(rows, dtype=torch.bool).scatter_(1, best, True).view(-1)
     else:
-        chosen = top_k_per_group(scores, tree, g)
+        chosen = top_k_per_group(scores, tree, hubs)
     return chosen & torch.isfinite(scores)
