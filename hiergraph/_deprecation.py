@@ -1,4 +1,4 @@
-"""Renamed arguments: the mechanism of the deprecation policy (Conventions, "Names").
+"""Renamed arguments: the mechanism of the deprecation policy (Conventions, "Renamed arguments").
 
 A public argument that gets a new name keeps its old one working until
 :data:`REMOVED_IN`: a call that passes the old keyword runs as if it had passed the new
