@@ -87,7 +87,14 @@ The run stops itself at ``--deadline`` seconds (default 450, checked between cas
 rounds). ``gpu.json`` is rewritten after every case (a killed run keeps what it measured)
 and ``gpu.png`` after every section; a table is printed at the end, then the targets
 (``benchmarks/gpu_targets.py``: met, not met, or not measured by this run). Results of a
-real GPU run go under ``benchmarks/results/gpu/``.
+real GPU run go under ``benchmarks/results/gpu/``. What a failure costs is bounded: inputs
+come from the script's own random generator (reseeded per method), not CUDA's default one,
+which a failed capture breaks; after an error that leaves the CUDA context unusable (a
+device-side assert, an illegal memory access) the sections of this process are skipped and
+those in subprocesses still run; the child runs keep deadlines on this run's clock, a
+margin before their section's end, so that they write what they measured before they would
+be killed; a pytest section still running at its cap is interrupted as by Ctrl-C, so that
+its JUnit report keeps the tests that ran.
 """
 
 from __future__ import annotations
@@ -101,6 +108,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -150,6 +158,13 @@ GRAPH_MAX_LEAVES = 16384  # cases timed as CUDA graphs too, in leaves or tokens 
 PROFILE_TOP = 12  # kernels listed per profiled step
 MAX_STEP_S = 3.0  # a method whose step is predicted slower than this is not run
 MIB = 2**20
+#: seconds a pytest section's run gets, after its interruption at the section's cap, to
+#: write its report (then it is killed)
+INTERRUPT_GRACE_S = 10.0
+#: the sections that run in subprocesses of their own: they still run after an error left
+#: this process's CUDA context unusable
+SUBPROCESS_SECTIONS = ("tests", "triton", "graphs", "compiled")
+BROKEN = "the CUDA context is unusable after an earlier error (see the log)"
 
 
 @dataclass(frozen=True)
@@ -240,13 +255,29 @@ def storage_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 def free_bytes(device: torch.device) -> float:
-    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else math.inf
+    """Free device memory in bytes (unknown, ``inf``, off CUDA or in a broken CUDA context)."""
+    if device.type != "cuda":
+        return math.inf
+    try:
+        return torch.cuda.mem_get_info(device)[0]
+    except Exception:  # noqa: BLE001 - a sticky CUDA error: the method's build will say so
+        return math.inf
 
 
-def release(device: torch.device) -> None:
+def release(device: torch.device) -> bool:
+    """Frees what the last case left; ``False`` when the CUDA context is unusable (a sticky
+    error such as a device-side assert or an illegal memory access makes every later CUDA
+    call fail, ``empty_cache`` included)."""
     gc.collect()
-    if device.type == "cuda":
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - reported by the caller
+        traceback.print_exc()
+        return False
+    return True
 
 
 # ------------------------------------------------------------------------------ running
@@ -285,6 +316,7 @@ class Run:
     tests: dict = field(default_factory=dict)
     rows: list = field(default_factory=list)
     seconds_per_work: dict = field(default_factory=dict)  # (section, method, dtype) -> s
+    broken: bool = False  # the CUDA context is unusable (see release): in-process work stops
 
     @property
     def deadline(self) -> float:
@@ -330,7 +362,7 @@ def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, M
                 if row["status"] == "error":
                     traceback.print_exc()  # the whole story in the log; the JSON has its line
                 steps.pop(name, None)
-                release(run.device)
+                run.broken |= not release(run.device)
         if steps:
             _time_and_measure(run, section, end, steps, owned, rows, dtype_name, methods)
         for name, step in steps.items() if profile else ():
@@ -346,8 +378,8 @@ def run_case(run: Run, section: str, end: float, case: str, methods: dict[str, M
                 row[f"ratio_to_{first}"] = row["median_ms"] / base
             run.rows.append(row)
         del steps, owned
-        release(run.device)
         run.write()
+        run.broken |= not release(run.device)
         print(*(_line(r) for r in rows.values()), sep="\n", flush=True)
 
 
@@ -362,6 +394,8 @@ def with_graph_twins(methods: dict[str, Method], device: torch.device) -> dict[s
 
 
 def _skip_reason(run: Run, section, end, name, dtype_name, method: Method) -> str | None:
+    if run.broken:
+        return BROKEN
     left = run.left(end)
     if left <= 0:
         return "deadline" if time.monotonic() > run.deadline else "section time cap"
@@ -381,7 +415,8 @@ def _skip_reason(run: Run, section, end, name, dtype_name, method: Method) -> st
 def _prepare(run: Run, method: Method, dtype: torch.dtype) -> tuple[Callable[[], None], list]:
     """The method's step in ``dtype`` (bf16 inputs, or float32 modules under bf16 autocast)
     and the tensors that get its gradients."""
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # the modules' parameters
+    seed_inputs(run.device)
     fn, leaves = method.build(torch.float32 if method.autocast else dtype, run.device)
     if method.autocast and dtype != torch.float32:
         inner = fn
@@ -495,16 +530,25 @@ def run_pytest(args: list[str], xml: Path, timeout: float, env: dict | None = No
     command += [f"--junitxml={xml}", *args]
     result = {"command": portable(" ".join(["python", *command[1:]]))}
     start = time.monotonic()
+    process = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=dict(os.environ, **(env or {})),
+    )  # fmt: skip
+    limit = max(timeout - INTERRUPT_GRACE_S, 1)
     try:
-        done = subprocess.run(
-            command, cwd=REPO, capture_output=True, text=True, timeout=max(timeout, 1),
-            env=dict(os.environ, **(env or {})),
-        )  # fmt: skip
-        output = done.stdout + done.stderr
-        result.update(status="done", returncode=done.returncode)
-    except subprocess.TimeoutExpired as timeout:
-        output = (timeout.stdout or b"").decode() if isinstance(timeout.stdout, bytes) else ""
-        result.update(status="timeout", reason=f"killed after {timeout.timeout:.0f} s")
+        output = process.communicate(timeout=limit)[0]
+        result.update(status="done", returncode=process.returncode)
+    except subprocess.TimeoutExpired:
+        # as Ctrl-C does: pytest stops after the running test and still writes its JUnit
+        # report of the tests that ran (killed, it would write none)
+        process.send_signal(signal.SIGINT)
+        try:
+            output = process.communicate(timeout=INTERRUPT_GRACE_S)[0]
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output = process.communicate()[0]
+        result.update(status="timeout", reason=f"interrupted after {limit:.0f} s")
+    output = output.decode(errors="replace")
     result["elapsed_s"] = time.monotonic() - start
     if xml.exists():  # its skip messages name test files by absolute path
         xml.write_text(xml.read_text().replace(str(REPO) + os.sep, ""))
@@ -545,8 +589,27 @@ def junit_counts(path: Path) -> dict:
     }
 
 
+#: the generators of the inputs, one per device, reseeded before every build (:func:`_prepare`)
+_GENERATORS: dict[str, torch.Generator] = {}
+
+
+def seed_inputs(device: torch.device) -> None:
+    """Reseeds the generator of :func:`randn` on ``device``."""
+    if device.type != "meta":  # (shapes only: no generator)
+        _GENERATORS[str(device)] = torch.Generator(device=device).manual_seed(0)
+
+
+def randn(*shape: int, device: torch.device) -> torch.Tensor:
+    """Normal inputs from this script's own generator on ``device``, not the device's default
+    one, which a failed CUDA-graph capture leaves unusable for the rest of the process (the
+    inputs of every later method would fail)."""
+    if str(device) not in _GENERATORS:
+        seed_inputs(device)
+    return torch.randn(*shape, generator=_GENERATORS.get(str(device)), device=device)
+
+
 def _leaf(shape, dtype, device) -> torch.Tensor:
-    return torch.randn(*shape, device=device).to(dtype).requires_grad_()
+    return randn(*shape, device=device).to(dtype).requires_grad_()
 
 
 def _sdpa(backend_name: str, shape, dtype, device, causal: bool = False):
@@ -789,11 +852,33 @@ def section_triton(run: Run, end: float) -> dict | None:
 def _triton_subprocess(run: Run, end: float) -> dict:
     """:func:`section_triton` in a child ``gpu.py`` (into ``OUT/triton``), whose rows join
     this run's."""
-    left = run.left(end)
     out = Path(run.args.out) / "triton"
-    command = [sys.executable, str(Path(__file__).resolve()), "--triton-child", "--graphs",
-               "--out", str(out), "--sections", "triton", "--deadline", f"{left - 5:.0f}",
-               "--caps", f"triton={left - 10:.0f}"]  # fmt: skip
+    status = child_run(run, end, out, ["--triton-child", "--sections", "triton"], ["triton"])
+    if (out / "gpu.json").exists():  # what it measured, also when it died or was killed
+        run.rows.extend(json.loads((out / "gpu.json").read_text())["rows"])
+    return status
+
+
+#: seconds a child run stops before its parent's limit: a warm-up or a CUDA-graph capture in
+#: progress at its deadline cannot be interrupted
+CHILD_MARGIN_S = 15.0
+
+
+def child_run(run: Run, end: float, out: Path, args: list[str], sections: list[str],
+              shares: dict[str, float] | None = None) -> dict:  # fmt: skip
+    """This script with ``--graphs`` and ``args`` in a subprocess, into ``out``, until the
+    section's end ``end``: its deadline on this run's clock (``--clock-start``; Linux's
+    monotonic clock is the system's), :data:`CHILD_MARGIN_S` before the end, so that it
+    writes what it measured before this process would kill it; its ``sections`` get the
+    time left, split by ``shares`` (default: all of it to each). Returns the section's
+    status."""
+    left = run.left(end)
+    deadline = time.monotonic() - run.started + left - CHILD_MARGIN_S
+    shares = shares or dict.fromkeys(sections, 1.0)
+    caps = [f"{name}={share * (left - CHILD_MARGIN_S):.0f}" for name, share in shares.items()]
+    command = [sys.executable, str(Path(__file__).resolve()), "--graphs", *args,
+               "--out", str(out), "--deadline", f"{deadline:.1f}",
+               "--clock-start", repr(run.started), "--caps", *caps]  # fmt: skip
     command += ["--quick"] if run.args.quick else []
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=left)
@@ -802,8 +887,6 @@ def _triton_subprocess(run: Run, end: float) -> dict:
     status = {"status": "done" if done.returncode == 0 else "error", "returncode": done.returncode}
     if done.returncode:  # the end of its log says where it died
         status["reason"] = portable("\n".join(done.stderr.strip().splitlines()[-40:]))[-4000:]
-    if (out / "gpu.json").exists():  # what it measured, also when it died
-        run.rows.extend(json.loads((out / "gpu.json").read_text())["rows"])
     return status
 
 
@@ -883,7 +966,7 @@ def section_masked(run: Run, end: float) -> None:
         mask = BandMask((n,), masked_bench.WINDOW, masked_bench.WINDOW)
         edges = mask if method == "ours-bandmask" else edge_index.to(device)
         layer = layer.to(device)
-        x = torch.randn(n, cin, device=device, requires_grad=True)
+        x = randn(n, cin, device=device).requires_grad_()
         return (lambda: layer(x, edges)), [x, *layer.parameters()]
 
     edges = n * (2 * masked_bench.WINDOW + 1)
@@ -917,7 +1000,7 @@ def section_cone(run: Run, end: float) -> None:
         else:
             layer = ConeConv(64, 8, heads=8, variant=variant)
         layer = layer.to(device)
-        x = torch.randn(nodes, 64, device=device, requires_grad=True)
+        x = randn(nodes, 64, device=device).requires_grad_()
         return (lambda: layer(x, edge_index)), [x, *layer.parameters()]
 
     methods = {
@@ -945,7 +1028,7 @@ def section_graph_hsa(run: Run, end: float) -> None:
             num_layers=2, heads=2, dropout=0.0,
         )  # fmt: skip
         model = model.to(device)
-        x = torch.randn(n, channels, device=device, requires_grad=True)
+        x = randn(n, channels, device=device).requires_grad_()
         if kind == "gcn":  # the same convs without the attention branch
             convs = [layer.conv for layer in model.layers]
 
@@ -1027,22 +1110,10 @@ def section_graphs(run: Run, end: float) -> dict | None:
     failed capture can leave a CUDA context unusable): ``OUT/graphs/gpu.json``."""
     if run.device.type != "cuda" or run.args.graphs:
         return {"status": "skipped", "reason": "needs CUDA; not inside a --graphs run"}
-    left = run.left(end)
     # the short sections first: a capture that outlasts its cap costs only the sections after it
     shares = {"hmatrix": 0.15, "vcc": 0.2, "masked": 0.15, "hsa": 0.5}
-    caps = [f"{name}={share * (left - 10):.0f}" for name, share in shares.items()]
     out = Path(run.args.out) / "graphs"
-    command = [sys.executable, str(Path(__file__).resolve()), "--graphs", "--out", str(out),
-               "--sections", *shares, "--deadline", f"{left - 5:.0f}", "--caps", *caps]  # fmt: skip
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=left)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "reason": f"killed after {left:.0f} s"}
-    status = {"status": "done" if done.returncode == 0 else "error"}
-    status["returncode"] = done.returncode
-    if done.returncode:  # the end of its log says where it died
-        status["reason"] = portable("\n".join(done.stderr.strip().splitlines()[-40:]))[-4000:]
-    return status
+    return child_run(run, end, out, ["--sections", *shares], list(shares), shares)
 
 
 SECTIONS = {
@@ -1139,6 +1210,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--pytest", default=None, help="pytest arguments (default: -m cuda)")
     parser.add_argument("--triton-child", action="store_true", help=argparse.SUPPRESS)
+    # a child run's clock: its parent's start (time.monotonic), so their deadlines agree
+    parser.add_argument("--clock-start", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--compiled-pytest", default=None, help="pytest arguments of the compiled section"
     )
@@ -1153,6 +1226,8 @@ def main(argv=None) -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     caps = dict(CAPS, **{k: float(v) for k, v in (c.split("=") for c in args.caps)})
     run = Run(args, device, QUICK if args.quick else FULL)
+    if args.clock_start is not None:
+        run.started = args.clock_start
     run.meta = environment(device) | {"quick": args.quick, "deadline_s": args.deadline}
     run.meta["graphs"] = args.graphs
     run.meta["caps_s"] = caps
@@ -1162,6 +1237,9 @@ def main(argv=None) -> None:
         if start > run.deadline:
             run.sections[name] = {"status": "skipped", "reason": "deadline"}
             continue
+        if run.broken and not (name in SUBPROCESS_SECTIONS and not args.triton_child):
+            run.sections[name] = {"status": "skipped", "reason": BROKEN}
+            continue
         run.sections[name] = {"status": "running", "cap_s": caps[name]}
         try:
             status = SECTIONS[name](run, start + caps[name]) or {"status": "done"}
@@ -1169,8 +1247,8 @@ def main(argv=None) -> None:
             status = {"status": "error", "reason": _failure(error)["reason"]}
         status["elapsed_s"] = time.monotonic() - start
         run.sections[name].update(status)
-        release(device)
         run.write(plot_too=True)
+        run.broken |= not release(device)
     run.meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
     run.meta["stopped_by_deadline"] = time.monotonic() > run.deadline
     run.write(plot_too=True)

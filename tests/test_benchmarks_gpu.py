@@ -273,3 +273,97 @@ def test_triton_section_runs_in_a_child_whose_rows_join(monkeypatch, tmp_path, r
     assert run.rows == [{"section": "triton", "case": "c"}]
     assert status["status"] == ("done" if returncode == 0 else "error")
     assert ("RuntimeError: x" in status.get("reason", "")) == bool(returncode)
+
+
+def _gpu(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu
+
+    return gpu
+
+
+def test_triton_child_killed_at_its_limit_keeps_its_rows(monkeypatch, tmp_path):
+    """A child still running at the section's end is killed; what it wrote joins the run.
+    Its deadline is on the parent's clock, a margin before that end."""
+    gpu = _gpu(monkeypatch)
+    import argparse
+
+    import torch
+
+    def child(command, timeout, **kwargs):
+        out = Path(command[command.index("--out") + 1])
+        assert float(command[command.index("--clock-start") + 1]) == run.started
+        deadline = run.started + float(command[command.index("--deadline") + 1])
+        assert abs(deadline - (end - gpu.CHILD_MARGIN_S)) < 1
+        out.mkdir(parents=True)
+        (out / "gpu.json").write_text(json.dumps({"rows": [{"section": "triton", "case": "c"}]}))
+        raise subprocess.TimeoutExpired(command, timeout)
+
+    monkeypatch.setattr(gpu, "times_triton_kernels", lambda run: True)
+    monkeypatch.setattr(gpu.subprocess, "run", child)
+    args = argparse.Namespace(triton_child=False, quick=True, deadline=600.0, out=str(tmp_path))
+    run = gpu.Run(args, torch.device("cuda"), gpu.QUICK, started=time.monotonic() - 100)
+    end = time.monotonic() + 60
+    status = gpu.section_triton(run, end)
+    assert status["status"] == "timeout"
+    assert run.rows == [{"section": "triton", "case": "c"}]
+
+
+def test_a_broken_cuda_context_stops_the_sections_of_this_process_only(monkeypatch, tmp_path):
+    """After a sticky CUDA error (here: ``release`` reports it after the first section),
+    the sections that run in this process are skipped, those in subprocesses still run."""
+    gpu = _gpu(monkeypatch)
+    ran = []
+    for name in ("hsa", "cone", "tests"):
+        monkeypatch.setitem(gpu.SECTIONS, name, lambda run, end, name=name: ran.append(name))
+    monkeypatch.setattr(gpu, "release", lambda device: False)
+    monkeypatch.setattr(gpu, "plot", lambda rows, path: None)
+    gpu.main(["--device", "cpu", "--quick", "--out", str(tmp_path), "--sections", "hsa", "cone",
+              "tests"])  # fmt: skip
+    sections = json.loads((tmp_path / "gpu.json").read_text())["sections"]
+    assert ran == ["hsa", "tests"]
+    assert sections["cone"] == {"status": "skipped", "reason": gpu.BROKEN}
+    assert sections["hsa"]["status"] == sections["tests"]["status"] == "done"
+
+
+def test_release_and_free_memory_survive_a_cuda_error():
+    """Without a usable CUDA context every CUDA call raises, as after a sticky error."""
+    gpu = _gpu(pytest.MonkeyPatch())
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine whose CUDA calls fail")
+    assert gpu.release(torch.device("cuda")) is False
+    assert gpu.free_bytes(torch.device("cuda")) == float("inf")
+    assert gpu.release(torch.device("cpu")) is True
+
+
+def test_inputs_come_from_the_script_s_own_generator(monkeypatch):
+    """Not from the device's default generator, which a failed CUDA-graph capture breaks;
+    reseeded before every build, so a method's inputs are the same in every run."""
+    gpu = _gpu(monkeypatch)
+    import torch
+
+    cpu = torch.device("cpu")
+    state = torch.get_rng_state()
+    gpu.seed_inputs(cpu)
+    first = gpu.randn(4, 3, device=cpu)
+    assert torch.equal(torch.get_rng_state(), state)
+    gpu.seed_inputs(cpu)
+    assert torch.equal(gpu.randn(4, 3, device=cpu), first)
+    assert not torch.equal(gpu.randn(4, 3, device=cpu), first)  # a stream, not one draw
+
+
+def test_a_pytest_section_interrupted_at_its_cap_keeps_the_report(monkeypatch, tmp_path):
+    """At its cap pytest gets Ctrl-C (SIGINT), so its JUnit report still counts the tests
+    that ran; a kill would leave none."""
+    gpu = _gpu(monkeypatch)
+    monkeypatch.setattr(gpu, "INTERRUPT_GRACE_S", 20.0)
+    tests = tmp_path / "test_slow.py"
+    tests.write_text(
+        "import time\n\ndef test_fast():\n    pass\n\ndef test_slow():\n    time.sleep(120)\n"
+    )
+    xml = tmp_path / "report.xml"
+    result = gpu.run_pytest([str(tests)], xml, timeout=gpu.INTERRUPT_GRACE_S + 8)
+    assert result["status"] == "timeout" and result["elapsed_s"] < 60
+    assert result["passed"] == 1 and xml.exists()

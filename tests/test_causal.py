@@ -67,7 +67,9 @@ def _sequence_ops():
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 32, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     hmatrix = HMatrixAttention(8, 2, block_size=4, causal=True).double()
-    lm = HTransformer1D(50, embed_dim=8, num_layers=2, num_heads=2, block_size=4, causal=True).double()
+    lm = HTransformer1D(
+        50, embed_dim=8, num_layers=2, num_heads=2, block_size=4, causal=True
+    ).double()
     cone = ConeAttention(8, 2).double()  # [B, L, E] inputs
     x = torch.randn(2, 32, 8, generator=gen, dtype=torch.float64)
     tokens = torch.randint(0, 50, (2, 32), generator=gen)

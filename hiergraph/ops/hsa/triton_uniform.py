@@ -286,8 +286,9 @@ def _buffer_strides(level: _Level, channels: int) -> tuple[int, int]:
 @functools.cache
 def _tau(tau: float, dtype: torch.dtype, device: torch.device) -> Tensor:
     """``tau`` as a one-element tensor in the kernels' dtype (a float argument would be
-    float32), copied to ``device`` once."""
-    return torch.tensor([tau], dtype=dtype).to(device, non_blocking=True)
+    float32), made on ``device`` once: filled there, not copied from host memory, which a
+    first call inside a CUDA-graph capture could not do (nor a replay repeat)."""
+    return torch.full((1,), tau, dtype=dtype, device=device)
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:

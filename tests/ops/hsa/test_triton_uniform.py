@@ -458,3 +458,24 @@ def test_kernels_compile_for_a_gpu(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[:3] in (["24", "spills:", "[]"], ["24", "spills:", "no"])
+
+
+def test_the_logit_scale_is_made_on_the_device_without_a_host_copy():
+    """A copy from host memory cannot be captured in a CUDA graph (the first call may come
+    inside one): the scale is filled on the device."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    triton_uniform._tau.cache_clear()
+    with Ops() as ops:
+        tau = triton_uniform._tau(0.25, torch.float64, torch.device("cpu"))
+    assert ops.names == ["full"]
+    assert tau.dtype == torch.float64 and tau.tolist() == [0.25]
