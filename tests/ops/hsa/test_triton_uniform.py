@@ -451,7 +451,9 @@ def test_kernels_compile_for_a_gpu(tmp_path):
     or none, without a GPU: what the interpreter cannot check (constexpr branches, types,
     layouts). None spills registers (``ptxas -v``, where Triton ships it)."""
     pytest.importorskip("triton.backends.nvidia")
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=REPO)
+    # the caller's PYTHONPATH after the repository's: a Triton put first on it is the one tested
+    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=path)
     done = subprocess.run(
         [sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600,
         cwd=tmp_path,
