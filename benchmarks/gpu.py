@@ -853,7 +853,7 @@ def _triton_subprocess(run: Run, end: float) -> dict:
     """:func:`section_triton` in a child ``gpu.py`` (into ``OUT/triton``), whose rows join
     this run's."""
     out = Path(run.args.out) / "triton"
-    status = child_run(run, end, out, ["--triton-child", "--sections", "triton"], ["triton"])
+    status = child_run(run, end, out, ["--triton-child", "--sections", "triton"], {"triton": 1})
     if (out / "gpu.json").exists():  # what it measured, also when it died or was killed
         run.rows.extend(json.loads((out / "gpu.json").read_text())["rows"])
     return status
@@ -864,17 +864,14 @@ def _triton_subprocess(run: Run, end: float) -> dict:
 CHILD_MARGIN_S = 15.0
 
 
-def child_run(run: Run, end: float, out: Path, args: list[str], sections: list[str],
-              shares: dict[str, float] | None = None) -> dict:  # fmt: skip
+def child_run(run: Run, end: float, out: Path, args: list[str], shares: dict) -> dict:
     """This script with ``--graphs`` and ``args`` in a subprocess, into ``out``, until the
     section's end ``end``: its deadline on this run's clock (``--clock-start``; Linux's
     monotonic clock is the system's), :data:`CHILD_MARGIN_S` before the end, so that it
-    writes what it measured before this process would kill it; its ``sections`` get the
-    time left, split by ``shares`` (default: all of it to each). Returns the section's
-    status."""
+    writes what it measured before this process would kill it; its sections' caps are the
+    ``shares`` (section -> fraction) of the time left. Returns the section's status."""
     left = run.left(end)
     deadline = time.monotonic() - run.started + left - CHILD_MARGIN_S
-    shares = shares or dict.fromkeys(sections, 1.0)
     caps = [f"{name}={share * (left - CHILD_MARGIN_S):.0f}" for name, share in shares.items()]
     command = [sys.executable, str(Path(__file__).resolve()), "--graphs", *args,
                "--out", str(out), "--deadline", f"{deadline:.1f}",
@@ -1113,7 +1110,7 @@ def section_graphs(run: Run, end: float) -> dict | None:
     # the short sections first: a capture that outlasts its cap costs only the sections after it
     shares = {"hmatrix": 0.15, "vcc": 0.2, "masked": 0.15, "hsa": 0.5}
     out = Path(run.args.out) / "graphs"
-    return child_run(run, end, out, ["--sections", *shares], list(shares), shares)
+    return child_run(run, end, out, ["--sections", *shares], shares)
 
 
 SECTIONS = {
