@@ -326,9 +326,9 @@ def test_a_broken_cuda_context_stops_the_sections_of_this_process_only(monkeypat
     assert sections["hsa"]["status"] == sections["tests"]["status"] == "done"
 
 
-def test_release_and_free_memory_survive_a_cuda_error():
+def test_release_and_free_memory_survive_a_cuda_error(monkeypatch):
     """Without a usable CUDA context every CUDA call raises, as after a sticky error."""
-    gpu = _gpu(pytest.MonkeyPatch())
+    gpu = _gpu(monkeypatch)
     import torch
 
     if torch.cuda.is_available():
