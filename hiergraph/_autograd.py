@@ -1,10 +1,46 @@
-"""Autograd helpers: whether an operation is recorded (the switch of paths that are faster
-without it), and second derivatives of a hand-written backward through a recorded twin."""
+"""Autograd helpers: the base of the library's hand-written backward passes, whether an
+operation is recorded (the switch of paths that are faster without it), and second
+derivatives of a hand-written backward through a recorded twin."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
+
+
+class AutogradFunction(torch.autograd.Function):
+    """The base of every :class:`torch.autograd.Function` of the library.
+
+    Traced by ``torch.compile``, the tensors a ``forward`` returns are handed out as views
+    of themselves. In torch 2.11 the compiled backward of a function whose forward writes a
+    tensor in place and then returns or saves it gets wrong gradients (zeros, or the
+    gradient of another input; pytorch/pytorch#180642, fixed in 2.12), and most forwards
+    here finish their outputs in place. A view costs nothing in a compiled graph, and eager
+    calls are unchanged."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "forward" in vars(cls):
+            cls.forward = staticmethod(_views_when_compiling(vars(cls)["forward"].__func__))
+
+
+def _views_when_compiling(forward):
+    @functools.wraps(forward)
+    def wrapped(ctx, *args, **kwargs):
+        out = forward(ctx, *args, **kwargs)
+        if not torch.compiler.is_compiling():
+            return out
+        if isinstance(out, tuple):
+            return tuple(_view(t) for t in out)
+        return _view(out)
+
+    return wrapped
+
+
+def _view(x):
+    return x.view_as(x) if isinstance(x, Tensor) else x
 
 
 def records_grad(*tensors: Tensor | None) -> bool:

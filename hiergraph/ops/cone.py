@@ -54,7 +54,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from hiergraph._autograd import records_grad
+from hiergraph._autograd import AutogradFunction, records_grad
 from hiergraph._checks import check_positive
 from hiergraph.ops.edge_index import check_edge_index
 
@@ -237,7 +237,7 @@ def _umbral_h(
     return h, (w_apex.mul_(slope), du, 1 - du)
 
 
-class _LCAHeight(torch.autograd.Function):
+class _LCAHeight(AutogradFunction):
     """``scale * H(D, u_d, v_d)`` with the partial derivatives formed in the forward pass.
 
     Autograd through ``where``/``maximum`` records ~10 slow mask operations per
@@ -356,7 +356,7 @@ def _dense_pairs(u: tuple[Tensor, Tensor], v: tuple[Tensor, Tensor]):
     return dist, uy.unsqueeze(-1), vy.unsqueeze(-2)
 
 
-class _EdgeGeometry(torch.autograd.Function):
+class _EdgeGeometry(AutogradFunction):
     """Per-edge ``(D, u_d, v_d)`` from packed node points ``[N, ..., d]`` whose last
     channel is the height and whose first ``d - 1`` channels are horizontal.
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.utils import scatter
 
+from hiergraph._autograd import AutogradFunction
 from hiergraph._precision import widened
 
 
@@ -73,7 +74,7 @@ def softmax_dropping(
     return _MaskedSoftmax.apply(logits, drop, dim, rows_nonempty)
 
 
-class _MaskedSoftmax(torch.autograd.Function):
+class _MaskedSoftmax(AutogradFunction):
     @staticmethod
     def forward(
         ctx, logits: Tensor, drop: Tensor, dim: int, rows_nonempty: bool

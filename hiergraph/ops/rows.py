@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
+from hiergraph._autograd import AutogradFunction
 
-class _TakeRows(torch.autograd.Function):
+
+class _TakeRows(AutogradFunction):
     """``x.index_select(dim, index)`` for *distinct* indices; the backward writes the
     gradient rows into zeros with ``index_copy`` (no accumulation needed, where
     ``index_select``'s own backward adds them, which is slower and, on accelerators,
@@ -31,7 +32,7 @@ def take_rows(x: Tensor, index: Tensor, dim: int = 0) -> Tensor:
     return _TakeRows.apply(x, index, dim)
 
 
-class _PermuteRows(torch.autograd.Function):
+class _PermuteRows(AutogradFunction):
     """``x.index_select(dim, perm)`` for a permutation ``perm`` of the rows; the backward is
     the gather by the inverse permutation (``index_select``'s own backward zeroes a
     gradient of ``x``'s size and adds the rows into it)."""

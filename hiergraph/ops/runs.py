@@ -26,6 +26,7 @@ import math
 import torch
 from torch import Tensor
 
+from hiergraph._autograd import AutogradFunction
 from hiergraph._precision import accumulation_dtype
 from hiergraph.plan.tree_index import Level
 
@@ -78,7 +79,7 @@ def _run_sums(x: Tensor, lengths: Tensor, parent: Tensor) -> Tensor:
     return out.to(x.dtype)
 
 
-class _SumRuns(torch.autograd.Function):
+class _SumRuns(AutogradFunction):
     """Run sums; the backward is a gather of each row's run."""
 
     @staticmethod
@@ -92,7 +93,7 @@ class _SumRuns(torch.autograd.Function):
         return grad.index_select(0, parent), None, None
 
 
-class _BroadcastRuns(torch.autograd.Function):
+class _BroadcastRuns(AutogradFunction):
     """A gather of each row's run; the backward is a run-wise sum."""
 
     @staticmethod

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hiergraph._autograd import AutogradFunction
 from hiergraph._device import to_device
 from hiergraph._precision import autocast_inputs, widened
 from hiergraph.data.windows import hmatrix_layout
@@ -133,7 +134,7 @@ class _Plan(NamedTuple):
         return sum(self.parts())
 
 
-class _HMatrixCore(torch.autograd.Function):
+class _HMatrixCore(AutogradFunction):
     r"""Fast H-matrix attention ``(q, k, v [B, H, L, ·], valid [B, L] | None) → Z [B, H, L, d_v]``.
 
     Forward: coarsen q, k (means of valid tokens; causal queries: first

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.utils import scatter
 
-from hiergraph._autograd import recorded_gradients
+from hiergraph._autograd import AutogradFunction, recorded_gradients
 from hiergraph.ops.logspace import masked_softmax, scatter_softmax
 from hiergraph.ops.runs import sum_children
 from hiergraph.plan.tree_index import Level
@@ -127,7 +127,7 @@ def family_attention_dense(
     )
 
 
-class _DenseFamilyAttention(torch.autograd.Function):
+class _DenseFamilyAttention(AutogradFunction):
     r"""Masked softmax attention per block (wide blocks on the CPU in PyTorch's fused
     attention kernel, :data:`WIDE_BLOCK`), with the backward of flash-attention style:
 
@@ -446,7 +446,7 @@ def leaf_family_attention(
     return _LeafFamilyAttention.apply(q, k, v, e, tau, left_only)
 
 
-class _LeafFamilyAttention(torch.autograd.Function):
+class _LeafFamilyAttention(AutogradFunction):
     """:func:`leaf_family_attention`. Left siblings (``left_only``) are the kernel's causal
     attention of the leaves ``1 … b - 1`` over the keys of the leaves ``0 … b - 2``: row
     ``i - 1`` of it sees the keys up to ``i - 1`` (the kernel skips the tiles above the
@@ -800,7 +800,7 @@ def _accumulate(out: Tensor, p: Tensor, v: Tensor) -> None:
     out.view(batch, m, -1).baddbmm_(p.reshape(batch, m, b), v.reshape(batch, b, -1))
 
 
-class _SummedProducts(torch.autograd.Function):
+class _SummedProducts(AutogradFunction):
     """:func:`summed_products` of the flattened pairs ``p_0, v_0, p_1, v_1, …``; term
     ``t``'s gradients are ``G_t v_t^T`` and ``p_t^T G_t`` (``G_t``: the output gradient,
     made contiguous once, in the term's family layout)."""
@@ -838,7 +838,7 @@ def family_sum(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     return x.sum(-2, dtype=dtype)
 
 
-class _PairSum(torch.autograd.Function):
+class _PairSum(AutogradFunction):
     """``x[..., 0, :] + x[..., 1, :]`` in ``dtype``; the gradient of both members is the
     output's, broadcast (a view)."""
 
@@ -868,7 +868,7 @@ def pair_product(p: Tensor, v: Tensor, base: Tensor | None) -> Tensor:
     return first.addcmul_(*pair_member(p, v, 1))
 
 
-class _PairProduct(torch.autograd.Function):
+class _PairProduct(AutogradFunction):
     """``base + p @ v`` over families of two (``base`` optional, broadcastable to the
     product); autograd's own backward of the two multiply-adds reduces over ``d`` twice, so
     ``p``'s gradient is ``G v^T`` (inner size ``d``), ``v``'s the same pair product with

@@ -65,7 +65,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from hiergraph._autograd import recorded_gradients, records_grad
+from hiergraph._autograd import AutogradFunction, recorded_gradients, records_grad
 from hiergraph._environment import env_flag
 
 #: The environment variable that turns the kernel off (``0``, ``false``, ``no``, ``off``).
@@ -296,7 +296,7 @@ def edge_softmax(
     return _EdgeSoftmax.apply(graph, q, k, v, eps)
 
 
-class _EdgeSoftmax(torch.autograd.Function):
+class _EdgeSoftmax(AutogradFunction):
     @staticmethod
     def forward(ctx, graph, q, k, v, eps):
         log_n, pair_node, ptr, _, key_node, tau, _ = graph
@@ -383,7 +383,7 @@ def native_uniform_attention(
     return extension().down(q, k, v, eps, saved, log_mass, acc, *options, leaf_mask)
 
 
-class _NativeUniform(torch.autograd.Function):
+class _NativeUniform(AutogradFunction):
     @staticmethod
     def forward(ctx, options, leaf_mask, recorded, q, k, v, *eps):
         out, saved = extension().forward(q, k, v, list(eps), *options, True, leaf_mask)
@@ -464,7 +464,7 @@ def forest_attention(
     return _PlannedKernel.apply("ragged", forest, options, recorded, q, k, v, eps)
 
 
-class _PlannedKernel(torch.autograd.Function):
+class _PlannedKernel(AutogradFunction):
     """A compiled kernel over a plan's arrays: ``{name}_forward(q, k, v, eps, *arrays,
     *options)`` returns the output and what ``{name}_backward(grad, q, k, v, eps, *arrays,
     *saved, *options)`` reads, which returns the gradients of ``q, k, v`` and, per head,

@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph._autograd import AutogradFunction
+
 #: Most heads read node-major when gradients are taken: per-head products over rows ``H d``
 #: apart lose to one copy and one batched product from about 12 heads (32 × 512 tokens,
 #: 12 heads × 64: 7% slower forward+backward; 4 and 8 heads: 4–8% faster).
@@ -121,7 +123,7 @@ def pair_products(p: Tensor, x: Tensor, base: Tensor | None) -> Tensor:
     return out.addcmul_(weights[:, :, 1], x[:, 1:])
 
 
-class _WeightedSum(torch.autograd.Function):
+class _WeightedSum(AutogradFunction):
     """``sum_i w_i x_i`` ``[F, H, c]`` over the ``b`` rows of ``x [F, b, H, c]`` (weights
     ``[F, b]``, no gradient) in ``dtype``. Autograd's own backward of the batched product
     is an outer product with inner size 1 (one BLAS call per family, 2–3× the forward's
@@ -188,7 +190,7 @@ def _product(a: Tensor, b: Tensor, base: Tensor | None) -> Tensor:
     return torch.bmm(a, b) if base is None else torch.baddbmm(base, a, b)
 
 
-class _TokenScores(torch.autograd.Function):
+class _TokenScores(AutogradFunction):
     @staticmethod
     def forward(ctx, q, k, tau, sums_dtype):
         ctx.save_for_backward(q, k)
@@ -218,7 +220,7 @@ class _TokenScores(torch.autograd.Function):
         return grad_q, grad_k, None, None
 
 
-class _TokenProduct(torch.autograd.Function):
+class _TokenProduct(AutogradFunction):
     @staticmethod
     def forward(ctx, p, v, base):
         ctx.save_for_backward(p, v)

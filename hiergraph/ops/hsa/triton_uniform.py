@@ -36,7 +36,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from hiergraph._autograd import recorded_gradients
+from hiergraph._autograd import AutogradFunction, recorded_gradients
 from hiergraph._environment import env_flag
 
 #: The environment variable that turns the kernels on (``1``, ``true``, ``yes``, ``on``).
@@ -158,7 +158,7 @@ def triton_uniform_attention(
     return _TritonUniform.apply(options, recorded, q, k, v, *eps)
 
 
-class _TritonUniform(torch.autograd.Function):
+class _TritonUniform(AutogradFunction):
     @staticmethod
     def forward(ctx, options, recorded, q, k, v, *eps):
         out, levels = _forward(q, k, v, list(eps), *options)

@@ -64,7 +64,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from hiergraph._autograd import records_grad
+from hiergraph._autograd import AutogradFunction, records_grad
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa import family, native, token_layout, triton_uniform, uniform_fused
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_dropping
@@ -303,7 +303,7 @@ def heads_first(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     return _HeadsFirst.apply(x, dtype)
 
 
-class _HeadsFirst(torch.autograd.Function):
+class _HeadsFirst(AutogradFunction):
     @staticmethod
     def forward(ctx, x: Tensor, dtype: torch.dtype) -> Tensor:
         ctx.x_dtype, ctx.x_heads_first = x.dtype, is_heads_first(x)
@@ -353,7 +353,7 @@ def transposed(x: Tensor, scale: Tensor, dtype: torch.dtype | None = None) -> Te
     return _Transposed.apply(x, scale, dtype)
 
 
-class _Transposed(torch.autograd.Function):
+class _Transposed(AutogradFunction):
     @staticmethod
     def forward(ctx, x: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
         ctx.save_for_backward(scale)
@@ -377,7 +377,7 @@ def dense_gradient(x: Tensor) -> Tensor:
     return _DenseGradient.apply(x)
 
 
-class _DenseGradient(torch.autograd.Function):
+class _DenseGradient(AutogradFunction):
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
         return x.view_as(x)
@@ -541,7 +541,7 @@ def scores(
     return _Scores.apply(q, k, tau, sums_dtype)
 
 
-class _Scores(torch.autograd.Function):
+class _Scores(AutogradFunction):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, tau: float, sums_dtype) -> tuple[Tensor, ...]:
         ctx.save_for_backward(q, k)

@@ -54,7 +54,7 @@ import math
 import torch
 from torch import Tensor
 
-from hiergraph._autograd import recorded_gradients
+from hiergraph._autograd import AutogradFunction, recorded_gradients
 from hiergraph.ops.hsa import family, token_layout
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_
 
@@ -123,7 +123,7 @@ def fused_uniform_attention(
     return _FusedUniform.apply(options, q, k, v, *eps)
 
 
-class _FusedUniform(torch.autograd.Function):
+class _FusedUniform(AutogradFunction):
     @staticmethod
     def forward(ctx, options, q, k, v, *eps):
         fanout, include_self, tau, size_bias, _, node_major, counts, shares = options

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hiergraph._autograd import AutogradFunction
 from hiergraph._checks import check_int
 from hiergraph._device import host_tensor
 
@@ -183,7 +184,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale, dropout_p, 
         return attend().transpose(1, 2).flatten(0, 1)
 
 
-class _BandedAttention(torch.autograd.Function):
+class _BandedAttention(AutogradFunction):
     """Chunked forward that stores only ``q, k, v``; the backward recomputes
     each chunk and accumulates its gradients in place (no full-size temporaries)."""
 

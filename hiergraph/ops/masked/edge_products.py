@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hiergraph._autograd import AutogradFunction
 from hiergraph._checks import check_int
 from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype, autocast_off
@@ -165,7 +166,7 @@ def _aggregate(weight: Tensor, b: Tensor, graph: EdgeCSR, transpose: bool = Fals
     return out
 
 
-class _EdgeDot(torch.autograd.Function):
+class _EdgeDot(AutogradFunction):
     @staticmethod
     def forward(ctx, a: Tensor, b: Tensor, graph: EdgeCSR) -> Tensor:
         ctx.save_for_backward(a, b)
@@ -181,7 +182,7 @@ class _EdgeDot(torch.autograd.Function):
         return grad_a, grad_b, None
 
 
-class _EdgeAggregate(torch.autograd.Function):
+class _EdgeAggregate(AutogradFunction):
     @staticmethod
     def forward(ctx, weight: Tensor, b: Tensor, graph: EdgeCSR) -> Tensor:
         ctx.save_for_backward(weight, b)
