@@ -23,6 +23,20 @@ from hiergraph.datasets import planetoid as hp
 from hiergraph.ops.hsa import native
 
 SHARED_CORA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "Cora" / "raw"
+
+
+def triton_runs_kernels() -> bool:
+    """Whether Triton is installed and runs the HSA kernels here: compiled on a GPU, or in
+    its interpreter, which before Triton 3.7 cannot run loops with runtime bounds."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    if torch.cuda.is_available():
+        return True
+    import triton
+
+    return tuple(map(int, triton.__version__.split(".")[:2])) >= (3, 7)
+
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 

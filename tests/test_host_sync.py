@@ -19,7 +19,6 @@ finds for every case.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from torch_geometric.data import Batch, Data
 from hiergraph._device import cpu_as_accelerator
 from hiergraph.data import from_nested, random_window_hierarchy, window_forest, window_hierarchy
 from hiergraph.ops.hsa import native
+from tests.conftest import triton_runs_kernels
 from tests.host_sync import HostSyncRecorder
 
 CUDA = torch.cuda.is_available()
@@ -584,7 +584,7 @@ _VCC = (
     "(ops/vcc/layer.py vip_partition, pack_compressed, unpack_compressed; ops/vcc/segment_tree.py "
     "select_segments, update_tree)"
 )
-if importlib.util.find_spec("triton") is not None:  # the opt-in GPU kernels
+if triton_runs_kernels():  # the opt-in GPU kernels
     CASES["hsa-uniform-triton"] = with_triton_kernels(CASES["hsa-uniform"])
     CASES["hsa-padded-triton"] = with_triton_kernels(CASES["hsa-padded"])
 

@@ -18,12 +18,12 @@ from hiergraph.ops.hsa import triton_uniform
 from hiergraph.ops.hsa.lifted import lifted_attention
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
-from tests.conftest import qkv_rows, spy_calls
+from tests.conftest import qkv_rows, spy_calls, triton_runs_kernels
 
-triton = pytest.importorskip("triton")
-if not torch.cuda.is_available() and tuple(map(int, triton.__version__.split(".")[:2])) < (3, 7):
+if not triton_runs_kernels():
     pytest.skip(
-        "Triton's interpreter before 3.7 cannot run loops with runtime bounds",
+        "needs Triton (on a GPU, or its interpreter from 3.7 on: earlier ones cannot run "
+        "loops with runtime bounds)",
         allow_module_level=True,
     )
 # the interpreter (NumPy) warns of the log of an empty sum (the log-partition -inf of a node
