@@ -51,6 +51,15 @@ def report(tmp_path_factory):
     return out, json.loads((out / "gpu.json").read_text()), done.stdout
 
 
+@pytest.fixture
+def gpu(monkeypatch):
+    """``benchmarks/gpu.py`` as a module (``benchmarks`` is no package)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu
+
+    return gpu
+
+
 def test_report_has_every_section_and_the_environment(report):
     out, data, stdout = report
     assert (out / "gpu.png").stat().st_size > 0 and (out / "pytest_cuda.xml").exists()
@@ -152,11 +161,9 @@ def test_cuda_marker_selects_the_cuda_variants_only():
     assert not any(("test_report_has" in i or "test_bad_backend" in i) for i in ids), ids
 
 
-def test_compiled_section_selects_its_three_cuda_tests(monkeypatch):
+def test_compiled_section_selects_its_three_cuda_tests(gpu):
     """The ``compiled`` section's default selection is what its docstring says (a typo in
     its ``-k`` expression would select nothing on the GPU and pass)."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import gpu
 
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only"]
     done = subprocess.run(
@@ -169,9 +176,7 @@ def test_compiled_section_selects_its_three_cuda_tests(monkeypatch):
     ], done.stdout[-2000:]
 
 
-def test_graph_twins_on_cuda_only(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import gpu
+def test_graph_twins_on_cuda_only(gpu):
     import torch
 
     methods = {"a": gpu.Method(None, graph=True), "b": gpu.Method(None)}
@@ -181,13 +186,11 @@ def test_graph_twins_on_cuda_only(monkeypatch):
     assert twins["a+graph"].graphed and not twins["a+graph"].graph and not twins["a"].graphed
 
 
-def test_profiled_cases_get_no_graph_twins(monkeypatch, tmp_path):
+def test_profiled_cases_get_no_graph_twins(gpu, monkeypatch, tmp_path):
     """A profiled case (here with ``--graphs`` on) times and profiles its methods as they
     are; the other cases get their twins."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import argparse
 
-    import gpu
     import torch
 
     twinned = []
@@ -208,9 +211,7 @@ def test_profiled_cases_get_no_graph_twins(monkeypatch, tmp_path):
     assert twinned == [1] and "profile" not in run.rows[-1]
 
 
-def test_storage_bytes_counts_each_storage_once(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import gpu
+def test_storage_bytes_counts_each_storage_once(gpu):
     import torch
 
     x = torch.zeros(10, 4)
@@ -219,16 +220,14 @@ def test_storage_bytes_counts_each_storage_once(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["equal", "mixed"])
-def test_triton_methods_run_the_kernels_on_a_cuda_run(monkeypatch, case):
+def test_triton_methods_run_the_kernels_on_a_cuda_run(gpu, monkeypatch, case):
     """A CUDA run with Triton times ``hsa-triton`` beside ``hsa`` in its triton section: the
     same step with the kernels turned on for its call only (built here on the CPU, where
     Triton's interpreter runs them; batches of different lengths on their padded forest)."""
     if not triton_runs_kernels():
         pytest.skip("needs Triton on a GPU or its interpreter from 3.7 on")
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     from types import SimpleNamespace
 
-    import gpu
     import torch
 
     from hiergraph.ops.hsa import native, triton_uniform
@@ -251,13 +250,11 @@ def test_triton_methods_run_the_kernels_on_a_cuda_run(monkeypatch, case):
 
 
 @pytest.mark.parametrize("returncode", [0, 1])
-def test_triton_section_runs_in_a_child_whose_rows_join(monkeypatch, tmp_path, returncode):
+def test_triton_section_runs_in_a_child_whose_rows_join(gpu, monkeypatch, tmp_path, returncode):
     """The triton section's child ``gpu.py`` (here a stand-in that writes one row, then
     exits with ``returncode``): its rows join the run's, also when it died."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import argparse
 
-    import gpu
     import torch
 
     def child(command, **kwargs):
@@ -278,17 +275,9 @@ def test_triton_section_runs_in_a_child_whose_rows_join(monkeypatch, tmp_path, r
     assert ("RuntimeError: x" in status.get("reason", "")) == bool(returncode)
 
 
-def _gpu(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import gpu
-
-    return gpu
-
-
-def test_triton_child_killed_at_its_limit_keeps_its_rows(monkeypatch, tmp_path):
+def test_triton_child_killed_at_its_limit_keeps_its_rows(gpu, monkeypatch, tmp_path):
     """A child still running at the section's end is killed; what it wrote joins the run.
     Its deadline is on the parent's clock, a margin before that end."""
-    gpu = _gpu(monkeypatch)
     import argparse
 
     import torch
@@ -312,10 +301,9 @@ def test_triton_child_killed_at_its_limit_keeps_its_rows(monkeypatch, tmp_path):
     assert run.rows == [{"section": "triton", "case": "c"}]
 
 
-def test_a_broken_cuda_context_stops_the_sections_of_this_process_only(monkeypatch, tmp_path):
+def test_a_broken_cuda_context_stops_the_sections_of_this_process_only(gpu, monkeypatch, tmp_path):
     """After a sticky CUDA error (here: ``release`` reports it after the first section),
     the sections that run in this process are skipped, those in subprocesses still run."""
-    gpu = _gpu(monkeypatch)
     ran = []
     for name in ("hsa", "cone", "tests"):
         monkeypatch.setitem(gpu.SECTIONS, name, lambda run, end, name=name: ran.append(name))
@@ -329,9 +317,8 @@ def test_a_broken_cuda_context_stops_the_sections_of_this_process_only(monkeypat
     assert sections["hsa"]["status"] == sections["tests"]["status"] == "done"
 
 
-def test_release_and_free_memory_survive_a_cuda_error(monkeypatch):
+def test_release_and_free_memory_survive_a_cuda_error(gpu):
     """Without a usable CUDA context every CUDA call raises, as after a sticky error."""
-    gpu = _gpu(monkeypatch)
     import torch
 
     if torch.cuda.is_available():
@@ -341,10 +328,9 @@ def test_release_and_free_memory_survive_a_cuda_error(monkeypatch):
     assert gpu.release(torch.device("cpu")) is True
 
 
-def test_inputs_come_from_the_script_s_own_generator(monkeypatch):
+def test_inputs_come_from_the_script_s_own_generator(gpu):
     """Not from the device's default generator, which a failed CUDA-graph capture breaks;
     reseeded before every build, so a method's inputs are the same in every run."""
-    gpu = _gpu(monkeypatch)
     import torch
 
     cpu = torch.device("cpu")
@@ -357,10 +343,9 @@ def test_inputs_come_from_the_script_s_own_generator(monkeypatch):
     assert not torch.equal(gpu.randn(4, 3, device=cpu), first)  # a stream, not one draw
 
 
-def test_a_pytest_section_interrupted_at_its_cap_keeps_the_report(monkeypatch, tmp_path):
+def test_a_pytest_section_interrupted_at_its_cap_keeps_the_report(gpu, monkeypatch, tmp_path):
     """At its cap pytest gets Ctrl-C (SIGINT), so its JUnit report still counts the tests
     that ran; a kill would leave none."""
-    gpu = _gpu(monkeypatch)
     monkeypatch.setattr(gpu, "INTERRUPT_GRACE_S", 20.0)
     tests = tmp_path / "test_slow.py"
     tests.write_text(
