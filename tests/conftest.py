@@ -17,6 +17,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch_geometric.datasets import Planetoid  # noqa: E402
 
 from hiergraph.datasets import planetoid as hp
@@ -298,3 +299,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _needs_cuda(item):
             item.add_marker(pytest.mark.cuda)
+
+
+class DispatchedOps(TorchDispatchMode):
+    """Records every aten operation that reaches the dispatcher inside the ``with`` block:
+    ``calls``, ``(name, shape of the first argument or None)`` in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, tuple | None]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        first = args[0] if args else None
+        shape = tuple(first.shape) if isinstance(first, torch.Tensor) else None
+        self.calls.append((func.overloadpacket.__name__, shape))
+        return func(*args, **(kwargs or {}))
+
+    def shapes(self, name: str) -> list[tuple | None]:
+        """The first arguments' shapes of the calls of ``name``."""
+        return [shape for called, shape in self.calls if called == name]

@@ -18,7 +18,7 @@ from hiergraph.ops.hsa import triton_uniform
 from hiergraph.ops.hsa.lifted import lifted_attention
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
-from tests.conftest import qkv_rows, spy_calls, triton_runs_kernels
+from tests.conftest import DispatchedOps, qkv_rows, spy_calls, triton_runs_kernels
 
 if not triton_runs_kernels():
     pytest.skip(
@@ -465,19 +465,8 @@ def test_kernels_compile_for_a_gpu(tmp_path):
 def test_the_logit_scale_is_made_on_the_device_without_a_host_copy():
     """A copy from host memory cannot be captured in a CUDA graph (the first call may come
     inside one): the scale is filled on the device."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
     triton_uniform._tau.cache_clear()
-    with Ops() as ops:
+    with DispatchedOps() as ops:
         tau = triton_uniform._tau(0.25, torch.float64, torch.device("cpu"))
-    assert ops.names == ["full"]
+    assert [name for name, _ in ops.calls] == ["full"]
     assert tau.dtype == torch.float64 and tau.tolist() == [0.25]

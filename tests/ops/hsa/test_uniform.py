@@ -18,6 +18,7 @@ from hiergraph.ops import (
 )
 from hiergraph.ops.hsa import token_layout
 from hiergraph.ops.hsa.lifted import lifted_attention
+from tests.conftest import DispatchedOps
 from tests.operators import Operators
 
 F64 = dict(dtype=torch.float64)
@@ -205,10 +206,10 @@ def test_family_gram_is_the_product_with_the_transpose_differentiable_twice(
     def fn(x, y):
         return family_attention.family_gram(x, y, alpha=0.5)
 
-    with _Calls("bmm") as products:
+    with DispatchedOps() as ops:
         out = fn(x, y)
     grouped = b == 4 and families % 4 == 0
-    assert products.shapes == [(families // 4, 16, 6) if grouped else (families, b, 6)]
+    assert ops.shapes("bmm") == [(families // 4, 16, 6) if grouped else (families, b, 6)]
     torch.testing.assert_close(out, 0.5 * x @ y.mT, atol=1e-15, rtol=0)
     assert torch.autograd.gradcheck(fn, (x, y))
     assert torch.autograd.gradgradcheck(fn, (x, y))
@@ -456,19 +457,6 @@ class _LargeWrites(TorchDispatchMode):
         return out
 
 
-class _Calls(TorchDispatchMode):
-    """Records the shape of the first argument of every call of the operation ``name``."""
-
-    def __init__(self, name: str):
-        super().__init__()
-        self.name, self.shapes = name, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ == self.name:
-            self.shapes.append(tuple(args[0].shape))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.usefixtures("torch_ops")
 def test_families_of_two_take_no_softmax(masked):
@@ -477,9 +465,9 @@ def test_families_of_two_take_no_softmax(masked):
     index = window_forest([32] * 4, (2, 4, 2, 2)).tree_index()
     q, k, v = (torch.randn(128, 2, 8) for _ in "qkv")
     mask = torch.arange(128) % 5 != 0 if masked else None
-    with _Calls("amax") as row_maxima:  # one per softmax
+    with DispatchedOps() as ops:  # one row maximum per softmax
         hierarchical_attention(q, k, v, index, include_self=True, leaf_mask=mask)
-    assert [shape[-1] for shape in row_maxima.shapes] == [4]
+    assert [shape[-1] for shape in ops.shapes("amax")] == [4]
 
 
 @pytest.mark.parametrize("heads_first", [False, True])
