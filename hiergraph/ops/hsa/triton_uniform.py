@@ -222,7 +222,9 @@ def _run(kernel, grid: tuple[int, int], *args, **meta) -> None:
     the kernels off with a warning and raises :class:`KernelsUnavailable`."""
     try:
         kernel[grid](*args, **meta)
-    except _build_errors() as error:
+    except Exception as error:
+        if not _cannot_build(error):
+            raise
         set_enabled(False)
         warnings.warn(
             f"Triton could not build the HSA kernels for this device ({type(error).__name__}: "
@@ -231,6 +233,15 @@ def _run(kernel, grid: tuple[int, int], *args, **meta) -> None:
             stacklevel=2,
         )
         raise KernelsUnavailable(str(error)) from error
+
+
+def _cannot_build(error: Exception) -> bool:
+    """Whether ``error`` is Triton's for a kernel it cannot build: one of
+    :func:`_build_errors`, or the plain ``RuntimeError`` its compiler raises when one of its
+    MLIR passes fails (any other error, a CUDA fault say, is not a build's)."""
+    if isinstance(error, _build_errors()):
+        return True
+    return type(error) is RuntimeError and "PassManager::run failed" in str(error)
 
 
 @functools.cache

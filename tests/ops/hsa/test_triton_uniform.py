@@ -274,24 +274,38 @@ def test_padded_forest_runs_the_kernels(kernels_on, monkeypatch, masked):
     against_the_default_path(run, qkv, calls)
 
 
-@pytest.mark.parametrize("where", ["forward", "backward"])
-def test_a_kernel_triton_cannot_build_turns_them_off(kernels_on, monkeypatch, where):
-    """A kernel Triton cannot build for the device (here: out of shared memory) warns, turns
-    the kernels off, and the default path runs; in the backward, the recorded op's
-    gradients."""
-    import triton
+def failing_launch(error: Exception):
+    """A stand-in for a kernel whose every launch raises ``error``."""
 
-    from hiergraph.ops.hsa import triton_kernels
-
-    class Unbuildable:
+    class Failing:
         def __getitem__(self, grid):
             def launch(*args, **meta):
-                raise triton.OutOfResources(300_000, 232_448, "shared memory")
+                raise error
 
             return launch
 
+    return Failing()
+
+
+def build_error(kind: str) -> Exception:
+    """The error of a kernel Triton cannot build: out of shared memory, or the plain
+    ``RuntimeError`` its compiler raises when an MLIR pass fails."""
+    import triton
+
+    if kind == "out-of-resources":
+        return triton.OutOfResources(300_000, 232_448, "shared memory")
+    return RuntimeError("PassManager::run failed")
+
+
+@pytest.mark.parametrize("kind", ["out-of-resources", "mlir-pass"])
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_kernel_triton_cannot_build_turns_them_off(kernels_on, monkeypatch, where, kind):
+    """A kernel Triton cannot build for the device warns, turns the kernels off, and the
+    default path runs; in the backward, the recorded op's gradients."""
+    from hiergraph.ops.hsa import triton_kernels
+
     broken = "up_kernel" if where == "forward" else "grad_down_kernel"
-    monkeypatch.setattr(triton_kernels, broken, Unbuildable())
+    monkeypatch.setattr(triton_kernels, broken, failing_launch(build_error(kind)))
     hierarchy = window_forest([12, 12], branching=(4, 3)).to(DEVICE)
     qkv = inputs((2, 3, 4), heads=2)
     with pytest.warns(RuntimeWarning, match="could not build the HSA kernels"):
@@ -302,6 +316,19 @@ def test_a_kernel_triton_cannot_build_turns_them_off(kernels_on, monkeypatch, wh
     assert (type(out.grad_fn).__name__ == "_TritonUniformBackward") == (where == "backward")
     want = hierarchical_attention(*qkv, hierarchy, include_self=True)
     assert_close((out, *grads), (want, *torch.autograd.grad(want.sum(), qkv)))
+
+
+def test_an_error_other_than_a_build_propagates(kernels_on, monkeypatch):
+    """A launch failing for another reason (here a CUDA fault) is not taken for a kernel
+    that cannot be built: it propagates, and the kernels stay on."""
+    from hiergraph.ops.hsa import triton_kernels
+
+    fault = RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(triton_kernels, "up_kernel", failing_launch(fault))
+    hierarchy = window_forest([12, 12], branching=(4, 3)).to(DEVICE)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        hierarchical_attention(*inputs((2, 3, 4), heads=2), hierarchy, include_self=True)
+    assert triton_uniform.enabled()
 
 
 def test_turned_on_as_a_block_and_as_a_decorator():
