@@ -313,7 +313,18 @@ def penumbral_lca_height(
 
     Returns:
         ``scale * H`` (or ``scale * H**2``) with the broadcast shape of the inputs.
+
+    Raises:
+        ValueError: if :math:`(2r)^2` overflows the inputs' floating-point type (float32:
+            ``r`` from about 9e18), where every score would be NaN.
     """
+    dtype = _compute_dtype(dist, y_u, y_v)
+    limit = math.sqrt(torch.finfo(dtype).max) / 2
+    if not r < limit:
+        raise ValueError(
+            f"r = {r:g} is too large for {dtype}: (2r)^2 overflows "
+            f"and every score would be NaN; use r < {limit:.3g} (or float64 inputs)"
+        )
     height_fn = partial(_penumbral_h, r=float(r), squared=squared)
     return _lca_height(height_fn, dist, y_u, y_v, scale)
 

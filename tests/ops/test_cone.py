@@ -535,6 +535,16 @@ def test_umbral_radius_without_overflow():
     torch.testing.assert_close(far, torch.maximum(y_u, y_v))
 
 
+def test_penumbral_radius_whose_square_overflows_is_refused():
+    """A light source so high that (2r)^2 overflows the dtype would make every score NaN:
+    refused with the limit named; float64 inputs take it, and finite scores come out."""
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    assert torch.isfinite(penumbral(q, k, r=1e18)).all()
+    with pytest.raises(ValueError, match="r = 1e.19 is too large for torch.float32"):
+        penumbral(q, k, r=1e19)
+    assert torch.isfinite(penumbral(q.double(), k.double(), r=1e19)).all()
+
+
 def test_a_learned_temperature_is_read_on_the_host_only_where_that_is_free():
     """On an accelerator the check of a tensor ``gamma`` would wait for every queued kernel
     on each call: it is left to the scores there (emulated on the CPU)."""
