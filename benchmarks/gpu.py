@@ -34,7 +34,9 @@ Sections, in this order, each with its own time cap (``--caps name=seconds`` cha
   per block size and dtype) cost its time, not the others', and kernels that have never
   run on a GPU cannot leave the run's CUDA context unusable.
 * ``hmatrix`` (35 s): ``hmatrix_attention`` at 16K and 64K tokens vs SDPA (settings of
-  ``benchmarks/hmatrix.py``).
+  ``benchmarks/hmatrix.py``); on CUDA also ``hmatrix-tf32``, the same step with float32
+  matrix products on TF32 tensor cores (``torch.set_float32_matmul_precision("high")``;
+  bf16 inputs are computed in float32 inside).
 * ``vcc`` (35 s): one VCC encoder layer at 16K and 128K tokens vs the same
   ``nn.TransformerEncoderLayer`` on all tokens (settings of ``benchmarks/vcc.py``).
 * ``masked`` (35 s): ``MaskedAttentionConv`` on a window mask (p = 64; raw ``edge_index``,
@@ -212,6 +214,22 @@ def fwd_bwd(fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor]) -> Calla
     return step
 
 
+def tf32_matmuls(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` (forward and backward) with float32 matrix products allowed on TF32 tensor
+    cores (``torch.set_float32_matmul_precision("high")``, a user's global setting), the
+    previous setting restored after it."""
+
+    def tf32_step():
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("high")
+        try:
+            step()
+        finally:
+            torch.set_float32_matmul_precision(before)
+
+    return tf32_step
+
+
 def timed_once(step: Callable[[], None], device: torch.device) -> float:
     """Wall seconds of one step, synchronised (the warm-up; also the time estimate)."""
     synchronize(device)
@@ -301,6 +319,7 @@ class Method:
     graph: bool = False  # on CUDA, also time its step captured as a CUDA graph (``+graph``)
     graphed: bool = False  # this is such a twin: its step replays the captured graph
     compiled: bool = False  # the forward through ``torch.compile`` (compiled before timing)
+    tf32: bool = False  # float32 matrix products on TF32 tensor cores for the whole step
 
 
 @dataclass
@@ -428,6 +447,8 @@ def _prepare(run: Run, method: Method, dtype: torch.dtype) -> tuple[Callable[[],
     if method.compiled:
         fn = torch.compile(fn, fullgraph=True, dynamic=False)
     step = fwd_bwd(fn, leaves)
+    if method.tf32:
+        step = tf32_matmuls(step)
     if method.compiled:
         step()  # compiles the forward and the backward before the timed warm-up
     return (timing.cuda_graphed(step, run.device) if method.graphed else step), leaves
@@ -887,7 +908,11 @@ def child_run(run: Run, end: float, out: Path, args: list[str], shares: dict) ->
     return status
 
 
-def hmatrix_methods(length: int) -> dict[str, Method]:
+def hmatrix_methods(length: int, tf32: bool = False) -> dict[str, Method]:
+    """H-matrix attention and SDPA at ``length`` tokens; with ``tf32`` (on CUDA) also
+    ``hmatrix-tf32``: the same step with float32 matrix products on TF32 tensor cores
+    (:func:`tf32_matmuls`), as computed inside for bf16 inputs too (their products are exact
+    in TF32; the coarse levels' averages are rounded to its 10-bit mantissa)."""
     from hiergraph.ops.hmatrix import hmatrix_attention
 
     H, d, block = hmatrix_bench.HEADS, hmatrix_bench.DIM, hmatrix_bench.BLOCK
@@ -902,16 +927,20 @@ def hmatrix_methods(length: int) -> dict[str, Method]:
         return (lambda: F.scaled_dot_product_attention(q, k, v)), [q, k, v]
 
     nbytes = 4 * 3 * length * H * d * 4
-    return {
+    methods = {
         "hmatrix": Method(ours, work=length, peak_bytes=nbytes, graph=True),
         # the quadratic peer is launch-bound only at the shorter length
         "sdpa": Method(sdpa, length**2, nbytes, graph=length <= GRAPH_MAX_LEAVES),
     }
+    if tf32:
+        methods["hmatrix-tf32"] = Method(ours, work=length, peak_bytes=nbytes, tf32=True)
+    return methods
 
 
 def section_hmatrix(run: Run, end: float) -> None:
     for length in run.sizes.hmatrix:
-        run_case(run, "hmatrix", end, f"L={length}", hmatrix_methods(length))
+        methods = hmatrix_methods(length, tf32=run.device.type == "cuda")
+        run_case(run, "hmatrix", end, f"L={length}", methods)
 
 
 def section_vcc(run: Run, end: float) -> None:

@@ -14,7 +14,9 @@ side (medians of interleaved rounds), or a step's own memory footprint with a bu
 * the 1M-leaf HSA step and the 1M-node ``GraphHSANet`` step fit in 40 GiB;
 * H-matrix attention at 64K tokens at least 10× faster than SDPA; one VCC layer at 128K at
   least 10× faster than the full layer; ``MaskedAttentionConv`` at least 5× faster than
-  ``TransformerConv`` on the window mask at 64K nodes (each in every dtype).
+  ``TransformerConv`` on the window mask at 64K nodes (each in every dtype); the first also
+  in bf16 with float32 matrix products on TF32 tensor cores (``hmatrix-tf32``), which
+  decides whether bf16 inputs should be computed that way inside.
 
 With ``twin="+graph"`` the timed targets are read from the CUDA-graph twins of a ``--graphs``
 run (every step captured once and replayed: no launch cost); a method that has no twin there
@@ -83,6 +85,8 @@ def evaluate(run: dict, twin: str = "") -> list[dict]:
                "bf16", "hsa-triton", "level-bound", 2)  # fmt: skip
     slower("HSA, Triton kernels, not slower than flash SDPA, 32x512", "triton", "32x512",
            "bf16", "hsa-triton", "sdpa-flash", 1)  # fmt: skip
+    faster("H-matrix, TF32 matmuls, ≥ 10× SDPA, 64K tokens", "hmatrix", "L=65536", "bf16",
+           "hmatrix-tf32", "sdpa", 10)  # fmt: skip
     for dtype in DTYPES:
         if not twin:  # a replayed graph's memory is its private pool: no footprint
             for target, key in (

@@ -211,6 +211,37 @@ def test_profiled_cases_get_no_graph_twins(gpu, monkeypatch, tmp_path):
     assert twinned == [1] and "profile" not in run.rows[-1]
 
 
+def test_a_tf32_method_runs_its_whole_step_on_tf32_matmuls(gpu, tmp_path):
+    """``hmatrix-tf32`` (a CUDA run's) is H-matrix attention's step with float32 matrix
+    products on TF32 cores, forward and backward; the setting before it comes back after."""
+    import argparse
+
+    import torch
+
+    assert "hmatrix-tf32" not in gpu.hmatrix_methods(64)
+    assert gpu.hmatrix_methods(64, tf32=True)["hmatrix-tf32"].tf32
+    seen = []
+
+    def build(dtype, device):
+        x = torch.ones(3, requires_grad=True)
+        x.register_hook(lambda grad: seen.append(torch.get_float32_matmul_precision()))
+
+        def forward():
+            seen.append(torch.get_float32_matmul_precision())
+            return x * 2
+
+        return forward, [x]
+
+    args = argparse.Namespace(deadline=60.0, out=str(tmp_path))
+    run = gpu.Run(args, torch.device("cpu"), gpu.QUICK, started=time.monotonic())
+    before = torch.get_float32_matmul_precision()
+    step, _ = gpu._prepare(run, gpu.Method(build, tf32=True), torch.float32)
+    step()
+    assert seen == ["high", "high"] and torch.get_float32_matmul_precision() == before
+    gpu._prepare(run, gpu.Method(build), torch.float32)[0]()
+    assert seen[2:] == [before, before]
+
+
 def test_storage_bytes_counts_each_storage_once(gpu):
     import torch
 
