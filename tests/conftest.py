@@ -3,6 +3,7 @@ benchmarks' helper modules."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import os
@@ -23,7 +24,14 @@ from torch_geometric.datasets import Planetoid  # noqa: E402
 from hiergraph.datasets import planetoid as hp
 from hiergraph.ops.hsa import native
 
-SHARED_CORA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "Cora" / "raw"
+#: where real raw datasets may be, as the session starts (before any test clears the
+#: variables): a collection of them (``$HIERGRAPH_RAW``), the data root where a loader
+#: linked them (``$HIERGRAPH_DATA``), the collection next to the repository
+RAW_ROOTS = [
+    os.environ.get(hp.RAW_ENV),
+    os.environ.get(hp.DATA_ENV),
+    Path(__file__).resolve().parents[2] / "shared" / "datasets",
+]
 
 
 def triton_runs_kernels() -> bool:
@@ -239,15 +247,20 @@ def rng():
     return random.Random(1234)
 
 
-def cora_raw_source() -> Path | None:
-    """A folder with real Cora raw files: ``$HIERGRAPH_DATA/Cora/raw`` or the shared copy."""
-    candidates = [SHARED_CORA]
-    if os.environ.get(hp.DATA_ENV):
-        candidates.insert(0, Path(os.environ[hp.DATA_ENV]) / "Cora" / "raw")
-    for folder in candidates:
-        if all((folder / f).exists() for f in hp.planetoid_raw_files("Cora")):
+@functools.cache
+def planetoid_raw(name: str) -> Path | None:
+    """The first ``<name>/raw`` under :data:`RAW_ROOTS` with the real raw files of Planetoid
+    dataset ``name``, or ``None``; tests that clear the variables (``no_env``) still find it."""
+    for root in filter(None, RAW_ROOTS):
+        folder = Path(root) / name / "raw"
+        if all((folder / f).exists() for f in hp.planetoid_raw_files(name)):
             return folder
     return None
+
+
+def needs_planetoid(name: str):
+    """Skip the test where the real raw files of ``name`` are absent."""
+    return pytest.mark.skipif(planetoid_raw(name) is None, reason=f"real {name} raw files absent")
 
 
 @pytest.fixture

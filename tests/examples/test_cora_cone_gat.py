@@ -6,15 +6,14 @@ import json
 import pytest
 import torch
 
-from tests.conftest import cora_raw_source
-from tests.examples.conftest import needs_planetoid, planetoid_raw
+from tests.conftest import needs_planetoid, planetoid_raw
 
 
-@pytest.mark.skipif(cora_raw_source() is None, reason="real Cora raw files not available")
+@needs_planetoid("Cora")
 def test_cora_example_smoke(no_env, no_network, load_example, tmp_path, capsys):
     cora_cone_gat = load_example("cora_cone_gat")
 
-    argv = ["--root", str(tmp_path), "--raw-dir", str(cora_raw_source()), "--epochs", "2"]
+    argv = ["--root", str(tmp_path), "--raw-dir", str(planetoid_raw("Cora")), "--epochs", "2"]
     argv += ["--device", "cpu"]
     out_json = tmp_path / "acc.json"
     results = cora_cone_gat.main(
@@ -35,11 +34,11 @@ def test_cora_example_smoke(no_env, no_network, load_example, tmp_path, capsys):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.skipif(cora_raw_source() is None, reason="real Cora raw files not available")
+@needs_planetoid("Cora")
 def test_cora_example_trains_every_attention_on_cuda(no_env, no_network, load_example, tmp_path):
     cora_cone_gat = load_example("cora_cone_gat")
     out_json = tmp_path / "acc.json"
-    argv = ["--root", str(tmp_path), "--raw-dir", str(cora_raw_source()), "--epochs", "2"]
+    argv = ["--root", str(tmp_path), "--raw-dir", str(planetoid_raw("Cora")), "--epochs", "2"]
     argv += ["--seeds", "1", "--device", "cuda", "--json", str(out_json)]
     results = cora_cone_gat.main([*argv, "--attention", *cora_cone_gat.ATTENTIONS])
     assert sorted(results) == sorted(cora_cone_gat.ATTENTIONS)
@@ -48,7 +47,7 @@ def test_cora_example_trains_every_attention_on_cuda(no_env, no_network, load_ex
     assert {row["device"] for row in rows.values()} == {"cuda"}
 
 
-@pytest.mark.skipif(cora_raw_source() is None, reason="real Cora raw files not available")
+@needs_planetoid("Cora")
 def test_cut_run_keeps_its_finished_seeds(no_env, no_network, load_example, tmp_path, monkeypatch):
     cora_cone_gat = load_example("cora_cone_gat")
     run_seed, calls = cora_cone_gat.run_seed, []
@@ -61,7 +60,7 @@ def test_cut_run_keeps_its_finished_seeds(no_env, no_network, load_example, tmp_
 
     monkeypatch.setattr(cora_cone_gat, "run_seed", cut_after_first)
     out_json = tmp_path / "acc.json"
-    argv = ["--root", str(tmp_path), "--raw-dir", str(cora_raw_source()), "--epochs", "2"]
+    argv = ["--root", str(tmp_path), "--raw-dir", str(planetoid_raw("Cora")), "--epochs", "2"]
     with pytest.raises(KeyboardInterrupt):
         cora_cone_gat.main([*argv, "--seeds", "3", "--attention", "dot", "--json", str(out_json)])
     row = json.loads(out_json.read_text())["rows"]["dot"]
@@ -81,7 +80,7 @@ def test_quick_budget_by_default_and_the_papers_with_paper(load_example):
 @needs_planetoid("CiteSeer")
 def test_citeseer_runs_and_is_keyed_by_dataset(no_env, no_network, load_example, tmp_path):
     cora_cone_gat = load_example("cora_cone_gat")
-    raw = planetoid_raw("CiteSeer") / "CiteSeer" / "raw"
+    raw = planetoid_raw("CiteSeer")
     out_json = tmp_path / "acc.json"
     argv = ["--dataset", "CiteSeer", "--root", str(tmp_path), "--raw-dir", str(raw)]
     results = cora_cone_gat.main(

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from tests.conftest import planetoid_raw
 from tests.datasets.test_ogbn import needs_ogb, write_tiny_arxiv
-from tests.examples.conftest import planetoid_raw
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_planetoid_datasets_run_the_hybrid_with_the_quick_budget(
     name = {"cora": "Cora", "citeseer": "CiteSeer"}[dataset]
     if planetoid_raw(name) is None:
         pytest.skip(f"real {name} raw files absent")
-    raw = planetoid_raw(name) / name / "raw"
+    raw = planetoid_raw(name)
     argv = ["--dataset", dataset, "--epochs", "2", "--root", str(tmp_path), "--raw-dir", str(raw)]
     out = nc.main(argv)  # the default model: the HSA hybrid
     assert out["model"] == "hsa_hybrid" and out["dataset"] == dataset and out["num_seeds"] == 1
@@ -147,7 +147,7 @@ def test_hybrid_trains_on_cuda(nc, tmp_path, dataset, no_env, no_network):
     elif planetoid_raw("Cora") is None:
         pytest.skip("real Cora raw files absent")
     else:
-        argv += ["--root", str(tmp_path), "--raw-dir", str(planetoid_raw("Cora") / "Cora" / "raw")]
+        argv += ["--root", str(tmp_path), "--raw-dir", str(planetoid_raw("Cora"))]
     out = nc.main(argv)  # the default model: the HSA hybrid
     assert out["device"] == "cuda" and out["args"]["device"] == "cuda"
     assert 0.0 <= out["mean"] <= 1.0 and out["num_seeds"] == 1
