@@ -44,6 +44,7 @@ benchmark tables through this script.
 Examples::
 
     HIERGRAPH_RAW=<folder with the archives> python examples/document_classification.py
+    python examples/document_classification.py --raw-dir <folder with the IMDB archive>
     python examples/document_classification.py --dataset 20ng --model fsa
     python examples/document_classification.py --paper --dataset imdb --json out.json
 
@@ -325,7 +326,12 @@ def load_splits(args) -> tuple[dict, dict]:
     splits, truncation = {}, {}
     for split, size in sizes.items():
         full = DATASETS[args.dataset](
-            args.root, split=split, tokenizer=args.tokenizer, depth=args.depth, **caps
+            args.root,
+            split=split,
+            tokenizer=args.tokenizer,
+            depth=args.depth,
+            raw_dir=args.raw_dir,
+            **caps,
         )
         splits[split] = subset(full, size, seed=1234)
         truncation[split] = full.truncation_report()
@@ -337,6 +343,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dataset", choices=sorted(DATASETS), default="imdb")
     p.add_argument("--model", choices=sorted(ATTENTION), default="hsa")
     p.add_argument("--root", default=None, help="dataset folder (default $HIERGRAPH_DATA/<Name>)")
+    p.add_argument("--raw-dir", default=None, help="a folder holding the dataset's raw archive")
     p.add_argument("--embedding", choices=("static", "learned"), default="static")
     p.add_argument("--tokenizer", choices=("minilm", "simple"), default="minilm")
     p.add_argument("--embedding-dim", type=int, default=128, help="size of learned embeddings")

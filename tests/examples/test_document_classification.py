@@ -24,21 +24,26 @@ def test_quick_budget_by_default_and_whole_splits_with_paper(dc):
     assert dc.parse_args(["--paper", "--epochs", "1"]).epochs == 1  # explicit options win
 
 
-def quick_run(dc, tmp_path, monkeypatch, device: str) -> dict:
-    """The quick budget of a tiny HSA model on a generated IMDB archive, on ``device``."""
+def quick_run(dc, tmp_path, monkeypatch, device: str, raw_dir_option: bool = False) -> dict:
+    """The quick budget of a tiny HSA model on a generated IMDB archive, on ``device``; the
+    archive's folder given by ``$HIERGRAPH_RAW`` or, with ``raw_dir_option``, ``--raw-dir``."""
     monkeypatch.delenv("HIERGRAPH_DATA", raising=False)
+    monkeypatch.delenv("HIERGRAPH_RAW", raising=False)
     write_tar(tmp_path / "aclImdb_v1.tar.gz", {f"aclImdb/{k}": v for k, v in imdb_files().items()})
-    monkeypatch.setenv("HIERGRAPH_RAW", str(tmp_path))
+    raw = ["--raw-dir", str(tmp_path)] if raw_dir_option else []
+    if not raw_dir_option:
+        monkeypatch.setenv("HIERGRAPH_RAW", str(tmp_path))
     return dc.main([
-        "--dataset", "imdb", "--root", str(tmp_path / "imdb"), "--tokenizer", "simple",
+        "--dataset", "imdb", "--root", str(tmp_path / "imdb"), *raw, "--tokenizer", "simple",
         "--embedding", "learned", "--model", "hsa", "--hidden", "16", "--heads", "2",
         "--pos-channels", "8", "--mlp", "16", "--proj", "0", "--no-progress",
         "--device", device, "--json", str(tmp_path / "r.json"),
     ])  # fmt: skip
 
 
-def test_quick_run_on_a_generated_archive(dc, tmp_path, monkeypatch, capsys):
-    out = quick_run(dc, tmp_path, monkeypatch, "cpu")
+@pytest.mark.parametrize("raw_dir_option", [False, True], ids=["raw-env", "raw-dir-option"])
+def test_quick_run_on_a_generated_archive(dc, tmp_path, monkeypatch, capsys, raw_dir_option):
+    out = quick_run(dc, tmp_path, monkeypatch, "cpu", raw_dir_option)
     assert out["sizes"] == {"train": 18, "val": 2, "test": 8}  # the quick subsets hold them all
     (run,) = out["runs"]
     assert run["seed"] == 0 and len(run["history"]) == 3 and 0.0 <= run["test_acc"] <= 1.0
