@@ -912,8 +912,9 @@ def hmatrix_methods(length: int, tf32: bool = False) -> dict[str, Method]:
     """H-matrix attention and SDPA at ``length`` tokens; with ``tf32`` (on CUDA) also
     ``hmatrix-tf32``: the same step with float32 matrix products on TF32 tensor cores
     (:func:`tf32_matmuls`). bf16 inputs are computed in float32 inside, so their products
-    run there too: exact for the inputs' own values (a bf16 number is a TF32 one), the
-    coarse levels' averages rounded to TF32's 10-bit mantissa."""
+    run there too: exact for the inputs' own values (a bf16 number is a TF32 one), the other
+    operands (the coarse levels' averages, the attention weights) rounded to TF32's 10-bit
+    mantissa."""
     from hiergraph.ops.hmatrix import hmatrix_attention
 
     H, d, block = hmatrix_bench.HEADS, hmatrix_bench.DIM, hmatrix_bench.BLOCK
