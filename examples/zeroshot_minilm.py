@@ -21,7 +21,7 @@ numbers per method: ``probe`` (trained and tested on that method's
 embeddings) and ``frozen_probe`` (trained on the original embeddings, tested on
 the method's: the zero-shot setting of a fixed downstream head).
 
-Budgets: the default (quick) encodes a seeded stratified sample of 200 documents
+Budgets: the default (quick) encodes a seeded random sample of 200 documents
 (about a minute on 2 cores; the pretrained model encodes about 7 documents per second);
 ``--paper`` all of them, as in the paper's zero-shot study (BBC's 2,225 articles: about
 10 minutes; IMDB's 4,000 reviews: about 15 minutes). ``--limit N`` overrides both
@@ -103,7 +103,7 @@ def load_texts(dataset: str, limit: int | None = None):
         split = np.zeros(len(docs), dtype=np.int64)
         for f, part in enumerate(stratified_split(labels, [0.2] * 5, seed=0)):
             split[part] = f
-    if limit is not None:  # a seeded stratified sample (quick runs)
+    if limit is not None:  # a seeded random sample (quick runs; not stratified)
         keep = np.sort(np.random.default_rng(0).permutation(len(docs))[:limit])
         texts, labels, split = [texts[i] for i in keep], labels[keep], split[keep]
     return texts, labels, split
