@@ -87,7 +87,7 @@ class GraphHSAConv(nn.Module):
             :math:`\tanh(\alpha)`. (default: :obj:`False`)
         mlp (bool, optional): add the MLP block. (default: :obj:`True`)
         kernel (str, optional): HSA family kernel, one of
-            :data:`~hiergraph.ops.hsa.attention.KERNELS`: ``'dense'`` (batched matmuls
+            :data:`~hiergraph.ops.hsa.inputs.KERNELS`: ``'dense'`` (batched matmuls
             over blocks of families), ``'blocks'`` (those blocks only) or ``'edge'``
             (scatters over sibling pairs; faster when most families are small, as in
             Louvain trees); see :func:`~hiergraph.ops.hierarchical_attention`.

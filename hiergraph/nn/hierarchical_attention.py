@@ -63,7 +63,7 @@ class HierarchicalSelfAttention(nn.Module):
             is not causal: later tokens still change earlier rows through their
             ancestors' statistics (needs ``include_self``).
         dropout: dropout on the output.
-        kernel: family kernel, one of :data:`~hiergraph.ops.hsa.attention.KERNELS`
+        kernel: family kernel, one of :data:`~hiergraph.ops.hsa.inputs.KERNELS`
             (see :func:`~hiergraph.ops.hierarchical_attention`).
         project_values: ``False`` uses the input features themselves as values, split
             over the heads, and returns the heads concatenated with no output map: HSA

@@ -8,8 +8,8 @@ from hiergraph.data import flatten_hierarchy, from_nested, window_forest, window
 from hiergraph.data.restructure import lift_leaves
 from hiergraph.nn import FamilyPositionEncoder, HierarchicalSelfAttention
 from hiergraph.ops import hierarchical_attention
-from hiergraph.ops.hsa.attention import KERNELS
 from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
+from hiergraph.ops.hsa.inputs import CAUSAL_KERNELS, KERNELS
 
 hierarchical_attention_module = importlib.import_module("hiergraph.nn.hierarchical_attention")
 
@@ -249,6 +249,7 @@ def test_hubs_never_choose_padding_leaves():
         (dict(num_node_types=0), ValueError, "num_node_types must be a positive int"),
         (dict(dropout=1.5), ValueError, r"dropout must be a probability in \[0, 1\]"),
         (dict(kernel="sparse"), ValueError, "kernel must be one of .*'dense'.*'edge'.*'sparse'"),
+        (dict(kernel="blocks", causal=True, include_self=True), ValueError, "strictly causal"),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs, error, match):
@@ -288,8 +289,11 @@ def test_project_values_false_smooths_the_input_itself():
         HierarchicalSelfAttention(6, out_channels=4, heads=2, project_values=False)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("mode", ["full", "causal", "hubs"])
+@pytest.mark.parametrize(
+    "mode, kernel",
+    [(mode, kernel) for mode in ("full", "hubs") for kernel in KERNELS]
+    + [("causal", kernel) for kernel in CAUSAL_KERNELS],
+)
 @pytest.mark.parametrize("ragged", [False, True])
 def test_an_evaluation_under_inference_mode_then_training(kernel, mode, ragged):
     """The tree's plan (and a hub tree's) first built under ``torch.inference_mode()``

@@ -17,7 +17,7 @@ from hiergraph._precision import accumulation_dtype, autocast_inputs, widened
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge, wide_dominates
-from hiergraph.ops.hsa.inputs import check_qkv, head_pos_emb, logit_scale
+from hiergraph.ops.hsa.inputs import check_kernel, check_qkv, head_pos_emb, logit_scale
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.ops.hsa.uniform import fits, per_depth, per_level, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
@@ -25,8 +25,6 @@ from hiergraph.ops.rows import permute_rows
 from hiergraph.ops.runs import broadcast_to_children, sum_children
 from hiergraph.plan.costs import KERNEL_PADDING_COST, PADDING_COST
 from hiergraph.plan.tree_index import TreeIndex
-
-KERNELS = ("dense", "blocks", "edge")
 
 
 @autocast_inputs
@@ -104,7 +102,8 @@ def hierarchical_attention(
         causal: strictly causal: row :math:`i` depends on the leaves :math:`j \le i`
             only (leaf order must be a depth-first order of every tree); computed by
             :func:`~hiergraph.ops.causal_hierarchical_attention` from prefix
-            statistics. Requires ``include_self``; no ``leaf_mask``.
+            statistics, with ``kernel`` ``'dense'`` or ``'edge'`` (its paths). Requires
+            ``include_self``; no ``leaf_mask``.
         leaky_causal: the paper's sibling masking (App. G.1): a node attends only to
             its left siblings (lower ``slot``). It is **not** causal: an ancestor's
             statistics include later leaves, so later tokens still change earlier
@@ -140,7 +139,9 @@ def hierarchical_attention(
     if causal:
         if leaf_mask is not None or not size_bias:
             raise ValueError("causal=True runs without leaf_mask and with size_bias=True")
-        return causal_hierarchical_attention(q, k, v, hierarchy, pos_emb=pos_emb, scale=scale)
+        return causal_hierarchical_attention(
+            q, k, v, hierarchy, pos_emb=pos_emb, scale=scale, kernel=kernel
+        )
     squeeze = q.dim() == 2
     if squeeze:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
@@ -356,8 +357,7 @@ def check_flags(causal: bool, leaky_causal: bool, include_self: bool, kernel: st
             "leaf self-energies every node whose first child is a leaf has no key and its rows "
             "collapse to 0 (Amizadeh et al., App. G.1)"
         )
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    check_kernel(kernel, causal)
 
 
 def _check_inputs(q, k, v, index, pos_emb, leaf_mask) -> Tensor | None:

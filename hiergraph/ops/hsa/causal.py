@@ -20,7 +20,7 @@ from hiergraph._autograd import records_grad
 from hiergraph._precision import accumulation_dtype, autocast_inputs
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal_uniform import uniform_causal_attention
-from hiergraph.ops.hsa.inputs import check_qkv, head_pos_emb, logit_scale
+from hiergraph.ops.hsa.inputs import check_kernel, check_qkv, head_pos_emb, logit_scale
 from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, to_slots
 from hiergraph.ops.hsa.uniform import fits, per_depth
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
@@ -125,8 +125,7 @@ def causal_hierarchical_attention(
     squeeze = q.dim() == 2
     if squeeze:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
-    if kernel not in ("dense", "edge"):
-        raise ValueError(f"kernel must be 'dense' or 'edge', got {kernel!r}")
+    check_kernel(kernel, causal=True)
     plan = CausalPlan.of(hierarchy)
     eps = _check_inputs(q, k, v, plan, pos_emb)
     tau = logit_scale(scale, q)

@@ -9,6 +9,20 @@ from torch import Tensor
 
 from hiergraph._precision import check_tensors
 
+#: The family kernels of :func:`~hiergraph.ops.hierarchical_attention` (same result).
+KERNELS = ("dense", "blocks", "edge")
+#: Those of the strictly causal op (:func:`~hiergraph.ops.causal_hierarchical_attention`).
+CAUSAL_KERNELS = ("dense", "edge")
+
+
+def check_kernel(kernel: str, causal: bool = False) -> None:
+    """Refuses a ``kernel`` that is not one of :data:`KERNELS` (:data:`CAUSAL_KERNELS`
+    with ``causal``)."""
+    allowed = CAUSAL_KERNELS if causal else KERNELS
+    if kernel not in allowed:
+        which = " (the strictly causal op's)" if causal else ""
+        raise ValueError(f"kernel must be one of {allowed}{which}, got {kernel!r}")
+
 
 def head_pos_emb(pos_emb: Tensor, q: Tensor, num_nodes: int) -> Tensor:
     """``pos_emb`` ``[N, c]`` or ``[N, 1 | H, c]`` checked and viewed as ``[N, 1 | H, c]``

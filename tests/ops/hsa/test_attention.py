@@ -19,7 +19,7 @@ from hiergraph.ops import (
     hierarchy_energy,
 )
 from hiergraph.ops.hsa import native
-from hiergraph.ops.hsa.attention import KERNELS
+from hiergraph.ops.hsa.inputs import KERNELS
 from hiergraph.plan import tree_index
 from tests.conftest import (
     hsa_kernel,
@@ -663,6 +663,22 @@ def test_causal_is_strictly_causal_and_equals_the_causal_op():
     with pytest.raises(ValueError, match="leaf_mask"):
         mask = torch.ones(n, dtype=torch.bool)
         hierarchical_attention(q, k, v, h, include_self=True, causal=True, leaf_mask=mask)
+
+
+@pytest.mark.parametrize("kernel", ["dense", "edge"])
+def test_causal_runs_the_kernel_asked_for(monkeypatch, kernel):
+    """``causal=True`` passes ``kernel`` on to the causal op (it was dropped: ``'edge'`` ran
+    the reshaped views); the block kernel has no causal form and is refused."""
+    from hiergraph.ops.hsa import causal
+
+    calls = spy_calls(monkeypatch, causal, "_edge_attention")
+    h = window_hierarchy(12, (2, 3))
+    q, k, v = random_qkv(12, seed=5)
+    out = hierarchical_attention(q, k, v, h, include_self=True, causal=True, kernel=kernel)
+    assert len(calls) == (kernel == "edge")
+    torch.testing.assert_close(out, causal_hierarchical_attention(q, k, v, h, kernel="edge"))
+    with pytest.raises(ValueError, match="the strictly causal op's"):
+        hierarchical_attention(q, k, v, h, include_self=True, causal=True, kernel="blocks")
 
 
 @pytest.mark.parametrize("causal", [False, True])
