@@ -103,8 +103,8 @@ def lifted_attention(
         lifted: ``[L]`` bool, the hubs: at most ``slots`` per tree, none masked.
         slots: hub slots per tree, at least the number of hubs of any tree (the caller's
             bound: the count is not read on the host).
-        pos_emb: optional ``[N, H | 1, c]`` embeddings of the forest's nodes; hubs get
-            none (:math:`\varepsilon_j = 0`).
+        pos_emb: optional ``[N, c]`` or ``[N, H | 1, c]`` embeddings of the forest's
+            nodes; hubs get none (:math:`\varepsilon_j = 0`).
         include_self, leaf_mask, scale, size_bias, kernel: as in
             :func:`~hiergraph.ops.hierarchical_attention` (the forest's levels, not reshaped
             views, with ``"blocks"`` or ``"edge"``).
@@ -113,19 +113,19 @@ def lifted_attention(
         ``[L, H, d_v]``, zero at masked leaves.
     """
     options = dict(include_self=include_self, tau=logit_scale(scale, q), size_bias=size_bias)
+    pos = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
     shape = _as_views(index, q) if kernel == "dense" else None
     if shape is None:  # the general path: bf16/fp16 in float32, as hierarchical_attention's
-        pos = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
         out = _lifted_general(
             *widened(q, k, v), index, *widened(pos), lifted, slots, leaf_mask, kernel=kernel,
             **options,
         )  # fmt: skip
         return out.to(q.dtype)
     if index.uniform is not None:
-        eps = None if pos_emb is None else per_depth(pos_emb, index)
+        eps = None if pos is None else per_depth(pos, index)
         return _lifted(q, k, v, index.uniform, eps, lifted, slots, leaf_mask, **options)
     forest = index.padded_on(q.device, extended=False)
-    eps = None if pos_emb is None else per_depth_padded(pos_emb, index, forest)
+    eps = None if pos is None else per_depth_padded(pos, index, forest)
     out = _lifted(
         *(to_slots(t, forest) for t in (q, k, v)), forest.shape, eps,
         slot_mask(forest, lifted), slots, slot_mask(forest, leaf_mask), **options,

@@ -85,7 +85,7 @@ CASES = [
 @pytest.mark.parametrize("lengths, branching, hubs, masked", CASES)
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("size_bias", [True, False])
-@pytest.mark.parametrize("pos_heads", [None, 1, 2])
+@pytest.mark.parametrize("pos_heads", [None, 0, 1, 2])  # 0: [N, c], shared by the heads
 @pytest.mark.parametrize("kernel", ["dense", "blocks"])
 def test_equals_hsa_over_the_lifted_tree(lengths, branching, hubs, masked, include_self,
                                          size_bias, pos_heads, kernel):  # fmt: skip
@@ -106,7 +106,8 @@ def test_equals_hsa_over_the_lifted_tree(lengths, branching, hubs, masked, inclu
     pos = None
     if pos_heads is not None:
         gen = torch.Generator().manual_seed(3)
-        pos = torch.randn(batch.num_nodes, pos_heads, 2, generator=gen, dtype=torch.float64)
+        shape = (batch.num_nodes, pos_heads, 2) if pos_heads else (batch.num_nodes, 2)
+        pos = torch.randn(*shape, generator=gen, dtype=torch.float64)
     options = dict(include_self=include_self, leaf_mask=mask, size_bias=size_bias)
     assert_equals_reference(q, k, v, batch, lifted, slots, pos, kernel=kernel, **options)
 
@@ -169,7 +170,8 @@ def test_ragged_forests_equal_hsa_over_the_lifted_tree(case, include_self, size_
     slots = int(torch.bincount(tree[lifted], minlength=1).max()) + 1  # more slots than hubs
     pos = None
     if pos_heads is not None:
-        pos = torch.randn(batch.num_nodes, pos_heads, 2, generator=gen, dtype=torch.float64)
+        shape = (batch.num_nodes, pos_heads, 2) if pos_heads else (batch.num_nodes, 2)
+        pos = torch.randn(*shape, generator=gen, dtype=torch.float64)
     options = dict(include_self=include_self, leaf_mask=mask, size_bias=size_bias)
     assert_equals_reference(q, k, v, batch, lifted, slots, pos, kernel=kernel, **options)
 
