@@ -6,10 +6,21 @@ statistics (App. E.3), and the exact attention of every leaf is assembled by a
 two-pass dynamic program over the tree (Alg. 1–3, App. E). Modules:
 
 * :mod:`~hiergraph.ops.hsa.attention`: the fast path,
-  :func:`~hiergraph.ops.hierarchical_attention`; :mod:`~hiergraph.ops.hsa.uniform`
-  runs it as reshaped views on forests whose levels have equal fanout,
+  :func:`~hiergraph.ops.hierarchical_attention`, which chooses how a forest runs:
+  :mod:`~hiergraph.ops.hsa.uniform` runs it as reshaped views on forests whose levels
+  have equal fanout (:mod:`~hiergraph.ops.hsa.uniform_fused`: both passes as one
+  autograd node with a written backward; :mod:`~hiergraph.ops.hsa.token_layout`: its
+  leaf level read in the inputs' own ``[L, H, d]`` memory, without layout copies),
   :mod:`~hiergraph.ops.hsa.padded` on nearly equal forests padded to equal fanout, and
-  :mod:`~hiergraph.ops.hsa.family` holds its sibling-attention kernels;
+  :mod:`~hiergraph.ops.hsa.family`
+  holds the sibling-attention kernels of any other forest and the building blocks the
+  equal-fanout paths share;
+* kernels: :mod:`~hiergraph.ops.hsa.native`, the compiled CPU kernel (equal-fanout,
+  padded and ragged forests, hub trees, the strictly causal op, the KV cache's decoding
+  step), and :mod:`~hiergraph.ops.hsa.triton_uniform` with
+  :mod:`~hiergraph.ops.hsa.triton_kernels`, the opt-in GPU kernels of equal fanout;
+* :mod:`~hiergraph.ops.hsa.lifted`: HSA over a tree whose hub leaves hang under the root,
+  on the original tree's plan;
 * :mod:`~hiergraph.ops.hsa.dense`: the dense reference,
   :func:`~hiergraph.ops.hierarchical_attention_matrix` and the energy
   :func:`~hiergraph.ops.hierarchy_energy`;

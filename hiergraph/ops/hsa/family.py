@@ -11,9 +11,10 @@ over the keys with :math:`n(B) > 0` (and :math:`B` left of :math:`C` with
 :math:`\log n(B)` term is dropped: every sibling sub-tree weighs as one token (an
 ablation; Thm. 3.2 needs the term).
 Both kernels return the log-partition
-:math:`\mathrm{lse}(C) = \log\sum_B e^{s(C,B)}` (``-inf`` without keys) and
+:math:`\mathrm{lse}(C) = \log\sum_B e^{s(C,B)}` (``-inf`` without keys),
 :math:`\vartheta(C) = \sum_B \mathrm{softmax}_B\,s(C,\cdot)\,\rho_v(B)` (0
-without keys):
+without keys) and the level's sums of pooled queries, keys and values per parent (the
+parents' rows, from the same pass):
 
 * :func:`family_attention_dense` runs every :class:`~hiergraph.plan.tree_index.FamilyBlock`
   as batched matrix products ``[F, H, W, d] @ [F, H, d, W]`` with a
@@ -42,6 +43,7 @@ from torch import Tensor
 from torch_geometric.utils import scatter
 
 from hiergraph._autograd import AutogradFunction, recorded_gradients
+from hiergraph.ops.hsa import native
 from hiergraph.ops.logspace import masked_softmax, scatter_softmax
 from hiergraph.ops.runs import sum_children
 from hiergraph.plan.tree_index import Level
@@ -637,9 +639,6 @@ def family_attention_edge(
     :func:`~hiergraph._precision.widened`). The rows of the pairs are gathered with
     ``index_select``, whose backward adds them in pair order (bitwise reproducible on CPU;
     ``x[index]`` would add them with unordered atomics)."""
-    # (imported here: the kernel's module imports uniform_fused, which imports this one)
-    from hiergraph.ops.hsa import native
-
     n = count.numel()
     query, key = level.sibling_pairs
     bias, ok = key_bias(count, size_bias, q.dtype)

@@ -12,8 +12,8 @@ root family would give them,
     \qquad \bar q_{t,h} = \operatorname{mean}_{i \in t}\, q_{i,h},
 
 the logits of the tree's mean query (:math:`t(j)`: the tree of leaf :math:`j`),
-and the ``g`` best of every tree are lifted (all of them in trees of at most
-``g`` leaves, which then get flat softmax attention). The choice is a
+and the ``hubs`` best of every tree are lifted (all of them in trees of at most
+``hubs`` leaves, which then get flat softmax attention). The choice is a
 discrete step: no gradient flows through it.
 """
 

@@ -156,7 +156,7 @@ def _forward(
     pooling is one sum and the means' ``1 / n`` goes into the products' scale. Without
     ``keep`` (no backward), a level is dropped once the top-down pass has used it.
 
-    ``counts`` (without ``keep``): the leaf counts ``[1, F, b]`` of every level of a forest
+    ``counts``: the leaf counts ``[1, F, b]`` of every level of a forest
     with masked leaves (:func:`~hiergraph.ops.hsa.uniform.counts_below`), whose rows of
     ``q, k, v`` are zero at those leaves when heads first (node-major ones weigh 0 in the
     leaves' sums); the counts then scale the logits and the products per node, a node
