@@ -325,7 +325,7 @@ def grad_up_kernel(
 
 @triton.jit(do_not_specialize=["n_leaves"])
 def grad_down_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, q_row, q_head, k_row, k_head, v_row, v_head, g_row, g_head,
+    q_ptr, k_ptr, g_ptr, q_row, q_head, k_row, k_head, g_row, g_head,
     e_ptr, e_row, e_head, n_ptr, tau_ptr, p_ptr, lse_ptr, energy_ptr, parent_u_ptr, du_ptr,
     dw_ptr, d_down_ptr, parent_da_ptr, parent_dq_ptr, parent_dk_ptr, parent_dv_ptr, da_ptr,
     dq_ptr, dk_ptr, dv_ptr, de_ptr, dq_row, dq_head, dk_row, dk_head, dv_row, dv_head,

@@ -447,12 +447,12 @@ def _backward(grad, q, k, v, eps, levels, fanout, include_self, tau, counts):
         leaves = d == depth - 1
         parent = levels[d - 1] if d else None
         if leaves:
-            rows, row_strides = (q, k, v, grad), [_strides(t) for t in (q, k, v, grad)]
+            rows, row_strides = (q, k, grad), [_strides(t) for t in (q, k, grad)]
             targets = (dq, dk, dv)
             target_strides = [_strides(t) for t in targets]
             level_da = unused
         else:
-            rows = (*level.rows, grads[d])
+            rows = (*level.rows[:2], grads[d])  # the sums of q and k; v's are not read
             row_strides = [_buffer_strides(level, t.size(-1)) for t in rows]
             targets = tuple(
                 q.new_empty((heads, level.nodes, c), dtype=work) for c in (dim, dim, dim_v)
