@@ -15,9 +15,12 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
     Half-precision running sums stall (bf16 ones add up to 256) and overflow (fp16 past
     65504); sums, counts and logs are therefore taken in this dtype and only their results
-    are rounded to ``dtype``. The rule is static in the dtype: no host sync, no graph break.
+    are rounded to ``dtype``. The rule is static in the dtype: no host sync, no graph break,
+    and no operation dispatched (``torch.promote_types`` would be one, on every call).
     """
-    return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else dtype
+    if not dtype.is_floating_point or dtype == torch.float64:
+        return dtype
+    return torch.float32
 
 
 def widened(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:

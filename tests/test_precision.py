@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hiergraph._precision import accumulation_dtype, autocast_dtype, autocast_off
+from tests.conftest import DispatchedOps
 
 
 @pytest.mark.parametrize(
@@ -19,6 +20,9 @@ from hiergraph._precision import accumulation_dtype, autocast_dtype, autocast_of
 )
 def test_accumulation_dtype(dtype, work):
     assert accumulation_dtype(dtype) == work
+    with DispatchedOps() as ops:  # read on every op call: nothing dispatched
+        accumulation_dtype(dtype)
+    assert ops.calls == []
 
 
 def test_autocast_dtype_and_autocast_off():

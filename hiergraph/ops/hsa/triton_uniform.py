@@ -38,6 +38,7 @@ from torch import Tensor
 
 from hiergraph._autograd import AutogradFunction, recorded_gradients
 from hiergraph._environment import env_flag
+from hiergraph._precision import accumulation_dtype
 
 #: The environment variable that turns the kernels on (``1``, ``true``, ``yes``, ``on``).
 ENV = "HIERGRAPH_TRITON"
@@ -148,7 +149,7 @@ def triton_uniform_attention(
     derivatives); without it no gradient is taken (inference), and then ``above`` (a family
     above the roots) may be given, as in
     :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention`."""
-    counts = None if leaf_mask is None else _counts(leaf_mask, fanout, _work_dtype(q.dtype))
+    counts = None if leaf_mask is None else _counts(leaf_mask, fanout, accumulation_dtype(q.dtype))
     options = (tuple(fanout), include_self, float(tau), size_bias, counts)
     eps = list(eps or ())
     if recorded is None:
@@ -302,10 +303,6 @@ def _tau(tau: float, dtype: torch.dtype, device: torch.device) -> Tensor:
     return torch.full((1,), tau, dtype=dtype, device=device)
 
 
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _output_like(q: Tensor, channels: int) -> Tensor:
     """An uninitialised ``[L, H, channels]`` tensor in ``q``'s dtype and memory order of
     rows and heads."""
@@ -339,7 +336,7 @@ def _forward(q, k, v, eps, fanout, include_self, tau, size_bias, counts, above=N
 
     length, heads, dim = q.shape
     dim_v = v.size(-1)
-    depth, work = len(fanout), _work_dtype(q.dtype)
+    depth, work = len(fanout), accumulation_dtype(q.dtype)
     trees = length // math.prod(fanout)
     levels = _levels(fanout, trees)
     roots = None if above is None else _Level(trees, 1, math.prod(fanout))
@@ -410,7 +407,7 @@ def _backward(grad, q, k, v, eps, levels, fanout, include_self, tau, counts):
     from hiergraph.ops.hsa import triton_kernels as kernels
 
     heads, dim, dim_v = q.size(1), q.size(-1), v.size(-1)
-    depth, work = len(fanout), _work_dtype(q.dtype)
+    depth, work = len(fanout), accumulation_dtype(q.dtype)
     tau_t = _tau(tau, work, q.device)
     unused = q.new_empty((1,), dtype=work)  # for pointers never read
     grads, dws, d_downs, dus = [None] * depth, [None] * depth, [None] * depth, [None] * depth
