@@ -17,6 +17,7 @@ from torch_geometric.typing import Adj, SparseTensor, torch_sparse
 from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
 from hiergraph._checks import check_positive
+from hiergraph._precision import accumulation_dtype
 from hiergraph.nn._checks import (
     check_conv_arguments,
     check_features,
@@ -333,7 +334,7 @@ class ConeConv(MessagePassing):
         Cone variants: the half-space point ``(horizontal [N, H, d-1], height [N, H])``,
         mapped once per node rather than once per edge. ``"dot"``: ``x`` itself.
         """
-        x = x.to(torch.promote_types(x.dtype, torch.float32))
+        x = x.to(accumulation_dtype(x.dtype))
         return x if self.variant == "dot" else self._to_halfspace(x)
 
     def edge_update(

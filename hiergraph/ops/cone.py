@@ -83,11 +83,9 @@ def _check_points(name: str, x: Tensor) -> None:
 
 
 def _compute_dtype(*tensors: Tensor) -> torch.dtype:
-    """float64 if any input is float64, else float32 (half precision is promoted)."""
-    dtype = torch.float32
-    for t in tensors:
-        dtype = torch.promote_types(dtype, t.dtype)
-    return dtype
+    """float64 if any input is float64, else float32 (half precision is promoted); read
+    from the dtypes alone (``torch.promote_types`` would dispatch an operation per input)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 # ---------------------------------------------------------------------------

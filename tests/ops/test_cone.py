@@ -22,7 +22,7 @@ from hiergraph.ops.cone import (
     umbral_lca_height,
     xi_map,
 )
-from tests.conftest import assert_same_gradients
+from tests.conftest import DispatchedOps, assert_same_gradients
 
 DENSE = {"penumbral": penumbral, "umbral": umbral}
 EDGE = {"penumbral": penumbral_edge, "umbral": umbral_edge}
@@ -543,6 +543,16 @@ def test_penumbral_radius_whose_square_overflows_is_refused():
     with pytest.raises(ValueError, match="r = 1e.19 is too large for torch.float32"):
         penumbral(q, k, r=1e19)
     assert torch.isfinite(penumbral(q.double(), k.double(), r=1e19)).all()
+
+
+def test_the_compute_dtype_is_read_without_dispatching():
+    """The scores' dtype and the radius check come from the inputs' dtypes alone: no
+    ``promote_types`` reaches the dispatcher (one per input and call before)."""
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    with DispatchedOps() as ops:
+        penumbral(q, k)
+        umbral(q.half(), k)
+    assert ops.calls and not ops.shapes("promote_types")
 
 
 def test_a_learned_temperature_is_read_on_the_host_only_where_that_is_free():
