@@ -300,7 +300,10 @@ def general_attention(
         if d == 1 and above is not None:  # the family above decides what reaches level 1
             top = above(a, rho, n, pos_d)
             break
-        lse, theta, *sums = family(level, *rho, pos_d, n, tau, left_only, levels[d - 1], size_bias)
+        lse, theta, *sums = family(
+            level, *rho, pos_d, n, tau, left_only=left_only, parent_level=levels[d - 1],
+            size_bias=size_bias,
+        )  # fmt: skip
         # weighted log-partition each node hands to its parent (eq. 8)
         share = n / counts[d - 1].index_select(0, level.parent_local).clamp(min=1)
         share = share.to(q.dtype).unsqueeze(-1)

@@ -81,8 +81,9 @@ def uniform_causal_attention(
     # families in the fused kernel, which hands back theta instead of the weights
     fused = fanout[-1] >= family.WIDE_LEFT_LEAVES and family.fused_kernel_applies(q)
     lses, probs, gates, rhos = bottom_up(
-        leaf_rho, True, below, fanout, eps, tau, True, True, fused_leaves=fused
-    )
+        leaf_rho, below, fanout, eps, tau, include_self=True, left_only=True, size_bias=True,
+        fused_leaves=fused,
+    )  # fmt: skip
     leaf_energy = gates[-1]
     position = torch.arange(num_leaves, device=q.device)
     # n_i(A_s), leaf i's prefix count within its depth-s ancestor, for s = 1 .. D - 1

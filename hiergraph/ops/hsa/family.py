@@ -98,6 +98,7 @@ def family_attention_dense(
     eps: Tensor | None,
     count: Tensor,
     tau: float,
+    *,
     left_only: bool,
     parent_level: Level,
     size_bias: bool = True,
@@ -158,7 +159,7 @@ class _DenseFamilyAttention(AutogradFunction):
         saved, ctx.chunks, ctx.wide = [], [], []
         for block in level.blocks:
             # heads-first contiguous copies, reused by the backward
-            qb, kb, vb = (_heads_first(block.slots(*t)) for t in inputs[:3])
+            qb, kb, vb = (_block_heads_first(block.slots(*t)) for t in inputs[:3])
             weight = _member_weight(block, count) if weighted else None
             for total, xb in zip(sums, (qb, kb, vb), strict=True):
                 if weight is not None:  # 0 at padding slots
@@ -166,7 +167,7 @@ class _DenseFamilyAttention(AutogradFunction):
                 else:
                     xsum = xb.sum(2) if block.valid is None else _valid_sum(xb, block)
                 total[block.parents] = xsum.to(total.dtype)  # float32 sums of half rows
-            eb = None if eps is None else _heads_first(block.slots(*inputs[3]))
+            eb = None if eps is None else _block_heads_first(block.slots(*inputs[3]))
             wide = runs_wide(block.width, q)
             if wide:
                 chunks = _row_chunks(block, heads=1)  # the logit bias: one for all heads
@@ -223,8 +224,8 @@ class _DenseFamilyAttention(AutogradFunction):
             sum_grads = [
                 _weigh(g.index_select(0, block.parents).unsqueeze(2), weight) for g in grad_sums
             ]
-            d_out = _heads_first(block.slots(*d_theta))
-            d_lse = _heads_first(block.slots(*d_lse_all)).unsqueeze(-1)
+            d_out = _block_heads_first(block.slots(*d_theta))
+            d_lse = _block_heads_first(block.slots(*d_lse_all)).unsqueeze(-1)
             step = _wide_backward if wide else _block_backward
             block_grads = step(ctx, block, chunks, kept, keys, d_out, d_lse, sum_grads)
             for g, g_block in zip(grads, block_grads, strict=True):
@@ -601,7 +602,7 @@ def _valid_sum(xb: Tensor, block) -> Tensor:
     return torch.addcmul(xb.sum(2), padding, xb[:, :, 0], value=-1)
 
 
-def _heads_first(x: Tensor) -> Tensor:
+def _block_heads_first(x: Tensor) -> Tensor:
     """``[F, W, H, ...]`` → contiguous ``[F, H, W, ...]`` (the layout of batched matmul)."""
     return x.transpose(1, 2).contiguous()
 
@@ -625,6 +626,7 @@ def family_attention_edge(
     eps: Tensor | None,
     count: Tensor,
     tau: float,
+    *,
     left_only: bool,
     parent_level: Level,
     size_bias: bool = True,

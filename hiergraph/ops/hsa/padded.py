@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hiergraph.ops.hsa.uniform import heads_first, uniform_hierarchical_attention
+from hiergraph.ops.hsa.uniform import heads_first, is_heads_first, uniform_hierarchical_attention
 from hiergraph.ops.rows import take_rows
 from hiergraph.plan.padded_forest import PaddedForest
 from hiergraph.plan.tree_index import TreeIndex
@@ -79,7 +79,7 @@ def to_slots(x: Tensor, forest: PaddedForest) -> Tensor:
 def from_slots(out: Tensor, forest: PaddedForest, q: Tensor) -> Tensor:
     """The leaves' rows ``[L, H, c]`` of ``out`` ``[slots, H, c]`` (heads first in memory),
     heads first in memory when ``q`` is."""
-    if q.transpose(0, 1).is_contiguous():
+    if is_heads_first(q):
         return take_rows(out.transpose(0, 1), forest.leaf_slot, dim=1).transpose(0, 1)
     return take_rows(out, forest.leaf_slot)
 

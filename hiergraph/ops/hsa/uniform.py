@@ -195,12 +195,13 @@ def uniform_hierarchical_attention(
         else:
             leaves = [heads_first(t) for t in (q, k, v)]
         rho = [family_layout(t, fanout[-1]) for t in leaves]
-    options = dict(padding=padding or zero_rows, tokens=tokens)
+    passes = dict(padding=padding or zero_rows, tokens=tokens)  # (`options` is the closure's)
     if above is not None:
-        options["root_counts"] = counts[0] * fanout[0] if weight is None else counts[0].sum(-1)
+        passes["root_counts"] = counts[0] * fanout[0] if weight is None else counts[0].sum(-1)
     lses, probs, gates, rhos, *top = bottom_up(
-        rho, include_self, counts, fanout, eps, tau, left_only, size_bias, **options
-    )
+        rho, counts, fanout, eps, tau, include_self=include_self, left_only=left_only,
+        size_bias=size_bias, **passes,
+    )  # fmt: skip
     finite = finite_energies(counts, include_self)  # log_gates then takes -inf lse values
 
     # ---- top-down: log mass u and output accumulator, parents broadcast by unsqueeze.
@@ -400,7 +401,7 @@ def like(out: Tensor, q: Tensor, weight: Tensor | None = None) -> Tensor:
 
 
 def bottom_up(
-    rho, include_self, counts, fanout, eps, tau, left_only, size_bias, *, padding=False,
+    rho, counts, fanout, eps, tau, *, include_self, left_only, size_bias, padding=False,
     tokens=False, root_counts=None, fused_leaves=False,
 ) -> tuple:  # fmt: skip
     r"""The bottom-up pass from the leaves (``rho``: their ``q, k, v`` in family layout) to
