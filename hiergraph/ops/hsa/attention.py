@@ -12,14 +12,19 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from hiergraph._autograd import records_grad
 from hiergraph._precision import accumulation_dtype, autocast_inputs, widened
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge, wide_dominates
 from hiergraph.ops.hsa.inputs import check_kernel, check_qkv, head_pos_emb, logit_scale
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
-from hiergraph.ops.hsa.uniform import fits, per_depth, per_level, uniform_hierarchical_attention
+from hiergraph.ops.hsa.uniform import (
+    fits,
+    kernel_gradients,
+    per_depth,
+    per_level,
+    uniform_hierarchical_attention,
+)
 from hiergraph.ops.logspace import log_gates, logaddexp
 from hiergraph.ops.rows import permute_rows
 from hiergraph.ops.runs import broadcast_to_children, sum_children
@@ -215,7 +220,7 @@ def attention_path(
         and padded.pays_off(
             q.size(1),
             q.size(2) + v.size(2),
-            padding_cost(q, k, v, padded, leaky_causal),
+            padding_cost(q, k, v, padded, pos, leaky_causal),
             q.device,
         )
         and fits(padded.shape, q)
@@ -224,15 +229,15 @@ def attention_path(
     return "edge" if kernel == "edge" else "blocks"
 
 
-def padding_cost(q: Tensor, k: Tensor, v: Tensor, padded, leaky_causal: bool) -> float:
+def padding_cost(
+    q: Tensor, k: Tensor, v: Tensor, padded, pos: Tensor | None, leaky_causal: bool
+) -> float:
     """What a slot of the embedding ``padded`` costs (:mod:`hiergraph.plan.costs`): less
-    where the compiled CPU kernel would run it."""
+    where the compiled CPU kernel would run it (as
+    :func:`~hiergraph.ops.hsa.uniform.uniform_hierarchical_attention` decides)."""
     trees, *fanout = padded.shape
-    kernel = (
-        not leaky_causal
-        and not torch.compiler.is_compiling()
-        and native.applies(q, k, v, tuple(fanout), None, records_grad(q, k, v), trees)
-    )
+    grad = kernel_gradients(q, k, v, None if pos is None else [pos], leaky_causal)
+    kernel = grad is not None and native.applies(q, k, v, tuple(fanout), None, grad, trees)
     return KERNEL_PADDING_COST if kernel else PADDING_COST
 
 

@@ -118,9 +118,10 @@ def uniform_hierarchical_attention(
     depth = len(fanout)
     tie_leaves(shape, q, k, v, leaf_mask)
     grad = records_grad(q, k, v)
+    kernel_grad = kernel_gradients(q, k, v, eps, left_only, above) if fuse else None
     # no gradient at all (inference): the fused op's passes alone, which take fewer
     # operations, masked leaves too
-    alone = fuse and not grad and not records_grad(*(eps or ())) and fused_forward(left_only)
+    alone = kernel_grad is False
     options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
 
     def recorded(q, k, v, eps):  # the op on [L, H, ·] rows, recorded (second derivatives)
@@ -132,9 +133,9 @@ def uniform_hierarchical_attention(
     # the kernels (Triton's on a GPU when turned on, the compiled CPU kernel), where they
     # apply, read the leaves where they lie and count the valid leaves themselves (a family
     # above the roots only without gradients)
-    if alone or fuse and grad and above is None and fused_forward(left_only):
+    if kernel_grad is not None:
         # both take the same arguments (the recorded op: second derivatives)
-        call = dict(recorded=None if alone else recorded, leaf_mask=leaf_mask, above=above)
+        call = dict(recorded=recorded if kernel_grad else None, leaf_mask=leaf_mask, above=above)
         if triton_uniform.applies(q, k, v, fanout, eps, leaf_mask):
             try:
                 return triton_uniform.triton_uniform_attention(
@@ -142,7 +143,7 @@ def uniform_hierarchical_attention(
                 )
             except triton_uniform.KernelsUnavailable:  # warned and turned off: the paths below
                 pass
-        if native.applies(q, k, v, fanout, eps, not alone):
+        if native.applies(q, k, v, fanout, eps, kernel_grad):
             return native.native_uniform_attention(q, k, v, fanout, eps, **call, **options)
 
     # ---- bottom-up: family layout of every level, deepest first. Padding leaves count 0:
@@ -229,6 +230,19 @@ def uniform_hierarchical_attention(
             acc, u = node_layout(acc), None if u is None else node_layout(u)
     out = dense_gradient(node_layout(acc))
     return like(out, q, None if padding else weight)
+
+
+def kernel_gradients(q: Tensor, k: Tensor, v: Tensor, eps, left_only: bool, above=None):
+    """Whether the kernels (Triton's, the compiled CPU kernel) may run
+    :func:`uniform_hierarchical_attention`'s op, and how, where they apply to its tensors:
+    ``False`` without gradients (inference: the passes alone; a family above the roots
+    too), ``True`` with those of ``q, k, v`` (and of ``eps``; no family above the roots),
+    ``None`` not at all (:func:`fused_forward` refuses, or only ``eps`` takes a gradient)."""
+    if not fused_forward(left_only):
+        return None
+    if not records_grad(q, k, v):
+        return None if records_grad(*(eps or ())) else False
+    return True if above is None else None
 
 
 def fused(q: Tensor, grad: bool, left_only: bool, above) -> bool:

@@ -157,12 +157,17 @@ def test_a_slot_costs_less_where_the_kernel_runs_it(monkeypatch):
     index = window_forest([1700, 1100], (16, 8, 4, 4)).tree_index()
     padded = index.padded
     q, k, v = (torch.randn(2800, 4, 64) for _ in range(3))
-    assert hsa_attention.padding_cost(q, k, v, padded, False) == KERNEL_PADDING_COST
-    assert hsa_attention.padding_cost(q, k, v, padded, True) == PADDING_COST
-    assert hsa_attention.padding_cost(q.double(), k, v, padded, False) == PADDING_COST  # dtypes
+    assert hsa_attention.padding_cost(q, k, v, padded, None, False) == KERNEL_PADDING_COST
+    assert hsa_attention.padding_cost(q, k, v, padded, None, True) == PADDING_COST
+    dtypes = (q.double(), k, v, padded, None, False)
+    assert hsa_attention.padding_cost(*dtypes) == PADDING_COST
+    # learned position embeddings of inputs without gradients: no kernel (as the op decides)
+    pos = torch.randn(index.num_nodes, 1, 8, requires_grad=True)
+    assert hsa_attention.padding_cost(q, k, v, padded, pos, False) == PADDING_COST
+    assert hsa_attention.padding_cost(q, k, v, padded, pos.detach(), False) == KERNEL_PADDING_COST
     assert padded.pays_off(4, 128, KERNEL_PADDING_COST) and not padded.pays_off(4, 128)
     monkeypatch.setattr(native, "_enabled", False)
-    assert hsa_attention.padding_cost(q, k, v, padded, False) == PADDING_COST
+    assert hsa_attention.padding_cost(q, k, v, padded, None, False) == PADDING_COST
 
 
 @pytest.mark.parametrize("case", ["masked", "torch-ops", "forest-kernel"])
