@@ -21,7 +21,7 @@ from hiergraph._precision import accumulation_dtype, autocast_inputs
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal_uniform import uniform_causal_attention
 from hiergraph.ops.hsa.inputs import check_kernel, check_qkv, head_pos_emb, logit_scale
-from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, to_slots
+from hiergraph.ops.hsa.padded import on_slots
 from hiergraph.ops.hsa.uniform import fits, per_depth
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
 from hiergraph.plan.causal_plan import CausalPlan
@@ -142,10 +142,8 @@ def causal_hierarchical_attention(
     forest = index.padded_on(q.device, extended=False) if kernel == "dense" else None
     # padding after every tree's leaves: no causal row reads it
     if forest is not None and forest.leaves_lead and runs_as_views(forest.shape, q, k, v, eps):
-        slots = [to_slots(t, forest) for t in (q, k, v)]
-        levels = None if eps is None else per_depth_padded(eps, index, forest)
-        out = uniform_causal_attention(*slots, forest.shape, levels, tau)
-        return _out(from_slots(out, forest, q), dtype, squeeze)
+        out = on_slots(uniform_causal_attention, q, k, v, index, forest, eps, tau=tau)
+        return _out(out, dtype, squeeze)
     if kernel == "dense" and native.applies_to_causal(q, k, v, eps):
 
         def recorded(q, k, v, e):  # the same op on tensor operations (second derivatives)

@@ -43,7 +43,7 @@ from hiergraph._precision import accumulation_dtype, widened
 from hiergraph.ops.hsa.attention import general_attention
 from hiergraph.ops.hsa.family import family_gram, fill_diagonal
 from hiergraph.ops.hsa.inputs import head_pos_emb, logit_scale
-from hiergraph.ops.hsa.padded import from_slots, per_depth_padded, slot_mask, to_slots
+from hiergraph.ops.hsa.padded import on_slots, slot_mask
 from hiergraph.ops.hsa.uniform import (
     fits,
     heads_first,
@@ -125,12 +125,10 @@ def lifted_attention(
         eps = None if pos is None else per_depth(pos, index)
         return _lifted(q, k, v, index.uniform, eps, lifted, slots, leaf_mask, **options)
     forest = index.padded_on(q.device, extended=False)
-    eps = None if pos is None else per_depth_padded(pos, index, forest)
-    out = _lifted(
-        *(to_slots(t, forest) for t in (q, k, v)), forest.shape, eps,
-        slot_mask(forest, lifted), slots, slot_mask(forest, leaf_mask), **options,
+    return on_slots(
+        _lifted, q, k, v, index, forest, pos, lifted=slot_mask(forest, lifted), slots=slots,
+        leaf_mask=slot_mask(forest, leaf_mask), **options,
     )  # fmt: skip
-    return from_slots(out, forest, q)
 
 
 def _lifted(q, k, v, shape, eps, lifted, slots, leaf_mask, *, include_self, tau, size_bias):

@@ -45,18 +45,22 @@ def padded_hierarchical_attention(
     Returns:
         ``[L, H, d_v]``, heads first in memory when ``q`` is.
     """
-    real = slot_mask(forest, leaf_mask)
-    out = uniform_hierarchical_attention(
-        *(to_slots(t, forest) for t in (q, k, v)),
-        forest.shape,
-        None if pos is None else per_depth_padded(pos, index, forest),
-        include_self=include_self,
-        left_only=left_only,
-        leaf_mask=real,
-        tau=tau,
-        size_bias=size_bias,
+    return on_slots(
+        uniform_hierarchical_attention, q, k, v, index, forest, pos,
+        include_self=include_self, left_only=left_only, leaf_mask=slot_mask(forest, leaf_mask),
+        tau=tau, size_bias=size_bias,
         padding=leaf_mask is None,  # else masked leaves have rows and read outputs
-    )
+    )  # fmt: skip
+
+
+def on_slots(op, q, k, v, index: TreeIndex, forest: PaddedForest, pos, **options) -> Tensor:
+    """``op(q, k, v, shape, eps, **options)``, an op over the equal-fanout forest ``shape``
+    with position embeddings per depth, run on the slots of ``index``'s embedding
+    ``forest``: the leaves' rows of ``q, k, v`` in their slots, ``pos`` ``[N, H | 1, c]``
+    (or ``None``) per padded depth, and the leaves' rows of the output read back (heads
+    first in memory when ``q`` is)."""
+    eps = None if pos is None else per_depth_padded(pos, index, forest)
+    out = op(*(to_slots(t, forest) for t in (q, k, v)), forest.shape, eps, **options)
     return from_slots(out, forest, q)
 
 

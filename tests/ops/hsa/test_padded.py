@@ -136,7 +136,7 @@ def test_more_padding_runs_on_the_embedding_off_the_cpu(monkeypatch):
     small = plan.tree_index
     assert small.padded.leaves_lead and 4 < small.padded.num_slots / small.num_leaves <= 16
     assert small.padded_on(meta) is not None and small.padded_on(meta, extended=False) is None
-    slots = spy_calls(monkeypatch, hsa_causal, "to_slots")
+    slots = spy_calls(monkeypatch, hsa_causal, "on_slots")
     x = torch.empty(small.num_leaves, 1, 4, device="meta")
     causal_hierarchical_attention(x, x, x, plan)
     assert slots == []
@@ -270,9 +270,12 @@ def test_causal_op_on_the_padded_forest_equals_its_edge_path(lengths, with_pos, 
     for t in inputs:
         t.requires_grad_()
     calls, uniform = [], hsa_causal.uniform_causal_attention
-    monkeypatch.setattr(
-        hsa_causal, "uniform_causal_attention", lambda *a: calls.append(1) or uniform(*a)
-    )
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return uniform(*args, **kwargs)
+
+    monkeypatch.setattr(hsa_causal, "uniform_causal_attention", counted)
     kw = dict(pos_emb=pos if with_pos else None)
     fast = causal_hierarchical_attention(q, k, v, tree, **kw)
     assert len(calls) == tree.tree_index().padded.leaves_lead
