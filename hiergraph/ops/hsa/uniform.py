@@ -232,7 +232,9 @@ def uniform_hierarchical_attention(
     return like(out, q, None if padding else weight)
 
 
-def kernel_gradients(q: Tensor, k: Tensor, v: Tensor, eps, left_only: bool, above=None):
+def kernel_gradients(
+    q: Tensor, k: Tensor, v: Tensor, eps, left_only: bool, above=None
+) -> bool | None:
     """Whether the kernels (Triton's, the compiled CPU kernel) may run
     :func:`uniform_hierarchical_attention`'s op, and how, where they apply to its tensors:
     ``False`` without gradients (inference: the passes alone; a family above the roots
