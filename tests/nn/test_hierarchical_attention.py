@@ -10,6 +10,7 @@ from hiergraph.nn import FamilyPositionEncoder, HierarchicalSelfAttention
 from hiergraph.ops import hierarchical_attention
 from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
 from hiergraph.ops.hsa.inputs import CAUSAL_KERNELS, KERNELS
+from tests.conftest import spy_calls
 
 hierarchical_attention_module = importlib.import_module("hiergraph.nn.hierarchical_attention")
 
@@ -256,6 +257,17 @@ def test_constructor_rejects_bad_arguments(kwargs, error, match):
     kwargs = {"in_channels": 8, **kwargs}
     with pytest.raises(error, match=match):
         HierarchicalSelfAttention(**kwargs)
+
+
+@pytest.mark.parametrize("kernel", CAUSAL_KERNELS)
+def test_a_causal_layer_runs_its_kernel(monkeypatch, kernel):
+    """A causal layer's ``kernel`` reaches the causal op (it ran the default path)."""
+    from hiergraph.ops.hsa import causal
+
+    calls = spy_calls(monkeypatch, causal, "_edge_attention")
+    attn = HierarchicalSelfAttention(8, heads=2, include_self=True, causal=True, kernel=kernel)
+    attn(torch.randn(12, 8), window_hierarchy(12, (2, 3)))
+    assert len(calls) == (kernel == "edge")
 
 
 def test_forward_names_wrong_feature_sizes():
