@@ -226,16 +226,15 @@ class HierarchicalSelfAttention(nn.Module):
         eps = None
         if self.pos is not None:
             eps = self.pos(pos_emb, hierarchy.domain).view(-1, self.heads, self.pos_head_channels)
-        options = dict(
-            pos_emb=eps, include_self=self.include_self, leaf_mask=leaf_mask, kernel=self.kernel
-        )
+        options = dict(pos_emb=eps, include_self=self.include_self, leaf_mask=leaf_mask)
+        kernel = self.kernel
         if self.causal:  # the strictly causal op reads the hierarchy, not the tree plan
-            out = hierarchical_attention(q, k, v, hierarchy, causal=True, **options)
+            out = hierarchical_attention(q, k, v, hierarchy, causal=True, kernel=kernel, **options)
         elif in_place:
-            out = lifted_attention(q, k, v, index, lifted, self.hubs, **options)
+            out = lifted_attention(q, k, v, index, lifted, self.hubs, kernel=kernel, **options)
         else:
             options["leaky_causal"] = self.leaky_causal
-            out = hierarchical_attention(q, k, v, index, **options)
+            out = hierarchical_attention(q, k, v, index, kernel=kernel, **options)
         out = out.reshape(x.size(0), -1)
         out = self.dropout(out if self.out is None else self.out(out))
         if not return_attention_weights:
