@@ -313,15 +313,18 @@ def penumbral_lca_height(
         ``scale * H`` (or ``scale * H**2``) with the broadcast shape of the inputs.
 
     Raises:
-        ValueError: if :math:`(2r)^2` overflows the inputs' floating-point type (float32:
-            ``r`` from about 9e18), where every score would be NaN.
+        ValueError: unless ``r`` is a finite number > 0 for which :math:`(2r)^2` stays finite
+            in the dtype the heights are computed in, that of the inputs (float32: ``r``
+            below about 9e18; float16: below 128), where heights near ``r`` would be NaN.
     """
-    dtype = _compute_dtype(dist, y_u, y_v)
+    check_positive(r, "r")
+    dtypes = {t.dtype for t in (dist, y_u, y_v)}
+    dtype = dtypes.pop() if len(dtypes) == 1 else _compute_dtype(dist, y_u, y_v)
     limit = math.sqrt(torch.finfo(dtype).max) / 2
-    if not r < limit:
+    if not float(r) < limit:
         raise ValueError(
-            f"r = {r:g} is too large for {dtype}: (2r)^2 overflows "
-            f"and every score would be NaN; use r < {limit:.3g} (or float64 inputs)"
+            f"r = {float(r):g} is too large for {dtype}: (2r)^2 overflows and heights near "
+            f"r would be NaN; use r < {limit:.3g} (or wider inputs)"
         )
     height_fn = partial(_penumbral_h, r=float(r), squared=squared)
     return _lca_height(height_fn, dist, y_u, y_v, scale)

@@ -543,6 +543,13 @@ def test_penumbral_radius_whose_square_overflows_is_refused():
     with pytest.raises(ValueError, match="r = 1e.19 is too large for torch.float32"):
         penumbral(q, k, r=1e19)
     assert torch.isfinite(penumbral(q.double(), k.double(), r=1e19)).all()
+    # the heights' own dtype bounds it: float16 ones from r = 128 (NaN before)
+    d, y = torch.rand(6).half(), torch.rand(6).half() * 100
+    assert torch.isfinite(penumbral_lca_height(d, y, y, r=127.0)).all()
+    with pytest.raises(ValueError, match="too large for torch.float16"):
+        penumbral_lca_height(d, y, y, r=128.0)
+    with pytest.raises(ValueError, match="r must be a finite number > 0"):
+        penumbral_lca_height(d, y, y, r=float("nan"))
 
 
 def test_the_compute_dtype_is_read_without_dispatching():
