@@ -55,10 +55,19 @@ def recorded_gradients(recorded, inputs: tuple[Tensor, ...], grad) -> tuple:
     tensor or a tuple) through the recorded op, ``recorded(q, k, v, eps)`` (``eps`` a list
     of the embeddings, or ``None``), with a graph (``create_graph=True``): ``None`` for an
     input that needs none, zeros for one the output does not depend on (``q, k`` of one
-    family of two without self energies), as from the first-order backward."""
-    out = recorded(*inputs[:3], list(inputs[3:]) or None)
+    family of two without self energies), as from the first-order backward. Outputs that
+    depend on no input that needs a gradient (the sums of ``q`` where only the embeddings
+    need one, say), and those without a gradient, are left out."""
+    outs = recorded(*inputs[:3], list(inputs[3:]) or None)
+    outs, grads = (outs, grad) if isinstance(outs, tuple | list) else ((outs,), (grad,))
+    pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if o.requires_grad and g is not None]
     wanted = [t for t in inputs if t.requires_grad]
-    found = torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True)
+    found = [None] * len(wanted)
+    if pairs:
+        found = torch.autograd.grad(
+            [o for o, _ in pairs], wanted, [g for _, g in pairs], create_graph=True,
+            allow_unused=True,
+        )  # fmt: skip
     found = iter(
         torch.zeros_like(t) if g is None else g for t, g in zip(wanted, found, strict=True)
     )

@@ -2,10 +2,13 @@ import importlib
 import inspect
 import pkgutil
 
+import pytest
 import torch
 
 import hiergraph
 from hiergraph._autograd import AutogradFunction, records_grad
+from hiergraph.data import window_forest
+from hiergraph.ops import hierarchical_attention
 
 
 def test_records_grad_needs_grad_mode_and_a_tensor_that_requires_it():
@@ -68,3 +71,28 @@ def test_forward_outputs_are_views_when_compiling_only():
     torch.compile(spy, backend="eager", fullgraph=True)(x).backward()
     assert x.grad.tolist() == [3.0, 3.0, 3.0]
     assert seen == [True]  # traced: a view of the forward's output
+
+
+@pytest.mark.parametrize("kernel", ["blocks", "edge", "dense"])
+@pytest.mark.parametrize("wanted", [("pos",), ("q",), ("v",), ("q", "k")])
+def test_second_derivatives_of_some_inputs_only(kernel, wanted):
+    """Second derivatives through the recorded op (``recorded_gradients``) where only some
+    inputs need a gradient: outputs that depend on none of them (the sums of ``q`` where
+    only the embeddings need one) were handed to ``autograd.grad``, which refused them.
+    Window trees of two lengths: padded to equal fanout with ``"dense"``."""
+    forest = window_forest([4, 6], (2, 2))
+    gen = torch.Generator().manual_seed(0)
+    tensors = {
+        name: torch.randn(*shape, generator=gen, dtype=torch.float64)
+        for name, shape in (("q", (10, 2, 3)), ("k", (10, 2, 3)), ("v", (10, 2, 2)),
+                            ("pos", (forest.num_nodes, 2, 2)))
+    }  # fmt: skip
+
+    def attend(*args):
+        t = tensors | dict(zip(wanted, args, strict=True))
+        return hierarchical_attention(
+            t["q"], t["k"], t["v"], forest, pos_emb=t["pos"], include_self=True, kernel=kernel
+        )
+
+    inputs = [tensors[name].requires_grad_() for name in wanted]
+    assert torch.autograd.gradgradcheck(attend, inputs)
