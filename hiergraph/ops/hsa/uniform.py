@@ -90,6 +90,10 @@ def uniform_hierarchical_attention(
 ) -> Tensor:
     r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over an equal-fanout forest.
 
+    It runs, where each applies, by the kernels (:func:`_kernels`), as one autograd node
+    with a written backward or its passes alone (:func:`_fused`), or with every operation
+    recorded (:func:`_recorded`).
+
     Args:
         shape: ``(B, b_1, …, b_D)``: ``B`` trees, ``b_d >= 2`` children of
             every node of depth :math:`d - 1`; ``L = B b_1 \cdots b_D``.
@@ -115,13 +119,7 @@ def uniform_hierarchical_attention(
         ``[L, H, d_v]``.
     """
     fanout = shape[1:]
-    depth = len(fanout)
     tie_leaves(shape, q, k, v, leaf_mask)
-    grad = records_grad(q, k, v)
-    kernel_grad = kernel_gradients(q, k, v, eps, left_only, above) if fuse else None
-    # no gradient at all (inference): the fused op's passes alone, which take fewer
-    # operations, masked leaves too
-    alone = kernel_grad is False
     options = dict(include_self=include_self, tau=tau, size_bias=size_bias)
 
     def recorded(q, k, v, eps):  # the op on [L, H, ·] rows, recorded (second derivatives)
@@ -130,63 +128,103 @@ def uniform_hierarchical_attention(
             fuse=False, **options,
         )  # fmt: skip
 
-    # the kernels (Triton's on a GPU when turned on, the compiled CPU kernel), where they
-    # apply, read the leaves where they lie and count the valid leaves themselves (a family
-    # above the roots only without gradients)
+    kernel_grad = kernel_gradients(q, k, v, eps, left_only, above) if fuse else None
     if kernel_grad is not None:
-        # both take the same arguments (the recorded op: second derivatives)
-        call = dict(recorded=recorded if kernel_grad else None, leaf_mask=leaf_mask, above=above)
-        if triton_uniform.applies(q, k, v, fanout, eps, leaf_mask):
-            try:
-                return triton_uniform.triton_uniform_attention(
-                    q, k, v, fanout, eps, **call, **options
-                )
-            except triton_uniform.KernelsUnavailable:  # warned and turned off: the paths below
-                pass
-        if native.applies(q, k, v, fanout, eps, kernel_grad):
-            return native.native_uniform_attention(q, k, v, fanout, eps, **call, **options)
-
-    # ---- bottom-up: family layout of every level, deepest first. Padding leaves count 0:
-    # the counts drop them from every key set and pooled mean (their values, if finite,
-    # never reach another row), and their outputs are zeroed at the end. Inputs that are
-    # not heads first are copied anyway: that copy zeroes their padding rows too, so the
-    # leaves' sums need no count weights
+        out = _kernels(
+            q, k, v, fanout, eps, recorded if kernel_grad else None, leaf_mask, above, options
+        )
+        if out is not None:
+            return out
+    # Padding leaves count 0: the counts drop them from every key set and pooled mean
+    # (their values, if finite, never reach another row), and their outputs are zeroed at
+    # the end
     weight = None if leaf_mask is None else leaf_mask.to(accumulation_dtype(q.dtype))
-    counts = counts_below(weight, fanout)
+    grad = records_grad(q, k, v)
+    # no gradient at all (inference): the fused op's passes alone, which take fewer
+    # operations, masked leaves too
+    alone = kernel_grad is False
     # node-major leaves are read where they lie (token_layout): more heads without
     # gradients, and families of two by the passes alone
     tokens = all(token_layout.fits(t, fanout[-1], grad, pairs=alone) for t in (q, k, v))
-    masked = weight is not None and not padding  # rows of masked leaves that are not zero
     if alone or fuse and fused(q, grad, left_only, above):
-        # the output comes in the layout of node-major leaves; copies heads first zero the
-        # rows of masked leaves (counts 0), and take bf16/fp16 leaves to float32, the
-        # passes' dtype (the output goes back to theirs)
-        work = accumulation_dtype(q.dtype)
-        tokens = tokens and work == q.dtype and (alone or weight is None)
-        counts = None if weight is None else counts
-        if tokens:
-            leaves = (q, k, v)
-        elif masked:
-            leaves = [transposed(t, weight[:, None, None], work) for t in (q, k, v)]
-        else:
-            leaves = [heads_first(t, work) for t in (q, k, v)]
-        eps = None if eps is None else [e.to(work) for e in eps]
-        if alone:
-            out = uniform_fused.fused_uniform_attention(
-                *leaves, fanout, eps, node_major=tokens, counts=counts, above=above, **options
-            )
-            if not tokens:
-                return like(out, q, weight if masked else None)
-            return out * weight[:, None, None].to(out.dtype) if masked else out
-
-        def heads_first_recorded(q, k, v, eps):  # on the fused op's heads-first [H, L, ·]
-            return recorded(*(t.transpose(0, 1) for t in (q, k, v)), eps).transpose(0, 1)
-
-        out = uniform_fused.fused_uniform_attention(
-            *leaves, fanout, eps, recorded=recorded if tokens else heads_first_recorded,
-            node_major=tokens, counts=counts, **options,
+        return _fused(
+            q, k, v, fanout, eps, weight, recorded, padding=padding, tokens=tokens,
+            alone=alone, above=above, **options,
         )  # fmt: skip
-        return out if tokens else like(out, q, weight if masked else None)
+    return _recorded(
+        q, k, v, fanout, eps, weight, padding=padding, tokens=tokens, left_only=left_only,
+        above=above, **options,
+    )  # fmt: skip
+
+
+def _kernels(q, k, v, fanout, eps, recorded, leaf_mask, above, options) -> Tensor | None:
+    """:func:`uniform_hierarchical_attention` by the kernels (Triton's on a GPU when turned
+    on, the compiled CPU kernel) where they apply (``None`` where neither does). Both read
+    the leaves where they lie, count the valid leaves themselves, and take ``recorded``
+    (the op recorded by autograd, for second derivatives; ``None``: no gradient, and a
+    family above the roots may be given)."""
+    call = dict(recorded=recorded, leaf_mask=leaf_mask, above=above)
+    if triton_uniform.applies(q, k, v, fanout, eps, leaf_mask):
+        try:
+            return triton_uniform.triton_uniform_attention(q, k, v, fanout, eps, **call, **options)
+        except triton_uniform.KernelsUnavailable:  # warned and turned off: the paths below
+            pass
+    if native.applies(q, k, v, fanout, eps, recorded is not None):
+        return native.native_uniform_attention(q, k, v, fanout, eps, **call, **options)
+    return None
+
+
+def _fused(
+    q, k, v, fanout, eps, weight, recorded, *, padding, tokens, alone, above, **options
+) -> Tensor:  # fmt: skip
+    """:func:`uniform_hierarchical_attention` as one autograd node with a written backward
+    (:mod:`~hiergraph.ops.hsa.uniform_fused`), or its passes ``alone`` (no gradient).
+    ``weight`` ``[L]`` (or ``None``) weighs the valid leaves; ``tokens``: node-major leaves
+    may be read where they lie. The output comes in the layout of node-major leaves;
+    copies heads first zero the rows of masked leaves (counts 0), and take bf16/fp16 leaves
+    to float32, the passes' dtype (the output goes back to theirs)."""
+    masked = weight is not None and not padding  # rows of masked leaves that are not zero
+    work = accumulation_dtype(q.dtype)
+    tokens = tokens and work == q.dtype and (alone or weight is None)
+    counts = None if weight is None else counts_below(weight, fanout)
+    if tokens:
+        leaves = (q, k, v)
+    elif masked:
+        leaves = [transposed(t, weight[:, None, None], work) for t in (q, k, v)]
+    else:
+        leaves = [heads_first(t, work) for t in (q, k, v)]
+    eps = None if eps is None else [e.to(work) for e in eps]
+    if alone:  # no gradient: the passes alone
+        recorded = None
+    elif not tokens:
+        recorded = _on_heads_first(recorded)
+    out = uniform_fused.fused_uniform_attention(
+        *leaves, fanout, eps, recorded=recorded, node_major=tokens, counts=counts,
+        above=above, **options,
+    )  # fmt: skip
+    if not tokens:
+        return like(out, q, weight if masked else None)
+    return out * weight[:, None, None].to(out.dtype) if masked else out
+
+
+def _on_heads_first(op: Callable) -> Callable:
+    """``op(q, k, v, eps)`` on ``[L, H, ·]`` rows, called with heads-first ``[H, L, ·]``
+    rows and returning them (the fused op's layout)."""
+    return lambda q, k, v, eps: op(*(t.transpose(0, 1) for t in (q, k, v)), eps).transpose(0, 1)
+
+
+def _recorded(
+    q, k, v, fanout, eps, weight, *, padding, tokens, left_only, above, include_self, tau,
+    size_bias,
+) -> Tensor:  # fmt: skip
+    """:func:`uniform_hierarchical_attention` with every operation recorded by autograd
+    (differentiable twice, and under ``torch.compile``): the bottom-up pass
+    (:func:`bottom_up`), then the top-down pass. Inputs that are not heads first are
+    copied anyway: that copy zeroes the rows of masked leaves too, so the leaves' sums need
+    no count weights."""
+    depth = len(fanout)
+    counts = counts_below(weight, fanout)
+    masked = weight is not None and not padding  # rows of masked leaves that are not zero
     zero_rows = masked and not tokens and not is_heads_first(q)
     if tokens:
         rho = [token_layout.token_families(t, fanout[-1]) for t in (q, k, v)]
@@ -196,7 +234,7 @@ def uniform_hierarchical_attention(
         else:
             leaves = [heads_first(t) for t in (q, k, v)]
         rho = [family_layout(t, fanout[-1]) for t in leaves]
-    passes = dict(padding=padding or zero_rows, tokens=tokens)  # (`options` is the closure's)
+    passes = dict(padding=padding or zero_rows, tokens=tokens)
     if above is not None:
         passes["root_counts"] = counts[0] * fanout[0] if weight is None else counts[0].sum(-1)
     lses, probs, gates, rhos, *top = bottom_up(
