@@ -95,9 +95,11 @@ class HTransformer1D(nn.Module):
         num_layers (int, optional): number of blocks (formerly ``depth``).
             (default: :obj:`4`)
         num_heads (int, optional): heads per block. (default: :obj:`8`)
-        block_size (int, optional): :math:`N_r` of the H-matrix attention (even).
-            (default: :obj:`16`)
-        causal: causal attention (language modelling).
+        block_size (int, optional): :math:`N_r` of the H-matrix attention (even;
+            the default attention's only). (default: :obj:`16`)
+        causal (bool, optional): causal attention (language modelling); with an
+            :obj:`attention` factory, the modules it builds must be causal themselves
+            (a ``causal`` attribute that is :obj:`True`). (default: :obj:`False`)
         ff_mult (int, optional): feed-forward width multiplier.
             (default: :obj:`4`)
         dropout (float, optional): dropout on the residual branches and inside
@@ -107,7 +109,8 @@ class HTransformer1D(nn.Module):
             (default: :obj:`True`)
         attention (Callable[[int, int], torch.nn.Module], optional): factory
             ``(embed_dim, num_heads) -> module`` to use another attention with the
-            same call signature (e.g. a flat baseline of equal size).
+            same call signature (e.g. a flat baseline of equal size); it is given
+            neither :obj:`block_size` nor :obj:`causal`.
             (default: :obj:`None`, i.e. :class:`HMatrixAttention`)
 
     Shapes:
@@ -141,9 +144,10 @@ class HTransformer1D(nn.Module):
 
         self.embed = nn.Embedding(vocab_size, embed_dim)
         self.blocks = nn.ModuleList(
-            TransformerBlock(attention(embed_dim, num_heads), embed_dim, ff_mult, dropout)
+            TransformerBlock(_attention(attention, embed_dim, num_heads, causal), embed_dim,
+                             ff_mult, dropout)
             for _ in range(num_layers)
-        )
+        )  # fmt: skip
         self.norm = nn.LayerNorm(embed_dim)
         self.head = nn.Linear(embed_dim, vocab_size) if lm_head else None
         self.reset_parameters()
@@ -187,3 +191,16 @@ class HTransformer1D(nn.Module):
             f"embed_dim={self.embed.embedding_dim}, num_layers={len(self.blocks)}, "
             f"lm_head={self.head is not None})"
         )
+
+
+def _attention(factory: Callable, dim: int, heads: int, causal: bool) -> nn.Module:
+    """``factory(dim, heads)``, refused when ``causal`` asks for causal attention and the
+    module built is not causal (a language model that would see the tokens ahead)."""
+    module = factory(dim, heads)
+    if causal and getattr(module, "causal", False) is not True:
+        raise ValueError(
+            f"causal=True, but the attention factory built {type(module).__name__}, which is "
+            "not causal (its 'causal' attribute is not True): build causal modules in the "
+            "factory"
+        )
+    return module

@@ -75,6 +75,22 @@ def test_attention_factory_swaps_the_attention():
     assert calls == [(2, 2, 9, 4)] * 3
 
 
+def test_attention_factory_must_build_causal_modules_for_causal_models():
+    with pytest.raises(ValueError, match="causal=True, but the attention factory built"):
+        HTransformer1D(7, embed_dim=8, num_layers=1, num_heads=2, causal=True,
+                       attention=HMatrixAttention)  # fmt: skip
+
+    def causal(dim, heads):
+        return HMatrixAttention(dim, heads, block_size=4, causal=True)
+
+    model = HTransformer1D(7, embed_dim=8, num_layers=1, num_heads=2, causal=True,
+                           attention=causal).eval()  # fmt: skip
+    tokens = torch.randint(0, 7, (1, 9))
+    changed = tokens.clone()
+    changed[0, -1] = (tokens[0, -1] + 1) % 7
+    assert torch.equal(model(tokens)[:, :-1], model(changed)[:, :-1])
+
+
 def test_repr_and_reset_parameters():
     model = HTransformer1D(7, embed_dim=8, num_layers=2, num_heads=2, block_size=4, lm_head=False)
     assert repr(model) == "HTransformer1D(7, embed_dim=8, num_layers=2, lm_head=False)"
