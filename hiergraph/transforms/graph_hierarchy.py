@@ -19,6 +19,7 @@ from hiergraph.data.domain import Domain
 from hiergraph.data.graph_pe import laplacian_pe
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.ops.edge_index import check_edge_index
+from hiergraph.plan.family_order import family_order
 from hiergraph.transforms.graph_partition import label_propagation_tree
 
 METHODS = ("louvain", "metis", "lp")
@@ -59,7 +60,7 @@ class HierarchicalGraph(Data):
         parent = self.tree_parent
         nodes = torch.arange(parent.numel(), device=parent.device)
         child = nodes[parent != nodes]
-        order = torch.argsort(parent[child] * (parent.numel() + 1) + self.tree_slot[child])
+        order = family_order(parent[child], self.tree_slot[child])
         tree = SignalHierarchy(
             edge_index=torch.stack([child[order], parent[child[order]]]),
             **{k: self[f"tree_{k}"] for k in TREE_KEYS if f"tree_{k}" in self},
@@ -159,8 +160,9 @@ class GraphHierarchy(BaseTransform):
         )
         out = HierarchicalGraph(**{k: v for k, v in data.items()})
         out.num_nodes = n
-        for key in TREE_KEYS[:-1]:
-            out[f"tree_{key}"] = tree[key]
+        for key in TREE_KEYS:
+            if key != "graph_pe":  # (below, from the graph's edges)
+                out[f"tree_{key}"] = tree[key]
         if self.pe_dim:
             out.tree_graph_pe = laplacian_pe(tree, sibling_edges(tree, edge_index), self.pe_dim)
         return out

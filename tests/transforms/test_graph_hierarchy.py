@@ -9,7 +9,7 @@ from torch_geometric.datasets.graph_generator import GridGraph
 from torch_geometric.loader import DataLoader
 from torch_geometric.utils import stochastic_blockmodel_graph
 
-from hiergraph.data import from_nested
+from hiergraph.data import SignalHierarchy, from_nested
 from hiergraph.data.domain import Domain
 from hiergraph.transforms import (
     GraphHierarchy,
@@ -65,6 +65,15 @@ def test_leaves_are_nodes_in_order_and_graph_untouched(method):
         (tree.domain[: tree.num_nodes - 1] == int(Domain.GRAPH)).sum() == tree.num_nodes - 1
     )
     assert tree.num_trees == 1
+
+
+def test_hierarchy_orders_children_by_slot_as_signal_hierarchy_does():
+    # slots near the int64 limit: a combined key parent * (T + 1) + slot would overflow
+    parent, slot = torch.tensor([2, 2, 2]), torch.tensor([2**63 - 2, 0, 0])
+    graph = HierarchicalGraph(tree_parent=parent, tree_slot=slot)
+    expected = SignalHierarchy.from_parent(torch.tensor([2, 2, -1]), slot=slot).edge_index
+    assert torch.equal(expected, torch.tensor([[1, 0], [2, 2]]))
+    assert torch.equal(graph.hierarchy().edge_index, expected)
 
 
 def test_hierarchy_of_inference_tensors_and_its_cache():
