@@ -127,6 +127,7 @@ class GraphHSAConv(nn.Module):
         check_int(channels, "channels")
         check_int(heads, "heads")
         check_probability(dropout, "dropout")
+        check_probability(attn_dropout, "attn_dropout")
         if smooth and channels % heads:
             raise ValueError(
                 f"smooth=True splits channels={channels} over heads={heads}: "
@@ -300,6 +301,15 @@ class GraphHSANet(nn.Module):
         hubs: int = 0,
     ):
         super().__init__()
+        for value, name in ((in_channels, "in_channels"), (hidden_channels, "hidden_channels"),
+                            (out_channels, "out_channels")):  # fmt: skip
+            check_int(value, name)
+        check_int(num_layers, "num_layers", minimum=0)
+        check_int(graph_pe_dim, "graph_pe_dim", minimum=0)
+        for value, name in ((dropout, "dropout"), (attn_dropout, "attn_dropout")):
+            check_probability(value, name)
+        if layer_dropout is not None:
+            check_probability(layer_dropout, "layer_dropout")
         self.in_channels, self.hidden_channels = in_channels, hidden_channels
         self.out_channels = out_channels
         self.dropout = dropout

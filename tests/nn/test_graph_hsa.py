@@ -217,3 +217,27 @@ def test_hubs_are_chosen_per_graph_and_all_hubs_give_flat_attention(graphs):
     conv.attn.hubs = 0
     flat = conv(x, batch.edge_index, flatten_hierarchy(batch.hierarchy()))
     torch.testing.assert_close(lifted, flat, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(hidden_channels=0), "hidden_channels"),
+        (dict(in_channels=2.5), "in_channels"),
+        (dict(out_channels=-1), "out_channels"),
+        (dict(num_layers=-1), "num_layers"),
+        (dict(graph_pe_dim=-2), "graph_pe_dim"),
+        (dict(dropout=1.5), "dropout"),
+        (dict(attn_dropout=2.0), "attn_dropout"),
+        (dict(layer_dropout=-0.1), "layer_dropout"),
+    ],
+)
+def test_net_arguments_are_checked_by_their_own_names(kwargs, name):
+    arguments = dict(in_channels=4, hidden_channels=8, out_channels=3) | kwargs
+    with pytest.raises((TypeError, ValueError), match=f"^{name} must be"):
+        GraphHSANet(**arguments)
+
+
+def test_conv_attn_dropout_is_checked_by_its_own_name():
+    with pytest.raises(ValueError, match="^attn_dropout must be"):
+        GraphHSAConv(8, None, attn_dropout=2.0)
