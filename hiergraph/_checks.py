@@ -57,3 +57,22 @@ def as_int(value, what: str) -> int:
     except TypeError:
         pass
     raise TypeError(f"{what} must be an int, got {value!r}")
+
+
+def check_ids(ids: torch.Tensor, count: int, what: str, name: str) -> None:
+    """Raise unless every value of ``ids`` lies in ``[0, count)`` (``name`` the argument
+    that set ``count``, ``what`` the kind of id): one host read for CPU ids, a
+    ``ValueError`` naming the range found; on an accelerator a device-side assertion (no
+    host synchronisation: ids out of range would otherwise fail deep inside a lookup, or
+    match nothing)."""
+    if not ids.numel():
+        return
+    if reads_values(ids):
+        low, high = torch.stack(torch.aminmax(ids)).tolist()
+        if low < 0 or high >= count:
+            raise ValueError(
+                f"{what} ids span {low}..{high}; they must lie in [0, {name} = {count})"
+            )
+    else:
+        inside = ((ids >= 0) & (ids < count)).all()
+        torch._assert_async(inside, f"{what} ids must lie in [0, {name} = {count})")

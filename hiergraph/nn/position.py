@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from hiergraph._checks import check_ids, check_int, check_positive
 from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.domain import Domain
@@ -50,6 +51,11 @@ class LearnableFourierFeatures(nn.Module):
         gamma: float = 10.0,
     ):
         super().__init__()
+        sizes = dict(pos_dim=pos_dim, out_channels=out_channels, num_features=num_features,
+                     hidden_channels=hidden_channels)  # fmt: skip
+        for name, value in sizes.items():
+            check_int(value, name)
+        check_positive(gamma, "gamma")
         if num_features % 2:
             raise ValueError(f"num_features must be even, got {num_features}")
         self.pos_dim, self.out_channels, self.num_features = pos_dim, out_channels, num_features
@@ -116,6 +122,9 @@ class FamilyPositionEncoder(nn.Module):
 
     def __init__(self, channels: int, num_keys: int = 64, graph_pe_dim: int = 0):
         super().__init__()
+        check_int(channels, "channels")
+        check_int(num_keys, "num_keys")
+        check_int(graph_pe_dim, "graph_pe_dim", minimum=0)
         self.channels, self.graph_pe_dim = channels, graph_pe_dim
         self.grid1d = LearnableFourierFeatures(1, channels)
         self.grid2d = LearnableFourierFeatures(2, channels)
@@ -160,14 +169,7 @@ class FamilyPositionEncoder(nn.Module):
 
     def _keys(self, pos: Tensor) -> Tensor:
         ids = pos[:, 0].long()
-        # one host read, for CPU ids only (on an accelerator the lookup fails instead)
-        if ids.numel() and reads_values(ids):
-            low, high = torch.stack(torch.aminmax(ids)).tolist()
-            if low < 0 or high >= self.keys.num_embeddings:
-                raise ValueError(
-                    f"key ids span {low}..{high}; they must lie in [0, num_keys = "
-                    f"{self.keys.num_embeddings})"
-                )
+        check_ids(ids, self.keys.num_embeddings, "key", "num_keys")
         return self.keys(ids)
 
     def __repr__(self) -> str:

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.nn import HeteroLinear, inits
 
+from hiergraph._checks import check_ids, check_int
 from hiergraph._device import reads_values
 
 
@@ -34,8 +35,9 @@ class TypedLinear(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, num_types: int = 1, bias: bool = True):
         super().__init__()
-        if num_types < 1:
-            raise ValueError(f"num_types must be >= 1, got {num_types}")
+        check_int(in_channels, "in_channels")
+        check_int(out_channels, "out_channels")
+        check_int(num_types, "num_types")
         self.in_channels, self.out_channels, self.num_types = in_channels, out_channels, num_types
         self.register_parameter("type_bias", None)  # set below for several types with bias
         with torch.device("meta"):  # allocated, not initialised: reset_parameters() draws once
@@ -81,18 +83,8 @@ class TypedLinear(nn.Module):
                 f"type_vec must have shape [{x.size(0)}] (one type per row of x), "
                 f"got {tuple(type_vec.shape)}"
             )
-        # one host read for CPU ids; on an accelerator a device-side assertion (no host sync:
-        # out-of-range ids would otherwise match no type and give silent zero rows)
-        if type_vec.numel() and reads_values(type_vec):
-            low, high = torch.stack(torch.aminmax(type_vec)).tolist()
-            if low < 0 or high >= self.num_types:
-                raise ValueError(
-                    f"type ids span {low}..{high}; they must lie in [0, num_types = "
-                    f"{self.num_types})"
-                )
-        elif type_vec.numel():
-            inside = ((type_vec >= 0) & (type_vec < self.num_types)).all()
-            torch._assert_async(inside, f"type ids must lie in [0, num_types = {self.num_types})")
+        # (out-of-range ids would match no type on an accelerator: silent zero rows)
+        check_ids(type_vec, self.num_types, "type", "num_types")
         if reads_values(type_vec):  # HeteroLinear: row slices per type (bounds read on the host)
             out = self.lin(x, type_vec)
         else:  # accelerator: every type's map on all rows, kept where the type matches

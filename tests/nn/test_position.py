@@ -88,3 +88,22 @@ def test_reprs():
     assert repr(FamilyPositionEncoder(8, graph_pe_dim=4)) == (
         "FamilyPositionEncoder(8, num_keys=64, graph_pe_dim=4)"
     )
+
+
+@pytest.mark.parametrize(
+    "build, name",
+    [
+        (lambda: LearnableFourierFeatures(0, 8), "pos_dim"),
+        (lambda: LearnableFourierFeatures(1, 0), "out_channels"),
+        (lambda: LearnableFourierFeatures(1, 8, num_features=0), "num_features"),
+        (lambda: LearnableFourierFeatures(1, 8, hidden_channels=-4), "hidden_channels"),
+        (lambda: LearnableFourierFeatures(1, 8, gamma=0), "gamma"),
+        (lambda: FamilyPositionEncoder(0), "channels"),
+        (lambda: FamilyPositionEncoder(8, num_keys=0), "num_keys"),
+        (lambda: FamilyPositionEncoder(8, graph_pe_dim=-1), "graph_pe_dim"),
+    ],
+)
+def test_arguments_are_checked(build, name):
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        build()
+

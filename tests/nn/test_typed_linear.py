@@ -45,8 +45,12 @@ def test_bad_type_vectors():
         lin(x, torch.tensor([0, -1, 1, 0]))
     with pytest.raises(ValueError, match=r"type_vec must have shape \[4\]"):
         lin(x, torch.tensor([0, 1, 1]))
-    with pytest.raises(ValueError, match="num_types must be >= 1"):
+    with pytest.raises(ValueError, match="num_types must be a positive int"):
         TypedLinear(3, 2, num_types=0)
+    with pytest.raises(TypeError, match="num_types must be a positive int"):
+        TypedLinear(3, 2, num_types=2.5)
+    with pytest.raises(ValueError, match="out_channels must be a positive int"):
+        TypedLinear(3, -3)
 
 
 def test_repr():

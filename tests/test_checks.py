@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hiergraph._checks import check_ids
+from hiergraph._device import cpu_as_accelerator
+from tests.host_sync import HostSyncRecorder
+
+
+def test_ids_out_of_range_name_the_range_and_the_argument():
+    check_ids(torch.tensor([0, 3, 1]), 4, "type", "num_types")
+    check_ids(torch.tensor([], dtype=torch.long), 0, "type", "num_types")
+    with pytest.raises(ValueError, match=r"^type ids span 0\.\.4; .* \[0, num_types = 4\)$"):
+        check_ids(torch.tensor([0, 4]), 4, "type", "num_types")
+    with pytest.raises(ValueError, match=r"^key ids span -1\.\.2"):
+        check_ids(torch.tensor([2, -1]), 4, "key", "num_keys")
+
+
+def test_off_the_cpu_a_device_side_assertion_without_host_reads():
+    with cpu_as_accelerator():
+        with HostSyncRecorder() as rec:
+            check_ids(torch.tensor([0, 3]), 4, "type", "num_types")
+        assert rec.unique_syncs() == []
+        # (the assertion's CPU kernel raises at once)
+        with pytest.raises(RuntimeError, match=r"type ids must lie in \[0, num_types = 4\)"):
+            check_ids(torch.tensor([0, 4]), 4, "type", "num_types")
