@@ -18,6 +18,7 @@ one such pass.
 from __future__ import annotations
 
 import math
+from numbers import Real
 
 import torch
 from torch import Tensor
@@ -91,12 +92,16 @@ def check_one_tree(plan: CausalPlan) -> None:
         raise ValueError("a cache decodes one tree; decode the trees of a batch separately")
 
 
-def _check_sizes(heads, dim, dim_v, dtype) -> None:
-    """Raise unless a cache's ``heads``, ``dim`` and optional ``dim_v`` are positive ints
-    and its ``dtype`` a floating-point one."""
+def _check_arguments(heads, dim, dim_v, scale, dtype) -> None:
+    """Raise unless a cache's ``heads``, ``dim`` and optional ``dim_v`` are positive ints,
+    its optional ``scale`` a finite number and its ``dtype`` a floating-point one."""
     check_int(heads, "heads")
     check_int(dim, "dim")
     check_int(dim_v, "dim_v", optional=True)
+    if scale is not None and (
+        isinstance(scale, bool) or not isinstance(scale, Real) or not math.isfinite(scale)
+    ):
+        raise ValueError(f"scale must be a finite number (or None), got {scale!r}")
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
 
@@ -190,7 +195,7 @@ class HierarchicalKVCache:
         dtype: torch.dtype = torch.float32,
         device=None,
     ):
-        _check_sizes(heads, dim, dim_v, dtype)
+        _check_arguments(heads, dim, dim_v, scale, dtype)
         check_int(pos_dim, "pos_dim", minimum=0)
         self.heads, self.dim, self.dim_v = heads, dim, dim if dim_v is None else dim_v
         self.pos_dim = pos_dim
@@ -674,7 +679,7 @@ class FlatKVCache:
         device=None,
         capacity: int = 1024,
     ):
-        _check_sizes(heads, dim, dim_v, dtype)
+        _check_arguments(heads, dim, dim_v, scale, dtype)
         check_int(capacity, "capacity", minimum=0)
         dim_v = dim if dim_v is None else dim_v
         self.heads, self.dim, self.dim_v = heads, dim, dim_v
@@ -712,9 +717,11 @@ class FlatKVCache:
         self._store(k[None], v[None])  # (cast to the cache's dtype as they are stored)
         n = self.num_tokens - 1
         keys, values = self.keys[:, : n + 1], self.values[:, : n + 1]
-        logits = torch.einsum("hd,hnd->hn", q.to(keys.dtype), keys)
+        # in float32 for bf16/fp16 caches (their logits overflow fp16 from 65,504 on)
+        work = accumulation_dtype(keys.dtype)
+        logits = torch.einsum("hd,hnd->hn", q.to(work), keys.to(work))
         weights = torch.softmax(self.tau * logits, -1)
-        return torch.einsum("hn,hnd->hd", weights, values)
+        return torch.einsum("hn,hnd->hd", weights, values.to(work)).to(keys.dtype)
 
     def nbytes(self) -> int:
         """Bytes of the cached keys and values (the used part)."""

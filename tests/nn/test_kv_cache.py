@@ -485,6 +485,27 @@ def test_bad_sizes(cache):
         cache(2.0, 4)
 
 
+@pytest.mark.parametrize("cache", [HierarchicalKVCache, FlatKVCache])
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.5", True])
+def test_bad_scales(cache, scale):
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        cache(2, 4, scale=scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_flat_cache_computes_in_float32(dtype):
+    """Logits beyond float16's 65,504 (here up to ~3e5) stay finite: the products and the
+    softmax run in float32, the output is rounded once."""
+    q, k, v = (t.to(dtype) for t in random_qkv(16, seed=1))
+    q, k = q * 200, k * 200
+    cache = FlatKVCache(2, 4, 3, dtype=dtype)
+    out = torch.stack([cache.append(q[i], k[i], v[i]) for i in range(16)])
+    assert out.dtype == dtype
+    ref = FlatKVCache(2, 4, 3, dtype=torch.float32)
+    expected = torch.stack([ref.append(*(t[i].float() for t in (q, k, v))) for i in range(16)])
+    torch.testing.assert_close(out.float(), expected.to(dtype).float(), atol=0, rtol=0)
+
+
 def test_flat_cache_bad_shapes():
     cache = FlatKVCache(heads=4, dim=8, dim_v=6)
     q, k, v = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 6)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from numbers import Real
 
 import torch
@@ -44,9 +45,9 @@ def head_pos_emb(pos_emb: Tensor, q: Tensor, num_nodes: int) -> Tensor:
 
 
 def logit_scale(scale, q: Tensor) -> float:
-    r"""The logit scale :math:`\tau`: ``scale``, a number, else :math:`1/\sqrt{d}` of ``q``'s
-    ``d`` channels. A tensor is refused: the ops take no gradient through it (a learned
-    temperature can scale ``q`` instead)."""
+    r"""The logit scale :math:`\tau`: ``scale``, a finite number, else :math:`1/\sqrt{d}` of
+    ``q``'s ``d`` channels. A tensor is refused: the ops take no gradient through it (a
+    learned temperature can scale ``q`` instead)."""
     if scale is None:
         return q.size(-1) ** -0.5
     if isinstance(scale, bool) or not isinstance(scale, Real | torch.SymFloat):
@@ -54,6 +55,8 @@ def logit_scale(scale, q: Tensor) -> float:
             f"scale must be a number, got {type(scale).__name__} (the op takes no gradient "
             "through it: to learn a temperature, scale q by it instead)"
         )
+    if isinstance(scale, Real) and not math.isfinite(scale):  # (every logit NaN)
+        raise ValueError(f"scale must be finite, got {scale}")
     return scale
 
 

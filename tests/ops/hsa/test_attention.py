@@ -739,6 +739,8 @@ def test_bad_inputs():
     for causal in (False, True):
         with pytest.raises(TypeError, match="scale must be a number, got Tensor"):
             hierarchical_attention(q, k, v, h, include_self=True, causal=causal, scale=learned)
+        with pytest.raises(ValueError, match="scale must be finite, got nan"):
+            hierarchical_attention(q, k, v, h, include_self=True, causal=causal, scale=float("nan"))
     two_d = hierarchical_attention(q[:, 0], k[:, 0], v[:, 0], h)
     assert torch.allclose(two_d, hierarchical_attention(q[:, :1], k[:, :1], v[:, :1], h)[:, 0])
 
