@@ -7,17 +7,24 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Batch
 
+from hiergraph._device import reads_values
 from hiergraph.data.domain import Domain
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 
 
 def tree_of_nodes(hierarchy) -> Tensor:
-    """``[N]`` tree id of every node: ``hierarchy.batch`` when it is set and numbers the
-    trees (:func:`batch_numbers_trees`), otherwise the trees of the (cached) tree index
-    numbered in leaf order (tree ``t`` holds the first leaf that no tree before it holds):
-    forests built by this package (:func:`~hiergraph.data.window_forest`), forests assembled
-    without ``batch`` (e.g. :meth:`~hiergraph.transforms.HierarchicalGraph.hierarchy` of a
-    PyG batch), and PyG batches of forests, whose ``batch`` numbers the forests."""
+    """``[N]`` tree id of every node, the trees numbered in leaf order (tree ``t`` holds the
+    first leaf that no tree before it holds): a PyG batch's own ``batch`` where it numbers
+    the trees (:func:`batch_numbers_trees`), otherwise from the (cached) tree index: forests
+    built by this package (:func:`~hiergraph.data.window_forest`), forests assembled without
+    ``batch`` (e.g. :meth:`~hiergraph.transforms.HierarchicalGraph.hierarchy` of a PyG
+    batch), and PyG batches of forests, whose ``batch`` numbers the forests.
+
+    Raises:
+        ValueError: if a ``batch`` stored on a single hierarchy numbers its nodes otherwise
+            (checked on the CPU, where reading it is free; elsewhere it is not read): the
+            ops follow the trees, so pooling by it would mix or split them.
+    """
     if batch_numbers_trees(hierarchy):
         return hierarchy.batch
     index = hierarchy.tree_index()
@@ -28,19 +35,24 @@ def tree_of_nodes(hierarchy) -> Tensor:
     first.scatter_reduce_(0, leaf_tree, leaves, "amin")  # every tree has a leaf
     rank = torch.empty_like(first)
     rank[first.argsort()] = torch.arange(trees, device=first.device)
-    return rank.index_select(0, index.node_tree)
+    tree = rank.index_select(0, index.node_tree)
+    stored = None if isinstance(hierarchy, Batch) else hierarchy._store.get("batch")
+    if stored is not None and reads_values(stored) and not torch.equal(stored, tree):
+        raise ValueError(
+            f"hierarchy.batch must number its {trees} trees in leaf order (0 for the first), "
+            "as the ops do, or be deleted (del hierarchy.batch: it is then derived)"
+        )
+    return tree
 
 
 def batch_numbers_trees(hierarchy) -> bool:
-    """Whether ``hierarchy.batch`` is set and numbers its trees: not when ``hierarchy`` is a
-    PyG batch of forests (of :func:`~hiergraph.data.window_forest`, say), whose ``batch``
-    numbers the forests, each of several trees."""
-    if "batch" not in hierarchy or hierarchy.batch is None:  # none stored
-        return False
-    if isinstance(hierarchy, Batch):
-        roots = hierarchy.tree_index().level_ptr[1]  # level 0 holds the roots
-        return hierarchy.num_graphs == roots
-    return True
+    """Whether ``hierarchy`` is a PyG batch whose ``batch`` numbers its trees: a batch of
+    single trees, not one of forests (of :func:`~hiergraph.data.window_forest`, say), whose
+    ``batch`` numbers the forests, each of several trees."""
+    if not isinstance(hierarchy, Batch) or "batch" not in hierarchy or hierarchy.batch is None:
+        return False  # (a SignalHierarchy's batch property derives one from here)
+    roots = hierarchy.tree_index().level_ptr[1]  # level 0 holds the roots
+    return hierarchy.num_graphs == roots
 
 
 def flatten_hierarchy(hierarchy) -> SignalHierarchy:

@@ -70,7 +70,8 @@ class SignalHierarchy(Data):
         Derived from the structure (:meth:`tree_index`), not stored, so that a PyG batch
         collates forests and single trees alike (``Batch.from_data_list``, a
         ``DataLoader``); the batch's own ``batch``, which PyG sets, numbers its elements. A
-        ``batch`` that is set is returned as it is."""
+        ``batch`` that is set is returned as it is (pooling refuses one that numbers the
+        trees otherwise: :func:`~hiergraph.data.restructure.tree_of_nodes`)."""
         if "batch" in self._store:
             return self._store["batch"]
         if "parent" not in self._store:

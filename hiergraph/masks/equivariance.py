@@ -54,19 +54,21 @@ def is_automorphism(edge_index: Tensor, num_nodes: int, perm: Tensor) -> bool:
     return bool((mask[perm][:, perm] == mask).all())
 
 
-def _check_permutation(perm: Tensor, n: int) -> None:
-    """Raise unless ``perm`` is a permutation of ``0 … n - 1`` (read on the host)."""
+def _check_permutation(perm: Tensor, n: int, name: str = "perm", rows: bool = False) -> None:
+    """Raise unless ``perm`` ``[n]`` is a permutation of ``0 … n - 1`` (read on the host;
+    with ``rows``, every row of ``perm`` ``[P, n]`` is one)."""
     # int32/int64 only: a uint8 or bool tensor would index as a mask, not as positions
-    ok = isinstance(perm, Tensor) and perm.shape == (n,)
+    ok = isinstance(perm, Tensor) and perm.dim() == 1 + rows and perm.size(-1) == n
     ok = ok and perm.dtype in (torch.int32, torch.int64)
     if ok:
-        ok = torch.equal(perm.sort().values.cpu(), torch.arange(n))
+        ok = bool((perm.sort(-1).values.cpu() == torch.arange(n)).all())
     if not ok:
         if not isinstance(perm, Tensor):
             got = type(perm).__name__
         else:
             got = perm.tolist() if perm.numel() <= 16 else f"shape {tuple(perm.shape)}"
-        raise ValueError(f"perm must be a permutation of 0 .. {n - 1}, got {got}")
+        what = f"[P, n = {n}] rows, each " if rows else ""
+        raise ValueError(f"{name} must be {what}a permutation of 0 .. {n - 1}, got {got}")
 
 
 def automorphisms(edge_index: Tensor, num_nodes: int, brute_force_up_to: int = 7) -> Tensor:
@@ -116,6 +118,8 @@ def equivariance_error(
     bipartite = isinstance(x, tuple)
     if bipartite != isinstance(perm, tuple):
         raise TypeError("pass a pair of permutations exactly when x is a pair (x_src, x_dst)")
+    for p, rows in zip(perm, x, strict=True) if bipartite else ((perm, x),):
+        _check_permutation(p, rows.size(0))
     x_perm = (x[0][perm[0]], x[1][perm[1]]) if bipartite else x[perm]
     out_perm = perm[1] if bipartite else perm
     with torch.no_grad():
@@ -138,9 +142,8 @@ def equivariance_errors(
     _check_eval(layer)
     if not isinstance(x, Tensor):
         raise TypeError("equivariance_errors takes a single x; use equivariance_error for pairs")
+    _check_permutation(perms, x.size(0), "perms", rows=True)
     n = x.size(0)
-    if perms.dim() != 2 or perms.size(1) != n:
-        raise ValueError(f"perms must be [P, n] = [P, {n}], got {tuple(perms.shape)}")
     offsets = torch.arange(perms.size(0), device=x.device) * n
     if relabel_graph:
         local = torch.argsort(perms, dim=1)[:, edge_index]  # [P, 2, E]: inv[edge_index]

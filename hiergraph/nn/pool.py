@@ -12,7 +12,7 @@ from torch_geometric.utils import scatter
 
 from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype
-from hiergraph.data.restructure import batch_numbers_trees, coarsen_hierarchy, tree_of_nodes
+from hiergraph.data.restructure import coarsen_hierarchy, tree_of_nodes
 
 if TYPE_CHECKING:
     from hiergraph.data.signal_hierarchy import SignalHierarchy
@@ -24,10 +24,8 @@ def leaf_batch(hierarchy: SignalHierarchy | Batch) -> Tensor:
 
 
 def _num_trees(hierarchy: SignalHierarchy | Batch) -> int:
-    """How many trees :func:`tree_of_nodes` numbers, from host-side sizes where there are
-    any (the tree index's root count): no device read."""
-    if batch_numbers_trees(hierarchy) and not isinstance(hierarchy, Batch):
-        return int(hierarchy.batch.max()) + 1
+    """How many trees :func:`tree_of_nodes` numbers, from host-side sizes (the tree index's
+    root count): no device read."""
     level_ptr = hierarchy.tree_index().level_ptr  # level 0: the roots
     return level_ptr[1] - level_ptr[0]
 

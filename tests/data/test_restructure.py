@@ -8,6 +8,7 @@ from hiergraph.data import (
     flatten_hierarchy,
     from_nested,
     random_window_hierarchy,
+    window_forest,
     window_hierarchy,
 )
 from hiergraph.data.restructure import lift_leaves, tree_of_nodes
@@ -96,3 +97,22 @@ def test_tree_of_nodes_finds_the_trees_of_a_forest_without_batch():
     del forest.batch
     assert torch.equal(tree_of_nodes(forest), batch.batch)
     assert torch.equal(tree_of_nodes(trees[0]), torch.zeros(trees[0].num_nodes, dtype=torch.long))
+
+
+def test_a_stored_batch_must_number_the_trees():
+    """Pooling follows the trees, as the ops do: a stored ``batch`` that merges, splits or
+    skips trees is refused (it pooled two trees into one mean, or added an empty row)."""
+    from hiergraph.nn import global_leaf_mean_pool
+
+    forest = window_forest([3, 4], (2,))
+    x = torch.arange(7.0)[:, None]
+    expected = torch.tensor([[1.0], [4.5]])
+    derived = tree_of_nodes(forest)
+    forest.batch = derived.clone()  # stored and consistent (as the restructuring ops store it)
+    torch.testing.assert_close(global_leaf_mean_pool(x, forest), expected)
+    for wrong in (torch.zeros_like(derived), derived * 2):
+        forest.batch = wrong
+        with pytest.raises(ValueError, match="hierarchy.batch must number its 2 trees"):
+            global_leaf_mean_pool(x, forest)
+    del forest.batch
+    torch.testing.assert_close(global_leaf_mean_pool(x, forest), expected)

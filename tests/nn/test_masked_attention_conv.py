@@ -614,8 +614,16 @@ def test_check_equivariance_detects_failures_and_bad_use():
     conv.eval()
     with pytest.raises(TypeError, match="pair of permutations"):
         check_equivariance(conv, x, full_mask(6), (shift, shift))
-    with pytest.raises(ValueError, match=r"perms must be \[P, n\] = \[P, 6\]"):
+    with pytest.raises(ValueError, match=r"perms must be \[P, n = 6\] rows, each a perm"):
         equivariance_errors(conv, x, full_mask(6), shift)
+    # not permutations: refused (they gave an error value)
+    with pytest.raises(ValueError, match=r"perms must be .*, got \[\[0, 0, 1, 2, 3, 4\]\]"):
+        equivariance_errors(conv, x, full_mask(6), torch.tensor([[0, 0, 1, 2, 3, 4]]))
+    for perm in (torch.tensor([0, 0, 1, 2, 3, 4]), shift[:5], shift.float()):
+        with pytest.raises(ValueError, match=r"^perm must be a permutation of 0 \.\. 5"):
+            equivariance_error(conv, x, full_mask(6), perm)
+    with pytest.raises(ValueError, match=r"^perm must be a permutation of 0 \.\. 2"):
+        equivariance_error(conv, (x, x[:3]), full_mask(6)[:, :3], (shift, torch.zeros(3).long()))
     with pytest.raises(TypeError, match="single x"):
         equivariance_errors(conv, (x, x), full_mask(6), shift[None])
     assert torch.equal(relabel(full_mask(6), shift).sort(dim=1)[0], full_mask(6).sort(dim=1)[0])

@@ -106,4 +106,3 @@ def test_reprs():
 def test_arguments_are_checked(build, name):
     with pytest.raises(ValueError, match=f"^{name} must be"):
         build()
-
