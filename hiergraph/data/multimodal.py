@@ -283,6 +283,8 @@ class _Part:
 
 def _field_part(field: Field, value: Tensor) -> _Part | None:
     """The sub-tree of one present field (``None`` for an empty sequence)."""
+    if value.is_complex():  # (it would turn the tree's x complex)
+        raise TypeError(f"field {field.name!r} must be real, got {value.dtype}")
     if value.is_floating_point() and not torch.isfinite(value).all():
         raise ValueError(f"field {field.name!r} has non-finite values (NaN/Inf)")
     empty = torch.zeros(0, dtype=torch.long)

@@ -373,6 +373,8 @@ class SignalHierarchy(Data):
         if x is not None:
             if not isinstance(x, Tensor):
                 raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+            if x.is_complex():  # (no layer takes them, and they skipped the finiteness check)
+                raise TypeError(f"x must be real (floating-point or integer), got {x.dtype}")
             if x.dim() < 1 or x.size(0) != num_leaves:
                 raise ValueError(
                     f"x has {x.size(0) if x.dim() else 0} rows but the tree has {num_leaves} "

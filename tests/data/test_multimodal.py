@@ -194,6 +194,8 @@ def test_bad_input():
         s.build({"title": torch.randn(3, 4)})
     with pytest.raises(ValueError, match="non-finite"):
         s.build({"hist": torch.full((7,), float("nan"))})
+    with pytest.raises(TypeError, match="field 'hist' must be real, got torch.complex64"):
+        s.build({"hist": torch.zeros(7, dtype=torch.complex64)})
     with pytest.raises(TypeError, match="torch.Tensor or None"):
         s.build({"title": [[0.0] * 5]})
     with pytest.raises(ValueError, match="same leaf width"):

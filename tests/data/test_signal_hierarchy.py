@@ -210,6 +210,9 @@ def test_non_finite_features():
         from_nested([0, 1, 2], x=x)
     with pytest.raises(ValueError, match="non-finite"):
         window_hierarchy(3, (2,), x=torch.tensor([[1.0], [float("inf")], [0.0]]))
+    complex_nan = torch.tensor([[complex(float("nan"), 0)], [0j], [1j]])
+    with pytest.raises(TypeError, match="x must be real .*, got torch.complex64"):
+        from_nested([0, 1, 2], x=complex_nan)
 
 
 def test_bad_types_and_windows():
