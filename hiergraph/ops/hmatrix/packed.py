@@ -64,7 +64,13 @@ def hmatrix_attention(
         key_padding_mask: optional bool ``[B, L]``, ``True`` marks padding
             (the :class:`torch.nn.MultiheadAttention` convention). Padded keys
             get no weight, coarse means skip them, and padded query rows
-            return zeros; so does any row with no valid key.
+            return zeros; so does any row with no valid key. NaN or infinite
+            values at padded positions stay there; at valid positions, inputs are
+            expected finite: a masked weight is ``0``, so in causal mode a NaN or
+            infinite key or value reaches earlier queries of its blocks
+            (:math:`0 \cdot \mathrm{NaN}`, as in
+            :func:`~torch.nn.functional.scaled_dot_product_attention` with
+            ``is_causal=True``), where :func:`hmatrix_attention_dense` keeps it out.
 
     Returns:
         ``[B, H, L, d_v]`` in the inputs' dtype. bfloat16 and float16 inputs are computed
