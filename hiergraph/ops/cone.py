@@ -41,7 +41,10 @@ The paper's ξ (sigmoid) is called ``map_psi`` in the authors' code and its ψ
 Numerics: every function computes in float32 or wider, with autocast disabled
 (half-precision overflows in the out-of-cone branch), and is finite in the
 forward and backward pass at ``D = 0`` (``q == k``, self loops), at heights next
-to the light source, and for large inputs.
+to the light source, and for large inputs, up to where intermediate values overflow
+the dtype: in float32, penumbral scores for distances ``D`` up to about ``3.6e19``
+(where :math:`H^2` reaches float32's largest value), umbral ones for inputs up to
+about ``1e29``; beyond, scores are NaN (float64 goes far beyond either).
 """
 
 from __future__ import annotations
