@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import to_dense_batch
 
+from hiergraph._checks import check_ids
 from hiergraph._device import host_tensor
 from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, check_one_tree
@@ -339,6 +340,11 @@ class HTEDecoder(nn.Module):
         check_one_tree(plan)  # (the flat cache would take any batch)
         return self._layers(tokens, hierarchy, plan, caches)
 
+    def _embed(self, tokens: Tensor) -> Tensor:
+        """The embeddings of token ids ``tokens`` (any shape), refused out of range."""
+        check_ids(tokens, self.embed.num_embeddings, "token", "vocab_size")
+        return self.embed(tokens)
+
     def _check_sequences(self, sequences: int, caches: list) -> None:
         heads = self.layers[0].attn.heads
         if caches[0].heads != sequences * heads:
@@ -368,7 +374,7 @@ class HTEDecoder(nn.Module):
             position = torch.arange(tokens.size(-1), device=tokens.device)
             position = position - plan.first_leaf[leaf_tree]
             pos_emb = self._node_embedding(torch.ones_like(position), position, 1)
-        x = self.embed(tokens)
+        x = self._embed(tokens)
         for layer, cache in zip(self.layers, caches or [None] * len(self.layers), strict=True):
             x = layer(x, plan, pos_emb, batch, cache)
         return self.norm(x) @ self.embed.weight.T
@@ -405,8 +411,7 @@ class HTEDecoder(nn.Module):
             slot = torch.full((1,), caches[0].num_tokens, dtype=torch.long, device=device)
             max_depth = 1
         pos_emb = self._node_embedding(depth, slot, max_depth)
-        # (an id out of range fails, as in forward: indexing would wrap a negative one)
-        x = self.embed.weight[token] if isinstance(token, int) else self.embed(token)
+        x = self.embed.weight[token] if isinstance(token, int) else self._embed(token)
         for layer, cache in zip(self.layers, caches, strict=True):
             x = layer.step(x, cache, pos_emb, close, open)
         return self.norm(x) @ self.embed.weight.T

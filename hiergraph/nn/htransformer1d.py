@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from hiergraph._checks import check_int
+from hiergraph._checks import check_ids, check_int
 from hiergraph._deprecation import renamed_arguments
 from hiergraph._precision import accumulation_dtype
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
@@ -176,6 +176,7 @@ class HTransformer1D(nn.Module):
                 f"tokens must be an int64 tensor [batch, length], got {tokens.dtype} "
                 f"{tuple(tokens.shape)}"
             )
+        check_ids(tokens, self.embed.num_embeddings, "token", "vocab_size")
         x = self.embed(tokens)
         x = x * math.sqrt(x.shape[-1]) + sinusoidal_positions(
             tokens.shape[1], x.shape[-1], x.device, x.dtype

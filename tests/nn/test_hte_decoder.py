@@ -216,12 +216,15 @@ def test_bad_inputs():
     for token in (-1, 10, 2.0, True):  # (-1 read the last id's embedding)
         with pytest.raises(ValueError, match=r"token must be an id in \[0, 10\)"):
             step_net.step(token, step_net.new_cache(), 0, 1)
-    with pytest.raises(IndexError):
-        step_net.step(torch.tensor([-1]), step_net.new_cache(), 0, 1)
+    for tokens in (torch.tensor([-1]), torch.tensor([3, 10])):
+        with pytest.raises(ValueError, match=r"token ids span .* \[0, vocab_size = 10\)"):
+            step_net.step(tokens, step_net.new_cache(len(tokens)), 0, 1)
     net = model("hsa", max_depth=2)
     tree = from_schedule(random_schedule(random.Random(4), 10))
     with pytest.raises(ValueError, match="tokens must be"):
         net(torch.zeros(9, dtype=torch.long), tree)
+    with pytest.raises(ValueError, match=r"token ids span 0\.\.20; .*vocab_size = 20\)"):
+        model("flat")(torch.tensor([0] * 9 + [20]), tree)
     with pytest.raises(ValueError, match="max_depth"):
         net(torch.zeros(10, dtype=torch.long), tree)
     other = from_nested([list(range(5)), list(range(5, 10))])  # 10 leaves, another shape

@@ -75,6 +75,12 @@ def test_attention_factory_swaps_the_attention():
     assert calls == [(2, 2, 9, 4)] * 3
 
 
+def test_token_ids_out_of_range_are_refused():
+    model = HTransformer1D(7, embed_dim=8, num_layers=1, num_heads=2)
+    with pytest.raises(ValueError, match=r"token ids span -1\.\.3; .*vocab_size = 7\)"):
+        model(torch.tensor([[0, 3, -1]]))
+
+
 def test_attention_factory_must_build_causal_modules_for_causal_models():
     with pytest.raises(ValueError, match="causal=True, but the attention factory built"):
         HTransformer1D(7, embed_dim=8, num_layers=1, num_heads=2, causal=True,
