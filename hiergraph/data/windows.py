@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from hiergraph._checks import check_int
+from hiergraph._checks import as_int, check_int
 from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 
 
@@ -43,7 +43,8 @@ def window_hierarchy(
     The tree is built on the device of ``x`` / ``lifted`` (PyTorch's default device
     without them), as in :func:`window_forest`.
     """
-    return window_forest([n], _check(n, branching), lifted=lifted, x=x)
+    n, branching = _check(n, branching)
+    return window_forest([n], branching, lifted=lifted, x=x)
 
 
 def window_forest(
@@ -182,7 +183,7 @@ def random_window_hierarchy(
 
     A synthetic structure for tests and benchmarks.
     """
-    branching = _check(n, branching)
+    n, branching = _check(n, branching)
 
     def sizes(level: int, count: int) -> Tensor:
         b = branching[level]
@@ -248,10 +249,12 @@ def hmatrix_window_hierarchy(length: int, block_size: int) -> SignalHierarchy:
     return window_hierarchy(padded, (2,) * (num_levels - 1))
 
 
-def _check(n, branching) -> tuple[int, ...]:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    return check_branching(branching)
+def _check(n, branching) -> tuple[int, tuple[int, ...]]:
+    """``n`` as an int (a NumPy integer or a one-integer tensor too; positive) and
+    ``branching`` (:func:`check_branching`)."""
+    n = as_int(n, "n")
+    check_int(n, "n")
+    return n, check_branching(branching)
 
 
 def check_branching(branching) -> tuple[int, ...]:

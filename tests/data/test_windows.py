@@ -200,3 +200,16 @@ def test_cuda_inputs_give_a_cuda_forest_equal_to_cpu():
 def test_hmatrix_layout_refuses_bad_sizes(length, block_size, error, match):
     with pytest.raises(error, match=match):
         hmatrix_layout(length, block_size)
+
+
+def test_lengths_as_numpy_or_tensor_integers():
+    import numpy as np
+
+    expected = window_hierarchy(5, (2,))
+    for n in (np.int64(5), torch.tensor(5)):
+        assert torch.equal(window_hierarchy(n, (2,)).parent, expected.parent)
+    with pytest.raises(ValueError, match="n must be a positive int, got 0"):
+        window_hierarchy(0, (2,))
+    for n in (2.0, True, torch.tensor(2.0)):
+        with pytest.raises(TypeError, match="n must be an int"):
+            window_hierarchy(n, (2,))
