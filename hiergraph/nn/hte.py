@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from torch import Tensor, nn
+from torch_geometric.nn.inits import reset
 
 from hiergraph.data.restructure import flatten_hierarchy
 from hiergraph.nn._checks import check_features, check_int, check_probability
@@ -65,6 +66,10 @@ class HTELayer(nn.Module):
             nn.Linear(channels, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, channels)
         )
         self.dropout = nn.Dropout(dropout)
+
+    def reset_parameters(self) -> None:
+        for module in (self.attn, self.norm1, self.norm2, self.mlp):
+            reset(module)
 
     def forward(self, x: Tensor, hierarchy, pos_emb=None, leaf_mask=None) -> Tensor:
         """``x: [L, channels]`` → ``[L, channels]``."""
@@ -160,6 +165,10 @@ class HierarchicalTransformerEncoder(nn.Module):
             for _ in range(num_layers)
         )
         self.norm = nn.LayerNorm(hidden_channels) if norm_first else nn.Identity()
+
+    def reset_parameters(self) -> None:
+        for module in (self.input, self.pos, *self.layers, self.norm):
+            reset(module)
 
     def forward(self, x: Tensor, hierarchy, leaf_mask: Tensor | None = None) -> Tensor:
         """``x: [L, in_channels]`` leaf features → ``[L, hidden_channels]``."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch_geometric.nn.inits import reset
 from torch_geometric.utils import to_dense_batch
 
 from hiergraph._checks import check_ids
@@ -204,6 +205,10 @@ class HTEDecoderLayer(nn.Module):
         )
         self.dropout = nn.Dropout(dropout)
 
+    def reset_parameters(self) -> None:
+        for module in (self.attn, self.norm1, self.norm2, self.mlp):
+            reset(module)
+
     def forward(self, x, plan, pos_emb, batch, cache=None):
         x = x + self.dropout(self.attn(self.norm1(x), plan, pos_emb, batch, cache))
         return x + self.dropout(self.mlp(self.norm2(x)))
@@ -285,12 +290,7 @@ class HTEDecoder(nn.Module):
         if self.pos is not None:
             nn.init.normal_(self.pos.weight, std=0.02)
         for layer in self.layers:
-            layer.attn.reset_parameters()
-            layer.norm1.reset_parameters()
-            layer.norm2.reset_parameters()
-            for lin in layer.mlp:
-                if isinstance(lin, nn.Linear):
-                    lin.reset_parameters()
+            layer.reset_parameters()
         self.norm.reset_parameters()
 
     def _node_embedding(self, depth: Tensor, slot: Tensor, max_depth: int) -> Tensor | None:
