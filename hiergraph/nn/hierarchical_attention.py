@@ -8,8 +8,9 @@ import torch
 from torch import Tensor, nn
 
 from hiergraph.data.domain import Domain
-from hiergraph.data.restructure import lift_leaves, tree_of_nodes
+from hiergraph.data.restructure import lift_leaves
 from hiergraph.nn._checks import check_int, check_probability
+from hiergraph.nn.pool import leaf_batch
 from hiergraph.nn.typed_linear import TypedLinear
 from hiergraph.ops.hsa.attention import check_flags, hierarchical_attention
 from hiergraph.ops.hsa.causal_dense import causal_hierarchical_attention_matrix
@@ -256,7 +257,7 @@ class HierarchicalSelfAttention(nn.Module):
         if index.uniform is not None:  # equal trees, one after another
             tree = index.uniform[0]
         else:
-            tree = tree_of_nodes(hierarchy).index_select(0, index.leaf_node)
+            tree = leaf_batch(hierarchy)
         with torch.no_grad():
             return top_per_tree(root_scores(q, k, tree, leaf_mask), tree, self.hubs)
 
