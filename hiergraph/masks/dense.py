@@ -68,7 +68,7 @@ def edge_index_to_mask(
         transpose, on ``edge_index``'s device.
 
     Raises:
-        TypeError, ValueError: from :func:`~hiergraph.masks.builders.check_edge_index`.
+        TypeError, ValueError: from :func:`~hiergraph.ops.edge_index.check_edge_index`.
     """
     _check_rows(rows)
     if isinstance(num_nodes, tuple | list) and len(num_nodes) == 2:
