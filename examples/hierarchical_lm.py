@@ -235,7 +235,7 @@ def main(argv=None) -> dict:
     print(f"{len(train)} train chunks, {len(test)} test chunks of <= {args.seq_len} bytes")
 
     config = dict(
-        vocab_size=256, channels=args.channels, num_layers=args.layers, heads=args.heads,
+        vocab_size=256, hidden_channels=args.channels, num_layers=args.layers, heads=args.heads,
         pos_channels=32, max_depth=3, max_slot=args.seq_len,
     )  # fmt: skip
     models = {mode: HTEDecoder(**config, attention=mode).to(device) for mode in ("hsa", "flat")}

@@ -345,7 +345,9 @@ def hte_decoder(device, attention="hsa"):
     from hiergraph.nn import HTEDecoder
 
     h, plan = _ordered_tree(device)
-    net = HTEDecoder(20, channels=16, num_layers=1, heads=2, pos_channels=4, attention=attention)
+    net = HTEDecoder(
+        20, hidden_channels=16, num_layers=1, heads=2, pos_channels=4, attention=attention
+    )
     net = _module(net, device)
     tokens = torch.arange(h.num_leaves, device=device) % 20
     return Case(lambda: net(tokens, h, plan), list(net.parameters()))
@@ -357,7 +359,7 @@ def kv_decode(device):
 
     h, _ = _ordered_tree("cpu")
     schedule = append_schedule(h).tolist()  # host-side events, as a generator would make them
-    net = _module(HTEDecoder(20, channels=16, num_layers=1, heads=2, pos_channels=4), device)
+    net = _module(HTEDecoder(20, hidden_channels=16, num_layers=1, heads=2, pos_channels=4), device)
     caches = net.new_cache()
     for i, (close, open_) in enumerate(schedule[:-2]):
         net.step(i, caches, close, open_)

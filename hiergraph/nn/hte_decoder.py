@@ -18,6 +18,7 @@ from torch_geometric.nn.inits import reset
 from torch_geometric.utils import to_dense_batch
 
 from hiergraph._checks import check_ids
+from hiergraph._deprecation import renamed_arguments
 from hiergraph._device import host_tensor
 from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, check_one_tree
@@ -236,10 +237,10 @@ class HTEDecoder(nn.Module):
 
     Args:
         vocab_size: number of token ids.
-        channels: model width.
+        hidden_channels: model width (formerly ``channels``).
         num_layers: decoder blocks.
         heads: attention heads.
-        mlp_channels: MLP hidden size (default ``4 * channels``).
+        mlp_channels: MLP hidden size (default ``4 * hidden_channels``).
         pos_channels: node embedding size (0: no position bias).
         max_depth: deepest tree level with its own embeddings.
         max_slot: ranks ``>= max_slot`` share the last embedding.
@@ -247,10 +248,11 @@ class HTEDecoder(nn.Module):
         dropout: residual dropout.
     """
 
+    @renamed_arguments(channels="hidden_channels")
     def __init__(
         self,
         vocab_size: int,
-        channels: int = 128,
+        hidden_channels: int = 128,
         num_layers: int = 2,
         heads: int = 4,
         mlp_channels: int | None = None,
@@ -264,7 +266,7 @@ class HTEDecoder(nn.Module):
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
         check_int(vocab_size, "vocab_size")
-        check_int(channels, "channels")
+        check_int(hidden_channels, "hidden_channels")
         check_int(heads, "heads")
         check_int(pos_channels, "pos_channels", minimum=0)
         check_int(num_layers, "num_layers", minimum=0)
@@ -273,15 +275,20 @@ class HTEDecoder(nn.Module):
         check_int(max_slot, "max_slot")
         check_probability(dropout, "dropout")
         self.attention, self.max_depth, self.max_slot = attention, max_depth, max_slot
-        self.embed = nn.Embedding(vocab_size, channels)
+        self.embed = nn.Embedding(vocab_size, hidden_channels)
         self.pos = nn.Embedding((max_depth + 1) * max_slot, pos_channels) if pos_channels else None
         self.layers = nn.ModuleList(
             HTEDecoderLayer(
-                channels, heads, mlp_channels or 4 * channels, pos_channels, attention, dropout
+                hidden_channels,
+                heads,
+                mlp_channels or 4 * hidden_channels,
+                pos_channels,
+                attention,
+                dropout,
             )
             for _ in range(num_layers)
         )
-        self.norm = nn.LayerNorm(channels)
+        self.norm = nn.LayerNorm(hidden_channels)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

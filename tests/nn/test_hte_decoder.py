@@ -24,7 +24,8 @@ def random_schedule(rng, length):
 
 def model(mode, **kw):
     torch.manual_seed(0)
-    config = dict(vocab_size=20, channels=16, num_layers=2, heads=2, pos_channels=8, max_slot=64)
+    config = dict(vocab_size=20, hidden_channels=16, num_layers=2, heads=2, pos_channels=8,
+                  max_slot=64)  # fmt: skip
     return HTEDecoder(**{**config, **kw}, attention=mode).double().eval()
 
 
@@ -197,7 +198,7 @@ def test_logits_do_not_see_the_future():
         (dict(heads=0), ValueError, "heads must be a positive int, got 0"),  # (was 1 / 0)
         (dict(vocab_size=0), ValueError, "vocab_size must be a positive int"),
         (dict(num_layers=-1), ValueError, "num_layers must be an int >= 0"),
-        (dict(channels=2.5), TypeError, "channels must be a positive int"),
+        (dict(hidden_channels=2.5), TypeError, "hidden_channels must be a positive int"),
         (dict(mlp_channels=0), ValueError, "mlp_channels must be a positive int or None"),
         (dict(pos_channels=-1), ValueError, "pos_channels must be an int >= 0"),
         (dict(max_slot=0), ValueError, "max_slot must be a positive int"),
@@ -212,7 +213,7 @@ def test_constructor_rejects_bad_arguments(kwargs, error, match):
 def test_bad_inputs():
     with pytest.raises(ValueError, match="attention"):
         HTEDecoder(10, attention="sparse")
-    step_net = HTEDecoder(10, channels=8, num_layers=1, heads=2)
+    step_net = HTEDecoder(10, hidden_channels=8, num_layers=1, heads=2)
     for token in (-1, 10, 2.0, True):  # (-1 read the last id's embedding)
         with pytest.raises(ValueError, match=r"token must be an id in \[0, 10\)"):
             step_net.step(token, step_net.new_cache(), 0, 1)
@@ -233,3 +234,9 @@ def test_bad_inputs():
         net(torch.zeros(10, dtype=torch.long), tree, plan=other.causal_plan())  # (size error)
     with pytest.raises(ValueError, match="invalid"):
         from_schedule([(0, 1), (3, 0)])
+
+
+def test_the_old_name_of_hidden_channels():
+    with pytest.warns(FutureWarning, match="'channels' is now called 'hidden_channels'"):
+        old = HTEDecoder(10, channels=8, num_layers=1, heads=2)
+    assert old.embed.embedding_dim == 8

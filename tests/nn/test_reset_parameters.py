@@ -17,7 +17,7 @@ BUILD = {
     "GraphHSAConv": lambda: layers.GraphHSAConv(8, nn.Linear(8, 8), heads=2, gate=True),
     "GraphHSANet": lambda: layers.GraphHSANet(4, 8, 3, graph_pe_dim=2),
     "HMatrixAttention": lambda: layers.HMatrixAttention(8, 2),
-    "HTEDecoder": lambda: layers.HTEDecoder(10, channels=8, num_layers=2, heads=2),
+    "HTEDecoder": lambda: layers.HTEDecoder(10, hidden_channels=8, num_layers=2, heads=2),
     "HTEDecoderLayer": lambda: layers.HTEDecoderLayer(8, 2, 16, 4, "hsa"),
     "HTELayer": lambda: layers.HTELayer(8, heads=2, pos_channels=4),
     "HTransformer1D": lambda: layers.HTransformer1D(10, embed_dim=8, num_layers=2, num_heads=2),
