@@ -435,23 +435,56 @@ class HierarchicalKVCache:
         if records_grad(q, k, v, pos_emb):
             with torch.no_grad():
                 return self.append(q, k, v, close=close, open=open, pos_emb=pos_emb)
+        self._check_step(q, k, v, close, open, pos_emb)
+        work = self._keys.dtype
+        if q.dtype != work or k.dtype != work or v.dtype != work:
+            q, k, v = q.to(work), k.to(work), v.to(work)
+        first, m = self._events(close, open)
+        # the leaf is a closed child of A_{m-1} from here on: [k, eps, log 1, 1] and [v, 1]
+        slot = self._add_child(m - 1, 1)
+        key, key_eps, _, _, key_tail, _, value = self._slot_views(m - 1, slot)
+        if pos_emb is not None:  # eps of the new nodes A_first .. A_m, the leaf last
+            self._query[first - 1 : m, :, self.dim : -2] = pos_emb
+            key_eps.copy_(pos_emb[-1])
+        self.num_tokens += 1
+        if self._native(q):  # the rest of the step in one call of the compiled kernel
+            store = (self._keys, self._values, self._query, self._prefix, self._ng, self._g)
+            widths = [len(children) for children in self._child_n]
+            return self._output(native.kv_step(
+                store, q, k, v, m=m, first=first, widths=widths, leaves=self._leaves, slot=slot,
+                tau=self.tau,
+            ))  # fmt: skip
+        key.copy_(k)
+        key_tail.copy_(self._leaf_tail)
+        value.copy_(v)
+        return self._output(self._step(q, first, m, close))
+
+    def _check_step(self, q, k, v, close: int, open: int, pos_emb) -> None:  # noqa: A002
+        """The checks of :meth:`append` (its fast test first: the shapes and dtypes)."""
         self._check_event(close, open)
         shapes = q.shape != self._qk_shape or k.shape != self._qk_shape or v.shape != self._v_shape
         if shapes or not (
             q.is_floating_point() and k.is_floating_point() and v.is_floating_point()
         ):
             _check_shapes(self, (), q, k, v)
+        self._check_pos_emb(pos_emb, open + 1, "open + 1")
+
+    def _check_pos_emb(self, pos_emb: Tensor | None, rows: int, what: str) -> None:
+        """Raise unless ``pos_emb`` is ``[rows, heads, pos_dim]``, or ``None`` exactly when the
+        cache has no position embeddings (``what`` names ``rows``)."""
         if (pos_emb is None) != (self.pos_dim == 0) or (
-            pos_emb is not None and pos_emb.shape != (open + 1, self.heads, self.pos_dim)
+            pos_emb is not None and pos_emb.shape != (rows, self.heads, self.pos_dim)
         ):
             raise ValueError(
-                f"pos_emb must be [open + 1 = {open + 1}, {self.heads}, {self.pos_dim}] "
-                "(None when the cache was built with pos_dim=0), got "
+                f"pos_emb must be [{what} = {rows}, {self.heads}, {self.pos_dim}] (None when "
+                "the cache was built with pos_dim=0), got "
                 f"{None if pos_emb is None else tuple(pos_emb.shape)}"
             )
-        work, d = self._keys.dtype, self.dim
-        if q.dtype != work or k.dtype != work or v.dtype != work:
-            q, k, v = q.to(work), k.to(work), v.to(work)
+
+    def _events(self, close: int, open: int) -> tuple[int, int]:  # noqa: A002
+        """Completes the ``close`` innermost open nodes and starts ``open`` new ones below
+        the innermost that remains (host-side counts; the new nodes' rows of the store
+        emptied); returns the depth of the first new node and that of the new leaf."""
         child_n, leaves = self._child_n, self._leaves
         if close:  # complete the `close` innermost open nodes (the latest leaf is stored)
             top = len(child_n) - 1
@@ -467,30 +500,19 @@ class HierarchicalKVCache:
             self._keys[first:m, :, :, -2].fill_(self._masked)
             child_n.extend([] for _ in range(open))
             leaves.extend([0] * open)
-        # the leaf is a closed child of A_{m-1} from here on: [k, eps, log 1, 1] and [v, 1]
-        slot = self._add_child(m - 1, 1)
-        key, key_eps, _, _, key_tail, _, value = self._slot_views(m - 1, slot)
-        if pos_emb is not None:  # eps of the new nodes A_first .. A_m, the leaf last
-            self._query[first - 1 : m, :, d:-2] = pos_emb
-            key_eps.copy_(pos_emb[-1])
-        self.num_tokens += 1
-        if self._native(q):  # the rest of the step in one call of the compiled kernel
-            store = (self._keys, self._values, self._query, self._prefix, self._ng, self._g)
-            widths = [len(children) for children in child_n]
-            return self._output(native.kv_step(
-                store, q, k, v, m=m, first=first, widths=widths, leaves=leaves, slot=slot,
-                tau=self.tau,
-            ))  # fmt: skip
+        return first, m
+
+    def _step(self, q: Tensor, first: int, m: int, close: bool) -> Tensor:
+        """The output ``[H, d_v]`` of a step in tensor operations, the leaf (at depth ``m``,
+        under the new nodes from depth ``first`` on, after ``close`` completions) stored."""
+        d, leaves = self.dim, self._leaves
         # (the views after the last reallocation; path node A_s is row s - 1)
         (query, query_q, prefix_q, n, leaf_q, leaf, above, n_above, ng_below, a_inner, lse_twice,
          lse_a, a_lse, diff, softplus, log_total, log_total_twice, gates, gate_logs, weight,
          weight_row, weight_t) = self._depth_views(m)  # fmt: skip
-        key.copy_(k)
-        key_tail.copy_(self._leaf_tail)
-        value.copy_(v)
         # prefix [tau sum q, n] of A_1 .. A_m: the leaf's [tau q, 1] is added to the rows
         # above it; A_first .. A_m are new
-        if open:
+        if first < m:
             self._prefix[first - 1 : m, :, :d].copy_(q).mul_(self._tau)
             self._prefix[first - 1 : m, :, d].fill_(1.0)
             if first > 1:
@@ -505,7 +527,7 @@ class HierarchicalKVCache:
 
         # one masked attention of every level's query over its closed children; the
         # deepest level's covers the leaf itself: its lse is the leaf's g
-        width = max(map(len, child_n))
+        width = max(map(len, self._child_n))
         (keys, values, logits, logits_col, max_logit, max_logit_row, weights, weights_row,
          theta_row, total, theta_t) = self._width_views(m, width)  # fmt: skip
         torch.bmm(keys, query, out=logits_col)
@@ -538,7 +560,7 @@ class HierarchicalKVCache:
         # from -log mu = softplus(lse - a) and -log(1 - mu) = softplus(a - lse)
         torch.logaddexp(self._zero, torch.sub(lse_a, a_lse, out=diff), out=softplus)
         torch.exp(torch.bmm(gates, gate_logs, out=weight_row), out=weight_row)
-        return self._output(torch.bmm(weight_t, theta_t).view(self.heads, self.dim_v))
+        return torch.bmm(weight_t, theta_t).view(self.heads, self.dim_v)
 
     def _output(self, out: Tensor) -> Tensor:
         """A step's output, computed in the store's dtype, in the cache's."""
@@ -585,14 +607,7 @@ class HierarchicalKVCache:
         check_one_tree(plan)
         size = plan.num_leaves
         _check_shapes(self, (size,), q, k, v)
-        if (pos_emb is None) != (self.pos_dim == 0) or (
-            pos_emb is not None and pos_emb.shape != (plan.num_nodes, self.heads, self.pos_dim)
-        ):
-            raise ValueError(
-                f"pos_emb must be [num_nodes = {plan.num_nodes}, {self.heads}, {self.pos_dim}]"
-                " (None when the cache was built with pos_dim=0), got "
-                f"{None if pos_emb is None else tuple(pos_emb.shape)}"
-            )
+        self._check_pos_emb(pos_emb, plan.num_nodes, "num_nodes")
         device, work = self._keys.device, self._keys.dtype
         if plan.tree_index.device != device:  # (a copy: its cached views are built again)
             plan = plan.to(device)
