@@ -252,10 +252,11 @@ def _download_once(
 
 
 def _is_archive_like(path: Path, name: str) -> bool:
-    """Whether a file named ``name`` (``.zip``, ``.tar``, ``.tar.gz``, ``.tgz``) opens as
-    that kind of archive; any other name passes (a file without a checksum is taken as
-    it comes). An unchecked archive renamed into place would be taken as complete."""
-    if name.endswith(".zip"):
+    """Whether a file named ``name`` (``.zip`` or NumPy's ``.npz``, ``.tar``, ``.tar.gz``,
+    ``.tgz``) opens as that kind of archive; any other name passes (a file without a
+    checksum is taken as it comes). An unchecked archive renamed into place would be taken
+    as complete."""
+    if name.endswith((".zip", ".npz")):
         return zipfile.is_zipfile(path)
     if name.endswith((".tar", ".tar.gz", ".tgz")):
         return tarfile.is_tarfile(path)

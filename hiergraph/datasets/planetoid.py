@@ -236,8 +236,30 @@ def _read_ppi_file(path: Path) -> None:
         np.load(path, allow_pickle=False)
 
 
+def _unofficial(raw: Path, files: list[str]) -> CorruptFileError | None:
+    """A :class:`CorruptFileError` for the first of ``files`` in ``raw`` whose SHA-256 is
+    pinned (:data:`~hiergraph.datasets.download.PLANETOID_SHA256`) and differs, else
+    ``None``. The Planetoid raw files are pickles, which run code of their choosing when
+    read: only the official files are read."""
+    for f in files:
+        path, known = raw / f, PLANETOID_SHA256.get(f)
+        if known is not None and path.exists() and sha256_of(path) != known:
+            return CorruptFileError(
+                path.resolve(),
+                f"{path.resolve()}: its SHA-256 differs from the official file's, so it is not "
+                "read (the Planetoid raw files are pickles, which can run code when read). It "
+                "is truncated, damaged or another file: put the official file in its place, "
+                "or delete it (it is downloaded again on the next run).",
+            )
+    return None
+
+
 def _diagnose(raw: Path, files: list[str], read: Callable[[Path], None], what) -> Exception | None:
-    """A :class:`CorruptFileError` for the first raw file that cannot be read, else ``None``."""
+    """A :class:`CorruptFileError` for the first raw file that is not the official one
+    (:func:`_unofficial`) or cannot be read, else ``None``."""
+    unofficial = _unofficial(raw, files)
+    if unofficial is not None:
+        return unofficial
     for f in files:
         path = raw / f
         try:
@@ -245,15 +267,10 @@ def _diagnose(raw: Path, files: list[str], read: Callable[[Path], None], what) -
         except FileNotFoundError:
             continue
         except Exception as err:  # noqa: BLE001 - any failure to parse means a damaged file
-            known = PLANETOID_SHA256.get(f)
-            if known is not None and sha256_of(path) != known:
-                note = " Its SHA-256 differs from the official file's."
-            else:
-                note = ""
             error = CorruptFileError(
-                path,
-                f"{path}: cannot read this raw file ({type(err).__name__}: {err}); expected "
-                f"{what(f)}.{note} It is probably truncated or damaged: delete it (it is "
+                path.resolve(),
+                f"{path.resolve()}: cannot read this raw file ({type(err).__name__}: {err}); "
+                f"expected {what(f)}. It is probably truncated or damaged: delete it (it is "
                 "downloaded again on the next run) or put the official file in its place.",
             )
             error.__cause__ = err
@@ -339,6 +356,10 @@ def load_planetoid(
                 return "a numpy .npz archive of split masks"
             return _PLANETOID_KINDS[f.removeprefix(f"ind.{name.lower()}.")]
 
+        if not (base / name / "processed" / "data.pt").exists():  # PyG reads the raw files
+            unofficial = _unofficial(base / name / "raw", files)
+            if unofficial is not None:
+                raise unofficial
         with _explain_failures(name, base, files, _read_planetoid_file, what):
             dataset = _Planetoid(str(base), name, split=split, transform=transform)
         _check_fits(dataset, name, base)
@@ -357,10 +378,10 @@ def _check_fits(dataset: Planetoid, name: str, root: Path) -> None:
             problems.append(f"{index.name} lists no test node")
         elif min(ids) < 0:
             problems.append(f"{index.name} holds a negative node id ({min(ids)})")
-    if data.edge_index.numel() and int(data.edge_index.max()) >= data.num_nodes:
-        problems.append(
-            f"the graph has node ids up to {int(data.edge_index.max())} for {data.num_nodes} nodes"
-        )
+    if data.edge_index.numel():
+        low, high = (int(i) for i in data.edge_index.aminmax())
+        if low < 0 or high >= data.num_nodes:
+            problems.append(f"the graph has node ids {low}..{high} for {data.num_nodes} nodes")
     if problems:
         raise CorruptFileError(
             raw,

@@ -20,6 +20,7 @@ import scipy.sparse as sp
 import torch
 from torch_geometric.io import fs
 
+from hiergraph.datasets.download import PLANETOID_SHA256, sha256_of
 from hiergraph.datasets.planetoid import planetoid_raw_files
 
 
@@ -71,9 +72,22 @@ def write_tar(path: Path, files: dict[str, str], huge: dict[str, int] | None = N
     return path
 
 
-def write_tiny_planetoid(raw: Path, name: str = "cora", seed: int = 0) -> Path:
+def trust_planetoid(raw: Path) -> Path:
+    """Pin the SHA-256 of the Planetoid raw files in ``raw`` as the official ones, for the
+    running test (``tests/datasets/conftest.py`` restores the pinned checksums after each
+    test): the loader reads no other Planetoid files."""
+    for path in raw.glob("ind.*"):
+        PLANETOID_SHA256[path.name] = sha256_of(path)
+    return raw
+
+
+def write_tiny_planetoid(
+    raw: Path, name: str = "cora", seed: int = 0, trusted: bool = True
+) -> Path:
     """A **synthetic** Planetoid in the official raw format: 40 training nodes, the 500
-    validation nodes PyG assumes, 20 test nodes, 8 features, 3 classes, a ring graph."""
+    validation nodes PyG assumes, 20 test nodes, 8 features, 3 classes, a ring graph; with
+    ``trusted``, its files pinned as the official ones for the running test
+    (:func:`trust_planetoid`)."""
     rng = np.random.default_rng(seed)
     n_train, n_all, n_test, dim, classes = 40, 540, 20, 8, 3
 
@@ -100,7 +114,7 @@ def write_tiny_planetoid(raw: Path, name: str = "cora", seed: int = 0) -> Path:
             (raw / file).write_text("".join(f"{i}\n" for i in range(n_all, n_all + n_test)))
         else:
             (raw / file).write_bytes(pickle.dumps(items[suffix], protocol=2))
-    return raw
+    return trust_planetoid(raw) if trusted else raw
 
 
 class Server:

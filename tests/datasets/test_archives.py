@@ -19,7 +19,7 @@ from hiergraph.datasets.download import CorruptFileError
 from hiergraph.datasets.imdb import IMDB
 from hiergraph.datasets.newsgroups import TwentyNewsgroups
 from hiergraph.datasets.text import decode, iter_raw_files
-from tests.datasets.fixtures import imdb_files, write_tar, write_tiny_planetoid
+from tests.datasets.fixtures import imdb_files, trust_planetoid, write_tar, write_tiny_planetoid
 
 HUGE = 128 << 20  # bytes of an unused member: reading it would show in the peak
 
@@ -142,14 +142,36 @@ def test_corrupt_planetoid_pickle_names_the_file(tmp_path):
     _truncate(raw / "ind.cora.graph", 0.5)
     with pytest.raises(CorruptFileError) as info:
         hp.load_planetoid("Cora", root=tmp_path / "bad", raw_dir=raw)
-    message = str(info.value)
-    assert str(tmp_path / "bad" / "Cora" / "raw" / "ind.cora.graph") in message
-    assert "adjacency lists" in message and "differs from the official" in message
+    message = str(info.value)  # (the source the link in <root>/Cora/raw points to)
+    assert str(raw / "ind.cora.graph") in message and "differs from the official" in message
+    trust_planetoid(raw)  # (as if it were the official file: read, and found damaged)
+    with pytest.raises(CorruptFileError) as info:
+        hp.load_planetoid("Cora", root=tmp_path / "bad", raw_dir=raw)
+    assert str(raw / "ind.cora.graph") in str(info.value)
+    assert "adjacency lists" in str(info.value)
     assert isinstance(info.value.__cause__, (EOFError, pickle.UnpicklingError))
-    write_tiny_planetoid(tmp_path / "src2")
+    trust_planetoid(write_tiny_planetoid(tmp_path / "src2"))
     (tmp_path / "src2" / "ind.cora.test.index").write_text("12\nnot a number\n")
+    trust_planetoid(tmp_path / "src2")
     with pytest.raises(CorruptFileError, match=r"ind\.cora\.test\.index.*one test node index"):
         hp.load_planetoid("Cora", root=tmp_path / "bad2", raw_dir=tmp_path / "src2")
+
+
+def test_planetoid_pickles_that_are_not_the_official_files_are_not_read(tmp_path):
+    """A pickle runs code when read: files whose SHA-256 is not the official one's are
+    refused before PyG (or the loader's own diagnosis) reads them."""
+    raw = write_tiny_planetoid(tmp_path / "src")
+    ran = tmp_path / "ran"
+
+    class Planted:
+        def __reduce__(self):
+            return (Path.touch, (ran,))
+
+    (raw / "ind.cora.x").write_bytes(pickle.dumps(Planted(), protocol=2))
+    with pytest.raises(CorruptFileError, match=r"ind\.cora\.x: its SHA-256 differs .* not read"):
+        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+    assert not ran.exists()
+    assert not any((tmp_path / "data" / "Cora" / "processed").glob("*.pt"))
 
 
 def test_raw_files_that_read_but_do_not_fit_name_the_folder(tmp_path):
@@ -157,6 +179,7 @@ def test_raw_files_that_read_but_do_not_fit_name_the_folder(tmp_path):
     raw folder (a bare IndexError from inside PyG before), with PyG's error as its cause."""
     raw = write_tiny_planetoid(tmp_path / "src")
     (raw / "ind.cora.test.index").write_text("99999\n")
+    trust_planetoid(raw)
     with pytest.raises(CorruptFileError, match="could not build Cora from these raw files") as info:
         hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
     assert str(tmp_path / "data" / "Cora" / "raw") in str(info.value)
@@ -167,7 +190,8 @@ def test_raw_files_that_read_but_do_not_fit_name_the_folder(tmp_path):
 @pytest.mark.parametrize(
     "edit, problem",
     [
-        ("edge", "the graph has node ids up to 1000000 for 560 nodes"),
+        ("edge", r"the graph has node ids 0\.\.1000000 for 560 nodes"),
+        ("negative-edge", r"the graph has node ids -1\.\.559 for 560 nodes"),
         ("no-test", "ind.cora.test.index lists no test node"),
         ("negative-test", r"ind.cora.test.index holds a negative node id \(-3\)"),
     ],
@@ -176,13 +200,17 @@ def test_raw_files_that_build_but_are_no_graph_are_refused(tmp_path, edit, probl
     """(They loaded: an edge to a node that does not exist, no test node, or a negative test
     id that PyG wraps to the last nodes.)"""
     raw = write_tiny_planetoid(tmp_path / "src")
-    if edit == "edge":
+    if edit.endswith("edge"):
         graph = pickle.loads((raw / "ind.cora.graph").read_bytes())
-        graph[0] = [1_000_000]
+        if edit == "edge":
+            graph[0] = [1_000_000]
+        else:
+            graph[-1], graph[5] = [5], [*graph[5], -1]
         (raw / "ind.cora.graph").write_bytes(pickle.dumps(graph, protocol=2))
     else:
         ids = [] if edit == "no-test" else [-3, *range(541, 560)]
         (raw / "ind.cora.test.index").write_text("".join(f"{i}\n" for i in ids))
+    trust_planetoid(raw)  # (as if these were the official files)
     with pytest.raises(CorruptFileError, match=f"read but do not fit together: {problem}"):
         hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
 

@@ -206,7 +206,7 @@ def test_offline_switch_and_preplaced_files_make_no_request(
 
 
 def test_planetoid_downloads_pyg_files_with_checksums(online, monkeypatch, server, tmp_path):
-    write_tiny_planetoid(server.folder / "planetoid")
+    write_tiny_planetoid(server.folder / "planetoid", trusted=False)
     monkeypatch.setattr(hp.Planetoid, "url", f"{server.url}/planetoid")
     # the tiny synthetic files are not the official ones: the pinned checksums reject them
     with pytest.raises(DownloadError, match="expected 23cfa55d"):
