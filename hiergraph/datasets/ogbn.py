@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import shutil
 import tempfile
 import zipfile
@@ -34,7 +35,7 @@ from torch_geometric.data import Data
 
 from hiergraph.datasets.download import (
     CorruptFileError,
-    DownloadError,  # noqa: F401 - raised by load_ogbn, caught as ogbn.DownloadError
+    DownloadError,
     RemoteFile,
     atomic_path,
     data_root,
@@ -42,7 +43,7 @@ from hiergraph.datasets.download import (
     file_lock,
     locate_raw,
 )
-from hiergraph.datasets.processed import SAFE_CLASSES, CheckedRecords
+from hiergraph.datasets.processed import CheckedRecords, weights_only_loads
 
 OGBN_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
 #: Largest OGB zip downloaded automatically, in bytes (ogbn-arxiv is 81 MB,
@@ -131,15 +132,32 @@ def load_ogbn(
         raise ValueError(f"name must be one of {OGBN_DATASETS} (multi-class), got {name!r}")
     folder = ogbn_dir(name, root)
     dataset_cls, evaluator_cls = _require_ogb()
-    with file_lock(folder / "processed"):  # one process downloads and processes
-        dataset = _open_ogbn(name, folder, dataset_cls)
-    data = dataset[0]
-    split = dataset.get_idx_split()
+    with _read_by_ogb(folder):
+        with file_lock(folder / "processed"):  # one process downloads and processes
+            dataset = _open_ogbn(name, folder, dataset_cls)
+        data = dataset[0]
+        split = dataset.get_idx_split()
     out = Data(x=data.x, edge_index=data.edge_index, y=data.y.view(-1), num_nodes=data.num_nodes)
+    _check_labels(out.y, dataset.num_classes, folder)
+    taken = torch.zeros(data.num_nodes, dtype=torch.bool)  # by the splits before
     for key, part in (("train_mask", "train"), ("val_mask", "valid"), ("test_mask", "test")):
+        ids = split[part]
+        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < data.num_nodes:
+            raise CorruptFileError(
+                folder / "split",
+                f"{folder / 'split'}: the {part} split holds node ids "
+                f"{int(ids.min())}..{int(ids.max())} for {data.num_nodes} nodes; delete "
+                f"{folder} to download it again",
+            )
         mask = torch.zeros(data.num_nodes, dtype=torch.bool)
-        mask[split[part]] = True
-        out[key] = mask
+        mask[ids] = True
+        if bool((taken & mask).any()):
+            raise CorruptFileError(
+                folder / "split",
+                f"{folder / 'split'}: the {part} split shares nodes with another split; "
+                f"delete {folder} to download it again",
+            )
+        out[key], taken = mask, taken | mask
     evaluator = evaluator_cls(name)
 
     def metric(pred: Tensor, mask: Tensor) -> float:
@@ -151,6 +169,36 @@ def load_ogbn(
         return float(result[evaluator.eval_metric])
 
     return out, metric
+
+
+@contextlib.contextmanager
+def _read_by_ogb(folder: Path):
+    """``ogb`` reads ``folder`` inside: its ``torch.load`` calls with ``weights_only=True``
+    only (:func:`~hiergraph.datasets.processed.weights_only_loads`; PyTorch before 2.6
+    would unpickle whatever its processed and split files hold), and a file it cannot read
+    (truncated, damaged, holding code) raises a
+    :class:`~hiergraph.datasets.download.CorruptFileError` naming the folder."""
+    try:
+        with weights_only_loads():
+            yield
+    except (FileNotFoundError, CorruptFileError, DownloadError):  # they say what is wrong
+        raise
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as err:
+        raise CorruptFileError(
+            folder,
+            f"{folder}: ogb could not read it ({type(err).__name__}: {err}); a file in it is "
+            "truncated, damaged or not OGB's: delete the folder to download it again",
+        ) from err
+
+
+def _check_labels(y: Tensor, classes: int, folder: Path) -> None:
+    """Refuse labels outside ``[0, classes)`` (a damaged ``raw/node-label.csv.gz``)."""
+    if y.numel() and not 0 <= int(y.min()) <= int(y.max()) < classes:
+        raise CorruptFileError(
+            folder,
+            f"{folder}: labels span {int(y.min())}..{int(y.max())} for {classes} classes; "
+            "delete the folder to download it again",
+        )
 
 
 def _open_ogbn(name: str, folder: Path, dataset_cls):
@@ -175,6 +223,12 @@ def _open_ogbn(name: str, folder: Path, dataset_cls):
         raw_dir_argument=False,
         data_folder=folder.name,
     )
+    legacy = folder.with_name(f"{folder.name}_pyg")
+    if legacy.exists():  # ogb would read that folder instead (an older layout of its own)
+        raise FileNotFoundError(
+            f"{legacy} exists: ogb reads {name} from it instead of {folder}; move it away "
+            f"(or delete it) to load {folder}"
+        )
     release = folder / f"RELEASE_v{_ogb_version(name)}.txt"
     if not release.is_file():  # ogb would ask on stdin, and rmtree the folder on 'y'
         raise FileNotFoundError(
@@ -209,5 +263,4 @@ def _open_ogbn(name: str, folder: Path, dataset_cls):
                     "download it again"
                 )
 
-    with torch.serialization.safe_globals(SAFE_CLASSES):  # ogb's torch.load of a PyG Data
-        return NoPromptDataset(name, root=str(folder.parent))
+    return NoPromptDataset(name, root=str(folder.parent))

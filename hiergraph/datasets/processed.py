@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -90,6 +90,32 @@ def load_weights_only(
             f"{path} is not {what}; {type(err).__name__}: {err}); delete it (or pass "
             f"force_reload=True) to rebuild {rebuilds}",
         ) from err
+
+
+#: PyTorch's switches that force ``torch.load`` to read with, or without, ``weights_only``.
+_FORCE, _FORCE_NOT = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+
+
+@contextmanager
+def weights_only_loads(allow: Sequence[type] = SAFE_CLASSES) -> Iterator[None]:
+    """Every ``torch.load`` inside reads with ``weights_only=True`` (the classes ``allow``
+    allow-listed), whatever its caller passes and whatever the PyTorch version's default
+    (``weights_only=False`` before 2.6): for third-party code that reads files of a user
+    folder (``ogb``'s datasets). Sets PyTorch's ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` (and
+    clears ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``) while it runs: not for threads that load
+    other files meanwhile."""
+    saved = {key: os.environ.get(key) for key in (_FORCE, _FORCE_NOT)}
+    os.environ[_FORCE] = "1"
+    os.environ.pop(_FORCE_NOT, None)
+    try:
+        with torch.serialization.safe_globals(list(allow)):
+            yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class CheckedRecords:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import os
 import sys
 
 import numpy as np
@@ -158,3 +159,74 @@ def test_replaced_pre_processing_record_is_refused(tmp_path):
     with pytest.raises(CorruptFileError, match="record of a pre-processing step"):
         load_ogbn("ogbn-arxiv", root=tmp_path)
     assert not marker.exists()
+
+
+@needs_ogb
+@pytest.mark.parametrize(
+    "file", ["split/time/split_dict.pt", "processed/geometric_data_processed.pt"]
+)
+def test_ogb_reads_its_files_weights_only_whatever_the_torch_default(tmp_path, monkeypatch, file):
+    """ogb calls ``torch.load`` without ``weights_only``: before PyTorch 2.6 (emulated by
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``) that unpickled whatever a planted file held."""
+    from hiergraph.datasets.download import CorruptFileError
+    from tests.datasets.test_processed import _Payload
+
+    write_tiny_arxiv(tmp_path)
+    load_ogbn("ogbn-arxiv", root=tmp_path)  # processes the raw files, saves the split
+    marker = tmp_path / "ran"
+    torch.save(_Payload(marker), ogbn_dir("ogbn-arxiv", tmp_path) / file)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(CorruptFileError, match="ogb could not read it"):
+        load_ogbn("ogbn-arxiv", root=tmp_path)
+    assert not marker.exists()
+    assert os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1"  # restored
+    assert "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
+
+
+@needs_ogb
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        ("negative", r"the train split holds node ids -1\.\.5 for 12 nodes"),
+        ("past", r"the test split holds node ids 9\.\.5000 for 12 nodes"),
+        ("overlap", "the valid split shares nodes with another split"),
+        ("label", r"labels span 0\.\.99 for 40 classes"),
+        ("truncated", "ogb could not read it"),
+    ],
+)
+def test_damaged_files_are_refused_by_name(tmp_path, edit, match):
+    """(A negative id marked the last node as training, an overlap leaked nodes between
+    splits, labels out of range loaded, a truncated file raised a bare EOFError.)"""
+    from hiergraph.datasets.download import CorruptFileError
+
+    labels, split = write_tiny_arxiv(tmp_path)
+    folder = ogbn_dir("ogbn-arxiv", tmp_path)
+    if edit == "negative":
+        _write_csv(
+            folder / "split" / "time" / "train.csv.gz", np.array([-1, 1, 2, 3, 4, 5])[:, None]
+        )
+    elif edit == "past":
+        _write_csv(folder / "split" / "time" / "test.csv.gz", np.array([9, 10, 5000])[:, None])
+    elif edit == "overlap":
+        _write_csv(folder / "split" / "time" / "valid.csv.gz", np.array([5, 6, 7])[:, None])
+    elif edit == "label":
+        labels[3] = 99
+        _write_csv(folder / "raw" / "node-label.csv.gz", labels.numpy()[:, None])
+    else:
+        path = folder / "raw" / "edge.csv.gz"
+        path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(CorruptFileError, match=match):
+        load_ogbn("ogbn-arxiv", root=tmp_path)
+
+
+@needs_ogb
+def test_a_folder_ogb_would_read_instead_is_refused(tmp_path, monkeypatch):
+    """ogb prefers ``<name>_pyg`` when it exists: it then asked on stdin whether to delete
+    that folder (and deleted it on 'y')."""
+    monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("asked on stdin"))
+    write_tiny_arxiv(tmp_path)
+    keep = ogbn_dir("ogbn-arxiv", tmp_path).with_name("ogbn_arxiv_pyg") / "keep"
+    keep.mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="ogbn_arxiv_pyg exists: ogb reads ogbn-arxiv"):
+        load_ogbn("ogbn-arxiv", root=tmp_path)
+    assert keep.exists()
