@@ -69,6 +69,7 @@ class GoogleEmoji(MultimodalRecordDataset):
         except (
             json.JSONDecodeError,
             UnicodeDecodeError,
+            RecursionError,  # (arrays nested deeper than Python's stack)
             KeyError,
             TypeError,
             AttributeError,

@@ -180,7 +180,7 @@ class StrictLoad(CheckedRecords):
             classes = meta["classes"]
             if not isinstance(classes, list) or not classes:
                 raise ValueError(f"'classes' must be a non-empty list, got {classes!r}")
-        except (OSError, ValueError) as err:  # (a JSONDecodeError is a ValueError)
+        except (OSError, ValueError, RecursionError) as err:  # (JSONDecodeError: a ValueError)
             raise CorruptFileError(
                 path,
                 f"{path}: cannot load this processed {type(self).__name__} cache file "

@@ -198,13 +198,15 @@ def _archive_files(source: Path, keep, max_bytes: int, what: str):
 
 def decode(content: bytes) -> str:
     """UTF-8 text, UTF-16 text that starts with its byte-order mark, else Latin-1 (20
-    Newsgroups and BBC have Latin-1 files)."""
-    if content.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return content.decode("utf-16")
-    try:
-        return content.decode("utf-8")
-    except UnicodeDecodeError:
-        return content.decode("latin-1")
+    Newsgroups and BBC have Latin-1 files; any bytes read as Latin-1, those of a damaged
+    UTF-16 file too)."""
+    bom = content.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+    for encoding in ("utf-16", "utf-8") if bom else ("utf-8",):
+        try:
+            return content.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+    return content.decode("latin-1")
 
 
 def stratified_split(

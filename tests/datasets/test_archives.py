@@ -297,3 +297,7 @@ def test_utf16_with_its_byte_order_mark_is_decoded():
     for encoding, bom in boms.items():  # ("utf-16" writes its own mark)
         assert decode(bom + text.encode(encoding)) == text
     assert decode(text.encode("utf-8")) == text and decode("café".encode("latin-1")) == "café"
+    # a byte-order mark over bytes that are not UTF-16 (an odd length, a lone surrogate):
+    # read as Latin-1, as other undecodable text (a bare UnicodeDecodeError before)
+    for damaged in (codecs.BOM_UTF16_LE + b"a\x00b", codecs.BOM_UTF16_LE + b"\x00\xd8a\x00"):
+        assert decode(damaged) == damaged.decode("latin-1")

@@ -181,7 +181,11 @@ def test_malformed_index_entries_name_the_index(fake_package, edit):
     assert info.value.path == fake_package / "emoji.json"
 
 
-@pytest.mark.parametrize("content", [b"{}", b"", b'[{"name": "caf\xe9"}]'], ids=str)
+@pytest.mark.parametrize(
+    "content",
+    [b"{}", b"", b'[{"name": "caf\xe9"}]', b"[" * 100_000 + b"]" * 100_000],
+    ids=["object", "empty", "latin-1", "nested past the stack"],
+)
 def test_an_index_that_is_not_a_json_list_names_the_index(fake_package, content):
     (fake_package / "emoji.json").write_bytes(content)
     with pytest.raises(CorruptFileError, match=r"emoji\.json: not the emoji-data index"):
