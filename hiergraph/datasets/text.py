@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import hashlib
 import json
 import lzma
 import os
@@ -207,6 +208,31 @@ def decode(content: bytes) -> str:
         except UnicodeDecodeError:
             continue
     return content.decode("latin-1")
+
+
+class FirstCopies:
+    """Keeps the first copy of each document of a corpus, by key (its split, class and id):
+    a corpus that holds a folder twice (a copy under another name, ``train/`` beside
+    ``val/`` with the same files, an alias of a class) reads each document once, for a copy
+    in the training and one in the validation part would leak. Two copies that differ are
+    refused."""
+
+    def __init__(self, source: Path):
+        self.source, self.seen = source, {}  # key -> (path, digest of its text)
+
+    def first(self, key: tuple, path: str, text: str, what: str) -> bool:
+        """Whether ``path`` holds the first copy of document ``key`` (``what``, for the
+        error: e.g. "article 002 of 'sport'")."""
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+        if key not in self.seen:
+            self.seen[key] = path, digest
+            return True
+        if self.seen[key][1] != digest:
+            raise ValueError(
+                f"{self.source}: {path} and {self.seen[key][0]} are both {what} but differ; "
+                "keep one copy of the corpus"
+            )
+        return False
 
 
 def stratified_split(

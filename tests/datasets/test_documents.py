@@ -301,3 +301,23 @@ def test_real_imdb_splits():
     docs = IMDB.read_raw(IMDB.__new__(IMDB), Path(REAL_RAW) / "aclImdb_50k.tar.gz")
     assert {s: len(d) for s, d in docs.items()} == {"train": 22500, "val": 2500, "test": 25000}
     assert sum(y for _, y in docs["val"]) == 1250 and sum(y for _, y in docs["test"]) == 12500
+
+
+def test_imdb_and_20ng_read_each_document_once(tmp_path):
+    """An archive holding a folder twice (both layouts of IMDB, a copy of 20 Newsgroups'
+    training folder) read every copy: the same document landed in training and validation."""
+    imdb = imdb_files() | {f"aclImdb/{k}": v for k, v in imdb_files().items()}
+    groups = {f"20news-bydate-{s}/sci.space/{i}": f"Subject: {s} {i}\n\nbody {i}"
+              for s in ("train", "test") for i in range(1, 21)}  # fmt: skip
+    copied = groups | {f"copy/{k}": v for k, v in groups.items() if "train" in k}
+    for cls, files, total in ((IMDB, imdb, 28), (TwentyNewsgroups, copied, 40)):
+        reader = cls.__new__(cls)
+        reader.seed = 0
+        parts = reader.read_raw(write_dir(tmp_path / cls.name, files))
+        texts = [text for part in parts.values() for text, _ in part]
+        assert len(texts) == len(set(texts)) == total, cls.name
+    imdb["aclImdb/train/pos/3_7.txt"] = "another review"
+    reader = IMDB.__new__(IMDB)
+    reader.seed = 0
+    with pytest.raises(ValueError, match="are both train review pos/3 but differ"):
+        reader.read_raw(write_dir(tmp_path / "changed", imdb))
