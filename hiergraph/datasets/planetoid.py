@@ -44,7 +44,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch_geometric.data import Data
 from torch_geometric.datasets import PPI, Planetoid
+from torch_geometric.utils import remove_self_loops
 
 from hiergraph.datasets.download import (
     DATA_ENV,
@@ -423,7 +426,35 @@ class _Planetoid(StrictLoad, Planetoid):
 
 
 class _PPI(StrictLoad, PPI):
-    """PyG's ``PPI`` whose processed caches are read with ``weights_only=True`` only."""
+    """PyG's ``PPI`` whose processed caches are read with ``weights_only=True`` only, and
+    whose graphs number their nodes from their own first node."""
+
+    def process(self) -> None:
+        """PyG's ``PPI.process``, but a graph's edges are renumbered from the graph's first
+        node (its smallest id in ``graph_id.npy``), not from the smallest id that has an
+        edge: a graph whose first node has none had every edge moved onto other nodes."""
+        import networkx as nx
+        from networkx.readwrite import json_graph
+
+        raw = Path(self.raw_dir)
+        for split, path in zip(_PPI_SPLITS, self.processed_paths, strict=True):
+            links = json.loads((raw / f"{split}_graph.json").read_text())
+            graph = nx.DiGraph(json_graph.node_link_graph(links, edges="links"))
+            x = torch.from_numpy(np.load(raw / f"{split}_feats.npy")).float()
+            y = torch.from_numpy(np.load(raw / f"{split}_labels.npy")).float()
+            graph_id = torch.from_numpy(np.load(raw / f"{split}_graph_id.npy")).long()
+            graph_id = graph_id - graph_id.min()
+            data_list = []
+            for i in range(int(graph_id.max()) + 1):
+                nodes = (graph_id == i).nonzero().view(-1)
+                edges = list(graph.subgraph(nodes.tolist()).edges)
+                edge_index = torch.tensor(edges, dtype=torch.long).view(-1, 2).t()
+                edge_index, _ = remove_self_loops(edge_index - nodes.min())
+                data = Data(edge_index=edge_index, x=x[nodes], y=y[nodes])
+                if self.pre_filter is not None and not self.pre_filter(data):
+                    continue
+                data_list.append(data if self.pre_transform is None else self.pre_transform(data))
+            self.save(data_list, path)
 
 
 def write_synthetic_ppi(

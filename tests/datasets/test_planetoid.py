@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from hiergraph.datasets import planetoid as hp
 from tests.conftest import needs_planetoid, planetoid_raw
@@ -58,6 +60,27 @@ def test_synthetic_ppi_layout_and_loading(no_env, no_network, synthetic_ppi_raw,
     assert data.x.shape == (30, 50) and data.y.shape == (30, 121)
     assert int(data.edge_index.max()) == 29 and data.is_undirected()
     assert (tmp_path / "PPI" / "raw" / "train_graph.json").is_symlink()
+
+
+def test_ppi_graphs_number_their_nodes_from_their_first_node(no_env, no_network, tmp_path):
+    """**Synthetic** PPI files. As PyG's ``PPI`` where every graph's first node has an edge;
+    where it has none, the edges stay on their nodes (PyG renumbered them from the smallest
+    id with an edge: every edge moved onto other nodes)."""
+    raw = hp.write_synthetic_ppi(tmp_path / "src", graphs=(2, 1, 1), nodes_per_graph=8)
+    ours = hp.load_ppi(root=tmp_path / "ours", raw_dir=raw)
+    shutil.copytree(raw, tmp_path / "pyg" / "raw")
+    pyg = [hp.PPI(str(tmp_path / "pyg"), split=s) for s in ("train", "val", "test")]
+    for split_ours, split_pyg in zip(ours, pyg, strict=True):
+        for a, b in zip(split_ours, split_pyg, strict=True):
+            assert torch.equal(a.edge_index, b.edge_index) and torch.equal(a.x, b.x)
+    links = json.loads((raw / "train_graph.json").read_text())
+    links["links"] = [e for e in links["links"] if 0 not in (e["source"], e["target"])]
+    (raw / "train_graph.json").write_text(json.dumps(links))
+    first = hp.load_ppi(root=tmp_path / "isolated", raw_dir=raw)[0][0]
+    pairs = [(e["source"], e["target"]) for e in links["links"] if e["source"] < 8]
+    expected = {*pairs, *((b, a) for a, b in pairs)}  # (an undirected node-link graph)
+    got = {tuple(edge) for edge in first.edge_index.t().tolist()}
+    assert got == expected and 0 not in first.edge_index
 
 
 def test_raw_env_links_from_a_read_only_collection(no_env, no_network, monkeypatch, tmp_path):
