@@ -154,6 +154,7 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
 
     name: str = ""
     text_fields: tuple[str, ...] = ()
+    cache_keys = ("image", "y")
     raw_env: str = ""
     default_raw_dir: str | None = None
     how_to_get: str = ""
@@ -204,6 +205,7 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
         self.load(self.processed_paths[SPLITS.index(split)])
         self.meta = self.load_meta(self.processed_paths[-1], ("classes", "splits"))
         self.classes = tuple(self.meta["classes"])
+        self.check_labels(self.processed_paths[SPLITS.index(split)], len(self.classes))
 
     # ------------------------------------------------------------ PyG hooks
     @property

@@ -424,10 +424,14 @@ def load_ppi(
 class _Planetoid(StrictLoad, Planetoid):
     """PyG's ``Planetoid`` whose processed cache is read with ``weights_only=True`` only."""
 
+    cache_keys = ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask")
+
 
 class _PPI(StrictLoad, PPI):
     """PyG's ``PPI`` whose processed caches are read with ``weights_only=True`` only, and
     whose graphs number their nodes from their own first node."""
+
+    cache_keys = ("x", "edge_index", "y")
 
     def process(self) -> None:
         """PyG's ``PPI.process``, but a graph's edges are renumbered from the graph's first

@@ -132,8 +132,13 @@ class StrictLoad(CheckedRecords):
     the pre-processing records are checked before PyG reads them (:func:`check_records`),
     and :meth:`save` writes the cache file atomically.
 
-    Put it before the dataset base class: ``class MyDataset(StrictLoad, InMemoryDataset)``.
+    Put it before the dataset base class: ``class MyDataset(StrictLoad, InMemoryDataset)``;
+    name the tensors every stored example has in :attr:`cache_keys`.
     """
+
+    #: The tensors every example of the cache holds: :meth:`load` refuses a cache that
+    #: lacks one, or whose slices of one do not cut its rows into the examples.
+    cache_keys: tuple[str, ...] = ()
 
     @classmethod
     def save(cls, data_list: Sequence, path: str | os.PathLike) -> None:
@@ -164,6 +169,47 @@ class StrictLoad(CheckedRecords):
         data, self.slices = out[:2]
         data_cls = out[2] if len(out) == 3 else data_cls
         self.data = data_cls.from_dict(data) if isinstance(data, dict) else data
+        for key in self.cache_keys:
+            problem = self._cache_key_problem(key)
+            if problem is not None:
+                raise CorruptFileError(
+                    path,
+                    f"{path}: {problem}; the cache is damaged or from another version: delete "
+                    "it (or pass force_reload=True) to rebuild it from the raw files",
+                )
+
+    def _cache_key_problem(self, key: str) -> str | None:
+        """What is wrong with the stored ``key`` (``None``: nothing): it must be a tensor,
+        and its slices (if any) cut it along the dimension PyG concatenates it in (rows;
+        columns of ``edge_index``) from 0 to the end, in order."""
+        value = self._data[key] if key in self._data else None
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            return f"it holds no tensor {key!r} of examples"
+        if self.slices is None:
+            return None
+        size = value.size(self._data.__cat_dim__(key, value))
+        cuts = self.slices.get(key)
+        if (
+            not isinstance(cuts, torch.Tensor)
+            or cuts.dim() != 1
+            or cuts.numel() < 2
+            or int(cuts[0]) != 0
+            or int(cuts[-1]) != size
+            or bool((cuts.diff() < 0).any())
+        ):
+            return f"its slices of {key!r} do not cut its {size} stored entries in order"
+        return None
+
+    def check_labels(self, path: str, classes: int) -> None:
+        """Refuse a cache (``path``) whose labels ``y`` are not class ids ``0 … classes - 1``
+        (the classes its metadata names)."""
+        y = self._data["y"]
+        if y.numel() and not 0 <= int(y.min()) <= int(y.max()) < classes:
+            raise CorruptFileError(
+                path,
+                f"{path}: its labels span {int(y.min())}..{int(y.max())} for {classes} classes; "
+                "the cache is damaged: delete it (or pass force_reload=True) to rebuild it",
+            )
 
     def load_meta(self, path: str, keys: Sequence[str]) -> dict:
         """The JSON object the cache keeps beside its splits (class names and the like),

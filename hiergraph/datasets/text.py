@@ -313,6 +313,8 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
     #: Largest raw file read (bytes); see :data:`MAX_MEMBER_BYTES`.
     max_member_bytes: int = MAX_MEMBER_BYTES
 
+    cache_keys = ("x", "sentence_lengths", "paragraph_sizes", "y")
+
     def __init__(
         self,
         root: str | os.PathLike | None = None,
@@ -356,6 +358,7 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
         path = self.processed_paths[SPLITS.index(split)]
         self.load(path)  # StrictLoad: a damaged cache raises CorruptFileError naming it
         self.meta = self.load_meta(self.processed_paths[-1], ("classes", "tokenizer", "empty"))
+        self.check_labels(path, len(self.meta["classes"]))
 
     # ------------------------------------------------------------ PyG hooks
     @property

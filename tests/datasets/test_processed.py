@@ -82,3 +82,48 @@ def test_replaced_pre_processing_record_is_refused(no_env, tmp_path, record):
     assert info.value.path == path and not marker.exists()
     path.unlink()  # as the message says: deleting it lets the dataset load again
     assert torch.equal(hp.load_planetoid("Cora", root=root, raw_dir=raw)[0].x, first[0].x)
+
+
+def _edit_cache(path: Path, edit) -> None:
+    """Rewrite the PyG cache at ``path`` with ``edit(data: dict, slices: dict | None)``."""
+    from hiergraph.datasets.processed import SAFE_CLASSES
+
+    with torch.serialization.safe_globals(SAFE_CLASSES):
+        data, slices, *rest = torch.load(path, weights_only=True)
+    edit(data, slices)
+    torch.save((data, slices, *rest), path)
+
+
+def _imdb(root, raw):
+    from hiergraph.datasets.imdb import IMDB
+
+    return IMDB(root, tokenizer="simple", raw_dir=raw)
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda d, s: d.pop("sentence_lengths"), "it holds no tensor 'sentence_lengths'"),
+        (lambda d, s: s["x"].__setitem__(-1, 5), "its slices of 'x' do not cut its"),
+        (lambda d, s: d["y"].__setitem__(0, 99), r"its labels span 0\.\.99 for 2 classes"),
+    ],
+    ids=["missing field", "slices", "label"],
+)
+def test_caches_with_missing_fields_bad_slices_or_labels_are_refused(tmp_path, edit, match):
+    """(They loaded: a bare KeyError or RuntimeError on first access, or a label past the
+    classes.)"""
+    from tests.datasets.fixtures import imdb_files, write_tar
+
+    write_tar(tmp_path / "aclImdb_v1.tar.gz", imdb_files())
+    dataset = _imdb(tmp_path / "imdb", tmp_path)
+    _edit_cache(Path(dataset.processed_paths[0]), edit)
+    with pytest.raises(CorruptFileError, match=match):
+        _imdb(tmp_path / "imdb", tmp_path)
+
+
+def test_planetoid_cache_without_features_is_refused(no_env, tmp_path):
+    raw = write_tiny_planetoid(tmp_path / "source" / "raw")
+    first = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+    _edit_cache(Path(first.processed_paths[0]), lambda d, s: d.pop("x"))
+    with pytest.raises(CorruptFileError, match="it holds no tensor 'x'"):
+        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
