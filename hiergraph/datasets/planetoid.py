@@ -287,12 +287,17 @@ def _explain_failures(name: str, root: Path, files: list[str], read, what):
     damaged raw or processed file, when one is found."""
     processed = root / name / "processed"
     cached = (processed / "data.pt").exists() or any(processed.glob("*.pt"))
+    raw = root / name / "raw"
     try:
         yield
     except CorruptFileError:  # already names the file (a processed cache, StrictLoad)
         raise
     except Exception as err:
-        bad = _diagnose(root / name / "raw", files, read, what)
+        if isinstance(err, OSError) and err.filename is not None:
+            place = Path(os.path.abspath(err.filename))
+            if not place.is_relative_to(raw.absolute()):  # no raw file's fault: as it is
+                raise  # (no permission to write the processed folder, a full disk)
+        bad = _diagnose(raw, files, read, what)
         if bad is None and cached:
             bad = CorruptFileError(
                 processed,
@@ -301,7 +306,6 @@ def _explain_failures(name: str, root: Path, files: list[str], read, what):
                 "to rebuild it.",
             )
         if bad is None and not isinstance(err, MemoryError):  # built from the raw files
-            raw = root / name / "raw"
             bad = CorruptFileError(
                 raw,
                 f"{raw}: PyG could not build {name} from these raw files "
@@ -329,6 +333,7 @@ def load_planetoid(
     raw_dir: str | os.PathLike | None = None,
     split: str = "public",
     transform: Callable | None = None,
+    force_reload: bool = False,
 ) -> Planetoid:
     """PyG's ``Planetoid(root, name, split)``, from pre-placed or downloaded raw files.
 
@@ -339,6 +344,7 @@ def load_planetoid(
         split: Planetoid split, one of :data:`PLANETOID_SPLITS` (``"public"`` is the
             Kipf & Welling split).
         transform: e.g. ``torch_geometric.transforms.NormalizeFeatures()``.
+        force_reload: rebuild the processed cache from the raw files.
     """
     if not isinstance(name, str) or name.lower() not in ("cora", "citeseer", "pubmed"):
         raise ValueError(f"name must be Cora, CiteSeer or PubMed, got {name!r}")
@@ -359,12 +365,14 @@ def load_planetoid(
                 return "a numpy .npz archive of split masks"
             return _PLANETOID_KINDS[f.removeprefix(f"ind.{name.lower()}.")]
 
-        if not (base / name / "processed" / "data.pt").exists():  # PyG reads the raw files
-            unofficial = _unofficial(base / name / "raw", files)
+        if force_reload or not (base / name / "processed" / "data.pt").exists():
+            unofficial = _unofficial(base / name / "raw", files)  # (PyG reads the raw files)
             if unofficial is not None:
                 raise unofficial
         with _explain_failures(name, base, files, _read_planetoid_file, what):
-            dataset = _Planetoid(str(base), name, split=split, transform=transform)
+            dataset = _Planetoid(
+                str(base), name, split=split, transform=transform, force_reload=force_reload
+            )
         _check_fits(dataset, name, base)
         return dataset
 
@@ -398,6 +406,7 @@ def load_ppi(
     root: str | os.PathLike | None = None,
     raw_dir: str | os.PathLike | None = None,
     transform: Callable | None = None,
+    force_reload: bool = False,
 ) -> tuple[PPI, PPI, PPI]:
     """PyG's ``PPI`` train/val/test splits (20/2/2 graphs), from pre-placed or downloaded
     raw files.
@@ -415,9 +424,10 @@ def load_ppi(
             return "a numpy .npy array"
 
         with _explain_failures("PPI", base, ppi_raw_files(), _read_ppi_file, what):
+            reload = (force_reload, False, False)  # (the first builds all three caches)
             return tuple(
-                _PPI(str(base / "PPI"), split=s, transform=transform)
-                for s in ("train", "val", "test")
+                _PPI(str(base / "PPI"), split=s, transform=transform, force_reload=again)
+                for s, again in zip(("train", "val", "test"), reload, strict=True)
             )
 
 

@@ -127,3 +127,33 @@ def test_planetoid_cache_without_features_is_refused(no_env, tmp_path):
     _edit_cache(Path(first.processed_paths[0]), lambda d, s: d.pop("x"))
     with pytest.raises(CorruptFileError, match="it holds no tensor 'x'"):
         hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+
+
+def test_a_damaged_planetoid_cache_is_rebuilt_with_force_reload(no_env, tmp_path):
+    """(The error said to pass force_reload=True, which the loaders did not take.)"""
+    raw = write_tiny_planetoid(tmp_path / "source" / "raw")
+    first = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+    Path(first.processed_paths[0]).write_bytes(b"damaged")
+    with pytest.raises(CorruptFileError, match="force_reload=True"):
+        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+    again = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw, force_reload=True)
+    assert torch.equal(again[0].x, first[0].x)
+    ppi_raw = hp.write_synthetic_ppi(tmp_path / "ppi", graphs=(2, 1, 1), nodes_per_graph=8)
+    train = hp.load_ppi(root=tmp_path / "data", raw_dir=ppi_raw)[0]
+    for path in train.processed_paths:
+        Path(path).write_bytes(b"damaged")
+    assert len(hp.load_ppi(root=tmp_path / "data", raw_dir=ppi_raw, force_reload=True)[2]) == 1
+
+
+def test_a_root_that_cannot_be_written_is_no_damaged_raw_file(no_env, tmp_path, monkeypatch):
+    """(A PermissionError writing the processed folder said the raw files did not fit.)"""
+    raw = write_tiny_planetoid(tmp_path / "source" / "raw")
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(
+            13, "Permission denied", str(tmp_path / "data" / "Cora" / "processed")
+        )
+
+    monkeypatch.setattr(hp._Planetoid, "process", refuse)
+    with pytest.raises(PermissionError, match="Permission denied"):
+        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
