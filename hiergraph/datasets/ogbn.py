@@ -87,6 +87,13 @@ def _download_ogbn(name: str, folder: Path) -> None:
     try:
         try:
             with zipfile.ZipFile(archive) as z:
+                size, free = sum(i.file_size for i in z.infolist()), shutil.disk_usage(unpacked)
+                if size > free.free:  # (zipfile reads no member past its stated size)
+                    raise CorruptFileError(
+                        archive,
+                        f"{archive} (from {meta['url']}) unpacks to {size} bytes, more than "
+                        f"the {free.free} free in {folder.parent}",
+                    )
                 z.extractall(unpacked)  # zipfile drops absolute paths and '..'
         except (zipfile.BadZipFile, EOFError, OSError) as err:
             raise CorruptFileError(

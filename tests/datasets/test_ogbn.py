@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -139,6 +140,11 @@ def test_missing_folder_is_downloaded_from_a_local_server(tmp_path, monkeypatch)
         data, _ = load_ogbn("ogbn-arxiv", root=tmp_path / "data")
         assert torch.equal(data.y, labels) and server.requests == ["/arxiv.zip"]
         assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["ogbn_arxiv"]
+        usage = shutil.disk_usage(tmp_path)
+        monkeypatch.setattr(ogbn.shutil, "disk_usage", lambda p: usage._replace(free=100))
+        with pytest.raises(ogbn.CorruptFileError, match="unpacks to .* more than the 100 free"):
+            load_ogbn("ogbn-arxiv", root=tmp_path / "full")  # (extracted in full before)
+        assert not (tmp_path / "full" / "ogbn_arxiv" / "raw").exists()
         monkeypatch.setattr(ogbn, "MAX_AUTO_DOWNLOAD", 100)  # e.g. ogbn-papers100M
         with pytest.raises(ogbn.DownloadError, match="more than 100"):
             load_ogbn("ogbn-arxiv", root=tmp_path / "big")
