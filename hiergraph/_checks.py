@@ -59,12 +59,15 @@ def as_int(value, what: str) -> int:
     raise TypeError(f"{what} must be an int, got {value!r}")
 
 
-def check_ids(ids: torch.Tensor, count: int, what: str, name: str) -> None:
+def check_ids(
+    ids: torch.Tensor, count: int, what: str, name: str, *, device_assert: bool = True
+) -> None:
     """Raise unless every value of ``ids`` lies in ``[0, count)`` (``name`` the argument
     that set ``count``, ``what`` the kind of id): one host read for CPU ids, a
     ``ValueError`` naming the range found; on an accelerator a device-side assertion (no
-    host synchronisation: ids out of range would otherwise fail deep inside a lookup, or
-    match nothing)."""
+    host synchronisation: ids out of range would otherwise match nothing), unless
+    ``device_assert`` is ``False`` (where the lookup they feed asserts on the device
+    itself, as an embedding's does)."""
     if not ids.numel():
         return
     if reads_values(ids):
@@ -73,6 +76,6 @@ def check_ids(ids: torch.Tensor, count: int, what: str, name: str) -> None:
             raise ValueError(
                 f"{what} ids span {low}..{high}; they must lie in [0, {name} = {count})"
             )
-    else:
+    elif device_assert:
         inside = ((ids >= 0) & (ids < count)).all()
         torch._assert_async(inside, f"{what} ids must lie in [0, {name} = {count})")

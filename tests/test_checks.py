@@ -25,3 +25,6 @@ def test_off_the_cpu_a_device_side_assertion_without_host_reads():
         # (the assertion's CPU kernel raises at once)
         with pytest.raises(RuntimeError, match=r"type ids must lie in \[0, num_types = 4\)"):
             check_ids(torch.tensor([0, 4]), 4, "type", "num_types")
+        with HostSyncRecorder() as rec:  # (an embedding's lookup asserts by itself)
+            check_ids(torch.tensor([0, 4]), 4, "token", "vocab_size", device_assert=False)
+        assert rec.unique_syncs() == []

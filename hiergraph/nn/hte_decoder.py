@@ -349,7 +349,7 @@ class HTEDecoder(nn.Module):
 
     def _embed(self, tokens: Tensor) -> Tensor:
         """The embeddings of token ids ``tokens`` (any shape), refused out of range."""
-        check_ids(tokens, self.embed.num_embeddings, "token", "vocab_size")
+        check_ids(tokens, self.embed.num_embeddings, "token", "vocab_size", device_assert=False)
         return self.embed(tokens)
 
     def _check_sequences(self, sequences: int, caches: list) -> None:

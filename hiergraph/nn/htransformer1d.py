@@ -176,7 +176,7 @@ class HTransformer1D(nn.Module):
                 f"tokens must be an int64 tensor [batch, length], got {tokens.dtype} "
                 f"{tuple(tokens.shape)}"
             )
-        check_ids(tokens, self.embed.num_embeddings, "token", "vocab_size")
+        check_ids(tokens, self.embed.num_embeddings, "token", "vocab_size", device_assert=False)
         x = self.embed(tokens)
         x = x * math.sqrt(x.shape[-1]) + sinusoidal_positions(
             tokens.shape[1], x.shape[-1], x.device, x.dtype

@@ -169,7 +169,7 @@ class FamilyPositionEncoder(nn.Module):
 
     def _keys(self, pos: Tensor) -> Tensor:
         ids = pos[:, 0].long()
-        check_ids(ids, self.keys.num_embeddings, "key", "num_keys")
+        check_ids(ids, self.keys.num_embeddings, "key", "num_keys", device_assert=False)
         return self.keys(ids)
 
     def __repr__(self) -> str:
