@@ -182,7 +182,9 @@ def png_size(path: Path) -> tuple[int, int]:
     with open(path, "rb") as f:
         head = f.read(24)
     if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
-        raise ValueError(f"{path} is not a PNG file")
+        raise CorruptFileError(
+            path, f"{path} is not a PNG file (no PNG header); replace or remove it"
+        )
     return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 

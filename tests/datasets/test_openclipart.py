@@ -119,6 +119,9 @@ def test_decompression_bomb_guard(tmp_path):
 
     Image.new("RGB", (50, 40), "red").save(tmp_path / "a.png")
     assert png_size(tmp_path / "a.png") == (50, 40)
+    (tmp_path / "b.png").write_text("<svg/>")  # (a ValueError that named no kind of damage)
+    with pytest.raises(CorruptFileError, match=r"b\.png is not a PNG file"):
+        png_size(tmp_path / "b.png")
     with pytest.raises(ImageTooLarge, match="declares 50x40"):
         load_image(tmp_path / "a.png", 8, max_pixels=1999)
     img = load_image(tmp_path / "a.png", 8, max_pixels=2000)
