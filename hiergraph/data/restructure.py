@@ -22,8 +22,9 @@ def tree_of_nodes(hierarchy) -> Tensor:
 
     Raises:
         ValueError: if a ``batch`` stored on a single hierarchy numbers its nodes otherwise
-            (checked on the CPU, where reading it is free; elsewhere it is not read): the
-            ops follow the trees, so pooling by it would mix or split them.
+            (on an accelerator, a device-side assertion fails instead: no host
+            synchronisation): the ops follow the trees, so pooling by it would mix or split
+            them.
     """
     if batch_numbers_trees(hierarchy):
         return hierarchy.batch
@@ -37,11 +38,15 @@ def tree_of_nodes(hierarchy) -> Tensor:
     rank[first.argsort()] = torch.arange(trees, device=first.device)
     tree = rank.index_select(0, index.node_tree)
     stored = None if isinstance(hierarchy, Batch) else hierarchy._store.get("batch")
-    if stored is not None and reads_values(stored) and not torch.equal(stored, tree):
-        raise ValueError(
+    if stored is not None:
+        message = (
             f"hierarchy.batch must number its {trees} trees in leaf order (0 for the first), "
             "as the ops do, or be deleted (del hierarchy.batch: it is then derived)"
         )
+        if stored.shape != tree.shape or (reads_values(stored) and not torch.equal(stored, tree)):
+            raise ValueError(message)
+        if not reads_values(stored):  # (a device-side assertion: no host synchronisation)
+            torch._assert_async(stored.eq(tree).all(), message)
     return tree
 
 

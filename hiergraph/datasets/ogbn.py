@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import zipfile
 from collections.abc import Callable
+from gzip import BadGzipFile
 from pathlib import Path
 
 import torch
@@ -35,7 +36,7 @@ from torch_geometric.data import Data
 
 from hiergraph.datasets.download import (
     CorruptFileError,
-    DownloadError,
+    DownloadError,  # noqa: F401 - raised by load_ogbn, caught as ogbn.DownloadError
     RemoteFile,
     atomic_path,
     data_root,
@@ -139,9 +140,9 @@ def load_ogbn(
         raise ValueError(f"name must be one of {OGBN_DATASETS} (multi-class), got {name!r}")
     folder = ogbn_dir(name, root)
     dataset_cls, evaluator_cls = _require_ogb()
+    with file_lock(folder / "processed"):  # one process downloads and processes
+        dataset = _open_ogbn(name, folder, dataset_cls)
     with _read_by_ogb(folder):
-        with file_lock(folder / "processed"):  # one process downloads and processes
-            dataset = _open_ogbn(name, folder, dataset_cls)
         data = dataset[0]
         split = dataset.get_idx_split()
     out = Data(x=data.x, edge_index=data.edge_index, y=data.y.view(-1), num_nodes=data.num_nodes)
@@ -182,15 +183,18 @@ def load_ogbn(
 def _read_by_ogb(folder: Path):
     """``ogb`` reads ``folder`` inside: its ``torch.load`` calls with ``weights_only=True``
     only (:func:`~hiergraph.datasets.processed.weights_only_loads`; PyTorch before 2.6
-    would unpickle whatever its processed and split files hold), and a file it cannot read
+    would unpickle whatever its processed and split files hold), and a file it cannot parse
     (truncated, damaged, holding code) raises a
-    :class:`~hiergraph.datasets.download.CorruptFileError` naming the folder."""
+    :class:`~hiergraph.datasets.download.CorruptFileError` naming the folder; errors of the
+    machine (no permission, a full disk, out of memory) are raised as they are."""
     try:
         with weights_only_loads():
             yield
-    except (FileNotFoundError, CorruptFileError, DownloadError):  # they say what is wrong
+    except CorruptFileError:
         raise
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as err:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, BadGzipFile) as err:
+        if isinstance(err, RuntimeError) and "memory" in str(err).lower():
+            raise  # (out of memory: not the files' fault)
         raise CorruptFileError(
             folder,
             f"{folder}: ogb could not read it ({type(err).__name__}: {err}); a file in it is "
@@ -199,7 +203,10 @@ def _read_by_ogb(folder: Path):
 
 
 def _check_labels(y: Tensor, classes: int, folder: Path) -> None:
-    """Refuse labels outside ``[0, classes)`` (a damaged ``raw/node-label.csv.gz``)."""
+    """Refuse labels outside ``[0, classes)`` (a damaged ``raw/node-label.csv.gz``); NaN
+    marks an unlabelled node (``ogbn-papers100M``'s are mostly unlabelled)."""
+    if y.is_floating_point():
+        y = y[~y.isnan()]
     if y.numel() and not 0 <= int(y.min()) <= int(y.max()) < classes:
         raise CorruptFileError(
             folder,
@@ -210,6 +217,13 @@ def _check_labels(y: Tensor, classes: int, folder: Path) -> None:
 
 def _open_ogbn(name: str, folder: Path, dataset_cls):
     """``ogb``'s dataset for ``name`` in ``folder``, downloaded first when absent."""
+
+    legacy = folder.with_name(f"{folder.name}_pyg")
+    if legacy.exists():  # ogb would read that folder instead (an older layout of its own)
+        raise FileExistsError(
+            f"{legacy} exists: ogb reads {name} from it instead of {folder}; move it away "
+            f"(or delete it) to load {folder}"
+        )
 
     def present(place: Path) -> Path | None:
         has_raw = (place / "raw").is_dir() or any((place / "processed").glob("*.pt"))
@@ -230,12 +244,6 @@ def _open_ogbn(name: str, folder: Path, dataset_cls):
         raw_dir_argument=False,
         data_folder=folder.name,
     )
-    legacy = folder.with_name(f"{folder.name}_pyg")
-    if legacy.exists():  # ogb would read that folder instead (an older layout of its own)
-        raise FileNotFoundError(
-            f"{legacy} exists: ogb reads {name} from it instead of {folder}; move it away "
-            f"(or delete it) to load {folder}"
-        )
     release = folder / f"RELEASE_v{_ogb_version(name)}.txt"
     if not release.is_file():  # ogb would ask on stdin, and rmtree the folder on 'y'
         raise FileNotFoundError(
@@ -270,4 +278,5 @@ def _open_ogbn(name: str, folder: Path, dataset_cls):
                     "download it again"
                 )
 
-    return NoPromptDataset(name, root=str(folder.parent))
+    with _read_by_ogb(folder):
+        return NoPromptDataset(name, root=str(folder.parent))

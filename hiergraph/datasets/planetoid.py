@@ -239,28 +239,31 @@ def _read_ppi_file(path: Path) -> None:
         np.load(path, allow_pickle=False)
 
 
-def _unofficial(raw: Path, files: list[str]) -> CorruptFileError | None:
+def _unofficial(raw: Path, files: list[str], pinned: dict[str, str]) -> CorruptFileError | None:
     """A :class:`CorruptFileError` for the first of ``files`` in ``raw`` whose SHA-256 is
-    pinned (:data:`~hiergraph.datasets.download.PLANETOID_SHA256`) and differs, else
-    ``None``. The Planetoid raw files are pickles, which run code of their choosing when
-    read: only the official files are read."""
+    ``pinned`` (:data:`~hiergraph.datasets.download.PLANETOID_SHA256`, or nothing for files
+    the caller trusts) and differs, else ``None``. The Planetoid raw files are pickles,
+    which run code of their choosing when read: only the official files are read."""
     for f in files:
-        path, known = raw / f, PLANETOID_SHA256.get(f)
+        path, known = raw / f, pinned.get(f)
         if known is not None and path.exists() and sha256_of(path) != known:
             return CorruptFileError(
                 path.resolve(),
                 f"{path.resolve()}: its SHA-256 differs from the official file's, so it is not "
                 "read (the Planetoid raw files are pickles, which can run code when read). It "
                 "is truncated, damaged or another file: put the official file in its place, "
-                "or delete it (it is downloaded again on the next run).",
+                "or delete it (it is downloaded again on the next run); for files of your "
+                "own that you trust, pass trust_raw_files=True.",
             )
     return None
 
 
-def _diagnose(raw: Path, files: list[str], read: Callable[[Path], None], what) -> Exception | None:
+def _diagnose(
+    raw: Path, files: list[str], read: Callable[[Path], None], what, pinned: dict[str, str]
+) -> Exception | None:
     """A :class:`CorruptFileError` for the first raw file that is not the official one
-    (:func:`_unofficial`) or cannot be read, else ``None``."""
-    unofficial = _unofficial(raw, files)
+    (:func:`_unofficial` with the checksums ``pinned``) or cannot be read, else ``None``."""
+    unofficial = _unofficial(raw, files, pinned)
     if unofficial is not None:
         return unofficial
     for f in files:
@@ -282,9 +285,10 @@ def _diagnose(raw: Path, files: list[str], read: Callable[[Path], None], what) -
 
 
 @contextlib.contextmanager
-def _explain_failures(name: str, root: Path, files: list[str], read, what):
+def _explain_failures(name: str, root: Path, files: list[str], read, what, pinned=None):
     """Turn a failure of PyG's dataset class into a :class:`CorruptFileError` naming the
-    damaged raw or processed file, when one is found."""
+    damaged raw or processed file, when one is found (raw files whose checksum is not the
+    one ``pinned`` are not read)."""
     processed = root / name / "processed"
     cached = (processed / "data.pt").exists() or any(processed.glob("*.pt"))
     raw = root / name / "raw"
@@ -295,9 +299,9 @@ def _explain_failures(name: str, root: Path, files: list[str], read, what):
     except Exception as err:
         if isinstance(err, OSError) and err.filename is not None:
             place = Path(os.path.abspath(err.filename))
-            if not place.is_relative_to(raw.absolute()):  # no raw file's fault: as it is
+            if not place.is_relative_to(os.path.abspath(raw)):  # no raw file's fault: as is
                 raise  # (no permission to write the processed folder, a full disk)
-        bad = _diagnose(raw, files, read, what)
+        bad = _diagnose(raw, files, read, what, pinned or {})
         if bad is None and cached:
             bad = CorruptFileError(
                 processed,
@@ -334,6 +338,7 @@ def load_planetoid(
     split: str = "public",
     transform: Callable | None = None,
     force_reload: bool = False,
+    trust_raw_files: bool = False,
 ) -> Planetoid:
     """PyG's ``Planetoid(root, name, split)``, from pre-placed or downloaded raw files.
 
@@ -345,6 +350,10 @@ def load_planetoid(
             Kipf & Welling split).
         transform: e.g. ``torch_geometric.transforms.NormalizeFeatures()``.
         force_reload: rebuild the processed cache from the raw files.
+        trust_raw_files: read raw files whose SHA-256 is not the official one's (your own
+            data in the Planetoid format). They are pickles, which can run code when
+            read: only for files you trust. By default only the official files are read
+            (:data:`~hiergraph.datasets.download.PLANETOID_SHA256`).
     """
     if not isinstance(name, str) or name.lower() not in ("cora", "citeseer", "pubmed"):
         raise ValueError(f"name must be Cora, CiteSeer or PubMed, got {name!r}")
@@ -365,11 +374,12 @@ def load_planetoid(
                 return "a numpy .npz archive of split masks"
             return _PLANETOID_KINDS[f.removeprefix(f"ind.{name.lower()}.")]
 
+        pinned = {} if trust_raw_files else PLANETOID_SHA256
         if force_reload or not (base / name / "processed" / "data.pt").exists():
-            unofficial = _unofficial(base / name / "raw", files)  # (PyG reads the raw files)
+            unofficial = _unofficial(base / name / "raw", files, pinned)  # (PyG reads them)
             if unofficial is not None:
                 raise unofficial
-        with _explain_failures(name, base, files, _read_planetoid_file, what):
+        with _explain_failures(name, base, files, _read_planetoid_file, what, pinned):
             dataset = _Planetoid(
                 str(base), name, split=split, transform=transform, force_reload=force_reload
             )

@@ -169,14 +169,17 @@ class StrictLoad(CheckedRecords):
         data, self.slices = out[:2]
         data_cls = out[2] if len(out) == 3 else data_cls
         self.data = data_cls.from_dict(data) if isinstance(data, dict) else data
-        for key in self.cache_keys:
-            problem = self._cache_key_problem(key)
-            if problem is not None:
-                raise CorruptFileError(
-                    path,
-                    f"{path}: {problem}; the cache is damaged or from another version: delete "
-                    "it (or pass force_reload=True) to rebuild it from the raw files",
-                )
+        problems = [self._cache_key_problem(key) for key in self.cache_keys]
+        if not any(problems) and self.slices is not None:
+            examples = {key: self.slices[key].numel() - 1 for key in self.cache_keys}
+            if len(set(examples.values())) > 1:
+                problems.append(f"its slices cut different numbers of examples ({examples})")
+        for problem in filter(None, problems):
+            raise CorruptFileError(
+                path,
+                f"{path}: {problem}; the cache is damaged or from another version: delete "
+                "it (or pass force_reload=True) to rebuild it from the raw files",
+            )
 
     def _cache_key_problem(self, key: str) -> str | None:
         """What is wrong with the stored ``key`` (``None``: nothing): it must be a tensor,
@@ -187,7 +190,8 @@ class StrictLoad(CheckedRecords):
             return f"it holds no tensor {key!r} of examples"
         if self.slices is None:
             return None
-        size = value.size(self._data.__cat_dim__(key, value))
+        dim = self._data.__cat_dim__(key, value)  # (None: stacked, one entry per example)
+        size = value.size(0 if dim is None else dim)
         cuts = self.slices.get(key)
         if (
             not isinstance(cuts, torch.Tensor)

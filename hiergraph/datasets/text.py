@@ -202,7 +202,7 @@ def decode(content: bytes) -> str:
     Newsgroups and BBC have Latin-1 files; any bytes read as Latin-1, those of a damaged
     UTF-16 file too)."""
     bom = content.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
-    for encoding in ("utf-16", "utf-8") if bom else ("utf-8",):
+    for encoding in ("utf-16",) if bom else ("utf-8",):  # (a mark is never UTF-8)
         try:
             return content.decode(encoding)
         except UnicodeDecodeError:

@@ -98,9 +98,9 @@ def _check_arguments(heads, dim, dim_v, scale, dtype) -> None:
     check_int(heads, "heads")
     check_int(dim, "dim")
     check_int(dim_v, "dim_v", optional=True)
-    if scale is not None and (
-        isinstance(scale, bool) or not isinstance(scale, Real) or not math.isfinite(scale)
-    ):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, Real)):
+        raise TypeError(f"scale must be a finite number (or None), got {scale!r}")
+    if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number (or None), got {scale!r}")
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
@@ -502,7 +502,7 @@ class HierarchicalKVCache:
             leaves.extend([0] * open)
         return first, m
 
-    def _step(self, q: Tensor, first: int, m: int, close: bool) -> Tensor:
+    def _step(self, q: Tensor, first: int, m: int, close: int) -> Tensor:
         """The output ``[H, d_v]`` of a step in tensor operations, the leaf (at depth ``m``,
         under the new nodes from depth ``first`` on, after ``close`` completions) stored."""
         d, leaves = self.dim, self._leaves

@@ -42,9 +42,11 @@ Numerics: every function computes in float32 or wider, with autocast disabled
 (half-precision overflows in the out-of-cone branch), and is finite in the
 forward and backward pass at ``D = 0`` (``q == k``, self loops), at heights next
 to the light source, and for large inputs, up to where intermediate values overflow
-the dtype: in float32, penumbral scores for distances ``D`` up to about ``3.6e19``
-(where :math:`H^2` reaches float32's largest value), umbral ones for inputs up to
-about ``1e29``; beyond, scores are NaN (float64 goes far beyond either).
+the dtype. In float32, penumbral scores are finite for distances ``D`` up to about
+``3.6e19`` (where :math:`H^2` reaches float32's largest value) and NaN beyond; umbral
+scores that pass float32's range round to ``-inf`` (a weight of 0; with the default map,
+from inputs of about ``1e11`` on), and are NaN from inputs of about ``1e30``. Float64
+goes far beyond either.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
+from hiergraph._device import cpu_as_accelerator
 from hiergraph.data import (
     Domain,
     SignalHierarchy,
@@ -114,5 +115,14 @@ def test_a_stored_batch_must_number_the_trees():
         forest.batch = wrong
         with pytest.raises(ValueError, match="hierarchy.batch must number its 2 trees"):
             global_leaf_mean_pool(x, forest)
+    forest.batch = torch.zeros_like(derived)
+    with cpu_as_accelerator():  # a device-side assertion (no host read of the batch)
+        with pytest.raises(RuntimeError, match="hierarchy.batch must number its 2 trees"):
+            global_leaf_mean_pool(x, forest)
+        forest.batch = derived.clone()
+        torch.testing.assert_close(global_leaf_mean_pool(x, forest), expected)
+    forest.batch = derived[:-1]
+    with pytest.raises(ValueError, match="hierarchy.batch must number"):
+        global_leaf_mean_pool(x, forest)
     del forest.batch
     torch.testing.assert_close(global_leaf_mean_pool(x, forest), expected)

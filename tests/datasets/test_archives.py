@@ -172,6 +172,11 @@ def test_planetoid_pickles_that_are_not_the_official_files_are_not_read(tmp_path
         hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
     assert not ran.exists()
     assert not any((tmp_path / "data" / "Cora" / "processed").glob("*.pt"))
+    own = write_tiny_planetoid(tmp_path / "own", seed=1, trusted=False)  # a user's own files
+    with pytest.raises(CorruptFileError, match="pass trust_raw_files=True"):
+        hp.load_planetoid("Cora", root=tmp_path / "own_data", raw_dir=own)
+    data = hp.load_planetoid("Cora", root=tmp_path / "own_data", raw_dir=own, trust_raw_files=True)
+    assert data[0].num_nodes == 560
 
 
 def test_raw_files_that_read_but_do_not_fit_name_the_folder(tmp_path):

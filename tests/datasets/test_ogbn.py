@@ -182,11 +182,12 @@ def test_ogb_reads_its_files_weights_only_whatever_the_torch_default(tmp_path, m
     marker = tmp_path / "ran"
     torch.save(_Payload(marker), ogbn_dir("ogbn-arxiv", tmp_path) / file)
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    before = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
     with pytest.raises(CorruptFileError, match="ogb could not read it"):
         load_ogbn("ogbn-arxiv", root=tmp_path)
     assert not marker.exists()
     assert os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1"  # restored
-    assert "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
+    assert os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD") == before
 
 
 @needs_ogb
@@ -233,6 +234,29 @@ def test_a_folder_ogb_would_read_instead_is_refused(tmp_path, monkeypatch):
     write_tiny_arxiv(tmp_path)
     keep = ogbn_dir("ogbn-arxiv", tmp_path).with_name("ogbn_arxiv_pyg") / "keep"
     keep.mkdir(parents=True)
-    with pytest.raises(FileNotFoundError, match="ogbn_arxiv_pyg exists: ogb reads ogbn-arxiv"):
+    with pytest.raises(FileExistsError, match="ogbn_arxiv_pyg exists: ogb reads ogbn-arxiv"):
         load_ogbn("ogbn-arxiv", root=tmp_path)
     assert keep.exists()
+
+
+@needs_ogb
+def test_unlabelled_nodes_and_machine_errors(tmp_path, monkeypatch):
+    """NaN labels mark unlabelled nodes (most of ogbn-papers100M's): they load. A root that
+    cannot be written is no damaged dataset (it was reported as one, with advice to delete
+    the folder)."""
+    labels, _ = write_tiny_arxiv(tmp_path)
+    folder = ogbn_dir("ogbn-arxiv", tmp_path)
+    rows = [[float("nan")] if i in (0, 11) else [int(y)] for i, y in enumerate(labels)]
+    _write_csv(folder / "raw" / "node-label.csv.gz", np.array(rows))
+    data, metric = load_ogbn("ogbn-arxiv", root=tmp_path)
+    assert data.y[[0, 11]].isnan().all() and metric(labels, data.test_mask) == 1.0
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(folder / "processed"))
+
+    import ogb.nodeproppred.dataset_pyg as ogb_pyg
+
+    monkeypatch.setattr(ogb_pyg.PygNodePropPredDataset, "process", refuse)
+    shutil.rmtree(folder / "processed")
+    with pytest.raises(PermissionError, match="Permission denied"):
+        load_ogbn("ogbn-arxiv", root=tmp_path)

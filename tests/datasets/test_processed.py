@@ -106,8 +106,12 @@ def _imdb(root, raw):
         (lambda d, s: d.pop("sentence_lengths"), "it holds no tensor 'sentence_lengths'"),
         (lambda d, s: s["x"].__setitem__(-1, 5), "its slices of 'x' do not cut its"),
         (lambda d, s: d["y"].__setitem__(0, 99), r"its labels span 0\.\.99 for 2 classes"),
+        (
+            lambda d, s: (d.__setitem__("y", d["y"][:-1]), s.__setitem__("y", s["y"][:-1])),
+            "its slices cut different numbers of examples",
+        ),
     ],
-    ids=["missing field", "slices", "label"],
+    ids=["missing field", "slices", "label", "counts"],
 )
 def test_caches_with_missing_fields_bad_slices_or_labels_are_refused(tmp_path, edit, match):
     """(They loaded: a bare KeyError or RuntimeError on first access, or a label past the
@@ -157,3 +161,28 @@ def test_a_root_that_cannot_be_written_is_no_damaged_raw_file(no_env, tmp_path, 
     monkeypatch.setattr(hp._Planetoid, "process", refuse)
     with pytest.raises(PermissionError, match="Permission denied"):
         hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+
+
+def test_stacked_fields_are_cut_per_example(tmp_path):
+    """A field PyG stacks (``__cat_dim__`` is ``None``) has one entry per example."""
+    from torch_geometric.data import Data, InMemoryDataset
+
+    from hiergraph.datasets.processed import StrictLoad
+
+    class Stacked(Data):
+        def __cat_dim__(self, key, value, *args, **kwargs):
+            return None if key == "y" else super().__cat_dim__(key, value, *args, **kwargs)
+
+    class Tiny(StrictLoad, InMemoryDataset):
+        cache_keys = ("x", "y")
+
+        def __init__(self):
+            super().__init__(str(tmp_path))
+
+    dataset = Tiny()
+    parts = [Stacked(x=torch.randn(n, 2), y=torch.randn(4)) for n in (2, 3, 1)]
+    dataset.data, dataset.slices = InMemoryDataset.collate(parts)
+    assert dataset._data.y.shape == (3, 4)
+    assert dataset._cache_key_problem("y") is None and dataset._cache_key_problem("x") is None
+    dataset.slices["y"] = torch.tensor([0, 1, 2])
+    assert "do not cut its 3 stored entries" in dataset._cache_key_problem("y")

@@ -486,9 +486,12 @@ def test_bad_sizes(cache):
 
 
 @pytest.mark.parametrize("cache", [HierarchicalKVCache, FlatKVCache])
-@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.5", True])
-def test_bad_scales(cache, scale):
-    with pytest.raises(ValueError, match="scale must be a finite number"):
+@pytest.mark.parametrize(
+    "scale, error", [(float("nan"), ValueError), (float("inf"), ValueError), ("0.5", TypeError),
+                     (True, TypeError)]
+)  # fmt: skip
+def test_bad_scales(cache, scale, error):
+    with pytest.raises(error, match="scale must be a finite number"):
         cache(2, 4, scale=scale)
 
 

@@ -66,10 +66,10 @@ def hmatrix_attention(
             get no weight, coarse means skip them, and padded query rows
             return zeros; so does any row with no valid key. NaN or infinite
             values at padded positions stay there; at valid positions, inputs are
-            expected finite: a masked weight is ``0``, so in causal mode a NaN or
-            infinite key or value reaches earlier queries of its blocks
-            (:math:`0 \cdot \mathrm{NaN}`, as in
-            :func:`~torch.nn.functional.scaled_dot_product_attention` with
+            expected finite: in causal mode a NaN or infinite key or value reaches
+            the earlier queries that share a block with it on any level (a masked
+            weight is ``0``, and :math:`0 \cdot \mathrm{NaN}` is NaN; for values
+            as in :func:`~torch.nn.functional.scaled_dot_product_attention` with
             ``is_causal=True``), where :func:`hmatrix_attention_dense` keeps it out.
 
     Returns:

@@ -90,9 +90,8 @@ def uniform_hierarchical_attention(
 ) -> Tensor:
     r"""HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over an equal-fanout forest.
 
-    It runs, where each applies, by the kernels (:func:`_kernels`), as one autograd node
-    with a written backward or its passes alone (:func:`_fused`), or with every operation
-    recorded (:func:`_recorded`).
+    It runs, where each applies, by the kernels, as one autograd node with a written
+    backward (or its passes alone, without gradients), or with every operation recorded.
 
     Args:
         shape: ``(B, b_1, …, b_D)``: ``B`` trees, ``b_d >= 2`` children of
