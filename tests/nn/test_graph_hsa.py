@@ -227,7 +227,6 @@ def test_hubs_are_chosen_per_graph_and_all_hubs_give_flat_attention(graphs):
         (dict(out_channels=-1), "out_channels"),
         (dict(num_layers=-1), "num_layers"),
         (dict(graph_pe_dim=-2), "graph_pe_dim"),
-        (dict(dropout=1.5), "dropout"),
         (dict(attn_dropout=2.0), "attn_dropout"),
         (dict(layer_dropout=-0.1), "layer_dropout"),
     ],
