@@ -285,11 +285,13 @@ def _diagnose(
 
 
 @contextlib.contextmanager
-def _explain_failures(name: str, root: Path, files: list[str], read, what, pinned=None):
+def _explain_failures(
+    name: str, root: Path, files: list[str], read, what, pinned=None, processed=None
+):
     """Turn a failure of PyG's dataset class into a :class:`CorruptFileError` naming the
     damaged raw or processed file, when one is found (raw files whose checksum is not the
-    one ``pinned`` are not read)."""
-    processed = root / name / "processed"
+    one ``pinned`` are not read; ``processed``: the cache's folder, if not the default)."""
+    processed = root / name / "processed" if processed is None else processed
     cached = (processed / "data.pt").exists() or any(processed.glob("*.pt"))
     raw = root / name / "raw"
     try:
@@ -375,11 +377,12 @@ def load_planetoid(
             return _PLANETOID_KINDS[f.removeprefix(f"ind.{name.lower()}.")]
 
         pinned = {} if trust_raw_files else PLANETOID_SHA256
-        if force_reload or not (base / name / "processed" / "data.pt").exists():
+        processed = base / name / ("geom-gcn" if split == "geom-gcn" else "") / "processed"
+        if force_reload or not (processed / "data.pt").exists():
             unofficial = _unofficial(base / name / "raw", files, pinned)  # (PyG reads them)
             if unofficial is not None:
                 raise unofficial
-        with _explain_failures(name, base, files, _read_planetoid_file, what, pinned):
+        with _explain_failures(name, base, files, _read_planetoid_file, what, pinned, processed):
             dataset = _Planetoid(
                 str(base), name, split=split, transform=transform, force_reload=force_reload
             )
@@ -442,9 +445,19 @@ def load_ppi(
 
 
 class _Planetoid(StrictLoad, Planetoid):
-    """PyG's ``Planetoid`` whose processed cache is read with ``weights_only=True`` only."""
+    """PyG's ``Planetoid`` whose processed cache is read with ``weights_only=True`` only,
+    which reads the raw files of every split from ``<root>/<Name>/raw`` (those the loader
+    checked: PyG reads geom-gcn's from a folder of their own) and never downloads (the
+    loader does, with checksums)."""
 
     cache_keys = ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask")
+
+    @property
+    def raw_dir(self) -> str:
+        return os.path.join(self.root, self.name, "raw")
+
+    def download(self) -> None:
+        raise FileNotFoundError(f"{self.raw_dir} lacks raw files of {self.name}")
 
 
 class _PPI(StrictLoad, PPI):

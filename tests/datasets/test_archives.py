@@ -11,6 +11,7 @@ import tracemalloc
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hiergraph.datasets import planetoid as hp
@@ -306,3 +307,30 @@ def test_utf16_with_its_byte_order_mark_is_decoded():
     # read as Latin-1, as other undecodable text (a bare UnicodeDecodeError before)
     for damaged in (codecs.BOM_UTF16_LE + b"a\x00b", codecs.BOM_UTF16_LE + b"\x00\xd8a\x00"):
         assert decode(damaged) == damaged.decode("latin-1")
+
+
+def test_geom_gcn_split_reads_the_checked_raw_folder(tmp_path):
+    """PyG reads the geom-gcn split's raw files from ``<Name>/geom-gcn/raw``: files planted
+    there were unpickled unchecked, and pre-placed files never served (PyG downloaded them
+    itself, offline or not). Every split now reads ``<Name>/raw``, the files checked."""
+    raw = write_tiny_planetoid(tmp_path / "src")
+    rng = np.random.default_rng(0)
+    for i in range(10):
+        masks = rng.integers(0, 3, 560)
+        np.savez(raw / f"cora_split_0.6_0.2_{i}.npz", train_mask=masks == 0, val_mask=masks == 1,
+                 test_mask=masks == 2)  # fmt: skip
+    ran = tmp_path / "ran"
+
+    class Planted:
+        def __reduce__(self):
+            return (Path.touch, (ran,))
+
+    planted = tmp_path / "data" / "Cora" / "geom-gcn" / "raw"
+    planted.mkdir(parents=True)
+    for path in raw.iterdir():
+        (planted / path.name).write_bytes(path.read_bytes())
+    (planted / "ind.cora.x").write_bytes(pickle.dumps(Planted(), protocol=2))
+    data = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw, split="geom-gcn")[0]
+    assert data.train_mask.shape == (560, 10) and not ran.exists()
+    public = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)[0]
+    assert public.train_mask.shape == (560,)  # (its own cache)
