@@ -44,6 +44,7 @@ from hiergraph.datasets.download import (
     file_lock,
     locate_raw,
 )
+from hiergraph.datasets.graph_checks import graph_problems
 from hiergraph.datasets.processed import CheckedRecords, weights_only_loads
 
 OGBN_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
@@ -145,27 +146,20 @@ def load_ogbn(
     with _read_by_ogb(folder):
         data = dataset[0]
         split = dataset.get_idx_split()
-    out = Data(x=data.x, edge_index=data.edge_index, y=data.y.view(-1), num_nodes=data.num_nodes)
-    _check_labels(out.y, dataset.num_classes, folder)
-    taken = torch.zeros(data.num_nodes, dtype=torch.bool)  # by the splits before
-    for key, part in (("train_mask", "train"), ("val_mask", "valid"), ("test_mask", "test")):
-        ids = split[part]
-        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < data.num_nodes:
-            raise CorruptFileError(
-                folder / "split",
-                f"{folder / 'split'}: the {part} split holds node ids "
-                f"{int(ids.min())}..{int(ids.max())} for {data.num_nodes} nodes; delete "
-                f"{folder} to download it again",
-            )
-        mask = torch.zeros(data.num_nodes, dtype=torch.bool)
-        mask[ids] = True
-        if bool((taken & mask).any()):
-            raise CorruptFileError(
-                folder / "split",
-                f"{folder / 'split'}: the {part} split shares nodes with another split; "
-                f"delete {folder} to download it again",
-            )
-        out[key], taken = mask, taken | mask
+    y = data.y.view(-1) if isinstance(data.y, Tensor) else data.y
+    out = Data(x=data.x, edge_index=data.edge_index, y=y, num_nodes=data.num_nodes)
+    problems = _split_problems(split, data.num_nodes)
+    if not problems:
+        for key, part in (("train_mask", "train"), ("val_mask", "valid"), ("test_mask", "test")):
+            out[key] = torch.zeros(data.num_nodes, dtype=torch.bool)
+            out[key][split[part]] = True
+        problems = graph_problems(out) or _label_problems(out.y, dataset.num_classes)
+    if problems:
+        raise CorruptFileError(
+            folder,
+            f"{folder}: ogb read it, but it holds no {name} graph: {'; '.join(problems)}; "
+            "delete the folder to download it again",
+        )
     evaluator = evaluator_cls(name)
 
     def metric(pred: Tensor, mask: Tensor) -> float:
@@ -202,17 +196,32 @@ def _read_by_ogb(folder: Path):
         ) from err
 
 
-def _check_labels(y: Tensor, classes: int, folder: Path) -> None:
-    """Refuse labels outside ``[0, classes)`` (a damaged ``raw/node-label.csv.gz``); NaN
-    marks an unlabelled node (``ogbn-papers100M``'s are mostly unlabelled)."""
-    if y.is_floating_point():
-        y = y[~y.isnan()]
-    if y.numel() and not 0 <= int(y.min()) <= int(y.max()) < classes:
-        raise CorruptFileError(
-            folder,
-            f"{folder}: labels span {int(y.min())}..{int(y.max())} for {classes} classes; "
-            "delete the folder to download it again",
-        )
+def _split_problems(split, nodes: int) -> list[str]:
+    """What is wrong with ``ogb``'s split (``split/``): it must map ``train``, ``valid`` and
+    ``test`` to int64 node ids ``[n]`` in ``[0, nodes)``."""
+    if not isinstance(split, dict):
+        return [f"the split is {type(split).__name__}, not a dict of node ids"]
+    problems = []
+    for part in ("train", "valid", "test"):
+        ids = split.get(part)
+        if not isinstance(ids, Tensor) or ids.dim() != 1 or ids.dtype != torch.long:
+            shape = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, Tensor) else repr(ids)
+            problems.append(f"the {part} split must be int64 node ids [n], got {shape}")
+        elif ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < nodes:
+            problems.append(
+                f"the {part} split holds node ids {int(ids.min())}..{int(ids.max())} for "
+                f"{nodes} nodes"
+            )
+    return problems
+
+
+def _label_problems(y: Tensor, classes: int) -> list[str]:
+    """Labels outside ``[0, classes)`` (a damaged ``raw/node-label.csv.gz``); NaN marks an
+    unlabelled node (``ogbn-papers100M``'s are mostly unlabelled)."""
+    labelled = y[~y.isnan()] if y.is_floating_point() else y
+    if labelled.numel() and int(labelled.max()) >= classes:
+        return [f"labels span {int(labelled.min())}..{int(labelled.max())} for {classes} classes"]
+    return []
 
 
 def _open_ogbn(name: str, folder: Path, dataset_cls):

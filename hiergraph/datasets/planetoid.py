@@ -62,6 +62,7 @@ from hiergraph.datasets.download import (
     locate_raw,
     sha256_of,
 )
+from hiergraph.datasets.graph_checks import graph_problems
 from hiergraph.datasets.processed import StrictLoad
 
 __all__ = [
@@ -378,7 +379,8 @@ def load_planetoid(
 
         pinned = {} if trust_raw_files else PLANETOID_SHA256
         processed = base / name / ("geom-gcn" if split == "geom-gcn" else "") / "processed"
-        if force_reload or not (processed / "data.pt").exists():
+        cache = None if force_reload or not (processed / "data.pt").exists() else processed
+        if cache is None:
             unofficial = _unofficial(base / name / "raw", files, pinned)  # (PyG reads them)
             if unofficial is not None:
                 raise unofficial
@@ -386,26 +388,30 @@ def load_planetoid(
             dataset = _Planetoid(
                 str(base), name, split=split, transform=transform, force_reload=force_reload
             )
-        _check_fits(dataset, name, base)
+        _check_fits(dataset, name, base, None if cache is None else cache / "data.pt")
         return dataset
 
 
-def _check_fits(dataset: Planetoid, name: str, root: Path) -> None:
-    """Raise a :class:`CorruptFileError` where raw files that read and build do not make a
-    graph: edge ids past the nodes, a test index that is empty or negative (PyG wraps a
-    negative one to the last nodes)."""
-    raw, data, problems = root / name / "raw", dataset._data, []
+def _check_fits(dataset: Planetoid, name: str, root: Path, cache: Path | None) -> None:
+    """Raise a :class:`CorruptFileError` where data that read and build make no graph
+    (:func:`~hiergraph.datasets.graph_checks.graph_problems`: e.g. edge ids past the nodes,
+    a test mask that shares nodes with the training mask), or the raw test index is empty
+    or negative (PyG wraps a negative id to the last nodes); ``cache``: the processed file
+    the dataset was read from, if it was there before (else built from the raw files)."""
+    raw, problems = root / name / "raw", graph_problems(dataset._data)
     index = raw / f"ind.{name.lower()}.test.index"
-    if index.exists():
+    if cache is None and index.exists():
         ids = [int(token) for token in index.read_text().split()]
         if not ids:
             problems.append(f"{index.name} lists no test node")
         elif min(ids) < 0:
             problems.append(f"{index.name} holds a negative node id ({min(ids)})")
-    if data.edge_index.numel():
-        low, high = (int(i) for i in data.edge_index.aminmax())
-        if low < 0 or high >= data.num_nodes:
-            problems.append(f"the graph has node ids {low}..{high} for {data.num_nodes} nodes")
+    if problems and cache is not None:
+        raise CorruptFileError(
+            cache,
+            f"{cache}: this processed {name} cache holds no {name} graph: "
+            f"{'; '.join(problems)}. Delete it (or pass force_reload=True) to rebuild it.",
+        )
     if problems:
         raise CorruptFileError(
             raw,

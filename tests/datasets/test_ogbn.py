@@ -196,9 +196,12 @@ def test_ogb_reads_its_files_weights_only_whatever_the_torch_default(tmp_path, m
     [
         ("negative", r"the train split holds node ids -1\.\.5 for 12 nodes"),
         ("past", r"the test split holds node ids 9\.\.5000 for 12 nodes"),
-        ("overlap", "the valid split shares nodes with another split"),
+        ("overlap", "train_mask and val_mask share nodes"),
         ("label", r"labels span 0\.\.99 for 40 classes"),
         ("truncated", "ogb could not read it"),
+        ("float split", r"the valid split must be int64 node ids \[n\], got torch.float32"),
+        ("no split", "the test split must be int64 node ids"),
+        ("fractional", "y holds labels that are not class ids"),
     ],
 )
 def test_damaged_files_are_refused_by_name(tmp_path, edit, match):
@@ -219,11 +222,32 @@ def test_damaged_files_are_refused_by_name(tmp_path, edit, match):
     elif edit == "label":
         labels[3] = 99
         _write_csv(folder / "raw" / "node-label.csv.gz", labels.numpy()[:, None])
-    else:
+    elif edit == "truncated":
         path = folder / "raw" / "edge.csv.gz"
         path.write_bytes(path.read_bytes()[:20])
+    else:  # edits of what ogb processed
+        load_ogbn("ogbn-arxiv", root=tmp_path)
+        if edit == "fractional":
+            _edit_processed(folder, lambda data: data.__setitem__("y", data["y"].float() + 0.5))
+        else:
+            split = {k: torch.as_tensor(v) for k, v in split.items()}
+            split["valid"] = split["valid"].float()
+            if edit == "no split":
+                del split["test"]
+            torch.save(split, folder / "split" / "time" / "split_dict.pt")
     with pytest.raises(CorruptFileError, match=match):
         load_ogbn("ogbn-arxiv", root=tmp_path)
+
+
+def _edit_processed(folder, edit) -> None:
+    """Rewrite ogb's processed graph in ``folder`` with ``edit(data: dict)``."""
+    from hiergraph.datasets.processed import SAFE_CLASSES
+
+    path = folder / "processed" / "geometric_data_processed.pt"
+    with torch.serialization.safe_globals(SAFE_CLASSES):
+        data, slices, *rest = torch.load(path, weights_only=True)
+    edit(data)
+    torch.save((data, slices, *rest), path)
 
 
 @needs_ogb

@@ -186,3 +186,26 @@ def test_stacked_fields_are_cut_per_example(tmp_path):
     assert dataset._cache_key_problem("y") is None and dataset._cache_key_problem("x") is None
     dataset.slices["y"] = torch.tensor([0, 1, 2])
     assert "do not cut its 3 stored entries" in dataset._cache_key_problem("y")
+
+
+@pytest.mark.parametrize(
+    "key, edit, match",
+    [
+        ("test_mask", lambda d: d["train_mask"].clone(), "train_mask and test_mask share nodes"),
+        ("y", lambda d: d["y"] - 1, "not class ids"),
+        ("y", lambda d: d["y"].float() + 0.5, "not class ids"),
+        ("x", lambda d: d["x"].long(), "x must be float features"),
+        ("edge_index", lambda d: d["edge_index"].float(), "edge_index must be int64"),
+        ("edge_index", lambda d: d["edge_index"][:1], r"edge_index must be \[2, num_edges\]"),
+        ("train_mask", lambda d: d["train_mask"][:50], "train_mask must be bool with 560 rows"),
+    ],
+    ids=["test is train", "negative", "fractional", "int x", "float edges", "one row", "short"],
+)
+def test_planetoid_cache_that_holds_no_graph_is_refused_by_name(no_env, tmp_path, key, edit, match):
+    """(They loaded: a test set equal to the training set, labels that fail in the loss,
+    tensors that fail inside a model.)"""
+    raw = write_tiny_planetoid(tmp_path / "source" / "raw")
+    cache = Path(hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw).processed_paths[0])
+    _edit_cache(cache, lambda d, s: d.__setitem__(key, edit(d)))
+    with pytest.raises(CorruptFileError, match=f"data.pt: this processed Cora cache .*{match}"):
+        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
