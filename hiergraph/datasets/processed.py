@@ -84,7 +84,7 @@ def load_weights_only(
     try:
         with context:
             return torch.load(path, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, IsADirectoryError) as err:
         raise CorruptFileError(
             path,
             f"{path} is not {what}; {type(err).__name__}: {err}); delete it (or pass "

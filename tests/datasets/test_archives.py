@@ -334,3 +334,21 @@ def test_geom_gcn_split_reads_the_checked_raw_folder(tmp_path):
     assert data.train_mask.shape == (560, 10) and not ran.exists()
     public = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)[0]
     assert public.train_mask.shape == (560,)  # (its own cache)
+
+
+def test_copies_that_differ_in_line_endings_only_are_one_document(tmp_path):
+    from hiergraph.datasets.text import FirstCopies
+
+    copies = FirstCopies(tmp_path)
+    assert copies.first(("train", 0, 1), "a/1", "line one\nline two", "document 1")
+    assert not copies.first(("train", 0, 1), "b/1", "line one\r\nline two", "document 1")
+    with pytest.raises(ValueError, match="b/1 and a/1 are both document 1 but differ"):
+        copies.first(("train", 0, 1), "b/1", "line one\nline 2", "document 1")
+
+
+def test_a_folder_named_like_a_cache_is_refused_by_name(tmp_path):
+    from hiergraph.datasets.processed import load_weights_only
+
+    (tmp_path / "data.pt").mkdir()  # (a bare IsADirectoryError)
+    with pytest.raises(CorruptFileError, match="data.pt is not a cache"):
+        load_weights_only(tmp_path / "data.pt", "a cache", "it")
