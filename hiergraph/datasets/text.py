@@ -361,7 +361,51 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
         path = self.processed_paths[SPLITS.index(split)]
         self.load(path)  # StrictLoad: a damaged cache raises CorruptFileError naming it
         self.meta = self.load_meta(self.processed_paths[-1], ("classes", "tokenizer", "empty"))
-        self.check_labels(path, len(self.meta["classes"]))
+        problems = self._cache_problems()
+        if problems:
+            raise CorruptFileError(
+                path,
+                f"{path}: this processed {self.name} cache holds no documents of it: "
+                f"{'; '.join(problems)}. Delete it (or pass force_reload=True) to rebuild it.",
+            )
+        self.check_labels(path, len(self.classes))
+
+    def _cache_problems(self) -> list[str]:
+        """What is wrong with the loaded cache (nothing: ``[]``): its metadata must name
+        this dataset's classes and tokenizer; the token ids ``x``, sentence lengths,
+        paragraph sizes and labels ``y`` are int64 vectors; ids lie in the vocabulary; and
+        every document's sentence lengths add up to its tokens, its paragraph sizes to its
+        sentences (checked at once, over all documents)."""
+        meta, problems = self.meta, []
+        if meta["classes"] != list(self.classes):
+            problems.append(f"its classes {meta['classes']} are not {list(self.classes)}")
+        if meta["tokenizer"] != self.tokenizer_key:
+            problems.append(f"it was built by tokenizer {meta['tokenizer']!r}")
+        keys = ("x", "sentence_lengths", "paragraph_sizes", "y")
+        for key in keys:
+            value = self._data[key]
+            if value.dim() != 1 or value.dtype != torch.long:
+                problems.append(
+                    f"{key} must be an int64 vector, got {value.dtype} {tuple(value.shape)}"
+                )
+        if problems:
+            return problems
+        ids = self._data["x"]
+        size = len(SimpleTokenizer(meta["vocab"])) if "vocab" in meta else None
+        if ids.numel() and (int(ids.min()) < 0 or (size is not None and int(ids.max()) >= size)):
+            problems.append(f"its token ids span {int(ids.min())}..{int(ids.max())}")
+        cuts = {key: self._cuts(key) for key in keys[:3]}
+        for parts, whole in (("sentence_lengths", "x"), ("paragraph_sizes", "sentence_lengths")):
+            sums = torch.cat([self._data[parts].new_zeros(1), self._data[parts].cumsum(0)])
+            if not torch.equal(sums[cuts[parts][1:]] - sums[cuts[parts][:-1]], cuts[whole].diff()):
+                problems.append(f"the {parts} of a document do not add up to its {whole} rows")
+        return problems
+
+    def _cuts(self, key: str) -> Tensor:
+        """Where the documents' rows of ``key`` start, and the end: ``[documents + 1]``."""
+        if self.slices is None:  # a split of one document is stored unsliced
+            return torch.tensor([0, self._data[key].numel()])
+        return self.slices[key]
 
     # ------------------------------------------------------------ PyG hooks
     @property

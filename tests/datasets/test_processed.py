@@ -209,3 +209,35 @@ def test_planetoid_cache_that_holds_no_graph_is_refused_by_name(no_env, tmp_path
     _edit_cache(cache, lambda d, s: d.__setitem__(key, edit(d)))
     with pytest.raises(CorruptFileError, match=f"data.pt: this processed Cora cache .*{match}"):
         hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda d, m: d.__setitem__("x", d["x"].float()), "x must be an int64 vector"),
+        (lambda d, m: d["x"].__setitem__(0, -4), r"its token ids span -4\.\."),
+        (lambda d, m: d["x"].__setitem__(0, 10**6), r"its token ids span .*\.\.1000000"),
+        (lambda d, m: d["sentence_lengths"].__setitem__(0, 999), "sentence_lengths of a document"),
+        (lambda d, m: d["paragraph_sizes"].__setitem__(0, 999), "paragraph_sizes of a document"),
+        (lambda d, m: m.__setitem__("classes", ["a", "b", "c"]), r"its classes \['a', 'b', 'c'\]"),
+        (lambda d, m: m.__setitem__("tokenizer", "minilm"), "built by tokenizer 'minilm'"),
+    ],
+    ids=["float ids", "negative id", "id past vocab", "lengths", "sizes", "classes", "tokenizer"],
+)
+def test_text_cache_that_holds_no_documents_is_refused_by_name(tmp_path, edit, match):
+    """(They loaded, and failed at some document or inside the embedding, naming no file, or
+    not at all.)"""
+    import json
+
+    from tests.datasets.fixtures import imdb_files, write_tar
+
+    write_tar(tmp_path / "aclImdb_v1.tar.gz", imdb_files())
+    dataset = _imdb(tmp_path / "imdb", tmp_path)
+    meta_path = Path(dataset.processed_paths[-1])
+    meta = json.loads(meta_path.read_text())
+    _edit_cache(Path(dataset.processed_paths[0]), lambda d, s: edit(d, meta))
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(
+        CorruptFileError, match=f"simple_train.pt: this processed IMDB cache .*{match}"
+    ):
+        _imdb(tmp_path / "imdb", tmp_path)
