@@ -35,12 +35,14 @@ files, so that :func:`is_synthetic` can label any result computed from them.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pickle
 import shutil
+import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +62,6 @@ from hiergraph.datasets.download import (
     fetch,
     file_lock,
     locate_raw,
-    sha256_of,
 )
 from hiergraph.datasets.graph_checks import graph_problems
 from hiergraph.datasets.processed import StrictLoad
@@ -240,37 +241,47 @@ def _read_ppi_file(path: Path) -> None:
         np.load(path, allow_pickle=False)
 
 
-def _unofficial(raw: Path, files: list[str], pinned: dict[str, str]) -> CorruptFileError | None:
-    """A :class:`CorruptFileError` for the first of ``files`` in ``raw`` whose SHA-256 is
-    ``pinned`` (:data:`~hiergraph.datasets.download.PLANETOID_SHA256`, or nothing for files
-    the caller trusts) and differs, else ``None``. The Planetoid raw files are pickles,
-    which run code of their choosing when read: only the official files are read."""
-    for f in files:
-        path, known = raw / f, pinned.get(f)
-        if known is not None and path.exists() and sha256_of(path) != known:
-            return CorruptFileError(
-                path.resolve(),
-                f"{path.resolve()}: its SHA-256 differs from the official file's, so it is not "
-                "read (the Planetoid raw files are pickles, which can run code when read). It "
-                "is truncated, damaged or another file: put the official file in its place, "
-                "or delete it (it is downloaded again on the next run); for files of your "
-                "own that you trust, pass trust_raw_files=True.",
-            )
-    return None
+@contextlib.contextmanager
+def _verified(raw: Path, files: list[str], pinned: dict[str, str]) -> Iterator[Path]:
+    """A private folder holding copies of ``files`` of ``raw``, each written from the bytes
+    whose SHA-256 was checked against ``pinned``
+    (:data:`~hiergraph.datasets.download.PLANETOID_SHA256`, or nothing for files the caller
+    trusts), removed afterwards. The Planetoid raw files are pickles, which run code of
+    their choosing when read: only the official files are read, and a file replaced after
+    its check is never read.
+
+    Raises:
+        CorruptFileError: naming the first file whose SHA-256 differs.
+    """
+    staged = Path(tempfile.mkdtemp(prefix=".verified-", dir=raw.parent))  # (mode 0700)
+    try:
+        for f in files:
+            data, known = (raw / f).read_bytes(), pinned.get(f)
+            if known is not None and hashlib.sha256(data).hexdigest() != known:
+                path = (raw / f).resolve()  # (the source a link in the raw folder points to)
+                raise CorruptFileError(
+                    path,
+                    f"{path}: its SHA-256 differs from the official file's, so it is not read "
+                    "(the Planetoid raw files are pickles, which can run code when read). It "
+                    "is truncated, damaged or another file: put the official file in its "
+                    "place, or delete it (it is downloaded again on the next run); for files "
+                    "of your own that you trust, pass trust_raw_files=True.",
+                )
+            (staged / f).write_bytes(data)
+        yield staged
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 def _diagnose(
-    raw: Path, files: list[str], read: Callable[[Path], None], what, pinned: dict[str, str]
+    raw: Path, files: list[str], read: Callable[[Path], None], what, source: Path
 ) -> Exception | None:
-    """A :class:`CorruptFileError` for the first raw file that is not the official one
-    (:func:`_unofficial` with the checksums ``pinned``) or cannot be read, else ``None``."""
-    unofficial = _unofficial(raw, files, pinned)
-    if unofficial is not None:
-        return unofficial
+    """A :class:`CorruptFileError` for the first raw file of ``raw`` that cannot be read
+    (read from ``source``: the folder the dataset was built from), else ``None``."""
     for f in files:
         path = raw / f
         try:
-            read(path)
+            read(source / f)
         except FileNotFoundError:
             continue
         except Exception as err:  # noqa: BLE001 - any failure to parse means a damaged file
@@ -287,11 +298,12 @@ def _diagnose(
 
 @contextlib.contextmanager
 def _explain_failures(
-    name: str, root: Path, files: list[str], read, what, pinned=None, processed=None
+    name: str, root: Path, files: list[str], read, what, source=None, processed=None
 ):
     """Turn a failure of PyG's dataset class into a :class:`CorruptFileError` naming the
-    damaged raw or processed file, when one is found (raw files whose checksum is not the
-    one ``pinned`` are not read; ``processed``: the cache's folder, if not the default)."""
+    damaged raw or processed file, when one is found (``source``: the folder PyG builds
+    from, if not the raw folder; ``processed``: the cache's folder, if not the default).
+    Raw files are read again only when the dataset was built from them (no cache)."""
     processed = root / name / "processed" if processed is None else processed
     cached = (processed / "data.pt").exists() or any(processed.glob("*.pt"))
     raw = root / name / "raw"
@@ -304,7 +316,7 @@ def _explain_failures(
             place = Path(os.path.abspath(err.filename))
             if not place.is_relative_to(os.path.abspath(raw)):  # no raw file's fault: as is
                 raise  # (no permission to write the processed folder, a full disk)
-        bad = _diagnose(raw, files, read, what, pinned or {})
+        bad = None if cached else _diagnose(raw, files, read, what, source or raw)
         if bad is None and cached:
             bad = CorruptFileError(
                 processed,
@@ -380,14 +392,15 @@ def load_planetoid(
         pinned = {} if trust_raw_files else PLANETOID_SHA256
         processed = base / name / ("geom-gcn" if split == "geom-gcn" else "") / "processed"
         cache = None if force_reload or not (processed / "data.pt").exists() else processed
-        if cache is None:
-            unofficial = _unofficial(base / name / "raw", files, pinned)  # (PyG reads them)
-            if unofficial is not None:
-                raise unofficial
-        with _explain_failures(name, base, files, _read_planetoid_file, what, pinned, processed):
-            dataset = _Planetoid(
-                str(base), name, split=split, transform=transform, force_reload=force_reload
-            )
+        options = dict(split=split, transform=transform, force_reload=force_reload)
+        raw = base / name / "raw"
+        # PyG builds from verified copies of the raw files (with a cache, it reads none)
+        verified = contextlib.nullcontext() if cache else _verified(raw, files, pinned)
+        with (
+            verified as source,
+            _explain_failures(name, base, files, _read_planetoid_file, what, source, processed),
+        ):
+            dataset = _Planetoid(str(base), name, raw_folder=source, **options)
         _check_fits(dataset, name, base, None if cache is None else cache / "data.pt")
         return dataset
 
@@ -458,8 +471,15 @@ class _Planetoid(StrictLoad, Planetoid):
 
     cache_keys = ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask")
 
+    def __init__(self, root: str, name: str, raw_folder: Path | None = None, **options):
+        self._raw_folder = raw_folder  # where it builds from (the raw folder by default)
+        super().__init__(root, name, **options)
+        self._raw_folder = None  # (a built dataset names the raw folder)
+
     @property
     def raw_dir(self) -> str:
+        if self._raw_folder is not None:
+            return str(self._raw_folder)
         return os.path.join(self.root, self.name, "raw")
 
     def download(self) -> None:

@@ -352,3 +352,28 @@ def test_a_folder_named_like_a_cache_is_refused_by_name(tmp_path):
     (tmp_path / "data.pt").mkdir()  # (a bare IsADirectoryError)
     with pytest.raises(CorruptFileError, match="data.pt is not a cache"):
         load_weights_only(tmp_path / "data.pt", "a cache", "it")
+
+
+def test_a_raw_file_replaced_after_its_check_is_never_read(tmp_path, monkeypatch):
+    """PyG builds from private copies of the checked bytes: a file swapped in the raw
+    folder between the check and PyG's read (it ran) is not read."""
+    import contextlib
+
+    raw = write_tiny_planetoid(tmp_path / "src")
+    ran, checked = tmp_path / "ran", hp._verified
+
+    class Planted:
+        def __reduce__(self):
+            return (Path.touch, (ran,))
+
+    @contextlib.contextmanager
+    def swapped_after_the_check(folder, files, pinned):
+        with checked(folder, files, pinned) as staged:
+            (raw / "ind.cora.x").write_bytes(pickle.dumps(Planted(), protocol=2))
+            yield staged
+
+    monkeypatch.setattr(hp, "_verified", swapped_after_the_check)
+    data = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)[0]
+    assert data.num_nodes == 560 and not ran.exists()
+    # (the private copies are gone)
+    assert sorted(p.name for p in (tmp_path / "data" / "Cora").iterdir()) == ["processed", "raw"]
