@@ -223,9 +223,12 @@ def sibling_mask(parent: Tensor, self_loops: bool = True) -> Tensor:
     :math:`b_f` and :math:`R` roots: :math:`E = \sum_f b_f^2 + R`
     (:math:`\sum_f b_f(b_f - 1)` without self-loops).
     """
-    if not isinstance(parent, Tensor) or parent.dtype != torch.long or parent.dim() != 1:
-        raise TypeError("parent must be a 1-D LongTensor [num_nodes] (-1 for roots)")
-    n = parent.numel()
+    integers = isinstance(parent, Tensor) and not (
+        parent.is_floating_point() or parent.is_complex() or parent.dtype == torch.bool
+    )
+    if not integers or parent.dim() != 1:
+        raise TypeError("parent must be a 1-D integer tensor [num_nodes] (-1 for roots)")
+    parent, n = parent.long(), parent.numel()  # (int32 ids too, as every edge input takes)
     if parent.numel() and (parent.min() < -1 or parent.max() >= n):
         raise ValueError(
             f"parent ids must lie in [-1, {n}), got [{int(parent.min())}, {int(parent.max())}]"

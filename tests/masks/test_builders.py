@@ -168,6 +168,7 @@ def test_sibling_mask(root_value):
     assert torch.equal(dense(edge_index, 9), brute_mask(9, siblings))
     no_loops = sibling_mask(parent, self_loops=False)
     assert no_loops.size(1) == 3 * 2 + 2 * 1 + 2 * 1
+    assert torch.equal(sibling_mask(parent.int()), edge_index)  # (int32 was refused)
 
 
 @pytest.mark.parametrize(
@@ -183,7 +184,8 @@ def test_sibling_mask(root_value):
         (lambda: graph_mask(torch.tensor([[0], [5]]), 3), ValueError, "outside"),
         (lambda: graph_mask(torch.tensor([[0.0], [1.0]]), 3), TypeError, "int64 or int32"),
         (lambda: global_tokens_mask(torch.zeros(3, 1).long(), 3, 1), ValueError, r"\[2, E\]"),
-        (lambda: sibling_mask(torch.tensor([0.0, 0.0])), TypeError, "1-D LongTensor"),
+        (lambda: sibling_mask(torch.tensor([0.0, 0.0])), TypeError, "1-D integer tensor"),
+        (lambda: sibling_mask(torch.tensor([True, False])), TypeError, "1-D integer tensor"),
         (lambda: sibling_mask(torch.tensor([-1, 7])), ValueError, "parent ids must lie"),
     ],
 )
