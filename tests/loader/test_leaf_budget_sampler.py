@@ -161,8 +161,9 @@ def test_distributed_lock_step_and_coverage(world, drop_last, budget):
 def test_bad_input():
     with pytest.raises(ValueError, match="max_leaves"):
         LeafBudgetBatchSampler([3, 4], 0)
-    with pytest.raises(TypeError, match="integer"):
-        LeafBudgetBatchSampler(torch.tensor([1.0, 2.0]), 8)
+    for counts in (torch.tensor([1.0, 2.0]), torch.tensor([1 + 0j])):  # (complex: min_all)
+        with pytest.raises(TypeError, match="leaf_counts must be a 1-D integer sequence"):
+            LeafBudgetBatchSampler(counts, 8)
     with pytest.raises(ValueError, match="at least one leaf"):
         LeafBudgetBatchSampler([3, 0], 8)
     with pytest.raises(ValueError, match="not both"):
