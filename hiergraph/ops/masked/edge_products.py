@@ -234,6 +234,8 @@ def edge_dot(a: Tensor, b: Tensor, graph: EdgeCSR) -> Tensor:
     _check("b", b, graph.num_src, a.size(1), graph)
     if a.size(2) != b.size(2):
         raise ValueError(f"a and b need the same channel size, got {a.size(2)} and {b.size(2)}")
+    if not (a.is_floating_point() and b.is_floating_point()):  # (an error of the sparse kernel)
+        raise TypeError(f"a and b must be floating-point, got {a.dtype} and {b.dtype}")
     return _EdgeDot.apply(a, b, graph)
 
 

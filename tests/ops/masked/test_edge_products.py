@@ -103,6 +103,8 @@ def test_bad_shapes():
         edge_dot(feats(7, 0), torch.randn(5, 3, C), graph)
     with pytest.raises(ValueError, match="same channel size"):
         edge_dot(feats(7, 0), torch.randn(5, H, C + 1), graph)
+    with pytest.raises(TypeError, match="a and b must be floating-point, got torch.int64"):
+        edge_dot(feats(7, 0).long(), feats(5, 1).long(), graph)  # (a sparse-kernel error)
     with pytest.raises(ValueError, match=r"weight must have shape \[E, H\] = \[13, 2\]"):
         edge_aggregate(torch.randn(13, 3), feats(5, 1), graph)
     with pytest.raises(TypeError, match="graph must be an EdgeCSR"):
