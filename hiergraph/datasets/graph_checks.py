@@ -26,8 +26,10 @@ def graph_problems(data: Data, multi_label: bool = False) -> list[str]:
 
     Expected: float features ``x [N, F]``; ``edge_index`` int64 ``[2, E]`` with ids in
     ``[0, N)``; labels ``y`` with ``N`` rows, class ids (``[N]``, integer-valued, NaN for an
-    unlabelled node) or, with ``multi_label``, ``[N, C]`` floats in ``{0, 1}``; masks
-    (:data:`MASKS`, where present) bool with ``N`` rows, the splits disjoint (per column).
+    unlabelled node) or, with ``multi_label``, ``[N, C]`` in ``{0, 1}``; masks
+    (:data:`MASKS`, where present) ``[N]`` or ``[N, S]`` (``S`` splits), all of one shape,
+    bool or integers in ``{0, 1}`` (the geom-gcn split files hold integers), the splits
+    disjoint (per column).
     """
     x, problems = data.x, []
     if not isinstance(x, Tensor) or x.dim() != 2 or not x.is_floating_point():
@@ -45,9 +47,15 @@ def graph_problems(data: Data, multi_label: bool = False) -> list[str]:
     problems += _label_problems(data.y, n, multi_label)
     masks = {key: data[key] for key in MASKS if key in data}
     for key, mask in masks.items():
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.size(0) != n:
-            problems.append(f"{key} must be bool with {n} rows, got {_shape(mask)}")
+        flags = isinstance(mask, Tensor) and (mask.dtype == torch.bool or _integers(mask))
+        if not flags or mask.dim() not in (1, 2) or mask.size(0) != n:
+            problems.append(f"{key} must be flags [{n}] or [{n}, S], got {_shape(mask)}")
+        elif mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
+            problems.append(f"{key} holds values other than 0 and 1")
+    if not problems and len({mask.shape for mask in masks.values()}) > 1:
+        problems.append(f"the masks differ in shape: {[_shape(m) for m in masks.values()]}")
     if not problems:
+        masks = {key: mask.bool() for key, mask in masks.items()}
         keys = list(masks)
         for i, first in enumerate(keys):
             for second in keys[i + 1 :]:
@@ -56,8 +64,14 @@ def graph_problems(data: Data, multi_label: bool = False) -> list[str]:
     return problems
 
 
+def _integers(t: Tensor) -> bool:
+    """Whether ``t`` holds integers (not floats, complex numbers or bools)."""
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
 def _label_problems(y, n: int, multi_label: bool) -> list[str]:
-    if not isinstance(y, Tensor) or y.dim() != (2 if multi_label else 1) or y.size(0) != n:
+    numbers = isinstance(y, Tensor) and not y.is_complex() and y.dtype != torch.bool
+    if not numbers or y.dim() != (2 if multi_label else 1) or y.size(0) != n:
         wanted = f"[{n}, C] multi-label targets" if multi_label else f"[{n}] class ids"
         return [f"y must be {wanted}, got {_shape(y)}"]
     if multi_label:

@@ -152,7 +152,7 @@ def load_ogbn(
     if not problems:
         for key, part in (("train_mask", "train"), ("val_mask", "valid"), ("test_mask", "test")):
             out[key] = torch.zeros(data.num_nodes, dtype=torch.bool)
-            out[key][split[part]] = True
+            out[key][split[part].long()] = True
         problems = graph_problems(out) or _label_problems(out.y, dataset.num_classes)
     if problems:
         raise CorruptFileError(
@@ -198,15 +198,18 @@ def _read_by_ogb(folder: Path):
 
 def _split_problems(split, nodes: int) -> list[str]:
     """What is wrong with ``ogb``'s split (``split/``): it must map ``train``, ``valid`` and
-    ``test`` to int64 node ids ``[n]`` in ``[0, nodes)``."""
+    ``test`` to integer node ids ``[n]`` in ``[0, nodes)``."""
     if not isinstance(split, dict):
         return [f"the split is {type(split).__name__}, not a dict of node ids"]
     problems = []
     for part in ("train", "valid", "test"):
         ids = split.get(part)
-        if not isinstance(ids, Tensor) or ids.dim() != 1 or ids.dtype != torch.long:
+        integers = isinstance(ids, Tensor) and not (
+            ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool
+        )
+        if not integers or ids.dim() != 1:
             shape = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, Tensor) else repr(ids)
-            problems.append(f"the {part} split must be int64 node ids [n], got {shape}")
+            problems.append(f"the {part} split must be integer node ids [n], got {shape}")
         elif ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < nodes:
             problems.append(
                 f"the {part} split holds node ids {int(ids.min())}..{int(ids.max())} for "

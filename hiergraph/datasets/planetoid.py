@@ -83,7 +83,8 @@ __all__ = [
 #: Marker file written next to synthetic raw files (never present in real data).
 SYNTHETIC_MARKER = "SYNTHETIC.txt"
 
-_PPI_SPLITS = ("train", "valid", "test")
+_PPI_SPLITS = ("train", "valid", "test")  # (the raw files' names)
+_PPI_NAMES = ("train", "val", "test")  # (PyG's splits and processed files)
 _PLANETOID_KINDS = {
     "x": "a pickled scipy sparse matrix of training features",
     "tx": "a pickled scipy sparse matrix of test features",
@@ -253,6 +254,8 @@ def _verified(raw: Path, files: list[str], pinned: dict[str, str]) -> Iterator[P
     Raises:
         CorruptFileError: naming the first file whose SHA-256 differs.
     """
+    for stale in raw.parent.glob(".verified-*"):  # (left by a killed run: the caller holds
+        shutil.rmtree(stale, ignore_errors=True)  # the dataset's lock, so no run uses them)
     staged = Path(tempfile.mkdtemp(prefix=".verified-", dir=raw.parent))  # (mode 0700)
     try:
         for f in files:
@@ -298,18 +301,18 @@ def _diagnose(
 
 @contextlib.contextmanager
 def _explain_failures(
-    name: str, root: Path, files: list[str], read, what, source=None, processed=None
+    name: str, root: Path, files: list[str], read, what, built: bool, source=None, processed=None
 ):
     """Turn a failure of PyG's dataset class into a :class:`CorruptFileError` naming the
-    damaged raw or processed file, when one is found (``source``: the folder PyG builds
-    from, if not the raw folder; ``processed``: the cache's folder, if not the default).
-    Raw files are read again only when the dataset was built from them (no cache)."""
+    damaged raw or processed file, when one is found: the raw files (read again from
+    ``source``, the folder PyG builds from, if not the raw folder) when the dataset is
+    ``built`` from them, else the cache (in ``processed``, if not the default folder)."""
     processed = root / name / "processed" if processed is None else processed
-    cached = (processed / "data.pt").exists() or any(processed.glob("*.pt"))
+    cached = not built
     raw = root / name / "raw"
     try:
         yield
-    except CorruptFileError:  # already names the file (a processed cache, StrictLoad)
+    except (CorruptFileError, FileNotFoundError):  # they name what is wrong already
         raise
     except Exception as err:
         if isinstance(err, OSError) and err.filename is not None:
@@ -398,19 +401,26 @@ def load_planetoid(
         verified = contextlib.nullcontext() if cache else _verified(raw, files, pinned)
         with (
             verified as source,
-            _explain_failures(name, base, files, _read_planetoid_file, what, source, processed),
+            _explain_failures(
+                name, base, files, _read_planetoid_file, what, cache is None, source, processed
+            ),
         ):
             dataset = _Planetoid(str(base), name, raw_folder=source, **options)
-        _check_fits(dataset, name, base, None if cache is None else cache / "data.pt")
+        _check_fits(dataset, name, base, processed, cache is not None)
+        for key in ("train_mask", "val_mask", "test_mask"):  # (geom-gcn's files: 0/1 integers)
+            dataset._data[key] = dataset._data[key].bool()
         return dataset
 
 
-def _check_fits(dataset: Planetoid, name: str, root: Path, cache: Path | None) -> None:
+def _check_fits(
+    dataset: Planetoid, name: str, root: Path, processed: Path, from_cache: bool
+) -> None:
     """Raise a :class:`CorruptFileError` where data that read and build make no graph
     (:func:`~hiergraph.datasets.graph_checks.graph_problems`: e.g. edge ids past the nodes,
     a test mask that shares nodes with the training mask), or the raw test index is empty
-    or negative (PyG wraps a negative id to the last nodes); ``cache``: the processed file
-    the dataset was read from, if it was there before (else built from the raw files)."""
+    or negative (PyG wraps a negative id to the last nodes); ``processed``: the cache's
+    folder, which the dataset was read from (``from_cache``) or built into."""
+    cache = processed / "data.pt" if from_cache else None
     raw, problems = root / name / "raw", graph_problems(dataset._data)
     index = raw / f"ind.{name.lower()}.test.index"
     if cache is None and index.exists():
@@ -429,7 +439,7 @@ def _check_fits(dataset: Planetoid, name: str, root: Path, cache: Path | None) -
         raise CorruptFileError(
             raw,
             f"{raw}: the {name} raw files read but do not fit together: {'; '.join(problems)}. "
-            f"Put the official files in their place and delete {root / name / 'processed'} "
+            f"Put the official files in their place and delete {processed} "
             "(built from these).",
         )
 
@@ -455,12 +465,25 @@ def load_ppi(
                 return "a networkx node-link graph in JSON"
             return "a numpy .npy array"
 
-        with _explain_failures("PPI", base, ppi_raw_files(), _read_ppi_file, what):
+        processed = base / "PPI" / "processed"  # (PyG's file names)
+        built = force_reload or not all((processed / f"{s}.pt").exists() for s in _PPI_NAMES)
+        with _explain_failures("PPI", base, ppi_raw_files(), _read_ppi_file, what, built):
             reload = (force_reload, False, False)  # (the first builds all three caches)
-            return tuple(
+            splits = tuple(
                 _PPI(str(base / "PPI"), split=s, transform=transform, force_reload=again)
-                for s, again in zip(("train", "val", "test"), reload, strict=True)
+                for s, again in zip(_PPI_NAMES, reload, strict=True)
             )
+        for split, split_name in zip(splits, _PPI_NAMES, strict=True):
+            for i in range(len(split)):
+                problems = graph_problems(split.get(i), multi_label=True)  # (no transform)
+                if problems:
+                    cache = processed / f"{split_name}.pt"
+                    raise CorruptFileError(
+                        cache,
+                        f"{cache}: graph {i} is no PPI graph: {'; '.join(problems)}. Delete "
+                        "it (or pass force_reload=True) to rebuild it from the raw files.",
+                    )
+        return splits
 
 
 class _Planetoid(StrictLoad, Planetoid):
@@ -470,6 +493,14 @@ class _Planetoid(StrictLoad, Planetoid):
     loader does, with checksums)."""
 
     cache_keys = ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask")
+
+    def process(self) -> None:
+        if self._raw_folder is None:  # (a cache there when the loader looked, gone since)
+            raise FileNotFoundError(
+                f"{self.processed_dir}: the processed cache vanished while it was loaded "
+                "(deleted meanwhile?); load the dataset again"
+            )
+        super().process()
 
     def __init__(self, root: str, name: str, raw_folder: Path | None = None, **options):
         self._raw_folder = raw_folder  # where it builds from (the raw folder by default)

@@ -225,7 +225,7 @@ class FirstCopies:
     def first(self, key: tuple, path: str, text: str, what: str) -> bool:
         """Whether ``path`` holds the first copy of document ``key`` (``what``, for the
         error: e.g. "article 002 of 'sport'")."""
-        normal = text.replace("\r\n", "\n")  # (a copy saved with other line endings)
+        normal = text.replace("\r\n", "\n").replace("\r", "\n")  # (other line endings)
         digest = hashlib.sha256(normal.encode("utf-8", "surrogatepass")).digest()
         if key not in self.seen:
             self.seen[key] = path, digest

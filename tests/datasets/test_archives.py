@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from hiergraph.datasets import planetoid as hp
 from hiergraph.datasets.bbc import BBCNews
@@ -309,6 +310,9 @@ def test_utf16_with_its_byte_order_mark_is_decoded():
         assert decode(damaged) == damaged.decode("latin-1")
 
 
+MASK_KEYS = ("train_mask", "val_mask", "test_mask")
+
+
 def test_geom_gcn_split_reads_the_checked_raw_folder(tmp_path):
     """PyG reads the geom-gcn split's raw files from ``<Name>/geom-gcn/raw``: files planted
     there were unpickled unchecked, and pre-placed files never served (PyG downloaded them
@@ -316,9 +320,9 @@ def test_geom_gcn_split_reads_the_checked_raw_folder(tmp_path):
     raw = write_tiny_planetoid(tmp_path / "src")
     rng = np.random.default_rng(0)
     for i in range(10):
-        masks = rng.integers(0, 3, 560)
-        np.savez(raw / f"cora_split_0.6_0.2_{i}.npz", train_mask=masks == 0, val_mask=masks == 1,
-                 test_mask=masks == 2)  # fmt: skip
+        part = rng.integers(0, 3, 560)  # (0/1 integers, as in the geom-gcn files)
+        masks = {key: (part == j).astype(np.uint8) for j, key in enumerate(MASK_KEYS)}
+        np.savez(raw / f"cora_split_0.6_0.2_{i}.npz", **masks)
     ran = tmp_path / "ran"
 
     class Planted:
@@ -332,6 +336,7 @@ def test_geom_gcn_split_reads_the_checked_raw_folder(tmp_path):
     (planted / "ind.cora.x").write_bytes(pickle.dumps(Planted(), protocol=2))
     data = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw, split="geom-gcn")[0]
     assert data.train_mask.shape == (560, 10) and not ran.exists()
+    assert data.train_mask.dtype == torch.bool  # (PyG kept the files' uint8)
     public = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)[0]
     assert public.train_mask.shape == (560,)  # (its own cache)
 
@@ -342,6 +347,7 @@ def test_copies_that_differ_in_line_endings_only_are_one_document(tmp_path):
     copies = FirstCopies(tmp_path)
     assert copies.first(("train", 0, 1), "a/1", "line one\nline two", "document 1")
     assert not copies.first(("train", 0, 1), "b/1", "line one\r\nline two", "document 1")
+    assert not copies.first(("train", 0, 1), "c/1", "line one\rline two", "document 1")
     with pytest.raises(ValueError, match="b/1 and a/1 are both document 1 but differ"):
         copies.first(("train", 0, 1), "b/1", "line one\nline 2", "document 1")
 
@@ -377,3 +383,49 @@ def test_a_raw_file_replaced_after_its_check_is_never_read(tmp_path, monkeypatch
     assert data.num_nodes == 560 and not ran.exists()
     # (the private copies are gone)
     assert sorted(p.name for p in (tmp_path / "data" / "Cora").iterdir()) == ["processed", "raw"]
+
+
+def test_a_cache_that_vanishes_while_loading_is_not_rebuilt_from_unchecked_files(
+    tmp_path, monkeypatch
+):
+    """With a cache there, PyG reads no raw file; were it deleted between the loader's look
+    and PyG's, PyG built from the raw folder, unchecked (a planted pickle ran)."""
+    raw = write_tiny_planetoid(tmp_path / "src")
+    hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+    ran, init = tmp_path / "ran", hp._Planetoid.__init__
+
+    class Planted:
+        def __reduce__(self):
+            return (Path.touch, (ran,))
+
+    def vanishing(self, root, name, raw_folder=None, **options):
+        (tmp_path / "data" / "Cora" / "processed" / "data.pt").unlink(missing_ok=True)
+        init(self, root, name, raw_folder, **options)
+
+    (raw / "ind.cora.x").write_bytes(pickle.dumps(Planted(), protocol=2))
+    monkeypatch.setattr(hp._Planetoid, "__init__", vanishing)
+    with pytest.raises(FileNotFoundError, match="the processed cache vanished"):
+        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+    assert not ran.exists()
+
+
+def test_copies_left_by_a_killed_build_are_removed(tmp_path):
+    raw = write_tiny_planetoid(tmp_path / "src")
+    stale = tmp_path / "data" / "Cora" / ".verified-left"
+    stale.mkdir(parents=True)
+    hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+    assert not stale.exists()
+
+
+def test_ppi_graphs_that_are_no_graphs_are_refused(tmp_path):
+    raw = hp.write_synthetic_ppi(tmp_path / "src", graphs=(2, 1, 1), nodes_per_graph=8)
+    train = hp.load_ppi(root=tmp_path / "data", raw_dir=raw)[0]
+    from hiergraph.datasets.processed import SAFE_CLASSES
+
+    path = Path(train.processed_paths[2])  # the test split's cache
+    with torch.serialization.safe_globals(SAFE_CLASSES):
+        data, slices, *rest = torch.load(path, weights_only=True)
+    data["edge_index"][0, 0] = 10**6
+    torch.save((data, slices, *rest), path)
+    with pytest.raises(CorruptFileError, match=r"test.pt: graph 0 is no PPI graph: .*node ids"):
+        hp.load_ppi(root=tmp_path / "data", raw_dir=raw)

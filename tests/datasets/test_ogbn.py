@@ -199,8 +199,8 @@ def test_ogb_reads_its_files_weights_only_whatever_the_torch_default(tmp_path, m
         ("overlap", "train_mask and val_mask share nodes"),
         ("label", r"labels span 0\.\.99 for 40 classes"),
         ("truncated", "ogb could not read it"),
-        ("float split", r"the valid split must be int64 node ids \[n\], got torch.float32"),
-        ("no split", "the test split must be int64 node ids"),
+        ("float split", r"the valid split must be integer node ids \[n\], got torch.float32"),
+        ("no split", "the test split must be integer node ids"),
         ("fractional", "y holds labels that are not class ids"),
     ],
 )
@@ -284,3 +284,14 @@ def test_unlabelled_nodes_and_machine_errors(tmp_path, monkeypatch):
     shutil.rmtree(folder / "processed")
     with pytest.raises(PermissionError, match="Permission denied"):
         load_ogbn("ogbn-arxiv", root=tmp_path)
+
+
+@needs_ogb
+def test_integer_split_ids_of_any_width_load(tmp_path):
+    _, split = write_tiny_arxiv(tmp_path)
+    folder = ogbn_dir("ogbn-arxiv", tmp_path)
+    load_ogbn("ogbn-arxiv", root=tmp_path)
+    torch.save({k: torch.as_tensor(v, dtype=torch.int32) for k, v in split.items()},
+               folder / "split" / "time" / "split_dict.pt")  # fmt: skip
+    data, _ = load_ogbn("ogbn-arxiv", root=tmp_path)
+    assert data.test_mask.nonzero().view(-1).tolist() == split["test"].tolist()

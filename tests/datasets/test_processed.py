@@ -197,9 +197,23 @@ def test_stacked_fields_are_cut_per_example(tmp_path):
         ("x", lambda d: d["x"].long(), "x must be float features"),
         ("edge_index", lambda d: d["edge_index"].float(), "edge_index must be int64"),
         ("edge_index", lambda d: d["edge_index"][:1], r"edge_index must be \[2, num_edges\]"),
-        ("train_mask", lambda d: d["train_mask"][:50], "train_mask must be bool with 560 rows"),
+        ("train_mask", lambda d: d["train_mask"][:50], r"train_mask must be flags \[560\]"),
+        ("val_mask", lambda d: d["val_mask"][:, None].expand(-1, 10), "masks differ in shape"),
+        ("test_mask", lambda d: d["test_mask"].long() * 2, "test_mask holds values other"),
+        ("y", lambda d: d["y"] > 2, r"y must be \[560\] class ids, got torch.bool"),
     ],
-    ids=["test is train", "negative", "fractional", "int x", "float edges", "one row", "short"],
+    ids=[
+        "test is train",
+        "negative",
+        "fractional",
+        "int x",
+        "float edges",
+        "one row",
+        "short",
+        "2-d",
+        "not flags",
+        "bool y",
+    ],  # fmt: skip
 )
 def test_planetoid_cache_that_holds_no_graph_is_refused_by_name(no_env, tmp_path, key, edit, match):
     """(They loaded: a test set equal to the training set, labels that fail in the loss,
