@@ -308,7 +308,6 @@ def _explain_failures(
     ``source``, the folder PyG builds from, if not the raw folder) when the dataset is
     ``built`` from them, else the cache (in ``processed``, if not the default folder)."""
     processed = root / name / "processed" if processed is None else processed
-    cached = not built
     raw = root / name / "raw"
     try:
         yield
@@ -319,8 +318,8 @@ def _explain_failures(
             place = Path(os.path.abspath(err.filename))
             if not place.is_relative_to(os.path.abspath(raw)):  # no raw file's fault: as is
                 raise  # (no permission to write the processed folder, a full disk)
-        bad = None if cached else _diagnose(raw, files, read, what, source or raw)
-        if bad is None and cached:
+        bad = _diagnose(raw, files, read, what, source or raw) if built else None
+        if bad is None and not built:
             bad = CorruptFileError(
                 processed,
                 f"{processed}: cannot load this processed {name} cache "
@@ -480,8 +479,9 @@ def load_ppi(
                     cache = processed / f"{split_name}.pt"
                     raise CorruptFileError(
                         cache,
-                        f"{cache}: graph {i} is no PPI graph: {'; '.join(problems)}. Delete "
-                        "it (or pass force_reload=True) to rebuild it from the raw files.",
+                        f"{cache}: graph {i} is no PPI graph: {'; '.join(problems)}. It or "
+                        "the raw files it was built from are damaged: with the official raw "
+                        "files in place, delete it (or pass force_reload=True) to rebuild it.",
                     )
         return splits
 
@@ -493,14 +493,6 @@ class _Planetoid(StrictLoad, Planetoid):
     loader does, with checksums)."""
 
     cache_keys = ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask")
-
-    def process(self) -> None:
-        if self._raw_folder is None:  # (a cache there when the loader looked, gone since)
-            raise FileNotFoundError(
-                f"{self.processed_dir}: the processed cache vanished while it was loaded "
-                "(deleted meanwhile?); load the dataset again"
-            )
-        super().process()
 
     def __init__(self, root: str, name: str, raw_folder: Path | None = None, **options):
         self._raw_folder = raw_folder  # where it builds from (the raw folder by default)
@@ -515,6 +507,14 @@ class _Planetoid(StrictLoad, Planetoid):
 
     def download(self) -> None:
         raise FileNotFoundError(f"{self.raw_dir} lacks raw files of {self.name}")
+
+    def process(self) -> None:
+        if self._raw_folder is None:  # (a cache there when the loader looked, gone since)
+            raise FileNotFoundError(
+                f"{self.processed_dir}: the processed cache vanished while it was loaded "
+                "(deleted meanwhile?); load the dataset again"
+            )
+        super().process()
 
 
 class _PPI(StrictLoad, PPI):
