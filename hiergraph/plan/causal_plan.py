@@ -130,84 +130,21 @@ class CausalPlan:
         ranks, leaf counts, leaf order); nothing is derived from ``parent`` again.
         Raises ``ValueError`` if the leaf order is not a depth-first order.
         """
-        device = index.device
         n, num_leaves = index.num_nodes, index.num_leaves
-        sizes = torch.tensor(index.level_sizes, device=device)
         max_depth = index.num_levels - 1 if n else 0
-        node_rank = index.rank
-        depth = torch.arange(sizes.numel(), device=device).repeat_interleave(sizes)[node_rank]
-        parent = index.order[index.parent_position][node_rank]
-        counts = [level.count for level in index.levels]  # leaves below, level by level
-        count = torch.cat(counts)[node_rank] if counts else node_rank.new_zeros(0)
+        depth, parent, count = _node_tables(index)
         leaf_node = index.leaf_node
         leaf_depth = depth[leaf_node]
-        leaves = torch.arange(num_leaves, device=device)
-
-        ancestors = torch.full((num_leaves, max_depth + 1), -1, dtype=torch.long, device=device)
-        cur = leaf_node
-        for _ in range(max_depth + 1):
-            ancestors[leaves, depth[cur]] = cur
-            cur = parent[cur]
-        valid = ancestors >= 0
-        anc_leaf = leaves[:, None].expand_as(ancestors)[valid]
-        anc_node = ancestors[valid]
-        first_leaf = torch.full((n,), num_leaves, dtype=torch.long, device=device)
-        first_leaf = first_leaf.scatter_reduce(0, anc_node, anc_leaf, "amin")
-        last_leaf = torch.full((n,), -1, dtype=torch.long, device=device)
-        last_leaf = last_leaf.scatter_reduce(0, anc_node, anc_leaf, "amax")
-
-        # families: the non-root breadth-first positions, grouped by parent in child order
-        n0 = index.level_ptr[1] if n else 0
-        child = index.order[n0:]
-        fam_start = (index.family_start - n0).repeat_interleave(index.family_size)
-        pos = torch.arange(child.numel(), device=device)
-        fam_new = pos == fam_start
-        rank = torch.zeros(n, dtype=torch.long, device=device)
-        rank[child] = pos - fam_start
-        start = torch.zeros(n, dtype=torch.long, device=device)
-        start[child] = fam_start
-
-        contiguous = bool((last_leaf - first_leaf + 1 == count).all())
-        ordered = bool((last_leaf[child[:-1]] + 1 == first_leaf[child[1:]])[~fam_new[1:]].all())
-        if not (contiguous and ordered):
-            raise ValueError(
-                "causal attention needs the leaf order to be a depth-first order of the tree "
-                "(the leaves of every node consecutive, sibling sub-trees in slot order); "
-                "number the leaves left to right, e.g. from_nested([[0, 1], [2, 3, 4]])"
-            )
-
-        def left_siblings(query: Tensor) -> tuple[Tensor, Tensor]:
-            """(row in ``query``, left sibling) for each left sibling of each node in ``query``."""
-            r = rank[query]
-            row = torch.arange(query.numel(), device=device).repeat_interleave(r)
-            offset = torch.arange(row.numel(), device=device) - (torch.cumsum(r, 0) - r)[row]
-            return row, child[start[query][row] + offset]
-
-        row, sib_key = left_siblings(child)
-        sib_query = child[row]
-
-        pair_leaf, pair_node, pair_count, pair_is_leaf, pair_child = [], [], [], [], []
-        last_pair, depth_nodes, key_pair, key_node = [], [], [], []
-        for s in range(max_depth + 1):
-            pl = (leaf_depth >= s).nonzero().view(-1)
-            pn = ancestors[pl, s]
-            pair_leaf.append(pl)
-            pair_node.append(pn)
-            pair_count.append(pl - first_leaf[pn] + 1)
-            pair_is_leaf.append(leaf_depth[pl] == s)
-            dn = (depth == s).nonzero().view(-1)
-            depth_nodes.append(dn)
-            last_pair.append(torch.searchsorted(pl, last_leaf[dn]))
-            kp, kn = left_siblings(pn) if s > 0 else (pl[:0], pl[:0])
-            key_pair.append(kp)
-            key_node.append(kn)
-        for s in range(max_depth + 1):
-            if s < max_depth:
-                nxt = pair_leaf[s + 1]
-                ch = torch.searchsorted(nxt, pair_leaf[s]).clamp(max=max(nxt.numel() - 1, 0))
-                pair_child.append(torch.where(pair_is_leaf[s], 0, ch))
-            else:
-                pair_child.append(torch.zeros_like(pair_leaf[s]))
+        ancestors, anc_leaf, anc_node, first_leaf, last_leaf = _leaf_paths(
+            leaf_node, depth, parent, max_depth, n
+        )
+        families = _Families(index)
+        families.check_depth_first(first_leaf, last_leaf, count)
+        row, sib_key = families.left_siblings(families.child)
+        sib_query = families.child[row]
+        pairs = _depth_pairs(
+            ancestors, leaf_depth, first_leaf, last_leaf, depth, max_depth, families
+        )
         return cls(
             num_nodes=n,
             num_leaves=num_leaves,
@@ -218,19 +155,114 @@ class CausalPlan:
             first_leaf=first_leaf,
             last_leaf=last_leaf,
             count=count,
-            rank=rank,
+            rank=families.rank,
             anc_leaf=anc_leaf,
             anc_node=anc_node,
-            pair_leaf=pair_leaf,
-            pair_node=pair_node,
-            pair_count=pair_count,
-            pair_is_leaf=pair_is_leaf,
-            pair_child=pair_child,
-            last_pair=last_pair,
-            depth_nodes=depth_nodes,
-            key_pair=key_pair,
-            key_node=key_node,
+            **pairs,
             sib_query=sib_query,
             sib_key=sib_key,
             tree_index=index,
         )
+
+
+def _node_tables(index: TreeIndex) -> tuple[Tensor, Tensor, Tensor]:
+    """Per node (node order): its depth, parent and leaf count, read off the plan."""
+    node_rank = index.rank
+    sizes = torch.tensor(index.level_sizes, device=index.device)
+    depth = torch.arange(sizes.numel(), device=index.device).repeat_interleave(sizes)[node_rank]
+    parent = index.order[index.parent_position][node_rank]
+    counts = [level.count for level in index.levels]  # leaves below, level by level
+    count = torch.cat(counts)[node_rank] if counts else node_rank.new_zeros(0)
+    return depth, parent, count
+
+
+def _leaf_paths(leaf_node: Tensor, depth: Tensor, parent: Tensor, max_depth: int, n: int):
+    """Every leaf's root path, ``ancestors [L, max_depth + 1]`` (node at each depth, -1
+    below the leaf), its (leaf, node) pairs ``anc_leaf, anc_node``, and every node's first
+    and last leaf (``[n]``)."""
+    num_leaves, device = leaf_node.numel(), leaf_node.device
+    leaves = torch.arange(num_leaves, device=device)
+    ancestors = torch.full((num_leaves, max_depth + 1), -1, dtype=torch.long, device=device)
+    cur = leaf_node
+    for _ in range(max_depth + 1):
+        ancestors[leaves, depth[cur]] = cur
+        cur = parent[cur]
+    valid = ancestors >= 0
+    anc_leaf = leaves[:, None].expand_as(ancestors)[valid]
+    anc_node = ancestors[valid]
+    first_leaf = torch.full((n,), num_leaves, dtype=torch.long, device=device)
+    first_leaf = first_leaf.scatter_reduce(0, anc_node, anc_leaf, "amin")
+    last_leaf = torch.full((n,), -1, dtype=torch.long, device=device)
+    last_leaf = last_leaf.scatter_reduce(0, anc_node, anc_leaf, "amax")
+    return ancestors, anc_leaf, anc_node, first_leaf, last_leaf
+
+
+class _Families:
+    """The forest's families: the non-root nodes in breadth-first order ``child``, grouped by
+    parent in child order, with every node's ``rank`` among its siblings and the position
+    ``start`` of its family's first member in ``child``."""
+
+    def __init__(self, index: TreeIndex):
+        n, device = index.num_nodes, index.device
+        n0 = index.level_ptr[1] if n else 0
+        self.child = index.order[n0:]
+        fam_start = (index.family_start - n0).repeat_interleave(index.family_size)
+        pos = torch.arange(self.child.numel(), device=device)
+        self.first = pos == fam_start  # a family's first member
+        self.rank = torch.zeros(n, dtype=torch.long, device=device)
+        self.rank[self.child] = pos - fam_start
+        self.start = torch.zeros(n, dtype=torch.long, device=device)
+        self.start[self.child] = fam_start
+
+    def check_depth_first(self, first_leaf: Tensor, last_leaf: Tensor, count: Tensor) -> None:
+        """Raise ``ValueError`` unless the leaves of every node are consecutive and sibling
+        sub-trees follow each other in slot order (a depth-first leaf order)."""
+        child = self.child
+        contiguous = bool((last_leaf - first_leaf + 1 == count).all())
+        following = last_leaf[child[:-1]] + 1 == first_leaf[child[1:]]
+        if not (contiguous and bool(following[~self.first[1:]].all())):
+            raise ValueError(
+                "causal attention needs the leaf order to be a depth-first order of the tree "
+                "(the leaves of every node consecutive, sibling sub-trees in slot order); "
+                "number the leaves left to right, e.g. from_nested([[0, 1], [2, 3, 4]])"
+            )
+
+    def left_siblings(self, query: Tensor) -> tuple[Tensor, Tensor]:
+        """(row in ``query``, left sibling) for each left sibling of each node in ``query``."""
+        r = self.rank[query]
+        device = query.device
+        row = torch.arange(query.numel(), device=device).repeat_interleave(r)
+        offset = torch.arange(row.numel(), device=device) - (torch.cumsum(r, 0) - r)[row]
+        return row, self.child[self.start[query][row] + offset]
+
+
+def _depth_pairs(
+    ancestors, leaf_depth, first_leaf, last_leaf, depth, max_depth: int, families: _Families
+) -> dict[str, list[Tensor]]:
+    """Per depth ``s``, the (leaf, ancestor at depth ``s``) pairs and their tables: the
+    :class:`CausalPlan` fields ``pair_*``, ``last_pair``, ``depth_nodes``, ``key_*``."""
+    names = ("pair_leaf", "pair_node", "pair_count", "pair_is_leaf", "pair_child", "last_pair",
+             "depth_nodes", "key_pair", "key_node")  # fmt: skip
+    out: dict[str, list[Tensor]] = {name: [] for name in names}
+    for s in range(max_depth + 1):
+        pl = (leaf_depth >= s).nonzero().view(-1)
+        pn = ancestors[pl, s]
+        out["pair_leaf"].append(pl)
+        out["pair_node"].append(pn)
+        out["pair_count"].append(pl - first_leaf[pn] + 1)
+        out["pair_is_leaf"].append(leaf_depth[pl] == s)
+        dn = (depth == s).nonzero().view(-1)
+        out["depth_nodes"].append(dn)
+        out["last_pair"].append(torch.searchsorted(pl, last_leaf[dn]))
+        kp, kn = families.left_siblings(pn) if s > 0 else (pl[:0], pl[:0])
+        out["key_pair"].append(kp)
+        out["key_node"].append(kn)
+    pair_leaf, pair_is_leaf = out["pair_leaf"], out["pair_is_leaf"]
+    for s in range(max_depth + 1):
+        if s < max_depth:
+            nxt = pair_leaf[s + 1]
+            ch = torch.searchsorted(nxt, pair_leaf[s]).clamp(max=max(nxt.numel() - 1, 0))
+            out["pair_child"].append(torch.where(pair_is_leaf[s], 0, ch))
+        else:
+            out["pair_child"].append(torch.zeros_like(pair_leaf[s]))
+    return out
