@@ -293,84 +293,21 @@ class TreeIndex:
     @outside_inference_mode
     def from_parent(cls, parent: Tensor, slot: Tensor, is_leaf: Tensor) -> TreeIndex:
         """Plan from ``[N]`` ``parent`` (roots point at themselves), ``slot`` and ``is_leaf``."""
-        device = parent.device
-        n = parent.numel()
-        nodes = torch.arange(n, device=device)
-        is_root = parent == nodes
-
-        # BFS order, level by level: sort each level by (parent's BFS rank, slot).
-        rank = torch.full((n,), -1, dtype=torch.long, device=device)
-        depth = torch.zeros(n, dtype=torch.long, device=device)
-        level = nodes[is_root]
-        sizes = []
-        filled = 0
-        remaining = nodes[~is_root]
-        while level.numel():
-            rank[level] = torch.arange(filled, filled + level.numel(), device=device)
-            depth[level] = len(sizes)
-            filled += level.numel()
-            sizes.append(level.numel())
-            placed = rank[parent[remaining]] >= 0
-            children, remaining = remaining[placed], remaining[~placed]
-            level = children[family_order(rank[parent[children]], slot[children])]
-        if filled != n:
-            raise ValueError("parent does not describe a forest: some nodes never reach a root")
-        order = torch.empty_like(rank)
-        order[rank] = nodes
-        level_ptr = [0]
-        for s in sizes:
-            level_ptr.append(level_ptr[-1] + s)
-
+        device, n = parent.device, parent.numel()
+        order, rank, level_ptr = _breadth_first(parent, slot)
         parent_pos = rank[parent[order]]  # BFS position of each position's parent
-        num_children = torch.bincount(parent_pos[level_ptr[1] if n else 0 :], minlength=n)
-        leaf_bfs = is_leaf[order]
-        count = leaf_bfs.long()
-        for d in range(len(sizes) - 1, 0, -1):  # leaves below every node, deepest level first
-            lo, hi = level_ptr[d], level_ptr[d + 1]
-            below = torch.bincount(parent_pos[lo:hi], weights=count[lo:hi].double(), minlength=n)
-            count = count + below.long()
-
-        leaf_nodes = nodes[is_leaf]
+        leaf_nodes = torch.arange(n, device=device)[is_leaf]
         leaf_pos = rank[leaf_nodes]
         leaf_id_at = torch.full((n,), -1, dtype=torch.long, device=device)
         leaf_id_at[leaf_pos] = torch.arange(leaf_nodes.numel(), device=device)
-
-        # Families: contiguous runs of equal parent among non-root positions.
-        n0 = level_ptr[1] if len(level_ptr) > 1 else n
-        fam_parent = parent_pos[n0:]
-        is_start = torch.ones_like(fam_parent, dtype=torch.bool)
-        is_start[1:] = fam_parent[1:] != fam_parent[:-1]
-        family_start = is_start.nonzero().view(-1) + n0
-        family_size = torch.diff(family_start, append=family_start.new_tensor([n]))
-
-        levels, parent_local, leaf_ids = [], [], []
-        for d in range(len(sizes)):
-            lo, hi = level_ptr[d], level_ptr[d + 1]
-            pl = parent_pos[lo:hi] - level_ptr[d - 1] if d else parent_pos.new_empty(0)
-            in_level = (family_start >= lo) & (family_start < hi)
-            f_start, f_size = family_start[in_level] - lo, family_size[in_level]
-            ids = leaf_id_at[lo:hi]
-            local = (ids >= 0).nonzero().view(-1)
-            leaf_ids.append(ids[local])
-            parent_local.append(pl)
-            blocks = _make_blocks(f_start, f_size, pl)
-            levels.append(
-                Level(
-                    start=lo,
-                    parent_local=pl,
-                    num_children=num_children[lo:hi],
-                    leaf_local=local,
-                    leaf_id=ids[local],
-                    count=count[lo:hi],
-                    family_start=f_start,
-                    family_size=f_size,
-                    blocks=blocks,
-                    **_gather_slots(blocks, hi - lo),
-                    fanout=_fanout(num_children[lo:hi]),
-                )
-            )
+        family_start, family_size = _families(parent_pos, level_ptr)
+        levels = _levels(
+            parent_pos, level_ptr, is_leaf[order], leaf_id_at, family_start, family_size
+        )
+        leaf_ids = [level.leaf_id for level in levels]
         leaf_ids = torch.cat(leaf_ids) if leaf_ids else leaf_pos.new_empty(0)
         in_order = torch.equal(leaf_ids, torch.arange(leaf_ids.numel(), device=device))
+        parent_local = [level.parent_local for level in levels]
         index = cls(
             num_nodes=n,
             num_leaves=leaf_nodes.numel(),
@@ -590,3 +527,86 @@ def _make_blocks(
             blocks.append(block)
             offset += block.count * block.width
     return blocks
+
+
+def _breadth_first(parent: Tensor, slot: Tensor) -> tuple[Tensor, Tensor, list[int]]:
+    """The breadth-first order of a forest, level by level, each level sorted by (parent's
+    rank, slot): ``order`` (node at each position), ``rank`` (position of each node) and
+    ``level_ptr`` (where each level starts, and the end).
+
+    Raises:
+        ValueError: if some nodes never reach a root (a cycle).
+    """
+    device, n = parent.device, parent.numel()
+    nodes = torch.arange(n, device=device)
+    is_root = parent == nodes
+    rank = torch.full((n,), -1, dtype=torch.long, device=device)
+    level, remaining, level_ptr = nodes[is_root], nodes[~is_root], [0]
+    while level.numel():
+        rank[level] = torch.arange(level_ptr[-1], level_ptr[-1] + level.numel(), device=device)
+        level_ptr.append(level_ptr[-1] + level.numel())
+        placed = rank[parent[remaining]] >= 0
+        children, remaining = remaining[placed], remaining[~placed]
+        level = children[family_order(rank[parent[children]], slot[children])]
+    if level_ptr[-1] != n:
+        raise ValueError("parent does not describe a forest: some nodes never reach a root")
+    order = torch.empty_like(rank)
+    order[rank] = nodes
+    return order, rank, level_ptr
+
+
+def _families(parent_pos: Tensor, level_ptr: list[int]) -> tuple[Tensor, Tensor]:
+    """The families (contiguous runs of equal parent among the non-root positions): where
+    each starts (a breadth-first position) and its size."""
+    n = parent_pos.numel()
+    n0 = level_ptr[1] if len(level_ptr) > 1 else n
+    fam_parent = parent_pos[n0:]
+    is_start = torch.ones_like(fam_parent, dtype=torch.bool)
+    is_start[1:] = fam_parent[1:] != fam_parent[:-1]
+    family_start = is_start.nonzero().view(-1) + n0
+    return family_start, torch.diff(family_start, append=family_start.new_tensor([n]))
+
+
+def _levels(
+    parent_pos: Tensor,
+    level_ptr: list[int],
+    leaf_bfs: Tensor,
+    leaf_id_at: Tensor,
+    family_start: Tensor,
+    family_size: Tensor,
+) -> list[Level]:
+    """The :class:`Level` of every depth, from the breadth-first parents ``parent_pos``,
+    leaf flags ``leaf_bfs`` and leaf ids ``leaf_id_at`` (-1 for internal nodes) of the
+    positions, and the families."""
+    n, depths = parent_pos.numel(), len(level_ptr) - 1
+    num_children = torch.bincount(parent_pos[level_ptr[1] if n else 0 :], minlength=n)
+    count = leaf_bfs.long()
+    for d in range(depths - 1, 0, -1):  # leaves below every node, deepest level first
+        lo, hi = level_ptr[d], level_ptr[d + 1]
+        below = torch.bincount(parent_pos[lo:hi], weights=count[lo:hi].double(), minlength=n)
+        count = count + below.long()
+    levels = []
+    for d in range(depths):
+        lo, hi = level_ptr[d], level_ptr[d + 1]
+        pl = parent_pos[lo:hi] - level_ptr[d - 1] if d else parent_pos.new_empty(0)
+        in_level = (family_start >= lo) & (family_start < hi)
+        f_start, f_size = family_start[in_level] - lo, family_size[in_level]
+        ids = leaf_id_at[lo:hi]
+        local = (ids >= 0).nonzero().view(-1)
+        blocks = _make_blocks(f_start, f_size, pl)
+        levels.append(
+            Level(
+                start=lo,
+                parent_local=pl,
+                num_children=num_children[lo:hi],
+                leaf_local=local,
+                leaf_id=ids[local],
+                count=count[lo:hi],
+                family_start=f_start,
+                family_size=f_size,
+                blocks=blocks,
+                **_gather_slots(blocks, hi - lo),
+                fanout=_fanout(num_children[lo:hi]),
+            )
+        )
+    return levels
