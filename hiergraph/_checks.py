@@ -59,6 +59,12 @@ def as_int(value, what: str) -> int:
     raise TypeError(f"{what} must be an int, got {value!r}")
 
 
+def holds_integers(t: torch.Tensor) -> bool:
+    """Whether tensor ``t`` holds integers (not floats, complex numbers or bools): ids,
+    counts, positions of any integer width."""
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
 def check_ids(
     ids: torch.Tensor, count: int, what: str, name: str, *, device_assert: bool = True
 ) -> None:

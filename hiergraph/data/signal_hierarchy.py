@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from hiergraph._checks import holds_integers
 from hiergraph._versions import guard_holds, version_guard
 from hiergraph.data.domain import Domain
 from hiergraph.data.validation import validate_structure
@@ -420,7 +421,7 @@ def as_long(value: Any, name: str, device=None) -> Tensor:
     numbers or bools); a tensor stays on its device, anything else goes to ``device``
     (default: PyTorch's default device)."""
     t = torch.as_tensor(value, device=value.device if isinstance(value, Tensor) else device)
-    if t.numel() and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+    if t.numel() and not holds_integers(t):
         raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")  # ([] reads as float)
     return t.long()
 

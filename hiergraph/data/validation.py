@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from hiergraph._checks import holds_integers
 from hiergraph.plan.family_order import family_order
 
 #: How many parent links of a cycle an error message spells out.
@@ -44,7 +45,7 @@ def validate_structure(
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     for name, t in (("parent", parent), ("slot", slot)):
-        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        if not holds_integers(t):
             raise TypeError(f"{name} must hold integer node ids/positions, got dtype {t.dtype}")
     if is_leaf.dtype != torch.bool:
         raise TypeError(f"is_leaf must be a bool tensor, got dtype {is_leaf.dtype}")

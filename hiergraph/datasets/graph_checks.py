@@ -13,7 +13,9 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-#: The split masks a graph may hold: ``[N]`` or ``[N, S]`` for ``S`` splits, bool.
+from hiergraph._checks import holds_integers
+
+#: The split masks a graph may hold: ``[N]`` or ``[N, S]`` for ``S`` splits, bool (or 0/1).
 MASKS = ("train_mask", "val_mask", "test_mask")
 
 
@@ -47,7 +49,7 @@ def graph_problems(data: Data, multi_label: bool = False) -> list[str]:
     problems += _label_problems(data.y, n, multi_label)
     masks = {key: data[key] for key in MASKS if key in data}
     for key, mask in masks.items():
-        flags = isinstance(mask, Tensor) and (mask.dtype == torch.bool or _integers(mask))
+        flags = isinstance(mask, Tensor) and (mask.dtype == torch.bool or holds_integers(mask))
         if not flags or mask.dim() not in (1, 2) or mask.size(0) != n:
             problems.append(f"{key} must be flags [{n}] or [{n}, S], got {_shape(mask)}")
         elif mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
@@ -62,11 +64,6 @@ def graph_problems(data: Data, multi_label: bool = False) -> list[str]:
                 if bool((masks[first] & masks[second]).any()):
                     problems.append(f"{first} and {second} share nodes")
     return problems
-
-
-def _integers(t: Tensor) -> bool:
-    """Whether ``t`` holds integers (not floats, complex numbers or bools)."""
-    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 
 def _label_problems(y, n: int, multi_label: bool) -> list[str]:

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from hiergraph._checks import holds_integers
 from hiergraph.datasets.download import (
     CorruptFileError,
     DownloadError,  # noqa: F401 - raised by load_ogbn, caught as ogbn.DownloadError
@@ -204,10 +205,7 @@ def _split_problems(split, nodes: int) -> list[str]:
     problems = []
     for part in ("train", "valid", "test"):
         ids = split.get(part)
-        integers = isinstance(ids, Tensor) and not (
-            ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool
-        )
-        if not integers or ids.dim() != 1:
+        if not (isinstance(ids, Tensor) and holds_integers(ids)) or ids.dim() != 1:
             shape = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, Tensor) else repr(ids)
             problems.append(f"the {part} split must be integer node ids [n], got {shape}")
         elif ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < nodes:

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import Sampler
 
-from hiergraph._checks import check_int
+from hiergraph._checks import check_int, holds_integers
 from hiergraph._runs import run_ptr
 
 
@@ -270,12 +270,7 @@ def _check_counts(leaf_counts) -> Tensor:
     counts = torch.as_tensor(leaf_counts)
     if counts.numel() == 0 and counts.dim() == 1:  # an empty list reads as float32
         counts = counts.long()
-    if (
-        counts.dim() != 1
-        or counts.is_floating_point()
-        or counts.is_complex()
-        or counts.dtype == torch.bool
-    ):
+    if counts.dim() != 1 or not holds_integers(counts):
         raise TypeError(
             f"leaf_counts must be a 1-D integer sequence (one count per tree), got "
             f"{counts.dtype} of shape {tuple(counts.shape)}"

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.types import Device
 
-from hiergraph._checks import as_int
+from hiergraph._checks import as_int, holds_integers
 from hiergraph.masks.band import BandMask
 from hiergraph.ops.edge_index import check_edge_index
 
@@ -223,10 +223,7 @@ def sibling_mask(parent: Tensor, self_loops: bool = True) -> Tensor:
     :math:`b_f` and :math:`R` roots: :math:`E = \sum_f b_f^2 + R`
     (:math:`\sum_f b_f(b_f - 1)` without self-loops).
     """
-    integers = isinstance(parent, Tensor) and not (
-        parent.is_floating_point() or parent.is_complex() or parent.dtype == torch.bool
-    )
-    if not integers or parent.dim() != 1:
+    if not (isinstance(parent, Tensor) and holds_integers(parent)) or parent.dim() != 1:
         raise TypeError("parent must be a 1-D integer tensor [num_nodes] (-1 for roots)")
     parent, n = parent.long(), parent.numel()  # (int32 ids too, as every edge input takes)
     if parent.numel() and (parent.min() < -1 or parent.max() >= n):
