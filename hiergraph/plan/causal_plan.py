@@ -136,7 +136,7 @@ class CausalPlan:
         leaf_node = index.leaf_node
         leaf_depth = depth[leaf_node]
         ancestors, anc_leaf, anc_node, first_leaf, last_leaf = _leaf_paths(
-            leaf_node, depth, parent, max_depth, n
+            leaf_node, depth, parent, max_depth
         )
         families = _Families(index)
         families.check_depth_first(first_leaf, last_leaf, count)
@@ -168,7 +168,7 @@ class CausalPlan:
 def _node_tables(index: TreeIndex) -> tuple[Tensor, Tensor, Tensor]:
     """Per node (node order): its depth, parent and leaf count, read off the plan."""
     node_rank = index.rank
-    sizes = torch.tensor(index.level_sizes, device=index.device)
+    sizes = torch.tensor(index.level_sizes, dtype=torch.long, device=index.device)  # ([]: float)
     depth = torch.arange(sizes.numel(), device=index.device).repeat_interleave(sizes)[node_rank]
     parent = index.order[index.parent_position][node_rank]
     counts = [level.count for level in index.levels]  # leaves below, level by level
@@ -176,11 +176,13 @@ def _node_tables(index: TreeIndex) -> tuple[Tensor, Tensor, Tensor]:
     return depth, parent, count
 
 
-def _leaf_paths(leaf_node: Tensor, depth: Tensor, parent: Tensor, max_depth: int, n: int):
+def _leaf_paths(
+    leaf_node: Tensor, depth: Tensor, parent: Tensor, max_depth: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Every leaf's root path, ``ancestors [L, max_depth + 1]`` (node at each depth, -1
     below the leaf), its (leaf, node) pairs ``anc_leaf, anc_node``, and every node's first
-    and last leaf (``[n]``)."""
-    num_leaves, device = leaf_node.numel(), leaf_node.device
+    and last leaf (``[n]``, node order)."""
+    num_leaves, device, n = leaf_node.numel(), leaf_node.device, depth.numel()
     leaves = torch.arange(num_leaves, device=device)
     ancestors = torch.full((num_leaves, max_depth + 1), -1, dtype=torch.long, device=device)
     cur = leaf_node
@@ -199,7 +201,8 @@ def _leaf_paths(leaf_node: Tensor, depth: Tensor, parent: Tensor, max_depth: int
 
 class _Families:
     """The forest's families: the non-root nodes in breadth-first order ``child``, grouped by
-    parent in child order, with every node's ``rank`` among its siblings and the position
+    parent in child order, and ``first``, whether each position of ``child`` starts a family;
+    per node (node order; 0 for roots), its ``rank`` among its siblings and the position
     ``start`` of its family's first member in ``child``."""
 
     def __init__(self, index: TreeIndex):
@@ -237,7 +240,13 @@ class _Families:
 
 
 def _depth_pairs(
-    ancestors, leaf_depth, first_leaf, last_leaf, depth, max_depth: int, families: _Families
+    ancestors: Tensor,
+    leaf_depth: Tensor,
+    first_leaf: Tensor,
+    last_leaf: Tensor,
+    depth: Tensor,
+    max_depth: int,
+    families: _Families,
 ) -> dict[str, list[Tensor]]:
     """Per depth ``s``, the (leaf, ancestor at depth ``s``) pairs and their tables: the
     :class:`CausalPlan` fields ``pair_*``, ``last_pair``, ``depth_nodes``, ``key_*``."""

@@ -301,9 +301,7 @@ class TreeIndex:
         leaf_id_at = torch.full((n,), -1, dtype=torch.long, device=device)
         leaf_id_at[leaf_pos] = torch.arange(leaf_nodes.numel(), device=device)
         family_start, family_size = _families(parent_pos, level_ptr)
-        levels = _levels(
-            parent_pos, level_ptr, is_leaf[order], leaf_id_at, family_start, family_size
-        )
+        levels = _levels(parent_pos, level_ptr, leaf_id_at, family_start, family_size)
         leaf_ids = [level.leaf_id for level in levels]
         leaf_ids = torch.cat(leaf_ids) if leaf_ids else leaf_pos.new_empty(0)
         in_order = torch.equal(leaf_ids, torch.arange(leaf_ids.numel(), device=device))
@@ -570,17 +568,16 @@ def _families(parent_pos: Tensor, level_ptr: list[int]) -> tuple[Tensor, Tensor]
 def _levels(
     parent_pos: Tensor,
     level_ptr: list[int],
-    leaf_bfs: Tensor,
     leaf_id_at: Tensor,
     family_start: Tensor,
     family_size: Tensor,
 ) -> list[Level]:
-    """The :class:`Level` of every depth, from the breadth-first parents ``parent_pos``,
-    leaf flags ``leaf_bfs`` and leaf ids ``leaf_id_at`` (-1 for internal nodes) of the
-    positions, and the families."""
+    """The :class:`Level` of every depth, from the breadth-first parents ``parent_pos`` and
+    leaf ids ``leaf_id_at`` (-1 for internal nodes) of the positions, and the families;
+    the children and the leaves below every node are counted here."""
     n, depths = parent_pos.numel(), len(level_ptr) - 1
     num_children = torch.bincount(parent_pos[level_ptr[1] if n else 0 :], minlength=n)
-    count = leaf_bfs.long()
+    count = (leaf_id_at >= 0).long()
     for d in range(depths - 1, 0, -1):  # leaves below every node, deepest level first
         lo, hi = level_ptr[d], level_ptr[d + 1]
         below = torch.bincount(parent_pos[lo:hi], weights=count[lo:hi].double(), minlength=n)

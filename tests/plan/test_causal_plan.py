@@ -7,7 +7,7 @@ import torch
 from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested
-from hiergraph.plan import CausalPlan
+from hiergraph.plan import CausalPlan, TreeIndex
 from tests.conftest import random_spec
 
 
@@ -73,3 +73,10 @@ def test_a_leaf_order_that_is_not_depth_first_is_refused():
         from_nested([[0, 2], [1, 3]]).causal_plan()
     with pytest.raises(TypeError, match="no 'parent' attribute"):
         CausalPlan.of(object())
+
+
+def test_the_plan_of_an_empty_forest():
+    """(Its level sizes, an empty list, made a float tensor: repeat_interleave failed.)"""
+    empty = torch.zeros(0, dtype=torch.long)
+    plan = TreeIndex.from_parent(empty, empty, empty.bool()).causal_plan
+    assert plan.num_nodes == 0 and plan.num_leaves == 0 and plan.ancestors.shape == (0, 1)
