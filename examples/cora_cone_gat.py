@@ -273,7 +273,7 @@ def parse_args(argv=None):
         action="store_true",
         help="the paper's budget: 10 seeds, 10,000 epochs, patience 1,000 (hours)",
     )
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (quick: 2)")
+    parser.add_argument("--seeds", type=at_least(1), default=None, help="seeds (quick: 2)")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds run from this one on")
     parser.add_argument("--root", default=None, help="data root (default: $HIERGRAPH_DATA)")
     parser.add_argument("--raw-dir", default=None, help="folder to link the raw files from")
@@ -281,7 +281,7 @@ def parse_args(argv=None):
         "--epochs", type=at_least(1), default=None, help="maximum epochs (quick: 300)"
     )
     parser.add_argument(
-        "--patience", type=int, default=None, help="early-stopping patience (quick: 100)"
+        "--patience", type=at_least(0), default=None, help="early-stopping patience (quick: 100)"
     )
     parser.add_argument(
         "--stop-at-final",

@@ -274,7 +274,7 @@ def main(argv=None) -> dict:
     )
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="(quick: 0)")
     p.add_argument("--epochs", type=at_least(1), default=None, help="maximum epochs (quick: 200)")
-    p.add_argument("--patience", type=int, default=None, help="(quick: 100)")
+    p.add_argument("--patience", type=at_least(0), default=None, help="(quick: 100)")
     p.add_argument("--hidden", type=int, default=64, help="gcn, gps_full: hidden size")
     p.add_argument("--layers", type=int, default=2, help="gps_full: GPSConv layers")
     p.add_argument("--heads", type=int, default=4, help="gps_full, hsa_hybrid: attention heads")

@@ -126,11 +126,11 @@ def parse_args(argv=None):
     parser.add_argument(
         "--paper", action="store_true", help="10 seeds, 200 epochs, patience 100 (hours on CPU)"
     )
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (quick: 1)")
+    parser.add_argument("--seeds", type=at_least(1), default=None, help="seeds (quick: 1)")
     parser.add_argument("--root", default=None, help="data root (default: $HIERGRAPH_DATA)")
     parser.add_argument("--raw-dir", default=None, help="folder to link raw PPI files from")
     parser.add_argument("--epochs", type=at_least(1), default=None, help="(quick: 5)")
-    parser.add_argument("--patience", type=int, default=None, help="(quick: 100)")
+    parser.add_argument("--patience", type=at_least(0), default=None, help="(quick: 100)")
     parser.add_argument("--hidden", type=int, default=256, help="hidden size per head")
     parser.add_argument("--batch-size", type=at_least(1), default=2, help="graphs per batch")
     parser.add_argument("--lr", type=float, default=5e-3)

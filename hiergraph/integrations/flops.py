@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hiergraph._checks import check_int
 from hiergraph._deprecation import renamed_arguments
 
 if TYPE_CHECKING:
@@ -46,8 +47,21 @@ SCORE_FLOPS = 12
 
 
 def _per_score(head_dim: int, value_dim: int | None, score_flops: int) -> int:
+    """FLOPs per score (checked: ``head_dim``, ``value_dim`` and ``score_flops`` ints
+    ``>= 0``)."""
     value_dim = head_dim if value_dim is None else value_dim
+    for value, name in (
+        (head_dim, "head_dim"),
+        (value_dim, "value_dim"),
+        (score_flops, "score_flops"),
+    ):
+        check_int(value, name, minimum=0)
     return 2 * head_dim + 2 * value_dim + score_flops
+
+
+def _check_sizes(num_tokens: int, heads: int) -> None:
+    check_int(num_tokens, "num_tokens", minimum=0)
+    check_int(heads, "heads", minimum=0)
 
 
 def flat_attention_flops(
@@ -58,6 +72,7 @@ def flat_attention_flops(
     score_flops: int = SCORE_FLOPS,
 ) -> int:
     r"""FLOPs of softmax attention over ``num_tokens`` tokens, :math:`H N^2 (2d + 2d_v + c)`."""
+    _check_sizes(num_tokens, heads)
     return heads * num_tokens**2 * _per_score(head_dim, value_dim, score_flops)
 
 
@@ -72,8 +87,8 @@ def block_attention_flops(
 ) -> int:
     """FLOPs of softmax attention inside non-overlapping blocks of ``block_size`` tokens
     (the last block may be partial; ``block_size`` was formerly ``block``)."""
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    _check_sizes(num_tokens, heads)
+    check_int(block_size, "block_size")
     full, rest = divmod(num_tokens, block_size)
     scores = full * block_size**2 + rest**2
     return heads * scores * _per_score(head_dim, value_dim, score_flops)

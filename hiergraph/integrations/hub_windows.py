@@ -50,7 +50,7 @@ from torch import Tensor
 
 from hiergraph.data.windows import check_branching
 from hiergraph.integrations.hubs import hub_scores, lifted_tokens
-from hiergraph.integrations.padded_attention import check_padded
+from hiergraph.integrations.padded_attention import check_padded, empty_output
 from hiergraph.nn._checks import check_int
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.lifted import hub_family, self_energy
@@ -90,6 +90,8 @@ def padded_hub_window_hsa(
     check_padded(q, k, v, token_mask)
     branching = check_branching(branching)
     check_int(hubs, "hubs", minimum=0)
+    if not q.numel():  # no example, head or token: the (empty) output
+        return empty_output(q, v)
     scale = q.size(-1) ** -0.5 if scale is None else scale
     lifted = lifted_tokens(hub_scores(q, k, token_mask, scale), token_mask, hubs)
     options = dict(include_self=include_self, size_bias=size_bias, scale=scale)

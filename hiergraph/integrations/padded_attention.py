@@ -155,6 +155,13 @@ def check_padded(q: Tensor, k: Tensor, v: Tensor, token_mask: Tensor) -> None:
         raise ValueError(f"token_mask is on {token_mask.device} but q is on {q.device}")
 
 
+def empty_output(q: Tensor, v: Tensor) -> Tensor:
+    """The ``[B, T, H, d_v]`` zeros of a padded op whose ``q`` ``[B, H, T, d]`` has no
+    element (no example, head or token)."""
+    batch, heads, length, _ = q.shape
+    return v.new_zeros(batch, length, heads, v.size(-1))
+
+
 def padded_hsa(
     q: Tensor,
     k: Tensor,
@@ -244,6 +251,8 @@ def padded_window_hsa(
         ``[B, T, H, d_v]``, zero at padding tokens.
     """
     check_padded(q, k, v, token_mask)
+    if not q.numel():  # no example, head or token: the (empty) output
+        return empty_output(q, v)
     batch, heads, length, _ = q.shape
     options = dict(include_self=include_self, size_bias=size_bias, scale=scale)
     leading = token_mask.cumsum(1) == torch.arange(1, length + 1, device=token_mask.device)

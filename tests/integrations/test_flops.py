@@ -56,3 +56,20 @@ def test_batch_sums_over_trees_and_value_dim():
     no_self = hsa_attention_flops(trees[1], 4, 2, value_dim=6, include_self=False)
     assert parts[1]["total"] - no_self["total"] == 2 * 2 * 6 * 17
     assert isinstance(total["total"], int) and torch.is_tensor(trees[0].parent)
+
+
+@pytest.mark.parametrize(
+    "call, error, name",
+    [
+        (lambda: flat_attention_flops(-5, 64), ValueError, "num_tokens"),
+        (lambda: flat_attention_flops(2.5, 64), TypeError, "num_tokens"),
+        (lambda: block_attention_flops(-10, 3, 4), ValueError, "num_tokens"),
+        (lambda: block_attention_flops(10, 0, 4), ValueError, "block_size"),
+        (lambda: flat_attention_flops(8, -1), ValueError, "head_dim"),
+        (lambda: flat_attention_flops(8, 4, heads=-2), ValueError, "heads"),
+    ],
+)
+def test_sizes_are_checked(call, error, name):
+    """(Negative sizes gave negative FLOPs, fractional ones fractional FLOPs.)"""
+    with pytest.raises(error, match=f"^{name} must be"):
+        call()

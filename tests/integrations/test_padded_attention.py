@@ -315,3 +315,13 @@ def test_compiled_padded_windows_train_on_a_second_batch_shape(dynamic, tmp_path
             results.append((out, *torch.autograd.grad(out.square().sum(), inputs)))
         for a, b in zip(*results, strict=True):
             torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(0, 2, 5, 4), (2, 0, 5, 4)], ids=["no example", "no head"])
+def test_empty_batches_give_empty_outputs(shape):
+    """(A batch of no example, or of no head, failed in the tree builder or a reshape.)"""
+    q = torch.randn(*shape)
+    mask = torch.ones(shape[0], shape[2], dtype=torch.bool)
+    expected = (shape[0], shape[2], shape[1], shape[3])
+    assert padded_window_hsa(q, q, q, mask, (2,)).shape == expected
+    assert padded_hub_window_hsa(q, q, q, mask, (2,), 1).shape == expected
