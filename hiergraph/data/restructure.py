@@ -29,19 +29,12 @@ def tree_of_nodes(hierarchy) -> Tensor:
     if batch_numbers_trees(hierarchy):
         return hierarchy.batch
     index = hierarchy.tree_index()
-    trees = index.level_ptr[1] - index.level_ptr[0]  # level 0 holds the roots
-    leaf_tree = index.node_tree.index_select(0, index.leaf_node)
-    leaves = torch.arange(leaf_tree.numel(), device=leaf_tree.device)
-    first = leaves.new_full((trees,), leaf_tree.numel())
-    first.scatter_reduce_(0, leaf_tree, leaves, "amin")  # every tree has a leaf
-    rank = torch.empty_like(first)
-    rank[first.argsort()] = torch.arange(trees, device=first.device)
-    tree = rank.index_select(0, index.node_tree)
+    tree = index.leaf_order_tree  # (cached with the tree index)
     stored = None if isinstance(hierarchy, Batch) else hierarchy._store.get("batch")
     if stored is not None:
         message = (
-            f"hierarchy.batch must number its {trees} trees in leaf order (0 for the first), "
-            "as the ops do, or be deleted (del hierarchy.batch: it is then derived)"
+            f"hierarchy.batch must number its {index.level_ptr[1]} trees in leaf order (0 for "
+            "the first), as the ops do, or be deleted (del hierarchy.batch: it is derived then)"
         )
         if stored.shape != tree.shape or (reads_values(stored) and not torch.equal(stored, tree)):
             raise ValueError(message)

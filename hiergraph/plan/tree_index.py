@@ -360,6 +360,20 @@ class TreeIndex:
 
     @cached_property
     @outside_inference_mode
+    def leaf_order_tree(self) -> Tensor:
+        """``[N]`` tree id of every node, the trees numbered in leaf order (tree ``t`` holds
+        the first leaf that no tree before it holds), in node order."""
+        trees = self.level_ptr[1] - self.level_ptr[0]  # level 0 holds the roots
+        leaf_tree = self.node_tree.index_select(0, self.leaf_node)
+        leaves = torch.arange(leaf_tree.numel(), device=leaf_tree.device)
+        first = leaves.new_full((trees,), leaf_tree.numel())
+        first.scatter_reduce_(0, leaf_tree, leaves, "amin")  # every tree has a leaf
+        rank = torch.empty_like(first)
+        rank[first.argsort()] = torch.arange(trees, device=first.device)
+        return rank.index_select(0, self.node_tree)
+
+    @cached_property
+    @outside_inference_mode
     def child_ptr(self) -> Tensor:
         """``[N + 1]`` the children of BFS position ``x`` are the positions ``child_ptr[x] ..
         child_ptr[x + 1] - 1`` (its family, in child order; none for a leaf)."""
