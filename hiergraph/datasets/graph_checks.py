@@ -23,12 +23,13 @@ def _shape(value) -> str:
     return f"{value.dtype} {tuple(value.shape)}" if isinstance(value, Tensor) else repr(value)
 
 
-def graph_problems(data: Data, multi_label: bool = False) -> list[str]:
+def graph_problems(data: Data, multi_label: bool = False, classes: int | None = None) -> list[str]:
     """What is wrong with ``data`` as a node-classification graph (nothing: ``[]``).
 
     Expected: float features ``x [N, F]``; ``edge_index`` int64 ``[2, E]`` with ids in
     ``[0, N)``; labels ``y`` with ``N`` rows, class ids (``[N]``, integer-valued, NaN for an
-    unlabelled node) or, with ``multi_label``, ``[N, C]`` in ``{0, 1}``; masks
+    unlabelled node; below ``classes`` if given) or, with ``multi_label``, ``[N, C]`` in
+    ``{0, 1}``; masks
     (:data:`MASKS`, where present) ``[N]`` or ``[N, S]`` (``S`` splits), all of one shape,
     bool or integers in ``{0, 1}`` (the geom-gcn split files hold integers), the splits
     disjoint (per column).
@@ -46,7 +47,7 @@ def graph_problems(data: Data, multi_label: bool = False) -> list[str]:
         low, high = (int(i) for i in edges.aminmax())
         if low < 0 or high >= n:
             problems.append(f"the graph has node ids {low}..{high} for {n} nodes")
-    problems += _label_problems(data.y, n, multi_label)
+    problems += label_problems(data.y, n, multi_label, classes)
     masks = {key: data[key] for key in MASKS if key in data}
     for key, mask in masks.items():
         flags = isinstance(mask, Tensor) and (mask.dtype == torch.bool or holds_integers(mask))
@@ -66,7 +67,10 @@ def graph_problems(data: Data, multi_label: bool = False) -> list[str]:
     return problems
 
 
-def _label_problems(y, n: int, multi_label: bool) -> list[str]:
+def label_problems(y, n: int, multi_label: bool = False, classes: int | None = None) -> list[str]:
+    """What is wrong with labels ``y`` of ``n`` examples (nothing: ``[]``): class ids
+    ``[n]`` (integer-valued, NaN for an unlabelled example, below ``classes`` if given), or
+    with ``multi_label`` targets ``[n, C]`` in ``{0, 1}``."""
     numbers = isinstance(y, Tensor) and not y.is_complex() and y.dtype != torch.bool
     if not numbers or y.dim() != (2 if multi_label else 1) or y.size(0) != n:
         wanted = f"[{n}, C] multi-label targets" if multi_label else f"[{n}] class ids"
@@ -77,4 +81,8 @@ def _label_problems(y, n: int, multi_label: bool) -> list[str]:
     fractional = labelled.is_floating_point() and bool((labelled != labelled.round()).any())
     if fractional or bool((labelled < 0).any()):
         return ["y holds labels that are not class ids (negative or fractional)"]
+    if classes is not None and labelled.numel() and int(labelled.max()) >= classes:
+        return [
+            f"its labels span {int(labelled.min())}..{int(labelled.max())} for {classes} classes"
+        ]
     return []

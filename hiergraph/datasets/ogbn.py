@@ -154,7 +154,7 @@ def load_ogbn(
         for key, part in (("train_mask", "train"), ("val_mask", "valid"), ("test_mask", "test")):
             out[key] = torch.zeros(data.num_nodes, dtype=torch.bool)
             out[key][split[part].long()] = True
-        problems = graph_problems(out) or _label_problems(out.y, dataset.num_classes)
+        problems = graph_problems(out, classes=dataset.num_classes)
     if problems:
         raise CorruptFileError(
             folder,
@@ -214,15 +214,6 @@ def _split_problems(split, nodes: int) -> list[str]:
                 f"{nodes} nodes"
             )
     return problems
-
-
-def _label_problems(y: Tensor, classes: int) -> list[str]:
-    """Labels outside ``[0, classes)`` (a damaged ``raw/node-label.csv.gz``); NaN marks an
-    unlabelled node (``ogbn-papers100M``'s are mostly unlabelled)."""
-    labelled = y[~y.isnan()] if y.is_floating_point() else y
-    if labelled.numel() and int(labelled.max()) >= classes:
-        return [f"labels span {int(labelled.min())}..{int(labelled.max())} for {classes} classes"]
-    return []
 
 
 def _open_ogbn(name: str, folder: Path, dataset_cls):

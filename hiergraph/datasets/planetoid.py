@@ -64,7 +64,7 @@ from hiergraph.datasets.download import (
     locate_raw,
 )
 from hiergraph.datasets.graph_checks import graph_problems
-from hiergraph.datasets.processed import StrictLoad
+from hiergraph.datasets.processed import StrictLoad, damaged_cache
 
 __all__ = [
     "DATA_ENV",
@@ -429,11 +429,8 @@ def _check_fits(
         elif min(ids) < 0:
             problems.append(f"{index.name} holds a negative node id ({min(ids)})")
     if problems and cache is not None:
-        raise CorruptFileError(
-            cache,
-            f"{cache}: this processed {name} cache holds no {name} graph: "
-            f"{'; '.join(problems)}. Delete it (or pass force_reload=True) to rebuild it.",
-        )
+        what = f"this processed {name} cache holds no {name} graph: "
+        raise damaged_cache(cache, what + "; ".join(problems))
     if problems:
         raise CorruptFileError(
             raw,

@@ -33,6 +33,7 @@ from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage
 
 from hiergraph.data import SignalHierarchy
 from hiergraph.datasets.download import CorruptFileError, atomic_path
+from hiergraph.datasets.graph_checks import label_problems
 
 #: The classes a processed cache may name: PyG's data containers and their storages.
 SAFE_CLASSES = [
@@ -118,6 +119,15 @@ def weights_only_loads(allow: Sequence[type] = SAFE_CLASSES) -> Iterator[None]:
                 os.environ[key] = value
 
 
+def damaged_cache(path: str | os.PathLike, problem: str) -> CorruptFileError:
+    """The error for a processed cache at ``path`` that reads but holds ``problem``."""
+    return CorruptFileError(
+        path,
+        f"{path}: {problem}; the cache is damaged or from another version: delete it (or "
+        "pass force_reload=True) to rebuild it from the raw files",
+    )
+
+
 class CheckedRecords:
     """Mixin for a PyG ``Dataset``: :func:`check_records` before PyG's processing step
     (its private ``_process``, which reads the records unsafely first thing)."""
@@ -175,11 +185,7 @@ class StrictLoad(CheckedRecords):
             if len(set(examples.values())) > 1:
                 problems.append(f"its slices cut different numbers of examples ({examples})")
         for problem in filter(None, problems):
-            raise CorruptFileError(
-                path,
-                f"{path}: {problem}; the cache is damaged or from another version: delete "
-                "it (or pass force_reload=True) to rebuild it from the raw files",
-            )
+            raise damaged_cache(path, problem)
 
     def _cache_key_problem(self, key: str) -> str | None:
         """What is wrong with the stored ``key`` (``None``: nothing): it must be a tensor,
@@ -206,14 +212,12 @@ class StrictLoad(CheckedRecords):
 
     def check_labels(self, path: str, classes: int) -> None:
         """Refuse a cache (``path``) whose labels ``y`` are not class ids ``0 … classes - 1``
-        (the classes its metadata names)."""
+        (:func:`~hiergraph.datasets.graph_checks.label_problems`; ``classes``: those its
+        metadata names)."""
         y = self._data["y"]
-        if y.numel() and not 0 <= int(y.min()) <= int(y.max()) < classes:
-            raise CorruptFileError(
-                path,
-                f"{path}: its labels span {int(y.min())}..{int(y.max())} for {classes} classes; "
-                "the cache is damaged: delete it (or pass force_reload=True) to rebuild it",
-            )
+        problems = label_problems(y, y.size(0) if y.dim() else -1, classes=classes)
+        if problems:
+            raise damaged_cache(path, "; ".join(problems))
 
     def load_meta(self, path: str, keys: Sequence[str]) -> dict:
         """The JSON object the cache keeps beside its splits (class names and the like),

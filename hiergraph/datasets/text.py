@@ -62,7 +62,7 @@ from hiergraph.datasets.download import (
     locate_raw,
     resolve_inside,
 )
-from hiergraph.datasets.processed import StrictLoad
+from hiergraph.datasets.processed import StrictLoad, damaged_cache
 
 SPLITS = ("train", "val", "test")
 _CHUNK = 2000  # documents per tokenizer call
@@ -363,11 +363,8 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
         self.meta = self.load_meta(self.processed_paths[-1], ("classes", "tokenizer", "empty"))
         problems = self._cache_problems()
         if problems:
-            raise CorruptFileError(
-                path,
-                f"{path}: this processed {self.name} cache holds no documents of it: "
-                f"{'; '.join(problems)}. Delete it (or pass force_reload=True) to rebuild it.",
-            )
+            what = f"this processed {self.name} cache holds no documents of it: "
+            raise damaged_cache(path, what + "; ".join(problems))
         self.check_labels(path, len(self.classes))
 
     def _cache_problems(self) -> list[str]:
