@@ -59,6 +59,15 @@ def as_int(value, what: str) -> int:
     raise TypeError(f"{what} must be an int, got {value!r}")
 
 
+def check_qkv_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise a ``TypeError`` unless the queries, keys and values share one (real)
+    floating-point dtype, the one the attention computes in."""
+    if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+
+
 def holds_integers(t: torch.Tensor) -> bool:
     """Whether tensor ``t`` holds integers (not floats, complex numbers or bools): ids,
     counts, positions of any integer width."""

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from hiergraph._checks import check_qkv_dtype
 from hiergraph._deprecation import renamed_arguments
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.windows import window_forest
@@ -133,7 +134,7 @@ def window_hierarchies(lengths: Sequence[int], branching: Sequence[int]) -> Sign
 def check_padded(q: Tensor, k: Tensor, v: Tensor, token_mask: Tensor) -> None:
     """Raise a ``ValueError`` unless ``q, k`` are ``[B, H, T, d]``, ``v`` is ``[B, H, T, d_v]``
     and ``token_mask`` is a ``[B, T]`` bool tensor with ``T >= 1``: the shapes every
-    function here takes."""
+    function here takes (and a ``TypeError`` unless ``q, k, v`` share one floating dtype)."""
     if q.dim() != 4 or k.shape != q.shape:
         raise ValueError(
             f"q and k must be [B, H, T, d] with the same shape, got {tuple(q.shape)} and "
@@ -151,6 +152,7 @@ def check_padded(q: Tensor, k: Tensor, v: Tensor, token_mask: Tensor) -> None:
         )
     if length == 0:
         raise ValueError("the batch has no tokens (T = 0)")
+    check_qkv_dtype(q, k, v)
     if token_mask.device != q.device:
         raise ValueError(f"token_mask is on {token_mask.device} but q is on {q.device}")
 

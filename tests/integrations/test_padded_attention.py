@@ -275,6 +275,20 @@ def test_bad_shapes_raise_one_clear_error(name, bad, match):
         PADDED_OPS[name](args["q"], args["k"], args["v"], args["mask"])
 
 
+@pytest.mark.parametrize("name", PADDED_OPS)
+@pytest.mark.parametrize(
+    "dtypes",
+    [(torch.long,) * 3, (torch.bool,) * 3, (torch.complex64,) * 3,
+     (torch.float64, torch.float32, torch.float64)],
+)  # fmt: skip
+def test_non_floating_or_mixed_dtypes_raise_one_type_error(name, dtypes):
+    """Integer, bool or complex features, or ``q, k, v`` of different dtypes, are refused by
+    name rather than failing inside a matmul or softmax."""
+    q, k, v = (torch.ones(2, 3, 8, 4, dtype=dtype) for dtype in dtypes)
+    with pytest.raises(TypeError, match="q, k, v must share one floating dtype"):
+        PADDED_OPS[name](q, k, v, torch.ones(2, 8, dtype=torch.bool))
+
+
 @pytest.mark.slow
 @opt_in
 def test_compiled_padded_windows_equal_eager_for_a_second_batch_shape():

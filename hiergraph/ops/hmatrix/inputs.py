@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph._checks import check_qkv_dtype
 from hiergraph.data.windows import check_block_size
 
 
@@ -20,8 +21,6 @@ def check_inputs(q, k, v, block_size, key_padding_mask) -> None:
             raise ValueError(
                 f"{name} must have shape [batch, heads, length, dim], got {tuple(x.shape)}"
             )
-        if not x.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
     if q.shape != k.shape:
         raise ValueError(
             f"q and k must have the same shape, got {tuple(q.shape)} and {tuple(k.shape)}"
@@ -30,8 +29,7 @@ def check_inputs(q, k, v, block_size, key_padding_mask) -> None:
         raise ValueError(
             f"v must match q in [batch, heads, length], got {tuple(v.shape)} vs {tuple(q.shape)}"
         )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_qkv_dtype(q, k, v)
     if q.shape[2] == 0:
         raise ValueError(
             f"q, k, v need a sequence length >= 1 ([batch, heads, length, dim]), got shape "
