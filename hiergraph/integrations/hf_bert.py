@@ -42,7 +42,7 @@ from torch_geometric.data import Batch
 
 from hiergraph._checks import check_int
 from hiergraph._deprecation import renamed_arguments
-from hiergraph.data.signal_hierarchy import SignalHierarchy
+from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 from hiergraph.data.windows import check_branching
 from hiergraph.integrations.hub_windows import padded_hub_window_hsa
 from hiergraph.integrations.padded_attention import (
@@ -336,7 +336,7 @@ def sentence_hierarchy(sentence_lengths: Sequence[int] | Tensor) -> SignalHierar
     """Root → sentences → tokens over ``sum(sentence_lengths)`` tokens (a
     :class:`~hiergraph.data.SignalHierarchy`); e.g. ``[CLS]`` joins the first sentence and
     ``[SEP]`` the last."""
-    sizes = torch.as_tensor(sentence_lengths, dtype=torch.long)
+    sizes = as_long(sentence_lengths, "sentence_lengths").cpu()
     if sizes.dim() != 1 or sizes.numel() == 0 or bool((sizes < 1).any()):
         raise ValueError(f"sentence_lengths must be positive ints, got {sizes.tolist()}")
     tokens, sentences = int(sizes.sum()), sizes.numel()

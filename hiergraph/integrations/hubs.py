@@ -29,8 +29,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from hiergraph._checks import as_int
 from hiergraph._precision import accumulation_dtype
-from hiergraph.data.signal_hierarchy import SignalHierarchy
+from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 from hiergraph.data.windows import window_forest, window_hierarchy
 
 
@@ -112,7 +113,7 @@ def hub_window_hierarchy(
         hubs (torch.Tensor or Sequence[int]): ``g < n`` distinct token indices in
             ``[0, n)``.
     """
-    hubs = torch.as_tensor(hubs, dtype=torch.long).flatten()
+    hubs = as_long(hubs, "hubs").cpu().flatten()
     lifted = torch.zeros(num_tokens, dtype=torch.bool)
     if hubs.numel():
         if int(hubs.min()) < 0 or int(hubs.max()) >= num_tokens:
@@ -137,7 +138,7 @@ def hub_window_hierarchies(
         lifted (torch.Tensor): ``[sum(lengths)]`` bool, ``True`` = hub, as
             :func:`select_hubs` returns them.
     """
-    lengths = [int(n) for n in lengths if n > 0]
+    lengths = [n for n in (as_int(n, "lengths") for n in lengths) if n > 0]
     if lifted.shape != (sum(lengths),):
         raise ValueError(
             f"lifted must have one entry per valid token ({sum(lengths)}), got "

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hiergraph._checks import check_qkv_dtype
+from hiergraph._checks import as_int, check_qkv_dtype
 from hiergraph._deprecation import renamed_arguments
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.windows import window_forest
@@ -128,7 +128,7 @@ def window_hierarchies(lengths: Sequence[int], branching: Sequence[int]) -> Sign
     """One forest of :func:`~hiergraph.data.window_hierarchy` trees, one per non-empty
     example (``lengths`` = valid tokens per example), built in one vectorised step
     (:func:`~hiergraph.data.windows.window_forest`)."""
-    return window_forest([int(n) for n in lengths if n > 0], branching)
+    return window_forest([n for n in (as_int(n, "lengths") for n in lengths) if n > 0], branching)
 
 
 def check_padded(q: Tensor, k: Tensor, v: Tensor, token_mask: Tensor) -> None:

@@ -160,6 +160,12 @@ def test_caller_hierarchies_from_sentences():
     assert all(m.hierarchies.given is None for m in model.modules() if hasattr(m, "hierarchies"))
 
 
+@pytest.mark.parametrize("lengths", [[2.5, 3], torch.tensor([2.5, 3.0]), [True, True]], ids=str)
+def test_sentence_lengths_that_are_not_integers_are_refused(lengths):
+    with pytest.raises(TypeError, match="sentence_lengths must hold integers"):
+        sentence_hierarchy(lengths)  # (2.5 was a 2-token sentence)
+
+
 def test_bad_input():
     model = tiny()
     with pytest.raises(ValueError, match="method"):

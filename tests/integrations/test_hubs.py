@@ -52,6 +52,13 @@ def test_bad_hubs(hubs, match):
         hub_window_hierarchy(5, (2,), hubs)
 
 
+def test_fractional_hubs_and_lengths_are_refused_not_truncated():
+    with pytest.raises(TypeError, match="hubs must hold integers"):
+        hub_window_hierarchy(5, (2,), [1.7])  # was hub 1
+    with pytest.raises(TypeError, match="lengths must be an int, got 2.5"):
+        hub_window_hierarchies([2.5, 2], (2,), torch.zeros(4, dtype=torch.bool))  # was 2
+
+
 @pytest.mark.parametrize(
     "layout", ["heads-first", "token-major", "mixed"], ids=str
 )  # [B, H, T, d] memory, a view of [B, T, H, d] (a Hugging Face layer's), one of each
