@@ -270,6 +270,13 @@ class _LCAHeight(AutogradFunction):
         return *grads, None, None
 
 
+def _height_dtype(dist: Tensor, y_u: Tensor, y_v: Tensor) -> torch.dtype:
+    """The dtype an LCA height is computed in: the inputs' when they share one, else
+    :func:`_compute_dtype`'s."""
+    dtypes = {t.dtype for t in (dist, y_u, y_v)}
+    return dtypes.pop() if len(dtypes) == 1 else _compute_dtype(dist, y_u, y_v)
+
+
 def _lca_height(height_fn: Callable, dist: Tensor, y_u: Tensor, y_v: Tensor, scale):
     """``scale * H``: through :class:`_LCAHeight` when a gradient is needed, else directly.
     A tensor ``scale`` (a learned temperature) multiplies the result, so that it gets its
@@ -323,8 +330,7 @@ def penumbral_lca_height(
             below about 9e18; float16: below 128), where heights near ``r`` would be NaN.
     """
     check_positive(r, "r")
-    dtypes = {t.dtype for t in (dist, y_u, y_v)}
-    dtype = dtypes.pop() if len(dtypes) == 1 else _compute_dtype(dist, y_u, y_v)
+    dtype = _height_dtype(dist, y_u, y_v)
     limit = math.sqrt(torch.finfo(dtype).max) / 2
     if not float(r) < limit:
         raise ValueError(
@@ -350,9 +356,23 @@ def umbral_lca_height(
         y_u, y_v: heights ``> 0``.
         r: hyperbolic radius of the ball around each point (0.1 in the paper's runs).
         scale: multiply the result by this inside the fused op.
+
+    Raises:
+        ValueError: unless ``r`` is a finite number > 0 for which the slope
+            :math:`1 / (2 \sinh r)` is finite in the dtype the heights are computed in
+            (float32: ``r`` from about 3e-39 on), where :math:`D = 0` would give NaN.
     """
+    check_positive(r, "r")
     # 1 / (2 sinh r) = e^-r / (1 - e^-2r): no overflow for a large radius
-    height_fn = partial(_umbral_h, slope=math.exp(-r) / -math.expm1(-2 * r))
+    slope = math.exp(-r) / -math.expm1(-2 * r)
+    dtype = _height_dtype(dist, y_u, y_v)
+    if not slope <= torch.finfo(dtype).max:
+        raise ValueError(
+            f"r = {float(r):g} is too small for {dtype}: 1 / (2 sinh r) overflows and "
+            f"self-pairs (D = 0) would be NaN; use r >= {1 / torch.finfo(dtype).max:.3g} "
+            f"(or wider inputs)"
+        )
+    height_fn = partial(_umbral_h, slope=slope)
     return _lca_height(height_fn, dist, y_u, y_v, scale)
 
 

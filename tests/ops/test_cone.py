@@ -552,6 +552,19 @@ def test_penumbral_radius_whose_square_overflows_is_refused():
         penumbral_lca_height(d, y, y, r=float("nan"))
 
 
+def test_umbral_radius_whose_slope_overflows_is_refused():
+    """So narrow a ball that 1 / (2 sinh r) overflows the dtype made self-pairs (D = 0, as
+    0 * inf) NaN: refused with the limit named; float64 inputs take it, with finite scores."""
+    q = torch.randn(2, 3, 4)
+    assert torch.isfinite(umbral(q, q, r=1e-38)).all()
+    with pytest.raises(ValueError, match="r = 1e-39 is too small for torch.float32"):
+        umbral(q, q, r=1e-39)
+    assert torch.isfinite(umbral(q.double(), q.double(), r=1e-39)).all()
+    d, y = torch.zeros(3), torch.ones(3)
+    with pytest.raises(ValueError, match="r must be a finite number > 0"):
+        umbral_lca_height(d, y, y, r=0.0)  # (a ZeroDivisionError before)
+
+
 def test_the_compute_dtype_is_read_without_dispatching():
     """The scores' dtype and the radius check come from the inputs' dtypes alone: no
     ``promote_types`` reaches the dispatcher (one per input and call before)."""
