@@ -200,8 +200,6 @@ class TreeIndex:
         order: ``[N]`` node id at each BFS position.
         rank: ``[N]`` BFS position of each node id (inverse of ``order``).
         level_ptr: ``D + 1`` Python ints.
-        parent_local: per level ``d >= 1``, ``[n_d]`` index of each node's
-            parent inside level ``d - 1``; ``parent_local[0]`` is empty.
         leaf_node: ``[L]`` node id of each leaf, in leaf order.
         family_start, family_size: ``[F]`` BFS start and size of each family.
         parent_position: ``[N]`` BFS position of the parent of each BFS position (roots:
@@ -227,7 +225,6 @@ class TreeIndex:
     order: Tensor
     rank: Tensor
     level_ptr: list[int]
-    parent_local: list[Tensor]
     leaf_node: Tensor
     family_start: Tensor
     family_size: Tensor
@@ -241,6 +238,12 @@ class TreeIndex:
     @property
     def num_levels(self) -> int:
         return len(self.level_ptr) - 1
+
+    @property
+    def parent_local(self) -> list[Tensor]:
+        """Per level ``d``, ``[n_d]`` the index of each node's parent inside level ``d - 1``
+        (``parent_local[0]`` is empty): the levels' :attr:`Level.parent_local`."""
+        return [level.parent_local for level in self.levels]
 
     @property
     def level_sizes(self) -> list[int]:
@@ -305,14 +308,12 @@ class TreeIndex:
         leaf_ids = [level.leaf_id for level in levels]
         leaf_ids = torch.cat(leaf_ids) if leaf_ids else leaf_pos.new_empty(0)
         in_order = torch.equal(leaf_ids, torch.arange(leaf_ids.numel(), device=device))
-        parent_local = [level.parent_local for level in levels]
         index = cls(
             num_nodes=n,
             num_leaves=leaf_nodes.numel(),
             order=order,
             rank=rank,
             level_ptr=level_ptr,
-            parent_local=parent_local,
             leaf_node=leaf_nodes,
             family_start=family_start,
             family_size=family_size,

@@ -275,3 +275,6 @@ def test_to_moves_every_tensor_of_the_plan():
     assert len(found) > 40
     assert [path for path, t in found if t.device.type != "meta"] == []
     assert [path for path, t in _tensors(index) if t.device.type != "cpu"] == []
+    # each tensor is moved once: the parents within levels are the levels' own (a second
+    # copy of every level's parent_local was moved with the index)
+    assert all(p is lv.parent_local for p, lv in zip(moved.parent_local, moved.levels, strict=True))
