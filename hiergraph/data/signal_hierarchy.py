@@ -416,6 +416,40 @@ class SignalHierarchy(Data):
         )
 
 
+def as_hierarchy(value: Any, name: str = "hierarchy") -> Any:
+    """The signal hierarchy that ``value`` stands for, as the layers and pooling functions
+    take it: a :class:`SignalHierarchy` or a PyG batch of them as it is, and a graph with a
+    community tree (a :class:`~hiergraph.transforms.HierarchicalGraph` or a batch of them)
+    as its tree, :meth:`~hiergraph.transforms.HierarchicalGraph.hierarchy` (cached by the
+    graph: its plan is built once).
+
+    Raises:
+        TypeError: for anything else, e.g. a ``batch`` vector (the trees cannot be read
+            from it) or a graph without a community tree.
+    """
+    if callable(getattr(value, "tree_index", None)):
+        return value
+    if callable(getattr(value, "hierarchy", None)) and "tree_parent" in value:
+        return value.hierarchy()
+    if isinstance(value, Tensor):
+        hint = (
+            "a tensor (a batch vector?): the trees cannot be read from it. Pass the "
+            "hierarchy itself; for PyG's pooling over leaves, leaf_batch(hierarchy) is the "
+            "leaves' tree ids"
+        )
+    elif isinstance(value, Data):
+        hint = (
+            f"a {type(value).__name__} without a community tree: apply "
+            "hiergraph.transforms.GraphHierarchy() to the graphs first"
+        )
+    else:
+        hint = type(value).__name__
+    raise TypeError(
+        f"{name} must be a SignalHierarchy, a batch of them, or a graph with its community "
+        f"tree (GraphHierarchy), got {hint}"
+    )
+
+
 def as_long(value: Any, name: str, device=None) -> Tensor:
     """``value`` as a LongTensor, refused unless it holds integers (not floats, complex
     numbers or bools); a tensor stays on its device, anything else goes to ``device``

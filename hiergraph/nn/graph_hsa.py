@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn.resolver import activation_resolver, normalization_resolver
 
+from hiergraph.data.signal_hierarchy import as_hierarchy
 from hiergraph.nn._checks import check_features, check_int, check_probability
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.position import FamilyPositionEncoder
@@ -198,6 +199,7 @@ class GraphHSAConv(nn.Module):
             ``[N, channels]``.
         """
         check_features(x, self.channels, "x", f"[num_nodes, channels={self.channels}]")
+        hierarchy = as_hierarchy(hierarchy)
         out = 0
         if self.conv is not None:
             h = F.dropout(self.conv(x, edge_index, **kwargs), self.dropout, self.training)
@@ -360,6 +362,7 @@ class GraphHSANet(nn.Module):
         Returns:
             ``[N, out_channels]`` logits.
         """
+        hierarchy = as_hierarchy(hierarchy)
         x = input_dropout(x, self.dropout, self.training)
         x = self.lin_in(x) if self.input_conv is None else self.input_conv(x, edge_index)
         if self.act is not None:

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from hiergraph.data.domain import Domain
 from hiergraph.data.restructure import lift_leaves
+from hiergraph.data.signal_hierarchy import as_hierarchy
 from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.nn.pool import leaf_batch
 from hiergraph.nn.typed_linear import TypedLinear
@@ -192,6 +193,7 @@ class HierarchicalSelfAttention(nn.Module):
         Returns:
             ``[L, out_channels]`` (and the attention matrix if asked).
         """
+        hierarchy = as_hierarchy(hierarchy)
         index = hierarchy.tree_index()
         if x.dim() != 2 or x.size(0) != index.num_leaves or x.size(1) != self.in_channels:
             raise ValueError(

@@ -6,6 +6,7 @@ from torch import Tensor, nn
 from torch_geometric.nn.inits import reset
 
 from hiergraph.data.restructure import flatten_hierarchy
+from hiergraph.data.signal_hierarchy import as_hierarchy
 from hiergraph.nn._checks import check_features, check_int, check_probability
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.position import FamilyPositionEncoder
@@ -74,6 +75,7 @@ class HTELayer(nn.Module):
     def forward(self, x: Tensor, hierarchy, pos_emb=None, leaf_mask=None) -> Tensor:
         """``x: [L, channels]`` → ``[L, channels]``."""
         _check_leaf_features(x, self.channels, "channels")
+        hierarchy = as_hierarchy(hierarchy)
         if self.attn is not None:
             if self.norm_first:
                 x = x + self.dropout(self.attn(self.norm1(x), hierarchy, pos_emb, leaf_mask))
@@ -173,6 +175,7 @@ class HierarchicalTransformerEncoder(nn.Module):
     def forward(self, x: Tensor, hierarchy, leaf_mask: Tensor | None = None) -> Tensor:
         """``x: [L, in_channels]`` leaf features → ``[L, hidden_channels]``."""
         _check_leaf_features(x, self.in_channels, "in_channels")
+        hierarchy = as_hierarchy(hierarchy)
         index = hierarchy.tree_index()
         if x.size(0) != index.num_leaves:
             raise ValueError(

@@ -13,13 +13,16 @@ from torch_geometric.utils import scatter
 from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.restructure import coarsen_hierarchy, tree_of_nodes
+from hiergraph.data.signal_hierarchy import as_hierarchy
 
 if TYPE_CHECKING:
     from hiergraph.data.signal_hierarchy import SignalHierarchy
 
 
 def leaf_batch(hierarchy: SignalHierarchy | Batch) -> Tensor:
-    """``[L]`` tree id of every leaf, in leaf order."""
+    """``[L]`` tree id of every leaf, in leaf order (the ``batch`` vector of the leaf
+    features, for PyG's pooling functions)."""
+    hierarchy = as_hierarchy(hierarchy)
     return tree_of_nodes(hierarchy).index_select(0, hierarchy.tree_index().leaf_node)
 
 
@@ -47,6 +50,7 @@ def global_leaf_mean_pool(
         leaf_mask (torch.Tensor, optional): ``[L]`` bool, ``True`` = valid leaf,
             ``False`` = padding. (default: :obj:`None`, all valid)
     """
+    hierarchy = as_hierarchy(hierarchy)
     batch = leaf_batch(hierarchy)
     _check_leaf_rows(x, batch.numel())
     size = _num_trees(hierarchy)
@@ -78,6 +82,7 @@ def select_leaf(
             tree's leaves (an int, or a ``[num_trees]`` tensor); negative values
             count from the end. (default: :obj:`0`)
     """
+    hierarchy = as_hierarchy(hierarchy)
     batch = leaf_batch(hierarchy)
     _check_leaf_rows(x, batch.numel())
     num_trees = _num_trees(hierarchy)
@@ -115,6 +120,7 @@ def coarsen_leaves(
     float32 and rounded once (on GPUs a half-precision sum adds atomically, rounding at
     every child).
     """
+    hierarchy = as_hierarchy(hierarchy)
     _check_leaf_rows(x, int(hierarchy.is_leaf.sum()))
     coarse, cluster = coarsen_hierarchy(hierarchy)
     num_new = int(coarse.is_leaf.sum())

@@ -13,6 +13,7 @@ from hiergraph._checks import check_ids, check_int, check_positive
 from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.domain import Domain
+from hiergraph.data.signal_hierarchy import as_hierarchy
 
 if TYPE_CHECKING:
     from torch_geometric.data import Batch
@@ -141,6 +142,7 @@ class FamilyPositionEncoder(nn.Module):
 
     def forward(self, hierarchy: SignalHierarchy | Batch) -> Tensor:
         """``[N, channels]`` embeddings of all nodes of ``hierarchy`` (a tree or a batch)."""
+        hierarchy = as_hierarchy(hierarchy)
         domain, pos = hierarchy.domain, hierarchy.pos  # raw: exact key ids and indices
         out = self.keys.weight.new_zeros(domain.numel(), self.channels)
         encoders = [

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from torch_geometric.data import Batch
+from torch_geometric.data import Batch, Data
 from torch_geometric.loader import DataLoader
 
 from hiergraph.data import (
@@ -11,6 +11,7 @@ from hiergraph.data import (
     window_forest,
     window_hierarchy,
 )
+from hiergraph.data.signal_hierarchy import as_hierarchy
 from hiergraph.nn import global_leaf_mean_pool
 
 
@@ -299,3 +300,14 @@ def test_from_parent_builds_on_the_parent_device():
     if torch.cuda.is_available():
         on_cuda = SignalHierarchy.from_parent(parent.cuda(), x=x.cuda())
         assert torch.equal(on_cuda.parent.cpu(), ref.parent)
+
+
+def test_as_hierarchy_passes_hierarchies_and_names_what_it_refuses():
+    tree = window_hierarchy(6, (2, 3))
+    batch = Batch.from_data_list([tree, tree])
+    assert as_hierarchy(tree) is tree and as_hierarchy(batch) is batch
+    for wrong, match in ((torch.zeros(6, dtype=torch.long), "got a tensor"),
+                         (Data(x=torch.ones(3, 1)), "got a Data without a community tree"),
+                         ([tree], "got list")):  # fmt: skip
+        with pytest.raises(TypeError, match=f"hierarchy must be a SignalHierarchy.*{match}"):
+            as_hierarchy(wrong)

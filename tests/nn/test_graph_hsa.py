@@ -99,6 +99,29 @@ def test_net_trains_a_step(graphs):
     assert repr(model) == "GraphHSANet(6, 8, 2, num_layers=2)"
 
 
+def test_a_graph_batch_stands_for_its_community_tree(graphs):
+    """The layers, the position encoder and the pooling take a (batch of) graphs with their
+    community tree as the tree itself (its cached ``hierarchy()``), as the type hints say."""
+    from hiergraph.nn import global_leaf_mean_pool
+
+    torch.manual_seed(0)
+    batch = Batch.from_data_list(graphs)
+    net = GraphHSANet(6, 8, 3, heads=2, graph_pe_dim=4).double().eval()
+    x = batch.x.double()
+    torch.testing.assert_close(
+        net(x, batch.edge_index, batch), net(x, batch.edge_index, batch.hierarchy()),
+        rtol=0, atol=0,
+    )  # fmt: skip
+    pooled = global_leaf_mean_pool(x, batch)
+    torch.testing.assert_close(pooled, global_leaf_mean_pool(x, batch.hierarchy()))
+    for wrong, match in ((batch.batch, "got a tensor .a batch vector"),
+                         (graph(3, 3, seed=0), "Data without a community tree")):  # fmt: skip
+        with pytest.raises(TypeError, match=match):
+            global_leaf_mean_pool(x, wrong)
+        with pytest.raises(TypeError, match=match):
+            net(x, batch.edge_index, wrong)
+
+
 def test_wrong_leaf_count_is_rejected(graphs):
     layer = GraphHSAConv(6, None)
     with pytest.raises(ValueError, match="num_leaves"):
