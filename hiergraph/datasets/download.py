@@ -412,8 +412,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def describe_places(places: Sequence[os.PathLike | str]) -> str:
-    """Bulleted list of folders, one per line."""
-    return "".join(f"\n  - {p}" for p in places) or " (none)"
+    """Bulleted list of folders, one per line; a place that is a file is marked as one (a
+    raw folder given as the path of the archive in it)."""
+    marked = [
+        f"{p} (a file: name the folder that holds it)" if Path(p).is_file() else p for p in places
+    ]
+    return "".join(f"\n  - {p}" for p in marked) or " (none)"
 
 
 # -------------------------------------------- locate, else download, else explain

@@ -93,6 +93,17 @@ def test_locate_raw_searches_the_places_in_order(tmp_path):
     assert asked == places[:2]
 
 
+def test_a_place_that_is_a_file_is_marked_as_one(tmp_path):
+    """A raw folder given as the path of the archive in it: the message says so."""
+    archive = tmp_path / "data.tar.gz"
+    archive.write_bytes(b"")
+    with pytest.raises(FileNotFoundError) as info:
+        locate_raw("X", [tmp_path / "raw", archive], lambda place: None, "data.tar.gz")
+    lines = str(info.value).splitlines()
+    assert f"  - {tmp_path / 'raw'}" in lines
+    assert f"  - {archive} (a file: name the folder that holds it)" in lines
+
+
 def test_locate_raw_downloads_into_the_first_place_then_finds(tmp_path, monkeypatch):
     monkeypatch.delenv(OFFLINE_ENV)
     calls = []
