@@ -1,14 +1,20 @@
 """Command-line pieces shared by the example scripts (imported from the script's folder):
 their parser (:func:`example_parser`: the script's docstring and the options' defaults in
 ``--help``), ``--threads`` and ``--device`` (:func:`add_runtime_options`), argument types
-that refuse impossible counts, options refused where they do not apply
-(:func:`refuse_inapplicable`), and :func:`run`, which reports missing data without a
-traceback."""
+that refuse impossible counts, budgets and output files when the options are parsed
+(:func:`at_least`, :func:`above`, :func:`output_file`, :func:`json_to_merge`), options
+refused where they do not apply (:func:`refuse_inapplicable`), option values refused later
+(:class:`OptionError`, :func:`from_options`), and :func:`run`, which reports missing data
+and refused options without a traceback."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable, Sequence
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -36,17 +42,70 @@ def example_parser(doc: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=first, epilog=rest, formatter_class=_HelpFormatter)
 
 
-def at_least(minimum: int):
-    """An argparse ``type``: an int ``>= minimum`` (else argparse's one-line usage error)."""
+def at_least(minimum: int, at_most: int | None = None):
+    """An argparse ``type``: an int ``>= minimum`` (and ``<= at_most`` where given; else
+    argparse's one-line usage error)."""
+    bounds = f">= {minimum}" + ("" if at_most is None else f" and <= {at_most}")
 
     def parse(text: str) -> int:
         value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an int >= {minimum}, got {value}")
+        if value < minimum or at_most is not None and value > at_most:
+            raise argparse.ArgumentTypeError(f"must be an int {bounds}, got {value}")
         return value
 
     parse.__name__ = "int"  # argparse names the type in its messages
     return parse
+
+
+#: An argparse ``type``: a seed that NumPy takes too (``np.random.seed``: 0 .. 2**32 - 1).
+NUMPY_SEED = at_least(0, at_most=2**32 - 1)
+
+
+def above(minimum: float):
+    """An argparse ``type``: a float ``> minimum``, e.g. ``above(0)`` for a time budget (else
+    argparse's one-line usage error)."""
+
+    def parse(text: str) -> float:
+        value = float(text)
+        if not value > minimum:  # NaN too
+            raise argparse.ArgumentTypeError(f"must be a number > {minimum:g}, got {text}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
+
+
+def output_file(text: str) -> str:
+    """An argparse ``type`` for a file the script writes (results, a plot, a checkpoint),
+    checked when the options are parsed rather than when the file is written, after the
+    long run: the path is no folder, its nearest existing ancestor is a folder this process
+    may write in (the folders missing below it are made when the file is written), and an
+    existing file is writable; else argparse's one-line usage error. Returns ``text``
+    unchanged."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    folder = next(p for p in path.absolute().parents if p.exists())
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK) or path.exists() and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
+    return text
+
+
+def json_to_merge(text: str) -> str:
+    """An argparse ``type`` for a JSON file the script merges its results into: an
+    :func:`output_file` that, where it exists, holds a JSON object (checked now, not when
+    the first results are merged in). Returns ``text`` unchanged."""
+    path = Path(output_file(text))
+    if path.exists():
+        try:
+            table = json.loads(path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise argparse.ArgumentTypeError(f"{text} is not a JSON file: {error}") from None
+        if not isinstance(table, dict):
+            raise argparse.ArgumentTypeError(f"{text} holds no JSON object to merge into")
+    return text
 
 
 def add_threads_option(parser: argparse.ArgumentParser, help: str = IDLE_CORES) -> None:
@@ -119,17 +178,44 @@ def refuse_inapplicable(
                 parser.error(f"--{dest.replace('_', '-')} applies {where} only")
 
 
+class OptionError(ValueError):
+    """A value given on the command line that the script refuses once it can tell: after
+    reading a file or the data (``--resume-from`` naming a run of other settings, a subset
+    size that leaves a split empty), or when the library refuses a size while the script
+    builds from the options (:func:`from_options`). :func:`run` ends the script with its
+    message; being a ``ValueError``, it is caught as such by code that calls a script's
+    functions."""
+
+
+@contextmanager
+def from_options() -> Iterator[None]:
+    """Around code that builds the library's objects (models, mostly) from the options: a
+    ``ValueError`` raised inside is the library refusing the user's values (heads that do
+    not divide the width, an odd block size …) and is raised again as an
+    :class:`OptionError` with its message. Keep such blocks to construction, ahead of the
+    long run: a ``ValueError`` raised anywhere else (while training, say) is a bug and
+    keeps its traceback. Also a decorator: ``@from_options()``."""
+    try:
+        yield
+    except OptionError:
+        raise
+    except ValueError as error:
+        raise OptionError(str(error)) from error
+
+
 def run(main: Callable[[], object]) -> None:
-    """Run a script's ``main``. Data that is missing (the loaders' ``FileNotFoundError``,
-    whose message says where the files were searched and how to supply them) ends the
-    script with that message and exit status 1, not a traceback."""
+    """Run a script's ``main``, ending the script with ``error: <message>`` and exit
+    status 1, not a traceback, where the user has something to fix: data that is missing
+    (the loaders' ``FileNotFoundError``, whose message says where the files were searched
+    and how to supply them; their Python argument ``raw_dir=`` is every such script's
+    ``--raw-dir``) or an option refused past parsing (:class:`OptionError`). Every other
+    exception keeps its traceback."""
     try:
         main()
     except FileNotFoundError as error:
         message = str(error)
         if "raw_dir=" in message:  # the loaders' Python argument: say what a script takes
-            message += (
-                "\n(From a script: raw_dir= is its --raw-dir option where it has one; "
-                "HIERGRAPH_RAW works for every script.)"
-            )
+            message += "\n(From a script: raw_dir= is its --raw-dir option.)"
         raise SystemExit(f"error: {message}") from None
+    except OptionError as error:
+        raise SystemExit(f"error: {error}") from None

@@ -53,6 +53,7 @@ budget, device) into a JSON file; ``--device`` picks the torch device (default:
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -66,7 +67,9 @@ from _cli import (
     add_runtime_options,
     at_least,
     example_parser,
+    from_options,
     get_device,
+    json_to_merge,
     run,
     set_threads,
 )
@@ -198,7 +201,8 @@ def run_seed(data, attention: str, seed: int, args) -> dict:
     """Train one model; returns :func:`train_with_early_stopping`'s record: test accuracy
     at the best validation epoch and of the paper's final model, epochs, validation."""
     torch.manual_seed(seed)
-    model = GAT(attention, data.num_features, int(data.y.max()) + 1, cone=cone_options(args))
+    with from_options():
+        model = GAT(attention, data.num_features, int(data.y.max()) + 1, cone=cone_options(args))
     model.to(args.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     x = data.x.to_sparse_csr()
@@ -251,8 +255,9 @@ def row_name(attention: str, args) -> str:
     return prefix + (f"{attention}[{','.join(extras)}]" if extras else attention)
 
 
-def write_json(path: Path, name: str, row: dict) -> None:
+def write_json(path: str | Path, name: str, row: dict) -> None:
     """Merge ``row`` under ``rows[name]`` into the JSON file at ``path``."""
+    path = Path(path)
     report = json.loads(path.read_text()) if path.exists() else {}
     report.setdefault(
         "what",
@@ -262,6 +267,16 @@ def write_json(path: Path, name: str, row: dict) -> None:
     report.setdefault("rows", {})[name] = row
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def height_scale(text: str) -> str:
+    """``--height-scale``: a number or ``d`` (kept as written: it names the JSON row)."""
+    if text != "d":
+        try:
+            float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number or 'd', got {text!r}") from None
+    return text
 
 
 def parse_args(argv=None):
@@ -305,12 +320,13 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--height-scale",
+        type=height_scale,
         default="1",
         help="umbral height exp(c*x_d) with c = this number, or 'd' for c = 1/d (default 1)",
     )
     parser.add_argument(
         "--qk-channels",
-        type=int,
+        type=at_least(1),
         default=None,
         help="separate query/key projections of this size per head (default: share the "
         "value projection)",
@@ -327,7 +343,9 @@ def parse_args(argv=None):
         help="ConeConv: dropout on the projected features as well (pytorch-GAT's recipe)",
     )
     add_runtime_options(parser)
-    parser.add_argument("--json", type=Path, default=None, help="merge results into this file")
+    parser.add_argument(
+        "--json", type=json_to_merge, default=None, help="merge results into this file"
+    )
     args = parser.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
     return args

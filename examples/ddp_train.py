@@ -26,24 +26,31 @@ nccl when CUDA is available).
         --raw-dir /path/to/datasets/Cora/raw
 
 Checkpoints (``--checkpoint PATH``) are written by rank 0 after every epoch;
-``--resume`` continues from one. Seeding depends only on ``(--seed, epoch, rank)``
-and the sampling order only on ``(--seed, epoch)``, so a resumed run reproduces
-the uninterrupted one, and a run on W processes with ``--batch-size B`` takes the
-same optimisation steps as one process with ``--batch-size W*B`` (DDP averages
-the ranks' mean-loss gradients; ``tests/test_distributed.py`` checks both).
+``--resume`` continues from one up to ``--epochs`` (a checkpoint that has all of them
+already is reported and left alone; one past them is refused). Seeding depends only on
+``(--seed, epoch, rank)`` and the sampling order only on ``(--seed, epoch)``, so a
+resumed run reproduces the uninterrupted one, and a run on W processes with
+``--batch-size B`` takes the same optimisation steps as one process with
+``--batch-size W*B`` (DDP averages the ranks' mean-loss gradients;
+``tests/test_distributed.py`` checks both).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 import torch.nn.functional as F
 from _cli import (
+    OptionError,
     add_threads_option,
     at_least,
     example_parser,
+    from_options,
+    output_file,
+    refuse_inapplicable,
     run,
     set_threads,
 )
@@ -66,13 +73,16 @@ from hiergraph.loader import DistributedLeafBudgetBatchSampler, HierarchyLoader,
 from hiergraph.nn import HierarchicalTransformerEncoder, global_leaf_mean_pool
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+CHANNELS = 8  # leaf features of the synthetic trees
+MIN_LEAVES = 16  # the synthetic trees' smallest leaf count
 
 
 # ------------------------------------------------------------------------------ HTE task
 
 
 def synthetic_trees(num: int, max_leaves: int, channels: int, classes: int, seed: int) -> list:
-    """``num`` **synthetic** ragged trees with 16..``max_leaves`` leaves (same on every rank).
+    """``num`` **synthetic** ragged trees with :data:`MIN_LEAVES`..``max_leaves`` leaves
+    (same on every rank).
 
     Leaf features are standard normal; the label is the feature channel (of
     the first ``classes``) with the largest mean over the tree's leaves.
@@ -80,7 +90,7 @@ def synthetic_trees(num: int, max_leaves: int, channels: int, classes: int, seed
     gen = torch.Generator().manual_seed(seed)
     trees = []
     for _ in range(num):
-        n = int(torch.randint(16, max(max_leaves, 16) + 1, (), generator=gen))
+        n = int(torch.randint(MIN_LEAVES, max(max_leaves, MIN_LEAVES) + 1, (), generator=gen))
         x = torch.randn(n, channels, generator=gen)
         tree = random_window_hierarchy(n, (4, 4, 4), x=x, generator=gen)
         tree.y = x[:, :classes].mean(0).argmax().view(1)
@@ -104,11 +114,11 @@ class TreeClassifier(nn.Module):
 
 def tree_task(args, ctx, dtype):
     """Model, per-rank training loader, step and evaluation functions of the HTE task."""
-    channels = 8
-    sizes = (args.tree_leaves, channels, args.classes)
+    sizes = (args.tree_leaves, CHANNELS, args.classes)
     train = synthetic_trees(args.num_trees, *sizes, seed=args.seed)
     test = synthetic_trees(args.num_trees // 4, *sizes, seed=~args.seed)  # a disjoint stream
-    model = TreeClassifier(channels, args.hidden, args.classes, args.layers, args.heads)
+    with from_options():
+        model = TreeClassifier(CHANNELS, args.hidden, args.classes, args.layers, args.heads)
     if args.leaf_budget:
         sampler = DistributedLeafBudgetBatchSampler(
             leaf_counts(train), args.leaf_budget, ctx.world_size, ctx.rank, seed=args.seed
@@ -151,7 +161,10 @@ def node_task(args, ctx, dtype):
         dataset = load_planetoid("Cora", args.root, args.raw_dir, transform=T.NormalizeFeatures())
     data = dataset[0].to(ctx.device)
     data.x = data.x.to(dtype)
-    model = GCN(dataset.num_features, args.hidden, num_layers=2, out_channels=dataset.num_classes)
+    with from_options():
+        model = GCN(
+            dataset.num_features, args.hidden, num_layers=2, out_channels=dataset.num_classes
+        )
     train_ids = data.train_mask.nonzero().view(-1).cpu()
     sampler = distributed_sampler(train_ids, ctx, args.seed)
     loader = torch.utils.data.DataLoader(
@@ -185,20 +198,52 @@ def distributed_sampler(dataset, ctx, seed: int) -> DistributedSampler:
 
 
 def train(args) -> dict:
+    """Train on this process's rank (see :func:`train_rank`); the process group is destroyed
+    however that ends."""
     # torchrun sets OMP_NUM_THREADS=1 per process, so each rank then runs one thread
     set_threads(args)
     ctx = init_distributed(args.backend)
+    try:
+        return train_rank(args, ctx)
+    finally:
+        cleanup_distributed()
+
+
+def train_rank(args, ctx) -> dict:
+    """``{"history": one record per epoch trained, "world_size": W}``; rank 0 prints each
+    record as a JSON line. The train loss of an epoch is the mean over its steps and ranks.
+
+    Refused (:class:`OptionError`): sizes that leave a rank no training step in an epoch,
+    and a ``--resume`` checkpoint past ``--epochs``. A checkpoint that has trained exactly
+    ``--epochs`` trains nothing: rank 0 says so on stderr."""
     dtype = DTYPES[args.dtype]
     seed_everything(args.seed)  # identical initialisation on every rank
     model, loader, sampler, loss_fn, evaluate = (tree_task if args.task == "hte" else node_task)(
         args, ctx, dtype
     )
+    if not len(loader):  # (a leaf budget packs every tree into some batch)
+        items = "trees" if args.task == "hte" else "nodes"
+        raise OptionError(
+            f"no training step: each of {ctx.world_size} process(es) gets {len(sampler)} "
+            f"training {items}, less than one batch of --batch-size {args.batch_size}"
+        )
     model = model.to(ctx.device, dtype)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     start_epoch, step = 0, 0
     if args.resume:
         state = load_checkpoint(args.checkpoint, model, optimizer, map_location=ctx.device)
         start_epoch, step = state["epoch"] + 1, state["step"]
+        if start_epoch > args.epochs:
+            raise OptionError(
+                f"--resume: {args.checkpoint} has trained {start_epoch} epochs, more than "
+                f"--epochs {args.epochs}"
+            )
+        if start_epoch == args.epochs and ctx.is_main:
+            print(
+                f"{args.checkpoint} has trained all --epochs {args.epochs} epochs: nothing to "
+                "train (a larger --epochs continues it)",
+                file=sys.stderr,
+            )
     if ctx.distributed:
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         # HTE's position encoder runs one branch per family domain present in the
@@ -230,7 +275,7 @@ def train(args) -> dict:
         record = {
             "epoch": epoch,
             "step": step,
-            "train_loss": float(total) / max(steps * ctx.world_size, 1),
+            "train_loss": float(total) / (steps * ctx.world_size),  # the same steps on every rank
             **evaluate(model),
         }
         history.append(record)
@@ -238,7 +283,6 @@ def train(args) -> dict:
             print(json.dumps(record), flush=True)
         if args.checkpoint:
             save_checkpoint(args.checkpoint, model, optimizer, ctx, epoch=epoch, step=step)
-    cleanup_distributed()
     return {"history": history, "world_size": ctx.world_size}
 
 
@@ -249,7 +293,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=at_least(1), default=16, help="trees/nodes per rank")
     parser.add_argument(
         "--leaf-budget",
-        type=int,
+        type=at_least(0),
         default=0,
         help="hte: pack trees up to this many leaves per rank and step instead of --batch-size",
     )
@@ -257,14 +301,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=None)
-    parser.add_argument("--checkpoint", default=None, help="checkpoint file (rank 0 writes)")
+    parser.add_argument(
+        "--checkpoint", type=output_file, default=None, help="checkpoint file (rank 0 writes)"
+    )
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
-    parser.add_argument("--hidden", type=int, default=32)
-    parser.add_argument("--layers", type=int, default=2, help="hte layers")
-    parser.add_argument("--heads", type=int, default=4, help="hte heads")
-    parser.add_argument("--num-trees", type=int, default=512, help="hte: synthetic trees")
-    parser.add_argument("--tree-leaves", type=int, default=256, help="hte: max leaves per tree")
-    parser.add_argument("--classes", type=int, default=4, help="hte: classes")
+    parser.add_argument("--hidden", type=at_least(1), default=32)
+    parser.add_argument("--layers", type=at_least(1), default=2, help="hte layers")
+    parser.add_argument("--heads", type=at_least(1), default=4, help="hte heads")
+    parser.add_argument(
+        "--num-trees",
+        type=at_least(4),
+        default=512,
+        help="hte: synthetic training trees (and a quarter as many test trees)",
+    )
+    parser.add_argument(
+        "--tree-leaves",
+        type=at_least(MIN_LEAVES),
+        default=256,
+        help=f"hte: max leaves per tree (each has {MIN_LEAVES} at least)",
+    )
+    parser.add_argument(
+        "--classes",
+        type=at_least(2, at_most=CHANNELS),
+        default=4,
+        help=f"hte: classes (the first of the {CHANNELS} feature channels)",
+    )
     parser.add_argument("--root", default=None, help="node: data root")
     parser.add_argument("--raw-dir", default=None, help="node: folder with Cora's raw files")
     add_threads_option(
@@ -274,8 +335,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.resume and not args.checkpoint:
         parser.error("--resume needs --checkpoint")
-    if args.leaf_budget and args.task != "hte":
-        parser.error("--leaf-budget applies to --task hte")
+    hte = args.task == "hte"
+    refuse_inapplicable(parser, argv, [
+        (("leaf_budget", "layers", "heads", "num_trees", "tree_leaves", "classes"), hte,
+         "to --task hte"),
+        (("root", "raw_dir"), not hte, "to --task node"),
+    ])  # fmt: skip
     return args
 
 

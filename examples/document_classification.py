@@ -65,10 +65,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from _cli import (
+    NUMPY_SEED,
+    OptionError,
     add_runtime_options,
     at_least,
     example_parser,
+    from_options,
     get_device,
+    output_file,
     run,
     set_threads,
 )
@@ -239,20 +243,21 @@ def train_epoch(
 
 def build_model(args, train) -> DocumentClassifier:
     """The classifier of ``args`` for the training split ``train``."""
-    vocab = len(train.meta.get("vocab", [])) + 2 if args.tokenizer == "simple" else 30522
-    return DocumentClassifier(
-        make_embedding(args.embedding, vocab, args.embedding_dim),
-        train.num_classes,
-        args.model,
-        proj=args.proj,
-        hidden=args.hidden,
-        heads=args.heads,
-        pos_channels=args.pos_channels,
-        mlp=args.mlp,
-        layers=args.layers,
-        dropout=args.dropout,
-        hubs=args.hubs,
-    )
+    embedding = make_embedding(args.embedding, train.vocab_size, args.embedding_dim)
+    with from_options():
+        return DocumentClassifier(
+            embedding,
+            train.num_classes,
+            args.model,
+            proj=args.proj,
+            hidden=args.hidden,
+            heads=args.heads,
+            pos_channels=args.pos_channels,
+            mlp=args.mlp,
+            layers=args.layers,
+            dropout=args.dropout,
+            hubs=args.hubs,
+        )
 
 
 def optimizer_and_schedule(args, model, steps_per_epoch: int):
@@ -315,7 +320,8 @@ def tfidf_baseline(splits: dict) -> dict:
 
 
 def load_splits(args) -> tuple[dict, dict]:
-    """The (subsetted) train/val/test datasets and the truncation report of each full split."""
+    """The (subsetted) train/val/test datasets and the truncation report of each full split;
+    a subset size that leaves a split without a document is refused (:class:`OptionError`)."""
     caps = dict(
         max_paragraphs=args.max_paragraphs,
         max_sentences=args.max_sentences,
@@ -334,6 +340,10 @@ def load_splits(args) -> tuple[dict, dict]:
             **caps,
         )
         splits[split] = subset(full, size, seed=1234)
+        if not len(splits[split]):  # a stratified subset rounds each class's share
+            raise OptionError(
+                f"--{split}-size {size} leaves no {split} document: give one per class at least"
+            )
         truncation[split] = full.truncation_report()
     return splits, truncation
 
@@ -346,41 +356,55 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--raw-dir", default=None, help="a folder holding the dataset's raw archive")
     p.add_argument("--embedding", choices=("static", "learned"), default="static")
     p.add_argument("--tokenizer", choices=("minilm", "simple"), default="minilm")
-    p.add_argument("--embedding-dim", type=int, default=128, help="size of learned embeddings")
+    p.add_argument(
+        "--embedding-dim", type=at_least(1), default=128, help="size of learned embeddings"
+    )
     p.add_argument("--depth", type=int, choices=(1, 2, 3), default=3, help="tree levels")
     p.add_argument(
-        "--max-tokens", type=int, default=None, help="cap per document (default: 512 for fsa)"
+        "--max-tokens",
+        type=at_least(1),
+        default=None,
+        help="cap per document (default: 512 for fsa)",
     )
-    p.add_argument("--max-paragraphs", type=int, default=None)
-    p.add_argument("--max-sentences", type=int, default=None, help="per paragraph")
-    p.add_argument("--max-sentence-tokens", type=int, default=None)
+    p.add_argument("--max-paragraphs", type=at_least(1), default=None)
+    p.add_argument("--max-sentences", type=at_least(1), default=None, help="per paragraph")
+    p.add_argument("--max-sentence-tokens", type=at_least(1), default=None)
     p.add_argument(
         "--paper",
         action="store_true",
         help="whole splits, seeds 0 1 2, 3 epochs (0.5-1 hour per model)",
     )
     p.add_argument(
-        "--train-size", type=int, default=None, help="stratified subset, 0: all (quick: 2000)"
+        "--train-size",
+        type=at_least(0),
+        default=None,
+        help="stratified subset, 0: all (quick: 2000)",
     )
-    p.add_argument("--val-size", type=int, default=None, help="(quick: 500)")
-    p.add_argument("--test-size", type=int, default=None, help="(quick: 1000)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="(quick: 0)")
+    p.add_argument("--val-size", type=at_least(0), default=None, help="(quick: 500)")
+    p.add_argument("--test-size", type=at_least(0), default=None, help="(quick: 1000)")
+    p.add_argument("--seeds", type=NUMPY_SEED, nargs="+", default=None, help="(quick: 0)")
     p.add_argument("--epochs", type=at_least(1), default=None, help="(quick: 3)")
     p.add_argument("--batch-size", type=at_least(1), default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--proj", type=int, default=64, help="projection of the token vectors (0: none)")
-    p.add_argument("--hidden", type=int, default=64, help="HTE width (paper: 128)")
-    p.add_argument("--heads", type=int, default=3)
-    p.add_argument("--pos-channels", type=int, default=64, help="position embedding size")
-    p.add_argument("--mlp", type=int, default=64, help="MLP width (paper: 128)")
-    p.add_argument("--layers", type=int, default=1)
+    p.add_argument(
+        "--proj", type=at_least(0), default=64, help="projection of the token vectors (0: none)"
+    )
+    p.add_argument("--hidden", type=at_least(1), default=64, help="HTE width (paper: 128)")
+    p.add_argument("--heads", type=at_least(1), default=3)
+    p.add_argument(
+        "--pos-channels", type=at_least(0), default=64, help="position embedding size (0: none)"
+    )
+    p.add_argument("--mlp", type=at_least(1), default=64, help="MLP width (paper: 128)")
+    p.add_argument("--layers", type=at_least(1), default=1)
     p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--hubs", type=int, default=0, help="hsa: tokens lifted to the root, per doc")
+    p.add_argument(
+        "--hubs", type=at_least(0), default=0, help="hsa: tokens lifted to the root, per doc"
+    )
     add_runtime_options(p, threads_help="torch CPU threads (default 1: fastest for this model)")
     p.add_argument("--tfidf", action="store_true", help="also run TF-IDF + logistic regression")
     p.add_argument("--no-progress", dest="progress", action="store_false")
-    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--json", type=output_file, default=None, help="write the results here")
     args = p.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
     for split in ("train", "val", "test"):  # 0: the whole split

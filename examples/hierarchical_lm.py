@@ -46,10 +46,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from _cli import (
+    OptionError,
+    above,
     add_runtime_options,
     at_least,
     example_parser,
+    from_options,
     get_device,
+    output_file,
     run,
     set_threads,
 )
@@ -114,7 +118,7 @@ def read_reviews(tar: Path, num_train: int, num_test: int, cache_dir: Path) -> d
                     break
     empty = [split for split, found in texts.items() if not found]
     if empty:  # (never cached: a later run with the right tarball reads it)
-        raise ValueError(
+        raise OptionError(
             f"{tar} holds no labelled reviews for {', '.join(empty)} (expected "
             "[aclImdb/]train|test/pos|neg/*.txt)"
         )
@@ -205,41 +209,50 @@ def main(argv=None) -> dict:
         "--paper", action="store_true", help="300 CPU-seconds per model, 128 test chunks (~12 min)"
     )
     parser.add_argument(
-        "--cpu-seconds", type=float, default=None, help="training budget per model (quick: 25)"
+        "--cpu-seconds", type=above(0), default=None, help="training budget per model (quick: 25)"
     )
-    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--seq-len", type=at_least(2), default=256, help="bytes per chunk")
     parser.add_argument("--batch-size", type=at_least(1), default=16)
-    parser.add_argument("--channels", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--channels", type=at_least(1), default=128)
+    parser.add_argument("--layers", type=at_least(1), default=2)
+    parser.add_argument("--heads", type=at_least(1), default=4)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--train-reviews", type=int, default=3000)
-    parser.add_argument("--eval-chunks", type=int, default=None, help="(quick: 48)")
-    parser.add_argument("--sample-bytes", type=int, default=128, help="bytes generated per model")
+    parser.add_argument("--train-reviews", type=at_least(1), default=3000)
+    parser.add_argument("--eval-chunks", type=at_least(1), default=None, help="(quick: 48)")
+    parser.add_argument(
+        "--sample-bytes", type=at_least(0), default=128, help="bytes generated per model"
+    )
     add_runtime_options(parser)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None, help="write the results (JSON + PNG)")
+    parser.add_argument(
+        "--out",
+        type=lambda text: Path(output_file(text)),
+        default=None,
+        help="write the results as JSON, and the training curves as a PNG next to it",
+    )
     parser.add_argument(
         "--cache-dir", type=Path, default=data_root() / "imdb_lm", help="chosen reviews"
     )
     args = parser.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
+    if args.out is not None and args.out.suffix == ".png":
+        parser.error("--out names the JSON file: the PNG of the curves is written next to it")
     set_threads(args)
     device = get_device(args)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
 
-    texts = read_reviews(args.tar, args.train_reviews, 400, args.cache_dir)
-    train, test = chunks(texts["train"], args.seq_len), chunks(texts["test"], args.seq_len)
-    test = test[: args.eval_chunks]
-    print(f"{len(train)} train chunks, {len(test)} test chunks of <= {args.seq_len} bytes")
-
     config = dict(
         vocab_size=256, hidden_channels=args.channels, num_layers=args.layers, heads=args.heads,
         pos_channels=32, max_depth=3, max_slot=args.seq_len,
     )  # fmt: skip
-    models = {mode: HTEDecoder(**config, attention=mode).to(device) for mode in ("hsa", "flat")}
+    with from_options():  # built before the data is read: the library refuses sizes now
+        models = {mode: HTEDecoder(**config, attention=mode).to(device) for mode in ("hsa", "flat")}
     models["flat"].load_state_dict(models["hsa"].state_dict())  # same initial weights
+    texts = read_reviews(args.tar, args.train_reviews, 400, args.cache_dir)
+    train, test = chunks(texts["train"], args.seq_len), chunks(texts["test"], args.seq_len)
+    test = test[: args.eval_chunks]
+    print(f"{len(train)} train chunks, {len(test)} test chunks of <= {args.seq_len} bytes")
     params = {m: sum(p.numel() for p in model.parameters()) for m, model in models.items()}
     optims = {m: torch.optim.AdamW(model.parameters(), lr=args.lr) for m, model in models.items()}
     used = dict.fromkeys(models, 0.0)

@@ -34,10 +34,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from _cli import (
+    OptionError,
+    above,
     add_runtime_options,
     at_least,
     example_parser,
+    from_options,
     get_device,
+    output_file,
     run,
     set_threads,
 )
@@ -70,6 +74,8 @@ OPERATORS = {
     14: ("SM", lambda xs: sum(xs) % 10),
 }
 VOCAB = 16
+#: rejected trees in a row after which :func:`listops` gives up on a length range
+MAX_REJECTED = 10_000
 
 
 def _expression(rng: random.Random, depth: int, budget: list[int], max_depth: int, max_args: int):
@@ -93,15 +99,23 @@ def listops(num: int, min_len: int, max_len: int, seed: int) -> list[tuple[list[
 
     Each tree is grown towards a target length drawn uniformly from the range
     (after the budget runs out, open operators get digit arguments only);
-    trees outside the range are rejected.
+    trees outside the range are rejected. Narrow ranges are hit rarely or never (2-12
+    tokens: a target under 13 makes a single digit; most single lengths): after
+    :data:`MAX_REJECTED` rejections in a row, an :class:`OptionError` says so.
     """
     rng = random.Random(seed)
-    data = []
+    data, rejected = [], 0
     while len(data) < num:
         budget = [rng.randint(min_len, max_len) - 10]
         tokens, value = _expression(rng, 0, budget, max_depth=10, max_args=10)
         if min_len <= len(tokens) <= max_len:
             data.append((tokens, value))
+            rejected = 0
+        elif (rejected := rejected + 1) == MAX_REJECTED:
+            raise OptionError(
+                f"no expression of {min_len}-{max_len} tokens in {MAX_REJECTED:,} tries: "
+                "widen --min-len..--max-len"
+            )
     return data
 
 
@@ -195,14 +209,21 @@ def accuracy(model: nn.Module, data, batch_size: int, device: torch.device) -> f
     return correct / len(data)
 
 
-def train(name: str, args, train_data, test_data, device: torch.device) -> dict:
+def build(name: str, args) -> Classifier:
+    """The seeded classifier with encoder ``name`` (every encoder starts from the same seed)."""
     torch.manual_seed(args.seed)
-    model = Classifier(ENCODERS[name](args), args.dim).to(device)
+    return Classifier(ENCODERS[name](args), args.dim)
+
+
+def train(name: str, args, train_data, test_data, device: torch.device) -> dict:
+    """Train encoder ``name`` for ``args.budget_seconds`` (at least one step, however
+    small the budget) and test it."""
+    model = build(name, args).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     rng = random.Random(args.seed)
     steps, start = 0, time.perf_counter()
     bar = progress(total=round(args.budget_seconds), desc=name, unit="s", leave=False)
-    while time.perf_counter() - start < args.budget_seconds:
+    while steps == 0 or time.perf_counter() - start < args.budget_seconds:
         batch = collate(rng.sample(train_data, args.batch_size))
         tokens, mask, labels = (t.to(device) for t in batch)
         loss = F.cross_entropy(model(tokens, mask), labels)
@@ -219,8 +240,8 @@ def train(name: str, args, train_data, test_data, device: torch.device) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
         "steps": steps,
         "train_seconds": round(seconds, 1),
-        "seconds_per_step": round(seconds / max(steps, 1), 3),
-        "last_loss": round(loss.item(), 3) if steps else None,
+        "seconds_per_step": round(seconds / steps, 3),
+        "last_loss": round(loss.item(), 3),
         "test_accuracy": accuracy(model, test_data, args.batch_size, device),
     }
 
@@ -234,7 +255,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="LRA lengths (500-2,000 tokens), 600 s per encoder (~35 min)",
     )
     parser.add_argument(
-        "--budget-seconds", type=float, default=None, help="training time per encoder (35)"
+        "--budget-seconds", type=above(0), default=None, help="training time per encoder (35)"
     )
     parser.add_argument("--min-len", type=at_least(1), default=None, help="(100)")
     parser.add_argument("--max-len", type=at_least(1), default=None, help="(500)")
@@ -250,7 +271,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=list(ENCODERS))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=str, default=None, help="optional JSON file for the results")
+    parser.add_argument("--out", type=output_file, default=None, help="JSON file for the results")
     add_runtime_options(parser)
     args = parser.parse_args(argv)
     if args.quick and args.paper:
@@ -260,6 +281,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     apply_budget(args, QUICK, PAPER)  # explicit options win
     if args.min_len > args.max_len:
         parser.error(f"--min-len {args.min_len} is more than --max-len {args.max_len}")
+    if args.batch_size > args.train_size:  # a step samples a batch without replacement
+        parser.error(f"--batch-size {args.batch_size} is more than --train-size {args.train_size}")
+    with from_options():  # the library refuses impossible sizes now, not after an encoder's run
+        for name in args.encoders:
+            build(name, args)
     set_threads(args)
     device = get_device(args)
 

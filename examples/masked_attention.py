@@ -37,6 +37,7 @@ from _cli import (
     at_least,
     example_parser,
     get_device,
+    run,
     set_threads,
 )
 from torch import nn
@@ -118,7 +119,9 @@ def train(name: str, builder, args, device: torch.device) -> tuple[float, float]
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Trains one model per mask; returns each mask's test accuracy."""
     parser = example_parser(__doc__)
-    parser.add_argument("--p", type=int, default=2, help="the task looks at the last p+1 digits")
+    parser.add_argument(
+        "--p", type=at_least(0), default=2, help="the task looks at the last p+1 digits"
+    )
     parser.add_argument("--steps", type=at_least(1), default=300, help="training steps per mask")
     parser.add_argument("--batch-size", type=at_least(1), default=32, help="sequences per step")
     parser.add_argument("--lr", type=float, default=1e-2)
@@ -139,4 +142,4 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -63,10 +63,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from _cli import (
+    NUMPY_SEED,
     add_runtime_options,
     at_least,
     example_parser,
+    from_options,
     get_device,
+    output_file,
     run,
     set_threads,
 )
@@ -268,21 +271,22 @@ def train(
     np.random.seed(seed)
     torch.manual_seed(seed)
     attention, _ = MODELS[model_name]
-    model = MultimodalClassifier(
-        schema.in_channels,
-        schema.num_node_types,
-        num_classes,
-        attention,
-        hidden=args.hidden,
-        heads=args.heads,
-        pos_channels=args.pos_channels,
-        mlp=args.mlp,
-        layers=args.layers,
-        dropout=args.dropout,
-        readout=args.readout,
-        stem=make_stem(args, schema, data["pixel_stats"]),
-        hubs=args.hubs if attention == "hsa" else 0,
-    ).to(device)
+    with from_options():
+        model = MultimodalClassifier(
+            schema.in_channels,
+            schema.num_node_types,
+            num_classes,
+            attention,
+            hidden=args.hidden,
+            heads=args.heads,
+            pos_channels=args.pos_channels,
+            mlp=args.mlp,
+            layers=args.layers,
+            dropout=args.dropout,
+            readout=args.readout,
+            stem=make_stem(args, schema, data["pixel_stats"]),
+            hubs=args.hubs if attention == "hsa" else 0,
+        ).to(device)
     loader = DataLoader(data["train"], batch_size=args.batch_size, shuffle=True)
     val_loader = DataLoader(data["val"], batch_size=256)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -332,6 +336,7 @@ def load(args, fields) -> dict:
         ds = cls(
             args.root,
             split=split,
+            raw_dir=args.raw_dir,
             image_size=args.image_size,
             patch_size=args.patch_size,
             group_size=args.group_size,
@@ -385,7 +390,8 @@ def logistic_baselines(args) -> dict:
 
     cls = DATASETS[args.dataset]
     splits = {
-        s: cls(args.root, split=s, image_size=args.image_size) for s in ("train", "val", "test")
+        s: cls(args.root, split=s, raw_dir=args.raw_dir, image_size=args.image_size)
+        for s in ("train", "val", "test")
     }
     records = {s: d.records() for s, d in splits.items()}
     ds = splits["train"]
@@ -508,6 +514,7 @@ def plot(result: dict, path: str) -> None:
     ax2.set_ylabel("true")
     ax2.set_title(f"{best} confusion (test, seed {result['config']['seeds'][0]}, row-normalised)")
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
 
 
@@ -521,37 +528,48 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = example_parser(__doc__)
     p.add_argument("--dataset", choices=sorted(DATASETS), default="openclipart")
     p.add_argument("--root", default=None, help="cache folder (default $HIERGRAPH_DATA/<Name>)")
+    p.add_argument(
+        "--raw-dir",
+        default=None,
+        help="the dataset's raw folder (default: $HIERGRAPH_OPENCLIPART or $HIERGRAPH_EMOJI, "
+        "else where the loader looks)",
+    )
     p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     p.add_argument(
         "--paper",
         action="store_true",
         help="seeds 0-4, 8 epochs, the validation-chosen setting, baselines",
     )
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="(quick: 0)")
+    p.add_argument("--seeds", type=NUMPY_SEED, nargs="+", default=None, help="(quick: 0)")
     p.add_argument("--epochs", type=at_least(1), default=None, help="(quick: 2)")
     p.add_argument("--batch-size", type=at_least(1), default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--pos-channels", type=int, default=32)
-    p.add_argument("--mlp", type=int, default=128)
-    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--hidden", type=at_least(1), default=64)
+    p.add_argument("--heads", type=at_least(1), default=4)
+    p.add_argument("--pos-channels", type=at_least(0), default=32, help="0: no positions")
+    p.add_argument("--mlp", type=at_least(1), default=128)
+    p.add_argument("--layers", type=at_least(1), default=1)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument(
         "--max-per-group",
-        type=int,
+        type=at_least(0),
         default=32,
         help="training records kept per title group (0: all)",
     )
     p.add_argument(
         "--readout", choices=("leaves", "tree"), default=None, help="(quick: leaves; paper: tree)"
     )
-    p.add_argument("--hubs", type=int, default=0, help="HSA models: leaves lifted to the root")
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--patch-size", type=int, default=8)
     p.add_argument(
-        "--group-size", type=int, default=None, help="2-level patch grid, 0: none (paper: 2)"
+        "--hubs", type=at_least(0), default=0, help="HSA models: leaves lifted to the root"
+    )
+    p.add_argument("--image-size", type=at_least(1), default=32, help="a multiple of --patch-size")
+    p.add_argument("--patch-size", type=at_least(1), default=8, help="even for --image-stem conv")
+    p.add_argument(
+        "--group-size",
+        type=at_least(0),
+        default=None,
+        help="2-level patch grid, 0: none (paper: 2)",
     )
     p.add_argument(
         "--image-stem",
@@ -564,10 +582,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--baselines", action="store_true", default=None, help="logistic-regression baselines"
     )
     add_runtime_options(p, threads_help="torch CPU threads (default 1: fastest for this model)")
-    p.add_argument("--json", default=None)
-    p.add_argument("--plot", default=None, help="bar chart + confusion matrix PNG")
+    p.add_argument("--json", type=output_file, default=None, help="write the results here")
+    p.add_argument(
+        "--plot", type=output_file, default=None, help="bar chart + confusion matrix PNG"
+    )
     args = p.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
+    if args.image_size % args.patch_size:  # (the datasets' own rule, checked before loading)
+        p.error(f"--image-size {args.image_size} is no multiple of --patch-size {args.patch_size}")
+    if args.image_stem == "conv" and args.patch_size % 2:  # (PatchStem's rule)
+        p.error(f"--image-stem conv needs an even --patch-size, got {args.patch_size}")
     args.group_size = args.group_size or None  # 0: no patch groups
     return args
 
@@ -591,7 +615,10 @@ def main(argv=None) -> dict:
         if data is None:
             fields = wanted
             if wanted == "text":
-                fields = DATASETS[args.dataset](args.root, image_size=args.image_size).text_fields
+                ds = DATASETS[args.dataset](
+                    args.root, raw_dir=args.raw_dir, image_size=args.image_size
+                )
+                fields = ds.text_fields
             data = cache[wanted] = load(args, fields)
         ds = data["_dataset"]
         result["classes"] = list(ds.classes)

@@ -57,10 +57,13 @@ import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
 from _cli import (
+    OptionError,
     add_runtime_options,
     at_least,
     example_parser,
+    from_options,
     get_device,
+    json_to_merge,
     refuse_inapplicable,
     run,
     set_threads,
@@ -121,6 +124,7 @@ class GPSNet(nn.Module):
         return self.lin_out(F.dropout(x, self.dropout, self.training))
 
 
+@from_options()
 def build_model(name: str, in_channels: int, out_channels: int, args) -> nn.Module:
     if name == "gcn":
         hidden = args.hidden
@@ -275,9 +279,11 @@ def main(argv=None) -> dict:
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="(quick: 0)")
     p.add_argument("--epochs", type=at_least(1), default=None, help="maximum epochs (quick: 200)")
     p.add_argument("--patience", type=at_least(0), default=None, help="(quick: 100)")
-    p.add_argument("--hidden", type=int, default=64, help="gcn, gps_full: hidden size")
-    p.add_argument("--layers", type=int, default=2, help="gps_full: GPSConv layers")
-    p.add_argument("--heads", type=int, default=4, help="gps_full, hsa_hybrid: attention heads")
+    p.add_argument("--hidden", type=at_least(1), default=64, help="gcn, gps_full: hidden size")
+    p.add_argument("--layers", type=at_least(1), default=2, help="gps_full: GPSConv layers")
+    p.add_argument(
+        "--heads", type=at_least(1), default=4, help="gps_full, hsa_hybrid: attention heads"
+    )
     p.add_argument("--dropout", type=float, default=0.6, help="gps_full dropout")
     p.add_argument(
         "--attention",
@@ -302,13 +308,17 @@ def main(argv=None) -> dict:
         help="hsa_hybrid: HSA smooths the features (no value/output maps)",
     )
     p.add_argument(
-        "--hubs", type=int, default=0, help="hsa_hybrid: nodes lifted to the root per tree"
+        "--hubs", type=at_least(0), default=0, help="hsa_hybrid: nodes lifted to the root per tree"
     )
     p.add_argument("--kernel", choices=("dense", "edge"), default="edge", help="HSA family kernel")
     p.add_argument("--lr", type=float, default=0.01, help="gcn, gps_full (GAT recipe: 0.005)")
     p.add_argument("--weight-decay", type=float, default=5e-4)
-    p.add_argument("--max-family", type=int, default=64, help="hsa_hybrid: tree family size")
-    p.add_argument("--pe-dim", type=int, default=8, help="hsa_hybrid: Laplacian PE size")
+    p.add_argument(
+        "--max-family", type=at_least(2), default=64, help="hsa_hybrid: tree family size"
+    )
+    p.add_argument(
+        "--pe-dim", type=at_least(0), default=8, help="hsa_hybrid: Laplacian PE size (0: none)"
+    )
     p.add_argument(
         "--tree",
         choices=("louvain", "lp", "metis"),
@@ -317,9 +327,13 @@ def main(argv=None) -> dict:
     )
     add_runtime_options(p)
     p.add_argument("--root", default=None, help="data root (default $HIERGRAPH_DATA)")
-    p.add_argument("--raw-dir", default=None, help="Planetoid: folder to link raw files from")
+    p.add_argument(
+        "--raw-dir", default=None, help="Planetoid, PPI: folder to link the raw files from"
+    )
     p.add_argument("--synthetic-ppi", default=None, help="write a SYNTHETIC PPI here and use it")
-    p.add_argument("--json", default=None, help="merge the result into this JSON file")
+    p.add_argument(
+        "--json", type=json_to_merge, default=None, help="merge the result into this JSON file"
+    )
     p.add_argument("--name", default=None, help="JSON row key (default: dataset/model[attention])")
     p.add_argument(
         "--resume-from",
@@ -335,8 +349,11 @@ def main(argv=None) -> dict:
         (("heads",), model in ("gps_full", "hsa_hybrid"), "to --model gps_full and hsa_hybrid"),
         (("r",), model in ("cone", "hsa_hybrid"), "to --model cone and hsa_hybrid"),
         (("synthetic_ppi",), args.dataset == "ppi", "with --dataset ppi"),
-        (("raw_dir",), args.dataset in PLANETOID, "to the Planetoid datasets"),
+        (("raw_dir",), args.dataset in (*PLANETOID, "ppi"), "to the Planetoid datasets and ppi"),
+        (("root", "raw_dir"), not args.synthetic_ppi, "without --synthetic-ppi"),
     ])  # fmt: skip
+    if model == "gps_full" and args.hidden % args.heads:  # (nn.MultiheadAttention's rule)
+        p.error(f"--heads {args.heads} must divide --hidden {args.hidden} for --model gps_full")
     apply_budget(args, QUICK, PAPER)  # explicit options win
     set_threads(args)
     device = get_device(args)
@@ -351,6 +368,7 @@ def main(argv=None) -> dict:
 
     ogbn = args.dataset.startswith("ogbn-")
     args.tree = args.tree or ("lp" if ogbn else "louvain")
+    runs = _resumed_runs(args)  # (refused before the data is read)
     transform = GraphHierarchy(args.tree, max_family=args.max_family, pe_dim=args.pe_dim)
     needs_tree = args.model == "hsa_hybrid"
     t0 = time.perf_counter()
@@ -370,7 +388,7 @@ def main(argv=None) -> dict:
         data.to(device)  # the tree is built on the host, then moved with the graph
         synthetic = False
     else:
-        raw = None
+        raw = args.raw_dir
         if args.synthetic_ppi:
             raw = write_synthetic_ppi(Path(args.synthetic_ppi) / "PPI" / "raw")
         root = args.synthetic_ppi or args.root
@@ -381,7 +399,6 @@ def main(argv=None) -> dict:
     prep = time.perf_counter() - t0
     if args.dataset == "ppi" and needs_tree:
         splits = [_ListDataset(s) for s in splits]
-    runs = _resumed_runs(args)
 
     def summary() -> dict:
         tests = [r["test"] for r in runs]
@@ -440,12 +457,12 @@ def _resumed_runs(args) -> list[dict]:
     key = args.name or _row_name(args)
     row = json.loads(Path(args.resume_from).read_text()).get(key)
     if row is None:
-        raise ValueError(f"--resume-from {args.resume_from} has no row {key!r}")
+        raise OptionError(f"--resume-from {args.resume_from} has no row {key!r}")
     mine = {k: v for k, v in vars(args).items() if k not in _NOT_SETTINGS}
     theirs = {k: row["args"][k] for k in mine if k in row["args"]}
     differ = sorted(k for k in theirs if theirs[k] != mine[k])
     if differ:
-        raise ValueError(f"--resume-from: row {key!r} was run with other settings: {differ}")
+        raise OptionError(f"--resume-from: row {key!r} was run with other settings: {differ}")
     runs = [dict(r, resumed_from=args.resume_from) for r in row["runs"] if r["seed"] in args.seeds]
     print(f"resumed seeds {[r['seed'] for r in runs]} from {args.resume_from}", flush=True)
     return runs

@@ -131,7 +131,7 @@ def parse_args(argv=None):
     parser.add_argument("--raw-dir", default=None, help="folder to link raw PPI files from")
     parser.add_argument("--epochs", type=at_least(1), default=None, help="(quick: 5)")
     parser.add_argument("--patience", type=at_least(0), default=None, help="(quick: 100)")
-    parser.add_argument("--hidden", type=int, default=256, help="hidden size per head")
+    parser.add_argument("--hidden", type=at_least(1), default=256, help="hidden size per head")
     parser.add_argument("--batch-size", type=at_least(1), default=2, help="graphs per batch")
     parser.add_argument("--lr", type=float, default=5e-3)
     add_runtime_options(parser)

@@ -42,10 +42,13 @@ from pathlib import Path
 
 import torch
 from _cli import (
+    above,
     add_runtime_options,
     at_least,
     example_parser,
+    from_options,
     get_device,
+    output_file,
     run,
     set_threads,
 )
@@ -130,6 +133,8 @@ class Retriever(nn.Module):
 
 
 def train(mode: str, args, device: torch.device) -> dict:
+    """Train model ``mode`` for ``args.budget`` seconds (at least one step, however small
+    the budget) and evaluate it."""
     torch.manual_seed(args.seed)
     model = Retriever(mode, args).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -137,7 +142,7 @@ def train(mode: str, args, device: torch.device) -> dict:
     steps, start = 0, time.perf_counter()
     stages, stage, recent = curriculum(args), 0, []
     bar = progress(total=round(args.budget), desc=mode, unit="s", leave=False)
-    while time.perf_counter() - start < args.budget:
+    while steps == 0 or time.perf_counter() - start < args.budget:
         batch = make_batch(args.batch_size, stages[stage], args, gen)
         tokens, labels = (t.to(device) for t in batch)
         logits = model(tokens)
@@ -167,7 +172,7 @@ def train(mode: str, args, device: torch.device) -> dict:
         "reached_length": stages[stage],
         "steps": steps,
         "train_seconds": seconds,
-        "seconds_per_step": seconds / max(steps, 1),
+        "seconds_per_step": seconds / steps,
         "last_loss": loss.item(),
         "accuracy": correct / (args.eval_batches * args.batch_size),
         "chance": 1 / args.values,
@@ -180,9 +185,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--paper", action="store_true", help="16K-token sequences, 150 s per model (~15 minutes)"
     )
-    parser.add_argument("--length", type=int, default=None, help="tokens per sequence (4096)")
     parser.add_argument(
-        "--budget", type=float, default=None, help="training seconds per model (quick: 30)"
+        "--length", type=at_least(2), default=None, help="tokens per sequence (4096)"
+    )
+    parser.add_argument(
+        "--budget", type=above(0), default=None, help="training seconds per model (quick: 30)"
     )
     parser.add_argument(
         "--models",
@@ -192,7 +199,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument(
         "--min-length",
-        type=int,
+        type=at_least(1),
         default=64,
         help="curriculum start (lengths double up to --length); set to --length for no curriculum",
     )
@@ -203,32 +210,48 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="double the length once the mean accuracy of the last 20 "
         "training batches reaches this",
     )
-    parser.add_argument("--keys", type=int, default=8)
-    parser.add_argument("--values", type=int, default=8)
-    parser.add_argument("--fillers", type=int, default=64)
-    parser.add_argument("--distractors", type=int, default=1, help="extra facts per sequence")
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=2)
-    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--keys", type=at_least(1), default=8)
+    parser.add_argument("--values", type=at_least(1), default=8)
+    parser.add_argument("--fillers", type=at_least(1), default=64)
+    parser.add_argument(
+        "--distractors", type=at_least(0), default=1, help="extra facts per sequence"
+    )
+    parser.add_argument("--dim", type=at_least(2), default=64, help="even (sine, cosine pairs)")
+    parser.add_argument("--heads", type=at_least(1), default=2)
+    parser.add_argument("--layers", type=at_least(1), default=1)
     parser.add_argument(
         "--local-layers",
-        type=int,
+        type=at_least(0),
         default=0,
         help="vanilla layers over --local-size windows first (all models)",
     )
-    parser.add_argument("--local-size", type=int, default=512)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--refined", type=int, default=8, help="blocks refined per layer (h)")
+    parser.add_argument("--local-size", type=at_least(1), default=512)
+    parser.add_argument("--block-size", type=at_least(2), default=16)
+    parser.add_argument(
+        "--refined", type=at_least(0), default=8, help="blocks refined per layer (h)"
+    )
     parser.add_argument("--batch-size", type=at_least(1), default=8)
-    parser.add_argument("--eval-batches", type=int, default=None, help="(quick: 8)")
+    parser.add_argument("--eval-batches", type=at_least(1), default=None, help="(quick: 8)")
     parser.add_argument("--lr", type=float, default=3e-3)
     add_runtime_options(parser)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None, help="write the results to this file")
+    parser.add_argument("--json", type=output_file, default=None, help="write the results here")
     args = parser.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
     if args.distractors + 1 > args.keys:
         parser.error("--distractors must be < --keys (facts in one sequence have distinct keys)")
+    first = curriculum(args)[0]
+    if first < 2 + args.distractors:
+        parser.error(
+            f"the curriculum starts at {first} tokens (--min-length, --length), fewer than "
+            f"the question and 1 + --distractors facts ({2 + args.distractors})"
+        )
+    if args.dim % 2:
+        parser.error(
+            f"--dim must be even (sinusoidal positions: a sine and a cosine), got {args.dim}"
+        )
+    with from_options():  # the library refuses impossible sizes now, not after a model's run
+        Retriever("vcc", args)
     set_threads(args)
     device = get_device(args)
     results = []

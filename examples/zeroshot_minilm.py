@@ -31,6 +31,7 @@ which also caches the unmodified model's hidden states between runs.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import time
@@ -39,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from _cli import (
+    OptionError,
     add_runtime_options,
     at_least,
     example_parser,
@@ -47,6 +49,7 @@ from _cli import (
     set_threads,
 )
 
+from hiergraph.data.windows import check_branching
 from hiergraph.integrations import (
     encoder_layers,
     flat_attention_flops,
@@ -69,22 +72,24 @@ LAYER_SETS = {
 }
 IMDB_SUBSET = 2000  # per split (train, test), balanced
 QUICK_LIMIT = 200  # documents of the quick run
+MAX_POSITIONS = 512  # all-MiniLM-L6-v2's position embeddings
 
 
 # ----------------------------------------------------------------------------- data
-def load_texts(dataset: str, limit: int | None = None):
+def load_texts(dataset: str, limit: int | None = None, raw_dir: str | None = None):
     """``(texts, labels, folds)``: ``folds`` is ``None`` for a fixed train/test split
-    (``labels`` then come with ``split`` = array of 0 train / 1 test) or the CV folds."""
+    (``labels`` then come with ``split`` = array of 0 train / 1 test) or the CV folds;
+    the raw files are looked up in ``raw_dir`` too."""
     from hiergraph.datasets.bbc import BBCNews
     from hiergraph.datasets.imdb import IMDB
     from hiergraph.datasets.text import stratified_split
 
     if dataset == "bbc":
-        ds = BBCNews(split="train")
+        ds = BBCNews(split="train", raw_dir=raw_dir)
         raw = ds.read_raw(ds.locate_source())
         docs = [d for split in ("train", "val", "test") for d in raw[split]]
     elif dataset == "imdb":
-        ds = IMDB(split="train")
+        ds = IMDB(split="train", raw_dir=raw_dir)
         raw = ds.read_raw(ds.locate_source())
         docs = []
         for split in ("train", "test"):
@@ -191,19 +196,33 @@ def encode_from_cache(model, cache, start: int):
 
 
 # ----------------------------------------------------------------------------- metrics
+def probe_folds(split) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(fit, test)`` row masks of the probes: CV over folds when ``split`` has more than 2
+    values, else train 0 / test 1."""
+    if split.max() > 1:
+        return [(split != f, split == f) for f in np.unique(split)]
+    return [(split == 0, split == 1)]
+
+
+def check_probe_folds(labels, split) -> None:
+    """Refuse (:class:`OptionError`) a sample too small for the probes: each needs training
+    documents of two classes at least and a test document."""
+    for fit, test in probe_folds(split):
+        if len(np.unique(labels[fit])) < 2 or not test.any():
+            raise OptionError(
+                f"{len(labels)} documents are too few for the probes (each needs training "
+                "documents of two classes and a test document): raise --limit"
+            )
+
+
 def probe_correct(train_emb, test_emb, labels, split) -> np.ndarray:
-    """Logistic-regression probe: fit on ``train_emb``, predict ``test_emb`` (same rows); CV
-    over folds when ``split`` has more than 2 values, else train 0 / test 1. Returns ``[n]``
-    bool, whether each scored document is classified correctly (CV: every document; fixed
-    split: the test documents, in order), so two probes can be compared document by
-    document (:func:`mcnemar`)."""
+    """Logistic-regression probe: fit on ``train_emb``, predict ``test_emb`` (same rows),
+    over :func:`probe_folds`. Returns ``[n]`` bool, whether each scored document is
+    classified correctly (CV: every document; fixed split: the test documents, in order),
+    so two probes can be compared document by document (:func:`mcnemar`)."""
     from sklearn.linear_model import LogisticRegression
 
-    folds = (
-        [(split != f, split == f) for f in np.unique(split)]
-        if split.max() > 1
-        else [(split == 0, split == 1)]
-    )
+    folds = probe_folds(split)
     correct = np.zeros(len(labels), dtype=bool)
     for fit, test in folds:
         clf = LogisticRegression(C=10.0, max_iter=3000).fit(train_emb[fit], labels[fit])
@@ -285,14 +304,31 @@ def evaluate(model, cache, labels, split, layers, branching, method="hsa", block
     }
 
 
+def window_sizes(text: str) -> tuple[int, ...]:
+    """``--branching``: bottom-up window sizes, comma-separated ints ``>= 2``."""
+    try:
+        return check_branching(int(size) for size in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated window sizes >= 2, e.g. 2,4,8,16, got {text!r}"
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> dict:
     """One replacement on one dataset; returns its metrics (see :func:`evaluate`)."""
     parser = example_parser(__doc__)
     parser.add_argument("--dataset", choices=("bbc", "imdb"), default="bbc")
     parser.add_argument("--layers", choices=tuple(LAYER_SETS), default="last2")
-    parser.add_argument("--branching", default="2,4,8,16", help="bottom-up window sizes")
-    parser.add_argument("--hubs", type=int, default=0, help="hub tokens lifted to the root")
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument(
+        "--branching", type=window_sizes, default="2,4,8,16", help="bottom-up window sizes"
+    )
+    parser.add_argument("--hubs", type=at_least(0), default=0, help="hub tokens lifted to the root")
+    parser.add_argument(
+        "--max-tokens",
+        type=at_least(2, at_most=MAX_POSITIONS),
+        default=256,
+        help="tokens per document, [CLS] and [SEP] included",
+    )
     parser.add_argument(
         "--paper", action="store_true", help="all documents (BBC: ~10 minutes, IMDB: ~15 minutes)"
     )
@@ -303,6 +339,7 @@ def main(argv: list[str] | None = None) -> dict:
         help="documents, 0: all (quick: 200, --paper: all)",
     )
     parser.add_argument("--batch-size", type=at_least(1), default=16)
+    parser.add_argument("--raw-dir", default=None, help="a folder holding the dataset's raw files")
     add_runtime_options(parser)
     args = parser.parse_args(argv)
     if args.limit is None:
@@ -310,8 +347,9 @@ def main(argv: list[str] | None = None) -> dict:
     args.limit = args.limit or None  # 0: every document
     set_threads(args)
     device = get_device(args)
-    layers, branching = LAYER_SETS[args.layers], tuple(int(b) for b in args.branching.split(","))
-    texts, labels, split = load_texts(args.dataset, args.limit)
+    layers, branching = LAYER_SETS[args.layers], args.branching
+    texts, labels, split = load_texts(args.dataset, args.limit, args.raw_dir)
+    check_probe_folds(labels, split)
     model, tokenizer = load_minilm()
     model.to(device)
     cache = encode_original(

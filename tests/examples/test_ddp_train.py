@@ -1,13 +1,39 @@
 """examples/ddp_train.py in one process with a tiny budget (``tests/test_distributed.py``
 launches it under torchrun)."""
 
+import pytest
+
+TINY = "--num-trees 16 --tree-leaves 24 --hidden 8 --layers 1 --heads 2".split()
+
 
 def test_single_process_run_trains_and_reports_every_epoch(load_example, capsys):
     ddp = load_example("ddp_train")
-    args = ddp.parse_args(
-        "--epochs 2 --num-trees 16 --tree-leaves 24 --hidden 8 --layers 1 --heads 2".split()
-    )
+    args = ddp.parse_args([*TINY, "--epochs", "2"])
     out = ddp.train(args)
     assert out["world_size"] == 1 and [r["epoch"] for r in out["history"]] == [0, 1]
     assert all(r["train_loss"] > 0 for r in out["history"])
     assert capsys.readouterr().out.count('"epoch"') == 2  # one JSON line per epoch
+
+
+def test_sizes_that_leave_no_step_are_refused(load_example, capsys):
+    """16 trees on one process make no batch of 32: the epochs reported a train loss of 0.0
+    after 0 steps."""
+    ddp = load_example("ddp_train")
+    with pytest.raises(ddp.OptionError, match="gets 16 training trees, less than one batch"):
+        ddp.train(ddp.parse_args([*TINY, "--batch-size", "32"]))
+    assert '"train_loss"' not in capsys.readouterr().out
+
+
+def test_resuming_a_finished_checkpoint_says_so(load_example, tmp_path, capsys):
+    """A checkpoint with all ``--epochs`` trains nothing and says so (on stderr: stdout holds
+    the records); one past them is refused. Both passed silently."""
+    ddp = load_example("ddp_train")
+    checkpoint = ["--checkpoint", str(tmp_path / "run" / "ddp.pt")]  # its folder made
+    ddp.train(ddp.parse_args([*TINY, *checkpoint, "--epochs", "2"]))
+    capsys.readouterr()
+    again = ddp.train(ddp.parse_args([*TINY, *checkpoint, "--epochs", "2", "--resume"]))
+    assert again["history"] == []
+    shown = capsys.readouterr()
+    assert shown.out == "" and "has trained all --epochs 2 epochs: nothing to train" in shown.err
+    with pytest.raises(ddp.OptionError, match="has trained 2 epochs, more than --epochs 1"):
+        ddp.train(ddp.parse_args([*TINY, *checkpoint, "--epochs", "1", "--resume"]))

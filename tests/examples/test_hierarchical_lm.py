@@ -146,3 +146,15 @@ def test_hierarchical_lm_runs_on_cuda(load_example, tmp_path):
     for row in result["results"].values():
         assert row["train_steps"] >= 1 and 0 < row["test_bits_per_byte"] < 20
         assert row["cache_vs_full_pass_max_logit_diff"] < 1e-4
+
+
+def test_sizes_the_library_refuses_end_the_script_before_the_reviews_are_read(
+    load_example, tmp_path
+):
+    """The models are built first: the run ends with one line, not after reading the data
+    (here there is none)."""
+    lm = load_example("hierarchical_lm")
+    argv = ["--tar", str(tmp_path / "absent.tar.gz"), "--channels", "8", "--heads", "3"]
+    with pytest.raises(SystemExit) as stop:
+        lm.run(lambda: lm.main([*argv, "--cache-dir", str(tmp_path), "--device", "cpu"]))
+    assert stop.value.code == "error: heads=3 must divide channels=8"

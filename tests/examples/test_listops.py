@@ -1,6 +1,7 @@
 """``examples/listops.py``: data labels, the HSA-window encoder under padding, a quick run."""
 
 import json
+import threading
 
 import pytest
 import torch
@@ -80,3 +81,38 @@ def test_quick_keeps_explicit_options(load_example, tmp_path):
     for bad in (["--quick", "--paper"], ["--min-len", "50", "--max-len", "20"]):
         with pytest.raises(SystemExit):
             listops.main(bad)
+
+
+def test_a_length_range_it_cannot_fill_is_refused(load_example):
+    """No expression has 2 or 3 tokens: generating such data looped forever."""
+    listops = load_example("listops")
+    outcome = []
+
+    def generate():
+        try:
+            listops.listops(4, 2, 3, seed=0)
+        except listops.OptionError as error:
+            outcome.append(str(error))
+
+    worker = threading.Thread(target=generate, daemon=True)  # (the old code never returned)
+    worker.start()
+    worker.join(timeout=60)
+    assert outcome and "widen --min-len..--max-len" in outcome[0]
+
+
+def test_a_tiny_budget_still_trains_one_step(load_example):
+    """A budget shorter than the first step trained none (``last_loss`` null, the test
+    accuracy of the untrained model); zero or a negative budget is refused when parsed."""
+    listops = load_example("listops")
+    argv = ["--quick", "--budget-seconds", "1e-9", "--train-size", "16", "--test-size", "4",
+            "--batch-size", "4", "--encoders", "flat", "--device", "cpu"]  # fmt: skip
+    [result] = listops.main(argv)
+    assert result["steps"] == 1 and isinstance(result["last_loss"], float)
+
+
+def test_sizes_the_library_refuses_end_the_script_before_the_data(load_example, monkeypatch):
+    listops = load_example("listops")
+    monkeypatch.setattr(listops, "listops", None)  # never reached
+    with pytest.raises(SystemExit) as stop:
+        listops.run(lambda: listops.main(["--quick", "--block-size", "3"]))
+    assert stop.value.code.startswith("error: block_size must be an even int >= 2")

@@ -140,3 +140,15 @@ def test_quick_budget_by_default_and_the_benchmark_setting_with_paper(mm):
     assert (paper.image_stem, paper.group_size, paper.readout) == ("conv", 2, "tree")
     mixed = mm.parse_args(["--paper", "--group-size", "0", "--epochs", "1"])
     assert (mixed.group_size, mixed.epochs, mixed.image_stem) == (None, 1, "conv")
+
+
+def test_raw_dir_is_an_option_the_missing_data_hint_can_name(mm, tmp_path, monkeypatch):
+    """The hint added to a loader's message names ``--raw-dir``, which the script lacked."""
+    monkeypatch.delenv("HIERGRAPH_EMOJI", raising=False)
+    argv = ["--dataset", "emoji", "--root", str(tmp_path / "root"), "--device", "cpu"]
+    with pytest.raises(SystemExit) as stop:
+        mm.run(lambda: mm.main([*argv, "--raw-dir", str(tmp_path / "given")]))
+    message = str(stop.value.code)
+    assert message.startswith("error: GoogleEmoji: no raw data found")
+    assert f"  - {tmp_path / 'given'}\n" in message  # the folder searched
+    assert message.endswith("(From a script: raw_dir= is its --raw-dir option.)")

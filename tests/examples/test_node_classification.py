@@ -159,10 +159,29 @@ def test_hybrid_trains_on_cuda(nc, tmp_path, dataset, no_env, no_network):
         (["--model", "gcn", "--hubs", "4"], "--hubs applies to --model hsa_hybrid only"),
         (["--dataset", "cora", "--synthetic-ppi", "x"], "--synthetic-ppi applies with --dataset"),
         (["--model", "gat", "--hidden", "32"], "--hidden applies to --model gcn and gps_full"),
-        (["--dataset", "ppi", "--raw-dir", "x"], "--raw-dir applies to the Planetoid datasets"),
+        (["--dataset", "ogbn-arxiv", "--raw-dir", "x"], "--raw-dir applies to the Planetoid"),
+        (
+            ["--dataset", "ppi", "--synthetic-ppi", "x", "--raw-dir", "y"],
+            "--raw-dir applies without --synthetic-ppi only",
+        ),
+        (
+            ["--dataset", "ppi", "--synthetic-ppi", "x", "--root", "y"],
+            "--root applies without --synthetic-ppi only",
+        ),
     ],
 )
 def test_options_that_would_be_ignored_are_refused(nc, capsys, argv, refused):
     with pytest.raises(SystemExit) as stop:
         nc.main(argv)
     assert stop.value.code == 2 and refused in capsys.readouterr().err
+
+
+def test_ppi_takes_its_raw_files_from_raw_dir(nc, tmp_path):
+    """The PPI loader takes ``raw_dir=`` (what the missing-data hint calls ``--raw-dir``);
+    the script refused the option for PPI."""
+    from hiergraph.datasets.planetoid import write_synthetic_ppi
+
+    raw = write_synthetic_ppi(tmp_path / "raw", graphs=(2, 1, 1), nodes_per_graph=12)
+    argv = ["--dataset", "ppi", "--model", "gcn", "--epochs", "1", "--device", "cpu"]
+    out = nc.main([*argv, "--root", str(tmp_path / "root"), "--raw-dir", str(raw)])
+    assert out["dataset"] == "ppi (SYNTHETIC)" and out["num_seeds"] == 1

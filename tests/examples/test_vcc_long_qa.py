@@ -53,3 +53,19 @@ def test_vcc_long_qa_runs_on_cuda(qa):
 def test_rejects_more_facts_than_keys(qa):
     with pytest.raises(SystemExit):
         qa.main(_args("--distractors", "8"))
+
+
+def test_a_tiny_budget_still_trains_one_step(qa):
+    """A budget shorter than the first step ended in an UnboundLocalError (no loss)."""
+    results = qa.main(_args("--models", "full", "--budget", "1e-9", "--device", "cpu"))
+    assert results[0]["steps"] == 1 and results[0]["last_loss"] > 0
+
+
+def test_sizes_the_library_refuses_end_the_script_before_training(qa, monkeypatch):
+    monkeypatch.setattr(qa, "train", None)  # never reached
+    with pytest.raises(SystemExit) as stop:
+        qa.run(lambda: qa.main(_args("--heads", "3")))
+    assert stop.value.code == (
+        "error: built-in layers need embed_dim divisible by num_heads, got embed_dim=64, "
+        "num_heads=3"
+    )

@@ -75,7 +75,7 @@ def _quick_run(zs, monkeypatch, *extra: str) -> dict:
     labels = np.array([i % 2 for i in range(24)])
     texts = [review(i, int(y)) * 4 for i, y in enumerate(labels)]  # ~80 tokens each
     split = np.repeat([0, 1], 12)  # a fixed train / test split, as IMDB's
-    monkeypatch.setattr(zs, "load_texts", lambda dataset, limit: (texts, labels, split))
+    monkeypatch.setattr(zs, "load_texts", lambda dataset, limit, raw_dir: (texts, labels, split))
     out = zs.main(["--dataset", "imdb", "--branching", "2,4,8", *extra])
     assert out["documents"] == 24 and -1.0 <= out["cosine"] <= 1.0
     assert 0.0 <= out["probe"] <= 1.0 and out["flops"]["flat"] > out["flops"]["hsa"]
@@ -90,3 +90,14 @@ def test_quick_run_end_to_end_on_short_reviews(zs, monkeypatch):
 def test_zeroshot_minilm_runs_on_cuda(zs, monkeypatch):
     out = _quick_run(zs, monkeypatch, "--device", "cuda")
     assert out["token_cosine"] is not None and -1.0 <= out["token_cosine"] <= 1.0
+
+
+def test_samples_too_small_for_the_probes_are_refused(zs):
+    """``--limit 3`` crashed in scikit-learn after the whole encoding: a probe needs training
+    documents of two classes and a test document."""
+    zs.check_probe_folds(np.array([0, 1, 0, 1, 0]), np.arange(5))  # 5 folds, two classes each
+    one_class_fold = (np.array([0, 0, 1]), np.arange(3))  # fold 2 trains on class 0 only
+    no_test_split = (np.array([0, 1, 1]), np.zeros(3, dtype=int))
+    for labels, split in (one_class_fold, no_test_split):
+        with pytest.raises(zs.OptionError, match="too few for the probes"):
+            zs.check_probe_folds(labels, split)
