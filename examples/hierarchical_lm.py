@@ -34,6 +34,7 @@ the chosen texts are cached in ``~/.cache/hiergraph/imdb_lm/`` (the data root,
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -85,6 +86,19 @@ def default_tar() -> Path:
     return next((path for path in found if path.exists()), official_tar())
 
 
+def tar_option(text: str) -> Path:
+    """The ``--tar`` argparse ``type``: the archive named, or the first of :data:`TARBALLS` in
+    the folder named (as ``$HIERGRAPH_RAW`` names a folder); a folder without one is refused
+    (argparse's one-line usage error)."""
+    path = Path(text)
+    if not path.is_dir():
+        return path
+    found = next((path / name for name in TARBALLS if (path / name).is_file()), None)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"{text} is a folder holding none of {list(TARBALLS)}")
+    return found
+
+
 def official_tar() -> Path:
     """Where the IMDB loader keeps the official archive: ``<data root>/IMDB/raw``."""
     return data_root() / "IMDB" / "raw" / REMOTE_FILES["IMDB"].filename
@@ -106,7 +120,11 @@ def read_reviews(tar: Path, num_train: int, num_test: int, cache_dir: Path) -> d
         )
     want = {"train": num_train, "test": num_test}
     texts = {"train": [], "test": []}
-    with tarfile.open(tar, "r:gz") as archive:
+    try:
+        archive = tarfile.open(tar, "r:gz")
+    except tarfile.ReadError as error:
+        raise OptionError(f"{tar} is not a .tar.gz archive ({error})") from None
+    with archive:
         for member in archive:
             parts = member.name.split("/")
             parts = parts[1:] if parts[0] == "aclImdb" else parts
@@ -200,7 +218,7 @@ def main(argv=None) -> dict:
     parser = example_parser(__doc__)
     parser.add_argument(
         "--tar",
-        type=Path,
+        type=tar_option,
         default=default_tar(),
         help=f"the IMDB reviews, {' or '.join(TARBALLS)} (default: found or downloaded: "
         "see the module docstring)",

@@ -158,3 +158,22 @@ def test_sizes_the_library_refuses_end_the_script_before_the_reviews_are_read(
     with pytest.raises(SystemExit) as stop:
         lm.run(lambda: lm.main([*argv, "--cache-dir", str(tmp_path), "--device", "cpu"]))
     assert stop.value.code == "error: heads=3 must divide channels=8"
+
+
+def test_tar_may_name_the_folder_and_anything_else_ends_in_one_line(load_example, tmp_path):
+    """``--tar`` takes the folder holding the archive, as ``$HIERGRAPH_RAW`` does; a folder
+    without one, or a file that is no archive, ends the script with one line (an
+    ``IsADirectoryError`` or a ``tarfile.ReadError`` traceback before)."""
+    lm = load_example("hierarchical_lm")
+    _write_tar(tmp_path / "aclImdb_50k.tar.gz")
+    assert lm.tar_option(str(tmp_path)) == tmp_path / "aclImdb_50k.tar.gz"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit) as stop:
+        lm.main(["--tar", str(empty)])
+    assert stop.value.code == 2  # argparse's usage error, naming the archives looked for
+    (tmp_path / "not.tar.gz").write_text("plain text")
+    with pytest.raises(SystemExit) as stop:
+        argv = ["--tar", str(tmp_path / "not.tar.gz"), "--cache-dir", str(tmp_path / "c")]
+        lm.run(lambda: lm.main([*argv, "--device", "cpu"]))
+    assert str(stop.value.code).startswith(f"error: {tmp_path / 'not.tar.gz'} is not a .tar.gz")
