@@ -25,9 +25,10 @@ cache-vs-full-pass agreement, and a generated sample; ``--out PATH`` writes them
 with a PNG of the training curves next to it.
 
 The reviews are read straight from ``aclImdb_50k.tar.gz`` or the official
-``aclImdb_v1.tar.gz`` (``--tar``, default: the first of them under ``$HIERGRAPH_RAW``, in
-the IMDB loader's raw folder ``<data root>/IMDB/raw`` or in this folder; else the official
-archive is downloaded into the IMDB loader's folder, unless ``$HIERGRAPH_OFFLINE`` is set);
+``aclImdb_v1.tar.gz`` (``--tar``: the archive or its folder; default: the first of them
+under ``$HIERGRAPH_RAW``, in the IMDB loader's raw folder ``<data root>/IMDB/raw`` or in
+this folder; else the official archive is downloaded into the IMDB loader's folder, unless
+``$HIERGRAPH_OFFLINE`` is set);
 the chosen texts are cached in ``~/.cache/hiergraph/imdb_lm/`` (the data root,
 ``--cache-dir``).
 """
