@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -61,18 +62,37 @@ def at_least(minimum: int, at_most: int | None = None):
 NUMPY_SEED = at_least(0, at_most=2**32 - 1)
 
 
-def above(minimum: float):
-    """An argparse ``type``: a float ``> minimum``, e.g. ``above(0)`` for a time budget (else
-    argparse's one-line usage error)."""
+def _float_type(accepts: Callable[[float], bool], wanted: str):
+    """An argparse ``type``: a float that ``accepts`` (NaN never is: every comparison with
+    it is false), else argparse's one-line usage error saying it ``must be <wanted>``."""
 
     def parse(text: str) -> float:
         value = float(text)
-        if not value > minimum:  # NaN too
-            raise argparse.ArgumentTypeError(f"must be a number > {minimum:g}, got {text}")
+        if not accepts(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text}")
         return value
 
-    parse.__name__ = "float"
+    parse.__name__ = "float"  # argparse names the type in its messages
     return parse
+
+
+def above(minimum: float):
+    """An argparse ``type``: a finite float ``> minimum``, e.g. ``above(0)`` for a time
+    budget."""
+    return _float_type(lambda x: minimum < x < math.inf, f"a finite number > {minimum:g}")
+
+
+def not_below(minimum: float):
+    """An argparse ``type``: a finite float ``>= minimum``, e.g. ``not_below(0)`` for a
+    weight decay."""
+    return _float_type(lambda x: minimum <= x < math.inf, f"a finite number >= {minimum:g}")
+
+
+#: An argparse ``type``: a learning rate, a finite float ``> 0``.
+LEARNING_RATE = above(0)
+
+#: An argparse ``type``: a dropout probability, a float in ``[0, 1)``.
+PROBABILITY = _float_type(lambda x: 0 <= x < 1, "a probability in [0, 1)")
 
 
 def output_file(text: str) -> str:

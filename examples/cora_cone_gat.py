@@ -64,12 +64,15 @@ import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
 from _cli import (
+    LEARNING_RATE,
+    PROBABILITY,
     add_runtime_options,
     at_least,
     example_parser,
     from_options,
     get_device,
     json_to_merge,
+    not_below,
     run,
     set_threads,
 )
@@ -304,8 +307,8 @@ def parse_args(argv=None):
         help="stop where the paper's protocol stops (its final model; the best-validation "
         "numbers are then those of this shorter run)",
     )
-    parser.add_argument("--lr", type=float, default=5e-3)
-    parser.add_argument("--weight-decay", type=float, default=5e-4)
+    parser.add_argument("--lr", type=LEARNING_RATE, default=5e-3)
+    parser.add_argument("--weight-decay", type=not_below(0), default=5e-4)
     parser.add_argument("--gamma", type=float, default=1.0, help="cone score temperature")
     parser.add_argument(
         "--r", type=float, default=None, help="cone radius (default: penumbral 1, umbral 0.1)"
@@ -338,7 +341,7 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--feature-dropout",
-        type=float,
+        type=PROBABILITY,
         default=0.0,
         help="ConeConv: dropout on the projected features as well (pytorch-GAT's recipe)",
     )

@@ -65,13 +65,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from _cli import (
+    LEARNING_RATE,
     NUMPY_SEED,
+    PROBABILITY,
     OptionError,
     add_runtime_options,
     at_least,
     example_parser,
     from_options,
     get_device,
+    not_below,
     output_file,
     run,
     set_threads,
@@ -385,8 +388,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seeds", type=NUMPY_SEED, nargs="+", default=None, help="(quick: 0)")
     p.add_argument("--epochs", type=at_least(1), default=None, help="(quick: 3)")
     p.add_argument("--batch-size", type=at_least(1), default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--lr", type=LEARNING_RATE, default=1e-3)
+    p.add_argument("--weight-decay", type=not_below(0), default=0.01)
     p.add_argument(
         "--proj", type=at_least(0), default=64, help="projection of the token vectors (0: none)"
     )
@@ -397,7 +400,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--mlp", type=at_least(1), default=64, help="MLP width (paper: 128)")
     p.add_argument("--layers", type=at_least(1), default=1)
-    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--dropout", type=PROBABILITY, default=0.0)
     p.add_argument(
         "--hubs", type=at_least(0), default=0, help="hsa: tokens lifted to the root, per doc"
     )

@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from _cli import (
+    LEARNING_RATE,
     OptionError,
     above,
     add_runtime_options,
@@ -235,7 +236,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--channels", type=at_least(1), default=128)
     parser.add_argument("--layers", type=at_least(1), default=2)
     parser.add_argument("--heads", type=at_least(1), default=4)
-    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--lr", type=LEARNING_RATE, default=2e-3)
     parser.add_argument("--train-reviews", type=at_least(1), default=3000)
     parser.add_argument("--eval-chunks", type=at_least(1), default=None, help="(quick: 48)")
     parser.add_argument(

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from _cli import (
+    LEARNING_RATE,
     OptionError,
     above,
     add_runtime_options,
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--block-size", type=at_least(2), default=None, help="Nr of the H-matrix encoder (16)"
     )
     parser.add_argument("--batch-size", type=at_least(1), default=None, help="(16)")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=LEARNING_RATE, default=1e-3)
     parser.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=list(ENCODERS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=output_file, default=None, help="JSON file for the results")

@@ -57,6 +57,8 @@ import torch
 import torch.nn.functional as F
 import torch_geometric.transforms as T
 from _cli import (
+    LEARNING_RATE,
+    PROBABILITY,
     OptionError,
     add_runtime_options,
     at_least,
@@ -64,6 +66,7 @@ from _cli import (
     from_options,
     get_device,
     json_to_merge,
+    not_below,
     refuse_inapplicable,
     run,
     set_threads,
@@ -284,7 +287,7 @@ def main(argv=None) -> dict:
     p.add_argument(
         "--heads", type=at_least(1), default=4, help="gps_full, hsa_hybrid: attention heads"
     )
-    p.add_argument("--dropout", type=float, default=0.6, help="gps_full dropout")
+    p.add_argument("--dropout", type=PROBABILITY, default=0.6, help="gps_full dropout")
     p.add_argument(
         "--attention",
         choices=ATTENTIONS,
@@ -297,9 +300,14 @@ def main(argv=None) -> dict:
         default=None,
         help="cone, hsa_hybrid with a cone --attention: ConeConv radius (default: its own)",
     )
-    p.add_argument("--attn-dropout", type=float, default=0.0, help="hsa_hybrid: on HSA output")
     p.add_argument(
-        "--hsa-dropout", type=float, default=0.0, help="hsa_hybrid: on the HSA branch (after it)"
+        "--attn-dropout", type=PROBABILITY, default=0.0, help="hsa_hybrid: on HSA output"
+    )
+    p.add_argument(
+        "--hsa-dropout",
+        type=PROBABILITY,
+        default=0.0,
+        help="hsa_hybrid: on the HSA branch (after it)",
     )
     p.add_argument("--no-gate", action="store_true", help="hsa_hybrid: ungated HSA branch")
     p.add_argument(
@@ -311,8 +319,10 @@ def main(argv=None) -> dict:
         "--hubs", type=at_least(0), default=0, help="hsa_hybrid: nodes lifted to the root per tree"
     )
     p.add_argument("--kernel", choices=("dense", "edge"), default="edge", help="HSA family kernel")
-    p.add_argument("--lr", type=float, default=0.01, help="gcn, gps_full (GAT recipe: 0.005)")
-    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument(
+        "--lr", type=LEARNING_RATE, default=0.01, help="gcn, gps_full (GAT recipe: 0.005)"
+    )
+    p.add_argument("--weight-decay", type=not_below(0), default=5e-4)
     p.add_argument(
         "--max-family", type=at_least(2), default=64, help="hsa_hybrid: tree family size"
     )

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from _cli import (
+    LEARNING_RATE,
     add_runtime_options,
     at_least,
     example_parser,
@@ -133,7 +134,7 @@ def parse_args(argv=None):
     parser.add_argument("--patience", type=at_least(0), default=None, help="(quick: 100)")
     parser.add_argument("--hidden", type=at_least(1), default=256, help="hidden size per head")
     parser.add_argument("--batch-size", type=at_least(1), default=2, help="graphs per batch")
-    parser.add_argument("--lr", type=float, default=5e-3)
+    parser.add_argument("--lr", type=LEARNING_RATE, default=5e-3)
     add_runtime_options(parser)
     parser.add_argument(
         "--synthetic",

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 from _cli import (
+    LEARNING_RATE,
     above,
     add_runtime_options,
     at_least,
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--batch-size", type=at_least(1), default=8)
     parser.add_argument("--eval-batches", type=at_least(1), default=None, help="(quick: 8)")
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=LEARNING_RATE, default=3e-3)
     add_runtime_options(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=output_file, default=None, help="write the results here")

@@ -181,10 +181,17 @@ def test_bounded_ints_and_positive_budgets(cli):
     for parse, text in ((cli.at_least(2), "1"), (cli.at_least(0, at_most=3), "4")):
         with pytest.raises(argparse.ArgumentTypeError, match="must be an int >= "):
             parse(text)
-    assert cli.above(0)("0.5") == 0.5
-    for text in ("0", "-1", "nan"):
-        with pytest.raises(argparse.ArgumentTypeError, match="must be a number > 0"):
+    assert cli.above(0)("0.5") == 0.5 and cli.not_below(0)("0") == 0.0
+    for text in ("0", "-1", "nan", "inf"):
+        with pytest.raises(argparse.ArgumentTypeError, match="must be a finite number > 0"):
             cli.above(0)(text)
+    for text in ("-1e-9", "nan", "inf"):
+        with pytest.raises(argparse.ArgumentTypeError, match="must be a finite number >= 0"):
+            cli.not_below(0)(text)
+    assert cli.PROBABILITY("0") == 0.0 and cli.PROBABILITY("0.5") == 0.5
+    for text in ("1", "-0.1", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"must be a probability in \[0, 1\)"):
+            cli.PROBABILITY(text)
     assert cli.NUMPY_SEED("0") == 0
     with pytest.raises(argparse.ArgumentTypeError):
         cli.NUMPY_SEED("-1")  # np.random.seed refuses it (after the data was loaded)
@@ -270,7 +277,7 @@ REFUSED = [
     ("vcc_long_qa", "--eval-batches 0", "--eval-batches: must be an int >= 1"),
     ("vcc_long_qa", "--min-length 0", "--min-length: must be an int >= 1"),  # looped forever
     ("vcc_long_qa", "--min-length 2", "curriculum starts at 2 tokens"),
-    ("vcc_long_qa", "--budget 0", "--budget: must be a number > 0"),
+    ("vcc_long_qa", "--budget 0", "--budget: must be a finite number > 0"),
     ("hierarchical_lm", "--seq-len 1", "--seq-len: must be an int >= 2"),
     ("hierarchical_lm", "--channels 0", "--channels: must be an int >= 1"),
     ("hierarchical_lm", "--layers 0", "--layers: must be an int >= 1"),
@@ -278,7 +285,7 @@ REFUSED = [
     ("hierarchical_lm", "--train-reviews 0", "--train-reviews: must be an int >= 1"),
     ("hierarchical_lm", "--eval-chunks 0", "--eval-chunks: must be an int >= 1"),
     ("hierarchical_lm", "--sample-bytes -1", "--sample-bytes: must be an int >= 0"),
-    ("hierarchical_lm", "--cpu-seconds 0", "--cpu-seconds: must be a number > 0"),
+    ("hierarchical_lm", "--cpu-seconds 0", "--cpu-seconds: must be a finite number > 0"),
     ("hierarchical_lm", "--out curves.png", "the PNG of the curves is written next to it"),
     ("zeroshot_minilm", "--hubs -1", "--hubs: must be an int >= 0"),
     ("zeroshot_minilm", "--max-tokens 1", "--max-tokens: must be an int >= 2 and <= 512"),
@@ -293,7 +300,7 @@ REFUSED = [
     ("ddp_train", "--leaf-budget -1", "--leaf-budget: must be an int >= 0"),
     ("ddp_train", "--task node --layers 3", "--layers applies to --task hte only"),
     ("ddp_train", "--raw-dir x", "--raw-dir applies to --task node only"),
-    ("listops", "--budget-seconds 0", "--budget-seconds: must be a number > 0"),
+    ("listops", "--budget-seconds 0", "--budget-seconds: must be a finite number > 0"),
     ("listops", "--quick --batch-size 1001", "--batch-size 1001 is more than --train-size"),
     ("document_classification", "--hidden 0", "--hidden: must be an int >= 1"),
     ("document_classification", "--proj -1", "--proj: must be an int >= 0"),
@@ -314,6 +321,15 @@ REFUSED = [
     ("cora_cone_gat", "--height-scale e", "--height-scale: must be a number or 'd'"),
     ("ppi_cone_gat", "--hidden 0", "--hidden: must be an int >= 1"),
     ("masked_attention", "--p -1", "--p: must be an int >= 0"),
+    # learning rates, weight decays and dropouts: refused by torch after the data loaded
+    *((script, "--lr 0", "--lr: must be a finite number > 0") for script in (
+        "vcc_long_qa", "hierarchical_lm", "ddp_train", "listops", "document_classification",
+        "multimodal_classification", "node_classification", "cora_cone_gat", "ppi_cone_gat",
+        "masked_attention")),
+    ("document_classification", "--weight-decay -0.1", "--weight-decay: must be a finite"),
+    ("multimodal_classification", "--dropout 1", "--dropout: must be a probability in [0, 1)"),
+    ("node_classification", "--hsa-dropout nan", "--hsa-dropout: must be a probability"),
+    ("cora_cone_gat", "--feature-dropout 1.5", "--feature-dropout: must be a probability"),
 ]  # fmt: skip
 
 
