@@ -299,7 +299,9 @@ def _buffer_strides(level: _Level, channels: int) -> tuple[int, int]:
 def _tau(tau: float, dtype: torch.dtype, device: torch.device) -> Tensor:
     """``tau`` as a one-element tensor in the kernels' dtype (a float argument would be
     float32), made on ``device`` once: filled there, not copied from host memory, which a
-    first call inside a CUDA-graph capture could not do (nor a replay repeat)."""
+    first call inside a CUDA-graph capture could not do (nor a replay repeat). Unbounded on
+    purpose: a captured graph reads the tensor where it was, so none may be freed (one
+    element per distinct scale, dtype and device: models use a few)."""
     return torch.full((1,), tau, dtype=dtype, device=device)
 
 
