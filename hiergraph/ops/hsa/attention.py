@@ -16,7 +16,7 @@ from hiergraph._precision import accumulation_dtype, autocast_inputs, widened
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge, wide_dominates
-from hiergraph.ops.hsa.inputs import check_kernel, check_qkv, head_pos_emb, logit_scale
+from hiergraph.ops.hsa.inputs import check_inputs, check_kernel, logit_scale
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.ops.hsa.uniform import (
     fits,
@@ -151,12 +151,7 @@ def hierarchical_attention(
     if squeeze:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
     index = TreeIndex.of(hierarchy)
-    pos = _check_inputs(q, k, v, index, pos_emb, leaf_mask)
-    if index.device != q.device:
-        raise ValueError(
-            f"the hierarchy is on {index.device} but q is on {q.device}; move the hierarchy "
-            "(hierarchy.to(device)) before calling"
-        )
+    pos = check_inputs(q, k, v, index, pos_emb, leaf_mask)
     tau = logit_scale(scale, q)
     views = dict(
         include_self=include_self,
@@ -366,28 +361,6 @@ def check_flags(causal: bool, leaky_causal: bool, include_self: bool, kernel: st
             "collapse to 0 (Amizadeh et al., App. G.1)"
         )
     check_kernel(kernel, causal)
-
-
-def _check_inputs(q, k, v, index, pos_emb, leaf_mask) -> Tensor | None:
-    """Checks the inputs; returns ``pos_emb`` as :func:`head_pos_emb` views it (or ``None``)."""
-    check_qkv(q, k, v, index.num_leaves)
-    pos = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
-    if leaf_mask is not None and (
-        not isinstance(leaf_mask, Tensor)
-        or leaf_mask.dtype != torch.bool
-        or leaf_mask.shape != (index.num_leaves,)
-    ):
-        got = (
-            f"{leaf_mask.dtype} {tuple(leaf_mask.shape)}"
-            if isinstance(leaf_mask, Tensor)
-            else type(leaf_mask).__name__
-        )
-        raise ValueError(
-            f"leaf_mask must be a [{index.num_leaves}] bool tensor (True = valid leaf), got {got}"
-        )
-    if leaf_mask is not None and leaf_mask.device != q.device:
-        raise ValueError(f"leaf_mask is on {leaf_mask.device} but q is on {q.device}")
-    return pos
 
 
 def _leaf_counts(index: TreeIndex, weight: Tensor | None, dtype) -> list[Tensor]:

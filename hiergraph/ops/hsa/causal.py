@@ -20,7 +20,13 @@ from hiergraph._autograd import records_grad
 from hiergraph._precision import accumulation_dtype, autocast_inputs
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal_uniform import uniform_causal_attention
-from hiergraph.ops.hsa.inputs import check_kernel, check_qkv, head_pos_emb, logit_scale
+from hiergraph.ops.hsa.inputs import (
+    check_kernel,
+    check_qkv,
+    check_structure_device,
+    head_pos_emb,
+    logit_scale,
+)
 from hiergraph.ops.hsa.padded import on_slots
 from hiergraph.ops.hsa.uniform import fits, per_depth
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
@@ -329,11 +335,7 @@ def _sum_rows(src: Tensor, index: Tensor, size: int) -> Tensor:
 
 def _check_inputs(q, k, v, plan: CausalPlan, pos_emb) -> Tensor | None:
     check_qkv(q, k, v, plan.num_leaves)
-    if plan.leaf_node.device != q.device:
-        raise ValueError(
-            f"the hierarchy is on {plan.leaf_node.device} but q is on {q.device}; "
-            "move the hierarchy (hierarchy.to(device)) first"
-        )
+    check_structure_device(plan.leaf_node.device, q)
     if pos_emb is None:
         return None
     return head_pos_emb(pos_emb, q, plan.num_nodes).expand(-1, q.size(1), -1)

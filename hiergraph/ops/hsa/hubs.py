@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph._checks import check_int, holds_integers
 from hiergraph._deprecation import renamed_arguments
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.topk import top_k_per_group
@@ -53,6 +54,7 @@ def root_scores(
     Returns:
         ``[L]`` in ``torch.promote_types(q.dtype, torch.float32)``.
     """
+    _check_tree(tree, q.size(0), q.device)
     scale = q.size(-1) ** -0.5 if scale is None else scale
     dtype = accumulation_dtype(q.dtype)
     q, k = q.to(dtype), k.to(dtype)
@@ -80,6 +82,7 @@ def top_per_tree(scores: Tensor, tree: Tensor | int, hubs: int) -> Tensor:
     equal trees: one sort per tree's row)."""
     if hubs < 0:
         raise ValueError(f"the number of hubs must be >= 0, got {hubs}")
+    _check_tree(tree, scores.size(0), scores.device)
     if isinstance(tree, int):
         rows = scores.view(tree, -1)
         best = torch.sort(rows, dim=1, descending=True, stable=True).indices[:, :hubs]
@@ -87,3 +90,19 @@ def top_per_tree(scores: Tensor, tree: Tensor | int, hubs: int) -> Tensor:
     else:
         chosen = top_k_per_group(scores, tree, hubs)
     return chosen & torch.isfinite(scores)
+
+
+def _check_tree(tree: Tensor | int, num_leaves: int, device: torch.device) -> None:
+    """Raise unless ``tree`` is a count of equal trees that divides the ``num_leaves`` leaves
+    or a ``[num_leaves]`` integer tensor of tree ids on ``device`` (the ids themselves are
+    not read: no host synchronisation)."""
+    if isinstance(tree, Tensor):
+        if not holds_integers(tree) or tree.shape != (num_leaves,) or tree.device != device:
+            raise ValueError(
+                f"tree must be a [{num_leaves}] integer tensor of tree ids on {device}, got "
+                f"{tree.dtype} {tuple(tree.shape)} on {tree.device}"
+            )
+        return
+    check_int(tree, "tree (a count of equal trees)")
+    if num_leaves % tree:
+        raise ValueError(f"tree={tree} equal trees cannot share {num_leaves} leaves equally")

@@ -26,6 +26,41 @@ def check_kernel(kernel: str, causal: bool = False) -> None:
         raise ValueError(f"kernel must be one of {allowed}{which}, got {kernel!r}")
 
 
+def check_inputs(q, k, v, index, pos_emb, leaf_mask) -> Tensor | None:
+    """The checks of :func:`~hiergraph.ops.hierarchical_attention`'s inputs ``[L, H, ·]``
+    over the plan ``index`` (a :class:`~hiergraph.plan.TreeIndex`), and of the ops that
+    share them: the shapes and dtypes (:func:`check_qkv`), one device for all, a ``[L]``
+    bool ``leaf_mask``; returns ``pos_emb`` as :func:`head_pos_emb` views it (or ``None``)."""
+    check_qkv(q, k, v, index.num_leaves)
+    check_structure_device(index.device, q)
+    pos = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
+    if leaf_mask is not None and (
+        not isinstance(leaf_mask, Tensor)
+        or leaf_mask.dtype != torch.bool
+        or leaf_mask.shape != (index.num_leaves,)
+    ):
+        got = (
+            f"{leaf_mask.dtype} {tuple(leaf_mask.shape)}"
+            if isinstance(leaf_mask, Tensor)
+            else type(leaf_mask).__name__
+        )
+        raise ValueError(
+            f"leaf_mask must be a [{index.num_leaves}] bool tensor (True = valid leaf), got {got}"
+        )
+    if leaf_mask is not None and leaf_mask.device != q.device:
+        raise ValueError(f"leaf_mask is on {leaf_mask.device} but q is on {q.device}")
+    return pos
+
+
+def check_structure_device(device: torch.device, q: Tensor) -> None:
+    """Raise unless the hierarchy's plan lives on ``q``'s device."""
+    if device != q.device:
+        raise ValueError(
+            f"the hierarchy is on {device} but q is on {q.device}; move the hierarchy "
+            "(hierarchy.to(device)) before calling"
+        )
+
+
 def head_pos_emb(pos_emb: Tensor, q: Tensor, num_nodes: int) -> Tensor:
     """``pos_emb`` ``[N, c]`` or ``[N, 1 | H, c]`` checked and viewed as ``[N, 1 | H, c]``
     in ``q``'s dtype (a float64 table with float32 ``q`` computes in float32)."""

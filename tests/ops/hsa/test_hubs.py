@@ -75,3 +75,23 @@ def test_equal_trees_given_by_their_count(dtype):
         assert torch.equal(
             top_per_tree(ties, 3, g), top_per_tree(ties, torch.arange(3).repeat_interleave(3), g)
         )
+
+
+@pytest.mark.parametrize(
+    "tree, error, match",
+    [
+        (3, ValueError, "tree=3 equal trees cannot share 10 leaves"),
+        (0, ValueError, "must be a positive int, got 0"),
+        (2.0, TypeError, "must be a positive int, got 2.0"),
+        (torch.zeros(9, dtype=torch.long), ValueError, r"tree must be a \[10\] integer tensor"),
+        (torch.zeros(10), ValueError, r"tree must be a \[10\] integer tensor"),
+    ],
+    ids=str,
+)
+def test_trees_that_do_not_number_the_leaves_are_refused(tree, error, match):
+    """(A view of a wrong shape or an index_add of floats failed deep inside before.)"""
+    q = torch.randn(10, 2, 4)
+    with pytest.raises(error, match=match):
+        root_scores(q, q, tree)
+    with pytest.raises(error, match=match):
+        top_per_tree(torch.randn(10), tree, 1)

@@ -246,3 +246,32 @@ def test_half_precision_on_the_general_path_computes_in_float32(dtype, kernel):
     assert got.dtype == dtype and torch.isfinite(got).all()
     eps = torch.finfo(dtype).eps
     assert (got.double() - want).abs().max() <= 2 * eps * want.abs().max()
+
+
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        (dict(leaf_mask=torch.ones(16)), ValueError, r"leaf_mask must be a \[16\] bool tensor"),
+        (dict(leaf_mask=torch.ones(15, dtype=torch.bool)), ValueError, "leaf_mask must be a"),
+        (
+            dict(lifted=torch.zeros(16, dtype=torch.long)),
+            ValueError,
+            r"lifted must be a \[16\] bool",
+        ),
+        (dict(q=torch.randn(15, 2, 4)), ValueError, "q and k must have the same shape"),
+        (dict(x=torch.randn(15, 2, 4)), ValueError, "q has 15 rows but the hierarchy has 16"),
+        (dict(x=torch.ones(16, 2, 4, dtype=torch.long)), TypeError, "one floating dtype"),
+        (dict(pos_emb=torch.randn(5, 3)), ValueError, r"pos_emb must be \[num_nodes="),
+    ],
+)
+def test_inputs_are_checked_as_hierarchical_attention_checks_them(bad, error, match):
+    """The layers call the lifted op directly: its inputs get the op's checks (a float
+    ``leaf_mask`` failed inside a bitwise ``and``, short rows in an assertion)."""
+    index = window_forest([8, 8], (2, 2)).tree_index()
+    args = dict(x=torch.randn(16, 2, 4), lifted=torch.zeros(16, dtype=torch.bool),
+                leaf_mask=None, pos_emb=None)  # fmt: skip
+    args.update(bad)
+    x = args["x"]
+    with pytest.raises(error, match=match):
+        lifted_attention(args.get("q", x), x, x, index, args["lifted"], 1, pos_emb=args["pos_emb"],
+                         include_self=True, leaf_mask=args["leaf_mask"])  # fmt: skip
