@@ -81,14 +81,11 @@ class CausalPlan:
     @classmethod
     def of(cls, hierarchy) -> CausalPlan:
         """``hierarchy`` itself if it is a plan, else the cached plan of its
-        :class:`~hiergraph.plan.TreeIndex` (:attr:`TreeIndex.causal_plan`)."""
+        :class:`~hiergraph.plan.TreeIndex` (:attr:`TreeIndex.causal_plan`; what
+        :meth:`TreeIndex.of` takes, this takes)."""
         if isinstance(hierarchy, CausalPlan):
             return hierarchy
-        if isinstance(hierarchy, TreeIndex):
-            return hierarchy.causal_plan
-        if hasattr(hierarchy, "tree_index"):
-            return hierarchy.tree_index().causal_plan
-        return cls.from_hierarchy(hierarchy)
+        return TreeIndex.of(hierarchy).causal_plan
 
     def to(self, device, tree_index: TreeIndex | None = None) -> CausalPlan:
         """A copy with every tensor on ``device`` (``tree_index``: the already moved index)."""

@@ -4,7 +4,7 @@ import random
 
 import pytest
 import torch
-from torch_geometric.data import Batch
+from torch_geometric.data import Batch, Data
 
 from hiergraph.data import from_nested
 from hiergraph.plan import CausalPlan, TreeIndex
@@ -72,7 +72,14 @@ def test_a_leaf_order_that_is_not_depth_first_is_refused():
     with pytest.raises(ValueError, match="depth-first order"):
         from_nested([[0, 2], [1, 3]]).causal_plan()
     with pytest.raises(TypeError, match="no 'parent' attribute"):
-        CausalPlan.of(object())
+        CausalPlan.from_hierarchy(object())
+    # what TreeIndex.of refuses, CausalPlan.of refuses (it built an uncached plan of any
+    # object with parent, slot and is_leaf, which the bidirectional op refused)
+    tree = Data(parent=torch.tensor([1, 1]), slot=torch.zeros(2, dtype=torch.long),
+                is_leaf=torch.tensor([True, False]))  # fmt: skip
+    for hierarchy in (object(), tree):
+        with pytest.raises(TypeError, match="hierarchy must be a SignalHierarchy"):
+            CausalPlan.of(hierarchy)
 
 
 def test_the_plan_of_an_empty_forest():
