@@ -14,8 +14,6 @@ from hiergraph.nn._checks import check_int, check_probability
 from hiergraph.nn.pool import leaf_batch
 from hiergraph.nn.typed_linear import TypedLinear
 from hiergraph.ops.hsa.attention import check_flags, hierarchical_attention
-from hiergraph.ops.hsa.causal_dense import causal_hierarchical_attention_matrix
-from hiergraph.ops.hsa.dense import hierarchical_attention_matrix
 from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
 from hiergraph.ops.hsa.lifted import lifted_attention, runs_lifted
 
@@ -188,7 +186,9 @@ class HierarchicalSelfAttention(nn.Module):
             leaf_mask: ``[L]`` bool, ``False`` for padding leaves (their features may
                 hold any finite values: they are removed from every statistic).
             return_attention_weights: also return :math:`\hat\Theta` ``[H, L, L]``
-                (dense; only for ``L <= 4096``).
+                (dense; only for ``L <= 4096``): the op's output for one-hot values,
+                :math:`\hat\Theta^h_{ij} = \mathrm{HSA}(Q, K, I)^h_{ij}`, exact and
+                differentiable.
 
         Returns:
             ``[L, out_channels]`` (and the attention matrix if asked).
@@ -230,14 +230,10 @@ class HierarchicalSelfAttention(nn.Module):
         if self.pos is not None:
             eps = self.pos(pos_emb, hierarchy.domain).view(-1, self.heads, self.pos_head_channels)
         options = dict(pos_emb=eps, include_self=self.include_self, leaf_mask=leaf_mask)
-        kernel = self.kernel
-        if self.causal:  # the strictly causal op reads the hierarchy, not the tree plan
-            out = hierarchical_attention(q, k, v, hierarchy, causal=True, kernel=kernel, **options)
-        elif in_place:
-            out = lifted_attention(q, k, v, index, lifted, self.hubs, kernel=kernel, **options)
+        if in_place:
+            out = lifted_attention(q, k, v, index, lifted, self.hubs, kernel=self.kernel, **options)
         else:
-            options["leaky_causal"] = self.leaky_causal
-            out = hierarchical_attention(q, k, v, index, kernel=kernel, **options)
+            out = self._attend(q, k, v, hierarchy, index, options)
         out = out.reshape(x.size(0), -1)
         out = self.dropout(out if self.out is None else self.out(out))
         if not return_attention_weights:
@@ -247,11 +243,21 @@ class HierarchicalSelfAttention(nn.Module):
                 f"return_attention_weights builds a dense [H, L, L] matrix; L={x.size(0)} is above "
                 f"{MAX_DENSE_LEAVES}"
             )
-        if self.causal:
-            theta = causal_hierarchical_attention_matrix(q, k, hierarchy, pos_emb=eps)
-        else:
-            theta = hierarchical_attention_matrix(q, k, hierarchy, **options)
-        return out, theta
+        # the op's output for one-hot values is its matrix: row i of head h is out[i, h]
+        one_hot = torch.eye(x.size(0), dtype=q.dtype, device=q.device)[:, None]
+        theta = self._attend(q, k, one_hot.expand(-1, self.heads, -1), hierarchy, index, options)
+        return out, theta.transpose(0, 1)
+
+    def _attend(self, q, k, v, hierarchy, index, options) -> Tensor:
+        """The HSA op of this layer (strictly causal, leaky causal or not) on ``[L, H, ·]``
+        rows; ``options``: the position embeddings, ``include_self`` and ``leaf_mask``."""
+        if self.causal:  # the strictly causal op reads the hierarchy, not the tree plan
+            return hierarchical_attention(
+                q, k, v, hierarchy, causal=True, kernel=self.kernel, **options
+            )
+        return hierarchical_attention(
+            q, k, v, index, kernel=self.kernel, leaky_causal=self.leaky_causal, **options
+        )
 
     def _choose_hubs(self, q, k, hierarchy, index, leaf_mask) -> Tensor:
         """``[L]`` bool: the ``hubs`` leaves of every tree with the highest root-level

@@ -7,7 +7,11 @@ from torch_geometric.data import Batch
 from hiergraph.data import flatten_hierarchy, from_nested, window_forest, window_hierarchy
 from hiergraph.data.restructure import lift_leaves
 from hiergraph.nn import FamilyPositionEncoder, HierarchicalSelfAttention
-from hiergraph.ops import hierarchical_attention
+from hiergraph.ops import (
+    causal_hierarchical_attention_matrix,
+    hierarchical_attention,
+    hierarchical_attention_matrix,
+)
 from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
 from hiergraph.ops.hsa.inputs import CAUSAL_KERNELS, KERNELS
 from tests.conftest import spy_calls
@@ -104,6 +108,58 @@ def _forest():
         window_hierarchy(11, (2, 3), x=torch.randn(11, 6, dtype=torch.float64)),
     ]
     return Batch.from_data_list(trees)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(include_self=True), dict(include_self=True, causal=True),
+     dict(include_self=True, leaky_causal=True), dict(pos_channels=4), dict(hubs=2)],
+    ids=str,
+)  # fmt: skip
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_weights_are_the_dense_reference_matrix(options, masked):
+    """The weights come from the op itself (one-hot values), and equal the dense reference
+    (which took minutes for causal layers over a few hundred leaves); with the hubs, the
+    reference runs over the lifted tree."""
+    if masked and options.get("causal"):
+        pytest.skip("the strictly causal op takes no leaf_mask")
+    torch.manual_seed(0)
+    h = from_nested([[0, 1, 2], [3, [4, 5, 6]], 7], x=torch.randn(8, 6, dtype=torch.float64))
+    layer = HierarchicalSelfAttention(6, heads=2, **options).double()
+    pos = torch.randn(h.num_nodes, 4, dtype=torch.float64) if "pos_channels" in options else None
+    mask = torch.tensor([True, False, True, True, True, False, True, True]) if masked else None
+    out, theta = layer(h.x, h, pos, leaf_mask=mask, return_attention_weights=True)
+    types = torch.zeros(8, dtype=torch.long)
+    q, k, v = (lin(h.x, types).view(8, 2, 3) for lin in (layer.query, layer.key, layer.value))
+    q, k = layer.q_norm(q), layer.k_norm(k)
+    tree, eps = h, None
+    if layer.hubs:
+        tree, _ = lift_leaves(h, top_per_tree(root_scores(q, k, 1, mask), 1, layer.hubs))
+    if pos is not None:
+        eps = layer.pos(pos, h.domain).view(-1, 2, layer.pos_head_channels)
+    if layer.causal:
+        ref = causal_hierarchical_attention_matrix(q, k, tree, pos_emb=eps)
+    else:
+        ref = hierarchical_attention_matrix(
+            q, k, tree, pos_emb=eps, include_self=layer.include_self,
+            leaky_causal=layer.leaky_causal, leaf_mask=mask,
+        )  # fmt: skip
+    torch.testing.assert_close(theta, ref, rtol=0, atol=1e-12)
+    heads_out = torch.einsum("hij,jhc->ihc", theta, v).reshape(8, 6)
+    torch.testing.assert_close(out, layer.out(heads_out), rtol=0, atol=1e-12)
+
+
+def test_attention_weights_of_large_logits_are_finite():
+    """Logits past float32's exp range (about 88): the reference's plain exponentials gave
+    NaN weights; the op's log-space gates do not."""
+    torch.manual_seed(0)
+    h = from_nested([[0, 1, 2], [3, 4], [5, [6, 7]]])
+    layer = HierarchicalSelfAttention(16, heads=1, qk_norm=False)
+    _, theta = layer(torch.randn(8, 16) * 20, h, return_attention_weights=True)
+    assert torch.isfinite(theta).all()
+    torch.testing.assert_close(theta.sum(-1), torch.ones(1, 8))
+    q, k = torch.randn(8, 1, 16) * 10, torch.randn(8, 1, 16) * 10
+    assert torch.isfinite(hierarchical_attention_matrix(q, k, h)).all()
 
 
 def test_hubs_attend_over_the_lifted_tree_of_the_best_scoring_leaves():

@@ -1,7 +1,7 @@
 r"""Dense reference for HSA: the attention matrix :math:`\hat\Theta` and the energy :math:`\varphi`.
 
-Written independently of the fast path (explicit leaf sets, plain
-exponentials, one root-to-leaf walk per row) for small trees in tests and
+Written independently of the fast path (explicit leaf sets, exponentials of
+each family's gate, one root-to-leaf walk per row) for small trees in tests and
 debugging. Cost :math:`O(H L^2 \cdot \text{depth})` in Python loops: keep
 ``L`` below a few hundred.
 """
@@ -102,13 +102,15 @@ def _head_stats(tree, q, k, eps, tau, include_self, leaky_causal, size_bias=True
 
 
 def _gate(a_node, logits):
-    """(mu, 1 - mu, softmax over siblings) with plain exponentials."""
-    self_term = torch.exp(a_node)
-    sib = {b: torch.exp(s) for b, s in logits.items()}
-    denom = self_term + sum(sib.values(), torch.zeros((), dtype=a_node.dtype))
-    if denom == 0:
+    """(mu, 1 - mu, softmax over siblings), the exponentials shifted by the largest term
+    (plain ones overflow float32 from logits of about 88 on)."""
+    top = torch.stack([a_node, *logits.values()]).max()
+    if top == float("-inf"):  # no self energy and no sibling: no mass moves
         return 0.0, 0.0, {}
+    self_term = torch.exp(a_node - top)
+    sib = {b: torch.exp(s - top) for b, s in logits.items()}
     z = sum(sib.values(), torch.zeros((), dtype=a_node.dtype))
+    denom = self_term + z
     soft = {b: e / z for b, e in sib.items()} if z > 0 else {}
     return self_term / denom, z / denom, soft
 
