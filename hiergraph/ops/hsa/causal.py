@@ -31,6 +31,7 @@ from hiergraph.ops.hsa.padded import on_slots
 from hiergraph.ops.hsa.uniform import fits, per_depth
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
 from hiergraph.plan.causal_plan import CausalPlan
+from hiergraph.plan.tree_index import TreeIndex
 
 
 @autocast_inputs
@@ -132,14 +133,16 @@ def causal_hierarchical_attention(
     if squeeze:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
     check_kernel(kernel, causal=True)
-    plan = CausalPlan.of(hierarchy)
-    eps = _check_inputs(q, k, v, plan, pos_emb)
+    # the causal plan (left-sibling edges, root paths) only where it is read: the reshaped
+    # views need the tree index alone (a flat family of 8,192 leaves built it in 3 s)
+    plan = hierarchy if isinstance(hierarchy, CausalPlan) else None
+    index = TreeIndex.of(hierarchy)
+    eps = _check_inputs(q, k, v, index, pos_emb)
     tau = logit_scale(scale, q)
     # bf16/fp16: counts, prefix sums and softmax sums in float32, the output rounded once
     dtype, work = q.dtype, accumulation_dtype(q.dtype)
     q, k, v = q.to(work), k.to(work), v.to(work)
     eps = None if eps is None else eps.to(work)
-    index = plan.tree_index
     if kernel == "dense" and runs_as_views(index.uniform, q, k, v, eps):
         levels = None if eps is None else per_depth(eps, index)
         return _out(uniform_causal_attention(q, k, v, index.uniform, levels, tau), dtype, squeeze)
@@ -150,6 +153,7 @@ def causal_hierarchical_attention(
     if forest is not None and forest.leaves_lead and runs_as_views(forest.shape, q, k, v, eps):
         out = on_slots(uniform_causal_attention, q, k, v, index, forest, eps, tau=tau)
         return _out(out, dtype, squeeze)
+    plan = plan or index.causal_plan
     if kernel == "dense" and native.applies_to_causal(q, k, v, eps):
 
         def recorded(q, k, v, e):  # the same op on tensor operations (second derivatives)
@@ -211,7 +215,7 @@ def causal_statistics(
         :meth:`~hiergraph.nn.HierarchicalKVCache.prefill` builds its store.
     """
     plan = CausalPlan.of(hierarchy)
-    eps = _check_inputs(q, k, v, plan, pos_emb)
+    eps = _check_inputs(q, k, v, plan.tree_index, pos_emb)
     tau = logit_scale(scale, q)
     if not records_grad(q, k, v, eps) and native.applies_to_causal(q, k, v, eps):
         return native.causal_forest_statistics(q, k, v, eps, plan, tau=tau)
@@ -333,9 +337,9 @@ def _sum_rows(src: Tensor, index: Tensor, size: int) -> Tensor:
     return src.new_zeros((size, *src.shape[1:])).index_add(0, index, src)
 
 
-def _check_inputs(q, k, v, plan: CausalPlan, pos_emb) -> Tensor | None:
-    check_qkv(q, k, v, plan.num_leaves)
-    check_structure_device(plan.leaf_node.device, q)
+def _check_inputs(q, k, v, index: TreeIndex, pos_emb) -> Tensor | None:
+    check_qkv(q, k, v, index.num_leaves)
+    check_structure_device(index.device, q)
     if pos_emb is None:
         return None
-    return head_pos_emb(pos_emb, q, plan.num_nodes).expand(-1, q.size(1), -1)
+    return head_pos_emb(pos_emb, q, index.num_nodes).expand(-1, q.size(1), -1)

@@ -378,3 +378,16 @@ def test_an_equal_forest_past_the_logit_limit_runs_where_it_is_cheapest(
     ran = "views" if views else "kernel" if kernel_calls else "edges"
     assert ran == path
     assert (out - ref).abs().max() <= 1e-12
+
+
+def test_the_views_build_no_causal_plan():
+    """Equal-fanout forests (and padded ones) run as reshaped views, which read the tree
+    index alone: the causal plan (left-sibling edges, root paths) is not built for them (a
+    flat family of 8,192 leaves took seconds and gigabytes to plan); other forests build it."""
+    flat = window_hierarchy(64, (64,))
+    q = torch.randn(64, 2, 4)
+    causal_hierarchical_attention(q, q, q, flat)
+    assert "causal_plan" not in flat.tree_index().__dict__
+    ragged = from_nested([[0, 1], [2, 3, 4]])
+    causal_hierarchical_attention(q[:5], q[:5], q[:5], ragged, kernel="edge")
+    assert "causal_plan" in ragged.tree_index().__dict__
