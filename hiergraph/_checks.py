@@ -59,13 +59,16 @@ def as_int(value, what: str) -> int:
     raise TypeError(f"{what} must be an int, got {value!r}")
 
 
-def check_qkv_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def check_qkv_like(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Raise a ``TypeError`` unless the queries, keys and values share one (real)
-    floating-point dtype, the one the attention computes in."""
+    floating-point dtype, the one the attention computes in, and a ``ValueError`` unless
+    they share one device."""
     if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
         raise TypeError(
             f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
         )
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
 
 
 def holds_integers(t: torch.Tensor) -> bool:

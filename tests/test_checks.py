@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hiergraph._checks import check_ids
+from hiergraph._checks import check_ids, check_qkv_like
 from hiergraph._device import cpu_as_accelerator
 from tests.host_sync import HostSyncRecorder
 
@@ -28,3 +28,19 @@ def test_off_the_cpu_a_device_side_assertion_without_host_reads():
         with HostSyncRecorder() as rec:  # (an embedding's lookup asserts by itself)
             check_ids(torch.tensor([0, 4]), 4, "token", "vocab_size", device_assert=False)
         assert rec.unique_syncs() == []
+
+
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_attention_ops_name_a_key_or_value_on_another_device(which):
+    """(A compiled kernel's or ``index_copy``'s error before, naming neither.)"""
+    from hiergraph.data import window_hierarchy
+    from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention
+
+    tree = window_hierarchy(8, (2, 2))
+    x = {name: torch.randn(8, 1, 4) for name in "qkv"}
+    x[which] = x[which].to("meta")
+    with pytest.raises(ValueError, match=r"q, k, v must be on one device, got cpu, "):
+        check_qkv_like(x["q"], x["k"], x["v"])
+    for op in (hierarchical_attention, causal_hierarchical_attention):
+        with pytest.raises(ValueError, match="q, k, v must be on one device"):
+            op(x["q"], x["k"], x["v"], tree)

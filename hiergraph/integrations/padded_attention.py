@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hiergraph._checks import as_int, check_qkv_dtype
+from hiergraph._checks import as_int, check_qkv_like
 from hiergraph._deprecation import renamed_arguments
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.windows import window_forest
@@ -152,7 +152,7 @@ def check_padded(q: Tensor, k: Tensor, v: Tensor, token_mask: Tensor) -> None:
         )
     if length == 0:
         raise ValueError("the batch has no tokens (T = 0)")
-    check_qkv_dtype(q, k, v)
+    check_qkv_like(q, k, v)
     if token_mask.device != q.device:
         raise ValueError(f"token_mask is on {token_mask.device} but q is on {q.device}")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hiergraph._checks import check_qkv_dtype
+from hiergraph._checks import check_qkv_like
 from hiergraph.data.windows import check_block_size
 
 
@@ -29,7 +29,7 @@ def check_inputs(q, k, v, block_size, key_padding_mask) -> None:
         raise ValueError(
             f"v must match q in [batch, heads, length], got {tuple(v.shape)} vs {tuple(q.shape)}"
         )
-    check_qkv_dtype(q, k, v)
+    check_qkv_like(q, k, v)
     if q.shape[2] == 0:
         raise ValueError(
             f"q, k, v need a sequence length >= 1 ([batch, heads, length, dim]), got shape "

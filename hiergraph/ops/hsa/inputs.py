@@ -8,7 +8,7 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-from hiergraph._checks import check_qkv_dtype
+from hiergraph._checks import check_qkv_like
 from hiergraph._precision import check_tensors
 
 #: The family kernels of :func:`~hiergraph.ops.hierarchical_attention` (same result).
@@ -118,7 +118,7 @@ def check_qkv(q, k, v, num_leaves: int) -> None:
         )
     if v.size(2) == 0:
         raise ValueError(f"v needs at least one channel, got shape {tuple(v.shape)}")
-    check_qkv_dtype(q, k, v)
+    check_qkv_like(q, k, v)
     if q.size(0) != num_leaves:
         raise ValueError(
             f"q has {q.size(0)} rows but the hierarchy has {num_leaves} leaves; "

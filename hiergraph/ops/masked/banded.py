@@ -44,7 +44,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from hiergraph._autograd import AutogradFunction
-from hiergraph._checks import check_int, check_qkv_dtype
+from hiergraph._checks import check_int, check_qkv_like
 from hiergraph._device import host_tensor
 
 
@@ -89,7 +89,7 @@ def _check_band(q: Tensor, k: Tensor, v: Tensor, lengths, before, after, dilatio
             "q, k, v must share N and heads, and q, k the channel size; got shapes "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
-    check_qkv_dtype(q, k, v)
+    check_qkv_like(q, k, v)
     check_int(before, "before", minimum=0)
     check_int(after, "after", minimum=0)
     check_int(dilation, "dilation")
