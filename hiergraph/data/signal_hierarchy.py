@@ -146,16 +146,17 @@ class SignalHierarchy(Data):
             validate_structure(self.parent, self.slot, self.is_leaf, distinct_slots=False)
 
     def _cached_tree_index(self):
-        """The cached tree index if ``parent`` and ``slot`` are unchanged since it was built.
+        """The cached tree index if ``parent``, ``slot`` and ``is_leaf`` are unchanged since it
+        was built.
 
-        The cache remembers the two tensors and their in-place versions: it goes
-        stale when either is replaced or written in place.
+        The cache remembers the three tensors and their in-place versions: it goes
+        stale when any is replaced or written in place.
         """
         cached = self.__dict__.get("_tree_index_cache")
         if cached is None:
             return None
         guard, index = cached
-        return index if guard_holds(guard, self.parent, self.slot) else None
+        return index if guard_holds(guard, self.parent, self.slot, self.is_leaf) else None
 
     def _structure(self) -> tuple | None:
         """The :func:`~hiergraph._versions.version_guard` of ``parent``, ``slot`` and
@@ -168,9 +169,9 @@ class SignalHierarchy(Data):
         return guard_holds(built, self.parent, self.slot, self.is_leaf)
 
     def _cache_tree_index(self, index) -> None:
-        """Keep ``index`` until ``parent`` or ``slot`` is replaced or written in place (not
-        kept for inference tensors, whose writes cannot be followed)."""
-        guard = version_guard(self.parent, self.slot)
+        """Keep ``index`` until ``parent``, ``slot`` or ``is_leaf`` is replaced or written in
+        place (not kept for inference tensors, whose writes cannot be followed)."""
+        guard = self._structure()
         self.__dict__["_tree_index_cache"] = None if guard is None else (guard, index)
 
     def apply(self, func, *args: str):

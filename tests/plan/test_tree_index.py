@@ -219,6 +219,12 @@ def test_cached_and_movable():
     assert torch.equal(h.tree_index().order, TreeIndex.from_hierarchy(h).order)
     h.slot.copy_(h.slot.flip(0))  # so does writing it in place
     assert torch.equal(h.tree_index().order, cached.order) and h.tree_index() is not cached
+    # and writing is_leaf: the structure is checked again (the cached plan served a tree
+    # with an internal node without children)
+    h.tree_index()
+    h.is_leaf[0] = False
+    with pytest.raises(ValueError, match="node 0 is marked as internal"):
+        h.tree_index()
 
 
 def tensors_in(obj, seen=None) -> list[torch.Tensor]:
