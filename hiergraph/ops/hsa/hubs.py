@@ -54,6 +54,11 @@ def root_scores(
     Returns:
         ``[L]`` in ``torch.promote_types(q.dtype, torch.float32)``.
     """
+    if q.dim() != 3 or k.shape != q.shape:
+        raise ValueError(
+            f"q and k must be [L, H, d] with the same shape, got {tuple(q.shape)} and "
+            f"{tuple(k.shape)}"
+        )
     _check_tree(tree, q.size(0), q.device)
     scale = q.size(-1) ** -0.5 if scale is None else scale
     dtype = accumulation_dtype(q.dtype)
@@ -80,8 +85,7 @@ def top_per_tree(scores: Tensor, tree: Tensor | int, hubs: int) -> Tensor:
     """``[L]`` bool: the ``hubs`` highest finite ``scores`` of every tree (ties: lower
     index; ``hubs`` was formerly ``g``); ``tree`` as in :func:`root_scores` (a count of
     equal trees: one sort per tree's row)."""
-    if hubs < 0:
-        raise ValueError(f"the number of hubs must be >= 0, got {hubs}")
+    check_int(hubs, "hubs", minimum=0)
     _check_tree(tree, scores.size(0), scores.device)
     if isinstance(tree, int):
         rows = scores.view(tree, -1)

@@ -95,3 +95,13 @@ def test_trees_that_do_not_number_the_leaves_are_refused(tree, error, match):
         root_scores(q, q, tree)
     with pytest.raises(error, match=match):
         top_per_tree(torch.randn(10), tree, 1)
+
+
+def test_hub_counts_and_key_shapes_are_checked():
+    """(2.5 hubs picked 3 per tree; keys of one head were broadcast over two.)"""
+    with pytest.raises(TypeError, match="hubs must be an int >= 0, got 2.5"):
+        top_per_tree(torch.randn(10), 2, 2.5)
+    with pytest.raises(ValueError, match="hubs must be an int >= 0, got -1"):
+        top_per_tree(torch.randn(10), 2, -1)
+    with pytest.raises(ValueError, match=r"q and k must be \[L, H, d\] with the same shape"):
+        root_scores(torch.randn(10, 2, 4), torch.randn(10, 1, 4), 2)
