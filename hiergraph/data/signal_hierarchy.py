@@ -122,7 +122,7 @@ class SignalHierarchy(Data):
                     "call hierarchy.tree_index() once before torch.compile traces the model"
                 )
             self._validate()
-            index = TreeIndex.from_hierarchy(self)
+            index = TreeIndex.from_hierarchy(self, validate=False)
             self._cache_tree_index(index)
         return index
 

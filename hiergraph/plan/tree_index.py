@@ -288,14 +288,28 @@ class TreeIndex:
         )
 
     @classmethod
-    def from_hierarchy(cls, hierarchy) -> TreeIndex:
-        """Plan for a :class:`~hiergraph.data.SignalHierarchy` or a batch of them."""
-        return cls.from_parent(hierarchy.parent, hierarchy.slot, hierarchy.is_leaf)
+    def from_hierarchy(cls, hierarchy, *, validate: bool = True) -> TreeIndex:
+        """Plan for a :class:`~hiergraph.data.SignalHierarchy` or a batch of them (its
+        structure checked as :meth:`from_parent` checks it)."""
+        parent, slot, is_leaf = hierarchy.parent, hierarchy.slot, hierarchy.is_leaf
+        return cls.from_parent(parent, slot, is_leaf, validate=validate)
 
     @classmethod
     @outside_inference_mode
-    def from_parent(cls, parent: Tensor, slot: Tensor, is_leaf: Tensor) -> TreeIndex:
-        """Plan from ``[N]`` ``parent`` (roots point at themselves), ``slot`` and ``is_leaf``."""
+    def from_parent(
+        cls, parent: Tensor, slot: Tensor, is_leaf: Tensor, *, validate: bool = True
+    ) -> TreeIndex:
+        """Plan from ``[N]`` ``parent`` (roots point at themselves), ``slot`` and ``is_leaf``.
+
+        With ``validate`` (the default) the structure is checked first
+        (:func:`~hiergraph.data.validate_structure`; siblings may share a slot, kept in node
+        order): a wrong one raised deep inside, or planned a forest that is none.
+        :meth:`~hiergraph.data.SignalHierarchy.tree_index` checks once and passes ``False``.
+        """
+        if validate:
+            from hiergraph.data.validation import validate_structure  # (data imports plan)
+
+            validate_structure(parent, slot, is_leaf, distinct_slots=False)
         device, n = parent.device, parent.numel()
         order, rank, level_ptr = _breadth_first(parent, slot)
         parent_pos = rank[parent[order]]  # BFS position of each position's parent

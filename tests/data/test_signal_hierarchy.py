@@ -241,9 +241,9 @@ def _count_index_builds(monkeypatch) -> list[int]:
 
     builds, build = [], TreeIndex.from_hierarchy.__func__
 
-    def counted(cls, h):
+    def counted(cls, h, **kwargs):
         builds.append(1)
-        return build(cls, h)
+        return build(cls, h, **kwargs)
 
     monkeypatch.setattr(TreeIndex, "from_hierarchy", classmethod(counted))
     return builds

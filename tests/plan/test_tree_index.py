@@ -3,10 +3,10 @@ import random
 
 import pytest
 import torch
-from torch_geometric.data import Batch
+from torch_geometric.data import Batch, Data
 
 from hiergraph.data import from_nested, window_forest, window_hierarchy
-from hiergraph.plan import TreeIndex, tree_index
+from hiergraph.plan import CausalPlan, TreeIndex, tree_index
 from hiergraph.plan.costs import BLOCK_COST
 from hiergraph.plan.tree_index import padded_widths
 from tests.conftest import random_spec
@@ -284,3 +284,24 @@ def test_to_moves_every_tensor_of_the_plan():
     # each tensor is moved once: the parents within levels are the levels' own (a second
     # copy of every level's parent_local was moved with the index)
     assert all(p is lv.parent_local for p, lv in zip(moved.parent_local, moved.levels, strict=True))
+
+
+@pytest.mark.parametrize(
+    "parent, is_leaf, error, match",
+    [
+        ([2, 2, 2], [True, True, True], ValueError, "node 2 is marked as a leaf"),  # planned
+        ([5, 2, 2], [True, True, False], ValueError, "parent ids must lie in"),  # IndexError
+        ([2, 2, 2], [1, 1, 0], TypeError, "is_leaf must be a bool tensor"),  # garbage ids
+        ([1, 0, 2], [True, False, False], ValueError, "cycle"),
+    ],
+)
+def test_from_parent_checks_the_structure(parent, is_leaf, error, match):
+    """The plan builders check what they are given, as ``SignalHierarchy.tree_index`` does
+    (an unchecked root marked as a leaf was planned, an integer mask read memory it did not
+    own); ``validate=False`` is for structures already checked."""
+    parent, slot = torch.tensor(parent), torch.zeros(len(parent), dtype=torch.long)
+    is_leaf = torch.tensor(is_leaf)
+    with pytest.raises(error, match=match):
+        TreeIndex.from_parent(parent, slot, is_leaf)
+    with pytest.raises(error, match=match):
+        CausalPlan.from_hierarchy(Data(parent=parent, slot=slot, is_leaf=is_leaf))
