@@ -31,6 +31,15 @@ def check_int(
     raise (ValueError if is_int else TypeError)(f"{name} must be {wanted}, got {value!r}")
 
 
+def check_bool(value, name: str) -> None:
+    """Raise a ``TypeError`` unless ``value`` is a bool (Python's or NumPy's): a flag given
+    as a string or a number is refused rather than read by its truth value (``"no"`` is
+    true)."""
+    numpy_bool = str(getattr(value, "dtype", "")) == "bool" and getattr(value, "ndim", 1) == 0
+    if not (isinstance(value, bool) or numpy_bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
 def check_positive(value, name: str) -> None:
     """Raise unless ``value`` is a finite real number ``> 0`` (a radius, a temperature), or
     a one-element floating-point tensor holding one (a learned temperature; its value is

@@ -44,3 +44,15 @@ def test_attention_ops_name_a_key_or_value_on_another_device(which):
     for op in (hierarchical_attention, causal_hierarchical_attention):
         with pytest.raises(ValueError, match="q, k, v must be on one device"):
             op(x["q"], x["k"], x["v"], tree)
+
+
+@pytest.mark.parametrize("flag", ["include_self", "causal", "leaky_causal", "size_bias"])
+@pytest.mark.parametrize("value", ["no", None, 1])
+def test_flags_that_are_not_bools_are_refused(flag, value):
+    """(``"no"`` was true, ``None`` false, and the compiled kernel raised pybind's error.)"""
+    from hiergraph.data import window_hierarchy
+    from hiergraph.ops import hierarchical_attention
+
+    q = torch.randn(8, 1, 4)
+    with pytest.raises(TypeError, match=f"{flag} must be a bool, got {value!r}"):
+        hierarchical_attention(q, q, q, window_hierarchy(8, (2, 2)), **{flag: value})

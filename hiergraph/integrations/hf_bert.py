@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.data import Batch
 
-from hiergraph._checks import check_int
+from hiergraph._checks import check_bool, check_int
 from hiergraph._deprecation import renamed_arguments
 from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 from hiergraph.data.windows import check_branching
@@ -236,8 +236,7 @@ def inject_hsa(
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     branching = check_branching(branching)
-    if not isinstance(include_self, bool):
-        raise TypeError(f"include_self must be a bool, got {include_self!r}")
+    check_bool(include_self, "include_self")
     if method == "block":
         if block_size is None:
             block_size = branching[0] if branching else None

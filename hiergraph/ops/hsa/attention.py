@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from hiergraph._checks import check_bool
 from hiergraph._precision import accumulation_dtype, autocast_inputs, widened
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
@@ -141,6 +142,7 @@ def hierarchical_attention(
         ``[L, H, d_v]`` (``[L, d_v]`` for 2-D inputs).
     """
     check_flags(causal, leaky_causal, include_self, kernel)
+    check_bool(size_bias, "size_bias")
     if causal:
         if leaf_mask is not None or not size_bias:
             raise ValueError("causal=True runs without leaf_mask and with size_bias=True")
@@ -352,6 +354,9 @@ def general_attention(
 
 def check_flags(causal: bool, leaky_causal: bool, include_self: bool, kernel: str) -> None:
     """Checks the options of :func:`hierarchical_attention` (and of the layers over it)."""
+    for name, flag in (("causal", causal), ("leaky_causal", leaky_causal),
+                       ("include_self", include_self)):  # fmt: skip
+        check_bool(flag, name)
     if causal and leaky_causal:
         raise ValueError("pass causal=True (strictly causal) or leaky_causal=True, not both")
     if (causal or leaky_causal) and not include_self:
