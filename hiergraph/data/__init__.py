@@ -23,13 +23,13 @@ from hiergraph.data.multimodal import (
 from hiergraph.data.nested import Family, from_nested
 from hiergraph.data.restructure import coarsen_hierarchy, flatten_hierarchy, lift_leaves
 from hiergraph.data.signal_hierarchy import SignalHierarchy
-from hiergraph.data.validation import validate_structure
 from hiergraph.data.windows import (
     hmatrix_window_hierarchy,
     random_window_hierarchy,
     window_forest,
     window_hierarchy,
 )
+from hiergraph.plan.validation import validate_structure
 
 __all__ = [
     "Domain",

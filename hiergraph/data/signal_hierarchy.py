@@ -11,10 +11,10 @@ from torch_geometric.data import Data
 from hiergraph._checks import holds_integers
 from hiergraph._versions import guard_holds, version_guard
 from hiergraph.data.domain import Domain
-from hiergraph.data.validation import validate_structure
 from hiergraph.plan.causal_plan import CausalPlan
 from hiergraph.plan.family_order import family_order
 from hiergraph.plan.tree_index import TreeIndex
+from hiergraph.plan.validation import validate_structure
 
 
 class SignalHierarchy(Data):

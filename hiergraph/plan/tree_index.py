@@ -14,6 +14,7 @@ from hiergraph.plan._to_device import moved
 from hiergraph.plan.costs import BLOCK_COST, SLICE_SAVING
 from hiergraph.plan.family_order import family_order
 from hiergraph.plan.padded_forest import PaddedForest
+from hiergraph.plan.validation import validate_structure
 
 if TYPE_CHECKING:
     from hiergraph.plan.causal_plan import CausalPlan
@@ -307,8 +308,6 @@ class TreeIndex:
         :meth:`~hiergraph.data.SignalHierarchy.tree_index` checks once and passes ``False``.
         """
         if validate:
-            from hiergraph.data.validation import validate_structure  # (data imports plan)
-
             validate_structure(parent, slot, is_leaf, distinct_slots=False)
         device, n = parent.device, parent.numel()
         order, rank, level_ptr = _breadth_first(parent, slot)

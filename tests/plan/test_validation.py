@@ -1,4 +1,4 @@
-"""Hand-built hierarchies with an inconsistent structure fail when their plan is built."""
+"""Hand-built structures with an inconsistent forest fail when their plan is built."""
 
 import pytest
 import torch
