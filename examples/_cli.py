@@ -91,8 +91,8 @@ def not_below(minimum: float):
 #: An argparse ``type``: a learning rate, a finite float ``> 0``.
 LEARNING_RATE = above(0)
 
-#: An argparse ``type``: a dropout probability, a float in ``[0, 1)``.
-PROBABILITY = _float_type(lambda x: 0 <= x < 1, "a probability in [0, 1)")
+#: An argparse ``type``: a dropout probability, a float in ``[0, 1]`` (torch's range).
+PROBABILITY = _float_type(lambda x: 0 <= x <= 1, "a probability in [0, 1]")
 
 
 def output_file(text: str) -> str:
@@ -123,6 +123,8 @@ def json_to_merge(text: str) -> str:
             table = json.loads(path.read_text())
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise argparse.ArgumentTypeError(f"{text} is not a JSON file: {error}") from None
+        except OSError as error:  # (unreadable)
+            raise argparse.ArgumentTypeError(f"cannot read {text}: {error.strerror}") from None
         if not isinstance(table, dict):
             raise argparse.ArgumentTypeError(f"{text} holds no JSON object to merge into")
     return text

@@ -35,8 +35,9 @@ def check_bool(value, name: str) -> None:
     """Raise a ``TypeError`` unless ``value`` is a bool (Python's or NumPy's): a flag given
     as a string or a number is refused rather than read by its truth value (``"no"`` is
     true)."""
-    numpy_bool = str(getattr(value, "dtype", "")) == "bool" and getattr(value, "ndim", 1) == 0
-    if not (isinstance(value, bool) or numpy_bool):
+    if isinstance(value, bool):
+        return
+    if str(getattr(value, "dtype", "")) != "bool" or getattr(value, "ndim", 1) != 0:
         raise TypeError(f"{name} must be a bool, got {value!r}")
 
 

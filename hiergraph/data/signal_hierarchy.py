@@ -100,7 +100,7 @@ class SignalHierarchy(Data):
 
         It is the structural plan all attention ops share (level layout,
         families, their dense blocks); it is computed once and reused across layers
-        and heads. The cache is invalidated if ``parent`` or ``slot`` is
+        and heads. The cache is invalidated if ``parent``, ``slot`` or ``is_leaf`` is
         modified in place or replaced.
 
         Building the plan first checks the structure with
@@ -129,7 +129,8 @@ class SignalHierarchy(Data):
     def causal_plan(self) -> CausalPlan:
         """The :class:`~hiergraph.plan.CausalPlan` of this hierarchy, the structure of strictly
         causal HSA and of the hierarchical KV cache: a view of :meth:`tree_index`, built on
-        first use and cached with it (so rebuilt only when ``parent`` or ``slot`` changes)."""
+        first use and cached with it (so rebuilt only when ``parent``, ``slot`` or ``is_leaf``
+        changes)."""
         return self.tree_index().causal_plan
 
     def _validate(self) -> None:

@@ -35,6 +35,7 @@ import tarfile
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -533,7 +534,7 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
     def num_classes(self) -> int:
         return len(self.classes)
 
-    @property
+    @cached_property
     def vocab_size(self) -> int | None:
         """Token ids lie in ``[0, vocab_size)``, the rows of an ``nn.Embedding`` over them:
         the ``"simple"`` tokenizer's words plus padding (0) and unknown (1), or the MiniLM

@@ -190,7 +190,8 @@ class GraphHSAConv(nn.Module):
             edge_index (torch.Tensor): ``[2, E]`` graph edges (for the local conv).
             hierarchy (SignalHierarchy or Batch): a
                 :class:`~hiergraph.data.SignalHierarchy` (or a batch) whose leaves
-                are the ``N`` nodes in order.
+                are the ``N`` nodes in order, or the graph (batch) itself, with its
+                community tree (:class:`~hiergraph.transforms.GraphHierarchy`).
             pos_emb (torch.Tensor, optional): ``[T, pos_channels]`` position
                 embeddings of all tree nodes. (default: :obj:`None`)
             **kwargs (optional): passed to the local conv (e.g. ``edge_weight``).
@@ -357,7 +358,7 @@ class GraphHSANet(nn.Module):
                 PyG's ``Linear``-based convs do).
             edge_index (torch.Tensor): ``[2, E]`` graph edges.
             hierarchy (SignalHierarchy or Batch): the community tree whose leaves
-                are the ``N`` nodes in order.
+                are the ``N`` nodes in order, or the graph (batch) that holds it.
 
         Returns:
             ``[N, out_channels]`` logits.

@@ -180,7 +180,8 @@ class HierarchicalSelfAttention(nn.Module):
         r"""
         Args:
             x: ``[L, in_channels]`` leaf features in leaf order.
-            hierarchy: a :class:`~hiergraph.data.SignalHierarchy` or a batch.
+            hierarchy: a :class:`~hiergraph.data.SignalHierarchy` or a batch, or a graph
+                with its community tree (:func:`~hiergraph.data.signal_hierarchy.as_hierarchy`).
             pos_emb: ``[N, pos_channels]`` position embeddings of all nodes,
                 e.g. from :class:`~hiergraph.nn.FamilyPositionEncoder`.
             leaf_mask: ``[L]`` bool, ``False`` for padding leaves (their features may
@@ -188,7 +189,8 @@ class HierarchicalSelfAttention(nn.Module):
             return_attention_weights: also return :math:`\hat\Theta` ``[H, L, L]``
                 (dense; only for ``L <= 4096``): the op's output for one-hot values,
                 :math:`\hat\Theta^h_{ij} = \mathrm{HSA}(Q, K, I)^h_{ij}`, exact and
-                differentiable.
+                differentiable (a pass with ``L`` value channels: its node statistics
+                hold about ``H * N * L`` numbers).
 
         Returns:
             ``[L, out_channels]`` (and the attention matrix if asked).
@@ -246,7 +248,7 @@ class HierarchicalSelfAttention(nn.Module):
         # the op's output for one-hot values is its matrix: row i of head h is out[i, h]
         one_hot = torch.eye(x.size(0), dtype=q.dtype, device=q.device)[:, None]
         theta = self._attend(q, k, one_hot.expand(-1, self.heads, -1), hierarchy, index, options)
-        return out, theta.transpose(0, 1)
+        return out, theta.transpose(0, 1).contiguous()
 
     def _attend(self, q, k, v, hierarchy, index, options) -> Tensor:
         """The HSA op of this layer (strictly causal, leaky causal or not) on ``[L, H, ·]``

@@ -360,7 +360,7 @@ def umbral_lca_height(
     Raises:
         ValueError: unless ``r`` is a finite number > 0 for which the slope
             :math:`1 / (2 \sinh r)` is finite in the dtype the heights are computed in
-            (float32: ``r`` from about 3e-39 on), where :math:`D = 0` would give NaN.
+            (float32: ``r`` from about 1.5e-39 on), where :math:`D = 0` would give NaN.
     """
     check_positive(r, "r")
     # 1 / (2 sinh r) = e^-r / (1 - e^-2r): no overflow for a large radius
@@ -369,7 +369,7 @@ def umbral_lca_height(
     if not slope <= torch.finfo(dtype).max:
         raise ValueError(
             f"r = {float(r):g} is too small for {dtype}: 1 / (2 sinh r) overflows and "
-            f"self-pairs (D = 0) would be NaN; use r >= {1 / torch.finfo(dtype).max:.3g} "
+            f"self-pairs (D = 0) would be NaN; use r >= {1 / (2 * torch.finfo(dtype).max):.3g} "
             f"(or wider inputs)"
         )
     height_fn = partial(_umbral_h, slope=slope)

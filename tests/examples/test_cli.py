@@ -188,9 +188,9 @@ def test_bounded_ints_and_positive_budgets(cli):
     for text in ("-1e-9", "nan", "inf"):
         with pytest.raises(argparse.ArgumentTypeError, match="must be a finite number >= 0"):
             cli.not_below(0)(text)
-    assert cli.PROBABILITY("0") == 0.0 and cli.PROBABILITY("0.5") == 0.5
-    for text in ("1", "-0.1", "nan"):
-        with pytest.raises(argparse.ArgumentTypeError, match=r"must be a probability in \[0, 1\)"):
+    assert cli.PROBABILITY("0") == 0.0 and cli.PROBABILITY("1") == 1.0
+    for text in ("1.5", "-0.1", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"must be a probability in \[0, 1\]"):
             cli.PROBABILITY(text)
     assert cli.NUMPY_SEED("0") == 0
     with pytest.raises(argparse.ArgumentTypeError):
@@ -327,7 +327,7 @@ REFUSED = [
         "multimodal_classification", "node_classification", "cora_cone_gat", "ppi_cone_gat",
         "masked_attention")),
     ("document_classification", "--weight-decay -0.1", "--weight-decay: must be a finite"),
-    ("multimodal_classification", "--dropout 1", "--dropout: must be a probability in [0, 1)"),
+    ("multimodal_classification", "--dropout 1.5", "--dropout: must be a probability in [0, 1]"),
     ("node_classification", "--hsa-dropout nan", "--hsa-dropout: must be a probability"),
     ("cora_cone_gat", "--feature-dropout 1.5", "--feature-dropout: must be a probability"),
 ]  # fmt: skip

@@ -19,6 +19,8 @@ discrete step: no gradient flows through it.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import Tensor
 
@@ -59,7 +61,7 @@ def root_scores(
             f"q and k must be [L, H, d] with the same shape, got {tuple(q.shape)} and "
             f"{tuple(k.shape)}"
         )
-    _check_tree(tree, q.size(0), q.device)
+    tree = _checked_tree(tree, q.size(0), q.device)
     scale = q.size(-1) ** -0.5 if scale is None else scale
     dtype = accumulation_dtype(q.dtype)
     q, k = q.to(dtype), k.to(dtype)
@@ -86,7 +88,7 @@ def top_per_tree(scores: Tensor, tree: Tensor | int, hubs: int) -> Tensor:
     index; ``hubs`` was formerly ``g``); ``tree`` as in :func:`root_scores` (a count of
     equal trees: one sort per tree's row)."""
     check_int(hubs, "hubs", minimum=0)
-    _check_tree(tree, scores.size(0), scores.device)
+    tree = _checked_tree(tree, scores.size(0), scores.device)
     if isinstance(tree, int):
         rows = scores.view(tree, -1)
         best = torch.sort(rows, dim=1, descending=True, stable=True).indices[:, :hubs]
@@ -96,17 +98,19 @@ def top_per_tree(scores: Tensor, tree: Tensor | int, hubs: int) -> Tensor:
     return chosen & torch.isfinite(scores)
 
 
-def _check_tree(tree: Tensor | int, num_leaves: int, device: torch.device) -> None:
-    """Raise unless ``tree`` is a count of equal trees that divides the ``num_leaves`` leaves
-    or a ``[num_leaves]`` integer tensor of tree ids on ``device`` (the ids themselves are
-    not read: no host synchronisation)."""
+def _checked_tree(tree: Tensor | int, num_leaves: int, device: torch.device) -> Tensor | int:
+    """``tree`` (a count of equal trees as a Python int, e.g. from a NumPy one), refused
+    unless it is a count that divides the ``num_leaves`` leaves or a ``[num_leaves]``
+    integer tensor of tree ids on ``device`` (the ids themselves are not read: no host
+    synchronisation)."""
     if isinstance(tree, Tensor):
         if not holds_integers(tree) or tree.shape != (num_leaves,) or tree.device != device:
             raise ValueError(
                 f"tree must be a [{num_leaves}] integer tensor of tree ids on {device}, got "
                 f"{tree.dtype} {tuple(tree.shape)} on {tree.device}"
             )
-        return
+        return tree
     check_int(tree, "tree (a count of equal trees)")
     if num_leaves % tree:
         raise ValueError(f"tree={tree} equal trees cannot share {num_leaves} leaves equally")
+    return operator.index(tree)

@@ -34,22 +34,25 @@ def check_inputs(q, k, v, index, pos_emb, leaf_mask) -> Tensor | None:
     check_qkv(q, k, v, index.num_leaves)
     check_structure_device(index.device, q)
     pos = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
-    if leaf_mask is not None and (
-        not isinstance(leaf_mask, Tensor)
-        or leaf_mask.dtype != torch.bool
-        or leaf_mask.shape != (index.num_leaves,)
-    ):
+    if leaf_mask is not None:
+        check_leaf_flags(leaf_mask, "leaf_mask", "valid leaf", index.num_leaves, q)
+    return pos
+
+
+def check_leaf_flags(flags, name: str, meaning: str, num_leaves: int, q: Tensor) -> None:
+    """Raise unless ``flags`` is a ``[num_leaves]`` bool tensor on ``q``'s device (a
+    ``leaf_mask``, the hubs: ``True`` = ``meaning``)."""
+    if not isinstance(flags, Tensor) or flags.dtype != torch.bool or flags.shape != (num_leaves,):
         got = (
-            f"{leaf_mask.dtype} {tuple(leaf_mask.shape)}"
-            if isinstance(leaf_mask, Tensor)
-            else type(leaf_mask).__name__
+            f"{flags.dtype} {tuple(flags.shape)}"
+            if isinstance(flags, Tensor)
+            else type(flags).__name__
         )
         raise ValueError(
-            f"leaf_mask must be a [{index.num_leaves}] bool tensor (True = valid leaf), got {got}"
+            f"{name} must be a [{num_leaves}] bool tensor (True = {meaning}), got {got}"
         )
-    if leaf_mask is not None and leaf_mask.device != q.device:
-        raise ValueError(f"leaf_mask is on {leaf_mask.device} but q is on {q.device}")
-    return pos
+    if flags.device != q.device:
+        raise ValueError(f"{name} is on {flags.device} but q is on {q.device}")
 
 
 def check_structure_device(device: torch.device, q: Tensor) -> None:

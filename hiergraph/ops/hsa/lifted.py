@@ -42,7 +42,7 @@ from torch import Tensor
 from hiergraph._precision import accumulation_dtype, widened
 from hiergraph.ops.hsa.attention import general_attention
 from hiergraph.ops.hsa.family import family_gram, fill_diagonal
-from hiergraph.ops.hsa.inputs import check_inputs, logit_scale
+from hiergraph.ops.hsa.inputs import check_inputs, check_leaf_flags, logit_scale
 from hiergraph.ops.hsa.padded import on_slots, slot_mask
 from hiergraph.ops.hsa.uniform import (
     fits,
@@ -113,19 +113,7 @@ def lifted_attention(
         ``[L, H, d_v]``, zero at masked leaves.
     """
     pos = check_inputs(q, k, v, index, pos_emb, leaf_mask)
-    if (
-        not isinstance(lifted, Tensor)
-        or lifted.dtype != torch.bool
-        or lifted.shape != (index.num_leaves,)
-    ):
-        got = (
-            f"{lifted.dtype} {tuple(lifted.shape)}"
-            if isinstance(lifted, Tensor)
-            else type(lifted).__name__
-        )
-        raise ValueError(
-            f"lifted must be a [{index.num_leaves}] bool tensor (True = hub), got {got}"
-        )
+    check_leaf_flags(lifted, "lifted", "hub", index.num_leaves, q)
     options = dict(include_self=include_self, tau=logit_scale(scale, q), size_bias=size_bias)
     shape = _as_views(index, q) if kernel == "dense" else None
     if shape is None:  # the general path: bf16/fp16 in float32, as hierarchical_attention's

@@ -105,3 +105,12 @@ def test_hub_counts_and_key_shapes_are_checked():
         top_per_tree(torch.randn(10), 2, -1)
     with pytest.raises(ValueError, match=r"q and k must be \[L, H, d\] with the same shape"):
         root_scores(torch.randn(10, 2, 4), torch.randn(10, 1, 4), 2)
+
+
+def test_a_numpy_count_of_trees_is_a_count():
+    """(It passed the check and then was taken for a tensor of tree ids.)"""
+    np = pytest.importorskip("numpy")
+    q = torch.randn(10, 2, 4)
+    torch.testing.assert_close(root_scores(q, q, np.int64(2)), root_scores(q, q, 2))
+    scores = torch.randn(10)
+    assert torch.equal(top_per_tree(scores, np.int64(2), 1), top_per_tree(scores, 2, 1))
