@@ -11,11 +11,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph.data.signal_hierarchy import as_hierarchy
+
 
 class _Tree:
     """Children lists (in slot order), leaf sets and paths of a forest."""
 
     def __init__(self, hierarchy, leaf_mask: Tensor | None):
+        hierarchy = as_hierarchy(hierarchy)  # (node arrays: a TreeIndex has none)
         parent = hierarchy.parent.tolist()
         slot = hierarchy.slot.tolist()
         is_leaf = hierarchy.is_leaf.tolist()
@@ -73,31 +76,25 @@ def _head_stats(tree, q, k, eps, tau, include_self, leaky_causal, size_bias=True
                 logits[b] = s
             sib_logits[c] = logits
 
-    a = {}
-
-    def energy(node):  # a(node) = -phi(node), memoised in ``a``
-        if node not in a:
-            a[node] = _energy(node)
-        return a[node]
-
-    def _energy(node):
+    a = {}  # a(node) = -phi(node), children before their parents (no recursion: deep trees)
+    for node in sorted(range(len(n)), key=lambda node: -len(tree.path(node))):
+        if n[node] == 0:
+            continue
         if node in tree.leaf_of_node:
             i = tree.leaf_of_node[node]
             if not include_self:
-                return torch.tensor(float("-inf"), dtype=q.dtype)
+                a[node] = torch.tensor(float("-inf"), dtype=q.dtype)
+                continue
             e = tau * q[i] @ k[i]
-            return e + eps[node] @ eps[node] if eps is not None else e
+            a[node] = e + eps[node] @ eps[node] if eps is not None else e
+            continue
         total = torch.zeros((), dtype=q.dtype)
         for c in tree.children[node]:
             if n[c] == 0:
                 continue
-            terms = [energy(c), *sib_logits[c].values()]
+            terms = [a[c], *sib_logits[c].values()]
             total = total + n[c] / n[node] * torch.logsumexp(torch.stack(terms), 0)
-        return total
-
-    for node in range(len(n)):
-        if n[node] > 0:
-            energy(node)
+        a[node] = total
     return n, sib_logits, a
 
 

@@ -825,3 +825,17 @@ def test_float16_leaf_counts_above_65504_stay_finite():
     out = hierarchical_attention(q.half(), k.half(), v.half(), h)
     assert torch.isfinite(out).all()
     assert (out.float() - ref).abs().max() < 0.02 * ref.abs().max()
+
+
+def test_the_dense_reference_takes_deep_trees_and_names_what_it_cannot_read():
+    """Energies bottom-up, not by recursion (past Python's recursion limit, about 1,000
+    levels, it raised RecursionError); a tree index has no node arrays to read."""
+    parent = torch.cat([torch.arange(1, 1201), torch.tensor([5])])
+    parent[1199] = -1  # a chain of 1,200 nodes over leaf 0, and a second leaf under node 5
+    h = SignalHierarchy.from_parent(parent)
+    q = torch.randn(2, 1, 3, dtype=torch.float64)
+    theta = hierarchical_attention_matrix(q, q, h, include_self=True)
+    out = hierarchical_attention(q, q, q, h, include_self=True)
+    torch.testing.assert_close(torch.einsum("hij,jhc->ihc", theta, q), out, rtol=0, atol=1e-12)
+    with pytest.raises(TypeError, match="hierarchy must be a SignalHierarchy.*got TreeIndex"):
+        hierarchical_attention_matrix(q, q, h.tree_index())
