@@ -50,6 +50,7 @@ fuses it itself).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -72,6 +73,30 @@ MAX_ELEMENTS = 1 << 22
 #: 3.4–11 ms eager, 0.5–1.4 ms replayed as a CUDA graph), and the fused op dispatches about
 #: half as many operations as the recorded one (``benchmarks/dispatch_count.py``).
 MAX_ELEMENTS_ACCELERATOR = 1 << 25
+
+
+@dataclass
+class _Level:
+    """What the bottom-up pass keeps of a level, for the top-down pass and the backward:
+    the families' rows ``q, k, v`` (``[H F, b, ·]``; node-major leaves ``[F, b, H, ·]``)
+    and position embeddings ``eps``, the sibling softmax ``p`` and its log-normaliser
+    ``lse``, the nodes' energies ``energy`` (``None`` without one), what the products divide
+    by (``divisor``: an int ``n``, or per key :math:`1/n` on a masked level) and its
+    per-logit ``outer`` product (masked levels); the top-down pass adds the gates ``mu``,
+    the weights ``w`` and the leaves' own weights ``own``."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    eps: Tensor | None
+    p: Tensor
+    lse: Tensor
+    energy: Tensor | None
+    divisor: Tensor | int
+    outer: Tensor | None
+    mu: Tensor | None = None
+    w: Tensor | None = None
+    own: Tensor | None = None
 
 
 def max_elements(device: torch.device) -> int:
@@ -202,7 +227,7 @@ def _forward(
         else:
             bias = size_bias and d < depth - 1  # a leaf counts 1: log n(B) = 0
             lse, p = _masked_family_softmax(logits, diagonal, n, heads, bias)
-        levels[d] = [qf, kf, vf, e, p, lse, energy, divisor, outer]
+        levels[d] = _Level(qf, kf, vf, e, p, lse, energy, divisor, outer)
         if d or above is not None:  # the parents' energies and rows (sums)
             share = None if shares is None else shares[d]
             energy = _parent_energy(energy, lse, share, heads, include_self)
@@ -217,7 +242,7 @@ def _forward(
         u, acc = u.reshape(-1, 1), acc.reshape(-1, acc.size(-1))
     for d in range(depth):  # top-down
         level = levels[d]
-        p, lse, a, n = level[4:8]
+        p, lse, a, n = level.p, level.lse, level.energy, level.divisor
         down = u  # log mass into the family's weights, [H F, 1] or None (0)
         mu = None
         if a is not None:
@@ -232,14 +257,14 @@ def _forward(
         if d == depth - 1 and include_self:
             own = torch.exp(u)  # a leaf's own weight e^u on the diagonal of its new w
             w.diagonal(dim1=-2, dim2=-1).copy_(own)
-        level += [mu, w, own]
+        level.mu, level.w, level.own = mu, w, own
         if node_major and d + 1 == depth:  # the output, in the leaves' node-major memory
             base = None if acc is None else acc.view(heads, -1, 1, acc.size(-1))
-            out = _head_products(w.view(heads, -1, *w.shape[1:]), level[2], base)
+            out = _head_products(w.view(heads, -1, *w.shape[1:]), level.v, base)
             return out.flatten(0, 1), levels
         if isinstance(n, Tensor):  # a masked level's 1 / n, per key
             w, n = _per_node(w, n, heads), 1
-        acc = _product(w, level[2], None if acc is None else acc.unsqueeze(1), 1 / n)
+        acc = _product(w, level.v, None if acc is None else acc.unsqueeze(1), 1 / n)
         if d + 1 < depth:
             acc = acc.view(-1, acc.size(-1))  # the next level's families' rows
             u = None if u is None else u.reshape(-1, 1)
@@ -346,14 +371,14 @@ def _backward(grad, levels, fanout, tau, num_eps, node_major, shares=None):
     du, sweep = None, [None] * depth  # du: gradient of the log mass u of the level's nodes
     for d in range(depth - 1, -1, -1):  # leaves to roots: accumulator and log mass
         level = levels[d]
-        n, w, own = level[7], level[10], level[11]
+        n, w, own = level.divisor, level.w, level.own
         tokens = node_major and d == depth - 1
         if tokens:
-            dw = token_layout.head_gram(g, level[2]).view(-1, *w.shape[1:])
+            dw = token_layout.head_gram(g, level.v).view(-1, *w.shape[1:])
         elif isinstance(n, Tensor):  # the products' 1 / n per key
-            dw = _per_node(family.family_gram(g, level[2]), n, heads)
+            dw = _per_node(family.family_gram(g, level.v), n, heads)
         else:
-            dw = family.family_gram(g, level[2], 1 / n)
+            dw = family.family_gram(g, level.v, 1 / n)
         dw_w = dw.mul_(w)
         d_down = dw_w.sum(-1)  # with the leaves' own weights: d delta + du
         if own is not None:
@@ -367,7 +392,9 @@ def _backward(grad, levels, fanout, tau, num_eps, node_major, shares=None):
             g = g.view(-1, fanout[d - 1], g.size(-1))
     da_parent, pooled, eps_grads = None, [None] * 3, []
     for d in range(depth):  # roots to leaves: energies, softmax, rows
-        qf, kf, _, e, p, _, a, n, outer, mu, w, own = levels[d]
+        level = levels[d]
+        qf, kf, e, p, a, n = level.q, level.k, level.eps, level.p, level.energy, level.divisor
+        outer, mu, w, own = level.outer, level.mu, level.w, level.own
         g, ds, du, d_down = sweep[d]
         b = fanout[d]
         # the parent's energy gradient G: each child's share is g = G n(C) / n(A) (G / b
