@@ -130,6 +130,12 @@ def family_attention_dense(
     )
 
 
+#: Tensors :class:`_DenseFamilyAttention` saves per block, in order: the block's ``q, k,
+#: v``, its softmax ``P`` (``None`` when recomputed), its position embeddings and its
+#: members' leaf counts (``None`` on a level of leaves).
+SAVED_PER_BLOCK = 6
+
+
 class _DenseFamilyAttention(AutogradFunction):
     r"""Masked softmax attention per block (wide blocks on the CPU in PyTorch's fused
     attention kernel, :data:`WIDE_BLOCK`), with the backward of flash-attention style:
@@ -198,7 +204,7 @@ class _DenseFamilyAttention(AutogradFunction):
     @staticmethod
     def backward(ctx, grad_lse, grad_theta, *grad_sums):
         level = ctx.level
-        tensors, end = ctx.saved_tensors, 6 * len(level.blocks)
+        tensors, end = ctx.saved_tensors, SAVED_PER_BLOCK * len(level.blocks)
         saved, count, inputs = tensors[:end], tensors[end], tensors[end + 1 :]  # see forward
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
             options = (count, level, ctx.tau, ctx.left_only, ctx.num_parents, ctx.size_bias)
@@ -219,7 +225,7 @@ class _DenseFamilyAttention(AutogradFunction):
         ]
         blocks = zip(level.blocks, ctx.chunks, ctx.wide, strict=True)
         for i, (block, chunks, wide) in enumerate(blocks):
-            *kept, weight = saved[6 * i : 6 * i + 6]
+            *kept, weight = saved[SAVED_PER_BLOCK * i : SAVED_PER_BLOCK * (i + 1)]
             # d(parent sum) reaches every member, times its count
             sum_grads = [
                 _weigh(g.index_select(0, block.parents).unsqueeze(2), weight) for g in grad_sums
