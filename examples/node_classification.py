@@ -465,9 +465,13 @@ def _resumed_runs(args) -> list[dict]:
     if not args.resume_from:
         return []
     key = args.name or _row_name(args)
-    row = json.loads(Path(args.resume_from).read_text()).get(key)
-    if row is None:
-        raise OptionError(f"--resume-from {args.resume_from} has no row {key!r}")
+    try:
+        table = json.loads(Path(args.resume_from).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise OptionError(f"--resume-from {args.resume_from}: unreadable ({error})") from None
+    row = table.get(key) if isinstance(table, dict) else None
+    if not isinstance(row, dict) or not {"args", "runs"} <= row.keys():
+        raise OptionError(f"--resume-from {args.resume_from} has no row {key!r} of results")
     mine = {k: v for k, v in vars(args).items() if k not in _NOT_SETTINGS}
     theirs = {k: row["args"][k] for k in mine if k in row["args"]}
     differ = sorted(k for k in theirs if theirs[k] != mine[k])

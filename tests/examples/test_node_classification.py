@@ -109,6 +109,13 @@ def test_resume_from_reuses_finished_seeds_with_the_same_settings(nc, tmp_path):
     assert out["runs"][0]["resumed_from"] == str(first) and "resumed_from" not in out["runs"][1]
     with pytest.raises(ValueError, match="other settings.*epochs"):
         nc.main([*common[:-4], "--epochs", "3", "--name", "row", "--resume-from", str(first)])
+    # files that hold no results end in one line (a JSONDecodeError or TypeError before)
+    for text, match in (("not json", "unreadable"), ("[1, 2]", "has no row 'row' of results"),
+                        ('{"row": 1}', "has no row 'row' of results")):  # fmt: skip
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(nc.OptionError, match=match):
+            nc.main([*common, "--seeds", "0", "--resume-from", str(bad)])
 
 
 def test_paper_budget_runs_ten_seeds_and_explicit_options_win(nc, tmp_path):
