@@ -232,7 +232,8 @@ def train_rank(args, ctx) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     start_epoch, step = 0, 0
     if args.resume:
-        state = load_checkpoint(args.checkpoint, model, optimizer, map_location=ctx.device)
+        with from_options():  # a checkpoint of other settings, or no checkpoint at all
+            state = load_checkpoint(args.checkpoint, model, optimizer, map_location=ctx.device)
         start_epoch, step = state["epoch"] + 1, state["step"]
         if start_epoch > args.epochs:
             raise OptionError(

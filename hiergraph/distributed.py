@@ -191,8 +191,9 @@ def load_checkpoint(
     Raises:
         FileNotFoundError: no file at ``path``.
         ValueError: the file holds anything other than plain data (e.g. a
-            pickled object), is not a checkpoint of :func:`save_checkpoint`,
-            or holds no optimizer state while ``optimizer`` is given.
+            pickled object), is not a checkpoint of :func:`save_checkpoint`, holds the
+            weights of another model (other sizes or layers), or holds no optimizer state
+            while ``optimizer`` is given.
     """
     path = Path(path)
     if not path.is_file():
@@ -210,7 +211,10 @@ def load_checkpoint(
         ) from err
     if not isinstance(payload, dict) or "model" not in payload:
         raise ValueError(f"{path} is not a checkpoint of save_checkpoint (no 'model' entry)")
-    unwrap(model).load_state_dict(payload.pop("model"))
+    try:
+        unwrap(model).load_state_dict(payload.pop("model"))
+    except RuntimeError as err:  # torch's size mismatches and missing or unexpected keys
+        raise ValueError(f"{path} holds the weights of another model: {err}") from err
     optim_state = payload.pop("optimizer", None)
     if optimizer is not None:
         if optim_state is None:

@@ -153,6 +153,9 @@ def test_checkpoint_round_trip(tmp_path):
     save_checkpoint(path, model)
     with pytest.raises(ValueError, match="no optimizer state"):
         load_checkpoint(path, other, other_opt)
+    for wrong in (nn.Linear(4, 2), nn.Sequential(nn.Linear(3, 2))):  # sizes, layers
+        with pytest.raises(ValueError, match="holds the weights of another model"):
+            load_checkpoint(path, wrong)  # (torch's RuntimeError before)
 
 
 def test_unwrap():

@@ -37,3 +37,7 @@ def test_resuming_a_finished_checkpoint_says_so(load_example, tmp_path, capsys):
     assert shown.out == "" and "has trained all --epochs 2 epochs: nothing to train" in shown.err
     with pytest.raises(ddp.OptionError, match="has trained 2 epochs, more than --epochs 1"):
         ddp.train(ddp.parse_args([*TINY, *checkpoint, "--epochs", "1", "--resume"]))
+    wider = [*TINY]  # another model: a checkpoint of it ends in one line, not a traceback
+    wider[wider.index("--hidden") + 1] = "16"
+    with pytest.raises(ddp.OptionError, match="holds the weights of another model"):
+        ddp.train(ddp.parse_args([*wider, *checkpoint, "--epochs", "3", "--resume"]))
