@@ -456,14 +456,13 @@ def _fanout(num_children: Tensor) -> int | None:
 
 def _pairs(family_start: Tensor, family_size: Tensor) -> Tensor:
     """All ordered pairs of distinct members of every family, grouped by query."""
-    device = family_start.device
     member_size = family_size.repeat_interleave(family_size)
     member_start = family_start.repeat_interleave(family_size)
     member_pos = member_start + ramp(family_size)
     query = member_pos.repeat_interleave(member_size)
     key = member_start.repeat_interleave(member_size) + ramp(member_size)
     keep = query != key
-    return torch.stack([query[keep], key[keep]]).to(device)
+    return torch.stack([query[keep], key[keep]])
 
 
 def _gather_slots(blocks: list[FamilyBlock], size: int) -> dict:
