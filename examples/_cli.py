@@ -130,6 +130,16 @@ def json_to_merge(text: str) -> str:
     return text
 
 
+#: The encoder sizes the document and record classifiers share, named as their options and
+#: keyword arguments (:func:`options_named`).
+ENCODER_OPTIONS = ("hidden", "heads", "pos_channels", "mlp", "layers", "dropout")
+
+
+def options_named(args: argparse.Namespace, names: Iterable[str]) -> dict:
+    """``{name: args.<name>}`` for ``names``: options passed on under their own names."""
+    return {name: getattr(args, name) for name in names}
+
+
 def add_threads_option(parser: argparse.ArgumentParser, help: str = IDLE_CORES) -> None:
     """``--threads N``: torch's CPU threads, ``None`` when not given (see :func:`set_threads`;
     0 also takes the default)."""

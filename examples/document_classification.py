@@ -65,6 +65,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from _cli import (
+    ENCODER_OPTIONS,
     LEARNING_RATE,
     NUMPY_SEED,
     PROBABILITY,
@@ -75,6 +76,7 @@ from _cli import (
     from_options,
     get_device,
     not_below,
+    options_named,
     output_file,
     run,
     set_threads,
@@ -253,13 +255,8 @@ def build_model(args, train) -> DocumentClassifier:
             train.num_classes,
             args.model,
             proj=args.proj,
-            hidden=args.hidden,
-            heads=args.heads,
-            pos_channels=args.pos_channels,
-            mlp=args.mlp,
-            layers=args.layers,
-            dropout=args.dropout,
             hubs=args.hubs,
+            **options_named(args, ENCODER_OPTIONS),
         )
 
 

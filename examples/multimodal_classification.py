@@ -63,6 +63,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from _cli import (
+    ENCODER_OPTIONS,
     LEARNING_RATE,
     NUMPY_SEED,
     PROBABILITY,
@@ -72,6 +73,7 @@ from _cli import (
     from_options,
     get_device,
     not_below,
+    options_named,
     output_file,
     run,
     set_threads,
@@ -280,15 +282,10 @@ def train(
             schema.num_node_types,
             num_classes,
             attention,
-            hidden=args.hidden,
-            heads=args.heads,
-            pos_channels=args.pos_channels,
-            mlp=args.mlp,
-            layers=args.layers,
-            dropout=args.dropout,
             readout=args.readout,
             stem=make_stem(args, schema, data["pixel_stats"]),
             hubs=args.hubs if attention == "hsa" else 0,
+            **options_named(args, ENCODER_OPTIONS),
         ).to(device)
     loader = DataLoader(data["train"], batch_size=args.batch_size, shuffle=True)
     val_loader = DataLoader(data["val"], batch_size=256)

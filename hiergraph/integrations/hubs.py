@@ -29,10 +29,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from hiergraph._checks import as_int
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 from hiergraph.data.windows import window_forest, window_hierarchy
+from hiergraph.integrations.padded_attention import nonempty_lengths
 
 
 def hub_scores(q: Tensor, k: Tensor, token_mask: Tensor, scale: float | None = None) -> Tensor:
@@ -138,7 +138,7 @@ def hub_window_hierarchies(
         lifted (torch.Tensor): ``[sum(lengths)]`` bool, ``True`` = hub, as
             :func:`select_hubs` returns them.
     """
-    lengths = [n for n in (as_int(n, "lengths") for n in lengths) if n > 0]
+    lengths = nonempty_lengths(lengths)
     if lifted.shape != (sum(lengths),):
         raise ValueError(
             f"lifted must have one entry per valid token ({sum(lengths)}), got "

@@ -128,7 +128,12 @@ def window_hierarchies(lengths: Sequence[int], branching: Sequence[int]) -> Sign
     """One forest of :func:`~hiergraph.data.window_hierarchy` trees, one per non-empty
     example (``lengths`` = valid tokens per example), built in one vectorised step
     (:func:`~hiergraph.data.windows.window_forest`)."""
-    return window_forest([n for n in (as_int(n, "lengths") for n in lengths) if n > 0], branching)
+    return window_forest(nonempty_lengths(lengths), branching)
+
+
+def nonempty_lengths(lengths: Sequence[int]) -> list[int]:
+    """The valid-token counts of the examples that have any, as ints (refusing fractions)."""
+    return [n for n in (as_int(n, "lengths") for n in lengths) if n > 0]
 
 
 def check_padded(q: Tensor, k: Tensor, v: Tensor, token_mask: Tensor) -> None:

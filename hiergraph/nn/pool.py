@@ -22,7 +22,11 @@ if TYPE_CHECKING:
 def leaf_batch(hierarchy: SignalHierarchy | Batch) -> Tensor:
     """``[L]`` tree id of every leaf, in leaf order (the ``batch`` vector of the leaf
     features, for PyG's pooling functions)."""
-    hierarchy = as_hierarchy(hierarchy)
+    return _leaf_batch(as_hierarchy(hierarchy))
+
+
+def _leaf_batch(hierarchy: SignalHierarchy | Batch) -> Tensor:
+    """:func:`leaf_batch` of a hierarchy already resolved by ``as_hierarchy``."""
     return tree_of_nodes(hierarchy).index_select(0, hierarchy.tree_index().leaf_node)
 
 
@@ -51,7 +55,7 @@ def global_leaf_mean_pool(
             ``False`` = padding. (default: :obj:`None`, all valid)
     """
     hierarchy = as_hierarchy(hierarchy)
-    batch = leaf_batch(hierarchy)
+    batch = _leaf_batch(hierarchy)
     _check_leaf_rows(x, batch.numel())
     size = _num_trees(hierarchy)
     dtype = accumulation_dtype(x.dtype)
@@ -83,7 +87,7 @@ def select_leaf(
             count from the end. (default: :obj:`0`)
     """
     hierarchy = as_hierarchy(hierarchy)
-    batch = leaf_batch(hierarchy)
+    batch = _leaf_batch(hierarchy)
     _check_leaf_rows(x, batch.numel())
     num_trees = _num_trees(hierarchy)
     counts = batch.new_zeros(num_trees).index_add_(0, batch, torch.ones_like(batch))
