@@ -12,6 +12,7 @@ from hiergraph._checks import holds_integers
 from hiergraph._versions import guard_holds, version_guard
 from hiergraph.data.domain import Domain
 from hiergraph.plan.causal_plan import CausalPlan
+from hiergraph.plan.depth import node_depth
 from hiergraph.plan.family_order import family_order
 from hiergraph.plan.tree_index import TreeIndex
 from hiergraph.plan.validation import validate_structure
@@ -305,7 +306,7 @@ class SignalHierarchy(Data):
         validate_structure(
             torch.where(parent >= 0, parent, nodes), slot, leaf if is_leaf is None else is_leaf
         )
-        depth = _depths(parent, int(roots[0]))
+        depth = node_depth(torch.where(parent >= 0, parent, nodes))[0]
         if domain is None:
             domain = torch.full((n,), int(Domain.GRID1D), dtype=torch.long, device=parent.device)
         domain = as_long(domain, "domain")
@@ -465,29 +466,6 @@ def as_long(value: Any, name: str, device=None) -> Tensor:
 def _check_len(t: Tensor, n: int, name: str) -> None:
     if t.dim() != 1 or t.numel() != n:
         raise ValueError(f"{name} must have shape [{n}], got {tuple(t.shape)}")
-
-
-def _depths(parent: Tensor, root: int) -> Tensor:
-    """Depth of every node by breadth-first search from the root; raises on cycles."""
-    n = parent.numel()
-    depth = torch.full((n,), -1, dtype=torch.long, device=parent.device)
-    depth[root] = 0
-    frontier = torch.zeros(n, dtype=torch.bool, device=parent.device)
-    frontier[root] = True
-    d = 0
-    valid = parent >= 0
-    while bool(frontier.any()):
-        d += 1
-        nxt = valid & frontier[parent.clamp(min=0)] & (depth < 0)
-        depth[nxt] = d
-        frontier = nxt
-    unreachable = (depth < 0).nonzero().view(-1)
-    if unreachable.numel():
-        raise ValueError(
-            f"the parent vector has a cycle: node(s) {unreachable[:5].tolist()} "
-            "never reach the root"
-        )
-    return depth
 
 
 def _default_slot(parent: Tensor) -> Tensor:

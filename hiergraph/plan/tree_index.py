@@ -12,6 +12,7 @@ from torch import Tensor
 from hiergraph._runs import ramp, run_ptr
 from hiergraph.plan._to_device import moved
 from hiergraph.plan.costs import BLOCK_COST, SLICE_SAVING
+from hiergraph.plan.depth import node_depth
 from hiergraph.plan.family_order import family_order
 from hiergraph.plan.padded_forest import PaddedForest
 from hiergraph.plan.validation import validate_structure
@@ -559,24 +560,27 @@ def _breadth_first(parent: Tensor, slot: Tensor) -> tuple[Tensor, Tensor, list[i
     rank, slot): ``order`` (node at each position), ``rank`` (position of each node) and
     ``level_ptr`` (where each level starts, and the end).
 
+    The nodes are grouped by depth once (:func:`~hiergraph.plan.depth.node_depth`), so a
+    level costs its own nodes, not the ones below it (a chain of depth ``D`` was
+    :math:`O(N D)`).
+
     Raises:
         ValueError: if some nodes never reach a root (a cycle).
     """
-    device, n = parent.device, parent.numel()
-    nodes = torch.arange(n, device=device)
-    is_root = parent == nodes
-    rank = torch.full((n,), -1, dtype=torch.long, device=device)
-    level, remaining, level_ptr = nodes[is_root], nodes[~is_root], [0]
-    while level.numel():
-        rank[level] = torch.arange(level_ptr[-1], level_ptr[-1] + level.numel(), device=device)
-        level_ptr.append(level_ptr[-1] + level.numel())
-        placed = rank[parent[remaining]] >= 0
-        children, remaining = remaining[placed], remaining[~placed]
-        level = children[family_order(rank[parent[children]], slot[children])]
-    if level_ptr[-1] != n:
+    n = parent.numel()
+    depth, reaches = node_depth(parent)
+    if not bool(reaches.all()):
         raise ValueError("parent does not describe a forest: some nodes never reach a root")
-    order = torch.empty_like(rank)
-    order[rank] = nodes
+    by_depth = depth.argsort(stable=True)  # node order within a level, as family_order keeps
+    level_ptr = [0, *torch.bincount(depth).cumsum(0).tolist()] if n else [0]
+    rank = torch.empty_like(parent)
+    order = by_depth.clone()
+    for lo, hi in zip(level_ptr[:-1], level_ptr[1:], strict=True):
+        level = by_depth[lo:hi]
+        if lo:  # below the roots: by parent's rank (set on the level above), then slot
+            level = level.index_select(0, family_order(rank[parent[level]], slot[level]))
+            order[lo:hi] = level
+        rank[level] = torch.arange(lo, hi, device=parent.device)
     return order, rank, level_ptr
 
 
@@ -606,15 +610,18 @@ def _levels(
     num_children = torch.bincount(parent_pos[level_ptr[1] if n else 0 :], minlength=n)
     count = (leaf_id_at >= 0).long()
     for d in range(depths - 1, 0, -1):  # leaves below every node, deepest level first
-        lo, hi = level_ptr[d], level_ptr[d + 1]
-        below = torch.bincount(parent_pos[lo:hi], weights=count[lo:hi].double(), minlength=n)
-        count = count + below.long()
+        lo, hi, up = level_ptr[d], level_ptr[d + 1], level_ptr[d - 1]
+        below = torch.bincount(
+            parent_pos[lo:hi] - up, weights=count[lo:hi].double(), minlength=lo - up
+        )
+        count[up:lo] += below.long()  # (the level above: a level's cost is its own size)
+    family_ptr = torch.searchsorted(family_start, family_start.new_tensor(level_ptr)).tolist()
     levels = []
     for d in range(depths):
         lo, hi = level_ptr[d], level_ptr[d + 1]
         pl = parent_pos[lo:hi] - level_ptr[d - 1] if d else parent_pos.new_empty(0)
-        in_level = (family_start >= lo) & (family_start < hi)
-        f_start, f_size = family_start[in_level] - lo, family_size[in_level]
+        families = slice(family_ptr[d], family_ptr[d + 1])
+        f_start, f_size = family_start[families] - lo, family_size[families]
         ids = leaf_id_at[lo:hi]
         local = (ids >= 0).nonzero().view(-1)
         blocks = _make_blocks(f_start, f_size, pl)

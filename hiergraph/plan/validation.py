@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from hiergraph._checks import holds_integers
+from hiergraph.plan.depth import node_depth
 from hiergraph.plan.family_order import family_order
 
 #: How many parent links of a cycle an error message spells out.
@@ -80,12 +79,7 @@ def validate_structure(
         )
 
     is_root = parent == nodes
-    ancestor = parent
-    for _ in range(max(math.ceil(math.log2(n)), 0) + 1):  # pointer doubling: parent^(2^k)
-        if bool(is_root[ancestor].all()):
-            break
-        ancestor = ancestor[ancestor]
-    stuck = ~is_root[ancestor]
+    stuck = ~node_depth(parent)[1]
     if bool(stuck.any()):
         node = _first(stuck)
         raise ValueError(
