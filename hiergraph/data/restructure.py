@@ -14,23 +14,25 @@ from hiergraph.data.signal_hierarchy import SignalHierarchy
 
 def tree_of_nodes(hierarchy) -> Tensor:
     """``[N]`` tree id of every node, the trees numbered in leaf order (tree ``t`` holds the
-    first leaf that no tree before it holds): a PyG batch's own ``batch`` where it numbers
-    the trees (:func:`batch_numbers_trees`), otherwise from the (cached) tree index: forests
-    built by this package (:func:`~hiergraph.data.window_forest`), forests assembled without
-    ``batch`` (e.g. :meth:`~hiergraph.transforms.HierarchicalGraph.hierarchy` of a PyG
-    batch), and PyG batches of forests, whose ``batch`` numbers the forests.
+    first leaf that no tree before it holds), from the (cached) tree index: for PyG batches
+    of single trees (equal to their ``batch``), forests built by this package
+    (:func:`~hiergraph.data.window_forest`), forests assembled without ``batch`` (e.g.
+    :meth:`~hiergraph.transforms.HierarchicalGraph.hierarchy` of a PyG batch), and PyG
+    batches of forests, whose ``batch`` numbers the forests.
 
     Raises:
-        ValueError: if a ``batch`` stored on a single hierarchy numbers its nodes otherwise
-            (on an accelerator, a device-side assertion fails instead: no host
-            synchronisation): the ops follow the trees, so pooling by it would mix or split
-            them.
+        ValueError: if a ``batch`` that should number the trees (one stored on a single
+            hierarchy, or a PyG batch's own where it holds one tree per element:
+            :func:`batch_numbers_trees`) numbers the nodes otherwise (on an accelerator, a
+            device-side assertion fails instead: no host synchronisation): the ops follow
+            the trees, so pooling by it would mix or split them.
     """
-    if batch_numbers_trees(hierarchy):
-        return hierarchy.batch
     index = hierarchy.tree_index()
     tree = index.leaf_order_tree  # (cached with the tree index)
-    stored = None if isinstance(hierarchy, Batch) else hierarchy._store.get("batch")
+    if isinstance(hierarchy, Batch):
+        stored = hierarchy.batch if batch_numbers_trees(hierarchy) else None
+    else:
+        stored = hierarchy._store.get("batch")
     if stored is not None:
         message = (
             f"hierarchy.batch must number its {index.level_ptr[1]} trees in leaf order (0 for "

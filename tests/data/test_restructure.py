@@ -126,3 +126,20 @@ def test_a_stored_batch_must_number_the_trees():
         global_leaf_mean_pool(x, forest)
     del forest.batch
     torch.testing.assert_close(global_leaf_mean_pool(x, forest), expected)
+
+
+def test_a_pyg_batch_whose_batch_was_changed_is_refused():
+    """A batch of single trees: its ``batch`` was trusted as the tree ids (an edited one
+    pooled two trees into one mean, and ``lift_leaves`` hung hubs under a root it never
+    set)."""
+    from hiergraph.nn import global_leaf_mean_pool
+
+    batch = Batch.from_data_list([from_nested([[0, 1], 2]), from_nested([0, [1, 2]])])
+    x = torch.arange(6.0)[:, None]
+    expected = torch.tensor([[1.0], [4.0]])
+    torch.testing.assert_close(global_leaf_mean_pool(x, batch), expected)
+    batch.batch = torch.zeros_like(batch.batch)
+    with pytest.raises(ValueError, match="hierarchy.batch must number its 2 trees"):
+        global_leaf_mean_pool(x, batch)
+    with pytest.raises(ValueError, match="hierarchy.batch must number its 2 trees"):
+        lift_leaves(batch, torch.ones(6, dtype=torch.bool))
