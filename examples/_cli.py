@@ -58,8 +58,9 @@ def at_least(minimum: int, at_most: int | None = None):
     return parse
 
 
-#: An argparse ``type``: a seed that NumPy takes too (``np.random.seed``: 0 .. 2**32 - 1).
-NUMPY_SEED = at_least(0, at_most=2**32 - 1)
+#: An argparse ``type``: a seed, 0 .. 2**32 - 1: what NumPy takes (``np.random.seed``), and
+#: PyTorch with room for the scripts' derived seeds (``seed + 1``).
+SEED = at_least(0, at_most=2**32 - 1)
 
 
 def _float_type(accepts: Callable[[float], bool], wanted: str):

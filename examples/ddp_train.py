@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from _cli import (
     LEARNING_RATE,
+    SEED,
     OptionError,
     add_threads_option,
     at_least,
@@ -300,7 +301,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="hte: pack trees up to this many leaves per rank and step instead of --batch-size",
     )
     parser.add_argument("--lr", type=LEARNING_RATE, default=3e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=None)
     parser.add_argument(

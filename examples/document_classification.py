@@ -67,8 +67,8 @@ import torch.nn.functional as F
 from _cli import (
     ENCODER_OPTIONS,
     LEARNING_RATE,
-    NUMPY_SEED,
     PROBABILITY,
+    SEED,
     OptionError,
     add_runtime_options,
     at_least,
@@ -382,7 +382,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--val-size", type=at_least(0), default=None, help="(quick: 500)")
     p.add_argument("--test-size", type=at_least(0), default=None, help="(quick: 1000)")
-    p.add_argument("--seeds", type=NUMPY_SEED, nargs="+", default=None, help="(quick: 0)")
+    p.add_argument("--seeds", type=SEED, nargs="+", default=None, help="(quick: 0)")
     p.add_argument("--epochs", type=at_least(1), default=None, help="(quick: 3)")
     p.add_argument("--batch-size", type=at_least(1), default=64)
     p.add_argument("--lr", type=LEARNING_RATE, default=1e-3)

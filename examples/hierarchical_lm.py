@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from _cli import (
     LEARNING_RATE,
+    SEED,
     OptionError,
     above,
     add_runtime_options,
@@ -243,7 +244,7 @@ def main(argv=None) -> dict:
         "--sample-bytes", type=at_least(0), default=128, help="bytes generated per model"
     )
     add_runtime_options(parser)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument(
         "--out",
         type=lambda text: Path(output_file(text)),

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from _cli import (
     LEARNING_RATE,
+    SEED,
     OptionError,
     above,
     add_runtime_options,
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--batch-size", type=at_least(1), default=None, help="(16)")
     parser.add_argument("--lr", type=LEARNING_RATE, default=1e-3)
     parser.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=list(ENCODERS))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--out", type=output_file, default=None, help="JSON file for the results")
     add_runtime_options(parser)
     args = parser.parse_args(argv)

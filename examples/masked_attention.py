@@ -34,6 +34,7 @@ import time
 import torch
 from _cli import (
     LEARNING_RATE,
+    SEED,
     add_runtime_options,
     at_least,
     example_parser,
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--steps", type=at_least(1), default=300, help="training steps per mask")
     parser.add_argument("--batch-size", type=at_least(1), default=32, help="sequences per step")
     parser.add_argument("--lr", type=LEARNING_RATE, default=1e-2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=SEED, default=0)
     add_runtime_options(parser)
     builders = mask_builders(2)
     parser.add_argument("--masks", nargs="+", default=list(builders), choices=list(builders))

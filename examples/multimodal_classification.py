@@ -65,8 +65,8 @@ import torch.nn.functional as F
 from _cli import (
     ENCODER_OPTIONS,
     LEARNING_RATE,
-    NUMPY_SEED,
     PROBABILITY,
+    SEED,
     add_runtime_options,
     at_least,
     example_parser,
@@ -540,7 +540,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="seeds 0-4, 8 epochs, the validation-chosen setting, baselines",
     )
-    p.add_argument("--seeds", type=NUMPY_SEED, nargs="+", default=None, help="(quick: 0)")
+    p.add_argument("--seeds", type=SEED, nargs="+", default=None, help="(quick: 0)")
     p.add_argument("--epochs", type=at_least(1), default=None, help="(quick: 2)")
     p.add_argument("--batch-size", type=at_least(1), default=64)
     p.add_argument("--lr", type=LEARNING_RATE, default=1e-3)

@@ -59,6 +59,7 @@ import torch_geometric.transforms as T
 from _cli import (
     LEARNING_RATE,
     PROBABILITY,
+    SEED,
     OptionError,
     add_runtime_options,
     at_least,
@@ -279,7 +280,7 @@ def main(argv=None) -> dict:
         action="store_true",
         help="the benchmark protocol: seeds 0-9, 1,000 epochs, patience 100",
     )
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="(quick: 0)")
+    p.add_argument("--seeds", type=SEED, nargs="+", default=None, help="(quick: 0)")
     p.add_argument("--epochs", type=at_least(1), default=None, help="maximum epochs (quick: 200)")
     p.add_argument("--patience", type=at_least(0), default=None, help="(quick: 100)")
     p.add_argument("--hidden", type=at_least(1), default=64, help="gcn, gps_full: hidden size")

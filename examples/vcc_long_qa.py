@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 from _cli import (
     LEARNING_RATE,
+    SEED,
     above,
     add_runtime_options,
     at_least,
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--eval-batches", type=at_least(1), default=None, help="(quick: 8)")
     parser.add_argument("--lr", type=LEARNING_RATE, default=3e-3)
     add_runtime_options(parser)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--json", type=output_file, default=None, help="write the results here")
     args = parser.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win
