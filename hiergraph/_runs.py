@@ -22,3 +22,12 @@ def ramp(sizes: Tensor, starts: Tensor | None = None) -> Tensor:
         first = first - starts
     local = torch.arange(total, device=sizes.device)
     return local - first.repeat_interleave(sizes, output_size=total)
+
+
+def rank_within(group: Tensor, num_groups: int) -> Tensor:
+    """``[n]`` the rank of every item among the items of its ``group`` (``[n]`` ids in
+    ``[0, num_groups)``, in any order), counted in item order: ``ramp`` of the group sizes,
+    put back in item order."""
+    order = torch.argsort(group, stable=True)
+    rank = torch.empty_like(group)
+    return rank.index_copy_(0, order, ramp(torch.bincount(group, minlength=num_groups)))

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from hiergraph._runs import ramp
 from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 
 #: Paragraph breaks: a blank line, or HTML line breaks (``<br />``) repeated.
@@ -402,10 +403,9 @@ def forest_from_lengths(
     counts = [int(per_doc[:, level].sum()) for level in range(depth)] + [len(docs)]
     parents, slots, offset = [], [], 0
     for level, sizes in enumerate(groups):
-        first = torch.cumsum(sizes, 0) - sizes
         group = _group_ids(sizes, counts[level])
         parents.append(offset + counts[level] + group)
-        slots.append(torch.arange(counts[level]) - first[group])
+        slots.append(ramp(sizes))
         offset += counts[level]
     num_nodes = offset + len(docs)
     roots = torch.arange(offset, num_nodes)

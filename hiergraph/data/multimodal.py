@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._checks import check_int
+from hiergraph._runs import rank_within
 from hiergraph.data.domain import Domain
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 
@@ -322,7 +323,7 @@ def _field_part(field: Field, value: Tensor) -> _Part | None:
         return _Part(
             x=patches,
             leaf_parent=1 + group_of,
-            leaf_slot=_rank_within(group_of, num_groups),
+            leaf_slot=rank_within(group_of, num_groups),
             leaf_pos=within,
             leaf_domain=Domain.GRID2D,
             inner_parent=torch.cat([torch.tensor([-1]), torch.zeros(num_groups, dtype=torch.long)]),
@@ -425,13 +426,3 @@ def _assemble(parts: list[tuple[int, int, _Part]], width: int) -> SignalHierarch
 
 
 _COLUMNS = ("parent", "slot", "pos", "domain", "depth", "node_type", "modality")
-
-
-def _rank_within(group: Tensor, num_groups: int) -> Tensor:
-    """Rank of each item among the items of its group, in item order (contiguous slots)."""
-    order = torch.argsort(group, stable=True)
-    sizes = torch.bincount(group, minlength=num_groups)
-    first = torch.cumsum(sizes, 0) - sizes
-    rank = torch.empty_like(group)
-    rank[order] = torch.arange(group.numel()) - first[group[order]]
-    return rank

@@ -8,6 +8,7 @@ from torch import Tensor
 from torch_geometric.data import Batch
 
 from hiergraph._device import reads_values
+from hiergraph._runs import rank_within
 from hiergraph.data.domain import Domain
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 
@@ -71,9 +72,7 @@ def flatten_hierarchy(hierarchy) -> SignalHierarchy:
     num_trees = int(tree.max()) + 1 if tree.numel() else 0
     num_leaves = leaf_node.numel()
     device = leaf_node.device
-    first = torch.cumsum(torch.bincount(leaf_tree, minlength=num_trees), 0)
-    first = torch.cat([first.new_zeros(1), first[:-1]])
-    slot = torch.arange(num_leaves, device=device) - first[leaf_tree]
+    slot = rank_within(leaf_tree, num_trees)  # the leaf's index in its tree's sequence
     roots = torch.arange(num_trees, device=device)
     parent = torch.cat([num_leaves + leaf_tree, num_leaves + roots])
     zeros = torch.zeros(num_trees, dtype=torch.long, device=device)
@@ -181,14 +180,9 @@ def lift_leaves(hierarchy, leaves: Tensor) -> tuple[SignalHierarchy, Tensor]:
     last = torch.full((n,), -1, dtype=torch.long, device=device)
     stays = ~is_root & ~lifted & alive
     last.scatter_reduce_(0, parent[stays], hierarchy.slot[stays], reduce="amax")
-    order = torch.sort(hub_root, stable=True).indices
-    per_root = torch.bincount(hub_root, minlength=n)
-    first = torch.cumsum(per_root, 0) - per_root
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel(), device=device) - first[hub_root[order]]
     new_parent, slot = parent.clone(), hierarchy.slot.clone()
     new_parent[hubs] = hub_root
-    slot[hubs] = last[hub_root] + 1 + rank
+    slot[hubs] = last[hub_root] + 1 + rank_within(hub_root, n)
     depth, domain, pos = hierarchy.depth.clone(), hierarchy.domain.clone(), hierarchy.pos.clone()
     depth[hubs], domain[hubs], pos[hubs] = 1, int(Domain.SET), 0
     keep = alive.nonzero().view(-1)

@@ -9,6 +9,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from hiergraph._checks import holds_integers
+from hiergraph._runs import rank_within
 from hiergraph._versions import guard_holds, version_guard
 from hiergraph.data.domain import Domain
 from hiergraph.plan.causal_plan import CausalPlan
@@ -299,7 +300,7 @@ class SignalHierarchy(Data):
         if is_leaf is not None:
             is_leaf = torch.as_tensor(is_leaf, dtype=torch.bool, device=parent.device)
         if slot is None:
-            slot = _default_slot(parent)
+            slot = rank_within(parent + 1, n + 1)  # among siblings by node id (a root: 0)
         else:
             slot = as_long(slot, "slot")
         # cycles, is_leaf against the children, slots (the check tree_index() runs)
@@ -466,18 +467,3 @@ def as_long(value: Any, name: str, device=None) -> Tensor:
 def _check_len(t: Tensor, n: int, name: str) -> None:
     if t.dim() != 1 or t.numel() != n:
         raise ValueError(f"{name} must have shape [{n}], got {tuple(t.shape)}")
-
-
-def _default_slot(parent: Tensor) -> Tensor:
-    """Rank of each node among its siblings by node id (roots get 0)."""
-    n = parent.numel()
-    group = parent + 1  # roots form their own group
-    nodes = torch.arange(n, device=parent.device)
-    order = torch.argsort(group * n + nodes)
-    sorted_parent = group[order]
-    start = torch.ones(n, dtype=torch.bool, device=parent.device)
-    start[1:] = sorted_parent[1:] != sorted_parent[:-1]
-    run_start = torch.cummax(torch.where(start, nodes, 0), 0).values
-    slot = torch.empty(n, dtype=torch.long, device=parent.device)
-    slot[order] = nodes - run_start
-    return slot.masked_fill(parent < 0, 0)

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._checks import as_int, check_int
+from hiergraph._runs import ramp
 from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 
 
@@ -293,9 +294,8 @@ def _hopping(
             break
         widths = sizes(level, level_size) if level < num_levels else torch.tensor([level_size])
         window = torch.arange(widths.numel()).repeat_interleave(widths)
-        first = torch.cumsum(widths, 0) - widths
         parents.append(offset + level_size + window)
-        slots.append(torch.arange(level_size) - first[window])
+        slots.append(ramp(widths))
         offset, level_size = offset + level_size, widths.numel()
         counts.append(level_size)
     num_nodes = offset + 1
