@@ -169,13 +169,28 @@ def log_count(count: Tensor, dtype: torch.dtype) -> Tensor:
 def compress(c: Tensor, sel: Selection) -> Tensor:
     r""":math:`S_c C` from the tokens ``c`` ``[N, d]``: one segment mean per row of
     :math:`\mathcal{J}`, ``[R, d]``, in ``c``'s dtype. bf16/fp16 tokens are averaged in
-    float32 and the means rounded once (a half-precision running sum stalls)."""
+    float32 and the means rounded once (a half-precision running sum stalls).
+
+    Raises:
+        ValueError: unless ``c`` is ``[N, d]`` for the ``N`` tokens ``sel`` partitions (the
+            segment reduction reads ``N`` rows whatever ``c``'s size).
+    """
+    if not isinstance(c, Tensor) or c.dim() != 2 or c.size(0) != sel.num_tokens:
+        raise ValueError(
+            f"c must be the [{sel.num_tokens}, d] tokens the selection partitions, got "
+            f"{tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__}"
+        )
     return segment(c.to(accumulation_dtype(c.dtype)), sel.token_ptr, reduce="mean").to(c.dtype)
 
 
 def decompress(rows: Tensor, sel: Selection) -> Tensor:
     r""":math:`S_c^\dagger Y = S_c^\top D\, Y` for ``rows`` ``[R, d]``: every token copies its
     segment's row (a gather), ``[N, d]``."""
+    if not isinstance(rows, Tensor) or rows.dim() != 2 or rows.size(0) != sel.count.numel():
+        raise ValueError(
+            f"rows must be [{sel.count.numel()}, d], one per segment of the selection, got "
+            f"{tuple(rows.shape) if isinstance(rows, Tensor) else type(rows).__name__}"
+        )
     return rows[sel.token_to_row]
 
 
@@ -231,12 +246,31 @@ def vcc_layer(
     Returns:
         ``(p_new [N_p, d], state_new, selection)``.
     """
+    _check_vip_rows(p, p_ptr, tree.num_sequences)
     sel = select_segments(state, tree, budgets, score_fn)
     z, key_bias, real, order = pack_compressed(p, p_ptr, sel.value, sel)
     out = layer_fn(z, key_bias)
     check_layer_output(out, z)
     p_new, rows_new = unpack_compressed(out, real, order, p.size(0))
     return p_new, update_tree(state, tree, sel, rows_new), sel
+
+
+def _check_vip_rows(p: Tensor, p_ptr: Tensor, num_sequences: int) -> None:
+    """Raise unless ``p`` ``[N_p, d]`` holds the rows ``p_ptr`` ``[B + 1]`` points into, for
+    the tree's ``B`` sequences (a device-side assertion on an accelerator)."""
+    if not isinstance(p, Tensor) or p.dim() != 2:
+        raise ValueError(f"p must be a [N_p, d] tensor, got {getattr(p, 'shape', type(p))}")
+    if not isinstance(p_ptr, Tensor) or p_ptr.shape != (num_sequences + 1,):
+        raise ValueError(
+            f"p_ptr must be [{num_sequences + 1}] (the tree's {num_sequences} sequences, "
+            f"+ 1), got {getattr(p_ptr, 'shape', type(p_ptr))}"
+        )
+    message = f"p_ptr must run from 0 to p's {p.size(0)} rows, non-decreasing"
+    bad = (p_ptr[0] != 0) | (p_ptr[-1] != p.size(0)) | (p_ptr.diff() < 0).any()
+    if not reads_values(bad):  # (no host synchronisation)
+        torch._assert_async(~bad, message)
+    elif bool(bad):
+        raise ValueError(f"{message}, got {p_ptr.tolist()}")
 
 
 def check_layer_output(out: Tensor, z: Tensor) -> None:

@@ -38,9 +38,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from hiergraph._checks import check_int, holds_integers
+from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.windows import check_branching
-from hiergraph.ops.vcc.layer import LayerFn, check_layer_output, log_count, vip_scores_padded
+from hiergraph.ops.vcc.layer import (
+    LayerFn,
+    check_layer_output,
+    check_vip_inputs,
+    log_count,
+    vip_scores_padded,
+)
 from hiergraph.ops.vcc.segment_tree import check_budgets
 
 PaddedScoreFn = Callable[[Tensor, Tensor], Tensor]
@@ -89,6 +97,15 @@ class PaddedSegmentTree:
         """The tree of sequences of ``lengths`` (``[B]`` int64) real tokens each, padded to
         ``capacity`` tokens rounded up to a multiple of :math:`\\prod_i k_i`."""
         branching = check_branching(branching)
+        check_int(capacity, "capacity", minimum=0)
+        if not isinstance(lengths, Tensor) or lengths.dim() != 1 or not holds_integers(lengths):
+            raise TypeError(f"lengths must be a 1-D integer tensor [B], got {_described(lengths)}")
+        message = f"lengths must lie in [0, capacity = {capacity}]"
+        outside = ((lengths < 0) | (lengths > capacity)).any()
+        if not reads_values(outside):  # (a device-side assertion: no host synchronisation)
+            torch._assert_async(~outside, message)
+        elif bool(outside):  # (counts past the capacity, or negative ones, made no tree)
+            raise ValueError(f"{message}, got {lengths.min().item()}..{lengths.max().item()}")
         top = math.prod(branching)
         padded = -(-max(capacity, 1) // top) * top
         counts, size = [], 1
@@ -174,8 +191,8 @@ def partition_padded(
     r"""The stable permutation :math:`X \mapsto [P; C]` of eq. (6) into padded tensors.
 
     Args:
-        x: ``[B, n, d]``; ``vip_mask``, ``token_mask``: ``[B, n]`` bool (validated by
-            :func:`~hiergraph.ops.vcc.layer.check_vip_inputs`).
+        x: ``[B, n, d]``; ``vip_mask``, ``token_mask``: ``[B, n]`` bool
+            (:func:`~hiergraph.ops.vcc.layer.check_vip_inputs`).
         num_slots: ``S``, VIP rows per sequence: a sequence's first ``S`` VIP tokens fill
             them, in order; later VIP tokens join :math:`C` in their place in the order.
         branching: the tree of :math:`C` (:class:`PaddedSegmentTree`).
@@ -184,6 +201,8 @@ def partition_padded(
         ``(p [B, S, d], c [B, n_c, d], partition)``, zero at padding; ``n_c`` is ``n``
         rounded up to a multiple of :math:`\prod_i k_i`.
     """
+    vip_mask, token_mask = check_vip_inputs(x, vip_mask, token_mask)
+    check_int(num_slots, "num_slots", minimum=0)
     length = vip_mask.size(1)
     in_slot = vip_mask & (torch.cumsum(vip_mask, 1) <= num_slots)
     in_c = token_mask & ~in_slot
@@ -237,6 +256,7 @@ def select_padded(
             selects among candidates.
     """
     budgets = check_budgets(budgets, tree.num_levels, score_fn is not None)
+    _check_tokens(c, tree)
     means = tree.means(c)
     node, rows = None, []
     # down from the root; level 0 (tokens) is never refined
@@ -292,6 +312,18 @@ def vcc_layer_padded(
     Returns:
         ``(p_new [B, S, d], c_new [B, n_c, d])``, ``c_new`` zero at padding.
     """
+    _check_tokens(c, tree)
+    if not isinstance(p, Tensor) or p.dim() != 3 or p.shape[::2] != c.shape[::2]:
+        raise ValueError(
+            f"p must be [B, S, d] with c's B and d, {c.size(0)} and {c.size(2)}, got "
+            f"{_described(p)}"
+        )
+    if not isinstance(slot_real, Tensor) or slot_real.dtype != torch.bool:
+        raise TypeError(f"slot_real must be a bool tensor [B, S], got {_described(slot_real)}")
+    if slot_real.shape != p.shape[:2]:
+        raise ValueError(
+            f"slot_real must have p's [B, S], {tuple(p.shape[:2])}, got {tuple(slot_real.shape)}"
+        )
     rows = select_padded(c, tree, budgets, score_fn)
     slot_bias = torch.zeros(slot_real.shape, dtype=p.dtype, device=p.device)
     slot_bias = slot_bias.masked_fill(~slot_real, float("-inf"))
@@ -329,6 +361,23 @@ def vcc_layer_padded(
         # in place on a tensor of our own (addcmul's backward does not need it)
         c_new = c.scatter(1, index, new) if c_new is c else c_new.scatter_(1, index, new)
     return p_new, c_new
+
+
+def _check_tokens(c: Tensor, tree: PaddedSegmentTree) -> None:
+    """Raise unless ``c`` is ``[B, n_c, d]`` with ``tree``'s sequences and token slots (a
+    ``c`` of one sequence broadcast against the tree's ``B``)."""
+    shape = tuple(tree.count[0].shape)
+    if not isinstance(c, Tensor) or c.dim() != 3 or tuple(c.shape[:2]) != shape:
+        raise ValueError(
+            f"c must be [{shape[0]}, {shape[1]}, d] (the tree's [B, n_c]), got {_described(c)}"
+        )
+
+
+def _described(value) -> str:
+    """A tensor's shape and dtype, else the type's name (for error messages)."""
+    if isinstance(value, Tensor):
+        return f"{value.dtype} {tuple(value.shape)}"
+    return type(value).__name__
 
 
 def _place(base: Tensor | None, node: Tensor | None, update: Tensor, num_nodes: int) -> Tensor:

@@ -224,6 +224,7 @@ class Selection:
         ptr: ``[B + 1]`` row pointer per sequence.
         split: per level, the indices of the nodes refined (popped) by Algorithm 1.
         value: ``[R, d]`` the rows :math:`S_c C` (segment means), differentiable.
+        num_tokens: :math:`N`, the tokens the rows partition (the tree's).
     """
 
     level: Tensor
@@ -234,6 +235,7 @@ class Selection:
     ptr: Tensor
     split: tuple[Tensor, ...]
     value: Tensor
+    num_tokens: int
 
     @property
     def token_ptr(self) -> Tensor:
@@ -339,6 +341,7 @@ def select_segments(
         ptr=run_ptr(rows),
         split=tuple(reversed(splits)),  # split[l - 1] = refined nodes of level l
         value=take_rows(torch.cat([m for _, _, m in parts]), order),
+        num_tokens=tree.batch[0].numel(),  # level 0 holds the tokens (no device read)
     )
 
 

@@ -147,6 +147,12 @@ def test_compress_decompress_are_the_matrices():
         s, s_pinv, _ = compression_matrices(sel.count[rows], 0)
         torch.testing.assert_close(s @ c[toks], sel.value[rows])
         torch.testing.assert_close(decompress(y, sel)[toks], s_pinv @ y[rows])
+    # the segment reduction reads N rows whatever c holds: past its end (or a crash) before
+    for wrong in (c[:3], c[:0], torch.cat([c, c]), c[:, 0]):
+        with pytest.raises(ValueError, match=rf"c must be the \[{c.size(0)}, d\] tokens"):
+            compress(wrong, sel)
+    with pytest.raises(ValueError, match=rf"rows must be \[{y.size(0)}, d\]"):
+        decompress(y[:-1], sel)
 
 
 @pytest.mark.parametrize(
@@ -310,6 +316,16 @@ def test_bad_inputs():
     state = build_tree_state(c, tree)
     with pytest.raises(ValueError, match="input's shape"):
         vcc_layer(lambda z, b: z[:, :-1], p, p_ptr, state, tree, (None, 0))
+    # VIP rows that p_ptr does not cut (an IndexError deep inside, or a message about the
+    # selection's shape)
+    same = lambda z, b: z  # noqa: E731
+    for rows in (p[:-1], torch.cat([p, p])):
+        with pytest.raises(ValueError, match=rf"p_ptr must run from 0 to p's {rows.size(0)} rows"):
+            vcc_layer(same, rows, p_ptr, state, tree, (None, 0))
+    with pytest.raises(ValueError, match=r"p_ptr must be \[4\] \(the tree's 3 sequences"):
+        vcc_layer(same, p, p_ptr[:-1], state, tree, (None, 0))
+    with pytest.raises(ValueError, match=r"p must be a \[N_p, d\] tensor"):
+        vcc_layer(same, p[None], p_ptr, state, tree, (None, 0))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -324,6 +340,7 @@ def test_half_precision_means_and_log_counts(dtype):
         token_ptr=torch.tensor([0, 7, 3007]),
         batch=torch.tensor([0, 0]),
         count=torch.tensor([7, 70000]),  # a count past fp16's range
+        num_tokens=3007,
     )
     ref = compress(c.to(dtype).float(), sel)
     out = compress(c.to(dtype), sel)

@@ -122,3 +122,31 @@ def test_bad_arguments():
         select_padded(c, part.tree, (None, 2))
     with pytest.raises(ValueError, match="layer_fn must return its input's shape"):
         vcc_layer_padded(lambda z, b: z[:, 1:], p, part.slot_real, c, part.tree, (None, 0))
+
+
+def test_shapes_that_do_not_match_the_tree_are_refused():
+    """(A ``c`` of one sequence broadcast against two: the second sequence's output was
+    built from the first one's tokens; lengths past the capacity made counts of no tree.)"""
+    x, vip, mask = _batch()
+    p, c, part = partition_padded(x, vip, mask, 3, (3,))
+    layer = lambda z, b: z  # noqa: E731
+    for wrong in (c[:1], c[:, :-3], c[0]):
+        with pytest.raises(ValueError, match=r"c must be \[3, \d+, d\] \(the tree's \[B, n_c\]\)"):
+            vcc_layer_padded(layer, p, part.slot_real, wrong, part.tree, (None, 0))
+        with pytest.raises(ValueError, match="c must be"):
+            select_padded(wrong, part.tree, (None, 0))
+    with pytest.raises(ValueError, match="p must be \\[B, S, d\\] with c's B and d"):
+        vcc_layer_padded(layer, p[:1], part.slot_real, c, part.tree, (None, 0))
+    with pytest.raises(ValueError, match="slot_real must have p's"):
+        vcc_layer_padded(layer, p, part.slot_real[:, :1], c, part.tree, (None, 0))
+    with pytest.raises(TypeError, match="slot_real must be a bool tensor"):
+        vcc_layer_padded(layer, p, part.slot_real.long(), c, part.tree, (None, 0))
+    for lengths in (torch.tensor([3, 5]), torch.tensor([-1, 2])):
+        with pytest.raises(ValueError, match=r"lengths must lie in \[0, capacity = 4\]"):
+            PaddedSegmentTree.from_lengths(lengths, 4, (2,))
+    with pytest.raises(TypeError, match="lengths must be a 1-D integer tensor"):
+        PaddedSegmentTree.from_lengths(torch.tensor([1.0, 2.0]), 4, (2,))
+    with pytest.raises(ValueError, match="num_slots"):
+        partition_padded(x, vip, mask, -1, (3,))
+    with pytest.raises(TypeError, match="token_mask must be a bool tensor"):
+        partition_padded(x, vip, mask.long(), 3, (3,))
