@@ -340,8 +340,7 @@ class HTEDecoder(nn.Module):
                 as ``tokens`` has rows, and ``hierarchy`` is one tree with every leaf below
                 its root.
         """
-        if len(caches) != len(self.layers) or any(cache.num_tokens for cache in caches):
-            raise ValueError(f"prefill takes {len(self.layers)} empty caches (one per layer)")
+        self._check_caches(caches, "prefill", empty=True)
         self._check_sequences(tokens.size(0) if tokens.dim() == 2 else 1, caches)
         plan = CausalPlan.of(hierarchy)
         check_one_tree(plan)  # (the flat cache would take any batch)
@@ -351,6 +350,18 @@ class HTEDecoder(nn.Module):
         """The embeddings of token ids ``tokens`` (any shape), refused out of range."""
         check_ids(tokens, self.embed.num_embeddings, "token", "vocab_size", device_assert=False)
         return self.embed(tokens)
+
+    def _check_caches(self, caches: list, method: str, empty: bool = False) -> None:
+        """Raise unless ``caches`` are one cache per layer holding as many tokens (none if
+        ``empty``): checked before any is written (a step with a cache too few appended
+        to the first ones, then failed)."""
+        layers = len(self.layers)
+        tokens = {cache.num_tokens for cache in caches} if isinstance(caches, list) else None
+        if tokens is None or len(caches) != layers or len(tokens) > 1 or empty and tokens != {0}:
+            raise ValueError(
+                f"{method} takes {layers} {'empty ' if empty else ''}caches, one per layer "
+                "(new_cache()), holding as many tokens"
+            )
 
     def _check_sequences(self, sequences: int, caches: list) -> None:
         heads = self.layers[0].attn.heads
@@ -408,6 +419,7 @@ class HTEDecoder(nn.Module):
             raise ValueError(
                 f"token must be an id in [0, {vocab}) or a tensor of them, got {token!r}"
             )
+        self._check_caches(caches, "step")
         self._check_sequences(sequences, caches)
         if self.attention == "hsa":
             slots = caches[0].new_node_slots(close, open)

@@ -13,6 +13,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import softmax
 
+from hiergraph._checks import check_int
 from hiergraph._precision import widened
 from hiergraph.masks.band import BandMask
 from hiergraph.nn._checks import check_conv_arguments, node_pair
@@ -164,6 +165,7 @@ class MaskedAttentionConv(MessagePassing):
         kwargs.setdefault("aggr", "add")
         super().__init__(node_dim=0, **kwargs)
         check_conv_arguments(in_channels, out_channels, heads, dropout)
+        check_int(edge_dim, "edge_dim", optional=True)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -262,6 +264,8 @@ class MaskedAttentionConv(MessagePassing):
                 f"a BandMask over {band.num_nodes} nodes needs a single x with as many rows; "
                 f"got x of {x_dst.size(0)} rows"
             )
+        if edge_attr is None and self.lin_edge is not None:  # (the banded path ignored it)
+            raise ValueError(f"this layer has edge_dim={self.edge_dim}: pass edge_attr")
         fast = (
             self.structured
             and x_src is x_dst
@@ -312,9 +316,7 @@ class MaskedAttentionConv(MessagePassing):
         self, edge_attr: Tensor | None, num_edges: int
     ) -> tuple[Tensor | None, Tensor | None]:
         """``(edge_emb [E, H, C] or None, logit_bias [E, 1 or H] or None)``."""
-        if edge_attr is None:
-            if self.lin_edge is not None:
-                raise ValueError(f"this layer has edge_dim={self.edge_dim}: pass edge_attr")
+        if edge_attr is None:  # (forward refused a layer with edge_dim without them)
             return None, None
         if self.lin_edge is not None:
             if edge_attr.dim() != 2 or edge_attr.shape != (num_edges, self.edge_dim):

@@ -139,6 +139,19 @@ def test_bad_prefills():
         net.prefill(tokens, tree, caches)
 
 
+@pytest.mark.parametrize("attention", ["hsa", "flat"])
+def test_a_step_with_the_wrong_caches_writes_none(attention):
+    """(A cache too few appended the token to the first ones, then failed in zip.)"""
+    net = model(attention)
+    caches = net.new_cache()
+    net.step(1, caches)
+    other = net.new_cache()
+    for wrong in (caches[:1], [*caches, other[0]], [caches[0], other[1]], []):
+        with pytest.raises(ValueError, match="step takes 2 caches, one per layer"):
+            net.step(1, wrong)
+    assert [cache.num_tokens for cache in (*caches, *other)] == [1, 1, 0, 0]
+
+
 def test_an_evaluation_under_inference_mode_then_training():
     """The causal plan first built under ``torch.inference_mode()`` serves training."""
     batch = Batch.from_data_list([from_schedule(random_schedule(random.Random(2), 14))])

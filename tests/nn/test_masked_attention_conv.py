@@ -822,8 +822,12 @@ def test_bad_inputs(call, error, message):
 
 def test_bad_edge_features_and_arguments():
     conv = make_conv(edge_dim=3)
-    with pytest.raises(ValueError, match="pass edge_attr"):
-        conv(features(), MASKS["random"])
+    for mask in (MASKS["random"], MASKS["window"], window_mask(N, 1)):  # (banded: ignored)
+        with pytest.raises(ValueError, match="pass edge_attr"):
+            conv(features(), mask)
+    for edge_dim, error in ((0, ValueError), (-1, ValueError), (2.5, TypeError)):
+        with pytest.raises(error, match="edge_dim must be"):
+            MaskedAttentionConv(6, 4, edge_dim=edge_dim)
     with pytest.raises(ValueError, match=r"\[E, edge_dim\]"):
         conv(features(), MASKS["random"], torch.zeros(90, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"dropout must be a probability in \[0, 1\]"):
