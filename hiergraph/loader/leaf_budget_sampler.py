@@ -29,6 +29,7 @@ Both samplers are plain ``batch_sampler`` s for PyG's (or torch's)
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterator, Sequence
 from numbers import Real
 
@@ -86,9 +87,16 @@ def pack_by_budget(order: Sequence[int], sizes: Tensor, max_leaves: int) -> list
     """Greedy packing of ``order`` into batches of at most ``max_leaves`` leaves.
 
     A tree with more than ``max_leaves`` leaves becomes a batch of its own.
+
+    Raises:
+        TypeError, ValueError: ``sizes`` that are no leaf counts (:func:`leaf_counts`), a
+            budget below 1, or an ``order`` entry that names no tree (an index sampler's
+            ``-1`` took the last tree).
     """
+    sizes = _check_counts(sizes).tolist()
+    max_leaves = _check_budget(max_leaves)
+    order = [_tree_index(i, len(sizes)) for i in order]
     batches, current, used = [], [], 0
-    sizes = sizes.tolist()
     for i in order:
         size = sizes[i]
         if current and used + size > max_leaves:
@@ -278,6 +286,18 @@ def _check_counts(leaf_counts) -> Tensor:
     if counts.numel() and int(counts.min()) < 1:
         raise ValueError("every tree needs at least one leaf: leaf_counts must be >= 1")
     return counts.long()
+
+
+def _tree_index(i, trees: int) -> int:
+    """``i`` as an int (NumPy's and 0-d tensors too), else a ``ValueError``: no index of one
+    of ``trees`` trees."""
+    try:
+        index = None if isinstance(i, bool) else operator.index(i)
+    except TypeError:
+        index = None
+    if index is None or not 0 <= index < trees:
+        raise ValueError(f"the order to pack must hold tree indices in [0, {trees}), got {i!r}")
+    return index
 
 
 def _check_budget(max_leaves) -> int:

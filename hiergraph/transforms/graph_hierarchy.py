@@ -179,13 +179,17 @@ def sibling_edges(tree: SignalHierarchy, edge_index: Tensor) -> Tensor:
     :math:`u \ne v`, the pair of children of their lowest common ancestor that
     contain :math:`u` and :math:`v` (deduplicated, ``[2, E']``).
 
-    ``edge_index`` holds leaf ids (graph node ids) of ``tree``; both ends of an
+    ``edge_index`` holds node ids of leaves of ``tree`` (the graph's nodes); both ends of an
     edge must lie in the same tree of a forest.
     """
-    parent, depth = tree.parent, tree.depth
+    parent, depth = tree.parent.cpu(), tree.depth.cpu()
     edge_index = edge_index.cpu()
     check_edge_index(edge_index, parent.numel())
     edge_index = edge_index.long()  # int32 ids: the pair key below is int64
+    inner = ~tree.is_leaf.cpu()[edge_index.view(-1)]
+    if bool(inner.any()):  # (a root and its child made a "sibling" pair)
+        node = int(edge_index.view(-1)[inner][0])
+        raise ValueError(f"edge_index must join leaves of the tree: node {node} is internal")
     a, b = edge_index
     keep = a != b
     a, b = a[keep], b[keep]
@@ -205,19 +209,26 @@ def sibling_edges(tree: SignalHierarchy, edge_index: Tensor) -> Tensor:
 
 
 def hierarchy_stats(data: HierarchicalGraph | SignalHierarchy) -> dict[str, float]:
-    """Family-size statistics: number of families, min/mean/median/max size, height."""
+    """Family-size statistics: number of families, min/mean/median/max size (NaN for a tree
+    of one node, which has no family), height."""
     tree = data.hierarchy() if isinstance(data, HierarchicalGraph) else data
+    if not isinstance(tree, Data) or any(key not in tree for key in ("parent", "is_leaf")):
+        raise TypeError(
+            "data must be a HierarchicalGraph or a SignalHierarchy (or a batch of them), got "
+            f"{type(data).__name__}" + (" without parent/is_leaf" if isinstance(data, Data) else "")
+        )
     parent = tree.parent
     nodes = torch.arange(parent.numel(), device=parent.device)
     sizes = torch.bincount(parent[parent != nodes], minlength=parent.numel())
     sizes = sizes[~tree.is_leaf].float()
+    some = sizes.numel() > 0
     return {
         "num_leaves": int(tree.is_leaf.sum()),
         "num_families": int(sizes.numel()),
-        "family_min": float(sizes.min()),
-        "family_mean": float(sizes.mean()),
-        "family_median": float(sizes.median()),
-        "family_max": float(sizes.max()),
+        "family_min": float(sizes.min()) if some else math.nan,
+        "family_mean": float(sizes.mean()) if some else math.nan,
+        "family_median": float(sizes.median()) if some else math.nan,
+        "family_max": float(sizes.max()) if some else math.nan,
         "height": int(tree.depth.max()),
     }
 

@@ -49,6 +49,26 @@ def test_oversized_tree_gets_its_own_batch():
     assert pack_by_budget(range(6), sizes, 10) == [[0, 1], [2], [3], [4], [5]]
 
 
+def test_packing_refuses_what_names_no_tree():
+    """(``-1`` took the last tree; budgets of 0 or -3 and negative sizes were packed.)"""
+    import numpy as np
+
+    sizes = torch.tensor([3, 2, 5])
+    assert pack_by_budget(np.array([2, 0]), sizes, 5) == [[2], [0]]  # NumPy's ints are indices
+    assert pack_by_budget([torch.tensor(1)], sizes, 5) == [[1]]
+    for order in ([0, -1], [3], [1.0], [True]):
+        with pytest.raises(ValueError, match=r"tree indices in \[0, 3\)"):
+            pack_by_budget(order, sizes, 5)
+    for budget in (0, -3):
+        with pytest.raises(ValueError, match="max_leaves"):
+            pack_by_budget([0], sizes, budget)
+    with pytest.raises(ValueError, match="leaf_counts must be >= 1"):
+        pack_by_budget([0], torch.tensor([3, -2, 5]), 5)
+    sampler = LeafBudgetBatchSampler(sizes, 5, sampler=[0, 7])  # a sampler's bad index
+    with pytest.raises(ValueError, match=r"got 7"):
+        sampler.batches()
+
+
 def trees(sizes):
     return [window_hierarchy(int(n), (4, 4), x=torch.randn(int(n), 3)) for n in sizes]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch_geometric.data import Batch, Data
@@ -239,3 +241,14 @@ def test_sibling_edges_reject_edges_between_trees():
     assert sibling_edges(forest, inside).size(1) == 2
     with pytest.raises(ValueError, match="different trees"):
         sibling_edges(forest, torch.tensor([[first], [last]]))
+    root = int(forest.parent[first])  # (it and its child were returned as siblings)
+    with pytest.raises(ValueError, match=f"must join leaves of the tree: node {root} is internal"):
+        sibling_edges(forest, torch.tensor([[root], [first]]))
+
+
+def test_stats_of_a_tree_without_families_and_of_no_tree():
+    stats = hierarchy_stats(from_nested(0))
+    assert stats["num_families"] == 0 and stats["height"] == 0 and stats["num_leaves"] == 1
+    assert all(math.isnan(stats[f"family_{key}"]) for key in ("min", "mean", "median", "max"))
+    with pytest.raises(TypeError, match="a HierarchicalGraph or a SignalHierarchy"):
+        hierarchy_stats(Data(x=torch.zeros(3, 1)))
