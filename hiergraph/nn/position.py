@@ -152,10 +152,11 @@ class FamilyPositionEncoder(nn.Module):
         ]
         if self.graph is not None and "graph_pe" in hierarchy:
             graph_pe = hierarchy.graph_pe
-            if graph_pe.dim() != 2 or graph_pe.size(1) != self.graph_pe_dim:
+            if graph_pe.shape != (domain.numel(), self.graph_pe_dim):  # (rows: an IndexError)
                 raise ValueError(
-                    f"hierarchy.graph_pe must be [num_nodes, graph_pe_dim={self.graph_pe_dim}] "
-                    f"(graph_pe_dim of this encoder), got {tuple(graph_pe.shape)}"
+                    f"hierarchy.graph_pe must be [num_nodes, graph_pe_dim] = [{domain.numel()}, "
+                    f"{self.graph_pe_dim}] (graph_pe_dim of this encoder), got "
+                    f"{tuple(graph_pe.shape)}"
                 )
             encoders.append((Domain.GRAPH, self.graph, graph_pe.to(out.dtype)))
         by_rows = reads_values(domain)

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.nn import HeteroLinear, inits
 
-from hiergraph._checks import check_ids, check_int
+from hiergraph._checks import check_ids, check_int, holds_integers
 from hiergraph._device import reads_values
 
 
@@ -74,17 +74,25 @@ class TypedLinear(nn.Module):
         Returns:
             ``[n, out_channels]``.
         """
-        if self.num_types == 1:
-            return self.lin(x)
         if type_vec is None:
+            if self.num_types == 1:
+                return self.lin(x)
             raise ValueError(f"this layer has {self.num_types} types: pass type_vec")
+        if not isinstance(type_vec, Tensor) or not holds_integers(type_vec):
+            raise TypeError(
+                "type_vec must be an integer tensor of type ids, got "
+                f"{type_vec.dtype if isinstance(type_vec, Tensor) else type(type_vec).__name__}"
+            )
         if type_vec.shape != (x.size(0),):
             raise ValueError(
                 f"type_vec must have shape [{x.size(0)}] (one type per row of x), "
                 f"got {tuple(type_vec.shape)}"
             )
-        # (out-of-range ids would match no type on an accelerator: silent zero rows)
+        # (out-of-range ids would match no type on an accelerator: silent zero rows; with
+        # one type they were ignored)
         check_ids(type_vec, self.num_types, "type", "num_types")
+        if self.num_types == 1:
+            return self.lin(x)
         if reads_values(type_vec):  # HeteroLinear: row slices per type (bounds read on the host)
             out = self.lin(x, type_vec)
         else:  # accelerator: every type's map on all rows, kept where the type matches

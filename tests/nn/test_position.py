@@ -78,9 +78,13 @@ def test_graph_domain_uses_graph_pe():
     h.graph_pe = torch.randn(h.num_nodes, 3)
     enc = FamilyPositionEncoder(4, graph_pe_dim=3)
     assert torch.allclose(enc(h)[:3], enc.graph(h.graph_pe[:3]))
-    h.graph_pe = torch.randn(h.num_nodes, 4)  # (a matmul error)
-    with pytest.raises(ValueError, match=r"graph_pe must be \[num_nodes, graph_pe_dim=3\]"):
-        enc(h)
+    for wrong in ((h.num_nodes, 4), (h.num_nodes - 1, 3)):  # (a matmul error, an IndexError)
+        h.graph_pe = torch.randn(*wrong)
+        with pytest.raises(
+            ValueError,
+            match=rf"graph_pe must be \[num_nodes, graph_pe_dim\] = \[{h.num_nodes}, 3\]",
+        ):
+            enc(h)
 
 
 def test_reprs():
