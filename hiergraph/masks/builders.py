@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.types import Device
 
-from hiergraph._checks import as_int, holds_integers
+from hiergraph._checks import as_int, check_bool, holds_integers
 from hiergraph.masks.band import BandMask
 from hiergraph.ops.edge_index import check_edge_index
 
@@ -73,6 +73,7 @@ def window_mask(n: int, p: int, causal: bool = False, *, device: Device = None) 
     """
     _check_count("n", n)
     _check_count("p", p)
+    check_bool(causal, "causal")
     return BandMask((n,), p, 0 if causal else p).edge_index(device)
 
 
@@ -90,6 +91,7 @@ def dilated_mask(
     _check_count("n", n)
     _check_count("p", p)
     _check_count("dilation", dilation, 1)
+    check_bool(causal, "causal")
     return BandMask((n,), p, 0 if causal else p, dilation).edge_index(device)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from hiergraph._checks import check_bool, check_int
 from hiergraph.data.windows import check_block_size
-from hiergraph.nn._checks import check_int
 from hiergraph.ops.hmatrix import hmatrix_attention
 
 
@@ -52,6 +52,7 @@ class HMatrixAttention(nn.Module):
         check_int(embed_dim, "embed_dim")
         check_int(num_heads, "num_heads")
         check_block_size(block_size)
+        check_bool(causal, "causal")
         if embed_dim % num_heads:
             raise ValueError(
                 f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"

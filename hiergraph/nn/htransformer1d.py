@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from hiergraph._checks import check_ids, check_int
+from hiergraph._checks import check_bool, check_ids, check_int
 from hiergraph._deprecation import renamed_arguments
 from hiergraph._precision import accumulation_dtype
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
@@ -137,6 +137,7 @@ class HTransformer1D(nn.Module):
         check_int(vocab_size, "vocab_size")
         check_int(num_layers, "num_layers", minimum=0)
         check_int(ff_mult, "ff_mult")
+        check_bool(causal, "causal")
         if attention is None:
 
             def attention(dim: int, heads: int) -> nn.Module:

@@ -178,6 +178,8 @@ def test_sibling_mask(root_value):
         (lambda: causal_mask(3.0), TypeError, "n must be an int"),
         (lambda: window_mask(5, -2), ValueError, "p must be >= 0"),
         (lambda: dilated_mask(5, 1, 0), ValueError, "dilation must be >= 1"),
+        (lambda: window_mask(5, 1, causal="False"), TypeError, "causal must be a bool"),
+        (lambda: dilated_mask(5, 1, 2, causal=None), TypeError, "causal must be a bool"),
         (lambda: block_diagonal_mask([2, -1]), ValueError, "block size must be >= 0"),
         (lambda: random_mask(4, 30), ValueError, r"num_edges must lie in \[4, 16\]"),
         (lambda: random_mask(4, 2), ValueError, "num_edges must lie in"),

@@ -39,6 +39,8 @@ def test_module_shapes_and_errors():
         HMatrixAttention(32, 0)  # (a ZeroDivisionError before)
     with pytest.raises(ValueError, match="block_size must be an even int"):
         HMatrixAttention(32, 4, block_size=3)  # (before: at the first forward)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        HMatrixAttention(32, 4, causal="yes")
     with pytest.raises(ValueError, match=r"\[batch, length, 32\]"):
         attn(torch.randn(50, 32))
     with pytest.raises(ValueError, match="need a sequence length >= 1"):

@@ -82,6 +82,8 @@ def test_token_ids_out_of_range_are_refused():
 
 
 def test_attention_factory_must_build_causal_modules_for_causal_models():
+    with pytest.raises(TypeError, match="causal must be a bool"):  # (a message on the factory)
+        HTransformer1D(7, embed_dim=8, num_layers=1, num_heads=2, causal=1)
     with pytest.raises(ValueError, match="causal=True, but the attention factory built"):
         HTransformer1D(7, embed_dim=8, num_layers=1, num_heads=2, causal=True,
                        attention=HMatrixAttention)  # fmt: skip

@@ -59,7 +59,7 @@ def hmatrix_logits(
     or pass ``rows`` (int64 query indices) for the rows ``[B, H, len(rows), L]``
     of any ``L`` (memory :math:`O(M L' \cdot` ``len(rows)``:math:`)`).
     """
-    check_inputs(q, k, q[..., :0], block_size, key_padding_mask)
+    check_inputs(q, k, q[..., :0], block_size, causal, key_padding_mask)
     length = q.shape[2]
     layout = hmatrix_layout(length, block_size)
     qs, ks, counts = _coarsen(q, k, layout, causal, key_padding_mask)
@@ -112,7 +112,7 @@ def hmatrix_attention_dense(
 
     With ``rows`` (int64 query indices), the output rows ``[B, H, len(rows), d_v]`` only.
     """
-    check_inputs(q, k, v, block_size, key_padding_mask)
+    check_inputs(q, k, v, block_size, causal, key_padding_mask)
     return hmatrix_attention_matrix(q, k, block_size, causal, key_padding_mask, rows) @ v
 
 

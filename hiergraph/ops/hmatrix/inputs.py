@@ -6,14 +6,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hiergraph._checks import check_qkv_like
+from hiergraph._checks import check_bool, check_qkv_like
 from hiergraph.data.windows import check_block_size
 
 
-def check_inputs(q, k, v, block_size, key_padding_mask) -> None:
-    """Raise ``TypeError`` / ``ValueError`` unless ``q, k, v`` ``[B, H, L, ·]`` and
-    ``key_padding_mask`` (bool ``[B, L]`` or ``None``) fit one H-matrix attention call."""
+def check_inputs(q, k, v, block_size, causal, key_padding_mask) -> None:
+    """Raise ``TypeError`` / ``ValueError`` unless ``q, k, v`` ``[B, H, L, ·]``, the flag
+    ``causal`` and ``key_padding_mask`` (bool ``[B, L]`` or ``None``) fit one H-matrix
+    attention call."""
     check_block_size(block_size)
+    check_bool(causal, "causal")  # ("no" was causal)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")

@@ -80,7 +80,7 @@ def hmatrix_attention(
         autocast dtype (as :func:`~torch.nn.functional.scaled_dot_product_attention` casts
         them).
     """
-    check_inputs(q, k, v, block_size, key_padding_mask)
+    check_inputs(q, k, v, block_size, causal, key_padding_mask)
     if q.size(0) == 0 or q.size(1) == 0:  # no sequence: the (empty) result of any attention
         return torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v)
     dtype = q.dtype

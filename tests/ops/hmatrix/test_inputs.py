@@ -25,6 +25,7 @@ from hiergraph.ops.hmatrix import hmatrix_attention
             "key_padding_mask is on meta but q is on cpu",
         ),
         ({"q": torch.randn(1, 2, 10, 0), "k": torch.randn(1, 2, 10, 0)}, ValueError, "channel"),
+        ({"causal": "no"}, TypeError, "causal must be a bool"),  # (it was causal)
     ],
 )
 def test_bad_inputs(kwargs, error, match):
