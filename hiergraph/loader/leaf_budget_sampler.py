@@ -29,7 +29,6 @@ Both samplers are plain ``batch_sampler`` s for PyG's (or torch's)
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Iterator, Sequence
 from numbers import Real
 
@@ -38,7 +37,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import Sampler
 
-from hiergraph._checks import check_int, holds_integers
+from hiergraph._checks import as_int, check_int, holds_integers
 from hiergraph._runs import run_ptr
 
 
@@ -289,13 +288,10 @@ def _check_counts(leaf_counts) -> Tensor:
 
 
 def _tree_index(i, trees: int) -> int:
-    """``i`` as an int (NumPy's and 0-d tensors too), else a ``ValueError``: no index of one
-    of ``trees`` trees."""
-    try:
-        index = None if isinstance(i, bool) else operator.index(i)
-    except TypeError:
-        index = None
-    if index is None or not 0 <= index < trees:
+    """``i`` as an int (NumPy's and 0-d tensors too, :func:`~hiergraph._checks.as_int`),
+    refused unless it is the index of one of ``trees`` trees."""
+    index = as_int(i, "each index of the order to pack")
+    if not 0 <= index < trees:
         raise ValueError(f"the order to pack must hold tree indices in [0, {trees}), got {i!r}")
     return index
 

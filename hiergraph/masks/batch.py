@@ -8,6 +8,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Batch, Data
 
+from hiergraph._checks import as_int
+
 
 def sequence_batch(
     lengths: Sequence[int],
@@ -41,7 +43,9 @@ def sequence_batch(
 
         batch = sequence_batch([5, 3], window_mask, p=1, causal=True)
     """
-    lengths = [int(n) for n in lengths]
+    lengths = [as_int(n, "each length") for n in lengths]  # (2.7 was 2)
+    if not lengths:  # (an IndexError from PyG)
+        raise ValueError("lengths must name at least one sequence")
     if any(n < 0 for n in lengths):
         raise ValueError(f"lengths must be >= 0, got {lengths}")
     if x is not None and x.size(0) != sum(lengths):

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._autograd import records_grad
+from hiergraph._checks import holds_integers
 from hiergraph._device import host_tensor
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.signal_hierarchy import SignalHierarchy
@@ -64,10 +65,17 @@ def from_schedule(schedule) -> SignalHierarchy:
     :func:`append_schedule`); leaves in append order.
 
     Args:
-        schedule: ``[L, 2]`` tensor or list of ``(close, open)`` pairs.
+        schedule: ``[L, 2]`` integer tensor or list of ``(close, open)`` pairs, ``L >= 1``.
     """
+    events = torch.as_tensor(schedule)
+    if events.dim() != 2 or events.size(1) != 2 or not events.numel():
+        raise ValueError(
+            f"schedule must be [L, 2] (close, open) pairs, L >= 1, got shape {tuple(events.shape)}"
+        )  # (a [] schedule made a tree of one leaf, 1-D ones failed to unpack)
+    if not holds_integers(events):
+        raise TypeError(f"schedule must hold integers, got {events.dtype}")
     parent, slot, num_children, stack = [-1], [0], [0], [0]
-    for i, (close, open_) in enumerate(torch.as_tensor(schedule).tolist()):
+    for i, (close, open_) in enumerate(events.tolist()):
         if close < 0 or open_ < 0 or (i == 0 and close) or close > len(stack) - 1:
             raise ValueError(f"invalid (close, open) = ({close}, {open_}) at token {i}")
         if i:

@@ -25,5 +25,9 @@ def test_sequence_batch():
         assert torch.equal(local, window_mask(n, 1, causal=True))
     with pytest.raises(ValueError, match="lengths sum to 12"):
         sequence_batch(lengths, window_mask, x=x[:5], p=1)
+    with pytest.raises(ValueError, match="at least one sequence"):  # (an IndexError in PyG)
+        sequence_batch([], window_mask, p=1)
+    with pytest.raises(TypeError, match="each length must be an int, got 2.7"):  # (was 2)
+        sequence_batch([2.7], window_mask, p=1)
     with pytest.raises(ValueError, match="lengths must be >= 0"):
         sequence_batch([2, -1], causal_mask)

@@ -539,6 +539,18 @@ def test_schedule_round_trip():
         assert torch.equal(g.parent, h.parent) and torch.equal(g.slot, h.slot)
 
 
+def test_schedules_that_are_no_pairs_are_refused():
+    """(``[]`` made a tree of one leaf for no token; 1-D and 3-column schedules failed to
+    unpack; float ones were truncated.)"""
+    for schedule in ([], [0, 1], [[0, 1, 0]], torch.zeros(0, 2)):
+        with pytest.raises(ValueError, match=r"schedule must be \[L, 2\] \(close, open\) pairs"):
+            from_schedule(schedule)
+    with pytest.raises(TypeError, match="schedule must hold integers"):
+        from_schedule([[0, 1.5]])
+    with pytest.raises(ValueError, match=r"invalid \(close, open\) = \(1, 0\) at token 0"):
+        from_schedule([[1, 0]])
+
+
 def test_the_kernel_step_checks_its_inputs():
     ext = hsa_kernel()
     cache = HierarchicalKVCache(2, 4, 3, dtype=torch.float64)
