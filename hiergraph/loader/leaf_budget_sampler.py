@@ -165,6 +165,7 @@ class LeafBudgetBatchSampler(Sampler[list[int]]):
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for ``epoch`` (forwarded to the wrapped sampler if it has ``set_epoch``)."""
+        check_int(epoch, "epoch", minimum=0)  # (1.5 failed in manual_seed at the next pass)
         self.epoch, self._pending = epoch, None
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)

@@ -169,6 +169,8 @@ def random_mask(
     """
     _check_count("n", n)
     _check_count("num_edges", num_edges)
+    seed = as_int(seed, "seed")  # (a message from manual_seed)
+    check_bool(self_loops, "self_loops")
     loops = n if self_loops else 0
     if not loops <= num_edges <= loops + n * (n - 1):
         raise ValueError(

@@ -10,6 +10,7 @@ from torch_geometric.data import Batch
 from torch_geometric.nn import global_mean_pool
 from torch_geometric.utils import scatter
 
+from hiergraph._checks import as_int, holds_integers
 from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.restructure import coarsen_hierarchy, tree_of_nodes
@@ -98,9 +99,11 @@ def select_leaf(
                 f"position must be an int or a [num_trees={num_trees}] tensor, got shape "
                 f"{tuple(position.shape)}"
             )
+        if not holds_integers(position):  # (an index_select error)
+            raise TypeError(f"position must hold integers, got {position.dtype}")
         position = position.to(x.device).expand(num_trees)
-    else:  # a fill, not a host-to-device copy
-        position = torch.full((num_trees,), position, dtype=torch.long, device=x.device)
+    else:  # a fill, not a host-to-device copy (1.5 was leaf 1)
+        position = torch.full((num_trees,), as_int(position, "position"), device=x.device)
     asked, position = position, torch.where(position < 0, position + counts, position)
     bad = ((position < 0) | (position >= counts)).any()
     if not reads_values(bad):  # on an accelerator: checked on the device, no host sync

@@ -70,6 +70,8 @@ def test_packing_refuses_what_names_no_tree():
     sampler = LeafBudgetBatchSampler(sizes, 5, sampler=[0, 7])  # a sampler's bad index
     with pytest.raises(ValueError, match=r"got 7"):
         sampler.batches()
+    with pytest.raises(TypeError, match="epoch must be"):  # (manual_seed failed at the next pass)
+        LeafBudgetBatchSampler(sizes, 5, shuffle=True).set_epoch(1.5)
 
 
 def trees(sizes):

@@ -183,6 +183,7 @@ def test_sibling_mask(root_value):
         (lambda: block_diagonal_mask([2, -1]), ValueError, "block size must be >= 0"),
         (lambda: random_mask(4, 30), ValueError, r"num_edges must lie in \[4, 16\]"),
         (lambda: random_mask(4, 2), ValueError, "num_edges must lie in"),
+        (lambda: random_mask(4, 6, seed=1.5), TypeError, "seed must be an int, got 1.5"),
         (lambda: graph_mask(torch.tensor([[0], [5]]), 3), ValueError, "outside"),
         (lambda: graph_mask(torch.tensor([[0.0], [1.0]]), 3), TypeError, "int64 or int32"),
         (lambda: global_tokens_mask(torch.zeros(3, 1).long(), 3, 1), ValueError, r"\[2, E\]"),

@@ -35,6 +35,10 @@ def test_global_mean_and_select():
         select_leaf(b.x, b, 5)
     with pytest.raises(ValueError, match=r"position out of range: \[-9, -9\]"):  # as given
         select_leaf(b.x, b, -9)
+    with pytest.raises(TypeError, match="position must be an int, got 1.5"):  # (was leaf 1)
+        select_leaf(b.x, b, 1.5)
+    with pytest.raises(TypeError, match="position must hold integers"):
+        select_leaf(b.x, b, torch.tensor([1.0, 0.0]))
     for pool in (global_leaf_mean_pool, select_leaf, coarsen_leaves):  # (PyG scatter errors)
         with pytest.raises(ValueError, match=r"x must have one row per leaf, \[11, ...\]"):
             pool(b.x[:8], b)
