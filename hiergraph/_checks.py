@@ -57,6 +57,12 @@ def check_positive(value, name: str) -> None:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
+def check_probability(value, name: str) -> None:
+    """Raise unless ``value`` is a number in ``[0, 1]`` (a dropout rate)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
+
+
 def as_int(value, what: str) -> int:
     """``value`` as an int, refused unless it is one: an int, a NumPy integer or a tensor of
     one integer (a float, a bool or a float tensor is not silently truncated)."""

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from numbers import Real
-
 from torch import Tensor
 
-from hiergraph._checks import check_int  # noqa: F401 (the layers import it from here)
+from hiergraph._checks import check_int, check_probability  # noqa: F401 (the layers import them here)
 
 
 def check_in_channels(in_channels) -> None:
@@ -31,12 +29,6 @@ def check_conv_arguments(in_channels, out_channels, heads, dropout) -> None:
     check_int(out_channels, "out_channels")
     check_int(heads, "heads")
     check_probability(dropout, "dropout")
-
-
-def check_probability(value, name: str) -> None:
-    """Raise unless ``value`` is a number in ``[0, 1]`` (a dropout rate)."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
 
 
 def check_features(x: Tensor, expected: int, name: str, shape: str) -> None:

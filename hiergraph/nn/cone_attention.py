@@ -105,6 +105,8 @@ class ConeAttention(nn.Module):
         check_positive(gamma, "gamma")
         if r is not None:
             check_positive(r, "r")
+        if height_scale is not None:  # (refused at the first forward before)
+            check_positive(height_scale, "height_scale")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
         head_dim = embed_dim // num_heads

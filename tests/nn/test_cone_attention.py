@@ -195,6 +195,7 @@ def test_bad_arguments():
         ((8, 2), {"r": 0.0}, "r must be a finite number > 0"),  # (before: at the first forward)
         ((8, 2), {"r": float("inf")}, "r must be a finite number > 0"),
         ((8, 2), {"gamma": float("inf")}, "gamma must be a finite number > 0, got inf"),
+        ((8, 2), {"height_scale": 0.0}, "height_scale must be a finite number > 0"),
     ],
 )
 def test_constructor_rejects_bad_arguments(args, kwargs, match):

@@ -44,7 +44,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from hiergraph._autograd import AutogradFunction
-from hiergraph._checks import check_int, check_qkv_like
+from hiergraph._checks import check_int, check_probability, check_qkv_like
 from hiergraph._device import host_tensor
 
 
@@ -274,8 +274,7 @@ def banded_attention(
     before, after, dilation = clamped_band(lengths, before, after, dilation)
     check_int(block_size, "block_size", optional=True)
     check_int(chunk_size, "chunk_size", optional=True)
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
+    check_probability(dropout_p, "dropout_p")  # (a string: a TypeError on <=)
     n = q.size(0)
     if n == 0:
         return v.new_zeros(v.shape)

@@ -80,8 +80,8 @@ class EdgeCSR:
     """
 
     def __init__(self, edge_index: Tensor, size: tuple[int, int], *, check: bool = True):
-        if len(size) != 2:
-            raise ValueError(f"size must be (num_src, num_dst), got {size}")
+        if not isinstance(size, tuple | list) or len(size) != 2:  # (an int: "has no len()")
+            raise ValueError(f"size must be (num_src, num_dst), got {size!r}")
         for n in size:
             check_int(n, "size: num_src and num_dst", minimum=0)
         self.num_src, self.num_dst = size

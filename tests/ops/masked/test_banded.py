@@ -106,7 +106,8 @@ def test_band_predicate_definition():
         ([(5, 2, 3)] * 3, {"lengths": [2, 2]}, "sum to N = 5"),
         ([(5, 2, 3)] * 3, {"block_size": -2}, "block_size must be a positive int"),
         ([(5, 2, 3)] * 3, {"chunk_size": 0}, "chunk_size must be a positive int"),
-        ([(5, 2, 3)] * 3, {"dropout_p": -0.5}, r"dropout_p must be in \[0, 1\]"),
+        ([(5, 2, 3)] * 3, {"dropout_p": -0.5}, r"dropout_p must be a probability in \[0, 1\]"),
+        ([(5, 2, 3)] * 3, {"dropout_p": "0.1"}, r"dropout_p must be a probability"),
     ],
 )
 def test_bad_inputs(shapes, kwargs, message):

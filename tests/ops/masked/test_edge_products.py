@@ -97,6 +97,9 @@ def test_half_inputs_accumulate_in_float32(dtype):
 
 def test_bad_shapes():
     graph = EdgeCSR(random_graph(5, 7, 10), (5, 7))
+    for size in (7, (5, 7, 1)):
+        with pytest.raises(ValueError, match=r"size must be \(num_src, num_dst\)"):
+            EdgeCSR(graph.edge_index, size)
     with pytest.raises(ValueError, match=r"a must have shape \[7, H, C\]"):
         edge_dot(feats(5, 0), feats(5, 1), graph)
     with pytest.raises(ValueError, match=r"b must have shape \[5, 2, C\]"):
