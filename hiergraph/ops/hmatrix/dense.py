@@ -60,6 +60,7 @@ def hmatrix_logits(
     of any ``L`` (memory :math:`O(M L' \cdot` ``len(rows)``:math:`)`).
     """
     check_inputs(q, k, q[..., :0], block_size, causal, key_padding_mask)
+    q, k = _without_padding(q, key_padding_mask), _without_padding(k, key_padding_mask)
     length = q.shape[2]
     layout = hmatrix_layout(length, block_size)
     qs, ks, counts = _coarsen(q, k, layout, causal, key_padding_mask)
@@ -113,7 +114,16 @@ def hmatrix_attention_dense(
     With ``rows`` (int64 query indices), the output rows ``[B, H, len(rows), d_v]`` only.
     """
     check_inputs(q, k, v, block_size, causal, key_padding_mask)
-    return hmatrix_attention_matrix(q, k, block_size, causal, key_padding_mask, rows) @ v
+    attn = hmatrix_attention_matrix(q, k, block_size, causal, key_padding_mask, rows)
+    return attn @ _without_padding(v, key_padding_mask)
+
+
+def _without_padding(x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    """``x`` ``[B, H, L, ·]`` with zeros at the padded positions: what they hold (NaN, inf)
+    reaches no valid row, as in the fast path (a zero weight times NaN is NaN)."""
+    if key_padding_mask is None:
+        return x
+    return x.masked_fill(key_padding_mask[:, None, :, None], 0.0)
 
 
 def _coarsen(

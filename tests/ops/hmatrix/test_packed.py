@@ -184,6 +184,9 @@ def test_padding_contents_do_not_matter(fill, causal):
     out = hmatrix_attention(q, k, v, 4, causal, key_padding_mask=mask)
     torch.testing.assert_close(out, hmatrix_attention(q2, k2, v2, 4, causal, key_padding_mask=mask))
     assert (out[mask[:, None, :, None].expand_as(out)] == 0).all()
+    # the dense reference too (a padded NaN reached the valid rows through a zero weight)
+    reference = hmatrix_attention_dense(q2, k2, v2, 4, causal, key_padding_mask=mask)
+    torch.testing.assert_close(reference, out)
 
 
 def test_heads_and_batch_are_independent():
