@@ -40,6 +40,8 @@ def relabel(edge_index: Tensor, perm: Perm) -> Tensor:
     """
     perm_src, perm_dst = perm if isinstance(perm, tuple) else (perm, perm)
     for p in (perm_src, perm_dst):
+        if not isinstance(p, Tensor):  # (an AttributeError)
+            raise TypeError(f"perm must be a tensor or a pair of them, got {type(p).__name__}")
         _check_permutation(p, p.numel())
     check_edge_index(edge_index, perm_src.numel(), perm_dst.numel())
     return torch.stack(

@@ -65,6 +65,8 @@ def test_permutations_are_checked():
     edge_index = window_mask(3, 1)
     with pytest.raises(ValueError, match=r"permutation of 0 .. 2, got \[0, 0, 2\]"):
         relabel(edge_index, torch.tensor([0, 0, 2]))  # (silently accepted before)
+    with pytest.raises(TypeError, match="perm must be a tensor or a pair of them, got list"):
+        relabel(edge_index, [2, 1, 0])  # (an AttributeError before)
     with pytest.raises(ValueError, match=r"permutation of 0 .. 2, got \[1, 0\]"):
         is_automorphism(edge_index, 3, torch.tensor([1, 0]))  # (a raw size error before)
     with pytest.raises(ValueError, match=r"permutation of 0 .. 2, got \[2, 1, 0\]"):

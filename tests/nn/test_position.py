@@ -14,6 +14,9 @@ def test_fourier_features_shape_and_grad():
     assert lff.freq.weight.grad is not None and pos.grad is not None
     with pytest.raises(ValueError, match="even"):
         LearnableFourierFeatures(1, 4, num_features=3)
+    for wrong in (torch.rand(5, 3), torch.rand(5)):  # (a matmul shape error)
+        with pytest.raises(ValueError, match=r"pos must be \[n, pos_dim=2\]"):
+            lff(wrong)
 
 
 def test_family_encoder_by_domain():
