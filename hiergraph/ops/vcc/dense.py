@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph._checks import check_int, holds_integers
 from hiergraph.ops.vcc.layer import LayerFn
 
 
@@ -28,7 +29,15 @@ def compression_matrices(
         ``S`` ``[r, n]``, ``S_pinv`` ``[n, r]``, ``log_d`` ``[r]`` (0 for VIP rows),
         with ``r = num_vip + len(count)`` and ``n = num_vip + count.sum()``.
     """
+    if not isinstance(count, Tensor) or count.dim() != 1 or not holds_integers(count):
+        raise TypeError(  # (2.5 was truncated to 2)
+            f"count must be a 1-D integer tensor of segment sizes, got "
+            f"{f'{count.dtype} {tuple(count.shape)}' if isinstance(count, Tensor) else count!r}"
+        )
+    check_int(num_vip, "num_vip", minimum=0)
     count = count.to(torch.long).cpu()
+    if bool((count < 1).any()):
+        raise ValueError(f"every segment needs a token: count must be >= 1, got {count.tolist()}")
     num_rows, n_c = count.numel(), int(count.sum())
     seg = torch.arange(num_rows).repeat_interleave(count)
     s_c = torch.zeros(num_rows, n_c, dtype=dtype)

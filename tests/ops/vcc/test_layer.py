@@ -98,6 +98,12 @@ def test_compression_matrices_structure():
     torch.testing.assert_close(s_pinv[3:, 3:], s_c.T * count.double())
     torch.testing.assert_close(s @ s_pinv, torch.eye(s.size(0), dtype=torch.float64))
     assert ((s_pinv == 1).sum(1) == 1).all() and ((s_pinv != 0).sum(1) == 1).all()
+    with pytest.raises(TypeError, match="count must be a 1-D integer tensor"):  # (truncated)
+        compression_matrices(torch.tensor([2.5, 1.0]), 0)
+    with pytest.raises(ValueError, match="count must be >= 1"):  # (a zero row: inf in S)
+        compression_matrices(torch.tensor([2, 0]), 0)
+    with pytest.raises(ValueError, match="num_vip must be"):
+        compression_matrices(count, -1)
     assert torch.equal(s[:3, :3], torch.eye(3, dtype=torch.float64)) and (s[:3, 3:] == 0).all()
     torch.testing.assert_close(log_d.exp()[3:], count.double())
 
