@@ -576,7 +576,9 @@ def penumbral(
         squared: score :math:`-\gamma H^2` as in the authors' code.
 
     Returns:
-        Logits ``[..., n, m]`` in float32 (float64 for float64 inputs).
+        Logits ``[..., n, m]`` in float32 (float64 for float64 inputs). Horizontal
+        distances whose square overflows that dtype (float32 coordinates of about
+        :math:`10^{19}`) give NaN logits: scale such inputs down first.
     """
     geometry = cone_geometry("penumbral", r, squared=squared)
     return _cone_scores(q, k, *geometry, gamma, _dense_pairs)
