@@ -49,19 +49,28 @@ def records_grad(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def recorded_gradients(recorded, inputs: tuple[Tensor, ...], grad) -> tuple:
-    """The gradients of ``inputs`` (``q, k, v`` and the position embeddings, the saved
-    inputs of a node, still part of the graph) from ``grad`` (one per output of the op: a
-    tensor or a tuple) through the recorded op, ``recorded(q, k, v, eps)`` (``eps`` a list
-    of the embeddings, or ``None``), with a graph (``create_graph=True``): ``None`` for an
-    input that needs none, zeros for one the output does not depend on (``q, k`` of one
-    family of two without self energies), as from the first-order backward. Outputs that
-    depend on no input that needs a gradient (the sums of ``q`` where only the embeddings
-    need one, say), and those without a gradient, are left out."""
-    outs = recorded(*inputs[:3], list(inputs[3:]) or None)
+def recorded_gradients(recorded, inputs: tuple, grad) -> tuple:
+    """The gradients of ``inputs`` from ``grad`` that a hand-written first-order backward
+    returns under ``create_graph=True`` (grad mode is then on in the backward): those
+    through ``recorded``, the same op on tensor operations, which carry a graph (second
+    derivatives). A backward calls it as ``if torch.is_grad_enabled(): return …,
+    *recorded_gradients(…)``.
+
+    ``inputs`` are the op's ``q, k, v`` and position embeddings ``eps`` (a tensor, a list of
+    tensors, one per level, or ``None``), the saved inputs of its node, still part of the
+    graph; ``recorded(*inputs)`` returns the op's outputs, ``grad`` has one gradient per
+    output (a tensor or a tuple). Returns one gradient per tensor argument of the node's
+    forward (``q, k, v, eps`` for one embedding or none, ``q, k, v, *eps`` for a list):
+    ``None`` for an input that needs none (or is ``None``), zeros for one the outputs do not
+    depend on (``q, k`` of one family of two without self energies), as from the
+    first-order backward. Outputs that depend on no input that needs a gradient (the sums
+    of ``q`` where only the embeddings need one, say), and those without a gradient, are
+    left out."""
+    tensors = [t for x in inputs for t in (x if isinstance(x, list) else [x])]
+    outs = recorded(*inputs)
     outs, grads = (outs, grad) if isinstance(outs, tuple | list) else ((outs,), (grad,))
     pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if o.requires_grad and g is not None]
-    wanted = [t for t in inputs if t.requires_grad]
+    wanted = [t for t in tensors if t is not None and t.requires_grad]
     found = [None] * len(wanted)
     if pairs:
         found = torch.autograd.grad(
@@ -71,4 +80,4 @@ def recorded_gradients(recorded, inputs: tuple[Tensor, ...], grad) -> tuple:
     found = iter(
         torch.zeros_like(t) if g is None else g for t, g in zip(wanted, found, strict=True)
     )
-    return tuple(next(found) if t.requires_grad else None for t in inputs)
+    return tuple(next(found) if t is not None and t.requires_grad else None for t in tensors)

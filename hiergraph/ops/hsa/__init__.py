@@ -14,7 +14,8 @@ two-pass dynamic program over the tree (Alg. 1–3, App. E). Modules:
   :mod:`~hiergraph.ops.hsa.padded` on nearly equal forests padded to equal fanout, and
   :mod:`~hiergraph.ops.hsa.family`
   holds the sibling-attention kernels of any other forest and the building blocks the
-  equal-fanout paths share;
+  equal-fanout paths share (:mod:`~hiergraph.ops.hsa.family_products`: the batched
+  products over families they are made of);
 * kernels: :mod:`~hiergraph.ops.hsa.native`, the compiled CPU kernel (equal-fanout,
   padded and ragged forests, hub trees, the strictly causal op, the KV cache's decoding
   step), and :mod:`~hiergraph.ops.hsa.triton_uniform` with

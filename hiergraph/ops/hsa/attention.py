@@ -170,7 +170,6 @@ def hierarchical_attention(
         flags = dict(include_self=include_self, tau=tau, size_bias=size_bias)
 
         def recorded(q, k, v, eps):  # the same op on tensor operations (second derivatives)
-            eps = None if eps is None else eps[0]
             return general_attention(
                 q, k, v, index, eps, left_only=False, leaf_mask=None, kernel="edge", **flags
             )

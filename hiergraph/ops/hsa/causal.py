@@ -159,7 +159,7 @@ def causal_hierarchical_attention(
     if kernel == "dense" and native.applies_to_causal(q, k, v, eps):
 
         def recorded(q, k, v, e):  # the same op on tensor operations (second derivatives)
-            return _edge_attention(q, k, v, plan, None if e is None else e[0], tau)[0]
+            return _edge_attention(q, k, v, plan, e, tau)[0]
 
         out = native.causal_forest_attention(q, k, v, eps, plan, tau=tau, recorded=recorded)
         return _out(out, dtype, squeeze)

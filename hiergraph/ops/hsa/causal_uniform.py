@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hiergraph.ops.hsa import family
-from hiergraph.ops.hsa.family import summed_products
+from hiergraph.ops.hsa.family_products import summed_products
 from hiergraph.ops.hsa.uniform import (
     bottom_up,
     counts_below,
@@ -80,7 +80,7 @@ def uniform_causal_attention(
     # complete statistics of every node: the sibling-masked (leaky) pass; wide leaf
     # families in the fused kernel, which hands back theta instead of the weights
     fused = fanout[-1] >= family.WIDE_LEFT_LEAVES and family.fused_kernel_applies(q)
-    lses, probs, gates, rhos = bottom_up(
+    lses, probs, gates, rhos, _ = bottom_up(
         leaf_rho, below, fanout, eps, tau, include_self=True, left_only=True, size_bias=True,
         fused_leaves=fused,
     )  # fmt: skip

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from hiergraph._precision import accumulation_dtype, widened
 from hiergraph.ops.hsa.attention import general_attention
-from hiergraph.ops.hsa.family import family_gram, fill_diagonal
+from hiergraph.ops.hsa.family_products import family_gram, fill_diagonal
 from hiergraph.ops.hsa.inputs import check_inputs, check_leaf_flags, logit_scale
 from hiergraph.ops.hsa.padded import on_slots, slot_mask
 from hiergraph.ops.hsa.uniform import (

@@ -59,6 +59,7 @@ import platform
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -176,23 +177,21 @@ def applies(
     q: Tensor, k: Tensor, v: Tensor, fanout: tuple[int, ...], eps, grad: bool, trees=None
 ) -> bool:
     """Whether the kernel runs HSA of ``q, k [L, H, d]``, ``v [L, H, d_v]`` over the
-    equal-fanout forest with ``fanout`` (the callers have ruled out leaky-causal keys,
-    ``torch.compile``, and with a gradient a family above the roots): float32 or
-    float64 CPU tensors with contiguous channels (``q, k, v``; the position embeddings per
-    level ``eps``, if any, of the same dtype), every fanout at least 2, at least as many
-    (tree, head) tasks as threads, with a ``grad`` at most :data:`MAX_TREE_LEAVES` leaves
-    per tree and families of fewer than :data:`WIDE_FANOUT` members, and the extension
-    built. ``trees``: the forest's trees where ``q`` has fewer
-    rows than its leaves (the real leaves of a padded forest)."""
+    equal-fanout forest with ``fanout`` (the callers have ruled out leaky-causal keys and,
+    with a gradient, a family above the roots): float32 or float64 CPU tensors with
+    contiguous channels (``q, k, v``; the position embeddings per level ``eps``, if any,
+    of the same dtype), every fanout at least 2, at least as many (tree, head) tasks as
+    threads, with a ``grad`` at most :data:`MAX_TREE_LEAVES` leaves per tree and families
+    of fewer than :data:`WIDE_FANOUT` members, outside ``torch.compile``, and the
+    extension built. ``trees``: the forest's trees where ``q`` has fewer rows than its
+    leaves (the real leaves of a padded forest)."""
     leaves = math.prod(fanout)
     trees = q.size(0) // leaves if trees is None else trees
-    return (
-        _eligible(q, k, v)
-        and all(e.dtype == q.dtype for e in eps or ())
+    return _runs(
+        _eligible(q, k, v, *(eps or ()))
         and min(fanout) >= 2
         and trees * q.size(1) >= torch.get_num_threads()
         and (not grad or (leaves <= MAX_TREE_LEAVES and max(fanout) < WIDE_FANOUT))
-        and extension() is not None
     )
 
 
@@ -201,12 +200,10 @@ def applies_to_hub_trees(q: Tensor, k: Tensor, v: Tensor, trees: int) -> bool:
     ``q, k [N, H, d]``, ``v [N, H, d_v]``: float32 or float64 CPU tensors with contiguous
     channels, no gradient, not under ``torch.compile``, at least as many (tree, head)
     tasks as threads, and the extension built."""
-    return (
+    return _runs(
         _eligible(q, k, v)
         and not records_grad(q, k, v)
-        and not torch.compiler.is_compiling()
         and trees * q.size(1) >= torch.get_num_threads()
-        and extension() is not None
     )
 
 
@@ -260,12 +257,7 @@ def kv_step(
 def applies_to_edges(q: Tensor) -> bool:
     """Whether :func:`edge_softmax` runs in the kernel for queries ``q``: a float32 or
     float64 CPU tensor, outside ``torch.compile``, and the extension built."""
-    return (
-        q.device.type == "cpu"
-        and q.dtype in (torch.float32, torch.float64)
-        and not torch.compiler.is_compiling()
-        and extension() is not None
-    )
+    return _runs(_cpu_float(q))
 
 
 def edge_softmax(
@@ -312,12 +304,7 @@ class _EdgeSoftmax(AutogradFunction):
         q, k, v, eps, lse, theta = ctx.saved_tensors
         log_n, pair_node, ptr, key_pair, key_node, tau, recorded = ctx.graph
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
-            inputs = (q, k, v) if eps is None else (q, k, v, eps)
-            grads = recorded_gradients(  # (its embeddings come as a list: one here)
-                lambda q, k, v, e: recorded(q, k, v, None if e is None else e[0]),
-                inputs, (grad_lse, grad_theta),
-            )  # fmt: skip
-            return None, *grads, *((None,) if eps is None else ())
+            return None, *recorded_gradients(recorded, (q, k, v, eps), (grad_lse, grad_theta))
         # the keys' edges, transposed: the backward writes every key row from one thread
         order = torch.argsort(key_node, stable=True)
         key_ptr = _row_pointers(key_node[order], k.size(0))
@@ -336,12 +323,31 @@ def _row_pointers(rows: Tensor, size: int) -> Tensor:
     return torch.searchsorted(rows, torch.arange(size + 1, device=rows.device))
 
 
-def _eligible(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Float32 or float64 CPU rows ``[N, H, ·]`` of one dtype with contiguous channels."""
+def _runs(eligible: bool, fits: Callable[[], bool] | None = None) -> bool:
+    """Whether a kernel runs a call that meets its own conditions (``eligible``): outside
+    ``torch.compile``, the extension built (on the first call that gets this far), and
+    ``fits()`` (asked last, of calls the kernel could run: it may read a number from the
+    host)."""
     return (
-        q.device.type == "cpu"
-        and q.dtype in (torch.float32, torch.float64)
+        eligible
+        and not torch.compiler.is_compiling()
+        and extension() is not None
+        and (fits is None or fits())
+    )
+
+
+def _cpu_float(x: Tensor) -> bool:
+    """Whether ``x`` is a float32 or float64 CPU tensor."""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+
+
+def _eligible(q: Tensor, k: Tensor, v: Tensor, *eps: Tensor | None) -> bool:
+    """Float32 or float64 CPU rows ``[N, H, ·]`` of one dtype with contiguous channels, and
+    position embeddings ``eps`` (``None`` entries: none) of that dtype."""
+    return (
+        _cpu_float(q)
         and all(t.dtype == q.dtype and t.dim() == 3 and t.stride(-1) == 1 for t in (q, k, v))
+        and all(e is None or e.dtype == q.dtype for e in eps)
     )
 
 
@@ -395,7 +401,8 @@ class _NativeUniform(AutogradFunction):
     def backward(ctx, grad: Tensor):
         q, k, v, saved, *eps = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
-            return None, None, None, *recorded_gradients(ctx.recorded, (q, k, v, *eps), grad)
+            inputs = (q, k, v, eps or None)
+            return None, None, None, *recorded_gradients(ctx.recorded, inputs, grad)
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
         dq, dk, dv, *d_eps = extension().backward(
@@ -425,12 +432,8 @@ def applies_to_forest(q: Tensor, k: Tensor, v: Tensor, index, pos: Tensor | None
     or float64 CPU rows with contiguous channels and embeddings of their dtype, outside
     ``torch.compile``, the extension built, and at most :data:`MAX_FOREST_WEIGHTS` weights
     (the callers have ruled out leaf masks and leaky-causal keys)."""
-    return (
-        _eligible(q, k, v)
-        and (pos is None or pos.dtype == q.dtype)
-        and not torch.compiler.is_compiling()
-        and extension() is not None
-        and int(index.pair_ptr[-1]) * q.size(1) <= MAX_FOREST_WEIGHTS
+    return _runs(
+        _eligible(q, k, v, pos), lambda: int(index.pair_ptr[-1]) * q.size(1) <= MAX_FOREST_WEIGHTS
     )
 
 
@@ -455,7 +458,7 @@ def forest_attention(
     weights in cache, no copy of the leaf rows. Returns ``[L, H, d_v]`` (node-major).
     The forward keeps the inner nodes' means, every family's weights and per node and head
     four numbers for the backward; second derivatives differentiate ``recorded(q, k, v,
-    eps)``, the same op on tensor operations (``eps``: ``[pos]`` or ``None``)."""
+    pos)``, the same op on tensor operations."""
     count = torch.cat([level.count for level in index.levels]).to(q.dtype)
     forest = (index.child_ptr, index.leaf_row, index.order, count, index.pair_ptr, index.tree_ptr)
     options = (list(index.level_ptr), float(tau), include_self, size_bias)
@@ -482,9 +485,8 @@ class _PlannedKernel(AutogradFunction):
     def backward(ctx, grad: Tensor):
         q, k, v, eps, *saved = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
-            inputs = (q, k, v) if eps is None else (q, k, v, eps)
-            grads = recorded_gradients(ctx.recorded, inputs, grad)
-            return None, None, None, None, *grads, *((None,) if eps is None else ())
+            grads = recorded_gradients(ctx.recorded, (q, k, v, eps), grad)
+            return None, None, None, None, *grads
         dq, dk, dv, d_eps = getattr(extension(), f"{ctx.kernel}_backward")(
             grad.contiguous(), q, k, v, eps, *ctx.arrays, *saved, *ctx.options
         )
@@ -497,12 +499,7 @@ def applies_to_causal(q: Tensor, k: Tensor, v: Tensor, eps: Tensor | None) -> bo
     d_v]`` and the position embeddings ``eps`` (or ``None``): float32 or float64 CPU rows
     with contiguous channels and embeddings of their dtype, outside ``torch.compile``, and
     the extension built."""
-    return (
-        _eligible(q, k, v)
-        and (eps is None or eps.dtype == q.dtype)
-        and not torch.compiler.is_compiling()
-        and extension() is not None
-    )
+    return _runs(_eligible(q, k, v, eps))
 
 
 def causal_forest_attention(
@@ -515,8 +512,7 @@ def causal_forest_attention(
     leaves in order as a decoder would (the prefix sums of the open nodes, one softmax per
     ancestor over its left siblings, the energies up the path, the gated output), and its
     backward walks them in reverse. Returns ``[L, H, d_v]``. Second derivatives
-    differentiate ``recorded(q, k, v, eps)``, the same op on tensor operations (``eps``:
-    ``[eps]`` or ``None``)."""
+    differentiate ``recorded(q, k, v, eps)``, the same op on tensor operations."""
     q, k, v = (t.contiguous() for t in (q, k, v))
     eps = None if eps is None else eps.contiguous()
     options = _causal_options(plan, tau)

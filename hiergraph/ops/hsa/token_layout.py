@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._autograd import AutogradFunction
+from hiergraph.ops.hsa.family_products import family_product
 
 #: Most heads read node-major when gradients are taken: per-head products over rows ``H d``
 #: apart lose to one copy and one batched product from about 12 heads (32 × 512 tokens,
@@ -167,7 +168,7 @@ def head_gram(x: Tensor, y: Tensor, alpha: float | None = None) -> Tensor:
     ``y [F, b', H, c]``: heads first, ``[H, F, b, b']``. Written head by head into one
     buffer (``baddbmm_`` with ``beta=0``: no stacking copy and no scaling pass), unless
     autograd records it (the backward of a double backward): then stacked, differentiable.
-    ``alpha`` as in :func:`~hiergraph.ops.hsa.family.family_gram`."""
+    ``alpha`` as in :func:`~hiergraph.ops.hsa.family_products.family_gram`."""
     heads = x.size(2)
     if torch.is_grad_enabled():
         out = per_head(lambda h: x[:, :, h] @ y[:, :, h].transpose(1, 2), heads, 0)
@@ -183,11 +184,6 @@ def head_gram(x: Tensor, y: Tensor, alpha: float | None = None) -> Tensor:
 def head_rows(base: Tensor | None, h: int, rows: int) -> Tensor | None:
     """Head ``h`` of a ``[H, F, 1, c]`` base, broadcast to ``[F, rows, c]`` (a view)."""
     return None if base is None else base[h].expand(-1, rows, -1)
-
-
-def _product(a: Tensor, b: Tensor, base: Tensor | None) -> Tensor:
-    """``base + a @ b`` (batched; ``None``: no base)."""
-    return torch.bmm(a, b) if base is None else torch.baddbmm(base, a, b)
 
 
 class _TokenScores(AutogradFunction):
@@ -212,10 +208,10 @@ class _TokenScores(AutogradFunction):
             return *grads, None, None
         grad = grad * ctx.tau
         grad_q = per_head(
-            lambda h: _product(grad[h], k[:, :, h], head_rows(bases[0], h, rows)), heads, 2
+            lambda h: family_product(grad[h], k[:, :, h], head_rows(bases[0], h, rows)), heads, 2
         )
         grad_k = per_head(
-            lambda h: _product(grad[h].mT, q[:, :, h], head_rows(bases[1], h, rows)), heads, 2
+            lambda h: family_product(grad[h].mT, q[:, :, h], head_rows(bases[1], h, rows)), heads, 2
         )
         return grad_q, grad_k, None, None
 
@@ -227,7 +223,7 @@ class _TokenProduct(AutogradFunction):
         ctx.has_base = base is not None
         rows = v.size(1)
         return per_head(
-            lambda h: _product(p[h], v[:, :, h], head_rows(base, h, rows)), v.size(2), 2
+            lambda h: family_product(p[h], v[:, :, h], head_rows(base, h, rows)), v.size(2), 2
         )
 
     @staticmethod

@@ -170,8 +170,9 @@ class _TritonUniform(AutogradFunction):
     @staticmethod
     def backward(ctx, grad: Tensor):
         q, k, v, *eps = ctx.saved_tensors
+        inputs = (q, k, v, eps or None)
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
-            return None, None, *recorded_gradients(ctx.recorded, (q, k, v, *eps), grad)
+            return None, None, *recorded_gradients(ctx.recorded, inputs, grad)
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
         fanout, include_self, tau, _, counts = ctx.options  # the size bias is in the saved lse
@@ -179,7 +180,7 @@ class _TritonUniform(AutogradFunction):
             grads = _backward(grad, q, k, v, eps, ctx.levels, fanout, include_self, tau, counts)
         except KernelsUnavailable:  # the recorded op's gradients instead (no graph kept)
             with torch.enable_grad():
-                found = recorded_gradients(ctx.recorded, (q, k, v, *eps), grad)
+                found = recorded_gradients(ctx.recorded, inputs, grad)
             grads = [None if g is None else g.detach() for g in found]
         return None, None, *grads
 

@@ -29,9 +29,9 @@ no input needs a gradient (inference) its passes run alone (:func:`fused_forward
 otherwise (``leaky_causal``, larger inputs, ``torch.compile``) every operation is
 recorded: the path runs under ``torch.compile(fullgraph=True)`` and is differentiable
 twice (its small autograd functions, :func:`scores`,
-:func:`~hiergraph.ops.hsa.family.family_product`,
-:func:`~hiergraph.ops.hsa.family.family_sum` and :func:`dense_gradient`, have backwards
-made of differentiable operations). Inputs whose memory is heads first (``[H, L, d]``
+:func:`~hiergraph.ops.hsa.family_products.family_product`,
+:func:`~hiergraph.ops.hsa.family_products.family_sum` and :func:`dense_gradient`, have
+backwards made of differentiable operations). Inputs whose memory is heads first (``[H, L, d]``
 storage viewed as ``[L, H, d]``) are read as they are. Contiguous ``[L, H, d]`` inputs
 (of a few million elements at most when gradients are taken) are read in place too, by the
 leaf level (one product per head on strided views, :mod:`~hiergraph.ops.hsa.token_layout`),
@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -67,6 +68,12 @@ from torch import Tensor
 from hiergraph._autograd import AutogradFunction, records_grad
 from hiergraph._precision import accumulation_dtype
 from hiergraph.ops.hsa import family, native, token_layout, triton_uniform, uniform_fused
+from hiergraph.ops.hsa.family_products import (
+    family_diagonal,
+    family_gram,
+    family_product,
+    family_sum,
+)
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_dropping
 from hiergraph.ops.rows import permute_rows
 from hiergraph.plan.tree_index import TreeIndex
@@ -236,7 +243,7 @@ def _recorded(
     passes = dict(padding=padding or zero_rows, tokens=tokens)
     if above is not None:
         passes["root_counts"] = counts[0] * fanout[0] if weight is None else counts[0].sum(-1)
-    lses, probs, gates, rhos, *top = bottom_up(
+    lses, probs, gates, rhos, roots = bottom_up(
         rho, counts, fanout, eps, tau, include_self=include_self, left_only=left_only,
         size_bias=size_bias, **passes,
     )  # fmt: skip
@@ -247,7 +254,7 @@ def _recorded(
     # the [d_v] product: theta = p v is never formed.
     # The leaves' own weights exp(u) go onto the diagonal of their families' weights (a
     # leaf is not its own sibling: that diagonal is 0), so the last product adds them.
-    u, acc = (None, None) if above is None else above(*top[0])
+    u, acc = (None, None) if above is None else above(*roots)
     for d in range(depth):
         if gates[d] is None:  # leaves without self energy: mu = 0
             log_mu, log_rest = None, None
@@ -453,13 +460,27 @@ def like(out: Tensor, q: Tensor, weight: Tensor | None = None) -> Tensor:
     return transposed(out, weight[None, :, None], q.dtype)
 
 
+class BottomUp(NamedTuple):
+    r"""What :func:`bottom_up` returns, per level ``d`` (depth ``d + 1``, family layout):
+    ``lses``, ``probs`` (the weights ``p``, or :math:`\vartheta` at fused leaves),
+    ``gates`` (the energies ``a``) and ``rhos`` (the level's ``[q, k, v]``), as described
+    there; ``roots``: the roots' energies ``[H, B]`` and pooled ``[q, k, v]`` ``[H, B, ·]``,
+    or ``None`` where the pass stops at their children."""
+
+    lses: list[Tensor]
+    probs: list[Tensor]
+    gates: list[Tensor | None]
+    rhos: list[list[Tensor]]
+    roots: tuple[Tensor, list[Tensor]] | None
+
+
 def bottom_up(
     rho, counts, fanout, eps, tau, *, include_self, left_only, size_bias, padding=False,
     tokens=False, root_counts=None, fused_leaves=False,
-) -> tuple:  # fmt: skip
+) -> BottomUp:  # fmt: skip
     r"""The bottom-up pass from the leaves (``rho``: their ``q, k, v`` in family layout) to
-    the roots' children. Per level ``d`` (depth ``d + 1``), in family layout:
-    ``lse [H, F, b]``, the family softmax ``p [H, F, b, b]`` (:math:`\vartheta` is
+    the roots' children (:class:`BottomUp`). Per level ``d`` (depth ``d + 1``), in family
+    layout: ``lse [H, F, b]``, the family softmax ``p [H, F, b, b]`` (:math:`\vartheta` is
     ``p @ rho[2]``), the energies ``a`` (``None``: ``-inf``) and the pooled ``rho``.
     With ``fused_leaves`` (every leaf valid) the leaves' families run in PyTorch's fused
     CPU attention kernel (:func:`~hiergraph.ops.hsa.family.leaf_family_attention`), and
@@ -468,7 +489,7 @@ def bottom_up(
     ``tokens`` the leaves come node-major, ``[F, b, H, ·]`` (:mod:`token_layout`). Given
     the roots' leaf counts ``root_counts`` (an int, or ``[1, B]``), the pass goes on to
     the roots and also returns their energies ``[H, B]`` and pooled ``[q, k, v]``
-    ``[H, B, ·]``.
+    ``[H, B, ·]`` (``roots``).
 
     The leaves' self energies :math:`\tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i`
     (``include_self``) are the diagonal of their families' logits, read from them rather
@@ -504,7 +525,7 @@ def bottom_up(
                 *rho[:2], e, n, b, tau, left_only, bias, sums_dtype, leaves
             )
             if d == depth - 1 and include_self:
-                energy = family.family_diagonal(logits)
+                energy = family_diagonal(logits)
         gates[d], rhos[d] = energy, rho
         if not pools:
             break
@@ -514,11 +535,11 @@ def bottom_up(
             total, rho, n, counts[d - 1] if d else root_counts, plain, qk_sums, leaves, weighted
         )
         if d == 0:
-            return lses, probs, gates, rhos, (parent_energy, pooled)
+            return BottomUp(lses, probs, gates, rhos, (parent_energy, pooled))
         rho = [family_layout(t, fanout[d - 1]) for t in pooled]
         energy = family_layout(parent_energy, fanout[d - 1])
         weighted = [family_layout(t, fanout[d - 1]) for t in weighted] if masked else None
-    return lses, probs, gates, rhos
+    return BottomUp(lses, probs, gates, rhos, None)
 
 
 def all_finite(counts: list, left_only: bool) -> bool:
@@ -558,7 +579,7 @@ def _family_attention(q, k, e, n, b, tau, left_only, size_bias, sums_dtype=None,
     (:func:`~hiergraph.ops.hsa.token_layout.token_scores`)."""
     logits, *qk_sums = (token_layout.token_scores if tokens else scores)(q, k, tau, sums_dtype)
     if e is not None:
-        logits = logits + family.family_gram(e, e)
+        logits = logits + family_gram(e, e)
     # families of two (no left_only): a node's one key is its sibling, no softmax needed
     pair = b == 2 and not left_only
     if isinstance(n, int):  # all leaves valid: log n(B) is one shift of the level
@@ -601,10 +622,10 @@ class _Scores(AutogradFunction):
         ctx.save_for_backward(q, k)
         ctx.tau = tau
         ctx.set_materialize_grads(False)
-        logits = family.family_gram(q, k, tau)
+        logits = family_gram(q, k, tau)
         if sums_dtype is None:
             return (logits,)
-        return logits, family.family_sum(q, sums_dtype), family.family_sum(k, sums_dtype)
+        return logits, family_sum(q, sums_dtype), family_sum(k, sums_dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor | None, *sum_grads: Tensor | None):
@@ -615,8 +636,8 @@ class _Scores(AutogradFunction):
             return *(None if g is None else g.expand_as(q) for g in bases), None, None
         grad = grad * ctx.tau
         return (
-            family.family_product(grad, k, bases[0]),
-            family.family_product(grad.transpose(-1, -2), q, bases[1]),
+            family_product(grad, k, bases[0]),
+            family_product(grad.transpose(-1, -2), q, bases[1]),
             None,
             None,
         )
@@ -661,7 +682,7 @@ def _pool(
             weighted = rho
         elif weighted is None:  # masked leaves (counts 0 and 1) whose rows are not zero
             weighted = [t * n.unsqueeze(-1).to(t.dtype) for t in rho]
-        sums = qk_sums + [family.family_sum(t, work) for t in weighted[len(qk_sums) :]]
+        sums = qk_sums + [family_sum(t, work) for t in weighted[len(qk_sums) :]]
     pooled = [(s / denom).to(t.dtype) for s, t in zip(sums, rho, strict=True)]
     return energy.to(total.dtype), pooled, sums
 
@@ -697,7 +718,7 @@ def node_layout(x: Tensor) -> Tensor:
 def _weighted_sum(parent: Tensor | None, p: Tensor, v: Tensor) -> Tensor:
     """``p @ v`` (``[H, F, b, b] @ [H, F, b, d_v]``) plus, if given, the parents' rows
     ``parent`` (node layout ``[H, F, d_v]``) broadcast to their children."""
-    return family.family_product(p, v, None if parent is None else parent.unsqueeze(2))
+    return family_product(p, v, None if parent is None else parent.unsqueeze(2))
 
 
 def _add(parent: Tensor | None, child: Tensor | None) -> Tensor | None:

@@ -57,6 +57,7 @@ from torch import Tensor
 
 from hiergraph._autograd import AutogradFunction, recorded_gradients
 from hiergraph.ops.hsa import family, token_layout
+from hiergraph.ops.hsa.family_products import family_gram, family_product, family_sum
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_
 
 #: Largest ``q`` (elements) that runs fused. Above it the memory of the passes dominates,
@@ -165,7 +166,7 @@ class _FusedUniform(AutogradFunction):
         fanout, _, tau, _, recorded, node_major, _, shares = ctx.options
         q, k, v, *eps = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the recorded op
-            return None, *recorded_gradients(recorded, (q, k, v, *eps), grad)
+            return None, *recorded_gradients(recorded, (q, k, v, eps or None), grad)
         grads = _backward(grad.contiguous(), ctx.levels, fanout, tau, len(eps), node_major, shares)
         return None, *grads
 
@@ -205,7 +206,7 @@ def _forward(
         else:
             qf, kf, vf = (t.reshape(-1, b, t.size(-1)) for t in rows)
             scale = tau / (n * n) if isinstance(n, int) else tau
-            logits = family.family_gram(qf, kf, scale)
+            logits = family_gram(qf, kf, scale)
         # what the products divide by: n, or per node 1 / n on a masked level (at the
         # leaves, with counts 0 and 1 and zero rows where 0, nothing)
         divisor = n if isinstance(n, int) else 1 if d == depth - 1 else 1 / n.clamp(min=1)
@@ -216,7 +217,7 @@ def _forward(
             logits.view(heads, -1, b, b).mul_(outer)
         e = None if eps is None else eps[d].reshape(eps[d].size(0), -1, b, eps[d].size(-1))
         if e is not None:
-            logits.view(heads, -1, b, b).add_(family.family_gram(e, e))
+            logits.view(heads, -1, b, b).add_(family_gram(e, e))
         diagonal = logits.diagonal(dim1=-2, dim2=-1)
         if d == depth - 1 and include_self:
             energy = diagonal.clone()
@@ -264,7 +265,8 @@ def _forward(
             return out.flatten(0, 1), levels
         if isinstance(n, Tensor):  # a masked level's 1 / n, per key
             w, n = _per_node(w, n, heads), 1
-        acc = _product(w, level.v, None if acc is None else acc.unsqueeze(1), 1 / n)
+        base = None if acc is None else acc.unsqueeze(1)
+        acc = family_product(w, level.v, base, alpha=1 / n)
         if d + 1 < depth:
             acc = acc.view(-1, acc.size(-1))  # the next level's families' rows
             u = None if u is None else u.reshape(-1, 1)
@@ -282,7 +284,7 @@ def _leaf_sum(x: Tensor, n, tokens: bool) -> Tensor:
     leaves ``[F, b, H, c]`` with ``tokens``, whose masked rows, where the counts ``n [1, F,
     b]`` are 0, weigh 0)."""
     if not tokens:
-        return family.family_sum(x)
+        return family_sum(x)
     weight = None if isinstance(n, int) else n[0]
     if x.size(1) == 2:
         return token_layout.pair_sum(x, x.dtype, weight).flatten(0, 1)
@@ -331,30 +333,22 @@ def _parent_energy(energy, lse: Tensor, share, heads: int, include_self: bool) -
     return family.count_weighted_sum(total, share, total.dtype, finite).flatten()
 
 
-def _head_products(p: Tensor, x: Tensor, base: Tensor | None, alpha: float = 1.0) -> Tensor:
+def _head_products(p: Tensor, x: Tensor, base: Tensor | None, alpha: float | None = None) -> Tensor:
     """``base + alpha p_h x_h`` for every head ``h`` of heads-first weights ``p [H, F, m,
     b]``, node-major rows ``x [F, b, H, c]`` and ``base [H, F, 1, c]`` (``None``: 0),
-    written node-major: ``[F, m, H, c]``; families of two (the forward alone, ``alpha``
-    1) as :func:`~hiergraph.ops.hsa.token_layout.pair_products`."""
+    written node-major: ``[F, m, H, c]`` (``alpha`` as in
+    :func:`~hiergraph.ops.hsa.family_products.family_product`); families of two (the
+    forward alone, no ``alpha``) as :func:`~hiergraph.ops.hsa.token_layout.pair_products`."""
     if x.size(1) == 2:
         return token_layout.pair_products(p, x, base)
     rows = p.size(-2)
     return token_layout.per_head(
-        lambda h: _product(p[h], x[:, :, h], token_layout.head_rows(base, h, rows), alpha),
+        lambda h: family_product(
+            p[h], x[:, :, h], token_layout.head_rows(base, h, rows), alpha=alpha
+        ),
         x.size(2),
         2,
     )
-
-
-def _product(p: Tensor, v: Tensor, base: Tensor | None, alpha: float = 1.0) -> Tensor:
-    """``base + alpha p v`` of ``p [N, m, b]``, ``v [N, b, c]`` and ``base`` broadcast to
-    ``[N, m, c]`` (``None``: 0); families of two on the CPU as two multiply-adds
-    (:func:`~hiergraph.ops.hsa.family.family_product`)."""
-    if p.size(-1) == 2 and p.device.type == "cpu":
-        return family.pair_product(p if alpha == 1.0 else p * alpha, v, base)
-    if base is None:
-        return torch.bmm(p, v) if alpha == 1.0 else torch.bmm(p, v).mul_(alpha)
-    return torch.baddbmm(base, p, v, alpha=alpha)
 
 
 def _backward(grad, levels, fanout, tau, num_eps, node_major, shares=None):
@@ -376,9 +370,9 @@ def _backward(grad, levels, fanout, tau, num_eps, node_major, shares=None):
         if tokens:
             dw = token_layout.head_gram(g, level.v).view(-1, *w.shape[1:])
         elif isinstance(n, Tensor):  # the products' 1 / n per key
-            dw = _per_node(family.family_gram(g, level.v), n, heads)
+            dw = _per_node(family_gram(g, level.v), n, heads)
         else:
-            dw = family.family_gram(g, level.v, 1 / n)
+            dw = family_gram(g, level.v, 1 / n)
         dw_w = dw.mul_(w)
         d_down = dw_w.sum(-1)  # with the leaves' own weights: d delta + du
         if own is not None:
@@ -388,7 +382,7 @@ def _backward(grad, levels, fanout, tau, num_eps, node_major, shares=None):
         if d:
             up = d_down if du is None else d_down + du
             du = up.sum(-1).view(-1, fanout[d - 1])
-            g = token_layout.token_sum(g, g.dtype) if tokens else family.family_sum(g)
+            g = token_layout.token_sum(g, g.dtype) if tokens else family_sum(g)
             g = g.view(-1, fanout[d - 1], g.size(-1))
     da_parent, pooled, eps_grads = None, [None] * 3, []
     for d in range(depth):  # roots to leaves: energies, softmax, rows
@@ -432,9 +426,9 @@ def _backward(grad, levels, fanout, tau, num_eps, node_major, shares=None):
                 _head_products(w4.transpose(-1, -2), g, bases[2]),
             )
             return (*(t.flatten(0, 1) for t in grads), *eps_grads)
-        dq = _product(ds, kf, pooled[0], scale)
-        dk = _product(ds.transpose(1, 2), qf, pooled[1], scale)
-        dv = _product(w.transpose(1, 2), g, pooled[2], 1 / n)
+        dq = family_product(ds, kf, pooled[0], alpha=scale)
+        dk = family_product(ds.transpose(1, 2), qf, pooled[1], alpha=scale)
+        dv = family_product(w.transpose(1, 2), g, pooled[2], alpha=1 / n)
         if d + 1 < depth:
             pooled = [t.view(-1, 1, t.size(-1)) for t in (dq, dk, dv)]
             da_parent = None if da is None else da.view(-1)
@@ -456,6 +450,4 @@ def _eps_gradient(ds: Tensor, e: Tensor, heads: int) -> Tensor:
     b = ds.size(-1)
     ds = ds.view(heads, -1, b, b)
     ds = ds if e.size(0) == heads else ds.sum(0, keepdim=True)
-    return family.family_product(ds.transpose(-1, -2), e, family.family_product(ds, e)).flatten(
-        1, 2
-    )
+    return family_product(ds.transpose(-1, -2), e, family_product(ds, e)).flatten(1, 2)

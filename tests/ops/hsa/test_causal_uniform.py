@@ -77,7 +77,7 @@ def test_leaf_prefixes_and_family_offsets_are_the_cumulative_sums_within_every_a
     leaves = [heads_first(t) for t in (q, k, v)]
     rho = [family_layout(t, fanout[-1]) for t in leaves]
     options = dict(include_self=False, left_only=True, size_bias=True)
-    _, _, _, rhos = bottom_up(rho, below, fanout, None, 1.0, **options)
+    rhos = bottom_up(rho, below, fanout, None, 1.0, **options).rhos
     offsets = _prefix_offsets(rhos, fanout, below)
     within = family_layout(leaves[0], fanout[-1]).cumsum(2)  # [H, L / b, b, d]
     assert offsets[-1] is None

@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric.data import Batch
 
 import hiergraph.ops.hsa.family as family_attention
+import hiergraph.ops.hsa.family_products as family_products
 import hiergraph.ops.hsa.uniform as hsa_uniform
 from hiergraph.data import SignalHierarchy, from_nested, window_forest, window_hierarchy
 from hiergraph.ops import (
@@ -96,9 +97,9 @@ def test_equals_dense_reference(opts):
 @pytest.mark.parametrize("opts", OPTIONS[::3], ids=lambda o: "-".join(k for k, v in o.items() if v))
 def test_families_of_four_taken_in_groups_equal_dense_reference(opts, kernel, monkeypatch):
     """Logits and weight gradients of families of four taken four at a time
-    (:func:`~hiergraph.ops.hsa.family.family_gram`, here from any count on), in the
+    (:func:`~hiergraph.ops.hsa.family_products.family_gram`, here from any count on), in the
     reshaped-view path and the block kernel: output and gradients of the dense reference."""
-    monkeypatch.setattr(family_attention, "GRAM_MIN_FAMILIES", 1)
+    monkeypatch.setattr(family_products, "GRAM_MIN_FAMILIES", 1)
     tree, (q, k, v), mask, pos = _case(2, 48, (4, 3, 4), seed=3)
     kw = _kwargs(opts, mask, pos)
     inputs = [t.requires_grad_() for t in (q, k, v)]
@@ -115,7 +116,7 @@ def test_half_precision_small_masked_families_are_close_to_float32(dtype, monkey
     """The windows of pretrained encoders (families of two and four, here grouped) with
     right padding, in half precision: counts, logs and the carried sums of masked levels are
     float32, so output and gradients stay within half rounding of the float32 result."""
-    monkeypatch.setattr(family_attention, "GRAM_MIN_FAMILIES", 1)
+    monkeypatch.setattr(family_products, "GRAM_MIN_FAMILIES", 1)
     index = window_forest([64] * 4, (2, 4, 8)).tree_index()
     gen = torch.Generator().manual_seed(4)
     inputs = [torch.randn(256, 3, 16, generator=gen).to(dtype).float() for _ in "qkv"]
@@ -164,9 +165,9 @@ def test_family_product_is_matmul_differentiable_twice(b):
     gen = torch.Generator().manual_seed(b)
     p = torch.randn(2, 3, b, b, generator=gen, **F64).requires_grad_()
     v = torch.randn(2, 3, b, 4, generator=gen, **F64).requires_grad_()
-    torch.testing.assert_close(family_attention.family_product(p, v), p @ v, atol=1e-15, rtol=0)
-    assert torch.autograd.gradcheck(family_attention.family_product, (p, v))
-    assert torch.autograd.gradgradcheck(family_attention.family_product, (p, v))
+    torch.testing.assert_close(family_products.family_product(p, v), p @ v, atol=1e-15, rtol=0)
+    assert torch.autograd.gradcheck(family_products.family_product, (p, v))
+    assert torch.autograd.gradgradcheck(family_products.family_product, (p, v))
 
 
 @pytest.mark.parametrize("b", [2, 3])
@@ -182,7 +183,7 @@ def test_family_product_with_a_base_is_the_product_plus_base_differentiable_twic
         inputs.append(torch.randn(2, 3, rows, 5, generator=gen, **F64).requires_grad_())
 
     def fn(p, v, base=None):
-        return family_attention.family_product(p, v, base, alpha=0.5)
+        return family_products.family_product(p, v, base, alpha=0.5)
 
     want = 0.5 * (p @ v) + (0 if rows is None else inputs[2])
     torch.testing.assert_close(fn(*inputs), want, atol=1e-15, rtol=0)
@@ -199,12 +200,12 @@ def test_family_gram_is_the_product_with_the_transpose_differentiable_twice(
     ``[16, c] @ [c, 16]`` product per group, its diagonal blocks; here from any count on), a
     single group included; families of 3 and counts that are no multiple of four take one
     batched product. With first and second derivatives."""
-    monkeypatch.setattr(family_attention, "GRAM_MIN_FAMILIES", 1)
+    monkeypatch.setattr(family_products, "GRAM_MIN_FAMILIES", 1)
     gen = torch.Generator().manual_seed(families * b)
     x, y = (torch.randn(families, b, 6, generator=gen, **F64).requires_grad_() for _ in "xy")
 
     def fn(x, y):
-        return family_attention.family_gram(x, y, alpha=0.5)
+        return family_products.family_gram(x, y, alpha=0.5)
 
     with DispatchedOps() as ops:
         out = fn(x, y)
@@ -228,7 +229,7 @@ def test_summed_products_are_the_sum_of_the_products_differentiable_twice():
     inputs = [t.requires_grad_() for t in inputs]
 
     def fn(*flat):
-        return family_attention.summed_products(list(zip(flat[::2], flat[1::2], strict=True)))
+        return family_products.summed_products(list(zip(flat[::2], flat[1::2], strict=True)))
 
     want = sum((p @ v).flatten(1, 2) for p, v in zip(inputs[::2], inputs[1::2], strict=True))
     out = fn(*inputs)
@@ -247,9 +248,9 @@ def test_family_sum_is_the_member_sum_differentiable_twice(b):
     and second derivatives."""
     x = torch.randn(2, 3, b, 4, generator=torch.Generator().manual_seed(b), **F64)
     x.requires_grad_()
-    torch.testing.assert_close(family_attention.family_sum(x), x.sum(-2), atol=1e-15, rtol=0)
-    assert torch.autograd.gradcheck(family_attention.family_sum, (x,))
-    assert torch.autograd.gradgradcheck(family_attention.family_sum, (x,))
+    torch.testing.assert_close(family_products.family_sum(x), x.sum(-2), atol=1e-15, rtol=0)
+    assert torch.autograd.gradcheck(family_products.family_sum, (x,))
+    assert torch.autograd.gradgradcheck(family_products.family_sum, (x,))
 
 
 @pytest.mark.parametrize("b", [2, 3])
@@ -258,7 +259,7 @@ def test_family_sum_accumulates_in_the_given_dtype(b):
     their own dtype."""
     x = torch.full((3, b, 2), 2048.0, dtype=torch.float16, requires_grad=True)
     x.data[:, 1:] = 1.0  # 2048 + 1 rounds to 2048 in float16
-    total = family_attention.family_sum(x, torch.float32)
+    total = family_products.family_sum(x, torch.float32)
     assert total.dtype == torch.float32
     assert (total == 2048.0 + (b - 1)).all()
     total.sum().backward()

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from hiergraph.ops.hsa import family, uniform_fused
+from hiergraph.ops.hsa import family_products, uniform_fused
 from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
 from tests.conftest import assert_same_gradients
 
@@ -311,7 +311,7 @@ def test_a_family_above_the_roots_without_gradients(trees, fanout, options, eps_
 
 def test_families_of_four_taken_in_groups(monkeypatch):
     """The grouped ``[16, c] @ [c, 16]`` logits of families of four (here from 8 families)."""
-    monkeypatch.setattr(family, "GRAM_MIN_FAMILIES", 8)
+    monkeypatch.setattr(family_products, "GRAM_MIN_FAMILIES", 8)
     shape = (2, 4, 4)
     qkv, eps = inputs(shape, heads=2, eps_heads=1)
     out = run(qkv, eps, shape, True, include_self=True, size_bias=True)
