@@ -42,6 +42,8 @@ def family_product(
     takes 3–5× longer over a batch of ``[2, 2] @ [2, d]`` products (inner size 2) than over
     the same data as element-wise passes; from ``b = 3`` up, and on accelerators, this is
     ``matmul`` / ``baddbmm`` (one batch of families ``[N, m, b]`` without reshapes)."""
+    if type(alpha) in (int, float) and alpha == 1:  # no pass that scales by 1 (a leaf's 1 / n)
+        alpha = None
     if p.size(-1) == 2 and p.device.type == "cpu":
         p = p if alpha is None else alpha * p
         return (_PairProduct.apply if records_grad(p, v, base) else pair_product)(p, v, base)
