@@ -31,13 +31,20 @@ def test_haystack_plants_the_asked_fact_once(qa):
         assert answer.tolist() == [asked * A.values + int(label)]
 
 
-def test_full_vcc_and_truncation_train_and_report(qa, tmp_path):
+def test_full_vcc_and_truncation_train_and_report(qa, tmp_path, capsys):
     out = tmp_path / "qa.json"
     results = qa.main(_args("--json", str(out), "--threads", "1", "--device", "cpu"))
     assert [r["model"] for r in results] == ["vcc", "full", "truncate"]
     for r in results:
         assert r["steps"] >= 1 and 0.0 <= r["accuracy"] <= 1.0 and r["synthetic"]
         assert r["length"] == 64 and r["reached_length"] in (32, 64)
+    # a model evaluated past the length it trained on is flagged
+    short = [r["model"] for r in results if r["reached_length"] < 64]
+    printed = capsys.readouterr().out
+    assert all(
+        f"note: {m} trained up to 32 tokens and was evaluated at 64" in printed for m in short
+    )
+    assert printed.count("note:") == len(short)
     assert json.loads(out.read_text())["args"]["device"] == "cpu"
 
 
