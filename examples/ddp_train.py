@@ -10,6 +10,10 @@ Two tasks, one training loop:
 * ``--task node``: a 2-layer GCN on Cora (Planetoid public split). Every rank
   holds the whole graph; the *training nodes* are sharded across ranks.
 
+What to expect (default epochs: 3 for ``hte``, 100 for ``node``): the HTE task reaches a test
+accuracy of about 0.6-0.75 in a few seconds; the GCN about 0.80 on Cora's test nodes in
+25 s on one process (a GCN's usual 0.81).
+
 Batches come from PyG ``DataLoader`` s over a ``DistributedSampler`` (``--batch-size``
 trees or nodes per rank; for trees a :class:`~hiergraph.loader.HierarchyLoader`, which
 builds each batch's tree index at collation so it moves to the device with the batch), or,
@@ -77,6 +81,8 @@ from hiergraph.nn import HierarchicalTransformerEncoder, global_leaf_mean_pool
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 CHANNELS = 8  # leaf features of the synthetic trees
 MIN_LEAVES = 16  # the synthetic trees' smallest leaf count
+#: Epochs of a run without --epochs, per task.
+EPOCHS = {"hte": 3, "node": 100}
 
 
 # ------------------------------------------------------------------------------ HTE task
@@ -292,7 +298,9 @@ def train_rank(args, ctx) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = example_parser(__doc__)
     parser.add_argument("--task", choices=("hte", "node"), default="hte")
-    parser.add_argument("--epochs", type=at_least(1), default=3)
+    parser.add_argument(
+        "--epochs", type=at_least(1), default=None, help="(default: hte 3, node 100)"
+    )
     parser.add_argument("--batch-size", type=at_least(1), default=16, help="trees/nodes per rank")
     parser.add_argument(
         "--leaf-budget",
@@ -339,6 +347,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.resume and not args.checkpoint:
         parser.error("--resume needs --checkpoint")
     hte = args.task == "hte"
+    if args.epochs is None:  # (3 epochs left the GCN at 0.32 test accuracy)
+        args.epochs = EPOCHS[args.task]
     refuse_inapplicable(parser, argv, [
         (("leaf_budget", "layers", "heads", "num_trees", "tree_leaves", "classes"), hte,
          "to --task hte"),
