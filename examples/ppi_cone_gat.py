@@ -158,7 +158,11 @@ def main(argv=None) -> list[float]:
     if args.synthetic is not None:
         root = args.synthetic
         raw_dir = write_synthetic_ppi(Path(root) / "PPI" / "raw", nodes_per_graph=40)
-    splits = load_ppi(root, raw_dir)
+    try:
+        splits = load_ppi(root, raw_dir)
+    except FileNotFoundError as error:  # the loader's message, and this script's smoke run
+        hint = "\n(No PPI files at hand? --synthetic <folder> runs on a generated stand-in.)"
+        raise FileNotFoundError(f"{error}{hint}") from None
     name = "SYNTHETIC PPI stand-in (not the real dataset)" if is_synthetic(splits[0]) else "PPI"
     sizes = "/".join(str(len(split)) for split in splits)
     print(f"{name}: {sizes} train/val/test graphs")
@@ -169,7 +173,8 @@ def main(argv=None) -> list[float]:
     std = statistics.stdev(scores) if len(scores) > 1 else 0.0
     print(
         f"{name} {args.attention}: test micro-F1 {statistics.mean(scores):.4f} ± {std:.4f} "
-        f"over {len(scores)} seeds: {' '.join(f'{s:.3f}' for s in scores)}"
+        f"over {len(scores)} seed{'s' * (len(scores) > 1)}: "
+        f"{' '.join(f'{s:.3f}' for s in scores)}"
     )
     return scores
 

@@ -12,7 +12,15 @@ def test_ppi_example_runs_on_synthetic_fixture(no_env, no_network, load_example,
     argv = ["--root", str(tmp_path), "--raw-dir", str(raw), "--epochs", "2", "--hidden", "8"]
     scores = ppi_cone_gat.main([*argv, "--attention", "umbral", "--device", "cpu"])
     assert len(scores) == 1 and 0.0 <= scores[0] <= 1.0
-    assert "SYNTHETIC PPI stand-in (not the real dataset) umbral" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "SYNTHETIC PPI stand-in (not the real dataset) umbral" in printed
+    assert "over 1 seed: " in printed  # (not "1 seeds")
+
+
+def test_missing_files_point_to_the_synthetic_stand_in(no_env, no_network, load_example, tmp_path):
+    ppi_cone_gat = load_example("ppi_cone_gat")
+    with pytest.raises(FileNotFoundError, match="--synthetic <folder> runs on a generated"):
+        ppi_cone_gat.main(["--root", str(tmp_path), "--device", "cpu"])
 
 
 def test_quick_budget_by_default_and_the_papers_with_paper(load_example):
