@@ -19,7 +19,7 @@ banded fast path, the others the general edge path.
 
 Usage::
 
-    python examples/masked_attention.py                 # about a minute on 2 cores
+    python examples/masked_attention.py                 # 20-60 s on 2 cores
     python examples/masked_attention.py --steps 100 --masks causal_window causal
     python examples/masked_attention.py --device cuda   # on a GPU (default: cuda if any)
 
