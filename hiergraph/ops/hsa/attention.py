@@ -17,7 +17,7 @@ from hiergraph._precision import accumulation_dtype, autocast_inputs, widened
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge, wide_dominates
-from hiergraph.ops.hsa.inputs import check_inputs, check_kernel, logit_scale
+from hiergraph.ops.hsa.inputs import check_inputs, check_kernel, logit_scale, no_leaves
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
 from hiergraph.ops.hsa.uniform import (
     fits,
@@ -154,6 +154,9 @@ def hierarchical_attention(
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
     index = TreeIndex.of(hierarchy)
     pos = check_inputs(q, k, v, index, pos_emb, leaf_mask)
+    if not index.num_leaves:  # an empty forest: no plan to read (its levels are none)
+        out = no_leaves(q, k, v, pos)
+        return out.squeeze(1) if squeeze else out
     tau = logit_scale(scale, q)
     views = dict(
         include_self=include_self,

@@ -26,6 +26,7 @@ from hiergraph.ops.hsa.inputs import (
     check_structure_device,
     head_pos_emb,
     logit_scale,
+    no_leaves,
 )
 from hiergraph.ops.hsa.padded import on_slots
 from hiergraph.ops.hsa.uniform import fits, per_depth
@@ -139,6 +140,8 @@ def causal_hierarchical_attention(
     plan = hierarchy if isinstance(hierarchy, CausalPlan) else None
     index = TreeIndex.of(hierarchy)
     eps = _check_inputs(q, k, v, index, pos_emb)
+    if not index.num_leaves:  # an empty forest: no plan to read (its levels are none)
+        return _out(no_leaves(q, k, v, eps), q.dtype, squeeze)
     tau = logit_scale(scale, q)
     # bf16/fp16: counts, prefix sums and softmax sums in float32, the output rounded once
     dtype, work = q.dtype, accumulation_dtype(q.dtype)

@@ -39,6 +39,15 @@ def check_inputs(q, k, v, index, pos_emb, leaf_mask) -> Tensor | None:
     return pos
 
 
+def no_leaves(q: Tensor, k: Tensor, v: Tensor, *more: Tensor | None) -> Tensor:
+    """The output of HSA over a forest without leaves (``N = 0``, as a batch that filtered
+    every tree out): ``[0, H, d_v]``, on the autograd graph of ``q, k, v`` and the
+    embeddings ``more`` (their gradients: zeros of their shapes), as attention over no
+    token gives."""
+    reached = sum(t.sum() for t in (q, k, *more) if t is not None)
+    return v + reached * 0
+
+
 def check_leaf_flags(flags, name: str, meaning: str, num_leaves: int, q: Tensor) -> None:
     """Raise unless ``flags`` is a ``[num_leaves]`` bool tensor on ``q``'s device (a
     ``leaf_mask``, the hubs: ``True`` = ``meaning``)."""

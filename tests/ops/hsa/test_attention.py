@@ -20,7 +20,7 @@ from hiergraph.ops import (
 )
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.inputs import KERNELS
-from hiergraph.plan import tree_index
+from hiergraph.plan import TreeIndex, tree_index
 from tests.conftest import (
     hsa_kernel,
     leaves_below,
@@ -839,3 +839,21 @@ def test_the_dense_reference_takes_deep_trees_and_names_what_it_cannot_read():
     torch.testing.assert_close(torch.einsum("hij,jhc->ihc", theta, q), out, rtol=0, atol=1e-12)
     with pytest.raises(TypeError, match="hierarchy must be a SignalHierarchy.*got TreeIndex"):
         hierarchical_attention_matrix(q, q, h.tree_index())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kernel", ["dense", "edge"])
+def test_an_empty_forest_gives_an_empty_output(causal, kernel):
+    """A forest of no node (a batch that filtered every tree out): an empty output on the
+    inputs' graph (the plan's levels are none: a ValueError from torch.cat, an IndexError)."""
+    empty = torch.zeros(0, dtype=torch.long)
+    index = TreeIndex.from_parent(empty, empty, empty.bool())
+    q = torch.randn(0, 2, 4, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(0, 2, 3, dtype=torch.float64, requires_grad=True)
+    out = hierarchical_attention(q, q, v, index, include_self=True, causal=causal, kernel=kernel)
+    assert out.shape == (0, 2, 3) and out.dtype == torch.float64
+    out.sum().backward()
+    assert q.grad.shape == q.shape and v.grad.shape == v.shape
+    flat = hierarchical_attention(q[:, 0], q[:, 0], v[:, 0], index, include_self=True,
+                                  causal=causal, kernel=kernel)  # fmt: skip
+    assert flat.shape == (0, 3)
