@@ -186,9 +186,9 @@ def sibling_edges(tree: SignalHierarchy, edge_index: Tensor) -> Tensor:
     edge_index = edge_index.cpu()
     check_edge_index(edge_index, parent.numel())
     edge_index = edge_index.long()  # int32 ids: the pair key below is int64
-    inner = ~tree.is_leaf.cpu()[edge_index.view(-1)]
+    inner = ~tree.is_leaf.cpu()[edge_index.reshape(-1)]
     if bool(inner.any()):  # (a root and its child made a "sibling" pair)
-        node = int(edge_index.view(-1)[inner][0])
+        node = int(edge_index.reshape(-1)[inner][0])
         raise ValueError(f"edge_index must join leaves of the tree: node {node} is internal")
     a, b = edge_index
     keep = a != b

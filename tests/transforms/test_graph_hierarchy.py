@@ -244,6 +244,10 @@ def test_sibling_edges_reject_edges_between_trees():
     root = int(forest.parent[first])  # (it and its child were returned as siblings)
     with pytest.raises(ValueError, match=f"must join leaves of the tree: node {root} is internal"):
         sibling_edges(forest, torch.tensor([[root], [first]]))
+    # a non-contiguous edge_index (a view of [E, 2] pairs, as PyG's transforms give)
+    assert torch.equal(
+        sibling_edges(forest, inside.T.contiguous().T), sibling_edges(forest, inside)
+    )
 
 
 def test_stats_of_a_tree_without_families_and_of_no_tree():
