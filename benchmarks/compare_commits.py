@@ -67,8 +67,14 @@ def run_round(
 
     times = {}
     sizes = ["--sizes", *map(str, hsa_sizes)] if hsa_sizes else ["--quick"]
-    python("benchmarks/hsa_scaling.py", *sizes, "--no-memory")
-    for row in json.loads((tree / "benchmarks/results/hsa_scaling.json").read_text())["rows"]:
+    # The JSON goes to the scratch folder (a quick run without --out writes to a fresh
+    # temporary one); a commit whose hsa_scaling.py has no --out writes into its own tree.
+    scaling = scratch / "hsa_scaling.json"
+    out = ["--out", str(scaling)]
+    if "--out" not in (tree / "benchmarks/hsa_scaling.py").read_text():
+        scaling, out = tree / "benchmarks/results/hsa_scaling.json", []
+    python("benchmarks/hsa_scaling.py", *sizes, "--no-memory", *out)
+    for row in json.loads(scaling.read_text())["rows"]:
         times[f"hsa_scaling {row['method']} N={row['n']}"] = row["forward_backward_s"]
         times[f"hsa_scaling {row['method']} forward N={row['n']}"] = row["forward_s"]
     python("benchmarks/masked_attention.py", "--quick", "--methods", "ours",

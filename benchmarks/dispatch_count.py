@@ -3,6 +3,10 @@
     python benchmarks/dispatch_count.py                # gpu.py's HSA cases, this checkout
     python benchmarks/dispatch_count.py --quick        # small cases, for a smoke test
 
+Writes ``benchmarks/results/dispatch_count.json`` and ``.png`` (``--out``: another JSON
+path, the plot beside it). A ``--quick`` run writes into ``benchmarks/results/`` only when
+``--out`` names it, else into a fresh temporary folder, printed.
+
 A small HSA step on a GPU is launch-bound: ``benchmarks/gpu.py``'s HSA cases of 64 x 128 to
 16K leaves (8 heads x 64) took 3.4–11 ms eager on an H200 and 0.5–1.4 ms replayed as one
 CUDA graph, so their eager time is the host's cost of issuing operations, about a fixed
@@ -37,8 +41,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+import timing  # imports no hiergraph (--library chooses which)
+
 QUICK_CASES = ((4, 128), (1, 2048))
 DTYPES = ("float32", "bfloat16")
 METHODS = ("hsa", "hsa-heads-first")
@@ -50,9 +54,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small cases")
     parser.add_argument("--library", type=Path, help="import hiergraph from this directory")
     parser.add_argument("--label", default="this checkout", help="what --library holds")
-    parser.add_argument("--out", type=Path, default=RESULTS / "dispatch_count.json")
+    timing.add_out_option(parser, "dispatch_count.json")
     parser.add_argument("--threads", type=int, help="torch threads (the counts do not vary)")
     args = parser.parse_args()
+    args.out = timing.output_path(args.out, "dispatch_count.json", args.quick)
     if args.library is not None:  # before anything imports hiergraph
         sys.path.insert(0, str(args.library.resolve()))
     import gpu

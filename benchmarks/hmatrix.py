@@ -27,7 +27,9 @@ block size Nr = 16, float32, 2 threads:
     python benchmarks/hmatrix.py            # L = 1K, 4K, 16K, 64K
     python benchmarks/hmatrix.py --quick    # L = 1K, 4K
 
-Writes benchmarks/results/hmatrix.json and benchmarks/results/hmatrix.png.
+Writes ``hmatrix.json`` and ``hmatrix.png`` into ``--out`` (a folder; default
+``benchmarks/results``). A ``--quick`` run writes into ``benchmarks/results`` only when
+``--out`` names it, else into a fresh temporary folder, printed.
 The package is optional (`pip install --no-deps h-transformer-1d einops
 rotary-embedding-torch`); its column is skipped when it is not importable. Its
 core attention is timed with its input/output projections replaced by identities.
@@ -59,7 +61,6 @@ SDPA_SLOW_LENGTH = 16384  # flat SDPA from here on: --sdpa-rounds rounds
 LONG_LENGTH = 65536  # every method from here on: --long-rounds rounds
 SAMPLED_ROWS = 64  # query rows of the error references
 RECEPTIVE_LENGTH = 1024  # where the fraction of keys seen is measured
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _exact_rss() -> None:
@@ -323,8 +324,9 @@ def main() -> None:
     parser.add_argument("--sdpa-rounds", type=int, default=2, help="rounds of flat SDPA at 16K")
     parser.add_argument("--long-rounds", type=int, default=3, help="rounds of every method at 64K")
     timing.add_allocator_option(parser)
-    parser.add_argument("--out", type=Path, default=RESULTS, help="output folder")
+    timing.add_out_option(parser, "", "output folder")
     args = parser.parse_args()
+    args.out = timing.output_path(args.out, "", args.quick)
     lengths = [1024, 4096] if args.quick else [1024, 4096, 16384, 65536]
     repeats = args.repeats or (3 if args.quick else 5)
     result = run(lengths, repeats, args.sdpa_rounds, args.long_rounds, args.allocator)

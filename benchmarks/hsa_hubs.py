@@ -23,7 +23,10 @@ float32, no position embeddings), the same weights in every method:
   built first), its compile time recorded separately.
 
 Rounds are interleaved (every method once per round) with freed memory kept for reuse; the
-JSON keeps every sample. Results: ``benchmarks/results/hsa_hubs.json`` and ``.png``.
+JSON keeps every sample. Results: ``benchmarks/results/hsa_hubs.json`` and ``.png``
+(``--out``: another JSON path, the plot beside it). A ``--quick`` run writes into
+``benchmarks/results/`` only when ``--out`` names it, else into a fresh temporary folder,
+printed.
 """
 
 from __future__ import annotations
@@ -45,7 +48,6 @@ from hiergraph.nn import HierarchicalSelfAttention
 from hiergraph.nn import hierarchical_attention as attention_layer
 
 CHANNELS, HEADS, DIM = 256, 4, 64
-RESULTS = Path(__file__).parent / "results"
 QUICK_ROWS = ((4, 64, (8, 8)),)
 
 
@@ -129,10 +131,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--hubs", type=int, default=16)
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="one small row")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
-    parser.add_argument("--out", type=Path, default=RESULTS / "hsa_hubs.json")
+    timing.add_out_option(parser, "hsa_hubs.json")
     args = parser.parse_args()
+    args.out = timing.output_path(args.out, "hsa_hubs.json", args.quick)
     torch.set_num_threads(args.threads)
     timing.apply_allocator("reuse")
     torch.manual_seed(0)

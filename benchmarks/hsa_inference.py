@@ -25,7 +25,9 @@ method runs under ``torch.no_grad()`` in float32:
   passes ran alone).
 
 Rounds are interleaved (each round runs every method once); medians and spreads (min–max)
-go to ``benchmarks/results/hsa_inference.json`` and a bar plot beside it.
+go to ``benchmarks/results/hsa_inference.json`` and a bar plot beside it (``--out``:
+another JSON path). A ``--quick`` run writes there only when ``--out`` names it, else into
+a fresh temporary folder, printed.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import json
 import math
 import os
 from collections.abc import Callable
-from pathlib import Path
 from unittest import mock
 
 import timing
@@ -47,7 +48,6 @@ from hiergraph.integrations import padded_window_hsa
 from hiergraph.ops import hierarchical_attention
 from hiergraph.ops.hsa import uniform
 
-RESULTS = Path(__file__).parent / "results"
 #: (batch, length, branching, heads, channels, lengths of a padded batch or None)
 ROWS = (
     (64, 128, (16, 8), 4, 64, None),
@@ -100,9 +100,9 @@ def make_cases(batch, length, branching, heads, dim, lengths) -> dict[str, Calla
 
 
 def main() -> None:
-    out = RESULTS / "hsa_inference.json"
-    parser = timing.round_parser(__doc__.split("\n")[0], rounds=25, out=out)
+    parser = timing.round_parser(__doc__.split("\n")[0], rounds=25, out="hsa_inference.json")
     args = timing.parse_and_apply(parser)
+    args.out = timing.output_path(args.out, "hsa_inference.json", args.quick)
     results = []
     for batch, length, branching, heads, dim, lengths in QUICK_ROWS if args.quick else ROWS:
         cases = make_cases(batch, length, branching, heads, dim, lengths)

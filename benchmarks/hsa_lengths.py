@@ -35,15 +35,16 @@ backward of
 
 Rounds are interleaved (each round runs every method once); medians and the spread
 (min–max) are reported, with every sample in ``benchmarks/results/hsa_lengths.json``
-(and a plot, ``hsa_lengths.png``). Freed CPU memory is kept for reuse
-(``--allocator default``: glibc's settings).
+(and a plot, ``hsa_lengths.png``; ``--out``: another JSON path, the plot beside it). A
+``--quick`` run writes there only when ``--out`` names it, else into a fresh temporary
+folder, printed. Freed CPU memory is kept for reuse (``--allocator default``: glibc's
+settings).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import timing
 import torch
@@ -56,7 +57,6 @@ from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention
 from hiergraph.ops.hsa.attention import attention_path
 
 HEADS, DIM = 4, 64
-RESULTS = Path(__file__).parent / "results"
 ROWS = ((64, 128, (16, 8)), (32, 512, (16, 8, 4)), (8, 2048, (16, 8, 4, 4)))
 QUICK_ROWS = ((8, 64, (8, 8)),)
 
@@ -124,8 +124,9 @@ def _peer(method: str) -> str:
 
 
 def main() -> None:
-    parser = timing.round_parser(__doc__.split("\n")[0], rounds=7, out=RESULTS / "hsa_lengths.json")
+    parser = timing.round_parser(__doc__.split("\n")[0], rounds=7, out="hsa_lengths.json")
     args = timing.parse_and_apply(parser)
+    args.out = timing.output_path(args.out, "hsa_lengths.json", args.quick)
     results = []
     for batch, length, branching in QUICK_ROWS if args.quick else ROWS:
         cases, info = make_cases(batch, length, branching)

@@ -31,7 +31,8 @@ before it, after one warm-up run (not for flat SDPA). The 1-minute
 load average of the machine is recorded before and after each N, since the
 absolute times depend on it. Results go to
 ``benchmarks/results/hsa_scaling.json`` and ``hsa_scaling.png`` (``--out``: another JSON
-path, the plot beside it).
+path, the plot beside it). A ``--quick`` run writes into ``benchmarks/results/`` only when
+``--out`` names it, else into a fresh temporary folder, printed.
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ from hiergraph.data import random_window_hierarchy, window_hierarchy
 from hiergraph.ops import hierarchical_attention
 
 HEADS, DIM = 4, 64
-RESULTS = Path(__file__).parent / "results"
 # the per-level bound's SDPA kernels: every backend but cuDNN's
 BOUND_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 BOUND_BATCH = 32768  # families per SDPA call of the bound
@@ -192,7 +192,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--no-compile", dest="compile", action="store_false",
                         help="leave out the compiled case (no inductor warm-up)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=RESULTS / "hsa_scaling.json")
+    timing.add_out_option(parser, "hsa_scaling.json")
     timing.add_allocator_option(parser)
     parser.add_argument("--memory-of", nargs=2, metavar=("METHOD", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -200,6 +200,7 @@ def main() -> None:
     if args.memory_of:
         _memory_child(args.memory_of[0], int(args.memory_of[1]))
         return
+    args.out = timing.output_path(args.out, "hsa_scaling.json", args.quick)
     timing.apply_allocator(args.allocator)
     sizes = args.sizes or ([1024, 4096] if args.quick else [1024, 4096, 16384, 65536, 262144])
     rows, load = [], [os.getloadavg()[0]]

@@ -30,7 +30,9 @@ with the given branching, 4 heads of 64 channels, float32) it times forward+back
 A pass is the forward and the backward of a fixed random output gradient (the same for
 every round, in the output's memory layout, as a loss would send it). Both wall-clock and
 process CPU time are recorded. Results:
-``benchmarks/results/hsa_short_<threads>t.json`` and ``.png``.
+``benchmarks/results/hsa_short_<threads>t.json`` and ``.png`` (``--out``: another JSON path,
+the plot beside it; a ``--quick`` run writes into ``benchmarks/results/`` only when
+``--out`` names it, else into a fresh temporary folder, printed).
 
 Every method runs with freed CPU memory kept for reuse (``--allocator default``: glibc's
 settings, under which each step page-faults its large buffers in again). Rounds are
@@ -61,7 +63,6 @@ from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention
 from hiergraph.ops.hsa import native
 
 HEADS, DIM = 4, 64
-RESULTS = Path(__file__).parent / "results"
 ROWS = ((64, 128, (16, 8)), (32, 512, (16, 8, 4)), (8, 2048, (16, 8, 4, 4)))
 QUICK_ROWS = ((8, 64, (8, 8)),)
 GROUPS = {
@@ -212,10 +213,10 @@ def bar_plot(
 
 
 def main() -> None:
-    parser = timing.round_parser(__doc__.split("\n")[0], rounds=7, out=None)
+    parser = timing.round_parser(__doc__.split("\n")[0], rounds=7, out="hsa_short_<threads>t.json")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
     args = timing.parse_and_apply(parser)
-    args.out = args.out or RESULTS / f"hsa_short_{args.threads}t.json"
+    args.out = timing.output_path(args.out, f"hsa_short_{args.threads}t.json", args.quick)
     results = []
     for batch, length, branching in QUICK_ROWS if args.quick else ROWS:
         cases, index, compile_s = make_cases(batch, length, branching, args.compile)

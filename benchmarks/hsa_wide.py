@@ -32,7 +32,9 @@ sizes (a ragged forest), and one tree of 8 families of 512 leaves. Methods:
 * ``sdpa-causal``: ``sdpa`` with a causal mask, the peer of the causal methods.
 
 Rounds are interleaved (every method once per round) with freed memory kept for reuse.
-Results: ``benchmarks/results/hsa_wide.json`` and ``.png``.
+Results: ``benchmarks/results/hsa_wide.json`` and ``.png`` (``--out``: another JSON path,
+the plot beside it). A ``--quick`` run writes there only when ``--out`` names it, else
+into a fresh temporary folder, printed.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from pathlib import Path
 from unittest import mock
 
 import timing
@@ -55,7 +56,6 @@ from hiergraph.ops.hsa import causal, family, native
 from hiergraph.ops.hsa.attention import attention_path
 
 HEADS, DIM = 4, 64
-RESULTS = Path(__file__).parent / "results"
 
 #: ``(name, family sizes per tree)``: a tree of one list is a star, of several a root over
 #: those families.
@@ -146,8 +146,9 @@ def peer(method: str) -> str:
 
 
 def main() -> None:
-    parser = timing.round_parser(__doc__.split("\n")[0], rounds=5, out=RESULTS / "hsa_wide.json")
+    parser = timing.round_parser(__doc__.split("\n")[0], rounds=5, out="hsa_wide.json")
     args = timing.parse_and_apply(parser)
+    args.out = timing.output_path(args.out, "hsa_wide.json", args.quick)
     torch.manual_seed(0)
     rows = []
     for name, trees in QUICK_ROWS if args.quick else ROWS:

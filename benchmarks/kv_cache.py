@@ -45,7 +45,9 @@ wall-clock time (``perf_counter``) and as CPU time of the thread (``thread_time`
 less sensitive to other processes on a shared machine), and the bytes held by
 each cache; ``summary`` has the 1K → 64K growth factors. ``--replot`` redraws
 the PNG from the JSON. Results
-go to ``benchmarks/results/kv_cache.json`` and ``kv_cache.png``.
+go to ``benchmarks/results/kv_cache.json`` and ``kv_cache.png`` (``--out``: another JSON
+path, the plot beside it). A ``--quick`` run writes into ``benchmarks/results/`` only when
+``--out`` names it, else ``kv_cache_quick.json`` into a fresh temporary folder, printed.
 """
 
 from __future__ import annotations
@@ -66,7 +68,6 @@ from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_sched
 from hiergraph.ops.hsa import native
 
 HEADS, DIM, BRANCH, WINDOW = 4, 32, 16, 256
-RESULTS = Path(__file__).parent / "results"
 #: Bytes read before every step of the ``*_evicted`` blocks: the flat cache's keys and
 #: values at a 64K context (4 heads x 32 channels, float32), larger than the CPU caches.
 EVICT_BYTES = 64 << 20
@@ -212,11 +213,15 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="contexts 1K .. 4K only")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=WINDOW, help="timed tokens per block")
-    parser.add_argument("--out", type=Path, help="the JSON (default: benchmarks/results/)")
+    timing.add_out_option(parser, "kv_cache.json")
     parser.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON")
     timing.add_allocator_option(parser)
     args = parser.parse_args(argv)
-    out = args.out or RESULTS / ("kv_cache_quick.json" if args.quick else "kv_cache.json")
+    if args.replot and args.quick and args.out is None:
+        parser.error("--replot --quick redraws a quick run's JSON: name it with --out")
+    out = timing.output_path(
+        args.out, "kv_cache_quick.json" if args.quick else "kv_cache.json", args.quick
+    )
     if args.replot:
         plot(json.loads(out.read_text())["rows"], out.with_suffix(".png"))
         return

@@ -22,9 +22,11 @@ their append events, as a generator builds it):
 
 Every method builds its cache inside the timed call. Rounds are interleaved (each round runs
 every method once, from a rotating first method); medians, spreads (min–max) and every
-sample go to ``benchmarks/results/kv_prefill.json``, with a bar plot beside it. Before
-timing, the prefilled and the appended caches decode the next 16 tokens, and the largest
-difference of their outputs is stored (``max_abs_diff``).
+sample go to ``benchmarks/results/kv_prefill.json``, with a bar plot beside it (``--out``:
+another JSON path; a ``--quick`` run writes into ``benchmarks/results/`` only when ``--out``
+names it, else into a fresh temporary folder, printed). Before timing, the prefilled and
+the appended caches decode the next 16 tokens, and the largest difference of their outputs
+is stored (``max_abs_diff``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import timing
 import torch
@@ -44,7 +45,6 @@ from hiergraph.nn import from_schedule
 from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_schedule
 
 HEADS, DIM, BRANCHING = 4, 32, (16,) * 4
-RESULTS = Path(__file__).parent / "results"
 PROMPTS, QUICK_PROMPTS = (256, 1024, 4096), (64, 128)
 #: Tokens decoded after the prompt by the prefilled and the appended cache, compared.
 CHECKED = 16
@@ -93,10 +93,10 @@ def make_cases(length: int, seed: int = 0) -> tuple[dict[str, Callable[[], objec
 
 
 def main() -> None:
-    out = RESULTS / "kv_prefill.json"
-    parser = timing.round_parser(__doc__.split("\n")[0], rounds=5, out=out)
+    parser = timing.round_parser(__doc__.split("\n")[0], rounds=5, out="kv_prefill.json")
     parser.set_defaults(threads=1)
     args = timing.parse_and_apply(parser)
+    args.out = timing.output_path(args.out, "kv_prefill.json", args.quick)
     rows = []
     for length in QUICK_PROMPTS if args.quick else PROMPTS:
         cases, diff = make_cases(length)

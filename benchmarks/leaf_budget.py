@@ -30,7 +30,10 @@ prediction is ``a + c * budget``. Recorded per batch: ``measured /
 prediction(budget)`` (target: <= 1.3 for every batch within budget) and
 ``measured / prediction(own cost)`` (also for the oversized single trees).
 Baseline: the same trees in batches of a *fixed number of trees* giving the
-same mean batch count. Results: ``benchmarks/results/leaf_budget.json``, ``.png``.
+same mean batch count. Results: ``benchmarks/results/leaf_budget.json``, ``.png``
+(``--out``: another JSON path, the plot beside it). A ``--quick`` run writes into
+``benchmarks/results/`` only when ``--out`` names it, else ``leaf_budget_quick.json`` and
+``.png`` into a fresh temporary folder, printed.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import math
 import platform
 from pathlib import Path
 
+import timing
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -51,7 +55,6 @@ from hiergraph.data import random_window_hierarchy
 from hiergraph.loader import LeafBudgetBatchSampler, leaf_counts
 from hiergraph.nn import HierarchicalTransformerEncoder, global_leaf_mean_pool
 
-RESULTS = Path(__file__).parent / "results"
 SHAPES = ((4, 4, 4, 4), (16, 8, 4, 2), (2, 2, 2, 2, 2, 2))
 CHANNELS, CLASSES = 16, 4
 
@@ -248,7 +251,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    timing.add_out_option(parser, "leaf_budget.json")
     args = parser.parse_args(argv)
+    out = timing.output_path(
+        args.out, "leaf_budget_quick.json" if args.quick else "leaf_budget.json", args.quick
+    )
     if args.quick:
         args.budgets, args.trees = [512], 30
     torch.set_num_threads(args.threads)
@@ -279,10 +286,9 @@ def main(argv=None) -> dict:
         ),
         "runs": runs,
     }
-    RESULTS.mkdir(exist_ok=True)
-    name = "leaf_budget_quick" if args.quick else "leaf_budget"
-    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=1))
-    plot(results, RESULTS / f"{name}.png")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    plot(results, out.with_suffix(".png"))
     for run in runs:
         for name, model in run["models"].items():
             print(run["budget"], name, json.dumps(model["summary"]))

@@ -5,9 +5,10 @@ Run from the repository root::
     python benchmarks/masked_attention.py   # N = 1K..64K, about 30 min on a busy 2-core box
     python benchmarks/masked_attention.py --quick --out <folder>   # N = 1K, 2K, ~2 min
 
-Writes ``masked_attention.json`` and ``masked_attention.png`` into ``--out``
-(default ``benchmarks/results``; a ``--quick`` run there overwrites the full
-results that ``benchmarks/README.md`` reports).
+Writes ``masked_attention.json`` and ``masked_attention.png`` into ``--out`` (a folder;
+default ``benchmarks/results``). A ``--quick`` run writes into ``benchmarks/results`` only
+when ``--out`` names it, else into a fresh temporary folder, printed, so that it never
+overwrites the full results that ``benchmarks/README.md`` reports by default.
 
 Setting: ``in_channels = 64``, ``heads = 4``, ``out_channels = 64``
 per head, float32, forward + ``out.sum().backward()`` of one layer on ``x``
@@ -60,13 +61,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import timing
 import torch
 from memory import reset_peak, status_kib
 from torch import Tensor
 
 IN_CHANNELS, OUT_CHANNELS, HEADS, WINDOW = 64, 64, 4, 64
 METHODS = ("ours", "transformer_conv", "dense_sdpa")
-RESULTS = Path(__file__).resolve().parent / "results"
 RAW_ROOT = Path(os.environ["HIERGRAPH_RAW"]) if os.environ.get("HIERGRAPH_RAW") else None
 
 
@@ -301,7 +302,7 @@ def main() -> None:
     parser.add_argument("--masks", nargs="+", default=["window", "random", "cora"])
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per run (the 2 cores are shared)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=RESULTS, help="output folder")
+    timing.add_out_option(parser, "", "output folder")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -312,6 +313,7 @@ def main() -> None:
             worker_time(kind, int(n), json.loads(rest[0]))
         return
 
+    args.out = timing.output_path(args.out, "", args.quick)
     sizes = args.sizes or ([1024, 2048] if args.quick else [1024, 4096, 16384, 65536])
     args.reps = 3 if args.quick else args.reps
     cases = [(kind, n) for kind in ("window", "random") if kind in args.masks for n in sizes]

@@ -15,12 +15,19 @@ What a script times, and with which clock, stays its own choice:
   synchronisation at the end of every round);
 * the CPU allocator (:func:`add_allocator_option`, :func:`apply_allocator`): by default
   every method runs with freed memory kept for reuse, as a training loop would set it.
+
+Where a script writes is one rule for all of them (:func:`add_out_option`,
+:func:`output_path`): a full run writes into ``benchmarks/results/`` unless ``--out`` says
+otherwise; a ``--quick`` (smoke-test) run writes there only when ``--out`` names it, and
+otherwise into a fresh temporary folder whose path it prints, so that it never overwrites
+the recorded results that ``benchmarks/report.py`` renders.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -28,11 +35,11 @@ from typing import Any, TypeVar
 
 import torch
 
-from hiergraph.runtime import reuse_freed_memory
-
 K = TypeVar("K", bound=Hashable)
 Step = Callable[[], Any]
 Case = tuple[Step, Sequence[torch.Tensor]]  # (timed step, leaves reset before it)
+#: The recorded results (rendered by ``benchmarks/report.py``): where a full run writes.
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def reset_grads(tensors: Iterable[torch.Tensor]) -> None:
@@ -196,16 +203,47 @@ def spreads(samples: Mapping[K, Sequence[float]]) -> dict[K, list[float]]:
     return {key: [min(values), max(values)] for key, values in samples.items()}
 
 
-def round_parser(description: str, rounds: int, out: Path | None) -> argparse.ArgumentParser:
+def add_out_option(
+    parser: argparse.ArgumentParser, default: str, what: str = "the JSON file, the plot beside it"
+) -> None:
+    """``--out``: ``what`` a run writes, read with :func:`output_path`. Its help names the
+    default of a full run, ``benchmarks/results/{default}`` (``default=""``: the folder
+    itself), and the rule of a ``--quick`` run."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help=f"{what} (default: benchmarks/results/{default}; a --quick run writes into "
+        "benchmarks/results/ only when --out names it, else into a fresh temporary folder, "
+        "printed)",
+    )
+
+
+def output_path(out: Path | None, default: str, quick: bool) -> Path:
+    """Where a run writes: ``out`` (``--out``) when given; else ``benchmarks/results/{default}``
+    for a full run and ``{default}`` in a fresh temporary folder, whose path is printed, for a
+    ``--quick`` one. A smoke-test run thus writes into ``benchmarks/results/`` only when
+    ``--out`` names it, and never overwrites the recorded results by default. ``default`` is a
+    file name, or ``""`` for a script whose ``--out`` is a folder."""
+    if out is not None:
+        return out
+    if not quick:
+        return RESULTS / default
+    path = Path(tempfile.mkdtemp(prefix="hiergraph-quick-")) / default
+    print(f"--quick without --out: writing to {path}, not benchmarks/results/", flush=True)
+    return path
+
+
+def round_parser(description: str, rounds: int, out: str) -> argparse.ArgumentParser:
     """A parser with the options the interleaved-round benchmarks share: ``--threads``
-    (default 2), ``--rounds``, ``--quick`` (the smoke-test rows), ``--out`` (the JSON file;
-    the plot goes beside it) and ``--allocator``; a script adds its own. Read it with
-    :func:`parse_and_apply`."""
+    (default 2), ``--rounds``, ``--quick`` (the smoke-test rows), ``--out`` (the JSON file,
+    the plot beside it; :func:`add_out_option`, whose ``default`` is ``out``, resolved with
+    :func:`output_path` after parsing) and ``--allocator``; a script adds its own. Read it
+    with :func:`parse_and_apply`."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=rounds)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--quick", action="store_true", help="the smoke-test rows")
+    add_out_option(parser, out)
     add_allocator_option(parser)
     return parser
 
@@ -241,6 +279,9 @@ def add_allocator_option(parser: argparse.ArgumentParser) -> None:
 
 def apply_allocator(allocator: str) -> None:
     """Apply ``--allocator`` to this process (``reuse`` keeps freed CPU memory for reuse; glibc
-    only, a no-op elsewhere)."""
+    only, a no-op elsewhere). Imports ``hiergraph`` only here: a script may import this module
+    before it chooses which ``hiergraph`` to import (``dispatch_count.py --library``)."""
     if allocator == "reuse":
+        from hiergraph.runtime import reuse_freed_memory
+
         reuse_freed_memory()

@@ -35,7 +35,9 @@ On a shared, oversubscribed machine use ``--threads 1``: with 2 OpenMP threads p
 process, thread contention slows VCC's many medium-sized ops far more than the full
 layer's few large ones (the thread count is recorded in the JSON).
 
-Writes benchmarks/results/vcc.json and benchmarks/results/vcc.png.
+Writes ``vcc.json`` and ``vcc.png`` into ``--out`` (a folder; default
+``benchmarks/results``). A ``--quick`` run writes into ``benchmarks/results`` only when
+``--out`` names it, else into a fresh temporary folder, printed.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import statistics
 import time
 from pathlib import Path
 
+import timing
 import torch
 import torch.nn.functional as F
 from memory import peak_rss_mib
@@ -54,7 +57,6 @@ from memory import peak_rss_mib
 from hiergraph.nn.vcc import VCCEncoder, run_layer
 
 DIM, HEADS, FF, NUM_VIP, BLOCK, REFINED = 256, 4, 1024, 32, 16, 90
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _encoder(trained_like: bool, seed: int = 0) -> VCCEncoder:
@@ -232,15 +234,17 @@ def main() -> None:
         help="largest n at which the full layer is run (default 16384)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    timing.add_out_option(parser, "", "output folder")
     args = parser.parse_args()
+    args.out = timing.output_path(args.out, "", args.quick)
     if args.threads:
         torch.set_num_threads(args.threads)
     lengths = [4096, 16384] if args.quick else [4096, 16384, 65536, 131072]
     repeats = {4096: 3, 16384: 2} if args.quick else {4096: 5, 16384: 3}
     result = run(lengths, args.full_max, error_max=16384, repeats=repeats)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "vcc.json").write_text(json.dumps(result, indent=1))
-    plot(result, RESULTS / "vcc.png")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "vcc.json").write_text(json.dumps(result, indent=1))
+    plot(result, args.out / "vcc.png")
     print(json.dumps(result["speedup_full_over_vcc"]))
 
 

@@ -9,6 +9,7 @@ import mmap
 import sys
 import time
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,7 +82,7 @@ def test_steps_sum_a_given_gradient_and_forward_only():
 
 
 def test_round_command_repeats_the_settings_not_the_output_path(tmp_path):
-    parser = timing.round_parser("x", rounds=7, out=tmp_path / "x.json")
+    parser = timing.round_parser("x", rounds=7, out="x.json")
     args = parser.parse_args(["--rounds", "3", "--quick", "--out", str(tmp_path / "y.json")])
     assert (
         timing.round_command("x.py", args)
@@ -91,6 +92,36 @@ def test_round_command_repeats_the_settings_not_the_output_path(tmp_path):
     assert timing.round_command("x.py", args, "--no-compile") == (
         "python benchmarks/x.py --threads 1 --rounds 7 --no-compile --allocator default"
     )
+
+
+def test_a_quick_run_writes_into_the_results_only_when_out_names_them(tmp_path, capsys):
+    results = timing.RESULTS
+    assert results.name == "results" and results.parent.name == "benchmarks"
+    # a full run: the recorded results, file or folder
+    assert timing.output_path(None, "x.json", quick=False) == results / "x.json"
+    assert timing.output_path(None, "", quick=False) == results
+    assert capsys.readouterr().out == ""
+    # a quick run without --out: a fresh temporary folder each time, its path printed
+    first = timing.output_path(None, "x.json", quick=True)
+    second = timing.output_path(None, "x.json", quick=True)
+    folder = timing.output_path(None, "", quick=True)
+    for path in (first, second, folder):
+        assert results not in path.parents and path != results
+    assert first.name == "x.json" and first.parent.is_dir() and not first.exists()
+    assert first.parent != second.parent and folder.is_dir() and not any(folder.iterdir())
+    printed = capsys.readouterr().out
+    assert str(first) in printed and str(second) in printed and str(folder) in printed
+    for path in (first.parent, second.parent, folder):
+        path.rmdir()
+    # --out wins, quick or not: the results themselves only when named
+    for quick in (False, True):
+        assert timing.output_path(tmp_path / "y.json", "x.json", quick) == tmp_path / "y.json"
+        assert timing.output_path(results / "x.json", "x.json", quick) == results / "x.json"
+    # the option: no default of its own, resolved by output_path
+    parser = timing.round_parser("x", rounds=7, out="x.json")
+    assert parser.parse_args(["--quick"]).out is None
+    assert parser.parse_args(["--out", "y.json"]).out == Path("y.json")
+    assert "benchmarks/results/x.json" in parser.format_help()
 
 
 def test_wall_and_cpu_samples_are_pairs_and_summaries():
