@@ -241,14 +241,21 @@ def run(main: Callable[[], object]) -> None:
     status 1, not a traceback, where the user has something to fix: data that is missing
     (the loaders' ``FileNotFoundError``, whose message says where the files were searched
     and how to supply them; their Python argument ``raw_dir=`` is every such script's
-    ``--raw-dir``) or an option refused past parsing (:class:`OptionError`). Every other
-    exception keeps its traceback."""
+    ``--raw-dir``) or an option refused past parsing (:class:`OptionError`). Under
+    ``torchrun`` only rank 0 prints the message (the other ranks end with status 1 alone).
+    Every other exception keeps its traceback."""
     try:
         main()
     except FileNotFoundError as error:
         message = str(error)
         if "raw_dir=" in message:  # the loaders' Python argument: say what a script takes
             message += "\n(From a script: raw_dir= is its --raw-dir option.)"
-        raise SystemExit(f"error: {message}") from None
+        raise _stop(message) from None
     except OptionError as error:
-        raise SystemExit(f"error: {error}") from None
+        raise _stop(str(error)) from None
+
+
+def _stop(message: str) -> SystemExit:
+    """The exit of :func:`run`: ``error: <message>`` on rank 0 (or without ``torchrun``),
+    a silent status 1 on the other ranks (one message, not one per process)."""
+    return SystemExit(f"error: {message}" if os.environ.get("RANK", "0") == "0" else 1)

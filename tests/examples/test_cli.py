@@ -258,6 +258,19 @@ def test_run_reports_refused_options_and_keeps_bugs_loud(cli):
         assert not isinstance(error.value, cli.OptionError)
 
 
+def test_under_torchrun_only_rank_zero_prints_the_error(cli, monkeypatch):
+    """(Every process printed the same message.)"""
+
+    def refused():
+        raise cli.OptionError("--resume: the checkpoint holds another model")
+
+    for rank, code in (("0", "error: --resume: the checkpoint holds another model"), ("3", 1)):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as stop:
+            cli.run(refused)
+        assert stop.value.code == code
+
+
 #: ``(script, argv, message)``: values the scripts accepted and then crashed on, looped on
 #: or reported nonsense for (after a long run, often); now refused when parsed (exit 2)
 REFUSED = [
