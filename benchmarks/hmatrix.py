@@ -330,7 +330,7 @@ def main() -> None:
     lengths = [1024, 4096] if args.quick else [1024, 4096, 16384, 65536]
     repeats = args.repeats or (3 if args.quick else 5)
     result = run(lengths, repeats, args.sdpa_rounds, args.long_rounds, args.allocator)
-    result["command"] = "python " + " ".join(["benchmarks/hmatrix.py", *sys.argv[1:]])
+    result["command"] = timing.command_line("hmatrix.py", sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     name = "hmatrix" if args.allocator == "reuse" else "hmatrix_default_allocator"
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))

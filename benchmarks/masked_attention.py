@@ -320,7 +320,7 @@ def main() -> None:
     if "cora" in args.masks and RAW_ROOT is not None and (RAW_ROOT / "Cora" / "raw").is_dir():
         cases.append(("cora", 2708))
     report = {
-        "command": "python " + " ".join(sys.argv),
+        "command": timing.command_line("masked_attention.py", sys.argv[1:]),
         "setting": {
             "in_channels": IN_CHANNELS,
             "out_channels_per_head": OUT_CHANNELS,

@@ -233,6 +233,20 @@ def output_path(out: Path | None, default: str, quick: bool) -> Path:
     return path
 
 
+def command_line(script: str, argv: Sequence[str]) -> str:
+    """``python benchmarks/{script} {argv}`` with the value of ``--out`` written ``<out>``:
+    the command that repeats a run, for its JSON (a local path is no setting, and the
+    recorded results name no machine's folders)."""
+    shown = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--out":
+            arg = "<out>"
+        elif arg.startswith("--out="):
+            arg = "--out=<out>"
+        shown.append(arg)
+    return " ".join([f"python benchmarks/{script}", *shown])
+
+
 def round_parser(description: str, rounds: int, out: str) -> argparse.ArgumentParser:
     """A parser with the options the interleaved-round benchmarks share: ``--threads``
     (default 2), ``--rounds``, ``--quick`` (the smoke-test rows), ``--out`` (the JSON file,

@@ -250,3 +250,14 @@ def test_peak_rss_counts_memory_touched_inside():
     assert peak >= 0.9 * size / 2**20
     with pytest.raises(RuntimeError):
         memory.status_kib("NoSuchField")
+
+
+def test_the_recorded_command_names_no_output_folder():
+    """(A run's JSON recorded the machine's folder it wrote into.)"""
+    argv = ["--sizes", "16384", "--out", "/some/where", "--reps", "2"]
+    assert timing.command_line("masked_attention.py", argv) == (
+        "python benchmarks/masked_attention.py --sizes 16384 --out <out> --reps 2"
+    )
+    assert timing.command_line("hmatrix.py", ["--out=/x", "--quick"]) == (
+        "python benchmarks/hmatrix.py --out=<out> --quick"
+    )
