@@ -130,11 +130,14 @@ def damaged_cache(path: str | os.PathLike, problem: str) -> CorruptFileError:
 
 class CheckedRecords:
     """Mixin for a PyG ``Dataset``: :func:`check_records` before PyG's processing step
-    (its private ``_process``, which reads the records unsafely first thing)."""
+    (its private ``_process``, which reads the records unsafely first thing), and that step
+    under :func:`weights_only_loads` (a record swapped between the check and PyG's read
+    would otherwise run its code)."""
 
     def _process(self) -> None:
         check_records(self.processed_dir)
-        super()._process()
+        with weights_only_loads(allow=()):
+            super()._process()
 
 
 class StrictLoad(CheckedRecords):

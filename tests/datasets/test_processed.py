@@ -84,6 +84,28 @@ def test_replaced_pre_processing_record_is_refused(no_env, tmp_path, record):
     assert torch.equal(hp.load_planetoid("Cora", root=root, raw_dir=raw)[0].x, first[0].x)
 
 
+def test_a_record_swapped_after_its_check_runs_no_code(no_env, tmp_path, monkeypatch):
+    """A writer racing the check (the record replaced between the check and PyG's read):
+    PyG's read runs under weights_only too."""
+    from hiergraph.datasets import processed
+
+    raw = write_tiny_planetoid(tmp_path / "source" / "raw")
+    root = tmp_path / "data"
+    first = hp.load_planetoid("Cora", root=root, raw_dir=raw)
+    path = Path(first.processed_dir) / "pre_transform.pt"
+    marker = tmp_path / "ran"
+    check = processed.check_records
+
+    def racing(folder):
+        check(folder)  # the honest record passes, then is replaced
+        torch.save(_Payload(marker), path)
+
+    monkeypatch.setattr(processed, "check_records", racing)
+    with pytest.raises(CorruptFileError, match="cannot load this processed Cora cache"):
+        hp.load_planetoid("Cora", root=root, raw_dir=raw)
+    assert not marker.exists()
+
+
 def _edit_cache(path: Path, edit) -> None:
     """Rewrite the PyG cache at ``path`` with ``edit(data: dict, slices: dict | None)``."""
     from hiergraph.datasets.processed import SAFE_CLASSES
