@@ -22,6 +22,7 @@ import datetime
 import os
 import pickle
 import random
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,16 +146,20 @@ def save_checkpoint(
     """Write ``{model, optimizer, **state}`` to ``path`` from rank 0 only.
 
     The model is unwrapped (the checkpoint loads into a plain module), the
-    file is written to a temporary name and renamed, so a crash never leaves
+    file is written to a new temporary file beside ``path`` (created exclusively: never
+    through a link planted under its name) and renamed, so a crash never leaves
     a truncated checkpoint, and all ranks wait for the write (a barrier) so
     none reads a stale file afterwards. Without ``context`` the rank and the
     barrier come from the initialised process group, if there is one (so
     ranks never race on the same temporary file).
 
-    ``state`` values must be plain data (tensors, numbers, strings, ``None``
-    and lists, tuples or dicts of them): :func:`load_checkpoint` refuses any
-    other object.
+    Raises:
+        TypeError: a ``state`` value that is not plain data (tensors, numbers, strings,
+            ``None`` and lists, tuples or dicts of them), which :func:`load_checkpoint`
+            would refuse (a NumPy number, say): checked before anything is written.
     """
+    for key, value in state.items():
+        _check_plain(value, f"state[{key!r}]")
     if context is None:
         grouped = dist.is_available() and dist.is_initialized()
         is_main, distributed = (dist.get_rank() == 0 if grouped else True), grouped
@@ -166,11 +171,38 @@ def save_checkpoint(
         payload = {"model": unwrap(model).state_dict(), **state}
         if optimizer is not None:
             payload["optimizer"] = optimizer.state_dict()
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
+        handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(handle)
+        try:
+            torch.save(payload, tmp)
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)  # (a failed save left it behind)
     if distributed:
         dist.barrier()
+
+
+#: What a checkpoint's state may hold (and containers of it): what ``weights_only`` rebuilds.
+_PLAIN = (torch.Tensor, bool, int, float, str, bytes, type(None), torch.dtype, torch.device)
+
+
+def _check_plain(value, name: str) -> None:
+    """Raise ``TypeError`` unless ``value`` is plain data (:data:`_PLAIN`, in lists, tuples
+    and dicts with such keys)."""
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_plain(item, f"{name}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_plain(key, f"a key of {name}")
+            _check_plain(item, f"{name}[{key!r}]")
+    elif type(value) not in _PLAIN and not isinstance(value, torch.Tensor):
+        raise TypeError(
+            f"{name} is a {type(value).__module__}.{type(value).__qualname__}: a checkpoint "
+            "holds plain data only (tensors, numbers, strings, None, and lists, tuples or "
+            "dicts of them), which load_checkpoint rebuilds without running code; convert "
+            "it (e.g. float(x), x.tolist())"
+        )
 
 
 def load_checkpoint(
@@ -186,38 +218,96 @@ def load_checkpoint(
     The file is read with ``torch.load(weights_only=True)``: only tensors and
     plain data (numbers, strings, lists, tuples, dicts) are rebuilt, never
     arbitrary Python objects, so loading a checkpoint cannot run code hidden
-    in it.
+    in it. Everything is checked before the model or the optimizer is written: a refused
+    checkpoint leaves both as they were.
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: the file holds anything other than plain data (e.g. a
-            pickled object), is not a checkpoint of :func:`save_checkpoint`, holds the
-            weights of another model (other sizes or layers), or holds no optimizer state
+        ValueError: the file is no readable checkpoint (truncated, of another format),
+            holds anything other than plain data (e.g. a pickled object), is not a
+            checkpoint of :func:`save_checkpoint`, holds the weights of another model
+            (other sizes or layers), or holds no optimizer state (or another optimizer's)
             while ``optimizer`` is given.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder, not a checkpoint file")
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}; train without --resume first")
+    payload = _read_checkpoint(path, map_location)
+    weights, optim_state = payload.pop("model", None), payload.pop("optimizer", None)
+    if not isinstance(weights, dict):
+        raise ValueError(f"{path} is not a checkpoint of save_checkpoint (no 'model' weights)")
+    target = unwrap(model)
+    _check_weights(path, weights, target.state_dict())
+    if optimizer is not None:
+        _check_optimizer_state(path, optim_state, optimizer)
+    target.load_state_dict(weights)
+    if optimizer is not None:
+        optimizer.load_state_dict(optim_state)
+    return payload
+
+
+def _read_checkpoint(path: Path, map_location) -> dict:
+    """The dict a checkpoint file holds, read with ``weights_only=True``; a ``ValueError``
+    for a file that holds code, is no checkpoint or is damaged."""
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         # torch's message is long; keep its line naming the refused object when there is one
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        detail = next((line for line in lines if "GLOBAL" in line), str(err))
+        detail = next((line for line in lines if "GLOBAL" in line), None)
+        if detail is None:  # (a text or NumPy file reads as a pickle of nothing known)
+            problem = lines[-1] if lines else err
+            raise ValueError(f"{path} is not a checkpoint file ({problem})") from err
         raise ValueError(
             f"refusing to load {path}: it holds objects other than tensors and plain data "
             "(numbers, strings, lists, tuples, dicts), and rebuilding them could run arbitrary "
             f"code. Details: {detail}"
         ) from err
-    if not isinstance(payload, dict) or "model" not in payload:
+    except Exception as err:  # any failure of the safe reader (it runs nothing of the file)
+        raise ValueError(
+            f"{path} is not a readable checkpoint (truncated, damaged or of another format: "
+            f"{type(err).__name__}: {str(err)[:200]})"
+        ) from err
+    if not isinstance(payload, dict):
         raise ValueError(f"{path} is not a checkpoint of save_checkpoint (no 'model' entry)")
-    try:
-        unwrap(model).load_state_dict(payload.pop("model"))
-    except RuntimeError as err:  # torch's size mismatches and missing or unexpected keys
-        raise ValueError(f"{path} holds the weights of another model: {err}") from err
-    optim_state = payload.pop("optimizer", None)
-    if optimizer is not None:
-        if optim_state is None:
-            raise ValueError(f"{path} holds no optimizer state")
-        optimizer.load_state_dict(optim_state)
     return payload
+
+
+def _check_weights(path: Path, weights: dict, expected: dict) -> None:
+    """Raise ``ValueError`` unless ``weights`` has the keys and shapes of ``expected`` (the
+    model's own state dict)."""
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    shapes = [
+        f"{key}: {getattr(weights[key], 'shape', type(weights[key]).__name__)} for {value.shape}"
+        for key, value in expected.items()
+        if key in weights
+        and isinstance(value, torch.Tensor)
+        and (not isinstance(weights[key], torch.Tensor) or weights[key].shape != value.shape)
+    ]
+    if missing or unexpected or shapes:
+        found = (
+            [f"missing {missing[:5]}"] * bool(missing)
+            + [f"unexpected {unexpected[:5]}"] * bool(unexpected)
+            + [f"other sizes {shapes[:5]}"] * bool(shapes)
+        )
+        raise ValueError(f"{path} holds the weights of another model: {'; '.join(found)}")
+
+
+def _check_optimizer_state(path: Path, state, optimizer: torch.optim.Optimizer) -> None:
+    """Raise ``ValueError`` unless ``state`` is an optimizer state dict whose parameter
+    groups match ``optimizer``'s in number and size."""
+    if state is None:
+        raise ValueError(f"{path} holds no optimizer state")
+    groups = state.get("param_groups") if isinstance(state, dict) else None
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        raise ValueError(f"{path} holds no optimizer state it can read")
+    saved = [len(g.get("params", ())) for g in groups]
+    own = [len(g["params"]) for g in optimizer.param_groups]
+    if saved != own:
+        raise ValueError(
+            f"{path} holds the state of another optimizer: parameter groups of {saved} "
+            f"parameters, this one's of {own}"
+        )

@@ -213,3 +213,67 @@ def test_load_checkpoint_plain_state_and_non_checkpoints(tmp_path):
     torch.save([1, 2], path)
     with pytest.raises(ValueError, match="not a checkpoint"):
         load_checkpoint(path, other)
+
+
+def test_a_refused_checkpoint_leaves_the_model_and_optimizer_as_they_were(tmp_path):
+    """(torch copied the matching tensors, then raised; the optimizer check came after the
+    model was loaded.)"""
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2))
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, model)
+    other = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2), nn.Linear(2, 1))  # one more layer
+    before = [p.detach().clone() for p in other.parameters()]
+    with pytest.raises(ValueError, match=r"holds the weights of another model: missing \['2.bias'"):
+        load_checkpoint(path, other)
+    same = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2))
+    before = [p.detach().clone() for p in same.parameters()]
+    with pytest.raises(ValueError, match="holds no optimizer state"):
+        load_checkpoint(path, same, torch.optim.SGD(same.parameters(), lr=0.1))
+    assert all(torch.equal(a, b) for a, b in zip(before, same.parameters(), strict=True))
+    save_checkpoint(path, model, torch.optim.SGD(model[0].parameters(), lr=0.1))
+    with pytest.raises(ValueError, match=r"state of another optimizer: parameter groups of \[2\]"):
+        load_checkpoint(path, same, torch.optim.SGD(same.parameters(), lr=0.1))
+    assert all(torch.equal(a, b) for a, b in zip(before, same.parameters(), strict=True))
+
+
+def test_files_that_are_no_checkpoint_give_one_value_error(tmp_path):
+    """(A truncated file was a RuntimeError, an empty one an EOFError, a text file a
+    KeyError, a NumPy file 'could run arbitrary code'.)"""
+    import numpy as np
+
+    model = nn.Linear(3, 2)
+    good = tmp_path / "good.pt"
+    save_checkpoint(good, model)
+    files = {
+        "truncated.pt": good.read_bytes()[: good.stat().st_size // 2],
+        "empty.pt": b"",
+        "text.pt": b"epoch,loss\n1,0.5\n",
+    }
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    np.save(tmp_path / "array.npy", np.zeros(3))
+    for name in (*files, "array.npy"):
+        with pytest.raises(ValueError, match="is not a (readable )?checkpoint"):
+            load_checkpoint(tmp_path / name, model)
+    with pytest.raises(ValueError, match="is a folder, not a checkpoint file"):
+        load_checkpoint(tmp_path, model)
+    torch.save({"model": "weights"}, tmp_path / "odd.pt")
+    with pytest.raises(ValueError, match="no 'model' weights"):
+        load_checkpoint(tmp_path / "odd.pt", model)
+
+
+def test_save_refuses_state_that_load_would_refuse_and_writes_no_link(tmp_path):
+    import numpy as np
+
+    model, path = nn.Linear(3, 2), tmp_path / "c.pt"
+    with pytest.raises(TypeError, match=r"state\['best'\] is a numpy.float64"):
+        save_checkpoint(path, model, best=np.float64(0.5))  # (saved, then refused on resume)
+    with pytest.raises(TypeError, match=r"state\['log'\]\[1\]\['rng'\] is a builtins.object"):
+        save_checkpoint(path, model, log=[{}, {"rng": object()}])
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (tmp_path / "c.pt.tmp").symlink_to(victim)  # (the old fixed temporary name was followed)
+    save_checkpoint(path, model, epoch=1)
+    assert victim.read_text() == "keep" and load_checkpoint(path, model) == {"epoch": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt", "c.pt.tmp", "victim.txt"]
