@@ -243,6 +243,9 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
         )
 
     def process(self) -> None:
+        # the completion mark goes first: a rebuild cut short leaves no cache that mixes
+        # new splits with old ones
+        Path(self.processed_paths[-1]).unlink(missing_ok=True)
         from hiergraph.datasets.static_embeddings import minilm_tokenizer
 
         raw = self.check_raw()

@@ -422,6 +422,9 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
             self.locate_source()
 
     def process(self) -> None:
+        # the completion mark goes first: a rebuild cut short leaves no cache that mixes
+        # new splits with old ones
+        Path(self.processed_paths[-1]).unlink(missing_ok=True)
         source = self.locate_source()
         documents = self.read_raw(source)
         seen = {label for _, label in documents["train"]}

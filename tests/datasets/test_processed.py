@@ -147,6 +147,42 @@ def test_caches_with_missing_fields_bad_slices_or_labels_are_refused(tmp_path, e
         _imdb(tmp_path / "imdb", tmp_path)
 
 
+def test_a_rebuild_cut_short_leaves_no_mixed_cache(no_env, tmp_path, monkeypatch):
+    """A rebuild (``force_reload``) from other raw files killed after its first split: the
+    next load mixed that split with the old ones and the old vocabulary."""
+    from hiergraph.datasets.imdb import IMDB
+    from tests.datasets.fixtures import imdb_files, write_tar
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    write_tar(old / "aclImdb_v1.tar.gz", imdb_files())
+    files = {name: "quite different words here. " * 3 for name in imdb_files()}
+    write_tar(new / "aclImdb_v1.tar.gz", files)
+    root = tmp_path / "imdb"
+    IMDB(root, tokenizer="simple", raw_dir=old)
+    save = IMDB.save
+
+    def killed_after_one(cls, data_list, path):
+        save(data_list, path)
+        raise KeyboardInterrupt  # the process dies after writing the training split
+
+    monkeypatch.setattr(IMDB, "save", classmethod(killed_after_one))
+    with pytest.raises(KeyboardInterrupt):
+        IMDB(root, tokenizer="simple", raw_dir=new, force_reload=True)
+    monkeypatch.undo()
+    again = IMDB(root, tokenizer="simple", raw_dir=new, split="test")  # rebuilt whole
+    vocab = set(again.meta["vocab"])  # the new files' words alone
+    assert "quite" in vocab and vocab <= {
+        "<pad>",
+        "<unk>",
+        "quite",
+        "different",
+        "words",
+        "here",
+        ".",
+    }
+
+
 def test_planetoid_cache_without_features_is_refused(no_env, tmp_path):
     raw = write_tiny_planetoid(tmp_path / "source" / "raw")
     first = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
