@@ -36,6 +36,7 @@ import http.client
 import os
 import secrets
 import socket
+import stat
 import sys
 import tarfile
 import time
@@ -82,6 +83,20 @@ class CorruptFileError(ValueError):
     def __init__(self, path: str | os.PathLike, message: str):
         super().__init__(message)
         self.path = Path(path)
+
+
+def regular_file(path: Path, what: str) -> Path:
+    """``path`` if it is (or links to) a regular file; else a :class:`CorruptFileError`
+    naming ``what`` should be there: a FIFO there blocks its reader forever (holding the
+    dataset's lock), a device such as ``/dev/zero`` never ends. A missing file raises
+    ``FileNotFoundError``, which callers report their own way."""
+    if not stat.S_ISREG(path.stat().st_mode):
+        raise CorruptFileError(
+            path,
+            f"{path}: {what} is not a regular file (a FIFO, a device or a folder): put the "
+            "file itself there",
+        )
+    return path
 
 
 class DownloadError(OSError):

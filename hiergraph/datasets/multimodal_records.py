@@ -52,6 +52,7 @@ from hiergraph.datasets.download import (
     data_root,
     file_lock,
     locate_raw,
+    regular_file,
     resolve_inside,
 )
 from hiergraph.datasets.processed import StrictLoad
@@ -102,6 +103,7 @@ def load_image(path: Path, size: int, max_pixels: int) -> Tensor:
     """
     from PIL import Image
 
+    regular_file(path, "an image")
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:

@@ -44,7 +44,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from hiergraph.datasets.download import CorruptFileError, resolve_inside
+from hiergraph.datasets.download import CorruptFileError, regular_file, resolve_inside
 from hiergraph.datasets.multimodal_records import MultimodalRecordDataset, RawRecord, group_split
 
 OPENCLIPART_ENV = "HIERGRAPH_OPENCLIPART"
@@ -312,11 +312,12 @@ def _read(path: Path, what: str) -> bytes:
     """The bytes of a file of the collection, or a :class:`CorruptFileError` naming it and
     ``what`` it is (a missing SVG, a folder where a file should be)."""
     try:
-        return path.read_bytes()
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
+        return regular_file(path, what).read_bytes()
+    except (FileNotFoundError, PermissionError, CorruptFileError) as err:
+        problem = "not a regular file" if isinstance(err, CorruptFileError) else type(err).__name__
         raise CorruptFileError(
             path,
-            f"{path}: cannot read {what} ({type(err).__name__}); every PNG of the collection "
+            f"{path}: cannot read {what} ({problem}); every PNG of the collection "
             "needs its SVG under svg/ with the same relative name. Put the official package "
             "in its place.",
         ) from err

@@ -62,6 +62,7 @@ from hiergraph.datasets.download import (
     fetch,
     file_lock,
     locate_raw,
+    regular_file,
 )
 from hiergraph.datasets.graph_checks import graph_problems
 from hiergraph.datasets.processed import StrictLoad, damaged_cache
@@ -259,7 +260,7 @@ def _verified(raw: Path, files: list[str], pinned: dict[str, str]) -> Iterator[P
     staged = Path(tempfile.mkdtemp(prefix=".verified-", dir=raw.parent))  # (mode 0700)
     try:
         for f in files:
-            data, known = (raw / f).read_bytes(), pinned.get(f)
+            data, known = regular_file(raw / f, "a raw file").read_bytes(), pinned.get(f)
             if known is not None and hashlib.sha256(data).hexdigest() != known:
                 path = (raw / f).resolve()  # (the source a link in the raw folder points to)
                 raise CorruptFileError(

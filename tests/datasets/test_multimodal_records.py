@@ -184,3 +184,15 @@ def test_labels_outside_the_classes_are_refused(tmp_path, monkeypatch, label):
 def test_sizes_are_checked_before_anything_is_read(tmp_path, kwargs, error, match):
     with pytest.raises(error, match=match):
         _Squares(tmp_path / "cache", raw_dir=tmp_path / "nothing", **kwargs)
+
+
+def test_an_image_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    """(Pillow's read of a FIFO blocked forever, holding the dataset's lock.)"""
+    import os
+
+    from hiergraph.datasets.download import CorruptFileError
+    from hiergraph.datasets.multimodal_records import load_image
+
+    os.mkfifo(tmp_path / "face.png")
+    with pytest.raises(CorruptFileError, match="face.png: an image is not a regular file"):
+        load_image(tmp_path / "face.png", size=8, max_pixels=1000)

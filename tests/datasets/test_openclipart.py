@@ -152,7 +152,11 @@ def test_a_missing_svg_or_a_folder_for_a_file_names_the_file(fake_collection):
     ):
         scan_openclipart(fake_collection, max_pixels=50_000, min_count=5)
     (fake_collection / "svg" / "animals" / "cat_3.svg").mkdir()
-    with pytest.raises(CorruptFileError, match=r"\(IsADirectoryError\)"):
+    with pytest.raises(CorruptFileError, match=r"\(not a regular file\); every PNG"):
+        scan_openclipart(fake_collection, max_pixels=50_000, min_count=5)
+    (fake_collection / "svg" / "animals" / "cat_3.svg").rmdir()
+    os.mkfifo(fake_collection / "svg" / "animals" / "cat_3.svg")  # (its read blocked forever)
+    with pytest.raises(CorruptFileError, match=r"\(not a regular file\); every PNG"):
         scan_openclipart(fake_collection, max_pixels=50_000, min_count=5)
 
 

@@ -127,3 +127,18 @@ def test_real_cora_public_split(no_env, no_network, tmp_path):
         500,
         1000,
     ]
+
+
+def test_a_raw_file_that_is_a_fifo_is_refused_not_waited_on(no_env, tmp_path):
+    """(Reading a FIFO blocked forever, holding the dataset's lock; a link to /dev/zero read
+    until memory ran out.)"""
+    import os
+
+    from hiergraph.datasets.download import CorruptFileError
+    from tests.datasets.fixtures import write_tiny_planetoid
+
+    raw = write_tiny_planetoid(tmp_path / "source" / "raw")
+    (raw / "ind.cora.x").unlink()
+    os.mkfifo(raw / "ind.cora.x")
+    with pytest.raises(CorruptFileError, match="ind.cora.x: a raw file is not a regular file"):
+        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
