@@ -66,6 +66,7 @@ import torch_geometric.transforms as T
 from _cli import (
     LEARNING_RATE,
     PROBABILITY,
+    SEED,
     add_runtime_options,
     at_least,
     example_parser,
@@ -292,7 +293,7 @@ def parse_args(argv=None):
         help="the paper's budget: 10 seeds, 10,000 epochs, patience 1,000 (hours)",
     )
     parser.add_argument("--seeds", type=at_least(1), default=None, help="seeds (quick: 2)")
-    parser.add_argument("--first-seed", type=int, default=0, help="seeds run from this one on")
+    parser.add_argument("--first-seed", type=SEED, default=0, help="seeds run from this one on")
     parser.add_argument("--root", default=None, help="data root (default: $HIERGRAPH_DATA)")
     parser.add_argument("--raw-dir", default=None, help="folder to link the raw files from")
     parser.add_argument(

@@ -13,10 +13,11 @@ def run_ptr(sizes: Tensor) -> Tensor:
     return torch.cat([sizes.new_zeros(1), torch.cumsum(sizes, 0)])
 
 
-def ramp(sizes: Tensor, starts: Tensor | None = None) -> Tensor:
+def ramp(sizes: Tensor, starts: Tensor | None = None, total: int | None = None) -> Tensor:
     """``start, start + 1, …, start + s - 1`` for every ``s`` in ``sizes`` and ``start`` in
-    ``starts`` (default 0), concatenated (one host read: the total)."""
-    total = int(sizes.sum())
+    ``starts`` (default 0), concatenated (one host read, the total, unless ``total``
+    gives it)."""
+    total = int(sizes.sum()) if total is None else total
     first = torch.cumsum(sizes, 0) - sizes
     if starts is not None:
         first = first - starts
@@ -29,5 +30,6 @@ def rank_within(group: Tensor, num_groups: int) -> Tensor:
     ``[0, num_groups)``, in any order), counted in item order: ``ramp`` of the group sizes,
     put back in item order."""
     order = torch.argsort(group, stable=True)
-    rank = torch.empty_like(group)
-    return rank.index_copy_(0, order, ramp(torch.bincount(group, minlength=num_groups)))
+    rank = torch.empty_like(group, dtype=torch.long)  # (group may be int32)
+    sizes = torch.bincount(group, minlength=num_groups)
+    return rank.index_copy_(0, order, ramp(sizes, total=group.numel()))  # (no host read)

@@ -23,4 +23,5 @@ def test_rank_within_counts_each_groups_items_in_item_order():
     group = [rng.randrange(5) for _ in range(40)]  # group 4 may be empty; any order
     expected = [group[:i].count(g) for i, g in enumerate(group)]
     assert rank_within(torch.tensor(group), 6).tolist() == expected
+    assert rank_within(torch.tensor(group, dtype=torch.int32), 6).tolist() == expected
     assert rank_within(torch.zeros(0, dtype=torch.long), 3).numel() == 0

@@ -92,7 +92,7 @@ def pack_by_budget(order: Sequence[int], sizes: Tensor, max_leaves: int) -> list
             budget below 1, or an ``order`` entry that names no tree (an index sampler's
             ``-1`` took the last tree).
     """
-    sizes = _check_counts(sizes).tolist()
+    sizes = _check_counts(sizes, "sizes").tolist()
     max_leaves = _check_budget(max_leaves)
     order = [_tree_index(i, len(sizes)) for i in order]
     batches, current, used = [], [], 0
@@ -165,7 +165,9 @@ class LeafBudgetBatchSampler(Sampler[list[int]]):
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for ``epoch`` (forwarded to the wrapped sampler if it has ``set_epoch``)."""
-        check_int(epoch, "epoch", minimum=0)  # (1.5 failed in manual_seed at the next pass)
+        epoch = as_int(epoch, "epoch")  # (1.5 failed in manual_seed at the next pass)
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
         self.epoch, self._pending = epoch, None
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
@@ -274,17 +276,19 @@ class DistributedLeafBudgetBatchSampler(LeafBudgetBatchSampler):
         return f"{super().__repr__()[:-1]}, rank={self.rank}/{self.num_replicas})"
 
 
-def _check_counts(leaf_counts) -> Tensor:
+def _check_counts(leaf_counts, name: str = "leaf_counts") -> Tensor:
+    """``leaf_counts`` (the argument ``name``) as an int64 tensor, refused unless it holds one
+    count >= 1 per tree."""
     counts = torch.as_tensor(leaf_counts)
     if counts.numel() == 0 and counts.dim() == 1:  # an empty list reads as float32
         counts = counts.long()
     if counts.dim() != 1 or not holds_integers(counts):
         raise TypeError(
-            f"leaf_counts must be a 1-D integer sequence (one count per tree), got "
+            f"{name} must be a 1-D integer sequence (one count per tree), got "
             f"{counts.dtype} of shape {tuple(counts.shape)}"
         )
     if counts.numel() and int(counts.min()) < 1:
-        raise ValueError("every tree needs at least one leaf: leaf_counts must be >= 1")
+        raise ValueError(f"every tree needs at least one leaf: {name} must be >= 1")
     return counts.long()
 
 

@@ -11,6 +11,8 @@ the baseline of equal size.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -351,16 +353,18 @@ class HTEDecoder(nn.Module):
         check_ids(tokens, self.embed.num_embeddings, "token", "vocab_size", device_assert=False)
         return self.embed(tokens)
 
-    def _check_caches(self, caches: list, method: str, empty: bool = False) -> None:
+    def _check_caches(self, caches: Sequence, method: str, empty: bool = False) -> None:
         """Raise unless ``caches`` are one cache per layer holding as many tokens (none if
         ``empty``): checked before any is written (a step with a cache too few appended
         to the first ones, then failed)."""
         layers = len(self.layers)
-        tokens = {cache.num_tokens for cache in caches} if isinstance(caches, list) else None
+        tokens = {cache.num_tokens for cache in caches} if isinstance(caches, Sequence) else None
         if tokens is None or len(caches) != layers or len(tokens) > 1 or empty and tokens != {0}:
+            got = f"{len(caches)}" if tokens is not None else type(caches).__name__
+            held = f" holding {sorted(tokens)} tokens" if tokens is not None and len(caches) else ""
             raise ValueError(
                 f"{method} takes {layers} {'empty ' if empty else ''}caches, one per layer "
-                "(new_cache()), holding as many tokens"
+                f"(new_cache()), holding as many tokens; got {got}{held}"
             )
 
     def _check_sequences(self, sequences: int, caches: list) -> None:

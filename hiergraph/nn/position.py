@@ -76,10 +76,10 @@ class LearnableFourierFeatures(nn.Module):
                 layer.reset_parameters()
 
     def forward(self, pos: Tensor) -> Tensor:
-        """``pos: [n, m]`` (any real or integer dtype) → ``[n, out_channels]``."""
-        if not isinstance(pos, Tensor) or pos.dim() != 2 or pos.size(1) != self.pos_dim:
+        """``pos: [..., m]`` (any real or integer dtype) → ``[..., out_channels]``."""
+        if not isinstance(pos, Tensor) or pos.dim() < 2 or pos.size(-1) != self.pos_dim:
             raise ValueError(  # (a matmul shape error)
-                f"pos must be [n, pos_dim={self.pos_dim}], got "
+                f"pos must be [..., n, pos_dim={self.pos_dim}], got "
                 f"{tuple(pos.shape) if isinstance(pos, Tensor) else type(pos).__name__}"
             )
         weight = self.freq.weight

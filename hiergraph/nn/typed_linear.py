@@ -68,15 +68,16 @@ class TypedLinear(nn.Module):
         r"""
         Args:
             x (torch.Tensor): ``[n, in_channels]``.
-            type_vec (torch.Tensor, optional): ``[n]`` type of every row (needed
-                for several types). (default: :obj:`None`)
+            type_vec (torch.Tensor, optional): ``[n]`` integer type of every row (needed
+                for several types; with one type it is not read, so that a layer of one
+                type serves hierarchies whose nodes carry types). (default: :obj:`None`)
 
         Returns:
             ``[n, out_channels]``.
         """
+        if self.num_types == 1:  # one map for every row: type_vec is not read
+            return self.lin(x)
         if type_vec is None:
-            if self.num_types == 1:
-                return self.lin(x)
             raise ValueError(f"this layer has {self.num_types} types: pass type_vec")
         if not isinstance(type_vec, Tensor) or not holds_integers(type_vec):
             raise TypeError(
@@ -88,11 +89,8 @@ class TypedLinear(nn.Module):
                 f"type_vec must have shape [{x.size(0)}] (one type per row of x), "
                 f"got {tuple(type_vec.shape)}"
             )
-        # (out-of-range ids would match no type on an accelerator: silent zero rows; with
-        # one type they were ignored)
+        # (out-of-range ids would match no type on an accelerator: silent zero rows)
         check_ids(type_vec, self.num_types, "type", "num_types")
-        if self.num_types == 1:
-            return self.lin(x)
         if reads_values(type_vec):  # HeteroLinear: row slices per type (bounds read on the host)
             out = self.lin(x, type_vec)
         else:  # accelerator: every type's map on all rows, kept where the type matches

@@ -573,7 +573,7 @@ def _breadth_first(parent: Tensor, slot: Tensor) -> tuple[Tensor, Tensor, list[i
         raise ValueError("parent does not describe a forest: some nodes never reach a root")
     by_depth = depth.argsort(stable=True)  # node order within a level, as family_order keeps
     level_ptr = [0, *torch.bincount(depth).cumsum(0).tolist()] if n else [0]
-    rank = torch.empty_like(parent)
+    rank = torch.empty_like(parent, dtype=torch.long)  # (parent may be int32)
     order = by_depth.clone()
     for lo, hi in zip(level_ptr[:-1], level_ptr[1:], strict=True):
         level = by_depth[lo:hi]

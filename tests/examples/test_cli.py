@@ -347,6 +347,7 @@ REFUSED = [
     *((script, "--seed 18446744073709551616", "--seed: must be an int >= 0 and <= 4294967295")
       for script in ("vcc_long_qa", "hierarchical_lm", "ddp_train", "listops", "masked_attention")),
     ("node_classification", "--seeds -1", "--seeds: must be an int >= 0"),
+    ("cora_cone_gat", "--first-seed -1", "--first-seed: must be an int >= 0"),
 ]  # fmt: skip
 
 

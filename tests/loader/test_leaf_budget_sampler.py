@@ -65,13 +65,18 @@ def test_packing_refuses_what_names_no_tree():
     for budget in (0, -3):
         with pytest.raises(ValueError, match="max_leaves"):
             pack_by_budget([0], sizes, budget)
-    with pytest.raises(ValueError, match="leaf_counts must be >= 1"):
+    with pytest.raises(ValueError, match="sizes must be >= 1"):
         pack_by_budget([0], torch.tensor([3, -2, 5]), 5)
     sampler = LeafBudgetBatchSampler(sizes, 5, sampler=[0, 7])  # a sampler's bad index
     with pytest.raises(ValueError, match=r"got 7"):
         sampler.batches()
-    with pytest.raises(TypeError, match="epoch must be"):  # (manual_seed failed at the next pass)
-        LeafBudgetBatchSampler(sizes, 5, shuffle=True).set_epoch(1.5)
+    shuffled = LeafBudgetBatchSampler(sizes, 5, shuffle=True)
+    with pytest.raises(TypeError, match="epoch must be an int"):  # (manual_seed failed later)
+        shuffled.set_epoch(1.5)
+    with pytest.raises(ValueError, match="epoch must be >= 0"):
+        shuffled.set_epoch(-1)
+    shuffled.set_epoch(torch.tensor(2))  # a 0-d integer tensor (a training loop's counter)
+    assert shuffled.epoch == 2
 
 
 def trees(sizes):

@@ -150,6 +150,8 @@ def test_a_step_with_the_wrong_caches_writes_none(attention):
         with pytest.raises(ValueError, match="step takes 2 caches, one per layer"):
             net.step(1, wrong)
     assert [cache.num_tokens for cache in (*caches, *other)] == [1, 1, 0, 0]
+    net.step(1, tuple(caches))  # any sequence of caches
+    assert [cache.num_tokens for cache in caches] == [2, 2]
 
 
 def test_an_evaluation_under_inference_mode_then_training():

@@ -15,8 +15,10 @@ def test_fourier_features_shape_and_grad():
     with pytest.raises(ValueError, match="even"):
         LearnableFourierFeatures(1, 4, num_features=3)
     for wrong in (torch.rand(5, 3), torch.rand(5)):  # (a matmul shape error)
-        with pytest.raises(ValueError, match=r"pos must be \[n, pos_dim=2\]"):
+        with pytest.raises(ValueError, match=r"pos must be \[..., n, pos_dim=2\]"):
             lff(wrong)
+    batched = torch.rand(3, 5, 2)  # leading dimensions pass through
+    torch.testing.assert_close(lff(batched), torch.stack([lff(p) for p in batched]))
 
 
 def test_family_encoder_by_domain():

@@ -26,7 +26,7 @@ from hiergraph.data import from_nested, random_window_hierarchy, window_forest, 
 from hiergraph.ops import causal_hierarchical_attention, hierarchical_attention, masked_softmax
 from hiergraph.ops.cone import penumbral, penumbral_edge, umbral
 from hiergraph.ops.hmatrix import hmatrix_attention
-from hiergraph.ops.hsa.family import family_gram
+from hiergraph.ops.hsa.family_products import family_gram
 from hiergraph.ops.hsa.lifted import lifted_attention
 from hiergraph.ops.masked.banded import banded_attention
 from hiergraph.ops.masked.edge_products import EdgeCSR, edge_aggregate, edge_dot

@@ -66,3 +66,15 @@ def test_the_plan_of_a_deep_caterpillar():
     assert index.num_levels == depth + 1 and index.num_leaves == depth + 1
     for d, level in enumerate(index.levels):
         assert sorted(level.count.tolist()) == ([depth + 1] if d == 0 else [1, depth + 1 - d])
+
+
+def test_int32_structure_plans_as_int64():
+    """(The breadth-first ranks took the parents' dtype: an int32 forest failed to plan.)"""
+    from hiergraph.data import window_hierarchy
+    from hiergraph.plan import TreeIndex
+
+    tree = window_hierarchy(8, (2, 4))
+    expected = TreeIndex.from_parent(tree.parent, tree.slot, tree.is_leaf)
+    index = TreeIndex.from_parent(tree.parent.int(), tree.slot.int(), tree.is_leaf)
+    assert index.rank.dtype == torch.long and torch.equal(index.rank, expected.rank)
+    assert index.level_ptr == expected.level_ptr and torch.equal(index.order, expected.order)

@@ -33,7 +33,7 @@ own logits. A wide block in the fused kernel keeps no logits; its chunks bound t
 ``[F, r, W]`` logit bias (the size term and the mask) the kernel reads.
 
 The batched products over families that these kernels and the equal-fanout paths are made
-of are in :mod:`~hiergraph.ops.hsa.family_products` (importable from here too).
+of are in :mod:`~hiergraph.ops.hsa.family_products`.
 """
 
 from __future__ import annotations
@@ -48,13 +48,6 @@ from torch_geometric.utils import scatter
 from hiergraph._autograd import AutogradFunction, recorded_gradients
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.family_products import family_diagonal, family_gram, family_product
-
-# the other products, re-exported: importable from this module too
-from hiergraph.ops.hsa.family_products import family_sum as family_sum
-from hiergraph.ops.hsa.family_products import fill_diagonal as fill_diagonal
-from hiergraph.ops.hsa.family_products import pair_member as pair_member
-from hiergraph.ops.hsa.family_products import pair_product as pair_product
-from hiergraph.ops.hsa.family_products import summed_products as summed_products
 from hiergraph.ops.logspace import masked_softmax, scatter_softmax
 from hiergraph.ops.runs import sum_children
 from hiergraph.plan.tree_index import Level

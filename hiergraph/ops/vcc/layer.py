@@ -185,7 +185,11 @@ def compress(c: Tensor, sel: Selection) -> Tensor:
 
 def decompress(rows: Tensor, sel: Selection) -> Tensor:
     r""":math:`S_c^\dagger Y = S_c^\top D\, Y` for ``rows`` ``[R, d]``: every token copies its
-    segment's row (a gather), ``[N, d]``."""
+    segment's row (a gather), ``[N, d]``.
+
+    Raises:
+        ValueError: unless ``rows`` is ``[R, d]`` for the ``R`` segments of ``sel``.
+    """
     if not isinstance(rows, Tensor) or rows.dim() != 2 or rows.size(0) != sel.count.numel():
         raise ValueError(
             f"rows must be [{sel.count.numel()}, d], one per segment of the selection, got "

@@ -13,6 +13,7 @@ from torch_geometric.data import Batch
 from hiergraph.data import from_nested, window_hierarchy
 from hiergraph.ops import hierarchical_attention
 from hiergraph.ops.hsa import attention, family
+from hiergraph.ops.hsa.family_products import family_gram
 from hiergraph.ops.logspace import masked_softmax
 from tests.conftest import assert_same_nans, random_qkv, random_spec, spy_calls, with_nan
 
@@ -201,7 +202,7 @@ def test_leaf_family_attention_equals_the_masked_softmax(left_only, eps):
     inputs = [t.requires_grad_() for t in (q, k, v) + (() if e is None else (e,))]
 
     def reference(q, k, v, *e):
-        logits = family.family_gram(q, k, 0.7) + (family.family_gram(*e, *e) if e else 0)
+        logits = family_gram(q, k, 0.7) + (family_gram(*e, *e) if e else 0)
         lse, p = masked_softmax(logits, ~family.left_out(6, left_only, q.device))
         return lse, p @ v
 
