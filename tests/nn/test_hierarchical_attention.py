@@ -378,3 +378,15 @@ def test_an_evaluation_under_inference_mode_then_training(kernel, mode, ragged):
     out.square().sum().backward()
     assert torch.allclose(out, evaluated, atol=1e-6)
     assert all(p.grad is not None for p in attn.parameters())
+
+
+def test_a_one_type_layer_serves_hierarchies_whose_nodes_carry_types():
+    """Node types are read by layers of several types only (a one-type layer refused the
+    typed trees of a multimodal schema)."""
+    from hiergraph.data import SignalHierarchy
+
+    typed = SignalHierarchy.from_parent([-1, 0, 0, 1, 1, 2, 2], node_type=[0, 0, 0, 0, 1, 0, 1])
+    untyped = SignalHierarchy.from_parent([-1, 0, 0, 1, 1, 2, 2])
+    layer = HierarchicalSelfAttention(8, heads=2)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(layer(x, typed), layer(x, untyped))
