@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from hiergraph._environment import OFF
+
 try:  # POSIX
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -190,8 +192,10 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
 
 
 def downloads_allowed() -> bool:
-    """False when ``$HIERGRAPH_OFFLINE`` is set (to anything but ``0`` or an empty string)."""
-    return os.environ.get(OFFLINE_ENV, "").strip() in ("", "0")
+    """False when ``$HIERGRAPH_OFFLINE`` is set, to anything but an empty string or a
+    switch's off value (``0``, ``false``, ``no``, ``off``, any case: ``false`` was
+    offline)."""
+    return os.environ.get(OFFLINE_ENV, "").strip().lower() in ("", *OFF)
 
 
 # ------------------------------------------------------------------------- download

@@ -198,10 +198,10 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
             )
         self.split, self.image_size, self.max_tokens = split, image_size, max_tokens
         self.max_pixels = max_pixels
-        root = Path(root) if root is not None else data_root() / self.name
-        self.raw_source = Path(
+        root = Path(root).expanduser() if root is not None else data_root() / self.name
+        self.raw_source = Path(  # ("~" expanded: a literal "~" folder was made)
             raw_dir or os.environ.get(self.raw_env) or self.default_raw_dir or root / "raw"
-        )
+        ).expanduser()
         with file_lock(root / "processed"):  # one process builds the cache
             super().__init__(str(root), transform, force_reload=force_reload)
         self.load(self.processed_paths[SPLITS.index(split)])

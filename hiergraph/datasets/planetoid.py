@@ -168,7 +168,7 @@ def _raw_sources(name: str, raw_dir: str | os.PathLike | None) -> list[Path]:
     sources = []
     for base in (raw_dir, os.environ.get(RAW_ENV) or None):
         if base is not None:
-            base = Path(base)
+            base = Path(base).expanduser()  # (a literal "~" folder was searched)
             sources += [base, base / name / "raw"]
     return sources
 

@@ -499,8 +499,8 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
         """Folders searched for the raw sources, in order."""
         places = [Path(self.raw_dir)]
         for base in (self.extra_raw_dir, os.environ.get(RAW_ENV) or None):
-            if base is not None:
-                places += [Path(base), Path(base) / self.name / "raw"]
+            if base is not None:  # ("~" expanded: a literal "~" folder was searched)
+                places += [Path(base).expanduser(), Path(base).expanduser() / self.name / "raw"]
         return places
 
     def locate_source(self) -> Path:

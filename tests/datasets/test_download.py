@@ -320,3 +320,16 @@ def test_portable_lock_left_by_a_killed_process_is_named(tmp_path, monkeypatch):
     with pytest.raises(TimeoutError, match=r"\.lock\.pid.*delete the file"):
         with file_lock(tmp_path, timeout=0.3):
             pass
+
+
+@pytest.mark.parametrize(
+    "value, allowed",
+    [("", True), ("0", True), ("false", True), ("OFF", True), ("no", True), ("1", False),
+     ("true", False), ("yes", False), ("anything", False)],
+)  # fmt: skip
+def test_the_offline_switch_reads_off_values_as_off(monkeypatch, value, allowed):
+    """(``HIERGRAPH_OFFLINE=false`` switched downloads off.)"""
+    from hiergraph.datasets.download import downloads_allowed
+
+    monkeypatch.setenv("HIERGRAPH_OFFLINE", value)
+    assert downloads_allowed() is allowed

@@ -142,3 +142,15 @@ def test_a_raw_file_that_is_a_fifo_is_refused_not_waited_on(no_env, tmp_path):
     os.mkfifo(raw / "ind.cora.x")
     with pytest.raises(CorruptFileError, match="ind.cora.x: a raw file is not a regular file"):
         hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+
+
+def test_raw_folders_given_with_a_tilde_are_the_home_folders(no_env, tmp_path, monkeypatch):
+    """(``raw_dir="~/…"`` and ``HIERGRAPH_RAW="~/…"`` searched a literal ``~`` folder.)"""
+    from tests.datasets.fixtures import write_tiny_planetoid
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    write_tiny_planetoid(tmp_path / "home" / "datasets" / "Cora" / "raw")
+    cora = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir="~/datasets/Cora/raw")
+    assert cora[0].num_nodes > 0
+    monkeypatch.setenv("HIERGRAPH_RAW", "~/datasets")
+    assert hp.load_planetoid("Cora", root=tmp_path / "other")[0].num_nodes == cora[0].num_nodes
