@@ -46,6 +46,7 @@ import timing
 import torch
 from report import zs_cells, zs_tree_label  # the sibling script renders the same tables
 
+from hiergraph.datasets.processed import load_weights_only
 from hiergraph.integrations import (
     block_attention_flops,
     flat_attention_flops,
@@ -87,7 +88,7 @@ def load_cache(ex, model, tokenizer, dataset, args, starts):
     there."""
     path = CACHE / f"{dataset}_{args.max_tokens}_{args.limit or 'all'}.pt"
     if path.exists():
-        cache = torch.load(path, weights_only=False)
+        cache = load_weights_only(path, "a cache of this benchmark", "it", allow=())
         if starts <= set(cache["batches"][0][1]):
             return cache
     texts, labels, split = ex.load_texts(dataset, args.limit)
@@ -327,8 +328,8 @@ def fidelity(args) -> None:
     ex = load_example()
     torch.set_num_threads(args.threads)
     model, _ = ex.load_minilm()
-    cache = torch.load(CACHE / f"{args.dataset}_{args.max_tokens}_{args.limit or 'all'}.pt",
-                       weights_only=False)  # fmt: skip
+    path = CACHE / f"{args.dataset}_{args.max_tokens}_{args.limit or 'all'}.pt"
+    cache = load_weights_only(path, "a cache of this benchmark", "it", allow=())
     last = ex.NUM_LAYERS - 1
     valid, kept = max(cache["batches"], key=lambda batch: batch[0].numel())
     valid, hidden = valid[: args.docs].bool(), kept[last][: args.docs].double()

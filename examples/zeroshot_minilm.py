@@ -155,8 +155,9 @@ def encode_original(model, tokenizer, texts, max_tokens: int, batch_size: int, k
     """Original embeddings and the cached layer inputs, batches sorted by length.
 
     Returns ``{'order', 'batches': [(valid, {layer: hidden, 'final': last hidden})],
-    'embedding'}`` where ``embedding`` is in ``texts`` order, on the CPU; the batches stay
-    on the model's device.
+    'embedding'}`` (tensors, lists and dicts alone: a cache of it loads with
+    ``weights_only``) where ``embedding`` is in ``texts`` order, on the CPU; the batches
+    stay on the model's device.
     """
     enc = tokenizer(texts, truncation=True, max_length=max_tokens)
     ids = enc["input_ids"]
@@ -175,7 +176,7 @@ def encode_original(model, tokenizer, texts, max_tokens: int, batch_size: int, k
         embs.append(sentence_embedding(hidden, valid))
     emb = torch.empty(len(texts), embs[0].size(1))
     emb[torch.as_tensor(order)] = torch.cat(embs).cpu()
-    return {"order": order, "batches": batches, "embedding": emb}
+    return {"order": torch.as_tensor(order), "batches": batches, "embedding": emb}
 
 
 @torch.no_grad()
