@@ -98,7 +98,7 @@ def _download_ogbn(name: str, folder: Path) -> None:
                         f"the {free.free} free in {folder.parent}",
                     )
                 z.extractall(unpacked)  # zipfile drops absolute paths and '..'
-        except (zipfile.BadZipFile, EOFError, OSError) as err:
+        except (zipfile.BadZipFile, EOFError, OSError, RuntimeError, NotImplementedError) as err:
             raise CorruptFileError(
                 archive, f"{archive} (from {meta['url']}) is not a readable zip: {err}"
             ) from err

@@ -216,7 +216,7 @@ def _ppi_download(target: Path, missing: list[str]) -> None:
                     z.open(members[f]) as src,
                 ):
                     shutil.copyfileobj(src, out, 1 << 20)
-    except (zipfile.BadZipFile, EOFError, OSError) as err:
+    except (zipfile.BadZipFile, EOFError, OSError, RuntimeError, NotImplementedError) as err:
         raise CorruptFileError(
             archive, f"{archive} (from {PPI.url}) is not a readable zip of the PPI raw files: {err}"
         ) from err

@@ -84,6 +84,8 @@ _ARCHIVE_ERRORS = (
     gzip.BadGzipFile,
     lzma.LZMAError,
     OSError,  # e.g. bz2's "Invalid data stream"
+    RuntimeError,  # an encrypted zip member ("password required")
+    NotImplementedError,  # a zip member of a compression method Python lacks
 )
 
 
@@ -173,8 +175,17 @@ def _archive_files(source: Path, keep, max_bytes: int, what: str):
             with tarfile.open(source, "r:*") as archive:
                 for member in archive:
                     name = _member_name(member.name)
-                    if member.isfile() and keep(name):
-                        _check_size(source, name, member.size, max_bytes, what)
+                    if not keep(name) or member.isdir():
+                        continue
+                    if member.issym():  # (dropped without a word before)
+                        raise CorruptFileError(
+                            source,
+                            f"{source}: {name} is a symbolic link inside the archive; expected "
+                            f"{what} holding the files themselves",
+                        )
+                    if member.isfile() or member.islnk():  # a hard link: a file's second name
+                        size = member.size if member.isfile() else _link_size(archive, member)
+                        _check_size(source, name, size, max_bytes, what)
                         yield name, archive.extractfile(member).read()
                 _check_tar_end(archive)
         else:
@@ -197,6 +208,14 @@ def _archive_files(source: Path, keep, max_bytes: int, what: str):
             f"expected {what}. It is probably truncated or damaged: delete it and download "
             "it again, or put an intact copy in its place.",
         ) from err
+
+
+def _link_size(archive: tarfile.TarFile, link: tarfile.TarInfo) -> int:
+    """The size of the file a tar hard link names (the link's own header says 0)."""
+    try:
+        return archive.getmember(link.linkname).size
+    except KeyError:  # (tarfile's read of it fails the same way)
+        raise tarfile.TarError(f"{link.name} links to {link.linkname}, which it lacks") from None
 
 
 def decode(content: bytes) -> str:

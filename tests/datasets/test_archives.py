@@ -137,6 +137,43 @@ def test_damaged_zip_member_names_the_file(tmp_path):
         list(iter_raw_files(source, None, 1 << 20, "BBC articles"))
 
 
+def test_tar_links_are_read_or_refused_not_dropped(tmp_path):
+    """A hard link (GNU tar's second name of a file) is read; a symbolic one is refused
+    (both were dropped without a word)."""
+    source = tmp_path / "articles.tar.gz"
+    with tarfile.open(source, "w:gz") as tar:
+        data = b"tech headline\n\nwords words"
+        info = tarfile.TarInfo("bbc/tech/001.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("bbc/tech/002.txt")
+        link.type, link.linkname = tarfile.LNKTYPE, "bbc/tech/001.txt"
+        tar.addfile(link)
+    assert dict(iter_raw_files(source, None, 1 << 20)) == {
+        "bbc/tech/001.txt": data, "bbc/tech/002.txt": data
+    }  # fmt: skip
+    with tarfile.open(source, "w:gz") as tar:
+        link = tarfile.TarInfo("bbc/tech/003.txt")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    with pytest.raises(CorruptFileError, match="003.txt is a symbolic link inside the archive"):
+        list(iter_raw_files(source, None, 1 << 20, "BBC articles"))
+
+
+def test_zip_members_python_cannot_read_name_the_file(tmp_path):
+    """(An encrypted member raised RuntimeError, an unknown compression method
+    NotImplementedError, naming nothing.)"""
+    source = tmp_path / "bbc-fulltext.zip"
+    with zipfile.ZipFile(source, "w") as z:
+        z.writestr("bbc/tech/001.txt", "tech headline\n\nwords")
+    data = bytearray(source.read_bytes())
+    for at in (8, data.rindex(b"PK\x01\x02") + 10):  # the local and central headers
+        data[at : at + 2] = (99).to_bytes(2, "little")  # compression method 99 (AES)
+    source.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError, match="bbc-fulltext.zip is not a readable zip"):
+        list(iter_raw_files(source, None, 1 << 20, "BBC articles"))
+
+
 def test_corrupt_planetoid_pickle_names_the_file(tmp_path):
     raw = write_tiny_planetoid(tmp_path / "src")
     data = hp.load_planetoid("Cora", root=tmp_path / "ok", raw_dir=raw)[0]
