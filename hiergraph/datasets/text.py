@@ -61,6 +61,7 @@ from hiergraph.datasets.download import (
     fetch,
     file_lock,
     locate_raw,
+    regular_file,
     resolve_inside,
 )
 from hiergraph.datasets.processed import StrictLoad, damaged_cache
@@ -168,8 +169,9 @@ def _archive_files(source: Path, keep, max_bytes: int, what: str):
         kind = "zip"
     else:
         raise ValueError(f"cannot read {source}: expected a folder, a .tar(.gz) or a .zip")
-    if not source.is_file():
+    if not source.exists():
         raise FileNotFoundError(f"{source} does not exist")
+    regular_file(source, what)  # (a FIFO there was reported missing)
     try:
         if kind == "tar":
             with tarfile.open(source, "r:*") as archive:

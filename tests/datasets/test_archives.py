@@ -160,6 +160,15 @@ def test_tar_links_are_read_or_refused_not_dropped(tmp_path):
         list(iter_raw_files(source, None, 1 << 20, "BBC articles"))
 
 
+def test_an_archive_that_is_a_fifo_is_named_as_such(tmp_path):
+    """(It was reported as missing.)"""
+    import os
+
+    os.mkfifo(tmp_path / "bbc-fulltext.zip")
+    with pytest.raises(CorruptFileError, match="BBC articles is not a regular file"):
+        list(iter_raw_files(tmp_path / "bbc-fulltext.zip", None, 1 << 20, "BBC articles"))
+
+
 def test_zip_members_python_cannot_read_name_the_file(tmp_path):
     """(An encrypted member raised RuntimeError, an unknown compression method
     NotImplementedError, naming nothing.)"""

@@ -122,6 +122,22 @@ def test_cut_connection_leaves_nothing(online, monkeypatch, server, archive, tmp
     assert leftovers(tmp_path / "plain") == []
 
 
+def test_a_killed_downloads_partial_file_is_removed_by_the_next(online, server, tmp_path):
+    """(SIGKILL during a download left its temporary file for good.)"""
+    import os
+    import time
+
+    (tmp_path / "www" / "data.bin").write_bytes(b"payload")
+    dest = tmp_path / "raw" / "data.bin"
+    dest.parent.mkdir()
+    dead, live = dest.parent / ".data.bin.0a1b.tmp", dest.parent / ".data.bin.2c3d.tmp"
+    dead.write_bytes(b"partial"), live.write_bytes(b"partial")
+    old = time.time() - 3600
+    os.utime(dead, (old, old))  # untouched for an hour: its process is gone
+    fetch(RemoteFile("data.bin", (f"{server.url}/data.bin",), None), dest)
+    assert dest.read_bytes() == b"payload" and not dead.exists() and live.exists()
+
+
 def test_a_trickling_server_is_given_up(online, monkeypatch, server, archive, tmp_path):
     """A server that sends a few bytes now and then (each read within the socket timeout)
     is given up once a window of SLOW_SECONDS brings fewer than MIN_RATE bytes a second;
