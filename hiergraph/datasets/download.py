@@ -279,8 +279,12 @@ def _is_archive_like(path: Path, name: str) -> bool:
     ``.tgz``) opens as that kind of archive; any other name passes (a file without a
     checksum is taken as it comes). An unchecked archive renamed into place would be taken
     as complete."""
-    if name.endswith((".zip", ".npz")):
-        return zipfile.is_zipfile(path)
+    if name.endswith((".zip", ".npz")):  # its central directory, read: not just a marker
+        try:  # (an HTML error page that held the end-of-directory bytes passed)
+            with zipfile.ZipFile(path) as archive:
+                return len(archive.infolist()) > 0
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+            return False
     if name.endswith((".tar", ".tar.gz", ".tgz")):
         return tarfile.is_tarfile(path)
     return True

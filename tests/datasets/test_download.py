@@ -156,7 +156,11 @@ def test_a_trickling_server_is_given_up(online, monkeypatch, server, archive, tm
 
 
 @pytest.mark.parametrize("name", ["bbc-fulltext.zip", NAME])
-@pytest.mark.parametrize("body", [b"<html>moved</html>", b""], ids=["html", "empty"])
+@pytest.mark.parametrize(
+    "body",
+    [b"<html>moved</html>", b"", b"<html>" + b"PK\x05\x06" + bytes(18) + b"</html>"],
+    ids=["html", "empty", "html with an end-of-directory marker"],
+)
 def test_an_archive_without_checksum_is_checked_before_it_is_kept(online, server, tmp_path,
                                                                   name, body):  # fmt: skip
     """A file with no known SHA-256 (the BBC archive) that is not the archive its name says
