@@ -182,17 +182,31 @@ PLANETOID_SHA256: dict[str, str] = {
 # ------------------------------------------------------------------ where data lives
 def cache_dir() -> Path:
     """The user cache folder: ``$XDG_CACHE_HOME/hiergraph``, else ``~/.cache/hiergraph``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "hiergraph"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return _folder_of("XDG_CACHE_HOME") / "hiergraph"
+    return Path.home() / ".cache" / "hiergraph"
 
 
 def data_root(root: str | os.PathLike | None = None) -> Path:
-    """The data root: ``root``, else ``$HIERGRAPH_DATA``, else :func:`cache_dir`."""
+    """The data root: ``root``, else ``$HIERGRAPH_DATA``, else :func:`cache_dir`.
+
+    Raises:
+        NotADirectoryError: naming the variable, where ``$HIERGRAPH_DATA`` or
+            ``$XDG_CACHE_HOME`` names a file (a bare error of a folder below it before).
+    """
     if root is not None:
         return Path(root).expanduser()
     if os.environ.get(DATA_ENV):
-        return Path(os.environ[DATA_ENV]).expanduser()
+        return _folder_of(DATA_ENV)
     return cache_dir()
+
+
+def _folder_of(variable: str) -> Path:
+    """The folder the environment ``variable`` names (``~`` expanded), refused if a file."""
+    path = Path(os.environ[variable]).expanduser()
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"${variable} names {path}, a file: set it to a folder")
+    return path
 
 
 def downloads_allowed() -> bool:

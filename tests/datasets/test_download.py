@@ -353,3 +353,17 @@ def test_the_offline_switch_reads_off_values_as_off(monkeypatch, value, allowed)
 
     monkeypatch.setenv("HIERGRAPH_OFFLINE", value)
     assert downloads_allowed() is allowed
+
+
+@pytest.mark.parametrize("variable", ["HIERGRAPH_DATA", "XDG_CACHE_HOME"])
+def test_a_data_variable_naming_a_file_is_named(monkeypatch, tmp_path, variable):
+    """(A bare NotADirectoryError of a folder below it, naming no variable.)"""
+    from hiergraph.datasets.download import data_root
+
+    monkeypatch.delenv("HIERGRAPH_DATA", raising=False)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(variable, str(tmp_path / "file"))
+    with pytest.raises(NotADirectoryError, match=rf"\${variable} names .*file, a file"):
+        data_root()
+    monkeypatch.setenv(variable, str(tmp_path / "folder"))  # a folder to be made is fine
+    assert str(data_root()).startswith(str(tmp_path / "folder"))
