@@ -27,6 +27,8 @@ import sys
 import torch
 from tqdm import tqdm
 
+from hiergraph._checks import check_int
+
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
@@ -73,13 +75,16 @@ def default_threads(limit: int = 2) -> int:
     """A thread count for a script that shares the machine: torch's default, at most
     ``limit`` and at most the cores the rest of the machine leaves idle (1-minute load
     average). More threads than free cores make every small op wait on a busy one."""
-    idle = os.cpu_count() - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
+    check_int(limit, "limit")  # (0, -5 and 2.7 gave 1)
+    cores = os.cpu_count() or limit  # (None where Python cannot tell)
+    idle = cores - os.getloadavg()[0] if hasattr(os, "getloadavg") else limit
     return max(1, min(limit, torch.get_num_threads(), round(idle)))
 
 
 def progress(iterable=None, **kwargs) -> tqdm:
-    """A progress bar on stderr, redrawn at most once a second (``tqdm`` arguments)."""
-    return tqdm(iterable, mininterval=1.0, dynamic_ncols=True, **kwargs)
+    """A progress bar on stderr, redrawn at most once a second (``tqdm`` arguments; the
+    caller's ``mininterval`` and ``dynamic_ncols`` win)."""
+    return tqdm(iterable, **{"mininterval": 1.0, "dynamic_ncols": True, **kwargs})
 
 
 def apply_budget(args, quick: dict, paper: dict) -> None:

@@ -60,6 +60,11 @@ def test_default_threads_stays_within_the_limit_and_the_idle_cores(monkeypatch):
     assert default_threads() == 1  # never below one
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert default_threads(limit=3) == 3
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # Python cannot tell
+    assert default_threads(limit=3) == 3
+    for limit, error in ((0, ValueError), (-5, ValueError), (2.7, TypeError), ("4", TypeError)):
+        with pytest.raises(error, match="limit must be a positive int"):  # (they gave 1)
+            default_threads(limit)
 
 
 def test_progress_is_a_tqdm_bar_over_the_iterable():
@@ -67,6 +72,10 @@ def test_progress_is_a_tqdm_bar_over_the_iterable():
 
     bar = progress(range(3), disable=True)
     assert list(bar) == [0, 1, 2]
+    import io
+
+    own = progress(range(3), mininterval=5, file=io.StringIO())  # (a TypeError: given twice)
+    assert own.mininterval == 5 and list(own) == [0, 1, 2]
 
 
 def test_apply_budget_fills_only_the_options_left_unset():

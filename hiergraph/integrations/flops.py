@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hiergraph._checks import check_int
+from hiergraph._checks import check_bool, check_int
 from hiergraph._deprecation import renamed_arguments
+from hiergraph.data.signal_hierarchy import as_hierarchy
 
 if TYPE_CHECKING:
     from torch_geometric.data import Batch
@@ -121,6 +122,9 @@ def hsa_attention_flops(
         attention (:math:`\sum_f b_f^2` scores), the pooling/gate/accumulation
         bookkeeping, and their sum.
     """
+    check_int(heads, "heads", minimum=0)  # (-2 heads counted negative FLOPs)
+    check_bool(include_self, "include_self")
+    hierarchy = as_hierarchy(hierarchy)
     parent = hierarchy.parent
     nodes = torch.arange(parent.numel(), device=parent.device)
     non_root = parent != nodes

@@ -134,9 +134,9 @@ class HSASelfAttention(nn.Module):
         Returns:
             ``(context [B, T, hidden], None)``.
         """
-        if (
-            kwargs.get("past_key_values") is not None
-            or kwargs.get("encoder_hidden_states") is not None
+        # (transformers 5 passes a KV cache as ``cache``: one given was left empty)
+        if any(
+            kwargs.get(k) is not None for k in ("past_key_values", "cache", "encoder_hidden_states")
         ):
             raise ValueError(
                 "HSA layers are encoder self-attention only: no KV cache, no cross-attention"
@@ -174,6 +174,13 @@ class HSASelfAttention(nn.Module):
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
     """The transformer layers of a BERT/RoBERTa-family model (or its task/sentence wrapper)."""
+    return _encoder_owner(model).encoder.layer
+
+
+def _encoder_owner(model: nn.Module) -> nn.Module:
+    """The module of ``model`` whose ``encoder.layer`` lists its transformer layers: the
+    model itself, its ``base_model`` (a task wrapper) or its ``auto_model`` (a
+    sentence-transformers one)."""
     for candidate in (
         model,
         getattr(model, "base_model", None),
@@ -181,7 +188,7 @@ def encoder_layers(model: nn.Module) -> nn.ModuleList:
     ):
         layers = getattr(getattr(candidate, "encoder", None), "layer", None)
         if isinstance(layers, nn.ModuleList):
-            return layers
+            return candidate
     raise TypeError(
         f"{type(model).__name__} has no `encoder.layer` list: pass a Hugging Face BERT/RoBERTa-"
         "family model (BertModel, RobertaModel, a *ForSequenceClassification, or a "
@@ -230,8 +237,10 @@ def inject_hsa(
             (default: :obj:`0`)
 
     Raises:
-        ValueError: for bad arguments, a layer that already has HSA, or a causal
-            (decoder, ``is_decoder=True``) layer; nothing is replaced then.
+        ValueError: for bad arguments, a layer that already has HSA, a causal
+            (decoder, ``is_decoder=True``) layer, or a model whose attention masks are not
+            those of ``attn_implementation`` ``'eager'`` or ``'sdpa'``; nothing is replaced
+            then.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -244,6 +253,13 @@ def inject_hsa(
             raise ValueError("method='block' needs block_size >= 1 (or a non-empty branching)")
         check_int(block_size, "block_size")
     all_layers = encoder_layers(model)
+    config = getattr(_encoder_owner(model), "config", None)
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in (None, "eager", "sdpa"):  # (a flex BlockMask failed deep inside)
+        raise ValueError(
+            f"inject_hsa reads the attention masks of attn_implementation 'eager' or 'sdpa'; "
+            f"this model uses {implementation!r}: load it with attn_implementation='sdpa'"
+        )
     n = len(all_layers)
     chosen = sorted({i % n for i in _check_layers(layers, n)})
     if isinstance(hubs, bool) or not isinstance(hubs, int) or hubs < 0:
@@ -264,10 +280,12 @@ def inject_hsa(
             raise ValueError(f"layer {i}: {error}") from None
     for i, replacement in zip(chosen, replacements, strict=True):
         all_layers[i].attention.self = replacement
-    if model not in _OUTPUT_GUARDS:
-        _OUTPUT_GUARDS[model] = model.register_forward_pre_hook(
-            _refuse_attention_outputs, with_kwargs=True
-        )
+    if model not in _OUTPUT_GUARDS:  # on the wrapper and on the encoder's own model, which
+        # a caller may run alone (``wrapper.bert(...)``: the wrapper's hook never ran)
+        owners = {id(m): m for m in (model, _encoder_owner(model))}.values()
+        _OUTPUT_GUARDS[model] = [
+            m.register_forward_pre_hook(_refuse_attention_outputs, with_kwargs=True) for m in owners
+        ]
     return model
 
 
@@ -276,13 +294,12 @@ def remove_hsa(model: nn.Module) -> nn.Module:
     for layer in encoder_layers(model):
         if isinstance(layer.attention.self, HSASelfAttention):
             layer.attention.self = layer.attention.self.original
-    guard = _OUTPUT_GUARDS.pop(model, None)
-    if guard is not None:
+    for guard in _OUTPUT_GUARDS.pop(model, ()):
         guard.remove()
     return model
 
 
-#: the forward pre-hook of every model with HSA layers (:func:`_refuse_attention_outputs`)
+#: the forward pre-hooks of every model with HSA layers (:func:`_refuse_attention_outputs`)
 _OUTPUT_GUARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -314,11 +331,12 @@ def hsa_hierarchies(
             example with valid tokens, in batch order; example ``b``'s leaves are
             its valid (non-padding) tokens in order.
     """
-    shared = {
-        id(m.hierarchies): m.hierarchies for m in model.modules() if isinstance(m, HSASelfAttention)
-    }
-    if not shared:
+    layers = [m for m in model.modules() if isinstance(m, HSASelfAttention)]
+    if not layers:
         raise ValueError("the model has no HSA layers; call inject_hsa(model, ...) first")
+    shared = {id(m.hierarchies): m.hierarchies for m in layers if m.method != "block"}
+    if not shared:  # (the block was a silent no-op)
+        raise ValueError("the model's HSA layers are method='block', which takes no hierarchies")
     batch = (
         hierarchies if isinstance(hierarchies, Batch) else Batch.from_data_list(list(hierarchies))
     )

@@ -29,10 +29,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from hiergraph._checks import check_int
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 from hiergraph.data.windows import window_forest, window_hierarchy
-from hiergraph.integrations.padded_attention import nonempty_lengths
+from hiergraph.integrations.padded_attention import check_padded, nonempty_lengths
 
 
 def hub_scores(q: Tensor, k: Tensor, token_mask: Tensor, scale: float | None = None) -> Tensor:
@@ -48,6 +49,7 @@ def hub_scores(q: Tensor, k: Tensor, token_mask: Tensor, scale: float | None = N
         scale (float, optional): logit scale :math:`\tau`. (default: :obj:`None`,
             i.e. :math:`1/\sqrt{d}`)
     """
+    check_padded(q, k, k, token_mask)  # (a long mask, a short one: errors deep inside)
     scale = q.size(-1) ** -0.5 if scale is None else scale
     dtype = accumulation_dtype(q.dtype)
     weight = token_mask.to(dtype)  # [B, T]
@@ -88,8 +90,7 @@ def select_hubs(scores: Tensor, token_mask: Tensor, hubs: int) -> Tensor:
 
 def lifted_tokens(scores: Tensor, token_mask: Tensor, hubs: int) -> Tensor:
     """:func:`select_hubs` on the padded batch: ``[B, T]`` bool, ``True`` for the hubs."""
-    if hubs < 0:
-        raise ValueError(f"hubs must be >= 0, got {hubs}")
+    check_int(hubs, "hubs", minimum=0)  # (1.5 failed in topk)
     n = token_mask.sum(1)
     top = scores.topk(min(hubs, scores.size(1)), dim=1).indices  # [B, g], best first
     keep = torch.arange(top.size(1), device=top.device) < (n - 1).clamp(min=0)[:, None]

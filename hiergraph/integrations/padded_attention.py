@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hiergraph._checks import as_int, check_qkv_like
+from hiergraph._checks import as_int, check_int, check_qkv_like
 from hiergraph._deprecation import renamed_arguments
 from hiergraph.data.signal_hierarchy import SignalHierarchy
 from hiergraph.data.windows import window_forest
@@ -321,8 +321,7 @@ def padded_block_attention(
             i.e. :math:`1/\sqrt{d}`)
     """
     check_padded(q, k, v, token_mask)
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    check_int(block_size, "block_size")  # (2.5 failed in pad, True was 1)
     batch, heads, length, _ = q.shape
     # one block holds them all: the same attention, and no [block, block] logits past the
     # sequence (block_size=10**6 on 3 tokens asked for 4 TB)

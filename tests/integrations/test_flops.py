@@ -73,3 +73,18 @@ def test_sizes_are_checked(call, error, name):
     """(Negative sizes gave negative FLOPs, fractional ones fractional FLOPs.)"""
     with pytest.raises(error, match=f"^{name} must be"):
         call()
+
+
+def test_hsa_flops_check_heads_flags_and_the_hierarchy():
+    """(-2 heads counted negative FLOPs, 1.5 fractional ones; include_self="no" was true.)"""
+    from hiergraph.data import window_hierarchy
+    from hiergraph.integrations import hsa_attention_flops
+
+    tree = window_hierarchy(8, (2,))
+    for heads, error in ((-2, ValueError), (1.5, TypeError)):
+        with pytest.raises(error, match="heads must be an int >= 0"):
+            hsa_attention_flops(tree, 4, heads=heads)
+    with pytest.raises(TypeError, match="include_self must be a bool"):
+        hsa_attention_flops(tree, 4, include_self="no")
+    with pytest.raises(TypeError, match="hierarchy must be a SignalHierarchy"):
+        hsa_attention_flops([1, 2], 4)

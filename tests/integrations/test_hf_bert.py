@@ -277,3 +277,36 @@ def test_compiled_injected_model_equals_eager(hubs):
         ids, mask = inputs(lengths)
         torch.testing.assert_close(encode(compiled, ids, mask), encode(model, ids, mask),
                                    atol=1e-5, rtol=1e-5)  # fmt: skip
+
+
+def test_attention_weights_are_refused_from_the_inner_model_too():
+    """Run alone, a task model's encoder model never ran the wrapper's guard: one attention
+    tensor for two layers, the indices shifted."""
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=32, attn_implementation="eager",
+    )  # fmt: skip
+    model = transformers.BertForSequenceClassification(config).eval()
+    inject_hsa(model, [0], branching=(2, 2))
+    ids, mask = inputs()
+    with pytest.raises(ValueError, match="output_attentions: the HSA layers"):
+        model.bert(input_ids=ids, attention_mask=mask, output_attentions=True)
+    remove_hsa(model)
+    with torch.no_grad():
+        out = model.bert(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert len(out.attentions) == 2
+
+
+def test_a_kv_cache_block_layers_and_other_attention_kernels_are_refused():
+    model = inject_hsa(tiny(), [1], branching=(2, 2))
+    layer = encoder_layers(model)[1].attention.self
+    hidden = torch.randn(1, 4, 16, dtype=torch.float64)
+    with pytest.raises(ValueError, match="no KV cache"):  # (transformers 5's name: ignored)
+        layer(hidden, cache=object())
+    blocks = inject_hsa(tiny(), [1], method="block", block_size=2)
+    with pytest.raises(ValueError, match="method='block', which takes no hierarchies"):
+        with hsa_hierarchies(blocks, [sentence_hierarchy([2, 2])] * 3):  # (a silent no-op)
+            pass
+    with pytest.raises(ValueError, match="attn_implementation 'eager' or 'sdpa'"):
+        inject_hsa(tiny(attn_implementation="flex_attention"), [1])  # (a BlockMask failed)

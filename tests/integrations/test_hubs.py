@@ -52,6 +52,21 @@ def test_bad_hubs(hubs, match):
         hub_window_hierarchy(5, (2,), hubs)
 
 
+def test_hub_scores_and_the_hub_count_are_checked():
+    """(A 0/1 mask failed in masked_fill, a short one in a product; 1.5 hubs in topk.)"""
+    from hiergraph.integrations.hubs import lifted_tokens
+
+    q = torch.randn(2, 3, 6, 4)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    for wrong in (mask.long(), mask[:, :3]):
+        with pytest.raises(ValueError, match="token_mask must be a"):
+            hub_scores(q, q, wrong)
+    with pytest.raises(ValueError, match="q and k must be"):
+        hub_scores(q, q[:, :, :5], mask)
+    with pytest.raises(TypeError, match="hubs must be an int"):
+        lifted_tokens(hub_scores(q, q, mask), mask, 1.5)
+
+
 def test_fractional_hubs_and_lengths_are_refused_not_truncated():
     with pytest.raises(TypeError, match="hubs must hold integers"):
         hub_window_hierarchy(5, (2,), [1.7])  # was hub 1

@@ -254,6 +254,16 @@ PADDED_OPS = {
 }
 
 
+def test_a_block_size_that_is_no_count_is_refused():
+    """(2.5 failed in pad, "3" in a comparison, True was a block of 1.)"""
+    from hiergraph.integrations import padded_block_attention
+
+    q, mask = torch.randn(1, 2, 6, 4), torch.ones(1, 6, dtype=torch.bool)
+    for size, error in ((2.5, TypeError), ("3", TypeError), (True, TypeError), (0, ValueError)):
+        with pytest.raises(error, match="block_size must be a positive int"):
+            padded_block_attention(q, q, q, mask, block_size=size)
+
+
 @pytest.mark.parametrize("name", PADDED_OPS)
 @pytest.mark.parametrize(
     "bad, match",
