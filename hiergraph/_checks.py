@@ -32,12 +32,13 @@ def check_int(
 
 
 def check_bool(value, name: str) -> None:
-    """Raise a ``TypeError`` unless ``value`` is a bool (Python's or NumPy's): a flag given
-    as a string or a number is refused rather than read by its truth value (``"no"`` is
-    true)."""
+    """Raise a ``TypeError`` unless ``value`` is a bool (Python's, NumPy's or a 0-d bool
+    tensor): a flag given as a string or a number is refused rather than read by its truth
+    value (``"no"`` is true)."""
     if isinstance(value, bool):
         return
-    if str(getattr(value, "dtype", "")) != "bool" or getattr(value, "ndim", 1) != 0:
+    dtype = str(getattr(value, "dtype", ""))
+    if dtype not in ("bool", "torch.bool") or getattr(value, "ndim", 1) != 0:
         raise TypeError(f"{name} must be a bool, got {value!r}")
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hiergraph._checks import check_ids, check_qkv_like
+from hiergraph._checks import check_bool, check_ids, check_qkv_like
 from hiergraph._device import cpu_as_accelerator
 from tests.host_sync import HostSyncRecorder
 
@@ -56,3 +56,13 @@ def test_flags_that_are_not_bools_are_refused(flag, value):
     q = torch.randn(8, 1, 4)
     with pytest.raises(TypeError, match=f"{flag} must be a bool, got {value!r}"):
         hierarchical_attention(q, q, q, window_hierarchy(8, (2, 2)), **{flag: value})
+
+
+def test_flags_are_bools_of_python_numpy_or_a_0d_tensor():
+    import numpy as np
+
+    for flag in (True, np.bool_(False), torch.tensor(True)):
+        check_bool(flag, "causal")
+    for wrong in ("no", 1, None, torch.tensor([True]), torch.tensor(1), np.array([True])):
+        with pytest.raises(TypeError, match="causal must be a bool"):
+            check_bool(wrong, "causal")
