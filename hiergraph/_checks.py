@@ -94,6 +94,17 @@ def holds_integers(t: torch.Tensor) -> bool:
     return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 
+def refuse_where(bad: torch.Tensor, message: str, found=None) -> None:
+    """Raise ``ValueError(message)`` where the one-element bool tensor ``bad`` is true: read
+    on the host for a CPU tensor (``found()``, if given, adds what was found); on an
+    accelerator or under ``torch.compile`` a device-side assertion instead (no host
+    synchronisation: it fails the next call that waits for the device)."""
+    if not reads_values(bad):
+        torch._assert_async(~bad, message)
+    elif bool(bad):
+        raise ValueError(message if found is None else f"{message}: {found()}")
+
+
 def check_ids(
     ids: torch.Tensor, count: int, what: str, name: str, *, device_assert: bool = True
 ) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hiergraph._checks import check_bool, check_ids, check_qkv_like
+from hiergraph._checks import check_bool, check_ids, check_qkv_like, refuse_where
 from hiergraph._device import cpu_as_accelerator
 from tests.host_sync import HostSyncRecorder
 
@@ -66,3 +66,13 @@ def test_flags_are_bools_of_python_numpy_or_a_0d_tensor():
     for wrong in ("no", 1, None, torch.tensor([True]), torch.tensor(1), np.array([True])):
         with pytest.raises(TypeError, match="causal must be a bool"):
             check_bool(wrong, "causal")
+
+
+def test_refuse_where_reads_the_host_or_asserts_on_the_device():
+    from hiergraph._device import cpu_as_accelerator
+
+    refuse_where(torch.tensor(False), "never")
+    with pytest.raises(ValueError, match=r"^lengths out of range: \[-1, 2\]$"):
+        refuse_where(torch.tensor(True), "lengths out of range", found=lambda: "[-1, 2]")
+    with cpu_as_accelerator(), pytest.raises(RuntimeError, match="lengths out of range"):
+        refuse_where(torch.tensor(True), "lengths out of range", found=lambda: "unread")

@@ -10,8 +10,7 @@ from torch_geometric.data import Batch
 from torch_geometric.nn import global_mean_pool
 from torch_geometric.utils import scatter
 
-from hiergraph._checks import as_int, holds_integers
-from hiergraph._device import reads_values
+from hiergraph._checks import as_int, holds_integers, refuse_where
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.restructure import coarsen_hierarchy, tree_of_nodes
 from hiergraph.data.signal_hierarchy import as_hierarchy
@@ -105,13 +104,11 @@ def select_leaf(
     else:  # a fill, not a host-to-device copy (1.5 was leaf 1)
         position = torch.full((num_trees,), as_int(position, "position"), device=x.device)
     asked, position = position, torch.where(position < 0, position + counts, position)
-    bad = ((position < 0) | (position >= counts)).any()
-    if not reads_values(bad):  # on an accelerator: checked on the device, no host sync
-        torch._assert_async(~bad, "select_leaf: leaf position out of range")
-    elif bool(bad):
-        raise ValueError(
-            f"position out of range: {asked.tolist()} for trees with {counts.tolist()} leaves"
-        )
+    refuse_where(
+        ((position < 0) | (position >= counts)).any(),
+        "position out of range",
+        found=lambda: f"{asked.tolist()} for trees with {counts.tolist()} leaves",
+    )
     return x.index_select(0, first + position)
 
 

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import segment, to_dense_batch
 
-from hiergraph._device import reads_values
+from hiergraph._checks import refuse_where
 from hiergraph._precision import accumulation_dtype, widened
 from hiergraph._runs import run_ptr
 from hiergraph.ops.vcc.segment_tree import (
@@ -269,12 +269,9 @@ def _check_vip_rows(p: Tensor, p_ptr: Tensor, num_sequences: int) -> None:
             f"p_ptr must be [{num_sequences + 1}] (the tree's {num_sequences} sequences, "
             f"+ 1), got {getattr(p_ptr, 'shape', type(p_ptr))}"
         )
-    message = f"p_ptr must run from 0 to p's {p.size(0)} rows, non-decreasing"
     bad = (p_ptr[0] != 0) | (p_ptr[-1] != p.size(0)) | (p_ptr.diff() < 0).any()
-    if not reads_values(bad):  # (no host synchronisation)
-        torch._assert_async(~bad, message)
-    elif bool(bad):
-        raise ValueError(f"{message}, got {p_ptr.tolist()}")
+    message = f"p_ptr must run from 0 to p's {p.size(0)} rows, non-decreasing"
+    refuse_where(bad, message, found=p_ptr.tolist)
 
 
 def check_layer_output(out: Tensor, z: Tensor) -> None:
@@ -304,10 +301,8 @@ def check_vip_inputs(
             )
         if m.device != x.device:
             raise ValueError(f"{name} is on {m.device} but x is on {x.device}")
-    bad = (vip_mask & ~token_mask).any()
-    message = "vip_mask marks padded positions (token_mask False) as VIP; use vip_mask & token_mask"
-    if not reads_values(bad):  # on an accelerator: checked on the device, no host sync
-        torch._assert_async(~bad, message)
-    elif bool(bad):
-        raise ValueError(message)
+    refuse_where(
+        (vip_mask & ~token_mask).any(),
+        "vip_mask marks padded positions (token_mask False) as VIP; use vip_mask & token_mask",
+    )
     return vip_mask, token_mask

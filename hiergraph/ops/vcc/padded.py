@@ -38,8 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hiergraph._checks import check_int, holds_integers
-from hiergraph._device import reads_values
+from hiergraph._checks import check_int, holds_integers, refuse_where
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.windows import check_branching
 from hiergraph.ops.vcc.layer import (
@@ -100,12 +99,11 @@ class PaddedSegmentTree:
         check_int(capacity, "capacity", minimum=0)
         if not isinstance(lengths, Tensor) or lengths.dim() != 1 or not holds_integers(lengths):
             raise TypeError(f"lengths must be a 1-D integer tensor [B], got {_described(lengths)}")
-        message = f"lengths must lie in [0, capacity = {capacity}]"
-        outside = ((lengths < 0) | (lengths > capacity)).any()
-        if not reads_values(outside):  # (a device-side assertion: no host synchronisation)
-            torch._assert_async(~outside, message)
-        elif bool(outside):  # (counts past the capacity, or negative ones, made no tree)
-            raise ValueError(f"{message}, got {lengths.min().item()}..{lengths.max().item()}")
+        refuse_where(  # (counts past the capacity, or negative ones, made no tree)
+            ((lengths < 0) | (lengths > capacity)).any(),
+            f"lengths must lie in [0, capacity = {capacity}]",
+            found=lambda: f"{lengths.min().item()}..{lengths.max().item()}",
+        )
         top = math.prod(branching)
         padded = -(-max(capacity, 1) // top) * top
         counts, size = [], 1
