@@ -13,7 +13,6 @@ from hiergraph._runs import rank_within
 from hiergraph._versions import guard_holds, version_guard
 from hiergraph.data.domain import Domain
 from hiergraph.plan.causal_plan import CausalPlan
-from hiergraph.plan.depth import node_depth
 from hiergraph.plan.family_order import family_order
 from hiergraph.plan.tree_index import TreeIndex
 from hiergraph.plan.validation import validate_structure
@@ -304,10 +303,9 @@ class SignalHierarchy(Data):
         else:
             slot = as_long(slot, "slot")
         # cycles, is_leaf against the children, slots (the check tree_index() runs)
-        validate_structure(
+        depth = validate_structure(
             torch.where(parent >= 0, parent, nodes), slot, leaf if is_leaf is None else is_leaf
-        )
-        depth = node_depth(torch.where(parent >= 0, parent, nodes))[0]
+        ).to(parent.device)
         if domain is None:
             domain = torch.full((n,), int(Domain.GRID1D), dtype=torch.long, device=parent.device)
         domain = as_long(domain, "domain")

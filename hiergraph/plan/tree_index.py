@@ -308,10 +308,11 @@ class TreeIndex:
         order): a wrong one raised deep inside, or planned a forest that is none.
         :meth:`~hiergraph.data.SignalHierarchy.tree_index` checks once and passes ``False``.
         """
+        depth = None
         if validate:
-            validate_structure(parent, slot, is_leaf, distinct_slots=False)
+            depth = validate_structure(parent, slot, is_leaf, distinct_slots=False)
         device, n = parent.device, parent.numel()
-        order, rank, level_ptr = _breadth_first(parent, slot)
+        order, rank, level_ptr = _breadth_first(parent, slot, depth)
         parent_pos = rank[parent[order]]  # BFS position of each position's parent
         leaf_nodes = torch.arange(n, device=device)[is_leaf]
         leaf_pos = rank[leaf_nodes]
@@ -555,22 +556,26 @@ def _make_blocks(
     return blocks
 
 
-def _breadth_first(parent: Tensor, slot: Tensor) -> tuple[Tensor, Tensor, list[int]]:
+def _breadth_first(
+    parent: Tensor, slot: Tensor, depth: Tensor | None = None
+) -> tuple[Tensor, Tensor, list[int]]:
     """The breadth-first order of a forest, level by level, each level sorted by (parent's
     rank, slot): ``order`` (node at each position), ``rank`` (position of each node) and
     ``level_ptr`` (where each level starts, and the end).
 
-    The nodes are grouped by depth once (:func:`~hiergraph.plan.depth.node_depth`), so a
-    level costs its own nodes, not the ones below it (a chain of depth ``D`` was
-    :math:`O(N D)`).
+    The nodes are grouped by depth once (``depth`` as validation found it, else
+    :func:`~hiergraph.plan.depth.node_depth`), so a level costs its own nodes, not the ones
+    below it (a chain of depth ``D`` was :math:`O(N D)`).
 
     Raises:
         ValueError: if some nodes never reach a root (a cycle).
     """
     n = parent.numel()
-    depth, reaches = node_depth(parent)
-    if not bool(reaches.all()):
-        raise ValueError("parent does not describe a forest: some nodes never reach a root")
+    if depth is None:
+        depth, reaches = node_depth(parent)
+        if not bool(reaches.all()):
+            raise ValueError("parent does not describe a forest: some nodes never reach a root")
+    depth = depth.to(parent.device)
     by_depth = depth.argsort(stable=True)  # node order within a level, as family_order keeps
     level_ptr = [0, *torch.bincount(depth).cumsum(0).tolist()] if n else [0]
     rank = torch.empty_like(parent, dtype=torch.long)  # (parent may be int32)

@@ -15,7 +15,7 @@ _CYCLE_HOPS = 8
 
 def validate_structure(
     parent: Tensor, slot: Tensor, is_leaf: Tensor, *, distinct_slots: bool = True
-) -> None:
+) -> Tensor:
     r"""Raise unless ``parent``, ``slot`` and ``is_leaf`` describe a forest.
 
     The convention is the one of a built :class:`~hiergraph.data.SignalHierarchy`
@@ -35,6 +35,10 @@ def validate_structure(
     host once). :meth:`SignalHierarchy.tree_index
     <hiergraph.data.SignalHierarchy.tree_index>` runs this check once, when it
     builds the cached plan, not on every forward pass.
+
+    Returns:
+        ``[N]`` int64 depth of every node, on the CPU (the cycle check finds it:
+        :func:`~hiergraph.plan.depth.node_depth`), for callers that need it too.
 
     Raises:
         TypeError: a wrong type or dtype.
@@ -63,7 +67,7 @@ def validate_structure(
             f"{slot.device} and {is_leaf.device}"
         )
     if n == 0:
-        return
+        return torch.zeros(0, dtype=torch.long)
 
     parent = parent.detach().to("cpu", torch.long)
     slot = slot.detach().to("cpu", torch.long)
@@ -79,7 +83,8 @@ def validate_structure(
         )
 
     is_root = parent == nodes
-    stuck = ~node_depth(parent)[1]
+    depth, reaches = node_depth(parent)
+    stuck = ~reaches
     if bool(stuck.any()):
         node = _first(stuck)
         raise ValueError(
@@ -121,6 +126,7 @@ def validate_structure(
                 f"nodes {a} and {b} share a slot ({int(slot[a])}) under parent "
                 f"{int(parent[a])}; slots must be distinct among siblings"
             )
+    return depth
 
 
 def _first(mask: Tensor) -> int:

@@ -206,3 +206,15 @@ def test_siblings_sharing_a_slot_are_found_among_large_slots():
     is_leaf = torch.tensor([False, True, True, True, False, True, False])
     with pytest.raises(ValueError, match="nodes 1 and 3 share a slot"):
         validate_structure(parent, slot, is_leaf)
+
+
+def test_validation_returns_the_depths_it_found():
+    """Its cycle check finds every node's depth; the plan and from_parent reuse them."""
+    from hiergraph.plan.depth import node_depth
+
+    tree = from_nested([[0, 1], [2, [3, 4]]])
+    depth = validate_structure(tree.parent, tree.slot, tree.is_leaf)
+    assert depth.dtype == torch.long and torch.equal(depth, node_depth(tree.parent)[0])
+    assert torch.equal(depth, tree.depth)
+    empty = torch.zeros(0, dtype=torch.long)
+    assert validate_structure(empty, empty, empty.bool()).numel() == 0
