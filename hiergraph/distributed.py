@@ -182,13 +182,15 @@ def save_checkpoint(
         dist.barrier()
 
 
-#: What a checkpoint's state may hold (and containers of it): what ``weights_only`` rebuilds.
-_PLAIN = (torch.Tensor, bool, int, float, str, bytes, type(None), torch.dtype, torch.device)
+#: What a checkpoint's state may hold besides tensors (and containers of them): what
+#: ``weights_only`` rebuilds. (Exact types: a NumPy float subclasses ``float`` but needs
+#: NumPy's globals to load.)
+_PLAIN = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device)
 
 
 def _check_plain(value, name: str) -> None:
-    """Raise ``TypeError`` unless ``value`` is plain data (:data:`_PLAIN`, in lists, tuples
-    and dicts with such keys)."""
+    """Raise ``TypeError`` unless ``value`` is plain data (a tensor or :data:`_PLAIN`, in
+    lists, tuples and dicts with such keys)."""
     if isinstance(value, list | tuple):
         for i, item in enumerate(value):
             _check_plain(item, f"{name}[{i}]")
@@ -287,12 +289,16 @@ def _check_weights(path: Path, weights: dict, expected: dict) -> None:
         and isinstance(value, torch.Tensor)
         and (not isinstance(weights[key], torch.Tensor) or weights[key].shape != value.shape)
     ]
-    if missing or unexpected or shapes:
-        found = (
-            [f"missing {missing[:5]}"] * bool(missing)
-            + [f"unexpected {unexpected[:5]}"] * bool(unexpected)
-            + [f"other sizes {shapes[:5]}"] * bool(shapes)
+    found = [
+        f"{what} {items[:5]}"
+        for what, items in (
+            ("missing", missing),
+            ("unexpected", unexpected),
+            ("other sizes", shapes),
         )
+        if items
+    ]
+    if found:
         raise ValueError(f"{path} holds the weights of another model: {'; '.join(found)}")
 
 
