@@ -94,6 +94,14 @@ def holds_integers(t: torch.Tensor) -> bool:
     return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 
+def described(value) -> str:
+    """What an error message says was given: a tensor's dtype and shape, else the type's
+    name."""
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} {tuple(value.shape)}"
+    return type(value).__name__
+
+
 def refuse_where(bad: torch.Tensor, message: str, found=None) -> None:
     """Raise ``ValueError(message)`` where the one-element bool tensor ``bad`` is true: read
     on the host for a CPU tensor (``found()``, if given, adds what was found); on an

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from hiergraph._checks import check_ids, check_int, check_positive
+from hiergraph._checks import check_ids, check_int, check_positive, described
 from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.domain import Domain
@@ -79,8 +79,7 @@ class LearnableFourierFeatures(nn.Module):
         """``pos: [..., m]`` (any real or integer dtype) → ``[..., out_channels]``."""
         if not isinstance(pos, Tensor) or pos.dim() < 2 or pos.size(-1) != self.pos_dim:
             raise ValueError(  # (a matmul shape error)
-                f"pos must be [..., n, pos_dim={self.pos_dim}], got "
-                f"{tuple(pos.shape) if isinstance(pos, Tensor) else type(pos).__name__}"
+                f"pos must be [..., n, pos_dim={self.pos_dim}], got {described(pos)}"
             )
         weight = self.freq.weight
         work = accumulation_dtype(weight.dtype)

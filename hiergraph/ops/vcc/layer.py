@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import segment, to_dense_batch
 
-from hiergraph._checks import refuse_where
+from hiergraph._checks import described, refuse_where
 from hiergraph._precision import accumulation_dtype, widened
 from hiergraph._runs import run_ptr
 from hiergraph.ops.vcc.segment_tree import (
@@ -178,7 +178,7 @@ def compress(c: Tensor, sel: Selection) -> Tensor:
     if not isinstance(c, Tensor) or c.dim() != 2 or c.size(0) != sel.num_tokens:
         raise ValueError(
             f"c must be the [{sel.num_tokens}, d] tokens the selection partitions, got "
-            f"{tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__}"
+            f"{described(c)}"
         )
     return segment(c.to(accumulation_dtype(c.dtype)), sel.token_ptr, reduce="mean").to(c.dtype)
 
@@ -193,7 +193,7 @@ def decompress(rows: Tensor, sel: Selection) -> Tensor:
     if not isinstance(rows, Tensor) or rows.dim() != 2 or rows.size(0) != sel.count.numel():
         raise ValueError(
             f"rows must be [{sel.count.numel()}, d], one per segment of the selection, got "
-            f"{tuple(rows.shape) if isinstance(rows, Tensor) else type(rows).__name__}"
+            f"{described(rows)}"
         )
     return rows[sel.token_to_row]
 
@@ -263,11 +263,11 @@ def _check_vip_rows(p: Tensor, p_ptr: Tensor, num_sequences: int) -> None:
     """Raise unless ``p`` ``[N_p, d]`` holds the rows ``p_ptr`` ``[B + 1]`` points into, for
     the tree's ``B`` sequences (a device-side assertion on an accelerator)."""
     if not isinstance(p, Tensor) or p.dim() != 2:
-        raise ValueError(f"p must be a [N_p, d] tensor, got {getattr(p, 'shape', type(p))}")
+        raise ValueError(f"p must be a [N_p, d] tensor, got {described(p)}")
     if not isinstance(p_ptr, Tensor) or p_ptr.shape != (num_sequences + 1,):
         raise ValueError(
             f"p_ptr must be [{num_sequences + 1}] (the tree's {num_sequences} sequences, "
-            f"+ 1), got {getattr(p_ptr, 'shape', type(p_ptr))}"
+            f"+ 1), got {described(p_ptr)}"
         )
     bad = (p_ptr[0] != 0) | (p_ptr[-1] != p.size(0)) | (p_ptr.diff() < 0).any()
     message = f"p_ptr must run from 0 to p's {p.size(0)} rows, non-decreasing"

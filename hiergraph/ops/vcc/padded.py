@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hiergraph._checks import check_int, holds_integers, refuse_where
+from hiergraph._checks import check_int, described, holds_integers, refuse_where
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.windows import check_branching
 from hiergraph.ops.vcc.layer import (
@@ -98,7 +98,7 @@ class PaddedSegmentTree:
         branching = check_branching(branching)
         check_int(capacity, "capacity", minimum=0)
         if not isinstance(lengths, Tensor) or lengths.dim() != 1 or not holds_integers(lengths):
-            raise TypeError(f"lengths must be a 1-D integer tensor [B], got {_described(lengths)}")
+            raise TypeError(f"lengths must be a 1-D integer tensor [B], got {described(lengths)}")
         refuse_where(  # (counts past the capacity, or negative ones, made no tree)
             ((lengths < 0) | (lengths > capacity)).any(),
             f"lengths must lie in [0, capacity = {capacity}]",
@@ -313,11 +313,10 @@ def vcc_layer_padded(
     _check_tokens(c, tree)
     if not isinstance(p, Tensor) or p.dim() != 3 or p.shape[::2] != c.shape[::2]:
         raise ValueError(
-            f"p must be [B, S, d] with c's B and d, {c.size(0)} and {c.size(2)}, got "
-            f"{_described(p)}"
+            f"p must be [B, S, d] with c's B and d, {c.size(0)} and {c.size(2)}, got {described(p)}"
         )
     if not isinstance(slot_real, Tensor) or slot_real.dtype != torch.bool:
-        raise TypeError(f"slot_real must be a bool tensor [B, S], got {_described(slot_real)}")
+        raise TypeError(f"slot_real must be a bool tensor [B, S], got {described(slot_real)}")
     if slot_real.shape != p.shape[:2]:
         raise ValueError(
             f"slot_real must have p's [B, S], {tuple(p.shape[:2])}, got {tuple(slot_real.shape)}"
@@ -367,15 +366,8 @@ def _check_tokens(c: Tensor, tree: PaddedSegmentTree) -> None:
     shape = tuple(tree.count[0].shape)
     if not isinstance(c, Tensor) or c.dim() != 3 or tuple(c.shape[:2]) != shape:
         raise ValueError(
-            f"c must be [{shape[0]}, {shape[1]}, d] (the tree's [B, n_c]), got {_described(c)}"
+            f"c must be [{shape[0]}, {shape[1]}, d] (the tree's [B, n_c]), got {described(c)}"
         )
-
-
-def _described(value) -> str:
-    """A tensor's shape and dtype, else the type's name (for error messages)."""
-    if isinstance(value, Tensor):
-        return f"{value.dtype} {tuple(value.shape)}"
-    return type(value).__name__
 
 
 def _place(base: Tensor | None, node: Tensor | None, update: Tensor, num_nodes: int) -> Tensor:
