@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from hiergraph.data.windows import check_branching
-from hiergraph.integrations.hubs import hub_scores, lifted_tokens
+from hiergraph.integrations.hubs import checked_hub_scores, lifted_tokens
 from hiergraph.integrations.padded_attention import check_padded, empty_output
 from hiergraph.nn._checks import check_int
 from hiergraph.ops.hsa import native
@@ -93,7 +93,7 @@ def padded_hub_window_hsa(
     if not q.numel():  # no example, head or token: the (empty) output
         return empty_output(q, v)
     scale = q.size(-1) ** -0.5 if scale is None else scale
-    lifted = lifted_tokens(hub_scores(q, k, token_mask, scale), token_mask, hubs)
+    lifted = lifted_tokens(checked_hub_scores(q, k, token_mask, scale), token_mask, hubs)
     options = dict(include_self=include_self, size_bias=size_bias, scale=scale)
     return hub_window_attention(q, k, v, token_mask, lifted, branching, **options)
 

@@ -50,6 +50,12 @@ def hub_scores(q: Tensor, k: Tensor, token_mask: Tensor, scale: float | None = N
             i.e. :math:`1/\sqrt{d}`)
     """
     check_padded(q, k, k, token_mask)  # (a long mask, a short one: errors deep inside)
+    return checked_hub_scores(q, k, token_mask, scale)
+
+
+def checked_hub_scores(q: Tensor, k: Tensor, token_mask: Tensor, scale: float | None) -> Tensor:
+    """:func:`hub_scores` of inputs a caller has checked already
+    (:func:`~hiergraph.integrations.padded_attention.check_padded`)."""
     scale = q.size(-1) ** -0.5 if scale is None else scale
     dtype = accumulation_dtype(q.dtype)
     weight = token_mask.to(dtype)  # [B, T]
