@@ -104,6 +104,15 @@ class PaddedSegmentTree:
             f"lengths must lie in [0, capacity = {capacity}]",
             found=lambda: f"{lengths.min().item()}..{lengths.max().item()}",
         )
+        return cls.of_counts(lengths, capacity, branching)
+
+    @classmethod
+    def of_counts(
+        cls, lengths: Tensor, capacity: int, branching: tuple[int, ...]
+    ) -> PaddedSegmentTree:
+        """:meth:`from_lengths` of arguments in range by construction (checked branching,
+        ``0 <= lengths <= capacity``: :func:`partition_padded`'s counts of a mask), with no
+        check of its own (one pass and a host read per forward)."""
         top = math.prod(branching)
         padded = -(-max(capacity, 1) // top) * top
         counts, size = [], 1
@@ -204,7 +213,7 @@ def partition_padded(
     length = vip_mask.size(1)
     in_slot = vip_mask & (torch.cumsum(vip_mask, 1) <= num_slots)
     in_c = token_mask & ~in_slot
-    tree = PaddedSegmentTree.from_lengths(in_c.sum(1), length, branching)
+    tree = PaddedSegmentTree.of_counts(in_c.sum(1), length, check_branching(branching))
     slot_rank, slot_source, slot_real = _sources(in_slot, num_slots)
     c_rank, c_source, c_real = _sources(in_c, tree.capacity)
     zero = x.new_zeros(())
