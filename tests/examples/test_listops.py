@@ -1,6 +1,7 @@
 """``examples/listops.py``: data labels, the HSA-window encoder under padding, a quick run."""
 
 import json
+import re
 import threading
 
 import pytest
@@ -58,8 +59,12 @@ def test_quick_run_trains_every_encoder(load_example, tmp_path, device, capsys):
     out = tmp_path / "listops.json"
     argv = ["--quick", "--budget-seconds", "0.5", "--device", device, "--out", str(out)]
     results = listops.main(argv)
-    # half a second learns nothing: the run says so (a newcomer read it as a failure)
-    assert "this budget does not learn ListOps" in capsys.readouterr().out
+    # a run that learns nothing says so (a newcomer read it as a failure); whether it learnt
+    # depends on the steps the budget allowed, so the note follows the printed numbers
+    printed = capsys.readouterr().out
+    majority = float(re.search(r"majority-class test accuracy ([0-9.]+)", printed).group(1))
+    learnt_nothing = all(r["test_accuracy"] <= majority + 0.05 for r in results)
+    assert ("this budget does not learn ListOps" in printed) == learnt_nothing
     assert [r["encoder"] for r in results] == list(listops.ENCODERS)
     assert len({r["parameters"] for r in results}) == 1  # only the attention differs
     assert all(r["steps"] >= 1 and 0.0 <= r["test_accuracy"] <= 1.0 for r in results)
