@@ -162,7 +162,7 @@ def time_attention(ex, model, cache, branching, block, hubs=0) -> dict[str, floa
 #: phase that calls another excludes it). Where the compiled kernel runs the hub trees, the
 #: last three take no time.
 HUB_PHASES = {
-    "hub choice": ("hub_scores", "lifted_tokens"),
+    "hub choice": ("checked_hub_scores", "lifted_tokens"),
     "tree rows": ("_slots",),
     "kernel": ("native.hub_tree_attention",),  # the whole trees, tokens read in place
     "root family": ("hub_family",),
