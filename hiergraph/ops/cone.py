@@ -42,11 +42,12 @@ Numerics: every function computes in float32 or wider, with autocast disabled
 (half-precision overflows in the out-of-cone branch), and is finite in the
 forward and backward pass at ``D = 0`` (``q == k``, self loops), at heights next
 to the light source, and for large inputs, up to where intermediate values overflow
-the dtype. In float32, penumbral scores are finite for distances ``D`` up to about
-``3.6e19`` (where :math:`H^2` reaches float32's largest value) and NaN beyond; umbral
-scores that pass float32's range round to ``-inf`` (a weight of 0; with the default map,
-from inputs of about ``1e11`` on), and are NaN from inputs of about ``1e30``. Float64
-goes far beyond either.
+the dtype. Penumbral heights saturate at a horizontal distance ``D`` of
+``sqrt(finfo.max)`` (about ``1.8e19`` in float32, where a norm of coordinates overflows
+too), so scores and gradients stay finite for float32 inputs up to about ``1e38`` (a pair
+that far gets a weight of 0 beside any nearer one); umbral scores that pass float32's
+range round to ``-inf`` (a weight of 0; with the default map, from inputs of about
+``1e11`` on), and are NaN from inputs of about ``1e30``. Float64 goes far beyond either.
 """
 
 from __future__ import annotations
@@ -166,8 +167,9 @@ def _penumbral_h2(
     Branch-free: the in-cone branch is evaluated at ``min(D, s_u + s_v)`` and the
     out-of-cone branch at ``max(D, s_u + s_v)`` (so neither divides by 0), then
     blended with a 0/1 step, which is exact because both equal ``r^2`` on the
-    boundary. In-place operations only touch tensors derived from ``dist``
-    (expanded to the full broadcast shape), never the inputs.
+    boundary. ``D`` saturates at ``sqrt(finfo.max)`` (about ``1.8e19`` in float32), so
+    that :math:`H^2 \approx D^2 / 4` stays finite. In-place operations only touch tensors
+    derived from ``dist`` (expanded to the full broadcast shape), never the inputs.
     """
     tiny = torch.finfo(dist.dtype).eps ** 2
     dist = _expand_dist(dist, y_u, y_v)
@@ -181,7 +183,9 @@ def _penumbral_h2(
     third = (gap + 2 * r).mul_((d_in + a2 / (r + s_u)).add_(b2 / (r + s_v))).mul_(0.25)
     top = torch.maximum(a2, b2)
     h2_in = torch.maximum(top, third)
-    d_out = torch.maximum(dist, span)
+    # beyond sqrt(max), H^2 ~ D^2 / 4 would overflow: D saturates (H flat there, slope 0)
+    far = math.sqrt(torch.finfo(dist.dtype).max)
+    d_out = torch.maximum(dist, span).clamp_max_(far)
     centre = ((a2 - b2) / d_out).add_(d_out).mul_(0.5)  # geodesic centre offset from v
     h2_out = torch.addcmul(b2, centre, centre)
     outside = _step(dist - span)
@@ -203,7 +207,7 @@ def _penumbral_h2(
     two_c = (centre / d_out).mul_(2)
     rest = 2 - two_c
     partials = (
-        half_gap.lerp_(centre.mul_(rest), outside),
+        half_gap.lerp_(centre.mul_(rest).mul_(_step(far - dist)), outside),
         du.lerp_(two_c.mul_(y_u), outside),
         dv.lerp_(rest.mul_(y_v), outside),
     )
@@ -576,9 +580,8 @@ def penumbral(
         squared: score :math:`-\gamma H^2` as in the authors' code.
 
     Returns:
-        Logits ``[..., n, m]`` in float32 (float64 for float64 inputs). Horizontal
-        distances whose square overflows that dtype (float32 coordinates of about
-        :math:`10^{19}`) give NaN logits: scale such inputs down first.
+        Logits ``[..., n, m]`` in float32 (float64 for float64 inputs); heights saturate at
+        horizontal distances of ``sqrt(finfo.max)``, so huge inputs give finite logits.
     """
     geometry = cone_geometry("penumbral", r, squared=squared)
     return _cone_scores(q, k, *geometry, gamma, _dense_pairs)

@@ -552,6 +552,29 @@ def test_penumbral_radius_whose_square_overflows_is_refused():
         penumbral_lca_height(d, y, y, r=float("nan"))
 
 
+def test_penumbral_heights_saturate_where_their_square_would_overflow():
+    """Horizontal distances past sqrt(float32 max) ~ 1.8e19 made H^2 overflow and the
+    scores and gradients NaN: the height saturates there, with slope 0, so a key that far
+    gets a finite score, a weight of 0 and no NaN in any gradient (dense and edge forms)."""
+    dist = torch.tensor([1e18, 1e19, 2e19, 1e30], requires_grad=True)
+    y = torch.full((4,), 0.5)
+    for squared in (False, True):
+        h = penumbral_lca_height(dist, y, y, squared=squared)
+        (grad,) = torch.autograd.grad(h.sum(), dist)
+        assert torch.isfinite(h).all() and (h[2:] == h[2]).all() and h[1] < h[2]
+        assert (grad[:2] > 0).all() and (grad[2:] == 0).all()
+    for far in (1e20, 1e30, 1e38):
+        x = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [far, 0.0, 0.0]], requires_grad=True)
+        for squared in (False, True):
+            dense = penumbral(x[:1], x, squared=squared)
+            edge = penumbral_edge(x, x, torch.tensor([[0, 1, 2], [0, 0, 0]]), squared=squared)
+            assert torch.equal(dense.flatten(), edge)
+            weight = dense.softmax(-1)
+            assert torch.isfinite(dense).all() and weight[0, 2] == 0
+            (grad,) = torch.autograd.grad(weight[0, 1] + edge.sum(), x)
+            assert torch.isfinite(grad).all()
+
+
 def test_umbral_radius_whose_slope_overflows_is_refused():
     """So narrow a ball that 1 / (2 sinh r) overflows the dtype made self-pairs (D = 0, as
     0 * inf) NaN: refused with the limit named; float64 inputs take it. (Distinct points may
