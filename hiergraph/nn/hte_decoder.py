@@ -391,7 +391,7 @@ class HTEDecoder(nn.Module):
         if self.attention == "hsa":
             # rank among siblings (the number of left siblings), not the raw slot: slots may
             # have gaps, and a cache numbers the children of a node 0, 1, 2, ... as they come
-            pos_emb = self._node_embedding(hierarchy.depth, plan.rank, plan.max_depth)
+            pos_emb = self._node_embedding(hierarchy.depth, plan.sibling_rank, plan.max_depth)
         else:
             position = torch.arange(tokens.size(-1), device=tokens.device)
             position = position - plan.first_leaf[leaf_tree]

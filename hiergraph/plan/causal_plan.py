@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 from torch import Tensor
 
+from hiergraph._deprecation import REMOVED_IN
 from hiergraph._runs import run_ptr
 from hiergraph.plan._to_device import moved
 from hiergraph.plan.tree_index import TreeIndex, outside_inference_mode
@@ -35,8 +37,9 @@ class CausalPlan:
             leaf (``-1`` below the leaf).
         first_leaf, last_leaf: ``[N]`` first and last leaf (leaf order) below each node.
         count: ``[N]`` number of leaves below each node.
-        rank: ``[N]`` number of left siblings of each node (its place among its
-            siblings; 0 for roots).
+        sibling_rank: ``[N]`` number of left siblings of each node (its place among
+            its siblings; 0 for roots); not ``TreeIndex.rank``, a node's breadth-first
+            position. (``rank``, its old name, works with a ``FutureWarning`` until 0.3.0.)
         anc_leaf, anc_node: the ``(leaf, ancestor)`` pairs, for one-scatter node sums.
         pair_leaf[s]: ``[P_s]`` leaves with depth ``>= s`` (ascending).
         pair_node[s]: ``[P_s]`` their depth-``s`` ancestor :math:`A_s`.
@@ -62,7 +65,7 @@ class CausalPlan:
     first_leaf: Tensor
     last_leaf: Tensor
     count: Tensor
-    rank: Tensor
+    sibling_rank: Tensor
     anc_leaf: Tensor
     anc_node: Tensor
     pair_leaf: list[Tensor]
@@ -77,6 +80,18 @@ class CausalPlan:
     sib_query: Tensor
     sib_key: Tensor
     tree_index: TreeIndex
+
+    @property
+    def rank(self) -> Tensor:
+        """The old name of :attr:`sibling_rank` (renamed: ``TreeIndex.rank`` is a
+        breadth-first position)."""
+        warnings.warn(
+            "CausalPlan.rank is now called sibling_rank (TreeIndex.rank is a breadth-first "
+            f"position); 'rank' stops working in hiergraph {REMOVED_IN}",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return self.sibling_rank
 
     @classmethod
     def of(cls, hierarchy) -> CausalPlan:
@@ -105,7 +120,7 @@ class CausalPlan:
         )
         depth = self.leaf_depth
         pair_ptr = run_ptr(depth)
-        per_node = (self.first_leaf, self.last_leaf, self.count, self.rank)
+        per_node = (self.first_leaf, self.last_leaf, self.count, self.sibling_rank)
         nodes = [t.index_select(0, index.order) for t in per_node]
         return (path.contiguous(), depth, pair_ptr, *nodes, index.order)
 
@@ -152,7 +167,7 @@ class CausalPlan:
             first_leaf=first_leaf,
             last_leaf=last_leaf,
             count=count,
-            rank=families.rank,
+            sibling_rank=families.sibling_rank,
             anc_leaf=anc_leaf,
             anc_node=anc_node,
             **pairs,
@@ -199,7 +214,7 @@ def _leaf_paths(
 class _Families:
     """The forest's families: the non-root nodes in breadth-first order ``child``, grouped by
     parent in child order, and ``first``, whether each position of ``child`` starts a family;
-    per node (node order; 0 for roots), its ``rank`` among its siblings and the position
+    per node (node order; 0 for roots), its ``sibling_rank`` and the position
     ``start`` of its family's first member in ``child``."""
 
     def __init__(self, index: TreeIndex):
@@ -209,8 +224,8 @@ class _Families:
         fam_start = (index.family_start - n0).repeat_interleave(index.family_size)
         pos = torch.arange(self.child.numel(), device=device)
         self.first = pos == fam_start  # a family's first member
-        self.rank = torch.zeros(n, dtype=torch.long, device=device)
-        self.rank[self.child] = pos - fam_start
+        self.sibling_rank = torch.zeros(n, dtype=torch.long, device=device)
+        self.sibling_rank[self.child] = pos - fam_start
         self.start = torch.zeros(n, dtype=torch.long, device=device)
         self.start[self.child] = fam_start
 
@@ -229,7 +244,7 @@ class _Families:
 
     def left_siblings(self, query: Tensor) -> tuple[Tensor, Tensor]:
         """(row in ``query``, left sibling) for each left sibling of each node in ``query``."""
-        r = self.rank[query]
+        r = self.sibling_rank[query]
         device = query.device
         row = torch.arange(query.numel(), device=device).repeat_interleave(r)
         offset = torch.arange(row.numel(), device=device) - (torch.cumsum(r, 0) - r)[row]

@@ -41,12 +41,20 @@ def test_fields_match_a_walk_of_the_tree(seed):
         assert (plan.first_leaf[node], plan.last_leaf[node]) == (min(rows), max(rows))
         assert plan.count[node] == len(rows)
         siblings = [c for c in range(h.num_nodes) if c != parent[c] == parent[node] != node]
-        assert plan.rank[node] == sum(slot[c] < slot[node] for c in siblings)
+        assert plan.sibling_rank[node] == sum(slot[c] < slot[node] for c in siblings)
     left = {(c, s) for c in range(h.num_nodes) for s in range(h.num_nodes)
             if c != parent[c] == parent[s] != s and slot[s] < slot[c]}  # fmt: skip
     assert set(zip(plan.sib_query.tolist(), plan.sib_key.tolist(), strict=True)) == left
     assert plan.leaf_node.tolist() == leaves
     assert plan.leaf_depth.tolist() == [depth[leaf] for leaf in leaves]
+
+
+def test_rank_is_the_old_name_of_sibling_rank():
+    """``TreeIndex.rank`` is a breadth-first position; the plan's place among siblings is
+    ``sibling_rank``, and its old name ``rank`` still reads it, with a FutureWarning."""
+    plan = from_nested([[0, 1], [2, [3, 4]], 5]).causal_plan()
+    with pytest.warns(FutureWarning, match="CausalPlan.rank is now called sibling_rank"):
+        assert plan.rank is plan.sibling_rank
 
 
 def test_is_a_cached_view_of_the_tree_index():

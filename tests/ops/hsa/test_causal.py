@@ -315,8 +315,8 @@ def test_plan_ranks_count_left_siblings():
         if p != v:
             siblings = ((tree.parent == p) & (torch.arange(tree.num_nodes) != p)).nonzero()
             ref[v] = int((tree.slot[siblings] < tree.slot[v]).sum())
-    assert torch.equal(plan.rank, ref)
-    assert torch.equal(plan.rank, torch.bincount(plan.sib_query, minlength=tree.num_nodes))
+    assert torch.equal(plan.sibling_rank, ref)
+    assert torch.equal(plan.sibling_rank, torch.bincount(plan.sib_query, minlength=tree.num_nodes))
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 6e-3), (torch.float16, 1e-3)])
