@@ -53,8 +53,9 @@ from hiergraph.integrations.hubs import checked_hub_scores, lifted_tokens
 from hiergraph.integrations.padded_attention import check_padded, empty_output
 from hiergraph.nn._checks import check_int
 from hiergraph.ops.hsa import native
+from hiergraph.ops.hsa.heads_first import heads_first, transposed
 from hiergraph.ops.hsa.lifted import hub_family, self_energy
-from hiergraph.ops.hsa.uniform import heads_first, transposed, uniform_hierarchical_attention
+from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
 
 
 def padded_hub_window_hsa(

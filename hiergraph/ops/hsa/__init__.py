@@ -9,8 +9,10 @@ two-pass dynamic program over the tree (Alg. 1–3, App. E). Modules:
   :func:`~hiergraph.ops.hierarchical_attention`, which chooses how a forest runs:
   :mod:`~hiergraph.ops.hsa.uniform` runs it as reshaped views on forests whose levels
   have equal fanout (:mod:`~hiergraph.ops.hsa.uniform_fused`: both passes as one
-  autograd node with a written backward; :mod:`~hiergraph.ops.hsa.token_layout`: its
-  leaf level read in the inputs' own ``[L, H, d]`` memory, without layout copies),
+  autograd node with a written backward; :mod:`~hiergraph.ops.hsa.heads_first`: the
+  heads-first storage of its levels and their node and family layouts;
+  :mod:`~hiergraph.ops.hsa.token_layout`: its leaf level read in the inputs' own
+  ``[L, H, d]`` memory, without layout copies),
   :mod:`~hiergraph.ops.hsa.padded` on nearly equal forests padded to equal fanout, and
   :mod:`~hiergraph.ops.hsa.family`
   holds the sibling-attention kernels of any other forest and the building blocks the

@@ -17,15 +17,10 @@ from hiergraph._precision import accumulation_dtype, autocast_inputs, widened
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge, wide_dominates
+from hiergraph.ops.hsa.heads_first import per_depth, per_level
 from hiergraph.ops.hsa.inputs import check_inputs, check_kernel, logit_scale, no_leaves
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
-from hiergraph.ops.hsa.uniform import (
-    fits,
-    kernel_gradients,
-    per_depth,
-    per_level,
-    uniform_hierarchical_attention,
-)
+from hiergraph.ops.hsa.uniform import fits, kernel_gradients, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates, logaddexp
 from hiergraph.ops.rows import permute_rows
 from hiergraph.ops.runs import broadcast_to_children, sum_children

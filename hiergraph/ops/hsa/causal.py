@@ -20,6 +20,7 @@ from hiergraph._autograd import records_grad
 from hiergraph._precision import accumulation_dtype, autocast_inputs
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal_uniform import uniform_causal_attention
+from hiergraph.ops.hsa.heads_first import per_depth
 from hiergraph.ops.hsa.inputs import (
     check_kernel,
     check_qkv,
@@ -29,7 +30,7 @@ from hiergraph.ops.hsa.inputs import (
     no_leaves,
 )
 from hiergraph.ops.hsa.padded import on_slots
-from hiergraph.ops.hsa.uniform import fits, per_depth
+from hiergraph.ops.hsa.uniform import fits
 from hiergraph.ops.logspace import log_gates, logaddexp, scatter_softmax
 from hiergraph.plan.causal_plan import CausalPlan
 from hiergraph.plan.tree_index import TreeIndex

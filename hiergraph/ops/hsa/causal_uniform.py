@@ -45,15 +45,14 @@ from torch import Tensor
 
 from hiergraph.ops.hsa import family
 from hiergraph.ops.hsa.family_products import summed_products
-from hiergraph.ops.hsa.uniform import (
-    bottom_up,
-    counts_below,
+from hiergraph.ops.hsa.heads_first import (
     family_layout,
     heads_first,
     like,
     node_layout,
     tie_leaves,
 )
+from hiergraph.ops.hsa.uniform import bottom_up, counts_below
 from hiergraph.ops.logspace import log_gates, logaddexp, softmax_dropping
 
 
@@ -65,7 +64,7 @@ def uniform_causal_attention(
 
     Args:
         eps: optional position embeddings per depth ``1 … D``, each ``[H | 1, n_s, c]``
-            in breadth-first order (:func:`~hiergraph.ops.hsa.uniform.per_depth`).
+            in breadth-first order (:func:`~hiergraph.ops.hsa.heads_first.per_depth`).
         tau: the logit scale.
 
     Returns:
@@ -75,7 +74,7 @@ def uniform_causal_attention(
     depth, num_leaves = len(fanout), q.size(0)
     tie_leaves(shape, q, k, v)
     below = counts_below(None, fanout)  # N_s of the nodes at depth s = d + 1
-    leaves = [heads_first(t) for t in (q, k, v)]  # [H, L, ·]: see hiergraph.ops.hsa.uniform
+    leaves = [heads_first(t) for t in (q, k, v)]  # [H, L, ·]: see hiergraph.ops.hsa.heads_first
     leaf_rho = [family_layout(t, fanout[-1]) for t in leaves]
     # complete statistics of every node: the sibling-masked (leaky) pass; wide leaf
     # families in the fused kernel, which hands back theta instead of the weights

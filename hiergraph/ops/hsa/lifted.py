@@ -42,15 +42,10 @@ from torch import Tensor
 from hiergraph._precision import accumulation_dtype, widened
 from hiergraph.ops.hsa.attention import general_attention
 from hiergraph.ops.hsa.family_products import family_gram, fill_diagonal
+from hiergraph.ops.hsa.heads_first import heads_first, per_depth, tie_leaves
 from hiergraph.ops.hsa.inputs import check_inputs, check_leaf_flags, logit_scale
 from hiergraph.ops.hsa.padded import on_slots, slot_mask
-from hiergraph.ops.hsa.uniform import (
-    fits,
-    heads_first,
-    per_depth,
-    tie_leaves,
-    uniform_hierarchical_attention,
-)
+from hiergraph.ops.hsa.uniform import fits, uniform_hierarchical_attention
 from hiergraph.ops.logspace import log_gates
 from hiergraph.plan.tree_index import TreeIndex
 

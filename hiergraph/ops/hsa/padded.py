@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hiergraph.ops.hsa.uniform import heads_first, is_heads_first, uniform_hierarchical_attention
+from hiergraph.ops.hsa.heads_first import heads_first, is_heads_first
+from hiergraph.ops.hsa.uniform import uniform_hierarchical_attention
 from hiergraph.ops.rows import take_rows
 from hiergraph.plan.padded_forest import PaddedForest
 from hiergraph.plan.tree_index import TreeIndex

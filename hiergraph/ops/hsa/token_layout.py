@@ -1,13 +1,13 @@
 r"""The leaf level of equal-fanout HSA read in the inputs' own ``[L, H, d]`` memory.
 
-:mod:`hiergraph.ops.hsa.uniform` works heads first: a level's families are
-``[H, F, b, ·]``, so that one batched matrix product covers every head and family. Inputs
-held node-major (``[L, H, d]`` contiguous, the layout of a ``Linear`` projection) would
-first be copied to that layout, and the output and every leaf gradient copied back. At the
-leaf level the copies can be skipped: seen as ``[F, b, H, d]``, one head's families are a
-batch of ``[b, d]`` matrices with row stride ``H d``, which CPU BLAS reads in place as
-fast as contiguous ones. So the leaf level runs one product per head on these strided
-views:
+:mod:`hiergraph.ops.hsa.uniform` works heads first (:mod:`~hiergraph.ops.hsa.heads_first`):
+a level's families are ``[H, F, b, ·]``, so that one batched matrix product covers every
+head and family. Inputs held node-major (``[L, H, d]`` contiguous, the layout of a
+``Linear`` projection) would first be copied to that layout, and the output and every leaf
+gradient copied back. At the leaf level the copies can be skipped: seen as
+``[F, b, H, d]``, one head's families are a batch of ``[b, d]`` matrices with row stride
+``H d``, which CPU BLAS reads in place as fast as contiguous ones. So the leaf level runs
+one product per head on these strided views:
 
 * :func:`token_scores`: the logits ``[H, F, b, b]`` and the family sums of ``q`` and ``k``
   (heads first, for the level above);

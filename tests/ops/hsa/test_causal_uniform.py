@@ -12,7 +12,8 @@ from hiergraph.data import from_nested, window_forest, window_hierarchy
 from hiergraph.ops import causal_hierarchical_attention, causal_hierarchical_attention_matrix
 from hiergraph.ops.hsa import causal, family
 from hiergraph.ops.hsa.causal_uniform import _prefix_offsets
-from hiergraph.ops.hsa.uniform import bottom_up, counts_below, family_layout, heads_first
+from hiergraph.ops.hsa.heads_first import family_layout, heads_first
+from hiergraph.ops.hsa.uniform import bottom_up, counts_below
 from tests.conftest import spy_calls
 
 F64 = dict(dtype=torch.float64)

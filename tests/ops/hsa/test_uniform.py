@@ -5,7 +5,6 @@ import itertools
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric.data import Batch
 
 import hiergraph.ops.hsa.family as family_attention
@@ -20,7 +19,7 @@ from hiergraph.ops import (
 from hiergraph.ops.hsa import token_layout
 from hiergraph.ops.hsa.lifted import lifted_attention
 from tests.conftest import DispatchedOps
-from tests.operators import Operators
+from tests.operators import LargeWrites
 
 F64 = dict(dtype=torch.float64)
 SHAPES = [(3, 32, (4, 8)), (2, 48, (4, 3, 4)), (1, 8, (8,)), (2, 24, (3, 4, 2))]
@@ -426,38 +425,6 @@ def test_a_broadcast_output_gradient_gives_the_dense_gradients():
         assert torch.equal(a, b)
 
 
-def test_dense_gradient_materialises_broadcast_gradients_only():
-    x = torch.randn(6, 4, requires_grad=True)
-    seen = []
-    for backward in (lambda y: y.sum().backward(), lambda y: y.t().backward(torch.ones(4, 6))):
-        inner = x * 1.0
-        inner.register_hook(lambda g: seen.append(g.stride()))
-        backward(hsa_uniform.dense_gradient(inner))
-    assert seen == [(4, 1), (1, 6)]  # stride 0 made dense; a transposed one passed on as is
-
-
-class _LargeWrites(TorchDispatchMode):
-    """Records the operations whose output holds ``size`` or more elements: with ``only``,
-    those of these names; else all but views and allocations (the passes over whole
-    levels)."""
-
-    FREE = {"transpose", "view", "_unsafe_view", "expand", "detach", "unsqueeze", "diagonal",
-            "new_empty", "new_empty_strided", "empty_like", "randn_like"}  # fmt: skip
-    COPIES = ("copy_", "clone", "_to_copy")
-
-    def __init__(self, size: int, only: tuple[str, ...] | None = None):
-        super().__init__()
-        self.size, self.only, self.names = size, only, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = func.overloadpacket.__name__
-        counted = name in self.only if self.only else name not in self.FREE
-        if counted and isinstance(out, torch.Tensor) and out.numel() >= self.size:
-            self.names.append(name)
-        return out
-
-
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.usefixtures("torch_ops")
 def test_families_of_two_take_no_softmax(masked):
@@ -483,37 +450,14 @@ def test_levels_are_never_copied(heads_first):
     q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
     if heads_first:
         q, k, v = (t.detach().transpose(0, 1).requires_grad_() for t in (q, k, v))
-    with _LargeWrites(L * H * d, only=_LargeWrites.COPIES) as copies:
+    with LargeWrites(L * H * d, only=LargeWrites.COPIES) as copies:
         out = hierarchical_attention(q, k, v, index)
     assert not copies.names
     assert out.transpose(0, 1).is_contiguous() == heads_first
     grad = torch.randn_like(out)  # in the output's layout
-    with _LargeWrites(L * H * d, only=_LargeWrites.COPIES) as copies:
+    with LargeWrites(L * H * d, only=LargeWrites.COPIES) as copies:
         out.backward(grad)
     assert not copies.names
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("layout", ["contiguous", "heads-first"])
-def test_the_heads_first_copy_returns_its_gradient_in_one_pass(layout, dtype):
-    """``heads_first`` copies ``[L, H, d]`` rows to a contiguous ``[H, L, d]`` in ``dtype``
-    (none when they are heads-first memory already, in that dtype); the gradient comes back
-    in the rows' dtype and memory layout in one copy at most, which the leaf keeps as it is
-    (accumulating a gradient of another layout would copy it again)."""
-    L, H, d = 64, 2, 8
-    x = torch.randn(L, H, d, dtype=torch.float64)
-    if layout == "heads-first":
-        x = x.transpose(0, 1).contiguous().transpose(0, 1)
-    x.requires_grad_()
-    y = hsa_uniform.heads_first(x, dtype)
-    assert y.is_contiguous() and y.dtype == dtype and y.shape == (H, L, d)
-    grad = torch.randn(H, L, d).to(dtype)
-    with _LargeWrites(L * H * d, only=_LargeWrites.COPIES) as copies:
-        y.backward(grad)
-    no_copy = layout == "heads-first" and dtype == torch.float64
-    assert len(copies.names) == (0 if no_copy else 1)
-    assert x.grad.dtype == x.dtype and x.grad.stride() == x.stride()
-    torch.testing.assert_close(x.grad, grad.transpose(0, 1).double(), rtol=0, atol=0)
 
 
 def test_a_leaf_mask_costs_no_pass_over_contiguous_inputs(monkeypatch):
@@ -528,10 +472,10 @@ def test_a_leaf_mask_costs_no_pass_over_contiguous_inputs(monkeypatch):
     passes = []
     for leaf_mask in (None, mask):
         q, k, v = (torch.randn(L, H, d, requires_grad=True) for _ in range(3))
-        with _LargeWrites(L * H * d) as forward:
+        with LargeWrites(L * H * d) as forward:
             out = hierarchical_attention(q, k, v, index, leaf_mask=leaf_mask, include_self=True)
         grad = torch.randn_like(out)
-        with _LargeWrites(L * H * d) as backward:
+        with LargeWrites(L * H * d) as backward:
             out.backward(grad)
         passes.append((len(forward.names), len(backward.names)))
     assert passes[0] == passes[1], passes
@@ -613,26 +557,3 @@ def test_a_new_batch_shape_keeps_family_sizes_literal(op):
     sizes = _symbolic_sizes_on_a_new_batch_shape(op)
     assert sizes, "no symbolic size: the second shape did not recompile dynamically"
     assert not [size for size in sizes if "//" in size]
-
-
-@pytest.mark.parametrize("dtype", [None, torch.float32], ids=["same", "bf16-to-float32"])
-def test_transposed_copies_scale_and_cast_in_one_pass(dtype):
-    """``transposed`` writes ``(x * scale)^T`` in ``dtype`` (the masked leaves of bf16 inputs
-    go heads first in float32 in the same copy), and the gradient comes back transposed,
-    scaled and in ``x``'s dtype (differentiable twice)."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(5, 3, 2, generator=gen).bfloat16().requires_grad_()
-    scale = (torch.arange(5) % 2).float()[:, None, None]
-    out = hsa_uniform.transposed(x, scale, dtype)
-    assert out.dtype == (dtype or x.dtype) and out.is_contiguous()
-    want = (x.float() * scale).transpose(0, 1).to(out.dtype)
-    torch.testing.assert_close(out, want, rtol=0, atol=0)
-    upstream = torch.randn(out.shape, generator=gen).to(out.dtype).requires_grad_()
-    with Operators() as ops:
-        (grad,) = torch.autograd.grad((out * upstream).sum(), x, create_graph=True)
-    assert grad.dtype == x.dtype and "_to_copy" not in ops.calls  # cast in the copy
-    want = (upstream.detach().float().transpose(0, 1) * scale).bfloat16()
-    torch.testing.assert_close(grad, want, rtol=0, atol=0)
-    (second,) = torch.autograd.grad(grad.float().sum(), upstream)  # through the backward
-    assert second.dtype == out.dtype
-    torch.testing.assert_close(second, scale.transpose(0, 1).expand(out.shape).to(out.dtype))
