@@ -154,7 +154,8 @@ def lift_leaves(hierarchy, leaves: Tensor) -> tuple[SignalHierarchy, Tensor]:
     """
     parent, is_leaf = hierarchy.parent, hierarchy.is_leaf
     n, device = parent.numel(), parent.device
-    leaf_node = hierarchy.tree_index().leaf_node
+    index = hierarchy.tree_index()
+    leaf_node = index.leaf_node
     if leaves.dtype != torch.bool or leaves.shape != leaf_node.shape:
         raise ValueError(
             f"leaves must be a [{leaf_node.numel()}] bool mask in leaf order, got "
@@ -172,7 +173,7 @@ def lift_leaves(hierarchy, leaves: Tensor) -> tuple[SignalHierarchy, Tensor]:
     # an internal node survives if a leaf that stays in place lies below it
     alive = is_leaf | is_root
     below = leaf_node[~leaves]
-    for _ in range(int(hierarchy.depth.max()) if n else 0):
+    for _ in range(index.num_levels - 1):
         below = parent[below]
         alive[below] = True
     # slots of the lifted leaves: after the root's other children, in leaf order

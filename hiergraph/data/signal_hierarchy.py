@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from hiergraph._checks import holds_integers
+from hiergraph._checks import described, holds_integers
 from hiergraph._runs import rank_within
 from hiergraph._versions import guard_holds, version_guard
 from hiergraph.data.domain import Domain
@@ -108,7 +108,8 @@ class SignalHierarchy(Data):
         :func:`~hiergraph.data.validate_structure` (integer ``parent`` and
         ``slot`` and bool ``is_leaf`` of one length, ``parent`` in range, no
         cycles, ``is_leaf`` true exactly for the nodes without children,
-        non-negative slots): a hand-built hierarchy that breaks a rule raises a
+        non-negative slots) and that a stored ``depth`` follows ``parent``: a
+        hand-built or edited hierarchy that breaks a rule raises a
         ``ValueError`` or ``TypeError`` naming the first node at fault. The
         check runs once per plan, not per forward pass, and is skipped for the
         unchanged output of this package's builders (consistent by
@@ -145,7 +146,9 @@ class SignalHierarchy(Data):
             )
         if not self._built_unchanged():
             # sibling slots that tie are left to the plan's sort, as before
-            validate_structure(self.parent, self.slot, self.is_leaf, distinct_slots=False)
+            depth = validate_structure(self.parent, self.slot, self.is_leaf, distinct_slots=False)
+            if "depth" in self:
+                _check_stored_depth(self.depth, depth)
 
     def _cached_tree_index(self):
         """The cached tree index if ``parent``, ``slot`` and ``is_leaf`` are unchanged since it
@@ -460,6 +463,24 @@ def as_long(value: Any, name: str, device=None) -> Tensor:
     if t.numel() and not holds_integers(t):
         raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")  # ([] reads as float)
     return t.long()
+
+
+def _check_stored_depth(stored: Tensor, depth: Tensor) -> None:
+    """Raise unless the stored ``depth`` is the one ``parent`` gives (``depth``, CPU): an
+    edited ``parent`` leaves it stale, and what reads it (pooling, lifting, sibling edges)
+    would work on another tree."""
+    if not isinstance(stored, Tensor) or stored.shape != depth.shape:
+        raise ValueError(
+            f"depth must be a [{depth.numel()}] tensor (one per node), got {described(stored)}"
+        )
+    stale = stored.detach().cpu() != depth
+    if bool(stale.any()):
+        node = int(stale.nonzero()[0, 0])
+        raise ValueError(
+            f"depth does not follow parent: node {node} has depth {int(stored[node])} but "
+            f"parent puts it at depth {int(depth[node])}; after editing parent, rebuild the "
+            "hierarchy (SignalHierarchy.from_parent) or set depth to match"
+        )
 
 
 def _check_len(t: Tensor, n: int, name: str) -> None:

@@ -8,6 +8,7 @@ from hiergraph.data import (
     Family,
     SignalHierarchy,
     from_nested,
+    lift_leaves,
     window_forest,
     window_hierarchy,
 )
@@ -286,6 +287,25 @@ def test_a_hierarchy_of_inference_tensors_is_planned_and_checked_on_every_use(mo
         tree.parent[0] = 1  # a leaf under a leaf: checked, although a builder made it
         with pytest.raises(ValueError):
             tree.tree_index()
+
+
+def test_a_stored_depth_that_no_longer_follows_parent_is_refused():
+    """Editing ``parent`` in place is allowed (the plan is rebuilt and checked), but a
+    ``depth`` left from the old tree made pooling and ``lift_leaves`` work on another tree
+    (a lifted tree that crashed its own plan): the check names the stale node."""
+    h = from_nested([0, [1], [2], [3]])  # root 4; nodes 5-7 over leaves 1-3
+    h.parent[5] = 6  # a chain 4 <- 7 <- 6 <- 5 <- leaf 1
+    h.parent[6] = 7
+    h.slot[5] = h.slot[6] = 1
+    lifted = torch.tensor([True, False, True, True])
+    with pytest.raises(ValueError, match="depth does not follow parent: node 1 has depth 2"):
+        h.tree_index()
+    with pytest.raises(ValueError, match="depth does not follow parent"):
+        lift_leaves(h, lifted)
+    h.depth = torch.tensor([1, 4, 3, 2, 0, 3, 2, 1])
+    out, node = lift_leaves(h, lifted)
+    assert out.tree_index().num_leaves == 4
+    assert node.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]  # the chain above leaf 1 stays
 
 
 def test_from_parent_builds_on_the_parent_device():
