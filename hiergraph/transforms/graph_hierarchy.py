@@ -51,23 +51,25 @@ class HierarchicalGraph(Data):
         return super().__inc__(key, value, *args, **kwargs)
 
     def hierarchy(self) -> SignalHierarchy:
-        """The community tree (a forest for a batch) as a ``SignalHierarchy`` (cached)."""
+        """The community tree (a forest for a batch) as a ``SignalHierarchy``, cached until
+        a ``tree_*`` attribute is replaced, added, removed or written in place."""
         if "tree_parent" not in self:
             raise ValueError("this graph has no community tree; apply GraphHierarchy() first")
+        fields = {k: self[f"tree_{k}"] for k in TREE_KEYS if f"tree_{k}" in self}
         cached = self.__dict__.get("_hierarchy_cache")
-        if cached is not None and guard_holds(cached[0], self.tree_parent, self.tree_slot):
-            return cached[1]
+        if cached is not None and cached[0] == tuple(fields):
+            if guard_holds(cached[1], *fields.values()):
+                return cached[2]
         parent = self.tree_parent
         nodes = torch.arange(parent.numel(), device=parent.device)
         child = nodes[parent != nodes]
         order = family_order(parent[child], self.tree_slot[child])
         tree = SignalHierarchy(
-            edge_index=torch.stack([child[order], parent[child[order]]]),
-            **{k: self[f"tree_{k}"] for k in TREE_KEYS if f"tree_{k}" in self},
+            edge_index=torch.stack([child[order], parent[child[order]]]), **fields
         )
         tree.num_nodes = parent.numel()
-        guard = version_guard(self.tree_parent, self.tree_slot)  # None: inference tensors
-        self.__dict__["_hierarchy_cache"] = None if guard is None else (guard, tree)
+        guard = version_guard(*fields.values())  # None: inference tensors
+        self.__dict__["_hierarchy_cache"] = None if guard is None else (tuple(fields), guard, tree)
         return tree
 
 

@@ -81,9 +81,16 @@ def test_hierarchy_orders_children_by_slot_as_signal_hierarchy_does():
 def test_hierarchy_of_inference_tensors_and_its_cache():
     out = GraphHierarchy("lp", seed=1)(sbm())
     tree = out.hierarchy()
-    assert out.hierarchy() is tree  # cached while tree_parent and tree_slot are unchanged
+    assert out.hierarchy() is tree  # cached while the tree_* attributes are unchanged
     out.tree_slot = out.tree_slot.clone()
     assert out.hierarchy() is not tree
+    # any tree_* attribute replaced, removed or added (a stale cache kept the old one)
+    out.tree_graph_pe = torch.zeros_like(out.tree_graph_pe)
+    assert out.hierarchy().graph_pe.abs().sum() == 0
+    del out.tree_node_type
+    assert "node_type" not in out.hierarchy()
+    out.tree_node_type = torch.ones_like(out.tree_parent)
+    assert torch.equal(out.hierarchy().node_type, out.tree_node_type)
     with torch.inference_mode():  # transformed under inference mode: derived on every call
         made = GraphHierarchy("lp", seed=1)(sbm())
         first = made.hierarchy()
