@@ -122,7 +122,8 @@ class FamilyPositionEncoder(nn.Module):
         num_keys (int, optional): size of the key vocabulary of key–value families.
             (default: :obj:`64`)
         graph_pe_dim (int, optional): ``k``, the size of ``graph_pe`` (0: no graph
-            families). (default: :obj:`0`)
+            families; a hierarchy with ``graph_pe`` features is then refused, not encoded
+            as zero). (default: :obj:`0`)
     """
 
     def __init__(self, channels: int, num_keys: int = 64, graph_pe_dim: int = 0):
@@ -154,6 +155,12 @@ class FamilyPositionEncoder(nn.Module):
             (Domain.GRID2D, self.grid2d, pos),
             (Domain.KEY_VALUE, self._keys, pos),
         ]
+        if self.graph is None and "graph_pe" in hierarchy and hierarchy.graph_pe.numel():
+            raise ValueError(
+                f"hierarchy has graph_pe {described(hierarchy.graph_pe)} but this encoder was "
+                "built with graph_pe_dim=0, so its graph families would get no position: pass "
+                "graph_pe_dim=graph_pe.size(1) (or delete hierarchy.graph_pe to go without)"
+            )
         if self.graph is not None and "graph_pe" in hierarchy:
             graph_pe = hierarchy.graph_pe
             if graph_pe.shape != (domain.numel(), self.graph_pe_dim):  # (rows: an IndexError)

@@ -90,6 +90,12 @@ def test_graph_domain_uses_graph_pe():
             match=rf"graph_pe must be \[num_nodes, graph_pe_dim\] = \[{h.num_nodes}, 3\]",
         ):
             enc(h)
+    # an encoder without a graph map encoded graph families as zero, silently
+    h.graph_pe = torch.randn(h.num_nodes, 3)
+    with pytest.raises(ValueError, match=r"built with graph_pe_dim=0.*graph_pe_dim=graph_pe"):
+        FamilyPositionEncoder(4)(h)
+    del h.graph_pe
+    assert FamilyPositionEncoder(4)(h).abs().sum() == 0  # no graph_pe: no graph position
 
 
 def test_reprs():
