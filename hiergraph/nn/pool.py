@@ -57,6 +57,7 @@ def global_leaf_mean_pool(
     hierarchy = as_hierarchy(hierarchy)
     batch = _leaf_batch(hierarchy)
     _check_leaf_rows(x, batch.numel())
+    _check_averaged(x)
     size = _num_trees(hierarchy)
     dtype = accumulation_dtype(x.dtype)
     if leaf_mask is None:
@@ -126,10 +127,21 @@ def coarsen_leaves(
     """
     hierarchy = as_hierarchy(hierarchy)
     _check_leaf_rows(x, int(hierarchy.is_leaf.sum()))
+    if reduce == "mean":
+        _check_averaged(x)
     coarse, cluster = coarsen_hierarchy(hierarchy)
     num_new = int(coarse.is_leaf.sum())
     pooled = scatter(x.to(accumulation_dtype(x.dtype)), cluster, 0, dim_size=num_new, reduce=reduce)
     return pooled.to(x.dtype), coarse, cluster
+
+
+def _check_averaged(x: Tensor) -> None:
+    """Raise unless ``x`` can be averaged: a mean of integers (token ids, say) was floored."""
+    if not x.is_floating_point():
+        raise TypeError(
+            f"x must be floating-point to be averaged, got {x.dtype} (token ids? embed them "
+            "first; counts: x.float())"
+        )
 
 
 def _check_leaf_rows(x: Tensor, num_leaves: int) -> None:

@@ -92,6 +92,18 @@ def test_coarsen_pools_leaf_families_into_parents():
     assert torch.allclose(x2, torch.stack([x[1], x[2], x[[0, 3]].mean(0), x[4:].mean(0)]))
 
 
+def test_integer_features_are_not_averaged():
+    """A mean of integer rows (a document's token ids, say) was floored: leaves {0, 1}
+    pooled to 0. Averaging refuses them; sums and maxima of integers stay exact."""
+    tree = window_hierarchy(9, (3, 3))
+    ids = torch.arange(9)[:, None]
+    for pool in (lambda: coarsen_leaves(ids, tree), lambda: global_leaf_mean_pool(ids, tree)):
+        with pytest.raises(TypeError, match="x must be floating-point to be averaged"):
+            pool()
+    summed, _, _ = coarsen_leaves(ids, tree, reduce="sum")
+    assert summed.view(-1).tolist() == [3, 12, 21]
+
+
 def test_coarsen_leaves_pools_half_precision_in_float32(monkeypatch):
     """bf16 features are pooled in float32 and rounded once (on GPUs a bf16 scatter adds
     atomically, rounding at every child): the result is the float32 pooling, rounded."""
