@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Batch
 
+from hiergraph._checks import described
 from hiergraph._device import reads_values
 from hiergraph._runs import rank_within
 from hiergraph.data.domain import Domain
@@ -156,10 +157,11 @@ def lift_leaves(hierarchy, leaves: Tensor) -> tuple[SignalHierarchy, Tensor]:
     n, device = parent.numel(), parent.device
     index = hierarchy.tree_index()
     leaf_node = index.leaf_node
-    if leaves.dtype != torch.bool or leaves.shape != leaf_node.shape:
+    bool_mask = isinstance(leaves, Tensor) and leaves.dtype == torch.bool
+    if not bool_mask or leaves.shape != leaf_node.shape:  # (a list: an AttributeError)
         raise ValueError(
             f"leaves must be a [{leaf_node.numel()}] bool mask in leaf order, got "
-            f"{leaves.dtype} {tuple(leaves.shape)}"
+            f"{described(leaves)}"
         )
     nodes = torch.arange(n, device=device)
     tree = tree_of_nodes(hierarchy)
