@@ -76,6 +76,20 @@ def as_int(value, what: str) -> int:
     raise TypeError(f"{what} must be an int, got {value!r}")
 
 
+#: the largest seed a ``torch.Generator`` takes (``manual_seed`` of ``2**64`` overflows)
+MAX_SEED = 2**64 - 1
+
+
+def check_seed(value, name: str = "seed") -> int:
+    """``value`` as a seed: an int (NumPy's too, :func:`as_int`) in ``[0, 2**64 - 1]``, the
+    range of ``torch.Generator.manual_seed`` (``TypeError`` / ``ValueError`` naming ``name``;
+    a negative seed, which torch would alias to a large one, is refused)."""
+    seed = as_int(value, name)
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{name} must be an int in [0, 2**64 - 1], got {seed}")
+    return seed
+
+
 def check_qkv_like(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Raise a ``TypeError`` unless the queries, keys and values share one (real)
     floating-point dtype, the one the attention computes in, and a ``ValueError`` unless

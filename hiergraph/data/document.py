@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from hiergraph._checks import check_int
 from hiergraph._runs import ramp
 from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 
@@ -78,7 +79,10 @@ class SimpleTokenizer:
     def fit(
         cls, texts: Iterable[str], max_size: int | None = 30000, min_freq: int = 1
     ) -> SimpleTokenizer:
-        """The ``max_size`` most frequent words seen at least ``min_freq`` times in ``texts``."""
+        """The ``max_size`` most frequent words (``None``: all) seen at least ``min_freq``
+        times in ``texts`` (a list of texts, not one str)."""
+        _check_texts(texts)
+        check_int(max_size, "max_size", optional=True)  # (-1 dropped the rarest word)
         counts = Counter(w for text in texts for w in cls.split(text))
         kept = (w for w, c in counts.items() if c >= min_freq)
         words = sorted(kept, key=lambda w: (-counts[w], w))
@@ -137,6 +141,16 @@ def as_encoder(tokenizer) -> Callable[[list[str]], list[list[int]]]:
     )
 
 
+def _check_texts(texts) -> None:
+    """Raise a ``TypeError`` for one ``str`` where a collection of texts belongs (it would be
+    read character by character)."""
+    if isinstance(texts, str):
+        raise TypeError(
+            f"texts must be a list of texts, got a str ({texts[:20]!r}); wrap one text in a "
+            f"list: [text]"
+        )
+
+
 # ------------------------------------------------------------ segmentation
 def split_paragraphs(text: str) -> list[str]:
     """Paragraphs of ``text``: split at blank lines and repeated ``<br />``; empty ones dropped."""
@@ -176,10 +190,10 @@ class Truncation:
 
 
 def check_caps(**caps: int | None) -> None:
-    """Raise :class:`ValueError` unless every cap is a positive int or ``None``."""
+    """Raise unless every cap is a positive int (NumPy's too) or ``None``: a
+    :class:`TypeError` for a non-int, a :class:`ValueError` for one below 1."""
     for name, cap in caps.items():
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-            raise ValueError(f"{name} must be a positive int or None, got {cap!r}")
+        check_int(cap, name, optional=True)
 
 
 @dataclass
@@ -302,6 +316,7 @@ def tokenize_documents(
 
     A document without any token gives ``None``.
     """
+    _check_texts(texts)
     encoder = encoder or as_encoder(tokenizer)
     sentences, sizes_per_doc = [], []
     for text in texts:
@@ -314,6 +329,11 @@ def tokenize_documents(
             sizes.append(len(sents))
         sizes_per_doc.append(sizes)
     encoded = encoder(sentences)
+    if len(encoded) != len(sentences):  # (the ids went to the wrong sentences)
+        raise ValueError(
+            f"the encoder returned {len(encoded)} token lists for {len(sentences)} "
+            f"sentences; it must return one per sentence"
+        )
     out, cursor = [], 0
     for sizes in sizes_per_doc:
         ids, lengths, para_sizes = [], [], []
@@ -388,6 +408,7 @@ def forest_from_lengths(
         a :class:`SignalHierarchy` whose ``batch`` (``[N]``, derived) is the document of
         every node.
     """
+    check_int(depth, "depth")  # (2.0 failed in a slice, True was 1)
     if depth not in DEPTHS:
         raise ValueError(f"depth must be one of {DEPTHS}, got {depth!r}")
     if not docs:

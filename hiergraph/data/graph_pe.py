@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hiergraph._checks import as_int, check_int
 from hiergraph.data.domain import Domain
+from hiergraph.data.signal_hierarchy import as_long
 
 
 def laplacian_pe(hierarchy, edge_index: Tensor, k: int) -> Tensor:
@@ -31,7 +33,7 @@ def laplacian_pe(hierarchy, edge_index: Tensor, k: int) -> Tensor:
 
     Args:
         hierarchy: a :class:`~hiergraph.data.SignalHierarchy` (or a batch).
-        edge_index: ``[2, E]`` edges between node ids of ``hierarchy``; both
+        edge_index: ``[2, E]`` edges between node ids of ``hierarchy`` (integers); both
             ends must be members of the same graph-domain family.
         k: number of features per node.
 
@@ -39,9 +41,11 @@ def laplacian_pe(hierarchy, edge_index: Tensor, k: int) -> Tensor:
         ``[N, k]`` float32 features on the hierarchy's device (zero for nodes
         outside graph-domain families).
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+    k = as_int(k, "k")  # (NumPy ints too)
+    check_int(k, "k")
     n = hierarchy.num_nodes
+    # (the data layer's index check: check_edge_index lives in ops, a layer above)
+    edge_index = as_long(edge_index, "edge_index", hierarchy.parent.device)
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
         raise ValueError(f"edge_index must be [2, E], got {tuple(edge_index.shape)}")
     if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= n):

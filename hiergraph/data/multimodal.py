@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hiergraph._checks import check_int
+from hiergraph._checks import as_int, check_int
 from hiergraph._runs import rank_within
 from hiergraph.data.domain import Domain
 from hiergraph.data.signal_hierarchy import SignalHierarchy
@@ -141,7 +141,7 @@ class MultimodalSchema:
             raise ValueError(f"field names must be distinct, got {names}")
         if node_types is None:
             node_types = range(len(fields))
-        node_types = [int(t) for t in node_types]
+        node_types = [as_int(t, "each node type") for t in node_types]  # (0.9 was 0)
         if len(node_types) != len(fields) or min(node_types) < 0:
             raise ValueError(
                 f"node_types must give one non-negative type per field ({len(fields)}), "

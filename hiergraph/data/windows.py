@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from hiergraph._checks import as_int, check_int
+from hiergraph._checks import as_int, check_int, described
 from hiergraph._runs import ramp
 from hiergraph.data.signal_hierarchy import SignalHierarchy, as_long
 
@@ -92,6 +92,10 @@ def window_forest(
     seq = torch.arange(num, device=device).repeat_interleave(lengths, output_size=total)
     num_lifted = torch.zeros_like(lengths)
     if lifted is not None:
+        if not isinstance(lifted, Tensor):  # (an AttributeError)
+            raise TypeError(
+                f"lifted must be a [{total}] bool tensor or None, got {described(lifted)}"
+            )
         if lifted.dtype != torch.bool or lifted.shape != (total,):
             raise ValueError(f"lifted must be a [{total}] bool tensor, got {lifted.dtype} "
                              f"{tuple(lifted.shape)}")  # fmt: skip
@@ -259,14 +263,14 @@ def _check(n, branching) -> tuple[int, tuple[int, ...]]:
 
 
 def check_branching(branching) -> tuple[int, ...]:
-    """``branching`` as a tuple of window sizes, each an int ``>= 2`` (else ``ValueError``;
-    ``TypeError`` for a single number)."""
+    """``branching`` as a tuple of window sizes, each an int ``>= 2`` (NumPy's too; else
+    ``ValueError``, ``TypeError`` for a single number or a size that is no int)."""
     if not isinstance(branching, Iterable) or isinstance(branching, str | bytes):
         raise TypeError(
             f"branching must be a sequence of window sizes, e.g. (2, 4), got {branching!r}"
         )
-    branching = tuple(branching)
-    if any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in branching):
+    branching = tuple(as_int(b, "each branching factor") for b in branching)  # (NumPy's too)
+    if any(b < 2 for b in branching):
         raise ValueError(f"branching factors must be ints >= 2, got {branching}")
     return branching
 

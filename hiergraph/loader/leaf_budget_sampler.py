@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import Sampler
 
-from hiergraph._checks import as_int, check_int, holds_integers
+from hiergraph._checks import MAX_SEED, as_int, check_bool, check_int, check_seed, holds_integers
 from hiergraph._runs import run_ptr
 
 
@@ -134,8 +134,8 @@ class LeafBudgetBatchSampler(Sampler[list[int]]):
             :class:`~torch.utils.data.DistributedSampler`; see the note below).
             Mutually exclusive with ``shuffle``.
         shuffle: pack a fresh random permutation every epoch
-            (seeded by ``seed + epoch``; call :meth:`set_epoch`).
-        seed: base seed of the shuffle.
+            (seeded by ``seed + epoch``, modulo :math:`2^{64}`; call :meth:`set_epoch`).
+        seed: base seed of the shuffle, in ``[0, 2**64 - 1]``.
 
     .. note::
         Wrapping a ``DistributedSampler`` packs each rank's shard
@@ -157,7 +157,8 @@ class LeafBudgetBatchSampler(Sampler[list[int]]):
     ):
         self.leaf_counts = _check_counts(leaf_counts)
         self.max_leaves = _check_budget(max_leaves)
-        check_int(seed, "seed", minimum=0)
+        check_bool(shuffle, "shuffle")
+        seed = check_seed(seed)
         if sampler is not None and shuffle:
             raise ValueError("pass either sampler= or shuffle=True, not both (shuffle the sampler)")
         self.sampler, self.shuffle, self.seed, self.epoch = sampler, shuffle, seed, 0
@@ -177,7 +178,7 @@ class LeafBudgetBatchSampler(Sampler[list[int]]):
             return list(self.sampler)
         n = self.leaf_counts.numel()
         if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed + self.epoch)
+            gen = torch.Generator().manual_seed((self.seed + self.epoch) % (MAX_SEED + 1))
             return torch.randperm(n, generator=gen).tolist()
         return list(range(n))
 
@@ -258,6 +259,7 @@ class DistributedLeafBudgetBatchSampler(LeafBudgetBatchSampler):
             rank = dist.get_rank() if rank is None else rank
         check_int(num_replicas, "num_replicas")
         check_int(rank, "rank", minimum=0)
+        check_bool(drop_last, "drop_last")
         if not rank < num_replicas:
             raise ValueError(f"need 0 <= rank < num_replicas, got rank={rank}, {num_replicas=}")
         self.num_replicas, self.rank, self.drop_last = num_replicas, rank, drop_last

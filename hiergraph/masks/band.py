@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._checks import as_int
+from hiergraph.ops.edge_index import check_edge_index
 from hiergraph.ops.masked.banded import band_predicate, clamped_band, segment_ids
 
 
@@ -113,10 +114,17 @@ class BandMask:
         neighbours (``i -> i+1``), so they are recognised for ``dilation = 1``;
         a dilated band is recognised on a single segment. Costs :math:`O(E)`
         (plus a sort when the edges are not sorted by target, then source).
+
+        Raises:
+            TypeError, ValueError: ``edge_index`` is no edge list over ``num_nodes`` nodes
+                (:func:`~hiergraph.ops.edge_index.check_edge_index`: an int64 or int32
+                tensor ``[2, E]``, ids in ``[0, num_nodes)``).
         """
-        if edge_index.dim() != 2 or edge_index.size(0) != 2 or edge_index.size(1) == 0:
+        num_nodes = as_int(num_nodes, "num_nodes")
+        check_edge_index(edge_index, num_nodes)
+        if edge_index.size(1) == 0:
             return None
-        src, dst = edge_index.long()  # int32 ids: the key dst * num_nodes + src is int64
+        src, dst = edge_index.long()  # int32 ids: the key below is int64
         offset = dst - src
         before, after = int(offset.max()), -int(offset.min())
         if before < 0 or after < 0:  # the diagonal lies outside the offset range
@@ -139,6 +147,9 @@ class BandMask:
             segment = band.segment_ids(src.device)
             if bool((segment[src] != segment[dst]).any()):
                 return None
-        key = dst * num_nodes + src
+        # one key per (target, offset): below num_nodes * width, far from int64's limit for
+        # any edge list in memory (dst * num_nodes + src overflowed past 3.04e9 nodes)
+        width = (before + after) // dilation + 1
+        key = dst * width + (src - dst + before) // dilation
         distinct = bool((key[1:] > key[:-1]).all()) or key.unique().numel() == key.numel()
         return band if distinct else None

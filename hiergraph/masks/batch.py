@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Batch, Data
 
-from hiergraph._checks import as_int
+from hiergraph._checks import as_int, described
+from hiergraph.ops.edge_index import check_edge_index
 
 
 def sequence_batch(
@@ -48,6 +49,8 @@ def sequence_batch(
         raise ValueError("lengths must name at least one sequence")
     if any(n < 0 for n in lengths):
         raise ValueError(f"lengths must be >= 0, got {lengths}")
+    if x is not None and not isinstance(x, Tensor):  # (an AttributeError)
+        raise TypeError(f"x must be a tensor [sum(lengths), F] or None, got {described(x)}")
     if x is not None and x.size(0) != sum(lengths):
         raise ValueError(f"x has {x.size(0)} rows but the lengths sum to {sum(lengths)}")
     features = x.split(lengths) if x is not None else [None] * len(lengths)
@@ -55,10 +58,21 @@ def sequence_batch(
     data = [
         Data(
             x=feat,
-            edge_index=mask(n, **params).to(device),
+            edge_index=_sequence_mask(mask, n, i, params).to(device),
             pos=torch.arange(n, device=device),
             num_nodes=n,
         )
-        for n, feat in zip(lengths, features, strict=True)
+        for i, (n, feat) in enumerate(zip(lengths, features, strict=True))
     ]
     return Batch.from_data_list(data)
+
+
+def _sequence_mask(mask: Callable[..., Tensor], n: int, i: int, params: dict) -> Tensor:
+    """``mask(n, **params)``, refused unless it is an edge list over the ``n`` nodes of
+    sequence ``i`` (an id past ``n`` would cross into the next sequence)."""
+    edge_index = mask(n, **params)
+    try:
+        check_edge_index(edge_index, n)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"the mask of sequence {i} (length {n}): {error}") from None
+    return edge_index

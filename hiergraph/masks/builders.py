@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.types import Device
 
-from hiergraph._checks import as_int, check_bool, holds_integers
+from hiergraph._checks import as_int, check_bool, check_seed, holds_integers
 from hiergraph.masks.band import BandMask
 from hiergraph.ops.edge_index import check_edge_index
 
@@ -36,8 +36,14 @@ def _check_count(name: str, value, minimum: int = 0) -> int:
     return value
 
 
+#: the largest id an int64 holds
+_INT64_MAX = torch.iinfo(torch.long).max
+
+
 def _canonical(src: Tensor, dst: Tensor, num_nodes: int) -> Tensor:
     """Distinct edges ``[2, E]``, sorted by target and then by source."""
+    if num_nodes * num_nodes > _INT64_MAX:  # the key below would overflow: sort the pairs
+        return torch.unique(torch.stack([dst.long(), src.long()]), dim=1).flip(0)
     key = torch.unique(dst.long() * num_nodes + src.long())  # int64, for int32 inputs too
     return torch.stack([key % num_nodes, key // num_nodes])
 
@@ -49,6 +55,7 @@ def full_mask(n: int, self_loops: bool = True, *, device: Device = None) -> Tens
     self-loops).
     """
     band = BandMask((_check_count("n", n),), max(n - 1, 0), max(n - 1, 0))
+    check_bool(self_loops, "self_loops")
     edge_index = band.edge_index(device)
     return edge_index if self_loops else edge_index[:, edge_index[0] != edge_index[1]]
 
@@ -119,6 +126,7 @@ def cross_mask(num_src: int, num_dst: int, joint: bool = True, *, device: Device
     """
     _check_count("num_src", num_src)
     _check_count("num_dst", num_dst)
+    check_bool(joint, "joint")
     src = torch.arange(num_src, device=device).repeat(num_dst)
     dst = torch.arange(num_dst, device=device).repeat_interleave(num_src)
     return torch.stack([src, dst + num_src if joint else dst])
@@ -138,8 +146,9 @@ def global_tokens_mask(
     :math:`E = E_{\text{base}} + 2gn + g^2` (:math:`E_{\text{base}} + gn + g^2`
     when ``read_only``), :math:`E_{\text{base}}` counting distinct edges.
     """
-    _check_count("num_nodes", num_nodes)
-    _check_count("num_global", num_global)
+    num_nodes = _check_count("num_nodes", num_nodes)
+    num_global = _check_count("num_global", num_global)
+    check_bool(read_only, "read_only")
     check_edge_index(edge_index, num_nodes)
     tokens = torch.arange(num_nodes, device=edge_index.device)
     glob = torch.arange(num_nodes, num_nodes + num_global, device=edge_index.device)
@@ -167,10 +176,15 @@ def random_mask(
 
     Returns ``[2, E]`` on ``device``, :math:`E` = ``num_edges``.
     """
-    _check_count("n", n)
-    _check_count("num_edges", num_edges)
-    seed = as_int(seed, "seed")  # (a message from manual_seed)
+    n = _check_count("n", n)
+    num_edges = _check_count("num_edges", num_edges)
+    seed = check_seed(seed)  # (2**64: an overflow in manual_seed)
     check_bool(self_loops, "self_loops")
+    if n * (n - 1) > _INT64_MAX:  # (an overflow in randint)
+        raise ValueError(
+            f"n must be at most 3037000500 for random_mask (its n * (n - 1) off-diagonal "
+            f"pairs are numbered in int64), got {n}"
+        )
     loops = n if self_loops else 0
     if not loops <= num_edges <= loops + n * (n - 1):
         raise ValueError(
@@ -205,8 +219,9 @@ def graph_mask(edge_index: Tensor, num_nodes: int, self_loops: bool = True) -> T
     :math:`E = |\{\text{distinct non-loop edges}\}| + n` (without the :math:`n`
     when ``self_loops=False``).
     """
-    _check_count("num_nodes", num_nodes)
+    num_nodes = _check_count("num_nodes", num_nodes)
     check_edge_index(edge_index, num_nodes)
+    check_bool(self_loops, "self_loops")
     src, dst = edge_index[:, edge_index[0] != edge_index[1]]
     if self_loops:
         loop = torch.arange(num_nodes, device=edge_index.device)
@@ -229,6 +244,7 @@ def sibling_mask(parent: Tensor, self_loops: bool = True) -> Tensor:
     """
     if not (isinstance(parent, Tensor) and holds_integers(parent)) or parent.dim() != 1:
         raise TypeError("parent must be a 1-D integer tensor [num_nodes] (-1 for roots)")
+    check_bool(self_loops, "self_loops")
     parent, n = parent.long(), parent.numel()  # (int32 ids too, as every edge input takes)
     if parent.numel() and (parent.min() < -1 or parent.max() >= n):
         raise ValueError(

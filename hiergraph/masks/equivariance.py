@@ -21,6 +21,7 @@ import networkx as nx
 import torch
 from torch import Tensor
 
+from hiergraph._checks import check_bool
 from hiergraph.masks.dense import edge_index_to_mask
 from hiergraph.ops.edge_index import check_edge_index
 
@@ -117,6 +118,7 @@ def equivariance_error(
     ``layer`` must be deterministic: call ``.eval()`` on modules with dropout.
     """
     _check_eval(layer)
+    check_bool(relabel_graph, "relabel_graph")
     bipartite = isinstance(x, tuple)
     if bipartite != isinstance(perm, tuple):
         raise TypeError("pass a pair of permutations exactly when x is a pair (x_src, x_dst)")
@@ -145,6 +147,8 @@ def equivariance_errors(
     if not isinstance(x, Tensor):
         raise TypeError("equivariance_errors takes a single x; use equivariance_error for pairs")
     _check_permutation(perms, x.size(0), "perms", rows=True)
+    check_edge_index(edge_index, x.size(0))
+    check_bool(relabel_graph, "relabel_graph")
     n = x.size(0)
     offsets = torch.arange(perms.size(0), device=x.device) * n
     if relabel_graph:

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 from torch_geometric.data import Batch
@@ -13,6 +14,7 @@ from hiergraph.data.document import (
     split_paragraphs,
     split_sentences,
     tokenize_document,
+    tokenize_documents,
 )
 from hiergraph.ops import hierarchical_attention
 
@@ -47,6 +49,36 @@ def test_simple_tokenizer(tok):
         SimpleTokenizer.fit([1, 2])
     with pytest.raises(ValueError, match="repeated"):
         SimpleTokenizer(["a", "a"])
+
+
+def test_texts_and_encoders_are_checked(tok):
+    """A bare str was read as a list of one-character texts; an encoder that returns fewer
+    token lists than sentences gave the ids to the wrong sentences; ``max_size=-1`` dropped
+    the rarest word and 1.5 failed in a slice."""
+    with pytest.raises(TypeError, match=r"got a str \('a cat'\); wrap one text in a list"):
+        tokenize_documents("a cat", tok)
+    with pytest.raises(TypeError, match="wrap one text in a list"):
+        SimpleTokenizer.fit("a b c")
+    with pytest.raises(ValueError, match="returned 1 token lists for 3 sentences"):
+        tokenize_documents(["a b. c d. e."], tok, encoder=lambda texts: [[2]])
+    with pytest.raises(ValueError, match="max_size must be a positive int or None, got -1"):
+        SimpleTokenizer.fit(["a b b"], max_size=-1)
+    with pytest.raises(TypeError, match="max_size must be a positive int or None, got 1.5"):
+        SimpleTokenizer.fit(["a b b"], max_size=1.5)
+    assert SimpleTokenizer.fit(["a b b"], max_size=np.int64(1)).vocab == ["b"]
+    assert SimpleTokenizer.fit(["a b b"], max_size=None).vocab == ["b", "a"]
+
+
+def test_depth_and_caps_are_ints(tok):
+    """``depth=2.0`` failed in a slice and ``True`` was taken as 1; a NumPy cap was refused."""
+    doc = tokenize_document(TEXT, tok)
+    for depth in (2.0, True):
+        with pytest.raises(TypeError, match="depth must be a positive int"):
+            hierarchy_from_lengths(doc, depth)
+    assert hierarchy_from_lengths(doc, np.int64(2)).num_nodes == doc.num_tokens + 6
+    assert doc.truncate(max_tokens=np.int64(2))[0].num_tokens == 2
+    with pytest.raises(TypeError, match="max_tokens must be a positive int or None, got 2.5"):
+        doc.truncate(max_tokens=2.5)
 
 
 def test_builder_structure(tok):

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -44,6 +45,20 @@ def test_bad_edges():
         laplacian_pe(h, torch.tensor([[0], [99]]), k=1)
     with pytest.raises(ValueError, match="k must be"):
         laplacian_pe(h, torch.tensor([[0], [1]]), k=0)
+
+
+def test_edge_index_and_k_types():
+    """Float ids raised an ``IndexError``, a list an ``AttributeError``; a NumPy ``k`` was
+    refused."""
+    h = from_nested([Family([0, 1, 2], "graph"), 3])
+    edges = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(TypeError, match="edge_index must hold integers"):
+        laplacian_pe(h, edges.float(), 2)
+    expected = laplacian_pe(h, edges, 2)
+    assert torch.equal(laplacian_pe(h, edges.tolist(), 2), expected)
+    assert torch.equal(laplacian_pe(h, edges, np.int64(2)), expected)
+    with pytest.raises(TypeError, match="k must be an int, got True"):
+        laplacian_pe(h, edges, True)
 
 
 def _per_family_reference(h, edges, k):

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 from torch_geometric.data import Batch
@@ -204,6 +205,15 @@ def test_bad_input():
         MultimodalSchema([SequenceField("a", 3), VectorField("a", 3)])
     with pytest.raises(ValueError, match="patch_size must be a positive int"):
         ImageField("image", patch_size=0)
+
+
+def test_node_types_are_ints():
+    """``int()`` truncated 0.9 to 0 and read ``"1"`` as 1; NumPy ints are ints."""
+    fields = [VectorField("a", 2), VectorField("b", 2)]
+    for bad in ([0.9, 0.2], ["1", 0], [True, 0]):
+        with pytest.raises(TypeError, match="each node type must be an int"):
+            MultimodalSchema(fields, node_types=bad)
+    assert MultimodalSchema(fields, node_types=[np.int64(1), 0]).node_types == [1, 0]
 
 
 def test_training_smoke():

@@ -1,6 +1,7 @@
 """``window_forest``: many window (and hub) hierarchies at once, against a per-tree
 reference built from nested Python lists."""
 
+import numpy as np
 import pytest
 import torch
 from torch_geometric.data import Batch
@@ -203,8 +204,6 @@ def test_hmatrix_layout_refuses_bad_sizes(length, block_size, error, match):
 
 
 def test_lengths_as_numpy_or_tensor_integers():
-    import numpy as np
-
     expected = window_hierarchy(5, (2,))
     for n in (np.int64(5), torch.tensor(5)):
         assert torch.equal(window_hierarchy(n, (2,)).parent, expected.parent)
@@ -213,3 +212,14 @@ def test_lengths_as_numpy_or_tensor_integers():
     for n in (2.0, True, torch.tensor(2.0)):
         with pytest.raises(TypeError, match="n must be an int"):
             window_hierarchy(n, (2,))
+
+
+def test_branching_factors_as_numpy_integers_and_lifted_as_a_tensor():
+    """``(np.int64(2),)`` was refused as "branching factors must be ints >= 2"; a list as
+    ``lifted`` raised an ``AttributeError``."""
+    expected = window_hierarchy(5, (2, 3))
+    assert torch.equal(window_hierarchy(5, (np.int64(2), np.int32(3))).parent, expected.parent)
+    with pytest.raises(TypeError, match="each branching factor must be an int, got 2.5"):
+        window_hierarchy(5, (2.5,))
+    with pytest.raises(TypeError, match=r"lifted must be a \[5\] bool tensor or None, got list"):
+        window_hierarchy(5, (2,), lifted=[True, False, False, False, False])

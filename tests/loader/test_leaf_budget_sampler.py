@@ -125,6 +125,22 @@ def test_shuffle_is_seeded_per_epoch():
     assert LeafBudgetBatchSampler(sizes, 64).batches() == pack_by_budget(range(60), sizes, 64)
 
 
+def test_flags_and_seeds_are_checked():
+    """``shuffle="no"`` and ``drop_last="no"`` were true; a seed of 2**64 failed in
+    ``manual_seed`` at the first pass ("Overflow when unpacking long long")."""
+    with pytest.raises(TypeError, match="shuffle must be a bool"):
+        LeafBudgetBatchSampler([3, 4], 8, shuffle="no")
+    with pytest.raises(TypeError, match="shuffle must be a bool"):
+        DistributedLeafBudgetBatchSampler([3, 4], 8, 1, 0, shuffle=1)
+    with pytest.raises(TypeError, match="drop_last must be a bool"):
+        DistributedLeafBudgetBatchSampler([3, 4], 8, 1, 0, drop_last="no")
+    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*64 - 1\]"):
+        LeafBudgetBatchSampler([3, 4], 8, shuffle=True, seed=2**64)
+    sampler = LeafBudgetBatchSampler([3, 4, 5], 8, shuffle=True, seed=2**64 - 1)
+    sampler.set_epoch(1)  # seed + epoch wraps around 2**64: the seed 0
+    assert sampler.batches() == LeafBudgetBatchSampler([3, 4, 5], 8, shuffle=True).batches()
+
+
 def test_len_matches_the_next_pass_of_an_unseeded_random_sampler():
     # RandomSampler draws a new order on every pass; len() must describe the pass
     # that follows it, and the next pass must reshuffle
@@ -205,7 +221,7 @@ def test_bad_input():
     for bad in (dict(num_replicas=2.0, rank=0), dict(num_replicas=2, rank=True)):  # (late)
         with pytest.raises(TypeError, match="(num_replicas|rank) must be"):
             DistributedLeafBudgetBatchSampler([3], 8, **bad)
-    with pytest.raises(TypeError, match="seed must be an int >= 0, got None"):
+    with pytest.raises(TypeError, match="seed must be an int, got None"):
         LeafBudgetBatchSampler([3], 8, shuffle=True, seed=None)
     assert LeafBudgetBatchSampler([3], np.int64(8)).max_leaves == 8  # a NumPy int is an int
     with pytest.raises(ValueError, match="is_leaf"):

@@ -89,6 +89,20 @@ def test_detect_rejects_everything_else():
     assert BandMask.detect(swapped, 30) is None
 
 
+def test_detect_refuses_what_is_no_edge_list_over_its_nodes():
+    """As every edge input of :mod:`hiergraph.masks`: ids past ``num_nodes`` gave the band of
+    ``num_nodes`` (node 3 of 3 nodes) or an ``IndexError``, float ids were read as ids."""
+    with pytest.raises(ValueError, match="out of range"):
+        BandMask.detect(torch.tensor([[0, 1, 3], [0, 1, 3]]), 3)
+    with pytest.raises(ValueError, match="out of range"):
+        BandMask.detect(torch.tensor([[0, 1, 0, 1, 5], [0, 0, 1, 1, 5]]), 3)
+    with pytest.raises(TypeError, match="int64 or int32"):
+        BandMask.detect(torch.tensor([[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]), 3)
+    with pytest.raises(ValueError, match=r"shape \[2, E\]"):
+        BandMask.detect(torch.zeros(3, 2, dtype=torch.long), 3)
+    assert BandMask.detect(window_mask(5, 1).int(), 5) == BandMask((5,), 1, 1)  # int32 ids
+
+
 @pytest.mark.parametrize(
     "args,error,message",
     [

@@ -31,3 +31,14 @@ def test_sequence_batch():
         sequence_batch([2.7], window_mask, p=1)
     with pytest.raises(ValueError, match="lengths must be >= 0"):
         sequence_batch([2, -1], causal_mask)
+
+
+def test_sequence_batch_checks_the_edges_of_every_mask():
+    """A builder's edges must lie in their own sequence: an id past it crossed into the next
+    one (and past the batch's nodes), and float edges were batched as they came."""
+    with pytest.raises(ValueError, match=r"mask of sequence 0 \(length 2\): .*out of range"):
+        sequence_batch([2, 3], lambda n: window_mask(n + 1, 1))
+    with pytest.raises(TypeError, match="mask of sequence 1 .*int64 or int32"):
+        sequence_batch([2, 3], lambda n: window_mask(n, 1).float() if n == 3 else window_mask(n, 1))
+    with pytest.raises(TypeError, match="x must be a tensor"):  # (an AttributeError)
+        sequence_batch([2], window_mask, x=[[1.0], [2.0]], p=1)

@@ -150,6 +150,14 @@ def test_graph_mask():
     assert without.tolist() == [[2, 0, 1], [0, 1, 2]]
 
 
+def test_graph_mask_past_the_int64_sort_key():
+    """Ids beyond ~3.04e9 nodes: ``dst * num_nodes + src`` overflowed int64 and gave
+    ``[[4294967270], [3]]``."""
+    edge_index = torch.tensor([[2**32 - 1, 5, 2**32 - 1], [2**32 - 2, 2**32 - 2, 2**32 - 2]])
+    out = graph_mask(edge_index, 2**32 + 5, self_loops=False)
+    assert out.tolist() == [[5, 2**32 - 1], [2**32 - 2, 2**32 - 2]]
+
+
 @pytest.mark.parametrize("root_value", ["minus_one", "self"])
 def test_sibling_mask(root_value):
     # two trees: 0 -> {1, 2, 3}, 1 -> {4, 5}; 6 -> {7, 8}
@@ -184,6 +192,20 @@ def test_sibling_mask(root_value):
         (lambda: random_mask(4, 30), ValueError, r"num_edges must lie in \[4, 16\]"),
         (lambda: random_mask(4, 2), ValueError, "num_edges must lie in"),
         (lambda: random_mask(4, 6, seed=1.5), TypeError, "seed must be an int, got 1.5"),
+        # (2**64: "Overflow when unpacking long long" from manual_seed)
+        (lambda: random_mask(4, 6, seed=2**64), ValueError, r"seed must be an int in \[0, 2\*\*64"),
+        (lambda: random_mask(4, 6, seed=-1), ValueError, "seed must be an int in"),  # (= 2**64-1)
+        (lambda: random_mask(2**32, 10, self_loops=False), ValueError, "n must be at most"),
+        # flags are bools, not truth values ("False" and "no" are true)
+        (lambda: full_mask(3, self_loops="no"), TypeError, "self_loops must be a bool"),
+        (lambda: cross_mask(2, 2, joint=0), TypeError, "joint must be a bool"),
+        (
+            lambda: global_tokens_mask(window_mask(3, 1), 3, 1, read_only="False"),
+            TypeError,
+            "read_only must be a bool",
+        ),
+        (lambda: graph_mask(window_mask(3, 1), 3, self_loops=None), TypeError, "self_loops"),
+        (lambda: sibling_mask(torch.tensor([-1, 0]), self_loops="no"), TypeError, "self_loops"),
         (lambda: graph_mask(torch.tensor([[0], [5]]), 3), ValueError, "outside"),
         (lambda: graph_mask(torch.tensor([[0.0], [1.0]]), 3), TypeError, "int64 or int32"),
         (lambda: global_tokens_mask(torch.zeros(3, 1).long(), 3, 1), ValueError, r"\[2, E\]"),

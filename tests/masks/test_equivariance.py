@@ -12,6 +12,8 @@ from hiergraph.masks import (
     block_diagonal_mask,
     causal_mask,
     cross_mask,
+    equivariance_error,
+    equivariance_errors,
     full_mask,
     is_automorphism,
     random_mask,
@@ -72,6 +74,22 @@ def test_permutations_are_checked():
     with pytest.raises(ValueError, match=r"permutation of 0 .. 2, got \[2, 1, 0\]"):
         is_automorphism(edge_index, 3, torch.tensor([2, 1, 0], dtype=torch.uint8))  # (a mask)
     assert window_mask(np.int64(3), np.int64(1)).size(1) == 7  # NumPy ints are ints
+
+
+def test_equivariance_checks_its_flag_and_edges():
+    """``relabel_graph="no"`` was true; edges were never checked (float ids were used as they
+    came, an id past the nodes raised an ``IndexError`` when relabelled)."""
+    x, edge_index, perm = torch.randn(3, 2), window_mask(3, 1), torch.tensor([2, 0, 1])
+    layer = lambda x, edge_index: x  # noqa: E731  (equivariant to everything)
+    with pytest.raises(TypeError, match="relabel_graph must be a bool"):
+        equivariance_error(layer, x, edge_index, perm, relabel_graph="no")
+    with pytest.raises(TypeError, match="relabel_graph must be a bool"):
+        equivariance_errors(layer, x, edge_index, perm[None], relabel_graph="no")
+    with pytest.raises(TypeError, match="int64 or int32"):
+        equivariance_errors(layer, x, edge_index.float(), perm[None])
+    with pytest.raises(ValueError, match="out of range"):
+        equivariance_errors(layer, x, torch.tensor([[0, 7], [1, 0]]), perm[None], True)
+    assert equivariance_errors(layer, x, edge_index, perm[None], True).tolist() == [0.0]
 
 
 def test_relabel_convention():
