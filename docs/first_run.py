@@ -128,15 +128,17 @@ def time_ops(length: int, heads: int = 4, dim: int = 64) -> tuple[float, float]:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=400, help="training steps per model")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--train-size", type=int, default=2000)
-    parser.add_argument("--test-size", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=32, help="documents per step")
+    parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
+    parser.add_argument("--train-size", type=int, default=2000, help="training documents")
+    parser.add_argument("--test-size", type=int, default=1000, help="test documents")
     parser.add_argument("--long", type=int, default=16384, help="sequence length of the op timing")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="data and model seed")
     args = parser.parse_args(argv)
     for name in ("steps", "batch_size", "train_size", "test_size", "long", "threads"):
         if getattr(args, name) < 1:

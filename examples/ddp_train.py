@@ -268,8 +268,9 @@ def train_rank(args, ctx) -> dict:
         model.train()
         total = torch.zeros((), dtype=torch.float64, device=ctx.device)
         steps = 0
+        # rank 0's bar, on a terminal only (disable=None: not in a log file)
         bar = tqdm(loader, desc=f"epoch {epoch}", leave=False, mininterval=1.0,
-                   disable=not ctx.is_main)  # fmt: skip
+                   disable=None if ctx.is_main else True)  # fmt: skip
         for batch in bar:
             optimizer.zero_grad()
             loss = loss_fn(model, batch)

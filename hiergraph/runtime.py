@@ -82,9 +82,11 @@ def default_threads(limit: int = 2) -> int:
 
 
 def progress(iterable=None, **kwargs) -> tqdm:
-    """A progress bar on stderr, redrawn at most once a second (``tqdm`` arguments; the
-    caller's ``mininterval`` and ``dynamic_ncols`` win)."""
-    return tqdm(iterable, **{"mininterval": 1.0, "dynamic_ncols": True, **kwargs})
+    """A progress bar on stderr, redrawn at most once a second and shown only when stderr is
+    a terminal (in a log file every redraw would be a line: ``tqdm`` arguments; the caller's
+    ``mininterval``, ``dynamic_ncols`` and ``disable`` win)."""
+    defaults = {"mininterval": 1.0, "dynamic_ncols": True, "disable": None}  # None: TTY only
+    return tqdm(iterable, **{**defaults, **kwargs})
 
 
 def apply_budget(args, quick: dict, paper: dict) -> None:

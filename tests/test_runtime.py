@@ -68,14 +68,23 @@ def test_default_threads_stays_within_the_limit_and_the_idle_cores(monkeypatch):
 
 
 def test_progress_is_a_tqdm_bar_over_the_iterable():
+    import io
+
     from hiergraph.runtime import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
 
     bar = progress(range(3), disable=True)
     assert list(bar) == [0, 1, 2]
-    import io
-
-    own = progress(range(3), mininterval=5, file=io.StringIO())  # (a TypeError: given twice)
+    own = progress(range(3), mininterval=5, file=Terminal())  # (a TypeError: given twice)
     assert own.mininterval == 5 and list(own) == [0, 1, 2]
+    assert "3/3" in own.fp.getvalue()
+    # a log file gets no bar (every redraw was a line there); disable wins on a terminal
+    log = io.StringIO()
+    assert list(progress(range(3), file=log)) == [0, 1, 2] and log.getvalue() == ""
+    assert progress(range(3), file=Terminal(), disable=True).disable
 
 
 def test_apply_budget_fills_only_the_options_left_unset():
