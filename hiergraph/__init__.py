@@ -1,5 +1,27 @@
 r"""hiergraph: attention over hierarchical and relational structure for PyTorch Geometric.
 
+Start here
+----------
+A tree per example is a :class:`~hiergraph.data.SignalHierarchy`; PyG's ``Batch`` batches
+them, and :func:`~hiergraph.ops.hierarchical_attention` (or the layer
+:class:`~hiergraph.nn.HierarchicalSelfAttention`, the encoder
+:class:`~hiergraph.nn.HierarchicalTransformerEncoder`) attends over their leaves::
+
+    import torch
+    from hiergraph.data import from_nested
+    from hiergraph.ops import hierarchical_attention
+
+    doc = from_nested([[0, 1, 2], [3, 4]])           # 5 tokens in 2 groups
+    q = k = v = torch.randn(doc.num_leaves, 4, 16)   # [leaves, heads, d]
+    out = hierarchical_attention(q, k, v, doc)       # [5, 4, 16]
+
+The other methods are layers of :mod:`hiergraph.nn`: cone attention (``ConeConv``,
+``ConeAttention``), masked attention as message passing (``MaskedAttentionConv``, masks from
+:mod:`hiergraph.masks`), H-matrix attention (``HMatrixAttention``, ``HTransformer1D``) and
+VCC (``VCCEncoder``). The README's "First run" (``python docs/first_run.py``) trains HSA and
+flat attention on generated documents in under a minute (once the CPU kernel is built); the
+documentation's guides take each method in turn.
+
 Where things live
 -----------------
 - :mod:`hiergraph.data`: :class:`~hiergraph.data.SignalHierarchy` (a PyG ``Data`` whose

@@ -1,4 +1,19 @@
-"""Neural network modules."""
+"""Neural network modules (``torch.nn.Module`` layers), built on :mod:`hiergraph.ops`.
+
+* HSA over trees: :class:`HierarchicalSelfAttention`, the encoder
+  :class:`HierarchicalTransformerEncoder` (:class:`HTELayer`) and its causal decoder
+  :class:`HTEDecoder` (:class:`HTEDecoderLayer`, KV caches :class:`HierarchicalKVCache`,
+  :class:`FlatKVCache`); over graphs with a community tree: :class:`GraphHSAConv`,
+  :class:`GraphHSANet`; position embeddings :class:`FamilyPositionEncoder`,
+  :class:`LearnableFourierFeatures`; per-node-type projections :class:`TypedLinear`.
+* Cone attention: :class:`ConeConv` (a ``MessagePassing`` layer), :class:`ConeAttention`
+  (a drop-in for ``nn.MultiheadAttention``).
+* Masked attention as message passing: :class:`MaskedAttentionConv`.
+* H-matrix attention: :class:`HMatrixAttention`, the language model :class:`HTransformer1D`.
+* VCC compression for long sequences: :class:`VCCEncoder`.
+* Pooling over trees: :func:`global_leaf_mean_pool`, :func:`select_leaf`,
+  :func:`coarsen_leaves`, :func:`leaf_batch`.
+"""
 
 from hiergraph.nn.cone_attention import ConeAttention
 from hiergraph.nn.cone_conv import ConeConv

@@ -44,11 +44,11 @@ siblings, per level) run on it. Everything else, and everything under
 ``torch.compile``, takes the other paths.
 
 The kernel is compiled with :func:`torch.utils.cpp_extension.load` (a C++ compiler with
-OpenMP and ``ninja`` are needed) the first time an eligible call runs: about a minute once,
-then loaded from PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``). :func:`build` compiles
-it ahead of time. Where the build fails, a warning says why and the other paths run. Set
-the environment variable ``HIERGRAPH_NATIVE=0`` (or call :func:`set_enabled`) to turn it
-off.
+OpenMP and ``ninja`` are needed) the first time an eligible call runs: 1-3 minutes once
+(157 CPU s on one 2-core machine), then loaded from PyTorch's extension cache
+(``TORCH_EXTENSIONS_DIR``). :func:`build` compiles it ahead of time. Where the build fails,
+a warning says why and the other paths run. Set the environment variable
+``HIERGRAPH_NATIVE=0`` (or call :func:`set_enabled`) to turn it off.
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ def build() -> ModuleType:
     name, cflags, ldflags = build_flags()
     if not any(Path(_get_build_directory(name, verbose=False)).glob("*.so")):
         print(
-            "hiergraph: compiling its HSA kernels (once per install and machine, about a minute)",
+            "hiergraph: compiling its HSA kernels (once per install and machine, 1-3 minutes; "
+            "HIERGRAPH_NATIVE=0 skips it)",
             file=sys.stderr,
             flush=True,
         )
