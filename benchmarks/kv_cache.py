@@ -7,7 +7,7 @@
 One attention layer (4 heads of 32 channels, float32, one CPU thread) decodes
 one sequence of ``64K + 768`` tokens. The hierarchy is a 16-ary window tree
 deep enough for the whole sequence (``window_hierarchy(n, (16,) * 4)``), grown
-token by token with :func:`~hiergraph.nn.kv_cache.append_schedule`; its prefix
+token by token with :func:`~hiergraph.nn.append_schedule`; its prefix
 at ``N`` tokens is the tree a decoder holds at context ``N``. After the cache
 holds ``N`` tokens (``N = 1K, 2K, …, 64K``), the next 256 tokens are timed one
 by one, interleaving the three caches token by token:
@@ -64,7 +64,7 @@ import timing
 import torch
 
 from hiergraph.data import window_hierarchy
-from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_schedule
+from hiergraph.nn import FlatKVCache, HierarchicalKVCache, append_schedule
 from hiergraph.ops.hsa import native
 
 HEADS, DIM, BRANCH, WINDOW = 4, 32, 16, 256

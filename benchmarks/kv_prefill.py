@@ -41,8 +41,7 @@ import torch.nn.functional as F
 from hsa_short import bar_plot, on_torch_ops
 
 from hiergraph.data import window_hierarchy
-from hiergraph.nn import from_schedule
-from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, append_schedule
+from hiergraph.nn import FlatKVCache, HierarchicalKVCache, append_schedule, from_schedule
 
 HEADS, DIM, BRANCHING = 4, 32, (16,) * 4
 PROMPTS, QUICK_PROMPTS = (256, 1024, 4096), (64, 128)

@@ -24,7 +24,7 @@ import torch
 
 from hiergraph import nn as hnn
 from hiergraph.data import window_hierarchy
-from hiergraph.nn.kv_cache import HierarchicalKVCache, append_schedule
+from hiergraph.nn import HierarchicalKVCache, append_schedule
 from hiergraph.ops import (
     banded_attention,
     causal_hierarchical_attention,

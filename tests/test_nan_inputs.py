@@ -5,7 +5,7 @@ The cases are those of :mod:`tests.test_host_sync` (every op and layer, prepared
 training loop prepares them); one NaN goes into the first entry of the first input that is
 not a parameter. Which outputs must turn NaN (those that depend on the entry) is checked
 per kernel against the PyTorch operations in ``tests/ops/hsa/test_native*.py`` and
-``tests/nn/test_kv_cache.py``.
+``tests/nn/test_hierarchical_kv_cache.py``.
 """
 
 from __future__ import annotations

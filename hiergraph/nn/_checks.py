@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from numbers import Real
+
+import torch
 from torch import Tensor
 
 from hiergraph._checks import check_int, check_probability  # noqa: F401 (the layers import them here)
@@ -60,3 +64,39 @@ def node_pair(x) -> tuple[Tensor, Tensor]:
             f"x_src and x_dst must both be tensors (the queries come from x_dst), got {names}"
         )
     return x[0], x[1]
+
+
+def check_cache_arguments(heads, dim, dim_v, scale, dtype) -> None:
+    """Raise unless a KV cache's ``heads``, ``dim`` and optional ``dim_v`` are positive ints,
+    its optional ``scale`` a finite number and its ``dtype`` a floating-point one."""
+    check_int(heads, "heads")
+    check_int(dim, "dim")
+    check_int(dim_v, "dim_v", optional=True)
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, Real)):
+        raise TypeError(f"scale must be a finite number (or None), got {scale!r}")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number (or None), got {scale!r}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
+
+
+def check_cache_inputs(
+    cache, lead: tuple[int, ...], q: Tensor | None, k: Tensor, v: Tensor
+) -> None:
+    """Raise a ``TypeError`` unless the inputs ``q, k, v`` of a KV cache are floating-point
+    tensors, and a ``ValueError`` unless ``q, k`` are ``[*lead, heads, dim]`` and ``v`` is
+    ``[*lead, heads, dim_v]`` for the ``heads, dim, dim_v`` of ``cache``; ``lead`` is ``()``
+    (one token) or ``(T,)`` (a prompt), and ``q`` may be ``None``."""
+    token = [f"T={t}" for t in lead]
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x is not None and not (isinstance(x, Tensor) and x.is_floating_point()):
+            got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+            raise TypeError(f"{name} must be a floating-point tensor, got {got}")
+    for name, x, (last, size) in (
+        ("q", q, ("dim", cache.dim)),
+        ("k", k, ("dim", cache.dim)),
+        ("v", v, ("dim_v", cache.dim_v)),
+    ):
+        if x is not None and x.shape != (*lead, cache.heads, size):
+            want = ", ".join([*token, f"heads={cache.heads}", f"{last}={size}"])
+            raise ValueError(f"{name} must be [{want}], got {tuple(x.shape)}")

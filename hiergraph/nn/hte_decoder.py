@@ -23,7 +23,9 @@ from hiergraph._checks import check_ids
 from hiergraph._deprecation import renamed_arguments
 from hiergraph._device import host_tensor
 from hiergraph.nn._checks import check_int, check_probability
-from hiergraph.nn.kv_cache import FlatKVCache, HierarchicalKVCache, check_one_tree
+from hiergraph.nn.flat_kv_cache import FlatKVCache
+from hiergraph.nn.hierarchical_kv_cache import HierarchicalKVCache
+from hiergraph.nn.kv_schedule import check_one_tree
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.plan import CausalPlan
 

@@ -8,8 +8,7 @@ import torch
 from torch_geometric.data import Batch
 
 from hiergraph.data import SignalHierarchy, from_nested, window_hierarchy
-from hiergraph.nn import HTEDecoder, from_schedule
-from hiergraph.nn.kv_cache import append_schedule
+from hiergraph.nn import HTEDecoder, append_schedule, from_schedule
 from tests.conftest import relative_error, rounding_error
 
 

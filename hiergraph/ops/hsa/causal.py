@@ -6,7 +6,7 @@ sequences: the statistics of an ancestor (its mean query and its energy
 :math:`\varphi`) include the leaves to the right of a token, so future tokens
 change earlier rows. Here every row is computed from
 the statistics of the *prefix* it may see, exactly what an incremental decoder
-with a hierarchical cache computes (App. G.2, :mod:`hiergraph.nn.kv_cache`).
+with a hierarchical cache computes (App. G.2, :mod:`hiergraph.nn.hierarchical_kv_cache`).
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def test_statistics_pass_gives_the_output_and_node_sums(statistics_path):
     """``causal_statistics`` (what a cache's prefill reads): the op's output, every node's
     sums of ``q, k, v`` over its leaves, and finite energies (a root's 0). That the energies
     are those of incremental decoding is checked through the cache
-    (``tests/nn/test_kv_cache.py``)."""
+    (``tests/nn/test_hierarchical_kv_cache.py``)."""
     rng = random.Random(5)
     for seed in range(4):
         h = from_nested(ordered_spec(rng, rng.randint(2, 20)))

@@ -1,4 +1,4 @@
-r"""Key–value caches for autoregressive decoding: hierarchical (HSA, App. G.2) and flat.
+r"""The hierarchical key–value cache: strictly causal HSA decoded token by token (App. G.2).
 
 :class:`HierarchicalKVCache` keeps the *right-skewed* sub-tree of a growing
 signal hierarchy: the open ancestors of the latest token (the root path) and,
@@ -9,7 +9,7 @@ the current family or first closes families and then opens new ones
 attends, at every open level, to at most ``b`` closed siblings (one batched
 attention for all levels, then two small ops per level for the energies), so
 its cost and the cache size are :math:`O(b \log_b N)` for ``N`` tokens, against
-:math:`O(N)` for :class:`FlatKVCache`. The outputs equal the strictly causal
+:math:`O(N)` for :class:`~hiergraph.nn.FlatKVCache`. The outputs equal the strictly causal
 full pass :func:`~hiergraph.ops.hsa.causal.causal_hierarchical_attention`
 token by token; :meth:`HierarchicalKVCache.prefill` starts a cache with a whole prompt from
 one such pass.
@@ -18,119 +18,18 @@ one such pass.
 from __future__ import annotations
 
 import math
-from numbers import Real
 
 import torch
 from torch import Tensor
 
 from hiergraph._autograd import records_grad
-from hiergraph._checks import holds_integers
 from hiergraph._device import host_tensor
 from hiergraph._precision import accumulation_dtype
-from hiergraph.data.signal_hierarchy import SignalHierarchy
-from hiergraph.nn._checks import check_int
+from hiergraph.nn._checks import check_cache_arguments, check_cache_inputs, check_int
+from hiergraph.nn.kv_schedule import check_one_tree
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_statistics
 from hiergraph.plan import CausalPlan
-
-
-def append_schedule(hierarchy) -> Tensor:
-    r"""The ``(close, open)`` arguments that grow ``hierarchy`` leaf by leaf in a cache.
-
-    For leaves :math:`i-1, i` of depths :math:`m_{i-1}, m_i` whose lowest
-    common ancestor has depth :math:`t`: ``close`` :math:`= m_{i-1}-1-t` open
-    internal nodes are completed and ``open`` :math:`= m_i-1-t` new internal
-    nodes are started (the first leaf opens :math:`m_0-1` nodes below the root).
-
-    Args:
-        hierarchy: one :class:`~hiergraph.data.SignalHierarchy` (leaves in
-            depth-first order, every leaf below the root), or its
-            :class:`~hiergraph.plan.CausalPlan`.
-
-    Returns:
-        ``[L, 2]`` long tensor of ``(close, open)`` per leaf.
-    """
-    plan = CausalPlan.of(hierarchy)
-    check_one_tree(plan)
-    depth, anc = plan.leaf_depth, plan.ancestors
-    same = (anc[1:] == anc[:-1]) & (anc[1:] >= 0)
-    lca = torch.cumprod(same.long(), 1).sum(1) - 1
-    close = torch.cat([depth.new_zeros(1), depth[:-1] - 1 - lca])
-    open_ = torch.cat([depth[:1] - 1, depth[1:] - 1 - lca])
-    return torch.stack([close, open_], 1)
-
-
-def from_schedule(schedule) -> SignalHierarchy:
-    """The tree that a sequence of ``(close, open)`` appends builds (inverse of
-    :func:`append_schedule`); leaves in append order.
-
-    Args:
-        schedule: ``[L, 2]`` integer tensor or list of ``(close, open)`` pairs, ``L >= 1``.
-    """
-    events = torch.as_tensor(schedule)
-    if events.dim() != 2 or events.size(1) != 2 or not events.numel():
-        raise ValueError(
-            f"schedule must be [L, 2] (close, open) pairs, L >= 1, got shape {tuple(events.shape)}"
-        )  # (a [] schedule made a tree of one leaf, 1-D ones failed to unpack)
-    if not holds_integers(events):
-        raise TypeError(f"schedule must hold integers, got {events.dtype}")
-    parent, slot, num_children, stack = [-1], [0], [0], [0]
-    for i, (close, open_) in enumerate(events.tolist()):
-        if close < 0 or open_ < 0 or (i == 0 and close) or close > len(stack) - 1:
-            raise ValueError(f"invalid (close, open) = ({close}, {open_}) at token {i}")
-        if i:
-            del stack[len(stack) - close :]
-        for _ in range(open_ + 1):
-            node = len(parent)
-            parent.append(stack[-1])
-            slot.append(num_children[stack[-1]])
-            num_children[stack[-1]] += 1
-            num_children.append(0)
-            stack.append(node)
-        stack.pop()  # the leaf is never open
-    return SignalHierarchy.from_parent(torch.tensor(parent), slot=torch.tensor(slot))
-
-
-def check_one_tree(plan: CausalPlan) -> None:
-    """Raise a ``ValueError`` unless ``plan`` is one tree with every leaf below its root: what
-    a cache decodes (:func:`append_schedule`, :meth:`HierarchicalKVCache.prefill`)."""
-    if plan.num_leaves and int(plan.leaf_depth.min()) < 1:
-        raise ValueError("a cache needs every leaf below a root; a one-leaf tree has none")
-    if plan.num_leaves and bool((plan.ancestors[:, 0] != plan.ancestors[0, 0]).any()):
-        raise ValueError("a cache decodes one tree; decode the trees of a batch separately")
-
-
-def _check_arguments(heads, dim, dim_v, scale, dtype) -> None:
-    """Raise unless a cache's ``heads``, ``dim`` and optional ``dim_v`` are positive ints,
-    its optional ``scale`` a finite number and its ``dtype`` a floating-point one."""
-    check_int(heads, "heads")
-    check_int(dim, "dim")
-    check_int(dim_v, "dim_v", optional=True)
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, Real)):
-        raise TypeError(f"scale must be a finite number (or None), got {scale!r}")
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number (or None), got {scale!r}")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
-
-
-def _check_shapes(cache, lead: tuple[int, ...], q: Tensor | None, k: Tensor, v: Tensor) -> None:
-    """Raise a ``ValueError`` unless ``q, k`` are ``[*lead, heads, dim]`` and ``v`` is
-    ``[*lead, heads, dim_v]`` for the ``heads, dim, dim_v`` of ``cache``; ``lead`` is ``()``
-    or ``(T,)``, and ``q`` may be ``None``."""
-    token = [f"T={t}" for t in lead]
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x is not None and not (isinstance(x, Tensor) and x.is_floating_point()):
-            got = x.dtype if isinstance(x, Tensor) else type(x).__name__
-            raise TypeError(f"{name} must be a floating-point tensor, got {got}")
-    for name, x, (last, size) in (
-        ("q", q, ("dim", cache.dim)),
-        ("k", k, ("dim", cache.dim)),
-        ("v", v, ("dim_v", cache.dim_v)),
-    ):
-        if x is not None and x.shape != (*lead, cache.heads, size):
-            want = ", ".join([*token, f"heads={cache.heads}", f"{last}={size}"])
-            raise ValueError(f"{name} must be [{want}], got {tuple(x.shape)}")
 
 
 class HierarchicalKVCache:
@@ -203,7 +102,7 @@ class HierarchicalKVCache:
         dtype: torch.dtype = torch.float32,
         device=None,
     ):
-        _check_arguments(heads, dim, dim_v, scale, dtype)
+        check_cache_arguments(heads, dim, dim_v, scale, dtype)
         check_int(pos_dim, "pos_dim", minimum=0)
         self.heads, self.dim, self.dim_v = heads, dim, dim if dim_v is None else dim_v
         self.pos_dim = pos_dim
@@ -274,6 +173,8 @@ class HierarchicalKVCache:
         self._by_slot: dict[tuple[int, int], tuple] = {}
 
     def _depth_views(self, m: int) -> tuple:
+        """The views of the store that a step whose leaf is at depth ``m`` reads and writes,
+        in the order :meth:`_step` unpacks them (made once per depth)."""
         views = self._by_depth.get(m)
         if views is None:
             h, d, levels, weight = self.heads, self.dim, self._keys.size(0), self._weight[:m]
@@ -310,6 +211,9 @@ class HierarchicalKVCache:
         return views
 
     def _width_views(self, m: int, width: int) -> tuple:
+        """The first ``width`` closed-child slots of ``m`` open nodes as batched keys and
+        values ``[m * H, width, ·]``, and the buffers of their attention, in the order
+        :meth:`_step` unpacks them (made once per ``(m, width)``)."""
         views = self._by_width.get((m, width))
         if views is None:
             if len(self._by_width) >= 256:  # a wide root: do not keep one per width
@@ -335,6 +239,9 @@ class HierarchicalKVCache:
         return views
 
     def _slot_views(self, j: int, slot: int) -> tuple:
+        """The parts of closed-child ``slot`` of open node ``j``, each ``[H, ·]``: the key's
+        ``ρ_k``, ``ε``, ``log n``, ``n`` and ``[log n, n]``, the value ``[ρ_v, 1]`` and its
+        ``ρ_v`` (made once per slot)."""
         views = self._by_slot.get((j, slot))
         if views is None:
             if len(self._by_slot) >= 256:
@@ -474,7 +381,7 @@ class HierarchicalKVCache:
         if shapes or not (
             q.is_floating_point() and k.is_floating_point() and v.is_floating_point()
         ):
-            _check_shapes(self, (), q, k, v)
+            check_cache_inputs(self, (), q, k, v)
         self._check_pos_emb(pos_emb, open + 1, "open + 1")
 
     def _check_pos_emb(self, pos_emb: Tensor | None, rows: int, what: str) -> None:
@@ -614,7 +521,7 @@ class HierarchicalKVCache:
         plan = CausalPlan.of(hierarchy)
         check_one_tree(plan)
         size = plan.num_leaves
-        _check_shapes(self, (size,), q, k, v)
+        check_cache_inputs(self, (size,), q, k, v)
         self._check_pos_emb(pos_emb, plan.num_nodes, "num_nodes")
         device, work = self._keys.device, self._keys.dtype
         if plan.tree_index.device != device:  # (a copy: its cached views are built again)
@@ -679,81 +586,3 @@ class HierarchicalKVCache:
         path = self._query.size(-1) + self._prefix.size(-1) + 2
         live = sum(map(len, self._child_n)) * child + self.depth * path
         return live * self.heads * self._keys.element_size()
-
-
-class FlatKVCache:
-    r"""A standard key–value cache: causal softmax attention over all previous tokens.
-
-    :math:`\mathrm{out}_i = \sum_{j \le i} \mathrm{softmax}_j(\tau q_i^\top k_j)\,v_j`
-    with :math:`O(N)` time per token and :math:`O(N)` memory.
-
-    Args:
-        heads, dim, dim_v, scale, dtype, device: as in :class:`HierarchicalKVCache`.
-        capacity: initial number of token slots (doubled when full).
-    """
-
-    def __init__(
-        self,
-        heads: int,
-        dim: int,
-        dim_v: int | None = None,
-        scale: float | None = None,
-        dtype: torch.dtype = torch.float32,
-        device=None,
-        capacity: int = 1024,
-    ):
-        _check_arguments(heads, dim, dim_v, scale, dtype)
-        check_int(capacity, "capacity", minimum=0)
-        dim_v = dim if dim_v is None else dim_v
-        self.heads, self.dim, self.dim_v = heads, dim, dim_v
-        self.tau = dim**-0.5 if scale is None else scale
-        self.keys = torch.empty((heads, capacity, dim), dtype=dtype, device=device)
-        self.values = torch.empty((heads, capacity, dim_v), dtype=dtype, device=device)
-        self.num_tokens = 0
-
-    def extend(self, k: Tensor, v: Tensor) -> None:
-        """Store the keys ``[T, H, d]`` and values ``[T, H, d_v]`` of ``T`` tokens (a prompt).
-
-        Raises:
-            ValueError: if the shapes do not match the cache's ``heads, dim, dim_v``.
-        """
-        _check_shapes(self, k.shape[:1], None, k, v)
-        self._store(k, v)
-
-    def _store(self, k: Tensor, v: Tensor) -> None:
-        """:meth:`extend` without its check."""
-        n, t = self.num_tokens, k.size(0)
-        if n + t > self.keys.size(1):  # at least double: amortised O(1) per token
-            size = max(2 * self.keys.size(1), n + t)
-            self.keys, self.values = _grown(self.keys, size), _grown(self.values, size)
-        self.keys[:, n : n + t] = k.transpose(0, 1)
-        self.values[:, n : n + t] = v.transpose(0, 1)
-        self.num_tokens = n + t
-
-    def append(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """``q, k: [H, d]``, ``v: [H, d_v]`` → ``[H, d_v]``.
-
-        Raises:
-            ValueError: if the shapes do not match the cache's ``heads, dim, dim_v``.
-        """
-        _check_shapes(self, (), q, k, v)
-        self._store(k[None], v[None])  # (cast to the cache's dtype as they are stored)
-        n = self.num_tokens - 1
-        keys, values = self.keys[:, : n + 1], self.values[:, : n + 1]
-        # in float32 for bf16/fp16 caches (their logits overflow fp16 from 65,504 on)
-        work = accumulation_dtype(keys.dtype)
-        logits = torch.einsum("hd,hnd->hn", q.to(work), keys.to(work))
-        weights = torch.softmax(self.tau * logits, -1)
-        return torch.einsum("hn,hnd->hd", weights, values.to(work)).to(keys.dtype)
-
-    def nbytes(self) -> int:
-        """Bytes of the cached keys and values (the used part)."""
-        per_token = self.keys[:, 0].numel() + self.values[:, 0].numel()
-        return self.num_tokens * per_token * self.keys.element_size()
-
-
-def _grown(buffer: Tensor, size: int) -> Tensor:
-    """``buffer`` ``[H, S, c]`` with its token axis grown to ``size`` slots (new slots unset)."""
-    out = buffer.new_empty(buffer.size(0), size, buffer.size(2))
-    out[:, : buffer.size(1)] = buffer
-    return out

@@ -8,12 +8,9 @@ import torch
 from torch_geometric.data import Batch
 
 from hiergraph.data import SignalHierarchy, from_nested, window_hierarchy
-from hiergraph.nn.kv_cache import (
-    FlatKVCache,
-    HierarchicalKVCache,
-    append_schedule,
-    from_schedule,
-)
+from hiergraph.nn.flat_kv_cache import FlatKVCache
+from hiergraph.nn.hierarchical_kv_cache import HierarchicalKVCache
+from hiergraph.nn.kv_schedule import append_schedule
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
 from hiergraph.plan import CausalPlan
@@ -152,7 +149,6 @@ def test_incremental_equals_full_pass_on_deep_and_wide_trees(
     assert grew >= ({"levels", "capacity"} if grows == "both" else {grows}), grew
 
 
-#: Trees whose appends close and open families in every pattern.
 PATTERNS = pytest.mark.parametrize(
     "spec",
     [
@@ -324,19 +320,6 @@ def test_half_precision_caches_keep_their_sums_in_float32(dtype, step):
     assert out.dtype == dtype
 
 
-@pytest.mark.parametrize("cache_dtype, input_dtype", [(torch.float32, torch.float64),
-                                                       (torch.float64, torch.float32)])  # fmt: skip
-def test_the_flat_cache_casts_its_inputs_too(cache_dtype, input_dtype):
-    """As the hierarchical cache (a float64 query met float32 keys in one product)."""
-    q, k, v = (t.to(input_dtype) for t in random_qkv(5, seed=4))
-    cache = FlatKVCache(2, 4, 3, dtype=cache_dtype)
-    out = torch.stack([cache.append(q[i], k[i], v[i]) for i in range(5)])
-    assert out.dtype == cache_dtype
-    ref = FlatKVCache(2, 4, 3, dtype=torch.float64)
-    expected = torch.stack([ref.append(*(t[i].double() for t in (q, k, v))) for i in range(5)])
-    torch.testing.assert_close(out.double(), expected, atol=1e-6, rtol=0)
-
-
 def test_append_runs_without_autograd():
     """Inputs that require grad (a decoder's projections outside no_grad) decode the same,
     and the outputs carry no graph: the cache writes into preallocated buffers."""
@@ -420,28 +403,6 @@ def test_long_window_sequence_and_bounded_cache():
     assert cache.nbytes() * 5 < flat.nbytes()
 
 
-def test_append_schedule_of_a_small_tree():
-    h = from_nested([[0, 1], [[2], 3], 4])
-    assert append_schedule(h).tolist() == [[0, 1], [0, 0], [1, 2], [1, 0], [1, 0]]
-    with pytest.raises(ValueError, match="one tree"):
-        from torch_geometric.data import Batch
-
-        append_schedule(Batch.from_data_list([h, h]))
-
-
-@pytest.mark.parametrize("capacity", [0, 1, 8])
-def test_flat_cache_is_causal_softmax(capacity):
-    q, k, v = (t.float() for t in random_qkv(50, heads=3, dim=4, dv=5, seed=3))
-    cache = FlatKVCache(3, 4, 5, capacity=capacity)
-    cache.extend(k[:20], v[:20])  # a prompt longer than the initial capacity, then decoding
-    out = torch.stack([cache.append(q[i], k[i], v[i]) for i in range(20, 50)])
-    logits = torch.einsum("ihd,jhd->hij", q, k) / 2.0
-    logits = logits.masked_fill(~torch.ones(50, 50, dtype=torch.bool).tril(), float("-inf"))
-    ref = torch.einsum("hij,jhd->ihd", logits.softmax(-1), v)
-    assert (out - ref[20:]).abs().max() <= 1e-6
-    assert cache.nbytes() == 50 * 3 * 9 * 4
-
-
 def test_bad_events_and_shapes():
     cache = HierarchicalKVCache(2, 4)
     q = torch.randn(2, 4)
@@ -455,11 +416,6 @@ def test_bad_events_and_shapes():
     for bad in (1.5, True):  # (a slicing error; True was 1)
         with pytest.raises(TypeError, match="close must be an int >= 0"):
             cache.append(q, q, q, close=bad)
-    for make in (HierarchicalKVCache, FlatKVCache):  # (cast silently, imaginary parts lost)
-        with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
-            make(2, 4, dtype=torch.complex64)
-        with pytest.raises(TypeError, match="k must be a floating-point tensor, got torch.int64"):
-            make(2, 4).append(torch.ones(2, 4), torch.ones(2, 4, dtype=torch.long), q)
     with pytest.raises(ValueError, match=r"\[heads=2, dim=4\]"):
         cache.append(q[:1], q[:1], q[:1])
     with pytest.raises(ValueError, match="pos_emb"):
@@ -474,81 +430,6 @@ def test_any_scale_decodes_like_the_full_pass(scale):
     full = causal_hierarchical_attention(q, k, v, h, scale=scale)
     inc, _ = decode(h, q, k, v, scale=scale)
     torch.testing.assert_close(inc, full, atol=1e-12, rtol=0)
-
-
-@pytest.mark.parametrize("cache", [HierarchicalKVCache, FlatKVCache])
-def test_bad_sizes(cache):
-    for sizes, name in (((0, 4), "heads"), ((2, 0), "dim"), ((2, 4, 0), "dim_v")):
-        with pytest.raises(ValueError, match=f"{name} must be a positive int"):
-            cache(*sizes)
-    with pytest.raises(TypeError, match="heads must be a positive int, got 2.0"):
-        cache(2.0, 4)
-
-
-@pytest.mark.parametrize("cache", [HierarchicalKVCache, FlatKVCache])
-@pytest.mark.parametrize(
-    "scale, error", [(float("nan"), ValueError), (float("inf"), ValueError), ("0.5", TypeError),
-                     (True, TypeError)]
-)  # fmt: skip
-def test_bad_scales(cache, scale, error):
-    with pytest.raises(error, match="scale must be a finite number"):
-        cache(2, 4, scale=scale)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_flat_cache_computes_in_float32(dtype):
-    """Logits beyond float16's 65,504 (here up to ~3e5) stay finite: the products and the
-    softmax run in float32, the output is rounded once."""
-    q, k, v = (t.to(dtype) for t in random_qkv(16, seed=1))
-    q, k = q * 200, k * 200
-    cache = FlatKVCache(2, 4, 3, dtype=dtype)
-    out = torch.stack([cache.append(q[i], k[i], v[i]) for i in range(16)])
-    assert out.dtype == dtype
-    ref = FlatKVCache(2, 4, 3, dtype=torch.float32)
-    expected = torch.stack([ref.append(*(t[i].float() for t in (q, k, v))) for i in range(16)])
-    torch.testing.assert_close(out.float(), expected.to(dtype).float(), atol=0, rtol=0)
-
-
-def test_flat_cache_bad_shapes():
-    cache = FlatKVCache(heads=4, dim=8, dim_v=6)
-    q, k, v = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 6)
-    with pytest.raises(ValueError, match=r"\[heads=4, dim=8\].*\(1, 8\)"):
-        cache.append(q, k[:1], v)  # one head for an H=4 cache: no silent broadcast
-    with pytest.raises(ValueError, match=r"\[heads=4, dim=8\]"):
-        cache.append(q[:, :4], k, v)
-    with pytest.raises(ValueError, match=r"v must be \[heads=4, dim_v=6\]"):
-        cache.append(q, k, v[:1])
-    with pytest.raises(ValueError, match=r"k must be \[T=3, heads=4, dim=8\]"):
-        cache.extend(torch.randn(3, 1, 8), torch.randn(3, 4, 6))
-    with pytest.raises(ValueError, match=r"v must be \[T=3, heads=4, dim_v=6\]"):
-        cache.extend(torch.randn(3, 4, 8), torch.randn(2, 4, 6))
-    assert cache.num_tokens == 0  # nothing was stored by the failed calls
-    cache.append(q, k, v)
-    assert cache.num_tokens == 1
-
-
-def test_schedule_round_trip():
-
-    rng = random.Random(5)
-    for _ in range(10):
-        spec = ordered_spec(rng, rng.randint(2, 20))
-        if isinstance(spec, int):
-            continue
-        h = from_nested(spec)
-        g = from_schedule(append_schedule(h))
-        assert torch.equal(g.parent, h.parent) and torch.equal(g.slot, h.slot)
-
-
-def test_schedules_that_are_no_pairs_are_refused():
-    """(``[]`` made a tree of one leaf for no token; 1-D and 3-column schedules failed to
-    unpack; float ones were truncated.)"""
-    for schedule in ([], [0, 1], [[0, 1, 0]], torch.zeros(0, 2)):
-        with pytest.raises(ValueError, match=r"schedule must be \[L, 2\] \(close, open\) pairs"):
-            from_schedule(schedule)
-    with pytest.raises(TypeError, match="schedule must hold integers"):
-        from_schedule([[0, 1.5]])
-    with pytest.raises(ValueError, match=r"invalid \(close, open\) = \(1, 0\) at token 0"):
-        from_schedule([[1, 0]])
 
 
 def test_the_kernel_step_checks_its_inputs():
