@@ -44,10 +44,11 @@ forward and backward pass at ``D = 0`` (``q == k``, self loops), at heights next
 to the light source, and for large inputs, up to where intermediate values overflow
 the dtype. Penumbral heights saturate at a horizontal distance ``D`` of
 ``sqrt(finfo.max)`` (about ``1.8e19`` in float32, where a norm of coordinates overflows
-too), so scores and gradients stay finite for float32 inputs up to about ``1e38`` (a pair
-that far gets a weight of 0 beside any nearer one); umbral scores that pass float32's
-range round to ``-inf`` (a weight of 0; with the default map, from inputs of about
-``1e11`` on), and are NaN from inputs of about ``1e30``. Float64 goes far beyond either.
+too), so scores and gradients stay finite for float32 inputs up to about ``1e38`` (such a
+pair gets a weight of 0 beside any ordinary one; saturated pairs tie); umbral scores that
+pass float32's range round to ``-inf`` (a weight of 0; with the default map, from inputs of
+about ``1e11`` on), and are NaN from inputs of about ``1e30``. Float64 goes far beyond
+either.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ def _penumbral_h2(
     h2_in = torch.maximum(top, third)
     # beyond sqrt(max), H^2 ~ D^2 / 4 would overflow: D saturates (H flat there, slope 0)
     far = math.sqrt(torch.finfo(dist.dtype).max)
-    d_out = torch.maximum(dist, span).clamp_max_(far)
+    d_out = torch.clamp(dist, span, dist.new_full((), far))  # (one pass, as maximum alone)
     centre = ((a2 - b2) / d_out).add_(d_out).mul_(0.5)  # geodesic centre offset from v
     h2_out = torch.addcmul(b2, centre, centre)
     outside = _step(dist - span)
@@ -207,7 +208,7 @@ def _penumbral_h2(
     two_c = (centre / d_out).mul_(2)
     rest = 2 - two_c
     partials = (
-        half_gap.lerp_(centre.mul_(rest).mul_(_step(far - dist)), outside),
+        half_gap.lerp_(torch.where(dist < far, centre.mul_(rest), 0.0), outside),
         du.lerp_(two_c.mul_(y_u), outside),
         dv.lerp_(rest.mul_(y_v), outside),
     )
@@ -313,7 +314,9 @@ def penumbral_lca_height(
         \end{cases}
 
     ``D < s_u + s_v`` is the symmetric form of the paper's eq. 23 (the main
-    text's eq. 7 drops a clause). Both branches equal ``r`` on the boundary.
+    text's eq. 7 drops a clause). Both branches equal ``r`` on the boundary. ``D`` saturates
+    at ``sqrt(finfo.max)`` (about ``1.8e19`` in float32), where :math:`H^2` would overflow:
+    beyond it the height is constant and its slope in ``D`` is 0.
     :math:`s` is floored at float eps (with zero gradient there), so heights at
     the light source stay finite. Differentiable once (hand-written backward;
     ties in a max split the gradient evenly, as ``torch.maximum`` does).

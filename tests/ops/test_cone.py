@@ -573,6 +573,18 @@ def test_penumbral_heights_saturate_where_their_square_would_overflow():
             assert torch.isfinite(dense).all() and weight[0, 2] == 0
             (grad,) = torch.autograd.grad(weight[0, 1] + edge.sum(), x)
             assert torch.isfinite(grad).all()
+    # the hand-written partials are those of the saturated height, on both sides of it
+    far = torch.finfo(torch.float64).max ** 0.5
+    y_u, y_v = (torch.tensor([h], dtype=torch.float64, requires_grad=True) for h in (0.3, 0.6))
+    for squared in (False, True):
+        power = 2 if squared else 1
+        for t in (0.5, 0.999, 1.001, 2.0):
+            at = torch.tensor([t], dtype=torch.float64, requires_grad=True)
+
+            def height(at, y_u, y_v, squared=squared, power=power):
+                return penumbral_lca_height(at * far, y_u, y_v, squared=squared) / far**power
+
+            assert torch.autograd.gradcheck(height, (at, y_u, y_v))
 
 
 def test_umbral_radius_whose_slope_overflows_is_refused():
