@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hiergraph._checks import as_int
+from hiergraph._checks import as_int, check_bool
 from hiergraph.ops.edge_index import check_edge_index
 from hiergraph.ops.masked.banded import band_predicate, clamped_band, segment_ids
 
@@ -106,7 +106,9 @@ class BandMask:
         return torch.stack([src[keep], dst[keep]])
 
     @classmethod
-    def detect(cls, edge_index: Tensor, num_nodes: int) -> BandMask | None:
+    def detect(
+        cls, edge_index: Tensor, num_nodes: int, *, check_range: bool = True
+    ) -> BandMask | None:
         """The band whose edge set equals ``edge_index``'s, or ``None``.
 
         Exact: all edges must satisfy the band's predicate, be distinct, and be
@@ -115,13 +117,18 @@ class BandMask:
         a dilated band is recognised on a single segment. Costs :math:`O(E)`
         (plus a sort when the edges are not sorted by target, then source).
 
+        ``check_range=False`` skips the check of the ids against ``num_nodes``, for a caller
+        that has checked them (or was told not to): ids out of range then give no defined
+        result.
+
         Raises:
             TypeError, ValueError: ``edge_index`` is no edge list over ``num_nodes`` nodes
                 (:func:`~hiergraph.ops.edge_index.check_edge_index`: an int64 or int32
                 tensor ``[2, E]``, ids in ``[0, num_nodes)``).
         """
         num_nodes = as_int(num_nodes, "num_nodes")
-        check_edge_index(edge_index, num_nodes)
+        check_bool(check_range, "check_range")
+        check_edge_index(edge_index, num_nodes, check_range=bool(check_range))
         if edge_index.size(1) == 0:
             return None
         src, dst = edge_index.long()  # int32 ids: the key below is int64

@@ -273,7 +273,10 @@ class MaskedAttentionConv(MessagePassing):
             and not return_attention_weights
         )
         if fast and band is None:  # before the projections: its O(E) temporaries die first
-            band = structures.get("band", lambda: BandMask.detect(edge_index, size[1]))
+            # the ids were checked above, as self.validate asks (not a second time here)
+            band = structures.get(
+                "band", lambda: BandMask.detect(edge_index, size[1], check_range=False)
+            )
         query = self.lin_query(x_dst).view(-1, H, C)
         key = self.lin_key(x_src).view(-1, H, C)
         value = self.lin_value(x_src).view(-1, H, C)

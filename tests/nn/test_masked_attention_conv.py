@@ -149,7 +149,9 @@ def test_edge_path_for_unstructured_inputs(monkeypatch):
 
 
 def range_checks(monkeypatch) -> list:
-    """One entry per id-range check of the shared edge_index check, from now on."""
+    """One entry per id-range check of the shared edge_index check, from now on (the
+    layer's own and that of band detection)."""
+    import hiergraph.masks.band as band_module
     import hiergraph.ops.edge_index as edge_module
 
     calls, real = [], edge_module.check_edge_index
@@ -159,7 +161,18 @@ def range_checks(monkeypatch) -> list:
         return real(*args, check_range=check_range, **kwargs)
 
     monkeypatch.setattr(edge_module, "check_edge_index", counting)
+    monkeypatch.setattr(band_module, "check_edge_index", counting)
     return calls
+
+
+def test_banded_path_checks_the_ids_as_validate_says(monkeypatch):
+    """Band detection checked the ids a second time, and with ``validate=False`` checked
+    what the layer was told not to."""
+    calls = range_checks(monkeypatch)
+    make_conv()(features(), MASKS["window"].clone())
+    assert len(calls) == 1
+    make_conv(validate=False)(features(), MASKS["window"].clone())
+    assert len(calls) == 1
 
 
 def test_edge_path_checks_the_ids_once(monkeypatch):
