@@ -175,6 +175,12 @@ def random_mask(
     every ``device``: the edges are drawn on the CPU and then moved.
 
     Returns ``[2, E]`` on ``device``, :math:`E` = ``num_edges``.
+
+    Raises:
+        ValueError: ``seed`` outside ``[0, 2**64 - 1]`` (the range of
+            ``torch.Generator.manual_seed``; a negative seed is refused, not aliased), ``n``
+            above 3,037,000,500 (pairs are numbered in int64) or ``num_edges`` more than
+            the pairs there are.
     """
     n = _check_count("n", n)
     num_edges = _check_count("num_edges", num_edges)

@@ -108,7 +108,10 @@ class HierarchicalTransformerEncoder(nn.Module):
         num_node_types: number of leaf types (modalities).
         pos_channels: position embedding size (0: no position bias).
         num_keys: key vocabulary of key–value families.
-        graph_pe_dim: size of ``hierarchy.graph_pe`` for graph families.
+        graph_pe_dim: size of ``hierarchy.graph_pe`` for graph families; with the default 0
+            and ``pos_channels > 0``, a hierarchy that carries ``graph_pe`` (as
+            :class:`~hiergraph.transforms.GraphHierarchy` adds by default) is refused: pass
+            its size (``pe_dim``).
         mlp_channels, dropout, norm_first: as in :class:`HTELayer`.
         attention: ``'hsa'``, ``'flat'`` or ``'none'``.
         **attn_kwargs: further options of :class:`HierarchicalSelfAttention`.

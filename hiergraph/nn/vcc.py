@@ -199,7 +199,7 @@ class VCCEncoder(nn.Module):
                 "with branching=..., give budgets with len(branching) + 1 entries "
                 "(root level first; None = refine all)"
             )
-        check_branching(branching)
+        branching = check_branching(branching)  # (NumPy ints as ints)
         check_budgets(budgets, len(branching) + 1, has_score=True)
         check_int(local_size, "local_size")
         self.branching, self.budgets, self.local_size = tuple(branching), tuple(budgets), local_size

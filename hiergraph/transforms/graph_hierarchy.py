@@ -116,7 +116,8 @@ class GraphHierarchy(BaseTransform):
         resolution: Louvain resolution (larger: smaller communities).
         seed: Louvain / label-propagation / METIS (pymetis) seed.
         iterations: label-propagation rounds per level (``'lp'`` only).
-        pe_dim: Laplacian eigenvectors per node (0: no ``tree_graph_pe``).
+        pe_dim: Laplacian eigenvectors per node (0: no ``tree_graph_pe``); a model that
+            reads positions must be built for them (``graph_pe_dim=pe_dim``).
     """
 
     def __init__(
