@@ -64,7 +64,6 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 from torch_geometric.nn import GCN
-from tqdm import tqdm
 
 from hiergraph.data import random_window_hierarchy
 from hiergraph.distributed import (
@@ -77,6 +76,7 @@ from hiergraph.distributed import (
 )
 from hiergraph.loader import DistributedLeafBudgetBatchSampler, HierarchyLoader, leaf_counts
 from hiergraph.nn import HierarchicalTransformerEncoder, global_leaf_mean_pool
+from hiergraph.runtime import progress
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 CHANNELS = 8  # leaf features of the synthetic trees
@@ -268,9 +268,7 @@ def train_rank(args, ctx) -> dict:
         model.train()
         total = torch.zeros((), dtype=torch.float64, device=ctx.device)
         steps = 0
-        # rank 0's bar, on a terminal only (disable=None: not in a log file)
-        bar = tqdm(loader, desc=f"epoch {epoch}", leave=False, mininterval=1.0,
-                   disable=None if ctx.is_main else True)  # fmt: skip
+        bar = progress(loader, desc=f"epoch {epoch}", leave=False) if ctx.is_main else loader
         for batch in bar:
             optimizer.zero_grad()
             loss = loss_fn(model, batch)

@@ -204,7 +204,8 @@ def evaluate(model, loader) -> tuple[float, float]:
 
 
 def progress(iterable, desc: str, enabled: bool):
-    """A progress bar on stderr (redrawn at most once a second), or the iterable itself."""
+    """A progress bar on stderr (redrawn at most once a second; none in a log file), or the
+    iterable itself."""
     return progress_bar(iterable, desc=desc, leave=False) if enabled else iterable
 
 

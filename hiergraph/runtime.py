@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import stat
 import sys
 
 import torch
@@ -82,11 +83,22 @@ def default_threads(limit: int = 2) -> int:
 
 
 def progress(iterable=None, **kwargs) -> tqdm:
-    """A progress bar on stderr, redrawn at most once a second and shown only when stderr is
-    a terminal (in a log file every redraw would be a line: ``tqdm`` arguments; the caller's
-    ``mininterval``, ``dynamic_ncols`` and ``disable`` win)."""
-    defaults = {"mininterval": 1.0, "dynamic_ncols": True, "disable": None}  # None: TTY only
+    """A progress bar on stderr, redrawn at most once a second, and not drawn into a regular
+    file (a log, where every redraw would be a line; terminals, pipes and notebooks show it).
+    ``kwargs`` are ``tqdm``'s: the caller's ``mininterval``, ``dynamic_ncols`` and
+    ``disable`` win."""
+    log = _is_regular_file(kwargs.get("file") or sys.stderr)
+    defaults = {"mininterval": 1.0, "dynamic_ncols": True, "disable": log}
     return tqdm(iterable, **{**defaults, **kwargs})
+
+
+def _is_regular_file(stream) -> bool:
+    """Whether ``stream`` writes to a regular file (not a terminal, a pipe or a notebook's
+    stream, which has no file descriptor)."""
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):  # (io.UnsupportedOperation is both)
+        return False
 
 
 def apply_budget(args, quick: dict, paper: dict) -> None:

@@ -69,6 +69,7 @@ def test_default_threads_stays_within_the_limit_and_the_idle_cores(monkeypatch):
 
 def test_progress_is_a_tqdm_bar_over_the_iterable():
     import io
+    import tempfile
 
     from hiergraph.runtime import progress
 
@@ -81,9 +82,15 @@ def test_progress_is_a_tqdm_bar_over_the_iterable():
     own = progress(range(3), mininterval=5, file=Terminal())  # (a TypeError: given twice)
     assert own.mininterval == 5 and list(own) == [0, 1, 2]
     assert "3/3" in own.fp.getvalue()
-    # a log file gets no bar (every redraw was a line there); disable wins on a terminal
-    log = io.StringIO()
-    assert list(progress(range(3), file=log)) == [0, 1, 2] and log.getvalue() == ""
+    # a log file gets no bar (every redraw was a line there); a stream without a file
+    # descriptor (a notebook's) does; disable wins
+    with tempfile.TemporaryFile("w+") as log:
+        assert list(progress(range(3), file=log)) == [0, 1, 2]
+        log.seek(0)
+        assert log.read() == ""
+    notebook = io.StringIO()
+    list(progress(range(3), file=notebook))
+    assert "3/3" in notebook.getvalue()
     assert progress(range(3), file=Terminal(), disable=True).disable
 
 
