@@ -157,8 +157,9 @@ def lift_leaves(hierarchy, leaves: Tensor) -> tuple[SignalHierarchy, Tensor]:
     n, device = parent.numel(), parent.device
     index = hierarchy.tree_index()
     leaf_node = index.leaf_node
-    bool_mask = isinstance(leaves, Tensor) and leaves.dtype == torch.bool
-    if not bool_mask or leaves.shape != leaf_node.shape:  # (a list: an AttributeError)
+    if not isinstance(leaves, Tensor):  # (a list: an AttributeError)
+        raise TypeError(f"leaves must be a bool tensor in leaf order, got {described(leaves)}")
+    if leaves.dtype != torch.bool or leaves.shape != leaf_node.shape:
         raise ValueError(
             f"leaves must be a [{leaf_node.numel()}] bool mask in leaf order, got "
             f"{described(leaves)}"

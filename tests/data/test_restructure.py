@@ -89,7 +89,7 @@ def test_lift_leaves_rejects_a_bad_mask():
         lift_leaves(h, torch.ones(5, dtype=torch.bool))
     with pytest.raises(ValueError, match="bool mask in leaf order"):
         lift_leaves(h, torch.ones(6, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"bool mask in leaf order, got list"):
+    with pytest.raises(TypeError, match=r"bool tensor in leaf order, got list"):
         lift_leaves(h, [True] * 6)
 
 
