@@ -91,6 +91,9 @@ def test_hierarchy_of_inference_tensors_and_its_cache():
     assert "node_type" not in out.hierarchy()
     out.tree_node_type = torch.ones_like(out.tree_parent)
     assert torch.equal(out.hierarchy().node_type, out.tree_node_type)
+    tree = out.hierarchy()
+    out.tree_depth[0] = out.tree_depth[0]  # written in place: built again
+    assert out.hierarchy() is not tree
     with torch.inference_mode():  # transformed under inference mode: derived on every call
         made = GraphHierarchy("lp", seed=1)(sbm())
         first = made.hierarchy()
