@@ -33,7 +33,8 @@ Budgets:
 * default (quick): seed 0, 2 epochs per model, standardised-pixel patches, mean over
   leaves; about 1.5 minutes for the five models on 2 cores once the dataset is cached
   (estimated from the recorded 8-epoch training times; the first run of a dataset
-  also builds its cache);
+  also builds its cache). A smoke test: two epochs leave the models near chance (HSA
+  0.247 on Open Clip Art in one run, majority class about 0.26);
 * ``--paper``: the benchmark setting chosen on validation: seeds 0-4, 8 epochs,
   ``--image-stem conv --group-size 2 --readout tree`` and the logistic-regression
   baselines; about 30 minutes on one thread (5-6 minutes per seed for the five models).
