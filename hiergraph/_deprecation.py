@@ -55,3 +55,28 @@ def renamed_arguments(**renames: str) -> Callable[[F], F]:
         return call
 
     return decorate
+
+
+class renamed_attribute:  # (lower case: used like property)
+    """A read-only attribute under its old name that returns the attribute ``new``, with a
+    :class:`FutureWarning` naming both and the release that drops the old name (``why``, if
+    given, says why it was renamed): ``old = renamed_attribute("new")`` in a class body."""
+
+    def __init__(self, new: str, why: str = ""):
+        self.new, self.why = new, why
+        self.__doc__ = f"The old name of ``{new}`` (a ``FutureWarning``; until {REMOVED_IN})."
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.old = name
+
+    def __get__(self, obj, owner: type | None = None):
+        if obj is None:
+            return self
+        why = f" ({self.why})" if self.why else ""
+        warnings.warn(
+            f"{type(obj).__name__}.{self.old} is now called {self.new}{why}; {self.old!r} "
+            f"stops working in hiergraph {REMOVED_IN}",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return getattr(obj, self.new)

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from hiergraph._deprecation import REMOVED_IN, renamed_arguments
+from hiergraph._deprecation import REMOVED_IN, renamed_arguments, renamed_attribute
 from hiergraph.integrations import block_attention_flops, padded_block_attention
 from hiergraph.ops import top_per_tree
 
@@ -51,3 +51,14 @@ def test_renamed_functions_take_their_old_names():
     with pytest.warns(FutureWarning, match="'block' is now called 'block_size'"):
         old = padded_block_attention(q, q, q, valid, block=3)
     assert torch.equal(old, padded_block_attention(q, q, q, valid, block_size=3))
+
+
+def test_a_renamed_attribute_reads_the_new_one_with_a_warning():
+    class Holder:
+        new = 7
+        old = renamed_attribute("new", "a reason")
+
+    with pytest.warns(FutureWarning, match=rf"Holder.old is now called new \(a reason\); "
+                      rf"'old' stops working in hiergraph {REMOVED_IN}"):  # fmt: skip
+        assert Holder().old == 7
+    assert isinstance(Holder.old, renamed_attribute)  # on the class: the descriptor

@@ -155,14 +155,14 @@ class FamilyPositionEncoder(nn.Module):
             (Domain.GRID2D, self.grid2d, pos),
             (Domain.KEY_VALUE, self._keys, pos),
         ]
-        if self.graph is None and "graph_pe" in hierarchy and hierarchy.graph_pe.numel():
+        graph_pe = hierarchy.graph_pe if "graph_pe" in hierarchy else None
+        if self.graph is None and graph_pe is not None and graph_pe.numel():
             raise ValueError(
-                f"hierarchy has graph_pe {described(hierarchy.graph_pe)} but this encoder was "
-                "built with graph_pe_dim=0, so its graph families would get no position: pass "
+                f"hierarchy has graph_pe {described(graph_pe)} but this encoder was built with "
+                "graph_pe_dim=0, so its graph families would get no position: pass "
                 "graph_pe_dim=graph_pe.size(1) (or delete hierarchy.graph_pe to go without)"
             )
-        if self.graph is not None and "graph_pe" in hierarchy:
-            graph_pe = hierarchy.graph_pe
+        if self.graph is not None and graph_pe is not None:
             if graph_pe.shape != (domain.numel(), self.graph_pe_dim):  # (rows: an IndexError)
                 raise ValueError(
                     f"hierarchy.graph_pe must be [num_nodes, graph_pe_dim] = [{domain.numel()}, "

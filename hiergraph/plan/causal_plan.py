@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 from torch import Tensor
 
-from hiergraph._deprecation import REMOVED_IN
+from hiergraph._deprecation import renamed_attribute
 from hiergraph._runs import run_ptr
 from hiergraph.plan._to_device import moved
 from hiergraph.plan.tree_index import TreeIndex, outside_inference_mode
@@ -81,17 +80,7 @@ class CausalPlan:
     sib_key: Tensor
     tree_index: TreeIndex
 
-    @property
-    def rank(self) -> Tensor:
-        """The old name of :attr:`sibling_rank` (renamed: ``TreeIndex.rank`` is a
-        breadth-first position)."""
-        warnings.warn(
-            "CausalPlan.rank is now called sibling_rank (TreeIndex.rank is a breadth-first "
-            f"position); 'rank' stops working in hiergraph {REMOVED_IN}",
-            FutureWarning,
-            stacklevel=2,
-        )
-        return self.sibling_rank
+    rank = renamed_attribute("sibling_rank", "TreeIndex.rank is a breadth-first position")
 
     @classmethod
     def of(cls, hierarchy) -> CausalPlan:
