@@ -166,12 +166,14 @@ def split_sentences(paragraph: str) -> list[str]:
 # --------------------------------------------------------------- structure
 @dataclass
 class Truncation:
-    """What the length caps cut from one document (all counts are of removed items).
+    """What the length caps cut from one document (all counts are of removed items, by
+    every cap together: a paragraph whose sentences all fell to ``max_tokens`` counts as
+    removed, one that keeps a token does not).
 
     Attributes:
-        paragraphs: paragraphs dropped by ``max_paragraphs``.
-        sentences: sentences dropped (``max_sentences`` and dropped paragraphs).
-        tokens: tokens dropped by every cap together.
+        paragraphs: paragraphs removed whole.
+        sentences: sentences removed whole (those of removed paragraphs included).
+        tokens: tokens removed.
         raw_tokens: the number of tokens before truncation.
     """
 
