@@ -78,8 +78,9 @@ def from_nested(
     Raises:
         ValueError: an empty family (an internal node with no leaves below
             it), a leaf index out of range or repeated, rows of ``x`` that no
-            leaf uses, non-finite features, an unknown key, a cyclic spec (a
-            list, dict or ``Family`` inside itself).
+            leaf uses, non-finite features, an unknown key, two keys of one dict
+            with the same key id, a cyclic spec (a list, dict or ``Family`` inside
+            itself).
 
     The walk is iterative: specs of any depth work (no recursion limit).
     """
@@ -228,6 +229,7 @@ class _Builder:
         elif isinstance(spec, Mapping):
             children, domain = list(spec.values()), Domain.KEY_VALUE
             raw = [self._key_id(k) for k in spec]
+            _check_distinct_keys(spec, raw)
         else:
             children, domain, raw = list(spec), self.default_domain, None
         if raw is None:
@@ -243,6 +245,19 @@ class _Builder:
                 "(shared by all trees you batch together) or use int keys"
             )
         return as_int(self.keys[key], f"the id of key {key!r}")
+
+
+def _check_distinct_keys(family: Mapping, ids: list[int]) -> None:
+    """Raise if two keys of a dict family have one key id (the siblings could not be told
+    apart: a key-value family's position is its key id)."""
+    first: dict[int, Any] = {}
+    for key, key_id in zip(family, ids, strict=True):
+        if key_id in first:
+            raise ValueError(
+                f"keys {first[key_id]!r} and {key!r} of a key-value family both have key id "
+                f"{key_id}; give each key its own id in keys="
+            )
+        first[key_id] = key
 
 
 def _pair(p) -> tuple[int, int]:

@@ -262,3 +262,13 @@ def test_integer_like_ids_are_read_and_other_numbers_refused():
     for spec, kwargs, match in refused:
         with pytest.raises(TypeError, match=match):
             from_nested(spec, **kwargs)
+
+
+def test_dict_keys_with_one_key_id_are_refused():
+    """Two keys of a dict family mapped to one id: siblings at one position, refused."""
+    with pytest.raises(ValueError, match="keys 'a' and 'b' .* both have key id 0"):
+        from_nested({"a": 0, "b": 1}, keys={"a": 0, "b": 0})
+    with pytest.raises(ValueError, match="keys 3 and 'c' .* both have key id 3"):
+        from_nested({3: 0, "c": 1}, keys={"c": 3})
+    h = from_nested({"a": 0, "b": 1}, keys={"a": 0, "b": 1})  # distinct ids are fine
+    assert h.pos[:2, 0].tolist() == [0, 1]
