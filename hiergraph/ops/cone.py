@@ -47,7 +47,8 @@ the dtype. Penumbral heights saturate at a horizontal distance ``D`` of
 too), so scores and gradients stay finite for float32 inputs up to about ``1e38`` (such a
 pair gets a weight of 0 beside any ordinary one; saturated pairs tie); umbral scores that
 pass float32's range round to ``-inf`` (a weight of 0; with the default map, from inputs of
-about ``1e11`` on), and are NaN from inputs of about ``1e30``. Float64 goes far beyond
+about ``1e11`` on), never NaN: the ψ map's horizontal coordinates saturate at
+``finfo.max / 2``, and a point's score with itself stays finite. Float64 goes far beyond
 either.
 """
 
@@ -127,7 +128,10 @@ def psi_map(
         \psi(x)_{:-1} = x_{:-1}\, \psi(x)_d,
 
     with ``c = height_scale`` (paper: 1; ``None`` means ``1/d``, as in the authors' code) and
-    ``L = max_log_height`` guarding float32 overflow.
+    ``L = max_log_height`` guarding float32 overflow. Horizontal coordinates saturate at
+    ``±finfo.max / 2``, so that differences of two of them are finite (an overflow to
+    infinity made the distance of a point to itself ``inf - inf``, NaN): a point that far
+    lies at an infinite distance from the others, not at none.
 
     Args:
         x: ``[..., d]`` with ``d >= 2``.
@@ -137,7 +141,8 @@ def psi_map(
     """
     c = 1.0 / x.size(-1) if height_scale is None else height_scale
     height = torch.exp((c * x[..., -1]).clamp_max(max_log_height))
-    return x[..., :-1] * height.unsqueeze(-1), height
+    limit = torch.finfo(height.dtype).max / 2
+    return (x[..., :-1] * height.unsqueeze(-1)).clamp(-limit, limit), height
 
 
 # ---------------------------------------------------------------------------

@@ -587,6 +587,28 @@ def test_penumbral_heights_saturate_where_their_square_would_overflow():
             assert torch.autograd.gradcheck(height, (at, y_u, y_v))
 
 
+def test_umbral_scores_of_huge_inputs_are_never_nan():
+    """The psi map's horizontal coordinates overflowed to inf from inputs of about 1e30, and
+    a point's distance to itself was inf - inf: NaN scores and gradients. They saturate at
+    finfo.max / 2 now: a far key scores -inf (a weight of 0), a point with itself stays
+    finite, dense and edge forms alike, and no gradient is NaN."""
+    edge_index = torch.tensor([[0, 1, 2, 3, 2], [0, 0, 2, 3, 0]])
+    for far in (1e30, 1e38):
+        x = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [far, 0.0, 0.0], [far, 1.0, 3.0]])
+        x.requires_grad_()
+        dense = umbral(x, x)
+        edge = umbral_edge(x, x, edge_index)
+        assert torch.equal(dense[edge_index[1], edge_index[0]], edge)
+        assert torch.isfinite(dense.diagonal()).all() and not dense.isnan().any()
+        assert dense[0, 2] == float("-inf") and dense.softmax(-1)[0, 2] == 0
+        loss = dense.softmax(-1)[:, 1].sum() + edge.sum() + dense.diagonal().sum()
+        (grad,) = torch.autograd.grad(loss, x)
+        assert torch.isfinite(grad).all()
+    horizontal, _ = psi_map(torch.tensor([[1e30, -1e30, 20.0]]))
+    limit = torch.finfo(torch.float32).max / 2
+    assert horizontal.tolist() == [[limit, -limit]]
+
+
 def test_umbral_radius_whose_slope_overflows_is_refused():
     """So narrow a ball that 1 / (2 sinh r) overflows the dtype made self-pairs (D = 0, as
     0 * inf) NaN: refused with the limit named; float64 inputs take it. (Distinct points may
