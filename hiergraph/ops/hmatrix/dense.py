@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hiergraph._checks import check_bool, check_ids, described, holds_integers
 from hiergraph.data.windows import HMatrixLayout, check_block_size, hmatrix_layout
 from hiergraph.ops.hmatrix.inputs import check_inputs
 from hiergraph.ops.logspace import softmax_dropping
@@ -26,10 +27,14 @@ def hmatrix_level_masks(
     Built densely from the closed form of the level assignment (module
     docstring), independently of the blocked fast path. The masks are
     disjoint and cover every pair (causal: every pair :math:`j \le i`).
-    With ``rows`` (int64 query indices), only those rows: ``[M, len(rows), L']``.
+    With ``rows`` (a 1-D integer tensor of query indices in ``[0, L')``), only those rows:
+    ``[M, len(rows), L']``.
     """
     check_block_size(block_size)
+    check_bool(causal, "causal")
     nr, num_levels, padded = hmatrix_layout(length, block_size)
+    if rows is not None:
+        _check_rows(rows, padded, "the padded length L'")
     i = (torch.arange(padded) if rows is None else rows.cpu()).unsqueeze(1)
     j = torch.arange(padded).unsqueeze(0)
     near = (i // nr - j // nr).abs() <= 1
@@ -56,10 +61,12 @@ def hmatrix_logits(
 
     Excluded pairs (other level, causally masked, padded key) are
     :math:`-\infty`. Memory :math:`O(M L'^2)`: for tests and small ``L`` only,
-    or pass ``rows`` (int64 query indices) for the rows ``[B, H, len(rows), L]``
-    of any ``L`` (memory :math:`O(M L' \cdot` ``len(rows)``:math:`)`).
+    or pass ``rows`` (a 1-D integer tensor of query indices in ``[0, L)``) for the rows
+    ``[B, H, len(rows), L]`` of any ``L`` (memory :math:`O(M L' \cdot` ``len(rows)``:math:`)`).
     """
     check_inputs(q, k, q[..., :0], block_size, causal, key_padding_mask)
+    if rows is not None:
+        _check_rows(rows, q.shape[2], "the sequence length L")
     q, k = _without_padding(q, key_padding_mask), _without_padding(k, key_padding_mask)
     length = q.shape[2]
     layout = hmatrix_layout(length, block_size)
@@ -116,6 +123,17 @@ def hmatrix_attention_dense(
     check_inputs(q, k, v, block_size, causal, key_padding_mask)
     attn = hmatrix_attention_matrix(q, k, block_size, causal, key_padding_mask, rows)
     return attn @ _without_padding(v, key_padding_mask)
+
+
+def _check_rows(rows, count: int, what: str) -> None:
+    """Raise unless ``rows`` is a 1-D integer tensor of query indices in ``[0, count)``
+    (``what`` names ``count``): a row past the sequence read a padded position's logits, and
+    a negative one failed inside an index lookup."""
+    if not isinstance(rows, Tensor) or not holds_integers(rows):
+        raise TypeError(f"rows must be an integer tensor of query indices, got {described(rows)}")
+    if rows.dim() != 1:
+        raise ValueError(f"rows must be 1-D (one index per query row), got {described(rows)}")
+    check_ids(rows, count, "query row", what)
 
 
 def _without_padding(x: Tensor, key_padding_mask: Tensor | None) -> Tensor:

@@ -56,3 +56,29 @@ def test_row_sampled_reference_matches_full_reference(causal):
     full = hmatrix_attention_dense(q, k, v, 8, causal, mask)
     sampled = hmatrix_attention_dense(q, k, v, 8, causal, mask, rows=rows)
     torch.testing.assert_close(sampled, full[:, :, rows], atol=1e-14, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "rows, error, match",
+    [
+        # (a row past the sequence returned a padded position's row)
+        (torch.tensor([0, 40]), ValueError, r"span 0\.\.40; .*\[0, the sequence length L = 37\)"),
+        (torch.tensor([-1]), ValueError, r"span -1\.\.-1"),  # (an IndexError)
+        (torch.tensor([1.0]), TypeError, "rows must be an integer tensor"),
+        ([0, 1], TypeError, "rows must be an integer tensor .*, got list"),
+        (torch.tensor([[0, 1]]), ValueError, "rows must be 1-D"),
+    ],
+)
+def test_sampled_rows_outside_the_sequence_are_refused(rows, error, match):
+    q, k, v = _qkv(37)
+    with pytest.raises(error, match=match):
+        hmatrix_attention_dense(q, k, v, 4, rows=rows)
+
+
+def test_level_masks_check_their_rows_and_flag():
+    """The masks' rows index the padded length (64 for 37 tokens in blocks of 4)."""
+    assert hmatrix_level_masks(37, 4, rows=torch.tensor([63])).shape == (4, 1, 64)
+    with pytest.raises(ValueError, match=r"span 64\.\.64; .*\[0, the padded length L' = 64\)"):
+        hmatrix_level_masks(37, 4, rows=torch.tensor([64]))
+    with pytest.raises(TypeError, match="causal must be a bool"):  # ("no" was causal)
+        hmatrix_level_masks(16, 4, causal="no")
