@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import segment, to_dense_batch
 
-from hiergraph._checks import described, refuse_where
+from hiergraph._checks import described, holds_integers, refuse_where
 from hiergraph._precision import accumulation_dtype, widened
 from hiergraph._runs import run_ptr
 from hiergraph.ops.vcc.segment_tree import (
@@ -250,7 +250,7 @@ def vcc_layer(
     Returns:
         ``(p_new [N_p, d], state_new, selection)``.
     """
-    _check_vip_rows(p, p_ptr, tree.num_sequences)
+    _check_vip_rows(p, p_ptr, tree.num_sequences, state.root)
     sel = select_segments(state, tree, budgets, score_fn)
     z, key_bias, real, order = pack_compressed(p, p_ptr, sel.value, sel)
     out = layer_fn(z, key_bias)
@@ -259,16 +259,23 @@ def vcc_layer(
     return p_new, update_tree(state, tree, sel, rows_new), sel
 
 
-def _check_vip_rows(p: Tensor, p_ptr: Tensor, num_sequences: int) -> None:
-    """Raise unless ``p`` ``[N_p, d]`` holds the rows ``p_ptr`` ``[B + 1]`` points into, for
-    the tree's ``B`` sequences (a device-side assertion on an accelerator)."""
+def _check_vip_rows(p: Tensor, p_ptr: Tensor, num_sequences: int, root: Tensor) -> None:
+    """Raise unless ``p`` ``[N_p, d]`` holds the rows ``p_ptr`` ``[B + 1]`` (integers) points
+    into, for the tree's ``B`` sequences, with the features and dtype of the tree's rows
+    (``root``, :class:`TreeState`); a device-side assertion on an accelerator."""
     if not isinstance(p, Tensor) or p.dim() != 2:
         raise ValueError(f"p must be a [N_p, d] tensor, got {described(p)}")
+    if p.size(1) != root.size(1):  # (a size error in a concatenation)
+        raise ValueError(f"p must have the tree state's {root.size(1)} features, got {p.size(1)}")
+    if p.dtype != root.dtype:  # (a dtype error in the tree update's index_copy)
+        raise TypeError(f"p must have the tree state's dtype {root.dtype}, got {p.dtype}")
     if not isinstance(p_ptr, Tensor) or p_ptr.shape != (num_sequences + 1,):
         raise ValueError(
             f"p_ptr must be [{num_sequences + 1}] (the tree's {num_sequences} sequences, "
             f"+ 1), got {described(p_ptr)}"
         )
+    if not holds_integers(p_ptr):
+        raise TypeError(f"p_ptr must be an integer tensor, got {described(p_ptr)}")
     bad = (p_ptr[0] != 0) | (p_ptr[-1] != p.size(0)) | (p_ptr.diff() < 0).any()
     message = f"p_ptr must run from 0 to p's {p.size(0)} rows, non-decreasing"
     refuse_where(bad, message, found=p_ptr.tolist)
@@ -276,10 +283,9 @@ def _check_vip_rows(p: Tensor, p_ptr: Tensor, num_sequences: int) -> None:
 
 def check_layer_output(out: Tensor, z: Tensor) -> None:
     """Raise unless ``layer_fn`` kept the shape of its input ``z``."""
-    if out.shape != z.shape:
-        raise ValueError(
-            f"layer_fn must return its input's shape {tuple(z.shape)}, got {tuple(out.shape)}"
-        )
+    if not isinstance(out, Tensor) or out.shape != z.shape:
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(f"layer_fn must return its input's shape {tuple(z.shape)}, got {got}")
 
 
 def check_vip_inputs(

@@ -48,7 +48,7 @@ from hiergraph.ops.vcc.layer import (
     log_count,
     vip_scores_padded,
 )
-from hiergraph.ops.vcc.segment_tree import check_budgets
+from hiergraph.ops.vcc.segment_tree import check_budgets, check_scores
 
 PaddedScoreFn = Callable[[Tensor, Tensor], Tensor]
 """``score_fn(means [B, c, d], key_bias [B, c]) -> [B, c]``: larger = refine first;
@@ -211,6 +211,11 @@ def partition_padded(
     vip_mask, token_mask = check_vip_inputs(x, vip_mask, token_mask)
     check_int(num_slots, "num_slots", minimum=0)
     length = vip_mask.size(1)
+    if not length:  # (a size error inside the gather of the slots)
+        raise ValueError(
+            f"x must have at least one token position, got {tuple(x.shape)}: sequences of no "
+            "token have nothing to partition"
+        )
     in_slot = vip_mask & (torch.cumsum(vip_mask, 1) <= num_slots)
     in_c = token_mask & ~in_slot
     tree = PaddedSegmentTree.of_counts(in_c.sum(1), length, check_branching(branching))
@@ -276,7 +281,9 @@ def select_padded(
             left = node
             if h:  # the h best candidates are refined; the others, in order, are rows
                 with torch.no_grad():
-                    score = score_fn(value.detach(), bias).masked_fill(count == 0, float("-inf"))
+                    score = score_fn(value.detach(), bias)
+                check_scores(score, count.shape, "[B, c]")  # (a scalar broadcast: no ranking)
+                score = score.masked_fill(count == 0, float("-inf"))
                 order = torch.sort(score, dim=1, descending=True, stable=True).indices
                 top, left = order[:, :h].sort(1).values, order[:, h:].sort(1).values
                 value, bias = _take(value, left), bias.gather(1, left)

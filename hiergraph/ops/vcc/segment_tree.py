@@ -269,6 +269,17 @@ def check_budgets(
     return budgets
 
 
+def check_scores(score, shape: tuple[int, ...], spelled: str) -> None:
+    """Raise unless ``score_fn`` returned a tensor of ``shape``, one score per candidate
+    (``spelled``: the shape in words), rather than one that broadcasts against them."""
+    if not isinstance(score, Tensor) or score.shape != shape:
+        got = tuple(score.shape) if isinstance(score, Tensor) else type(score).__name__
+        raise ValueError(
+            f"score_fn must return one score per candidate segment, {spelled} = "
+            f"{tuple(shape)}, got {got}"
+        )
+
+
 def select_segments(
     state: TreeState,
     tree: SegmentTree,
@@ -312,6 +323,7 @@ def select_segments(
         else:
             with torch.no_grad():
                 score = score_fn(mean.detach(), batch, tree.count[level][node])
+            check_scores(score, node.shape, "[M]")
             chosen = top_k_per_group(score, batch, h)
         keep, chosen = (~chosen).nonzero().squeeze(1), chosen.nonzero().squeeze(1)
         parts.append((level, node[keep], take_rows(mean, keep)))

@@ -332,6 +332,14 @@ def test_bad_inputs():
         vcc_layer(same, p, p_ptr[:-1], state, tree, (None, 0))
     with pytest.raises(ValueError, match=r"p must be a \[N_p, d\] tensor"):
         vcc_layer(same, p[None], p_ptr, state, tree, (None, 0))
+    # rows that do not fit the tree's (errors inside a concatenation, an index_copy or a
+    # repeat_interleave)
+    with pytest.raises(ValueError, match="p must have the tree state's 8 features, got 9"):
+        vcc_layer(same, torch.cat([p, p[:, :1]], 1), p_ptr, state, tree, (None, 0))
+    with pytest.raises(TypeError, match="p must have the tree state's dtype torch.float64"):
+        vcc_layer(same, p.float(), p_ptr, state, tree, (None, 0))
+    with pytest.raises(TypeError, match="p_ptr must be an integer tensor"):
+        vcc_layer(same, p, p_ptr.double(), state, tree, (None, 0))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -122,6 +122,24 @@ def test_bad_arguments():
         select_padded(c, part.tree, (None, 2))
     with pytest.raises(ValueError, match="layer_fn must return its input's shape"):
         vcc_layer_padded(lambda z, b: z[:, 1:], p, part.slot_real, c, part.tree, (None, 0))
+    with pytest.raises(ValueError, match="layer_fn must return its input's shape .*, got list"):
+        vcc_layer_padded(lambda z, b: z.tolist(), p, part.slot_real, c, part.tree, (None, 0))
+
+
+def test_scores_of_another_shape_are_refused():
+    """(A scalar score broadcast against the candidates: every candidate tied, and the first
+    ones were refined whatever the VIP tokens attend to.)"""
+    x, vip, mask = _batch()
+    p, c, part = partition_padded(x, vip, mask, 3, (3,))
+    for score_fn in (lambda m, b: m.sum(), lambda m, b: m.sum(-1, keepdim=True)):
+        with pytest.raises(ValueError, match=r"score_fn must return one score per candidate "):
+            select_padded(c, part.tree, (None, 2), score_fn)
+
+
+def test_sequences_without_token_positions_are_refused():
+    x, vip, mask = _batch()
+    with pytest.raises(ValueError, match=r"at least one token position, got \(3, 0, 8\)"):
+        partition_padded(x[:, :0], vip[:, :0], mask[:, :0], 2, (3,))  # (a size error)
 
 
 def test_shapes_that_do_not_match_the_tree_are_refused():

@@ -199,6 +199,10 @@ def test_bad_inputs():
     sel = select_segments(state, tree, (None, 0))
     with pytest.raises(ValueError, match="selection's shape"):
         update_tree(state, tree, sel, sel.value[:-1])
+    # a score of another shape than the candidates' (an IndexError deep inside)
+    for score_fn in (lambda m, b, c: m.sum(), lambda m, b, c: m, lambda m, b, c: 1.0):
+        with pytest.raises(ValueError, match=r"score_fn must return one score per candidate"):
+            select_segments(state, tree, (None, 1), score_fn)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
