@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 from torch_geometric.nn.inits import reset
 
+from hiergraph._checks import check_bool
 from hiergraph.data.restructure import flatten_hierarchy
 from hiergraph.data.signal_hierarchy import as_hierarchy
 from hiergraph.nn._checks import check_features, check_int, check_probability
@@ -53,6 +54,8 @@ class HTELayer(nn.Module):
         check_int(heads, "heads")
         check_int(mlp_channels, "mlp_channels", optional=True)
         check_probability(dropout, "dropout")
+        check_bool(norm_first, "norm_first")  # ("no" was pre-norm)
+        check_bool(attention, "attention")  # ("none", the encoder's mode, kept attention)
         self.channels = channels
         self.norm_first = norm_first
         self.attn = (
@@ -146,6 +149,7 @@ class HierarchicalTransformerEncoder(nn.Module):
         check_int(graph_pe_dim, "graph_pe_dim", minimum=0)
         check_int(mlp_channels, "mlp_channels", optional=True)
         check_probability(dropout, "dropout")
+        check_bool(norm_first, "norm_first")
         self.in_channels, self.hidden_channels = in_channels, hidden_channels
         self.attention = attention
         self.input = TypedLinear(in_channels, hidden_channels, num_node_types)

@@ -100,6 +100,21 @@ def test_constructors_reject_bad_arguments(make, match):
         make()
 
 
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: HTELayer(8, heads=2, attention="none"), "attention must be a bool, got 'none'"),
+        (lambda: HTELayer(8, heads=2, norm_first="no"), "norm_first must be a bool, got 'no'"),
+        (lambda: HierarchicalTransformerEncoder(8, 16, norm_first=0), "norm_first must be a bool"),
+    ],
+)
+def test_flags_must_be_bools(make, match):
+    """(A string flag was read by its truth value: ``attention="none"`` kept the attention
+    block, ``norm_first="no"`` was pre-norm.)"""
+    with pytest.raises(TypeError, match=match):
+        make()
+
+
 def test_forward_names_wrong_feature_sizes():
     h = window_hierarchy(6, (3,))
     with pytest.raises(ValueError, match=r"x must have 8 features .*in_channels=8.*got 5"):
