@@ -13,8 +13,8 @@ sizes (a ragged forest), and one tree of 8 families of 512 leaves. Methods:
   gradient, the compiled kernels of :mod:`hiergraph.ops.hsa.native` take families of
   fewer than :data:`~hiergraph.ops.hsa.native.WIDE_FANOUT` members, and the forest kernel
   leaves forests whose wide families dominate
-  (:func:`~hiergraph.ops.hsa.family.wide_dominates`) to the reshaped views or the block
-  kernel, whose blocks of :data:`~hiergraph.ops.hsa.family.WIDE_BLOCK` or more members run
+  (:func:`~hiergraph.ops.hsa.family_dense.wide_dominates`) to the reshaped views or the block
+  kernel, whose blocks of :data:`~hiergraph.ops.hsa.family_dense.WIDE_BLOCK` or more members run
   in PyTorch's fused CPU attention kernel;
 * ``hsa-kernels``: the same op without those three rules (the compiled kernels at every
   width, no fused attention kernel);
@@ -27,7 +27,7 @@ sizes (a ragged forest), and one tree of 8 families of 512 leaves. Methods:
 * ``hsa-causal``: strictly causal HSA (``causal=True``), by default: equal forests past the
   reshaped views' usual logit limit run as reshaped views
   (:func:`~hiergraph.ops.hsa.causal.runs_as_views`), whose wide leaf families run in the
-  fused kernel (:func:`~hiergraph.ops.hsa.family.leaf_family_attention`);
+  fused kernel (:func:`~hiergraph.ops.hsa.family_fused.leaf_family_attention`);
 * ``hsa-causal-kernel``: the same without that rule (on the CPU the compiled causal kernel);
 * ``sdpa-causal``: ``sdpa`` with a causal mask, the peer of the causal methods.
 
@@ -52,7 +52,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested
 from hiergraph.ops import hierarchical_attention
-from hiergraph.ops.hsa import causal, family, native
+from hiergraph.ops.hsa import causal, family_dense, native
 from hiergraph.ops.hsa.attention import attention_path
 
 HEADS, DIM = 4, 64
@@ -84,8 +84,8 @@ def without_wide_rules(fn, kernels: bool = True):
 
     def call():
         with (
-            mock.patch.object(family, "WIDE_BLOCK", math.inf),
-            mock.patch.object(family, "WIDE_PAIRS_PER_LEAF", math.inf),
+            mock.patch.object(family_dense, "WIDE_BLOCK", math.inf),
+            mock.patch.object(family_dense, "WIDE_PAIRS_PER_LEAF", math.inf),
             mock.patch.object(native, "WIDE_FANOUT", math.inf),
         ):
             previous = native.set_enabled(kernels and native.enabled())
@@ -165,8 +165,8 @@ def main() -> None:
             f"{m} {t * 1e3:8.1f} ms" for m, t in median.items()), flush=True)  # fmt: skip
     meta = {
         "heads": HEADS, "dim": DIM, "dtype": "float32", "threads": args.threads,
-        "rounds": args.rounds, "wide_block": family.WIDE_BLOCK,
-        "wide_pairs_per_leaf": family.WIDE_PAIRS_PER_LEAF, "wide_fanout": native.WIDE_FANOUT,
+        "rounds": args.rounds, "wide_block": family_dense.WIDE_BLOCK,
+        "wide_pairs_per_leaf": family_dense.WIDE_PAIRS_PER_LEAF, "wide_fanout": native.WIDE_FANOUT,
         "torch": torch.__version__,
         "command": timing.round_command("hsa_wide.py", args), "allocator": args.allocator,
         "load_average": os.getloadavg(),

@@ -14,10 +14,14 @@ two-pass dynamic program over the tree (Alg. 1–3, App. E). Modules:
   :mod:`~hiergraph.ops.hsa.token_layout`: its leaf level read in the inputs' own
   ``[L, H, d]`` memory, without layout copies),
   :mod:`~hiergraph.ops.hsa.padded` on nearly equal forests padded to equal fanout, and
-  :mod:`~hiergraph.ops.hsa.family`
-  holds the sibling-attention kernels of any other forest and the building blocks the
-  equal-fanout paths share (:mod:`~hiergraph.ops.hsa.family_products`: the batched
-  products over families they are made of);
+  the sibling-attention kernels of any other forest:
+  :mod:`~hiergraph.ops.hsa.family_dense` (dense blocks) and
+  :mod:`~hiergraph.ops.hsa.family_edge` (sibling pairs);
+* sibling attention's building blocks: :mod:`~hiergraph.ops.hsa.family` (its logits and
+  the terms its kernels and the equal-fanout paths share),
+  :mod:`~hiergraph.ops.hsa.family_fused` (families in PyTorch's fused CPU attention
+  kernel) and :mod:`~hiergraph.ops.hsa.family_products` (the batched products over
+  families they are made of);
 * kernels: :mod:`~hiergraph.ops.hsa.native`, the compiled CPU kernel (equal-fanout,
   padded and ragged forests, hub trees, the strictly causal op, the KV cache's decoding
   step), and :mod:`~hiergraph.ops.hsa.triton_uniform` with

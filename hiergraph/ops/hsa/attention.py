@@ -16,7 +16,8 @@ from hiergraph._checks import check_bool
 from hiergraph._precision import accumulation_dtype, autocast_inputs, widened
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.causal import causal_hierarchical_attention
-from hiergraph.ops.hsa.family import family_attention_dense, family_attention_edge, wide_dominates
+from hiergraph.ops.hsa.family_dense import family_attention_dense, wide_dominates
+from hiergraph.ops.hsa.family_edge import family_attention_edge
 from hiergraph.ops.hsa.heads_first import per_depth, per_level
 from hiergraph.ops.hsa.inputs import check_inputs, check_kernel, logit_scale, no_leaves
 from hiergraph.ops.hsa.padded import padded_hierarchical_attention
@@ -122,7 +123,7 @@ def hierarchical_attention(
             trees, window trees over sequences of different lengths) on the CPU in the
             compiled forest kernel (:func:`~hiergraph.ops.hsa.native.forest_attention`:
             float32/float64, without ``leaf_mask`` or ``leaky_causal``, unless its wide
-            families dominate: :func:`~hiergraph.ops.hsa.family.wide_dominates`), else as
+            families dominate: :func:`~hiergraph.ops.hsa.family_dense.wide_dominates`), else as
             the same views of its padded embedding where that is expected to be cheaper
             (``TreeIndex.padded``, :mod:`hiergraph.ops.hsa.padded`), else as ``'blocks'``;
             ``'blocks'`` cuts each level into slices of equal-size families and padded
@@ -196,7 +197,7 @@ def attention_path(
     (reshaped views of an equal-fanout forest), ``'forest'`` (the compiled forest kernel),
     ``'padded'`` (reshaped views of the padded embedding), else ``'blocks'`` or ``'edge'``
     (the general path's family attention). The compiled forest kernel leaves a forest whose
-    wide families dominate (:func:`~hiergraph.ops.hsa.family.wide_dominates`) to the
+    wide families dominate (:func:`~hiergraph.ops.hsa.family_dense.wide_dominates`) to the
     others: PyTorch's fused CPU attention kernel runs the block kernel's wide blocks."""
     if kernel == "dense" and fits(index.uniform, q):
         return "uniform"

@@ -30,9 +30,10 @@ the whole op costs a fixed handful of batched operations over all leaves, trees 
 (two products over the leaves' queries and values, per depth a softmax over ``b_s`` logits
 per leaf), with no gathers, scatters or host synchronisation; the result equals the
 edge-list op to rounding and is differentiable twice. On the CPU, leaf families of
-:data:`~hiergraph.ops.hsa.family.WIDE_LEFT_LEAVES` or more leaves run in PyTorch's fused attention
-kernel (:func:`~hiergraph.ops.hsa.family.leaf_family_attention`), which hands back their
-:math:`\vartheta` instead of their weights: their logits are never stored.
+:data:`~hiergraph.ops.hsa.family_fused.WIDE_LEFT_LEAVES` or more leaves run in PyTorch's
+fused attention kernel (:func:`~hiergraph.ops.hsa.family_fused.leaf_family_attention`),
+which hands back their :math:`\vartheta` instead of their weights: their logits are never
+stored.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hiergraph.ops.hsa import family
+from hiergraph.ops.hsa import family_fused
 from hiergraph.ops.hsa.family_products import summed_products
 from hiergraph.ops.hsa.heads_first import (
     family_layout,
@@ -78,7 +79,7 @@ def uniform_causal_attention(
     leaf_rho = [family_layout(t, fanout[-1]) for t in leaves]
     # complete statistics of every node: the sibling-masked (leaky) pass; wide leaf
     # families in the fused kernel, which hands back theta instead of the weights
-    fused = fanout[-1] >= family.WIDE_LEFT_LEAVES and family.fused_kernel_applies(q)
+    fused = fanout[-1] >= family_fused.WIDE_LEFT_LEAVES and family_fused.fused_kernel_applies(q)
     lses, probs, gates, rhos, _ = bottom_up(
         leaf_rho, below, fanout, eps, tau, include_self=True, left_only=True, size_bias=True,
         fused_leaves=fused,

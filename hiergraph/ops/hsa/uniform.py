@@ -68,7 +68,15 @@ from torch import Tensor
 
 from hiergraph._autograd import AutogradFunction, records_grad
 from hiergraph._precision import accumulation_dtype
-from hiergraph.ops.hsa import family, native, token_layout, triton_uniform, uniform_fused
+from hiergraph.ops.hsa import (
+    family,
+    family_dense,
+    family_fused,
+    native,
+    token_layout,
+    triton_uniform,
+    uniform_fused,
+)
 from hiergraph.ops.hsa.family_products import (
     family_diagonal,
     family_gram,
@@ -329,7 +337,7 @@ def fused_forward(left_only: bool) -> bool:
 def fits(shape: tuple[int, ...] | None, q: Tensor, causal: bool = False) -> bool:
     """Whether an equal-fanout forest ``shape`` runs as reshaped views with ``q``'s heads
     and channels: its largest logits hold at most ``max(MAX_BLOCK_ELEMENTS, L H d)``
-    elements (the block limit of :mod:`hiergraph.ops.hsa.family`; ``L`` the forest's
+    elements (the block limit of :mod:`hiergraph.ops.hsa.family_dense`; ``L`` the forest's
     leaves, which a padded forest has more of than ``q`` rows). Those are
     ``[F_d, H, b_d, b_d]`` per level, and for the strictly causal op ``[L, H, b_d]`` per
     depth (every leaf's prefix query against its ancestor's family). A forest with giant
@@ -337,7 +345,7 @@ def fits(shape: tuple[int, ...] | None, q: Tensor, causal: bool = False) -> bool
     if shape is None:
         return False
     heads, leaves = q.size(1), math.prod(shape)
-    limit, nodes = max(family.MAX_BLOCK_ELEMENTS, leaves * heads * q.size(2)), shape[0]
+    limit, nodes = max(family_dense.MAX_BLOCK_ELEMENTS, leaves * heads * q.size(2)), shape[0]
     for b in shape[1:]:
         nodes *= b  # the level's nodes: F_d * b_d
         if (leaves if causal else nodes) * heads * b > limit:
@@ -368,7 +376,7 @@ def bottom_up(
     layout: ``lse [H, F, b]``, the family softmax ``p [H, F, b, b]`` (:math:`\vartheta` is
     ``p @ rho[2]``), the energies ``a`` (``None``: ``-inf``) and the pooled ``rho``.
     With ``fused_leaves`` (every leaf valid) the leaves' families run in PyTorch's fused
-    CPU attention kernel (:func:`~hiergraph.ops.hsa.family.leaf_family_attention`), and
+    CPU attention kernel (:func:`~hiergraph.ops.hsa.family_fused.leaf_family_attention`), and
     their entry holds :math:`\vartheta` ``[H, F, b, d_v]`` in place of ``p``.
     With ``padding`` (masked leaves have zero rows), the leaves' sums are plain sums; with
     ``tokens`` the leaves come node-major, ``[F, b, H, ·]`` (:mod:`token_layout`). Given
@@ -400,7 +408,7 @@ def bottom_up(
         # a leaf counts 1 (0: no key), so log n(B) adds nothing on the last level
         bias = size_bias and d < depth - 1
         if fused_leaves and d == depth - 1:
-            lses[d], probs[d] = family.leaf_family_attention(*rho, e, tau, left_only)
+            lses[d], probs[d] = family_fused.leaf_family_attention(*rho, e, tau, left_only)
             qk_sums = []
             if include_self:  # tau q_i . k_i + e_i . e_i
                 energy = tau * (rho[0] * rho[1]).sum(-1)

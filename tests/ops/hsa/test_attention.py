@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch_geometric.data import Batch
 
-import hiergraph.ops.hsa.family as family_attention
+import hiergraph.ops.hsa.family_dense as family_attention
 from hiergraph.data import SignalHierarchy, from_nested, random_window_hierarchy, window_hierarchy
 from hiergraph.ops import (
     causal_hierarchical_attention,

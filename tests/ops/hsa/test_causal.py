@@ -360,7 +360,7 @@ def test_an_equal_forest_past_the_logit_limit_runs_where_it_is_cheapest(
     """Stars of 24 leaves whose logits exceed the limit of ``fits`` (lowered here) run as
     reshaped views where the alternative is the edge lists or the kernel over a wide
     family, up to ``MAX_VIEW_ELEMENTS``; the result is the edge lists' either way."""
-    monkeypatch.setattr("hiergraph.ops.hsa.family.MAX_BLOCK_ELEMENTS", 64)
+    monkeypatch.setattr("hiergraph.ops.hsa.family_dense.MAX_BLOCK_ELEMENTS", 64)
     if kernels == "off":
         monkeypatch.setattr(native, "_enabled", False)
     else:

@@ -10,7 +10,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, window_forest, window_hierarchy
 from hiergraph.ops import causal_hierarchical_attention, causal_hierarchical_attention_matrix
-from hiergraph.ops.hsa import causal, family
+from hiergraph.ops.hsa import causal, family_fused
 from hiergraph.ops.hsa.causal_uniform import _prefix_offsets
 from hiergraph.ops.hsa.heads_first import family_layout, heads_first
 from hiergraph.ops.hsa.uniform import bottom_up, counts_below
@@ -138,9 +138,9 @@ def test_giant_families_take_the_edge_lists(monkeypatch):
 
     monkeypatch.setattr(causal, "uniform_causal_attention", reshaped)
     tree, q, k, v, _ = _case(1, 64, (8, 8), seed=8, heads=1)
-    monkeypatch.setattr("hiergraph.ops.hsa.family.MAX_BLOCK_ELEMENTS", 511)
+    monkeypatch.setattr("hiergraph.ops.hsa.family_dense.MAX_BLOCK_ELEMENTS", 511)
     assert torch.isfinite(causal_hierarchical_attention(q, k, v, tree)).all()
-    monkeypatch.setattr("hiergraph.ops.hsa.family.MAX_BLOCK_ELEMENTS", 512)
+    monkeypatch.setattr("hiergraph.ops.hsa.family_dense.MAX_BLOCK_ELEMENTS", 512)
     with pytest.raises(AssertionError, match="reshaped path ran"):
         causal_hierarchical_attention(q, k, v, tree)
 
@@ -193,8 +193,8 @@ def test_wide_leaf_families_in_the_fused_kernel_equal_the_edge_list_op(shape, po
         return [out, *first, *second]
 
     ref = derivatives("edge")
-    monkeypatch.setattr(family, "WIDE_LEFT_LEAVES", 2)
-    calls = spy_calls(monkeypatch, family, "leaf_family_attention")
+    monkeypatch.setattr(family_fused, "WIDE_LEFT_LEAVES", 2)
+    calls = spy_calls(monkeypatch, family_fused, "leaf_family_attention")
     for got, want in zip(derivatives("dense"), ref, strict=True):
         torch.testing.assert_close(got, want, atol=1e-11, rtol=1e-11)
     assert len(calls) == 1
@@ -204,6 +204,6 @@ def test_wide_leaf_families_in_the_fused_kernel_equal_the_edge_list_op(shape, po
 def test_wide_leaf_families_run_in_the_fused_kernel(leaves, fused, monkeypatch):
     tree = Batch.from_data_list([from_nested(list(range(leaves)))] * 2)
     q, k, v = (torch.randn(2 * leaves, 2, 8) for _ in range(3))
-    calls = spy_calls(monkeypatch, family, "leaf_family_attention")
+    calls = spy_calls(monkeypatch, family_fused, "leaf_family_attention")
     causal_hierarchical_attention(q, k, v, tree)
-    assert bool(calls) == fused == (leaves >= family.WIDE_LEFT_LEAVES)
+    assert bool(calls) == fused == (leaves >= family_fused.WIDE_LEFT_LEAVES)

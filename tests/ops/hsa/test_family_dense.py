@@ -1,9 +1,8 @@
-"""Family attention (:mod:`hiergraph.ops.hsa.family`): the block kernel's wide blocks run in
-PyTorch's fused CPU attention kernel with the same outputs and gradients as the batched
-products, where a forest with wide families runs, the block kernel is differentiable twice,
-and the leaf families of the fused kernel equal the masked softmax."""
+"""Family attention in dense blocks (:mod:`hiergraph.ops.hsa.family_dense`): the block
+kernel's wide blocks run in PyTorch's fused CPU attention kernel with the same outputs and
+gradients as the batched products, where a forest with wide families runs, and the block
+kernel is differentiable twice."""
 
-import math
 import random
 
 import pytest
@@ -12,9 +11,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, window_hierarchy
 from hiergraph.ops import hierarchical_attention
-from hiergraph.ops.hsa import attention, family
-from hiergraph.ops.hsa.family_products import family_gram
-from hiergraph.ops.logspace import masked_softmax
+from hiergraph.ops.hsa import attention, family_dense
 from tests.conftest import assert_same_nans, random_qkv, random_spec, spy_calls, with_nan
 
 F64 = dict(dtype=torch.float64)
@@ -66,11 +63,11 @@ def test_wide_blocks_equal_the_batched_products(name, chunked, monkeypatch):
     h = forest(seed=len(name))
     tensors, kwargs = inputs(h, OPTIONS[name], seed=3)
     ref, ref_grads, upstream = run(tensors, h, kwargs)
-    monkeypatch.setattr(family, "WIDE_BLOCK", 3)
+    monkeypatch.setattr(family_dense, "WIDE_BLOCK", 3)
     if chunked:
-        monkeypatch.setattr(family, "MAX_BLOCK_ELEMENTS", 40)
-    blocks = spy_calls(monkeypatch, family, "_wide_forward")
-    kernel_calls = spy_calls(monkeypatch, family, "_fused_attention")
+        monkeypatch.setattr(family_dense, "MAX_BLOCK_ELEMENTS", 40)
+    blocks = spy_calls(monkeypatch, family_dense, "_wide_forward")
+    kernel_calls = spy_calls(monkeypatch, family_dense, "fused_attention")
     out, grads, _ = run(tensors, h, kwargs, upstream)
     assert blocks and (len(kernel_calls) > len(blocks)) == chunked
     assert (out - ref).abs().max() <= 1e-12
@@ -86,7 +83,7 @@ def test_a_wide_row_without_keys_gets_no_mass(monkeypatch):
     q, k, v = random_qkv(10, seed=1)
     results = []
     for wide in (1 << 30, 3):
-        monkeypatch.setattr(family, "WIDE_BLOCK", wide)
+        monkeypatch.setattr(family_dense, "WIDE_BLOCK", wide)
         tensors = [t.clone().requires_grad_() for t in (q, k, v)]
         out = hierarchical_attention(*tensors, h, kernel="blocks", leaf_mask=leaf_mask)
         out.square().sum().backward()
@@ -101,7 +98,7 @@ def test_a_nan_in_a_wide_block_reaches_what_it_reaches_on_the_batched_products(m
     q, k, v = random_qkv(11, seed=2)
     outs = []
     for wide in (1 << 30, 3):
-        monkeypatch.setattr(family, "WIDE_BLOCK", wide)
+        monkeypatch.setattr(family_dense, "WIDE_BLOCK", wide)
         outs.append(hierarchical_attention(with_nan(q, 2), k, v, h, kernel="blocks"))
     assert outs[0].isnan().any() and not outs[0].isnan().all()
     assert_same_nans(outs[1], outs[0], atol=1e-12, rtol=0)
@@ -127,7 +124,7 @@ def test_where_a_forest_with_a_wide_family_runs(trees, heads, kernel, path):
     }
     index = Batch.from_data_list(stars[trees]).tree_index()
     q, k, v = (torch.zeros(index.num_leaves, heads, 8, requires_grad=True) for _ in range(3))
-    assert family.wide_dominates(index)
+    assert family_dense.wide_dominates(index)
     assert attention.attention_path(q, k, v, index, None, kernel) == path
 
 
@@ -140,9 +137,9 @@ def test_a_wide_family_among_narrow_ones_leaves_the_forest_kernel_where_it_domin
     leaf)."""
     trees = [window_hierarchy(512, (16, 8, 4))] * windows + [from_nested(list(range(512)))]
     index = Batch.from_data_list(trees).tree_index()
-    pairs = index.block_pairs(family.WIDE_BLOCK)
+    pairs = index.block_pairs(family_dense.WIDE_BLOCK)
     assert pairs == 512**2
-    assert family.wide_dominates(index) == blocks
+    assert family_dense.wide_dominates(index) == blocks
     q, k, v = (torch.zeros(index.num_leaves, 2, 8) for _ in range(3))
     assert attention.attention_path(q, k, v, index, None) == ("blocks" if blocks else "forest")
 
@@ -154,7 +151,7 @@ def test_the_fused_kernel_runs_a_wide_star_by_default(monkeypatch):
     monkeypatch.setattr(attention, "fits", lambda *args, **kwargs: False)
     h = window_hierarchy(600, (600,))
     q, k, v = (t.float().requires_grad_() for t in random_qkv(600, heads=2, dim=8, dv=8))
-    calls = spy_calls(monkeypatch, family, "_wide_forward")
+    calls = spy_calls(monkeypatch, family_dense, "_wide_forward")
     out = hierarchical_attention(q, k, v, h)
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
     assert len(calls) == 1
@@ -173,7 +170,7 @@ def test_the_block_kernel_is_differentiable_twice(name, wide, monkeypatch):
     (differentiable twice on tensor operations, checked by ``gradgradcheck``): its
     first-order backward is written out, the second differentiates the recorded blocks."""
     if wide:
-        monkeypatch.setattr(family, "WIDE_BLOCK", 3)
+        monkeypatch.setattr(family_dense, "WIDE_BLOCK", 3)
     h = forest(seed=6)
     tensors, kwargs = inputs(h, OPTIONS[name], seed=4)
     q, k, v, *pos = tensors
@@ -186,42 +183,3 @@ def test_the_block_kernel_is_differentiable_twice(name, wide, monkeypatch):
         results.append([*grads, *second])
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
-
-
-@pytest.mark.parametrize("left_only", [False, True], ids=["siblings", "left-siblings"])
-@pytest.mark.parametrize("eps", ["none", "per-head", "shared"])
-def test_leaf_family_attention_equals_the_masked_softmax(left_only, eps):
-    """The fused kernel's leaf families: ``lse`` and ``theta`` equal the masked softmax's,
-    with their gradients (float64); a first leaf without left siblings gets ``-inf`` and
-    0; second derivatives pass ``gradgradcheck``."""
-    gen = torch.Generator().manual_seed(7)
-    q, k = (torch.randn(3, 4, 6, 5, generator=gen, **F64) for _ in range(2))
-    v = torch.randn(3, 4, 6, 2, generator=gen, **F64)
-    e = {"none": None, "per-head": torch.randn(3, 4, 6, 2, generator=gen, **F64),
-         "shared": torch.randn(1, 4, 6, 2, generator=gen, **F64)}[eps]  # fmt: skip
-    inputs = [t.requires_grad_() for t in (q, k, v) + (() if e is None else (e,))]
-
-    def reference(q, k, v, *e):
-        logits = family_gram(q, k, 0.7) + (family_gram(*e, *e) if e else 0)
-        lse, p = masked_softmax(logits, ~family.left_out(6, left_only, q.device))
-        return lse, p @ v
-
-    def fused(q, k, v, *e):
-        return family.leaf_family_attention(q, k, v, e[0] if e else None, 0.7, left_only)
-
-    (lse, theta), (ref_lse, ref_theta) = fused(*inputs), reference(*inputs)
-    torch.testing.assert_close(lse, ref_lse, atol=1e-12, rtol=0)
-    torch.testing.assert_close(theta, ref_theta, atol=1e-12, rtol=0)
-    if left_only:
-        assert (lse[..., 0] == -math.inf).all() and (theta[..., 0, :] == 0).all()
-    finite = torch.isfinite(ref_lse)
-    upstream = torch.randn_like(lse), torch.randn_like(theta)
-
-    def loss(lse, theta):
-        return (torch.where(finite, lse, 0) * upstream[0]).sum() + (theta * upstream[1]).sum()
-
-    grads = torch.autograd.grad(loss(lse, theta), inputs)
-    for g, g_ref in zip(grads, torch.autograd.grad(loss(ref_lse, ref_theta), inputs), strict=True):
-        torch.testing.assert_close(g, g_ref, atol=1e-12, rtol=0)
-    small = [t[:1, :1, :4].detach().requires_grad_() for t in inputs]
-    assert torch.autograd.gradgradcheck(lambda *x: fused(*x)[1], small)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
-import hiergraph.ops.hsa.family as family_attention
+import hiergraph.ops.hsa.family_dense as family_attention
 import hiergraph.ops.hsa.family_products as family_products
 import hiergraph.ops.hsa.uniform as hsa_uniform
 from hiergraph.data import SignalHierarchy, from_nested, window_forest, window_hierarchy
