@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch_geometric.nn.inits import reset
 from torch_geometric.utils import to_dense_batch
 
-from hiergraph._checks import check_ids
+from hiergraph._checks import check_ids, described, holds_integers
 from hiergraph._deprecation import renamed_arguments
 from hiergraph._device import host_tensor
 from hiergraph.nn._checks import check_int, check_probability
@@ -317,7 +317,8 @@ class HTEDecoder(nn.Module):
         return self.pos(depth * self.max_slot + slot.clamp(max=self.max_slot - 1))
 
     def forward(self, tokens: Tensor, hierarchy, plan: CausalPlan | None = None) -> Tensor:
-        """``tokens [L]`` (leaf order of ``hierarchy``, a tree or a batch) → logits ``[L, V]``.
+        """``tokens [L]`` (integer ids of any integer dtype, in the leaf order of ``hierarchy``,
+        a tree or a batch) → logits ``[L, V]``.
 
         ``plan``: the hierarchy's :class:`CausalPlan`, if already built.
         """
@@ -344,6 +345,7 @@ class HTEDecoder(nn.Module):
                 as ``tokens`` has rows, and ``hierarchy`` is one tree with every leaf below
                 its root.
         """
+        _check_token_ids(tokens, "tokens")
         self._check_caches(caches, "prefill", empty=True)
         self._check_sequences(tokens.size(0) if tokens.dim() == 2 else 1, caches)
         plan = CausalPlan.of(hierarchy)
@@ -351,9 +353,10 @@ class HTEDecoder(nn.Module):
         return self._layers(tokens, hierarchy, plan, caches)
 
     def _embed(self, tokens: Tensor) -> Tensor:
-        """The embeddings of token ids ``tokens`` (any shape), refused out of range."""
+        """The embeddings of token ids ``tokens`` (any shape, any integer dtype: bytes as
+        ``uint8`` too), refused out of range."""
         check_ids(tokens, self.embed.num_embeddings, "token", "vocab_size", device_assert=False)
-        return self.embed(tokens)
+        return self.embed(tokens if tokens.dtype in (torch.int32, torch.int64) else tokens.long())
 
     def _check_caches(self, caches: Sequence, method: str, empty: bool = False) -> None:
         """Raise unless ``caches`` are one cache per layer holding as many tokens (none if
@@ -380,6 +383,7 @@ class HTEDecoder(nn.Module):
     def _layers(self, tokens: Tensor, hierarchy, plan: CausalPlan, caches=None) -> Tensor:
         """Logits ``[L, V]`` of the full pass (filling ``caches``, one per layer, if given;
         ``tokens [B, L]``: ``B`` sequences on the trees, logits ``[B, L, V]``)."""
+        _check_token_ids(tokens, "tokens")
         if tokens.dim() not in ((1, 2) if caches else (1,)) or tokens.size(-1) != plan.num_leaves:
             shapes = "[num_leaves]" + (" or [sequences, num_leaves]" if caches else "")
             raise ValueError(
@@ -418,6 +422,7 @@ class HTEDecoder(nn.Module):
         device = self.embed.weight.device
         sequences, vocab = 1, self.embed.num_embeddings
         if isinstance(token, Tensor):
+            _check_token_ids(token, "token")
             if token.dim() > 1:
                 raise ValueError(f"token must be an int or [B], got {tuple(token.shape)}")
             sequences = token.numel() if token.dim() else 1
@@ -440,3 +445,9 @@ class HTEDecoder(nn.Module):
         for layer, cache in zip(self.layers, caches, strict=True):
             x = layer.step(x, cache, pos_emb, close, open)
         return self.norm(x) @ self.embed.weight.T
+
+
+def _check_token_ids(tokens, name: str) -> None:
+    """Raise a ``TypeError`` unless ``tokens`` is a tensor of integers (token ids)."""
+    if not isinstance(tokens, Tensor) or not holds_integers(tokens):
+        raise TypeError(f"{name} must be an integer tensor of token ids, got {described(tokens)}")

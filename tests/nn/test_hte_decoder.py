@@ -250,6 +250,28 @@ def test_bad_inputs():
         from_schedule([(0, 1), (3, 0)])
 
 
+def test_token_ids_of_any_integer_dtype_and_nothing_else():
+    """Byte-level ids (uint8) and narrow ints give the int64 logits (torch's embedding takes
+    int32 and int64 only); floats, bools and lists are a TypeError naming the tokens (an
+    error of the embedding's indices, or an AttributeError, before)."""
+    net = model("hsa")
+    tree = from_schedule(random_schedule(random.Random(5), 10))
+    tokens = torch.randint(0, 20, (10,), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = net(tokens, tree)
+        for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32):
+            assert torch.equal(net(tokens.to(dtype), tree), expected)
+        step = net.step(tokens[:1].to(torch.uint8), net.new_cache(), 0, 2)
+        assert torch.equal(step, net.step(tokens[:1], net.new_cache(), 0, 2))
+    for bad in (tokens.double(), tokens.bool(), tokens.tolist()):
+        with pytest.raises(TypeError, match="tokens must be an integer tensor of token ids"):
+            net(bad, tree)
+        with pytest.raises(TypeError, match="tokens must be an integer tensor"):
+            net.prefill(bad, tree, net.new_cache())
+    with pytest.raises(TypeError, match="token must be an integer tensor of token ids"):
+        net.step(torch.tensor([3.0]), net.new_cache(), 0, 2)
+
+
 def test_the_old_name_of_hidden_channels():
     with pytest.warns(FutureWarning, match="'channels' is now called 'hidden_channels'"):
         old = HTEDecoder(10, channels=8, num_layers=1, heads=2)
