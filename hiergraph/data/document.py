@@ -385,6 +385,7 @@ def hierarchy_from_lengths(doc: TokenizedDocument, depth: int = 3, x: Tensor | N
     Returns:
         a :class:`SignalHierarchy` with ``T + S + P + 1`` nodes at depth 3.
     """
+    _check_document(doc, "doc")
     return forest_from_lengths([doc], depth, x)
 
 
@@ -413,8 +414,11 @@ def forest_from_lengths(
     check_int(depth, "depth")  # (2.0 failed in a slice, True was 1)
     if depth not in DEPTHS:
         raise ValueError(f"depth must be one of {DEPTHS}, got {depth!r}")
+    docs = list(docs)  # (a generator was read twice: the second pass found no documents)
     if not docs:
         raise ValueError("docs is empty: a forest needs at least one document")
+    for i, doc in enumerate(docs):
+        _check_document(doc, f"docs[{i}]")
     per_doc = torch.tensor(
         [[d.num_tokens, d.sentence_lengths.numel(), d.paragraph_sizes.numel()] for d in docs]
     )
@@ -443,6 +447,18 @@ def forest_from_lengths(
         num_leaves=counts[0],
         x=torch.cat([d.ids for d in docs]) if x is None else x,
     )
+
+
+def _check_document(doc, name: str) -> None:
+    """Raise a ``TypeError`` unless ``doc`` is a :class:`TokenizedDocument` (an
+    ``AttributeError`` inside the builder before), saying where a ``None`` comes from."""
+    if not isinstance(doc, TokenizedDocument):
+        hint = (
+            ": tokenize_documents gives None for a document without tokens; leave those out"
+            if doc is None
+            else ""
+        )
+        raise TypeError(f"{name} must be a TokenizedDocument, got {type(doc).__name__}{hint}")
 
 
 def document_hierarchy(

@@ -238,3 +238,19 @@ def test_forest_equals_batched_trees(tok, depth):
         forest_from_lengths([], depth)
     with pytest.raises(ValueError, match="depth must be one of"):
         forest_from_lengths(docs, 4)
+
+
+def test_forests_take_tokenized_documents_only(tok):
+    """``tokenize_documents`` gives ``None`` for a document without tokens: passed on, it was
+    an AttributeError inside the builder; a generator of documents was read twice (the second
+    pass found none)."""
+    docs = tokenize_documents([TEXT, " \n\n ", "Short one."], tok)
+    assert docs[1] is None
+    with pytest.raises(TypeError, match=r"docs\[1\] must be a TokenizedDocument, got NoneType: "):
+        forest_from_lengths(docs)
+    with pytest.raises(TypeError, match=r"docs\[0\] must be a TokenizedDocument, got str"):
+        forest_from_lengths(["The cat sat."])
+    with pytest.raises(TypeError, match="doc must be a TokenizedDocument, got str"):
+        hierarchy_from_lengths(TEXT)
+    kept = [d for d in docs if d is not None]
+    assert forest_from_lengths(d for d in kept).num_trees == 2
