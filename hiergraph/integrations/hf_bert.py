@@ -199,6 +199,8 @@ def _encoder_owner(model: nn.Module) -> nn.Module:
 def interleaved_layers(num_layers: int, count: int) -> list[int]:
     """The last ``count`` layers of every other layer, ending at the last one (the paper's
     interleaving, §4.3): ``interleaved_layers(6, 2) == [3, 5]``."""
+    check_int(num_layers, "num_layers")  # (6.0 gave float indices, count=1.5 a range error)
+    check_int(count, "count")
     if not 1 <= count <= (num_layers + 1) // 2:
         raise ValueError(f"count must be in [1, {(num_layers + 1) // 2}], got {count}")
     return sorted(num_layers - 1 - 2 * i for i in range(count))
@@ -337,9 +339,7 @@ def hsa_hierarchies(
     shared = {id(m.hierarchies): m.hierarchies for m in layers if m.method != "block"}
     if not shared:  # (the block was a silent no-op)
         raise ValueError("the model's HSA layers are method='block', which takes no hierarchies")
-    batch = (
-        hierarchies if isinstance(hierarchies, Batch) else Batch.from_data_list(list(hierarchies))
-    )
+    batch = hierarchies if isinstance(hierarchies, Batch) else _batch_of(hierarchies)
     for h in shared.values():
         h.given = batch
     try:
@@ -347,6 +347,25 @@ def hsa_hierarchies(
     finally:
         for h in shared.values():
             h.given = None
+
+
+def _batch_of(hierarchies) -> Batch:
+    """The PyG batch of a sequence of hierarchies, refused unless it is a non-empty one of
+    :class:`~hiergraph.data.SignalHierarchy` (a single hierarchy was read as the list of its
+    attributes, an empty list failed inside PyG's collation)."""
+    single = isinstance(hierarchies, SignalHierarchy)
+    if single or not isinstance(hierarchies, Sequence):
+        raise TypeError(
+            "hierarchies must be a list of SignalHierarchy, one per example with valid tokens, "
+            f"or their Batch; got {type(hierarchies).__name__}"
+            + (" (wrap one hierarchy in a list)" if single else "")
+        )
+    if not hierarchies:
+        raise ValueError("hierarchies is empty: give one per example with valid tokens")
+    for i, h in enumerate(hierarchies):
+        if not isinstance(h, SignalHierarchy):
+            raise TypeError(f"hierarchies[{i}] must be a SignalHierarchy, got {type(h).__name__}")
+    return Batch.from_data_list(list(hierarchies))
 
 
 def sentence_hierarchy(sentence_lengths: Sequence[int] | Tensor) -> SignalHierarchy:

@@ -160,6 +160,23 @@ def test_caller_hierarchies_from_sentences():
     assert all(m.hierarchies.given is None for m in model.modules() if hasattr(m, "hierarchies"))
 
 
+def test_caller_hierarchies_must_be_a_list_of_hierarchies():
+    """(One hierarchy was read as the list of its attributes, an AttributeError inside PyG's
+    collation; an empty list an IndexError there.)"""
+    model = inject_hsa(tiny(), [1])
+    cases = [
+        (sentence_hierarchy([3]), TypeError, r"got SignalHierarchy \(wrap one hierarchy in a list"),
+        ([], ValueError, "hierarchies is empty"),
+        ([sentence_hierarchy([3]), [3]], TypeError, r"hierarchies\[1\] must be a SignalHierarchy"),
+        (3, TypeError, "hierarchies must be a list of SignalHierarchy, .*got int"),
+    ]
+    for hierarchies, error, match in cases:
+        with pytest.raises(error, match=match):
+            with hsa_hierarchies(model, hierarchies):
+                pass
+    assert all(m.hierarchies.given is None for m in model.modules() if hasattr(m, "hierarchies"))
+
+
 @pytest.mark.parametrize("lengths", [[2.5, 3], torch.tensor([2.5, 3.0]), [True, True]], ids=str)
 def test_sentence_lengths_that_are_not_integers_are_refused(lengths):
     with pytest.raises(TypeError, match="sentence_lengths must hold integers"):
@@ -220,6 +237,10 @@ def test_interleaved_layers():
     assert interleaved_layers(6, 3) == [1, 3, 5]
     with pytest.raises(ValueError, match="count"):
         interleaved_layers(6, 4)
+    with pytest.raises(TypeError, match="num_layers must be a positive int, got 6.0"):
+        interleaved_layers(6.0, 2)  # (float layer indices)
+    with pytest.raises(TypeError, match="count must be a positive int, got 1.5"):
+        interleaved_layers(6, 1.5)  # (a TypeError inside range)
     assert len(encoder_layers(tiny())) == 3
 
 
