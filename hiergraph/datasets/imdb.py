@@ -5,12 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hiergraph.datasets.text import (
-    FirstCopies,
-    TextClassificationDataset,
-    decode,
-    official_splits,
-)
+from hiergraph.datasets.archives import FirstCopies, decode
+from hiergraph.datasets.text import TextClassificationDataset, official_splits
 
 _REVIEW = re.compile(r"^(?:aclImdb/)?(train|val|test)/(pos|neg)/(\d+)_(\d+)\.txt$")
 

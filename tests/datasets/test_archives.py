@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from hiergraph.datasets import planetoid as hp
+from hiergraph.datasets.archives import decode, iter_raw_files
 from hiergraph.datasets.bbc import BBCNews
 from hiergraph.datasets.download import CorruptFileError
 from hiergraph.datasets.imdb import IMDB
 from hiergraph.datasets.newsgroups import TwentyNewsgroups
-from hiergraph.datasets.text import decode, iter_raw_files
 from tests.datasets.fixtures import imdb_files, trust_planetoid, write_tar, write_tiny_planetoid
 
 HUGE = 128 << 20  # bytes of an unused member: reading it would show in the peak
@@ -388,7 +388,7 @@ def test_geom_gcn_split_reads_the_checked_raw_folder(tmp_path):
 
 
 def test_copies_that_differ_in_line_endings_only_are_one_document(tmp_path):
-    from hiergraph.datasets.text import FirstCopies
+    from hiergraph.datasets.archives import FirstCopies
 
     copies = FirstCopies(tmp_path)
     assert copies.first(("train", 0, 1), "a/1", "line one\nline two", "document 1")
