@@ -36,8 +36,9 @@ import functools
 import json
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 
 import torch
@@ -252,6 +253,8 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
 
         raw = self.check_raw()
         records, classes, meta = self.read_records(raw)
+        for r in records:
+            _check_record(r, raw)
         wrong = [r for r in records if not 0 <= r.label < len(classes)]
         if wrong:
             raise ValueError(
@@ -344,6 +347,24 @@ class MultimodalRecordDataset(StrictLoad, InMemoryDataset):
         return (
             f"{self.__class__.__name__}({len(self)}, split={self.split!r}, "
             f"classes={self.num_classes}, fields={list(self.fields)})"
+        )
+
+
+def _check_record(record: RawRecord, raw: Path) -> None:
+    """Raise a ``TypeError`` naming the record unless its label is an int (NumPy's too) and
+    its texts a mapping of field names to strings, as read from the raw files: a label of
+    ``True`` was class 1, ``0.5`` or ``"1"`` failed inside a count, and a text that is no
+    string inside the tokenizer."""
+    label = record.label
+    if isinstance(label, bool) or not isinstance(label, Integral):
+        raise TypeError(
+            f"{raw}: record {record.name!r} has label {label!r}, not an int class index"
+        )
+    texts = record.texts
+    if not isinstance(texts, Mapping) or not all(isinstance(t, str) for t in texts.values()):
+        raise TypeError(
+            f"{raw}: record {record.name!r} has texts {texts!r}; they must map each text "
+            "field to a str (an empty one for a missing text)"
         )
 
 

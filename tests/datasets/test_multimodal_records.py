@@ -173,6 +173,33 @@ def test_labels_outside_the_classes_are_refused(tmp_path, monkeypatch, label):
 
 
 @pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("label", True, "record 'a0' has label True, not an int class index"),  # (class 1)
+        ("label", 0.5, "record 'a0' has label 0.5, not an int"),  # (failed inside bincount)
+        ("label", "1", "record 'a0' has label '1', not an int"),  # (a bare '<=' TypeError)
+        ("texts", {"title": None}, r"record 'a0' has texts \{'title': None\}; they must map"),
+        ("texts", "square", "record 'a0' has texts 'square'; they must map each text field"),
+    ],
+)
+def test_records_of_the_wrong_types_are_refused(tmp_path, monkeypatch, field, value, match):
+    """What the raw files gave, checked before anything is tokenized or decoded."""
+    raw = write_squares(tmp_path / "raw")
+    read = _Squares.read_records
+
+    def altered(self, raw):
+        records, classes, meta = read(self, raw)
+        records[0] = dataclasses.replace(records[0], **{field: value})
+        return records, classes, meta
+
+    monkeypatch.setattr(_Squares, "read_records", altered)
+    monkeypatch.setattr(static_embeddings, "minilm_tokenizer", FakeTokenizer)
+    with pytest.raises(TypeError, match=match):
+        _Squares(tmp_path / "cache", raw_dir=raw, image_size=8, patch_size=8)
+    assert not any((tmp_path / "cache" / "processed").glob("*.pt"))
+
+
+@pytest.mark.parametrize(
     "kwargs, error, match",
     [
         (dict(patch_size=0), ValueError, "patch_size must be a positive int, got 0"),  # (1 % 0)
