@@ -38,14 +38,14 @@ import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from numbers import Integral
+from numbers import Integral, Real
 from pathlib import Path
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
-from hiergraph._checks import check_int
+from hiergraph._checks import as_int, check_int, check_seed
 from hiergraph.data.multimodal import ImageField, MultimodalSchema, SequenceField
 from hiergraph.datasets.download import (
     CorruptFileError,
@@ -386,14 +386,25 @@ def group_split(
     Groups larger than a small part's quota therefore land in the largest
     part. Deterministic for a fixed seed.
 
+    Labels are ints (NumPy's too); any ints name the classes, which need not run from 0.
+
     Returns:
         one sorted list of item indices per part.
     """
+    fractions = list(fractions)
+    if any(isinstance(f, bool) or not isinstance(f, Real) for f in fractions):
+        raise TypeError(f"fractions must be numbers in [0, 1], got {fractions}")
+    if not all(0 <= f <= 1 for f in fractions):  # (NaN or negative parts were taken)
+        raise ValueError(f"fractions must be numbers in [0, 1], got {fractions}")
     if abs(sum(fractions) - 1.0) > 1e-9:
-        raise ValueError(f"fractions must sum to 1, got {list(fractions)}")
+        raise ValueError(f"fractions must sum to 1, got {fractions}")
     if len(groups) != len(labels):
         raise ValueError(f"{len(groups)} groups but {len(labels)} labels")
-    labels_t = torch.as_tensor(list(labels), dtype=torch.long)
+    seed = check_seed(seed)
+    classes = [as_int(label, "each label") for label in labels]  # (1.5 was class 1)
+    # classes numbered 0, 1, ... in label order (a negative label failed in bincount, and
+    # a large one sized the per-class counts)
+    _, labels_t = torch.unique(torch.tensor(classes, dtype=torch.long), return_inverse=True)
     num_classes = int(labels_t.max()) + 1 if labels_t.numel() else 0
     members: dict[str, list[int]] = {}
     for i, g in enumerate(groups):

@@ -9,7 +9,7 @@ import torch
 
 from hiergraph.datasets import static_embeddings
 from hiergraph.datasets.download import CorruptFileError, resolve_inside
-from hiergraph.datasets.multimodal_records import MultimodalRecordDataset, RawRecord
+from hiergraph.datasets.multimodal_records import MultimodalRecordDataset, RawRecord, group_split
 from tests.datasets.fixtures import (
     FakeTokenizer,
     Killed,
@@ -223,3 +223,24 @@ def test_an_image_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
     os.mkfifo(tmp_path / "face.png")
     with pytest.raises(CorruptFileError, match="face.png: an image is not a regular file"):
         load_image(tmp_path / "face.png", size=8, max_pixels=1000)
+
+
+def test_group_split_checks_its_fractions_labels_and_seed():
+    """(NaN or negative fractions were taken, and NaN quotas sent every group to the first
+    part; a label of 1.5 was class 1, a negative one failed inside bincount; a negative seed
+    was aliased to a large one.)"""
+    groups, labels = ["a", "b", "c", "d"], [0, 1, 0, 1]
+    for fractions in ((float("nan"), 0.5, 0.5), (1.5, -0.25, -0.25)):
+        with pytest.raises(ValueError, match=r"fractions must be numbers in \[0, 1\]"):
+            group_split(groups, labels, fractions)
+    with pytest.raises(TypeError, match="fractions must be numbers"):
+        group_split(groups, labels, ("0.5", 0.5))
+    for label in (1.5, True):
+        with pytest.raises(TypeError, match="each label must be an int"):
+            group_split(groups, [0, 1, 0, label])
+    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*64 - 1\]"):
+        group_split(groups, labels, seed=-1)
+    # labels name the classes: any ints, in any range, split as 0, 1 would be
+    fractions = (0.5, 0.25, 0.25)
+    expected = group_split(groups, labels, fractions, seed=3)
+    assert group_split(groups, [-7, 10**12, -7, 10**12], fractions, seed=3) == expected
