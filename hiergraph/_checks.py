@@ -64,6 +64,20 @@ def check_probability(value, name: str) -> None:
         raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
 
 
+def check_fractions(fractions) -> list[float]:
+    """``fractions`` as a list of split fractions: numbers (NumPy's too) in ``[0, 1]`` that
+    sum to 1 (``TypeError`` for a non-number, ``ValueError`` otherwise; a NaN or negative
+    part used to pass the sum check and take every item)."""
+    fractions = list(fractions)
+    if any(isinstance(f, bool) or not isinstance(f, Real) for f in fractions):
+        raise TypeError(f"fractions must be numbers in [0, 1], got {fractions}")
+    if not all(0 <= f <= 1 for f in fractions):
+        raise ValueError(f"fractions must be numbers in [0, 1], got {fractions}")
+    if not fractions or abs(sum(fractions) - 1.0) > 1e-9:
+        raise ValueError(f"fractions must sum to 1, got {fractions}")
+    return fractions
+
+
 def as_int(value, what: str) -> int:
     """``value`` as an int, refused unless it is one: an int, a NumPy integer or a tensor of
     one integer (a float, a bool or a float tensor is not silently truncated)."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hiergraph._checks import check_bool, check_ids, check_qkv_like, refuse_where
+from hiergraph._checks import check_bool, check_fractions, check_ids, check_qkv_like, refuse_where
 from hiergraph._device import cpu_as_accelerator
 from tests.host_sync import HostSyncRecorder
 
@@ -76,3 +76,17 @@ def test_refuse_where_reads_the_host_or_asserts_on_the_device():
         refuse_where(torch.tensor(True), "lengths out of range", found=lambda: "[-1, 2]")
     with cpu_as_accelerator(), pytest.raises(RuntimeError, match="lengths out of range"):
         refuse_where(torch.tensor(True), "lengths out of range", found=lambda: "unread")
+
+
+def test_fractions_are_numbers_in_0_1_that_sum_to_1():
+    assert check_fractions((0.7, 0.15, 0.15)) == [0.7, 0.15, 0.15]
+    assert check_fractions(x for x in (1, 0)) == [1, 0]  # read once
+    for bad in ((float("nan"), 0.5, 0.5), (1.5, -0.25, -0.25), (float("inf"), 0.0)):
+        with pytest.raises(ValueError, match=r"fractions must be numbers in \[0, 1\]"):
+            check_fractions(bad)
+    for bad in ((0.5, 0.4), ()):
+        with pytest.raises(ValueError, match="fractions must sum to 1"):
+            check_fractions(bad)
+    for bad in ((True, False), ("0.5", "0.5")):
+        with pytest.raises(TypeError, match="fractions must be numbers"):
+            check_fractions(bad)

@@ -38,14 +38,14 @@ import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from numbers import Integral, Real
+from numbers import Integral
 from pathlib import Path
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
-from hiergraph._checks import as_int, check_int, check_seed
+from hiergraph._checks import as_int, check_fractions, check_int, check_seed
 from hiergraph.data.multimodal import ImageField, MultimodalSchema, SequenceField
 from hiergraph.datasets.download import (
     CorruptFileError,
@@ -391,13 +391,7 @@ def group_split(
     Returns:
         one sorted list of item indices per part.
     """
-    fractions = list(fractions)
-    if any(isinstance(f, bool) or not isinstance(f, Real) for f in fractions):
-        raise TypeError(f"fractions must be numbers in [0, 1], got {fractions}")
-    if not all(0 <= f <= 1 for f in fractions):  # (NaN or negative parts were taken)
-        raise ValueError(f"fractions must be numbers in [0, 1], got {fractions}")
-    if abs(sum(fractions) - 1.0) > 1e-9:
-        raise ValueError(f"fractions must sum to 1, got {fractions}")
+    fractions = check_fractions(fractions)
     if len(groups) != len(labels):
         raise ValueError(f"{len(groups)} groups but {len(labels)} labels")
     seed = check_seed(seed)

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
+from hiergraph._checks import check_fractions, check_seed
 from hiergraph.data.document import (
     DEPTHS,
     SimpleTokenizer,
@@ -68,12 +69,12 @@ def stratified_split(
     """Seeded stratified split of ``range(len(labels))`` into parts of the given fractions.
 
     Within each class, a seeded permutation is cut at the rounded cumulative
-    fractions (the last part takes the rest). Each part is sorted.
+    fractions (the last part takes the rest). Each part is sorted. ``fractions`` are numbers
+    in ``[0, 1]`` that sum to 1; ``seed`` an int in ``[0, 2**64 - 1]``.
     """
-    if abs(sum(fractions) - 1.0) > 1e-9:
-        raise ValueError(f"fractions must sum to 1, got {list(fractions)}")
+    fractions = check_fractions(fractions)
     labels = np.asarray(labels)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     parts: list[list[int]] = [[] for _ in fractions]
     for c in np.unique(labels):
         idx = rng.permutation(np.flatnonzero(labels == c))

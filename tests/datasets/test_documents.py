@@ -239,6 +239,12 @@ def test_stratified_split_is_seeded_and_stratified():
     assert sum(labels[i] for i in a[1]) == 3
     with pytest.raises(ValueError, match="sum to 1"):
         stratified_split(labels, (0.5, 0.4))
+    # a NaN or negative part passed the sum check and took every item
+    for fractions in ((float("nan"), 0.5, 0.5), (1.5, -0.25, -0.25)):
+        with pytest.raises(ValueError, match=r"fractions must be numbers in \[0, 1\]"):
+            stratified_split(labels, fractions)
+    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*64 - 1\]"):
+        stratified_split(labels, (0.5, 0.5), seed=-1)
     # cut at the *rounded* cumulative fractions: 0.9 of 3 and of 13 are 2.7 and 11.7
     fit, val = stratified_split([0] * 3 + [1] * 13, (0.9, 0.1))
     assert (len(fit), len(val)) == (3 + 12, 1) and int((torch.as_tensor(val) >= 3).sum()) == 1
