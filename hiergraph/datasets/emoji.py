@@ -65,7 +65,9 @@ class GoogleEmoji(MultimodalRecordDataset):
     def read_records(self, raw: Path):
         index = resolve_inside(raw, raw / "emoji.json", "emoji.json")
         try:
-            return self._records(raw, json.loads(index.read_text(encoding="utf-8")))
+            records, classes, counts = self._records(
+                raw, json.loads(index.read_text(encoding="utf-8"))
+            )
         except (
             json.JSONDecodeError,
             UnicodeDecodeError,
@@ -80,6 +82,8 @@ class GoogleEmoji(MultimodalRecordDataset):
                 f"{err}): a JSON list of entries with 'unified', 'image', 'category', "
                 "'sort_order' and 'name' or 'short_names'. Put the official file in its place.",
             ) from err
+        _refuse_repeated_ids(index, [r.name for r in records])
+        return records, classes, counts
 
     def _records(self, raw: Path, entries: list[dict]):
         """The records of the parsed index ``entries`` (see :meth:`read_records`)."""
@@ -118,3 +122,18 @@ class GoogleEmoji(MultimodalRecordDataset):
     def split_records(self, records: list[RawRecord]) -> dict[str, list[int]]:
         parts = stratified_split([r.label for r in records], (0.8, 0.1, 0.1), seed=self.seed)
         return {s: p.tolist() for s, p in zip(("train", "val", "test"), parts, strict=True)}
+
+
+def _refuse_repeated_ids(index: Path, ids: list[str]) -> None:
+    """Raise :class:`CorruptFileError` if an emoji id stands twice in ``index``: the split
+    is stratified by label, not by id, so the two copies could land in different parts
+    (a test item seen in training)."""
+    seen: set[str] = set()
+    for emoji_id in ids:
+        if emoji_id in seen:
+            raise CorruptFileError(
+                index,
+                f"{index}: the emoji {emoji_id!r} stands twice (its copies could land in "
+                "different splits). Put the official file in its place.",
+            )
+        seen.add(emoji_id)

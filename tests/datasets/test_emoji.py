@@ -190,3 +190,13 @@ def test_an_index_that_is_not_a_json_list_names_the_index(fake_package, content)
     (fake_package / "emoji.json").write_bytes(content)
     with pytest.raises(CorruptFileError, match=r"emoji\.json: not the emoji-data index"):
         _read(fake_package)
+
+
+def test_an_emoji_that_stands_twice_is_refused(fake_package):
+    """A repeated id was two records, which the stratified split could put in training and
+    test alike."""
+    entries = json.loads((fake_package / "emoji.json").read_text())
+    entries.append(dict(entries[0], sort_order=99))
+    (fake_package / "emoji.json").write_text(json.dumps(entries))
+    with pytest.raises(CorruptFileError, match=r"emoji\.json: the emoji '0000' stands twice"):
+        _read(fake_package)
