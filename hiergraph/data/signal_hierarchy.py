@@ -381,10 +381,14 @@ class SignalHierarchy(Data):
                 raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
             if x.is_complex():  # (no layer takes them, and they skipped the finiteness check)
                 raise TypeError(f"x must be real (floating-point or integer), got {x.dtype}")
-            if x.dim() < 1 or x.size(0) != num_leaves:
+            if x.dim() < 1:
                 raise ValueError(
-                    f"x has {x.size(0) if x.dim() else 0} rows but the tree has {num_leaves} "
-                    "leaves; give exactly one feature row per leaf"
+                    f"x must hold one feature row per leaf, [{num_leaves}, ...], got a 0-d tensor"
+                )
+            if x.size(0) != num_leaves:
+                raise ValueError(
+                    f"x has {x.size(0)} rows but the tree has {num_leaves} leaves; give exactly "
+                    "one feature row per leaf"
                 )
             if x.is_floating_point() and not torch.isfinite(x).all():
                 rows = (~torch.isfinite(x.reshape(num_leaves, -1))).any(1).nonzero().view(-1)

@@ -226,6 +226,8 @@ def test_bad_types_and_windows():
         window_hierarchy(0)
     with pytest.raises(ValueError, match="x has 3 rows but the tree has 4 leaves"):
         window_hierarchy(4, (2,), x=torch.randn(3, 2))
+    with pytest.raises(ValueError, match=r"one feature row per leaf, \[4, \.\.\.\], got a 0-d"):
+        window_hierarchy(4, (2,), x=torch.tensor(1.0))  # (said "x has 0 rows")
     with pytest.raises(ValueError, match="unknown domain"):
         Family([0], "sphere")
     with pytest.raises(TypeError, match=r"got a tensor \(pass spec.tolist\(\)\)"):
