@@ -1,7 +1,7 @@
 """What the kernels of :func:`~hiergraph.ops.hierarchical_attention` cost, in one unit.
 
 The plans choose how a forest runs from these numbers: how a level's families are cut
-into the dense blocks of the block kernel (:class:`~hiergraph.plan.tree_index.FamilyBlock`)
+into the dense blocks of the block kernel (:class:`~hiergraph.plan.family_block.FamilyBlock`)
 and whether a forest is embedded in an equal-fanout one
 (:class:`~hiergraph.plan.padded_forest.PaddedForest`). The unit is one slot of a gather
 block: one member row of a family, gathered, attended and written back. Fitted on CPU

@@ -76,7 +76,7 @@ class PaddedForest:
         real: ``[B b_1 ⋯ b_D]`` bool, the slot holds a leaf.
         blocks: the number of family blocks the block kernel would run.
         block_slots: what their slots would cost it, in gather slots
-            (:attr:`~hiergraph.plan.tree_index.FamilyBlock.slot_cost`).
+            (:attr:`~hiergraph.plan.family_block.FamilyBlock.slot_cost`).
         leaves_lead: every tree's leaves fill the first slots of its padded tree, in leaf
             order (all padding after them: window trees, short ones sunk). Then a strictly
             causal row never sees a padding slot, so the causal op needs no mask.

@@ -18,7 +18,7 @@ without keys); those of a level also its sums of pooled queries, keys and values
 parent (the parents' rows, from the same pass):
 
 * :func:`~hiergraph.ops.hsa.family_dense.family_attention_dense` runs every
-  :class:`~hiergraph.plan.tree_index.FamilyBlock` as batched matrix products;
+  :class:`~hiergraph.plan.family_block.FamilyBlock` as batched matrix products;
 * :func:`~hiergraph.ops.hsa.family_edge.family_attention_edge` is a scatter softmax over
   the list of sibling pairs: the general reference path;
 * :mod:`~hiergraph.ops.hsa.family_fused` runs families in PyTorch's fused CPU attention

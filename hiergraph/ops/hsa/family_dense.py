@@ -1,7 +1,7 @@
 r"""Family attention of one level in dense blocks: the block kernel of the sibling attention
 of :mod:`~hiergraph.ops.hsa.family`, over any forest.
 
-:func:`family_attention_dense` runs every :class:`~hiergraph.plan.tree_index.FamilyBlock`
+:func:`family_attention_dense` runs every :class:`~hiergraph.plan.family_block.FamilyBlock`
 as batched matrix products ``[F, H, W, d] @ [F, H, d, W]`` with a hand-written backward
 (one autograd node per level), and on the CPU a block of :data:`WIDE_BLOCK` or more
 members in PyTorch's fused attention kernel (:mod:`~hiergraph.ops.hsa.family_fused`).
@@ -388,7 +388,7 @@ def _member_weight(block, count: Tensor) -> Tensor:
 
 def _valid_sum(xb: Tensor, block) -> Tensor:
     """Sum over the valid members of every family of a gather block: ``[F, H, ·]``. A
-    padding slot repeats its family's first member (:class:`~hiergraph.plan.tree_index.
+    padding slot repeats its family's first member (:class:`~hiergraph.plan.family_block.
     FamilyBlock`), so this is the sum over all slots less that many copies of the first
     member: no pass over the block besides the sum."""
     padding = block.padding.to(xb.dtype)[:, None, None]

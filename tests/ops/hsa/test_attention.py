@@ -20,7 +20,7 @@ from hiergraph.ops import (
 )
 from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.inputs import KERNELS
-from hiergraph.plan import TreeIndex, tree_index
+from hiergraph.plan import TreeIndex, family_block
 from tests.conftest import (
     hsa_kernel,
     leaves_below,
@@ -121,7 +121,7 @@ def test_window_hierarchies_equal_reference(monkeypatch, branching, slice_saving
     """Fixed windows (slice and gather blocks, broadcast views) = the dense reference,
     with partial last windows, padding, positions, with and without include-self."""
     if slice_saving is not None:
-        monkeypatch.setattr(tree_index, "SLICE_SAVING", slice_saving)
+        monkeypatch.setattr(family_block, "SLICE_SAVING", slice_saving)
     for n in (37, 64):
         h = window_hierarchy(n, branching)
         q, k, v = random_qkv(n, heads=2, seed=n)
@@ -191,7 +191,7 @@ def test_kernels_agree_on_large_ragged_batch_with_gradients():
 @pytest.mark.parametrize("include_self,causal", [(False, False), (True, False), (True, True)])
 def test_memory_guard_chunked_blocks_equal_dense(monkeypatch, limit, include_self, causal):
     """Blocks above MAX_BLOCK_ELEMENTS run in query-row chunks: same output and gradients."""
-    monkeypatch.setattr(tree_index, "SLICE_SAVING", 30.0)  # runs of >= 4 slots slice
+    monkeypatch.setattr(family_block, "SLICE_SAVING", 30.0)  # runs of >= 4 slots slice
     rng = random.Random(limit)
     trees = [from_nested(random_spec(rng, rng.randint(1, 30), max_branch=9)) for _ in range(12)]
     trees.append(window_hierarchy(40, (8, 5)))  # slice blocks too
