@@ -16,7 +16,7 @@ from hiergraph.integrations import (
     [(264, 214.94), (54, 8.99), (12, 0.4441), (26, 2.08), (55, 9.33), (70, 15.11), (38, 4.45)],
 )
 def test_flat_reproduces_paper_table3(length, mflops):
-    # notes/hsa.md §5.3: the paper's flat numbers are N^2 (4 * 768 + 12)
+    # the paper's flat numbers (Amizadeh et al., Table 3) are N^2 (4 * 768 + 12)
     digits = 4 if mflops < 1 else 2
     assert round(flat_attention_flops(length, 768) / 1e6, digits) == mflops
 

@@ -1,5 +1,5 @@
-"""hiergraph.masks.dense: the converters fix the direction (the dense_to_sparse
-trap of notes/relational_masks.md §0, test T7)."""
+"""hiergraph.masks.dense: the converters fix the direction (PyG's dense_to_sparse
+reads M[row, col] as an edge row -> col, while a mask is M[target, source])."""
 
 import numpy as np
 import pytest

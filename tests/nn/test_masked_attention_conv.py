@@ -1,6 +1,6 @@
 """MaskedAttentionConv: Lemma 1 (masked SDPA == message passing), both paths,
 the stochastic-relation invariants and the equivariance classification
-(notes/relational_masks.md §7)."""
+(Mijangos et al.)."""
 
 import copy
 import itertools

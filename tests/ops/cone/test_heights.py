@@ -1,4 +1,4 @@
-"""LCA heights: golden values, the invariants of notes/cone_attention.md §7, the
+"""LCA heights: golden values, their invariants (Tseng et al. §3.1, Theorems 1–2), the
 hand-written backward passes against autograd, and the radii and distances where the
 heights would overflow."""
 

@@ -1,4 +1,5 @@
-"""HSA invariants (notes/hsa.md §10) and the fast path against the dense reference."""
+"""HSA invariants (Amizadeh et al.: exactness, row-stochasticity, batching) and the fast
+path against the dense reference."""
 
 import random
 

@@ -211,7 +211,7 @@ def test_perturbing_the_future_leaves_rows_bit_identical():
 
 
 def test_paper_causal_masking_leaks_and_prefix_statistics_do_not():
-    """notes/hsa.md §7.11b: with sib_L masking alone, a future key changes earlier rows."""
+    """The paper's causal masking (sib_L alone) leaks: a future key changes earlier rows."""
     h = window_hierarchy(12, (2, 3))
     q, k, v = random_qkv(12, heads=1, seed=3)
     k2 = k.clone()

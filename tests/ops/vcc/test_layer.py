@@ -1,4 +1,5 @@
-"""VCC compression ops vs the dense reference (notes/vcc.md §6: T1, T3–T8, permutation)."""
+"""VCC compression ops vs the dense reference (Zeng et al. §3.2–3.4: exact VIP rows, the
+compression identities, permutation)."""
 
 import math
 

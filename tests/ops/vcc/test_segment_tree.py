@@ -1,4 +1,5 @@
-"""VCC segment tree (Alg. 1 and 2): structure, state, selection, update (notes/vcc.md §1.6–1.8)."""
+"""VCC segment tree (Alg. 1 and 2): structure, state, selection, update (Zeng et al. §3.4,
+App. 6.3)."""
 
 import pytest
 import torch
