@@ -28,7 +28,7 @@ from torch import Tensor
 
 from hiergraph._autograd import AutogradFunction
 from hiergraph._precision import accumulation_dtype
-from hiergraph.plan.tree_index import Level
+from hiergraph.plan.level import Level
 
 
 def sum_runs(x: Tensor, lengths: Tensor, parent: Tensor | None = None) -> Tensor:

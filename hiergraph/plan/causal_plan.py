@@ -10,8 +10,9 @@ from torch import Tensor
 
 from hiergraph._deprecation import renamed_attribute
 from hiergraph._runs import run_ptr
+from hiergraph.plan._inference_mode import outside_inference_mode
 from hiergraph.plan._to_device import moved
-from hiergraph.plan.tree_index import TreeIndex, outside_inference_mode
+from hiergraph.plan.tree_index import TreeIndex
 
 
 @dataclass

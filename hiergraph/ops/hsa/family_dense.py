@@ -32,7 +32,7 @@ from hiergraph.ops.hsa.family_fused import (
     recorded_softmax,
 )
 from hiergraph.ops.hsa.family_products import family_gram, family_product
-from hiergraph.plan.tree_index import Level
+from hiergraph.plan.level import Level
 
 #: Most logits (``F * H * rows * W`` elements) one dense block builds at once (64 MiB in
 #: float32); larger blocks run in chunks of query rows (see the module docstring).

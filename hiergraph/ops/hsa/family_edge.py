@@ -22,7 +22,7 @@ from hiergraph.ops.hsa import native
 from hiergraph.ops.hsa.family import key_bias
 from hiergraph.ops.logspace import scatter_softmax
 from hiergraph.ops.runs import sum_children
-from hiergraph.plan.tree_index import Level
+from hiergraph.plan.level import Level
 
 
 def family_attention_edge(
