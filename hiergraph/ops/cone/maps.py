@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-#: Upper clamp on the log-height of :func:`psi_map`; ``exp(20) ~ 4.9e8`` keeps
+#: Upper clamp on the log-height of :func:`~hiergraph.ops.cone.psi_map`; ``exp(20) ~ 4.9e8`` keeps
 #: squared horizontal distances far from float32 overflow.
 MAX_LOG_HEIGHT = 20.0
 
