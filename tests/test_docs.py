@@ -61,7 +61,7 @@ def test_readme_is_short_and_its_commands_are_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
     pip = re.search(r'pip install "torch==[^"]+" -e "\.\[dev,[^"]*\]"', readme)
     assert pip and pip[0] in ci, "the README's full install command is not the one CI runs"
-    for command in ("python -m pytest", "sphinx-build -W -b html docs docs/_build/html"):
+    for command in ("python -m pytest -n auto", "sphinx-build -W -b html docs docs/_build/html"):
         assert command in readme and command in ci
 
 
