@@ -130,7 +130,7 @@ def test_flat_tree_is_softmax_with_diagonal():
 def test_no_size_bias_counts_each_sibling_subtree_as_one_token():
     # uniform energies (q = k = 0), 2-level tree of m full windows of b tokens: without the
     # log n(B) bias a leaf gives 1/(b+m-1) to each leaf of its window and 1/(b(b+m-1)) to
-    # each leaf of another window; with it, HSA is uniform 1/N (notes §2.8.7)
+    # each leaf of another window; with it, HSA is uniform 1/N
     b, m = 3, 4
     n = b * m
     zeros = torch.zeros(1, 1, n, 2, dtype=torch.float64)

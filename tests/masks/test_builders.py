@@ -1,5 +1,5 @@
 """hiergraph.masks.builders: every builder against its definition and its
-edge-count formula (notes/relational_masks.md §5.2, tests T2-T4, T9)."""
+edge-count formula."""
 
 import itertools
 import math

@@ -1,5 +1,5 @@
-"""hiergraph.masks.equivariance: automorphism groups of the masks (notes §2
-table, §4.4) and the relabelling convention."""
+"""hiergraph.masks.equivariance: automorphism groups of the masks and the
+relabelling convention."""
 
 import math
 

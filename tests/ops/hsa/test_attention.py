@@ -138,7 +138,7 @@ def test_window_hierarchies_equal_reference(monkeypatch, branching, slice_saving
 
 @pytest.mark.parametrize("kernel", ["dense", "edge"])
 def test_without_size_bias_equals_reference(kernel):
-    """``size_bias=False`` (notes §7.3 ablation) = the reference without log n(B), on ragged
+    """``size_bias=False`` = the reference without log n(B), on ragged
     families, with padding and positions; gradients through the hand-written backward."""
     gen = torch.Generator().manual_seed(3)
     h = Batch.from_data_list([random_window_hierarchy(n, (3, 2), generator=gen) for n in (13, 6)])
@@ -244,7 +244,7 @@ def _prune(spec, keep: set):
     kernel=st.sampled_from(["dense", "edge"]),
 )
 def test_property_batched_and_padded_equal_per_example(seed, sizes, include_self, kernel):
-    """Batched = per-example, and masked leaves = the tree without them (notes §10.11-12)."""
+    """Batched = per-example, and masked leaves = the tree without them."""
     rng = random.Random(seed)
     specs = [random_spec(rng, n) for n in sizes]
     q, k, v = random_qkv(sum(sizes), seed=seed)
@@ -449,7 +449,7 @@ def test_padding_invariance(branching):
 
 # ------------------------------------------------------- optimality, gradient
 def test_gradient_identity_with_energy():
-    """With V = K: out_i = -(N / tau) dphi(R)/dq_i (notes §10.3)."""
+    """With V = K: out_i = -(N / tau) dphi(R)/dq_i."""
     rng = random.Random(8)
     for inc in (False, True):
         h = from_nested(random_spec(rng, 10, max_depth=3))
