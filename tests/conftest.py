@@ -145,6 +145,18 @@ def unordered_backward_nodes(out: torch.Tensor) -> list[str]:
     return found
 
 
+#: the most worker processes ``-n auto`` starts: each holds its own PyTorch, PyG and test
+#: data (up to ~0.9 GB measured), and past a few workers the longest tests set the pace
+MAX_WORKERS = 8
+
+
+@pytest.hookimpl(wrapper=True, optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: pytest-xdist's count (one worker per core), at most :data:`MAX_WORKERS`."""
+    workers = yield
+    return min(workers, MAX_WORKERS)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Run the suite on one intra-op thread (restored after).
