@@ -261,14 +261,13 @@ def vcc_layer(
 
 def _check_vip_rows(p: Tensor, p_ptr: Tensor, num_sequences: int, root: Tensor) -> None:
     """Raise unless ``p`` ``[N_p, d]`` holds the rows ``p_ptr`` ``[B + 1]`` (integers) points
-    into, for the tree's ``B`` sequences, with the features and dtype of the tree's rows
-    (``root``, :class:`TreeState`); a device-side assertion on an accelerator."""
+    into, for the tree's ``B`` sequences, with the features of the tree's rows (``root``,
+    :class:`TreeState`); a device-side assertion on an accelerator. Dtypes may differ (they
+    promote, and under autocast a layer returns half-precision rows)."""
     if not isinstance(p, Tensor) or p.dim() != 2:
         raise ValueError(f"p must be a [N_p, d] tensor, got {described(p)}")
     if p.size(1) != root.size(1):  # (a size error in a concatenation)
         raise ValueError(f"p must have the tree state's {root.size(1)} features, got {p.size(1)}")
-    if p.dtype != root.dtype:  # (a dtype error in the tree update's index_copy)
-        raise TypeError(f"p must have the tree state's dtype {root.dtype}, got {p.dtype}")
     if not isinstance(p_ptr, Tensor) or p_ptr.shape != (num_sequences + 1,):
         raise ValueError(
             f"p_ptr must be [{num_sequences + 1}] (the tree's {num_sequences} sequences, "

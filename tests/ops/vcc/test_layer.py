@@ -337,8 +337,6 @@ def test_bad_inputs():
     # repeat_interleave)
     with pytest.raises(ValueError, match="p must have the tree state's 8 features, got 9"):
         vcc_layer(same, torch.cat([p, p[:, :1]], 1), p_ptr, state, tree, (None, 0))
-    with pytest.raises(TypeError, match="p must have the tree state's dtype torch.float64"):
-        vcc_layer(same, p.float(), p_ptr, state, tree, (None, 0))
     with pytest.raises(TypeError, match="p_ptr must be an integer tensor"):
         vcc_layer(same, p, p_ptr.double(), state, tree, (None, 0))
 
@@ -397,3 +395,19 @@ def test_half_precision_scores_rank_as_in_float64(dtype):
     ranks = [s.argsort(dim=1, descending=True, stable=True) for s in (got, want)]
     assert torch.equal(*ranks)
     assert got.dtype == torch.float32
+
+
+def test_stacked_layers_under_autocast():
+    """Under CPU autocast a layer returns bfloat16 rows while the tree state stays float32:
+    the next layer takes them (the dtypes promote), as it did before its inputs were
+    checked."""
+    x, vip, mask = _batch()
+    p, p_ptr, c, c_ptr = vip_partition(x.float(), vip, mask)
+    tree = SegmentTree.from_ptr(c_ptr, (4,))
+    state = build_tree_state(c, tree)
+    linear = torch.nn.Linear(p.size(1), p.size(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(3):
+            p, state, _ = vcc_layer(lambda z, b: linear(z), p, p_ptr, state, tree, (None, 0))
+    assert p.dtype == torch.bfloat16 and state.root.dtype == torch.float32
+    assert torch.isfinite(p).all()
