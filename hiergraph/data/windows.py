@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Sequence
+from numbers import Integral
 from typing import NamedTuple
 
 import torch
@@ -227,6 +228,7 @@ def hmatrix_layout(length: int, block_size: int) -> HMatrixLayout:
     """
     check_int(length, "length")
     check_block_size(block_size)  # (a block size of 0 never reached the length)
+    block_size = int(block_size)  # (a NumPy int: the layout holds Python ints)
     if length <= 2 * block_size:
         nr = -(-length // 2)
         return HMatrixLayout(nr, 1, 2 * nr)
@@ -278,7 +280,7 @@ def check_branching(branching) -> tuple[int, ...]:
 def check_block_size(block_size) -> None:
     """``block_size`` is an H-matrix block size :math:`N_r`: an even int ``>= 2`` (else
     ``TypeError`` / ``ValueError``)."""
-    if isinstance(block_size, bool) or not isinstance(block_size, int):
+    if isinstance(block_size, bool) or not isinstance(block_size, Integral):  # (NumPy's too)
         raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
     if block_size < 2 or block_size % 2:
         raise ValueError(

@@ -198,7 +198,9 @@ class ConeConv(MessagePassing):
             )
 
         glorot_linear = partial(Linear, bias=False, weight_initializer="glorot")
-        in_src, in_dst = (in_channels, None) if isinstance(in_channels, int) else in_channels
+        # (a NumPy int, which check_conv_arguments accepts, is no pair to unpack)
+        pair = isinstance(in_channels, tuple | list)
+        in_src, in_dst = map(int, in_channels) if pair else (int(in_channels), None)
         self.lin = glorot_linear(in_src, heads * out_channels)
         # fused W_q, W_k on one input size; with two sizes W_k only, and W_q on the targets
         qk_outputs = (2 if in_dst is None else 1) * heads * qk_channels

@@ -57,8 +57,8 @@ class HMatrixAttention(nn.Module):
             raise ValueError(
                 f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
             )
-        self.embed_dim, self.num_heads = embed_dim, num_heads
-        self.block_size, self.causal = block_size, causal
+        self.embed_dim, self.num_heads = int(embed_dim), int(num_heads)
+        self.block_size, self.causal = int(block_size), bool(causal)
         self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.reset_parameters()

@@ -177,7 +177,9 @@ class MaskedAttentionConv(MessagePassing):
         self.validate = validate
         self._edges = EdgeInput("a BandMask or a sparse adjacency")
 
-        in_src, in_dst = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
+        # (a NumPy int, which check_conv_arguments accepts, is no pair to unpack)
+        pair = isinstance(in_channels, tuple | list)
+        in_src, in_dst = map(int, in_channels) if pair else (int(in_channels),) * 2
         self.lin_key = Linear(in_src, heads * out_channels, bias=bias)
         self.lin_query = Linear(in_dst, heads * out_channels, bias=bias)
         self.lin_value = Linear(in_src, heads * out_channels, bias=bias)

@@ -140,9 +140,11 @@ class GraphHierarchy(BaseTransform):
         check_int(iterations, "iterations")
         check_int(seed, "seed", minimum=0)
         check_positive(resolution, "resolution")
-        self.method, self.levels, self.max_family = method, levels, max_family
-        self.resolution, self.seed, self.pe_dim = resolution, seed, pe_dim
-        self.iterations = iterations
+        # as Python ints: NumPy's pass the checks, and networkx refuses a NumPy seed
+        self.method, self.max_family = method, int(max_family)
+        self.levels = None if levels is None else int(levels)
+        self.resolution, self.seed, self.pe_dim = resolution, int(seed), int(pe_dim)
+        self.iterations = int(iterations)
 
     def forward(self, data: Data) -> HierarchicalGraph:
         if data.edge_index is None or data.num_nodes is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import torch
 from torch import Tensor
 from torch_geometric.utils import scatter
@@ -123,8 +125,9 @@ def label_propagation_tree(
         ``[T]`` parent of every tree node (``-1`` for the root); leaves are
         ``0..n-1``, internal nodes follow, each after its children.
     """
-    if isinstance(max_family, bool) or not isinstance(max_family, int) or max_family < 2:
+    if isinstance(max_family, bool) or not isinstance(max_family, Integral) or max_family < 2:
         raise ValueError(f"max_family must be an int >= 2, got {max_family!r}")
+    max_family = int(max_family)  # (NumPy's too)
     edge_index = edge_index.cpu()
     check_edge_index(edge_index, num_nodes)
     edge_index = edge_index.long()

@@ -223,3 +223,11 @@ def test_branching_factors_as_numpy_integers_and_lifted_as_a_tensor():
         window_hierarchy(5, (2.5,))
     with pytest.raises(TypeError, match=r"lifted must be a \[5\] bool tensor or None, got list"):
         window_hierarchy(5, (2,), lifted=[True, False, False, False, False])
+
+
+def test_hmatrix_layout_takes_a_numpy_block_size():
+    """A NumPy block size was refused ("block_size must be an int, got int64")."""
+    layout = hmatrix_layout(100, np.int64(4))
+    assert layout == hmatrix_layout(100, 4) and all(type(v) is int for v in layout)
+    with pytest.raises(TypeError, match="block_size must be an int, got float"):
+        hmatrix_layout(100, 4.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -679,3 +680,17 @@ def test_half_precision_messages_are_summed_in_float32(monkeypatch):
     out = conv(torch.randn(10, 8).bfloat16(), torch.tensor([[0, 1, 2], [1, 2, 3]]))
     assert [call["inputs"].dtype for call in summed] == [torch.float32]
     assert out.dtype == torch.bfloat16
+
+
+def test_numpy_integer_sizes():
+    """A NumPy ``in_channels`` passed the argument check and then failed to unpack as a
+    pair ("cannot unpack non-iterable numpy.int64 object")."""
+    x, edge_index = torch.randn(5, 8), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    torch.manual_seed(0)
+    expected = ConeConv(8, 4, heads=2)(x, edge_index)
+    torch.manual_seed(0)
+    conv = ConeConv(np.int64(8), np.int64(4), heads=np.int64(2))
+    assert torch.equal(conv(x, edge_index), expected)
+    assert ConeConv((np.int64(8), np.int64(6)), 4)(
+        (x, torch.randn(3, 6)), edge_index[:, :2]
+    ).shape == (3, 4)

@@ -1,5 +1,6 @@
 """HMatrixAttention: multi-head H-matrix attention layer."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -45,3 +46,14 @@ def test_module_shapes_and_errors():
         attn(torch.randn(50, 32))
     with pytest.raises(ValueError, match="need a sequence length >= 1"):
         attn(torch.randn(3, 0, 32))
+
+
+def test_numpy_integer_block_size():
+    """``block_size=np.int64(4)`` was refused ("block_size must be an int, got int64"), unlike
+    every other size."""
+    attn = HMatrixAttention(np.int64(16), np.int64(2), block_size=np.int64(4))
+    assert type(attn.block_size) is int and attn.block_size == 4
+    x = torch.randn(2, 9, 16)
+    reference = HMatrixAttention(16, 2, block_size=4)
+    reference.load_state_dict(attn.state_dict())
+    assert torch.equal(attn(x), reference(x))

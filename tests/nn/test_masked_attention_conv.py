@@ -5,6 +5,7 @@ the stochastic-relation invariants and the equivariance classification
 import copy
 import itertools
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -853,3 +854,15 @@ def test_repr_and_reset():
     before = conv.lin_query.weight.clone()
     conv.reset_parameters()
     assert not torch.equal(before, conv.lin_query.weight)
+
+
+def test_numpy_integer_sizes():
+    """A NumPy ``in_channels`` passed the argument check and then failed to unpack as a
+    pair ("cannot unpack non-iterable numpy.int64 object")."""
+    x, edge_index = torch.randn(5, 8), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    torch.manual_seed(0)
+    expected = MaskedAttentionConv(8, 4, heads=2)(x, edge_index)
+    for in_channels in (np.int64(8), (np.int64(8), np.int32(8))):
+        torch.manual_seed(0)
+        conv = MaskedAttentionConv(in_channels, np.int64(4), heads=np.int64(2))
+        assert torch.equal(conv(x, edge_index), expected)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch_geometric.data import Batch, Data
@@ -130,6 +131,18 @@ def test_max_family_respected(method, max_family):
         assert hierarchy_stats(out) == stats
     if torch.cuda.is_available():
         assert hierarchy_stats(out.to("cuda")) == stats
+
+
+@pytest.mark.parametrize("method", ["louvain", "lp"])
+def test_numpy_integer_arguments(method):
+    """NumPy ints passed the argument checks, then networkx refused a NumPy ``seed``
+    (Louvain) and label propagation a NumPy ``max_family`` ('lp'), at the first graph."""
+    data = sbm(blocks=(6, 6), seed=1)
+    kwargs = dict(max_family=4, seed=3, pe_dim=2, iterations=5)
+    expected = GraphHierarchy(method, **kwargs)(data)
+    out = GraphHierarchy(method, **{k: np.int64(v) for k, v in kwargs.items()})(data)
+    assert torch.equal(out.tree_parent, expected.tree_parent)
+    assert torch.equal(out.tree_graph_pe, expected.tree_graph_pe)
 
 
 @pytest.mark.parametrize("method", ["louvain", "lp"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch_geometric.utils import stochastic_blockmodel_graph, to_undirected
@@ -95,3 +96,11 @@ def test_tree_rejects_families_below_two(bad):
     # max_family = 1 could never merge anything: it used to loop forever
     with pytest.raises(ValueError, match="max_family must be an int >= 2"):
         label_propagation_tree(4, torch.tensor([[0, 2], [1, 3]]), bad)
+
+
+def test_tree_takes_a_numpy_max_family():
+    """``max_family=np.int64(4)`` was refused as "max_family must be an int >= 2, got 4"
+    (``GraphHierarchy("lp")`` accepted it and failed at the first graph)."""
+    edges = torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 5]])
+    expected = label_propagation_tree(6, edges, 4)
+    assert torch.equal(label_propagation_tree(6, edges, np.int64(4)), expected)
