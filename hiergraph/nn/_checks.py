@@ -8,7 +8,7 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-from hiergraph._checks import check_int, check_probability  # noqa: F401 (the layers import them here)
+from hiergraph._checks import check_bool, check_int, check_probability  # noqa: F401 (the layers import them here)
 
 
 def check_in_channels(in_channels) -> None:

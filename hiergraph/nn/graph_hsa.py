@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch_geometric.nn.resolver import activation_resolver, normalization_resolver
 
 from hiergraph.data.signal_hierarchy import as_hierarchy
-from hiergraph.nn._checks import check_features, check_int, check_probability
+from hiergraph.nn._checks import check_bool, check_features, check_int, check_probability
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.position import FamilyPositionEncoder
 
@@ -129,6 +129,8 @@ class GraphHSAConv(nn.Module):
         check_int(heads, "heads")
         check_probability(dropout, "dropout")
         check_probability(attn_dropout, "attn_dropout")
+        for flag, name in ((gate, "gate"), (mlp, "mlp"), (smooth, "smooth")):
+            check_bool(flag, name)  # (gate="no" added a gate)
         if smooth and channels % heads:
             raise ValueError(
                 f"smooth=True splits channels={channels} over heads={heads}: "
@@ -313,6 +315,8 @@ class GraphHSANet(nn.Module):
             check_probability(value, name)
         if layer_dropout is not None:
             check_probability(layer_dropout, "layer_dropout")
+        for flag, name in ((gate, "gate"), (mlp, "mlp"), (smooth, "smooth")):
+            check_bool(flag, name)
         self.in_channels, self.hidden_channels = in_channels, hidden_channels
         self.out_channels = out_channels
         self.dropout = dropout

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from hiergraph.data.domain import Domain
 from hiergraph.data.restructure import lift_leaves
 from hiergraph.data.signal_hierarchy import as_hierarchy
-from hiergraph.nn._checks import check_int, check_probability
+from hiergraph.nn._checks import check_bool, check_int, check_probability
 from hiergraph.nn.pool import leaf_batch
 from hiergraph.nn.typed_linear import TypedLinear
 from hiergraph.ops.hsa.attention import check_flags, hierarchical_attention
@@ -109,6 +109,8 @@ class HierarchicalSelfAttention(nn.Module):
         check_probability(dropout, "dropout")
         check_int(hubs, "hubs", minimum=0)
         check_flags(causal, leaky_causal, include_self, kernel)
+        check_bool(qk_norm, "qk_norm")  # ("no" normalised)
+        check_bool(project_values, "project_values")
         self.pos_channels = pos_channels
         out_channels = in_channels if out_channels is None else out_channels
         head_channels = head_channels or max(in_channels // heads, 1)

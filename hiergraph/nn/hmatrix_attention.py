@@ -53,6 +53,7 @@ class HMatrixAttention(nn.Module):
         check_int(num_heads, "num_heads")
         check_block_size(block_size)
         check_bool(causal, "causal")
+        check_bool(bias, "bias")
         if embed_dim % num_heads:
             raise ValueError(
                 f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from hiergraph._checks import check_bool, check_ids, check_int
+from hiergraph._checks import check_bool, check_ids, check_int, check_probability
 from hiergraph._deprecation import renamed_arguments
 from hiergraph._precision import accumulation_dtype
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
@@ -135,9 +135,13 @@ class HTransformer1D(nn.Module):
     ) -> None:
         super().__init__()
         check_int(vocab_size, "vocab_size")
+        check_int(embed_dim, "embed_dim")  # (True and 2.0 failed inside torch, 0 was taken)
         check_int(num_layers, "num_layers", minimum=0)
+        check_int(num_heads, "num_heads")
         check_int(ff_mult, "ff_mult")
+        check_probability(dropout, "dropout")  # (True was 1.0)
         check_bool(causal, "causal")
+        check_bool(lm_head, "lm_head")  # ("no" added the head)
         if attention is None:
 
             def attention(dim: int, heads: int) -> nn.Module:
@@ -172,6 +176,10 @@ class HTransformer1D(nn.Module):
             ``[B, L, vocab_size]`` logits, or ``[B, L, embed_dim]`` without
             :obj:`lm_head`.
         """
+        if not isinstance(tokens, Tensor):  # (an AttributeError)
+            raise TypeError(
+                f"tokens must be an int64 tensor [batch, length], got {type(tokens).__name__}"
+            )
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(
                 f"tokens must be an int64 tensor [batch, length], got {tokens.dtype} "

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.nn import HeteroLinear, inits
 
-from hiergraph._checks import check_ids, check_int, holds_integers
+from hiergraph._checks import check_bool, check_ids, check_int, holds_integers
 from hiergraph._device import reads_values
 
 
@@ -38,6 +38,7 @@ class TypedLinear(nn.Module):
         check_int(in_channels, "in_channels")
         check_int(out_channels, "out_channels")
         check_int(num_types, "num_types")
+        check_bool(bias, "bias")  # ("no" learned a bias)
         self.in_channels, self.out_channels, self.num_types = in_channels, out_channels, num_types
         self.register_parameter("type_bias", None)  # set below for several types with bias
         with torch.device("meta"):  # allocated, not initialised: reset_parameters() draws once

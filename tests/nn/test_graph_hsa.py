@@ -252,6 +252,9 @@ def test_hubs_are_chosen_per_graph_and_all_hubs_give_flat_attention(graphs):
         (dict(graph_pe_dim=-2), "graph_pe_dim"),
         (dict(attn_dropout=2.0), "attn_dropout"),
         (dict(layer_dropout=-0.1), "layer_dropout"),
+        (dict(gate="no", num_layers=0), "gate"),  # (flags read by truth value: "no" was on)
+        (dict(mlp="no"), "mlp"),
+        (dict(smooth=1), "smooth"),
     ],
 )
 def test_net_arguments_are_checked_by_their_own_names(kwargs, name):
@@ -263,3 +266,10 @@ def test_net_arguments_are_checked_by_their_own_names(kwargs, name):
 def test_conv_attn_dropout_is_checked_by_its_own_name():
     with pytest.raises(ValueError, match="^attn_dropout must be"):
         GraphHSAConv(8, None, attn_dropout=2.0)
+
+
+@pytest.mark.parametrize("flag", ["gate", "mlp", "smooth"])
+def test_conv_flags_must_be_bools(flag):
+    # read by truth value, gate="no" added a gate and mlp="no" the MLP
+    with pytest.raises(TypeError, match=f"^{flag} must be a bool, got 'no'"):
+        GraphHSAConv(8, None, **{flag: "no"})

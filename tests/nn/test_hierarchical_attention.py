@@ -307,6 +307,8 @@ def test_hubs_never_choose_padding_leaves():
         (dict(dropout=1.5), ValueError, r"dropout must be a probability in \[0, 1\]"),
         (dict(kernel="sparse"), ValueError, "kernel must be one of .*'dense'.*'edge'.*'sparse'"),
         (dict(kernel="blocks", causal=True, include_self=True), ValueError, "strictly causal"),
+        (dict(qk_norm="no"), TypeError, "qk_norm must be a bool, got 'no'"),  # (normalised)
+        (dict(project_values="no"), TypeError, "project_values must be a bool"),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs, error, match):

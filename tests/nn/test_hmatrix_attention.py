@@ -42,6 +42,8 @@ def test_module_shapes_and_errors():
         HMatrixAttention(32, 4, block_size=3)  # (before: at the first forward)
     with pytest.raises(TypeError, match="causal must be a bool"):
         HMatrixAttention(32, 4, causal="yes")
+    with pytest.raises(TypeError, match="bias must be a bool, got 'no'"):
+        HMatrixAttention(32, 4, bias="no")  # (learned a bias)
     with pytest.raises(ValueError, match=r"\[batch, length, 32\]"):
         attn(torch.randn(50, 32))
     with pytest.raises(ValueError, match="need a sequence length >= 1"):

@@ -124,3 +124,28 @@ def test_old_argument_names_still_work_with_a_warning():
     ]
     assert len(old.blocks) == 3 and old.embed.num_embeddings == 11
     assert old.state_dict().keys() == new.state_dict().keys()
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        # (True and 2.0 failed inside torch; 0 built a model of width 0)
+        (dict(embed_dim=True, num_layers=0), TypeError, "embed_dim must be a positive int"),
+        (dict(embed_dim=2.0, num_layers=0), TypeError, "embed_dim must be a positive int"),
+        (dict(embed_dim=0, num_layers=0), ValueError, "embed_dim must be a positive int, got 0"),
+        # (not checked with an attention factory of the caller's)
+        (dict(num_heads=0, attention=lambda d, h: nn.Identity()), ValueError, "num_heads must"),
+        (dict(dropout=True), ValueError, r"dropout must be a probability in \[0, 1\]"),
+        (dict(dropout="0.1"), ValueError, r"dropout must be a probability"),  # (inside torch)
+        (dict(lm_head="no"), TypeError, "lm_head must be a bool, got 'no'"),  # (added the head)
+    ],
+)
+def test_constructor_rejects_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        HTransformer1D(10, **{"embed_dim": 16, "num_heads": 2, "block_size": 4, **kwargs})
+
+
+def test_tokens_that_are_no_tensor_are_refused():
+    model = HTransformer1D(10, embed_dim=16, num_layers=1, num_heads=2, block_size=4)
+    with pytest.raises(TypeError, match="tokens must be an int64 tensor .*, got list"):
+        model([[1, 2, 3]])  # (an AttributeError)

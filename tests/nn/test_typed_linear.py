@@ -56,6 +56,9 @@ def test_bad_type_vectors():
         TypedLinear(3, 2, num_types=2.5)
     with pytest.raises(ValueError, match="out_channels must be a positive int"):
         TypedLinear(3, -3)
+    for num_types in (1, 2):  # (bias="no" learned a bias)
+        with pytest.raises(TypeError, match="bias must be a bool, got 'no'"):
+            TypedLinear(3, 2, num_types=num_types, bias="no")
 
 
 def test_repr():
