@@ -33,12 +33,13 @@ this module itself imports nothing from it.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 from torch_geometric.data import Batch
+from torch_geometric.data.data import BaseData
 
 from hiergraph._checks import check_bool, check_int
 from hiergraph._deprecation import renamed_arguments
@@ -321,14 +322,14 @@ def _refuse_attention_outputs(model: nn.Module, args: tuple, kwargs: dict) -> No
 
 @contextmanager
 def hsa_hierarchies(
-    model: nn.Module, hierarchies: Sequence[SignalHierarchy] | Batch
+    model: nn.Module, hierarchies: Iterable[SignalHierarchy] | Batch
 ) -> Iterator[None]:
     """Use the caller's hierarchies (e.g. from sentence boundaries,
     :func:`sentence_hierarchy`) instead of the fixed windows, inside the ``with`` block.
 
     Args:
         model (torch.nn.Module): a model with HSA layers (:func:`inject_hsa`).
-        hierarchies (Sequence[SignalHierarchy] or Batch): a list of
+        hierarchies (Iterable[SignalHierarchy] or Batch): a list (or any iterable) of
             :class:`~hiergraph.data.SignalHierarchy` (or their PyG batch), one per
             example with valid tokens, in batch order; example ``b``'s leaves are
             its valid (non-padding) tokens in order.
@@ -350,22 +351,24 @@ def hsa_hierarchies(
 
 
 def _batch_of(hierarchies) -> Batch:
-    """The PyG batch of a sequence of hierarchies, refused unless it is a non-empty one of
-    :class:`~hiergraph.data.SignalHierarchy` (a single hierarchy was read as the list of its
-    attributes, an empty list failed inside PyG's collation)."""
+    """The PyG batch of hierarchies (a list, tuple or any iterable, read once), refused
+    unless they are one or more :class:`~hiergraph.data.SignalHierarchy` (a single hierarchy
+    was read as the list of its attributes, an empty list failed inside PyG's collation)."""
     single = isinstance(hierarchies, SignalHierarchy)
-    if single or not isinstance(hierarchies, Sequence):
+    one_object = isinstance(hierarchies, BaseData | str | bytes)  # (iterable, but no list)
+    if one_object or not isinstance(hierarchies, Iterable):
         raise TypeError(
             "hierarchies must be a list of SignalHierarchy, one per example with valid tokens, "
             f"or their Batch; got {type(hierarchies).__name__}"
             + (" (wrap one hierarchy in a list)" if single else "")
         )
+    hierarchies = list(hierarchies)
     if not hierarchies:
         raise ValueError("hierarchies is empty: give one per example with valid tokens")
     for i, h in enumerate(hierarchies):
         if not isinstance(h, SignalHierarchy):
             raise TypeError(f"hierarchies[{i}] must be a SignalHierarchy, got {type(h).__name__}")
-    return Batch.from_data_list(list(hierarchies))
+    return Batch.from_data_list(hierarchies)
 
 
 def sentence_hierarchy(sentence_lengths: Sequence[int] | Tensor) -> SignalHierarchy:

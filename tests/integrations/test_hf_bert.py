@@ -3,6 +3,7 @@ import os
 
 import pytest
 import torch
+from torch_geometric.data import Data
 
 transformers = pytest.importorskip(
     "transformers", reason="the HF integration tests need `pip install transformers` (hf extra)"
@@ -169,12 +170,17 @@ def test_caller_hierarchies_must_be_a_list_of_hierarchies():
         ([], ValueError, "hierarchies is empty"),
         ([sentence_hierarchy([3]), [3]], TypeError, r"hierarchies\[1\] must be a SignalHierarchy"),
         (3, TypeError, "hierarchies must be a list of SignalHierarchy, .*got int"),
+        (Data(x=torch.zeros(3, 1)), TypeError, r"list of SignalHierarchy, .*got Data$"),
     ]
     for hierarchies, error, match in cases:
         with pytest.raises(error, match=match):
             with hsa_hierarchies(model, hierarchies):
                 pass
     assert all(m.hierarchies.given is None for m in model.modules() if hasattr(m, "hierarchies"))
+    # any iterable of hierarchies, read once (a generator was refused for a moment)
+    with hsa_hierarchies(model, (sentence_hierarchy([n]) for n in (3, 2))):
+        given = [m.hierarchies.given for m in model.modules() if hasattr(m, "hierarchies")]
+        assert given[0].num_graphs == 2
 
 
 @pytest.mark.parametrize("lengths", [[2.5, 3], torch.tensor([2.5, 3.0]), [True, True]], ids=str)
