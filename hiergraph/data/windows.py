@@ -227,8 +227,7 @@ def hmatrix_layout(length: int, block_size: int) -> HMatrixLayout:
     :func:`~hiergraph.ops.hmatrix_attention` keeps static sizes.
     """
     check_int(length, "length")
-    check_block_size(block_size)  # (a block size of 0 never reached the length)
-    block_size = int(block_size)  # (a NumPy int: the layout holds Python ints)
+    block_size = check_block_size(block_size)  # (0 never reached the length)
     if length <= 2 * block_size:
         nr = -(-length // 2)
         return HMatrixLayout(nr, 1, 2 * nr)
@@ -277,16 +276,17 @@ def check_branching(branching) -> tuple[int, ...]:
     return branching
 
 
-def check_block_size(block_size) -> None:
-    """``block_size`` is an H-matrix block size :math:`N_r`: an even int ``>= 2`` (else
-    ``TypeError`` / ``ValueError``)."""
-    if isinstance(block_size, bool) or not isinstance(block_size, Integral):  # (NumPy's too)
+def check_block_size(block_size) -> int:
+    """``block_size`` as an H-matrix block size :math:`N_r`: an even int ``>= 2`` (NumPy's
+    too; returned as a Python int), else ``TypeError`` / ``ValueError``."""
+    if isinstance(block_size, bool) or not isinstance(block_size, Integral):
         raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
     if block_size < 2 or block_size % 2:
         raise ValueError(
             f"block_size must be an even int >= 2 (the overlap correction splits blocks "
             f"in halves), got {block_size}"
         )
+    return int(block_size)
 
 
 def _hopping(

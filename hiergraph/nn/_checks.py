@@ -11,9 +11,10 @@ from torch import Tensor
 from hiergraph._checks import check_bool, check_int, check_probability  # noqa: F401 (the layers import them here)
 
 
-def check_in_channels(in_channels) -> None:
-    """Raise unless ``in_channels`` is a positive int or ``-1`` (inferred on the first call),
-    or a pair of them ``(source, target)`` (a bipartite layer)."""
+def check_in_channels(in_channels) -> tuple[int, int | None]:
+    """``(source, target)`` sizes of ``in_channels``, a positive int or ``-1`` (inferred on
+    the first call), or a pair of them (a bipartite layer); ``target`` is ``None`` for one
+    size. Python ints (NumPy's are read too); raises otherwise."""
     if isinstance(in_channels, tuple | list):
         if len(in_channels) != 2:
             raise ValueError(
@@ -21,18 +22,21 @@ def check_in_channels(in_channels) -> None:
             )
         for i, size in enumerate(in_channels):
             check_int(size, f"in_channels[{i}]", lazy=True)
-    else:
-        check_int(in_channels, "in_channels", lazy=True)
+        return int(in_channels[0]), int(in_channels[1])
+    check_int(in_channels, "in_channels", lazy=True)
+    return int(in_channels), None
 
 
-def check_conv_arguments(in_channels, out_channels, heads, dropout) -> None:
-    """The arguments every attention conv shares: ``in_channels`` (:func:`check_in_channels`),
-    ``out_channels`` and ``heads`` (positive ints) and ``dropout`` (a probability in
-    ``[0, 1]``, as :class:`torch.nn.Dropout` takes it)."""
-    check_in_channels(in_channels)
+def check_conv_arguments(in_channels, out_channels, heads, dropout) -> tuple[int, int | None]:
+    """The arguments every attention conv shares: ``in_channels`` (:func:`check_in_channels`,
+    whose ``(source, target)`` sizes it returns), ``out_channels`` and ``heads`` (positive
+    ints) and ``dropout`` (a probability in ``[0, 1]``, as :class:`torch.nn.Dropout` takes
+    it)."""
+    sizes = check_in_channels(in_channels)
     check_int(out_channels, "out_channels")
     check_int(heads, "heads")
     check_probability(dropout, "dropout")
+    return sizes
 
 
 def check_features(x: Tensor, expected: int, name: str, shape: str) -> None:

@@ -160,7 +160,7 @@ class ConeConv(MessagePassing):
     ) -> None:
         kwargs.setdefault("aggr", "add")
         super().__init__(node_dim=0, **kwargs)
-        check_conv_arguments(in_channels, out_channels, heads, dropout)
+        in_src, in_dst = check_conv_arguments(in_channels, out_channels, heads, dropout)
         check_int(qk_channels, "qk_channels", optional=True)
         check_probability(feature_dropout, "feature_dropout")
         if variant not in VARIANTS:
@@ -198,9 +198,6 @@ class ConeConv(MessagePassing):
             )
 
         glorot_linear = partial(Linear, bias=False, weight_initializer="glorot")
-        # (a NumPy int, which check_conv_arguments accepts, is no pair to unpack)
-        pair = isinstance(in_channels, tuple | list)
-        in_src, in_dst = map(int, in_channels) if pair else (int(in_channels), None)
         self.lin = glorot_linear(in_src, heads * out_channels)
         # fused W_q, W_k on one input size; with two sizes W_k only, and W_q on the targets
         qk_outputs = (2 if in_dst is None else 1) * heads * qk_channels

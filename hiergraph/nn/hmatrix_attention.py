@@ -51,7 +51,7 @@ class HMatrixAttention(nn.Module):
         super().__init__()
         check_int(embed_dim, "embed_dim")
         check_int(num_heads, "num_heads")
-        check_block_size(block_size)
+        block_size = check_block_size(block_size)
         check_bool(causal, "causal")
         check_bool(bias, "bias")
         if embed_dim % num_heads:
@@ -59,7 +59,7 @@ class HMatrixAttention(nn.Module):
                 f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
             )
         self.embed_dim, self.num_heads = int(embed_dim), int(num_heads)
-        self.block_size, self.causal = int(block_size), bool(causal)
+        self.block_size, self.causal = block_size, causal
         self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.reset_parameters()

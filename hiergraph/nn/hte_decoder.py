@@ -322,6 +322,7 @@ class HTEDecoder(nn.Module):
 
         ``plan``: the hierarchy's :class:`CausalPlan`, if already built.
         """
+        _check_token_ids(tokens, "tokens")
         plan = plan or CausalPlan.of(hierarchy)
         if hierarchy.num_nodes != plan.tree_index.num_nodes:
             raise ValueError(
@@ -383,7 +384,6 @@ class HTEDecoder(nn.Module):
     def _layers(self, tokens: Tensor, hierarchy, plan: CausalPlan, caches=None) -> Tensor:
         """Logits ``[L, V]`` of the full pass (filling ``caches``, one per layer, if given;
         ``tokens [B, L]``: ``B`` sequences on the trees, logits ``[B, L, V]``)."""
-        _check_token_ids(tokens, "tokens")
         if tokens.dim() not in ((1, 2) if caches else (1,)) or tokens.size(-1) != plan.num_leaves:
             shapes = "[num_leaves]" + (" or [sequences, num_leaves]" if caches else "")
             raise ValueError(

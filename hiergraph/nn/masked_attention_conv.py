@@ -164,7 +164,7 @@ class MaskedAttentionConv(MessagePassing):
     ):
         kwargs.setdefault("aggr", "add")
         super().__init__(node_dim=0, **kwargs)
-        check_conv_arguments(in_channels, out_channels, heads, dropout)
+        in_src, in_dst = check_conv_arguments(in_channels, out_channels, heads, dropout)
         check_int(edge_dim, "edge_dim", optional=True)
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -177,9 +177,7 @@ class MaskedAttentionConv(MessagePassing):
         self.validate = validate
         self._edges = EdgeInput("a BandMask or a sparse adjacency")
 
-        # (a NumPy int, which check_conv_arguments accepts, is no pair to unpack)
-        pair = isinstance(in_channels, tuple | list)
-        in_src, in_dst = map(int, in_channels) if pair else (int(in_channels),) * 2
+        in_dst = in_src if in_dst is None else in_dst
         self.lin_key = Linear(in_src, heads * out_channels, bias=bias)
         self.lin_query = Linear(in_dst, heads * out_channels, bias=bias)
         self.lin_value = Linear(in_src, heads * out_channels, bias=bias)
