@@ -1,5 +1,7 @@
 """Signal hierarchies as PyG data, and their builders."""
 
+import torch
+
 from hiergraph.data.document import (
     SimpleTokenizer,
     TokenizedDocument,
@@ -60,3 +62,7 @@ __all__ = [
     "window_forest",
     "window_hierarchy",
 ]
+
+# ``torch.load(weights_only=True)``, PyTorch's default, reads saved hierarchies (as PyG
+# allow-lists its own data classes); not their cached plans (see SignalHierarchy).
+torch.serialization.add_safe_globals([SignalHierarchy])

@@ -56,6 +56,12 @@ class SignalHierarchy(Data):
     :func:`~hiergraph.data.from_nested` or
     :func:`~hiergraph.data.window_hierarchy` rather than by hand; they
     validate the structure.
+
+    Saving: PyG's ``InMemoryDataset.save``/``load`` keep a list of hierarchies, read back
+    with ``torch.load(weights_only=True)`` (importing :mod:`hiergraph.data` allow-lists
+    this class, as PyG does its own). A pickled hierarchy (a ``DataLoader`` worker's batch)
+    carries its built :meth:`tree_index`, which such a read refuses: a plan is trusted
+    without checks, so it is loaded only from a trusted file (``weights_only=False``).
     """
 
     def __inc__(self, key: str, value: Any, *args, **kwargs) -> Any:

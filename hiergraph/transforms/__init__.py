@@ -1,5 +1,7 @@
 """Transforms that turn graphs into signal hierarchies."""
 
+import torch
+
 from hiergraph.transforms.graph_hierarchy import (
     GraphHierarchy,
     HierarchicalGraph,
@@ -8,3 +10,6 @@ from hiergraph.transforms.graph_hierarchy import (
 )
 
 __all__ = ["GraphHierarchy", "HierarchicalGraph", "hierarchy_stats", "sibling_edges"]
+
+# ``torch.load(weights_only=True)``, PyTorch's default, reads saved graphs with their trees.
+torch.serialization.add_safe_globals([HierarchicalGraph])

@@ -1,3 +1,6 @@
+import io
+import pickle
+
 import pytest
 import torch
 from torch_geometric.data import Batch, Data
@@ -14,6 +17,7 @@ from hiergraph.data import (
 )
 from hiergraph.data.signal_hierarchy import as_hierarchy
 from hiergraph.nn import global_leaf_mean_pool
+from tests.saving import reloaded
 
 
 def children_of(h, node):
@@ -253,8 +257,6 @@ def _count_index_builds(monkeypatch) -> list[int]:
 
 
 def test_tree_index_travels_with_to_clone_and_pickle(monkeypatch):
-    import pickle
-
     batch = Batch.from_data_list([window_hierarchy(9, (3,)), from_nested([[0, 1], [2]])])
     builds = _count_index_builds(monkeypatch)
     index = batch.tree_index()
@@ -275,6 +277,34 @@ def test_tree_index_travels_with_to_clone_and_pickle(monkeypatch):
     batch.slot = batch.slot.clone()  # so does replacing the tensor
     batch.tree_index()
     assert len(builds) == 3
+
+
+def test_a_saved_dataset_of_hierarchies_reads_back_weights_only(tmp_path):
+    trees = [from_nested([[0, 1], [2, 3, 4]], x=torch.randn(5, 4)), window_hierarchy(9, (3,))]
+    trees[1].x = torch.randn(9, 4)
+    trees[0].tree_index()  # collation leaves the built plan behind
+    dataset = reloaded(trees, str(tmp_path / "data.pt"), SignalHierarchy)
+    for tree, loaded in zip(trees, dataset, strict=True):
+        assert isinstance(loaded, SignalHierarchy)
+        for key in ("x", "parent", "slot", "is_leaf", "depth"):
+            assert torch.equal(loaded[key], tree[key])
+
+
+def test_a_pickled_plan_is_not_read_weights_only():
+    from hiergraph.datasets.processed import SAFE_CLASSES  # PyG's containers and storages
+
+    def weights_only_round_trip(tree):
+        saved = io.BytesIO()
+        torch.save(tree, saved)
+        saved.seek(0)
+        with torch.serialization.safe_globals(SAFE_CLASSES):
+            return torch.load(saved, weights_only=True)
+
+    tree = from_nested([[0, 1], [2, 3, 4]])
+    assert torch.equal(weights_only_round_trip(tree).parent, tree.parent)
+    tree.tree_index()  # trusted without checks once loaded: not from an untrusted file
+    with pytest.raises(pickle.UnpicklingError, match="TreeIndex"):
+        weights_only_round_trip(tree)
 
 
 def test_a_hierarchy_of_inference_tensors_is_planned_and_checked_on_every_use(monkeypatch):

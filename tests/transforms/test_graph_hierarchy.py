@@ -20,6 +20,7 @@ from hiergraph.transforms import (
     hierarchy_stats,
     sibling_edges,
 )
+from tests.saving import reloaded
 
 
 def sbm(blocks=(12, 12, 12, 12), p_in=0.5, p_out=0.02, seed=0, features=3):
@@ -99,6 +100,16 @@ def test_hierarchy_of_inference_tensors_and_its_cache():
         made = GraphHierarchy("lp", seed=1)(sbm())
         first = made.hierarchy()
         assert made.hierarchy() is not first and torch.equal(first.parent, tree.parent)
+
+
+def test_a_saved_dataset_of_graphs_reads_back_with_their_trees(tmp_path):
+    graphs = [GraphHierarchy(seed=0)(sbm(seed=seed)) for seed in (0, 1)]
+    graphs[0].hierarchy().tree_index()  # caches that collation leaves behind
+    dataset = reloaded(graphs, str(tmp_path / "data.pt"), HierarchicalGraph)
+    for graph, loaded in zip(graphs, dataset, strict=True):
+        assert isinstance(loaded, HierarchicalGraph)
+        assert torch.equal(loaded.hierarchy().parent, graph.hierarchy().parent)
+        assert torch.equal(loaded.tree_graph_pe, graph.tree_graph_pe)
 
 
 def test_recovers_planted_blocks():

@@ -1,9 +1,9 @@
-// One decoding step of the hierarchical KV cache (hiergraph.nn.kv_cache), on its own store:
-// the new leaf's key and value, the path nodes' prefix queries, one softmax per level over
-// its closed children, the energies up the path and the gated output, as one call instead
-// of a few dozen tensor operations. The store's layout and the formulas are those of
-// HierarchicalKVCache; the host-side bookkeeping (families closed and opened, the slots)
-// stays there.
+// One decoding step of the hierarchical KV cache (hiergraph.nn.hierarchical_kv_cache), on
+// its own store: the new leaf's key and value, the path nodes' prefix queries, one softmax
+// per level over its closed children, the energies up the path and the gated output, as one
+// call instead of a few dozen tensor operations. The store's layout and the formulas are
+// those of HierarchicalKVCache; the host-side bookkeeping (families closed and opened, the
+// slots) stays there.
 #include <ATen/ATen.h>
 
 #include <algorithm>
