@@ -231,8 +231,9 @@ class SignalHierarchy(Data):
         mapping.pop("_built_structure", None)
         cached = mapping.pop("_tree_index_cache", None)
         super().__setstate__(mapping)
-        if cached is not None and cached[0] == "pickled":
-            self._cache_tree_index(cached[1])
+        if isinstance(cached, tuple) and len(cached) == 2 and cached[0] == "pickled":
+            if isinstance(cached[1], TreeIndex):  # (anything else a file says is dropped)
+                self._cache_tree_index(cached[1])
 
     # ---------------------------------------------------------- constructors
     @classmethod

@@ -17,6 +17,7 @@ from hiergraph.data import (
 )
 from hiergraph.data.signal_hierarchy import as_hierarchy
 from hiergraph.nn import global_leaf_mean_pool
+from hiergraph.plan import TreeIndex
 from tests.saving import reloaded
 
 
@@ -305,6 +306,15 @@ def test_a_pickled_plan_is_not_read_weights_only():
     tree.tree_index()  # trusted without checks once loaded: not from an untrusted file
     with pytest.raises(pickle.UnpicklingError, match="TreeIndex"):
         weights_only_round_trip(tree)
+
+
+@pytest.mark.parametrize("cached", [("pickled", torch.zeros(3)), ("pickled",), "pickled"])
+def test_unpickling_keeps_only_a_tree_index_as_the_plan(cached):
+    tree = from_nested([[0, 1], [2, 3, 4]])
+    state = {**tree.__dict__, "_tree_index_cache": cached}
+    loaded = SignalHierarchy.__new__(SignalHierarchy)
+    loaded.__setstate__(state)  # what a pickle's state may say
+    assert isinstance(loaded.tree_index(), TreeIndex)
 
 
 def test_a_hierarchy_of_inference_tensors_is_planned_and_checked_on_every_use(monkeypatch):
