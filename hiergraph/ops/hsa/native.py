@@ -45,8 +45,9 @@ siblings, per level) run on it. Everything else, and everything under
 
 The kernel is compiled with :func:`torch.utils.cpp_extension.load` (a C++ compiler with
 OpenMP and ``ninja`` are needed) the first time an eligible call runs: 1-3 minutes once
-(157 CPU s on one 2-core machine), then loaded from PyTorch's extension cache
-(``TORCH_EXTENSIONS_DIR``). :func:`build` compiles it ahead of time. Where the build fails,
+(157 CPU s on one 2-core machine), and again after an update changes the sources, then
+loaded from PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``); a line on stderr
+announces each compilation. :func:`build` compiles it ahead of time. Where the build fails,
 a warning says why and the other paths run. Set the environment variable
 ``HIERGRAPH_NATIVE=0`` (or call :func:`set_enabled`) to turn it off.
 """
@@ -129,14 +130,23 @@ def build() -> ModuleType:
     from torch.utils.cpp_extension import _get_build_directory, load
 
     name, cflags, ldflags = build_flags()
-    if not any(Path(_get_build_directory(name, verbose=False)).glob("*.so")):
+    if _compiles(Path(_get_build_directory(name, verbose=False))):
         print(
-            "hiergraph: compiling its HSA kernels (once per install and machine, 1-3 minutes; "
-            "HIERGRAPH_NATIVE=0 skips it)",
+            "hiergraph: compiling its HSA kernels (once per install and machine, and again "
+            "after an update changes them; 1-3 minutes; HIERGRAPH_NATIVE=0 skips it)",
             file=sys.stderr,
             flush=True,
         )
     return load(name, [str(p) for p in SOURCES], extra_cflags=cflags, extra_ldflags=ldflags)
+
+
+def _compiles(folder: Path) -> bool:
+    """Whether :func:`build` will compile: no library in ``folder`` yet, or one older than a
+    source or header (an update or a ``git pull`` changed them; ninja then rebuilds)."""
+    built = [p.stat().st_mtime for p in folder.glob("*.so")]
+    csrc = SOURCES[0].parent
+    sources = [p.stat().st_mtime for p in csrc.glob("*") if p.suffix in (".cpp", ".h")]
+    return not built or max(built) < max(sources, default=0.0)
 
 
 def extension() -> ModuleType | None:

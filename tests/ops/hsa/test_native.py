@@ -82,6 +82,35 @@ def test_each_install_builds_its_own_extension_and_says_so_once(monkeypatch, tmp
     assert capsys.readouterr().err == ""
 
 
+def test_a_rebuild_after_the_sources_changed_says_so(monkeypatch, tmp_path, capsys):
+    """A library built from older sources (an update, a ``git pull``) is rebuilt by ninja
+    for 1-3 minutes: that rebuild is announced like the first build; one built after the
+    sources stays silent."""
+    import os
+
+    from torch.utils import cpp_extension
+
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    for source in ("uniform.cpp", "vector_ops.h"):
+        (csrc / source).touch()
+    monkeypatch.setattr(native, "SOURCES", [csrc / "uniform.cpp"])
+    built = tmp_path / "build"
+    built.mkdir()
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda *_, **__: str(built))
+    monkeypatch.setattr(cpp_extension, "load", lambda *_, **__: "module")
+    library = built / f"{native.build_flags()[0]}.so"
+    library.touch()
+    now = (csrc / "uniform.cpp").stat().st_mtime
+    os.utime(library, (now - 60, now - 60))
+    os.utime(csrc / "uniform.cpp", (now - 120, now - 120))  # only the header is newer
+    native.build()
+    assert "compiling its HSA kernels" in capsys.readouterr().err
+    os.utime(library, (now + 60, now + 60))
+    native.build()
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
 @pytest.mark.parametrize("layout", LAYOUTS)
