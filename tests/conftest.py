@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch_geometric.datasets import Planetoid  # noqa: E402
+from torch_geometric.datasets import PPI, Planetoid  # noqa: E402
 
 from hiergraph.datasets import planetoid as hp
 from hiergraph.ops.hsa import native
@@ -290,7 +290,7 @@ def no_network(monkeypatch):
         raise AssertionError("a loader tried to download")
 
     monkeypatch.setattr(Planetoid, "download", fail)
-    monkeypatch.setattr(hp.PPI, "download", fail)
+    monkeypatch.setattr(PPI, "download", fail)
 
 
 # ------------------------------------------------------------------ the ``cuda`` marker

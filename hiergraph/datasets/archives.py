@@ -3,7 +3,7 @@ extracting it, guarded against wrong and damaged sources.
 
 :func:`iter_raw_files` yields ``(relative path, content)`` of the regular files a dataset
 wants, selected by name before any content is read, so unused members cost no memory. It
-refuses, with :class:`~hiergraph.datasets.download.CorruptFileError` naming the archive, the
+refuses, with :class:`~hiergraph.datasets.errors.CorruptFileError` naming the archive, the
 member and what it should hold:
 
 * sizes: a wanted file larger than :data:`MAX_MEMBER_BYTES` (or the dataset's own limit),
@@ -36,7 +36,8 @@ import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from hiergraph.datasets.download import CorruptFileError, regular_file, resolve_inside
+from hiergraph.datasets.errors import CorruptFileError, regular_file
+from hiergraph.datasets.locate import resolve_inside
 
 #: Largest archive member (or file) a dataset reads, in bytes: far above any document of
 #: the supported corpora, so that a wrong or malicious archive fails fast, before it is
@@ -96,10 +97,10 @@ def iter_raw_files(
     their names are checked before their content is touched, so unused members cost
     no memory. A wanted file larger than ``max_bytes`` (its declared size), an archive
     that holds a wanted name twice (it would be read twice) and a truncated or damaged
-    archive raise :class:`~hiergraph.datasets.download.CorruptFileError` naming the
+    archive raise :class:`~hiergraph.datasets.errors.CorruptFileError` naming the
     archive, the member and ``what`` it should hold; a folder's file that a symlink leads
     out of the folder raises ``ValueError``
-    (:func:`~hiergraph.datasets.download.resolve_inside`).
+    (:func:`~hiergraph.datasets.locate.resolve_inside`).
     """
     source = Path(source)
     keep = wanted if wanted is not None else (lambda name: True)

@@ -1,33 +1,21 @@
-"""Where datasets live, how their official files are fetched, and the processing lock.
+"""How the official files of a dataset are fetched.
 
-* :func:`data_root`: the data root, ``root`` if given, else ``$HIERGRAPH_DATA``, else the
-  user cache folder ``$XDG_CACHE_HOME/hiergraph`` (``~/.cache/hiergraph`` when
-  ``XDG_CACHE_HOME`` is unset). Each dataset keeps ``raw/`` and ``processed/`` below it.
 * :func:`fetch`: download one official file into place. The bytes go to a temporary
   file next to the destination, which is renamed into place only when the download is
   complete and its SHA-256 matches :attr:`RemoteFile.sha256`; a cut connection, a
   checksum mismatch or an interruption leave nothing at the destination, and the partial
   file of a killed run is removed by the next download of that file. Set
   ``$HIERGRAPH_OFFLINE=1`` to never try the network.
-* :func:`file_lock`: an exclusive lock on ``<folder>/.lock`` (``fcntl.flock`` where
-  available, a portable lock file otherwise), held while a dataset downloads its raw
-  files and builds its processed cache, so that concurrent first runs do not both
-  write the cache.
-* :func:`locate_raw`: the one path every loader takes to its raw files: look in the
-  places the dataset accepts, else download the official files (unless offline), else
-  raise :class:`FileNotFoundError` listing the places searched and how to fix it.
-* :func:`atomic_path`: every file a loader writes (downloads, unpacked raw files,
-  processed caches) is written to a temporary file beside it and renamed into place
-  when complete, so an interrupted run never leaves a partial file in its place (a killed
-  process leaves its temporary file, hidden, beside it).
-* :class:`CorruptFileError`: a file on disk is not what it should be (a truncated
-  archive, a damaged pickle, an archive member far larger than expected). Its message
-  names the file and what was expected.
 
 :data:`REMOTE_FILES` lists the official archives of the document corpora with their
 SHA-256 checksums; :data:`PLANETOID_SHA256` those of the Planetoid raw files. A
 checksum constant must be the SHA-256 of the official file: if a publisher replaces a
 file, downloads fail with a checksum error until the constant is updated.
+
+The errors (:class:`~hiergraph.datasets.errors.CorruptFileError`,
+:class:`~hiergraph.datasets.errors.DownloadError`), the lock and atomic writes
+(:mod:`hiergraph.datasets.locks`) and where data lives (:mod:`hiergraph.datasets.locate`)
+are importable from here too.
 """
 
 from __future__ import annotations
@@ -36,37 +24,56 @@ import contextlib
 import hashlib
 import http.client
 import os
-import secrets
 import socket
-import stat
 import sys
 import tarfile
 import time
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
-from hiergraph._environment import OFF
+from hiergraph.datasets.errors import CorruptFileError, DownloadError, regular_file
+from hiergraph.datasets.locate import (
+    DATA_ENV,
+    OFFLINE_ENV,
+    RAW_ENV,
+    cache_dir,
+    data_root,
+    describe_places,
+    downloads_allowed,
+    locate_raw,
+    resolve_inside,
+)
+from hiergraph.datasets.locks import LOCK_TIMEOUT, atomic_path, file_lock
 
-try:  # POSIX
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
-try:  # Windows
-    import msvcrt
-except ImportError:
-    msvcrt = None
-
-#: Environment variable for the data root (where ``<Name>/raw`` and ``processed`` live).
-DATA_ENV = "HIERGRAPH_DATA"
-#: Environment variable for a read-only folder of pre-placed raw files.
-RAW_ENV = "HIERGRAPH_RAW"
-#: Environment variable that, set to anything but ``0``, forbids every download.
-OFFLINE_ENV = "HIERGRAPH_OFFLINE"
+__all__ = [
+    "DATA_ENV",
+    "DEAD_SECONDS",
+    "LOCK_TIMEOUT",
+    "MIN_RATE",
+    "OFFLINE_ENV",
+    "PLANETOID_SHA256",
+    "RAW_ENV",
+    "REMOTE_FILES",
+    "SLOW_SECONDS",
+    "TIMEOUT",
+    "CorruptFileError",
+    "DownloadError",
+    "RemoteFile",
+    "atomic_path",
+    "cache_dir",
+    "data_root",
+    "describe_places",
+    "downloads_allowed",
+    "fetch",
+    "file_lock",
+    "locate_raw",
+    "regular_file",
+    "resolve_inside",
+    "sha256_of",
+]
 
 _CHUNK = 1 << 20
 _USER_AGENT = "hiergraph (dataset download)"
@@ -77,41 +84,6 @@ TIMEOUT = 60.0
 MIN_RATE, SLOW_SECONDS = 1024, 120.0
 #: Seconds after which a download's temporary file that nothing wrote to is a dead one's.
 DEAD_SECONDS = 4 * SLOW_SECONDS
-
-
-class CorruptFileError(ValueError):
-    """A dataset file exists but cannot be read as what it should be.
-
-    Attributes:
-        path: the file.
-    """
-
-    def __init__(self, path: str | os.PathLike, message: str):
-        super().__init__(message)
-        self.path = Path(path)
-
-
-def regular_file(path: Path, what: str) -> Path:
-    """``path`` if it is (or links to) a regular file; else a :class:`CorruptFileError`
-    naming ``what`` should be there: a FIFO there blocks its reader forever (holding the
-    dataset's lock), a device such as ``/dev/zero`` never ends. A missing file raises
-    ``FileNotFoundError``, which callers report their own way."""
-    if not stat.S_ISREG(path.stat().st_mode):
-        raise CorruptFileError(
-            path,
-            f"{path}: {what} is not a regular file (a FIFO, a device or a folder): put the "
-            "file itself there",
-        )
-    return path
-
-
-class DownloadError(OSError):
-    """A download failed. ``unreachable`` is true when no server could be reached at all
-    (no network, unknown host, refused or timed-out connection)."""
-
-    def __init__(self, message: str, unreachable: bool = False):
-        super().__init__(message)
-        self.unreachable = unreachable
 
 
 @dataclass(frozen=True)
@@ -177,43 +149,6 @@ PLANETOID_SHA256: dict[str, str] = {
     "ind.pubmed.graph": "5b89f0036ca22909471f1e6558eb42fa06e0c730a577bde5b058b40638f81dc9",
     "ind.pubmed.test.index": "b101d421688bbaecbd82e8a18f1e282378d6830f3a37666f28ebc47f844341b5",
 }
-
-
-# ------------------------------------------------------------------ where data lives
-def cache_dir() -> Path:
-    """The user cache folder: ``$XDG_CACHE_HOME/hiergraph``, else ``~/.cache/hiergraph``."""
-    if os.environ.get("XDG_CACHE_HOME"):
-        return _folder_of("XDG_CACHE_HOME") / "hiergraph"
-    return Path.home() / ".cache" / "hiergraph"
-
-
-def data_root(root: str | os.PathLike | None = None) -> Path:
-    """The data root: ``root``, else ``$HIERGRAPH_DATA``, else :func:`cache_dir`.
-
-    Raises:
-        NotADirectoryError: naming the variable, where ``$HIERGRAPH_DATA`` or
-            ``$XDG_CACHE_HOME`` names a file (a bare error of a folder below it before).
-    """
-    if root is not None:
-        return Path(root).expanduser()
-    if os.environ.get(DATA_ENV):
-        return _folder_of(DATA_ENV)
-    return cache_dir()
-
-
-def _folder_of(variable: str) -> Path:
-    """The folder the environment ``variable`` names (``~`` expanded), refused if a file."""
-    path = Path(os.environ[variable]).expanduser()
-    if path.exists() and not path.is_dir():
-        raise NotADirectoryError(f"${variable} names {path}, a file: set it to a folder")
-    return path
-
-
-def downloads_allowed() -> bool:
-    """False when ``$HIERGRAPH_OFFLINE`` is set, to anything but an empty string or a
-    switch's off value (``0``, ``false``, ``no``, ``off``, any case: ``false`` was
-    offline)."""
-    return os.environ.get(OFFLINE_ENV, "").strip().lower() in ("", *OFF)
 
 
 # ------------------------------------------------------------------------- download
@@ -347,253 +282,3 @@ def _remove_dead_downloads(dest: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             if time.time() - tmp.stat().st_mtime > DEAD_SECONDS:
                 tmp.unlink()
-
-
-# ----------------------------------------------------------------------------- lock
-#: Seconds to wait for a portable (non-``flock``) lock before giving up.
-LOCK_TIMEOUT = 6 * 3600.0
-
-
-@contextlib.contextmanager
-def file_lock(folder: str | os.PathLike, timeout: float = LOCK_TIMEOUT) -> Iterator[Path | None]:
-    """Hold an exclusive lock on ``<folder>/.lock`` (created with the folder if needed).
-
-    Uses ``fcntl.flock`` (released by the OS when the process dies), else
-    ``msvcrt.locking`` on Windows, else an exclusively created ``.lock.pid`` file
-    (removed on exit; a process killed while holding it leaves it behind, and the
-    next one waits up to ``timeout`` seconds, then raises :class:`TimeoutError`
-    naming the file to delete). A folder that cannot be written to is not locked
-    (yields ``None``): nothing can be built there anyway.
-    """
-    folder = Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle = open(folder / ".lock", "a+b")  # noqa: SIM115 - closed in the finally below
-    except OSError:
-        handle = None
-    if handle is None:
-        yield None
-        return
-    try:
-        if fcntl is not None:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            except OSError:  # e.g. a file system without flock: portable fallback
-                with _exclusive_file(folder / ".lock.pid", timeout):
-                    yield folder / ".lock"
-                return
-            try:
-                yield folder / ".lock"
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-        elif msvcrt is not None:  # pragma: no cover - Windows
-            _msvcrt_lock(handle, timeout)
-            try:
-                yield folder / ".lock"
-            finally:
-                handle.seek(0)
-                msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
-        else:
-            with _exclusive_file(folder / ".lock.pid", timeout):
-                yield folder / ".lock"
-    finally:
-        handle.close()
-
-
-def _msvcrt_lock(handle, timeout: float) -> None:  # pragma: no cover - Windows
-    deadline = time.monotonic() + timeout
-    while True:
-        handle.seek(0)
-        try:
-            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not lock {handle.name} within {timeout:.0f} s") from None
-            time.sleep(0.1)
-
-
-@contextlib.contextmanager
-def _exclusive_file(path: Path, timeout: float, poll: float = 0.1) -> Iterator[None]:
-    """Portable lock: whoever creates ``path`` (``O_CREAT | O_EXCL``) holds it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"waited {timeout:.0f} s for the lock file {path}, held by another process "
-                    "building this dataset; if no such process is running (one was killed), "
-                    "delete the file and try again"
-                ) from None
-            time.sleep(poll)
-    try:
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-
-# ------------------------------------------------------------------ atomic writes
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary path beside ``path``, renamed to ``path`` when the block succeeds.
-
-    The block writes the file at the yielded path (an empty file, created with the
-    permissions a plain ``open(path, "w")`` would give); if it raises, or the process
-    is interrupted, the temporary file is removed and ``path`` is left as it was.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    while True:  # tempfile.mkstemp would make the file private (0o600), whatever the umask
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
-        try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            break
-        except FileExistsError:
-            continue
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
-def describe_places(places: Sequence[os.PathLike | str]) -> str:
-    """Bulleted list of folders, one per line; a place that is a file is marked as one (a
-    raw folder given as the path of the archive in it)."""
-    marked = [
-        f"{p} (a file: name the folder that holds it)" if Path(p).is_file() else p for p in places
-    ]
-    return "".join(f"\n  - {p}" for p in marked) or " (none)"
-
-
-# -------------------------------------------- locate, else download, else explain
-T = TypeVar("T")
-
-
-def locate_raw(
-    name: str,
-    places: Sequence[Path],
-    find: Callable[[Path], T | None],
-    expected: str | Callable[[], str],
-    download: Callable[[], object] | None = None,
-    *,
-    how_to_get: str = "",
-    noun: str = "it",
-    raw_env: str | None = RAW_ENV,
-    raw_dir_argument: bool = True,
-    data_folder: str | None = None,
-) -> T:
-    """A dataset's raw data: found in ``places``, else downloaded, else explained.
-
-    1. ``find(place)`` runs on each of ``places`` in order (it may link what it finds
-       into place); the first result that is not ``None`` is returned.
-    2. Otherwise, unless there is no ``download`` or ``$HIERGRAPH_OFFLINE`` is set,
-       ``download()`` fetches the official files into ``places[0]`` (where the raw
-       files belong) and the search runs again. A download that fails on the way (cut,
-       not the official file, a server's error) raises :class:`DownloadError` naming
-       ``name``, what went wrong and the fix below; an unreachable network goes on to 3.
-    3. Raises :class:`FileNotFoundError`::
-
-           <name>: no raw data found. Expected <expected>; searched:
-             - <each of places>
-           <no download | downloads switched off | the download failed (offline?)>
-           Fix: put <noun> into <places[0]>, or pass raw_dir=<folder holding <noun>>,
-           or set <raw_env>=<folder holding <noun>>, or set HIERGRAPH_DATA/root= to a
-           data root that has <data_folder>. <how_to_get>
-
-       (the ``raw_dir=``, ``raw_env`` and data-root ways only where the dataset takes
-       them: ``raw_dir_argument``, ``raw_env`` and ``data_folder``; ``$HIERGRAPH_RAW``
-       also takes a collection holding ``<name>/raw``).
-
-    Args:
-        name: the dataset, first word of every message.
-        places: the folders searched, in order; ``places[0]`` is where the files belong.
-        find: what to return for a place that has the files, else ``None``.
-        expected: what the files are (or a function saying it, for messages that list
-            what is still missing).
-        download: fetches the official files into ``places[0]``; ``None``: no download.
-        how_to_get: where the official files are, appended to the fix.
-        noun: how the messages name the files (``"it"``, ``"the files"``).
-    """
-
-    def search() -> T | None:
-        for place in places:
-            found = find(place)
-            if found is not None:
-                return found
-        return None
-
-    found = search()
-    if found is not None:
-        return found
-    target = places[0]
-    ways = [f"put {noun} into {target}"]
-    if raw_dir_argument:
-        ways.append(f"pass raw_dir=<folder holding {noun}>")
-    if raw_env:
-        collection = f" or {name}/raw" if raw_env == RAW_ENV else ""
-        ways.append(f"set {raw_env}=<folder holding {noun}{collection}>")
-    if data_folder:
-        ways.append(f"set {DATA_ENV}/root= to a data root that has {data_folder}")
-    fix = f"Fix: {', or '.join(ways)}. {how_to_get}".rstrip()
-    failure = None
-    if download is None:
-        tried = "This dataset has no automatic download."
-    elif not downloads_allowed():
-        tried = f"Downloads are switched off (${OFFLINE_ENV})."
-    else:
-        try:
-            download()
-        except DownloadError as err:
-            if not err.unreachable:
-                raise DownloadError(f"{name}: {err}\n{fix}") from err
-            failure = err
-            tried = f"Downloading {noun} failed (offline?): {err}"
-        else:
-            found = search()
-            if found is not None:
-                return found
-            tried = f"The download finished but did not provide {noun}."
-    what = expected() if callable(expected) else expected
-    raise FileNotFoundError(
-        f"{name}: no raw data found. Expected {what}; searched:{describe_places(places)}\n"
-        f"{tried}\n{fix}"
-    ) from failure
-
-
-def resolve_inside(root: str | os.PathLike, path: str | os.PathLike, entry: str) -> Path:
-    """``path`` with every symlink resolved, checked to lie inside the folder ``root``.
-
-    ``path`` is a file system path (usually ``root / <relative name>``; joining
-    an absolute name replaces ``root``, which this check then catches). Both
-    are resolved before the comparison, so ``root`` itself may be a symlink,
-    and so may files inside it as long as they point inside it.
-
-    Args:
-        root: the raw folder.
-        path: the file to read.
-        entry: what asked for the file (e.g. an index entry), for the error.
-
-    Returns:
-        the resolved path.
-
-    Raises:
-        ValueError: the resolved path is outside the resolved ``root``; the
-            message names ``entry`` and ``root``.
-    """
-    base = Path(root).resolve()
-    target = Path(path).resolve()
-    if not target.is_relative_to(base):
-        raise ValueError(
-            f"{entry}: {os.fspath(path)!r} leads to {str(target)!r}, outside the raw folder "
-            f"{os.fspath(root)!r}. Raw files must lie inside the raw folder: no absolute "
-            "paths, no '..' climbing out of it, no symlinks pointing out of it."
-        )
-    return target

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hiergraph.datasets.download import CorruptFileError, resolve_inside
+from hiergraph.datasets.errors import CorruptFileError
+from hiergraph.datasets.locate import resolve_inside
 from hiergraph.datasets.multimodal_records import MultimodalRecordDataset, RawRecord
 from hiergraph.datasets.text import stratified_split
 

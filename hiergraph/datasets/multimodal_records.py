@@ -21,7 +21,7 @@ field (the model sees "no text" rather than the record being dropped).
 
 Raw files are never downloaded; a missing dataset raises
 :class:`FileNotFoundError` saying where the files are expected and how to get them
-(:func:`~hiergraph.datasets.download.locate_raw`). Building the cache holds a lock on
+(:func:`~hiergraph.datasets.locate.locate_raw`). Building the cache holds a lock on
 ``<root>/processed/.lock``, so concurrent first runs build it once, and every cache file
 is written to a temporary file and renamed into place, so an interrupted build leaves no
 partial file. Every raw file read must lie inside the raw folder once symlinks are
@@ -47,15 +47,9 @@ from torch_geometric.data import Data, InMemoryDataset
 
 from hiergraph._checks import as_int, check_fractions, check_int, check_seed
 from hiergraph.data.multimodal import ImageField, MultimodalSchema, SequenceField
-from hiergraph.datasets.download import (
-    CorruptFileError,
-    atomic_path,
-    data_root,
-    file_lock,
-    locate_raw,
-    regular_file,
-    resolve_inside,
-)
+from hiergraph.datasets.errors import CorruptFileError, regular_file
+from hiergraph.datasets.locate import data_root, locate_raw, resolve_inside
+from hiergraph.datasets.locks import atomic_path, file_lock
 from hiergraph.datasets.processed import StrictLoad
 
 SPLITS = ("train", "val", "test")

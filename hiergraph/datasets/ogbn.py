@@ -35,17 +35,14 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from hiergraph._checks import holds_integers
-from hiergraph.datasets.download import (
+from hiergraph.datasets.download import RemoteFile, fetch
+from hiergraph.datasets.errors import (
     CorruptFileError,
     DownloadError,  # noqa: F401 - raised by load_ogbn, caught as ogbn.DownloadError
-    RemoteFile,
-    atomic_path,
-    data_root,
-    fetch,
-    file_lock,
-    locate_raw,
 )
 from hiergraph.datasets.graph_checks import graph_problems
+from hiergraph.datasets.locate import data_root, locate_raw
+from hiergraph.datasets.locks import atomic_path, file_lock
 from hiergraph.datasets.processed import CheckedRecords, weights_only_loads
 
 OGBN_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
@@ -180,7 +177,7 @@ def _read_by_ogb(folder: Path):
     only (:func:`~hiergraph.datasets.processed.weights_only_loads`; PyTorch before 2.6
     would unpickle whatever its processed and split files hold), and a file it cannot parse
     (truncated, damaged, holding code) raises a
-    :class:`~hiergraph.datasets.download.CorruptFileError` naming the folder; errors of the
+    :class:`~hiergraph.datasets.errors.CorruptFileError` naming the folder; errors of the
     machine (no permission, a full disk, out of memory) are raised as they are."""
     try:
         with weights_only_loads():

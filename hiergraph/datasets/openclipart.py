@@ -44,7 +44,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from hiergraph.datasets.download import CorruptFileError, regular_file, resolve_inside
+from hiergraph.datasets.errors import CorruptFileError, regular_file
+from hiergraph.datasets.locate import resolve_inside
 from hiergraph.datasets.multimodal_records import MultimodalRecordDataset, RawRecord, group_split
 
 OPENCLIPART_ENV = "HIERGRAPH_OPENCLIPART"

@@ -6,8 +6,8 @@ when the file names a global that is not allow-listed, warns and reads it again 
 ``~/.cache/hiergraph`` by default) would then run whatever its pickle asks for.
 :class:`StrictLoad` reads caches with ``weights_only=True`` only, allow-listing the PyG data
 classes a cache holds, and turns any failure into a
-:class:`~hiergraph.datasets.download.CorruptFileError` naming the file. Its :meth:`save`
-writes a cache through :func:`~hiergraph.datasets.download.atomic_path`, so an
+:class:`~hiergraph.datasets.errors.CorruptFileError` naming the file. Its :meth:`save`
+writes a cache through :func:`~hiergraph.datasets.locks.atomic_path`, so an
 interrupted build never leaves a partial cache file behind.
 
 PyG also keeps, beside each cache, a record of the ``pre_transform`` and ``pre_filter`` it
@@ -32,8 +32,9 @@ from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
 from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
 
 from hiergraph.data import SignalHierarchy
-from hiergraph.datasets.download import CorruptFileError, atomic_path
+from hiergraph.datasets.errors import CorruptFileError
 from hiergraph.datasets.graph_checks import label_problems
+from hiergraph.datasets.locks import atomic_path
 
 #: The classes a processed cache may name: PyG's data containers and their storages.
 SAFE_CLASSES = [

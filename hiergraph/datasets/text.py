@@ -20,7 +20,7 @@ cache holds a lock on ``<root>/processed/.lock``, so concurrent first runs build
 Archives are read without extracting them (:mod:`hiergraph.datasets.archives`); only the
 members a dataset needs are read (selected by name first), each up to
 :data:`~hiergraph.datasets.archives.MAX_MEMBER_BYTES`. A truncated or damaged archive raises
-:class:`~hiergraph.datasets.download.CorruptFileError` naming it.
+:class:`~hiergraph.datasets.errors.CorruptFileError` naming it.
 """
 
 from __future__ import annotations
@@ -47,15 +47,9 @@ from hiergraph.data.document import (
     tokenize_documents,
 )
 from hiergraph.datasets.archives import MAX_MEMBER_BYTES, iter_raw_files
-from hiergraph.datasets.download import (
-    RAW_ENV,
-    REMOTE_FILES,
-    atomic_path,
-    data_root,
-    fetch,
-    file_lock,
-    locate_raw,
-)
+from hiergraph.datasets.download import REMOTE_FILES, fetch
+from hiergraph.datasets.locate import RAW_ENV, data_root, locate_raw
+from hiergraph.datasets.locks import atomic_path, file_lock
 from hiergraph.datasets.processed import StrictLoad, damaged_cache
 from hiergraph.datasets.static_embeddings import MINILM_VOCAB_SIZE
 
@@ -117,7 +111,7 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
     Args:
         root: dataset folder (default ``<data root>/<name>``, the data root being
             ``$HIERGRAPH_DATA``, else ``~/.cache/hiergraph``, see
-            :func:`~hiergraph.datasets.download.data_root`); raw files in
+            :func:`~hiergraph.datasets.locate.data_root`); raw files in
             ``root/raw``, the cache in ``root/processed``.
         split: ``'train'``, ``'val'`` or ``'test'``.
         tokenizer: ``'minilm'`` (the all-MiniLM-L6-v2 WordPiece tokenizer, for
@@ -330,9 +324,9 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
         """The first raw source found, else the official archive, downloaded into
         ``<root>/raw``; raises :class:`FileNotFoundError` saying where to put it when
         neither works (offline), and
-        :class:`~hiergraph.datasets.download.DownloadError` when a download fails on
+        :class:`~hiergraph.datasets.errors.DownloadError` when a download fails on
         the way (cut, or not the official file). See
-        :func:`~hiergraph.datasets.download.locate_raw`."""
+        :func:`~hiergraph.datasets.locate.locate_raw`."""
         remote = REMOTE_FILES.get(self.name)
 
         def source_in(place: Path) -> Path | None:

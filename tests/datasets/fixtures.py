@@ -72,6 +72,12 @@ def write_tar(path: Path, files: dict[str, str], huge: dict[str, int] | None = N
     return path
 
 
+def truncate(path: Path, fraction: float) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * fraction)])
+    return path
+
+
 def trust_planetoid(raw: Path) -> Path:
     """Pin the SHA-256 of the Planetoid raw files in ``raw`` as the official ones, for the
     running test (``tests/datasets/conftest.py`` restores the pinned checksums after each

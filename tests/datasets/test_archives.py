@@ -1,27 +1,22 @@
 """Archive robustness: members filtered by name before reading, a size cap, and errors on
-damaged files (archives, Planetoid pickles, processed caches) that name the file."""
+damaged archives that name the file."""
 
 from __future__ import annotations
 
 import codecs
 import io
-import pickle
 import tarfile
 import tracemalloc
 import zipfile
-from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
-from hiergraph.datasets import planetoid as hp
 from hiergraph.datasets.archives import decode, iter_raw_files
 from hiergraph.datasets.bbc import BBCNews
 from hiergraph.datasets.download import CorruptFileError
 from hiergraph.datasets.imdb import IMDB
 from hiergraph.datasets.newsgroups import TwentyNewsgroups
-from tests.datasets.fixtures import imdb_files, trust_planetoid, write_tar, write_tiny_planetoid
+from tests.datasets.fixtures import imdb_files, truncate, write_tar
 
 HUGE = 128 << 20  # bytes of an unused member: reading it would show in the peak
 
@@ -88,17 +83,11 @@ def test_dataset_cap_is_a_class_attribute(tmp_path, monkeypatch):
         IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
 
 
-def _truncate(path: Path, fraction: float) -> Path:
-    data = path.read_bytes()
-    path.write_bytes(data[: int(len(data) * fraction)])
-    return path
-
-
 @pytest.mark.parametrize("fraction", [0.02, 0.5, 0.97])
 def test_truncated_tar_gz_names_the_file(tmp_path, fraction):
     files = {f"20news-bydate-train/sci.space/{i}": f"Subject: s{i}\n\nspace {i}" for i in range(50)}
     files |= {f"20news-bydate-test/sci.space/{i}": f"Subject: t\n\nspace {i}" for i in range(10)}
-    archive = _truncate(write_tar(tmp_path / "20news-bydate.tar.gz", files), fraction)
+    archive = truncate(write_tar(tmp_path / "20news-bydate.tar.gz", files), fraction)
     with pytest.raises(CorruptFileError) as info:
         TwentyNewsgroups(tmp_path / "ng", tokenizer="simple", raw_dir=tmp_path)
     message = str(info.value)
@@ -119,7 +108,7 @@ def test_garbage_and_bad_zip_name_the_file(tmp_path):
         for c in BBCNews.classes:
             for i in range(1, 11):
                 z.writestr(f"bbc/{c}/{i:03d}.txt", f"{c} news {i}\n\nBody {i}." * 20)
-    _truncate(bad_zip, 0.6)  # the central directory is gone
+    truncate(bad_zip, 0.6)  # the central directory is gone
     with pytest.raises(CorruptFileError) as info:
         BBCNews(tmp_path / "bbc", tokenizer="simple", raw_dir=bad_zip.parent)
     assert str(bad_zip) in str(info.value) and "zip archive" in str(info.value)
@@ -183,131 +172,6 @@ def test_zip_members_python_cannot_read_name_the_file(tmp_path):
         list(iter_raw_files(source, None, 1 << 20, "BBC articles"))
 
 
-def test_corrupt_planetoid_pickle_names_the_file(tmp_path):
-    raw = write_tiny_planetoid(tmp_path / "src")
-    data = hp.load_planetoid("Cora", root=tmp_path / "ok", raw_dir=raw)[0]
-    assert data.num_nodes == 560 and int(data.train_mask.sum()) == 40
-    _truncate(raw / "ind.cora.graph", 0.5)
-    with pytest.raises(CorruptFileError) as info:
-        hp.load_planetoid("Cora", root=tmp_path / "bad", raw_dir=raw)
-    message = str(info.value)  # (the source the link in <root>/Cora/raw points to)
-    assert str(raw / "ind.cora.graph") in message and "differs from the official" in message
-    trust_planetoid(raw)  # (as if it were the official file: read, and found damaged)
-    with pytest.raises(CorruptFileError) as info:
-        hp.load_planetoid("Cora", root=tmp_path / "bad", raw_dir=raw)
-    assert str(raw / "ind.cora.graph") in str(info.value)
-    assert "adjacency lists" in str(info.value)
-    assert isinstance(info.value.__cause__, (EOFError, pickle.UnpicklingError))
-    trust_planetoid(write_tiny_planetoid(tmp_path / "src2"))
-    (tmp_path / "src2" / "ind.cora.test.index").write_text("12\nnot a number\n")
-    trust_planetoid(tmp_path / "src2")
-    with pytest.raises(CorruptFileError, match=r"ind\.cora\.test\.index.*one test node index"):
-        hp.load_planetoid("Cora", root=tmp_path / "bad2", raw_dir=tmp_path / "src2")
-
-
-def test_planetoid_pickles_that_are_not_the_official_files_are_not_read(tmp_path):
-    """A pickle runs code when read: files whose SHA-256 is not the official one's are
-    refused before PyG (or the loader's own diagnosis) reads them."""
-    raw = write_tiny_planetoid(tmp_path / "src")
-    ran = tmp_path / "ran"
-
-    class Planted:
-        def __reduce__(self):
-            return (Path.touch, (ran,))
-
-    (raw / "ind.cora.x").write_bytes(pickle.dumps(Planted(), protocol=2))
-    with pytest.raises(CorruptFileError, match=r"ind\.cora\.x: its SHA-256 differs .* not read"):
-        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
-    assert not ran.exists()
-    assert not any((tmp_path / "data" / "Cora" / "processed").glob("*.pt"))
-    own = write_tiny_planetoid(tmp_path / "own", seed=1, trusted=False)  # a user's own files
-    with pytest.raises(CorruptFileError, match="pass trust_raw_files=True"):
-        hp.load_planetoid("Cora", root=tmp_path / "own_data", raw_dir=own)
-    data = hp.load_planetoid("Cora", root=tmp_path / "own_data", raw_dir=own, trust_raw_files=True)
-    assert data[0].num_nodes == 560
-
-
-def test_raw_files_that_read_but_do_not_fit_name_the_folder(tmp_path):
-    """Every file parses, but a test index points past the features: the error names the
-    raw folder (a bare IndexError from inside PyG before), with PyG's error as its cause."""
-    raw = write_tiny_planetoid(tmp_path / "src")
-    (raw / "ind.cora.test.index").write_text("99999\n")
-    trust_planetoid(raw)
-    with pytest.raises(CorruptFileError, match="could not build Cora from these raw files") as info:
-        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
-    assert str(tmp_path / "data" / "Cora" / "raw") in str(info.value)
-    assert isinstance(info.value.__cause__, IndexError)
-    assert not any((tmp_path / "data" / "Cora" / "processed").glob("*.pt"))  # no cache left
-
-
-@pytest.mark.parametrize(
-    "edit, problem",
-    [
-        ("edge", r"the graph has node ids 0\.\.1000000 for 560 nodes"),
-        ("negative-edge", r"the graph has node ids -1\.\.559 for 560 nodes"),
-        ("no-test", "ind.cora.test.index lists no test node"),
-        ("negative-test", r"ind.cora.test.index holds a negative node id \(-3\)"),
-    ],
-)
-def test_raw_files_that_build_but_are_no_graph_are_refused(tmp_path, edit, problem):
-    """(They loaded: an edge to a node that does not exist, no test node, or a negative test
-    id that PyG wraps to the last nodes.)"""
-    raw = write_tiny_planetoid(tmp_path / "src")
-    if edit.endswith("edge"):
-        graph = pickle.loads((raw / "ind.cora.graph").read_bytes())
-        if edit == "edge":
-            graph[0] = [1_000_000]
-        else:
-            graph[-1], graph[5] = [5], [*graph[5], -1]
-        (raw / "ind.cora.graph").write_bytes(pickle.dumps(graph, protocol=2))
-    else:
-        ids = [] if edit == "no-test" else [-3, *range(541, 560)]
-        (raw / "ind.cora.test.index").write_text("".join(f"{i}\n" for i in ids))
-    trust_planetoid(raw)  # (as if these were the official files)
-    with pytest.raises(CorruptFileError, match=f"read but do not fit together: {problem}"):
-        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
-
-
-def test_corrupt_ppi_file_names_the_file(tmp_path):
-    raw = hp.write_synthetic_ppi(tmp_path / "src", graphs=(2, 1, 1), nodes_per_graph=8)
-    (raw / "valid_graph.json").write_text('{"nodes": [')
-    with pytest.raises(CorruptFileError, match=r"valid_graph\.json.*node-link graph in JSON"):
-        hp.load_ppi(root=tmp_path / "data", raw_dir=raw)
-
-
-def test_damaged_processed_cache_names_the_file(tmp_path):
-    write_tar(tmp_path / "aclImdb_v1.tar.gz", imdb_files())
-    IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
-    cache = tmp_path / "imdb" / "processed" / "simple_train.pt"
-    _truncate(cache, 0.5)
-    with pytest.raises(CorruptFileError, match="force_reload=True") as info:
-        IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
-    assert info.value.path == cache and not isinstance(info.value.__cause__, CorruptFileError)
-    rebuilt = IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path, force_reload=True)
-    assert len(rebuilt) == 18
-    # no temporary files are left next to the cache
-    assert sorted(p.name for p in cache.parent.iterdir() if p.name.startswith(".")) == [".lock"]
-
-
-@pytest.mark.parametrize(
-    "content",
-    ["[1, 2]", '{"classes": []}', '{"tokenizer": "simple", "empty": {}}', "{not json"],
-    ids=["a list", "no classes", "classes missing", "not JSON"],
-)
-def test_edited_cache_metadata_names_the_file(tmp_path, content):
-    """The JSON beside the splits must be the object the cache wrote (it loaded with no
-    class names before)."""
-    write_tar(tmp_path / "aclImdb_v1.tar.gz", imdb_files())
-    IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
-    meta = next((tmp_path / "imdb" / "processed").glob("*.json"))
-    meta.write_text(content)
-    with pytest.raises(CorruptFileError, match="force_reload=True") as info:
-        IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
-    assert info.value.path == meta
-    rebuilt = IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path, force_reload=True)
-    assert len(rebuilt.meta["classes"]) == 2
-
-
 def test_a_member_held_twice_is_refused(tmp_path):
     """(A second copy of a review was read as one more document.)"""
     archive = tmp_path / "aclImdb_v1.tar.gz"
@@ -356,37 +220,6 @@ def test_utf16_with_its_byte_order_mark_is_decoded():
         assert decode(damaged) == damaged.decode("latin-1")
 
 
-MASK_KEYS = ("train_mask", "val_mask", "test_mask")
-
-
-def test_geom_gcn_split_reads_the_checked_raw_folder(tmp_path):
-    """PyG reads the geom-gcn split's raw files from ``<Name>/geom-gcn/raw``: files planted
-    there were unpickled unchecked, and pre-placed files never served (PyG downloaded them
-    itself, offline or not). Every split now reads ``<Name>/raw``, the files checked."""
-    raw = write_tiny_planetoid(tmp_path / "src")
-    rng = np.random.default_rng(0)
-    for i in range(10):
-        part = rng.integers(0, 3, 560)  # (0/1 integers, as in the geom-gcn files)
-        masks = {key: (part == j).astype(np.uint8) for j, key in enumerate(MASK_KEYS)}
-        np.savez(raw / f"cora_split_0.6_0.2_{i}.npz", **masks)
-    ran = tmp_path / "ran"
-
-    class Planted:
-        def __reduce__(self):
-            return (Path.touch, (ran,))
-
-    planted = tmp_path / "data" / "Cora" / "geom-gcn" / "raw"
-    planted.mkdir(parents=True)
-    for path in raw.iterdir():
-        (planted / path.name).write_bytes(path.read_bytes())
-    (planted / "ind.cora.x").write_bytes(pickle.dumps(Planted(), protocol=2))
-    data = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw, split="geom-gcn")[0]
-    assert data.train_mask.shape == (560, 10) and not ran.exists()
-    assert data.train_mask.dtype == torch.bool  # (PyG kept the files' uint8)
-    public = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)[0]
-    assert public.train_mask.shape == (560,)  # (its own cache)
-
-
 def test_copies_that_differ_in_line_endings_only_are_one_document(tmp_path):
     from hiergraph.datasets.archives import FirstCopies
 
@@ -396,82 +229,3 @@ def test_copies_that_differ_in_line_endings_only_are_one_document(tmp_path):
     assert not copies.first(("train", 0, 1), "c/1", "line one\rline two", "document 1")
     with pytest.raises(ValueError, match="b/1 and a/1 are both document 1 but differ"):
         copies.first(("train", 0, 1), "b/1", "line one\nline 2", "document 1")
-
-
-def test_a_folder_named_like_a_cache_is_refused_by_name(tmp_path):
-    from hiergraph.datasets.processed import load_weights_only
-
-    (tmp_path / "data.pt").mkdir()  # (a bare IsADirectoryError)
-    with pytest.raises(CorruptFileError, match="data.pt is not a cache"):
-        load_weights_only(tmp_path / "data.pt", "a cache", "it")
-
-
-def test_a_raw_file_replaced_after_its_check_is_never_read(tmp_path, monkeypatch):
-    """PyG builds from private copies of the checked bytes: a file swapped in the raw
-    folder between the check and PyG's read (it ran) is not read."""
-    import contextlib
-
-    raw = write_tiny_planetoid(tmp_path / "src")
-    ran, checked = tmp_path / "ran", hp._verified
-
-    class Planted:
-        def __reduce__(self):
-            return (Path.touch, (ran,))
-
-    @contextlib.contextmanager
-    def swapped_after_the_check(folder, files, pinned):
-        with checked(folder, files, pinned) as staged:
-            (raw / "ind.cora.x").write_bytes(pickle.dumps(Planted(), protocol=2))
-            yield staged
-
-    monkeypatch.setattr(hp, "_verified", swapped_after_the_check)
-    data = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)[0]
-    assert data.num_nodes == 560 and not ran.exists()
-    # (the private copies are gone)
-    assert sorted(p.name for p in (tmp_path / "data" / "Cora").iterdir()) == ["processed", "raw"]
-
-
-def test_a_cache_that_vanishes_while_loading_is_not_rebuilt_from_unchecked_files(
-    tmp_path, monkeypatch
-):
-    """With a cache there, PyG reads no raw file; were it deleted between the loader's look
-    and PyG's, PyG built from the raw folder, unchecked (a planted pickle ran)."""
-    raw = write_tiny_planetoid(tmp_path / "src")
-    hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
-    ran, init = tmp_path / "ran", hp._Planetoid.__init__
-
-    class Planted:
-        def __reduce__(self):
-            return (Path.touch, (ran,))
-
-    def vanishing(self, root, name, raw_folder=None, **options):
-        (tmp_path / "data" / "Cora" / "processed" / "data.pt").unlink(missing_ok=True)
-        init(self, root, name, raw_folder, **options)
-
-    (raw / "ind.cora.x").write_bytes(pickle.dumps(Planted(), protocol=2))
-    monkeypatch.setattr(hp._Planetoid, "__init__", vanishing)
-    with pytest.raises(FileNotFoundError, match="the processed cache vanished"):
-        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
-    assert not ran.exists()
-
-
-def test_copies_left_by_a_killed_build_are_removed(tmp_path):
-    raw = write_tiny_planetoid(tmp_path / "src")
-    stale = tmp_path / "data" / "Cora" / ".verified-left"
-    stale.mkdir(parents=True)
-    hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
-    assert not stale.exists()
-
-
-def test_ppi_graphs_that_are_no_graphs_are_refused(tmp_path):
-    raw = hp.write_synthetic_ppi(tmp_path / "src", graphs=(2, 1, 1), nodes_per_graph=8)
-    train = hp.load_ppi(root=tmp_path / "data", raw_dir=raw)[0]
-    from hiergraph.datasets.processed import SAFE_CLASSES
-
-    path = Path(train.processed_paths[2])  # the test split's cache
-    with torch.serialization.safe_globals(SAFE_CLASSES):
-        data, slices, *rest = torch.load(path, weights_only=True)
-    data["edge_index"][0, 0] = 10**6
-    torch.save((data, slices, *rest), path)
-    with pytest.raises(CorruptFileError, match=r"test.pt: graph 0 is no PPI graph: .*node ids"):
-        hp.load_ppi(root=tmp_path / "data", raw_dir=raw)

@@ -1,5 +1,5 @@
-"""Downloads against a local HTTP server (127.0.0.1, no external network), the default
-cache root, and the processing lock (two processes building one cache)."""
+"""Downloads against a local HTTP server (127.0.0.1, no external network), into the default
+cache root."""
 
 from __future__ import annotations
 
@@ -8,16 +8,14 @@ import io
 import os
 import re
 import socket
-import threading
-import time
 import zipfile
 from pathlib import Path
 
 import pytest
-import torch
 
 from hiergraph.datasets import download as dl
 from hiergraph.datasets import planetoid as hp
+from hiergraph.datasets import ppi
 from hiergraph.datasets.bbc import BBCNews
 from hiergraph.datasets.download import (
     OFFLINE_ENV,
@@ -25,15 +23,12 @@ from hiergraph.datasets.download import (
     DownloadError,
     RemoteFile,
     fetch,
-    file_lock,
     sha256_of,
 )
 from hiergraph.datasets.imdb import IMDB
 from hiergraph.datasets.newsgroups import TwentyNewsgroups
 from tests.datasets.fixtures import (
     Server,
-    SlowProcess,
-    first_runs_in_two_processes,
     imdb_files,
     write_tar,
     write_tiny_planetoid,
@@ -240,16 +235,16 @@ def test_planetoid_downloads_pyg_files_with_checksums(online, monkeypatch, serve
 
 
 def test_ppi_downloads_and_unpacks_pyg_zip(online, monkeypatch, server, tmp_path):
-    raw = hp.write_synthetic_ppi(tmp_path / "ppi_src", graphs=(2, 1, 1), nodes_per_graph=8)
+    raw = ppi.write_synthetic_ppi(tmp_path / "ppi_src", graphs=(2, 1, 1), nodes_per_graph=8)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as z:
-        for f in hp.ppi_raw_files():
+        for f in ppi.ppi_raw_files():
             z.write(raw / f, f)
     (server.folder / "ppi.zip").write_bytes(buffer.getvalue())
-    monkeypatch.setattr(hp.PPI, "url", f"{server.url}/ppi.zip")
-    train, val, test = hp.load_ppi(root=tmp_path / "data")
+    monkeypatch.setattr(ppi.PPI, "url", f"{server.url}/ppi.zip")
+    train, val, test = ppi.load_ppi(root=tmp_path / "data")
     assert (len(train), len(val), len(test)) == (2, 1, 1)
-    assert leftovers(tmp_path / "data" / "PPI" / "raw") == sorted(hp.ppi_raw_files())
+    assert leftovers(tmp_path / "data" / "PPI" / "raw") == sorted(ppi.ppi_raw_files())
     assert not (tmp_path / "data" / "PPI" / "ppi.zip").exists()
 
 
@@ -279,91 +274,3 @@ def test_pinned_planetoid_checksums_match_real_files():
     for folder in folders:
         for path in folder.iterdir():
             assert sha256_of(path) == dl.PLANETOID_SHA256[path.name], path.name
-
-
-# --------------------------------------------------------------------------- lock
-class SlowIMDB(SlowProcess, IMDB):
-    """IMDB whose processing logs its start and end and takes at least a second."""
-
-
-def _build(root: str, raw: str, log: str, barrier, queue) -> None:
-    os.environ[OFFLINE_ENV] = "1"
-    torch.set_num_threads(1)
-    SlowIMDB.event_log = log
-    barrier.wait(timeout=120)
-    ds = SlowIMDB(root, tokenizer="simple", raw_dir=raw)
-    queue.put((os.getpid(), len(ds), int(ds._data.x.sum()), ds.meta["vocab"][:5]))
-
-
-def test_two_processes_build_one_cache(tmp_path):
-    write_tar(tmp_path / NAME, imdb_files(per_class=30))
-    args = (str(tmp_path / "imdb"), str(tmp_path))
-    results, events = first_runs_in_two_processes(_build, args, tmp_path / "process.log")
-    assert events.count("start") == 1 and events.count("end") == 1, events  # built once
-    assert results[0][1:] == results[1][1:] and results[0][1] == 54
-    cache = tmp_path / "imdb" / "processed"
-    assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == [".lock"]
-
-
-@pytest.mark.parametrize("kind", ["flock", "portable"])
-def test_lock_is_exclusive(tmp_path, monkeypatch, kind):
-    if kind == "portable":
-        monkeypatch.setattr(dl, "fcntl", None)
-        monkeypatch.setattr(dl, "msvcrt", None)
-    elif dl.fcntl is None:
-        pytest.skip("no fcntl here")
-    inside, peak, lock = [0], [0], threading.Lock()
-
-    def work():
-        for _ in range(5):
-            with file_lock(tmp_path / "processed"):
-                with lock:
-                    inside[0] += 1
-                    peak[0] = max(peak[0], inside[0])
-                time.sleep(0.01)
-                with lock:
-                    inside[0] -= 1
-
-    threads = [threading.Thread(target=work) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert peak[0] == 1
-    assert not (tmp_path / "processed" / ".lock.pid").exists()
-
-
-def test_portable_lock_left_by_a_killed_process_is_named(tmp_path, monkeypatch):
-    monkeypatch.setattr(dl, "fcntl", None)
-    monkeypatch.setattr(dl, "msvcrt", None)
-    (tmp_path / ".lock.pid").write_text("12345")
-    with pytest.raises(TimeoutError, match=r"\.lock\.pid.*delete the file"):
-        with file_lock(tmp_path, timeout=0.3):
-            pass
-
-
-@pytest.mark.parametrize(
-    "value, allowed",
-    [("", True), ("0", True), ("false", True), ("OFF", True), ("no", True), ("1", False),
-     ("true", False), ("yes", False), ("anything", False)],
-)  # fmt: skip
-def test_the_offline_switch_reads_off_values_as_off(monkeypatch, value, allowed):
-    """(``HIERGRAPH_OFFLINE=false`` switched downloads off.)"""
-    from hiergraph.datasets.download import downloads_allowed
-
-    monkeypatch.setenv("HIERGRAPH_OFFLINE", value)
-    assert downloads_allowed() is allowed
-
-
-@pytest.mark.parametrize("variable", ["HIERGRAPH_DATA", "XDG_CACHE_HOME"])
-def test_a_data_variable_naming_a_file_is_named(monkeypatch, tmp_path, variable):
-    """(A bare NotADirectoryError of a folder below it, naming no variable.)"""
-    from hiergraph.datasets.download import data_root
-
-    monkeypatch.delenv("HIERGRAPH_DATA", raising=False)
-    (tmp_path / "file").write_text("")
-    monkeypatch.setenv(variable, str(tmp_path / "file"))
-    with pytest.raises(NotADirectoryError, match=rf"\${variable} names .*file, a file"):
-        data_root()
-    monkeypatch.setenv(variable, str(tmp_path / "folder"))  # a folder to be made is fine
-    assert str(data_root()).startswith(str(tmp_path / "folder"))

@@ -1,32 +1,27 @@
-"""One path to the raw files (locate, else download, else explain) for every loader, and
-atomic writes of every file a loader writes."""
+"""Where data lives (the data root, the offline switch) and one path to the raw files
+(locate, else download, else explain) for every loader."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import stat
+from pathlib import Path
 
 import pytest
-import torch
 
 from hiergraph.datasets import bbc
 from hiergraph.datasets import planetoid as hp
 from hiergraph.datasets.bbc import BBCNews
-from hiergraph.datasets.download import (
-    OFFLINE_ENV,
-    DownloadError,
-    atomic_path,
-    locate_raw,
-)
 from hiergraph.datasets.emoji import GoogleEmoji
+from hiergraph.datasets.errors import DownloadError
 from hiergraph.datasets.imdb import IMDB
+from hiergraph.datasets.locate import OFFLINE_ENV, locate_raw
 from hiergraph.datasets.newsgroups import TwentyNewsgroups
-from hiergraph.datasets.ogbn import load_ogbn, ogbn_dir
+from hiergraph.datasets.ogbn import load_ogbn
 from hiergraph.datasets.openclipart import OpenClipArt
-from tests.datasets.fixtures import Killed, cut_writes, write_tiny_planetoid
-from tests.datasets.test_ogbn import needs_ogb, write_tiny_arxiv
+from tests.datasets.test_ogbn import needs_ogb
+
+REPO = Path(__file__).resolve().parents[2]
 
 # ------------------------------------------------------------- one message format
 LOADERS = {
@@ -150,46 +145,42 @@ def test_locate_raw_download_failures(tmp_path, monkeypatch):
     assert str(info.value).endswith(f"Fix: put it into {tmp_path}.")
 
 
-# ---------------------------------------------------------------- atomic writes
-def test_atomic_path_leaves_nothing_when_interrupted_and_keeps_the_umask(tmp_path):
-    path = tmp_path / "sub" / "file.bin"
-    with pytest.raises(Killed):
-        with atomic_path(path) as tmp:
-            tmp.write_bytes(b"half")
-            raise Killed
-    assert os.listdir(tmp_path / "sub") == []
-    old = os.umask(0o022)
-    try:
-        with atomic_path(path) as tmp:
-            tmp.write_bytes(b"all")
-    finally:
-        os.umask(old)
-    assert path.read_bytes() == b"all" and os.listdir(tmp_path / "sub") == ["file.bin"]
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # as a plain open() would make it
+# ---------------------------------------------------------------- where data lives
+@pytest.mark.parametrize(
+    "value, allowed",
+    [("", True), ("0", True), ("false", True), ("OFF", True), ("no", True), ("1", False),
+     ("true", False), ("yes", False), ("anything", False)],
+)  # fmt: skip
+def test_the_offline_switch_reads_off_values_as_off(monkeypatch, value, allowed):
+    """(``HIERGRAPH_OFFLINE=false`` switched downloads off.)"""
+    from hiergraph.datasets.locate import downloads_allowed
+
+    monkeypatch.setenv("HIERGRAPH_OFFLINE", value)
+    assert downloads_allowed() is allowed
 
 
-def test_interrupted_planetoid_cache_leaves_no_partial_file(no_env, tmp_path, monkeypatch):
-    raw = write_tiny_planetoid(tmp_path / "source" / "raw")
-    root = tmp_path / "data"
-    with monkeypatch.context() as m:
-        cut_writes(m)
-        with pytest.raises(Killed):
-            hp.load_planetoid("Cora", root=root, raw_dir=raw)
-    processed = root / "Cora" / "processed"
-    assert sorted(p.name for p in processed.iterdir()) == [".lock"]
-    data = hp.load_planetoid("Cora", root=root, raw_dir=raw)[0]  # built again, in full
-    assert data.num_nodes == 560
+@pytest.mark.parametrize("variable", ["HIERGRAPH_DATA", "XDG_CACHE_HOME"])
+def test_a_data_variable_naming_a_file_is_named(monkeypatch, tmp_path, variable):
+    """(A bare NotADirectoryError of a folder below it, naming no variable.)"""
+    from hiergraph.datasets.locate import data_root
+
+    monkeypatch.delenv("HIERGRAPH_DATA", raising=False)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(variable, str(tmp_path / "file"))
+    with pytest.raises(NotADirectoryError, match=rf"\${variable} names .*file, a file"):
+        data_root()
+    monkeypatch.setenv(variable, str(tmp_path / "folder"))  # a folder to be made is fine
+    assert str(data_root()).startswith(str(tmp_path / "folder"))
 
 
-@needs_ogb
-def test_interrupted_ogb_cache_leaves_no_partial_file(tmp_path, monkeypatch):
-    labels, _ = write_tiny_arxiv(tmp_path)
-    with monkeypatch.context() as m:
-        cut_writes(m)
-        with pytest.raises(Killed):
-            load_ogbn("ogbn-arxiv", root=tmp_path)
-    processed = ogbn_dir("ogbn-arxiv", tmp_path) / "processed"
-    assert sorted(p.name for p in processed.iterdir()) == [".lock"]
-    data, _ = load_ogbn("ogbn-arxiv", root=tmp_path)  # processed again, in full
-    assert torch.equal(data.y, labels)
-    assert (processed / "geometric_data_processed.pt").is_file()
+def test_data_root_precedence(no_env, monkeypatch, tmp_path):
+    # default: the user cache folder, never the source tree
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert hp.data_root() == tmp_path / "home" / ".cache" / "hiergraph"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert hp.data_root() == tmp_path / "xdg" / "hiergraph"
+    assert REPO not in hp.data_root().parents
+    monkeypatch.setenv(hp.DATA_ENV, str(tmp_path))
+    assert hp.data_root() == tmp_path
+    assert hp.data_root(tmp_path / "x") == tmp_path / "x"

@@ -1,37 +1,19 @@
-"""Offline Planetoid/PPI loaders and the synthetic PPI fixture."""
+"""The offline Planetoid loader: raw files found or explained, checked before they are read
+(pickles), and refused by name when damaged."""
 
 from __future__ import annotations
 
-import json
-import shutil
+import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from hiergraph.datasets import planetoid as hp
+from hiergraph.datasets.errors import CorruptFileError
 from tests.conftest import needs_planetoid, planetoid_raw
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def synthetic_ppi_raw(tmp_path_factory):
-    """A tiny SYNTHETIC PPI (not real data) in PyG's raw layout."""
-    return hp.write_synthetic_ppi(tmp_path_factory.mktemp("synthetic_ppi") / "raw")
-
-
-def test_data_root_precedence(no_env, monkeypatch, tmp_path):
-    # default: the user cache folder, never the source tree
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert hp.data_root() == tmp_path / "home" / ".cache" / "hiergraph"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert hp.data_root() == tmp_path / "xdg" / "hiergraph"
-    assert REPO not in hp.data_root().parents
-    monkeypatch.setenv(hp.DATA_ENV, str(tmp_path))
-    assert hp.data_root() == tmp_path
-    assert hp.data_root(tmp_path / "x") == tmp_path / "x"
+from tests.datasets.fixtures import truncate, trust_planetoid, write_tiny_planetoid
 
 
 def test_missing_files_raise_a_clear_error(no_env, no_network, tmp_path):
@@ -48,74 +30,6 @@ def test_missing_files_raise_a_clear_error(no_env, no_network, tmp_path):
         hp.load_planetoid(None, root=tmp_path)
     with pytest.raises(ValueError, match="split must be one of public, full"):
         hp.load_planetoid("Cora", root=tmp_path, split="bogus")
-
-
-def test_synthetic_ppi_layout_and_loading(no_env, no_network, synthetic_ppi_raw, tmp_path):
-    names = sorted(p.name for p in synthetic_ppi_raw.iterdir())
-    assert names == sorted([*hp.ppi_raw_files(), hp.SYNTHETIC_MARKER])
-    train, val, test = hp.load_ppi(root=tmp_path, raw_dir=synthetic_ppi_raw)
-    assert (len(train), len(val), len(test)) == (20, 2, 2)
-    assert all(hp.is_synthetic(split) for split in (train, val, test))  # the marker travels
-    data = train[0]
-    assert data.x.shape == (30, 50) and data.y.shape == (30, 121)
-    assert int(data.edge_index.max()) == 29 and data.is_undirected()
-    assert (tmp_path / "PPI" / "raw" / "train_graph.json").is_symlink()
-
-
-def test_ppi_graphs_number_their_nodes_from_their_first_node(no_env, no_network, tmp_path):
-    """**Synthetic** PPI files. As PyG's ``PPI`` where every graph's first node has an edge;
-    where it has none, the edges stay on their nodes (PyG renumbered them from the smallest
-    id with an edge: every edge moved onto other nodes)."""
-    raw = hp.write_synthetic_ppi(tmp_path / "src", graphs=(2, 1, 1), nodes_per_graph=8)
-    ours = hp.load_ppi(root=tmp_path / "ours", raw_dir=raw)
-    shutil.copytree(raw, tmp_path / "pyg" / "raw")
-    pyg = [hp.PPI(str(tmp_path / "pyg"), split=s) for s in ("train", "val", "test")]
-    for split_ours, split_pyg in zip(ours, pyg, strict=True):
-        for a, b in zip(split_ours, split_pyg, strict=True):
-            assert torch.equal(a.edge_index, b.edge_index) and torch.equal(a.x, b.x)
-    links = json.loads((raw / "train_graph.json").read_text())
-    links["links"] = [e for e in links["links"] if 0 not in (e["source"], e["target"])]
-    (raw / "train_graph.json").write_text(json.dumps(links))
-    first = hp.load_ppi(root=tmp_path / "isolated", raw_dir=raw)[0][0]
-    pairs = [(e["source"], e["target"]) for e in links["links"] if e["source"] < 8]
-    expected = {*pairs, *((b, a) for a, b in pairs)}  # (an undirected node-link graph)
-    got = {tuple(edge) for edge in first.edge_index.t().tolist()}
-    assert got == expected and 0 not in first.edge_index
-
-
-def test_raw_env_links_from_a_read_only_collection(no_env, no_network, monkeypatch, tmp_path):
-    collection = tmp_path / "shared"
-    hp.write_synthetic_ppi(collection / "PPI" / "raw", graphs=(2, 1, 1), nodes_per_graph=8)
-    collection.chmod(0o555)
-    try:
-        monkeypatch.setenv(hp.RAW_ENV, str(collection))
-        monkeypatch.setenv(hp.DATA_ENV, str(tmp_path / "data"))
-        train, _, _ = hp.load_ppi()
-        assert len(train) == 2
-        assert (tmp_path / "data" / "PPI" / "processed").is_dir()
-    finally:
-        collection.chmod(0o755)
-
-
-@pytest.mark.parametrize("old_source", ["removed", "emptied"])
-def test_links_into_a_removed_folder_are_replaced(no_env, no_network, tmp_path, old_source):
-    """The raw folder links to where the files were found; once that folder is gone or
-    emptied, the next load links the new source's files, and writes nothing through the
-    old links."""
-    small = dict(graphs=(2, 1, 1), nodes_per_graph=8)
-    old = hp.write_synthetic_ppi(tmp_path / "old", **small)
-    hp.load_ppi(root=tmp_path / "data", raw_dir=old)
-    shutil.rmtree(old)
-    if old_source == "emptied":
-        old.mkdir()
-    shutil.rmtree(tmp_path / "data" / "PPI" / "processed")
-    new = hp.write_synthetic_ppi(tmp_path / "new", **small)
-    train, _, _ = hp.load_ppi(root=tmp_path / "data", raw_dir=new)
-    assert len(train) == 2
-    for f in hp.ppi_raw_files():
-        linked = tmp_path / "data" / "PPI" / "raw" / f
-        assert linked.resolve() == (new / f).resolve()
-    assert not old.exists() if old_source == "removed" else not any(old.iterdir())
 
 
 @needs_planetoid("Cora")
@@ -144,13 +58,174 @@ def test_a_raw_file_that_is_a_fifo_is_refused_not_waited_on(no_env, tmp_path):
         hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
 
 
-def test_raw_folders_given_with_a_tilde_are_the_home_folders(no_env, tmp_path, monkeypatch):
-    """(``raw_dir="~/…"`` and ``HIERGRAPH_RAW="~/…"`` searched a literal ``~`` folder.)"""
-    from tests.datasets.fixtures import write_tiny_planetoid
+def test_corrupt_planetoid_pickle_names_the_file(no_env, tmp_path):
+    raw = write_tiny_planetoid(tmp_path / "src")
+    data = hp.load_planetoid("Cora", root=tmp_path / "ok", raw_dir=raw)[0]
+    assert data.num_nodes == 560 and int(data.train_mask.sum()) == 40
+    truncate(raw / "ind.cora.graph", 0.5)
+    with pytest.raises(CorruptFileError) as info:
+        hp.load_planetoid("Cora", root=tmp_path / "bad", raw_dir=raw)
+    message = str(info.value)  # (the source the link in <root>/Cora/raw points to)
+    assert str(raw / "ind.cora.graph") in message and "differs from the official" in message
+    trust_planetoid(raw)  # (as if it were the official file: read, and found damaged)
+    with pytest.raises(CorruptFileError) as info:
+        hp.load_planetoid("Cora", root=tmp_path / "bad", raw_dir=raw)
+    assert str(raw / "ind.cora.graph") in str(info.value)
+    assert "adjacency lists" in str(info.value)
+    assert isinstance(info.value.__cause__, (EOFError, pickle.UnpicklingError))
+    trust_planetoid(write_tiny_planetoid(tmp_path / "src2"))
+    (tmp_path / "src2" / "ind.cora.test.index").write_text("12\nnot a number\n")
+    trust_planetoid(tmp_path / "src2")
+    with pytest.raises(CorruptFileError, match=r"ind\.cora\.test\.index.*one test node index"):
+        hp.load_planetoid("Cora", root=tmp_path / "bad2", raw_dir=tmp_path / "src2")
 
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    write_tiny_planetoid(tmp_path / "home" / "datasets" / "Cora" / "raw")
-    cora = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir="~/datasets/Cora/raw")
-    assert cora[0].num_nodes > 0
-    monkeypatch.setenv("HIERGRAPH_RAW", "~/datasets")
-    assert hp.load_planetoid("Cora", root=tmp_path / "other")[0].num_nodes == cora[0].num_nodes
+
+def test_planetoid_pickles_that_are_not_the_official_files_are_not_read(no_env, tmp_path):
+    """A pickle runs code when read: files whose SHA-256 is not the official one's are
+    refused before PyG (or the loader's own diagnosis) reads them."""
+    raw = write_tiny_planetoid(tmp_path / "src")
+    ran = tmp_path / "ran"
+
+    class Planted:
+        def __reduce__(self):
+            return (Path.touch, (ran,))
+
+    (raw / "ind.cora.x").write_bytes(pickle.dumps(Planted(), protocol=2))
+    with pytest.raises(CorruptFileError, match=r"ind\.cora\.x: its SHA-256 differs .* not read"):
+        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+    assert not ran.exists()
+    assert not any((tmp_path / "data" / "Cora" / "processed").glob("*.pt"))
+    own = write_tiny_planetoid(tmp_path / "own", seed=1, trusted=False)  # a user's own files
+    with pytest.raises(CorruptFileError, match="pass trust_raw_files=True"):
+        hp.load_planetoid("Cora", root=tmp_path / "own_data", raw_dir=own)
+    data = hp.load_planetoid("Cora", root=tmp_path / "own_data", raw_dir=own, trust_raw_files=True)
+    assert data[0].num_nodes == 560
+
+
+def test_raw_files_that_read_but_do_not_fit_name_the_folder(no_env, tmp_path):
+    """Every file parses, but a test index points past the features: the error names the
+    raw folder (a bare IndexError from inside PyG before), with PyG's error as its cause."""
+    raw = write_tiny_planetoid(tmp_path / "src")
+    (raw / "ind.cora.test.index").write_text("99999\n")
+    trust_planetoid(raw)
+    with pytest.raises(CorruptFileError, match="could not build Cora from these raw files") as info:
+        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+    assert str(tmp_path / "data" / "Cora" / "raw") in str(info.value)
+    assert isinstance(info.value.__cause__, IndexError)
+    assert not any((tmp_path / "data" / "Cora" / "processed").glob("*.pt"))  # no cache left
+
+
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        ("edge", r"the graph has node ids 0\.\.1000000 for 560 nodes"),
+        ("negative-edge", r"the graph has node ids -1\.\.559 for 560 nodes"),
+        ("no-test", "ind.cora.test.index lists no test node"),
+        ("negative-test", r"ind.cora.test.index holds a negative node id \(-3\)"),
+    ],
+)
+def test_raw_files_that_build_but_are_no_graph_are_refused(no_env, tmp_path, edit, problem):
+    """(They loaded: an edge to a node that does not exist, no test node, or a negative test
+    id that PyG wraps to the last nodes.)"""
+    raw = write_tiny_planetoid(tmp_path / "src")
+    if edit.endswith("edge"):
+        graph = pickle.loads((raw / "ind.cora.graph").read_bytes())
+        if edit == "edge":
+            graph[0] = [1_000_000]
+        else:
+            graph[-1], graph[5] = [5], [*graph[5], -1]
+        (raw / "ind.cora.graph").write_bytes(pickle.dumps(graph, protocol=2))
+    else:
+        ids = [] if edit == "no-test" else [-3, *range(541, 560)]
+        (raw / "ind.cora.test.index").write_text("".join(f"{i}\n" for i in ids))
+    trust_planetoid(raw)  # (as if these were the official files)
+    with pytest.raises(CorruptFileError, match=f"read but do not fit together: {problem}"):
+        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+
+
+MASK_KEYS = ("train_mask", "val_mask", "test_mask")
+
+
+def test_geom_gcn_split_reads_the_checked_raw_folder(no_env, tmp_path):
+    """PyG reads the geom-gcn split's raw files from ``<Name>/geom-gcn/raw``: files planted
+    there were unpickled unchecked, and pre-placed files never served (PyG downloaded them
+    itself, offline or not). Every split now reads ``<Name>/raw``, the files checked."""
+    raw = write_tiny_planetoid(tmp_path / "src")
+    rng = np.random.default_rng(0)
+    for i in range(10):
+        part = rng.integers(0, 3, 560)  # (0/1 integers, as in the geom-gcn files)
+        masks = {key: (part == j).astype(np.uint8) for j, key in enumerate(MASK_KEYS)}
+        np.savez(raw / f"cora_split_0.6_0.2_{i}.npz", **masks)
+    ran = tmp_path / "ran"
+
+    class Planted:
+        def __reduce__(self):
+            return (Path.touch, (ran,))
+
+    planted = tmp_path / "data" / "Cora" / "geom-gcn" / "raw"
+    planted.mkdir(parents=True)
+    for path in raw.iterdir():
+        (planted / path.name).write_bytes(path.read_bytes())
+    (planted / "ind.cora.x").write_bytes(pickle.dumps(Planted(), protocol=2))
+    data = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw, split="geom-gcn")[0]
+    assert data.train_mask.shape == (560, 10) and not ran.exists()
+    assert data.train_mask.dtype == torch.bool  # (PyG kept the files' uint8)
+    public = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)[0]
+    assert public.train_mask.shape == (560,)  # (its own cache)
+
+
+def test_a_raw_file_replaced_after_its_check_is_never_read(no_env, tmp_path, monkeypatch):
+    """PyG builds from private copies of the checked bytes: a file swapped in the raw
+    folder between the check and PyG's read (it ran) is not read."""
+    import contextlib
+
+    raw = write_tiny_planetoid(tmp_path / "src")
+    ran, checked = tmp_path / "ran", hp._verified
+
+    class Planted:
+        def __reduce__(self):
+            return (Path.touch, (ran,))
+
+    @contextlib.contextmanager
+    def swapped_after_the_check(folder, files, pinned):
+        with checked(folder, files, pinned) as staged:
+            (raw / "ind.cora.x").write_bytes(pickle.dumps(Planted(), protocol=2))
+            yield staged
+
+    monkeypatch.setattr(hp, "_verified", swapped_after_the_check)
+    data = hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)[0]
+    assert data.num_nodes == 560 and not ran.exists()
+    # (the private copies are gone)
+    assert sorted(p.name for p in (tmp_path / "data" / "Cora").iterdir()) == ["processed", "raw"]
+
+
+def test_a_cache_that_vanishes_while_loading_is_not_rebuilt_from_unchecked_files(
+    no_env, tmp_path, monkeypatch
+):
+    """With a cache there, PyG reads no raw file; were it deleted between the loader's look
+    and PyG's, PyG built from the raw folder, unchecked (a planted pickle ran)."""
+    raw = write_tiny_planetoid(tmp_path / "src")
+    hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+    ran, init = tmp_path / "ran", hp._Planetoid.__init__
+
+    class Planted:
+        def __reduce__(self):
+            return (Path.touch, (ran,))
+
+    def vanishing(self, root, name, raw_folder=None, **options):
+        (tmp_path / "data" / "Cora" / "processed" / "data.pt").unlink(missing_ok=True)
+        init(self, root, name, raw_folder, **options)
+
+    (raw / "ind.cora.x").write_bytes(pickle.dumps(Planted(), protocol=2))
+    monkeypatch.setattr(hp._Planetoid, "__init__", vanishing)
+    with pytest.raises(FileNotFoundError, match="the processed cache vanished"):
+        hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+    assert not ran.exists()
+
+
+def test_copies_left_by_a_killed_build_are_removed(no_env, tmp_path):
+    raw = write_tiny_planetoid(tmp_path / "src")
+    stale = tmp_path / "data" / "Cora" / ".verified-left"
+    stale.mkdir(parents=True)
+    hp.load_planetoid("Cora", root=tmp_path / "data", raw_dir=raw)
+    assert not stale.exists()

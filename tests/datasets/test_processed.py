@@ -11,7 +11,8 @@ import torch
 
 from hiergraph.datasets import planetoid as hp
 from hiergraph.datasets.download import CorruptFileError
-from tests.datasets.fixtures import write_tiny_planetoid
+from hiergraph.datasets.imdb import IMDB
+from tests.datasets.fixtures import imdb_files, truncate, write_tar, write_tiny_planetoid
 
 
 class _Payload:
@@ -313,3 +314,44 @@ def test_text_cache_that_holds_no_documents_is_refused_by_name(tmp_path, edit, m
         CorruptFileError, match=f"simple_train.pt: this processed IMDB cache .*{match}"
     ):
         _imdb(tmp_path / "imdb", tmp_path)
+
+
+def test_damaged_processed_cache_names_the_file(no_env, tmp_path):
+    write_tar(tmp_path / "aclImdb_v1.tar.gz", imdb_files())
+    IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
+    cache = tmp_path / "imdb" / "processed" / "simple_train.pt"
+    truncate(cache, 0.5)
+    with pytest.raises(CorruptFileError, match="force_reload=True") as info:
+        IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
+    assert info.value.path == cache and not isinstance(info.value.__cause__, CorruptFileError)
+    rebuilt = IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path, force_reload=True)
+    assert len(rebuilt) == 18
+    # no temporary files are left next to the cache
+    assert sorted(p.name for p in cache.parent.iterdir() if p.name.startswith(".")) == [".lock"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["[1, 2]", '{"classes": []}', '{"tokenizer": "simple", "empty": {}}', "{not json"],
+    ids=["a list", "no classes", "classes missing", "not JSON"],
+)
+def test_edited_cache_metadata_names_the_file(no_env, tmp_path, content):
+    """The JSON beside the splits must be the object the cache wrote (it loaded with no
+    class names before)."""
+    write_tar(tmp_path / "aclImdb_v1.tar.gz", imdb_files())
+    IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
+    meta = next((tmp_path / "imdb" / "processed").glob("*.json"))
+    meta.write_text(content)
+    with pytest.raises(CorruptFileError, match="force_reload=True") as info:
+        IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
+    assert info.value.path == meta
+    rebuilt = IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path, force_reload=True)
+    assert len(rebuilt.meta["classes"]) == 2
+
+
+def test_a_folder_named_like_a_cache_is_refused_by_name(no_env, tmp_path):
+    from hiergraph.datasets.processed import load_weights_only
+
+    (tmp_path / "data.pt").mkdir()  # (a bare IsADirectoryError)
+    with pytest.raises(CorruptFileError, match="data.pt is not a cache"):
+        load_weights_only(tmp_path / "data.pt", "a cache", "it")
