@@ -32,6 +32,28 @@ if TYPE_CHECKING:
 __all__ = ["FamilyBlock", "Level", "TreeIndex", "outside_inference_mode", "padded_widths"]
 
 
+def _not_a_tree(value) -> str:
+    """What to do instead, for the values that are mistaken for a hierarchy most often."""
+    if callable(getattr(value, "hierarchy", None)) and "tree_parent" in value:
+        return " (a graph with its community tree: pass graph.hierarchy(), the tree itself)"
+    if isinstance(value, Tensor):
+        return (
+            ": the trees cannot be read from a tensor (an edge_index or a batch vector); "
+            "pass the hierarchy itself"
+        )
+    if isinstance(value, list | tuple):
+        return ": batch the hierarchies first, torch_geometric.data.Batch.from_data_list(...)"
+    from torch_geometric.data import Data
+
+    if isinstance(value, Data):
+        return (
+            " without a tree (parent, slot, is_leaf): build one with hiergraph.data's "
+            "from_nested, window_hierarchy or document_hierarchy, or, for a graph, apply "
+            "hiergraph.transforms.GraphHierarchy() and pass graph.hierarchy()"
+        )
+    return ""
+
+
 @dataclass
 class TreeIndex:
     r"""Breadth-first layout of a forest of signal hierarchies.
@@ -138,7 +160,7 @@ class TreeIndex:
             return index()
         raise TypeError(
             "hierarchy must be a SignalHierarchy, a batch of them, a TreeIndex or a "
-            f"CausalPlan, got {type(hierarchy).__name__}"
+            f"CausalPlan, got {type(hierarchy).__name__}{_not_a_tree(hierarchy)}"
         )
 
     @classmethod

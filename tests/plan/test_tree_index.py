@@ -194,3 +194,23 @@ def test_from_parent_checks_the_structure(parent, is_leaf, error, match):
         TreeIndex.from_parent(parent, slot, is_leaf)
     with pytest.raises(error, match=match):
         CausalPlan.from_hierarchy(Data(parent=parent, slot=slot, is_leaf=is_leaf))
+
+
+def test_what_is_not_a_hierarchy_is_refused_with_what_to_pass_instead():
+    """A plain PyG graph, a graph with its community tree, an ``edge_index`` and a list of
+    trees are the values mistaken for a hierarchy: each error says what to pass."""
+    from hiergraph.transforms import GraphHierarchy
+
+    graph = Data(x=torch.randn(6, 2), edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]]))
+    tree = window_hierarchy(4, (2,))
+    cases = [
+        (graph, r"got Data without a tree.*from_nested.*GraphHierarchy\(\)"),
+        (GraphHierarchy()(graph), r"got HierarchicalGraph.*pass graph.hierarchy\(\)"),
+        (graph.edge_index, "got Tensor: the trees cannot be read from a tensor"),
+        ([tree, tree], r"got list: batch the hierarchies first.*Batch.from_data_list"),
+        (None, "CausalPlan, got NoneType$"),
+    ]
+    for value, match in cases:
+        with pytest.raises(TypeError, match=match):
+            TreeIndex.of(value)
+    assert TreeIndex.of(GraphHierarchy()(graph).hierarchy()).num_leaves == 6

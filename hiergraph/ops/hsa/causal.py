@@ -344,7 +344,7 @@ def _sum_rows(src: Tensor, index: Tensor, size: int) -> Tensor:
 
 
 def _check_inputs(q, k, v, index: TreeIndex, pos_emb) -> Tensor | None:
-    check_qkv(q, k, v, index.num_leaves)
+    check_qkv(q, k, v, index.num_leaves, index.num_nodes)
     check_structure_device(index.device, q)
     if pos_emb is None:
         return None

@@ -31,7 +31,7 @@ def check_inputs(q, k, v, index, pos_emb, leaf_mask) -> Tensor | None:
     over the plan ``index`` (a :class:`~hiergraph.plan.TreeIndex`), and of the ops that
     share them: the shapes and dtypes (:func:`check_qkv`), one device for all, a ``[L]``
     bool ``leaf_mask``; returns ``pos_emb`` as :func:`head_pos_emb` views it (or ``None``)."""
-    check_qkv(q, k, v, index.num_leaves)
+    check_qkv(q, k, v, index.num_leaves, index.num_nodes)
     check_structure_device(index.device, q)
     pos = None if pos_emb is None else head_pos_emb(pos_emb, q, index.num_nodes)
     if leaf_mask is not None:
@@ -108,13 +108,22 @@ def logit_scale(scale, q: Tensor) -> float:
     return scale
 
 
-def check_qkv(q, k, v, num_leaves: int) -> None:
+def check_qkv(q, k, v, num_leaves: int, num_nodes: int | None = None) -> None:
     """Shared checks of HSA inputs: ``q, k [L, H, d]``, ``v [L, H, d_v]``, one floating
-    dtype, one row per leaf."""
+    dtype, one row per leaf (``num_nodes``, the hierarchy's node count, only words the
+    error of rows given per node)."""
     check_tensors(q, k, v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
-            raise ValueError(f"{name} must be [num_leaves, heads, dim], got shape {tuple(t.shape)}")
+            hint = (
+                " (a batch dimension? batch the hierarchies with Batch.from_data_list or a "
+                "DataLoader and pass the rows of all their leaves, [total leaves, heads, dim])"
+                if t.dim() == 4
+                else ""
+            )
+            raise ValueError(
+                f"{name} must be [num_leaves, heads, dim], got shape {tuple(t.shape)}{hint}"
+            )
     if q.shape != k.shape:
         raise ValueError(
             f"q and k must have the same shape, got {tuple(q.shape)} and {tuple(k.shape)}"
@@ -132,7 +141,13 @@ def check_qkv(q, k, v, num_leaves: int) -> None:
         raise ValueError(f"v needs at least one channel, got shape {tuple(v.shape)}")
     check_qkv_like(q, k, v)
     if q.size(0) != num_leaves:
+        if q.size(0) == num_nodes:
+            hint = f" ({num_nodes} is its node count: the inner nodes take no rows)"
+        elif q.size(1) == num_leaves:
+            hint = ": [leaves, heads, dim], not [heads, leaves, dim] (q.transpose(0, 1))"
+        else:
+            hint = ""
         raise ValueError(
             f"q has {q.size(0)} rows but the hierarchy has {num_leaves} leaves; "
-            "pass one row per leaf, in leaf order"
+            f"pass one row per leaf, in leaf order{hint}"
         )
