@@ -11,6 +11,7 @@ from hiergraph.nn._checks import check_bool, check_features, check_int, check_pr
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.position import FamilyPositionEncoder
 from hiergraph.nn.typed_linear import TypedLinear
+from hiergraph.ops.hsa.inputs import check_structure_device
 
 ATTENTION_MODES = ("hsa", "flat", "none")
 
@@ -183,6 +184,7 @@ class HierarchicalTransformerEncoder(nn.Module):
         _check_leaf_features(x, self.in_channels, "in_channels")
         hierarchy = as_hierarchy(hierarchy)
         index = hierarchy.tree_index()
+        check_structure_device(index.device, x, "x")  # (else an error of indexing, later)
         if x.size(0) != index.num_leaves:
             raise ValueError(
                 f"x must be [num_leaves={index.num_leaves}, in_channels={self.in_channels}], "

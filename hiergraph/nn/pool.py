@@ -14,6 +14,7 @@ from hiergraph._checks import as_int, holds_integers, refuse_where
 from hiergraph._precision import accumulation_dtype
 from hiergraph.data.restructure import coarsen_hierarchy, tree_of_nodes
 from hiergraph.data.signal_hierarchy import as_hierarchy
+from hiergraph.ops.hsa.inputs import check_structure_device
 
 if TYPE_CHECKING:
     from hiergraph.data.signal_hierarchy import SignalHierarchy
@@ -56,7 +57,7 @@ def global_leaf_mean_pool(
     """
     hierarchy = as_hierarchy(hierarchy)
     batch = _leaf_batch(hierarchy)
-    _check_leaf_rows(x, batch.numel())
+    _check_leaf_rows(x, batch.numel(), batch.device)
     _check_averaged(x)
     size = _num_trees(hierarchy)
     dtype = accumulation_dtype(x.dtype)
@@ -89,7 +90,7 @@ def select_leaf(
     """
     hierarchy = as_hierarchy(hierarchy)
     batch = _leaf_batch(hierarchy)
-    _check_leaf_rows(x, batch.numel())
+    _check_leaf_rows(x, batch.numel(), batch.device)
     num_trees = _num_trees(hierarchy)
     counts = batch.new_zeros(num_trees).index_add_(0, batch, torch.ones_like(batch))
     first = torch.cumsum(counts, 0) - counts
@@ -126,7 +127,7 @@ def coarsen_leaves(
     every child).
     """
     hierarchy = as_hierarchy(hierarchy)
-    _check_leaf_rows(x, int(hierarchy.is_leaf.sum()))
+    _check_leaf_rows(x, int(hierarchy.is_leaf.sum()), hierarchy.is_leaf.device)
     if reduce == "mean":
         _check_averaged(x)
     coarse, cluster = coarsen_hierarchy(hierarchy)
@@ -144,8 +145,9 @@ def _check_averaged(x: Tensor) -> None:
         )
 
 
-def _check_leaf_rows(x: Tensor, num_leaves: int) -> None:
-    """Raise unless ``x`` has one row per leaf."""
+def _check_leaf_rows(x: Tensor, num_leaves: int, device: torch.device) -> None:
+    """Raise unless ``x`` has one row per leaf, on the hierarchy's ``device``."""
     if not isinstance(x, Tensor) or x.dim() == 0 or x.size(0) != num_leaves:
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise ValueError(f"x must have one row per leaf, [{num_leaves}, ...], got {shape}")
+    check_structure_device(device, x, "x")

@@ -149,3 +149,13 @@ def test_compiles_as_one_graph_once_the_plan_is_built(hubs):
     (got_grad,) = torch.autograd.grad(got.square().sum(), x)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got_grad, want_grad)
+
+
+def test_a_batch_left_behind_by_to_device_is_named():
+    """The model and ``x`` moved, the hierarchy not: the error says to move the hierarchy
+    (it was PyTorch's device error from inside the input projection)."""
+    trees = [window_hierarchy(n, (4,), x=torch.randn(n, 8)) for n in (8, 12)]
+    batch = next(iter(DataLoader(trees, batch_size=2)))
+    model = HierarchicalTransformerEncoder(8, 16, num_layers=1, heads=2).to("meta")
+    with pytest.raises(ValueError, match=r"hierarchy is on cpu but x is on meta.*hierarchy.to"):
+        model(batch.x.to("meta"), batch)

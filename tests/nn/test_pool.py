@@ -114,3 +114,12 @@ def test_coarsen_leaves_pools_half_precision_in_float32(monkeypatch):
     assert [call["src"].dtype for call in pooled] == [torch.float32]
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, coarsen_leaves(x.float(), tree)[0].bfloat16())
+
+
+@pytest.mark.parametrize("pool", [global_leaf_mean_pool, select_leaf, coarsen_leaves])
+def test_features_moved_without_the_hierarchy_say_to_move_it(pool):
+    """(``x`` moved to a device, the hierarchy left behind) failed inside the scatter
+    with PyTorch's device error, which names neither of them."""
+    h = window_hierarchy(8, (2, 4))
+    with pytest.raises(ValueError, match=r"hierarchy is on cpu but x is on meta.*hierarchy.to"):
+        pool(torch.randn(8, 3, device="meta"), h)

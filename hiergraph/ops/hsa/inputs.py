@@ -64,12 +64,14 @@ def check_leaf_flags(flags, name: str, meaning: str, num_leaves: int, q: Tensor)
         raise ValueError(f"{name} is on {flags.device} but q is on {q.device}")
 
 
-def check_structure_device(device: torch.device, q: Tensor) -> None:
-    """Raise unless the hierarchy's plan lives on ``q``'s device."""
+def check_structure_device(device: torch.device, q: Tensor, name: str = "q") -> None:
+    """Raise unless the hierarchy's plan lives on ``q``'s device (``name``: ``q``'s name in
+    the message)."""
     if device != q.device:
         raise ValueError(
-            f"the hierarchy is on {device} but q is on {q.device}; move the hierarchy "
-            "(hierarchy.to(device)) before calling"
+            f"the hierarchy is on {device} but {name} is on {q.device}; move the hierarchy "
+            f"(hierarchy.to({str(q.device)!r}), as the batch's other tensors: its cached tree "
+            "plan moves with it) before calling"
         )
 
 

@@ -24,3 +24,11 @@ def test_wrong_shapes_say_what_to_pass(op, shape, match):
     q = torch.randn(shape)
     with pytest.raises(ValueError, match=match):
         op(q, q, q, DOC)
+
+
+@pytest.mark.parametrize("op", [hierarchical_attention, causal_hierarchical_attention])
+def test_a_hierarchy_on_another_device_than_q_says_to_move_it(op):
+    q = torch.randn(8, 2, 4, device="meta")
+    moved = r"on cpu but q is on meta; move the hierarchy \(hierarchy.to\('meta'\)"
+    with pytest.raises(ValueError, match=moved):
+        op(q, q, q, DOC)
