@@ -447,7 +447,12 @@ def as_hierarchy(value: Any, name: str = "hierarchy") -> Any:
         return value
     if callable(getattr(value, "hierarchy", None)) and "tree_parent" in value:
         return value.hierarchy()
-    if isinstance(value, Tensor):
+    if isinstance(value, Tensor) and value.dim() == 2 and value.size(0) == 2:
+        hint = (
+            "a [2, E] tensor (an edge_index?): the trees cannot be read from it. Pass the "
+            "hierarchy itself, layer(x, hierarchy) (a SignalHierarchy or a batch of them)"
+        )
+    elif isinstance(value, Tensor):
         hint = (
             "a tensor (a batch vector?): the trees cannot be read from it. Pass the "
             "hierarchy itself; for PyG's pooling over leaves, leaf_batch(hierarchy) is the "
@@ -457,6 +462,11 @@ def as_hierarchy(value: Any, name: str = "hierarchy") -> Any:
         hint = (
             f"a {type(value).__name__} without a community tree: apply "
             "hiergraph.transforms.GraphHierarchy() to the graphs first"
+        )
+    elif isinstance(value, list | tuple):
+        hint = (
+            f"a {type(value).__name__}: batch the hierarchies first, "
+            "torch_geometric.data.Batch.from_data_list(...)"
         )
     else:
         hint = type(value).__name__

@@ -368,8 +368,11 @@ def test_as_hierarchy_passes_hierarchies_and_names_what_it_refuses():
     tree = window_hierarchy(6, (2, 3))
     batch = Batch.from_data_list([tree, tree])
     assert as_hierarchy(tree) is tree and as_hierarchy(batch) is batch
+    edges = r"got a \[2, E\] tensor \(an edge_index\?\).*layer\(x, hierarchy\)"
+    listed = r"got a list: batch the hierarchies first.*from_data_list"
     for wrong, match in ((torch.zeros(6, dtype=torch.long), "got a tensor"),
                          (Data(x=torch.ones(3, 1)), "got a Data without a community tree"),
-                         ([tree], "got list")):  # fmt: skip
+                         (tree.edge_index, edges),
+                         ([tree], listed)):  # fmt: skip
         with pytest.raises(TypeError, match=f"hierarchy must be a SignalHierarchy.*{match}"):
             as_hierarchy(wrong)
