@@ -259,3 +259,10 @@ def _stop(message: str) -> SystemExit:
     """The exit of :func:`run`: ``error: <message>`` on rank 0 (or without ``torchrun``),
     a silent status 1 on the other ranks (one message, not one per process)."""
     return SystemExit(f"error: {message}" if os.environ.get("RANK", "0") == "0" else 1)
+
+
+if __name__ == "__main__":  # (run by hand, it parsed nothing and printed nothing)
+    raise SystemExit(
+        "error: _cli.py holds the pieces the example scripts share and runs nothing itself; "
+        "run one of the scripts beside it (each takes --help)"
+    )

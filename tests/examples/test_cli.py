@@ -383,3 +383,12 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_run(
         (getattr(module, "parse_args", None) or module.main)([option, f"{tmp_path}/file/out"])
     assert stop.value.code == 2
     assert f"argument {option}: cannot write" in capsys.readouterr().err
+
+
+def test_run_by_hand_it_says_it_is_no_script():
+    """``python examples/_cli.py --help`` (as one tries every file of the folder) ended with
+    status 0 and no output."""
+    import runpy
+
+    with pytest.raises(SystemExit, match="runs nothing itself; run one of the scripts beside"):
+        runpy.run_path(str(EXAMPLES / "_cli.py"), run_name="__main__")
