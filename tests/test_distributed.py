@@ -101,6 +101,35 @@ def test_single_process_context_without_torchrun(monkeypatch):
         pass
 
 
+@pytest.mark.parametrize("torchrun", [False, True], ids=["single", "torchrun"])
+def test_with_cuda_each_process_takes_its_local_gpu_and_nccl(monkeypatch, torchrun):
+    """Where CUDA is available the default backend is NCCL: the process binds the GPU of
+    its ``LOCAL_RANK`` before any collective, and hands it to the process group
+    (``device_id``); CUDA itself is stubbed, so this runs without a GPU."""
+    bound, groups = [], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", bound.append)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: groups.append((a, kw)))
+    monkeypatch.setattr(dist, "get_rank", lambda: 3)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 4)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    if torchrun:
+        monkeypatch.setenv("WORLD_SIZE", "4")
+    else:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    ctx = init_distributed(timeout_s=7)
+    gpu = torch.device("cuda", 1)
+    assert bound == [gpu]
+    if not torchrun:
+        assert ctx == DistributedContext(0, 1, 0, gpu, None) and groups == []
+        return
+    assert ctx == DistributedContext(3, 4, 1, gpu, "nccl")
+    [(args, kwargs)] = groups
+    assert args == ("nccl",) and kwargs["device_id"] == gpu
+    assert kwargs["timeout"].total_seconds() == 7
+
+
 def test_bad_backend():
     with pytest.raises(ValueError, match="backend must be"):
         init_distributed("mpi-ish")

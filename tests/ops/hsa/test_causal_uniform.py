@@ -10,7 +10,7 @@ from torch_geometric.data import Batch
 
 from hiergraph.data import from_nested, window_forest, window_hierarchy
 from hiergraph.ops import causal_hierarchical_attention, causal_hierarchical_attention_matrix
-from hiergraph.ops.hsa import causal, family_fused
+from hiergraph.ops.hsa import causal, family_fused, family_products
 from hiergraph.ops.hsa.causal_uniform import _prefix_offsets
 from hiergraph.ops.hsa.heads_first import family_layout, heads_first
 from hiergraph.ops.hsa.uniform import bottom_up, counts_below
@@ -207,3 +207,19 @@ def test_wide_leaf_families_run_in_the_fused_kernel(leaves, fused, monkeypatch):
     calls = spy_calls(monkeypatch, family_fused, "leaf_family_attention")
     causal_hierarchical_attention(q, k, v, tree)
     assert bool(calls) == fused == (leaves >= family_fused.WIDE_LEFT_LEAVES)
+
+
+@pytest.mark.parametrize("branching", [(2, 4), (256,)], ids=["pairs", "wide"])
+def test_off_the_cpu_leaf_families_take_the_batched_products(branching, monkeypatch):
+    """Off the CPU (the ``meta`` device: shapes only) leaf families of two and wide ones
+    run on the batched products, not the CPU's pair passes or its fused attention kernel,
+    forward and backward in the CPU's shapes."""
+    plan = window_forest([512, 512], branching).causal_plan()
+    assert plan.tree_index.uniform is not None
+    fused = spy_calls(monkeypatch, family_fused, "leaf_family_attention")
+    pairs = spy_calls(monkeypatch, family_products, "pair_member")
+    q, k, v = (torch.empty(1024, 2, c, device="meta", requires_grad=True) for c in (8, 8, 4))
+    out = causal_hierarchical_attention(q, k, v, plan.to("meta"))
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert out.shape == (1024, 2, 4) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert fused == [] and pairs == []

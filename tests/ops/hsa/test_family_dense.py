@@ -128,6 +128,20 @@ def test_where_a_forest_with_a_wide_family_runs(trees, heads, kernel, path):
     assert attention.attention_path(q, k, v, index, None, kernel) == path
 
 
+def test_off_the_cpu_a_wide_family_runs_on_the_batched_blocks(monkeypatch):
+    """Off the CPU (the ``meta`` device: shapes only) a star of 600 leaves on the block
+    kernel runs without the fused CPU attention kernel, forward and backward in the CPU's
+    shapes."""
+    index = Batch.from_data_list([from_nested(list(range(600))), from_nested([[0, 1], [2]])])
+    index = index.tree_index().to("meta")
+    calls = spy_calls(monkeypatch, family_dense, "_wide_forward")
+    q, k, v = (torch.empty(603, 2, c, device="meta", requires_grad=True) for c in (8, 8, 4))
+    out = hierarchical_attention(q, k, v, index, kernel="blocks")
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert out.shape == (603, 2, 4) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert calls == []
+
+
 @pytest.mark.parametrize("windows,blocks", [(4, True), (16, False)])
 def test_a_wide_family_among_narrow_ones_leaves_the_forest_kernel_where_it_dominates(
     windows, blocks

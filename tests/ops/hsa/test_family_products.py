@@ -2,6 +2,8 @@
 ``family_gram``, ``summed_products``, ``family_sum``) against plain matmuls and sums, with
 first and second derivatives."""
 
+import functools
+
 import pytest
 import torch
 
@@ -117,3 +119,30 @@ def test_family_sum_accumulates_in_the_given_dtype(b):
     assert (total == 2048.0 + (b - 1)).all()
     total.sum().backward()
     assert x.grad.dtype == torch.float16 and (x.grad == 1).all()
+
+
+def test_off_the_cpu_families_of_two_and_of_four_run_as_batched_products():
+    """Off the CPU (the ``meta`` device: shapes only) families of two take the batched
+    products and the plain member sum, not the CPU's multiply-adds, and 1,024 families of
+    4 take one batch of ``[4, c] @ [c, 4]`` products, not the CPU's blocks of four, forward
+    and backward, in the shapes the CPU gives."""
+    rand = functools.partial(torch.randn, device="meta", requires_grad=True)
+    p2, v2, base = rand(2, 6, 3, 2), rand(2, 6, 2, 5), rand(2, 6, 1, 5)
+    p3, v3 = rand(2, 2, 9, 3), rand(2, 2, 3, 5)
+    x = rand(1024, 4, 8)
+    with DispatchedOps() as ops:
+        outputs = [
+            family_products.family_product(p2, v2),
+            family_products.family_product(p2, v2, base, alpha=0.5),
+            family_products.summed_products([(p3, v3), (p2, v2)]),  # the second accumulates
+            family_products.family_sum(v2),
+            family_products.family_gram(x, x),
+        ]
+        grads = torch.autograd.grad(sum(o.sum() for o in outputs), [p2, v2, base, p3, v3, x])
+    shapes = [(2, 6, 3, 5), (2, 6, 3, 5), (2, 18, 5), (2, 6, 5), (1024, 4, 4)]
+    assert [tuple(o.shape) for o in outputs] == shapes
+    assert [g.shape for g in grads] == [t.shape for t in (p2, v2, base, p3, v3, x)]
+    names = {name for name, _ in ops.calls}
+    assert "addcmul" not in names and "addcmul_" not in names  # the pairs' multiply-adds
+    assert ops.shapes("sum")  # the member sum
+    assert (1024, 4, 8) in ops.shapes("bmm")  # one batch of the families, not [256, 16, 8]

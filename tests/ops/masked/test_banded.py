@@ -3,13 +3,14 @@
 import pytest
 import torch
 
+from hiergraph.ops.masked import banded
 from hiergraph.ops.masked.banded import (
     band_predicate,
     banded_attention,
     banded_attention_reference,
     segment_ids,
 )
-from tests.conftest import assert_same_gradients
+from tests.conftest import assert_same_gradients, spy_calls
 
 # (n, before, after, lengths, dilation, block_size, chunk_size)
 BANDS = [
@@ -152,3 +153,17 @@ def test_lengths_may_be_a_tensor():
     q, k, v = (torch.randn(5, 2, 3, dtype=torch.float64) for _ in range(3))
     out = banded_attention(q, k, v, 1, 1, torch.tensor([2, 3]))
     torch.testing.assert_close(out, banded_attention(q, k, v, 1, 1, [2, 3]), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device,chunk", [("cpu", 512), ("meta", 16384)])
+def test_the_default_chunk_follows_the_device(device, chunk, monkeypatch):
+    """By default the CPU takes 512 query rows per chunk (gathered windows that stay in
+    cache) and other devices 16,384 (fewer launches; the ``meta`` device, shapes only,
+    takes that branch); the op runs there forward and backward in the CPU's shapes."""
+    blockings = spy_calls(monkeypatch, banded, "_Blocking")
+    q, k, v = (t.detach().to(device).requires_grad_() for t in _qkv(40))
+    out = banded_attention(q, k, v, 3, 2, [30, 10])
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert [call["chunk_size"] for call in blockings] == [chunk]
+    assert out.shape == (40, 2, 3) and out.device.type == device
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
