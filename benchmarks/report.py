@@ -494,7 +494,9 @@ def _masked_case_row(case: dict, with_edges: bool = True) -> list[str]:
 
 def masked_attention() -> list[str] | None:
     out = []
-    for name, data in present(("masked_attention.json", "masked_attention_16k.json")):
+    for name, data in present(
+        ("masked_attention.json", "masked_attention_cora.json", "masked_attention_16k.json")
+    ):
         s = data["setting"]
         out += [
             f"**{code(data['command'])}**: one layer, {s['pass']}, {s['in_channels']} input "
