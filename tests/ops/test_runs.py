@@ -86,3 +86,20 @@ def test_child_sums_of_half_inputs_accumulate_in_float32(dtype, row):
     out64 = sum_children(x64, level, parent_level)
     assert out64.dtype == torch.float64
     torch.testing.assert_close(out64, ref, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=str)
+def test_traced_run_sums_equal_eager_ones(row):
+    """Traced by ``torch.compile``, wide rows too are summed by ``segment_reduce`` (the
+    CPU's ``index_add`` would become atomic adds in inductor): the same sums and gradients
+    as eager (dynamo only, the eager backend; float64)."""
+    lengths = torch.tensor([5, 0, 7, 1, 3])
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(16, *row, generator=gen, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(5, *row, generator=gen, dtype=torch.float64)
+    torch._dynamo.reset()
+    traced = torch.compile(sum_runs, backend="eager", fullgraph=True)
+    got, want = traced(x, lengths), sum_runs(x, lengths)
+    torch.testing.assert_close(got, want, atol=1e-14, rtol=0)
+    (got_grad,), (want_grad,) = (torch.autograd.grad(y, x, grad) for y in (got, want))
+    torch.testing.assert_close(got_grad, want_grad, atol=0, rtol=0)

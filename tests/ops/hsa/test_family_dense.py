@@ -142,6 +142,30 @@ def test_off_the_cpu_a_wide_family_runs_on_the_batched_blocks(monkeypatch):
     assert calls == []
 
 
+def test_traced_a_wide_family_runs_on_the_batched_blocks(monkeypatch):
+    """Traced by ``torch.compile``, a star of 600 leaves on the block kernel runs on the
+    batched products (the fused CPU attention kernel is eager only): the output and
+    gradients of the eager fused kernel (dynamo only, the eager backend; float64)."""
+    index = Batch.from_data_list([from_nested(list(range(600))), from_nested([[0, 1], [2]])])
+    index = index.tree_index()
+    q, k, v = (t.requires_grad_() for t in random_qkv(603, heads=2, dim=8, dv=4))
+
+    def attend(q, k, v):
+        return hierarchical_attention(q, k, v, index, kernel="blocks")
+
+    def with_grads(fn):
+        out = fn(q, k, v)
+        return out, torch.autograd.grad(out.square().sum(), (q, k, v))
+
+    calls = spy_calls(monkeypatch, family_dense, "_wide_forward")
+    want, want_grads = with_grads(attend)
+    assert len(calls) == 1
+    torch._dynamo.reset()
+    got, got_grads = with_grads(torch.compile(attend, backend="eager", fullgraph=True))
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(got_grads, want_grads, atol=1e-12, rtol=0)
+
+
 @pytest.mark.parametrize("windows,blocks", [(4, True), (16, False)])
 def test_a_wide_family_among_narrow_ones_leaves_the_forest_kernel_where_it_dominates(
     windows, blocks

@@ -246,6 +246,30 @@ def test_compiles_without_graph_breaks():
     assert torch.isfinite(q.grad).all()
 
 
+def test_compiled_with_a_leaf_mask_equals_eager():
+    """Traced with a leaf mask over leaves that are neither heads first nor contiguous
+    (channels sliced from wider rows), the copy heads first that zeroes the masked rows is
+    the plain scaled product (``heads_first.transposed``): output and gradients equal
+    eager ones (float64; dynamo only, the eager backend)."""
+    index = window_forest([16] * 3, (4, 4)).tree_index()
+    q, k, v = (torch.randn(48, 2, 12, **F64)[..., :8].requires_grad_() for _ in range(3))
+    mask = torch.arange(48) % 5 != 2
+
+    def attend(q, k, v):
+        return hierarchical_attention(q, k, v, index, include_self=True, leaf_mask=mask)
+
+    def with_grads(fn):
+        out = fn(q, k, v)
+        return out, torch.autograd.grad(out.square().sum(), (q, k, v))
+
+    torch._dynamo.reset()
+    got, got_grads = with_grads(torch.compile(attend, fullgraph=True, backend="eager"))
+    want, want_grads = with_grads(attend)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(got_grads, want_grads, atol=1e-12, rtol=0)
+    assert (got[~mask] == 0).all()
+
+
 def test_large_int64_slots_order_like_their_ranks():
     """Slots near 2**62 (e.g. nanosecond timestamps) give the output of their ranks."""
     parent = torch.tensor([4, 4, 5, 5, 6, 6, -1])
