@@ -80,7 +80,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
     if backend == "nccl":
         torch.cuda.set_device(device)
     if "WORLD_SIZE" not in os.environ:
-        return DistributedContext(0, 1, 0, device, None)
+        return DistributedContext(0, 1, local_rank, device, None)
     if not dist.is_initialized():
         extra = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **extra)

@@ -122,7 +122,7 @@ def test_with_cuda_each_process_takes_its_local_gpu_and_nccl(monkeypatch, torchr
     gpu = torch.device("cuda", 1)
     assert bound == [gpu]
     if not torchrun:
-        assert ctx == DistributedContext(0, 1, 0, gpu, None) and groups == []
+        assert ctx == DistributedContext(0, 1, 1, gpu, None) and groups == []  # its GPU
         return
     assert ctx == DistributedContext(3, 4, 1, gpu, "nccl")
     [(args, kwargs)] = groups
