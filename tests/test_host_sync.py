@@ -671,8 +671,10 @@ def test_no_host_sync_cuda(name):
     torch.cuda.synchronize()
 
 
-#: cases whose code takes another branch on an accelerator (``hiergraph._device``)
-DEVICE_BRANCHES = ["TypedLinear", "FamilyPositionEncoder", "pooling", "edge-products", "banded"]
+#: cases whose code takes another branch where ``hiergraph._device.reads_values`` is false
+#: (banded attention's accelerator branch, its chunk size, follows the device type:
+#: ``tests/ops/masked/test_banded.py`` runs it on the meta device)
+DEVICE_BRANCHES = ["TypedLinear", "FamilyPositionEncoder", "pooling", "edge-products"]
 
 
 @pytest.mark.parametrize("name", DEVICE_BRANCHES)
