@@ -71,20 +71,33 @@ def check_records(processed_dir: str | os.PathLike) -> None:
             load_weights_only(path, what, "the processed files", allow=())
 
 
+@contextmanager
+def allowing(classes: Sequence[type]) -> Iterator[None]:
+    """``torch.load(weights_only=True)`` takes ``classes`` inside the block.
+
+    PyTorch's ``torch.serialization.safe_globals`` removes every class it was given when it
+    exits, also those allow-listed before it (PyG's ``Data``, hiergraph's
+    ``SignalHierarchy``, registered on import): after it, the user's own PyG datasets
+    would no longer read weights-only. This adds, and then removes, only the classes that
+    were not allow-listed already."""
+    allowed = torch.serialization.get_safe_globals()
+    missing = [cls for cls in classes if cls not in allowed]
+    with torch.serialization.safe_globals(missing) if missing else nullcontext():
+        yield
+
+
 def load_weights_only(
     path: str | os.PathLike, what: str, rebuilds: str, allow: Sequence[type] = SAFE_CLASSES
 ):
     """``torch.load(path, weights_only=True)`` with the classes ``allow`` allow-listed (by
-    default PyG's data classes; none: no allow-list context, which would reset one the
-    caller holds when it exits).
+    default PyG's data classes; :func:`allowing`).
 
     Raises:
         CorruptFileError: naming the file, ``what`` it should be and what deleting it
             ``rebuilds``, when it is truncated, damaged or holds other objects (e.g. code).
     """
-    context = torch.serialization.safe_globals(list(allow)) if allow else nullcontext()
     try:
-        with context:
+        with allowing(allow):
             return torch.load(path, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, IsADirectoryError) as err:
         raise CorruptFileError(
@@ -110,7 +123,7 @@ def weights_only_loads(allow: Sequence[type] = SAFE_CLASSES) -> Iterator[None]:
     os.environ[_FORCE] = "1"
     os.environ.pop(_FORCE_NOT, None)
     try:
-        with torch.serialization.safe_globals(list(allow)):
+        with allowing(allow):
             yield
     finally:
         for key, value in saved.items():

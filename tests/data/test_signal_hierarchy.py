@@ -292,13 +292,13 @@ def test_a_saved_dataset_of_hierarchies_reads_back_weights_only(tmp_path):
 
 
 def test_a_pickled_plan_is_not_read_weights_only():
-    from hiergraph.datasets.processed import SAFE_CLASSES  # PyG's containers and storages
+    from hiergraph.datasets.processed import SAFE_CLASSES, allowing  # PyG's containers and storages
 
     def weights_only_round_trip(tree):
         saved = io.BytesIO()
         torch.save(tree, saved)
         saved.seek(0)
-        with torch.serialization.safe_globals(SAFE_CLASSES):
+        with allowing(SAFE_CLASSES):
             return torch.load(saved, weights_only=True)
 
     tree = from_nested([[0, 1], [2, 3, 4]])

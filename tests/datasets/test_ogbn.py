@@ -241,10 +241,10 @@ def test_damaged_files_are_refused_by_name(tmp_path, edit, match):
 
 def _edit_processed(folder, edit) -> None:
     """Rewrite ogb's processed graph in ``folder`` with ``edit(data: dict)``."""
-    from hiergraph.datasets.processed import SAFE_CLASSES
+    from hiergraph.datasets.processed import SAFE_CLASSES, allowing
 
     path = folder / "processed" / "geometric_data_processed.pt"
-    with torch.serialization.safe_globals(SAFE_CLASSES):
+    with allowing(SAFE_CLASSES):
         data, slices, *rest = torch.load(path, weights_only=True)
     edit(data)
     torch.save((data, slices, *rest), path)

@@ -109,9 +109,9 @@ def test_a_record_swapped_after_its_check_runs_no_code(no_env, tmp_path, monkeyp
 
 def _edit_cache(path: Path, edit) -> None:
     """Rewrite the PyG cache at ``path`` with ``edit(data: dict, slices: dict | None)``."""
-    from hiergraph.datasets.processed import SAFE_CLASSES
+    from hiergraph.datasets.processed import SAFE_CLASSES, allowing
 
-    with torch.serialization.safe_globals(SAFE_CLASSES):
+    with allowing(SAFE_CLASSES):
         data, slices, *rest = torch.load(path, weights_only=True)
     edit(data, slices)
     torch.save((data, slices, *rest), path)
@@ -355,3 +355,31 @@ def test_a_folder_named_like_a_cache_is_refused_by_name(no_env, tmp_path):
     (tmp_path / "data.pt").mkdir()  # (a bare IsADirectoryError)
     with pytest.raises(CorruptFileError, match="data.pt is not a cache"):
         load_weights_only(tmp_path / "data.pt", "a cache", "it")
+
+
+def test_reading_a_cache_keeps_what_was_allow_listed_before(tmp_path):
+    """PyTorch's ``safe_globals`` context drops on exit every class it was given, also those
+    that PyG and hiergraph allow-list on import: a user's own dataset read after one of
+    ours warned, then read its file with ``weights_only=False``."""
+    from torch_geometric.data import Data
+
+    from hiergraph.data import SignalHierarchy
+    from hiergraph.datasets.processed import (
+        SAFE_CLASSES,
+        allowing,
+        load_weights_only,
+        weights_only_loads,
+    )
+
+    class Extra:
+        pass
+
+    path = tmp_path / "cache.pt"
+    torch.save(Data(x=torch.ones(2)).to_dict(), path)
+    load_weights_only(path, "a cache", "it")
+    with weights_only_loads():
+        torch.load(path)
+    with allowing([*SAFE_CLASSES, Extra]):
+        assert Extra in torch.serialization.get_safe_globals()
+    allowed = torch.serialization.get_safe_globals()
+    assert Data in allowed and SignalHierarchy in allowed and Extra not in allowed
