@@ -72,6 +72,13 @@ class HierarchicalGraph(Data):
         self.__dict__["_hierarchy_cache"] = None if guard is None else (tuple(fields), guard, tree)
         return tree
 
+    def __setstate__(self, mapping: dict[str, Any]) -> None:
+        # The cached tree is not taken from a pickle: a file read weights-only could pair
+        # these tree_* attributes with any other tree (or object); hierarchy() rebuilds it.
+        mapping = dict(mapping)
+        mapping.pop("_hierarchy_cache", None)
+        super().__setstate__(mapping)
+
 
 class GraphHierarchy(BaseTransform):
     r"""Adds a community tree over a graph's nodes (Amizadeh et al., Sec. 2: a graph

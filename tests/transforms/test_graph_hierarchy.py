@@ -112,6 +112,23 @@ def test_a_saved_dataset_of_graphs_reads_back_with_their_trees(tmp_path):
         assert torch.equal(loaded.tree_graph_pe, graph.tree_graph_pe)
 
 
+def test_a_file_cannot_pair_a_graph_with_another_tree(tmp_path):
+    """A saved graph's cached tree (``hierarchy()``) is not read back: a file read
+    weights-only could otherwise hand out a tree other than its ``tree_*`` attributes."""
+    from hiergraph.datasets.processed import SAFE_CLASSES
+
+    graph = GraphHierarchy(seed=0)(sbm())
+    graph.hierarchy()
+    names, (tensors, versions), _ = graph.__dict__["_hierarchy_cache"]
+    forged = (names, (tensors, (1,) * len(versions)), from_nested([[0, 1], [2]]))  # loaded: 1
+    graph.__dict__["_hierarchy_cache"] = forged
+    torch.save(graph, tmp_path / "graph.pt")
+    with torch.serialization.safe_globals(SAFE_CLASSES):
+        loaded = torch.load(tmp_path / "graph.pt", weights_only=True)
+    assert "_hierarchy_cache" not in loaded.__dict__
+    assert torch.equal(loaded.hierarchy().parent, loaded.tree_parent)
+
+
 def test_recovers_planted_blocks():
     data = sbm(p_in=0.9, p_out=0.0)
     tree = GraphHierarchy(levels=1, max_family=16)(data).hierarchy()
