@@ -682,8 +682,8 @@ def test_accelerator_branches_compute_the_same(name):
     """The accelerator branches, run on the CPU, give the CPU branches' outputs and grads."""
     results = []
     for emulate in (False, True):
-        case = make_case(name, "cpu")
         with cpu_as_accelerator() if emulate else torch.enable_grad():
+            case = make_case(name, "cpu")  # (built there too: EdgeCSR reads its device)
             out = step(case)
         results.append((out.detach(), [t.grad for t in case.grads]))
     (out, grads), (out_dev, grads_dev) = results
