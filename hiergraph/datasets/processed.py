@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 from torch_geometric.data import Data, HeteroData
-from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
+from torch_geometric.data.data import BaseData, DataEdgeAttr, DataTensorAttr
 from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
 
 from hiergraph.data import SignalHierarchy
@@ -154,6 +154,11 @@ class CheckedRecords:
             super()._process()
 
 
+def _is_data_class(value) -> bool:
+    """Whether ``value`` is a PyG data class, which a cache may name as its examples' class."""
+    return isinstance(value, type) and issubclass(value, BaseData)
+
+
 class StrictLoad(CheckedRecords):
     """Mixin for an ``InMemoryDataset``: :meth:`load` never falls back to unpickling code,
     the pre-processing records are checked before PyG reads them (:func:`check_records`),
@@ -191,8 +196,9 @@ class StrictLoad(CheckedRecords):
             or len(out) not in (2, 3)
             or not isinstance(out[0], dict | Data | HeteroData)
             or not isinstance(out[1], dict | None)
+            or not all(map(_is_data_class, out[2:]))
         ):
-            raise CorruptFileError(path, f"{path} does not hold (data, slices[, class])")
+            raise CorruptFileError(path, f"{path} does not hold (data, slices[, data class])")
         data, self.slices = out[:2]
         data_cls = out[2] if len(out) == 3 else data_cls
         self.data = data_cls.from_dict(data) if isinstance(data, dict) else data

@@ -62,8 +62,12 @@ def test_strict_load_reads_pyg_caches_and_refuses_other_objects(tmp_path):
     with pytest.raises(CorruptFileError, match="not a readable processed cache"):
         dataset.load(str(path))
     assert not marker.exists()
-    for other in ((1, 2), ({}, 5), ([1], {}, Data)):  # readable, but not (data, slices)
-        torch.save(other, path)  # (a TypeError from inside PyG before)
+    from torch_geometric.data.storage import GlobalStorage
+
+    data = Data(x=torch.ones(2, 1)).to_dict()
+    not_a_data_class = ((data, None, "Data"), (data, None, GlobalStorage))  # (allow-listed)
+    for other in ((1, 2), ({}, 5), ([1], {}, Data), *not_a_data_class):  # readable, but not
+        torch.save(other, path)  # (data, slices[, class]): errors from inside PyG before
         with pytest.raises(CorruptFileError, match=r"does not hold \(data, slices"):
             dataset.load(str(path))
 
