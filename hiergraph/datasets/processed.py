@@ -14,7 +14,7 @@ PyG also keeps, beside each cache, a record of the ``pre_transform`` and ``pre_f
 was built with (``pre_transform.pt``, ``pre_filter.pt``: a string each), and its
 ``Dataset._process`` reads them with ``torch.load(weights_only=False)`` before anything
 else. :func:`check_records` reads them first with ``weights_only=True`` and refuses a file
-that holds anything else, so a replaced record cannot run code either.
+that names any class not allow-listed, so a replaced record cannot run code either.
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ def check_records(processed_dir: str | os.PathLike) -> None:
     """Read PyG's pre-processing records in ``processed_dir`` with ``weights_only=True``.
 
     Call it before PyG's ``Dataset._process``, which reads them with
-    ``weights_only=False``: a record that loads here holds only plain data, so that read
-    runs no code.
+    ``weights_only=False``: a record that loads here holds only plain data and classes
+    allow-listed for ``weights_only`` reads (PyG's and hiergraph's data classes), so that
+    read runs no code.
 
     Raises:
         CorruptFileError: a record is damaged or holds other objects (e.g. code).
