@@ -14,7 +14,7 @@ from hiergraph._versions import guard_holds, version_guard
 from hiergraph.data.domain import Domain
 from hiergraph.plan.causal_plan import CausalPlan
 from hiergraph.plan.family_order import family_order
-from hiergraph.plan.tree_index import TreeIndex
+from hiergraph.plan.tree_index import TreeIndex, describe_non_hierarchy
 from hiergraph.plan.validation import validate_structure
 
 
@@ -447,32 +447,9 @@ def as_hierarchy(value: Any, name: str = "hierarchy") -> Any:
         return value
     if callable(getattr(value, "hierarchy", None)) and "tree_parent" in value:
         return value.hierarchy()
-    if isinstance(value, Tensor) and value.dim() == 2 and value.size(0) == 2:
-        hint = (
-            "a [2, E] tensor (an edge_index?): the trees cannot be read from it. Pass the "
-            "hierarchy itself, layer(x, hierarchy) (a SignalHierarchy or a batch of them)"
-        )
-    elif isinstance(value, Tensor):
-        hint = (
-            "a tensor (a batch vector?): the trees cannot be read from it. Pass the "
-            "hierarchy itself; for PyG's pooling over leaves, leaf_batch(hierarchy) is the "
-            "leaves' tree ids"
-        )
-    elif isinstance(value, Data):
-        hint = (
-            f"a {type(value).__name__} without a community tree: apply "
-            "hiergraph.transforms.GraphHierarchy() to the graphs first"
-        )
-    elif isinstance(value, list | tuple):
-        hint = (
-            f"a {type(value).__name__}: batch the hierarchies first, "
-            "torch_geometric.data.Batch.from_data_list(...)"
-        )
-    else:
-        hint = type(value).__name__
     raise TypeError(
         f"{name} must be a SignalHierarchy, a batch of them, or a graph with its community "
-        f"tree (GraphHierarchy), got {hint}"
+        f"tree (GraphHierarchy), got {describe_non_hierarchy(value)}"
     )
 
 

@@ -32,26 +32,37 @@ if TYPE_CHECKING:
 __all__ = ["FamilyBlock", "Level", "TreeIndex", "outside_inference_mode", "padded_widths"]
 
 
-def _not_a_tree(value) -> str:
-    """What to do instead, for the values that are mistaken for a hierarchy most often."""
-    if callable(getattr(value, "hierarchy", None)) and "tree_parent" in value:
-        return " (a graph with its community tree: pass graph.hierarchy(), the tree itself)"
-    if isinstance(value, Tensor):
-        return (
-            ": the trees cannot be read from a tensor (an edge_index or a batch vector); "
-            "pass the hierarchy itself"
-        )
-    if isinstance(value, list | tuple):
-        return ": batch the hierarchies first, torch_geometric.data.Batch.from_data_list(...)"
+def describe_non_hierarchy(value) -> str:
+    """What ``value``, refused where a hierarchy was expected, is, and what to pass instead,
+    for the values mistaken for one most often (a graph, an ``edge_index``, a batch vector,
+    a list of trees); else its type's name."""
     from torch_geometric.data import Data
 
+    name = type(value).__name__
+    if isinstance(value, Data) and callable(getattr(value, "hierarchy", None)):
+        if "tree_parent" in value:
+            return f"{name} (a graph with its community tree: pass graph.hierarchy())"
+    if isinstance(value, Tensor) and value.dim() == 2 and value.size(0) == 2:
+        return (
+            "a [2, E] tensor (an edge_index?): the trees cannot be read from it. Pass the "
+            "hierarchy itself, layer(x, hierarchy) (a SignalHierarchy or a batch of them)"
+        )
+    if isinstance(value, Tensor):
+        return (
+            "a tensor (a batch vector?): the trees cannot be read from it. Pass the "
+            "hierarchy itself; for PyG's pooling over leaves, leaf_batch(hierarchy) is the "
+            "leaves' tree ids"
+        )
+    if isinstance(value, list | tuple):
+        batched = "torch_geometric.data.Batch.from_data_list(...)"
+        return f"a {name}: batch the hierarchies first, {batched}"
     if isinstance(value, Data):
         return (
-            " without a tree (parent, slot, is_leaf): build one with hiergraph.data's "
-            "from_nested, window_hierarchy or document_hierarchy, or, for a graph, apply "
-            "hiergraph.transforms.GraphHierarchy() and pass graph.hierarchy()"
+            f"a {name} without a community tree or another tree (parent, slot, is_leaf): "
+            "build one with hiergraph.data's from_nested, window_hierarchy or "
+            "document_hierarchy, or, for a graph, apply hiergraph.transforms.GraphHierarchy()"
         )
-    return ""
+    return name
 
 
 @dataclass
@@ -160,7 +171,7 @@ class TreeIndex:
             return index()
         raise TypeError(
             "hierarchy must be a SignalHierarchy, a batch of them, a TreeIndex or a "
-            f"CausalPlan, got {type(hierarchy).__name__}{_not_a_tree(hierarchy)}"
+            f"CausalPlan, got {describe_non_hierarchy(hierarchy)}"
         )
 
     @classmethod

@@ -204,10 +204,13 @@ def test_what_is_not_a_hierarchy_is_refused_with_what_to_pass_instead():
     graph = Data(x=torch.randn(6, 2), edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]]))
     tree = window_hierarchy(4, (2,))
     cases = [
-        (graph, r"got Data without a tree.*from_nested.*GraphHierarchy\(\)"),
+        (
+            graph,
+            r"got a Data without a community tree or another tree.*from_nested.*GraphHierarchy\(\)",
+        ),
         (GraphHierarchy()(graph), r"got HierarchicalGraph.*pass graph.hierarchy\(\)"),
-        (graph.edge_index, "got Tensor: the trees cannot be read from a tensor"),
-        ([tree, tree], r"got list: batch the hierarchies first.*Batch.from_data_list"),
+        (graph.edge_index, "got a .2, E. tensor .an edge_index..: the trees cannot be read"),
+        ([tree, tree], r"got a list: batch the hierarchies first.*Batch.from_data_list"),
         (None, "CausalPlan, got NoneType$"),
     ]
     for value, match in cases:
