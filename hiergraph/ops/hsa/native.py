@@ -44,8 +44,9 @@ siblings, per level) run on it. Everything else, and everything under
 ``torch.compile``, takes the other paths.
 
 The kernel is compiled with :func:`torch.utils.cpp_extension.load` (a C++ compiler with
-OpenMP and ``ninja`` are needed) the first time an eligible call runs: 1-3 minutes once
-(157 CPU s on one 2-core machine), and again after an update changes the sources, then
+OpenMP and ``ninja`` are needed) the first time an eligible call runs: about a minute once
+(48 s, 70 CPU s, on one 2-core machine: the sources include PyTorch's light headers only,
+``csrc/tensors.h``), and again after an update changes the sources, then
 loaded from PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``); a line on stderr
 announces each compilation. :func:`build` compiles it ahead of time. Where the build fails,
 a warning says why and the other paths run. Set the environment variable
@@ -74,7 +75,8 @@ from hiergraph._environment import env_flag
 ENV = "HIERGRAPH_NATIVE"
 #: The kernels' sources: equal-fanout and hub-tree HSA, HSA and strictly causal HSA over any
 #: forest, the KV cache's step, softmax over lists of keys, the module (``csrc/vector_ops.h``
-#: and ``csrc/family_ops.h``: the row operations they share).
+#: and ``csrc/family_ops.h``: the row operations they share; ``csrc/tensors.h``: their
+#: allocations; ``csrc/checks.h``: their input checks).
 SOURCES = [
     Path(__file__).parent / "csrc" / f
     for f in (
@@ -116,7 +118,9 @@ def build_flags() -> tuple[str, list[str], list[str]]:
                    "-mprefer-vector-width=512"],
         "AVX2": ["-mavx2", "-mfma"],
     }.get(capability, [])  # fmt: skip
-    cflags = ["-O3", "-fopenmp", "-fno-math-errno", *isa]
+    # TORCH_ASSERT_ONLY_METHOD_OPERATORS: the sources include the light headers only
+    # (csrc/tensors.h says why)
+    cflags = ["-O3", "-fopenmp", "-fno-math-errno", "-DTORCH_ASSERT_ONLY_METHOD_OPERATORS", *isa]
     ldflags = ["-fopenmp"]
     if platform.libc_ver()[0] == "glibc" and platform.machine() == "x86_64":
         ldflags.append("-lmvec")  # glibc's vector exp and log1p
@@ -133,7 +137,7 @@ def build() -> ModuleType:
     if _compiles(Path(_get_build_directory(name, verbose=False))):
         print(
             "hiergraph: compiling its HSA kernels (once per install and machine, and again "
-            "after an update changes them; 1-3 minutes; HIERGRAPH_NATIVE=0 skips it)",
+            "after an update changes them; about a minute; HIERGRAPH_NATIVE=0 skips it)",
             file=sys.stderr,
             flush=True,
         )

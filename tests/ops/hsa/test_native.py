@@ -84,7 +84,7 @@ def test_each_install_builds_its_own_extension_and_says_so_once(monkeypatch, tmp
 
 def test_a_rebuild_after_the_sources_changed_says_so(monkeypatch, tmp_path, capsys):
     """A library built from older sources (an update, a ``git pull``) is rebuilt by ninja
-    for 1-3 minutes: that rebuild is announced like the first build; one built after the
+    for about a minute: that rebuild is announced like the first build; one built after the
     sources stays silent."""
     import os
 

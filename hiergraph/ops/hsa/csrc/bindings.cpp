@@ -2,7 +2,9 @@
 // equal-fanout and hub-tree HSA (uniform.cpp), HSA over any forest (ragged.cpp), strictly
 // causal HSA over any forest (causal.cpp), the hierarchical KV cache's decoding step
 // (kv_cache.cpp) and softmax attention over lists of keys (edge_softmax.cpp).
-#include <torch/extension.h>
+// torch/csrc/utils/pybind.h: pybind11 with PyTorch's tensor conversions, a third of what
+// torch/extension.h takes to compile.
+#include <torch/csrc/utils/pybind.h>
 
 #include <optional>
 #include <vector>

@@ -24,7 +24,8 @@
 // leaves, and the gradient of every prefix sum as a running sum over the node's later leaves.
 // causal_statistics is the forward with what a KV cache's prefill reads: every node's sums
 // of q, k, v over its leaves and its complete g.
-#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -34,6 +35,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "tensors.h"
 #include "vector_ops.h"
 
 namespace {
@@ -171,17 +173,17 @@ Tensors forward_pass(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   check_plan(q, k, v, eps, path, depth, pair_ptr, first, last, count, rank, node, trees);
   const int64_t leaves = q.size(0), heads = q.size(1), n = count.size(0);
   const int64_t pairs = pair_ptr.data_ptr<int64_t>()[leaves];
-  at::Tensor out = at::empty_like(v);
-  at::Tensor rho = at::empty({energies ? 0 : pairs, heads, q.size(2)}, q.options());
-  at::Tensor lse = at::empty({pairs, heads}, q.options());
-  at::Tensor a = at::empty_like(lse), g = at::empty_like(lse);
-  at::Tensor rk = at::empty({n, heads, q.size(2)}, q.options());
-  at::Tensor rv = at::empty({n, heads, v.size(2)}, q.options());
+  at::Tensor out = hiergraph::empty_like(v);
+  at::Tensor rho = q.new_empty({energies ? 0 : pairs, heads, q.size(2)});
+  at::Tensor lse = q.new_empty({pairs, heads});
+  at::Tensor a = hiergraph::empty_like(lse), g = hiergraph::empty_like(lse);
+  at::Tensor rk = q.new_empty({n, heads, q.size(2)});
+  at::Tensor rv = q.new_empty({n, heads, v.size(2)});
   // the open nodes' running sums of q, k, v (complete once closed) and of n(B) g(B) over
   // their closed children
-  at::Tensor sums = at::empty({n, heads, 2 * q.size(2) + v.size(2)}, q.options());
-  at::Tensor closed = at::empty({n, heads}, q.options());
-  at::Tensor energy = energies ? at::empty({n, heads}, q.options()) : at::Tensor();
+  at::Tensor sums = q.new_empty({n, heads, 2 * q.size(2) + v.size(2)});
+  at::Tensor closed = q.new_empty({n, heads});
+  at::Tensor energy = energies ? q.new_empty({n, heads}) : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_causal_forward", [&] {
     using T = scalar_t;
     const Plan<T> P = plan<T>(q, k, v, eps, path, depth, pair_ptr, first, last, count, rank,
@@ -317,12 +319,14 @@ Tensors causal_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
   TORCH_CHECK(rk.is_contiguous() && rk.sizes() == at::IntArrayRef({n, heads, q.size(2)}) &&
                   rv.is_contiguous() && rv.sizes() == at::IntArrayRef({n, heads, v.size(2)}),
               "the saved keys and values do not match");
-  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv_out = at::empty_like(v);
-  at::Tensor d_eps = eps ? at::zeros({n, heads, eps->size(2)}, q.options()) : at::Tensor();
+  at::Tensor dq = hiergraph::empty_like(q);
+  at::Tensor dk = hiergraph::empty_like(k);
+  at::Tensor dv_out = hiergraph::empty_like(v);
+  at::Tensor d_eps = eps ? q.new_zeros({n, heads, eps->size(2)}) : at::Tensor();
   // per node: the gradients of its complete rho_k, rho_v and g (from later leaves) and of
   // its prefix query sums (a running sum over its later leaves)
-  at::Tensor d_rk = at::zeros_like(rk), d_rv = at::zeros_like(rv);
-  at::Tensor d_g = at::zeros({n, heads}, q.options()), d_prefix = at::empty_like(rk);
+  at::Tensor d_rk = hiergraph::zeros_like(rk), d_rv = hiergraph::zeros_like(rv);
+  at::Tensor d_g = q.new_zeros({n, heads}), d_prefix = hiergraph::empty_like(rk);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_causal_backward", [&] {
     using T = scalar_t;
     const Plan<T> P = plan<T>(q, k, v, eps, path, depth, pair_ptr, first, last, count, rank,

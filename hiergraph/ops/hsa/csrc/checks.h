@@ -2,7 +2,7 @@
 // tensors, and the float32 / float64 rows of q, k, v a kernel reads where they lie.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace hiergraph {
 

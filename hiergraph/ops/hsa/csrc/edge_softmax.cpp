@@ -8,7 +8,8 @@
 // weights and sums stay in cache. The backward runs over the queries (their gradients and
 // every edge's weight and logit gradient) and then over the keys, whose edges come in the
 // order `order` with pointers `key_ptr` (the transposed lists), so no two threads write a row.
-#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "tensors.h"
 #include "vector_ops.h"
 
 namespace {
@@ -106,8 +108,8 @@ Tensors edge_softmax_forward(const at::Tensor& q, const at::Tensor& k, const at:
                              const at::Tensor& key_node, double tau) {
   check_inputs(q, k, v, log_n, eps, pair_node, ptr, key_node);
   const int64_t pairs = q.size(0), heads = q.size(1), dv = v.size(2);
-  at::Tensor lse = at::empty({pairs, heads}, q.options());
-  at::Tensor theta = at::zeros({pairs, heads, dv}, q.options());
+  at::Tensor lse = q.new_empty({pairs, heads});
+  at::Tensor theta = q.new_zeros({pairs, heads, dv});
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_edge_softmax_forward", [&] {
     using T = scalar_t;
     const Rows<T> r = rows<T>(q, k, v, log_n, eps, pair_node, ptr, key_node, tau);
@@ -159,12 +161,14 @@ Tensors edge_softmax_backward(const at::Tensor& grad_lse, const at::Tensor& grad
   TORCH_CHECK(key_pair.size(0) == edges && order.size(0) == edges &&
                   key_ptr.size(0) == nodes + 1,
               "key_pair and order must be [E], key_ptr [N + 1]");
-  at::Tensor dq = at::zeros_like(q), dk = at::zeros_like(k), dv_out = at::zeros_like(v);
-  at::Tensor d_eps_key = eps ? at::zeros_like(*eps) : at::Tensor();
-  at::Tensor d_eps_query = eps ? at::zeros({pairs, heads, c}, q.options()) : at::Tensor();
+  at::Tensor dq = hiergraph::zeros_like(q);
+  at::Tensor dk = hiergraph::zeros_like(k);
+  at::Tensor dv_out = hiergraph::zeros_like(v);
+  at::Tensor d_eps_key = eps ? hiergraph::zeros_like(*eps) : at::Tensor();
+  at::Tensor d_eps_query = eps ? q.new_zeros({pairs, heads, c}) : at::Tensor();
   // per edge and head: the weight and the logit's gradient, from the pass over the queries
-  at::Tensor weight = at::empty({edges, heads}, q.options());
-  at::Tensor grad_logit = at::empty({edges, heads}, q.options());
+  at::Tensor weight = q.new_empty({edges, heads});
+  at::Tensor grad_logit = q.new_empty({edges, heads});
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_edge_softmax_backward", [&] {
     using T = scalar_t;
     const Rows<T> r = rows<T>(q, k, v, log_n, eps, pair_node, ptr, key_node, tau);

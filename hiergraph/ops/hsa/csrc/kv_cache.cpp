@@ -4,7 +4,8 @@
 // call instead of a few dozen tensor operations. The store's layout and the formulas are
 // those of HierarchicalKVCache; the host-side bookkeeping (families closed and opened, the
 // slots) stays there.
-#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <cmath>
@@ -57,7 +58,7 @@ at::Tensor kv_step(at::Tensor& keys, at::Tensor& values, at::Tensor& query, at::
   for (int64_t j = 0; j < m; ++j)
     TORCH_CHECK(widths[j] >= 0 && widths[j] <= capacity, "bad width");
   TORCH_CHECK(slot >= 0 && slot < widths[m - 1], "bad slot");
-  at::Tensor out = at::empty({heads, dv}, keys.options());
+  at::Tensor out = keys.new_empty({heads, dv});
   AT_DISPATCH_FLOATING_TYPES(keys.scalar_type(), "hsa_kv_step", [&] {
     using T = scalar_t;
     const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();

@@ -23,7 +23,8 @@
 // node G, the weights' gradients and those of delta and u) and once from the roots down
 // (energies, softmax, means; a leaf's gradient is the sum over its root path of
 // d rho(A) / n(A)).
-#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -34,6 +35,7 @@
 
 #include "checks.h"
 #include "family_ops.h"
+#include "tensors.h"
 #include "vector_ops.h"
 
 namespace {
@@ -263,13 +265,13 @@ Tensors ragged_forward(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                        bool include_self, bool size_bias) {
   check_forest(q, k, v, eps, child_ptr, leaf_row, node, count, p_off, tree_ptr, level_ptr);
   const int64_t n = count.size(0), heads = q.size(1);
-  at::Tensor out = at::empty_like(v);
-  at::Tensor mq = at::empty({n, heads, q.size(2)}, q.options()), mk = at::empty_like(mq);
-  at::Tensor mv = at::empty({n, heads, v.size(2)}, q.options());
-  at::Tensor p = at::empty({p_off.data_ptr<int64_t>()[n] * heads}, q.options());
-  at::Tensor lse = at::full({n, heads}, -INFINITY, q.options()), a = at::full_like(lse, -INFINITY);
-  at::Tensor u = at::zeros_like(lse), delta = at::zeros_like(lse);
-  at::Tensor acc = at::empty_like(mv);  // the inner nodes' output rows
+  at::Tensor out = hiergraph::empty_like(v);
+  at::Tensor mq = q.new_empty({n, heads, q.size(2)}), mk = hiergraph::empty_like(mq);
+  at::Tensor mv = q.new_empty({n, heads, v.size(2)});
+  at::Tensor p = q.new_empty({p_off.data_ptr<int64_t>()[n] * heads});
+  at::Tensor lse = q.new_full({n, heads}, -INFINITY), a = hiergraph::full_like(lse, -INFINITY);
+  at::Tensor u = hiergraph::zeros_like(lse), delta = hiergraph::zeros_like(lse);
+  at::Tensor acc = hiergraph::empty_like(mv);  // the inner nodes' output rows
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_ragged_forward", [&] {
     using T = scalar_t;
     const Forest<T> f = forest<T>(q, k, v, eps, child_ptr, leaf_row, node, count, p_off,
@@ -370,13 +372,19 @@ Tensors ragged_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
   TORCH_CHECK(p.is_contiguous() && p.numel() == p_off.data_ptr<int64_t>()[n] * heads,
               "the saved weights do not match");
   // every row is written below (a root leaf's by the roots' loop)
-  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv_out = at::empty_like(v);
-  at::Tensor d_eps = eps ? at::zeros({n, heads, eps->size(2)}, q.options()) : at::Tensor();
+  at::Tensor dq = hiergraph::empty_like(q);
+  at::Tensor dk = hiergraph::empty_like(k);
+  at::Tensor dv_out = hiergraph::empty_like(v);
+  at::Tensor d_eps = eps ? q.new_zeros({n, heads, eps->size(2)}) : at::Tensor();
   // per node and head: G (the output gradient summed over its leaves; inner nodes), du,
   // d delta, da, and the accumulated gradients of the means of its strict ancestors
-  at::Tensor g_rows = at::empty_like(mv), du = at::zeros_like(lse), dd = at::zeros_like(lse);
-  at::Tensor da = at::zeros_like(lse), dww = at::empty_like(p);
-  at::Tensor gq = at::empty_like(mq), gk = at::empty_like(mk), gv = at::empty_like(mv);
+  at::Tensor g_rows = hiergraph::empty_like(mv);
+  at::Tensor du = hiergraph::zeros_like(lse);
+  at::Tensor dd = hiergraph::zeros_like(lse);
+  at::Tensor da = hiergraph::zeros_like(lse), dww = hiergraph::empty_like(p);
+  at::Tensor gq = hiergraph::empty_like(mq);
+  at::Tensor gk = hiergraph::empty_like(mk);
+  at::Tensor gv = hiergraph::empty_like(mv);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_ragged_backward", [&] {
     using T = scalar_t;
     const Forest<T> f = forest<T>(q, k, v, eps, child_ptr, leaf_row, node, count, p_off,

@@ -15,7 +15,8 @@
 // passes (`up`, `down`): the roots' energies and pooled rows go to a family above the roots
 // (hiergraph.ops.hsa.lifted), which hands back the mass and the output every root starts
 // the top-down pass from.
-#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "family_ops.h"
+#include "tensors.h"
 #include "vector_ops.h"
 
 namespace {
@@ -633,8 +635,8 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   const Shape s(std::move(fanout), q.size(2), v.size(2));
   const int64_t trees = check(q, k, v, eps, s);
   const at::Tensor valid = leaf_mask(mask, q);
-  at::Tensor out = at::empty_like(v);
-  at::Tensor saved = at::empty({save ? trees * q.size(1) : 0, s.saved}, q.options());
+  at::Tensor out = hiergraph::empty_like(v);
+  at::Tensor saved = q.new_empty({save ? trees * q.size(1) : 0, s.saved});
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_forward", [&] {
     scalar_t* states = save ? saved.data_ptr<scalar_t>() : nullptr;
     each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), states, trees, tau,
@@ -658,10 +660,10 @@ std::vector<at::Tensor> up(const at::Tensor& q, const at::Tensor& k, const at::T
   const Shape s(std::move(fanout), q.size(2), v.size(2));
   const int64_t trees = check(q, k, v, eps, s), heads = q.size(1);
   const at::Tensor valid = leaf_mask(mask, q);
-  at::Tensor saved = at::empty({trees * heads, s.saved}, q.options());
-  at::Tensor energy = at::empty({heads, trees}, q.options());
-  at::Tensor pq = at::empty({heads, trees, q.size(2)}, q.options());
-  at::Tensor pk = at::empty_like(pq), pv = at::empty({heads, trees, v.size(2)}, q.options());
+  at::Tensor saved = q.new_empty({trees * heads, s.saved});
+  at::Tensor energy = q.new_empty({heads, trees});
+  at::Tensor pq = q.new_empty({heads, trees, q.size(2)});
+  at::Tensor pk = hiergraph::empty_like(pq), pv = q.new_empty({heads, trees, v.size(2)});
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_up", [&] {
     each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), saved.data_ptr<scalar_t>(),
                         trees, tau, include_self, size_bias,
@@ -696,7 +698,7 @@ at::Tensor down(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               "u must be [H, trees] and acc [H, trees, d_v]");
   const at::Tensor root_u = u.to(q.scalar_type()).contiguous();
   const at::Tensor root_acc = acc.to(q.scalar_type()).contiguous();
-  at::Tensor out = at::empty_like(v);
+  at::Tensor out = hiergraph::empty_like(v);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_down", [&] {
     each_task<scalar_t>(s, q, k, v, eps, {}, valid, at::Tensor(), saved.data_ptr<scalar_t>(),
                         trees, tau, include_self, size_bias,
@@ -727,10 +729,12 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& q,
                   saved.scalar_type() == q.scalar_type(),
               "saved does not come from this forest's forward");
   const at::Tensor valid = leaf_mask(mask, q);
-  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  at::Tensor dq = hiergraph::empty_like(q);
+  at::Tensor dk = hiergraph::empty_like(k);
+  at::Tensor dv = hiergraph::empty_like(v);
   std::vector<at::Tensor> grads{dq, dk, dv}, eps_grad;
   for (const at::Tensor& e : eps)
-    eps_grad.push_back(at::empty({q.size(1), e.size(1), e.size(2)}, e.options()));
+    eps_grad.push_back(e.new_empty({q.size(1), e.size(1), e.size(2)}));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hsa_backward", [&] {
     each_task<scalar_t>(s, q, k, v, eps, eps_grad, valid, at::Tensor(),
                         saved.data_ptr<scalar_t>(), trees, tau, include_self, size_bias,
