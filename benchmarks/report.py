@@ -677,8 +677,8 @@ def vcc() -> list[str] | None:
         f"One layer ({c['layer']}), forward+backward, d = {c['dim']}, {c['heads']} heads, "
         f"{c['num_vip']} VIP tokens, block size {c['block_size']}, {c['num_refined']} refined "
         f"blocks, {c['dtype']}, batch {c['batch']}, {threads(m['threads'])}; VCC and the full "
-        "layer interleaved (`python benchmarks/vcc.py`). Error: relative error of the VIP "
-        "rows' update, on trained-like / iid inputs.",
+        f"layer interleaved (`python benchmarks/vcc.py --threads {m['threads']}`). Error: "
+        "relative error of the VIP rows' update, on trained-like / iid inputs.",
         "",
     ]
     by = {(r["n"], r["method"]): r for r in d["rows"]}
