@@ -252,6 +252,8 @@ def main() -> None:
     command = timing.round_command("hsa_short.py", args, *["--no-compile"] * (not args.compile))
     meta = {"heads": HEADS, "dim": DIM, "dtype": "float32", "torch": torch.__version__,
             "command": command, "allocator": args.allocator,
+            # the vector instructions PyTorch and the compiled kernel use (AVX512, AVX2, ...)
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "load_average": os.getloadavg()}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": results}, indent=1))

@@ -215,7 +215,7 @@ def hsa_scaling() -> list[str] | None:
 
 
 def hsa_short() -> list[str] | None:
-    found = list(present(("hsa_short_1t.json", "hsa_short_2t.json")))
+    found = list(present(("hsa_short_1t.json", "hsa_short_2t.json", "hsa_short_2t_avx2.json")))
     if not found:
         return None
     out = [
@@ -227,8 +227,9 @@ def hsa_short() -> list[str] | None:
     for name, data in found:
         meta, rows = data["meta"], data["rows"]
         n_threads = rows[0]["threads"] if rows else "?"
+        isa = f", {meta['cpu_capability']} CPU" if "cpu_capability" in meta else ""
         out += [
-            f"**{threads(n_threads)}**: {meta['heads']} heads, d = {meta['dim']}, "
+            f"**{threads(n_threads)}{isa}**: {meta['heads']} heads, d = {meta['dim']}, "
             f"{meta['dtype']}, {allocator(meta)}; command {code(meta['command'])}.",
             "",
         ]

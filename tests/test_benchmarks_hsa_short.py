@@ -3,6 +3,8 @@ JSON report with every method, the ratios and the profile breakdown."""
 
 import json
 
+import torch
+
 from tests.benchmark_scripts import run_benchmark
 
 
@@ -11,6 +13,8 @@ def test_quick_run_writes_a_complete_report(tmp_path):
     run_benchmark("hsa_short", "--quick", "--no-compile", "--rounds", "3", "--out", str(out))
     report = json.loads(out.read_text())
     (row,) = report["rows"]
+    # which vector instructions ran: the kernel's speed depends on them
+    assert report["meta"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     causal = {"flat-causal", "hsa-causal", "hsa-causal-heads-first", "hsa-causal-edges"}
     hsa = {"hsa", "hsa-torch", "hsa-heads-first", "hsa-blocks"}
     assert set(row["median_s"]) == {"flat", "bound", *hsa, *causal}
