@@ -45,8 +45,8 @@ siblings, per level) run on it. Everything else, and everything under
 
 The kernel is compiled with :func:`torch.utils.cpp_extension.load` (a C++ compiler with
 OpenMP and ``ninja`` are needed) the first time an eligible call runs: about a minute once
-(48 s, 70 CPU s, on one 2-core machine: the sources include PyTorch's light headers only,
-``csrc/tensors.h``), and again after an update changes the sources, then
+(48 s, 70 CPU s, on one 2-core machine: the sources include PyTorch's lighter headers,
+``csrc/tensors.h`` says why), and again after an update changes the sources, then
 loaded from PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``); a line on stderr
 announces each compilation. :func:`build` compiles it ahead of time. Where the build fails,
 a warning says why and the other paths run. Set the environment variable
@@ -118,9 +118,7 @@ def build_flags() -> tuple[str, list[str], list[str]]:
                    "-mprefer-vector-width=512"],
         "AVX2": ["-mavx2", "-mfma"],
     }.get(capability, [])  # fmt: skip
-    # TORCH_ASSERT_ONLY_METHOD_OPERATORS: the sources include the light headers only
-    # (csrc/tensors.h says why)
-    cflags = ["-O3", "-fopenmp", "-fno-math-errno", "-DTORCH_ASSERT_ONLY_METHOD_OPERATORS", *isa]
+    cflags = ["-O3", "-fopenmp", "-fno-math-errno", *isa]
     ldflags = ["-fopenmp"]
     if platform.libc_ver()[0] == "glibc" and platform.machine() == "x86_64":
         ldflags.append("-lmvec")  # glibc's vector exp and log1p

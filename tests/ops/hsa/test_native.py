@@ -123,7 +123,7 @@ def test_equals_the_recorded_op_with_gradients(trees, fanout, options, layout, e
     out = run(qkv, shape, eps=eps, **options)
     ref = run(qkv, shape, fuse=False, eps=eps, **options)
     assert ran_natively(out)
-    assert out.stride() == qkv[2].stride() or layout == "strided"  # v's layout
+    assert out.stride() == torch.empty_like(qkv[2]).stride()  # v's layout
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     upstream = torch.randn_like(ref)
     leaves = qkv + (eps or [])
@@ -132,6 +132,46 @@ def test_equals_the_recorded_op_with_gradients(trees, fanout, options, layout, e
     for g, w, t in zip(got, want, leaves, strict=True):
         assert g.stride() == t.stride() or layout == "strided"  # the input's layout
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("layout", ["node-major", "heads-first", "strided", "strided-heads-first"])
+def test_outputs_and_gradients_take_the_inputs_layouts(layout, heads):
+    """The output and the gradients of q, k, v have the memory layout ``torch.empty_like``
+    gives their input (the kernel allocates them itself): its strides where it is dense, else
+    dense strides in the same order (the first channels of wider heads-first rows give
+    heads-first gradients)."""
+    shape, gen = (2, 3, 4), torch.Generator().manual_seed(0)
+    leaves, wide = math.prod(shape), layout.startswith("strided")
+    qkv = []
+    for c in (4, 4, 5):
+        width = c + 2 if wide else c  # the first channels of wider rows
+        if layout.endswith("heads-first"):
+            rows = torch.randn(heads, leaves, width, generator=gen, dtype=torch.float64)
+            rows = rows.transpose(0, 1)
+        else:
+            rows = torch.randn(leaves, heads, width, generator=gen, dtype=torch.float64)
+        qkv.append(rows[..., :c].requires_grad_())
+    out = run(qkv, shape, include_self=True, size_bias=True)
+    assert ran_natively(out)
+    assert out.stride() == torch.empty_like(qkv[2]).stride()
+    got = torch.autograd.grad(out.square().sum(), qkv)
+    ref = run(qkv, shape, fuse=False, include_self=True, size_bias=True)
+    want = torch.autograd.grad(ref.square().sum(), qkv)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for g, w, t in zip(got, want, qkv, strict=True):
+        assert g.stride() == torch.empty_like(t).stride()
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+
+
+def test_kernel_sources_include_no_header_of_every_operator():
+    """The kernels' sources include PyTorch's lighter headers (``csrc/tensors.h``): the
+    headers that declare every operator took most of the build, which runs on a user's
+    machine on first use."""
+    heavy = ("ATen/ATen.h", "torch/extension.h", "torch/torch.h", "torch/all.h", "ATen/Functions.h")
+    for path in native.SOURCES[0].parent.iterdir():
+        text = path.read_text()
+        assert not [h for h in heavy if f"#include <{h}>" in text], path.name
 
 
 @pytest.mark.parametrize("include_self", [True, False])
