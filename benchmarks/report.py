@@ -227,10 +227,12 @@ def hsa_short() -> list[str] | None:
     for name, data in found:
         meta, rows = data["meta"], data["rows"]
         n_threads = rows[0]["threads"] if rows else "?"
-        isa = f", {meta['cpu_capability']} CPU" if "cpu_capability" in meta else ""
+        # PyTorch's torch.backends.cpu.get_cpu_capability(), as recorded (AVX512, AVX2, ...)
+        isa = meta.get("cpu_capability", "not recorded")
         out += [
-            f"**{threads(n_threads)}{isa}**: {meta['heads']} heads, d = {meta['dim']}, "
-            f"{meta['dtype']}, {allocator(meta)}; command {code(meta['command'])}.",
+            f"**{threads(n_threads)}, CPU capability {isa}**: {meta['heads']} heads, "
+            f"d = {meta['dim']}, {meta['dtype']}, {allocator(meta)}; "
+            f"command {code(meta['command'])}.",
             "",
         ]
         body = []

@@ -101,6 +101,9 @@ def test_optional_results_render_when_present(report, tmp_path, monkeypatch):
     }  # fmt: skip
     (results / "gpu" / "gpu.json").write_text(json.dumps(gpu))
     text = report.render()
+    short = text[text.index("## HSA at short lengths") :]
+    assert "**2 threads, CPU capability AVX2**" in short  # recorded in the file's meta
+    assert "**2 threads, CPU capability not recorded**" in short  # files from before that
     gpu_part = text[text.index("## GPU") :]
     assert "Some GPU" in gpu_part and "passed 7" in gpu_part
     assert "2.00 ms [1.50 ms–2.50 ms] ×3" in gpu_part and "0.500× (hsa)" in gpu_part
