@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from report import budget_flags  # the sibling script (benchmarks/ is on sys.path)
+from report_documents import budget_flags  # the sibling module (benchmarks/ is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

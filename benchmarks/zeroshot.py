@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import timing
 import torch
-from report import zs_cells, zs_tree_label  # the sibling script renders the same tables
+from report_zeroshot import zs_cells, zs_tree_label  # the report's section renders the same tables
 
 from hiergraph.datasets.processed import load_weights_only
 from hiergraph.integrations import (

@@ -7,11 +7,18 @@ import importlib.util
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))  # report.py's modules, as it imports them
+import report_results  # noqa: E402
+from report_format import mean_std, num, spread  # noqa: E402
+from report_gpu import crashed  # noqa: E402
+from report_zeroshot import _mcnemar  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results"
 #: Prefixes of machine-specific absolute paths that must not appear in a result file.
 ABSOLUTE = re.compile(r"(?<![\w.])/(?:work|tmp|root|home|Users|mnt|scratch)/")
@@ -73,7 +80,7 @@ def test_optional_results_render_when_present(report, tmp_path, monkeypatch):
     sections; without them the GPU section says that no run was made."""
     results = tmp_path / "results"
     shutil.copytree(RESULTS, results)
-    monkeypatch.setattr(report, "RESULTS", results)
+    monkeypatch.setattr(report_results, "RESULTS", results)
     shutil.rmtree(results / "gpu", ignore_errors=True)
     assert "No GPU run is recorded" in report.render()
     (results / "gpu").mkdir()
@@ -113,7 +120,7 @@ def test_optional_results_render_when_present(report, tmp_path, monkeypatch):
     )
 
 
-def test_a_crashed_subprocess_is_reported_with_its_error(report):
+def test_a_crashed_subprocess_is_reported_with_its_error():
     log = "\n".join([
         "k.cu:16: gather_kernel: block: [2,0,0] Assertion `ind < size` failed.",
         "k.cu:16: gather_kernel: block: [3,0,0] Assertion `ind < size` failed.",
@@ -122,20 +129,20 @@ def test_a_crashed_subprocess_is_reported_with_its_error(report):
         "torch.AcceleratorError: CUDA error: device-side assert triggered",
         "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
     ])  # fmt: skip
-    (line,) = [x for x in report.crashed({"status": "error", "returncode": 1, "reason": log}) if x]
+    (line,) = [x for x in crashed({"status": "error", "returncode": 1, "reason": log}) if x]
     assert line.startswith("The process exited with code 1: ")
     assert "`torch.AcceleratorError: CUDA error: device-side assert triggered`" in line
     assert "gather_kernel: block: [2,0,0] Assertion" in line and "[3,0,0]" not in line
-    assert report.crashed({"status": "done"}) == []
+    assert crashed({"status": "done"}) == []
 
 
-def test_spreads_and_means(report):
-    assert report.spread([0.003, 0.001, 0.002]) == "2.00 ms [1.00 ms–3.00 ms] ×3"
-    assert report.spread([0.001, 0.0015, 0.009]).startswith("1.50 ms ")  # the median, not 3.83
-    assert report.spread([2.0]) == "2.00 s ×1"
-    assert report.mean_std([0.8, 0.9]) == "0.8500 ± 0.0707 [0.800–0.900]"
-    assert report.num(1234.5) == "1,234" and report.num(0.000012, 2) == "1.2e-05"
+def test_spreads_and_means():
+    assert spread([0.003, 0.001, 0.002]) == "2.00 ms [1.00 ms–3.00 ms] ×3"
+    assert spread([0.001, 0.0015, 0.009]).startswith("1.50 ms ")  # the median, not 3.83
+    assert spread([2.0]) == "2.00 s ×1"
+    assert mean_std([0.8, 0.9]) == "0.8500 ± 0.0707 [0.800–0.900]"
+    assert num(1234.5) == "1,234" and num(0.000012, 2) == "1.2e-05"
     # exact McNemar: 20 : 2 discordant documents -> 2 * (1 + 22 + 231) / 2^22
     a, b = "1" * 20 + "0" * 2 + "11", "0" * 20 + "1" * 2 + "11"
-    only_a, only_b, p = report._mcnemar(a, b)
+    only_a, only_b, p = _mcnemar(a, b)
     assert (only_a, only_b) == (20, 2) and p == pytest.approx(2 * 254 / 2**22)

@@ -1,0 +1,31 @@
+"""The result files under ``benchmarks/results/``: reading them, linking them and their plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def present(items):
+    """``(item, data)`` for every result file of ``items`` that exists (an item is a file
+    name or a tuple whose first element is one)."""
+    for item in items:
+        data = load(item if isinstance(item, str) else item[0])
+        if data is not None:
+            yield item, data
+
+
+def plot(name: str, alt: str) -> list[str]:
+    return [f"![{alt}](results/{name})", ""] if (RESULTS / name).exists() else []
+
+
+def source(*names: str) -> str:
+    present = [n for n in names if (RESULTS / n).exists()]
+    return "Source: " + ", ".join(f"[`{n}`](results/{n})" for n in present) + "."
