@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from report_format import acc, code, mean_std, median_int, num, ratio, secs, spread, table, threads
-from report_results import load, plot, present, source
+from report_results import load, present, source, sourced
 
 
 def hte_epoch() -> list[str] | None:
@@ -25,7 +25,7 @@ def hte_epoch() -> list[str] | None:
         [[secs(d["epoch_s"]), secs(d["target_s"]), secs(d["median_step_s"]), d["steps"],
           secs(d["build_trees_s"]), f"{d['parameters']:,}"]],
     )  # fmt: skip
-    return out + [source("hte_epoch.json"), ""] + plot("hte_epoch.png", "HTE epoch")
+    return out + sourced("hte_epoch.json", "HTE epoch")
 
 
 def _masked_case_row(case: dict, with_edges: bool = True) -> list[str]:
@@ -78,7 +78,7 @@ def masked_attention() -> list[str] | None:
              "dense ÷ ours", "peak MiB ours / TC / dense", "max abs diff vs TC / dense"],
             [_masked_case_row(c) for c in data["cases"]],
         )  # fmt: skip
-        out += [source(name), ""] + plot(name.replace(".json", ".png"), name)
+        out += sourced(name, name)
     return out or None
 
 
@@ -103,7 +103,7 @@ def cone_speed() -> list[str] | None:
             ])  # fmt: skip
             kind = ""
     out += table(["step", "attention", "CPU ms", "÷ gat (CPU)", "wall", "÷ gat (wall)"], body)
-    return out + [source("cone.json"), ""] + plot("cone.png", "ConeConv vs GATConv")
+    return out + sourced("cone.json", "ConeConv vs GATConv")
 
 
 def _fmean(values: list | None) -> float | None:
@@ -210,7 +210,7 @@ def hmatrix() -> list[str] | None:
             "",
         ]
         out += _hmatrix_table(data)
-        out += [source(name), ""] + plot(name.replace(".json", ".png"), name)
+        out += sourced(name, name)
     listops = load("hmatrix_listops.json")
     if listops is not None:
         a = listops["args"]
@@ -269,7 +269,7 @@ def vcc() -> list[str] | None:
          "VIP update error"],
         body,
     )  # fmt: skip
-    return out + [source("vcc.json"), ""] + plot("vcc.png", "VCC") + vcc_retrieval()
+    return out + sourced("vcc.json", "VCC") + vcc_retrieval()
 
 
 def vcc_retrieval() -> list[str]:

@@ -7,7 +7,7 @@ import statistics
 
 import report_results
 from report_format import acc, code, mean_std, num, secs, spread, table, threads
-from report_results import load, plot, present, source
+from report_results import load, plot, present, source, sourced
 
 
 def _budget(data: dict) -> str:
@@ -170,7 +170,7 @@ def multimodal() -> list[str] | None:
                 paired.append([model, *cells])
             out += ["Paired per seed, HSA − model on test (seeds where HSA is ahead):", ""]
             out += table(["model", "accuracy", "macro-F1"], paired)
-        out += [source(name), ""] + plot(name.replace(".json", ".png"), label)
+        out += sourced(name, label)
     sel = load("multimodal_val_selection.json")
     if sel is not None:
         body = []

@@ -7,7 +7,7 @@ import re
 
 import gpu_targets as targets
 from report_format import code, num, ratio, spread, table
-from report_results import load, plot, source
+from report_results import load, source, sourced
 
 
 def gpu_table(d: dict) -> list[str]:
@@ -123,7 +123,7 @@ def gpu() -> list[str]:
     graphs = load("gpu/graphs/gpu.json")
     runs = [(d, "")] + ([] if graphs is None else [(graphs, "+graph")])
     out = gpu_targets_table(runs) + gpu_run(d) + gpu_table(d) + [""] + gpu_profiles(d)
-    out += [source("gpu/gpu.json"), ""] + plot("gpu/gpu.png", "GPU")
+    out += sourced("gpu/gpu.json", "GPU")
     if graphs is not None:
         out += ["", "### CUDA-graph twins", "",
                 "The same cases with `--graphs`: `name+graph` replays the method's whole step "

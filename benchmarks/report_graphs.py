@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from report_format import acc, code, mean_std, median_int, num, ratio, secs, spread, table, threads
-from report_results import plot, present, source
+from report_results import present, source, sourced
 
 
 def _nc_table(data: dict) -> list[str]:
@@ -111,5 +111,5 @@ def graph_hsa() -> list[str] | None:
         )  # fmt: skip
         if data.get("note"):
             out += [f"Note: {data['note']}.", ""]
-        out += [source(name), ""] + plot(name.replace(".json", ".png"), name)
+        out += sourced(name, name)
     return out or None

@@ -4,7 +4,7 @@ families, batches of different lengths and inference."""
 from __future__ import annotations
 
 from report_format import allocator, code, num, ratio, secs, spread, table, threads
-from report_results import load, plot, present, source
+from report_results import load, present, sourced
 
 
 def hsa_scaling() -> list[str] | None:
@@ -52,7 +52,7 @@ def hsa_scaling() -> list[str] | None:
          "HSA peak MB"],
         body,
     )  # fmt: skip
-    return out + [source("hsa_scaling.json"), ""] + plot("hsa_scaling.png", "HSA scaling")
+    return out + sourced("hsa_scaling.json", "HSA scaling")
 
 
 def hsa_short() -> list[str] | None:
@@ -119,7 +119,7 @@ def hsa_short() -> list[str] | None:
             f"{r['batch']} × {r['length']:,}: {num(r['flop_ratio_flat_over_hsa'])}×" for r in rows
         )
         out += [f"Attention FLOPs, flat ÷ HSA: {flops}.", ""]
-        out += [source(name), ""] + plot(name.replace(".json", ".png"), f"HSA short, {name}")
+        out += sourced(name, f"HSA short, {name}")
     return out
 
 
@@ -167,7 +167,7 @@ def hsa_hubs() -> list[str] | None:
     out += table(
         ["B × L (branching)", "method", "rounds", "wall", "rebuilt ÷ method", "compile"], body
     )
-    out += [source("hsa_hubs.json"), ""] + plot("hsa_hubs.png", "HSA layer with hubs")
+    out += sourced("hsa_hubs.json", "HSA layer with hubs")
     return out
 
 
@@ -208,7 +208,7 @@ def hsa_wide() -> list[str] | None:
                          ratio(row["over_sdpa"][method])])  # fmt: skip
             name = ""
     out += table(["trees", "path", "method", "wall", "method ÷ its SDPA"], body)
-    return out + [source("hsa_wide.json"), ""] + plot("hsa_wide.png", "HSA with wide families")
+    return out + sourced("hsa_wide.json", "HSA with wide families")
 
 
 def hsa_lengths() -> list[str] | None:
@@ -245,7 +245,7 @@ def hsa_lengths() -> list[str] | None:
             shape = tokens = path = ""
     out += table(["B × L (branching)", "tokens", "path", "method", "rounds", "wall",
                   "flat ÷ method"], body)  # fmt: skip
-    return out + [source("hsa_lengths.json"), ""] + plot("hsa_lengths.png", "HSA, mixed lengths")
+    return out + sourced("hsa_lengths.json", "HSA, mixed lengths")
 
 
 def hsa_inference() -> list[str] | None:
@@ -284,4 +284,4 @@ def hsa_inference() -> list[str] | None:
         + ".",
         "",
     ]
-    return out + [source("hsa_inference.json"), ""] + plot("hsa_inference.png", "HSA inference")
+    return out + sourced("hsa_inference.json", "HSA inference")

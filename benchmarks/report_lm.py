@@ -4,7 +4,7 @@ with a prompt and the byte-level language model."""
 from __future__ import annotations
 
 from report_format import allocator, code, num, ratio, spread, table, threads
-from report_results import load, plot, source
+from report_results import load, sourced
 
 
 def kv_cache() -> list[str] | None:
@@ -67,8 +67,7 @@ def kv_cache() -> list[str] | None:
               *(ratio(d["summary"].get(f"{m}_{q}_growth_{span}")) for m in methods)]
              for q in ("cpu_median_us", "cpu_mean_us", "median_us", "mean_us", "bytes")],
         )  # fmt: skip
-    out += [source("kv_cache.json"), ""]
-    return out + plot("kv_cache.png", "KV cache")
+    return out + sourced("kv_cache.json", "KV cache")
 
 
 def kv_prefill() -> list[str] | None:
@@ -106,7 +105,7 @@ def kv_prefill() -> list[str] | None:
         + ".",
         "",
     ]
-    return out + [source("kv_prefill.json"), ""] + plot("kv_prefill.png", "KV cache prefill")
+    return out + sourced("kv_prefill.json", "KV cache prefill")
 
 
 def hierarchical_lm() -> list[str] | None:
@@ -128,4 +127,4 @@ def hierarchical_lm() -> list[str] | None:
     out += table(["model", "parameters", "training steps", "training CPU s", "test bits/byte",
                   "perplexity/byte", "decode ms/token (median)",
                   "cache vs full pass, max logit diff"], body)  # fmt: skip
-    return out + [source("hierarchical_lm.json"), ""] + plot("hierarchical_lm.png", "LM")
+    return out + sourced("hierarchical_lm.json", "LM")

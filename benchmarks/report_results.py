@@ -29,3 +29,9 @@ def plot(name: str, alt: str) -> list[str]:
 def source(*names: str) -> str:
     present = [n for n in names if (RESULTS / n).exists()]
     return "Source: " + ", ".join(f"[`{n}`](results/{n})" for n in present) + "."
+
+
+def sourced(name: str, alt: str) -> list[str]:
+    """The lines that close a section on the result file ``name``: its source, and the plot
+    its benchmark wrote beside it (the same name, ``.png``) where there is one."""
+    return [source(name), ""] + plot(name.replace(".json", ".png"), alt)

@@ -4,7 +4,7 @@ operations dispatched per step."""
 from __future__ import annotations
 
 from report_format import code, num, ratio, table, threads
-from report_results import load, plot, source
+from report_results import load, plot, source, sourced
 
 
 def leaf_budget() -> list[str] | None:
@@ -42,7 +42,7 @@ def leaf_budget() -> list[str] | None:
     out += table(["budget", "cost model", "batches (oversized)", "fitted cost",
                   "max peak ÷ budget prediction", "peak ÷ own prediction", "mean fill"],
                  body)  # fmt: skip
-    return out + [source("leaf_budget.json"), ""] + plot("leaf_budget.png", "leaf budget")
+    return out + sourced("leaf_budget.json", "leaf budget")
 
 
 def dispatch_count() -> list[str] | None:
