@@ -39,9 +39,9 @@ def describe_non_hierarchy(value) -> str:
     from torch_geometric.data import Data
 
     name = type(value).__name__
-    if isinstance(value, Data) and callable(getattr(value, "hierarchy", None)):
-        if "tree_parent" in value:
-            return f"{name} (a graph with its community tree: pass graph.hierarchy())"
+    graph = isinstance(value, Data) and callable(getattr(value, "hierarchy", None))
+    if graph and "tree_parent" in value:
+        return f"{name} (a graph with its community tree: pass graph.hierarchy())"
     if isinstance(value, Tensor) and value.dim() == 2 and value.size(0) == 2:
         return (
             "a [2, E] tensor (an edge_index?): the trees cannot be read from it. Pass the "
