@@ -36,7 +36,15 @@ from report_commits import compare_commits  # noqa: E402
 from report_documents import documents, multimodal  # noqa: E402
 from report_gpu import gpu  # noqa: E402
 from report_graphs import graph_hsa, node_classification  # noqa: E402
-from report_hsa import hsa_hubs, hsa_inference, hsa_lengths, hsa_scaling, hsa_short, hsa_wide  # noqa: E402
+from report_hsa import (  # noqa: E402
+    hsa_hubs,
+    hsa_inference,
+    hsa_lengths,
+    hsa_scaling,
+    hsa_short,
+    hsa_wide,
+    plan_build,
+)
 from report_lm import hierarchical_lm, kv_cache, kv_prefill  # noqa: E402
 from report_runtime import dispatch_count, leaf_budget  # noqa: E402
 from report_zeroshot import zeroshot  # noqa: E402
@@ -47,6 +55,7 @@ SECTIONS: list[tuple[str, Callable[[], list[str] | None]]] = [
     ("HSA at short lengths", hsa_short),
     ("HSA inference at short lengths", hsa_inference),
     ("HSA on batches of different lengths", hsa_lengths),
+    ("Building a batch's plan", plan_build),
     ("HSA layer with hub leaves", hsa_hubs),
     ("HSA with wide families", hsa_wide),
     ("Hierarchical Transformer Encoder: one epoch", hte_epoch),

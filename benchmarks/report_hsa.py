@@ -248,6 +248,47 @@ def hsa_lengths() -> list[str] | None:
     return out + sourced("hsa_lengths.json", "HSA, mixed lengths")
 
 
+def plan_build() -> list[str] | None:
+    data = load("plan_build.json")
+    if data is None:
+        return None
+    meta = data["meta"]
+    out = [
+        "A batch's plan (`TreeIndex`), built once per batch on the host, beside the step of "
+        "one HSA layer it serves: the rows of the section above, window trees (`windows`) "
+        "and trees of windows of random sizes (`ragged`). `collate`: PyG's "
+        "`Batch.from_data_list`; `plan`: `TreeIndex.from_hierarchy` as the ops build it, the "
+        "padded embedding and the family blocks left for the paths that read them; "
+        "`plan-complete`: with those built, as `tree_index()` and `HierarchyLoader` build it "
+        "(and as every plan was built before they were left for first use); `hsa`: "
+        "forward+backward on the built plan (default kernel, which reads neither part), "
+        f"{meta['heads']} heads, d = {meta['dim']}, {meta['dtype']}; `flat`: SDPA on the "
+        f"zero-padded batch with a key padding mask; {threads(meta['threads'])}, "
+        f"{allocator(meta)}, CPU capability {meta['cpu_capability']}. Cells: median "
+        "[min–max] over the interleaved rounds; `plan share`: plan ÷ (plan + hsa). "
+        f"Command: {code(meta['command'])}.",
+        "",
+    ]
+    body = []
+    for row in data["rows"]:
+        shape = row_shape(row)
+        samples = row["samples_s"]
+        for forest, derived in row["derived"].items():
+            body.append([
+                shape, forest, row["paths"][forest],
+                *(spread(samples[f"{forest}/{step}"]) for step in ("collate", "plan")),
+                spread(samples[f"{forest}/plan-complete"]),
+                ratio(derived["complete_over_plan"]), spread(samples[f"{forest}/hsa"]),
+                num(derived["plan_share"], 2), spread(samples["flat"]),
+                ratio(derived["flat_over_hsa"]), ratio(derived["flat_over_hsa_and_plan"]),
+            ])  # fmt: skip
+            shape = ""
+    out += table(["B × L (branching)", "forest", "path", "collate", "plan", "plan-complete",
+                  "complete ÷ plan", "hsa", "plan share", "flat", "flat ÷ hsa",
+                  "flat ÷ (hsa + plan)"], body)  # fmt: skip
+    return out + sourced("plan_build.json", "plan build beside the HSA step")
+
+
 def hsa_inference() -> list[str] | None:
     data = load("hsa_inference.json")
     if data is None:

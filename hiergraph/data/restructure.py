@@ -12,6 +12,7 @@ from hiergraph._device import reads_values
 from hiergraph._runs import rank_within
 from hiergraph.data.domain import Domain
 from hiergraph.data.signal_hierarchy import SignalHierarchy
+from hiergraph.plan.tree_index import TreeIndex
 
 
 def tree_of_nodes(hierarchy) -> Tensor:
@@ -29,7 +30,7 @@ def tree_of_nodes(hierarchy) -> Tensor:
             device-side assertion fails instead: no host synchronisation): the ops follow
             the trees, so pooling by it would mix or split them.
     """
-    index = hierarchy.tree_index()
+    index = TreeIndex.of(hierarchy)
     tree = index.leaf_order_tree  # (cached with the tree index)
     if isinstance(hierarchy, Batch):
         stored = hierarchy.batch if batch_numbers_trees(hierarchy) else None
@@ -53,7 +54,7 @@ def batch_numbers_trees(hierarchy) -> bool:
     ``batch`` numbers the forests, each of several trees."""
     if not isinstance(hierarchy, Batch) or "batch" not in hierarchy or hierarchy.batch is None:
         return False  # (a SignalHierarchy's batch property derives one from here)
-    roots = hierarchy.tree_index().level_ptr[1]  # level 0 holds the roots
+    roots = TreeIndex.of(hierarchy).level_ptr[1]  # level 0 holds the roots
     return hierarchy.num_graphs == roots
 
 
@@ -67,7 +68,7 @@ def flatten_hierarchy(hierarchy) -> SignalHierarchy:
     ``batch`` (tree id per node) but is meant for computation, not for
     ``to_data_list``.
     """
-    leaf_node = hierarchy.tree_index().leaf_node
+    leaf_node = TreeIndex.of(hierarchy).leaf_node
     tree = tree_of_nodes(hierarchy)
     leaf_tree = tree.index_select(0, leaf_node)
     num_trees = int(tree.max()) + 1 if tree.numel() else 0
@@ -126,7 +127,7 @@ def coarsen_hierarchy(hierarchy) -> tuple[SignalHierarchy, Tensor]:
         x=None,
     )
     coarse.batch = tree[order]
-    leaf_node = hierarchy.tree_index().leaf_node
+    leaf_node = TreeIndex.of(hierarchy).leaf_node
     target = torch.where(removed[leaf_node], parent[leaf_node], leaf_node)
     leaf_rank = torch.cumsum(coarse.is_leaf.long(), 0) - 1  # node id -> leaf-order index
     return coarse, leaf_rank[new_id[target]]
@@ -155,7 +156,7 @@ def lift_leaves(hierarchy, leaves: Tensor) -> tuple[SignalHierarchy, Tensor]:
     """
     parent, is_leaf = hierarchy.parent, hierarchy.is_leaf
     n, device = parent.numel(), parent.device
-    index = hierarchy.tree_index()
+    index = TreeIndex.of(hierarchy)
     leaf_node = index.leaf_node
     if not isinstance(leaves, Tensor):  # (a list: an AttributeError)
         raise TypeError(f"leaves must be a bool tensor in leaf order, got {described(leaves)}")

@@ -103,12 +103,15 @@ class SignalHierarchy(Data):
         return int((self.parent == torch.arange(self.num_nodes, device=self.parent.device)).sum())
 
     def tree_index(self) -> TreeIndex:
-        """The :class:`~hiergraph.plan.TreeIndex` of this hierarchy (cached).
+        """The :class:`~hiergraph.plan.TreeIndex` of this hierarchy (cached), complete.
 
         It is the structural plan all attention ops share (level layout,
         families, their dense blocks); it is computed once and reused across layers
         and heads. The cache is invalidated if ``parent``, ``slot`` or ``is_leaf`` is
-        modified in place or replaced.
+        modified in place or replaced. The ops themselves build the plan without the parts
+        that only some paths read (:meth:`~hiergraph.plan.TreeIndex.complete`), which their
+        path builds on first use; this method builds them too, so that a model compiled
+        after it traces as one graph.
 
         Building the plan first checks the structure with
         :func:`~hiergraph.data.validate_structure` (integer ``parent`` and
@@ -122,6 +125,11 @@ class SignalHierarchy(Data):
         construction; e.g. the tree that ``hubs`` rebuilds in every forward
         pass of :class:`~hiergraph.nn.HierarchicalSelfAttention`).
         """
+        return self._lazy_tree_index().complete()
+
+    def _lazy_tree_index(self) -> TreeIndex:
+        """The cached :meth:`tree_index`, or a new one whose parts that only some paths read
+        are left to be built on first use: what the ops read (``TreeIndex.of``)."""
         index = self._cached_tree_index()
         if index is None:
             if torch.compiler.is_compiling():
@@ -129,8 +137,8 @@ class SignalHierarchy(Data):
                     "the plan of this hierarchy is built on the host and cannot be traced: "
                     "call hierarchy.tree_index() once before torch.compile traces the model"
                 )
-            self._validate()
-            index = TreeIndex.from_hierarchy(self, validate=False)
+            depth = self._validate()
+            index = TreeIndex.from_hierarchy(self, validate=False, depth=depth)
             self._cache_tree_index(index)
         return index
 
@@ -141,8 +149,10 @@ class SignalHierarchy(Data):
         changes)."""
         return self.tree_index().causal_plan
 
-    def _validate(self) -> None:
-        """The structure check that precedes building a plan (see :meth:`tree_index`)."""
+    def _validate(self) -> Tensor | None:
+        """The structure check that precedes building a plan (see :meth:`tree_index`): the
+        nodes' depths it found, or ``None`` where the structure is a builder's, unchanged
+        (not checked)."""
         missing = [key for key in ("parent", "slot", "is_leaf") if key not in self]
         if missing:
             raise ValueError(
@@ -155,6 +165,8 @@ class SignalHierarchy(Data):
             depth = validate_structure(self.parent, self.slot, self.is_leaf, distinct_slots=False)
             if "depth" in self:
                 _check_stored_depth(self.depth, depth)
+            return depth
+        return None
 
     def _cached_tree_index(self):
         """The cached tree index if ``parent``, ``slot`` and ``is_leaf`` are unchanged since it

@@ -15,10 +15,11 @@ class HierarchyLoader(DataLoader):
     Building a :class:`~hiergraph.plan.TreeIndex` is data-dependent host work
     (sorting, bucketing families by size). Here it runs where the batch is
     collated: in the worker processes when ``num_workers > 0``, in parallel with
-    the training step. The index travels with the batch, through the pickling
-    that hands it to the main process and through ``batch.to(device)``
-    (``TreeIndex.to``), so the training loop does no structural work on the
-    host and no host-device synchronisation for it.
+    the training step, and builds the whole plan, the parts that only some paths
+    read included (:meth:`~hiergraph.plan.TreeIndex.complete`). The index travels
+    with the batch, through the pickling that hands it to the main process and
+    through ``batch.to(device)`` (``TreeIndex.to``), so the training loop does no
+    structural work on the host and no host-device synchronisation for it.
 
     Takes the arguments of :class:`~torch_geometric.loader.DataLoader` (e.g.
     ``batch_size``, ``shuffle``, ``batch_sampler=LeafBudgetBatchSampler(...)``,

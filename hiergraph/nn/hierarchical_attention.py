@@ -16,6 +16,7 @@ from hiergraph.nn.typed_linear import TypedLinear
 from hiergraph.ops.hsa.attention import check_flags, hierarchical_attention
 from hiergraph.ops.hsa.hubs import root_scores, top_per_tree
 from hiergraph.ops.hsa.lifted import lifted_attention, runs_lifted
+from hiergraph.plan.tree_index import TreeIndex
 
 MAX_DENSE_LEAVES = 4096
 
@@ -198,7 +199,7 @@ class HierarchicalSelfAttention(nn.Module):
             ``[L, out_channels]`` (and the attention matrix if asked).
         """
         hierarchy = as_hierarchy(hierarchy)
-        index = hierarchy.tree_index()
+        index = TreeIndex.of(hierarchy)
         if x.dim() != 2 or x.size(0) != index.num_leaves or x.size(1) != self.in_channels:
             raise ValueError(
                 f"x must be [num_leaves={index.num_leaves}, in_channels={self.in_channels}], "
@@ -278,7 +279,7 @@ class HierarchicalSelfAttention(nn.Module):
         """The tree with the hub leaves under the root, its index, and ``pos_emb``
         carried over (zero for the hubs, whose slot has no position)."""
         hierarchy, node = lift_leaves(hierarchy, hubs)
-        index = hierarchy.tree_index()
+        index = TreeIndex.of(hierarchy)
         if pos_emb is not None:
             lifted = torch.zeros(node.numel(), dtype=torch.bool, device=node.device)
             lifted[index.leaf_node[hubs]] = True

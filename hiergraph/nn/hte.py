@@ -12,6 +12,7 @@ from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.position import FamilyPositionEncoder
 from hiergraph.nn.typed_linear import TypedLinear
 from hiergraph.ops.hsa.inputs import check_structure_device
+from hiergraph.plan.tree_index import TreeIndex
 
 ATTENTION_MODES = ("hsa", "flat", "none")
 
@@ -183,7 +184,7 @@ class HierarchicalTransformerEncoder(nn.Module):
         """``x: [L, in_channels]`` leaf features → ``[L, hidden_channels]``."""
         _check_leaf_features(x, self.in_channels, "in_channels")
         hierarchy = as_hierarchy(hierarchy)
-        index = hierarchy.tree_index()
+        index = TreeIndex.of(hierarchy)
         check_structure_device(index.device, x, "x")  # (else an error of indexing, later)
         if x.size(0) != index.num_leaves:
             raise ValueError(

@@ -15,6 +15,7 @@ from hiergraph._precision import accumulation_dtype
 from hiergraph.data.restructure import coarsen_hierarchy, tree_of_nodes
 from hiergraph.data.signal_hierarchy import as_hierarchy
 from hiergraph.ops.hsa.inputs import check_structure_device
+from hiergraph.plan.tree_index import TreeIndex
 
 if TYPE_CHECKING:
     from hiergraph.data.signal_hierarchy import SignalHierarchy
@@ -28,13 +29,13 @@ def leaf_batch(hierarchy: SignalHierarchy | Batch) -> Tensor:
 
 def _leaf_batch(hierarchy: SignalHierarchy | Batch) -> Tensor:
     """:func:`leaf_batch` of a hierarchy already resolved by ``as_hierarchy``."""
-    return tree_of_nodes(hierarchy).index_select(0, hierarchy.tree_index().leaf_node)
+    return tree_of_nodes(hierarchy).index_select(0, TreeIndex.of(hierarchy).leaf_node)
 
 
 def _num_trees(hierarchy: SignalHierarchy | Batch) -> int:
     """How many trees :func:`tree_of_nodes` numbers, from host-side sizes (the tree index's
     root count): no device read."""
-    level_ptr = hierarchy.tree_index().level_ptr  # level 0: the roots
+    level_ptr = TreeIndex.of(hierarchy).level_ptr  # level 0: the roots
     return level_ptr[1] - level_ptr[0]
 
 

@@ -27,7 +27,7 @@ class FamilyBlock:
     family's first member (it is masked as a query and as a key); ``padding`` ``[count]``
     counts those slots per family. ``parents`` ``[count]`` are the families' parents, local
     to the previous level. ``offset``: a gather block's first slot among its level's gather
-    slots (:attr:`Level.gather_src`).
+    slots (``gather_src`` of :attr:`Level.gathers`).
     """
 
     width: int
@@ -70,8 +70,9 @@ class FamilyBlock:
 
 
 def gather_slots(blocks: list[FamilyBlock], size: int) -> dict:
-    """A level's :attr:`Level.gather_src` and how results come back (``node_slot`` on a
-    level of gather blocks only, else ``gather_slots`` and ``gather_rows``)."""
+    """A level's :attr:`Level.gathers`: ``gather_src`` and how results come back
+    (``node_slot`` on a level of gather blocks only, else ``gather_slots`` and
+    ``gather_rows``); empty without gather blocks."""
     gathers = [b for b in blocks if b.start is None]  # in offset order
     if not gathers:
         return {}

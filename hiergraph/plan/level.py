@@ -6,13 +6,14 @@ layout (:func:`make_levels`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 from torch import Tensor
 
 from hiergraph._runs import ramp
+from hiergraph.plan._first_use import built_on_first_use
 from hiergraph.plan._inference_mode import outside_inference_mode
 from hiergraph.plan._to_device import moved
 from hiergraph.plan.family_block import FamilyBlock, gather_slots, make_blocks
@@ -33,22 +34,13 @@ class Level:
         count: ``[n]`` number of leaves below each node.
         family_start, family_size: the families (children of one parent) of
             this level, as local contiguous runs.
-        blocks: the families cut into :class:`FamilyBlock` s for the dense
-            kernel: a whole level of one family size, or a run of consecutive
-            families of one size whose slots save more than a block costs, is a slice
-            block; the rest are padded into gather blocks whose widths
-            :func:`padded_widths` chooses (:mod:`hiergraph.plan.costs`).
-        gather_src: the level's row of every slot of the gather blocks, block after
-            block (padding repeats its family's first member): the block kernel reads them
-            with one gather per level (:meth:`gather`); ``None`` without gather blocks.
-        node_slot: on a level of gather blocks only, every node's gather slot: the
-            results are read back with one gather (:meth:`results`).
-        gather_slots, gather_rows: on a level with slice blocks too, the gather slots
-            that hold a member, and the member's row: their results are written into the
-            rows the slice blocks wrote (:meth:`results`).
         fanout: the number of children when every node of the level has the same number,
             else ``None`` (read when the plan is built, so that a compiled forward over a
             fresh plan reads no tensor on the host).
+
+    The block kernel's parts, :attr:`blocks` and the gather slots (:attr:`gathers`), are
+    built on first use (neither the compiled CPU kernels nor an equal-fanout forest's
+    reshaped views read them), or by :meth:`complete`.
     """
 
     start: int
@@ -59,11 +51,6 @@ class Level:
     count: Tensor
     family_start: Tensor
     family_size: Tensor
-    blocks: list[FamilyBlock] = field(default_factory=list)
-    gather_src: Tensor | None = None
-    node_slot: Tensor | None = None
-    gather_slots: Tensor | None = None
-    gather_rows: Tensor | None = None
     fanout: int | None = None
 
     @property
@@ -74,29 +61,55 @@ class Level:
     def all_leaves(self) -> bool:
         return self.leaf_local.numel() == self.size
 
+    @built_on_first_use
+    def blocks(self) -> list[FamilyBlock]:
+        """The families cut into :class:`FamilyBlock` s for the block kernel: a whole level
+        of one family size, or a run of consecutive families of one size whose slots save
+        more than a block costs, is a slice block; the rest are padded into gather blocks
+        whose widths :func:`padded_widths` chooses (:mod:`hiergraph.plan.costs`)."""
+        return make_blocks(self.family_start, self.family_size, self.parent_local)
+
+    @built_on_first_use
+    def gathers(self) -> dict[str, Tensor]:
+        """How the gather blocks read the level's rows and write its results
+        (:func:`gather_slots`): ``gather_src``, the level's row of every slot of the gather
+        blocks, block after block (padding repeats its family's first member), read with
+        one gather per level (:meth:`gather`); on a level of gather blocks only
+        ``node_slot``, every node's gather slot, else ``gather_slots`` and ``gather_rows``,
+        the gather slots that hold a member and the member's row (:meth:`results`). Empty
+        without gather blocks."""
+        return gather_slots(self.blocks, self.size)
+
+    def complete(self) -> None:
+        """Build :attr:`blocks` and :attr:`gathers` now (else built on first use)."""
+        self.gathers  # noqa: B018 (built and cached on first read)
+
     def gather(self, x: Tensor | None) -> Tensor | None:
         """The gather blocks' slots of the level's rows ``x`` (``[n, ...]``), block after
         block: ``[G, ...]`` (``None`` without gather blocks or ``x``)."""
-        if x is None or self.gather_src is None:
+        src = self.gathers.get("gather_src")
+        if x is None or src is None:
             return None
-        return x.index_select(0, self.gather_src)
+        return x.index_select(0, src)
 
     def result_buffers(self, like: Tensor, shape: tuple) -> tuple[Tensor | None, ...]:
         """Empty buffers for a result of shape ``[n, *shape]`` written block by block: the
         level's rows if it has slice blocks, and the gather slots ``[G, *shape]`` if it has
         gather blocks (``None`` where it has none); in ``like``'s dtype and device."""
-        has_slices = self.node_slot is None
-        rows = like.new_empty(self.size, *shape) if has_slices else None
-        slots = None if self.gather_src is None else like.new_empty(len(self.gather_src), *shape)
+        src = self.gathers.get("gather_src")
+        rows = None if "node_slot" in self.gathers else like.new_empty(self.size, *shape)
+        slots = None if src is None else like.new_empty(len(src), *shape)
         return rows, slots
 
     def results(self, rows: Tensor | None, slots: Tensor | None) -> Tensor:
         """The ``[n, ...]`` result from the :meth:`result_buffers` the blocks wrote."""
+        gathers = self.gathers
         if slots is None:
             return rows
         if rows is None:
-            return slots.index_select(0, self.node_slot)
-        return rows.index_put_((self.gather_rows,), slots.index_select(0, self.gather_slots))
+            return slots.index_select(0, gathers["node_slot"])
+        written = slots.index_select(0, gathers["gather_slots"])
+        return rows.index_put_((gathers["gather_rows"],), written)
 
     @cached_property
     @outside_inference_mode
@@ -105,7 +118,7 @@ class Level:
         return pairs(self.family_start, self.family_size)
 
     def to(self, device) -> Level:
-        return moved(self, device)
+        return moved(self, device, cached=("blocks", "gathers"))
 
 
 def _fanout(num_children: Tensor) -> int | None:
@@ -156,7 +169,6 @@ def make_levels(
         f_start, f_size = family_start[families] - lo, family_size[families]
         ids = leaf_id_at[lo:hi]
         local = (ids >= 0).nonzero().view(-1)
-        blocks = make_blocks(f_start, f_size, pl)
         levels.append(
             Level(
                 start=lo,
@@ -167,8 +179,6 @@ def make_levels(
                 count=count[lo:hi],
                 family_start=f_start,
                 family_size=f_size,
-                blocks=blocks,
-                **gather_slots(blocks, hi - lo),
                 fanout=_fanout(num_children[lo:hi]),
             )
         )

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from hiergraph._runs import run_ptr
+from hiergraph.plan._first_use import built_on_first_use
 from hiergraph.plan._inference_mode import outside_inference_mode
 from hiergraph.plan._to_device import moved
 from hiergraph.plan.depth import node_depth
@@ -100,11 +101,12 @@ class TreeIndex:
             every node of depth ``d - 1`` has ``b_d >= 2`` children, all leaves are on
             the last level and in breadth-first order; else ``None``. Such plans run
             as reshaped views (:mod:`hiergraph.ops.hsa.uniform`).
-        padded: when the forest has no equal fanout, its embedding in an equal-fanout
-            forest (:class:`~hiergraph.plan.padded_forest.PaddedForest`) unless that needs
-            too much padding, else ``None``; the reshaped views run on it where it is
-            expected to be cheaper than the block kernel, and where the device allows its
-            padding (:meth:`padded_on`).
+
+    The parts that only some paths read, :attr:`padded` and every level's family blocks
+    (:attr:`Level.blocks`), are built on first use: the compiled CPU kernel reads neither.
+    :meth:`complete` builds them now; :meth:`~hiergraph.data.SignalHierarchy.tree_index`,
+    :class:`~hiergraph.loader.HierarchyLoader` and a move off the CPU (:meth:`to`) do, so
+    that a compiled forward or a forward on an accelerator finds them built.
     """
 
     num_nodes: int
@@ -120,7 +122,6 @@ class TreeIndex:
     leaf_perm: Tensor | None
     leaves_by_level: Tensor | None
     uniform: tuple[int, ...] | None = None
-    padded: PaddedForest | None = None
 
     @property
     def num_levels(self) -> int:
@@ -141,11 +142,28 @@ class TreeIndex:
     def device(self) -> torch.device:
         return self.order.device
 
-    def block_pairs(self, min_width: int) -> int:
-        """The (query, key) slot pairs of the :class:`FamilyBlock` s of at least ``min_width``
-        members, on every level: the sum of ``count * width**2``."""
-        blocks = [block for level in self.levels for block in level.blocks]
-        return sum([b.count * b.width**2 for b in blocks if b.width >= min_width])
+    def family_pairs(self, min_size: int) -> int:
+        """The ordered (query, key) pairs of members of the families of at least
+        ``min_size`` members: the sum of their sizes squared (one read on the host)."""
+        size = self.family_size
+        return int(size.square().mul(size >= min_size).sum())
+
+    @built_on_first_use
+    def padded(self) -> PaddedForest | None:
+        """When the forest has no equal fanout, its embedding in an equal-fanout forest
+        (:class:`~hiergraph.plan.padded_forest.PaddedForest`) unless that needs too much
+        padding, else ``None``; the reshaped views run on it where it is expected to be
+        cheaper than the block kernel, and where the device allows its padding
+        (:meth:`padded_on`)."""
+        return None if self.uniform is not None else PaddedForest.from_tree_index(self)
+
+    def complete(self) -> TreeIndex:
+        """Build the parts of the plan built on first use otherwise, :attr:`padded` and every
+        level's family blocks (:meth:`Level.complete`), and return the plan."""
+        for level in self.levels:
+            level.complete()
+        self.padded  # noqa: B018 (built and cached on first read)
+        return self
 
     @cached_property
     @outside_inference_mode
@@ -161,39 +179,48 @@ class TreeIndex:
         """``hierarchy`` itself if it is an index, the index a
         :class:`~hiergraph.plan.CausalPlan` is a view of, or the cached index of a
         :class:`~hiergraph.data.SignalHierarchy` or a batch of them
-        (``hierarchy.tree_index()``)."""
+        (``hierarchy.tree_index()``, where not built yet without the parts built on first
+        use: the ops' path builds those it reads)."""
         if isinstance(hierarchy, TreeIndex):
             return hierarchy
         index = getattr(hierarchy, "tree_index", None)
         if isinstance(index, TreeIndex):  # a CausalPlan's
             return index
-        if callable(index):
-            return index()
+        if callable(getattr(hierarchy, "_lazy_tree_index", None)):
+            return hierarchy._lazy_tree_index()
         raise TypeError(
             "hierarchy must be a SignalHierarchy, a batch of them, a TreeIndex or a "
             f"CausalPlan, got {describe_non_hierarchy(hierarchy)}"
         )
 
     @classmethod
-    def from_hierarchy(cls, hierarchy, *, validate: bool = True) -> TreeIndex:
+    def from_hierarchy(
+        cls, hierarchy, *, validate: bool = True, depth: Tensor | None = None
+    ) -> TreeIndex:
         """Plan for a :class:`~hiergraph.data.SignalHierarchy` or a batch of them (its
         structure checked as :meth:`from_parent` checks it)."""
         parent, slot, is_leaf = hierarchy.parent, hierarchy.slot, hierarchy.is_leaf
-        return cls.from_parent(parent, slot, is_leaf, validate=validate)
+        return cls.from_parent(parent, slot, is_leaf, validate=validate, depth=depth)
 
     @classmethod
     @outside_inference_mode
     def from_parent(
-        cls, parent: Tensor, slot: Tensor, is_leaf: Tensor, *, validate: bool = True
+        cls,
+        parent: Tensor,
+        slot: Tensor,
+        is_leaf: Tensor,
+        *,
+        validate: bool = True,
+        depth: Tensor | None = None,
     ) -> TreeIndex:
         """Plan from ``[N]`` ``parent`` (roots point at themselves), ``slot`` and ``is_leaf``.
 
         With ``validate`` (the default) the structure is checked first
         (:func:`~hiergraph.data.validate_structure`; siblings may share a slot, kept in node
         order): a wrong one raised deep inside, or planned a forest that is none.
-        :meth:`~hiergraph.data.SignalHierarchy.tree_index` checks once and passes ``False``.
+        :meth:`~hiergraph.data.SignalHierarchy.tree_index` checks once and passes ``False``,
+        with the nodes' ``depth`` the check returned (else found here).
         """
-        depth = None
         if validate:
             depth = validate_structure(parent, slot, is_leaf, distinct_slots=False)
         device, n = parent.device, parent.numel()
@@ -223,8 +250,6 @@ class TreeIndex:
             leaves_by_level=None if in_order else leaf_ids,
         )
         index.uniform = index._uniform_shape()
-        if index.uniform is None:
-            index.padded = PaddedForest.from_tree_index(index)
         return index
 
     def padded_on(self, device: torch.device, extended: bool = True) -> PaddedForest | None:
@@ -325,8 +350,13 @@ class TreeIndex:
 
     @outside_inference_mode
     def to(self, device) -> TreeIndex:
-        """A copy with every tensor moved to ``device`` (and the causal plan, if built)."""
-        index = moved(self, device)
+        """A copy with every tensor moved to ``device``, with the parts built on first use
+        that this plan has built (and the causal plan, if built). Off the CPU the copy holds
+        every such part (:meth:`complete`, here first): built there, they would read the
+        device's tensors on the host in the first forward."""
+        if torch.device(device).type != "cpu":
+            self.complete()
+        index = moved(self, device, cached=("padded",))
         if "causal_plan" in self.__dict__:  # built: move it along instead of rebuilding it there
             index.causal_plan = self.causal_plan.to(device, index)
         return index

@@ -376,3 +376,25 @@ def test_as_hierarchy_passes_hierarchies_and_names_what_it_refuses():
                          ([tree], listed)):  # fmt: skip
         with pytest.raises(TypeError, match=f"hierarchy must be a SignalHierarchy.*{match}"):
             as_hierarchy(wrong)
+
+
+@pytest.mark.parametrize("edited", [False, True])
+def test_a_plan_finds_the_depths_once(edited, monkeypatch):
+    """The structure check finds every node's depth; the plan built after it reads them
+    instead of following the parent links again (a builder's unchanged tree, not checked,
+    is followed once, by the plan)."""
+    from hiergraph.plan import depth, tree_index, validation
+
+    calls = []
+
+    def counted(parent):
+        calls.append(parent.numel())
+        return depth.node_depth(parent)
+
+    for module in (tree_index, validation):
+        monkeypatch.setattr(module, "node_depth", counted)
+    tree = window_forest([9, 5, 12], (3, 2))
+    if edited:
+        tree.slot = tree.slot.clone()  # no longer the builder's: checked first
+    TreeIndex.of(tree)
+    assert calls == [tree.num_nodes]

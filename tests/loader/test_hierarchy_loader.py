@@ -7,6 +7,8 @@ from torch_geometric.data import Data
 from hiergraph.data import window_hierarchy
 from hiergraph.loader import HierarchyLoader
 from hiergraph.ops import hierarchical_attention
+from hiergraph.plan import level as level_module
+from hiergraph.plan.padded_forest import PaddedForest
 from hiergraph.plan.tree_index import TreeIndex
 
 
@@ -21,12 +23,17 @@ def test_batches_arrive_with_their_tree_index(num_workers, monkeypatch):
         raise AssertionError("the training loop rebuilt a tree index")
 
     monkeypatch.setattr(TreeIndex, "from_hierarchy", no_rebuild)
+    # the parts built on first use came complete (whichever path reads them)
+    monkeypatch.setattr(level_module, "make_blocks", no_rebuild)
+    monkeypatch.setattr(PaddedForest, "from_tree_index", no_rebuild)
     for batch in batches:
         batch = batch.to("cpu")
         index = batch.tree_index()  # cached: built in the collate step
         assert index.num_leaves == batch.num_leaves
         q = batch.x.view(-1, 2, 2)
-        assert hierarchical_attention(q, q, q, batch).shape == q.shape
+        for kernel in ("dense", "blocks"):
+            assert hierarchical_attention(q, q, q, batch, kernel=kernel).shape == q.shape
+        index.to("meta")  # off the CPU: nothing left to build first
 
 
 def test_rejects_datasets_that_are_not_hierarchies():

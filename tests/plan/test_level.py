@@ -38,6 +38,6 @@ def test_level_gather_and_results_round_trip(monkeypatch, slice_saving):
 
 def _results_path(level) -> str:
     """How a level's block results come back: one gather, or slices plus gathered rows."""
-    if level.node_slot is not None:
+    if "node_slot" in level.gathers:
         return "gathers"
-    return "mixed" if level.gather_src is not None else "slices"
+    return "mixed" if "gather_src" in level.gathers else "slices"

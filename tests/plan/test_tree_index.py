@@ -144,18 +144,24 @@ def test_plans_built_under_inference_mode_serve_autograd():
     assert len(tensors) > 50 and not any(t.is_inference() for t in tensors)
 
 
-def _tensors(value, path="index"):
-    """Every ``(path, tensor)`` reachable through dataclass fields and lists."""
-    import dataclasses
-
+def _tensors(value, path="index", seen=None):
+    """Every ``(path, tensor)`` reachable through a plan's attributes (its fields and the
+    parts it built on first use), lists, tuples and dicts."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:  # a causal plan and its tree index refer to each other
+        return
+    seen.add(id(value))
     if isinstance(value, torch.Tensor):
         yield path, value
-    elif isinstance(value, list):
+    elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
-            yield from _tensors(v, f"{path}[{i}]")
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
-            yield from _tensors(getattr(value, f.name), f"{path}.{f.name}")
+            yield from _tensors(v, f"{path}[{i}]", seen)
+    elif isinstance(value, dict):
+        for key, v in value.items():
+            yield from _tensors(v, f"{path}[{key!r}]", seen)
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        for name, v in vars(value).items():
+            yield from _tensors(v, f"{path}.{name}", seen)
 
 
 def test_to_moves_every_tensor_of_the_plan():
@@ -166,7 +172,9 @@ def test_to_moves_every_tensor_of_the_plan():
     assert index.padded is not None and index.causal_plan is not None
     assert any(block.start is None for level in index.levels for block in level.blocks)
     moved = index.to("meta")
-    found = list(_tensors(moved)) + list(_tensors(moved.causal_plan, "causal_plan"))
+    found = list(_tensors(moved))
+    paths = " ".join(path for path, _ in found)
+    assert all(part in paths for part in (".padded.", ".blocks[", ".gathers[", ".causal_plan."))
     assert len(found) > 40
     assert [path for path, t in found if t.device.type != "meta"] == []
     assert [path for path, t in _tensors(index) if t.device.type != "cpu"] == []
@@ -217,3 +225,74 @@ def test_what_is_not_a_hierarchy_is_refused_with_what_to_pass_instead():
         with pytest.raises(TypeError, match=match):
             TreeIndex.of(value)
     assert TreeIndex.of(GraphHierarchy()(graph).hierarchy()).num_leaves == 6
+
+
+def parts_built(index: TreeIndex) -> set[str]:
+    """The parts built on first use that ``index`` holds: ``padded`` and, per level ``d``,
+    ``blocks{d}`` and ``gathers{d}``."""
+    built = {"padded"} & vars(index).keys()
+    for d, level in enumerate(index.levels):
+        built |= {f"{name}{d}" for name in ("blocks", "gathers") if name in vars(level)}
+    return built
+
+
+def blocks_of(levels: range) -> set[str]:
+    """:func:`parts_built` names of the family blocks of ``levels``."""
+    return {f"{name}{d}" for name in ("blocks", "gathers") for d in levels}
+
+
+def every_part(index: TreeIndex) -> set[str]:
+    """:func:`parts_built` of ``index`` complete."""
+    return {"padded"} | blocks_of(range(len(index.levels)))
+
+
+def test_the_ops_build_the_parts_only_their_path_reads():
+    """The plan an op builds leaves the padded embedding and the family blocks for first
+    use: the compiled CPU kernel reads neither; the block kernel builds the blocks it
+    reads, and the public ``tree_index()`` returns the plan complete."""
+    from hiergraph.ops import hierarchical_attention
+    from hiergraph.ops.hsa import native
+
+    if native.extension() is None:
+        pytest.skip("the compiled CPU kernel is not built here")
+    forest = window_forest([37, 5, 64, 20, 2], (4, 4))
+    q = k = v = torch.randn(forest.num_leaves, 2, 8)
+    out = hierarchical_attention(q, k, v, forest)  # the compiled forest kernel
+    index = TreeIndex.of(forest)
+    assert parts_built(index) == set()
+    torch.testing.assert_close(hierarchical_attention(q, k, v, forest, kernel="blocks"), out)
+    assert parts_built(index) == blocks_of(range(1, len(index.levels)))
+    assert forest.tree_index() is index and parts_built(index) == every_part(index)
+
+
+def test_a_move_off_the_cpu_completes_the_plan_first():
+    """Off the CPU the parts are built before the move (there they would read the device's
+    tensors on the host in the first forward); a move to the CPU keeps what is built."""
+    forest = window_forest([37, 5, 64, 20, 2], (4, 4))
+    lazy = TreeIndex.from_hierarchy(forest)
+    assert parts_built(lazy.to("cpu")) == set() == parts_built(lazy)
+    moved = lazy.to("meta")
+    assert parts_built(lazy) == every_part(lazy) == parts_built(moved)
+    assert moved.padded.leaf_slot.is_meta and moved.levels[1].blocks[0].parents.is_meta
+    assert parts_built(lazy.to("cpu")) == every_part(lazy)
+
+
+def test_compiling_over_parts_not_built_says_what_to_do():
+    """A compiled forward cannot build the parts on the host: it says so, and once
+    ``complete()`` has built them it traces as one graph."""
+    from hiergraph.ops import hierarchical_attention
+
+    forest = window_forest([37, 5, 64, 20, 2], (4, 4))
+    index = TreeIndex.from_hierarchy(forest)
+    q = k = v = torch.randn(forest.num_leaves, 2, 8)
+
+    def attend(q, k, v):
+        return hierarchical_attention(q, k, v, index)
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"padded is built on the host.*tree_index\(\)"):
+        torch.compile(attend, backend="eager", fullgraph=True)(q, k, v)
+    index.complete()
+    torch._dynamo.reset()
+    out = torch.compile(attend, backend="eager", fullgraph=True)(q, k, v)
+    torch.testing.assert_close(out, attend(q, k, v))

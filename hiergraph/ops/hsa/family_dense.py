@@ -255,7 +255,7 @@ def _block_backward(ctx, block, chunks, kept, keys, d_out, d_lse, sum_grads) -> 
 #: :data:`MAX_BLOCK_ELEMENTS` (``benchmarks/hsa_wide.py``).
 WIDE_BLOCK = 512
 
-#: A forest's wide blocks (:data:`WIDE_BLOCK`) *dominate* (:func:`wide_dominates`) from
+#: A forest's wide families (:data:`WIDE_BLOCK`) *dominate* (:func:`wide_dominates`) from
 #: this many (query, key) pairs per leaf on: the compiled forest kernel then leaves the
 #: forest to the reshaped views or the block kernel, whose fused kernel saves more on the
 #: wide blocks than the block kernel costs on the rest. Measured on window trees of 512
@@ -273,10 +273,11 @@ def runs_wide(width: int, q: Tensor) -> bool:
 
 
 def wide_dominates(index) -> bool:
-    """Whether the wide blocks of the forest ``index`` (a
-    :class:`~hiergraph.plan.TreeIndex`) hold at least :data:`WIDE_PAIRS_PER_LEAF` pairs per
-    leaf (every star of :data:`WIDE_BLOCK` leaves or more does)."""
-    return index.block_pairs(WIDE_BLOCK) >= WIDE_PAIRS_PER_LEAF * index.num_leaves
+    """Whether the wide families (:data:`WIDE_BLOCK` members or more) of the forest
+    ``index`` (a :class:`~hiergraph.plan.TreeIndex`) hold at least
+    :data:`WIDE_PAIRS_PER_LEAF` (query, key) pairs per leaf (every star of
+    :data:`WIDE_BLOCK` leaves or more does)."""
+    return index.family_pairs(WIDE_BLOCK) >= WIDE_PAIRS_PER_LEAF * index.num_leaves
 
 
 def _wide_bias(block, keys, left_only: bool, rows: slice) -> tuple[Tensor, Tensor]:
