@@ -65,10 +65,10 @@ def check_probability(value, name: str) -> None:
 
 
 def check_fractions(fractions) -> list[float]:
-    """``fractions`` as a list of split fractions: numbers (NumPy's too) in ``[0, 1]`` that
-    sum to 1 (``TypeError`` for a non-number, ``ValueError`` otherwise; a NaN or negative
-    part used to pass the sum check and take every item)."""
-    fractions = list(fractions)
+    """``fractions`` as a list of split fractions: numbers (NumPy's too, or a 1-D floating
+    tensor's) in ``[0, 1]`` that sum to 1 (``TypeError`` for a non-number, ``ValueError``
+    otherwise; a NaN or negative part used to pass the sum check and take every item)."""
+    fractions = [_as_number(f) for f in fractions]
     if any(isinstance(f, bool) or not isinstance(f, Real) for f in fractions):
         raise TypeError(f"fractions must be numbers in [0, 1], got {fractions}")
     if not all(0 <= f <= 1 for f in fractions):
@@ -76,6 +76,13 @@ def check_fractions(fractions) -> list[float]:
     if not fractions or abs(sum(fractions) - 1.0) > 1e-9:
         raise ValueError(f"fractions must sum to 1, got {fractions}")
     return fractions
+
+
+def _as_number(value):
+    """A floating tensor of one element as its Python float; anything else as it is."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
+        return value.item()
+    return value
 
 
 def as_int(value, what: str) -> int:

@@ -81,12 +81,13 @@ def test_refuse_where_reads_the_host_or_asserts_on_the_device():
 def test_fractions_are_numbers_in_0_1_that_sum_to_1():
     assert check_fractions((0.7, 0.15, 0.15)) == [0.7, 0.15, 0.15]
     assert check_fractions(x for x in (1, 0)) == [1, 0]  # read once
+    assert check_fractions(torch.tensor([0.75, 0.25], dtype=torch.float64)) == [0.75, 0.25]
     for bad in ((float("nan"), 0.5, 0.5), (1.5, -0.25, -0.25), (float("inf"), 0.0)):
         with pytest.raises(ValueError, match=r"fractions must be numbers in \[0, 1\]"):
             check_fractions(bad)
     for bad in ((0.5, 0.4), ()):
         with pytest.raises(ValueError, match="fractions must sum to 1"):
             check_fractions(bad)
-    for bad in ((True, False), ("0.5", "0.5")):
+    for bad in ((True, False), ("0.5", "0.5"), torch.tensor([1, 0])):
         with pytest.raises(TypeError, match="fractions must be numbers"):
             check_fractions(bad)
