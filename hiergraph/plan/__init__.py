@@ -3,7 +3,9 @@
 :class:`TreeIndex` is the one structure derived from ``parent``: the breadth-first plan
 of the bidirectional HSA ops (levels, families, their dense blocks, equal-fanout shapes, and
 the embedding of a nearly equal forest in an equal-fanout one,
-:class:`~hiergraph.plan.padded_forest.PaddedForest`).
+:class:`~hiergraph.plan.padded_forest.PaddedForest`). The dense blocks and the embedding,
+which only some paths read, are built by the first that does
+(:meth:`TreeIndex.complete` builds them at once).
 :class:`CausalPlan` is a view of it (root paths, prefix counts and left siblings, read
 off the index), the structure of strictly causal HSA and the hierarchical KV cache, built
 on first use and cached on the index (:attr:`TreeIndex.causal_plan`);
