@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from hiergraph.plan.family_order import family_order
@@ -18,3 +20,20 @@ def test_any_int64_slots():
     parent = torch.tensor([1, 0, 1, 0])
     slot = torch.tensor([-big, big, big, -big - 1])
     assert family_order(parent, slot).tolist() == [3, 1, 0, 2]
+
+
+def test_one_sort_and_two_sorts_agree(monkeypatch):
+    """The combined key (one sort, where it fits int64) orders as the two stable sorts do,
+    up to the largest slot whose key still fits."""
+    module = importlib.import_module("hiergraph.plan.family_order")  # (the function shadows it)
+
+    gen = torch.Generator().manual_seed(1)
+    for top in (3, 2**20):
+        parent = torch.randint(0, 50, (500,), generator=gen)
+        slot = torch.randint(0, top, (500,), generator=gen)
+        one = family_order(parent, slot)
+        monkeypatch.setattr(module, "_KEY_LIMIT", 0)  # two sorts
+        assert family_order(parent, slot).tolist() == one.tolist()
+        monkeypatch.undo()
+    edge = torch.tensor([module._KEY_LIMIT // 2 - 1, 0, 5])  # (1 + 1) * (max + 1) = limit
+    assert family_order(torch.tensor([1, 1, 0]), edge).tolist() == [2, 1, 0]
