@@ -5,6 +5,8 @@ import torch
 from torch_geometric.data import Batch, Data
 
 from hiergraph.data import from_nested, window_forest, window_hierarchy
+from hiergraph.ops import hierarchical_attention
+from hiergraph.ops.hsa import native
 from hiergraph.plan import CausalPlan, TreeIndex
 from tests.conftest import random_spec
 
@@ -250,9 +252,6 @@ def test_the_ops_build_the_parts_only_their_path_reads():
     """The plan an op builds leaves the padded embedding and the family blocks for first
     use: the compiled CPU kernel reads neither; the block kernel builds the blocks it
     reads, and the public ``tree_index()`` returns the plan complete."""
-    from hiergraph.ops import hierarchical_attention
-    from hiergraph.ops.hsa import native
-
     if native.extension() is None:
         pytest.skip("the compiled CPU kernel is not built here")
     forest = window_forest([37, 5, 64, 20, 2], (4, 4))
@@ -280,8 +279,6 @@ def test_a_move_off_the_cpu_completes_the_plan_first():
 def test_compiling_over_parts_not_built_says_what_to_do():
     """A compiled forward cannot build the parts on the host: it says so, and once
     ``complete()`` has built them it traces as one graph."""
-    from hiergraph.ops import hierarchical_attention
-
     forest = window_forest([37, 5, 64, 20, 2], (4, 4))
     index = TreeIndex.from_hierarchy(forest)
     q = k = v = torch.randn(forest.num_leaves, 2, 8)
