@@ -100,10 +100,10 @@ def main() -> None:
             forest: {
                 # what leaving the parts for first use saves on the plan
                 "complete_over_plan": median[f"{forest}/plan-complete"] / median[f"{forest}/plan"],
-                # the plan's share of a step of one HSA layer, plan included
+                # the plan's share of a step of the HSA op, plan included
                 "plan_share": median[f"{forest}/plan"]
                 / (median[f"{forest}/plan"] + median[f"{forest}/hsa"]),
-                # flat attention against one HSA layer with its plan
+                # flat attention against the HSA op with its plan
                 "flat_over_hsa_and_plan": median["flat"]
                 / (median[f"{forest}/plan"] + median[f"{forest}/hsa"]),
                 "flat_over_hsa": median["flat"] / median[f"{forest}/hsa"],

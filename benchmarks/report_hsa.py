@@ -255,7 +255,7 @@ def plan_build() -> list[str] | None:
     meta = data["meta"]
     out = [
         "A batch's plan (`TreeIndex`), built once per batch on the host, beside the step of "
-        "one HSA layer it serves: the rows of the section above, window trees (`windows`) "
+        "the HSA op it serves: the rows of the section above, window trees (`windows`) "
         "and trees of windows of random sizes (`ragged`). `collate`: PyG's "
         "`Batch.from_data_list`; `plan`: `TreeIndex.from_hierarchy` as the ops build it, the "
         "padded embedding and the family blocks left for the paths that read them; "
