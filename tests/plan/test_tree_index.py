@@ -118,19 +118,24 @@ def test_cached_and_movable():
         h.tree_index()
 
 
-def tensors_in(obj, seen=None) -> list[torch.Tensor]:
-    """Every tensor a plan holds, in its fields and the parts it built on first use."""
+def tensors_in(value, path="index", seen=None):
+    """Every ``(path, tensor)`` a plan holds: through its attributes (its fields and the
+    parts it built on first use), lists, tuples and dicts."""
     seen = set() if seen is None else seen
-    if id(obj) in seen:  # a causal plan and its tree index refer to each other
-        return []
-    seen.add(id(obj))
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for item in obj for t in tensors_in(item, seen)]
-    if hasattr(obj, "__dict__"):
-        return [t for value in vars(obj).values() for t in tensors_in(value, seen)]
-    return []
+    if id(value) in seen:  # a causal plan and its tree index refer to each other
+        return
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from tensors_in(v, f"{path}[{i}]", seen)
+    elif isinstance(value, dict):
+        for key, v in value.items():
+            yield from tensors_in(v, f"{path}[{key!r}]", seen)
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        for name, v in vars(value).items():
+            yield from tensors_in(v, f"{path}.{name}", seen)
 
 
 def test_plans_built_under_inference_mode_serve_autograd():
@@ -142,28 +147,8 @@ def test_plans_built_under_inference_mode_serve_autograd():
         lazy = [index.causal_plan, index.sibling_pairs, index.node_tree]  # built on first use
         lazy += [level.sibling_pairs for level in index.levels]
         moved = index.to("cpu")
-    tensors = tensors_in(index) + tensors_in(moved) + tensors_in(lazy)
+    tensors = [t for part in (index, moved, lazy) for _, t in tensors_in(part)]
     assert len(tensors) > 50 and not any(t.is_inference() for t in tensors)
-
-
-def _tensors(value, path="index", seen=None):
-    """Every ``(path, tensor)`` reachable through a plan's attributes (its fields and the
-    parts it built on first use), lists, tuples and dicts."""
-    seen = set() if seen is None else seen
-    if id(value) in seen:  # a causal plan and its tree index refer to each other
-        return
-    seen.add(id(value))
-    if isinstance(value, torch.Tensor):
-        yield path, value
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            yield from _tensors(v, f"{path}[{i}]", seen)
-    elif isinstance(value, dict):
-        for key, v in value.items():
-            yield from _tensors(v, f"{path}[{key!r}]", seen)
-    elif hasattr(value, "__dict__") and not isinstance(value, type):
-        for name, v in vars(value).items():
-            yield from _tensors(v, f"{path}.{name}", seen)
 
 
 def test_to_moves_every_tensor_of_the_plan():
@@ -174,12 +159,12 @@ def test_to_moves_every_tensor_of_the_plan():
     assert index.padded is not None and index.causal_plan is not None
     assert any(block.start is None for level in index.levels for block in level.blocks)
     moved = index.to("meta")
-    found = list(_tensors(moved))
+    found = list(tensors_in(moved))
     paths = " ".join(path for path, _ in found)
     assert all(part in paths for part in (".padded.", ".blocks[", ".gathers[", ".causal_plan."))
     assert len(found) > 40
     assert [path for path, t in found if t.device.type != "meta"] == []
-    assert [path for path, t in _tensors(index) if t.device.type != "cpu"] == []
+    assert [path for path, t in tensors_in(index) if t.device.type != "cpu"] == []
     # each tensor is moved once: the parents within levels are the levels' own (a second
     # copy of every level's parent_local was moved with the index)
     assert all(p is lv.parent_local for p, lv in zip(moved.parent_local, moved.levels, strict=True))
