@@ -23,17 +23,29 @@ def test_any_int64_slots():
 
 
 def test_one_sort_and_two_sorts_agree(monkeypatch):
-    """The combined key (one sort, where it fits int64) orders as the two stable sorts do,
-    up to the largest slot whose key still fits."""
+    """The combined key (one sort, where it fits int64) orders as the two stable sorts do."""
     module = importlib.import_module("hiergraph.plan.family_order")  # (the function shadows it)
-
     gen = torch.Generator().manual_seed(1)
     for top in (3, 2**20):
         parent = torch.randint(0, 50, (500,), generator=gen)
         slot = torch.randint(0, top, (500,), generator=gen)
+        assert module.combined_key(parent, slot) is not None
         one = family_order(parent, slot)
-        monkeypatch.setattr(module, "_KEY_LIMIT", 0)  # two sorts
+        monkeypatch.setattr(module, "combined_key", lambda *args: None)  # two sorts
         assert family_order(parent, slot).tolist() == one.tolist()
         monkeypatch.undo()
-    edge = torch.tensor([module._KEY_LIMIT // 2 - 1, 0, 5])  # (1 + 1) * (max + 1) = limit
-    assert family_order(torch.tensor([1, 1, 0]), edge).tolist() == [2, 1, 0]
+
+
+def test_the_combined_key_only_where_it_fits():
+    """Up to :data:`_KEY_LIMIT` (parent ``p`` <= 1 and slots below ``limit / 2``: keys below
+    the limit) the key is built; a larger slot, a negative one or a negative parent key
+    leaves it to the two sorts."""
+    module = importlib.import_module("hiergraph.plan.family_order")
+    half = module._KEY_LIMIT // 2
+    parent = torch.tensor([1, 1, 0])
+    key = module.combined_key(parent, torch.tensor([half - 1, 0, 5]))
+    assert key.tolist() == [2 * half - 1, half, 5]
+    for bad_parent, bad_slot in (([1, 1, 0], [half, 0, 5]), ([1, 1, 0], [3, -1, 5]),
+                                 ([1, -1, 0], [3, 0, 5])):  # fmt: skip
+        assert module.combined_key(torch.tensor(bad_parent), torch.tensor(bad_slot)) is None
+    assert module.combined_key(torch.tensor([], dtype=torch.long), torch.tensor([])) is None
