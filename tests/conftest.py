@@ -23,6 +23,10 @@ from torch_geometric.datasets import PPI, Planetoid  # noqa: E402
 
 from hiergraph.datasets import planetoid as hp
 from hiergraph.ops.hsa import native
+from tests.triton_interpreter import patch_once_per_launch
+
+if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton"):
+    patch_once_per_launch()  # halves the time of the kernels' tests in the interpreter
 
 #: where real raw datasets may be, as the session starts (before any test clears the
 #: variables): a collection of them (``$HIERGRAPH_RAW``), the data root where a loader

@@ -93,6 +93,7 @@ def test_second_derivatives():
     assert torch.autograd.gradgradcheck(
         lambda q, k, v: causal_hierarchical_attention(q, k, v, tree, pos_emb=pos),
         tuple(t.requires_grad_() for t in (q, k, v)),
+        fast_mode=True,
     )
 
 

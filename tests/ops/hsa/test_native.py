@@ -299,7 +299,7 @@ def test_masked_second_derivatives():
         )  # fmt: skip
 
     assert ran_natively(op(*qkv, *eps))
-    assert torch.autograd.gradgradcheck(op, (*qkv, *eps))
+    assert torch.autograd.gradgradcheck(op, (*qkv, *eps), fast_mode=True)
 
 
 def test_a_masked_forest_in_float32(kernel_calls):
@@ -362,7 +362,7 @@ def test_second_derivatives(layout):
     def op(q, k, v, *eps):
         return run([q, k, v], shape, eps=list(eps), include_self=True, size_bias=True)
 
-    assert torch.autograd.gradgradcheck(op, (*qkv, *eps))
+    assert torch.autograd.gradgradcheck(op, (*qkv, *eps), fast_mode=True)
 
 
 @pytest.mark.parametrize(
@@ -560,7 +560,7 @@ def test_edge_softmax_in_float32_and_second_derivatives():
     def fn(q, k, v, e):
         return native.edge_softmax(q, k, v, args[3], e, *args[5:])[1]
 
-    assert torch.autograd.gradgradcheck(fn, inputs)
+    assert torch.autograd.gradgradcheck(fn, inputs, fast_mode=True)
 
 
 def test_edge_softmax_checks_its_inputs():

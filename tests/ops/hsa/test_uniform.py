@@ -220,6 +220,7 @@ def test_second_derivatives(opts, branching):
         assert torch.autograd.gradgradcheck(
             lambda q, k, v, m=leaf_mask: hierarchical_attention(q, k, v, tree, leaf_mask=m, **opts),
             (q, k, v),
+            fast_mode=True,
         )
 
 
@@ -228,7 +229,9 @@ def test_edge_kernel_second_derivatives(opts):
     tree = from_nested([[0, 1, 2], [3, [4, 5]], 6])
     q, k, v = (torch.randn(7, 2, 3, **F64, requires_grad=True) for _ in range(3))
     assert torch.autograd.gradgradcheck(
-        lambda q, k, v: hierarchical_attention(q, k, v, tree, kernel="edge", **opts), (q, k, v)
+        lambda q, k, v: hierarchical_attention(q, k, v, tree, kernel="edge", **opts),
+        (q, k, v),
+        fast_mode=True,
     )
 
 
