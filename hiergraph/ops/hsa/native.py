@@ -151,6 +151,20 @@ def _compiles(folder: Path) -> bool:
     return not built or max(built) < max(sources, default=0.0)
 
 
+def state() -> str:
+    """What the kernel is in this process, without building it: ``"off"`` (turned off),
+    ``"loaded"``, ``"failed"`` (the build failed: PyTorch operations run), ``"built"`` (in
+    the cache: loads on first use) or ``"not built"`` (compiles on first use)."""
+    if not _enabled:
+        return "off"
+    if "module" in _loaded:
+        return "loaded" if _loaded["module"] is not None else "failed"
+    from torch.utils.cpp_extension import _get_build_directory
+
+    name = build_flags()[0]
+    return "not built" if _compiles(Path(_get_build_directory(name, verbose=False))) else "built"
+
+
 def extension() -> ModuleType | None:
     """The loaded extension, built on the first call; ``None`` where the build failed (one
     warning) or the kernel is turned off."""

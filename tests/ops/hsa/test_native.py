@@ -111,6 +111,23 @@ def test_a_rebuild_after_the_sources_changed_says_so(monkeypatch, tmp_path, caps
     assert capsys.readouterr().err == ""
 
 
+def test_state_says_what_the_kernel_is_without_building_it(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda *_, **__: str(tmp_path))
+    monkeypatch.setattr(native, "build", lambda: pytest.fail("state() built the kernel"))
+    assert native.state() == "not built"
+    (tmp_path / f"{native.build_flags()[0]}.so").touch()  # newer than the sources
+    assert native.state() == "built"
+    native._loaded["module"] = None
+    assert native.state() == "failed"
+    native._loaded["module"] = native
+    assert native.state() == "loaded"
+    monkeypatch.setattr(native, "_enabled", False)
+    assert native.state() == "off"
+
+
 @pytest.mark.parametrize("trees, fanout", SHAPES, ids=str)
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(k for k, v in o.items() if v))
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -1,0 +1,5 @@
+"""``python -m hiergraph``: what this install runs on (:mod:`hiergraph.info`)."""
+
+from hiergraph.info import main
+
+main()
