@@ -24,11 +24,12 @@ import shutil
 import sys
 
 import torch
+from torch.utils.cpp_extension import get_cxx_compiler
 
 from hiergraph.ops.hsa import native, triton_uniform
 
-#: The optional packages the library uses where they are installed.
-OPTIONAL = ("torch_scatter", "torch_sparse", "triton", "ogb", "transformers", "networkx")
+#: The optional packages the library uses where they are installed (Triton: its own entry).
+OPTIONAL = ("torch_scatter", "torch_sparse", "ogb", "transformers", "networkx")
 
 
 def _version(distribution: str) -> str | None:
@@ -59,7 +60,7 @@ def _native() -> str:
     if state == "failed":
         return "the build failed: HSA on the CPU runs PyTorch operations"
     if state == "not built":
-        compiler = shutil.which("c++") or shutil.which("g++")
+        compiler = shutil.which(get_cxx_compiler())  # PyTorch's: $CXX, else c++
         where = f"with {compiler}" if compiler else "but no C++ compiler was found"
         return f"not built: compiles on the first CPU call that takes them ({where})"
     return {"built": "built: load on first use", "loaded": "loaded"}[state]
@@ -85,7 +86,7 @@ def environment() -> dict[str, str]:
         "native kernels": _native(),
         "triton kernels": _triton(),
     }
-    info.update({name: _optional(name) for name in OPTIONAL if name != "triton"})
+    info.update({name: _optional(name) for name in OPTIONAL})
     return info
 
 

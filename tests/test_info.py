@@ -12,7 +12,7 @@ def test_every_entry_is_a_named_string():
         "hiergraph", "python", "platform", "torch", "torch_geometric", "cuda",
         "native kernels", "triton kernels",
     ]  # fmt: skip
-    assert set(info.OPTIONAL) - {"triton"} <= set(entries)
+    assert set(info.OPTIONAL) <= set(entries)
     assert all(isinstance(v, str) and v for v in entries.values())
 
 
@@ -31,8 +31,11 @@ def test_every_entry_is_a_named_string():
 )  # fmt: skip
 def test_native_kernels_entry(monkeypatch, state, compiler, says):
     monkeypatch.setattr(native, "state", lambda: state)
-    monkeypatch.setattr(info.shutil, "which", lambda name: compiler)
+    asked = []
+    monkeypatch.setattr(info.shutil, "which", lambda name: asked.append(name) or compiler)
+    monkeypatch.setenv("CXX", "my-c++")
     assert info.environment()["native kernels"] == says
+    assert asked == (["my-c++"] if state == "not built" else [])  # PyTorch's compiler
 
 
 @pytest.mark.parametrize("installed, on", [(False, False), (True, False), (True, True)])

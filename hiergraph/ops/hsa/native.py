@@ -129,10 +129,10 @@ def build_flags() -> tuple[str, list[str], list[str]]:
 def build() -> ModuleType:
     """Compile (or load from the cache) and return the extension; raises where the build
     fails."""
-    from torch.utils.cpp_extension import _get_build_directory, load
+    from torch.utils.cpp_extension import load
 
     name, cflags, ldflags = build_flags()
-    if _compiles(Path(_get_build_directory(name, verbose=False))):
+    if _compiles():
         print(
             "hiergraph: compiling its HSA kernels (once per install and machine, and again "
             "after an update changes them; about a minute; HIERGRAPH_NATIVE=0 skips it)",
@@ -142,9 +142,13 @@ def build() -> ModuleType:
     return load(name, [str(p) for p in SOURCES], extra_cflags=cflags, extra_ldflags=ldflags)
 
 
-def _compiles(folder: Path) -> bool:
-    """Whether :func:`build` will compile: no library in ``folder`` yet, or one older than a
-    source or header (an update or a ``git pull`` changed them; ninja then rebuilds)."""
+def _compiles() -> bool:
+    """Whether :func:`build` will compile: no library in the extension's build folder yet,
+    or one older than a source or header (an update or a ``git pull`` changed them; ninja
+    then rebuilds)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    folder = Path(_get_build_directory(build_flags()[0], verbose=False))
     built = [p.stat().st_mtime for p in folder.glob("*.so")]
     csrc = SOURCES[0].parent
     sources = [p.stat().st_mtime for p in csrc.glob("*") if p.suffix in (".cpp", ".h")]
@@ -159,10 +163,7 @@ def state() -> str:
         return "off"
     if "module" in _loaded:
         return "loaded" if _loaded["module"] is not None else "failed"
-    from torch.utils.cpp_extension import _get_build_directory
-
-    name = build_flags()[0]
-    return "not built" if _compiles(Path(_get_build_directory(name, verbose=False))) else "built"
+    return "not built" if _compiles() else "built"
 
 
 def extension() -> ModuleType | None:
