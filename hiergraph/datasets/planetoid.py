@@ -181,7 +181,9 @@ def load_planetoid(
     files = planetoid_raw_files(name) + (_geom_gcn_files(name) if split == "geom-gcn" else [])
     base = data_root(root)
     with file_lock(base / name / "processed"):
-        base = prepare_raw(name, files, base, raw_dir, how, _planetoid_download)
+        base = prepare_raw(
+            name, files, base, raw_dir, how, _planetoid_download, refresh=force_reload
+        )
 
         def what(f: str) -> str:
             if f.endswith(".npz"):

@@ -111,7 +111,9 @@ def load_ppi(
     how = f"The official archive is {PPI.url} (unzip it into the raw folder)."
     base = data_root(root)
     with file_lock(base / "PPI" / "processed"):
-        base = prepare_raw("PPI", ppi_raw_files(), base, raw_dir, how, _ppi_download)
+        base = prepare_raw(
+            "PPI", ppi_raw_files(), base, raw_dir, how, _ppi_download, refresh=force_reload
+        )
 
         def what(f: str) -> str:
             if f.endswith(".json"):

@@ -9,7 +9,9 @@ named by file.
 2. if raw files are missing there and a raw source is given (``raw_dir=`` or
    ``$HIERGRAPH_RAW``), links (or, where links fail, copies) the raw files into
    ``<root>/<Name>/raw``, so that read-only sources work: PyG writes
-   ``processed/`` next to ``raw/``;
+   ``processed/`` next to ``raw/``; a forced rebuild (``force_reload=True``) links every
+   file again from the first source that holds them all, so that it reads the files the
+   source holds now;
 3. otherwise downloads the missing files from PyG's own sources (the loader's
    ``download``) into ``<root>/<Name>/raw``;
 4. raises :class:`FileNotFoundError` naming the expected files and how to get
@@ -47,18 +49,25 @@ def prepare_raw(
     raw_dir: str | os.PathLike | None = None,
     how_to_get: str = "",
     download: Callable[[Path, list[str]], None] | None = None,
+    refresh: bool = False,
 ) -> Path:
     """Make sure ``<root>/<name>/raw`` holds ``files``; returns the data root.
 
     Missing files are linked (copied where symlinks fail) from ``raw_dir`` or
-    ``$HIERGRAPH_RAW``; failing that, ``download(raw folder, missing files)``
-    fetches them (unless ``$HIERGRAPH_OFFLINE`` is set). Raises
-    :class:`FileNotFoundError` if any stays missing because the network is
-    unreachable, :class:`~hiergraph.datasets.errors.DownloadError` if a
-    download fails on the way (see :func:`~hiergraph.datasets.locate.locate_raw`).
+    ``$HIERGRAPH_RAW``; with ``refresh`` (a forced rebuild) every file is linked again
+    from the first of them that holds them all, whatever the raw folder holds; failing
+    that, ``download(raw folder, missing files)`` fetches them (unless
+    ``$HIERGRAPH_OFFLINE`` is set). Raises :class:`FileNotFoundError` if any stays missing
+    because the network is unreachable, :class:`~hiergraph.datasets.errors.DownloadError`
+    if a download fails on the way (see :func:`~hiergraph.datasets.locate.locate_raw`).
     """
     root = data_root(root)
     target = root / name / "raw"
+    sources = _raw_sources(name, raw_dir)
+    if refresh:
+        source = next((s for s in sources if all((s / f).exists() for f in files)), None)
+        if source is not None:
+            _link_files(source, files, target, every=True)
 
     def missing() -> list[str]:  # (a link into a folder since removed or emptied too)
         return [f for f in files if not (target / f).exists()]
@@ -69,10 +78,7 @@ def prepare_raw(
         if absent and (place == target or not all((place / f).exists() for f in absent)):
             return None
         if absent:
-            target.mkdir(parents=True, exist_ok=True)
-            marker = [SYNTHETIC_MARKER] if (place / SYNTHETIC_MARKER).exists() else []
-            for f in absent + marker:
-                _link_or_copy(place / f, target / f)
+            _link_files(place, absent, target, every=False)
         return root
 
     def fetch_missing() -> None:
@@ -80,7 +86,7 @@ def prepare_raw(
 
     return locate_raw(
         name,
-        [target, *_raw_sources(name, raw_dir)],
+        [target, *sources],
         take,
         lambda: f"the raw files {', '.join(missing())} (all in one folder)",
         fetch_missing if download is not None else None,
@@ -97,6 +103,20 @@ def _raw_sources(name: str, raw_dir: str | os.PathLike | None) -> list[Path]:
             base = Path(base).expanduser()  # (a literal "~" folder was searched)
             sources += [base, base / name / "raw"]
     return sources
+
+
+def _link_files(place: Path, files: list[str], target: Path, every: bool) -> None:
+    """Link ``files`` of ``place`` into ``target``, with ``place``'s :data:`SYNTHETIC_MARKER`
+    where it has one; ``every``: these are all the raw files, so a marker of the files they
+    replace is removed where ``place`` has none. A file that already is ``place``'s (the
+    same folder, or a link to it) stays as it is."""
+    target.mkdir(parents=True, exist_ok=True)
+    marker = (place / SYNTHETIC_MARKER).exists()
+    if every and not marker:
+        (target / SYNTHETIC_MARKER).unlink(missing_ok=True)
+    for f in files + ([SYNTHETIC_MARKER] if marker else []):
+        if (target / f).resolve() != (place / f).resolve():
+            _link_or_copy(place / f, target / f)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
