@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
+import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -95,17 +95,29 @@ def load_weights_only(
 
     Raises:
         CorruptFileError: naming the file, ``what`` it should be and what deleting it
-            ``rebuilds``, when it is truncated, damaged or holds other objects (e.g. code).
+            ``rebuilds``, when it is truncated, damaged, holds other objects (e.g. code) or
+            is no regular file (a FIFO there would block the read, holding the dataset's
+            lock, without end).
     """
     try:
+        _check_regular(path)
         with allowing(allow):
             return torch.load(path, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, IsADirectoryError) as err:
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever a damaged file makes the reader raise
         raise CorruptFileError(
             path,
             f"{path} is not {what}; {type(err).__name__}: {err}); delete it (or pass "
             f"force_reload=True) to rebuild {rebuilds}",
         ) from err
+
+
+def _check_regular(path: str | os.PathLike) -> None:
+    """Raise a ``ValueError`` where ``path`` is no regular file: a FIFO there would block
+    its reader (holding the dataset's lock) without end, a device never end."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError("not a regular file (a FIFO, a device or a folder)")
 
 
 #: PyTorch's switches that force ``torch.load`` to read with, or without, ``weights_only``.
@@ -251,6 +263,7 @@ class StrictLoad(CheckedRecords):
             CorruptFileError: the file is not such an object (damaged or edited).
         """
         try:
+            _check_regular(path)
             meta = json.loads(Path(path).read_text(encoding="utf-8"))
             missing = [key for key in keys if key not in meta] if isinstance(meta, dict) else keys
             if missing:

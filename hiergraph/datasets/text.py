@@ -180,6 +180,11 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
         path = self.processed_paths[SPLITS.index(split)]
         self.load(path)  # StrictLoad: a damaged cache raises CorruptFileError naming it
         self.meta = self.load_meta(self.processed_paths[-1], ("classes", "tokenizer", "empty"))
+        vocab = self.meta.get("vocab", [])
+        if not isinstance(vocab, list) or not all(isinstance(word, str) for word in vocab):
+            raise damaged_cache(self.processed_paths[-1], "its vocabulary is no list of words")
+        if len(set(vocab)) != len(vocab):
+            raise damaged_cache(self.processed_paths[-1], "its vocabulary repeats words")
         problems = self._cache_problems()
         if problems:
             what = f"this processed {self.name} cache holds no documents of it: "

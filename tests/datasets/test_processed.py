@@ -320,11 +320,23 @@ def test_text_cache_that_holds_no_documents_is_refused_by_name(tmp_path, edit, m
         _imdb(tmp_path / "imdb", tmp_path)
 
 
-def test_damaged_processed_cache_names_the_file(no_env, tmp_path):
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda path: truncate(path, 0.5),
+        lambda path: path.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n"),
+        lambda path: path.write_bytes(b"ra  "),
+        lambda path: path.write_bytes(b"jn0vxskjy zh8jrs8a4aiy5g\nb/8/rx:z8\n"),
+    ],
+    ids=["truncated", "text", "4 bytes", "noise"],
+)
+def test_damaged_processed_cache_names_the_file(no_env, tmp_path, damage):
+    """(Text in the cache's place raised a bare IndexError, struct.error or KeyError from
+    inside PyTorch's reader, naming no file.)"""
     write_tar(tmp_path / "aclImdb_v1.tar.gz", imdb_files())
     IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
     cache = tmp_path / "imdb" / "processed" / "simple_train.pt"
-    truncate(cache, 0.5)
+    damage(cache)
     with pytest.raises(CorruptFileError, match="force_reload=True") as info:
         IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
     assert info.value.path == cache and not isinstance(info.value.__cause__, CorruptFileError)
@@ -353,12 +365,45 @@ def test_edited_cache_metadata_names_the_file(no_env, tmp_path, content):
     assert len(rebuilt.meta["classes"]) == 2
 
 
+@pytest.mark.parametrize(
+    "vocab, match",
+    [(5, "its vocabulary is no list of words"), (["a", "a"], "its vocabulary repeats words")],
+)
+def test_a_cache_vocabulary_that_is_no_list_of_words_names_the_file(no_env, tmp_path, vocab, match):
+    """(A number raised a bare TypeError on reading the vocabulary size, a repeated word a
+    ValueError naming no file.)"""
+    import json
+
+    write_tar(tmp_path / "aclImdb_v1.tar.gz", imdb_files())
+    IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
+    meta_path = tmp_path / "imdb" / "processed" / "simple.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "vocab": vocab}))
+    with pytest.raises(CorruptFileError, match=f"simple.json: {match}") as info:
+        IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
+    assert info.value.path == meta_path
+
+
 def test_a_folder_named_like_a_cache_is_refused_by_name(no_env, tmp_path):
     from hiergraph.datasets.processed import load_weights_only
 
     (tmp_path / "data.pt").mkdir()  # (a bare IsADirectoryError)
     with pytest.raises(CorruptFileError, match="data.pt is not a cache"):
         load_weights_only(tmp_path / "data.pt", "a cache", "it")
+
+
+@pytest.mark.parametrize("name", ["simple_train.pt", "simple.json", "pre_transform.pt"])
+def test_a_fifo_in_a_cache_files_place_is_refused_not_waited_on(no_env, tmp_path, name):
+    """(Its read blocked without end, holding the dataset's lock.)"""
+    import os
+
+    write_tar(tmp_path / "aclImdb_v1.tar.gz", imdb_files())
+    IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
+    path = tmp_path / "imdb" / "processed" / name
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    with pytest.raises(CorruptFileError, match="not a regular file") as info:
+        IMDB(tmp_path / "imdb", tokenizer="simple", raw_dir=tmp_path)
+    assert info.value.path == path
 
 
 def test_reading_a_cache_keeps_what_was_allow_listed_before(tmp_path):
