@@ -29,6 +29,7 @@ encoder without special tokens.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,13 @@ DEPTHS = (1, 2, 3)
 class SimpleTokenizer:
     r"""A built-in word tokenizer: lower-cased words, numbers and single punctuation marks.
 
+    A word is a run of letters and digits of any script (``café``, ``zürich``,
+    ``москва``), with an apostrophe ending (``don't``); the text is composed first
+    (Unicode NFC), so that an accent typed as a separate mark joins its letter. Every
+    other character but white space is a token of its own. Scripts whose words hold marks
+    that no composed letter has (such as Devanagari's vowel signs) are cut at the marks:
+    use a Hugging Face tokenizer for them.
+
     Ids: ``0`` is padding (unused by the builders), ``1`` is the unknown
     token, words follow by decreasing corpus frequency (ties broken
     alphabetically, so the vocabulary is deterministic).
@@ -67,7 +75,10 @@ class SimpleTokenizer:
     """
 
     PAD, UNK = 0, 1
-    PATTERN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\sa-z0-9]")
+    PATTERN = re.compile(r"[^\W_]+(?:['’][^\W\d_]+)?|\S")
+    #: The version of the word rule (:attr:`PATTERN`): a dataset cache records the one it
+    #: was built with and is rebuilt under another (version 1 took ASCII letters only).
+    RULE = 2
 
     def __init__(self, vocab: Sequence[str]):
         self.vocab = list(vocab)
@@ -93,7 +104,7 @@ class SimpleTokenizer:
         """The word strings of ``text``."""
         if not isinstance(text, str):
             raise TypeError(f"a text must be a str, got {type(text).__name__}: {text!r}")
-        return cls.PATTERN.findall(text.lower())
+        return cls.PATTERN.findall(unicodedata.normalize("NFC", text).lower())
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (unknown words → ``1``)."""

@@ -99,6 +99,23 @@ def official_splits(
     }
 
 
+def _built_by_another_word_rule(meta_path: Path) -> bool:
+    """Whether the cache whose metadata is at ``meta_path`` holds words of a
+    :class:`~hiergraph.data.document.SimpleTokenizer` rule other than today's
+    (:attr:`~hiergraph.data.document.SimpleTokenizer.RULE`; caches that record none are of
+    rule 1): such a cache is rebuilt. A missing or unreadable file says no (the load names
+    what is wrong with it)."""
+    if not meta_path.is_file():  # (no FIFO is read)
+        return False
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    if not isinstance(meta, dict) or "vocab" not in meta:
+        return False
+    return meta.get("word_rule", 1) != SimpleTokenizer.RULE
+
+
 class TextClassificationDataset(StrictLoad, InMemoryDataset):
     r"""One split of a document-classification corpus as signal hierarchies.
 
@@ -176,7 +193,8 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
         self.extra_raw_dir = raw_dir
         root = Path(root).expanduser() if root is not None else data_root() / self.name
         with file_lock(root / "processed"):  # one process downloads and builds the cache
-            super().__init__(str(root), transform, force_reload=force_reload)
+            stale = _built_by_another_word_rule(root / "processed" / f"{tokenizer_key}.json")
+            super().__init__(str(root), transform, force_reload=force_reload or stale)
         path = self.processed_paths[SPLITS.index(split)]
         self.load(path)  # StrictLoad: a damaged cache raises CorruptFileError naming it
         self.meta = self.load_meta(self.processed_paths[-1], ("classes", "tokenizer", "empty"))
@@ -262,7 +280,7 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
             tokenizer = SimpleTokenizer.fit(text for text, _ in documents["train"])
         meta = {"classes": list(self.classes), "tokenizer": self.tokenizer_key, "empty": {}}
         if isinstance(tokenizer, SimpleTokenizer):
-            meta["vocab"] = tokenizer.vocab
+            meta["vocab"], meta["word_rule"] = tokenizer.vocab, SimpleTokenizer.RULE
         for split, path in zip(SPLITS, self.processed_paths[:3], strict=True):
             data_list, empty = [], 0
             docs = documents[split]

@@ -51,6 +51,16 @@ def test_simple_tokenizer(tok):
         SimpleTokenizer(["a", "a"])
 
 
+def test_simple_tokenizer_words_are_of_any_script():
+    """(Words were ASCII letters and digits: every other letter was a token of its own,
+    ``café`` two tokens and ``москва`` six.)"""
+    text = "Café naïve ZÜRICH. Москва! Don’t a_b x²"
+    expected = ["café", "naïve", "zürich", ".", "москва", "!", "don’t", "a", "_", "b", "x²"]
+    assert SimpleTokenizer.split(text) == expected
+    assert SimpleTokenizer.split("cafe\u0301") == ["caf\u00e9"]  # (a separate accent joins)
+    assert SimpleTokenizer.split("東京タワー、です") == ["東京タワー", "、", "です"]
+
+
 def test_texts_and_encoders_are_checked(tok):
     """A bare str was read as a list of one-character texts; an encoder that returns fewer
     token lists than sentences gave the ids to the wrong sentences; ``max_size=-1`` dropped

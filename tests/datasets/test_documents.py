@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch_geometric.loader import DataLoader
 
-from hiergraph.data import SignalHierarchy
+from hiergraph.data import SignalHierarchy, SimpleTokenizer
 from hiergraph.datasets.bbc import BBCNews
 from hiergraph.datasets.imdb import IMDB
 from hiergraph.datasets.newsgroups import NEWSGROUPS, TwentyNewsgroups, strip_headers
@@ -114,6 +114,24 @@ def test_imdb_roundtrip_through_dataloader(tmp_path):
     assert report["truncated_documents"] == 18 and report["dropped_tokens"] > 0
     sent_capped = IMDB(tmp_path / "imdb", tokenizer="simple", max_sentences=1)
     assert sent_capped.truncation_report()["truncated_documents"] == 18
+
+
+def test_a_cache_of_another_word_rule_is_rebuilt(tmp_path):
+    """A ``"simple"`` cache built before words took letters of any script (its metadata
+    records no word rule) is rebuilt, not read with the old words."""
+    import json
+
+    write_tar(tmp_path / "aclImdb_v1.tar.gz", {f"aclImdb/{k}": v for k, v in imdb_files().items()})
+    ds = IMDB(tmp_path / "imdb", split="train", tokenizer="simple", raw_dir=tmp_path)
+    meta_path = Path(ds.processed_paths[-1])
+    meta = json.loads(meta_path.read_text())
+    assert meta["word_rule"] == SimpleTokenizer.RULE
+    old = {key: value for key, value in meta.items() if key != "word_rule"}
+    old["vocab"] = [*meta["vocab"], "caf", "é"]  # (the first rule's words of "café")
+    meta_path.write_text(json.dumps(old))
+    again = IMDB(tmp_path / "imdb", split="train", tokenizer="simple", raw_dir=tmp_path)
+    assert again.meta == meta and json.loads(meta_path.read_text()) == meta
+    assert torch.equal(again._data.x, ds._data.x)
 
 
 def test_document_loader_matches_dataloader(tmp_path):
