@@ -169,8 +169,10 @@ def load_planetoid(
             read: only for files you trust. By default only the official files are read
             (:data:`~hiergraph.datasets.download.PLANETOID_SHA256`).
     """
-    if not isinstance(name, str) or name.lower() not in ("cora", "citeseer", "pubmed"):
+    names = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
+    if not isinstance(name, str) or name.lower() not in names:
         raise ValueError(f"name must be Cora, CiteSeer or PubMed, got {name!r}")
+    name = names[name.lower()]  # (the folder <Name>/raw is spelled so, in any case given)
     if not isinstance(split, str) or split.lower() not in PLANETOID_SPLITS:
         raise ValueError(f"split must be one of {', '.join(PLANETOID_SPLITS)}, got {split!r}")
     split = split.lower()

@@ -32,6 +32,14 @@ def test_missing_files_raise_a_clear_error(no_env, no_network, tmp_path):
         hp.load_planetoid("Cora", root=tmp_path, split="bogus")
 
 
+def test_a_name_in_another_case_finds_the_collections_folder(no_env, monkeypatch, tmp_path):
+    """(``"cora"`` passed the name check, then searched ``$HIERGRAPH_RAW/cora/raw`` only.)"""
+    write_tiny_planetoid(tmp_path / "collection" / "Cora" / "raw")
+    monkeypatch.setenv(hp.RAW_ENV, str(tmp_path / "collection"))
+    dataset = hp.load_planetoid("cora", root=tmp_path / "data")
+    assert dataset[0].num_nodes == 560 and (tmp_path / "data" / "Cora" / "processed").is_dir()
+
+
 @needs_planetoid("Cora")
 def test_real_cora_public_split(no_env, no_network, tmp_path):
     data = hp.load_planetoid("Cora", root=tmp_path, raw_dir=planetoid_raw("Cora"))[0]
