@@ -6,6 +6,8 @@
 * :func:`locate_raw`: look in the places the dataset accepts, else download the official
   files (unless offline: :func:`downloads_allowed`, ``$HIERGRAPH_OFFLINE``), else raise
   :class:`FileNotFoundError` listing the places searched and how to fix it.
+* :func:`given_raw_dir`: the folder a ``raw_dir=`` argument names, refused where it names
+  none.
 * :func:`resolve_inside`: a raw file's path with every symlink resolved, refused where it
   leads out of its raw folder.
 """
@@ -55,6 +57,26 @@ def _folder_of(variable: str) -> Path:
     path = Path(os.environ[variable]).expanduser()
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"${variable} names {path}, a file: set it to a folder")
+    return path
+
+
+def given_raw_dir(raw_dir: str | os.PathLike | None) -> Path | None:
+    """The folder a loader's ``raw_dir=`` argument names (``~`` expanded), or ``None``.
+
+    Raises:
+        FileNotFoundError: naming the argument, where it names nothing (a mistyped folder
+            was passed over for the other raw sources without a word).
+        NotADirectoryError: where it names a file (the raw folder is the one holding it).
+    """
+    if raw_dir is None:
+        return None
+    path = Path(raw_dir).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"raw_dir={str(raw_dir)!r}: no such folder")
+    if not path.is_dir():
+        raise NotADirectoryError(
+            f"raw_dir={str(raw_dir)!r} is a file: pass the folder that holds it"
+        )
     return path
 
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hiergraph.datasets.errors import CorruptFileError
-from hiergraph.datasets.locate import RAW_ENV, data_root, locate_raw
+from hiergraph.datasets.locate import RAW_ENV, data_root, given_raw_dir, locate_raw
 
 #: Marker file written next to synthetic raw files (never present in real data).
 SYNTHETIC_MARKER = "SYNTHETIC.txt"
@@ -98,7 +98,7 @@ def prepare_raw(
 
 def _raw_sources(name: str, raw_dir: str | os.PathLike | None) -> list[Path]:
     sources = []
-    for base in (raw_dir, os.environ.get(RAW_ENV) or None):
+    for base in (given_raw_dir(raw_dir), os.environ.get(RAW_ENV) or None):
         if base is not None:
             base = Path(base).expanduser()  # (a literal "~" folder was searched)
             sources += [base, base / name / "raw"]

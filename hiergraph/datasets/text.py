@@ -48,7 +48,7 @@ from hiergraph.data.document import (
 )
 from hiergraph.datasets.archives import MAX_MEMBER_BYTES, iter_raw_files
 from hiergraph.datasets.download import REMOTE_FILES, fetch
-from hiergraph.datasets.locate import RAW_ENV, data_root, locate_raw
+from hiergraph.datasets.locate import RAW_ENV, data_root, given_raw_dir, locate_raw
 from hiergraph.datasets.locks import atomic_path, file_lock
 from hiergraph.datasets.processed import StrictLoad, damaged_cache
 from hiergraph.datasets.static_embeddings import MINILM_VOCAB_SIZE
@@ -190,7 +190,7 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
             max_tokens=max_tokens,
         )
         check_caps(**self.caps)
-        self.extra_raw_dir = raw_dir
+        self.extra_raw_dir = given_raw_dir(raw_dir)
         root = Path(root).expanduser() if root is not None else data_root() / self.name
         with file_lock(root / "processed"):  # one process downloads and builds the cache
             stale = _built_by_another_word_rule(root / "processed" / f"{tokenizer_key}.json")

@@ -184,3 +184,31 @@ def test_data_root_precedence(no_env, monkeypatch, tmp_path):
     monkeypatch.setenv(hp.DATA_ENV, str(tmp_path))
     assert hp.data_root() == tmp_path
     assert hp.data_root(tmp_path / "x") == tmp_path / "x"
+
+
+@pytest.mark.parametrize("name", ["Cora", "PPI", "IMDB", "20NG"])
+@pytest.mark.parametrize("given", ["missing", "file"])
+def test_a_raw_dir_that_names_no_folder_is_refused(name, given, no_env, tmp_path, monkeypatch):
+    """``raw_dir=`` is one of the places searched, with ``$HIERGRAPH_RAW``: a mistyped one
+    was passed over without a word (and the files found elsewhere)."""
+    from hiergraph.datasets.locate import given_raw_dir
+
+    monkeypatch.setenv("HIERGRAPH_RAW", str(tmp_path / "collection"))
+    path = tmp_path / "typo"
+    if given == "file":
+        path.write_text("")
+    error, match = (
+        (FileNotFoundError, "no such folder")
+        if given == "missing"
+        else (NotADirectoryError, "is a file: pass the folder that holds it")
+    )
+    with pytest.raises(error, match=f"raw_dir='{re.escape(str(path))}'(: | ){match}"):
+        given_raw_dir(path)
+    load = {
+        "Cora": lambda: hp.load_planetoid("Cora", root=tmp_path, raw_dir=path),
+        "PPI": lambda: hp.load_ppi(root=tmp_path, raw_dir=path),
+        "IMDB": lambda: IMDB(tmp_path / "IMDB", tokenizer="simple", raw_dir=path),
+        "20NG": lambda: TwentyNewsgroups(tmp_path / "20NG", tokenizer="simple", raw_dir=path),
+    }[name]
+    with pytest.raises(error, match=match):
+        load()

@@ -22,8 +22,9 @@ def test_missing_files_raise_a_clear_error(no_env, no_network, tmp_path):
     message = str(info.value)
     assert str(tmp_path / "CiteSeer" / "raw") in message
     assert "ind.citeseer.graph" in message and hp.RAW_ENV in message and "raw_dir" in message
+    (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="ppi.zip"):
-        hp.load_ppi(root=tmp_path, raw_dir=tmp_path / "nowhere")
+        hp.load_ppi(root=tmp_path, raw_dir=tmp_path / "empty")
     with pytest.raises(ValueError, match="Cora, CiteSeer or PubMed"):
         hp.load_planetoid("Karate", root=tmp_path)
     with pytest.raises(ValueError, match="Cora, CiteSeer or PubMed"):
