@@ -19,7 +19,7 @@ hierarchy over 16,384 tokens): flat attention's cost grows with the square of th
 length, HSA's linearly.
 
 A demonstration on generated data, not a benchmark: accuracies depend on the seed and
-times on the machine. About 20 s on 2 CPU cores::
+times on the machine. About 40 s on 2 CPU cores::
 
     python docs/first_run.py
     python docs/first_run.py --steps 50 --long 2048   # a smoke test: both models near chance
