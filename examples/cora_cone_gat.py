@@ -7,7 +7,7 @@ Adam lr 5e-3, weight decay 5e-4, early stopping on validation accuracy.
 
 Budgets:
 
-* default (quick, 10-25 s on 2 cores): 2 seeds, at most 300 epochs,
+* default (quick, about 40 s on 2 cores): 2 seeds, at most 300 epochs,
   patience 100, one ``--attention``;
 * ``--paper``: the paper's GAT code: 10 seeds, at most 10,000 epochs, patience 1,000.
   Expect 25-55 minutes per attention on one thread (0.07-0.2 s per epoch; a seed runs
