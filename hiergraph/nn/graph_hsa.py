@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from torch_geometric.nn.resolver import activation_resolver, normalization_resol
 from hiergraph.data.signal_hierarchy import as_hierarchy
 from hiergraph.nn._checks import check_bool, check_features, check_int, check_probability
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
+from hiergraph.nn.pool import _leaf_batch, _num_trees
 from hiergraph.nn.position import FamilyPositionEncoder
 
 if TYPE_CHECKING:
@@ -165,6 +167,10 @@ class GraphHSAConv(nn.Module):
             if norm is not None
             else [nn.Identity() for _ in range(3)]
         )
+        # the norms that take a batch vector (layer, graph, instance norms) normalise every
+        # graph of a batch on its own, as PyG's GPSConv does
+        taken = inspect.signature(self.norms[0].forward).parameters
+        self._norm_takes = {key for key in ("batch", "batch_size") if key in taken}
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -203,17 +209,22 @@ class GraphHSAConv(nn.Module):
         """
         check_features(x, self.channels, "x", f"[num_nodes, channels={self.channels}]")
         hierarchy = as_hierarchy(hierarchy)
+        per_graph = {}
+        if "batch" in self._norm_takes:
+            per_graph["batch"] = _leaf_batch(hierarchy)
+        if "batch_size" in self._norm_takes:
+            per_graph["batch_size"] = _num_trees(hierarchy)
         out = 0
         if self.conv is not None:
             h = F.dropout(self.conv(x, edge_index, **kwargs), self.dropout, self.training)
-            out = self.norms[0](h + x)
+            out = self.norms[0](h + x, **per_graph)
         h = F.dropout(self.attn(x, hierarchy, pos_emb), self.dropout, self.training)
         if self.gate is not None:
             h = torch.tanh(self.gate) * h
-        out = out + self.norms[1](h + x)
+        out = out + self.norms[1](h + x, **per_graph)
         if self.mlp is not None:
             out = out + self.mlp(out)
-        return self.norms[2](out)
+        return self.norms[2](out, **per_graph)
 
     def __repr__(self) -> str:
         return (

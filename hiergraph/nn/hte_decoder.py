@@ -242,7 +242,7 @@ class HTEDecoder(nn.Module):
     Args:
         vocab_size: number of token ids.
         hidden_channels: model width (formerly ``channels``).
-        num_layers: decoder blocks.
+        num_layers: decoder blocks (at least one).
         heads: attention heads.
         mlp_channels: MLP hidden size (default ``4 * hidden_channels``).
         pos_channels: node embedding size (0: no position bias).
@@ -273,7 +273,7 @@ class HTEDecoder(nn.Module):
         check_int(hidden_channels, "hidden_channels")
         check_int(heads, "heads")
         check_int(pos_channels, "pos_channels", minimum=0)
-        check_int(num_layers, "num_layers", minimum=0)
+        check_int(num_layers, "num_layers")  # (0: a step has no layer to run)
         check_int(mlp_channels, "mlp_channels", optional=True)
         check_int(max_depth, "max_depth", minimum=0)
         check_int(max_slot, "max_slot")

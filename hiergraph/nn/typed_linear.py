@@ -98,7 +98,9 @@ class TypedLinear(nn.Module):
             out = x.new_zeros(x.size(0), self.lin.out_channels)
             for t, weight in enumerate(self.lin.weight):
                 out = torch.where((type_vec == t)[:, None], x @ weight, out)
-        return out if self.type_bias is None else out + self.type_bias.index_select(0, type_vec)
+        return (
+            out if self.type_bias is None else out + self.type_bias.index_select(0, type_vec.long())
+        )
 
     def __repr__(self) -> str:
         return (

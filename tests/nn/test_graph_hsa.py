@@ -80,6 +80,22 @@ def test_batched_small_graphs_equal_per_graph(graphs):
     assert together.shape == (sum(g.num_nodes for g in graphs), 3)
 
 
+@pytest.mark.parametrize("norm", ["layer_norm", "graph_norm", "instance_norm"])
+def test_per_graph_norms_normalise_each_graph_of_a_batch_alone(graphs, norm):
+    """(The norms got no batch vector: the graphs of a batch were normalised together, and
+    a graph's output changed with the others.)"""
+    torch.manual_seed(0)
+    shifted = [g.clone() for g in graphs]
+    for g in shifted:
+        g.x = g.x.double()
+    shifted[1].x = 10 * shifted[1].x + 5  # a graph whose features differ in scale
+    conv = GraphHSAConv(6, GCNConv(6, 6), heads=2, norm=norm).double().eval()
+    batch = Batch.from_data_list(shifted)
+    together = conv(batch.x, batch.edge_index, batch).split([g.num_nodes for g in shifted])
+    for g, out in zip(shifted, together, strict=True):
+        torch.testing.assert_close(out, conv(g.x, g.edge_index, g))
+
+
 def test_net_trains_a_step(graphs):
     torch.manual_seed(0)
     g = graphs[2]

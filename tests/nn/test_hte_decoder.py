@@ -211,7 +211,7 @@ def test_logits_do_not_see_the_future():
     [
         (dict(heads=0), ValueError, "heads must be a positive int, got 0"),  # (was 1 / 0)
         (dict(vocab_size=0), ValueError, "vocab_size must be a positive int"),
-        (dict(num_layers=-1), ValueError, "num_layers must be an int >= 0"),
+        (dict(num_layers=0), ValueError, "num_layers must be a positive int, got 0"),
         (dict(hidden_channels=2.5), TypeError, "hidden_channels must be a positive int"),
         (dict(mlp_channels=0), ValueError, "mlp_channels must be a positive int or None"),
         (dict(pos_channels=-1), ValueError, "pos_channels must be an int >= 0"),

@@ -80,3 +80,12 @@ def test_type_ids_out_of_range_fail_on_an_accelerator_too():
     with cpu_as_accelerator():
         ok = lin(x, torch.tensor([0, 1, 1, 0]))
     torch.testing.assert_close(ok, lin(x, torch.tensor([0, 1, 1, 0])))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_small_integer_type_ids_take_the_type_bias(dtype):
+    """(With a bias, they failed in ``index_select``, which takes int32/int64 ids only.)"""
+    torch.manual_seed(0)
+    layer = TypedLinear(3, 2, num_types=3, bias=True)
+    x, types = torch.randn(5, 3), torch.tensor([0, 2, 1, 2, 0])
+    torch.testing.assert_close(layer(x, types.to(dtype)), layer(x, types))

@@ -368,6 +368,7 @@ def vcc_layer_padded(
     if rows and rows[-1].level == 0:  # token rows: their new value (zero at padding)
         tokens = rows[-1]
         new = row_out[-1].masked_fill(tokens.key_bias.isneginf().unsqueeze(-1), 0.0)
+        new = new.to(c.dtype)  # (under autocast a layer returns half-precision rows)
         if tokens.node is None:
             return p_new, new
         index = tokens.node.unsqueeze(-1).expand_as(new)

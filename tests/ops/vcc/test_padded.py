@@ -168,3 +168,27 @@ def test_shapes_that_do_not_match_the_tree_are_refused():
         partition_padded(x, vip, mask, -1, (3,))
     with pytest.raises(TypeError, match="token_mask must be a bool tensor"):
         partition_padded(x, vip, mask.long(), 3, (3,))
+
+
+def test_a_layer_that_returns_another_dtype_runs_as_in_the_ragged_form():
+    """Under autocast a layer returns bfloat16 rows while the tree's values stay float32
+    (the token rows' scatter into them failed on the dtypes; the ragged form ran)."""
+    from hiergraph.ops import partition_padded
+    from hiergraph.ops.vcc.padded import vcc_layer_padded, vip_score_fn_padded
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+
+    def layer(z, key_bias):
+        return lin((z @ z.transpose(1, 2) + key_bias[:, None]).softmax(-1) @ z)
+
+    x, vip = torch.randn(2, 9, 4), torch.zeros(2, 9, dtype=torch.bool)
+    vip[:, 0] = True
+    p, c, part = partition_padded(x, vip, None, 1, (2,))
+    score = vip_score_fn_padded(p[:, :, None], part.slot_real, lambda m: m[:, :, None])
+    full = vcc_layer_padded(layer, p, part.slot_real, c, part.tree, (None, 1), score)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = vcc_layer_padded(layer, p, part.slot_real, c, part.tree, (None, 1), score)
+    assert half[0].dtype == torch.bfloat16 and half[1].dtype == c.dtype
+    for a, b in zip(half, full, strict=True):
+        torch.testing.assert_close(a.float(), b, atol=0.05, rtol=0.05)
