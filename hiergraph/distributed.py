@@ -18,6 +18,7 @@ from an epoch-boundary checkpoint continues exactly as the uninterrupted run.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import os
 import pickle
@@ -244,10 +245,25 @@ def load_checkpoint(
     _check_weights(path, weights, target.state_dict())
     if optimizer is not None:
         _check_optimizer_state(path, optim_state, optimizer)
-    target.load_state_dict(weights)
     if optimizer is not None:
-        optimizer.load_state_dict(optim_state)
+        _load_optimizer_state(path, optim_state, optimizer)
+    target.load_state_dict(weights)
     return payload
+
+
+def _load_optimizer_state(path: Path, state: dict, optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.load_state_dict(state)``; where it fails (a state the checks let pass
+    that this optimizer cannot take), the optimizer gets its own state back and a
+    ``ValueError`` names the file."""
+    own = copy.deepcopy(optimizer.state_dict())
+    try:
+        optimizer.load_state_dict(state)
+    except Exception as err:  # noqa: BLE001 - whatever the optimizer's own loading raises
+        optimizer.load_state_dict(own)
+        raise ValueError(
+            f"{path} holds an optimizer state this optimizer cannot take "
+            f"({type(err).__name__}: {err})"
+        ) from err
 
 
 def _read_checkpoint(path: Path, map_location) -> dict:
@@ -316,4 +332,14 @@ def _check_optimizer_state(path: Path, state, optimizer: torch.optim.Optimizer) 
         raise ValueError(
             f"{path} holds the state of another optimizer: parameter groups of {saved} "
             f"parameters, this one's of {own}"
+        )
+    # settings this optimizer does not have (SGD's momentum for Adam, say); a setting it
+    # has that the file lacks may be one a newer PyTorch added: it takes its default
+    unknown = {key for group in groups for key in group} - {
+        key for group in optimizer.param_groups for key in group
+    }
+    if unknown:
+        raise ValueError(
+            f"{path} holds the state of another kind of optimizer: settings "
+            f"{', '.join(sorted(unknown))}, which this {type(optimizer).__name__} does not have"
         )

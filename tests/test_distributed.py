@@ -265,6 +265,46 @@ def test_a_refused_checkpoint_leaves_the_model_and_optimizer_as_they_were(tmp_pa
     assert all(torch.equal(a, b) for a, b in zip(before, same.parameters(), strict=True))
 
 
+@pytest.mark.parametrize("stepped", [False, True], ids=["fresh", "stepped"])
+def test_another_kind_of_optimizer_is_refused_before_anything_is_written(tmp_path, stepped):
+    """An SGD checkpoint into Adam: before SGD's first step it loaded, and Adam's next step
+    failed (no betas); after it, Adam raised a bare KeyError with the model written."""
+    torch.manual_seed(0)
+    source = nn.Linear(3, 4)
+    sgd = torch.optim.SGD(source.parameters(), lr=0.1, momentum=0.9)
+    if stepped:
+        source(torch.randn(2, 3)).sum().backward()
+        sgd.step()
+    save_checkpoint(tmp_path / "sgd.pt", source, sgd)
+    model = nn.Linear(3, 4)
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    before, settings = model.weight.detach().clone(), dict(adam.param_groups[0])
+    with pytest.raises(ValueError, match="another kind of optimizer: settings dampening, momen"):
+        load_checkpoint(tmp_path / "sgd.pt", model, adam)
+    assert torch.equal(model.weight, before) and adam.param_groups[0] == settings
+
+
+def test_an_optimizer_state_the_optimizer_cannot_take_leaves_it_as_it_was(tmp_path):
+    """A state that passes the checks and fails in the optimizer's own loading (here,
+    Adam's per-parameter state without its step count) gives the optimizer its own state
+    back, and leaves the model as it was."""
+    model = nn.Linear(3, 4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(2, 3)).sum().backward()
+    optimizer.step()
+    save_checkpoint(tmp_path / "c.pt", model, optimizer)
+    broken = torch.load(tmp_path / "c.pt", weights_only=True)
+    del broken["optimizer"]["state"][0]["step"]
+    broken["model"]["weight"] += 1
+    torch.save(broken, tmp_path / "c.pt")
+    own, weight = optimizer.state_dict(), model.weight.detach().clone()
+    with pytest.raises(ValueError, match="holds an optimizer state this optimizer cannot take"):
+        load_checkpoint(tmp_path / "c.pt", model, optimizer)
+    assert torch.equal(model.weight, weight)
+    assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], own["state"][0]["exp_avg"])
+    assert torch.equal(optimizer.state_dict()["state"][0]["step"], own["state"][0]["step"])
+
+
 def test_files_that_are_no_checkpoint_give_one_value_error(tmp_path):
     """(A truncated file was a RuntimeError, an empty one an EOFError, a text file a
     KeyError, a NumPy file 'could run arbitrary code'.)"""
