@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
-from hiergraph._checks import check_fractions, check_seed
+from hiergraph._checks import check_bool, check_fractions, check_int, check_seed
 from hiergraph.data.document import (
     DEPTHS,
     SimpleTokenizer,
@@ -447,8 +447,8 @@ class DocumentLoader:
         shuffle: bool = False,
         generator: torch.Generator | None = None,
     ):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        check_int(batch_size, "batch_size")  # (True passed, and failed in the first split)
+        check_bool(shuffle, "shuffle")  # ("no" shuffled)
         if dataset.transform is not None:  # there is no per-document object to apply it to
             raise ValueError(
                 "DocumentLoader builds each batch directly from the cached token ids, so it "
@@ -457,8 +457,10 @@ class DocumentLoader:
             )
         self.dataset, self.depth = dataset, dataset.depth
         self.batch_size, self.shuffle, self.generator = batch_size, shuffle, generator
-        docs, ys, truncation = zip(*map(dataset.document, dataset.indices()), strict=True)
-        self.docs, self.y, self.truncation = list(docs), torch.cat(ys), torch.cat(truncation)
+        parts = [dataset.document(i) for i in dataset.indices()]  # (none: no batch)
+        self.docs = [doc for doc, _, _ in parts]
+        self.y = torch.cat([y for _, y, _ in parts]) if parts else torch.empty(0, dtype=torch.long)
+        self.truncation = torch.cat([t for _, _, t in parts]) if parts else None
 
     def __len__(self) -> int:
         return -(-len(self.docs) // self.batch_size)
@@ -466,7 +468,7 @@ class DocumentLoader:
     def __iter__(self):
         n = len(self.docs)
         order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
-        for chunk in order.split(self.batch_size):
+        for chunk in order.split(self.batch_size) if n else ():  # (split gives one empty)
             ids = chunk.tolist()
             h = forest_from_lengths([self.docs[i] for i in ids], self.depth)
             h.y, h.truncation = self.y[chunk], self.truncation[chunk]

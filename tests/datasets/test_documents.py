@@ -153,6 +153,13 @@ def test_document_loader_matches_dataloader(tmp_path):
     assert torch.equal(*orders) and orders[0].numel() == sum(b.x.numel() for b in slow)
     with pytest.raises(ValueError, match="batch_size"):
         DocumentLoader(ds, 0)
+    with pytest.raises(TypeError, match="batch_size must be a positive int, got True"):
+        DocumentLoader(ds, True)  # (it failed in the first batch's split)
+    with pytest.raises(TypeError, match="shuffle must be"):
+        DocumentLoader(ds, 3, shuffle="no")  # (it shuffled)
+    empty = full[torch.tensor([], dtype=torch.long)]  # (an unpacking error; DataLoader: 0)
+    assert len(DocumentLoader(empty, 3)) == len(DataLoader(empty, 3)) == 0
+    assert list(DocumentLoader(empty, 3)) == []
     full.transform = lambda data: data
     with pytest.raises(ValueError, match="cannot apply dataset.transform"):
         DocumentLoader(full, 3)
