@@ -114,6 +114,17 @@ def output_file(text: str) -> str:
     return text
 
 
+def output_folder(text: str) -> Path:
+    """An argparse ``type`` for a folder the script writes into (a cache), checked when the
+    options are parsed: no file is in its place or in the place of a folder above it; else
+    argparse's one-line usage error."""
+    path = Path(text).expanduser()
+    blocking = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot make the folder {text}: {blocking} is a file")
+    return path
+
+
 def json_to_merge(text: str) -> str:
     """An argparse ``type`` for a JSON file the script merges its results into: an
     :func:`output_file` that, where it exists, holds a JSON object (checked now, not when

@@ -58,6 +58,7 @@ from _cli import (
     from_options,
     get_device,
     output_file,
+    output_folder,
     run,
     set_threads,
 )
@@ -252,7 +253,7 @@ def main(argv=None) -> dict:
         help="write the results as JSON, and the training curves as a PNG next to it",
     )
     parser.add_argument(
-        "--cache-dir", type=Path, default=data_root() / "imdb_lm", help="chosen reviews"
+        "--cache-dir", type=output_folder, default=data_root() / "imdb_lm", help="chosen reviews"
     )
     args = parser.parse_args(argv)
     apply_budget(args, QUICK, PAPER)  # explicit options win

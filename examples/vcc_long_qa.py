@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 from _cli import (
     LEARNING_RATE,
+    PROBABILITY,
     SEED,
     above,
     add_runtime_options,
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument(
         "--advance-at",
-        type=float,
+        type=PROBABILITY,
         default=0.9,
         help="double the length once the mean accuracy of the last 20 "
         "training batches reaches this",

@@ -174,6 +174,7 @@ def save_checkpoint(
             payload["optimizer"] = optimizer.state_dict()
         handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.close(handle)
+        os.chmod(tmp, _file_mode(path))  # (mkstemp's 0600: the file torch.save writes)
         try:
             torch.save(payload, tmp)
             os.replace(tmp, path)
@@ -208,6 +209,16 @@ def _check_plain(value, name: str) -> None:
         )
 
 
+def _file_mode(path: Path) -> int:
+    """The permissions a file written at ``path`` gets from ``open``: those of the file it
+    replaces, else ``0o666`` less the process's umask."""
+    if path.is_file():
+        return path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def load_checkpoint(
     path: str | os.PathLike,
     model: nn.Module,
@@ -235,6 +246,8 @@ def load_checkpoint(
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path} is a folder, not a checkpoint file")
+    if path.exists() and not path.is_file():  # (reported missing: a run then replaced it)
+        raise ValueError(f"{path} is not a regular file (a FIFO or a device), not a checkpoint")
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}; train without --resume first")
     payload = _read_checkpoint(path, map_location)

@@ -305,6 +305,29 @@ def test_an_optimizer_state_the_optimizer_cannot_take_leaves_it_as_it_was(tmp_pa
     assert torch.equal(optimizer.state_dict()["state"][0]["step"], own["state"][0]["step"])
 
 
+def test_a_checkpoint_file_has_the_mode_a_plain_save_gives_it(tmp_path):
+    """(It was written 0600, mkstemp's mode, and overwriting a 0644 file made it 0600.)"""
+    model = nn.Linear(3, 2)
+    torch.save({}, tmp_path / "plain.pt")
+    save_checkpoint(tmp_path / "c.pt", model)
+
+    def mode(name: str) -> int:
+        return (tmp_path / name).stat().st_mode & 0o777
+
+    assert mode("c.pt") == mode("plain.pt")
+    (tmp_path / "c.pt").chmod(0o640)
+    save_checkpoint(tmp_path / "c.pt", model)  # a file replaced keeps its mode
+    assert mode("c.pt") == 0o640
+
+
+def test_a_fifo_in_a_checkpoints_place_is_no_missing_checkpoint(tmp_path):
+    """(It was reported missing, "train without --resume first", and a run then replaced
+    it.)"""
+    os.mkfifo(tmp_path / "c.pt")
+    with pytest.raises(ValueError, match="is not a regular file"):
+        load_checkpoint(tmp_path / "c.pt", nn.Linear(3, 2))
+
+
 def test_files_that_are_no_checkpoint_give_one_value_error(tmp_path):
     """(A truncated file was a RuntimeError, an empty one an EOFError, a text file a
     KeyError, a NumPy file 'could run arbitrary code'.)"""

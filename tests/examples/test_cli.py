@@ -197,6 +197,16 @@ def test_bounded_ints_and_positive_budgets(cli):
         cli.SEED("-1")  # np.random.seed refuses it (after the data was loaded)
 
 
+def test_output_folders_are_checked_when_parsed(cli, tmp_path):
+    """(A file in a cache folder's place ended hierarchical_lm.py in a FileExistsError
+    traceback, after the models were built.)"""
+    (tmp_path / "file").write_text("")
+    assert cli.output_folder(str(tmp_path / "new" / "deeper")) == tmp_path / "new" / "deeper"
+    for blocked in (tmp_path / "file", tmp_path / "file" / "sub"):
+        with pytest.raises(argparse.ArgumentTypeError, match="file is a file"):
+            cli.output_folder(str(blocked))
+
+
 def test_output_files_are_checked_when_parsed(cli, tmp_path):
     """An output the script could not write is refused up front; folders missing below an
     existing one are fine (the scripts make them when they write)."""

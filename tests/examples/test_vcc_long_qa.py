@@ -62,6 +62,14 @@ def test_rejects_more_facts_than_keys(qa):
         qa.main(_args("--distractors", "8"))
 
 
+@pytest.mark.parametrize("value", ["nan", "5", "-1"])
+def test_the_advance_threshold_is_an_accuracy(qa, value):
+    """(NaN or 5 froze the curriculum at its first length, noted only after training.)"""
+    with pytest.raises(SystemExit) as stop:
+        qa.main(_args("--advance-at", value))
+    assert stop.value.code == 2  # argparse's usage error
+
+
 def test_a_tiny_budget_still_trains_one_step(qa):
     """A budget shorter than the first step ended in an UnboundLocalError (no loss)."""
     results = qa.main(_args("--models", "full", "--budget", "1e-9", "--device", "cpu"))
