@@ -74,6 +74,7 @@ from _cli import (
     get_device,
     json_to_merge,
     not_below,
+    refuse_inapplicable,
     run,
     set_threads,
 )
@@ -351,6 +352,17 @@ def parse_args(argv=None):
         "--json", type=json_to_merge, default=None, help="merge results into this file"
     )
     args = parser.parse_args(argv)
+    cone = {"penumbral", "umbral"} & set(args.attention)
+    cone_only = ("gamma", "r", "learn_gamma", "reference_convention")
+    refuse_inapplicable(  # (with --attention gat dot they were taken and ignored)
+        parser,
+        argv,
+        [
+            (cone_only, bool(cone), "to cone attention (penumbral, umbral)"),
+            (("squared",), "penumbral" in cone, "to penumbral attention"),
+            (("height_scale",), "umbral" in cone, "to umbral attention"),
+        ],
+    )
     apply_budget(args, QUICK, PAPER)  # explicit options win
     return args
 

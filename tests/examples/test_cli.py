@@ -342,6 +342,10 @@ REFUSED = [
     ("node_classification", "--model gps_full --heads 3", "--heads 3 must divide --hidden 64"),
     ("cora_cone_gat", "--qk-channels 0", "--qk-channels: must be an int >= 1"),
     ("cora_cone_gat", "--height-scale e", "--height-scale: must be a number or 'd'"),
+    # cone options with no cone attention to take them (they were ignored)
+    ("cora_cone_gat", "--attention gat dot --gamma 7", "--gamma applies to cone attention"),
+    ("cora_cone_gat", "--attention umbral --squared", "--squared applies to penumbral"),
+    ("cora_cone_gat", "--height-scale d", "--height-scale applies to umbral attention"),
     ("ppi_cone_gat", "--hidden 0", "--hidden: must be an int >= 1"),
     ("masked_attention", "--p -1", "--p: must be an int >= 0"),
     # learning rates, weight decays and dropouts: refused by torch after the data loaded

@@ -214,7 +214,11 @@ def pack_compressed(
     batch = torch.cat([_batch(p_ptr), sel.batch])
     order = torch.sort(batch, stable=True).indices  # VIP rows first within each sequence
     log_s = torch.cat([p.new_zeros(p.size(0)), log_count(sel.count, rows.dtype)])
-    z, real = to_dense_batch(torch.cat([p, rows])[order], batch[order], batch_size=num_seq)
+    if num_seq == 0:  # (PyG's to_dense_batch takes no empty batch)
+        z = torch.cat([p, rows]).new_zeros(0, 0, p.size(-1))
+        real = torch.zeros(0, 0, dtype=torch.bool, device=z.device)
+    else:
+        z, real = to_dense_batch(torch.cat([p, rows])[order], batch[order], batch_size=num_seq)
     key_bias = torch.full(real.shape, float("-inf"), dtype=z.dtype, device=z.device)
     key_bias[real] = log_s[order]
     return z, key_bias, real, order

@@ -411,3 +411,18 @@ def test_stacked_layers_under_autocast():
             p, state, _ = vcc_layer(lambda z, b: linear(z), p, p_ptr, state, tree, (None, 0))
     assert p.dtype == torch.bfloat16 and state.root.dtype == torch.float32
     assert torch.isfinite(p).all()
+
+
+def test_an_empty_batch_gives_empty_outputs():
+    """No sequence at all (``p_ptr = [0]``), as the padded form takes (it failed inside
+    PyG's ``to_dense_batch``)."""
+    from hiergraph.ops import SegmentTree, vcc_layer
+    from hiergraph.ops.vcc.segment_tree import build_tree_state
+
+    def layer(z, key_bias):
+        return z + (z @ z.transpose(1, 2) + key_bias[:, None]).softmax(-1) @ z
+
+    tree = SegmentTree.from_ptr(torch.tensor([0]), (2,))
+    state = build_tree_state(torch.zeros(0, 4), tree)
+    p = vcc_layer(layer, torch.zeros(0, 4), torch.tensor([0]), state, tree, (None, None))[0]
+    assert p.shape == (0, 4)
