@@ -241,7 +241,13 @@ def train_rank(args, ctx) -> dict:
     if args.resume:
         with from_options():  # a checkpoint of other settings, or no checkpoint at all
             state = load_checkpoint(args.checkpoint, model, optimizer, map_location=ctx.device)
-        start_epoch, step = state["epoch"] + 1, state["step"]
+        epoch, step = state.get("epoch"), state.get("step")
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (epoch, step)):
+            raise OptionError(  # (a KeyError or TypeError traceback)
+                f"--resume: {args.checkpoint} records no epoch and step of this script "
+                "(a checkpoint written by other code?)"
+            )
+        start_epoch = epoch + 1
         if start_epoch > args.epochs:
             raise OptionError(
                 f"--resume: {args.checkpoint} has trained {start_epoch} epochs, more than "

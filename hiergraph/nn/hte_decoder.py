@@ -275,7 +275,8 @@ class HTEDecoder(nn.Module):
         check_int(pos_channels, "pos_channels", minimum=0)
         check_int(num_layers, "num_layers")  # (0: a step has no layer to run)
         check_int(mlp_channels, "mlp_channels", optional=True)
-        check_int(max_depth, "max_depth", minimum=0)
+        # (positions below the root need a level: 0 built a model no tree could run)
+        check_int(max_depth, "max_depth", minimum=1 if pos_channels else 0)
         check_int(max_slot, "max_slot")
         check_probability(dropout, "dropout")
         self.attention, self.max_depth, self.max_slot = attention, max_depth, max_slot

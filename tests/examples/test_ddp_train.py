@@ -43,6 +43,21 @@ def test_resuming_a_finished_checkpoint_says_so(load_example, tmp_path, capsys):
         ddp.train(ddp.parse_args([*wider, *checkpoint, "--epochs", "3", "--resume"]))
 
 
+@pytest.mark.parametrize("state", [{}, {"epoch": "1", "step": 4}], ids=["none", "a string"])
+def test_a_checkpoint_without_this_scripts_epoch_and_step_is_refused(load_example, tmp_path, state):
+    """(A checkpoint of save_checkpoint without them ended in a KeyError or TypeError.)"""
+    import torch
+
+    ddp = load_example("ddp_train")
+    checkpoint = ["--checkpoint", str(tmp_path / "ddp.pt")]
+    ddp.train(ddp.parse_args([*TINY, *checkpoint, "--epochs", "1"]))
+    saved = torch.load(tmp_path / "ddp.pt", weights_only=True)
+    kept = {key: saved[key] for key in ("model", "optimizer")}  # the weights fit
+    torch.save({**kept, **state}, tmp_path / "ddp.pt")
+    with pytest.raises(ddp.OptionError, match="records no epoch and step of this script"):
+        ddp.train(ddp.parse_args([*TINY, *checkpoint, "--epochs", "2", "--resume"]))
+
+
 def test_each_task_has_its_own_default_epochs(load_example):
     """(3 epochs of the GCN on Cora ended at 0.32 test accuracy, which reads as broken.)"""
     ddp = load_example("ddp_train")

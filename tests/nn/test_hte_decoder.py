@@ -215,6 +215,7 @@ def test_logits_do_not_see_the_future():
         (dict(hidden_channels=2.5), TypeError, "hidden_channels must be a positive int"),
         (dict(mlp_channels=0), ValueError, "mlp_channels must be a positive int or None"),
         (dict(pos_channels=-1), ValueError, "pos_channels must be an int >= 0"),
+        (dict(max_depth=0), ValueError, "max_depth must be a positive int, got 0"),
         (dict(max_slot=0), ValueError, "max_slot must be a positive int"),
         (dict(dropout=1.5), ValueError, r"dropout must be a probability in \[0, 1\]"),
     ],
