@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -32,7 +31,7 @@ from torch_geometric.data.data import BaseData, DataEdgeAttr, DataTensorAttr
 from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
 
 from hiergraph.data import SignalHierarchy
-from hiergraph.datasets.errors import CorruptFileError
+from hiergraph.datasets.errors import CorruptFileError, regular_file
 from hiergraph.datasets.graph_checks import label_problems
 from hiergraph.datasets.locks import atomic_path
 
@@ -100,7 +99,7 @@ def load_weights_only(
             lock, without end).
     """
     try:
-        _check_regular(path)
+        regular_file(Path(path), "the file")  # (a FIFO: a read without end)
         with allowing(allow):
             return torch.load(path, weights_only=True)
     except FileNotFoundError:
@@ -111,13 +110,6 @@ def load_weights_only(
             f"{path} is not {what}; {type(err).__name__}: {err}); delete it (or pass "
             f"force_reload=True) to rebuild {rebuilds}",
         ) from err
-
-
-def _check_regular(path: str | os.PathLike) -> None:
-    """Raise a ``ValueError`` where ``path`` is no regular file: a FIFO there would block
-    its reader (holding the dataset's lock) without end, a device never end."""
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise ValueError("not a regular file (a FIFO, a device or a folder)")
 
 
 #: PyTorch's switches that force ``torch.load`` to read with, or without, ``weights_only``.
@@ -263,7 +255,7 @@ class StrictLoad(CheckedRecords):
             CorruptFileError: the file is not such an object (damaged or edited).
         """
         try:
-            _check_regular(path)
+            regular_file(Path(path), "the file")  # (a FIFO: a read without end)
             meta = json.loads(Path(path).read_text(encoding="utf-8"))
             missing = [key for key in keys if key not in meta] if isinstance(meta, dict) else keys
             if missing:
