@@ -7,7 +7,7 @@ import statistics
 
 import report_results
 from report_format import acc, code, mean_std, num, secs, spread, table, threads
-from report_results import load, plot, present, source, sourced
+from report_results import load, merged, present, source, sourced
 
 
 def _budget(data: dict) -> str:
@@ -82,6 +82,7 @@ def documents() -> list[str] | None:
             ]
             out += table(header, _doc_rows(data))
         out += ["Commands are stored in each file (`command`).", ""]
+        out += [source(*(p.name for p in selection)), ""]
     epochs = sorted(report_results.RESULTS.glob("documents-epoch-*.json"))
     if epochs:
         body = []
@@ -101,7 +102,9 @@ def documents() -> list[str] | None:
         out += table(["command", "threads", "documents timed", "fraction", "epoch wall",
                       "epoch CPU", "leaves / s"], body)  # fmt: skip
         out += [source(*(p.name for p in epochs)), ""]
-    return (out + plot("documents.png", "documents")) if out else None
+    if not out:
+        return None
+    return out + merged("documents.json", "documents.png", "documents")
 
 
 def _mm_summary(runs: list[dict]) -> dict:

@@ -4,7 +4,7 @@ with a prompt and the byte-level language model."""
 from __future__ import annotations
 
 from report_format import allocator, code, num, ratio, spread, table, threads
-from report_results import load, sourced
+from report_results import load, plot, present, source, sourced
 
 
 def kv_cache() -> list[str] | None:
@@ -108,23 +108,42 @@ def kv_prefill() -> list[str] | None:
     return out + sourced("kv_prefill.json", "KV cache prefill")
 
 
+#: The byte-level LM's result files: the run the guide describes, two more seeds and the
+#: same command on another machine.
+LM_RUNS = (
+    "hierarchical_lm.json",
+    "hierarchical_lm_seed1.json",
+    "hierarchical_lm_seed2.json",
+    "hierarchical_lm_avx2.json",
+)
+
+
 def hierarchical_lm() -> list[str] | None:
-    d = load("hierarchical_lm.json")
-    if d is None:
+    found = list(present(LM_RUNS))
+    if not found:
         return None
-    meta = d["meta"]
-    flags = " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in meta["args"].items() if k not in ("tar", "out")
-    )
-    out = [f"{meta['data']}; {meta['budget']}. Command: {code(meta['command'].strip())} with "
-           f"{code(flags)}.", ""]  # fmt: skip
-    body = [
-        [model, f"{r['parameters']:,}", r["train_steps"], num(r["train_cpu_seconds"]),
-         num(r["test_bits_per_byte"]), num(r["test_perplexity_per_byte"]),
-         num(r["decode_ms_per_token_median"]), num(r["cache_vs_full_pass_max_logit_diff"], 2)]
-        for model, r in d["results"].items()
-    ]  # fmt: skip
-    out += table(["model", "parameters", "training steps", "training CPU s", "test bits/byte",
-                  "perplexity/byte", "decode ms/token (median)",
-                  "cache vs full pass, max logit diff"], body)  # fmt: skip
-    return out + sourced("hierarchical_lm.json", "LM")
+    out = []
+    for name, d in found:
+        meta = d["meta"]
+        flags = " ".join(
+            f"--{k.replace('_', '-')} {v}"
+            for k, v in meta["args"].items()
+            if k not in ("tar", "out")
+        )
+        out += [
+            f"**{code(name)}**: {meta['data']}; {meta['budget']}; CPU capability "
+            f"{meta.get('cpu_capability', 'not recorded')}; torch {meta['torch']}. Command: "
+            f"{code(meta['command'].strip())} with {code(flags)}.",
+            "",
+        ]
+        body = [
+            [model, f"{r['parameters']:,}", r["train_steps"], num(r["train_cpu_seconds"]),
+             num(r["test_bits_per_byte"]), num(r["test_perplexity_per_byte"]),
+             num(r["decode_ms_per_token_median"]),
+             num(r["cache_vs_full_pass_max_logit_diff"], 2)]
+            for model, r in d["results"].items()
+        ]  # fmt: skip
+        out += table(["model", "parameters", "training steps", "training CPU s",
+                      "test bits/byte", "perplexity/byte", "decode ms/token (median)",
+                      "cache vs full pass, max logit diff"], body)  # fmt: skip
+    return out + [source(*(name for name, _ in found)), ""] + plot("hierarchical_lm.png", "LM")

@@ -26,9 +26,19 @@ def plot(name: str, alt: str) -> list[str]:
     return [f"![{alt}](results/{name})", ""] if (RESULTS / name).exists() else []
 
 
+def links(*names: str) -> str:
+    """Links to the result files ``names`` that exist."""
+    return ", ".join(f"[`{n}`](results/{n})" for n in names if (RESULTS / n).exists())
+
+
 def source(*names: str) -> str:
-    present = [n for n in names if (RESULTS / n).exists()]
-    return "Source: " + ", ".join(f"[`{n}`](results/{n})" for n in present) + "."
+    return f"Source: {links(*names)}."
+
+
+def merged(name: str, plot_name: str, alt: str) -> list[str]:
+    """The lines that close a section whose runs a benchmark's ``report`` step merged into
+    the file ``name`` and plotted from it."""
+    return [f"Merged into one file: {links(name)}.", ""] + plot(plot_name, alt)
 
 
 def sourced(name: str, alt: str) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from report_format import allocator, num, secs, table, threads
-from report_results import load, plot, present, source
+from report_results import load, merged, present, source
 
 
 def _mcnemar(a: str, b: str) -> tuple[int, int, float]:
@@ -165,4 +165,6 @@ def zeroshot() -> list[str] | None:
                       "error of the token mean", "mass on softmax's top-5% keys",
                       "softmax's own mass there"], body)  # fmt: skip
         out += [source(*(n for n, _ in fid)), ""]
-    return (out + plot("zeroshot.png", "zero-shot")) if found else None
+    if not found:
+        return None
+    return out + merged("zeroshot.json", "zeroshot.png", "zero-shot")

@@ -355,6 +355,7 @@ def main(argv=None) -> dict:
             "budget": f"{args.cpu_seconds} CPU seconds (process_time) per model, "
             f"{args.threads} thread(s)",
             "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         },
         "results": results,

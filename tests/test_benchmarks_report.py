@@ -50,6 +50,15 @@ def test_every_plot_and_source_the_readme_links_exists():
     assert not missing, missing
 
 
+def test_the_readme_links_every_result_file():
+    """No committed result is left out of the report (a number quoted in the docs from a file
+    the report does not render would be typed by hand)."""
+    readme = (REPO / "benchmarks" / "README.md").read_text()
+    linked = set(re.findall(r"\]\(results/([^)]+\.json)\)", readme))
+    files = {path.relative_to(RESULTS).as_posix() for path in RESULTS.rglob("*.json")}
+    assert files - linked == set()
+
+
 def _strings(value, path=""):
     """Every string of a JSON value (keys included), with where it sits."""
     if isinstance(value, dict):
