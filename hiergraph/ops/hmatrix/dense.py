@@ -69,6 +69,8 @@ def hmatrix_logits(
         _check_rows(rows, q.shape[2], "the sequence length L")
     q, k = _without_padding(q, key_padding_mask), _without_padding(k, key_padding_mask)
     length = q.shape[2]
+    if length == 0:  # no token has a layout (and ``rows``, checked, are none)
+        return q @ k.transpose(-1, -2)  # the empty [B, H, 0, 0], in the inputs' graph
     layout = hmatrix_layout(length, block_size)
     qs, ks, counts = _coarsen(q, k, layout, causal, key_padding_mask)
     scale = q.shape[-1] ** -0.5

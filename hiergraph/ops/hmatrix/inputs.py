@@ -32,11 +32,6 @@ def check_inputs(q, k, v, block_size, causal, key_padding_mask) -> None:
             f"v must match q in [batch, heads, length], got {tuple(v.shape)} vs {tuple(q.shape)}"
         )
     check_qkv_like(q, k, v)
-    if q.shape[2] == 0:
-        raise ValueError(
-            f"q, k, v need a sequence length >= 1 ([batch, heads, length, dim]), got shape "
-            f"{tuple(q.shape)}"
-        )
     if q.shape[3] == 0:
         raise ValueError(f"q and k need at least one channel, got shape {tuple(q.shape)}")
     if key_padding_mask is not None:

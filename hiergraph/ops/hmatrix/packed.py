@@ -81,7 +81,7 @@ def hmatrix_attention(
         them).
     """
     check_inputs(q, k, v, block_size, causal, key_padding_mask)
-    if q.size(0) == 0 or q.size(1) == 0:  # no sequence: the (empty) result of any attention
+    if 0 in q.shape[:3]:  # no query or key: the (empty) result of any attention
         return torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v)
     dtype = q.dtype
     q, k, v = widened(q, k, v)

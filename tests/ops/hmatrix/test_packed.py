@@ -200,11 +200,15 @@ def test_heads_and_batch_are_independent():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_an_empty_batch_or_no_heads_give_an_empty_output(causal):
-    for shape in ((0, 3, 40, 4), (2, 0, 40, 4)):
+@pytest.mark.parametrize("attention", [hmatrix_attention, hmatrix_attention_dense])
+def test_an_empty_batch_no_heads_or_no_tokens_give_an_empty_output(attention, causal):
+    """As :func:`~torch.nn.functional.scaled_dot_product_attention` (sequences of length 0
+    were refused)."""
+    for shape in ((0, 3, 40, 4), (2, 0, 40, 4), (2, 3, 0, 4)):
         q = torch.randn(shape, requires_grad=True)
-        out = hmatrix_attention(q, q, q, 4, causal)
-        assert out.shape == shape
+        mask = torch.zeros(shape[0], shape[2], dtype=torch.bool)
+        out = attention(q, q, q[..., :3], 4, causal, key_padding_mask=mask)
+        assert out.shape == (*shape[:3], 3)
         out.sum().backward()
         assert q.grad.shape == shape
 
