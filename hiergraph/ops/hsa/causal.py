@@ -229,10 +229,16 @@ def causal_statistics(
     return out, sums, sum(per_depth, q.new_zeros((plan.num_nodes, q.size(1))))
 
 
+@torch.compiler.disable
 def _edge_attention(q, k, v, plan: CausalPlan, eps, tau: float):
     """The edge-list kernel: ``out``, the node sums as :func:`causal_statistics` returns
     them, and per depth ``[N, H]`` the complete energies :math:`g` of that depth's nodes (0
-    elsewhere)."""
+    elsewhere).
+
+    It runs eagerly inside ``torch.compile`` (a graph break; ``fullgraph=True`` refuses
+    it): inductor (PyTorch 2.13) fuses reads of its scatters' sums ahead of their writes,
+    which gave wrong outputs on ragged forests, or generated code that failed.
+    """
     num_nodes = plan.num_nodes
 
     # complete sums and counts of every node (one scatter over (leaf, ancestor) pairs)
