@@ -13,6 +13,7 @@ from torch_geometric.nn.resolver import activation_resolver, normalization_resol
 
 from hiergraph.data.signal_hierarchy import as_hierarchy
 from hiergraph.nn._checks import check_bool, check_features, check_int, check_probability
+from hiergraph.nn._reset import reset
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.pool import _leaf_batch, _num_trees
 from hiergraph.nn.position import FamilyPositionEncoder
@@ -66,9 +67,14 @@ class GraphHSAConv(nn.Module):
     nodes and families of at most :math:`b` members, instead of the
     :math:`O(N^2)` of full attention.
 
+    As PyG's ``GPSConv``, the constructor leaves :obj:`conv` as it is given (a trained
+    conv keeps its weights); :meth:`reset_parameters` re-initialises everything,
+    :obj:`conv` included (one without ``reset_parameters`` through its submodules').
+    Without :obj:`conv` the layer has no normalisation after the local branch.
+
     Args:
         channels (int): size of the node features (input and output).
-        conv (torch.nn.Module, optional): the local message-passing layer,
+        conv (torch.nn.Module or None): the local message-passing layer,
             ``channels → channels`` (e.g. ``GCNConv``, ``GATConv``, ``ConeConv``);
             :obj:`None` for none.
         heads (int, optional): HSA heads. (default: :obj:`1`)
@@ -162,26 +168,28 @@ class GraphHSAConv(nn.Module):
             else None
         )
         norm_kwargs = norm_kwargs or {}
+
+        def normalization(used: bool) -> nn.Module:
+            if norm is None or not used:
+                return nn.Identity()
+            return normalization_resolver(norm, channels, **norm_kwargs)
+
+        # after the local branch (none without a conv), the global branch and the MLP
         self.norms = nn.ModuleList(
-            [normalization_resolver(norm, channels, **norm_kwargs) for _ in range(3)]
-            if norm is not None
-            else [nn.Identity() for _ in range(3)]
+            [normalization(conv is not None), normalization(True), normalization(True)]
         )
         # the norms that take a batch vector (layer, graph, instance norms) normalise every
         # graph of a batch on its own, as PyG's GPSConv does
-        taken = inspect.signature(self.norms[0].forward).parameters
+        taken = inspect.signature(self.norms[1].forward).parameters
         self._norm_takes = {key for key in ("batch", "batch_size") if key in taken}
-        self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.conv is not None:
-            self.conv.reset_parameters()
+        reset(self.conv)
         self.attn.reset_parameters()
         if self.gate is not None:
             nn.init.zeros_(self.gate)
-        for module in (*(self.mlp or ()), *self.norms):
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
+        reset(self.mlp)
+        reset(self.norms)
 
     def forward(
         self,
@@ -359,9 +367,9 @@ class GraphHSANet(nn.Module):
         )
 
     def reset_parameters(self) -> None:
-        for module in (self.lin_in, self.input_conv, self.lin_out, self.output_conv, self.pos):
-            if module is not None:
-                module.reset_parameters()
+        for module in (self.lin_in, self.input_conv, self.lin_out, self.output_conv, self.act):
+            reset(module)
+        reset(self.pos)
         for layer in self.layers:
             layer.reset_parameters()
 

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from hiergraph._checks import check_bool, check_ids, check_int, check_probability
 from hiergraph._deprecation import renamed_arguments
 from hiergraph._precision import accumulation_dtype
+from hiergraph.nn._reset import reset
 from hiergraph.nn.hmatrix_attention import HMatrixAttention
 
 
@@ -67,9 +68,8 @@ class TransformerBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def reset_parameters(self) -> None:
-        for module in (self.attn_norm, self.attn, self.ff_norm, *self.ff):
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
+        for module in (self.attn_norm, self.attn, self.ff_norm, self.ff):
+            reset(module)
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         x = x + self.dropout(self.attn(self.attn_norm(x), key_padding_mask))

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from hiergraph.data.windows import check_branching
 from hiergraph.nn._checks import check_features, check_int, check_probability
+from hiergraph.nn._reset import reset
 from hiergraph.ops.vcc.layer import check_vip_inputs
 from hiergraph.ops.vcc.padded import (
     open_empty_rows,
@@ -234,11 +235,7 @@ class VCCEncoder(nn.Module):
 
     def reset_parameters(self) -> None:
         for layer in [*self.layers, *self.local_layers]:
-            for module in layer.modules():
-                if module is not layer and hasattr(module, "reset_parameters"):
-                    module.reset_parameters()
-            if isinstance(layer, nn.TransformerEncoderLayer):
-                layer.self_attn._reset_parameters()
+            reset(layer)
 
     def forward(self, x: Tensor, vip_mask: Tensor, token_mask: Tensor | None = None) -> Tensor:
         r"""

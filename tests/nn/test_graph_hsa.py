@@ -289,3 +289,42 @@ def test_conv_flags_must_be_bools(flag):
     # read by truth value, gate="no" added a gate and mlp="no" the MLP
     with pytest.raises(TypeError, match=f"^{flag} must be a bool, got 'no'"):
         GraphHSAConv(8, None, **{flag: "no"})
+
+
+def test_no_parameter_without_a_gradient_and_a_given_conv_keeps_its_weights(graphs):
+    """Without a conv, the norm after the local branch was built and never used (its
+    parameters never got a gradient: DDP's default stopped at the second step); a conv
+    passed in was re-initialised by the constructor, and one without ``reset_parameters``
+    made it raise ``AttributeError``."""
+    g = graphs[0]
+    layer = GraphHSAConv(6, None, heads=2)  # norm="batch_norm"
+    layer(g.x, g.edge_index, g.hierarchy()).sum().backward()
+    assert [n for n, p in layer.named_parameters() if p.grad is None] == []
+
+    conv = GCNConv(6, 6)
+    with torch.no_grad():
+        conv.lin.weight.fill_(0.5)
+    GraphHSAConv(6, conv)
+    assert (conv.lin.weight == 0.5).all()
+
+    class Plain(torch.nn.Module):  # no reset_parameters
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(6, 6)
+
+        def forward(self, x, edge_index):
+            return self.lin(x)
+
+    layer = GraphHSAConv(6, Plain())
+    with torch.no_grad():
+        layer.conv.lin.weight.fill_(0.5)
+    layer.reset_parameters()
+    assert not (layer.conv.lin.weight == 0.5).all()
+
+
+def test_reset_parameters_resets_the_activation():
+    net = GraphHSANet(4, 8, 3, act="prelu")
+    with torch.no_grad():
+        net.act.weight.fill_(7.0)
+    net.reset_parameters()
+    assert (net.act.weight == 0.25).all()  # PReLU's initial slope

@@ -149,3 +149,23 @@ def test_tokens_that_are_no_tensor_are_refused():
     model = HTransformer1D(10, embed_dim=16, num_layers=1, num_heads=2, block_size=4)
     with pytest.raises(TypeError, match="tokens must be an int64 tensor .*, got list"):
         model([[1, 2, 3]])  # (an AttributeError)
+
+
+def test_reset_parameters_reaches_a_given_attentions_parameters():
+    """A factory-built attention without ``reset_parameters`` of its own: its
+    ``MultiheadAttention``'s input projection was left as it was."""
+
+    class Flat(nn.Module):
+        def __init__(self, dim, heads):
+            super().__init__()
+            self.mha = nn.MultiheadAttention(dim, heads, batch_first=True)
+
+        def forward(self, x, key_padding_mask):
+            return self.mha(x, x, x, key_padding_mask=key_padding_mask, need_weights=False)[0]
+
+    model = HTransformer1D(10, embed_dim=8, num_layers=1, num_heads=2, attention=Flat)
+    weight = model.blocks[0].attn.mha.in_proj_weight
+    with torch.no_grad():
+        weight.fill_(7.0)
+    model.reset_parameters()
+    assert not (weight == 7.0).any()

@@ -177,6 +177,24 @@ def test_custom_layers_and_repr():
     assert torch.isfinite(after).all() and not torch.allclose(after, before)
 
 
+def test_reset_parameters_calls_a_custom_layers_own():
+    """A custom layer's own parameters were left as they were (only its submodules'
+    ``reset_parameters`` ran)."""
+
+    class Scaled(CustomLayer):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(()))
+
+        def reset_parameters(self):
+            self.inner.self_attn._reset_parameters()
+            nn.init.zeros_(self.scale)
+
+    enc = VCCEncoder([Scaled()], block_size=3)
+    enc.reset_parameters()
+    assert enc.layers[0].scale.item() == 0.0
+
+
 def test_bad_inputs():
     x, vip, mask = _inputs()
     enc = _encoder(block_size=3)
