@@ -81,3 +81,26 @@ def recorded_gradients(recorded, inputs: tuple, grad) -> tuple:
         torch.zeros_like(t) if g is None else g for t, g in zip(wanted, found, strict=True)
     )
     return tuple(next(found) if t is not None and t.requires_grad else None for t in tensors)
+
+
+def differentiable_once(backward):
+    """Decorator of a hand-written ``backward`` that has no derivative of its own: run under
+    ``create_graph=True`` (grad mode on in a backward), it raises ``RuntimeError`` instead
+    of returning gradients without one. PyTorch's ``once_differentiable`` raises only where
+    the incoming gradients are recorded, and only in ``Tensor.backward``: the gradient of
+    ``out.sum()`` came out as a constant, so a second derivative through it (a gradient
+    penalty, a Hessian-vector product) silently lost its terms."""
+
+    @functools.wraps(backward)
+    def wrapped(ctx, *grads):
+        if torch.is_grad_enabled() and any(ctx.needs_input_grad):
+            name = type(ctx).__name__.removesuffix("Backward").lstrip("_")
+            raise RuntimeError(
+                f"{name} is differentiable once: its gradients have no derivative, so "
+                "create_graph=True (second derivatives, gradient penalties) cannot go through "
+                "it"
+            )
+        with torch.no_grad():
+            return backward(ctx, *grads)
+
+    return wrapped

@@ -24,6 +24,8 @@ def _library_functions() -> list[type]:
     """Every ``torch.autograd.Function`` subclass defined in the library's modules."""
     found = []
     for module in pkgutil.walk_packages(hiergraph.__path__, "hiergraph."):
+        if module.name.endswith("__main__"):  # (runs the command line on pytest's arguments)
+            continue
         try:
             loaded = importlib.import_module(module.name)
         except ImportError:  # an optional dependency (transformers, triton, ...)
@@ -96,3 +98,26 @@ def test_second_derivatives_of_some_inputs_only(kernel, wanted):
 
     inputs = [tensors[name].requires_grad_() for name in wanted]
     assert torch.autograd.gradgradcheck(attend, inputs, fast_mode=True)
+
+
+@pytest.mark.parametrize("op", ["hmatrix", "banded", "penumbral_edge"])
+def test_hand_written_backwards_refuse_create_graph(op):
+    """Gradients with ``create_graph=True`` came back as constants (``once_differentiable``
+    marks them only where the incoming gradient is recorded): a gradient penalty through
+    them lost its terms without an error (0.0 instead of 0.138 for H-matrix attention)."""
+    from hiergraph.ops import banded_attention, hmatrix_attention, penumbral_edge
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 1, 10, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    edges = torch.tensor([[0, 1, 2, 3, 4, 0, 2], [0, 0, 1, 2, 3, 3, 1]])
+    run = {
+        "hmatrix": lambda: hmatrix_attention(x, x, x, 2),
+        "banded": lambda: banded_attention(
+            x[0, 0, :, None], x[0, 0, :, None], x[0, 0, :, None], 2, 2
+        ),
+        "penumbral_edge": lambda: penumbral_edge(x[0, 0, :5], x[0, 0, :5], edges),
+    }[op]
+    (first,) = torch.autograd.grad(run().square().sum(), x)  # first order: as before
+    assert torch.isfinite(first).all()
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        torch.autograd.grad(run().square().sum(), x, create_graph=True)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from hiergraph._autograd import AutogradFunction
+from hiergraph._autograd import AutogradFunction, differentiable_once
 
 
 class _EdgeGeometry(AutogradFunction):
@@ -46,7 +45,7 @@ class _EdgeGeometry(AutogradFunction):
         return dist, y_dst, y_src
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_dist: Tensor, grad_y_dst: Tensor, grad_y_src: Tensor):
         diff, dist, dst, src = ctx.saved_tensors
         scale = grad_dist * dist.sign() / dist.clamp_min(torch.finfo(dist.dtype).tiny)

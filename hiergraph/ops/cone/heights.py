@@ -14,9 +14,8 @@ from functools import partial
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from hiergraph._autograd import AutogradFunction, records_grad
+from hiergraph._autograd import AutogradFunction, differentiable_once, records_grad
 from hiergraph._checks import check_positive
 
 HeightFn = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -146,7 +145,7 @@ class _LCAHeight(AutogradFunction):
         return h.mul_(scale) if scale != 1.0 else h
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad: Tensor):
         grad = grad * ctx.scale if ctx.scale != 1.0 else grad
         grads = [

@@ -15,9 +15,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from hiergraph._autograd import AutogradFunction
+from hiergraph._autograd import AutogradFunction, differentiable_once
 from hiergraph._device import to_device
 from hiergraph._precision import autocast_inputs, widened
 from hiergraph.data.windows import hmatrix_layout
@@ -179,7 +178,7 @@ class _HMatrixCore(AutogradFunction):
         return out
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_out: Tensor):
         out, valid, *saved = ctx.saved_tensors
         grads = _opaque_to_compiler(

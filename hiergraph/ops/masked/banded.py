@@ -41,9 +41,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from hiergraph._autograd import AutogradFunction
+from hiergraph._autograd import AutogradFunction, differentiable_once
 from hiergraph._checks import check_int, check_probability, check_qkv_like
 from hiergraph._device import host_tensor
 
@@ -200,7 +199,7 @@ class _BandedAttention(AutogradFunction):
         return out
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_out):
         q, k, v = ctx.saved_tensors
         grads = [torch.zeros_like(t) for t in (q, k, v)]

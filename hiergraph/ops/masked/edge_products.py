@@ -37,9 +37,8 @@ import warnings
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from hiergraph._autograd import AutogradFunction
+from hiergraph._autograd import AutogradFunction, differentiable_once
 from hiergraph._checks import check_int
 from hiergraph._device import reads_values
 from hiergraph._precision import accumulation_dtype, autocast_off
@@ -174,7 +173,7 @@ class _EdgeDot(AutogradFunction):
         return _dot(a, b, graph)
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad: Tensor):
         a, b = ctx.saved_tensors
         grad_a = _aggregate(grad, b, ctx.graph) if ctx.needs_input_grad[0] else None
@@ -190,7 +189,7 @@ class _EdgeAggregate(AutogradFunction):
         return _aggregate(weight, b, graph)
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad: Tensor):
         weight, b = ctx.saved_tensors
         grad = grad.contiguous()
