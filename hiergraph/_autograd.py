@@ -93,14 +93,13 @@ def differentiable_once(backward):
 
     @functools.wraps(backward)
     def wrapped(ctx, *grads):
-        if torch.is_grad_enabled() and any(ctx.needs_input_grad):
+        if torch.is_grad_enabled():  # (a backward runs without grad mode otherwise)
             name = type(ctx).__name__.removesuffix("Backward").lstrip("_")
             raise RuntimeError(
                 f"{name} is differentiable once: its gradients have no derivative, so "
                 "create_graph=True (second derivatives, gradient penalties) cannot go through "
                 "it"
             )
-        with torch.no_grad():
-            return backward(ctx, *grads)
+        return backward(ctx, *grads)
 
     return wrapped

@@ -367,9 +367,9 @@ class GraphHSANet(nn.Module):
         )
 
     def reset_parameters(self) -> None:
-        for module in (self.lin_in, self.input_conv, self.lin_out, self.output_conv, self.act):
+        for module in (self.lin_in, self.input_conv, self.lin_out, self.output_conv, self.pos,
+                       self.act):  # fmt: skip
             reset(module)
-        reset(self.pos)
         for layer in self.layers:
             layer.reset_parameters()
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from torch import Tensor, nn
-from torch_geometric.nn.inits import reset
 
 from hiergraph.data.restructure import flatten_hierarchy
 from hiergraph.data.signal_hierarchy import as_hierarchy
 from hiergraph.nn._checks import check_bool, check_features, check_int, check_probability
+from hiergraph.nn._reset import reset
 from hiergraph.nn.hierarchical_attention import HierarchicalSelfAttention
 from hiergraph.nn.position import FamilyPositionEncoder
 from hiergraph.nn.typed_linear import TypedLinear

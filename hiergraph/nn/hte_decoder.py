@@ -16,13 +16,13 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.nn.inits import reset
 from torch_geometric.utils import to_dense_batch
 
 from hiergraph._checks import check_ids, described, holds_integers
 from hiergraph._deprecation import renamed_arguments
 from hiergraph._device import host_tensor
 from hiergraph.nn._checks import check_int, check_probability
+from hiergraph.nn._reset import reset
 from hiergraph.nn.flat_kv_cache import FlatKVCache
 from hiergraph.nn.hierarchical_kv_cache import HierarchicalKVCache
 from hiergraph.nn.kv_schedule import check_one_tree
