@@ -344,7 +344,7 @@ class GraphHSANet(nn.Module):
         self.lin_out = nn.Linear(hidden_channels, out_channels) if output_conv is None else None
         self.act = activation_resolver(act) if act is not None else None
         self.pos = (
-            FamilyPositionEncoder(hidden_channels, graph_pe_dim=graph_pe_dim)
+            FamilyPositionEncoder(hidden_channels, graph_pe_dim=graph_pe_dim, domains=("graph",))
             if graph_pe_dim
             else None
         )

@@ -4,6 +4,7 @@ App. C: each family's domain type has its own position embedding)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -124,42 +125,63 @@ class FamilyPositionEncoder(nn.Module):
         graph_pe_dim (int, optional): ``k``, the size of ``graph_pe`` (0: no graph
             families; a hierarchy with ``graph_pe`` features is then refused, not encoded
             as zero). (default: :obj:`0`)
+        domains (Iterable[Domain | str | int], optional): the domain types that get an
+            encoder, among ``GRID1D``, ``GRID2D``, ``KEY_VALUE`` and ``GRAPH``; families of
+            the others are embedded as zero, like sets. Naming only the domains the data
+            has leaves no parameter without a gradient (which
+            :class:`~torch.nn.parallel.DistributedDataParallel` refuses by default).
+            ``GRAPH`` needs ``graph_pe_dim > 0``. (default: all four, ``GRAPH`` when
+            ``graph_pe_dim > 0``)
     """
 
-    def __init__(self, channels: int, num_keys: int = 64, graph_pe_dim: int = 0):
+    def __init__(
+        self,
+        channels: int,
+        num_keys: int = 64,
+        graph_pe_dim: int = 0,
+        domains: Iterable[Domain | str | int] | None = None,
+    ):
         super().__init__()
         check_int(channels, "channels")
         check_int(num_keys, "num_keys")
         check_int(graph_pe_dim, "graph_pe_dim", minimum=0)
         self.channels, self.graph_pe_dim = channels, graph_pe_dim
-        self.grid1d = LearnableFourierFeatures(1, channels)
-        self.grid2d = LearnableFourierFeatures(2, channels)
-        self.keys = nn.Embedding(num_keys, channels)
-        self.graph = nn.Linear(graph_pe_dim, channels) if graph_pe_dim else None
+        self.domains = _encoded_domains(domains, graph_pe_dim)
+        self.grid1d = (
+            LearnableFourierFeatures(1, channels) if Domain.GRID1D in self.domains else None
+        )
+        self.grid2d = (
+            LearnableFourierFeatures(2, channels) if Domain.GRID2D in self.domains else None
+        )
+        self.keys = nn.Embedding(num_keys, channels) if Domain.KEY_VALUE in self.domains else None
+        self.num_keys = num_keys
+        self.graph = nn.Linear(graph_pe_dim, channels) if Domain.GRAPH in self.domains else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        self.grid1d.reset_parameters()
-        self.grid2d.reset_parameters()
-        self.keys.reset_parameters()
-        if self.graph is not None:
-            self.graph.reset_parameters()
+        for encoder in (self.grid1d, self.grid2d, self.keys, self.graph):
+            if encoder is not None:
+                encoder.reset_parameters()
 
     def forward(self, hierarchy: SignalHierarchy | Batch) -> Tensor:
         """``[N, channels]`` embeddings of all nodes of ``hierarchy`` (a tree or a batch)."""
         hierarchy = as_hierarchy(hierarchy)
         domain, pos = hierarchy.domain, hierarchy.pos  # raw: exact key ids and indices
-        out = self.keys.weight.new_zeros(domain.numel(), self.channels)
+        out = next(self.parameters()).new_zeros(domain.numel(), self.channels)
         encoders = [
-            (Domain.GRID1D, lambda p: self.grid1d(p[:, :1]), pos),
-            (Domain.GRID2D, self.grid2d, pos),
-            (Domain.KEY_VALUE, self._keys, pos),
+            (kind, fn, pos)
+            for kind, fn in (
+                (Domain.GRID1D, lambda p: self.grid1d(p[:, :1])),
+                (Domain.GRID2D, self.grid2d),
+                (Domain.KEY_VALUE, self._keys),
+            )
+            if kind in self.domains
         ]
         graph_pe = hierarchy.graph_pe if "graph_pe" in hierarchy else None
         if self.graph is None and graph_pe is not None and graph_pe.numel():
             raise ValueError(
                 f"hierarchy has graph_pe {described(graph_pe)} but this encoder was built with "
-                "graph_pe_dim=0, so its graph families would get no position: pass "
+                "no graph encoder, so its graph families would get no position: pass "
                 "graph_pe_dim=graph_pe.size(1) (or delete hierarchy.graph_pe to go without)"
             )
         if self.graph is not None and graph_pe is not None:
@@ -183,11 +205,38 @@ class FamilyPositionEncoder(nn.Module):
 
     def _keys(self, pos: Tensor) -> Tensor:
         ids = pos[:, 0].long()
-        check_ids(ids, self.keys.num_embeddings, "key", "num_keys", device_assert=False)
+        check_ids(ids, self.num_keys, "key", "num_keys", device_assert=False)
         return self.keys(ids)
 
     def __repr__(self) -> str:
+        chosen = ""
+        if self.domains != _encoded_domains(None, self.graph_pe_dim):
+            chosen = f", domains={[kind.name.lower() for kind in self.domains]}"
         return (
-            f"{self.__class__.__name__}({self.channels}, num_keys={self.keys.num_embeddings}, "
-            f"graph_pe_dim={self.graph_pe_dim})"
+            f"{self.__class__.__name__}({self.channels}, num_keys={self.num_keys}, "
+            f"graph_pe_dim={self.graph_pe_dim}{chosen})"
         )
+
+
+def _encoded_domains(
+    domains: Iterable[Domain | str | int] | None, graph_pe_dim: int
+) -> tuple[Domain, ...]:
+    """The domain types an encoder built with ``domains`` and ``graph_pe_dim`` embeds, in
+    :class:`~hiergraph.data.Domain` order."""
+    encodable = (Domain.GRID1D, Domain.GRID2D, Domain.KEY_VALUE, Domain.GRAPH)
+    if domains is None:
+        return encodable if graph_pe_dim else encodable[:-1]
+    if isinstance(domains, (str, int, Domain)):
+        domains = (domains,)
+    chosen = {Domain.parse(kind) for kind in domains}
+    if not chosen or not chosen <= set(encodable):
+        raise ValueError(
+            f"domains must name one or more of {[kind.name.lower() for kind in encodable]} "
+            f"(the others have no position), got {sorted(kind.name.lower() for kind in chosen)}"
+        )
+    if (Domain.GRAPH in chosen) != bool(graph_pe_dim):
+        raise ValueError(
+            "a graph encoder needs graph_pe_dim > 0 and domains including 'graph', got "
+            f"graph_pe_dim={graph_pe_dim} and domains {sorted(k.name.lower() for k in chosen)}"
+        )
+    return tuple(kind for kind in encodable if kind in chosen)

@@ -115,6 +115,15 @@ def test_net_trains_a_step(graphs):
     assert repr(model) == "GraphHSANet(6, 8, 2, num_layers=2)"
 
 
+def test_every_parameter_of_the_net_gets_a_gradient(graphs):
+    """(With position features, the net built grid and key-value position encoders that
+    community trees never use: no gradient, so DistributedDataParallel's default stopped.)"""
+    g = graphs[2]
+    model = GraphHSANet(6, 8, 2, conv_factory=lambda c: GCNConv(c, c), heads=2, graph_pe_dim=4)
+    model(g.x, g.edge_index, g.hierarchy()).square().sum().backward()
+    assert [name for name, p in model.named_parameters() if p.grad is None] == []
+
+
 def test_a_graph_batch_stands_for_its_community_tree(graphs):
     """The layers, the position encoder and the pooling take a (batch of) graphs with their
     community tree as the tree itself (its cached ``hierarchy()``), as the type hints say."""

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hiergraph.data import Family, from_nested
+from hiergraph.data import Domain, Family, from_nested
 from hiergraph.nn import FamilyPositionEncoder, LearnableFourierFeatures
 
 
@@ -92,10 +92,53 @@ def test_graph_domain_uses_graph_pe():
             enc(h)
     # an encoder without a graph map encoded graph families as zero, silently
     h.graph_pe = torch.randn(h.num_nodes, 3)
-    with pytest.raises(ValueError, match=r"built with graph_pe_dim=0.*graph_pe_dim=graph_pe"):
+    with pytest.raises(ValueError, match=r"no graph encoder.*graph_pe_dim=graph_pe"):
         FamilyPositionEncoder(4)(h)
     del h.graph_pe
     assert FamilyPositionEncoder(4)(h).abs().sum() == 0  # no graph_pe: no graph position
+
+
+def test_domains_choose_the_encoders_built():
+    """Only the chosen domains get weights (the others, never used by the data, would get no
+    gradient: DistributedDataParallel stops on them); their families get zero, like sets."""
+    grid = Family([0, 1, 2, 3], "2d", pos=[(0, 0), (0, 1), (1, 0), (1, 1)])
+    h = from_nested({"image": grid, "title": [4, 5, 6]}, keys={"image": 0, "title": 1})
+    torch.manual_seed(0)
+    full = FamilyPositionEncoder(8, num_keys=2)
+    torch.manual_seed(1)
+    some = FamilyPositionEncoder(8, num_keys=2, domains=["1d", Domain.KEY_VALUE])
+    assert some.grid2d is None and some.graph is None
+    assert some.domains == (Domain.GRID1D, Domain.KEY_VALUE)
+    some.load_state_dict(full.state_dict(), strict=False)
+    assert not {name for name, _ in some.named_parameters()} - set(full.state_dict())
+    eps, ref = some(h), full(h)
+    in_grid = h.domain == Domain.GRID2D
+    assert in_grid.sum() == 4 and eps[in_grid].abs().sum() == 0
+    torch.testing.assert_close(eps[~in_grid], ref[~in_grid])
+    eps.sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in some.parameters())
+    assert FamilyPositionEncoder(8, domains="2d").domains == (Domain.GRID2D,)
+    graph = FamilyPositionEncoder(8, graph_pe_dim=3, domains=[5])
+    assert graph.domains == (Domain.GRAPH,) and graph.keys is None
+    assert repr(graph) == "FamilyPositionEncoder(8, num_keys=64, graph_pe_dim=3, domains=['graph'])"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (
+            dict(domains=[]),
+            r"one or more of \['grid1d', 'grid2d', 'key_value', 'graph'\].*got \[\]",
+        ),
+        (dict(domains=["set", "1d"]), r"the others have no position\), got \['grid1d', 'set'\]"),
+        (dict(domains=["graph"]), r"graph_pe_dim > 0 and domains including 'graph'"),
+        (dict(domains=["1d"], graph_pe_dim=2), r"got graph_pe_dim=2 and domains \['grid1d'\]"),
+        (dict(domains=["cone"]), r"unknown domain 'cone'"),
+    ],
+)
+def test_domains_are_checked(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FamilyPositionEncoder(8, **kwargs)
 
 
 def test_reprs():
