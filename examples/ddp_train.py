@@ -31,7 +31,8 @@ nccl when CUDA is available).
 
 Checkpoints (``--checkpoint PATH``) are written by rank 0 after every epoch;
 ``--resume`` continues from one up to ``--epochs`` (a checkpoint that has all of them
-already is reported and left alone; one past them is refused). Seeding depends only on
+already is reported and left alone; one past them is refused), with the checkpoint's
+learning rate unless ``--lr`` is given. Seeding depends only on
 ``(--seed, epoch, rank)`` and the sampling order only on ``(--seed, epoch)``, so a
 resumed run reproduces the uninterrupted one, and a run on W processes with
 ``--batch-size B`` takes the same optimisation steps as one process with
@@ -81,6 +82,8 @@ from hiergraph.runtime import progress
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 CHANNELS = 8  # leaf features of the synthetic trees
 MIN_LEAVES = 16  # the synthetic trees' smallest leaf count
+#: Adam's learning rate of a run started without --lr.
+DEFAULT_LR = 3e-3
 #: Epochs of a run without --epochs, per task.
 EPOCHS = {"hte": 3, "node": 100}
 
@@ -236,11 +239,17 @@ def train_rank(args, ctx) -> dict:
             f"training {items}, less than one batch of --batch-size {args.batch_size}"
         )
     model = model.to(ctx.device, dtype)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr or DEFAULT_LR)
     start_epoch, step = 0, 0
     if args.resume:
         with from_options():  # a checkpoint of other settings, or no checkpoint at all
             state = load_checkpoint(args.checkpoint, model, optimizer, map_location=ctx.device)
+        resumed_lr = optimizer.param_groups[0]["lr"]
+        if args.lr is not None and args.lr != resumed_lr:  # (the checkpoint's replaced it)
+            for group in optimizer.param_groups:
+                group["lr"] = args.lr
+            if ctx.is_main:
+                print(f"--lr {args.lr} replaces the checkpoint's {resumed_lr}", file=sys.stderr)
         epoch, step = state.get("epoch"), state.get("step")
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in (epoch, step)):
             raise OptionError(  # (a KeyError or TypeError traceback)
@@ -313,7 +322,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=0,
         help="hte: pack trees up to this many leaves per rank and step instead of --batch-size",
     )
-    parser.add_argument("--lr", type=LEARNING_RATE, default=3e-3)
+    parser.add_argument(
+        "--lr",
+        type=LEARNING_RATE,
+        default=None,
+        help=f"(default: {DEFAULT_LR}; with --resume: the checkpoint's)",
+    )
     parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=None)

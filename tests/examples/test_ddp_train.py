@@ -43,6 +43,28 @@ def test_resuming_a_finished_checkpoint_says_so(load_example, tmp_path, capsys):
         ddp.train(ddp.parse_args([*wider, *checkpoint, "--epochs", "3", "--resume"]))
 
 
+def test_resuming_keeps_the_checkpoints_learning_rate_unless_lr_is_given(
+    load_example, tmp_path, capsys
+):
+    """(``--lr`` was silently replaced by the checkpoint's on ``--resume``.)"""
+    import torch
+
+    ddp = load_example("ddp_train")
+    checkpoint = ["--checkpoint", str(tmp_path / "ddp.pt")]
+    ddp.train(ddp.parse_args([*TINY, *checkpoint, "--epochs", "1", "--lr", "0.01"]))
+
+    def lr_after(epochs, *options):
+        ddp.train(ddp.parse_args([*TINY, *checkpoint, "--epochs", epochs, "--resume", *options]))
+        saved = torch.load(tmp_path / "ddp.pt", weights_only=True)
+        return saved["optimizer"]["param_groups"][0]["lr"]
+
+    capsys.readouterr()
+    assert lr_after("2") == 0.01 and "replaces" not in capsys.readouterr().err
+    assert lr_after("3", "--lr", "0.001") == 0.001
+    assert "--lr 0.001 replaces the checkpoint's 0.01" in capsys.readouterr().err
+    assert ddp.parse_args([]).lr is None  # a fresh run: DEFAULT_LR
+
+
 @pytest.mark.parametrize("state", [{}, {"epoch": "1", "step": 4}], ids=["none", "a string"])
 def test_a_checkpoint_without_this_scripts_epoch_and_step_is_refused(load_example, tmp_path, state):
     """(A checkpoint of save_checkpoint without them ended in a KeyError or TypeError.)"""
