@@ -327,7 +327,20 @@ def tokenize_documents(
 
     See :func:`tokenize_document`.
 
-    A document without any token gives ``None``.
+    Args:
+        texts: the documents, a sequence of ``str`` (a single text goes in a list).
+        tokenizer: see :func:`as_encoder`; unused when ``encoder`` is given.
+        encoder: optional batch encoder ``list[str] -> list[list[int]]`` that returns one
+            token list per sentence (default: ``as_encoder(tokenizer)``).
+
+    Returns:
+        one :class:`TokenizedDocument` per text; a document without any token gives
+        ``None``.
+
+    Raises:
+        TypeError: if ``texts`` is one ``str`` or holds a document that is not a ``str``.
+        ValueError: if ``encoder`` returns a number of token lists other than the number
+            of sentences.
     """
     _check_texts(texts)
     encoder = encoder or as_encoder(tokenizer)
@@ -368,6 +381,10 @@ def tokenize_document(text: str, tokenizer) -> TokenizedDocument:
     """Split ``text`` into paragraphs and sentences and tokenize each sentence.
 
     Sentences (paragraphs) that get no tokens are dropped.
+
+    Args:
+        text: the document.
+        tokenizer: see :func:`as_encoder`.
 
     Raises:
         ValueError: if the whole document has no tokens.

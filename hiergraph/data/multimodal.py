@@ -91,12 +91,23 @@ class _ChannelField:
 
 @dataclass(frozen=True)
 class SequenceField(_ChannelField):
-    """A sequence field (text tokens): ``[T, channels]`` → a 1-D grid of ``T`` leaves."""
+    """A sequence field (text tokens): ``[T, channels]`` → a 1-D grid of ``T`` leaves.
+
+    Args:
+        name: the record key.
+        channels: features per token ``F`` (the width of its leaves); a sequence of
+            ``T = 0`` tokens counts as missing.
+    """
 
 
 @dataclass(frozen=True)
 class VectorField(_ChannelField):
-    """A vector field: ``[channels]`` → one leaf directly under the root."""
+    """A vector field: ``[channels]`` → one leaf directly under the root.
+
+    Args:
+        name: the record key.
+        channels: the length ``F`` of the vector (the width of its leaf).
+    """
 
 
 Field = ImageField | SequenceField | VectorField
@@ -182,8 +193,13 @@ def image_patches(image: Tensor, patch_size: int) -> tuple[Tensor, Tensor]:
     ``patches[i]`` is the patch at ``(row, col) = grid[i]``, flattened as
     ``(C, p, p)``.
 
+    Args:
+        image: ``[C, H, W]`` image.
+        patch_size: patch side ``p``, a positive int.
+
     Raises:
-        ValueError: if ``image`` is not 3-D or ``H``, ``W`` are not multiples of ``p``.
+        ValueError: if ``image`` is not a 3-D tensor or ``H``, ``W`` are not positive
+            multiples of ``p``.
     """
     if not isinstance(image, Tensor) or image.dim() != 3:
         shape = tuple(image.shape) if isinstance(image, Tensor) else type(image).__name__

@@ -64,9 +64,11 @@ def flatten_hierarchy(hierarchy) -> SignalHierarchy:
     HSA on the flat view is softmax attention among each tree's leaves (the
     "FSA" baseline of the HSA paper). Leaves keep their order, features,
     node types; their position becomes their index in the tree's leaf
-    sequence (a 1-D grid). Works on one tree or a batch; the result carries
-    ``batch`` (tree id per node) but is meant for computation, not for
-    ``to_data_list``.
+    sequence (a 1-D grid). The result carries ``batch`` (tree id per node)
+    but is meant for computation, not for ``to_data_list``.
+
+    Args:
+        hierarchy: one tree or a batch/forest.
     """
     leaf_node = TreeIndex.of(hierarchy).leaf_node
     tree = tree_of_nodes(hierarchy)
@@ -95,10 +97,16 @@ def flatten_hierarchy(hierarchy) -> SignalHierarchy:
 def coarsen_hierarchy(hierarchy) -> tuple[SignalHierarchy, Tensor]:
     """Local coarsening: every internal node whose children are all leaves becomes a leaf.
 
-    Returns the coarser hierarchy (one tree or a batch, with ``batch`` set)
-    and ``cluster [L_old]``: the new leaf each old leaf is pooled into (a
-    leaf that is kept maps to itself). New leaves are ordered per tree: the
-    kept old leaves first (in their old order), then the collapsed nodes.
+    New leaves are ordered per tree: the kept old leaves first (in their old
+    order), then the collapsed nodes.
+
+    Args:
+        hierarchy: one tree or a batch/forest.
+
+    Returns:
+        the coarser hierarchy (one tree or a batch, with ``batch`` set; without
+        ``x``) and ``cluster [L_old]``: the new leaf each old leaf is pooled into
+        (a leaf that is kept maps to itself).
     """
     parent, is_leaf = hierarchy.parent, hierarchy.is_leaf
     n = parent.numel()

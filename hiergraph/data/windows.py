@@ -188,6 +188,13 @@ def random_window_hierarchy(
     :func:`window_hierarchy`'s.)
 
     A synthetic structure for tests and benchmarks.
+
+    Args:
+        n: number of tokens (leaves), ``n >= 1``.
+        branching: bottom-up mean window sizes ``b``, each ``>= 2``.
+        x: optional ``[n, F]`` token features.
+        generator: optional :class:`torch.Generator` for the window sizes (default:
+            PyTorch's global one).
     """
     n, branching = _check(n, branching)
 
@@ -225,6 +232,10 @@ def hmatrix_layout(length: int, block_size: int) -> HMatrixLayout:
     Computed by integer comparisons of ``length``: under ``torch.compile`` with a symbolic
     length they become guards (a length range per level count), so the padded layout of
     :func:`~hiergraph.ops.hmatrix_attention` keeps static sizes.
+
+    Args:
+        length: number of tokens, ``length >= 1``.
+        block_size: the requested block size :math:`N_r`, an even int ``>= 2``.
     """
     check_int(length, "length")
     block_size = check_block_size(block_size)  # (0 never reached the length)
@@ -249,6 +260,11 @@ def hmatrix_window_hierarchy(length: int, block_size: int) -> SignalHierarchy:
     \tilde k^{(l)}` (``"sum"``: values into :math:`\tilde v^{(l)}`). The same
     tree drives :func:`~hiergraph.ops.hierarchical_attention`, which ties and
     normalises its blocks differently (:mod:`hiergraph.ops.hmatrix`).
+
+    Args:
+        length: number of tokens, ``length >= 1``; the tree has :math:`L' \ge` ``length``
+            leaves (:func:`hmatrix_layout`).
+        block_size: the requested block size :math:`N_r`, an even int ``>= 2``.
     """
     check_block_size(block_size)
     _, num_levels, padded = hmatrix_layout(length, block_size)

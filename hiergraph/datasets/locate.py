@@ -41,6 +41,10 @@ def cache_dir() -> Path:
 def data_root(root: str | os.PathLike | None = None) -> Path:
     """The data root: ``root``, else ``$HIERGRAPH_DATA``, else :func:`cache_dir`.
 
+    Args:
+        root: the data root to use (``~`` expanded); ``None`` (default):
+            ``$HIERGRAPH_DATA``, else :func:`cache_dir`.
+
     Raises:
         NotADirectoryError: naming the variable, where ``$HIERGRAPH_DATA`` or
             ``$XDG_CACHE_HOME`` names a file (a bare error of a folder below it before).

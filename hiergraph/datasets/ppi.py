@@ -92,7 +92,12 @@ def _read_ppi_file(path: Path) -> None:
 
 
 def is_synthetic(dataset) -> bool:
-    """Whether a loaded dataset was built from :func:`write_synthetic_ppi`'s files."""
+    """Whether a loaded dataset was built from :func:`write_synthetic_ppi`'s files.
+
+    Args:
+        dataset: a loaded PyG dataset (anything with a ``raw_dir``), such as a split of
+            :func:`load_ppi`; its raw folder holds :data:`SYNTHETIC_MARKER` if synthetic.
+    """
     return (Path(dataset.raw_dir) / SYNTHETIC_MARKER).exists()
 
 
@@ -105,8 +110,14 @@ def load_ppi(
     """PyG's ``PPI`` train/val/test splits (20/2/2 graphs), from pre-placed or downloaded
     raw files.
 
-    Arguments as in :func:`~hiergraph.datasets.planetoid.load_planetoid`; the raw folder is
-    ``<root>/PPI/raw``.
+    Args:
+        root: data root (default ``$HIERGRAPH_DATA``, else the user cache folder: see
+            :func:`~hiergraph.datasets.data_root`); the raw folder is ``<root>/PPI/raw``.
+        raw_dir: optional folder of pre-placed raw files (:func:`ppi_raw_files`), or of a
+            ``PPI/raw`` folder holding them, to link them from.
+        transform: as in PyG, applied to every graph on access.
+        force_reload: link the raw files again from ``raw_dir`` / ``$HIERGRAPH_RAW``
+            (where one holds them all) and rebuild the processed caches.
     """
     how = f"The official archive is {PPI.url} (unzip it into the raw folder)."
     base = data_root(root)
@@ -193,7 +204,19 @@ def write_synthetic_ppi(
     ``valid``, ``test``: ``{split}_graph.json`` (networkx node-link data,
     nodes numbered from 0 within the split), ``{split}_feats.npy`` ``[n, F]``
     float32, ``{split}_labels.npy`` ``[n, L]`` 0/1, ``{split}_graph_id.npy``
-    ``[n]`` graph ids.
+    ``[n]`` graph ids; and the marker file :data:`SYNTHETIC_MARKER`.
+
+    Args:
+        raw_dir: the folder to write into (created if missing).
+        graphs: the number of graphs of ``train``, ``valid`` and ``test`` (default
+            PPI's ``(20, 2, 2)``).
+        nodes_per_graph: nodes of every graph.
+        num_features: ``F``, features per node (standard normal).
+        num_labels: ``L``, binary labels per node (default PPI's 121).
+        avg_degree: the mean node degree aimed at: every graph is a path through its
+            nodes plus random edges, ``int(avg_degree * nodes_per_graph / 2)`` edges in
+            all before self-loops are dropped (the path alone where that is fewer).
+        seed: seed of the NumPy generator that draws the graphs, features and labels.
 
     Returns:
         ``raw_dir``.

@@ -72,7 +72,17 @@ def flat_attention_flops(
     value_dim: int | None = None,
     score_flops: int = SCORE_FLOPS,
 ) -> int:
-    r"""FLOPs of softmax attention over ``num_tokens`` tokens, :math:`H N^2 (2d + 2d_v + c)`."""
+    r"""FLOPs of softmax attention over ``num_tokens`` tokens, :math:`H N^2 (2d + 2d_v + c)`.
+
+    Args:
+        num_tokens (int): number of tokens :math:`N`, ``>= 0``.
+        head_dim (int): query/key width :math:`d` per head, ``>= 0``.
+        heads (int, optional): number of heads :math:`H`, ``>= 0``. (default: :obj:`1`)
+        value_dim (int, optional): value width :math:`d_v`, ``>= 0``.
+            (default: :obj:`None`, i.e. :obj:`head_dim`)
+        score_flops (int, optional): FLOPs :math:`c` per score besides the dot
+            products, ``>= 0``. (default: :data:`SCORE_FLOPS`)
+    """
     _check_sizes(num_tokens, heads)
     return heads * num_tokens**2 * _per_score(head_dim, value_dim, score_flops)
 
@@ -86,8 +96,22 @@ def block_attention_flops(
     value_dim: int | None = None,
     score_flops: int = SCORE_FLOPS,
 ) -> int:
-    """FLOPs of softmax attention inside non-overlapping blocks of ``block_size`` tokens
-    (the last block may be partial; ``block_size`` was formerly ``block``)."""
+    r"""FLOPs of softmax attention inside non-overlapping blocks of ``block_size`` tokens
+    (the last block may be partial),
+
+    .. math::
+        H \big(\lfloor N/b \rfloor\, b^2 + (N \bmod b)^2\big) (2d + 2d_v + c).
+
+    Args:
+        num_tokens (int): number of tokens :math:`N`, ``>= 0``.
+        block_size (int): tokens per block :math:`b`, ``>= 1`` (formerly ``block``).
+        head_dim (int): query/key width :math:`d` per head, ``>= 0``.
+        heads (int, optional): number of heads :math:`H`, ``>= 0``. (default: :obj:`1`)
+        value_dim (int, optional): value width :math:`d_v`, ``>= 0``.
+            (default: :obj:`None`, i.e. :obj:`head_dim`)
+        score_flops (int, optional): FLOPs :math:`c` per score besides the dot
+            products, ``>= 0``. (default: :data:`SCORE_FLOPS`)
+    """
     _check_sizes(num_tokens, heads)
     check_int(block_size, "block_size")
     full, rest = divmod(num_tokens, block_size)

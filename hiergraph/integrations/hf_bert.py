@@ -174,7 +174,19 @@ class HSASelfAttention(nn.Module):
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The transformer layers of a BERT/RoBERTa-family model (or its task/sentence wrapper)."""
+    """The transformer layers of a BERT/RoBERTa-family model (or its task/sentence wrapper).
+
+    Args:
+        model (torch.nn.Module): a Hugging Face BERT/RoBERTa-family model with an
+            ``encoder.layer`` list, a task model whose ``base_model`` has one, or a
+            sentence-transformers ``Transformer`` module whose ``auto_model`` has one.
+
+    Returns:
+        The ``encoder.layer`` :class:`~torch.nn.ModuleList` (the model's own, not a copy).
+
+    Raises:
+        TypeError: if none of these has an ``encoder.layer`` list.
+    """
     return _encoder_owner(model).encoder.layer
 
 
@@ -199,7 +211,15 @@ def _encoder_owner(model: nn.Module) -> nn.Module:
 
 def interleaved_layers(num_layers: int, count: int) -> list[int]:
     """The last ``count`` layers of every other layer, ending at the last one (the paper's
-    interleaving, §4.3): ``interleaved_layers(6, 2) == [3, 5]``."""
+    interleaving, §4.3): ``interleaved_layers(6, 2) == [3, 5]``.
+
+    Args:
+        num_layers (int): layers of the model, ``>= 1``.
+        count (int): layers to pick, in ``[1, (num_layers + 1) // 2]``.
+
+    Returns:
+        The ``count`` layer indices, ascending.
+    """
     check_int(num_layers, "num_layers")  # (6.0 gave float indices, count=1.5 a range error)
     check_int(count, "count")
     if not 1 <= count <= (num_layers + 1) // 2:
@@ -293,7 +313,12 @@ def inject_hsa(
 
 
 def remove_hsa(model: nn.Module) -> nn.Module:
-    """Restore every replaced self-attention module (in place; returns ``model``)."""
+    """Restore every replaced self-attention module (in place; returns ``model``).
+
+    Args:
+        model (torch.nn.Module): a model given to :func:`inject_hsa` (one without HSA
+            layers is returned unchanged).
+    """
     for layer in encoder_layers(model):
         if isinstance(layer.attention.self, HSASelfAttention):
             layer.attention.self = layer.attention.self.original
@@ -373,8 +398,17 @@ def _batch_of(hierarchies) -> Batch:
 
 def sentence_hierarchy(sentence_lengths: Sequence[int] | Tensor) -> SignalHierarchy:
     """Root → sentences → tokens over ``sum(sentence_lengths)`` tokens (a
-    :class:`~hiergraph.data.SignalHierarchy`); e.g. ``[CLS]`` joins the first sentence and
-    ``[SEP]`` the last."""
+    :class:`~hiergraph.data.SignalHierarchy`).
+
+    Args:
+        sentence_lengths (Sequence[int] or torch.Tensor): tokens per sentence, in order,
+            each ``>= 1`` (at least one sentence); special tokens count in a sentence,
+            e.g. ``[CLS]`` joins the first sentence and ``[SEP]`` the last.
+
+    Returns:
+        The tree, on the CPU; its leaves ``0 .. sum(sentence_lengths) - 1`` are the
+        tokens, in order.
+    """
     sizes = as_long(sentence_lengths, "sentence_lengths").cpu()
     if sizes.dim() != 1 or sizes.numel() == 0 or bool((sizes < 1).any()):
         raise ValueError(f"sentence_lengths must be positive ints, got {sizes.tolist()}")

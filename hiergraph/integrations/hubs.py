@@ -156,5 +156,11 @@ def hub_window_hierarchies(
 
 def hub_selection_flops(num_tokens: int, head_dim: int, heads: int = 1) -> int:
     r"""FLOPs of :func:`hub_scores` for one example: the mean query and one dot product per
-    key and head, :math:`H (N d + 2 N d)` (the top-:math:`g` selection is not counted)."""
+    key and head, :math:`H (N d + 2 N d)` (the top-:math:`g` selection is not counted).
+
+    Args:
+        num_tokens (int): valid tokens :math:`N` of the example.
+        head_dim (int): query/key width :math:`d` per head.
+        heads (int, optional): number of heads :math:`H`. (default: :obj:`1`)
+    """
     return heads * 3 * num_tokens * head_dim

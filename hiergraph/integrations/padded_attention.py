@@ -126,8 +126,13 @@ def valid_token_mask(attention_mask: Tensor | None, batch: int, length: int) -> 
 
 def window_hierarchies(lengths: Sequence[int], branching: Sequence[int]) -> SignalHierarchy:
     """One forest of :func:`~hiergraph.data.window_hierarchy` trees, one per non-empty
-    example (``lengths`` = valid tokens per example), built in one vectorised step
-    (:func:`~hiergraph.data.windows.window_forest`)."""
+    example, built in one vectorised step (:func:`~hiergraph.data.windows.window_forest`).
+
+    Args:
+        lengths (Sequence[int]): valid tokens per example, ``>= 0``; an example
+            without any gets no tree, and at least one must have some.
+        branching (Sequence[int]): bottom-up window sizes, each ``>= 2``.
+    """
     return window_forest(nonempty_lengths(lengths), branching)
 
 

@@ -21,17 +21,23 @@ class HierarchyLoader(DataLoader):
     through ``batch.to(device)`` (``TreeIndex.to``), so the training loop does no
     structural work on the host and no host-device synchronisation for it.
 
-    Takes the arguments of :class:`~torch_geometric.loader.DataLoader` (e.g.
-    ``batch_size``, ``shuffle``, ``batch_sampler=LeafBudgetBatchSampler(...)``,
-    ``num_workers``); the dataset must yield
-    :class:`~hiergraph.data.SignalHierarchy` objects.
-
     Example::
 
         loader = HierarchyLoader(dataset, batch_size=32, num_workers=2)
         for batch in loader:
             batch = batch.to(device)          # the index moves with it
             out = hierarchical_attention(q, k, v, batch)  # no rebuild
+
+    Args:
+        dataset: the dataset to load from; it must yield
+            :class:`~hiergraph.data.SignalHierarchy` objects (a batch without
+            ``tree_index`` raises a ``TypeError`` at collation).
+        *args: further positional arguments of
+            :class:`~torch_geometric.loader.DataLoader`.
+        **kwargs: further keyword arguments of
+            :class:`~torch_geometric.loader.DataLoader` (e.g. ``batch_size``,
+            ``shuffle``, ``batch_sampler=LeafBudgetBatchSampler(...)``,
+            ``num_workers``).
     """
 
     def __init__(self, dataset, *args: Any, **kwargs: Any):

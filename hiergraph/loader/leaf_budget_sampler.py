@@ -53,6 +53,11 @@ def leaf_counts(dataset, internal_weight: float = 0.0) -> Tensor:
     Reads the collated columns of an ``InMemoryDataset`` without materialising
     the trees when it can (no index subset, no ``transform``, which may change the trees);
     otherwise iterates the dataset once.
+
+    Args:
+        dataset: a dataset of signal hierarchies (every item has ``is_leaf``).
+        internal_weight: the weight :math:`w` of an internal node, a finite number
+            ``>= 0`` (default ``0.0``: leaves only).
     """
     if isinstance(internal_weight, bool) or not isinstance(internal_weight, Real):
         raise TypeError(f"internal_weight must be a number >= 0, got {internal_weight!r}")
@@ -86,6 +91,16 @@ def pack_by_budget(order: Sequence[int], sizes: Tensor, max_leaves: int) -> list
     """Greedy packing of ``order`` into batches of at most ``max_leaves`` leaves.
 
     A tree with more than ``max_leaves`` leaves becomes a batch of its own.
+
+    Args:
+        order: the tree indices in the order to pack them (each in
+            ``[0, len(sizes))``).
+        sizes: ``[num_trees]`` leaves of every tree, each ``>= 1`` (see
+            :func:`leaf_counts`).
+        max_leaves: the leaf budget of one batch, a positive int.
+
+    Returns:
+        the batches, each a list of tree indices in packing order.
 
     Raises:
         TypeError, ValueError: ``sizes`` that are no leaf counts (:func:`leaf_counts`), a

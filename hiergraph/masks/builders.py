@@ -51,6 +51,13 @@ def _canonical(src: Tensor, dst: Tensor, num_nodes: int) -> Tensor:
 def full_mask(n: int, self_loops: bool = True, *, device: Device = None) -> Tensor:
     r"""Self-attention: every query attends every key.
 
+    Args:
+        n (int): number of tokens, ``>= 0``.
+        self_loops (bool, optional): include the diagonal (every query attends
+            itself). (default: :obj:`True`)
+        device (torch.device or str, optional): the device of the result.
+            (default: :obj:`None`, PyTorch's default device)
+
     Returns ``[2, E]`` on ``device``, :math:`E = n^2` (:math:`n(n-1)` without
     self-loops).
     """
@@ -63,6 +70,11 @@ def full_mask(n: int, self_loops: bool = True, *, device: Device = None) -> Tens
 def causal_mask(n: int, *, device: Device = None) -> Tensor:
     r"""Masked (autoregressive) attention: :math:`j \le i`, diagonal included.
 
+    Args:
+        n (int): number of tokens, ``>= 0``.
+        device (torch.device or str, optional): the device of the result.
+            (default: :obj:`None`, PyTorch's default device)
+
     Returns ``[2, E]`` on ``device``, :math:`E = n(n+1)/2`; every edge has
     ``source <= target``.
     """
@@ -73,6 +85,16 @@ def window_mask(n: int, p: int, causal: bool = False, *, device: Device = None) 
     r"""Sliding window of width :math:`p`: :math:`|i - j| \le p`, or
     :math:`i - p \le j \le i` when ``causal`` (the paper's "strided" attention,
     Def. 8, whose code's ``stride`` is :math:`p + 1`).
+
+    Args:
+        n (int): number of tokens, ``>= 0``.
+        p (int): window width :math:`p \ge 0`: the keys on each side of a query
+            (on its left only when :obj:`causal`); a width past ``n - 1`` is
+            clamped to it.
+        causal (bool, optional): keep only the keys :math:`i - p \le j \le i`.
+            (default: :obj:`False`)
+        device (torch.device or str, optional): the device of the result.
+            (default: :obj:`None`, PyTorch's default device)
 
     Returns ``[2, E]`` on ``device``; with :math:`q = \min(p, n - 1)`:
     :math:`E = (2q+1)\,n - q(q+1)` (bidirectional),
@@ -90,6 +112,16 @@ def dilated_mask(
     r"""Dilated (strided, Child et al.) window: :math:`j \equiv i \pmod s` and
     :math:`|i - j| \le p\,s` (:math:`0 \le i - j \le p\,s` when ``causal``).
 
+    Args:
+        n (int): number of tokens, ``>= 0``.
+        p (int): window width :math:`p \ge 0`, in steps of :obj:`dilation`.
+        dilation (int): the stride :math:`s \ge 1` between attended keys
+            (:math:`s = 1` is :func:`window_mask`).
+        causal (bool, optional): keep only the keys at or left of the query.
+            (default: :obj:`False`)
+        device (torch.device or str, optional): the device of the result.
+            (default: :obj:`None`, PyTorch's default device)
+
     Returns ``[2, E]`` on ``device``. Each residue class :math:`r < s` is a
     plain window of width :math:`p` on :math:`n_r = \lceil (n - r)/s \rceil`
     positions, so :math:`E = \sum_{r} E_{\text{window}}(n_r, p)` with
@@ -105,6 +137,12 @@ def dilated_mask(
 def block_diagonal_mask(sizes: Sequence[int], *, device: Device = None) -> Tensor:
     r"""Full attention inside consecutive blocks (segments) of the given sizes.
 
+    Args:
+        sizes (Sequence[int]): block sizes :math:`b_k \ge 0`, in order; the blocks
+            cover the tokens ``0 .. sum(sizes) - 1``.
+        device (torch.device or str, optional): the device of the result.
+            (default: :obj:`None`, PyTorch's default device)
+
     Returns ``[2, E]`` on ``device``, :math:`E = \sum_k b_k^2`.
     """
     sizes = [_check_count("block size", b) for b in sizes]
@@ -116,10 +154,17 @@ def cross_mask(num_src: int, num_dst: int, joint: bool = True, *, device: Device
     r"""Encoder-decoder (cross) attention: every decoder query attends every
     encoder key, and nothing else.
 
-    With ``joint=True`` both node sets share one index space: encoder nodes are
-    ``0 .. num_src - 1``, decoder nodes ``num_src .. num_src + num_dst - 1``
-    (encoder rows get no incoming edge). With ``joint=False`` the indices are
-    bipartite, for ``layer((x_src, x_dst), edge_index)``.
+    Args:
+        num_src (int): number of encoder tokens (keys/values), ``>= 0``.
+        num_dst (int): number of decoder tokens (queries), ``>= 0``.
+        joint (bool, optional): with :obj:`True` both node sets share one index
+            space: encoder nodes are ``0 .. num_src - 1``, decoder nodes
+            ``num_src .. num_src + num_dst - 1`` (encoder rows get no incoming
+            edge). With :obj:`False` the indices are bipartite (sources
+            ``0 .. num_src - 1``, targets ``0 .. num_dst - 1``), for
+            ``layer((x_src, x_dst), edge_index)``. (default: :obj:`True`)
+        device (torch.device or str, optional): the device of the result.
+            (default: :obj:`None`, PyTorch's default device)
 
     Returns ``[2, E]`` on ``device``, :math:`E = m\,n` with :math:`m` =
     ``num_src``, :math:`n` = ``num_dst``.
@@ -139,8 +184,16 @@ def global_tokens_mask(
     to a base mask ``edge_index [2, E_base]`` over :math:`n` tokens.
 
     Global tokens attend each other and every token; every token attends them.
-    With ``read_only=True`` they are *memory* tokens: every token attends them,
-    but they attend only each other.
+
+    Args:
+        edge_index (torch.Tensor): the base mask ``[2, E_base]`` over the tokens
+            ``0 .. num_nodes - 1`` (row 0 = key, row 1 = query); duplicates are
+            removed.
+        num_nodes (int): number of tokens :math:`n`, ``>= 0``.
+        num_global (int): number of global tokens :math:`g`, ``>= 0``.
+        read_only (bool, optional): with :obj:`True` the global tokens are
+            *memory* tokens: every token attends them, but they attend only each
+            other. (default: :obj:`False`)
 
     Returns ``[2, E]`` on ``edge_index``'s device,
     :math:`E = E_{\text{base}} + 2gn + g^2` (:math:`E_{\text{base}} + gn + g^2`
@@ -168,19 +221,29 @@ def random_mask(
 ) -> Tensor:
     r"""Uniformly random sparse mask with exactly ``num_edges`` distinct edges.
 
-    With ``self_loops`` all :math:`n` self-loops are included (so no query is
-    isolated) and the other ``num_edges - n`` edges are drawn uniformly without
-    replacement among the :math:`n(n-1)` off-diagonal pairs; otherwise all
-    ``num_edges`` are off-diagonal. The same ``seed`` gives the same mask, on
-    every ``device``: the edges are drawn on the CPU and then moved.
+    Args:
+        n (int): number of tokens, ``>= 0``.
+        num_edges (int): number of distinct edges, in :math:`[n, n^2]` with
+            :obj:`self_loops`, in :math:`[0, n(n-1)]` without.
+        seed (int, optional): seed of the draw, in ``[0, 2**64 - 1]``. The same
+            ``seed`` gives the same mask, on every ``device``: the edges are drawn
+            on the CPU and then moved. (default: :obj:`0`)
+        self_loops (bool, optional): with :obj:`True` all :math:`n` self-loops
+            are included (so no query is isolated) and the other
+            ``num_edges - n`` edges are drawn uniformly without replacement among
+            the :math:`n(n-1)` off-diagonal pairs; otherwise all ``num_edges`` are
+            off-diagonal. (default: :obj:`True`)
+        device (torch.device or str, optional): the device of the result.
+            (default: :obj:`None`, PyTorch's default device)
 
     Returns ``[2, E]`` on ``device``, :math:`E` = ``num_edges``.
 
     Raises:
         ValueError: ``seed`` outside ``[0, 2**64 - 1]`` (the range of
             ``torch.Generator.manual_seed``; a negative seed is refused, not aliased), ``n``
-            above 3,037,000,500 (pairs are numbered in int64) or ``num_edges`` more than
-            the pairs there are.
+            above 3,037,000,500 (pairs are numbered in int64) or ``num_edges`` outside
+            its range: more than the pairs there are, or fewer than :math:`n` with
+            ``self_loops``.
     """
     n = _check_count("n", n)
     num_edges = _check_count("num_edges", num_edges)
@@ -221,6 +284,14 @@ def graph_mask(edge_index: Tensor, num_nodes: int, self_loops: bool = True) -> T
     sends to ``edge_index[1]``) as a mask: duplicates removed, self-loops added
     (``self_loops=True``) or removed.
 
+    Args:
+        edge_index (torch.Tensor): the graph ``[2, E_in]`` over the nodes
+            ``0 .. num_nodes - 1``.
+        num_nodes (int): number of nodes :math:`n`, ``>= 0``.
+        self_loops (bool, optional): with :obj:`True` every node gets its
+            self-loop; with :obj:`False` the graph's self-loops are removed.
+            (default: :obj:`True`)
+
     Returns ``[2, E]`` on ``edge_index``'s device,
     :math:`E = |\{\text{distinct non-loop edges}\}| + n` (without the :math:`n`
     when ``self_loops=False``).
@@ -238,11 +309,16 @@ def graph_mask(edge_index: Tensor, num_nodes: int, self_loops: bool = True) -> T
 def sibling_mask(parent: Tensor, self_loops: bool = True) -> Tensor:
     r"""Family structure of a signal hierarchy: siblings attend siblings.
 
-    ``parent`` is ``[num_nodes]``; a root has ``parent = -1`` (or is its own
-    parent, as in :class:`~hiergraph.data.SignalHierarchy`). Nodes :math:`i, j`
-    are siblings iff they share a parent; roots have no family, so they attend
-    only themselves (with ``self_loops``) and never each other, which keeps
-    the trees of a batch apart.
+    Nodes :math:`i, j` are siblings iff they share a parent; roots have no
+    family, so they attend only themselves (with ``self_loops``) and never each
+    other, which keeps the trees of a batch apart.
+
+    Args:
+        parent (torch.Tensor): ``[num_nodes]`` integer parent of every node, in
+            ``[-1, num_nodes)``; a root has ``parent = -1`` (or is its own parent,
+            as in :class:`~hiergraph.data.SignalHierarchy`).
+        self_loops (bool, optional): include the diagonal (every node attends
+            itself). (default: :obj:`True`)
 
     Returns ``[2, E]`` on ``parent``'s device; with families of sizes
     :math:`b_f` and :math:`R` roots: :math:`E = \sum_f b_f^2 + R`

@@ -37,7 +37,16 @@ def _check_eval(layer: Callable) -> None:
 def relabel(edge_index: Tensor, perm: Perm) -> Tensor:
     """``edge_index`` of the graph whose node ``a`` is the old node ``perm[a]``.
 
-    ``perm`` may be a pair ``(perm_src, perm_dst)`` for a bipartite graph.
+    Args:
+        edge_index (torch.Tensor): ``[2, E]`` (row 0 = source/key, row 1 =
+            target/query) over the nodes that ``perm`` permutes.
+        perm (torch.Tensor or (torch.Tensor, torch.Tensor)): a permutation
+            ``[n]`` of ``0 .. n - 1`` (int32 or int64), or a pair
+            ``(perm_src, perm_dst)`` for a bipartite graph (sources and targets
+            permuted separately).
+
+    Returns:
+        ``argsort(perm)[edge_index]``, ``[2, E]`` (row by row for a pair).
     """
     perm_src, perm_dst = perm if isinstance(perm, tuple) else (perm, perm)
     for p in (perm_src, perm_dst):
@@ -51,7 +60,15 @@ def relabel(edge_index: Tensor, perm: Perm) -> Tensor:
 
 
 def is_automorphism(edge_index: Tensor, num_nodes: int, perm: Tensor) -> bool:
-    """Whether ``M[perm][:, perm] == M`` for the mask of ``edge_index``."""
+    """Whether ``M[perm][:, perm] == M`` for the mask of ``edge_index``.
+
+    Args:
+        edge_index (torch.Tensor): the mask ``[2, E]`` (row 0 = key, row 1 =
+            query).
+        num_nodes (int): number of nodes :math:`n`.
+        perm (torch.Tensor): a permutation ``[n]`` of ``0 .. n - 1`` (int32 or
+            int64).
+    """
     _check_permutation(perm, num_nodes)
     mask = edge_index_to_mask(edge_index, num_nodes, rows="query")
     return bool((mask[perm][:, perm] == mask).all())
@@ -78,10 +95,17 @@ def automorphisms(edge_index: Tensor, num_nodes: int, brute_force_up_to: int = 7
     r"""All permutations ``perm`` with ``M[perm][:, perm] == M``, ``[|Aut|, n]``,
     in lexicographic order.
 
-    Brute force over all :math:`n!` permutations for ``n <= brute_force_up_to``
-    (vectorised), otherwise networkx's VF2 matcher on the directed graph with
-    its self-loops. :math:`|\operatorname{Aut}|` can be as large as :math:`n!`
-    (the full mask), so keep ``n`` small for highly symmetric masks.
+    :math:`|\operatorname{Aut}|` can be as large as :math:`n!` (the full mask),
+    so keep ``n`` small for highly symmetric masks.
+
+    Args:
+        edge_index (torch.Tensor): the mask ``[2, E]`` (row 0 = key, row 1 =
+            query).
+        num_nodes (int): number of nodes :math:`n`.
+        brute_force_up_to (int, optional): the largest :math:`n` searched by
+            brute force over all :math:`n!` permutations (vectorised); above it,
+            networkx's VF2 matcher runs on the directed graph with its
+            self-loops. (default: :obj:`7`)
 
     The result lies on ``edge_index``'s device.
     """
@@ -115,7 +139,25 @@ def equivariance_error(
     ``perm = (perm_src, perm_dst)``; the output is indexed by the targets, so
     it is compared with ``f(x, E)[perm_dst]`` (invariance in the sources).
 
-    ``layer`` must be deterministic: call ``.eval()`` on modules with dropout.
+    Args:
+        layer (Callable): the layer :math:`f`, called as ``layer(x, edge_index)``
+            and returning one row per target node. It must be deterministic:
+            call ``.eval()`` on modules with dropout (a module in training mode
+            raises a ``ValueError``).
+        x (torch.Tensor or (torch.Tensor, torch.Tensor)): node features ``[n, F]``,
+            or ``(x_src, x_dst)`` for a bipartite layer.
+        edge_index (torch.Tensor): ``[2, E]`` (row 0 = source/key, row 1 =
+            target/query).
+        perm (torch.Tensor or (torch.Tensor, torch.Tensor)): a permutation ``[n]``
+            of the rows of ``x`` (int32 or int64), or ``(perm_src, perm_dst)``
+            exactly when ``x`` is a pair.
+        relabel_graph (bool, optional): run the permuted input on
+            :func:`relabel` ``(edge_index, perm)`` (graph attention) instead of on
+            the fixed mask. (default: :obj:`False`)
+
+    Returns:
+        The largest absolute difference, a Python float (``0.0`` for an empty
+        output).
     """
     _check_eval(layer)
     check_bool(relabel_graph, "relabel_graph")
@@ -142,6 +184,23 @@ def equivariance_errors(
     brute force over :math:`S_6` (720 permutations) costs two layer calls.
     This is exact for layers whose outputs depend only on each node's own
     graph (message passing without global pooling or normalisation).
+
+    Args:
+        layer (Callable): the layer :math:`f`, called as ``layer(x, edge_index)``
+            and returning ``[n, ...]``; deterministic, as in
+            :func:`equivariance_error`.
+        x (torch.Tensor): node features ``[n, F]`` (a single tensor; use
+            :func:`equivariance_error` for bipartite pairs).
+        edge_index (torch.Tensor): ``[2, E]`` over the ``n`` nodes (row 0 =
+            source/key, row 1 = target/query).
+        perms (torch.Tensor): ``[P, n]`` (int32 or int64), every row a
+            permutation of ``0 .. n - 1``, e.g. from :func:`automorphisms`.
+        relabel_graph (bool, optional): relabel the graph with every
+            permutation, as in :func:`equivariance_error`. (default: :obj:`False`)
+
+    Returns:
+        ``[P]`` largest absolute difference per permutation, in the dtype of the
+        layer's output.
     """
     _check_eval(layer)
     if not isinstance(x, Tensor):
@@ -172,8 +231,15 @@ def check_equivariance(
     relabel_graph: bool = False,
     atol: float | None = None,
 ) -> bool:
-    """Whether :math:`f(x[\\pi]) = f(x)[\\pi]` up to ``atol`` (default ``1e-9``
-    in float64, ``1e-4`` otherwise); see :func:`equivariance_error`."""
+    """Whether :math:`f(x[\\pi]) = f(x)[\\pi]` up to ``atol``; see
+    :func:`equivariance_error`.
+
+    Args:
+        layer, x, edge_index, perm, relabel_graph: as in :func:`equivariance_error`.
+        atol (float, optional): the largest absolute difference accepted.
+            (default: :obj:`None`, i.e. ``1e-9`` when ``x`` (``x_src`` for a pair)
+            is float64, ``1e-4`` otherwise)
+    """
     dtype = (x[0] if isinstance(x, tuple) else x).dtype
     atol = (1e-9 if dtype == torch.float64 else 1e-4) if atol is None else atol
     return equivariance_error(layer, x, edge_index, perm, relabel_graph) <= atol

@@ -191,7 +191,22 @@ class CausalSelfAttention(nn.Module):
 
 
 class HTEDecoderLayer(nn.Module):
-    """Pre-norm decoder block: ``x + Attn(LN x)``, then ``x + MLP(LN x)``."""
+    r"""Pre-norm decoder block: ``x + Attn(LN x)``, then ``x + MLP(LN x)``.
+
+    ``Attn`` is the strictly causal multi-head attention of :class:`HTEDecoder`
+    (hierarchical or flat, queries and keys LayerNorm-ed per head without affine
+    parameters), ``MLP`` is ``Linear → GELU → Linear``, and the two ``LN`` are affine.
+
+    Args:
+        channels: model width; ``heads`` must divide it.
+        heads: attention heads.
+        mlp_channels: MLP hidden size.
+        pos_channels: size of the incoming node embeddings :math:`e`, projected per head
+            to a 16-channel sibling bias :math:`\varepsilon` (0: no position bias).
+        attention: ``'hsa'`` or ``'flat'``.
+        dropout: dropout on the attention and MLP outputs before each residual sum, in
+            :meth:`forward` only, not in :meth:`step` (default 0).
+    """
 
     def __init__(
         self,

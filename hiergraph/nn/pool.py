@@ -23,7 +23,11 @@ if TYPE_CHECKING:
 
 def leaf_batch(hierarchy: SignalHierarchy | Batch) -> Tensor:
     """``[L]`` tree id of every leaf, in leaf order (the ``batch`` vector of the leaf
-    features, for PyG's pooling functions)."""
+    features, for PyG's pooling functions).
+
+    Args:
+        hierarchy (SignalHierarchy or Batch): a tree or a batch.
+    """
     return _leaf_batch(as_hierarchy(hierarchy))
 
 
@@ -120,12 +124,22 @@ def coarsen_leaves(
 ) -> tuple[Tensor, SignalHierarchy, Tensor]:
     """Pool leaves into their parents wherever a node's children are all leaves.
 
-    Returns ``(x_coarse, coarse_hierarchy, cluster)``: the pooled features
-    of the new leaves, the coarser hierarchy
-    (:func:`~hiergraph.data.coarsen_hierarchy`) and the new leaf of every
-    old leaf. Apply repeatedly to climb the tree. Half-precision features are pooled in
+    Apply repeatedly to climb the tree. Half-precision features are pooled in
     float32 and rounded once (on GPUs a half-precision sum adds atomically, rounding at
     every child).
+
+    Args:
+        x (torch.Tensor): ``[L, ...]`` leaf features, one row per leaf in leaf order,
+            on the hierarchy's device; floating-point for ``reduce="mean"``.
+        hierarchy (SignalHierarchy or Batch): a tree or a batch.
+        reduce (str, optional): how the children's rows combine, a ``reduce`` of
+            :func:`torch_geometric.utils.scatter` (``"sum"``, ``"mean"``, ``"min"``,
+            ``"max"``, ``"mul"``). (default: :obj:`"mean"`)
+
+    Returns:
+        ``(x_coarse, coarse_hierarchy, cluster)``: the pooled features of the new
+        leaves (in ``x``'s dtype), the coarser hierarchy
+        (:func:`~hiergraph.data.coarsen_hierarchy`) and the new leaf of every old leaf.
     """
     hierarchy = as_hierarchy(hierarchy)
     _check_leaf_rows(x, int(hierarchy.is_leaf.sum()), hierarchy.is_leaf.device)

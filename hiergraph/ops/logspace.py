@@ -175,10 +175,18 @@ def logaddexp(a: Tensor, b: Tensor, finite: bool = False, *, finite_a: bool = Fa
     The ``-inf`` cases bypass :func:`torch.logaddexp`, whose backward there is
     ``1 / (1 + exp(inf))``: zero, but its own derivative is ``inf / inf``. So the first
     *and* second derivatives are NaN-free; both ``-inf`` gives ``-inf`` with zero gradient.
-    ``finite=True``: the caller guarantees finite ``a`` and ``b``, which need none of
-    this (one kernel instead of ten). ``finite_a=True``: ``a`` is finite and ``b`` may be
-    ``-inf``: :math:`a - \log\sigma(a - b)` (three kernels), whose log-sigmoid has first
-    and second derivatives 0 or 1 at :math:`\pm\infty`.
+
+    Args:
+        a, b: log-values, broadcastable to one shape; ``-inf`` stands for :math:`\log 0`.
+        finite: the caller guarantees finite ``a`` and ``b``, which need none of this: plain
+            :func:`torch.logaddexp` (one kernel instead of ten). Takes precedence over
+            ``finite_a``.
+        finite_a: the caller guarantees finite ``a``; ``b`` may be ``-inf``:
+            :math:`a - \log\sigma(a - b)` (three kernels), whose log-sigmoid has first
+            and second derivatives 0 or 1 at :math:`\pm\infty`.
+
+    Returns:
+        ``log(exp(a) + exp(b))``, with the broadcast shape of ``a`` and ``b``.
     """
     if finite:
         return torch.logaddexp(a, b)
@@ -198,9 +206,16 @@ def log_gates(a: Tensor, b: Tensor, finite: bool = False) -> tuple[Tensor, Tenso
     Conventions for infinite arguments (``a`` and ``b`` are never ``+inf``):
     ``a = -inf`` gives :math:`(\log\mu, \log(1-\mu)) = (-\infty, 0)`;
     ``b = -inf`` gives :math:`(0, -\infty)`; both give :math:`(-\infty, -\infty)`
-    (no mass anywhere). ``finite=True``: the caller guarantees that ``a`` or ``b`` is
-    finite at every position (plain log-sigmoids, which give those values for one
-    infinite argument, with first and second derivatives 0 or 1 there).
+    (no mass anywhere).
+
+    Args:
+        a, b: log-weights of the two sides, broadcastable to one shape, never ``+inf``.
+        finite: the caller guarantees that ``a`` or ``b`` is finite at every position
+            (plain log-sigmoids, which give those values for one infinite argument, with
+            first and second derivatives 0 or 1 there).
+
+    Returns:
+        ``(log_mu, log_one_minus_mu)``, each with the broadcast shape of ``a`` and ``b``.
     """
     if finite:
         return F.logsigmoid(a - b), F.logsigmoid(b - a)

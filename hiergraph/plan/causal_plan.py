@@ -26,31 +26,44 @@ class CausalPlan:
     ints are numbered in reading order). Depth ``s`` runs from 0 (roots) to
     ``D``.
 
-    Shapes: ``L`` leaves, ``N`` nodes, per depth ``s = 1 .. D`` the ``P_s`` leaves
-    at depth ``>= s``.
+    Shapes: ``L`` leaves, ``N`` nodes; per depth ``s = 0 .. D``, the ``P_s`` leaves
+    at depth ``>= s`` (``P_0 = L``) and the ``n_s`` nodes at depth ``s``. The
+    attributes ``pair_*``, ``last_pair``, ``depth_nodes`` and ``key_*`` are lists of
+    ``D + 1`` tensors, entry ``s`` for depth ``s``; their shapes below are those of
+    entry ``s``.
 
     Attributes:
-        num_nodes, num_leaves, max_depth: sizes.
+        num_nodes: the number of nodes ``N``.
+        num_leaves: the number of leaves ``L``.
+        max_depth: the largest depth ``D``.
         leaf_node: ``[L]`` node id of each leaf.
         leaf_depth: ``[L]`` depth of each leaf.
         ancestors: ``[L, D + 1]`` node id of the depth-``s`` ancestor of each
             leaf (``-1`` below the leaf).
-        first_leaf, last_leaf: ``[N]`` first and last leaf (leaf order) below each node.
+        first_leaf: ``[N]`` first leaf (leaf order) below each node.
+        last_leaf: ``[N]`` last leaf (leaf order) below each node.
         count: ``[N]`` number of leaves below each node.
         sibling_rank: ``[N]`` number of left siblings of each node (its place among
             its siblings; 0 for roots); not ``TreeIndex.rank``, a node's breadth-first
             position. (``rank``, its old name, works with a ``FutureWarning`` until 0.3.0.)
-        anc_leaf, anc_node: the ``(leaf, ancestor)`` pairs, for one-scatter node sums.
-        pair_leaf[s]: ``[P_s]`` leaves with depth ``>= s`` (ascending).
-        pair_node[s]: ``[P_s]`` their depth-``s`` ancestor :math:`A_s`.
-        pair_count[s]: ``[P_s]`` leaves of :math:`A_s` up to the pair's leaf.
-        pair_is_leaf[s]: ``[P_s]`` whether :math:`A_s` is the leaf itself.
-        pair_child[s]: ``[P_s]`` position of the same leaf among the depth
-            ``s + 1`` pairs (0 where the pair is a leaf pair).
-        last_pair[s]: ``[n_s]`` for each depth-``s`` node, its pair with its own last leaf.
-        depth_nodes[s]: ``[n_s]`` the nodes at depth ``s``.
-        key_pair[s], key_node[s]: ``[E_s]`` (pair, left sibling of the pair's node) edges.
-        sib_query, sib_key: ``[S]`` (node, left sibling) edges of all non-root nodes.
+        anc_leaf: the leaf of every ``(leaf, ancestor)`` pair, one pair per entry
+            ``>= 0`` of ``ancestors`` (row by row; the leaf itself included), for
+            one-scatter node sums.
+        anc_node: the ancestor of every ``(leaf, ancestor)`` pair.
+        pair_leaf: ``[P_s]`` leaves with depth ``>= s`` (ascending).
+        pair_node: ``[P_s]`` their depth-``s`` ancestor :math:`A_s`.
+        pair_count: ``[P_s]`` leaves of :math:`A_s` up to the pair's leaf.
+        pair_is_leaf: ``[P_s]`` whether :math:`A_s` is the leaf itself.
+        pair_child: ``[P_s]`` position of the same leaf among the depth
+            ``s + 1`` pairs (0 where the pair is a leaf pair, and at depth ``D``).
+        last_pair: ``[n_s]`` for each depth-``s`` node, its pair with its own last leaf.
+        depth_nodes: ``[n_s]`` the nodes at depth ``s``.
+        key_pair: ``[E_s]`` the pair (its position in ``pair_leaf[s]``) of every
+            (pair, left sibling of the pair's node) edge (none at depth 0).
+        key_node: ``[E_s]`` the left sibling of every such edge.
+        sib_query: ``[S]`` the node of every (node, left sibling) edge of all non-root
+            nodes.
+        sib_key: ``[S]`` the left sibling of every such edge.
         tree_index: the forest's :class:`~hiergraph.plan.TreeIndex`, of which this plan is
             a view. When it has equal fanout (``tree_index.uniform``), strictly causal HSA
             runs as reshaped views (:mod:`hiergraph.ops.hsa.causal_uniform`).

@@ -85,11 +85,14 @@ class TreeIndex:
     Shapes: ``N`` nodes, ``L`` leaves, ``D`` depth levels.
 
     Attributes:
+        num_nodes: the number of nodes ``N``.
+        num_leaves: the number of leaves ``L``.
         order: ``[N]`` node id at each BFS position.
         rank: ``[N]`` BFS position of each node id (inverse of ``order``).
         level_ptr: ``D + 1`` Python ints.
         leaf_node: ``[L]`` node id of each leaf, in leaf order.
-        family_start, family_size: ``[F]`` BFS start and size of each family.
+        family_start: ``[F]`` BFS start of each family.
+        family_size: ``[F]`` size of each family.
         parent_position: ``[N]`` BFS position of the parent of each BFS position (roots:
             their own position).
         levels: the per-level plan (:class:`Level`).

@@ -36,6 +36,12 @@ def validate_structure(
     <hiergraph.data.SignalHierarchy.tree_index>` runs this check once, when it
     builds the cached plan, not on every forward pass.
 
+    Args:
+        parent: ``[N]`` integer parent id of every node (a root is its own parent).
+        slot: ``[N]`` integer position of every node among its siblings.
+        is_leaf: ``[N]`` bool, ``True`` for the nodes without children.
+        distinct_slots: also check that siblings have distinct slots (default ``True``).
+
     Returns:
         ``[N]`` int64 depth of every node, on the CPU (the cycle check finds it:
         :func:`~hiergraph.plan.depth.node_depth`), for callers that need it too.

@@ -191,8 +191,13 @@ def sibling_edges(tree: SignalHierarchy, edge_index: Tensor) -> Tensor:
     :math:`u \ne v`, the pair of children of their lowest common ancestor that
     contain :math:`u` and :math:`v` (deduplicated, ``[2, E']``).
 
-    ``edge_index`` holds node ids of leaves of ``tree`` (the graph's nodes); both ends of an
-    edge must lie in the same tree of a forest.
+    Args:
+        tree: the hierarchy over the graph's nodes (one tree or a forest).
+        edge_index: ``[2, E]`` graph edges, integer node ids of leaves of ``tree`` (the
+            graph's nodes); both ends of an edge must lie in the same tree of a forest.
+
+    Returns:
+        ``[2, E']`` long sibling pairs on the CPU, sorted.
     """
     parent, depth = tree.parent.cpu(), tree.depth.cpu()
     edge_index = edge_index.cpu()
@@ -221,8 +226,17 @@ def sibling_edges(tree: SignalHierarchy, edge_index: Tensor) -> Tensor:
 
 
 def hierarchy_stats(data: HierarchicalGraph | SignalHierarchy) -> dict[str, float]:
-    """Family-size statistics: number of families, min/mean/median/max size (NaN for a tree
-    of one node, which has no family), height."""
+    """Family-size statistics: number of leaves, number of families, min/mean/median/max
+    size (NaN for a tree of one node, which has no family), height.
+
+    Args:
+        data: a :class:`HierarchicalGraph` (its :meth:`~HierarchicalGraph.hierarchy`) or a
+            :class:`~hiergraph.data.SignalHierarchy`, or a batch of them.
+
+    Returns:
+        a dict with keys ``num_leaves``, ``num_families``, ``family_min``,
+        ``family_mean``, ``family_median``, ``family_max`` and ``height``.
+    """
     tree = data.hierarchy() if isinstance(data, HierarchicalGraph) else data
     if not isinstance(tree, Data) or any(key not in tree for key in ("parent", "is_leaf")):
         raise TypeError(

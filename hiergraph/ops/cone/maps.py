@@ -43,14 +43,17 @@ def psi_map(
         \psi(x)_d = \exp\!\big(\min(c\,x_d,\ L)\big) > 0, \qquad
         \psi(x)_{:-1} = x_{:-1}\, \psi(x)_d,
 
-    with ``c = height_scale`` (paper: 1; ``None`` means ``1/d``, as in the authors' code) and
-    ``L = max_log_height`` guarding float32 overflow. Horizontal coordinates saturate at
+    with ``c = height_scale`` and ``L = max_log_height``. Horizontal coordinates saturate at
     ``±finfo.max / 2``, so that differences of two of them are finite (an overflow to
     infinity made the distance of a point to itself ``inf - inf``, NaN): a point that far
     lies at an infinite distance from the others, not at none.
 
     Args:
-        x: ``[..., d]`` with ``d >= 2``.
+        x: ``[..., d]`` with ``d >= 2``; the last coordinate becomes the height.
+        height_scale: height temperature ``c``, 1 as in the paper by default; ``None`` means
+            ``1/d``, as in the authors' code.
+        max_log_height: upper clamp ``L`` on the log-height ``c x_d``, guarding float32
+            overflow; :data:`MAX_LOG_HEIGHT` by default.
 
     Returns:
         ``(horizontal [..., d-1], height [...])``.

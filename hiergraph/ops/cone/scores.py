@@ -185,6 +185,9 @@ def penumbral_edge(
         q: target-node queries ``[N_dst, ..., d]``.
         k: source-node keys ``[N_src, ..., d]`` (same trailing shape as ``q``).
         edge_index: ``[2, E]``, row 0 = source ``j``, row 1 = target ``i`` (PyG).
+        r: light-source height of the ξ map (1 in the paper).
+        gamma: softmax temperature :math:`\gamma > 0`.
+        squared: score :math:`-\gamma H^2` as in the authors' code.
 
     Returns:
         Logits ``[E, ...]`` (e.g. ``[E, heads]`` for ``[N, heads, d]`` inputs).
@@ -204,7 +207,19 @@ def umbral_edge(
 ) -> Tensor:
     r"""Umbral logit of every edge ``j -> i``: :math:`-\gamma H(\psi(q_i), \psi(k_j))`.
 
-    Shapes as in :func:`penumbral_edge`; parameters as in :func:`umbral`.
+    Equal to :func:`umbral` on all pairs, read off at ``[i, j]`` for each edge.
+
+    Args:
+        q: target-node queries ``[N_dst, ..., d]``.
+        k: source-node keys ``[N_src, ..., d]`` (same trailing shape as ``q``).
+        edge_index: ``[2, E]``, row 0 = source ``j``, row 1 = target ``i`` (PyG).
+        r: hyperbolic ball radius (0.1 in the paper's runs, 1 in the authors' code).
+        gamma: softmax temperature :math:`\gamma > 0`.
+        height_scale: ψ height temperature ``c`` in :math:`e^{c x_d}`: paper 1;
+            ``None`` for ``1/d`` as in the authors' code.
+
+    Returns:
+        Logits ``[E, ...]``, as in :func:`penumbral_edge`.
     """
     _check_edges(q, k, edge_index)
     geometry = cone_geometry("umbral", r, height_scale=height_scale)

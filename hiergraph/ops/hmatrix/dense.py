@@ -27,8 +27,18 @@ def hmatrix_level_masks(
     Built densely from the closed form of the level assignment (module
     docstring), independently of the blocked fast path. The masks are
     disjoint and cover every pair (causal: every pair :math:`j \le i`).
-    With ``rows`` (a 1-D integer tensor of query indices in ``[0, L')``), only those rows:
-    ``[M, len(rows), L']``.
+
+    Args:
+        length: the sequence length :math:`L`, padded to :math:`L' = N_r 2^M`.
+        block_size: :math:`N_r`, an even int ``>= 2``; clamped to ``ceil(L / 2)`` when
+            ``L <= 2 * block_size`` (one level, :math:`M = 1`), as in
+            :func:`~hiergraph.ops.hmatrix_attention`.
+        causal: keep only the pairs :math:`j \le i`.
+        rows: optional 1-D int64 (or int32) tensor of query indices in ``[0, L')``: only
+            those rows, ``[M, len(rows), L']``. ``None`` for all :math:`L'` rows.
+
+    Returns:
+        Boolean ``[M, L', L']`` (or ``[M, len(rows), L']``) masks, on the CPU.
     """
     check_block_size(block_size)
     check_bool(causal, "causal")
@@ -61,8 +71,22 @@ def hmatrix_logits(
 
     Excluded pairs (other level, causally masked, padded key) are
     :math:`-\infty`. Memory :math:`O(M L'^2)`: for tests and small ``L`` only,
-    or pass ``rows`` (a 1-D integer tensor of query indices in ``[0, L)``) for the rows
-    ``[B, H, len(rows), L]`` of any ``L`` (memory :math:`O(M L' \cdot` ``len(rows)``:math:`)`).
+    or pass ``rows`` for the rows of any ``L`` (memory :math:`O(M L' \cdot`
+    ``len(rows)``:math:`)`).
+
+    Args:
+        q, k: ``[B, H, L, d]`` queries and keys (scaled by :math:`1/\sqrt d` here).
+        block_size: :math:`N_r`, as in :func:`~hiergraph.ops.hmatrix_attention`.
+        causal: query :math:`i` attends keys :math:`j \le i` only; coarse queries are the
+            first token of their group.
+        key_padding_mask: optional bool ``[B, L]``, ``True`` marks padding. Padded keys
+            get :math:`-\infty` and coarse means skip them; padded positions are read as
+            zeros.
+        rows: optional 1-D int64 (or int32) tensor of query indices in ``[0, L)``: only
+            those rows are formed. ``None`` for all :math:`L` rows.
+
+    Returns:
+        ``[B, H, L, L]`` logits (``[B, H, len(rows), L]`` with ``rows``).
     """
     check_inputs(q, k, q[..., :0], block_size, causal, key_padding_mask)
     if rows is not None:
@@ -96,8 +120,19 @@ def hmatrix_attention_matrix(
     r"""The implied attention matrix :math:`\operatorname{softmax}(\hat S)`, dense ``[B, H, L, L]``.
 
     Row-stochastic on valid rows; rows of padded queries (and rows with no
-    valid key) are zero, as in :func:`~hiergraph.ops.hmatrix_attention`. ``rows``: as in
-    :func:`hmatrix_logits`.
+    valid key) are zero, as in :func:`~hiergraph.ops.hmatrix_attention`.
+
+    Args:
+        q, k: ``[B, H, L, d]`` queries and keys (scaled by :math:`1/\sqrt d` here).
+        block_size: :math:`N_r`, as in :func:`~hiergraph.ops.hmatrix_attention`.
+        causal: query :math:`i` attends keys :math:`j \le i` only.
+        key_padding_mask: optional bool ``[B, L]``, ``True`` marks padding: padded keys get
+            no weight and padded query rows are zero.
+        rows: optional 1-D int64 (or int32) tensor of query indices in ``[0, L)``, as in
+            :func:`hmatrix_logits`.
+
+    Returns:
+        ``[B, H, L, L]`` attention weights (``[B, H, len(rows), L]`` with ``rows``).
     """
     logits = hmatrix_logits(q, k, block_size, causal, key_padding_mask, rows)
     # excluded pairs are -inf, left out; a row without keys weighs 0
@@ -117,10 +152,21 @@ def hmatrix_attention_dense(
     key_padding_mask: Tensor | None = None,
     rows: Tensor | None = None,
 ) -> Tensor:
-    """Dense reference for :func:`~hiergraph.ops.hmatrix_attention`:
+    r"""Dense reference for :func:`~hiergraph.ops.hmatrix_attention`:
     ``hmatrix_attention_matrix(q, k) @ v``.
 
-    With ``rows`` (int64 query indices), the output rows ``[B, H, len(rows), d_v]`` only.
+    Args:
+        q, k: ``[B, H, L, d]`` queries and keys (scaled by :math:`1/\sqrt d` here).
+        v: ``[B, H, L, d_v]`` values; padded positions are read as zeros.
+        block_size: :math:`N_r`, as in :func:`~hiergraph.ops.hmatrix_attention`.
+        causal: query :math:`i` attends keys :math:`j \le i` only.
+        key_padding_mask: optional bool ``[B, L]``, ``True`` marks padding, as in
+            :func:`hmatrix_attention_matrix`.
+        rows: optional 1-D int64 (or int32) tensor of query indices in ``[0, L)``: only
+            those output rows are formed.
+
+    Returns:
+        ``[B, H, L, d_v]`` (``[B, H, len(rows), d_v]`` with ``rows``).
     """
     check_inputs(q, k, v, block_size, causal, key_padding_mask)
     attn = hmatrix_attention_matrix(q, k, block_size, causal, key_padding_mask, rows)

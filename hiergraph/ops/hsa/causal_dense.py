@@ -22,6 +22,19 @@ def causal_hierarchical_attention_matrix(
 
     :math:`\hat\Theta^{c}_{i\cdot} = \hat\Theta^{L}(T_{\le i})_{i\cdot}`: the
     prefix tree's causal HSA row, built by masking out the leaves after ``i``.
+
+    Args:
+        q, k: ``[L, H, d]`` queries and keys in leaf order (``[L, d]`` is treated as one
+            head).
+        hierarchy: a :class:`~hiergraph.data.SignalHierarchy`, a PyG batch of them, or a
+            graph with its community tree, as in
+            :func:`~hiergraph.ops.hierarchical_attention_matrix`.
+        pos_emb: optional ``[N, c]``, ``[N, 1, c]`` or ``[N, H, c]`` position embedding
+            :math:`\varepsilon` of every tree node (node order).
+        scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
+
+    Returns:
+        ``[H, L, L]`` (``[1, L, L]`` for 2-D inputs), zero above the diagonal.
     """
     if q.dim() == 2:
         q, k = q.unsqueeze(1), k.unsqueeze(1)

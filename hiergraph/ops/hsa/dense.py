@@ -131,7 +131,30 @@ def hierarchical_attention_matrix(
     :math:`\hat\Theta_{ij} = \prod_{s=1}^{t}\mu(A_s)\,(1-\mu(A_{t+1}))\,
     \mathrm{softmax}_D\,s(A_{t+1},\cdot)\,/\,n(D)` (eq. 9–11 unrolled along Alg. 1–3);
     with ``include_self`` the diagonal is :math:`\prod_{s=1}^{m}\mu(A_s)`.
-    Arguments are those of :func:`~hiergraph.ops.hierarchical_attention`.
+    Arguments are those of :func:`~hiergraph.ops.hierarchical_attention`, except that
+    ``hierarchy`` cannot be a :class:`~hiergraph.plan.TreeIndex`.
+
+    Args:
+        q, k: ``[L, H, d]`` queries and keys in leaf order (``[L, d]`` is treated as one
+            head).
+        hierarchy: a :class:`~hiergraph.data.SignalHierarchy`, a PyG batch of them, or a
+            graph with its community tree (its node arrays are read on the host).
+        pos_emb: optional ``[N, c]``, ``[N, 1, c]`` or ``[N, H, c]`` position embedding
+            :math:`\varepsilon` of every tree node (node order); siblings get the logit
+            bias :math:`\varepsilon(C)^\top\varepsilon(B)`.
+        include_self: give each leaf the self energy
+            :math:`\tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i`; without it the
+            diagonal is excluded.
+        leaky_causal: a node attends only to its left siblings (lower ``slot``), the
+            paper's sibling masking (App. G.1).
+        leaf_mask: optional ``[L]`` bool, ``False`` for padding leaves: they are removed
+            from all statistics and their rows are zero.
+        scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
+        size_bias: keep the :math:`\log n(B)` term of the sibling logits; ``False`` drops
+            it (an ablation).
+
+    Returns:
+        ``[H, L, L]`` (``[1, L, L]`` for 2-D inputs), in the dtype of ``q``.
     """
     if q.dim() == 2:
         q, k = q.unsqueeze(1), k.unsqueeze(1)
@@ -174,8 +197,20 @@ def hierarchy_energy(
     :math:`\mathrm{out}_i = -\frac{|\ell(R)|}{\tau}\,\partial\varphi(R)/\partial q_i`
     (the gradient recurrence, eq. 9–11), which the tests check with autograd.
 
+    Args:
+        q, k: ``[L, H, d]`` queries and keys in leaf order (``[L, d]`` is treated as one
+            head).
+        hierarchy: a :class:`~hiergraph.data.SignalHierarchy`, a PyG batch of them, or a
+            graph with its community tree, as in :func:`hierarchical_attention_matrix`.
+        pos_emb: optional ``[N, c]``, ``[N, 1, c]`` or ``[N, H, c]`` position embedding
+            :math:`\varepsilon` of every tree node (node order).
+        include_self: give each leaf the self energy
+            :math:`\tau q_i^\top k_i + \varepsilon_i^\top\varepsilon_i`; without it a
+            leaf's :math:`a = -\varphi` is :math:`-\infty`.
+        scale: logit scale :math:`\tau`, default :math:`1/\sqrt{d}`.
+
     Returns:
-        ``[num_trees, H]``.
+        ``[num_trees, H]``, the roots in node order.
     """
     if q.dim() == 2:
         q, k = q.unsqueeze(1), k.unsqueeze(1)

@@ -85,8 +85,17 @@ def root_scores(
 @renamed_arguments(g="hubs")
 def top_per_tree(scores: Tensor, tree: Tensor | int, hubs: int) -> Tensor:
     """``[L]`` bool: the ``hubs`` highest finite ``scores`` of every tree (ties: lower
-    index; ``hubs`` was formerly ``g``); ``tree`` as in :func:`root_scores` (a count of
-    equal trees: one sort per tree's row)."""
+    index); no gradient (a discrete choice).
+
+    Args:
+        scores: ``[L]`` leaf scores, e.g. from :func:`root_scores`; a leaf whose score is
+            not finite (``-inf`` at masked leaves) is never chosen.
+        tree: ``[L]`` integer tree id of every leaf, on the device of ``scores``, or the
+            number of equal trees that follow one another, as in :func:`root_scores` (a
+            count of equal trees: one sort per tree's row).
+        hubs: leaves chosen per tree, ``>= 0`` (formerly ``g``); a tree with at most
+            ``hubs`` finite scores has all of them chosen.
+    """
     check_int(hubs, "hubs", minimum=0)
     tree = _checked_tree(tree, scores.size(0), scores.device)
     if isinstance(tree, int):

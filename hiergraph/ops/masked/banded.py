@@ -310,8 +310,23 @@ def banded_attention_reference(
     dilation: int = 1,
     scale: float | None = None,
 ) -> Tensor:
-    """Dense :math:`O(N^2)` oracle for :func:`banded_attention` (same arguments
-    and shapes, no dropout): an explicit ``[H, N, N]`` masked softmax."""
+    r"""Dense :math:`O(N^2)` oracle for :func:`banded_attention` (same arguments
+    and shapes, no dropout): an explicit ``[H, N, N]`` masked softmax.
+
+    Args:
+        q: ``[N, H, C]`` queries.
+        k: ``[N, H, C]`` keys.
+        v: ``[N, H, C_v]`` values.
+        before: keys to the left (in steps of ``dilation``) each query sees.
+        after: keys to the right (in steps of ``dilation``) each query sees.
+        lengths: lengths of the contiguous segments (default: one segment of
+            length ``N``); no query attends across a segment boundary.
+        dilation: stride :math:`s` between attended keys.
+        scale: :math:`\lambda` (default :math:`1/\sqrt{C}`).
+
+    Returns:
+        ``[N, H, C_v]``. Every query attends at least itself, so no row is empty.
+    """
     lengths = _check_band(q, k, v, lengths, before, after, dilation)
     n = q.size(0)
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale

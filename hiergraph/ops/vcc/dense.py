@@ -25,9 +25,14 @@ def compression_matrices(
     (eq. 22); :math:`S = \mathrm{blockdiag}(I_{n_p}, S_c)` (eq. 9);
     :math:`S^\dagger = \mathrm{blockdiag}(I, S_c^\top D)` (Claim 6.3).
 
+    Args:
+        count: 1-D integer tensor of the segment sizes :math:`s_j`, each ``>= 1``.
+        num_vip: :math:`n_p`, the number of VIP rows, ``>= 0``.
+        dtype: the dtype of the three matrices (default: ``torch.float64``).
+
     Returns:
         ``S`` ``[r, n]``, ``S_pinv`` ``[n, r]``, ``log_d`` ``[r]`` (0 for VIP rows),
-        with ``r = num_vip + len(count)`` and ``n = num_vip + count.sum()``.
+        with ``r = num_vip + len(count)`` and ``n = num_vip + count.sum()``, on the CPU.
     """
     if not isinstance(count, Tensor) or count.dim() != 1 or not holds_integers(count):
         raise TypeError(  # (2.5 was truncated to 2)
@@ -53,7 +58,12 @@ def vcc_layer_dense(layer_fn: LayerFn, x: Tensor, num_vip: int, count: Tensor) -
     Args:
         layer_fn: ``(z [1, r, d], key_bias [1, r]) -> z + gamma(z)``.
         x: ``[n, d]`` one sequence with its ``num_vip`` VIP rows first.
-        count: sizes of the segments of the non-VIP rows, in order.
+        num_vip: :math:`n_p`, the number of VIP rows at the start of ``x``.
+        count: 1-D integer tensor of the sizes of the segments of the non-VIP rows, in
+            order, summing to ``n - num_vip``.
+
+    Returns:
+        ``[n, d]``.
     """
     s, s_pinv, log_d = compression_matrices(count, num_vip, x.dtype)
     sx = s.to(x.device) @ x

@@ -171,6 +171,12 @@ def compress(c: Tensor, sel: Selection) -> Tensor:
     :math:`\mathcal{J}`, ``[R, d]``, in ``c``'s dtype. bf16/fp16 tokens are averaged in
     float32 and the means rounded once (a half-precision running sum stalls).
 
+    Args:
+        c: ``[N, d]`` token rows in flat token order, ``N = sel.num_tokens``.
+        sel: the partition :math:`\mathcal{J}`, a
+            :class:`~hiergraph.ops.vcc.segment_tree.Selection` (from
+            :func:`~hiergraph.ops.select_segments`).
+
     Raises:
         ValueError: unless ``c`` is ``[N, d]`` for the ``N`` tokens ``sel`` partitions (the
             segment reduction reads ``N`` rows whatever ``c``'s size).
@@ -186,6 +192,12 @@ def compress(c: Tensor, sel: Selection) -> Tensor:
 def decompress(rows: Tensor, sel: Selection) -> Tensor:
     r""":math:`S_c^\dagger Y = S_c^\top D\, Y` for ``rows`` ``[R, d]``: every token copies its
     segment's row (a gather), ``[N, d]``.
+
+    Args:
+        rows: ``[R, d]``, one row per segment of ``sel``, in its row order.
+        sel: the partition :math:`\mathcal{J}`, a
+            :class:`~hiergraph.ops.vcc.segment_tree.Selection` (from
+            :func:`~hiergraph.ops.select_segments`).
 
     Raises:
         ValueError: unless ``rows`` is ``[R, d]`` for the ``R`` segments of ``sel``.
@@ -250,6 +262,22 @@ def vcc_layer(
        (eq. 54): :math:`[P_{\text{new}}; S_c C_{\text{new}}] = [P; S_c C] + \gamma([P; S_c C])`.
     3. The new rows go back into the tree (Claim 6.5); no ``n``-length tensor is formed
        besides the out-of-place copy of the token deviations.
+
+    Args:
+        layer_fn: ``(z [B, r_max, d], key_bias [B, r_max]) -> z + gamma(z)``, of ``z``'s
+            shape; ``key_bias`` is 0 for VIP rows, :math:`\log s` for segment rows and
+            ``-inf`` for padding (:data:`~hiergraph.ops.vcc.layer.LayerFn`).
+        p: ``[N_p, d]`` VIP rows of all sequences, flat, with the tree state's ``d``.
+        p_ptr: ``[B + 1]`` integer pointer into ``p``, non-decreasing from 0 to ``N_p``,
+            for the tree's ``B`` sequences.
+        state: the stored non-VIP tokens, a
+            :class:`~hiergraph.ops.vcc.segment_tree.TreeState`.
+        tree: their :class:`~hiergraph.ops.SegmentTree`.
+        budgets: per-level refinement budgets, root first, as in
+            :func:`~hiergraph.ops.select_segments`.
+        score_fn: ``(means [M, d], batch [M], count [M]) -> [M]``, as in
+            :func:`~hiergraph.ops.select_segments`; required unless every budget is
+            ``None`` or ``0``.
 
     Returns:
         ``(p_new [N_p, d], state_new, selection)``.

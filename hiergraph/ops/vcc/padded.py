@@ -198,8 +198,10 @@ def partition_padded(
     r"""The stable permutation :math:`X \mapsto [P; C]` of eq. (6) into padded tensors.
 
     Args:
-        x: ``[B, n, d]``; ``vip_mask``, ``token_mask``: ``[B, n]`` bool
-            (:func:`~hiergraph.ops.vcc.layer.check_vip_inputs`).
+        x: ``[B, n, d]`` token rows, ``n >= 1``.
+        vip_mask: ``[B, n]`` bool, ``True`` = VIP token; never ``True`` at padding.
+        token_mask: ``[B, n]`` bool, ``True`` = real token, ``False`` = padding; ``None``
+            for all real (checked by :func:`~hiergraph.ops.vcc.layer.check_vip_inputs`).
         num_slots: ``S``, VIP rows per sequence: a sequence's first ``S`` VIP tokens fill
             them, in order; later VIP tokens join :math:`C` in their place in the order.
         branching: the tree of :math:`C` (:class:`PaddedSegmentTree`).
@@ -319,8 +321,12 @@ def vcc_layer_padded(
 
     Args:
         layer_fn: ``(z [B, r, d], key_bias [B, r]) -> z + gamma(z)``.
-        p: ``[B, S, d]`` VIP rows, ``slot_real`` ``[B, S]`` bool (a real VIP token).
-        c: ``[B, n_c, d]`` the other tokens (zero at padding), tree ``tree``.
+        p: ``[B, S, d]`` VIP rows, as :func:`partition_padded` returns them.
+        slot_real: ``[B, S]`` bool, ``True`` where the slot holds a real VIP token
+            (:attr:`PaddedPartition.slot_real`); empty slots get the key bias
+            :math:`-\infty`.
+        c: ``[B, n_c, d]`` the other tokens (zero at padding).
+        tree: the :class:`PaddedSegmentTree` of ``c`` (:attr:`PaddedPartition.tree`).
         budgets, score_fn: as in :func:`select_padded`.
 
     Returns:

@@ -370,6 +370,15 @@ def update_tree(state: TreeState, tree: SegmentTree, sel: Selection, value: Tens
     same vector to every token of an unrefined segment (Claim 6.4). Touches
     :math:`O(r)` nodes; out-of-place, so it is differentiable. The weighted means are
     taken in ``value``'s dtype, or in float32 (then rounded) for bf16/fp16 ``value``.
+
+    Args:
+        state: the stored tree that ``sel`` was selected from.
+        tree: its :class:`SegmentTree`.
+        sel: the partition :math:`\mathcal{J}` from :func:`select_segments`.
+        value: ``[R, d]`` new rows, one per row of ``sel`` and of ``sel.value``'s shape.
+
+    Returns:
+        The updated :class:`TreeState`; ``state`` is left as it is.
     """
     if value.shape != sel.value.shape:
         raise ValueError(
