@@ -114,8 +114,8 @@ class TreeClassifier(nn.Module):
 
     def __init__(self, in_channels: int, hidden: int, classes: int, layers: int, heads: int):
         super().__init__()
-        self.encoder = HierarchicalTransformerEncoder(
-            in_channels, hidden, num_layers=layers, heads=heads, pos_channels=16
+        self.encoder = HierarchicalTransformerEncoder(  # (window trees: 1-D grids only)
+            in_channels, hidden, num_layers=layers, heads=heads, pos_channels=16, domains=["1d"]
         )
         self.head = nn.Linear(hidden, classes)
 
@@ -270,11 +270,7 @@ def train_rank(args, ctx) -> dict:
             )
     if ctx.distributed:
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        # HTE's position encoder runs one branch per family domain present in the
-        # batch, so a batch without (say) 2-D grids leaves those weights unused.
-        model = DistributedDataParallel(
-            model, device_ids=ids, find_unused_parameters=args.task == "hte"
-        )
+        model = DistributedDataParallel(model, device_ids=ids)
 
     history = []
     for epoch in range(start_epoch, args.epochs):

@@ -63,6 +63,10 @@ def from_nested(
 
         # document -> 2 sentences -> tokens; x holds 5 token vectors
         h = from_nested([[0, 1, 2], [3, 4]], x=torch.randn(5, 16))
+        # token ids per sentence: the leaves are rows 0 .. 4, x the ids' embeddings
+        doc = [[17, 4, 250], [9, 31]]
+        ids = torch.tensor([t for sentence in doc for t in sentence])
+        h = from_nested([[0, 1, 2], [3, 4]], x=torch.nn.Embedding(1000, 16)(ids))
         # a record with a 2-D image grid and a text field
         h = from_nested({"image": Family([0, 1, 2, 3], "2d", pos=[(0, 0), (0, 1), (1, 0), (1, 1)]),
                          "title": [4, 5]}, x=x, keys={"image": 0, "title": 1})
@@ -100,7 +104,13 @@ def from_nested(
     limit = x.size(0) if x is not None else num_leaves
     if int(rows.min()) < 0 or int(rows.max()) >= limit:
         bad = rows[(rows < 0) | (rows >= limit)]
-        raise ValueError(f"leaf index {int(bad[0])} is out of range for {limit} feature rows")
+        rows_of = (
+            "rows of x" if x is not None else "leaves (without x, the leaf ints must be 0 .. L-1)"
+        )
+        raise ValueError(
+            f"leaf index {int(bad[0])} is out of range for {limit} {rows_of}: a leaf int is "
+            "the row of x that the leaf carries, not a token id"
+        )
     counts = torch.bincount(rows, minlength=limit)
     if bool((counts > 1).any()):
         dup = (counts > 1).nonzero().view(-1)

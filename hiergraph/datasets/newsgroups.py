@@ -62,29 +62,6 @@ class TwentyNewsgroups(TextClassificationDataset):
     a folder ``20news-bydate``. When none is found, the official archive is
     downloaded into ``root/raw`` and checked against ``REMOTE_FILES["20NG"]``
     (:mod:`hiergraph.datasets.download`).
-
-    Args:
-        root: dataset folder (default ``<data root>/20NG``, the data root being
-            ``$HIERGRAPH_DATA``, else the user cache folder, ``~/.cache/hiergraph`` by
-            default: :func:`~hiergraph.datasets.data_root`); raw files in ``root/raw``,
-            the cache in ``root/processed``.
-        split: ``'train'`` (default), ``'val'`` or ``'test'``.
-        tokenizer: ``'minilm'`` (default: the all-MiniLM-L6-v2 WordPiece tokenizer, for
-            its static vectors, :mod:`hiergraph.datasets.static_embeddings`),
-            ``'simple'`` (:class:`~hiergraph.data.document.SimpleTokenizer` fitted on the
-            training split, 30k words) or a tokenizer object (then give
-            ``tokenizer_key``).
-        depth: 3 (default: paragraphs → sentences → tokens), 2 (sentences → tokens) or 1
-            (tokens).
-        max_paragraphs, max_sentences, max_sentence_tokens, max_tokens: length caps
-            applied on access (default ``None``: no cap; see
-            :meth:`~hiergraph.data.document.TokenizedDocument.truncate`); all caps and
-            depths share one cache.
-        raw_dir: another folder holding the raw archive/folder.
-        tokenizer_key: the name of a tokenizer object's cache files (required with one;
-            ``'minilm'`` and ``'simple'`` name their own).
-        transform: a function applied to every hierarchy on access, as in PyG.
-        force_reload: rebuild the cache from the raw files (default ``False``).
     """
 
     name = "20NG"

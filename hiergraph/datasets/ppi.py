@@ -225,7 +225,7 @@ def write_synthetic_ppi(
     raw_dir = Path(raw_dir)
     raw_dir.mkdir(parents=True, exist_ok=True)
     (raw_dir / SYNTHETIC_MARKER).write_text(
-        "SYNTHETIC stand-in for PPI written by hiergraph.datasets.planetoid."
+        "SYNTHETIC stand-in for PPI written by hiergraph.datasets."
         "write_synthetic_ppi: random graphs, features and labels. NOT the real PPI dataset.\n"
     )
     proj = rng.normal(size=(2 * num_features, num_labels))

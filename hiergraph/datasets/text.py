@@ -116,6 +116,40 @@ def _built_by_another_word_rule(meta_path: Path) -> bool:
     return meta.get("word_rule", 1) != SimpleTokenizer.RULE
 
 
+#: The ``Args:`` section of the corpus classes' docstrings (``{name}``: the corpus folder),
+#: added by ``_document_arguments``: one text for every subclass.
+_ARGUMENTS = """
+    Args:
+        root: dataset folder (default ``<data root>/{name}``, the data root being
+            ``$HIERGRAPH_DATA``, else the user cache folder, ``~/.cache/hiergraph`` by
+            default: :func:`~hiergraph.datasets.data_root`); raw files in ``root/raw``,
+            the cache in ``root/processed``.
+        split: ``'train'`` (default), ``'val'`` or ``'test'``.
+        tokenizer: ``'minilm'`` (default: the all-MiniLM-L6-v2 WordPiece tokenizer, for
+            its static vectors, :mod:`hiergraph.datasets.static_embeddings`),
+            ``'simple'`` (:class:`~hiergraph.data.document.SimpleTokenizer` fitted on the
+            training split, 30k words) or a tokenizer object (then give
+            ``tokenizer_key``).
+        depth: 3 (default: paragraphs → sentences → tokens), 2 (sentences → tokens) or 1
+            (tokens).
+        max_paragraphs, max_sentences, max_sentence_tokens, max_tokens: length caps
+            applied on access (default ``None``: no cap; see
+            :meth:`~hiergraph.data.document.TokenizedDocument.truncate`); all caps and
+            depths share one cache.
+        raw_dir: another folder holding the raw archive/folder.
+        tokenizer_key: the name of a tokenizer object's cache files (required with one;
+            ``'minilm'`` and ``'simple'`` name their own).
+        transform: a function applied to every hierarchy on access, as in PyG.
+        force_reload: rebuild the cache from the raw files (default ``False``).
+"""
+
+
+def _document_arguments(cls: type) -> None:
+    """Append ``_ARGUMENTS`` to the docstring of a corpus class that has no ``Args:``."""
+    if cls.__doc__ and "Args:" not in cls.__doc__:
+        cls.__doc__ = cls.__doc__.rstrip() + "\n" + _ARGUMENTS.format(name=cls.name or "<name>")
+
+
 class TextClassificationDataset(StrictLoad, InMemoryDataset):
     r"""One split of a document-classification corpus as signal hierarchies.
 
@@ -125,23 +159,6 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
     download, if any, is ``REMOTE_FILES[name]``
     (:data:`hiergraph.datasets.download.REMOTE_FILES`).
 
-    Args:
-        root: dataset folder (default ``<data root>/<name>``, the data root being
-            ``$HIERGRAPH_DATA``, else ``~/.cache/hiergraph``, see
-            :func:`~hiergraph.datasets.locate.data_root`); raw files in
-            ``root/raw``, the cache in ``root/processed``.
-        split: ``'train'``, ``'val'`` or ``'test'``.
-        tokenizer: ``'minilm'`` (the all-MiniLM-L6-v2 WordPiece tokenizer, for
-            its static vectors, :mod:`hiergraph.datasets.static_embeddings`),
-            ``'simple'`` (:class:`~hiergraph.data.document.SimpleTokenizer`
-            fitted on the training split, 30k words) or a tokenizer object
-            (then give ``tokenizer_key``, a name for its cache files).
-        depth: 3 (paragraphs → sentences → tokens), 2 or 1.
-        max_paragraphs, max_sentences, max_sentence_tokens, max_tokens: length
-            caps applied on access (see ``TokenizedDocument.truncate``).
-        raw_dir: another folder holding the raw archive/folder.
-        tokenizer_key: cache name of a tokenizer object.
-        transform, force_reload: as in PyG.
     """
 
     name: str = ""
@@ -153,6 +170,10 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
     max_member_bytes: int = MAX_MEMBER_BYTES
 
     cache_keys = ("x", "sentence_lengths", "paragraph_sizes", "y")
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _document_arguments(cls)
 
     def __init__(
         self,
@@ -416,6 +437,9 @@ class TextClassificationDataset(StrictLoad, InMemoryDataset):
             f"{self.__class__.__name__}({len(self)}, split={self.split!r}, "
             f"tokenizer={self.tokenizer_key!r}, depth={self.depth}{', ' + caps if caps else ''})"
         )
+
+
+_document_arguments(TextClassificationDataset)
 
 
 class DocumentLoader:

@@ -163,4 +163,7 @@ def hub_selection_flops(num_tokens: int, head_dim: int, heads: int = 1) -> int:
         head_dim (int): query/key width :math:`d` per head.
         heads (int, optional): number of heads :math:`H`. (default: :obj:`1`)
     """
+    check_int(num_tokens, "num_tokens", minimum=0)
+    check_int(head_dim, "head_dim")
+    check_int(heads, "heads", minimum=0)
     return heads * 3 * num_tokens * head_dim

@@ -137,8 +137,12 @@ def window_hierarchies(lengths: Sequence[int], branching: Sequence[int]) -> Sign
 
 
 def nonempty_lengths(lengths: Sequence[int]) -> list[int]:
-    """The valid-token counts of the examples that have any, as ints (refusing fractions)."""
-    return [n for n in (as_int(n, "lengths") for n in lengths) if n > 0]
+    """The valid-token counts of the examples that have any, as ints (refusing fractions and
+    negative counts)."""
+    counts = [as_int(n, "lengths") for n in lengths]
+    if any(n < 0 for n in counts):
+        raise ValueError(f"lengths must be token counts >= 0, got {counts}")
+    return [n for n in counts if n > 0]
 
 
 def check_padded(q: Tensor, k: Tensor, v: Tensor, token_mask: Tensor) -> None:

@@ -50,9 +50,7 @@ def relabel(edge_index: Tensor, perm: Perm) -> Tensor:
     """
     perm_src, perm_dst = perm if isinstance(perm, tuple) else (perm, perm)
     for p in (perm_src, perm_dst):
-        if not isinstance(p, Tensor):  # (an AttributeError)
-            raise TypeError(f"perm must be a tensor or a pair of them, got {type(p).__name__}")
-        _check_permutation(p, p.numel())
+        _check_permutation(p, p.numel() if isinstance(p, Tensor) else -1)
     check_edge_index(edge_index, perm_src.numel(), perm_dst.numel())
     return torch.stack(
         [torch.argsort(perm_src)[edge_index[0]], torch.argsort(perm_dst)[edge_index[1]]]
@@ -77,16 +75,18 @@ def is_automorphism(edge_index: Tensor, num_nodes: int, perm: Tensor) -> bool:
 def _check_permutation(perm: Tensor, n: int, name: str = "perm", rows: bool = False) -> None:
     """Raise unless ``perm`` ``[n]`` is a permutation of ``0 … n - 1`` (read on the host;
     with ``rows``, every row of ``perm`` ``[P, n]`` is one)."""
+    if not isinstance(perm, Tensor):
+        raise TypeError(
+            f"{name} must be an int64 or int32 tensor, e.g. torch.tensor([1, 2, 0]), got "
+            f"{type(perm).__name__}"
+        )
     # int32/int64 only: a uint8 or bool tensor would index as a mask, not as positions
-    ok = isinstance(perm, Tensor) and perm.dim() == 1 + rows and perm.size(-1) == n
+    ok = perm.dim() == 1 + rows and perm.size(-1) == n
     ok = ok and perm.dtype in (torch.int32, torch.int64)
     if ok:
         ok = bool((perm.sort(-1).values.cpu() == torch.arange(n)).all())
     if not ok:
-        if not isinstance(perm, Tensor):
-            got = type(perm).__name__
-        else:
-            got = perm.tolist() if perm.numel() <= 16 else f"shape {tuple(perm.shape)}"
+        got = perm.tolist() if perm.numel() <= 16 else f"shape {tuple(perm.shape)}"
         what = f"[P, n = {n}] rows, each " if rows else ""
         raise ValueError(f"{name} must be {what}a permutation of 0 .. {n - 1}, got {got}")
 

@@ -7,6 +7,7 @@ from numbers import Real
 
 import torch
 from torch import Tensor
+from torch.nn.parameter import UninitializedParameter
 
 from hiergraph._checks import check_bool, check_int, check_probability  # noqa: F401 (the layers import them here)
 
@@ -39,20 +40,44 @@ def check_conv_arguments(in_channels, out_channels, heads, dropout) -> tuple[int
     return sizes
 
 
-def check_features(x: Tensor, expected: int, name: str, shape: str) -> None:
-    """Raise unless ``x`` has ``expected`` features in its last dimension.
+def check_features(
+    x: Tensor, expected: int, name: str, shape: str, weight: Tensor | None = None
+) -> None:
+    """Raise unless ``x`` is a floating-point tensor with ``expected`` features in its last
+    dimension, of the dtype of the layer's ``weight`` when given (:func:`check_dtype`).
 
-    ``expected <= 0`` (a lazy size not inferred yet) skips the check. ``shape`` is the
+    ``expected <= 0`` (a lazy size not inferred yet) skips the size check. ``shape`` is the
     expected shape spelled out for the message, e.g. ``"[num_leaves, 16]"``.
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a tensor {shape}, got {type(x).__name__}")
+    check_dtype(x, weight, name)
     if expected > 0 and (x.dim() == 0 or x.size(-1) != expected):
         got = x.size(-1) if x.dim() else "no"
         raise ValueError(
             f"{name} must have {expected} features in its last dimension ({shape}), got "
             f"{got} (shape {tuple(x.shape)})"
         )
+
+
+def check_dtype(x: Tensor, weight: Tensor | None, name: str) -> None:
+    """Raise a ``TypeError`` unless the features ``x`` are floating-point and, outside
+    autocast (which casts both), of the dtype of the layer's ``weight`` (``None``, or a
+    lazy parameter not yet inferred: any)."""
+    if not x.is_floating_point():
+        hint = "" if x.dtype == torch.bool else " (token ids? embed them first, e.g. nn.Embedding)"
+        raise TypeError(f"{name} must hold floating-point features, got {x.dtype}{hint}")
+    if (
+        weight is None
+        or isinstance(weight, UninitializedParameter)
+        or x.dtype == weight.dtype
+        or torch.is_autocast_enabled(x.device.type)
+    ):
+        return
+    raise TypeError(
+        f"{name} is {x.dtype} but the layer's parameters are {weight.dtype}: convert the "
+        f"model (model.to({x.dtype})) or the input ({name}.to({weight.dtype}))"
+    )
 
 
 def node_pair(x) -> tuple[Tensor, Tensor]:

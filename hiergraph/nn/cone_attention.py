@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hiergraph._checks import check_positive
-from hiergraph.nn._checks import check_int, check_probability
+from hiergraph.nn._checks import check_dtype, check_int, check_probability
 from hiergraph.ops.cone import DEFAULT_RADIUS, penumbral, umbral
 from hiergraph.ops.logspace import masked_softmax
 
@@ -242,6 +242,7 @@ class ConeAttention(nn.Module):
                     f"{name} must be [batch, seq, {dim}] (batch first) or [seq, {dim}]: "
                     f"{dim} features, got shape {tuple(x.shape[1:] if unbatched else x.shape)}"
                 )
+            check_dtype(x, self.q_proj.weight, name)
         if key.shape[:2] != value.shape[:2] or key.size(0) != query.size(0):
             raise ValueError(
                 f"query, key and value must share the batch size and key/value the sequence "

@@ -305,13 +305,13 @@ class ConeConv(MessagePassing):
 
     def _check_features(self, x_src: Tensor, x_dst: Tensor) -> None:
         """Feature sizes against the projections (skipped while a lazy size is unset)."""
-        size = self.lin.in_channels
+        size, weight = self.lin.in_channels, self.lin.weight
         if x_src is x_dst and self.lin_dst is None:
-            check_features(x_src, size, "x", f"[num_nodes, in_channels={size}]")
+            check_features(x_src, size, "x", f"[num_nodes, in_channels={size}]", weight)
             return
-        check_features(x_src, size, "x_src", f"[num_src, {size}]")
-        size = (self.lin if self.lin_dst is None else self.lin_dst).in_channels  # queries
-        check_features(x_dst, size, "x_dst", f"[num_dst, {size}]")
+        check_features(x_src, size, "x_src", f"[num_src, {size}]", weight)
+        lin = self.lin if self.lin_dst is None else self.lin_dst  # (the queries')
+        check_features(x_dst, lin.in_channels, "x_dst", f"[num_dst, {lin.in_channels}]", lin.weight)
 
     def _queries_and_keys(self, x_src: Tensor, x_dst: Tensor, value: Tensor, drop):
         """Per-head queries ``[N_dst, H, d]`` (targets) and keys ``[N_src, H, d]`` (sources)."""

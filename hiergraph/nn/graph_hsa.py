@@ -77,7 +77,8 @@ class GraphHSAConv(nn.Module):
         conv (torch.nn.Module or None): the local message-passing layer,
             ``channels → channels`` (e.g. ``GCNConv``, ``GATConv``, ``ConeConv``);
             :obj:`None` for none.
-        heads (int, optional): HSA heads. (default: :obj:`1`)
+        heads (int, optional): HSA heads, each of ``channels // heads``
+            query/key/value channels. (default: :obj:`1`)
         dropout (float, optional): dropout after the local and global branches
             and in the MLP. (default: :obj:`0.`)
         attn_dropout (float, optional): dropout on the HSA output.
@@ -215,7 +216,8 @@ class GraphHSAConv(nn.Module):
         Returns:
             ``[N, channels]``.
         """
-        check_features(x, self.channels, "x", f"[num_nodes, channels={self.channels}]")
+        shape = f"[num_nodes, channels={self.channels}]"
+        check_features(x, self.channels, "x", shape, self.attn.query.lin.weight)
         hierarchy = as_hierarchy(hierarchy)
         per_graph = {}
         if "batch" in self._norm_takes:
@@ -273,7 +275,8 @@ class GraphHSANet(nn.Module):
             ``lambda c: GCNConv(c, c)``); :obj:`None` for HSA only.
             (default: :obj:`None`)
         num_layers (int, optional): number of hybrid layers. (default: :obj:`2`)
-        heads (int, optional): HSA heads. (default: :obj:`1`)
+        heads (int, optional): HSA heads, each of ``hidden_channels // heads``
+            query/key/value channels. (default: :obj:`1`)
         graph_pe_dim (int, optional): size of the tree's ``graph_pe`` features
             (0: no position bias). (default: :obj:`0`)
         dropout (float, optional): on the input features and before the output

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from hiergraph.data.domain import Domain
 from hiergraph.data.restructure import lift_leaves
 from hiergraph.data.signal_hierarchy import as_hierarchy
-from hiergraph.nn._checks import check_bool, check_int, check_probability
+from hiergraph.nn._checks import check_bool, check_dtype, check_int, check_probability
 from hiergraph.nn.pool import leaf_batch
 from hiergraph.nn.typed_linear import TypedLinear
 from hiergraph.ops.hsa.attention import check_flags, hierarchical_attention
@@ -205,6 +205,7 @@ class HierarchicalSelfAttention(nn.Module):
                 f"x must be [num_leaves={index.num_leaves}, in_channels={self.in_channels}], "
                 f"got {tuple(x.shape)}"
             )
+        check_dtype(x, self.query.lin.weight, "x")
         if self.pos is not None and pos_emb is not None:
             num_nodes = hierarchy.parent.numel()
             if pos_emb.shape != (num_nodes, self.pos_channels):

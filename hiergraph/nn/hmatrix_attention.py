@@ -6,6 +6,7 @@ from torch import Tensor, nn
 
 from hiergraph._checks import check_bool, check_int
 from hiergraph.data.windows import check_block_size
+from hiergraph.nn._checks import check_dtype
 from hiergraph.ops.hmatrix import hmatrix_attention
 
 
@@ -85,6 +86,7 @@ class HMatrixAttention(nn.Module):
             raise ValueError(
                 f"x must have shape [batch, length, {self.embed_dim}], got {tuple(x.shape)}"
             )
+        check_dtype(x, self.in_proj.weight, "x")
         batch, length, _ = x.shape
         heads = (self.num_heads, self.embed_dim // self.num_heads)
         q, k, v = self.in_proj(x).view(batch, length, 3, *heads).permute(2, 0, 3, 1, 4)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from torch import Tensor, nn
 
+from hiergraph.data.domain import Domain
 from hiergraph.data.restructure import flatten_hierarchy
 from hiergraph.data.signal_hierarchy import as_hierarchy
 from hiergraph.nn._checks import check_bool, check_features, check_int, check_probability
@@ -30,7 +33,8 @@ class HTELayer(nn.Module):
 
     Args:
         channels: feature size.
-        heads: attention heads.
+        heads: attention heads, each of ``channels // heads`` query/key/value channels
+            (``head_channels`` in ``attn_kwargs`` sets another size).
         mlp_channels: hidden size of the MLP (default ``2 * channels``).
         dropout: dropout on both residual branches.
         norm_first: pre-norm (default) or post-norm.
@@ -78,7 +82,7 @@ class HTELayer(nn.Module):
 
     def forward(self, x: Tensor, hierarchy, pos_emb=None, leaf_mask=None) -> Tensor:
         """``x: [L, channels]`` → ``[L, channels]``."""
-        _check_leaf_features(x, self.channels, "channels")
+        _check_leaf_features(x, self.channels, "channels", self.norm2.weight)
         hierarchy = as_hierarchy(hierarchy)
         if self.attn is not None:
             if self.norm_first:
@@ -108,7 +112,8 @@ class HierarchicalTransformerEncoder(nn.Module):
         in_channels: leaf feature size.
         hidden_channels: model width.
         num_layers: number of HTE layers.
-        heads: attention heads.
+        heads: attention heads, each of ``hidden_channels // heads`` query/key/value
+            channels (``head_channels`` in ``attn_kwargs`` sets another size).
         num_node_types: number of leaf types (modalities).
         pos_channels: position embedding size (0: no position bias).
         num_keys: key vocabulary of key–value families.
@@ -118,6 +123,11 @@ class HierarchicalTransformerEncoder(nn.Module):
             its size (``pe_dim``).
         mlp_channels, dropout, norm_first: as in :class:`HTELayer`.
         attention: ``'hsa'``, ``'flat'`` or ``'none'``.
+        domains: the domain types that the position encoder embeds (``domains`` of
+            :class:`~hiergraph.nn.FamilyPositionEncoder`; default: all). Naming only those
+            that every batch has leaves no parameter without a gradient, as
+            :class:`~torch.nn.parallel.DistributedDataParallel` needs by default, e.g.
+            ``("grid1d",)`` for text.
         **attn_kwargs: further options of :class:`HierarchicalSelfAttention`.
     """
 
@@ -135,6 +145,7 @@ class HierarchicalTransformerEncoder(nn.Module):
         dropout: float = 0.0,
         norm_first: bool = True,
         attention: str = "hsa",
+        domains: Iterable[Domain | str | int] | None = None,
         **attn_kwargs,
     ):
         super().__init__()
@@ -156,7 +167,7 @@ class HierarchicalTransformerEncoder(nn.Module):
         self.input = TypedLinear(in_channels, hidden_channels, num_node_types)
         use_attn = attention != "none"
         self.pos = (
-            FamilyPositionEncoder(pos_channels, num_keys, graph_pe_dim)
+            FamilyPositionEncoder(pos_channels, num_keys, graph_pe_dim, domains)
             if pos_channels and use_attn
             else None
         )
@@ -182,7 +193,7 @@ class HierarchicalTransformerEncoder(nn.Module):
 
     def forward(self, x: Tensor, hierarchy, leaf_mask: Tensor | None = None) -> Tensor:
         """``x: [L, in_channels]`` leaf features → ``[L, hidden_channels]``."""
-        _check_leaf_features(x, self.in_channels, "in_channels")
+        _check_leaf_features(x, self.in_channels, "in_channels", self.input.lin.weight)
         hierarchy = as_hierarchy(hierarchy)
         index = TreeIndex.of(hierarchy)
         check_structure_device(index.device, x, "x")  # (else an error of indexing, later)
@@ -201,8 +212,8 @@ class HierarchicalTransformerEncoder(nn.Module):
         return self.norm(h)
 
 
-def _check_leaf_features(x: Tensor, channels: int, name: str) -> None:
-    """``x`` must be ``[num_leaves, channels]`` (shapes only)."""
-    check_features(x, channels, "x", f"[num_leaves, {name}={channels}]")
+def _check_leaf_features(x: Tensor, channels: int, name: str, weight: Tensor) -> None:
+    """``x`` must be ``[num_leaves, channels]`` features of ``weight``'s dtype."""
+    check_features(x, channels, "x", f"[num_leaves, {name}={channels}]", weight)
     if x.dim() != 2:
         raise ValueError(f"x must be [num_leaves, {name}={channels}], got {tuple(x.shape)}")

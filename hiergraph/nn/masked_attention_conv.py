@@ -16,7 +16,7 @@ from torch_geometric.utils import softmax
 from hiergraph._checks import check_int
 from hiergraph._precision import widened
 from hiergraph.masks.band import BandMask
-from hiergraph.nn._checks import check_conv_arguments, node_pair
+from hiergraph.nn._checks import check_conv_arguments, check_dtype, node_pair
 from hiergraph.nn._edges import EdgeInput
 from hiergraph.ops.edge_index import edge_values_to_adjacency
 from hiergraph.ops.masked.banded import banded_attention
@@ -314,6 +314,7 @@ class MaskedAttentionConv(MessagePassing):
                     f"{name} must be a [num_nodes, {size}] tensor (in_channels of "
                     f"this layer), got {shape}; pass x or a pair (x_src, x_dst)"
                 )
+            check_dtype(t, lin.weight, name)
 
     def _edge_terms(
         self, edge_attr: Tensor | None, num_edges: int

@@ -241,7 +241,9 @@ class VCCEncoder(nn.Module):
         r"""
         Args:
             x (torch.Tensor): ``[B, n, d]`` token features.
-            vip_mask (torch.Tensor): ``[B, n]`` bool, ``True`` = VIP token.
+            vip_mask (torch.Tensor): ``[B, n]`` bool, ``True`` = VIP token. A sequence
+                without any is compressed by position: every block scores 0, and the
+                earliest blocks are refined (a stable top-k).
             token_mask (torch.Tensor, optional): ``[B, n]`` bool, ``True`` = real
                 (valid) token, ``False`` = padding. (default: :obj:`None`, all real)
 
@@ -249,7 +251,8 @@ class VCCEncoder(nn.Module):
             ``[B, n, d]``, zero at padded positions.
         """
         if self.embed_dim is not None and isinstance(x, Tensor) and x.dim() == 3:
-            check_features(x, self.embed_dim, "x", f"[batch, seq, embed_dim={self.embed_dim}]")
+            shape = f"[batch, seq, embed_dim={self.embed_dim}]"
+            check_features(x, self.embed_dim, "x", shape, next(self.parameters(), None))
         vip_mask, token_mask = check_vip_inputs(x, vip_mask, token_mask)
         if not x.shape[0] or not x.shape[1]:  # no sequence, or sequences of no token
             return torch.zeros_like(x)

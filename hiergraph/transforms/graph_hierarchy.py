@@ -225,7 +225,7 @@ def sibling_edges(tree: SignalHierarchy, edge_index: Tensor) -> Tensor:
     return torch.stack([key // parent.numel(), key % parent.numel()])
 
 
-def hierarchy_stats(data: HierarchicalGraph | SignalHierarchy) -> dict[str, float]:
+def hierarchy_stats(data: HierarchicalGraph | SignalHierarchy) -> dict[str, int | float]:
     """Family-size statistics: number of leaves, number of families, min/mean/median/max
     size (NaN for a tree of one node, which has no family), height.
 
@@ -234,8 +234,8 @@ def hierarchy_stats(data: HierarchicalGraph | SignalHierarchy) -> dict[str, floa
             :class:`~hiergraph.data.SignalHierarchy`, or a batch of them.
 
     Returns:
-        a dict with keys ``num_leaves``, ``num_families``, ``family_min``,
-        ``family_mean``, ``family_median``, ``family_max`` and ``height``.
+        a dict with the ints ``num_leaves``, ``num_families`` and ``height`` and the
+        floats ``family_min``, ``family_mean``, ``family_median`` and ``family_max``.
     """
     tree = data.hierarchy() if isinstance(data, HierarchicalGraph) else data
     if not isinstance(tree, Data) or any(key not in tree for key in ("parent", "is_leaf")):

@@ -272,3 +272,16 @@ def test_dict_keys_with_one_key_id_are_refused():
         from_nested({3: 0, "c": 1}, keys={"c": 3})
     h = from_nested({"a": 0, "b": 1}, keys={"a": 0, "b": 1})  # distinct ids are fine
     assert h.pos[:2, 0].tolist() == [0, 1]
+
+
+def test_leaf_ints_out_of_range_are_explained_as_rows_of_x():
+    """Token ids as leaves (a common first try) get a message that says what a leaf int is
+    (it said only "leaf index 5 is out of range for 5 feature rows")."""
+    with pytest.raises(
+        ValueError,
+        match=r"^leaf index 5 is out of range for 5 leaves \(without x, the leaf ints must be "
+        r"0 \.\. L-1\): a leaf int is the row of x that the leaf carries, not a token id$",
+    ):
+        from_nested([[5, 3, 9], [2, 7]])
+    with pytest.raises(ValueError, match=r"^leaf index 5 is out of range for 2 rows of x: "):
+        from_nested([0, 5], x=torch.randn(2, 2))

@@ -4,10 +4,12 @@ import torch
 from hiergraph.data import window_hierarchy
 from hiergraph.integrations import (
     hub_scores,
+    hub_selection_flops,
     hub_window_hierarchies,
     hub_window_hierarchy,
     padded_hsa,
     select_hubs,
+    window_hierarchies,
 )
 
 
@@ -72,6 +74,21 @@ def test_fractional_hubs_and_lengths_are_refused_not_truncated():
         hub_window_hierarchy(5, (2,), [1.7])  # was hub 1
     with pytest.raises(TypeError, match="lengths must be an int, got 2.5"):
         hub_window_hierarchies([2.5, 2], (2,), torch.zeros(4, dtype=torch.bool))  # was 2
+
+
+def test_negative_lengths_and_flop_arguments_are_refused():
+    """A negative token count was dropped like an empty example; negative or fractional
+    FLOP arguments gave a count of their own."""
+    with pytest.raises(ValueError, match=r"lengths must be token counts >= 0, got \[3, -1\]"):
+        window_hierarchies([3, -1], (2,))
+    with pytest.raises(ValueError, match="lengths must be token counts >= 0"):
+        hub_window_hierarchies([3, -1], (2,), torch.zeros(3, dtype=torch.bool))
+    assert window_hierarchies([3, 0], (2,)).num_nodes == window_hierarchies([3], (2,)).num_nodes
+    for args, error, name in (((-4, 8), ValueError, "num_tokens"), ((4, 0), ValueError,
+                              "head_dim"), ((4, 8, 1.5), TypeError, "heads")):  # fmt: skip
+        with pytest.raises(error, match=f"^{name} must be"):
+            hub_selection_flops(*args)
+    assert hub_selection_flops(4, 8, 2) == 2 * 3 * 4 * 8
 
 
 @pytest.mark.parametrize(

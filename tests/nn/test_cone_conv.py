@@ -332,13 +332,13 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="gamma must be a finite number > 0, got inf"):
         ConeConv(F_IN, 4, gamma=float("inf"), learn_gamma=True)
     with pytest.raises(ValueError, match="the edges are on meta but x is on cpu"):  # (PyG)
-        ConeConv(F_IN, 4)(graph()[0], graph()[1].to("meta"))
+        ConeConv(F_IN, 4).double()(graph()[0], graph()[1].to("meta"))
     with pytest.raises(ValueError, match=r"feature_dropout must be a probability in \[0, 1\]"):
         ConeConv(F_IN, 4, feature_dropout=1.5)
     with pytest.raises(ValueError, match="r must be a finite number > 0"):
         ConeConv(F_IN, 4, r=0.0)
     with pytest.raises(ValueError, match=r"\[num_nodes, in_channels\]"):
-        ConeConv(F_IN, 4)(torch.randn(2, N, F_IN), graph()[1])
+        ConeConv(F_IN, 4)(torch.randn(2, N, F_IN), graph()[1])  # (float32, as the layer)
     x, edge_index = graph()
     with pytest.raises(ValueError, match="both be tensors"):
         ConeConv(F_IN, 4)((x, None), edge_index)  # the queries need target features

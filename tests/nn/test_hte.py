@@ -3,7 +3,13 @@ import torch
 from torch_geometric.data import Batch
 from torch_geometric.loader import DataLoader
 
-from hiergraph.data import flatten_hierarchy, from_nested, random_window_hierarchy, window_hierarchy
+from hiergraph.data import (
+    Domain,
+    flatten_hierarchy,
+    from_nested,
+    random_window_hierarchy,
+    window_hierarchy,
+)
 from hiergraph.nn import HierarchicalTransformerEncoder, HTELayer, global_leaf_mean_pool
 
 
@@ -159,3 +165,19 @@ def test_a_batch_left_behind_by_to_device_is_named():
     model = HierarchicalTransformerEncoder(8, 16, num_layers=1, heads=2).to("meta")
     with pytest.raises(ValueError, match=r"hierarchy is on cpu but x is on meta.*hierarchy.to"):
         model(batch.x.to("meta"), batch)
+
+
+def test_domains_leave_no_parameter_without_a_gradient():
+    """Window trees have 1-D grids only: by default the 2-D grid and key encoders get no
+    gradient (DistributedDataParallel's default stops); ``domains=("grid1d",)`` builds
+    the 1-D encoder alone, and the encoder computes the same."""
+    trees = Batch.from_data_list([random_window_hierarchy(n, (2, 3), x=torch.randn(n, 4))
+                                  for n in (5, 9)])  # fmt: skip
+    unused = []
+    for domains in (None, ("grid1d",)):
+        torch.manual_seed(0)
+        model = HierarchicalTransformerEncoder(4, 8, 1, 2, pos_channels=6, domains=domains)
+        model(trees.x, trees).square().sum().backward()
+        unused.append({name for name, p in model.named_parameters() if p.grad is None})
+    assert unused[0] >= {"pos.grid2d.freq.weight", "pos.keys.weight"} and unused[1] == set()
+    assert HierarchicalTransformerEncoder(4, 8, domains=["1d"]).pos.domains == (Domain.GRID1D,)

@@ -252,3 +252,18 @@ def test_wrong_feature_size_names_expected_and_actual():
         ValueError, match=rf"share one width .*layers\[0\]: {D}, local_layers\[0\]: {2 * D}"
     ):
         VCCEncoder([narrow], local_layers=[wide])
+
+
+def test_a_sequence_without_vip_tokens_refines_its_earliest_blocks():
+    """No VIP token: every candidate scores 0 and the stable top-k refines the ``h``
+    earliest blocks; the later blocks' tokens share one update each."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 24, D, generator=gen, dtype=torch.float64)
+    no_vip = torch.zeros(1, 24, dtype=torch.bool)
+    update = (_encoder(1, block_size=4, num_refined=2)(x, no_vip) - x)[0].view(6, 4, D)
+    spread = (update - update.mean(1, keepdim=True)).abs().amax((1, 2))
+    assert (spread[:2] > 1e-3).all() and (spread[2:] < 1e-12).all()
+    refined_all = _encoder(1, block_size=4, num_refined=6)(x, no_vip)
+    torch.testing.assert_close(
+        refined_all, _full(_encoder(1).layers, x, ~no_vip), rtol=0, atol=1e-12
+    )

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hiergraph._checks import check_bool, check_ids, described, holds_integers
+from hiergraph._checks import check_bool, check_ids, described
 from hiergraph.data.windows import HMatrixLayout, check_block_size, hmatrix_layout
 from hiergraph.ops.hmatrix.inputs import check_inputs
 from hiergraph.ops.logspace import softmax_dropping
@@ -45,8 +45,8 @@ def hmatrix_level_masks(
     nr, num_levels, padded = hmatrix_layout(length, block_size)
     if rows is not None:
         _check_rows(rows, padded, "the padded length L'")
-    i = (torch.arange(padded) if rows is None else rows.cpu()).unsqueeze(1)
-    j = torch.arange(padded).unsqueeze(0)
+    i = (torch.arange(padded, device="cpu") if rows is None else rows.cpu()).unsqueeze(1)
+    j = torch.arange(padded, device="cpu").unsqueeze(0)  # (whatever the default device)
     near = (i // nr - j // nr).abs() <= 1
     masks = [near & (j <= i) if causal else near]
     half = nr // 2
@@ -177,8 +177,10 @@ def _check_rows(rows, count: int, what: str) -> None:
     """Raise unless ``rows`` is a 1-D integer tensor of query indices in ``[0, count)``
     (``what`` names ``count``): a row past the sequence read a padded position's logits, and
     a negative one failed inside an index lookup."""
-    if not isinstance(rows, Tensor) or not holds_integers(rows):
-        raise TypeError(f"rows must be an integer tensor of query indices, got {described(rows)}")
+    if not isinstance(rows, Tensor) or rows.dtype not in (torch.int64, torch.int32):
+        raise TypeError(
+            f"rows must be an int64 or int32 tensor of query indices, got {described(rows)}"
+        )
     if rows.dim() != 1:
         raise ValueError(f"rows must be 1-D (one index per query row), got {described(rows)}")
     check_ids(rows, count, "query row", what)

@@ -44,11 +44,12 @@ def compression_matrices(
     if bool((count < 1).any()):
         raise ValueError(f"every segment needs a token: count must be >= 1, got {count.tolist()}")
     num_rows, n_c = count.numel(), int(count.sum())
-    seg = torch.arange(num_rows).repeat_interleave(count)
-    s_c = torch.zeros(num_rows, n_c, dtype=dtype)
-    s_c[seg, torch.arange(n_c)] = 1.0 / count[seg].to(dtype)
-    s = torch.block_diag(torch.eye(num_vip, dtype=dtype), s_c)
-    d = torch.cat([torch.ones(num_vip, dtype=dtype), count.to(dtype)])
+    with torch.device("cpu"):  # (whatever the default device)
+        seg = torch.arange(num_rows).repeat_interleave(count)
+        s_c = torch.zeros(num_rows, n_c, dtype=dtype)
+        s_c[seg, torch.arange(n_c)] = 1.0 / count[seg].to(dtype)
+        s = torch.block_diag(torch.eye(num_vip, dtype=dtype), s_c)
+        d = torch.cat([torch.ones(num_vip, dtype=dtype), count.to(dtype)])
     return s, s.T * d, d.log()
 
 

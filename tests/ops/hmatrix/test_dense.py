@@ -64,8 +64,11 @@ def test_row_sampled_reference_matches_full_reference(causal):
         # (a row past the sequence returned a padded position's row)
         (torch.tensor([0, 40]), ValueError, r"span 0\.\.40; .*\[0, the sequence length L = 37\)"),
         (torch.tensor([-1]), ValueError, r"span -1\.\.-1"),  # (an IndexError)
-        (torch.tensor([1.0]), TypeError, "rows must be an integer tensor"),
-        ([0, 1], TypeError, "rows must be an integer tensor .*, got list"),
+        (torch.tensor([1.0]), TypeError, "rows must be an int64 or int32 tensor"),
+        ([0, 1], TypeError, "rows must be an int64 or int32 tensor .*, got list"),
+        # (an int16 or uint8 tensor failed inside index_select)
+        (torch.tensor([0, 1], dtype=torch.int16), TypeError, "int64 or int32 .*int16"),
+        (torch.tensor([0, 1], dtype=torch.uint8), TypeError, "int64 or int32 .*uint8"),
         (torch.tensor([[0, 1]]), ValueError, "rows must be 1-D"),
     ],
 )
@@ -82,3 +85,13 @@ def test_level_masks_check_their_rows_and_flag():
         hmatrix_level_masks(37, 4, rows=torch.tensor([64]))
     with pytest.raises(TypeError, match="causal must be a bool"):  # ("no" was causal)
         hmatrix_level_masks(16, 4, causal="no")
+
+
+def test_level_masks_are_built_on_the_cpu_whatever_the_default_device():
+    """Under ``torch.set_default_device("cuda")`` (``meta`` stands in for it here) the masks
+    were built on that device, against the documented CPU and the CPU ``rows``."""
+    expected = hmatrix_level_masks(37, 4, rows=torch.tensor([0, 63]))
+    with torch.device("meta"):
+        masks = hmatrix_level_masks(37, 4, rows=torch.tensor([0, 63], device="cpu"))
+        assert torch.equal(hmatrix_level_masks(37, 4)[:, [0, 63]], expected)
+    assert masks.device.type == "cpu" and torch.equal(masks, expected)

@@ -109,6 +109,16 @@ def test_compression_matrices_structure():
     torch.testing.assert_close(log_d.exp()[3:], count.double())
 
 
+def test_compression_matrices_are_built_on_the_cpu_whatever_the_default_device():
+    """(Under ``torch.set_default_device("cuda")``, ``meta`` here, they mixed devices.)"""
+    count = torch.tensor([2, 1, 3])
+    expected = compression_matrices(count, num_vip=2)
+    with torch.device("meta"):
+        found = compression_matrices(count, num_vip=2)
+    for a, b in zip(found, expected, strict=True):
+        assert a.device.type == "cpu" and torch.equal(a, b)
+
+
 def test_multiplicity_identity_eq43():
     """T5: exp(P C^T S_c^T) D S_c has entries exp(<P_i, c_seg(j)>)."""
     gen = torch.Generator().manual_seed(1)
