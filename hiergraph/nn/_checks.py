@@ -65,7 +65,8 @@ def check_dtype(x: Tensor, weight: Tensor | None, name: str) -> None:
     autocast (which casts both), of the dtype of the layer's ``weight`` (``None``, or a
     lazy parameter not yet inferred: any)."""
     if not x.is_floating_point():
-        hint = "" if x.dtype == torch.bool else " (token ids? embed them first, e.g. nn.Embedding)"
+        integers = not (x.dtype == torch.bool or x.is_complex())
+        hint = " (token ids? embed them first, e.g. nn.Embedding)" if integers else ""
         raise TypeError(f"{name} must hold floating-point features, got {x.dtype}{hint}")
     if (
         weight is None

@@ -247,7 +247,7 @@ class MaskedAttentionConv(MessagePassing):
         """
         H, C = self.heads, self.out_channels
         x_src, x_dst = node_pair(x)
-        self._check_features(x_src, x_dst)
+        self._check_features(x_src, x_dst, single=isinstance(x, Tensor))
         size = (x_src.size(0), x_dst.size(0))
         band = edge_index if isinstance(edge_index, BandMask) else None
         adj = structures = None
@@ -305,8 +305,11 @@ class MaskedAttentionConv(MessagePassing):
             return out, (edge_values_to_adjacency(adj, alpha), alpha)
         return out, (edge_index, alpha)
 
-    def _check_features(self, x_src: Tensor, x_dst: Tensor) -> None:
-        for name, t, lin in (("x_src", x_src, self.lin_key), ("x_dst", x_dst, self.lin_query)):
+    def _check_features(self, x_src: Tensor, x_dst: Tensor, single: bool) -> None:
+        """Shapes and dtypes of the sources' and targets' features (one ``x`` if ``single``)."""
+        names = ("x", "x") if single else ("x_src", "x_dst")
+        pairs = ((names[0], x_src, self.lin_key), (names[1], x_dst, self.lin_query))
+        for name, t, lin in pairs:
             size = lin.in_channels  # -1 until a lazy projection has seen its input
             if not isinstance(t, Tensor) or t.dim() != 2 or (size > 0 and t.size(1) != size):
                 shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__

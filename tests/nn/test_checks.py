@@ -86,8 +86,8 @@ def test_features_of_another_dtype_than_the_layer_are_refused(name):
     layer, call = _layers()[name]
     x = torch.randn(5, 16, dtype=torch.float64)
     layer.eval()
-    with pytest.raises(TypeError, match=r"is torch.float64 but the layer's parameters are "
-                                        r"torch.float32: convert the model"):  # fmt: skip
+    message = r"^(x|query) is torch.float64 but the layer's parameters are torch.float32: "
+    with pytest.raises(TypeError, match=message + "convert the model"):
         call(layer, x)
     assert call(layer.double(), x) is not None
 
